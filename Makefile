@@ -1,0 +1,164 @@
+# vitc — self-attention for computer vision, in C.
+#
+#   make            build/libvitc.so, build/libvitc.a, build/vitc
+#   make test       install what is missing (Debian), build, run C and Python tests
+#   make demo       run every seed block on the seeds' shapes
+#   make bench      vitc and PyTorch side by side, writes bench/results.md
+#   make asan       the C tests under AddressSanitizer + UBSan
+#   make valgrind   the C tests under valgrind memcheck
+#   make install PREFIX=/usr/local DESTDIR=
+#
+# Optional libraries are found with pkg-config and used when present:
+# OpenBLAS (GEMM backend), libpng and libturbojpeg (images). NO_BLAS=1,
+# NO_PNG=1, NO_JPEG=1 build without them. jansson (JSON) is required.
+
+VERSION   := 0.1.0
+SOVERSION := 0
+PREFIX    ?= /usr/local
+DESTDIR   ?=
+BUILD     ?= build
+PYTHON    ?= /usr/bin/python3
+
+CC      ?= cc
+# No -ffast-math: it breaks NaN/inf semantics and parity with PyTorch.
+OPT     ?= -O2
+CFLAGS  ?= $(OPT) -g
+WARN    := -Wall -Wextra -Werror -Wno-error=unused-function
+BASE    := -std=c11 -D_GNU_SOURCE -fPIC -fvisibility=hidden -Iinclude -Isrc $(WARN)
+LDLIBS  := -lm -lpthread
+
+PKG := pkg-config
+# Quiet by default; V=1 shows the commands.
+Q := $(if $(V),,@)
+define have
+$(shell $(PKG) --exists $(1) 2>/dev/null && echo 1)
+endef
+
+JANSSON_CFLAGS := $(shell $(PKG) --cflags jansson 2>/dev/null)
+JANSSON_LIBS   := $(shell $(PKG) --libs jansson 2>/dev/null || echo -ljansson)
+BASE   += $(JANSSON_CFLAGS)
+LDLIBS += $(JANSSON_LIBS)
+
+ifneq ($(NO_BLAS),1)
+ifeq ($(call have,openblas),1)
+BASE   += -DVITC_HAVE_OPENBLAS $(shell $(PKG) --cflags openblas)
+LDLIBS += $(shell $(PKG) --libs openblas)
+endif
+endif
+ifneq ($(NO_PNG),1)
+ifeq ($(call have,libpng),1)
+BASE   += -DVITC_HAVE_PNG $(shell $(PKG) --cflags libpng)
+LDLIBS += $(shell $(PKG) --libs libpng)
+endif
+endif
+ifneq ($(NO_JPEG),1)
+ifeq ($(call have,libturbojpeg),1)
+BASE   += -DVITC_HAVE_TURBOJPEG $(shell $(PKG) --cflags libturbojpeg)
+LDLIBS += $(shell $(PKG) --libs libturbojpeg)
+endif
+endif
+
+# Each ISA file is compiled with its own flags; the rest of the library stays
+# portable and the choice is made at run time (src/kernels/dispatch.c).
+AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mavx2
+AVX2_FLAGS   := -mavx2 -mfma
+
+LIB_SRC  := $(wildcard src/*.c src/*/*.c)
+LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
+TOOL_SRC := $(wildcard tools/*.c)
+TOOL_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TOOL_SRC))
+TEST_SRC := $(wildcard tests/test_*.c)
+TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
+HDRS     := include/vitc.h $(wildcard src/*.h src/*/*.h tests/*.h)
+
+SONAME   := libvitc.so.$(SOVERSION)
+SOFILE   := $(BUILD)/libvitc.so.$(VERSION)
+
+.PHONY: all lib tools tests test test-c test-python demo bench asan valgrind install deps \
+        clean check-deps
+all: lib tools
+
+lib: $(BUILD)/libvitc.a $(BUILD)/libvitc.so
+tools: $(BUILD)/vitc
+
+$(BUILD)/obj/%_avx512.o: %_avx512.c $(HDRS)
+	@mkdir -p $(dir $@)
+	@echo "  CC  $@"
+	$(Q)$(CC) $(BASE) $(CFLAGS) $(AVX512_FLAGS) -c $< -o $@
+
+$(BUILD)/obj/%_avx2.o: %_avx2.c $(HDRS)
+	@mkdir -p $(dir $@)
+	@echo "  CC  $@"
+	$(Q)$(CC) $(BASE) $(CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+
+$(BUILD)/obj/%.o: %.c $(HDRS)
+	@mkdir -p $(dir $@)
+	@echo "  CC  $@"
+	$(Q)$(CC) $(BASE) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/libvitc.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(SOFILE): $(LIB_OBJ)
+	$(CC) -shared -Wl,-soname,$(SONAME) -o $@ $^ $(LDFLAGS) $(LDLIBS)
+
+$(BUILD)/libvitc.so: $(SOFILE)
+	ln -sf libvitc.so.$(VERSION) $(BUILD)/$(SONAME)
+	ln -sf $(SONAME) $@
+
+$(BUILD)/vitc: $(TOOL_OBJ) $(BUILD)/libvitc.a
+	$(CC) -o $@ $(TOOL_OBJ) $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
+
+# C tests: cmocka, one binary per file, linked statically against the library.
+$(BUILD)/tests/%: tests/%.c $(BUILD)/libvitc.a $(HDRS)
+	@mkdir -p $(dir $@)
+	@echo "  CC  $@"
+	$(Q)$(CC) $(BASE) $(CFLAGS) -Wno-unused-parameter $< -o $@ $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS) -lcmocka
+
+tests: $(TEST_BIN)
+
+deps:
+	@sh scripts/install-deps.sh
+
+test: deps
+	@$(MAKE) --no-print-directory all tests
+	@$(MAKE) --no-print-directory test-c test-python
+
+test-c: tests
+	@sh scripts/run-tests.sh $(BUILD)/tests
+
+test-python: lib
+	PYTHONPATH=python $(PYTHON) -m unittest discover -s tests/python -t . -p 'test_*.py'
+
+demo: deps
+	@$(MAKE) --no-print-directory all
+	$(BUILD)/vitc demo
+
+bench: deps
+	@$(MAKE) --no-print-directory all
+	PYTHONPATH=python $(PYTHON) bench/bench.py --out bench/results.md
+
+asan:
+	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1" \
+	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
+	  LDFLAGS="-fsanitize=address,undefined" tests
+	@ASAN_OPTIONS=detect_leaks=1 sh scripts/run-tests.sh build-asan/tests
+
+valgrind: tests
+	@VALGRIND="valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite -q" \
+	  sh scripts/run-tests.sh $(BUILD)/tests
+
+install: all
+	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
+	install -m 644 include/vitc.h $(DESTDIR)$(PREFIX)/include/
+	install -m 644 $(BUILD)/libvitc.a $(DESTDIR)$(PREFIX)/lib/
+	install -m 755 $(SOFILE) $(DESTDIR)$(PREFIX)/lib/
+	ln -sf libvitc.so.$(VERSION) $(DESTDIR)$(PREFIX)/lib/$(SONAME)
+	ln -sf $(SONAME) $(DESTDIR)$(PREFIX)/lib/libvitc.so
+	install -m 755 $(BUILD)/vitc $(DESTDIR)$(PREFIX)/bin/
+	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
+	    -e 's|@LIBS@|$(LDLIBS)|g' vitc.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/vitc.pc
+
+clean:
+	rm -rf build build-asan

@@ -1,0 +1,315 @@
+/*
+ * vitc.h — self-attention for computer vision, in C.
+ *
+ * The only public header of libvitc. Everything is prefixed vitc_ / VITC_.
+ * Tensors are float32, row-major, in PyTorch's dimension order; shapes are
+ * int64_t arrays. Functions that can fail return vitc_status (0 = ok,
+ * negative = error) and leave a readable message for vitc_last_error().
+ * The library never exits or aborts on bad input.
+ *
+ * Ten lines of C:
+ *
+ *   vitc_layer_config cfg = vitc_layer_default_config(VITC_CONV_SA_BLOCK);
+ *   cfg.in_channels = 64;
+ *   vitc_layer *sa;
+ *   if (vitc_layer_create(&cfg, &sa) != VITC_OK) { puts(vitc_last_error()); return 1; }
+ *   vitc_safetensors *st;                        // weights saved from PyTorch
+ *   vitc_safetensors_load("convsa.safetensors", &st);
+ *   vitc_layer_load_safetensors(sa, st, NULL, 1);   // by PyTorch key names
+ *   int64_t shape[4] = {1, 64, 32, 32}, oshape[8]; int ond;
+ *   vitc_layer_output_shape(sa, 4, shape, &ond, oshape);
+ *   vitc_layer_forward(sa, x, 4, shape, out);    // out: [1, 64, 32, 32]
+ *
+ * Thread safety: objects (layers, models, files) are not shared between
+ * threads while one of them runs a forward; distinct objects may be used from
+ * distinct threads. The error message is thread-local.
+ */
+#ifndef VITC_H
+#define VITC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define VITC_VERSION_MAJOR 0
+#define VITC_VERSION_MINOR 1
+#define VITC_VERSION_PATCH 0
+#define VITC_VERSION_STRING "0.1.0"
+
+#if defined(__GNUC__) && !defined(VITC_STATIC_BUILD)
+#define VITC_API __attribute__((visibility("default")))
+#else
+#define VITC_API
+#endif
+
+/* ------------------------------------------------------------------ */
+/* Status and errors                                                  */
+/* ------------------------------------------------------------------ */
+
+typedef enum vitc_status {
+    VITC_OK = 0,
+    VITC_ERR_INVALID_ARG = -1,  /* a bad argument or configuration */
+    VITC_ERR_SHAPE = -2,        /* a tensor of the wrong shape */
+    VITC_ERR_NOMEM = -3,        /* allocation failed or size overflowed */
+    VITC_ERR_IO = -4,           /* a file could not be opened, read or written */
+    VITC_ERR_FORMAT = -5,       /* a file is malformed (header, offsets, dtype) */
+    VITC_ERR_KEY = -6,          /* a missing or unexpected weight name */
+    VITC_ERR_UNSUPPORTED = -7   /* valid but not supported by this build */
+} vitc_status;
+
+/* Static name of a status ("ok", "invalid argument", ...). */
+VITC_API const char *vitc_status_str(vitc_status s);
+/* Message of the last failure on this thread ("" if none). Valid until the
+ * next failing call on this thread. */
+VITC_API const char *vitc_last_error(void);
+VITC_API const char *vitc_version(void);
+
+/* ------------------------------------------------------------------ */
+/* Runtime: threads and kernel paths                                  */
+/* ------------------------------------------------------------------ */
+
+/* Threads used by every parallel loop of the library. n <= 0 restores the
+ * default: the number of CPUs this process may run on. */
+VITC_API void vitc_set_num_threads(int n);
+VITC_API int vitc_get_num_threads(void);
+/* Kernel path in use: "avx512", "avx2" or "generic". Chosen at run time from
+ * cpuid; the environment variable VITC_ARCH forces one. */
+VITC_API const char *vitc_get_arch(void);
+/* Force a path ("avx512", "avx2", "generic", or NULL/"auto" for the best the
+ * CPU supports). Fails when the CPU lacks the instructions. */
+VITC_API vitc_status vitc_set_arch(const char *name);
+/* GEMM backend in use: "openblas" or "builtin". VITC_GEMM=builtin forces the
+ * built-in one. */
+VITC_API const char *vitc_get_gemm_backend(void);
+VITC_API vitc_status vitc_set_gemm_backend(const char *name);
+
+/* ------------------------------------------------------------------ */
+/* Safetensors                                                        */
+/* ------------------------------------------------------------------ */
+
+/* A safetensors file held in memory, every tensor converted to float32
+ * (F32, F16 and BF16 files are accepted). */
+typedef struct vitc_safetensors vitc_safetensors;
+
+VITC_API vitc_status vitc_safetensors_load(const char *path, vitc_safetensors **out);
+/* Same, from bytes in memory (copied). */
+VITC_API vitc_status vitc_safetensors_load_memory(const void *bytes, size_t len,
+                                                  vitc_safetensors **out);
+VITC_API void vitc_safetensors_free(vitc_safetensors *st);
+VITC_API int vitc_safetensors_count(const vitc_safetensors *st);
+/* Tensor i (0 <= i < count), in file order. Pointers stay valid until free. */
+VITC_API vitc_status vitc_safetensors_tensor(const vitc_safetensors *st, int i,
+                                             const char **name, const char **dtype,
+                                             int *ndim, const int64_t **shape,
+                                             const float **data);
+/* Index of a tensor by name, -1 when absent. */
+VITC_API int vitc_safetensors_find(const vitc_safetensors *st, const char *name);
+VITC_API int vitc_safetensors_metadata_count(const vitc_safetensors *st);
+VITC_API vitc_status vitc_safetensors_metadata(const vitc_safetensors *st, int i,
+                                               const char **key, const char **value);
+/* Value of a metadata key, NULL when absent. */
+VITC_API const char *vitc_safetensors_get_metadata(const vitc_safetensors *st,
+                                                   const char *key);
+
+/* Write n float32 tensors (and optional string metadata) as a safetensors
+ * file. names[i], ndims[i], shapes[i], data[i] describe tensor i. */
+VITC_API vitc_status vitc_safetensors_save(const char *path, int n,
+                                           const char *const *names,
+                                           const int *ndims,
+                                           const int64_t *const *shapes,
+                                           const float *const *data, int n_meta,
+                                           const char *const *meta_keys,
+                                           const char *const *meta_values);
+
+/* ------------------------------------------------------------------ */
+/* Attention layers: one engine, the seed blocks as presets           */
+/* ------------------------------------------------------------------ */
+
+typedef enum vitc_layer_kind {
+    VITC_ATTENTION_BLOCK = 0,       /* AttentionBlock: patch conv + q/k/v/out Linear, [B,C,H,W] -> [B,N,E] */
+    VITC_CONV_SA_BLOCK = 1,         /* ConvSABlock: 1x1 conv q,k (C/8), v (C), gamma*attn + x */
+    VITC_SELF_ATTENTION_GROUP = 2,  /* SelfAttention(ni), GroupNorm(1, ni), q/k/v/proj, + input */
+    VITC_SELF_ATTENTION_BATCH = 3,  /* SelfAttention(ni) with BatchNorm2d and fused qkv */
+    VITC_SELF_ATTENTION_MULTIHEAD = 4, /* SelfAttentionMultiHead(ni, nheads) */
+    VITC_MULTIHEAD_ATTENTION = 5,   /* torch.nn.MultiheadAttention */
+    VITC_T2T_ATTENTION = 6,         /* T2T-ViT Attention(dim, chan, heads), V skip */
+    VITC_SINGLE_HEAD_ATTENTION = 7  /* NumPy seed: x @ W_q ... @ W_o */
+} vitc_layer_kind;
+
+typedef struct vitc_layer_config {
+    vitc_layer_kind kind;
+    int in_channels;  /* AttentionBlock in_channels; ConvSA in_channels; SelfAttention* ni;
+                         T2T dim; SingleHead embedding_dim; MHA embed_dim */
+    int embed_dim;    /* AttentionBlock embed_dim; T2T chan; SingleHead d_k; MHA embed_dim */
+    int num_heads;    /* heads (AttentionBlock, SelfAttentionMultiHead, MHA, T2T) */
+    int patch_size;   /* AttentionBlock */
+    int kdim, vdim;   /* MHA (0 = embed_dim) */
+    int bias;         /* MHA bias (default 1); T2T qkv_bias (default 0) */
+    int batch_first;  /* MHA (default 0: [L, B, E]) */
+    float qk_scale;   /* T2T qk_scale; 0 = (chan/heads)^-0.5 */
+    float eps;        /* norm eps (default 1e-5) */
+    float momentum;   /* BatchNorm momentum (default 0.1) */
+} vitc_layer_config;
+
+typedef struct vitc_layer vitc_layer;
+
+/* The defaults of the PyTorch constructor of that kind. */
+VITC_API vitc_layer_config vitc_layer_default_config(vitc_layer_kind kind);
+/* Fails (VITC_ERR_INVALID_ARG) on an invalid configuration: embed_dim not
+ * divisible by heads, ConvSA with fewer than 8 channels, ... Parameters start
+ * as PyTorch's defaults would be after reset (zeros/ones where deterministic;
+ * load real weights before use). The layer starts in training mode. */
+VITC_API vitc_status vitc_layer_create(const vitc_layer_config *cfg, vitc_layer **out);
+VITC_API void vitc_layer_free(vitc_layer *layer);
+VITC_API const vitc_layer_config *vitc_layer_get_config(const vitc_layer *layer);
+
+/* Parameters and buffers, in PyTorch's state_dict order, all in one
+ * allocation. data points into it and may be written. */
+VITC_API int vitc_layer_num_params(const vitc_layer *layer);
+VITC_API vitc_status vitc_layer_param(vitc_layer *layer, int i, const char **name,
+                                      int *ndim, const int64_t **shape, float **data);
+
+/* load_state_dict: n tensors by PyTorch key name. Missing, unexpected (when
+ * strict) or mis-shaped keys are errors that name the key and both shapes.
+ * Alias names (diffusers' group_norm/query/key/value/proj_attn) are
+ * accepted. num_batches_tracked is ignored. */
+VITC_API vitc_status vitc_layer_load(vitc_layer *layer, int n, const char *const *names,
+                                     const int *ndims, const int64_t *const *shapes,
+                                     const float *const *data, int strict);
+/* The same from a safetensors file; prefix (may be NULL) is stripped from
+ * the file's names first ("block." for "block.q.weight"). */
+VITC_API vitc_status vitc_layer_load_safetensors(vitc_layer *layer,
+                                                 const vitc_safetensors *st,
+                                                 const char *prefix, int strict);
+
+/* .train() / .eval() */
+VITC_API void vitc_layer_set_training(vitc_layer *layer, int training);
+VITC_API int vitc_layer_is_training(const vitc_layer *layer);
+
+/* Output shape for an input shape (also validates the input shape). */
+VITC_API vitc_status vitc_layer_output_shape(const vitc_layer *layer, int ndim,
+                                             const int64_t *shape, int *out_ndim,
+                                             int64_t out_shape[8]);
+/* Forward of every kind but MHA's cross-attention form (for MHA it is
+ * self-attention, query = key = value = x, need_weights false).
+ * out must hold the element count of vitc_layer_output_shape. In training
+ * mode a BatchNorm layer updates its running statistics. */
+VITC_API vitc_status vitc_layer_forward(vitc_layer *layer, const float *x, int ndim,
+                                        const int64_t *shape, float *out);
+
+/* Mask element types for MHA and SDPA. */
+typedef enum vitc_mask_type {
+    VITC_MASK_NONE = 0,
+    VITC_MASK_BOOL = 1,   /* uint8_t, 0 or 1 */
+    VITC_MASK_FLOAT = 2   /* float, added to the scores */
+} vitc_mask_type;
+
+typedef struct vitc_tensor_view {
+    const void *data;
+    int ndim;
+    int64_t shape[8];
+} vitc_tensor_view;
+
+/* torch.nn.MultiheadAttention.forward(query, key, value, key_padding_mask,
+ * need_weights, attn_mask, average_attn_weights).
+ * query [L,B,E] (or [B,L,E] when batch_first, or unbatched [L,E]),
+ * key [S,B,kdim], value [S,B,vdim]. key_padding_mask [B,S] (or [S]);
+ * its True (bool) means "ignore this key". attn_mask [L,S] or [B*heads,L,S];
+ * bool True means "not allowed", float is added. */
+typedef struct vitc_mha_args {
+    vitc_tensor_view query, key, value;   /* float */
+    vitc_tensor_view key_padding_mask;    /* data NULL when absent */
+    vitc_mask_type key_padding_mask_type;
+    vitc_tensor_view attn_mask;           /* data NULL when absent */
+    vitc_mask_type attn_mask_type;
+    int need_weights;
+    int average_attn_weights;
+} vitc_mha_args;
+
+/* Shapes of the outputs: out like query with E channels; weights
+ * [B,L,S] averaged or [B,heads,L,S] (unbatched: without B). */
+VITC_API vitc_status vitc_mha_output_shapes(const vitc_layer *layer, const vitc_mha_args *a,
+                                            int *out_ndim, int64_t out_shape[8],
+                                            int *w_ndim, int64_t w_shape[8]);
+/* weights may be NULL when need_weights is 0. */
+VITC_API vitc_status vitc_mha_forward(vitc_layer *layer, const vitc_mha_args *a,
+                                      float *out, float *weights);
+
+/* F.scaled_dot_product_attention (torch 2.x semantics): q [...,L,d],
+ * k [...,S,d], v [...,S,dv] with equal leading dims, out [...,L,dv].
+ * mask broadcasts to [...,L,S]; a bool mask's True means "takes part", a
+ * float mask is added. scale <= 0 means 1/sqrt(d). A row with no allowed
+ * key gives NaN, as PyTorch does. */
+VITC_API vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view *k,
+                               const vitc_tensor_view *v, const vitc_tensor_view *mask,
+                               vitc_mask_type mask_type, float scale, float *out);
+
+/* softmax(x / temperature) along dim (negative counts from the end). */
+VITC_API vitc_status vitc_softmax(const float *x, int ndim, const int64_t *shape, int dim,
+                                  float temperature, float *out);
+
+/* ------------------------------------------------------------------ */
+/* Images                                                             */
+/* ------------------------------------------------------------------ */
+
+typedef struct vitc_image {
+    int width, height;
+    uint8_t *rgb; /* [height, width, 3], 8 bits per channel */
+} vitc_image;
+
+/* Decode a PNG (gray, RGB, RGBA, 16-bit, palette) or JPEG into 8-bit RGB.
+ * Images over max_pixels (0 = 100 megapixels) are refused before any
+ * allocation. */
+VITC_API vitc_status vitc_image_load(const char *path, int64_t max_pixels, vitc_image *out);
+VITC_API void vitc_image_free(vitc_image *img);
+VITC_API vitc_status vitc_image_save_png(const char *path, const uint8_t *rgb, int width,
+                                         int height);
+/* torchvision preprocessing: resize the shorter side to `resize` with
+ * antialiased bilinear (0 = no resize), center crop crop x crop, /255,
+ * normalize. out: [3, crop, crop]. */
+VITC_API vitc_status vitc_image_preprocess(const vitc_image *img, int resize, int crop,
+                                           const float mean[3], const float std[3],
+                                           float *out);
+
+/* ------------------------------------------------------------------ */
+/* Vision Transformer                                                 */
+/* ------------------------------------------------------------------ */
+
+typedef struct vitc_vit_config {
+    int image_size, patch_size, in_channels;
+    int hidden_dim, depth, num_heads, mlp_dim, num_classes;
+    float norm_eps;
+    float mean[3], std[3];
+} vitc_vit_config;
+
+typedef struct vitc_vit vitc_vit;
+
+/* Load a torchvision- or timm-named checkpoint. The architecture comes from
+ * __metadata__["vitc.config"], else arch (e.g. "vit_b_16"), else from the
+ * tensors' names and shapes. */
+VITC_API vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out);
+VITC_API vitc_status vitc_vit_from_safetensors(const vitc_safetensors *st, const char *arch,
+                                               vitc_vit **out);
+VITC_API void vitc_vit_free(vitc_vit *m);
+VITC_API const vitc_vit_config *vitc_vit_get_config(const vitc_vit *m);
+/* Name of the architecture recognised ("vit_b_16", ..., or "custom"). */
+VITC_API const char *vitc_vit_arch_name(const vitc_vit *m);
+/* Class labels from metadata; NULL when there are none. */
+VITC_API const char *vitc_vit_label(const vitc_vit *m, int index);
+/* images [B, C, H, W] (normalized) -> logits [B, num_classes]. H and W may
+ * differ from image_size (position embeddings are interpolated). */
+VITC_API vitc_status vitc_vit_forward(vitc_vit *m, const float *images, int B, int H, int W,
+                                      float *logits);
+/* Per-layer attention probabilities attn [depth, B, heads, N, N] (may be
+ * NULL) and the attention rollout [B, N, N] (may be NULL); N = 1 + patches. */
+VITC_API vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int H,
+                                             int W, float *attn, float *rollout);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* VITC_H */

@@ -1,0 +1,54 @@
+/*
+ * internal.h — what every file of libvitc shares and no user sees: error
+ * reporting, checked size arithmetic, aligned allocation.
+ */
+#ifndef VITC_INTERNAL_H
+#define VITC_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "vitc.h"
+
+/* Record a message for vitc_last_error() and return status, so a failure
+ * reads `return vitc__err(VITC_ERR_SHAPE, "q: expected [%d], got ...", ...)`. */
+vitc_status vitc__err(vitc_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Prepend context to the current message ("loading x.safetensors: ..."). */
+vitc_status vitc__err_prefix(vitc_status status, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+#define VITC_TRY(expr)                 \
+    do {                               \
+        vitc_status vitc__s = (expr);  \
+        if (vitc__s != VITC_OK)        \
+            return vitc__s;            \
+    } while (0)
+
+/* Overflow-checked size arithmetic: 1 on success, 0 on overflow. */
+static inline int vitc__mul_size(size_t a, size_t b, size_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline int vitc__add_size(size_t a, size_t b, size_t *out) {
+    return !__builtin_add_overflow(a, b, out);
+}
+/* Element count of a shape; 0 on overflow or a negative dim (then *ok = 0). */
+size_t vitc__numel(int ndim, const int64_t *shape, int *ok);
+/* "[2, 3, 4]" into buf (for messages). */
+const char *vitc__shape_str(char *buf, size_t cap, int ndim, const int64_t *shape);
+
+/* 64-byte aligned allocation (for SIMD rows); free with vitc__free. */
+void *vitc__alloc(size_t bytes);
+void *vitc__calloc(size_t count, size_t size);
+void vitc__free(void *p);
+
+/* A grow-only scratch buffer owned by a layer or model: sized once for a
+ * shape, reused by every later forward of that shape or smaller. */
+typedef struct vitc__buf {
+    float *p;
+    size_t cap; /* floats */
+} vitc__buf;
+vitc_status vitc__buf_reserve(vitc__buf *b, size_t floats);
+void vitc__buf_free(vitc__buf *b);
+
+#endif

@@ -1,0 +1,75 @@
+/* dispatch.c — which kernel path runs: cpuid, VITC_ARCH, vitc_set_arch. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+static int vitc__arch_forced = -1; /* -1: not yet decided */
+static vitc__arch vitc__arch_cur;
+
+int vitc__cpu_has(vitc__arch a) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    switch (a) {
+    case VITC_ARCH_GENERIC: return 1;
+    case VITC_ARCH_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    case VITC_ARCH_AVX512:
+        return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+               __builtin_cpu_supports("fma");
+    }
+    return 0;
+#else
+    return a == VITC_ARCH_GENERIC;
+#endif
+}
+
+static vitc__arch vitc__best(void) {
+    if (vitc__cpu_has(VITC_ARCH_AVX512)) return VITC_ARCH_AVX512;
+    if (vitc__cpu_has(VITC_ARCH_AVX2)) return VITC_ARCH_AVX2;
+    return VITC_ARCH_GENERIC;
+}
+
+static const char *const vitc__arch_names[] = {"generic", "avx2", "avx512"};
+
+static int vitc__parse_arch(const char *name, vitc__arch *out) {
+    for (int i = 0; i < 3; i++)
+        if (strcmp(name, vitc__arch_names[i]) == 0) {
+            *out = (vitc__arch)i;
+            return 1;
+        }
+    return 0;
+}
+
+vitc__arch vitc__get_arch(void) {
+    if (vitc__arch_forced < 0) {
+        /* An unknown or unsupported VITC_ARCH falls back to the best path:
+         * the environment is not an API call that can fail. */
+        const char *env = getenv("VITC_ARCH");
+        vitc__arch a;
+        if (env && *env && strcmp(env, "auto") != 0 && vitc__parse_arch(env, &a) && vitc__cpu_has(a))
+            vitc__arch_cur = a;
+        else
+            vitc__arch_cur = vitc__best();
+        vitc__arch_forced = 0;
+    }
+    return vitc__arch_cur;
+}
+
+const char *vitc_get_arch(void) { return vitc__arch_names[vitc__get_arch()]; }
+
+vitc_status vitc_set_arch(const char *name) {
+    vitc__arch a;
+    if (!name || !*name || strcmp(name, "auto") == 0) {
+        vitc__arch_cur = vitc__best();
+        vitc__arch_forced = 0;
+        return VITC_OK;
+    }
+    if (!vitc__parse_arch(name, &a))
+        return vitc__err(VITC_ERR_INVALID_ARG, "unknown arch \"%s\" (expected avx512, avx2, generic or auto)", name);
+    if (!vitc__cpu_has(a))
+        return vitc__err(VITC_ERR_UNSUPPORTED, "this CPU cannot run the %s path", name);
+    vitc__arch_cur = a;
+    vitc__arch_forced = 1;
+    return VITC_OK;
+}

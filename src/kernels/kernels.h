@@ -1,0 +1,93 @@
+/*
+ * kernels.h — the compute seam of libvitc. Layers and models call only these;
+ * each has a plain reference version (kept forever, the ground truth for the
+ * fast ones) and SIMD versions chosen at run time (VITC_ARCH forces a path).
+ *
+ * Argument order: outputs, then inputs, then sizes. Row-major float32.
+ */
+#ifndef VITC_KERNELS_H
+#define VITC_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../internal.h"
+
+/* ---- thread pool (pool.c) ---------------------------------------- */
+
+/* fn(ctx, i, tid) for every i in [0, n), spread over the pool's threads
+ * (tid < vitc__num_threads()). A call made from inside a pool task runs
+ * serially on the calling thread, so kernels may nest freely. */
+typedef void (*vitc__task_fn)(void *ctx, int64_t i, int tid);
+void vitc__parallel_for(int64_t n, vitc__task_fn fn, void *ctx);
+int vitc__num_threads(void);
+int vitc__in_parallel(void); /* 1 inside a pool task */
+
+/* ---- run-time dispatch (dispatch.c) ------------------------------ */
+
+typedef enum vitc__arch { VITC_ARCH_GENERIC = 0, VITC_ARCH_AVX2 = 1, VITC_ARCH_AVX512 = 2 } vitc__arch;
+vitc__arch vitc__get_arch(void);
+int vitc__cpu_has(vitc__arch a);
+
+/* ---- GEMM (gemm.c) ----------------------------------------------- */
+
+/* C[M,N] = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T.
+ * A is [M,K] (lda) or, transposed, [K,M]; B is [K,N] (ldb) or [N,K].
+ * beta == 0 ignores C's old contents (NaN included). Threads over the pool
+ * unless called from inside a pool task. */
+void vitc__gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
+                int64_t ldc);
+/* Reference: the triple loop, float accumulation. */
+void vitc__gemm_ref(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
+                    float *C, int64_t ldc);
+
+/* y[M,N] = x[M,K] @ W[N,K]^T + bias[N] (nn.Linear; bias may be NULL).
+ * residual (may be NULL) [M,N] with row stride ldr is added in the epilogue.
+ * y has row stride ldy, x row stride ldx. */
+void vitc__linear(float *y, int64_t ldy, const float *x, int64_t ldx, const float *W,
+                  const float *bias, const float *residual, int64_t ldr, int64_t M, int64_t N,
+                  int64_t K);
+
+/* ---- attention core (attention.c) -------------------------------- */
+
+/* softmax(scale * q k^T + mask) v for every (b, h), from strided views.
+ * Element (b, h, row, c) of q sits at q[b*q_sb + h*q_sh + row*q_sr + c]
+ * (the last dim contiguous), and likewise for k, v, o, mask, probs.
+ * A stride of 0 broadcasts (masks). mask is additive (-inf = not allowed);
+ * a row with every score -inf yields NaN (torch 1.13's softmax does).
+ * probs, when not NULL, receives the softmax [B,H,L,S]; otherwise the kernel
+ * never materialises the L x S scores (tiled online softmax). */
+typedef struct vitc__sdpa_desc {
+    int64_t B, H, L, S, D, Dv;
+    const float *q; int64_t q_sb, q_sh, q_sr;    /* [B,H,L,D] */
+    const float *k; int64_t k_sb, k_sh, k_sr;    /* [B,H,S,D] */
+    const float *v; int64_t v_sb, v_sh, v_sr;    /* [B,H,S,Dv] */
+    float *o; int64_t o_sb, o_sh, o_sr;          /* [B,H,L,Dv] */
+    float scale;
+    const float *mask; int64_t m_sb, m_sh, m_sr; /* [B,H,L,S] additive, may be NULL */
+    float *probs; int64_t p_sb, p_sh, p_sr;      /* [B,H,L,S] out, may be NULL */
+} vitc__sdpa_desc;
+
+/* Dispatching entry point: threads over B x H x query blocks. */
+vitc_status vitc__sdpa(const vitc__sdpa_desc *d);
+/* Reference: rows [l0, l1) of head (b, h), two-pass softmax in float. */
+void vitc__sdpa_ref_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t l0, int64_t l1);
+
+/* ---- elementwise and norms (ops.c) ------------------------------- */
+
+/* In-place numerically stable softmax over rows of n: x /= temperature first. */
+void vitc__softmax_rows(float *x, int64_t rows, int64_t n, float inv_temperature);
+/* LayerNorm over the last dim C of [M, C]. */
+void vitc__layernorm(float *y, const float *x, const float *w, const float *b, int64_t M,
+                     int64_t C, float eps);
+/* GroupNorm(G, C) of [B, C, HW]; w, b [C]. */
+void vitc__groupnorm(float *y, const float *x, const float *w, const float *b, int64_t B,
+                     int64_t C, int64_t HW, int64_t G, float eps);
+/* Exact-erf GELU, in place. */
+void vitc__gelu(float *x, int64_t n);
+/* [B, C, HW] -> [B, HW, C] (and back with swapped sizes). */
+void vitc__transpose_bc(float *y, const float *x, int64_t B, int64_t C, int64_t HW);
+
+#endif

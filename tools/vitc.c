@@ -1,0 +1,86 @@
+/* vitc.c — the command-line tool: dispatch to a subcommand. */
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    cli_cmd_fn fn;
+    const char *help;
+} cli_cmds[] = {
+    {"classify", cmd_classify, "classify images with a Vision Transformer checkpoint"},
+    {"attention-map", cmd_attention_map, "write an attention heat map over an image (PNG)"},
+    {"inspect", cmd_inspect, "list a safetensors file's tensors, metadata and architecture"},
+    {"bench", cmd_bench, "time the standard attention workloads"},
+    {"demo", cmd_demo, "run every seed attention block on the seeds' shapes"},
+};
+#define CLI_NCMDS (sizeof cli_cmds / sizeof cli_cmds[0])
+
+int cli_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("vitc: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return CLI_FAIL;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("vitc: error: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    fprintf(stderr, "Try 'vitc %s%s--help'.\n", cmd ? cmd : "", cmd ? " " : "");
+    return CLI_USAGE;
+}
+
+int cli_lib_error(const char *what) {
+    return cli_error("%s: %s", what, vitc_last_error());
+}
+
+int cli_parse_int(const char *s, int *out) {
+    char *end;
+    long v;
+    if (!s || !*s)
+        return -1;
+    v = strtol(s, &end, 10);
+    if (*end || v < 0 || v > 1000000000L)
+        return -1;
+    *out = (int)v;
+    return 0;
+}
+
+int cli_stderr_tty(void) { return isatty(2); }
+
+static void cli_help(FILE *f) {
+    fprintf(f, "usage: vitc COMMAND [OPTIONS] ...\n\n"
+               "Self-attention for computer vision: run PyTorch-trained attention layers\n"
+               "and Vision Transformers from safetensors files.\n\ncommands:\n");
+    for (size_t i = 0; i < CLI_NCMDS; i++)
+        fprintf(f, "  %-15s %s\n", cli_cmds[i].name, cli_cmds[i].help);
+    fprintf(f, "\n'vitc COMMAND --help' describes a command. vitc --version prints the version.\n");
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2)
+        return cli_help(stderr), CLI_USAGE;
+    if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
+        cli_help(stdout);
+        return CLI_OK;
+    }
+    if (!strcmp(argv[1], "--version")) {
+        printf("vitc %s (kernels: %s, gemm: %s)\n", vitc_version(), vitc_get_arch(),
+               vitc_get_gemm_backend());
+        return CLI_OK;
+    }
+    for (size_t i = 0; i < CLI_NCMDS; i++)
+        if (!strcmp(argv[1], cli_cmds[i].name))
+            return cli_cmds[i].fn(argc - 1, argv + 1);
+    return cli_usage_error(NULL, "unknown command '%s'", argv[1]);
+}
