@@ -1,0 +1,888 @@
+/*
+ * safetensors.c — read and write safetensors files.
+ *
+ * Files are untrusted input: every header field is checked before it is
+ * used, every size derived from the file is overflow-checked, and the rules
+ * of the reference implementation (huggingface/safetensors, tensor.rs) are
+ * enforced, so that a file vitc accepts is one the reference accepts too:
+ * the header is a JSON object of at most 100,000,000 bytes, tensors cover
+ * the byte buffer contiguously from 0 with no hole or overlap, names are
+ * unique, __metadata__ is a string -> string map.
+ *
+ * Every tensor is converted to float32 into one 64-byte aligned allocation,
+ * so a layer can point at its weights without another copy. A loaded file
+ * therefore costs its F32 size in memory and never more than that: data is
+ * read straight into place (F16/BF16 are read into the upper half of their
+ * own destination and widened in place).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <jansson.h>
+
+#include "internal.h"
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "safetensors.c assumes a little-endian host (the format is little-endian)"
+#endif
+
+/* The reference implementation's MAX_HEADER_SIZE. */
+#define ST_MAX_HEADER ((uint64_t)100000000)
+
+typedef enum { ST_F32, ST_F16, ST_BF16 } st_dtype;
+
+static const char *const st_dtype_names[] = {"F32", "F16", "BF16"};
+static const size_t st_dtype_size[] = {4, 2, 2};
+
+/* The dtypes of the format that vitc does not convert: named in the error so
+ * that a user knows the file is valid but unsupported. */
+static const char *const st_other_dtypes[] = {
+    "BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "F64", "I64", "U64", "C64",
+    "F4", "F6_E2M3", "F6_E3M2", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F8_E4M3FNUZ",
+    "F8_E5M2FNUZ"};
+
+typedef struct st_tensor {
+    char *name;
+    st_dtype dtype;
+    int ndim;
+    int64_t *shape;  /* [ndim] (NULL when ndim == 0) */
+    size_t numel;
+    uint64_t begin, end; /* byte range in the file's data buffer */
+    float *data;     /* [numel], inside vitc_safetensors.arena */
+} st_tensor;
+
+struct vitc_safetensors {
+    int n;
+    st_tensor *t;    /* [n], sorted by data offset = the order in the file */
+    struct st_name {
+        const char *name;
+        int index;
+    } *by_name;      /* [n] sorted by name, for find */
+    int n_meta;
+    char **meta_key; /* [n_meta] in header order */
+    char **meta_val;
+    float *arena;    /* every tensor's float32 data */
+};
+
+/* ------------------------------------------------------------------ */
+/* Conversions                                                        */
+/* ------------------------------------------------------------------ */
+
+/* IEEE half -> single, exact for every input: subnormal halves become
+ * normal floats, inf stays inf, NaN keeps its sign and payload. */
+static float st_f16_to_f32(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1Fu;
+    uint32_t man = h & 0x3FFu;
+    uint32_t bits;
+    if (exp == 0x1F) {
+        bits = sign | 0x7F800000u | (man << 13);
+    } else if (exp != 0) {
+        bits = sign | ((exp + 112u) << 23) | (man << 13);
+    } else if (man == 0) {
+        bits = sign;
+    } else {
+        /* Subnormal: value = man * 2^-24. Normalise the mantissa. */
+        int e = -1;
+        do {
+            e++;
+            man <<= 1;
+        } while (!(man & 0x400u));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3FFu) << 13);
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static float st_bf16_to_f32(uint16_t b) {
+    uint32_t bits = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+/* Widen n 16-bit values stored at byte offset 2n of dst into n floats at
+ * dst, in place. Going forward is safe: float i occupies bytes [4i, 4i+4),
+ * which lie below the 16-bit value i+1 at 2n + 2i + 2 for every i < n. */
+static void st_widen_in_place(float *dst, size_t n, st_dtype dt) {
+    const unsigned char *src = (const unsigned char *)dst + 2 * n;
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, src + 2 * i, 2);
+        dst[i] = dt == ST_F16 ? st_f16_to_f32(h) : st_bf16_to_f32(h);
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Freeing                                                            */
+/* ------------------------------------------------------------------ */
+
+void vitc_safetensors_free(vitc_safetensors *st) {
+    if (!st)
+        return;
+    for (int i = 0; i < st->n; i++) {
+        free(st->t[i].name);
+        free(st->t[i].shape);
+    }
+    for (int i = 0; i < st->n_meta; i++) {
+        free(st->meta_key[i]);
+        free(st->meta_val[i]);
+    }
+    free(st->t);
+    free(st->by_name);
+    free(st->meta_key);
+    free(st->meta_val);
+    vitc__free(st->arena);
+    free(st);
+}
+
+/* ------------------------------------------------------------------ */
+/* Header parsing                                                     */
+/* ------------------------------------------------------------------ */
+
+static char *st_strdup(const char *s) {
+    size_t n = strlen(s) + 1;
+    char *p = malloc(n);
+    if (p)
+        memcpy(p, s, n);
+    return p;
+}
+
+static const char *st_json_type(const json_t *j) {
+    switch (json_typeof(j)) {
+    case JSON_OBJECT: return "an object";
+    case JSON_ARRAY: return "an array";
+    case JSON_STRING: return "a string";
+    case JSON_INTEGER: return "an integer";
+    case JSON_REAL: return "a number with a fraction";
+    case JSON_TRUE:
+    case JSON_FALSE: return "a boolean";
+    case JSON_NULL: return "null";
+    }
+    return "something else";
+}
+
+/* A non-negative JSON integer. */
+static int st_uint(const json_t *j, uint64_t *out) {
+    if (!json_is_integer(j) || json_integer_value(j) < 0)
+        return 0;
+    *out = (uint64_t)json_integer_value(j);
+    return 1;
+}
+
+static vitc_status st_parse_metadata(vitc_safetensors *st, const json_t *meta, const char *fname) {
+    if (json_is_null(meta))
+        return VITC_OK;
+    if (!json_is_object(meta))
+        return vitc__err(VITC_ERR_FORMAT, "%s: __metadata__ is %s, not a string -> string map",
+                         fname, st_json_type(meta));
+    size_t n = json_object_size(meta);
+    if (n > INT32_MAX)
+        return vitc__err(VITC_ERR_FORMAT, "%s: __metadata__ has too many entries", fname);
+    st->meta_key = calloc(n ? n : 1, sizeof(char *));
+    st->meta_val = calloc(n ? n : 1, sizeof(char *));
+    if (!st->meta_key || !st->meta_val)
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for metadata", fname);
+    const char *k;
+    json_t *v;
+    json_object_foreach((json_t *)meta, k, v) {
+        if (!json_is_string(v))
+            return vitc__err(VITC_ERR_FORMAT, "%s: __metadata__ value of '%s' is %s, not a string",
+                             fname, k, st_json_type(v));
+        char *kk = st_strdup(k), *vv = st_strdup(json_string_value(v));
+        if (!kk || !vv) {
+            free(kk);
+            free(vv);
+            return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for metadata", fname);
+        }
+        st->meta_key[st->n_meta] = kk;
+        st->meta_val[st->n_meta] = vv;
+        st->n_meta++;
+    }
+    return VITC_OK;
+}
+
+static vitc_status st_parse_tensor(st_tensor *t, const char *name, const json_t *e,
+                                   const char *fname) {
+    if (!json_is_object(e))
+        return vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s' is %s, not an object", fname, name,
+                         st_json_type(e));
+    const json_t *jd = json_object_get(e, "dtype");
+    const json_t *js = json_object_get(e, "shape");
+    const json_t *jo = json_object_get(e, "data_offsets");
+    if (!jd || !js || !jo)
+        return vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s' lacks \"%s\"", fname, name,
+                         !jd ? "dtype" : !js ? "shape" : "data_offsets");
+    if (json_object_size(e) != 3) {
+        const char *k;
+        json_t *v;
+        json_object_foreach((json_t *)e, k, v) {
+            if (strcmp(k, "dtype") && strcmp(k, "shape") && strcmp(k, "data_offsets"))
+                return vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s' has an unknown field \"%s\"",
+                                 fname, name, k);
+        }
+    }
+
+    if (!json_is_string(jd))
+        return vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s': dtype is %s, not a string", fname,
+                         name, st_json_type(jd));
+    const char *ds = json_string_value(jd);
+    int found = 0;
+    for (int d = 0; d < 3; d++)
+        if (!strcmp(ds, st_dtype_names[d])) {
+            t->dtype = (st_dtype)d;
+            found = 1;
+        }
+    if (!found) {
+        for (size_t d = 0; d < sizeof st_other_dtypes / sizeof *st_other_dtypes; d++)
+            if (!strcmp(ds, st_other_dtypes[d]))
+                return vitc__err(VITC_ERR_UNSUPPORTED,
+                                 "%s: tensor '%s' has dtype %s; vitc reads only F32, F16 and BF16",
+                                 fname, name, ds);
+        return vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s' has unknown dtype \"%.40s\"", fname,
+                         name, ds);
+    }
+
+    if (!json_is_array(js))
+        return vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s': shape is %s, not an array", fname,
+                         name, st_json_type(js));
+    size_t nd = json_array_size(js);
+    if (nd > 1024)
+        return vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s': shape has %zu dimensions (at most 1024)",
+                         fname, name, nd);
+    t->ndim = (int)nd;
+    if (nd) {
+        t->shape = malloc(nd * sizeof(int64_t));
+        if (!t->shape)
+            return vitc__err(VITC_ERR_NOMEM, "%s: out of memory", fname);
+    }
+    for (size_t i = 0; i < nd; i++) {
+        uint64_t d;
+        const json_t *jv = json_array_get(js, i);
+        if (!st_uint(jv, &d))
+            return vitc__err(VITC_ERR_FORMAT,
+                             "%s: tensor '%s': shape[%zu] is %s; dimensions are non-negative integers",
+                             fname, name, i,
+                             json_is_integer(jv) ? "negative" : st_json_type(jv));
+        t->shape[i] = (int64_t)d;
+    }
+
+    if (!json_is_array(jo) || json_array_size(jo) != 2)
+        return vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s': data_offsets is not [begin, end]",
+                         fname, name);
+    if (!st_uint(json_array_get(jo, 0), &t->begin) || !st_uint(json_array_get(jo, 1), &t->end))
+        return vitc__err(VITC_ERR_FORMAT,
+                         "%s: tensor '%s': data_offsets must be two non-negative integers", fname,
+                         name);
+    if (t->end < t->begin)
+        return vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+                         "] end before they begin", fname, name, t->begin, t->end);
+
+    char sbuf[160];
+    int ok;
+    size_t bytes;
+    t->numel = vitc__numel(t->ndim, t->shape, &ok);
+    if (!ok || !vitc__mul_size(t->numel, st_dtype_size[t->dtype], &bytes) ||
+        bytes > UINT64_MAX / 2)
+        return vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s': %s %s is too large (overflow)", fname,
+                         name, ds, vitc__shape_str(sbuf, sizeof sbuf, t->ndim, t->shape));
+    if ((uint64_t)bytes != t->end - t->begin)
+        return vitc__err(VITC_ERR_FORMAT,
+                         "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64 "] hold %" PRIu64
+                         " bytes but %s %s needs %zu",
+                         fname, name, t->begin, t->end, t->end - t->begin, ds,
+                         vitc__shape_str(sbuf, sizeof sbuf, t->ndim, t->shape), bytes);
+    t->name = st_strdup(name);
+    if (!t->name)
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory", fname);
+    return VITC_OK;
+}
+
+static int st_cmp_offset(const void *a, const void *b) {
+    const st_tensor *x = a, *y = b;
+    if (x->begin != y->begin)
+        return x->begin < y->begin ? -1 : 1;
+    /* Empty tensors share their begin with the next one; put them first so
+     * the contiguity check sees begin == previous end for both. */
+    return (x->end > y->end) - (x->end < y->end);
+}
+
+static int st_cmp_name(const void *a, const void *b) {
+    return strcmp(((const struct st_name *)a)->name, ((const struct st_name *)b)->name);
+}
+
+/* Parse and validate the header; on success st->t describes every tensor
+ * and the data buffer of buf_len bytes is exactly covered. */
+static vitc_status st_parse_header(vitc_safetensors *st, const char *hdr, size_t hlen,
+                                   uint64_t buf_len, const char *fname) {
+    if (hlen == 0 || hdr[0] != '{')
+        return vitc__err(VITC_ERR_FORMAT, "%s: the header does not start with '{' (not a "
+                         "safetensors file?)", fname);
+    json_error_t jerr;
+    json_t *root = json_loadb(hdr, hlen, JSON_REJECT_DUPLICATES, &jerr);
+    if (!root)
+        return vitc__err(VITC_ERR_FORMAT, "%s: header is not valid JSON: %s (header byte %d)",
+                         fname, jerr.text, jerr.position);
+    vitc_status s = VITC_OK;
+    if (!json_is_object(root)) {
+        s = vitc__err(VITC_ERR_FORMAT, "%s: the header is not a JSON object", fname);
+        goto done;
+    }
+    size_t nent = json_object_size(root);
+    const json_t *meta = json_object_get(root, "__metadata__");
+    size_t nt = nent - (meta != NULL);
+    if (nt > INT32_MAX / 2) {
+        s = vitc__err(VITC_ERR_FORMAT, "%s: too many tensors (%zu)", fname, nt);
+        goto done;
+    }
+    st->t = calloc(nt ? nt : 1, sizeof(st_tensor));
+    st->by_name = calloc(nt ? nt : 1, sizeof *st->by_name);
+    if (!st->t || !st->by_name) {
+        s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory for %zu tensors", fname, nt);
+        goto done;
+    }
+    if (meta && (s = st_parse_metadata(st, meta, fname)) != VITC_OK)
+        goto done;
+    const char *name;
+    json_t *e;
+    json_object_foreach(root, name, e) {
+        if (!strcmp(name, "__metadata__"))
+            continue;
+        /* Counted before parsing so that free releases a half-filled entry. */
+        st_tensor *t = &st->t[st->n++];
+        if ((s = st_parse_tensor(t, name, e, fname)) != VITC_OK)
+            goto done;
+    }
+
+    qsort(st->t, (size_t)st->n, sizeof(st_tensor), st_cmp_offset);
+    uint64_t pos = 0;
+    for (int i = 0; i < st->n; i++) {
+        const st_tensor *t = &st->t[i];
+        if (t->begin != pos) {
+            if (t->begin < pos)
+                s = vitc__err(VITC_ERR_FORMAT,
+                              "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+                              "] overlap the previous tensor '%s', which ends at %" PRIu64,
+                              fname, t->name, t->begin, t->end, st->t[i - 1].name, pos);
+            else
+                s = vitc__err(VITC_ERR_FORMAT,
+                              "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+                              "] leave a hole: the tensors before it end at %" PRIu64,
+                              fname, t->name, t->begin, t->end, pos);
+            goto done;
+        }
+        if (t->end > buf_len) {
+            s = vitc__err(VITC_ERR_FORMAT,
+                          "%s: tensor '%s': data_offsets [%" PRIu64 ", %" PRIu64
+                          "] run past the end of the %" PRIu64 "-byte data buffer (truncated file?)",
+                          fname, t->name, t->begin, t->end, buf_len);
+            goto done;
+        }
+        pos = t->end;
+    }
+    if (pos != buf_len) {
+        s = vitc__err(VITC_ERR_FORMAT,
+                      "%s: the tensors cover %" PRIu64 " bytes of the %" PRIu64
+                      "-byte data buffer; the rest is not indexed",
+                      fname, pos, buf_len);
+        goto done;
+    }
+    for (int i = 0; i < st->n; i++) {
+        st->by_name[i].name = st->t[i].name;
+        st->by_name[i].index = i;
+    }
+    qsort(st->by_name, (size_t)st->n, sizeof *st->by_name, st_cmp_name);
+done:
+    json_decref(root);
+    return s;
+}
+
+/* ------------------------------------------------------------------ */
+/* Loading                                                            */
+/* ------------------------------------------------------------------ */
+
+/* Where the data buffer comes from: memory, or a file positioned at its
+ * first byte (tensors are read in offset order, so reads are sequential). */
+typedef struct st_source {
+    const unsigned char *mem;
+    FILE *f;
+} st_source;
+
+static vitc_status st_read(st_source *src, uint64_t off, void *dst, size_t n, const char *fname,
+                           const char *tname) {
+    if (n == 0)
+        return VITC_OK;
+    if (src->mem) {
+        memcpy(dst, src->mem + off, n);
+        return VITC_OK;
+    }
+    if (fread(dst, 1, n, src->f) != n)
+        return vitc__err(VITC_ERR_IO, "%s: tensor '%s': %s", fname, tname,
+                         ferror(src->f) ? strerror(errno) : "file ended early (changed while read?)");
+    return VITC_OK;
+}
+
+static vitc_status st_load_data(vitc_safetensors *st, st_source *src, const char *fname) {
+    size_t total = 0;
+    for (int i = 0; i < st->n; i++) {
+        /* Bounded by twice the file size (checked against the buffer),
+         * but still checked: size_t may be narrower than the offsets. */
+        if (!vitc__add_size(total, st->t[i].numel, &total))
+            return vitc__err(VITC_ERR_NOMEM, "%s: tensors too large for this machine", fname);
+    }
+    size_t bytes;
+    if (!vitc__mul_size(total, sizeof(float), &bytes))
+        return vitc__err(VITC_ERR_NOMEM, "%s: tensors too large for this machine", fname);
+    st->arena = vitc__alloc(bytes);
+    if (!st->arena)
+        return vitc__err(VITC_ERR_NOMEM, "%s: cannot allocate %zu bytes for the tensors", fname,
+                         bytes);
+    size_t at = 0;
+    for (int i = 0; i < st->n; i++) {
+        st_tensor *t = &st->t[i];
+        t->data = st->arena + at;
+        at += t->numel;
+        if (t->dtype == ST_F32) {
+            VITC_TRY(st_read(src, t->begin, t->data, t->numel * 4, fname, t->name));
+        } else {
+            VITC_TRY(st_read(src, t->begin, (unsigned char *)t->data + 2 * t->numel,
+                             t->numel * 2, fname, t->name));
+            st_widen_in_place(t->data, t->numel, t->dtype);
+        }
+    }
+    return VITC_OK;
+}
+
+static vitc_status st_finish(vitc_safetensors *st, vitc_status s, vitc_safetensors **out) {
+    if (s != VITC_OK) {
+        vitc_safetensors_free(st);
+        return s;
+    }
+    *out = st;
+    return VITC_OK;
+}
+
+vitc_status vitc_safetensors_load_memory(const void *bytes, size_t len, vitc_safetensors **out) {
+    const char *fname = "<memory>";
+    if (!out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_safetensors_load_memory: out is NULL");
+    *out = NULL;
+    if (!bytes && len)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_safetensors_load_memory: bytes is NULL");
+    if (len < 8)
+        return vitc__err(VITC_ERR_FORMAT,
+                         "%s: %zu bytes are too few for a safetensors file (8-byte header length "
+                         "first)", fname, len);
+    const unsigned char *b = bytes;
+    uint64_t hlen;
+    memcpy(&hlen, b, 8);
+    if (hlen > ST_MAX_HEADER || hlen > (uint64_t)len - 8)
+        return vitc__err(VITC_ERR_FORMAT,
+                         "%s: header length %" PRIu64 " exceeds %s (%" PRIu64 " bytes)", fname,
+                         hlen, hlen > ST_MAX_HEADER ? "the format's limit" : "the data after it",
+                         hlen > ST_MAX_HEADER ? ST_MAX_HEADER : (uint64_t)len - 8);
+    vitc_safetensors *st = calloc(1, sizeof *st);
+    if (!st)
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory", fname);
+    vitc_status s = st_parse_header(st, (const char *)b + 8, (size_t)hlen,
+                                    (uint64_t)len - 8 - hlen, fname);
+    if (s == VITC_OK) {
+        st_source src = {b + 8 + hlen, NULL};
+        s = st_load_data(st, &src, fname);
+    }
+    return st_finish(st, s, out);
+}
+
+vitc_status vitc_safetensors_load(const char *path, vitc_safetensors **out) {
+    if (!out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_safetensors_load: out is NULL");
+    *out = NULL;
+    if (!path)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_safetensors_load: path is NULL");
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        return vitc__err(VITC_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    vitc_status s = VITC_OK;
+    vitc_safetensors *st = NULL;
+    char *hdr = NULL;
+    if (fstat(fileno(f), &sb) != 0) {
+        s = vitc__err(VITC_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+        goto done;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        s = vitc__err(VITC_ERR_IO, "%s: not a regular file", path);
+        goto done;
+    }
+    uint64_t fsize = (uint64_t)sb.st_size;
+    unsigned char len8[8];
+    if (fsize < 8 || fread(len8, 1, 8, f) != 8) {
+        s = vitc__err(VITC_ERR_FORMAT,
+                      "%s: %" PRIu64 " bytes are too few for a safetensors file (8-byte header "
+                      "length first)", path, fsize);
+        goto done;
+    }
+    uint64_t hlen;
+    memcpy(&hlen, len8, 8);
+    if (hlen > ST_MAX_HEADER || hlen > fsize - 8) {
+        s = vitc__err(VITC_ERR_FORMAT,
+                      "%s: header length %" PRIu64 " exceeds %s (%" PRIu64 " bytes)", path, hlen,
+                      hlen > ST_MAX_HEADER ? "the format's limit" : "the rest of the file",
+                      hlen > ST_MAX_HEADER ? ST_MAX_HEADER : fsize - 8);
+        goto done;
+    }
+    hdr = malloc(hlen ? (size_t)hlen : 1);
+    if (!hdr) {
+        s = vitc__err(VITC_ERR_NOMEM, "%s: cannot allocate the %" PRIu64 "-byte header", path,
+                      hlen);
+        goto done;
+    }
+    if (fread(hdr, 1, (size_t)hlen, f) != (size_t)hlen) {
+        s = vitc__err(VITC_ERR_IO, "%s: cannot read the header: %s", path,
+                      ferror(f) ? strerror(errno) : "file ended early");
+        goto done;
+    }
+    st = calloc(1, sizeof *st);
+    if (!st) {
+        s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    s = st_parse_header(st, hdr, (size_t)hlen, fsize - 8 - hlen, path);
+    free(hdr);
+    hdr = NULL;
+    if (s == VITC_OK) {
+        st_source src = {NULL, f};
+        s = st_load_data(st, &src, path);
+    }
+    s = st_finish(st, s, out);
+    st = NULL;
+done:
+    free(hdr);
+    vitc_safetensors_free(st);
+    fclose(f);
+    return s;
+}
+
+/* ------------------------------------------------------------------ */
+/* Access                                                             */
+/* ------------------------------------------------------------------ */
+
+int vitc_safetensors_count(const vitc_safetensors *st) { return st ? st->n : 0; }
+
+vitc_status vitc_safetensors_tensor(const vitc_safetensors *st, int i, const char **name,
+                                    const char **dtype, int *ndim, const int64_t **shape,
+                                    const float **data) {
+    if (!st)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_safetensors_tensor: st is NULL");
+    if (i < 0 || i >= st->n)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_safetensors_tensor: index %d out of [0, %d)",
+                         i, st->n);
+    const st_tensor *t = &st->t[i];
+    if (name)
+        *name = t->name;
+    if (dtype)
+        *dtype = st_dtype_names[t->dtype];
+    if (ndim)
+        *ndim = t->ndim;
+    if (shape)
+        *shape = t->shape;
+    if (data)
+        *data = t->data;
+    return VITC_OK;
+}
+
+int vitc_safetensors_find(const vitc_safetensors *st, const char *name) {
+    if (!st || !name)
+        return -1;
+    int lo = 0, hi = st->n;
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        int c = strcmp(st->by_name[mid].name, name);
+        if (c == 0)
+            return st->by_name[mid].index;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return -1;
+}
+
+int vitc_safetensors_metadata_count(const vitc_safetensors *st) { return st ? st->n_meta : 0; }
+
+vitc_status vitc_safetensors_metadata(const vitc_safetensors *st, int i, const char **key,
+                                      const char **value) {
+    if (!st)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_safetensors_metadata: st is NULL");
+    if (i < 0 || i >= st->n_meta)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "vitc_safetensors_metadata: index %d out of [0, %d)", i, st->n_meta);
+    if (key)
+        *key = st->meta_key[i];
+    if (value)
+        *value = st->meta_val[i];
+    return VITC_OK;
+}
+
+const char *vitc_safetensors_get_metadata(const vitc_safetensors *st, const char *key) {
+    if (!st || !key)
+        return NULL;
+    for (int i = 0; i < st->n_meta; i++)
+        if (!strcmp(st->meta_key[i], key))
+            return st->meta_val[i];
+    return NULL;
+}
+
+/* ------------------------------------------------------------------ */
+/* Writing                                                            */
+/* ------------------------------------------------------------------ */
+
+typedef struct st_wsort {
+    const char *name;
+    int index;
+} st_wsort;
+
+static int st_cmp_wsort(const void *a, const void *b) {
+    return strcmp(((const st_wsort *)a)->name, ((const st_wsort *)b)->name);
+}
+
+/* Everything about the arguments is checked before the file is touched. */
+static vitc_status st_check_save_args(const char *path, int n, const char *const *names,
+                                      const int *ndims, const int64_t *const *shapes,
+                                      const float *const *data, int n_meta,
+                                      const char *const *meta_keys,
+                                      const char *const *meta_values, size_t *numel) {
+    if (!path)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_safetensors_save: path is NULL");
+    if (n < 0 || n_meta < 0)
+        return vitc__err(VITC_ERR_INVALID_ARG, "%s: negative tensor or metadata count", path);
+    if (n > 0 && (!names || !ndims || !shapes || !data))
+        return vitc__err(VITC_ERR_INVALID_ARG, "%s: names, ndims, shapes or data is NULL", path);
+    if (n_meta > 0 && (!meta_keys || !meta_values))
+        return vitc__err(VITC_ERR_INVALID_ARG, "%s: metadata keys or values are NULL", path);
+    for (int i = 0; i < n; i++) {
+        if (!names[i])
+            return vitc__err(VITC_ERR_INVALID_ARG, "%s: tensor %d has no name", path, i);
+        if (!strcmp(names[i], "__metadata__"))
+            return vitc__err(VITC_ERR_INVALID_ARG,
+                             "%s: '__metadata__' is reserved and cannot name a tensor", path);
+        if (ndims[i] < 0 || ndims[i] > 1024)
+            return vitc__err(VITC_ERR_SHAPE, "%s: tensor '%s': %d dimensions", path, names[i],
+                             ndims[i]);
+        if (ndims[i] > 0 && !shapes[i])
+            return vitc__err(VITC_ERR_INVALID_ARG, "%s: tensor '%s': shape is NULL", path,
+                             names[i]);
+        int ok;
+        size_t bytes;
+        numel[i] = vitc__numel(ndims[i], shapes[i], &ok);
+        if (!ok || !vitc__mul_size(numel[i], sizeof(float), &bytes) ||
+            (uint64_t)bytes > (uint64_t)INT64_MAX / 2) {
+            char sb[160];
+            return vitc__err(VITC_ERR_SHAPE, "%s: tensor '%s': bad shape %s (negative or too large)",
+                             path, names[i], vitc__shape_str(sb, sizeof sb, ndims[i], shapes[i]));
+        }
+        if (numel[i] > 0 && !data[i])
+            return vitc__err(VITC_ERR_INVALID_ARG, "%s: tensor '%s': data is NULL", path,
+                             names[i]);
+    }
+    for (int i = 0; i < n_meta; i++) {
+        if (!meta_keys[i] || !meta_values[i])
+            return vitc__err(VITC_ERR_INVALID_ARG, "%s: metadata entry %d is NULL", path, i);
+        for (int j = 0; j < i; j++)
+            if (!strcmp(meta_keys[i], meta_keys[j]))
+                return vitc__err(VITC_ERR_INVALID_ARG, "%s: metadata key '%s' given twice", path,
+                                 meta_keys[i]);
+    }
+    return VITC_OK;
+}
+
+/* The JSON header, padded with spaces to a multiple of 8 like the reference
+ * writer, so the data buffer starts 8-byte aligned. */
+static vitc_status st_build_header(const char *path, int n, const st_wsort *order,
+                                   const int *ndims, const int64_t *const *shapes,
+                                   const size_t *numel, int n_meta, const char *const *meta_keys,
+                                   const char *const *meta_values, char **out, size_t *out_len) {
+    vitc_status s = VITC_OK;
+    json_t *root = json_object();
+    if (!root)
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory", path);
+    if (n_meta > 0) {
+        json_t *m = json_object();
+        if (!m || json_object_set_new(root, "__metadata__", m)) {
+            s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory", path);
+            goto done;
+        }
+        for (int i = 0; i < n_meta; i++) {
+            json_t *v = json_string(meta_values[i]);
+            if (!v) {
+                s = vitc__err(VITC_ERR_INVALID_ARG, "%s: metadata '%s': value is not valid UTF-8",
+                              path, meta_keys[i]);
+                goto done;
+            }
+            if (json_object_set_new(m, meta_keys[i], v)) {
+                s = vitc__err(VITC_ERR_INVALID_ARG, "%s: metadata key '%s' is not valid UTF-8",
+                              path, meta_keys[i]);
+                goto done;
+            }
+        }
+    }
+    json_int_t off = 0;
+    for (int k = 0; k < n; k++) {
+        int i = order[k].index;
+        json_t *e = json_object(), *sh = json_array(), *of = json_array();
+        json_int_t end = off + (json_int_t)(numel[i] * sizeof(float));
+        int bad = !e || !sh || !of;
+        for (int d = 0; !bad && d < ndims[i]; d++)
+            bad |= json_array_append_new(sh, json_integer((json_int_t)shapes[i][d])) != 0;
+        bad = bad || json_array_append_new(of, json_integer(off)) ||
+              json_array_append_new(of, json_integer(end)) ||
+              json_object_set_new(e, "dtype", json_string("F32"));
+        if (bad) {
+            json_decref(e);
+            json_decref(sh);
+            json_decref(of);
+            s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory", path);
+            goto done;
+        }
+        json_object_set_new(e, "shape", sh);
+        json_object_set_new(e, "data_offsets", of);
+        if (json_object_set_new(root, order[k].name, e)) {
+            s = vitc__err(VITC_ERR_INVALID_ARG, "%s: tensor name '%s' is not valid UTF-8", path,
+                          order[k].name);
+            goto done;
+        }
+        off = end;
+    }
+    char *txt = json_dumps(root, JSON_COMPACT);
+    if (!txt) {
+        s = vitc__err(VITC_ERR_NOMEM, "%s: cannot serialise the header", path);
+        goto done;
+    }
+    size_t len = strlen(txt), padded = (len + 7) & ~(size_t)7;
+    char *h = malloc(padded ? padded : 1);
+    if (!h) {
+        free(txt);
+        s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory", path);
+        goto done;
+    }
+    memcpy(h, txt, len);
+    memset(h + len, ' ', padded - len);
+    free(txt);
+    *out = h;
+    *out_len = padded;
+done:
+    json_decref(root);
+    return s;
+}
+
+/* Open a fresh file beside path (same directory, so rename is atomic). The
+ * mode honours the umask as a plain fopen would. */
+static FILE *st_open_temp(const char *path, char **tmp_out) {
+    static _Atomic unsigned counter;
+    size_t cap = strlen(path) + 64;
+    char *tmp = malloc(cap);
+    if (!tmp)
+        return NULL;
+    for (int tries = 0; tries < 100; tries++) {
+        snprintf(tmp, cap, "%s.tmp%ld.%u", path, (long)getpid(), counter++);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd >= 0) {
+            FILE *f = fdopen(fd, "wb");
+            if (!f) {
+                close(fd);
+                unlink(tmp);
+                break;
+            }
+            *tmp_out = tmp;
+            return f;
+        }
+        if (errno != EEXIST)
+            break;
+    }
+    free(tmp);
+    return NULL;
+}
+
+vitc_status vitc_safetensors_save(const char *path, int n, const char *const *names,
+                                  const int *ndims, const int64_t *const *shapes,
+                                  const float *const *data, int n_meta,
+                                  const char *const *meta_keys,
+                                  const char *const *meta_values) {
+    vitc_status s;
+    size_t *numel = calloc(n > 0 ? (size_t)n : 1, sizeof(size_t));
+    st_wsort *order = calloc(n > 0 ? (size_t)n : 1, sizeof(st_wsort));
+    char *hdr = NULL, *tmp = NULL;
+    size_t hlen = 0;
+    FILE *f = NULL;
+    if (!numel || !order) {
+        s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory", path ? path : "(null)");
+        goto done;
+    }
+    s = st_check_save_args(path, n, names, ndims, shapes, data, n_meta, meta_keys, meta_values,
+                           numel);
+    if (s != VITC_OK)
+        goto done;
+    /* Sorted by name like the reference writer (all F32, so no alignment
+     * order is needed), which also puts duplicate names side by side. */
+    for (int i = 0; i < n; i++) {
+        order[i].name = names[i];
+        order[i].index = i;
+    }
+    qsort(order, (size_t)n, sizeof *order, st_cmp_wsort);
+    for (int k = 1; k < n; k++)
+        if (!strcmp(order[k].name, order[k - 1].name)) {
+            s = vitc__err(VITC_ERR_INVALID_ARG, "%s: tensor name '%s' given twice", path,
+                          order[k].name);
+            goto done;
+        }
+    s = st_build_header(path, n, order, ndims, shapes, numel, n_meta, meta_keys, meta_values,
+                        &hdr, &hlen);
+    if (s != VITC_OK)
+        goto done;
+
+    f = st_open_temp(path, &tmp);
+    if (!f) {
+        s = vitc__err(VITC_ERR_IO, "%s: cannot create a file beside it: %s", path,
+                      strerror(errno));
+        goto done;
+    }
+    uint64_t hl = (uint64_t)hlen;
+    int bad = fwrite(&hl, 8, 1, f) != 1 || fwrite(hdr, 1, hlen, f) != hlen;
+    for (int k = 0; k < n && !bad; k++) {
+        int i = order[k].index;
+        bad = fwrite(data[i], sizeof(float), numel[i], f) != numel[i];
+    }
+    int err = errno;
+    if (fclose(f) != 0 && !bad) {
+        bad = 1;
+        err = errno;
+    }
+    f = NULL;
+    if (bad) {
+        s = vitc__err(VITC_ERR_IO, "%s: write failed: %s", path, strerror(err));
+        goto done;
+    }
+    if (rename(tmp, path) != 0) {
+        s = vitc__err(VITC_ERR_IO, "%s: cannot rename the finished file into place: %s", path,
+                      strerror(errno));
+        goto done;
+    }
+    free(tmp);
+    tmp = NULL;
+done:
+    if (tmp) {
+        unlink(tmp);
+        free(tmp);
+    }
+    free(hdr);
+    free(numel);
+    free(order);
+    return s;
+}
