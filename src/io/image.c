@@ -1,0 +1,661 @@
+/*
+ * image.c — PNG and JPEG in, PNG out, and torchvision's eval preprocessing.
+ *
+ * Images are untrusted input, so decoding goes through the reference
+ * decoders (libpng, libjpeg-turbo) and the pixel count is checked against a
+ * limit from the header alone, before any pixel buffer exists. The format is
+ * chosen by magic bytes, never by file name.
+ *
+ * Colour conversion follows PIL's Image.convert("RGB"), the usual way Python
+ * code feeds a classifier: alpha is dropped (not composited), gray is
+ * replicated, palettes are expanded. The one deliberate difference is 16-bit
+ * input: PIL clips 16-bit gray to 255 on convert("RGB"); we keep the high
+ * byte, as PIL does for 16-bit RGB.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef VITC_HAVE_PNG
+#include <png.h>
+#include <setjmp.h>
+#endif
+#ifdef VITC_HAVE_TURBOJPEG
+#include <turbojpeg.h>
+#endif
+
+#include "internal.h"
+
+#define VITC_IMAGE_DEFAULT_MAX_PIXELS 100000000LL
+/* A compressed image larger than this is refused before reading it all in:
+ * no real photo needs it, and it bounds what a hostile path can make us read. */
+#define VITC_IMAGE_MAX_FILE_BYTES (1LL << 30)
+
+static vitc_status image_check_size(const char *path, int64_t w, int64_t h,
+                                    int64_t max_pixels, size_t *bytes) {
+    size_t n;
+    if (max_pixels <= 0)
+        max_pixels = VITC_IMAGE_DEFAULT_MAX_PIXELS;
+    if (w <= 0 || h <= 0 || w > INT32_MAX || h > INT32_MAX)
+        return vitc__err(VITC_ERR_FORMAT, "%s: invalid image size %lldx%lld", path,
+                         (long long)w, (long long)h);
+    /* w, h < 2^31 so the product fits in int64. */
+    if (w * h > max_pixels)
+        return vitc__err(VITC_ERR_FORMAT,
+                         "%s: image of %lldx%lld pixels is over the limit of %lld pixels", path,
+                         (long long)w, (long long)h, (long long)max_pixels);
+    if (!vitc__mul_size((size_t)w, (size_t)h, &n) || !vitc__mul_size(n, 3, &n))
+        return vitc__err(VITC_ERR_NOMEM, "%s: image size overflows", path);
+    *bytes = n;
+    return VITC_OK;
+}
+
+static vitc_status read_file(const char *path, unsigned char **data, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    long size;
+    unsigned char *buf;
+    *data = NULL;
+    *len = 0;
+    if (!f)
+        return vitc__err(VITC_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+        fclose(f);
+        return vitc__err(VITC_ERR_IO, "%s: cannot read (not a regular file?)", path);
+    }
+    if (size == 0) {
+        fclose(f);
+        return vitc__err(VITC_ERR_FORMAT, "%s: empty file", path);
+    }
+    if ((long long)size > VITC_IMAGE_MAX_FILE_BYTES) {
+        fclose(f);
+        return vitc__err(VITC_ERR_FORMAT, "%s: file of %ld bytes is too large for an image",
+                         path, size);
+    }
+    buf = malloc((size_t)size);
+    if (!buf) {
+        fclose(f);
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory reading %ld bytes", path, size);
+    }
+    if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
+        free(buf);
+        fclose(f);
+        return vitc__err(VITC_ERR_IO, "%s: read error", path);
+    }
+    fclose(f);
+    *data = buf;
+    *len = (size_t)size;
+    return VITC_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* PNG                                                                */
+/* ------------------------------------------------------------------ */
+
+#ifdef VITC_HAVE_PNG
+/* Everything the libpng callbacks and the longjmp path need lives here, not
+ * in locals: locals changed after setjmp are indeterminate after longjmp. */
+typedef struct png_ctx {
+    const char *path;
+    const unsigned char *data;
+    size_t len, pos;
+    char msg[200];
+    uint8_t *rgb;  /* the result, [h, w, 3] */
+    uint8_t *row;  /* one decoded row, [w, channels] */
+    uint8_t **rows; /* interlaced images: every decoded row */
+    uint8_t *all;
+    vitc_status status;
+} png_ctx;
+
+static void png_err_fn(png_structp png, png_const_charp msg) {
+    png_ctx *c = png_get_error_ptr(png);
+    snprintf(c->msg, sizeof c->msg, "%s", msg);
+    png_longjmp(png, 1);
+}
+
+static void png_warn_fn(png_structp png, png_const_charp msg) {
+    (void)png;
+    (void)msg; /* benign by definition (bad CRC in an ancillary chunk, ...) */
+}
+
+static void png_read_mem(png_structp png, png_bytep out, size_t n) {
+    png_ctx *c = png_get_io_ptr(png);
+    if (n > c->len - c->pos)
+        png_error(png, "file is truncated");
+    memcpy(out, c->data + c->pos, n);
+    c->pos += n;
+}
+
+static void png_to_rgb(uint8_t *dst, const uint8_t *src, int w, int channels) {
+    for (int x = 0; x < w; x++) {
+        const uint8_t *s = src + (size_t)x * channels;
+        uint8_t *d = dst + (size_t)x * 3;
+        if (channels <= 2) {
+            d[0] = d[1] = d[2] = s[0];
+        } else {
+            d[0] = s[0];
+            d[1] = s[1];
+            d[2] = s[2];
+        }
+    }
+}
+
+/* Runs under setjmp; returns with c->status set, or longjmps out. */
+static void png_decode(png_structp png, png_infop info, png_ctx *c, int64_t max_pixels,
+                       vitc_image *out) {
+    png_uint_32 w, h;
+    int depth, ctype, interlace, passes, channels;
+    size_t bytes, rowbytes;
+
+    png_set_read_fn(png, c, png_read_mem);
+    /* libpng's own default refuses over 1e6 per side; our pixel limit is
+     * the one that matters, so lift the per-side limit to it. */
+    png_set_user_limits(png, 0x7fffffff, 0x7fffffff);
+    png_read_info(png, info);
+    png_get_IHDR(png, info, &w, &h, &depth, &ctype, &interlace, NULL, NULL);
+    c->status = image_check_size(c->path, w, h, max_pixels, &bytes);
+    if (c->status != VITC_OK)
+        return;
+    /* Palette -> RGB, gray < 8 bits -> 8, tRNS -> alpha (then dropped). */
+    png_set_expand(png);
+    png_set_strip_16(png); /* the high byte, as PIL's 16-bit RGB unpacking */
+    passes = png_set_interlace_handling(png);
+    png_read_update_info(png, info);
+    channels = png_get_channels(png, info);
+    rowbytes = png_get_rowbytes(png, info);
+    if (channels < 1 || channels > 4 || png_get_bit_depth(png, info) != 8 ||
+        rowbytes != (size_t)w * (size_t)channels) {
+        c->status = vitc__err(VITC_ERR_FORMAT, "%s: unexpected PNG layout after expansion",
+                              c->path);
+        return;
+    }
+    c->rgb = malloc(bytes);
+    if (!c->rgb) {
+        c->status = vitc__err(VITC_ERR_NOMEM, "%s: out of memory for %ux%u image", c->path,
+                              (unsigned)w, (unsigned)h);
+        return;
+    }
+    if (passes > 1) {
+        /* Adam7 needs every row held until the last pass. */
+        size_t all_bytes;
+        if (!vitc__mul_size(rowbytes, h, &all_bytes) ||
+            !(c->all = malloc(all_bytes)) || !(c->rows = malloc(sizeof *c->rows * h))) {
+            c->status = vitc__err(VITC_ERR_NOMEM, "%s: out of memory for interlaced image",
+                                  c->path);
+            return;
+        }
+        for (png_uint_32 y = 0; y < h; y++)
+            c->rows[y] = c->all + (size_t)y * rowbytes;
+        png_read_image(png, c->rows);
+        for (png_uint_32 y = 0; y < h; y++)
+            png_to_rgb(c->rgb + (size_t)y * w * 3, c->rows[y], (int)w, channels);
+    } else {
+        if (!(c->row = malloc(rowbytes))) {
+            c->status = vitc__err(VITC_ERR_NOMEM, "%s: out of memory", c->path);
+            return;
+        }
+        for (png_uint_32 y = 0; y < h; y++) {
+            png_read_row(png, c->row, NULL);
+            png_to_rgb(c->rgb + (size_t)y * w * 3, c->row, (int)w, channels);
+        }
+    }
+    /* The image data is complete; a bad trailer does not spoil it, as with PIL. */
+    out->width = (int)w;
+    out->height = (int)h;
+    out->rgb = c->rgb;
+    c->rgb = NULL;
+    c->status = VITC_OK;
+}
+
+static vitc_status load_png(const char *path, const unsigned char *data, size_t len,
+                            int64_t max_pixels, vitc_image *out) {
+    png_ctx ctx;
+    png_ctx *c = &ctx;
+    png_structp png;
+    png_infop info = NULL;
+    vitc_status st;
+
+    memset(&ctx, 0, sizeof ctx);
+    ctx.path = path;
+    ctx.data = data;
+    ctx.len = len;
+    png = png_create_read_struct(PNG_LIBPNG_VER_STRING, c, png_err_fn, png_warn_fn);
+    if (!png)
+        return vitc__err(VITC_ERR_NOMEM, "%s: cannot create PNG decoder", path);
+    info = png_create_info_struct(png);
+    if (!info) {
+        png_destroy_read_struct(&png, NULL, NULL);
+        return vitc__err(VITC_ERR_NOMEM, "%s: cannot create PNG decoder", path);
+    }
+    if (setjmp(png_jmpbuf(png))) {
+        c->status = vitc__err(VITC_ERR_FORMAT, "%s: corrupt PNG: %s", path, c->msg);
+    } else {
+        png_decode(png, info, c, max_pixels, out);
+    }
+    st = c->status;
+    png_destroy_read_struct(&png, &info, NULL);
+    free(c->rgb);
+    free(c->row);
+    free(c->rows);
+    free(c->all);
+    return st;
+}
+#endif /* VITC_HAVE_PNG */
+
+/* ------------------------------------------------------------------ */
+/* JPEG                                                               */
+/* ------------------------------------------------------------------ */
+
+#ifdef VITC_HAVE_TURBOJPEG
+static vitc_status load_jpeg(const char *path, const unsigned char *data, size_t len,
+                             int64_t max_pixels, vitc_image *out) {
+    tjhandle tj;
+    int w, h, subsamp, cs;
+    size_t bytes;
+    uint8_t *rgb;
+    vitc_status st;
+
+    if (len > (size_t)0xffffffffUL)
+        return vitc__err(VITC_ERR_FORMAT, "%s: JPEG file too large", path);
+    tj = tjInitDecompress();
+    if (!tj)
+        return vitc__err(VITC_ERR_NOMEM, "%s: cannot create JPEG decoder: %s", path,
+                         tjGetErrorStr2(NULL));
+    if (tjDecompressHeader3(tj, data, (unsigned long)len, &w, &h, &subsamp, &cs) != 0) {
+        st = vitc__err(VITC_ERR_FORMAT, "%s: corrupt JPEG: %s", path, tjGetErrorStr2(tj));
+        tjDestroy(tj);
+        return st;
+    }
+    if (cs == TJCS_CMYK || cs == TJCS_YCCK) {
+        tjDestroy(tj);
+        return vitc__err(VITC_ERR_UNSUPPORTED,
+                         "%s: CMYK JPEG images are not supported; convert it to RGB first",
+                         path);
+    }
+    st = image_check_size(path, w, h, max_pixels, &bytes);
+    if (st != VITC_OK) {
+        tjDestroy(tj);
+        return st;
+    }
+    rgb = malloc(bytes);
+    if (!rgb) {
+        tjDestroy(tj);
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for %dx%d image", path, w, h);
+    }
+    /* Flags 0: accurate integer DCT and fancy upsampling, PIL's defaults. */
+    if (tjDecompress2(tj, data, (unsigned long)len, rgb, w, 0, h, TJPF_RGB, 0) != 0) {
+        const char *msg = tjGetErrorStr2(tj);
+        /* Warnings (extraneous bytes, ...) leave a usable image and PIL accepts
+         * them; a premature end leaves gray filler, which PIL refuses too. */
+        if (tjGetErrorCode(tj) != TJERR_WARNING || strstr(msg, "Premature end")) {
+            st = vitc__err(VITC_ERR_FORMAT, "%s: corrupt JPEG: %s", path, msg);
+            free(rgb);
+            tjDestroy(tj);
+            return st;
+        }
+    }
+    tjDestroy(tj);
+    out->width = w;
+    out->height = h;
+    out->rgb = rgb;
+    return VITC_OK;
+}
+#endif /* VITC_HAVE_TURBOJPEG */
+
+vitc_status vitc_image_load(const char *path, int64_t max_pixels, vitc_image *out) {
+    static const unsigned char png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    unsigned char *data;
+    size_t len;
+    vitc_status st;
+
+    if (!out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load: out is NULL");
+    out->width = out->height = 0;
+    out->rgb = NULL;
+    if (!path)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load: path is NULL");
+    VITC_TRY(read_file(path, &data, &len));
+    if (len >= 8 && !memcmp(data, png_magic, 8)) {
+#ifdef VITC_HAVE_PNG
+        st = load_png(path, data, len, max_pixels, out);
+#else
+        st = vitc__err(VITC_ERR_UNSUPPORTED, "%s: PNG support was not built in (libpng)", path);
+#endif
+    } else if (len >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff) {
+#ifdef VITC_HAVE_TURBOJPEG
+        st = load_jpeg(path, data, len, max_pixels, out);
+#else
+        st = vitc__err(VITC_ERR_UNSUPPORTED, "%s: JPEG support was not built in (libturbojpeg)",
+                       path);
+#endif
+    } else {
+        st = vitc__err(VITC_ERR_FORMAT, "%s: not a PNG or JPEG image", path);
+    }
+    free(data);
+    return st;
+}
+
+void vitc_image_free(vitc_image *img) {
+    if (!img)
+        return;
+    free(img->rgb);
+    img->rgb = NULL;
+    img->width = img->height = 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* PNG writer                                                         */
+/* ------------------------------------------------------------------ */
+
+#ifdef VITC_HAVE_PNG
+typedef struct png_wctx {
+    FILE *f;
+    char msg[200];
+} png_wctx;
+
+static void png_werr_fn(png_structp png, png_const_charp msg) {
+    png_wctx *c = png_get_error_ptr(png);
+    snprintf(c->msg, sizeof c->msg, "%s", msg);
+    png_longjmp(png, 1);
+}
+#endif
+
+vitc_status vitc_image_save_png(const char *path, const uint8_t *rgb, int width, int height) {
+    if (!path || !rgb)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_save_png: NULL argument");
+    if (width <= 0 || height <= 0 || width > 0x7fffffff / 3)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_save_png: invalid size %dx%d",
+                         width, height);
+#ifdef VITC_HAVE_PNG
+    {
+        png_wctx ctx;
+        png_wctx *c = &ctx;
+        png_structp png;
+        png_infop info;
+        vitc_status st = VITC_OK;
+
+        memset(&ctx, 0, sizeof ctx);
+        ctx.f = fopen(path, "wb");
+        if (!ctx.f)
+            return vitc__err(VITC_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+        png = png_create_write_struct(PNG_LIBPNG_VER_STRING, c, png_werr_fn, png_warn_fn);
+        info = png ? png_create_info_struct(png) : NULL;
+        if (!png || !info) {
+            png_destroy_write_struct(&png, &info);
+            fclose(ctx.f);
+            return vitc__err(VITC_ERR_NOMEM, "%s: cannot create PNG encoder", path);
+        }
+        if (setjmp(png_jmpbuf(png))) {
+            st = vitc__err(VITC_ERR_IO, "%s: writing PNG failed: %s", path, c->msg);
+        } else {
+            png_init_io(png, c->f);
+            png_set_IHDR(png, info, (png_uint_32)width, (png_uint_32)height, 8,
+                         PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+                         PNG_FILTER_TYPE_DEFAULT);
+            png_write_info(png, info);
+            for (int y = 0; y < height; y++)
+                png_write_row(png, (png_const_bytep)(rgb + (size_t)y * width * 3));
+            png_write_end(png, info);
+        }
+        png_destroy_write_struct(&png, &info);
+        if (fclose(c->f) != 0 && st == VITC_OK)
+            st = vitc__err(VITC_ERR_IO, "%s: write error: %s", path, strerror(errno));
+        if (st != VITC_OK)
+            remove(path);
+        return st;
+    }
+#else
+    return vitc__err(VITC_ERR_UNSUPPORTED, "%s: PNG support was not built in (libpng)", path);
+#endif
+}
+
+/* ------------------------------------------------------------------ */
+/* Preprocessing: torchvision's ImageClassification transform         */
+/* ------------------------------------------------------------------ */
+
+/*
+ * One pass of torch's _upsample_bilinear2d_aa (antialiased bilinear,
+ * align_corners=False) along one axis, float32 throughout with torch's order
+ * of operations, so that after rounding to uint8 the result is torch's:
+ * the filter widens with the downscale factor, taps outside the image are
+ * dropped and the remaining weights renormalised.
+ *
+ * in: n_in samples along the axis, each `stride` floats apart, for `count`
+ * independent lines `line_in` / `line_out` floats apart.
+ */
+typedef struct aa_taps {
+    int64_t *xmin, *xsize;
+    float *w; /* [n_out, ksize] */
+    int ksize;
+} aa_taps;
+
+static vitc_status aa_taps_make(aa_taps *t, int64_t n_in, int64_t n_out) {
+    float scale = (float)n_in / (float)n_out;
+    float support = (scale >= 1.0f) ? 1.0f * scale : 1.0f;
+    float invscale = (scale >= 1.0f) ? (float)(1.0 / scale) : 1.0f;
+    size_t nw;
+    t->ksize = (int)ceilf(support) * 2 + 1;
+    t->xmin = malloc(sizeof *t->xmin * (size_t)n_out);
+    t->xsize = malloc(sizeof *t->xsize * (size_t)n_out);
+    if (!vitc__mul_size((size_t)n_out, (size_t)t->ksize, &nw) ||
+        !vitc__mul_size(nw, sizeof(float), &nw))
+        nw = 0;
+    t->w = nw ? malloc(nw) : NULL;
+    if (!t->xmin || !t->xsize || !t->w)
+        return vitc__err(VITC_ERR_NOMEM, "image resize: out of memory");
+    for (int64_t i = 0; i < n_out; i++) {
+        /* Same mixed float/double expressions as torch's _compute_weights_aa. */
+        float center = (float)(scale * (i + 0.5));
+        float total = 0.0f;
+        int64_t xmin = (int64_t)(center - support + 0.5);
+        int64_t xmax = (int64_t)(center + support + 0.5);
+        float *w = t->w + (size_t)i * t->ksize;
+        if (xmin < 0)
+            xmin = 0;
+        if (xmax > n_in)
+            xmax = n_in;
+        t->xmin[i] = xmin;
+        t->xsize[i] = xmax - xmin;
+        for (int64_t j = 0; j < t->xsize[i]; j++) {
+            float x = (float)(((float)(j + xmin) - center + 0.5) * invscale);
+            float f;
+            if (x < 0.0f)
+                x = -x;
+            f = x < 1.0f ? 1.0f - x : 0.0f;
+            w[j] = f;
+            total += f;
+        }
+        for (int64_t j = 0; j < t->xsize[i]; j++)
+            if (total != 0.0f)
+                w[j] /= total;
+    }
+    return VITC_OK;
+}
+
+static void aa_taps_free(aa_taps *t) {
+    free(t->xmin);
+    free(t->xsize);
+    free(t->w);
+}
+
+static void aa_pass(float *out, const float *in, const aa_taps *t, int64_t n_out,
+                    size_t stride_in, size_t stride_out, size_t count, size_t line_in,
+                    size_t line_out) {
+    for (size_t l = 0; l < count; l++) {
+        const float *src = in + l * line_in;
+        float *dst = out + l * line_out;
+        for (int64_t i = 0; i < n_out; i++) {
+            const float *w = t->w + (size_t)i * t->ksize;
+            const float *s = src + (size_t)t->xmin[i] * stride_in;
+            float acc = s[0] * w[0];
+            for (int64_t j = 1; j < t->xsize[i]; j++)
+                acc = fmaf(s[(size_t)j * stride_in], w[j], acc);
+            dst[(size_t)i * stride_out] = acc;
+        }
+    }
+}
+
+/* torchvision's Resize([size]) output size: shorter side = size, longer side
+ * = int(size * long / short) (truncated). */
+static void resized_size(int h, int w, int size, int64_t *nh, int64_t *nw) {
+    int shorter = w <= h ? w : h, longer = w <= h ? h : w;
+    int64_t new_long = (int64_t)((double)((int64_t)size * longer) / (double)shorter);
+    if (w <= h) {
+        *nw = size;
+        *nh = new_long;
+    } else {
+        *nh = size;
+        *nw = new_long;
+    }
+}
+
+/* Resize an [h, w, 3] uint8 image to [nh, nw, 3] uint8 as torchvision does
+ * for a uint8 tensor: to float32, interpolate (width first, then height,
+ * skipping an axis whose size does not change), round half to even. */
+static vitc_status resize_u8(const uint8_t *src, int h, int w, int64_t nh, int64_t nw,
+                             uint8_t **dst) {
+    aa_taps th = {0}, tw = {0};
+    float *a = NULL, *b = NULL;
+    size_t n_in, n_mid, n_out;
+    vitc_status st = VITC_OK;
+    const float *res;
+
+    if (!vitc__mul_size((size_t)h, (size_t)w * 3, &n_in) ||
+        !vitc__mul_size((size_t)h, (size_t)nw * 3, &n_mid) ||
+        !vitc__mul_size((size_t)nh, (size_t)nw * 3, &n_out) || nh > INT32_MAX || nw > INT32_MAX)
+        return vitc__err(VITC_ERR_NOMEM, "image resize: %lldx%lld is too large",
+                         (long long)nw, (long long)nh);
+    *dst = NULL;
+    a = malloc(sizeof(float) * n_in);
+    b = malloc(sizeof(float) * (n_mid > n_out ? n_mid : n_out));
+    if (!a || !b) {
+        st = vitc__err(VITC_ERR_NOMEM, "image resize: out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n_in; i++)
+        a[i] = (float)src[i];
+    res = a;
+    if (nw != w) {
+        if ((st = aa_taps_make(&tw, w, nw)) != VITC_OK)
+            goto done;
+        /* each (row, channel) is a line of w samples 3 floats apart */
+        for (int c = 0; c < 3; c++)
+            aa_pass(b + c, a + c, &tw, nw, 3, 3, (size_t)h, (size_t)w * 3, (size_t)nw * 3);
+        res = b;
+    }
+    if (nh != h) {
+        float *from = (float *)res, *to = (res == a) ? b : a;
+        if (to == a && n_out > n_in) {
+            /* a is too small for the output: a fresh buffer */
+            free(a);
+            a = malloc(sizeof(float) * n_out);
+            if (!a) {
+                st = vitc__err(VITC_ERR_NOMEM, "image resize: out of memory");
+                goto done;
+            }
+            to = a;
+        }
+        if ((st = aa_taps_make(&th, h, nh)) != VITC_OK)
+            goto done;
+        /* each column (x, channel) is a line of h samples nw*3 floats apart */
+        aa_pass(to, from, &th, nh, (size_t)nw * 3, (size_t)nw * 3, (size_t)nw * 3, 1, 1);
+        res = to;
+    }
+    *dst = malloc(n_out);
+    if (!*dst) {
+        st = vitc__err(VITC_ERR_NOMEM, "image resize: out of memory");
+        goto done;
+    }
+    for (size_t i = 0; i < n_out; i++) {
+        float v = nearbyintf(res[i]); /* torch.round: half to even */
+        (*dst)[i] = (uint8_t)(v < 0.0f ? 0.0f : v > 255.0f ? 255.0f : v);
+    }
+done:
+    aa_taps_free(&th);
+    aa_taps_free(&tw);
+    free(a);
+    free(b);
+    return st;
+}
+
+/* Python's round(d / 2.0) for an integer d >= 0: half to even. */
+static int64_t half_round_even(int64_t d) {
+    int64_t k = d / 2;
+    if (d % 2 == 0)
+        return k;
+    return (k % 2 == 0) ? k : k + 1;
+}
+
+vitc_status vitc_image_preprocess(const vitc_image *img, int resize, int crop,
+                                  const float mean[3], const float std[3], float *out) {
+    const uint8_t *px;
+    uint8_t *resized = NULL;
+    int64_t h, w, pad_top = 0, pad_left = 0, top, left, ph, pw;
+    size_t plane;
+
+    if (!img || !img->rgb || !mean || !std || !out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_preprocess: NULL argument");
+    if (img->width <= 0 || img->height <= 0)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_preprocess: empty image");
+    if (crop <= 0 || resize < 0 || crop > 65536 || resize > 65536)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "vitc_image_preprocess: crop %d / resize %d out of range (crop 1..65536, "
+                         "resize 0..65536)", crop, resize);
+    for (int c = 0; c < 3; c++)
+        if (!(std[c] != 0.0f) || !isfinite(std[c]) || !isfinite(mean[c]))
+            return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_preprocess: invalid mean/std");
+    h = img->height;
+    w = img->width;
+    px = img->rgb;
+    if (resize > 0) {
+        int64_t nh, nw;
+        resized_size(img->height, img->width, resize, &nh, &nw);
+        if (nh <= 0 || nw <= 0)
+            return vitc__err(VITC_ERR_INVALID_ARG,
+                             "vitc_image_preprocess: resizing %dx%d to shorter side %d leaves "
+                             "an empty image", img->width, img->height, resize);
+        if (nh != h || nw != w) {
+            VITC_TRY(resize_u8(img->rgb, img->height, img->width, nh, nw, &resized));
+            px = resized;
+            h = nh;
+            w = nw;
+        }
+    }
+    /* torchvision's center_crop: zero-pad (left/top get the smaller half)
+     * where the crop is larger, then offsets round((size - crop) / 2). */
+    ph = h;
+    pw = w;
+    if (crop > h) {
+        pad_top = (crop - h) / 2;
+        ph = crop;
+    }
+    if (crop > w) {
+        pad_left = (crop - w) / 2;
+        pw = crop;
+    }
+    top = half_round_even(ph - crop);
+    left = half_round_even(pw - crop);
+    plane = (size_t)crop * (size_t)crop;
+    for (int c = 0; c < 3; c++) {
+        /* ToTensor and Normalize in float32, in torch's order. */
+        float pad_val = (0.0f / 255.0f - mean[c]) / std[c];
+        float *o = out + plane * c;
+        for (int64_t y = 0; y < crop; y++) {
+            int64_t sy = y + top - pad_top;
+            for (int64_t x = 0; x < crop; x++) {
+                int64_t sx = x + left - pad_left;
+                float v;
+                if (sy < 0 || sy >= h || sx < 0 || sx >= w) {
+                    v = pad_val;
+                } else {
+                    float u = (float)px[((size_t)sy * (size_t)w + (size_t)sx) * 3 + c];
+                    v = (u / 255.0f - mean[c]) / std[c];
+                }
+                o[y * crop + x] = v;
+            }
+        }
+    }
+    free(resized);
+    return VITC_OK;
+}
