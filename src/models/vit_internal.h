@@ -1,0 +1,106 @@
+/*
+ * vit_internal.h — what vit.c (the forward) and vit_load.c (checkpoints)
+ * share: the model struct and its parameter table.
+ */
+#ifndef VITC_VIT_INTERNAL_H
+#define VITC_VIT_INTERNAL_H
+
+#include "../internal.h"
+
+/* Per-model tensors then per-layer tensors, in torchvision's state_dict
+ * order; the table of a config is the model ones with the layer ones of
+ * every block in between (see vitc__vit_table_build). */
+enum {
+    VIT_P_CLS, VIT_P_CONV_W, VIT_P_CONV_B, VIT_P_POS, /* before the blocks */
+    VIT_P_LN_W, VIT_P_LN_B, VIT_P_HEAD_W, VIT_P_HEAD_B, /* after them */
+    VIT_P_COUNT
+};
+enum {
+    VIT_L_LN1_W, VIT_L_LN1_B, VIT_L_QKV_W, VIT_L_QKV_B, VIT_L_PROJ_W, VIT_L_PROJ_B,
+    VIT_L_LN2_W, VIT_L_LN2_B, VIT_L_FC1_W, VIT_L_FC1_B, VIT_L_FC2_W, VIT_L_FC2_B,
+    VIT_L_COUNT
+};
+
+/* Checkpoint key spellings. */
+typedef enum vitc__vit_naming {
+    VIT_NAMES_TORCHVISION = 0, /* mlp.0 / mlp.3 */
+    VIT_NAMES_TORCHVISION_V1 = 1, /* torchvision < 0.13: mlp.linear_1 / mlp.linear_2 */
+    VIT_NAMES_TIMM = 2
+} vitc__vit_naming;
+
+typedef struct vitc__vit_entry {
+    int kind;  /* VIT_P_* when layer < 0, else VIT_L_* */
+    int layer; /* block index, -1 for model tensors */
+    int ndim;
+    int64_t shape[4];
+    size_t offset; /* floats into vitc_vit.params */
+    size_t numel;
+} vitc__vit_entry;
+
+typedef struct vitc__vit_block {
+    float *ln1_w, *ln1_b;   /* [C] */
+    float *qkv_w;           /* [3C, C] rows [Wq; Wk; Wv], head h at rows h*d.. */
+    float *qkv_b;           /* [3C] */
+    float *proj_w;          /* [C, C] */
+    float *proj_b;          /* [C] */
+    float *ln2_w, *ln2_b;   /* [C] */
+    float *fc1_w;           /* [mlp, C] */
+    float *fc1_b;           /* [mlp] */
+    float *fc2_w;           /* [C, mlp] */
+    float *fc2_b;           /* [C] */
+} vitc__vit_block;
+
+struct vitc_vit {
+    vitc_vit_config cfg;
+    char arch[32];
+    vitc__vit_naming naming;
+
+    char *label_text;  /* every label, NUL-separated */
+    char **labels;     /* [num_classes] into label_text, NULL when none */
+
+    int n_entries;
+    vitc__vit_entry *table; /* [n_entries] */
+    float *params;          /* every parameter, one allocation */
+    size_t n_params;
+
+    float *cls;     /* [1, 1, C] */
+    float *conv_w;  /* [C, in, p, p], read as [C, in*p*p] */
+    float *conv_b;  /* [C] */
+    float *pos;     /* [1, 1 + g*g, C], g = image_size / patch */
+    float *ln_w, *ln_b; /* [C] */
+    float *head_w;  /* [classes, C] */
+    float *head_b;  /* [classes] */
+    vitc__vit_block *blocks; /* [depth] */
+
+    /* Activations, grown for the largest (batch, image size) seen, reused. */
+    vitc__buf act;
+    float *patches; /* [B*P, in*p*p] im2col of the images, P = gh*gw */
+    float *x0, *x1; /* [B, N, C] residual stream, ping-pong */
+    float *ln;      /* [B, N, C] normed stream; also the [B*P, C] patch projection */
+    float *qkv;     /* [B, N, 3, H, d] */
+    float *att;     /* [B, N, H, d] attention output, heads interleaved like torch */
+    float *hid;     /* [B, N, mlp] */
+    float *cls_out; /* [B, C] final-normed class tokens */
+    /* Position embedding resampled for a grid gh x gw (cached per grid). */
+    vitc__buf pos_buf;
+    int pos_gh, pos_gw;
+    float *pos_used; /* [1 + gh*gw, C]: pos itself or pos_buf */
+    /* Attention-map scratch (only when asked for). */
+    vitc__buf probs_buf; /* [B, H, N, N] when the caller gives no attn */
+    vitc__buf roll_buf;  /* [B, N, N] rollout + [2, N, N] */
+};
+
+/* Build m->table for m->cfg (sizes overflow-checked) and set n_params. */
+vitc_status vitc__vit_table_build(vitc_vit *m);
+/* Name of a table entry in a spelling ("conv_proj.weight", ...). */
+const char *vitc__vit_entry_name(const vitc__vit_entry *e, vitc__vit_naming naming, char *buf,
+                                 size_t cap);
+/* Point cls/conv_w/.../blocks into params per the table. */
+vitc_status vitc__vit_bind(vitc_vit *m);
+
+/* F.interpolate(mode="bicubic", align_corners=True) of src [C, ih, iw]
+ * stored position-major ([ih*iw, C]) into dst [oh*ow, C]. */
+void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw, int64_t oh,
+                      int64_t ow);
+
+#endif

@@ -1,0 +1,600 @@
+/*
+ * vit_load.c — a Vision Transformer from a safetensors checkpoint.
+ *
+ * The architecture comes from __metadata__["vitc.config"] when the file has
+ * it, else from a named preset (torchvision or timm), else from the
+ * tensors' names and shapes. Then one table of {name, shape} generated from
+ * that config is checked against the file, tensor by tensor, before the one
+ * parameter allocation is made: a missing, unexpected or mis-shaped tensor
+ * is an error naming it and both shapes.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "vit_internal.h"
+
+/* Sanity bounds on a config read from a file: far above any real ViT, low
+ * enough that the table and the size math cannot run away. */
+#define VIT_MAX_DIM (1 << 20)
+#define VIT_MAX_DEPTH 4096
+
+/* ------------------------------------------------------------------ */
+/* Names                                                              */
+/* ------------------------------------------------------------------ */
+
+static const char *const vit_model_names[3][VIT_P_COUNT] = {
+    {"class_token", "conv_proj.weight", "conv_proj.bias", "encoder.pos_embedding",
+     "encoder.ln.weight", "encoder.ln.bias", "heads.head.weight", "heads.head.bias"},
+    {"class_token", "conv_proj.weight", "conv_proj.bias", "encoder.pos_embedding",
+     "encoder.ln.weight", "encoder.ln.bias", "heads.head.weight", "heads.head.bias"},
+    {"cls_token", "patch_embed.proj.weight", "patch_embed.proj.bias", "pos_embed", "norm.weight",
+     "norm.bias", "head.weight", "head.bias"},
+};
+
+static const char *const vit_layer_prefix[3] = {"encoder.layers.encoder_layer_%d.",
+                                                "encoder.layers.encoder_layer_%d.", "blocks.%d."};
+
+static const char *const vit_layer_names[3][VIT_L_COUNT] = {
+    {"ln_1.weight", "ln_1.bias", "self_attention.in_proj_weight", "self_attention.in_proj_bias",
+     "self_attention.out_proj.weight", "self_attention.out_proj.bias", "ln_2.weight", "ln_2.bias",
+     "mlp.0.weight", "mlp.0.bias", "mlp.3.weight", "mlp.3.bias"},
+    {"ln_1.weight", "ln_1.bias", "self_attention.in_proj_weight", "self_attention.in_proj_bias",
+     "self_attention.out_proj.weight", "self_attention.out_proj.bias", "ln_2.weight", "ln_2.bias",
+     "mlp.linear_1.weight", "mlp.linear_1.bias", "mlp.linear_2.weight", "mlp.linear_2.bias"},
+    {"norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
+     "attn.proj.bias", "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias",
+     "mlp.fc2.weight", "mlp.fc2.bias"},
+};
+
+const char *vitc__vit_entry_name(const vitc__vit_entry *e, vitc__vit_naming naming, char *buf,
+                                 size_t cap) {
+    if (e->layer < 0) {
+        snprintf(buf, cap, "%s", vit_model_names[naming][e->kind]);
+    } else {
+        int n = snprintf(buf, cap, vit_layer_prefix[naming], e->layer);
+        if (n >= 0 && (size_t)n < cap)
+            snprintf(buf + n, cap - (size_t)n, "%s", vit_layer_names[naming][e->kind]);
+    }
+    return buf;
+}
+
+static const char *vit_layer_name(vitc__vit_naming naming, int layer, int kind, char *buf,
+                                  size_t cap) {
+    vitc__vit_entry e = {.kind = kind, .layer = layer};
+    return vitc__vit_entry_name(&e, naming, buf, cap);
+}
+
+/* ------------------------------------------------------------------ */
+/* The parameter table                                                */
+/* ------------------------------------------------------------------ */
+
+static void vit_set_shape(vitc__vit_entry *e, int ndim, int64_t a, int64_t b, int64_t c,
+                          int64_t d) {
+    int64_t s[4] = {a, b, c, d};
+    e->ndim = ndim;
+    for (int i = 0; i < 4; i++) e->shape[i] = i < ndim ? s[i] : 0;
+}
+
+static void vit_model_shape(vitc__vit_entry *e, const vitc_vit_config *c) {
+    int64_t C = c->hidden_dim, g = c->image_size / c->patch_size;
+    switch (e->kind) {
+    case VIT_P_CLS: vit_set_shape(e, 3, 1, 1, C, 0); break;
+    case VIT_P_CONV_W: vit_set_shape(e, 4, C, c->in_channels, c->patch_size, c->patch_size); break;
+    case VIT_P_POS: vit_set_shape(e, 3, 1, 1 + g * g, C, 0); break;
+    case VIT_P_HEAD_W: vit_set_shape(e, 2, c->num_classes, C, 0, 0); break;
+    case VIT_P_HEAD_B: vit_set_shape(e, 1, c->num_classes, 0, 0, 0); break;
+    default: vit_set_shape(e, 1, C, 0, 0, 0); break; /* conv bias, final LayerNorm */
+    }
+}
+
+static void vit_layer_shape(vitc__vit_entry *e, const vitc_vit_config *c) {
+    int64_t C = c->hidden_dim, M = c->mlp_dim;
+    switch (e->kind) {
+    case VIT_L_QKV_W: vit_set_shape(e, 2, 3 * C, C, 0, 0); break;
+    case VIT_L_QKV_B: vit_set_shape(e, 1, 3 * C, 0, 0, 0); break;
+    case VIT_L_PROJ_W: vit_set_shape(e, 2, C, C, 0, 0); break;
+    case VIT_L_FC1_W: vit_set_shape(e, 2, M, C, 0, 0); break;
+    case VIT_L_FC1_B: vit_set_shape(e, 1, M, 0, 0, 0); break;
+    case VIT_L_FC2_W: vit_set_shape(e, 2, C, M, 0, 0); break;
+    default: vit_set_shape(e, 1, C, 0, 0, 0); break;
+    }
+}
+
+vitc_status vitc__vit_table_build(vitc_vit *m) {
+    const vitc_vit_config *c = &m->cfg;
+    int n = VIT_P_COUNT + c->depth * VIT_L_COUNT; /* depth <= VIT_MAX_DEPTH: no overflow */
+    vitc__vit_entry *t = calloc((size_t)n, sizeof *t);
+    if (!t)
+        return vitc__err(VITC_ERR_NOMEM, "cannot allocate the parameter table (%d entries)", n);
+    int k = 0;
+    for (int i = VIT_P_CLS; i <= VIT_P_POS; i++) t[k++] = (vitc__vit_entry){.kind = i, .layer = -1};
+    for (int l = 0; l < c->depth; l++)
+        for (int i = 0; i < VIT_L_COUNT; i++) t[k++] = (vitc__vit_entry){.kind = i, .layer = l};
+    for (int i = VIT_P_LN_W; i < VIT_P_COUNT; i++)
+        t[k++] = (vitc__vit_entry){.kind = i, .layer = -1};
+    size_t off = 0;
+    for (int i = 0; i < n; i++) {
+        if (t[i].layer < 0)
+            vit_model_shape(&t[i], c);
+        else
+            vit_layer_shape(&t[i], c);
+        int ok;
+        t[i].numel = vitc__numel(t[i].ndim, t[i].shape, &ok);
+        t[i].offset = off;
+        /* Each tensor starts on a 64-byte boundary for the SIMD kernels. */
+        size_t padded;
+        if (!ok || !vitc__add_size(t[i].numel, 15, &padded) ||
+            !vitc__add_size(off, padded & ~(size_t)15, &off)) {
+            free(t);
+            return vitc__err(VITC_ERR_NOMEM, "ViT parameters: size overflows");
+        }
+    }
+    free(m->table);
+    m->table = t;
+    m->n_entries = n;
+    m->n_params = off;
+    return VITC_OK;
+}
+
+vitc_status vitc__vit_bind(vitc_vit *m) {
+    free(m->blocks);
+    m->blocks = calloc((size_t)(m->cfg.depth > 0 ? m->cfg.depth : 1), sizeof *m->blocks);
+    if (!m->blocks)
+        return vitc__err(VITC_ERR_NOMEM, "cannot allocate %d ViT blocks", m->cfg.depth);
+    float **model_ptr[VIT_P_COUNT] = {&m->cls, &m->conv_w, &m->conv_b, &m->pos,
+                                      &m->ln_w, &m->ln_b, &m->head_w, &m->head_b};
+    for (int i = 0; i < m->n_entries; i++) {
+        const vitc__vit_entry *e = &m->table[i];
+        float *p = m->params + e->offset;
+        if (e->layer < 0) {
+            *model_ptr[e->kind] = p;
+            continue;
+        }
+        vitc__vit_block *b = &m->blocks[e->layer];
+        float **layer_ptr[VIT_L_COUNT] = {&b->ln1_w, &b->ln1_b, &b->qkv_w,  &b->qkv_b,
+                                          &b->proj_w, &b->proj_b, &b->ln2_w, &b->ln2_b,
+                                          &b->fc1_w, &b->fc1_b, &b->fc2_w, &b->fc2_b};
+        *layer_ptr[e->kind] = p;
+    }
+    return VITC_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Architectures                                                      */
+/* ------------------------------------------------------------------ */
+
+typedef struct vit_preset {
+    const char *name;
+    int timm; /* 1: timm names, mean/std 0.5 */
+    int image_size, patch_size, hidden_dim, depth, num_heads, mlp_dim;
+} vit_preset;
+
+static const vit_preset vit_presets[] = {
+    {"vit_b_16", 0, 224, 16, 768, 12, 12, 3072},
+    {"vit_b_32", 0, 224, 32, 768, 12, 12, 3072},
+    {"vit_l_16", 0, 224, 16, 1024, 24, 16, 4096},
+    {"vit_l_32", 0, 224, 32, 1024, 24, 16, 4096},
+    {"vit_h_14", 0, 224, 14, 1280, 32, 16, 5120},
+    {"vit_tiny_patch16_224", 1, 224, 16, 192, 12, 3, 768},
+    {"vit_small_patch16_224", 1, 224, 16, 384, 12, 6, 1536},
+    {"vit_base_patch16_224", 1, 224, 16, 768, 12, 12, 3072},
+};
+#define VIT_N_PRESETS ((int)(sizeof vit_presets / sizeof vit_presets[0]))
+
+static const float vit_imagenet_mean[3] = {0.485f, 0.456f, 0.406f};
+static const float vit_imagenet_std[3] = {0.229f, 0.224f, 0.225f};
+
+static void vit_set_norm(vitc_vit_config *c, int timm) {
+    for (int i = 0; i < 3; i++) {
+        c->mean[i] = timm ? 0.5f : vit_imagenet_mean[i];
+        c->std[i] = timm ? 0.5f : vit_imagenet_std[i];
+    }
+}
+
+/* The file's tensor `name` when it has `ndim` dims, else NULL. */
+static const int64_t *vit_file_shape(const vitc_safetensors *st, const char *name, int ndim) {
+    int i = vitc_safetensors_find(st, name);
+    const char *nm, *dt;
+    int nd;
+    const int64_t *shape;
+    const float *data;
+    if (i < 0 || vitc_safetensors_tensor(st, i, &nm, &dt, &nd, &shape, &data) != VITC_OK ||
+        nd != ndim)
+        return NULL;
+    for (int k = 0; k < nd; k++)
+        if (shape[k] <= 0 || shape[k] > VIT_MAX_DIM)
+            return NULL;
+    return shape;
+}
+
+/* Fill what the tensors tell: every field but num_heads (left 0) and the
+ * eps/mean/std defaults of the naming. A field whose tensor is missing or
+ * odd stays 0; the table check later names that tensor. */
+static void vit_infer(const vitc_safetensors *st, vitc__vit_naming nm, vitc_vit_config *c) {
+    char name[160];
+    const int64_t *s;
+    memset(c, 0, sizeof *c);
+    c->norm_eps = 1e-6f;
+    vit_set_norm(c, nm == VIT_NAMES_TIMM);
+    if ((s = vit_file_shape(st, vit_model_names[nm][VIT_P_CLS], 3)))
+        c->hidden_dim = (int)s[2];
+    if ((s = vit_file_shape(st, vit_model_names[nm][VIT_P_CONV_W], 4))) {
+        c->in_channels = (int)s[1];
+        c->patch_size = (int)s[2];
+        if (!c->hidden_dim)
+            c->hidden_dim = (int)s[0];
+    }
+    if ((s = vit_file_shape(st, vit_model_names[nm][VIT_P_POS], 3)) && c->patch_size) {
+        int64_t g = (int64_t)llround(sqrt((double)(s[1] - 1)));
+        if (g * g == s[1] - 1 && g * c->patch_size <= VIT_MAX_DIM)
+            c->image_size = (int)(g * c->patch_size);
+    }
+    if ((s = vit_file_shape(st, vit_model_names[nm][VIT_P_HEAD_W], 2)))
+        c->num_classes = (int)s[0];
+    if ((s = vit_file_shape(st, vit_layer_name(nm, 0, VIT_L_FC1_W, name, sizeof name), 2)))
+        c->mlp_dim = (int)s[0];
+    int d = 0;
+    while (d < VIT_MAX_DEPTH &&
+           vitc_safetensors_find(st, vit_layer_name(nm, d, VIT_L_QKV_W, name, sizeof name)) >= 0)
+        d++;
+    c->depth = d;
+}
+
+static vitc_status vit_json_int(json_t *obj, const char *key, int *out) {
+    json_t *v = json_object_get(obj, key);
+    if (!v)
+        return VITC_OK;
+    double x = json_is_integer(v) ? (double)json_integer_value(v)
+               : json_is_real(v)  ? json_real_value(v)
+                                  : NAN;
+    if (!(x >= 1 && x <= VIT_MAX_DIM) || x != floor(x))
+        return vitc__err(VITC_ERR_FORMAT, "vitc.config: \"%s\" must be an integer in [1, %d]", key,
+                         VIT_MAX_DIM);
+    *out = (int)x;
+    return VITC_OK;
+}
+
+static vitc_status vit_json_floats(json_t *obj, const char *key, float *out, int n) {
+    json_t *v = json_object_get(obj, key);
+    if (!v)
+        return VITC_OK;
+    if (n == 1 && json_is_number(v)) {
+        out[0] = (float)json_number_value(v);
+        return VITC_OK;
+    }
+    if (n == 1 || !json_is_array(v) || (int)json_array_size(v) != n)
+        return vitc__err(VITC_ERR_FORMAT, "vitc.config: \"%s\" must be %s", key,
+                         n == 1 ? "a number" : "an array of 3 numbers");
+    for (int i = 0; i < n; i++) {
+        json_t *e = json_array_get(v, (size_t)i);
+        if (!json_is_number(e))
+            return vitc__err(VITC_ERR_FORMAT, "vitc.config: \"%s\"[%d] is not a number", key, i);
+        out[i] = (float)json_number_value(e);
+    }
+    return VITC_OK;
+}
+
+/* Keep the labels array (checked against num_classes later). */
+static vitc_status vit_json_labels(vitc_vit *m, json_t *arr) {
+    size_t n = json_array_size(arr), bytes = 0;
+    if (!json_is_array(arr) || n > VIT_MAX_DIM)
+        return vitc__err(VITC_ERR_FORMAT, "vitc.config: \"labels\" must be an array of strings");
+    for (size_t i = 0; i < n; i++) {
+        json_t *s = json_array_get(arr, i);
+        if (!json_is_string(s))
+            return vitc__err(VITC_ERR_FORMAT, "vitc.config: labels[%zu] is not a string", i);
+        if (!vitc__add_size(bytes, json_string_length(s) + 1, &bytes))
+            return vitc__err(VITC_ERR_NOMEM, "vitc.config: labels too long");
+    }
+    m->label_text = malloc(bytes ? bytes : 1);
+    m->labels = calloc(n ? n : 1, sizeof *m->labels);
+    if (!m->label_text || !m->labels)
+        return vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu labels", n);
+    char *p = m->label_text;
+    for (size_t i = 0; i < n; i++) {
+        json_t *s = json_array_get(arr, i);
+        size_t len = json_string_length(s);
+        memcpy(p, json_string_value(s), len);
+        p[len] = '\0';
+        m->labels[i] = p;
+        p += len + 1;
+    }
+    m->cfg.num_classes = m->cfg.num_classes ? m->cfg.num_classes : (int)n;
+    return (int)n == m->cfg.num_classes
+               ? VITC_OK
+               : vitc__err(VITC_ERR_FORMAT, "vitc.config: %zu labels for %d classes", n,
+                           m->cfg.num_classes);
+}
+
+static vitc_status vit_apply_metadata(vitc_vit *m, const char *text) {
+    json_error_t jerr;
+    json_t *root = json_loads(text, 0, &jerr);
+    if (!root)
+        return vitc__err(VITC_ERR_FORMAT, "vitc.config is not JSON (%s, column %d)", jerr.text,
+                         jerr.column);
+    vitc_status s = VITC_OK;
+    vitc_vit_config *c = &m->cfg;
+    if (!json_is_object(root))
+        s = vitc__err(VITC_ERR_FORMAT, "vitc.config is not a JSON object");
+    struct { const char *key; int *field; } ints[] = {
+        {"image_size", &c->image_size}, {"patch_size", &c->patch_size},
+        {"in_channels", &c->in_channels}, {"hidden_dim", &c->hidden_dim},
+        {"depth", &c->depth}, {"num_heads", &c->num_heads},
+        {"mlp_dim", &c->mlp_dim}, {"num_classes", &c->num_classes},
+    };
+    for (size_t i = 0; s == VITC_OK && i < sizeof ints / sizeof ints[0]; i++)
+        s = vit_json_int(root, ints[i].key, ints[i].field);
+    if (s == VITC_OK)
+        s = vit_json_floats(root, "norm_eps", &c->norm_eps, 1);
+    if (s == VITC_OK)
+        s = vit_json_floats(root, "mean", c->mean, 3);
+    if (s == VITC_OK)
+        s = vit_json_floats(root, "std", c->std, 3);
+    json_t *labels = json_object_get(root, "labels");
+    if (s == VITC_OK && labels && !json_is_null(labels))
+        s = vit_json_labels(m, labels);
+    json_decref(root);
+    return s;
+}
+
+static const vit_preset *vit_find_preset(const char *name) {
+    for (int i = 0; i < VIT_N_PRESETS; i++)
+        if (strcmp(vit_presets[i].name, name) == 0)
+            return &vit_presets[i];
+    return NULL;
+}
+
+static vitc_status vit_check_config(const vitc_vit_config *c) {
+    struct { const char *key; int v; } f[] = {
+        {"image_size", c->image_size}, {"patch_size", c->patch_size},
+        {"in_channels", c->in_channels}, {"hidden_dim", c->hidden_dim},
+        {"depth", c->depth}, {"num_heads", c->num_heads},
+        {"mlp_dim", c->mlp_dim}, {"num_classes", c->num_classes},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].v < 1 || f[i].v > VIT_MAX_DIM)
+            return vitc__err(VITC_ERR_INVALID_ARG, "ViT config: %s = %d is out of range [1, %d]",
+                             f[i].key, f[i].v, VIT_MAX_DIM);
+    if (c->depth > VIT_MAX_DEPTH)
+        return vitc__err(VITC_ERR_INVALID_ARG, "ViT config: depth %d is over %d", c->depth,
+                         VIT_MAX_DEPTH);
+    if (c->hidden_dim % c->num_heads)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "ViT config: hidden_dim %d is not divisible by num_heads %d",
+                         c->hidden_dim, c->num_heads);
+    if (c->image_size % c->patch_size)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "ViT config: image_size %d is not a multiple of patch_size %d",
+                         c->image_size, c->patch_size);
+    if (!(c->norm_eps >= 0.0f && c->norm_eps < 1.0f))
+        return vitc__err(VITC_ERR_INVALID_ARG, "ViT config: norm_eps %g is out of range [0, 1)",
+                         (double)c->norm_eps);
+    for (int i = 0; i < 3; i++)
+        if (!(c->std[i] > 0.0f) || !isfinite(c->mean[i]) || !isfinite(c->std[i]))
+            return vitc__err(VITC_ERR_INVALID_ARG, "ViT config: mean/std[%d] = %g/%g is invalid", i,
+                             (double)c->mean[i], (double)c->std[i]);
+    return VITC_OK;
+}
+
+static int vit_preset_fits(const vit_preset *p, const vitc_vit_config *c) {
+    return p->patch_size == c->patch_size && p->hidden_dim == c->hidden_dim &&
+           p->depth == c->depth && p->num_heads == c->num_heads && p->mlp_dim == c->mlp_dim &&
+           c->in_channels == 3;
+}
+
+/* The name a person would use for this config, or "custom". vit_b_16 and
+ * vit_base_patch16_224 share shapes: the asked name, else the one of the
+ * file's key spelling. */
+static void vit_name_arch(vitc_vit *m, const vit_preset *asked) {
+    snprintf(m->arch, sizeof m->arch, "custom");
+    if (asked && vit_preset_fits(asked, &m->cfg)) {
+        snprintf(m->arch, sizeof m->arch, "%s", asked->name);
+        return;
+    }
+    for (int i = 0; i < VIT_N_PRESETS; i++) {
+        const vit_preset *p = &vit_presets[i];
+        if (vit_preset_fits(p, &m->cfg) && p->timm == (m->naming == VIT_NAMES_TIMM)) {
+            snprintf(m->arch, sizeof m->arch, "%s", p->name);
+            return;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Loading                                                            */
+/* ------------------------------------------------------------------ */
+
+static vitc_status vit_detect_naming(const vitc_safetensors *st, vitc__vit_naming *out) {
+    char name[160];
+    if (vitc_safetensors_find(st, "cls_token") >= 0 ||
+        vitc_safetensors_find(st, "patch_embed.proj.weight") >= 0) {
+        *out = VIT_NAMES_TIMM;
+    } else if (vitc_safetensors_find(st, "class_token") >= 0 ||
+               vitc_safetensors_find(st, "conv_proj.weight") >= 0) {
+        *out = VIT_NAMES_TORCHVISION;
+        if (vitc_safetensors_find(st, vit_layer_name(VIT_NAMES_TORCHVISION_V1, 0, VIT_L_FC1_W, name,
+                                                     sizeof name)) >= 0)
+            *out = VIT_NAMES_TORCHVISION_V1;
+    } else {
+        return vitc__err(VITC_ERR_KEY,
+                         "not a Vision Transformer checkpoint: no class_token or cls_token "
+                         "(torchvision or timm names)");
+    }
+    return VITC_OK;
+}
+
+/* Config: inferred from the tensors, then a preset's structure, then the
+ * file's own vitc.config, field by field. */
+static vitc_status vit_resolve_config(vitc_vit *m, const vitc_safetensors *st, const char *arch,
+                                      const vit_preset **asked) {
+    vitc_vit_config *c = &m->cfg;
+    vit_infer(st, m->naming, c);
+    *asked = NULL;
+    const char *meta = vitc_safetensors_get_metadata(st, "vitc.config");
+    if (arch && *arch) {
+        const vit_preset *p = vit_find_preset(arch);
+        if (!p) {
+            char list[512] = "";
+            for (int i = 0; i < VIT_N_PRESETS; i++) {
+                strncat(list, i ? ", " : "", sizeof list - strlen(list) - 1);
+                strncat(list, vit_presets[i].name, sizeof list - strlen(list) - 1);
+            }
+            return vitc__err(VITC_ERR_INVALID_ARG, "unknown ViT architecture \"%s\" (known: %s)",
+                             arch, list);
+        }
+        *asked = p;
+    }
+    if (*asked && !meta) {
+        /* The preset fixes the encoder; the image size (as torchvision's
+         * builders take image_size, e.g. vit_h_14 at 518) and the classes
+         * come from the file when it tells them. */
+        const vit_preset *p = *asked;
+        c->patch_size = p->patch_size;
+        c->hidden_dim = p->hidden_dim;
+        c->depth = p->depth;
+        c->num_heads = p->num_heads;
+        c->mlp_dim = p->mlp_dim;
+        c->in_channels = 3;
+        const int64_t *s = vit_file_shape(st, vit_model_names[m->naming][VIT_P_POS], 3);
+        int64_t g = s ? (int64_t)llround(sqrt((double)(s[1] - 1))) : 0;
+        c->image_size = g > 0 && g * g == s[1] - 1 ? (int)(g * p->patch_size) : p->image_size;
+        if (!c->num_classes)
+            c->num_classes = 1000;
+        vit_set_norm(c, p->timm);
+        c->norm_eps = 1e-6f;
+    }
+    if (meta) {
+        vitc_status s = vit_apply_metadata(m, meta);
+        if (s != VITC_OK)
+            return s;
+    }
+    /* The tensors of a missing field's source name it; say which. */
+    char name[160];
+    if (!c->hidden_dim || !c->patch_size || !c->in_channels)
+        return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (cannot infer the patch "
+                         "embedding)", vit_model_names[m->naming][VIT_P_CONV_W]);
+    if (!c->image_size)
+        return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (cannot infer image_size)",
+                         vit_model_names[m->naming][VIT_P_POS]);
+    if (!c->num_classes)
+        return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (cannot infer num_classes)",
+                         vit_model_names[m->naming][VIT_P_HEAD_W]);
+    if (!c->depth || !c->mlp_dim)
+        return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (cannot infer the blocks)",
+                         vit_layer_name(m->naming, 0, c->depth ? VIT_L_FC1_W : VIT_L_QKV_W, name,
+                                        sizeof name));
+    if (!c->num_heads) {
+        if (c->hidden_dim % 64)
+            return vitc__err(VITC_ERR_INVALID_ARG,
+                             "cannot infer num_heads for hidden_dim %d (not a multiple of 64): "
+                             "give an architecture or a vitc.config", c->hidden_dim);
+        c->num_heads = c->hidden_dim / 64;
+    }
+    return vit_check_config(c);
+}
+
+/* Every table entry present with its shape; every file tensor used. */
+static vitc_status vit_check_tensors(const vitc_vit *m, const vitc_safetensors *st,
+                                     const float **src) {
+    int n = vitc_safetensors_count(st);
+    unsigned char *used = calloc((size_t)(n > 0 ? n : 1), 1);
+    if (!used)
+        return vitc__err(VITC_ERR_NOMEM, "cannot allocate %d flags", n);
+    char name[160], want[96], have[96];
+    vitc_status s = VITC_OK;
+    for (int i = 0; i < m->n_entries && s == VITC_OK; i++) {
+        const vitc__vit_entry *e = &m->table[i];
+        vitc__vit_entry_name(e, m->naming, name, sizeof name);
+        int j = vitc_safetensors_find(st, name);
+        const char *nm, *dt;
+        int nd;
+        const int64_t *shape;
+        if (j < 0) {
+            s = vitc__err(VITC_ERR_KEY, "missing tensor %s (expected %s)", name,
+                          vitc__shape_str(want, sizeof want, e->ndim, e->shape));
+            break;
+        }
+        s = vitc_safetensors_tensor(st, j, &nm, &dt, &nd, &shape, &src[i]);
+        if (s != VITC_OK)
+            break;
+        int same = nd == e->ndim;
+        for (int k = 0; same && k < nd; k++) same = shape[k] == e->shape[k];
+        if (!same)
+            s = vitc__err(VITC_ERR_SHAPE, "tensor %s: expected %s, file has %s", name,
+                          vitc__shape_str(want, sizeof want, e->ndim, e->shape),
+                          vitc__shape_str(have, sizeof have, nd, shape));
+        used[j] = 1;
+    }
+    for (int j = 0; j < n && s == VITC_OK; j++) {
+        const char *nm, *dt;
+        int nd;
+        const int64_t *shape;
+        const float *data;
+        if (used[j] || vitc_safetensors_tensor(st, j, &nm, &dt, &nd, &shape, &data) != VITC_OK)
+            continue;
+        s = vitc__err(VITC_ERR_KEY, "unexpected tensor %s %s in a %s-named ViT checkpoint", nm,
+                      vitc__shape_str(have, sizeof have, nd, shape),
+                      m->naming == VIT_NAMES_TIMM ? "timm" : "torchvision");
+    }
+    free(used);
+    return s;
+}
+
+static vitc_status vit_build(const vitc_safetensors *st, const char *arch, vitc_vit *m) {
+    const vit_preset *asked;
+    VITC_TRY(vit_detect_naming(st, &m->naming));
+    VITC_TRY(vit_resolve_config(m, st, arch, &asked));
+    VITC_TRY(vitc__vit_table_build(m));
+    const float **src = calloc((size_t)m->n_entries, sizeof *src);
+    if (!src)
+        return vitc__err(VITC_ERR_NOMEM, "cannot allocate %d pointers", m->n_entries);
+    vitc_status s = vit_check_tensors(m, st, src);
+    size_t bytes = 0;
+    if (s == VITC_OK && !vitc__mul_size(m->n_params, sizeof(float), &bytes))
+        s = vitc__err(VITC_ERR_NOMEM, "ViT parameters: %zu floats overflow", m->n_params);
+    if (s == VITC_OK && !(m->params = vitc__calloc(m->n_params, sizeof(float))))
+        s = vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu bytes of ViT parameters", bytes);
+    for (int i = 0; s == VITC_OK && i < m->n_entries; i++)
+        memcpy(m->params + m->table[i].offset, src[i], m->table[i].numel * sizeof(float));
+    free(src);
+    if (s == VITC_OK)
+        s = vitc__vit_bind(m);
+    if (s == VITC_OK)
+        vit_name_arch(m, asked);
+    return s;
+}
+
+vitc_status vitc_vit_from_safetensors(const vitc_safetensors *st, const char *arch,
+                                      vitc_vit **out) {
+    if (!st || !out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_from_safetensors: NULL argument");
+    *out = NULL;
+    vitc_vit *m = calloc(1, sizeof *m);
+    if (!m)
+        return vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
+    vitc_status s = vit_build(st, arch, m);
+    if (s != VITC_OK) {
+        vitc_vit_free(m);
+        return s;
+    }
+    *out = m;
+    return VITC_OK;
+}
+
+vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out) {
+    if (!path || !out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_load: NULL argument");
+    *out = NULL;
+    vitc_safetensors *st = NULL;
+    vitc_status s = vitc_safetensors_load(path, &st);
+    if (s == VITC_OK)
+        s = vitc_vit_from_safetensors(st, arch, out);
+    vitc_safetensors_free(st);
+    if (s != VITC_OK && !strstr(vitc_last_error(), path))
+        vitc__err_prefix(s, "%s", path);
+    return s;
+}
