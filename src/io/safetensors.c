@@ -857,7 +857,7 @@ vitc_status vitc_safetensors_save(const char *path, int n, const char *const *na
     int bad = fwrite(&hl, 8, 1, f) != 1 || fwrite(hdr, 1, hlen, f) != hlen;
     for (int k = 0; k < n && !bad; k++) {
         int i = order[k].index;
-        bad = fwrite(data[i], sizeof(float), numel[i], f) != numel[i];
+        bad = numel[i] && fwrite(data[i], sizeof(float), numel[i], f) != numel[i];
     }
     int err = errno;
     if (fclose(f) != 0 && !bad) {
