@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #ifdef VITC_HAVE_PNG
 #include <png.h>
@@ -54,16 +55,18 @@ static vitc_status image_check_size(const char *path, int64_t w, int64_t h,
 
 static vitc_status read_file(const char *path, unsigned char **data, size_t *len) {
     FILE *f = fopen(path, "rb");
+    struct stat sb;
     long size;
     unsigned char *buf;
     *data = NULL;
     *len = 0;
     if (!f)
         return vitc__err(VITC_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (fseek(f, 0, SEEK_END) != 0 || (size = ftell(f)) < 0 || fseek(f, 0, SEEK_SET) != 0) {
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
         fclose(f);
-        return vitc__err(VITC_ERR_IO, "%s: cannot read (not a regular file?)", path);
+        return vitc__err(VITC_ERR_IO, "%s: not a regular file", path);
     }
+    size = (long)sb.st_size;
     if (size == 0) {
         fclose(f);
         return vitc__err(VITC_ERR_FORMAT, "%s: empty file", path);
@@ -251,7 +254,7 @@ static vitc_status load_png(const char *path, const unsigned char *data, size_t 
 static vitc_status load_jpeg(const char *path, const unsigned char *data, size_t len,
                              int64_t max_pixels, vitc_image *out) {
     tjhandle tj;
-    int w, h, subsamp, cs;
+    int w = 0, h = 0, subsamp = -1, cs = -1;
     size_t bytes;
     uint8_t *rgb;
     vitc_status st;

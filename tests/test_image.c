@@ -1,0 +1,274 @@
+/* test_image.c — PNG/JPEG decoding against PIL's pixels, broken files,
+ * the PNG writer, and preprocessing against torchvision's numbers
+ * (fixtures: tests/reference/gen_images.py). Run from the repository root. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "vitc.h"
+
+#define DATA "tests/data/"
+
+static const float imagenet_mean[3] = {0.485f, 0.456f, 0.406f};
+static const float imagenet_std[3] = {0.229f, 0.224f, 0.225f};
+
+static unsigned char *slurp(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    unsigned char *buf;
+    long n;
+    if (!f)
+        return NULL;
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    buf = malloc(n > 0 ? (size_t)n : 1);
+    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
+        free(buf);
+        buf = NULL;
+    }
+    fclose(f);
+    *len = (size_t)n;
+    return buf;
+}
+
+static int have_png(void) {
+    vitc_image img;
+    vitc_status st = vitc_image_load(DATA "rgb8.png", 0, &img);
+    vitc_image_free(&img);
+    return st != VITC_ERR_UNSUPPORTED;
+}
+
+static int have_jpeg(void) {
+    vitc_image img;
+    vitc_status st = vitc_image_load(DATA "gray.jpg", 0, &img);
+    vitc_image_free(&img);
+    return st != VITC_ERR_UNSUPPORTED;
+}
+
+/* Every fixture of images.txt decodes to PIL's pixels (within its tolerance). */
+static void test_decode_every_kind(void **state) {
+    (void)state;
+    FILE *f = fopen(DATA "images.txt", "r");
+    char line[512];
+    int checked = 0;
+    assert_non_null(f);
+    while (fgets(line, sizeof line, f)) {
+        char name[200], exp[200], path[300];
+        int w, h, tol;
+        vitc_image img;
+        size_t len;
+        unsigned char *want;
+        int worst = 0;
+        if (line[0] == '#' || sscanf(line, "%199s %d %d %199s %d", name, &w, &h, exp, &tol) != 5)
+            continue;
+        int is_png = strstr(name, ".png") != NULL;
+        if ((is_png && !have_png()) || (!is_png && !have_jpeg())) {
+            snprintf(path, sizeof path, DATA "%s", name);
+            assert_int_equal(vitc_image_load(path, 0, &img), VITC_ERR_UNSUPPORTED);
+            continue;
+        }
+        snprintf(path, sizeof path, DATA "%s", name);
+        if (vitc_image_load(path, 0, &img) != VITC_OK)
+            fail_msg("%s: %s", name, vitc_last_error());
+        assert_int_equal(img.width, w);
+        assert_int_equal(img.height, h);
+        snprintf(path, sizeof path, DATA "%s", exp);
+        want = slurp(path, &len);
+        assert_non_null(want);
+        assert_int_equal(len, (size_t)w * h * 3);
+        for (size_t i = 0; i < len; i++) {
+            int d = abs((int)img.rgb[i] - (int)want[i]);
+            if (d > worst)
+                worst = d;
+        }
+        if (worst > tol)
+            fail_msg("%s: max pixel difference %d > tolerance %d", name, worst, tol);
+        free(want);
+        vitc_image_free(&img);
+        assert_null(img.rgb);
+        checked++;
+    }
+    fclose(f);
+    assert_true(checked >= 19);
+}
+
+/* Broken or hostile files are errors with a message naming the file. */
+static void test_bad_files(void **state) {
+    (void)state;
+    static const struct {
+        const char *name;
+        vitc_status want;
+        const char *msg;
+    } cases[] = {
+        {"truncated.png", VITC_ERR_FORMAT, "truncated"},
+        {"truncated_header.png", VITC_ERR_FORMAT, "truncated"},
+        {"bad_crc.png", VITC_ERR_FORMAT, "corrupt PNG"},
+        {"lying_header.png", VITC_ERR_FORMAT, "over the limit"},
+        {"truncated.jpg", VITC_ERR_FORMAT, "corrupt JPEG"},
+        {"truncated_header.jpg", VITC_ERR_FORMAT, NULL},
+        {"lying_header.jpg", VITC_ERR_FORMAT, "over the limit"},
+        {"cmyk.jpg", VITC_ERR_UNSUPPORTED, "CMYK"},
+        {"empty.png", VITC_ERR_FORMAT, "empty"},
+        {"not_an_image.png", VITC_ERR_FORMAT, "not a PNG or JPEG"},
+        {"does_not_exist.png", VITC_ERR_IO, "cannot open"},
+        {"", VITC_ERR_IO, NULL}, /* the directory tests/data/ itself */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char path[300];
+        vitc_image img = {7, 7, (uint8_t *)&img};
+        vitc_status st;
+        int is_png = strstr(cases[i].name, ".png") != NULL;
+        int is_jpg = strstr(cases[i].name, ".jpg") != NULL;
+        snprintf(path, sizeof path, DATA "%s", cases[i].name);
+        st = vitc_image_load(path, 0, &img);
+        assert_null(img.rgb);
+        assert_int_equal(img.width, 0);
+        if (cases[i].want != VITC_ERR_IO && cases[i].msg && strcmp(cases[i].msg, "empty") &&
+            strcmp(cases[i].msg, "not a PNG or JPEG") &&
+            ((is_png && !have_png()) || (is_jpg && !have_jpeg()))) {
+            assert_int_equal(st, VITC_ERR_UNSUPPORTED);
+            continue;
+        }
+        if (st != cases[i].want)
+            fail_msg("%s: status %d (%s), want %d", cases[i].name, st, vitc_last_error(),
+                     cases[i].want);
+        if (cases[i].name[0])
+            assert_non_null(strstr(vitc_last_error(), cases[i].name));
+        if (cases[i].msg && !strstr(vitc_last_error(), cases[i].msg))
+            fail_msg("%s: message '%s' lacks '%s'", cases[i].name, vitc_last_error(),
+                     cases[i].msg);
+    }
+    assert_int_equal(vitc_image_load(NULL, 0, &(vitc_image){0}), VITC_ERR_INVALID_ARG);
+    assert_int_equal(vitc_image_load(DATA "rgb8.png", 0, NULL), VITC_ERR_INVALID_ARG);
+}
+
+/* The pixel limit is applied from the header: a 37x23 image passes at
+ * exactly its pixel count and fails one below. */
+static void test_pixel_limit(void **state) {
+    (void)state;
+    vitc_image img;
+    const char *files[] = {DATA "rgb8.png", DATA "rgb8_interlaced.png", DATA "rgb444.jpg"};
+    for (int i = 0; i < 3; i++) {
+        if ((i < 2 && !have_png()) || (i == 2 && !have_jpeg()))
+            continue;
+        assert_int_equal(vitc_image_load(files[i], 37 * 23, &img), VITC_OK);
+        vitc_image_free(&img);
+        assert_int_equal(vitc_image_load(files[i], 37 * 23 - 1, &img), VITC_ERR_FORMAT);
+        assert_non_null(strstr(vitc_last_error(), "over the limit"));
+        assert_null(img.rgb);
+    }
+}
+
+static void test_png_roundtrip(void **state) {
+    (void)state;
+    char path[] = "/tmp/vitc_test_image_XXXXXX";
+    int fd = mkstemp(path);
+    int w = 19, h = 7;
+    uint8_t px[19 * 7 * 3];
+    vitc_image img;
+    assert_true(fd >= 0);
+    close(fd);
+    for (int i = 0; i < w * h * 3; i++)
+        px[i] = (uint8_t)(i * 37 + 11);
+    if (!have_png()) {
+        assert_int_equal(vitc_image_save_png(path, px, w, h), VITC_ERR_UNSUPPORTED);
+        remove(path);
+        return;
+    }
+    assert_int_equal(vitc_image_save_png(path, px, w, h), VITC_OK);
+    assert_int_equal(vitc_image_load(path, 0, &img), VITC_OK);
+    assert_int_equal(img.width, w);
+    assert_int_equal(img.height, h);
+    assert_memory_equal(img.rgb, px, sizeof px);
+    vitc_image_free(&img);
+    remove(path);
+    assert_int_equal(vitc_image_save_png(path, px, 0, h), VITC_ERR_INVALID_ARG);
+    assert_int_equal(vitc_image_save_png("/nonexistent-dir/x.png", px, w, h), VITC_ERR_IO);
+}
+
+/* Preprocessing against torchvision's ImageClassification on uint8 tensors.
+ * Resizing rounds to uint8 as torchvision does, so the result is exact but
+ * for a rare tie (x.5 within a float ulp) rounding the other way: one level,
+ * 1/255/std <= 0.0175 after normalisation. */
+static void check_preprocess(const char *src, int resize, int crop, const char *ref) {
+    vitc_image img;
+    size_t n = (size_t)3 * crop * crop, len;
+    float *out = malloc(n * sizeof(float)), *want;
+    int off = 0;
+    double worst = 0;
+    if (!have_png())
+        return;
+    assert_int_equal(vitc_image_load(src, 0, &img), VITC_OK);
+    assert_int_equal(vitc_image_preprocess(&img, resize, crop, imagenet_mean, imagenet_std, out),
+                     VITC_OK);
+    want = (float *)slurp(ref, &len);
+    assert_non_null(want);
+    assert_int_equal(len, n * sizeof(float));
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)out[i] - want[i]);
+        if (d > 1e-6)
+            off++;
+        if (d > worst)
+            worst = d;
+    }
+    if (worst > 0.0176 || off > 2)
+        fail_msg("%s resize %d crop %d: max diff %g, %d values off", src, resize, crop, worst,
+                 off);
+    free(want);
+    free(out);
+    vitc_image_free(&img);
+}
+
+static void test_preprocess_vs_torchvision(void **state) {
+    (void)state;
+    check_preprocess(DATA "photo.png", 64, 56, DATA "photo_pre_64_56.f32");  /* downscale */
+    check_preprocess(DATA "gray8.png", 40, 48, DATA "gray8_pre_40_48.f32");  /* up + pad */
+    check_preprocess(DATA "rgb8.png", 0, 21, DATA "rgb8_pre_0_21.f32");      /* no resize */
+}
+
+static void test_preprocess_args(void **state) {
+    (void)state;
+    uint8_t px[4 * 2 * 3] = {0};
+    vitc_image img = {4, 2, px};
+    float out[3 * 4 * 4];
+    float bad_std[3] = {0.229f, 0.0f, 0.225f};
+    assert_int_equal(vitc_image_preprocess(&img, 0, 0, imagenet_mean, imagenet_std, out),
+                     VITC_ERR_INVALID_ARG);
+    assert_int_equal(vitc_image_preprocess(&img, -1, 2, imagenet_mean, imagenet_std, out),
+                     VITC_ERR_INVALID_ARG);
+    assert_int_equal(vitc_image_preprocess(&img, 0, 2, imagenet_mean, bad_std, out),
+                     VITC_ERR_INVALID_ARG);
+    assert_int_equal(vitc_image_preprocess(NULL, 0, 2, imagenet_mean, imagenet_std, out),
+                     VITC_ERR_INVALID_ARG);
+    /* A crop larger than the image pads with zeros (torchvision's fill 0,
+     * then normalised): 4x2 black image, crop 4 -> every value -mean/std. */
+    assert_int_equal(vitc_image_preprocess(&img, 0, 4, imagenet_mean, imagenet_std, out),
+                     VITC_OK);
+    for (int c = 0; c < 3; c++)
+        for (int i = 0; i < 16; i++)
+            assert_float_equal(out[c * 16 + i], -imagenet_mean[c] / imagenet_std[c], 1e-6);
+    /* resize 1 of a wide image: shorter side 1, longer int(1 * 4 / 2) = 2. */
+    px[0] = 255;
+    assert_int_equal(vitc_image_preprocess(&img, 1, 1, imagenet_mean, imagenet_std, out),
+                     VITC_OK);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_decode_every_kind),
+        cmocka_unit_test(test_bad_files),
+        cmocka_unit_test(test_pixel_limit),
+        cmocka_unit_test(test_png_roundtrip),
+        cmocka_unit_test(test_preprocess_vs_torchvision),
+        cmocka_unit_test(test_preprocess_args),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
