@@ -73,6 +73,7 @@ static void test_decode_every_kind(void **state) {
         if ((is_png && !have_png()) || (!is_png && !have_jpeg())) {
             snprintf(path, sizeof path, DATA "%s", name);
             assert_int_equal(vitc_image_load(path, 0, &img), VITC_ERR_UNSUPPORTED);
+            checked++;
             continue;
         }
         snprintf(path, sizeof path, DATA "%s", name);
@@ -131,9 +132,10 @@ static void test_bad_files(void **state) {
         st = vitc_image_load(path, 0, &img);
         assert_null(img.rgb);
         assert_int_equal(img.width, 0);
-        if (cases[i].want != VITC_ERR_IO && cases[i].msg && strcmp(cases[i].msg, "empty") &&
-            strcmp(cases[i].msg, "not a PNG or JPEG") &&
-            ((is_png && !have_png()) || (is_jpg && !have_jpeg()))) {
+        int decoder_needed = cases[i].want != VITC_ERR_IO &&
+                             !(cases[i].msg && (!strcmp(cases[i].msg, "empty") ||
+                                                !strcmp(cases[i].msg, "not a PNG or JPEG")));
+        if (decoder_needed && ((is_png && !have_png()) || (is_jpg && !have_jpeg()))) {
             assert_int_equal(st, VITC_ERR_UNSUPPORTED);
             continue;
         }

@@ -34,7 +34,7 @@
  * no real photo needs it, and it bounds what a hostile path can make us read. */
 #define VITC_IMAGE_MAX_FILE_BYTES (1LL << 30)
 
-static vitc_status image_check_size(const char *path, int64_t w, int64_t h,
+static __attribute__((unused)) vitc_status image_check_size(const char *path, int64_t w, int64_t h,
                                     int64_t max_pixels, size_t *bytes) {
     size_t n;
     if (max_pixels <= 0)
@@ -316,6 +316,7 @@ vitc_status vitc_image_load(const char *path, int64_t max_pixels, vitc_image *ou
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load: out is NULL");
     out->width = out->height = 0;
     out->rgb = NULL;
+    (void)max_pixels; /* unused when built without libpng and libturbojpeg */
     if (!path)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load: path is NULL");
     VITC_TRY(read_file(path, &data, &len));
