@@ -1,8 +1,241 @@
-/* cmd_inspect.c — placeholder until the command lands; fails loudly. */
+/* cmd_inspect.c — `vitc inspect FILE.safetensors`: tensors, metadata and the
+ * architecture vitc recognises, as text or JSON. */
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
 #include "cli.h"
 
+static void inspect_help(FILE *f) {
+    fprintf(f,
+            "usage: vitc inspect [--json] [--arch NAME] [--full] FILE.safetensors\n\n"
+            "List a safetensors file's tensors (name, dtype, shape), its metadata and the\n"
+            "Vision Transformer architecture vitc recognises in it.\n\n"
+            "options:\n"
+            "  --json       one JSON object: {\"file\", \"tensors\": [{\"name\", \"dtype\",\n"
+            "               \"shape\"}], \"parameters\", \"metadata\", \"architecture\", \"config\"}\n"
+            "               (architecture and config null, and \"not_recognised\" saying why,\n"
+            "               when the file is not a ViT vitc recognises)\n"
+            "  --arch NAME  check the file against this architecture (vit_b_16, ...);\n"
+            "               exit 1 when it does not match\n"
+            "  --full       print long metadata values whole (text output cuts them)\n"
+            "  -h, --help   this help\n");
+}
+
+/* Long metadata values (a vitc.config with 1000 labels) would bury the
+ * listing; text output shows their start and length unless --full. */
+enum { INSPECT_META_CUT = 100 };
+
+static size_t inspect_numel(int nd, const int64_t *shape) {
+    size_t n = 1;
+    for (int j = 0; j < nd; j++)
+        n *= (size_t)shape[j];
+    return n;
+}
+
+/* Names and values come from an untrusted file: control characters (a
+ * terminal escape sequence, a newline) are shown escaped, not sent raw. */
+static void print_safe(const char *s, size_t max) {
+    size_t i = 0;
+    for (; s[i] && i < max; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n')
+            fputs("\\n", stdout);
+        else if (c == '\t')
+            fputs("\\t", stdout);
+        else if (c < 0x20 || c == 0x7f)
+            printf("\\x%02x", c);
+        else
+            putchar(c);
+    }
+}
+
+/* Display width of a UTF-8 string, counted in code points. */
+static int utf8_width(const char *s) {
+    int w = 0;
+    for (; *s; s++)
+        w += ((unsigned char)*s & 0xC0) != 0x80;
+    return w;
+}
+
+static void print_shape(int nd, const int64_t *shape) {
+    putchar('[');
+    for (int j = 0; j < nd; j++)
+        printf(j ? ", %" PRId64 : "%" PRId64, shape[j]);
+    putchar(']');
+}
+
+/* The shortest decimal that reads back as the same float, so 1e-6 prints
+ * as 1e-06 and not as its double widening 9.99999997e-07. */
+static double short_double(float f) {
+    char buf[32];
+    for (int prec = 6; prec < 9; prec++) {
+        snprintf(buf, sizeof buf, "%.*g", prec, (double)f);
+        if ((float)strtod(buf, NULL) == f)
+            return strtod(buf, NULL);
+    }
+    return (double)f;
+}
+
+static json_t *config_json(const vitc_vit_config *c) {
+    json_t *mean = json_pack("[fff]", short_double(c->mean[0]), short_double(c->mean[1]),
+                             short_double(c->mean[2]));
+    json_t *std = json_pack("[fff]", short_double(c->std[0]), short_double(c->std[1]),
+                            short_double(c->std[2]));
+    return json_pack("{si si si si si si si si sf so so}", "image_size", c->image_size,
+                     "patch_size", c->patch_size, "in_channels", c->in_channels, "hidden_dim",
+                     c->hidden_dim, "depth", c->depth, "num_heads", c->num_heads, "mlp_dim",
+                     c->mlp_dim, "num_classes", c->num_classes, "norm_eps", short_double(c->norm_eps),
+                     "mean", mean, "std", std);
+}
+
+static int inspect_json(const char *path, const vitc_safetensors *st, const vitc_vit *m,
+                        const char *why) {
+    json_t *root = json_object(), *ts = json_array(), *meta = json_object();
+    size_t params = 0;
+    for (int i = 0; i < vitc_safetensors_count(st); i++) {
+        const char *name, *dtype;
+        int nd;
+        const int64_t *shape;
+        vitc_safetensors_tensor(st, i, &name, &dtype, &nd, &shape, NULL);
+        json_t *sh = json_array();
+        for (int j = 0; j < nd; j++)
+            json_array_append_new(sh, json_integer(shape[j]));
+        json_array_append_new(ts, json_pack("{ss ss so}", "name", name, "dtype", dtype, "shape",
+                                            sh));
+        params += inspect_numel(nd, shape);
+    }
+    for (int i = 0; i < vitc_safetensors_metadata_count(st); i++) {
+        const char *k, *v;
+        vitc_safetensors_metadata(st, i, &k, &v);
+        json_object_set_new(meta, k, json_string(v));
+    }
+    json_object_set_new(root, "file", json_string(path));
+    json_object_set_new(root, "tensors", ts);
+    json_object_set_new(root, "parameters", json_integer((json_int_t)params));
+    json_object_set_new(root, "metadata", meta);
+    json_object_set_new(root, "architecture", m ? json_string(vitc_vit_arch_name(m)) : json_null());
+    json_object_set_new(root, "config", m ? config_json(vitc_vit_get_config(m)) : json_null());
+    if (!m)
+        json_object_set_new(root, "not_recognised", json_string(why));
+    char *s = json_dumps(root, JSON_COMPACT | JSON_ENSURE_ASCII);
+    json_decref(root);
+    if (!s)
+        return cli_error("%s: cannot format JSON", path);
+    puts(s);
+    free(s);
+    return CLI_OK;
+}
+
+static void inspect_text(const char *path, const vitc_safetensors *st, const vitc_vit *m,
+                         const char *why, int full) {
+    int n = vitc_safetensors_count(st);
+    size_t params = 0;
+    int w = 4;
+    for (int i = 0; i < n; i++) {
+        const char *name;
+        int nd;
+        const int64_t *shape;
+        vitc_safetensors_tensor(st, i, &name, NULL, &nd, &shape, NULL);
+        params += inspect_numel(nd, shape);
+        if (utf8_width(name) > w)
+            w = utf8_width(name) > 60 ? 60 : utf8_width(name);
+    }
+    printf("file: %s\n", path);
+    printf("tensors: %d (%zu parameters, %.1f MB as float32)\n", n, params,
+           (double)params * 4 / 1e6);
+    for (int i = 0; i < n; i++) {
+        const char *name, *dtype;
+        int nd;
+        const int64_t *shape;
+        vitc_safetensors_tensor(st, i, &name, &dtype, &nd, &shape, NULL);
+        fputs("  ", stdout);
+        print_safe(name, SIZE_MAX);
+        printf("%*s  %-4s  ", w > utf8_width(name) ? w - utf8_width(name) : 0, "", dtype);
+        print_shape(nd, shape);
+        putchar('\n');
+    }
+    int nm = vitc_safetensors_metadata_count(st);
+    printf("metadata: %d\n", nm);
+    for (int i = 0; i < nm; i++) {
+        const char *k, *v;
+        vitc_safetensors_metadata(st, i, &k, &v);
+        size_t len = strlen(v);
+        fputs("  ", stdout);
+        print_safe(k, SIZE_MAX);
+        fputs(": ", stdout);
+        print_safe(v, full ? SIZE_MAX : INSPECT_META_CUT);
+        if (!full && len > INSPECT_META_CUT)
+            printf("... (%zu bytes; --full shows all)", len);
+        putchar('\n');
+    }
+    if (m) {
+        const vitc_vit_config *c = vitc_vit_get_config(m);
+        printf("architecture: %s (image %d, patch %d, channels %d, hidden %d, depth %d, "
+               "heads %d, mlp %d, classes %d)\n",
+               vitc_vit_arch_name(m), c->image_size, c->patch_size, c->in_channels,
+               c->hidden_dim, c->depth, c->num_heads, c->mlp_dim, c->num_classes);
+    } else {
+        printf("architecture: not a Vision Transformer vitc recognises (%s)\n", why);
+    }
+}
+
 int cmd_inspect(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    return cli_error("'inspect' is not built yet");
+    const char *path = NULL, *arch = NULL;
+    int json = 0, full = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            inspect_help(stdout);
+            return CLI_OK;
+        } else if (!strcmp(a, "--json")) {
+            json = 1;
+        } else if (!strcmp(a, "--full")) {
+            full = 1;
+        } else if (!strcmp(a, "--arch")) {
+            if (++i >= argc)
+                return cli_usage_error("inspect", "--arch needs a value");
+            arch = argv[i];
+        } else if (!strncmp(a, "--arch=", 7)) {
+            arch = a + 7;
+        } else if (a[0] == '-' && a[1]) {
+            return cli_usage_error("inspect", "unknown option '%s'", a);
+        } else if (path) {
+            return cli_usage_error("inspect", "one file at a time ('%s' and '%s')", path, a);
+        } else {
+            path = a;
+        }
+    }
+    if (!path)
+        return cli_usage_error("inspect", "no file given");
+
+    vitc_safetensors *st;
+    if (vitc_safetensors_load(path, &st) != VITC_OK)
+        return cli_error("%s", vitc_last_error());
+    /* Not being a ViT is an answer, not a failure: layer files are valid. */
+    vitc_vit *m = NULL;
+    char why[512] = "";
+    if (vitc_vit_from_safetensors(st, arch, &m) != VITC_OK) {
+        m = NULL;
+        if (arch) { /* asked for: a mismatch is the answer the user wants as a failure */
+            int rc = cli_error("%s: not a %s: %s", path, arch, vitc_last_error());
+            vitc_safetensors_free(st);
+            return rc;
+        }
+        snprintf(why, sizeof why, "%s", vitc_last_error());
+    }
+    int rc = CLI_OK;
+    if (json)
+        rc = inspect_json(path, st, m, why);
+    else
+        inspect_text(path, st, m, why, full);
+    vitc_vit_free(m);
+    vitc_safetensors_free(st);
+    if (fflush(stdout) != 0)
+        rc = cli_error("cannot write the output");
+    return rc;
 }
