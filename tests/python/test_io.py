@@ -4,6 +4,7 @@ tensors when torch is present), and on bad files."""
 import json
 import os
 import struct
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -162,6 +163,70 @@ class TestSafetensors(unittest.TestCase):
                                   {"a": np.ones(1)})
         self.assertIn("dir.safetensors", str(cm.exception))
         self.assertEqual(os.listdir(self.tmp.name), [])
+
+
+VITC_BIN = os.path.join(HERE, "..", "..", "build", "vitc")
+
+
+@unittest.skipUnless(os.path.exists(VITC_BIN), "build/vitc not built")
+class TestInspectCli(unittest.TestCase):
+    def run_cli(self, *args):
+        return subprocess.run([VITC_BIN, "inspect", *args], capture_output=True, text=True)
+
+    def test_json_listing(self):
+        path = os.path.join(REF, "safetensors", "mixed.safetensors")
+        r = self.run_cli("--json", path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        d = json.loads(r.stdout)
+        got, meta = vitc.load_safetensors(path)
+        self.assertEqual([t["name"] for t in d["tensors"]], list(got))
+        for t in d["tensors"]:
+            self.assertEqual(tuple(t["shape"]), got[t["name"]].shape)
+        self.assertEqual({t["name"]: t["dtype"] for t in d["tensors"]}["bf16"], "BF16")
+        self.assertEqual(d["metadata"], meta)
+        self.assertEqual(d["parameters"], sum(a.size for a in got.values()))
+        self.assertIsNone(d["architecture"])
+        self.assertIn("class_token", d["not_recognised"])
+        r = self.run_cli(path)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertIn("layer.0.w\u00e9ight  F32   [1, 2, 3]", r.stdout)
+        self.assertIn("quote: a\"b\\c\\n\n", r.stdout)  # the newline shown escaped
+
+    @unittest.skipIf(torch is None, "torch not installed")
+    def test_recognises_vit(self):
+        import torchvision
+        torch.manual_seed(0)
+        m = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2,
+                                                 num_heads=2, hidden_dim=128, mlp_dim=64,
+                                                 num_classes=7)
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "vit.safetensors")
+            st_write.write(p, m.state_dict())
+            r = self.run_cli("--json", p)
+            self.assertEqual(r.returncode, 0, r.stderr)
+            cfg = json.loads(r.stdout)["config"]
+            self.assertEqual((cfg["patch_size"], cfg["hidden_dim"], cfg["depth"], cfg["mlp_dim"],
+                              cfg["num_classes"]), (8, 128, 2, 64, 7))
+            r = self.run_cli(p)
+            self.assertIn("architecture: custom", r.stdout)
+            r = self.run_cli("--arch", "vit_b_16", p)
+            self.assertEqual(r.returncode, 1)
+            self.assertTrue(r.stderr.startswith("vitc: error: "), r.stderr)
+
+    def test_errors(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "bad.safetensors")
+            raw_file(p, {"w": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}}, b"\0" * 8)
+            r = self.run_cli(p)
+            self.assertEqual(r.returncode, 1)
+            self.assertIn("vitc: error: " + p + ": tensor 'w'", r.stderr)
+            self.assertEqual(r.stdout, "")
+        self.assertEqual(self.run_cli().returncode, 2)
+        self.assertEqual(self.run_cli("--nope", "x").returncode, 2)
+        self.assertEqual(self.run_cli("a", "b").returncode, 2)
+        r = self.run_cli("--help")
+        self.assertEqual(r.returncode, 0)
+        self.assertIn("usage: vitc inspect", r.stdout)
 
 
 if __name__ == "__main__":
