@@ -22,6 +22,10 @@ typedef void (*vitc__task_fn)(void *ctx, int64_t i, int tid);
 void vitc__parallel_for(int64_t n, vitc__task_fn fn, void *ctx);
 int vitc__num_threads(void);
 int vitc__in_parallel(void); /* 1 inside a pool task */
+/* Same partition, one call per thread: fn(ctx, begin, end, tid) gets thread
+ * tid's contiguous share [begin, end) of [0, n) (nested: all of it). */
+typedef void (*vitc__range_fn)(void *ctx, int64_t begin, int64_t end, int tid);
+void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx);
 
 /* ---- run-time dispatch (dispatch.c) ------------------------------ */
 

@@ -1,18 +1,269 @@
-/* pool.c — the library's thread pool (serial until the pthread pool lands). */
+/*
+ * pool.c — the library's one thread pool.
+ *
+ * Workers are created lazily on the first parallel region that needs them and
+ * live for the rest of the process. The caller of a region is thread 0 and
+ * works too, so n threads means n - 1 workers. Between regions a worker spins
+ * for a short while (ViT runs ~100 regions back to back, and a futex wake-up
+ * costs more than a typical gap between them), then sleeps on a condvar.
+ *
+ * Partition: [0, n) is cut into nthreads contiguous, nearly equal ranges and
+ * thread t always gets range t. The owner of an index depends only on n and
+ * the thread count, never on timing, so a kernel that computes each index
+ * independently gets bitwise identical results for any thread count.
+ *
+ * Regions started from several user threads at once are serialised by a
+ * mutex (they share the workers); a region started inside a pool task runs
+ * serially on the calling thread with the caller's tid.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define vitc__cpu_relax() _mm_pause()
+#else
+#define vitc__cpu_relax() ((void)0)
+#endif
+
 #include "kernels.h"
 
-static _Thread_local int vitc__inside;
-static int vitc__nthreads = 1;
+#define VITC_MAX_THREADS 256
+/* How long an idle worker, or a caller waiting for its workers, spins before
+ * sleeping. Long enough to bridge the serial gaps of a forward pass. */
+#define VITC_SPIN_NS 200000L
 
-void vitc_set_num_threads(int n) { vitc__nthreads = n > 0 ? n : 1; }
-int vitc_get_num_threads(void) { return vitc__nthreads; }
-int vitc__num_threads(void) { return vitc__nthreads; }
+typedef struct vitc__pool {
+    pthread_mutex_t region_lock; /* one region at a time (user threads) */
+    pthread_mutex_t lock;        /* guards the sleeps below */
+    pthread_cond_t wake;         /* workers: a new region (or stop) */
+    pthread_cond_t done;         /* caller: the last worker finished */
+    /* Region counter, a seqlock: odd while the caller writes the region
+     * below, even once it is published. */
+    _Atomic uint64_t gen;
+    _Atomic int remaining;       /* workers of this region not yet done */
+    _Atomic int caller_sleeping;
+    int sleepers;                /* workers blocked on wake (under lock) */
+    int stop;
+    /* The region being run. Atomic (relaxed) because a worker that takes no
+     * part in one region may read them while the next one is written; the
+     * seqlock tells it to read again. */
+    _Atomic(vitc__range_fn) fn;
+    _Atomic(void *) ctx;
+    _Atomic int64_t n;
+    _Atomic int active; /* threads taking part, caller included */
+    int nworkers;
+    pthread_t threads[VITC_MAX_THREADS];
+    /* gen when worker i was created: it starts from there, because it may
+     * first run only after the region it was created for is published. */
+    uint64_t start_gen[VITC_MAX_THREADS];
+} vitc__pool;
+
+static vitc__pool vitc__P = {
+    .region_lock = PTHREAD_MUTEX_INITIALIZER,
+    .lock = PTHREAD_MUTEX_INITIALIZER,
+    .wake = PTHREAD_COND_INITIALIZER,
+    .done = PTHREAD_COND_INITIALIZER,
+};
+
+static _Atomic int vitc__nthreads; /* 0: not yet decided */
+static _Thread_local int vitc__inside;
+static _Thread_local int vitc__tid;
+
+static int vitc__default_threads(void) {
+    cpu_set_t set;
+    int n = 0;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+    if (n < 1) n = 1;
+    return n > VITC_MAX_THREADS ? VITC_MAX_THREADS : n;
+}
+
+void vitc_set_num_threads(int n) {
+    if (n <= 0) n = vitc__default_threads();
+    if (n > VITC_MAX_THREADS) n = VITC_MAX_THREADS;
+    /* Taken so that a region in flight keeps the count it started with. */
+    pthread_mutex_lock(&vitc__P.region_lock);
+    atomic_store(&vitc__nthreads, n);
+    pthread_mutex_unlock(&vitc__P.region_lock);
+}
+
+int vitc__num_threads(void) {
+    int n = atomic_load_explicit(&vitc__nthreads, memory_order_relaxed);
+    if (n == 0) {
+        n = vitc__default_threads();
+        int expect = 0;
+        if (!atomic_compare_exchange_strong(&vitc__nthreads, &expect, n)) n = expect;
+    }
+    return n;
+}
+
+int vitc_get_num_threads(void) { return vitc__num_threads(); }
 int vitc__in_parallel(void) { return vitc__inside; }
 
-void vitc__parallel_for(int64_t n, vitc__task_fn fn, void *ctx) {
-    int was = vitc__inside;
+static int64_t vitc__now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static void vitc__run_share(vitc__range_fn fn, void *ctx, int64_t n, int t, int nt) {
+    /* Range t of nt: [n*t/nt, n*(t+1)/nt), computed without overflow for any
+     * n that fits int64 (nt <= 256). */
+    int64_t q = n / nt, r = n % nt;
+    int64_t b = q * t + (t < r ? t : r);
+    int64_t e = b + q + (t < r ? 1 : 0);
+    if (b < e) fn(ctx, b, e, t);
+}
+
+static void *vitc__worker(void *arg) {
+    int tid = (int)(intptr_t)arg;
+    vitc__pool *P = &vitc__P;
+    uint64_t seen = P->start_gen[tid];
     vitc__inside = 1;
-    for (int64_t i = 0; i < n; i++)
-        fn(ctx, i, 0);
-    vitc__inside = was;
+    vitc__tid = tid;
+    for (;;) {
+        uint64_t g = atomic_load_explicit(&P->gen, memory_order_acquire);
+        if (g == seen) {
+            int64_t t0 = vitc__now_ns();
+            for (int spin = 1; g == seen; spin++) {
+                vitc__cpu_relax();
+                g = atomic_load_explicit(&P->gen, memory_order_acquire);
+                if ((spin & 63) == 0 && vitc__now_ns() - t0 > VITC_SPIN_NS) break;
+            }
+        }
+        if (g == seen) {
+            pthread_mutex_lock(&P->lock);
+            P->sleepers++;
+            while ((g = atomic_load(&P->gen)) == seen && !P->stop)
+                pthread_cond_wait(&P->wake, &P->lock);
+            P->sleepers--;
+            int stop = P->stop;
+            pthread_mutex_unlock(&P->lock);
+            if (stop) return NULL;
+        }
+        if (g & 1) { /* being written: read it again when published */
+            vitc__cpu_relax();
+            continue;
+        }
+        vitc__range_fn fn = atomic_load_explicit(&P->fn, memory_order_relaxed);
+        void *ctx = atomic_load_explicit(&P->ctx, memory_order_relaxed);
+        int64_t n = atomic_load_explicit(&P->n, memory_order_relaxed);
+        int active = atomic_load_explicit(&P->active, memory_order_relaxed);
+        atomic_thread_fence(memory_order_acquire);
+        if (atomic_load_explicit(&P->gen, memory_order_relaxed) != g)
+            continue; /* a later region replaced it: this one did not need us */
+        seen = g;
+        if (tid >= active) continue; /* not in this region: no ack owed */
+        vitc__run_share(fn, ctx, n, tid, active);
+        if (atomic_fetch_sub(&P->remaining, 1) == 1 && atomic_load(&P->caller_sleeping)) {
+            pthread_mutex_lock(&P->lock);
+            pthread_cond_signal(&P->done);
+            pthread_mutex_unlock(&P->lock);
+        }
+    }
+}
+
+/* Joins the workers at exit so leak checkers see a clean process. */
+__attribute__((destructor)) static void vitc__pool_shutdown(void) {
+    vitc__pool *P = &vitc__P;
+    if (pthread_mutex_trylock(&P->region_lock) != 0) return; /* a region is running */
+    pthread_mutex_lock(&P->lock);
+    P->stop = 1;
+    pthread_cond_broadcast(&P->wake);
+    pthread_mutex_unlock(&P->lock);
+    for (int i = 0; i < P->nworkers; i++) pthread_join(P->threads[i], NULL);
+    P->nworkers = 0;
+    pthread_mutex_unlock(&P->region_lock);
+}
+
+/* Creates workers up to want - 1; returns the thread count available. */
+static int vitc__ensure_workers(int want) {
+    vitc__pool *P = &vitc__P;
+    while (P->nworkers < want - 1) {
+        pthread_attr_t attr;
+        pthread_attr_init(&attr);
+        /* Kernels keep tiles on the stack; glibc's default is 8 MB anyway,
+         * this keeps it so under a smaller RLIMIT_STACK. */
+        pthread_attr_setstacksize(&attr, 8u << 20);
+        P->start_gen[P->nworkers + 1] = atomic_load(&P->gen);
+        int rc = pthread_create(&P->threads[P->nworkers], &attr, vitc__worker,
+                                (void *)(intptr_t)(P->nworkers + 1));
+        pthread_attr_destroy(&attr);
+        if (rc != 0) break; /* run with the threads we have */
+        P->nworkers++;
+    }
+    return want < P->nworkers + 1 ? want : P->nworkers + 1;
+}
+
+void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (vitc__inside) { /* nested: serial, keeping the outer owner's tid */
+        fn(ctx, 0, n, vitc__tid);
+        return;
+    }
+    int nt = vitc__num_threads();
+    if (nt > n) nt = (int)n;
+    if (nt <= 1) {
+        vitc__inside = 1;
+        vitc__tid = 0;
+        fn(ctx, 0, n, 0);
+        vitc__inside = 0;
+        return;
+    }
+    vitc__pool *P = &vitc__P;
+    pthread_mutex_lock(&P->region_lock);
+    nt = vitc__ensure_workers(nt);
+    atomic_store(&P->caller_sleeping, 0);
+    atomic_store(&P->remaining, nt - 1);
+    uint64_t g = atomic_load_explicit(&P->gen, memory_order_relaxed);
+    atomic_store_explicit(&P->gen, g + 1, memory_order_relaxed);
+    atomic_thread_fence(memory_order_release);
+    atomic_store_explicit(&P->fn, fn, memory_order_relaxed);
+    atomic_store_explicit(&P->ctx, ctx, memory_order_relaxed);
+    atomic_store_explicit(&P->n, n, memory_order_relaxed);
+    atomic_store_explicit(&P->active, nt, memory_order_relaxed);
+    /* Publishing under the lock pairs with the workers' check-then-wait, so
+     * a worker about to sleep cannot miss the region. */
+    pthread_mutex_lock(&P->lock);
+    atomic_store_explicit(&P->gen, g + 2, memory_order_release);
+    if (P->sleepers) pthread_cond_broadcast(&P->wake);
+    pthread_mutex_unlock(&P->lock);
+    vitc__inside = 1;
+    vitc__tid = 0;
+    vitc__run_share(fn, ctx, n, 0, nt);
+    vitc__inside = 0;
+    if (atomic_load(&P->remaining) != 0) {
+        int64_t t0 = vitc__now_ns();
+        for (int spin = 1; atomic_load_explicit(&P->remaining, memory_order_acquire) != 0; spin++) {
+            vitc__cpu_relax();
+            if ((spin & 63) == 0 && vitc__now_ns() - t0 > VITC_SPIN_NS) {
+                pthread_mutex_lock(&P->lock);
+                atomic_store(&P->caller_sleeping, 1);
+                while (atomic_load(&P->remaining) != 0) pthread_cond_wait(&P->done, &P->lock);
+                pthread_mutex_unlock(&P->lock);
+                break;
+            }
+        }
+    }
+    pthread_mutex_unlock(&P->region_lock);
+}
+
+typedef struct {
+    vitc__task_fn fn;
+    void *ctx;
+} vitc__each_ctx;
+
+static void vitc__each(void *c, int64_t b, int64_t e, int tid) {
+    const vitc__each_ctx *ec = c;
+    for (int64_t i = b; i < e; i++) ec->fn(ec->ctx, i, tid);
+}
+
+void vitc__parallel_for(int64_t n, vitc__task_fn fn, void *ctx) {
+    vitc__each_ctx ec = {fn, ctx};
+    vitc__parallel_range(n, vitc__each, &ec);
 }
