@@ -16,7 +16,9 @@ vitc):
                          attn [2,2,4,17,17] (per-layer softmax probabilities,
                          from forward hooks), rollout [2,17,17] (float64
                          numpy), logits_bf16 (torch on the BF16-rounded
-                         weights)
+                         weights); interp_src [1,3,4,4] and interp_7x7,
+                         interp_3x3, interp_5x6 (F.interpolate bicubic,
+                         align_corners=True)
 
 The helpers are imported by tests/python/test_vit.py.
 """
@@ -160,6 +162,13 @@ def main():
     attn = attention_probs(model, x)
     io = {"input": x, "logits": logits, "input48": x48, "logits48": logits48,
           "attn": attn, "rollout": rollout64(attn).astype(np.float32), "logits_bf16": logits_bf16}
+    # F.interpolate(bicubic, align_corners=True) of a [1, 3, 4, 4] grid, up,
+    # down and to a non-square size: the position-embedding resampler alone.
+    grid = torch.randn(1, 3, 4, 4, generator=g)
+    io["interp_src"] = grid
+    for h, w in ((7, 7), (3, 3), (5, 6)):
+        io["interp_%dx%d" % (h, w)] = torch.nn.functional.interpolate(
+            grid, size=(h, w), mode="bicubic", align_corners=True)
     st_write.write(os.path.join(out, "tiny_io.safetensors"), io)
     total = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))
     print("wrote %s (%d bytes)" % (out, total))
