@@ -1,0 +1,65 @@
+/*
+ * attention_impl.h — what the attention dispatcher (attention.c) shares with
+ * its per-ISA kernels (attention_generic.c, attention_avx2.c,
+ * attention_avx512.c, all instances of attention_tmpl.h).
+ *
+ * A call is cut into tasks of Br query rows of one (b, h); each task sweeps
+ * the keys in blocks of Bc columns with an online softmax. Both sizes come
+ * from the shapes only (never from the thread count), and every output row
+ * is computed by one task with a fixed key order, so the result does not
+ * depend on how tasks are spread over threads.
+ */
+#ifndef VITC_ATTENTION_IMPL_H
+#define VITC_ATTENTION_IMPL_H
+
+#include <stdint.h>
+
+#include "kernels.h"
+
+/* Packed K panels are this many key columns wide in every path (a multiple
+ * of each ISA's S-microkernel width), so buffer sizes are path-independent. */
+#define VITC_ATTN_PANEL 32
+/* Dv is padded to this in the packed V and the O accumulator. */
+#define VITC_ATTN_DV_ALIGN 16
+
+typedef struct vitc__attn_plan {
+    const vitc__sdpa_desc *d;
+    int64_t Br;     /* query rows per task (the last task of a head may have fewer) */
+    int64_t Bc;     /* key columns per online-softmax step; a multiple of 32 unless nkb == 1 */
+    int64_t nqb;    /* query blocks per head: ceil(L / Br) */
+    int64_t nkb;    /* key blocks per head: ceil(S / Bc) */
+    int64_t Bcp;    /* Bc rounded up to VITC_ATTN_PANEL: S-tile row stride */
+    int64_t Dvp;    /* Dv rounded up to VITC_ATTN_DV_ALIGN */
+    int64_t kv_cols; /* key columns the packed K/V buffers hold: S padded (whole head) or Bcp */
+    int whole_head; /* 1: K/V of a head stay packed for every task of that head on a thread */
+    uint64_t gen;   /* unique per call: tags the packed K/V a thread may reuse */
+    float qscale;   /* scale * log2(e), folded into Q while packing it */
+} vitc__attn_plan;
+
+/* One thread's working memory; views carved out of one grow-only buffer. */
+typedef struct vitc__attn_ws {
+    float *qp;   /* [Br, D]  query block, times qscale */
+    float *st;   /* [Br, Bcp] scores, then probabilities, of one key block */
+    float *ot;   /* [Br, Dvp] unnormalised output accumulator */
+    float *mrow; /* [Br] running max (log2 domain) */
+    float *lrow; /* [Br] running sum of exp2 */
+    float *arow; /* [Br] per-block rescale factor */
+    float *kt;   /* [kv_cols / NR][D][NR] K transposed in NR-column panels */
+    float *vp;   /* [kv_cols, Dvp] V rows, zero padded */
+    /* Which head's K/V kt/vp hold (whole_head plans): gen 0 = nothing. */
+    uint64_t kv_gen;
+    int64_t kv_b, kv_h, kv_done; /* kv_done: key blocks packed so far */
+} vitc__attn_ws;
+
+/* Rows [l0, l1) of head (b, h). */
+typedef void (*vitc__attn_rows_fn)(const vitc__attn_plan *p, vitc__attn_ws *ws, int64_t b,
+                                   int64_t h, int64_t l0, int64_t l1);
+
+void vitc__attn_rows_generic(const vitc__attn_plan *p, vitc__attn_ws *ws, int64_t b, int64_t h,
+                             int64_t l0, int64_t l1);
+void vitc__attn_rows_avx2(const vitc__attn_plan *p, vitc__attn_ws *ws, int64_t b, int64_t h,
+                          int64_t l0, int64_t l1);
+void vitc__attn_rows_avx512(const vitc__attn_plan *p, vitc__attn_ws *ws, int64_t b, int64_t h,
+                            int64_t l0, int64_t l1);
+
+#endif

@@ -1,0 +1,354 @@
+/*
+ * attention_tmpl.h — the tiled online-softmax attention kernel, written once
+ * over a small vector vocabulary and instantiated per ISA (generic scalar,
+ * AVX2, AVX-512). The including file defines:
+ *
+ *   ATT_FN                 name of the vitc__attn_rows_fn it produces
+ *   VT, VW                 vector type and its float lanes
+ *   MR_S                   query rows of the S = Q K^T microkernel (2 vectors of keys wide)
+ *   MR_PV, NV_PV           rows x vectors of the O += P V microkernel
+ *   v_zero() v_set1(x) v_load(p) v_store(p, x)    (p 64-byte aligned scratch)
+ *   v_loadu(p) v_storeu(p, x) v_fma(a, b, c) = a*b+c  v_mul v_add v_sub v_max
+ *   v_loadu_n(p, n) v_storeu_n(p, x, n)   first n < VW lanes, others 0 / untouched
+ *   v_tail(x, n, f)        lanes >= n replaced by f
+ *   v_exp2(x)              2^x, exactly 0 for x <= -127, NaN in -> NaN out
+ *   v_hmax(x) v_hsum(x)    horizontal max / sum to a float
+ *   s_exp2(x)              scalar 2^x (same contract)
+ *
+ * Algorithm (FlashAttention-2, base 2): Q is packed once per task, already
+ * multiplied by scale*log2(e), so a score is directly a base-2 logit; a mask
+ * value is multiplied by log2(e) as it is added. For each key block:
+ * S = Qs K^T (packed K^T panels, so the microkernel reads contiguous rows),
+ * m' = max(m, rowmax S), P = 2^(S - m'), l = l*2^(m - m') + sum P,
+ * O = O*2^(m - m') + P V. At the end O/l. A row whose scores are all -inf
+ * keeps m = -inf and comes out NaN, as torch 1.13's softmax does.
+ */
+
+#define NR (2 * VW) /* S microkernel / K panel width in keys */
+
+#ifndef ATT_UNROLL
+#define ATT_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+static const float att_log2e = 1.44269504088896340736f;
+
+/* s[r][0:NR] = q[r][0:D] . kt[0:D][0:NR] for r < mr. */
+static inline __attribute__((always_inline)) void att_s_kernel(int mr, int64_t D,
+                                                               const float *q, /* [mr, D] */
+                                                               const float *kt, /* [D, NR] */
+                                                               float *s, /* [mr, lds] */
+                                                               int64_t lds) {
+    VT a0[MR_S], a1[MR_S];
+    ATT_UNROLL
+    for (int r = 0; r < MR_S; r++)
+        if (r < mr) {
+            a0[r] = v_zero();
+            a1[r] = v_zero();
+        }
+    for (int64_t c = 0; c < D; c++) {
+        VT k0 = v_load(kt + c * NR);
+        VT k1 = v_load(kt + c * NR + VW);
+        ATT_UNROLL
+        for (int r = 0; r < MR_S; r++)
+            if (r < mr) {
+                VT b = v_set1(q[r * D + c]);
+                a0[r] = v_fma(b, k0, a0[r]);
+                a1[r] = v_fma(b, k1, a1[r]);
+            }
+    }
+    ATT_UNROLL
+    for (int r = 0; r < MR_S; r++)
+        if (r < mr) {
+            v_store(s + r * lds, a0[r]);
+            v_store(s + r * lds + VW, a1[r]);
+        }
+}
+
+static void att_s_rows(int mr, int64_t D, const float *q, const float *kt, float *s, int64_t lds) {
+    switch (mr) {
+#define ATT_S_CASE(n) \
+    case n: att_s_kernel(n, D, q, kt, s, lds); break;
+        ATT_S_CASE(1) ATT_S_CASE(2) ATT_S_CASE(3) ATT_S_CASE(4) ATT_S_CASE(5) ATT_S_CASE(6)
+#if MR_S > 6
+        ATT_S_CASE(7) ATT_S_CASE(8) ATT_S_CASE(9) ATT_S_CASE(10) ATT_S_CASE(11) ATT_S_CASE(12)
+#endif
+#undef ATT_S_CASE
+    default: break;
+    }
+}
+
+/* o[r][0:nv*VW] = (init ? 0 : o[r]*alpha[r]) + sum_j p[r][j] * v[j][0:nv*VW], r < mr.
+ * Folding the online-softmax rescale into the accumulator load saves a pass
+ * over O per key block. */
+static inline __attribute__((always_inline)) void att_pv_kernel(int mr, int nv, int init,
+                                                                int64_t nkv,
+                                                                const float *p, /* [mr, ldp] */
+                                                                int64_t ldp,
+                                                                const float *v, /* [nkv, ldv] */
+                                                                int64_t ldv,
+                                                                float *o, /* [mr, ldo] */
+                                                                int64_t ldo,
+                                                                const float *alpha /* [mr] */) {
+    VT acc[MR_PV][NV_PV];
+    ATT_UNROLL
+    for (int r = 0; r < MR_PV; r++)
+        if (r < mr) {
+            VT a = v_set1(init ? 0.0f : alpha[r]);
+            ATT_UNROLL
+            for (int x = 0; x < NV_PV; x++)
+                if (x < nv) acc[r][x] = init ? v_zero() : v_mul(v_load(o + r * ldo + x * VW), a);
+        }
+    for (int64_t j = 0; j < nkv; j++) {
+        VT vv[NV_PV];
+        ATT_UNROLL
+        for (int x = 0; x < NV_PV; x++)
+            if (x < nv) vv[x] = v_load(v + j * ldv + x * VW);
+        ATT_UNROLL
+        for (int r = 0; r < MR_PV; r++)
+            if (r < mr) {
+                VT b = v_set1(p[r * ldp + j]);
+                ATT_UNROLL
+                for (int x = 0; x < NV_PV; x++)
+                    if (x < nv) acc[r][x] = v_fma(b, vv[x], acc[r][x]);
+            }
+    }
+    ATT_UNROLL
+    for (int r = 0; r < MR_PV; r++)
+        if (r < mr) {
+            ATT_UNROLL
+            for (int x = 0; x < NV_PV; x++)
+                if (x < nv) v_store(o + r * ldo + x * VW, acc[r][x]);
+        }
+}
+
+/* The nv that is < NV_PV happens once per row group at the right edge of Dv. */
+static void att_pv_rows(int mr, int nv, int init, int64_t nkv, const float *p, int64_t ldp,
+                        const float *v, int64_t ldv, float *o, int64_t ldo, const float *alpha) {
+#define ATT_PV_CALL(m, n) att_pv_kernel(m, n, init, nkv, p, ldp, v, ldv, o, ldo, alpha)
+#if NV_PV == 4
+#define ATT_PV_NV(m)                        \
+    switch (nv) {                           \
+    case 1: ATT_PV_CALL(m, 1); break;       \
+    case 2: ATT_PV_CALL(m, 2); break;       \
+    case 3: ATT_PV_CALL(m, 3); break;       \
+    default: ATT_PV_CALL(m, 4); break;      \
+    }
+#elif NV_PV == 2
+#define ATT_PV_NV(m)                        \
+    switch (nv) {                           \
+    case 1: ATT_PV_CALL(m, 1); break;       \
+    default: ATT_PV_CALL(m, 2); break;      \
+    }
+#else
+#define ATT_PV_NV(m) ATT_PV_CALL(m, NV_PV);
+#endif
+    switch (mr) {
+    case 1: ATT_PV_NV(1) break;
+#if MR_PV >= 2
+    case 2: ATT_PV_NV(2) break;
+#endif
+#if MR_PV >= 3
+    case 3: ATT_PV_NV(3) break;
+#endif
+#if MR_PV >= 4
+    case 4: ATT_PV_NV(4) break;
+#endif
+#if MR_PV >= 5
+    case 5: ATT_PV_NV(5) break;
+#endif
+#if MR_PV >= 6
+    case 6: ATT_PV_NV(6) break;
+#endif
+    default: break;
+    }
+#undef ATT_PV_NV
+#undef ATT_PV_CALL
+}
+
+/* Key columns [j0, j0+n) of head (b, h) into K^T panels at kt and padded V
+ * rows at vp; the panel columns past n are zero so no NaN leaks from them. */
+static void att_pack_kv(const vitc__sdpa_desc *d, int64_t Dvp, int64_t b, int64_t h, int64_t j0,
+                        int64_t n, float *kt, /* [ceil(n/NR)][D][NR] */
+                        float *vp /* [n, Dvp] */) {
+    const int64_t D = d->D, Dv = d->Dv;
+    const float *k = d->k + b * d->k_sb + h * d->k_sh + j0 * d->k_sr; /* [n, D] */
+    const float *v = d->v + b * d->v_sb + h * d->v_sh + j0 * d->v_sr; /* [n, Dv] */
+    for (int64_t p0 = 0; p0 < n; p0 += NR) {
+        float *panel = kt + (p0 / NR) * D * NR; /* [D, NR] */
+        int64_t w = n - p0 < NR ? n - p0 : NR;
+        for (int64_t jj = 0; jj < w; jj++) {
+            const float *krow = k + (p0 + jj) * d->k_sr;
+            for (int64_t c = 0; c < D; c++) panel[c * NR + jj] = krow[c];
+        }
+        for (int64_t jj = w; jj < NR; jj++)
+            for (int64_t c = 0; c < D; c++) panel[c * NR + jj] = 0.0f;
+    }
+    for (int64_t j = 0; j < n; j++) {
+        const float *vrow = v + j * d->v_sr;
+        float *dst = vp + j * Dvp;
+        for (int64_t c = 0; c < Dv; c++) dst[c] = vrow[c];
+        for (int64_t c = Dv; c < Dvp; c++) dst[c] = 0.0f;
+    }
+}
+
+/* Adds the mask (times log2 e) to s[0:n] in place and returns the max. */
+static float att_mask_max(float *s, /* [>= roundup(n, VW)] */
+                          const float *mrow, /* [n] or NULL */ int64_t n) {
+    VT mx = v_set1(-INFINITY);
+    VT l2e = v_set1(att_log2e);
+    int64_t j = 0;
+    if (mrow) {
+        for (; j + VW <= n; j += VW) {
+            VT x = v_fma(v_loadu(mrow + j), l2e, v_load(s + j));
+            v_store(s + j, x);
+            mx = v_max(mx, x);
+        }
+        if (j < n) {
+            VT x = v_fma(v_loadu_n(mrow + j, n - j), l2e, v_load(s + j));
+            v_store(s + j, x);
+            mx = v_max(mx, v_tail(x, n - j, -INFINITY));
+        }
+    } else {
+        for (; j + VW <= n; j += VW) mx = v_max(mx, v_load(s + j));
+        if (j < n) mx = v_max(mx, v_tail(v_load(s + j), n - j, -INFINITY));
+    }
+    return v_hmax(mx);
+}
+
+/* s[j] = 2^(s[j] - m) for j < n; returns their sum. With store == 0 only the
+ * sum is wanted (first pass of the probs path). */
+static float att_exp_sum(float *s, int64_t n, float m, int store) {
+    VT vm = v_set1(m), sum = v_zero();
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW) {
+        VT e = v_exp2(v_sub(v_load(s + j), vm));
+        if (store) v_store(s + j, e);
+        sum = v_add(sum, e);
+    }
+    if (j < n) {
+        VT e = v_tail(v_exp2(v_sub(v_load(s + j), vm)), n - j, 0.0f);
+        if (store) v_store(s + j, e);
+        sum = v_add(sum, e);
+    }
+    return v_hsum(sum);
+}
+
+/* S tile for key block [j0, j0+nkv): st[r][0:nkv] for r < nr. */
+static void att_scores(const float *qp, int64_t D, int64_t nr, const float *kt, int64_t nkv,
+                       float *st, int64_t Bcp) {
+    for (int64_t p0 = 0; p0 < nkv; p0 += NR) {
+        const float *panel = kt + (p0 / NR) * D * NR;
+        for (int64_t r = 0; r < nr; r += MR_S) {
+            int mr = nr - r < MR_S ? (int)(nr - r) : MR_S;
+            att_s_rows(mr, D, qp + r * D, panel, st + r * Bcp + p0, Bcp);
+        }
+    }
+}
+
+static void att_pv(const vitc__attn_ws *ws, int64_t nr, int64_t nkv, const float *vp, int64_t Bcp,
+                   int64_t Dvp, int init, const float *alpha) {
+    const int64_t chunk = (int64_t)NV_PV * VW;
+    for (int64_t c0 = 0; c0 < Dvp; c0 += chunk) {
+        int nv = (int)((Dvp - c0 < chunk ? Dvp - c0 : chunk) / VW);
+        for (int64_t r = 0; r < nr; r += MR_PV) {
+            int mr = nr - r < MR_PV ? (int)(nr - r) : MR_PV;
+            att_pv_rows(mr, nv, init, nkv, ws->st + r * Bcp, Bcp, vp + c0, Dvp,
+                        ws->ot + r * Dvp + c0, Dvp, alpha + r);
+        }
+    }
+}
+
+void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, int64_t l0,
+            int64_t l1) {
+    const vitc__sdpa_desc *d = pl->d;
+    const int64_t D = d->D, Dv = d->Dv, S = d->S, Bc = pl->Bc, Bcp = pl->Bcp, Dvp = pl->Dvp;
+    const int64_t nr = l1 - l0;
+    const float *mbase = d->mask ? d->mask + b * d->m_sb + h * d->m_sh + l0 * d->m_sr : NULL;
+
+    const float *q = d->q + b * d->q_sb + h * d->q_sh + l0 * d->q_sr; /* [nr, D] */
+    for (int64_t r = 0; r < nr; r++)
+        for (int64_t c = 0; c < D; c++) ws->qp[r * D + c] = q[r * d->q_sr + c] * pl->qscale;
+
+    if (pl->whole_head && !(ws->kv_gen == pl->gen && ws->kv_b == b && ws->kv_h == h)) {
+        ws->kv_gen = pl->gen;
+        ws->kv_b = b;
+        ws->kv_h = h;
+        ws->kv_done = 0;
+    }
+    float *m = ws->mrow, *l = ws->lrow, *alpha = ws->arow;
+    for (int64_t r = 0; r < nr; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+
+    /* Pass 1 of the probs path only needs m and l; pass 2 (or the one pass
+     * otherwise) also accumulates O. */
+    const int passes = d->probs ? 2 : 1;
+    for (int pass = passes == 2 ? 0 : 1; pass < 2; pass++) {
+        for (int64_t kb = 0; kb < pl->nkb; kb++) {
+            const int64_t j0 = kb * Bc;
+            const int64_t nkv = S - j0 < Bc ? S - j0 : Bc;
+            float *kt, *vp;
+            if (pl->whole_head) {
+                kt = ws->kt + j0 * D;
+                vp = ws->vp + j0 * Dvp;
+                if (kb >= ws->kv_done) {
+                    att_pack_kv(d, Dvp, b, h, j0, nkv, kt, vp);
+                    ws->kv_done = kb + 1;
+                }
+            } else {
+                kt = ws->kt;
+                vp = ws->vp;
+                att_pack_kv(d, Dvp, b, h, j0, nkv, kt, vp);
+            }
+            att_scores(ws->qp, D, nr, kt, nkv, ws->st, Bcp);
+
+            for (int64_t r = 0; r < nr; r++) {
+                float *srow = ws->st + r * Bcp;
+                float bm = att_mask_max(srow, mbase ? mbase + r * d->m_sr + j0 : NULL, nkv);
+                if (pass == 0 || !d->probs) {
+                    float mn = bm > m[r] ? bm : m[r];
+                    /* All -inf so far: subtract 0 so exp2 gives 0, not NaN. */
+                    float mu = mn == -INFINITY ? 0.0f : mn;
+                    float a = s_exp2(m[r] - mu);
+                    float sum = att_exp_sum(srow, nkv, mu, pass == 1);
+                    l[r] = l[r] * a + sum;
+                    m[r] = mn;
+                    alpha[r] = a;
+                } else {
+                    /* Normalised probabilities; -inf max gives NaN, as torch. */
+                    float inv = 1.0f / l[r];
+                    float *prow = d->probs + b * d->p_sb + h * d->p_sh + (l0 + r) * d->p_sr + j0;
+                    VT vm = v_set1(m[r]), vi = v_set1(inv);
+                    int64_t j = 0;
+                    for (; j + VW <= nkv; j += VW) {
+                        VT e = v_mul(v_exp2(v_sub(v_load(srow + j), vm)), vi);
+                        v_store(srow + j, e);
+                        v_storeu(prow + j, e);
+                    }
+                    if (j < nkv) {
+                        VT e = v_mul(v_exp2(v_sub(v_load(srow + j), vm)), vi);
+                        v_store(srow + j, e);
+                        v_storeu_n(prow + j, e, nkv - j);
+                    }
+                    alpha[r] = 1.0f;
+                }
+            }
+            if (pass == 1) att_pv(ws, nr, nkv, vp, Bcp, Dvp, kb == 0, alpha);
+        }
+    }
+
+    float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr; /* [nr, Dv] */
+    for (int64_t r = 0; r < nr; r++) {
+        float inv = d->probs ? 1.0f : 1.0f / l[r];
+        if (m[r] == -INFINITY) inv = NAN;
+        VT vi = v_set1(inv);
+        const float *src = ws->ot + r * Dvp;
+        float *dst = o + r * d->o_sr;
+        int64_t c = 0;
+        for (; c + VW <= Dv; c += VW) v_storeu(dst + c, v_mul(v_load(src + c), vi));
+        if (c < Dv) v_storeu_n(dst + c, v_mul(v_load(src + c), vi), Dv - c);
+    }
+}
+
+#undef NR
