@@ -1,8 +1,445 @@
-/* cmd_classify.c — placeholder until the command lands; fails loudly. */
+/*
+ * cmd_classify.c — `vitc classify`: images in, top-k classes out.
+ *
+ * Images are decoded and preprocessed one by one into a batch buffer and run
+ * through the model B at a time, so the weights are streamed once per batch
+ * rather than once per image. An image that cannot be read is reported and
+ * skipped; the run goes on and exits 1 at the end.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
 #include "cli.h"
 
+#define CLASSIFY_DEFAULT_BATCH 8
+
+static const char classify_usage[] =
+    "usage: vitc classify --model M.safetensors [options] IMAGE...\n"
+    "\n"
+    "Classify PNG or JPEG images with a Vision Transformer checkpoint.\n"
+    "Preprocessing is torchvision's eval transform: resize the shorter side\n"
+    "(antialiased bilinear), center crop, /255, normalize with the model's\n"
+    "mean and std.\n"
+    "\n"
+    "options:\n"
+    "  --model FILE     safetensors checkpoint (torchvision or timm names)\n"
+    "  --arch NAME      architecture when the file has no vitc.config metadata\n"
+    "                   (vit_b_16, vit_b_32, vit_l_16, vit_l_32, vit_h_14,\n"
+    "                   vit_tiny_patch16_224, vit_small_patch16_224,\n"
+    "                   vit_base_patch16_224)\n"
+    "  --labels FILE    class names, one per line (default: the file's metadata)\n"
+    "  --topk K         classes to print per image (default 5)\n"
+    "  --crop C         center crop size (default: the model's image size)\n"
+    "  --resize R       shorter side before cropping (default crop*256/224;\n"
+    "                   0: no resize)\n"
+    "  --batch B        images per forward pass (default 8)\n"
+    "  --threads N      threads (default: all CPUs available)\n"
+    "  --json           one JSON object per image and line:\n"
+    "                   {\"image\": PATH, \"topk\": [{\"index\": I, \"label\": STR|null,\n"
+    "                   \"prob\": P, \"logit\": L}, ...]}\n"
+    "  --quiet          no progress line on stderr\n"
+    "  -h, --help       this help\n"
+    "\n"
+    "prob is the softmax of the logits over all classes. Exit status: 0 ok,\n"
+    "1 when an image or the model could not be used, 2 for a usage error.\n";
+
+typedef struct classify_opts {
+    const char *model, *arch, *labels;
+    int topk, crop, resize, batch, threads, json, quiet;
+    int resize_set, crop_set;
+    char **images;
+    int n_images;
+} classify_opts;
+
+/* "--name value" or "--name=value"; advances *i past the value. */
+static const char *opt_value(int argc, char **argv, int *i, const char *name, int *missing) {
+    size_t n = strlen(name);
+    const char *a = argv[*i];
+    *missing = 0;
+    if (strncmp(a, name, n) != 0)
+        return NULL;
+    if (a[n] == '=')
+        return a + n + 1;
+    if (a[n] != '\0')
+        return NULL;
+    if (*i + 1 >= argc) {
+        *missing = 1;
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+static int parse_args(int argc, char **argv, classify_opts *o) {
+    o->topk = 5;
+    o->batch = CLASSIFY_DEFAULT_BATCH;
+    o->images = calloc((size_t)argc, sizeof *o->images);
+    if (!o->images)
+        return cli_error("out of memory");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        int missing, *ival = NULL;
+        if (!strcmp(a, "--")) {
+            while (++i < argc)
+                o->images[o->n_images++] = argv[i];
+            break;
+        }
+        if (a[0] != '-' || !a[1]) {
+            o->images[o->n_images++] = argv[i];
+            continue;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(classify_usage, stdout);
+            return -1;
+        }
+        if (!strcmp(a, "--json")) {
+            o->json = 1;
+            continue;
+        }
+        if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
+            o->quiet = 1;
+            continue;
+        }
+        if ((v = opt_value(argc, argv, &i, "--model", &missing))) {
+            o->model = v;
+            continue;
+        }
+        if (!missing && (v = opt_value(argc, argv, &i, "--arch", &missing))) {
+            o->arch = v;
+            continue;
+        }
+        if (!missing && (v = opt_value(argc, argv, &i, "--labels", &missing))) {
+            o->labels = v;
+            continue;
+        }
+        if (!missing && (v = opt_value(argc, argv, &i, "--topk", &missing)))
+            ival = &o->topk;
+        else if (!missing && (v = opt_value(argc, argv, &i, "--crop", &missing)))
+            ival = &o->crop, o->crop_set = 1;
+        else if (!missing && (v = opt_value(argc, argv, &i, "--resize", &missing)))
+            ival = &o->resize, o->resize_set = 1;
+        else if (!missing && (v = opt_value(argc, argv, &i, "--batch", &missing)))
+            ival = &o->batch;
+        else if (!missing && (v = opt_value(argc, argv, &i, "--threads", &missing)))
+            ival = &o->threads;
+        if (missing)
+            return cli_usage_error("classify", "option '%s' needs a value", a);
+        if (!ival)
+            return cli_usage_error("classify", "unknown option '%s'", a);
+        if (cli_parse_int(v, ival) != 0)
+            return cli_usage_error("classify", "'%s' wants a non-negative integer, got '%s'", a,
+                                   v);
+    }
+    if (!o->model)
+        return cli_usage_error("classify", "--model is required");
+    if (o->n_images == 0)
+        return cli_usage_error("classify", "no images given");
+    if (o->topk < 1)
+        return cli_usage_error("classify", "--topk must be at least 1");
+    if (o->batch < 1)
+        return cli_usage_error("classify", "--batch must be at least 1");
+    if (o->crop_set && o->crop < 1)
+        return cli_usage_error("classify", "--crop must be at least 1");
+    if (o->crop > 16384 || o->resize > 16384)
+        return cli_usage_error("classify", "--crop and --resize must be at most 16384");
+    return 0;
+}
+
+/* Labels file: one name per line; "\r\n" endings accepted. */
+static int read_labels(const char *path, int n_classes, char ***out) {
+    FILE *f = fopen(path, "rb");
+    char **labels;
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t len;
+    int n = 0;
+    if (!f)
+        return cli_error("%s: cannot open labels file: %s", path, strerror(errno));
+    labels = calloc((size_t)n_classes, sizeof *labels);
+    if (!labels) {
+        fclose(f);
+        return cli_error("out of memory");
+    }
+    while ((len = getline(&line, &cap, f)) >= 0) {
+        while (len > 0 && (line[len - 1] == '\n' || line[len - 1] == '\r'))
+            line[--len] = '\0';
+        if (n >= n_classes) {
+            n++;
+            continue;
+        }
+        if (!(labels[n++] = strdup(line))) {
+            n = -1;
+            break;
+        }
+    }
+    free(line);
+    fclose(f);
+    if (n != n_classes) {
+        for (int i = 0; i < n_classes; i++)
+            free(labels[i]);
+        free(labels);
+        if (n < 0)
+            return cli_error("out of memory");
+        return cli_error("%s: %d labels for a model of %d classes", path, n, n_classes);
+    }
+    *out = labels;
+    return 0;
+}
+
+/* A JSON string, UTF-8 passed through; bytes that are not valid UTF-8
+ * become U+FFFD so the output stays valid JSON. */
+static void json_string(FILE *f, const char *s) {
+    const unsigned char *p = (const unsigned char *)s;
+    fputc('"', f);
+    while (*p) {
+        unsigned c = *p;
+        if (c == '"' || c == '\\') {
+            fputc('\\', f);
+            fputc((int)c, f);
+            p++;
+        } else if (c < 0x20) {
+            static const char esc[] = "btn\0fr";
+            if (c >= 8 && c <= 13 && c != 11)
+                fprintf(f, "\\%c", esc[c - 8]);
+            else
+                fprintf(f, "\\u%04x", c);
+            p++;
+        } else if (c < 0x80) {
+            fputc((int)c, f);
+            p++;
+        } else {
+            int n = c >= 0xf0 && c < 0xf5 ? 3 : c >= 0xe0 ? 2 : c >= 0xc2 && c < 0xe0 ? 1 : -1;
+            int ok = n > 0 && c < 0xf5;
+            for (int k = 1; ok && k <= n; k++)
+                ok = (p[k] & 0xc0) == 0x80;
+            if (ok) {
+                fwrite(p, 1, (size_t)n + 1, f);
+                p += n + 1;
+            } else {
+                fputs("\\ufffd", f);
+                p++;
+            }
+        }
+    }
+    fputc('"', f);
+}
+
+static void json_number(FILE *f, double v) {
+    if (isfinite(v))
+        fprintf(f, "%.9g", v);
+    else
+        fputs("null", f); /* JSON has no NaN or infinity */
+}
+
+typedef struct ranked {
+    float logit;
+    int index;
+} ranked;
+
+/* Descending logit, ties by ascending index; NaN last. */
+static int ranked_cmp(const void *a, const void *b) {
+    const ranked *x = a, *y = b;
+    int xn = isnan(x->logit), yn = isnan(y->logit);
+    if (xn != yn)
+        return xn - yn;
+    if (!xn && x->logit != y->logit)
+        return x->logit > y->logit ? -1 : 1;
+    return x->index - y->index;
+}
+
+static void print_result(const classify_opts *o, const char *path, const float *logits,
+                         int n_classes, int k, char **file_labels, const vitc_vit *m,
+                         ranked *rank) {
+    double mx = -INFINITY, sum = 0.0;
+    for (int c = 0; c < n_classes; c++)
+        if (logits[c] > mx)
+            mx = logits[c];
+    for (int c = 0; c < n_classes; c++)
+        sum += exp((double)logits[c] - mx);
+    for (int c = 0; c < n_classes; c++) {
+        rank[c].logit = logits[c];
+        rank[c].index = c;
+    }
+    qsort(rank, (size_t)n_classes, sizeof *rank, ranked_cmp);
+    if (o->json) {
+        fputs("{\"image\": ", stdout);
+        json_string(stdout, path);
+        fputs(", \"topk\": [", stdout);
+    } else {
+        printf("%s\n", path);
+    }
+    for (int r = 0; r < k; r++) {
+        int c = rank[r].index;
+        const char *label = file_labels ? file_labels[c] : vitc_vit_label(m, c);
+        double prob = exp((double)logits[c] - mx) / sum;
+        if (o->json) {
+            printf("%s{\"index\": %d, \"label\": ", r ? ", " : "", c);
+            if (label)
+                json_string(stdout, label);
+            else
+                fputs("null", stdout);
+            fputs(", \"prob\": ", stdout);
+            json_number(stdout, prob);
+            fputs(", \"logit\": ", stdout);
+            json_number(stdout, logits[c]);
+            fputc('}', stdout);
+        } else {
+            printf("  %2d. %6.2f%%  logit %9.4f  class %4d%s%s\n", r + 1, 100.0 * prob,
+                   (double)logits[c], c, label ? "  " : "", label ? label : "");
+        }
+    }
+    if (o->json)
+        fputs("]}\n", stdout);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* One line of progress on stderr once the run has taken over a second:
+ * rewritten in place on a terminal, a plain line every few seconds otherwise. */
+typedef struct progress {
+    double start, last;
+    int tty, shown, quiet;
+} progress;
+
+static void progress_update(progress *p, int done, int total) {
+    double t = now_s(), el = t - p->start;
+    if (p->quiet || el < 1.0 || done >= total)
+        return;
+    if (!p->tty && p->shown && t - p->last < 5.0)
+        return;
+    fprintf(stderr, "%sclassify: %d/%d images, %.1f images/s%s", p->tty ? "\r" : "", done, total,
+            done / el, p->tty ? "\033[K" : "\n");
+    fflush(stderr);
+    p->shown = 1;
+    p->last = t;
+}
+
+static void progress_end(progress *p, int done, int total) {
+    double el = now_s() - p->start;
+    if (p->quiet || !p->shown)
+        return;
+    fprintf(stderr, "%sclassify: %d/%d images in %.1f s, %.1f images/s\n", p->tty ? "\r" : "",
+            done, total, el, done / (el > 0 ? el : 1));
+}
+
 int cmd_classify(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    return cli_error("'classify' is not built yet");
+    classify_opts o;
+    vitc_vit *m = NULL;
+    const vitc_vit_config *cfg;
+    char **labels = NULL;
+    float *batch = NULL, *logits = NULL;
+    ranked *rank = NULL;
+    const char **batch_paths = NULL;
+    size_t per_image;
+    int rc, failed = 0, done = 0, k;
+    progress prog;
+
+    memset(&o, 0, sizeof o);
+    rc = parse_args(argc, argv, &o);
+    if (rc != 0) {
+        free(o.images);
+        return rc < 0 ? CLI_OK : rc;
+    }
+    if (o.threads > 0)
+        vitc_set_num_threads(o.threads);
+    memset(&prog, 0, sizeof prog);
+    prog.start = now_s();
+    prog.tty = cli_stderr_tty();
+    prog.quiet = o.quiet;
+
+    if (vitc_vit_load(o.model, o.arch, &m) != VITC_OK) {
+        rc = cli_error("%s", vitc_last_error());
+        goto done;
+    }
+    cfg = vitc_vit_get_config(m);
+    if (!o.crop_set)
+        o.crop = cfg->image_size;
+    if (!o.resize_set)
+        o.resize = (int)((int64_t)o.crop * 256 / 224);
+    if (o.crop < cfg->patch_size) {
+        rc = cli_error("--crop %d is smaller than the model's patch size %d", o.crop,
+                       cfg->patch_size);
+        goto done;
+    }
+    if (o.labels && (rc = read_labels(o.labels, cfg->num_classes, &labels)) != 0)
+        goto done;
+    k = o.topk < cfg->num_classes ? o.topk : cfg->num_classes;
+    if (o.batch > o.n_images)
+        o.batch = o.n_images;
+
+    per_image = (size_t)3 * (size_t)o.crop * (size_t)o.crop;
+    batch = malloc(sizeof(float) * per_image * (size_t)o.batch);
+    logits = malloc(sizeof(float) * (size_t)cfg->num_classes * (size_t)o.batch);
+    rank = malloc(sizeof *rank * (size_t)cfg->num_classes);
+    batch_paths = malloc(sizeof *batch_paths * (size_t)o.batch);
+    if (!batch || !logits || !rank || !batch_paths) {
+        rc = cli_error("out of memory for a batch of %d images of %dx%d", o.batch, o.crop,
+                       o.crop);
+        goto done;
+    }
+
+    for (int next = 0; next < o.n_images;) {
+        int nb = 0;
+        /* Fill a batch with the next images that decode. */
+        while (nb < o.batch && next < o.n_images) {
+            const char *path = o.images[next++];
+            vitc_image img;
+            vitc_status st = vitc_image_load(path, 0, &img);
+            if (st == VITC_OK)
+                st = vitc_image_preprocess(&img, o.resize, o.crop, cfg->mean, cfg->std,
+                                           batch + per_image * (size_t)nb);
+            vitc_image_free(&img);
+            if (st != VITC_OK) {
+                if (prog.tty && prog.shown)
+                    fputs("\r\033[K", stderr);
+                cli_error("%s", vitc_last_error());
+                failed++;
+                continue;
+            }
+            batch_paths[nb++] = path;
+        }
+        if (nb == 0)
+            continue;
+        if (vitc_vit_forward(m, batch, nb, o.crop, o.crop, logits) != VITC_OK) {
+            rc = cli_error("forward pass: %s", vitc_last_error());
+            goto done;
+        }
+        if (prog.tty && prog.shown)
+            fputs("\r\033[K", stderr); /* results must not land on the progress line */
+        for (int b = 0; b < nb; b++)
+            print_result(&o, batch_paths[b], logits + (size_t)b * cfg->num_classes,
+                         cfg->num_classes, k, labels, m, rank);
+        fflush(stdout);
+        done += nb;
+        progress_update(&prog, done + failed, o.n_images);
+    }
+    progress_end(&prog, done + failed, o.n_images);
+    if (fflush(stdout) != 0 || ferror(stdout))
+        rc = cli_error("writing the results failed: %s", strerror(errno));
+    else
+        rc = failed ? CLI_FAIL : CLI_OK;
+    if (failed && !o.quiet)
+        fprintf(stderr, "vitc: %d of %d images could not be classified\n", failed, o.n_images);
+
+done:
+    if (labels) {
+        for (int i = 0; i < cfg->num_classes; i++)
+            free(labels[i]);
+        free(labels);
+    }
+    free(batch);
+    free(logits);
+    free(rank);
+    free(batch_paths);
+    free(o.images);
+    vitc_vit_free(m);
+    return rc;
 }
