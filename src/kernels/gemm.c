@@ -1,7 +1,30 @@
-/* gemm.c — GEMM entry point and its reference kernel. */
+/*
+ * gemm.c — GEMM: the reference loop, the backend switch (OpenBLAS or the
+ * built-in blocked GEMM), the built-in driver with its portable microkernel,
+ * and nn.Linear on top.
+ *
+ * Built-in GEMM (Goto/BLIS): for each NC-wide panel of op(B) and KC-deep
+ * slice of K, pack the B panel once; for each MC-tall block of op(A), pack it;
+ * then run the MR x NR register-blocked microkernel over the block. The
+ * microkernel comes from the arch chosen at run time (gemm_avx512.c 12x32,
+ * gemm_avx2.c 6x16, the portable 6x8 here); the bias / residual epilogue is
+ * applied per tile while it is still in registers.
+ *
+ * Threads: the output is cut into one contiguous panel per pool thread (by
+ * columns when there are enough, else by rows), each computed serially with
+ * its own packing buffers. OpenBLAS is told to use one thread once, and is
+ * called per panel the same way, so it never runs threads inside ours.
+ */
+#include <math.h>
+#include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "gemm_ukernels.h"
+
+#ifdef VITC_HAVE_OPENBLAS
+#include <cblas.h>
+#endif
 
 void vitc__gemm_ref(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
@@ -19,28 +42,420 @@ void vitc__gemm_ref(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, f
     }
 }
 
-const char *vitc_get_gemm_backend(void) { return "builtin"; }
+/* ---- backend choice ------------------------------------------------ */
+
+enum { VITC_GEMM_BUILTIN = 0, VITC_GEMM_OPENBLAS = 1 };
+static int vitc__gemm_backend = -1; /* -1: not yet read from VITC_GEMM */
+
+static int vitc__backend(void) {
+    int b = __atomic_load_n(&vitc__gemm_backend, __ATOMIC_RELAXED);
+    if (b < 0) {
+#ifdef VITC_HAVE_OPENBLAS
+        /* Unknown values mean the default: the environment cannot fail. */
+        const char *env = getenv("VITC_GEMM");
+        b = (env && strcmp(env, "builtin") == 0) ? VITC_GEMM_BUILTIN : VITC_GEMM_OPENBLAS;
+#else
+        b = VITC_GEMM_BUILTIN;
+#endif
+        __atomic_store_n(&vitc__gemm_backend, b, __ATOMIC_RELAXED);
+    }
+    return b;
+}
+
+const char *vitc_get_gemm_backend(void) {
+    return vitc__backend() == VITC_GEMM_OPENBLAS ? "openblas" : "builtin";
+}
+
 vitc_status vitc_set_gemm_backend(const char *name) {
-    if (name && strcmp(name, "builtin") != 0)
-        return vitc__err(VITC_ERR_UNSUPPORTED, "gemm backend \"%s\" is not in this build", name);
-    return VITC_OK;
+    if (!name || !*name || strcmp(name, "auto") == 0) {
+        __atomic_store_n(&vitc__gemm_backend, -1, __ATOMIC_RELAXED);
+        vitc__backend();
+        return VITC_OK;
+    }
+    if (strcmp(name, "builtin") == 0) {
+        __atomic_store_n(&vitc__gemm_backend, VITC_GEMM_BUILTIN, __ATOMIC_RELAXED);
+        return VITC_OK;
+    }
+    if (strcmp(name, "openblas") == 0) {
+#ifdef VITC_HAVE_OPENBLAS
+        __atomic_store_n(&vitc__gemm_backend, VITC_GEMM_OPENBLAS, __ATOMIC_RELAXED);
+        return VITC_OK;
+#else
+        return vitc__err(VITC_ERR_UNSUPPORTED, "gemm backend \"openblas\" is not in this build");
+#endif
+    }
+    return vitc__err(VITC_ERR_INVALID_ARG,
+                     "unknown gemm backend \"%s\" (expected builtin, openblas or auto)", name);
+}
+
+/* ---- per-thread packing buffers ------------------------------------ */
+
+/* Grow-only and owned by the thread (a key destructor frees it when the
+ * thread ends), so concurrent user threads never share one. */
+typedef struct {
+    float *p;
+    size_t cap; /* floats */
+} vitc__scratch;
+
+static pthread_key_t vitc__scratch_key;
+static pthread_once_t vitc__scratch_once = PTHREAD_ONCE_INIT;
+static int vitc__scratch_ok;
+
+static void vitc__scratch_free(void *s) {
+    vitc__scratch *sc = s;
+    vitc__free(sc->p);
+    free(sc);
+}
+
+static void vitc__scratch_init(void) {
+    vitc__scratch_ok = pthread_key_create(&vitc__scratch_key, vitc__scratch_free) == 0;
+}
+
+/* NULL when memory is short: the caller then falls back to the reference. */
+static float *vitc__get_scratch(size_t floats) {
+    pthread_once(&vitc__scratch_once, vitc__scratch_init);
+    if (!vitc__scratch_ok) return NULL;
+    vitc__scratch *sc = pthread_getspecific(vitc__scratch_key);
+    if (!sc) {
+        sc = calloc(1, sizeof *sc);
+        if (!sc) return NULL;
+        if (pthread_setspecific(vitc__scratch_key, sc) != 0) {
+            free(sc);
+            return NULL;
+        }
+    }
+    if (sc->cap < floats) {
+        float *p = vitc__alloc(floats * sizeof(float));
+        if (!p) return NULL;
+        vitc__free(sc->p);
+        sc->p = p;
+        sc->cap = floats;
+    }
+    return sc->p;
+}
+
+/* ---- packing ------------------------------------------------------- */
+
+/* op(A)[i0:i0+mc, k0:k0+kc] into strips [kc][mr]; op(A)(i,k) is
+ * A[i*lda + k], or A[k*lda + i] when trans. */
+static void vitc__pack_a(float *pa, int mr, const float *A, int64_t lda, int trans, int64_t i0,
+                         int64_t mc, int64_t k0, int64_t kc) {
+    for (int64_t s = 0; s < mc; s += mr) {
+        int64_t rows = mc - s < mr ? mc - s : mr;
+        float *dst = pa + s * kc; /* strip s/mr: [kc][mr] */
+        if (trans) {
+            for (int64_t k = 0; k < kc; k++) {
+                const float *src = A + (k0 + k) * lda + i0 + s;
+                int64_t r = 0;
+                for (; r < rows; r++) dst[k * mr + r] = src[r];
+                for (; r < mr; r++) dst[k * mr + r] = 0.0f;
+            }
+        } else {
+            for (int64_t r = 0; r < rows; r++) {
+                const float *src = A + (i0 + s + r) * lda + k0;
+                for (int64_t k = 0; k < kc; k++) dst[k * mr + r] = src[k];
+            }
+            for (int64_t r = rows; r < mr; r++)
+                for (int64_t k = 0; k < kc; k++) dst[k * mr + r] = 0.0f;
+        }
+    }
+}
+
+void vitc__gemm_packb_generic(float *pb, int nr, const float *B, int64_t ldb, int trans,
+                              int64_t k0, int64_t kc, int64_t j0, int64_t nc) {
+    for (int64_t s = 0; s < nc; s += nr) {
+        int64_t cols = nc - s < nr ? nc - s : nr;
+        float *dst = pb + s * kc; /* strip s/nr: [kc][nr] */
+        if (!trans) {
+            for (int64_t k = 0; k < kc; k++) {
+                const float *src = B + (k0 + k) * ldb + j0 + s;
+                int64_t c = 0;
+                for (; c < cols; c++) dst[k * nr + c] = src[c];
+                for (; c < nr; c++) dst[k * nr + c] = 0.0f;
+            }
+        } else {
+            for (int64_t c = 0; c < cols; c++) {
+                const float *src = B + (j0 + s + c) * ldb + k0;
+                for (int64_t k = 0; k < kc; k++) dst[k * nr + c] = src[k];
+            }
+            for (int64_t c = cols; c < nr; c++)
+                for (int64_t k = 0; k < kc; k++) dst[k * nr + c] = 0.0f;
+        }
+    }
+}
+
+/* ---- portable microkernel: 6 x 8 ----------------------------------- */
+
+/* The epilogue on a tile kept in memory (edges of every arch, and the
+ * portable kernel): acc [MR x NR] row-major with row stride ldacc. */
+void vitc__gemm_epilogue_tile(float *C, int64_t ldc, const float *acc, int64_t ldacc,
+                                int64_t mr, int64_t nr, const vitc__gemm_epi *e) {
+    for (int64_t i = 0; i < mr; i++) {
+        float *c = C + i * ldc;
+        const float *a = acc + i * ldacc;
+        if (!e->first) {
+            for (int64_t j = 0; j < nr; j++) c[j] += e->alpha * a[j];
+            continue;
+        }
+        const float *r = e->res ? e->res + i * e->ldr : NULL;
+        for (int64_t j = 0; j < nr; j++) {
+            float v = e->alpha * a[j];
+            if (e->beta != 0.0f) v += e->beta * c[j];
+            if (e->bias) v += e->bias[j];
+            if (r) v += r[j];
+            c[j] = v;
+        }
+    }
+}
+
+#define VITC_G_MR 6
+#define VITC_G_NR 8
+
+#if defined(__GNUC__)
+/* GCC/Clang vector extensions: portable C that still becomes SIMD on any
+ * target (SSE2 on baseline x86-64, NEON on arm64). */
+typedef float vitc__v4 __attribute__((vector_size(16)));
+
+static inline vitc__v4 vitc__ld4(const float *p) {
+    vitc__v4 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static void vitc__ukr_generic(int64_t kc, const float *pa, const float *pb, float *C, int64_t ldc,
+                              int64_t mr, int64_t nr, const vitc__gemm_epi *e) {
+    vitc__v4 acc[VITC_G_MR][2];
+    for (int i = 0; i < VITC_G_MR; i++) acc[i][0] = acc[i][1] = (vitc__v4){0, 0, 0, 0};
+    for (int64_t k = 0; k < kc; k++) {
+        vitc__v4 b0 = vitc__ld4(pb + k * VITC_G_NR), b1 = vitc__ld4(pb + k * VITC_G_NR + 4);
+        const float *a = pa + k * VITC_G_MR;
+        for (int i = 0; i < VITC_G_MR; i++) {
+            vitc__v4 ai = {a[i], a[i], a[i], a[i]};
+            acc[i][0] += ai * b0;
+            acc[i][1] += ai * b1;
+        }
+    }
+    float tile[VITC_G_MR * VITC_G_NR];
+    memcpy(tile, acc, sizeof tile);
+    vitc__gemm_epilogue_tile(C, ldc, tile, VITC_G_NR, mr, nr, e);
+}
+#else
+static void vitc__ukr_generic(int64_t kc, const float *pa, const float *pb, float *C, int64_t ldc,
+                              int64_t mr, int64_t nr, const vitc__gemm_epi *e) {
+    float acc[VITC_G_MR * VITC_G_NR] = {0};
+    for (int64_t k = 0; k < kc; k++)
+        for (int i = 0; i < VITC_G_MR; i++)
+            for (int j = 0; j < VITC_G_NR; j++)
+                acc[i * VITC_G_NR + j] += pa[k * VITC_G_MR + i] * pb[k * VITC_G_NR + j];
+    vitc__gemm_epilogue_tile(C, ldc, acc, VITC_G_NR, mr, nr, e);
+}
+#endif
+
+static const vitc__gemm_kernel vitc__gemm_kernel_generic = {
+    VITC_G_MR, VITC_G_NR, 256, 96, 1024, vitc__ukr_generic, NULL,
+};
+
+static const vitc__gemm_kernel *vitc__pick_kernel(void) {
+    switch (vitc__get_arch()) {
+    case VITC_ARCH_AVX512: return &vitc__gemm_kernel_avx512;
+    case VITC_ARCH_AVX2: return &vitc__gemm_kernel_avx2;
+    default: return &vitc__gemm_kernel_generic;
+    }
+}
+
+/* ---- the problem, and its serial built-in solve ---------------------- */
+
+typedef struct vitc__gemm_job {
+    int ta, tb;
+    int64_t M, N, K;
+    float alpha, beta;
+    const float *A; int64_t lda; /* op(A) [M,K] */
+    const float *B; int64_t ldb; /* op(B) [K,N] */
+    float *C; int64_t ldc;       /* [M,N] */
+    const float *bias;           /* [N] or NULL */
+    const float *res; int64_t ldr; /* [M,N] or NULL */
+    const vitc__gemm_kernel *kern;
+    int by_cols;  /* threads split columns (else rows) */
+    int64_t unit; /* split granularity: NR or MR (or 16 for OpenBLAS) */
+    int nparts;
+} vitc__gemm_job;
+
+/* C (and the epilogue) when K == 0 or alpha == 0: no product to add. */
+static void vitc__scale_only(const vitc__gemm_job *g, int64_t i0, int64_t i1, int64_t j0,
+                             int64_t j1) {
+    for (int64_t i = i0; i < i1; i++) {
+        float *c = g->C + i * g->ldc;
+        for (int64_t j = j0; j < j1; j++) {
+            float v = g->beta == 0.0f ? 0.0f : g->beta * c[j];
+            if (g->bias) v += g->bias[j];
+            if (g->res) v += g->res[i * g->ldr + j];
+            c[j] = v;
+        }
+    }
+}
+
+/* Largest MR and NR of any kernel: sizes the stack fallback below. */
+#define VITC_MAX_MR 16
+#define VITC_MAX_NR 64
+#define VITC_SMALL_KC 64
+
+static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1, int64_t j0,
+                                int64_t j1) {
+    const vitc__gemm_kernel *kn = g->kern;
+    const int MR = kn->mr, NR = kn->nr;
+    int64_t KC = kn->kc, MC = kn->mc, NC = kn->nc;
+    int64_t m = i1 - i0, n = j1 - j0;
+    /* Smaller blocks for smaller problems: no packing of padding. */
+    int64_t kc_max = g->K < KC ? g->K : KC;
+    int64_t mc_max = (m < MC ? (m + MR - 1) / MR * MR : MC);
+    int64_t nc_max = (n < NC ? (n + NR - 1) / NR * NR : NC);
+    int64_t pa_len = (mc_max * kc_max + 15) & ~(int64_t)15; /* keeps pb 64-byte aligned */
+    float *pa = vitc__get_scratch((size_t)(pa_len + nc_max * kc_max));
+    _Alignas(64) float small[VITC_SMALL_KC * (VITC_MAX_MR + VITC_MAX_NR)];
+    if (!pa) {
+        /* Out of memory: one tile at a time from the stack, still exact. */
+        KC = VITC_SMALL_KC, MC = MR, NC = NR;
+        pa = small;
+        pa_len = VITC_SMALL_KC * VITC_MAX_MR;
+    }
+    float *pb = pa + pa_len;
+    for (int64_t jc = j0; jc < j1; jc += NC) {
+        int64_t nc = j1 - jc < NC ? j1 - jc : NC;
+        for (int64_t pc = 0; pc < g->K; pc += KC) {
+            int64_t kc = g->K - pc < KC ? g->K - pc : KC;
+            if (kn->packb)
+                kn->packb(pb, g->B, g->ldb, g->tb, pc, kc, jc, nc);
+            else
+                vitc__gemm_packb_generic(pb, NR, g->B, g->ldb, g->tb, pc, kc, jc, nc);
+            for (int64_t ic = i0; ic < i1; ic += MC) {
+                int64_t mc = i1 - ic < MC ? i1 - ic : MC;
+                vitc__pack_a(pa, MR, g->A, g->lda, g->ta, ic, mc, pc, kc);
+                for (int64_t jr = 0; jr < nc; jr += NR) {
+                    int64_t nr = nc - jr < NR ? nc - jr : NR;
+                    for (int64_t ir = 0; ir < mc; ir += MR) {
+                        int64_t mr = mc - ir < MR ? mc - ir : MR;
+                        int64_t i = ic + ir, j = jc + jr;
+                        vitc__gemm_epi e = {g->alpha, g->beta, pc == 0,
+                                            g->bias ? g->bias + j : NULL,
+                                            g->res ? g->res + i * g->ldr + j : NULL, g->ldr};
+                        kn->ukr(kc, pa + ir * kc, pb + jr * kc, g->C + i * g->ldc + j, g->ldc, mr,
+                                nr, &e);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#ifdef VITC_HAVE_OPENBLAS
+static pthread_once_t vitc__blas_once = PTHREAD_ONCE_INIT;
+static void vitc__blas_init(void) { openblas_set_num_threads(1); }
+
+static void vitc__blas_block(const vitc__gemm_job *g, int64_t i0, int64_t i1, int64_t j0, int64_t j1) {
+    const float *A = g->ta ? g->A + i0 : g->A + i0 * g->lda;
+    const float *B = g->tb ? g->B + j0 * g->ldb : g->B + j0;
+    float *C = g->C + i0 * g->ldc + j0;
+    int64_t m = i1 - i0, n = j1 - j0;
+    float beta = g->beta;
+    if (g->bias || g->res) {
+        /* The epilogue goes in first as C's old value (beta = 1): one pass,
+         * and a residual that aliases C is read before it is overwritten. */
+        for (int64_t i = 0; i < m; i++) {
+            float *c = C + i * g->ldc;
+            const float *r = g->res ? g->res + (i0 + i) * g->ldr + j0 : NULL;
+            for (int64_t j = 0; j < n; j++) {
+                float v = beta == 0.0f ? 0.0f : beta * c[j];
+                if (g->bias) v += g->bias[j0 + j];
+                if (r) v += r[j];
+                c[j] = v;
+            }
+        }
+        beta = 1.0f;
+    }
+    cblas_sgemm(CblasRowMajor, g->ta ? CblasTrans : CblasNoTrans, g->tb ? CblasTrans : CblasNoTrans,
+                (blasint)m, (blasint)n, (blasint)g->K, g->alpha, A, (blasint)g->lda, B,
+                (blasint)g->ldb, beta, C, (blasint)g->ldc);
+}
+#endif
+
+/* Thread t's panel [i0,i1) x [j0,j1): contiguous, cut at multiples of unit. */
+static void vitc__part(const vitc__gemm_job *g, int64_t t, int64_t *i0, int64_t *i1, int64_t *j0,
+                       int64_t *j1) {
+    int64_t total = g->by_cols ? g->N : g->M;
+    int64_t units = (total + g->unit - 1) / g->unit;
+    int64_t q = units / g->nparts, r = units % g->nparts;
+    int64_t b = (q * t + (t < r ? t : r)) * g->unit;
+    int64_t e = b + (q + (t < r ? 1 : 0)) * g->unit;
+    if (e > total) e = total;
+    if (b > total) b = total;
+    *i0 = 0, *i1 = g->M, *j0 = 0, *j1 = g->N;
+    if (g->by_cols)
+        *j0 = b, *j1 = e;
+    else
+        *i0 = b, *i1 = e;
+}
+
+static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
+    vitc__gemm_job *g = ctx;
+    (void)tid;
+    int64_t i0, i1, j0, j1;
+    vitc__part(g, t, &i0, &i1, &j0, &j1);
+    if (i0 >= i1 || j0 >= j1) return;
+    if (g->K == 0 || g->alpha == 0.0f) {
+        vitc__scale_only(g, i0, i1, j0, j1);
+        return;
+    }
+#ifdef VITC_HAVE_OPENBLAS
+    if (!g->kern) {
+        vitc__blas_block(g, i0, i1, j0, j1);
+        return;
+    }
+#endif
+    vitc__builtin_block(g, i0, i1, j0, j1);
+}
+
+/* Below this many flops a parallel region costs more than it saves. */
+#define VITC_GEMM_PAR_FLOPS 400000.0
+
+static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
+    if (g->M <= 0 || g->N <= 0) return;
+    g->kern = NULL;
+#ifdef VITC_HAVE_OPENBLAS
+    if (!builtin) pthread_once(&vitc__blas_once, vitc__blas_init);
+#else
+    builtin = 1;
+#endif
+    if (builtin) g->kern = vitc__pick_kernel();
+    int mr = g->kern ? g->kern->mr : 16, nr = g->kern ? g->kern->nr : 16;
+    int nt = vitc__in_parallel() ? 1 : vitc__num_threads();
+    double flops = 2.0 * (double)g->M * (double)g->N * (double)(g->K > 0 ? g->K : 1);
+    if (flops < VITC_GEMM_PAR_FLOPS) nt = 1;
+    /* Columns when each thread gets at least two NR strips: every thread
+     * then streams only its share of B (the weights, for a Linear). */
+    int64_t col_units = (g->N + nr - 1) / nr, row_units = (g->M + mr - 1) / mr;
+    g->by_cols = col_units >= 2 * (int64_t)nt || col_units >= row_units;
+    g->unit = g->by_cols ? nr : mr;
+    int64_t units = g->by_cols ? col_units : row_units;
+    if (nt > units) nt = (int)units;
+    g->nparts = nt < 1 ? 1 : nt;
+    if (g->nparts == 1)
+        vitc__gemm_task(g, 0, 0);
+    else
+        vitc__parallel_for(g->nparts, vitc__gemm_task, g);
 }
 
 void vitc__gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                 const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                 int64_t ldc) {
-    vitc__gemm_ref(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    vitc__gemm_job g = {trans_a, trans_b, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc,
+                        NULL, NULL, 0, NULL, 0, 0, 1};
+    vitc__gemm_run(&g, vitc__backend() == VITC_GEMM_BUILTIN);
 }
 
 void vitc__linear(float *y, int64_t ldy, const float *x, int64_t ldx, const float *W,
                   const float *bias, const float *residual, int64_t ldr, int64_t M, int64_t N,
                   int64_t K) {
-    vitc__gemm(0, 1, M, N, K, 1.0f, x, ldx, W, K, 0.0f, y, ldy);
-    for (int64_t i = 0; i < M; i++) {
-        float *row = y + i * ldy;
-        if (bias)
-            for (int64_t j = 0; j < N; j++) row[j] += bias[j];
-        if (residual)
-            for (int64_t j = 0; j < N; j++) row[j] += residual[i * ldr + j];
-    }
+    vitc__gemm_job g = {0, 1, M, N, K, 1.0f, 0.0f, x, ldx, W, K, y, ldy,
+                        bias, residual, ldr, NULL, 0, 0, 1};
+    vitc__gemm_run(&g, vitc__backend() == VITC_GEMM_BUILTIN);
 }

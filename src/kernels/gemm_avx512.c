@@ -1,0 +1,149 @@
+/*
+ * gemm_avx512.c — the AVX-512 GEMM microkernel (12 x 32) and B packer.
+ *
+ * 12 rows x 2 zmm = 24 accumulators; per k: 2 loads of packed B and 12
+ * broadcasts of packed A feed 24 FMAs, enough independent chains to cover
+ * the 4-cycle FMA latency on two ports (BLIS skx uses the same register
+ * shape, transposed). Edges are clipped with store masks, so every tile runs
+ * the same code.
+ */
+#include <immintrin.h>
+#include <string.h>
+
+#include "gemm_ukernels.h"
+
+#define MR 12
+#define NR 32
+
+static inline __mmask16 vitc__mask16(int64_t n) {
+    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
+}
+
+/* One output row: 32 accumulators' worth, masked to the valid columns. */
+static inline void vitc__row_out(float *c, __m512 a0, __m512 a1, __mmask16 m0, __mmask16 m1,
+                                 const vitc__gemm_epi *e, const float *res) {
+    __m512 al = _mm512_set1_ps(e->alpha);
+    if (!e->first) {
+        __m512 c0 = _mm512_maskz_loadu_ps(m0, c), c1 = _mm512_maskz_loadu_ps(m1, c + 16);
+        _mm512_mask_storeu_ps(c, m0, _mm512_fmadd_ps(al, a0, c0));
+        _mm512_mask_storeu_ps(c + 16, m1, _mm512_fmadd_ps(al, a1, c1));
+        return;
+    }
+    __m512 v0 = _mm512_mul_ps(al, a0), v1 = _mm512_mul_ps(al, a1);
+    if (e->beta != 0.0f) {
+        __m512 be = _mm512_set1_ps(e->beta);
+        v0 = _mm512_fmadd_ps(be, _mm512_maskz_loadu_ps(m0, c), v0);
+        v1 = _mm512_fmadd_ps(be, _mm512_maskz_loadu_ps(m1, c + 16), v1);
+    }
+    if (e->bias) {
+        v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, e->bias));
+        v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, e->bias + 16));
+    }
+    if (res) {
+        v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, res));
+        v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, res + 16));
+    }
+    _mm512_mask_storeu_ps(c, m0, v0);
+    _mm512_mask_storeu_ps(c + 16, m1, v1);
+}
+
+#define VITC_ROW(i)                                                          \
+    do {                                                                     \
+        __m512 a = _mm512_set1_ps(pa[i]);                                    \
+        c##i##0 = _mm512_fmadd_ps(a, b0, c##i##0);                           \
+        c##i##1 = _mm512_fmadd_ps(a, b1, c##i##1);                           \
+    } while (0)
+
+#define VITC_OUT(i)                                                                          \
+    if (i < mr)                                                                              \
+    vitc__row_out(C + (i) * ldc, c##i##0, c##i##1, m0, m1, e,                                \
+                  e->res ? e->res + (i) * e->ldr : NULL)
+
+static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float *C, int64_t ldc,
+                             int64_t mr, int64_t nr, const vitc__gemm_epi *e) {
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    __m512 c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00;
+    __m512 c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
+    for (int64_t i = 0; i < mr; i++) _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_load_ps(pb), b1 = _mm512_load_ps(pb + 16);
+        VITC_ROW(0); VITC_ROW(1); VITC_ROW(2); VITC_ROW(3); VITC_ROW(4); VITC_ROW(5);
+        VITC_ROW(6); VITC_ROW(7); VITC_ROW(8); VITC_ROW(9); VITC_ROW(10); VITC_ROW(11);
+        pa += MR;
+        pb += NR;
+    }
+    __mmask16 m0 = vitc__mask16(nr), m1 = vitc__mask16(nr - 16);
+    VITC_OUT(0); VITC_OUT(1); VITC_OUT(2); VITC_OUT(3); VITC_OUT(4); VITC_OUT(5);
+    VITC_OUT(6); VITC_OUT(7); VITC_OUT(8); VITC_OUT(9); VITC_OUT(10); VITC_OUT(11);
+}
+
+/* In-register transpose of 16 rows of 16 (unpack, 128-bit-lane shuffles). */
+static inline void vitc__tr16(__m512 r[16]) {
+    __m512 t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        r[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+        r[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        r[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+    }
+    for (int c = 0; c < 4; c++) {
+        t[c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0x88);
+        t[4 + c] = _mm512_shuffle_f32x4(r[c], r[4 + c], 0xDD);
+        t[8 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0x88);
+        t[12 + c] = _mm512_shuffle_f32x4(r[8 + c], r[12 + c], 0xDD);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0x88);
+        r[8 + c] = _mm512_shuffle_f32x4(t[c], t[8 + c], 0xDD);
+        r[4 + c] = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0x88);
+        r[12 + c] = _mm512_shuffle_f32x4(t[4 + c], t[12 + c], 0xDD);
+    }
+}
+
+/* B transposed (a Linear's W [N, K]) is the common case and the packing
+ * reads it across rows: full 32-column strips go through 16 x 16 register
+ * transposes; anything else takes the portable packer. */
+static void vitc__packb_avx512(float *pb, const float *B, int64_t ldb, int trans, int64_t k0,
+                               int64_t kc, int64_t j0, int64_t nc) {
+    if (!trans) {
+        for (int64_t s = 0; s + NR <= nc; s += NR) {
+            float *dst = pb + s * kc;
+            const float *src = B + k0 * ldb + j0 + s;
+            for (int64_t k = 0; k < kc; k++) {
+                _mm512_store_ps(dst + k * NR, _mm512_loadu_ps(src + k * ldb));
+                _mm512_store_ps(dst + k * NR + 16, _mm512_loadu_ps(src + k * ldb + 16));
+            }
+        }
+    } else {
+        for (int64_t s = 0; s + NR <= nc; s += NR) {
+            float *dst = pb + s * kc;
+            for (int h = 0; h < 2; h++) {
+                const float *src = B + (j0 + s + 16 * h) * ldb + k0;
+                int64_t k = 0;
+                for (; k + 16 <= kc; k += 16) {
+                    __m512 r[16];
+                    for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * ldb + k);
+                    vitc__tr16(r);
+                    for (int i = 0; i < 16; i++) _mm512_store_ps(dst + (k + i) * NR + 16 * h, r[i]);
+                }
+                for (; k < kc; k++)
+                    for (int i = 0; i < 16; i++) dst[k * NR + 16 * h + i] = src[i * ldb + k];
+            }
+        }
+    }
+    int64_t full = nc / NR * NR;
+    if (full < nc)
+        vitc__gemm_packb_generic(pb + full * kc, NR, B, ldb, trans, k0, kc, j0 + full, nc - full);
+}
+
+/* KC x NR x 4 B = 32 KB: the B micro-panel stays in the 48 KB L1 while A
+ * strips stream from L2; MC x KC x 4 = 144 KB of A sits in L2 (2 MB). */
+const vitc__gemm_kernel vitc__gemm_kernel_avx512 = {
+    MR, NR, 256, 144, 3072, vitc__ukr_avx512, vitc__packb_avx512,
+};

@@ -1,0 +1,54 @@
+/*
+ * gemm_ukernels.h — what the built-in GEMM driver (gemm.c) needs from the
+ * per-ISA files (gemm_avx512.c, gemm_avx2.c). Private to those three files.
+ *
+ * Packed layouts (Goto/BLIS): an A panel is ceil(mc/MR) strips, each
+ * [kc][MR] (column k of MR rows contiguous); a B panel is ceil(nc/NR) strips,
+ * each [kc][NR]. Rows and columns past the matrix edge are packed as zeros,
+ * so the microkernel always runs full MR x NR tiles and only the store is
+ * clipped to mr x nr.
+ */
+#ifndef VITC_GEMM_UKERNELS_H
+#define VITC_GEMM_UKERNELS_H
+
+#include "kernels.h"
+
+/* The epilogue of one output tile, applied on the first K block only:
+ *   C = alpha * acc + beta * C + bias[j] + res[i, j]
+ * and on later K blocks C += alpha * acc (first = 0). beta == 0 never reads C.
+ * bias and res already point at the tile's first column / element. */
+typedef struct vitc__gemm_epi {
+    float alpha, beta;
+    int first;
+    const float *bias; /* [nr] or NULL */
+    const float *res;  /* [mr, ldr] or NULL */
+    int64_t ldr;
+} vitc__gemm_epi;
+
+/* C[mr, nr] (row stride ldc) from packed pa [kc][MR] and pb [kc][NR]. */
+typedef void (*vitc__gemm_ukr_fn)(int64_t kc, const float *pa, const float *pb, float *C,
+                                  int64_t ldc, int64_t mr, int64_t nr, const vitc__gemm_epi *e);
+/* Packs op(B)[k0:k0+kc, j0:j0+nc] into strips of NR (zero padded); op(B)(k,j)
+ * is B[k*ldb + j], or B[j*ldb + k] when trans. */
+typedef void (*vitc__gemm_packb_fn)(float *pb, const float *B, int64_t ldb, int trans, int64_t k0,
+                                    int64_t kc, int64_t j0, int64_t nc);
+
+typedef struct vitc__gemm_kernel {
+    int mr, nr;
+    int64_t kc, mc, nc; /* cache blocks: kc and mc fit L1/L2, nc the B panel */
+    vitc__gemm_ukr_fn ukr;
+    vitc__gemm_packb_fn packb; /* NULL: the portable packer */
+} vitc__gemm_kernel;
+
+extern const vitc__gemm_kernel vitc__gemm_kernel_avx512;
+extern const vitc__gemm_kernel vitc__gemm_kernel_avx2;
+
+/* Portable B packer (any NR), used by the ISA files for edges. */
+void vitc__gemm_packb_generic(float *pb, int nr, const float *B, int64_t ldb, int trans,
+                              int64_t k0, int64_t kc, int64_t j0, int64_t nc);
+
+/* The epilogue from a tile kept in memory, acc [mr, ldacc]: edge tiles. */
+void vitc__gemm_epilogue_tile(float *C, int64_t ldc, const float *acc, int64_t ldacc, int64_t mr,
+                              int64_t nr, const vitc__gemm_epi *e);
+
+#endif

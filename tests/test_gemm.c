@@ -1,0 +1,305 @@
+/* test_gemm.c — every GEMM path this machine runs against a float64 product. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+static uint64_t rng = 88172645463325252ull;
+static float frand(void) { /* uniform in [-1, 1) */
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+}
+
+static float *rand_buf(size_t n) {
+    float *p = malloc(n * sizeof(float) + 1);
+    for (size_t i = 0; i < n; i++) p[i] = frand();
+    return p;
+}
+
+/* A path: backend x arch x threads. */
+typedef struct {
+    const char *backend, *arch;
+    int threads;
+} path;
+
+static path paths[16];
+static int npaths;
+
+static void collect_paths(void) {
+    const char *backends[] = {"builtin", "openblas"};
+    const char *archs[] = {"generic", "avx2", "avx512"};
+    npaths = 0;
+    for (int b = 0; b < 2; b++) {
+        if (vitc_set_gemm_backend(backends[b]) != VITC_OK) continue;
+        for (int a = 0; a < 3; a++) {
+            if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+            /* The arch does not change OpenBLAS: one arch is enough there. */
+            if (b == 1 && a != 0) continue;
+            for (int t = 1; t <= 2; t++) paths[npaths++] = (path){backends[b], archs[a], t};
+        }
+    }
+    vitc_set_arch(NULL);
+    vitc_set_gemm_backend(NULL);
+    assert_true(npaths >= 2);
+    static int shown;
+    if (!shown++) {
+        printf("# gemm paths:");
+        for (int i = 0; i < npaths; i++) printf(" %s/%s/%dt", paths[i].backend, paths[i].arch, paths[i].threads);
+        printf("\n");
+    }
+}
+
+static void use_path(const path *p) {
+    assert_int_equal(vitc_set_gemm_backend(p->backend), VITC_OK);
+    assert_int_equal(vitc_set_arch(p->arch), VITC_OK);
+    vitc_set_num_threads(p->threads);
+}
+
+static void restore(void) {
+    vitc_set_gemm_backend(NULL);
+    vitc_set_arch(NULL);
+    vitc_set_num_threads(0);
+}
+
+/* float64 reference and a bound on the float32 rounding error of each
+ * element: |err| <= tol * (|alpha| sum |a||b| + |beta c|). */
+static void ref64(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, const float *A,
+                  int64_t lda, const float *B, int64_t ldb, float beta, const float *C0,
+                  int64_t ldc, double *R, double *mag) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double acc = 0.0, m = 0.0;
+            for (int64_t p = 0; p < K; p++) {
+                double a = ta ? A[p * lda + i] : A[i * lda + p];
+                double b = tb ? B[j * ldb + p] : B[p * ldb + j];
+                acc += a * b;
+                m += fabs(a * b);
+            }
+            double c = beta == 0.0f ? 0.0 : (double)beta * C0[i * ldc + j];
+            R[i * N + j] = alpha * acc + c;
+            mag[i * N + j] = fabs(alpha) * m + fabs(c);
+        }
+}
+
+static void check_close(const float *C, int64_t ldc, const double *R, const double *mag, int64_t M,
+                        int64_t N, const char *what) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double err = fabs((double)C[i * ldc + j] - R[i * N + j]);
+            double bound = 2e-6 * mag[i * N + j] + 1e-30;
+            if (!(err <= bound)) {
+                fprintf(stderr, "%s: C[%lld,%lld] = %.9g, want %.9g (err %.3g > %.3g)\n", what,
+                        (long long)i, (long long)j, C[i * ldc + j], R[i * N + j], err, bound);
+                fail();
+            }
+        }
+}
+
+/* One problem on every path; padding columns of C must stay untouched. */
+static void run_case(int ta, int tb, int64_t M, int64_t N, int64_t K, float alpha, float beta,
+                     int64_t pad) {
+    int64_t ar = ta ? K : M, ac = ta ? M : K, br = tb ? N : K, bc = tb ? K : N;
+    int64_t lda = ac + pad, ldb = bc + pad, ldc = N + pad;
+    float *A = rand_buf((size_t)(ar * lda)), *B = rand_buf((size_t)(br * ldb));
+    float *C0 = rand_buf((size_t)(M * ldc)), *C = malloc((size_t)(M * ldc) * sizeof(float) + 1);
+    double *R = malloc((size_t)(M * N) * sizeof(double) + 1);
+    double *mag = malloc((size_t)(M * N) * sizeof(double) + 1);
+    ref64(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C0, ldc, R, mag);
+    char what[160];
+    for (int p = 0; p < npaths; p++) {
+        use_path(&paths[p]);
+        memcpy(C, C0, (size_t)(M * ldc) * sizeof(float));
+        vitc__gemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        snprintf(what, sizeof what, "%s/%s/%dt ta=%d tb=%d M=%lld N=%lld K=%lld a=%g b=%g pad=%lld",
+                 paths[p].backend, paths[p].arch, paths[p].threads, ta, tb, (long long)M,
+                 (long long)N, (long long)K, alpha, beta, (long long)pad);
+        check_close(C, ldc, R, mag, M, N, what);
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = N; j < ldc; j++) assert_true(C[i * ldc + j] == C0[i * ldc + j]);
+    }
+    restore();
+    free(A), free(B), free(C0), free(C), free(R), free(mag);
+}
+
+static void test_small_all_transposes(void **state) {
+    collect_paths();
+    int64_t dims[] = {1, 2, 5, 12, 13, 31, 33, 47};
+    int nd = sizeof dims / sizeof *dims;
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int x = 0; x < nd; x++)
+                for (int y = 0; y < nd; y += 2)
+                    for (int z = 0; z < nd; z += 3)
+                        run_case(ta, tb, dims[x], dims[(y + x) % nd], dims[(z + 2 * x) % nd],
+                                 1.0f, 0.0f, (x + y) % 3);
+}
+
+static void test_alpha_beta(void **state) {
+    collect_paths();
+    float ab[][2] = {{1.0f, 1.0f}, {-0.5f, 0.25f}, {2.0f, 0.0f}, {0.0f, 0.5f}, {0.0f, 0.0f}};
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++)
+            for (int i = 0; i < 5; i++) run_case(ta, tb, 29, 37, 41, ab[i][0], ab[i][1], 3);
+}
+
+/* Blocking edges: K past one KC block, M past MC, N past NR multiples. */
+static void test_medium_shapes(void **state) {
+    collect_paths();
+    for (int ta = 0; ta < 2; ta++)
+        for (int tb = 0; tb < 2; tb++) {
+            run_case(ta, tb, 197, 97, 300, 1.0f, 0.0f, 0);
+            run_case(ta, tb, 151, 257, 263, 0.75f, 1.0f, 5);
+        }
+    run_case(0, 1, 400, 64, 600, 1.0f, 0.0f, 0); /* few columns: threads split rows */
+    run_case(0, 0, 3, 1000, 17, 1.0f, 0.5f, 0);
+}
+
+/* ViT-B shapes (the attention / MLP projections). */
+static void test_vit_shapes(void **state) {
+    collect_paths();
+    run_case(0, 1, 197, 768, 768, 1.0f, 0.0f, 0);
+    run_case(0, 1, 197, 2304, 768, 1.0f, 0.0f, 0);
+    run_case(0, 1, 50, 3072, 768, 1.0f, 0.0f, 0);
+    run_case(0, 1, 197, 768, 3072, 1.0f, 0.0f, 0);
+    run_case(0, 0, 197, 64, 197, 1.0f, 0.0f, 0); /* attn @ v */
+    run_case(0, 1, 197, 197, 64, 0.125f, 0.0f, 2240); /* q @ k^T inside a [197, 2304] qkv */
+}
+
+static void test_nan_in_c_beta0(void **state) {
+    collect_paths();
+    int64_t M = 37, N = 45, K = 19;
+    float *A = rand_buf((size_t)(M * K)), *B = rand_buf((size_t)(K * N));
+    float *C = malloc((size_t)(M * N) * sizeof(float));
+    for (int p = 0; p < npaths; p++) {
+        use_path(&paths[p]);
+        for (int64_t i = 0; i < M * N; i++) C[i] = (i % 2) ? NAN : INFINITY;
+        vitc__gemm(0, 0, M, N, K, 1.0f, A, K, B, N, 0.0f, C, N);
+        for (int64_t i = 0; i < M * N; i++) assert_true(isfinite(C[i]));
+        for (int64_t i = 0; i < M * N; i++) C[i] = NAN;
+        vitc__gemm(0, 0, M, N, 0, 1.0f, A, K, B, N, 0.0f, C, N); /* K = 0: C = 0 */
+        for (int64_t i = 0; i < M * N; i++) assert_true(C[i] == 0.0f);
+    }
+    restore();
+    free(A), free(B), free(C);
+}
+
+/* Same inputs, 1 and 2 threads: the built-in GEMM cuts threads at tile
+ * boundaries, so every element is computed the same way. */
+static void test_builtin_thread_invariant(void **state) {
+    int64_t M = 197, N = 2304, K = 768;
+    float *A = rand_buf((size_t)(M * K)), *B = rand_buf((size_t)(N * K));
+    float *C1 = malloc((size_t)(M * N) * sizeof(float)), *C2 = malloc((size_t)(M * N) * sizeof(float));
+    const char *archs[] = {"generic", "avx2", "avx512"};
+    assert_int_equal(vitc_set_gemm_backend("builtin"), VITC_OK);
+    for (int a = 0; a < 3; a++) {
+        if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+        vitc_set_num_threads(1);
+        vitc__gemm(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C1, N);
+        vitc_set_num_threads(2);
+        vitc__gemm(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C2, N);
+        assert_memory_equal(C1, C2, (size_t)(M * N) * sizeof(float));
+    }
+    restore();
+    free(A), free(B), free(C1), free(C2);
+}
+
+/* y = x W^T + b + residual, against float64; also y aliasing the residual. */
+static void test_linear_epilogue(void **state) {
+    collect_paths();
+    int64_t shapes[][3] = {{1, 1, 1}, {5, 7, 3}, {197, 768, 768}, {13, 50, 300}, {64, 35, 640}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        int64_t ldx = K + 3, ldy = N + 2, ldr = N + 1;
+        float *x = rand_buf((size_t)(M * ldx)), *W = rand_buf((size_t)(N * K));
+        float *bias = rand_buf((size_t)N), *res = rand_buf((size_t)(M * ldr));
+        float *y = malloc((size_t)(M * ldy) * sizeof(float));
+        float *yr = malloc((size_t)(M * N) * sizeof(float));
+        double *R = malloc((size_t)(M * N) * sizeof(double)), *mag = malloc((size_t)(M * N) * sizeof(double));
+        for (int variant = 0; variant < 4; variant++) {
+            const float *b = (variant & 1) ? bias : NULL;
+            const float *r = (variant & 2) ? res : NULL;
+            ref64(0, 1, M, N, K, 1.0f, x, ldx, W, K, 0.0f, NULL, 0, R, mag);
+            for (int64_t i = 0; i < M; i++)
+                for (int64_t j = 0; j < N; j++) {
+                    double add = (b ? b[j] : 0.0) + (r ? r[i * ldr + j] : 0.0);
+                    R[i * N + j] += add;
+                    mag[i * N + j] += fabs(add);
+                }
+            for (int p = 0; p < npaths; p++) {
+                use_path(&paths[p]);
+                for (int64_t i = 0; i < M * ldy; i++) y[i] = NAN;
+                vitc__linear(y, ldy, x, ldx, W, b, r, ldr, M, N, K);
+                check_close(y, ldy, R, mag, M, N, paths[p].backend);
+                if (r) { /* in place: the residual is the output */
+                    for (int64_t i = 0; i < M; i++)
+                        for (int64_t j = 0; j < N; j++) yr[i * N + j] = r[i * ldr + j];
+                    vitc__linear(yr, N, x, ldx, W, b, yr, N, M, N, K);
+                    check_close(yr, N, R, mag, M, N, paths[p].arch);
+                }
+            }
+        }
+        restore();
+        free(x), free(W), free(bias), free(res), free(y), free(yr), free(R), free(mag);
+    }
+}
+
+static void test_backend_api(void **state) {
+    assert_int_equal(vitc_set_gemm_backend("builtin"), VITC_OK);
+    assert_string_equal(vitc_get_gemm_backend(), "builtin");
+    assert_int_equal(vitc_set_gemm_backend("nonsense"), VITC_ERR_INVALID_ARG);
+    assert_string_equal(vitc_get_gemm_backend(), "builtin");
+#ifdef VITC_HAVE_OPENBLAS
+    assert_int_equal(vitc_set_gemm_backend("openblas"), VITC_OK);
+    assert_string_equal(vitc_get_gemm_backend(), "openblas");
+#else
+    assert_int_equal(vitc_set_gemm_backend("openblas"), VITC_ERR_UNSUPPORTED);
+#endif
+    assert_int_equal(vitc_set_gemm_backend(NULL), VITC_OK);
+    assert_int_equal(vitc_set_arch("vax"), VITC_ERR_INVALID_ARG);
+}
+
+/* Inside a pool task a GEMM runs serially on that thread, and still right. */
+typedef struct {
+    const float *A, *B;
+    float *C; /* [4][16*16] */
+} nested_ctx;
+
+static void nested_task(void *c, int64_t i, int tid) {
+    nested_ctx *nc = c;
+    vitc__gemm(0, 0, 16, 16, 16, 1.0f, nc->A, 16, nc->B, 16, 0.0f, nc->C + i * 256, 16);
+}
+
+static void test_gemm_in_pool_task(void **state) {
+    float *A = rand_buf(256), *B = rand_buf(256), *C = malloc(4 * 256 * sizeof(float));
+    double R[256], mag[256];
+    ref64(0, 0, 16, 16, 16, 1.0f, A, 16, B, 16, 0.0f, NULL, 0, R, mag);
+    vitc_set_num_threads(2);
+    nested_ctx nc = {A, B, C};
+    vitc__parallel_for(4, nested_task, &nc);
+    for (int i = 0; i < 4; i++) check_close(C + i * 256, 16, R, mag, 16, 16, "nested");
+    restore();
+    free(A), free(B), free(C);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_backend_api),
+        cmocka_unit_test(test_small_all_transposes),
+        cmocka_unit_test(test_alpha_beta),
+        cmocka_unit_test(test_medium_shapes),
+        cmocka_unit_test(test_vit_shapes),
+        cmocka_unit_test(test_nan_in_c_beta0),
+        cmocka_unit_test(test_builtin_thread_invariant),
+        cmocka_unit_test(test_linear_epilogue),
+        cmocka_unit_test(test_gemm_in_pool_task),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
