@@ -1,8 +1,418 @@
-/* cmd_attention_map.c — placeholder until the command lands; fails loudly. */
+/*
+ * cmd_attention_map.c — `vitc attention-map`: where a ViT looks, as a PNG.
+ *
+ * The picture has three parts side by side: the preprocessed image (what the
+ * model saw: resized and center-cropped), the same image with the attention
+ * heat map blended over it, and a colour scale labelled "high" and "low".
+ * The map is the class token's row of the attention rollout (or of the last
+ * layer's attention averaged over heads) over the patch grid, bilinearly
+ * upsampled to pixels and min-max normalised, in viridis (perceptually
+ * uniform, readable in grayscale and by colour-blind viewers).
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "cli.h"
 
+static const char attention_map_usage[] =
+    "usage: vitc attention-map --model M.safetensors --out OUT.png [options] IMAGE\n"
+    "\n"
+    "Write the attention of a Vision Transformer's class token over an image\n"
+    "as a PNG: the image the model saw, the heat map blended over it, and a\n"
+    "colour scale (viridis; yellow = high, dark blue = low).\n"
+    "\n"
+    "options:\n"
+    "  --model FILE     safetensors checkpoint (torchvision or timm names)\n"
+    "  --arch NAME      architecture when the file has no vitc.config metadata\n"
+    "  --method M       rollout: attention rollout over all layers (default)\n"
+    "                   cls: the last layer's class-token attention, mean of heads\n"
+    "  --crop C         center crop size (default: the model's image size)\n"
+    "  --resize R       shorter side before cropping (default crop*256/224;\n"
+    "                   0: no resize)\n"
+    "  --alpha A        heat map opacity, 0..1 (default 0.5)\n"
+    "  --out FILE       the PNG to write\n"
+    "  --raw FILE       also save the map over the patch grid, before\n"
+    "                   normalisation, as float32 .npy [grid_h, grid_w]\n"
+    "  --threads N      threads (default: all CPUs available)\n"
+    "  -h, --help       this help\n";
+
+/* viridis at 9 evenly spaced stops (matplotlib's map, as in R's viridis(9)). */
+static const uint8_t viridis[9][3] = {
+    {0x44, 0x01, 0x54}, {0x47, 0x2d, 0x7b}, {0x3b, 0x52, 0x8b}, {0x2c, 0x72, 0x8e},
+    {0x21, 0x90, 0x8c}, {0x27, 0xad, 0x81}, {0x5d, 0xc8, 0x63}, {0xaa, 0xdc, 0x32},
+    {0xfd, 0xe7, 0x25},
+};
+
+static void colormap(float t, float rgb[3]) {
+    float x;
+    int i;
+    if (!(t >= 0.0f))
+        t = 0.0f;
+    if (t > 1.0f)
+        t = 1.0f;
+    x = t * 8.0f;
+    i = (int)x;
+    if (i > 7)
+        i = 7;
+    x -= (float)i;
+    for (int c = 0; c < 3; c++)
+        rgb[c] = (1.0f - x) * viridis[i][c] + x * viridis[i + 1][c];
+}
+
+/* 5x7 glyphs for the scale's labels; bit 4 is the leftmost column. */
+static const struct {
+    char ch;
+    uint8_t rows[7];
+} glyphs[] = {
+    {'h', {0x10, 0x10, 0x16, 0x19, 0x11, 0x11, 0x11}},
+    {'i', {0x04, 0x00, 0x0c, 0x04, 0x04, 0x04, 0x0e}},
+    {'g', {0x00, 0x0f, 0x11, 0x11, 0x0f, 0x01, 0x0e}},
+    {'l', {0x0c, 0x04, 0x04, 0x04, 0x04, 0x04, 0x0e}},
+    {'o', {0x00, 0x00, 0x0e, 0x11, 0x11, 0x11, 0x0e}},
+    {'w', {0x00, 0x00, 0x11, 0x11, 0x15, 0x15, 0x0a}},
+};
+
+typedef struct canvas {
+    uint8_t *px; /* [h, w, 3] */
+    int w, h;
+} canvas;
+
+static void fill_rect(canvas *cv, int x0, int y0, int w, int h, const uint8_t rgb[3]) {
+    for (int y = y0; y < y0 + h; y++)
+        for (int x = x0; x < x0 + w; x++)
+            if (x >= 0 && y >= 0 && x < cv->w && y < cv->h)
+                memcpy(cv->px + ((size_t)y * cv->w + x) * 3, rgb, 3);
+}
+
+/* Text with its top-left corner at (x, y), each font pixel s x s. */
+static void draw_text(canvas *cv, int x, int y, int s, const char *text) {
+    static const uint8_t black[3] = {0, 0, 0};
+    for (; *text; text++, x += 6 * s)
+        for (size_t g = 0; g < sizeof glyphs / sizeof glyphs[0]; g++)
+            if (glyphs[g].ch == *text)
+                for (int r = 0; r < 7; r++)
+                    for (int c = 0; c < 5; c++)
+                        if (glyphs[g].rows[r] & (0x10 >> c))
+                            fill_rect(cv, x + c * s, y + r * s, s, s, black);
+}
+
+/* float32 little-endian .npy (format 1.0) of a 2-D array. */
+static int save_npy(const char *path, const float *data, int rows, int cols) {
+    char header[128];
+    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, 0, 0};
+    int n = snprintf(header, sizeof header,
+                     "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", rows, cols);
+    int total = 10 + n + 1, pad = (64 - total % 64) % 64;
+    FILE *f;
+    memset(header + n, ' ', (size_t)pad);
+    header[n + pad] = '\n';
+    n += pad + 1;
+    pre[8] = (unsigned char)(n & 0xff);
+    pre[9] = (unsigned char)(n >> 8);
+    f = fopen(path, "wb");
+    if (!f)
+        return cli_error("%s: cannot create: %s", path, strerror(errno));
+    fwrite(pre, 1, sizeof pre, f);
+    fwrite(header, 1, (size_t)n, f);
+    for (size_t i = 0; i < (size_t)rows * cols; i++) {
+        uint32_t u;
+        unsigned char b[4];
+        memcpy(&u, &data[i], 4);
+        for (int k = 0; k < 4; k++)
+            b[k] = (unsigned char)(u >> (8 * k)); /* little-endian on any host */
+        fwrite(b, 1, 4, f);
+    }
+    if (ferror(f) | (fclose(f) != 0)) {
+        remove(path);
+        return cli_error("%s: write error", path);
+    }
+    return 0;
+}
+
+typedef struct am_opts {
+    const char *model, *arch, *method, *out, *raw, *image;
+    int crop, resize, threads, crop_set, resize_set;
+    float alpha;
+} am_opts;
+
+static const char *am_value(int argc, char **argv, int *i, const char *name, int *missing) {
+    size_t n = strlen(name);
+    const char *a = argv[*i];
+    if (strncmp(a, name, n) != 0 || (a[n] != '\0' && a[n] != '='))
+        return NULL;
+    if (a[n] == '=')
+        return a + n + 1;
+    if (*i + 1 >= argc) {
+        *missing = 1;
+        return NULL;
+    }
+    return argv[++*i];
+}
+
+static int am_parse(int argc, char **argv, am_opts *o) {
+    int n_pos = 0;
+    o->method = "rollout";
+    o->alpha = 0.5f;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        int missing = 0, *ival = NULL;
+        if (a[0] != '-' || !a[1] || !strcmp(a, "--")) {
+            if (!strcmp(a, "--")) {
+                if (++i >= argc)
+                    break;
+                a = argv[i];
+            }
+            if (n_pos++)
+                return cli_usage_error("attention-map", "one image at a time (got '%s' too)", a);
+            o->image = a;
+            continue;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            fputs(attention_map_usage, stdout);
+            return -1;
+        }
+        if ((v = am_value(argc, argv, &i, "--model", &missing)))
+            o->model = v;
+        else if ((v = am_value(argc, argv, &i, "--arch", &missing)))
+            o->arch = v;
+        else if ((v = am_value(argc, argv, &i, "--method", &missing)))
+            o->method = v;
+        else if ((v = am_value(argc, argv, &i, "--out", &missing)))
+            o->out = v;
+        else if ((v = am_value(argc, argv, &i, "--raw", &missing)))
+            o->raw = v;
+        else if ((v = am_value(argc, argv, &i, "--alpha", &missing))) {
+            char *end;
+            o->alpha = strtof(v, &end);
+            if (*end || !(o->alpha >= 0.0f && o->alpha <= 1.0f))
+                return cli_usage_error("attention-map", "--alpha wants a number in 0..1, got '%s'",
+                                       v);
+        } else if ((v = am_value(argc, argv, &i, "--crop", &missing)))
+            ival = &o->crop, o->crop_set = 1;
+        else if ((v = am_value(argc, argv, &i, "--resize", &missing)))
+            ival = &o->resize, o->resize_set = 1;
+        else if ((v = am_value(argc, argv, &i, "--threads", &missing)))
+            ival = &o->threads;
+        else if (!missing)
+            return cli_usage_error("attention-map", "unknown option '%s'", a);
+        if (missing)
+            return cli_usage_error("attention-map", "option '%s' needs a value", a);
+        if (ival && cli_parse_int(v, ival) != 0)
+            return cli_usage_error("attention-map", "'%s' wants a non-negative integer, got '%s'",
+                                   a, v);
+    }
+    if (!o->model)
+        return cli_usage_error("attention-map", "--model is required");
+    if (!o->out)
+        return cli_usage_error("attention-map", "--out is required");
+    if (!o->image)
+        return cli_usage_error("attention-map", "no image given");
+    if (strcmp(o->method, "rollout") && strcmp(o->method, "cls"))
+        return cli_usage_error("attention-map", "--method is rollout or cls, not '%s'",
+                               o->method);
+    if (o->crop_set && o->crop < 1)
+        return cli_usage_error("attention-map", "--crop must be at least 1");
+    if (o->crop > 4096 || o->resize > 16384)
+        return cli_usage_error("attention-map", "--crop must be at most 4096, --resize 16384");
+    return 0;
+}
+
+/* The class token's attention over the patches, [gh * gw]. */
+static int class_token_map(vitc_vit *m, const am_opts *o, const float *x, int N, float *map) {
+    const vitc_vit_config *cfg = vitc_vit_get_config(m);
+    size_t nn = (size_t)N * N, count;
+    float *buf;
+    if (!strcmp(o->method, "rollout")) {
+        count = nn;
+    } else if (__builtin_mul_overflow((size_t)cfg->depth * (size_t)cfg->num_heads, nn, &count)) {
+        return cli_error("the attention of %d layers over %d tokens is too large", cfg->depth, N);
+    }
+    buf = malloc(count * sizeof(float));
+    if (!buf)
+        return cli_error("out of memory for the attention of %d tokens", N);
+    if (!strcmp(o->method, "rollout")) {
+        if (vitc_vit_attention_maps(m, x, 1, o->crop, o->crop, NULL, buf) != VITC_OK) {
+            free(buf);
+            return cli_error("attention rollout: %s", vitc_last_error());
+        }
+        memcpy(map, buf + 1, sizeof(float) * (size_t)(N - 1));
+    } else {
+        const float *last;
+        if (vitc_vit_attention_maps(m, x, 1, o->crop, o->crop, buf, NULL) != VITC_OK) {
+            free(buf);
+            return cli_error("attention maps: %s", vitc_last_error());
+        }
+        /* attn [depth, B=1, heads, N, N]: the last layer, row 0 (CLS) */
+        last = buf + (size_t)(cfg->depth - 1) * cfg->num_heads * nn;
+        for (int j = 1; j < N; j++) {
+            double s = 0.0;
+            for (int hd = 0; hd < cfg->num_heads; hd++)
+                s += last[(size_t)hd * nn + (size_t)j];
+            map[j - 1] = (float)(s / cfg->num_heads);
+        }
+    }
+    free(buf);
+    return 0;
+}
+
+/* Compose [image | image + heat map | scale] into a canvas. */
+static int render(const am_opts *o, const uint8_t *img, const float *map, int gh, int gw,
+                  int patch, canvas *cv) {
+    const int S = o->crop;
+    int s = S / 112 > 1 ? S / 112 : 1;              /* font scale */
+    int gap = S / 32 > 4 ? S / 32 : 4;
+    int bar_w = S / 16 > 10 ? S / 16 : 10;
+    int text_w = 4 * 6 * s;
+    int bar_x = 2 * S + 2 * gap, text_x = bar_x + bar_w + gap / 2 + 3 * s;
+    int bar_y0, bar_y1; /* the scale spans rows [y0, y1) */
+    static const uint8_t white[3] = {255, 255, 255}, black[3] = {0, 0, 0};
+    float lo = INFINITY, hi = -INFINITY;
+
+    cv->w = text_x + text_w + gap;
+    cv->h = S < 40 * s ? 40 * s : S; /* room for both labels on tiny crops */
+    bar_y0 = 4 * s;
+    bar_y1 = cv->h - 4 * s;
+    cv->px = malloc((size_t)cv->w * cv->h * 3);
+    if (!cv->px)
+        return cli_error("out of memory for a %dx%d picture", cv->w, cv->h);
+    fill_rect(cv, 0, 0, cv->w, cv->h, white);
+    for (int i = 0; i < gh * gw; i++) {
+        if (map[i] < lo)
+            lo = map[i];
+        if (map[i] > hi)
+            hi = map[i];
+    }
+    for (int y = 0; y < S; y++) {
+        /* bilinear, align_corners=False, over the pixels the patches cover */
+        float sy = (y + 0.5f) / patch - 0.5f;
+        int y0;
+        float fy;
+        if (sy < 0)
+            sy = 0;
+        if (sy > gh - 1)
+            sy = (float)(gh - 1);
+        y0 = (int)sy;
+        fy = sy - y0;
+        for (int x = 0; x < S; x++) {
+            float sx = (x + 0.5f) / patch - 0.5f, v, t, rgb[3];
+            int x0, y1 = y0 + 1 < gh ? y0 + 1 : y0, x1;
+            float fx;
+            const uint8_t *p = img + ((size_t)y * S + x) * 3;
+            uint8_t *a = cv->px + ((size_t)y * cv->w + x) * 3;
+            uint8_t *b = cv->px + ((size_t)y * cv->w + x + S + gap) * 3;
+            if (sx < 0)
+                sx = 0;
+            if (sx > gw - 1)
+                sx = (float)(gw - 1);
+            x0 = (int)sx;
+            fx = sx - x0;
+            x1 = x0 + 1 < gw ? x0 + 1 : x0;
+            v = (1 - fy) * ((1 - fx) * map[y0 * gw + x0] + fx * map[y0 * gw + x1]) +
+                fy * ((1 - fx) * map[y1 * gw + x0] + fx * map[y1 * gw + x1]);
+            t = hi > lo ? (v - lo) / (hi - lo) : 0.0f;
+            colormap(t, rgb);
+            for (int c = 0; c < 3; c++) {
+                a[c] = p[c];
+                b[c] = (uint8_t)lrintf((1.0f - o->alpha) * p[c] + o->alpha * rgb[c]);
+            }
+        }
+    }
+    /* the scale: high at the top, a black frame, ticks at both ends */
+    for (int y = bar_y0; y < bar_y1; y++) {
+        float rgb[3];
+        uint8_t c8[3];
+        colormap((float)(bar_y1 - 1 - y) / (float)(bar_y1 - bar_y0 - 1 > 0 ? bar_y1 - bar_y0 - 1 : 1),
+                 rgb);
+        for (int c = 0; c < 3; c++)
+            c8[c] = (uint8_t)lrintf(rgb[c]);
+        fill_rect(cv, bar_x, y, bar_w, 1, c8);
+    }
+    fill_rect(cv, bar_x - 1, bar_y0 - 1, bar_w + 2, 1, black);
+    fill_rect(cv, bar_x - 1, bar_y1, bar_w + 2, 1, black);
+    fill_rect(cv, bar_x - 1, bar_y0 - 1, 1, bar_y1 - bar_y0 + 2, black);
+    fill_rect(cv, bar_x + bar_w, bar_y0 - 1, 1, bar_y1 - bar_y0 + 2, black);
+    fill_rect(cv, bar_x + bar_w, bar_y0, gap / 2, s, black);
+    fill_rect(cv, bar_x + bar_w, bar_y1 - s, gap / 2, s, black);
+    draw_text(cv, text_x, bar_y0, s, "high");
+    draw_text(cv, text_x, bar_y1 - 7 * s, s, "low");
+    return 0;
+}
+
 int cmd_attention_map(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
-    return cli_error("'attention_map' is not built yet");
+    am_opts o;
+    vitc_vit *m = NULL;
+    const vitc_vit_config *cfg;
+    vitc_image img = {0, 0, NULL};
+    float *x = NULL, *map = NULL;
+    uint8_t *seen = NULL;
+    canvas cv = {NULL, 0, 0};
+    int rc, gh, gw, N;
+    size_t plane;
+
+    memset(&o, 0, sizeof o);
+    rc = am_parse(argc, argv, &o);
+    if (rc != 0)
+        return rc < 0 ? CLI_OK : rc;
+    if (o.threads > 0)
+        vitc_set_num_threads(o.threads);
+    if (vitc_vit_load(o.model, o.arch, &m) != VITC_OK)
+        return cli_error("%s", vitc_last_error());
+    cfg = vitc_vit_get_config(m);
+    if (!o.crop_set)
+        o.crop = cfg->image_size;
+    if (!o.resize_set)
+        o.resize = (int)((int64_t)o.crop * 256 / 224);
+    gh = gw = o.crop / cfg->patch_size;
+    if (gh < 1) {
+        rc = cli_error("--crop %d is smaller than the model's patch size %d", o.crop,
+                       cfg->patch_size);
+        goto done;
+    }
+    N = 1 + gh * gw;
+    plane = (size_t)o.crop * o.crop;
+    if (vitc_image_load(o.image, 0, &img) != VITC_OK) {
+        rc = cli_error("%s", vitc_last_error());
+        goto done;
+    }
+    x = malloc(sizeof(float) * 3 * plane);
+    map = malloc(sizeof(float) * (size_t)(N - 1));
+    seen = malloc(3 * plane);
+    if (!x || !map || !seen) {
+        rc = cli_error("out of memory");
+        goto done;
+    }
+    if (vitc_image_preprocess(&img, o.resize, o.crop, cfg->mean, cfg->std, x) != VITC_OK) {
+        rc = cli_error("%s", vitc_last_error());
+        goto done;
+    }
+    /* The uint8 image the model saw: undo the normalisation (exact after
+     * rounding, since the crop was uint8 before it). */
+    for (size_t i = 0; i < plane; i++)
+        for (int c = 0; c < 3; c++) {
+            float v = (x[c * plane + i] * cfg->std[c] + cfg->mean[c]) * 255.0f;
+            seen[i * 3 + c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : lrintf(v));
+        }
+    if ((rc = class_token_map(m, &o, x, N, map)) != 0)
+        goto done;
+    if (o.raw && (rc = save_npy(o.raw, map, gh, gw)) != 0)
+        goto done;
+    if ((rc = render(&o, seen, map, gh, gw, cfg->patch_size, &cv)) != 0)
+        goto done;
+    if (vitc_image_save_png(o.out, cv.px, cv.w, cv.h) != VITC_OK) {
+        rc = cli_error("%s", vitc_last_error());
+        goto done;
+    }
+    rc = CLI_OK;
+done:
+    free(cv.px);
+    free(seen);
+    free(map);
+    free(x);
+    vitc_image_free(&img);
+    vitc_vit_free(m);
+    return rc;
 }
