@@ -160,11 +160,18 @@ typedef struct vitc_layer vitc_layer;
 VITC_API vitc_layer_config vitc_layer_default_config(vitc_layer_kind kind);
 /* Fails (VITC_ERR_INVALID_ARG) on an invalid configuration: embed_dim not
  * divisible by heads, ConvSA with fewer than 8 channels, ... Parameters start
- * as PyTorch's defaults would be after reset (zeros/ones where deterministic;
- * load real weights before use). The layer starts in training mode. */
+ * as vitc_layer_reset_parameters(layer, 0) sets them (load real weights
+ * before use). The layer starts in training mode. */
 VITC_API vitc_status vitc_layer_create(const vitc_layer_config *cfg, vitc_layer **out);
 VITC_API void vitc_layer_free(vitc_layer *layer);
 VITC_API const vitc_layer_config *vitc_layer_get_config(const vitc_layer *layer);
+/* reset_parameters(): torch's default initialisation, from a deterministic
+ * generator (splitmix64) seeded with seed: Linear/Conv2d weights and biases
+ * U(-1/sqrt(fan_in), 1/sqrt(fan_in)); MHA in-projection Xavier-uniform, its
+ * biases 0; ConvSA gamma 0; norm weight 1, bias 0, running stats 0 and 1;
+ * SingleHeadAttention N(0, 1) * 0.1 as its NumPy seed. vitc_layer_create
+ * calls it with seed 0. */
+VITC_API vitc_status vitc_layer_reset_parameters(vitc_layer *layer, uint64_t seed);
 
 /* Parameters and buffers, in PyTorch's state_dict order, all in one
  * allocation. data points into it and may be written. */

@@ -1,0 +1,479 @@
+/*
+ * mha.c — torch.nn.MultiheadAttention's forward (torch 1.13's
+ * multi_head_attention_forward: masks, key padding, need_weights), and the
+ * free functions scaled_dot_product_attention (torch 2.x semantics) and
+ * softmax with temperature. The attention itself is vitc__sdpa, reading the
+ * projected q, k, v in place through strides.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "layers.h"
+
+vitc_status vitc__mha_self_forward(vitc_layer *l, const float *x, int ndim, const int64_t *shape,
+                                   float *out);
+vitc_status vitc__mha_check_shape(const vitc_layer *l, int ndim, const int64_t *shape,
+                                  int *out_ndim, int64_t out_shape[8]);
+
+static const char *shp(char *buf, size_t cap, const vitc_tensor_view *t) {
+    return vitc__shape_str(buf, cap, t->ndim < 0 || t->ndim > 8 ? 0 : t->ndim, t->shape);
+}
+
+/* ---- MultiheadAttention -------------------------------------------- */
+
+/* Sizes of one call, checked as torch's _mha_shape_check does. Token (b, l)
+ * of a [L, B, E] or [B, L, E] tensor is row b*sb + l*sl. */
+typedef struct mha_dims {
+    int batched;
+    int64_t B, L, S, E, H;
+    int64_t q_sb, q_sl, kv_sb, kv_sl; /* in rows */
+} mha_dims;
+
+static vitc_status mha_dims_of(const vitc_layer *l, const vitc_mha_args *a, mha_dims *d) {
+    const vitc_layer_config *c = &l->cfg;
+    const vitc_tensor_view *q = &a->query, *k = &a->key, *v = &a->value;
+    char s1[96], s2[96], s3[96];
+    int64_t E = c->embed_dim, kd = c->kdim ? c->kdim : E, vd = c->vdim ? c->vdim : E;
+    if (!q->data || !k->data || !v->data)
+        return vitc__err(VITC_ERR_INVALID_ARG, "MultiheadAttention: query, key or value is NULL");
+    int nd = q->ndim;
+    if ((nd != 2 && nd != 3) || k->ndim != nd || v->ndim != nd)
+        return vitc__err(VITC_ERR_SHAPE,
+                         "MultiheadAttention: query, key and value must all be 3-D (batched) or "
+                         "2-D (unbatched); got query %s, key %s, value %s",
+                         shp(s1, sizeof s1, q), shp(s2, sizeof s2, k), shp(s3, sizeof s3, v));
+    for (int i = 0; i < nd; i++)
+        if (q->shape[i] < 1 || k->shape[i] < 1 || v->shape[i] < 1 || q->shape[i] > ((int64_t)1 << 40) ||
+            k->shape[i] > ((int64_t)1 << 40) || v->shape[i] > ((int64_t)1 << 40))
+            return vitc__err(VITC_ERR_SHAPE,
+                             "MultiheadAttention: every dimension must be >= 1; got query %s, "
+                             "key %s, value %s",
+                             shp(s1, sizeof s1, q), shp(s2, sizeof s2, k), shp(s3, sizeof s3, v));
+    d->batched = nd == 3;
+    d->E = E;
+    d->H = c->num_heads;
+    int bf = d->batched && c->batch_first;
+    int64_t qb = d->batched ? q->shape[bf ? 0 : 1] : 1, ql = q->shape[bf ? 1 : 0];
+    int64_t kb = d->batched ? k->shape[bf ? 0 : 1] : 1, kl = k->shape[bf ? 1 : 0];
+    int64_t vb = d->batched ? v->shape[bf ? 0 : 1] : 1, vl = v->shape[bf ? 1 : 0];
+    if (q->shape[nd - 1] != E || k->shape[nd - 1] != kd || v->shape[nd - 1] != vd || kb != qb ||
+        vb != qb || kl != vl)
+        return vitc__err(VITC_ERR_SHAPE,
+                         "MultiheadAttention(embed_dim=%lld, kdim=%lld, vdim=%lld, batch_first=%d): "
+                         "query %s, key %s, value %s do not fit (expected %s)",
+                         (long long)E, (long long)kd, (long long)vd, c->batch_first,
+                         shp(s1, sizeof s1, q), shp(s2, sizeof s2, k), shp(s3, sizeof s3, v),
+                         !d->batched ? "[L, E], [S, kdim], [S, vdim]"
+                         : bf        ? "[B, L, E], [B, S, kdim], [B, S, vdim]"
+                                     : "[L, B, E], [S, B, kdim], [S, B, vdim]");
+    d->B = qb;
+    d->L = ql;
+    d->S = kl;
+    d->q_sb = bf ? ql : 1;
+    d->q_sl = bf ? 1 : qb;
+    d->kv_sb = bf ? kl : 1;
+    d->kv_sl = bf ? 1 : qb;
+    return VITC_OK;
+}
+
+/* The mask's shape checks, as torch's (key_padding_mask [B, S] or [S];
+ * attn_mask [L, S] or [B*heads, L, S]). */
+static vitc_status mha_check_masks(const vitc_mha_args *a, const mha_dims *d) {
+    char s1[96];
+    if (a->key_padding_mask.data) {
+        const vitc_tensor_view *m = &a->key_padding_mask;
+        int ok = d->batched ? m->ndim == 2 && m->shape[0] == d->B && m->shape[1] == d->S
+                            : m->ndim == 1 && m->shape[0] == d->S;
+        if (a->key_padding_mask_type != VITC_MASK_BOOL && a->key_padding_mask_type != VITC_MASK_FLOAT)
+            return vitc__err(VITC_ERR_INVALID_ARG,
+                             "MultiheadAttention: key_padding_mask type must be bool or float");
+        if (!ok)
+            return vitc__err(VITC_ERR_SHAPE,
+                             "MultiheadAttention: key_padding_mask has shape %s, expected [%lld, %lld]",
+                             shp(s1, sizeof s1, m), (long long)d->B, (long long)d->S);
+    }
+    if (a->attn_mask.data) {
+        const vitc_tensor_view *m = &a->attn_mask;
+        if (a->attn_mask_type != VITC_MASK_BOOL && a->attn_mask_type != VITC_MASK_FLOAT)
+            return vitc__err(VITC_ERR_INVALID_ARG,
+                             "MultiheadAttention: attn_mask type must be bool or float");
+        if (m->ndim == 2) {
+            if (m->shape[0] != d->L || m->shape[1] != d->S)
+                return vitc__err(VITC_ERR_SHAPE,
+                                 "MultiheadAttention: the 2-D attn_mask has shape %s, expected [%lld, %lld]",
+                                 shp(s1, sizeof s1, m), (long long)d->L, (long long)d->S);
+        } else if (m->ndim == 3) {
+            if (m->shape[0] != d->B * d->H || m->shape[1] != d->L || m->shape[2] != d->S)
+                return vitc__err(VITC_ERR_SHAPE,
+                                 "MultiheadAttention: the 3-D attn_mask has shape %s, expected [%lld, %lld, %lld]",
+                                 shp(s1, sizeof s1, m), (long long)(d->B * d->H), (long long)d->L,
+                                 (long long)d->S);
+        } else {
+            return vitc__err(VITC_ERR_SHAPE,
+                             "MultiheadAttention: attn_mask must be 2-D or 3-D, got shape %s",
+                             shp(s1, sizeof s1, m));
+        }
+    }
+    return VITC_OK;
+}
+
+vitc_status vitc__mha_check_shape(const vitc_layer *l, int ndim, const int64_t *shape,
+                                  int *out_ndim, int64_t out_shape[8]) {
+    vitc_mha_args a;
+    memset(&a, 0, sizeof a);
+    if (ndim < 0 || ndim > 8)
+        return vitc__err(VITC_ERR_SHAPE, "MultiheadAttention: input must be 2-D or 3-D, got %d-D", ndim);
+    a.query.data = shape; /* only the shapes are read */
+    a.query.ndim = ndim;
+    memcpy(a.query.shape, shape, (size_t)ndim * sizeof *shape);
+    a.key = a.value = a.query;
+    if (l->cfg.kdim && l->cfg.kdim != l->cfg.embed_dim)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "MultiheadAttention with kdim %d != embed_dim %d has no self-attention "
+                         "form; use vitc_mha_forward", l->cfg.kdim, l->cfg.embed_dim);
+    if (l->cfg.vdim && l->cfg.vdim != l->cfg.embed_dim)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "MultiheadAttention with vdim %d != embed_dim %d has no self-attention "
+                         "form; use vitc_mha_forward", l->cfg.vdim, l->cfg.embed_dim);
+    mha_dims d;
+    VITC_TRY(mha_dims_of(l, &a, &d));
+    *out_ndim = ndim;
+    memcpy(out_shape, shape, (size_t)ndim * sizeof *shape);
+    return VITC_OK;
+}
+
+vitc_status vitc_mha_output_shapes(const vitc_layer *l, const vitc_mha_args *a, int *out_ndim,
+                                   int64_t out_shape[8], int *w_ndim, int64_t w_shape[8]) {
+    if (!l || !a || !out_ndim || !out_shape)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_mha_output_shapes: NULL argument");
+    if (l->cfg.kind != VITC_MULTIHEAD_ATTENTION)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_mha_output_shapes: not a MultiheadAttention layer");
+    mha_dims d;
+    VITC_TRY(mha_dims_of(l, a, &d));
+    VITC_TRY(mha_check_masks(a, &d));
+    *out_ndim = a->query.ndim;
+    memcpy(out_shape, a->query.shape, (size_t)a->query.ndim * sizeof(int64_t));
+    if (w_ndim && w_shape) {
+        int n = 0;
+        if (!a->need_weights) {
+            *w_ndim = 0;
+            return VITC_OK;
+        }
+        if (d.batched) w_shape[n++] = d.B;
+        if (!a->average_attn_weights) w_shape[n++] = d.H;
+        w_shape[n++] = d.L;
+        w_shape[n++] = d.S;
+        *w_ndim = n;
+    }
+    return VITC_OK;
+}
+
+static float mask_val(const void *m, vitc_mask_type t, size_t i) {
+    return t == VITC_MASK_BOOL ? (((const uint8_t *)m)[i] ? -INFINITY : 0.0f) : ((const float *)m)[i];
+}
+
+vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, float *weights) {
+    if (!l || !a || !out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_mha_forward: NULL argument");
+    if (l->cfg.kind != VITC_MULTIHEAD_ATTENTION)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_mha_forward: not a MultiheadAttention layer");
+    if (a->need_weights && !weights)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_mha_forward: need_weights set but weights is NULL");
+    mha_dims d;
+    VITC_TRY(mha_dims_of(l, a, &d));
+    VITC_TRY(mha_check_masks(a, &d));
+    const vitc__plan *p = &l->plan;
+    int64_t B = d.B, L = d.L, S = d.S, E = d.E, H = d.H, hd = E / H;
+    int64_t kd = l->cfg.kdim ? l->cfg.kdim : E, vd = l->cfg.vdim ? l->cfg.vdim : E;
+    const float *xq = a->query.data, *xk = a->key.data, *xv = a->value.data;
+    /* One GEMM for all three when it is self-attention with the packed weight. */
+    int self = p->qkv == VITC__QKV_FUSED && xq == xk && xk == xv && L == S;
+
+    /* Scratch: q/k/v (or packed qkv), o, merged mask, head-summed probs. */
+    const vitc_tensor_view *am = &a->attn_mask, *kpm = &a->key_padding_mask;
+    int merge = kpm->data || (am->data && a->attn_mask_type == VITC_MASK_BOOL);
+    size_t nq = 0, nkv = 0, no = 0, nmask = 0, nprob = 0;
+    int ok = vitc__mul_size((size_t)(L * B), (size_t)(self ? 3 * E : E), &nq) &&
+             vitc__mul_size((size_t)(S * B), (size_t)(self ? 0 : 2 * E), &nkv) &&
+             vitc__mul_size((size_t)(L * B), (size_t)E, &no);
+    /* The merged mask keeps only the dims that vary: [B*H | B | 1, L | 1, S]. */
+    int64_t mb = 1, mh = 1, ml = 1;
+    if (merge) {
+        if (am->data && am->ndim == 3) { mb = B; mh = H; }
+        else if (kpm->data) mb = B;
+        if (am->data) ml = L;
+        ok = ok && vitc__mul_size((size_t)(mb * mh), (size_t)(ml * S), &nmask);
+    }
+    if (a->need_weights && a->average_attn_weights)
+        ok = ok && vitc__mul_size((size_t)(B * H), (size_t)(L * S), &nprob);
+    size_t total = 0;
+    ok = ok && vitc__add_size(nq, nkv, &total) && vitc__add_size(total, no, &total) &&
+         vitc__add_size(total, nmask, &total) && vitc__add_size(total, nprob, &total);
+    if (!ok)
+        return vitc__err(VITC_ERR_NOMEM, "MultiheadAttention: scratch size overflows");
+    VITC_TRY(vitc__buf_reserve(&l->scratch, total));
+    float *qb = l->scratch.p;         // [L*B, E] or packed [L*B, 3E]
+    float *kb = qb + nq;              // [S*B, E]
+    float *vb = kb + nkv / 2;         // [S*B, E]
+    float *o = qb + nq + nkv;         // [L*B, E], in query's token order
+    float *mask = o + no;             // [mb*mh, ml, S]
+    float *probs = mask + nmask;      // [B, H, L, S]
+
+    /* In-projection: _in_projection_packed / _in_projection. */
+    const float *wq = p->qkv == VITC__QKV_FUSED ? l->w_qkv : l->w_q;
+    const float *wk = p->qkv == VITC__QKV_FUSED ? l->w_qkv + E * E : l->w_k;
+    const float *wv = p->qkv == VITC__QKV_FUSED ? l->w_qkv + 2 * E * E : l->w_v;
+    const float *bq = l->b_qkv, *bk = l->b_qkv ? l->b_qkv + E : NULL, *bv = l->b_qkv ? l->b_qkv + 2 * E : NULL;
+    int64_t ldq = E, ldk = E, ldv = E;
+    if (self) {
+        vitc__linear(qb, 3 * E, xq, E, l->w_qkv, l->b_qkv, NULL, 0, L * B, 3 * E, E);
+        kb = qb + E;
+        vb = qb + 2 * E;
+        ldq = ldk = ldv = 3 * E;
+    } else {
+        vitc__linear(qb, E, xq, E, wq, bq, NULL, 0, L * B, E, E);
+        vitc__linear(kb, E, xk, kd, wk, bk, NULL, 0, S * B, E, kd);
+        vitc__linear(vb, E, xv, vd, wv, bv, NULL, 0, S * B, E, vd);
+    }
+
+    /* Masks, merged as torch 1.13 does: bool True (either mask) -> -inf;
+     * a float attn_mask is added; a float key_padding_mask is added too. */
+    const float *mp = NULL;
+    int64_t m_sb = 0, m_sh = 0, m_sr = 0;
+    if (merge) {
+        for (int64_t bi = 0; bi < mb; bi++)
+            for (int64_t hi = 0; hi < mh; hi++)
+                for (int64_t li = 0; li < ml; li++) {
+                    float *row = mask + ((bi * mh + hi) * ml + li) * S;
+                    for (int64_t j = 0; j < S; j++) {
+                        float v = 0.0f;
+                        if (am->data) {
+                            size_t ai = (size_t)(((am->ndim == 3 ? bi * H + hi : 0) * L + li) * S + j);
+                            v = mask_val(am->data, a->attn_mask_type, ai);
+                        }
+                        if (kpm->data) {
+                            size_t ki = (size_t)(bi * S + j);
+                            if (a->key_padding_mask_type == VITC_MASK_BOOL) {
+                                if (((const uint8_t *)kpm->data)[ki]) v = -INFINITY;
+                            } else {
+                                float kv = ((const float *)kpm->data)[ki];
+                                /* logical_or with a bool attn_mask: any non-zero padding value masks */
+                                if (am->data && a->attn_mask_type == VITC_MASK_BOOL)
+                                    v = (kv != 0.0f || v != 0.0f) ? -INFINITY : 0.0f;
+                                else
+                                    v += kv;
+                            }
+                        }
+                        row[j] = v;
+                    }
+                }
+        mp = mask;
+        m_sb = mb > 1 ? mh * ml * S : 0;
+        m_sh = mh > 1 ? ml * S : 0;
+        m_sr = ml > 1 ? S : 0;
+    } else if (am->data) {
+        mp = am->data;
+        m_sb = am->ndim == 3 ? H * L * S : 0;
+        m_sh = am->ndim == 3 ? L * S : 0;
+        m_sr = S;
+    }
+
+    vitc__sdpa_desc sd = {0};
+    sd.B = B; sd.H = H; sd.L = L; sd.S = S; sd.D = hd; sd.Dv = hd;
+    sd.q = qb; sd.q_sb = d.q_sb * ldq; sd.q_sh = hd; sd.q_sr = d.q_sl * ldq;
+    sd.k = kb; sd.k_sb = d.kv_sb * ldk; sd.k_sh = hd; sd.k_sr = d.kv_sl * ldk;
+    sd.v = vb; sd.v_sb = d.kv_sb * ldv; sd.v_sh = hd; sd.v_sr = d.kv_sl * ldv;
+    sd.o = o; sd.o_sb = d.q_sb * E; sd.o_sh = hd; sd.o_sr = d.q_sl * E;
+    sd.scale = p->scale;
+    sd.mask = mp; sd.m_sb = m_sb; sd.m_sh = m_sh; sd.m_sr = m_sr;
+    if (a->need_weights) {
+        sd.probs = a->average_attn_weights ? probs : weights;
+        sd.p_sb = H * L * S; sd.p_sh = L * S; sd.p_sr = S;
+    }
+    VITC_TRY(vitc__sdpa(&sd));
+    vitc__linear(out, E, o, E, l->w_o, l->b_o, NULL, 0, L * B, E, E);
+    if (a->need_weights && a->average_attn_weights) {
+        /* attn_output_weights.sum(dim=1) / num_heads, in torch's order */
+        for (int64_t bi = 0; bi < B; bi++)
+            for (int64_t i = 0; i < L * S; i++) {
+                float acc = 0.0f;
+                for (int64_t hi = 0; hi < H; hi++) acc += probs[(bi * H + hi) * L * S + i];
+                weights[bi * L * S + i] = acc / (float)H;
+            }
+    }
+    return VITC_OK;
+}
+
+vitc_status vitc__mha_self_forward(vitc_layer *l, const float *x, int ndim, const int64_t *shape,
+                                   float *out) {
+    int ond;
+    int64_t os[8];
+    VITC_TRY(vitc__mha_check_shape(l, ndim, shape, &ond, os));
+    vitc_mha_args a;
+    memset(&a, 0, sizeof a);
+    a.query.data = x;
+    a.query.ndim = ndim;
+    memcpy(a.query.shape, shape, (size_t)ndim * sizeof *shape);
+    a.key = a.value = a.query;
+    return vitc_mha_forward(l, &a, out, NULL);
+}
+
+/* ---- scaled_dot_product_attention ------------------------------------ */
+
+vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view *k, const vitc_tensor_view *v,
+                      const vitc_tensor_view *mask, vitc_mask_type mask_type, float scale, float *out) {
+    char s1[96], s2[96], s3[96], s4[96];
+    if (!q || !k || !v || !out || !q->data || !k->data || !v->data)
+        return vitc__err(VITC_ERR_INVALID_ARG, "scaled_dot_product_attention: NULL q, k, v or out");
+    int nd = q->ndim;
+    int ok = nd >= 2 && nd <= 8 && k->ndim == nd && v->ndim == nd;
+    for (int i = 0; ok && i < nd; i++)
+        ok = q->shape[i] >= 1 && k->shape[i] >= 1 && v->shape[i] >= 1 &&
+             q->shape[i] <= ((int64_t)1 << 40) && k->shape[i] <= ((int64_t)1 << 40) &&
+             v->shape[i] <= ((int64_t)1 << 40) &&
+             (i >= nd - 2 || (k->shape[i] == q->shape[i] && v->shape[i] == q->shape[i]));
+    ok = ok && k->shape[nd - 1] == q->shape[nd - 1] && v->shape[nd - 2] == k->shape[nd - 2];
+    if (!ok)
+        return vitc__err(VITC_ERR_SHAPE,
+                         "scaled_dot_product_attention: q %s, k %s, v %s do not fit "
+                         "(expected [..., L, d], [..., S, d], [..., S, dv] with equal leading dims, "
+                         "every dim >= 1)",
+                         shp(s1, sizeof s1, q), shp(s2, sizeof s2, k), shp(s3, sizeof s3, v));
+    int64_t L = q->shape[nd - 2], D = q->shape[nd - 1], S = k->shape[nd - 2], Dv = v->shape[nd - 1];
+    /* Leading dims: the last one is the kernel's H, the rest flatten into its B. */
+    int nlead = nd - 2;
+    int64_t H = nlead ? q->shape[nd - 3] : 1, B = 1;
+    for (int i = 0; i < nlead - 1; i++) B *= q->shape[i];
+    int sz_ok;
+    vitc__numel(nd, q->shape, &sz_ok);
+    if (!sz_ok)
+        return vitc__err(VITC_ERR_NOMEM, "scaled_dot_product_attention: q too large");
+
+    vitc__sdpa_desc sd = {0};
+    sd.B = B; sd.H = H; sd.L = L; sd.S = S; sd.D = D; sd.Dv = Dv;
+    sd.q = q->data; sd.q_sb = H * L * D; sd.q_sh = L * D; sd.q_sr = D;
+    sd.k = k->data; sd.k_sb = H * S * D; sd.k_sh = S * D; sd.k_sr = D;
+    sd.v = v->data; sd.v_sb = H * S * Dv; sd.v_sh = S * Dv; sd.v_sr = Dv;
+    sd.o = out; sd.o_sb = H * L * Dv; sd.o_sh = L * Dv; sd.o_sr = Dv;
+    sd.scale = scale > 0.0f ? scale : (float)(1.0 / sqrt((double)D));
+
+    float *tmp = NULL;
+    if (mask && mask->data && mask_type != VITC_MASK_NONE) {
+        if (mask_type != VITC_MASK_BOOL && mask_type != VITC_MASK_FLOAT)
+            return vitc__err(VITC_ERR_INVALID_ARG, "scaled_dot_product_attention: bad mask type %d",
+                             (int)mask_type);
+        /* Right-align the mask's shape with [..., L, S]; every dim 1 or equal. */
+        int mn = mask->ndim;
+        int64_t full[8], ms[8];
+        for (int i = 0; i < nlead; i++) full[i] = q->shape[i];
+        full[nd - 2] = L;
+        full[nd - 1] = S;
+        int good = mn >= 0 && mn <= nd;
+        for (int i = 0; good && i < nd; i++) {
+            int j = i - (nd - mn);
+            ms[i] = j < 0 ? 1 : mask->shape[j];
+            good = ms[i] == 1 || ms[i] == full[i];
+        }
+        if (!good)
+            return vitc__err(VITC_ERR_SHAPE,
+                             "scaled_dot_product_attention: mask %s does not broadcast to %s",
+                             shp(s1, sizeof s1, mask), vitc__shape_str(s4, sizeof s4, nd, full));
+        /* The kernel wants a contiguous S and one stride over the flattened
+         * outer dims: copy into that form when the mask is not already in it
+         * (and always for bool, which becomes 0 / -inf). */
+        int outer_ones = 1, outer_full = 1;
+        for (int i = 0; i < nlead - 1; i++) {
+            outer_ones = outer_ones && ms[i] == 1;
+            outer_full = outer_full && ms[i] == full[i];
+        }
+        int64_t ts[8];
+        for (int i = 0; i < nd; i++) ts[i] = ms[i];
+        if (!outer_ones && !outer_full)
+            for (int i = 0; i < nlead - 1; i++) ts[i] = full[i];
+        ts[nd - 1] = S;
+        int direct = mask_type == VITC_MASK_FLOAT && ms[nd - 1] == S && (outer_ones || outer_full);
+        int64_t st[8], acc = 1; /* contiguous strides of ts */
+        for (int i = nd - 1; i >= 0; i--) {
+            st[i] = acc;
+            acc *= ts[i];
+        }
+        if (!direct) {
+            size_t bytes;
+            if (!vitc__mul_size((size_t)acc, sizeof(float), &bytes) || !(tmp = vitc__alloc(bytes)))
+                return vitc__err(VITC_ERR_NOMEM, "scaled_dot_product_attention: cannot allocate the mask");
+            /* Source strides of the mask in the right-aligned frame, 0 where it broadcasts. */
+            int64_t sst[8], sacc = 1;
+            for (int i = nd - 1; i >= 0; i--) {
+                sst[i] = ms[i] == 1 ? 0 : sacc;
+                sacc *= ms[i];
+            }
+            for (int64_t e = 0; e < acc; e++) {
+                int64_t rem = e, si = 0;
+                for (int i = 0; i < nd; i++) {
+                    int64_t idx = rem / st[i];
+                    rem %= st[i];
+                    si += idx * sst[i];
+                }
+                if (mask_type == VITC_MASK_BOOL)
+                    tmp[e] = ((const uint8_t *)mask->data)[si] ? 0.0f : -INFINITY;
+                else
+                    tmp[e] = ((const float *)mask->data)[si];
+            }
+        }
+        sd.mask = direct ? mask->data : tmp;
+        sd.m_sr = ts[nd - 2] == 1 ? 0 : st[nd - 2];
+        sd.m_sh = nlead == 0 || ts[nd - 3] == 1 ? 0 : st[nd - 3];
+        sd.m_sb = nlead < 2 || (outer_ones && ts[nlead - 2] == 1) ? 0 : st[nlead - 2];
+    }
+    vitc_status s = vitc__sdpa(&sd);
+    vitc__free(tmp);
+    return s;
+}
+
+/* ---- softmax -------------------------------------------------------- */
+
+vitc_status vitc_softmax(const float *x, int ndim, const int64_t *shape, int dim, float temperature,
+                         float *out) {
+    char s1[96];
+    if (!x || !out || (ndim > 0 && !shape) || ndim < 0 || ndim > 8)
+        return vitc__err(VITC_ERR_INVALID_ARG, "softmax: NULL argument or ndim %d out of [0, 8]", ndim);
+    if (temperature == 0.0f || !isfinite(temperature))
+        return vitc__err(VITC_ERR_INVALID_ARG, "softmax: temperature %g must be finite and non-zero",
+                         (double)temperature);
+    int nd = ndim ? ndim : 1;
+    if (dim < -nd || dim >= nd)
+        return vitc__err(VITC_ERR_INVALID_ARG, "softmax: dim %d out of range for shape %s", dim,
+                         vitc__shape_str(s1, sizeof s1, ndim, shape));
+    if (dim < 0) dim += nd;
+    int ok;
+    size_t total = vitc__numel(ndim, shape, &ok);
+    if (!ok)
+        return vitc__err(VITC_ERR_SHAPE, "softmax: bad shape %s", vitc__shape_str(s1, sizeof s1, ndim, shape));
+    if (total == 0)
+        return VITC_OK;
+    int64_t n = ndim ? shape[dim] : 1, inner = 1;
+    for (int i = dim + 1; i < ndim; i++) inner *= shape[i];
+    int64_t outer = (int64_t)total / (n * inner);
+    /* x / temperature, divided as torch does (a multiply by 1/t would move
+     * logits in the thousands by an ulp, and their softmax visibly). */
+    if (inner == 1) {
+        for (size_t i = 0; i < total; i++) out[i] = x[i] / temperature;
+        vitc__softmax_rows(out, outer, n, 1.0f);
+        return VITC_OK;
+    }
+    float *row = vitc__alloc((size_t)n * sizeof(float)); // [n]
+    if (!row)
+        return vitc__err(VITC_ERR_NOMEM, "softmax: cannot allocate a row of %lld", (long long)n);
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < inner; i++) {
+            const float *xs = x + o * n * inner + i;
+            float *os = out + o * n * inner + i;
+            for (int64_t j = 0; j < n; j++) row[j] = xs[j * inner] / temperature;
+            vitc__softmax_rows(row, 1, n, 1.0f);
+            for (int64_t j = 0; j < n; j++) os[j * inner] = row[j];
+        }
+    vitc__free(row);
+    return VITC_OK;
+}
