@@ -272,6 +272,14 @@ static void test_save_errors(void **state) {
     const char *nullname[] = {NULL};
     expect_save_fails(p, 1, nullname, nd1, sh, dd, 0, NULL, NULL, "no name");
     expect_save_fails(p, -1, one, nd1, sh, dd, 0, NULL, NULL, "negative");
+    /* Two sizes that are each fine but whose sum overflows an offset (the
+     * check comes before any data is read). */
+    int64_t big[1] = {INT64_MAX / 8 - 1};
+    const char *three[] = {"a", "b", "c"};
+    const int nd1x3[] = {1, 1, 1};
+    const int64_t *shb[] = {big, big, big};
+    const float *ddd[] = {x, x, x};
+    expect_save_fails(p, 3, three, nd1x3, shb, ddd, 0, NULL, NULL, "add up");
     assert_int_not_equal(vitc_safetensors_save(NULL, 1, one, nd1, sh, dd, 0, NULL, NULL), VITC_OK);
     assert_int_equal(dir_entries(), 0);
 
@@ -590,6 +598,18 @@ static void test_corrupt_headers(void **state) {
     expect_bad_hdr("{" T("a", F32("[0]", "[9223372036854775807,9223372036854775807]")) "}", 0,
                    "leave a hole");
     expect_bad_hdr("{" T("a", F32("[1]", "[0,18446744073709551615]")) "}", 4, "not valid JSON");
+    /* Nesting deep enough to overflow a recursive parser's stack. */
+    {
+        enum { DEPTH = 200000 };
+        char *h = malloc(2 * DEPTH + 64);
+        assert_non_null(h);
+        size_t k = (size_t)sprintf(h, "{\"__metadata__\":{\"k\":");
+        memset(h + k, '[', DEPTH);
+        memset(h + k + DEPTH, ']', DEPTH);
+        strcpy(h + k + 2 * DEPTH, "}}");
+        expect_bad_hdr(h, 0, "not valid JSON");
+        free(h);
+    }
     /* Metadata. */
     expect_bad_hdr("{\"__metadata__\":{\"k\":1}}", 0, "value of 'k' is an integer");
     expect_bad_hdr("{\"__metadata__\":{\"k\":{\"x\":\"y\"}}}", 0, "value of 'k' is an object");

@@ -736,8 +736,14 @@ static vitc_status st_build_header(const char *path, int n, const st_wsort *orde
     json_int_t off = 0;
     for (int k = 0; k < n; k++) {
         int i = order[k].index;
+        json_int_t bytes = (json_int_t)(numel[i] * sizeof(float)), end;
+        /* Each size was checked alone; their sum must fit an offset too. */
+        if (__builtin_add_overflow(off, bytes, &end)) {
+            s = vitc__err(VITC_ERR_SHAPE, "%s: tensor '%s': the tensors add up to more bytes "
+                          "than a file offset holds", path, order[k].name);
+            goto done;
+        }
         json_t *e = json_object(), *sh = json_array(), *of = json_array();
-        json_int_t end = off + (json_int_t)(numel[i] * sizeof(float));
         int bad = !e || !sh || !of;
         for (int d = 0; !bad && d < ndims[i]; d++)
             bad |= json_array_append_new(sh, json_integer((json_int_t)shapes[i][d])) != 0;
