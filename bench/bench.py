@@ -1,0 +1,554 @@
+#!/usr/bin/env python3
+"""vitc against PyTorch on the standard workloads (DESIGN.md section 6).
+
+Run by `make bench` (PYTHONPATH=python /usr/bin/python3 bench/bench.py --out
+bench/results.md). Every measurement runs in a fresh process, so that peak
+memory is the workload's own and neither side warms the other's caches or
+thread pools: vitc through `build/vitc bench --json --only NAME`, PyTorch
+through this file with --torch-child NAME. The two sides alternate
+(interleaved rounds, the order rotated each round) so that a slow spell of
+the machine hits both alike. PyTorch runs at 1 and 2 threads and gets its
+better; vitc runs at 2 threads (its default here) and at 1.
+
+Timings: each child warms up (at least two forwards, at least 0.3 s), then
+times R forwards with a monotonic clock; the timings of all rounds are
+pooled and their median is reported.
+
+Memory: inside each child, VmHWM (peak resident set, /proc/self/status) is
+reset through /proc/self/clear_refs right before the workload is built, and
+"peak MB" is the highest VmHWM seen while building and running it minus the
+resident set before it was built: weights, inputs, outputs and workspaces,
+not the interpreter, libtorch or libvitc themselves. "fwd MB" is the peak
+during the forwards (warm-up and timed) minus the resident set once weights
+and inputs were built: what running forwards adds, kept workspaces included.
+
+Only the standard library is needed in the driver; torch, torchvision and
+numpy in the PyTorch children and to write the ViT checkpoint.
+"""
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+
+# name: (what, shape, GFLOP formula text, timed forwards per child)
+WORKLOADS = {
+    "sdpa": ("scaled dot-product attention (PyTorch: matmul-softmax-matmul)",
+             "q,k,v [1,8,4096,64]", "4·B·H·L·S·d", 3),
+    "mha": ("nn.MultiheadAttention(768, 12, batch_first=True), need_weights=False",
+            "(1,197,768)", "2·L·E·3E + 4·L²·E + 2·L·E²", 20),
+    "convsa": ("ConvSABlock(64)", "[8,64,32,32]", "B·(2·N·C·(2·C/8 + C) + 2·N²·(C/8 + C))", 10),
+    "sa_multihead": ("SelfAttentionMultiHead(32, 4), eval", "[64,32,16,16]",
+                     "B·(2·N·C·4C + 4·N²·C)", 10),
+    "sa_group": ('SelfAttention(512, norm="group")', "[1,512,64,64]",
+                 "B·(2·N·C·4C + 4·N²·C)", 3),
+    "vit_b16_b1": ("ViT-B/16 (torchvision vit_b_16), batch 1", "[1,3,224,224]",
+                   "see docs/bench.md", 5),
+    "vit_b16_b8": ("ViT-B/16 (torchvision vit_b_16), batch 8", "[8,3,224,224]",
+                   "see docs/bench.md", 3),
+}
+VIT = ("vit_b16_b1", "vit_b16_b8")
+
+
+# --------------------------------------------------------------------------
+# Memory and timing helpers, shared by the PyTorch child
+# --------------------------------------------------------------------------
+
+def _status_kb(field):
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return -1
+
+
+def _reset_hwm():
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _median(xs):
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
+
+
+# --------------------------------------------------------------------------
+# PyTorch side: the seed modules (copied from ../shared/seeds, rearrange
+# written with reshape/transpose as einops does it)
+# --------------------------------------------------------------------------
+
+def _torch_modules():
+    import torch
+    import torch.nn as nn
+    import torch.nn.functional as F
+
+    class ConvSABlock(nn.Module):  # seed 000
+        def __init__(self, in_channels):
+            super().__init__()
+            self.q = nn.Conv2d(in_channels, in_channels // 8, kernel_size=1)
+            self.k = nn.Conv2d(in_channels, in_channels // 8, kernel_size=1)
+            self.v = nn.Conv2d(in_channels, in_channels, kernel_size=1)
+            self.gamma = nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            B, C, H, W = x.shape
+            Q = self.q(x).view(B, -1, H * W).permute(0, 2, 1)
+            K = self.k(x).view(B, -1, H * W)
+            V = self.v(x).view(B, -1, H * W).permute(0, 2, 1)
+            d_k = Q.size(-1)
+            attention = torch.bmm(Q, K) / d_k ** 0.5
+            attention = F.softmax(attention, dim=-1)
+            out = torch.bmm(attention, V)
+            out = out.permute(0, 2, 1).view(B, C, H, W)
+            return self.gamma * out + x
+
+    class SelfAttention(nn.Module):  # seed 001, GroupNorm version
+        def __init__(self, ni):
+            super().__init__()
+            self.scale = math.sqrt(ni)
+            self.norm = nn.GroupNorm(1, ni)
+            self.q = nn.Linear(ni, ni)
+            self.k = nn.Linear(ni, ni)
+            self.v = nn.Linear(ni, ni)
+            self.proj = nn.Linear(ni, ni)
+
+        def forward(self, x):
+            inp = x
+            n, c, h, w = x.shape
+            x = self.norm(x)
+            x = x.view(n, c, -1).transpose(1, 2)
+            q = self.q(x)
+            k = self.k(x)
+            v = self.v(x)
+            s = (q @ k.transpose(1, 2)) / self.scale
+            x = s.softmax(dim=-1) @ v
+            x = self.proj(x)
+            x = x.transpose(1, 2).reshape(n, c, h, w)
+            return x + inp
+
+    class SelfAttentionMultiHead(nn.Module):  # seed 001
+        def __init__(self, ni, nheads):
+            super().__init__()
+            self.nheads = nheads
+            self.scale = math.sqrt(ni / nheads)
+            self.norm = nn.BatchNorm2d(ni)
+            self.qkv = nn.Linear(ni, ni * 3)
+            self.proj = nn.Linear(ni, ni)
+
+        def forward(self, inp):
+            n, c, h, w = inp.shape
+            x = self.norm(inp).view(n, c, -1).transpose(1, 2)
+            x = self.qkv(x)
+            s_, hd = x.shape[1], x.shape[2] // self.nheads
+            # rearrange(x, 'n s (h d) -> (n h) s d', h=nheads)
+            x = x.reshape(n, s_, self.nheads, hd).transpose(1, 2).reshape(n * self.nheads, s_, hd)
+            q, k, v = torch.chunk(x, 3, dim=-1)
+            s = (q @ k.transpose(1, 2)) / self.scale
+            x = s.softmax(dim=-1) @ v
+            # rearrange(x, '(n h) s d -> n s (h d)', h=nheads)
+            d = x.shape[2]
+            x = x.reshape(n, self.nheads, s_, d).transpose(1, 2).reshape(n, s_, self.nheads * d)
+            x = self.proj(x).transpose(1, 2).reshape(n, c, h, w)
+            return x + inp
+
+    return ConvSABlock, SelfAttention, SelfAttentionMultiHead
+
+
+def _torch_workload(name):
+    """(forward callable, description) for one workload, weights random."""
+    import torch
+    ConvSABlock, SelfAttention, SelfAttentionMultiHead = _torch_modules()
+    torch.manual_seed(0)
+    if name == "sdpa":
+        q, k, v = (torch.randn(1, 8, 4096, 64) for _ in range(3))
+        scale = 1.0 / math.sqrt(64)
+        # torch 1.13 has no F.scaled_dot_product_attention; this is what
+        # user code writes (the scale folded into q, the cheaper place).
+        return lambda: torch.softmax((q * scale) @ k.transpose(-2, -1), dim=-1) @ v
+    if name == "mha":
+        m = torch.nn.MultiheadAttention(768, 12, batch_first=True).eval()
+        x = torch.randn(1, 197, 768)
+        return lambda: m(x, x, x, need_weights=False)
+    if name == "convsa":
+        m = ConvSABlock(64).eval()
+        with torch.no_grad():
+            m.gamma.fill_(0.5)
+        x = torch.randn(8, 64, 32, 32)
+        return lambda: m(x)
+    if name == "sa_multihead":
+        m = SelfAttentionMultiHead(32, 4).eval()
+        x = torch.randn(64, 32, 16, 16)
+        return lambda: m(x)
+    if name == "sa_group":
+        m = SelfAttention(512).eval()
+        x = torch.randn(1, 512, 64, 64)
+        return lambda: m(x)
+    if name in VIT:
+        import torchvision
+        m = torchvision.models.vit_b_16().eval()
+        x = torch.randn(1 if name == "vit_b16_b1" else 8, 3, 224, 224)
+        return lambda: m(x)
+    raise SystemExit("unknown workload " + name)
+
+
+def torch_child(name, threads, repeat):
+    """Runs in a fresh process: time one workload, print one JSON line."""
+    import torch
+    torch.set_num_threads(threads)
+    if name in VIT:
+        import torchvision  # noqa: F401  (imported before the baseline)
+    hwm_reset = _reset_hwm()
+    base = _status_kb("VmRSS")
+    with torch.inference_mode():
+        f = _torch_workload(name)
+        built_hwm, built = _status_kb("VmHWM"), _status_kb("VmRSS")
+        if hwm_reset:
+            _reset_hwm()
+        warm, i = 0.0, 0
+        while i < 2 or (warm < 0.3 and i < 50):
+            t0 = time.perf_counter()
+            f()
+            warm += time.perf_counter() - t0
+            i += 1
+        times = []
+        for _ in range(repeat):
+            t0 = time.perf_counter()
+            f()
+            times.append(1e3 * (time.perf_counter() - t0))
+        run_hwm = _status_kb("VmHWM")
+    print(json.dumps({"name": name, "status": "ok", "threads": torch.get_num_threads(),
+                      "times_ms": times, "base_rss_kb": base, "built_hwm_kb": built_hwm,
+                      "built_rss_kb": built, "run_hwm_kb": run_hwm, "hwm_reset": hwm_reset}))
+
+
+def export_vit(path):
+    """torchvision vit_b_16 with random weights (seed 0) -> safetensors with
+    the architecture in metadata, for `vitc bench --model`."""
+    import torch
+    import torchvision
+    torch.manual_seed(0)
+    m = torchvision.models.vit_b_16()
+    sd = {k: v.detach().contiguous().numpy() for k, v in m.state_dict().items()}
+    config = {"image_size": 224, "patch_size": 16, "in_channels": 3, "hidden_dim": 768,
+              "depth": 12, "num_heads": 12, "mlp_dim": 3072, "num_classes": 1000,
+              "norm_eps": 1e-6, "mean": [0.485, 0.456, 0.406], "std": [0.229, 0.224, 0.225]}
+    sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+    import st_write
+    st_write.write(path, sd, metadata={"vitc.config": json.dumps(config)})
+    print(json.dumps({"torch": torch.__version__, "torchvision": torchvision.__version__}))
+
+
+# --------------------------------------------------------------------------
+# Driver
+# --------------------------------------------------------------------------
+
+def run_child(argv, env):
+    """Run one child; return (parsed JSON, max RSS of the process in KiB).
+    os.wait4 gives this child's own rusage (RUSAGE_CHILDREN would sum)."""
+    with tempfile.TemporaryFile() as err:
+        p = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=err, env=env)
+        out = p.stdout.read()
+        p.stdout.close()
+        _, status, ru = os.wait4(p.pid, 0)
+        p.returncode = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        msg = err.read().decode(errors="replace").strip()
+    if p.returncode != 0:
+        return {"status": "failed", "error": msg or "exit %d" % p.returncode}, ru.ru_maxrss
+    try:
+        return json.loads(out), ru.ru_maxrss
+    except ValueError:
+        return {"status": "failed", "error": "bad output: %r" % out[:200]}, ru.ru_maxrss
+
+
+def child_env(threads, coretype):
+    env = dict(os.environ)
+    # Both sides get the same BLAS and OpenMP settings for a thread count.
+    for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env[k] = str(threads)
+    if coretype == "auto":
+        env.pop("OPENBLAS_CORETYPE", None)
+    elif coretype != "inherit":
+        env["OPENBLAS_CORETYPE"] = coretype
+    env["PYTHONPATH"] = os.path.join(ROOT, "python") + (
+        os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def machine_info(vitc, env):
+    cpu = platform.processor() or "?"
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    ver = subprocess.run([vitc, "--version"], capture_output=True, text=True, env=env).stdout
+    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "vitc": ver.strip(),
+            "kernel": platform.release()}
+
+
+def fmt(x, spec):
+    return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def summarize(name, runs, flops, peak1):
+    """runs: config -> list of child results. Pooled median and memory."""
+    out = {}
+    for cfg, rs in runs.items():
+        ok = [r for r in rs if r.get("status") == "ok"]
+        if not ok:
+            out[cfg] = {"status": rs[0].get("status", "failed") if rs else "not run",
+                        "error": rs[0].get("error", rs[0].get("note", "")) if rs else ""}
+            continue
+        times = [t for r in ok for t in r["times_ms"]]
+        med = _median(times)
+        threads = int(cfg.split("-")[1])
+        gf = flops / (med * 1e-3) * 1e-9 if flops else None
+        peak = [max(r["built_hwm_kb"], r["run_hwm_kb"]) - r["base_rss_kb"] for r in ok]
+        fwd = [r["run_hwm_kb"] - r["built_rss_kb"] for r in ok]
+        out[cfg] = {"status": "ok", "median_ms": med, "min_ms": min(times), "samples": len(times),
+                    "gflops": gf, "peak_frac": gf / (peak1 * threads) if gf and peak1 else None,
+                    "peak_mb": max(peak) / 1024.0, "fwd_mb": max(fwd) / 1024.0,
+                    "proc_mb": max(r["_maxrss_kb"] for r in ok) / 1024.0,
+                    "hwm_reset": all(r.get("hwm_reset") for r in ok)}
+    return out
+
+
+def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed):
+    L = []
+    L.append("# vitc benchmark results\n")
+    L.append("vitc against PyTorch on DESIGN.md's standard workloads, side by side in one run "
+             "(interleaved, each measurement a fresh process). See docs/bench.md for the method.\n")
+    L.append("- date: %s (run took %.0f s)" % (started, elapsed))
+    L.append("- command: `%s`" % cmdline)
+    L.append("- machine: %s, %d cores usable, Linux %s" % (info["cpu"], info["cores"], info["kernel"]))
+    L.append("- vitc: %s" % info["vitc"])
+    L.append("- PyTorch: torch %s, torchvision %s, Python %s" % (
+        info.get("torch", "?"), info.get("torchvision", "?"), platform.python_version()))
+    L.append("- OpenBLAS core type for both sides: %s" % info["coretype"])
+    L.append("- measured FMA peak (%s, fp32): %.1f GFLOP/s on 1 core, %.1f on %d threads at once" % (
+        peak["isa"], peak["p1"], peak["pn"], info["cores"]))
+    L.append("- rounds: %d; timed forwards per child: %s" % (
+        args.rounds, ", ".join("%s %d" % (n, WORKLOADS[n][3] * args.repeat_scale)
+                               for n in summary)))
+    L.append("")
+    L.append("## Summary\n")
+    L.append("vitc at 2 threads against PyTorch at its better of 1 and 2 threads. "
+             "Median ms; speedup = PyTorch ms / vitc ms; % peak = GFLOP/s over "
+             "(measured 1-core FMA peak × threads); peak MB = the workload's peak resident "
+             "memory above the process's resident set before it was built.\n")
+    L.append("| workload | input | GFLOP | vitc ms | PyTorch ms | speedup | vitc GFLOP/s | vitc % peak "
+             "| PyTorch GFLOP/s | PyTorch % peak | vitc peak MB | PyTorch peak MB | vitc 2 thr vs 1 |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, s in summary.items():
+        v2, v1 = s.get("vitc-2", {}), s.get("vitc-1", {})
+        tb = best_torch(s)
+        t = s.get(tb, {}) if tb else {}
+        if v2.get("status") != "ok":
+            L.append("| %s | %s | %s | %s | %s | | | | | | | | |" % (
+                name, WORKLOADS[name][1], fmt(flops.get(name) and flops[name] * 1e-9, ".2f"),
+                v2.get("status", "?") + (": " + v2.get("error", "") if v2.get("error") else ""),
+                fmt(t.get("median_ms"), ".2f")))
+            continue
+        sp = t["median_ms"] / v2["median_ms"] if t.get("status") == "ok" else None
+        sc = v1["median_ms"] / v2["median_ms"] if v1.get("status") == "ok" else None
+        L.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
+            name, WORKLOADS[name][1], fmt(flops[name] * 1e-9, ".2f"), fmt(v2["median_ms"], ".2f"),
+            fmt(t.get("median_ms"), ".2f") + (" (%s thr)" % tb.split("-")[1] if tb else ""),
+            fmt(sp, ".2f") + ("×" if sp else ""), fmt(v2["gflops"], ".1f"),
+            fmt(v2["peak_frac"] and 100 * v2["peak_frac"], ".0f") + "%",
+            fmt(t.get("gflops"), ".1f"),
+            fmt(t.get("peak_frac") and 100 * t["peak_frac"], ".0f") + "%",
+            fmt(v2["peak_mb"], ".0f"), fmt(t.get("peak_mb"), ".0f"),
+            fmt(sc, ".2f") + ("×" if sc else "")))
+    L.append("")
+    L.append("## Every configuration\n")
+    L.append("| workload | side | threads | median ms | min ms | samples | GFLOP/s | % peak "
+             "| peak MB | fwd MB | process max RSS MB |")
+    L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, s in summary.items():
+        for cfg in ("vitc-2", "vitc-1", "torch-1", "torch-2"):
+            r = s.get(cfg)
+            if r is None:
+                continue
+            side, th = cfg.split("-")
+            side = "vitc" if side == "vitc" else "PyTorch"
+            if r["status"] != "ok":
+                L.append("| %s | %s | %s | %s | | | | | | | |" % (
+                    name, side, th, r["status"] + (": " + r["error"][-160:].replace("\n", " ")
+                                                   if r.get("error") else "")))
+                continue
+            L.append("| %s | %s | %s | %s | %s | %d | %s | %s | %s | %s | %s |" % (
+                name, side, th, fmt(r["median_ms"], ".3f"), fmt(r["min_ms"], ".3f"), r["samples"],
+                fmt(r["gflops"], ".1f"), fmt(r["peak_frac"] and 100 * r["peak_frac"], ".0f") + "%",
+                fmt(r["peak_mb"], ".1f"), fmt(r["fwd_mb"], ".1f"), fmt(r["proc_mb"], ".0f")))
+    L.append("")
+    L.append("GFLOP counts the multiply-adds of GEMMs and attention, 2 per multiply-add "
+             "(attention: 4·B·H·L·S·d); norms, softmax, GELU and residuals are not counted. "
+             "Formulas per workload:\n")
+    for name in summary:
+        L.append("- %s — %s on %s: %s" % (name, WORKLOADS[name][0], WORKLOADS[name][1],
+                                           WORKLOADS[name][2]))
+    if notes:
+        L.append("\nNotes:\n")
+        L.extend("- " + n for n in notes)
+    return "\n".join(L) + "\n"
+
+
+def best_torch(s):
+    ok = [c for c in ("torch-1", "torch-2") if s.get(c, {}).get("status") == "ok"]
+    return min(ok, key=lambda c: s[c]["median_ms"]) if ok else None
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", help="write the markdown table here (and the raw data to .json)")
+    ap.add_argument("--only", help="comma-separated workloads (default: all): " + ", ".join(WORKLOADS))
+    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    ap.add_argument("--repeat-scale", type=int, default=1,
+                    help="multiply every workload's timed forwards per child")
+    ap.add_argument("--threads", default="1,2", help="thread counts to run (default 1,2)")
+    ap.add_argument("--vitc", default=os.path.join(ROOT, "build", "vitc"))
+    ap.add_argument("--model", help="an existing ViT-B/16 safetensors file (default: export a "
+                    "random-weight torchvision vit_b_16 to a temporary file)")
+    ap.add_argument("--openblas-coretype", default="auto",
+                    help="OPENBLAS_CORETYPE for both sides: 'auto' (unset: OpenBLAS detects the "
+                    "CPU; default), 'inherit' (keep the environment's), or a core name")
+    ap.add_argument("--torch-child", metavar="NAME", help=argparse.SUPPRESS)
+    ap.add_argument("--child-threads", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--child-repeat", type=int, default=5, help=argparse.SUPPRESS)
+    ap.add_argument("--export-vit", metavar="PATH", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+
+    if args.torch_child:
+        return torch_child(args.torch_child, args.child_threads, args.child_repeat)
+    if args.export_vit:
+        return export_vit(args.export_vit)
+
+    names = args.only.split(",") if args.only else list(WORKLOADS)
+    for n in names:
+        if n not in WORKLOADS:
+            ap.error("unknown workload %r (known: %s)" % (n, ", ".join(WORKLOADS)))
+    threads = [int(t) for t in args.threads.split(",")]
+    if not os.access(args.vitc, os.X_OK):
+        sys.exit("bench.py: %s not found: run make first" % args.vitc)
+
+    started = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    t_start = time.time()
+    cmdline = "make bench" if os.environ.get("MAKELEVEL") else " ".join(
+        ["bench/bench.py"] + [shlex.quote(a) for a in sys.argv[1:]])
+    inherited = os.environ.get("OPENBLAS_CORETYPE")
+    base_env = child_env(max(threads), args.openblas_coretype)
+    info = machine_info(args.vitc, base_env)
+    info["coretype"] = base_env.get("OPENBLAS_CORETYPE", "detected by OpenBLAS (unset)")
+    notes = []
+    if inherited and args.openblas_coretype == "auto":
+        notes.append("The environment had OPENBLAS_CORETYPE=%s; it was unset for both sides so "
+                     "that OpenBLAS (PyTorch's BLAS here, and vitc's when its backend is "
+                     "openblas) uses the kernels for this CPU. --openblas-coretype inherit keeps "
+                     "it." % inherited)
+
+    def log(msg):
+        print("bench: " + msg, file=sys.stderr, flush=True)
+
+    # FMA peak: best of a few measurements (anything lower was disturbed).
+    peak = {"isa": "?", "p1": 0.0, "pn": 0.0}
+
+    def measure_peak():
+        r, _ = run_child([args.vitc, "bench", "--peak-only", "--json", "--quiet",
+                          "--threads", str(info["cores"])], base_env)
+        if "fma_peak" in r:
+            p = r["fma_peak"]
+            peak["isa"] = p["isa"]
+            peak["p1"] = max(peak["p1"], p["gflops_1_thread"])
+            peak["pn"] = max(peak["pn"], p["gflops_all_threads"])
+
+    log("measuring the FMA peak")
+    measure_peak()
+
+    tmpdir = None
+    model = args.model
+    if any(n in VIT for n in names) or "torch" not in info:
+        if not model and any(n in VIT for n in names):
+            tmpdir = tempfile.TemporaryDirectory(prefix="vitc-bench-")
+            model = os.path.join(tmpdir.name, "vit_b_16.safetensors")
+            log("writing a random-weight ViT-B/16 checkpoint to " + model)
+            r, _ = run_child([sys.executable, __file__, "--export-vit", model], base_env)
+        else:
+            r, _ = run_child([sys.executable, "-c", "import json, torch, torchvision; print(json.dumps("
+                              "{'torch': torch.__version__, 'torchvision': torchvision.__version__}))"],
+                             base_env)
+        if r.get("status") == "failed":
+            log("PyTorch unavailable: " + r["error"][-300:])
+            notes.append("PyTorch could not be started: " + r["error"][-300:])
+        info.update({k: r[k] for k in ("torch", "torchvision") if k in r})
+
+    configs = ["vitc-%d" % t for t in sorted(threads, reverse=True)] + \
+              ["torch-%d" % t for t in sorted(threads)]
+    raw, summary, flops = {}, {}, {}
+    for name in names:
+        reps = WORKLOADS[name][3] * args.repeat_scale
+        runs = {c: [] for c in configs}
+        for rnd in range(args.rounds):
+            order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
+            for cfg in order:
+                side, th = cfg.split("-")
+                env = child_env(int(th), args.openblas_coretype)
+                if side == "vitc":
+                    argv = [args.vitc, "bench", "--json", "--quiet", "--no-peak", "--only", name,
+                            "--threads", th, "--repeat", str(reps)]
+                    if name in VIT and model:
+                        argv += ["--model", model]
+                else:
+                    argv = [sys.executable, __file__, "--torch-child", name,
+                            "--child-threads", th, "--child-repeat", str(reps)]
+                t0 = time.time()
+                r, maxrss = run_child(argv, env)
+                if side == "vitc" and "workloads" in r:
+                    r = r["workloads"][0]
+                    if r.get("flops"):
+                        flops[name] = r["flops"]
+                r["_maxrss_kb"] = maxrss
+                runs[cfg].append(r)
+                med = _median(r["times_ms"]) if r.get("status") == "ok" else None
+                log("%-13s round %d %-8s %s (%.1f s)" % (
+                    name, rnd + 1, cfg, "%.3f ms" % med if med else r.get("status", "?") + " "
+                    + (r.get("error") or r.get("note") or "")[-200:], time.time() - t0))
+        raw[name] = runs
+        summary[name] = summarize(name, runs, flops.get(name), peak["p1"])
+    measure_peak()
+    if tmpdir:
+        tmpdir.cleanup()
+
+    text = render(info, args, peak, summary, flops, notes, cmdline, started, time.time() - t_start)
+    print(text)
+    if args.out:
+        with open(args.out, "w") as f:
+            f.write(text)
+        with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
+            json.dump({"info": info, "peak": peak, "summary": summary, "raw": raw}, f, indent=1)
+        log("wrote " + args.out)
+
+
+if __name__ == "__main__":
+    main()
