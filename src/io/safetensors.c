@@ -311,7 +311,11 @@ static int st_cmp_offset(const void *a, const void *b) {
         return x->begin < y->begin ? -1 : 1;
     /* Empty tensors share their begin with the next one; put them first so
      * the contiguity check sees begin == previous end for both. */
-    return (x->end > y->end) - (x->end < y->end);
+    if (x->end != y->end)
+        return x->end < y->end ? -1 : 1;
+    /* qsort is not stable: equal ranges (empty tensors) go by name so the
+     * order is the same everywhere. */
+    return strcmp(x->name, y->name);
 }
 
 static int st_cmp_name(const void *a, const void *b) {
