@@ -333,7 +333,7 @@ static void progress_end(progress *p, int done, int total) {
 int cmd_classify(int argc, char **argv) {
     classify_opts o;
     vitc_vit *m = NULL;
-    const vitc_vit_config *cfg;
+    const vitc_vit_config *cfg = NULL;
     char **labels = NULL;
     float *batch = NULL, *logits = NULL;
     ranked *rank = NULL;
@@ -430,7 +430,7 @@ int cmd_classify(int argc, char **argv) {
         fprintf(stderr, "vitc: %d of %d images could not be classified\n", failed, o.n_images);
 
 done:
-    if (labels) {
+    if (labels && cfg) {
         for (int i = 0; i < cfg->num_classes; i++)
             free(labels[i]);
         free(labels);
