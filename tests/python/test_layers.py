@@ -6,6 +6,8 @@ same input. Tolerance (DESIGN.md section 6):
 max|vitc - torch| <= 1e-5 * max(1, max|torch|).
 """
 import math
+import os
+import sys
 import warnings
 import unittest
 
@@ -20,194 +22,18 @@ torch.set_grad_enabled(False)
 warnings.filterwarnings("ignore", "Byte tensor for attn_mask")
 
 
-# ---------------------------------------------------------------------------
-# The seeds' modules (../shared/seeds/), unchanged but for formatting.
-
-class SeedAttentionBlock(nn.Module):  # seed 000
-    def __init__(self, in_channels=3, patch_size=4, embed_dim=64, heads=1):
-        super().__init__()
-        self.patch_size = patch_size
-        self.embed_dim = embed_dim
-        self.heads = heads
-        self.proj = nn.Conv2d(in_channels, embed_dim, kernel_size=patch_size, stride=patch_size)
-        self.to_q = nn.Linear(embed_dim, embed_dim)
-        self.to_k = nn.Linear(embed_dim, embed_dim)
-        self.to_v = nn.Linear(embed_dim, embed_dim)
-        self.to_out = nn.Linear(embed_dim, embed_dim)
-
-    def forward(self, x):
-        x = self.proj(x)
-        x = x.flatten(2)
-        x = x.transpose(1, 2)
-        Q = self.to_q(x)
-        K = self.to_k(x)
-        V = self.to_v(x)
-        if self.heads > 1:  # DESIGN.md: heads > 1 splits E into heads (grouped layout)
-            B, N, E = Q.shape
-            h = self.heads
-            Q, K, V = (t.reshape(B, N, h, E // h).transpose(1, 2) for t in (Q, K, V))
-        d_k = Q.size(-1)
-        scores = torch.matmul(Q, K.transpose(-2, -1)) / (d_k ** 0.5)
-        attn = F.softmax(scores, dim=-1)
-        out = torch.matmul(attn, V)
-        if self.heads > 1:
-            out = out.transpose(1, 2).reshape(B, N, E)
-        out = self.to_out(out)
-        return out
-
-
-class SeedConvSABlock(nn.Module):  # seed 000
-    def __init__(self, in_channels):
-        super().__init__()
-        self.q = nn.Conv2d(in_channels, in_channels // 8, kernel_size=1)
-        self.k = nn.Conv2d(in_channels, in_channels // 8, kernel_size=1)
-        self.v = nn.Conv2d(in_channels, in_channels, kernel_size=1)
-        self.gamma = nn.Parameter(torch.zeros(1))
-
-    def forward(self, x):
-        B, C, H, W = x.shape
-        Q = self.q(x).view(B, -1, H * W).permute(0, 2, 1)
-        K = self.k(x).view(B, -1, H * W)
-        V = self.v(x).view(B, -1, H * W).permute(0, 2, 1)
-        d_k = Q.size(-1)
-        attention = torch.bmm(Q, K) / d_k ** 0.5
-        attention = F.softmax(attention, dim=-1)
-        out = torch.bmm(attention, V)
-        out = out.permute(0, 2, 1).view(B, C, H, W)
-        return self.gamma * out + x
-
-
-class SeedSelfAttentionGroup(nn.Module):  # seed 001, first SelfAttention
-    def __init__(self, ni):
-        super().__init__()
-        self.scale = math.sqrt(ni)
-        self.norm = nn.GroupNorm(1, ni)
-        self.q = nn.Linear(ni, ni)
-        self.k = nn.Linear(ni, ni)
-        self.v = nn.Linear(ni, ni)
-        self.proj = nn.Linear(ni, ni)
-
-    def forward(self, x):
-        inp = x
-        n, c, h, w = x.shape
-        x = self.norm(x)
-        x = x.view(n, c, -1).transpose(1, 2)
-        q = self.q(x)
-        k = self.k(x)
-        v = self.v(x)
-        s = (q @ k.transpose(1, 2)) / self.scale
-        x = s.softmax(dim=-1) @ v
-        x = self.proj(x)
-        x = x.transpose(1, 2).reshape(n, c, h, w)
-        return x + inp
-
-
-class SeedSelfAttentionBatch(nn.Module):  # seed 001, second SelfAttention
-    def __init__(self, ni):
-        super().__init__()
-        self.scale = math.sqrt(ni)
-        self.norm = nn.BatchNorm2d(ni)
-        self.qkv = nn.Linear(ni, ni * 3)
-        self.proj = nn.Linear(ni, ni)
-
-    def forward(self, x):
-        inp = x
-        n, c, h, w = x.shape
-        x = self.norm(x)
-        x = x.view(n, c, -1).transpose(1, 2)
-        q, k, v = torch.chunk(self.qkv(x), 3, dim=-1)
-        s = (q @ k.transpose(1, 2)) / self.scale
-        x = s.softmax(dim=-1) @ v
-        x = self.proj(x)
-        x = x.transpose(1, 2).reshape(n, c, h, w)
-        return x + inp
-
-
-def rearrange_in(x, h):  # einops 'n s (h d) -> (n h) s d'
-    n, s, hd = x.shape
-    return x.reshape(n, s, h, hd // h).transpose(1, 2).reshape(n * h, s, hd // h)
-
-
-def rearrange_out(x, h):  # einops '(n h) s d -> n s (h d)'
-    nh, s, d = x.shape
-    return x.reshape(nh // h, h, s, d).transpose(1, 2).reshape(nh // h, s, h * d)
-
-
-class SeedSelfAttentionMultiHead(nn.Module):  # seed 001
-    def __init__(self, ni, nheads):
-        super().__init__()
-        self.nheads = nheads
-        self.scale = math.sqrt(ni / nheads)
-        self.norm = nn.BatchNorm2d(ni)
-        self.qkv = nn.Linear(ni, ni * 3)
-        self.proj = nn.Linear(ni, ni)
-
-    def forward(self, inp):
-        n, c, h, w = inp.shape
-        x = self.norm(inp).view(n, c, -1).transpose(1, 2)
-        x = self.qkv(x)
-        x = rearrange_in(x, self.nheads)
-        q, k, v = torch.chunk(x, 3, dim=-1)
-        s = (q @ k.transpose(1, 2)) / self.scale
-        x = s.softmax(dim=-1) @ v
-        x = rearrange_out(x, self.nheads)
-        x = self.proj(x).transpose(1, 2).reshape(n, c, h, w)
-        return x + inp
-
-
-class SeedT2TAttention(nn.Module):  # seed 003
-    def __init__(self, dim, chan, num_heads=1, qkv_bias=False, qk_scale=None):
-        super().__init__()
-        self.num_heads = num_heads
-        self.chan = chan
-        self.head_dim = self.chan // self.num_heads
-        self.scale = qk_scale or self.head_dim ** -0.5
-        assert self.chan % self.num_heads == 0
-        self.qkv = nn.Linear(dim, chan * 3, bias=qkv_bias)
-        self.proj = nn.Linear(chan, chan)
-
-    def forward(self, x):
-        B, N, C = x.shape
-        qkv = self.qkv(x).reshape(B, N, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4)
-        q, k, v = qkv[0], qkv[1], qkv[2]
-        attn = (q * self.scale) @ k.transpose(-2, -1)
-        attn = attn.softmax(dim=-1)
-        x = (attn @ v).transpose(1, 2).reshape(B, N, self.chan)
-        x = self.proj(x)
-        v = v.transpose(1, 2).reshape(B, N, self.chan)
-        x = v + x
-        return x
-
-
-def seed_single_head(x, W_q, W_k, W_v, W_o):  # seed 002 (NumPy), in float64
-    x, W_q, W_k, W_v, W_o = (np.asarray(a, np.float64) for a in (x, W_q, W_k, W_v, W_o))
-    d_k = W_q.shape[1]
-    Q, K, V = x @ W_q, x @ W_k, x @ W_v
-    s = Q @ K.transpose(0, 2, 1) / np.sqrt(d_k)
-    s = np.exp(s - s.max(-1, keepdims=True))
-    w = s / s.sum(-1, keepdims=True)
-    return (w @ V) @ W_o
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+# The seeds' torch modules, shared with the reference generator.
+from gen_layers import (SeedAttentionBlock, SeedConvSABlock, SeedSelfAttentionBatch,  # noqa: E402
+                        SeedSelfAttentionGroup, SeedSelfAttentionMultiHead, SeedT2TAttention,
+                        randomize, sdpa_ref, seed_single_head)
 
 
 # ---------------------------------------------------------------------------
 
 def sd_numpy(module):
     return {k: v.numpy() for k, v in module.state_dict().items()}
-
-
-def randomize(module, gen):
-    """Non-default values for everything torch initialises to constants (biases
-    of MHA, gamma, norm affine, running stats); weights keep torch's own
-    random initialisation, so activations have realistic magnitudes."""
-    for name, p in module.named_parameters():
-        if p.dim() <= 1:
-            p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    for name, b in module.named_buffers():
-        if name.endswith("running_mean"):
-            b.copy_(torch.randn(b.shape, generator=gen) * 0.2)
-        elif name.endswith("running_var"):
-            b.copy_(torch.rand(b.shape, generator=gen) + 0.5)
-    return module
 
 
 class Case(unittest.TestCase):
@@ -493,19 +319,6 @@ class TestMultiheadAttention(Case):
             v(x, x, x, key_padding_mask=np.zeros((2, 3), np.int32))
         with self.assertRaisesRegex(vitc.VitcError, "3-D .batched. or 2-D"):
             v(np.zeros((8,), np.float32), x, x)
-
-
-def sdpa_ref(q, k, v, mask=None, scale=None):
-    """float64 NumPy reference with torch 2.x semantics (bool True = takes part)."""
-    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
-    s = q @ np.swapaxes(k, -1, -2) * (scale if scale is not None else 1.0 / math.sqrt(q.shape[-1]))
-    if mask is not None:
-        mask = np.asarray(mask)
-        s = np.where(mask, s, -np.inf) if mask.dtype == bool else s + mask
-    with np.errstate(invalid="ignore"):
-        m = s.max(-1, keepdims=True)
-        e = np.exp(s - m)
-        return (e / e.sum(-1, keepdims=True)) @ v
 
 
 class TestSDPA(Case):
