@@ -162,3 +162,10 @@ install: all
 
 clean:
 	rm -rf build build-asan
+
+# Attention kernel speed on the standard shapes, 1 and 2 threads
+# (tests/bench_attention.c; a driver, not a test).
+$(BUILD)/bench_attention: tests/bench_attention.c $(BUILD)/libvitc.a $(HDRS)
+	$(Q)$(CC) $(BASE) $(CFLAGS) $< -o $@ $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
+bench-attention: $(BUILD)/bench_attention
+	$(BUILD)/bench_attention -t 1 && $(BUILD)/bench_attention -t 2

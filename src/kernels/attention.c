@@ -167,7 +167,10 @@ static void vitc__attn_plan_make(vitc__attn_plan *p, const vitc__sdpa_desc *d) {
     p->Br = Br;
     p->nqb = (d->L + Br - 1) / Br;
     int64_t whole_cols = vitc__attn_round(d->S, VITC_ATTN_PANEL);
-    p->whole_head = p->nkb > 1 && whole_cols * (d->D + p->Dvp) * 4 <= VITC_ATTN_WHOLE_BYTES;
+    /* Worth keeping when some thread will reuse it: several key blocks per
+     * task, or several tasks per head. */
+    p->whole_head = (p->nkb > 1 || p->nqb > 1) &&
+                    whole_cols * (d->D + p->Dvp) * 4 <= VITC_ATTN_WHOLE_BYTES;
     p->kv_cols = p->whole_head ? whole_cols : p->Bcp;
     p->gen = __atomic_add_fetch(&vitc__attn_gen, 1, __ATOMIC_RELAXED);
     p->qscale = (float)((double)d->scale * 1.442695040888963407359924681001892137);

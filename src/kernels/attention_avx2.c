@@ -3,6 +3,7 @@
  * (12 ymm accumulators each, the shape of BLIS's Haswell sgemm). */
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "attention_impl.h"
 
@@ -65,6 +66,8 @@ static inline __m256 att_exp2_avx2(__m256 x) {
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
+
+#include "attention_t8.h"
 
 #define ATT_FN vitc__attn_rows_avx2
 #include "attention_tmpl.h"

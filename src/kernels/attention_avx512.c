@@ -5,6 +5,7 @@
  * exponential relies on to return exactly 0 below 2^-126. */
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "attention_impl.h"
 
@@ -51,6 +52,8 @@ static inline __m512 att_exp2_avx512(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
 }
+
+#include "attention_t8.h"
 
 #define ATT_FN vitc__attn_rows_avx512
 #include "attention_tmpl.h"

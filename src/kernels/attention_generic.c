@@ -2,6 +2,7 @@
  * algorithm and blocking as the SIMD paths with a one-lane "vector", for
  * machines without AVX2 (and as a readable twin of the fast paths). */
 #include <math.h>
+#include <string.h>
 
 #include "attention_impl.h"
 

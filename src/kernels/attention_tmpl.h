@@ -32,8 +32,9 @@
 
 static const float att_log2e = 1.44269504088896340736f;
 
-/* s[r][0:NR] = q[r][0:D] . kt[0:D][0:NR] for r < mr. */
-static inline __attribute__((always_inline)) void att_s_kernel(int mr, int64_t D,
+/* s[r][0:NR] = q[r][0:D] . kt[0:D][0:NR] for r < mr; only the first VW
+ * columns when half (a last panel with <= VW keys left). */
+static inline __attribute__((always_inline)) void att_s_kernel(int mr, int half, int64_t D,
                                                                const float *q, /* [mr, D] */
                                                                const float *kt, /* [D, NR] */
                                                                float *s, /* [mr, lds] */
@@ -47,27 +48,31 @@ static inline __attribute__((always_inline)) void att_s_kernel(int mr, int64_t D
         }
     for (int64_t c = 0; c < D; c++) {
         VT k0 = v_load(kt + c * NR);
-        VT k1 = v_load(kt + c * NR + VW);
+        VT k1 = half ? k0 : v_load(kt + c * NR + VW);
         ATT_UNROLL
         for (int r = 0; r < MR_S; r++)
             if (r < mr) {
                 VT b = v_set1(q[r * D + c]);
                 a0[r] = v_fma(b, k0, a0[r]);
-                a1[r] = v_fma(b, k1, a1[r]);
+                if (!half) a1[r] = v_fma(b, k1, a1[r]);
             }
     }
     ATT_UNROLL
     for (int r = 0; r < MR_S; r++)
         if (r < mr) {
             v_store(s + r * lds, a0[r]);
-            v_store(s + r * lds + VW, a1[r]);
+            if (!half) v_store(s + r * lds + VW, a1[r]);
         }
 }
 
-static void att_s_rows(int mr, int64_t D, const float *q, const float *kt, float *s, int64_t lds) {
+static void att_s_rows(int mr, int half, int64_t D, const float *q, const float *kt, float *s,
+                       int64_t lds) {
     switch (mr) {
-#define ATT_S_CASE(n) \
-    case n: att_s_kernel(n, D, q, kt, s, lds); break;
+#define ATT_S_CASE(n)                                      \
+    case n:                                                \
+        if (half) att_s_kernel(n, 1, D, q, kt, s, lds);    \
+        else att_s_kernel(n, 0, D, q, kt, s, lds);         \
+        break;
         ATT_S_CASE(1) ATT_S_CASE(2) ATT_S_CASE(3) ATT_S_CASE(4) ATT_S_CASE(5) ATT_S_CASE(6)
 #if MR_S > 6
         ATT_S_CASE(7) ATT_S_CASE(8) ATT_S_CASE(9) ATT_S_CASE(10) ATT_S_CASE(11) ATT_S_CASE(12)
@@ -102,7 +107,7 @@ static inline __attribute__((always_inline)) void att_pv_kernel(int mr, int nv, 
         VT vv[NV_PV];
         ATT_UNROLL
         for (int x = 0; x < NV_PV; x++)
-            if (x < nv) vv[x] = v_load(v + j * ldv + x * VW);
+            if (x < nv) vv[x] = v_loadu(v + j * ldv + x * VW);
         ATT_UNROLL
         for (int r = 0; r < MR_PV; r++)
             if (r < mr) {
@@ -176,18 +181,29 @@ static void att_pack_kv(const vitc__sdpa_desc *d, int64_t Dvp, int64_t b, int64_
     for (int64_t p0 = 0; p0 < n; p0 += NR) {
         float *panel = kt + (p0 / NR) * D * NR; /* [D, NR] */
         int64_t w = n - p0 < NR ? n - p0 : NR;
-        for (int64_t jj = 0; jj < w; jj++) {
+        int64_t jj = 0;
+#ifdef ATT_HAVE_T8
+        /* 8 x 8 register transposes: a scalar transpose costs as much as
+         * the math at ViT sizes. */
+        for (; jj + 8 <= w; jj += 8) {
+            const float *krow = k + (p0 + jj) * d->k_sr;
+            int64_t c = 0;
+            for (; c + 8 <= D; c += 8) att_transpose8(krow + c, d->k_sr, panel + c * NR + jj, NR);
+            for (; c < D; c++)
+                for (int64_t i = 0; i < 8; i++) panel[c * NR + jj + i] = krow[i * d->k_sr + c];
+        }
+#endif
+        for (; jj < w; jj++) {
             const float *krow = k + (p0 + jj) * d->k_sr;
             for (int64_t c = 0; c < D; c++) panel[c * NR + jj] = krow[c];
         }
         for (int64_t jj = w; jj < NR; jj++)
             for (int64_t c = 0; c < D; c++) panel[c * NR + jj] = 0.0f;
     }
+    if (!vp) return; /* V is read in place */
     for (int64_t j = 0; j < n; j++) {
-        const float *vrow = v + j * d->v_sr;
-        float *dst = vp + j * Dvp;
-        for (int64_t c = 0; c < Dv; c++) dst[c] = vrow[c];
-        for (int64_t c = Dv; c < Dvp; c++) dst[c] = 0.0f;
+        memcpy(vp + j * Dvp, v + j * d->v_sr, (size_t)Dv * sizeof(float));
+        memset(vp + j * Dvp + Dv, 0, (size_t)(Dvp - Dv) * sizeof(float));
     }
 }
 
@@ -238,21 +254,22 @@ static void att_scores(const float *qp, int64_t D, int64_t nr, const float *kt, 
                        float *st, int64_t Bcp) {
     for (int64_t p0 = 0; p0 < nkv; p0 += NR) {
         const float *panel = kt + (p0 / NR) * D * NR;
+        int half = VW > 1 && nkv - p0 <= VW;
         for (int64_t r = 0; r < nr; r += MR_S) {
             int mr = nr - r < MR_S ? (int)(nr - r) : MR_S;
-            att_s_rows(mr, D, qp + r * D, panel, st + r * Bcp + p0, Bcp);
+            att_s_rows(mr, half, D, qp + r * D, panel, st + r * Bcp + p0, Bcp);
         }
     }
 }
 
-static void att_pv(const vitc__attn_ws *ws, int64_t nr, int64_t nkv, const float *vp, int64_t Bcp,
-                   int64_t Dvp, int init, const float *alpha) {
+static void att_pv(const vitc__attn_ws *ws, int64_t nr, int64_t nkv, const float *vp, int64_t ldv,
+                   int64_t Bcp, int64_t Dvp, int init, const float *alpha) {
     const int64_t chunk = (int64_t)NV_PV * VW;
     for (int64_t c0 = 0; c0 < Dvp; c0 += chunk) {
         int nv = (int)((Dvp - c0 < chunk ? Dvp - c0 : chunk) / VW);
         for (int64_t r = 0; r < nr; r += MR_PV) {
             int mr = nr - r < MR_PV ? (int)(nr - r) : MR_PV;
-            att_pv_rows(mr, nv, init, nkv, ws->st + r * Bcp, Bcp, vp + c0, Dvp,
+            att_pv_rows(mr, nv, init, nkv, ws->st + r * Bcp, Bcp, vp + c0, ldv,
                         ws->ot + r * Dvp + c0, Dvp, alpha + r);
         }
     }
@@ -276,6 +293,11 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
         ws->kv_done = 0;
     }
     float *m = ws->mrow, *l = ws->lrow, *alpha = ws->arow;
+    /* Rows of whole vectors need no padding: the P V kernel reads the
+     * caller's V rows directly. */
+    const int v_inplace = Dv % VW == 0;
+    const float *vbase = d->v + b * d->v_sb + h * d->v_sh; /* [S, Dv] */
+    const int64_t ldv = v_inplace ? d->v_sr : Dvp;
     for (int64_t r = 0; r < nr; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
@@ -291,16 +313,17 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
             float *kt, *vp;
             if (pl->whole_head) {
                 kt = ws->kt + j0 * D;
-                vp = ws->vp + j0 * Dvp;
+                vp = v_inplace ? NULL : ws->vp + j0 * Dvp;
                 if (kb >= ws->kv_done) {
                     att_pack_kv(d, Dvp, b, h, j0, nkv, kt, vp);
                     ws->kv_done = kb + 1;
                 }
             } else {
                 kt = ws->kt;
-                vp = ws->vp;
+                vp = v_inplace ? NULL : ws->vp;
                 att_pack_kv(d, Dvp, b, h, j0, nkv, kt, vp);
             }
+            const float *vsrc = v_inplace ? vbase + j0 * d->v_sr : vp; /* [nkv, ldv] */
             att_scores(ws->qp, D, nr, kt, nkv, ws->st, Bcp);
 
             for (int64_t r = 0; r < nr; r++) {
@@ -334,7 +357,7 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
                     alpha[r] = 1.0f;
                 }
             }
-            if (pass == 1) att_pv(ws, nr, nkv, vp, Bcp, Dvp, kb == 0, alpha);
+            if (pass == 1) att_pv(ws, nr, nkv, vsrc, ldv, Bcp, Dvp, kb == 0, alpha);
         }
     }
 
