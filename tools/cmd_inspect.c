@@ -114,7 +114,8 @@ static int inspect_json(const char *path, const vitc_safetensors *st, const vitc
         vitc_safetensors_metadata(st, i, &k, &v);
         json_object_set_new(meta, k, json_string(v));
     }
-    json_object_set_new(root, "file", json_string(path));
+    json_t *jpath = json_string(path); /* NULL when the path is not UTF-8 */
+    json_object_set_new(root, "file", jpath ? jpath : json_string("(path not UTF-8)"));
     json_object_set_new(root, "tensors", ts);
     json_object_set_new(root, "parameters", json_integer((json_int_t)params));
     json_object_set_new(root, "metadata", meta);
