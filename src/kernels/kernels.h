@@ -91,6 +91,12 @@ void vitc__groupnorm(float *y, const float *x, const float *w, const float *b, i
                      int64_t C, int64_t HW, int64_t G, float eps);
 /* Exact-erf GELU, in place. */
 void vitc__gelu(float *x, int64_t n);
+/* The plain reference versions of the three above (the fast ones dispatch
+ * by arch and thread over rows; these stay for tests). */
+void vitc__softmax_rows_ref(float *x, int64_t rows, int64_t n, float inv_temperature);
+void vitc__layernorm_ref(float *y, const float *x, const float *w, const float *b, int64_t M,
+                         int64_t C, float eps);
+void vitc__gelu_ref(float *x, int64_t n);
 /* [B, C, HW] -> [B, HW, C] (and back with swapped sizes). */
 void vitc__transpose_bc(float *y, const float *x, int64_t B, int64_t C, int64_t HW);
 

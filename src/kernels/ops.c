@@ -1,9 +1,16 @@
-/* ops.c — softmax, norms, GELU, layout moves: reference kernels. */
+/*
+ * ops.c — softmax, norms, GELU, layout moves. The *_ref functions are the
+ * plain reference kernels (kept, and what tests compare the fast paths
+ * with); softmax, LayerNorm and GELU dispatch by arch to ops_avx512.c /
+ * ops_avx2.c and spread large inputs over the pool by rows (chunks for
+ * GELU). Each row is computed by one thread with the same code whatever
+ * the thread count, so results do not depend on it.
+ */
 #include <math.h>
 
-#include "kernels.h"
+#include "ops_simd.h"
 
-void vitc__softmax_rows(float *x, int64_t rows, int64_t n, float inv_temperature) {
+void vitc__softmax_rows_ref(float *x, int64_t rows, int64_t n, float inv_temperature) {
     for (int64_t r = 0; r < rows; r++) {
         float *row = x + r * n;
         float mx = -INFINITY;
@@ -22,8 +29,8 @@ void vitc__softmax_rows(float *x, int64_t rows, int64_t n, float inv_temperature
 }
 
 /* Mean and variance in double: a float running sum drifts on 4096-long rows. */
-void vitc__layernorm(float *y, const float *x, const float *w, const float *b, int64_t M,
-                     int64_t C, float eps) {
+void vitc__layernorm_ref(float *y, const float *x, const float *w, const float *b, int64_t M,
+                         int64_t C, float eps) {
     for (int64_t i = 0; i < M; i++) {
         const float *xr = x + i * C;
         float *yr = y + i * C;
@@ -68,7 +75,7 @@ void vitc__groupnorm(float *y, const float *x, const float *w, const float *b, i
     }
 }
 
-void vitc__gelu(float *x, int64_t n) {
+void vitc__gelu_ref(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++)
         x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
 }
@@ -78,4 +85,85 @@ void vitc__transpose_bc(float *y, const float *x, int64_t B, int64_t C, int64_t 
         for (int64_t c = 0; c < C; c++)
             for (int64_t i = 0; i < HW; i++)
                 y[(n * HW + i) * C + c] = x[(n * C + c) * HW + i];
+}
+
+/* ---- dispatch ------------------------------------------------------ */
+
+/* Below this many elements a parallel region costs more than it saves. */
+#define VITC_OPS_PAR_ELEMS 32768
+
+typedef struct {
+    float *y;
+    const float *x, *w, *b;
+    int64_t n; /* row length */
+    float f;   /* eps or inv_temperature */
+    vitc__arch arch;
+} vitc__rows_ctx;
+
+static void vitc__softmax_part(void *c, int64_t r0, int64_t r1, int tid) {
+    const vitc__rows_ctx *k = c;
+    float *x = k->y + r0 * k->n;
+    (void)tid;
+    switch (k->arch) {
+    case VITC_ARCH_AVX512: vitc__softmax_rows_avx512(x, r1 - r0, k->n, k->f); break;
+    case VITC_ARCH_AVX2: vitc__softmax_rows_avx2(x, r1 - r0, k->n, k->f); break;
+    default: vitc__softmax_rows_ref(x, r1 - r0, k->n, k->f); break;
+    }
+}
+
+void vitc__softmax_rows(float *x, int64_t rows, int64_t n, float inv_temperature) {
+    vitc__rows_ctx k = {x, NULL, NULL, NULL, n, inv_temperature, vitc__get_arch()};
+    if (rows <= 0 || n <= 0) return;
+    if (rows > 1 && rows * n >= VITC_OPS_PAR_ELEMS)
+        vitc__parallel_range(rows, vitc__softmax_part, &k);
+    else
+        vitc__softmax_part(&k, 0, rows, 0);
+}
+
+static void vitc__layernorm_part(void *c, int64_t r0, int64_t r1, int tid) {
+    const vitc__rows_ctx *k = c;
+    float *y = k->y + r0 * k->n;
+    const float *x = k->x + r0 * k->n;
+    (void)tid;
+    switch (k->arch) {
+    case VITC_ARCH_AVX512: vitc__layernorm_avx512(y, x, k->w, k->b, r1 - r0, k->n, k->f); break;
+    case VITC_ARCH_AVX2: vitc__layernorm_avx2(y, x, k->w, k->b, r1 - r0, k->n, k->f); break;
+    default: vitc__layernorm_ref(y, x, k->w, k->b, r1 - r0, k->n, k->f); break;
+    }
+}
+
+void vitc__layernorm(float *y, const float *x, const float *w, const float *b, int64_t M,
+                     int64_t C, float eps) {
+    vitc__rows_ctx k = {y, x, w, b, C, eps, vitc__get_arch()};
+    if (M <= 0 || C <= 0) return;
+    if (M > 1 && M * C >= VITC_OPS_PAR_ELEMS)
+        vitc__parallel_range(M, vitc__layernorm_part, &k);
+    else
+        vitc__layernorm_part(&k, 0, M, 0);
+}
+
+/* GELU is elementwise: chunks of 4096, so that the cut between threads
+ * never splits a SIMD vector differently from a serial run. */
+#define VITC_GELU_CHUNK 4096
+
+static void vitc__gelu_part(void *c, int64_t c0, int64_t c1, int tid) {
+    const vitc__rows_ctx *k = c;
+    int64_t b = c0 * VITC_GELU_CHUNK, e = c1 * VITC_GELU_CHUNK;
+    if (e > k->n) e = k->n;
+    (void)tid;
+    switch (k->arch) {
+    case VITC_ARCH_AVX512: vitc__gelu_avx512(k->y + b, e - b); break;
+    case VITC_ARCH_AVX2: vitc__gelu_avx2(k->y + b, e - b); break;
+    default: vitc__gelu_ref(k->y + b, e - b); break;
+    }
+}
+
+void vitc__gelu(float *x, int64_t n) {
+    vitc__rows_ctx k = {x, NULL, NULL, NULL, n, 0.0f, vitc__get_arch()};
+    if (n <= 0) return;
+    int64_t chunks = (n + VITC_GELU_CHUNK - 1) / VITC_GELU_CHUNK;
+    if (n >= VITC_OPS_PAR_ELEMS)
+        vitc__parallel_range(chunks, vitc__gelu_part, &k);
+    else
+        vitc__gelu_part(&k, 0, chunks, 0);
 }

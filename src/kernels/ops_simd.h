@@ -1,0 +1,21 @@
+/*
+ * ops_simd.h — the per-ISA row ops behind the dispatchers in ops.c
+ * (ops_avx512.c, ops_avx2.c). Private to those files and their tests.
+ * Same contracts as the kernels.h functions of the same name.
+ */
+#ifndef VITC_OPS_SIMD_H
+#define VITC_OPS_SIMD_H
+
+#include "kernels.h"
+
+void vitc__gelu_avx512(float *x, int64_t n);
+void vitc__softmax_rows_avx512(float *x, int64_t rows, int64_t n, float inv_temperature);
+void vitc__layernorm_avx512(float *y, const float *x, const float *w, const float *b, int64_t M,
+                            int64_t C, float eps);
+
+void vitc__gelu_avx2(float *x, int64_t n);
+void vitc__softmax_rows_avx2(float *x, int64_t rows, int64_t n, float inv_temperature);
+void vitc__layernorm_avx2(float *y, const float *x, const float *w, const float *b, int64_t M,
+                          int64_t C, float eps);
+
+#endif

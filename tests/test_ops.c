@@ -1,0 +1,204 @@
+/* test_ops.c — softmax, LayerNorm and GELU on every arch vs float64. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <cmocka.h>
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+static const char *archs[] = {"generic", "avx2", "avx512"};
+
+static uint64_t rng = 0x9E3779B97F4A7C15ull;
+static double drand(void) { /* uniform [0, 1) */
+    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+static double nrand(void) {
+    double u = drand() + 1e-300, v = drand();
+    return sqrt(-2.0 * log(u)) * cos(6.283185307179586 * v);
+}
+
+static double gelu64(double x) { return 0.5 * x * (1.0 + erf(x / sqrt(2.0))); }
+
+/* GELU within 1e-6 of erf's scale: an erf error d moves GELU by |x| d / 2;
+ * the final products add a few float roundings of the result. */
+static void check_gelu(const float *in, const float *out, int64_t n, const char *arch) {
+    for (int64_t i = 0; i < n; i++) {
+        double x = in[i], want = gelu64(x);
+        if (isnan(x)) {
+            assert_true(isnan(out[i]));
+            continue;
+        }
+        if (isinf(x)) {
+            if (x > 0) assert_true(out[i] == INFINITY);
+            continue;
+        }
+        double bound = 0.5e-6 * fabs(x) + 3e-7 * fabs(want) + 1e-38;
+        if (!(fabs(out[i] - want) <= bound)) {
+            fprintf(stderr, "%s: gelu(%.9g) = %.9g, want %.9g\n", arch, x, out[i], want);
+            fail();
+        }
+    }
+}
+
+static void test_gelu(void **state) {
+    int64_t n = 400000 + 13;
+    float *in = malloc((size_t)n * sizeof(float)), *out = malloc((size_t)n * sizeof(float));
+    float *out2 = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < 200000; i++) in[i] = (float)(-12.0 + 24.0 * i / 200000.0); /* dense */
+    for (int64_t i = 200000; i < n; i++) in[i] = (float)(nrand() * pow(10.0, 4.0 * drand() - 3.0));
+    float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 1e-8f, 0.5f, -0.5f, 0.49999997f, 100.0f,
+                       -100.0f, INFINITY, -INFINITY, NAN};
+    memcpy(in + 1000, special, sizeof special);
+    memcpy(out, in, (size_t)n * sizeof(float));
+    vitc__gelu_ref(out, n);
+    check_gelu(in, out, n, "ref");
+    for (int a = 0; a < 3; a++) {
+        if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+        for (int t = 1; t <= 2; t++) {
+            vitc_set_num_threads(t);
+            float *o = t == 1 ? out : out2;
+            memcpy(o, in, (size_t)n * sizeof(float));
+            vitc__gelu(o, n);
+            check_gelu(in, o, n, archs[a]);
+            /* odd lengths: the vector tails */
+            for (int64_t m = 1; m < 40; m += 3) {
+                float tmp[40];
+                memcpy(tmp, in + 1000, (size_t)m * sizeof(float));
+                vitc__gelu(tmp, m);
+                check_gelu(in + 1000, tmp, m, archs[a]);
+            }
+        }
+        assert_memory_equal(out, out2, (size_t)n * sizeof(float));
+    }
+    vitc_set_arch(NULL);
+    vitc_set_num_threads(0);
+    free(in), free(out), free(out2);
+}
+
+/* softmax(x * it) in float64 from the float logits the kernels see: they
+ * round x * it and x * it - max to float (so does torch), the rest is
+ * what is being checked. */
+static void softmax64(const float *x, int64_t n, float it, double *p) {
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; j++)
+        if (x[j] * it > mx) mx = x[j] * it;
+    double s = 0.0;
+    for (int64_t j = 0; j < n; j++) s += exp((double)(x[j] * it - mx));
+    for (int64_t j = 0; j < n; j++) p[j] = exp((double)(x[j] * it - mx)) / s;
+}
+
+static void test_softmax(void **state) {
+    int64_t ns[] = {1, 7, 16, 17, 31, 197, 1000, 4097};
+    float temps[] = {1.0f, 0.5f, 3.0f};
+    for (size_t a = 0; a < 3; a++) {
+        if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+        for (size_t in = 0; in < sizeof ns / sizeof *ns; in++)
+            for (size_t it = 0; it < 3; it++) {
+                int64_t n = ns[in], rows = 40;
+                float *x = malloc((size_t)(rows * n) * sizeof(float));
+                float *y1 = malloc((size_t)(rows * n) * sizeof(float));
+                float *y2 = malloc((size_t)(rows * n) * sizeof(float));
+                double *p = malloc((size_t)n * sizeof(double));
+                for (int64_t r = 0; r < rows; r++) {
+                    double scale = r % 4 == 0 ? 3000.0 : r % 4 == 1 ? 1.0 : r % 4 == 2 ? 100.0 : 0.0;
+                    for (int64_t j = 0; j < n; j++) x[r * n + j] = (float)(nrand() * scale + (r % 3) * 1000.0);
+                    if (r % 5 == 4) x[r * n + n / 2] = -INFINITY; /* a masked key */
+                }
+                float inv_t = 1.0f / temps[it];
+                for (int t = 1; t <= 2; t++) {
+                    float *y = t == 1 ? y1 : y2;
+                    vitc_set_num_threads(t);
+                    memcpy(y, x, (size_t)(rows * n) * sizeof(float));
+                    vitc__softmax_rows(y, rows, n, inv_t);
+                }
+                assert_memory_equal(y1, y2, (size_t)(rows * n) * sizeof(float));
+                for (int64_t r = 0; r < rows; r++) {
+                    softmax64(x + r * n, n, inv_t, p);
+                    for (int64_t j = 0; j < n; j++) {
+                        if (isnan(p[j])) { /* n == 1 and its only key masked */
+                            assert_true(isnan(y1[r * n + j]));
+                            continue;
+                        }
+                        double err = fabs(y1[r * n + j] - p[j]);
+                        /* float sums of up to 4097 terms; the AVX2 exp flushes below FLT_MIN */
+                        if (!(err <= (n <= 32 ? 1e-6 : 1e-5) * p[j] + 1.2e-38)) {
+                            fprintf(stderr, "%s n=%lld row %lld [%lld] = %.9g want %.9g\n", archs[a],
+                                    (long long)n, (long long)r, (long long)j, y1[r * n + j], p[j]);
+                            fail();
+                        }
+                    }
+                }
+                free(x), free(y1), free(y2), free(p);
+            }
+        /* every key masked: NaN (torch 1.13), and a NaN logit poisons its row */
+        float allm[19], nanrow[19];
+        for (int j = 0; j < 19; j++) allm[j] = -INFINITY, nanrow[j] = (float)j;
+        nanrow[3] = NAN;
+        vitc__softmax_rows(allm, 1, 19, 1.0f);
+        vitc__softmax_rows(nanrow, 1, 19, 1.0f);
+        for (int j = 0; j < 19; j++) assert_true(isnan(allm[j]) && isnan(nanrow[j]));
+    }
+    vitc_set_arch(NULL);
+    vitc_set_num_threads(0);
+}
+
+static void test_layernorm(void **state) {
+    int64_t Cs[] = {1, 3, 16, 17, 64, 768, 1000};
+    double means[] = {0.0, 3.0, 1000.0};
+    for (size_t a = 0; a < 3; a++) {
+        if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+        for (size_t ic = 0; ic < sizeof Cs / sizeof *Cs; ic++)
+            for (size_t im = 0; im < 3; im++) {
+                int64_t C = Cs[ic], M = 70;
+                float *x = malloc((size_t)(M * C) * sizeof(float)), *w = malloc((size_t)C * sizeof(float));
+                float *b = malloc((size_t)C * sizeof(float));
+                float *y1 = malloc((size_t)(M * C) * sizeof(float)), *y2 = malloc((size_t)(M * C) * sizeof(float));
+                for (int64_t i = 0; i < M * C; i++) x[i] = (float)(means[im] + nrand() * (1 + i % 3));
+                for (int64_t c = 0; c < C; c++) w[c] = (float)(1.0 + 0.5 * nrand()), b[c] = (float)nrand();
+                for (int t = 1; t <= 2; t++) {
+                    vitc_set_num_threads(t);
+                    vitc__layernorm(t == 1 ? y1 : y2, x, w, b, M, C, 1e-6f);
+                }
+                assert_memory_equal(y1, y2, (size_t)(M * C) * sizeof(float));
+                for (int64_t i = 0; i < M; i++) {
+                    const float *xr = x + i * C;
+                    double mean = 0.0, var = 0.0;
+                    for (int64_t c = 0; c < C; c++) mean += xr[c];
+                    mean /= (double)C;
+                    for (int64_t c = 0; c < C; c++) var += (xr[c] - mean) * (xr[c] - mean);
+                    var /= (double)C;
+                    double rstd = 1.0 / sqrt(var + 1e-6);
+                    for (int64_t c = 0; c < C; c++) {
+                        double want = (xr[c] - mean) * rstd * w[c] + b[c];
+                        /* float x near a large mean carries |mean| * 2^-24 of
+                         * rounding relative to the spread; allow for it */
+                        double tol = 2e-6 * (1.0 + fabs(want)) + 1e-7 * fabs(means[im]) * rstd * fabs(w[c]);
+                        if (!(fabs(y1[i * C + c] - want) <= tol)) {
+                            fprintf(stderr, "%s C=%lld mean=%g y[%lld,%lld] = %.9g want %.9g\n", archs[a],
+                                    (long long)C, means[im], (long long)i, (long long)c, y1[i * C + c], want);
+                            fail();
+                        }
+                    }
+                }
+                free(x), free(w), free(b), free(y1), free(y2);
+            }
+    }
+    vitc_set_arch(NULL);
+    vitc_set_num_threads(0);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_gelu),
+        cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_layernorm),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
