@@ -40,6 +40,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
+_VIT_FLOPS = ("B·(2·P·D·3·16² + 12·(2·N·D·3D + 4·N²·D + 2·N·D² + 4·N·D·M) + 2·D·1000), "
+              "P = 196 patches, N = 197 tokens, D = 768, M = 3072")
 # name: (what, shape, GFLOP formula text, timed forwards per child)
 WORKLOADS = {
     "sdpa": ("scaled dot-product attention (PyTorch: matmul-softmax-matmul)",
@@ -51,12 +53,33 @@ WORKLOADS = {
                      "B·(2·N·C·4C + 4·N²·C)", 10),
     "sa_group": ('SelfAttention(512, norm="group")', "[1,512,64,64]",
                  "B·(2·N·C·4C + 4·N²·C)", 3),
-    "vit_b16_b1": ("ViT-B/16 (torchvision vit_b_16), batch 1", "[1,3,224,224]",
-                   "see docs/bench.md", 5),
-    "vit_b16_b8": ("ViT-B/16 (torchvision vit_b_16), batch 8", "[8,3,224,224]",
-                   "see docs/bench.md", 3),
+    "vit_b16_b1": ("ViT-B/16 (torchvision vit_b_16), batch 1", "[1,3,224,224]", _VIT_FLOPS, 5),
+    "vit_b16_b8": ("ViT-B/16 (torchvision vit_b_16), batch 8", "[8,3,224,224]", _VIT_FLOPS, 3),
 }
 VIT = ("vit_b16_b1", "vit_b16_b8")
+
+
+def flops_of(name):
+    """Multiply-adds of the GEMMs and of attention, times 2 (vitc bench
+    computes the same numbers; for the ViT it reads the model's config)."""
+    if name == "sdpa":
+        B, H, L, S, d = 1, 8, 4096, 4096, 64
+        return 4 * B * H * L * S * d
+    if name == "mha":
+        L, E = 197, 768
+        return 2 * L * E * 3 * E + 4 * L * L * E + 2 * L * E * E
+    if name == "convsa":
+        B, C, N = 8, 64, 32 * 32
+        return B * (2 * N * C * (2 * (C // 8) + C) + 2 * N * N * (C // 8 + C))
+    if name in ("sa_multihead", "sa_group"):
+        B, C, N = (64, 32, 16 * 16) if name == "sa_multihead" else (1, 512, 64 * 64)
+        return B * (2 * N * C * 4 * C + 4 * N * N * C)
+    B = 1 if name == "vit_b16_b1" else 8
+    P, D, M, depth, classes, patch = 196, 768, 3072, 12, 1000, 16
+    N = P + 1
+    return B * (2 * P * D * 3 * patch * patch
+                + depth * (2 * N * D * 3 * D + 4 * N * N * D + 2 * N * D * D + 4 * N * D * M)
+                + 2 * D * classes)
 
 
 # --------------------------------------------------------------------------
@@ -275,7 +298,7 @@ def run_child(argv, env):
     try:
         return json.loads(out), ru.ru_maxrss
     except ValueError:
-        return {"status": "failed", "error": "bad output: %r" % out[:200]}, ru.ru_maxrss
+        return {"status": "ok", "stdout": out.decode(errors="replace")}, ru.ru_maxrss
 
 
 def child_env(threads, coretype):
@@ -384,7 +407,7 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed):
     L.append("")
     L.append("## Every configuration\n")
     L.append("| workload | side | threads | median ms | min ms | samples | GFLOP/s | % peak "
-             "| peak MB | fwd MB | process max RSS MB |")
+             "| peak MB | fwd MB | process MB |")
     L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, s in summary.items():
         for cfg in ("vitc-2", "vitc-1", "torch-1", "torch-2"):
@@ -405,7 +428,11 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed):
     L.append("")
     L.append("GFLOP counts the multiply-adds of GEMMs and attention, 2 per multiply-add "
              "(attention: 4·B·H·L·S·d); norms, softmax, GELU and residuals are not counted. "
-             "Formulas per workload:\n")
+             "peak MB: highest resident memory while the workload was built (weights, inputs; "
+             "for the ViT, loading the checkpoint) and run, above the resident set before; "
+             "fwd MB: highest resident memory during the forwards above the resident set once "
+             "built; process MB: the whole process's resident peak during the forwards "
+             "(interpreter and libraries included). Formulas per workload:\n")
     for name in summary:
         L.append("- %s — %s on %s: %s" % (name, WORKLOADS[name][0], WORKLOADS[name][1],
                                            WORKLOADS[name][2]))
@@ -486,26 +513,38 @@ def main():
     log("measuring the FMA peak")
     measure_peak()
 
+    r, _ = run_child([sys.executable, "-c", "import json, torch, torchvision; print(json.dumps("
+                      "{'torch': torch.__version__, 'torchvision': torchvision.__version__}))"],
+                     base_env)
+    if r.get("status") == "failed":
+        log("PyTorch unavailable: " + r["error"][-300:])
+        notes.append("PyTorch could not be started: " + r["error"][-300:])
+    info.update({k: r[k] for k in ("torch", "torchvision") if k in r})
+
     tmpdir = None
     model = args.model
-    if any(n in VIT for n in names) or "torch" not in info:
-        if not model and any(n in VIT for n in names):
-            tmpdir = tempfile.TemporaryDirectory(prefix="vitc-bench-")
-            model = os.path.join(tmpdir.name, "vit_b_16.safetensors")
-            log("writing a random-weight ViT-B/16 checkpoint to " + model)
-            r, _ = run_child([sys.executable, __file__, "--export-vit", model], base_env)
-        else:
-            r, _ = run_child([sys.executable, "-c", "import json, torch, torchvision; print(json.dumps("
-                              "{'torch': torch.__version__, 'torchvision': torchvision.__version__}))"],
-                             base_env)
+    if not model and any(n in VIT for n in names):
+        tmpdir = tempfile.TemporaryDirectory(prefix="vitc-bench-")
+        model = os.path.join(tmpdir.name, "vit_b_16.safetensors")
+        log("writing a random-weight ViT-B/16 checkpoint to " + model)
+        tool = os.path.join(ROOT, "tools", "export_safetensors.py")
+        r = {"status": "failed", "error": "tools/export_safetensors.py absent"}
+        if os.path.exists(tool):
+            r, _ = run_child([sys.executable, tool, "--torchvision", "vit_b_16", model,
+                              "--random-init", "--seed", "0"], base_env)
+            if r.get("status") != "failed" or not os.path.exists(model):
+                r = {"status": "ok"} if os.path.exists(model) else r
         if r.get("status") == "failed":
-            log("PyTorch unavailable: " + r["error"][-300:])
-            notes.append("PyTorch could not be started: " + r["error"][-300:])
-        info.update({k: r[k] for k in ("torch", "torchvision") if k in r})
+            log("export_safetensors.py: %s; writing it with tests/reference/st_write.py"
+                % r["error"][-200:])
+            r, _ = run_child([sys.executable, __file__, "--export-vit", model], base_env)
+            if r.get("status") == "failed":
+                notes.append("The ViT-B/16 checkpoint could not be written: " + r["error"][-300:])
 
     configs = ["vitc-%d" % t for t in sorted(threads, reverse=True)] + \
               ["torch-%d" % t for t in sorted(threads)]
-    raw, summary, flops = {}, {}, {}
+    raw = {}
+    flops = {n: flops_of(n) for n in names}
     for name in names:
         reps = WORKLOADS[name][3] * args.repeat_scale
         runs = {c: [] for c in configs}
@@ -526,8 +565,14 @@ def main():
                 r, maxrss = run_child(argv, env)
                 if side == "vitc" and "workloads" in r:
                     r = r["workloads"][0]
-                    if r.get("flops"):
-                        flops[name] = r["flops"]
+                    if r.get("flops") and abs(r["flops"] - flops[name]) > 1e-6 * flops[name]:
+                        notes.append("%s: vitc bench counts %.0f FLOP, bench.py %.0f" % (
+                            name, r["flops"], flops[name]))
+                elif "times_ms" not in r and r.get("status") == "ok":
+                    r = {"status": "failed", "error": "no timings: " + r.get("stdout", "")[-200:]}
+                elif side == "vitc" and r.get("status") == "ok":
+                    r = {"status": "failed", "error": "no JSON from vitc bench: "
+                         + r.get("stdout", "")[-200:]}
                 r["_maxrss_kb"] = maxrss
                 runs[cfg].append(r)
                 med = _median(r["times_ms"]) if r.get("status") == "ok" else None
@@ -535,10 +580,11 @@ def main():
                     name, rnd + 1, cfg, "%.3f ms" % med if med else r.get("status", "?") + " "
                     + (r.get("error") or r.get("note") or "")[-200:], time.time() - t0))
         raw[name] = runs
-        summary[name] = summarize(name, runs, flops.get(name), peak["p1"])
-    measure_peak()
+        # Between workloads: another chance to catch the machine quiet.
+        measure_peak()
     if tmpdir:
         tmpdir.cleanup()
+    summary = {name: summarize(name, raw[name], flops.get(name), peak["p1"]) for name in names}
 
     text = render(info, args, peak, summary, flops, notes, cmdline, started, time.time() - t_start)
     print(text)
