@@ -295,10 +295,11 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     if (rollout)
         memcpy(rollout, m->roll_buf.p, (size_t)(B * N * N) * sizeof(float));
     if (logits) {
-        /* Only the class tokens reach the head: norm just those rows. */
+        /* Only the class tokens reach the head: gather and norm just those rows. */
+        float *cls_rows = m->ln; /* [B, C] */
         for (int64_t b = 0; b < B; b++)
-            vitc__layernorm(m->cls_out + b * C, m->x0 + b * N * C, m->ln_w, m->ln_b, 1, C,
-                            c->norm_eps);
+            memcpy(cls_rows + b * C, m->x0 + b * N * C, (size_t)C * sizeof(float));
+        vitc__layernorm(m->cls_out, cls_rows, m->ln_w, m->ln_b, B, C, c->norm_eps);
         vitc__linear(logits, c->num_classes, m->cls_out, C, m->head_w, m->head_b, NULL, 0, B,
                      c->num_classes, C);
     }
