@@ -259,10 +259,14 @@ static int class_token_map(vitc_vit *m, const am_opts *o, const float *x, int N,
     return 0;
 }
 
-/* Compose [image | image + heat map | scale] into a canvas. */
+/* Compose [image | image + heat map | scale] into a canvas. Crops under 224
+ * pixels are shown enlarged by a whole factor z (pixels replicated) so that
+ * the picture stays readable; the heat map is interpolated at that size. */
 static int render(const am_opts *o, const uint8_t *img, const float *map, int gh, int gw,
                   int patch, canvas *cv) {
-    const int S = o->crop;
+    const int z = o->crop >= 224 ? 1 : (224 + o->crop - 1) / o->crop > 8 ? 8
+                                                              : (224 + o->crop - 1) / o->crop;
+    const int S = o->crop * z;
     int s = S / 112 > 1 ? S / 112 : 1;              /* font scale */
     int gap = S / 32 > 4 ? S / 32 : 4;
     int bar_w = S / 16 > 10 ? S / 16 : 10;
@@ -288,7 +292,7 @@ static int render(const am_opts *o, const uint8_t *img, const float *map, int gh
     }
     for (int y = 0; y < S; y++) {
         /* bilinear, align_corners=False, over the pixels the patches cover */
-        float sy = (y + 0.5f) / patch - 0.5f;
+        float sy = (y + 0.5f) / (float)(patch * z) - 0.5f;
         int y0;
         float fy;
         if (sy < 0)
@@ -298,10 +302,10 @@ static int render(const am_opts *o, const uint8_t *img, const float *map, int gh
         y0 = (int)sy;
         fy = sy - y0;
         for (int x = 0; x < S; x++) {
-            float sx = (x + 0.5f) / patch - 0.5f, v, t, rgb[3];
+            float sx = (x + 0.5f) / (float)(patch * z) - 0.5f, v, t, rgb[3];
             int x0, y1 = y0 + 1 < gh ? y0 + 1 : y0, x1;
             float fx;
-            const uint8_t *p = img + ((size_t)y * S + x) * 3;
+            const uint8_t *p = img + ((size_t)(y / z) * o->crop + x / z) * 3;
             uint8_t *a = cv->px + ((size_t)y * cv->w + x) * 3;
             uint8_t *b = cv->px + ((size_t)y * cv->w + x + S + gap) * 3;
             if (sx < 0)

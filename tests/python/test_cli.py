@@ -238,15 +238,16 @@ class TestCLI(unittest.TestCase):
             im = Image.open(out)
             im.load()
             self.assertEqual(im.mode, "RGB")
-            # [image | overlay | scale]: two 48-pixel panels, at least 48 high
-            self.assertGreater(im.size[0], 2 * 48)
-            self.assertGreaterEqual(im.size[1], 48)
+            # [image | overlay | scale]: a 48 crop is shown 5x (at least 224 pixels)
+            z = 5
+            self.assertGreater(im.size[0], 2 * 48 * z)
+            self.assertGreaterEqual(im.size[1], 48 * z)
             arr = np.asarray(im)
             # the left panel is the preprocessed image itself
             img = np.array(Image.open(self.images[0]).convert("RGB"))
             t = torch.from_numpy(img).permute(2, 0, 1).contiguous()
             t = TF.center_crop(TF.resize(t, [54], antialias=True), [48]).permute(1, 2, 0).numpy()
-            np.testing.assert_array_equal(arr[:48, :48], t)
+            np.testing.assert_array_equal(arr[:48 * z, :48 * z], t.repeat(z, 0).repeat(z, 1))
             m = np.load(raw)
             self.assertEqual(m.dtype, np.float32)
             self.assertEqual(m.shape, (3, 3))
