@@ -11,6 +11,7 @@
 #define VW 8
 #define MR_S 6
 #define MR_PV 6
+#define ATT_SMALL_DV 8
 #define NV_PV 2
 
 /* Lanes [0, n) of a ymm mask: a sliding window over this table. */

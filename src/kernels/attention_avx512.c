@@ -13,6 +13,7 @@
 #define VW 16
 #define MR_S 12
 #define MR_PV 6
+#define ATT_SMALL_DV 16
 #define NV_PV 4
 
 #define v_zero() _mm512_setzero_ps()

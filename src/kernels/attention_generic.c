@@ -10,6 +10,7 @@
 #define VW 1
 #define MR_S 4
 #define MR_PV 4
+#define ATT_SMALL_DV 0
 #define NV_PV 4
 
 #define v_zero() 0.0f

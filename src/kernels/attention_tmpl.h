@@ -14,6 +14,7 @@
  *   v_exp2(x)              2^x, exactly 0 for x <= -127, NaN in -> NaN out
  *   v_hmax(x) v_hsum(x)    horizontal max / sum to a float
  *   s_exp2(x)              scalar 2^x (same contract)
+ *   ATT_SMALL_DV           0, or the largest Dv given the fused small-Dv path
  *
  * Algorithm (FlashAttention-2, base 2): Q is packed once per task, already
  * multiplied by scale*log2(e), so a score is directly a base-2 logit; a mask
@@ -249,6 +250,71 @@ static float att_exp_sum(float *s, int64_t n, float m, int store) {
     return v_hsum(sum);
 }
 
+#if ATT_SMALL_DV > 0
+/* The small-Dv path (d = 8 layers: ConvSABlock, SelfAttentionMultiHead).
+ * With Dv <= one vector, P V as "broadcast P, FMA a V row" wastes lanes and
+ * is latency bound; instead V is packed transposed, vt[c][j], and each P
+ * vector is consumed in registers right after its exp2: Dv accumulators of
+ * VW keys, reduced once per row and key block. P never goes to memory. */
+static inline __attribute__((always_inline)) float att_row_small_k(int DV, const float *s,
+                                                                   int64_t n, float mu,
+                                                                   const float *vt, /* [DV, ldvt] */
+                                                                   int64_t ldvt, float *o, float a,
+                                                                   int init) {
+    VT acc[ATT_SMALL_DV];
+    ATT_UNROLL
+    for (int c = 0; c < ATT_SMALL_DV; c++)
+        if (c < DV) acc[c] = v_zero();
+    VT vm = v_set1(mu), sum = v_zero();
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW) {
+        VT e = v_exp2(v_sub(v_load(s + j), vm));
+        sum = v_add(sum, e);
+        ATT_UNROLL
+        for (int c = 0; c < ATT_SMALL_DV; c++)
+            if (c < DV) acc[c] = v_fma(e, v_loadu(vt + c * ldvt + j), acc[c]);
+    }
+    if (j < n) { /* vt is zero padded past n, so only e needs its tail cleared */
+        VT e = v_tail(v_exp2(v_sub(v_load(s + j), vm)), n - j, 0.0f);
+        sum = v_add(sum, e);
+        ATT_UNROLL
+        for (int c = 0; c < ATT_SMALL_DV; c++)
+            if (c < DV) acc[c] = v_fma(e, v_loadu(vt + c * ldvt + j), acc[c]);
+    }
+    ATT_UNROLL
+    for (int c = 0; c < ATT_SMALL_DV; c++)
+        if (c < DV) o[c] = (init ? 0.0f : o[c] * a) + v_hsum(acc[c]);
+    return v_hsum(sum);
+}
+
+static float att_row_small(int64_t Dv, const float *s, int64_t n, float mu, const float *vt,
+                           int64_t ldvt, float *o, float a, int init) {
+    switch (Dv) {
+#define ATT_SM(k) \
+    case k: return att_row_small_k(k, s, n, mu, vt, ldvt, o, a, init);
+        ATT_SM(1) ATT_SM(2) ATT_SM(3) ATT_SM(4) ATT_SM(5) ATT_SM(6) ATT_SM(7) ATT_SM(8)
+#if ATT_SMALL_DV > 8
+        ATT_SM(9) ATT_SM(10) ATT_SM(11) ATT_SM(12) ATT_SM(13) ATT_SM(14) ATT_SM(15) ATT_SM(16)
+#endif
+#undef ATT_SM
+    default: return 0.0f;
+    }
+}
+
+/* vt[c][j] = v[j0 + j][c] for j < n, zero up to the panel edge. */
+static void att_pack_vt(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t j0, int64_t n,
+                        float *vt, /* [Dv, ldvt], at column j0 */
+                        int64_t ldvt) {
+    const float *v = d->v + b * d->v_sb + h * d->v_sh + j0 * d->v_sr; /* [n, Dv] */
+    int64_t np = (n + NR - 1) / NR * NR;
+    for (int64_t c = 0; c < d->Dv; c++) {
+        float *row = vt + c * ldvt;
+        for (int64_t j = 0; j < n; j++) row[j] = v[j * d->v_sr + c];
+        for (int64_t j = n; j < np; j++) row[j] = 0.0f;
+    }
+}
+#endif
+
 /* S tile for key block [j0, j0+nkv): st[r][0:nkv] for r < nr. */
 static void att_scores(const float *qp, int64_t D, int64_t nr, const float *kt, int64_t nkv,
                        float *st, int64_t Bcp) {
@@ -262,11 +328,13 @@ static void att_scores(const float *qp, int64_t D, int64_t nr, const float *kt, 
     }
 }
 
+/* O[:, 0:ncols] (+)= P V; ncols is a multiple of VW: Dv when V is read in
+ * place, else the padded Dvp. */
 static void att_pv(const vitc__attn_ws *ws, int64_t nr, int64_t nkv, const float *vp, int64_t ldv,
-                   int64_t Bcp, int64_t Dvp, int init, const float *alpha) {
+                   int64_t ncols, int64_t Bcp, int64_t Dvp, int init, const float *alpha) {
     const int64_t chunk = (int64_t)NV_PV * VW;
-    for (int64_t c0 = 0; c0 < Dvp; c0 += chunk) {
-        int nv = (int)((Dvp - c0 < chunk ? Dvp - c0 : chunk) / VW);
+    for (int64_t c0 = 0; c0 < ncols; c0 += chunk) {
+        int nv = (int)((ncols - c0 < chunk ? ncols - c0 : chunk) / VW);
         for (int64_t r = 0; r < nr; r += MR_PV) {
             int mr = nr - r < MR_PV ? (int)(nr - r) : MR_PV;
             att_pv_rows(mr, nv, init, nkv, ws->st + r * Bcp, Bcp, vp + c0, ldv,
@@ -298,6 +366,11 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
     const int v_inplace = Dv % VW == 0;
     const float *vbase = d->v + b * d->v_sb + h * d->v_sh; /* [S, Dv] */
     const int64_t ldv = v_inplace ? d->v_sr : Dvp;
+#if ATT_SMALL_DV > 0
+    const int small = Dv <= ATT_SMALL_DV && !d->probs;
+#else
+    const int small = 0;
+#endif
     for (int64_t r = 0; r < nr; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
@@ -314,14 +387,21 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
             if (pl->whole_head) {
                 kt = ws->kt + j0 * D;
                 vp = v_inplace ? NULL : ws->vp + j0 * Dvp;
+                if (small) vp = ws->vp + j0;
                 if (kb >= ws->kv_done) {
-                    att_pack_kv(d, Dvp, b, h, j0, nkv, kt, vp);
+                    att_pack_kv(d, Dvp, b, h, j0, nkv, kt, small ? NULL : vp);
+#if ATT_SMALL_DV > 0
+                    if (small) att_pack_vt(d, b, h, j0, nkv, vp, pl->kv_cols);
+#endif
                     ws->kv_done = kb + 1;
                 }
             } else {
                 kt = ws->kt;
-                vp = v_inplace ? NULL : ws->vp;
-                att_pack_kv(d, Dvp, b, h, j0, nkv, kt, vp);
+                vp = v_inplace && !small ? NULL : ws->vp;
+                att_pack_kv(d, Dvp, b, h, j0, nkv, kt, small ? NULL : vp);
+#if ATT_SMALL_DV > 0
+                if (small) att_pack_vt(d, b, h, j0, nkv, vp, pl->kv_cols);
+#endif
             }
             const float *vsrc = v_inplace ? vbase + j0 * d->v_sr : vp; /* [nkv, ldv] */
             att_scores(ws->qp, D, nr, kt, nkv, ws->st, Bcp);
@@ -334,7 +414,14 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
                     /* All -inf so far: subtract 0 so exp2 gives 0, not NaN. */
                     float mu = mn == -INFINITY ? 0.0f : mn;
                     float a = s_exp2(m[r] - mu);
-                    float sum = att_exp_sum(srow, nkv, mu, pass == 1);
+                    float sum;
+#if ATT_SMALL_DV > 0
+                    if (small)
+                        sum = att_row_small(Dv, srow, nkv, mu, vp, pl->kv_cols, ws->ot + r * Dvp, a,
+                                            kb == 0);
+                    else
+#endif
+                        sum = att_exp_sum(srow, nkv, mu, pass == 1);
                     l[r] = l[r] * a + sum;
                     m[r] = mn;
                     alpha[r] = a;
@@ -357,7 +444,7 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
                     alpha[r] = 1.0f;
                 }
             }
-            if (pass == 1) att_pv(ws, nr, nkv, vsrc, ldv, Bcp, Dvp, kb == 0, alpha);
+            if (pass == 1 && !small) att_pv(ws, nr, nkv, vsrc, ldv, v_inplace ? Dv : Dvp, Bcp, Dvp, kb == 0, alpha);
         }
     }
 
