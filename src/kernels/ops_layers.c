@@ -8,67 +8,129 @@
 
 #include "ops_layers.h"
 
+typedef struct patch_ctx {
+    float *cols;
+    const float *x;
+    int64_t C, H, W, p, nh, nw;
+} patch_ctx;
+
+/* One task per row of patches (b, i). */
+static void patchify_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
+    const patch_ctx *t = ctx;
+    int64_t p = t->p, K = t->C * p * p;
+    (void)tid;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t b = r / t->nh, i = r % t->nh;
+        for (int64_t j = 0; j < t->nw; j++) {
+            float *row = t->cols + (r * t->nw + j) * K;
+            for (int64_t c = 0; c < t->C; c++)
+                for (int64_t ki = 0; ki < p; ki++) {
+                    const float *src = t->x + ((b * t->C + c) * t->H + i * p + ki) * t->W + j * p;
+                    float *dst = row + (c * p + ki) * p;
+                    for (int64_t kj = 0; kj < p; kj++) dst[kj] = src[kj];
+                }
+        }
+    }
+}
+
 void vitc__patchify(float *cols, const float *x, int64_t B, int64_t C, int64_t H, int64_t W,
                     int64_t p) {
-    int64_t nh = H / p, nw = W / p, K = C * p * p;
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < nh; i++)
-            for (int64_t j = 0; j < nw; j++) {
-                float *row = cols + ((b * nh + i) * nw + j) * K;
-                for (int64_t c = 0; c < C; c++)
-                    for (int64_t ki = 0; ki < p; ki++) {
-                        const float *src = x + ((b * C + c) * H + i * p + ki) * W + j * p;
-                        float *dst = row + (c * p + ki) * p;
-                        for (int64_t kj = 0; kj < p; kj++) dst[kj] = src[kj];
-                    }
-            }
+    patch_ctx t = {cols, x, C, H, W, p, H / p, W / p};
+    vitc__parallel_range(B * t.nh, patchify_rows, &t);
 }
 
 /* Two passes in double: the statistics of a whole batch of images run over
  * B*HW values per channel (64*256 in the seed), too many for a float sum. */
-void vitc__channel_stats(float *mean, float *var, const float *x, int64_t B, int64_t C,
-                         int64_t HW) {
-    double cnt = (double)B * (double)HW;
-    for (int64_t c = 0; c < C; c++) {
+typedef struct stats_ctx {
+    float *mean, *var;
+    const float *x;
+    int64_t B, C, HW;
+} stats_ctx;
+
+static void stats_channels(void *ctx, int64_t c0, int64_t c1, int tid) {
+    const stats_ctx *t = ctx;
+    double cnt = (double)t->B * (double)t->HW;
+    (void)tid;
+    for (int64_t c = c0; c < c1; c++) {
         double s = 0.0;
-        for (int64_t b = 0; b < B; b++) {
-            const float *xc = x + (b * C + c) * HW;
-            for (int64_t i = 0; i < HW; i++) s += xc[i];
+        for (int64_t b = 0; b < t->B; b++) {
+            const float *xc = t->x + (b * t->C + c) * t->HW;
+            for (int64_t i = 0; i < t->HW; i++) s += xc[i];
         }
         double m = s / cnt, v = 0.0;
-        for (int64_t b = 0; b < B; b++) {
-            const float *xc = x + (b * C + c) * HW;
-            for (int64_t i = 0; i < HW; i++) {
-                double t = xc[i] - m;
-                v += t * t;
+        for (int64_t b = 0; b < t->B; b++) {
+            const float *xc = t->x + (b * t->C + c) * t->HW;
+            for (int64_t i = 0; i < t->HW; i++) {
+                double d = xc[i] - m;
+                v += d * d;
             }
         }
-        mean[c] = (float)m;
-        var[c] = (float)(v / cnt);
+        t->mean[c] = (float)m;
+        t->var[c] = (float)(v / cnt);
+    }
+}
+
+void vitc__channel_stats(float *mean, float *var, const float *x, int64_t B, int64_t C,
+                         int64_t HW) {
+    stats_ctx t = {mean, var, x, B, C, HW};
+    vitc__parallel_range(C, stats_channels, &t);
+}
+
+typedef struct bn_ctx {
+    float *y;
+    const float *x, *mean, *var, *w, *bias;
+    float eps;
+    int64_t C, HW;
+} bn_ctx;
+
+static void bn_planes(void *ctx, int64_t r0, int64_t r1, int tid) {
+    const bn_ctx *t = ctx;
+    (void)tid;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t c = r % t->C;
+        /* torch's CPU kernel folds the norm into one multiply-add the same way. */
+        float inv = 1.0f / sqrtf(t->var[c] + t->eps);
+        float sc = t->w[c] * inv, sh = t->bias[c] - t->mean[c] * sc;
+        const float *xc = t->x + r * t->HW;
+        float *yc = t->y + r * t->HW;
+        for (int64_t i = 0; i < t->HW; i++) yc[i] = xc[i] * sc + sh;
     }
 }
 
 void vitc__batchnorm_apply(float *y, const float *x, const float *mean, const float *var,
                            const float *w, const float *bias, float eps, int64_t B, int64_t C,
                            int64_t HW) {
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t c = 0; c < C; c++) {
-            /* torch's CPU kernel folds the norm into one multiply-add the same way. */
-            float inv = 1.0f / sqrtf(var[c] + eps);
-            float sc = w[c] * inv, sh = bias[c] - mean[c] * sc;
-            const float *xc = x + (b * C + c) * HW;
-            float *yc = y + (b * C + c) * HW;
-            for (int64_t i = 0; i < HW; i++) yc[i] = xc[i] * sc + sh;
+    bn_ctx t = {y, x, mean, var, w, bias, eps, C, HW};
+    vitc__parallel_range(B * C, bn_planes, &t);
+}
+
+typedef struct tadd_ctx {
+    float *out;
+    const float *y, *x;
+    float alpha;
+    int64_t C, N, ct; /* ct: channel tiles per image */
+} tadd_ctx;
+
+/* Tiles of 16 channels: each token's 16 values are one cache line of y, and
+ * the 16 output rows are written as parallel streams. */
+static void tadd_tiles(void *ctx, int64_t r0, int64_t r1, int tid) {
+    const tadd_ctx *t = ctx;
+    (void)tid;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t b = r / t->ct, c0 = (r % t->ct) * 16, c1 = c0 + 16 < t->C ? c0 + 16 : t->C;
+        const float *yb = t->y + b * t->N * t->C;
+        for (int64_t n = 0; n < t->N; n++) {
+            const float *yn = yb + n * t->C;
+            for (int64_t c = c0; c < c1; c++) {
+                int64_t o = (b * t->C + c) * t->N + n;
+                t->out[o] = t->alpha * yn[c] + t->x[o];
+            }
         }
+    }
 }
 
 void vitc__transpose_add(float *out, const float *y, const float *x, float alpha, int64_t B,
                          int64_t C, int64_t N) {
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t c = 0; c < C; c++) {
-            const float *yb = y + b * N * C + c;
-            const float *xc = x + (b * C + c) * N;
-            float *oc = out + (b * C + c) * N;
-            for (int64_t n = 0; n < N; n++) oc[n] = alpha * yb[n * C] + xc[n];
-        }
+    tadd_ctx t = {out, y, x, alpha, C, N, (C + 15) / 16};
+    vitc__parallel_range(B * t.ct, tadd_tiles, &t);
 }
