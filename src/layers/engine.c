@@ -441,10 +441,16 @@ vitc_status vitc_layer_load(vitc_layer *l, int n, const char *const *names, cons
         int used = ignorable(names[j]);
         for (int i = 0; i < l->nparams && !used; i++) used = src[i] == j;
         if (!used) {
-            /* Name the alias a key shadows, so "q.weight and query.weight" is explained. */
+            /* A second spelling of a loaded tensor ("query.weight" beside "q.weight") says so. */
+            for (int i = 0; i < l->nparams; i++) {
+                const vitc__param *p = &l->params[i];
+                if (strcmp(names[j], p->name) == 0 || (p->alias && strcmp(names[j], p->alias) == 0))
+                    return vitc__err(VITC_ERR_KEY, "%s: key \"%s\" duplicates \"%s\"", kn, names[j],
+                                     names[src[i]]);
+            }
+            int nd = ndims[j] >= 0 && ndims[j] <= 8 && shapes[j] ? ndims[j] : 0;
             return vitc__err(VITC_ERR_KEY, "%s: unexpected key \"%s\" (shape %s)", kn, names[j],
-                             vitc__shape_str(a, sizeof a, ndims[j] >= 0 && ndims[j] <= 8 && shapes[j] ? ndims[j] : 0,
-                                             shapes[j]));
+                             vitc__shape_str(a, sizeof a, nd, shapes[j]));
         }
     }
     for (int i = 0; i < l->nparams; i++)

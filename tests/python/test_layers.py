@@ -112,6 +112,8 @@ class TestSelfAttention(Case):
         x = self.randn(3, 16, 4, 6)
         self.close(v(x), t(x), "diffusers names")
         self.assertIn("norm.weight", v.state_dict())  # saved under the seed's names
+        with self.assertRaisesRegex(vitc.VitcError, 'key "q.weight" duplicates "query.weight"'):
+            v.load_state_dict(dict(sd, **{"q.weight": sd["query.weight"]}))
 
     def _batch_modes(self, t, v, shapes):
         v.load_state_dict(sd_numpy(t))
