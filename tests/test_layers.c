@@ -481,6 +481,21 @@ static void test_bad_inputs(void **state) {
     expect_error(vitc_mha_forward(l, &a, out, NULL), VITC_ERR_INVALID_ARG, "weights is NULL");
     vitc_layer_free(l);
 
+    /* Shapes whose sizes overflow are refused before any arithmetic on them. */
+    c = cfg_of(VITC_MULTIHEAD_ATTENTION);
+    c.embed_dim = 8; c.num_heads = 2;
+    l = make(c, NULL);
+    int64_t huge[3] = {(int64_t)1 << 30, (int64_t)1 << 30, 8};
+    expect_error(vitc_layer_forward(l, buf, 3, huge, out), VITC_ERR_NOMEM, "too large");
+    vitc_layer_free(l);
+    c = cfg_of(VITC_T2T_ATTENTION);
+    c.in_channels = 8; c.embed_dim = 8;
+    l = make(c, NULL);
+    expect_error(vitc_layer_forward(l, buf, 3, huge, out), VITC_ERR_NOMEM, "too large");
+    vitc_layer_free(l);
+    vitc_tensor_view hq = {buf, 3, {(int64_t)1 << 40, (int64_t)1 << 40, 8}};
+    expect_error(vitc_sdpa(&hq, &hq, &hq, NULL, VITC_MASK_NONE, 0.0f, out), VITC_ERR_NOMEM, "too large");
+
     /* mha calls on a layer of another kind */
     c = cfg_of(VITC_CONV_SA_BLOCK);
     c.in_channels = 8;

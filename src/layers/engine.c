@@ -541,8 +541,9 @@ vitc_status vitc_layer_output_shape(const vitc_layer *l, int ndim, const int64_t
         }
     }
     int ok;
-    vitc__numel(ndim, shape, &ok);
-    if (!ok)
+    size_t n = vitc__numel(ndim, shape, &ok);
+    /* Every later product (tokens x widths) stays far below int64's range. */
+    if (!ok || n > ((size_t)1 << 50))
         return vitc__err(VITC_ERR_NOMEM, "%s: input too large", kind_name(l->cfg.kind));
     return VITC_OK;
 }

@@ -51,6 +51,12 @@ static vitc_status mha_dims_of(const vitc_layer *l, const vitc_mha_args *a, mha_
                              "MultiheadAttention: every dimension must be >= 1; got query %s, "
                              "key %s, value %s",
                              shp(s1, sizeof s1, q), shp(s2, sizeof s2, k), shp(s3, sizeof s3, v));
+    int ok_q, ok_k, ok_v;
+    size_t nq = vitc__numel(nd, q->shape, &ok_q), nk = vitc__numel(nd, k->shape, &ok_k),
+           nv = vitc__numel(nd, v->shape, &ok_v);
+    if (!ok_q || !ok_k || !ok_v || nq > ((size_t)1 << 50) || nk > ((size_t)1 << 50) ||
+        nv > ((size_t)1 << 50))
+        return vitc__err(VITC_ERR_NOMEM, "MultiheadAttention: query, key or value too large");
     d->batched = nd == 3;
     d->E = E;
     d->H = c->num_heads;
@@ -71,6 +77,12 @@ static vitc_status mha_dims_of(const vitc_layer *l, const vitc_mha_args *a, mha_
     d->B = qb;
     d->L = ql;
     d->S = kl;
+    /* The attention weights [B, H, L, S] must be addressable. */
+    int64_t bhls;
+    if (__builtin_mul_overflow(qb, (int64_t)c->num_heads, &bhls) ||
+        __builtin_mul_overflow(bhls, ql, &bhls) || __builtin_mul_overflow(bhls, kl, &bhls) ||
+        bhls > ((int64_t)1 << 56))
+        return vitc__err(VITC_ERR_NOMEM, "MultiheadAttention: B*heads*L*S overflows");
     d->q_sb = bf ? ql : 1;
     d->q_sl = bf ? 1 : qb;
     d->kv_sb = bf ? kl : 1;
@@ -346,10 +358,12 @@ vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view *k, cons
     int nlead = nd - 2;
     int64_t H = nlead ? q->shape[nd - 3] : 1, B = 1;
     for (int i = 0; i < nlead - 1; i++) B *= q->shape[i];
-    int sz_ok;
-    vitc__numel(nd, q->shape, &sz_ok);
-    if (!sz_ok)
-        return vitc__err(VITC_ERR_NOMEM, "scaled_dot_product_attention: q too large");
+    int okq, okk, okv;
+    size_t nq = vitc__numel(nd, q->shape, &okq), nk = vitc__numel(nd, k->shape, &okk),
+           nv = vitc__numel(nd, v->shape, &okv);
+    if (!okq || !okk || !okv || nq > ((size_t)1 << 50) || nk > ((size_t)1 << 50) ||
+        nv > ((size_t)1 << 50))
+        return vitc__err(VITC_ERR_NOMEM, "scaled_dot_product_attention: q, k or v too large");
 
     vitc__sdpa_desc sd = {0};
     sd.B = B; sd.H = H; sd.L = L; sd.S = S; sd.D = D; sd.Dv = Dv;
@@ -394,6 +408,10 @@ vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view *k, cons
             for (int i = 0; i < nlead - 1; i++) ts[i] = full[i];
         ts[nd - 1] = S;
         int direct = mask_type == VITC_MASK_FLOAT && ms[nd - 1] == S && (outer_ones || outer_full);
+        int ts_ok;
+        size_t ts_n = vitc__numel(nd, ts, &ts_ok);
+        if (!ts_ok || ts_n > ((size_t)1 << 56))
+            return vitc__err(VITC_ERR_NOMEM, "scaled_dot_product_attention: mask too large");
         int64_t st[8], acc = 1; /* contiguous strides of ts */
         for (int i = nd - 1; i >= 0; i--) {
             st[i] = acc;
