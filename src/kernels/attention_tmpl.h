@@ -267,6 +267,17 @@ static inline __attribute__((always_inline)) float att_row_small_k(int DV, const
         if (c < DV) acc[c] = v_zero();
     VT vm = v_set1(mu), sum = v_zero();
     int64_t j = 0;
+    /* Two independent exp2 chains per step: one alone is latency bound. */
+    for (; j + 2 * VW <= n; j += 2 * VW) {
+        VT e0 = v_exp2(v_sub(v_load(s + j), vm));
+        VT e1 = v_exp2(v_sub(v_load(s + j + VW), vm));
+        sum = v_add(sum, v_add(e0, e1));
+        ATT_UNROLL
+        for (int c = 0; c < ATT_SMALL_DV; c++)
+            if (c < DV)
+                acc[c] = v_fma(e1, v_loadu(vt + c * ldvt + j + VW),
+                               v_fma(e0, v_loadu(vt + c * ldvt + j), acc[c]));
+    }
     for (; j + VW <= n; j += VW) {
         VT e = v_exp2(v_sub(v_load(s + j), vm));
         sum = v_add(sum, e);
