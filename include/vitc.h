@@ -142,7 +142,7 @@ typedef enum vitc_layer_kind {
 typedef struct vitc_layer_config {
     vitc_layer_kind kind;
     int in_channels;  /* AttentionBlock in_channels; ConvSA in_channels; SelfAttention* ni;
-                         T2T dim; SingleHead embedding_dim; MHA embed_dim */
+                         T2T dim; SingleHead embedding_dim; MHA: 0 (embed_dim is used) */
     int embed_dim;    /* AttentionBlock embed_dim; T2T chan; SingleHead d_k; MHA embed_dim */
     int num_heads;    /* heads (AttentionBlock, SelfAttentionMultiHead, MHA, T2T) */
     int patch_size;   /* AttentionBlock */

@@ -120,6 +120,12 @@ class _Layer:
         self.training = True
         self.num_batches_tracked = 0
 
+    def __repr__(self):
+        c = self._cfg
+        norm = c.kind in (_SA_GROUP, _SA_BATCH, _SA_MULTIHEAD)
+        shown = [f for f, _ in _Config._fields_[1:] if getattr(c, f) and (norm or f not in ("eps", "momentum"))]
+        return "%s(%s)" % (type(self).__name__, ", ".join("%s=%g" % (f, getattr(c, f)) for f in shown))
+
     def __del__(self):
         p = getattr(self, "_ptr", None)
         if p:

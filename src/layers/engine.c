@@ -22,11 +22,6 @@
 #include "../kernels/ops_layers.h"
 #include "layers.h"
 
-/* MultiheadAttention's self-attention form of vitc_layer_forward (mha.c). */
-vitc_status vitc__mha_self_forward(vitc_layer *l, const float *x, int ndim, const int64_t *shape,
-                                   float *out);
-vitc_status vitc__mha_check_shape(const vitc_layer *l, int ndim, const int64_t *shape,
-                                  int *out_ndim, int64_t out_shape[8]);
 
 static const char *kind_name(vitc_layer_kind k) {
     switch (k) {

@@ -83,4 +83,11 @@ struct vitc_layer {
 /* "[2, 3]" of a table row, for messages. */
 const char *vitc__param_shape_str(const vitc__param *p, char *buf, size_t cap);
 
+/* MultiheadAttention's self-attention form of vitc_layer_forward and its
+ * shape check (mha.c). */
+vitc_status vitc__mha_self_forward(vitc_layer *l, const float *x, int ndim, const int64_t *shape,
+                                   float *out);
+vitc_status vitc__mha_check_shape(const vitc_layer *l, int ndim, const int64_t *shape,
+                                  int *out_ndim, int64_t out_shape[8]);
+
 #endif

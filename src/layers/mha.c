@@ -12,10 +12,6 @@
 
 #include "layers.h"
 
-vitc_status vitc__mha_self_forward(vitc_layer *l, const float *x, int ndim, const int64_t *shape,
-                                   float *out);
-vitc_status vitc__mha_check_shape(const vitc_layer *l, int ndim, const int64_t *shape,
-                                  int *out_ndim, int64_t out_shape[8]);
 
 static const char *shp(char *buf, size_t cap, const vitc_tensor_view *t) {
     return vitc__shape_str(buf, cap, t->ndim < 0 || t->ndim > 8 ? 0 : t->ndim, t->shape);
