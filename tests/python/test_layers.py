@@ -55,6 +55,31 @@ class Case(unittest.TestCase):
         self.assertLessEqual(err, tol, "%s: max error %g > %g" % (what, err, tol))
 
 
+class TestStateDict(Case):
+    def test_round_trip_into_torch(self):
+        """vitc's state_dict loads strictly into the seed's torch module and gives its numbers."""
+        for t, v, shape in [(SeedAttentionBlock(3, 4, 16), vitc.AttentionBlock(3, 4, 16, seed=1), (2, 3, 8, 8)),
+                            (SeedConvSABlock(16), vitc.ConvSABlock(16, seed=2), (2, 16, 3, 3)),
+                            (SeedSelfAttentionGroup(8), vitc.SelfAttention(8, seed=3), (2, 8, 3, 3)),
+                            (SeedSelfAttentionBatch(8), vitc.SelfAttention(8, "batch", seed=4), (2, 8, 3, 3)),
+                            (SeedSelfAttentionMultiHead(8, 2), vitc.SelfAttentionMultiHead(8, 2, seed=5), (2, 8, 3, 3)),
+                            (SeedT2TAttention(6, 8, 2, True), vitc.T2TAttention(6, 8, 2, True, seed=6), (2, 5, 6)),
+                            (nn.MultiheadAttention(8, 2, kdim=3), vitc.MultiheadAttention(8, 2, kdim=3, seed=7), None)]:
+            v.parameters()[next(iter(v.parameters()))][...] += 0.25  # a non-default value survives too
+            t.load_state_dict({k: torch.from_numpy(a) for k, a in v.state_dict().items()}, strict=True)
+            if shape is not None:
+                x = self.randn(*shape)
+                self.close(v(x), t(x), type(v).__name__)
+
+    def test_seeded_init_is_repeatable(self):
+        a, b = vitc.T2TAttention(6, 8, seed=11), vitc.T2TAttention(6, 8, seed=11)
+        for k, x in a.state_dict().items():
+            np.testing.assert_array_equal(x, b.state_dict()[k])
+        bound = 1 / math.sqrt(6)
+        self.assertLessEqual(np.abs(a.state_dict()["qkv.weight"]).max(), bound)
+        self.assertGreater(np.abs(a.state_dict()["qkv.weight"]).max(), 0.9 * bound)
+
+
 class TestAttentionBlock(Case):
     def test_seed_shapes(self):
         for (C, p, E, heads, shape) in [(3, 4, 64, 1, (1, 3, 32, 32)), (3, 4, 64, 1, (3, 3, 12, 20)),
