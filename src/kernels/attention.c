@@ -90,10 +90,14 @@ static void vitc__attn_key_init(void) {
 
 static size_t vitc__attn_r16(size_t n) { return (n + 15) & ~(size_t)15; }
 
+/* Query rows the scratch is sized for: Br rounded up to 32, because the
+ * small-Dv path works on groups of 2 vectors of rows (32 on AVX-512). */
+static size_t vitc__attn_brp(const vitc__attn_plan *p) { return ((size_t)p->Br + 31) & ~(size_t)31; }
+
 /* Scratch floats one thread needs for plan p (0 on overflow). */
 static size_t vitc__attn_need(const vitc__attn_plan *p) {
     const vitc__sdpa_desc *d = p->d;
-    size_t Br = (size_t)p->Br, parts[6];
+    size_t Br = vitc__attn_brp(p), parts[6];
     parts[0] = vitc__attn_r16(Br * (size_t)d->D);
     parts[1] = vitc__attn_r16(Br * (size_t)p->Bcp);
     parts[2] = vitc__attn_r16(Br * (size_t)p->Dvp);
@@ -127,7 +131,7 @@ static vitc__attn_ws *vitc__attn_ws_get(const vitc__attn_plan *p, size_t need) {
         t->ws.kv_gen = 0; /* the packed K/V went with the old buffer */
     }
     const vitc__sdpa_desc *d = p->d;
-    size_t Br = (size_t)p->Br;
+    size_t Br = vitc__attn_brp(p);
     float *x = t->buf;
     t->ws.qp = x, x += vitc__attn_r16(Br * (size_t)d->D);
     t->ws.st = x, x += vitc__attn_r16(Br * (size_t)p->Bcp);
@@ -162,6 +166,8 @@ static void vitc__attn_plan_make(vitc__attn_plan *p, const vitc__sdpa_desc *d) {
      * A multiple of the microkernels' 12 and 6 rows. Never depends on the
      * thread count, so neither does any rounding. */
     int64_t Br = d->L >= 1024 ? 192 : 48;
+    /* The small-Dv path (attention_tmpl.h) takes rows 32 at a time. */
+    if (d->Dv <= 16 && !d->mask && !d->probs && d->L < 1024) Br = 64;
     while (Br > 12 && d->B * d->H * ((d->L + Br - 1) / Br) < 8) Br /= 2;
     if (Br > d->L) Br = d->L;
     p->Br = Br;

@@ -326,6 +326,164 @@ static void att_pack_vt(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t 
 }
 #endif
 
+#if ATT_SMALL_DV > 0
+/* ---- transposed small-Dv path (no mask, no probs) ------------------------
+ * Vectors run over query rows instead of keys: S^T[j][r] = K[j] . Qs^T[:, r].
+ * The softmax is then along the non-vector dimension, so the row max and
+ * sum are plain vertical max/add with no horizontal reductions, and
+ * O^T[c][r] += P^T[j][r] * V[j][c] takes V as a broadcast straight from the
+ * caller's rows. K and V need no packing at all. Per 16 scores: D FMAs, one
+ * exp2, Dv FMAs. */
+#define RG (2 * VW) /* query rows per S^T microkernel */
+
+/* st[j][0:RG] = k[j][0:D] . qt[0:D][0:RG] for j < mk. */
+static inline __attribute__((always_inline)) void att_st_kernel(int mk, int64_t D,
+                                                                const float *k, /* [mk, ldk] */
+                                                                int64_t ldk,
+                                                                const float *qt, /* [D, ldq] */
+                                                                int64_t ldq,
+                                                                float *st /* [mk, RG] */) {
+    VT a0[MR_S], a1[MR_S];
+    ATT_UNROLL
+    for (int r = 0; r < MR_S; r++)
+        if (r < mk) {
+            a0[r] = v_zero();
+            a1[r] = v_zero();
+        }
+    for (int64_t c = 0; c < D; c++) {
+        VT q0 = v_load(qt + c * ldq), q1 = v_load(qt + c * ldq + VW);
+        ATT_UNROLL
+        for (int r = 0; r < MR_S; r++)
+            if (r < mk) {
+                VT bk = v_set1(k[r * ldk + c]);
+                a0[r] = v_fma(bk, q0, a0[r]);
+                a1[r] = v_fma(bk, q1, a1[r]);
+            }
+    }
+    ATT_UNROLL
+    for (int r = 0; r < MR_S; r++)
+        if (r < mk) {
+            v_store(st + r * RG, a0[r]);
+            v_store(st + r * RG + VW, a1[r]);
+        }
+}
+
+static void att_st_rows(int mk, int64_t D, const float *k, int64_t ldk, const float *qt,
+                        int64_t ldq, float *st) {
+    switch (mk) {
+#define ATT_ST_CASE(n) \
+    case n: att_st_kernel(n, D, k, ldk, qt, ldq, st); break;
+        ATT_ST_CASE(1) ATT_ST_CASE(2) ATT_ST_CASE(3) ATT_ST_CASE(4) ATT_ST_CASE(5) ATT_ST_CASE(6)
+#if MR_S > 6
+        ATT_ST_CASE(7) ATT_ST_CASE(8) ATT_ST_CASE(9) ATT_ST_CASE(10) ATT_ST_CASE(11) ATT_ST_CASE(12)
+#endif
+#undef ATT_ST_CASE
+    default: break;
+    }
+}
+
+/* For VW query rows: ot[c][:] = (init ? 0 : ot[c][:]*a) + sum_j 2^(st[j] - mu) v[j][c];
+ * returns sum_j 2^(st[j] - mu). */
+static inline __attribute__((always_inline)) VT att_tpv_k(int DV, const float *st, /* [nkv, RG] */
+                                                          int64_t nkv, VT mu,
+                                                          const float *v, /* [nkv, ldv] */
+                                                          int64_t ldv,
+                                                          float *ot, /* [DV, VW] */
+                                                          VT a, int init) {
+    VT acc[ATT_SMALL_DV];
+    ATT_UNROLL
+    for (int c = 0; c < ATT_SMALL_DV; c++)
+        if (c < DV) acc[c] = init ? v_zero() : v_mul(v_load(ot + c * VW), a);
+    VT sum0 = v_zero(), sum1 = v_zero();
+    int64_t j = 0;
+    /* Two keys per step: two independent exp2 chains. */
+    for (; j + 2 <= nkv; j += 2) {
+        VT p0 = v_exp2(v_sub(v_load(st + j * RG), mu));
+        VT p1 = v_exp2(v_sub(v_load(st + (j + 1) * RG), mu));
+        sum0 = v_add(sum0, p0);
+        sum1 = v_add(sum1, p1);
+        ATT_UNROLL
+        for (int c = 0; c < ATT_SMALL_DV; c++)
+            if (c < DV)
+                acc[c] = v_fma(p1, v_set1(v[(j + 1) * ldv + c]),
+                               v_fma(p0, v_set1(v[j * ldv + c]), acc[c]));
+    }
+    if (j < nkv) {
+        VT p0 = v_exp2(v_sub(v_load(st + j * RG), mu));
+        sum0 = v_add(sum0, p0);
+        ATT_UNROLL
+        for (int c = 0; c < ATT_SMALL_DV; c++)
+            if (c < DV) acc[c] = v_fma(p0, v_set1(v[j * ldv + c]), acc[c]);
+    }
+    ATT_UNROLL
+    for (int c = 0; c < ATT_SMALL_DV; c++)
+        if (c < DV) v_store(ot + c * VW, acc[c]);
+    return v_add(sum0, sum1);
+}
+
+static VT att_tpv(int64_t Dv, const float *st, int64_t nkv, VT mu, const float *v, int64_t ldv,
+                  float *ot, VT a, int init) {
+    switch (Dv) {
+#define ATT_TP(n) \
+    case n: return att_tpv_k(n, st, nkv, mu, v, ldv, ot, a, init);
+        ATT_TP(1) ATT_TP(2) ATT_TP(3) ATT_TP(4) ATT_TP(5) ATT_TP(6) ATT_TP(7) ATT_TP(8)
+#if ATT_SMALL_DV > 8
+        ATT_TP(9) ATT_TP(10) ATT_TP(11) ATT_TP(12) ATT_TP(13) ATT_TP(14) ATT_TP(15) ATT_TP(16)
+#endif
+#undef ATT_TP
+    default: return v_zero();
+    }
+}
+
+/* Rows [l0, l1) of head (b, h) on the transposed path. Scratch: qp holds
+ * Qs^T [D, nrp], st the S^T tile of one row group [Bc, RG], ot O^T per
+ * VW rows [nrp/VW][Dv][VW], mrow/lrow the running max and sum [nrp]. */
+static void att_small_rows(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h,
+                           int64_t l0, int64_t l1) {
+    const vitc__sdpa_desc *d = pl->d;
+    const int64_t D = d->D, Dv = d->Dv, S = d->S, Bc = pl->Bc;
+    const int64_t nr = l1 - l0, nrp = (nr + RG - 1) / RG * RG;
+    const float *q = d->q + b * d->q_sb + h * d->q_sh + l0 * d->q_sr; /* [nr, D] */
+    const float *k = d->k + b * d->k_sb + h * d->k_sh;                /* [S, D] */
+    const float *v = d->v + b * d->v_sb + h * d->v_sh;                /* [S, Dv] */
+    float *qt = ws->qp, *st = ws->st, *ot = ws->ot, *m = ws->mrow, *l = ws->lrow;
+    for (int64_t r = 0; r < nrp; r++)
+        for (int64_t c = 0; c < D; c++)
+            qt[c * nrp + r] = r < nr ? q[r * d->q_sr + c] * pl->qscale : 0.0f;
+    for (int64_t g = 0; g < nrp; g += RG) {
+        for (int64_t kb = 0; kb < pl->nkb; kb++) {
+            const int64_t j0 = kb * Bc;
+            const int64_t nkv = S - j0 < Bc ? S - j0 : Bc;
+            for (int64_t j = 0; j < nkv; j += MR_S) {
+                int mk = nkv - j < MR_S ? (int)(nkv - j) : MR_S;
+                att_st_rows(mk, D, k + (j0 + j) * d->k_sr, d->k_sr, qt + g, nrp, st + j * RG);
+            }
+            for (int64_t x = 0; x < RG; x += VW) {
+                const int64_t r0 = g + x;
+                VT mx = v_set1(-INFINITY);
+                for (int64_t j = 0; j < nkv; j++) mx = v_max(mx, v_load(st + j * RG + x));
+                /* Without a mask a -inf max needs -inf inputs, and then
+                 * torch's NaN comes out of 2^(-inf - -inf) by itself. */
+                VT mold = kb == 0 ? v_set1(-INFINITY) : v_load(m + r0);
+                VT mn = v_max(mold, mx);
+                VT a = v_exp2(v_sub(mold, mn));
+                VT sum = att_tpv(Dv, st + x, nkv, mn, v + j0 * d->v_sr, d->v_sr,
+                                 ot + r0 * Dv, a, kb == 0);
+                v_store(m + r0, mn);
+                v_store(l + r0, kb == 0 ? sum : v_fma(v_load(l + r0), a, sum));
+            }
+        }
+    }
+    float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr; /* [nr, Dv] */
+    for (int64_t r = 0; r < nr; r++) {
+        float inv = 1.0f / l[r];
+        const float *src = ot + (r / VW) * VW * Dv + r % VW; /* column r of O^T */
+        for (int64_t c = 0; c < Dv; c++) o[r * d->o_sr + c] = src[c * VW] * inv;
+    }
+}
+#undef RG
+#endif
+
 /* S tile for key block [j0, j0+nkv): st[r][0:nkv] for r < nr. */
 static void att_scores(const float *qp, int64_t D, int64_t nr, const float *kt, int64_t nkv,
                        float *st, int64_t Bcp) {
@@ -360,6 +518,12 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
     const int64_t D = d->D, Dv = d->Dv, S = d->S, Bc = pl->Bc, Bcp = pl->Bcp, Dvp = pl->Dvp;
     const int64_t nr = l1 - l0;
     const float *mbase = d->mask ? d->mask + b * d->m_sb + h * d->m_sh + l0 * d->m_sr : NULL;
+#if ATT_SMALL_DV > 0
+    if (Dv <= ATT_SMALL_DV && !d->mask && !d->probs) {
+        att_small_rows(pl, ws, b, h, l0, l1);
+        return;
+    }
+#endif
 
     const float *q = d->q + b * d->q_sb + h * d->q_sh + l0 * d->q_sr; /* [nr, D] */
     for (int64_t r = 0; r < nr; r++)
