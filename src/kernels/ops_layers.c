@@ -111,19 +111,30 @@ typedef struct tadd_ctx {
     int64_t C, N, ct; /* ct: channel tiles per image */
 } tadd_ctx;
 
-/* Tiles of 16 channels: each token's 16 values are one cache line of y, and
- * the 16 output rows are written as parallel streams. */
+/* Blocks of 16 channels x 16 tokens go through a transposed copy in L1, so
+ * both the reads of y and the writes of out run along contiguous rows (and
+ * the second loop vectorises). */
 static void tadd_tiles(void *ctx, int64_t r0, int64_t r1, int tid) {
     const tadd_ctx *t = ctx;
+    /* Locals, so the compiler knows the stores to out cannot change them. */
+    float *out = t->out;
+    const float *y = t->y, *x = t->x;
+    const float alpha = t->alpha;
+    const int64_t C = t->C, N = t->N, ct = t->ct;
+    float blk[16][16]; // [channel, token]
     (void)tid;
     for (int64_t r = r0; r < r1; r++) {
-        int64_t b = r / t->ct, c0 = (r % t->ct) * 16, c1 = c0 + 16 < t->C ? c0 + 16 : t->C;
-        const float *yb = t->y + b * t->N * t->C;
-        for (int64_t n = 0; n < t->N; n++) {
-            const float *yn = yb + n * t->C;
-            for (int64_t c = c0; c < c1; c++) {
-                int64_t o = (b * t->C + c) * t->N + n;
-                t->out[o] = t->alpha * yn[c] + t->x[o];
+        int64_t b = r / ct, c0 = (r % ct) * 16, cc = C - c0 < 16 ? C - c0 : 16;
+        const float *yb = y + b * N * C + c0;
+        for (int64_t n0 = 0; n0 < N; n0 += 16) {
+            int64_t nn = N - n0 < 16 ? N - n0 : 16;
+            for (int64_t i = 0; i < nn; i++)
+                for (int64_t j = 0; j < cc; j++) blk[j][i] = yb[(n0 + i) * C + j];
+            for (int64_t j = 0; j < cc; j++) {
+                int64_t o = (b * C + c0 + j) * N + n0;
+                float *restrict orow = out + o;
+                const float *restrict xrow = x + o;
+                for (int64_t i = 0; i < nn; i++) orow[i] = alpha * blk[j][i] + xrow[i];
             }
         }
     }
