@@ -610,14 +610,9 @@ vitc_status vitc_layer_forward(vitc_layer *l, const float *x, int ndim, const in
         float *mean = s + o_stat, *var = mean + C; // [C], [C]
         const float *m = l->run_mean, *v = l->run_var;
         if (l->training) {
+            /* torch normalises with the batch's biased variance (the running
+             * statistics take the unbiased one, at the end of the call). */
             vitc__channel_stats(mean, var, x, B, C, HW);
-            /* torch: normalise with the biased variance, remember the unbiased one. */
-            double cnt = (double)B * (double)HW, mom = l->cfg.momentum;
-            for (int64_t c = 0; c < C; c++) {
-                l->run_mean[c] = (float)((1.0 - mom) * l->run_mean[c] + mom * mean[c]);
-                l->run_var[c] =
-                    (float)((1.0 - mom) * l->run_var[c] + mom * var[c] * cnt / (cnt - 1.0));
-            }
             m = mean;
             v = var;
         }
@@ -684,5 +679,15 @@ vitc_status vitc_layer_forward(vitc_layer *l, const float *x, int ndim, const in
         vitc__linear(y, p->cout, o, p->dv, l->w_o, l->b_o, NULL, 0, M, p->cout, p->dv);
     if (p->res == VITC__RES_INPUT)
         vitc__transpose_add(out, y, x, l->gamma ? l->gamma[0] : 1.0f, B, C, N);
+
+    /* 5. BatchNorm's running statistics move only once the call has succeeded. */
+    if (p->norm == VITC__NORM_BATCH && l->training) {
+        const float *mean = s + o_stat, *var = mean + C; // [C], [C]
+        double cnt = (double)B * (double)HW, mom = l->cfg.momentum;
+        for (int64_t c = 0; c < C; c++) {
+            l->run_mean[c] = (float)((1.0 - mom) * l->run_mean[c] + mom * mean[c]);
+            l->run_var[c] = (float)((1.0 - mom) * l->run_var[c] + mom * var[c] * cnt / (cnt - 1.0));
+        }
+    }
     return VITC_OK;
 }
