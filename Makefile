@@ -169,3 +169,10 @@ $(BUILD)/bench_attention: tests/bench_attention.c $(BUILD)/libvitc.a $(HDRS)
 	$(Q)$(CC) $(BASE) $(CFLAGS) $< -o $@ $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
 bench-attention: $(BUILD)/bench_attention
 	$(BUILD)/bench_attention -t 1 && $(BUILD)/bench_attention -t 2
+
+# GEMM backends side by side at ViT-B shapes (tests/bench_gemm.c, not a test).
+.PHONY: bench-gemm
+$(BUILD)/bench_gemm: tests/bench_gemm.c $(BUILD)/libvitc.a $(HDRS)
+	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
+bench-gemm: $(BUILD)/bench_gemm
+	$(BUILD)/bench_gemm
