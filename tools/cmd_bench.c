@@ -19,6 +19,7 @@
  */
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -430,7 +431,7 @@ static int bench_setup_vit(const bench_workload *w, bench_ctx *c, const char *mo
         return -1;
     }
     if (vitc_vit_load(model, NULL, &c->vit) != VITC_OK)
-        return cli_lib_error(model);
+        return cli_lib_error("--model");
     g = vitc_vit_get_config(c->vit);
     snprintf(note, note_cap, "%s, %d px", vitc_vit_arch_name(c->vit), g->image_size);
     c->vit_batch = w->vit_batch;
@@ -499,6 +500,23 @@ static int bench_cmp(const void *a, const void *b) {
 
 static long bench_max(long a, long b) { return a > b ? a : b; }
 
+/* One updating line on a terminal, plain lines otherwise (DESIGN.md 4). */
+__attribute__((format(printf, 1, 2))) static void bench_progress(const char *fmt, ...) {
+    va_list ap;
+    int tty = cli_stderr_tty();
+    va_start(ap, fmt);
+    fputs(tty ? "\r\033[Kvitc bench: " : "vitc bench: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputs(tty ? "" : "\n", stderr);
+    fflush(stderr);
+    va_end(ap);
+}
+
+static void bench_progress_end(void) {
+    if (cli_stderr_tty())
+        fputs("\r\033[K", stderr);
+}
+
 static void bench_one(const bench_workload *w, const char *model, int repeat, int quiet,
                       bench_result *r) {
     bench_ctx c;
@@ -509,7 +527,7 @@ static void bench_one(const bench_workload *w, const char *model, int repeat, in
     r->hwm_reset = bench_reset_hwm() == 0;
     r->base_rss_kb = bench_status_kb("VmRSS");
     if (!quiet)
-        fprintf(stderr, "vitc bench: %s ...\n", w->name);
+        bench_progress("%s ...", w->name);
     r->status = w->setup(w, &c, model, &r->flops, r->note, sizeof r->note);
     if (r->status) {
         bench_release(&c);
@@ -686,7 +704,7 @@ int cmd_bench(int argc, char **argv) {
     if (!no_peak || peak_only) {
         bench_fma_fn fn = bench_fma_pick(&isa);
         if (!quiet)
-            fprintf(stderr, "vitc bench: measuring the FMA peak (%s) ...\n", isa);
+            bench_progress("measuring the FMA peak (%s) ...", isa);
         peak1 = bench_peak(fn, 1);
         peakn = threads > 1 ? bench_peak(fn, threads) : peak1;
     }
@@ -702,6 +720,8 @@ int cmd_bench(int argc, char **argv) {
         ran++;
     }
 
+    if (!quiet)
+        bench_progress_end();
     if (json) {
         printf("{\"vitc_version\": \"%s\", \"arch\": \"%s\", \"gemm\": \"%s\", \"threads\": %d,\n",
                vitc_version(), vitc_get_arch(), vitc_get_gemm_backend(), threads);
