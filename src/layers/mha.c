@@ -182,6 +182,30 @@ static float mask_val(const void *m, vitc_mask_type t, size_t i) {
     return t == VITC_MASK_BOOL ? (((const uint8_t *)m)[i] ? -INFINITY : 0.0f) : ((const float *)m)[i];
 }
 
+/* attn_output_weights.sum(dim=1) / num_heads: each element summed over the
+ * heads in torch's order, then divided. One task per (b, query row). */
+typedef struct head_mean_ctx {
+    float *w;           // [B, L, S]
+    const float *probs; // [B, H, L, S]
+    int64_t H, L, S;
+} head_mean_ctx;
+
+static void head_mean_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
+    const head_mean_ctx *t = ctx;
+    const int64_t H = t->H, L = t->L, S = t->S;
+    (void)tid;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t b = r / L, row = r % L;
+        float *restrict dst = t->w + r * S;
+        for (int64_t j = 0; j < S; j++) dst[j] = 0.0f;
+        for (int64_t h = 0; h < H; h++) {
+            const float *restrict src = t->probs + ((b * H + h) * L + row) * S;
+            for (int64_t j = 0; j < S; j++) dst[j] += src[j];
+        }
+        for (int64_t j = 0; j < S; j++) dst[j] /= (float)H;
+    }
+}
+
 vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, float *weights) {
     if (!l || !a || !out)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_mha_forward: NULL argument");
@@ -303,13 +327,8 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
     VITC_TRY(vitc__sdpa(&sd));
     vitc__linear(out, E, o, E, l->w_o, l->b_o, NULL, 0, L * B, E, E);
     if (a->need_weights && a->average_attn_weights) {
-        /* attn_output_weights.sum(dim=1) / num_heads, in torch's order */
-        for (int64_t bi = 0; bi < B; bi++)
-            for (int64_t i = 0; i < L * S; i++) {
-                float acc = 0.0f;
-                for (int64_t hi = 0; hi < H; hi++) acc += probs[(bi * H + hi) * L * S + i];
-                weights[bi * L * S + i] = acc / (float)H;
-            }
+        head_mean_ctx hm = {weights, probs, H, L, S};
+        vitc__parallel_range(B * L, head_mean_rows, &hm);
     }
     return VITC_OK;
 }
