@@ -57,6 +57,8 @@ WORKLOADS = {
     "vit_b16_b8": ("ViT-B/16 (torchvision vit_b_16), batch 8", "[8,3,224,224]", _VIT_FLOPS, 3),
 }
 VIT = ("vit_b16_b1", "vit_b16_b8")
+CHILD_TIMEOUT = 300  # seconds; a child past it is killed and reported
+CHILD_BUDGET = 45    # seconds of forwards after which a PyTorch child stops timing
 
 
 def flops_of(name):
@@ -255,6 +257,11 @@ def torch_child(name, threads, repeat):
             t0 = time.perf_counter()
             f()
             times.append(1e3 * (time.perf_counter() - t0))
+            # Bounded: a thread count whose OpenMP threads fight for the
+            # cores can take many seconds per forward; a few samples of
+            # that are plenty.
+            if warm + 1e-3 * sum(times) > CHILD_BUDGET:
+                break
         run_hwm = _status_kb("VmHWM")
     print(json.dumps({"name": name, "status": "ok", "threads": torch.get_num_threads(),
                       "times_ms": times, "base_rss_kb": base, "built_hwm_kb": built_hwm,
@@ -282,7 +289,6 @@ def export_vit(path):
 # Driver
 # --------------------------------------------------------------------------
 
-CHILD_TIMEOUT = 300  # seconds; a child past it is killed and reported
 
 
 def run_child(argv, env):
