@@ -9,8 +9,9 @@
  * GFLOP/s counts 4*B*H*L*S*D (the two matrix products, as PyTorch and the
  * FlashAttention papers count), so it is comparable across implementations;
  * for Dv != D it counts 2*B*H*L*S*(D+Dv). Time is the median of REPS runs.
- * "extra MB" is the growth of the peak resident set during the first call
- * (the kernel's per-thread scratch; inputs are allocated before).
+ * "scratch" is what each thread of the kernel holds for the shape; "rss +"
+ * the growth of the peak resident set during the first call (pages of the
+ * scratch actually touched; the inputs are allocated before).
  */
 #include <math.h>
 #include <stdio.h>
@@ -19,6 +20,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
+#include "kernels/attention_impl.h"
 #include "kernels/kernels.h"
 
 static double now(void) {
@@ -131,10 +133,11 @@ static double run_shape(const shape *s, int reps, double peak, int threads) {
     double t = ts[n / 2], tc = cs[n / 2];
     double gf = flop / t * 1e-9, gfc = flop / tc * 1e-9;
     printf("[%lld,%lld,%lld,%lld] Dv=%-4lld %-7s thr=%d  wall %9.3f ms %7.1f GFLOP/s (%5.1f%% of "
-           "peak/core)  cpu/thr %9.3f ms %7.1f GFLOP/s (%5.1f%%)  extra %.1f MB\n",
+           "peak/core)  cpu/thr %9.3f ms %7.1f GFLOP/s (%5.1f%%)  scratch %.1f MB/thread (rss +%.1f MB)\n",
            (long long)B, (long long)H, (long long)N, (long long)D, (long long)Dv, vitc_get_arch(),
            threads, t * 1e3, gf, peak > 0 ? 100.0 * gf / (peak * threads) : 0.0, tc * 1e3, gfc,
-           peak > 0 ? 100.0 * gfc / (peak * threads) : 0.0, (double)(rss1 - rss0) / 1024.0);
+           peak > 0 ? 100.0 * gfc / (peak * threads) : 0.0,
+           (double)vitc__sdpa_scratch_bytes(&d) / 1048576.0, (double)(rss1 - rss0) / 1024.0);
     free(cs);
     fflush(stdout);
     free(ts);

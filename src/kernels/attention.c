@@ -214,6 +214,13 @@ static void vitc__attn_task(void *ctx, int64_t i, int tid) {
 #endif
 }
 
+size_t vitc__sdpa_scratch_bytes(const vitc__sdpa_desc *d) {
+    if (!d || d->B * d->H * d->L <= 0 || d->S <= 0) return 0;
+    vitc__attn_plan plan;
+    vitc__attn_plan_make(&plan, d);
+    return vitc__attn_need(&plan) * sizeof(float);
+}
+
 static int vitc__attn_bad(int64_t n, const void *ptr) { return n > 0 && !ptr; }
 
 vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {

@@ -51,6 +51,10 @@ typedef struct vitc__attn_ws {
     int64_t kv_b, kv_h, kv_done; /* kv_done: key blocks packed so far */
 } vitc__attn_ws;
 
+/* Bytes of scratch each thread holds for a call with this descriptor (for
+ * benchmarks and memory budgets; 0 when the call needs none). */
+size_t vitc__sdpa_scratch_bytes(const vitc__sdpa_desc *d);
+
 /* Rows [l0, l1) of head (b, h). */
 typedef void (*vitc__attn_rows_fn)(const vitc__attn_plan *p, vitc__attn_ws *ws, int64_t b,
                                    int64_t h, int64_t l0, int64_t l1);
