@@ -210,6 +210,50 @@ static void vit_rollout_step(vitc_vit *m, const float *probs, int64_t B, int64_t
     }
 }
 
+/* Attention of every head over the qkv buffer [B, N, 3, H, d] into att
+ * [B, N, H, d], for query rows 0..L-1 of each image. */
+static vitc__sdpa_desc vit_attention(const vitc_vit *m, int64_t B, int64_t N, int64_t L) {
+    int64_t C = m->cfg.hidden_dim, Hh = m->cfg.num_heads, d = C / Hh;
+    vitc__sdpa_desc sd = {
+        .B = B, .H = Hh, .L = L, .S = N, .D = d, .Dv = d,
+        .q = m->qkv, .q_sb = N * 3 * C, .q_sh = d, .q_sr = 3 * C,
+        .k = m->qkv + C, .k_sb = N * 3 * C, .k_sh = d, .k_sr = 3 * C,
+        .v = m->qkv + 2 * C, .v_sb = N * 3 * C, .v_sh = d, .v_sr = 3 * C,
+        .o = m->att, .o_sb = N * C, .o_sh = d, .o_sr = C,
+        .scale = 1.0f / sqrtf((float)d),
+        .p_sb = Hh * N * N, .p_sh = N * N, .p_sr = N,
+    };
+    return sd;
+}
+
+/* The last block for the head alone: every row's keys and values, but
+ * queries, out_proj, LayerNorm and MLP only for the class token (row 0 of
+ * each image, stride N*C) — the same numbers for those rows, ~7% fewer
+ * FLOPs for ViT-B/16. *cls_out: the block's output class tokens [B, C]. */
+static vitc_status vit_last_block(vitc_vit *m, int64_t B, int64_t N, const float **cls_out) {
+    const vitc_vit_config *c = &m->cfg;
+    const vitc__vit_block *w = &m->blocks[c->depth - 1];
+    int64_t C = c->hidden_dim, M = c->mlp_dim, BN = B * N;
+    vitc__layernorm(m->ln, m->x0, w->ln1_w, w->ln1_b, BN, C, c->norm_eps);
+    /* k, v of every row (weight rows C..3C), q of the class rows. */
+    vitc__linear(m->qkv + C, 3 * C, m->ln, C, w->qkv_w + C * C, w->qkv_b + C, NULL, 0, BN,
+                 2 * C, C);
+    vitc__linear(m->qkv, N * 3 * C, m->ln, N * C, w->qkv_w, w->qkv_b, NULL, 0, B, C, C);
+    vitc__sdpa_desc sd = vit_attention(m, B, N, 1);
+    VITC_TRY(vitc__sdpa(&sd));
+    float *x1 = m->x1;  /* [B, C] */
+    float *ln = m->ln;  /* [B, C] */
+    float *hid = m->hid; /* [B, M] */
+    float *out = m->x1 + B * C; /* [B, C] */
+    vitc__linear(x1, C, m->att, N * C, w->proj_w, w->proj_b, m->x0, N * C, B, C, C);
+    vitc__layernorm(ln, x1, w->ln2_w, w->ln2_b, B, C, c->norm_eps);
+    vitc__linear(hid, M, ln, C, w->fc1_w, w->fc1_b, NULL, 0, B, M, C);
+    vitc__gelu(hid, B * M);
+    vitc__linear(out, C, hid, M, w->fc2_w, w->fc2_b, x1, C, B, C, M);
+    *cls_out = out;
+    return VITC_OK;
+}
+
 /* The whole forward. logits, attn, rollout may each be NULL. */
 static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int W_, float *logits,
                            float *attn, float *rollout) {
@@ -226,7 +270,7 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
                          B_, c->in_channels, H_, W_, c->patch_size);
     int64_t B = B_, H = H_, W = W_, p = c->patch_size, Cin = c->in_channels;
     int64_t gh = H / p, gw = W / p, P = gh * gw, N = P + 1, C = c->hidden_dim;
-    int64_t Hh = c->num_heads, d = C / Hh, M = c->mlp_dim, BN = B * N, K = Cin * p * p;
+    int64_t Hh = c->num_heads, M = c->mlp_dim, BN = B * N, K = Cin * p * p;
     VITC_TRY(vit_activations(m, B, P));
     VITC_TRY(vit_position_embedding(m, gh, gw));
 
@@ -262,7 +306,10 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
         }
     }
 
-    for (int l = 0; l < c->depth; l++) {
+    /* Logits need only the class tokens out of the last block (see
+     * vit_last_block); the maps need every row of every block. */
+    int full = logits ? c->depth - 1 : c->depth;
+    for (int l = 0; l < full; l++) {
         const vitc__vit_block *w = &m->blocks[l];
         vitc__layernorm(m->ln, m->x0, w->ln1_w, w->ln1_b, BN, C, c->norm_eps);
         /* qkv [B, N, 3, H, d]: the kernel reads q, k, v of head h in place. */
@@ -272,15 +319,8 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
             probs = attn + (size_t)l * per_layer;
         else if (rollout)
             probs = m->probs_buf.p;
-        vitc__sdpa_desc sd = {
-            .B = B, .H = Hh, .L = N, .S = N, .D = d, .Dv = d,
-            .q = m->qkv, .q_sb = N * 3 * C, .q_sh = d, .q_sr = 3 * C,
-            .k = m->qkv + C, .k_sb = N * 3 * C, .k_sh = d, .k_sr = 3 * C,
-            .v = m->qkv + 2 * C, .v_sb = N * 3 * C, .v_sh = d, .v_sr = 3 * C,
-            .o = m->att, .o_sb = N * C, .o_sh = d, .o_sr = C,
-            .scale = 1.0f / sqrtf((float)d),
-            .probs = probs, .p_sb = Hh * N * N, .p_sh = N * N, .p_sr = N,
-        };
+        vitc__sdpa_desc sd = vit_attention(m, B, N, N);
+        sd.probs = probs;
         VITC_TRY(vitc__sdpa(&sd));
         if (rollout)
             vit_rollout_step(m, probs, B, N, l == 0);
@@ -295,11 +335,9 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     if (rollout)
         memcpy(rollout, m->roll_buf.p, (size_t)(B * N * N) * sizeof(float));
     if (logits) {
-        /* Only the class tokens reach the head: gather and norm just those rows. */
-        float *cls_rows = m->ln; /* [B, C] */
-        for (int64_t b = 0; b < B; b++)
-            memcpy(cls_rows + b * C, m->x0 + b * N * C, (size_t)C * sizeof(float));
-        vitc__layernorm(m->cls_out, cls_rows, m->ln_w, m->ln_b, B, C, c->norm_eps);
+        const float *cls; /* [B, C] */
+        VITC_TRY(vit_last_block(m, B, N, &cls));
+        vitc__layernorm(m->cls_out, cls, m->ln_w, m->ln_b, B, C, c->norm_eps);
         vitc__linear(logits, c->num_classes, m->cls_out, C, m->head_w, m->head_b, NULL, 0, B,
                      c->num_classes, C);
     }
