@@ -145,3 +145,38 @@ void vitc__transpose_add(float *out, const float *y, const float *x, float alpha
     tadd_ctx t = {out, y, x, alpha, C, N, (C + 15) / 16};
     vitc__parallel_range(B * t.ct, tadd_tiles, &t);
 }
+
+typedef struct c2t_ctx {
+    float *y;
+    const float *x;
+    int64_t C, HW, ct; /* ct: token tiles per image */
+} c2t_ctx;
+
+/* 16 tokens x 16 channels per block through L1, as the epilogue above. */
+static void c2t_tiles(void *ctx, int64_t r0, int64_t r1, int tid) {
+    const c2t_ctx *t = ctx;
+    float *y = t->y;
+    const float *x = t->x;
+    const int64_t C = t->C, HW = t->HW, ct = t->ct;
+    float blk[16][16]; // [token, channel]
+    (void)tid;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t b = r / ct, i0 = (r % ct) * 16, ii = HW - i0 < 16 ? HW - i0 : 16;
+        for (int64_t c0 = 0; c0 < C; c0 += 16) {
+            int64_t cc = C - c0 < 16 ? C - c0 : 16;
+            for (int64_t j = 0; j < cc; j++) {
+                const float *xr = x + (b * C + c0 + j) * HW + i0;
+                for (int64_t i = 0; i < ii; i++) blk[i][j] = xr[i];
+            }
+            for (int64_t i = 0; i < ii; i++) {
+                float *restrict yr = y + (b * HW + i0 + i) * C + c0;
+                for (int64_t j = 0; j < cc; j++) yr[j] = blk[i][j];
+            }
+        }
+    }
+}
+
+void vitc__channels_to_tokens(float *y, const float *x, int64_t B, int64_t C, int64_t HW) {
+    c2t_ctx t = {y, x, C, HW, (HW + 15) / 16};
+    vitc__parallel_range(B * t.ct, c2t_tiles, &t);
+}

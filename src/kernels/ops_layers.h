@@ -19,6 +19,9 @@ void vitc__channel_stats(float *mean, float *var, const float *x, int64_t B, int
 void vitc__batchnorm_apply(float *y, const float *x, const float *mean, const float *var,
                            const float *w, const float *bias, float eps, int64_t B, int64_t C,
                            int64_t HW);
+/* x [B, C, HW] -> y [B, HW, C] (an image's pixels as tokens), threaded and
+ * blocked for the cache. */
+void vitc__channels_to_tokens(float *y, const float *x, int64_t B, int64_t C, int64_t HW);
 /* out[b,c,n] = alpha * y[b,n,c] + x[b,c,n]: tokens back to channels first,
  * plus the block's input. out [B,C,N], y [B,N,C], x [B,C,N]. */
 void vitc__transpose_add(float *out, const float *y, const float *x, float alpha, int64_t B,

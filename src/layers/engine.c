@@ -620,7 +620,7 @@ vitc_status vitc_layer_forward(vitc_layer *l, const float *x, int ndim, const in
         img = s + o_norm;
     }
     if (p->in == VITC__IN_IMAGE) {
-        vitc__transpose_bc(s + o_tok, img, B, C, HW);
+        vitc__channels_to_tokens(s + o_tok, img, B, C, HW);
         tok = s + o_tok;
     } else if (p->in == VITC__IN_PATCHES) {
         int64_t k = l->cfg.patch_size, K = C * k * k;
