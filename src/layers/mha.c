@@ -238,8 +238,15 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
         if (am->data) ml = L;
         ok = ok && vitc__mul_size((size_t)(mb * mh), (size_t)(ml * S), &nmask);
     }
-    if (a->need_weights && a->average_attn_weights)
-        ok = ok && vitc__mul_size((size_t)(B * H), (size_t)(L * S), &nprob);
+    /* Head-averaged weights go through per-head probabilities a few batch
+     * items at a time, so that scratch stays near 16 MB instead of
+     * [B, heads, L, S]. */
+    int64_t chunk = B, per_b = H * L * S;
+    if (a->need_weights && a->average_attn_weights) {
+        chunk = ((int64_t)4 << 20) / per_b;
+        chunk = chunk < 1 ? 1 : chunk > B ? B : chunk;
+        ok = ok && vitc__mul_size((size_t)chunk, (size_t)per_b, &nprob);
+    }
     size_t total = 0;
     ok = ok && vitc__add_size(nq, nkv, &total) && vitc__add_size(total, no, &total) &&
          vitc__add_size(total, nmask, &total) && vitc__add_size(total, nprob, &total);
@@ -324,12 +331,23 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
         sd.probs = a->average_attn_weights ? probs : weights;
         sd.p_sb = H * L * S; sd.p_sh = L * S; sd.p_sr = S;
     }
-    VITC_TRY(vitc__sdpa(&sd));
-    vitc__linear(out, E, o, E, l->w_o, l->b_o, NULL, 0, L * B, E, E);
     if (a->need_weights && a->average_attn_weights) {
-        head_mean_ctx hm = {weights, probs, H, L, S};
-        vitc__parallel_range(B * L, head_mean_rows, &hm);
+        for (int64_t b0 = 0; b0 < B; b0 += chunk) {
+            vitc__sdpa_desc part = sd;
+            part.B = B - b0 < chunk ? B - b0 : chunk;
+            part.q += b0 * sd.q_sb;
+            part.k += b0 * sd.k_sb;
+            part.v += b0 * sd.v_sb;
+            part.o += b0 * sd.o_sb;
+            if (part.mask) part.mask += b0 * sd.m_sb;
+            VITC_TRY(vitc__sdpa(&part));
+            head_mean_ctx hm = {weights + b0 * L * S, probs, H, L, S};
+            vitc__parallel_range(part.B * L, head_mean_rows, &hm);
+        }
+    } else {
+        VITC_TRY(vitc__sdpa(&sd));
     }
+    vitc__linear(out, E, o, E, l->w_o, l->b_o, NULL, 0, L * B, E, E);
     return VITC_OK;
 }
 
