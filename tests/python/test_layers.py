@@ -315,6 +315,25 @@ class TestMultiheadAttention(Case):
             for i, kw in enumerate(cases):
                 self.check(t, v, q, k, val, "bf=%s mask case %d" % (bf, i), **kw)
 
+    def test_weights_over_batch_chunks_with_masks(self):
+        # [B, heads, L, S] above vitc's ~16 MB chunk: the averaged weights are
+        # computed a few batch items at a time; masks must follow the chunks.
+        E, H, L, S, B = 8, 2, 700, 650, 6
+        t, v = self.pair(E, H)
+        q, k = self.randn(L, B, E), self.randn(S, B, E)
+        kpm = torch.rand(B, S, generator=self.gen) < 0.2
+        kpm[:, 3] = False
+        am = torch.rand(L, S, generator=self.gen) < 0.2
+        am[:, 3] = False
+        am3 = self.randn(B * H, L, S)
+        t.train()
+        for kw in (dict(key_padding_mask=kpm, attn_mask=am), dict(attn_mask=am3)):
+            to, tw = t(q, k, k, **kw)
+            args = {n: m.numpy() for n, m in kw.items()}
+            vo, vw = v(q.numpy(), k.numpy(), k.numpy(), **args)
+            self.close(vo, to, "chunked out")
+            self.close(vw, tw, "chunked weights")
+
     def test_fully_masked_row_is_nan(self):
         t, v = self.pair(8, 2)
         q, k = self.randn(3, 2, 8), self.randn(4, 2, 8)
