@@ -1,11 +1,20 @@
 /* attention_avx2.c — the tiled attention kernel on AVX2+FMA (8 lanes):
  * S microkernel 6 rows x 16 keys, P V microkernel 6 rows x 16 channels
  * (12 ymm accumulators each, the shape of BLIS's Haswell sgemm). */
+#include "attention_impl.h"
+
+/* Not an x86 target: dispatch never picks this path; the symbol stays so
+ * the dispatcher links. */
+#if !defined(__x86_64__) && !defined(__i386__)
+void vitc__attn_rows_avx2(const vitc__attn_plan *p, vitc__attn_ws *ws, int64_t b, int64_t h,
+                          int64_t l0, int64_t l1) {
+    vitc__attn_rows_generic(p, ws, b, h, l0, l1);
+}
+#else
+
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
-
-#include "attention_impl.h"
 
 #define VT __m256
 #define VW 8
@@ -72,3 +81,5 @@ static inline __m256 att_exp2_avx2(__m256 x) {
 
 #define ATT_FN vitc__attn_rows_avx2
 #include "attention_tmpl.h"
+
+#endif

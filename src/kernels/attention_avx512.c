@@ -3,11 +3,20 @@
  * 6 rows x 64 channels (24 accumulators). Compiled with -mavx512f etc.;
  * only called after cpuid said yes. The caller has set FTZ/DAZ, which the
  * exponential relies on to return exactly 0 below 2^-126. */
+#include "attention_impl.h"
+
+/* Not an x86 target: dispatch never picks this path; the symbol stays so
+ * the dispatcher links. */
+#if !defined(__x86_64__) && !defined(__i386__)
+void vitc__attn_rows_avx512(const vitc__attn_plan *p, vitc__attn_ws *ws, int64_t b, int64_t h,
+                            int64_t l0, int64_t l1) {
+    vitc__attn_rows_generic(p, ws, b, h, l0, l1);
+}
+#else
+
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
-
-#include "attention_impl.h"
 
 #define VT __m512
 #define VW 16
@@ -58,3 +67,5 @@ static inline __m512 att_exp2_avx512(__m512 x) {
 
 #define ATT_FN vitc__attn_rows_avx512
 #include "attention_tmpl.h"
+
+#endif
