@@ -6,6 +6,7 @@ from ._lib import VitcError, lib as _lib
 from .layers import *  # noqa: F401,F403  (AttentionBlock, ..., scaled_dot_product_attention, softmax)
 from .io import *  # noqa: F401,F403  (load_safetensors, save_safetensors)
 from .vit import *  # noqa: F401,F403  (VisionTransformer)
+from .image import *  # noqa: F401,F403  (load_image, preprocess_image, save_png)
 
 __version__ = _lib.vitc_version().decode()
 
