@@ -526,8 +526,14 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
 #endif
 
     const float *q = d->q + b * d->q_sb + h * d->q_sh + l0 * d->q_sr; /* [nr, D] */
-    for (int64_t r = 0; r < nr; r++)
-        for (int64_t c = 0; c < D; c++) ws->qp[r * D + c] = q[r * d->q_sr + c] * pl->qscale;
+    const VT qs = v_set1(pl->qscale);
+    for (int64_t r = 0; r < nr; r++) {
+        const float *src = q + r * d->q_sr;
+        float *dst = ws->qp + r * D;
+        int64_t c = 0;
+        for (; c + VW <= D; c += VW) v_storeu(dst + c, v_mul(v_loadu(src + c), qs));
+        if (c < D) v_storeu_n(dst + c, v_mul(v_loadu_n(src + c, D - c), qs), D - c);
+    }
 
     if (pl->whole_head && !(ws->kv_gen == pl->gen && ws->kv_b == b && ws->kv_h == h)) {
         ws->kv_gen = pl->gen;
