@@ -138,8 +138,8 @@ static float *vitc__get_scratch(size_t floats) {
 
 /* op(A)[i0:i0+mc, k0:k0+kc] into strips [kc][mr]; op(A)(i,k) is
  * A[i*lda + k], or A[k*lda + i] when trans. */
-static void vitc__pack_a(float *pa, int mr, const float *A, int64_t lda, int trans, int64_t i0,
-                         int64_t mc, int64_t k0, int64_t kc) {
+void vitc__gemm_packa_generic(float *pa, int mr, const float *A, int64_t lda, int trans, int64_t i0,
+                              int64_t mc, int64_t k0, int64_t kc) {
     for (int64_t s = 0; s < mc; s += mr) {
         int64_t rows = mc - s < mr ? mc - s : mr;
         float *dst = pa + s * kc; /* strip s/mr: [kc][mr] */
@@ -252,7 +252,7 @@ static void vitc__ukr_generic(int64_t kc, const float *pa, const float *pb, floa
 #endif
 
 static const vitc__gemm_kernel vitc__gemm_kernel_generic = {
-    VITC_G_MR, VITC_G_NR, 256, 96, 1024, vitc__ukr_generic, NULL,
+    VITC_G_MR, VITC_G_NR, 512, 96, 1024, vitc__ukr_generic, NULL, NULL,
 };
 
 static const vitc__gemm_kernel *vitc__pick_kernel(void) {
@@ -329,7 +329,10 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                 vitc__gemm_packb_generic(pb, NR, g->B, g->ldb, g->tb, pc, kc, jc, nc);
             for (int64_t ic = i0; ic < i1; ic += MC) {
                 int64_t mc = i1 - ic < MC ? i1 - ic : MC;
-                vitc__pack_a(pa, MR, g->A, g->lda, g->ta, ic, mc, pc, kc);
+                if (kn->packa)
+                    kn->packa(pa, g->A, g->lda, g->ta, ic, mc, pc, kc);
+                else
+                    vitc__gemm_packa_generic(pa, MR, g->A, g->lda, g->ta, ic, mc, pc, kc);
                 for (int64_t jr = 0; jr < nc; jr += NR) {
                     int64_t nr = nc - jr < NR ? nc - jr : NR;
                     for (int64_t ir = 0; ir < mc; ir += MR) {

@@ -66,7 +66,7 @@ static void vitc__ukr_avx2(int64_t kc, const float *pa, const float *pb, float *
     vitc__gemm_epilogue_tile(C, ldc, tile, NR, mr, nr, e);
 }
 
-/* KC x NR x 4 = 16 KB of B in L1; 96 x 256 x 4 = 96 KB of A in L2. */
+/* Blocks as for AVX-512 (see gemm_avx512.c): a deep KC measured best. */
 const vitc__gemm_kernel vitc__gemm_kernel_avx2 = {
-    MR, NR, 256, 96, 2048, vitc__ukr_avx2, NULL,
+    MR, NR, 1024, 72, 2048, vitc__ukr_avx2, NULL, NULL,
 };

@@ -33,16 +33,25 @@ typedef void (*vitc__gemm_ukr_fn)(int64_t kc, const float *pa, const float *pb, 
 typedef void (*vitc__gemm_packb_fn)(float *pb, const float *B, int64_t ldb, int trans, int64_t k0,
                                     int64_t kc, int64_t j0, int64_t nc);
 
+/* Packs op(A)[i0:i0+mc, k0:k0+kc] into strips of MR (zero padded); op(A)(i,k)
+ * is A[i*lda + k], or A[k*lda + i] when trans. */
+typedef void (*vitc__gemm_packa_fn)(float *pa, const float *A, int64_t lda, int trans, int64_t i0,
+                                    int64_t mc, int64_t k0, int64_t kc);
+
 typedef struct vitc__gemm_kernel {
     int mr, nr;
     int64_t kc, mc, nc; /* cache blocks: kc and mc fit L1/L2, nc the B panel */
     vitc__gemm_ukr_fn ukr;
     vitc__gemm_packb_fn packb; /* NULL: the portable packer */
+    vitc__gemm_packa_fn packa; /* NULL: the portable packer */
 } vitc__gemm_kernel;
 
 extern const vitc__gemm_kernel vitc__gemm_kernel_avx512;
 extern const vitc__gemm_kernel vitc__gemm_kernel_avx2;
 
+/* Portable A packer (any MR), used by the ISA files for edges. */
+void vitc__gemm_packa_generic(float *pa, int mr, const float *A, int64_t lda, int trans, int64_t i0,
+                              int64_t mc, int64_t k0, int64_t kc);
 /* Portable B packer (any NR), used by the ISA files for edges. */
 void vitc__gemm_packb_generic(float *pb, int nr, const float *B, int64_t ldb, int trans,
                               int64_t k0, int64_t kc, int64_t j0, int64_t nc);
