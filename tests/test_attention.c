@@ -470,6 +470,10 @@ static void test_mxcsr_restored(void **state) {
         assert_int_equal(vitc_set_arch(arch_names[a]), VITC_OK);
         for (int m = 0; m < 2; m++) {
             _mm_setcsr(modes[m]);
+            if (_mm_getcsr() != modes[m]) { /* valgrind keeps FTZ/DAZ off */
+                _mm_setcsr(before);
+                continue;
+            }
             assert_int_equal(vitc__sdpa(&t.d), VITC_OK);
             unsigned int after = _mm_getcsr();
             _mm_setcsr(before);
