@@ -175,4 +175,4 @@ bench-attention: $(BUILD)/bench_attention
 $(BUILD)/bench_gemm: tests/bench_gemm.c $(BUILD)/libvitc.a $(HDRS)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
 bench-gemm: $(BUILD)/bench_gemm
-	$(BUILD)/bench_gemm
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_gemm

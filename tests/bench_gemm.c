@@ -11,6 +11,10 @@
  * clock: on a machine shared with other jobs this removes the time the
  * process was not running, which makes 1-thread numbers comparable (for 2
  * threads it also counts the caller's wait, so use the wall clock there).
+ * Run it with OPENBLAS_NUM_THREADS=1 (make bench-gemm does): the pthread
+ * OpenBLAS starts its own threads when loaded, and they spin for a while,
+ * taking CPU from whatever runs next, although vitc never lets OpenBLAS use
+ * them.
  * VITC_BENCH_STAT=min reports the fastest rep instead of the median: with
  * other jobs on the cores, the fastest rep is the one least disturbed.
  */

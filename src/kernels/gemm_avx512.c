@@ -160,6 +160,9 @@ static void vitc__packa_avx512(float *pa, const float *A, int64_t lda, int trans
         int64_t k = 0;
         for (; k + 16 <= kc; k += 16) {
             __m512 r[16];
+            /* 12 row streams at once are more than the hardware prefetcher
+             * follows well: ask for the lines 4 chunks ahead. */
+            for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(src + i * lda + k + 64), _MM_HINT_T0);
             for (int i = 0; i < MR; i++) r[i] = _mm512_loadu_ps(src + i * lda + k);
             for (int i = MR; i < 16; i++) r[i] = _mm512_setzero_ps();
             vitc__tr16(r);
