@@ -336,13 +336,15 @@ static void att_pack_vt(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t 
  * exp2, Dv FMAs. */
 #define RG (2 * VW) /* query rows per S^T microkernel */
 
-/* st[j][0:RG] = k[j][0:D] . qt[0:D][0:RG] for j < mk. */
+/* st[j][0:RG] = k[j][0:D] . qt[0:D][0:RG] for j < mk; mx[0:2] takes the
+ * running column max on the way out (saves a pass over the tile). */
 static inline __attribute__((always_inline)) void att_st_kernel(int mk, int64_t D,
                                                                 const float *k, /* [mk, ldk] */
                                                                 int64_t ldk,
                                                                 const float *qt, /* [D, ldq] */
                                                                 int64_t ldq,
-                                                                float *st /* [mk, RG] */) {
+                                                                float *st, /* [mk, RG] */
+                                                                VT *mx) {
     VT a0[MR_S], a1[MR_S];
     ATT_UNROLL
     for (int r = 0; r < MR_S; r++)
@@ -360,19 +362,23 @@ static inline __attribute__((always_inline)) void att_st_kernel(int mk, int64_t 
                 a1[r] = v_fma(bk, q1, a1[r]);
             }
     }
+    VT m0 = mx[0], m1 = mx[1];
     ATT_UNROLL
     for (int r = 0; r < MR_S; r++)
         if (r < mk) {
             v_store(st + r * RG, a0[r]);
             v_store(st + r * RG + VW, a1[r]);
+            m0 = v_max(m0, a0[r]);
+            m1 = v_max(m1, a1[r]);
         }
+    mx[0] = m0, mx[1] = m1;
 }
 
 static void att_st_rows(int mk, int64_t D, const float *k, int64_t ldk, const float *qt,
-                        int64_t ldq, float *st) {
+                        int64_t ldq, float *st, VT *mx) {
     switch (mk) {
 #define ATT_ST_CASE(n) \
-    case n: att_st_kernel(n, D, k, ldk, qt, ldq, st); break;
+    case n: att_st_kernel(n, D, k, ldk, qt, ldq, st, mx); break;
         ATT_ST_CASE(1) ATT_ST_CASE(2) ATT_ST_CASE(3) ATT_ST_CASE(4) ATT_ST_CASE(5) ATT_ST_CASE(6)
 #if MR_S > 6
         ATT_ST_CASE(7) ATT_ST_CASE(8) ATT_ST_CASE(9) ATT_ST_CASE(10) ATT_ST_CASE(11) ATT_ST_CASE(12)
@@ -447,21 +453,32 @@ static void att_small_rows(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t
     const float *k = d->k + b * d->k_sb + h * d->k_sh;                /* [S, D] */
     const float *v = d->v + b * d->v_sb + h * d->v_sh;                /* [S, Dv] */
     float *qt = ws->qp, *st = ws->st, *ot = ws->ot, *m = ws->mrow, *l = ws->lrow;
-    for (int64_t r = 0; r < nrp; r++)
-        for (int64_t c = 0; c < D; c++)
-            qt[c * nrp + r] = r < nr ? q[r * d->q_sr + c] * pl->qscale : 0.0f;
+    int64_t r = 0;
+#ifdef ATT_HAVE_T8
+    for (; r + 8 <= nr; r += 8) {
+        int64_t c = 0;
+        for (; c + 8 <= D; c += 8) att_transpose8(q + r * d->q_sr + c, d->q_sr, qt + c * nrp + r, nrp);
+        for (; c < D; c++)
+            for (int64_t i = 0; i < 8; i++) qt[c * nrp + r + i] = q[(r + i) * d->q_sr + c];
+    }
+#endif
+    for (; r < nrp; r++)
+        for (int64_t c = 0; c < D; c++) qt[c * nrp + r] = r < nr ? q[r * d->q_sr + c] : 0.0f;
+    const VT qs = v_set1(pl->qscale);
+    for (int64_t i = 0; i < D * nrp; i += VW) v_store(qt + i, v_mul(v_load(qt + i), qs));
     for (int64_t g = 0; g < nrp; g += RG) {
         for (int64_t kb = 0; kb < pl->nkb; kb++) {
             const int64_t j0 = kb * Bc;
             const int64_t nkv = S - j0 < Bc ? S - j0 : Bc;
+            VT bmax[2] = {v_set1(-INFINITY), v_set1(-INFINITY)};
             for (int64_t j = 0; j < nkv; j += MR_S) {
                 int mk = nkv - j < MR_S ? (int)(nkv - j) : MR_S;
-                att_st_rows(mk, D, k + (j0 + j) * d->k_sr, d->k_sr, qt + g, nrp, st + j * RG);
+                att_st_rows(mk, D, k + (j0 + j) * d->k_sr, d->k_sr, qt + g, nrp, st + j * RG,
+                            bmax);
             }
             for (int64_t x = 0; x < RG; x += VW) {
                 const int64_t r0 = g + x;
-                VT mx = v_set1(-INFINITY);
-                for (int64_t j = 0; j < nkv; j++) mx = v_max(mx, v_load(st + j * RG + x));
+                VT mx = bmax[x / VW];
                 /* Without a mask a -inf max needs -inf inputs, and then
                  * torch's NaN comes out of 2^(-inf - -inf) by itself. */
                 VT mold = kb == 0 ? v_set1(-INFINITY) : v_load(m + r0);
