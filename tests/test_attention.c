@@ -495,6 +495,9 @@ static void test_bad_input(void **state) {
     memset(&d, 0, sizeof d);
     d.B = 1, d.H = 1, d.L = -1, d.S = 4, d.D = 4, d.Dv = 4;
     assert_int_equal(vitc__sdpa(&d), VITC_ERR_INVALID_ARG);
+    d.S = (int64_t)1 << 40; /* absurd sizes are refused, not overflowed */
+    assert_int_equal(vitc__sdpa(&d), VITC_ERR_INVALID_ARG);
+    d.S = 4;
     d.L = 4; /* NULL data with work to do */
     assert_int_equal(vitc__sdpa(&d), VITC_ERR_INVALID_ARG);
     d.L = 0; /* nothing to do */

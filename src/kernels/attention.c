@@ -230,6 +230,12 @@ vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
                          "sdpa: negative size (B %lld, H %lld, L %lld, S %lld, D %lld, Dv %lld)",
                          (long long)d->B, (long long)d->H, (long long)d->L, (long long)d->S,
                          (long long)d->D, (long long)d->Dv);
+    /* Far beyond any tensor that fits in memory; keeps the plan's int64
+     * products (S * D, B * H * L, ...) from overflowing. */
+    const int64_t big = (int64_t)1 << 31;
+    if (d->B >= big || d->H >= big || d->L >= big || d->S >= big || d->D >= big ||
+        d->Dv >= big || d->B * d->H >= big || d->B * d->H * d->L >= ((int64_t)1 << 50))
+        return vitc__err(VITC_ERR_INVALID_ARG, "sdpa: sizes too large");
     int64_t rows = d->B * d->H * d->L;
     if (rows == 0) return VITC_OK;
     if (vitc__attn_bad(d->D * d->S, d->q) || vitc__attn_bad(d->D * d->S, d->k) ||
