@@ -433,10 +433,15 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
     int nt = vitc__in_parallel() ? 1 : vitc__num_threads();
     double flops = 2.0 * (double)g->M * (double)g->N * (double)(g->K > 0 ? g->K : 1);
     if (flops < VITC_GEMM_PAR_FLOPS) nt = 1;
-    /* Columns when each thread gets at least two NR strips: every thread
-     * then streams only its share of B (the weights, for a Linear). */
+    /* Each thread packs all of the operand it does not split: splitting
+     * columns repeats op(A)'s packing (M x K) in every thread, splitting rows
+     * repeats op(B)'s (N x K). Repeat the smaller one, as long as each
+     * thread still gets at least two tiles of the dimension it splits. */
     int64_t col_units = (g->N + nr - 1) / nr, row_units = (g->M + mr - 1) / mr;
-    g->by_cols = col_units >= 2 * (int64_t)nt || col_units >= row_units;
+    if (g->N >= g->M)
+        g->by_cols = col_units >= 2 * (int64_t)nt || col_units >= row_units;
+    else
+        g->by_cols = !(row_units >= 2 * (int64_t)nt || row_units >= col_units);
     g->unit = g->by_cols ? nr : mr;
     int64_t units = g->by_cols ? col_units : row_units;
     if (nt > units) nt = (int)units;
