@@ -15,6 +15,7 @@
  * its own packing buffers. OpenBLAS is told to use one thread once, and is
  * called per panel the same way, so it never runs threads inside ours.
  */
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdlib.h>
@@ -404,7 +405,7 @@ static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
     int64_t i0, i1, j0, j1;
     vitc__part(g, t, &i0, &i1, &j0, &j1);
     if (i0 >= i1 || j0 >= j1) return;
-    if (g->K == 0 || g->alpha == 0.0f) {
+    if (g->K <= 0 || g->alpha == 0.0f) {
         vitc__scale_only(g, i0, i1, j0, j1);
         return;
     }
@@ -424,6 +425,10 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
     if (g->M <= 0 || g->N <= 0) return;
     g->kern = NULL;
 #ifdef VITC_HAVE_OPENBLAS
+    /* CBLAS takes int sizes: anything larger goes to the built-in GEMM. */
+    if (g->M > INT_MAX || g->N > INT_MAX || g->K > INT_MAX || g->lda > INT_MAX ||
+        g->ldb > INT_MAX || g->ldc > INT_MAX)
+        builtin = 1;
     if (!builtin) pthread_once(&vitc__blas_once, vitc__blas_init);
 #else
     builtin = 1;
