@@ -168,7 +168,7 @@ static void vitc__attn_plan_make(vitc__attn_plan *p, const vitc__sdpa_desc *d) {
     int64_t Br = d->L >= 1024 ? 192 : 48;
     /* The small-Dv path (attention_tmpl.h) takes rows 32 at a time. */
     if (d->Dv <= 16 && !d->mask && !d->probs && d->L < 1024) Br = 64;
-    while (Br > 12 && d->B * d->H * ((d->L + Br - 1) / Br) < 8) Br /= 2;
+    while (Br > 12 && d->B * d->H * ((d->L + Br - 1) / Br) < 8) Br = Br / 2 < 12 ? 12 : Br / 2;
     if (Br > d->L) Br = d->L;
     p->Br = Br;
     p->nqb = (d->L + Br - 1) / Br;
