@@ -37,6 +37,9 @@
 /* How long an idle worker, or a caller waiting for its workers, spins before
  * sleeping. Long enough to bridge the serial gaps of a forward pass. */
 #define VITC_SPIN_NS 200000L
+/* After this long a waiting thread yields between checks: when the machine
+ * is oversubscribed the thread it waits for may need this very core. */
+#define VITC_YIELD_NS 20000L
 
 typedef struct vitc__pool {
     pthread_mutex_t region_lock; /* one region at a time (user threads) */
@@ -133,7 +136,11 @@ static void *vitc__worker(void *arg) {
             for (int spin = 1; g == seen; spin++) {
                 vitc__cpu_relax();
                 g = atomic_load_explicit(&P->gen, memory_order_acquire);
-                if ((spin & 63) == 0 && vitc__now_ns() - t0 > VITC_SPIN_NS) break;
+                if ((spin & 63) == 0) {
+                    int64_t dt = vitc__now_ns() - t0;
+                    if (dt > VITC_SPIN_NS) break;
+                    if (dt > VITC_YIELD_NS) sched_yield();
+                }
             }
         }
         if (g == seen) {
@@ -241,6 +248,7 @@ void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx) {
         int64_t t0 = vitc__now_ns();
         for (int spin = 1; atomic_load_explicit(&P->remaining, memory_order_acquire) != 0; spin++) {
             vitc__cpu_relax();
+            if ((spin & 63) == 0 && vitc__now_ns() - t0 > VITC_YIELD_NS) sched_yield();
             if ((spin & 63) == 0 && vitc__now_ns() - t0 > VITC_SPIN_NS) {
                 pthread_mutex_lock(&P->lock);
                 atomic_store(&P->caller_sleeping, 1);
