@@ -1,4 +1,4 @@
-/* test_ops.c — softmax, LayerNorm and GELU on every arch vs float64. */
+/* test_ops.c — softmax, LayerNorm, GroupNorm and GELU on every arch vs float64. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -194,11 +194,63 @@ static void test_layernorm(void **state) {
     vitc_set_num_threads(0);
 }
 
+static void test_groupnorm(void **state) {
+    /* B, C, HW, G; the last has groups of 2050 channels, more than the
+     * kernel sums in one batch */
+    int64_t shapes[][4] = {{2, 6, 7, 3}, {1, 512, 4096, 1}, {3, 32, 256, 8}, {1, 4, 1, 2},
+                           {2, 4100, 3, 2}, {2, 64, 1024, 32}};
+    double means[] = {0.0, 100.0};
+    for (size_t a = 0; a < 3; a++) {
+        if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+        for (size_t is = 0; is < sizeof shapes / sizeof *shapes; is++)
+            for (size_t im = 0; im < 2; im++) {
+                int64_t B = shapes[is][0], C = shapes[is][1], HW = shapes[is][2], G = shapes[is][3];
+                int64_t n = B * C * HW, cg = C / G;
+                float *x = malloc((size_t)n * sizeof(float)), *w = malloc((size_t)C * sizeof(float));
+                float *b = malloc((size_t)C * sizeof(float));
+                float *y1 = malloc((size_t)n * sizeof(float)), *y2 = malloc((size_t)n * sizeof(float));
+                for (int64_t i = 0; i < n; i++) x[i] = (float)(means[im] + nrand() * (1 + (i / HW) % 3));
+                for (int64_t c = 0; c < C; c++) w[c] = (float)(1.0 + 0.5 * nrand()), b[c] = (float)nrand();
+                for (int t = 1; t <= 2; t++) {
+                    vitc_set_num_threads(t);
+                    vitc__groupnorm(t == 1 ? y1 : y2, x, w, b, B, C, HW, G, 1e-5f);
+                }
+                assert_memory_equal(y1, y2, (size_t)n * sizeof(float));
+                for (int64_t bg = 0; bg < B * G; bg++) {
+                    const float *xg = x + bg * cg * HW;
+                    int64_t cnt = cg * HW;
+                    double mean = 0.0, var = 0.0;
+                    for (int64_t i = 0; i < cnt; i++) mean += xg[i];
+                    mean /= (double)cnt;
+                    for (int64_t i = 0; i < cnt; i++) var += (xg[i] - mean) * (xg[i] - mean);
+                    var /= (double)cnt;
+                    double rstd = 1.0 / sqrt(var + 1e-5);
+                    for (int64_t i = 0; i < cnt; i++) {
+                        int64_t ch = (bg % G) * cg + i / HW;
+                        double want = (xg[i] - mean) * rstd * w[ch] + b[ch];
+                        double tol = 2e-6 * (1.0 + fabs(want)) + 1e-7 * fabs(means[im]) * rstd * fabs(w[ch]);
+                        float got = y1[bg * cnt + i];
+                        if (!(fabs(got - want) <= tol)) {
+                            fprintf(stderr, "%s groupnorm B=%lld C=%lld HW=%lld G=%lld [%lld] = %.9g want %.9g\n",
+                                    archs[a], (long long)B, (long long)C, (long long)HW, (long long)G,
+                                    (long long)(bg * cnt + i), got, want);
+                            fail();
+                        }
+                    }
+                }
+                free(x), free(w), free(b), free(y1), free(y2);
+            }
+    }
+    vitc_set_arch(NULL);
+    vitc_set_num_threads(0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gelu),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_layernorm),
+        cmocka_unit_test(test_groupnorm),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

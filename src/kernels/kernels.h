@@ -97,6 +97,8 @@ void vitc__softmax_rows_ref(float *x, int64_t rows, int64_t n, float inv_tempera
 void vitc__layernorm_ref(float *y, const float *x, const float *w, const float *b, int64_t M,
                          int64_t C, float eps);
 void vitc__gelu_ref(float *x, int64_t n);
+void vitc__groupnorm_ref(float *y, const float *x, const float *w, const float *b, int64_t B,
+                         int64_t C, int64_t HW, int64_t G, float eps);
 /* [B, C, HW] -> [B, HW, C] (and back with swapped sizes). */
 void vitc__transpose_bc(float *y, const float *x, int64_t B, int64_t C, int64_t HW);
 

@@ -7,6 +7,7 @@
  * the thread count, so results do not depend on it.
  */
 #include <math.h>
+#include <stdlib.h>
 
 #include "ops_simd.h"
 
@@ -48,8 +49,8 @@ void vitc__layernorm_ref(float *y, const float *x, const float *w, const float *
     }
 }
 
-void vitc__groupnorm(float *y, const float *x, const float *w, const float *b, int64_t B,
-                     int64_t C, int64_t HW, int64_t G, float eps) {
+void vitc__groupnorm_ref(float *y, const float *x, const float *w, const float *b, int64_t B,
+                         int64_t C, int64_t HW, int64_t G, float eps) {
     int64_t cg = C / G;
     for (int64_t n = 0; n < B; n++) {
         for (int64_t g = 0; g < G; g++) {
@@ -166,4 +167,111 @@ void vitc__gelu(float *x, int64_t n) {
         vitc__parallel_range(chunks, vitc__gelu_part, &k);
     else
         vitc__gelu_part(&k, 0, chunks, 0);
+}
+
+/* ---- GroupNorm: per-channel partial sums, then one affine pass ------- */
+
+/* Channel rows (n, c) of HW floats are the unit of work in both passes, so
+ * the pool splits them the same way whatever G is; the per-channel sums are
+ * combined in channel order, which keeps results independent of the thread
+ * count. Sums are in double, shifted by the group's first element (see
+ * vitc__layernorm_avx512). Channel rows are handled VITC_GN_BATCH at a
+ * time so that the partial sums live on the stack. */
+#define VITC_GN_BATCH 2048
+
+typedef struct {
+    float *y;
+    const float *x, *w, *b;
+    int64_t C, HW, cg, row0;
+    double *sq;        /* [rows][2]: sum and sum of squares, shifted */
+    const float *stat; /* [B*G][2]: mean and rstd, for the affine pass */
+    vitc__arch arch;
+} vitc__gn_ctx;
+
+static void vitc__gn_stats(void *c, int64_t r0, int64_t r1, int tid) {
+    const vitc__gn_ctx *k = c;
+    (void)tid;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t row = k->row0 + r, grp = row / k->cg;
+        const float *xr = k->x + row * k->HW;
+        double shift = k->x[grp * k->cg * k->HW];
+        double *o = k->sq + 2 * r;
+        switch (k->arch) {
+        case VITC_ARCH_AVX512: vitc__row_stats_avx512(xr, k->HW, shift, o); break;
+        case VITC_ARCH_AVX2: vitc__row_stats_avx2(xr, k->HW, shift, o); break;
+        default: {
+            double s = 0.0, q = 0.0;
+            for (int64_t i = 0; i < k->HW; i++) {
+                double d = (double)xr[i] - shift;
+                s += d;
+                q += d * d;
+            }
+            o[0] = s, o[1] = q;
+        }
+        }
+    }
+}
+
+static void vitc__gn_apply(void *c, int64_t r0, int64_t r1, int tid) {
+    const vitc__gn_ctx *k = c;
+    (void)tid;
+    for (int64_t row = r0; row < r1; row++) {
+        int64_t grp = row / k->cg, ch = row % k->C;
+        float mean = k->stat[2 * grp], rstd = k->stat[2 * grp + 1];
+        float sc = rstd * k->w[ch], sh = k->b[ch];
+        const float *xr = k->x + row * k->HW;
+        float *yr = k->y + row * k->HW;
+        switch (k->arch) {
+        case VITC_ARCH_AVX512: vitc__row_norm_avx512(yr, xr, k->HW, mean, sc, sh); break;
+        case VITC_ARCH_AVX2: vitc__row_norm_avx2(yr, xr, k->HW, mean, sc, sh); break;
+        default:
+            for (int64_t i = 0; i < k->HW; i++) yr[i] = (xr[i] - mean) * sc + sh;
+        }
+    }
+}
+
+void vitc__groupnorm(float *y, const float *x, const float *w, const float *b, int64_t B,
+                     int64_t C, int64_t HW, int64_t G, float eps) {
+    if (B <= 0 || C <= 0 || HW <= 0 || G <= 0 || C % G != 0) return;
+    int64_t cg = C / G, rows = B * C, groups = B * G;
+    double sq[2 * VITC_GN_BATCH];
+    vitc__gn_ctx k = {y, x, w, b, C, HW, cg, 0, sq, NULL, vitc__get_arch()};
+    int par = rows * HW >= VITC_OPS_PAR_ELEMS;
+    /* Sum the channel rows of whole groups, VITC_GN_BATCH rows at a time
+     * (a group larger than that is summed over several batches). */
+    float *stat = NULL;
+    float stat_small[2 * 64];
+    if (groups <= 64)
+        stat = stat_small;
+    else if (!(stat = malloc((size_t)groups * 2 * sizeof(float)))) {
+        vitc__groupnorm_ref(y, x, w, b, B, C, HW, G, eps); /* no memory: the slow path */
+        return;
+    }
+    double gs = 0.0, gq = 0.0;
+    for (int64_t r0 = 0; r0 < rows; r0 += VITC_GN_BATCH) {
+        int64_t n = rows - r0 < VITC_GN_BATCH ? rows - r0 : VITC_GN_BATCH;
+        k.row0 = r0;
+        if (par && n > 1)
+            vitc__parallel_range(n, vitc__gn_stats, &k);
+        else
+            vitc__gn_stats(&k, 0, n, 0);
+        for (int64_t r = 0; r < n; r++) {
+            int64_t row = r0 + r;
+            gs += sq[2 * r], gq += sq[2 * r + 1];
+            if ((row + 1) % cg == 0) { /* the group's last channel */
+                double cnt = (double)(cg * HW), md = gs / cnt, var = gq / cnt - md * md;
+                if (var < 0.0) var = 0.0;
+                int64_t grp = row / cg;
+                stat[2 * grp] = (float)((double)x[grp * cg * HW] + md);
+                stat[2 * grp + 1] = (float)(1.0 / sqrt(var + (double)eps));
+                gs = gq = 0.0;
+            }
+        }
+    }
+    k.stat = stat;
+    if (par && rows > 1)
+        vitc__parallel_range(rows, vitc__gn_apply, &k);
+    else
+        vitc__gn_apply(&k, 0, rows, 0);
+    if (stat != stat_small) free(stat);
 }

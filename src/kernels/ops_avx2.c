@@ -174,3 +174,36 @@ void vitc__layernorm_avx2(float *y, const float *x, const float *w, const float 
         }
     }
 }
+
+void vitc__row_stats_avx2(const float *x, int64_t n, double shift, double *o) {
+    __m256d sh = _mm256_set1_pd(shift);
+    __m256d s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8) {
+        __m256 v = _mm256_loadu_ps(x + c);
+        __m256d d0 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), sh);
+        __m256d d1 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), sh);
+        s0 = _mm256_add_pd(s0, d0);
+        s1 = _mm256_add_pd(s1, d1);
+        q0 = _mm256_fmadd_pd(d0, d0, q0);
+        q1 = _mm256_fmadd_pd(d1, d1, q1);
+    }
+    double sv[4], qv[4];
+    _mm256_storeu_pd(sv, _mm256_add_pd(s0, s1));
+    _mm256_storeu_pd(qv, _mm256_add_pd(q0, q1));
+    double s = (sv[0] + sv[1]) + (sv[2] + sv[3]), q = (qv[0] + qv[1]) + (qv[2] + qv[3]);
+    for (; c < n; c++) {
+        double d = (double)x[c] - shift;
+        s += d;
+        q += d * d;
+    }
+    o[0] = s, o[1] = q;
+}
+
+void vitc__row_norm_avx2(float *y, const float *x, int64_t n, float mean, float sc, float sh) {
+    __m256 vm = _mm256_set1_ps(mean), vs = _mm256_set1_ps(sc), vb = _mm256_set1_ps(sh);
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        _mm256_storeu_ps(y + c, _mm256_fmadd_ps(_mm256_sub_ps(_mm256_loadu_ps(x + c), vm), vs, vb));
+    for (; c < n; c++) y[c] = (x[c] - mean) * sc + sh;
+}

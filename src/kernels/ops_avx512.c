@@ -160,3 +160,35 @@ void vitc__layernorm_avx512(float *y, const float *x, const float *w, const floa
         }
     }
 }
+
+void vitc__row_stats_avx512(const float *x, int64_t n, double shift, double *o) {
+    __m512d sh = _mm512_set1_pd(shift);
+    __m512d s0 = _mm512_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
+    int64_t c = 0;
+    for (; c + 16 <= n; c += 16) {
+        __m512 v = _mm512_loadu_ps(x + c);
+        __m512d d0 = _mm512_sub_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), sh);
+        __m512d d1 = _mm512_sub_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)), sh);
+        s0 = _mm512_add_pd(s0, d0);
+        s1 = _mm512_add_pd(s1, d1);
+        q0 = _mm512_fmadd_pd(d0, d0, q0);
+        q1 = _mm512_fmadd_pd(d1, d1, q1);
+    }
+    double s = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
+    double q = _mm512_reduce_add_pd(_mm512_add_pd(q0, q1));
+    for (; c < n; c++) {
+        double d = (double)x[c] - shift;
+        s += d;
+        q += d * d;
+    }
+    o[0] = s, o[1] = q;
+}
+
+void vitc__row_norm_avx512(float *y, const float *x, int64_t n, float mean, float sc, float sh) {
+    __m512 vm = _mm512_set1_ps(mean), vs = _mm512_set1_ps(sc), vb = _mm512_set1_ps(sh);
+    for (int64_t c = 0; c < n; c += 16) {
+        __mmask16 m = n - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - c)) - 1);
+        __m512 v = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + c), vm);
+        _mm512_mask_storeu_ps(y + c, m, _mm512_fmadd_ps(v, vs, vb));
+    }
+}

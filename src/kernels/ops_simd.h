@@ -13,6 +13,13 @@ void vitc__softmax_rows_avx512(float *x, int64_t rows, int64_t n, float inv_temp
 void vitc__layernorm_avx512(float *y, const float *x, const float *w, const float *b, int64_t M,
                             int64_t C, float eps);
 
+/* GroupNorm helpers: o[0], o[1] = sum of (x - shift) and of its square,
+ * in double; y = (x - mean) * sc + sh. */
+void vitc__row_stats_avx512(const float *x, int64_t n, double shift, double *o);
+void vitc__row_norm_avx512(float *y, const float *x, int64_t n, float mean, float sc, float sh);
+void vitc__row_stats_avx2(const float *x, int64_t n, double shift, double *o);
+void vitc__row_norm_avx2(float *y, const float *x, int64_t n, float mean, float sc, float sh);
+
 void vitc__gelu_avx2(float *x, int64_t n);
 void vitc__softmax_rows_avx2(float *x, int64_t rows, int64_t n, float inv_temperature);
 void vitc__layernorm_avx2(float *y, const float *x, const float *w, const float *b, int64_t M,
