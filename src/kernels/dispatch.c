@@ -4,8 +4,10 @@
 
 #include "kernels.h"
 
-static int vitc__arch_forced = -1; /* -1: not yet decided */
-static vitc__arch vitc__arch_cur;
+/* -1 until decided; then the arch in use. Read and written atomically:
+ * kernels ask from any thread, and the first ones may race to decide (they
+ * reach the same answer). */
+static int vitc__arch_cur = -1;
 
 int vitc__cpu_has(vitc__arch a) {
 #if defined(__x86_64__) || defined(__i386__)
@@ -42,18 +44,22 @@ static int vitc__parse_arch(const char *name, vitc__arch *out) {
 }
 
 vitc__arch vitc__get_arch(void) {
-    if (vitc__arch_forced < 0) {
+    int a = __atomic_load_n(&vitc__arch_cur, __ATOMIC_ACQUIRE);
+    if (a < 0) {
         /* An unknown or unsupported VITC_ARCH falls back to the best path:
          * the environment is not an API call that can fail. */
         const char *env = getenv("VITC_ARCH");
-        vitc__arch a;
-        if (env && *env && strcmp(env, "auto") != 0 && vitc__parse_arch(env, &a) && vitc__cpu_has(a))
-            vitc__arch_cur = a;
+        vitc__arch e;
+        if (env && *env && strcmp(env, "auto") != 0 && vitc__parse_arch(env, &e) && vitc__cpu_has(e))
+            a = (int)e;
         else
-            vitc__arch_cur = vitc__best();
-        vitc__arch_forced = 0;
+            a = (int)vitc__best();
+        int expect = -1;
+        if (!__atomic_compare_exchange_n(&vitc__arch_cur, &expect, a, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE))
+            a = expect;
     }
-    return vitc__arch_cur;
+    return (vitc__arch)a;
 }
 
 const char *vitc_get_arch(void) { return vitc__arch_names[vitc__get_arch()]; }
@@ -61,15 +67,13 @@ const char *vitc_get_arch(void) { return vitc__arch_names[vitc__get_arch()]; }
 vitc_status vitc_set_arch(const char *name) {
     vitc__arch a;
     if (!name || !*name || strcmp(name, "auto") == 0) {
-        vitc__arch_cur = vitc__best();
-        vitc__arch_forced = 0;
+        __atomic_store_n(&vitc__arch_cur, (int)vitc__best(), __ATOMIC_RELEASE);
         return VITC_OK;
     }
     if (!vitc__parse_arch(name, &a))
         return vitc__err(VITC_ERR_INVALID_ARG, "unknown arch \"%s\" (expected avx512, avx2, generic or auto)", name);
     if (!vitc__cpu_has(a))
         return vitc__err(VITC_ERR_UNSUPPORTED, "this CPU cannot run the %s path", name);
-    vitc__arch_cur = a;
-    vitc__arch_forced = 1;
+    __atomic_store_n(&vitc__arch_cur, (int)a, __ATOMIC_RELEASE);
     return VITC_OK;
 }
