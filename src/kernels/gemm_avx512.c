@@ -128,6 +128,9 @@ static void vitc__packb_avx512(float *pb, const float *B, int64_t ldb, int trans
                 int64_t k = 0;
                 for (; k + 16 <= kc; k += 16) {
                     __m512 r[16];
+                    /* 16 row streams: prefetch as in the A packer */
+                    for (int i = 0; i < 16; i++)
+                        _mm_prefetch((const char *)(src + i * ldb + k + 64), _MM_HINT_T0);
                     for (int i = 0; i < 16; i++) r[i] = _mm512_loadu_ps(src + i * ldb + k);
                     vitc__tr16(r);
                     for (int i = 0; i < 16; i++) _mm512_store_ps(dst + (k + i) * NR + 16 * h, r[i]);
