@@ -81,8 +81,10 @@ VITC_API const char *vitc_get_arch(void);
 /* Force a path ("avx512", "avx2", "generic", or NULL/"auto" for the best the
  * CPU supports). Fails when the CPU lacks the instructions. */
 VITC_API vitc_status vitc_set_arch(const char *name);
-/* GEMM backend in use: "openblas" or "builtin". VITC_GEMM=builtin forces the
- * built-in one. */
+/* GEMM backend in use: "openblas" or "builtin". By default the built-in
+ * GEMM runs on the AVX-512 path (it measured faster than OpenBLAS there) and
+ * OpenBLAS, when the build has it, on the others. VITC_GEMM=builtin|openblas
+ * or vitc_set_gemm_backend() (NULL/"auto" = the default) force one. */
 VITC_API const char *vitc_get_gemm_backend(void);
 VITC_API vitc_status vitc_set_gemm_backend(const char *name);
 

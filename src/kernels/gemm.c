@@ -48,17 +48,31 @@ void vitc__gemm_ref(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, f
 enum { VITC_GEMM_BUILTIN = 0, VITC_GEMM_OPENBLAS = 1 };
 static int vitc__gemm_backend = -1; /* -1: not yet read from VITC_GEMM */
 
+/* The default ("auto") is decided per call from the kernel path: the
+ * built-in AVX-512 GEMM measured 1.5-1.9x OpenBLAS 0.3.21 on one thread at
+ * ViT-B shapes on this project's machines (docs/kernels-gemm.md), so it wins
+ * there; on AVX2 and generic paths OpenBLAS is used when the build has it. */
+#define VITC_GEMM_AUTO (-2)
 static int vitc__backend(void) {
     int b = __atomic_load_n(&vitc__gemm_backend, __ATOMIC_RELAXED);
-    if (b < 0) {
-#ifdef VITC_HAVE_OPENBLAS
+    if (b == -1) {
         /* Unknown values mean the default: the environment cannot fail. */
         const char *env = getenv("VITC_GEMM");
-        b = (env && strcmp(env, "builtin") == 0) ? VITC_GEMM_BUILTIN : VITC_GEMM_OPENBLAS;
+        b = VITC_GEMM_AUTO;
+        if (env && strcmp(env, "builtin") == 0)
+            b = VITC_GEMM_BUILTIN;
+#ifdef VITC_HAVE_OPENBLAS
+        if (env && strcmp(env, "openblas") == 0)
+            b = VITC_GEMM_OPENBLAS;
+#endif
+        __atomic_store_n(&vitc__gemm_backend, b, __ATOMIC_RELAXED);
+    }
+    if (b == VITC_GEMM_AUTO) {
+#ifdef VITC_HAVE_OPENBLAS
+        b = vitc__get_arch() == VITC_ARCH_AVX512 ? VITC_GEMM_BUILTIN : VITC_GEMM_OPENBLAS;
 #else
         b = VITC_GEMM_BUILTIN;
 #endif
-        __atomic_store_n(&vitc__gemm_backend, b, __ATOMIC_RELAXED);
     }
     return b;
 }
