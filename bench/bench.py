@@ -196,8 +196,10 @@ def _torch_modules():
     return ConvSABlock, SelfAttention, SelfAttentionMultiHead
 
 
-def _torch_workload(name):
-    """(forward callable, description) for one workload, weights random."""
+def _torch_workload(name, weights=None):
+    """Forward callable for one workload, weights random (the ViT's loaded
+    from `weights`, a .pth state_dict, when given: the way a checkpoint is
+    loaded in PyTorch, so its peak memory counts loading as vitc's does)."""
     import torch
     ConvSABlock, SelfAttention, SelfAttentionMultiHead = _torch_modules()
     torch.manual_seed(0)
@@ -228,12 +230,16 @@ def _torch_workload(name):
     if name in VIT:
         import torchvision
         m = torchvision.models.vit_b_16().eval()
+        if weights:
+            sd = torch.load(weights)
+            m.load_state_dict(sd)
+            del sd
         x = torch.randn(1 if name == "vit_b16_b1" else 8, 3, 224, 224)
         return lambda: m(x)
     raise SystemExit("unknown workload " + name)
 
 
-def torch_child(name, threads, repeat):
+def torch_child(name, threads, repeat, weights=None):
     """Runs in a fresh process: time one workload, print one JSON line."""
     import torch
     torch.set_num_threads(threads)
@@ -242,7 +248,7 @@ def torch_child(name, threads, repeat):
     hwm_reset = _reset_hwm()
     base = _status_kb("VmRSS")
     with torch.inference_mode():
-        f = _torch_workload(name)
+        f = _torch_workload(name, weights)
         built_hwm, built = _status_kb("VmHWM"), _status_kb("VmRSS")
         if hwm_reset:
             _reset_hwm()
@@ -477,7 +483,7 @@ def prune(runs, name, notes, log):
     for c in torch_cfgs:
         if med[c] > 1.5 * med[best]:
             runs[c][-1]["pruned"] = True
-            msg = ("%s: PyTorch at %s threads took %.1f ms in round 1 against %.1f ms at %s; "
+            msg = ("%s: PyTorch at %s thread(s) took %.1f ms in round 1 against %.1f ms at %s; "
                    "not run in later rounds" % (name, c.split("-")[1], med[c], med[best],
                                                 best.split("-")[1]))
             notes.append(msg)
@@ -507,10 +513,19 @@ def main():
     ap.add_argument("--child-threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--child-repeat", type=int, default=5, help=argparse.SUPPRESS)
     ap.add_argument("--export-vit", metavar="PATH", help=argparse.SUPPRESS)
+    ap.add_argument("--export-vit-pth", metavar="PATH", help=argparse.SUPPRESS)
+    ap.add_argument("--child-weights", metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args()
 
     if args.torch_child:
-        return torch_child(args.torch_child, args.child_threads, args.child_repeat)
+        return torch_child(args.torch_child, args.child_threads, args.child_repeat,
+                           args.child_weights)
+    if args.export_vit_pth:
+        import torch
+        import torchvision
+        torch.manual_seed(0)
+        torch.save(torchvision.models.vit_b_16().state_dict(), args.export_vit_pth)
+        return None
     if args.export_vit:
         return export_vit(args.export_vit)
 
@@ -582,6 +597,18 @@ def main():
             r, _ = run_child([sys.executable, __file__, "--export-vit", model], base_env)
             if r.get("status") == "failed":
                 notes.append("The ViT-B/16 checkpoint could not be written: " + r["error"][-300:])
+    pth = None
+    if any(n in VIT for n in names):
+        # PyTorch's side loads a checkpoint too: the same random weights
+        # (seed 0) as a state_dict, the way torchvision weights are loaded.
+        if tmpdir is None:
+            tmpdir = tempfile.TemporaryDirectory(prefix="vitc-bench-")
+        pth = os.path.join(tmpdir.name, "vit_b_16.pth")
+        r, _ = run_child([sys.executable, __file__, "--export-vit-pth", pth], base_env)
+        if r.get("status") == "failed" or not os.path.exists(pth):
+            notes.append("PyTorch's ViT was not loaded from a file (writing the .pth failed), so "
+                         "its peak memory does not count loading a checkpoint")
+            pth = None
 
     configs = ["vitc-%d" % t for t in sorted(threads, reverse=True)] + \
               ["torch-%d" % t for t in sorted(threads)]
@@ -607,6 +634,8 @@ def main():
                 else:
                     argv = [sys.executable, __file__, "--torch-child", name,
                             "--child-threads", th, "--child-repeat", str(reps)]
+                    if name in VIT and pth:
+                        argv += ["--child-weights", pth]
                 t0 = time.time()
                 r, maxrss = run_child(argv, env)
                 if side == "vitc" and "workloads" in r:
