@@ -401,51 +401,61 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed):
         args.rounds, ", ".join("%s %d" % (n, WORKLOADS[n][3] * args.repeat_scale)
                                for n in summary)))
     L.append("")
+    threads = sorted({int(c.split("-")[1]) for s_ in summary.values() for c in s_})
+    vmain, vone = "vitc-%d" % threads[-1], "vitc-%d" % threads[0]
     L.append("## Summary\n")
-    L.append("vitc at 2 threads against PyTorch at its better of 1 and 2 threads. "
-             "Median ms; speedup = PyTorch ms / vitc ms; % peak = GFLOP/s over "
-             "(measured 1-core FMA peak × threads); peak MB = the workload's peak resident "
-             "memory above the process's resident set before it was built.\n")
-    L.append("| workload | input | GFLOP | vitc ms | PyTorch ms | speedup | vitc GFLOP/s | vitc % peak "
-             "| PyTorch GFLOP/s | PyTorch % peak | vitc peak MB | PyTorch peak MB | vitc 2 thr vs 1 |")
+    L.append("vitc at %d thread(s) against PyTorch at its best of %s thread(s). "
+             "Median ms; speedup = PyTorch ms / vitc ms; %% peak = GFLOP/s over "
+             "(measured 1-core FMA peak × threads); memory = peak MB (fwd MB): the workload's "
+             "peak resident memory above the process's resident set before it was built "
+             "(weights and loading included), and in parentheses what the forwards add once "
+             "it is built. Last column: vitc's %d-thread time over its %d-thread time.\n"
+             % (threads[-1], " and ".join(map(str, threads)), threads[0], threads[-1]))
+    L.append("| workload | input | GFLOP | vitc ms | PyTorch ms | speedup | vitc GFLOP/s | vitc %% peak "
+             "| PyTorch GFLOP/s | PyTorch %% peak | vitc memory MB | PyTorch memory MB "
+             "| vitc %d thr vs %d |" % (threads[-1], threads[0]))
     L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, s in summary.items():
-        v2, v1 = s.get("vitc-2", {}), s.get("vitc-1", {})
-        tb = best_torch(s)
-        t = s.get(tb, {}) if tb else {}
-        if v2.get("status") != "ok":
-            L.append("| %s | %s | %s | %s | %s | | | | | | | | |" % (
-                name, WORKLOADS[name][1], fmt(flops.get(name) and flops[name] * 1e-9, ".2f"),
-                v2.get("status", "?") + (": " + v2.get("error", "") if v2.get("error") else ""),
-                fmt(t.get("median_ms"), ".2f")))
+
+    def mem(r):
+        return "%s (%s)" % (fmt(r.get("peak_mb"), ".0f"), fmt(r.get("fwd_mb"), ".0f")) \
+            if r.get("status") == "ok" else "–"
+
+    for name, s_ in summary.items():
+        v, v1 = s_.get(vmain, {}), s_.get(vone, {})
+        tb = best_torch(s_)
+        t = s_.get(tb, {}) if tb else {}
+        torch_ms = fmt(t.get("median_ms"), ".2f") + (" (%s thr)" % tb.split("-")[1] if tb else "")
+        if v.get("status") != "ok":
+            L.append("| %s | %s | %s | %s | %s | | | | %s | %s | | %s | |" % (
+                name, WORKLOADS[name][1], fmt(flops[name] * 1e-9, ".2f"),
+                cell(v.get("status", "not run") + (": " + v["error"] if v.get("error") else "")),
+                torch_ms, fmt(t.get("gflops"), ".1f"),
+                fmt(t.get("peak_frac") and 100 * t["peak_frac"], ".0f") + "%", mem(t)))
             continue
-        sp = t["median_ms"] / v2["median_ms"] if t.get("status") == "ok" else None
-        sc = v1["median_ms"] / v2["median_ms"] if v1.get("status") == "ok" else None
+        sp = t["median_ms"] / v["median_ms"] if t.get("status") == "ok" else None
+        sc = v1["median_ms"] / v["median_ms"] if v1.get("status") == "ok" and v1 is not v else None
         L.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            name, WORKLOADS[name][1], fmt(flops[name] * 1e-9, ".2f"), fmt(v2["median_ms"], ".2f"),
-            fmt(t.get("median_ms"), ".2f") + (" (%s thr)" % tb.split("-")[1] if tb else ""),
-            fmt(sp, ".2f") + ("×" if sp else ""), fmt(v2["gflops"], ".1f"),
-            fmt(v2["peak_frac"] and 100 * v2["peak_frac"], ".0f") + "%",
+            name, WORKLOADS[name][1], fmt(flops[name] * 1e-9, ".2f"), fmt(v["median_ms"], ".2f"),
+            torch_ms, fmt(sp, ".2f") + ("×" if sp else ""), fmt(v["gflops"], ".1f"),
+            fmt(v["peak_frac"] and 100 * v["peak_frac"], ".0f") + "%",
             fmt(t.get("gflops"), ".1f"),
             fmt(t.get("peak_frac") and 100 * t["peak_frac"], ".0f") + "%",
-            fmt(v2["peak_mb"], ".0f"), fmt(t.get("peak_mb"), ".0f"),
-            fmt(sc, ".2f") + ("×" if sc else "")))
+            mem(v), mem(t), fmt(sc, ".2f") + ("×" if sc else "")))
     L.append("")
     L.append("## Every configuration\n")
     L.append("| workload | side | threads | median ms | min ms | samples | GFLOP/s | % peak "
              "| peak MB | fwd MB | process MB |")
     L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for name, s in summary.items():
-        for cfg in ("vitc-2", "vitc-1", "torch-1", "torch-2"):
-            r = s.get(cfg)
-            if r is None:
-                continue
+    for name, s_ in summary.items():
+        for cfg in sorted(s_, key=lambda c: (c[0] != "v", -int(c.split("-")[1])
+                                             if c[0] == "v" else int(c.split("-")[1]))):
+            r = s_[cfg]
             side, th = cfg.split("-")
             side = "vitc" if side == "vitc" else "PyTorch"
             if r["status"] != "ok":
                 L.append("| %s | %s | %s | %s | | | | | | | |" % (
-                    name, side, th, r["status"] + (": " + r["error"][-160:].replace("\n", " ")
-                                                   if r.get("error") else "")))
+                    name, side, th, cell(r["status"] + (": " + r["error"] if r.get("error")
+                                                        else ""))))
                 continue
             L.append("| %s | %s | %s | %s | %s | %d | %s | %s | %s | %s | %s |" % (
                 name, side, th, fmt(r["median_ms"], ".3f"), fmt(r["min_ms"], ".3f"), r["samples"],
@@ -488,6 +498,11 @@ def prune(runs, name, notes, log):
                                                 best.split("-")[1]))
             notes.append(msg)
             log(msg)
+
+
+def cell(text):
+    """Text that stays inside one markdown table cell."""
+    return text[-160:].replace("\n", " ").replace("|", "/")
 
 
 def best_torch(s):
