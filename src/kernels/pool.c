@@ -191,6 +191,13 @@ __attribute__((destructor)) static void vitc__pool_shutdown(void) {
 /* Creates workers up to want - 1; returns the thread count available. */
 static int vitc__ensure_workers(int want) {
     vitc__pool *P = &vitc__P;
+    /* After the exit-time shutdown above, regions run serially. Regions can
+     * still start then (a destructor that runs later, or a user thread still
+     * running while the process exits). Workers created for them would see
+     * stop at their first idle sleep (the only place they look) and quit
+     * while still counted in nworkers, so the next region would wait on
+     * `done` forever for a worker that is gone. */
+    if (P->stop) return 1;
     while (P->nworkers < want - 1) {
         pthread_attr_t attr;
         pthread_attr_init(&attr);
