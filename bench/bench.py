@@ -356,6 +356,14 @@ def machine_info(vitc, env):
             "kernel": platform.release()}
 
 
+def loadavg():
+    try:
+        with open("/proc/loadavg") as f:
+            return f.read().split()[0]
+    except OSError:
+        return "?"
+
+
 def fmt(x, spec):
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
@@ -395,6 +403,8 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed):
     L.append("- PyTorch: torch %s, torchvision %s, Python %s" % (
         info.get("torch", "?"), info.get("torchvision", "?"), platform.python_version()))
     L.append("- OpenBLAS core type for both sides: %s" % info["coretype"])
+    L.append("- load average (1 min) at start and end: %s and %s (above 0 means other processes "
+             "shared the cores)" % (info.get("load_start", "?"), info.get("load_end", "?")))
     L.append("- measured FMA peak (%s, fp32): %.1f GFLOP/s on 1 core, %.1f on %d threads at once" % (
         peak["isa"], peak["p1"], peak["pn"], info["cores"]))
     L.append("- rounds: %d; timed forwards per child: %s" % (
@@ -559,6 +569,7 @@ def main():
     inherited = os.environ.get("OPENBLAS_CORETYPE")
     base_env = child_env(max(threads), args.openblas_coretype)
     info = machine_info(args.vitc, base_env)
+    info["load_start"] = loadavg()
     info["coretype"] = base_env.get("OPENBLAS_CORETYPE", "detected by OpenBLAS (unset)")
     notes = []
     if inherited and args.openblas_coretype == "auto":
@@ -674,6 +685,7 @@ def main():
         measure_peak()
     if tmpdir:
         tmpdir.cleanup()
+    info["load_end"] = loadavg()
     summary = {name: summarize(name, raw[name], flops.get(name), peak["p1"]) for name in names}
 
     text = render(info, args, peak, summary, flops, notes, cmdline, started, time.time() - t_start)
