@@ -48,10 +48,13 @@ void vitc__gemm_ref(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, f
 enum { VITC_GEMM_BUILTIN = 0, VITC_GEMM_OPENBLAS = 1 };
 static int vitc__gemm_backend = -1; /* -1: not yet read from VITC_GEMM */
 
-/* The default ("auto") is decided per call from the kernel path: the
- * built-in AVX-512 GEMM measured 1.5-1.9x OpenBLAS 0.3.21 on one thread at
- * ViT-B shapes on this project's machines (docs/kernels-gemm.md), so it wins
- * there; on AVX2 and generic paths OpenBLAS is used when the build has it. */
+/* The default ("auto") is decided per call from the kernel path. On the
+ * AVX-512 path the built-in GEMM is used: at ViT-B shapes it measured
+ * 0.93-0.99x OpenBLAS 0.3.21's own best kernels on one thread (0.69x at
+ * 197x768x3072), 1.5-1.9x OpenBLAS when OPENBLAS_CORETYPE pins it to older
+ * kernels (this project's machines set Haswell), and it is bitwise
+ * identical for any thread count. On AVX2 and generic paths OpenBLAS is
+ * used when the build has it. docs/kernels-gemm.md has the numbers. */
 #define VITC_GEMM_AUTO (-2)
 static int vitc__backend(void) {
     int b = __atomic_load_n(&vitc__gemm_backend, __ATOMIC_RELAXED);
