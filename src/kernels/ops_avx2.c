@@ -130,28 +130,10 @@ void vitc__layernorm_avx2(float *y, const float *x, const float *w, const float 
     for (int64_t i = 0; i < M; i++) {
         const float *xr = x + i * C;
         float *yr = y + i * C;
-        double x0 = xr[0];
-        __m256d sh = _mm256_set1_pd(x0);
-        __m256d s0 = _mm256_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
-        int64_t c = 0;
-        for (; c + 8 <= C; c += 8) {
-            __m256 v = _mm256_loadu_ps(xr + c);
-            __m256d d0 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(v)), sh);
-            __m256d d1 = _mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(v, 1)), sh);
-            s0 = _mm256_add_pd(s0, d0);
-            s1 = _mm256_add_pd(s1, d1);
-            q0 = _mm256_fmadd_pd(d0, d0, q0);
-            q1 = _mm256_fmadd_pd(d1, d1, q1);
-        }
-        double sv[4], qv[4];
-        _mm256_storeu_pd(sv, _mm256_add_pd(s0, s1));
-        _mm256_storeu_pd(qv, _mm256_add_pd(q0, q1));
-        double s = (sv[0] + sv[1]) + (sv[2] + sv[3]), q = (qv[0] + qv[1]) + (qv[2] + qv[3]);
-        for (; c < C; c++) {
-            double d = (double)xr[c] - x0;
-            s += d;
-            q += d * d;
-        }
+        double x0 = xr[0], st[2];
+        vitc__row_stats_avx2(xr, C, x0, st);
+        double s = st[0], q = st[1];
+        int64_t c;
         double md = s / (double)C;
         double var = q / (double)C - md * md;
         if (var < 0.0) var = 0.0;

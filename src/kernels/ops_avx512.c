@@ -123,26 +123,9 @@ void vitc__layernorm_avx512(float *y, const float *x, const float *w, const floa
     for (int64_t i = 0; i < M; i++) {
         const float *xr = x + i * C;
         float *yr = y + i * C;
-        double x0 = xr[0];
-        __m512d sh = _mm512_set1_pd(x0);
-        __m512d s0 = _mm512_setzero_pd(), s1 = s0, q0 = s0, q1 = s0;
-        int64_t c = 0;
-        for (; c + 16 <= C; c += 16) {
-            __m512 v = _mm512_loadu_ps(xr + c);
-            __m512d d0 = _mm512_sub_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(v)), sh);
-            __m512d d1 = _mm512_sub_pd(_mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1)), sh);
-            s0 = _mm512_add_pd(s0, d0);
-            s1 = _mm512_add_pd(s1, d1);
-            q0 = _mm512_fmadd_pd(d0, d0, q0);
-            q1 = _mm512_fmadd_pd(d1, d1, q1);
-        }
-        double s = _mm512_reduce_add_pd(_mm512_add_pd(s0, s1));
-        double q = _mm512_reduce_add_pd(_mm512_add_pd(q0, q1));
-        for (; c < C; c++) {
-            double d = (double)xr[c] - x0;
-            s += d;
-            q += d * d;
-        }
+        double x0 = xr[0], st[2];
+        vitc__row_stats_avx512(xr, C, x0, st);
+        double s = st[0], q = st[1];
         double md = s / (double)C;
         double var = q / (double)C - md * md;
         if (var < 0.0) var = 0.0;
@@ -150,7 +133,7 @@ void vitc__layernorm_avx512(float *y, const float *x, const float *w, const floa
         /* x - mean as (x - x0) - md: the first difference is exact for data
          * near x0, so a large mean loses no more than the spread's bits. */
         __m512 v0 = _mm512_set1_ps(xr[0]), vm = _mm512_set1_ps((float)md), vr = _mm512_set1_ps(rstd);
-        for (c = 0; c < C; c += 16) {
+        for (int64_t c = 0; c < C; c += 16) {
             __mmask16 m = C - c >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (C - c)) - 1);
             __m512 d = _mm512_sub_ps(_mm512_maskz_loadu_ps(m, xr + c), v0);
             __m512 v = _mm512_mul_ps(_mm512_sub_ps(d, vm), vr);
