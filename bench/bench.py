@@ -115,85 +115,15 @@ def _median(xs):
 
 
 # --------------------------------------------------------------------------
-# PyTorch side: the seed modules (copied from ../shared/seeds, rearrange
-# written with reshape/transpose as einops does it)
+# PyTorch side: the seed modules, the same code the parity tests run
+# (tests/reference/gen_layers.py holds them, copied from ../shared/seeds)
 # --------------------------------------------------------------------------
 
 def _torch_modules():
-    import torch
-    import torch.nn as nn
-    import torch.nn.functional as F
-
-    class ConvSABlock(nn.Module):  # seed 000
-        def __init__(self, in_channels):
-            super().__init__()
-            self.q = nn.Conv2d(in_channels, in_channels // 8, kernel_size=1)
-            self.k = nn.Conv2d(in_channels, in_channels // 8, kernel_size=1)
-            self.v = nn.Conv2d(in_channels, in_channels, kernel_size=1)
-            self.gamma = nn.Parameter(torch.zeros(1))
-
-        def forward(self, x):
-            B, C, H, W = x.shape
-            Q = self.q(x).view(B, -1, H * W).permute(0, 2, 1)
-            K = self.k(x).view(B, -1, H * W)
-            V = self.v(x).view(B, -1, H * W).permute(0, 2, 1)
-            d_k = Q.size(-1)
-            attention = torch.bmm(Q, K) / d_k ** 0.5
-            attention = F.softmax(attention, dim=-1)
-            out = torch.bmm(attention, V)
-            out = out.permute(0, 2, 1).view(B, C, H, W)
-            return self.gamma * out + x
-
-    class SelfAttention(nn.Module):  # seed 001, GroupNorm version
-        def __init__(self, ni):
-            super().__init__()
-            self.scale = math.sqrt(ni)
-            self.norm = nn.GroupNorm(1, ni)
-            self.q = nn.Linear(ni, ni)
-            self.k = nn.Linear(ni, ni)
-            self.v = nn.Linear(ni, ni)
-            self.proj = nn.Linear(ni, ni)
-
-        def forward(self, x):
-            inp = x
-            n, c, h, w = x.shape
-            x = self.norm(x)
-            x = x.view(n, c, -1).transpose(1, 2)
-            q = self.q(x)
-            k = self.k(x)
-            v = self.v(x)
-            s = (q @ k.transpose(1, 2)) / self.scale
-            x = s.softmax(dim=-1) @ v
-            x = self.proj(x)
-            x = x.transpose(1, 2).reshape(n, c, h, w)
-            return x + inp
-
-    class SelfAttentionMultiHead(nn.Module):  # seed 001
-        def __init__(self, ni, nheads):
-            super().__init__()
-            self.nheads = nheads
-            self.scale = math.sqrt(ni / nheads)
-            self.norm = nn.BatchNorm2d(ni)
-            self.qkv = nn.Linear(ni, ni * 3)
-            self.proj = nn.Linear(ni, ni)
-
-        def forward(self, inp):
-            n, c, h, w = inp.shape
-            x = self.norm(inp).view(n, c, -1).transpose(1, 2)
-            x = self.qkv(x)
-            s_, hd = x.shape[1], x.shape[2] // self.nheads
-            # rearrange(x, 'n s (h d) -> (n h) s d', h=nheads)
-            x = x.reshape(n, s_, self.nheads, hd).transpose(1, 2).reshape(n * self.nheads, s_, hd)
-            q, k, v = torch.chunk(x, 3, dim=-1)
-            s = (q @ k.transpose(1, 2)) / self.scale
-            x = s.softmax(dim=-1) @ v
-            # rearrange(x, '(n h) s d -> n s (h d)', h=nheads)
-            d = x.shape[2]
-            x = x.reshape(n, self.nheads, s_, d).transpose(1, 2).reshape(n, s_, self.nheads * d)
-            x = self.proj(x).transpose(1, 2).reshape(n, c, h, w)
-            return x + inp
-
-    return ConvSABlock, SelfAttention, SelfAttentionMultiHead
+    sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+    import gen_layers
+    return (gen_layers.SeedConvSABlock, gen_layers.SeedSelfAttentionGroup,
+            gen_layers.SeedSelfAttentionMultiHead)
 
 
 def _torch_workload(name, weights=None):
