@@ -22,6 +22,7 @@ void vitc_vit_free(vitc_vit *m) {
     if (!m)
         return;
     vitc__free(m->params);
+    vitc_safetensors_free(m->weights_file);
     free(m->table);
     free(m->blocks);
     free(m->labels);

@@ -62,6 +62,10 @@ struct vitc_vit {
     vitc__vit_entry *table; /* [n_entries] */
     float *params;          /* every parameter, one allocation */
     size_t n_params;
+    /* Set by vitc_vit_load: the parameters point into this file's tensors
+     * (itself one allocation) and params is NULL, so loading never holds two
+     * copies of the weights. */
+    vitc_safetensors *weights_file;
 
     float *cls;     /* [1, 1, C] */
     float *conv_w;  /* [C, in, p, p], read as [C, in*p*p] */
@@ -96,7 +100,7 @@ vitc_status vitc__vit_table_build(vitc_vit *m);
 const char *vitc__vit_entry_name(const vitc__vit_entry *e, vitc__vit_naming naming, char *buf,
                                  size_t cap);
 /* Point cls/conv_w/.../blocks into params per the table. */
-vitc_status vitc__vit_bind(vitc_vit *m);
+vitc_status vitc__vit_bind(vitc_vit *m, const float *const *src);
 
 /* F.interpolate(mode="bicubic", align_corners=True) of src [C, ih, iw]
  * stored position-major ([ih*iw, C]) into dst [oh*ow, C]. */

@@ -140,7 +140,7 @@ vitc_status vitc__vit_table_build(vitc_vit *m) {
     return VITC_OK;
 }
 
-vitc_status vitc__vit_bind(vitc_vit *m) {
+vitc_status vitc__vit_bind(vitc_vit *m, const float *const *src) {
     free(m->blocks);
     m->blocks = calloc((size_t)(m->cfg.depth > 0 ? m->cfg.depth : 1), sizeof *m->blocks);
     if (!m->blocks)
@@ -149,7 +149,9 @@ vitc_status vitc__vit_bind(vitc_vit *m) {
                                       &m->ln_w, &m->ln_b, &m->head_w, &m->head_b};
     for (int i = 0; i < m->n_entries; i++) {
         const vitc__vit_entry *e = &m->table[i];
-        float *p = m->params + e->offset;
+        /* The model never writes its weights, so a file's tensors serve as
+         * they are. */
+        float *p = src ? (float *)src[i] : m->params + e->offset;
         if (e->layer < 0) {
             *model_ptr[e->kind] = p;
             continue;
@@ -544,7 +546,10 @@ static vitc_status vit_check_tensors(const vitc_vit *m, const vitc_safetensors *
     return s;
 }
 
-static vitc_status vit_build(const vitc_safetensors *st, const char *arch, vitc_vit *m) {
+/* adopt: bind the parameters to st's tensors instead of copying them (the
+ * caller hands st to the model). */
+static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int adopt,
+                             vitc_vit *m) {
     const vit_preset *asked;
     VITC_TRY(vit_detect_naming(st, &m->naming));
     VITC_TRY(vit_resolve_config(m, st, arch, &asked));
@@ -554,15 +559,17 @@ static vitc_status vit_build(const vitc_safetensors *st, const char *arch, vitc_
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate %d pointers", m->n_entries);
     vitc_status s = vit_check_tensors(m, st, src);
     size_t bytes = 0;
-    if (s == VITC_OK && !vitc__mul_size(m->n_params, sizeof(float), &bytes))
-        s = vitc__err(VITC_ERR_NOMEM, "ViT parameters: %zu floats overflow", m->n_params);
-    if (s == VITC_OK && !(m->params = vitc__calloc(m->n_params, sizeof(float))))
-        s = vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu bytes of ViT parameters", bytes);
-    for (int i = 0; s == VITC_OK && i < m->n_entries; i++)
-        memcpy(m->params + m->table[i].offset, src[i], m->table[i].numel * sizeof(float));
-    free(src);
+    if (s == VITC_OK && !adopt) {
+        if (!vitc__mul_size(m->n_params, sizeof(float), &bytes))
+            s = vitc__err(VITC_ERR_NOMEM, "ViT parameters: %zu floats overflow", m->n_params);
+        else if (!(m->params = vitc__calloc(m->n_params, sizeof(float))))
+            s = vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu bytes of ViT parameters", bytes);
+        for (int i = 0; s == VITC_OK && i < m->n_entries; i++)
+            memcpy(m->params + m->table[i].offset, src[i], m->table[i].numel * sizeof(float));
+    }
     if (s == VITC_OK)
-        s = vitc__vit_bind(m);
+        s = vitc__vit_bind(m, adopt ? src : NULL);
+    free(src);
     if (s == VITC_OK)
         vit_name_arch(m, asked);
     return s;
@@ -576,7 +583,7 @@ vitc_status vitc_vit_from_safetensors(const vitc_safetensors *st, const char *ar
     vitc_vit *m = calloc(1, sizeof *m);
     if (!m)
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
-    vitc_status s = vit_build(st, arch, m);
+    vitc_status s = vit_build(st, arch, 0, m);
     if (s != VITC_OK) {
         vitc_vit_free(m);
         return s;
@@ -590,11 +597,20 @@ vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out) {
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_load: NULL argument");
     *out = NULL;
     vitc_safetensors *st = NULL;
+    vitc_vit *m = NULL;
     vitc_status s = vitc_safetensors_load(path, &st);
+    if (s == VITC_OK && !(m = calloc(1, sizeof *m)))
+        s = vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
     if (s == VITC_OK)
-        s = vitc_vit_from_safetensors(st, arch, out);
-    vitc_safetensors_free(st);
-    if (s != VITC_OK && !strstr(vitc_last_error(), path))
-        vitc__err_prefix(s, "%s", path);
-    return s;
+        s = vit_build(st, arch, 1, m);
+    if (s != VITC_OK) {
+        vitc_vit_free(m);
+        vitc_safetensors_free(st);
+        if (!strstr(vitc_last_error(), path))
+            vitc__err_prefix(s, "%s", path);
+        return s;
+    }
+    m->weights_file = st;
+    *out = m;
+    return VITC_OK;
 }
