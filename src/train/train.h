@@ -39,4 +39,12 @@ uint64_t vitc__handle_register(void);
 void vitc__handle_unregister(uint64_t id);
 int vitc__handle_alive(uint64_t id);
 
+/* The flat parameter set of a model or layer (implemented with the unified
+ * parameter table, src/params.c). with_grad allocates the gradient array
+ * (zeroed) on first use; the set stays valid until the model is freed. */
+typedef struct vitc_vit vitc_vit;
+typedef struct vitc_layer vitc_layer;
+vitc_status vitc__vit_paramset(vitc_vit *m, int with_grad, vitc__paramset *out);
+vitc_status vitc__layer_paramset(vitc_layer *l, int with_grad, vitc__paramset *out);
+
 #endif
