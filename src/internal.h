@@ -51,6 +51,11 @@ typedef struct vitc__buf {
 vitc_status vitc__buf_reserve(vitc__buf *b, size_t floats);
 void vitc__buf_free(vitc__buf *b);
 
+/* Containers and commas outside strings in JSON text: a bound on the number
+ * of values jansson would build, to check before it builds them (its tree
+ * costs up to ~80x the text). */
+size_t vitc__json_items(const char *s, size_t len);
+
 /* Files (src/io/file.c). Open path for reading without blocking: anything
  * but a regular file (FIFO, device, directory) is refused before a byte is
  * read, as is a file over max_bytes (0: no limit). *size: its size. */

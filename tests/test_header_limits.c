@@ -242,6 +242,31 @@ static void test_entry_items(void **state) {
     free(b.p);
 }
 
+/* vitc.config is JSON inside a metadata string: its value count is bounded
+ * before jansson builds it (200,000 labels would be ~20 MB of tree). */
+static void test_config_items(void **state) {
+    (void)state;
+    buf b = start();
+    puts_(&b, "\"__metadata__\":{\"vitc.config\":\"{\\\"labels\\\":[");
+    for (int i = 0; i < 200000; i++)
+        puts_(&b, i ? ",\\\"\\\"" : "\\\"\\\"");
+    /* A timm name so the file reads as a ViT up to its config. */
+    puts_(&b, "]}\"},\"cls_token\":{\"dtype\":\"F32\",\"shape\":[1,1,0],"
+              "\"data_offsets\":[0,0]}}");
+    finish(&b);
+    vitc_safetensors *st = NULL;
+    assert_int_equal(vitc_safetensors_load_memory(b.p, b.len, &st), VITC_OK);
+    const char *cfg = vitc_safetensors_get_metadata(st, "vitc.config");
+    assert_non_null(cfg);
+    assert_memory_equal(cfg, "{\"labels\":[\"\",\"\",", 17);
+    vitc_vit *m = NULL;
+    assert_int_equal(vitc_vit_from_safetensors(st, NULL, &m), VITC_ERR_FORMAT);
+    assert_non_null(strstr(vitc_last_error(), "vitc.config holds more than 131072 JSON values"));
+    assert_null(m);
+    vitc_safetensors_free(st);
+    free(b.p);
+}
+
 /* Out of memory says so (the message used to be empty). */
 static void test_out_of_memory_reported(void **state) {
     (void)state;
@@ -264,6 +289,7 @@ int main(void) {
         cmocka_unit_test(test_tensor_limit),
         cmocka_unit_test(test_large_metadata_value),
         cmocka_unit_test(test_entry_items),
+        cmocka_unit_test(test_config_items),
         cmocka_unit_test(test_out_of_memory_reported),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

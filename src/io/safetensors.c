@@ -16,13 +16,10 @@
  * own destination and widened in place).
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <jansson.h>
 
@@ -421,6 +418,20 @@ static int st_next_member(st_scan *sc, int *first, size_t key[2], size_t val[2],
         return 0;
     val[1] = sc->pos;
     return 1;
+}
+
+size_t vitc__json_items(const char *s, size_t len) {
+    size_t items = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (c == '"') {
+            for (i++; i < len && s[i] != '"'; i++)
+                i += s[i] == '\\';
+        } else {
+            items += c == '{' || c == '[' || c == ',';
+        }
+    }
+    return items;
 }
 
 static json_t *st_decode(st_scan *sc, const size_t span[2]) {
