@@ -1,4 +1,4 @@
-"""The CLI with inputs that are not files and outputs that cannot be written.
+"""The CLI and the exporter with inputs that are not files and outputs that cannot be written.
 
 A FIFO given where vitc expects a file must be refused at once (it used to
 block forever in open); a failed write must leave the earlier file at
@@ -10,6 +10,7 @@ test's own directory (root only) — never a system path.
 """
 import os
 import resource
+import signal
 import stat
 import subprocess
 import sys
@@ -45,13 +46,15 @@ class TestFiles(unittest.TestCase):
         torch.manual_seed(0)
         m = VisionTransformer(image_size=48, patch_size=16, num_layers=1, num_heads=2,
                               hidden_dim=32, mlp_dim=64, num_classes=4)
-        pth = os.path.join(d, "tiny.pth")
-        torch.save(m.state_dict(), pth)
+        cls.pth = os.path.join(d, "tiny.pth")
+        torch.save(m.state_dict(), cls.pth)
         cls.model = os.path.join(d, "tiny.safetensors")
-        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "export_safetensors.py"),
-                        pth, cls.model, "--num-heads", "2"], check=True,
-                       stdout=subprocess.DEVNULL)
-        os.unlink(pth)
+        subprocess.run(cls.export(cls.model), check=True, stdout=subprocess.DEVNULL)
+
+    @classmethod
+    def export(cls, out):
+        return [sys.executable, os.path.join(ROOT, "tools", "export_safetensors.py"), cls.pth,
+                out, "--num-heads", "2"]
 
     @classmethod
     def tearDownClass(cls):
@@ -136,6 +139,28 @@ class TestFiles(unittest.TestCase):
                 self.one_error_line(rc, err, needle)
                 self.assertTrue(kind(os.lstat(path).st_mode), path)
         self.assertNotIn("ok.png", os.listdir(self.dir))  # --raw is written first
+
+    def test_exporter_never_loses_output(self):
+        fifo, out = os.path.join(self.dir, "fifo"), os.path.join(self.dir, "w.safetensors")
+        os.mkfifo(fifo)
+        p = subprocess.run(self.export(fifo), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=60)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn(b"not a regular file", p.stderr)
+        self.assertTrue(stat.S_ISFIFO(os.lstat(fifo).st_mode))
+        with open(out, "wb") as f:
+            f.write(b"an earlier export\n")
+
+        def full_disk():
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+        p = subprocess.run(self.export(out), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           timeout=60, preexec_fn=full_disk)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn(b"File too large", p.stderr)
+        with open(out, "rb") as f:
+            self.assertEqual(f.read(), b"an earlier export\n")
+        self.assertEqual(sorted(os.listdir(self.dir)), ["fifo", "w.safetensors"])
 
 
 if __name__ == "__main__":
