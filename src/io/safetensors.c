@@ -1025,6 +1025,7 @@ static vitc_status st_build_header(const char *path, int n, const st_wsort *orde
     *out = h;
     *out_len = padded;
 done:
+    json_decref(root);
     return s;
 }
 
