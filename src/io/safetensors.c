@@ -534,8 +534,10 @@ static vitc_status st_parse_metadata(vitc_safetensors *st, st_scan *sc, const si
     }
     if (sc->s != VITC_OK)
         return sc->s;
+    if (st->n_meta < 2)
+        return VITC_OK;
     /* Duplicate keys, as jansson's JSON_REJECT_DUPLICATES would say. */
-    char **sorted = malloc((st->n_meta ? (size_t)st->n_meta : 1) * sizeof *sorted);
+    char **sorted = malloc((size_t)st->n_meta * sizeof *sorted);
     if (!sorted)
         return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for metadata", fname);
     memcpy(sorted, st->meta_key, (size_t)st->n_meta * sizeof *sorted);
@@ -613,7 +615,8 @@ static vitc_status st_parse_header(vitc_safetensors *st, const char *hdr, size_t
             return vitc__err(VITC_ERR_FORMAT, "%s: the header has a duplicate tensor '%s'",
                              fname, st->by_name[i].name);
 
-    qsort(st->t, (size_t)st->n, sizeof(st_tensor), st_cmp_offset);
+    if (st->n) /* st->t is NULL without tensors, and qsort may not take NULL */
+        qsort(st->t, (size_t)st->n, sizeof(st_tensor), st_cmp_offset);
     uint64_t pos = 0;
     for (int i = 0; i < st->n; i++) {
         const st_tensor *t = &st->t[i];
