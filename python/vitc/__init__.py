@@ -2,7 +2,7 @@
 
 A thin ctypes binding over libvitc: every number comes from the C library.
 """
-from ._lib import VitcError, lib as _lib
+from ._lib import Status, VitcError, int_arg as _int_arg, lib as _lib
 from .layers import *  # noqa: F401,F403  (AttentionBlock, ..., scaled_dot_product_attention, softmax)
 from .io import *  # noqa: F401,F403  (load_safetensors, save_safetensors)
 from .vit import *  # noqa: F401,F403  (VisionTransformer)
@@ -13,7 +13,7 @@ __version__ = _lib.vitc_version().decode()
 
 def set_num_threads(n):
     """Threads used by every parallel loop of the library (n <= 0: default)."""
-    _lib.vitc_set_num_threads(int(n))
+    _lib.vitc_set_num_threads(_int_arg(n, "n"))
 
 
 def get_num_threads():

@@ -3,7 +3,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import check, fptr, lib
+from ._lib import INT64_MAX, Image, check, fptr, int_arg, lib, path_arg, size_arg
 
 __all__ = ["load_image", "preprocess_image", "save_png", "IMAGENET_MEAN", "IMAGENET_STD"]
 
@@ -11,29 +11,11 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-class _Image(ctypes.Structure):
-    _fields_ = [("width", ctypes.c_int), ("height", ctypes.c_int),
-                ("rgb", ctypes.POINTER(ctypes.c_uint8))]
-
-
-lib.vitc_image_load.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(_Image)]
-lib.vitc_image_free.argtypes = [ctypes.POINTER(_Image)]
-lib.vitc_image_free.restype = None
-lib.vitc_image_save_png.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-lib.vitc_image_preprocess.argtypes = [ctypes.POINTER(_Image), ctypes.c_int, ctypes.c_int,
-                                      ctypes.POINTER(ctypes.c_float),
-                                      ctypes.POINTER(ctypes.c_float),
-                                      ctypes.POINTER(ctypes.c_float)]
-
-
-def _path(p):
-    return p if isinstance(p, bytes) else str(p).encode()
-
-
 def load_image(path, max_pixels=0):
     """Decode a PNG or JPEG file -> uint8 array [height, width, 3] (RGB)."""
-    img = _Image()
-    check(lib.vitc_image_load(_path(path), int(max_pixels), ctypes.byref(img)))
+    img = Image()
+    check(lib.vitc_image_load(path_arg(path), int_arg(max_pixels, "max_pixels", 0, INT64_MAX),
+                              ctypes.byref(img)))
     try:
         n = img.width * img.height * 3
         arr = np.ctypeslib.as_array(img.rgb, shape=(n,)).copy()
@@ -49,8 +31,8 @@ def _as_image(image):
             raise ValueError("image must be uint8 [height, width, 3], got shape %s" % (arr.shape,))
     else:
         arr = load_image(image)
-    img = _Image(arr.shape[1], arr.shape[0],
-                 arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
+    img = Image(size_arg(arr.shape[1], "image width"), size_arg(arr.shape[0], "image height"),
+                arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
     return img, arr
 
 
@@ -63,11 +45,9 @@ def preprocess_image(image, resize=256, crop=224, mean=IMAGENET_MEAN, std=IMAGEN
     img, keep = _as_image(image)
     m = np.asarray(mean, dtype=np.float32).reshape(3)
     s = np.asarray(std, dtype=np.float32).reshape(3)
-    out = np.empty((3, int(crop), int(crop)), dtype=np.float32) if int(crop) > 0 else None
-    if out is None:
-        raise ValueError("crop must be positive")
-    check(lib.vitc_image_preprocess(ctypes.byref(img), int(resize), int(crop), fptr(m), fptr(s),
-                                    fptr(out)))
+    resize, crop = int_arg(resize, "resize", 0), size_arg(crop, "crop")
+    out = np.empty((3, crop, crop), dtype=np.float32)
+    check(lib.vitc_image_preprocess(ctypes.byref(img), resize, crop, fptr(m), fptr(s), fptr(out)))
     del keep
     return out
 
@@ -77,4 +57,5 @@ def save_png(path, rgb):
     arr = np.ascontiguousarray(rgb, dtype=np.uint8)
     if arr.ndim != 3 or arr.shape[2] != 3:
         raise ValueError("rgb must be uint8 [height, width, 3], got shape %s" % (arr.shape,))
-    check(lib.vitc_image_save_png(_path(path), arr.ctypes.data, arr.shape[1], arr.shape[0]))
+    check(lib.vitc_image_save_png(path_arg(path), arr.ctypes.data, size_arg(arr.shape[1], "width"),
+                                  size_arg(arr.shape[0], "height")))
