@@ -3,7 +3,7 @@
 A thin ctypes binding over libvitc: every number comes from the C library.
 """
 from . import _lib
-from ._lib import Status, VitcError
+from ._lib import Status, VitcError  # noqa: F401  (public)
 from .layers import *  # noqa: F401,F403  (AttentionBlock, ..., scaled_dot_product_attention, softmax)
 from .io import *  # noqa: F401,F403  (load_safetensors, save_safetensors)
 from .vit import *  # noqa: F401,F403  (VisionTransformer)

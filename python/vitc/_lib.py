@@ -242,6 +242,8 @@ def size_arg(value, name, lo=1):
 def float_arg(value, name):
     """value as a finite Python float that float32 holds without becoming inf."""
     try:
+        if isinstance(value, (str, bytes)):  # float() would parse them
+            raise TypeError
         v = float(value)
     except (TypeError, ValueError):
         raise TypeError("%s must be a real number, got %r" % (name, value)) from None

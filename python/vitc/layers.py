@@ -112,8 +112,9 @@ class _Layer:
                                        ctypes.byref(shape), ctypes.byref(data)))
             shp = tuple(shape[j] for j in range(ndim.value))
             n = int(np.prod(shp, dtype=np.int64))
-            arr = np.ctypeslib.as_array(data, shape=(max(n, 1),))[:n].reshape(shp)
-            out.append((name.value.decode(), arr))
+            buf = (ctypes.c_float * max(n, 1)).from_address(ctypes.addressof(data.contents))
+            buf._owner = self  # a view keeps the layer (and so its memory) alive
+            out.append((name.value.decode(), np.frombuffer(buf, np.float32, n).reshape(shp)))
         return out
 
     def state_dict(self):

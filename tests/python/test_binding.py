@@ -5,6 +5,7 @@ and the ctypes mirrors of include/vitc.h checked against a C compiler.
 Runs without torch except where it compares with torch (skipped then).
 """
 import ctypes
+import gc
 import json
 import os
 import re
@@ -14,6 +15,7 @@ import subprocess
 import tempfile
 import threading
 import unittest
+import weakref
 
 import numpy as np
 
@@ -170,6 +172,24 @@ class TestRanges(unittest.TestCase):
         with self.assertRaisesRegex(vitc.VitcError, "scale must be > 0"):
             vitc.scaled_dot_product_attention(q, q, q, scale=0.0)
 
+    def test_images(self):
+        img = np.zeros((4, 4, 3), np.int64)
+        img[0, 0, 0] = 256  # uint8 would wrap it to 0
+        with self.assertRaisesRegex(ValueError, "image values must be in 0..255, got 0..256"):
+            vitc.preprocess_image(img, 0, 2)
+        with tempfile.TemporaryDirectory() as d:
+            with self.assertRaisesRegex(TypeError, "rgb must hold integers"):
+                vitc.save_png(os.path.join(d, "a.png"), np.ones((4, 4, 3)))  # [0, 1] floats: black
+            self.assertEqual(os.listdir(d), [])
+        img[0, 0, 0] = 255
+        np.testing.assert_array_equal(vitc.preprocess_image(img, 0, 2),
+                                      vitc.preprocess_image(img.astype(np.uint8), 0, 2))
+        for bad in (float("nan"), 1e39):
+            with self.assertRaisesRegex(ValueError, "std must be finite"):
+                vitc.preprocess_image(img, 0, 2, std=(1, bad, 1))
+        with self.assertRaisesRegex(ValueError, "mean must have 3 values"):
+            vitc.preprocess_image(img, 0, 2, mean=(0.5, 0.5))
+
     def test_nul_in_strings(self):
         # C would stop at the NUL and open another path.
         with tempfile.TemporaryDirectory() as d:
@@ -234,6 +254,15 @@ class TestZeroD(unittest.TestCase):
                 with self.assertRaises(IndexError):
                     torch.softmax(torch.tensor(1.0), dim=dim)
 
+    def test_sdpa_0d_mask(self):
+        # A 0-d mask broadcasts to [..., L, S] as in torch.
+        rng = np.random.default_rng(5)
+        q, k, v = (rng.standard_normal((2, 3, 4), dtype=np.float32) for _ in range(3))
+        base = vitc.scaled_dot_product_attention(q, k, v)
+        np.testing.assert_allclose(vitc.scaled_dot_product_attention(q, k, v, attn_mask=np.array(True)),
+                                   base, rtol=1e-6, atol=1e-6)
+        self.assertTrue(np.isnan(vitc.scaled_dot_product_attention(q, k, v, attn_mask=np.array(False))).all())
+
     def test_state_dict_shape_checked(self):
         # A 0-d value for a [1] parameter is a shape mismatch, as in torch,
         # not silently accepted as [1].
@@ -250,6 +279,25 @@ class TestZeroD(unittest.TestCase):
             t, _ = vitc.load_safetensors(p)
             self.assertEqual(t["s"].shape, ())
             self.assertEqual(float(t["s"]), 2.5)
+
+
+class TestLifetime(unittest.TestCase):
+    def test_parameter_views_keep_the_layer(self):
+        # parameters() are views into the C layer's memory: the layer must
+        # outlive them, or they read freed memory.
+        layer = vitc.ConvSABlock(8, seed=1)
+        want = layer.state_dict()["v.weight"]
+        ref = weakref.ref(layer)
+        views = layer.parameters()
+        del layer
+        gc.collect()
+        self.assertIsNotNone(ref())
+        np.testing.assert_array_equal(views["v.weight"], want)
+        views["gamma"][...] = 0.25  # writes change the layer, as documented
+        self.assertEqual(float(ref().state_dict()["gamma"][0]), 0.25)
+        del views
+        gc.collect()
+        self.assertIsNone(ref())
 
 
 class TestStatus(unittest.TestCase):
