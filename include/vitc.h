@@ -21,8 +21,10 @@
  *   vitc_layer_forward(sa, x, 4, shape, out);    // out: [1, 64, 32, 32]
  *
  * Thread safety: objects (layers, models, files) are not shared between
- * threads while one of them runs a forward; distinct objects may be used from
- * distinct threads. The error message is thread-local.
+ * threads while one of them runs a forward (they keep their scratch and
+ * activations inside); distinct objects may be used from distinct threads.
+ * The error message is thread-local. (The Python binding serialises calls
+ * on one object with a lock, so Python may share them.)
  */
 #ifndef VITC_H
 #define VITC_H
