@@ -73,6 +73,11 @@ class _Layer:
     def __init__(self, kind, seed=None, **fields):
         """fields: vitc_layer_config values, already checked with size_arg/int_arg/float_arg
         under the user's argument names."""
+        # Like torch: a fresh module has random weights; np.random.seed makes them repeatable.
+        if seed is None:
+            seed = int(np.random.randint(0, 2**62, dtype=np.int64))
+        # torch.manual_seed's range; a negative seed wraps to uint64 as there.
+        seed = int_arg(seed, "seed", -2**63, 2**64 - 1) % 2**64
         cfg = lib.vitc_layer_default_config(kind)
         for k, v in fields.items():
             setattr(cfg, k, v)
@@ -80,11 +85,6 @@ class _Layer:
         self._lock = threading.RLock()
         self._ptr = ctypes.c_void_p()
         check(lib.vitc_layer_create(ctypes.byref(cfg), ctypes.byref(self._ptr)))
-        # Like torch: a fresh module has random weights; np.random.seed makes them repeatable.
-        if seed is None:
-            seed = int(np.random.randint(0, 2**62, dtype=np.int64))
-        # torch.manual_seed's range; a negative seed wraps to uint64 as there.
-        seed = int_arg(seed, "seed", -2**63, 2**64 - 1) % 2**64
         check(lib.vitc_layer_reset_parameters(self._ptr, seed))
         self.training = True
         self.num_batches_tracked = 0
@@ -292,9 +292,10 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     must be finite and > 0. A row with no allowed key gives NaN."""
     if dropout_p:
         raise VitcError(Status.ERR_UNSUPPORTED, "scaled_dot_product_attention: dropout is not supported")
-    # 0.0 is the C library's "not given" (include/vitc.h), so an explicit one is refused here.
+    # 0.0 is the C library's "not given" (include/vitc.h), so an explicit one,
+    # or one that float32 rounds to 0 (1e-50), is refused here.
     sc = 0.0 if scale is None else float_arg(scale, "scale")
-    if scale is not None and not sc > 0:
+    if scale is not None and not np.float32(sc) > 0:
         raise VitcError(Status.ERR_INVALID_ARG, "scaled_dot_product_attention: scale must be > 0, got %r" % (scale,))
     q, k, v = _arr(query), _arr(key), _arr(value)
     if q.ndim >= 2 and k.ndim >= 2 and v.ndim >= 2:

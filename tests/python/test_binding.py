@@ -169,8 +169,9 @@ class TestRanges(unittest.TestCase):
                 vitc.softmax(q, temperature=bad)
             with self.assertRaisesRegex(ValueError, "qk_scale must be finite"):
                 vitc.T2TAttention(8, 8, qk_scale=bad)
-        with self.assertRaisesRegex(vitc.VitcError, "scale must be > 0"):
-            vitc.scaled_dot_product_attention(q, q, q, scale=0.0)
+        for bad in (0.0, -1.0, 1e-50):  # 1e-50 is 0 in float32, C's "use the default"
+            with self.assertRaisesRegex(vitc.VitcError, "scale must be > 0"):
+                vitc.scaled_dot_product_attention(q, q, q, scale=bad)
 
     def test_images(self):
         img = np.zeros((4, 4, 3), np.int64)
