@@ -24,6 +24,10 @@ lib.vitc_image_preprocess.argtypes = [ctypes.POINTER(_Image), ctypes.c_int, ctyp
                                       ctypes.POINTER(ctypes.c_float),
                                       ctypes.POINTER(ctypes.c_float),
                                       ctypes.POINTER(ctypes.c_float)]
+lib.vitc_image_preprocess_channels.argtypes = [ctypes.POINTER(_Image), ctypes.c_int, ctypes.c_int,
+                                               ctypes.c_int, ctypes.POINTER(ctypes.c_float),
+                                               ctypes.POINTER(ctypes.c_float),
+                                               ctypes.POINTER(ctypes.c_float)]
 
 
 def _path(p):
@@ -54,20 +58,25 @@ def _as_image(image):
     return img, arr
 
 
-def preprocess_image(image, resize=256, crop=224, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+def preprocess_image(image, resize=256, crop=224, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                     channels=3):
     """torchvision's eval transform (Resize(resize) antialiased bilinear,
-    CenterCrop(crop), /255, Normalize(mean, std)) -> float32 [3, crop, crop].
+    CenterCrop(crop), /255, Normalize(mean, std)) -> float32 [channels, crop, crop].
 
     image: a path, or a uint8 array [height, width, 3]. resize=0: no resize.
+    channels=1: luminance first, as torchvision's Grayscale on the uint8
+    tensor (mean and std then have one value each).
     """
     img, keep = _as_image(image)
-    m = np.asarray(mean, dtype=np.float32).reshape(3)
-    s = np.asarray(std, dtype=np.float32).reshape(3)
-    out = np.empty((3, int(crop), int(crop)), dtype=np.float32) if int(crop) > 0 else None
-    if out is None:
+    if int(channels) not in (1, 3):
+        raise ValueError("channels must be 1 or 3, got %r" % (channels,))
+    m = np.asarray(mean, dtype=np.float32).reshape(int(channels))
+    s = np.asarray(std, dtype=np.float32).reshape(int(channels))
+    if int(crop) <= 0:
         raise ValueError("crop must be positive")
-    check(lib.vitc_image_preprocess(ctypes.byref(img), int(resize), int(crop), fptr(m), fptr(s),
-                                    fptr(out)))
+    out = np.empty((int(channels), int(crop), int(crop)), dtype=np.float32)
+    check(lib.vitc_image_preprocess_channels(ctypes.byref(img), int(resize), int(crop),
+                                             int(channels), fptr(m), fptr(s), fptr(out)))
     del keep
     return out
 
