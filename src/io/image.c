@@ -581,7 +581,7 @@ static void rgb_to_gray(const uint8_t *rgb, size_t n, uint8_t *gray) {
  * compute it (torch's taps depend on the output index alone).
  *
  * src: [h, w, ch] uint8; the resized image is [nh, nw, ch] (nh == h and
- * nw == w: no resize). out: [ch, crop, crop], already holding the padding.
+ * nw == w: no resize). out: [ch, crop, crop].
  */
 static vitc_status crop_window(const uint8_t *src, int64_t h, int64_t w, int ch, int64_t nh,
                                int64_t nw, int crop, const float *mean, const float *std,
@@ -643,6 +643,13 @@ static vitc_status crop_window(const uint8_t *src, int64_t h, int64_t w, int ch,
                         (float)src[((size_t)y * (size_t)w + (size_t)rx.a0) * ch + k];
         }
     }
+    /* The padding everywhere first (once the work is known to fit); the
+     * window then overwrites its part. */
+    for (int c = 0; c < ch; c++) {
+        float pad_val = (0.0f / 255.0f - mean[c]) / std[c];
+        for (size_t i = 0; i < plane; i++)
+            out[plane * c + i] = pad_val;
+    }
     for (int64_t r = ry.a0; r < ry.a1; r++) {
         const uint8_t *u;
         const int64_t dy = r - ry.a0 + ry.d0;
@@ -686,7 +693,7 @@ vitc_status vitc_image_preprocess_channels(const vitc_image *img, int resize, in
     const uint8_t *px;
     uint8_t *gray = NULL; /* [h, w] */
     int64_t nh, nw;
-    size_t plane, n_px;
+    size_t n_px;
     vitc_status st;
 
     if (!img || !img->rgb || !mean || !std || !out)
@@ -717,13 +724,6 @@ vitc_status vitc_image_preprocess_channels(const vitc_image *img, int resize, in
                              "vitc_image_preprocess: resizing %dx%d to shorter side %d makes "
                              "%lldx%lld, over %d pixels on a side", img->width, img->height,
                              resize, (long long)nw, (long long)nh, INT32_MAX);
-    }
-    plane = (size_t)crop * (size_t)crop;
-    /* The padding everywhere first; the window then overwrites its part. */
-    for (int c = 0; c < channels; c++) {
-        float pad_val = (0.0f / 255.0f - mean[c]) / std[c];
-        for (size_t i = 0; i < plane; i++)
-            out[plane * c + i] = pad_val;
     }
     px = img->rgb;
     if (channels == 1) {
