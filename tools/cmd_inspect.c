@@ -129,7 +129,9 @@ static void inspect_text(const char *path, const vitc_safetensors *st, const vit
         if (utf8_width(name) > w)
             w = utf8_width(name) > 60 ? 60 : utf8_width(name);
     }
-    printf("file: %s\n", path);
+    fputs("file: ", stdout);
+    cli_put_escaped(stdout, path, SIZE_MAX);
+    putchar('\n');
     printf("tensors: %d (%zu parameters, %.1f MB as float32)\n", n, params,
            (double)params * 4 / 1e6);
     for (int i = 0; i < n; i++) {
