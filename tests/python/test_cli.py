@@ -312,6 +312,17 @@ class TestCLI(unittest.TestCase):
                     for e in json.loads(line)["topk"]:
                         self.assertAlmostEqual(e["logit"], float(want[e["index"]]), delta=1e-3)
             self.assertEqual(outs[0], outs[1])
+        # the exporter writes a gray model's one-value mean/std
+        pth = os.path.join(self.tmp.name, "gray.pth")
+        torch.save(m.state_dict(), pth)
+        exported = os.path.join(self.tmp.name, "gray_exported.safetensors")
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "export_safetensors.py"),
+                        pth, exported, "--num-heads", "2", "--mean", "0.485", "--std", "0.229"],
+                       check=True, stdout=subprocess.DEVNULL)
+        rc, out, err = run("classify", "--model", exported, "--json", "--topk", 12, "--batch", 3,
+                           "--quiet", *images)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out, outs[0])
         # attention-map: the left panel is the gray crop the model saw
         png = os.path.join(self.tmp.name, "gray_am.png")
         rc, so, err = run("attention-map", "--model", path, "--out", png, self.images[0])
