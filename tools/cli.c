@@ -26,8 +26,10 @@ static void cli_escape_byte(unsigned char c, char out[5]) {
         memcpy(out, "\\t", 3);
     else if (c < 0x20 || c == 0x7f)
         snprintf(out, 5, "\\x%02x", c);
-    else
-        out[0] = (char)c, out[1] = '\0';
+    else {
+        out[0] = (char)c;
+        out[1] = '\0';
+    }
 }
 
 void cli_put_escaped(FILE *f, const char *s, size_t max) {
