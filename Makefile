@@ -69,7 +69,7 @@ TOOL_SRC := $(wildcard tools/*.c)
 TOOL_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TOOL_SRC))
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
-HDRS     := include/vitc.h $(wildcard src/*.h src/*/*.h tests/*.h)
+HDRS     := include/vitc.h $(wildcard src/*.h src/*/*.h tests/*.h tools/*.h)
 
 SONAME   := libvitc.so.$(SOVERSION)
 SOFILE   := $(BUILD)/libvitc.so.$(VERSION)

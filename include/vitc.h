@@ -306,10 +306,20 @@ VITC_API vitc_status vitc_image_save_png(const char *path, const uint8_t *rgb, i
                                          int height);
 /* torchvision preprocessing: resize the shorter side to `resize` with
  * antialiased bilinear (0 = no resize), center crop crop x crop, /255,
- * normalize. out: [3, crop, crop]. */
+ * normalize. out: [3, crop, crop]. Memory: only the crop's window of the
+ * resized image is computed; its intermediates are capped at 1 GiB. */
 VITC_API vitc_status vitc_image_preprocess(const vitc_image *img, int resize, int crop,
                                            const float mean[3], const float std[3],
                                            float *out);
+/* The same for a model of `channels` input channels: 3 is RGB (as above);
+ * 1 is luminance as torchvision's Grayscale on the uint8 tensor
+ * (0.2989 R + 0.587 G + 0.114 B in float32, truncated), applied before the
+ * resize; any other count is an error. mean/std: `channels` values.
+ * out: [channels, crop, crop], what vitc_vit_forward reads per image when
+ * channels is the model's in_channels. */
+VITC_API vitc_status vitc_image_preprocess_channels(const vitc_image *img, int resize, int crop,
+                                                    int channels, const float *mean,
+                                                    const float *std, float *out);
 
 /* ------------------------------------------------------------------ */
 /* Vision Transformer                                                 */

@@ -205,11 +205,16 @@ def main(argv=None):
     ap.add_argument("--seed", type=int, default=0, help="torch.manual_seed for --random-init")
     ap.add_argument("--arch", help="architecture preset (num_heads, mean/std)")
     ap.add_argument("--num-heads", type=int)
-    ap.add_argument("--mean", type=float, nargs=3)
-    ap.add_argument("--std", type=float, nargs=3)
+    ap.add_argument("--mean", type=float, nargs="+",
+                    help="3 values, or 1 for every channel (a gray model's)")
+    ap.add_argument("--std", type=float, nargs="+",
+                    help="3 values, or 1 for every channel (a gray model's)")
     ap.add_argument("--labels", metavar="FILE", help="class names, one per line")
     ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32")
     args = ap.parse_args(argv)
+    for k in ("mean", "std"):
+        if getattr(args, k) and len(getattr(args, k)) not in (1, 3):
+            ap.error("--%s takes 1 or 3 values" % k)
 
     if args.torchvision:
         if len(args.paths) != 1:

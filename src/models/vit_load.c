@@ -271,13 +271,17 @@ static vitc_status vit_json_floats(json_t *obj, const char *key, float *out, int
         out[0] = (float)json_number_value(v);
         return VITC_OK;
     }
-    if (n == 1 || !json_is_array(v) || (int)json_array_size(v) != n)
+    /* A one-value array serves every channel: what a gray model's
+     * Normalize([m], [s]) has. */
+    int len = json_is_array(v) ? (int)json_array_size(v) : -1;
+    if (n == 1 || (len != n && len != 1))
         return vitc__err(VITC_ERR_FORMAT, "vitc.config: \"%s\" must be %s", key,
-                         n == 1 ? "a number" : "an array of 3 numbers");
+                         n == 1 ? "a number" : "an array of 1 or 3 numbers");
     for (int i = 0; i < n; i++) {
-        json_t *e = json_array_get(v, (size_t)i);
+        json_t *e = json_array_get(v, (size_t)(len == 1 ? 0 : i));
         if (!json_is_number(e))
-            return vitc__err(VITC_ERR_FORMAT, "vitc.config: \"%s\"[%d] is not a number", key, i);
+            return vitc__err(VITC_ERR_FORMAT, "vitc.config: \"%s\"[%d] is not a number", key,
+                             len == 1 ? 0 : i);
         out[i] = (float)json_number_value(e);
     }
     return VITC_OK;
