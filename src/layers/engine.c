@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "../kernels/ops_layers.h"
+#include "../rng.h"
 #include "layers.h"
 
 
@@ -268,20 +269,10 @@ static vitc_status build(vitc_layer *l) {
 
 /* ---- create / free / reset ------------------------------------------ */
 
-/* splitmix64: small, deterministic, and the same stream on every platform. */
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-/* Uniform in [0, 1) with 24 random bits, exactly representable in float. */
-static double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 40) / 16777216.0; }
-
 vitc_status vitc_layer_reset_parameters(vitc_layer *l, uint64_t seed) {
     if (!l)
         return vitc__err(VITC_ERR_INVALID_ARG, "layer is NULL");
-    uint64_t s = seed;
+    vitc__rng s = {seed};
     for (int i = 0; i < l->nparams; i++) {
         const vitc__param *p = &l->params[i];
         float *d = l->store + p->offset;
@@ -295,10 +286,10 @@ vitc_status vitc_layer_reset_parameters(vitc_layer *l, uint64_t seed) {
             case VITC__INIT_ZERO: d[j] = 0.0f; break;
             case VITC__INIT_ONE: d[j] = 1.0f; break;
             case VITC__INIT_KAIMING:
-            case VITC__INIT_XAVIER: d[j] = (float)((2.0 * rng_uniform(&s) - 1.0) * bound); break;
+            case VITC__INIT_XAVIER: d[j] = (float)((2.0 * vitc__rng_uniform(&s) - 1.0) * bound); break;
             case VITC__INIT_NORMAL01: {
                 /* Box-Muller; 1 - u keeps the log argument in (0, 1]. */
-                double u1 = 1.0 - rng_uniform(&s), u2 = rng_uniform(&s);
+                double u1 = 1.0 - vitc__rng_uniform(&s), u2 = vitc__rng_uniform(&s);
                 d[j] = (float)(0.1 * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
                 break;
             }
