@@ -19,9 +19,9 @@ enum { N = 37, STEPS = 10 };
 
 /* Three tensors: a weight (decays), a bias (no_decay), an odd-sized one. */
 static const vitc__pseg segs[3] = {
-    {"w", 0, 20, 2, {4, 5, 0, 0}, 0},
-    {"b", 20, 4, 1, {4, 0, 0, 0}, 1},
-    {"z", 24, 13, 1, {13, 0, 0, 0}, 0},
+    {.name = "w", .offset = 0, .numel = 20, .ndim = 2, .shape = {4, 5}},
+    {.name = "b", .offset = 20, .numel = 4, .ndim = 1, .shape = {4}, .no_decay = 1},
+    {.name = "z", .offset = 24, .numel = 13, .ndim = 1, .shape = {13}},
 };
 
 typedef struct fixture {
@@ -230,7 +230,7 @@ static void test_errors(void **st) {
     c.beta2 = 0.999, c.lr = NAN;
     assert_int_equal(vitc__optimizer_create(&f.ps, &c, &o), VITC_ERR_INVALID_ARG);
     c.lr = 1e-3;
-    vitc__pseg bad[1] = {{"w", 30, 20, 1, {20, 0, 0, 0}, 0}};
+    vitc__pseg bad[1] = {{.name = "w", .offset = 30, .numel = 20, .ndim = 1, .shape = {20}}};
     vitc__paramset ps = f.ps;
     ps.seg = bad, ps.nseg = 1;
     assert_int_equal(vitc__optimizer_create(&ps, &c, &o), VITC_ERR_INVALID_ARG);

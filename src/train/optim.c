@@ -180,10 +180,12 @@ vitc_status vitc_optimizer_step(vitc_optimizer *o) {
         const double bc1 = 1.0 - pow((double)o->cfg.beta1, (double)t);
         const double bc2_sqrt = sqrt(1.0 - pow((double)o->cfg.beta2, (double)t));
         for (int i = 0; i < o->ps.nseg; i++)
-            adamw_seg(o, &o->ps.seg[i], bc1, bc2_sqrt);
+            if (!o->ps.seg[i].buffer)
+                adamw_seg(o, &o->ps.seg[i], bc1, bc2_sqrt);
     } else {
         for (int i = 0; i < o->ps.nseg; i++)
-            sgd_seg(o, &o->ps.seg[i]);
+            if (!o->ps.seg[i].buffer)
+                sgd_seg(o, &o->ps.seg[i]);
         if (o->cfg.momentum != 0.0)
             o->buf_started = 1;
     }
@@ -277,18 +279,25 @@ vitc_status vitc__clip_grad_norm(const vitc__paramset *ps, float max_norm, float
             *total_norm = 0.0;
         return VITC_OK;
     }
+    /* Over the tensors only: the alignment gaps between them and buffers
+     * (BatchNorm running statistics) have no gradient in torch. */
     double ss = 0.0;
-    for (size_t i = 0; i < ps->n; i++)
-        ss += (double)ps->grad[i] * (double)ps->grad[i];
+    for (int k = 0; k < ps->nseg; k++) {
+        const vitc__pseg *s = &ps->seg[k];
+        for (size_t i = 0; !s->buffer && i < s->numel; i++)
+            ss += (double)ps->grad[s->offset + i] * (double)ps->grad[s->offset + i];
+    }
     const float total = (float)sqrt(ss);
     /* torch: clip_coef = max_norm / (total + 1e-6), clamped to 1 and
      * applied unconditionally (a NaN norm makes NaN gradients, as there). */
     double coef = (double)max_norm / ((double)total + 1e-6);
     if (coef > 1.0)
         coef = 1.0;
-    if (coef != 1.0)
-        for (size_t i = 0; i < ps->n; i++)
-            ps->grad[i] = (float)((double)ps->grad[i] * coef);
+    for (int k = 0; coef != 1.0 && k < ps->nseg; k++) {
+        const vitc__pseg *s = &ps->seg[k];
+        for (size_t i = 0; !s->buffer && i < s->numel; i++)
+            ps->grad[s->offset + i] = (float)((double)ps->grad[s->offset + i] * coef);
+    }
     if (total_norm)
         *total_norm = total;
     return VITC_OK;
