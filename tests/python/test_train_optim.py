@@ -44,15 +44,18 @@ class _Vit:
     """A ViT from vitc_vit_create, with its parameters and gradients as
     numpy views by torch name (the optimizer only needs ._h)."""
 
-    def __init__(self, seed=0):
+    def __init__(self, seed=0, image_size=8, patch_size=4, in_channels=1, hidden_dim=8, depth=1,
+                 num_heads=2, mlp_dim=12, num_classes=3):
         create = lib.vitc_vit_create
         create.argtypes, create.restype = [_P(_VitConfig), ctypes.c_uint64, _P(_vp)], ctypes.c_int
-        cfg = _VitConfig(image_size=8, patch_size=4, in_channels=1, hidden_dim=8, depth=1,
-                         num_heads=2, mlp_dim=12, num_classes=3, norm_eps=1e-6,
+        cfg = _VitConfig(image_size=image_size, patch_size=patch_size, in_channels=in_channels,
+                         hidden_dim=hidden_dim, depth=depth, num_heads=num_heads,
+                         mlp_dim=mlp_dim, num_classes=num_classes, norm_eps=1e-6,
                          mean=(ctypes.c_float * 3)(0.5, 0.5, 0.5), std=(ctypes.c_float * 3)(0.5, 0.5, 0.5))
         self._h = _vp()
         check(create(ctypes.byref(cfg), seed, ctypes.byref(self._h)))
         lib.vitc_vit_free.argtypes, lib.vitc_vit_free.restype = [_vp], None
+        self.num_classes = num_classes
 
     def free(self):
         if self._h is not None and self._h.value:
