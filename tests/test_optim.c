@@ -328,12 +328,39 @@ static void test_cross_entropy(void **st) {
     assert_int_equal(vitc_cross_entropy(x, y, INT64_MAX / 2, C, 0.0f, &loss, d), VITC_ERR_NOMEM);
 }
 
+/* Buffers (BatchNorm running statistics) are in the table but are no
+ * parameters: no update, no decay, not in the gradient norm. */
+static void test_buffers_skipped(void **st) {
+    (void)st;
+    float p[8], g[8];
+    for (int i = 0; i < 8; i++)
+        p[i] = 1.0f + (float)i, g[i] = 3.0f;
+    const vitc__pseg s2[2] = {{.name = "w", .offset = 0, .numel = 4, .ndim = 1, .shape = {4}},
+                              {.name = "running_var", .offset = 4, .numel = 4, .ndim = 1,
+                               .shape = {4}, .buffer = 1}};
+    vitc__paramset ps = {p, g, 8, s2, 2, vitc__handle_register()};
+    float total;
+    assert_int_equal(vitc__clip_grad_norm(&ps, 1e9f, &total), VITC_OK);
+    assert_true(fabs(total - 6.0) < 1e-6); /* sqrt(4 * 9), the buffer's 3s left out */
+    vitc_optim_config c = vitc_optim_default_config(VITC_OPTIM_SGD);
+    c.lr = 0.5, c.weight_decay = 0.1, c.decay_all = 1;
+    vitc_optimizer *o;
+    assert_int_equal(vitc__optimizer_create(&ps, &c, &o), VITC_OK);
+    assert_int_equal(vitc_optimizer_step(o), VITC_OK);
+    for (int i = 0; i < 4; i++)
+        assert_true(fabs(p[i] - ((1.0 + i) - 0.5 * (3.0 + 0.1 * (1.0 + i)))) < 1e-6);
+    for (int i = 4; i < 8; i++)
+        assert_true(p[i] == 1.0f + (float)i);
+    vitc_optimizer_free(o);
+    vitc__handle_unregister(ps.owner_id);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw),           cmocka_unit_test(test_sgd),
         cmocka_unit_test(test_state_and_momentum), cmocka_unit_test(test_restore),
         cmocka_unit_test(test_errors),          cmocka_unit_test(test_clip_grad_norm),
-        cmocka_unit_test(test_cross_entropy),
+        cmocka_unit_test(test_cross_entropy),   cmocka_unit_test(test_buffers_skipped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

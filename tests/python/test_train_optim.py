@@ -239,8 +239,38 @@ class TestOptimizers(unittest.TestCase):
             vitc.AdamW(object())
 
 
-class _TorchOptHolder:
-    pass
+class TestLayerOptimizer(unittest.TestCase):
+    """An optimizer over a layer (vitc_optimizer_create_layer): with zero
+    gradients AdamW only decays, so matrices shrink by 1 - lr*wd, vectors
+    (biases, norms, gamma) stay, and BatchNorm's running statistics are no
+    parameters at all; decay_all shrinks the vectors too."""
+
+    def check_layer(self, layer):
+        before = {k: np.array(v, copy=True) for k, v in layer.state_dict().items()}
+        for decay_all in (False, True):
+            layer.load_state_dict(before)
+            opt = vitc.AdamW(layer, lr=0.1, weight_decay=0.5, decay_all=decay_all)
+            opt.zero_grad()
+            opt.step()
+            after = layer.state_dict()
+            for k, v in before.items():
+                if "running" in k or "num_batches" in k:
+                    np.testing.assert_array_equal(after[k], v, err_msg=k)
+                elif v.ndim >= 2 or decay_all:
+                    np.testing.assert_allclose(after[k], v * (1 - 0.1 * 0.5), rtol=1e-6,
+                                               atol=1e-7, err_msg=k)
+                else:
+                    np.testing.assert_array_equal(after[k], v, err_msg=k)
+            del opt
+
+    def test_layers(self):
+        self.check_layer(vitc.MultiheadAttention(16, 2))
+        sa = vitc.SelfAttention(16, norm="batch")
+        sd = sa.state_dict()
+        sa.load_state_dict({k: (np.full_like(v, 0.7) if "running" in k or k.endswith("weight")
+                                and v.ndim == 1 else v) for k, v in sd.items()})
+        self.check_layer(sa)
+        self.check_layer(vitc.ConvSABlock(16))
 
 
 @unittest.skipIf(torch is None, "needs torch")
