@@ -252,13 +252,8 @@ vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
 
     vitc__attn_plan plan;
     vitc__attn_plan_make(&plan, d);
-    vitc__attn_run rc = {&plan, vitc__attn_rows_generic, vitc__attn_need(&plan), 0};
+    vitc__attn_run rc = {&plan, vitc__kern()->attn_rows, vitc__attn_need(&plan), 0};
     if (rc.need == 0) return vitc__err(VITC_ERR_NOMEM, "sdpa: scratch size overflows");
-    switch (vitc__get_arch()) {
-    case VITC_ARCH_AVX512: rc.fn = vitc__attn_rows_avx512; break;
-    case VITC_ARCH_AVX2: rc.fn = vitc__attn_rows_avx2; break;
-    default: break;
-    }
     vitc__parallel_for(d->B * d->H * plan.nqb, vitc__attn_task, &rc);
     if (rc.failed)
         return vitc__err(VITC_ERR_NOMEM, "sdpa: out of memory for %zu bytes of per-thread scratch",

@@ -1,19 +1,12 @@
 /*
  * attention_tmpl.h — the tiled online-softmax attention kernel, written once
- * over a small vector vocabulary and instantiated per ISA (generic scalar,
- * AVX2, AVX-512). The including file defines:
+ * over the vector vocabulary of vmath_{avx512,avx2,generic}.h (VT, VW,
+ * v_load, v_fma, v_exp2, ...) and instantiated per ISA. The including file
+ * also defines:
  *
  *   ATT_FN                 name of the vitc__attn_rows_fn it produces
- *   VT, VW                 vector type and its float lanes
  *   MR_S                   query rows of the S = Q K^T microkernel (2 vectors of keys wide)
  *   MR_PV, NV_PV           rows x vectors of the O += P V microkernel
- *   v_zero() v_set1(x) v_load(p) v_store(p, x)    (p 64-byte aligned scratch)
- *   v_loadu(p) v_storeu(p, x) v_fma(a, b, c) = a*b+c  v_mul v_add v_sub v_max
- *   v_loadu_n(p, n) v_storeu_n(p, x, n)   first n < VW lanes, others 0 / untouched
- *   v_tail(x, n, f)        lanes >= n replaced by f
- *   v_exp2(x)              2^x, exactly 0 for x <= -127, NaN in -> NaN out
- *   v_hmax(x) v_hsum(x)    horizontal max / sum to a float
- *   s_exp2(x)              scalar 2^x (same contract)
  *   ATT_SMALL_DV           0, or the largest Dv given the fused small-Dv path
  *
  * Algorithm (FlashAttention-2, base 2): Q is packed once per task, already

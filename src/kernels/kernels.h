@@ -33,6 +33,37 @@ typedef enum vitc__arch { VITC_ARCH_GENERIC = 0, VITC_ARCH_AVX2 = 1, VITC_ARCH_A
 vitc__arch vitc__get_arch(void);
 int vitc__cpu_has(vitc__arch a);
 
+struct vitc__attn_plan;
+struct vitc__attn_ws;
+struct vitc__gemm_kernel;
+
+/* The kernels of one CPU path (BLIS's context, stb's setup_*): one constant
+ * table per path in dispatch.c, chosen by vitc__kern() from the arch in use
+ * (cpuid, VITC_ARCH, vitc_set_arch). A dispatcher reads the table once per
+ * call and passes it down, so one call never mixes paths. Same contracts as
+ * the kernels.h functions of the same name; the generic table holds the
+ * plain reference kernels. */
+typedef struct vitc__kernels {
+    vitc__arch arch;
+    const char *name;
+    void (*softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperature);
+    void (*layernorm)(float *y, const float *x, const float *w, const float *b, int64_t M,
+                      int64_t C, float eps);
+    void (*gelu)(float *x, int64_t n);
+    /* GroupNorm helpers: o[0], o[1] = sum of (x - shift) and of its square,
+     * in double; y = (x - mean) * sc + sh. */
+    void (*row_stats)(const float *x, int64_t n, double shift, double *o);
+    void (*row_norm)(float *y, const float *x, int64_t n, float mean, float sc, float sh);
+    /* Attention forward rows [l0, l1) of head (b, h) (attention_impl.h). */
+    void (*attn_rows)(const struct vitc__attn_plan *p, struct vitc__attn_ws *ws, int64_t b,
+                      int64_t h, int64_t l0, int64_t l1);
+    /* The built-in GEMM's microkernel and blocking (gemm_ukernels.h). */
+    const struct vitc__gemm_kernel *gemm;
+} vitc__kernels;
+
+/* The table of the arch in use; never NULL. */
+const vitc__kernels *vitc__kern(void);
+
 /* ---- GEMM (gemm.c) ----------------------------------------------- */
 
 /* C[M,N] = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T.
