@@ -40,7 +40,10 @@ void vitc__sdpa_ref_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t
             if (acc > mx) mx = acc;
         }
         for (int64_t c = 0; c < d->Dv; c++) ol[c] = 0.0f;
-        if (d->S == 0) continue; /* softmax over nothing: the output is an empty sum */
+        if (d->S == 0) { /* softmax over nothing: the output is an empty sum */
+            if (d->lse) d->lse[b * d->lse_sb + h * d->lse_sh + l] = -INFINITY;
+            continue;
+        }
         float sum = 0.0f;
         for (int64_t j = 0; j < d->S; j++) {
             float acc = 0.0f;
@@ -56,6 +59,7 @@ void vitc__sdpa_ref_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t
         }
         float inv = 1.0f / sum;
         for (int64_t c = 0; c < d->Dv; c++) ol[c] *= inv;
+        if (d->lse) d->lse[b * d->lse_sb + h * d->lse_sh + l] = mx == -INFINITY ? -INFINITY : mx + logf(sum);
         if (pl)
             for (int64_t j = 0; j < d->S; j++) pl[j] *= inv;
     }
@@ -244,9 +248,11 @@ vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
     if (d->S == 0) { /* softmax over no keys: an empty weighted sum */
         for (int64_t b = 0; b < d->B; b++)
             for (int64_t h = 0; h < d->H; h++)
-                for (int64_t l = 0; l < d->L; l++)
+                for (int64_t l = 0; l < d->L; l++) {
                     for (int64_t c = 0; c < d->Dv; c++)
                         d->o[b * d->o_sb + h * d->o_sh + l * d->o_sr + c] = 0.0f;
+                    if (d->lse) d->lse[b * d->lse_sb + h * d->lse_sh + l] = -INFINITY;
+                }
         return VITC_OK;
     }
 

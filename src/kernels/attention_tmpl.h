@@ -26,6 +26,13 @@
 
 static const float att_log2e = 1.44269504088896340736f;
 
+/* lse[r] = ln(sum_j e^s_j) of rows [0, nr) from the base-2 running max m and
+ * sum l: m ln 2 + ln l; -inf for a row that never saw a finite score. */
+static void att_store_lse(float *lse, const float *m, const float *l, int64_t nr) {
+    for (int64_t r = 0; r < nr; r++)
+        lse[r] = m[r] == -INFINITY ? -INFINITY : m[r] * 0.693147180559945309f + logf(l[r]);
+}
+
 /* s[r][0:NR] = q[r][0:D] . kt[0:D][0:NR] for r < mr; only the first VW
  * columns when half (a last panel with <= VW keys left). */
 static inline __attribute__((always_inline)) void att_s_kernel(int mr, int half, int64_t D,
@@ -484,6 +491,7 @@ static void att_small_rows(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t
             }
         }
     }
+    if (d->lse) att_store_lse(d->lse + b * d->lse_sb + h * d->lse_sh + l0, m, l, nr);
     float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr; /* [nr, Dv] */
     for (int64_t r = 0; r < nr; r++) {
         float inv = 1.0f / l[r];
@@ -639,6 +647,7 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
         }
     }
 
+    if (d->lse) att_store_lse(d->lse + b * d->lse_sb + h * d->lse_sh + l0, m, l, nr);
     float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr; /* [nr, Dv] */
     for (int64_t r = 0; r < nr; r++) {
         float inv = d->probs ? 1.0f : 1.0f / l[r];

@@ -103,6 +103,11 @@ typedef struct vitc__sdpa_desc {
     float scale;
     const float *mask; int64_t m_sb, m_sh, m_sr; /* [B,H,L,S] additive, may be NULL */
     float *probs; int64_t p_sb, p_sh, p_sr;      /* [B,H,L,S] out, may be NULL */
+    /* [B,H,L] out, may be NULL: the natural-log log-sum-exp of each row's
+     * scaled, masked scores (what the backward needs to recompute P);
+     * -inf for a fully masked row. Row l of head (b, h) at
+     * lse[b*lse_sb + h*lse_sh + l]. */
+    float *lse; int64_t lse_sb, lse_sh;
 } vitc__sdpa_desc;
 
 /* Dispatching entry point: threads over B x H x query blocks. */
