@@ -12,6 +12,10 @@ void vitc__attn_rows_avx512(const vitc__attn_plan *p, vitc__attn_ws *ws, int64_t
                             int64_t l0, int64_t l1) {
     vitc__attn_rows_generic(p, ws, b, h, l0, l1);
 }
+void vitc__attn_bwd_avx512(const vitc__attn_bwd_plan *p, float *scratch, int64_t b, int64_t h,
+                         int64_t l0, int64_t l1, int64_t s0, int64_t s1, int what) {
+    vitc__attn_bwd_generic(p, scratch, b, h, l0, l1, s0, s1, what);
+}
 #else
 
 #include <string.h>
@@ -27,5 +31,8 @@ void vitc__attn_rows_avx512(const vitc__attn_plan *p, vitc__attn_ws *ws, int64_t
 
 #define ATT_FN vitc__attn_rows_avx512
 #include "attention_tmpl.h"
+
+#define ATB_FN vitc__attn_bwd_avx512
+#include "attention_bwd_tmpl.h"
 
 #endif

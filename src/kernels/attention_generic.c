@@ -13,3 +13,6 @@
 
 #define ATT_FN vitc__attn_rows_generic
 #include "attention_tmpl.h"
+
+#define ATB_FN vitc__attn_bwd_generic
+#include "attention_bwd_tmpl.h"

@@ -35,6 +35,7 @@ int vitc__cpu_has(vitc__arch a);
 
 struct vitc__attn_plan;
 struct vitc__attn_ws;
+struct vitc__attn_bwd_plan;
 struct vitc__gemm_kernel;
 
 /* The kernels of one CPU path (BLIS's context, stb's setup_*): one constant
@@ -57,6 +58,10 @@ typedef struct vitc__kernels {
     /* Attention forward rows [l0, l1) of head (b, h) (attention_impl.h). */
     void (*attn_rows)(const struct vitc__attn_plan *p, struct vitc__attn_ws *ws, int64_t b,
                       int64_t h, int64_t l0, int64_t l1);
+    /* Attention backward of one head over keys [s0, s1) and query rows
+     * [l0, l1); what: VITC_ATTN_BWD_DKV and/or VITC_ATTN_BWD_DQ. */
+    void (*attn_bwd)(const struct vitc__attn_bwd_plan *p, float *scratch, int64_t b, int64_t h,
+                     int64_t l0, int64_t l1, int64_t s0, int64_t s1, int what);
     /* The built-in GEMM's microkernel and blocking (gemm_ukernels.h). */
     const struct vitc__gemm_kernel *gemm;
 } vitc__kernels;
@@ -114,6 +119,29 @@ typedef struct vitc__sdpa_desc {
 vitc_status vitc__sdpa(const vitc__sdpa_desc *d);
 /* Reference: rows [l0, l1) of head (b, h), two-pass softmax in float. */
 void vitc__sdpa_ref_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t l0, int64_t l1);
+
+/* The gradient of o = softmax(scale q k^T + mask) v for q, k and v, given
+ * dout = dL/do and the forward's o and lse (f.o, f.lse must be set; f.probs
+ * is ignored). dq, dk, dv are overwritten (not accumulated). They must not
+ * overlap each other or any input; a head's outputs are its own (no stride
+ * 0 over b or h). The L x S scores are never stored: each tile is
+ * recomputed from q, k and lse (FlashAttention-2). A fully masked row gives
+ * what torch 1.13 autograd gives: NaN in its dq row and in all of its
+ * head's dk and dv. */
+typedef struct vitc__sdpa_bwd_desc {
+    vitc__sdpa_desc f;                         /* forward views incl. o, lse, mask, scale */
+    const float *dout; int64_t do_sb, do_sh, do_sr; /* [B,H,L,Dv] */
+    float *dq; int64_t dq_sb, dq_sh, dq_sr;    /* [B,H,L,D] */
+    float *dk; int64_t dk_sb, dk_sh, dk_sr;    /* [B,H,S,D] */
+    float *dv; int64_t dv_sb, dv_sh, dv_sr;    /* [B,H,S,Dv] */
+} vitc__sdpa_bwd_desc;
+
+/* Dispatching entry point: threads over heads (or, for fewer than 8 heads,
+ * over key blocks and then query blocks); bitwise the same result for any
+ * thread count. */
+vitc_status vitc__sdpa_backward(const vitc__sdpa_bwd_desc *d);
+/* Reference: every head, plain loops in float, no scratch. */
+void vitc__sdpa_backward_ref(const vitc__sdpa_bwd_desc *d);
 
 /* ---- elementwise and norms (ops.c) ------------------------------- */
 
