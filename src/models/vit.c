@@ -34,6 +34,7 @@ void vitc_vit_free(vitc_vit *m) {
     free(m->labels);
     free(m->label_text);
     vitc__buf_free(&m->act);
+    vitc__buf_free(&m->bwd);
     vitc__buf_free(&m->pos_buf);
     vitc__buf_free(&m->probs_buf);
     vitc__buf_free(&m->roll_buf);
@@ -95,6 +96,28 @@ void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64
                 }
                 d[c] = acc;
             }
+        }
+    }
+}
+
+/* The adjoint of vitc__bicubic_ac: dsrc [ih*iw, C] += the transpose of the
+ * resampling applied to ddst [oh*ow, C] (each tap's weight sends ddst back
+ * to the clamped source it read). */
+void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_t ih, int64_t iw,
+                               int64_t oh, int64_t ow) {
+    for (int64_t y = 0; y < oh; y++) {
+        int64_t ys[4], xs[4];
+        float wy[4], wx[4];
+        vit_cubic_taps(y, ih, oh, ys, wy);
+        for (int64_t x = 0; x < ow; x++) {
+            vit_cubic_taps(x, iw, ow, xs, wx);
+            const float *g = ddst + (y * ow + x) * C;
+            for (int a = 0; a < 4; a++)
+                for (int b = 0; b < 4; b++) {
+                    float wab = wy[a] * wx[b];
+                    float *d = dsrc + (ys[a] * iw + xs[b]) * C;
+                    for (int64_t c = 0; c < C; c++) d[c] += wab * g[c];
+                }
         }
     }
 }
@@ -238,7 +261,7 @@ static void vit_rollout_step(vitc_vit *m, const float *probs, int64_t B, int64_t
 
 /* Attention of every head over qkv [B, N, 3, H, d] into att [B, N, H, d],
  * for query rows 0..L-1 of each image (query row stride N*3C when L = 1). */
-static vitc__sdpa_desc vit_attention(const vitc_vit *m, const float *qkv, float *att, int64_t B,
+vitc__sdpa_desc vitc__vit_attention(const vitc_vit *m, const float *qkv, float *att, int64_t B,
                                      int64_t N, int64_t L) {
     int64_t C = m->cfg.hidden_dim, Hh = m->cfg.num_heads, d = C / Hh;
     vitc__sdpa_desc sd = {
@@ -278,8 +301,11 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     } else { /* qkv [B, N, 3, H, d]: the kernel reads q, k, v of head h in place */
         vitc__linear(qkv, 3 * C, ln1, C, w->qkv_w, w->qkv_b, NULL, 0, BN, 3 * C, C);
     }
-    vitc__sdpa_desc sd = vit_attention(m, qkv, att, B, N, cls_only ? 1 : N);
+    vitc__sdpa_desc sd = vitc__vit_attention(m, qkv, att, B, N, cls_only ? 1 : N);
     sd.probs = probs;
+    sd.lse = vitc__va(a, l, VA_LSE); /* [B, H, N], training only */
+    sd.lse_sb = c->num_heads * N;
+    sd.lse_sh = N;
     VITC_TRY(vitc__sdpa(&sd));
     vitc__linear(mid, C, att, rs * C, w->proj_w, w->proj_b, x, rs * C, R, C, C);
     vitc__layernorm(ln2, mid, w->ln2_w, w->ln2_b, R, C, c->norm_eps);

@@ -7,6 +7,7 @@
 #define VITC_VIT_INTERNAL_H
 
 #include "../internal.h"
+#include "../kernels/kernels.h"
 #include "../params.h"
 
 /* Per-model tensors then per-layer tensors, in torchvision's state_dict
@@ -142,5 +143,13 @@ vitc_status vitc__vit_grad_alloc(vitc_vit *m);
  * stored position-major ([ih*iw, C]) into dst [oh*ow, C]. */
 void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw, int64_t oh,
                       int64_t ow);
+
+/* The adjoint of vitc__bicubic_ac, accumulated into dsrc [ih*iw, C]. */
+void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_t ih, int64_t iw,
+                               int64_t oh, int64_t ow);
+
+/* The attention view of qkv [B, N, 3, H, d] -> att [B, N, H, d] (vit.c). */
+vitc__sdpa_desc vitc__vit_attention(const vitc_vit *m, const float *qkv, float *att, int64_t B,
+                                    int64_t N, int64_t L);
 
 #endif
