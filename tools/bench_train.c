@@ -23,8 +23,8 @@ typedef struct bench_train {
     float *logits;  /* [B, classes] */
     float *dlogits; /* [B, classes] */
     int B, H, classes;
-    /* attention backward: q, k, v, out, dout, dq, dk, dv [1, 8, L, 64] */
-    float *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+    /* attention backward: q, k, v, dout, dq, dk, dv [1, 8, L, 64] */
+    float *q, *k, *v, *dout, *dq, *dk, *dv;
     vitc_tensor_view tq, tk, tv;
     int64_t L;
 } bench_train;
@@ -104,17 +104,53 @@ static vitc_status run_vit_step(bench_train *t) {
     return vitc_optimizer_step(t->opt);
 }
 
+/* q, k, v and dout [1, 8, L, 64]: vitc_sdpa_backward recomputes the
+ * forward's log-sum-exp inside, so a timed call is the whole backward a
+ * caller without saved statistics pays (PyTorch's side keeps its graph). */
+static int setup_sdpa_bwd(bench_train *t, int quick, double *flops, char *note, size_t note_cap) {
+    t->L = quick ? 256 : 4096;
+    size_t n = (size_t)8 * (size_t)t->L * 64;
+    t->q = bench_train_random(n, 1.0f, 1);
+    t->k = bench_train_random(n, 1.0f, 2);
+    t->v = bench_train_random(n, 1.0f, 3);
+    t->dout = bench_train_random(n, 1.0f, 4);
+    t->dq = malloc(n * sizeof(float));
+    t->dk = malloc(n * sizeof(float));
+    t->dv = malloc(n * sizeof(float));
+    if (!t->q || !t->k || !t->v || !t->dout || !t->dq || !t->dk || !t->dv)
+        return cli_error("sdpa_bwd: out of memory");
+    vitc_tensor_view *views[3] = {&t->tq, &t->tk, &t->tv};
+    float *data[3] = {t->q, t->k, t->v};
+    for (int i = 0; i < 3; i++) {
+        views[i]->data = data[i];
+        views[i]->ndim = 4;
+        views[i]->shape[0] = 1, views[i]->shape[1] = 8, views[i]->shape[2] = t->L;
+        views[i]->shape[3] = 64;
+    }
+    /* 2 x the forward's 4·B·H·L·S·d (dP = dO V^T, dV = P^T dO, dQ, dK); the
+     * recomputed QK^T is not counted. */
+    *flops = 8.0 * 8.0 * (double)t->L * (double)t->L * 64.0;
+    snprintf(note, note_cap, "L = S = %lld, no mask", (long long)t->L);
+    return 0;
+}
+
 int bench_train_setup(const char *name, int quick, void **state, double *flops, char *note,
                       size_t note_cap) {
     bench_train *t = calloc(1, sizeof *t);
     *state = t;
     if (!t)
         return cli_error("%s: out of memory", name);
+    if (!strcmp(name, "sdpa_bwd"))
+        return setup_sdpa_bwd(t, quick, flops, note, note_cap);
     return setup_vit_step(t, name, quick, flops, note, note_cap);
 }
 
 vitc_status bench_train_run(void *state) {
-    return run_vit_step(state);
+    bench_train *t = state;
+    if (t->q)
+        return vitc_sdpa_backward(&t->tq, &t->tk, &t->tv, NULL, VITC_MASK_NONE, 0.0f, t->dout,
+                                  t->dq, t->dk, t->dv);
+    return run_vit_step(t);
 }
 
 void bench_train_free(void *state) {
@@ -123,7 +159,7 @@ void bench_train_free(void *state) {
         return;
     vitc_optimizer_free(t->opt); /* before its model */
     vitc_vit_free(t->vit);
-    float *bufs[] = {t->x, t->logits, t->dlogits, t->q, t->k, t->v, t->o, t->dout, t->dq, t->dk, t->dv};
+    float *bufs[] = {t->x, t->logits, t->dlogits, t->q, t->k, t->v, t->dout, t->dq, t->dk, t->dv};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++)
         free(bufs[i]);
     free(t->y);

@@ -486,6 +486,8 @@ static const bench_workload bench_workloads[] = {
      "[128,1,28,28]", bench_setup_train, bench_run_train, 0, 0, 0, {0, 0, 0, 0}, 128},
     {"train_vit_b16_b8", "ViT-B/16 training step (forward, cross-entropy, backward, AdamW)",
      "[8,3,224,224]", bench_setup_train, bench_run_train, 0, 0, 0, {0, 0, 0, 0}, 8},
+    {"sdpa_bwd", "attention backward: dQ, dK, dV of softmax(Q K^T / sqrt(d)) V",
+     "q,k,v [1,8,4096,64]", bench_setup_train, bench_run_train, 0, 0, 0, {1, 8, 4096, 64}, 0},
 };
 #define BENCH_NW ((int)(sizeof bench_workloads / sizeof bench_workloads[0]))
 
