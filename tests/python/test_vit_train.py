@@ -172,5 +172,99 @@ class TestViTTrainingAPI(unittest.TestCase):
             vitc.VisionTransformer(**self.cfg, dropout=1.0)
 
 
+class SplitMix64:
+    """libvitc's generator (src/rng.h), to rebuild the model's dropout masks."""
+    GAMMA, M1, M2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+    def __init__(self, s):
+        self.s = np.uint64(s)
+
+    def uniform(self, n):
+        k = np.arange(1, n + 1, dtype=np.uint64)
+        with np.errstate(over="ignore"):
+            z = self.s + k * np.uint64(self.GAMMA)
+            self.s = self.s + np.uint64(n) * np.uint64(self.GAMMA)
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(self.M1)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(self.M2)
+            z = z ^ (z >> np.uint64(31))
+        return (z >> np.uint64(40)).astype(np.float64) / 16777216.0
+
+    def keep(self, shape, p):
+        return (self.uniform(int(np.prod(shape))) >= float(np.float32(p))).reshape(shape)
+
+
+class TestViTDropout(unittest.TestCase):
+    cfg = dict(image_size=16, patch_size=4, num_layers=3, num_heads=2, hidden_dim=8,
+               mlp_dim=12, num_classes=3, in_channels=1)
+
+    def test_eval_and_p0_unaffected(self):
+        t = torch_model(self.cfg, 7)
+        plain = vitc_model(self.cfg, t)
+        x = np.random.default_rng(1).standard_normal((4, 1, 16, 16)).astype(np.float32)
+        ref = plain(x)
+        m = vitc_model(dict(self.cfg, dropout=0.3, drop_path=0.4), t)
+        np.testing.assert_array_equal(m.eval()(x), ref)
+        zero = vitc_model(dict(self.cfg, dropout=0.0, drop_path=0.0), t).train()
+        np.testing.assert_array_equal(zero(x), ref)
+        self.assertFalse(np.array_equal(m.train()(x), ref))
+
+    def test_gradients_with_the_same_masks(self):
+        """torch with the masks the model drew (rebuilt from its generator)
+        injected: logits and every gradient agree, so the gradient flows
+        through the kept elements only, scaled as forward scaled them."""
+        p, dp, seed, B = 0.25, 0.5, 11, 5
+        cfg = dict(self.cfg, dropout=p, drop_path=dp, seed=seed)
+        t = torch_model(self.cfg, 8)
+        m = vitc_model(cfg, t).train()
+        x = np.random.default_rng(2).standard_normal((B, 1, 16, 16)).astype(np.float32)
+        N, C, M, depth = 17, self.cfg["hidden_dim"], self.cfg["mlp_dim"], self.cfg["num_layers"]
+        rng = SplitMix64(seed ^ 0xD1B54A32D192ED03)
+        emb = rng.keep((B, N, C), p)
+        blocks = []
+        for l in range(depth):
+            pd = np.float32(dp) * np.float32(l) / np.float32(depth - 1)
+            att = rng.keep((B, N, C), p)
+            dpa = rng.keep((B,), pd) if pd > 0 else np.ones(B, bool)
+            hid = rng.keep((B, N, M), p)
+            out = rng.keep((B, N, C), p)
+            dpm = rng.keep((B,), pd) if pd > 0 else np.ones(B, bool)
+            blocks.append((float(pd), att, dpa, hid, out, dpm))
+
+        def drop(z, keep, q):
+            return z * torch.tensor(keep, dtype=torch.float64) / (1 - q)
+
+        xt = torch.tensor(x, dtype=torch.float64)
+        y = t.conv_proj(xt).reshape(B, C, N - 1).permute(0, 2, 1)
+        y = torch.cat([t.class_token.expand(B, -1, -1), y], dim=1) + t.encoder.pos_embedding
+        y = drop(y, emb, p)
+        for blk, (pd, att, dpa, hid, out, dpm) in zip(t.encoder.layers, blocks):
+            h = blk.ln_1(y)
+            a, _ = blk.self_attention(h, h, h, need_weights=False)
+            a = drop(a, att, p)
+            if pd > 0:
+                a = drop(a, dpa[:, None, None], pd)
+            mid = y + a
+            z = F.gelu(blk.mlp[0](blk.ln_2(mid)))
+            z = blk.mlp[3](drop(z, hid, p))
+            z = drop(z, out, p)
+            if pd > 0:
+                z = drop(z, dpm[:, None, None], pd)
+            y = mid + z
+        logits_t = t.heads(t.encoder.ln(y)[:, 0])
+        logits_t.retain_grad()
+        labels = torch.tensor([0, 2, 1, 1, 0])
+        F.cross_entropy(logits_t, labels, label_smoothing=0.1).backward()
+        logits = m(x)
+        np.testing.assert_allclose(logits, logits_t.detach().numpy(), rtol=1e-4, atol=1e-4)
+        m.backward(logits_t.grad.numpy().astype(np.float32))
+        named = dict(t.named_parameters())
+        for name, g in m.grads().items():
+            ref = named[name].grad.numpy()
+            err = np.abs(g - ref)
+            self.assertTrue((err <= 1e-4 * np.maximum(1.0, np.abs(ref))).all(),
+                            "%s: max error %g" % (name, err.max()))
+        self.assertTrue(any(not b[2].all() or not b[5].all() for b in blocks))  # a path dropped
+
+
 if __name__ == "__main__":
     unittest.main()
