@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "../kernels/kernels.h"
+#include "../rng.h"
 #include "../train/train.h"
 #include "vit_internal.h"
 
@@ -35,6 +36,7 @@ void vitc_vit_free(vitc_vit *m) {
     free(m->label_text);
     vitc__buf_free(&m->act);
     vitc__buf_free(&m->bwd);
+    vitc__buf_free(&m->masks);
     vitc__buf_free(&m->pos_buf);
     vitc__buf_free(&m->probs_buf);
     vitc__buf_free(&m->roll_buf);
@@ -276,6 +278,40 @@ vitc__sdpa_desc vitc__vit_attention(const vitc_vit *m, const float *qkv, float *
     return sd;
 }
 
+/* timm's stochastic depth rule: rates rising linearly from 0 at the first
+ * block to drop_path at the last (torch.linspace(0, drop_path, depth)). */
+float vitc__vit_drop_path_rate(const vitc_vit *m, int l) {
+    int d = m->cfg.depth;
+    return d > 1 ? m->drop_path * (float)l / (float)(d - 1) : 0.0f;
+}
+
+/* A residual branch's regularisation, in place on x [B, N, C]:
+ * dropout(p = m->dropout), then drop path of the sample. Linear and
+ * diagonal in x, so backward applies the same to the gradient. */
+void vitc__vit_branch(const vitc_vit *m, int l, float *x, const uint8_t *keep,
+                      const uint8_t *dp_keep) {
+    int64_t B = m->a.B, NC = m->a.N * m->cfg.hidden_dim;
+    float pd = vitc__vit_drop_path_rate(m, l);
+    if (m->dropout > 0.0f)
+        vitc__dropout_apply(x, x, keep, B * NC, m->dropout);
+    if (pd > 0.0f)
+        vitc__drop_path_apply(x, x, dp_keep, B, NC, pd, 0);
+}
+
+static void vit_branch_forward(vitc_vit *m, int l, float *x, uint8_t *keep, uint8_t *dp_keep) {
+    int64_t B = m->a.B, NC = m->a.N * m->cfg.hidden_dim;
+    float pd = vitc__vit_drop_path_rate(m, l);
+    if (m->dropout > 0.0f)
+        vitc__dropout_mask(keep, B * NC, m->dropout, &m->rng);
+    if (pd > 0.0f)
+        vitc__dropout_mask(dp_keep, B, pd, &m->rng);
+    vitc__vit_branch(m, l, x, keep, dp_keep);
+}
+
+static void vit_add(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
 /* One encoder block l on m->a (torchvision's EncoderBlock):
  *   mid = x + out_proj(MHA(ln_1(x)));  out = mid + fc2(gelu(fc1(ln_2(mid))))
  * cls_only: queries, out_proj, LayerNorm and MLP only for the class token
@@ -307,13 +343,30 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     sd.lse_sb = c->num_heads * N;
     sd.lse_sh = N;
     VITC_TRY(vitc__sdpa(&sd));
-    vitc__linear(mid, C, att, rs * C, w->proj_w, w->proj_b, x, rs * C, R, C, C);
+    vitc__vit_mask k = vitc__vit_block_mask(m, l); /* training with regularisation */
+    if (k.att) { /* the branch alone, regularised, then the residual */
+        vitc__linear(mid, C, att, C, w->proj_w, w->proj_b, NULL, 0, R, C, C);
+        vit_branch_forward(m, l, mid, k.att, k.dp_att);
+        vit_add(mid, x, R * C);
+    } else {
+        vitc__linear(mid, C, att, rs * C, w->proj_w, w->proj_b, x, rs * C, R, C, C);
+    }
     vitc__layernorm(ln2, mid, w->ln2_w, w->ln2_b, R, C, c->norm_eps);
     vitc__linear(hpre, M, ln2, C, w->fc1_w, w->fc1_b, NULL, 0, R, M, C);
     if (hact != hpre) /* training keeps GELU's input for backward */
         memcpy(hact, hpre, (size_t)(R * M) * sizeof(float));
     vitc__gelu(hact, R * M);
-    vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, mid, C, R, C, M);
+    if (k.hid && m->dropout > 0.0f) { /* MLPBlock's Dropout after the GELU */
+        vitc__dropout_mask(k.hid, R * M, m->dropout, &m->rng);
+        vitc__dropout_apply(hact, hact, k.hid, R * M, m->dropout);
+    }
+    if (k.out) {
+        vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, NULL, 0, R, C, M);
+        vit_branch_forward(m, l, y, k.out, k.dp_mlp);
+        vit_add(y, mid, R * C);
+    } else {
+        vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, mid, C, R, C, M);
+    }
     if (out)
         *out = y;
     return VITC_OK;
@@ -342,6 +395,20 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     VITC_TRY(vit_activations(m, B, P, record));
     VITC_TRY(vit_position_embedding(m, gh, gw));
     const vitc__vit_acts *a = &m->a;
+    m->mask_stride = 0;
+    if (record && (m->dropout > 0.0f || m->drop_path > 0.0f)) {
+        /* Keep masks, bytes: the embedding's, then per block (vitc__vit_mask). */
+        size_t BNC, BNM, per = 0, total = 0;
+        int ok = vitc__mul_size((size_t)(B * N), (size_t)C, &BNC) &&
+                 vitc__mul_size((size_t)(B * N), (size_t)c->mlp_dim, &BNM) &&
+                 vitc__add_size(2 * BNC, BNM, &per) && vitc__add_size(per, 2 * (size_t)B, &per) &&
+                 vitc__mul_size(per, (size_t)c->depth, &total) &&
+                 vitc__add_size(total, BNC + 3, &total);
+        if (!ok)
+            return vitc__err(VITC_ERR_NOMEM, "ViT dropout masks overflow");
+        VITC_TRY(vitc__buf_reserve(&m->masks, total / 4 + 1));
+        m->mask_stride = per;
+    }
 
     size_t per_layer = 0, roll = 0;
     if (attn || rollout) {
@@ -373,6 +440,12 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
             float *dst = xb + (t + 1) * C;
             for (int64_t j = 0; j < C; j++) dst[j] = src[j] + pos[(t + 1) * C + j];
         }
+    }
+
+    uint8_t *emb = vitc__vit_emb_mask(m); /* Encoder's dropout(input + pos) */
+    if (emb && m->dropout > 0.0f) {
+        vitc__dropout_mask(emb, B * N * C, m->dropout, &m->rng);
+        vitc__dropout_apply(vitc__va(a, 0, VA_X), vitc__va(a, 0, VA_X), emb, B * N * C, m->dropout);
     }
 
     /* Inference logits need only the class tokens out of the last block;

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "../kernels/kernels.h"
+#include "../rng.h"
 #include "vit_internal.h"
 
 /* Scratch of one backward, carved from m->bwd. */
@@ -60,10 +61,15 @@ static vitc_status vit_block_backward(vitc_vit *m, int l, vit_bwd *s) {
     const float *hact = vitc__va(a, l, VA_HACT);
     float *att = vitc__va(a, l, VA_ATT), *lse = vitc__va(a, l, VA_LSE);
 
+    vitc__vit_mask k = vitc__vit_block_mask(m, l);
     /* y = mid + fc2(h): dmid = g + ln_2's share, dh = g W2. */
     memcpy(s->gmid, s->g, (size_t)(BN * C) * sizeof(float));
+    if (k.out)
+        vitc__vit_branch(m, l, s->g, k.out, k.dp_mlp);
     vitc__linear_backward(s->dh, M, 0.0f, gw->fc2_w, gw->fc2_b, s->g, C, hact, M, w->fc2_w, BN, C,
                           M);
+    if (k.hid && m->dropout > 0.0f)
+        vitc__dropout_apply(s->dh, s->dh, k.hid, BN * M, m->dropout);
     vitc__gelu_backward(s->dh, s->dh, hpre, BN * M);
     vitc__linear_backward(s->dln, C, 0.0f, gw->fc1_w, gw->fc1_b, s->dh, M, ln2, C, w->fc1_w, BN,
                           M, C);
@@ -71,6 +77,8 @@ static vitc_status vit_block_backward(vitc_vit *m, int l, vit_bwd *s) {
                              c->norm_eps, s->stats);
     /* mid = x + out_proj(att): dx = dmid + ln_1's share. */
     memcpy(s->g, s->gmid, (size_t)(BN * C) * sizeof(float));
+    if (k.att)
+        vitc__vit_branch(m, l, s->gmid, k.att, k.dp_att);
     vitc__linear_backward(s->datt, C, 0.0f, gw->proj_w, gw->proj_b, s->gmid, C, att, C, w->proj_w,
                           BN, C, C);
     vitc__sdpa_bwd_desc bd = {.f = vitc__vit_attention(m, qkv, att, B, N, N)};
@@ -121,6 +129,9 @@ vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits) {
 
     for (int l = c->depth - 1; l >= 0; l--) VITC_TRY(vit_block_backward(m, l, &s));
 
+    uint8_t *emb = vitc__vit_emb_mask(m);
+    if (emb && m->dropout > 0.0f)
+        vitc__dropout_apply(s.g, s.g, emb, B * N * C, m->dropout);
     /* x_0 = cat(cls, proj) + pos: sum over the batch for the shared ones. */
     memset(s.dpos, 0, (size_t)(N * C) * sizeof(float));
     for (int64_t b = 0; b < B; b++)
