@@ -27,6 +27,7 @@ def _paths():
     return got
 
 
+@torch.enable_grad()  # other test modules turn autograd off globally
 def torch_sdpa_grads(q, k, v, dout, mask=None, scale=None):
     q, k, v = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, k, v))
     s = (q @ k.transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
@@ -113,8 +114,9 @@ class TestSoftmaxBackward(unittest.TestCase):
         x = rng.uniform(-4, 4, shape).astype(np.float32)
         dy = rng.uniform(-1, 1, shape).astype(np.float32)
         xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
-        yt = torch.softmax(xt / t, dim)
-        yt.backward(torch.tensor(dy, dtype=torch.float64))
+        with torch.enable_grad():  # other test modules turn autograd off globally
+            yt = torch.softmax(xt / t, dim)
+            yt.backward(torch.tensor(dy, dtype=torch.float64))
         y = vitc.softmax(x, dim=dim, temperature=t)
         for arch in _paths():
             vitc._lib.vitc_set_arch(arch.encode())
