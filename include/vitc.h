@@ -209,6 +209,29 @@ VITC_API vitc_status vitc_layer_output_shape(const vitc_layer *layer, int ndim,
 VITC_API vitc_status vitc_layer_forward(vitc_layer *layer, const float *x, int ndim,
                                         const int64_t *shape, float *out);
 
+/* ---- Training: layer backward (issue 8, tr-layers) ---------------- */
+
+/* Backward of the last training-mode vitc_layer_forward: dy has the
+ * forward's output shape (ndim, shape), dx receives the input gradient
+ * (the forward's input shape, overwritten), and every parameter's gradient
+ * accumulates (+=) into the layer's gradients, as torch's .grad does, until
+ * vitc_layer_zero_grad. Errors: no training-mode forward recorded since the
+ * last eval-mode or failed one; dy of another shape; MultiheadAttention
+ * (use vitc_mha_backward). Backward does not consume the record: calling it
+ * twice accumulates twice. */
+VITC_API vitc_status vitc_layer_backward(vitc_layer *layer, const float *dy, int ndim,
+                                         const int64_t *shape, float *dx);
+/* Sets every gradient to 0 (optimizer.zero_grad(set_to_none=False)). */
+VITC_API vitc_status vitc_layer_zero_grad(vitc_layer *layer);
+/* The gradient of a parameter by torch key name (or alias), shaped like it:
+ * zeros until a backward. Buffers (running_mean, running_var) have none
+ * (VITC_ERR_KEY). grad points into the layer and stays valid until it is
+ * freed. */
+VITC_API vitc_status vitc_layer_grad(vitc_layer *layer, const char *name, int *ndim,
+                                     const int64_t **shape, float **grad);
+
+/* ---- end of tr-layers' training block ------------------------------ */
+
 /* Mask element types for MHA and SDPA. */
 typedef enum vitc_mask_type {
     VITC_MASK_NONE = 0,

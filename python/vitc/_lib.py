@@ -66,3 +66,9 @@ def fptr(a):
 
 def shape_arr(shape):
     return (ctypes.c_int64 * max(1, len(shape)))(*[int(s) for s in shape])
+
+# Training: layer backward (tr-layers). vitc_layer* handles are void pointers.
+lib.vitc_layer_backward.argtypes = [ctypes.c_void_p, c_float_p, ctypes.c_int, c_int64_p, c_float_p]
+lib.vitc_layer_zero_grad.argtypes = [ctypes.c_void_p]
+lib.vitc_layer_grad.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int),
+                                ctypes.POINTER(c_int64_p), ctypes.POINTER(c_float_p)]

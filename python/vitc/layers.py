@@ -198,7 +198,38 @@ class _Layer:
         check(lib.vitc_layer_forward(self._ptr, fptr(x), x.ndim, shp, fptr(out)))
         if self._norm_prefix and self.training:
             self.num_batches_tracked += 1
+        self._in_shape = x.shape if self.training else None
         return out
+
+    # -- training -------------------------------------------------------
+    def backward(self, dy):
+        """Gradient of the last training-mode forward: returns dx (the input's
+        shape) and accumulates every parameter's gradient (see grads())."""
+        dy = _arr(dy)
+        shape = getattr(self, "_in_shape", None)
+        if shape is None:
+            raise VitcError(-1, "%s.backward: no training-mode forward recorded (call train() "
+                                "and forward first)" % type(self).__name__)
+        dx = np.empty(shape, dtype=np.float32)
+        check(lib.vitc_layer_backward(self._ptr, fptr(dy), dy.ndim, shape_arr(dy.shape), fptr(dx)))
+        return dx
+
+    def grads(self):
+        """Accumulated gradients (copies) under the torch key names; buffers have none."""
+        out = {}
+        ndim, shape, data = ctypes.c_int(), _i64p(), _fp()
+        for k, _ in self._params():
+            if k.endswith("running_mean") or k.endswith("running_var"):
+                continue
+            check(lib.vitc_layer_grad(self._ptr, k.encode(), ctypes.byref(ndim), ctypes.byref(shape),
+                                      ctypes.byref(data)))
+            shp = tuple(shape[j] for j in range(ndim.value))
+            n = int(np.prod(shp, dtype=np.int64))
+            out[k] = np.ctypeslib.as_array(data, shape=(max(n, 1),))[:n].reshape(shp).copy()
+        return out
+
+    def zero_grad(self):
+        check(lib.vitc_layer_zero_grad(self._ptr))
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)

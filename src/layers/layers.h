@@ -60,6 +60,23 @@ typedef struct vitc__plan {
     float scale;
 } vitc__plan;
 
+/* Where a training forward left its activations in the layer's scratch
+ * (float offsets), and the shapes it ran on. valid = 0 after an eval-mode
+ * forward, a failed one, or a parameter reload. */
+typedef struct vitc__record {
+    int valid;
+    int ndim, out_ndim;
+    int64_t shape[4], out_shape[4];
+    size_t o_x;    /* [B, C, HW] copy of the input (norm presets) */
+    size_t o_norm; /* [B, C, HW] normalised image */
+    size_t o_cols; /* [M, C*p*p] patch rows */
+    size_t o_tok;  /* [M, cin] tokens */
+    size_t o_qkv;  /* [M, 2dq+dv] */
+    size_t o_o;    /* [M, dv] attention output */
+    size_t o_y;    /* [M, cout] out-projection before the residual */
+    size_t o_stat; /* [2, C] BatchNorm batch mean, biased variance */
+} vitc__record;
+
 struct vitc_layer {
     vitc_layer_config cfg;
     vitc__plan plan;
@@ -78,6 +95,11 @@ struct vitc_layer {
     float *run_mean, *run_var;          /* [C] */
     float *gamma;                       /* [1] */
     vitc__buf scratch; /* sized by the largest forward so far, then reused */
+    /* Training: what the last training-mode forward left in scratch for
+     * backward (engine_backward.c), and the gradients. */
+    vitc__record rec;
+    float *grad;        /* [store_len] store's layout; NULL until the first backward */
+    vitc__buf bscratch; /* backward's own scratch */
 };
 
 /* "[2, 3]" of a table row, for messages. */
@@ -89,5 +111,28 @@ vitc_status vitc__mha_self_forward(vitc_layer *l, const float *x, int ndim, cons
                                    float *out);
 vitc_status vitc__mha_check_shape(const vitc_layer *l, int ndim, const int64_t *shape,
                                   int *out_ndim, int64_t out_shape[8]);
+
+/* Scratch carve-out: consecutive 64-byte aligned regions of one buffer,
+ * sizes checked (ok = 0 once any size overflows). */
+typedef struct vitc__carve { size_t used; int ok; } vitc__carve;
+static inline size_t vitc__take(vitc__carve *c, size_t a, size_t b) {
+    size_t n, at = c->used;
+    if (!vitc__mul_size(a, b, &n) || !vitc__add_size(n, 15, &n))
+        c->ok = 0;
+    n &= ~(size_t)15;
+    if (!vitc__add_size(c->used, n, &c->used))
+        c->ok = 0;
+    return at;
+}
+
+/* The engine's attention views of a packed qkv [B, N, 2dq+dv] and o
+ * [B, N, dv] in the plan's head layout (forward; backward passes the
+ * gradient buffers, which share the layout). */
+void vitc__engine_sdpa_desc(const vitc__plan *p, vitc__sdpa_desc *sd, float *qkv, float *o,
+                            int64_t B, int64_t N);
+
+/* The engine's backward (engine_backward.c): reads l->rec, writes dx,
+ * accumulates into l->grad. */
+vitc_status vitc__engine_backward(vitc_layer *l, const float *dy, float *dx);
 
 #endif
