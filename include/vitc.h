@@ -340,6 +340,32 @@ VITC_API vitc_status vitc_vit_forward(vitc_vit *m, const float *images, int B, i
 VITC_API vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int H,
                                              int W, float *attn, float *rollout);
 
+/* ---- ViT training (issue 8, tr-core) ------------------------------- */
+
+/* A new model of cfg with torchvision's VisionTransformer.__init__
+ * initialisation drawn from seed; its norm_eps/mean/std are taken as given
+ * (vitc_vit_default_config fills torchvision's). */
+VITC_API vitc_vit_config vitc_vit_default_config(void);
+VITC_API vitc_status vitc_vit_create(const vitc_vit_config *cfg, uint64_t seed, vitc_vit **out);
+/* In training mode vitc_vit_forward records what vitc_vit_backward needs
+ * (and applies dropout / drop path); eval mode (the default) records nothing. */
+VITC_API void vitc_vit_set_training(vitc_vit *m, int training);
+VITC_API int vitc_vit_is_training(const vitc_vit *m);
+/* Gradients of the last training forward for dlogits [B, num_classes],
+ * accumulated (+=) into the gradients, as torch does. */
+VITC_API vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits);
+VITC_API vitc_status vitc_vit_zero_grad(vitc_vit *m);
+/* Parameter i (state_dict order): torch name, shape, data, and its gradient
+ * (NULL until a backward or zero_grad allocated the gradients). */
+VITC_API int vitc_vit_num_params(const vitc_vit *m);
+VITC_API vitc_status vitc_vit_param(vitc_vit *m, int i, const char **name, int *ndim,
+                                    const int64_t **shape, float **data, float **grad);
+/* Index of the parameter called name, or -1. */
+VITC_API int vitc_vit_find_param(const vitc_vit *m, const char *name);
+/* Save as safetensors under the model's names with vitc.config metadata. */
+VITC_API vitc_status vitc_vit_save(const vitc_vit *m, const char *path);
+/* ---- end ViT training ---------------------------------------------- */
+
 #ifdef __cplusplus
 }
 #endif

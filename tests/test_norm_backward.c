@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/ops_backward.h"
+#include "kernels/ops_layers_backward.h"
 #include "kernels/ops_layers.h"
 
 static const char *archs[] = {"generic", "avx2", "avx512"};

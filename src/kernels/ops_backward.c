@@ -1,252 +1,179 @@
 /*
- * ops_backward.c — backward of the norms and data moves of ops_layers.c and
- * ops.c that the attention layers train through: GroupNorm, BatchNorm2d
- * (batch or running statistics), the patch scatter and bias column sums.
+ * ops_backward.c — the backward of the row ops and of nn.Linear, each a
+ * scalar reference beside the dispatching version. Parameter gradients
+ * accumulate (+=), so a second backward before zero_grad adds, as in torch.
  *
- * For a group of n values normalised as xh = (x - mean) * rstd and scaled
- * per channel by w, with g = dy * w:
- *
- *   dx = rstd * (g - mean(g) - xh * mean(g * xh))   (statistics of the batch)
- *   dx = rstd * g                                   (statistics held fixed)
- *   dw += sum(dy * xh),  db += sum(dy)
- *
- * Sums run in double (a group spans up to B*HW values). The threaded
- * versions run the same per-group function over the pool; the _ref ones run
- * it in order on one thread, so the two agree bit for bit.
+ * LayerNorm recomputes each row's mean and rstd from its input instead of
+ * the forward saving them: two extra reads of a row that backward reads
+ * anyway, and the forward kernels stay as they are for inference.
  */
 #include <math.h>
-#include <stdlib.h>
+#include <string.h>
 
-#include "ops_backward.h"
+#include "kernels.h"
 
-/* ---- GroupNorm ------------------------------------------------------- */
+/* ---- nn.Linear ---------------------------------------------------- */
 
-typedef struct gn_bwd {
-    float *dx, *dw, *db;
-    const float *dy, *x, *w;
-    double *stat; /* [B*G, 2] mean, rstd */
-    int64_t B, C, HW, G;
-    float eps;
-} gn_bwd;
-
-/* dx of groups [r0, r1) (r = b*G + g); records each group's statistics. */
-static void gn_dx_groups(void *ctx, int64_t r0, int64_t r1, int tid) {
-    const gn_bwd *t = ctx;
-    int64_t cg = t->C / t->G, n = cg * t->HW;
-    (void)tid;
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t g = r % t->G;
-        const float *x = t->x + r * n, *dy = t->dy + r * n; // [cg, HW]
-        float *dx = t->dx + r * n;                          // [cg, HW]
-        double mean = 0.0, var = 0.0;
-        for (int64_t i = 0; i < n; i++) mean += x[i];
-        mean /= (double)n;
-        for (int64_t i = 0; i < n; i++) var += (x[i] - mean) * (x[i] - mean);
-        double rstd = 1.0 / sqrt(var / (double)n + t->eps);
-        double sg = 0.0, sgx = 0.0;
-        for (int64_t c = 0; c < cg; c++) {
-            double wc = t->w[g * cg + c];
-            for (int64_t i = c * t->HW; i < (c + 1) * t->HW; i++) {
-                sg += dy[i] * wc;
-                sgx += dy[i] * wc * (x[i] - mean) * rstd;
-            }
-        }
-        sg /= (double)n;
-        sgx /= (double)n;
-        for (int64_t c = 0; c < cg; c++) {
-            double wc = t->w[g * cg + c];
-            for (int64_t i = c * t->HW; i < (c + 1) * t->HW; i++)
-                dx[i] = (float)(rstd * (dy[i] * wc - sg - (x[i] - mean) * rstd * sgx));
-        }
-        t->stat[2 * r] = mean;
-        t->stat[2 * r + 1] = rstd;
-    }
+static void linear_bias_ref(float *db, const float *dy, int64_t lddy, int64_t M, int64_t N) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) db[j] += dy[i * lddy + j];
 }
 
-/* dw, db of channels [c0, c1): a sum over the batch, so one task per channel. */
-static void gn_dw_channels(void *ctx, int64_t c0, int64_t c1, int tid) {
-    const gn_bwd *t = ctx;
-    int64_t cg = t->C / t->G;
-    (void)tid;
-    for (int64_t c = c0; c < c1; c++) {
-        double sw = 0.0, sb = 0.0;
-        for (int64_t b = 0; b < t->B; b++) {
-            const double *st = t->stat + 2 * (b * t->G + c / cg);
-            const float *x = t->x + (b * t->C + c) * t->HW, *dy = t->dy + (b * t->C + c) * t->HW;
-            for (int64_t i = 0; i < t->HW; i++) {
-                sw += dy[i] * (x[i] - st[0]) * st[1];
-                sb += dy[i];
-            }
-        }
-        if (t->dw) t->dw[c] += (float)sw;
-        if (t->db) t->db[c] += (float)sb;
-    }
-}
-
-static void gn_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
-                        const float *w, int64_t B, int64_t C, int64_t HW, int64_t G, float eps,
-                        int threaded) {
-    if (B <= 0 || C <= 0 || HW <= 0 || G <= 0 || C % G != 0) return;
-    double one[2];
-    size_t n = (size_t)B * (size_t)G;
-    double *stat = n == 1 ? one : malloc(n * 2 * sizeof(double));
-    if (!stat) { /* no memory: one group at a time, statistics recomputed per channel pass */
-        gn_bwd t = {dx, NULL, NULL, dy, x, w, one, 1, C, HW, G, eps};
-        for (int64_t b = 0; b < B; b++) {
-            t.dx = dx + b * C * HW;
-            t.dy = dy + b * C * HW;
-            t.x = x + b * C * HW;
-            t.dw = dw;
-            t.db = db;
-            for (int64_t g = 0; g < G; g++) {
-                gn_bwd u = t;
-                u.dx += g * (C / G) * HW;
-                u.dy += g * (C / G) * HW;
-                u.x += g * (C / G) * HW;
-                u.G = 1;
-                u.C = C / G;
-                u.w = w + g * (C / G);
-                u.dw = dw ? dw + g * (C / G) : NULL;
-                u.db = db ? db + g * (C / G) : NULL;
-                gn_dx_groups(&u, 0, 1, 0);
-                gn_dw_channels(&u, 0, u.C, 0);
-            }
-        }
-        return;
-    }
-    gn_bwd t = {dx, dw, db, dy, x, w, stat, B, C, HW, G, eps};
-    if (threaded) {
-        vitc__parallel_range(B * G, gn_dx_groups, &t);
-        if (dw || db) vitc__parallel_range(C, gn_dw_channels, &t);
-    } else {
-        gn_dx_groups(&t, 0, B * G, 0);
-        if (dw || db) gn_dw_channels(&t, 0, C, 0);
-    }
-    if (stat != one) free(stat);
-}
-
-void vitc__groupnorm_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
-                              const float *w, int64_t B, int64_t C, int64_t HW, int64_t G,
-                              float eps) {
-    gn_backward(dx, dw, db, dy, x, w, B, C, HW, G, eps, 1);
-}
-
-void vitc__groupnorm_backward_ref(float *dx, float *dw, float *db, const float *dy,
-                                  const float *x, const float *w, int64_t B, int64_t C,
-                                  int64_t HW, int64_t G, float eps) {
-    gn_backward(dx, dw, db, dy, x, w, B, C, HW, G, eps, 0);
-}
-
-/* ---- BatchNorm2d ----------------------------------------------------- */
-
-typedef struct bn_bwd {
-    float *dx, *dw, *db;
-    const float *dy, *x, *mean, *var, *w;
-    float eps;
-    int training;
-    int64_t B, C, HW;
-} bn_bwd;
-
-/* Everything of channels [c0, c1): each channel's values span the batch. */
-static void bn_channels(void *ctx, int64_t c0, int64_t c1, int tid) {
-    const bn_bwd *t = ctx;
-    double n = (double)t->B * (double)t->HW;
-    (void)tid;
-    for (int64_t c = c0; c < c1; c++) {
-        double m = t->mean[c], wc = t->w[c];
-        /* The forward's own rounding of rstd (vitc__batchnorm_apply). */
-        double rstd = 1.0f / sqrtf(t->var[c] + t->eps);
-        double sdy = 0.0, sdyx = 0.0;
-        for (int64_t b = 0; b < t->B; b++) {
-            const float *x = t->x + (b * t->C + c) * t->HW, *dy = t->dy + (b * t->C + c) * t->HW;
-            for (int64_t i = 0; i < t->HW; i++) {
-                sdy += dy[i];
-                sdyx += dy[i] * (x[i] - m) * rstd;
-            }
-        }
-        double kg = t->training ? wc * sdy / n : 0.0, kx = t->training ? wc * sdyx / n : 0.0;
-        for (int64_t b = 0; b < t->B; b++) {
-            const float *x = t->x + (b * t->C + c) * t->HW, *dy = t->dy + (b * t->C + c) * t->HW;
-            float *dx = t->dx + (b * t->C + c) * t->HW;
-            for (int64_t i = 0; i < t->HW; i++)
-                dx[i] = (float)(rstd * (dy[i] * wc - kg - (x[i] - m) * rstd * kx));
-        }
-        if (t->dw) t->dw[c] += (float)sdyx;
-        if (t->db) t->db[c] += (float)sdy;
-    }
-}
-
-void vitc__batchnorm_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
-                              const float *mean, const float *var, const float *w, float eps,
-                              int training, int64_t B, int64_t C, int64_t HW) {
-    bn_bwd t = {dx, dw, db, dy, x, mean, var, w, eps, training, B, C, HW};
-    vitc__parallel_range(C, bn_channels, &t);
-}
-
-void vitc__batchnorm_backward_ref(float *dx, float *dw, float *db, const float *dy,
-                                  const float *x, const float *mean, const float *var,
-                                  const float *w, float eps, int training, int64_t B, int64_t C,
-                                  int64_t HW) {
-    bn_bwd t = {dx, dw, db, dy, x, mean, var, w, eps, training, B, C, HW};
-    bn_channels(&t, 0, C, 0);
-}
-
-/* ---- patch scatter and bias sums -------------------------------------- */
-
-typedef struct unpatch_ctx {
-    float *dx;
-    const float *dcols;
-    int64_t C, H, W, p, nh, nw;
-} unpatch_ctx;
-
-/* One task per row of patches (b, i), the mirror of patchify_rows. */
-static void unpatchify_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
-    const unpatch_ctx *t = ctx;
-    int64_t p = t->p, K = t->C * p * p;
-    (void)tid;
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t b = r / t->nh, i = r % t->nh;
-        for (int64_t j = 0; j < t->nw; j++) {
-            const float *row = t->dcols + (r * t->nw + j) * K;
-            for (int64_t c = 0; c < t->C; c++)
-                for (int64_t ki = 0; ki < p; ki++) {
-                    float *dst = t->dx + ((b * t->C + c) * t->H + i * p + ki) * t->W + j * p;
-                    const float *src = row + (c * p + ki) * p;
-                    for (int64_t kj = 0; kj < p; kj++) dst[kj] = src[kj];
-                }
-        }
-    }
-}
-
-void vitc__unpatchify(float *dx, const float *dcols, int64_t B, int64_t C, int64_t H, int64_t W,
-                      int64_t p) {
-    unpatch_ctx t = {dx, dcols, C, H, W, p, H / p, W / p};
-    vitc__parallel_range(B * t.nh, unpatchify_rows, &t);
+void vitc__linear_backward_ref(float *dx, int64_t lddx, float dx_beta, float *dW, float *db,
+                               const float *dy, int64_t lddy, const float *x, int64_t ldx,
+                               const float *W, int64_t M, int64_t N, int64_t K) {
+    if (dx)
+        vitc__gemm_ref(0, 0, M, K, N, 1.0f, dy, lddy, W, K, dx_beta, dx, lddx);
+    if (dW)
+        vitc__gemm_ref(1, 0, N, K, M, 1.0f, dy, lddy, x, ldx, 1.0f, dW, K);
+    if (db)
+        linear_bias_ref(db, dy, lddy, M, N);
 }
 
 typedef struct colsum_ctx {
     float *db;
     const float *dy;
-    int64_t ldy, M, N;
+    int64_t lddy, M, N;
 } colsum_ctx;
 
-#define COLSUM_BLOCK 64
-static void colsum_blocks(void *ctx, int64_t k0, int64_t k1, int tid) {
-    const colsum_ctx *t = ctx;
-    double acc[COLSUM_BLOCK];
+#define COLS 64 /* columns per task: one row's slice stays in a few lines */
+
+static void colsum_part(void *c, int64_t t0, int64_t t1, int tid) {
+    const colsum_ctx *k = c;
     (void)tid;
-    for (int64_t k = k0; k < k1; k++) {
-        int64_t n0 = k * COLSUM_BLOCK, nn = t->N - n0 < COLSUM_BLOCK ? t->N - n0 : COLSUM_BLOCK;
-        for (int64_t j = 0; j < nn; j++) acc[j] = 0.0;
-        for (int64_t m = 0; m < t->M; m++) {
-            const float *row = t->dy + m * t->ldy + n0;
-            for (int64_t j = 0; j < nn; j++) acc[j] += row[j];
-        }
-        for (int64_t j = 0; j < nn; j++) t->db[n0 + j] += (float)acc[j];
+    int64_t j0 = t0 * COLS, j1 = t1 * COLS < k->N ? t1 * COLS : k->N;
+    for (int64_t i = 0; i < k->M; i++) {
+        const float *r = k->dy + i * k->lddy;
+        for (int64_t j = j0; j < j1; j++) k->db[j] += r[j];
     }
 }
 
-void vitc__colsum_add(float *db, const float *dy, int64_t ldy, int64_t M, int64_t N) {
-    colsum_ctx t = {db, dy, ldy, M, N};
-    vitc__parallel_range((N + COLSUM_BLOCK - 1) / COLSUM_BLOCK, colsum_blocks, &t);
+void vitc__linear_backward(float *dx, int64_t lddx, float dx_beta, float *dW, float *db,
+                           const float *dy, int64_t lddy, const float *x, int64_t ldx,
+                           const float *W, int64_t M, int64_t N, int64_t K) {
+    if (dx)
+        vitc__gemm(0, 0, M, K, N, 1.0f, dy, lddy, W, K, dx_beta, dx, lddx);
+    if (dW)
+        vitc__gemm(1, 0, N, K, M, 1.0f, dy, lddy, x, ldx, 1.0f, dW, K);
+    if (db) {
+        colsum_ctx k = {db, dy, lddy, M, N};
+        vitc__parallel_range((N + COLS - 1) / COLS, colsum_part, &k);
+    }
+}
+
+/* ---- LayerNorm ---------------------------------------------------- */
+
+/* Mean and rstd of a row exactly as vitc__layernorm_ref computes them. */
+static void ln_stats(const float *xr, int64_t C, float eps, float *mean, float *rstd) {
+    double mu = 0.0, var = 0.0;
+    for (int64_t c = 0; c < C; c++) mu += xr[c];
+    mu /= (double)C;
+    for (int64_t c = 0; c < C; c++) {
+        double t = xr[c] - mu;
+        var += t * t;
+    }
+    var /= (double)C;
+    *mean = (float)mu;
+    *rstd = (float)(1.0 / sqrt(var + eps));
+}
+
+/* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w. */
+static void ln_row_dx(float *dx, const float *dy, const float *xr, const float *w, int64_t C,
+                      float mean, float rstd) {
+    float sg = 0.0f, sgx = 0.0f;
+    for (int64_t c = 0; c < C; c++) {
+        float g = dy[c] * w[c], xh = (xr[c] - mean) * rstd;
+        sg += g;
+        sgx += g * xh;
+    }
+    float mg = sg / (float)C, mgx = sgx / (float)C;
+    for (int64_t c = 0; c < C; c++) {
+        float xh = (xr[c] - mean) * rstd;
+        dx[c] += rstd * (dy[c] * w[c] - mg - xh * mgx);
+    }
+}
+
+void vitc__layernorm_backward_ref(float *dx, float *dw, float *db, const float *dy,
+                                  const float *x, const float *w, int64_t M, int64_t C, float eps) {
+    for (int64_t i = 0; i < M; i++) {
+        float mean, rstd;
+        ln_stats(x + i * C, C, eps, &mean, &rstd);
+        for (int64_t c = 0; c < C; c++) {
+            dw[c] += dy[i * C + c] * (x[i * C + c] - mean) * rstd;
+            db[c] += dy[i * C + c];
+        }
+        ln_row_dx(dx + i * C, dy + i * C, x + i * C, w, C, mean, rstd);
+    }
+}
+
+typedef struct ln_bwd_ctx {
+    float *dx, *dw, *db, *stats;
+    const float *dy, *x, *w;
+    int64_t M, C;
+    float eps;
+} ln_bwd_ctx;
+
+static void ln_bwd_rows(void *c, int64_t r0, int64_t r1, int tid) {
+    const ln_bwd_ctx *k = c;
+    (void)tid;
+    for (int64_t i = r0; i < r1; i++) {
+        float *st = k->stats + 2 * i;
+        ln_stats(k->x + i * k->C, k->C, k->eps, &st[0], &st[1]);
+        ln_row_dx(k->dx + i * k->C, k->dy + i * k->C, k->x + i * k->C, k->w, k->C, st[0], st[1]);
+    }
+}
+
+/* dw, db: column sums over the rows, split by column blocks so no two
+ * threads write one gradient. */
+static void ln_bwd_cols(void *c, int64_t t0, int64_t t1, int tid) {
+    const ln_bwd_ctx *k = c;
+    (void)tid;
+    int64_t j0 = t0 * COLS, j1 = t1 * COLS < k->C ? t1 * COLS : k->C;
+    for (int64_t i = 0; i < k->M; i++) {
+        const float *dy = k->dy + i * k->C, *xr = k->x + i * k->C;
+        float mean = k->stats[2 * i], rstd = k->stats[2 * i + 1];
+        for (int64_t j = j0; j < j1; j++) {
+            k->dw[j] += dy[j] * (xr[j] - mean) * rstd;
+            k->db[j] += dy[j];
+        }
+    }
+}
+
+void vitc__layernorm_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                              const float *w, int64_t M, int64_t C, float eps, float *stats) {
+    ln_bwd_ctx k = {dx, dw, db, stats, dy, x, w, M, C, eps};
+    vitc__parallel_range(M, ln_bwd_rows, &k);
+    vitc__parallel_range((C + COLS - 1) / COLS, ln_bwd_cols, &k);
+}
+
+/* ---- GELU (erf) --------------------------------------------------- */
+
+/* d/dx x * Phi(x) = Phi(x) + x * phi(x). */
+void vitc__gelu_backward_ref(float *dx, const float *dy, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+        float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+        dx[i] = dy[i] * (cdf + v * pdf);
+    }
+}
+
+typedef struct gelu_bwd_ctx {
+    float *dx;
+    const float *dy, *x;
+    int64_t n;
+} gelu_bwd_ctx;
+
+#define GELU_CHUNK 4096
+
+static void gelu_bwd_part(void *c, int64_t t0, int64_t t1, int tid) {
+    const gelu_bwd_ctx *k = c;
+    (void)tid;
+    int64_t b = t0 * GELU_CHUNK, e = t1 * GELU_CHUNK < k->n ? t1 * GELU_CHUNK : k->n;
+    vitc__gelu_backward_ref(k->dx + b, k->dy + b, k->x + b, e - b);
+}
+
+void vitc__gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
+    gelu_bwd_ctx k = {dx, dy, x, n};
+    vitc__parallel_range((n + GELU_CHUNK - 1) / GELU_CHUNK, gelu_bwd_part, &k);
 }

@@ -18,8 +18,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../kernels/ops_backward.h"
+#include "../kernels/ops_layers_backward.h"
 #include "../kernels/ops_layers.h"
+#include "../train/train.h"
 #include "layers.h"
 
 /* The gradient of a parameter: the same offset in grad as in store. */
@@ -79,12 +80,8 @@ static void sdpa_backward_probs(const vitc__sdpa_desc *f, const vitc__sdpa_desc 
 }
 
 static vitc_status ensure_grad(vitc_layer *l) {
-    if (l->grad)
-        return VITC_OK;
-    l->grad = vitc__calloc(l->store_len ? l->store_len : 1, sizeof(float));
-    if (!l->grad)
-        return vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu gradients", l->store_len);
-    return VITC_OK;
+    vitc__paramset ps;
+    return vitc__layer_paramset(l, 1, &ps);
 }
 
 vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
@@ -249,11 +246,6 @@ vitc_status vitc_layer_zero_grad(vitc_layer *l) {
     return VITC_OK;
 }
 
-/* Buffers (BatchNorm's running statistics) have no gradient. */
-static int is_buffer(const vitc_layer *l, const vitc__param *p) {
-    return p->slot == &l->run_mean || p->slot == &l->run_var;
-}
-
 vitc_status vitc_layer_grad(vitc_layer *l, const char *name, int *ndim, const int64_t **shape,
                             float **grad) {
     if (!l || !name)
@@ -262,7 +254,7 @@ vitc_status vitc_layer_grad(vitc_layer *l, const char *name, int *ndim, const in
         const vitc__param *p = &l->params[i];
         if (strcmp(name, p->name) != 0 && !(p->alias && strcmp(name, p->alias) == 0))
             continue;
-        if (is_buffer(l, p))
+        if (p->buffer)
             return vitc__err(VITC_ERR_KEY, "\"%s\" is a buffer, not a parameter: it has no gradient",
                              name);
         VITC_TRY(ensure_grad(l));

@@ -16,15 +16,21 @@
 #include <string.h>
 
 #include "../kernels/kernels.h"
+#include "../train/train.h"
 #include "vit_internal.h"
 
 void vitc_vit_free(vitc_vit *m) {
     if (!m)
         return;
-    vitc__free(m->params);
+    vitc__handle_unregister(m->id);
+    if (!m->weights_file)
+        vitc__free(m->params);
     vitc_safetensors_free(m->weights_file);
+    vitc__free(m->grad);
     free(m->table);
+    free(m->names);
     free(m->blocks);
+    free(m->gblocks);
     free(m->labels);
     free(m->label_text);
     vitc__buf_free(&m->act);
@@ -99,7 +105,7 @@ void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64
 static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
     int64_t g = m->cfg.image_size / m->cfg.patch_size, C = m->cfg.hidden_dim;
     if (gh == g && gw == g) {
-        m->pos_used = m->pos;
+        m->pos_used = m->w.pos;
         return VITC_OK;
     }
     if (m->pos_buf.p && m->pos_gh == gh && m->pos_gw == gw) {
@@ -112,8 +118,8 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
                          (long long)gh, (long long)gw);
     m->pos_gh = m->pos_gw = 0;
     VITC_TRY(vitc__buf_reserve(&m->pos_buf, n));
-    memcpy(m->pos_buf.p, m->pos, (size_t)C * sizeof(float));
-    vitc__bicubic_ac(m->pos_buf.p + C, m->pos + C, C, g, g, gh, gw);
+    memcpy(m->pos_buf.p, m->w.pos, (size_t)C * sizeof(float));
+    vitc__bicubic_ac(m->pos_buf.p + C, m->w.pos + C, C, g, g, gh, gw);
     m->pos_gh = (int)gh;
     m->pos_gw = (int)gw;
     m->pos_used = m->pos_buf.p;
@@ -295,11 +301,11 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     vit_im2col_ctx ic = {m->patches, images, Cin, H, W, p, gh, gw};
     vitc__parallel_for(B * gh, vit_im2col_task, &ic);
     float *proj = m->ln; /* [B*P, C] */
-    vitc__linear(proj, C, m->patches, K, m->conv_w, m->conv_b, NULL, 0, B * P, C, K);
+    vitc__linear(proj, C, m->patches, K, m->w.conv_w, m->w.conv_b, NULL, 0, B * P, C, K);
     const float *pos = m->pos_used; /* [N, C] */
     for (int64_t b = 0; b < B; b++) {
         float *xb = m->x0 + b * N * C; /* [N, C] */
-        for (int64_t j = 0; j < C; j++) xb[j] = m->cls[j] + pos[j];
+        for (int64_t j = 0; j < C; j++) xb[j] = m->w.cls[j] + pos[j];
         for (int64_t t = 0; t < P; t++) {
             const float *src = proj + (b * P + t) * C;
             float *dst = xb + (t + 1) * C;
@@ -338,8 +344,8 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     if (logits) {
         const float *cls; /* [B, C] */
         VITC_TRY(vit_last_block(m, B, N, &cls));
-        vitc__layernorm(m->cls_out, cls, m->ln_w, m->ln_b, B, C, c->norm_eps);
-        vitc__linear(logits, c->num_classes, m->cls_out, C, m->head_w, m->head_b, NULL, 0, B,
+        vitc__layernorm(m->cls_out, cls, m->w.ln_w, m->w.ln_b, B, C, c->norm_eps);
+        vitc__linear(logits, c->num_classes, m->cls_out, C, m->w.head_w, m->w.head_b, NULL, 0, B,
                      c->num_classes, C);
     }
     return VITC_OK;

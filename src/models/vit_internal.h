@@ -1,11 +1,13 @@
 /*
  * vit_internal.h — what vit.c (the forward) and vit_load.c (checkpoints)
- * share: the model struct and its parameter table.
+ * share: the model struct and its parameter table (params.h rows: role is a
+ * VIT_P_* when layer < 0, else a VIT_L_*).
  */
 #ifndef VITC_VIT_INTERNAL_H
 #define VITC_VIT_INTERNAL_H
 
 #include "../internal.h"
+#include "../params.h"
 
 /* Per-model tensors then per-layer tensors, in torchvision's state_dict
  * order; the table of a config is the model ones with the layer ones of
@@ -28,14 +30,6 @@ typedef enum vitc__vit_naming {
     VIT_NAMES_TIMM = 2
 } vitc__vit_naming;
 
-typedef struct vitc__vit_entry {
-    int kind;  /* VIT_P_* when layer < 0, else VIT_L_* */
-    int layer; /* block index, -1 for model tensors */
-    int ndim;
-    int64_t shape[4];
-    size_t offset; /* floats into vitc_vit.params */
-    size_t numel;
-} vitc__vit_entry;
 
 typedef struct vitc__vit_block {
     float *ln1_w, *ln1_b;   /* [C] */
@@ -50,6 +44,17 @@ typedef struct vitc__vit_block {
     float *fc2_b;           /* [C] */
 } vitc__vit_block;
 
+/* The model's own tensors; a second instance points into the gradients. */
+typedef struct vitc__vit_w {
+    float *cls;     /* [1, 1, C] */
+    float *conv_w;  /* [C, in, p, p], read as [C, in*p*p] */
+    float *conv_b;  /* [C] */
+    float *pos;     /* [1, 1 + g*g, C], g = image_size / patch */
+    float *ln_w, *ln_b; /* [C] */
+    float *head_w;  /* [classes, C] */
+    float *head_b;  /* [classes] */
+} vitc__vit_w;
+
 struct vitc_vit {
     vitc_vit_config cfg;
     char arch[32];
@@ -58,23 +63,21 @@ struct vitc_vit {
     char *label_text;  /* every label, NUL-separated */
     char **labels;     /* [num_classes] into label_text, NULL when none */
 
+    uint64_t id;  /* vitc__handle_register() */
+    int training; /* forward records activations for backward */
     int n_entries;
-    vitc__vit_entry *table; /* [n_entries] */
-    float *params;          /* every parameter, one allocation */
+    vitc__param *table; /* [n_entries] state_dict order, names in the file's spelling */
+    char *names;        /* the table's names, NUL-separated */
     size_t n_params;
-    /* Set by vitc_vit_load: the parameters point into this file's tensors
-     * (itself one allocation) and params is NULL, so loading never holds two
-     * copies of the weights. */
+    float *params; /* [n_params] every parameter: one allocation, or the arena of
+                    * weights_file (vitc_vit_load maps the file's converted tensors,
+                    * so loading holds one copy of the weights) */
+    float *grad;   /* [n_params] same layout; NULL until training asks for it */
     vitc_safetensors *weights_file;
 
-    float *cls;     /* [1, 1, C] */
-    float *conv_w;  /* [C, in, p, p], read as [C, in*p*p] */
-    float *conv_b;  /* [C] */
-    float *pos;     /* [1, 1 + g*g, C], g = image_size / patch */
-    float *ln_w, *ln_b; /* [C] */
-    float *head_w;  /* [classes, C] */
-    float *head_b;  /* [classes] */
-    vitc__vit_block *blocks; /* [depth] */
+    vitc__vit_w w, g;          /* parameters and their gradients (g set with grad) */
+    vitc__vit_block *blocks;   /* [depth] */
+    vitc__vit_block *gblocks;  /* [depth] gradients, NULL until grad */
 
     /* Activations, grown for the largest (batch, image size) seen, reused. */
     vitc__buf act;
@@ -94,13 +97,15 @@ struct vitc_vit {
     vitc__buf roll_buf;  /* [B, N, N] rollout + [2, N, N] */
 };
 
-/* Build m->table for m->cfg (sizes overflow-checked) and set n_params. */
+/* Build m->table for m->cfg in m->naming's spelling (sizes overflow-checked),
+ * with 64-byte aligned offsets and n_params, and allocate blocks. */
 vitc_status vitc__vit_table_build(vitc_vit *m);
-/* Name of a table entry in a spelling ("conv_proj.weight", ...). */
-const char *vitc__vit_entry_name(const vitc__vit_entry *e, vitc__vit_naming naming, char *buf,
+/* Name of a table row in a spelling ("conv_proj.weight", ...). */
+const char *vitc__vit_entry_name(const vitc__param *e, vitc__vit_naming naming, char *buf,
                                  size_t cap);
-/* Point cls/conv_w/.../blocks into params per the table. */
-vitc_status vitc__vit_bind(vitc_vit *m, const float *const *src);
+
+/* Gradient array and structs on first use (vit_train.c). */
+vitc_status vitc__vit_grad_alloc(vitc_vit *m);
 
 /* F.interpolate(mode="bicubic", align_corners=True) of src [C, ih, iw]
  * stored position-major ([ih*iw, C]) into dst [oh*ow, C]. */

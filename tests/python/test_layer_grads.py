@@ -39,8 +39,12 @@ class TorchSingleHead(nn.Module):
 class LayerGrads(unittest.TestCase):
     def setUp(self):
         self.gen = torch.Generator().manual_seed(4321)
+        # test_layers.py turns autograd off for its whole process
+        self.grad_was = torch.is_grad_enabled()
+        torch.set_grad_enabled(True)
 
     def tearDown(self):
+        torch.set_grad_enabled(self.grad_was)
         vitc.set_num_threads(0)
 
     def close(self, got, want, what):

@@ -1,11 +1,11 @@
 /*
- * ops_backward.h — backward of the norms and data moves the attention
- * layers use (ops_backward.c). Argument order as in kernels.h: outputs,
+ * ops_layers_backward.h — backward of the norms and data moves the attention
+ * layers use (ops_layers_backward.c). Argument order as in kernels.h: outputs,
  * inputs, sizes. Input gradients are overwritten; parameter gradients
  * (dw, db) accumulate, as torch's .grad does.
  */
-#ifndef VITC_OPS_BACKWARD_H
-#define VITC_OPS_BACKWARD_H
+#ifndef VITC_OPS_LAYERS_BACKWARD_H
+#define VITC_OPS_LAYERS_BACKWARD_H
 
 #include "kernels.h"
 
