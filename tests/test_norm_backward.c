@@ -1,5 +1,5 @@
 /* test_norm_backward.c — GroupNorm and BatchNorm2d backward (training and
- * eval statistics), the patch scatter and bias sums, against central finite
+ * eval statistics), the patch scatter, against central finite
  * differences of a float64 forward, on every arch path and 1 and 2 threads. */
 #include <setjmp.h>
 #include <stdarg.h>
@@ -194,33 +194,12 @@ static void test_unpatchify(void **state) {
     free(x), free(cols), free(back);
 }
 
-static void test_colsum(void **state) {
-    (void)state;
-    int64_t M = 37, N = 131, ld = 140;
-    float *dy = malloc(M * ld * sizeof(float)), db[131];
-    double want[131];
-    fill(dy, M * ld, -1, 1);
-    for (int t = 1; t <= 2; t++) {
-        vitc_set_num_threads(t);
-        for (int64_t j = 0; j < N; j++) {
-            db[j] = 1.0f;
-            want[j] = 1.0;
-            for (int64_t m = 0; m < M; m++) want[j] += dy[m * ld + j];
-        }
-        vitc__colsum_add(db, dy, ld, M, N);
-        close_to("db", db, want, N, 1e-6);
-    }
-    vitc_set_num_threads(0);
-    free(dy);
-}
-
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_groupnorm_backward),
         cmocka_unit_test(test_batchnorm_backward_training),
         cmocka_unit_test(test_batchnorm_backward_eval),
         cmocka_unit_test(test_unpatchify),
-        cmocka_unit_test(test_colsum),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,7 @@
 /*
  * ops_layers_backward.c — backward of the norms and data moves of ops_layers.c and
  * ops.c that the attention layers train through: GroupNorm, BatchNorm2d
- * (batch or running statistics), the patch scatter and bias column sums.
+ * (batch or running statistics) and the patch scatter.
  *
  * For a group of n values normalised as xh = (x - mean) * rstd and scaled
  * per channel by w, with g = dy * w:
@@ -191,7 +191,7 @@ void vitc__batchnorm_backward_ref(float *dx, float *dw, float *db, const float *
     bn_channels(&t, 0, C, 0);
 }
 
-/* ---- patch scatter and bias sums -------------------------------------- */
+/* ---- patch scatter ----------------------------------------------------- */
 
 typedef struct unpatch_ctx {
     float *dx;
@@ -222,31 +222,4 @@ void vitc__unpatchify(float *dx, const float *dcols, int64_t B, int64_t C, int64
                       int64_t p) {
     unpatch_ctx t = {dx, dcols, C, H, W, p, H / p, W / p};
     vitc__parallel_range(B * t.nh, unpatchify_rows, &t);
-}
-
-typedef struct colsum_ctx {
-    float *db;
-    const float *dy;
-    int64_t ldy, M, N;
-} colsum_ctx;
-
-#define COLSUM_BLOCK 64
-static void colsum_blocks(void *ctx, int64_t k0, int64_t k1, int tid) {
-    const colsum_ctx *t = ctx;
-    double acc[COLSUM_BLOCK];
-    (void)tid;
-    for (int64_t k = k0; k < k1; k++) {
-        int64_t n0 = k * COLSUM_BLOCK, nn = t->N - n0 < COLSUM_BLOCK ? t->N - n0 : COLSUM_BLOCK;
-        for (int64_t j = 0; j < nn; j++) acc[j] = 0.0;
-        for (int64_t m = 0; m < t->M; m++) {
-            const float *row = t->dy + m * t->ldy + n0;
-            for (int64_t j = 0; j < nn; j++) acc[j] += row[j];
-        }
-        for (int64_t j = 0; j < nn; j++) t->db[n0 + j] += (float)acc[j];
-    }
-}
-
-void vitc__colsum_add(float *db, const float *dy, int64_t ldy, int64_t M, int64_t N) {
-    colsum_ctx t = {db, dy, ldy, M, N};
-    vitc__parallel_range((N + COLSUM_BLOCK - 1) / COLSUM_BLOCK, colsum_blocks, &t);
 }

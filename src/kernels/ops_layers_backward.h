@@ -37,8 +37,4 @@ void vitc__batchnorm_backward_ref(float *dx, float *dw, float *db, const float *
 void vitc__unpatchify(float *dx, const float *dcols, int64_t B, int64_t C, int64_t H, int64_t W,
                       int64_t p);
 
-/* db[n] += sum over m of dy[m, n]; dy [M, N] with row stride ldy (a bias
- * gradient). Sums in double, threaded over column blocks. */
-void vitc__colsum_add(float *db, const float *dy, int64_t ldy, int64_t M, int64_t N);
-
 #endif

@@ -24,36 +24,29 @@
 #include "layers.h"
 
 /* The gradient of a parameter: the same offset in grad as in store. */
-static float *grad_of(vitc_layer *l, const float *param) {
+float *vitc__grad_of(vitc_layer *l, const float *param) {
     return param ? l->grad + (param - l->store) : NULL;
 }
 
-/* Backward of y [M, N] = x [M, K] @ op(W) (+ bias): op(W) = W^T for
- * nn.Linear (W [N, K]), W itself for a plain matmul (W [K, N]).
- * dx [M, K] = beta * dx + dy op(W)^T (skipped when dx is NULL);
- * dW += op-shaped dy^T x; db += colsum(dy) (when db is not NULL). */
-static void proj_backward(float *dx, int64_t lddx, float beta, float *dW, float *db,
-                          const float *dy, int64_t ldy, const float *x, int64_t ldx,
-                          const float *W, int matmul, int64_t M, int64_t N, int64_t K) {
-    if (matmul) {
-        if (dx) vitc__gemm(0, 1, M, K, N, 1.0f, dy, ldy, W, N, beta, dx, lddx);
-        vitc__gemm(1, 0, K, N, M, 1.0f, x, ldx, dy, ldy, 1.0f, dW, N);
-    } else {
-        if (dx) vitc__gemm(0, 0, M, K, N, 1.0f, dy, ldy, W, K, beta, dx, lddx);
-        vitc__gemm(1, 0, N, K, M, 1.0f, dy, ldy, x, ldx, 1.0f, dW, K);
+/* nn.Linear through vitc__linear_backward; the NumPy seed's plain x @ W
+ * (no bias) here: dx = dy W^T, dW [K, N] += x^T dy. */
+void vitc__proj_backward(float *dx, int64_t lddx, float beta, float *dW, float *db,
+                         const float *dy, int64_t ldy, const float *x, int64_t ldx,
+                         const float *W, int matmul, int64_t M, int64_t N, int64_t K) {
+    if (!matmul) {
+        vitc__linear_backward(dx, lddx, beta, dW, db, dy, ldy, x, ldx, W, M, N, K);
+        return;
     }
-    if (db) vitc__colsum_add(db, dy, ldy, M, N);
+    if (dx) vitc__gemm(0, 1, M, K, N, 1.0f, dy, ldy, W, N, beta, dx, lddx);
+    vitc__gemm(1, 0, K, N, M, 1.0f, x, ldx, dy, ldy, 1.0f, dW, N);
 }
 
-/* Attention backward through the probabilities, one head at a time: P
- * [L, S] is recomputed from q and k, then
- *   dV = P^T dO,  dP = dO V^T,  dS = P * (dP - rowsum(P * dP)),
- *   dQ = scale dS K,  dK = scale dS^T Q.
- * g holds the gradient views (q, k, v, o of g are dq, dk, dv, dO) in f's
- * layout; dq, dk, dv are overwritten. P and dP: [L, S] each. No masks (the
- * engine's presets have none). */
-static void sdpa_backward_probs(const vitc__sdpa_desc *f, const vitc__sdpa_desc *g, float *P,
-                                float *dP) {
+/* Through the probabilities: P [L, S] is recomputed from q, k and the mask,
+ * then dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(P * dP)),
+ * dQ = scale dS K, dK = scale dS^T Q. A row whose keys are all masked is
+ * NaN in the forward (torch 1.13) and stays NaN here. */
+void vitc__sdpa_backward_probs(const vitc__sdpa_desc *f, const vitc__sdpa_desc *g, float *P,
+                               float *dP) {
     int64_t L = f->L, S = f->S, D = f->D, Dv = f->Dv;
     for (int64_t b = 0; b < f->B; b++)
         for (int64_t h = 0; h < f->H; h++) {
@@ -65,6 +58,11 @@ static void sdpa_backward_probs(const vitc__sdpa_desc *f, const vitc__sdpa_desc 
             float *dk = (float *)g->k + b * g->k_sb + h * g->k_sh; // [S, D]
             float *dv = (float *)g->v + b * g->v_sb + h * g->v_sh; // [S, Dv]
             vitc__gemm(0, 1, L, S, D, f->scale, q, f->q_sr, k, f->k_sr, 0.0f, P, S);
+            if (f->mask) {
+                const float *m = f->mask + b * f->m_sb + h * f->m_sh; // [L, S] row stride m_sr
+                for (int64_t i = 0; i < L; i++)
+                    for (int64_t j = 0; j < S; j++) P[i * S + j] += m[i * f->m_sr + j];
+            }
             vitc__softmax_rows(P, L, S, 1.0f);
             vitc__gemm(1, 0, S, Dv, L, 1.0f, P, S, dO, g->o_sr, 0.0f, dv, g->v_sr);
             vitc__gemm(0, 1, L, S, Dv, 1.0f, dO, g->o_sr, v, f->v_sr, 0.0f, dP, S);
@@ -79,7 +77,7 @@ static void sdpa_backward_probs(const vitc__sdpa_desc *f, const vitc__sdpa_desc 
         }
 }
 
-static vitc_status ensure_grad(vitc_layer *l) {
+vitc_status vitc__layer_ensure_grad(vitc_layer *l) {
     vitc__paramset ps;
     return vitc__layer_paramset(l, 1, &ps);
 }
@@ -112,7 +110,7 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
     if (!cv.ok)
         return vitc__err(VITC_ERR_NOMEM, "backward scratch size for this input overflows");
     VITC_TRY(vitc__buf_reserve(&l->bscratch, cv.used));
-    VITC_TRY(ensure_grad(l));
+    VITC_TRY(vitc__layer_ensure_grad(l));
     float *g = l->bscratch.p;
     const float *qkv = s + r->o_qkv; // [M, W3]
     const float *o = s + r->o_o;     // [M, dv]
@@ -126,7 +124,7 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
             /* y is o here (ConvSA has no out-projection). */
             double sg = 0.0;
             for (int64_t i = 0; i < M * C; i++) sg += (double)t[i] * o[i];
-            grad_of(l, l->gamma)[0] += (float)sg;
+            vitc__grad_of(l, l->gamma)[0] += (float)sg;
             float gm = l->gamma[0];
             for (int64_t i = 0; i < M * C; i++) t[i] *= gm;
         }
@@ -137,7 +135,7 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
     const float *dO = dyt; // [M, dv]
     if (p->outp != VITC__OUT_NONE) {
         float *t = g + o_do;
-        proj_backward(t, p->dv, 0.0f, grad_of(l, l->w_o), grad_of(l, l->b_o), dyt, p->cout, o,
+        vitc__proj_backward(t, p->dv, 0.0f, vitc__grad_of(l, l->w_o), vitc__grad_of(l, l->b_o), dyt, p->cout, o,
                       p->dv, l->w_o, p->outp == VITC__OUT_MATMUL, M, p->cout, p->dv);
         dO = t;
     }
@@ -151,7 +149,7 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
         gd.o_sr = p->cout;
         gd.o_sb = N * p->cout;
     }
-    sdpa_backward_probs(&f, &gd, g + o_P, g + o_dP);
+    vitc__sdpa_backward_probs(&f, &gd, g + o_P, g + o_dP);
     if (p->res == VITC__RES_V) /* y = proj(o) + v */
         for (int64_t m = 0; m < M; m++) {
             float *dv = dqkv + m * W3 + 2 * p->dq;
@@ -166,23 +164,23 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
     int64_t cin = p->cin;
     switch (p->qkv) {
     case VITC__QKV_SEPARATE:
-        proj_backward(dtok, cin, 0.0f, grad_of(l, l->w_q), grad_of(l, l->b_q), dqkv, W3, tok, cin,
+        vitc__proj_backward(dtok, cin, 0.0f, vitc__grad_of(l, l->w_q), vitc__grad_of(l, l->b_q), dqkv, W3, tok, cin,
                       l->w_q, 0, M, p->dq, cin);
-        proj_backward(dtok, cin, 1.0f, grad_of(l, l->w_k), grad_of(l, l->b_k), dqkv + p->dq, W3,
+        vitc__proj_backward(dtok, cin, 1.0f, vitc__grad_of(l, l->w_k), vitc__grad_of(l, l->b_k), dqkv + p->dq, W3,
                       tok, cin, l->w_k, 0, M, p->dq, cin);
-        proj_backward(dtok, cin, 1.0f, grad_of(l, l->w_v), grad_of(l, l->b_v), dqkv + 2 * p->dq,
+        vitc__proj_backward(dtok, cin, 1.0f, vitc__grad_of(l, l->w_v), vitc__grad_of(l, l->b_v), dqkv + 2 * p->dq,
                       W3, tok, cin, l->w_v, 0, M, p->dv, cin);
         break;
     case VITC__QKV_FUSED:
-        proj_backward(dtok, cin, 0.0f, grad_of(l, l->w_qkv), grad_of(l, l->b_qkv), dqkv, W3, tok,
+        vitc__proj_backward(dtok, cin, 0.0f, vitc__grad_of(l, l->w_qkv), vitc__grad_of(l, l->b_qkv), dqkv, W3, tok,
                       cin, l->w_qkv, 0, M, W3, cin);
         break;
     case VITC__QKV_MATMUL:
-        proj_backward(dtok, cin, 0.0f, grad_of(l, l->w_q), NULL, dqkv, W3, tok, cin, l->w_q, 1, M,
+        vitc__proj_backward(dtok, cin, 0.0f, vitc__grad_of(l, l->w_q), NULL, dqkv, W3, tok, cin, l->w_q, 1, M,
                       p->dq, cin);
-        proj_backward(dtok, cin, 1.0f, grad_of(l, l->w_k), NULL, dqkv + p->dq, W3, tok, cin,
+        vitc__proj_backward(dtok, cin, 1.0f, vitc__grad_of(l, l->w_k), NULL, dqkv + p->dq, W3, tok, cin,
                       l->w_k, 1, M, p->dq, cin);
-        proj_backward(dtok, cin, 1.0f, grad_of(l, l->w_v), NULL, dqkv + 2 * p->dq, W3, tok, cin,
+        vitc__proj_backward(dtok, cin, 1.0f, vitc__grad_of(l, l->w_v), NULL, dqkv + 2 * p->dq, W3, tok, cin,
                       l->w_v, 1, M, p->dv, cin);
         break;
     }
@@ -191,7 +189,7 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
     if (p->in == VITC__IN_PATCHES) {
         int64_t k = l->cfg.patch_size;
         float *dcols = g + o_dcols; // [M, K]
-        proj_backward(dcols, K, 0.0f, grad_of(l, l->w_patch), grad_of(l, l->b_patch), dtok, cin,
+        vitc__proj_backward(dcols, K, 0.0f, vitc__grad_of(l, l->w_patch), vitc__grad_of(l, l->b_patch), dtok, cin,
                       s + r->o_cols, K, l->w_patch, 0, M, cin, K);
         vitc__unpatchify(dx, dcols, B, C, r->shape[2], r->shape[3], k);
     } else if (p->in == VITC__IN_IMAGE && p->norm == VITC__NORM_NONE) {
@@ -201,11 +199,11 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
         const float *x = s + r->o_x;
         vitc__transpose_bc(dimg, dtok, B, N, C);
         if (p->norm == VITC__NORM_GROUP) {
-            vitc__groupnorm_backward(dx, grad_of(l, l->norm_w), grad_of(l, l->norm_b), dimg, x,
+            vitc__groupnorm_backward(dx, vitc__grad_of(l, l->norm_w), vitc__grad_of(l, l->norm_b), dimg, x,
                                      l->norm_w, B, C, HW, 1, l->cfg.eps);
         } else {
             const float *mean = s + r->o_stat, *var = mean + C; // [C], [C]
-            vitc__batchnorm_backward(dx, grad_of(l, l->norm_w), grad_of(l, l->norm_b), dimg, x,
+            vitc__batchnorm_backward(dx, vitc__grad_of(l, l->norm_w), vitc__grad_of(l, l->norm_b), dimg, x,
                                      mean, var, l->norm_w, l->cfg.eps, 1, B, C, HW);
         }
         for (int64_t i = 0; i < B * C * HW; i++) dx[i] += dout[i];
@@ -257,7 +255,7 @@ vitc_status vitc_layer_grad(vitc_layer *l, const char *name, int *ndim, const in
         if (p->buffer)
             return vitc__err(VITC_ERR_KEY, "\"%s\" is a buffer, not a parameter: it has no gradient",
                              name);
-        VITC_TRY(ensure_grad(l));
+        VITC_TRY(vitc__layer_ensure_grad(l));
         if (ndim) *ndim = p->ndim;
         if (shape) *shape = p->shape;
         if (grad) *grad = l->grad + p->offset;

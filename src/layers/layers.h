@@ -58,6 +58,19 @@ typedef struct vitc__record {
     size_t o_stat; /* [2, C] BatchNorm batch mean, biased variance */
 } vitc__record;
 
+/* MultiheadAttention's training record (mha.c): the attention views of
+ * its last training-mode forward, every pointer into the layer's scratch
+ * (q, k, v, o, the merged mask, copies of the inputs). */
+typedef struct vitc__mha_record {
+    int valid;
+    int self;                   /* one packed in-projection (query = key = value) */
+    int ndim;                   /* of query, key, value */
+    int64_t qshape[3], kshape[3], vshape[3];
+    vitc__sdpa_desc sd;         /* q, k, v, o, mask as the forward read them */
+    const float *xq, *xk, *xv;  /* [L*B, E], [S*B, kdim], [S*B, vdim] in the inputs' token order */
+    int64_t ldqkv;              /* row stride of the projected q, k, v (E, or 3E when self) */
+} vitc__mha_record;
+
 struct vitc_layer {
     vitc_layer_config cfg;
     vitc__plan plan;
@@ -83,6 +96,7 @@ struct vitc_layer {
     /* Training: what the last training-mode forward left in scratch for
      * backward (engine_backward.c), and the gradients. */
     vitc__record rec;
+    vitc__mha_record mrec;
     vitc__buf bscratch; /* backward's own scratch */
 };
 
@@ -111,6 +125,24 @@ static inline size_t vitc__take(vitc__carve *c, size_t a, size_t b) {
  * gradient buffers, which share the layout). */
 void vitc__engine_sdpa_desc(const vitc__plan *p, vitc__sdpa_desc *sd, float *qkv, float *o,
                             int64_t B, int64_t N);
+
+/* Attention backward through the probabilities (engine_backward.c), one
+ * head at a time: f holds the forward's views (q, k, v, o, mask, scale), g
+ * the gradient views in the same layout (g->q, g->k, g->v receive dq, dk,
+ * dv, overwritten; g->o is dO). P and dP: [L, S] each. */
+void vitc__sdpa_backward_probs(const vitc__sdpa_desc *f, const vitc__sdpa_desc *g, float *P,
+                               float *dP);
+
+/* Backward of y [M, N] = x [M, K] op(W) (+ bias), op(W) = W^T (nn.Linear,
+ * W [N, K]) or W (matmul = 1, W [K, N]): dx [M, K] = beta * dx + dy op(W)^T
+ * (skipped when dx is NULL), dW and db (may be NULL) accumulate. */
+void vitc__proj_backward(float *dx, int64_t lddx, float beta, float *dW, float *db,
+                         const float *dy, int64_t ldy, const float *x, int64_t ldx,
+                         const float *W, int matmul, int64_t M, int64_t N, int64_t K);
+/* The gradient of a parameter (a pointer into store): the same offset in grad. */
+float *vitc__grad_of(vitc_layer *l, const float *param);
+/* Allocates the gradients (zeroed) on first use. */
+vitc_status vitc__layer_ensure_grad(vitc_layer *l);
 
 /* The engine's backward (engine_backward.c): reads l->rec, writes dx,
  * accumulates into l->grad. */
