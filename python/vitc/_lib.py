@@ -72,3 +72,5 @@ lib.vitc_layer_backward.argtypes = [ctypes.c_void_p, c_float_p, ctypes.c_int, c_
 lib.vitc_layer_zero_grad.argtypes = [ctypes.c_void_p]
 lib.vitc_layer_grad.argtypes = [ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_int),
                                 ctypes.POINTER(c_int64_p), ctypes.POINTER(c_float_p)]
+# d_out is a vitc_tensor_view (layers._View), passed by reference.
+lib.vitc_mha_backward.argtypes = [ctypes.c_void_p, ctypes.c_void_p, c_float_p, c_float_p, c_float_p]

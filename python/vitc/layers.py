@@ -326,7 +326,22 @@ class MultiheadAttention(_Layer):
         w = np.empty(tuple(wsh[i] for i in range(wnd.value)), dtype=np.float32) if need_weights else None
         check(lib.vitc_mha_forward(self._ptr, ctypes.byref(a), fptr(out),
                                    fptr(w) if w is not None else None))
+        self._in_shape = (q.shape, k.shape, v.shape) if self.training else None
         return out, w
+
+    def backward(self, dy):
+        """Gradients of the last training-mode forward: (d_query, d_key, d_value),
+        and every parameter's gradient accumulates (grads()). When query, key
+        and value were one array, its gradient is the sum of the three."""
+        dy = _arr(dy)
+        shapes = getattr(self, "_in_shape", None)
+        if shapes is None:
+            raise VitcError(-1, "MultiheadAttention.backward: no training-mode forward recorded "
+                                "(call train() and forward first)")
+        dq, dk, dv = (np.empty(s, dtype=np.float32) for s in shapes)
+        vd = _view(dy)
+        check(lib.vitc_mha_backward(self._ptr, ctypes.byref(vd), fptr(dq), fptr(dk), fptr(dv)))
+        return dq, dk, dv
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,

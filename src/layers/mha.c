@@ -225,7 +225,10 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
 
     /* Scratch: q/k/v (or packed qkv), o, merged mask, head-summed probs. */
     const vitc_tensor_view *am = &a->attn_mask, *kpm = &a->key_padding_mask;
-    int merge = kpm->data || (am->data && a->attn_mask_type == VITC_MASK_BOOL);
+    /* Training keeps its own copy of every mask: backward runs after the
+     * caller's arrays may be gone. */
+    int merge = kpm->data || (am->data && (a->attn_mask_type == VITC_MASK_BOOL || l->training));
+    l->mrec.valid = 0;
     size_t nq = 0, nkv = 0, no = 0, nmask = 0, nprob = 0;
     int ok = vitc__mul_size((size_t)(L * B), (size_t)(self ? 3 * E : E), &nq) &&
              vitc__mul_size((size_t)(S * B), (size_t)(self ? 0 : 2 * E), &nkv) &&
@@ -247,9 +250,17 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
         chunk = chunk < 1 ? 1 : chunk > B ? B : chunk;
         ok = ok && vitc__mul_size((size_t)chunk, (size_t)per_b, &nprob);
     }
+    /* Training: copies of the inputs, which the weight gradients read. */
+    size_t nxq = 0, nxk = 0, nxv = 0;
+    if (l->training)
+        ok = ok && vitc__mul_size((size_t)(L * B), (size_t)E, &nxq) &&
+             vitc__mul_size((size_t)(S * B), self ? 0 : (size_t)kd, &nxk) &&
+             vitc__mul_size((size_t)(S * B), self ? 0 : (size_t)vd, &nxv);
     size_t total = 0;
     ok = ok && vitc__add_size(nq, nkv, &total) && vitc__add_size(total, no, &total) &&
-         vitc__add_size(total, nmask, &total) && vitc__add_size(total, nprob, &total);
+         vitc__add_size(total, nmask, &total) && vitc__add_size(total, nprob, &total) &&
+         vitc__add_size(total, nxq, &total) && vitc__add_size(total, nxk, &total) &&
+         vitc__add_size(total, nxv, &total);
     if (!ok)
         return vitc__err(VITC_ERR_NOMEM, "MultiheadAttention: scratch size overflows");
     VITC_TRY(vitc__buf_reserve(&l->scratch, total));
@@ -259,6 +270,14 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
     float *o = qb + nq + nkv;         // [L*B, E], in query's token order
     float *mask = o + no;             // [mb*mh, ml, S]
     float *probs = mask + nmask;      // [B, H, L, S]
+    float *cq = probs + nprob;        // [L*B, E] training copy of query
+    float *ck = cq + nxq;             // [S*B, kdim]
+    float *cv = ck + nxk;             // [S*B, vdim]
+    if (l->training) {
+        memcpy(cq, xq, nxq * sizeof(float));
+        memcpy(ck, xk, nxk * sizeof(float));
+        memcpy(cv, xv, nxv * sizeof(float));
+    }
 
     /* In-projection: _in_projection_packed / _in_projection. */
     const float *wq = p->qkv == VITC__QKV_FUSED ? l->w_qkv : l->w_q;
@@ -348,6 +367,88 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
         VITC_TRY(vitc__sdpa(&sd));
     }
     vitc__linear(out, E, o, E, l->w_o, l->b_o, NULL, 0, L * B, E, E);
+    if (l->training) {
+        vitc__mha_record *r = &l->mrec;
+        r->self = self;
+        r->ndim = a->query.ndim;
+        memcpy(r->qshape, a->query.shape, 3 * sizeof(int64_t));
+        memcpy(r->kshape, a->key.shape, 3 * sizeof(int64_t));
+        memcpy(r->vshape, a->value.shape, 3 * sizeof(int64_t));
+        r->sd = sd;
+        r->sd.probs = NULL;
+        r->xq = cq;
+        r->xk = self ? cq : ck;
+        r->xv = self ? cq : cv;
+        r->ldqkv = ldq;
+        r->valid = 1;
+    }
+    return VITC_OK;
+}
+
+vitc_status vitc_mha_backward(vitc_layer *l, const vitc_tensor_view *dout, float *d_query,
+                              float *d_key, float *d_value) {
+    if (!l || !dout || !dout->data || !d_query || !d_key || !d_value)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_mha_backward: NULL argument");
+    if (l->cfg.kind != VITC_MULTIHEAD_ATTENTION)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_mha_backward: not a MultiheadAttention layer");
+    const vitc__mha_record *r = &l->mrec;
+    if (!r->valid)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "MultiheadAttention: backward needs a training-mode forward first (none "
+                         "recorded since the last eval-mode or failed forward)");
+    int same = dout->ndim == r->ndim;
+    for (int i = 0; same && i < r->ndim; i++) same = dout->shape[i] == r->qshape[i];
+    if (!same) {
+        char s1[96], s2[96];
+        return vitc__err(VITC_ERR_SHAPE,
+                         "MultiheadAttention: d_out has shape %s, the forward's output was %s",
+                         shp(s1, sizeof s1, dout), vitc__shape_str(s2, sizeof s2, r->ndim, r->qshape));
+    }
+    const vitc__sdpa_desc *f = &r->sd;
+    int64_t B = f->B, L = f->L, S = f->S, E = l->cfg.embed_dim;
+    int64_t kd = l->cfg.kdim ? l->cfg.kdim : E, vd = l->cfg.vdim ? l->cfg.vdim : E;
+    int64_t ld = r->ldqkv;
+    /* Regions: dO, then dq/dk/dv of the projections in the forward's layout, P and dP. */
+    vitc__carve cv = {0, 1};
+    size_t o_do = vitc__take(&cv, (size_t)(L * B), (size_t)E);
+    size_t o_dq = vitc__take(&cv, (size_t)(L * B), (size_t)(r->self ? 3 * E : E));
+    size_t o_dk = r->self ? 0 : vitc__take(&cv, (size_t)(S * B), (size_t)E);
+    size_t o_dv = r->self ? 0 : vitc__take(&cv, (size_t)(S * B), (size_t)E);
+    size_t o_P = vitc__take(&cv, (size_t)L, (size_t)S), o_dP = vitc__take(&cv, (size_t)L, (size_t)S);
+    if (!cv.ok)
+        return vitc__err(VITC_ERR_NOMEM, "MultiheadAttention: backward scratch size overflows");
+    VITC_TRY(vitc__buf_reserve(&l->bscratch, cv.used));
+    VITC_TRY(vitc__layer_ensure_grad(l));
+    float *g = l->bscratch.p;
+    float *dO = g + o_do;                                   // [L*B, E], o's token order
+    float *dq = g + o_dq;                                   // [L*B, E] (packed [L*B, 3E] when self)
+    float *dk = r->self ? dq + E : g + o_dk;                // [S*B, E]
+    float *dv = r->self ? dq + 2 * E : g + o_dv;            // [S*B, E]
+
+    /* out = o W_o^T + b_o */
+    vitc__linear_backward(dO, E, 0.0f, vitc__grad_of(l, l->w_o), vitc__grad_of(l, l->b_o),
+                          dout->data, E, f->o, E, l->w_o, L * B, E, E);
+    vitc__sdpa_desc gd = *f;
+    gd.q = dq;
+    gd.k = dk;
+    gd.v = dv;
+    gd.o = dO;
+    gd.mask = NULL;
+    vitc__sdpa_backward_probs(f, &gd, g + o_P, g + o_dP);
+
+    /* The in-projections, each into its own input's gradient. */
+    int fused = l->plan.qkv == VITC__QKV_FUSED;
+    const float *wq = fused ? l->w_qkv : l->w_q;
+    const float *wk = fused ? l->w_qkv + E * E : l->w_k;
+    const float *wv = fused ? l->w_qkv + 2 * E * E : l->w_v;
+    const float *bq = l->b_qkv, *bk = l->b_qkv ? l->b_qkv + E : NULL;
+    const float *bv = l->b_qkv ? l->b_qkv + 2 * E : NULL;
+    vitc__linear_backward(d_query, E, 0.0f, vitc__grad_of(l, wq), vitc__grad_of(l, bq), dq, ld,
+                          r->xq, E, wq, L * B, E, E);
+    vitc__linear_backward(d_key, kd, 0.0f, vitc__grad_of(l, wk), vitc__grad_of(l, bk), dk, ld,
+                          r->xk, kd, wk, S * B, E, kd);
+    vitc__linear_backward(d_value, vd, 0.0f, vitc__grad_of(l, wv), vitc__grad_of(l, bv), dv, ld,
+                          r->xv, vd, wv, S * B, E, vd);
     return VITC_OK;
 }
 

@@ -36,7 +36,7 @@ class TorchSingleHead(nn.Module):
         return (w @ V) @ self.W_o
 
 
-class LayerGrads(unittest.TestCase):
+class GradCase(unittest.TestCase):
     def setUp(self):
         self.gen = torch.Generator().manual_seed(4321)
         # test_layers.py turns autograd off for its whole process
@@ -92,6 +92,9 @@ class LayerGrads(unittest.TestCase):
             with self.subTest(threads=t):
                 vitc.set_num_threads(t)
                 fn()
+
+
+class LayerGrads(GradCase):
 
     def test_attention_block(self):
         def run():
@@ -194,6 +197,89 @@ class LayerGrads(unittest.TestCase):
             m.backward(np.zeros((2, 5, 8), np.float32))  # eval-mode forward records nothing
         b = vitc.SelfAttention(4, "batch")
         self.assertNotIn("norm.running_mean", b.grads())
+
+
+class MhaGrads(GradCase):
+    """nn.MultiheadAttention: d_query, d_key, d_value and every parameter."""
+
+    def mha(self, E, H, shapes, self_attn=False, kpm=None, am=None, need_weights=False, **kw):
+        with torch.no_grad():
+            t = randomize(nn.MultiheadAttention(E, H, **kw), self.gen).train()
+        v = vitc.MultiheadAttention(E, H, **kw)
+        sd = {k: a.detach().float().numpy() for k, a in t.state_dict().items()}
+        v.load_state_dict(sd)
+        t = t.double()
+        with torch.no_grad():
+            for k, a in t.state_dict().items():
+                a.copy_(torch.from_numpy(sd[k]).double())
+        v.train().zero_grad()
+        for step in range(2):
+            xs = [torch.randn(*s, generator=self.gen).float() for s in shapes]
+            if self_attn:
+                xs = [xs[0]] * 3
+            xt = [x.double().requires_grad_(True) for x in xs[:1 if self_attn else 3]]
+            q, k, val = (xt * 3) if self_attn else xt
+            tm = lambda m: None if m is None else (m.double() if m.is_floating_point() else m)  # noqa: E731
+            yt, _ = t(q, k, val, key_padding_mask=tm(kpm), attn_mask=tm(am), need_weights=need_weights)
+            dy = torch.randn(*yt.shape, generator=self.gen).float()
+            yt.backward(dy.double())
+            xn = xs[0].numpy()
+            y, _ = v(xn, xn, xn, key_padding_mask=kpm, attn_mask=am, need_weights=need_weights) if self_attn \
+                else v(xs[0].numpy(), xs[1].numpy(), xs[2].numpy(), key_padding_mask=kpm, attn_mask=am,
+                       need_weights=need_weights)
+            self.close(y, yt, "MHA y")
+            dq, dk, dv = v.backward(dy.numpy())
+            if self_attn:
+                self.close(dq + dk + dv, xt[0].grad, "MHA dx (self, step %d)" % step)
+            else:
+                for name, got, x in zip(("d_query", "d_key", "d_value"), (dq, dk, dv), xt):
+                    self.close(got, x.grad, "MHA %s (step %d)" % (name, step))
+        g = v.grads()
+        self.assertEqual(sorted(g), sorted(k for k, _ in t.named_parameters()))
+        for k, p in t.named_parameters():
+            self.close(g[k], p.grad, "MHA d%s" % k)
+
+    def test_self_attention(self):
+        def run():
+            self.mha(8, 2, [(5, 3, 8)], self_attn=True)
+            self.mha(8, 2, [(3, 5, 8)], self_attn=True, batch_first=True, need_weights=True)
+            self.mha(6, 3, [(1, 1, 6)], self_attn=True)  # one token, batch 1
+        self.each_threads(run)
+
+    def test_cross_attention_kdim_vdim_masks(self):
+        kpm = torch.rand(7, 4, generator=self.gen) < 0.3
+        kpm[:, 0] = False  # every query keeps a key
+        am = torch.randn(3, 4, generator=self.gen)
+
+        def run():
+            self.mha(8, 2, [(7, 3, 8), (7, 4, 5), (7, 4, 6)], kdim=5, vdim=6, batch_first=True,
+                     kpm=kpm, am=am)
+            self.mha(8, 4, [(3, 7, 8), (4, 7, 8), (4, 7, 8)], bias=False, kpm=kpm.float() * -2.5,
+                     need_weights=True)
+        self.each_threads(run)
+
+    def test_unbatched_bool_mask(self):
+        am = torch.rand(2 * 3, 5, 6, generator=self.gen) < 0.3
+        am[..., 1] = False
+        am2 = torch.rand(5, 6, generator=self.gen) < 0.4
+        am2[:, 2] = False
+
+        def run():
+            self.mha(6, 2, [(5, 3, 6), (6, 3, 6), (6, 3, 6)], am=am)  # [B*heads, L, S]
+            self.mha(6, 3, [(5, 6), (6, 6), (6, 6)], am=am2, need_weights=True)  # unbatched
+        self.each_threads(run)
+
+    def test_errors(self):
+        m = vitc.MultiheadAttention(8, 2)
+        x = np.ones((3, 2, 8), np.float32)
+        with self.assertRaises(vitc.VitcError):
+            m.backward(x)
+        m(x, x, x)
+        with self.assertRaisesRegex(vitc.VitcError, r"d_out has shape \[3, 2, 7\]"):
+            m.backward(np.ones((3, 2, 7), np.float32))
+        m.eval()(x, x, x)
+        with self.assertRaises(vitc.VitcError):
+            m.backward(x)
 
 
 if __name__ == "__main__":
