@@ -154,6 +154,8 @@ typedef struct vitc_layer_config {
     float qk_scale;   /* T2T qk_scale; 0 = (chan/heads)^-0.5 */
     float eps;        /* norm eps (default 1e-5) */
     float momentum;   /* BatchNorm momentum (default 0.1) */
+    int add_bias_kv;   /* MHA: learned bias_k, bias_v [1, 1, E] appended to the keys/values */
+    int add_zero_attn; /* MHA: a zero key and value appended (after bias_k/bias_v) */
 } vitc_layer_config;
 
 typedef struct vitc_layer vitc_layer;

@@ -32,7 +32,8 @@ class _Config(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int), ("in_channels", ctypes.c_int), ("embed_dim", ctypes.c_int),
                 ("num_heads", ctypes.c_int), ("patch_size", ctypes.c_int), ("kdim", ctypes.c_int),
                 ("vdim", ctypes.c_int), ("bias", ctypes.c_int), ("batch_first", ctypes.c_int),
-                ("qk_scale", ctypes.c_float), ("eps", ctypes.c_float), ("momentum", ctypes.c_float)]
+                ("qk_scale", ctypes.c_float), ("eps", ctypes.c_float), ("momentum", ctypes.c_float),
+                ("add_bias_kv", ctypes.c_int), ("add_zero_attn", ctypes.c_int)]
 
 
 class _View(ctypes.Structure):
@@ -298,10 +299,9 @@ class MultiheadAttention(_Layer):
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, seed=None):
         if dropout:
             raise VitcError(-7, "MultiheadAttention: dropout is not supported (inference only)")
-        if add_bias_kv or add_zero_attn:
-            raise VitcError(-7, "MultiheadAttention: add_bias_kv / add_zero_attn are not supported")
         super().__init__(_MHA, seed, embed_dim=embed_dim, num_heads=num_heads, bias=1 if bias else 0,
-                         kdim=int(kdim or 0), vdim=int(vdim or 0), batch_first=1 if batch_first else 0)
+                         kdim=int(kdim or 0), vdim=int(vdim or 0), batch_first=1 if batch_first else 0,
+                         add_bias_kv=1 if add_bias_kv else 0, add_zero_attn=1 if add_zero_attn else 0)
         self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,

@@ -235,6 +235,13 @@ static vitc_status build(vitc_layer *l) {
         }
         if (c->bias)
             add_param(l, "in_proj_bias", NULL, S(b_qkv), VITC__INIT_ZERO, 0, 0, 1, 3 * E, 0, 0, 0);
+        if (c->add_bias_kv) {
+            /* xavier_normal_ of [1, 1, E]: fan_in = fan_out = E */
+            add_param(l, "bias_k", NULL, S(bias_k), VITC__INIT_NORMAL, E, E, 3, 1, 1, E, 0);
+            l->params[l->nparams - 1].init_std = sqrt(1.0 / (double)E);
+            add_param(l, "bias_v", NULL, S(bias_v), VITC__INIT_NORMAL, E, E, 3, 1, 1, E, 0);
+            l->params[l->nparams - 1].init_std = sqrt(1.0 / (double)E);
+        }
         add_param(l, "out_proj.weight", NULL, S(w_o), VITC__INIT_KAIMING, E, E, 2, E, E, 0, 0);
         if (c->bias)
             add_param(l, "out_proj.bias", NULL, S(b_o), VITC__INIT_ZERO, 0, 0, 1, E, 0, 0, 0);

@@ -69,6 +69,8 @@ typedef struct vitc__mha_record {
     vitc__sdpa_desc sd;         /* q, k, v, o, mask as the forward read them */
     const float *xq, *xk, *xv;  /* [L*B, E], [S*B, kdim], [S*B, vdim] in the inputs' token order */
     int64_t ldqkv;              /* row stride of the projected q, k, v (E, or 3E when self) */
+    int64_t S0;                 /* keys given (sd.S adds bias_k's and the zero key) */
+    int64_t kv_sl;              /* rows between keys: 1 batch_first, B otherwise */
 } vitc__mha_record;
 
 struct vitc_layer {
@@ -92,6 +94,7 @@ struct vitc_layer {
     float *norm_w, *norm_b;             /* [C] */
     float *run_mean, *run_var;          /* [C] */
     float *gamma;                       /* [1] */
+    float *bias_k, *bias_v;             /* [1, 1, E] (MHA add_bias_kv) */
     vitc__buf scratch; /* sized by the largest forward so far, then reused */
     /* Training: what the last training-mode forward left in scratch for
      * backward (engine_backward.c), and the gradients. */

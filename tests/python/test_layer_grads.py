@@ -220,14 +220,16 @@ class MhaGrads(GradCase):
             xt = [x.double().requires_grad_(True) for x in xs[:1 if self_attn else 3]]
             q, k, val = (xt * 3) if self_attn else xt
             tm = lambda m: None if m is None else (m.double() if m.is_floating_point() else m)  # noqa: E731
-            yt, _ = t(q, k, val, key_padding_mask=tm(kpm), attn_mask=tm(am), need_weights=need_weights)
+            yt, wt = t(q, k, val, key_padding_mask=tm(kpm), attn_mask=tm(am), need_weights=need_weights)
             dy = torch.randn(*yt.shape, generator=self.gen).float()
             yt.backward(dy.double())
             xn = xs[0].numpy()
-            y, _ = v(xn, xn, xn, key_padding_mask=kpm, attn_mask=am, need_weights=need_weights) if self_attn \
+            y, w = v(xn, xn, xn, key_padding_mask=kpm, attn_mask=am, need_weights=need_weights) if self_attn \
                 else v(xs[0].numpy(), xs[1].numpy(), xs[2].numpy(), key_padding_mask=kpm, attn_mask=am,
                        need_weights=need_weights)
             self.close(y, yt, "MHA y")
+            if need_weights:
+                self.close(w, wt, "MHA weights")
             dq, dk, dv = v.backward(dy.numpy())
             if self_attn:
                 self.close(dq + dk + dv, xt[0].grad, "MHA dx (self, step %d)" % step)
@@ -267,6 +269,21 @@ class MhaGrads(GradCase):
         def run():
             self.mha(6, 2, [(5, 3, 6), (6, 3, 6), (6, 3, 6)], am=am)  # [B*heads, L, S]
             self.mha(6, 3, [(5, 6), (6, 6), (6, 6)], am=am2, need_weights=True)  # unbatched
+        self.each_threads(run)
+
+    def test_add_bias_kv_add_zero_attn(self):
+        kpm = torch.rand(3, 4, generator=self.gen) < 0.4
+        am = torch.rand(5, 4, generator=self.gen) < 0.3
+
+        def run():
+            for bkv, zero in ((True, False), (False, True), (True, True)):
+                self.mha(8, 2, [(5, 3, 8), (4, 3, 8), (4, 3, 8)], add_bias_kv=bkv, add_zero_attn=zero,
+                         kpm=kpm, am=am, need_weights=True)
+                self.mha(8, 2, [(3, 5, 8)], self_attn=True, batch_first=True, add_bias_kv=bkv,
+                         add_zero_attn=zero)
+                self.mha(6, 3, [(3, 5, 6), (3, 4, 5), (3, 4, 7)], kdim=5, vdim=7, batch_first=True,
+                         add_bias_kv=bkv, add_zero_attn=zero, am=am.float() * -1.5)
+                self.mha(4, 1, [(2, 4), (3, 4), (3, 4)], add_bias_kv=bkv, add_zero_attn=zero)  # unbatched
         self.each_threads(run)
 
     def test_errors(self):
