@@ -21,8 +21,10 @@
  *   vitc_layer_forward(sa, x, 4, shape, out);    // out: [1, 64, 32, 32]
  *
  * Thread safety: objects (layers, models, files) are not shared between
- * threads while one of them runs a forward; distinct objects may be used from
- * distinct threads. The error message is thread-local.
+ * threads while one of them runs a forward (they keep their scratch and
+ * activations inside); distinct objects may be used from distinct threads.
+ * The error message is thread-local. (The Python binding serialises calls
+ * on one object with a lock, so Python may share them.)
  */
 #ifndef VITC_H
 #define VITC_H
@@ -94,6 +96,9 @@ VITC_API vitc_status vitc_set_gemm_backend(const char *name);
 
 /* A safetensors file held in memory, every tensor converted to float32
  * (F32, F16 and BF16 files are accepted). */
+/* Most dimensions a tensor may have, read or written (numpy 2's limit;
+ * numpy 1.x holds 32): more is VITC_ERR_FORMAT on load, VITC_ERR_SHAPE on save. */
+#define VITC_SAFETENSORS_MAX_NDIM 64
 typedef struct vitc_safetensors vitc_safetensors;
 
 VITC_API vitc_status vitc_safetensors_load(const char *path, vitc_safetensors **out);
@@ -252,8 +257,10 @@ VITC_API vitc_status vitc_mha_forward(vitc_layer *layer, const vitc_mha_args *a,
 /* F.scaled_dot_product_attention (torch 2.x semantics): q [...,L,d],
  * k [...,S,d], v [...,S,dv] with equal leading dims, out [...,L,dv].
  * mask broadcasts to [...,L,S]; a bool mask's True means "takes part", a
- * float mask is added. scale <= 0 means 1/sqrt(d). A row with no allowed
- * key gives NaN, as PyTorch does. */
+ * float mask is added. scale: a finite value > 0 is used as given; 0 (or
+ * any value <= 0, since C has no "not given") means torch's default
+ * 1/sqrt(d); NaN and +-inf are refused (VITC_ERR_INVALID_ARG). A row with
+ * no allowed key gives NaN, as PyTorch does. */
 VITC_API vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view *k,
                                const vitc_tensor_view *v, const vitc_tensor_view *mask,
                                vitc_mask_type mask_type, float scale, float *out);
@@ -316,6 +323,131 @@ VITC_API vitc_status vitc_image_save_png(const char *path, const uint8_t *rgb, i
 VITC_API vitc_status vitc_image_preprocess(const vitc_image *img, int resize, int crop,
                                            const float mean[3], const float std[3],
                                            float *out);
+
+/* ------------------------------------------------------------------ */
+/* Training: loss, optimizers, gradient clipping, LR schedules        */
+/* (src/train/loss.c, optim.c, lr.c)                                  */
+/* ------------------------------------------------------------------ */
+
+/* F.cross_entropy(logits, labels, label_smoothing=eps), mean reduction:
+ *   loss = mean_b [ (1 - eps) * (-log p[b, y_b]) + eps * mean_c (-log p[b, c]) ]
+ * with p = softmax(logits[b]). logits [B, C]; labels [B] class indices
+ * (int64, like torch's long targets), each in [0, C); eps in [0, 1].
+ * dlogits [B, C] (may be NULL) receives d loss / d logits =
+ * (p - (1 - eps) * onehot(y) - eps / C) / B. Computed in double per row
+ * (log-sum-exp about the row max), so logits in the thousands are fine. */
+VITC_API vitc_status vitc_cross_entropy(const float *logits, const int64_t *labels, int64_t B,
+                                        int64_t C, float label_smoothing, float *loss,
+                                        float *dlogits);
+
+typedef enum vitc_optim_kind {
+    VITC_OPTIM_SGD = 0,   /* torch.optim.SGD */
+    VITC_OPTIM_ADAMW = 1  /* torch.optim.AdamW */
+} vitc_optim_kind;
+
+typedef struct vitc_optim_config {
+    vitc_optim_kind kind;
+    /* double, as torch's Python floats: the update uses them unrounded. */
+    double lr;
+    double weight_decay;
+    /* AdamW */
+    double beta1, beta2, eps;
+    int amsgrad;
+    /* SGD */
+    double momentum, dampening;
+    int nesterov;
+    /* 0 (default): weight decay skips biases, norm weights, the class token
+     * and the position embedding (the no-decay group of timm / the ViT
+     * paper); 1: every tensor decays, as torch.optim over model.parameters(). */
+    int decay_all;
+} vitc_optim_config;
+
+typedef struct vitc_optimizer vitc_optimizer;
+typedef struct vitc_vit vitc_vit; /* (C11 allows the repeated typedef) */
+
+/* torch's defaults: AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight
+ * decay 1e-2; SGD lr 1e-3, no momentum, dampening or weight decay. */
+VITC_API vitc_optim_config vitc_optim_default_config(vitc_optim_kind kind);
+/* An optimizer over every parameter of a model or layer; allocates the
+ * model's gradients (zeroed) if it has none yet. The optimizer must be
+ * freed by the caller; once its model is freed every call on it fails
+ * (VITC_ERR_INVALID_ARG) instead of touching freed memory. */
+VITC_API vitc_status vitc_optimizer_create_vit(vitc_vit *m, const vitc_optim_config *cfg,
+                                               vitc_optimizer **out);
+VITC_API vitc_status vitc_optimizer_create_layer(vitc_layer *l, const vitc_optim_config *cfg,
+                                                 vitc_optimizer **out);
+VITC_API void vitc_optimizer_free(vitc_optimizer *o);
+/* One update from the accumulated gradients, exactly as torch's step():
+ * AdamW: step += 1; p *= 1 - lr*wd; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
+ *        p -= lr/(1-b1^step) * m / (sqrt(v)/sqrt(1-b2^step) + eps)
+ *        (amsgrad: vmax = max(vmax, v) replaces v in the denominator).
+ * SGD:   d = g + wd*p; buf = d on the first step, else momentum*buf +
+ *        (1-dampening)*d; d = nesterov ? d + momentum*buf : buf (when
+ *        momentum != 0); p -= lr*d. */
+VITC_API vitc_status vitc_optimizer_step(vitc_optimizer *o);
+/* Sets every gradient to 0 (gradients accumulate until then, as in torch). */
+VITC_API vitc_status vitc_optimizer_zero_grad(vitc_optimizer *o);
+VITC_API vitc_status vitc_optimizer_set_lr(vitc_optimizer *o, double lr);
+VITC_API double vitc_optimizer_get_lr(const vitc_optimizer *o);
+/* SGD's momentum or AdamW's beta1 (what OneCycleLR cycles). */
+VITC_API vitc_status vitc_optimizer_set_momentum(vitc_optimizer *o, double momentum);
+VITC_API double vitc_optimizer_get_momentum(const vitc_optimizer *o);
+VITC_API const vitc_optim_config *vitc_optimizer_get_config(const vitc_optimizer *o);
+/* Optimizer state for checkpoints. The state arrays have the layout of the
+ * flat parameter array (num_params floats, tensors at their offsets), under
+ * torch's state names: AdamW "exp_avg", "exp_avg_sq" (+ "max_exp_avg_sq"
+ * with amsgrad), SGD with momentum "momentum_buffer". data points into the
+ * optimizer and may be written (restore = copy in, then set the step).
+ * step counts the updates done. SGD's momentum buffer starts as the first
+ * momentum step's direction (torch creates it then); set_step(n > 0) marks
+ * a restored buffer as started, set_step(0) as not. */
+VITC_API size_t vitc_optimizer_num_params(const vitc_optimizer *o);
+VITC_API int vitc_optimizer_num_states(const vitc_optimizer *o);
+VITC_API vitc_status vitc_optimizer_state(vitc_optimizer *o, int i, const char **name,
+                                          float **data);
+VITC_API int64_t vitc_optimizer_get_step(const vitc_optimizer *o);
+VITC_API vitc_status vitc_optimizer_set_step(vitc_optimizer *o, int64_t step);
+/* torch.nn.utils.clip_grad_norm_(params, max_norm): total = the L2 norm of
+ * all gradients together (accumulated in double); every gradient is scaled
+ * by min(1, max_norm / (total + 1e-6)). total_norm (may be NULL) receives
+ * the norm before clipping. */
+VITC_API vitc_status vitc_clip_grad_norm_optimizer(vitc_optimizer *o, float max_norm,
+                                                   float *total_norm);
+VITC_API vitc_status vitc_clip_grad_norm_vit(vitc_vit *m, float max_norm, float *total_norm);
+VITC_API vitc_status vitc_clip_grad_norm_layer(vitc_layer *l, float max_norm,
+                                               float *total_norm);
+
+/* Linear warmup, then cosine to min_lr, for step s = 0, 1, ...:
+ *   s < W:       lr = base_lr * (s + 1) / W
+ *   W <= s < T:  lr = min_lr + (base_lr - min_lr) * (1 + cos(pi * (s - W) / (T - W))) / 2
+ *   s >= T:      lr = min_lr
+ * (W = warmup_steps >= 0, T = total_steps > W). The same numbers as torch's
+ * SequentialLR([LinearLR(start_factor=1/W, total_iters=W-1),
+ * CosineAnnealingLR(T_max=T-W, eta_min=min_lr)], milestones=[W]). */
+VITC_API vitc_status vitc_lr_warmup_cosine(int64_t step, int64_t warmup_steps,
+                                           int64_t total_steps, double base_lr, double min_lr,
+                                           double *lr);
+
+typedef struct vitc_onecycle_config {
+    double max_lr;
+    int64_t total_steps;
+    double pct_start;          /* 0.3 */
+    int anneal_linear;         /* 0: 'cos' (default), 1: 'linear' */
+    double div_factor;         /* 25: initial_lr = max_lr / div_factor */
+    double final_div_factor;   /* 1e4: min_lr = initial_lr / final_div_factor */
+    int three_phase;           /* 0 */
+    int cycle_momentum;        /* 1 */
+    double base_momentum;      /* 0.85 */
+    double max_momentum;       /* 0.95 */
+} vitc_onecycle_config;
+
+/* torch.optim.lr_scheduler.OneCycleLR's defaults for max_lr and total_steps. */
+VITC_API vitc_onecycle_config vitc_onecycle_default_config(double max_lr, int64_t total_steps);
+/* OneCycleLR's lr (and momentum, when cycle_momentum; else *momentum is
+ * left alone) at step 0 <= step <= total_steps, torch's get_lr() exactly. */
+VITC_API vitc_status vitc_lr_onecycle(const vitc_onecycle_config *c, int64_t step, double *lr,
+                                      double *momentum);
+/* ---- end training: loss, optimizers, schedules ---------------------- */
 
 /* ------------------------------------------------------------------ */
 /* Vision Transformer                                                 */

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "params.h"
+#include "rng.h"
 
 vitc_status vitc__params_layout(vitc__param *t, int n, size_t *total) {
     size_t off = 0;
@@ -31,24 +32,14 @@ void vitc__params_bind(const vitc__param *t, int n, float *base, void *obj, void
     }
 }
 
-/* splitmix64: small, deterministic, and the same stream on every platform. */
-static uint64_t params_rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-/* Uniform in [0, 1) with 24 random bits, exactly representable in float. */
-static double params_uniform(uint64_t *s) { return (double)(params_rng_next(s) >> 40) / 16777216.0; }
-
 /* Box-Muller; 1 - u keeps the log argument in (0, 1]. */
-static double params_normal(uint64_t *s) {
-    double u1 = 1.0 - params_uniform(s), u2 = params_uniform(s);
+static double params_normal(vitc__rng *s) {
+    double u1 = 1.0 - vitc__rng_uniform(s), u2 = vitc__rng_uniform(s);
     return sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2);
 }
 
 void vitc__params_init(const vitc__param *t, int n, float *base, uint64_t seed) {
-    uint64_t s = seed;
+    vitc__rng s = {seed};
     for (int i = 0; i < n; i++) {
         const vitc__param *p = &t[i];
         float *d = base + p->offset;
@@ -62,7 +53,7 @@ void vitc__params_init(const vitc__param *t, int n, float *base, uint64_t seed) 
             case VITC__INIT_ZERO: d[j] = 0.0f; break;
             case VITC__INIT_ONE: d[j] = 1.0f; break;
             case VITC__INIT_KAIMING:
-            case VITC__INIT_XAVIER: d[j] = (float)((2.0 * params_uniform(&s) - 1.0) * bound); break;
+            case VITC__INIT_XAVIER: d[j] = (float)((2.0 * vitc__rng_uniform(&s) - 1.0) * bound); break;
             case VITC__INIT_NORMAL01: d[j] = (float)(0.1 * params_normal(&s)); break;
             case VITC__INIT_NORMAL: d[j] = (float)(p->init_std * params_normal(&s)); break;
             case VITC__INIT_TRUNC: {

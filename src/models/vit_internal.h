@@ -7,6 +7,7 @@
 #define VITC_VIT_INTERNAL_H
 
 #include "../internal.h"
+#include "../kernels/kernels.h"
 #include "../params.h"
 
 /* Per-model tensors then per-layer tensors, in torchvision's state_dict
@@ -55,6 +56,40 @@ typedef struct vitc__vit_w {
     float *head_b;  /* [classes] */
 } vitc__vit_w;
 
+/* A block's activations. In a training forward every block has its own
+ * (block l at layers + l * stride, one past the last holding the encoder's
+ * output); inference has stride 0 and aliases what backward alone needs
+ * (LN1/LN2 outputs, GELU input/output, block input/output), so its memory
+ * does not grow. */
+enum {
+    VA_X,    /* [B, N, C] block input (the previous block's output) */
+    VA_LN1,  /* [B, N, C] ln_1(x); also the [B*P, C] patch projection */
+    VA_QKV,  /* [B, N, 3, H, d] */
+    VA_ATT,  /* [B, N, H, d] attention output, heads interleaved like torch */
+    VA_LSE,  /* [B, H, N] attention log-sum-exp per row (training only) */
+    VA_MID,  /* [B, N, C] x + out_proj(att) */
+    VA_LN2,  /* [B, N, C] ln_2(mid) */
+    VA_HPRE, /* [B, N, mlp] fc1 output, GELU's input */
+    VA_HACT, /* [B, N, mlp] GELU output */
+    VA_COUNT
+};
+typedef struct vitc__vit_acts {
+    int64_t B, N, P;
+    int training;
+    float *patches; /* [B*P, in*p*p] im2col of the images */
+    float *layers;
+    size_t stride;  /* floats from block l to block l + 1; 0 in inference */
+    size_t off[VA_COUNT];
+    float *cls_in;  /* [B, C] the encoder's class tokens (last block output) */
+    float *cls_out; /* [B, C] final-normed class tokens */
+} vitc__vit_acts;
+
+static inline float *vitc__va(const vitc__vit_acts *a, int l, int k) {
+    if (k == VA_LSE && !a->training)
+        return NULL;
+    return a->layers + (size_t)l * a->stride + a->off[k];
+}
+
 struct vitc_vit {
     vitc_vit_config cfg;
     char arch[32];
@@ -81,13 +116,10 @@ struct vitc_vit {
 
     /* Activations, grown for the largest (batch, image size) seen, reused. */
     vitc__buf act;
-    float *patches; /* [B*P, in*p*p] im2col of the images, P = gh*gw */
-    float *x0, *x1; /* [B, N, C] residual stream, ping-pong */
-    float *ln;      /* [B, N, C] normed stream; also the [B*P, C] patch projection */
-    float *qkv;     /* [B, N, 3, H, d] */
-    float *att;     /* [B, N, H, d] attention output, heads interleaved like torch */
-    float *hid;     /* [B, N, mlp] */
-    float *cls_out; /* [B, C] final-normed class tokens */
+    vitc__vit_acts a;
+    int recorded;        /* a's training forward is there for backward */
+    int rec_gh, rec_gw;  /* its patch grid */
+    vitc__buf bwd;       /* backward scratch */
     /* Position embedding resampled for a grid gh x gw (cached per grid). */
     vitc__buf pos_buf;
     int pos_gh, pos_gw;
@@ -111,5 +143,13 @@ vitc_status vitc__vit_grad_alloc(vitc_vit *m);
  * stored position-major ([ih*iw, C]) into dst [oh*ow, C]. */
 void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw, int64_t oh,
                       int64_t ow);
+
+/* The adjoint of vitc__bicubic_ac, accumulated into dsrc [ih*iw, C]. */
+void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_t ih, int64_t iw,
+                               int64_t oh, int64_t ow);
+
+/* The attention view of qkv [B, N, 3, H, d] -> att [B, N, H, d] (vit.c). */
+vitc__sdpa_desc vitc__vit_attention(const vitc_vit *m, const float *qkv, float *att, int64_t B,
+                                    int64_t N, int64_t L);
 
 #endif
