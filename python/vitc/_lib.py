@@ -370,3 +370,10 @@ def _train_signatures():
 
 
 _train_signatures()
+# ---- training: gradients of the functional attention and softmax ----------
+# (vitc_sdpa_backward, vitc_softmax_backward; used by grad.py). The four
+# vitc_tensor_view arguments go by address.
+lib.vitc_sdpa_backward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_float, c_float_p,
+                                                          c_float_p, c_float_p, c_float_p]
+lib.vitc_softmax_backward.argtypes = [c_float_p, c_float_p, ctypes.c_int, c_int64_p, ctypes.c_int,
+                                      ctypes.c_float, c_float_p]
