@@ -19,11 +19,11 @@ def _paths():
     got = []
     for a in ARCHES:
         try:
-            vitc._lib.vitc_set_arch(a.encode())
+            vitc._lib.lib.vitc_set_arch(a.encode())
             if vitc.get_arch() == a:
                 got.append(a)
         finally:
-            vitc._lib.vitc_set_arch(b"auto")
+            vitc._lib.lib.vitc_set_arch(b"auto")
     return got
 
 
@@ -63,11 +63,11 @@ class TestSdpaBackward(unittest.TestCase):
         dout = self._rand(*(qs[:-1] + vs[-1:]))
         ref = torch_sdpa_grads(q, k, v, dout, mask, scale)
         for arch in _paths():
-            vitc._lib.vitc_set_arch(arch.encode())
+            vitc._lib.lib.vitc_set_arch(arch.encode())
             try:
                 got = vitc.sdpa_backward(q, k, v, dout, attn_mask=mask, scale=scale)
             finally:
-                vitc._lib.vitc_set_arch(b"auto")
+                vitc._lib.lib.vitc_set_arch(b"auto")
             for name, g, r in zip(("dq", "dk", "dv"), got, ref):
                 self.assertEqual(g.shape, r.shape)
                 e = rel_err(g, r)
@@ -117,11 +117,11 @@ class TestSoftmaxBackward(unittest.TestCase):
         yt.backward(torch.tensor(dy, dtype=torch.float64))
         y = vitc.softmax(x, dim=dim, temperature=t)
         for arch in _paths():
-            vitc._lib.vitc_set_arch(arch.encode())
+            vitc._lib.lib.vitc_set_arch(arch.encode())
             try:
                 dx = vitc.softmax_backward(y, dy, dim=dim, temperature=t)
             finally:
-                vitc._lib.vitc_set_arch(b"auto")
+                vitc._lib.lib.vitc_set_arch(b"auto")
             e = rel_err(dx, xt.grad.numpy())
             self.assertLessEqual(e, 1e-4, "%s %s dim %d t %g: %g" % (arch, shape, dim, t, e))
 
