@@ -603,6 +603,8 @@ vitc_status vitc_layer_forward(vitc_layer *l, const float *x, int ndim, const in
     if (p->res == VITC__RES_INPUT && p->outp != VITC__OUT_NONE)
         o_y = vitc__take(&cv, (size_t)M, (size_t)p->cout);
     if (p->norm == VITC__NORM_BATCH) o_stat = vitc__take(&cv, 2, (size_t)C);
+    /* Training: each attention row's log-sum-exp, from which backward recomputes P. */
+    size_t o_lse = l->training ? vitc__take(&cv, (size_t)(B * p->heads), (size_t)N) : 0;
     if (!cv.ok)
         return vitc__err(VITC_ERR_NOMEM, "%s: scratch size for this input overflows", kn);
     VITC_TRY(vitc__buf_reserve(&l->scratch, cv.used));
@@ -663,6 +665,11 @@ vitc_status vitc_layer_forward(vitc_layer *l, const float *x, int ndim, const in
     float *o = s + o_o; // [B, N, H, dv]
     vitc__sdpa_desc sd;
     vitc__engine_sdpa_desc(p, &sd, qkv, o, B, N);
+    if (l->training) {
+        sd.lse = s + o_lse; // [B, H, N]
+        sd.lse_sb = p->heads * N;
+        sd.lse_sh = N;
+    }
     VITC_TRY(vitc__sdpa(&sd));
 
     /* 4. Output projection (+ the V skip of T2T), then back to the input's layout. */
@@ -681,7 +688,7 @@ vitc_status vitc_layer_forward(vitc_layer *l, const float *x, int ndim, const in
     /* 5. What backward reads: the regions above stay until the next forward. */
     if (l->training) {
         vitc__record r = {1, ndim, ond, {0}, {0}, o_x, o_norm, o_cols, o_tok, o_qkv, o_o,
-                          o_y, o_stat};
+                          o_y, o_stat, o_lse};
         memcpy(r.shape, shape, (size_t)ndim * sizeof *shape);
         memcpy(r.out_shape, oshape, (size_t)ond * sizeof *oshape);
         l->rec = r;

@@ -97,7 +97,7 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
     int64_t M = B * N, W3 = 2 * p->dq + p->dv, K = 0;
     if (p->in == VITC__IN_PATCHES) K = C * l->cfg.patch_size * l->cfg.patch_size;
 
-    /* Regions: token-major dy, dO, dqkv, dtokens, dcols, dimage, P and dP of one head. */
+    /* Regions: token-major dy, dO, dqkv, dtokens, dcols, dimage. */
     vitc__carve cv = {0, 1};
     size_t o_dyt = 0, o_do = 0, o_dtok = 0, o_dcols = 0, o_dimg = 0;
     if (p->res == VITC__RES_INPUT) o_dyt = vitc__take(&cv, (size_t)M, (size_t)p->cout);
@@ -106,7 +106,6 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
     if (p->in != VITC__IN_TOKENS) o_dtok = vitc__take(&cv, (size_t)M, (size_t)p->cin);
     if (p->in == VITC__IN_PATCHES) o_dcols = vitc__take(&cv, (size_t)M, (size_t)K);
     if (p->norm != VITC__NORM_NONE) o_dimg = vitc__take(&cv, (size_t)B * C, (size_t)HW);
-    size_t o_P = vitc__take(&cv, (size_t)N, (size_t)N), o_dP = vitc__take(&cv, (size_t)N, (size_t)N);
     if (!cv.ok)
         return vitc__err(VITC_ERR_NOMEM, "backward scratch size for this input overflows");
     VITC_TRY(vitc__buf_reserve(&l->bscratch, cv.used));
@@ -149,7 +148,12 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
         gd.o_sr = p->cout;
         gd.o_sb = N * p->cout;
     }
-    vitc__sdpa_backward_probs(&f, &gd, g + o_P, g + o_dP);
+    f.lse = s + r->o_lse; // [B, H, N]
+    f.lse_sb = p->heads * N;
+    f.lse_sh = N;
+    VITC_TRY(vitc__sdpa_backward(&(vitc__sdpa_bwd_desc){
+        f, gd.o, gd.o_sb, gd.o_sh, gd.o_sr, (float *)gd.q, gd.q_sb, gd.q_sh, gd.q_sr,
+        (float *)gd.k, gd.k_sb, gd.k_sh, gd.k_sr, (float *)gd.v, gd.v_sb, gd.v_sh, gd.v_sr}));
     if (p->res == VITC__RES_V) /* y = proj(o) + v */
         for (int64_t m = 0; m < M; m++) {
             float *dv = dqkv + m * W3 + 2 * p->dq;

@@ -56,6 +56,7 @@ typedef struct vitc__record {
     size_t o_o;    /* [M, dv] attention output */
     size_t o_y;    /* [M, cout] out-projection before the residual */
     size_t o_stat; /* [2, C] BatchNorm batch mean, biased variance */
+    size_t o_lse;  /* [B, H, N] attention log-sum-exp per row */
 } vitc__record;
 
 /* MultiheadAttention's training record (mha.c): the attention views of

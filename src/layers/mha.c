@@ -255,16 +255,17 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
         ok = ok && vitc__mul_size((size_t)chunk, (size_t)per_b, &nprob);
     }
     /* Training: copies of the inputs, which the weight gradients read. */
-    size_t nxq = 0, nxk = 0, nxv = 0;
+    size_t nxq = 0, nxk = 0, nxv = 0, nlse = 0;
     if (l->training)
-        ok = ok && vitc__mul_size((size_t)(L * B), (size_t)E, &nxq) &&
+        ok = ok && vitc__mul_size((size_t)(B * H), (size_t)L, &nlse) &&
+             vitc__mul_size((size_t)(L * B), (size_t)E, &nxq) &&
              vitc__mul_size((size_t)(S0 * B), self ? 0 : (size_t)kd, &nxk) &&
              vitc__mul_size((size_t)(S0 * B), self ? 0 : (size_t)vd, &nxv);
     size_t total = 0;
     ok = ok && vitc__add_size(nq, nkv, &total) && vitc__add_size(total, no, &total) &&
          vitc__add_size(total, nmask, &total) && vitc__add_size(total, nprob, &total) &&
          vitc__add_size(total, nxq, &total) && vitc__add_size(total, nxk, &total) &&
-         vitc__add_size(total, nxv, &total);
+         vitc__add_size(total, nxv, &total) && vitc__add_size(total, nlse, &total);
     if (!ok)
         return vitc__err(VITC_ERR_NOMEM, "MultiheadAttention: scratch size overflows");
     VITC_TRY(vitc__buf_reserve(&l->scratch, total));
@@ -277,6 +278,7 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
     float *cq = probs + nprob;        // [L*B, E] training copy of query
     float *ck = cq + nxq;             // [S*B, kdim]
     float *cv = ck + nxk;             // [S*B, vdim]
+    float *lse = cv + nxv;            // [B, H, L] training: each row's log-sum-exp
     if (l->training) {
         memcpy(cq, xq, nxq * sizeof(float));
         memcpy(ck, xk, nxk * sizeof(float));
@@ -372,6 +374,9 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
     sd.o = o; sd.o_sb = d.q_sb * E; sd.o_sh = hd; sd.o_sr = d.q_sl * E;
     sd.scale = p->scale;
     sd.mask = mp; sd.m_sb = m_sb; sd.m_sh = m_sh; sd.m_sr = m_sr;
+    if (l->training) {
+        sd.lse = lse; sd.lse_sb = H * L; sd.lse_sh = L;
+    }
     if (a->need_weights) {
         sd.probs = a->average_attn_weights ? probs : weights;
         sd.p_sb = H * L * S; sd.p_sh = L * S; sd.p_sr = S;
@@ -385,6 +390,7 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
             part.v += b0 * sd.v_sb;
             part.o += b0 * sd.o_sb;
             if (part.mask) part.mask += b0 * sd.m_sb;
+            if (part.lse) part.lse += b0 * sd.lse_sb;
             VITC_TRY(vitc__sdpa(&part));
             head_mean_ctx hm = {weights + b0 * L * S, probs, H, L, S};
             vitc__parallel_range(part.B * L, head_mean_rows, &hm);
@@ -436,13 +442,12 @@ vitc_status vitc_mha_backward(vitc_layer *l, const vitc_tensor_view *dout, float
     int64_t B = f->B, L = f->L, S = f->S, S0 = r->S0, E = l->cfg.embed_dim;
     int64_t kd = l->cfg.kdim ? l->cfg.kdim : E, vd = l->cfg.vdim ? l->cfg.vdim : E;
     int64_t ld = r->ldqkv;
-    /* Regions: dO, then dq/dk/dv of the projections in the forward's layout, P and dP. */
+    /* Regions: dO, then dq/dk/dv of the projections in the forward's layout. */
     vitc__carve cv = {0, 1};
     size_t o_do = vitc__take(&cv, (size_t)(L * B), (size_t)E);
     size_t o_dq = vitc__take(&cv, (size_t)(L * B), (size_t)(r->self ? 3 * E : E));
     size_t o_dk = r->self ? 0 : vitc__take(&cv, (size_t)(S * B), (size_t)E);
     size_t o_dv = r->self ? 0 : vitc__take(&cv, (size_t)(S * B), (size_t)E);
-    size_t o_P = vitc__take(&cv, (size_t)L, (size_t)S), o_dP = vitc__take(&cv, (size_t)L, (size_t)S);
     if (!cv.ok)
         return vitc__err(VITC_ERR_NOMEM, "MultiheadAttention: backward scratch size overflows");
     VITC_TRY(vitc__buf_reserve(&l->bscratch, cv.used));
@@ -456,13 +461,10 @@ vitc_status vitc_mha_backward(vitc_layer *l, const vitc_tensor_view *dout, float
     /* out = o W_o^T + b_o */
     vitc__linear_backward(dO, E, 0.0f, vitc__grad_of(l, l->w_o), vitc__grad_of(l, l->b_o),
                           dout->data, E, f->o, E, l->w_o, L * B, E, E);
-    vitc__sdpa_desc gd = *f;
-    gd.q = dq;
-    gd.k = dk;
-    gd.v = dv;
-    gd.o = dO;
-    gd.mask = NULL;
-    vitc__sdpa_backward_probs(f, &gd, g + o_P, g + o_dP);
+    /* The gradients share the forward's layouts (dq with q's strides, ...). */
+    VITC_TRY(vitc__sdpa_backward(&(vitc__sdpa_bwd_desc){
+        *f, dO, f->o_sb, f->o_sh, f->o_sr, dq, f->q_sb, f->q_sh, f->q_sr, dk, f->k_sb, f->k_sh,
+        f->k_sr, dv, f->v_sb, f->v_sh, f->v_sr}));
 
     /* The in-projections, each into its own input's gradient. */
     int fused = l->plan.qkv == VITC__QKV_FUSED;
