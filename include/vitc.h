@@ -161,6 +161,7 @@ typedef struct vitc_layer_config {
     float momentum;   /* BatchNorm momentum (default 0.1) */
     int add_bias_kv;   /* MHA: learned bias_k, bias_v [1, 1, E] appended to the keys/values */
     int add_zero_attn; /* MHA: a zero key and value appended (after bias_k/bias_v) */
+    float dropout;     /* MHA: dropout on the attention weights in training mode (0..1) */
 } vitc_layer_config;
 
 typedef struct vitc_layer vitc_layer;

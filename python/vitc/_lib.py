@@ -88,7 +88,8 @@ class LayerConfig(ctypes.Structure):
                 ("num_heads", ctypes.c_int), ("patch_size", ctypes.c_int), ("kdim", ctypes.c_int),
                 ("vdim", ctypes.c_int), ("bias", ctypes.c_int), ("batch_first", ctypes.c_int),
                 ("qk_scale", ctypes.c_float), ("eps", ctypes.c_float), ("momentum", ctypes.c_float),
-                ("add_bias_kv", ctypes.c_int), ("add_zero_attn", ctypes.c_int)]
+                ("add_bias_kv", ctypes.c_int), ("add_zero_attn", ctypes.c_int),
+                ("dropout", ctypes.c_float)]
 
 
 class TensorView(ctypes.Structure):

@@ -280,14 +280,16 @@ class MultiheadAttention(_Layer):
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, seed=None):
-        if dropout:
-            raise VitcError(Status.ERR_UNSUPPORTED, "MultiheadAttention: dropout is not supported (inference only)")
+        dropout = float_arg(dropout, "dropout")
+        if not 0.0 <= dropout <= 1.0:
+            raise VitcError(Status.ERR_INVALID_ARG, "MultiheadAttention: dropout must be in [0, 1], got %r" % (dropout,))
         embed_dim, num_heads = size_arg(embed_dim, "embed_dim"), size_arg(num_heads, "num_heads")
         super().__init__(_MHA, seed, embed_dim=embed_dim, num_heads=num_heads, bias=1 if bias else 0,
                          kdim=0 if kdim is None else size_arg(kdim, "kdim"),
                          vdim=0 if vdim is None else size_arg(vdim, "vdim"),
                          batch_first=1 if batch_first else 0,
-                         add_bias_kv=1 if add_bias_kv else 0, add_zero_attn=1 if add_zero_attn else 0)
+                         add_bias_kv=1 if add_bias_kv else 0, add_zero_attn=1 if add_zero_attn else 0,
+                         dropout=dropout)
         self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,

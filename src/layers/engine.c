@@ -216,6 +216,8 @@ static vitc_status build(vitc_layer *l) {
         }
         if (E < 1)
             return bad_config(c, "embed_dim must be >= 1");
+        if (!(c->dropout >= 0.0f && c->dropout <= 1.0f))
+            return bad_config(c, "dropout must be in [0, 1]");
         if (E % H) {
             snprintf(msg, sizeof msg, "embed_dim %lld is not divisible by num_heads %lld",
                      (long long)E, (long long)H);
@@ -288,6 +290,8 @@ vitc_status vitc_layer_reset_parameters(vitc_layer *l, uint64_t seed) {
     if (!l)
         return vitc__err(VITC_ERR_INVALID_ARG, "layer is NULL");
     vitc__params_init(l->params, l->nparams, l->store, seed);
+    /* dropout's own stream of the same seed, apart from the initialisation's */
+    l->rng.s = seed ^ 0xD1B54A32D192ED03ull;
     return VITC_OK;
 }
 

@@ -41,31 +41,61 @@ void vitc__proj_backward(float *dx, int64_t lddx, float beta, float *dW, float *
     vitc__gemm(1, 0, K, N, M, 1.0f, x, ldx, dy, ldy, 1.0f, dW, N);
 }
 
-/* Through the probabilities: P [L, S] is recomputed from q, k and the mask,
- * then dV = P^T dO, dP = dO V^T, dS = P * (dP - rowsum(P * dP)),
- * dQ = scale dS K, dK = scale dS^T Q. A row whose keys are all masked is
- * NaN in the forward (torch 1.13) and stays NaN here. */
-void vitc__sdpa_backward_probs(const vitc__sdpa_desc *f, const vitc__sdpa_desc *g, float *P,
-                               float *dP) {
+/* P [L, S] = softmax(scale q k^T + mask) of head (b, h). A row whose keys
+ * are all masked is NaN (torch 1.13). */
+static void head_probs(const vitc__sdpa_desc *f, int64_t b, int64_t h, float *P) {
+    int64_t L = f->L, S = f->S;
+    const float *q = f->q + b * f->q_sb + h * f->q_sh; // [L, D] row stride q_sr
+    const float *k = f->k + b * f->k_sb + h * f->k_sh; // [S, D]
+    vitc__gemm(0, 1, L, S, f->D, f->scale, q, f->q_sr, k, f->k_sr, 0.0f, P, S);
+    if (f->mask) {
+        const float *m = f->mask + b * f->m_sb + h * f->m_sh; // [L, S] row stride m_sr
+        for (int64_t i = 0; i < L; i++)
+            for (int64_t j = 0; j < S; j++) P[i * S + j] += m[i * f->m_sr + j];
+    }
+    vitc__softmax_rows(P, L, S, 1.0f);
+}
+
+void vitc__sdpa_dropout_forward(const vitc__sdpa_desc *f, uint8_t *keep, float p, vitc__rng *r,
+                                float *P) {
+    int64_t L = f->L, S = f->S;
+    for (int64_t b = 0; b < f->B; b++)
+        for (int64_t h = 0; h < f->H; h++) {
+            uint8_t *kp = keep + (b * f->H + h) * L * S; // [L, S]
+            head_probs(f, b, h, P);
+            vitc__dropout_mask(kp, L * S, p, r);
+            vitc__dropout_apply(P, P, kp, L * S, p);
+            if (f->probs) {
+                float *w = f->probs + b * f->p_sb + h * f->p_sh; // [L, S] row stride p_sr
+                for (int64_t i = 0; i < L; i++) memcpy(w + i * f->p_sr, P + i * S, S * sizeof *P);
+            }
+            const float *v = f->v + b * f->v_sb + h * f->v_sh; // [S, Dv]
+            float *o = f->o + b * f->o_sb + h * f->o_sh;       // [L, Dv]
+            vitc__gemm(0, 0, L, f->Dv, S, 1.0f, P, S, v, f->v_sr, 0.0f, o, f->o_sr);
+        }
+}
+
+/* With Pd = P * keep / (1 - p): dV = Pd^T dO, dPd = dO V^T, dP = dPd * keep
+ * / (1 - p), dS = P * (dP - rowsum(P * dP)), dQ = scale dS K, dK = scale
+ * dS^T Q. */
+void vitc__sdpa_dropout_backward(const vitc__sdpa_desc *f, const vitc__sdpa_desc *g,
+                                 const uint8_t *keep, float p, float *P, float *dP) {
     int64_t L = f->L, S = f->S, D = f->D, Dv = f->Dv;
     for (int64_t b = 0; b < f->B; b++)
         for (int64_t h = 0; h < f->H; h++) {
-            const float *q = f->q + b * f->q_sb + h * f->q_sh; // [L, D] row stride q_sr
+            const uint8_t *kp = keep + (b * f->H + h) * L * S;  // [L, S]
+            const float *q = f->q + b * f->q_sb + h * f->q_sh; // [L, D]
             const float *k = f->k + b * f->k_sb + h * f->k_sh; // [S, D]
             const float *v = f->v + b * f->v_sb + h * f->v_sh; // [S, Dv]
             const float *dO = g->o + b * g->o_sb + h * g->o_sh; // [L, Dv]
             float *dq = (float *)g->q + b * g->q_sb + h * g->q_sh; // [L, D]
             float *dk = (float *)g->k + b * g->k_sb + h * g->k_sh; // [S, D]
             float *dv = (float *)g->v + b * g->v_sb + h * g->v_sh; // [S, Dv]
-            vitc__gemm(0, 1, L, S, D, f->scale, q, f->q_sr, k, f->k_sr, 0.0f, P, S);
-            if (f->mask) {
-                const float *m = f->mask + b * f->m_sb + h * f->m_sh; // [L, S] row stride m_sr
-                for (int64_t i = 0; i < L; i++)
-                    for (int64_t j = 0; j < S; j++) P[i * S + j] += m[i * f->m_sr + j];
-            }
-            vitc__softmax_rows(P, L, S, 1.0f);
-            vitc__gemm(1, 0, S, Dv, L, 1.0f, P, S, dO, g->o_sr, 0.0f, dv, g->v_sr);
+            head_probs(f, b, h, P);
+            vitc__dropout_apply(dP, P, kp, L * S, p); /* Pd, for dV */
+            vitc__gemm(1, 0, S, Dv, L, 1.0f, dP, S, dO, g->o_sr, 0.0f, dv, g->v_sr);
             vitc__gemm(0, 1, L, S, Dv, 1.0f, dO, g->o_sr, v, f->v_sr, 0.0f, dP, S);
+            vitc__dropout_apply(dP, dP, kp, L * S, p);
             for (int64_t i = 0; i < L; i++) {
                 float *pr = P + i * S, *dpr = dP + i * S;
                 double delta = 0.0;

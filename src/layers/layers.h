@@ -8,6 +8,7 @@
 
 #include "../kernels/kernels.h"
 #include "../params.h"
+#include "../rng.h"
 
 #define VITC__MAX_PARAMS 12
 
@@ -72,6 +73,7 @@ typedef struct vitc__mha_record {
     int64_t ldqkv;              /* row stride of the projected q, k, v (E, or 3E when self) */
     int64_t S0;                 /* keys given (sd.S adds bias_k's and the zero key) */
     int64_t kv_sl;              /* rows between keys: 1 batch_first, B otherwise */
+    const uint8_t *keep;        /* [B, H, L, S] dropout's kept weights, NULL without dropout */
 } vitc__mha_record;
 
 struct vitc_layer {
@@ -101,6 +103,7 @@ struct vitc_layer {
      * backward (engine_backward.c), and the gradients. */
     vitc__record rec;
     vitc__mha_record mrec;
+    vitc__rng rng;      /* dropout masks; seeded by reset_parameters */
     vitc__buf bscratch; /* backward's own scratch */
 };
 
@@ -130,12 +133,17 @@ static inline size_t vitc__take(vitc__carve *c, size_t a, size_t b) {
 void vitc__engine_sdpa_desc(const vitc__plan *p, vitc__sdpa_desc *sd, float *qkv, float *o,
                             int64_t B, int64_t N);
 
-/* Attention backward through the probabilities (engine_backward.c), one
- * head at a time: f holds the forward's views (q, k, v, o, mask, scale), g
- * the gradient views in the same layout (g->q, g->k, g->v receive dq, dk,
- * dv, overwritten; g->o is dO). P and dP: [L, S] each. */
-void vitc__sdpa_backward_probs(const vitc__sdpa_desc *f, const vitc__sdpa_desc *g, float *P,
-                               float *dP);
+/* Attention with dropout on its weights, through the probabilities, one
+ * head at a time (engine_backward.c): o = (softmax(scale q k^T + mask) *
+ * keep / (1 - p)) v. Forward: f's q, k, v, mask, scale in, o out; keep
+ * [B, H, L, S] is drawn from r; the dropped weights go to f->probs when
+ * set. Backward: g holds the gradient views in f's layout (g->q, g->k, g->v
+ * receive dq, dk, dv, overwritten; g->o is dO), from the same keep. P and
+ * dP: [L, S] scratch each. */
+void vitc__sdpa_dropout_forward(const vitc__sdpa_desc *f, uint8_t *keep, float p, vitc__rng *r,
+                                float *P);
+void vitc__sdpa_dropout_backward(const vitc__sdpa_desc *f, const vitc__sdpa_desc *g,
+                                 const uint8_t *keep, float p, float *P, float *dP);
 
 /* Backward of y [M, N] = x [M, K] op(W) (+ bias), op(W) = W^T (nn.Linear,
  * W [N, K]) or W (matmul = 1, W [K, N]): dx [M, K] = beta * dx + dy op(W)^T

@@ -261,8 +261,18 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
              vitc__mul_size((size_t)(L * B), (size_t)E, &nxq) &&
              vitc__mul_size((size_t)(S0 * B), self ? 0 : (size_t)kd, &nxk) &&
              vitc__mul_size((size_t)(S0 * B), self ? 0 : (size_t)vd, &nxv);
+    /* Dropout on the weights (training): the kept mask [B, H, L, S] bytes, and
+     * one head's probabilities. */
+    int drop = l->training && l->cfg.dropout > 0.0f;
+    size_t nkeep = 0, nP = 0;
+    if (drop)
+        ok = ok && vitc__mul_size((size_t)(B * H), (size_t)(L * S), &nkeep) &&
+             vitc__mul_size((size_t)L, (size_t)S, &nP);
+    nkeep = (nkeep + 3) / 4;
     size_t total = 0;
-    ok = ok && vitc__add_size(nq, nkv, &total) && vitc__add_size(total, no, &total) &&
+    ok = ok && vitc__add_size(total, nkeep, &total) && vitc__add_size(total, nP, &total) &&
+         vitc__add_size(total, nq, &total) && vitc__add_size(total, nkv, &total) &&
+         vitc__add_size(total, no, &total) &&
          vitc__add_size(total, nmask, &total) && vitc__add_size(total, nprob, &total) &&
          vitc__add_size(total, nxq, &total) && vitc__add_size(total, nxk, &total) &&
          vitc__add_size(total, nxv, &total) && vitc__add_size(total, nlse, &total);
@@ -279,6 +289,8 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
     float *ck = cq + nxq;             // [S*B, kdim]
     float *cv = ck + nxk;             // [S*B, vdim]
     float *lse = cv + nxv;            // [B, H, L] training: each row's log-sum-exp
+    uint8_t *keep = (uint8_t *)(lse + nlse); // [B, H, L, S] dropout's kept weights
+    float *P = lse + nlse + nkeep;    // [L, S] dropout: one head's probabilities
     if (l->training) {
         memcpy(cq, xq, nxq * sizeof(float));
         memcpy(ck, xk, nxk * sizeof(float));
@@ -391,10 +403,15 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
             part.o += b0 * sd.o_sb;
             if (part.mask) part.mask += b0 * sd.m_sb;
             if (part.lse) part.lse += b0 * sd.lse_sb;
-            VITC_TRY(vitc__sdpa(&part));
+            if (drop)
+                vitc__sdpa_dropout_forward(&part, keep + b0 * per_b, l->cfg.dropout, &l->rng, P);
+            else
+                VITC_TRY(vitc__sdpa(&part));
             head_mean_ctx hm = {weights + b0 * L * S, probs, H, L, S};
             vitc__parallel_range(part.B * L, head_mean_rows, &hm);
         }
+    } else if (drop) {
+        vitc__sdpa_dropout_forward(&sd, keep, l->cfg.dropout, &l->rng, P);
     } else {
         VITC_TRY(vitc__sdpa(&sd));
     }
@@ -414,6 +431,7 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
         r->ldqkv = ldq;
         r->S0 = S0;
         r->kv_sl = d.kv_sl;
+        r->keep = drop ? keep : NULL;
         r->valid = 1;
     }
     return VITC_OK;
@@ -448,6 +466,8 @@ vitc_status vitc_mha_backward(vitc_layer *l, const vitc_tensor_view *dout, float
     size_t o_dq = vitc__take(&cv, (size_t)(L * B), (size_t)(r->self ? 3 * E : E));
     size_t o_dk = r->self ? 0 : vitc__take(&cv, (size_t)(S * B), (size_t)E);
     size_t o_dv = r->self ? 0 : vitc__take(&cv, (size_t)(S * B), (size_t)E);
+    size_t o_P = r->keep ? vitc__take(&cv, (size_t)L, (size_t)S) : 0;
+    size_t o_dP = r->keep ? vitc__take(&cv, (size_t)L, (size_t)S) : 0;
     if (!cv.ok)
         return vitc__err(VITC_ERR_NOMEM, "MultiheadAttention: backward scratch size overflows");
     VITC_TRY(vitc__buf_reserve(&l->bscratch, cv.used));
@@ -462,9 +482,18 @@ vitc_status vitc_mha_backward(vitc_layer *l, const vitc_tensor_view *dout, float
     vitc__linear_backward(dO, E, 0.0f, vitc__grad_of(l, l->w_o), vitc__grad_of(l, l->b_o),
                           dout->data, E, f->o, E, l->w_o, L * B, E, E);
     /* The gradients share the forward's layouts (dq with q's strides, ...). */
-    VITC_TRY(vitc__sdpa_backward(&(vitc__sdpa_bwd_desc){
-        *f, dO, f->o_sb, f->o_sh, f->o_sr, dq, f->q_sb, f->q_sh, f->q_sr, dk, f->k_sb, f->k_sh,
-        f->k_sr, dv, f->v_sb, f->v_sh, f->v_sr}));
+    if (r->keep) {
+        vitc__sdpa_desc gd = *f;
+        gd.q = dq;
+        gd.k = dk;
+        gd.v = dv;
+        gd.o = dO;
+        vitc__sdpa_dropout_backward(f, &gd, r->keep, l->cfg.dropout, g + o_P, g + o_dP);
+    } else {
+        VITC_TRY(vitc__sdpa_backward(&(vitc__sdpa_bwd_desc){
+            *f, dO, f->o_sb, f->o_sh, f->o_sr, dq, f->q_sb, f->q_sh, f->q_sr, dk, f->k_sb,
+            f->k_sh, f->k_sr, dv, f->v_sb, f->v_sh, f->v_sr}));
+    }
 
     /* The in-projections, each into its own input's gradient. */
     int fused = l->plan.qkv == VITC__QKV_FUSED;

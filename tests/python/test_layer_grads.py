@@ -286,6 +286,80 @@ class MhaGrads(GradCase):
                 self.mha(4, 1, [(2, 4), (3, 4), (3, 4)], add_bias_kv=bkv, add_zero_attn=zero)  # unbatched
         self.each_threads(run)
 
+    def dropout_case(self, p, shapes, self_attn=False, **kw):
+        """torch's MHA with vitc's dropout mask injected: vitc returns the
+        per-head weights after dropout (as torch 1.13 does), their zeros are
+        the dropped entries, and torch's F.dropout is replaced for the call by
+        that mask with the same 1/(1-p) scaling."""
+        E, H = 8, 2
+        with torch.no_grad():
+            t = randomize(nn.MultiheadAttention(E, H, dropout=p, **kw), self.gen).train()
+        v = vitc.MultiheadAttention(E, H, dropout=p, seed=7, **kw)
+        sd = {k: a.detach().float().numpy() for k, a in t.state_dict().items()}
+        v.load_state_dict(sd)
+        t = t.double()
+        with torch.no_grad():
+            for k, a in t.state_dict().items():
+                a.copy_(torch.from_numpy(sd[k]).double())
+        v.train().zero_grad()
+        xs = [torch.randn(*s, generator=self.gen).float() for s in shapes]
+        if self_attn:
+            xs = [xs[0]] * 3
+        y, w = v(*[x.numpy() for x in xs], need_weights=True, average_attn_weights=False)
+        keep = torch.from_numpy(w != 0)  # softmax weights are > 0: a 0 was dropped
+        keep = keep.reshape(-1, *keep.shape[-2:]).double()
+        xt = [x.double().requires_grad_(True) for x in xs[:1 if self_attn else 3]]
+        q, k, val = (xt * 3) if self_attn else xt
+        real = torch.nn.functional.dropout
+        torch.nn.functional.dropout = lambda x, p=0.5, training=True, inplace=False: x * keep / (1 - p)
+        try:
+            yt, wt = t(q, k, val, need_weights=True, average_attn_weights=False)
+        finally:
+            torch.nn.functional.dropout = real
+        self.close(y, yt, "MHA dropout y")
+        self.close(w, wt, "MHA dropout weights")
+        dy = torch.randn(*yt.shape, generator=self.gen).float()
+        yt.backward(dy.double())
+        dq, dk, dv = v.backward(dy.numpy())
+        if self_attn:
+            self.close(dq + dk + dv, xt[0].grad, "MHA dropout dx")
+        else:
+            for name, got, x in zip(("d_query", "d_key", "d_value"), (dq, dk, dv), xt):
+                self.close(got, x.grad, "MHA dropout " + name)
+        for k_, p_ in t.named_parameters():
+            self.close(v.grads()[k_], p_.grad, "MHA dropout d" + k_)
+        return float(keep.mean())
+
+    def test_dropout(self):
+        def run():
+            self.dropout_case(0.3, [(6, 3, 8)], self_attn=True)
+            self.dropout_case(0.5, [(3, 6, 8), (3, 5, 8), (3, 5, 8)], batch_first=True)
+            self.dropout_case(0.2, [(4, 8), (5, 8), (5, 8)], add_bias_kv=True)
+        self.each_threads(run)
+
+    def test_dropout_statistics_and_modes(self):
+        x = np.random.default_rng(3).standard_normal((16, 4, 8)).astype(np.float32)
+        ref = vitc.MultiheadAttention(8, 2, seed=5)
+        m = vitc.MultiheadAttention(8, 2, dropout=0.25, seed=5)
+        m.load_state_dict(ref.state_dict())
+        # p > 0: the kept fraction and the 1/(1-p) scaling (a kept weight is P / 0.75)
+        _, w = m.train()(x, x, x, average_attn_weights=False)
+        _, p_full = ref.eval()(x, x, x, average_attn_weights=False)
+        kept = w != 0
+        n = kept.size
+        self.assertLess(abs(kept.mean() - 0.75), 4 * np.sqrt(0.75 * 0.25 / n))
+        np.testing.assert_allclose(w[kept], p_full[kept] / 0.75, rtol=1e-5, atol=1e-7)
+        # eval mode: no dropout at all
+        np.testing.assert_array_equal(m.eval()(x, x, x)[0], ref.eval()(x, x, x)[0])
+        # p = 0 in training is the plain attention
+        z = vitc.MultiheadAttention(8, 2, dropout=0.0, seed=5)
+        z.load_state_dict(ref.state_dict())
+        np.testing.assert_array_equal(z.train()(x, x, x)[0], ref.eval()(x, x, x)[0])
+        # the same seed gives the same masks
+        a = vitc.MultiheadAttention(8, 2, dropout=0.25, seed=9)
+        b = vitc.MultiheadAttention(8, 2, dropout=0.25, seed=9)
+        np.testing.assert_array_equal(a(x, x, x)[0], b(x, x, x)[0])
+
     def test_errors(self):
         m = vitc.MultiheadAttention(8, 2)
         x = np.ones((3, 2, 8), np.float32)
