@@ -277,9 +277,10 @@ VITC_API vitc_status vitc_softmax(const float *x, int ndim, const int64_t *shape
  * (the forward's input shape, overwritten), and every parameter's gradient
  * accumulates (+=) into the layer's gradients, as torch's .grad does, until
  * vitc_layer_zero_grad. Errors: no training-mode forward recorded since the
- * last eval-mode or failed one; dy of another shape; MultiheadAttention
- * (use vitc_mha_backward). Backward does not consume the record: calling it
- * twice accumulates twice. */
+ * last eval-mode or failed one; dy of another shape. MultiheadAttention
+ * here is vitc_layer_forward's self-attention: dx = d_query + d_key +
+ * d_value (vitc_mha_backward gives the three). Backward does not consume the
+ * record: calling it twice accumulates twice. */
 VITC_API vitc_status vitc_layer_backward(vitc_layer *layer, const float *dy, int ndim,
                                          const int64_t *shape, float *dx);
 /* Sets every gradient to 0 (optimizer.zero_grad(set_to_none=False)). */

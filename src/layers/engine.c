@@ -569,6 +569,7 @@ vitc_status vitc_layer_forward(vitc_layer *l, const float *x, int ndim, const in
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_layer_forward: NULL argument");
     if (l->cfg.kind == VITC_MULTIHEAD_ATTENTION)
         return vitc__mha_self_forward(l, x, ndim, shape, out);
+    l->rec.valid = 0; /* any forward, failed ones included, replaces the record */
     int ond;
     int64_t oshape[8];
     VITC_TRY(vitc_layer_output_shape(l, ndim, shape, &ond, oshape));
@@ -592,7 +593,6 @@ vitc_status vitc_layer_forward(vitc_layer *l, const float *x, int ndim, const in
 
     /* Regions: normed image, patch columns, tokens, qkv, o, y, statistics;
      * in training, a copy of the input the norm's backward reads. */
-    l->rec.valid = 0;
     vitc__carve cv = {0, 1};
     size_t o_norm = 0, o_cols = 0, o_tok = 0, o_y = 0, o_stat = 0, o_x = 0;
     if (p->norm != VITC__NORM_NONE) o_norm = vitc__take(&cv, (size_t)B * C, (size_t)HW);

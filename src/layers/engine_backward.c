@@ -247,13 +247,41 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
 
 /* ---- the training API --------------------------------------------------- */
 
+/* vitc_layer_forward's MultiheadAttention is self-attention of x: its
+ * gradient is d_query + d_key + d_value. */
+static vitc_status mha_self_backward(vitc_layer *l, const float *dy, int ndim,
+                                     const int64_t *shape, float *dx) {
+    const vitc__mha_record *r = &l->mrec;
+    if (!r->valid)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "MultiheadAttention: backward needs a training-mode forward first");
+    for (int i = 0; i < r->ndim; i++)
+        if (r->kshape[i] != r->qshape[i] || r->vshape[i] != r->qshape[i])
+            return vitc__err(VITC_ERR_INVALID_ARG,
+                             "MultiheadAttention: the recorded forward had a key or value unlike "
+                             "the query; use vitc_mha_backward");
+    vitc_tensor_view d = {dy, ndim, {0}};
+    if (ndim < 0 || ndim > 8)
+        return vitc__err(VITC_ERR_SHAPE, "backward: dy has %d dimensions", ndim);
+    memcpy(d.shape, shape, (size_t)ndim * sizeof *shape);
+    int ok;
+    size_t n = vitc__numel(r->ndim, r->qshape, &ok);
+    float *dk = vitc__alloc(2 * n * sizeof(float) + 1), *dv = dk + n; // [n], [n]
+    if (!dk)
+        return vitc__err(VITC_ERR_NOMEM, "MultiheadAttention: cannot allocate the backward's gradients");
+    vitc_status st = vitc_mha_backward(l, &d, dx, dk, dv);
+    if (st == VITC_OK)
+        for (size_t i = 0; i < n; i++) dx[i] += dk[i] + dv[i];
+    vitc__free(dk);
+    return st;
+}
+
 vitc_status vitc_layer_backward(vitc_layer *l, const float *dy, int ndim, const int64_t *shape,
                                 float *dx) {
     if (!l || !dy || !shape || !dx)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_layer_backward: NULL argument");
     if (l->cfg.kind == VITC_MULTIHEAD_ATTENTION)
-        return vitc__err(VITC_ERR_UNSUPPORTED,
-                         "MultiheadAttention: use vitc_mha_backward (d_query, d_key, d_value)");
+        return mha_self_backward(l, dy, ndim, shape, dx);
     const vitc__record *r = &l->rec;
     if (!r->valid)
         return vitc__err(VITC_ERR_INVALID_ARG,

@@ -214,6 +214,7 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_mha_forward: NULL argument");
     if (l->cfg.kind != VITC_MULTIHEAD_ATTENTION)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_mha_forward: not a MultiheadAttention layer");
+    l->mrec.valid = 0; /* any forward, failed ones included, replaces the record */
     if (a->need_weights && !weights)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_mha_forward: need_weights set but weights is NULL");
     mha_dims d;
@@ -232,7 +233,6 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
      * caller's arrays may be gone. */
     int merge = kpm->data ||
                 (am->data && (a->attn_mask_type == VITC_MASK_BOOL || l->training || d.nextra));
-    l->mrec.valid = 0;
     size_t nq = 0, nkv = 0, no = 0, nmask = 0, nprob = 0;
     int ok = vitc__mul_size((size_t)(L * B), (size_t)(self ? 3 * E : E), &nq) &&
              vitc__mul_size((size_t)(S * B), (size_t)(self ? 0 : 2 * E), &nkv) &&
@@ -538,6 +538,7 @@ vitc_status vitc__mha_self_forward(vitc_layer *l, const float *x, int ndim, cons
                                    float *out) {
     int ond;
     int64_t os[8];
+    l->mrec.valid = 0;
     VITC_TRY(vitc__mha_check_shape(l, ndim, shape, &ond, os));
     vitc_mha_args a;
     memset(&a, 0, sizeof a);
