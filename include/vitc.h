@@ -537,6 +537,37 @@ VITC_API vitc_status vitc_vit_forward(vitc_vit *m, const float *images, int B, i
 VITC_API vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int H,
                                              int W, float *attn, float *rollout);
 
+/* ---- inference precision (issue 11) ------------------------------ */
+
+/* The arithmetic of the forward's weight GEMMs (qkv, out_proj, fc1, fc2).
+ * LayerNorm, softmax, attention, GELU, residuals, the patch embedding and
+ * the head stay fp32 in every precision.
+ *   FP32: weights packed once into the GEMM microkernel's panels.
+ *   BF16: weights rounded once to bfloat16 (nearest even), activations per
+ *         call; products summed in fp32 (vdpbf16ps, or a portable reference
+ *         giving the same numbers).
+ *   INT8: weights int8, symmetric per output channel; activations uint8 with
+ *         a scale and zero point per row (token), int32 sums (vpdpbusd, or
+ *         the reference); dequantized in fp32. */
+typedef enum vitc_precision {
+    VITC_PRECISION_FP32 = 0,
+    VITC_PRECISION_BF16 = 1,
+    VITC_PRECISION_INT8 = 2
+} vitc_precision;
+
+/* Chooses m's precision and packs its weights for it now (memory: see
+ * docs/precision.md). Packed weights are rebuilt at the next inference
+ * forward after anything may have changed the weights (vitc_vit_param,
+ * an optimizer, training mode). */
+VITC_API vitc_status vitc_vit_set_precision(vitc_vit *m, vitc_precision p);
+VITC_API vitc_precision vitc_vit_get_precision(const vitc_vit *m);
+/* "fp32", "bf16", "int8" (NULL for other values) and back (-1 if unknown). */
+VITC_API const char *vitc_precision_name(vitc_precision p);
+VITC_API int vitc_precision_parse(const char *name);
+/* Which kernel each low-precision GEMM runs on this CPU and kernel path,
+ * e.g. "bf16: avx512-bf16, int8: avx512-vnni" or "... reference". */
+VITC_API const char *vitc_get_precision_paths(void);
+
 /* ---- ViT training (issue 8, tr-core) ------------------------------- */
 
 /* A new model of cfg with torchvision's VisionTransformer.__init__

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "attention_impl.h"
+#include "gemm_lp.h"
 #include "gemm_ukernels.h"
 #include "ops_simd.h"
 
@@ -118,3 +119,55 @@ static const vitc__kernels vitc__tables[3] = {
 };
 
 const vitc__kernels *vitc__kern(void) { return &vitc__tables[vitc__get_arch()]; }
+
+/* ---- low-precision GEMM kernels ---------------------------------- */
+
+/* AVX512-BF16 and AVX512-VNNI on top of the avx512 path's own features. */
+static int vitc__cpu_has_lp(vitc_precision p) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_cpu_init();
+    if (!vitc__cpu_has(VITC_ARCH_AVX512)) return 0;
+    return p == VITC_PRECISION_BF16 ? __builtin_cpu_supports("avx512bf16")
+                                    : __builtin_cpu_supports("avx512vnni");
+#else
+    (void)p;
+    return 0;
+#endif
+}
+
+/* The fast kernel only on the avx512 path, so VITC_ARCH=avx2|generic
+ * (and vitc_set_arch) also select the reference: tests run both. */
+const vitc__lp_kernel *vitc__lp_kernel_for(vitc_precision p) {
+    int fast = vitc__get_arch() == VITC_ARCH_AVX512 && vitc__cpu_has_lp(p);
+    if (p == VITC_PRECISION_BF16) return fast ? &vitc__lp_bf16_avx512 : &vitc__lp_bf16_ref;
+    return fast ? &vitc__lp_int8_avx512 : &vitc__lp_int8_ref;
+}
+
+const char *vitc_get_precision_paths(void) {
+    int b = vitc__lp_kernel_for(VITC_PRECISION_BF16) != &vitc__lp_bf16_ref;
+    int i = vitc__lp_kernel_for(VITC_PRECISION_INT8) != &vitc__lp_int8_ref;
+    static const char *const s[4] = {
+        "bf16: reference (no AVX512-BF16 on this path), int8: reference (no AVX512-VNNI on this path)",
+        "bf16: avx512-bf16 (vdpbf16ps), int8: reference (no AVX512-VNNI on this path)",
+        "bf16: reference (no AVX512-BF16 on this path), int8: avx512-vnni (vpdpbusd)",
+        "bf16: avx512-bf16 (vdpbf16ps), int8: avx512-vnni (vpdpbusd)",
+    };
+    return s[b + 2 * i];
+}
+
+const char *vitc_precision_name(vitc_precision p) {
+    switch (p) {
+    case VITC_PRECISION_FP32: return "fp32";
+    case VITC_PRECISION_BF16: return "bf16";
+    case VITC_PRECISION_INT8: return "int8";
+    }
+    return NULL;
+}
+
+int vitc_precision_parse(const char *name) {
+    if (!name) return -1;
+    if (!strcmp(name, "fp32")) return VITC_PRECISION_FP32;
+    if (!strcmp(name, "bf16")) return VITC_PRECISION_BF16;
+    if (!strcmp(name, "int8")) return VITC_PRECISION_INT8;
+    return -1;
+}

@@ -287,6 +287,11 @@ typedef struct vitc__gemm_job {
     const float *bias;           /* [N] or NULL */
     const float *res; int64_t ldr; /* [M,N] or NULL */
     const vitc__gemm_kernel *kern;
+    /* op(B) already packed for kern (vitc__pweight, fp32): KC block pc at
+     * pbw + pc * npad, its NR strips [kc][NR] one after another. */
+    const float *pbw;
+    int64_t npad;
+    void (*gelu)(float *x, int64_t n); /* applied to C after the last K block, or NULL */
     int by_cols;  /* threads split columns (else rows) */
     int64_t unit; /* split granularity: NR or MR (or 16 for OpenBLAS) */
     int nparts;
@@ -322,11 +327,14 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
     int64_t mc_max = (m < MC ? (m + MR - 1) / MR * MR : MC);
     int64_t nc_max = (n < NC ? (n + NR - 1) / NR * NR : NC);
     int64_t pa_len = (mc_max * kc_max + 15) & ~(int64_t)15; /* keeps pb 64-byte aligned */
-    float *pa = vitc__get_scratch((size_t)(pa_len + nc_max * kc_max));
+    const float *pbw = g->pbw; /* prepacked panels: no B buffer */
+    float *pa = vitc__get_scratch((size_t)(pa_len + (pbw ? 0 : nc_max * kc_max)));
     _Alignas(64) float small[VITC_SMALL_KC * (VITC_MAX_MR + VITC_MAX_NR)];
     if (!pa) {
-        /* Out of memory: one tile at a time from the stack, still exact. */
+        /* Out of memory: one tile at a time from the stack, still exact
+         * (prepacked panels have another KC: pack from op(B) instead). */
         KC = VITC_SMALL_KC, MC = MR, NC = NR;
+        pbw = NULL; /* op(B) row-major is always kept beside its panels */
         pa = small;
         pa_len = VITC_SMALL_KC * VITC_MAX_MR;
     }
@@ -335,7 +343,9 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
         int64_t nc = j1 - jc < NC ? j1 - jc : NC;
         for (int64_t pc = 0; pc < g->K; pc += KC) {
             int64_t kc = g->K - pc < KC ? g->K - pc : KC;
-            if (kn->packb)
+            if (pbw)
+                pb = (float *)pbw + pc * g->npad + jc * kc;
+            else if (kn->packb)
                 kn->packb(pb, g->B, g->ldb, g->tb, pc, kc, jc, nc);
             else
                 vitc__gemm_packb_generic(pb, NR, g->B, g->ldb, g->tb, pc, kc, jc, nc);
@@ -355,6 +365,8 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                                             g->res ? g->res + i * g->ldr + j : NULL, g->ldr};
                         kn->ukr(kc, pa + ir * kc, pb + jr * kc, g->C + i * g->ldc + j, g->ldc, mr,
                                 nr, &e);
+                        if (g->gelu && pc + kc >= g->K) /* the tile is final and still in L1 */
+                            for (int64_t r = 0; r < mr; r++) g->gelu(g->C + (i + r) * g->ldc + j, nr);
                     }
                 }
             }
@@ -418,6 +430,8 @@ static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
     if (i0 >= i1 || j0 >= j1) return;
     if (g->K <= 0 || g->alpha == 0.0f) {
         vitc__scale_only(g, i0, i1, j0, j1);
+        if (g->gelu)
+            for (int64_t i = i0; i < i1; i++) g->gelu(g->C + i * g->ldc + j0, j1 - j0);
         return;
     }
 #ifdef VITC_HAVE_OPENBLAS
@@ -471,15 +485,102 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
 void vitc__gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                 const float *A, int64_t lda, const float *B, int64_t ldb, float beta, float *C,
                 int64_t ldc) {
-    vitc__gemm_job g = {trans_a, trans_b, M, N, K, alpha, beta, A, lda, B, ldb, C, ldc,
-                        NULL, NULL, 0, NULL, 0, 0, 1};
+    vitc__gemm_job g = {.ta = trans_a, .tb = trans_b, .M = M, .N = N, .K = K, .alpha = alpha,
+                        .beta = beta, .A = A, .lda = lda, .B = B, .ldb = ldb, .C = C, .ldc = ldc,
+                        .nparts = 1};
     vitc__gemm_run(&g, vitc__backend() == VITC_GEMM_BUILTIN);
 }
 
 void vitc__linear(float *y, int64_t ldy, const float *x, int64_t ldx, const float *W,
                   const float *bias, const float *residual, int64_t ldr, int64_t M, int64_t N,
                   int64_t K) {
-    vitc__gemm_job g = {0, 1, M, N, K, 1.0f, 0.0f, x, ldx, W, K, y, ldy,
-                        bias, residual, ldr, NULL, 0, 0, 1};
+    vitc__gemm_job g = {.ta = 0, .tb = 1, .M = M, .N = N, .K = K, .alpha = 1.0f, .A = x,
+                        .lda = ldx, .B = W, .ldb = K, .C = y, .ldc = ldy, .bias = bias,
+                        .res = residual, .ldr = ldr, .nparts = 1};
     vitc__gemm_run(&g, vitc__backend() == VITC_GEMM_BUILTIN);
+}
+
+/* ---- packed weights ------------------------------------------------ */
+
+void vitc__pweight_free(vitc__pweight *pw) {
+    if (!pw) return;
+    vitc__free(pw->data);
+    vitc__free(pw->wscale);
+    vitc__free(pw->wsum);
+    memset(pw, 0, sizeof *pw);
+}
+
+size_t vitc__pweight_bytes(const vitc__pweight *pw) {
+    if (!pw || !pw->data) return 0;
+    size_t per = pw->prec == VITC_PRECISION_FP32 ? (size_t)pw->K * sizeof(float)
+                                                 : (size_t)pw->kg * sizeof(uint32_t);
+    size_t n = (size_t)pw->npad * per;
+    if (pw->prec == VITC_PRECISION_INT8) n += (size_t)pw->npad * 8;
+    return n;
+}
+
+vitc_status vitc__pweight_pack(vitc__pweight *pw, const float *W, int64_t N, int64_t K,
+                               vitc_precision p) {
+    if (!pw || !W || N < 1 || K < 1)
+        return vitc__err(VITC_ERR_INVALID_ARG, "pack weight: NULL or empty [%lld, %lld]",
+                         (long long)N, (long long)K);
+    memset(pw, 0, sizeof *pw);
+    if (p != VITC_PRECISION_FP32) return vitc__pweight_pack_lp(pw, W, N, K, p);
+    const vitc__gemm_kernel *kn = vitc__pick_kernel();
+    int64_t NR = kn->nr, KC = kn->kc;
+    size_t npad, n;
+    if (N > INT64_MAX - NR || !vitc__mul_size((size_t)((N + NR - 1) / NR * NR), 1, &npad) ||
+        !vitc__mul_size(npad, (size_t)K, &n) || !vitc__mul_size(n, sizeof(float), &n))
+        return vitc__err(VITC_ERR_NOMEM, "pack weight [%lld, %lld]: size overflows",
+                         (long long)N, (long long)K);
+    float *d = vitc__alloc(n);
+    if (!d)
+        return vitc__err(VITC_ERR_NOMEM, "pack weight [%lld, %lld]: out of memory", (long long)N,
+                         (long long)K);
+    /* The same packers the GEMM runs per call: the panels hold the same
+     * numbers, so the product is bitwise the unpacked one. */
+    for (int64_t pc = 0; pc < K; pc += KC) {
+        int64_t kc = K - pc < KC ? K - pc : KC;
+        float *dst = d + pc * (int64_t)npad;
+        if (kn->packb)
+            kn->packb(dst, W, K, 1, pc, kc, 0, N);
+        else
+            vitc__gemm_packb_generic(dst, (int)NR, W, K, 1, pc, kc, 0, N);
+    }
+    *pw = (vitc__pweight){.prec = p, .kern = kn, .N = N, .K = K, .npad = (int64_t)npad,
+                          .data = d};
+    return VITC_OK;
+}
+
+vitc_status vitc__linear_pw(float *y, int64_t ldy, const float *x, int64_t ldx,
+                            const vitc__pweight *pw, const float *W, const float *bias,
+                            const float *residual, int64_t ldr, int64_t M, int64_t N, int64_t K,
+                            int gelu) {
+    if (pw && pw->data && pw->prec != VITC_PRECISION_FP32) {
+        if (pw->N != N || pw->K != K)
+            return vitc__err(VITC_ERR_SHAPE, "packed weight [%lld, %lld] used as [%lld, %lld]",
+                             (long long)pw->N, (long long)pw->K, (long long)N, (long long)K);
+        return vitc__linear_lp(y, ldy, x, ldx, pw, bias, residual, ldr, M, gelu);
+    }
+    if (!W) return vitc__err(VITC_ERR_INVALID_ARG, "linear: no weights");
+    vitc__gemm_job g = {.ta = 0, .tb = 1, .M = M, .N = N, .K = K, .alpha = 1.0f, .A = x,
+                        .lda = ldx, .B = W, .ldb = K, .C = y, .ldc = ldy, .bias = bias,
+                        .res = residual, .ldr = ldr, .nparts = 1};
+    int builtin = vitc__backend() == VITC_GEMM_BUILTIN;
+    if (builtin) {
+        const vitc__kernels *kt = vitc__kern();
+        if (pw && pw->data && pw->kern == kt->gemm && pw->N == N && pw->K == K) {
+            g.pbw = pw->data;
+            g.npad = pw->npad;
+        }
+        if (gelu) g.gelu = kt->gelu;
+    }
+    vitc__gemm_run(&g, builtin);
+    if (gelu && !g.gelu) { /* OpenBLAS: no epilogue of ours */
+        if (ldy == N)
+            vitc__gelu(y, M * N);
+        else
+            for (int64_t i = 0; i < M; i++) vitc__gelu(y + i * ldy, N);
+    }
+    return VITC_OK;
 }

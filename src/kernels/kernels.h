@@ -97,6 +97,46 @@ void vitc__linear(float *y, int64_t ldy, const float *x, int64_t ldx, const floa
                   const float *bias, const float *residual, int64_t ldr, int64_t M, int64_t N,
                   int64_t K);
 
+/* ---- packed weights (gemm.c, gemm_lp.c) --------------------------- */
+
+/* A Linear's weight W [N, K] converted once for y = x W^T:
+ *   FP32: op(B) = W^T in the built-in GEMM's panels for kern: KC block pc
+ *         (k from pc) at data + pc * npad floats, its ceil(N/NR) strips
+ *         [kc][NR] one after another. Used while kern is the arch's kernel
+ *         and the backend is builtin; otherwise the row-major W is used.
+ *   BF16 / INT8: gemm_lp.h's word strips [kg][32], the only copy needed. */
+typedef struct vitc__pweight {
+    vitc_precision prec;
+    const struct vitc__gemm_kernel *kern; /* FP32: the kernel of the panels */
+    int64_t N, K, npad, kg;
+    void *data;
+    float *wscale; /* INT8: [npad] per output channel */
+    int32_t *wsum; /* INT8: [npad] sums of each channel's int8 weights */
+} vitc__pweight;
+
+/* Packs W [N, K] for precision p (FP32: for the current arch's kernel).
+ * pw is overwritten (free it first). */
+vitc_status vitc__pweight_pack(vitc__pweight *pw, const float *W, int64_t N, int64_t K,
+                               vitc_precision p);
+void vitc__pweight_free(vitc__pweight *pw);
+size_t vitc__pweight_bytes(const vitc__pweight *pw);
+
+/* y[M,N] = x[M,K] W^T + bias + residual, then GELU (erf) in place when gelu
+ * (fused into the tiles' epilogue where the GEMM allows). pw may be NULL or
+ * FP32 packed for another kernel: W (row-major [N, K]) is used then; W may
+ * be NULL only with a BF16 / INT8 pw. */
+vitc_status vitc__linear_pw(float *y, int64_t ldy, const float *x, int64_t ldx,
+                            const vitc__pweight *pw, const float *W, const float *bias,
+                            const float *residual, int64_t ldr, int64_t M, int64_t N, int64_t K,
+                            int gelu);
+/* The BF16 / INT8 GEMM (gemm_lp.c), the same contract. */
+vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
+                            const vitc__pweight *pw, const float *bias, const float *residual,
+                            int64_t ldr, int64_t M, int gelu);
+/* Packs a BF16 / INT8 weight (gemm_lp.c). */
+vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, int64_t K,
+                                  vitc_precision p);
+
 /* ---- attention core (attention.c) -------------------------------- */
 
 /* softmax(scale * q k^T + mask) v for every (b, h), from strided views.

@@ -1,0 +1,324 @@
+/*
+ * gemm_lp.c — bf16 and int8 Linear layers: weight packing (once), the
+ * per-call conversion of the activations, the threaded driver, and the
+ * portable reference microkernels (the ground truth of gemm_lp_avx512.c:
+ * the same numbers, bit for bit). Layouts and the epilogue: gemm_lp.h.
+ */
+#include <limits.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gemm_lp.h"
+
+#define MR VITC_LP_MR
+#define NR VITC_LP_NR
+
+/* ---- reference microkernels ------------------------------------------- */
+
+/* Subnormal results flushed to zero (sign kept), as vdpbf16ps does. */
+static inline float vitc__ftz(float x) {
+    return fabsf(x) < 1.17549435e-38f ? copysignf(0.0f, x) : x;
+}
+
+/* bf16 operand as vdpbf16ps reads it: subnormals are zero. */
+static inline float vitc__bf16_daz(uint16_t h) {
+    return (h & 0x7F80u) ? vitc__bf16_to_f(h) : copysignf(0.0f, vitc__bf16_to_f(h));
+}
+
+static void vitc__lp_store(float *C, int64_t ldc, int64_t i, int64_t j, float v,
+                           const vitc__lp_epi *e) {
+    if (e->bias) v = v + e->bias[j];
+    if (e->res) v = v + e->res[i * e->ldr + j];
+    C[i * ldc + j] = v;
+}
+
+/* vdpbf16ps per lane: acc += hi(a) * hi(b), rounded, then += lo(a) * lo(b),
+ * rounded (each product of two bf16 is exact in fp32). */
+static void vitc__ukr_bf16_ref(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                               int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nr; j++) {
+            float acc = 0.0f;
+            for (int64_t p = 0; p < kg; p++) {
+                uint32_t a = pa[p * MR + i], b = pb[p * NR + j];
+                acc = vitc__ftz(acc + vitc__bf16_daz((uint16_t)(a >> 16)) *
+                                          vitc__bf16_daz((uint16_t)(b >> 16)));
+                acc = vitc__ftz(acc + vitc__bf16_daz((uint16_t)a) * vitc__bf16_daz((uint16_t)b));
+            }
+            vitc__lp_store(C, ldc, i, j, acc, e);
+        }
+}
+
+static void vitc__row_bf16_ref(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                               float *scale, int32_t *zp) {
+    (void)scale, (void)zp;
+    for (int64_t p = 0; 2 * p < K; p++) {
+        uint32_t lo = vitc__bf16_rne(x[2 * p]);
+        uint32_t hi = 2 * p + 1 < K ? vitc__bf16_rne(x[2 * p + 1]) : 0;
+        dst[p * stride] = lo | hi << 16;
+    }
+}
+
+/* vpdpbusd per lane: the four u8 x s8 products summed into int32 (exact:
+ * |sum| <= K * 255 * 127 fits while K < 66000, checked at packing). */
+static void vitc__ukr_int8_ref(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                               int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nr; j++) {
+            int32_t acc = 0;
+            for (int64_t p = 0; p < kg; p++) {
+                uint32_t a = pa[p * MR + i], b = pb[p * NR + j];
+                for (int q = 0; q < 4; q++)
+                    acc += (int32_t)(uint8_t)(a >> (8 * q)) * (int32_t)(int8_t)(uint8_t)(b >> (8 * q));
+            }
+            float v = (float)(acc - e->azp[i] * e->wsum[j]);
+            v = v * (e->ascale[i] * e->wscale[j]);
+            vitc__lp_store(C, ldc, i, j, v, e);
+        }
+}
+
+static void vitc__row_int8_ref(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                               float *scale, int32_t *zp) {
+    float mn = x[0], mx = x[0], inv;
+    for (int64_t k = 1; k < K; k++) {
+        mn = x[k] < mn ? x[k] : mn;
+        mx = x[k] > mx ? x[k] : mx;
+    }
+    vitc__q8_params(mn, mx, scale, &inv, zp);
+    for (int64_t p = 0; 4 * p < K; p++) {
+        uint32_t w = 0;
+        for (int q = 0; q < 4 && 4 * p + q < K; q++)
+            w |= (uint32_t)vitc__q8(x[4 * p + q], inv, *zp) << (8 * q);
+        dst[p * stride] = w;
+    }
+}
+
+const vitc__lp_kernel vitc__lp_bf16_ref = {"reference", vitc__ukr_bf16_ref, vitc__row_bf16_ref};
+const vitc__lp_kernel vitc__lp_int8_ref = {"reference", vitc__ukr_int8_ref, vitc__row_int8_ref};
+
+/* ---- weights ----------------------------------------------------------- */
+
+vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, int64_t K,
+                                  vitc_precision p) {
+    if (p != VITC_PRECISION_BF16 && p != VITC_PRECISION_INT8)
+        return vitc__err(VITC_ERR_INVALID_ARG, "unknown precision %d", (int)p);
+    int g = p == VITC_PRECISION_BF16 ? 2 : 4;
+    if (p == VITC_PRECISION_INT8 && K > 65000)
+        return vitc__err(VITC_ERR_UNSUPPORTED, "int8 linear: K = %lld could overflow int32 sums",
+                         (long long)K);
+    int64_t kg = (K + g - 1) / g;
+    size_t npad = (size_t)((N + NR - 1) / NR * NR), n;
+    if (N > INT64_MAX - NR || !vitc__mul_size(npad, (size_t)kg, &n) ||
+        !vitc__mul_size(n, sizeof(uint32_t), &n))
+        return vitc__err(VITC_ERR_NOMEM, "pack weight [%lld, %lld]: size overflows",
+                         (long long)N, (long long)K);
+    uint32_t *d = vitc__alloc(n);
+    float *ws = NULL;
+    int32_t *wsum = NULL;
+    if (p == VITC_PRECISION_INT8) {
+        ws = vitc__alloc(npad * sizeof(float));
+        wsum = vitc__alloc(npad * sizeof(int32_t));
+    }
+    if (!d || (p == VITC_PRECISION_INT8 && (!ws || !wsum))) {
+        vitc__free(d);
+        vitc__free(ws);
+        vitc__free(wsum);
+        return vitc__err(VITC_ERR_NOMEM, "pack weight [%lld, %lld]: out of memory",
+                         (long long)N, (long long)K);
+    }
+    memset(d, 0, n);
+    for (int64_t j = 0; j < (int64_t)npad; j++) {
+        uint32_t *col = d + (j / NR) * kg * NR + j % NR; /* word p at col[p * NR] */
+        if (j >= N) {
+            if (ws) ws[j] = 0.0f, wsum[j] = 0;
+            continue;
+        }
+        const float *w = W + j * K; /* [K] */
+        if (p == VITC_PRECISION_BF16) {
+            vitc__row_bf16_ref(col, NR, w, K, NULL, NULL);
+            continue;
+        }
+        /* Symmetric per output channel: scale = max|w| / 127, q in [-127, 127]. */
+        float amax = 0.0f;
+        for (int64_t k = 0; k < K; k++) amax = fabsf(w[k]) > amax ? fabsf(w[k]) : amax;
+        float s = amax / 127.0f;
+        if (!(s > 0.0f) || !isfinite(s)) s = 1.0f;
+        int32_t sum = 0;
+        for (int64_t pp = 0; pp < kg; pp++) {
+            uint32_t word = 0;
+            for (int q = 0; q < 4 && 4 * pp + q < K; q++) {
+                float t = nearbyintf(w[4 * pp + q] / s);
+                int32_t v = t > 127.0f ? 127 : t < -127.0f ? -127 : t == t ? (int32_t)t : 0;
+                sum += v;
+                word |= (uint32_t)(uint8_t)(int8_t)v << (8 * q);
+            }
+            col[pp * NR] = word;
+        }
+        ws[j] = s;
+        wsum[j] = sum;
+    }
+    *pw = (vitc__pweight){.prec = p, .N = N, .K = K, .npad = (int64_t)npad, .kg = kg, .data = d,
+                          .wscale = ws, .wsum = wsum};
+    return VITC_OK;
+}
+
+/* ---- per-call scratch: the converted activations ------------------------ */
+
+/* Grow-only, one per calling thread (freed when it ends), like gemm.c's. */
+static pthread_key_t vitc__lp_key;
+static pthread_once_t vitc__lp_once = PTHREAD_ONCE_INIT;
+static int vitc__lp_key_ok;
+typedef struct { void *p; size_t cap; } vitc__lp_scratch;
+
+static void vitc__lp_scratch_free(void *s) {
+    vitc__lp_scratch *sc = s;
+    vitc__free(sc->p);
+    free(sc);
+}
+static void vitc__lp_init(void) {
+    vitc__lp_key_ok = pthread_key_create(&vitc__lp_key, vitc__lp_scratch_free) == 0;
+}
+static void *vitc__lp_get(size_t bytes) {
+    pthread_once(&vitc__lp_once, vitc__lp_init);
+    if (!vitc__lp_key_ok) return NULL;
+    vitc__lp_scratch *sc = pthread_getspecific(vitc__lp_key);
+    if (!sc) {
+        if (!(sc = calloc(1, sizeof *sc))) return NULL;
+        if (pthread_setspecific(vitc__lp_key, sc) != 0) {
+            free(sc);
+            return NULL;
+        }
+    }
+    if (sc->cap < bytes) {
+        void *p = vitc__alloc(bytes);
+        if (!p) return NULL;
+        vitc__free(sc->p);
+        sc->p = p;
+        sc->cap = bytes;
+    }
+    return sc->p;
+}
+
+/* ---- the driver --------------------------------------------------------- */
+
+typedef struct vitc__lp_job {
+    const vitc__lp_kernel *kn;
+    const vitc__pweight *pw;
+    const float *x; int64_t ldx; /* [M, K] */
+    float *y; int64_t ldy;       /* [M, N] */
+    const float *bias;           /* [N] or NULL */
+    const float *res; int64_t ldr;
+    int64_t M;
+    uint32_t *pa;  /* [ceil(M/MR)][kg][MR] converted A */
+    float *ascale; /* [M] int8 */
+    int32_t *azp;  /* [M] int8 */
+    void (*gelu)(float *x, int64_t n);
+    int by_cols, nparts;
+} vitc__lp_job;
+
+/* Strip t of A: its rows converted, rows past M zero. */
+static void vitc__lp_pack_task(void *ctx, int64_t t, int tid) {
+    const vitc__lp_job *g = ctx;
+    (void)tid;
+    int64_t kg = g->pw->kg, K = g->pw->K;
+    uint32_t *dst = g->pa + t * kg * MR;
+    float s;
+    int32_t z;
+    for (int64_t r = 0; r < MR; r++) {
+        int64_t i = t * MR + r;
+        if (i < g->M) {
+            g->kn->row(dst + r, MR, g->x + i * g->ldx, K, &s, &z);
+            if (g->ascale) g->ascale[i] = s, g->azp[i] = z;
+        } else {
+            for (int64_t p = 0; p < kg; p++) dst[p * MR + r] = 0;
+        }
+    }
+}
+
+/* Rows per A block: 144 rows of kg words stay in L2 while every B strip of
+ * the thread passes over them. */
+#define VITC_LP_MC 144
+
+static void vitc__lp_task(void *ctx, int64_t t, int tid) {
+    const vitc__lp_job *g = ctx;
+    (void)tid;
+    const vitc__pweight *pw = g->pw;
+    int64_t N = pw->N, kg = pw->kg;
+    int64_t cs = (N + NR - 1) / NR, rs = (g->M + MR - 1) / MR; /* column and row strips */
+    int64_t units = g->by_cols ? cs : rs, q = units / g->nparts, r = units % g->nparts;
+    int64_t b = q * t + (t < r ? t : r), e = b + q + (t < r ? 1 : 0);
+    int64_t c0 = g->by_cols ? b : 0, c1 = g->by_cols ? e : cs;
+    int64_t r0 = g->by_cols ? 0 : b, r1 = g->by_cols ? rs : e;
+    const uint32_t *pb0 = pw->data;
+    for (int64_t ib = r0; ib < r1; ib += VITC_LP_MC / MR) {
+        int64_t ie = ib + VITC_LP_MC / MR < r1 ? ib + VITC_LP_MC / MR : r1;
+        for (int64_t js = c0; js < c1; js++) {
+            int64_t j = js * NR, nr = N - j < NR ? N - j : NR;
+            for (int64_t is = ib; is < ie; is++) {
+                int64_t i = is * MR, mr = g->M - i < MR ? g->M - i : MR;
+                vitc__lp_epi ep = {
+                    .bias = g->bias ? g->bias + j : NULL,
+                    .res = g->res ? g->res + i * g->ldr + j : NULL, .ldr = g->ldr,
+                    .ascale = g->ascale ? g->ascale + i : NULL, .azp = g->azp ? g->azp + i : NULL,
+                    .wscale = pw->wscale ? pw->wscale + j : NULL,
+                    .wsum = pw->wsum ? pw->wsum + j : NULL,
+                };
+                float *C = g->y + i * g->ldy + j;
+                g->kn->ukr(kg, g->pa + is * kg * MR, pb0 + js * kg * NR, C, g->ldy, mr, nr, &ep);
+                if (g->gelu) /* the tile is final and still in L1 */
+                    for (int64_t rr = 0; rr < mr; rr++) g->gelu(C + rr * g->ldy, nr);
+            }
+        }
+    }
+}
+
+vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
+                            const vitc__pweight *pw, const float *bias, const float *residual,
+                            int64_t ldr, int64_t M, int gelu) {
+    if (!y || !x || !pw || !pw->data)
+        return vitc__err(VITC_ERR_INVALID_ARG, "linear (%s): NULL argument",
+                         pw ? vitc_precision_name(pw->prec) : "?");
+    if (M <= 0) return VITC_OK;
+    const vitc__lp_kernel *kn = vitc__lp_kernel_for(pw->prec);
+    int64_t rs = (M + MR - 1) / MR, kg = pw->kg;
+    size_t words, bytes, extra = 0;
+    int ok = vitc__mul_size((size_t)rs * MR, (size_t)kg, &words) &&
+             vitc__mul_size(words, sizeof(uint32_t), &bytes);
+    if (pw->prec == VITC_PRECISION_INT8)
+        ok = ok && vitc__mul_size((size_t)M, 8, &extra) && vitc__add_size(bytes, extra, &bytes);
+    if (!ok)
+        return vitc__err(VITC_ERR_NOMEM, "linear (%s) of %lld rows: size overflows",
+                         vitc_precision_name(pw->prec), (long long)M);
+    uint32_t *pa = vitc__lp_get(bytes);
+    if (!pa)
+        return vitc__err(VITC_ERR_NOMEM, "linear (%s) of %lld rows: out of memory",
+                         vitc_precision_name(pw->prec), (long long)M);
+    vitc__lp_job g = {.kn = kn, .pw = pw, .x = x, .ldx = ldx, .y = y, .ldy = ldy, .bias = bias,
+                      .res = residual, .ldr = ldr, .M = M, .pa = pa,
+                      .gelu = gelu ? vitc__kern()->gelu : NULL, .nparts = 1};
+    if (pw->prec == VITC_PRECISION_INT8) {
+        g.ascale = (float *)(pa + words);
+        g.azp = (int32_t *)(g.ascale + M);
+    }
+    int nt = vitc__in_parallel() ? 1 : vitc__num_threads();
+    double flops = 2.0 * (double)M * (double)pw->N * (double)pw->K;
+    if (flops < 400000.0) nt = 1;
+    if (nt > 1 && rs > 1)
+        vitc__parallel_for(rs, vitc__lp_pack_task, &g);
+    else
+        for (int64_t t = 0; t < rs; t++) vitc__lp_pack_task(&g, t, 0);
+    /* Split the weight's column strips when each thread gets two or more
+     * (each then streams only its share of the weights), else the rows. */
+    int64_t cs = (pw->N + NR - 1) / NR;
+    g.by_cols = cs >= 2 * (int64_t)nt || cs >= rs;
+    int64_t units = g.by_cols ? cs : rs;
+    g.nparts = nt > units ? (int)units : nt;
+    if (g.nparts <= 1) {
+        g.nparts = 1;
+        vitc__lp_task(&g, 0, 0);
+    } else {
+        vitc__parallel_for(g.nparts, vitc__lp_task, &g);
+    }
+    return VITC_OK;
+}

@@ -1,0 +1,112 @@
+/*
+ * gemm_lp.h — the low-precision (bf16, int8) linear layers: packed weights,
+ * the microkernels' contract, and what dispatch.c picks from. Private to
+ * gemm_lp.c, gemm_lp_avx512.c and dispatch.c.
+ *
+ * Both precisions pack 32-bit words: bf16 holds two consecutive k of a row
+ * (k even in the low half), int8 four (k = 4p + byte). A word of A times a
+ * word of B is what one lane of vdpbf16ps / vpdpbusd consumes, so the
+ * microkernel is the fp32 one (12 x 32, 24 zmm accumulators) with the FMA
+ * replaced by the dot-product instruction.
+ *
+ *   A (activations, converted per call): strips of MR rows, [kg][MR] words
+ *   B (weights, converted once):         strips of NR columns, [kg][NR] words
+ *
+ * kg = ceil(K / 2) (bf16) or ceil(K / 4) (int8); k past K is packed as 0.
+ */
+#ifndef VITC_GEMM_LP_H
+#define VITC_GEMM_LP_H
+
+#include <math.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#define VITC_LP_MR 12
+#define VITC_LP_NR 32
+
+/* The epilogue of one tile (row i, column j of the tile):
+ *   bf16: v = acc
+ *   int8: v = (float)(acc - azp[i] * wsum[j]) * (ascale[i] * wscale[j])
+ *   then v = v + bias[j], v = v + res[i * ldr + j], in this order, each
+ *   rounded to float: the reference and the SIMD kernels give the same bits. */
+typedef struct vitc__lp_epi {
+    const float *bias;     /* [nr] or NULL */
+    const float *res;      /* [mr, ldr] or NULL */
+    int64_t ldr;
+    const float *ascale;   /* int8: [mr] row scales of A */
+    const int32_t *azp;    /* int8: [mr] row zero points of A */
+    const float *wscale;   /* int8: [nr] per output channel */
+    const int32_t *wsum;   /* int8: [nr] column sums of the int8 weights */
+} vitc__lp_epi;
+
+/* C[mr, nr] (row stride ldc) from pa [kg][MR] and pb [kg][NR] words. */
+typedef void (*vitc__lp_ukr_fn)(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                                int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e);
+/* One row x [K] of A into words dst[p * stride], p < kg (k past K is 0).
+ * int8 also returns the row's scale and zero point (quantized per row). */
+typedef void (*vitc__lp_row_fn)(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                                float *scale, int32_t *zp);
+
+typedef struct vitc__lp_kernel {
+    const char *name; /* "avx512-bf16", "reference", ... (vitc --version) */
+    vitc__lp_ukr_fn ukr;
+    vitc__lp_row_fn row;
+} vitc__lp_kernel;
+
+extern const vitc__lp_kernel vitc__lp_bf16_ref, vitc__lp_int8_ref;
+extern const vitc__lp_kernel vitc__lp_bf16_avx512, vitc__lp_int8_avx512;
+
+/* The kernel of precision p that this CPU and the forced arch can run
+ * (dispatch.c): AVX512-BF16 / AVX512-VNNI on the avx512 path when cpuid
+ * has them, else the portable reference (same numbers, slower). */
+const vitc__lp_kernel *vitc__lp_kernel_for(vitc_precision p);
+
+/* float -> bf16, round to nearest even, as vcvtne2ps2bf16 does: NaN stays
+ * a quiet NaN; subnormal inputs become zero of the same sign. */
+static inline uint16_t vitc__bf16_rne(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7F800000u) == 0x7F800000u && (u & 0x007FFFFFu))
+        return (uint16_t)((u >> 16) | 0x40u);
+    if ((u & 0x7F800000u) == 0)
+        return (uint16_t)((u >> 16) & 0x8000u);
+    u += 0x7FFFu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+static inline float vitc__bf16_to_f(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+/* The per-row int8 quantization both paths use: the row's range widened
+ * to hold 0, scale = range / 255, zero point round(-min / scale), and
+ * q = clamp(round(x * (1 / scale)) + zp, 0, 255), rounding to nearest even.
+ * A row of zeros gets scale 1. */
+static inline void vitc__q8_params(float mn, float mx, float *scale, float *inv, int32_t *zp) {
+    if (mn > 0.0f) mn = 0.0f;
+    if (mx < 0.0f) mx = 0.0f;
+    float s = (mx - mn) / 255.0f;
+    if (!(s > 0.0f) || !isfinite(s)) s = 1.0f; /* zeros, or NaN / inf in the row */
+    float iv = 1.0f / s;
+    float z = nearbyintf(-mn * iv);
+    *scale = s;
+    *inv = iv;
+    *zp = z < 0.0f ? 0 : z > 255.0f ? 255 : (int32_t)z;
+}
+
+/* One quantized element: round(x * inv) like cvtps2dq (an unrepresentable
+ * or NaN result is INT32_MIN, "integer indefinite"), clamped to [-256, 511]
+ * so adding zp cannot wrap, + zp, clamped to [0, 255]. */
+static inline uint8_t vitc__q8(float x, float inv, int32_t zp) {
+    float t = nearbyintf(x * inv);
+    int32_t q = (t >= -2147483648.0f && t < 2147483648.0f) ? (int32_t)t : INT32_MIN;
+    q = q < -256 ? -256 : q > 511 ? 511 : q;
+    q += zp;
+    return (uint8_t)(q < 0 ? 0 : q > 255 ? 255 : q);
+}
+
+#endif
