@@ -98,6 +98,17 @@ int cli_lib_error(const char *what) { return cli_error("%s: %s", what, vitc_last
 
 int cli_stderr_tty(void) { return isatty(2); }
 
+int cli_set_precision(const char *cmd, vitc_vit *m, const char *name) {
+    if (!name)
+        return CLI_OK;
+    int p = vitc_precision_parse(name);
+    if (p < 0)
+        return cli_usage_error(cmd, "--precision must be fp32, bf16 or int8, not \"%s\"", name);
+    if (vitc_vit_set_precision(m, (vitc_precision)p) != VITC_OK)
+        return cli_lib_error("--precision");
+    return CLI_OK;
+}
+
 /* ------------------------------------------------------------------ */
 /* Options                                                            */
 /* ------------------------------------------------------------------ */

@@ -20,6 +20,13 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 int cli_lib_error(const char *what);
 /* 1 when stderr is a terminal (progress then updates one line). */
 int cli_stderr_tty(void);
+/* --precision NAME (NULL: leave fp32) on m: CLI_USAGE for an unknown name
+ * (cmd names the command), CLI_FAIL when packing fails. */
+int cli_set_precision(const char *cmd, vitc_vit *m, const char *name);
+#define CLI_PRECISION_HELP \
+    "  --precision P    fp32, bf16 or int8 arithmetic of the weight GEMMs\n" \
+    "                   (default fp32; vitc --version says which kernels run)\n"
+
 
 /* Untrusted text (labels, metadata, tensor names, paths) shown on a
  * terminal: control characters are written escaped (\n, \t, \xHH), never

@@ -38,8 +38,8 @@ int main(int argc, char **argv) {
         return CLI_OK;
     }
     if (!strcmp(argv[1], "--version")) {
-        printf("vitc %s (kernels: %s, gemm: %s)\n", vitc_version(), vitc_get_arch(),
-               vitc_get_gemm_backend());
+        printf("vitc %s (kernels: %s, gemm: %s; %s)\n", vitc_version(), vitc_get_arch(),
+               vitc_get_gemm_backend(), vitc_get_precision_paths());
         return CLI_OK;
     }
     for (size_t i = 0; i < CLI_NCMDS; i++)

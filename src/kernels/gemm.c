@@ -510,6 +510,28 @@ void vitc__pweight_free(vitc__pweight *pw) {
     memset(pw, 0, sizeof *pw);
 }
 
+const vitc__gemm_kernel *vitc__gemm_pack_kernel(void) {
+    return vitc__backend() == VITC_GEMM_BUILTIN ? vitc__pick_kernel() : NULL;
+}
+
+void vitc__pweight_unpack(const vitc__pweight *pw, float *W) {
+    if (!pw || !pw->data || !W) return;
+    int64_t N = pw->N, K = pw->K;
+    if (pw->prec != VITC_PRECISION_FP32) {
+        vitc__pweight_unpack_lp(pw, W);
+        return;
+    }
+    const int64_t NR = pw->kern->nr, KC = pw->kern->kc;
+    const float *d = pw->data;
+    for (int64_t pc = 0; pc < K; pc += KC) {
+        int64_t kc = K - pc < KC ? K - pc : KC;
+        for (int64_t j = 0; j < N; j++) {
+            const float *src = d + pc * pw->npad + (j / NR) * NR * kc + j % NR; /* [kc] step NR */
+            for (int64_t k = 0; k < kc; k++) W[j * K + pc + k] = src[k * NR];
+        }
+    }
+}
+
 size_t vitc__pweight_bytes(const vitc__pweight *pw) {
     if (!pw || !pw->data) return 0;
     size_t per = pw->prec == VITC_PRECISION_FP32 ? (size_t)pw->K * sizeof(float)

@@ -163,6 +163,25 @@ vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, 
     return VITC_OK;
 }
 
+void vitc__pweight_unpack_lp(const vitc__pweight *pw, float *W) {
+    int64_t N = pw->N, K = pw->K, kg = pw->kg;
+    const uint32_t *d = pw->data;
+    for (int64_t j = 0; j < N; j++) {
+        const uint32_t *col = d + (j / NR) * kg * NR + j % NR;
+        float *w = W + j * K;
+        for (int64_t p = 0; p < kg; p++) {
+            uint32_t word = col[p * NR];
+            if (pw->prec == VITC_PRECISION_BF16) {
+                w[2 * p] = vitc__bf16_to_f((uint16_t)word);
+                if (2 * p + 1 < K) w[2 * p + 1] = vitc__bf16_to_f((uint16_t)(word >> 16));
+            } else {
+                for (int q = 0; q < 4 && 4 * p + q < K; q++)
+                    w[4 * p + q] = (float)(int8_t)(uint8_t)(word >> (8 * q)) * pw->wscale[j];
+            }
+        }
+    }
+}
+
 /* ---- per-call scratch: the converted activations ------------------------ */
 
 /* Grow-only, one per calling thread (freed when it ends), like gemm.c's. */

@@ -119,7 +119,14 @@ typedef struct vitc__pweight {
 vitc_status vitc__pweight_pack(vitc__pweight *pw, const float *W, int64_t N, int64_t K,
                                vitc_precision p);
 void vitc__pweight_free(vitc__pweight *pw);
+/* W [N, K] row-major back from the packed copy: exact for FP32, the
+ * converted values (bf16, or int8 times its scale) otherwise. */
+void vitc__pweight_unpack(const vitc__pweight *pw, float *W);
 size_t vitc__pweight_bytes(const vitc__pweight *pw);
+
+/* The kernel fp32 panels are packed for now (the arch's built-in GEMM
+ * microkernel), or NULL when the backend is OpenBLAS (panels unused). */
+const struct vitc__gemm_kernel *vitc__gemm_pack_kernel(void);
 
 /* y[M,N] = x[M,K] W^T + bias + residual, then GELU (erf) in place when gelu
  * (fused into the tiles' epilogue where the GEMM allows). pw may be NULL or
@@ -133,6 +140,7 @@ vitc_status vitc__linear_pw(float *y, int64_t ldy, const float *x, int64_t ldx,
 vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const vitc__pweight *pw, const float *bias, const float *residual,
                             int64_t ldr, int64_t M, int gelu);
+void vitc__pweight_unpack_lp(const vitc__pweight *pw, float *W);
 /* Packs a BF16 / INT8 weight (gemm_lp.c). */
 vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, int64_t K,
                                   vitc_precision p);

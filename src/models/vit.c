@@ -24,6 +24,7 @@ void vitc_vit_free(vitc_vit *m) {
     if (!m)
         return;
     vitc__handle_unregister(m->id);
+    vitc__vit_pack_free(m);
     if (!m->weights_file)
         vitc__free(m->params);
     vitc_safetensors_free(m->weights_file);
@@ -308,6 +309,16 @@ static void vit_branch_forward(vitc_vit *m, int l, float *x, uint8_t *keep, uint
     vitc__vit_branch(m, l, x, keep, dp_keep);
 }
 
+/* y = x W^T + b (+ res) (then GELU) with block l's weight k: its packed
+ * copy in an inference forward, else the row-major W (fp32). */
+static vitc_status vit_linear(const vitc_vit *m, int l, int k, float *y, int64_t ldy,
+                              const float *x, int64_t ldx, const float *W, const float *b,
+                              const float *res, int64_t ldr, int64_t M, int64_t N, int64_t K,
+                              int gelu) {
+    const vitc__pweight *pw = m->use_packed ? &m->pw[l * VIT_PW_COUNT + k] : NULL;
+    return vitc__linear_pw(y, ldy, x, ldx, pw, W, b, res, ldr, M, N, K, gelu);
+}
+
 static void vit_add(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
@@ -331,11 +342,13 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     vitc__layernorm(ln1, x, w->ln1_w, w->ln1_b, BN, C, c->norm_eps);
     /* R rows go on past the attention, rs apart in the [B, N, .] buffers. */
     int64_t R = cls_only ? B : BN, rs = cls_only ? N : 1;
-    if (cls_only) { /* k, v of every row (weight rows C..3C), q of the class rows */
+    if (cls_only && !m->use_packed) { /* k, v of every row (weight rows C..3C), q of the class rows */
         vitc__linear(qkv + C, 3 * C, ln1, C, w->qkv_w + C * C, w->qkv_b + C, NULL, 0, BN, 2 * C, C);
         vitc__linear(qkv, N * 3 * C, ln1, N * C, w->qkv_w, w->qkv_b, NULL, 0, B, C, C);
-    } else { /* qkv [B, N, 3, H, d]: the kernel reads q, k, v of head h in place */
-        vitc__linear(qkv, 3 * C, ln1, C, w->qkv_w, w->qkv_b, NULL, 0, BN, 3 * C, C);
+    } else { /* qkv [B, N, 3, H, d]: the kernel reads q, k, v of head h in place. Packed
+              * weights are whole matrices: q of every row then (the same numbers). */
+        VITC_TRY(vit_linear(m, l, VIT_PW_QKV, qkv, 3 * C, ln1, C, w->qkv_w, w->qkv_b, NULL, 0, BN,
+                            3 * C, C, 0));
     }
     vitc__sdpa_desc sd = vitc__vit_attention(m, qkv, att, B, N, cls_only ? 1 : N);
     sd.probs = probs;
@@ -349,13 +362,17 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
         vit_branch_forward(m, l, mid, k.att, k.dp_att);
         vit_add(mid, x, R * C);
     } else {
-        vitc__linear(mid, C, att, rs * C, w->proj_w, w->proj_b, x, rs * C, R, C, C);
+        VITC_TRY(vit_linear(m, l, VIT_PW_PROJ, mid, C, att, rs * C, w->proj_w, w->proj_b, x,
+                            rs * C, R, C, C, 0));
     }
     vitc__layernorm(ln2, mid, w->ln2_w, w->ln2_b, R, C, c->norm_eps);
-    vitc__linear(hpre, M, ln2, C, w->fc1_w, w->fc1_b, NULL, 0, R, M, C);
-    if (hact != hpre) /* training keeps GELU's input for backward */
+    /* Inference: GELU in fc1's epilogue. Training keeps GELU's input for backward. */
+    VITC_TRY(vit_linear(m, l, VIT_PW_FC1, hpre, M, ln2, C, w->fc1_w, w->fc1_b, NULL, 0, R, M, C,
+                        hact == hpre));
+    if (hact != hpre) {
         memcpy(hact, hpre, (size_t)(R * M) * sizeof(float));
-    vitc__gelu(hact, R * M);
+        vitc__gelu(hact, R * M);
+    }
     if (k.hid && m->dropout > 0.0f) { /* MLPBlock's Dropout after the GELU */
         vitc__dropout_mask(k.hid, R * M, m->dropout, &m->rng);
         vitc__dropout_apply(hact, hact, k.hid, R * M, m->dropout);
@@ -365,7 +382,8 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
         vit_branch_forward(m, l, y, k.out, k.dp_mlp);
         vit_add(y, mid, R * C);
     } else {
-        vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, mid, C, R, C, M);
+        VITC_TRY(vit_linear(m, l, VIT_PW_FC2, y, C, hact, M, w->fc2_w, w->fc2_b, mid, C, R, C, M,
+                            0));
     }
     if (out)
         *out = y;
@@ -392,6 +410,14 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     /* A training forward of logits records every block for backward. */
     int record = m->training && logits && !attn && !rollout;
     m->recorded = 0;
+    /* Inference reads packed weights, (re)built once the parameters moved.
+     * fp32 can do without them (same numbers from the row-major ones). */
+    if (m->training) {
+        m->use_packed = 0;
+        vitc__vit_rowmajor(m);
+    } else {
+        VITC_TRY(vitc__vit_prepare_inference(m));
+    }
     VITC_TRY(vit_activations(m, B, P, record));
     VITC_TRY(vit_position_embedding(m, gh, gw));
     const vitc__vit_acts *a = &m->a;
@@ -430,7 +456,8 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     vit_im2col_ctx ic = {a->patches, images, Cin, H, W, p, gh, gw};
     vitc__parallel_for(B * gh, vit_im2col_task, &ic);
     float *proj = vitc__va(a, 0, VA_LN1); /* [B*P, C] */
-    vitc__linear(proj, C, a->patches, K, m->w.conv_w, m->w.conv_b, NULL, 0, B * P, C, K);
+    VITC_TRY(vitc__linear_pw(proj, C, a->patches, K, m->pconv.data ? &m->pconv : NULL, m->w.conv_w,
+                             m->w.conv_b, NULL, 0, B * P, C, K, 0));
     const float *pos = m->pos_used; /* [N, C] */
     for (int64_t b = 0; b < B; b++) {
         float *xb = vitc__va(a, 0, VA_X) + b * N * C; /* [N, C] */
@@ -470,8 +497,9 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
         for (int64_t b = 0; b < B; b++)
             memcpy(a->cls_in + b * C, y + b * ys, (size_t)C * sizeof(float));
         vitc__layernorm(a->cls_out, a->cls_in, m->w.ln_w, m->w.ln_b, B, C, c->norm_eps);
-        vitc__linear(logits, c->num_classes, a->cls_out, C, m->w.head_w, m->w.head_b, NULL, 0, B,
-                     c->num_classes, C);
+        VITC_TRY(vitc__linear_pw(logits, c->num_classes, a->cls_out, C,
+                                 m->phead.data ? &m->phead : NULL, m->w.head_w, m->w.head_b, NULL,
+                                 0, B, c->num_classes, C, 0));
     }
     if (record) {
         m->recorded = 1;

@@ -131,10 +131,37 @@ struct vitc_vit {
     vitc__buf pos_buf;
     int pos_gh, pos_gw;
     float *pos_used; /* [1 + gh*gw, C]: pos itself or pos_buf */
+    /* Inference weights (vit_precision.c): packed for `precision` from the
+     * row-major parameters of version pversion; rebuilt at the next
+     * inference forward once wversion moves (vitc_vit_param, an optimizer
+     * step). Training forwards use the row-major parameters. */
+    vitc_precision precision;
+    vitc__pweight *pw;          /* [depth * VIT_PW_COUNT] or NULL */
+    vitc__pweight pconv, phead; /* patch embedding and head: fp32 panels always */
+    uint64_t wversion, pversion;
+    int packed;                 /* pw, pconv, phead hold what was packed at pversion */
+    vitc_precision packed_prec;
+    const struct vitc__gemm_kernel *packed_for; /* fp32 panels' kernel, or NULL */
+    /* The row-major copies of the packed matrices were given back to the
+     * OS (their pages hold zeros): the packs are the weights until
+     * vitc__vit_rowmajor unpacks them. */
+    int released;
+    int use_packed;             /* this forward reads pw */
     /* Attention-map scratch (only when asked for). */
     vitc__buf probs_buf; /* [B, H, N, N] when the caller gives no attn */
     vitc__buf roll_buf;  /* [B, N, N] rollout + [2, N, N] */
 };
+
+/* A block's packed weights, at m->pw[l * VIT_PW_COUNT + k]. */
+enum { VIT_PW_QKV, VIT_PW_PROJ, VIT_PW_FC1, VIT_PW_FC2, VIT_PW_COUNT };
+/* Makes the packed weights current for an inference forward (repacking
+ * when the parameters, precision, arch or GEMM backend moved) and sets
+ * m->use_packed. */
+vitc_status vitc__vit_prepare_inference(vitc_vit *m);
+/* The row-major parameters valid again (unpacking released matrices, then
+ * dropping the packs): before training, vitc_vit_param, saving. */
+void vitc__vit_rowmajor(vitc_vit *m);
+void vitc__vit_pack_free(vitc_vit *m);
 
 /* Build m->table for m->cfg in m->naming's spelling (sizes overflow-checked),
  * with 64-byte aligned offsets and n_params, and allocate blocks. */

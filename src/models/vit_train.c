@@ -71,7 +71,10 @@ vitc_status vitc__vit_paramset(vitc_vit *m, int with_grad, vitc__paramset *out) 
     if (with_grad)
         VITC_TRY(vitc__vit_grad_alloc(m));
     *out = (vitc__paramset){.param = m->params, .grad = m->grad, .n = m->n_params,
-                            .seg = m->table, .nseg = m->n_entries, .owner_id = m->id};
+                            .seg = m->table, .nseg = m->n_entries, .owner_id = m->id,
+                            .version = &m->wversion};
+    vitc__vit_rowmajor(m);
+    m->wversion++; /* the caller may write through .param */
     return VITC_OK;
 }
 
@@ -94,7 +97,11 @@ vitc_status vitc_vit_param(vitc_vit *m, int i, const char **name, int *ndim,
     if (name) *name = p->name;
     if (ndim) *ndim = p->ndim;
     if (shape) *shape = p->shape;
-    if (data) *data = m->params + p->offset;
+    if (data) {
+        vitc__vit_rowmajor(m);
+        *data = m->params + p->offset;
+        m->wversion++; /* may be written: packed weights are rebuilt at the next forward */
+    }
     if (grad) *grad = m->grad ? m->grad + p->offset : NULL;
     return VITC_OK;
 }
@@ -143,6 +150,9 @@ static char *vit_config_json(const vitc_vit *m) {
 vitc_status vitc_vit_save(const vitc_vit *m, const char *path) {
     if (!m || !path)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_save: NULL argument");
+    /* Saving reads the row-major parameters: unpacked from the packed
+     * weights when these were released (the model is not otherwise changed). */
+    vitc__vit_rowmajor((vitc_vit *)m);
     int n = m->n_entries;
     const char **names = calloc((size_t)n, sizeof *names);
     int *ndims = calloc((size_t)n, sizeof *ndims);

@@ -236,6 +236,8 @@ vitc_status vitc_optimizer_step(vitc_optimizer *o) {
     if (o->cfg.kind == VITC_OPTIM_SGD && o->cfg.momentum != 0.0)
         o->buf_started = 1;
     o->step = t;
+    if (o->ps.version)
+        ++*o->ps.version;
     return VITC_OK;
 }
 

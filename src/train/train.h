@@ -27,6 +27,9 @@ typedef struct vitc__paramset {
     const vitc__pseg *seg; /* [nseg] in state_dict order */
     int nseg;
     uint64_t owner_id;     /* vitc__handle_register() id of the model/layer */
+    /* Bumped by every optimizer step (NULL: nothing to tell): the owner's
+     * packed inference weights are rebuilt when it moves. */
+    uint64_t *version;
 } vitc__paramset;
 
 /* Live-object registry (handle.c): register in create, unregister in free;

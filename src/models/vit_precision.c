@@ -1,0 +1,164 @@
+/*
+ * vit_precision.c — the ViT's inference weights: each Linear's weight packed
+ * once for the chosen precision (kernels.h vitc__pweight) and rebuilt when
+ * the parameters, the precision, the kernel path or the GEMM backend moved.
+ *
+ * Memory: once a matrix is packed its row-major copy is given back to the
+ * OS (madvise MADV_DONTNEED on the pages wholly inside it), so an inference
+ * model holds one copy of each weight: fp32 panels (the same size), bf16
+ * (half) or int8 (a quarter). Whoever needs the row-major parameters
+ * (training, vitc_vit_param, saving, OpenBLAS) calls vitc__vit_rowmajor,
+ * which unpacks them: exactly in fp32; in bf16 / int8 the model's weights
+ * then are the converted values (the fp32 originals are gone, as after any
+ * quantization).
+ */
+#include <stdlib.h>
+#include <string.h>
+#ifdef __linux__
+#include <sys/mman.h>
+#include <unistd.h>
+#endif
+
+#include "vit_internal.h"
+
+void vitc__vit_pack_free(vitc_vit *m) {
+    if (!m)
+        return;
+    if (m->pw) {
+        for (int i = 0; i < m->cfg.depth * VIT_PW_COUNT; i++)
+            vitc__pweight_free(&m->pw[i]);
+        free(m->pw);
+        m->pw = NULL;
+    }
+    vitc__pweight_free(&m->pconv);
+    vitc__pweight_free(&m->phead);
+    m->packed = 0;
+}
+
+/* Row-major home of each packed matrix: block weights, conv, head. */
+static float *vit_pw_home(vitc_vit *m, int i) {
+    const vitc__vit_block *w = &m->blocks[i / VIT_PW_COUNT];
+    switch (i % VIT_PW_COUNT) {
+    case VIT_PW_QKV: return w->qkv_w;
+    case VIT_PW_PROJ: return w->proj_w;
+    case VIT_PW_FC1: return w->fc1_w;
+    default: return w->fc2_w;
+    }
+}
+
+/* Gives back the pages wholly inside W's n floats (the edges stay). */
+static void vit_release(float *W, size_t n) {
+#ifdef __linux__
+    long pg = sysconf(_SC_PAGESIZE);
+    if (pg <= 0)
+        return;
+    uintptr_t b = ((uintptr_t)W + (uintptr_t)pg - 1) & ~((uintptr_t)pg - 1);
+    uintptr_t e = ((uintptr_t)(W + n)) & ~((uintptr_t)pg - 1);
+    if (e > b)
+        (void)madvise((void *)b, e - b, MADV_DONTNEED); /* a failure only keeps the memory */
+#else
+    (void)W, (void)n;
+#endif
+}
+
+/* Unpacks each pack into its home. */
+static void vit_unpack_all(vitc_vit *m) {
+    int n = m->pw ? m->cfg.depth * VIT_PW_COUNT : 0;
+    for (int i = -2; i < n; i++) {
+        vitc__pweight *p = i == -2 ? &m->pconv : i == -1 ? &m->phead : &m->pw[i];
+        float *home = i == -2 ? m->w.conv_w : i == -1 ? m->w.head_w : vit_pw_home(m, i);
+        if (!p->data)
+            continue;
+        vitc__pweight_unpack(p, home);
+    }
+}
+
+void vitc__vit_rowmajor(vitc_vit *m) {
+    if (!m)
+        return;
+    if (m->released)
+        vit_unpack_all(m);
+    m->released = 0;
+    vitc__vit_pack_free(m);
+}
+
+/* Packs W [N, K] into p and gives W's pages back at once, so the peak
+ * holds one matrix twice, not the model. */
+static vitc_status vit_pack_one(vitc_vit *m, vitc__pweight *p, float *W, int64_t N, int64_t K,
+                                vitc_precision prec) {
+    VITC_TRY(vitc__pweight_pack(p, W, N, K, prec));
+    m->released = 1;
+    vit_release(W, (size_t)N * (size_t)K);
+    return VITC_OK;
+}
+
+static vitc_status vit_pack(vitc_vit *m, const struct vitc__gemm_kernel *kern) {
+    const vitc_vit_config *c = &m->cfg;
+    vitc__vit_rowmajor(m);
+    int64_t C = c->hidden_dim, M = c->mlp_dim,
+            K = (int64_t)c->in_channels * c->patch_size * c->patch_size;
+    vitc_status s = VITC_OK;
+    /* fp32 panels only help the built-in GEMM; bf16 / int8 always run ours. */
+    if (kern || m->precision != VITC_PRECISION_FP32) {
+        m->pw = calloc((size_t)c->depth * VIT_PW_COUNT, sizeof *m->pw);
+        if (!m->pw)
+            return vitc__err(VITC_ERR_NOMEM, "ViT packed weights: out of memory");
+        for (int l = 0; s == VITC_OK && l < c->depth; l++) {
+            const vitc__vit_block *w = &m->blocks[l];
+            vitc__pweight *p = &m->pw[l * VIT_PW_COUNT];
+            vitc_precision pr = m->precision;
+            s = vit_pack_one(m, &p[VIT_PW_QKV], w->qkv_w, 3 * C, C, pr);
+            if (s == VITC_OK)
+                s = vit_pack_one(m, &p[VIT_PW_PROJ], w->proj_w, C, C, pr);
+            if (s == VITC_OK)
+                s = vit_pack_one(m, &p[VIT_PW_FC1], w->fc1_w, M, C, pr);
+            if (s == VITC_OK)
+                s = vit_pack_one(m, &p[VIT_PW_FC2], w->fc2_w, C, M, pr);
+        }
+    }
+    /* The patch embedding and the head stay fp32: 3% of the FLOPs, and the
+     * head's logits are what the accuracy is judged by. */
+    if (s == VITC_OK && kern)
+        s = vit_pack_one(m, &m->pconv, m->w.conv_w, C, K, VITC_PRECISION_FP32);
+    if (s == VITC_OK && kern)
+        s = vit_pack_one(m, &m->phead, m->w.head_w, c->num_classes, C, VITC_PRECISION_FP32);
+    if (s != VITC_OK) {
+        vitc__vit_rowmajor(m); /* what was packed (and released) goes back */
+        return s;
+    }
+    m->packed = 1;
+    m->packed_prec = m->precision;
+    m->packed_for = kern;
+    m->pversion = m->wversion;
+    return VITC_OK;
+}
+
+vitc_status vitc__vit_prepare_inference(vitc_vit *m) {
+    const struct vitc__gemm_kernel *kern = vitc__gemm_pack_kernel();
+    m->use_packed = 0;
+    if (!m->packed || m->pversion != m->wversion || m->packed_prec != m->precision ||
+        m->packed_for != kern) {
+        vitc_status s = vit_pack(m, kern);
+        /* fp32 does without packs (the same numbers from row-major W). */
+        if (s != VITC_OK && m->precision != VITC_PRECISION_FP32)
+            return s;
+    }
+    m->use_packed = m->pw != NULL;
+    return VITC_OK;
+}
+
+vitc_status vitc_vit_set_precision(vitc_vit *m, vitc_precision p) {
+    if (!m)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_set_precision: NULL model");
+    if (!vitc_precision_name(p))
+        return vitc__err(VITC_ERR_INVALID_ARG, "unknown precision %d (expected fp32, bf16 or int8)",
+                         (int)p);
+    m->precision = p;
+    if (m->training)
+        return VITC_OK; /* packed at the next inference forward */
+    return vitc__vit_prepare_inference(m);
+}
+
+vitc_precision vitc_vit_get_precision(const vitc_vit *m) {
+    return m ? m->precision : VITC_PRECISION_FP32;
+}
