@@ -555,10 +555,15 @@ typedef enum vitc_precision {
     VITC_PRECISION_INT8 = 2
 } vitc_precision;
 
-/* Chooses m's precision and packs its weights for it now (memory: see
- * docs/precision.md). Packed weights are rebuilt at the next inference
- * forward after anything may have changed the weights (vitc_vit_param,
- * an optimizer, training mode). */
+/* Chooses m's precision and packs its weights for it now. An inference
+ * forward (eval mode) reads only the packed weights: the row-major copies
+ * of the packed matrices are given back to the OS, so a model holds one
+ * copy of each weight (fp32 panels, or 2x / 4x smaller in bf16 / int8).
+ * Anything that needs the row-major parameters (vitc_vit_param, an
+ * optimizer, a training forward, vitc_vit_save) unpacks them first:
+ * exactly in fp32; in bf16 / int8 they are then the converted values (the
+ * fp32 originals are gone, as after any quantization). Packing happens
+ * again at the next inference forward after that. docs/precision.md. */
 VITC_API vitc_status vitc_vit_set_precision(vitc_vit *m, vitc_precision p);
 VITC_API vitc_precision vitc_vit_get_precision(const vitc_vit *m);
 /* "fp32", "bf16", "int8" (NULL for other values) and back (-1 if unknown). */
@@ -592,7 +597,9 @@ VITC_API vitc_status vitc_vit_set_dropout(vitc_vit *m, float dropout, float atte
 VITC_API vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits);
 VITC_API vitc_status vitc_vit_zero_grad(vitc_vit *m);
 /* Parameter i (state_dict order): torch name, shape, data, and its gradient
- * (NULL until a backward or zero_grad allocated the gradients). */
+ * (NULL until a backward or zero_grad allocated the gradients). data is the
+ * row-major parameter until the next inference forward, which repacks the
+ * weights from it (and releases the matrices' pages): ask again after one. */
 VITC_API int vitc_vit_num_params(const vitc_vit *m);
 VITC_API vitc_status vitc_vit_param(vitc_vit *m, int i, const char **name, int *ndim,
                                     const int64_t **shape, float **data, float **grad);

@@ -188,6 +188,10 @@ _SIGNATURES = {
     "vitc_vit_label": (_cs, [_vp, _int]),
     "vitc_vit_forward": (_st, [_vp, c_float_p, _int, _int, _int, c_float_p]),
     "vitc_vit_attention_maps": (_st, [_vp, c_float_p, _int, _int, _int, c_float_p, c_float_p]),
+    "vitc_vit_set_precision": (_st, [_vp, _int]),
+    "vitc_vit_get_precision": (_int, [_vp]),
+    "vitc_precision_parse": (_int, [_cs]),
+    "vitc_get_precision_paths": (_cs, []),
     # ViT training (tr-core)
     "vitc_vit_default_config": (VitConfig, []),
     "vitc_vit_create": (_st, [_P(VitConfig), ctypes.c_uint64, _P(_vp)]),

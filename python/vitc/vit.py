@@ -63,14 +63,40 @@ class VisionTransformer:
         self.labels = None if labels and labels[0] is None else [s.decode() for s in labels]
 
     @classmethod
-    def from_safetensors(cls, path, arch=None):
+    def from_safetensors(cls, path, arch=None, precision="fp32"):
         """Load a checkpoint; the architecture comes from its vitc.config
         metadata, else `arch` ("vit_b_16", "vit_base_patch16_224", ...),
-        else the tensors' names and shapes."""
+        else the tensors' names and shapes. precision: "fp32", "bf16" or
+        "int8" arithmetic of the weight GEMMs (see `precision`)."""
         h = ctypes.c_void_p()
         check(lib.vitc_vit_load(path_arg(path), str_arg(arch, "arch") if arch else None,
                                 ctypes.byref(h)))
-        return cls(_handle=h.value)
+        m = cls(_handle=h.value)
+        m.precision = precision
+        return m
+
+    _PRECISIONS = ("fp32", "bf16", "int8")
+
+    @property
+    def precision(self):
+        """"fp32", "bf16" or "int8": the arithmetic of the blocks' weight
+        GEMMs in eval mode (LayerNorm, softmax, GELU, residuals, patch
+        embedding and head stay fp32). Setting it packs the weights; in bf16
+        and int8 the model's weights become the converted values."""
+        return self._PRECISIONS[lib.vitc_vit_get_precision(self._h)]
+
+    @precision.setter
+    def precision(self, name):
+        p = lib.vitc_precision_parse(str_arg(name, "precision"))
+        if p < 0:
+            raise ValueError("precision must be 'fp32', 'bf16' or 'int8', got %r" % (name,))
+        with self._lock:
+            check(lib.vitc_vit_set_precision(self._h, p))
+
+    @staticmethod
+    def precision_paths():
+        """Which kernels bf16 and int8 run on this CPU (SIMD or the reference)."""
+        return lib.vitc_get_precision_paths().decode()
 
     def __del__(self):
         if getattr(self, "_h", None) and self._h.value:

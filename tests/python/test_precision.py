@@ -1,0 +1,153 @@
+"""bf16 and int8 inference against fp32 (and fp32 against PyTorch) on a small
+random ViT: real photos (tests/data) and noise images. The tolerances are
+the accuracy docs/precision.md states, with margin over what was measured."""
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+import vitc
+
+try:
+    import torch
+    from torchvision.models.vision_transformer import VisionTransformer as TVViT
+except ImportError:  # pragma: no cover
+    torch = None
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+DATA = os.path.join(ROOT, "tests", "data")
+EXPORT = os.path.join(ROOT, "tools", "export_safetensors.py")
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+if torch is not None:
+    import gen_vit  # noqa: E402
+
+PHOTOS = ["photo.png", "photo.jpg", "progressive.jpg", "rgb444.jpg", "gray.jpg"]
+SIZE = 64
+
+
+def photo_batch():
+    """Crops of the test photos at SIZE x SIZE (several offsets, scales and
+    flips each), normalised with ImageNet's statistics."""
+    mean = np.array(vitc.image.IMAGENET_MEAN, np.float32)[:, None, None]
+    std = np.array(vitc.image.IMAGENET_STD, np.float32)[:, None, None]
+    out = []
+    for name in PHOTOS:
+        img = vitc.load_image(os.path.join(DATA, name)).astype(np.float32) / 255.0
+        h, w, _ = img.shape
+        for frac in (1.0, 0.6):
+            s = max(1, int(min(h, w) * frac))
+            for oy, ox in ((0, 0), (h - s, w - s), ((h - s) // 2, (w - s) // 2)):
+                crop = img[oy:oy + s, ox:ox + s]
+                idx = (np.arange(SIZE) * s) // SIZE  # nearest-neighbour resize
+                x = crop[idx][:, idx].transpose(2, 0, 1)
+                out.append(x)
+                out.append(x[:, :, ::-1])
+    return (np.stack(out) - mean) / std
+
+
+def stats(got, ref):
+    """Relative L2 error of the logits, top-1 agreement, mean top-5 overlap."""
+    rel = np.linalg.norm(got - ref) / np.linalg.norm(ref)
+    top1 = np.mean(np.argmax(got, 1) == np.argmax(ref, 1))
+    t5g = np.argsort(-got, 1)[:, :5]
+    t5r = np.argsort(-ref, 1)[:, :5]
+    top5 = np.mean([len(set(a) & set(b)) / 5.0 for a, b in zip(t5g, t5r)])
+    return rel, top1, top5
+
+
+# (max relative logits error, min top-1 agreement) per precision.
+TOL = {"bf16": (0.01, 0.93), "int8": (0.04, 0.85)}
+
+
+@unittest.skipIf(torch is None, "torch/torchvision not installed")
+class TestPrecision(unittest.TestCase):
+    CFG = dict(image_size=SIZE, patch_size=8, num_layers=4, num_heads=4, hidden_dim=128,
+               mlp_dim=384, num_classes=100)
+
+    @classmethod
+    def setUpClass(cls):
+        torch.set_num_threads(2)
+        cls.tmp = tempfile.TemporaryDirectory()
+        torch.manual_seed(0)
+        cls.model = gen_vit.reinit_head(gen_vit.randomize(TVViT(**cls.CFG), 21), 22).eval()
+        pth = os.path.join(cls.tmp.name, "m.pth")
+        cls.st = os.path.join(cls.tmp.name, "m.safetensors")
+        torch.save(cls.model.state_dict(), pth)
+        r = subprocess.run([sys.executable, EXPORT, pth, cls.st, "--num-heads", "4"],
+                           capture_output=True, text=True)
+        if r.returncode != 0:
+            raise AssertionError(r.stderr)
+        rng = np.random.default_rng(5)
+        cls.photos = photo_batch().astype(np.float32)
+        cls.noise = rng.standard_normal((32, 3, SIZE, SIZE)).astype(np.float32)
+        with torch.no_grad():
+            cls.torch_photos = cls.model(torch.from_numpy(cls.photos)).numpy()
+        cls.fp32 = vitc.VisionTransformer.from_safetensors(cls.st)
+        cls.ref = {"photos": cls.fp32(cls.photos), "noise": cls.fp32(cls.noise)}
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.tmp.cleanup()
+
+    def test_fp32_matches_torch(self):
+        got, want = self.ref["photos"], self.torch_photos
+        err = np.abs(got - want).max()
+        self.assertLess(err, 1e-3 * max(1.0, np.abs(want).max()))
+        np.testing.assert_array_equal(np.argmax(got, 1), np.argmax(want, 1))
+
+    def check(self, prec):
+        m = vitc.VisionTransformer.from_safetensors(self.st, precision=prec)
+        self.assertEqual(m.precision, prec)
+        max_rel, min_top1 = TOL[prec]
+        for name, x in (("photos", self.photos), ("noise", self.noise)):
+            got = m(x)
+            rel, top1, top5 = stats(got, self.ref[name])
+            print("\n%s %s: %d images, relative logits error %.4f, top-1 agreement %.3f, "
+                  "top-5 overlap %.3f" % (prec, name, len(x), rel, top1, top5), file=sys.stderr)
+            self.assertLess(rel, max_rel)
+            self.assertGreaterEqual(top1, min_top1)
+            self.assertGreater(rel, 0.0)  # it did run in another precision
+            # batch independent: rows are quantized on their own
+            np.testing.assert_array_equal(m(x[:3]), got[:3])
+        return m
+
+    def test_bf16(self):
+        self.check("bf16")
+
+    def test_int8(self):
+        self.check("int8")
+
+    def test_switch_and_weights(self):
+        m = vitc.VisionTransformer.from_safetensors(self.st)
+        before = m.state_dict()
+        m.precision = "bf16"
+        a = m(self.photos[:4])
+        m.precision = "fp32"  # the weights are bf16 values now
+        b = m(self.photos[:4])
+        w = m.state_dict()["encoder.layers.encoder_layer_0.mlp.0.weight"]
+        w0 = before["encoder.layers.encoder_layer_0.mlp.0.weight"]
+        self.assertLess(np.abs(w - w0).max(), np.abs(w0).max() / 128)
+        bits = w.view(np.uint32)
+        self.assertTrue((bits & 0xFFFF == 0).all(), "fp32 weights after bf16 should be bf16 values")
+        # fp32 on bf16 weights: close to the bf16 forward (activations not rounded)
+        self.assertLess(np.linalg.norm(a - b) / np.linalg.norm(b), 0.02)
+        # fp32 packing is exact: state_dict after a forward is the weights
+        f = vitc.VisionTransformer.from_safetensors(self.st)
+        f(self.photos[:2])
+        for k, v in f.state_dict().items():
+            np.testing.assert_array_equal(v, before[k], err_msg=k)
+
+    def test_bad_precision(self):
+        m = vitc.VisionTransformer.from_safetensors(self.st)
+        with self.assertRaises(ValueError):
+            m.precision = "fp16"
+        with self.assertRaises(TypeError):
+            m.precision = 8
+        self.assertIn("bf16: ", vitc.VisionTransformer.precision_paths())
+
+
+if __name__ == "__main__":
+    unittest.main()
