@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 
 import vitc
-from vitc._lib import check, lib
+from vitc._lib import VitConfig, check, lib
 
 try:
     import torch
@@ -27,17 +27,26 @@ try:
 except ImportError:  # pragma: no cover
     torch = None
 
+def setUpModule():
+    # test_layers.py switches autograd off for the whole process at import.
+    global _grad_was
+    if torch is not None:
+        _grad_was = torch.is_grad_enabled()
+        torch.set_grad_enabled(True)
+
+
+def tearDownModule():
+    if torch is not None:
+        torch.set_grad_enabled(_grad_was)
+
+
 _vp, _P = ctypes.c_void_p, ctypes.POINTER
 _f = ctypes.c_float
 
 
-class _VitConfig(ctypes.Structure):  # vitc_vit_config
-    _fields_ = [("image_size", ctypes.c_int), ("patch_size", ctypes.c_int),
-                ("in_channels", ctypes.c_int), ("hidden_dim", ctypes.c_int),
-                ("depth", ctypes.c_int), ("num_heads", ctypes.c_int),
-                ("mlp_dim", ctypes.c_int), ("num_classes", ctypes.c_int),
-                ("norm_eps", ctypes.c_float), ("mean", ctypes.c_float * 3),
-                ("std", ctypes.c_float * 3)]
+# The binding's own mirror: argtypes below must name the same struct type as
+# python/vitc/_lib.py's, or they would break vitc.VisionTransformer.
+_VitConfig = VitConfig
 
 
 class _Vit:

@@ -15,6 +15,17 @@ from torchvision.models.vision_transformer import VisionTransformer as TVViT
 import vitc
 
 
+def setUpModule():
+    # Another test module may have switched autograd off for the process.
+    global _grad_was
+    _grad_was = torch.is_grad_enabled()
+    torch.set_grad_enabled(True)
+
+
+def tearDownModule():
+    torch.set_grad_enabled(_grad_was)
+
+
 def torch_model(cfg, seed):
     """torchvision's model (conv_proj swapped for in_channels != 3), every
     parameter perturbed so no gradient is trivially zero, in float64."""
