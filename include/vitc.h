@@ -159,6 +159,9 @@ typedef struct vitc_layer_config {
     float qk_scale;   /* T2T qk_scale; 0 = (chan/heads)^-0.5 */
     float eps;        /* norm eps (default 1e-5) */
     float momentum;   /* BatchNorm momentum (default 0.1) */
+    int add_bias_kv;   /* MHA: learned bias_k, bias_v [1, 1, E] appended to the keys/values */
+    int add_zero_attn; /* MHA: a zero key and value appended (after bias_k/bias_v) */
+    float dropout;     /* MHA: dropout on the attention weights in training mode (0..1) */
 } vitc_layer_config;
 
 typedef struct vitc_layer vitc_layer;
@@ -266,6 +269,60 @@ VITC_API vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view
 /* softmax(x / temperature) along dim (negative counts from the end). */
 VITC_API vitc_status vitc_softmax(const float *x, int ndim, const int64_t *shape, int dim,
                                   float temperature, float *out);
+
+/* ---- Training: layer backward (issue 8, tr-layers) ---------------- */
+
+/* Backward of the last training-mode vitc_layer_forward: dy has the
+ * forward's output shape (ndim, shape), dx receives the input gradient
+ * (the forward's input shape, overwritten), and every parameter's gradient
+ * accumulates (+=) into the layer's gradients, as torch's .grad does, until
+ * vitc_layer_zero_grad. Errors: no training-mode forward recorded since the
+ * last eval-mode or failed one; dy of another shape. MultiheadAttention
+ * here is vitc_layer_forward's self-attention: dx = d_query + d_key +
+ * d_value (vitc_mha_backward gives the three). Backward does not consume the
+ * record: calling it twice accumulates twice. */
+VITC_API vitc_status vitc_layer_backward(vitc_layer *layer, const float *dy, int ndim,
+                                         const int64_t *shape, float *dx);
+/* Sets every gradient to 0 (optimizer.zero_grad(set_to_none=False)). */
+VITC_API vitc_status vitc_layer_zero_grad(vitc_layer *layer);
+/* The gradient of a parameter by torch key name (or alias), shaped like it:
+ * zeros until a backward. Buffers (running_mean, running_var) have none
+ * (VITC_ERR_KEY). grad points into the layer and stays valid until it is
+ * freed. */
+VITC_API vitc_status vitc_layer_grad(vitc_layer *layer, const char *name, int *ndim,
+                                     const int64_t **shape, float **grad);
+
+/* Backward of the last training-mode vitc_mha_forward (any masks, kdim,
+ * vdim, batch_first, unbatched): d_out has the output's shape; d_query,
+ * d_key, d_value receive the gradients of query, key and value (shaped like
+ * them, overwritten), and the parameters' gradients accumulate. When query,
+ * key and value were one array (self-attention), its gradient is the sum
+ * d_query + d_key + d_value: the caller adds them. */
+VITC_API vitc_status vitc_mha_backward(vitc_layer *layer, const vitc_tensor_view *d_out,
+                                       float *d_query, float *d_key, float *d_value);
+
+/* ---- end of tr-layers' training block ------------------------------ */
+
+/* ---- training: gradients of the functional attention and softmax --- */
+
+/* The gradient of vitc_sdpa's out = softmax(q k^T scale + mask) v for q, k
+ * and v, given dout = dL/dout [...,L,dv]: what torch autograd gives through
+ * F.scaled_dot_product_attention (same shapes, mask and scale conventions
+ * as vitc_sdpa). dq, dk, dv (shaped like q, k, v) are overwritten. The
+ * forward is recomputed inside (O(L) extra memory, never L x S). A row
+ * with no allowed key makes its dq row and all of its head's dk and dv NaN,
+ * as torch 1.13's autograd does. */
+VITC_API vitc_status vitc_sdpa_backward(const vitc_tensor_view *q, const vitc_tensor_view *k,
+                                        const vitc_tensor_view *v, const vitc_tensor_view *mask,
+                                        vitc_mask_type mask_type, float scale, const float *dout,
+                                        float *dq, float *dk, float *dv);
+
+/* The gradient of y = vitc_softmax(x, dim, temperature) given y and
+ * dy = dL/dy (both of shape): dx = y o (dy - sum_dim(dy o y)) / temperature.
+ * dx may be dy (in place). */
+VITC_API vitc_status vitc_softmax_backward(const float *y, const float *dy, int ndim,
+                                           const int64_t *shape, int dim, float temperature,
+                                           float *dx);
 
 /* ------------------------------------------------------------------ */
 /* Images                                                             */

@@ -87,7 +87,9 @@ class LayerConfig(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int), ("in_channels", ctypes.c_int), ("embed_dim", ctypes.c_int),
                 ("num_heads", ctypes.c_int), ("patch_size", ctypes.c_int), ("kdim", ctypes.c_int),
                 ("vdim", ctypes.c_int), ("bias", ctypes.c_int), ("batch_first", ctypes.c_int),
-                ("qk_scale", ctypes.c_float), ("eps", ctypes.c_float), ("momentum", ctypes.c_float)]
+                ("qk_scale", ctypes.c_float), ("eps", ctypes.c_float), ("momentum", ctypes.c_float),
+                ("add_bias_kv", ctypes.c_int), ("add_zero_attn", ctypes.c_int),
+                ("dropout", ctypes.c_float)]
 
 
 class TensorView(ctypes.Structure):
@@ -164,6 +166,11 @@ _SIGNATURES = {
     "vitc_layer_forward": (_st, [_vp, c_float_p, _int, c_int64_p, c_float_p]),
     "vitc_mha_output_shapes": (_st, [_vp, _P(MhaArgs), _P(_int), c_int64_p, _P(_int), c_int64_p]),
     "vitc_mha_forward": (_st, [_vp, _P(MhaArgs), c_float_p, c_float_p]),
+    # layer training (tr-layers)
+    "vitc_layer_backward": (_st, [_vp, c_float_p, _int, c_int64_p, c_float_p]),
+    "vitc_layer_zero_grad": (_st, [_vp]),
+    "vitc_layer_grad": (_st, [_vp, _cs, _P(_int), _P(c_int64_p), _P(c_float_p)]),
+    "vitc_mha_backward": (_st, [_vp, _P(TensorView), c_float_p, c_float_p, c_float_p]),
     "vitc_sdpa": (_st, [_P(TensorView)] * 4 + [_int, _f32, c_float_p]),
     "vitc_softmax": (_st, [c_float_p, _int, c_int64_p, _int, _f32, c_float_p]),
     # images
@@ -331,7 +338,15 @@ class OneCycleConfig(ctypes.Structure):
                 ("base_momentum", ctypes.c_double), ("max_momentum", ctypes.c_double)]
 
 
-OPTIM_SGD, OPTIM_ADAMW = 0, 1
+class OptimKind(enum.IntEnum):
+    """vitc_optim_kind."""
+    SGD = 0
+    ADAMW = 1
+
+
+OPTIM_SGD, OPTIM_ADAMW = OptimKind.SGD, OptimKind.ADAMW
+STRUCTS.update({"vitc_optim_config": OptimConfig, "vitc_onecycle_config": OneCycleConfig})
+ENUMS.append(("VITC_OPTIM_", OptimKind))
 
 
 def _train_signatures():
@@ -368,3 +383,12 @@ def _train_signatures():
 
 
 _train_signatures()
+
+
+# ---- training: gradients of the functional attention and softmax ----------
+# (vitc_sdpa_backward, vitc_softmax_backward; used by grad.py). The four
+# vitc_tensor_view arguments go by address.
+lib.vitc_sdpa_backward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_float, c_float_p,
+                                                          c_float_p, c_float_p, c_float_p]
+lib.vitc_softmax_backward.argtypes = [c_float_p, c_float_p, ctypes.c_int, c_int64_p, ctypes.c_int,
+                                      ctypes.c_float, c_float_p]

@@ -216,6 +216,8 @@ static vitc_status build(vitc_layer *l) {
         }
         if (E < 1)
             return bad_config(c, "embed_dim must be >= 1");
+        if (!(c->dropout >= 0.0f && c->dropout <= 1.0f))
+            return bad_config(c, "dropout must be in [0, 1]");
         if (E % H) {
             snprintf(msg, sizeof msg, "embed_dim %lld is not divisible by num_heads %lld",
                      (long long)E, (long long)H);
@@ -235,6 +237,13 @@ static vitc_status build(vitc_layer *l) {
         }
         if (c->bias)
             add_param(l, "in_proj_bias", NULL, S(b_qkv), VITC__INIT_ZERO, 0, 0, 1, 3 * E, 0, 0, 0);
+        if (c->add_bias_kv) {
+            /* xavier_normal_ of [1, 1, E]: fan_in = fan_out = E */
+            add_param(l, "bias_k", NULL, S(bias_k), VITC__INIT_NORMAL, E, E, 3, 1, 1, E, 0);
+            l->params[l->nparams - 1].init_std = sqrt(1.0 / (double)E);
+            add_param(l, "bias_v", NULL, S(bias_v), VITC__INIT_NORMAL, E, E, 3, 1, 1, E, 0);
+            l->params[l->nparams - 1].init_std = sqrt(1.0 / (double)E);
+        }
         add_param(l, "out_proj.weight", NULL, S(w_o), VITC__INIT_KAIMING, E, E, 2, E, E, 0, 0);
         if (c->bias)
             add_param(l, "out_proj.bias", NULL, S(b_o), VITC__INIT_ZERO, 0, 0, 1, E, 0, 0, 0);
@@ -281,6 +290,8 @@ vitc_status vitc_layer_reset_parameters(vitc_layer *l, uint64_t seed) {
     if (!l)
         return vitc__err(VITC_ERR_INVALID_ARG, "layer is NULL");
     vitc__params_init(l->params, l->nparams, l->store, seed);
+    /* dropout's own stream of the same seed, apart from the initialisation's */
+    l->rng.s = seed ^ 0xD1B54A32D192ED03ull;
     return VITC_OK;
 }
 
@@ -338,6 +349,7 @@ void vitc_layer_free(vitc_layer *l) {
     vitc__free(l->store);
     vitc__free(l->grad);
     vitc__buf_free(&l->scratch);
+    vitc__buf_free(&l->bscratch);
     free(l);
 }
 
@@ -531,16 +543,24 @@ vitc_status vitc_layer_output_shape(const vitc_layer *l, int ndim, const int64_t
 
 /* ---- forward --------------------------------------------------------- */
 
-/* Scratch carve-out: consecutive regions of one buffer, sizes checked. */
-typedef struct { size_t used; int ok; } carve;
-static size_t take(carve *c, size_t a, size_t b) {
-    size_t n, at = c->used;
-    if (!vitc__mul_size(a, b, &n) || !vitc__add_size(n, 15, &n))
-        c->ok = 0;
-    n &= ~(size_t)15;
-    if (!vitc__add_size(c->used, n, &c->used))
-        c->ok = 0;
-    return at;
+
+void vitc__engine_sdpa_desc(const vitc__plan *p, vitc__sdpa_desc *sd, float *qkv, float *o,
+                            int64_t B, int64_t N) {
+    int64_t H = p->heads, d = p->dq / H, dv = p->dv / H, W3 = 2 * p->dq + p->dv;
+    memset(sd, 0, sizeof *sd);
+    sd->B = B; sd->H = H; sd->L = N; sd->S = N; sd->D = d; sd->Dv = dv;
+    sd->q_sb = sd->k_sb = sd->v_sb = N * W3;
+    sd->q_sr = sd->k_sr = sd->v_sr = W3;
+    if (p->layout == VITC__HEADS_GROUPED) {
+        sd->q = qkv; sd->k = qkv + p->dq; sd->v = qkv + 2 * p->dq;
+        sd->q_sh = sd->k_sh = d;
+        sd->v_sh = dv;
+    } else {
+        sd->q = qkv; sd->k = qkv + d; sd->v = qkv + 2 * d;
+        sd->q_sh = sd->k_sh = sd->v_sh = 3 * d;
+    }
+    sd->o = o; sd->o_sb = N * p->dv; sd->o_sh = dv; sd->o_sr = p->dv;
+    sd->scale = p->scale;
 }
 
 vitc_status vitc_layer_forward(vitc_layer *l, const float *x, int ndim, const int64_t *shape,
@@ -549,6 +569,7 @@ vitc_status vitc_layer_forward(vitc_layer *l, const float *x, int ndim, const in
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_layer_forward: NULL argument");
     if (l->cfg.kind == VITC_MULTIHEAD_ATTENTION)
         return vitc__mha_self_forward(l, x, ndim, shape, out);
+    l->rec.valid = 0; /* any forward, failed ones included, replaces the record */
     int ond;
     int64_t oshape[8];
     VITC_TRY(vitc_layer_output_shape(l, ndim, shape, &ond, oshape));
@@ -570,21 +591,31 @@ vitc_status vitc_layer_forward(vitc_layer *l, const float *x, int ndim, const in
                          (long long)shape[3]);
     int64_t M = B * N, W3 = 2 * p->dq + p->dv;
 
-    /* Regions: normed image, patch columns, tokens, qkv, o, y, statistics. */
-    carve cv = {0, 1};
-    size_t o_norm = 0, o_cols = 0, o_tok = 0, o_y = 0, o_stat = 0;
-    if (p->norm != VITC__NORM_NONE) o_norm = take(&cv, (size_t)B * C, (size_t)HW);
-    if (p->in == VITC__IN_PATCHES) o_cols = take(&cv, (size_t)M, (size_t)C * l->cfg.patch_size * l->cfg.patch_size);
-    if (p->in != VITC__IN_TOKENS) o_tok = take(&cv, (size_t)M, (size_t)p->cin);
-    size_t o_qkv = take(&cv, (size_t)M, (size_t)W3);
-    size_t o_o = take(&cv, (size_t)M, (size_t)p->dv);
+    /* Regions: normed image, patch columns, tokens, qkv, o, y, statistics;
+     * in training, a copy of the input the norm's backward reads. */
+    vitc__carve cv = {0, 1};
+    size_t o_norm = 0, o_cols = 0, o_tok = 0, o_y = 0, o_stat = 0, o_x = 0;
+    if (p->norm != VITC__NORM_NONE) o_norm = vitc__take(&cv, (size_t)B * C, (size_t)HW);
+    /* Backward reads the input itself where it feeds a norm or the projections. */
+    int keep_x = l->training && (p->norm != VITC__NORM_NONE || p->in == VITC__IN_TOKENS);
+    size_t numel_x = p->in == VITC__IN_TOKENS ? (size_t)M * (size_t)p->cin : (size_t)B * C * HW;
+    if (keep_x) o_x = vitc__take(&cv, numel_x, 1);
+    if (p->in == VITC__IN_PATCHES) o_cols = vitc__take(&cv, (size_t)M, (size_t)C * l->cfg.patch_size * l->cfg.patch_size);
+    if (p->in != VITC__IN_TOKENS) o_tok = vitc__take(&cv, (size_t)M, (size_t)p->cin);
+    size_t o_qkv = vitc__take(&cv, (size_t)M, (size_t)W3);
+    size_t o_o = vitc__take(&cv, (size_t)M, (size_t)p->dv);
     if (p->res == VITC__RES_INPUT && p->outp != VITC__OUT_NONE)
-        o_y = take(&cv, (size_t)M, (size_t)p->cout);
-    if (p->norm == VITC__NORM_BATCH) o_stat = take(&cv, 2, (size_t)C);
+        o_y = vitc__take(&cv, (size_t)M, (size_t)p->cout);
+    if (p->norm == VITC__NORM_BATCH) o_stat = vitc__take(&cv, 2, (size_t)C);
+    /* Training: each attention row's log-sum-exp, from which backward recomputes P. */
+    size_t o_lse = l->training ? vitc__take(&cv, (size_t)(B * p->heads), (size_t)N) : 0;
     if (!cv.ok)
         return vitc__err(VITC_ERR_NOMEM, "%s: scratch size for this input overflows", kn);
     VITC_TRY(vitc__buf_reserve(&l->scratch, cv.used));
     float *s = l->scratch.p;
+
+    if (keep_x) /* before anything is written: out may be x */
+        memcpy(s + o_x, x, numel_x * sizeof(float));
 
     /* 1. Tokens [B, N, cin]. */
     const float *tok = x; // [B, N, cin]
@@ -635,22 +666,14 @@ vitc_status vitc_layer_forward(vitc_layer *l, const float *x, int ndim, const in
     }
 
     /* 3. Attention, reading q, k, v where the projection left them. */
-    int64_t H = p->heads, d = p->dq / H, dv = p->dv / H;
     float *o = s + o_o; // [B, N, H, dv]
-    vitc__sdpa_desc sd = {0};
-    sd.B = B; sd.H = H; sd.L = N; sd.S = N; sd.D = d; sd.Dv = dv;
-    sd.q_sb = sd.k_sb = sd.v_sb = N * W3;
-    sd.q_sr = sd.k_sr = sd.v_sr = W3;
-    if (p->layout == VITC__HEADS_GROUPED) {
-        sd.q = qkv; sd.k = qkv + p->dq; sd.v = qkv + 2 * p->dq;
-        sd.q_sh = sd.k_sh = d;
-        sd.v_sh = dv;
-    } else {
-        sd.q = qkv; sd.k = qkv + d; sd.v = qkv + 2 * d;
-        sd.q_sh = sd.k_sh = sd.v_sh = 3 * d;
+    vitc__sdpa_desc sd;
+    vitc__engine_sdpa_desc(p, &sd, qkv, o, B, N);
+    if (l->training) {
+        sd.lse = s + o_lse; // [B, H, N]
+        sd.lse_sb = p->heads * N;
+        sd.lse_sh = N;
     }
-    sd.o = o; sd.o_sb = N * p->dv; sd.o_sh = dv; sd.o_sr = p->dv;
-    sd.scale = p->scale;
     VITC_TRY(vitc__sdpa(&sd));
 
     /* 4. Output projection (+ the V skip of T2T), then back to the input's layout. */
@@ -666,7 +689,16 @@ vitc_status vitc_layer_forward(vitc_layer *l, const float *x, int ndim, const in
     if (p->res == VITC__RES_INPUT)
         vitc__transpose_add(out, y, x, l->gamma ? l->gamma[0] : 1.0f, B, C, N);
 
-    /* 5. BatchNorm's running statistics move only once the call has succeeded. */
+    /* 5. What backward reads: the regions above stay until the next forward. */
+    if (l->training) {
+        vitc__record r = {1, ndim, ond, {0}, {0}, o_x, o_norm, o_cols, o_tok, o_qkv, o_o,
+                          o_y, o_stat, o_lse};
+        memcpy(r.shape, shape, (size_t)ndim * sizeof *shape);
+        memcpy(r.out_shape, oshape, (size_t)ond * sizeof *oshape);
+        l->rec = r;
+    }
+
+    /* 6. BatchNorm's running statistics move only once the call has succeeded. */
     if (p->norm == VITC__NORM_BATCH && l->training) {
         const float *mean = s + o_stat, *var = mean + C; // [C], [C]
         double cnt = (double)B * (double)HW, mom = l->cfg.momentum;
