@@ -387,10 +387,12 @@ static void vitc__attn_bwd_plan_make(vitc__attn_bwd_plan *p, const vitc__sdpa_bw
     const vitc__sdpa_desc *d = &bd->f;
     memset(p, 0, sizeof *p);
     p->d = bd;
-    /* 96 keys: a multiple of every path's tile rows (12, 6, 4). 128 query
-     * rows: the P^T and dS^T tiles (48 KB each) stay in L2 with the block's
-     * dK and dV. */
-    p->Bc = 96;
+    /* 192 keys: a multiple of every path's tile rows (12, 6, 4); the
+     * task's packed query rows are streamed once per key block, so longer
+     * blocks stream them less (measured: 192 beats 96 at N = 4096 and ties
+     * at 2048). 128 query rows: the P^T and dS^T tiles (110 KB each) stay
+     * in L2 with the block's dK and dV. */
+    p->Bc = 192;
     p->Br = 128;
     p->ldt = p->Br + 16;
     p->Dp = vitc__attn_round(d->D, 16);
