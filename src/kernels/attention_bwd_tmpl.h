@@ -209,6 +209,33 @@ static void atb_mm(int64_t m, int64_t ncols, int64_t nk, const float *a, int64_t
     }
 }
 
+/* Rows [0, n) of src (row stride lds, wdt columns) into panels of BRG rows,
+ * dst [Lp / BRG][wdt][BRG]: element (r, c) at (r / BRG) wdt BRG + c BRG +
+ * r % BRG; rows n..Lp are zero. A tile microkernel then reads one panel as
+ * a contiguous block. (Plain [wdt][Lp] rows would put the lines it reads
+ * 4 Lp bytes apart, a multiple of 4 KB for long rows: all in one L1 set.) */
+static void atb_pack_panels(const float *src, int64_t lds, int64_t n, int64_t wdt, int64_t Lp,
+                            float *dst) {
+    for (int64_t p0 = 0; p0 < Lp; p0 += BRG) {
+        float *panel = dst + p0 * wdt; /* [wdt][BRG] */
+        const int64_t rows = n - p0 >= BRG ? BRG : (n > p0 ? n - p0 : 0);
+        int64_t rr = 0;
+#ifdef ATT_HAVE_T8
+        for (; rr + 8 <= rows; rr += 8) {
+            const float *sr = src + (p0 + rr) * lds;
+            int64_t c = 0;
+            for (; c + 8 <= wdt; c += 8) att_transpose8(sr + c, lds, panel + c * BRG + rr, BRG);
+            for (; c < wdt; c++)
+                for (int64_t i = 0; i < 8; i++) panel[c * BRG + rr + i] = sr[i * lds + c];
+        }
+#endif
+        for (; rr < rows; rr++)
+            for (int64_t c = 0; c < wdt; c++) panel[c * BRG + rr] = src[(p0 + rr) * lds + c];
+        for (; rr < BRG; rr++)
+            for (int64_t c = 0; c < wdt; c++) panel[c * BRG + rr] = 0.0f;
+    }
+}
+
 /* Query rows [l0, l1) of head (b, h) into the task's packed forms, with
  * D_i = rowsum(dO o O) and lse2; padding rows get what makes their P 0. */
 static void atb_pack_rows(const vitc__attn_bwd_plan *pl, vitc__attn_bwd_ws *w, int64_t b,
@@ -220,36 +247,28 @@ static void atb_pack_rows(const vitc__attn_bwd_plan *pl, vitc__attn_bwd_ws *w, i
     const float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr;          /* [nr, Dv] */
     const float *dO = bd->dout + b * bd->do_sb + h * bd->do_sh + l0 * bd->do_sr; /* [nr, Dv] */
     const float *lse = d->lse + b * d->lse_sb + h * d->lse_sh + l0;            /* [nr] */
+    atb_pack_panels(q, d->q_sr, nr, D, Lp, w->qt);
+    const VT qs = v_set1(pl->qscale);
+    for (int64_t i = 0; i < Lp * D; i += VW) v_store(w->qt + i, v_mul(v_load(w->qt + i), qs));
+    atb_pack_panels(dO, bd->do_sr, nr, Dv, Lp, w->dot);
     for (int64_t r = 0; r < Lp; r++) {
-        float *qr = w->qr + r * Dp, *dor = w->dor + r * Dvp;
-        /* Q^T and dO^T in BRG-row panels: a tile reads one panel as a
-         * contiguous [D][BRG] block. (Plain [D][Lp] rows would put the D
-         * lines a microkernel reads Lp*4 bytes apart, a multiple of 4 KB
-         * for long rows: all in one L1 set.) */
-        float *qt = w->qt + (r / BRG) * D * BRG + r % BRG;
-        float *dot = w->dot + (r / BRG) * Dv * BRG + r % BRG;
+        float *qr = w->qr + r * Dp, *dor = w->dor + r * Dvp; /* [Dp], [Dvp] */
+        int64_t cq = 0, cd = 0;
         if (r < nr) {
-            const float *qs = q + r * d->q_sr, *ds = dO + r * bd->do_sr, *os = o + r * d->o_sr;
+            const float *ds = dO + r * bd->do_sr, *os = o + r * d->o_sr;
             float acc = 0.0f;
-            for (int64_t c = 0; c < D; c++) {
-                qr[c] = qs[c];
-                qt[c * BRG] = qs[c] * pl->qscale;
-            }
-            for (int64_t c = 0; c < Dv; c++) {
-                dor[c] = ds[c];
-                dot[c * BRG] = ds[c];
-                acc += ds[c] * os[c];
-            }
+            for (int64_t c = 0; c < Dv; c++) acc += ds[c] * os[c];
+            memcpy(qr, q + r * d->q_sr, (size_t)D * sizeof(float));
+            memcpy(dor, ds, (size_t)Dv * sizeof(float));
+            cq = D, cd = Dv;
             w->dd[r] = acc;
             w->lse2[r] = lse[r] * 1.44269504088896340736f;
         } else {
-            for (int64_t c = 0; c < D; c++) qr[c] = qt[c * BRG] = 0.0f;
-            for (int64_t c = 0; c < Dv; c++) dor[c] = dot[c * BRG] = 0.0f;
             w->dd[r] = 0.0f;
             w->lse2[r] = INFINITY;
         }
-        for (int64_t c = D; c < Dp; c++) qr[c] = 0.0f;
-        for (int64_t c = Dv; c < Dvp; c++) dor[c] = 0.0f;
+        memset(qr + cq, 0, (size_t)(Dp - cq) * sizeof(float));
+        memset(dor + cd, 0, (size_t)(Dvp - cd) * sizeof(float));
     }
 }
 
