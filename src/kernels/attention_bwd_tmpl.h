@@ -236,6 +236,23 @@ static void atb_pack_panels(const float *src, int64_t lds, int64_t n, int64_t wd
     }
 }
 
+/* sum_c a[c] b[c], in VW lanes. */
+static float atb_dot(const float *a, const float *b, int64_t n) {
+    VT acc = v_zero();
+    int64_t c = 0;
+    for (; c + VW <= n; c += VW) acc = v_fma(v_loadu(a + c), v_loadu(b + c), acc);
+    if (c < n) acc = v_fma(v_loadu_n(a + c, n - c), v_loadu_n(b + c, n - c), acc);
+    return v_hsum(acc);
+}
+
+/* dst[0:n] = src[0:n] * s. */
+static void atb_scale_row(float *dst, const float *src, int64_t n, float s) {
+    const VT vs = v_set1(s);
+    int64_t c = 0;
+    for (; c + VW <= n; c += VW) v_storeu(dst + c, v_mul(v_loadu(src + c), vs));
+    if (c < n) v_storeu_n(dst + c, v_mul(v_loadu_n(src + c, n - c), vs), n - c);
+}
+
 /* Query rows [l0, l1) of head (b, h) into the task's packed forms, with
  * D_i = rowsum(dO o O) and lse2; padding rows get what makes their P 0. */
 static void atb_pack_rows(const vitc__attn_bwd_plan *pl, vitc__attn_bwd_ws *w, int64_t b,
@@ -256,12 +273,10 @@ static void atb_pack_rows(const vitc__attn_bwd_plan *pl, vitc__attn_bwd_ws *w, i
         int64_t cq = 0, cd = 0;
         if (r < nr) {
             const float *ds = dO + r * bd->do_sr, *os = o + r * d->o_sr;
-            float acc = 0.0f;
-            for (int64_t c = 0; c < Dv; c++) acc += ds[c] * os[c];
             memcpy(qr, q + r * d->q_sr, (size_t)D * sizeof(float));
             memcpy(dor, ds, (size_t)Dv * sizeof(float));
             cq = D, cd = Dv;
-            w->dd[r] = acc;
+            w->dd[r] = atb_dot(ds, os, Dv);
             w->lse2[r] = lse[r] * 1.44269504088896340736f;
         } else {
             w->dd[r] = 0.0f;
@@ -333,15 +348,14 @@ void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h,
             float *dk = bd->dk + b * bd->dk_sb + h * bd->dk_sh + j0 * bd->dk_sr; /* [nk, D] */
             float *dv = bd->dv + b * bd->dv_sb + h * bd->dv_sh + j0 * bd->dv_sr; /* [nk, Dv] */
             for (int64_t j = 0; j < nk; j++) {
-                for (int64_t c = 0; c < D; c++) dk[j * bd->dk_sr + c] = w.dk[j * Dp + c] * d->scale;
+                atb_scale_row(dk + j * bd->dk_sr, w.dk + j * Dp, D, d->scale);
                 memcpy(dv + j * bd->dv_sr, w.dv + j * Dvp, (size_t)Dv * sizeof(float));
             }
         }
     }
     if (do_q) {
         float *dq = bd->dq + b * bd->dq_sb + h * bd->dq_sh + l0 * bd->dq_sr; /* [nr, D] */
-        for (int64_t r = 0; r < nr; r++)
-            for (int64_t c = 0; c < D; c++) dq[r * bd->dq_sr + c] = w.dq[r * Dp + c] * d->scale;
+        for (int64_t r = 0; r < nr; r++) atb_scale_row(dq + r * bd->dq_sr, w.dq + r * Dp, D, d->scale);
     }
 }
 
