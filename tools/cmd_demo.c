@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "rng.h"
 
 static void demo_help(FILE *f) {
     fprintf(f,
@@ -18,20 +19,14 @@ static void demo_help(FILE *f) {
             "Run each attention block of the seed documents on the seed's own input shape\n"
             "(random weights drawn as PyTorch's defaults, a fixed random input) and print\n"
             "input and output shapes, the output's mean and std, and the median time.\n\n"
-            "  --threads N   threads (default: all CPUs this process may use)\n"
-            "  --repeat R    timed runs per block, after one warm-up (default 5)\n"
+            "  --threads N   threads, 1..256 (default: all CPUs this process may use)\n"
+            "  --repeat R    timed runs per block after one warm-up, 1..64 (default 5)\n"
             "  -h, --help    this help\n");
 }
 
 /* splitmix64 + Box-Muller: a fixed input without depending on libc's rand. */
-static uint64_t demo_rng = 0x5EEDull;
-static double demo_uniform(void) {
-    uint64_t z = (demo_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (double)(z >> 11) / 9007199254740992.0;
-}
+static vitc__rng demo_rng = {0x5EEDull};
+static double demo_uniform(void) { return vitc__rng_uniform53(&demo_rng); }
 static float *demo_input(size_t n, int uniform) {
     float *x = malloc(n * sizeof(float));
     if (!x)
@@ -156,21 +151,19 @@ done:
 }
 
 int cmd_demo(int argc, char **argv) {
-    int threads = 0, repeat = 5;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            demo_help(stdout);
-            return CLI_OK;
-        } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-            if (cli_parse_int(argv[++i], &threads) || threads < 1)
-                return cli_usage_error("demo", "--threads needs a positive integer");
-        } else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) {
-            if (cli_parse_int(argv[++i], &repeat) || repeat < 1 || repeat > 64)
-                return cli_usage_error("demo", "--repeat needs an integer in [1, 64]");
-        } else {
-            return cli_usage_error("demo", "unknown argument '%s'", argv[i]);
-        }
+    int threads = 0, repeat = 5, n_pos, rc;
+    const cli_opt opts[] = {
+        {"--threads", NULL, CLI_INT, &threads, 1, CLI_MAX_THREADS, NULL},
+        {"--repeat", NULL, CLI_INT, &repeat, 1, 64, NULL},
+    };
+    const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), 0, "argument"};
+    rc = cli_parse_command("demo", &spec, argc, argv, NULL, &n_pos);
+    if (rc == CLI_PARSE_HELP) {
+        demo_help(stdout);
+        return CLI_OK;
     }
+    if (rc != 0)
+        return rc;
     vitc_set_num_threads(threads);
 
     demo_case cases[10];

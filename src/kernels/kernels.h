@@ -64,6 +64,11 @@ typedef struct vitc__kernels {
      * [l0, l1); what: VITC_ATTN_BWD_DKV and/or VITC_ATTN_BWD_DQ. */
     void (*attn_bwd)(const struct vitc__attn_bwd_plan *p, float *scratch, int64_t b, int64_t h,
                      int64_t l0, int64_t l1, int64_t s0, int64_t s1, int what);
+    /* Backward row ops (ops_backward.c): dx = dy * gelu'(x); one LayerNorm
+     * row's dx += given its mean and rstd. */
+    void (*gelu_backward)(float *dx, const float *dy, const float *x, int64_t n);
+    void (*layernorm_backward_row)(float *dx, const float *dy, const float *x, const float *w,
+                                   int64_t C, float mean, float rstd);
     /* The built-in GEMM's microkernel and blocking (gemm_ukernels.h). */
     const struct vitc__gemm_kernel *gemm;
 } vitc__kernels;
@@ -174,5 +179,29 @@ void vitc__groupnorm_ref(float *y, const float *x, const float *w, const float *
                          int64_t C, int64_t HW, int64_t G, float eps);
 /* [B, C, HW] -> [B, HW, C] (and back with swapped sizes). */
 void vitc__transpose_bc(float *y, const float *x, int64_t B, int64_t C, int64_t HW);
+
+/* ---- backward (ops_backward.c) ----------------------------------- */
+/* Each accumulates parameter gradients (+=, like torch) and says how it
+ * treats the input gradient. */
+
+/* nn.Linear y[M,N] = x[M,K] W[N,K]^T + b: dx[M,K] = dy W (beta 0: overwrite,
+ * 1: add), dW[N,K] += dy^T x, db[N] += column sums of dy (db may be NULL,
+ * dx may be NULL when the input needs none). Row strides ld*. */
+void vitc__linear_backward(float *dx, int64_t lddx, float dx_beta, float *dW, float *db,
+                           const float *dy, int64_t lddy, const float *x, int64_t ldx,
+                           const float *W, int64_t M, int64_t N, int64_t K);
+void vitc__linear_backward_ref(float *dx, int64_t lddx, float dx_beta, float *dW, float *db,
+                               const float *dy, int64_t lddy, const float *x, int64_t ldx,
+                               const float *W, int64_t M, int64_t N, int64_t K);
+/* LayerNorm over C of x [M, C]: dx[M,C] += dx of y = (x - mean) * rstd * w + b,
+ * dw, db [C] +=. Mean and rstd are recomputed from x (as the forward does,
+ * in double) into stats [2M] (scratch). */
+void vitc__layernorm_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                              const float *w, int64_t M, int64_t C, float eps, float *stats);
+void vitc__layernorm_backward_ref(float *dx, float *dw, float *db, const float *dy,
+                                  const float *x, const float *w, int64_t M, int64_t C, float eps);
+/* GELU (erf): dx[n] = dy * gelu'(x), overwritten (dx may be dy). */
+void vitc__gelu_backward(float *dx, const float *dy, const float *x, int64_t n);
+void vitc__gelu_backward_ref(float *dx, const float *dy, const float *x, int64_t n);
 
 #endif
