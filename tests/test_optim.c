@@ -34,7 +34,7 @@ static void make(fixture *f, uint64_t seed) {
     for (int i = 0; i < N; i++)
         f->param[i] = (float)(2.0 * vitc__rng_uniform(&r) - 1.0);
     memset(f->grad, 0, sizeof f->grad);
-    f->ps = (vitc__paramset){f->param, f->grad, N, segs, 3, vitc__handle_register(), NULL};
+    f->ps = (vitc__paramset){f->param, f->grad, N, segs, 3, vitc__handle_register(), NULL, NULL, NULL};
 }
 
 static int decays(int i, int decay_all) { return decay_all || !(i >= 20 && i < 24); }
@@ -338,7 +338,7 @@ static void test_buffers_skipped(void **st) {
     const vitc__pseg s2[2] = {{.name = "w", .offset = 0, .numel = 4, .ndim = 1, .shape = {4}},
                               {.name = "running_var", .offset = 4, .numel = 4, .ndim = 1,
                                .shape = {4}, .buffer = 1}};
-    vitc__paramset ps = {p, g, 8, s2, 2, vitc__handle_register(), NULL};
+    vitc__paramset ps = {p, g, 8, s2, 2, vitc__handle_register(), NULL, NULL, NULL};
     float total;
     assert_int_equal(vitc__clip_grad_norm(&ps, 1e9f, &total), VITC_OK);
     assert_true(fabs(total - 6.0) < 1e-6); /* sqrt(4 * 9), the buffer's 3s left out */

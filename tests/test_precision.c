@@ -194,6 +194,139 @@ static void test_row_converters(void **state) {
     }
 }
 
+/* A small random ViT with a random head (vitc_vit_create zeroes it). */
+static vitc_vit *small_vit(void) {
+    vitc_vit_config c = vitc_vit_default_config();
+    c.image_size = 32, c.patch_size = 8, c.hidden_dim = 64, c.depth = 2, c.num_heads = 4;
+    c.mlp_dim = 96, c.num_classes = 40;
+    vitc_vit *m = NULL;
+    assert_int_equal(vitc_vit_create(&c, 7, &m), VITC_OK);
+    int i = vitc_vit_find_param(m, "heads.head.weight");
+    assert_true(i >= 0);
+    float *w;
+    assert_int_equal(vitc_vit_param(m, i, NULL, NULL, NULL, &w, NULL), VITC_OK);
+    for (int k = 0; k < 40 * 64; k++) w[k] = 0.3f * frand();
+    return m;
+}
+
+#define NIMG 3
+static void logits(vitc_vit *m, const float *x, float *out, int training) {
+    vitc_vit_set_training(m, training);
+    assert_int_equal(vitc_vit_forward(m, x, NIMG, 32, 32, out), VITC_OK);
+    vitc_vit_set_training(m, 0);
+}
+
+/* fp32 inference on packed weights gives the unpacked (training-mode)
+ * forward's logits bit for bit, on every path, after an arch switch, after
+ * a weight write and after an optimizer step; the parameters read back
+ * after a forward are the weights, bit for bit. */
+static void test_vit_fp32_packed(void **state) {
+    (void)state;
+    /* OpenBLAS (the avx2 path's default) blocks differently per call shape */
+    assert_int_equal(vitc_set_gemm_backend("builtin"), VITC_OK);
+    vitc_vit *m = small_vit();
+    float *x = rnd(NIMG * 3 * 32 * 32, 1.0f), a[NIMG * 40], b[NIMG * 40];
+    int np = vitc_vit_num_params(m);
+    float *copy[64] = {0};
+    size_t len[64];
+    assert_true(np < 64);
+    for (int i = 0; i < np; i++) {
+        const int64_t *shape;
+        int nd;
+        float *d;
+        assert_int_equal(vitc_vit_param(m, i, NULL, &nd, &shape, &d, NULL), VITC_OK);
+        len[i] = 1;
+        for (int k = 0; k < nd; k++) len[i] *= (size_t)shape[k];
+        copy[i] = malloc(len[i] * 4);
+        memcpy(copy[i], d, len[i] * 4);
+    }
+    for (int a_ = 0; a_ < 3; a_++) {
+        if (vitc_set_arch(archs[a_]) != VITC_OK) continue;
+        logits(m, x, a, 0); /* packs for this arch's kernel */
+        logits(m, x, b, 1);
+        if (memcmp(a, b, sizeof a)) fail_msg("%s: packed fp32 logits differ", archs[a_]);
+        logits(m, x, a, 0);
+        for (int i = 0; i < np; i++) { /* unpacked exactly */
+            float *d;
+            assert_int_equal(vitc_vit_param(m, i, NULL, NULL, NULL, &d, NULL), VITC_OK);
+            assert_memory_equal(d, copy[i], len[i] * 4);
+        }
+    }
+    vitc_set_arch(NULL);
+    /* a write through vitc_vit_param is seen by the next inference forward */
+    logits(m, x, a, 0);
+    int fc1 = vitc_vit_find_param(m, "encoder.layers.encoder_layer_1.mlp.0.weight");
+    float *w;
+    assert_int_equal(vitc_vit_param(m, fc1, NULL, NULL, NULL, &w, NULL), VITC_OK);
+    for (int k = 0; k < 96 * 64; k++) w[k] *= -1.5f;
+    logits(m, x, b, 0);
+    assert_true(memcmp(a, b, sizeof a) != 0);
+    logits(m, x, a, 1);
+    assert_memory_equal(a, b, sizeof a);
+    /* an optimizer step after an inference forward (pages released) */
+    vitc_optim_config oc = vitc_optim_default_config(VITC_OPTIM_SGD);
+    vitc_optimizer *o = NULL;
+    assert_int_equal(vitc_optimizer_create_vit(m, &oc, &o), VITC_OK);
+    float dl[NIMG * 40];
+    for (int k = 0; k < NIMG * 40; k++) dl[k] = frand();
+    logits(m, x, a, 1);
+    vitc_vit_set_training(m, 1);
+    assert_int_equal(vitc_vit_forward(m, x, NIMG, 32, 32, a), VITC_OK);
+    assert_int_equal(vitc_vit_backward(m, dl), VITC_OK);
+    vitc_vit_set_training(m, 0);
+    logits(m, x, b, 0); /* packs, releases the row-major pages */
+    assert_int_equal(vitc_optimizer_step(o), VITC_OK);
+    logits(m, x, a, 0);
+    logits(m, x, b, 1);
+    assert_memory_equal(a, b, sizeof a);
+    float *d;
+    assert_int_equal(vitc_vit_param(m, fc1, NULL, NULL, NULL, &d, NULL), VITC_OK);
+    int moved = 0;
+    for (int k = 0; k < 96 * 64; k++) moved |= d[k] != copy[fc1][k] * -1.5f;
+    assert_true(moved);
+    for (int k = 0; k < 96 * 64; k++) assert_true(fabsf(d[k]) < 10.0f); /* not zeroed pages */
+    vitc_optimizer_free(o);
+    for (int i = 0; i < np; i++) free(copy[i]);
+    free(x);
+    vitc_vit_free(m);
+    vitc_set_gemm_backend("auto");
+}
+
+/* bf16 / int8 logits close to fp32, and to the generic path's (whose
+ * LayerNorm, softmax and GELU differ in the last bits, so int8 may round a
+ * few activations the other way: the kernels' own bitwise equality is
+ * tested above). */
+static void test_vit_lp(void **state) {
+    (void)state;
+    vitc_vit *m = small_vit();
+    float *x = rnd(NIMG * 3 * 32 * 32, 1.0f), f[NIMG * 40], a[NIMG * 40], b[NIMG * 40];
+    assert_int_equal(vitc_vit_set_precision(NULL, VITC_PRECISION_BF16), VITC_ERR_INVALID_ARG);
+    assert_int_equal(vitc_vit_set_precision(m, (vitc_precision)5), VITC_ERR_INVALID_ARG);
+    for (int p = 1; p <= 2; p++) {
+        vitc_vit *q = small_vit();
+        logits(q, x, f, 0);
+        assert_int_equal(vitc_vit_set_precision(q, (vitc_precision)p), VITC_OK);
+        assert_int_equal(vitc_vit_get_precision(q), p);
+        assert_int_equal(vitc_set_arch("generic"), VITC_OK);
+        logits(q, x, a, 0);
+        vitc_set_arch(NULL);
+        logits(q, x, b, 0);
+        double num = 0, den = 0, d2 = 0;
+        for (int k = 0; k < NIMG * 40; k++) {
+            num += (a[k] - f[k]) * (double)(a[k] - f[k]);
+            d2 += (a[k] - b[k]) * (double)(a[k] - b[k]);
+            den += f[k] * (double)f[k];
+        }
+        assert_true(sqrt(d2 / den) < 0.005);
+        double rel = sqrt(num / den);
+        printf("# small ViT %s: relative logits error %.4g\n", vitc_precision_name((vitc_precision)p), rel);
+        assert_true(rel > 0 && rel < (p == 1 ? 0.015 : 0.05));
+        vitc_vit_free(q);
+    }
+    free(x);
+    vitc_vit_free(m);
+}
+
 static void test_precision_api(void **state) {
     (void)state;
     assert_string_equal(vitc_precision_name(VITC_PRECISION_INT8), "int8");
@@ -215,6 +348,8 @@ int main(void) {
         cmocka_unit_test(test_row_converters),
         cmocka_unit_test(test_bf16),
         cmocka_unit_test(test_int8),
+        cmocka_unit_test(test_vit_fp32_packed),
+        cmocka_unit_test(test_vit_lp),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -60,6 +60,8 @@ vitc_status vitc__vit_grad_alloc(vitc_vit *m) {
     return VITC_OK;
 }
 
+static void vit_sync(void *m) { vitc__vit_rowmajor(m); }
+
 vitc_status vitc__vit_paramset(vitc_vit *m, int with_grad, vitc__paramset *out) {
     if (!m || !out)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc__vit_paramset: NULL argument");
@@ -67,7 +69,7 @@ vitc_status vitc__vit_paramset(vitc_vit *m, int with_grad, vitc__paramset *out) 
         VITC_TRY(vitc__vit_grad_alloc(m));
     *out = (vitc__paramset){.param = m->params, .grad = m->grad, .n = m->n_params,
                             .seg = m->table, .nseg = m->n_entries, .owner_id = m->id,
-                            .version = &m->wversion};
+                            .version = &m->wversion, .sync = vit_sync, .owner = m};
     vitc__vit_rowmajor(m);
     m->wversion++; /* the caller may write through .param */
     return VITC_OK;

@@ -225,6 +225,8 @@ vitc_status vitc_optimizer_step(vitc_optimizer *o) {
     if (o->step == INT64_MAX)
         return vitc__err(VITC_ERR_INVALID_ARG, "optimizer step: the step counter overflowed");
     const int64_t t = o->step + 1;
+    if (o->ps.sync)
+        o->ps.sync(o->ps.owner);
     optim_task task = {o, 1.0, 1.0, !o->buf_started};
     if (o->cfg.kind == VITC_OPTIM_ADAMW) {
         task.bc1 = 1.0 - pow(o->cfg.beta1, (double)t);

@@ -30,6 +30,10 @@ typedef struct vitc__paramset {
     /* Bumped by every optimizer step (NULL: nothing to tell): the owner's
      * packed inference weights are rebuilt when it moves. */
     uint64_t *version;
+    /* Called before a step writes param (NULL: nothing to do): the ViT
+     * unpacks weights whose row-major pages an inference forward released. */
+    void (*sync)(void *owner);
+    void *owner;
 } vitc__paramset;
 
 /* Live-object registry (handle.c): register in create, unregister in free;
