@@ -33,6 +33,8 @@ static float *rnd(size_t n, float amp) {
 typedef struct { int64_t M, N, K; } shape;
 static const shape shapes[] = {
     {1, 1, 1}, {13, 50, 37}, {12, 32, 64}, {25, 70, 1100}, {197, 96, 768}, {3, 200, 130},
+    {30, 420, 1100}, /* several B blocks of the bf16 / int8 driver */
+
 };
 
 /* Packed fp32 panels give the unpacked GEMM's bits; fused GELU gives GELU

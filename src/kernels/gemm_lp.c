@@ -255,9 +255,13 @@ static void vitc__lp_pack_task(void *ctx, int64_t t, int tid) {
     }
 }
 
-/* Rows per A block: 144 rows of kg words stay in L2 while every B strip of
- * the thread passes over them. */
+/* Cache blocking: a block of B strips (at most VITC_LP_NB bytes) stays in
+ * L2 while every A block (144 rows) of the thread passes over it, and each
+ * A block stays there while the block's B strips pass. Without the B
+ * blocking a 3072-wide weight (2.4 MB in int8) streamed from L3 once per A
+ * block: batch 8 ran at 40% of batch 1's speed. */
 #define VITC_LP_MC 144
+#define VITC_LP_NB (384 * 1024)
 
 static void vitc__lp_task(void *ctx, int64_t t, int tid) {
     const vitc__lp_job *g = ctx;
@@ -270,9 +274,13 @@ static void vitc__lp_task(void *ctx, int64_t t, int tid) {
     int64_t c0 = g->by_cols ? b : 0, c1 = g->by_cols ? e : cs;
     int64_t r0 = g->by_cols ? 0 : b, r1 = g->by_cols ? rs : e;
     const uint32_t *pb0 = pw->data;
+    int64_t nb = VITC_LP_NB / (kg * NR * 4); /* B strips per block */
+    if (nb < 1) nb = 1;
+    for (int64_t jb = c0; jb < c1; jb += nb) {
+    int64_t je = jb + nb < c1 ? jb + nb : c1;
     for (int64_t ib = r0; ib < r1; ib += VITC_LP_MC / MR) {
         int64_t ie = ib + VITC_LP_MC / MR < r1 ? ib + VITC_LP_MC / MR : r1;
-        for (int64_t js = c0; js < c1; js++) {
+        for (int64_t js = jb; js < je; js++) {
             int64_t j = js * NR, nr = N - j < NR ? N - j : NR;
             for (int64_t is = ib; is < ie; is++) {
                 int64_t i = is * MR, mr = g->M - i < MR ? g->M - i : MR;
@@ -289,6 +297,7 @@ static void vitc__lp_task(void *ctx, int64_t t, int tid) {
                     for (int64_t rr = 0; rr < mr; rr++) g->gelu(C + rr * g->ldy, nr);
             }
         }
+    }
     }
 }
 
