@@ -1,6 +1,7 @@
 """bf16 and int8 inference against fp32 (and fp32 against PyTorch) on a small
 random ViT: real photos (tests/data) and noise images. The tolerances are
 the accuracy docs/precision.md states, with margin over what was measured."""
+import json
 import os
 import subprocess
 import sys
@@ -139,6 +140,36 @@ class TestPrecision(unittest.TestCase):
         f(self.photos[:2])
         for k, v in f.state_dict().items():
             np.testing.assert_array_equal(v, before[k], err_msg=k)
+
+    @unittest.skipUnless(os.path.exists(os.path.join(ROOT, "build", "vitc")), "needs build/vitc")
+    def test_cli(self):
+        vitc_bin = os.path.join(ROOT, "build", "vitc")
+
+        def run(*args):
+            p = subprocess.run([vitc_bin] + list(args), capture_output=True, text=True)
+            return p.returncode, p.stdout, p.stderr
+
+        rc, out, _ = run("--version")
+        self.assertEqual(rc, 0)
+        self.assertIn("bf16: ", out)
+        self.assertIn("int8: ", out)
+        photo = os.path.join(DATA, "photo.png")
+        tops = {}
+        for prec in ("fp32", "bf16", "int8"):
+            rc, out, err = run("classify", "--model", self.st, "--precision", prec, "--topk", "1",
+                               "--json", "--quiet", photo)
+            self.assertEqual(rc, 0, err)
+            tops[prec] = json.loads(out)["topk"][0]["logit"]
+        self.assertNotEqual(tops["fp32"], tops["int8"])
+        self.assertLess(abs(tops["int8"] - tops["fp32"]), 0.1 * abs(tops["fp32"]) + 0.1)
+        rc, _, err = run("classify", "--model", self.st, "--precision", "fp16", photo)
+        self.assertEqual(rc, 2)
+        self.assertIn("--precision", err)
+        out_png = os.path.join(self.tmp.name, "map.png")
+        rc, _, err = run("attention-map", "--model", self.st, "--precision", "bf16", "--out",
+                         out_png, photo)
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(os.path.getsize(out_png) > 0)
 
     def test_bad_precision(self):
         m = vitc.VisionTransformer.from_safetensors(self.st)
