@@ -265,7 +265,7 @@ static void test_vit_fp32_packed(void **state) {
     assert_true(memcmp(a, b, sizeof a) != 0);
     logits(m, x, a, 1);
     assert_memory_equal(a, b, sizeof a);
-    /* an optimizer step after an inference forward (pages released) */
+    /* an optimizer step after an inference forward (the packs go stale) */
     vitc_optim_config oc = vitc_optim_default_config(VITC_OPTIM_SGD);
     vitc_optimizer *o = NULL;
     assert_int_equal(vitc_optimizer_create_vit(m, &oc, &o), VITC_OK);
@@ -276,7 +276,7 @@ static void test_vit_fp32_packed(void **state) {
     assert_int_equal(vitc_vit_forward(m, x, NIMG, 32, 32, a), VITC_OK);
     assert_int_equal(vitc_vit_backward(m, dl), VITC_OK);
     vitc_vit_set_training(m, 0);
-    logits(m, x, b, 0); /* packs, releases the row-major pages */
+    logits(m, x, b, 0); /* packs (a model with gradients keeps its row-major copy) */
     assert_int_equal(vitc_optimizer_step(o), VITC_OK);
     logits(m, x, a, 0);
     logits(m, x, b, 1);

@@ -3,8 +3,8 @@
  * once for the chosen precision (kernels.h vitc__pweight) and rebuilt when
  * the parameters, the precision, the kernel path or the GEMM backend moved.
  *
- * Memory: once a matrix is packed its row-major copy is given back to the
- * OS (madvise MADV_DONTNEED on the pages wholly inside it), so an inference
+ * Memory: once a matrix is packed (in a model without gradients, i.e. not
+ * being trained) its row-major copy is given back to the OS (madvise MADV_DONTNEED on the pages wholly inside it), so an inference
  * model holds one copy of each weight: fp32 panels (the same size), bf16
  * (half) or int8 (a quarter). Whoever needs the row-major parameters
  * (training, vitc_vit_param, saving, OpenBLAS) calls vitc__vit_rowmajor,
@@ -83,12 +83,16 @@ void vitc__vit_rowmajor(vitc_vit *m) {
 }
 
 /* Packs W [N, K] into p and gives W's pages back at once, so the peak
- * holds one matrix twice, not the model. */
+ * holds one matrix twice, not the model. A model being trained (it has
+ * gradients) keeps its row-major weights: the optimizer's fp32 master
+ * copy, never replaced by bf16 / int8 values. */
 static vitc_status vit_pack_one(vitc_vit *m, vitc__pweight *p, float *W, int64_t N, int64_t K,
                                 vitc_precision prec) {
     VITC_TRY(vitc__pweight_pack(p, W, N, K, prec));
-    m->released = 1;
-    vit_release(W, (size_t)N * (size_t)K);
+    if (!m->grad) {
+        m->released = 1;
+        vit_release(W, (size_t)N * (size_t)K);
+    }
     return VITC_OK;
 }
 
