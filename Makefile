@@ -76,7 +76,7 @@ HDRS     := include/vitc.h $(wildcard src/*.h src/*/*.h tests/*.h tools/*.h)
 SONAME   := libvitc.so.$(SOVERSION)
 SOFILE   := $(BUILD)/libvitc.so.$(VERSION)
 
-.PHONY: all lib tools tests test test-c test-python demo bench asan valgrind install deps \
+.PHONY: all lib tools tests test test-c test-python demo bench bench-ort asan valgrind install deps \
         clean check-deps
 all: lib tools
 
@@ -173,6 +173,10 @@ clean:
 # (tests/bench_attention.c; a driver, not a test).
 $(BUILD)/bench_attention: tests/bench_attention.c $(BUILD)/libvitc.a $(HDRS)
 	$(Q)$(CC) $(BASE) $(CFLAGS) $< -o $@ $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
+# vitc fp32/bf16/int8 against ONNX Runtime fp32/int8 (scripts/bench-ort.sh).
+bench-ort: tools
+	sh scripts/bench-ort.sh
+
 bench-attention: $(BUILD)/bench_attention
 	$(BUILD)/bench_attention -t 1 && $(BUILD)/bench_attention -t 2
 

@@ -1,0 +1,37 @@
+#!/bin/sh
+# make bench-ort: vitc fp32 / bf16 / int8 against ONNX Runtime (onnxruntime-node
+# from npm) fp32 and dynamically quantized int8 on one random-init torchvision
+# ViT-B/16, interleaved in one run; median ms of each. Needs /usr/bin/python3
+# with torch + torchvision and python3-onnx (apt), node + npm.
+set -eu
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+W=${BENCH_ORT_DIR:-$ROOT/build/bench-ort}
+PY=${PYTHON:-/usr/bin/python3}
+REPEAT=${REPEAT:-5}
+ROUNDS=${ROUNDS:-3}
+mkdir -p "$W"
+if [ ! -d "$W/node_modules/onnxruntime-node" ]; then
+    # the package carries its CPU binaries; its install script only fetches GPU ones
+    (cd "$W" && npm install --no-save --ignore-scripts onnxruntime-node >/dev/null)
+fi
+cp "$ROOT/bench/ort/bench.js" "$W/"
+[ -f "$W/vitb.onnx" ] || "$PY" "$ROOT/bench/ort/export_onnx.py" "$W/vitb.onnx" "$W/vitb.safetensors"
+[ -f "$W/vitb_int8.onnx" ] || "$PY" "$ROOT/bench/ort/quantize_int8.py" "$W/vitb.onnx" "$W/vitb_int8.onnx"
+for r in $(seq "$ROUNDS"); do
+    for t in 1 2; do
+        for b in 1 8; do
+            for p in fp32 bf16 int8; do
+                ms=$("$ROOT/build/vitc" bench --model "$W/vitb.safetensors" --precision $p \
+                     --only vit_b16_b$b --threads $t --repeat "$REPEAT" --no-peak --json --quiet |
+                     "$PY" -c 'import json,sys; print(json.load(sys.stdin)["workloads"][0]["median_ms"])')
+                echo "round=$r runtime=vitc precision=$p batch=$b threads=$t ms=$ms"
+            done
+            for p in fp32 int8; do
+                m=$W/vitb.onnx; [ $p = int8 ] && m=$W/vitb_int8.onnx
+                ms=$(cd "$W" && node bench.js "$m" $b $t "$REPEAT" |
+                     "$PY" -c 'import json,sys; print(json.load(sys.stdin)["median_ms"])')
+                echo "round=$r runtime=ort precision=$p batch=$b threads=$t ms=$ms"
+            done
+        done
+    done
+done
