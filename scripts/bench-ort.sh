@@ -9,6 +9,7 @@ W=${BENCH_ORT_DIR:-$ROOT/build/bench-ort}
 PY=${PYTHON:-/usr/bin/python3}
 REPEAT=${REPEAT:-5}
 ROUNDS=${ROUNDS:-3}
+THREADS=${THREADS:-1 2}
 mkdir -p "$W"
 if [ ! -d "$W/node_modules/onnxruntime-node" ]; then
     # the package carries its CPU binaries; its install script only fetches GPU ones
@@ -18,7 +19,7 @@ cp "$ROOT/bench/ort/bench.js" "$W/"
 [ -f "$W/vitb.onnx" ] || "$PY" "$ROOT/bench/ort/export_onnx.py" "$W/vitb.onnx" "$W/vitb.safetensors"
 [ -f "$W/vitb_int8.onnx" ] || "$PY" "$ROOT/bench/ort/quantize_int8.py" "$W/vitb.onnx" "$W/vitb_int8.onnx"
 for r in $(seq "$ROUNDS"); do
-    for t in 1 2; do
+    for t in $THREADS; do
         for b in 1 8; do
             for p in fp32 bf16 int8; do
                 ms=$("$ROOT/build/vitc" bench --model "$W/vitb.safetensors" --precision $p \

@@ -340,6 +340,11 @@ static void test_precision_api(void **state) {
     float w[4] = {1, 2, 3, 4};
     assert_int_equal(vitc__pweight_pack(&pw, w, 2, 2, (vitc_precision)9), VITC_ERR_INVALID_ARG);
     assert_int_equal(vitc__pweight_pack(&pw, NULL, 2, 2, VITC_PRECISION_BF16), VITC_ERR_INVALID_ARG);
+    float *big = calloc(33001, sizeof(float));
+    assert_int_equal(vitc__pweight_pack(&pw, big, 1, 33001, VITC_PRECISION_INT8), VITC_ERR_UNSUPPORTED);
+    assert_int_equal(vitc__pweight_pack(&pw, big, 1, 33000, VITC_PRECISION_INT8), VITC_OK);
+    vitc__pweight_free(&pw);
+    free(big);
 }
 
 int main(void) {

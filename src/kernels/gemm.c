@@ -532,15 +532,6 @@ void vitc__pweight_unpack(const vitc__pweight *pw, float *W) {
     }
 }
 
-size_t vitc__pweight_bytes(const vitc__pweight *pw) {
-    if (!pw || !pw->data) return 0;
-    size_t per = pw->prec == VITC_PRECISION_FP32 ? (size_t)pw->K * sizeof(float)
-                                                 : (size_t)pw->kg * sizeof(uint32_t);
-    size_t n = (size_t)pw->npad * per;
-    if (pw->prec == VITC_PRECISION_INT8) n += (size_t)pw->npad * 8;
-    return n;
-}
-
 vitc_status vitc__pweight_pack(vitc__pweight *pw, const float *W, int64_t N, int64_t K,
                                vitc_precision p) {
     if (!pw || !W || N < 1 || K < 1)
@@ -550,9 +541,9 @@ vitc_status vitc__pweight_pack(vitc__pweight *pw, const float *W, int64_t N, int
     if (p != VITC_PRECISION_FP32) return vitc__pweight_pack_lp(pw, W, N, K, p);
     const vitc__gemm_kernel *kn = vitc__pick_kernel();
     int64_t NR = kn->nr, KC = kn->kc;
-    size_t npad, n;
-    if (N > INT64_MAX - NR || !vitc__mul_size((size_t)((N + NR - 1) / NR * NR), 1, &npad) ||
-        !vitc__mul_size(npad, (size_t)K, &n) || !vitc__mul_size(n, sizeof(float), &n))
+    size_t npad = 0, n;
+    if (N <= INT64_MAX - NR) npad = (size_t)((N + NR - 1) / NR * NR);
+    if (!npad || !vitc__mul_size(npad, (size_t)K, &n) || !vitc__mul_size(n, sizeof(float), &n))
         return vitc__err(VITC_ERR_NOMEM, "pack weight [%lld, %lld]: size overflows",
                          (long long)N, (long long)K);
     float *d = vitc__alloc(n);

@@ -61,7 +61,7 @@ static void vitc__row_bf16_ref(uint32_t *dst, int64_t stride, const float *x, in
 }
 
 /* vpdpbusd per lane: the four u8 x s8 products summed into int32 (exact:
- * |sum| <= K * 255 * 127 fits while K < 66000, checked at packing). */
+ * K <= 33000 is checked at packing). */
 static void vitc__ukr_int8_ref(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
                                int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
     for (int64_t i = 0; i < mr; i++)
@@ -104,7 +104,9 @@ vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, 
     if (p != VITC_PRECISION_BF16 && p != VITC_PRECISION_INT8)
         return vitc__err(VITC_ERR_INVALID_ARG, "unknown precision %d", (int)p);
     int g = p == VITC_PRECISION_BF16 ? 2 : 4;
-    if (p == VITC_PRECISION_INT8 && K > 65000)
+    /* |sum| and |zp * wsum| are each at most K * 255 * 127; their
+     * difference (the epilogue) must fit int32: K <= 33000. */
+    if (p == VITC_PRECISION_INT8 && K > 33000)
         return vitc__err(VITC_ERR_UNSUPPORTED, "int8 linear: K = %lld could overflow int32 sums",
                          (long long)K);
     int64_t kg = (K + g - 1) / g;

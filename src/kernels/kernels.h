@@ -122,7 +122,6 @@ void vitc__pweight_free(vitc__pweight *pw);
 /* W [N, K] row-major back from the packed copy: exact for FP32, the
  * converted values (bf16, or int8 times its scale) otherwise. */
 void vitc__pweight_unpack(const vitc__pweight *pw, float *W);
-size_t vitc__pweight_bytes(const vitc__pweight *pw);
 
 /* The kernel fp32 panels are packed for now (the arch's built-in GEMM
  * microkernel), or NULL when the backend is OpenBLAS (panels unused). */
