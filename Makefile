@@ -64,6 +64,7 @@ AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mavx2
 AVX2_FLAGS   := -mavx2 -mfma
 # The bf16 / int8 microkernels also need these (used only when cpuid says so).
 $(BUILD)/obj/src/kernels/gemm_lp_avx512.o: AVX512_FLAGS += -mavx512bf16 -mavx512vnni
+$(BUILD)/obj/src/kernels/gemm_lp_avx2.o: AVX2_FLAGS += -mavxvnni
 
 LIB_SRC  := $(wildcard src/*.c src/*/*.c)
 LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))

@@ -2,6 +2,9 @@
  * and the one kernel table per path that the dispatchers read. */
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
 
 #include "attention_impl.h"
 #include "gemm_lp.h"
@@ -135,24 +138,43 @@ static int vitc__cpu_has_lp(vitc_precision p) {
 #endif
 }
 
-/* The fast kernel only on the avx512 path, so VITC_ARCH=avx2|generic
- * (and vitc_set_arch) also select the reference: tests run both. */
+/* AVX-VNNI (vpdpbusd on ymm): cpuid leaf 7, subleaf 1, EAX bit 4 (GCC 12's
+ * __builtin_cpu_supports does not know it). */
+static int vitc__cpu_has_avxvnni(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    unsigned a, b, c, d;
+    return vitc__cpu_has(VITC_ARCH_AVX2) && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
+           ((a >> 4) & 1u);
+#else
+    return 0;
+#endif
+}
+
+/* The AVX-512 kernels only on the avx512 path and AVX-VNNI's on the avx2
+ * path, so VITC_ARCH=avx2|generic (and vitc_set_arch) select the others:
+ * the tests run every one this CPU has, and the reference. */
 const vitc__lp_kernel *vitc__lp_kernel_for(vitc_precision p) {
-    int fast = vitc__get_arch() == VITC_ARCH_AVX512 && vitc__cpu_has_lp(p);
+    vitc__arch a = vitc__get_arch();
+    int fast = a == VITC_ARCH_AVX512 && vitc__cpu_has_lp(p);
     if (p == VITC_PRECISION_BF16) return fast ? &vitc__lp_bf16_avx512 : &vitc__lp_bf16_ref;
+    if (!fast && a == VITC_ARCH_AVX2 && vitc__cpu_has_avxvnni()) return &vitc__lp_int8_avxvnni;
     return fast ? &vitc__lp_int8_avx512 : &vitc__lp_int8_ref;
 }
 
 const char *vitc_get_precision_paths(void) {
-    int b = vitc__lp_kernel_for(VITC_PRECISION_BF16) != &vitc__lp_bf16_ref;
-    int i = vitc__lp_kernel_for(VITC_PRECISION_INT8) != &vitc__lp_int8_ref;
-    static const char *const s[4] = {
-        "bf16: reference (no AVX512-BF16 on this path), int8: reference (no AVX512-VNNI on this path)",
-        "bf16: avx512-bf16 (vdpbf16ps), int8: reference (no AVX512-VNNI on this path)",
-        "bf16: reference (no AVX512-BF16 on this path), int8: avx512-vnni (vpdpbusd)",
-        "bf16: avx512-bf16 (vdpbf16ps), int8: avx512-vnni (vpdpbusd)",
+    const vitc__lp_kernel *b = vitc__lp_kernel_for(VITC_PRECISION_BF16);
+    const vitc__lp_kernel *i = vitc__lp_kernel_for(VITC_PRECISION_INT8);
+    int bi = b != &vitc__lp_bf16_ref;
+    int ii = i == &vitc__lp_int8_avx512 ? 1 : i == &vitc__lp_int8_avxvnni ? 2 : 0;
+    static const char *const s[2][3] = {
+        {"bf16: reference (no AVX512-BF16 on this path), int8: reference (no VNNI on this path)",
+         "bf16: reference (no AVX512-BF16 on this path), int8: avx512-vnni (vpdpbusd)",
+         "bf16: reference (no AVX512-BF16 on this path), int8: avx-vnni (vpdpbusd ymm)"},
+        {"bf16: avx512-bf16 (vdpbf16ps), int8: reference (no VNNI on this path)",
+         "bf16: avx512-bf16 (vdpbf16ps), int8: avx512-vnni (vpdpbusd)",
+         "bf16: avx512-bf16 (vdpbf16ps), int8: avx-vnni (vpdpbusd ymm)"},
     };
-    return s[b + 2 * i];
+    return s[bi][ii];
 }
 
 const char *vitc_precision_name(vitc_precision p) {

@@ -225,6 +225,7 @@ static void *vitc__lp_get(size_t bytes) {
 
 typedef struct vitc__lp_job {
     const vitc__lp_kernel *kn;
+    vitc__lp_row_fn row;
     const vitc__pweight *pw;
     const float *x; int64_t ldx; /* [M, K] */
     float *y; int64_t ldy;       /* [M, N] */
@@ -249,7 +250,7 @@ static void vitc__lp_pack_task(void *ctx, int64_t t, int tid) {
     for (int64_t r = 0; r < MR; r++) {
         int64_t i = t * MR + r;
         if (i < g->M) {
-            g->kn->row(dst + r, MR, g->x + i * g->ldx, K, &s, &z);
+            g->row(dst + r, MR, g->x + i * g->ldx, K, &s, &z);
             if (g->ascale) g->ascale[i] = s, g->azp[i] = z;
         } else {
             for (int64_t p = 0; p < kg; p++) dst[p * MR + r] = 0;
@@ -311,6 +312,10 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
                          pw ? vitc_precision_name(pw->prec) : "?");
     if (M <= 0) return VITC_OK;
     const vitc__lp_kernel *kn = vitc__lp_kernel_for(pw->prec);
+    /* A kernel without its own converter uses the reference's. */
+    vitc__lp_row_fn row = kn->row ? kn->row
+                                  : (pw->prec == VITC_PRECISION_BF16 ? &vitc__lp_bf16_ref
+                                                                     : &vitc__lp_int8_ref)->row;
     int64_t rs = (M + MR - 1) / MR, kg = pw->kg;
     size_t words, bytes, extra = 0;
     int ok = vitc__mul_size((size_t)rs * MR, (size_t)kg, &words) &&
@@ -324,7 +329,7 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
     if (!pa)
         return vitc__err(VITC_ERR_NOMEM, "linear (%s) of %lld rows: out of memory",
                          vitc_precision_name(pw->prec), (long long)M);
-    vitc__lp_job g = {.kn = kn, .pw = pw, .x = x, .ldx = ldx, .y = y, .ldy = ldy, .bias = bias,
+    vitc__lp_job g = {.kn = kn, .row = row, .pw = pw, .x = x, .ldx = ldx, .y = y, .ldy = ldy, .bias = bias,
                       .res = residual, .ldr = ldr, .M = M, .pa = pa,
                       .gelu = gelu ? vitc__kern()->gelu : NULL, .nparts = 1};
     if (pw->prec == VITC_PRECISION_INT8) {

@@ -56,10 +56,12 @@ typedef struct vitc__lp_kernel {
 
 extern const vitc__lp_kernel vitc__lp_bf16_ref, vitc__lp_int8_ref;
 extern const vitc__lp_kernel vitc__lp_bf16_avx512, vitc__lp_int8_avx512;
+extern const vitc__lp_kernel vitc__lp_int8_avxvnni; /* row: NULL, the reference's */
 
 /* The kernel of precision p that this CPU and the forced arch can run
  * (dispatch.c): AVX512-BF16 / AVX512-VNNI on the avx512 path when cpuid
- * has them, else the portable reference (same numbers, slower). */
+ * has them, AVX-VNNI (int8) on the avx2 path, else the portable reference
+ * (same numbers, slower). */
 const vitc__lp_kernel *vitc__lp_kernel_for(vitc_precision p);
 
 /* float -> bf16, round to nearest even, as vcvtne2ps2bf16 does: NaN stays
