@@ -111,8 +111,9 @@ class TestPrecision(unittest.TestCase):
             self.assertLess(rel, max_rel)
             self.assertGreaterEqual(top1, min_top1)
             self.assertGreater(rel, 0.0)  # it did run in another precision
-            # batch independent: rows are quantized on their own
-            np.testing.assert_array_equal(m(x[:3]), got[:3])
+            # batch independent: rows are quantized on their own (bitwise with the
+            # built-in GEMM; OpenBLAS's fp32 embedding and head block by batch)
+            np.testing.assert_allclose(m(x[:3]), got[:3], rtol=1e-4, atol=1e-5)
         return m
 
     def test_bf16(self):
