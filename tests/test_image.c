@@ -93,12 +93,41 @@ static void test_decode_every_kind(void **state) {
         if (worst > tol)
             fail_msg("%s: max pixel difference %d > tolerance %d", name, worst, tol);
         free(want);
+        /* The in-memory entry point decodes the same bytes to the same pixels. */
+        snprintf(path, sizeof path, DATA "%s", name);
+        unsigned char *bytes = slurp(path, &len);
+        vitc_image mem;
+        assert_non_null(bytes);
+        if (vitc_image_load_memory(bytes, len, 0, &mem) != VITC_OK)
+            fail_msg("%s from memory: %s", name, vitc_last_error());
+        assert_int_equal(mem.width, w);
+        assert_int_equal(mem.height, h);
+        assert_memory_equal(mem.rgb, img.rgb, (size_t)w * h * 3);
+        vitc_image_free(&mem);
+        /* ... and applies the same pixel limit from the header. */
+        assert_int_equal(vitc_image_load_memory(bytes, len, (int64_t)w * h - 1, &mem),
+                         VITC_ERR_FORMAT);
+        assert_non_null(strstr(vitc_last_error(), "<memory>"));
+        assert_null(mem.rgb);
+        free(bytes);
         vitc_image_free(&img);
         assert_null(img.rgb);
         checked++;
     }
     fclose(f);
     assert_true(checked >= 19);
+}
+
+static void test_load_memory_args(void **state) {
+    (void)state;
+    vitc_image img;
+    static const unsigned char junk[4] = {1, 2, 3, 4};
+    assert_int_equal(vitc_image_load_memory(NULL, 4, 0, &img), VITC_ERR_INVALID_ARG);
+    assert_null(img.rgb);
+    assert_int_equal(vitc_image_load_memory(junk, 0, 0, &img), VITC_ERR_FORMAT);
+    assert_int_equal(vitc_image_load_memory(junk, sizeof junk, 0, &img), VITC_ERR_FORMAT);
+    assert_non_null(strstr(vitc_last_error(), "not a PNG or JPEG"));
+    assert_int_equal(vitc_image_load_memory(junk, sizeof junk, 0, NULL), VITC_ERR_INVALID_ARG);
 }
 
 /* Broken or hostile files are errors with a message naming the file. */
@@ -266,6 +295,7 @@ static void test_preprocess_args(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_every_kind),
+        cmocka_unit_test(test_load_memory_args),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_pixel_limit),
         cmocka_unit_test(test_png_roundtrip),

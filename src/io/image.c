@@ -306,8 +306,31 @@ static vitc_status load_jpeg(const char *path, const unsigned char *data, size_t
 }
 #endif /* VITC_HAVE_TURBOJPEG */
 
-vitc_status vitc_image_load(const char *path, int64_t max_pixels, vitc_image *out) {
+/* The decoders see only bytes; `name` (a path, or "<memory>") prefixes the
+ * messages. Shared by the file and the in-memory entry points. */
+static vitc_status image_decode(const char *name, const unsigned char *data, size_t len,
+                                int64_t max_pixels, vitc_image *out) {
     static const unsigned char png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    (void)max_pixels; /* unused when built without libpng and libturbojpeg */
+    if (len >= 8 && !memcmp(data, png_magic, 8)) {
+#ifdef VITC_HAVE_PNG
+        return load_png(name, data, len, max_pixels, out);
+#else
+        return vitc__err(VITC_ERR_UNSUPPORTED, "%s: PNG support was not built in (libpng)", name);
+#endif
+    }
+    if (len >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff) {
+#ifdef VITC_HAVE_TURBOJPEG
+        return load_jpeg(name, data, len, max_pixels, out);
+#else
+        return vitc__err(VITC_ERR_UNSUPPORTED, "%s: JPEG support was not built in (libturbojpeg)",
+                         name);
+#endif
+    }
+    return vitc__err(VITC_ERR_FORMAT, "%s: not a PNG or JPEG image", name);
+}
+
+vitc_status vitc_image_load(const char *path, int64_t max_pixels, vitc_image *out) {
     unsigned char *data;
     size_t len;
     vitc_status st;
@@ -316,28 +339,25 @@ vitc_status vitc_image_load(const char *path, int64_t max_pixels, vitc_image *ou
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load: out is NULL");
     out->width = out->height = 0;
     out->rgb = NULL;
-    (void)max_pixels; /* unused when built without libpng and libturbojpeg */
     if (!path)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load: path is NULL");
     VITC_TRY(read_file(path, &data, &len));
-    if (len >= 8 && !memcmp(data, png_magic, 8)) {
-#ifdef VITC_HAVE_PNG
-        st = load_png(path, data, len, max_pixels, out);
-#else
-        st = vitc__err(VITC_ERR_UNSUPPORTED, "%s: PNG support was not built in (libpng)", path);
-#endif
-    } else if (len >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff) {
-#ifdef VITC_HAVE_TURBOJPEG
-        st = load_jpeg(path, data, len, max_pixels, out);
-#else
-        st = vitc__err(VITC_ERR_UNSUPPORTED, "%s: JPEG support was not built in (libturbojpeg)",
-                       path);
-#endif
-    } else {
-        st = vitc__err(VITC_ERR_FORMAT, "%s: not a PNG or JPEG image", path);
-    }
+    st = image_decode(path, data, len, max_pixels, out);
     free(data);
     return st;
+}
+
+vitc_status vitc_image_load_memory(const void *bytes, size_t len, int64_t max_pixels,
+                                   vitc_image *out) {
+    if (!out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load_memory: out is NULL");
+    out->width = out->height = 0;
+    out->rgb = NULL;
+    if (!bytes && len)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load_memory: bytes is NULL");
+    if (len == 0)
+        return vitc__err(VITC_ERR_FORMAT, "<memory>: empty image");
+    return image_decode("<memory>", bytes, len, max_pixels, out);
 }
 
 void vitc_image_free(vitc_image *img) {
