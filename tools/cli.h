@@ -17,6 +17,9 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format
 int cli_lib_error(const char *what);
 /* Parse a non-negative int option value; 0 on success. */
 int cli_parse_int(const char *s, int *out);
+/* A labels file of exactly n_classes lines into *out (n_classes strings,
+ * each and the array malloc'd); else the error is printed, CLI_FAIL. */
+int cli_read_labels(const char *path, int n_classes, char ***out);
 /* 1 when stderr is a terminal (progress then updates one line). */
 int cli_stderr_tty(void);
 

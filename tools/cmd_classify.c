@@ -150,7 +150,7 @@ static int parse_args(int argc, char **argv, classify_opts *o) {
 }
 
 /* Labels file: one name per line; "\r\n" endings accepted. */
-static int read_labels(const char *path, int n_classes, char ***out) {
+int cli_read_labels(const char *path, int n_classes, char ***out) {
     FILE *f = fopen(path, "rb");
     char **labels;
     char *line = NULL;
@@ -369,7 +369,7 @@ int cmd_classify(int argc, char **argv) {
                        cfg->patch_size);
         goto done;
     }
-    if (o.labels && (rc = read_labels(o.labels, cfg->num_classes, &labels)) != 0)
+    if (o.labels && (rc = cli_read_labels(o.labels, cfg->num_classes, &labels)) != 0)
         goto done;
     k = o.topk < cfg->num_classes ? o.topk : cfg->num_classes;
     if (o.batch > o.n_images)
