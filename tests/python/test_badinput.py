@@ -3,7 +3,7 @@
 Each case of tests/badinput/manifest.json runs in a fresh child process and
 must: exit as expected (1 with exactly one "vitc: error: ..." line on stderr,
 or 2 for a usage error), finish within 5 s, peak at no more than 100 MB
-(the child's own ru_maxrss, from wait4), and leave every output path that
+(vitc's own ru_maxrss, from wait4 in a small launcher), and leave every output path that
 existed before the run byte for byte as it was. FIFOs, device nodes, a full
 file system and very large headers are made here, in a private temporary
 directory, never at a system path.
@@ -19,6 +19,7 @@ import re
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import unittest
@@ -44,28 +45,48 @@ with open(os.path.join(HERE, "manifest.json")) as f:
 SUMMARY = re.compile(r"^(Try 'vitc .*--help'\.|vitc: \d+ of \d+ images could not be classified)$")
 
 
+# Runs in a fresh small interpreter and forks vitc from there: Linux carries
+# the memory high-water mark of the process that exec()s into the new
+# program, so vitc forked from this (torch-sized) test process would inherit
+# its peak. Writes "exit-code-or-None seconds maxrss-kB" to argv[2].
+LAUNCHER = r"""
+import os, sys, time
+limit, result, argv = float(sys.argv[1]), sys.argv[2], sys.argv[3:]
+t0 = time.monotonic()
+pid = os.fork()
+if pid == 0:
+    try:
+        os.execv(argv[0], argv)
+    finally:
+        os._exit(127)
+code = None
+while True:
+    done, status, usage = os.wait4(pid, os.WNOHANG)
+    if done:
+        code = os.waitstatus_to_exitcode(status)
+        break
+    if time.monotonic() - t0 > limit:
+        os.kill(pid, 9)
+        done, status, usage = os.wait4(pid, 0)
+        break
+    time.sleep(0.005)
+with open(result, "w") as f:
+    f.write("%s %f %d" % (code, time.monotonic() - t0, usage.ru_maxrss))
+"""
+
+
 def run_bounded(args, cwd):
     """Run vitc; return (exit code or None on timeout, stdout, stderr, seconds, max RSS in KB)."""
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        t0 = time.monotonic()
-        p = subprocess.Popen([VITC] + args, stdout=out, stderr=err, stdin=subprocess.DEVNULL,
-                             cwd=cwd)
-        code = None
-        while True:
-            pid, status, usage = os.wait4(p.pid, os.WNOHANG)
-            if pid:
-                code = os.waitstatus_to_exitcode(status)
-                break
-            if time.monotonic() - t0 > TIME_LIMIT_S:
-                p.kill()
-                pid, status, usage = os.wait4(p.pid, 0)
-                break
-            time.sleep(0.005)
-        p.returncode = code if code is not None else -9  # reaped here, not by Popen
-        secs = time.monotonic() - t0
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, \
+            tempfile.NamedTemporaryFile("r") as res:
+        subprocess.run([sys.executable, "-S", "-c", LAUNCHER, str(TIME_LIMIT_S), res.name, VITC]
+                       + args, stdout=out, stderr=err, stdin=subprocess.DEVNULL, cwd=cwd,
+                       check=True)
+        code, secs, rss = res.read().split()
         out.seek(0)
         err.seek(0)
-        return code, out.read(), err.read(), secs, usage.ru_maxrss
+        return (None if code == "None" else int(code)), out.read(), err.read(), float(secs), \
+            int(rss)
 
 
 class Workspace:
