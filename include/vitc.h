@@ -21,8 +21,10 @@
  *   vitc_layer_forward(sa, x, 4, shape, out);    // out: [1, 64, 32, 32]
  *
  * Thread safety: objects (layers, models, files) are not shared between
- * threads while one of them runs a forward; distinct objects may be used from
- * distinct threads. The error message is thread-local.
+ * threads while one of them runs a forward (they keep their scratch and
+ * activations inside); distinct objects may be used from distinct threads.
+ * The error message is thread-local. (The Python binding serialises calls
+ * on one object with a lock, so Python may share them.)
  */
 #ifndef VITC_H
 #define VITC_H
@@ -94,6 +96,9 @@ VITC_API vitc_status vitc_set_gemm_backend(const char *name);
 
 /* A safetensors file held in memory, every tensor converted to float32
  * (F32, F16 and BF16 files are accepted). */
+/* Most dimensions a tensor may have, read or written (numpy 2's limit;
+ * numpy 1.x holds 32): more is VITC_ERR_FORMAT on load, VITC_ERR_SHAPE on save. */
+#define VITC_SAFETENSORS_MAX_NDIM 64
 typedef struct vitc_safetensors vitc_safetensors;
 
 VITC_API vitc_status vitc_safetensors_load(const char *path, vitc_safetensors **out);
@@ -250,8 +255,10 @@ VITC_API vitc_status vitc_mha_forward(vitc_layer *layer, const vitc_mha_args *a,
 /* F.scaled_dot_product_attention (torch 2.x semantics): q [...,L,d],
  * k [...,S,d], v [...,S,dv] with equal leading dims, out [...,L,dv].
  * mask broadcasts to [...,L,S]; a bool mask's True means "takes part", a
- * float mask is added. scale <= 0 means 1/sqrt(d). A row with no allowed
- * key gives NaN, as PyTorch does. */
+ * float mask is added. scale: a finite value > 0 is used as given; 0 (or
+ * any value <= 0, since C has no "not given") means torch's default
+ * 1/sqrt(d); NaN and +-inf are refused (VITC_ERR_INVALID_ARG). A row with
+ * no allowed key gives NaN, as PyTorch does. */
 VITC_API vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view *k,
                                const vitc_tensor_view *v, const vitc_tensor_view *mask,
                                vitc_mask_type mask_type, float scale, float *out);

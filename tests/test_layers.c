@@ -294,6 +294,15 @@ static void test_sdpa(void **state) {
     assert_close(out, &yf, "sdpa float mask [5,6]");
     assert_int_equal(vitc_sdpa(&vq, &vk, &vv, NULL, VITC_MASK_NONE, 0.25f, out), VITC_OK);
     assert_close(out, &ysc, "sdpa scale 0.25");
+    /* The documented scale rule: any value <= 0 is the default 1/sqrt(d);
+     * a non-finite one is refused, not taken for the default (NaN <= 0 is
+     * false, and so once was NaN > 0). */
+    assert_int_equal(vitc_sdpa(&vq, &vk, &vv, NULL, VITC_MASK_NONE, -2.0f, out), VITC_OK);
+    assert_close(out, &y, "sdpa scale -2 (default)");
+    const float nonfinite[] = {NAN, INFINITY, -INFINITY};
+    for (int i = 0; i < 3; i++)
+        expect_error(vitc_sdpa(&vq, &vk, &vv, NULL, VITC_MASK_NONE, nonfinite[i], out),
+                     VITC_ERR_INVALID_ARG, "is not finite");
     /* Errors: d mismatch, mask that does not broadcast. */
     vitc_tensor_view bad = vk;
     bad.shape[3] = 3;

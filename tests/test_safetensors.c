@@ -774,6 +774,45 @@ static void test_bad_paths_and_args(void **state) {
     free(b);
 }
 
+/* VITC_SAFETENSORS_MAX_NDIM dimensions load and save; one more is refused
+ * both ways (a reader with numpy 1.x behind it holds only 32). */
+static void test_rank_limit(void **state) {
+    (void)state;
+    enum { MAX = VITC_SAFETENSORS_MAX_NDIM };
+    int64_t ones[MAX + 1];
+    for (int i = 0; i <= MAX; i++) ones[i] = 1;
+    float one = 1;
+    const char *name[] = {"a"};
+    const int64_t *sh[] = {ones};
+    const float *dd[] = {&one};
+    const char *p = tmp_path("rank.safetensors");
+    for (int nd = MAX; nd <= MAX + 1; nd++) {
+        char hdr[512] = "{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4],\"shape\":[";
+        for (int i = 0; i < nd; i++) strcat(hdr, i ? ",1" : "1");
+        strcat(hdr, "]}}");
+        size_t len;
+        unsigned char *b = make_file(hdr, &one, 4, UINT64_MAX, &len);
+        const int ndims[] = {nd};
+        char needle[64];
+        if (nd <= MAX) {
+            vitc_safetensors *st;
+            int got;
+            assert_int_equal(vitc_safetensors_load_memory(b, len, &st), VITC_OK);
+            assert_int_equal(vitc_safetensors_tensor(st, 0, NULL, NULL, &got, NULL, NULL), VITC_OK);
+            assert_int_equal(got, nd);
+            vitc_safetensors_free(st);
+            assert_int_equal(vitc_safetensors_save(p, 1, name, ndims, sh, dd, 0, NULL, NULL), VITC_OK);
+            unlink(p);
+        } else {
+            snprintf(needle, sizeof needle, "%d dimensions (at most %d)", nd, MAX);
+            expect_bad(b, len, needle);
+            snprintf(needle, sizeof needle, "%d dimensions (0 to %d)", nd, MAX);
+            expect_save_fails(p, 1, name, ndims, sh, dd, 0, NULL, NULL, needle);
+        }
+        free(b);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_roundtrip),
@@ -787,6 +826,7 @@ int main(void) {
         cmocka_unit_test(test_truncated_every_prefix),
         cmocka_unit_test(test_byte_flips),
         cmocka_unit_test(test_bad_paths_and_args),
+        cmocka_unit_test(test_rank_limit),
     };
     return cmocka_run_group_tests_name("safetensors", tests, setup_dir, teardown_dir);
 }

@@ -2,24 +2,25 @@
 
 A thin ctypes binding over libvitc: every number comes from the C library.
 """
-from ._lib import VitcError, lib as _lib
+from . import _lib
+from ._lib import Status, VitcError  # noqa: F401  (public)
 from .layers import *  # noqa: F401,F403  (AttentionBlock, ..., scaled_dot_product_attention, softmax)
 from .io import *  # noqa: F401,F403  (load_safetensors, save_safetensors)
 from .vit import *  # noqa: F401,F403  (VisionTransformer)
 from .image import *  # noqa: F401,F403  (load_image, preprocess_image, save_png)
 
-__version__ = _lib.vitc_version().decode()
+__version__ = _lib.lib.vitc_version().decode()
 
 
 def set_num_threads(n):
     """Threads used by every parallel loop of the library (n <= 0: default)."""
-    _lib.vitc_set_num_threads(int(n))
+    _lib.lib.vitc_set_num_threads(_lib.int_arg(n, "n"))
 
 
 def get_num_threads():
-    return _lib.vitc_get_num_threads()
+    return _lib.lib.vitc_get_num_threads()
 
 
 def get_arch():
     """The kernel path in use: 'avx512', 'avx2' or 'generic' (VITC_ARCH forces one)."""
-    return _lib.vitc_get_arch().decode()
+    return _lib.lib.vitc_get_arch().decode()

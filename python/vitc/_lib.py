@@ -1,9 +1,19 @@
-"""Loading libvitc.so and turning its status codes into exceptions.
+"""Loading libvitc.so, its C declarations, and turning statuses into exceptions.
 
 The binding holds no numerics of its own: every number comes from the C
-library. This module is the only place that touches ctypes setup.
+library. This module is the only place that touches ctypes setup: every
+struct mirror, enum value and function signature of include/vitc.h that the
+binding uses is declared here, so one file is checked against the header
+(tests/python/test_binding.py compiles C to compare sizes and offsets).
+
+Every Python value that reaches a C integer or float goes through int_arg() /
+float_arg() first: ctypes itself silently wraps 2**32 + 8 to 8 and rounds
+1e39 to inf.
 """
 import ctypes
+import enum
+import math
+import operator
 import os
 
 import numpy as np
@@ -26,26 +36,172 @@ def _find_library():
 
 lib = ctypes.CDLL(_find_library())
 
-c_float_p = ctypes.POINTER(ctypes.c_float)
-c_int64_p = ctypes.POINTER(ctypes.c_int64)
 
-lib.vitc_last_error.restype = ctypes.c_char_p
-lib.vitc_status_str.restype = ctypes.c_char_p
-lib.vitc_status_str.argtypes = [ctypes.c_int]
-lib.vitc_version.restype = ctypes.c_char_p
-lib.vitc_get_arch.restype = ctypes.c_char_p
-lib.vitc_get_gemm_backend.restype = ctypes.c_char_p
-lib.vitc_set_arch.argtypes = [ctypes.c_char_p]
-lib.vitc_set_gemm_backend.argtypes = [ctypes.c_char_p]
-lib.vitc_set_num_threads.argtypes = [ctypes.c_int]
+# ---- enums (values of include/vitc.h) -----------------------------------
 
+class Status(enum.IntEnum):
+    """vitc_status: VITC_OK and VITC_ERR_*."""
+    OK = 0
+    ERR_INVALID_ARG = -1
+    ERR_SHAPE = -2
+    ERR_NOMEM = -3
+    ERR_IO = -4
+    ERR_FORMAT = -5
+    ERR_KEY = -6
+    ERR_UNSUPPORTED = -7
+
+    @property
+    def c_name(self):
+        return "VITC_" + self.name
+
+
+class LayerKind(enum.IntEnum):
+    """vitc_layer_kind."""
+    ATTENTION_BLOCK = 0
+    CONV_SA_BLOCK = 1
+    SELF_ATTENTION_GROUP = 2
+    SELF_ATTENTION_BATCH = 3
+    SELF_ATTENTION_MULTIHEAD = 4
+    MULTIHEAD_ATTENTION = 5
+    T2T_ATTENTION = 6
+    SINGLE_HEAD_ATTENTION = 7
+
+
+class MaskType(enum.IntEnum):
+    """vitc_mask_type."""
+    NONE = 0
+    BOOL = 1
+    FLOAT = 2
+
+
+# (C prefix, enum) for the layout test.
+ENUMS = [("VITC_", Status), ("VITC_", LayerKind), ("VITC_MASK_", MaskType)]
+
+# Dimensions of vitc_tensor_view.shape and of every out_shape[8].
+MAX_NDIM = 8
+
+
+# ---- struct mirrors -------------------------------------------------------
+
+class LayerConfig(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int), ("in_channels", ctypes.c_int), ("embed_dim", ctypes.c_int),
+                ("num_heads", ctypes.c_int), ("patch_size", ctypes.c_int), ("kdim", ctypes.c_int),
+                ("vdim", ctypes.c_int), ("bias", ctypes.c_int), ("batch_first", ctypes.c_int),
+                ("qk_scale", ctypes.c_float), ("eps", ctypes.c_float), ("momentum", ctypes.c_float)]
+
+
+class TensorView(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("ndim", ctypes.c_int),
+                ("shape", ctypes.c_int64 * MAX_NDIM)]
+
+
+class MhaArgs(ctypes.Structure):
+    _fields_ = [("query", TensorView), ("key", TensorView), ("value", TensorView),
+                ("key_padding_mask", TensorView), ("key_padding_mask_type", ctypes.c_int),
+                ("attn_mask", TensorView), ("attn_mask_type", ctypes.c_int),
+                ("need_weights", ctypes.c_int), ("average_attn_weights", ctypes.c_int)]
+
+
+class VitConfig(ctypes.Structure):
+    _fields_ = [("image_size", ctypes.c_int), ("patch_size", ctypes.c_int),
+                ("in_channels", ctypes.c_int), ("hidden_dim", ctypes.c_int),
+                ("depth", ctypes.c_int), ("num_heads", ctypes.c_int),
+                ("mlp_dim", ctypes.c_int), ("num_classes", ctypes.c_int),
+                ("norm_eps", ctypes.c_float), ("mean", ctypes.c_float * 3),
+                ("std", ctypes.c_float * 3)]
+
+
+class Image(ctypes.Structure):
+    _fields_ = [("width", ctypes.c_int), ("height", ctypes.c_int),
+                ("rgb", ctypes.POINTER(ctypes.c_uint8))]
+
+
+# C type name -> mirror, for the layout test.
+STRUCTS = {"vitc_layer_config": LayerConfig, "vitc_tensor_view": TensorView,
+           "vitc_mha_args": MhaArgs, "vitc_vit_config": VitConfig, "vitc_image": Image}
+
+
+# ---- function signatures ---------------------------------------------------
+
+_P = ctypes.POINTER
+_vp, _int, _i64, _f32, _cs = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_float, ctypes.c_char_p
+c_float_p = _P(_f32)
+c_int64_p = _P(_i64)
+_st = _int  # vitc_status
+_cspp = _P(_cs)
+
+# name: (restype, argtypes). Handles (vitc_layer *, vitc_vit *, ...) are void *.
+_SIGNATURES = {
+    "vitc_status_str": (_cs, [_int]),
+    "vitc_last_error": (_cs, []),
+    "vitc_version": (_cs, []),
+    "vitc_set_num_threads": (None, [_int]),
+    "vitc_get_num_threads": (_int, []),
+    "vitc_get_arch": (_cs, []),
+    "vitc_set_arch": (_st, [_cs]),
+    "vitc_get_gemm_backend": (_cs, []),
+    "vitc_set_gemm_backend": (_st, [_cs]),
+    # safetensors
+    "vitc_safetensors_load": (_st, [_cs, _P(_vp)]),
+    "vitc_safetensors_free": (None, [_vp]),
+    "vitc_safetensors_count": (_int, [_vp]),
+    "vitc_safetensors_tensor": (_st, [_vp, _int, _cspp, _cspp, _P(_int), _P(c_int64_p),
+                                      _P(c_float_p)]),
+    "vitc_safetensors_metadata_count": (_int, [_vp]),
+    "vitc_safetensors_metadata": (_st, [_vp, _int, _cspp, _cspp]),
+    "vitc_safetensors_save": (_st, [_cs, _int, _cspp, _P(_int), _P(c_int64_p), _P(c_float_p),
+                                    _int, _cspp, _cspp]),
+    # layers
+    "vitc_layer_default_config": (LayerConfig, [_int]),
+    "vitc_layer_create": (_st, [_P(LayerConfig), _P(_vp)]),
+    "vitc_layer_free": (None, [_vp]),
+    "vitc_layer_reset_parameters": (_st, [_vp, ctypes.c_uint64]),
+    "vitc_layer_num_params": (_int, [_vp]),
+    "vitc_layer_param": (_st, [_vp, _int, _cspp, _P(_int), _P(c_int64_p), _P(c_float_p)]),
+    "vitc_layer_load": (_st, [_vp, _int, _cspp, _P(_int), _P(c_int64_p), _P(c_float_p), _int]),
+    "vitc_layer_set_training": (None, [_vp, _int]),
+    "vitc_layer_output_shape": (_st, [_vp, _int, c_int64_p, _P(_int), c_int64_p]),
+    "vitc_layer_forward": (_st, [_vp, c_float_p, _int, c_int64_p, c_float_p]),
+    "vitc_mha_output_shapes": (_st, [_vp, _P(MhaArgs), _P(_int), c_int64_p, _P(_int), c_int64_p]),
+    "vitc_mha_forward": (_st, [_vp, _P(MhaArgs), c_float_p, c_float_p]),
+    "vitc_sdpa": (_st, [_P(TensorView)] * 4 + [_int, _f32, c_float_p]),
+    "vitc_softmax": (_st, [c_float_p, _int, c_int64_p, _int, _f32, c_float_p]),
+    # images
+    "vitc_image_load": (_st, [_cs, _i64, _P(Image)]),
+    "vitc_image_free": (None, [_P(Image)]),
+    "vitc_image_save_png": (_st, [_cs, _vp, _int, _int]),
+    "vitc_image_preprocess": (_st, [_P(Image), _int, _int, c_float_p, c_float_p, c_float_p]),
+    # Vision Transformer
+    "vitc_vit_load": (_st, [_cs, _cs, _P(_vp)]),
+    "vitc_vit_free": (None, [_vp]),
+    "vitc_vit_get_config": (_P(VitConfig), [_vp]),
+    "vitc_vit_arch_name": (_cs, [_vp]),
+    "vitc_vit_label": (_cs, [_vp, _int]),
+    "vitc_vit_forward": (_st, [_vp, c_float_p, _int, _int, _int, c_float_p]),
+    "vitc_vit_attention_maps": (_st, [_vp, c_float_p, _int, _int, _int, c_float_p, c_float_p]),
+}
+
+for _name, (_res, _args) in _SIGNATURES.items():
+    _fn = getattr(lib, _name)
+    _fn.restype, _fn.argtypes = _res, _args
+
+
+# ---- errors ----------------------------------------------------------------
 
 class VitcError(RuntimeError):
-    """A failure reported by libvitc; the message says what was wrong."""
+    """A failure reported by libvitc; the message says what was wrong.
+
+    status is a Status (an int: -2 == Status.ERR_SHAPE), status_name its C
+    name ("VITC_ERR_SHAPE")."""
 
     def __init__(self, status, message):
         super().__init__(message)
-        self.status = status
+        try:
+            self.status = Status(status)
+            self.status_name = self.status.c_name
+        except ValueError:  # a status this binding does not know (a newer library)
+            self.status = int(status)
+            self.status_name = "VITC_STATUS_%d" % self.status
 
 
 def check(status):
@@ -55,9 +211,70 @@ def check(status):
         raise VitcError(status, msg or name)
 
 
+# ---- arguments -------------------------------------------------------------
+
+INT_MIN, INT_MAX = -2**31, 2**31 - 1
+INT64_MIN, INT64_MAX = -2**63, 2**63 - 1
+_FLT_MAX = float(np.finfo(np.float32).max)
+
+
+def int_arg(value, name, lo=INT_MIN, hi=INT_MAX):
+    """value as a Python int in [lo, hi] (default: C int), for ctypes.
+
+    TypeError for a non-integer (8.0 included, as torch's sizes), ValueError
+    naming the argument when out of range."""
+    try:
+        v = operator.index(value)
+    except TypeError:
+        raise TypeError("%s must be an integer, got %s" % (name, type(value).__name__)) from None
+    if not lo <= v <= hi:
+        if lo == 0 and v < 0:
+            raise ValueError("%s must be >= 0, got %d" % (name, v))
+        raise ValueError("%s must be in [%d, %d], got %d" % (name, lo, hi, v))
+    return v
+
+
+def size_arg(value, name, lo=1):
+    """A size or count (channels, heads, dims): int_arg with lo 1 unless told."""
+    return int_arg(value, name, lo, INT_MAX)
+
+
+def float_arg(value, name):
+    """value as a finite Python float that float32 holds without becoming inf."""
+    try:
+        if isinstance(value, (str, bytes)):  # float() would parse them
+            raise TypeError
+        v = float(value)
+    except (TypeError, ValueError):
+        raise TypeError("%s must be a real number, got %r" % (name, value)) from None
+    if not math.isfinite(v) or abs(v) > _FLT_MAX:
+        raise ValueError("%s must be finite in float32, got %r" % (name, value))
+    return v
+
+
+def path_arg(path, name="path"):
+    """A path (str, bytes or os.PathLike) as bytes for a C string; an
+    embedded NUL (which C would silently cut at) is a ValueError, as open()'s."""
+    b = os.fsencode(path)
+    if b"\0" in b:
+        raise ValueError("%s contains a NUL byte: %r" % (name, path))
+    return b
+
+
+def str_arg(s, name):
+    """A str as UTF-8 bytes for a C string; TypeError for a non-str, ValueError for a NUL."""
+    if not isinstance(s, str):
+        raise TypeError("%s must be a str, got %s" % (name, type(s).__name__))
+    if "\0" in s:
+        raise ValueError("%s %r contains a NUL character" % (name, s))
+    return s.encode("utf-8")
+
+
 def as_f32(x):
-    """Any array-like -> C-contiguous float32 ndarray."""
-    return np.ascontiguousarray(np.asarray(x, dtype=np.float32))
+    """Any array-like -> C-contiguous, aligned float32 ndarray of the same shape.
+
+    Not np.ascontiguousarray: it turns a 0-d array into shape (1,)."""
+    return np.require(np.asarray(x, dtype=np.float32), requirements=("C", "A"))
 
 
 def fptr(a):
@@ -66,3 +283,17 @@ def fptr(a):
 
 def shape_arr(shape):
     return (ctypes.c_int64 * max(1, len(shape)))(*[int(s) for s in shape])
+
+
+class TensorList:
+    """float32 arrays as C's (const int *ndims, const int64_t *const *shapes,
+    const float *const *data), for vitc_layer_load and vitc_safetensors_save.
+    Keep the object alive until the call returns: the pointers point into it."""
+
+    def __init__(self, arrays):
+        n = max(1, len(arrays))
+        self._arrays = arrays
+        self._shapes = [shape_arr(a.shape) for a in arrays]
+        self.ndims = (ctypes.c_int * n)(*[a.ndim for a in arrays])
+        self.shapes = (c_int64_p * n)(*[ctypes.cast(b, c_int64_p) for b in self._shapes])
+        self.data = (c_float_p * n)(*[fptr(a) for a in arrays])

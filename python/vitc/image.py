@@ -3,7 +3,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import check, fptr, lib
+from ._lib import INT64_MAX, Image, check, float_arg, fptr, int_arg, lib, path_arg, size_arg
 
 __all__ = ["load_image", "preprocess_image", "save_png", "IMAGENET_MEAN", "IMAGENET_STD"]
 
@@ -11,29 +11,11 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-class _Image(ctypes.Structure):
-    _fields_ = [("width", ctypes.c_int), ("height", ctypes.c_int),
-                ("rgb", ctypes.POINTER(ctypes.c_uint8))]
-
-
-lib.vitc_image_load.argtypes = [ctypes.c_char_p, ctypes.c_int64, ctypes.POINTER(_Image)]
-lib.vitc_image_free.argtypes = [ctypes.POINTER(_Image)]
-lib.vitc_image_free.restype = None
-lib.vitc_image_save_png.argtypes = [ctypes.c_char_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int]
-lib.vitc_image_preprocess.argtypes = [ctypes.POINTER(_Image), ctypes.c_int, ctypes.c_int,
-                                      ctypes.POINTER(ctypes.c_float),
-                                      ctypes.POINTER(ctypes.c_float),
-                                      ctypes.POINTER(ctypes.c_float)]
-
-
-def _path(p):
-    return p if isinstance(p, bytes) else str(p).encode()
-
-
 def load_image(path, max_pixels=0):
     """Decode a PNG or JPEG file -> uint8 array [height, width, 3] (RGB)."""
-    img = _Image()
-    check(lib.vitc_image_load(_path(path), int(max_pixels), ctypes.byref(img)))
+    img = Image()
+    check(lib.vitc_image_load(path_arg(path), int_arg(max_pixels, "max_pixels", 0, INT64_MAX),
+                              ctypes.byref(img)))
     try:
         n = img.width * img.height * 3
         arr = np.ctypeslib.as_array(img.rgb, shape=(n,)).copy()
@@ -42,16 +24,34 @@ def load_image(path, max_pixels=0):
         lib.vitc_image_free(ctypes.byref(img))
 
 
+def _rgb_u8(a, name):
+    """An integer array [height, width, 3] of values 0..255 as contiguous uint8.
+
+    A cast alone would wrap 256 to 0 and floor a float image in [0, 1] to black."""
+    a = np.asarray(a)
+    if a.ndim != 3 or a.shape[2] != 3:
+        raise ValueError("%s must be uint8 [height, width, 3], got shape %s" % (name, a.shape))
+    if a.dtype != np.uint8:
+        if a.dtype.kind not in "iub":
+            raise TypeError("%s must hold integers 0..255 (uint8), got %s" % (name, a.dtype))
+        if a.size and (a.min() < 0 or a.max() > 255):
+            raise ValueError("%s values must be in 0..255, got %d..%d" % (name, a.min(), a.max()))
+    return np.ascontiguousarray(a, dtype=np.uint8)
+
+
 def _as_image(image):
-    if isinstance(image, np.ndarray):
-        arr = np.ascontiguousarray(image, dtype=np.uint8)
-        if arr.ndim != 3 or arr.shape[2] != 3:
-            raise ValueError("image must be uint8 [height, width, 3], got shape %s" % (arr.shape,))
-    else:
-        arr = load_image(image)
-    img = _Image(arr.shape[1], arr.shape[0],
-                 arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
+    arr = _rgb_u8(image, "image") if isinstance(image, np.ndarray) else load_image(image)
+    img = Image(size_arg(arr.shape[1], "image width"), size_arg(arr.shape[0], "image height"),
+                arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
     return img, arr
+
+
+def _triple(vals, name):
+    """Three per-channel numbers as float32, each finite in float32."""
+    v = np.asarray(vals, dtype=np.float64).ravel()
+    if v.size != 3:
+        raise ValueError("%s must have 3 values (R, G, B), got %d" % (name, v.size))
+    return np.array([float_arg(x, name) for x in v], np.float32)
 
 
 def preprocess_image(image, resize=256, crop=224, mean=IMAGENET_MEAN, std=IMAGENET_STD):
@@ -60,21 +60,17 @@ def preprocess_image(image, resize=256, crop=224, mean=IMAGENET_MEAN, std=IMAGEN
 
     image: a path, or a uint8 array [height, width, 3]. resize=0: no resize.
     """
+    m, s = _triple(mean, "mean"), _triple(std, "std")
+    resize, crop = int_arg(resize, "resize", 0), size_arg(crop, "crop")
     img, keep = _as_image(image)
-    m = np.asarray(mean, dtype=np.float32).reshape(3)
-    s = np.asarray(std, dtype=np.float32).reshape(3)
-    out = np.empty((3, int(crop), int(crop)), dtype=np.float32) if int(crop) > 0 else None
-    if out is None:
-        raise ValueError("crop must be positive")
-    check(lib.vitc_image_preprocess(ctypes.byref(img), int(resize), int(crop), fptr(m), fptr(s),
-                                    fptr(out)))
+    out = np.empty((3, crop, crop), dtype=np.float32)
+    check(lib.vitc_image_preprocess(ctypes.byref(img), resize, crop, fptr(m), fptr(s), fptr(out)))
     del keep
     return out
 
 
 def save_png(path, rgb):
     """Write a uint8 [height, width, 3] array as an RGB PNG."""
-    arr = np.ascontiguousarray(rgb, dtype=np.uint8)
-    if arr.ndim != 3 or arr.shape[2] != 3:
-        raise ValueError("rgb must be uint8 [height, width, 3], got shape %s" % (arr.shape,))
-    check(lib.vitc_image_save_png(_path(path), arr.ctypes.data, arr.shape[1], arr.shape[0]))
+    arr = _rgb_u8(rgb, "rgb")
+    check(lib.vitc_image_save_png(path_arg(path), arr.ctypes.data, size_arg(arr.shape[1], "width"),
+                                  size_arg(arr.shape[0], "height")))

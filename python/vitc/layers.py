@@ -13,67 +13,27 @@ numpy arrays. Every number comes from the C library.
     (2, 32, 16, 16)
 """
 import ctypes
+import threading
 
 import numpy as np
 
-from ._lib import VitcError, as_f32, check, fptr, lib, shape_arr
+from ._lib import (MAX_NDIM, LayerConfig, LayerKind, MaskType, MhaArgs, Status, TensorList,
+                   TensorView, VitcError, as_f32, c_float_p, c_int64_p, check, float_arg, fptr,
+                   int_arg, lib, shape_arr, size_arg, str_arg)
 
 __all__ = ["AttentionBlock", "ConvSABlock", "SelfAttention", "SelfAttentionMultiHead",
            "MultiheadAttention", "T2TAttention", "SingleHeadAttention",
            "scaled_dot_product_attention", "softmax"]
 
-# vitc_layer_kind
-_ATTENTION_BLOCK, _CONV_SA_BLOCK, _SA_GROUP, _SA_BATCH, _SA_MULTIHEAD, _MHA, _T2T, _SINGLE_HEAD = range(8)
-# vitc_mask_type
-_MASK_NONE, _MASK_BOOL, _MASK_FLOAT = 0, 1, 2
-
-
-class _Config(ctypes.Structure):
-    _fields_ = [("kind", ctypes.c_int), ("in_channels", ctypes.c_int), ("embed_dim", ctypes.c_int),
-                ("num_heads", ctypes.c_int), ("patch_size", ctypes.c_int), ("kdim", ctypes.c_int),
-                ("vdim", ctypes.c_int), ("bias", ctypes.c_int), ("batch_first", ctypes.c_int),
-                ("qk_scale", ctypes.c_float), ("eps", ctypes.c_float), ("momentum", ctypes.c_float)]
-
-
-class _View(ctypes.Structure):
-    _fields_ = [("data", ctypes.c_void_p), ("ndim", ctypes.c_int), ("shape", ctypes.c_int64 * 8)]
-
-
-class _MhaArgs(ctypes.Structure):
-    _fields_ = [("query", _View), ("key", _View), ("value", _View),
-                ("key_padding_mask", _View), ("key_padding_mask_type", ctypes.c_int),
-                ("attn_mask", _View), ("attn_mask_type", ctypes.c_int),
-                ("need_weights", ctypes.c_int), ("average_attn_weights", ctypes.c_int)]
-
-
-_vp, _ip, _i64p, _fp = ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int64), ctypes.POINTER(ctypes.c_float)
-lib.vitc_layer_default_config.argtypes = [ctypes.c_int]
-lib.vitc_layer_default_config.restype = _Config
-lib.vitc_layer_create.argtypes = [ctypes.POINTER(_Config), ctypes.POINTER(_vp)]
-lib.vitc_layer_free.argtypes = [_vp]
-lib.vitc_layer_free.restype = None
-lib.vitc_layer_reset_parameters.argtypes = [_vp, ctypes.c_uint64]
-lib.vitc_layer_num_params.argtypes = [_vp]
-lib.vitc_layer_param.argtypes = [_vp, _ip, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(_ip),
-                                 ctypes.POINTER(_i64p), ctypes.POINTER(_fp)]
-lib.vitc_layer_load.argtypes = [_vp, _ip, ctypes.POINTER(ctypes.c_char_p), ctypes.POINTER(_ip),
-                                ctypes.POINTER(_i64p), ctypes.POINTER(_fp), _ip]
-lib.vitc_layer_set_training.argtypes = [_vp, _ip]
-lib.vitc_layer_set_training.restype = None
-lib.vitc_layer_output_shape.argtypes = [_vp, _ip, _i64p, ctypes.POINTER(_ip), _i64p]
-lib.vitc_layer_forward.argtypes = [_vp, _fp, _ip, _i64p, _fp]
-lib.vitc_mha_output_shapes.argtypes = [_vp, ctypes.POINTER(_MhaArgs), ctypes.POINTER(_ip), _i64p,
-                                       ctypes.POINTER(_ip), _i64p]
-lib.vitc_mha_forward.argtypes = [_vp, ctypes.POINTER(_MhaArgs), _fp, _fp]
-lib.vitc_sdpa.argtypes = [ctypes.POINTER(_View)] * 4 + [ctypes.c_int, ctypes.c_float, _fp]
-lib.vitc_softmax.argtypes = [_fp, _ip, _i64p, _ip, ctypes.c_float, _fp]
+_ATTENTION_BLOCK, _CONV_SA_BLOCK, _SA_GROUP, _SA_BATCH, _SA_MULTIHEAD, _MHA, _T2T, _SINGLE_HEAD = LayerKind
 
 
 def _view(a):
-    v = _View()
+    v = TensorView()
     if a is not None:
-        if a.ndim > 8:
-            raise VitcError(-2, "arrays of more than 8 dimensions are not supported (got %d)" % a.ndim)
+        if a.ndim > MAX_NDIM:
+            raise VitcError(Status.ERR_SHAPE, "arrays of more than %d dimensions are not supported "
+                            "(got %d)" % (MAX_NDIM, a.ndim))
         v.data = a.ctypes.data
         v.ndim = a.ndim
         for i, s in enumerate(a.shape):
@@ -84,14 +44,14 @@ def _view(a):
 def _mask(m, name):
     """A mask as (contiguous array, vitc_mask_type): bool/uint8 -> 0/1 bytes, float -> float32."""
     if m is None:
-        return None, _MASK_NONE
+        return None, MaskType.NONE
     if hasattr(m, "detach"):
         m = m.detach().cpu().numpy()
     m = np.asarray(m)
     if m.dtype == np.bool_ or m.dtype == np.uint8:
-        return np.ascontiguousarray(m.astype(np.uint8) != 0).view(np.uint8), _MASK_BOOL
+        return np.require(m != 0, np.uint8, ("C", "A")), MaskType.BOOL
     if np.issubdtype(m.dtype, np.floating):
-        return as_f32(m), _MASK_FLOAT
+        return as_f32(m), MaskType.FLOAT
     raise TypeError("%s must be bool or floating point, got %s" % (name, m.dtype))
 
 
@@ -102,28 +62,37 @@ def _arr(x):
 
 
 class _Layer:
-    """One vitc_layer: the engine configured as a seed block."""
+    """One vitc_layer: the engine configured as a seed block.
+
+    The C layer keeps its scratch (and BatchNorm statistics) inside itself and
+    ctypes releases the GIL during a call, so every C call on self._ptr holds
+    self._lock: one module may be called from several threads."""
 
     _norm_prefix = None  # "norm." for BatchNorm presets (num_batches_tracked)
 
     def __init__(self, kind, seed=None, **fields):
+        """fields: vitc_layer_config values, already checked with size_arg/int_arg/float_arg
+        under the user's argument names."""
+        # Like torch: a fresh module has random weights; np.random.seed makes them repeatable.
+        if seed is None:
+            seed = int(np.random.randint(0, 2**62, dtype=np.int64))
+        # torch.manual_seed's range; a negative seed wraps to uint64 as there.
+        seed = int_arg(seed, "seed", -2**63, 2**64 - 1) % 2**64
         cfg = lib.vitc_layer_default_config(kind)
         for k, v in fields.items():
             setattr(cfg, k, v)
         self._cfg = cfg
+        self._lock = threading.RLock()
         self._ptr = ctypes.c_void_p()
         check(lib.vitc_layer_create(ctypes.byref(cfg), ctypes.byref(self._ptr)))
-        # Like torch: a fresh module has random weights; np.random.seed makes them repeatable.
-        if seed is None:
-            seed = int(np.random.randint(0, 2**62, dtype=np.int64))
-        check(lib.vitc_layer_reset_parameters(self._ptr, int(seed) & (2**64 - 1)))
+        check(lib.vitc_layer_reset_parameters(self._ptr, seed))
         self.training = True
         self.num_batches_tracked = 0
 
     def __repr__(self):
         c = self._cfg
         norm = c.kind in (_SA_GROUP, _SA_BATCH, _SA_MULTIHEAD)
-        shown = [f for f, _ in _Config._fields_[1:] if getattr(c, f) and (norm or f not in ("eps", "momentum"))]
+        shown = [f for f, _ in LayerConfig._fields_[1:] if getattr(c, f) and (norm or f not in ("eps", "momentum"))]
         return "%s(%s)" % (type(self).__name__, ", ".join("%s=%g" % (f, getattr(c, f)) for f in shown))
 
     def __del__(self):
@@ -134,28 +103,34 @@ class _Layer:
 
     # -- parameters ----------------------------------------------------
     def _params(self):
+        """[(name, view into the layer's memory)]; call with self._lock held."""
         name, ndim = ctypes.c_char_p(), ctypes.c_int()
-        shape, data = _i64p(), _fp()
+        shape, data = c_int64_p(), c_float_p()
+        out = []
         for i in range(lib.vitc_layer_num_params(self._ptr)):
             check(lib.vitc_layer_param(self._ptr, i, ctypes.byref(name), ctypes.byref(ndim),
                                        ctypes.byref(shape), ctypes.byref(data)))
             shp = tuple(shape[j] for j in range(ndim.value))
             n = int(np.prod(shp, dtype=np.int64))
-            arr = np.ctypeslib.as_array(data, shape=(max(n, 1),))[:n].reshape(shp)
-            yield name.value.decode(), arr
+            buf = (ctypes.c_float * max(n, 1)).from_address(ctypes.addressof(data.contents))
+            buf._owner = self  # a view keeps the layer (and so its memory) alive
+            out.append((name.value.decode(), np.frombuffer(buf, np.float32, n).reshape(shp)))
+        return out
 
     def state_dict(self):
         """Parameters and buffers under the PyTorch key names (copies), in torch's order."""
         sd = {}
-        for k, a in self._params():
-            sd[k] = a.copy()
-            if self._norm_prefix and k == self._norm_prefix + "running_var":
-                sd[self._norm_prefix + "num_batches_tracked"] = np.array(self.num_batches_tracked, dtype=np.int64)
+        with self._lock:  # a consistent snapshot: no forward updates running stats meanwhile
+            for k, a in self._params():
+                sd[k] = a.copy()
+                if self._norm_prefix and k == self._norm_prefix + "running_var":
+                    sd[self._norm_prefix + "num_batches_tracked"] = np.array(self.num_batches_tracked, dtype=np.int64)
         return sd
 
     def parameters(self):
         """Views into the layer's own memory (writes change the layer)."""
-        return dict(self._params())
+        with self._lock:
+            return dict(self._params())
 
     def load_state_dict(self, state_dict, strict=True):
         """Load tensors by PyTorch key name. Missing or mis-shaped keys raise
@@ -165,21 +140,20 @@ class _Layer:
             names.append(str(k))
             arrays.append(_arr(v))
         n = len(names)
-        c_names = (ctypes.c_char_p * max(n, 1))(*[s.encode() for s in names])
-        ndims = (ctypes.c_int * max(n, 1))(*[a.ndim for a in arrays])
-        shape_bufs = [shape_arr(a.shape) for a in arrays]  # kept alive until the call returns
-        shapes = (_i64p * max(n, 1))(*[ctypes.cast(b, _i64p) for b in shape_bufs])
-        datas = (_fp * max(n, 1))(*[fptr(a) for a in arrays])
-        check(lib.vitc_layer_load(self._ptr, n, c_names, ndims, shapes, datas, 1 if strict else 0))
-        if self._norm_prefix:
-            nbt = state_dict.get(self._norm_prefix + "num_batches_tracked")
-            if nbt is not None:
-                self.num_batches_tracked = int(np.asarray(_arr(nbt)).reshape(-1)[0]) if np.size(nbt) else 0
+        c_names = (ctypes.c_char_p * max(n, 1))(*[str_arg(s, "key") for s in names])
+        t = TensorList(arrays)
+        with self._lock:
+            check(lib.vitc_layer_load(self._ptr, n, c_names, t.ndims, t.shapes, t.data, 1 if strict else 0))
+            if self._norm_prefix:
+                nbt = state_dict.get(self._norm_prefix + "num_batches_tracked")
+                if nbt is not None:
+                    self.num_batches_tracked = int(np.asarray(_arr(nbt)).reshape(-1)[0]) if np.size(nbt) else 0
 
     # -- modes ----------------------------------------------------------
     def train(self, mode=True):
-        self.training = bool(mode)
-        lib.vitc_layer_set_training(self._ptr, 1 if mode else 0)
+        with self._lock:
+            self.training = bool(mode)
+            lib.vitc_layer_set_training(self._ptr, 1 if mode else 0)
         return self
 
     def eval(self):
@@ -188,16 +162,17 @@ class _Layer:
     # -- forward --------------------------------------------------------
     def forward(self, x):
         x = _arr(x)
-        if x.ndim > 8:
-            raise VitcError(-2, "input has %d dimensions" % x.ndim)
+        if x.ndim > MAX_NDIM:
+            raise VitcError(Status.ERR_SHAPE, "input has %d dimensions (at most %d)" % (x.ndim, MAX_NDIM))
         shp = shape_arr(x.shape)
         ond = ctypes.c_int()
-        osh = (ctypes.c_int64 * 8)()
-        check(lib.vitc_layer_output_shape(self._ptr, x.ndim, shp, ctypes.byref(ond), osh))
-        out = np.empty(tuple(osh[i] for i in range(ond.value)), dtype=np.float32)
-        check(lib.vitc_layer_forward(self._ptr, fptr(x), x.ndim, shp, fptr(out)))
-        if self._norm_prefix and self.training:
-            self.num_batches_tracked += 1
+        osh = (ctypes.c_int64 * MAX_NDIM)()
+        with self._lock:
+            check(lib.vitc_layer_output_shape(self._ptr, x.ndim, shp, ctypes.byref(ond), osh))
+            out = np.empty(tuple(osh[i] for i in range(ond.value)), dtype=np.float32)
+            check(lib.vitc_layer_forward(self._ptr, fptr(x), x.ndim, shp, fptr(out)))
+            if self._norm_prefix and self.training:
+                self.num_batches_tracked += 1
         return out
 
     def __call__(self, *args, **kwargs):
@@ -209,15 +184,16 @@ class AttentionBlock(_Layer):
     self-attention with to_q/to_k/to_v/to_out: [B, C, H, W] -> [B, N, embed_dim]."""
 
     def __init__(self, in_channels=3, patch_size=4, embed_dim=64, heads=1, seed=None):
-        super().__init__(_ATTENTION_BLOCK, seed, in_channels=in_channels, patch_size=patch_size,
-                         embed_dim=embed_dim, num_heads=heads)
+        super().__init__(_ATTENTION_BLOCK, seed, in_channels=size_arg(in_channels, "in_channels"),
+                         patch_size=size_arg(patch_size, "patch_size"),
+                         embed_dim=size_arg(embed_dim, "embed_dim"), num_heads=size_arg(heads, "heads"))
 
 
 class ConvSABlock(_Layer):
     """SAGAN-style attention with 1x1 convs: gamma * attn + x, [B, C, H, W] -> same."""
 
     def __init__(self, in_channels, seed=None):
-        super().__init__(_CONV_SA_BLOCK, seed, in_channels=in_channels)
+        super().__init__(_CONV_SA_BLOCK, seed, in_channels=size_arg(in_channels, "in_channels"))
 
 
 class SelfAttention(_Layer):
@@ -229,7 +205,7 @@ class SelfAttention(_Layer):
         if norm not in ("group", "batch"):
             raise ValueError('norm must be "group" or "batch", got %r' % (norm,))
         self._norm_prefix = "norm." if norm == "batch" else None
-        super().__init__(_SA_GROUP if norm == "group" else _SA_BATCH, seed, in_channels=ni)
+        super().__init__(_SA_GROUP if norm == "group" else _SA_BATCH, seed, in_channels=size_arg(ni, "ni"))
 
 
 class SelfAttentionMultiHead(_Layer):
@@ -238,22 +214,25 @@ class SelfAttentionMultiHead(_Layer):
     _norm_prefix = "norm."
 
     def __init__(self, ni, nheads, seed=None):
-        super().__init__(_SA_MULTIHEAD, seed, in_channels=ni, num_heads=nheads)
+        super().__init__(_SA_MULTIHEAD, seed, in_channels=size_arg(ni, "ni"),
+                         num_heads=size_arg(nheads, "nheads"))
 
 
 class T2TAttention(_Layer):
     """Tokens-to-Token ViT attention: [B, N, dim] -> [B, N, chan], out = v + proj(attn)."""
 
     def __init__(self, dim, chan, num_heads=1, qkv_bias=False, qk_scale=None, seed=None):
-        super().__init__(_T2T, seed, in_channels=dim, embed_dim=chan, num_heads=num_heads,
-                         bias=1 if qkv_bias else 0, qk_scale=float(qk_scale or 0.0))
+        super().__init__(_T2T, seed, in_channels=size_arg(dim, "dim"), embed_dim=size_arg(chan, "chan"),
+                         num_heads=size_arg(num_heads, "num_heads"), bias=1 if qkv_bias else 0,
+                         qk_scale=float_arg(qk_scale or 0.0, "qk_scale"))
 
 
 class SingleHeadAttention(_Layer):
     """The NumPy seed: x @ W_q, x @ W_k, x @ W_v, attention, @ W_o (no biases)."""
 
     def __init__(self, embedding_dim, d_k, seed=None):
-        super().__init__(_SINGLE_HEAD, seed, in_channels=embedding_dim, embed_dim=d_k)
+        super().__init__(_SINGLE_HEAD, seed, in_channels=size_arg(embedding_dim, "embedding_dim"),
+                         embed_dim=size_arg(d_k, "d_k"))
 
 
 class MultiheadAttention(_Layer):
@@ -266,11 +245,14 @@ class MultiheadAttention(_Layer):
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, seed=None):
         if dropout:
-            raise VitcError(-7, "MultiheadAttention: dropout is not supported (inference only)")
+            raise VitcError(Status.ERR_UNSUPPORTED, "MultiheadAttention: dropout is not supported (inference only)")
         if add_bias_kv or add_zero_attn:
-            raise VitcError(-7, "MultiheadAttention: add_bias_kv / add_zero_attn are not supported")
+            raise VitcError(Status.ERR_UNSUPPORTED, "MultiheadAttention: add_bias_kv / add_zero_attn are not supported")
+        embed_dim, num_heads = size_arg(embed_dim, "embed_dim"), size_arg(num_heads, "num_heads")
         super().__init__(_MHA, seed, embed_dim=embed_dim, num_heads=num_heads, bias=1 if bias else 0,
-                         kdim=int(kdim or 0), vdim=int(vdim or 0), batch_first=1 if batch_first else 0)
+                         kdim=0 if kdim is None else size_arg(kdim, "kdim"),
+                         vdim=0 if vdim is None else size_arg(vdim, "vdim"),
+                         batch_first=1 if batch_first else 0)
         self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
@@ -281,20 +263,21 @@ class MultiheadAttention(_Layer):
         v = k if value is key else (q if value is query else _arr(value))
         kpm, kpm_t = _mask(key_padding_mask, "key_padding_mask")
         am, am_t = _mask(attn_mask, "attn_mask")
-        a = _MhaArgs()
+        a = MhaArgs()
         a.query, a.key, a.value = _view(q), _view(k), _view(v)
         a.key_padding_mask, a.key_padding_mask_type = _view(kpm), kpm_t
         a.attn_mask, a.attn_mask_type = _view(am), am_t
         a.need_weights = 1 if need_weights else 0
         a.average_attn_weights = 1 if average_attn_weights else 0
         ond, wnd = ctypes.c_int(), ctypes.c_int()
-        osh, wsh = (ctypes.c_int64 * 8)(), (ctypes.c_int64 * 8)()
-        check(lib.vitc_mha_output_shapes(self._ptr, ctypes.byref(a), ctypes.byref(ond), osh,
-                                         ctypes.byref(wnd), wsh))
-        out = np.empty(tuple(osh[i] for i in range(ond.value)), dtype=np.float32)
-        w = np.empty(tuple(wsh[i] for i in range(wnd.value)), dtype=np.float32) if need_weights else None
-        check(lib.vitc_mha_forward(self._ptr, ctypes.byref(a), fptr(out),
-                                   fptr(w) if w is not None else None))
+        osh, wsh = (ctypes.c_int64 * MAX_NDIM)(), (ctypes.c_int64 * MAX_NDIM)()
+        with self._lock:
+            check(lib.vitc_mha_output_shapes(self._ptr, ctypes.byref(a), ctypes.byref(ond), osh,
+                                             ctypes.byref(wnd), wsh))
+            out = np.empty(tuple(osh[i] for i in range(ond.value)), dtype=np.float32)
+            w = np.empty(tuple(wsh[i] for i in range(wnd.value)), dtype=np.float32) if need_weights else None
+            check(lib.vitc_mha_forward(self._ptr, ctypes.byref(a), fptr(out),
+                                       fptr(w) if w is not None else None))
         return out, w
 
 
@@ -305,10 +288,15 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     query [..., L, d], key [..., S, d], value [..., S, dv]; leading dims
     broadcast. A bool mask's True means the position takes part (the
     opposite of MultiheadAttention's); a float mask is added; masks
-    broadcast to [..., L, S]. scale defaults to 1/sqrt(d). A row with no
-    allowed key gives NaN."""
+    broadcast to [..., L, S]. scale defaults to 1/sqrt(d); a given scale
+    must be finite and > 0. A row with no allowed key gives NaN."""
     if dropout_p:
-        raise VitcError(-7, "scaled_dot_product_attention: dropout is not supported")
+        raise VitcError(Status.ERR_UNSUPPORTED, "scaled_dot_product_attention: dropout is not supported")
+    # 0.0 is the C library's "not given" (include/vitc.h), so an explicit one,
+    # or one that float32 rounds to 0 (1e-50), is refused here.
+    sc = 0.0 if scale is None else float_arg(scale, "scale")
+    if scale is not None and not np.float32(sc) > 0:
+        raise VitcError(Status.ERR_INVALID_ARG, "scaled_dot_product_attention: scale must be > 0, got %r" % (scale,))
     q, k, v = _arr(query), _arr(key), _arr(value)
     if q.ndim >= 2 and k.ndim >= 2 and v.ndim >= 2:
         lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
@@ -317,23 +305,22 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
         v = np.ascontiguousarray(np.broadcast_to(v, lead + v.shape[-2:]))
     if is_causal:
         if attn_mask is not None:
-            raise VitcError(-1, "scaled_dot_product_attention: attn_mask and is_causal are exclusive")
+            raise VitcError(Status.ERR_INVALID_ARG, "scaled_dot_product_attention: attn_mask and is_causal are exclusive")
         attn_mask = np.tril(np.ones((q.shape[-2], k.shape[-2]), dtype=bool))
     m, mt = _mask(attn_mask, "attn_mask")
     out_shape = q.shape[:-1] + v.shape[-1:] if q.ndim >= 2 and v.ndim >= 2 else ()
     out = np.empty(out_shape, dtype=np.float32)
     vq, vk, vv, vm = _view(q), _view(k), _view(v), _view(m)
-    sc = 0.0 if scale is None else float(scale)
-    if scale is not None and not sc > 0:
-        raise VitcError(-1, "scaled_dot_product_attention: scale must be > 0, got %r" % (scale,))
     check(lib.vitc_sdpa(ctypes.byref(vq), ctypes.byref(vk), ctypes.byref(vv), ctypes.byref(vm), mt,
                         sc, fptr(out)))
     return out
 
 
 def softmax(x, dim=-1, temperature=1.0):
-    """softmax(x / temperature) along dim, numerically stable."""
+    """softmax(x / temperature) along dim, numerically stable. A 0-d x gives
+    a 0-d result (dim 0 or -1), as torch.softmax."""
     x = _arr(x)
+    dim, temperature = int_arg(dim, "dim"), float_arg(temperature, "temperature")
     out = np.empty_like(x)
-    check(lib.vitc_softmax(fptr(x), x.ndim, shape_arr(x.shape), int(dim), float(temperature), fptr(out)))
+    check(lib.vitc_softmax(fptr(x), x.ndim, shape_arr(x.shape), dim, temperature, fptr(out)))
     return out

@@ -254,9 +254,9 @@ static vitc_status st_parse_tensor(st_tensor *t, const char *name, const json_t 
         return vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s': shape is %s, not an array", fname,
                          name, st_json_type(js));
     size_t nd = json_array_size(js);
-    if (nd > 1024)
-        return vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s': shape has %zu dimensions (at most 1024)",
-                         fname, name, nd);
+    if (nd > VITC_SAFETENSORS_MAX_NDIM)
+        return vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s': shape has %zu dimensions (at most %d)",
+                         fname, name, nd, VITC_SAFETENSORS_MAX_NDIM);
     t->ndim = (int)nd;
     if (nd) {
         t->shape = malloc(nd * sizeof(int64_t));
@@ -677,9 +677,9 @@ static vitc_status st_check_save_args(const char *path, int n, const char *const
         if (!strcmp(names[i], "__metadata__"))
             return vitc__err(VITC_ERR_INVALID_ARG,
                              "%s: '__metadata__' is reserved and cannot name a tensor", path);
-        if (ndims[i] < 0 || ndims[i] > 1024)
-            return vitc__err(VITC_ERR_SHAPE, "%s: tensor '%s': %d dimensions", path, names[i],
-                             ndims[i]);
+        if (ndims[i] < 0 || ndims[i] > VITC_SAFETENSORS_MAX_NDIM)
+            return vitc__err(VITC_ERR_SHAPE, "%s: tensor '%s': %d dimensions (0 to %d)", path,
+                             names[i], ndims[i], VITC_SAFETENSORS_MAX_NDIM);
         if (ndims[i] > 0 && !shapes[i])
             return vitc__err(VITC_ERR_INVALID_ARG, "%s: tensor '%s': shape is NULL", path,
                              names[i]);

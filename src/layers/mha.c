@@ -372,6 +372,13 @@ vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view *k, cons
     char s1[96], s2[96], s3[96], s4[96];
     if (!q || !k || !v || !out || !q->data || !k->data || !v->data)
         return vitc__err(VITC_ERR_INVALID_ARG, "scaled_dot_product_attention: NULL q, k, v or out");
+    /* Checked before the "<= 0 means default" rule below, which NaN would
+     * otherwise fall into silently; an infinite scale makes every output NaN. */
+    if (!isfinite(scale))
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "scaled_dot_product_attention: scale %g is not finite (give a finite scale "
+                         "> 0, or 0 for the default 1/sqrt(d))",
+                         (double)scale);
     int nd = q->ndim;
     int ok = nd >= 2 && nd <= 8 && k->ndim == nd && v->ndim == nd;
     for (int i = 0; ok && i < nd; i++)

@@ -96,8 +96,11 @@ class TestPreprocess(unittest.TestCase):
             preprocess_image(img, 0, 2, std=(1, 0, 1))
         with self.assertRaises(ValueError):
             preprocess_image(img, 0, 0)
-        with self.assertRaises(VitcError):
+        # A negative size is refused before C, naming the argument (issue 7, defect 9).
+        with self.assertRaisesRegex(ValueError, "resize must be >= 0, got -5"):
             preprocess_image(img, -5, 2)
+        with self.assertRaisesRegex(ValueError, "crop must be in"):
+            preprocess_image(img, 0, 2**32 + 2)
 
 
 @unittest.skipIf(torch is None, "needs PIL")
