@@ -1,6 +1,7 @@
 #!/bin/sh
 # Run every libFuzzer target in BUILD/fuzz for SECONDS each, on a temporary
-# copy of its seed corpus (the committed corpus never grows), with a memory
+# copy of its seed corpus and of tests/fuzz/regressions/TARGET/ (the
+# committed corpus never grows), with a memory
 # limit. Exit non-zero if any target finds anything; its input is kept in
 # BUILD/fuzz-findings/.
 #   scripts/run-fuzz.sh BUILD SECONDS [TARGET...]
@@ -26,6 +27,8 @@ for t in $targets; do
     [ -x "$bin" ] || { echo "run-fuzz: $bin is not built" >&2; exit 2; }
     corpus=$(mktemp -d)
     cp "$root/tests/fuzz/corpus/$t"/* "$corpus"/ 2>/dev/null
+    # Inputs that once found something are replayed first, every run.
+    cp "$root/tests/fuzz/regressions/$t"/* "$corpus"/ 2>/dev/null
     dict=""
     [ -f "$root/tests/fuzz/$t.dict" ] && dict="-dict=$root/tests/fuzz/$t.dict"
     log="$build/fuzz-logs/$t.log"
