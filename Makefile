@@ -71,7 +71,7 @@ TOOL_SRC := $(wildcard tools/*.c)
 TOOL_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TOOL_SRC))
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
-HDRS     := include/vitc.h $(wildcard src/*.h src/*/*.h tests/*.h)
+HDRS     := include/vitc.h $(wildcard src/*.h src/*/*.h tests/*.h tools/*.h)
 
 SONAME   := libvitc.so.$(SOVERSION)
 SOFILE   := $(BUILD)/libvitc.so.$(VERSION)
@@ -153,14 +153,14 @@ valgrind: tests
 
 # libFuzzer targets (tests/fuzz/*.c): the library and the tool's objects are
 # rebuilt by clang with coverage and ASan+UBSan in build-fuzz/. The tool's
-# objects go into an archive so that a harness that includes a command's file
-# (to reach its static parser) does not also pull in its object.
+# objects go into an archive, so a harness links only what it uses; vitc.o
+# is left out, its main() would clash with libFuzzer's.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 60
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
 FUZZ_SRC     := $(wildcard tests/fuzz/*.c)
 FUZZ_BIN     := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRC))
-FUZZ_CLI_OBJ := $(filter-out $(BUILD)/obj/tools/vitc.o,$(TOOL_OBJ)) $(BUILD)/obj/tools/vitc_nomain.o
+FUZZ_CLI_OBJ := $(filter-out $(BUILD)/obj/tools/vitc.o,$(TOOL_OBJ))
 
 fuzz-build:
 	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=$(FUZZ_CC) \
@@ -170,11 +170,6 @@ fuzz: fuzz-build
 	@sh scripts/run-fuzz.sh build-fuzz $(FUZZ_SECONDS)
 
 fuzz-bins: $(FUZZ_BIN)
-
-# The tool's main() would clash with libFuzzer's.
-$(BUILD)/obj/tools/vitc_nomain.o: tools/vitc.c $(HDRS)
-	@mkdir -p $(dir $@)
-	$(Q)$(CC) $(BASE) $(CFLAGS) -Dmain=vitc__cli_main -c $< -o $@
 
 $(BUILD)/libvitc-cli.a: $(FUZZ_CLI_OBJ)
 	@rm -f $@

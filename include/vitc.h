@@ -31,6 +31,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -130,6 +131,26 @@ VITC_API vitc_status vitc_safetensors_save(const char *path, int n,
                                            const float *const *data, int n_meta,
                                            const char *const *meta_keys,
                                            const char *const *meta_values);
+
+/* ------------------------------------------------------------------ */
+/* Files                                                              */
+/* ------------------------------------------------------------------ */
+
+/* Every file vitc writes (safetensors, PNG, .npy) replaces its path
+ * atomically: a temporary file in the same directory, fsync, rename. On any
+ * failure (full disk, EFBIG) the old file is untouched and only the
+ * temporary is removed. A path that exists and is not a regular file (device
+ * node, FIFO, directory) is refused and left alone. */
+
+/* Write a float32 array as a little-endian .npy file (format 1.0, C order,
+ * ndim 0..32). */
+VITC_API vitc_status vitc_save_npy(const char *path, const float *data, int ndim,
+                                   const int64_t *shape);
+/* Open a file for reading as vitc opens its own inputs: never blocks (a FIFO
+ * or device is refused at once), only regular files, at most max_bytes
+ * (0: no limit). *size (may be NULL) gets the size. Close with fclose. */
+VITC_API vitc_status vitc_open_read(const char *path, int64_t max_bytes, FILE **out,
+                                    int64_t *size);
 
 /* ------------------------------------------------------------------ */
 /* Attention layers: one engine, the seed blocks as presets           */
@@ -289,10 +310,20 @@ VITC_API vitc_status vitc_image_save_png(const char *path, const uint8_t *rgb, i
                                          int height);
 /* torchvision preprocessing: resize the shorter side to `resize` with
  * antialiased bilinear (0 = no resize), center crop crop x crop, /255,
- * normalize. out: [3, crop, crop]. */
+ * normalize. out: [3, crop, crop]. Memory: only the crop's window of the
+ * resized image is computed; its intermediates are capped at 1 GiB. */
 VITC_API vitc_status vitc_image_preprocess(const vitc_image *img, int resize, int crop,
                                            const float mean[3], const float std[3],
                                            float *out);
+/* The same for a model of `channels` input channels: 3 is RGB (as above);
+ * 1 is luminance as torchvision's Grayscale on the uint8 tensor
+ * (0.2989 R + 0.587 G + 0.114 B in float32, truncated), applied before the
+ * resize; any other count is an error. mean/std: `channels` values.
+ * out: [channels, crop, crop], what vitc_vit_forward reads per image when
+ * channels is the model's in_channels. */
+VITC_API vitc_status vitc_image_preprocess_channels(const vitc_image *img, int resize, int crop,
+                                                    int channels, const float *mean,
+                                                    const float *std, float *out);
 
 /* ------------------------------------------------------------------ */
 /* Vision Transformer                                                 */

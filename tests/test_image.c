@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "vitc.h"
@@ -292,6 +293,112 @@ static void test_preprocess_args(void **state) {
                      VITC_OK);
 }
 
+/* One channel is torchvision's Grayscale on the uint8 tensor: float32
+ * 0.2989 r + 0.587 g + 0.114 b, truncated. The reference is the float64 sum,
+ * on pixels whose sum is not within 1e-3 of an integer (where float32 and
+ * float64 could truncate differently). */
+static void test_preprocess_gray(void **state) {
+    (void)state;
+    enum { W = 64 };
+    uint8_t px[W * 3];
+    vitc_image img = {W, 1, px};
+    const float mean = 0.25f, std = 0.5f;
+    float out[W * W];
+    uint64_t seed = 12345;
+    int checked = 0;
+    for (int i = 0; i < W * 3; i++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        px[i] = (uint8_t)(seed >> 56);
+    }
+    /* no resize, crop W: row 0 of the crop's middle holds the pixels */
+    assert_int_equal(vitc_image_preprocess_channels(&img, 0, W, 1, &mean, &std, out), VITC_OK);
+    for (int x = 0; x < W; x++) {
+        double l = 0.2989 * px[3 * x] + 0.587 * px[3 * x + 1] + 0.114 * px[3 * x + 2];
+        double want = (floor(l) / 255.0 - mean) / std;
+        double got = out[(W - 1) / 2 * W + x]; /* torchvision pads (W - 1) / 2 rows on top */
+        if (fabs(l - floor(l + 0.5)) < 1e-3)
+            continue;
+        assert_float_equal(got, want, 1e-6);
+        checked++;
+    }
+    assert_true(checked > W / 2);
+    /* the rest is the padding, normalised zero */
+    assert_float_equal(out[0], (0.0 - mean) / std, 1e-6);
+    /* channel counts images cannot make */
+    for (int ch = -1; ch <= 64; ch += 1)
+        if (ch != 1 && ch != 3)
+            assert_int_equal(vitc_image_preprocess_channels(&img, 0, 4, ch, imagenet_mean,
+                                                            imagenet_std, out),
+                             VITC_ERR_INVALID_ARG);
+}
+
+/* Only the crop's window of the resize is computed: a smaller crop equals
+ * the middle of a crop that covers the whole resized image, bit for bit. */
+static void test_preprocess_window_is_full_resize(void **state) {
+    (void)state;
+    enum { H = 37, W = 91, R = 23, FULL_W = 56 }; /* resized: 23 x int(23*91/37) = 56 */
+    static uint8_t px[H * W * 3];
+    static float full[3 * FULL_W * FULL_W], part[3 * 17 * 17];
+    vitc_image img = {W, H, px};
+    for (int i = 0; i < H * W * 3; i++)
+        px[i] = (uint8_t)((i * 7919u) >> 3);
+    assert_int_equal(vitc_image_preprocess(&img, R, FULL_W, imagenet_mean, imagenet_std, full),
+                     VITC_OK);
+    assert_int_equal(vitc_image_preprocess(&img, R, 17, imagenet_mean, imagenet_std, part),
+                     VITC_OK);
+    /* full: the 23 rows sit at padding offset (56 - 23) / 2 = 16, columns
+     * at 0; the 17 crop starts at row round(6 / 2) = 3, column round(39/2) = 20 */
+    for (int c = 0; c < 3; c++)
+        for (int y = 0; y < 17; y++)
+            for (int x = 0; x < 17; x++)
+                assert_memory_equal(&part[(c * 17 + y) * 17 + x],
+                                    &full[(c * FULL_W + 16 + 3 + y) * FULL_W + 20 + x],
+                                    sizeof(float));
+}
+
+/* A 100000x1 image resized to 256 is 25.6M x 256 pixels, of which the
+ * crop needs 224 x 224: computed without the 2 GB the whole resize takes.
+ * A constant image stays constant. */
+static void test_preprocess_extreme_aspect(void **state) {
+    (void)state;
+    enum { N = 100000, C = 224 };
+    uint8_t *px = malloc((size_t)N * 3);
+    float *out = malloc(sizeof(float) * 3 * C * C);
+    vitc_image wide = {N, 1, px}, tall = {1, N, px};
+    assert_non_null(px);
+    assert_non_null(out);
+    memset(px, 77, (size_t)N * 3);
+    for (int k = 0; k < 2; k++) {
+        assert_int_equal(vitc_image_preprocess(k ? &tall : &wide, 256, C, imagenet_mean,
+                                               imagenet_std, out),
+                         VITC_OK);
+        for (int c = 0; c < 3; c++)
+            for (int i = 0; i < C * C; i++)
+                assert_float_equal(out[c * C * C + i],
+                                   (77.0f / 255.0f - imagenet_mean[c]) / imagenet_std[c], 1e-6);
+    }
+    free(out);
+    free(px);
+}
+
+/* The intermediates' cap is checked before anything is allocated or
+ * written: a 10000x10000 image (never touched: a read-only zero mapping)
+ * with crop 9999 would need 1.2 GB for the window's width pass. */
+static void test_preprocess_intermediate_cap(void **state) {
+    (void)state;
+    size_t n_img = (size_t)10000 * 10000 * 3, n_out = sizeof(float) * 3 * 9999 * 9999;
+    void *px = mmap(NULL, n_img, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    void *out = mmap(NULL, n_out, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    vitc_image img = {10000, 10000, px};
+    if (px == MAP_FAILED || out == MAP_FAILED)
+        skip();
+    assert_int_equal(vitc_image_preprocess(&img, 9999, 9999, imagenet_mean, imagenet_std, out),
+                     VITC_ERR_INVALID_ARG);
+    assert_non_null(strstr(vitc_last_error(), "MiB of intermediates"));
+    munmap(px, n_img);
+    munmap(out, n_out);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_every_kind),
@@ -301,6 +408,10 @@ int main(void) {
         cmocka_unit_test(test_png_roundtrip),
         cmocka_unit_test(test_preprocess_vs_torchvision),
         cmocka_unit_test(test_preprocess_args),
+        cmocka_unit_test(test_preprocess_gray),
+        cmocka_unit_test(test_preprocess_window_is_full_resize),
+        cmocka_unit_test(test_preprocess_extreme_aspect),
+        cmocka_unit_test(test_preprocess_intermediate_cap),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

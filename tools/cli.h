@@ -2,6 +2,7 @@
 #ifndef VITC_CLI_H
 #define VITC_CLI_H
 
+#include <stddef.h>
 #include <stdio.h>
 
 #include "vitc.h"
@@ -9,19 +10,91 @@
 /* Exit codes (DESIGN.md section 4). */
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
 
-/* "vitc: error: ..." on stderr; returns CLI_FAIL. */
+/* "vitc: error: ..." on stderr, one line (control characters in the text,
+ * e.g. from a path or a file, are escaped); returns CLI_FAIL. */
 int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "vitc: error: ...\nTry 'vitc CMD --help'." on stderr; returns CLI_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The library's last error as a CLI failure. */
 int cli_lib_error(const char *what);
-/* Parse a non-negative int option value; 0 on success. */
-int cli_parse_int(const char *s, int *out);
 /* A labels file of exactly n_classes lines into *out (n_classes strings,
  * each and the array malloc'd); else the error is printed, CLI_FAIL. */
 int cli_read_labels(const char *path, int n_classes, char ***out);
 /* 1 when stderr is a terminal (progress then updates one line). */
 int cli_stderr_tty(void);
+
+/* Untrusted text (labels, metadata, tensor names, paths) shown on a
+ * terminal: control characters are written escaped (\n, \t, \xHH), never
+ * raw. At most max bytes of s. */
+void cli_put_escaped(FILE *f, const char *s, size_t max);
+/* The same into dst (always NUL-terminated; cut when cap is too small). */
+void cli_escape(char *dst, size_t cap, const char *s);
+
+/* ------------------------------------------------------------------ */
+/* Options: one parser for every command                              */
+/* ------------------------------------------------------------------ */
+
+typedef enum cli_opt_kind {
+    CLI_FLAG,   /* no value; dest: int *, set to 1 */
+    CLI_STRING, /* dest: const char ** */
+    CLI_INT,    /* dest: int *; a decimal integer in [min, max] */
+    CLI_FLOAT,  /* dest: float *; a finite number in [min, max] */
+} cli_opt_kind;
+
+typedef struct cli_opt {
+    const char *name;  /* "--topk" */
+    const char *alias; /* "-q", or NULL */
+    cli_opt_kind kind;
+    void *dest;
+    double min, max; /* CLI_INT, CLI_FLOAT: accepted range, inclusive */
+    int *given;      /* set to 1 when the option appears; may be NULL */
+} cli_opt;
+
+typedef struct cli_spec {
+    const cli_opt *opts;
+    int n_opts;
+    int max_pos;          /* positional arguments accepted; -1: any number */
+    const char *pos_name; /* what they are ("image", "file"), for messages */
+} cli_spec;
+
+enum { CLI_PARSE_OK = 0, CLI_PARSE_HELP = 1, CLI_PARSE_ERROR = 2 };
+
+/* Parse argv[1..argc): "--name value", "--name=value", flags, "-h"/"--help",
+ * "--" (the rest is positional). Positionals go to pos (room for argc
+ * pointers), their count to *n_pos. Returns CLI_PARSE_OK, CLI_PARSE_HELP, or
+ * CLI_PARSE_ERROR with a one-line message in err. Prints nothing and keeps
+ * no state: the fuzz target calls it as it is. */
+int cli_parse(const cli_spec *spec, int argc, char **argv, char **pos, int *n_pos, char *err,
+              size_t err_len);
+/* cli_parse for command cmd, with the usage error printed: 0 to go on,
+ * CLI_PARSE_HELP, or CLI_USAGE. */
+int cli_parse_command(const char *cmd, const cli_spec *spec, int argc, char **argv, char **pos,
+                      int *n_pos);
+/* Strict numbers: the whole string, no spaces, in range, finite; 0 or -1. */
+int cli_parse_long(const char *s, long min, long max, long *out);
+int cli_parse_double(const char *s, double min, double max, double *out);
+
+/* Threads as every command takes them. */
+#define CLI_MAX_THREADS 256
+
+/* ------------------------------------------------------------------ */
+/* Images into a ViT                                                  */
+/* ------------------------------------------------------------------ */
+
+/* What a ViT command feeds the model for each image. */
+typedef struct cli_input {
+    int crop, resize, channels;
+    size_t per_image; /* floats per image: channels * crop * crop, what the forward reads */
+} cli_input;
+
+/* crop and resize as given (or 0 and not set: the model's defaults), checked
+ * against the model: crop >= patch, a channel count images can make (1 or
+ * 3). CLI_OK or a reported CLI_FAIL. */
+int cli_model_input(const char *model_path, const vitc_vit_config *cfg, int crop, int crop_set,
+                    int resize, int resize_set, cli_input *in);
+/* Decode and preprocess one image into out [channels, crop, crop]. */
+vitc_status cli_load_input(const char *path, const vitc_vit_config *cfg, const cli_input *in,
+                           float *out);
 
 typedef int (*cli_cmd_fn)(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);

@@ -30,14 +30,14 @@ static const char attention_map_usage[] =
     "  --arch NAME      architecture when the file has no vitc.config metadata\n"
     "  --method M       rollout: attention rollout over all layers (default)\n"
     "                   cls: the last layer's class-token attention, mean of heads\n"
-    "  --crop C         center crop size (default: the model's image size)\n"
-    "  --resize R       shorter side before cropping (default crop*256/224;\n"
-    "                   0: no resize)\n"
+    "  --crop C         center crop size, 1..4096 (default: the model's image size)\n"
+    "  --resize R       shorter side before cropping, 0..16384 (default\n"
+    "                   crop*256/224; 0: no resize)\n"
     "  --alpha A        heat map opacity, 0..1 (default 0.5)\n"
     "  --out FILE       the PNG to write\n"
     "  --raw FILE       also save the map over the patch grid, before\n"
     "                   normalisation, as float32 .npy [grid_h, grid_w]\n"
-    "  --threads N      threads (default: all CPUs available)\n"
+    "  --threads N      threads, 1..256 (default: all CPUs available)\n"
     "  -h, --help       this help\n";
 
 /* viridis at 9 evenly spaced stops (matplotlib's map, as in R's viridis(9)). */
@@ -100,111 +100,37 @@ static void draw_text(canvas *cv, int x, int y, int s, const char *text) {
                             fill_rect(cv, x + c * s, y + r * s, s, s, black);
 }
 
-/* float32 little-endian .npy (format 1.0) of a 2-D array. */
-static int save_npy(const char *path, const float *data, int rows, int cols) {
-    char header[128];
-    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, 0, 0};
-    int n = snprintf(header, sizeof header,
-                     "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", rows, cols);
-    int total = 10 + n + 1, pad = (64 - total % 64) % 64;
-    FILE *f;
-    memset(header + n, ' ', (size_t)pad);
-    header[n + pad] = '\n';
-    n += pad + 1;
-    pre[8] = (unsigned char)(n & 0xff);
-    pre[9] = (unsigned char)(n >> 8);
-    f = fopen(path, "wb");
-    if (!f)
-        return cli_error("%s: cannot create: %s", path, strerror(errno));
-    fwrite(pre, 1, sizeof pre, f);
-    fwrite(header, 1, (size_t)n, f);
-    for (size_t i = 0; i < (size_t)rows * cols; i++) {
-        uint32_t u;
-        unsigned char b[4];
-        memcpy(&u, &data[i], 4);
-        for (int k = 0; k < 4; k++)
-            b[k] = (unsigned char)(u >> (8 * k)); /* little-endian on any host */
-        fwrite(b, 1, 4, f);
-    }
-    if (ferror(f) | (fclose(f) != 0)) {
-        remove(path);
-        return cli_error("%s: write error", path);
-    }
-    return 0;
-}
-
 typedef struct am_opts {
     const char *model, *arch, *method, *out, *raw, *image;
     int crop, resize, threads, crop_set, resize_set;
     float alpha;
 } am_opts;
 
-static const char *am_value(int argc, char **argv, int *i, const char *name, int *missing) {
-    size_t n = strlen(name);
-    const char *a = argv[*i];
-    if (strncmp(a, name, n) != 0 || (a[n] != '\0' && a[n] != '='))
-        return NULL;
-    if (a[n] == '=')
-        return a + n + 1;
-    if (*i + 1 >= argc) {
-        *missing = 1;
-        return NULL;
-    }
-    return argv[++*i];
-}
-
 static int am_parse(int argc, char **argv, am_opts *o) {
-    int n_pos = 0;
+    const cli_opt opts[] = {
+        {"--model", NULL, CLI_STRING, &o->model, 0, 0, NULL},
+        {"--arch", NULL, CLI_STRING, &o->arch, 0, 0, NULL},
+        {"--method", NULL, CLI_STRING, &o->method, 0, 0, NULL},
+        {"--out", NULL, CLI_STRING, &o->out, 0, 0, NULL},
+        {"--raw", NULL, CLI_STRING, &o->raw, 0, 0, NULL},
+        {"--alpha", NULL, CLI_FLOAT, &o->alpha, 0, 1, NULL},
+        {"--crop", NULL, CLI_INT, &o->crop, 1, 4096, &o->crop_set},
+        {"--resize", NULL, CLI_INT, &o->resize, 0, 16384, &o->resize_set},
+        {"--threads", NULL, CLI_INT, &o->threads, 1, CLI_MAX_THREADS, NULL},
+    };
+    const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), 1, "image"};
+    char *pos[1];
+    int n_pos, rc;
     o->method = "rollout";
     o->alpha = 0.5f;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        int missing = 0, *ival = NULL;
-        if (a[0] != '-' || !a[1] || !strcmp(a, "--")) {
-            if (!strcmp(a, "--")) {
-                if (++i >= argc)
-                    break;
-                a = argv[i];
-            }
-            if (n_pos++)
-                return cli_usage_error("attention-map", "one image at a time (got '%s' too)", a);
-            o->image = a;
-            continue;
-        }
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(attention_map_usage, stdout);
-            return -1;
-        }
-        if ((v = am_value(argc, argv, &i, "--model", &missing)))
-            o->model = v;
-        else if ((v = am_value(argc, argv, &i, "--arch", &missing)))
-            o->arch = v;
-        else if ((v = am_value(argc, argv, &i, "--method", &missing)))
-            o->method = v;
-        else if ((v = am_value(argc, argv, &i, "--out", &missing)))
-            o->out = v;
-        else if ((v = am_value(argc, argv, &i, "--raw", &missing)))
-            o->raw = v;
-        else if ((v = am_value(argc, argv, &i, "--alpha", &missing))) {
-            char *end;
-            o->alpha = strtof(v, &end);
-            if (*end || !(o->alpha >= 0.0f && o->alpha <= 1.0f))
-                return cli_usage_error("attention-map", "--alpha wants a number in 0..1, got '%s'",
-                                       v);
-        } else if ((v = am_value(argc, argv, &i, "--crop", &missing)))
-            ival = &o->crop, o->crop_set = 1;
-        else if ((v = am_value(argc, argv, &i, "--resize", &missing)))
-            ival = &o->resize, o->resize_set = 1;
-        else if ((v = am_value(argc, argv, &i, "--threads", &missing)))
-            ival = &o->threads;
-        else if (!missing)
-            return cli_usage_error("attention-map", "unknown option '%s'", a);
-        if (missing)
-            return cli_usage_error("attention-map", "option '%s' needs a value", a);
-        if (ival && cli_parse_int(v, ival) != 0)
-            return cli_usage_error("attention-map", "'%s' wants a non-negative integer, got '%s'",
-                                   a, v);
+    rc = cli_parse_command("attention-map", &spec, argc, argv, pos, &n_pos);
+    if (rc == CLI_PARSE_HELP) {
+        fputs(attention_map_usage, stdout);
+        return -1;
     }
+    if (rc != 0)
+        return rc;
+    o->image = n_pos ? pos[0] : NULL;
     if (!o->model)
         return cli_usage_error("attention-map", "--model is required");
     if (!o->out)
@@ -214,10 +140,6 @@ static int am_parse(int argc, char **argv, am_opts *o) {
     if (strcmp(o->method, "rollout") && strcmp(o->method, "cls"))
         return cli_usage_error("attention-map", "--method is rollout or cls, not '%s'",
                                o->method);
-    if (o->crop_set && o->crop < 1)
-        return cli_usage_error("attention-map", "--crop must be at least 1");
-    if (o->crop > 4096 || o->resize > 16384)
-        return cli_usage_error("attention-map", "--crop must be at most 4096, --resize 16384");
     return 0;
 }
 
@@ -350,9 +272,9 @@ int cmd_attention_map(int argc, char **argv) {
     am_opts o;
     vitc_vit *m = NULL;
     const vitc_vit_config *cfg;
-    vitc_image img = {0, 0, NULL};
-    float *x = NULL, *map = NULL;
-    uint8_t *seen = NULL;
+    cli_input in;
+    float *x = NULL, *map = NULL; /* [channels, crop, crop], [gh * gw] */
+    uint8_t *seen = NULL;         /* [crop, crop, 3] */
     canvas cv = {NULL, 0, 0};
     int rc, gh, gw, N;
     size_t plane;
@@ -366,44 +288,40 @@ int cmd_attention_map(int argc, char **argv) {
     if (vitc_vit_load(o.model, o.arch, &m) != VITC_OK)
         return cli_error("%s", vitc_last_error());
     cfg = vitc_vit_get_config(m);
-    if (!o.crop_set)
-        o.crop = cfg->image_size;
-    if (!o.resize_set)
-        o.resize = (int)((int64_t)o.crop * 256 / 224);
-    gh = gw = o.crop / cfg->patch_size;
-    if (gh < 1) {
-        rc = cli_error("--crop %d is smaller than the model's patch size %d", o.crop,
-                       cfg->patch_size);
+    if ((rc = cli_model_input(o.model, cfg, o.crop, o.crop_set, o.resize, o.resize_set, &in)) !=
+        CLI_OK)
         goto done;
-    }
+    o.crop = in.crop;
+    o.resize = in.resize;
+    gh = gw = o.crop / cfg->patch_size;
     N = 1 + gh * gw;
     plane = (size_t)o.crop * o.crop;
-    if (vitc_image_load(o.image, 0, &img) != VITC_OK) {
-        rc = cli_error("%s", vitc_last_error());
-        goto done;
-    }
-    x = malloc(sizeof(float) * 3 * plane);
+    x = malloc(sizeof(float) * in.per_image);
     map = malloc(sizeof(float) * (size_t)(N - 1));
     seen = malloc(3 * plane);
     if (!x || !map || !seen) {
         rc = cli_error("out of memory");
         goto done;
     }
-    if (vitc_image_preprocess(&img, o.resize, o.crop, cfg->mean, cfg->std, x) != VITC_OK) {
+    if (cli_load_input(o.image, cfg, &in, x) != VITC_OK) {
         rc = cli_error("%s", vitc_last_error());
         goto done;
     }
     /* The uint8 image the model saw: undo the normalisation (exact after
-     * rounding, since the crop was uint8 before it). */
+     * rounding, since the crop was uint8 before it); a gray model's one
+     * plane is shown as gray. */
     for (size_t i = 0; i < plane; i++)
         for (int c = 0; c < 3; c++) {
-            float v = (x[c * plane + i] * cfg->std[c] + cfg->mean[c]) * 255.0f;
+            int k = in.channels == 1 ? 0 : c;
+            float v = (x[k * plane + i] * cfg->std[k] + cfg->mean[k]) * 255.0f;
             seen[i * 3 + c] = (uint8_t)(v < 0 ? 0 : v > 255 ? 255 : lrintf(v));
         }
     if ((rc = class_token_map(m, &o, x, N, map)) != 0)
         goto done;
-    if (o.raw && (rc = save_npy(o.raw, map, gh, gw)) != 0)
+    if (o.raw && vitc_save_npy(o.raw, map, 2, (const int64_t[2]){gh, gw}) != VITC_OK) {
+        rc = cli_error("%s", vitc_last_error());
         goto done;
+    }
     if ((rc = render(&o, seen, map, gh, gw, cfg->patch_size, &cv)) != 0)
         goto done;
     if (vitc_image_save_png(o.out, cv.px, cv.w, cv.h) != VITC_OK) {
@@ -416,7 +334,6 @@ done:
     free(seen);
     free(map);
     free(x);
-    vitc_image_free(&img);
     vitc_vit_free(m);
     return rc;
 }

@@ -595,8 +595,8 @@ static void bench_help(FILE *f) {
             "Time the standard workloads (DESIGN.md section 6) with random weights:\n"
             "warm-up, then the median of R forwards; GFLOP/s and the fraction of the\n"
             "FMA peak measured here (per core, times the threads in use); peak memory.\n\n"
-            "  --threads N   threads of the library (default: the CPUs this process may use)\n"
-            "  --repeat R    timed forwards per workload (default: 10, fewer past 5 s, >= 3)\n"
+            "  --threads N   threads of the library, 1..256 (default: the CPUs this process may use)\n"
+            "  --repeat R    timed forwards per workload, 1..100000 (default: 10, fewer past 5 s, >= 3)\n"
             "  --only LIST   comma-separated workload names (default: all)\n"
             "  --model FILE  a ViT-B/16 checkpoint for the vit_* workloads (skipped without)\n"
             "  --json        one JSON object on stdout instead of the table\n"
@@ -647,39 +647,25 @@ int cmd_bench(int argc, char **argv) {
     bench_result res[BENCH_NW];
     int ran = 0, rc = CLI_OK;
 
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            bench_help(stdout);
-            return CLI_OK;
-        } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (!strcmp(a, "--no-peak")) {
-            no_peak = 1;
-        } else if (!strcmp(a, "--peak-only")) {
-            peak_only = 1;
-        } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
-            quiet = 1;
-        } else if (!strcmp(a, "--threads") || !strcmp(a, "--repeat") || !strcmp(a, "--only") ||
-                   !strcmp(a, "--model")) {
-            if (i + 1 >= argc)
-                return cli_usage_error("bench", "%s needs a value", a);
-            const char *v = argv[++i];
-            if (!strcmp(a, "--threads")) {
-                if (cli_parse_int(v, &threads) || threads < 1)
-                    return cli_usage_error("bench", "--threads: expected a positive integer, got '%s'", v);
-            } else if (!strcmp(a, "--repeat")) {
-                if (cli_parse_int(v, &repeat) || repeat < 1)
-                    return cli_usage_error("bench", "--repeat: expected a positive integer, got '%s'", v);
-            } else if (!strcmp(a, "--only")) {
-                only = v;
-            } else {
-                model = v;
-            }
-        } else {
-            return cli_usage_error("bench", "unknown option '%s'", a);
-        }
+    const cli_opt opts[] = {
+        {"--threads", NULL, CLI_INT, &threads, 1, CLI_MAX_THREADS, NULL},
+        {"--repeat", NULL, CLI_INT, &repeat, 1, 100000, NULL},
+        {"--only", NULL, CLI_STRING, &only, 0, 0, NULL},
+        {"--model", NULL, CLI_STRING, &model, 0, 0, NULL},
+        {"--json", NULL, CLI_FLAG, &json, 0, 0, NULL},
+        {"--no-peak", NULL, CLI_FLAG, &no_peak, 0, 0, NULL},
+        {"--peak-only", NULL, CLI_FLAG, &peak_only, 0, 0, NULL},
+        {"--quiet", "-q", CLI_FLAG, &quiet, 0, 0, NULL},
+    };
+    const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), 0, "argument"};
+    int n_pos;
+    rc = cli_parse_command("bench", &spec, argc, argv, NULL, &n_pos);
+    if (rc == CLI_PARSE_HELP) {
+        bench_help(stdout);
+        return CLI_OK;
     }
+    if (rc != 0)
+        return rc;
     if (only) { /* every name must be known: a typo silently benchmarking nothing helps nobody */
         const char *p = only;
         while (*p) {

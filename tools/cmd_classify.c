@@ -17,6 +17,8 @@
 #include "cli.h"
 
 #define CLASSIFY_DEFAULT_BATCH 8
+#define CLASSIFY_MAX_BATCH 4096
+#define CLASSIFY_MAX_CROP 16384
 
 static const char classify_usage[] =
     "usage: vitc classify --model M.safetensors [options] IMAGE...\n"
@@ -33,12 +35,12 @@ static const char classify_usage[] =
     "                   vit_tiny_patch16_224, vit_small_patch16_224,\n"
     "                   vit_base_patch16_224)\n"
     "  --labels FILE    class names, one per line (default: the file's metadata)\n"
-    "  --topk K         classes to print per image (default 5)\n"
-    "  --crop C         center crop size (default: the model's image size)\n"
-    "  --resize R       shorter side before cropping (default crop*256/224;\n"
-    "                   0: no resize)\n"
-    "  --batch B        images per forward pass (default 8)\n"
-    "  --threads N      threads (default: all CPUs available)\n"
+    "  --topk K         classes to print per image, 1.. (default 5)\n"
+    "  --crop C         center crop size, 1..16384 (default: the model's image size)\n"
+    "  --resize R       shorter side before cropping, 0..16384 (default\n"
+    "                   crop*256/224; 0: no resize)\n"
+    "  --batch B        images per forward pass, 1..4096 (default 8)\n"
+    "  --threads N      threads, 1..256 (default: all CPUs available)\n"
     "  --json           one JSON object per image and line:\n"
     "                   {\"image\": PATH, \"topk\": [{\"index\": I, \"label\": STR|null,\n"
     "                   \"prob\": P, \"logit\": L}, ...]}\n"
@@ -56,109 +58,53 @@ typedef struct classify_opts {
     int n_images;
 } classify_opts;
 
-/* "--name value" or "--name=value"; advances *i past the value. */
-static const char *opt_value(int argc, char **argv, int *i, const char *name, int *missing) {
-    size_t n = strlen(name);
-    const char *a = argv[*i];
-    *missing = 0;
-    if (strncmp(a, name, n) != 0)
-        return NULL;
-    if (a[n] == '=')
-        return a + n + 1;
-    if (a[n] != '\0')
-        return NULL;
-    if (*i + 1 >= argc) {
-        *missing = 1;
-        return NULL;
-    }
-    return argv[++*i];
-}
-
 static int parse_args(int argc, char **argv, classify_opts *o) {
+    const cli_opt opts[] = {
+        {"--model", NULL, CLI_STRING, &o->model, 0, 0, NULL},
+        {"--arch", NULL, CLI_STRING, &o->arch, 0, 0, NULL},
+        {"--labels", NULL, CLI_STRING, &o->labels, 0, 0, NULL},
+        {"--topk", NULL, CLI_INT, &o->topk, 1, 1000000000, NULL},
+        {"--crop", NULL, CLI_INT, &o->crop, 1, CLASSIFY_MAX_CROP, &o->crop_set},
+        {"--resize", NULL, CLI_INT, &o->resize, 0, CLASSIFY_MAX_CROP, &o->resize_set},
+        {"--batch", NULL, CLI_INT, &o->batch, 1, CLASSIFY_MAX_BATCH, NULL},
+        {"--threads", NULL, CLI_INT, &o->threads, 1, CLI_MAX_THREADS, NULL},
+        {"--json", NULL, CLI_FLAG, &o->json, 0, 0, NULL},
+        {"--quiet", "-q", CLI_FLAG, &o->quiet, 0, 0, NULL},
+    };
+    const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), -1, "image"};
+    int rc;
     o->topk = 5;
     o->batch = CLASSIFY_DEFAULT_BATCH;
     o->images = calloc((size_t)argc, sizeof *o->images);
     if (!o->images)
         return cli_error("out of memory");
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v;
-        int missing, *ival = NULL;
-        if (!strcmp(a, "--")) {
-            while (++i < argc)
-                o->images[o->n_images++] = argv[i];
-            break;
-        }
-        if (a[0] != '-' || !a[1]) {
-            o->images[o->n_images++] = argv[i];
-            continue;
-        }
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            fputs(classify_usage, stdout);
-            return -1;
-        }
-        if (!strcmp(a, "--json")) {
-            o->json = 1;
-            continue;
-        }
-        if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
-            o->quiet = 1;
-            continue;
-        }
-        if ((v = opt_value(argc, argv, &i, "--model", &missing))) {
-            o->model = v;
-            continue;
-        }
-        if (!missing && (v = opt_value(argc, argv, &i, "--arch", &missing))) {
-            o->arch = v;
-            continue;
-        }
-        if (!missing && (v = opt_value(argc, argv, &i, "--labels", &missing))) {
-            o->labels = v;
-            continue;
-        }
-        if (!missing && (v = opt_value(argc, argv, &i, "--topk", &missing)))
-            ival = &o->topk;
-        else if (!missing && (v = opt_value(argc, argv, &i, "--crop", &missing)))
-            ival = &o->crop, o->crop_set = 1;
-        else if (!missing && (v = opt_value(argc, argv, &i, "--resize", &missing)))
-            ival = &o->resize, o->resize_set = 1;
-        else if (!missing && (v = opt_value(argc, argv, &i, "--batch", &missing)))
-            ival = &o->batch;
-        else if (!missing && (v = opt_value(argc, argv, &i, "--threads", &missing)))
-            ival = &o->threads;
-        if (missing)
-            return cli_usage_error("classify", "option '%s' needs a value", a);
-        if (!ival)
-            return cli_usage_error("classify", "unknown option '%s'", a);
-        if (cli_parse_int(v, ival) != 0)
-            return cli_usage_error("classify", "'%s' wants a non-negative integer, got '%s'", a,
-                                   v);
+    rc = cli_parse_command("classify", &spec, argc, argv, o->images, &o->n_images);
+    if (rc == CLI_PARSE_HELP) {
+        fputs(classify_usage, stdout);
+        return -1;
     }
+    if (rc != 0)
+        return rc;
     if (!o->model)
         return cli_usage_error("classify", "--model is required");
     if (o->n_images == 0)
         return cli_usage_error("classify", "no images given");
-    if (o->topk < 1)
-        return cli_usage_error("classify", "--topk must be at least 1");
-    if (o->batch < 1)
-        return cli_usage_error("classify", "--batch must be at least 1");
-    if (o->crop_set && o->crop < 1)
-        return cli_usage_error("classify", "--crop must be at least 1");
-    if (o->crop > 16384 || o->resize > 16384)
-        return cli_usage_error("classify", "--crop and --resize must be at most 16384");
     return 0;
 }
 
-/* Labels file: one name per line; "\r\n" endings accepted. */
+/* Labels file: one name per line; "\r\n" endings accepted. The size limit
+ * bounds what getline can be made to allocate: ImageNet-21k's 21,843 names
+ * take under 1 MB. */
+#define CLI_MAX_LABELS_BYTES (16 << 20)
 int cli_read_labels(const char *path, int n_classes, char ***out) {
-    FILE *f = fopen(path, "rb");
+    FILE *f;
     char **labels;
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
     int n = 0;
-    if (!f)
-        return cli_error("%s: cannot open labels file: %s", path, strerror(errno));
+    if (vitc_open_read(path, CLI_MAX_LABELS_BYTES, &f, NULL) != VITC_OK)
+        return cli_error("%s (the --labels file)", vitc_last_error());
     labels = calloc((size_t)n_classes, sizeof *labels);
     if (!labels) {
         fclose(f);
@@ -270,7 +216,8 @@ static void print_result(const classify_opts *o, const char *path, const float *
         json_string(stdout, path);
         fputs(", \"topk\": [", stdout);
     } else {
-        printf("%s\n", path);
+        cli_put_escaped(stdout, path, SIZE_MAX);
+        putchar('\n');
     }
     for (int r = 0; r < k; r++) {
         int c = rank[r].index;
@@ -288,8 +235,12 @@ static void print_result(const classify_opts *o, const char *path, const float *
             json_number(stdout, logits[c]);
             fputc('}', stdout);
         } else {
-            printf("  %2d. %6.2f%%  logit %9.4f  class %4d%s%s\n", r + 1, 100.0 * prob,
-                   (double)logits[c], c, label ? "  " : "", label ? label : "");
+            /* labels come from a file: no raw terminal control codes */
+            printf("  %2d. %6.2f%%  logit %9.4f  class %4d%s", r + 1, 100.0 * prob,
+                   (double)logits[c], c, label ? "  " : "");
+            if (label)
+                cli_put_escaped(stdout, label, SIZE_MAX);
+            putchar('\n');
         }
     }
     if (o->json)
@@ -338,7 +289,8 @@ int cmd_classify(int argc, char **argv) {
     float *batch = NULL, *logits = NULL;
     ranked *rank = NULL;
     const char **batch_paths = NULL;
-    size_t per_image;
+    cli_input in;
+    size_t batch_bytes;
     int rc, failed = 0, done = 0, k;
     progress prog;
 
@@ -360,29 +312,23 @@ int cmd_classify(int argc, char **argv) {
         goto done;
     }
     cfg = vitc_vit_get_config(m);
-    if (!o.crop_set)
-        o.crop = cfg->image_size;
-    if (!o.resize_set)
-        o.resize = (int)((int64_t)o.crop * 256 / 224);
-    if (o.crop < cfg->patch_size) {
-        rc = cli_error("--crop %d is smaller than the model's patch size %d", o.crop,
-                       cfg->patch_size);
+    if ((rc = cli_model_input(o.model, cfg, o.crop, o.crop_set, o.resize, o.resize_set, &in)) !=
+        CLI_OK)
         goto done;
-    }
     if (o.labels && (rc = cli_read_labels(o.labels, cfg->num_classes, &labels)) != 0)
         goto done;
     k = o.topk < cfg->num_classes ? o.topk : cfg->num_classes;
     if (o.batch > o.n_images)
         o.batch = o.n_images;
 
-    per_image = (size_t)3 * (size_t)o.crop * (size_t)o.crop;
-    batch = malloc(sizeof(float) * per_image * (size_t)o.batch);
+    if (!__builtin_mul_overflow(sizeof(float) * in.per_image, (size_t)o.batch, &batch_bytes))
+        batch = malloc(batch_bytes);
     logits = malloc(sizeof(float) * (size_t)cfg->num_classes * (size_t)o.batch);
     rank = malloc(sizeof *rank * (size_t)cfg->num_classes);
     batch_paths = malloc(sizeof *batch_paths * (size_t)o.batch);
     if (!batch || !logits || !rank || !batch_paths) {
-        rc = cli_error("out of memory for a batch of %d images of %dx%d", o.batch, o.crop,
-                       o.crop);
+        rc = cli_error("out of memory for a batch of %d images of %dx%dx%d", o.batch,
+                       in.channels, in.crop, in.crop);
         goto done;
     }
 
@@ -391,13 +337,7 @@ int cmd_classify(int argc, char **argv) {
         /* Fill a batch with the next images that decode. */
         while (nb < o.batch && next < o.n_images) {
             const char *path = o.images[next++];
-            vitc_image img;
-            vitc_status st = vitc_image_load(path, 0, &img);
-            if (st == VITC_OK)
-                st = vitc_image_preprocess(&img, o.resize, o.crop, cfg->mean, cfg->std,
-                                           batch + per_image * (size_t)nb);
-            vitc_image_free(&img);
-            if (st != VITC_OK) {
+            if (cli_load_input(path, cfg, &in, batch + in.per_image * (size_t)nb) != VITC_OK) {
                 if (prog.tty && prog.shown)
                     fputs("\r\033[K", stderr);
                 cli_error("%s", vitc_last_error());
@@ -408,7 +348,9 @@ int cmd_classify(int argc, char **argv) {
         }
         if (nb == 0)
             continue;
-        if (vitc_vit_forward(m, batch, nb, o.crop, o.crop, logits) != VITC_OK) {
+        /* batch holds nb images of in.per_image = in_channels * crop * crop
+         * floats, what the forward reads for [nb, in_channels, crop, crop] */
+        if (vitc_vit_forward(m, batch, nb, in.crop, in.crop, logits) != VITC_OK) {
             rc = cli_error("forward pass: %s", vitc_last_error());
             goto done;
         }

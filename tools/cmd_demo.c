@@ -18,8 +18,8 @@ static void demo_help(FILE *f) {
             "Run each attention block of the seed documents on the seed's own input shape\n"
             "(random weights drawn as PyTorch's defaults, a fixed random input) and print\n"
             "input and output shapes, the output's mean and std, and the median time.\n\n"
-            "  --threads N   threads (default: all CPUs this process may use)\n"
-            "  --repeat R    timed runs per block, after one warm-up (default 5)\n"
+            "  --threads N   threads, 1..256 (default: all CPUs this process may use)\n"
+            "  --repeat R    timed runs per block after one warm-up, 1..64 (default 5)\n"
             "  -h, --help    this help\n");
 }
 
@@ -156,21 +156,19 @@ done:
 }
 
 int cmd_demo(int argc, char **argv) {
-    int threads = 0, repeat = 5;
-    for (int i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            demo_help(stdout);
-            return CLI_OK;
-        } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
-            if (cli_parse_int(argv[++i], &threads) || threads < 1)
-                return cli_usage_error("demo", "--threads needs a positive integer");
-        } else if (!strcmp(argv[i], "--repeat") && i + 1 < argc) {
-            if (cli_parse_int(argv[++i], &repeat) || repeat < 1 || repeat > 64)
-                return cli_usage_error("demo", "--repeat needs an integer in [1, 64]");
-        } else {
-            return cli_usage_error("demo", "unknown argument '%s'", argv[i]);
-        }
+    int threads = 0, repeat = 5, n_pos, rc;
+    const cli_opt opts[] = {
+        {"--threads", NULL, CLI_INT, &threads, 1, CLI_MAX_THREADS, NULL},
+        {"--repeat", NULL, CLI_INT, &repeat, 1, 64, NULL},
+    };
+    const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), 0, "argument"};
+    rc = cli_parse_command("demo", &spec, argc, argv, NULL, &n_pos);
+    if (rc == CLI_PARSE_HELP) {
+        demo_help(stdout);
+        return CLI_OK;
     }
+    if (rc != 0)
+        return rc;
     vitc_set_num_threads(threads);
 
     demo_case cases[10];

@@ -37,23 +37,6 @@ static size_t inspect_numel(int nd, const int64_t *shape) {
     return n;
 }
 
-/* Names and values come from an untrusted file: control characters (a
- * terminal escape sequence, a newline) are shown escaped, not sent raw. */
-static void print_safe(const char *s, size_t max) {
-    size_t i = 0;
-    for (; s[i] && i < max; i++) {
-        unsigned char c = (unsigned char)s[i];
-        if (c == '\n')
-            fputs("\\n", stdout);
-        else if (c == '\t')
-            fputs("\\t", stdout);
-        else if (c < 0x20 || c == 0x7f)
-            printf("\\x%02x", c);
-        else
-            putchar(c);
-    }
-}
-
 /* Display width of a UTF-8 string, counted in code points. */
 static int utf8_width(const char *s) {
     int w = 0;
@@ -146,7 +129,9 @@ static void inspect_text(const char *path, const vitc_safetensors *st, const vit
         if (utf8_width(name) > w)
             w = utf8_width(name) > 60 ? 60 : utf8_width(name);
     }
-    printf("file: %s\n", path);
+    fputs("file: ", stdout);
+    cli_put_escaped(stdout, path, SIZE_MAX);
+    putchar('\n');
     printf("tensors: %d (%zu parameters, %.1f MB as float32)\n", n, params,
            (double)params * 4 / 1e6);
     for (int i = 0; i < n; i++) {
@@ -155,7 +140,7 @@ static void inspect_text(const char *path, const vitc_safetensors *st, const vit
         const int64_t *shape;
         vitc_safetensors_tensor(st, i, &name, &dtype, &nd, &shape, NULL);
         fputs("  ", stdout);
-        print_safe(name, SIZE_MAX);
+        cli_put_escaped(stdout, name, SIZE_MAX);
         printf("%*s  %-4s  ", w > utf8_width(name) ? w - utf8_width(name) : 0, "", dtype);
         print_shape(nd, shape);
         putchar('\n');
@@ -167,9 +152,9 @@ static void inspect_text(const char *path, const vitc_safetensors *st, const vit
         vitc_safetensors_metadata(st, i, &k, &v);
         size_t len = strlen(v);
         fputs("  ", stdout);
-        print_safe(k, SIZE_MAX);
+        cli_put_escaped(stdout, k, SIZE_MAX);
         fputs(": ", stdout);
-        print_safe(v, full ? SIZE_MAX : INSPECT_META_CUT);
+        cli_put_escaped(stdout, v, full ? SIZE_MAX : INSPECT_META_CUT);
         if (!full && len > INSPECT_META_CUT)
             printf("... (%zu bytes; --full shows all)", len);
         putchar('\n');
@@ -187,32 +172,24 @@ static void inspect_text(const char *path, const vitc_safetensors *st, const vit
 
 int cmd_inspect(int argc, char **argv) {
     const char *path = NULL, *arch = NULL;
-    int json = 0, full = 0;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
-            inspect_help(stdout);
-            return CLI_OK;
-        } else if (!strcmp(a, "--json")) {
-            json = 1;
-        } else if (!strcmp(a, "--full")) {
-            full = 1;
-        } else if (!strcmp(a, "--arch")) {
-            if (++i >= argc)
-                return cli_usage_error("inspect", "--arch needs a value");
-            arch = argv[i];
-        } else if (!strncmp(a, "--arch=", 7)) {
-            arch = a + 7;
-        } else if (a[0] == '-' && a[1]) {
-            return cli_usage_error("inspect", "unknown option '%s'", a);
-        } else if (path) {
-            return cli_usage_error("inspect", "one file at a time ('%s' and '%s')", path, a);
-        } else {
-            path = a;
-        }
+    char *pos[1];
+    int json = 0, full = 0, n_pos;
+    const cli_opt opts[] = {
+        {"--json", NULL, CLI_FLAG, &json, 0, 0, NULL},
+        {"--full", NULL, CLI_FLAG, &full, 0, 0, NULL},
+        {"--arch", NULL, CLI_STRING, &arch, 0, 0, NULL},
+    };
+    const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), 1, "file"};
+    int prc = cli_parse_command("inspect", &spec, argc, argv, pos, &n_pos);
+    if (prc == CLI_PARSE_HELP) {
+        inspect_help(stdout);
+        return CLI_OK;
     }
-    if (!path)
+    if (prc != 0)
+        return prc;
+    if (!n_pos)
         return cli_usage_error("inspect", "no file given");
+    path = pos[0];
 
     vitc_safetensors *st;
     if (vitc_safetensors_load(path, &st) != VITC_OK)
@@ -228,6 +205,17 @@ int cmd_inspect(int argc, char **argv) {
             return rc;
         }
         snprintf(why, sizeof why, "%s", vitc_last_error());
+    } else if (arch && strcmp(vitc_vit_arch_name(m), arch) != 0) {
+        /* The file's vitc.config wins over --arch when loading; asked to
+         * check, a file describing another model is a mismatch. */
+        const vitc_vit_config *c = vitc_vit_get_config(m);
+        int rc = cli_error("%s: not a %s: the file describes %s (patch %d, hidden %d, depth %d, "
+                           "heads %d, mlp %d, channels %d)", path, arch, vitc_vit_arch_name(m),
+                           c->patch_size, c->hidden_dim, c->depth, c->num_heads, c->mlp_dim,
+                           c->in_channels);
+        vitc_vit_free(m);
+        vitc_safetensors_free(st);
+        return rc;
     }
     int rc = CLI_OK;
     if (json)

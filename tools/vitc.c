@@ -1,8 +1,7 @@
 /* vitc.c — the command-line tool: dispatch to a subcommand. */
-#include <stdarg.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
 #include "cli.h"
 
@@ -19,45 +18,6 @@ static const struct {
 };
 #define CLI_NCMDS (sizeof cli_cmds / sizeof cli_cmds[0])
 
-int cli_error(const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("vitc: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    return CLI_FAIL;
-}
-
-int cli_usage_error(const char *cmd, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    fputs("vitc: error: ", stderr);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
-    va_end(ap);
-    fprintf(stderr, "Try 'vitc %s%s--help'.\n", cmd ? cmd : "", cmd ? " " : "");
-    return CLI_USAGE;
-}
-
-int cli_lib_error(const char *what) {
-    return cli_error("%s: %s", what, vitc_last_error());
-}
-
-int cli_parse_int(const char *s, int *out) {
-    char *end;
-    long v;
-    if (!s || !*s)
-        return -1;
-    v = strtol(s, &end, 10);
-    if (*end || v < 0 || v > 1000000000L)
-        return -1;
-    *out = (int)v;
-    return 0;
-}
-
-int cli_stderr_tty(void) { return isatty(2); }
-
 static void cli_help(FILE *f) {
     fprintf(f, "usage: vitc COMMAND [OPTIONS] ...\n\n"
                "Self-attention for computer vision: run PyTorch-trained attention layers\n"
@@ -68,6 +28,9 @@ static void cli_help(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    /* Over the file-size limit, a write then fails with EFBIG and the job
+     * reports it and removes its temporary file, instead of dying half done. */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2)
         return cli_help(stderr), CLI_USAGE;
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

@@ -171,6 +171,8 @@ _SIGNATURES = {
     "vitc_image_free": (None, [_P(Image)]),
     "vitc_image_save_png": (_st, [_cs, _vp, _int, _int]),
     "vitc_image_preprocess": (_st, [_P(Image), _int, _int, c_float_p, c_float_p, c_float_p]),
+    "vitc_image_preprocess_channels": (_st, [_P(Image), _int, _int, _int, c_float_p, c_float_p,
+                                             c_float_p]),
     # Vision Transformer
     "vitc_vit_load": (_st, [_cs, _cs, _P(_vp)]),
     "vitc_vit_free": (None, [_vp]),

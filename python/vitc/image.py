@@ -46,25 +46,32 @@ def _as_image(image):
     return img, arr
 
 
-def _triple(vals, name):
-    """Three per-channel numbers as float32, each finite in float32."""
+def _per_channel(vals, name, channels):
+    """One number per channel as float32, each finite in float32."""
     v = np.asarray(vals, dtype=np.float64).ravel()
-    if v.size != 3:
-        raise ValueError("%s must have 3 values (R, G, B), got %d" % (name, v.size))
+    if v.size != channels:
+        raise ValueError("%s must have %d values, one per channel, got %d"
+                         % (name, channels, v.size))
     return np.array([float_arg(x, name) for x in v], np.float32)
 
 
-def preprocess_image(image, resize=256, crop=224, mean=IMAGENET_MEAN, std=IMAGENET_STD):
+def preprocess_image(image, resize=256, crop=224, mean=IMAGENET_MEAN, std=IMAGENET_STD,
+                     channels=3):
     """torchvision's eval transform (Resize(resize) antialiased bilinear,
-    CenterCrop(crop), /255, Normalize(mean, std)) -> float32 [3, crop, crop].
+    CenterCrop(crop), /255, Normalize(mean, std)) -> float32 [channels, crop, crop].
 
     image: a path, or a uint8 array [height, width, 3]. resize=0: no resize.
+    channels=1: luminance first, as torchvision's Grayscale on the uint8
+    tensor (mean and std then have one value each).
     """
-    m, s = _triple(mean, "mean"), _triple(std, "std")
+    if isinstance(channels, bool) or channels not in (1, 3):
+        raise ValueError("channels must be 1 or 3, got %r" % (channels,))
+    m, s = _per_channel(mean, "mean", channels), _per_channel(std, "std", channels)
     resize, crop = int_arg(resize, "resize", 0), size_arg(crop, "crop")
     img, keep = _as_image(image)
-    out = np.empty((3, crop, crop), dtype=np.float32)
-    check(lib.vitc_image_preprocess(ctypes.byref(img), resize, crop, fptr(m), fptr(s), fptr(out)))
+    out = np.empty((channels, crop, crop), dtype=np.float32)
+    check(lib.vitc_image_preprocess_channels(ctypes.byref(img), resize, crop, channels,
+                                             fptr(m), fptr(s), fptr(out)))
     del keep
     return out
 

@@ -12,12 +12,10 @@
  * input: PIL clips 16-bit gray to 255 on convert("RGB"); we keep the high
  * byte, as PIL does for 16-bit RGB.
  */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #ifdef VITC_HAVE_PNG
 #include <png.h>
@@ -33,6 +31,9 @@
 /* A compressed image larger than this is refused before reading it all in:
  * no real photo needs it, and it bounds what a hostile path can make us read. */
 #define VITC_IMAGE_MAX_FILE_BYTES (1LL << 30)
+/* Preprocessing's own buffers (the resize's intermediates for the crop's
+ * window) are refused beyond this: docs/cli.md, section Images. */
+#define VITC_IMAGE_MAX_RESIZE_BYTES ((size_t)1 << 30)
 
 static __attribute__((unused)) vitc_status image_check_size(const char *path, int64_t w, int64_t h,
                                     int64_t max_pixels, size_t *bytes) {
@@ -54,32 +55,21 @@ static __attribute__((unused)) vitc_status image_check_size(const char *path, in
 }
 
 static vitc_status read_file(const char *path, unsigned char **data, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    struct stat sb;
-    long size;
+    FILE *f;
+    uint64_t size;
     unsigned char *buf;
     *data = NULL;
     *len = 0;
-    if (!f)
-        return vitc__err(VITC_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return vitc__err(VITC_ERR_IO, "%s: not a regular file", path);
-    }
-    size = (long)sb.st_size;
+    VITC_TRY(vitc__open_regular(path, VITC_IMAGE_MAX_FILE_BYTES, &f, &size));
     if (size == 0) {
         fclose(f);
         return vitc__err(VITC_ERR_FORMAT, "%s: empty file", path);
     }
-    if ((long long)size > VITC_IMAGE_MAX_FILE_BYTES) {
-        fclose(f);
-        return vitc__err(VITC_ERR_FORMAT, "%s: file of %ld bytes is too large for an image",
-                         path, size);
-    }
     buf = malloc((size_t)size);
     if (!buf) {
         fclose(f);
-        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory reading %ld bytes", path, size);
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory reading %llu bytes", path,
+                         (unsigned long long)size);
     }
     if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
         free(buf);
@@ -374,7 +364,9 @@ void vitc_image_free(vitc_image *img) {
 
 #ifdef VITC_HAVE_PNG
 typedef struct png_wctx {
-    FILE *f;
+    const char *path;
+    const uint8_t *rgb;
+    int width, height;
     char msg[200];
 } png_wctx;
 
@@ -382,6 +374,32 @@ static void png_werr_fn(png_structp png, png_const_charp msg) {
     png_wctx *c = png_get_error_ptr(png);
     snprintf(c->msg, sizeof c->msg, "%s", msg);
     png_longjmp(png, 1);
+}
+
+/* Runs inside vitc__write_file, which owns f and reports stdio errors. */
+static vitc_status png_write_to(FILE *f, void *p) {
+    png_wctx *c = p;
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, c, png_werr_fn, png_warn_fn);
+    png_infop info = png ? png_create_info_struct(png) : NULL;
+    vitc_status st = VITC_OK;
+    if (!png || !info) {
+        png_destroy_write_struct(&png, &info);
+        return vitc__err(VITC_ERR_NOMEM, "%s: cannot create PNG encoder", c->path);
+    }
+    if (setjmp(png_jmpbuf(png))) {
+        st = vitc__err(VITC_ERR_IO, "%s: writing PNG failed: %s", c->path, c->msg);
+    } else {
+        png_init_io(png, f);
+        png_set_IHDR(png, info, (png_uint_32)c->width, (png_uint_32)c->height, 8,
+                     PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+                     PNG_FILTER_TYPE_DEFAULT);
+        png_write_info(png, info);
+        for (int y = 0; y < c->height; y++)
+            png_write_row(png, (png_const_bytep)(c->rgb + (size_t)y * c->width * 3));
+        png_write_end(png, info);
+    }
+    png_destroy_write_struct(&png, &info);
+    return st;
 }
 #endif
 
@@ -392,43 +410,8 @@ vitc_status vitc_image_save_png(const char *path, const uint8_t *rgb, int width,
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_save_png: invalid size %dx%d",
                          width, height);
 #ifdef VITC_HAVE_PNG
-    {
-        png_wctx ctx;
-        png_wctx *c = &ctx;
-        png_structp png;
-        png_infop info;
-        vitc_status st = VITC_OK;
-
-        memset(&ctx, 0, sizeof ctx);
-        ctx.f = fopen(path, "wb");
-        if (!ctx.f)
-            return vitc__err(VITC_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-        png = png_create_write_struct(PNG_LIBPNG_VER_STRING, c, png_werr_fn, png_warn_fn);
-        info = png ? png_create_info_struct(png) : NULL;
-        if (!png || !info) {
-            png_destroy_write_struct(&png, &info);
-            fclose(ctx.f);
-            return vitc__err(VITC_ERR_NOMEM, "%s: cannot create PNG encoder", path);
-        }
-        if (setjmp(png_jmpbuf(png))) {
-            st = vitc__err(VITC_ERR_IO, "%s: writing PNG failed: %s", path, c->msg);
-        } else {
-            png_init_io(png, c->f);
-            png_set_IHDR(png, info, (png_uint_32)width, (png_uint_32)height, 8,
-                         PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
-                         PNG_FILTER_TYPE_DEFAULT);
-            png_write_info(png, info);
-            for (int y = 0; y < height; y++)
-                png_write_row(png, (png_const_bytep)(rgb + (size_t)y * width * 3));
-            png_write_end(png, info);
-        }
-        png_destroy_write_struct(&png, &info);
-        if (fclose(c->f) != 0 && st == VITC_OK)
-            st = vitc__err(VITC_ERR_IO, "%s: write error: %s", path, strerror(errno));
-        if (st != VITC_OK)
-            remove(path);
-        return st;
-    }
+    png_wctx ctx = {path, rgb, width, height, {0}};
+    return vitc__write_file(path, png_write_to, &ctx);
 #else
     return vitc__err(VITC_ERR_UNSUPPORTED, "%s: PNG support was not built in (libpng)", path);
 #endif
@@ -454,34 +437,37 @@ typedef struct aa_taps {
     int ksize;
 } aa_taps;
 
-static vitc_status aa_taps_make(aa_taps *t, int64_t n_in, int64_t n_out) {
+/* Taps for outputs [i0, i1) only: torch computes each output's weights from
+ * its own index, so a window's taps equal the full resize's. Entry k is
+ * output i0 + k. */
+static vitc_status aa_taps_make(aa_taps *t, int64_t n_in, int64_t n_out, int64_t i0,
+                                int64_t i1) {
     float scale = (float)n_in / (float)n_out;
     float support = (scale >= 1.0f) ? 1.0f * scale : 1.0f;
     float invscale = (scale >= 1.0f) ? (float)(1.0 / scale) : 1.0f;
-    size_t nw;
+    size_t n = (size_t)(i1 - i0), nw;
     t->ksize = (int)ceilf(support) * 2 + 1;
-    t->xmin = malloc(sizeof *t->xmin * (size_t)n_out);
-    t->xsize = malloc(sizeof *t->xsize * (size_t)n_out);
-    if (!vitc__mul_size((size_t)n_out, (size_t)t->ksize, &nw) ||
-        !vitc__mul_size(nw, sizeof(float), &nw))
+    t->xmin = malloc(sizeof *t->xmin * n);
+    t->xsize = malloc(sizeof *t->xsize * n);
+    if (!vitc__mul_size(n, (size_t)t->ksize, &nw) || !vitc__mul_size(nw, sizeof(float), &nw))
         nw = 0;
     t->w = nw ? malloc(nw) : NULL;
     if (!t->xmin || !t->xsize || !t->w)
         return vitc__err(VITC_ERR_NOMEM, "image resize: out of memory");
-    for (int64_t i = 0; i < n_out; i++) {
+    for (int64_t i = i0; i < i1; i++) {
         /* Same mixed float/double expressions as torch's _compute_weights_aa. */
         float center = (float)(scale * (i + 0.5));
         float total = 0.0f;
         int64_t xmin = (int64_t)(center - support + 0.5);
         int64_t xmax = (int64_t)(center + support + 0.5);
-        float *w = t->w + (size_t)i * t->ksize;
+        float *w = t->w + (size_t)(i - i0) * t->ksize;
         if (xmin < 0)
             xmin = 0;
         if (xmax > n_in)
             xmax = n_in;
-        t->xmin[i] = xmin;
-        t->xsize[i] = xmax - xmin;
-        for (int64_t j = 0; j < t->xsize[i]; j++) {
+        t->xmin[i - i0] = xmin;
+        t->xsize[i - i0] = xmax - xmin;
+        for (int64_t j = 0; j < xmax - xmin; j++) {
             float x = (float)(((float)(j + xmin) - center + 0.5) * invscale);
             float f;
             if (x < 0.0f)
@@ -490,7 +476,7 @@ static vitc_status aa_taps_make(aa_taps *t, int64_t n_in, int64_t n_out) {
             w[j] = f;
             total += f;
         }
-        for (int64_t j = 0; j < t->xsize[i]; j++)
+        for (int64_t j = 0; j < xmax - xmin; j++)
             if (total != 0.0f)
                 w[j] /= total;
     }
@@ -541,69 +527,6 @@ static void resized_size(int h, int w, int size, int64_t *nh, int64_t *nw) {
     }
 }
 
-/* Resize an [h, w, 3] uint8 image to [nh, nw, 3] uint8 as torchvision does
- * for a uint8 tensor: to float32, interpolate (width first, then height,
- * skipping an axis whose size does not change), round half to even. */
-static vitc_status resize_u8(const uint8_t *src, int h, int w, int64_t nh, int64_t nw,
-                             uint8_t **dst) {
-    aa_taps th = {0}, tw = {0};
-    float *mid = NULL, *fin = NULL; /* [h, nw, 3], [nh, nw, 3] */
-    const float *res;
-    size_t n_mid, n_out;
-    vitc_status st = VITC_OK;
-
-    *dst = NULL;
-    if (nh > INT32_MAX || nw > INT32_MAX || !vitc__mul_size((size_t)h, (size_t)nw * 3, &n_mid) ||
-        !vitc__mul_size((size_t)nh, (size_t)nw * 3, &n_out) ||
-        !vitc__mul_size(n_mid, sizeof(float), &n_mid) ||
-        !vitc__mul_size(n_out, sizeof(float), &n_out))
-        return vitc__err(VITC_ERR_NOMEM, "image resize: %lldx%lld is too large",
-                         (long long)nw, (long long)nh);
-    n_mid /= sizeof(float);
-    n_out /= sizeof(float);
-    if (!(mid = malloc(sizeof(float) * n_mid))) {
-        st = vitc__err(VITC_ERR_NOMEM, "image resize: out of memory");
-        goto done;
-    }
-    if (nw != w) {
-        if ((st = aa_taps_make(&tw, w, nw)) != VITC_OK)
-            goto done;
-        /* each (row, channel) is a line of w samples 3 apart */
-        for (int c = 0; c < 3; c++)
-            aa_pass_u8(mid + c, src + c, &tw, nw, 3, 3, (size_t)h, (size_t)w * 3,
-                       (size_t)nw * 3);
-    } else {
-        for (size_t i = 0; i < n_mid; i++)
-            mid[i] = (float)src[i];
-    }
-    res = mid;
-    if (nh != h) {
-        if ((st = aa_taps_make(&th, h, nh)) != VITC_OK)
-            goto done;
-        if (!(fin = malloc(sizeof(float) * n_out))) {
-            st = vitc__err(VITC_ERR_NOMEM, "image resize: out of memory");
-            goto done;
-        }
-        /* each column (x, channel) is a line of h samples nw*3 apart */
-        aa_pass_f32(fin, mid, &th, nh, (size_t)nw * 3, (size_t)nw * 3, (size_t)nw * 3, 1, 1);
-        res = fin;
-    }
-    if (!(*dst = malloc(n_out))) {
-        st = vitc__err(VITC_ERR_NOMEM, "image resize: out of memory");
-        goto done;
-    }
-    for (size_t i = 0; i < n_out; i++) {
-        float v = nearbyintf(res[i]); /* torch.round: half to even */
-        (*dst)[i] = (uint8_t)(v < 0.0f ? 0.0f : v > 255.0f ? 255.0f : v);
-    }
-done:
-    aa_taps_free(&th);
-    aa_taps_free(&tw);
-    free(mid);
-    free(fin);
-    return st;
-}
-
 /* Python's round(d / 2.0) for an integer d >= 0: half to even. */
 static int64_t half_round_even(int64_t d) {
     int64_t k = d / 2;
@@ -612,75 +535,212 @@ static int64_t half_round_even(int64_t d) {
     return (k % 2 == 0) ? k : k + 1;
 }
 
-vitc_status vitc_image_preprocess(const vitc_image *img, int resize, int crop,
-                                  const float mean[3], const float std[3], float *out) {
+/* Where the crop lies along one axis of an n-sample (resized) image.
+ * torchvision's center_crop zero-pads where the crop is larger (the smaller
+ * half before), then cuts at round((padded - crop) / 2). Samples [a0, a1) of
+ * the image are the ones kept; sample a0 lands at crop position d0. */
+typedef struct crop_axis {
+    int64_t a0, a1, d0;
+} crop_axis;
+
+static crop_axis crop_axis_make(int64_t n, int crop) {
+    int64_t pad = crop > n ? (crop - n) / 2 : 0, padded = crop > n ? crop : n;
+    int64_t off = half_round_even(padded - crop) - pad; /* image sample at crop position 0 */
+    crop_axis r;
+    r.a0 = off > 0 ? off : 0;
+    r.a1 = off + crop < n ? off + crop : n;
+    r.d0 = r.a0 - off;
+    return r;
+}
+
+/* torchvision's rgb_to_grayscale on a uint8 tensor: 0.2989 r + 0.587 g +
+ * 0.114 b in float32, summed left to right, truncated to uint8. The
+ * products come from tables (each rounded once from an exact double
+ * product), so no compiler contraction can change the float32 result. */
+static void rgb_to_gray(const uint8_t *rgb, size_t n, uint8_t *gray) {
+    float lr[256], lg[256], lb[256];
+    for (int v = 0; v < 256; v++) {
+        lr[v] = (float)((double)0.2989f * v);
+        lg[v] = (float)((double)0.587f * v);
+        lb[v] = (float)((double)0.114f * v);
+    }
+    for (size_t i = 0; i < n; i++) {
+        float l = lr[rgb[3 * i]] + lg[rgb[3 * i + 1]];
+        l += lb[rgb[3 * i + 2]];
+        gray[i] = (uint8_t)l;
+    }
+}
+
+/*
+ * Resize, crop and normalise in one pass over the crop's window. Only the
+ * resized samples the crop keeps are computed (taps for those rows and
+ * columns, the width pass only over the input rows those rows read), so the
+ * memory is bounded by the window, not by the resized image: a 100000x1
+ * image resized to 256 is 256 x 25.6M pixels, of which the crop needs
+ * 224 x 224. Each kept sample is computed exactly as the full resize would
+ * compute it (torch's taps depend on the output index alone).
+ *
+ * src: [h, w, ch] uint8; the resized image is [nh, nw, ch] (nh == h and
+ * nw == w: no resize). out: [ch, crop, crop].
+ */
+static vitc_status crop_window(const uint8_t *src, int64_t h, int64_t w, int ch, int64_t nh,
+                               int64_t nw, int crop, const float *mean, const float *std,
+                               float *out) {
+    const crop_axis ry = crop_axis_make(nh, crop), rx = crop_axis_make(nw, crop);
+    const int resize_w = nw != w, resize_h = nh != h;
+    const size_t cw = (size_t)(rx.a1 - rx.a0), row_len = cw * (size_t)ch;
+    const size_t plane = (size_t)crop * (size_t)crop;
+    aa_taps tw = {0}, th = {0};
+    float *mid = NULL, *acc = NULL; /* [y_hi - y_lo, cw, ch], [cw, ch] */
+    uint8_t *row = NULL;            /* [cw, ch] */
+    int64_t y_lo = ry.a0, y_hi = ry.a1;
+    size_t n_mid = 0, bytes = 0;
+    vitc_status st = VITC_OK;
+
+    if (resize_h) {
+        if ((st = aa_taps_make(&th, h, nh, ry.a0, ry.a1)) != VITC_OK)
+            goto done;
+        y_lo = th.xmin[0];
+        y_hi = 0;
+        for (int64_t i = 0; i < ry.a1 - ry.a0; i++)
+            if (th.xmin[i] + th.xsize[i] > y_hi)
+                y_hi = th.xmin[i] + th.xsize[i];
+        for (int64_t i = 0; i < ry.a1 - ry.a0; i++)
+            th.xmin[i] -= y_lo; /* rows of mid, which starts at input row y_lo */
+    }
+    if (resize_w && (st = aa_taps_make(&tw, w, nw, rx.a0, rx.a1)) != VITC_OK)
+        goto done;
+    if (resize_w || resize_h) {
+        /* The buffers the window needs (taps aside, which are smaller):
+         * refused over the documented cap rather than attempted. */
+        if (!vitc__mul_size((size_t)(y_hi - y_lo), row_len, &n_mid) ||
+            !vitc__add_size(n_mid, row_len, &bytes) ||
+            !vitc__mul_size(bytes, sizeof(float), &bytes) ||
+            bytes > VITC_IMAGE_MAX_RESIZE_BYTES) {
+            st = vitc__err(VITC_ERR_INVALID_ARG,
+                           "image resize: %lldx%lld to %lldx%lld, crop %d needs over %d MiB of "
+                           "intermediates (the limit)", (long long)w, (long long)h,
+                           (long long)nw, (long long)nh, crop,
+                           (int)(VITC_IMAGE_MAX_RESIZE_BYTES >> 20));
+            goto done;
+        }
+        mid = malloc(sizeof(float) * n_mid);
+        acc = malloc(sizeof(float) * row_len);
+        row = malloc(row_len);
+        if (!mid || !acc || !row) {
+            st = vitc__err(VITC_ERR_NOMEM, "image resize: out of memory");
+            goto done;
+        }
+        if (resize_w) {
+            /* each (input row, channel) is a line of w samples ch apart */
+            for (int c = 0; c < ch; c++)
+                aa_pass_u8(mid + c, src + (size_t)y_lo * (size_t)w * ch + c, &tw, (int64_t)cw,
+                           (size_t)ch, (size_t)ch, (size_t)(y_hi - y_lo), (size_t)w * ch, row_len);
+        } else {
+            for (int64_t y = y_lo; y < y_hi; y++)
+                for (size_t k = 0; k < row_len; k++)
+                    mid[(size_t)(y - y_lo) * row_len + k] =
+                        (float)src[((size_t)y * (size_t)w + (size_t)rx.a0) * ch + k];
+        }
+    }
+    /* The padding everywhere first (once the work is known to fit); the
+     * window then overwrites its part. */
+    for (int c = 0; c < ch; c++) {
+        float pad_val = (0.0f / 255.0f - mean[c]) / std[c];
+        for (size_t i = 0; i < plane; i++)
+            out[plane * c + i] = pad_val;
+    }
+    for (int64_t r = ry.a0; r < ry.a1; r++) {
+        const uint8_t *u;
+        const int64_t dy = r - ry.a0 + ry.d0;
+        if (!resize_w && !resize_h) {
+            u = src + ((size_t)r * (size_t)w + (size_t)rx.a0) * ch;
+        } else {
+            const float *f = mid + (size_t)(r - y_lo) * row_len;
+            if (resize_h) {
+                /* output row r: each (column, channel) of mid is a line of
+                 * samples row_len apart */
+                const int64_t i = r - ry.a0;
+                aa_taps one = {th.xmin + i, th.xsize + i, th.w + (size_t)i * th.ksize, th.ksize};
+                aa_pass_f32(acc, mid, &one, 1, row_len, 1, row_len, 1, 1);
+                f = acc;
+            }
+            for (size_t k = 0; k < row_len; k++) {
+                float v = nearbyintf(f[k]); /* torch.round: half to even */
+                row[k] = (uint8_t)(v < 0.0f ? 0.0f : v > 255.0f ? 255.0f : v);
+            }
+            u = row;
+        }
+        /* ToTensor and Normalize in float32, in torch's order. */
+        for (int c = 0; c < ch; c++) {
+            float *o = out + plane * c + (size_t)dy * crop + (size_t)rx.d0;
+            for (size_t x = 0; x < cw; x++)
+                o[x] = ((float)u[x * ch + c] / 255.0f - mean[c]) / std[c];
+        }
+    }
+done:
+    aa_taps_free(&th);
+    aa_taps_free(&tw);
+    free(mid);
+    free(acc);
+    free(row);
+    return st;
+}
+
+vitc_status vitc_image_preprocess_channels(const vitc_image *img, int resize, int crop,
+                                           int channels, const float *mean, const float *std,
+                                           float *out) {
     const uint8_t *px;
-    uint8_t *resized = NULL;
-    int64_t h, w, pad_top = 0, pad_left = 0, top, left, ph, pw;
-    size_t plane;
+    uint8_t *gray = NULL; /* [h, w] */
+    int64_t nh, nw;
+    size_t n_px;
+    vitc_status st;
 
     if (!img || !img->rgb || !mean || !std || !out)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_preprocess: NULL argument");
     if (img->width <= 0 || img->height <= 0)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_preprocess: empty image");
+    if (channels != 1 && channels != 3)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "vitc_image_preprocess: %d channels (images make 1: luminance, or "
+                         "3: RGB)", channels);
     if (crop <= 0 || resize < 0 || crop > 65536 || resize > 65536)
         return vitc__err(VITC_ERR_INVALID_ARG,
                          "vitc_image_preprocess: crop %d / resize %d out of range (crop 1..65536, "
                          "resize 0..65536)", crop, resize);
-    for (int c = 0; c < 3; c++)
+    for (int c = 0; c < channels; c++)
         if (!(std[c] != 0.0f) || !isfinite(std[c]) || !isfinite(mean[c]))
             return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_preprocess: invalid mean/std");
-    h = img->height;
-    w = img->width;
-    px = img->rgb;
+    nh = img->height;
+    nw = img->width;
     if (resize > 0) {
-        int64_t nh, nw;
         resized_size(img->height, img->width, resize, &nh, &nw);
         if (nh <= 0 || nw <= 0)
             return vitc__err(VITC_ERR_INVALID_ARG,
                              "vitc_image_preprocess: resizing %dx%d to shorter side %d leaves "
                              "an empty image", img->width, img->height, resize);
-        if (nh != h || nw != w) {
-            VITC_TRY(resize_u8(img->rgb, img->height, img->width, nh, nw, &resized));
-            px = resized;
-            h = nh;
-            w = nw;
-        }
+        if (nh > INT32_MAX || nw > INT32_MAX)
+            return vitc__err(VITC_ERR_INVALID_ARG,
+                             "vitc_image_preprocess: resizing %dx%d to shorter side %d makes "
+                             "%lldx%lld, over %d pixels on a side", img->width, img->height,
+                             resize, (long long)nw, (long long)nh, INT32_MAX);
     }
-    /* torchvision's center_crop: zero-pad (left/top get the smaller half)
-     * where the crop is larger, then offsets round((size - crop) / 2). */
-    ph = h;
-    pw = w;
-    if (crop > h) {
-        pad_top = (crop - h) / 2;
-        ph = crop;
+    px = img->rgb;
+    if (channels == 1) {
+        /* Grayscale before Resize, as a gray model's transform has it. */
+        n_px = (size_t)img->width * (size_t)img->height;
+        if (!(gray = malloc(n_px)))
+            return vitc__err(VITC_ERR_NOMEM, "vitc_image_preprocess: out of memory for a %dx%d "
+                             "gray image", img->width, img->height);
+        rgb_to_gray(img->rgb, n_px, gray);
+        px = gray;
     }
-    if (crop > w) {
-        pad_left = (crop - w) / 2;
-        pw = crop;
-    }
-    top = half_round_even(ph - crop);
-    left = half_round_even(pw - crop);
-    plane = (size_t)crop * (size_t)crop;
-    for (int c = 0; c < 3; c++) {
-        /* ToTensor and Normalize in float32, in torch's order. */
-        float pad_val = (0.0f / 255.0f - mean[c]) / std[c];
-        float *o = out + plane * c;
-        for (int64_t y = 0; y < crop; y++) {
-            int64_t sy = y + top - pad_top;
-            for (int64_t x = 0; x < crop; x++) {
-                int64_t sx = x + left - pad_left;
-                float v;
-                if (sy < 0 || sy >= h || sx < 0 || sx >= w) {
-                    v = pad_val;
-                } else {
-                    float u = (float)px[((size_t)sy * (size_t)w + (size_t)sx) * 3 + c];
-                    v = (u / 255.0f - mean[c]) / std[c];
-                }
-                o[y * crop + x] = v;
-            }
-        }
-    }
-    free(resized);
-    return VITC_OK;
+    st = crop_window(px, img->height, img->width, channels, nh, nw, crop, mean, std, out);
+    free(gray);
+    return st;
+}
+
+vitc_status vitc_image_preprocess(const vitc_image *img, int resize, int crop,
+                                  const float mean[3], const float std[3], float *out) {
+    return vitc_image_preprocess_channels(img, resize, crop, 3, mean, std, out);
 }

@@ -21,6 +21,9 @@
  * enough that the table and the size math cannot run away. */
 #define VIT_MAX_DIM (1 << 20)
 #define VIT_MAX_DEPTH 4096
+/* vitc.config's values, labels included: ImageNet-21k's 21,843 labels fit
+ * six times over, and jansson's tree for the most stays near 15 MB. */
+#define VIT_MAX_CONFIG_ITEMS (1 << 17)
 
 /* ------------------------------------------------------------------ */
 /* Names                                                              */
@@ -268,13 +271,17 @@ static vitc_status vit_json_floats(json_t *obj, const char *key, float *out, int
         out[0] = (float)json_number_value(v);
         return VITC_OK;
     }
-    if (n == 1 || !json_is_array(v) || (int)json_array_size(v) != n)
+    /* A one-value array serves every channel: what a gray model's
+     * Normalize([m], [s]) has. */
+    int len = json_is_array(v) ? (int)json_array_size(v) : -1;
+    if (n == 1 || (len != n && len != 1))
         return vitc__err(VITC_ERR_FORMAT, "vitc.config: \"%s\" must be %s", key,
-                         n == 1 ? "a number" : "an array of 3 numbers");
+                         n == 1 ? "a number" : "an array of 1 or 3 numbers");
     for (int i = 0; i < n; i++) {
-        json_t *e = json_array_get(v, (size_t)i);
+        json_t *e = json_array_get(v, (size_t)(len == 1 ? 0 : i));
         if (!json_is_number(e))
-            return vitc__err(VITC_ERR_FORMAT, "vitc.config: \"%s\"[%d] is not a number", key, i);
+            return vitc__err(VITC_ERR_FORMAT, "vitc.config: \"%s\"[%d] is not a number", key,
+                             len == 1 ? 0 : i);
         out[i] = (float)json_number_value(e);
     }
     return VITC_OK;
@@ -314,6 +321,9 @@ static vitc_status vit_json_labels(vitc_vit *m, json_t *arr) {
 
 static vitc_status vit_apply_metadata(vitc_vit *m, const char *text) {
     json_error_t jerr;
+    if (vitc__json_items(text, strlen(text)) > VIT_MAX_CONFIG_ITEMS)
+        return vitc__err(VITC_ERR_FORMAT, "vitc.config holds more than %d JSON values (vitc's "
+                         "limit; each label is one)", VIT_MAX_CONFIG_ITEMS);
     json_t *root = json_loads(text, 0, &jerr);
     if (!root)
         return vitc__err(VITC_ERR_FORMAT, "vitc.config is not JSON (%s, column %d)", jerr.text,

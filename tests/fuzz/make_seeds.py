@@ -91,7 +91,7 @@ def image_seeds():
                  "progressive.jpg", "rgb444.jpg", "lying_header.jpg", "photo.jpg"):
         shutil.copy(os.path.join(ROOT, "tests", "data", name), os.path.join(OUT, "image", name))
     r = np.random.default_rng(1)
-    for w, h in ((1, 1), (30, 1), (1, 30), (225, 224)):
+    for w, h in ((1, 1), (300, 1), (1, 300), (225, 224)):
         a = r.integers(0, 256, (h, w, 3), dtype=np.uint8)
         if w * h > 1000:  # noise would not compress: a gradient keeps the seed small
             a = (np.add.outer(np.arange(h), np.arange(w)) % 256).astype(np.uint8)[..., None]
@@ -119,22 +119,22 @@ def labels_seeds():
 
 
 def cli_args_seeds():
-    def seed(cmd, *args):
-        return bytes([cmd]) + b"\0".join(a.encode() for a in args)
+    # First byte: positional arguments the spec takes (byte % 4 - 1, -1 = any).
+    def seed(max_pos, *args):
+        return bytes([max_pos + 1]) + b"\0".join(a.encode() for a in args)
 
-    put("cli_args", "classify.args", seed(0, "--model", "m.st", "a.png"))
-    put("cli_args", "classify_all.args", seed(
-        0, "--model=m.st", "--arch", "vit_b_16", "--labels", "l.txt", "--topk", "3", "--crop",
-        "224", "--resize=256", "--batch", "4", "--threads", "2", "--json", "-q", "--", "-x.png"))
-    put("cli_args", "classify_bad.args", seed(0, "--model", "m", "--topk", "", "--batch=0", "a"))
-    put("cli_args", "classify_missing.args", seed(0, "--model"))
-    put("cli_args", "classify_help.args", seed(0, "--help"))
-    put("cli_args", "am.args", seed(1, "--model", "m.st", "--out", "o.png", "x.jpg"))
-    put("cli_args", "am_all.args", seed(
-        1, "--model=m", "--arch=vit_b_16", "--method", "cls", "--alpha", "0.25", "--raw", "r.npy",
-        "--out", "o.png", "--crop", "32", "--resize", "40", "--threads=1", "--", "-i.png"))
-    put("cli_args", "am_bad.args", seed(1, "--alpha", "1e999", "--method", "x", "--crop", "-1"))
-    put("cli_args", "am_two_images.args", seed(1, "--model", "m", "--out", "o", "a", "b"))
+    put("cli_args", "basic.args", seed(-1, "--model", "m.st", "a.png", "b.png"))
+    put("cli_args", "all.args", seed(
+        -1, "--model=m.st", "--method", "cls", "--topk", "3", "--crop", "224", "--threads=2",
+        "--alpha", "0.25", "--json", "-q", "--", "-x.png", "--topk"))
+    put("cli_args", "one_positional.args", seed(1, "--model", "m", "a", "b"))
+    put("cli_args", "no_positional.args", seed(0, "file"))
+    put("cli_args", "bad_numbers.args", seed(
+        -1, "--topk", "", "--crop=0x10", "--threads", "1e3", "--alpha", "nan"))
+    put("cli_args", "flag_with_value.args", seed(-1, "--json=1", "-q"))
+    put("cli_args", "missing_value.args", seed(-1, "--model"))
+    put("cli_args", "help.args", seed(-1, "a", "--help"))
+    put("cli_args", "unknown.args", seed(-1, "--modelx", "m", "--\x1b[2J"))
 
 
 if __name__ == "__main__":

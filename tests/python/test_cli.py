@@ -68,18 +68,20 @@ class TestCLI(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def torch_logits(self, path, resize=54, crop=48):
+    def torch_logits(self, path, resize=54, crop=48, model=None, gray=False,
+                     mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
         img = np.array(Image.open(path).convert("RGB"))
         if path.endswith("16.png"):  # vitc keeps the high byte of 16-bit samples
             img = np.array(Image.open(path))[..., :3]  # PIL reads RGBA16 as RGBA8 (high byte)
         t = torch.from_numpy(img).permute(2, 0, 1).contiguous()
+        if gray:  # a 1-channel model's transform: Grayscale first
+            t = TF.rgb_to_grayscale(t)
         if resize:
             t = TF.resize(t, [resize], antialias=True)
         t = TF.center_crop(t, [crop])
-        t = TF.normalize(TF.convert_image_dtype(t, torch.float), [0.485, 0.456, 0.406],
-                         [0.229, 0.224, 0.225])
+        t = TF.normalize(TF.convert_image_dtype(t, torch.float), list(mean), list(std))
         with torch.no_grad():
-            return self.model(t[None])[0].double()
+            return (model or self.model)(t[None])[0].double()
 
     def check_json(self, out, paths, k, labels, resize=54, crop=48):
         lines = out.strip().split("\n")
@@ -274,6 +276,187 @@ class TestCLI(unittest.TestCase):
             y = last.ln_1(h)
             _, w = last.self_attention(y, y, y, need_weights=True, average_attn_weights=True)
         return w[0, 0, 1:].numpy()
+
+    # ---- issue 7: reliability ------------------------------------------
+
+    def channel_model(self, channels, name, config):
+        """The tiny ViT with a `channels`-channel patch embedding, written
+        with the independent writer and `config` as its vitc.config."""
+        import st_write
+        torch.manual_seed(channels)
+        m = VisionTransformer(image_size=48, patch_size=16, num_layers=2, num_heads=2,
+                              hidden_dim=32, mlp_dim=64, num_classes=12)
+        m.conv_proj = torch.nn.Conv2d(channels, 32, 16, 16)
+        torch.nn.init.normal_(m.heads.head.weight, std=0.5)
+        torch.nn.init.normal_(m.heads.head.bias, std=0.5)
+        m.eval()
+        path = os.path.join(self.tmp.name, name)
+        st_write.write(path, {k: v.numpy() for k, v in m.state_dict().items()},
+                       {"vitc.config": json.dumps(config)})
+        return m, path
+
+    def test_gray_model_matches_torch_at_every_batch(self):
+        # mean/std from the file (one value), else the first channel's default
+        for config, mean, std in (({"num_heads": 2, "mean": [0.5], "std": [0.25]}, 0.5, 0.25),
+                                  ({"num_heads": 2}, 0.485, 0.229)):
+            m, path = self.channel_model(1, "gray.safetensors", config)
+            images = self.images[:5]
+            outs = []
+            for batch in (1, 3):
+                rc, out, err = run("classify", "--model", path, "--json", "--topk", 12,
+                                   "--batch", batch, "--quiet", *images)
+                self.assertEqual(rc, 0, err)
+                outs.append(out)
+                for line, img in zip(out.strip().split("\n"), images):
+                    want = self.torch_logits(img, model=m, gray=True, mean=[mean], std=[std])
+                    for e in json.loads(line)["topk"]:
+                        self.assertAlmostEqual(e["logit"], float(want[e["index"]]), delta=1e-3)
+            self.assertEqual(outs[0], outs[1])
+        # the exporter writes a gray model's one-value mean/std
+        pth = os.path.join(self.tmp.name, "gray.pth")
+        torch.save(m.state_dict(), pth)
+        exported = os.path.join(self.tmp.name, "gray_exported.safetensors")
+        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "export_safetensors.py"),
+                        pth, exported, "--num-heads", "2", "--mean", "0.485", "--std", "0.229"],
+                       check=True, stdout=subprocess.DEVNULL)
+        rc, out, err = run("classify", "--model", exported, "--json", "--topk", 12, "--batch", 3,
+                           "--quiet", *images)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out, outs[0])
+        # attention-map: the left panel is the gray crop the model saw
+        png = os.path.join(self.tmp.name, "gray_am.png")
+        rc, so, err = run("attention-map", "--model", path, "--out", png, self.images[0])
+        self.assertEqual(rc, 0, err)
+        arr = np.asarray(Image.open(png).convert("RGB"))[:48 * 5:5, :48 * 5:5]
+        t = torch.from_numpy(np.array(Image.open(self.images[0]).convert("RGB")))
+        g = TF.center_crop(TF.resize(TF.rgb_to_grayscale(t.permute(2, 0, 1)), [54],
+                                     antialias=True), [48])[0].numpy()
+        for c in range(3):
+            np.testing.assert_array_equal(arr[..., c], g)
+
+    def test_unsupported_channels_exit_1(self):
+        for channels in (2, 4, 64):
+            _, path = self.channel_model(channels, "c%d.safetensors" % channels,
+                                         {"num_heads": 2})
+            png = os.path.join(self.tmp.name, "never_c.png")
+            for cmd in (["classify", "--model", path, self.images[0]],
+                        ["attention-map", "--model", path, "--out", png, self.images[0]]):
+                rc, out, err = run(*cmd)
+                self.assertEqual(rc, 1, (cmd, err))
+                self.assertEqual(out, "")
+                self.assertEqual(err.count("\n"), 1, err)
+                self.assertTrue(err.startswith("vitc: error:"), err)
+                self.assertIn("%d input channels" % channels, err)
+            self.assertFalse(os.path.exists(png))
+
+    def test_extreme_aspect_images_bounded(self):
+        # 370 bytes of PNG, 100000x1: the whole resize was 2 GB, 1000000x1
+        # ~20 GB. Peak RSS of vitc alone (a plain Python parent, no torch).
+        probe = ("import json, resource, subprocess, sys, time\n"
+                 "t = time.time()\n"
+                 "p = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, "
+                 "stderr=subprocess.PIPE)\n"
+                 "print(json.dumps([p.returncode, p.stderr.decode(), time.time() - t, "
+                 "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]))\n")
+        for n in (100000, 1000000):
+            for shape in ((1, n, 3), (n, 1, 3)):
+                png = os.path.join(self.tmp.name, "extreme_%dx%d.png" % shape[:2])
+                Image.fromarray(np.full(shape, 90, np.uint8)).save(png)
+                for cmd in (["classify", "--model", self.st, "--quiet", png],
+                            ["attention-map", "--model", self.st, "--out",
+                             png + ".map.png", png]):
+                    p = subprocess.run(["/usr/bin/python3", "-c", probe, VITC] + cmd,
+                                       stdout=subprocess.PIPE, check=True)
+                    rc, err, secs, rss_kb = json.loads(p.stdout)
+                    self.assertIn(rc, (0, 1), (cmd, err))
+                    if rc:
+                        self.assertTrue(err.startswith("vitc: error:"), err)
+                        self.assertEqual(err.count("\n"), 1, err)
+                    self.assertLess(rss_kb, 100 * 1024, (cmd, rss_kb))
+                    self.assertLess(secs, 5, cmd)
+
+    def test_inspect_arch_mismatch_exits_1(self):
+        # the file's vitc.config describes the tiny custom model
+        for extra in ([], ["--json"]):
+            rc, out, err = run("inspect", "--arch", "vit_b_16", *extra, self.st)
+            self.assertEqual(rc, 1, err)
+            self.assertEqual(out, "")
+            self.assertIn("not a vit_b_16", err)
+            self.assertEqual(err.count("\n"), 1, err)
+        rc, out, err = run("inspect", self.st)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("architecture: custom", out)
+
+    def test_labels_control_characters_escaped(self):
+        lab = os.path.join(self.tmp.name, "evil.txt")
+        names = ["\x1b[31mred\x1b[0m %d" % i for i in range(11)] + ["bell\x07 and \x7f"]
+        names[3] = "carriage\rreturn"
+        with open(lab, "w") as f:
+            f.write("\n".join(names) + "\n")
+        rc, out, err = run("classify", "--model", self.st, "--labels", lab, "--topk", 12,
+                           self.images[0])
+        self.assertEqual(rc, 0, err)
+        for bad in ("\x1b", "\r", "\x07", "\x7f"):
+            self.assertNotIn(bad, out)
+        self.assertIn("\\x1b[31mred\\x1b[0m 0", out)
+        self.assertIn("carriage\\x0dreturn", out)
+        self.assertEqual(len(out.strip().split("\n")), 13)
+        # the image path, printed as the header line, likewise
+        odd = os.path.join(self.tmp.name, "new\nline\x1b.png")
+        with open(self.images[2], "rb") as src, open(odd, "wb") as dst:
+            dst.write(src.read())
+        rc, out, err = run("classify", "--model", self.st, "--topk", 1, odd)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out.split("\n")[0], odd.replace("\n", "\\n").replace("\x1b", "\\x1b"))
+
+    def test_error_messages_one_line(self):
+        bad = os.path.join(self.tmp.name, "no\nsuch\x1b[2J.png")
+        rc, out, err = run("classify", "--model", self.st, "--quiet", bad)
+        self.assertEqual(rc, 1)
+        lines = err.split("\n")
+        self.assertTrue(lines[0].startswith("vitc: error:"), err)
+        self.assertIn("no\\nsuch\\x1b[2J.png", lines[0])
+        self.assertNotIn("\x1b", err)
+
+    def test_every_numeric_option_is_strict(self):
+        png = os.path.join(self.tmp.name, "never_opt.png")
+        base = {"classify": ["--model", self.st, self.images[0]],
+                "attention-map": ["--model", self.st, "--out", png, self.images[0]],
+                "bench": ["--no-peak"], "demo": []}
+        numeric = {"classify": ["--topk", "--crop", "--resize", "--batch", "--threads"],
+                   "attention-map": ["--alpha", "--crop", "--resize", "--threads"],
+                   "bench": ["--threads", "--repeat"], "demo": ["--threads", "--repeat"]}
+        bad = ["", "1x", "x1", " 5", "5 ", "5\n", "nan", "inf", "-inf", "-1", "1e999",
+               "99999999999999999999", "2147483648", "1.5e3x", "0x"]
+        for cmd, opts in numeric.items():
+            for opt in opts:
+                for v in bad + (["2", "1.01"] if opt == "--alpha" else ["1.5", "0.5"]):
+                    for args in ([opt, v], [opt + "=" + v]):
+                        rc, out, err = run(cmd, *(args + base[cmd]))
+                        self.assertEqual(rc, 2, (cmd, args, err))
+                        self.assertEqual(out, "")
+                        lines = err.split("\n")
+                        self.assertTrue(lines[0].startswith("vitc: error: '%s' wants" % opt),
+                                        (cmd, args, err))
+                        self.assertTrue(lines[1].startswith("Try 'vitc %s --help'" % cmd), err)
+                        self.assertEqual(len(lines), 3, err)
+        self.assertFalse(os.path.exists(png))
+        # the bounds themselves are accepted
+        rc, out, err = run("classify", "--model", self.st, "--resize", "0", "--topk", "1",
+                           "--batch", "4096", "--threads", "1", "--json", self.images[0])
+        self.assertEqual(rc, 0, err)
+        rc, out, err = run("attention-map", "--model", self.st, "--out", png, "--alpha=1",
+                           "--crop", "48", self.images[0])
+        self.assertEqual(rc, 0, err)
+        # and the other usage errors the one parser reports
+        for args in (["--json=1"], ["--topk"], ["--bogus"], ["-x"]):
+            rc, out, err = run("classify", *(args + base["classify"]))
+            self.assertEqual(rc, 2, (args, err))
+        for cmd in (["inspect", self.st, self.st], ["demo", "extra"], ["bench", "extra"],
+                    ["inspect", "--full=x", self.st]):
+            rc, out, err = run(*cmd)
+            self.assertEqual(rc, 2, (cmd, err))
+            self.assertTrue(err.startswith("vitc: error:"), err)
 
 
 if __name__ == "__main__":

@@ -90,6 +90,42 @@ class TestPreprocess(unittest.TestCase):
         np.testing.assert_array_equal(preprocess_image(path, 128, 112),
                                       preprocess_image(img, 128, 112))
 
+    def test_grayscale_matches_torchvision(self):
+        # channels=1 is torchvision's Grayscale on the uint8 tensor, then the
+        # same transform; every uint8 triple's luminance, then resized crops.
+        rng = np.random.default_rng(7)
+        v = np.arange(256, dtype=np.uint8)
+        every = np.stack(np.meshgrid(v, v, v, indexing="ij"), -1).reshape(4096, 4096, 3)
+        t = torch.from_numpy(every).permute(2, 0, 1).contiguous()
+        want = TF.rgb_to_grayscale(t).numpy()[0]
+        got = preprocess_image(every, 0, 4096, mean=(0.0,), std=(1.0,), channels=1)[0]
+        np.testing.assert_array_equal(np.rint(got * 255).astype(np.int64), want)
+        photo = np.asarray(Image.open(os.path.join(DATA, "photo.jpg")).convert("RGB"))
+        cases = [(photo, 256, 224), (photo, 0, 100), (photo, 40, 48),
+                 (rng.integers(0, 256, (33, 71, 3), dtype=np.uint8), 64, 72)]
+        for img, r, c in cases:
+            t = TF.rgb_to_grayscale(torch.from_numpy(np.array(img)).permute(2, 0, 1))
+            if r:
+                t = TF.resize(t, [r], antialias=True)
+            t = TF.normalize(TF.convert_image_dtype(TF.center_crop(t, [c]), torch.float),
+                             [0.5], [0.25]).numpy()
+            got = preprocess_image(img, r, c, mean=(0.5,), std=(0.25,), channels=1)
+            self.assertEqual(got.shape, (1, c, c))
+            d = np.abs(got - t)
+            self.assertLessEqual(d.max(), 1 / (255 * 0.25) + 1e-5, (img.shape, r, c))
+            self.assertLessEqual(int((d > 1e-6).sum()), max(1, d.size // 10000), (img.shape, r, c))
+        with self.assertRaises(ValueError):
+            preprocess_image(photo, 0, 8, channels=4)
+
+    def test_extreme_aspect_window(self):
+        # Only the crop's window of the resized image is computed; the answer
+        # is torchvision's full resize-then-crop (long side 256 * 300).
+        rng = np.random.default_rng(3)
+        for shape in ((1, 300, 3), (300, 2, 3), (5, 401, 3)):
+            img = rng.integers(0, 256, shape, dtype=np.uint8)
+            self.check(img, 256, 224)
+            self.check(img, 7, 9)
+
     def test_bad_arguments(self):
         img = np.zeros((4, 4, 3), np.uint8)
         with self.assertRaises(VitcError):

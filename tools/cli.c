@@ -1,0 +1,275 @@
+/*
+ * cli.c — what the vitc commands share: error reporting, escaping untrusted
+ * text, the one option parser, and turning an image file into what a ViT
+ * reads. Kept apart from main (vitc.c) so that a fuzz target can link it.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+/* ------------------------------------------------------------------ */
+/* Escaping and errors                                                */
+/* ------------------------------------------------------------------ */
+
+/* The shown form of one byte of untrusted text, NUL-terminated in out. */
+static void cli_escape_byte(unsigned char c, char out[5]) {
+    if (c == '\n')
+        memcpy(out, "\\n", 3);
+    else if (c == '\t')
+        memcpy(out, "\\t", 3);
+    else if (c < 0x20 || c == 0x7f)
+        snprintf(out, 5, "\\x%02x", c);
+    else {
+        out[0] = (char)c;
+        out[1] = '\0';
+    }
+}
+
+void cli_put_escaped(FILE *f, const char *s, size_t max) {
+    char e[5];
+    for (size_t i = 0; s[i] && i < max; i++) {
+        cli_escape_byte((unsigned char)s[i], e);
+        fputs(e, f);
+    }
+}
+
+void cli_escape(char *dst, size_t cap, const char *s) {
+    size_t n = 0;
+    char e[5];
+    if (cap == 0)
+        return;
+    for (; *s; s++) {
+        size_t len;
+        cli_escape_byte((unsigned char)*s, e);
+        len = strlen(e);
+        if (n + len >= cap)
+            break;
+        memcpy(dst + n, e, len);
+        n += len;
+    }
+    dst[n] = '\0';
+}
+
+/* "vitc: error: " and the message on one line: a newline in a path or in a
+ * library message naming a file's contents must not start a line of its own. */
+static void cli_verror(const char *fmt, va_list ap) {
+    char small[1024], *msg = small;
+    va_list ap2;
+    int n;
+    va_copy(ap2, ap);
+    n = vsnprintf(small, sizeof small, fmt, ap);
+    if (n >= (int)sizeof small && (msg = malloc((size_t)n + 1)) != NULL)
+        vsnprintf(msg, (size_t)n + 1, fmt, ap2);
+    else if (n >= (int)sizeof small)
+        msg = small; /* out of memory: the cut message still says what failed */
+    va_end(ap2);
+    fputs("vitc: error: ", stderr);
+    cli_put_escaped(stderr, n < 0 ? fmt : msg, SIZE_MAX);
+    fputc('\n', stderr);
+    if (msg != small)
+        free(msg);
+}
+
+int cli_error(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cli_verror(fmt, ap);
+    va_end(ap);
+    return CLI_FAIL;
+}
+
+int cli_usage_error(const char *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cli_verror(fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "Try 'vitc %s%s--help'.\n", cmd ? cmd : "", cmd ? " " : "");
+    return CLI_USAGE;
+}
+
+int cli_lib_error(const char *what) { return cli_error("%s: %s", what, vitc_last_error()); }
+
+int cli_stderr_tty(void) { return isatty(2); }
+
+/* ------------------------------------------------------------------ */
+/* Options                                                            */
+/* ------------------------------------------------------------------ */
+
+int cli_parse_long(const char *s, long min, long max, long *out) {
+    char *end;
+    long v;
+    /* strtol alone would take "", " 5" and "5x" (as 5, with *end unchecked) */
+    if (!s || !(isdigit((unsigned char)s[0]) ||
+                ((s[0] == '-' || s[0] == '+') && isdigit((unsigned char)s[1]))))
+        return -1;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (errno || *end || v < min || v > max)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+int cli_parse_double(const char *s, double min, double max, double *out) {
+    char *end;
+    double v;
+    if (!s || !*s || isspace((unsigned char)s[0]))
+        return -1;
+    v = strtod(s, &end);
+    if (*end || !isfinite(v) || !(v >= min && v <= max))
+        return -1;
+    *out = v;
+    return 0;
+}
+
+/* The option argv[i] names, and its inline "=value" if any. */
+static const cli_opt *cli_find(const cli_spec *spec, const char *a, const char **inline_val) {
+    *inline_val = NULL;
+    for (int k = 0; k < spec->n_opts; k++) {
+        const cli_opt *o = &spec->opts[k];
+        size_t n = strlen(o->name);
+        if (o->alias && !strcmp(a, o->alias))
+            return o;
+        if (strncmp(a, o->name, n) == 0 && (a[n] == '\0' || a[n] == '=')) {
+            if (a[n] == '=')
+                *inline_val = a + n + 1;
+            return o;
+        }
+    }
+    return NULL;
+}
+
+static int cli_set(const cli_opt *o, const char *v, char *err, size_t err_len) {
+    char shown[80];
+    if (o->kind == CLI_STRING) {
+        *(const char **)o->dest = v;
+    } else if (o->kind == CLI_INT) {
+        long x;
+        if (cli_parse_long(v, (long)o->min, (long)o->max, &x) != 0) {
+            cli_escape(shown, sizeof shown, v);
+            snprintf(err, err_len, "'%s' wants an integer in [%ld, %ld], got '%s'", o->name,
+                     (long)o->min, (long)o->max, shown);
+            return CLI_PARSE_ERROR;
+        }
+        *(int *)o->dest = (int)x;
+    } else if (o->kind == CLI_FLOAT) {
+        double x;
+        if (cli_parse_double(v, o->min, o->max, &x) != 0) {
+            cli_escape(shown, sizeof shown, v);
+            snprintf(err, err_len, "'%s' wants a number in [%g, %g], got '%s'", o->name, o->min,
+                     o->max, shown);
+            return CLI_PARSE_ERROR;
+        }
+        *(float *)o->dest = (float)x;
+    }
+    if (o->given)
+        *o->given = 1;
+    return CLI_PARSE_OK;
+}
+
+int cli_parse(const cli_spec *spec, int argc, char **argv, char **pos, int *n_pos, char *err,
+              size_t err_len) {
+    char shown[80];
+    int rest = 0;
+    *n_pos = 0;
+    if (err_len)
+        err[0] = '\0';
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        const cli_opt *o;
+        if (rest || a[0] != '-' || !a[1] || !strcmp(a, "--")) {
+            if (!rest && !strcmp(a, "--")) {
+                rest = 1;
+                continue;
+            }
+            if (spec->max_pos >= 0 && *n_pos >= spec->max_pos) {
+                cli_escape(shown, sizeof shown, a);
+                if (spec->max_pos == 0)
+                    snprintf(err, err_len, "unexpected argument '%s'", shown);
+                else
+                    snprintf(err, err_len, "one %s at a time (got '%s' too)", spec->pos_name,
+                             shown);
+                return CLI_PARSE_ERROR;
+            }
+            pos[(*n_pos)++] = argv[i];
+            continue;
+        }
+        if (!strcmp(a, "-h") || !strcmp(a, "--help"))
+            return CLI_PARSE_HELP;
+        cli_escape(shown, sizeof shown, a);
+        if (!(o = cli_find(spec, a, &v))) {
+            snprintf(err, err_len, "unknown option '%s'", shown);
+            return CLI_PARSE_ERROR;
+        }
+        if (o->kind == CLI_FLAG) {
+            if (v) {
+                snprintf(err, err_len, "option '%s' takes no value", o->name);
+                return CLI_PARSE_ERROR;
+            }
+            *(int *)o->dest = 1;
+            if (o->given)
+                *o->given = 1;
+            continue;
+        }
+        if (!v) {
+            if (i + 1 >= argc) {
+                snprintf(err, err_len, "option '%s' needs a value", shown);
+                return CLI_PARSE_ERROR;
+            }
+            v = argv[++i];
+        }
+        if (cli_set(o, v, err, err_len) != CLI_PARSE_OK)
+            return CLI_PARSE_ERROR;
+    }
+    return CLI_PARSE_OK;
+}
+
+int cli_parse_command(const char *cmd, const cli_spec *spec, int argc, char **argv, char **pos,
+                      int *n_pos) {
+    char err[256];
+    int rc = cli_parse(spec, argc, argv, pos, n_pos, err, sizeof err);
+    if (rc == CLI_PARSE_ERROR)
+        return cli_usage_error(cmd, "%s", err);
+    return rc;
+}
+
+/* ------------------------------------------------------------------ */
+/* Images into a ViT                                                  */
+/* ------------------------------------------------------------------ */
+
+int cli_model_input(const char *model_path, const vitc_vit_config *cfg, int crop, int crop_set,
+                    int resize, int resize_set, cli_input *in) {
+    in->crop = crop_set ? crop : cfg->image_size;
+    in->resize = resize_set ? resize : (int)((int64_t)in->crop * 256 / 224);
+    in->channels = cfg->in_channels;
+    if (in->crop < cfg->patch_size)
+        return cli_error("--crop %d is smaller than the model's patch size %d", in->crop,
+                         cfg->patch_size);
+    /* The forward reads in_channels planes per image: images make 1 or 3,
+     * any other count would be read past what was filled. */
+    if (in->channels != 1 && in->channels != 3)
+        return cli_error("%s: the model takes %d input channels; images make 1 (luminance) or "
+                         "3 (RGB)", model_path, in->channels);
+    if (__builtin_mul_overflow((size_t)in->crop * (size_t)in->crop, (size_t)in->channels,
+                               &in->per_image))
+        return cli_error("--crop %d is too large", in->crop);
+    return CLI_OK;
+}
+
+vitc_status cli_load_input(const char *path, const vitc_vit_config *cfg, const cli_input *in,
+                           float *out) {
+    vitc_image img;
+    vitc_status st = vitc_image_load(path, 0, &img);
+    if (st == VITC_OK)
+        st = vitc_image_preprocess_channels(&img, in->resize, in->crop, in->channels, cfg->mean,
+                                            cfg->std, out);
+    vitc_image_free(&img);
+    return st;
+}
