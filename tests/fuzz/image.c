@@ -18,12 +18,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
  * decoded image alone take. */
 #define FUZZ_MAX_PIXELS (1 << 24)
 
-static void preprocess(const vitc_image *img, int resize, int crop) {
+static void preprocess(const vitc_image *img, int resize, int crop, int channels) {
     static const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
-    float *out = malloc(sizeof(float) * 3 * (size_t)crop * (size_t)crop);
+    float *out = malloc(sizeof(float) * (size_t)channels * (size_t)crop * (size_t)crop);
     if (!out)
         abort();
-    if (vitc_image_preprocess(img, resize, crop, mean, std, out) != VITC_OK &&
+    if (vitc_image_preprocess_channels(img, resize, crop, channels, mean, std, out) != VITC_OK &&
         !vitc_last_error()[0])
         abort();
     free(out);
@@ -43,8 +43,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (size_t i = 0; i < (size_t)img.width * img.height * 3; i++)
         sum += img.rgb[i];
     (void)sum;
-    preprocess(&img, 256, 224); /* the CLI's default for a 224 model */
-    preprocess(&img, 0, 33);    /* crop (and pad) only */
+    preprocess(&img, 256, 224, 3); /* the CLI's default for a 224 model */
+    preprocess(&img, 0, 33, 3);    /* crop (and pad) only */
+    preprocess(&img, 40, 32, 1);   /* a gray model: luminance first */
     vitc_image_free(&img);
     return 0;
 }
