@@ -656,7 +656,7 @@ static vitc_status crop_window(const uint8_t *src, int64_t h, int64_t w, int ch,
         if (!resize_w && !resize_h) {
             u = src + ((size_t)r * (size_t)w + (size_t)rx.a0) * ch;
         } else {
-            const float *f = mid + (size_t)(r - y_lo) * row_len;
+            const float *f;
             if (resize_h) {
                 /* output row r: each (column, channel) of mid is a line of
                  * samples row_len apart */
@@ -664,6 +664,10 @@ static vitc_status crop_window(const uint8_t *src, int64_t h, int64_t w, int ch,
                 aa_taps one = {th.xmin + i, th.xsize + i, th.w + (size_t)i * th.ksize, th.ksize};
                 aa_pass_f32(acc, mid, &one, 1, row_len, 1, row_len, 1, 1);
                 f = acc;
+            } else {
+                /* Only here is r a row of mid: with a vertical resize it is
+                 * an output row, and mid + (r - y_lo) may lie outside it. */
+                f = mid + (size_t)(r - y_lo) * row_len;
             }
             for (size_t k = 0; k < row_len; k++) {
                 float v = nearbyintf(f[k]); /* torch.round: half to even */
