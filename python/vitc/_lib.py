@@ -87,7 +87,9 @@ class LayerConfig(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int), ("in_channels", ctypes.c_int), ("embed_dim", ctypes.c_int),
                 ("num_heads", ctypes.c_int), ("patch_size", ctypes.c_int), ("kdim", ctypes.c_int),
                 ("vdim", ctypes.c_int), ("bias", ctypes.c_int), ("batch_first", ctypes.c_int),
-                ("qk_scale", ctypes.c_float), ("eps", ctypes.c_float), ("momentum", ctypes.c_float)]
+                ("qk_scale", ctypes.c_float), ("eps", ctypes.c_float), ("momentum", ctypes.c_float),
+                ("add_bias_kv", ctypes.c_int), ("add_zero_attn", ctypes.c_int),
+                ("dropout", ctypes.c_float)]
 
 
 class TensorView(ctypes.Structure):
@@ -164,8 +166,17 @@ _SIGNATURES = {
     "vitc_layer_forward": (_st, [_vp, c_float_p, _int, c_int64_p, c_float_p]),
     "vitc_mha_output_shapes": (_st, [_vp, _P(MhaArgs), _P(_int), c_int64_p, _P(_int), c_int64_p]),
     "vitc_mha_forward": (_st, [_vp, _P(MhaArgs), c_float_p, c_float_p]),
+    # layer training (tr-layers)
+    "vitc_layer_backward": (_st, [_vp, c_float_p, _int, c_int64_p, c_float_p]),
+    "vitc_layer_zero_grad": (_st, [_vp]),
+    "vitc_layer_grad": (_st, [_vp, _cs, _P(_int), _P(c_int64_p), _P(c_float_p)]),
+    "vitc_mha_backward": (_st, [_vp, _P(TensorView), c_float_p, c_float_p, c_float_p]),
     "vitc_sdpa": (_st, [_P(TensorView)] * 4 + [_int, _f32, c_float_p]),
     "vitc_softmax": (_st, [c_float_p, _int, c_int64_p, _int, _f32, c_float_p]),
+    # gradients of the functional attention and softmax (tr-attn)
+    "vitc_sdpa_backward": (_st, [_P(TensorView)] * 4 + [_int, _f32, c_float_p, c_float_p,
+                                                        c_float_p, c_float_p]),
+    "vitc_softmax_backward": (_st, [c_float_p, c_float_p, _int, c_int64_p, _int, _f32, c_float_p]),
     # images
     "vitc_image_load": (_st, [_cs, _i64, _P(Image)]),
     "vitc_image_free": (None, [_P(Image)]),
@@ -181,6 +192,18 @@ _SIGNATURES = {
     "vitc_vit_label": (_cs, [_vp, _int]),
     "vitc_vit_forward": (_st, [_vp, c_float_p, _int, _int, _int, c_float_p]),
     "vitc_vit_attention_maps": (_st, [_vp, c_float_p, _int, _int, _int, c_float_p, c_float_p]),
+    # ViT training (tr-core)
+    "vitc_vit_default_config": (VitConfig, []),
+    "vitc_vit_create": (_st, [_P(VitConfig), ctypes.c_uint64, _P(_vp)]),
+    "vitc_vit_set_training": (None, [_vp, _int]),
+    "vitc_vit_is_training": (_int, [_vp]),
+    "vitc_vit_set_dropout": (_st, [_vp, _f32, _f32, _f32]),
+    "vitc_vit_backward": (_st, [_vp, c_float_p]),
+    "vitc_vit_zero_grad": (_st, [_vp]),
+    "vitc_vit_num_params": (_int, [_vp]),
+    "vitc_vit_param": (_st, [_vp, _int, _cspp, _P(_int), _P(c_int64_p), _P(c_float_p),
+                             _P(c_float_p)]),
+    "vitc_vit_save": (_st, [_vp, _cs]),
 }
 
 for _name, (_res, _args) in _SIGNATURES.items():
@@ -299,3 +322,71 @@ class TensorList:
         self.ndims = (ctypes.c_int * n)(*[a.ndim for a in arrays])
         self.shapes = (c_int64_p * n)(*[ctypes.cast(b, c_int64_p) for b in self._shapes])
         self.data = (c_float_p * n)(*[fptr(a) for a in arrays])
+
+
+# ---- training: loss, optimizers, clipping, schedules (tr-optim) -----------
+
+class OptimConfig(ctypes.Structure):
+    """vitc_optim_config."""
+    _fields_ = [("kind", ctypes.c_int), ("lr", ctypes.c_double),
+                ("weight_decay", ctypes.c_double), ("beta1", ctypes.c_double),
+                ("beta2", ctypes.c_double), ("eps", ctypes.c_double), ("amsgrad", ctypes.c_int),
+                ("momentum", ctypes.c_double), ("dampening", ctypes.c_double),
+                ("nesterov", ctypes.c_int), ("decay_all", ctypes.c_int)]
+
+
+class OneCycleConfig(ctypes.Structure):
+    """vitc_onecycle_config."""
+    _fields_ = [("max_lr", ctypes.c_double), ("total_steps", ctypes.c_int64),
+                ("pct_start", ctypes.c_double), ("anneal_linear", ctypes.c_int),
+                ("div_factor", ctypes.c_double), ("final_div_factor", ctypes.c_double),
+                ("three_phase", ctypes.c_int), ("cycle_momentum", ctypes.c_int),
+                ("base_momentum", ctypes.c_double), ("max_momentum", ctypes.c_double)]
+
+
+class OptimKind(enum.IntEnum):
+    """vitc_optim_kind."""
+    SGD = 0
+    ADAMW = 1
+
+
+OPTIM_SGD, OPTIM_ADAMW = OptimKind.SGD, OptimKind.ADAMW
+STRUCTS.update({"vitc_optim_config": OptimConfig, "vitc_onecycle_config": OneCycleConfig})
+ENUMS.append(("VITC_OPTIM_", OptimKind))
+
+
+def _train_signatures():
+    P, vp, i, i64, d, f = (ctypes.POINTER, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                           ctypes.c_double, ctypes.c_float)
+    sigs = {
+        "vitc_cross_entropy": (i, [P(f), P(i64), i64, i64, f, P(f), P(f)]),
+        "vitc_optim_default_config": (OptimConfig, [i]),
+        "vitc_optimizer_create_vit": (i, [vp, P(OptimConfig), P(vp)]),
+        "vitc_optimizer_create_layer": (i, [vp, P(OptimConfig), P(vp)]),
+        "vitc_optimizer_free": (None, [vp]),
+        "vitc_optimizer_step": (i, [vp]),
+        "vitc_optimizer_zero_grad": (i, [vp]),
+        "vitc_optimizer_set_lr": (i, [vp, d]),
+        "vitc_optimizer_get_lr": (d, [vp]),
+        "vitc_optimizer_set_momentum": (i, [vp, d]),
+        "vitc_optimizer_get_momentum": (d, [vp]),
+        "vitc_optimizer_get_config": (P(OptimConfig), [vp]),
+        "vitc_optimizer_num_params": (ctypes.c_size_t, [vp]),
+        "vitc_optimizer_num_states": (i, [vp]),
+        "vitc_optimizer_state": (i, [vp, i, P(ctypes.c_char_p), P(P(f))]),
+        "vitc_optimizer_get_step": (i64, [vp]),
+        "vitc_optimizer_set_step": (i, [vp, i64]),
+        "vitc_clip_grad_norm_optimizer": (i, [vp, f, P(f)]),
+        "vitc_clip_grad_norm_vit": (i, [vp, f, P(f)]),
+        "vitc_clip_grad_norm_layer": (i, [vp, f, P(f)]),
+        "vitc_lr_warmup_cosine": (i, [i64, i64, i64, d, d, P(d)]),
+        "vitc_onecycle_default_config": (OneCycleConfig, [d, i64]),
+        "vitc_lr_onecycle": (i, [P(OneCycleConfig), i64, P(d), P(d)]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+
+
+_train_signatures()
+

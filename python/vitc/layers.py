@@ -173,7 +173,43 @@ class _Layer:
             check(lib.vitc_layer_forward(self._ptr, fptr(x), x.ndim, shp, fptr(out)))
             if self._norm_prefix and self.training:
                 self.num_batches_tracked += 1
+            self._in_shape = x.shape if self.training else None
         return out
+
+    # -- training -------------------------------------------------------
+    def backward(self, dy):
+        """Gradient of the last training-mode forward: returns dx (the input's
+        shape) and accumulates every parameter's gradient (see grads())."""
+        dy = _arr(dy)
+        if dy.ndim > MAX_NDIM:
+            raise VitcError(Status.ERR_SHAPE, "dy has %d dimensions (at most %d)" % (dy.ndim, MAX_NDIM))
+        with self._lock:
+            shape = getattr(self, "_in_shape", None)
+            if shape is None:
+                raise VitcError(Status.ERR_INVALID_ARG, "%s.backward: no training-mode forward recorded "
+                                "(call train() and forward first)" % type(self).__name__)
+            dx = np.empty(shape, dtype=np.float32)
+            check(lib.vitc_layer_backward(self._ptr, fptr(dy), dy.ndim, shape_arr(dy.shape), fptr(dx)))
+        return dx
+
+    def grads(self):
+        """Accumulated gradients (copies) under the torch key names; buffers have none."""
+        out = {}
+        ndim, shape, data = ctypes.c_int(), c_int64_p(), c_float_p()
+        with self._lock:
+            for k, _ in self._params():
+                if k.endswith("running_mean") or k.endswith("running_var"):
+                    continue
+                check(lib.vitc_layer_grad(self._ptr, k.encode(), ctypes.byref(ndim), ctypes.byref(shape),
+                                          ctypes.byref(data)))
+                shp = tuple(shape[j] for j in range(ndim.value))
+                n = int(np.prod(shp, dtype=np.int64))
+                out[k] = np.ctypeslib.as_array(data, shape=(max(n, 1),))[:n].reshape(shp).copy()
+        return out
+
+    def zero_grad(self):
+        with self._lock:
+            check(lib.vitc_layer_zero_grad(self._ptr))
 
     def __call__(self, *args, **kwargs):
         return self.forward(*args, **kwargs)
@@ -244,15 +280,16 @@ class MultiheadAttention(_Layer):
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, seed=None):
-        if dropout:
-            raise VitcError(Status.ERR_UNSUPPORTED, "MultiheadAttention: dropout is not supported (inference only)")
-        if add_bias_kv or add_zero_attn:
-            raise VitcError(Status.ERR_UNSUPPORTED, "MultiheadAttention: add_bias_kv / add_zero_attn are not supported")
+        dropout = float_arg(dropout, "dropout")
+        if not 0.0 <= dropout <= 1.0:
+            raise VitcError(Status.ERR_INVALID_ARG, "MultiheadAttention: dropout must be in [0, 1], got %r" % (dropout,))
         embed_dim, num_heads = size_arg(embed_dim, "embed_dim"), size_arg(num_heads, "num_heads")
         super().__init__(_MHA, seed, embed_dim=embed_dim, num_heads=num_heads, bias=1 if bias else 0,
                          kdim=0 if kdim is None else size_arg(kdim, "kdim"),
                          vdim=0 if vdim is None else size_arg(vdim, "vdim"),
-                         batch_first=1 if batch_first else 0)
+                         batch_first=1 if batch_first else 0,
+                         add_bias_kv=1 if add_bias_kv else 0, add_zero_attn=1 if add_zero_attn else 0,
+                         dropout=dropout)
         self.embed_dim, self.num_heads, self.batch_first = embed_dim, num_heads, batch_first
 
     def forward(self, query, key, value, key_padding_mask=None, need_weights=True, attn_mask=None,
@@ -278,7 +315,25 @@ class MultiheadAttention(_Layer):
             w = np.empty(tuple(wsh[i] for i in range(wnd.value)), dtype=np.float32) if need_weights else None
             check(lib.vitc_mha_forward(self._ptr, ctypes.byref(a), fptr(out),
                                        fptr(w) if w is not None else None))
+            self._in_shape = (q.shape, k.shape, v.shape) if self.training else None
         return out, w
+
+    def backward(self, dy):
+        """Gradients of the last training-mode forward: (d_query, d_key, d_value),
+        and every parameter's gradient accumulates (grads()). When query, key
+        and value were one array, its gradient is the sum of the three."""
+        dy = _arr(dy)
+        if dy.ndim > MAX_NDIM:
+            raise VitcError(Status.ERR_SHAPE, "dy has %d dimensions (at most %d)" % (dy.ndim, MAX_NDIM))
+        with self._lock:
+            shapes = getattr(self, "_in_shape", None)
+            if shapes is None:
+                raise VitcError(Status.ERR_INVALID_ARG, "MultiheadAttention.backward: no training-mode "
+                                "forward recorded (call train() and forward first)")
+            dq, dk, dv = (np.empty(s, dtype=np.float32) for s in shapes)
+            vd = _view(dy)
+            check(lib.vitc_mha_backward(self._ptr, ctypes.byref(vd), fptr(dq), fptr(dk), fptr(dv)))
+        return dq, dk, dv
 
 
 def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False,

@@ -1,12 +1,17 @@
 /*
  * ops_simd.h — the per-ISA row ops behind the dispatchers in ops.c
- * (ops_avx512.c, ops_avx2.c). Private to those files and their tests.
+ * (ops_avx512.c, ops_avx2.c), which the kernel table (dispatch.c) points
+ * at. Private to those files and their tests.
  * Same contracts as the kernels.h functions of the same name.
  */
 #ifndef VITC_OPS_SIMD_H
 #define VITC_OPS_SIMD_H
 
 #include "kernels.h"
+
+/* The generic GroupNorm helpers (the scalar loops; ops.c). */
+void vitc__row_stats_ref(const float *x, int64_t n, double shift, double *o);
+void vitc__row_norm_ref(float *y, const float *x, int64_t n, float mean, float sc, float sh);
 
 void vitc__gelu_avx512(float *x, int64_t n);
 void vitc__softmax_rows_avx512(float *x, int64_t rows, int64_t n, float inv_temperature);
@@ -20,9 +25,24 @@ void vitc__row_norm_avx512(float *y, const float *x, int64_t n, float mean, floa
 void vitc__row_stats_avx2(const float *x, int64_t n, double shift, double *o);
 void vitc__row_norm_avx2(float *y, const float *x, int64_t n, float mean, float sc, float sh);
 
+void vitc__softmax_rows_backward_avx512(float *dx, const float *y, const float *dy, int64_t rows,
+                                        int64_t n, float inv_temperature);
+void vitc__softmax_rows_backward_avx2(float *dx, const float *y, const float *dy, int64_t rows,
+                                      int64_t n, float inv_temperature);
+
 void vitc__gelu_avx2(float *x, int64_t n);
 void vitc__softmax_rows_avx2(float *x, int64_t rows, int64_t n, float inv_temperature);
 void vitc__layernorm_avx2(float *y, const float *x, const float *w, const float *b, int64_t M,
                           int64_t C, float eps);
+
+/* Backward row ops (ops_bwd_tmpl.h; the _ref ones in ops_backward.c). */
+void vitc__layernorm_backward_row_ref(float *dx, const float *dy, const float *x, const float *w,
+                                      int64_t C, float mean, float rstd);
+void vitc__gelu_backward_avx2(float *dx, const float *dy, const float *x, int64_t n);
+void vitc__gelu_backward_avx512(float *dx, const float *dy, const float *x, int64_t n);
+void vitc__layernorm_backward_row_avx2(float *dx, const float *dy, const float *x, const float *w,
+                                       int64_t C, float mean, float rstd);
+void vitc__layernorm_backward_row_avx512(float *dx, const float *dy, const float *x,
+                                         const float *w, int64_t C, float mean, float rstd);
 
 #endif

@@ -18,7 +18,19 @@ import torch.nn.functional as F
 
 import vitc
 
-torch.set_grad_enabled(False)
+
+# Autograd off for this module's tests only: unittest discovery imports every
+# test module before running any, and the gradient tests need it on.
+def setUpModule():
+    global _grad_was
+    _grad_was = torch.is_grad_enabled()
+    torch.set_grad_enabled(False)
+
+
+def tearDownModule():
+    torch.set_grad_enabled(_grad_was)
+
+
 warnings.filterwarnings("ignore", "Byte tensor for attn_mask")
 
 
