@@ -43,7 +43,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         abort();
     tensors = json_object();
     for (int i = 0; i < m->n_entries; i++) {
-        const vitc__vit_entry *e = &m->table[i];
+        const vitc__param *e = &m->table[i];
         json_t *shape = json_array();
         for (int k = 0; k < e->ndim; k++)
             json_array_append_new(shape, json_integer(e->shape[k]));
