@@ -24,6 +24,7 @@
 #include "kernels/kernels.h"
 
 #include "testutil.h"
+#include "attn_testutil.h"
 
 #if defined(__has_include)
 #if __has_include(<valgrind/valgrind.h>)
@@ -70,51 +71,23 @@ static void tdata_make(tdata *t, const tcase *c) {
     int64_t B = c->B, H = c->H, L = c->L, S = c->S, D = c->D, Dv = c->Dv;
     d->B = B, d->H = H, d->L = L, d->S = S, d->D = D, d->Dv = Dv;
     d->scale = c->scale_mul / sqrtf((float)D);
-    if (c->layout == FUSED_QKV) {
-        /* [B, N, 3, H, d] as timm's qkv linear writes it, O as [B, N, H, d]. */
-        assert_int_equal(L, S);
-        assert_int_equal(D, Dv);
-        size_t n = (size_t)(B * L * 3 * H * D);
-        t->qkv = tu_falloc(n);
-        tu_fill(&rng_state, t->qkv, n, 1.0f);
-        d->q = t->qkv, d->k = t->qkv + H * D, d->v = t->qkv + 2 * H * D;
-        d->q_sb = d->k_sb = d->v_sb = L * 3 * H * D;
-        d->q_sh = d->k_sh = d->v_sh = D;
-        d->q_sr = d->k_sr = d->v_sr = 3 * H * D;
-        t->o_n = (size_t)(B * L * H * Dv);
-        t->o = tu_falloc(t->o_n);
-        d->o = t->o, d->o_sb = L * H * Dv, d->o_sh = Dv, d->o_sr = H * Dv;
-    } else {
-        t->q = tu_falloc((size_t)(B * H * L * D));
-        t->k = tu_falloc((size_t)(B * H * S * D));
-        t->v = tu_falloc((size_t)(B * H * S * Dv));
-        tu_fill(&rng_state, t->q, (size_t)(B * H * L * D), 1.0f);
-        tu_fill(&rng_state, t->k, (size_t)(B * H * S * D), 1.0f);
-        tu_fill(&rng_state, t->v, (size_t)(B * H * S * Dv), 1.0f);
-        d->q = t->q, d->q_sb = H * L * D, d->q_sh = L * D, d->q_sr = D;
-        d->k = t->k, d->k_sb = H * S * D, d->k_sh = S * D, d->k_sr = D;
-        d->v = t->v, d->v_sb = H * S * Dv, d->v_sh = S * Dv, d->v_sr = Dv;
-        t->o_n = (size_t)(B * H * L * Dv);
-        t->o = tu_falloc(t->o_n);
-        d->o = t->o, d->o_sb = H * L * Dv, d->o_sh = L * Dv, d->o_sr = Dv;
-    }
+    int fused = c->layout == FUSED_QKV;
+    atu_make_qkv(d, fused, &t->qkv, &t->q, &t->k, &t->v, &rng_state);
+    /* O as [B, N, H, d] in the fused layout (as timm reads it), else [B, H, N, d]. */
+    t->o_n = (size_t)(B * H * L * Dv);
+    t->o = tu_falloc(t->o_n);
+    d->o = t->o, d->o_sb = fused ? L * H * Dv : H * L * Dv, d->o_sh = fused ? Dv : L * Dv,
+    d->o_sr = fused ? H * Dv : Dv;
     switch (c->mask) {
     case NO_MASK: break;
-    case MASK_LS: /* [L, S] broadcast over b and h */
-        t->mask = tu_falloc((size_t)(L * S));
-        tu_fill(&rng_state, t->mask, (size_t)(L * S), 3.0f);
-        d->mask = t->mask, d->m_sr = S;
+    case MASK_LS:
+        t->mask = atu_make_mask(d, ATU_MASK_LS, &rng_state);
         break;
-    case MASK_B1LS: /* [B, 1, L, S] */
-        t->mask = tu_falloc((size_t)(B * L * S));
-        tu_fill(&rng_state, t->mask, (size_t)(B * L * S), 3.0f);
-        d->mask = t->mask, d->m_sb = L * S, d->m_sr = S;
+    case MASK_B1LS:
+        t->mask = atu_make_mask(d, ATU_MASK_B1LS, &rng_state);
         break;
-    case MASK_KEYPAD: /* [B, 1, 1, S]: the last third of the keys padded out */
-        t->mask = tu_falloc((size_t)(B * S));
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t j = 0; j < S; j++) t->mask[b * S + j] = j >= S - S / 3 ? -INFINITY : 0.0f;
-        d->mask = t->mask, d->m_sb = S;
+    case MASK_KEYPAD:
+        t->mask = atu_make_mask(d, ATU_MASK_KEYPAD, &rng_state);
         break;
     case MASK_INF: /* [B, H, L, S], 40% -inf, every 5th row fully masked */
         t->mask = tu_falloc((size_t)(B * H * L * S));

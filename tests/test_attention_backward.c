@@ -26,6 +26,7 @@
 #include "kernels/kernels.h"
 
 #include "testutil.h"
+#include "attn_testutil.h"
 
 static const char *const arch_names[] = {"generic", "avx2", "avx512"};
 
@@ -54,27 +55,7 @@ static void tdata_make(tdata *t, const tcase *c) {
     int64_t B = c->B, H = c->H, L = c->L, S = c->S, D = c->D, Dv = c->Dv;
     f->B = B, f->H = H, f->L = L, f->S = S, f->D = D, f->Dv = Dv;
     f->scale = 1.0f / sqrtf((float)(D ? D : 1));
-    if (c->layout == FUSED_QKV) { /* [B, N, 3, H, d]; o and the gradients [B, N, H, d] */
-        assert_int_equal(L, S);
-        assert_int_equal(D, Dv);
-        size_t n = (size_t)(B * L * 3 * H * D);
-        t->qkv = tu_falloc(n);
-        tu_fill(&rng_state, t->qkv, n, 1.0f);
-        f->q = t->qkv, f->k = t->qkv + H * D, f->v = t->qkv + 2 * H * D;
-        f->q_sb = f->k_sb = f->v_sb = L * 3 * H * D;
-        f->q_sh = f->k_sh = f->v_sh = D;
-        f->q_sr = f->k_sr = f->v_sr = 3 * H * D;
-    } else {
-        t->q = tu_falloc((size_t)(B * H * L * D));
-        t->k = tu_falloc((size_t)(B * H * S * D));
-        t->v = tu_falloc((size_t)(B * H * S * Dv));
-        tu_fill(&rng_state, t->q, (size_t)(B * H * L * D), 1.0f);
-        tu_fill(&rng_state, t->k, (size_t)(B * H * S * D), 1.0f);
-        tu_fill(&rng_state, t->v, (size_t)(B * H * S * Dv), 1.0f);
-        f->q = t->q, f->q_sb = H * L * D, f->q_sh = L * D, f->q_sr = D;
-        f->k = t->k, f->k_sb = H * S * D, f->k_sh = S * D, f->k_sr = D;
-        f->v = t->v, f->v_sb = H * S * Dv, f->v_sh = S * Dv, f->v_sr = Dv;
-    }
+    atu_make_qkv(f, c->layout == FUSED_QKV, &t->qkv, &t->q, &t->k, &t->v, &rng_state);
     /* o, dout and the gradients: [B, N, H, d] in the fused layout (strided
      * rows), [B, H, N, d] otherwise. */
     int fused = c->layout == FUSED_QKV;
@@ -97,21 +78,14 @@ static void tdata_make(tdata *t, const tcase *c) {
     f->lse = t->lse, f->lse_sb = H * L, f->lse_sh = L;
     switch (c->mask) {
     case NO_MASK: break;
-    case MASK_LS: /* [L, S] float, broadcast over b and h */
-        t->mask = tu_falloc((size_t)(L * S));
-        tu_fill(&rng_state, t->mask, (size_t)(L * S), 3.0f);
-        f->mask = t->mask, f->m_sr = S;
+    case MASK_LS:
+        t->mask = atu_make_mask(f, ATU_MASK_LS, &rng_state);
         break;
-    case MASK_B1LS: /* [B, 1, L, S] */
-        t->mask = tu_falloc((size_t)(B * L * S));
-        tu_fill(&rng_state, t->mask, (size_t)(B * L * S), 3.0f);
-        f->mask = t->mask, f->m_sb = L * S, f->m_sr = S;
+    case MASK_B1LS:
+        t->mask = atu_make_mask(f, ATU_MASK_B1LS, &rng_state);
         break;
-    case MASK_KEYPAD: /* [B, 1, 1, S], a bool key-padding mask as it reaches the kernel */
-        t->mask = tu_falloc((size_t)(B * S));
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t j = 0; j < S; j++) t->mask[b * S + j] = j >= S - S / 3 ? -INFINITY : 0.0f;
-        f->mask = t->mask, f->m_sb = S;
+    case MASK_KEYPAD:
+        t->mask = atu_make_mask(f, ATU_MASK_KEYPAD, &rng_state);
         break;
     case MASK_HOLES:   /* [B, H, L, S]: 40% -inf, each row keeps key (7 l) mod S */
     case MASK_FULLROW: /* and row 2 of head (0, 0) fully masked */
