@@ -291,7 +291,7 @@ VITC_API vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view
 VITC_API vitc_status vitc_softmax(const float *x, int ndim, const int64_t *shape, int dim,
                                   float temperature, float *out);
 
-/* ---- Training: layer backward (issue 8, tr-layers) ---------------- */
+/* ---- Training: layer backward ----------------------------------- */
 
 /* Backward of the last training-mode vitc_layer_forward: dy has the
  * forward's output shape (ndim, shape), dx receives the input gradient
@@ -322,7 +322,7 @@ VITC_API vitc_status vitc_layer_grad(vitc_layer *layer, const char *name, int *n
 VITC_API vitc_status vitc_mha_backward(vitc_layer *layer, const vitc_tensor_view *d_out,
                                        float *d_query, float *d_key, float *d_value);
 
-/* ---- end of tr-layers' training block ------------------------------ */
+/* ---- end of the layer training block ------------------------------ */
 
 /* ---- training: gradients of the functional attention and softmax --- */
 
@@ -541,7 +541,7 @@ VITC_API vitc_status vitc_vit_forward(vitc_vit *m, const float *images, int B, i
 VITC_API vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int H,
                                              int W, float *attn, float *rollout);
 
-/* ---- ViT training (issue 8, tr-core) ------------------------------- */
+/* ---- ViT training ------------------------------------------------ */
 
 /* A new model of cfg with torchvision's VisionTransformer.__init__
  * initialisation drawn from seed; its norm_eps/mean/std are taken as given
