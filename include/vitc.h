@@ -537,6 +537,41 @@ VITC_API vitc_status vitc_vit_forward(vitc_vit *m, const float *images, int B, i
 VITC_API vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int H,
                                              int W, float *attn, float *rollout);
 
+/* ---- Hugging Face Hub models and embeddings (issue 10) ------------- */
+
+/* vitc_vit_load also takes a Hub model: a directory with config.json and
+ * model.safetensors (or a sharded model.safetensors.index.json), or one of
+ * those files with config.json beside it. model_type "vit" (ViTModel,
+ * ViTForImageClassification) and "deit" (DeiTModel, ...ForImageClassification,
+ * ...WithTeacher) are read; the backbone prefix (vit., deit.) may be present
+ * or absent. Tensors the forward does not use (pooler, position_ids, ...)
+ * are skipped and listed by vitc_vit_ignored. */
+typedef enum vitc_pool {
+    VITC_POOL_DEFAULT = 0, /* the family's own pooled output (ViT/DeiT: CLS after the final LN) */
+    VITC_POOL_CLS = 1,     /* the class token after the final LayerNorm */
+    VITC_POOL_MEAN = 2,    /* the mean of the patch tokens after the final LayerNorm */
+    VITC_POOL_TOKENS = 3   /* the patch tokens after the final LayerNorm, [P, C] per image */
+} vitc_pool;
+/* "torchvision", "timm", "hf-vit", "hf-deit". */
+VITC_API const char *vitc_vit_family(const vitc_vit *m);
+/* 0 for a backbone (vitc_vit_forward then fails; use vitc_vit_embed). */
+VITC_API int vitc_vit_has_head(const vitc_vit *m);
+/* Tokens before the patches: 1 (class) or 2 (DeiT's class + distillation). */
+VITC_API int vitc_vit_num_prefix_tokens(const vitc_vit *m);
+/* Checkpoint tensors skipped as unused by the forward. */
+VITC_API int vitc_vit_num_ignored(const vitc_vit *m);
+VITC_API const char *vitc_vit_ignored(const vitc_vit *m, int i);
+/* Floats per image that vitc_vit_embed writes for images of H x W. */
+VITC_API vitc_status vitc_vit_embed_size(const vitc_vit *m, vitc_pool pool, int H, int W,
+                                         int64_t *floats);
+/* images [B, C, H, W] (normalized) -> out [B, embed_size] (not L2-normalized). */
+VITC_API vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int H, int W,
+                                    vitc_pool pool, float *out);
+/* Every token after the final LayerNorm (HF's last_hidden_state):
+ * out [B, prefix + patches, hidden_dim]. */
+VITC_API vitc_status vitc_vit_forward_features(vitc_vit *m, const float *images, int B, int H,
+                                               int W, float *out);
+
 /* ---- ViT training (issue 8, tr-core) ------------------------------- */
 
 /* A new model of cfg with torchvision's VisionTransformer.__init__

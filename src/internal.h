@@ -25,6 +25,13 @@ vitc_status vitc__err_prefix(vitc_status status, const char *fmt, ...)
             return vitc__s;            \
     } while (0)
 
+/* vitc_safetensors_load with flags: VITC__ST_KEEP_I64 lists I64 tensors
+ * (dtype "I64", data NULL) instead of refusing the file — Hub checkpoints
+ * carry int64 position_ids buffers that a forward never reads. */
+#define VITC__ST_KEEP_I64 1
+typedef struct vitc_safetensors vitc_safetensors;
+vitc_status vitc__safetensors_load_flags(const char *path, int flags, vitc_safetensors **out);
+
 /* Overflow-checked size arithmetic: 1 on success, 0 on overflow. */
 static inline int vitc__mul_size(size_t a, size_t b, size_t *out) {
     return !__builtin_mul_overflow(a, b, out);

@@ -11,6 +11,7 @@ static const struct {
     const char *help;
 } cli_cmds[] = {
     {"classify", cmd_classify, "classify images with a Vision Transformer checkpoint"},
+    {"embed", cmd_embed, "one embedding per image (Hub ViT/DeiT or any checkpoint)"},
     {"attention-map", cmd_attention_map, "write an attention heat map over an image (PNG)"},
     {"inspect", cmd_inspect, "list a safetensors file's tensors, metadata and architecture"},
     {"bench", cmd_bench, "time the standard attention workloads"},

@@ -40,6 +40,8 @@ void vitc_vit_free(vitc_vit *m) {
     vitc__buf_free(&m->pos_buf);
     vitc__buf_free(&m->probs_buf);
     vitc__buf_free(&m->roll_buf);
+    vitc__buf_free(&m->feat_buf);
+    free(m->ignored);
     free(m);
 }
 
@@ -66,11 +68,9 @@ static void vit_cubic_weights(float w[4], float t) {
     w[3] = ((A * x3 - 5.0f * A) * x3 + 8.0f * A) * x3 - 4.0f * A;
 }
 
-/* Source taps and weights of output index o, align_corners=True; taps past
- * the edge are clamped, as upsample_get_value_bounded does. */
-static void vit_cubic_taps(int64_t o, int64_t in, int64_t out, int64_t idx[4], float w[4]) {
-    float scale = out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f;
-    float real = scale * (float)o;
+/* Taps and weights at source coordinate real; taps past the edge are
+ * clamped, as upsample_get_value_bounded does. */
+static void vit_cubic_at(float real, int64_t in, int64_t idx[4], float w[4]) {
     int64_t i0 = (int64_t)floorf(real);
     vit_cubic_weights(w, real - (float)i0);
     for (int k = 0; k < 4; k++) {
@@ -79,14 +79,30 @@ static void vit_cubic_taps(int64_t o, int64_t in, int64_t out, int64_t idx[4], f
     }
 }
 
-void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw, int64_t oh,
-                      int64_t ow) {
+/* Source taps and weights of output index o, align_corners=True. */
+static void vit_cubic_taps(int64_t o, int64_t in, int64_t out, int64_t idx[4], float w[4]) {
+    float scale = out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f;
+    float real = scale * (float)o;
+    vit_cubic_at(real, in, idx, w);
+}
+
+/* The same with align_corners=False and an output size (no scale factor):
+ * source (o + 0.5) * in/out - 0.5, not clamped (cubic), as
+ * area_pixel_compute_source_index computes it; HF's ViT family resamples
+ * its position grid so (transformers >= 4.45). */
+static void vit_cubic_taps_hp(int64_t o, int64_t in, int64_t out, int64_t idx[4], float w[4]) {
+    float scale = (float)in / (float)out;
+    vit_cubic_at(scale * ((float)o + 0.5f) - 0.5f, in, idx, w);
+}
+
+static void vit_bicubic(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw,
+                        int64_t oh, int64_t ow, int half_pixel) {
     for (int64_t y = 0; y < oh; y++) {
         int64_t ys[4], xs[4];
         float wy[4], wx[4];
-        vit_cubic_taps(y, ih, oh, ys, wy);
+        (half_pixel ? vit_cubic_taps_hp : vit_cubic_taps)(y, ih, oh, ys, wy);
         for (int64_t x = 0; x < ow; x++) {
-            vit_cubic_taps(x, iw, ow, xs, wx);
+            (half_pixel ? vit_cubic_taps_hp : vit_cubic_taps)(x, iw, ow, xs, wx);
             float *d = dst + (y * ow + x) * C;
             for (int64_t c = 0; c < C; c++) {
                 float acc = 0.0f;
@@ -100,6 +116,11 @@ void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64
             }
         }
     }
+}
+
+void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw, int64_t oh,
+                      int64_t ow) {
+    vit_bicubic(dst, src, C, ih, iw, oh, ow, 0);
 }
 
 /* The adjoint of vitc__bicubic_ac: dsrc [ih*iw, C] += the transpose of the
@@ -128,7 +149,7 @@ void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_
  * else resampled as torchvision's interpolate_embeddings does (the class
  * token's row kept, the patch rows as a [C, g, g] image, bicubic). */
 static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
-    int64_t g = m->cfg.image_size / m->cfg.patch_size, C = m->cfg.hidden_dim;
+    int64_t g = m->cfg.image_size / m->cfg.patch_size, C = m->cfg.hidden_dim, np = m->n_prefix;
     if (gh == g && gw == g) {
         m->pos_used = m->w.pos;
         return VITC_OK;
@@ -138,13 +159,15 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
         return VITC_OK;
     }
     size_t n;
-    if (!vitc__mul_size((size_t)(gh * gw + 1), (size_t)C, &n))
+    if (!vitc__mul_size((size_t)(gh * gw + np), (size_t)C, &n))
         return vitc__err(VITC_ERR_NOMEM, "position embedding for a %lldx%lld grid overflows",
                          (long long)gh, (long long)gw);
     m->pos_gh = m->pos_gw = 0;
     VITC_TRY(vitc__buf_reserve(&m->pos_buf, n));
-    memcpy(m->pos_buf.p, m->w.pos, (size_t)C * sizeof(float));
-    vitc__bicubic_ac(m->pos_buf.p + C, m->w.pos + C, C, g, g, gh, gw);
+    /* The class (and distillation) rows are kept as they are. */
+    memcpy(m->pos_buf.p, m->w.pos, (size_t)(np * C) * sizeof(float));
+    vit_bicubic(m->pos_buf.p + np * C, m->w.pos + np * C, C, g, g, gh, gw,
+                m->pos_rule == VIT_POS_HALF_PIXEL);
     m->pos_gh = (int)gh;
     m->pos_gw = (int)gw;
     m->pos_used = m->pos_buf.p;
@@ -161,7 +184,7 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
  * rounded to 16 floats (64 bytes). */
 static vitc_status vit_activations(vitc_vit *m, int64_t B, int64_t P, int training) {
     const vitc_vit_config *c = &m->cfg;
-    size_t N = (size_t)P + 1, C = (size_t)c->hidden_dim, K = 0, rows = 0, prow = 0,
+    size_t N = (size_t)P + (size_t)m->n_prefix, C = (size_t)c->hidden_dim, K = 0, rows = 0, prow = 0,
            sz[VA_COUNT] = {0}, patches = 0,
            cls = 0, block = 0, total = 0, nblocks = training ? (size_t)c->depth + 1 : 1;
     int ok = vitc__mul_size((size_t)c->in_channels * (size_t)c->patch_size,
@@ -372,11 +395,34 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     return VITC_OK;
 }
 
-/* The whole forward. logits, attn, rollout may each be NULL. */
+/* DeiT with teacher: logits = (head(ln(x)[:, 0]) + head2(ln(x)[:, 1])) / 2,
+ * y the last block's [B, N, C] output. */
+static vitc_status vit_logits_mean2(vitc_vit *m, const float *y, float *logits) {
+    const vitc_vit_config *c = &m->cfg;
+    int64_t B = m->a.B, N = m->a.N, C = c->hidden_dim, K = c->num_classes;
+    size_t n;
+    if (!vitc__mul_size((size_t)B, (size_t)(2 * C + K), &n))
+        return vitc__err(VITC_ERR_NOMEM, "DeiT heads for batch %lld overflow", (long long)B);
+    VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
+    float *t = m->feat_buf.p, *d = t + 2 * B * C; /* [B, 2, C], [B, K] */
+    for (int64_t b = 0; b < B; b++)
+        memcpy(t + b * 2 * C, y + b * N * C, (size_t)(2 * C) * sizeof(float));
+    vitc__layernorm(t, t, m->w.ln_w, m->w.ln_b, 2 * B, C, c->norm_eps);
+    vitc__linear(logits, K, t, 2 * C, m->w.head_w, m->w.head_b, NULL, 0, B, K, C);
+    vitc__linear(d, K, t + C, 2 * C, m->w.head2_w, m->w.head2_b, NULL, 0, B, K, C);
+    for (int64_t i = 0; i < B * K; i++) logits[i] = (logits[i] + d[i]) * 0.5f;
+    return VITC_OK;
+}
+
+/* The whole forward. logits, attn, rollout, features ([B, N, C]: every
+ * token after the final LayerNorm) may each be NULL. */
 static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int W_, float *logits,
-                           float *attn, float *rollout) {
+                           float *attn, float *rollout, float *features) {
     if (!m || !images)
         return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: NULL model or images");
+    if (logits && m->head == VIT_HEAD_NONE)
+        return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: this %s model is a backbone with no "
+                         "classification head; ask for embeddings (vitc_vit_embed)", m->family);
     const vitc_vit_config *c = &m->cfg;
     if (B_ < 1 || H_ < 1 || W_ < 1)
         return vitc__err(VITC_ERR_SHAPE, "ViT forward: images [%d, %d, %d, %d] must be non-empty",
@@ -387,10 +433,10 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
                          "multiples of the patch size %d",
                          B_, c->in_channels, H_, W_, c->patch_size);
     int64_t B = B_, H = H_, W = W_, p = c->patch_size, Cin = c->in_channels;
-    int64_t gh = H / p, gw = W / p, P = gh * gw, N = P + 1, C = c->hidden_dim;
+    int64_t gh = H / p, gw = W / p, P = gh * gw, np = m->n_prefix, N = P + np, C = c->hidden_dim;
     int64_t Hh = c->num_heads, K = Cin * p * p;
     /* A training forward of logits records every block for backward. */
-    int record = m->training && logits && !attn && !rollout;
+    int record = m->training && logits && !attn && !rollout && !features;
     m->recorded = 0;
     VITC_TRY(vit_activations(m, B, P, record));
     VITC_TRY(vit_position_embedding(m, gh, gw));
@@ -435,10 +481,12 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     for (int64_t b = 0; b < B; b++) {
         float *xb = vitc__va(a, 0, VA_X) + b * N * C; /* [N, C] */
         for (int64_t j = 0; j < C; j++) xb[j] = m->w.cls[j] + pos[j];
+        if (np == 2) /* DeiT: [cls, dist, patches] */
+            for (int64_t j = 0; j < C; j++) xb[C + j] = m->w.dist[j] + pos[C + j];
         for (int64_t t = 0; t < P; t++) {
             const float *src = proj + (b * P + t) * C;
-            float *dst = xb + (t + 1) * C;
-            for (int64_t j = 0; j < C; j++) dst[j] = src[j] + pos[(t + 1) * C + j];
+            float *dst = xb + (t + np) * C;
+            for (int64_t j = 0; j < C; j++) dst[j] = src[j] + pos[(t + np) * C + j];
         }
     }
 
@@ -451,8 +499,9 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     /* Inference logits need only the class tokens out of the last block;
      * the maps, and backward, need every row of every block. */
     const float *y = NULL; /* the last block's output: [B, C] cls_only, else [B, N, C] */
+    int compact = logits && !record && !features && m->head == VIT_HEAD_CLS;
     for (int l = 0; l < c->depth; l++) {
-        int cls_only = logits && !record && l == c->depth - 1;
+        int cls_only = compact && l == c->depth - 1;
         float *probs = NULL; /* [B, H, N, N] */
         if (attn)
             probs = attn + (size_t)l * per_layer;
@@ -465,8 +514,12 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
 
     if (rollout)
         memcpy(rollout, m->roll_buf.p, (size_t)(B * N * N) * sizeof(float));
-    if (logits) {
-        int64_t ys = record ? N * C : C; /* class rows of y */
+    if (features) /* HF's last_hidden_state: every token through the final LayerNorm */
+        vitc__layernorm(features, y, m->w.ln_w, m->w.ln_b, B * N, C, c->norm_eps);
+    if (logits && m->head == VIT_HEAD_MEAN2) {
+        VITC_TRY(vit_logits_mean2(m, y, logits));
+    } else if (logits) {
+        int64_t ys = compact ? C : N * C; /* class rows of y */
         for (int64_t b = 0; b < B; b++)
             memcpy(a->cls_in + b * C, y + b * ys, (size_t)C * sizeof(float));
         vitc__layernorm(a->cls_out, a->cls_in, m->w.ln_w, m->w.ln_b, B, C, c->norm_eps);
@@ -485,7 +538,7 @@ vitc_status vitc_vit_forward(vitc_vit *m, const float *images, int B, int H, int
                              float *logits) {
     if (!logits)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_forward: NULL logits");
-    return vit_run(m, images, B, H, W, logits, NULL, NULL);
+    return vit_run(m, images, B, H, W, logits, NULL, NULL, NULL);
 }
 
 vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int H, int W,
@@ -493,5 +546,80 @@ vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int
     if (!attn && !rollout)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_attention_maps: attn and rollout are "
                                                "both NULL");
-    return vit_run(m, images, B, H, W, NULL, attn, rollout);
+    return vit_run(m, images, B, H, W, NULL, attn, rollout, NULL);
+}
+
+/* ------------------------------------------------------------------ */
+/* Embeddings                                                         */
+/* ------------------------------------------------------------------ */
+
+int vitc_vit_num_prefix_tokens(const vitc_vit *m) { return m ? m->n_prefix : 0; }
+int vitc_vit_has_head(const vitc_vit *m) { return m && m->head != VIT_HEAD_NONE; }
+const char *vitc_vit_family(const vitc_vit *m) { return m ? m->family : NULL; }
+int vitc_vit_num_ignored(const vitc_vit *m) { return m ? m->n_ignored : 0; }
+
+const char *vitc_vit_ignored(const vitc_vit *m, int i) {
+    if (!m || i < 0 || i >= m->n_ignored)
+        return NULL;
+    const char *p = m->ignored;
+    while (i--) p += strlen(p) + 1;
+    return p;
+}
+
+vitc_status vitc_vit_forward_features(vitc_vit *m, const float *images, int B, int H, int W,
+                                      float *out) {
+    if (!out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_forward_features: NULL out");
+    return vit_run(m, images, B, H, W, NULL, NULL, NULL, out);
+}
+
+vitc_status vitc_vit_embed_size(const vitc_vit *m, vitc_pool pool, int H, int W, int64_t *floats) {
+    if (!m || !floats)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_embed_size: NULL argument");
+    int64_t C = m->cfg.hidden_dim, p = m->cfg.patch_size;
+    if (H < p || W < p)
+        return vitc__err(VITC_ERR_SHAPE, "vitc_vit_embed_size: %dx%d is smaller than the patch "
+                         "size %lld", H, W, (long long)p);
+    switch (pool) {
+    case VITC_POOL_DEFAULT:
+    case VITC_POOL_CLS:
+    case VITC_POOL_MEAN: *floats = C; return VITC_OK;
+    case VITC_POOL_TOKENS: *floats = (int64_t)(H / p) * (W / p) * C; return VITC_OK;
+    }
+    return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_embed: unknown pool %d", (int)pool);
+}
+
+vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int H, int W, vitc_pool pool,
+                           float *out) {
+    int64_t per;
+    if (!m || !images || !out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_embed: NULL argument");
+    if (B < 1)
+        return vitc__err(VITC_ERR_SHAPE, "vitc_vit_embed: batch %d must be positive", B);
+    VITC_TRY(vitc_vit_embed_size(m, pool, H, W, &per));
+    int64_t C = m->cfg.hidden_dim, p = m->cfg.patch_size, P = (int64_t)(H / p) * (W / p);
+    int64_t np = m->n_prefix, N = P + np;
+    size_t n;
+    if (!vitc__mul_size((size_t)B * (size_t)N, (size_t)C, &n))
+        return vitc__err(VITC_ERR_NOMEM, "vitc_vit_embed: [%d, %lld, %lld] overflows", B,
+                         (long long)N, (long long)C);
+    /* feat_buf is the DeiT heads' scratch, unused on this path. */
+    VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
+    float *f = m->feat_buf.p;
+    VITC_TRY(vit_run(m, images, B, H, W, NULL, NULL, NULL, f));
+    for (int64_t b = 0; b < B; b++) {
+        const float *fb = f + b * N * C;
+        float *o = out + b * per;
+        if (pool == VITC_POOL_TOKENS) {
+            memcpy(o, fb + np * C, (size_t)(P * C) * sizeof(float));
+        } else if (pool == VITC_POOL_MEAN) { /* mean of the normed patch tokens */
+            for (int64_t j = 0; j < C; j++) o[j] = 0.0f;
+            for (int64_t t = np; t < N; t++)
+                for (int64_t j = 0; j < C; j++) o[j] += fb[t * C + j];
+            for (int64_t j = 0; j < C; j++) o[j] /= (float)P;
+        } else { /* ViT/DeiT default: the class token after the final LayerNorm */
+            memcpy(o, fb, (size_t)C * sizeof(float));
+        }
+    }
+    return VITC_OK;
 }

@@ -15,10 +15,12 @@
  * order; the table of a config is the model ones with the layer ones of
  * every block in between (see vitc__vit_table_build). */
 enum {
-    VIT_P_CLS, VIT_P_CONV_W, VIT_P_CONV_B, VIT_P_POS, /* before the blocks */
-    VIT_P_LN_W, VIT_P_LN_B, VIT_P_HEAD_W, VIT_P_HEAD_B, /* after them */
+    VIT_P_CLS, VIT_P_CONV_W, VIT_P_CONV_B, VIT_P_POS, VIT_P_DIST, /* before the blocks */
+    VIT_P_LN_W, VIT_P_LN_B, VIT_P_HEAD_W, VIT_P_HEAD_B, VIT_P_HEAD2_W, VIT_P_HEAD2_B, /* after */
     VIT_P_COUNT
 };
+/* Rows a model has: DIST only with a distillation token (n_prefix 2),
+ * HEAD only with a head, HEAD2 only with DeiT's second head. */
 enum {
     VIT_L_LN1_W, VIT_L_LN1_B, VIT_L_QKV_W, VIT_L_QKV_B, VIT_L_PROJ_W, VIT_L_PROJ_B,
     VIT_L_LN2_W, VIT_L_LN2_B, VIT_L_FC1_W, VIT_L_FC1_B, VIT_L_FC2_W, VIT_L_FC2_B,
@@ -55,7 +57,22 @@ typedef struct vitc__vit_w {
     float *ln_w, *ln_b; /* [C] */
     float *head_w;  /* [classes, C] */
     float *head_b;  /* [classes] */
+    float *dist;    /* [1, 1, C] DeiT's distillation token (token 1) */
+    float *head2_w; /* [classes, C] DeiT's distillation head, on token 1 */
+    float *head2_b; /* [classes] */
 } vitc__vit_w;
+
+/* Per-family options of the one forward (vit.c); vitc_vit_create and the
+ * torchvision/timm loader set the torchvision ones. */
+typedef enum vitc__vit_head {
+    VIT_HEAD_NONE = 0, /* a backbone (HF ViTModel, DeiTModel): embeddings only */
+    VIT_HEAD_CLS = 1,  /* logits = head(ln(x)[:, 0]) */
+    VIT_HEAD_MEAN2 = 2 /* DeiT with teacher: (head(ln(x)[:,0]) + head2(ln(x)[:,1])) / 2 */
+} vitc__vit_head;
+typedef enum vitc__vit_pos_rule {
+    VIT_POS_ALIGN_CORNERS = 0, /* torchvision: bicubic, align_corners=True */
+    VIT_POS_HALF_PIXEL = 1     /* HF >= 4.45: bicubic to size, align_corners=False */
+} vitc__vit_pos_rule;
 
 /* A block's activations. In a training forward every block has its own
  * (block l at layers + l * stride, one past the last holding the encoder's
@@ -95,6 +112,13 @@ struct vitc_vit {
     vitc_vit_config cfg;
     char arch[32];
     vitc__vit_naming naming;
+    /* Family options (vitc__vit_table_build reads n_prefix and head). */
+    int n_prefix;          /* tokens before the patches: 1 class, 2 class + distillation */
+    vitc__vit_head head;
+    vitc__vit_pos_rule pos_rule;
+    char family[32];       /* "torchvision", "timm", "hf-vit", "hf-deit" */
+    char *ignored;         /* Hub tensors the forward does not use, NUL-separated */
+    int n_ignored;
 
     char *label_text;  /* every label, NUL-separated */
     char **labels;     /* [num_classes] into label_text, NULL when none */
@@ -134,7 +158,13 @@ struct vitc_vit {
     /* Attention-map scratch (only when asked for). */
     vitc__buf probs_buf; /* [B, H, N, N] when the caller gives no attn */
     vitc__buf roll_buf;  /* [B, N, N] rollout + [2, N, N] */
+    vitc__buf feat_buf;  /* embeddings' normed tokens; DeiT heads' scratch */
 };
+
+vitc_vit *vitc__vit_alloc(void);
+/* A Hugging Face Hub model: dir holds config.json; weights is the
+ * .safetensors or .index.json to read, or NULL for dir's own (vit_hub.c). */
+vitc_status vitc__vit_load_hub(const char *dir, const char *weights, vitc_vit **out);
 
 /* Build m->table for m->cfg in m->naming's spelling (sizes overflow-checked),
  * with 64-byte aligned offsets and n_params, and allocate blocks. */

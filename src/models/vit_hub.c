@@ -1,0 +1,530 @@
+/*
+ * vit_hub.c — a Vision Transformer from a Hugging Face Hub model directory:
+ * config.json + model.safetensors (or model.safetensors.index.json and its
+ * shards). The Hub's names map onto the one parameter table (vit_load.c)
+ * and the one forward (vit.c) with per-family options:
+ *
+ *   vit   ViTModel / ViTForImageClassification: separate query/key/value
+ *         fused here into the [3C, C] in_proj rows, eps from the config
+ *         (1e-12 by default), position grid resampled as transformers does
+ *   deit  DeiT*: class + distillation tokens; ...WithTeacher averages the
+ *         class and distillation heads
+ *
+ * The backbone prefix ("vit.", "deit.") of a head model may be present or
+ * absent, as from_pretrained accepts both. Tensors the forward never reads
+ * (pooler, position_ids, mask_token) are skipped by name and listed; any
+ * other extra tensor, a missing or mis-shaped one, is an error naming it.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <jansson.h>
+
+#include "../train/train.h"
+#include "vit_internal.h"
+
+/* config.json and the shard index are small; a larger one is not a Hub file. */
+#define HUB_MAX_JSON (64u << 20)
+#define HUB_MAX_SHARDS 4096
+#define HUB_MAX_DIM (1 << 20)
+#define HUB_MAX_DEPTH 4096
+
+typedef struct hub_src {
+    int n;
+    vitc_safetensors **st; /* [n] shards */
+    char **names;          /* [n] shard file names */
+    unsigned char **used;  /* [n][count] tensor consumed or listed */
+} hub_src;
+
+static void hub_src_free(hub_src *h) {
+    for (int i = 0; i < h->n; i++) {
+        vitc_safetensors_free(h->st[i]);
+        free(h->names[i]);
+        free(h->used[i]);
+    }
+    free(h->st);
+    free(h->names);
+    free(h->used);
+    memset(h, 0, sizeof *h);
+}
+
+/* path's JSON, opened through the non-blocking regular-file helper. */
+static vitc_status hub_read_json(const char *path, json_t **out) {
+    FILE *f;
+    uint64_t size;
+    *out = NULL;
+    VITC_TRY(vitc__open_regular(path, HUB_MAX_JSON, &f, &size));
+    char *text = malloc((size_t)size + 1);
+    if (!text) {
+        fclose(f);
+        return vitc__err(VITC_ERR_NOMEM, "%s: cannot allocate %llu bytes", path,
+                         (unsigned long long)size);
+    }
+    size_t got = fread(text, 1, (size_t)size, f);
+    fclose(f);
+    if (got != (size_t)size) {
+        free(text);
+        return vitc__err(VITC_ERR_IO, "%s: read %zu of %llu bytes", path, got,
+                         (unsigned long long)size);
+    }
+    text[got] = '\0';
+    json_error_t jerr;
+    json_t *root = json_loadb(text, got, 0, &jerr);
+    free(text);
+    if (!root)
+        return vitc__err(VITC_ERR_FORMAT, "%s is not JSON (%s, line %d)", path, jerr.text,
+                         jerr.line);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return vitc__err(VITC_ERR_FORMAT, "%s is not a JSON object", path);
+    }
+    *out = root;
+    return VITC_OK;
+}
+
+static char *hub_join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (p)
+        snprintf(p, a + b + 2, "%s/%s", dir, name);
+    return p;
+}
+
+static int hub_exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static vitc_status hub_add_shard(hub_src *h, const char *dir, const char *name) {
+    if (h->n >= HUB_MAX_SHARDS)
+        return vitc__err(VITC_ERR_FORMAT, "more than %d shards", HUB_MAX_SHARDS);
+    /* A shard is a file beside the index: no directories, no way out. */
+    if (!*name || strchr(name, '/') || !strcmp(name, "..") || !strcmp(name, "."))
+        return vitc__err(VITC_ERR_FORMAT, "shard name \"%s\" is not a file name in %s", name, dir);
+    for (int i = 0; i < h->n; i++)
+        if (!strcmp(h->names[i], name))
+            return VITC_OK;
+    char *path = hub_join(dir, name);
+    void *a = realloc(h->st, (size_t)(h->n + 1) * sizeof *h->st);
+    if (a)
+        h->st = a;
+    void *b = a ? realloc(h->names, (size_t)(h->n + 1) * sizeof *h->names) : NULL;
+    if (b)
+        h->names = b;
+    void *c = b ? realloc(h->used, (size_t)(h->n + 1) * sizeof *h->used) : NULL;
+    if (c)
+        h->used = c;
+    if (!path || !c) {
+        free(path);
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for shard %s", name);
+    }
+    if (!hub_exists(path)) {
+        vitc_status s = vitc__err(VITC_ERR_IO, "shard %s named by the index is missing", path);
+        free(path);
+        return s;
+    }
+    vitc_safetensors *st = NULL;
+    vitc_status s = vitc__safetensors_load_flags(path, VITC__ST_KEEP_I64, &st);
+    free(path);
+    if (s != VITC_OK)
+        return s;
+    int cnt = vitc_safetensors_count(st);
+    unsigned char *used = calloc((size_t)(cnt > 0 ? cnt : 1), 1);
+    char *nm = malloc(strlen(name) + 1);
+    if (!used || !nm) {
+        free(used);
+        free(nm);
+        vitc_safetensors_free(st);
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for shard %s", name);
+    }
+    memcpy(nm, name, strlen(name) + 1);
+    h->st[h->n] = st;
+    h->names[h->n] = nm;
+    h->used[h->n] = used;
+    h->n++;
+    return VITC_OK;
+}
+
+/* weights: a .safetensors file, or an index naming shards beside it. */
+static vitc_status hub_open_weights(hub_src *h, const char *dir, const char *weights) {
+    size_t len = strlen(weights);
+    if (len >= 5 && !strcmp(weights + len - 5, ".json")) {
+        json_t *idx;
+        VITC_TRY(hub_read_json(weights, &idx));
+        json_t *map = json_object_get(idx, "weight_map");
+        vitc_status s = VITC_OK;
+        if (!json_is_object(map))
+            s = vitc__err(VITC_ERR_FORMAT, "%s: no \"weight_map\" object", weights);
+        const char *k;
+        json_t *v;
+        if (s == VITC_OK)
+            json_object_foreach(map, k, v) {
+                if (!json_is_string(v)) {
+                    s = vitc__err(VITC_ERR_FORMAT, "%s: weight_map[\"%s\"] is not a file name",
+                                  weights, k);
+                    break;
+                }
+                if ((s = hub_add_shard(h, dir, json_string_value(v))) != VITC_OK)
+                    break;
+            }
+        json_decref(idx);
+        return s;
+    }
+    const char *slash = strrchr(weights, '/');
+    return hub_add_shard(h, dir, slash ? slash + 1 : weights);
+}
+
+/* The tensor called name in any shard: data (NULL for I64) and shape. */
+static int hub_find(const hub_src *h, const char *name, const float **data, int *nd,
+                    const int64_t **shape) {
+    for (int i = 0; i < h->n; i++) {
+        int j = vitc_safetensors_find(h->st[i], name);
+        if (j < 0)
+            continue;
+        const char *nm, *dt;
+        if (vitc_safetensors_tensor(h->st[i], j, &nm, &dt, nd, shape, data) != VITC_OK)
+            return 0;
+        h->used[i][j] = 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Config                                                             */
+/* ------------------------------------------------------------------ */
+
+static vitc_status hub_int(json_t *cfg, const char *key, int def, int *out) {
+    json_t *v = json_object_get(cfg, key);
+    *out = def;
+    if (!v || json_is_null(v))
+        return VITC_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > HUB_MAX_DIM)
+        return vitc__err(VITC_ERR_FORMAT, "config.json: \"%s\" must be an integer in [1, %d]",
+                         key, HUB_MAX_DIM);
+    *out = (int)json_integer_value(v);
+    return VITC_OK;
+}
+
+static vitc_status hub_labels(vitc_vit *m, json_t *id2label, int n) {
+    if (!json_is_object(id2label) || (int)json_object_size(id2label) != n)
+        return VITC_OK; /* no labels, or not one per class: none kept */
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "%d", i);
+        json_t *s = json_object_get(id2label, key);
+        if (!json_is_string(s))
+            return VITC_OK;
+        bytes += json_string_length(s) + 1;
+    }
+    m->label_text = malloc(bytes ? bytes : 1);
+    m->labels = calloc((size_t)n, sizeof *m->labels);
+    if (!m->label_text || !m->labels)
+        return vitc__err(VITC_ERR_NOMEM, "cannot allocate %d labels", n);
+    char *p = m->label_text;
+    for (int i = 0; i < n; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "%d", i);
+        json_t *s = json_object_get(id2label, key);
+        size_t len = json_string_length(s);
+        memcpy(p, json_string_value(s), len);
+        p[len] = '\0';
+        m->labels[i] = p;
+        p += len + 1;
+    }
+    return VITC_OK;
+}
+
+/* preprocessor_config.json's image_mean/std when present (else the
+ * processors' default, 0.5). */
+static void hub_norm(vitc_vit *m, const char *dir) {
+    for (int i = 0; i < 3; i++) m->cfg.mean[i] = m->cfg.std[i] = 0.5f;
+    char *path = hub_join(dir, "preprocessor_config.json");
+    json_t *pp = NULL;
+    if (path && hub_exists(path) && hub_read_json(path, &pp) == VITC_OK) {
+        json_t *mean = json_object_get(pp, "image_mean"), *std = json_object_get(pp, "image_std");
+        if (json_is_array(mean) && json_is_array(std) && json_array_size(mean) == 3 &&
+            json_array_size(std) == 3)
+            for (int i = 0; i < 3; i++) {
+                double a = json_number_value(json_array_get(mean, (size_t)i));
+                double b = json_number_value(json_array_get(std, (size_t)i));
+                if (b > 0 && isfinite(a) && isfinite(b))
+                    m->cfg.mean[i] = (float)a, m->cfg.std[i] = (float)b;
+            }
+    }
+    json_decref(pp);
+    free(path);
+}
+
+/* ------------------------------------------------------------------ */
+/* Names                                                              */
+/* ------------------------------------------------------------------ */
+
+static const char *const hub_layer_names[VIT_L_COUNT] = {
+    "layernorm_before.weight",     "layernorm_before.bias",
+    "attention.attention.%s.weight", "attention.attention.%s.bias",
+    "attention.output.dense.weight", "attention.output.dense.bias",
+    "layernorm_after.weight",      "layernorm_after.bias",
+    "intermediate.dense.weight",   "intermediate.dense.bias",
+    "output.dense.weight",         "output.dense.bias"};
+
+/* The Hub name of a model row (prefix for the backbone's). */
+static const char *hub_model_name(int role, int deit, const char *pre, char *buf, size_t cap) {
+    switch (role) {
+    case VIT_P_CLS: snprintf(buf, cap, "%sembeddings.cls_token", pre); break;
+    case VIT_P_DIST: snprintf(buf, cap, "%sembeddings.distillation_token", pre); break;
+    case VIT_P_CONV_W: snprintf(buf, cap, "%sembeddings.patch_embeddings.projection.weight", pre); break;
+    case VIT_P_CONV_B: snprintf(buf, cap, "%sembeddings.patch_embeddings.projection.bias", pre); break;
+    case VIT_P_POS: snprintf(buf, cap, "%sembeddings.position_embeddings", pre); break;
+    case VIT_P_LN_W: snprintf(buf, cap, "%slayernorm.weight", pre); break;
+    case VIT_P_LN_B: snprintf(buf, cap, "%slayernorm.bias", pre); break;
+    case VIT_P_HEAD_W: snprintf(buf, cap, "%s.weight", deit == 2 ? "cls_classifier" : "classifier"); break;
+    case VIT_P_HEAD_B: snprintf(buf, cap, "%s.bias", deit == 2 ? "cls_classifier" : "classifier"); break;
+    case VIT_P_HEAD2_W: snprintf(buf, cap, "distillation_classifier.weight"); break;
+    default: snprintf(buf, cap, "distillation_classifier.bias"); break;
+    }
+    return buf;
+}
+
+/* Copy the Hub tensor name of shape e's into dst, or the error naming it. */
+static vitc_status hub_take(const hub_src *h, const char *name, const int64_t *want, int wnd,
+                            float *dst) {
+    const float *data;
+    const int64_t *shape;
+    int nd;
+    char a[96], b[96];
+    if (!hub_find(h, name, &data, &nd, &shape))
+        return vitc__err(VITC_ERR_KEY, "missing tensor %s (expected %s)", name,
+                         vitc__shape_str(a, sizeof a, wnd, want));
+    int same = nd == wnd && data;
+    for (int k = 0; same && k < nd; k++) same = shape[k] == want[k];
+    if (!same)
+        return vitc__err(VITC_ERR_SHAPE, "tensor %s: expected %s, file has %s", name,
+                         vitc__shape_str(a, sizeof a, wnd, want),
+                         vitc__shape_str(b, sizeof b, nd, shape));
+    size_t n = 1;
+    for (int k = 0; k < nd; k++) n *= (size_t)shape[k]; /* checked by the table's layout */
+    memcpy(dst, data, n * sizeof(float));
+    return VITC_OK;
+}
+
+/* One table row from the Hub tensors; q/k/v fused into in_proj rows. */
+static vitc_status hub_fill_row(const vitc_vit *m, const hub_src *h, const vitc__param *e,
+                                int deit, const char *pre, int qkv_bias) {
+    char name[200];
+    float *dst = m->params + e->offset;
+    if (e->layer < 0)
+        return hub_take(h, hub_model_name(e->role, deit, pre, name, sizeof name), e->shape,
+                        e->ndim, dst);
+    int n = snprintf(name, sizeof name, "%sencoder.layer.%d.", pre, e->layer);
+    if (e->role != VIT_L_QKV_W && e->role != VIT_L_QKV_B) {
+        snprintf(name + n, sizeof name - (size_t)n, "%s", hub_layer_names[e->role]);
+        return hub_take(h, name, e->shape, e->ndim, dst);
+    }
+    /* One third of in_proj per Hub Linear: rows [q; k; v]. */
+    int64_t C = m->cfg.hidden_dim, part[2] = {C, C};
+    size_t third = (size_t)(e->role == VIT_L_QKV_W ? C * C : C);
+    static const char *const qkv[3] = {"query", "key", "value"};
+    if (e->role == VIT_L_QKV_B && !qkv_bias) {
+        memset(dst, 0, 3 * third * sizeof(float)); /* qkv_bias false: no biases */
+        return VITC_OK;
+    }
+    for (int i = 0; i < 3; i++) {
+        snprintf(name + n, sizeof name - (size_t)n, hub_layer_names[e->role], qkv[i]);
+        VITC_TRY(hub_take(h, name, part, e->role == VIT_L_QKV_W ? 2 : 1, dst + i * third));
+    }
+    return VITC_OK;
+}
+
+/* Tensors a vision forward never reads: skipped by name, listed. */
+static int hub_ignorable(const char *name) {
+    static const char *const tails[] = {"position_ids", "mask_token"};
+    for (size_t i = 0; i < sizeof tails / sizeof *tails; i++) {
+        size_t a = strlen(name), b = strlen(tails[i]);
+        if (a >= b && !strcmp(name + a - b, tails[i]))
+            return 1;
+    }
+    return !strncmp(name, "pooler.", 7) || strstr(name, ".pooler.") != NULL;
+}
+
+/* Every shard tensor not consumed: ignorable ones listed, others an error. */
+static vitc_status hub_leftovers(vitc_vit *m, const hub_src *h) {
+    size_t bytes = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        char *at = m->ignored;
+        for (int i = 0; i < h->n; i++)
+            for (int j = 0; j < vitc_safetensors_count(h->st[i]); j++) {
+                const char *nm, *dt;
+                int nd;
+                const int64_t *shape;
+                const float *data;
+                if (h->used[i][j] ||
+                    vitc_safetensors_tensor(h->st[i], j, &nm, &dt, &nd, &shape, &data) != VITC_OK)
+                    continue;
+                if (!hub_ignorable(nm)) {
+                    char b[96];
+                    return vitc__err(VITC_ERR_KEY, "unexpected tensor %s %s in %s (not part of a "
+                                     "%s model with this config)", nm,
+                                     vitc__shape_str(b, sizeof b, nd, shape), h->names[i],
+                                     m->family);
+                }
+                if (pass == 0) {
+                    bytes += strlen(nm) + 1;
+                    m->n_ignored++;
+                } else {
+                    memcpy(at, nm, strlen(nm) + 1);
+                    at += strlen(nm) + 1;
+                }
+            }
+        if (pass == 0 && !(m->ignored = malloc(bytes ? bytes : 1)))
+            return vitc__err(VITC_ERR_NOMEM, "cannot list %d ignored tensors", m->n_ignored);
+    }
+    return VITC_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Loading                                                            */
+/* ------------------------------------------------------------------ */
+
+static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src *h) {
+    json_t *jt = json_object_get(cfg, "model_type");
+    const char *type = json_is_string(jt) ? json_string_value(jt) : NULL;
+    if (!type)
+        return vitc__err(VITC_ERR_FORMAT, "config.json has no \"model_type\"");
+    int deit = !strcmp(type, "deit");
+    if (!deit && strcmp(type, "vit")) {
+        static const char *const later[] = {"dinov2", "dinov2_with_registers", "clip",
+                                            "clip_vision_model", "siglip", "siglip_vision_model"};
+        for (size_t i = 0; i < sizeof later / sizeof *later; i++)
+            if (!strcmp(type, later[i]))
+                return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: model_type \"%s\" is not "
+                                 "supported yet (vitc reads \"vit\" and \"deit\")", type);
+        return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: unknown model_type \"%.64s\" "
+                         "(vitc reads \"vit\" and \"deit\")", type);
+    }
+    snprintf(m->family, sizeof m->family, deit ? "hf-deit" : "hf-vit");
+    json_t *ja = json_array_get(json_object_get(cfg, "architectures"), 0);
+    const char *arch = json_is_string(ja) ? json_string_value(ja) : "";
+    json_t *act = json_object_get(cfg, "hidden_act");
+    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "gelu")))
+        return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: hidden_act %s is not supported for "
+                         "%s (vitc reads \"gelu\")",
+                         json_is_string(act) ? json_string_value(act) : "(not a string)", type);
+    vitc_vit_config *c = &m->cfg;
+    memset(c, 0, sizeof *c);
+    VITC_TRY(hub_int(cfg, "hidden_size", 768, &c->hidden_dim));
+    VITC_TRY(hub_int(cfg, "num_hidden_layers", 12, &c->depth));
+    VITC_TRY(hub_int(cfg, "num_attention_heads", 12, &c->num_heads));
+    VITC_TRY(hub_int(cfg, "intermediate_size", 3072, &c->mlp_dim));
+    VITC_TRY(hub_int(cfg, "image_size", 224, &c->image_size));
+    VITC_TRY(hub_int(cfg, "patch_size", 16, &c->patch_size));
+    VITC_TRY(hub_int(cfg, "num_channels", 3, &c->in_channels));
+    json_t *eps = json_object_get(cfg, "layer_norm_eps");
+    c->norm_eps = json_is_number(eps) ? (float)json_number_value(eps) : 1e-12f;
+    json_t *qb = json_object_get(cfg, "qkv_bias");
+    int qkv_bias = !json_is_false(qb);
+    if (c->depth > HUB_MAX_DEPTH || c->hidden_dim % c->num_heads ||
+        c->image_size % c->patch_size || !(c->norm_eps >= 0.0f && c->norm_eps < 1.0f))
+        return vitc__err(VITC_ERR_FORMAT, "config.json: inconsistent config (hidden_size %d, "
+                         "num_attention_heads %d, image_size %d, patch_size %d, depth %d, "
+                         "layer_norm_eps %g)", c->hidden_dim, c->num_heads, c->image_size,
+                         c->patch_size, c->depth, (double)c->norm_eps);
+    /* The backbone prefix, as from_pretrained: with it or without it. */
+    const char *pre = deit ? "deit." : "vit.";
+    char name[200];
+    const float *d;
+    int nd;
+    const int64_t *sh;
+    snprintf(name, sizeof name, "%sembeddings.patch_embeddings.projection.weight", pre);
+    if (!hub_find(h, name, &d, &nd, &sh))
+        pre = "";
+    /* Head: by the architecture, else by the tensors. */
+    int mean2 = strstr(arch, "WithTeacher") != NULL;
+    int head = strstr(arch, "ForImageClassification") != NULL;
+    if (!*arch) {
+        mean2 = hub_find(h, "cls_classifier.weight", &d, &nd, &sh);
+        head = mean2 || hub_find(h, "classifier.weight", &d, &nd, &sh);
+    }
+    m->n_prefix = deit ? 2 : 1;
+    m->head = mean2 ? VIT_HEAD_MEAN2 : head ? VIT_HEAD_CLS : VIT_HEAD_NONE;
+    m->pos_rule = VIT_POS_HALF_PIXEL;
+    m->naming = VIT_NAMES_TORCHVISION;
+    json_t *labels = json_object_get(cfg, "id2label");
+    if (m->head != VIT_HEAD_NONE) {
+        const char *hn = mean2 ? "cls_classifier.weight" : "classifier.weight";
+        if (!hub_find(h, hn, &d, &nd, &sh) || nd != 2 || sh[0] < 1 || sh[0] > HUB_MAX_DIM)
+            return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (%s has a head)", hn,
+                             arch);
+        c->num_classes = (int)sh[0];
+        if (json_is_object(labels) && (int)json_object_size(labels) != c->num_classes)
+            return vitc__err(VITC_ERR_SHAPE, "config.json has %zu labels (id2label) but %s has "
+                             "%d rows", json_object_size(labels), hn, c->num_classes);
+        VITC_TRY(hub_labels(m, labels, c->num_classes));
+    }
+    hub_norm(m, dir);
+    VITC_TRY(vitc__vit_table_build(m));
+    size_t bytes;
+    if (!vitc__mul_size(m->n_params, sizeof(float), &bytes) ||
+        !(m->params = vitc__calloc(m->n_params, sizeof(float))))
+        return vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu ViT parameters", m->n_params);
+    for (int i = 0; i < m->n_entries; i++)
+        VITC_TRY(hub_fill_row(m, h, &m->table[i], deit ? 1 + mean2 : 0, pre, qkv_bias));
+    VITC_TRY(hub_leftovers(m, h));
+    vitc__params_bind(m->table, m->n_entries, m->params, &m->w, m->blocks, sizeof *m->blocks);
+    if (!(m->id = vitc__handle_register()))
+        return vitc__err(VITC_ERR_NOMEM, "cannot register the model");
+    snprintf(m->arch, sizeof m->arch, "%.31s", *arch ? arch : type);
+    return VITC_OK;
+}
+
+vitc_status vitc__vit_load_hub(const char *dir, const char *weights, vitc_vit **out) {
+    *out = NULL;
+    char *cfg_path = hub_join(dir, "config.json"), *wpath = NULL;
+    json_t *cfg = NULL;
+    hub_src h = {0};
+    vitc_vit *m = NULL;
+    vitc_status s = VITC_OK;
+    if (!cfg_path)
+        return vitc__err(VITC_ERR_NOMEM, "out of memory");
+    if (!hub_exists(cfg_path))
+        s = vitc__err(VITC_ERR_IO, "%s: no config.json (a Hub model directory holds config.json "
+                      "and model.safetensors)", dir);
+    if (s == VITC_OK)
+        s = hub_read_json(cfg_path, &cfg);
+    if (s == VITC_OK && !weights) {
+        wpath = hub_join(dir, "model.safetensors");
+        if (wpath && !hub_exists(wpath)) {
+            free(wpath);
+            wpath = hub_join(dir, "model.safetensors.index.json");
+            if (wpath && !hub_exists(wpath))
+                s = vitc__err(VITC_ERR_IO, "%s: no model.safetensors or "
+                              "model.safetensors.index.json (pytorch_model.bin is not read: "
+                              "convert it to safetensors)", dir);
+        }
+        if (!wpath && s == VITC_OK)
+            s = vitc__err(VITC_ERR_NOMEM, "out of memory");
+        weights = wpath;
+    }
+    if (s == VITC_OK)
+        s = hub_open_weights(&h, dir, weights);
+    if (s == VITC_OK && !(m = vitc__vit_alloc()))
+        s = vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
+    if (s == VITC_OK)
+        s = hub_build(m, dir, cfg, &h);
+    if (s != VITC_OK) {
+        vitc_vit_free(m);
+        m = NULL;
+        if (!strstr(vitc_last_error(), dir))
+            vitc__err_prefix(s, "%s", dir);
+    }
+    hub_src_free(&h);
+    json_decref(cfg);
+    free(cfg_path);
+    free(wpath);
+    *out = m;
+    return s;
+}
