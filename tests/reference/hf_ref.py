@@ -1,0 +1,188 @@
+"""Reference Hugging Face ViT and DeiT forwards, written in torch from the
+public definitions (transformers' modeling_vit.py / modeling_deit.py, eval
+mode), and writers of Hub model directories in their exact layout:
+config.json, model.safetensors or a sharded model.safetensors.index.json,
+backbone prefix, preprocessor_config.json.
+
+transformers is not installable here; test_hub.py checks the ViT reference
+against torchvision's VisionTransformer at the same weights.
+"""
+import json
+import math
+import os
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+import st_write
+
+
+def vit_config(model_type="vit", arch="ViTForImageClassification", hidden=48, layers=2, heads=3,
+               mlp=96, image=32, patch=8, classes=7, eps=1e-12, qkv_bias=True):
+    c = {"model_type": model_type, "architectures": [arch], "hidden_size": hidden,
+         "num_hidden_layers": layers, "num_attention_heads": heads, "intermediate_size": mlp,
+         "hidden_act": "gelu", "layer_norm_eps": eps, "image_size": image, "patch_size": patch,
+         "num_channels": 3, "qkv_bias": qkv_bias, "encoder_stride": patch,
+         "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0,
+         "torch_dtype": "float32", "transformers_version": "4.46.0"}
+    if "ForImageClassification" in arch:
+        c["id2label"] = {str(i): "class_%d" % i for i in range(classes)}
+        c["label2id"] = {"class_%d" % i: i for i in range(classes)}
+    return c
+
+
+def random_state(cfg, seed=0, pooler=False):
+    """HF names without the backbone prefix for the backbone, head names
+    as the head classes have them. Non-trivial weights: unit-variance
+    activations, LayerNorm weights around 1 +- 0.3, biases ~0.2."""
+    g = torch.Generator().manual_seed(seed)
+    D, L, M = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
+    P, C = cfg["patch_size"], cfg["num_channels"]
+    n = (cfg["image_size"] // P) ** 2
+    deit = cfg["model_type"] == "deit"
+    arch = cfg["architectures"][0]
+
+    def r(*shape, std=1.0):
+        return torch.randn(*shape, generator=g) * std
+
+    def lin(o, i):
+        return r(o, i, std=1.0 / math.sqrt(i)), r(o, std=0.2)
+
+    sd = {"embeddings.cls_token": r(1, 1, D, std=0.5),
+          "embeddings.position_embeddings": r(1, n + 1 + deit, D, std=0.5)}
+    if deit:
+        sd["embeddings.distillation_token"] = r(1, 1, D, std=0.5)
+    sd["embeddings.patch_embeddings.projection.weight"] = r(D, C, P, P, std=1.0 / math.sqrt(C * P * P))
+    sd["embeddings.patch_embeddings.projection.bias"] = r(D, std=0.2)
+    for i in range(L):
+        p = "encoder.layer.%d." % i
+        for ln in ("layernorm_before", "layernorm_after"):
+            sd[p + ln + ".weight"] = 1 + r(D, std=0.3)
+            sd[p + ln + ".bias"] = r(D, std=0.2)
+        for q in ("query", "key", "value"):
+            w, b = lin(D, D)
+            sd[p + "attention.attention.%s.weight" % q] = w * 2.0  # sharper attention
+            if cfg.get("qkv_bias", True):
+                sd[p + "attention.attention.%s.bias" % q] = b
+        sd[p + "attention.output.dense.weight"], sd[p + "attention.output.dense.bias"] = lin(D, D)
+        sd[p + "intermediate.dense.weight"], sd[p + "intermediate.dense.bias"] = lin(M, D)
+        sd[p + "output.dense.weight"], sd[p + "output.dense.bias"] = lin(D, M)
+    sd["layernorm.weight"] = 1 + r(D, std=0.3)
+    sd["layernorm.bias"] = r(D, std=0.2)
+    if pooler:
+        sd["pooler.dense.weight"], sd["pooler.dense.bias"] = lin(D, D)
+    K = len(cfg.get("id2label", {})) or 2
+    if "WithTeacher" in arch:
+        sd["cls_classifier.weight"], sd["cls_classifier.bias"] = lin(K, D)
+        sd["distillation_classifier.weight"], sd["distillation_classifier.bias"] = lin(K, D)
+    elif "ForImageClassification" in arch:
+        sd["classifier.weight"], sd["classifier.bias"] = lin(K, D)
+    return sd
+
+
+def interpolate_pos(pos, n_prefix, h0, w0):
+    """ViTEmbeddings.interpolate_pos_encoding, transformers >= 4.45."""
+    num_patches, num_positions = h0 * w0, pos.shape[1] - n_prefix
+    if num_patches == num_positions and h0 == w0:
+        return pos
+    D = pos.shape[-1]
+    M = int(math.sqrt(num_positions))
+    patch = pos[:, n_prefix:].reshape(1, M, M, D).permute(0, 3, 1, 2)
+    patch = F.interpolate(patch, size=(h0, w0), mode="bicubic", align_corners=False)
+    patch = patch.permute(0, 2, 3, 1).reshape(1, -1, D)
+    return torch.cat([pos[:, :n_prefix], patch], dim=1)
+
+
+@torch.no_grad()
+def forward(sd, cfg, px):
+    """(logits or None, last_hidden_state) of ViT*/DeiT* for px [B, 3, H, W];
+    sd as random_state gives it (no prefix)."""
+    D, Hh = cfg["hidden_size"], cfg["num_attention_heads"]
+    eps, P = cfg["layer_norm_eps"], cfg["patch_size"]
+    deit = cfg["model_type"] == "deit"
+    B, _, H, W = px.shape
+    x = F.conv2d(px, sd["embeddings.patch_embeddings.projection.weight"],
+                 sd["embeddings.patch_embeddings.projection.bias"], stride=P)
+    x = x.flatten(2).transpose(1, 2)
+    toks = [sd["embeddings.cls_token"].expand(B, -1, -1)]
+    if deit:
+        toks.append(sd["embeddings.distillation_token"].expand(B, -1, -1))
+    x = torch.cat(toks + [x], dim=1)
+    x = x + interpolate_pos(sd["embeddings.position_embeddings"], len(toks), H // P, W // P)
+    hd = D // Hh
+    for i in range(cfg["num_hidden_layers"]):
+        p = "encoder.layer.%d." % i
+        h = F.layer_norm(x, (D,), sd[p + "layernorm_before.weight"], sd[p + "layernorm_before.bias"], eps)
+
+        def proj(name):
+            y = F.linear(h, sd[p + "attention.attention.%s.weight" % name],
+                         sd.get(p + "attention.attention.%s.bias" % name))
+            return y.view(B, -1, Hh, hd).transpose(1, 2)
+
+        q, k, v = proj("query"), proj("key"), proj("value")
+        probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), dim=-1)
+        ctx = (probs @ v).transpose(1, 2).reshape(B, -1, D)
+        x = x + F.linear(ctx, sd[p + "attention.output.dense.weight"], sd[p + "attention.output.dense.bias"])
+        h = F.layer_norm(x, (D,), sd[p + "layernorm_after.weight"], sd[p + "layernorm_after.bias"], eps)
+        h = F.gelu(F.linear(h, sd[p + "intermediate.dense.weight"], sd[p + "intermediate.dense.bias"]))
+        x = x + F.linear(h, sd[p + "output.dense.weight"], sd[p + "output.dense.bias"])
+    h = F.layer_norm(x, (D,), sd["layernorm.weight"], sd["layernorm.bias"], eps)
+    logits = None
+    if "cls_classifier.weight" in sd:
+        logits = (F.linear(h[:, 0], sd["cls_classifier.weight"], sd["cls_classifier.bias"]) +
+                  F.linear(h[:, 1], sd["distillation_classifier.weight"],
+                           sd["distillation_classifier.bias"])) / 2
+    elif "classifier.weight" in sd:
+        logits = F.linear(h[:, 0], sd["classifier.weight"], sd["classifier.bias"])
+    return logits, h
+
+
+def round_bf16(sd):
+    """The values a BF16 file holds (round to nearest even), as float32."""
+    out = {}
+    for k, v in sd.items():
+        u = v.numpy().astype(np.float32).view(np.uint32).astype(np.uint64)
+        u = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16) << 16
+        out[k] = torch.from_numpy(u.astype(np.uint32).view(np.float32))
+    return out
+
+
+def round_f16(sd):
+    return {k: v.half().float() for k, v in sd.items()}
+
+
+def hub_names(sd, cfg, prefix=True):
+    """The saved names: a head model's backbone under its base_model_prefix."""
+    pre = ("deit." if cfg["model_type"] == "deit" else "vit.") if prefix else ""
+    heads = ("classifier.", "cls_classifier.", "distillation_classifier.")
+    return {(k if k.startswith(heads) else pre + k): v for k, v in sd.items()}
+
+
+def save_hub(d, sd, cfg, prefix=True, dtype="F32", shards=1, extra=None, preprocessor=None):
+    """Write a Hub directory: config.json, weights (F32/F16/BF16, 1 file or
+    `shards` files with an index), extra tensors (e.g. int64 position_ids)."""
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    if preprocessor is not None:
+        with open(os.path.join(d, "preprocessor_config.json"), "w") as f:
+            json.dump(preprocessor, f, indent=2)
+    named = hub_names(sd, cfg, prefix)
+    t = {k: (v.half().numpy() if dtype == "F16" else v.numpy()) for k, v in named.items()}
+    if extra:
+        t.update(extra)
+    bf16 = set(named) if dtype == "BF16" else ()
+    if shards == 1:
+        st_write.write(os.path.join(d, "model.safetensors"), t, {"format": "pt"}, bf16=bf16)
+        return
+    names = sorted(t)
+    wmap = {}
+    for s in range(shards):
+        fn = "model-%05d-of-%05d.safetensors" % (s + 1, shards)
+        part = {k: t[k] for k in names[s::shards]}
+        st_write.write(os.path.join(d, fn), part, {"format": "pt"},
+                       bf16=[k for k in part if k in bf16])
+        wmap.update({k: fn for k in part})
+    with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": 0}, "weight_map": wmap}, f, indent=2)
