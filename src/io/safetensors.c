@@ -709,8 +709,13 @@ static vitc_status st_load_data(vitc_safetensors *st, st_source *src, const char
     size_t at = 0;
     for (int i = 0; i < st->n; i++) {
         st_tensor *t = &st->t[i];
-        if (t->dtype == ST_I64)
-            continue; /* listed, not read: data stays NULL */
+        if (t->dtype == ST_I64) { /* listed, not converted: data stays NULL */
+            /* The file is read in order: step over its bytes. */
+            if (!src->mem && fseeko(src->f, (off_t)(t->end - t->begin), SEEK_CUR) != 0)
+                return vitc__err(VITC_ERR_IO, "%s: tensor '%s': %s", fname, t->name,
+                                 strerror(errno));
+            continue;
+        }
         t->data = st->arena + at;
         at += t->numel;
         if (t->dtype == ST_F32) {

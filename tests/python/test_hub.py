@@ -1,0 +1,280 @@
+"""Hugging Face Hub model directories (issue 10): HF ViT and DeiT through
+vitc.load_model and `vitc embed` / `vitc classify` / `vitc inspect`,
+against the torch reference forwards of tests/reference/hf_ref.py (which
+this file first checks against torchvision's VisionTransformer at the same
+weights). Small random configs with non-trivial weights, saved in the Hub's
+exact layout: backbone prefix or none, F32/F16/BF16, sharded index, int64
+position_ids and pooler tensors that the forward must skip. Malformed
+directories must fail with an error naming what is wrong.
+
+Needs torch and torchvision (/usr/bin/python3 on Debian); skipped without.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+
+import numpy as np
+
+import vitc
+
+try:
+    import torch
+    from torchvision.models.vision_transformer import VisionTransformer as TVViT
+except ImportError:  # pragma: no cover
+    torch = None
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+VITC = os.path.join(ROOT, "build", "vitc")
+PHOTO = os.path.join(ROOT, "tests", "data", "photo.png")
+sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+if torch is not None:
+    import hf_ref  # noqa: E402
+
+
+def close(test, got, ref, what):
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    test.assertEqual(got.shape, ref.shape, what)
+    err = np.abs(got - ref) / np.maximum(1.0, np.abs(ref))
+    test.assertLess(err.max(), 1e-4, "%s: max rel err %g" % (what, err.max()))
+
+
+def run(*args):
+    p = subprocess.run([VITC] + [str(a) for a in args], stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE)
+    return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+
+@unittest.skipIf(torch is None, "needs torch and torchvision")
+class TestReferenceVsTorchvision(unittest.TestCase):
+    def test_hf_vit_reference_matches_torchvision(self):
+        """The HF ViT reference (eps 1e-6 here, torchvision's) equals
+        torchvision's VisionTransformer with the documented renames."""
+        cfg = hf_ref.vit_config(eps=1e-6)
+        sd = hf_ref.random_state(cfg, seed=3)
+        D, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+        tv = TVViT(image_size=32, patch_size=8, num_layers=L, num_heads=3, hidden_dim=D,
+                   mlp_dim=96, num_classes=7).eval()
+        t = {"class_token": sd["embeddings.cls_token"],
+             "conv_proj.weight": sd["embeddings.patch_embeddings.projection.weight"],
+             "conv_proj.bias": sd["embeddings.patch_embeddings.projection.bias"],
+             "encoder.pos_embedding": sd["embeddings.position_embeddings"],
+             "encoder.ln.weight": sd["layernorm.weight"], "encoder.ln.bias": sd["layernorm.bias"],
+             "heads.head.weight": sd["classifier.weight"], "heads.head.bias": sd["classifier.bias"]}
+        for i in range(L):
+            h, o = "encoder.layer.%d." % i, "encoder.layers.encoder_layer_%d." % i
+            a = h + "attention.attention."
+            t[o + "self_attention.in_proj_weight"] = torch.cat(
+                [sd[a + n + ".weight"] for n in ("query", "key", "value")])
+            t[o + "self_attention.in_proj_bias"] = torch.cat(
+                [sd[a + n + ".bias"] for n in ("query", "key", "value")])
+            for src, dst in [("layernorm_before", "ln_1"), ("layernorm_after", "ln_2"),
+                             ("attention.output.dense", "self_attention.out_proj"),
+                             ("intermediate.dense", "mlp.0"), ("output.dense", "mlp.3")]:
+                t[o + dst + ".weight"] = sd[h + src + ".weight"]
+                t[o + dst + ".bias"] = sd[h + src + ".bias"]
+        tv.load_state_dict(t)
+        x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            ref = tv(x)
+        logits, _ = hf_ref.forward(sd, cfg, x)
+        self.assertLess((logits - ref).abs().max().item(), 1e-5)
+
+
+@unittest.skipIf(torch is None, "needs torch and torchvision")
+class TestHubModels(unittest.TestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix="vitc_hub_")
+        gen = torch.Generator().manual_seed(1)
+        cls.x = {s: torch.randn(2, 3, s[0], s[1], generator=gen) for s in [(32, 32), (40, 24)]}
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def make(self, name, model_type, arch, seed=0, **kw):
+        cfg = hf_ref.vit_config(model_type, arch, **{k: kw.pop(k) for k in list(kw)
+                                                     if k in ("qkv_bias", "eps")})
+        sd = hf_ref.random_state(cfg, seed, pooler=kw.pop("pooler", False))
+        dtype = kw.get("dtype", "F32")
+        if dtype == "BF16":
+            sd = hf_ref.round_bf16(sd)
+        elif dtype == "F16":
+            sd = hf_ref.round_f16(sd)
+        d = os.path.join(self.tmp, name)
+        hf_ref.save_hub(d, sd, cfg, **kw)
+        return d, sd, cfg
+
+    def check(self, d, sd, cfg, path=None):
+        m = vitc.load_model(path or d)
+        for (H, W), x in self.x.items():
+            logits, hidden = hf_ref.forward(sd, cfg, x)
+            what = "%s %dx%d" % (os.path.basename(d), H, W)
+            close(self, m.forward_features(x.numpy()), hidden, what + " last_hidden_state")
+            close(self, m.embed(x.numpy()), hidden[:, 0], what + " embed")
+            close(self, m.embed(x.numpy(), pool="mean"),
+                  hidden[:, m.config["num_prefix_tokens"]:].mean(1), what + " mean")
+            close(self, m.embed(x.numpy(), pool="tokens"),
+                  hidden[:, m.config["num_prefix_tokens"]:], what + " tokens")
+            e = m.embed(x.numpy(), normalize=True)
+            close(self, e, torch.nn.functional.normalize(hidden[:, 0], dim=-1), what + " normalized")
+            if logits is not None:
+                close(self, m(x.numpy()), logits, what + " logits")
+            else:
+                close(self, m(x.numpy()), hidden[:, 0], what + " __call__ (embedding)")
+        return m
+
+    def test_vit_classifier_prefixed(self):
+        d, sd, cfg = self.make("vit_cls", "vit", "ViTForImageClassification")
+        m = self.check(d, sd, cfg)
+        self.assertEqual(m.config["family"], "hf-vit")
+        self.assertAlmostEqual(m.config["norm_eps"], 1e-12, delta=1e-15)
+        self.assertEqual(m.labels[3], "class_3")
+        self.assertEqual(m.config["mean"], [0.5, 0.5, 0.5])
+
+    def test_vit_backbone_unprefixed_with_pooler(self):
+        d, sd, cfg = self.make("vit_model", "vit", "ViTModel", pooler=True, prefix=False)
+        m = self.check(d, sd, cfg)
+        self.assertFalse(m.config["has_head"])
+        self.assertEqual(sorted(m.config["ignored"]), ["pooler.dense.bias", "pooler.dense.weight"])
+
+    def test_vit_classifier_unprefixed_no_qkv_bias(self):
+        d, sd, cfg = self.make("vit_nobias", "vit", "ViTForImageClassification", prefix=False,
+                               qkv_bias=False)
+        self.check(d, sd, cfg)
+
+    def test_deit_with_teacher_sharded_bf16_position_ids(self):
+        ids = np.arange(18, dtype=np.int64)[None]
+        d, sd, cfg = self.make("deit_teacher", "deit", "DeiTForImageClassificationWithTeacher",
+                               dtype="BF16", shards=3,
+                               extra={"deit.embeddings.position_ids": ids})
+        m = self.check(d, sd, cfg)
+        self.assertEqual(m.config["num_prefix_tokens"], 2)
+        self.assertEqual(m.config["ignored"], ["deit.embeddings.position_ids"])
+        # The index file itself is a way in too.
+        self.check(d, sd, cfg, os.path.join(d, "model.safetensors.index.json"))
+
+    def test_deit_single_head_f16(self):
+        d, sd, cfg = self.make("deit_cls", "deit", "DeiTForImageClassification", dtype="F16")
+        self.check(d, sd, cfg)
+
+    def test_lone_safetensors_with_config_beside(self):
+        d, sd, cfg = self.make("lone", "vit", "ViTForImageClassification", seed=5)
+        self.check(d, sd, cfg, os.path.join(d, "model.safetensors"))
+
+    def test_preprocessor_mean_std(self):
+        pp = {"image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225],
+              "do_resize": True, "size": {"height": 32, "width": 32}}
+        d, _, _ = self.make("pp", "deit", "DeiTForImageClassification", preprocessor=pp)
+        m = vitc.load_model(d)
+        np.testing.assert_allclose(m.config["mean"], pp["image_mean"], rtol=1e-6)
+        np.testing.assert_allclose(m.config["std"], pp["image_std"], rtol=1e-6)
+
+    # ---- CLI ---------------------------------------------------------------
+
+    @unittest.skipIf(not os.path.exists(VITC), "needs build/vitc")
+    def test_cli_embed_classify_inspect(self):
+        d, sd, cfg = self.make("cli", "deit", "DeiTForImageClassificationWithTeacher", seed=7,
+                               extra={"deit.embeddings.position_ids":
+                                      np.arange(18, dtype=np.int64)[None]})
+        # The CLI's preprocessing (C) for the reference's input.
+        img = vitc.preprocess_image(vitc.load_image(PHOTO), resize=36, crop=32,
+                                    mean=[0.5] * 3, std=[0.5] * 3)
+        x = torch.from_numpy(np.ascontiguousarray(img))[None]
+        logits, hidden = hf_ref.forward(sd, cfg, x)
+        rc, out, err = run("embed", "--model", d, "--json", PHOTO, PHOTO)
+        self.assertEqual(rc, 0, err)
+        lines = [json.loads(s) for s in out.splitlines()]
+        self.assertEqual(len(lines), 2)
+        self.assertEqual(lines[0]["image"], PHOTO)
+        close(self, lines[1]["embedding"], hidden[0, 0], "vitc embed --json")
+        npy = os.path.join(self.tmp, "e.npy")
+        rc, out, err = run("embed", "--model", d, "--normalize", "--out", npy, PHOTO)
+        self.assertEqual(rc, 0, err)
+        close(self, np.load(npy), torch.nn.functional.normalize(hidden[:, 0], dim=-1),
+              "vitc embed --normalize --out")
+        rc, out, err = run("embed", "--model", d, "--pool", "tokens", "--out", npy, PHOTO)
+        self.assertEqual(rc, 0, err)
+        close(self, np.load(npy), hidden[:, 2:], "vitc embed --pool tokens")
+        rc, out, err = run("classify", "--model", d, "--json", "--topk", "3", PHOTO)
+        self.assertEqual(rc, 0, err)
+        top = json.loads(out)["topk"]
+        ref = logits[0].numpy()
+        self.assertEqual([t["index"] for t in top], list(np.argsort(-ref)[:3]))
+        self.assertEqual(top[0]["label"], "class_%d" % top[0]["index"])
+        close(self, [t["logit"] for t in top], np.sort(ref)[::-1][:3], "vitc classify logits")
+        rc, out, err = run("inspect", d)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("hf-deit", out)
+        self.assertIn("deit.embeddings.position_ids", out)
+        rc, out, err = run("inspect", "--json", os.path.join(d, "model.safetensors"))
+        self.assertEqual(rc, 0, err)
+        j = json.loads(out)
+        self.assertEqual(j["ignored"], ["deit.embeddings.position_ids"])
+        self.assertEqual(j["prefix_tokens"], 2)
+        rc, out, err = run("embed", "--model", d, "--pool", "max", PHOTO)
+        self.assertEqual(rc, 2)
+
+    # ---- malformed directories --------------------------------------------
+
+    def bad(self, path, *needles):
+        with self.assertRaises(vitc.VitcError) as cm:
+            vitc.load_model(path)
+        for n in needles:
+            self.assertIn(n, str(cm.exception))
+        if os.path.exists(VITC):
+            rc, _, err = run("embed", "--model", path, PHOTO)
+            self.assertEqual(rc, 1)
+            for n in needles:
+                self.assertIn(n, err)
+
+    def test_malformed(self):
+        d, sd, cfg = self.make("bad_base", "vit", "ViTForImageClassification", seed=2)
+
+        def variant(name, edit_cfg=None, drop=None):
+            v = os.path.join(self.tmp, name)
+            shutil.copytree(d, v)
+            if edit_cfg is not None:
+                c = dict(cfg)
+                edit_cfg(c)
+                with open(os.path.join(v, "config.json"), "w") as f:
+                    json.dump(c, f)
+            if drop:
+                os.remove(os.path.join(v, drop))
+            return v
+
+        self.bad(variant("no_config", drop="config.json"), "no config.json")
+        self.bad(variant("no_weights", drop="model.safetensors"), "no model.safetensors")
+        self.bad(variant("unknown_type", lambda c: c.update(model_type="swin")),
+                 "unknown model_type \"swin\"")
+        self.bad(variant("later_type", lambda c: c.update(model_type="dinov2")),
+                 "\"dinov2\" is not supported")
+        self.bad(variant("mismatch", lambda c: c.update(hidden_size=96, num_attention_heads=3)),
+                 "vit.embeddings.cls_token", "[1, 1, 96]", "[1, 1, 48]")
+        self.bad(variant("deeper", lambda c: c.update(num_hidden_layers=3)),
+                 "missing tensor vit.encoder.layer.2.layernorm_before.weight")
+        self.bad(variant("act", lambda c: c.update(hidden_act="relu")), "hidden_act relu")
+        with open(os.path.join(variant("badjson"), "config.json"), "w") as f:
+            f.write("{not json")
+        self.bad(os.path.join(self.tmp, "badjson"), "config.json is not JSON")
+        # A shard the index names is missing.
+        s, _, _ = self.make("sharded", "vit", "ViTModel", shards=2)
+        os.remove(os.path.join(s, "model-00002-of-00002.safetensors"))
+        self.bad(s, "model-00002-of-00002.safetensors", "missing")
+        # An unexpected tensor is named.
+        u, sd2, cfg2 = self.make("extra", "vit", "ViTModel", extra={"text_model.x": np.zeros(2, np.float32)})
+        self.bad(u, "unexpected tensor text_model.x")
+        # A backbone has no logits: an error naming why, not garbage.
+        b, _, _ = self.make("backbone", "vit", "ViTModel")
+        m = vitc.load_model(b)
+        with self.assertRaises(vitc.VitcError) as cm:
+            vitc.VisionTransformer.__call__(m, self.x[(32, 32)].numpy())
+        self.assertIn("no classification head", str(cm.exception))
+
+
+if __name__ == "__main__":
+    unittest.main()
