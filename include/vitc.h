@@ -585,7 +585,8 @@ VITC_API void vitc_vit_set_training(vitc_vit *m, int training);
 VITC_API int vitc_vit_is_training(const vitc_vit *m);
 /* Training-mode regularisation, all in [0, 1): torchvision's dropout (after
  * the embedding, the attention branch, the GELU and fc2), attention_dropout
- * (refused when > 0: the fused attention has no probability dropout), and
+ * (nn.MultiheadAttention's, on the probabilities: those blocks then keep
+ * [B, heads, N, N] and run attention unfused), and
  * timm's drop path whose per-block rate rises linearly from 0 at the first
  * block to drop_path at the last. Masks come from the model's generator
  * (seeded by vitc_vit_create's seed). */

@@ -237,9 +237,9 @@ static void test_backward_errors(void **state) {
     }
     assert_int_equal(vitc_vit_zero_grad(m), VITC_OK);
     assert_true(g[0] == 0.0f);
-    assert_int_equal(vitc_vit_set_dropout(m, 0.1f, 0.2f, 0.0f), VITC_ERR_INVALID_ARG);
+    assert_int_equal(vitc_vit_set_dropout(m, 0.1f, -0.2f, 0.0f), VITC_ERR_INVALID_ARG);
     assert_int_equal(vitc_vit_set_dropout(m, 1.0f, 0.0f, 0.0f), VITC_ERR_INVALID_ARG);
-    assert_int_equal(vitc_vit_set_dropout(m, 0.1f, 0.0f, 0.2f), VITC_OK);
+    assert_int_equal(vitc_vit_set_dropout(m, 0.1f, 0.3f, 0.2f), VITC_OK);
     assert_int_equal(vitc_vit_forward(m, img, 3, 28, 28, logits), VITC_OK);
     assert_int_equal(vitc_vit_backward(m, dl), VITC_OK);
     vitc_vit_free(m);

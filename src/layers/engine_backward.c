@@ -231,7 +231,7 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
     } else if (p->in == VITC__IN_IMAGE) {
         float *dimg = g + o_dimg; // [B, C, HW]
         const float *x = s + r->o_x;
-        vitc__transpose_bc(dimg, dtok, B, N, C);
+        vitc__channels_to_tokens(dimg, dtok, B, N, C); /* [B, N, C] -> [B, C, N] */
         if (p->norm == VITC__NORM_GROUP) {
             vitc__groupnorm_backward(dx, vitc__grad_of(l, l->norm_w), vitc__grad_of(l, l->norm_b), dimg, x,
                                      l->norm_w, B, C, HW, 1, l->cfg.eps);

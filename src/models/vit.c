@@ -37,6 +37,7 @@ void vitc_vit_free(vitc_vit *m) {
     vitc__buf_free(&m->act);
     vitc__buf_free(&m->bwd);
     vitc__buf_free(&m->masks);
+    vitc__buf_free(&m->pdrop);
     vitc__buf_free(&m->pos_buf);
     vitc__buf_free(&m->probs_buf);
     vitc__buf_free(&m->roll_buf);
@@ -196,10 +197,14 @@ static vitc_status vit_activations(vitc_vit *m, int64_t B, int64_t P, int traini
              vitc__mul_size(rows, (size_t)c->num_heads, &sz[VA_LSE]);
     sz[VA_LN1] = sz[VA_ATT] = sz[VA_MID] = sz[VA_LN2] = sz[VA_X];
     sz[VA_HACT] = sz[VA_HPRE];
+    int probs = training && m->attention_dropout > 0.0f;
+    ok = ok && vitc__mul_size(sz[VA_LSE], N, &sz[VA_PROBS]);
     /* Inference: what backward alone needs shares a buffer. */
-    int alias[VA_COUNT] = {-1, -1, -1, -1, -1, -1, -1, -1, -1};
+    int alias[VA_COUNT] = {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1};
     if (!training)
         alias[VA_LN2] = VA_LN1, alias[VA_HACT] = VA_HPRE, alias[VA_LSE] = VA_X;
+    if (!probs)
+        alias[VA_PROBS] = VA_X;
     for (int k = 0; ok && k < VA_COUNT; k++) {
         if (alias[k] >= 0) {
             m->a.off[k] = m->a.off[alias[k]];
@@ -217,7 +222,7 @@ static vitc_status vit_activations(vitc_vit *m, int64_t B, int64_t P, int traini
                          (long long)B, (long long)P);
     VITC_TRY(vitc__buf_reserve(&m->act, total));
     vitc__vit_acts *a = &m->a;
-    a->B = B, a->N = (int64_t)N, a->P = P, a->training = training;
+    a->B = B, a->N = (int64_t)N, a->P = P, a->training = training, a->probs = probs;
     a->layers = m->act.p;
     a->stride = training ? block : 0;
     a->patches = a->layers + layers;
@@ -335,6 +340,25 @@ static void vit_add(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+/* nn.MultiheadAttention's dropout of the attention probabilities: o of
+ * every head again as dropout(P) V, P = sd->probs [B, H, N, N] kept as it
+ * is for backward. One [N, N] scratch, heads one after another, each
+ * product over the pool. */
+vitc_status vitc__vit_attention_dropout(vitc_vit *m, const vitc__sdpa_desc *sd,
+                                        const uint8_t *keep) {
+    int64_t N = sd->S, d = sd->D, NN = N * N;
+    VITC_TRY(vitc__buf_reserve(&m->pdrop, (size_t)NN));
+    float *T = m->pdrop.p; /* [N, N] */
+    for (int64_t b = 0; b < sd->B; b++)
+        for (int64_t h = 0; h < sd->H; h++) {
+            int64_t bh = b * sd->H + h;
+            vitc__dropout_apply(T, sd->probs + bh * NN, keep + bh * NN, NN, m->attention_dropout);
+            vitc__gemm(0, 0, N, d, N, 1.0f, T, N, sd->v + b * sd->v_sb + h * sd->v_sh, sd->v_sr,
+                       0.0f, sd->o + b * sd->o_sb + h * sd->o_sh, sd->o_sr);
+        }
+    return VITC_OK;
+}
+
 /* One encoder block l on m->a (torchvision's EncoderBlock):
  *   mid = x + out_proj(MHA(ln_1(x)));  out = mid + fc2(gelu(fc1(ln_2(mid))))
  * cls_only: queries, out_proj, LayerNorm and MLP only for the class token
@@ -365,8 +389,14 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     sd.lse = vitc__va(a, l, VA_LSE); /* [B, H, N], training only */
     sd.lse_sb = c->num_heads * N;
     sd.lse_sh = N;
-    VITC_TRY(vitc__sdpa(&sd));
     vitc__vit_mask k = vitc__vit_block_mask(m, l); /* training with regularisation */
+    if (k.probs) /* attention_dropout: the probabilities kept, o from the dropped ones */
+        sd.probs = vitc__va(a, l, VA_PROBS);
+    VITC_TRY(vitc__sdpa(&sd));
+    if (k.probs) {
+        vitc__dropout_mask(k.probs, B * c->num_heads * N * N, m->attention_dropout, &m->rng);
+        VITC_TRY(vitc__vit_attention_dropout(m, &sd, k.probs));
+    }
     if (k.att) { /* the branch alone, regularised, then the residual */
         vitc__linear(mid, C, att, C, w->proj_w, w->proj_b, NULL, 0, R, C, C);
         vit_branch_forward(m, l, mid, k.att, k.dp_att);
@@ -442,12 +472,14 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     VITC_TRY(vit_position_embedding(m, gh, gw));
     const vitc__vit_acts *a = &m->a;
     m->mask_stride = 0;
-    if (record && (m->dropout > 0.0f || m->drop_path > 0.0f)) {
+    if (record && (m->dropout > 0.0f || m->drop_path > 0.0f || m->attention_dropout > 0.0f)) {
         /* Keep masks, bytes: the embedding's, then per block (vitc__vit_mask). */
-        size_t BNC, BNM, per = 0, total = 0;
+        size_t BNC, BNM, BHNN = 0, per = 0, total = 0;
         int ok = vitc__mul_size((size_t)(B * N), (size_t)C, &BNC) &&
                  vitc__mul_size((size_t)(B * N), (size_t)c->mlp_dim, &BNM) &&
+                 (!a->probs || vitc__mul_size((size_t)(B * N * Hh), (size_t)N, &BHNN)) &&
                  vitc__add_size(2 * BNC, BNM, &per) && vitc__add_size(per, 2 * (size_t)B, &per) &&
+                 vitc__add_size(per, BHNN, &per) &&
                  vitc__mul_size(per, (size_t)c->depth, &total) &&
                  vitc__add_size(total, BNC + 3, &total);
         if (!ok)

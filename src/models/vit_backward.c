@@ -48,6 +48,44 @@ static vitc_status vit_bwd_scratch(vitc_vit *m, vit_bwd *s) {
     return VITC_OK;
 }
 
+/* The attention backward with dropped probabilities (o = dropout(P) V),
+ * per head, from the kept P [B, H, N, N]:
+ *   dV = Pd^T dO, dP = dropout(dO V^T), dS = P * (dP - rowsum(dP * P)),
+ *   dQ = scale dS K, dK = scale dS^T Q. */
+static vitc_status vit_attention_dropout_backward(vitc_vit *m, const vitc__sdpa_bwd_desc *bd,
+                                                 const float *P, const uint8_t *keep) {
+    const vitc__sdpa_desc *f = &bd->f;
+    int64_t N = f->S, d = f->D, NN = N * N;
+    float p = m->attention_dropout;
+    VITC_TRY(vitc__buf_reserve(&m->pdrop, 2 * (size_t)NN));
+    float *T = m->pdrop.p, *G = T + NN; /* [N, N] each */
+    for (int64_t b = 0; b < f->B; b++)
+        for (int64_t h = 0; h < f->H; h++) {
+            int64_t bh = b * f->H + h;
+            const float *Pb = P + bh * NN;
+            const float *q = f->q + b * f->q_sb + h * f->q_sh, *k = f->k + b * f->k_sb + h * f->k_sh;
+            const float *v = f->v + b * f->v_sb + h * f->v_sh;
+            const float *dout = bd->dout + b * bd->do_sb + h * bd->do_sh;
+            vitc__dropout_apply(T, Pb, keep + bh * NN, NN, p);
+            vitc__gemm(1, 0, N, d, N, 1.0f, T, N, dout, bd->do_sr, 0.0f,
+                       bd->dv + b * bd->dv_sb + h * bd->dv_sh, bd->dv_sr);
+            vitc__gemm(0, 1, N, N, d, 1.0f, dout, bd->do_sr, v, f->v_sr, 0.0f, G, N);
+            vitc__dropout_apply(G, G, keep + bh * NN, NN, p);
+            for (int64_t i = 0; i < N; i++) {
+                float *g = G + i * N;
+                const float *pr = Pb + i * N;
+                float r = 0.0f;
+                for (int64_t j = 0; j < N; j++) r += g[j] * pr[j];
+                for (int64_t j = 0; j < N; j++) g[j] = pr[j] * (g[j] - r);
+            }
+            vitc__gemm(0, 0, N, d, N, f->scale, G, N, k, f->k_sr, 0.0f,
+                       bd->dq + b * bd->dq_sb + h * bd->dq_sh, bd->dq_sr);
+            vitc__gemm(1, 0, N, d, N, f->scale, G, N, q, f->q_sr, 0.0f,
+                       bd->dk + b * bd->dk_sb + h * bd->dk_sh, bd->dk_sr);
+        }
+    return VITC_OK;
+}
+
 /* Block l backward: s->g holds dL/dy on entry and dL/dx on return. */
 static vitc_status vit_block_backward(vitc_vit *m, int l, vit_bwd *s) {
     const vitc_vit_config *c = &m->cfg;
@@ -89,7 +127,10 @@ static vitc_status vit_block_backward(vitc_vit *m, int l, vit_bwd *s) {
     bd.dq = s->dqkv, bd.dq_sb = bd.f.q_sb, bd.dq_sh = bd.f.q_sh, bd.dq_sr = bd.f.q_sr;
     bd.dk = s->dqkv + C, bd.dk_sb = bd.f.k_sb, bd.dk_sh = bd.f.k_sh, bd.dk_sr = bd.f.k_sr;
     bd.dv = s->dqkv + 2 * C, bd.dv_sb = bd.f.v_sb, bd.dv_sh = bd.f.v_sh, bd.dv_sr = bd.f.v_sr;
-    VITC_TRY(vitc__sdpa_backward(&bd));
+    if (k.probs)
+        VITC_TRY(vit_attention_dropout_backward(m, &bd, vitc__va(a, l, VA_PROBS), k.probs));
+    else
+        VITC_TRY(vitc__sdpa_backward(&bd));
     vitc__linear_backward(s->dln, C, 0.0f, gw->qkv_w, gw->qkv_b, s->dqkv, 3 * C, ln1, C, w->qkv_w,
                           BN, 3 * C, C);
     vitc__layernorm_backward(s->g, gw->ln1_w, gw->ln1_b, s->dln, x, w->ln1_w, BN, C, c->norm_eps,

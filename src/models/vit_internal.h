@@ -89,11 +89,13 @@ enum {
     VA_LN2,  /* [B, N, C] ln_2(mid) */
     VA_HPRE, /* [B, N, mlp] fc1 output, GELU's input */
     VA_HACT, /* [B, N, mlp] GELU output */
+    VA_PROBS, /* [B, H, N, N] attention probabilities (training with attention_dropout) */
     VA_COUNT
 };
 typedef struct vitc__vit_acts {
     int64_t B, N, P;
     int training;
+    int probs;      /* VA_PROBS kept (training with attention_dropout) */
     float *patches; /* [B*P, in*p*p] im2col of the images */
     float *layers;
     size_t stride;  /* floats from block l to block l + 1; 0 in inference */
@@ -103,7 +105,7 @@ typedef struct vitc__vit_acts {
 } vitc__vit_acts;
 
 static inline float *vitc__va(const vitc__vit_acts *a, int l, int k) {
-    if (k == VA_LSE && !a->training)
+    if ((k == VA_LSE && !a->training) || (k == VA_PROBS && !a->probs))
         return NULL;
     return a->layers + (size_t)l * a->stride + a->off[k];
 }
@@ -129,7 +131,8 @@ struct vitc_vit {
      * attention_dropout, timm's drop path per block), drawn from rng. */
     float dropout, attention_dropout, drop_path;
     vitc__rng rng;
-    vitc__buf masks;    /* the recorded forward's keep masks (bytes, see vit_masks) */
+    vitc__buf masks;    /* the recorded forward's keep masks (bytes, vitc__vit_mask) */
+    vitc__buf pdrop;    /* [2, N, N] attention-dropout scratch */
     size_t mask_stride; /* bytes from block l's masks to block l + 1's */
     int n_entries;
     vitc__param *table; /* [n_entries] state_dict order, names in the file's spelling */
@@ -175,9 +178,11 @@ const char *vitc__vit_entry_name(const vitc__param *e, vitc__vit_naming naming, 
 
 /* Keep masks of block l (training with dropout or drop path; NULL
  * otherwise): [B*N*C] after out_proj, [B*N*mlp] after GELU, [B*N*C] after
- * fc2, [B] drop path of each branch; emb: [B*N*C] after the embedding. */
+ * fc2, [B] drop path of each branch, [B*H*N*N] attention dropout; emb:
+ * [B*N*C] after the embedding. */
 typedef struct vitc__vit_mask {
     uint8_t *att, *hid, *out, *dp_att, *dp_mlp;
+    uint8_t *probs; /* [B*H*N*N] attention dropout (NULL without) */
 } vitc__vit_mask;
 static inline uint8_t *vitc__vit_emb_mask(const vitc_vit *m) {
     return m->mask_stride ? (uint8_t *)m->masks.p : NULL;
@@ -193,6 +198,8 @@ static inline vitc__vit_mask vitc__vit_block_mask(const vitc_vit *m, int l) {
     k.out = k.hid + BNM;
     k.dp_att = k.out + BNC;
     k.dp_mlp = k.dp_att + m->a.B;
+    if (m->a.probs)
+        k.probs = k.dp_mlp + m->a.B;
     return k;
 }
 
@@ -201,6 +208,10 @@ static inline vitc__vit_mask vitc__vit_block_mask(const vitc_vit *m, int l) {
 float vitc__vit_drop_path_rate(const vitc_vit *m, int l);
 void vitc__vit_branch(const vitc_vit *m, int l, float *x, const uint8_t *keep,
                       const uint8_t *dp_keep);
+
+/* attention_dropout: o = dropout(P) V with sd->probs kept (vit.c). */
+vitc_status vitc__vit_attention_dropout(vitc_vit *m, const vitc__sdpa_desc *sd,
+                                        const uint8_t *keep);
 
 /* Gradient array and structs on first use (vit_train.c). */
 vitc_status vitc__vit_grad_alloc(vitc_vit *m);

@@ -36,11 +36,6 @@ vitc_status vitc_vit_set_dropout(vitc_vit *m, float dropout, float attention_dro
         if (!(v[i] >= 0.0f && v[i] < 1.0f))
             return vitc__err(VITC_ERR_INVALID_ARG, "ViT %s = %g: must be in [0, 1)", nm[i],
                              (double)v[i]);
-    if (attention_dropout > 0.0f)
-        return vitc__err(VITC_ERR_INVALID_ARG,
-                         "ViT attention_dropout = %g: dropout of the attention probabilities is "
-                         "not supported (the fused attention never forms them); use 0",
-                         (double)attention_dropout);
     m->dropout = dropout;
     m->attention_dropout = attention_dropout;
     m->drop_path = drop_path;

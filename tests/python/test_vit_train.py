@@ -15,6 +15,17 @@ from torchvision.models.vision_transformer import VisionTransformer as TVViT
 import vitc
 
 
+def setUpModule():
+    # Another test module may have switched autograd off for the process.
+    global _grad_was
+    _grad_was = torch.is_grad_enabled()
+    torch.set_grad_enabled(True)
+
+
+def tearDownModule():
+    torch.set_grad_enabled(_grad_was)
+
+
 def torch_model(cfg, seed):
     """torchvision's model (conv_proj swapped for in_channels != 3), every
     parameter perturbed so no gradient is trivially zero, in float64."""
@@ -167,7 +178,7 @@ class TestViTTrainingAPI(unittest.TestCase):
         with self.assertRaises(KeyError):
             m.load_state_dict({"class_token": np.zeros((1, 1, 8))})
         with self.assertRaises(vitc.VitcError):
-            vitc.VisionTransformer(**self.cfg, attention_dropout=0.1)
+            vitc.VisionTransformer(**self.cfg, attention_dropout=-0.1)
         with self.assertRaises(vitc.VitcError):
             vitc.VisionTransformer(**self.cfg, dropout=1.0)
 
@@ -255,7 +266,7 @@ class TestViTDropout(unittest.TestCase):
         plain = vitc_model(self.cfg, t)
         x = np.random.default_rng(1).standard_normal((4, 1, 16, 16)).astype(np.float32)
         ref = plain(x)
-        m = vitc_model(dict(self.cfg, dropout=0.3, drop_path=0.4), t)
+        m = vitc_model(dict(self.cfg, dropout=0.3, attention_dropout=0.2, drop_path=0.4), t)
         np.testing.assert_array_equal(m.eval()(x), ref)
         zero = vitc_model(dict(self.cfg, dropout=0.0, drop_path=0.0), t).train()
         np.testing.assert_array_equal(zero(x), ref)
@@ -265,8 +276,9 @@ class TestViTDropout(unittest.TestCase):
         """torch with the masks the model drew (rebuilt from its generator)
         injected: logits and every gradient agree, so the gradient flows
         through the kept elements only, scaled as forward scaled them."""
-        p, dp, seed, B = 0.25, 0.5, 11, 5
-        cfg = dict(self.cfg, dropout=p, drop_path=dp, seed=seed)
+        p, pa, dp, seed, B = 0.25, 0.2, 0.5, 11, 5
+        cfg = dict(self.cfg, dropout=p, attention_dropout=pa, drop_path=dp, seed=seed)
+        heads = self.cfg["num_heads"]
         t = torch_model(self.cfg, 8)
         m = vitc_model(cfg, t).train()
         x = np.random.default_rng(2).standard_normal((B, 1, 16, 16)).astype(np.float32)
@@ -276,12 +288,13 @@ class TestViTDropout(unittest.TestCase):
         blocks = []
         for l in range(depth):
             pd = np.float32(dp) * np.float32(l) / np.float32(depth - 1)
+            probs = rng.keep((B, heads, N, N), pa)
             att = rng.keep((B, N, C), p)
             dpa = rng.keep((B,), pd) if pd > 0 else np.ones(B, bool)
             hid = rng.keep((B, N, M), p)
             out = rng.keep((B, N, C), p)
             dpm = rng.keep((B,), pd) if pd > 0 else np.ones(B, bool)
-            blocks.append((float(pd), att, dpa, hid, out, dpm))
+            blocks.append((float(pd), probs, att, dpa, hid, out, dpm))
 
         def drop(z, keep, q):
             return z * torch.tensor(keep, dtype=torch.float64) / (1 - q)
@@ -290,9 +303,17 @@ class TestViTDropout(unittest.TestCase):
         y = t.conv_proj(xt).reshape(B, C, N - 1).permute(0, 2, 1)
         y = torch.cat([t.class_token.expand(B, -1, -1), y], dim=1) + t.encoder.pos_embedding
         y = drop(y, emb, p)
-        for blk, (pd, att, dpa, hid, out, dpm) in zip(t.encoder.layers, blocks):
+        def attention(mha, h, keep):  # nn.MultiheadAttention with the dropout mask given
+            q, k, v = F.linear(h, mha.in_proj_weight, mha.in_proj_bias).chunk(3, dim=-1)
+            d = C // heads
+            q, k, v = (z.reshape(B, N, heads, d).transpose(1, 2) for z in (q, k, v))
+            P = torch.softmax(q @ k.transpose(-1, -2) / np.sqrt(d), dim=-1)
+            o = (drop(P, keep, pa) @ v).transpose(1, 2).reshape(B, N, C)
+            return mha.out_proj(o)
+
+        for blk, (pd, probs, att, dpa, hid, out, dpm) in zip(t.encoder.layers, blocks):
             h = blk.ln_1(y)
-            a, _ = blk.self_attention(h, h, h, need_weights=False)
+            a = attention(blk.self_attention, h, probs)
             a = drop(a, att, p)
             if pd > 0:
                 a = drop(a, dpa[:, None, None], pd)
@@ -316,7 +337,7 @@ class TestViTDropout(unittest.TestCase):
             err = np.abs(g - ref)
             self.assertTrue((err <= 1e-4 * np.maximum(1.0, np.abs(ref))).all(),
                             "%s: max error %g" % (name, err.max()))
-        self.assertTrue(any(not b[2].all() or not b[5].all() for b in blocks))  # a path dropped
+        self.assertTrue(any(not b[3].all() or not b[6].all() for b in blocks))  # a path dropped
 
 
 if __name__ == "__main__":
