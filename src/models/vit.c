@@ -124,6 +124,83 @@ void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64
     vit_bicubic(dst, src, C, ih, iw, oh, ow, 0);
 }
 
+/* Keys' cubic with a = -0.5, the kernel of PyTorch's antialiased bicubic
+ * (and PIL's). */
+static double vit_keys(double x) {
+    const double a = -0.5;
+    x = fabs(x);
+    if (x < 1.0)
+        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+    if (x < 2.0)
+        return ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a;
+    return 0.0;
+}
+
+/* One axis of F.interpolate(mode="bicubic", antialias=True,
+ * align_corners=False): output o reads inputs lo[o] .. lo[o] + n[o] - 1 with
+ * weights w[o * taps ..], normalised to sum 1 (the support widens with the
+ * downscale factor, as PIL's filters). taps: the most any output reads. */
+static void vit_aa_axis(int64_t in, int64_t out, int64_t taps, int64_t *lo, int64_t *n, float *w) {
+    double scale = (double)in / (double)out, sup = scale > 1.0 ? scale : 1.0;
+    double support = 2.0 * sup;
+    for (int64_t o = 0; o < out; o++) {
+        double center = scale * ((double)o + 0.5), total = 0.0, ws[64];
+        int64_t a = (int64_t)(center - support + 0.5), b = (int64_t)(center + support + 0.5);
+        if (a < 0)
+            a = 0;
+        if (b > in)
+            b = in;
+        if (b - a > taps)
+            b = a + taps;
+        for (int64_t j = a; j < b; j++) total += ws[j - a] = vit_keys(((double)j - center + 0.5) / sup);
+        lo[o] = a;
+        n[o] = b - a;
+        for (int64_t j = a; j < b; j++)
+            w[o * taps + j - a] = (float)(total != 0.0 ? ws[j - a] / total : 0.0);
+    }
+}
+
+/* Antialiased bicubic of src [ih*iw, C] into dst [oh*ow, C], width first
+ * then height (PyTorch's separable order), through tmp [ih*ow, C]. Grids
+ * are bounded (taps <= 64: a position grid shrinking by over 15x is
+ * refused by the caller). */
+static vitc_status vit_bicubic_aa(float *dst, float *tmp, const float *src, int64_t C, int64_t ih,
+                                  int64_t iw, int64_t oh, int64_t ow) {
+    int64_t lo[2][1024], n[2][1024], tx = 64, ty = 64;
+    float *w[2] = {malloc((size_t)(ow * tx) * sizeof(float)),
+                   malloc((size_t)(oh * ty) * sizeof(float))};
+    if (!w[0] || !w[1]) {
+        free(w[0]);
+        free(w[1]);
+        return vitc__err(VITC_ERR_NOMEM, "antialiased resampling weights");
+    }
+    vit_aa_axis(iw, ow, tx, lo[0], n[0], w[0]);
+    vit_aa_axis(ih, oh, ty, lo[1], n[1], w[1]);
+    for (int64_t y = 0; y < ih; y++)
+        for (int64_t x = 0; x < ow; x++) {
+            float *d = tmp + (y * ow + x) * C;
+            for (int64_t c = 0; c < C; c++) d[c] = 0.0f;
+            for (int64_t k = 0; k < n[0][x]; k++) {
+                const float *s = src + (y * iw + lo[0][x] + k) * C;
+                float wk = w[0][x * tx + k];
+                for (int64_t c = 0; c < C; c++) d[c] += wk * s[c];
+            }
+        }
+    for (int64_t y = 0; y < oh; y++)
+        for (int64_t x = 0; x < ow; x++) {
+            float *d = dst + (y * ow + x) * C;
+            for (int64_t c = 0; c < C; c++) d[c] = 0.0f;
+            for (int64_t k = 0; k < n[1][y]; k++) {
+                const float *s = tmp + ((lo[1][y] + k) * ow + x) * C;
+                float wk = w[1][y * ty + k];
+                for (int64_t c = 0; c < C; c++) d[c] += wk * s[c];
+            }
+        }
+    free(w[0]);
+    free(w[1]);
+    return VITC_OK;
+}
+
 /* The adjoint of vitc__bicubic_ac: dsrc [ih*iw, C] += the transpose of the
  * resampling applied to ddst [oh*ow, C] (each tap's weight sends ddst back
  * to the clamped source it read). */
@@ -150,7 +227,8 @@ void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_
  * else resampled as torchvision's interpolate_embeddings does (the class
  * token's row kept, the patch rows as a [C, g, g] image, bicubic). */
 static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
-    int64_t g = m->cfg.image_size / m->cfg.patch_size, C = m->cfg.hidden_dim, np = m->n_prefix;
+    int64_t g = m->cfg.image_size / m->cfg.patch_size, C = m->cfg.hidden_dim;
+    int64_t np = m->n_prefix - m->n_reg; /* rows before the patch rows: registers have none */
     if (gh == g && gw == g) {
         m->pos_used = m->w.pos;
         return VITC_OK;
@@ -159,16 +237,25 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
         m->pos_used = m->pos_buf.p;
         return VITC_OK;
     }
-    size_t n;
-    if (!vitc__mul_size((size_t)(gh * gw + np), (size_t)C, &n))
+    int aa = m->pos_rule == VIT_POS_ANTIALIAS;
+    if (aa && (gh > 1024 || gw > 1024 || g > 15 * gh || g > 15 * gw))
+        return vitc__err(VITC_ERR_SHAPE, "antialiased position embedding from a %lldx%lld grid "
+                         "to %lldx%lld is out of vitc's range (grids up to 1024, shrinking at "
+                         "most 15x)", (long long)g, (long long)g, (long long)gh, (long long)gw);
+    size_t n, t;
+    if (!vitc__mul_size((size_t)(gh * gw + np), (size_t)C, &n) ||
+        !vitc__mul_size((size_t)(g * gw), (size_t)C, &t) || !vitc__add_size(n, t, &t))
         return vitc__err(VITC_ERR_NOMEM, "position embedding for a %lldx%lld grid overflows",
                          (long long)gh, (long long)gw);
     m->pos_gh = m->pos_gw = 0;
-    VITC_TRY(vitc__buf_reserve(&m->pos_buf, n));
+    VITC_TRY(vitc__buf_reserve(&m->pos_buf, aa ? t : n));
     /* The class (and distillation) rows are kept as they are. */
     memcpy(m->pos_buf.p, m->w.pos, (size_t)(np * C) * sizeof(float));
-    vit_bicubic(m->pos_buf.p + np * C, m->w.pos + np * C, C, g, g, gh, gw,
-                m->pos_rule == VIT_POS_HALF_PIXEL);
+    if (aa)
+        VITC_TRY(vit_bicubic_aa(m->pos_buf.p + np * C, m->pos_buf.p + n, m->w.pos + np * C, C, g, g, gh, gw));
+    else
+        vit_bicubic(m->pos_buf.p + np * C, m->w.pos + np * C, C, g, g, gh, gw,
+                    m->pos_rule == VIT_POS_HALF_PIXEL);
     m->pos_gh = (int)gh;
     m->pos_gw = (int)gw;
     m->pos_used = m->pos_buf.p;
@@ -401,6 +488,11 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
         vitc__linear(mid, C, att, C, w->proj_w, w->proj_b, NULL, 0, R, C, C);
         vit_branch_forward(m, l, mid, k.att, k.dp_att);
         vit_add(mid, x, R * C);
+    } else if (w->ls1) { /* DINOv2: mid = x + ls1 * out_proj(att) */
+        vitc__linear(mid, C, att, rs * C, w->proj_w, w->proj_b, NULL, 0, R, C, C);
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t j = 0; j < C; j++)
+                mid[r * C + j] = x[r * rs * C + j] + w->ls1[j] * mid[r * C + j];
     } else {
         vitc__linear(mid, C, att, rs * C, w->proj_w, w->proj_b, x, rs * C, R, C, C);
     }
@@ -417,6 +509,9 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
         vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, NULL, 0, R, C, M);
         vit_branch_forward(m, l, y, k.out, k.dp_mlp);
         vit_add(y, mid, R * C);
+    } else if (w->ls2) { /* y = mid + ls2 * fc2(hact) */
+        vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, NULL, 0, R, C, M);
+        for (int64_t i = 0; i < R * C; i++) y[i] = mid[i] + w->ls2[i % C] * y[i];
     } else {
         vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, mid, C, R, C, M);
     }
@@ -512,13 +607,18 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     const float *pos = m->pos_used; /* [N, C] */
     for (int64_t b = 0; b < B; b++) {
         float *xb = vitc__va(a, 0, VA_X) + b * N * C; /* [N, C] */
+        /* [cls, dist (DeiT), registers (DINOv2), patches]; registers get no
+         * position embedding, npos rows of it come before the patches'. */
+        int64_t npos = np - m->n_reg;
         for (int64_t j = 0; j < C; j++) xb[j] = m->w.cls[j] + pos[j];
-        if (np == 2) /* DeiT: [cls, dist, patches] */
+        if (m->n_dist)
             for (int64_t j = 0; j < C; j++) xb[C + j] = m->w.dist[j] + pos[C + j];
+        if (m->n_reg)
+            memcpy(xb + npos * C, m->w.reg, (size_t)(m->n_reg * C) * sizeof(float));
         for (int64_t t = 0; t < P; t++) {
             const float *src = proj + (b * P + t) * C;
             float *dst = xb + (t + np) * C;
-            for (int64_t j = 0; j < C; j++) dst[j] = src[j] + pos[(t + np) * C + j];
+            for (int64_t j = 0; j < C; j++) dst[j] = src[j] + pos[(t + npos) * C + j];
         }
     }
 

@@ -9,8 +9,11 @@
  *         (1e-12 by default), position grid resampled as transformers does
  *   deit  DeiT*: class + distillation tokens; ...WithTeacher averages the
  *         class and distillation heads
+ *   dinov2, dinov2_with_registers  Dinov2Model: layer scale, register
+ *         tokens (no position embedding), eps 1e-6, the position grid
+ *         resampled on every call (antialiased for the registers model)
  *
- * The backbone prefix ("vit.", "deit.") of a head model may be present or
+ * The backbone prefix ("vit.", "deit.", "dinov2.") of a head model may be present or
  * absent, as from_pretrained accepts both. Tensors the forward never reads
  * (pooler, position_ids, mask_token) are skipped by name and listed; any
  * other extra tensor, a missing or mis-shaped one, is an error naming it.
@@ -239,10 +242,16 @@ static vitc_status hub_labels(vitc_vit *m, json_t *id2label, int n) {
     return VITC_OK;
 }
 
-/* preprocessor_config.json's image_mean/std when present (else the
- * processors' default, 0.5). */
+/* preprocessor_config.json's image_mean/std when present. */
 static void hub_norm(vitc_vit *m, const char *dir) {
-    for (int i = 0; i < 3; i++) m->cfg.mean[i] = m->cfg.std[i] = 0.5f;
+    /* Defaults of the processors: ViT/DeiT 0.5, BiT's (DINOv2) OpenAI CLIP's. */
+    static const float clip_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
+    static const float clip_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
+    int bit = m->layer_scale;
+    for (int i = 0; i < 3; i++) {
+        m->cfg.mean[i] = bit ? clip_mean[i] : 0.5f;
+        m->cfg.std[i] = bit ? clip_std[i] : 0.5f;
+    }
     char *path = hub_join(dir, "preprocessor_config.json");
     json_t *pp = NULL;
     if (path && hub_exists(path) && hub_read_json(path, &pp) == VITC_OK) {
@@ -264,19 +273,45 @@ static void hub_norm(vitc_vit *m, const char *dir) {
 /* Names                                                              */
 /* ------------------------------------------------------------------ */
 
-static const char *const hub_layer_names[VIT_L_COUNT] = {
+static const char *const hub_vit_layer[VIT_L_COUNT] = {
     "layernorm_before.weight",     "layernorm_before.bias",
     "attention.attention.%s.weight", "attention.attention.%s.bias",
     "attention.output.dense.weight", "attention.output.dense.bias",
     "layernorm_after.weight",      "layernorm_after.bias",
     "intermediate.dense.weight",   "intermediate.dense.bias",
-    "output.dense.weight",         "output.dense.bias"};
+    "output.dense.weight",         "output.dense.bias", NULL, NULL};
+static const char *const hub_dinov2_layer[VIT_L_COUNT] = {
+    "norm1.weight", "norm1.bias",
+    "attention.attention.%s.weight", "attention.attention.%s.bias",
+    "attention.output.dense.weight", "attention.output.dense.bias",
+    "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias",
+    "mlp.fc2.weight", "mlp.fc2.bias", "layer_scale1.lambda1", "layer_scale2.lambda1"};
+
+/* What differs per model_type; the rest is one code path. */
+typedef struct hub_family {
+    const char *type, *family, *prefix; /* prefix: the head classes' base_model_prefix */
+    const char *const *layer;
+    float eps;
+    int patch, dist, registers, layer_scale;
+    vitc__vit_pos_rule pos;
+} hub_family;
+
+static const hub_family hub_families[] = {
+    {"vit", "hf-vit", "vit.", hub_vit_layer, 1e-12f, 16, 0, 0, 0, VIT_POS_HALF_PIXEL},
+    {"deit", "hf-deit", "deit.", hub_vit_layer, 1e-12f, 16, 1, 0, 0, VIT_POS_HALF_PIXEL},
+    /* DINOv2 resamples its 37x37 grid on every call: transformers >= 4.45's
+     * rule, with antialias for the registers model (PR #35411). */
+    {"dinov2", "hf-dinov2", "dinov2.", hub_dinov2_layer, 1e-6f, 14, 0, 0, 1, VIT_POS_HALF_PIXEL},
+    {"dinov2_with_registers", "hf-dinov2", "dinov2_with_registers.", hub_dinov2_layer, 1e-6f, 14,
+     0, 4, 1, VIT_POS_ANTIALIAS},
+};
 
 /* The Hub name of a model row (prefix for the backbone's). */
 static const char *hub_model_name(int role, int deit, const char *pre, char *buf, size_t cap) {
     switch (role) {
     case VIT_P_CLS: snprintf(buf, cap, "%sembeddings.cls_token", pre); break;
     case VIT_P_DIST: snprintf(buf, cap, "%sembeddings.distillation_token", pre); break;
+    case VIT_P_REG: snprintf(buf, cap, "%sembeddings.register_tokens", pre); break;
     case VIT_P_CONV_W: snprintf(buf, cap, "%sembeddings.patch_embeddings.projection.weight", pre); break;
     case VIT_P_CONV_B: snprintf(buf, cap, "%sembeddings.patch_embeddings.projection.bias", pre); break;
     case VIT_P_POS: snprintf(buf, cap, "%sembeddings.position_embeddings", pre); break;
@@ -314,7 +349,8 @@ static vitc_status hub_take(const hub_src *h, const char *name, const int64_t *w
 
 /* One table row from the Hub tensors; q/k/v fused into in_proj rows. */
 static vitc_status hub_fill_row(const vitc_vit *m, const hub_src *h, const vitc__param *e,
-                                int deit, const char *pre, int qkv_bias) {
+                                const char *const *layer, int deit, const char *pre,
+                                int qkv_bias) {
     char name[200];
     float *dst = m->params + e->offset;
     if (e->layer < 0)
@@ -322,7 +358,7 @@ static vitc_status hub_fill_row(const vitc_vit *m, const hub_src *h, const vitc_
                         e->ndim, dst);
     int n = snprintf(name, sizeof name, "%sencoder.layer.%d.", pre, e->layer);
     if (e->role != VIT_L_QKV_W && e->role != VIT_L_QKV_B) {
-        snprintf(name + n, sizeof name - (size_t)n, "%s", hub_layer_names[e->role]);
+        snprintf(name + n, sizeof name - (size_t)n, "%s", layer[e->role]);
         return hub_take(h, name, e->shape, e->ndim, dst);
     }
     /* One third of in_proj per Hub Linear: rows [q; k; v]. */
@@ -334,7 +370,7 @@ static vitc_status hub_fill_row(const vitc_vit *m, const hub_src *h, const vitc_
         return VITC_OK;
     }
     for (int i = 0; i < 3; i++) {
-        snprintf(name + n, sizeof name - (size_t)n, hub_layer_names[e->role], qkv[i]);
+        snprintf(name + n, sizeof name - (size_t)n, layer[e->role], qkv[i]);
         VITC_TRY(hub_take(h, name, part, e->role == VIT_L_QKV_W ? 2 : 1, dst + i * third));
     }
     return VITC_OK;
@@ -390,23 +426,38 @@ static vitc_status hub_leftovers(vitc_vit *m, const hub_src *h) {
 /* Loading                                                            */
 /* ------------------------------------------------------------------ */
 
+/* mlp_ratio (DINOv2) as the config's number: mlp = int(D * ratio). */
+static vitc_status hub_mlp_ratio(json_t *cfg, int D, int *mlp) {
+    json_t *r = json_object_get(cfg, "mlp_ratio");
+    double v = r ? json_number_value(r) : 4.0;
+    if (!(v > 0.0 && v * D <= HUB_MAX_DIM))
+        return vitc__err(VITC_ERR_FORMAT, "config.json: mlp_ratio must be a positive number");
+    *mlp = (int)(v * D);
+    return *mlp >= 1 ? VITC_OK : vitc__err(VITC_ERR_FORMAT, "config.json: mlp_ratio too small");
+}
+
 static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src *h) {
     json_t *jt = json_object_get(cfg, "model_type");
     const char *type = json_is_string(jt) ? json_string_value(jt) : NULL;
     if (!type)
         return vitc__err(VITC_ERR_FORMAT, "config.json has no \"model_type\"");
-    int deit = !strcmp(type, "deit");
-    if (!deit && strcmp(type, "vit")) {
-        static const char *const later[] = {"dinov2", "dinov2_with_registers", "clip",
-                                            "clip_vision_model", "siglip", "siglip_vision_model"};
+    const hub_family *fam = NULL;
+    for (size_t i = 0; i < sizeof hub_families / sizeof *hub_families; i++)
+        if (!strcmp(type, hub_families[i].type))
+            fam = &hub_families[i];
+    if (!fam) {
+        static const char *const later[] = {"clip", "clip_vision_model", "siglip",
+                                            "siglip_vision_model"};
         for (size_t i = 0; i < sizeof later / sizeof *later; i++)
             if (!strcmp(type, later[i]))
                 return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: model_type \"%s\" is not "
-                                 "supported yet (vitc reads \"vit\" and \"deit\")", type);
+                                 "supported yet (vitc reads vit, deit, dinov2, "
+                                 "dinov2_with_registers)", type);
         return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: unknown model_type \"%.64s\" "
-                         "(vitc reads \"vit\" and \"deit\")", type);
+                         "(vitc reads vit, deit, dinov2, dinov2_with_registers)", type);
     }
-    snprintf(m->family, sizeof m->family, deit ? "hf-deit" : "hf-vit");
+    int dino = fam->layer_scale;
+    snprintf(m->family, sizeof m->family, "%s", fam->family);
     json_t *ja = json_array_get(json_object_get(cfg, "architectures"), 0);
     const char *arch = json_is_string(ja) ? json_string_value(ja) : "";
     json_t *act = json_object_get(cfg, "hidden_act");
@@ -414,17 +465,35 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
         return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: hidden_act %s is not supported for "
                          "%s (vitc reads \"gelu\")",
                          json_is_string(act) ? json_string_value(act) : "(not a string)", type);
+    if (json_is_true(json_object_get(cfg, "use_swiglu_ffn")))
+        return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: use_swiglu_ffn (DINOv2 giant's "
+                         "SwiGLU MLP) is not supported yet");
+    if (dino && strstr(arch, "ForImageClassification"))
+        return vitc__err(VITC_ERR_UNSUPPORTED, "%s (a classifier on [CLS, mean of patches]) is "
+                         "not supported yet; Dinov2Model is", arch);
     vitc_vit_config *c = &m->cfg;
     memset(c, 0, sizeof *c);
     VITC_TRY(hub_int(cfg, "hidden_size", 768, &c->hidden_dim));
     VITC_TRY(hub_int(cfg, "num_hidden_layers", 12, &c->depth));
     VITC_TRY(hub_int(cfg, "num_attention_heads", 12, &c->num_heads));
-    VITC_TRY(hub_int(cfg, "intermediate_size", 3072, &c->mlp_dim));
+    if (dino)
+        VITC_TRY(hub_mlp_ratio(cfg, c->hidden_dim, &c->mlp_dim));
+    else
+        VITC_TRY(hub_int(cfg, "intermediate_size", 3072, &c->mlp_dim));
     VITC_TRY(hub_int(cfg, "image_size", 224, &c->image_size));
-    VITC_TRY(hub_int(cfg, "patch_size", 16, &c->patch_size));
+    VITC_TRY(hub_int(cfg, "patch_size", fam->patch, &c->patch_size));
     VITC_TRY(hub_int(cfg, "num_channels", 3, &c->in_channels));
+    int reg = fam->registers;
+    if (reg) {
+        json_t *jr = json_object_get(cfg, "num_register_tokens");
+        if (jr && (!json_is_integer(jr) || json_integer_value(jr) < 0 ||
+                   json_integer_value(jr) > 1024))
+            return vitc__err(VITC_ERR_FORMAT, "config.json: num_register_tokens must be an "
+                             "integer in [0, 1024]");
+        reg = jr ? (int)json_integer_value(jr) : reg;
+    }
     json_t *eps = json_object_get(cfg, "layer_norm_eps");
-    c->norm_eps = json_is_number(eps) ? (float)json_number_value(eps) : 1e-12f;
+    c->norm_eps = json_is_number(eps) ? (float)json_number_value(eps) : fam->eps;
     json_t *qb = json_object_get(cfg, "qkv_bias");
     int qkv_bias = !json_is_false(qb);
     if (c->depth > HUB_MAX_DEPTH || c->hidden_dim % c->num_heads ||
@@ -434,7 +503,7 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
                          "layer_norm_eps %g)", c->hidden_dim, c->num_heads, c->image_size,
                          c->patch_size, c->depth, (double)c->norm_eps);
     /* The backbone prefix, as from_pretrained: with it or without it. */
-    const char *pre = deit ? "deit." : "vit.";
+    const char *pre = fam->prefix;
     char name[200];
     const float *d;
     int nd;
@@ -445,13 +514,16 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
     /* Head: by the architecture, else by the tensors. */
     int mean2 = strstr(arch, "WithTeacher") != NULL;
     int head = strstr(arch, "ForImageClassification") != NULL;
-    if (!*arch) {
+    if (!*arch && !dino) {
         mean2 = hub_find(h, "cls_classifier.weight", &d, &nd, &sh);
         head = mean2 || hub_find(h, "classifier.weight", &d, &nd, &sh);
     }
-    m->n_prefix = deit ? 2 : 1;
+    m->n_dist = fam->dist;
+    m->n_reg = reg;
+    m->n_prefix = 1 + fam->dist + reg;
+    m->layer_scale = fam->layer_scale;
     m->head = mean2 ? VIT_HEAD_MEAN2 : head ? VIT_HEAD_CLS : VIT_HEAD_NONE;
-    m->pos_rule = VIT_POS_HALF_PIXEL;
+    m->pos_rule = fam->pos;
     m->naming = VIT_NAMES_TORCHVISION;
     json_t *labels = json_object_get(cfg, "id2label");
     if (m->head != VIT_HEAD_NONE) {
@@ -472,7 +544,8 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
         !(m->params = vitc__calloc(m->n_params, sizeof(float))))
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu ViT parameters", m->n_params);
     for (int i = 0; i < m->n_entries; i++)
-        VITC_TRY(hub_fill_row(m, h, &m->table[i], deit ? 1 + mean2 : 0, pre, qkv_bias));
+        VITC_TRY(hub_fill_row(m, h, &m->table[i], fam->layer, fam->dist ? 1 + mean2 : 0, pre,
+                              qkv_bias));
     VITC_TRY(hub_leftovers(m, h));
     vitc__params_bind(m->table, m->n_entries, m->params, &m->w, m->blocks, sizeof *m->blocks);
     if (!(m->id = vitc__handle_register()))

@@ -15,15 +15,17 @@
  * order; the table of a config is the model ones with the layer ones of
  * every block in between (see vitc__vit_table_build). */
 enum {
-    VIT_P_CLS, VIT_P_CONV_W, VIT_P_CONV_B, VIT_P_POS, VIT_P_DIST, /* before the blocks */
+    VIT_P_CLS, VIT_P_CONV_W, VIT_P_CONV_B, VIT_P_POS, VIT_P_DIST, VIT_P_REG, /* before the blocks */
     VIT_P_LN_W, VIT_P_LN_B, VIT_P_HEAD_W, VIT_P_HEAD_B, VIT_P_HEAD2_W, VIT_P_HEAD2_B, /* after */
     VIT_P_COUNT
 };
-/* Rows a model has: DIST only with a distillation token (n_prefix 2),
- * HEAD only with a head, HEAD2 only with DeiT's second head. */
+/* Rows a model has: DIST only with a distillation token, REG only with
+ * register tokens, HEAD only with a head, HEAD2 only with DeiT's second
+ * head, LS1/LS2 only with layer scale. */
 enum {
     VIT_L_LN1_W, VIT_L_LN1_B, VIT_L_QKV_W, VIT_L_QKV_B, VIT_L_PROJ_W, VIT_L_PROJ_B,
     VIT_L_LN2_W, VIT_L_LN2_B, VIT_L_FC1_W, VIT_L_FC1_B, VIT_L_FC2_W, VIT_L_FC2_B,
+    VIT_L_LS1, VIT_L_LS2, /* DINOv2's layer scale of each branch */
     VIT_L_COUNT
 };
 
@@ -46,6 +48,7 @@ typedef struct vitc__vit_block {
     float *fc1_b;           /* [mlp] */
     float *fc2_w;           /* [C, mlp] */
     float *fc2_b;           /* [C] */
+    float *ls1, *ls2;       /* [C] layer scale (DINOv2), NULL without */
 } vitc__vit_block;
 
 /* The model's own tensors; a second instance points into the gradients. */
@@ -60,6 +63,7 @@ typedef struct vitc__vit_w {
     float *dist;    /* [1, 1, C] DeiT's distillation token (token 1) */
     float *head2_w; /* [classes, C] DeiT's distillation head, on token 1 */
     float *head2_b; /* [classes] */
+    float *reg;     /* [1, R, C] register tokens (DINOv2 with registers), no position */
 } vitc__vit_w;
 
 /* Per-family options of the one forward (vit.c); vitc_vit_create and the
@@ -71,7 +75,8 @@ typedef enum vitc__vit_head {
 } vitc__vit_head;
 typedef enum vitc__vit_pos_rule {
     VIT_POS_ALIGN_CORNERS = 0, /* torchvision: bicubic, align_corners=True */
-    VIT_POS_HALF_PIXEL = 1     /* HF >= 4.45: bicubic to size, align_corners=False */
+    VIT_POS_HALF_PIXEL = 1,    /* HF >= 4.45: bicubic to size, align_corners=False */
+    VIT_POS_ANTIALIAS = 2      /* the same with antialias=True (DINOv2 with registers) */
 } vitc__vit_pos_rule;
 
 /* A block's activations. In a training forward every block has its own
@@ -115,7 +120,10 @@ struct vitc_vit {
     char arch[32];
     vitc__vit_naming naming;
     /* Family options (vitc__vit_table_build reads n_prefix and head). */
-    int n_prefix;          /* tokens before the patches: 1 class, 2 class + distillation */
+    int n_prefix;          /* tokens before the patches: class, distillation, registers */
+    int n_dist;            /* 1: DeiT's distillation token after the class token */
+    int n_reg;             /* register tokens after those (no position embedding) */
+    int layer_scale;       /* blocks scale each branch by ls1 / ls2 (DINOv2) */
     vitc__vit_head head;
     vitc__vit_pos_rule pos_rule;
     char family[32];       /* "torchvision", "timm", "hf-vit", "hf-deit" */

@@ -34,13 +34,13 @@
 
 static const char *const vit_model_names[3][VIT_P_COUNT] = {
     {"class_token", "conv_proj.weight", "conv_proj.bias", "encoder.pos_embedding",
-     "dist_token", "encoder.ln.weight", "encoder.ln.bias", "heads.head.weight",
+     "dist_token", "reg_token", "encoder.ln.weight", "encoder.ln.bias", "heads.head.weight",
      "heads.head.bias", "heads.head_dist.weight", "heads.head_dist.bias"},
     {"class_token", "conv_proj.weight", "conv_proj.bias", "encoder.pos_embedding",
-     "dist_token", "encoder.ln.weight", "encoder.ln.bias", "heads.head.weight",
+     "dist_token", "reg_token", "encoder.ln.weight", "encoder.ln.bias", "heads.head.weight",
      "heads.head.bias", "heads.head_dist.weight", "heads.head_dist.bias"},
     {"cls_token", "patch_embed.proj.weight", "patch_embed.proj.bias", "pos_embed",
-     "dist_token", "norm.weight", "norm.bias", "head.weight", "head.bias", "head_dist.weight",
+     "dist_token", "reg_token", "norm.weight", "norm.bias", "head.weight", "head.bias", "head_dist.weight",
      "head_dist.bias"},
 };
 
@@ -50,13 +50,14 @@ static const char *const vit_layer_prefix[3] = {"encoder.layers.encoder_layer_%d
 static const char *const vit_layer_names[3][VIT_L_COUNT] = {
     {"ln_1.weight", "ln_1.bias", "self_attention.in_proj_weight", "self_attention.in_proj_bias",
      "self_attention.out_proj.weight", "self_attention.out_proj.bias", "ln_2.weight", "ln_2.bias",
-     "mlp.0.weight", "mlp.0.bias", "mlp.3.weight", "mlp.3.bias"},
+     "mlp.0.weight", "mlp.0.bias", "mlp.3.weight", "mlp.3.bias", "ls1.gamma", "ls2.gamma"},
     {"ln_1.weight", "ln_1.bias", "self_attention.in_proj_weight", "self_attention.in_proj_bias",
      "self_attention.out_proj.weight", "self_attention.out_proj.bias", "ln_2.weight", "ln_2.bias",
-     "mlp.linear_1.weight", "mlp.linear_1.bias", "mlp.linear_2.weight", "mlp.linear_2.bias"},
+     "mlp.linear_1.weight", "mlp.linear_1.bias", "mlp.linear_2.weight", "mlp.linear_2.bias",
+     "ls1.gamma", "ls2.gamma"},
     {"norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
      "attn.proj.bias", "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias",
-     "mlp.fc2.weight", "mlp.fc2.bias"},
+     "mlp.fc2.weight", "mlp.fc2.bias", "ls1.gamma", "ls2.gamma"},
 };
 
 const char *vitc__vit_entry_name(const vitc__param *e, vitc__vit_naming naming, char *buf,
@@ -89,7 +90,8 @@ static void vit_set_shape(vitc__param *e, int ndim, int64_t a, int64_t b, int64_
 
 static const size_t vit_model_slot[VIT_P_COUNT] = {
     offsetof(vitc__vit_w, cls),     offsetof(vitc__vit_w, conv_w),  offsetof(vitc__vit_w, conv_b),
-    offsetof(vitc__vit_w, pos),     offsetof(vitc__vit_w, dist),    offsetof(vitc__vit_w, ln_w),
+    offsetof(vitc__vit_w, pos),     offsetof(vitc__vit_w, dist),    offsetof(vitc__vit_w, reg),
+    offsetof(vitc__vit_w, ln_w),
     offsetof(vitc__vit_w, ln_b),    offsetof(vitc__vit_w, head_w),  offsetof(vitc__vit_w, head_b),
     offsetof(vitc__vit_w, head2_w), offsetof(vitc__vit_w, head2_b)};
 static const size_t vit_layer_slot[VIT_L_COUNT] = {
@@ -98,25 +100,27 @@ static const size_t vit_layer_slot[VIT_L_COUNT] = {
     offsetof(vitc__vit_block, proj_w), offsetof(vitc__vit_block, proj_b),
     offsetof(vitc__vit_block, ln2_w),  offsetof(vitc__vit_block, ln2_b),
     offsetof(vitc__vit_block, fc1_w),  offsetof(vitc__vit_block, fc1_b),
-    offsetof(vitc__vit_block, fc2_w),  offsetof(vitc__vit_block, fc2_b)};
+    offsetof(vitc__vit_block, fc2_w),  offsetof(vitc__vit_block, fc2_b),
+    offsetof(vitc__vit_block, ls1),    offsetof(vitc__vit_block, ls2)};
 
 /* Shape and torchvision's VisionTransformer.__init__ initialisation of a
  * model tensor (conv_proj trunc_normal_(std=sqrt(1/fan_in)), pos_embedding
  * normal_(0.02), class token and head zero). */
-static void vit_model_row(vitc__param *e, const vitc_vit_config *c, int n_prefix) {
+static void vit_model_row(vitc__param *e, const vitc_vit_config *c, int n_prefix, int n_reg) {
     int64_t C = c->hidden_dim, g = c->image_size / c->patch_size;
     int64_t fan_in = (int64_t)c->in_channels * c->patch_size * c->patch_size;
     e->init = VITC__INIT_ZERO;
     switch (e->role) {
     case VIT_P_CLS:
     case VIT_P_DIST: vit_set_shape(e, 3, 1, 1, C, 0); break;
+    case VIT_P_REG: vit_set_shape(e, 3, 1, n_reg, C, 0); break;
     case VIT_P_CONV_W:
         vit_set_shape(e, 4, C, c->in_channels, c->patch_size, c->patch_size);
         e->init = VITC__INIT_TRUNC;
         e->init_std = sqrt(1.0 / (double)fan_in);
         break;
     case VIT_P_POS:
-        vit_set_shape(e, 3, 1, n_prefix + g * g, C, 0);
+        vit_set_shape(e, 3, 1, n_prefix - n_reg + g * g, C, 0); /* registers have none */
         e->init = VITC__INIT_NORMAL;
         e->init_std = 0.02;
         break;
@@ -128,7 +132,7 @@ static void vit_model_row(vitc__param *e, const vitc_vit_config *c, int n_prefix
     default: vit_set_shape(e, 1, C, 0, 0, 0); break; /* conv bias, final LayerNorm bias */
     }
     e->no_decay = e->ndim == 1 || e->role == VIT_P_CLS || e->role == VIT_P_POS ||
-                  e->role == VIT_P_DIST;
+                  e->role == VIT_P_DIST || e->role == VIT_P_REG;
 }
 
 /* The same for a block tensor: MHA's in_proj xavier_uniform_ and zero biases,
@@ -161,7 +165,9 @@ static void vit_layer_row(vitc__param *e, const vitc_vit_config *c) {
         e->init = VITC__INIT_NORMAL, e->init_std = 1e-6;
         break;
     case VIT_L_LN1_W:
-    case VIT_L_LN2_W: vit_set_shape(e, 1, C, 0, 0, 0); e->init = VITC__INIT_ONE; break;
+    case VIT_L_LN2_W:
+    case VIT_L_LS1:
+    case VIT_L_LS2: vit_set_shape(e, 1, C, 0, 0, 0); e->init = VITC__INIT_ONE; break;
     default: vit_set_shape(e, 1, C, 0, 0, 0); break;
     }
     e->no_decay = e->ndim == 1;
@@ -170,7 +176,9 @@ static void vit_layer_row(vitc__param *e, const vitc_vit_config *c) {
 /* Whether the model has the row of role i (vit_internal.h). */
 static int vit_has_row(const vitc_vit *m, int i) {
     if (i == VIT_P_DIST)
-        return m->n_prefix == 2;
+        return m->n_dist;
+    if (i == VIT_P_REG)
+        return m->n_reg > 0;
     if (i == VIT_P_HEAD_W || i == VIT_P_HEAD_B)
         return m->head != VIT_HEAD_NONE;
     if (i == VIT_P_HEAD2_W || i == VIT_P_HEAD2_B)
@@ -180,7 +188,8 @@ static int vit_has_row(const vitc_vit *m, int i) {
 
 vitc_status vitc__vit_table_build(vitc_vit *m) {
     const vitc_vit_config *c = &m->cfg;
-    int n = c->depth * VIT_L_COUNT; /* depth <= VIT_MAX_DEPTH: no overflow */
+    int per_layer = VIT_L_COUNT - (m->layer_scale ? 0 : 2);
+    int n = c->depth * per_layer; /* depth <= VIT_MAX_DEPTH: no overflow */
     for (int i = 0; i < VIT_P_COUNT; i++) n += vit_has_row(m, i);
     vitc__param *t = calloc((size_t)n, sizeof *t);
     vitc__vit_block *blocks = calloc((size_t)(c->depth > 0 ? c->depth : 1), sizeof *blocks);
@@ -190,11 +199,11 @@ vitc_status vitc__vit_table_build(vitc_vit *m) {
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate the parameter table (%d entries)", n);
     }
     int k = 0;
-    for (int i = VIT_P_CLS; i <= VIT_P_DIST; i++)
+    for (int i = VIT_P_CLS; i <= VIT_P_REG; i++)
         if (vit_has_row(m, i))
             t[k++] = (vitc__param){.role = i, .layer = -1};
     for (int l = 0; l < c->depth; l++)
-        for (int i = 0; i < VIT_L_COUNT; i++) t[k++] = (vitc__param){.role = i, .layer = l};
+        for (int i = 0; i < per_layer; i++) t[k++] = (vitc__param){.role = i, .layer = l};
     for (int i = VIT_P_LN_W; i < VIT_P_COUNT; i++)
         if (vit_has_row(m, i))
             t[k++] = (vitc__param){.role = i, .layer = -1};
@@ -215,7 +224,7 @@ vitc_status vitc__vit_table_build(vitc_vit *m) {
         t[i].name = at;
         at += len;
         if (t[i].layer < 0) {
-            vit_model_row(&t[i], c, m->n_prefix);
+            vit_model_row(&t[i], c, m->n_prefix, m->n_reg);
             t[i].slot = vit_model_slot[t[i].role];
         } else {
             vit_layer_row(&t[i], c);

@@ -91,14 +91,20 @@ class TestHubModels(unittest.TestCase):
         cls.tmp = tempfile.mkdtemp(prefix="vitc_hub_")
         gen = torch.Generator().manual_seed(1)
         cls.x = {s: torch.randn(2, 3, s[0], s[1], generator=gen) for s in [(32, 32), (40, 24)]}
+        # DINOv2 (patch 6, a 7x7 Hub grid): native, shrunk, non-square, grown.
+        cls.xd = {s: torch.randn(2, 3, s[0], s[1], generator=gen)
+                  for s in [(42, 42), (24, 24), (30, 18), (60, 48)]}
 
     @classmethod
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
     def make(self, name, model_type, arch, seed=0, **kw):
-        cfg = hf_ref.vit_config(model_type, arch, **{k: kw.pop(k) for k in list(kw)
-                                                     if k in ("qkv_bias", "eps")})
+        if model_type.startswith("dinov2"):
+            cfg = hf_ref.dinov2_config(kw.pop("registers", None))
+        else:
+            cfg = hf_ref.vit_config(model_type, arch, **{k: kw.pop(k) for k in list(kw)
+                                                         if k in ("qkv_bias", "eps")})
         sd = hf_ref.random_state(cfg, seed, pooler=kw.pop("pooler", False))
         dtype = kw.get("dtype", "F32")
         if dtype == "BF16":
@@ -111,7 +117,7 @@ class TestHubModels(unittest.TestCase):
 
     def check(self, d, sd, cfg, path=None):
         m = vitc.load_model(path or d)
-        for (H, W), x in self.x.items():
+        for (H, W), x in (self.xd if hf_ref.is_dino(cfg) else self.x).items():
             logits, hidden = hf_ref.forward(sd, cfg, x)
             what = "%s %dx%d" % (os.path.basename(d), H, W)
             close(self, m.forward_features(x.numpy()), hidden, what + " last_hidden_state")
@@ -160,6 +166,31 @@ class TestHubModels(unittest.TestCase):
 
     def test_deit_single_head_f16(self):
         d, sd, cfg = self.make("deit_cls", "deit", "DeiTForImageClassification", dtype="F16")
+        self.check(d, sd, cfg)
+
+    def test_dinov2(self):
+        d, sd, cfg = self.make("dinov2", "dinov2", "Dinov2Model", prefix=False)
+        m = self.check(d, sd, cfg)
+        self.assertEqual(m.config["family"], "hf-dinov2")
+        self.assertEqual(m.config["ignored"], ["embeddings.mask_token"])
+        self.assertAlmostEqual(m.config["norm_eps"], 1e-6, delta=1e-12)
+        # BiT's default mean/std (OpenAI CLIP's) without preprocessor_config.json.
+        self.assertAlmostEqual(m.config["mean"][0], 0.48145466, places=6)
+
+    def test_dinov2_with_registers_antialiased_positions(self):
+        d, sd, cfg = self.make("dinov2_reg", "dinov2_with_registers", "Dinov2WithRegistersModel",
+                               registers=4, dtype="BF16", shards=2)
+        m = self.check(d, sd, cfg)
+        self.assertEqual(m.config["num_prefix_tokens"], 5)
+        # The rule matters: without antialias the reference moves far off.
+        x = self.xd[(24, 24)]
+        plain = dict(cfg, model_type="dinov2")
+        _, h_plain = hf_ref.forward(sd, plain, x)
+        self.assertGreater(np.abs(m.embed(x.numpy()) - h_plain[:, 0].numpy()).max(), 1e-3)
+
+    def test_dinov2_registers_zero_prefixed(self):
+        d, sd, cfg = self.make("dinov2_reg0", "dinov2_with_registers", "Dinov2WithRegistersModel",
+                               registers=0, dtype="F16")
         self.check(d, sd, cfg)
 
     def test_lone_safetensors_with_config_beside(self):
@@ -251,8 +282,8 @@ class TestHubModels(unittest.TestCase):
         self.bad(variant("no_weights", drop="model.safetensors"), "no model.safetensors")
         self.bad(variant("unknown_type", lambda c: c.update(model_type="swin")),
                  "unknown model_type \"swin\"")
-        self.bad(variant("later_type", lambda c: c.update(model_type="dinov2")),
-                 "\"dinov2\" is not supported")
+        self.bad(variant("later_type", lambda c: c.update(model_type="siglip")),
+                 "\"siglip\" is not supported")
         self.bad(variant("mismatch", lambda c: c.update(hidden_size=96, num_attention_heads=3)),
                  "vit.embeddings.cls_token", "[1, 1, 96]", "[1, 1, 48]")
         self.bad(variant("deeper", lambda c: c.update(num_hidden_layers=3)),

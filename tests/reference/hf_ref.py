@@ -32,12 +32,35 @@ def vit_config(model_type="vit", arch="ViTForImageClassification", hidden=48, la
     return c
 
 
+def dinov2_config(registers=None, hidden=48, layers=2, heads=3, mlp_ratio=2.5, image=42, patch=6,
+                  eps=1e-6):
+    """Dinov2Model / Dinov2WithRegistersModel (the Hub's image_size makes a
+    grid other than the inputs': 42/6 = 7x7, resampled on every call)."""
+    c = {"model_type": "dinov2" if registers is None else "dinov2_with_registers",
+         "architectures": ["Dinov2Model" if registers is None else "Dinov2WithRegistersModel"],
+         "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
+         "mlp_ratio": mlp_ratio, "hidden_act": "gelu", "layer_norm_eps": eps,
+         "image_size": image, "patch_size": patch, "num_channels": 3, "qkv_bias": True,
+         "layerscale_value": 1.0, "use_swiglu_ffn": False, "drop_path_rate": 0.0,
+         "torch_dtype": "float32"}
+    if registers is not None:
+        c["num_register_tokens"] = registers
+    return c
+
+
+def is_dino(cfg):
+    return cfg["model_type"].startswith("dinov2")
+
+
 def random_state(cfg, seed=0, pooler=False):
     """HF names without the backbone prefix for the backbone, head names
     as the head classes have them. Non-trivial weights: unit-variance
     activations, LayerNorm weights around 1 +- 0.3, biases ~0.2."""
     g = torch.Generator().manual_seed(seed)
-    D, L, M = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"]
+    D, L = cfg["hidden_size"], cfg["num_hidden_layers"]
+    dino = is_dino(cfg)
+    M = int(D * cfg["mlp_ratio"]) if dino else cfg["intermediate_size"]
+    R = cfg.get("num_register_tokens", 0)
     P, C = cfg["patch_size"], cfg["num_channels"]
     n = (cfg["image_size"] // P) ** 2
     deit = cfg["model_type"] == "deit"
@@ -53,11 +76,15 @@ def random_state(cfg, seed=0, pooler=False):
           "embeddings.position_embeddings": r(1, n + 1 + deit, D, std=0.5)}
     if deit:
         sd["embeddings.distillation_token"] = r(1, 1, D, std=0.5)
+    if dino:
+        sd["embeddings.mask_token"] = r(1, D)
+    if R:
+        sd["embeddings.register_tokens"] = r(1, R, D, std=0.5)
     sd["embeddings.patch_embeddings.projection.weight"] = r(D, C, P, P, std=1.0 / math.sqrt(C * P * P))
     sd["embeddings.patch_embeddings.projection.bias"] = r(D, std=0.2)
     for i in range(L):
         p = "encoder.layer.%d." % i
-        for ln in ("layernorm_before", "layernorm_after"):
+        for ln in (("norm1", "norm2") if dino else ("layernorm_before", "layernorm_after")):
             sd[p + ln + ".weight"] = 1 + r(D, std=0.3)
             sd[p + ln + ".bias"] = r(D, std=0.2)
         for q in ("query", "key", "value"):
@@ -66,8 +93,12 @@ def random_state(cfg, seed=0, pooler=False):
             if cfg.get("qkv_bias", True):
                 sd[p + "attention.attention.%s.bias" % q] = b
         sd[p + "attention.output.dense.weight"], sd[p + "attention.output.dense.bias"] = lin(D, D)
-        sd[p + "intermediate.dense.weight"], sd[p + "intermediate.dense.bias"] = lin(M, D)
-        sd[p + "output.dense.weight"], sd[p + "output.dense.bias"] = lin(D, M)
+        fc1, fc2 = ("mlp.fc1", "mlp.fc2") if dino else ("intermediate.dense", "output.dense")
+        sd[p + fc1 + ".weight"], sd[p + fc1 + ".bias"] = lin(M, D)
+        sd[p + fc2 + ".weight"], sd[p + fc2 + ".bias"] = lin(D, M)
+        if dino:
+            sd[p + "layer_scale1.lambda1"] = 1 + r(D, std=0.5)
+            sd[p + "layer_scale2.lambda1"] = 1 + r(D, std=0.5)
     sd["layernorm.weight"] = 1 + r(D, std=0.3)
     sd["layernorm.bias"] = r(D, std=0.2)
     if pooler:
@@ -81,15 +112,17 @@ def random_state(cfg, seed=0, pooler=False):
     return sd
 
 
-def interpolate_pos(pos, n_prefix, h0, w0):
-    """ViTEmbeddings.interpolate_pos_encoding, transformers >= 4.45."""
+def interpolate_pos(pos, n_prefix, h0, w0, antialias=False):
+    """ViTEmbeddings.interpolate_pos_encoding, transformers >= 4.45 (and
+    Dinov2's; antialias for Dinov2WithRegisters)."""
     num_patches, num_positions = h0 * w0, pos.shape[1] - n_prefix
     if num_patches == num_positions and h0 == w0:
         return pos
     D = pos.shape[-1]
     M = int(math.sqrt(num_positions))
     patch = pos[:, n_prefix:].reshape(1, M, M, D).permute(0, 3, 1, 2)
-    patch = F.interpolate(patch, size=(h0, w0), mode="bicubic", align_corners=False)
+    patch = F.interpolate(patch.float(), size=(h0, w0), mode="bicubic", align_corners=False,
+                          antialias=antialias)
     patch = patch.permute(0, 2, 3, 1).reshape(1, -1, D)
     return torch.cat([pos[:, :n_prefix], patch], dim=1)
 
@@ -109,11 +142,20 @@ def forward(sd, cfg, px):
     if deit:
         toks.append(sd["embeddings.distillation_token"].expand(B, -1, -1))
     x = torch.cat(toks + [x], dim=1)
-    x = x + interpolate_pos(sd["embeddings.position_embeddings"], len(toks), H // P, W // P)
+    x = x + interpolate_pos(sd["embeddings.position_embeddings"], len(toks), H // P, W // P,
+                            antialias=cfg["model_type"] == "dinov2_with_registers")
+    if "embeddings.register_tokens" in sd:  # after the positions, right after CLS
+        R = sd["embeddings.register_tokens"]
+        x = torch.cat([x[:, :1], R.expand(B, -1, -1), x[:, 1:]], dim=1)
+    dino = is_dino(cfg)
+    n1, n2 = ("norm1", "norm2") if dino else ("layernorm_before", "layernorm_after")
+    fc1, fc2 = ("mlp.fc1", "mlp.fc2") if dino else ("intermediate.dense", "output.dense")
     hd = D // Hh
     for i in range(cfg["num_hidden_layers"]):
         p = "encoder.layer.%d." % i
-        h = F.layer_norm(x, (D,), sd[p + "layernorm_before.weight"], sd[p + "layernorm_before.bias"], eps)
+        ls1 = sd.get(p + "layer_scale1.lambda1", 1.0)
+        ls2 = sd.get(p + "layer_scale2.lambda1", 1.0)
+        h = F.layer_norm(x, (D,), sd[p + n1 + ".weight"], sd[p + n1 + ".bias"], eps)
 
         def proj(name):
             y = F.linear(h, sd[p + "attention.attention.%s.weight" % name],
@@ -123,10 +165,11 @@ def forward(sd, cfg, px):
         q, k, v = proj("query"), proj("key"), proj("value")
         probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd), dim=-1)
         ctx = (probs @ v).transpose(1, 2).reshape(B, -1, D)
-        x = x + F.linear(ctx, sd[p + "attention.output.dense.weight"], sd[p + "attention.output.dense.bias"])
-        h = F.layer_norm(x, (D,), sd[p + "layernorm_after.weight"], sd[p + "layernorm_after.bias"], eps)
-        h = F.gelu(F.linear(h, sd[p + "intermediate.dense.weight"], sd[p + "intermediate.dense.bias"]))
-        x = x + F.linear(h, sd[p + "output.dense.weight"], sd[p + "output.dense.bias"])
+        x = x + ls1 * F.linear(ctx, sd[p + "attention.output.dense.weight"],
+                               sd[p + "attention.output.dense.bias"])
+        h = F.layer_norm(x, (D,), sd[p + n2 + ".weight"], sd[p + n2 + ".bias"], eps)
+        h = F.gelu(F.linear(h, sd[p + fc1 + ".weight"], sd[p + fc1 + ".bias"]))
+        x = x + ls2 * F.linear(h, sd[p + fc2 + ".weight"], sd[p + fc2 + ".bias"])
     h = F.layer_norm(x, (D,), sd["layernorm.weight"], sd["layernorm.bias"], eps)
     logits = None
     if "cls_classifier.weight" in sd:
@@ -154,7 +197,8 @@ def round_f16(sd):
 
 def hub_names(sd, cfg, prefix=True):
     """The saved names: a head model's backbone under its base_model_prefix."""
-    pre = ("deit." if cfg["model_type"] == "deit" else "vit.") if prefix else ""
+    pre = {"deit": "deit.", "vit": "vit."}.get(cfg["model_type"], cfg["model_type"] + ".")
+    pre = pre if prefix else ""
     heads = ("classifier.", "cls_classifier.", "distillation_classifier.")
     return {(k if k.startswith(heads) else pre + k): v for k, v in sd.items()}
 
