@@ -423,6 +423,38 @@ static void vit_branch_forward(vitc_vit *m, int l, float *x, uint8_t *keep, uint
     vitc__vit_branch(m, l, x, keep, dp_keep);
 }
 
+/* The MLP's activation other than erf GELU (vitc__gelu), as torch computes
+ * it in float: tanh-GELU (gelu_pytorch_tanh, SigLIP) and quick-GELU
+ * (x * sigmoid(1.702 x), OpenAI CLIP); chunks of 4096 across threads. */
+typedef struct vit_act_ctx {
+    float *x;
+    int64_t n;
+    int act;
+} vit_act_ctx;
+
+static void vit_act_task(void *ctx, int64_t i, int tid) {
+    const vit_act_ctx *a = ctx;
+    (void)tid;
+    int64_t lo = i * 4096, hi = lo + 4096 < a->n ? lo + 4096 : a->n;
+    const float kb = (float)(M_SQRT2 * M_2_SQRTPI * 0.5), kk = 0.044715f;
+    for (int64_t k = lo; k < hi; k++) {
+        float v = a->x[k];
+        if (a->act == VIT_ACT_QUICK_GELU)
+            a->x[k] = v * (1.0f / (1.0f + expf(-1.702f * v)));
+        else
+            a->x[k] = 0.5f * v * (1.0f + tanhf(kb * (v + kk * v * v * v)));
+    }
+}
+
+static void vit_activation(const vitc_vit *m, float *x, int64_t n) {
+    if (m->mlp_act == VIT_ACT_GELU) {
+        vitc__gelu(x, n);
+        return;
+    }
+    vit_act_ctx c = {x, n, m->mlp_act};
+    vitc__parallel_for((n + 4095) / 4096, vit_act_task, &c);
+}
+
 static void vit_add(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
@@ -500,7 +532,7 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     vitc__linear(hpre, M, ln2, C, w->fc1_w, w->fc1_b, NULL, 0, R, M, C);
     if (hact != hpre) /* training keeps GELU's input for backward */
         memcpy(hact, hpre, (size_t)(R * M) * sizeof(float));
-    vitc__gelu(hact, R * M);
+    vit_activation(m, hact, R * M);
     if (k.hid && m->dropout > 0.0f) { /* MLPBlock's Dropout after the GELU */
         vitc__dropout_mask(k.hid, R * M, m->dropout, &m->rng);
         vitc__dropout_apply(hact, hact, k.hid, R * M, m->dropout);
@@ -545,7 +577,7 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
                            float *attn, float *rollout, float *features) {
     if (!m || !images)
         return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: NULL model or images");
-    if (logits && m->head == VIT_HEAD_NONE)
+    if (logits && (m->head == VIT_HEAD_NONE || m->head == VIT_HEAD_PROJ))
         return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: this %s model is a backbone with no "
                          "classification head; ask for embeddings (vitc_vit_embed)", m->family);
     const vitc_vit_config *c = &m->cfg;
@@ -622,6 +654,9 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
         }
     }
 
+    if (m->pre_norm) /* CLIP's pre_layrnorm */
+        vitc__layernorm(vitc__va(a, 0, VA_X), vitc__va(a, 0, VA_X), m->w.pre_w, m->w.pre_b, B * N, C,
+                        c->norm_eps);
     uint8_t *emb = vitc__vit_emb_mask(m); /* Encoder's dropout(input + pos) */
     if (emb && m->dropout > 0.0f) {
         vitc__dropout_mask(emb, B * N * C, m->dropout, &m->rng);
@@ -646,7 +681,9 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
 
     if (rollout)
         memcpy(rollout, m->roll_buf.p, (size_t)(B * N * N) * sizeof(float));
-    if (features) /* HF's last_hidden_state: every token through the final LayerNorm */
+    if (features && m->final_cls_only) /* CLIP's last_hidden_state is not normed */
+        memcpy(features, y, (size_t)(B * N * C) * sizeof(float));
+    else if (features) /* HF's last_hidden_state: every token through the final LayerNorm */
         vitc__layernorm(features, y, m->w.ln_w, m->w.ln_b, B * N, C, c->norm_eps);
     if (logits && m->head == VIT_HEAD_MEAN2) {
         VITC_TRY(vit_logits_mean2(m, y, logits));
@@ -686,7 +723,10 @@ vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int
 /* ------------------------------------------------------------------ */
 
 int vitc_vit_num_prefix_tokens(const vitc_vit *m) { return m ? m->n_prefix : 0; }
-int vitc_vit_has_head(const vitc_vit *m) { return m && m->head != VIT_HEAD_NONE; }
+/* A classifier: CLIP's projection gives an embedding, not logits. */
+int vitc_vit_has_head(const vitc_vit *m) {
+    return m && m->head != VIT_HEAD_NONE && m->head != VIT_HEAD_PROJ;
+}
 const char *vitc_vit_family(const vitc_vit *m) { return m ? m->family : NULL; }
 int vitc_vit_num_ignored(const vitc_vit *m) { return m ? m->n_ignored : 0; }
 
@@ -714,6 +754,8 @@ vitc_status vitc_vit_embed_size(const vitc_vit *m, vitc_pool pool, int H, int W,
                          "size %lld", H, W, (long long)p);
     switch (pool) {
     case VITC_POOL_DEFAULT:
+        *floats = m->head == VIT_HEAD_PROJ ? m->cfg.num_classes : C;
+        return VITC_OK;
     case VITC_POOL_CLS:
     case VITC_POOL_MEAN: *floats = C; return VITC_OK;
     case VITC_POOL_TOKENS: *floats = (int64_t)(H / p) * (W / p) * C; return VITC_OK;
@@ -739,6 +781,25 @@ vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int H, int W
     VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
     float *f = m->feat_buf.p;
     VITC_TRY(vit_run(m, images, B, H, W, NULL, NULL, NULL, f));
+    if (m->final_cls_only && (pool == VITC_POOL_DEFAULT || pool == VITC_POOL_CLS)) {
+        /* CLIP: pooler_output = post_layernorm(x[:, 0]); image_embeds its projection */
+        float *cls = m->a.cls_out; /* [B, C] */
+        for (int64_t b = 0; b < B; b++)
+            memcpy(m->a.cls_in + b * C, f + b * N * C, (size_t)C * sizeof(float));
+        vitc__layernorm(cls, m->a.cls_in, m->w.ln_w, m->w.ln_b, B, C, m->cfg.norm_eps);
+        if (pool == VITC_POOL_DEFAULT && m->head == VIT_HEAD_PROJ)
+            vitc__linear(out, per, cls, C, m->w.head_w, m->w.head_b, NULL, 0, B, per, C);
+        else
+            memcpy(out, cls, (size_t)(B * C) * sizeof(float));
+        return VITC_OK;
+    }
+    if (pool == VITC_POOL_DEFAULT && m->head == VIT_HEAD_PROJ) { /* normed class tokens projected */
+        float *cls = m->a.cls_out;
+        for (int64_t b = 0; b < B; b++)
+            memcpy(cls + b * C, f + b * N * C, (size_t)C * sizeof(float));
+        vitc__linear(out, per, cls, C, m->w.head_w, m->w.head_b, NULL, 0, B, per, C);
+        return VITC_OK;
+    }
     for (int64_t b = 0; b < B; b++) {
         const float *fb = f + b * N * C;
         float *o = out + b * per;

@@ -244,10 +244,11 @@ static vitc_status hub_labels(vitc_vit *m, json_t *id2label, int n) {
 
 /* preprocessor_config.json's image_mean/std when present. */
 static void hub_norm(vitc_vit *m, const char *dir) {
-    /* Defaults of the processors: ViT/DeiT 0.5, BiT's (DINOv2) OpenAI CLIP's. */
+    /* Defaults of the processors: ViT/DeiT 0.5, CLIP's and BiT's (DINOv2)
+     * OpenAI CLIP's. */
     static const float clip_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
     static const float clip_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
-    int bit = m->layer_scale;
+    int bit = m->layer_scale || m->final_cls_only; /* BiT (DINOv2) and CLIP */
     for (int i = 0; i < 3; i++) {
         m->cfg.mean[i] = bit ? clip_mean[i] : 0.5f;
         m->cfg.std[i] = bit ? clip_std[i] : 0.5f;
@@ -287,47 +288,73 @@ static const char *const hub_dinov2_layer[VIT_L_COUNT] = {
     "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias",
     "mlp.fc2.weight", "mlp.fc2.bias", "layer_scale1.lambda1", "layer_scale2.lambda1"};
 
+static const char *const hub_vit_model[VIT_P_COUNT] = {
+    "%sembeddings.cls_token", "%sembeddings.patch_embeddings.projection.weight",
+    "%sembeddings.patch_embeddings.projection.bias", "%sembeddings.position_embeddings",
+    "%sembeddings.distillation_token", "%sembeddings.register_tokens", NULL, NULL,
+    "%slayernorm.weight", "%slayernorm.bias", "classifier.weight", "classifier.bias",
+    "distillation_classifier.weight", "distillation_classifier.bias"};
+static const char *const hub_clip_model[VIT_P_COUNT] = {
+    "%sembeddings.class_embedding", "%sembeddings.patch_embedding.weight", NULL,
+    "%sembeddings.position_embedding.weight", NULL, NULL, "%spre_layrnorm.weight",
+    "%spre_layrnorm.bias", "%spost_layernorm.weight", "%spost_layernorm.bias",
+    "visual_projection.weight", NULL, NULL, NULL};
+static const char *const hub_clip_layer[VIT_L_COUNT] = {
+    "layer_norm1.weight", "layer_norm1.bias", "self_attn.%s_proj.weight", "self_attn.%s_proj.bias",
+    "self_attn.out_proj.weight", "self_attn.out_proj.bias", "layer_norm2.weight",
+    "layer_norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias",
+    NULL, NULL};
+
 /* What differs per model_type; the rest is one code path. */
 typedef struct hub_family {
     const char *type, *family, *prefix; /* prefix: the head classes' base_model_prefix */
-    const char *const *layer;
+    const char *const *model, *const *layer;
+    const char *layer_fmt;    /* "encoder.layer.%d." */
+    const char *const *qkv;   /* query/key/value or q/k/v */
     float eps;
     int patch, dist, registers, layer_scale;
     vitc__vit_pos_rule pos;
 } hub_family;
 
+static const char *const hub_qkv_long[3] = {"query", "key", "value"};
+static const char *const hub_qkv_short[3] = {"q", "k", "v"};
+#define HUB_V "encoder.layer.%d."
 static const hub_family hub_families[] = {
-    {"vit", "hf-vit", "vit.", hub_vit_layer, 1e-12f, 16, 0, 0, 0, VIT_POS_HALF_PIXEL},
-    {"deit", "hf-deit", "deit.", hub_vit_layer, 1e-12f, 16, 1, 0, 0, VIT_POS_HALF_PIXEL},
+    {"vit", "hf-vit", "vit.", hub_vit_model, hub_vit_layer, HUB_V, hub_qkv_long, 1e-12f, 16, 0, 0,
+     0, VIT_POS_HALF_PIXEL},
+    {"deit", "hf-deit", "deit.", hub_vit_model, hub_vit_layer, HUB_V, hub_qkv_long, 1e-12f, 16, 1,
+     0, 0, VIT_POS_HALF_PIXEL},
     /* DINOv2 resamples its 37x37 grid on every call: transformers >= 4.45's
      * rule, with antialias for the registers model (PR #35411). */
-    {"dinov2", "hf-dinov2", "dinov2.", hub_dinov2_layer, 1e-6f, 14, 0, 0, 1, VIT_POS_HALF_PIXEL},
-    {"dinov2_with_registers", "hf-dinov2", "dinov2_with_registers.", hub_dinov2_layer, 1e-6f, 14,
-     0, 4, 1, VIT_POS_ANTIALIAS},
+    {"dinov2", "hf-dinov2", "dinov2.", hub_vit_model, hub_dinov2_layer, HUB_V, hub_qkv_long, 1e-6f,
+     14, 0, 0, 1, VIT_POS_HALF_PIXEL},
+    {"dinov2_with_registers", "hf-dinov2", "dinov2_with_registers.", hub_vit_model,
+     hub_dinov2_layer, HUB_V, hub_qkv_long, 1e-6f, 14, 0, 4, 1, VIT_POS_ANTIALIAS},
+    /* CLIP's vision tower: the CLIPModel file nests its config in
+     * vision_config; "vision_model." is a module name, not a stripped prefix. */
+    {"clip", "hf-clip", "vision_model.", hub_clip_model, hub_clip_layer, "encoder.layers.%d.",
+     hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL},
+    {"clip_vision_model", "hf-clip", "vision_model.", hub_clip_model, hub_clip_layer,
+     "encoder.layers.%d.", hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL},
 };
 
-/* The Hub name of a model row (prefix for the backbone's). */
-static const char *hub_model_name(int role, int deit, const char *pre, char *buf, size_t cap) {
-    switch (role) {
-    case VIT_P_CLS: snprintf(buf, cap, "%sembeddings.cls_token", pre); break;
-    case VIT_P_DIST: snprintf(buf, cap, "%sembeddings.distillation_token", pre); break;
-    case VIT_P_REG: snprintf(buf, cap, "%sembeddings.register_tokens", pre); break;
-    case VIT_P_CONV_W: snprintf(buf, cap, "%sembeddings.patch_embeddings.projection.weight", pre); break;
-    case VIT_P_CONV_B: snprintf(buf, cap, "%sembeddings.patch_embeddings.projection.bias", pre); break;
-    case VIT_P_POS: snprintf(buf, cap, "%sembeddings.position_embeddings", pre); break;
-    case VIT_P_LN_W: snprintf(buf, cap, "%slayernorm.weight", pre); break;
-    case VIT_P_LN_B: snprintf(buf, cap, "%slayernorm.bias", pre); break;
-    case VIT_P_HEAD_W: snprintf(buf, cap, "%s.weight", deit == 2 ? "cls_classifier" : "classifier"); break;
-    case VIT_P_HEAD_B: snprintf(buf, cap, "%s.bias", deit == 2 ? "cls_classifier" : "classifier"); break;
-    case VIT_P_HEAD2_W: snprintf(buf, cap, "distillation_classifier.weight"); break;
-    default: snprintf(buf, cap, "distillation_classifier.bias"); break;
-    }
+/* The Hub name of a model row: "%s" takes the backbone prefix; NULL: the
+ * family has no such tensor (zeros: CLIP's patch conv bias and projection
+ * bias). DeiT with teacher names its class head cls_classifier. */
+static const char *hub_model_name(const char *const *names, int role, int mean2, const char *pre,
+                                  char *buf, size_t cap) {
+    const char *f = names[role];
+    if (mean2 && (role == VIT_P_HEAD_W || role == VIT_P_HEAD_B))
+        f = role == VIT_P_HEAD_W ? "cls_classifier.weight" : "cls_classifier.bias";
+    if (!f)
+        return NULL;
+    snprintf(buf, cap, f, pre);
     return buf;
 }
 
 /* Copy the Hub tensor name of shape e's into dst, or the error naming it. */
 static vitc_status hub_take(const hub_src *h, const char *name, const int64_t *want, int wnd,
-                            float *dst) {
+                            int squeeze, float *dst) {
     const float *data;
     const int64_t *shape;
     int nd;
@@ -335,8 +362,12 @@ static vitc_status hub_take(const hub_src *h, const char *name, const int64_t *w
     if (!hub_find(h, name, &data, &nd, &shape))
         return vitc__err(VITC_ERR_KEY, "missing tensor %s (expected %s)", name,
                          vitc__shape_str(a, sizeof a, wnd, want));
-    int same = nd == wnd && data;
-    for (int k = 0; same && k < nd; k++) same = shape[k] == want[k];
+    /* squeeze: CLIP's class_embedding [C] and position_embedding.weight
+     * [N, C] fill rows shaped [1, 1, C] and [1, N, C]. */
+    int lead = 0;
+    while (squeeze && lead < wnd - 1 && want[lead] == 1 && nd < wnd - lead) lead++;
+    int same = nd == wnd - lead && data;
+    for (int k = 0; same && k < nd; k++) same = shape[k] == want[lead + k];
     if (!same)
         return vitc__err(VITC_ERR_SHAPE, "tensor %s: expected %s, file has %s", name,
                          vitc__shape_str(a, sizeof a, wnd, want),
@@ -349,36 +380,45 @@ static vitc_status hub_take(const hub_src *h, const char *name, const int64_t *w
 
 /* One table row from the Hub tensors; q/k/v fused into in_proj rows. */
 static vitc_status hub_fill_row(const vitc_vit *m, const hub_src *h, const vitc__param *e,
-                                const char *const *layer, int deit, const char *pre,
+                                const hub_family *fam, int mean2, const char *pre,
                                 int qkv_bias) {
     char name[200];
     float *dst = m->params + e->offset;
-    if (e->layer < 0)
-        return hub_take(h, hub_model_name(e->role, deit, pre, name, sizeof name), e->shape,
-                        e->ndim, dst);
-    int n = snprintf(name, sizeof name, "%sencoder.layer.%d.", pre, e->layer);
+    if (e->layer < 0) {
+        if (!hub_model_name(fam->model, e->role, mean2, pre, name, sizeof name)) {
+            memset(dst, 0, e->numel * sizeof(float)); /* a bias the family does not have */
+            return VITC_OK;
+        }
+        return hub_take(h, name, e->shape, e->ndim, e->role == VIT_P_CLS || e->role == VIT_P_POS,
+                        dst);
+    }
+    int n = snprintf(name, sizeof name, "%s", pre);
+    n += snprintf(name + n, sizeof name - (size_t)n, fam->layer_fmt, e->layer);
     if (e->role != VIT_L_QKV_W && e->role != VIT_L_QKV_B) {
-        snprintf(name + n, sizeof name - (size_t)n, "%s", layer[e->role]);
-        return hub_take(h, name, e->shape, e->ndim, dst);
+        snprintf(name + n, sizeof name - (size_t)n, "%s", fam->layer[e->role]);
+        return hub_take(h, name, e->shape, e->ndim, 0, dst);
     }
     /* One third of in_proj per Hub Linear: rows [q; k; v]. */
     int64_t C = m->cfg.hidden_dim, part[2] = {C, C};
     size_t third = (size_t)(e->role == VIT_L_QKV_W ? C * C : C);
-    static const char *const qkv[3] = {"query", "key", "value"};
     if (e->role == VIT_L_QKV_B && !qkv_bias) {
         memset(dst, 0, 3 * third * sizeof(float)); /* qkv_bias false: no biases */
         return VITC_OK;
     }
     for (int i = 0; i < 3; i++) {
-        snprintf(name + n, sizeof name - (size_t)n, layer[e->role], qkv[i]);
-        VITC_TRY(hub_take(h, name, part, e->role == VIT_L_QKV_W ? 2 : 1, dst + i * third));
+        snprintf(name + n, sizeof name - (size_t)n, fam->layer[e->role], fam->qkv[i]);
+        VITC_TRY(hub_take(h, name, part, e->role == VIT_L_QKV_W ? 2 : 1, 0, dst + i * third));
     }
     return VITC_OK;
 }
 
 /* Tensors a vision forward never reads: skipped by name, listed. */
-static int hub_ignorable(const char *name) {
+static int hub_ignorable(const char *name, int clip) {
     static const char *const tails[] = {"position_ids", "mask_token"};
+    /* CLIPModel's text tower and contrastive scale. */
+    if (clip && (!strncmp(name, "text_model.", 11) || !strcmp(name, "text_projection.weight") ||
+        !strcmp(name, "logit_scale") || !strcmp(name, "logit_bias")))
+        return 1;
     for (size_t i = 0; i < sizeof tails / sizeof *tails; i++) {
         size_t a = strlen(name), b = strlen(tails[i]);
         if (a >= b && !strcmp(name + a - b, tails[i]))
@@ -401,7 +441,7 @@ static vitc_status hub_leftovers(vitc_vit *m, const hub_src *h) {
                 if (h->used[i][j] ||
                     vitc_safetensors_tensor(h->st[i], j, &nm, &dt, &nd, &shape, &data) != VITC_OK)
                     continue;
-                if (!hub_ignorable(nm)) {
+                if (!hub_ignorable(nm, m->final_cls_only)) {
                     char b[96];
                     return vitc__err(VITC_ERR_KEY, "unexpected tensor %s %s in %s (not part of a "
                                      "%s model with this config)", nm,
@@ -446,25 +486,39 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
         if (!strcmp(type, hub_families[i].type))
             fam = &hub_families[i];
     if (!fam) {
-        static const char *const later[] = {"clip", "clip_vision_model", "siglip",
-                                            "siglip_vision_model"};
+        static const char *const later[] = {"siglip", "siglip_vision_model"};
         for (size_t i = 0; i < sizeof later / sizeof *later; i++)
             if (!strcmp(type, later[i]))
                 return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: model_type \"%s\" is not "
                                  "supported yet (vitc reads vit, deit, dinov2, "
-                                 "dinov2_with_registers)", type);
+                                 "dinov2_with_registers, clip, clip_vision_model)", type);
         return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: unknown model_type \"%.64s\" "
-                         "(vitc reads vit, deit, dinov2, dinov2_with_registers)", type);
+                         "(vitc reads vit, deit, dinov2, dinov2_with_registers, clip, clip_vision_model)",
+                         type);
     }
-    int dino = fam->layer_scale;
+    int dino = fam->layer_scale, clip = fam->model == hub_clip_model;
     snprintf(m->family, sizeof m->family, "%s", fam->family);
     json_t *ja = json_array_get(json_object_get(cfg, "architectures"), 0);
     const char *arch = json_is_string(ja) ? json_string_value(ja) : "";
+    json_t *top = cfg;
+    if (!strcmp(type, "clip")) { /* CLIPModel: the tower's config is nested */
+        cfg = json_object_get(top, "vision_config");
+        if (!json_is_object(cfg))
+            return vitc__err(VITC_ERR_FORMAT, "config.json: model_type \"clip\" without a "
+                             "\"vision_config\" object");
+    }
     json_t *act = json_object_get(cfg, "hidden_act");
-    if (act && (!json_is_string(act) || strcmp(json_string_value(act), "gelu")))
-        return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: hidden_act %s is not supported for "
-                         "%s (vitc reads \"gelu\")",
-                         json_is_string(act) ? json_string_value(act) : "(not a string)", type);
+    const char *an = json_is_string(act) ? json_string_value(act) : act ? "(not a string)"
+                     : clip ? "quick_gelu" : "gelu";
+    if (!strcmp(an, "gelu"))
+        m->mlp_act = VIT_ACT_GELU;
+    else if (!strcmp(an, "quick_gelu"))
+        m->mlp_act = VIT_ACT_QUICK_GELU;
+    else if (!strcmp(an, "gelu_pytorch_tanh") || !strcmp(an, "gelu_new"))
+        m->mlp_act = VIT_ACT_GELU_TANH;
+    else
+        return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: hidden_act %.40s is not supported "
+                         "(vitc reads gelu, quick_gelu, gelu_pytorch_tanh, gelu_new)", an);
     if (json_is_true(json_object_get(cfg, "use_swiglu_ffn")))
         return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: use_swiglu_ffn (DINOv2 giant's "
                          "SwiGLU MLP) is not supported yet");
@@ -508,8 +562,8 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
     const float *d;
     int nd;
     const int64_t *sh;
-    snprintf(name, sizeof name, "%sembeddings.patch_embeddings.projection.weight", pre);
-    if (!hub_find(h, name, &d, &nd, &sh))
+    if (!hub_find(h, hub_model_name(fam->model, VIT_P_CONV_W, 0, pre, name, sizeof name), &d, &nd,
+                  &sh))
         pre = "";
     /* Head: by the architecture, else by the tensors. */
     int mean2 = strstr(arch, "WithTeacher") != NULL;
@@ -522,11 +576,29 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
     m->n_reg = reg;
     m->n_prefix = 1 + fam->dist + reg;
     m->layer_scale = fam->layer_scale;
-    m->head = mean2 ? VIT_HEAD_MEAN2 : head ? VIT_HEAD_CLS : VIT_HEAD_NONE;
+    m->pre_norm = m->final_cls_only = clip;
+    if (clip) { /* an embedding model; its projection when it has one */
+        head = hub_find(h, "visual_projection.weight", &d, &nd, &sh);
+        m->head = head ? VIT_HEAD_PROJ : VIT_HEAD_NONE;
+    }
+    if (!clip)
+        m->head = mean2 ? VIT_HEAD_MEAN2 : head ? VIT_HEAD_CLS : VIT_HEAD_NONE;
     m->pos_rule = fam->pos;
     m->naming = VIT_NAMES_TORCHVISION;
     json_t *labels = json_object_get(cfg, "id2label");
-    if (m->head != VIT_HEAD_NONE) {
+    if (m->head == VIT_HEAD_PROJ) {
+        if (nd != 2 || sh[0] < 1 || sh[0] > HUB_MAX_DIM)
+            return vitc__err(VITC_ERR_SHAPE, "tensor visual_projection.weight: expected "
+                             "[projection_dim, %d]", c->hidden_dim);
+        c->num_classes = (int)sh[0];
+        json_t *pd = json_object_get(top, "projection_dim");
+        if (!pd)
+            pd = json_object_get(cfg, "projection_dim");
+        if (json_is_integer(pd) && json_integer_value(pd) != c->num_classes)
+            return vitc__err(VITC_ERR_SHAPE, "config.json: projection_dim %lld but "
+                             "visual_projection.weight has %d rows",
+                             (long long)json_integer_value(pd), c->num_classes);
+    } else if (m->head != VIT_HEAD_NONE) {
         const char *hn = mean2 ? "cls_classifier.weight" : "classifier.weight";
         if (!hub_find(h, hn, &d, &nd, &sh) || nd != 2 || sh[0] < 1 || sh[0] > HUB_MAX_DIM)
             return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (%s has a head)", hn,
@@ -544,8 +616,7 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
         !(m->params = vitc__calloc(m->n_params, sizeof(float))))
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu ViT parameters", m->n_params);
     for (int i = 0; i < m->n_entries; i++)
-        VITC_TRY(hub_fill_row(m, h, &m->table[i], fam->layer, fam->dist ? 1 + mean2 : 0, pre,
-                              qkv_bias));
+        VITC_TRY(hub_fill_row(m, h, &m->table[i], fam, mean2, pre, qkv_bias));
     VITC_TRY(hub_leftovers(m, h));
     vitc__params_bind(m->table, m->n_entries, m->params, &m->w, m->blocks, sizeof *m->blocks);
     if (!(m->id = vitc__handle_register()))

@@ -16,6 +16,7 @@
  * every block in between (see vitc__vit_table_build). */
 enum {
     VIT_P_CLS, VIT_P_CONV_W, VIT_P_CONV_B, VIT_P_POS, VIT_P_DIST, VIT_P_REG, /* before the blocks */
+    VIT_P_PRE_W, VIT_P_PRE_B, /* CLIP's pre_layrnorm, on the embeddings */
     VIT_P_LN_W, VIT_P_LN_B, VIT_P_HEAD_W, VIT_P_HEAD_B, VIT_P_HEAD2_W, VIT_P_HEAD2_B, /* after */
     VIT_P_COUNT
 };
@@ -64,6 +65,7 @@ typedef struct vitc__vit_w {
     float *head2_w; /* [classes, C] DeiT's distillation head, on token 1 */
     float *head2_b; /* [classes] */
     float *reg;     /* [1, R, C] register tokens (DINOv2 with registers), no position */
+    float *pre_w, *pre_b; /* [C] CLIP's pre_layrnorm */
 } vitc__vit_w;
 
 /* Per-family options of the one forward (vit.c); vitc_vit_create and the
@@ -71,8 +73,10 @@ typedef struct vitc__vit_w {
 typedef enum vitc__vit_head {
     VIT_HEAD_NONE = 0, /* a backbone (HF ViTModel, DeiTModel): embeddings only */
     VIT_HEAD_CLS = 1,  /* logits = head(ln(x)[:, 0]) */
-    VIT_HEAD_MEAN2 = 2 /* DeiT with teacher: (head(ln(x)[:,0]) + head2(ln(x)[:,1])) / 2 */
+    VIT_HEAD_MEAN2 = 2, /* DeiT with teacher: (head(ln(x)[:,0]) + head2(ln(x)[:,1])) / 2 */
+    VIT_HEAD_PROJ = 3   /* CLIP: image_embeds = head(ln(x[:, 0])) (bias zero), an embedding */
 } vitc__vit_head;
+enum { VIT_ACT_GELU = 0, VIT_ACT_GELU_TANH = 1, VIT_ACT_QUICK_GELU = 2 };
 typedef enum vitc__vit_pos_rule {
     VIT_POS_ALIGN_CORNERS = 0, /* torchvision: bicubic, align_corners=True */
     VIT_POS_HALF_PIXEL = 1,    /* HF >= 4.45: bicubic to size, align_corners=False */
@@ -124,6 +128,10 @@ struct vitc_vit {
     int n_dist;            /* 1: DeiT's distillation token after the class token */
     int n_reg;             /* register tokens after those (no position embedding) */
     int layer_scale;       /* blocks scale each branch by ls1 / ls2 (DINOv2) */
+    int pre_norm;          /* LayerNorm pre (PRE_W/B rows) on the embeddings (CLIP) */
+    int final_cls_only;    /* the final LayerNorm acts on the class token alone (CLIP's
+                            * post_layernorm): features are the un-normed tokens */
+    int mlp_act;           /* MLP activation: VIT_ACT_* */
     vitc__vit_head head;
     vitc__vit_pos_rule pos_rule;
     char family[32];       /* "torchvision", "timm", "hf-vit", "hf-deit" */

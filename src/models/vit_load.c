@@ -33,15 +33,15 @@
 /* ------------------------------------------------------------------ */
 
 static const char *const vit_model_names[3][VIT_P_COUNT] = {
-    {"class_token", "conv_proj.weight", "conv_proj.bias", "encoder.pos_embedding",
-     "dist_token", "reg_token", "encoder.ln.weight", "encoder.ln.bias", "heads.head.weight",
-     "heads.head.bias", "heads.head_dist.weight", "heads.head_dist.bias"},
-    {"class_token", "conv_proj.weight", "conv_proj.bias", "encoder.pos_embedding",
-     "dist_token", "reg_token", "encoder.ln.weight", "encoder.ln.bias", "heads.head.weight",
-     "heads.head.bias", "heads.head_dist.weight", "heads.head_dist.bias"},
-    {"cls_token", "patch_embed.proj.weight", "patch_embed.proj.bias", "pos_embed",
-     "dist_token", "reg_token", "norm.weight", "norm.bias", "head.weight", "head.bias", "head_dist.weight",
-     "head_dist.bias"},
+    {"class_token", "conv_proj.weight", "conv_proj.bias", "encoder.pos_embedding", "dist_token",
+     "reg_token", "ln_pre.weight", "ln_pre.bias", "encoder.ln.weight", "encoder.ln.bias",
+     "heads.head.weight", "heads.head.bias", "heads.head_dist.weight", "heads.head_dist.bias"},
+    {"class_token", "conv_proj.weight", "conv_proj.bias", "encoder.pos_embedding", "dist_token",
+     "reg_token", "ln_pre.weight", "ln_pre.bias", "encoder.ln.weight", "encoder.ln.bias",
+     "heads.head.weight", "heads.head.bias", "heads.head_dist.weight", "heads.head_dist.bias"},
+    {"cls_token", "patch_embed.proj.weight", "patch_embed.proj.bias", "pos_embed", "dist_token",
+     "reg_token", "norm_pre.weight", "norm_pre.bias", "norm.weight", "norm.bias", "head.weight",
+     "head.bias", "head_dist.weight", "head_dist.bias"},
 };
 
 static const char *const vit_layer_prefix[3] = {"encoder.layers.encoder_layer_%d.",
@@ -91,7 +91,7 @@ static void vit_set_shape(vitc__param *e, int ndim, int64_t a, int64_t b, int64_
 static const size_t vit_model_slot[VIT_P_COUNT] = {
     offsetof(vitc__vit_w, cls),     offsetof(vitc__vit_w, conv_w),  offsetof(vitc__vit_w, conv_b),
     offsetof(vitc__vit_w, pos),     offsetof(vitc__vit_w, dist),    offsetof(vitc__vit_w, reg),
-    offsetof(vitc__vit_w, ln_w),
+    offsetof(vitc__vit_w, pre_w),   offsetof(vitc__vit_w, pre_b),   offsetof(vitc__vit_w, ln_w),
     offsetof(vitc__vit_w, ln_b),    offsetof(vitc__vit_w, head_w),  offsetof(vitc__vit_w, head_b),
     offsetof(vitc__vit_w, head2_w), offsetof(vitc__vit_w, head2_b)};
 static const size_t vit_layer_slot[VIT_L_COUNT] = {
@@ -128,7 +128,8 @@ static void vit_model_row(vitc__param *e, const vitc_vit_config *c, int n_prefix
     case VIT_P_HEAD2_W: vit_set_shape(e, 2, c->num_classes, C, 0, 0); break;
     case VIT_P_HEAD_B:
     case VIT_P_HEAD2_B: vit_set_shape(e, 1, c->num_classes, 0, 0, 0); break;
-    case VIT_P_LN_W: vit_set_shape(e, 1, C, 0, 0, 0); e->init = VITC__INIT_ONE; break;
+    case VIT_P_LN_W:
+    case VIT_P_PRE_W: vit_set_shape(e, 1, C, 0, 0, 0); e->init = VITC__INIT_ONE; break;
     default: vit_set_shape(e, 1, C, 0, 0, 0); break; /* conv bias, final LayerNorm bias */
     }
     e->no_decay = e->ndim == 1 || e->role == VIT_P_CLS || e->role == VIT_P_POS ||
@@ -179,6 +180,8 @@ static int vit_has_row(const vitc_vit *m, int i) {
         return m->n_dist;
     if (i == VIT_P_REG)
         return m->n_reg > 0;
+    if (i == VIT_P_PRE_W || i == VIT_P_PRE_B)
+        return m->pre_norm;
     if (i == VIT_P_HEAD_W || i == VIT_P_HEAD_B)
         return m->head != VIT_HEAD_NONE;
     if (i == VIT_P_HEAD2_W || i == VIT_P_HEAD2_B)
@@ -199,7 +202,7 @@ vitc_status vitc__vit_table_build(vitc_vit *m) {
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate the parameter table (%d entries)", n);
     }
     int k = 0;
-    for (int i = VIT_P_CLS; i <= VIT_P_REG; i++)
+    for (int i = VIT_P_CLS; i <= VIT_P_PRE_B; i++)
         if (vit_has_row(m, i))
             t[k++] = (vitc__param){.role = i, .layer = -1};
     for (int l = 0; l < c->depth; l++)

@@ -193,6 +193,57 @@ class TestHubModels(unittest.TestCase):
                                registers=0, dtype="F16")
         self.check(d, sd, cfg)
 
+    # ---- CLIP -------------------------------------------------------------
+
+    def check_clip(self, name, cfg, dtype="F32", prefix=True, seed=0):
+        sd, ints = hf_ref.clip_random_state(cfg, seed)
+        if dtype == "BF16":
+            sd = hf_ref.round_bf16(sd)
+        elif dtype == "F16":
+            sd = hf_ref.round_f16(sd)
+        d = os.path.join(self.tmp, name)
+        hf_ref.save_clip(d, sd, ints, cfg, dtype=dtype, prefix=prefix)
+        m = vitc.load_model(d)
+        for (H, W), x in self.x.items():
+            h, pooled, emb = hf_ref.clip_forward(sd, cfg, x)
+            what = "%s %dx%d" % (name, H, W)
+            close(self, m.forward_features(x.numpy()), h, what + " last_hidden_state (un-normed)")
+            close(self, m.embed(x.numpy(), pool="cls"), pooled, what + " pooler_output")
+            close(self, m.embed(x.numpy(), pool="tokens"), h[:, 1:], what + " tokens")
+            close(self, m.embed(x.numpy(), pool="mean"), h[:, 1:].mean(1), what + " mean")
+            want = emb if emb is not None else pooled
+            close(self, m.embed(x.numpy()), want, what + " default embedding")
+            close(self, m(x.numpy()), want, what + " __call__")
+        return m, d
+
+    def test_clip_model_with_text_tower(self):
+        m, _ = self.check_clip("clip", hf_ref.clip_config("clip"))
+        self.assertEqual(m.config["family"], "hf-clip")
+        self.assertFalse(m.config["has_head"])
+        self.assertIn("logit_scale", m.config["ignored"])
+        self.assertIn("text_projection.weight", m.config["ignored"])
+        self.assertIn("vision_model.embeddings.position_ids", m.config["ignored"])
+        self.assertAlmostEqual(m.config["norm_eps"], 1e-5, delta=1e-11)
+
+    def test_clip_vision_with_projection_gelu_bf16(self):
+        self.check_clip("clip_vp", hf_ref.clip_config("clip_vision_model", act="gelu"),
+                        dtype="BF16")
+
+    def test_clip_vision_no_projection_tanh_unprefixed(self):
+        cfg = hf_ref.clip_config("clip_vision_model", act="gelu_pytorch_tanh", proj=0)
+        cfg["architectures"] = ["CLIPVisionModel"]
+        del cfg["projection_dim"]
+        m, _ = self.check_clip("clip_v", cfg, prefix=False, dtype="F16")
+        self.assertEqual(m.embed(self.x[(32, 32)].numpy()).shape, (2, 48))
+
+    def test_clip_projection_dim_mismatch(self):
+        cfg = hf_ref.clip_config("clip")
+        sd, ints = hf_ref.clip_random_state(cfg, 0)
+        d = os.path.join(self.tmp, "clip_bad")
+        cfg["projection_dim"] = 17
+        hf_ref.save_clip(d, sd, ints, cfg)
+        self.bad(d, "projection_dim 17", "visual_projection.weight has 16 rows")
+
     def test_lone_safetensors_with_config_beside(self):
         d, sd, cfg = self.make("lone", "vit", "ViTForImageClassification", seed=5)
         self.check(d, sd, cfg, os.path.join(d, "model.safetensors"))

@@ -230,3 +230,126 @@ def save_hub(d, sd, cfg, prefix=True, dtype="F32", shards=1, extra=None, preproc
         wmap.update({k: fn for k in part})
     with open(os.path.join(d, "model.safetensors.index.json"), "w") as f:
         json.dump({"metadata": {"total_size": 0}, "weight_map": wmap}, f, indent=2)
+
+
+# ---- CLIP vision tower ------------------------------------------------------
+
+def clip_config(model_type="clip", hidden=48, layers=2, heads=3, mlp=96, image=32, patch=8,
+                proj=16, act="quick_gelu", eps=1e-5):
+    """CLIPModel (vision_config nested, a text tower beside it) or a
+    CLIPVisionModel[WithProjection] (flat)."""
+    v = {"model_type": "clip_vision_model", "hidden_size": hidden, "num_hidden_layers": layers,
+         "num_attention_heads": heads, "intermediate_size": mlp, "hidden_act": act,
+         "layer_norm_eps": eps, "image_size": image, "patch_size": patch, "num_channels": 3,
+         "projection_dim": proj}
+    if model_type == "clip":
+        return {"model_type": "clip", "architectures": ["CLIPModel"], "projection_dim": proj,
+                "logit_scale_init_value": 2.6592,
+                "text_config": {"model_type": "clip_text_model", "hidden_size": 8,
+                                "vocab_size": 5, "num_hidden_layers": 1},
+                "vision_config": v}
+    v["architectures"] = ["CLIPVisionModelWithProjection" if proj else "CLIPVisionModel"]
+    return v
+
+
+def clip_vision_cfg(cfg):
+    return cfg.get("vision_config", cfg)
+
+
+def clip_random_state(cfg, seed=0, text=True, position_ids=True):
+    """The Hub's names (vision_model., visual_projection, text_model.*, ...);
+    int64 tensors as numpy in the second dict."""
+    g = torch.Generator().manual_seed(seed)
+    v = clip_vision_cfg(cfg)
+    D, L, M, P = v["hidden_size"], v["num_hidden_layers"], v["intermediate_size"], v["patch_size"]
+    n = (v["image_size"] // P) ** 2 + 1
+
+    def r(*shape, std=1.0):
+        return torch.randn(*shape, generator=g) * std
+
+    def lin(o, i):
+        return r(o, i, std=1.0 / math.sqrt(i)), r(o, std=0.2)
+
+    e = "vision_model.embeddings."
+    sd = {e + "class_embedding": r(D, std=0.5),
+          e + "patch_embedding.weight": r(D, 3, P, P, std=1.0 / math.sqrt(3 * P * P)),
+          e + "position_embedding.weight": r(n, D, std=0.5),
+          "vision_model.pre_layrnorm.weight": 1 + r(D, std=0.3),
+          "vision_model.pre_layrnorm.bias": r(D, std=0.2),
+          "vision_model.post_layernorm.weight": 1 + r(D, std=0.3),
+          "vision_model.post_layernorm.bias": r(D, std=0.2)}
+    for i in range(L):
+        p = "vision_model.encoder.layers.%d." % i
+        for ln in ("layer_norm1", "layer_norm2"):
+            sd[p + ln + ".weight"] = 1 + r(D, std=0.3)
+            sd[p + ln + ".bias"] = r(D, std=0.2)
+        for q in ("q", "k", "v", "out"):
+            w, b = lin(D, D)
+            sd[p + "self_attn.%s_proj.weight" % q] = w * (2.0 if q != "out" else 1.0)
+            sd[p + "self_attn.%s_proj.bias" % q] = b
+        sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"] = lin(M, D)
+        sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"] = lin(D, M)
+    proj = cfg.get("projection_dim", v.get("projection_dim"))
+    if cfg.get("model_type") == "clip" or "WithProjection" in cfg.get("architectures", [""])[0]:
+        sd["visual_projection.weight"] = r(proj, D, std=1.0 / math.sqrt(D))
+    ints = {}
+    if position_ids:
+        ints[e + "position_ids"] = np.arange(n, dtype=np.int64)[None]
+    if text and cfg.get("model_type") == "clip":
+        sd["text_model.embeddings.token_embedding.weight"] = r(5, 8)
+        sd["text_model.final_layer_norm.weight"] = 1 + r(8, std=0.3)
+        sd["text_projection.weight"] = r(proj, 8)
+        sd["logit_scale"] = torch.tensor(2.6592)
+        ints["text_model.embeddings.position_ids"] = np.arange(7, dtype=np.int64)[None]
+    return sd, ints
+
+
+@torch.no_grad()
+def clip_forward(sd, cfg, px):
+    """CLIPVisionTransformer (+ visual_projection): (last_hidden_state,
+    pooler_output, image_embeds or None)."""
+    v = clip_vision_cfg(cfg)
+    D, Hh, P, eps = v["hidden_size"], v["num_attention_heads"], v["patch_size"], v["layer_norm_eps"]
+    act = {"quick_gelu": lambda t: t * torch.sigmoid(1.702 * t), "gelu": F.gelu,
+           "gelu_pytorch_tanh": lambda t: F.gelu(t, approximate="tanh")}[v["hidden_act"]]
+    B, _, H, W = px.shape
+    e = "vision_model.embeddings."
+    x = F.conv2d(px, sd[e + "patch_embedding.weight"], None, stride=P).flatten(2).transpose(1, 2)
+    x = torch.cat([sd[e + "class_embedding"].expand(B, 1, -1), x], dim=1)
+    x = x + interpolate_pos(sd[e + "position_embedding.weight"][None], 1, H // P, W // P)
+    x = F.layer_norm(x, (D,), sd["vision_model.pre_layrnorm.weight"],
+                     sd["vision_model.pre_layrnorm.bias"], eps)
+    hd = D // Hh
+    for i in range(v["num_hidden_layers"]):
+        p = "vision_model.encoder.layers.%d." % i
+        h = F.layer_norm(x, (D,), sd[p + "layer_norm1.weight"], sd[p + "layer_norm1.bias"], eps)
+
+        def proj(n):
+            y = F.linear(h, sd[p + "self_attn.%s_proj.weight" % n], sd[p + "self_attn.%s_proj.bias" % n])
+            return y.view(B, -1, Hh, hd).transpose(1, 2)
+
+        q, k, vv = proj("q") * hd ** -0.5, proj("k"), proj("v")  # CLIPAttention scales q first
+        ctx = (torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ vv).transpose(1, 2).reshape(B, -1, D)
+        x = x + F.linear(ctx, sd[p + "self_attn.out_proj.weight"], sd[p + "self_attn.out_proj.bias"])
+        h = F.layer_norm(x, (D,), sd[p + "layer_norm2.weight"], sd[p + "layer_norm2.bias"], eps)
+        x = x + F.linear(act(F.linear(h, sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"])),
+                         sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"])
+    pooled = F.layer_norm(x[:, 0], (D,), sd["vision_model.post_layernorm.weight"],
+                          sd["vision_model.post_layernorm.bias"], eps)
+    emb = F.linear(pooled, sd["visual_projection.weight"]) if "visual_projection.weight" in sd else None
+    return x, pooled, emb
+
+
+def save_clip(d, sd, ints, cfg, dtype="F32", shards=1, prefix=True):
+    """A CLIP Hub directory; prefix=False drops "vision_model." (a tower
+    saved by hand), to check that both spellings load."""
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    t = {}
+    for k, v in sd.items():
+        k2 = k if prefix else k.replace("vision_model.", "", 1)
+        t[k2] = v.half().numpy() if dtype == "F16" else v.numpy()
+    t.update(ints)
+    bf16 = [k for k in t if dtype == "BF16" and t[k].dtype == np.float32]
+    st_write.write(os.path.join(d, "model.safetensors"), t, {"format": "pt"}, bf16=bf16)
