@@ -42,6 +42,7 @@ void vitc_vit_free(vitc_vit *m) {
     vitc__buf_free(&m->probs_buf);
     vitc__buf_free(&m->roll_buf);
     vitc__buf_free(&m->feat_buf);
+    vitc__buf_free(&m->head_buf);
     free(m->ignored);
     free(m);
 }
@@ -91,19 +92,32 @@ static void vit_cubic_taps(int64_t o, int64_t in, int64_t out, int64_t idx[4], f
  * source (o + 0.5) * in/out - 0.5, not clamped (cubic), as
  * area_pixel_compute_source_index computes it; HF's ViT family resamples
  * its position grid so (transformers >= 4.45). */
-static void vit_cubic_taps_hp(int64_t o, int64_t in, int64_t out, int64_t idx[4], float w[4]) {
-    float scale = (float)in / (float)out;
+static void vit_cubic_taps_hp(int64_t o, int64_t in, float scale, int64_t idx[4], float w[4]) {
     vit_cubic_at(scale * ((float)o + 0.5f) - 0.5f, in, idx, w);
 }
 
+/* The source step of one axis: in/out for an output size; the legacy
+ * scale_factor (out + 0.1) / in maps by its inverse, 1 / s, not in/out. */
+static float vit_axis_scale(int64_t in, int64_t out, int legacy) {
+    return legacy ? (float)(1.0 / (((double)out + 0.1) / (double)in)) : (float)in / (float)out;
+}
+
+/* mode: 0 align_corners=True; 1 half-pixel to a size; 2 legacy scale_factor. */
 static void vit_bicubic(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw,
-                        int64_t oh, int64_t ow, int half_pixel) {
+                        int64_t oh, int64_t ow, int mode) {
+    float sy = vit_axis_scale(ih, oh, mode == 2), sx = vit_axis_scale(iw, ow, mode == 2);
     for (int64_t y = 0; y < oh; y++) {
         int64_t ys[4], xs[4];
         float wy[4], wx[4];
-        (half_pixel ? vit_cubic_taps_hp : vit_cubic_taps)(y, ih, oh, ys, wy);
+        if (mode)
+            vit_cubic_taps_hp(y, ih, sy, ys, wy);
+        else
+            vit_cubic_taps(y, ih, oh, ys, wy);
         for (int64_t x = 0; x < ow; x++) {
-            (half_pixel ? vit_cubic_taps_hp : vit_cubic_taps)(x, iw, ow, xs, wx);
+            if (mode)
+                vit_cubic_taps_hp(x, iw, sx, xs, wx);
+            else
+                vit_cubic_taps(x, iw, ow, xs, wx);
             float *d = dst + (y * ow + x) * C;
             for (int64_t c = 0; c < C; c++) {
                 float acc = 0.0f;
@@ -255,7 +269,7 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
         VITC_TRY(vit_bicubic_aa(m->pos_buf.p + np * C, m->pos_buf.p + n, m->w.pos + np * C, C, g, g, gh, gw));
     else
         vit_bicubic(m->pos_buf.p + np * C, m->w.pos + np * C, C, g, g, gh, gw,
-                    m->pos_rule == VIT_POS_HALF_PIXEL);
+                    m->pos_rule == VIT_POS_HALF_PIXEL ? 1 : m->pos_rule == VIT_POS_LEGACY ? 2 : 0);
     m->pos_gh = (int)gh;
     m->pos_gw = (int)gw;
     m->pos_used = m->pos_buf.p;
@@ -577,7 +591,7 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
                            float *attn, float *rollout, float *features) {
     if (!m || !images)
         return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: NULL model or images");
-    if (logits && (m->head == VIT_HEAD_NONE || m->head == VIT_HEAD_PROJ))
+    if (logits && m->head != VIT_HEAD_CLS && m->head != VIT_HEAD_MEAN2)
         return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: this %s model is a backbone with no "
                          "classification head; ask for embeddings (vitc_vit_embed)", m->family);
     const vitc_vit_config *c = &m->cfg;
@@ -641,10 +655,11 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
         float *xb = vitc__va(a, 0, VA_X) + b * N * C; /* [N, C] */
         /* [cls, dist (DeiT), registers (DINOv2), patches]; registers get no
          * position embedding, npos rows of it come before the patches'. */
-        int64_t npos = np - m->n_reg;
-        for (int64_t j = 0; j < C; j++) xb[j] = m->w.cls[j] + pos[j];
+        int64_t npos = np - m->n_reg, nc = m->n_cls;
+        if (nc)
+            for (int64_t j = 0; j < C; j++) xb[j] = m->w.cls[j] + pos[j];
         if (m->n_dist)
-            for (int64_t j = 0; j < C; j++) xb[C + j] = m->w.dist[j] + pos[C + j];
+            for (int64_t j = 0; j < C; j++) xb[nc * C + j] = m->w.dist[j] + pos[nc * C + j];
         if (m->n_reg)
             memcpy(xb + npos * C, m->w.reg, (size_t)(m->n_reg * C) * sizeof(float));
         for (int64_t t = 0; t < P; t++) {
@@ -725,7 +740,44 @@ vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int
 int vitc_vit_num_prefix_tokens(const vitc_vit *m) { return m ? m->n_prefix : 0; }
 /* A classifier: CLIP's projection gives an embedding, not logits. */
 int vitc_vit_has_head(const vitc_vit *m) {
-    return m && m->head != VIT_HEAD_NONE && m->head != VIT_HEAD_PROJ;
+    return m && (m->head == VIT_HEAD_CLS || m->head == VIT_HEAD_MEAN2);
+}
+
+/* SigLIP's attention-pooling head (SiglipMultiheadAttentionPoolingHead) on
+ * the normed tokens h [B, N, C]:
+ *   a = out_proj(MHA(query = probe, keys and values = h))   [B, C]
+ *   out = a + fc2(act(fc1(layernorm(a))))                   [B, C] */
+static vitc_status vit_map_head(vitc_vit *m, const float *h, int64_t B, int64_t N, float *out) {
+    const vitc_vit_config *c = &m->cfg;
+    int64_t C = c->hidden_dim, M = c->mlp_dim, Hh = c->num_heads, d = C / Hh;
+    size_t kv, rest, n;
+    if (!vitc__mul_size((size_t)(B * N), (size_t)(2 * C), &kv) ||
+        !vitc__mul_size((size_t)B, (size_t)(4 * C + M), &rest) || !vitc__add_size(kv, rest, &n))
+        return vitc__err(VITC_ERR_NOMEM, "attention-pooling head for [%lld, %lld, %lld] overflows",
+                         (long long)B, (long long)N, (long long)C);
+    VITC_TRY(vitc__buf_reserve(&m->head_buf, n));
+    float *k = m->head_buf.p, *q = k + kv, *att = q + B * C, *a = att + B * C, *ln = a + B * C;
+    float *hid = ln + B * C;
+    /* One query per image (the probe), keys and values from every token. */
+    vitc__linear(q, C, m->w.map_probe, C, m->w.map_qkv_w, m->w.map_qkv_b, NULL, 0, 1, C, C);
+    for (int64_t b = 1; b < B; b++) memcpy(q + b * C, q, (size_t)C * sizeof(float));
+    vitc__linear(k, 2 * C, h, C, m->w.map_qkv_w + C * C, m->w.map_qkv_b + C, NULL, 0, B * N, 2 * C,
+                 C);
+    vitc__sdpa_desc sd = {
+        .B = B, .H = Hh, .L = 1, .S = N, .D = d, .Dv = d,
+        .q = q, .q_sb = C, .q_sh = d, .q_sr = C,
+        .k = k, .k_sb = N * 2 * C, .k_sh = d, .k_sr = 2 * C,
+        .v = k + C, .v_sb = N * 2 * C, .v_sh = d, .v_sr = 2 * C,
+        .o = att, .o_sb = C, .o_sh = d, .o_sr = C,
+        .scale = 1.0f / sqrtf((float)d),
+    };
+    VITC_TRY(vitc__sdpa(&sd));
+    vitc__linear(a, C, att, C, m->w.map_proj_w, m->w.map_proj_b, NULL, 0, B, C, C);
+    vitc__layernorm(ln, a, m->w.map_ln_w, m->w.map_ln_b, B, C, c->norm_eps);
+    vitc__linear(hid, M, ln, C, m->w.map_fc1_w, m->w.map_fc1_b, NULL, 0, B, M, C);
+    vit_activation(m, hid, B * M);
+    vitc__linear(out, C, hid, M, m->w.map_fc2_w, m->w.map_fc2_b, a, C, B, C, M);
+    return VITC_OK;
 }
 const char *vitc_vit_family(const vitc_vit *m) { return m ? m->family : NULL; }
 int vitc_vit_num_ignored(const vitc_vit *m) { return m ? m->n_ignored : 0; }
@@ -780,7 +832,14 @@ vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int H, int W
     /* feat_buf is the DeiT heads' scratch, unused on this path. */
     VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
     float *f = m->feat_buf.p;
+    if (pool == VITC_POOL_CLS && !m->n_cls)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_embed: this %s model has no class token "
+                         "(pool default, mean or tokens)", m->family);
     VITC_TRY(vit_run(m, images, B, H, W, NULL, NULL, NULL, f));
+    if (pool == VITC_POOL_DEFAULT && m->head == VIT_HEAD_MAP)
+        return vit_map_head(m, f, B, N, out);
+    if (pool == VITC_POOL_DEFAULT && !m->n_cls)
+        pool = VITC_POOL_MEAN; /* no class token, no head: the mean of the tokens */
     if (m->final_cls_only && (pool == VITC_POOL_DEFAULT || pool == VITC_POOL_CLS)) {
         /* CLIP: pooler_output = post_layernorm(x[:, 0]); image_embeds its projection */
         float *cls = m->a.cls_out; /* [B, C] */

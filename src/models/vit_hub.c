@@ -248,7 +248,7 @@ static void hub_norm(vitc_vit *m, const char *dir) {
      * OpenAI CLIP's. */
     static const float clip_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
     static const float clip_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
-    int bit = m->layer_scale || m->final_cls_only; /* BiT (DINOv2) and CLIP */
+    int bit = m->layer_scale || m->final_cls_only; /* BiT (DINOv2) and CLIP; SigLIP 0.5 */
     for (int i = 0; i < 3; i++) {
         m->cfg.mean[i] = bit ? clip_mean[i] : 0.5f;
         m->cfg.std[i] = bit ? clip_std[i] : 0.5f;
@@ -293,12 +293,22 @@ static const char *const hub_vit_model[VIT_P_COUNT] = {
     "%sembeddings.patch_embeddings.projection.bias", "%sembeddings.position_embeddings",
     "%sembeddings.distillation_token", "%sembeddings.register_tokens", NULL, NULL,
     "%slayernorm.weight", "%slayernorm.bias", "classifier.weight", "classifier.bias",
-    "distillation_classifier.weight", "distillation_classifier.bias"};
+    "distillation_classifier.weight", "distillation_classifier.bias", NULL, NULL, NULL, NULL, NULL,
+    NULL, NULL, NULL, NULL, NULL, NULL};
 static const char *const hub_clip_model[VIT_P_COUNT] = {
     "%sembeddings.class_embedding", "%sembeddings.patch_embedding.weight", NULL,
     "%sembeddings.position_embedding.weight", NULL, NULL, "%spre_layrnorm.weight",
     "%spre_layrnorm.bias", "%spost_layernorm.weight", "%spost_layernorm.bias",
-    "visual_projection.weight", NULL, NULL, NULL};
+    "visual_projection.weight", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    NULL, NULL, NULL};
+static const char *const hub_siglip_model[VIT_P_COUNT] = {
+    NULL, "%sembeddings.patch_embedding.weight", "%sembeddings.patch_embedding.bias",
+    "%sembeddings.position_embedding.weight", NULL, NULL, NULL, NULL,
+    "%spost_layernorm.weight", "%spost_layernorm.bias", NULL, NULL, NULL, NULL,
+    "%shead.probe", "%shead.attention.in_proj_weight", "%shead.attention.in_proj_bias",
+    "%shead.attention.out_proj.weight", "%shead.attention.out_proj.bias",
+    "%shead.layernorm.weight", "%shead.layernorm.bias", "%shead.mlp.fc1.weight",
+    "%shead.mlp.fc1.bias", "%shead.mlp.fc2.weight", "%shead.mlp.fc2.bias"};
 static const char *const hub_clip_layer[VIT_L_COUNT] = {
     "layer_norm1.weight", "layer_norm1.bias", "self_attn.%s_proj.weight", "self_attn.%s_proj.bias",
     "self_attn.out_proj.weight", "self_attn.out_proj.bias", "layer_norm2.weight",
@@ -336,6 +346,12 @@ static const hub_family hub_families[] = {
      hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL},
     {"clip_vision_model", "hf-clip", "vision_model.", hub_clip_model, hub_clip_layer,
      "encoder.layers.%d.", hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL},
+    /* SigLIP: no class token, an attention-pooling head; its position grid
+     * still resampled by the legacy +0.1 scale factor. */
+    {"siglip", "hf-siglip", "vision_model.", hub_siglip_model, hub_clip_layer,
+     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_LEGACY},
+    {"siglip_vision_model", "hf-siglip", "vision_model.", hub_siglip_model, hub_clip_layer,
+     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_LEGACY},
 };
 
 /* The Hub name of a model row: "%s" takes the backbone prefix; NULL: the
@@ -441,7 +457,8 @@ static vitc_status hub_leftovers(vitc_vit *m, const hub_src *h) {
                 if (h->used[i][j] ||
                     vitc_safetensors_tensor(h->st[i], j, &nm, &dt, &nd, &shape, &data) != VITC_OK)
                     continue;
-                if (!hub_ignorable(nm, m->final_cls_only)) {
+                if (!hub_ignorable(nm, !strcmp(m->family, "hf-clip") ||
+                                           !strcmp(m->family, "hf-siglip"))) {
                     char b[96];
                     return vitc__err(VITC_ERR_KEY, "unexpected tensor %s %s in %s (not part of a "
                                      "%s model with this config)", nm,
@@ -486,30 +503,32 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
         if (!strcmp(type, hub_families[i].type))
             fam = &hub_families[i];
     if (!fam) {
-        static const char *const later[] = {"siglip", "siglip_vision_model"};
+        static const char *const later[] = {"siglip2", "clip_text_model"};
         for (size_t i = 0; i < sizeof later / sizeof *later; i++)
             if (!strcmp(type, later[i]))
                 return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: model_type \"%s\" is not "
-                                 "supported yet (vitc reads vit, deit, dinov2, "
-                                 "dinov2_with_registers, clip, clip_vision_model)", type);
+                                 "supported (vitc reads vit, deit, dinov2, "
+                                 "dinov2_with_registers, clip, clip_vision_model, siglip, "
+                                 "siglip_vision_model)", type);
         return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: unknown model_type \"%.64s\" "
-                         "(vitc reads vit, deit, dinov2, dinov2_with_registers, clip, clip_vision_model)",
-                         type);
+                         "(vitc reads vit, deit, dinov2, dinov2_with_registers, clip, clip_vision_model, "
+                         "siglip, siglip_vision_model)", type);
     }
     int dino = fam->layer_scale, clip = fam->model == hub_clip_model;
+    int siglip = fam->model == hub_siglip_model;
     snprintf(m->family, sizeof m->family, "%s", fam->family);
     json_t *ja = json_array_get(json_object_get(cfg, "architectures"), 0);
     const char *arch = json_is_string(ja) ? json_string_value(ja) : "";
     json_t *top = cfg;
-    if (!strcmp(type, "clip")) { /* CLIPModel: the tower's config is nested */
+    if (!strcmp(type, "clip") || !strcmp(type, "siglip")) { /* the tower's config is nested */
         cfg = json_object_get(top, "vision_config");
         if (!json_is_object(cfg))
-            return vitc__err(VITC_ERR_FORMAT, "config.json: model_type \"clip\" without a "
-                             "\"vision_config\" object");
+            return vitc__err(VITC_ERR_FORMAT, "config.json: model_type \"%s\" without a "
+                             "\"vision_config\" object", type);
     }
     json_t *act = json_object_get(cfg, "hidden_act");
     const char *an = json_is_string(act) ? json_string_value(act) : act ? "(not a string)"
-                     : clip ? "quick_gelu" : "gelu";
+                     : clip ? "quick_gelu" : siglip ? "gelu_pytorch_tanh" : "gelu";
     if (!strcmp(an, "gelu"))
         m->mlp_act = VIT_ACT_GELU;
     else if (!strcmp(an, "quick_gelu"))
@@ -574,14 +593,18 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
     }
     m->n_dist = fam->dist;
     m->n_reg = reg;
-    m->n_prefix = 1 + fam->dist + reg;
+    m->n_cls = !siglip;
+    m->n_prefix = m->n_cls + fam->dist + reg;
     m->layer_scale = fam->layer_scale;
     m->pre_norm = m->final_cls_only = clip;
     if (clip) { /* an embedding model; its projection when it has one */
         head = hub_find(h, "visual_projection.weight", &d, &nd, &sh);
         m->head = head ? VIT_HEAD_PROJ : VIT_HEAD_NONE;
     }
-    if (!clip)
+    if (siglip) /* vision_use_head: True when absent */
+        m->head = json_is_false(json_object_get(cfg, "vision_use_head")) ? VIT_HEAD_NONE
+                                                                        : VIT_HEAD_MAP;
+    else if (!clip)
         m->head = mean2 ? VIT_HEAD_MEAN2 : head ? VIT_HEAD_CLS : VIT_HEAD_NONE;
     m->pos_rule = fam->pos;
     m->naming = VIT_NAMES_TORCHVISION;
@@ -598,7 +621,7 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
             return vitc__err(VITC_ERR_SHAPE, "config.json: projection_dim %lld but "
                              "visual_projection.weight has %d rows",
                              (long long)json_integer_value(pd), c->num_classes);
-    } else if (m->head != VIT_HEAD_NONE) {
+    } else if (m->head == VIT_HEAD_CLS || m->head == VIT_HEAD_MEAN2) {
         const char *hn = mean2 ? "cls_classifier.weight" : "classifier.weight";
         if (!hub_find(h, hn, &d, &nd, &sh) || nd != 2 || sh[0] < 1 || sh[0] > HUB_MAX_DIM)
             return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (%s has a head)", hn,

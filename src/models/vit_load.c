@@ -32,16 +32,23 @@
 /* Names                                                              */
 /* ------------------------------------------------------------------ */
 
+#define VIT_MAP_NAMES                                                                          \
+    "attn_pool.latent", "attn_pool.qkv.weight", "attn_pool.qkv.bias", "attn_pool.proj.weight",   \
+        "attn_pool.proj.bias", "attn_pool.norm.weight", "attn_pool.norm.bias",                   \
+        "attn_pool.mlp.fc1.weight", "attn_pool.mlp.fc1.bias", "attn_pool.mlp.fc2.weight",        \
+        "attn_pool.mlp.fc2.bias"
 static const char *const vit_model_names[3][VIT_P_COUNT] = {
     {"class_token", "conv_proj.weight", "conv_proj.bias", "encoder.pos_embedding", "dist_token",
      "reg_token", "ln_pre.weight", "ln_pre.bias", "encoder.ln.weight", "encoder.ln.bias",
-     "heads.head.weight", "heads.head.bias", "heads.head_dist.weight", "heads.head_dist.bias"},
+     "heads.head.weight", "heads.head.bias", "heads.head_dist.weight", "heads.head_dist.bias",
+     VIT_MAP_NAMES},
     {"class_token", "conv_proj.weight", "conv_proj.bias", "encoder.pos_embedding", "dist_token",
      "reg_token", "ln_pre.weight", "ln_pre.bias", "encoder.ln.weight", "encoder.ln.bias",
-     "heads.head.weight", "heads.head.bias", "heads.head_dist.weight", "heads.head_dist.bias"},
+     "heads.head.weight", "heads.head.bias", "heads.head_dist.weight", "heads.head_dist.bias",
+     VIT_MAP_NAMES},
     {"cls_token", "patch_embed.proj.weight", "patch_embed.proj.bias", "pos_embed", "dist_token",
      "reg_token", "norm_pre.weight", "norm_pre.bias", "norm.weight", "norm.bias", "head.weight",
-     "head.bias", "head_dist.weight", "head_dist.bias"},
+     "head.bias", "head_dist.weight", "head_dist.bias", VIT_MAP_NAMES},
 };
 
 static const char *const vit_layer_prefix[3] = {"encoder.layers.encoder_layer_%d.",
@@ -93,7 +100,13 @@ static const size_t vit_model_slot[VIT_P_COUNT] = {
     offsetof(vitc__vit_w, pos),     offsetof(vitc__vit_w, dist),    offsetof(vitc__vit_w, reg),
     offsetof(vitc__vit_w, pre_w),   offsetof(vitc__vit_w, pre_b),   offsetof(vitc__vit_w, ln_w),
     offsetof(vitc__vit_w, ln_b),    offsetof(vitc__vit_w, head_w),  offsetof(vitc__vit_w, head_b),
-    offsetof(vitc__vit_w, head2_w), offsetof(vitc__vit_w, head2_b)};
+    offsetof(vitc__vit_w, head2_w), offsetof(vitc__vit_w, head2_b),
+    offsetof(vitc__vit_w, map_probe),  offsetof(vitc__vit_w, map_qkv_w),
+    offsetof(vitc__vit_w, map_qkv_b),  offsetof(vitc__vit_w, map_proj_w),
+    offsetof(vitc__vit_w, map_proj_b), offsetof(vitc__vit_w, map_ln_w),
+    offsetof(vitc__vit_w, map_ln_b),   offsetof(vitc__vit_w, map_fc1_w),
+    offsetof(vitc__vit_w, map_fc1_b),  offsetof(vitc__vit_w, map_fc2_w),
+    offsetof(vitc__vit_w, map_fc2_b)};
 static const size_t vit_layer_slot[VIT_L_COUNT] = {
     offsetof(vitc__vit_block, ln1_w),  offsetof(vitc__vit_block, ln1_b),
     offsetof(vitc__vit_block, qkv_w),  offsetof(vitc__vit_block, qkv_b),
@@ -129,7 +142,15 @@ static void vit_model_row(vitc__param *e, const vitc_vit_config *c, int n_prefix
     case VIT_P_HEAD_B:
     case VIT_P_HEAD2_B: vit_set_shape(e, 1, c->num_classes, 0, 0, 0); break;
     case VIT_P_LN_W:
-    case VIT_P_PRE_W: vit_set_shape(e, 1, C, 0, 0, 0); e->init = VITC__INIT_ONE; break;
+    case VIT_P_PRE_W:
+    case VIT_P_MAP_LN_W: vit_set_shape(e, 1, C, 0, 0, 0); e->init = VITC__INIT_ONE; break;
+    case VIT_P_MAP_PROBE: vit_set_shape(e, 3, 1, 1, C, 0); break;
+    case VIT_P_MAP_QKV_W: vit_set_shape(e, 2, 3 * C, C, 0, 0); break;
+    case VIT_P_MAP_QKV_B: vit_set_shape(e, 1, 3 * C, 0, 0, 0); break;
+    case VIT_P_MAP_PROJ_W: vit_set_shape(e, 2, C, C, 0, 0); break;
+    case VIT_P_MAP_FC1_W: vit_set_shape(e, 2, c->mlp_dim, C, 0, 0); break;
+    case VIT_P_MAP_FC1_B: vit_set_shape(e, 1, c->mlp_dim, 0, 0, 0); break;
+    case VIT_P_MAP_FC2_W: vit_set_shape(e, 2, C, c->mlp_dim, 0, 0); break;
     default: vit_set_shape(e, 1, C, 0, 0, 0); break; /* conv bias, final LayerNorm bias */
     }
     e->no_decay = e->ndim == 1 || e->role == VIT_P_CLS || e->role == VIT_P_POS ||
@@ -176,6 +197,10 @@ static void vit_layer_row(vitc__param *e, const vitc_vit_config *c) {
 
 /* Whether the model has the row of role i (vit_internal.h). */
 static int vit_has_row(const vitc_vit *m, int i) {
+    if (i == VIT_P_CLS)
+        return m->n_cls;
+    if (i >= VIT_P_MAP_PROBE)
+        return m->head == VIT_HEAD_MAP;
     if (i == VIT_P_DIST)
         return m->n_dist;
     if (i == VIT_P_REG)
@@ -183,7 +208,7 @@ static int vit_has_row(const vitc_vit *m, int i) {
     if (i == VIT_P_PRE_W || i == VIT_P_PRE_B)
         return m->pre_norm;
     if (i == VIT_P_HEAD_W || i == VIT_P_HEAD_B)
-        return m->head != VIT_HEAD_NONE;
+        return m->head != VIT_HEAD_NONE && m->head != VIT_HEAD_MAP;
     if (i == VIT_P_HEAD2_W || i == VIT_P_HEAD2_B)
         return m->head == VIT_HEAD_MEAN2;
     return 1;
@@ -695,6 +720,7 @@ vitc_vit *vitc__vit_alloc(void) {
     vitc_vit *m = calloc(1, sizeof *m);
     if (m) {
         m->n_prefix = 1;
+        m->n_cls = 1;
         m->head = VIT_HEAD_CLS;
         m->pos_rule = VIT_POS_ALIGN_CORNERS;
     }

@@ -244,6 +244,53 @@ class TestHubModels(unittest.TestCase):
         hf_ref.save_clip(d, sd, ints, cfg)
         self.bad(d, "projection_dim 17", "visual_projection.weight has 16 rows")
 
+    # ---- SigLIP -----------------------------------------------------------
+
+    def check_siglip(self, name, cfg, dtype="F32"):
+        sd, ints = hf_ref.siglip_random_state(cfg, 3)
+        if dtype == "BF16":
+            sd = hf_ref.round_bf16(sd)
+        d = os.path.join(self.tmp, name)
+        hf_ref.save_clip(d, sd, ints, cfg, dtype=dtype)
+        m = vitc.load_model(d)
+        xs = dict(self.x)
+        xs[(24, 24)] = self.xd[(24, 24)]
+        for (H, W), x in xs.items():
+            h, pooled = hf_ref.siglip_forward(sd, cfg, x)
+            what = "%s %dx%d" % (name, H, W)
+            close(self, m.forward_features(x.numpy()), h, what + " last_hidden_state")
+            close(self, m.embed(x.numpy(), pool="tokens"), h, what + " tokens")
+            close(self, m.embed(x.numpy(), pool="mean"), h.mean(1), what + " mean")
+            want = pooled if pooled is not None else h.mean(1)
+            close(self, m.embed(x.numpy()), want, what + " default (pooler_output)")
+            close(self, m(x.numpy()), want, what + " __call__")
+        with self.assertRaises(vitc.VitcError) as cm:
+            m.embed(self.x[(32, 32)].numpy(), pool="cls")
+        self.assertIn("no class token", str(cm.exception))
+        return m, sd
+
+    def test_siglip_model_with_text_tower(self):
+        cfg = hf_ref.siglip_config("siglip")
+        m, sd = self.check_siglip("siglip", cfg)
+        self.assertEqual(m.config["family"], "hf-siglip")
+        self.assertEqual(m.config["num_prefix_tokens"], 0)
+        self.assertIn("logit_bias", m.config["ignored"])
+        # The legacy +0.1 rule matters at 24x24 (a 4x4 grid to 3x3).
+        x = self.xd[(24, 24)]
+        _, pooled = hf_ref.siglip_forward(sd, cfg, x)
+        save = hf_ref.interpolate_pos_legacy
+        try:
+            hf_ref.interpolate_pos_legacy = lambda p, h0, w0: hf_ref.interpolate_pos(p, 0, h0, w0)
+            _, other = hf_ref.siglip_forward(sd, cfg, x)
+        finally:
+            hf_ref.interpolate_pos_legacy = save
+        self.assertGreater((other - pooled).abs().max().item(), 1e-3)
+
+    def test_siglip_vision_bf16_and_headless(self):
+        self.check_siglip("siglip_v", hf_ref.siglip_config("siglip_vision_model"), dtype="BF16")
+        self.check_siglip("siglip_nohead",
+                          hf_ref.siglip_config("siglip_vision_model", use_head=False))
+
     def test_lone_safetensors_with_config_beside(self):
         d, sd, cfg = self.make("lone", "vit", "ViTForImageClassification", seed=5)
         self.check(d, sd, cfg, os.path.join(d, "model.safetensors"))
@@ -333,8 +380,8 @@ class TestHubModels(unittest.TestCase):
         self.bad(variant("no_weights", drop="model.safetensors"), "no model.safetensors")
         self.bad(variant("unknown_type", lambda c: c.update(model_type="swin")),
                  "unknown model_type \"swin\"")
-        self.bad(variant("later_type", lambda c: c.update(model_type="siglip")),
-                 "\"siglip\" is not supported")
+        self.bad(variant("later_type", lambda c: c.update(model_type="siglip2")),
+                 "\"siglip2\" is not supported")
         self.bad(variant("mismatch", lambda c: c.update(hidden_size=96, num_attention_heads=3)),
                  "vit.embeddings.cls_token", "[1, 1, 96]", "[1, 1, 48]")
         self.bad(variant("deeper", lambda c: c.update(num_hidden_layers=3)),

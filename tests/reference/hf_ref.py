@@ -353,3 +353,128 @@ def save_clip(d, sd, ints, cfg, dtype="F32", shards=1, prefix=True):
     t.update(ints)
     bf16 = [k for k in t if dtype == "BF16" and t[k].dtype == np.float32]
     st_write.write(os.path.join(d, "model.safetensors"), t, {"format": "pt"}, bf16=bf16)
+
+
+# ---- SigLIP vision tower ----------------------------------------------------
+
+def siglip_config(model_type="siglip", hidden=48, layers=2, heads=3, mlp=96, image=32, patch=8,
+                  act="gelu_pytorch_tanh", eps=1e-6, use_head=None):
+    v = {"model_type": "siglip_vision_model", "hidden_size": hidden,
+         "num_hidden_layers": layers, "num_attention_heads": heads, "intermediate_size": mlp,
+         "hidden_act": act, "layer_norm_eps": eps, "image_size": image, "patch_size": patch,
+         "num_channels": 3}
+    if use_head is not None:
+        v["vision_use_head"] = use_head
+    if model_type == "siglip":
+        return {"model_type": "siglip", "architectures": ["SiglipModel"],
+                "text_config": {"model_type": "siglip_text_model", "hidden_size": 8},
+                "vision_config": v}
+    v["architectures"] = ["SiglipVisionModel"]
+    return v
+
+
+def siglip_random_state(cfg, seed=0, text=True):
+    g = torch.Generator().manual_seed(seed)
+    v = clip_vision_cfg(cfg)
+    D, L, M, P = v["hidden_size"], v["num_hidden_layers"], v["intermediate_size"], v["patch_size"]
+    n = (v["image_size"] // P) ** 2
+
+    def r(*shape, std=1.0):
+        return torch.randn(*shape, generator=g) * std
+
+    def lin(o, i):
+        return r(o, i, std=1.0 / math.sqrt(i)), r(o, std=0.2)
+
+    e = "vision_model.embeddings."
+    sd = {e + "patch_embedding.weight": r(D, 3, P, P, std=1.0 / math.sqrt(3 * P * P)),
+          e + "patch_embedding.bias": r(D, std=0.2),
+          e + "position_embedding.weight": r(n, D, std=0.5),
+          "vision_model.post_layernorm.weight": 1 + r(D, std=0.3),
+          "vision_model.post_layernorm.bias": r(D, std=0.2)}
+    for i in range(L):
+        p = "vision_model.encoder.layers.%d." % i
+        for ln in ("layer_norm1", "layer_norm2"):
+            sd[p + ln + ".weight"] = 1 + r(D, std=0.3)
+            sd[p + ln + ".bias"] = r(D, std=0.2)
+        for q in ("q", "k", "v", "out"):
+            w, b = lin(D, D)
+            sd[p + "self_attn.%s_proj.weight" % q] = w * (2.0 if q != "out" else 1.0)
+            sd[p + "self_attn.%s_proj.bias" % q] = b
+        sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"] = lin(M, D)
+        sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"] = lin(D, M)
+    if v.get("vision_use_head", True):
+        h = "vision_model.head."
+        sd[h + "probe"] = r(1, 1, D)
+        w = r(3 * D, D, std=2.0 / math.sqrt(D))
+        sd[h + "attention.in_proj_weight"], sd[h + "attention.in_proj_bias"] = w, r(3 * D, std=0.2)
+        sd[h + "attention.out_proj.weight"], sd[h + "attention.out_proj.bias"] = lin(D, D)
+        sd[h + "layernorm.weight"] = 1 + r(D, std=0.3)
+        sd[h + "layernorm.bias"] = r(D, std=0.2)
+        sd[h + "mlp.fc1.weight"], sd[h + "mlp.fc1.bias"] = lin(M, D)
+        sd[h + "mlp.fc2.weight"], sd[h + "mlp.fc2.bias"] = lin(D, M)
+    ints = {}
+    if text and cfg.get("model_type") == "siglip":
+        sd["text_model.head.weight"] = r(8, 8)
+        sd["logit_scale"] = torch.tensor([2.3])
+        sd["logit_bias"] = torch.tensor([-10.0])
+        ints["text_model.embeddings.position_ids"] = np.arange(7, dtype=np.int64)[None]
+    return sd, ints
+
+
+def interpolate_pos_legacy(pos, h0, w0):
+    """SiglipVisionEmbeddings.interpolate_pos_encoding as the notes read it:
+    the +0.1 scale factor (the output size is still h0 x w0)."""
+    n, D = pos.shape[1], pos.shape[-1]
+    if h0 * w0 == n and h0 == w0:
+        return pos
+    M = int(math.sqrt(n))
+    patch = pos.reshape(1, M, M, D).permute(0, 3, 1, 2)
+    patch = F.interpolate(patch, scale_factor=((h0 + 0.1) / M, (w0 + 0.1) / M), mode="bicubic",
+                          align_corners=False)
+    assert patch.shape[-2:] == (h0, w0)
+    return patch.permute(0, 2, 3, 1).reshape(1, -1, D)
+
+
+@torch.no_grad()
+def siglip_forward(sd, cfg, px):
+    """SiglipVisionTransformer: (last_hidden_state, pooler_output or None)."""
+    v = clip_vision_cfg(cfg)
+    D, Hh, P, eps = v["hidden_size"], v["num_attention_heads"], v["patch_size"], v["layer_norm_eps"]
+    act = {"quick_gelu": lambda t: t * torch.sigmoid(1.702 * t), "gelu": F.gelu,
+           "gelu_pytorch_tanh": lambda t: F.gelu(t, approximate="tanh")}[v["hidden_act"]]
+    B, _, H, W = px.shape
+    e = "vision_model.embeddings."
+    x = F.conv2d(px, sd[e + "patch_embedding.weight"], sd[e + "patch_embedding.bias"], stride=P)
+    x = x.flatten(2).transpose(1, 2)
+    x = x + interpolate_pos_legacy(sd[e + "position_embedding.weight"][None], H // P, W // P)
+    hd = D // Hh
+    for i in range(v["num_hidden_layers"]):
+        p = "vision_model.encoder.layers.%d." % i
+        h = F.layer_norm(x, (D,), sd[p + "layer_norm1.weight"], sd[p + "layer_norm1.bias"], eps)
+
+        def proj(n):
+            y = F.linear(h, sd[p + "self_attn.%s_proj.weight" % n], sd[p + "self_attn.%s_proj.bias" % n])
+            return y.view(B, -1, Hh, hd).transpose(1, 2)
+
+        q, k, vv = proj("q"), proj("k"), proj("v")
+        probs = torch.softmax(q @ k.transpose(-1, -2) * hd ** -0.5, dim=-1)
+        ctx = (probs @ vv).transpose(1, 2).reshape(B, -1, D)
+        x = x + F.linear(ctx, sd[p + "self_attn.out_proj.weight"], sd[p + "self_attn.out_proj.bias"])
+        h = F.layer_norm(x, (D,), sd[p + "layer_norm2.weight"], sd[p + "layer_norm2.bias"], eps)
+        x = x + F.linear(act(F.linear(h, sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"])),
+                         sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"])
+    x = F.layer_norm(x, (D,), sd["vision_model.post_layernorm.weight"],
+                     sd["vision_model.post_layernorm.bias"], eps)
+    if "vision_model.head.probe" in sd:  # SiglipMultiheadAttentionPoolingHead
+        h = "vision_model.head."
+        mha = torch.nn.MultiheadAttention(D, Hh, batch_first=True).eval()
+        mha.load_state_dict({"in_proj_weight": sd[h + "attention.in_proj_weight"],
+                             "in_proj_bias": sd[h + "attention.in_proj_bias"],
+                             "out_proj.weight": sd[h + "attention.out_proj.weight"],
+                             "out_proj.bias": sd[h + "attention.out_proj.bias"]})
+        a = mha(sd[h + "probe"].expand(B, -1, -1), x, x, need_weights=False)[0]
+        y = F.layer_norm(a, (D,), sd[h + "layernorm.weight"], sd[h + "layernorm.bias"], eps)
+        y = F.linear(act(F.linear(y, sd[h + "mlp.fc1.weight"], sd[h + "mlp.fc1.bias"])),
+                     sd[h + "mlp.fc2.weight"], sd[h + "mlp.fc2.bias"])
+        return x, (a + y)[:, 0]
+    return x, None
