@@ -5,12 +5,12 @@ A thin ctypes binding over libvitc: every number comes from the C library.
 from . import _lib
 from ._lib import Status, VitcError  # noqa: F401  (public)
 from .layers import *  # noqa: F401,F403  (AttentionBlock, ..., scaled_dot_product_attention, softmax)
+from .grad import *  # noqa: F401,F403  (sdpa_backward, softmax_backward)
 from .io import *  # noqa: F401,F403  (load_safetensors, save_safetensors)
 from .vit import *  # noqa: F401,F403  (VisionTransformer)
 from .image import *  # noqa: F401,F403  (load_image, preprocess_image, save_png)
 from .train import *  # noqa: F401,F403  (cross_entropy, AdamW, SGD, clip_grad_norm_)
 from . import lr  # noqa: F401  (vitc.lr.OneCycleLR, vitc.lr.WarmupCosine)
-from .grad import *  # noqa: F401,F403  (sdpa_backward, softmax_backward)
 
 __version__ = _lib.lib.vitc_version().decode()
 

@@ -173,6 +173,10 @@ _SIGNATURES = {
     "vitc_mha_backward": (_st, [_vp, _P(TensorView), c_float_p, c_float_p, c_float_p]),
     "vitc_sdpa": (_st, [_P(TensorView)] * 4 + [_int, _f32, c_float_p]),
     "vitc_softmax": (_st, [c_float_p, _int, c_int64_p, _int, _f32, c_float_p]),
+    # gradients of the functional attention and softmax (tr-attn)
+    "vitc_sdpa_backward": (_st, [_P(TensorView)] * 4 + [_int, _f32, c_float_p, c_float_p,
+                                                        c_float_p, c_float_p]),
+    "vitc_softmax_backward": (_st, [c_float_p, c_float_p, _int, c_int64_p, _int, _f32, c_float_p]),
     # images
     "vitc_image_load": (_st, [_cs, _i64, _P(Image)]),
     "vitc_image_free": (None, [_P(Image)]),
@@ -395,11 +399,3 @@ def _train_signatures():
 
 _train_signatures()
 
-
-# ---- training: gradients of the functional attention and softmax ----------
-# (vitc_sdpa_backward, vitc_softmax_backward; used by grad.py). The four
-# vitc_tensor_view arguments go by address.
-lib.vitc_sdpa_backward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_float, c_float_p,
-                                                          c_float_p, c_float_p, c_float_p]
-lib.vitc_softmax_backward.argtypes = [c_float_p, c_float_p, ctypes.c_int, c_int64_p, ctypes.c_int,
-                                      ctypes.c_float, c_float_p]

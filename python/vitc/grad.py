@@ -40,8 +40,8 @@ def sdpa_backward(query, key, value, grad_out, attn_mask=None, scale=None):
         raise VitcError(-1, "sdpa_backward: scale must be > 0, got %r" % (scale,))
     dq, dk, dv = np.empty_like(q), np.empty_like(k), np.empty_like(v)
     vq, vk, vv, vm = _view(q), _view(k), _view(v), _view(m)
-    check(lib.vitc_sdpa_backward(ctypes.addressof(vq), ctypes.addressof(vk), ctypes.addressof(vv),
-                                 ctypes.addressof(vm), int(mt), sc, fptr(g), fptr(dq), fptr(dk),
+    check(lib.vitc_sdpa_backward(ctypes.byref(vq), ctypes.byref(vk), ctypes.byref(vv),
+                                 ctypes.byref(vm), int(mt), sc, fptr(g), fptr(dq), fptr(dk),
                                  fptr(dv)))
     return dq, dk, dv
 

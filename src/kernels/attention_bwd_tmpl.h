@@ -100,15 +100,15 @@ static void atb_t_rows(int mk, int epi, int64_t K, const float *a, int64_t lda, 
 #undef ATB_T_EPI
 }
 
-/* A [nk, ld] tile over nk keys and nrp (a multiple of BRG) query rows. */
+/* A [nk, ld] tile over nk keys and nrp (a multiple of BRG) query rows; bt
+ * holds the rows' BRG-wide panels, [nrp / BRG][K][BRG]. */
 static void atb_tile(int epi, int64_t nk, int64_t nrp, int64_t K, const float *a, int64_t lda,
-                     const float *bt, int64_t ldb, const float *rv, const float *pt, float *out,
-                     int64_t ld) {
+                     const float *bt, const float *rv, const float *pt, float *out, int64_t ld) {
     for (int64_t j = 0; j < nk; j += MR_S) {
         int mk = nk - j < MR_S ? (int)(nk - j) : MR_S;
         for (int64_t g = 0; g < nrp; g += BRG)
-            atb_t_rows(mk, epi, K, a + j * lda, lda, bt + g, ldb, rv + g, pt ? pt + j * ld + g : NULL,
-                       out + j * ld + g, ld);
+            atb_t_rows(mk, epi, K, a + j * lda, lda, bt + g * K, BRG, rv + g,
+                       pt ? pt + j * ld + g : NULL, out + j * ld + g, ld);
     }
 }
 
@@ -209,6 +209,50 @@ static void atb_mm(int64_t m, int64_t ncols, int64_t nk, const float *a, int64_t
     }
 }
 
+/* Rows [0, n) of src (row stride lds, wdt columns) into panels of BRG rows,
+ * dst [Lp / BRG][wdt][BRG]: element (r, c) at (r / BRG) wdt BRG + c BRG +
+ * r % BRG; rows n..Lp are zero. A tile microkernel then reads one panel as
+ * a contiguous block. (Plain [wdt][Lp] rows would put the lines it reads
+ * 4 Lp bytes apart, a multiple of 4 KB for long rows: all in one L1 set.) */
+static void atb_pack_panels(const float *src, int64_t lds, int64_t n, int64_t wdt, int64_t Lp,
+                            float *dst) {
+    for (int64_t p0 = 0; p0 < Lp; p0 += BRG) {
+        float *panel = dst + p0 * wdt; /* [wdt][BRG] */
+        const int64_t rows = n - p0 >= BRG ? BRG : (n > p0 ? n - p0 : 0);
+        int64_t rr = 0;
+#ifdef ATT_HAVE_T8
+        for (; rr + 8 <= rows; rr += 8) {
+            const float *sr = src + (p0 + rr) * lds;
+            int64_t c = 0;
+            for (; c + 8 <= wdt; c += 8) att_transpose8(sr + c, lds, panel + c * BRG + rr, BRG);
+            for (; c < wdt; c++)
+                for (int64_t i = 0; i < 8; i++) panel[c * BRG + rr + i] = sr[i * lds + c];
+        }
+#endif
+        for (; rr < rows; rr++)
+            for (int64_t c = 0; c < wdt; c++) panel[c * BRG + rr] = src[(p0 + rr) * lds + c];
+        for (; rr < BRG; rr++)
+            for (int64_t c = 0; c < wdt; c++) panel[c * BRG + rr] = 0.0f;
+    }
+}
+
+/* sum_c a[c] b[c], in VW lanes. */
+static float atb_dot(const float *a, const float *b, int64_t n) {
+    VT acc = v_zero();
+    int64_t c = 0;
+    for (; c + VW <= n; c += VW) acc = v_fma(v_loadu(a + c), v_loadu(b + c), acc);
+    if (c < n) acc = v_fma(v_loadu_n(a + c, n - c), v_loadu_n(b + c, n - c), acc);
+    return v_hsum(acc);
+}
+
+/* dst[0:n] = src[0:n] * s. */
+static void atb_scale_row(float *dst, const float *src, int64_t n, float s) {
+    const VT vs = v_set1(s);
+    int64_t c = 0;
+    for (; c + VW <= n; c += VW) v_storeu(dst + c, v_mul(v_loadu(src + c), vs));
+    if (c < n) v_storeu_n(dst + c, v_mul(v_loadu_n(src + c, n - c), vs), n - c);
+}
+
 /* Query rows [l0, l1) of head (b, h) into the task's packed forms, with
  * D_i = rowsum(dO o O) and lse2; padding rows get what makes their P 0. */
 static void atb_pack_rows(const vitc__attn_bwd_plan *pl, vitc__attn_bwd_ws *w, int64_t b,
@@ -220,30 +264,26 @@ static void atb_pack_rows(const vitc__attn_bwd_plan *pl, vitc__attn_bwd_ws *w, i
     const float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr;          /* [nr, Dv] */
     const float *dO = bd->dout + b * bd->do_sb + h * bd->do_sh + l0 * bd->do_sr; /* [nr, Dv] */
     const float *lse = d->lse + b * d->lse_sb + h * d->lse_sh + l0;            /* [nr] */
+    atb_pack_panels(q, d->q_sr, nr, D, Lp, w->qt);
+    const VT qs = v_set1(pl->qscale);
+    for (int64_t i = 0; i < Lp * D; i += VW) v_store(w->qt + i, v_mul(v_load(w->qt + i), qs));
+    atb_pack_panels(dO, bd->do_sr, nr, Dv, Lp, w->dot);
     for (int64_t r = 0; r < Lp; r++) {
-        float *qr = w->qr + r * Dp, *dor = w->dor + r * Dvp;
+        float *qr = w->qr + r * Dp, *dor = w->dor + r * Dvp; /* [Dp], [Dvp] */
+        int64_t cq = 0, cd = 0;
         if (r < nr) {
-            const float *qs = q + r * d->q_sr, *ds = dO + r * bd->do_sr, *os = o + r * d->o_sr;
-            float acc = 0.0f;
-            for (int64_t c = 0; c < D; c++) {
-                qr[c] = qs[c];
-                w->qt[c * Lp + r] = qs[c] * pl->qscale;
-            }
-            for (int64_t c = 0; c < Dv; c++) {
-                dor[c] = ds[c];
-                w->dot[c * Lp + r] = ds[c];
-                acc += ds[c] * os[c];
-            }
-            w->dd[r] = acc;
+            const float *ds = dO + r * bd->do_sr, *os = o + r * d->o_sr;
+            memcpy(qr, q + r * d->q_sr, (size_t)D * sizeof(float));
+            memcpy(dor, ds, (size_t)Dv * sizeof(float));
+            cq = D, cd = Dv;
+            w->dd[r] = atb_dot(ds, os, Dv);
             w->lse2[r] = lse[r] * 1.44269504088896340736f;
         } else {
-            for (int64_t c = 0; c < D; c++) qr[c] = w->qt[c * Lp + r] = 0.0f;
-            for (int64_t c = 0; c < Dv; c++) dor[c] = w->dot[c * Lp + r] = 0.0f;
             w->dd[r] = 0.0f;
             w->lse2[r] = INFINITY;
         }
-        for (int64_t c = D; c < Dp; c++) qr[c] = 0.0f;
-        for (int64_t c = Dv; c < Dvp; c++) dor[c] = 0.0f;
+        memset(qr + cq, 0, (size_t)(Dp - cq) * sizeof(float));
+        memset(dor + cd, 0, (size_t)(Dvp - cd) * sizeof(float));
     }
 }
 
@@ -252,7 +292,7 @@ void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h,
     const vitc__sdpa_bwd_desc *bd = pl->d;
     const vitc__sdpa_desc *d = &bd->f;
     const int64_t D = d->D, Dv = d->Dv, Dp = pl->Dp, Dvp = pl->Dvp, Bc = pl->Bc, Br = pl->Br;
-    const int64_t nr = l1 - l0;
+    const int64_t nr = l1 - l0, ldt = pl->ldt;
     vitc__attn_bwd_ws w;
     vitc__attn_bwd_carve(pl, nr, scratch, &w);
     const int64_t Lp = w.Lp;
@@ -282,41 +322,40 @@ void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h,
             /* P^T: with a mask, the raw scores first, then the mask (read
              * transposed, a scalar pass) and 2^(s - lse2). */
             if (mbase) {
-                atb_tile(ATB_RAW, nk, nbp, D, k + j0 * d->k_sr, d->k_sr, w.qt + i0, Lp, NULL, NULL,
-                         w.pt, Br);
+                atb_tile(ATB_RAW, nk, nbp, D, k + j0 * d->k_sr, d->k_sr, w.qt + i0 * D, NULL, NULL,
+                         w.pt, ldt);
                 for (int64_t j = 0; j < nk; j++) {
-                    float *row = w.pt + j * Br;
+                    float *row = w.pt + j * ldt;
                     const float *mc = mbase + i0 * d->m_sr + j0 + j; /* column j0+j of the mask */
                     for (int64_t r = 0; r < nb; r++) row[r] += mc[r * d->m_sr] * l2e;
                     for (int64_t r = 0; r < nbp; r += VW)
                         v_store(row + r, v_exp2(v_sub(v_load(row + r), v_loadu(w.lse2 + i0 + r))));
                 }
             } else {
-                atb_tile(ATB_P, nk, nbp, D, k + j0 * d->k_sr, d->k_sr, w.qt + i0, Lp,
-                         w.lse2 + i0, NULL, w.pt, Br);
+                atb_tile(ATB_P, nk, nbp, D, k + j0 * d->k_sr, d->k_sr, w.qt + i0 * D, w.lse2 + i0,
+                         NULL, w.pt, ldt);
             }
             /* dS^T = P^T o (V dO^T - D) */
-            atb_tile(ATB_DS, nk, nbp, Dv, v + j0 * d->v_sr, d->v_sr, w.dot + i0, Lp, w.dd + i0,
-                     w.pt, w.dst, Br);
+            atb_tile(ATB_DS, nk, nbp, Dv, v + j0 * d->v_sr, d->v_sr, w.dot + i0 * Dv, w.dd + i0,
+                     w.pt, w.dst, ldt);
             if (do_kv) {
-                atb_mm(nk, Dvp, nb, w.pt, Br, 1, w.dor + i0 * Dvp, Dvp, w.dv, Dvp); /* dV += P^T dO */
-                atb_mm(nk, Dp, nb, w.dst, Br, 1, w.qr + i0 * Dp, Dp, w.dk, Dp);    /* dK += dS^T Q */
+                atb_mm(nk, Dvp, nb, w.pt, ldt, 1, w.dor + i0 * Dvp, Dvp, w.dv, Dvp); /* dV += P^T dO */
+                atb_mm(nk, Dp, nb, w.dst, ldt, 1, w.qr + i0 * Dp, Dp, w.dk, Dp);    /* dK += dS^T Q */
             }
-            if (do_q) atb_mm(nb, Dp, nk, w.dst, 1, Br, w.kr, Dp, w.dq + i0 * Dp, Dp); /* dQ += dS K */
+            if (do_q) atb_mm(nb, Dp, nk, w.dst, 1, ldt, w.kr, Dp, w.dq + i0 * Dp, Dp); /* dQ += dS K */
         }
         if (do_kv) {
             float *dk = bd->dk + b * bd->dk_sb + h * bd->dk_sh + j0 * bd->dk_sr; /* [nk, D] */
             float *dv = bd->dv + b * bd->dv_sb + h * bd->dv_sh + j0 * bd->dv_sr; /* [nk, Dv] */
             for (int64_t j = 0; j < nk; j++) {
-                for (int64_t c = 0; c < D; c++) dk[j * bd->dk_sr + c] = w.dk[j * Dp + c] * d->scale;
+                atb_scale_row(dk + j * bd->dk_sr, w.dk + j * Dp, D, d->scale);
                 memcpy(dv + j * bd->dv_sr, w.dv + j * Dvp, (size_t)Dv * sizeof(float));
             }
         }
     }
     if (do_q) {
         float *dq = bd->dq + b * bd->dq_sb + h * bd->dq_sh + l0 * bd->dq_sr; /* [nr, D] */
-        for (int64_t r = 0; r < nr; r++)
-            for (int64_t c = 0; c < D; c++) dq[r * bd->dq_sr + c] = w.dq[r * Dp + c] * d->scale;
+        for (int64_t r = 0; r < nr; r++) atb_scale_row(dq + r * bd->dq_sr, w.dq + r * Dp, D, d->scale);
     }
 }
 

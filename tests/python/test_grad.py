@@ -11,7 +11,13 @@ import torch
 
 import vitc
 
-ARCHES = [a for a in ("generic", "avx2", "avx512")]
+from vitc._lib import lib as _clib
+
+ARCHES = ("generic", "avx2", "avx512")
+
+
+def _set_arch(name):
+    return _clib.vitc_set_arch(name.encode())
 
 
 def _paths():
@@ -19,11 +25,10 @@ def _paths():
     got = []
     for a in ARCHES:
         try:
-            vitc._lib.lib.vitc_set_arch(a.encode())
-            if vitc.get_arch() == a:
+            if _set_arch(a) == 0 and vitc.get_arch() == a:
                 got.append(a)
         finally:
-            vitc._lib.lib.vitc_set_arch(b"auto")
+            _set_arch("auto")
     return got
 
 
@@ -64,11 +69,11 @@ class TestSdpaBackward(unittest.TestCase):
         dout = self._rand(*(qs[:-1] + vs[-1:]))
         ref = torch_sdpa_grads(q, k, v, dout, mask, scale)
         for arch in _paths():
-            vitc._lib.lib.vitc_set_arch(arch.encode())
+            _set_arch(arch)
             try:
                 got = vitc.sdpa_backward(q, k, v, dout, attn_mask=mask, scale=scale)
             finally:
-                vitc._lib.lib.vitc_set_arch(b"auto")
+                _set_arch("auto")
             for name, g, r in zip(("dq", "dk", "dv"), got, ref):
                 self.assertEqual(g.shape, r.shape)
                 e = rel_err(g, r)
@@ -119,11 +124,11 @@ class TestSoftmaxBackward(unittest.TestCase):
             yt.backward(torch.tensor(dy, dtype=torch.float64))
         y = vitc.softmax(x, dim=dim, temperature=t)
         for arch in _paths():
-            vitc._lib.lib.vitc_set_arch(arch.encode())
+            _set_arch(arch)
             try:
                 dx = vitc.softmax_backward(y, dy, dim=dim, temperature=t)
             finally:
-                vitc._lib.lib.vitc_set_arch(b"auto")
+                _set_arch("auto")
             e = rel_err(dx, xt.grad.numpy())
             self.assertLessEqual(e, 1e-4, "%s %s dim %d t %g: %g" % (arch, shape, dim, t, e))
 
