@@ -572,6 +572,16 @@ VITC_API vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int
 VITC_API vitc_status vitc_vit_forward_features(vitc_vit *m, const float *images, int B, int H,
                                                int W, float *out);
 
+/* A Hub model's image processor (preprocessor_config.json over the family's
+ * defaults), as transformers' slow PIL path computes it: resize (PIL's
+ * bilinear/bicubic in uint8), center crop (floor offsets), rescale,
+ * normalize. 0 / an error for other models. preprocess_size: the output
+ * [H, W] for a width x height image; preprocess: out [3, H, W]. */
+VITC_API int vitc_vit_has_processor(const vitc_vit *m);
+VITC_API vitc_status vitc_vit_preprocess_size(const vitc_vit *m, int width, int height, int *H,
+                                              int *W);
+VITC_API vitc_status vitc_vit_preprocess(const vitc_vit *m, const vitc_image *img, float *out);
+
 /* ---- ViT training (issue 8, tr-core) ------------------------------- */
 
 /* A new model of cfg with torchvision's VisionTransformer.__init__

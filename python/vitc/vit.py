@@ -265,6 +265,20 @@ class Model(VisionTransformer):
             out = out / np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
         return out
 
+    def preprocess(self, image):
+        """A path or a uint8 [H, W, 3] array -> float32 [3, H', W'] through the
+        model's own image processor (a Hub model's preprocessor_config.json,
+        as transformers' slow PIL path computes it)."""
+        from .image import _as_image
+        img, keep = _as_image(image)
+        h, w = ctypes.c_int(), ctypes.c_int()
+        check(lib.vitc_vit_preprocess_size(self._h, img.width, img.height, ctypes.byref(h),
+                                           ctypes.byref(w)))
+        out = np.empty((3, h.value, w.value), np.float32)
+        check(lib.vitc_vit_preprocess(self._h, ctypes.byref(img), fptr(out)))
+        del keep
+        return out
+
     def forward_features(self, images):
         """Every token after the final LayerNorm: [B, prefix + patches, C]."""
         x, B, H, W = self._images(images)

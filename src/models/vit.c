@@ -875,3 +875,28 @@ vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int H, int W
     }
     return VITC_OK;
 }
+
+/* ------------------------------------------------------------------ */
+/* The model's own image processor (Hub models)                       */
+/* ------------------------------------------------------------------ */
+
+int vitc_vit_has_processor(const vitc_vit *m) { return m && m->proc.present; }
+
+vitc_status vitc_vit_preprocess_size(const vitc_vit *m, int width, int height, int *H, int *W) {
+    int rh, rw;
+    if (!m || !H || !W)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_preprocess_size: NULL argument");
+    if (!m->proc.present)
+        return vitc__err(VITC_ERR_INVALID_ARG, "this %s model has no image processor", m->family);
+    if (width < 1 || height < 1)
+        return vitc__err(VITC_ERR_SHAPE, "image %dx%d is empty", width, height);
+    return vitc__hf_output_size(&m->proc, width, height, H, W, &rh, &rw);
+}
+
+vitc_status vitc_vit_preprocess(const vitc_vit *m, const vitc_image *img, float *out) {
+    if (!m || !img || !out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_preprocess: NULL argument");
+    if (!m->proc.present)
+        return vitc__err(VITC_ERR_INVALID_ARG, "this %s model has no image processor", m->family);
+    return vitc__hf_preprocess(&m->proc, img, out);
+}

@@ -242,32 +242,127 @@ static vitc_status hub_labels(vitc_vit *m, json_t *id2label, int n) {
     return VITC_OK;
 }
 
-/* preprocessor_config.json's image_mean/std when present. */
-static void hub_norm(vitc_vit *m, const char *dir) {
-    /* Defaults of the processors: ViT/DeiT 0.5, CLIP's and BiT's (DINOv2)
-     * OpenAI CLIP's. */
+/* A processor size: an int (square, or the shortest edge where the
+ * processor says so), {"height", "width"} or {"shortest_edge"}. */
+static vitc_status hub_size(json_t *v, const char *key, int int_square, int *h, int *w,
+                            int *shortest) {
+    json_t *a = json_object_get(v, "height"), *b = json_object_get(v, "width");
+    json_t *se = json_object_get(v, "shortest_edge");
+    *shortest = 0;
+    if (json_is_integer(v) && json_integer_value(v) > 0 && json_integer_value(v) <= 16384) {
+        if (int_square)
+            *h = *w = (int)json_integer_value(v);
+        else
+            *shortest = (int)json_integer_value(v);
+        return VITC_OK;
+    }
+    if (json_is_integer(a) && json_is_integer(b) && json_integer_value(a) > 0 &&
+        json_integer_value(a) <= 16384 && json_integer_value(b) > 0 &&
+        json_integer_value(b) <= 16384) {
+        *h = (int)json_integer_value(a), *w = (int)json_integer_value(b);
+        return VITC_OK;
+    }
+    if (json_is_integer(se) && !json_object_get(v, "longest_edge") && json_integer_value(se) > 0 &&
+        json_integer_value(se) <= 16384) {
+        *shortest = (int)json_integer_value(se);
+        return VITC_OK;
+    }
+    return vitc__err(VITC_ERR_UNSUPPORTED, "preprocessor_config.json: \"%s\" must be an integer, "
+                     "{\"height\", \"width\"} or {\"shortest_edge\"} (up to 16384)", key);
+}
+
+static int hub_bool(json_t *pp, const char *key, int def) {
+    json_t *v = json_object_get(pp, key);
+    return json_is_boolean(v) ? json_is_true(v) : def;
+}
+
+/* The image processor: preprocessor_config.json over the family's class
+ * defaults (ViTImageProcessor, DeiTImageProcessor, BitImageProcessor for
+ * DINOv2, CLIPImageProcessor, SiglipImageProcessor); its mean/std also
+ * become the config's. */
+static vitc_status hub_processor(vitc_vit *m, const char *dir) {
     static const float clip_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
     static const float clip_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
-    int bit = m->layer_scale || m->final_cls_only; /* BiT (DINOv2) and CLIP; SigLIP 0.5 */
+    const char *f = m->family;
+    int deit = !strcmp(f, "hf-deit"), bit = !strcmp(f, "hf-dinov2") || !strcmp(f, "hf-clip");
+    int has_crop = deit || bit, int_square = !bit;
+    vitc__hf_proc *p = &m->proc;
+    memset(p, 0, sizeof *p);
+    p->present = 1;
+    p->do_resize = p->do_rescale = p->do_normalize = 1;
+    p->rescale = 1.0 / 255.0;
+    p->resample = !strcmp(f, "hf-vit") ? 2 : 3;
+    p->size_h = p->size_w = deit ? 256 : 224;
+    if (bit)
+        p->shortest = 224, p->size_h = p->size_w = 0;
+    p->do_crop = has_crop;
+    p->crop_h = p->crop_w = 224;
     for (int i = 0; i < 3; i++) {
-        m->cfg.mean[i] = bit ? clip_mean[i] : 0.5f;
-        m->cfg.std[i] = bit ? clip_std[i] : 0.5f;
+        p->mean[i] = bit ? clip_mean[i] : 0.5f;
+        p->std[i] = bit ? clip_std[i] : 0.5f;
     }
     char *path = hub_join(dir, "preprocessor_config.json");
     json_t *pp = NULL;
-    if (path && hub_exists(path) && hub_read_json(path, &pp) == VITC_OK) {
-        json_t *mean = json_object_get(pp, "image_mean"), *std = json_object_get(pp, "image_std");
-        if (json_is_array(mean) && json_is_array(std) && json_array_size(mean) == 3 &&
-            json_array_size(std) == 3)
-            for (int i = 0; i < 3; i++) {
-                double a = json_number_value(json_array_get(mean, (size_t)i));
-                double b = json_number_value(json_array_get(std, (size_t)i));
-                if (b > 0 && isfinite(a) && isfinite(b))
-                    m->cfg.mean[i] = (float)a, m->cfg.std[i] = (float)b;
-            }
-    }
-    json_decref(pp);
+    vitc_status s = VITC_OK;
+    if (!path)
+        return vitc__err(VITC_ERR_NOMEM, "out of memory");
+    if (hub_exists(path))
+        s = hub_read_json(path, &pp);
     free(path);
+    if (s != VITC_OK || !pp)
+        goto done;
+    p->do_resize = hub_bool(pp, "do_resize", 1);
+    p->do_rescale = hub_bool(pp, "do_rescale", 1);
+    p->do_normalize = hub_bool(pp, "do_normalize", 1);
+    if (has_crop)
+        p->do_crop = hub_bool(pp, "do_center_crop", 1);
+    json_t *v;
+    if ((v = json_object_get(pp, "size")) && s == VITC_OK)
+        s = hub_size(v, "size", int_square, &p->size_h, &p->size_w, &p->shortest);
+    if ((v = json_object_get(pp, "crop_size")) && s == VITC_OK && has_crop) {
+        int sh;
+        s = hub_size(v, "crop_size", 1, &p->crop_h, &p->crop_w, &sh);
+        if (s == VITC_OK && sh)
+            s = vitc__err(VITC_ERR_UNSUPPORTED, "preprocessor_config.json: crop_size must be "
+                          "square or {\"height\", \"width\"}");
+    }
+    if ((v = json_object_get(pp, "resample")) && s == VITC_OK) {
+        if (!json_is_integer(v) || (json_integer_value(v) != 2 && json_integer_value(v) != 3))
+            s = vitc__err(VITC_ERR_UNSUPPORTED, "preprocessor_config.json: resample must be 2 "
+                          "(bilinear) or 3 (bicubic)");
+        else
+            p->resample = (int)json_integer_value(v);
+    }
+    if ((v = json_object_get(pp, "rescale_factor")) && s == VITC_OK) {
+        if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
+            s = vitc__err(VITC_ERR_FORMAT, "preprocessor_config.json: rescale_factor must be a "
+                          "positive number");
+        else
+            p->rescale = json_number_value(v);
+    }
+    static const char *const keys[2] = {"image_mean", "image_std"};
+    for (int k = 0; k < 2 && s == VITC_OK; k++) {
+        json_t *a = json_object_get(pp, keys[k]);
+        if (!a)
+            continue;
+        float *dst = k ? p->std : p->mean;
+        if (json_is_number(a)) {
+            for (int i = 0; i < 3; i++) dst[i] = (float)json_number_value(a);
+        } else if (json_is_array(a) && json_array_size(a) == 3) {
+            for (int i = 0; i < 3; i++) dst[i] = (float)json_number_value(json_array_get(a, (size_t)i));
+        } else {
+            s = vitc__err(VITC_ERR_FORMAT, "preprocessor_config.json: %s must be 3 numbers",
+                          keys[k]);
+        }
+    }
+    for (int i = 0; i < 3 && s == VITC_OK; i++)
+        if (!(p->std[i] > 0.0f) || !isfinite(p->mean[i]) || !isfinite(p->std[i]))
+            s = vitc__err(VITC_ERR_FORMAT, "preprocessor_config.json: mean/std[%d] = %g/%g is "
+                          "invalid", i, (double)p->mean[i], (double)p->std[i]);
+done:
+    json_decref(pp);
+    for (int i = 0; i < 3; i++) m->cfg.mean[i] = p->mean[i], m->cfg.std[i] = p->std[i];
+    return s;
 }
 
 /* ------------------------------------------------------------------ */
@@ -632,7 +727,7 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
                              "%d rows", json_object_size(labels), hn, c->num_classes);
         VITC_TRY(hub_labels(m, labels, c->num_classes));
     }
-    hub_norm(m, dir);
+    VITC_TRY(hub_processor(m, dir));
     VITC_TRY(vitc__vit_table_build(m));
     size_t bytes;
     if (!vitc__mul_size(m->n_params, sizeof(float), &bytes) ||

@@ -147,6 +147,7 @@ struct vitc_vit {
     vitc__vit_pos_rule pos_rule;
     char family[32];       /* "torchvision", "timm", "hf-vit", "hf-deit" */
     char *ignored;         /* Hub tensors the forward does not use, NUL-separated */
+    vitc__hf_proc proc;    /* the Hub model's image processor (present: 1) */
     int n_ignored;
 
     char *label_text;  /* every label, NUL-separated */
