@@ -41,6 +41,9 @@ static const char embed_usage[] =
     "  --crop C         center crop size (default: the model's image size)\n"
     "  --resize R       shorter side before cropping (default crop*256/224;\n"
     "                   0: no resize)\n"
+    "                   A Hub model without --crop/--resize is preprocessed by its\n"
+    "                   own processor (preprocessor_config.json, transformers' PIL\n"
+    "                   path); with them, by torchvision's eval transform.\n"
     "  --batch B        images per forward pass, 1..4096 (default 8)\n"
     "  --threads N      threads, 1..256 (default: all CPUs available)\n"
     "  --quiet          no progress line on stderr\n"
@@ -156,7 +159,9 @@ int cmd_embed(int argc, char **argv) {
     if ((rc = cli_model_input(o.model, cfg, o.crop, o.crop_set, o.resize, o.resize_set, &in)) !=
         CLI_OK)
         goto done;
-    if (vitc_vit_embed_size(m, pool, in.crop, in.crop, &per) != VITC_OK) {
+    if ((rc = cli_model_processor(m, o.crop_set, o.resize_set, &in)) != CLI_OK)
+        goto done;
+    if (vitc_vit_embed_size(m, pool, in.height, in.width, &per) != VITC_OK) {
         rc = cli_error("%s", vitc_last_error());
         goto done;
     }
@@ -188,7 +193,7 @@ int cmd_embed(int argc, char **argv) {
         if (nb == 0)
             continue;
         float *dst = emb + (o.out ? (size_t)done * (size_t)per : 0);
-        if (vitc_vit_embed(m, batch, nb, in.crop, in.crop, pool, dst) != VITC_OK) {
+        if (vitc_vit_embed(m, batch, nb, in.height, in.width, pool, dst) != VITC_OK) {
             rc = cli_error("forward pass: %s", vitc_last_error());
             goto done;
         }

@@ -303,6 +303,56 @@ class TestHubModels(unittest.TestCase):
         np.testing.assert_allclose(m.config["mean"], pp["image_mean"], rtol=1e-6)
         np.testing.assert_allclose(m.config["std"], pp["image_std"], rtol=1e-6)
 
+    # ---- preprocessing ----------------------------------------------------
+
+    def test_processors_match_pil_reference(self):
+        """Each family's processor (defaults and preprocessor_config.json)
+        against a PIL + numpy reference of its rules, on real photos of
+        several sizes and modes (RGB, gray, palette; JPEG and PNG)."""
+        data = os.path.join(ROOT, "tests", "data")
+        photos = [os.path.join(data, f) for f in ("photo.png", "photo.jpg", "gray.jpg",
+                                                  "palette.png", "gray_alpha.png")]
+        try:
+            from skimage import data as skd  # python3-skimage's photos, when installed
+            extra = [("astronaut", skd.astronaut()), ("coffee", skd.coffee())]
+        except Exception:  # pragma: no cover
+            extra = []
+        dirs = {"vit": self.make("pp_vit", "vit", "ViTModel")[0],
+                "deit": self.make("pp_deit", "deit", "DeiTModel")[0],
+                "dinov2": self.make("pp_dino", "dinov2", "Dinov2Model", prefix=False)[0]}
+        for fam, model_type in (("clip", "clip_vision_model"), ("siglip", "siglip_vision_model")):
+            cfg = (hf_ref.clip_config if fam == "clip" else hf_ref.siglip_config)(model_type)
+            sd, ints = (hf_ref.clip_random_state if fam == "clip" else hf_ref.siglip_random_state)(cfg)
+            dirs[fam] = os.path.join(self.tmp, "pp_" + fam)
+            hf_ref.save_clip(dirs[fam], sd, ints, cfg)
+        configs = [None,  # the class defaults
+                   {"size": 40, "crop_size": 32, "resample": 2},  # legacy ints
+                   {"size": {"shortest_edge": 37}, "crop_size": {"height": 31, "width": 29},
+                    "image_mean": [0.485, 0.456, 0.406], "image_std": [0.229, 0.224, 0.225]},
+                   {"size": {"height": 300, "width": 250}, "do_center_crop": False,
+                    "resample": 3},  # upscaling, no crop
+                   {"do_resize": False, "do_center_crop": False, "do_normalize": False}]
+        pp_path = lambda fam: os.path.join(dirs[fam], "preprocessor_config.json")
+        for fam, d in dirs.items():
+            for pp in configs:
+                if pp is None:
+                    if os.path.exists(pp_path(fam)):
+                        os.remove(pp_path(fam))
+                else:
+                    with open(pp_path(fam), "w") as f:
+                        json.dump(pp, f)
+                m = vitc.load_model(d)
+                for name, rgb in [(p, vitc.load_image(p)) for p in photos] + extra:
+                    want = hf_ref.process(rgb, fam, pp or {})
+                    got = m.preprocess(rgb)
+                    self.assertEqual(got.shape, want.shape, (fam, pp, name))
+                    np.testing.assert_allclose(got, want, rtol=0, atol=1e-6,
+                                               err_msg="%s %s %s" % (fam, pp, name))
+                if pp is None:
+                    np.testing.assert_allclose(m.preprocess(photos[0]),
+                                               hf_ref.process(vitc.load_image(photos[0]), fam, {}),
+                                               atol=1e-6)
+
     # ---- CLI ---------------------------------------------------------------
 
     @unittest.skipIf(not os.path.exists(VITC), "needs build/vitc")
@@ -310,11 +360,23 @@ class TestHubModels(unittest.TestCase):
         d, sd, cfg = self.make("cli", "deit", "DeiTForImageClassificationWithTeacher", seed=7,
                                extra={"deit.embeddings.position_ids":
                                       np.arange(18, dtype=np.int64)[None]})
-        # The CLI's preprocessing (C) for the reference's input.
-        img = vitc.preprocess_image(vitc.load_image(PHOTO), resize=36, crop=32,
-                                    mean=[0.5] * 3, std=[0.5] * 3)
+        # A Hub model's own processor (here its file: 40x40 square, crop 32),
+        # checked against the PIL reference, feeds the reference forward.
+        pp = {"size": 40, "crop_size": 32, "resample": 3, "image_mean": [0.5, 0.4, 0.3],
+              "image_std": [0.2, 0.3, 0.25]}
+        with open(os.path.join(d, "preprocessor_config.json"), "w") as f:
+            json.dump(pp, f)
+        img = hf_ref.process(vitc.load_image(PHOTO), "deit", pp)
+        np.testing.assert_allclose(vitc.load_model(d).preprocess(PHOTO), img, atol=1e-6)
         x = torch.from_numpy(np.ascontiguousarray(img))[None]
         logits, hidden = hf_ref.forward(sd, cfg, x)
+        # --crop: torchvision's transform instead, as for any checkpoint.
+        tv = vitc.preprocess_image(vitc.load_image(PHOTO), resize=36, crop=32, mean=pp["image_mean"],
+                                   std=pp["image_std"])
+        _, tv_hidden = hf_ref.forward(sd, cfg, torch.from_numpy(np.ascontiguousarray(tv))[None])
+        rc, out, err = run("embed", "--model", d, "--crop", "32", "--json", PHOTO)
+        self.assertEqual(rc, 0, err)
+        close(self, json.loads(out)["embedding"], tv_hidden[0, 0], "vitc embed --crop")
         rc, out, err = run("embed", "--model", d, "--json", PHOTO, PHOTO)
         self.assertEqual(rc, 0, err)
         lines = [json.loads(s) for s in out.splitlines()]

@@ -478,3 +478,53 @@ def siglip_forward(sd, cfg, px):
                      sd[h + "mlp.fc2.weight"], sd[h + "mlp.fc2.bias"])
         return x, (a + y)[:, 0]
     return x, None
+
+
+# ---- image processors (slow PIL path) -----------------------------------------
+
+# Class defaults: (size, resample, crop or None, mean/std, int size means a square)
+CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+PROCESSOR_DEFAULTS = {
+    "vit": ({"height": 224, "width": 224}, 2, None, [0.5] * 3, [0.5] * 3, True),
+    "deit": ({"height": 256, "width": 256}, 3, {"height": 224, "width": 224}, [0.5] * 3,
+             [0.5] * 3, True),
+    "dinov2": ({"shortest_edge": 224}, 3, {"height": 224, "width": 224}, CLIP_MEAN, CLIP_STD,
+               False),
+    "clip": ({"shortest_edge": 224}, 3, {"height": 224, "width": 224}, CLIP_MEAN, CLIP_STD, False),
+    "siglip": ({"height": 224, "width": 224}, 3, None, [0.5] * 3, [0.5] * 3, True),
+}
+
+
+def process(rgb, family, pp):
+    """ViTImageProcessor / DeiTImageProcessor / BitImageProcessor /
+    CLIPImageProcessor / SiglipImageProcessor (slow) on a uint8 [H, W, 3]:
+    PIL resize, floor center crop, float64 rescale then float32, normalize."""
+    from PIL import Image
+    size, resample, crop, mean, std, int_square = PROCESSOR_DEFAULTS[family]
+    size = pp.get("size", size)
+    if isinstance(size, int):
+        size = {"height": size, "width": size} if int_square else {"shortest_edge": size}
+    crop_size = pp.get("crop_size", crop)
+    if isinstance(crop_size, int):
+        crop_size = {"height": crop_size, "width": crop_size}
+    H, W = rgb.shape[:2]
+    arr = rgb
+    if pp.get("do_resize", True):
+        if "shortest_edge" in size:
+            s = size["shortest_edge"]
+            h, w = (int(s * H / W), s) if W <= H else (s, int(s * W / H))
+        else:
+            h, w = size["height"], size["width"]
+        arr = np.array(Image.fromarray(rgb).resize((w, h), resample=pp.get("resample", resample)))
+    if crop is not None and pp.get("do_center_crop", True):
+        h, w = arr.shape[:2]
+        t, l = (h - crop_size["height"]) // 2, (w - crop_size["width"]) // 2
+        arr = arr[t:t + crop_size["height"], l:l + crop_size["width"]]
+    x = arr.astype(np.float64)
+    if pp.get("do_rescale", True):
+        x = x * pp.get("rescale_factor", 1 / 255)
+    x = x.astype(np.float32)
+    if pp.get("do_normalize", True):
+        x = (x - np.array(pp.get("image_mean", mean), np.float32)) / np.array(
+            pp.get("image_std", std), np.float32)
+    return x.transpose(2, 0, 1)
