@@ -409,6 +409,15 @@ class TestHubModels(unittest.TestCase):
         self.assertEqual(j["prefix_tokens"], 2)
         rc, out, err = run("embed", "--model", d, "--pool", "max", PHOTO)
         self.assertEqual(rc, 2)
+        # attention-map: the class token's row, past the distillation token.
+        png = os.path.join(self.tmp, "am.png")
+        for method in ("cls", "rollout"):
+            rc, out, err = run("attention-map", "--model", d, "--method", method, "--out", png, PHOTO)
+            self.assertEqual(rc, 0, err)
+        m = vitc.load_model(d)
+        attn, roll = m.attention_maps(x.numpy())
+        self.assertEqual(attn.shape, (2, 1, 3, 18, 18))
+        np.testing.assert_allclose(attn.sum(-1), 1.0, atol=1e-5)
 
     # ---- malformed directories --------------------------------------------
 
