@@ -682,7 +682,7 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
     /* Head: by the architecture, else by the tensors. */
     int mean2 = strstr(arch, "WithTeacher") != NULL;
     int head = strstr(arch, "ForImageClassification") != NULL;
-    if (!*arch && !dino) {
+    if (!*arch && fam->model == hub_vit_model && !dino) {
         mean2 = hub_find(h, "cls_classifier.weight", &d, &nd, &sh);
         head = mean2 || hub_find(h, "classifier.weight", &d, &nd, &sh);
     }
