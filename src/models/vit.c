@@ -546,7 +546,17 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     vitc__linear(hpre, M, ln2, C, w->fc1_w, w->fc1_b, NULL, 0, R, M, C);
     if (hact != hpre) /* training keeps GELU's input for backward */
         memcpy(hact, hpre, (size_t)(R * M) * sizeof(float));
-    vit_activation(m, hact, R * M);
+    if (m->swiglu) { /* DINOv2 giant: [a, b] = chunk(fc1, 2); silu(a) * b, compacted in place */
+        int64_t h2 = M / 2;
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t j = 0; j < h2; j++) {
+                float a0 = hact[r * M + j], b0 = hact[r * M + h2 + j];
+                hact[r * h2 + j] = a0 / (1.0f + expf(-a0)) * b0;
+            }
+        M = h2; /* fc2 reads [R, M/2] */
+    } else {
+        vit_activation(m, hact, R * M);
+    }
     if (k.hid && m->dropout > 0.0f) { /* MLPBlock's Dropout after the GELU */
         vitc__dropout_mask(k.hid, R * M, m->dropout, &m->rng);
         vitc__dropout_apply(hact, hact, k.hid, R * M, m->dropout);

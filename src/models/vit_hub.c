@@ -506,7 +506,11 @@ static vitc_status hub_fill_row(const vitc_vit *m, const hub_src *h, const vitc_
     int n = snprintf(name, sizeof name, "%s", pre);
     n += snprintf(name + n, sizeof name - (size_t)n, fam->layer_fmt, e->layer);
     if (e->role != VIT_L_QKV_W && e->role != VIT_L_QKV_B) {
-        snprintf(name + n, sizeof name - (size_t)n, "%s", fam->layer[e->role]);
+        static const char *const swiglu[4] = {"mlp.weights_in.weight", "mlp.weights_in.bias",
+                                              "mlp.weights_out.weight", "mlp.weights_out.bias"};
+        int sw = m->swiglu && e->role >= VIT_L_FC1_W && e->role <= VIT_L_FC2_B;
+        snprintf(name + n, sizeof name - (size_t)n, "%s",
+                 sw ? swiglu[e->role - VIT_L_FC1_W] : fam->layer[e->role]);
         return hub_take(h, name, e->shape, e->ndim, 0, dst);
     }
     /* One third of in_proj per Hub Linear: rows [q; k; v]. */
@@ -633,9 +637,6 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
     else
         return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: hidden_act %.40s is not supported "
                          "(vitc reads gelu, quick_gelu, gelu_pytorch_tanh, gelu_new)", an);
-    if (json_is_true(json_object_get(cfg, "use_swiglu_ffn")))
-        return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: use_swiglu_ffn (DINOv2 giant's "
-                         "SwiGLU MLP) is not supported yet");
     if (dino && strstr(arch, "ForImageClassification"))
         return vitc__err(VITC_ERR_UNSUPPORTED, "%s (a classifier on [CLS, mean of patches]) is "
                          "not supported yet; Dinov2Model is", arch);
@@ -648,6 +649,12 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
         VITC_TRY(hub_mlp_ratio(cfg, c->hidden_dim, &c->mlp_dim));
     else
         VITC_TRY(hub_int(cfg, "intermediate_size", 3072, &c->mlp_dim));
+    if (dino && json_is_true(json_object_get(cfg, "use_swiglu_ffn"))) {
+        /* Dinov2SwiGLUFFN: hidden (int(h * 2/3) + 7) // 8 * 8; fc1 makes both halves */
+        int hid = (c->mlp_dim * 2 / 3 + 7) / 8 * 8;
+        c->mlp_dim = 2 * hid;
+        m->swiglu = 1;
+    }
     VITC_TRY(hub_int(cfg, "image_size", 224, &c->image_size));
     VITC_TRY(hub_int(cfg, "patch_size", fam->patch, &c->patch_size));
     VITC_TRY(hub_int(cfg, "num_channels", 3, &c->in_channels));

@@ -139,6 +139,7 @@ struct vitc_vit {
     int n_dist;            /* 1: DeiT's distillation token after the class token */
     int n_reg;             /* register tokens after those (no position embedding) */
     int layer_scale;       /* blocks scale each branch by ls1 / ls2 (DINOv2) */
+    int swiglu;            /* MLP fc2(silu(a) * b), [a, b] = fc1 halves; fc2 [C, mlp/2] */
     int pre_norm;          /* LayerNorm pre (PRE_W/B rows) on the embeddings (CLIP) */
     int final_cls_only;    /* the final LayerNorm acts on the class token alone (CLIP's
                             * post_layernorm): features are the un-normed tokens */

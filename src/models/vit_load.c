@@ -160,7 +160,7 @@ static void vit_model_row(vitc__param *e, const vitc_vit_config *c, int n_prefix
 /* The same for a block tensor: MHA's in_proj xavier_uniform_ and zero biases,
  * out_proj.weight nn.Linear's default, MLPBlock's xavier_uniform_ weights
  * and normal_(std=1e-6) biases, LayerNorms one and zero. */
-static void vit_layer_row(vitc__param *e, const vitc_vit_config *c) {
+static void vit_layer_row(vitc__param *e, const vitc_vit_config *c, int swiglu) {
     int64_t C = c->hidden_dim, M = c->mlp_dim;
     e->init = VITC__INIT_ZERO;
     switch (e->role) {
@@ -177,9 +177,9 @@ static void vit_layer_row(vitc__param *e, const vitc_vit_config *c) {
         vit_set_shape(e, 2, M, C, 0, 0);
         e->init = VITC__INIT_XAVIER, e->fan_in = C, e->fan_out = M;
         break;
-    case VIT_L_FC2_W:
-        vit_set_shape(e, 2, C, M, 0, 0);
-        e->init = VITC__INIT_XAVIER, e->fan_in = M, e->fan_out = C;
+    case VIT_L_FC2_W: /* SwiGLU: fc2 reads the gated half */
+        vit_set_shape(e, 2, C, swiglu ? M / 2 : M, 0, 0);
+        e->init = VITC__INIT_XAVIER, e->fan_in = swiglu ? M / 2 : M, e->fan_out = C;
         break;
     case VIT_L_FC1_B:
     case VIT_L_FC2_B:
@@ -255,7 +255,7 @@ vitc_status vitc__vit_table_build(vitc_vit *m) {
             vit_model_row(&t[i], c, m->n_prefix, m->n_reg);
             t[i].slot = vit_model_slot[t[i].role];
         } else {
-            vit_layer_row(&t[i], c);
+            vit_layer_row(&t[i], c, m->swiglu);
             t[i].slot = vit_layer_slot[t[i].role];
         }
     }

@@ -101,7 +101,7 @@ class TestHubModels(unittest.TestCase):
 
     def make(self, name, model_type, arch, seed=0, **kw):
         if model_type.startswith("dinov2"):
-            cfg = hf_ref.dinov2_config(kw.pop("registers", None))
+            cfg = hf_ref.dinov2_config(kw.pop("registers", None), swiglu=kw.pop("swiglu", False))
         else:
             cfg = hf_ref.vit_config(model_type, arch, **{k: kw.pop(k) for k in list(kw)
                                                          if k in ("qkv_bias", "eps")})
@@ -187,6 +187,11 @@ class TestHubModels(unittest.TestCase):
         plain = dict(cfg, model_type="dinov2")
         _, h_plain = hf_ref.forward(sd, plain, x)
         self.assertGreater(np.abs(m.embed(x.numpy()) - h_plain[:, 0].numpy()).max(), 1e-3)
+
+    def test_dinov2_swiglu(self):
+        """The giant's SwiGLU MLP (hidden (int(h * 2/3) + 7) // 8 * 8)."""
+        d, sd, cfg = self.make("dinov2_swiglu", "dinov2", "Dinov2Model", swiglu=True)
+        self.check(d, sd, cfg)
 
     def test_dinov2_registers_zero_prefixed(self):
         d, sd, cfg = self.make("dinov2_reg0", "dinov2_with_registers", "Dinov2WithRegistersModel",

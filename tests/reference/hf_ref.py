@@ -33,7 +33,7 @@ def vit_config(model_type="vit", arch="ViTForImageClassification", hidden=48, la
 
 
 def dinov2_config(registers=None, hidden=48, layers=2, heads=3, mlp_ratio=2.5, image=42, patch=6,
-                  eps=1e-6):
+                  eps=1e-6, swiglu=False):
     """Dinov2Model / Dinov2WithRegistersModel (the Hub's image_size makes a
     grid other than the inputs': 42/6 = 7x7, resampled on every call)."""
     c = {"model_type": "dinov2" if registers is None else "dinov2_with_registers",
@@ -41,7 +41,7 @@ def dinov2_config(registers=None, hidden=48, layers=2, heads=3, mlp_ratio=2.5, i
          "hidden_size": hidden, "num_hidden_layers": layers, "num_attention_heads": heads,
          "mlp_ratio": mlp_ratio, "hidden_act": "gelu", "layer_norm_eps": eps,
          "image_size": image, "patch_size": patch, "num_channels": 3, "qkv_bias": True,
-         "layerscale_value": 1.0, "use_swiglu_ffn": False, "drop_path_rate": 0.0,
+         "layerscale_value": 1.0, "use_swiglu_ffn": swiglu, "drop_path_rate": 0.0,
          "torch_dtype": "float32"}
     if registers is not None:
         c["num_register_tokens"] = registers
@@ -94,8 +94,13 @@ def random_state(cfg, seed=0, pooler=False):
                 sd[p + "attention.attention.%s.bias" % q] = b
         sd[p + "attention.output.dense.weight"], sd[p + "attention.output.dense.bias"] = lin(D, D)
         fc1, fc2 = ("mlp.fc1", "mlp.fc2") if dino else ("intermediate.dense", "output.dense")
-        sd[p + fc1 + ".weight"], sd[p + fc1 + ".bias"] = lin(M, D)
-        sd[p + fc2 + ".weight"], sd[p + fc2 + ".bias"] = lin(D, M)
+        if cfg.get("use_swiglu_ffn"):  # Dinov2SwiGLUFFN
+            hid = (int(M * 2 / 3) + 7) // 8 * 8
+            sd[p + "mlp.weights_in.weight"], sd[p + "mlp.weights_in.bias"] = lin(2 * hid, D)
+            sd[p + "mlp.weights_out.weight"], sd[p + "mlp.weights_out.bias"] = lin(D, hid)
+        else:
+            sd[p + fc1 + ".weight"], sd[p + fc1 + ".bias"] = lin(M, D)
+            sd[p + fc2 + ".weight"], sd[p + fc2 + ".bias"] = lin(D, M)
         if dino:
             sd[p + "layer_scale1.lambda1"] = 1 + r(D, std=0.5)
             sd[p + "layer_scale2.lambda1"] = 1 + r(D, std=0.5)
@@ -168,6 +173,11 @@ def forward(sd, cfg, px):
         x = x + ls1 * F.linear(ctx, sd[p + "attention.output.dense.weight"],
                                sd[p + "attention.output.dense.bias"])
         h = F.layer_norm(x, (D,), sd[p + n2 + ".weight"], sd[p + n2 + ".bias"], eps)
+        if cfg.get("use_swiglu_ffn"):
+            a, b = F.linear(h, sd[p + "mlp.weights_in.weight"], sd[p + "mlp.weights_in.bias"]).chunk(2, dim=-1)
+            x = x + ls2 * F.linear(F.silu(a) * b, sd[p + "mlp.weights_out.weight"],
+                                   sd[p + "mlp.weights_out.bias"])
+            continue
         h = F.gelu(F.linear(h, sd[p + fc1 + ".weight"], sd[p + fc1 + ".bias"]))
         x = x + ls2 * F.linear(h, sd[p + fc2 + ".weight"], sd[p + fc2 + ".bias"])
     h = F.layer_norm(x, (D,), sd["layernorm.weight"], sd["layernorm.bias"], eps)
