@@ -576,6 +576,36 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     return VITC_OK;
 }
 
+/* A classifier: CLIP's projection and SigLIP's head give embeddings. */
+int vitc_vit_has_head(const vitc_vit *m) {
+    return m && (m->head == VIT_HEAD_CLS || m->head == VIT_HEAD_MEAN2 ||
+                 m->head == VIT_HEAD_CLS_MEAN);
+}
+
+/* Dinov2ForImageClassification: logits = head([h[:, 0], mean(h[:, np:])]),
+ * h = ln(y) on every token (registers excluded from the mean). */
+static vitc_status vit_logits_cls_mean(vitc_vit *m, const float *y, float *logits) {
+    const vitc_vit_config *c = &m->cfg;
+    int64_t B = m->a.B, N = m->a.N, C = c->hidden_dim, K = c->num_classes, np = m->n_prefix;
+    size_t n, t;
+    if (!vitc__mul_size((size_t)(B * N), (size_t)C, &n) ||
+        !vitc__mul_size((size_t)B, (size_t)(2 * C), &t) || !vitc__add_size(n, t, &n))
+        return vitc__err(VITC_ERR_NOMEM, "DINOv2 head for batch %lld overflows", (long long)B);
+    VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
+    float *h = m->feat_buf.p, *in = h + B * N * C; /* [B, N, C], [B, 2C] */
+    vitc__layernorm(h, y, m->w.ln_w, m->w.ln_b, B * N, C, c->norm_eps);
+    for (int64_t b = 0; b < B; b++) {
+        float *r = in + b * 2 * C;
+        memcpy(r, h + b * N * C, (size_t)C * sizeof(float));
+        for (int64_t j = 0; j < C; j++) r[C + j] = 0.0f;
+        for (int64_t tk = np; tk < N; tk++)
+            for (int64_t j = 0; j < C; j++) r[C + j] += h[(b * N + tk) * C + j];
+        for (int64_t j = 0; j < C; j++) r[C + j] /= (float)(N - np);
+    }
+    vitc__linear(logits, K, in, 2 * C, m->w.head_w, m->w.head_b, NULL, 0, B, K, 2 * C);
+    return VITC_OK;
+}
+
 /* DeiT with teacher: logits = (head(ln(x)[:, 0]) + head2(ln(x)[:, 1])) / 2,
  * y the last block's [B, N, C] output. */
 static vitc_status vit_logits_mean2(vitc_vit *m, const float *y, float *logits) {
@@ -601,7 +631,7 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
                            float *attn, float *rollout, float *features) {
     if (!m || !images)
         return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: NULL model or images");
-    if (logits && m->head != VIT_HEAD_CLS && m->head != VIT_HEAD_MEAN2)
+    if (logits && !vitc_vit_has_head(m))
         return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: this %s model is a backbone with no "
                          "classification head; ask for embeddings (vitc_vit_embed)", m->family);
     const vitc_vit_config *c = &m->cfg;
@@ -712,6 +742,8 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
         vitc__layernorm(features, y, m->w.ln_w, m->w.ln_b, B * N, C, c->norm_eps);
     if (logits && m->head == VIT_HEAD_MEAN2) {
         VITC_TRY(vit_logits_mean2(m, y, logits));
+    } else if (logits && m->head == VIT_HEAD_CLS_MEAN) {
+        VITC_TRY(vit_logits_cls_mean(m, y, logits));
     } else if (logits) {
         int64_t ys = compact ? C : N * C; /* class rows of y */
         for (int64_t b = 0; b < B; b++)
@@ -749,9 +781,7 @@ vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int
 
 int vitc_vit_num_prefix_tokens(const vitc_vit *m) { return m ? m->n_prefix : 0; }
 /* A classifier: CLIP's projection gives an embedding, not logits. */
-int vitc_vit_has_head(const vitc_vit *m) {
-    return m && (m->head == VIT_HEAD_CLS || m->head == VIT_HEAD_MEAN2);
-}
+
 
 /* SigLIP's attention-pooling head (SiglipMultiheadAttentionPoolingHead) on
  * the normed tokens h [B, N, C]:

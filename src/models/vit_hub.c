@@ -637,9 +637,6 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
     else
         return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: hidden_act %.40s is not supported "
                          "(vitc reads gelu, quick_gelu, gelu_pytorch_tanh, gelu_new)", an);
-    if (dino && strstr(arch, "ForImageClassification"))
-        return vitc__err(VITC_ERR_UNSUPPORTED, "%s (a classifier on [CLS, mean of patches]) is "
-                         "not supported yet; Dinov2Model is", arch);
     vitc_vit_config *c = &m->cfg;
     memset(c, 0, sizeof *c);
     VITC_TRY(hub_int(cfg, "hidden_size", 768, &c->hidden_dim));
@@ -706,8 +703,10 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
     if (siglip) /* vision_use_head: True when absent */
         m->head = json_is_false(json_object_get(cfg, "vision_use_head")) ? VIT_HEAD_NONE
                                                                         : VIT_HEAD_MAP;
-    else if (!clip)
-        m->head = mean2 ? VIT_HEAD_MEAN2 : head ? VIT_HEAD_CLS : VIT_HEAD_NONE;
+    else if (!clip) /* DINOv2's classifier reads [CLS, mean of the patch tokens] */
+        m->head = mean2  ? VIT_HEAD_MEAN2
+                  : head ? (dino ? VIT_HEAD_CLS_MEAN : VIT_HEAD_CLS)
+                         : VIT_HEAD_NONE;
     m->pos_rule = fam->pos;
     m->naming = VIT_NAMES_TORCHVISION;
     json_t *labels = json_object_get(cfg, "id2label");
@@ -723,7 +722,7 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
             return vitc__err(VITC_ERR_SHAPE, "config.json: projection_dim %lld but "
                              "visual_projection.weight has %d rows",
                              (long long)json_integer_value(pd), c->num_classes);
-    } else if (m->head == VIT_HEAD_CLS || m->head == VIT_HEAD_MEAN2) {
+    } else if (vitc_vit_has_head(m)) {
         const char *hn = mean2 ? "cls_classifier.weight" : "classifier.weight";
         if (!hub_find(h, hn, &d, &nd, &sh) || nd != 2 || sh[0] < 1 || sh[0] > HUB_MAX_DIM)
             return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (%s has a head)", hn,

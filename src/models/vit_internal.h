@@ -83,7 +83,8 @@ typedef enum vitc__vit_head {
     VIT_HEAD_CLS = 1,  /* logits = head(ln(x)[:, 0]) */
     VIT_HEAD_MEAN2 = 2, /* DeiT with teacher: (head(ln(x)[:,0]) + head2(ln(x)[:,1])) / 2 */
     VIT_HEAD_PROJ = 3,  /* CLIP: image_embeds = head(ln(x[:, 0])) (bias zero), an embedding */
-    VIT_HEAD_MAP = 4    /* SigLIP: pooler_output = the MAP head over ln(x), an embedding */
+    VIT_HEAD_MAP = 4,   /* SigLIP: pooler_output = the MAP head over ln(x), an embedding */
+    VIT_HEAD_CLS_MEAN = 5 /* DINOv2 classifier: head([ln(x)[:, 0], mean(ln(x) patches)]) */
 } vitc__vit_head;
 enum { VIT_ACT_GELU = 0, VIT_ACT_GELU_TANH = 1, VIT_ACT_QUICK_GELU = 2 };
 typedef enum vitc__vit_pos_rule {

@@ -119,7 +119,8 @@ static const size_t vit_layer_slot[VIT_L_COUNT] = {
 /* Shape and torchvision's VisionTransformer.__init__ initialisation of a
  * model tensor (conv_proj trunc_normal_(std=sqrt(1/fan_in)), pos_embedding
  * normal_(0.02), class token and head zero). */
-static void vit_model_row(vitc__param *e, const vitc_vit_config *c, int n_prefix, int n_reg) {
+static void vit_model_row(vitc__param *e, const vitc_vit_config *c, int n_prefix, int n_reg,
+                          int head_in) {
     int64_t C = c->hidden_dim, g = c->image_size / c->patch_size;
     int64_t fan_in = (int64_t)c->in_channels * c->patch_size * c->patch_size;
     e->init = VITC__INIT_ZERO;
@@ -137,7 +138,7 @@ static void vit_model_row(vitc__param *e, const vitc_vit_config *c, int n_prefix
         e->init = VITC__INIT_NORMAL;
         e->init_std = 0.02;
         break;
-    case VIT_P_HEAD_W:
+    case VIT_P_HEAD_W: vit_set_shape(e, 2, c->num_classes, head_in, 0, 0); break;
     case VIT_P_HEAD2_W: vit_set_shape(e, 2, c->num_classes, C, 0, 0); break;
     case VIT_P_HEAD_B:
     case VIT_P_HEAD2_B: vit_set_shape(e, 1, c->num_classes, 0, 0, 0); break;
@@ -252,7 +253,8 @@ vitc_status vitc__vit_table_build(vitc_vit *m) {
         t[i].name = at;
         at += len;
         if (t[i].layer < 0) {
-            vit_model_row(&t[i], c, m->n_prefix, m->n_reg);
+            vit_model_row(&t[i], c, m->n_prefix, m->n_reg,
+                          (m->head == VIT_HEAD_CLS_MEAN ? 2 : 1) * c->hidden_dim);
             t[i].slot = vit_model_slot[t[i].role];
         } else {
             vit_layer_row(&t[i], c, m->swiglu);

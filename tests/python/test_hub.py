@@ -101,7 +101,8 @@ class TestHubModels(unittest.TestCase):
 
     def make(self, name, model_type, arch, seed=0, **kw):
         if model_type.startswith("dinov2"):
-            cfg = hf_ref.dinov2_config(kw.pop("registers", None), swiglu=kw.pop("swiglu", False))
+            cfg = hf_ref.dinov2_config(kw.pop("registers", None), swiglu=kw.pop("swiglu", False),
+                                       classes=kw.pop("classes", 0))
         else:
             cfg = hf_ref.vit_config(model_type, arch, **{k: kw.pop(k) for k in list(kw)
                                                          if k in ("qkv_bias", "eps")})
@@ -192,6 +193,16 @@ class TestHubModels(unittest.TestCase):
         """The giant's SwiGLU MLP (hidden (int(h * 2/3) + 7) // 8 * 8)."""
         d, sd, cfg = self.make("dinov2_swiglu", "dinov2", "Dinov2Model", swiglu=True)
         self.check(d, sd, cfg)
+
+    def test_dinov2_classifiers(self):
+        """Dinov2[WithRegisters]ForImageClassification: the head on [CLS, mean
+        of the patch tokens] (registers excluded), prefixed backbone."""
+        for reg in (None, 2):
+            kind = "dinov2" if reg is None else "dinov2_with_registers"
+            d, sd, cfg = self.make("dino_cls_%s" % reg, kind, "", registers=reg, classes=5)
+            m = self.check(d, sd, cfg)
+            self.assertTrue(m.config["has_head"])
+            self.assertEqual(m.config["num_classes"], 5)
 
     def test_dinov2_registers_zero_prefixed(self):
         d, sd, cfg = self.make("dinov2_reg0", "dinov2_with_registers", "Dinov2WithRegistersModel",

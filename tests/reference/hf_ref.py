@@ -33,7 +33,7 @@ def vit_config(model_type="vit", arch="ViTForImageClassification", hidden=48, la
 
 
 def dinov2_config(registers=None, hidden=48, layers=2, heads=3, mlp_ratio=2.5, image=42, patch=6,
-                  eps=1e-6, swiglu=False):
+                  eps=1e-6, swiglu=False, classes=0):
     """Dinov2Model / Dinov2WithRegistersModel (the Hub's image_size makes a
     grid other than the inputs': 42/6 = 7x7, resampled on every call)."""
     c = {"model_type": "dinov2" if registers is None else "dinov2_with_registers",
@@ -45,6 +45,9 @@ def dinov2_config(registers=None, hidden=48, layers=2, heads=3, mlp_ratio=2.5, i
          "torch_dtype": "float32"}
     if registers is not None:
         c["num_register_tokens"] = registers
+    if classes:  # Dinov2ForImageClassification: a head on [CLS, mean of patch tokens]
+        c["architectures"] = [c["architectures"][0].replace("Model", "ForImageClassification")]
+        c["id2label"] = {str(i): "class_%d" % i for i in range(classes)}
     return c
 
 
@@ -113,7 +116,7 @@ def random_state(cfg, seed=0, pooler=False):
         sd["cls_classifier.weight"], sd["cls_classifier.bias"] = lin(K, D)
         sd["distillation_classifier.weight"], sd["distillation_classifier.bias"] = lin(K, D)
     elif "ForImageClassification" in arch:
-        sd["classifier.weight"], sd["classifier.bias"] = lin(K, D)
+        sd["classifier.weight"], sd["classifier.bias"] = lin(K, 2 * D if dino else D)
     return sd
 
 
@@ -186,6 +189,10 @@ def forward(sd, cfg, px):
         logits = (F.linear(h[:, 0], sd["cls_classifier.weight"], sd["cls_classifier.bias"]) +
                   F.linear(h[:, 1], sd["distillation_classifier.weight"],
                            sd["distillation_classifier.bias"])) / 2
+    elif "classifier.weight" in sd and dino:
+        R = cfg.get("num_register_tokens", 0)
+        pooled = torch.cat([h[:, 0], h[:, 1 + R:].mean(dim=1)], dim=1)
+        logits = F.linear(pooled, sd["classifier.weight"], sd["classifier.bias"])
     elif "classifier.weight" in sd:
         logits = F.linear(h[:, 0], sd["classifier.weight"], sd["classifier.bias"])
     return logits, h
