@@ -107,5 +107,6 @@ int cmd_bench(int argc, char **argv);
 int cmd_classify(int argc, char **argv);
 int cmd_attention_map(int argc, char **argv);
 int cmd_embed(int argc, char **argv);
+int cmd_similar(int argc, char **argv);
 
 #endif

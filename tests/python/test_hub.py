@@ -435,6 +435,40 @@ class TestHubModels(unittest.TestCase):
         self.assertEqual(attn.shape, (2, 1, 3, 18, 18))
         np.testing.assert_allclose(attn.sum(-1), 1.0, atol=1e-5)
 
+    @unittest.skipIf(not os.path.exists(VITC), "needs build/vitc")
+    def test_cli_similar(self):
+        cfg = hf_ref.clip_config("clip")
+        sd, ints = hf_ref.clip_random_state(cfg, 4)
+        d = os.path.join(self.tmp, "sim_model")
+        hf_ref.save_clip(d, sd, ints, cfg)
+        idx = os.path.join(self.tmp, "sim_index")
+        os.makedirs(idx)
+        data = os.path.join(ROOT, "tests", "data")
+        for f in ("photo.png", "photo.jpg", "gray.jpg", "palette.png"):
+            shutil.copy(os.path.join(data, f), idx)
+        rc, out, err = run("similar", "--model", d, "--index", idx, "--json", "--topk", "3",
+                           os.path.join(data, "gray.jpg"))
+        self.assertEqual(rc, 0, err)
+        res = [json.loads(s) for s in out.splitlines()]
+        self.assertEqual(len(res), 3)
+        m = vitc.load_model(d)
+        q = m.embed(m.preprocess(os.path.join(data, "gray.jpg"))[None], normalize=True)[0]
+        scores = {f: float(q @ m.embed(m.preprocess(os.path.join(idx, f))[None], normalize=True)[0])
+                  for f in os.listdir(idx) if not f.startswith(".")}
+        want = sorted(scores.items(), key=lambda kv: -kv[1])[:3]
+        self.assertEqual([os.path.basename(r["image"]) for r in res], [k for k, _ in want])
+        for r, (_, sc) in zip(res, want):
+            self.assertAlmostEqual(r["score"], sc, places=4)
+        cache = os.path.join(idx, ".vitc-similar.safetensors")
+        t0 = os.stat(cache).st_mtime_ns
+        self.assertEqual(run("similar", "--model", d, "--index", idx, PHOTO)[0], 0)
+        self.assertEqual(os.stat(cache).st_mtime_ns, t0)  # reused
+        shutil.copy(PHOTO, os.path.join(idx, "new.png"))
+        rc, out, err = run("similar", "--model", d, "--index", idx, "--topk", "1", PHOTO)
+        self.assertEqual(rc, 0, err)
+        self.assertNotEqual(os.stat(cache).st_mtime_ns, t0)  # rebuilt
+        self.assertTrue(out.startswith("1.000000"))
+
     # ---- malformed directories --------------------------------------------
 
     def bad(self, path, *needles):
