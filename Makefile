@@ -6,6 +6,8 @@
 #   make bench      vitc and PyTorch side by side, writes bench/results.md
 #   make asan       the C tests under AddressSanitizer + UBSan
 #   make valgrind   the C tests under valgrind memcheck
+#   make fuzz       every libFuzzer target FUZZ_SECONDS (60) seconds (clang)
+#   make fuzz-build build them only, in build-fuzz/
 #   make install PREFIX=/usr/local DESTDIR=
 #
 # Optional libraries are found with pkg-config and used when present:
@@ -75,7 +77,7 @@ SONAME   := libvitc.so.$(SOVERSION)
 SOFILE   := $(BUILD)/libvitc.so.$(VERSION)
 
 .PHONY: all lib tools tests test test-c test-python demo bench asan valgrind install deps \
-        clean check-deps
+        clean check-deps fuzz fuzz-build fuzz-bins
 all: lib tools
 
 lib: $(BUILD)/libvitc.a $(BUILD)/libvitc.so
@@ -153,6 +155,36 @@ valgrind: tests
 	@VALGRIND="valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite -q" \
 	  sh scripts/run-tests.sh $(BUILD)/tests
 
+# libFuzzer targets (tests/fuzz/*.c): the library and the tool's objects are
+# rebuilt by clang with coverage and ASan+UBSan in build-fuzz/. The tool's
+# objects go into an archive, so a harness links only what it uses; vitc.o
+# is left out, its main() would clash with libFuzzer's.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 60
+FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=all -fno-omit-frame-pointer
+FUZZ_SRC     := $(wildcard tests/fuzz/*.c)
+FUZZ_BIN     := $(patsubst tests/fuzz/%.c,$(BUILD)/fuzz/%,$(FUZZ_SRC))
+FUZZ_CLI_OBJ := $(filter-out $(BUILD)/obj/tools/vitc.o,$(TOOL_OBJ))
+
+fuzz-build:
+	@$(MAKE) --no-print-directory BUILD=build-fuzz CC=$(FUZZ_CC) \
+	  CFLAGS="-O1 -g $(FUZZ_SAN) -fsanitize=fuzzer-no-link" fuzz-bins
+
+fuzz: fuzz-build
+	@sh scripts/run-fuzz.sh build-fuzz $(FUZZ_SECONDS)
+
+fuzz-bins: $(FUZZ_BIN)
+
+$(BUILD)/libvitc-cli.a: $(FUZZ_CLI_OBJ)
+	@rm -f $@
+	$(Q)ar rcs $@ $^
+
+$(BUILD)/fuzz/%: tests/fuzz/%.c $(BUILD)/libvitc-cli.a $(BUILD)/libvitc.a $(HDRS)
+	@mkdir -p $(dir $@)
+	@echo "  FUZZ $@"
+	$(Q)$(CC) $(BASE) $(CFLAGS) -Itools -fsanitize=fuzzer $< -o $@ $(BUILD)/libvitc-cli.a \
+	  $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
+
 install: all
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin
 	install -m 644 include/vitc.h $(DESTDIR)$(PREFIX)/include/
@@ -165,7 +197,7 @@ install: all
 	    -e 's|@LIBS@|$(LDLIBS)|g' vitc.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/vitc.pc
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-fuzz
 
 # Attention kernel speed on the standard shapes, 1 and 2 threads
 # (tests/bench_attention.c; a driver, not a test).

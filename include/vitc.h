@@ -358,6 +358,10 @@ typedef struct vitc_image {
  * Images over max_pixels (0 = 100 megapixels) are refused before any
  * allocation. */
 VITC_API vitc_status vitc_image_load(const char *path, int64_t max_pixels, vitc_image *out);
+/* The same from bytes in memory (an upload, an archive member); messages
+ * name the image "<memory>". The bytes are only read. */
+VITC_API vitc_status vitc_image_load_memory(const void *bytes, size_t len, int64_t max_pixels,
+                                            vitc_image *out);
 VITC_API void vitc_image_free(vitc_image *img);
 VITC_API vitc_status vitc_image_save_png(const char *path, const uint8_t *rgb, int width,
                                          int height);

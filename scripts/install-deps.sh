@@ -2,8 +2,10 @@
 # Install, on Debian 12, the packages vitc's build and tests need and this
 # machine lacks. Calls apt-get only when something is missing.
 set -eu
+# clang and its runtime: libFuzzer and the sanitizers for `make fuzz` (CI).
 PKGS="build-essential pkg-config libjansson-dev libcmocka-dev libopenblas-dev \
-libpng-dev libturbojpeg0-dev zlib1g-dev python3-numpy python3-torch python3-torchvision python3-pil"
+libpng-dev libturbojpeg0-dev zlib1g-dev python3-numpy python3-torch python3-torchvision python3-pil \
+clang libclang-rt-14-dev"
 missing=""
 for p in $PKGS; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

@@ -94,12 +94,41 @@ static void test_decode_every_kind(void **state) {
         if (worst > tol)
             fail_msg("%s: max pixel difference %d > tolerance %d", name, worst, tol);
         free(want);
+        /* The in-memory entry point decodes the same bytes to the same pixels. */
+        snprintf(path, sizeof path, DATA "%s", name);
+        unsigned char *bytes = slurp(path, &len);
+        vitc_image mem;
+        assert_non_null(bytes);
+        if (vitc_image_load_memory(bytes, len, 0, &mem) != VITC_OK)
+            fail_msg("%s from memory: %s", name, vitc_last_error());
+        assert_int_equal(mem.width, w);
+        assert_int_equal(mem.height, h);
+        assert_memory_equal(mem.rgb, img.rgb, (size_t)w * h * 3);
+        vitc_image_free(&mem);
+        /* ... and applies the same pixel limit from the header. */
+        assert_int_equal(vitc_image_load_memory(bytes, len, (int64_t)w * h - 1, &mem),
+                         VITC_ERR_FORMAT);
+        assert_non_null(strstr(vitc_last_error(), "<memory>"));
+        assert_null(mem.rgb);
+        free(bytes);
         vitc_image_free(&img);
         assert_null(img.rgb);
         checked++;
     }
     fclose(f);
     assert_true(checked >= 19);
+}
+
+static void test_load_memory_args(void **state) {
+    (void)state;
+    vitc_image img;
+    static const unsigned char junk[4] = {1, 2, 3, 4};
+    assert_int_equal(vitc_image_load_memory(NULL, 4, 0, &img), VITC_ERR_INVALID_ARG);
+    assert_null(img.rgb);
+    assert_int_equal(vitc_image_load_memory(junk, 0, 0, &img), VITC_ERR_FORMAT);
+    assert_int_equal(vitc_image_load_memory(junk, sizeof junk, 0, &img), VITC_ERR_FORMAT);
+    assert_non_null(strstr(vitc_last_error(), "not a PNG or JPEG"));
+    assert_int_equal(vitc_image_load_memory(junk, sizeof junk, 0, NULL), VITC_ERR_INVALID_ARG);
 }
 
 /* Broken or hostile files are errors with a message naming the file. */
@@ -327,6 +356,31 @@ static void test_preprocess_window_is_full_resize(void **state) {
                                     sizeof(float));
 }
 
+/* A vertical resize whose crop starts below the first input row the taps
+ * read. Fuzz regression (tests/fuzz/regressions/image/, replayed by make
+ * fuzz): a row pointer was formed outside the buffer, unused but undefined,
+ * which clang's UBSan reports. The crop is the window of the full resize,
+ * gray as well as RGB. */
+static void test_preprocess_window_rows_resized(void **state) {
+    (void)state;
+    enum { H = 224, W = 225, R = 40, C = 32 }; /* resized: 40 x int(40*225/224) = 40 */
+    static uint8_t px[H * W * 3];
+    static float full[3 * R * R], part[3 * C * C];
+    vitc_image img = {W, H, px};
+    for (int i = 0; i < H * W * 3; i++)
+        px[i] = (uint8_t)((i * 7919u) >> 5);
+    for (int ch = 1; ch <= 3; ch += 2) {
+        assert_int_equal(vitc_image_preprocess_channels(&img, R, R, ch, imagenet_mean,
+                                                        imagenet_std, full), VITC_OK);
+        assert_int_equal(vitc_image_preprocess_channels(&img, R, C, ch, imagenet_mean,
+                                                        imagenet_std, part), VITC_OK);
+        for (int c = 0; c < ch; c++)
+            for (int y = 0; y < C; y++) /* offsets round((40 - 32) / 2) = 4 */
+                assert_memory_equal(&part[(c * C + y) * C], &full[(c * R + 4 + y) * R + 4],
+                                    C * sizeof(float));
+    }
+}
+
 /* A 100000x1 image resized to 256 is 25.6M x 256 pixels, of which the
  * crop needs 224 x 224: computed without the 2 GB the whole resize takes.
  * A constant image stays constant. */
@@ -373,6 +427,7 @@ static void test_preprocess_intermediate_cap(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_every_kind),
+        cmocka_unit_test(test_load_memory_args),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_pixel_limit),
         cmocka_unit_test(test_png_roundtrip),
@@ -380,6 +435,7 @@ int main(void) {
         cmocka_unit_test(test_preprocess_args),
         cmocka_unit_test(test_preprocess_gray),
         cmocka_unit_test(test_preprocess_window_is_full_resize),
+        cmocka_unit_test(test_preprocess_window_rows_resized),
         cmocka_unit_test(test_preprocess_extreme_aspect),
         cmocka_unit_test(test_preprocess_intermediate_cap),
     };

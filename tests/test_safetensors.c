@@ -693,7 +693,7 @@ static void test_truncated_every_prefix(void **state) {
 }
 
 /* Every single-byte change of a valid file either loads or fails cleanly
- * (a small deterministic fuzz; tests/fuzz_safetensors.c is the real one). */
+ * (a small deterministic fuzz; tests/fuzz/safetensors.c is the real one). */
 static void test_byte_flips(void **state) {
     (void)state;
     float a[4] = {1, 2, 3, 4};

@@ -18,6 +18,9 @@ int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The library's last error as a CLI failure. */
 int cli_lib_error(const char *what);
+/* A labels file of exactly n_classes lines into *out (n_classes strings,
+ * each and the array malloc'd); else the error is printed, CLI_FAIL. */
+int cli_read_labels(const char *path, int n_classes, char ***out);
 /* 1 when stderr is a terminal (progress then updates one line). */
 int cli_stderr_tty(void);
 

@@ -96,7 +96,7 @@ static int parse_args(int argc, char **argv, classify_opts *o) {
  * bounds what getline can be made to allocate: ImageNet-21k's 21,843 names
  * take under 1 MB. */
 #define CLI_MAX_LABELS_BYTES (16 << 20)
-static int read_labels(const char *path, int n_classes, char ***out) {
+int cli_read_labels(const char *path, int n_classes, char ***out) {
     FILE *f;
     char **labels;
     char *line = NULL;
@@ -317,7 +317,7 @@ int cmd_classify(int argc, char **argv) {
         goto done;
     if ((rc = cli_model_processor(m, o.crop_set, o.resize_set, &in)) != CLI_OK)
         goto done;
-    if (o.labels && (rc = read_labels(o.labels, cfg->num_classes, &labels)) != 0)
+    if (o.labels && (rc = cli_read_labels(o.labels, cfg->num_classes, &labels)) != 0)
         goto done;
     k = o.topk < cfg->num_classes ? o.topk : cfg->num_classes;
     if (o.batch > o.n_images)

@@ -296,8 +296,31 @@ static vitc_status load_jpeg(const char *path, const unsigned char *data, size_t
 }
 #endif /* VITC_HAVE_TURBOJPEG */
 
-vitc_status vitc_image_load(const char *path, int64_t max_pixels, vitc_image *out) {
+/* The decoders see only bytes; `name` (a path, or "<memory>") prefixes the
+ * messages. Shared by the file and the in-memory entry points. */
+static vitc_status image_decode(const char *name, const unsigned char *data, size_t len,
+                                int64_t max_pixels, vitc_image *out) {
     static const unsigned char png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+    (void)max_pixels; /* unused when built without libpng and libturbojpeg */
+    if (len >= 8 && !memcmp(data, png_magic, 8)) {
+#ifdef VITC_HAVE_PNG
+        return load_png(name, data, len, max_pixels, out);
+#else
+        return vitc__err(VITC_ERR_UNSUPPORTED, "%s: PNG support was not built in (libpng)", name);
+#endif
+    }
+    if (len >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff) {
+#ifdef VITC_HAVE_TURBOJPEG
+        return load_jpeg(name, data, len, max_pixels, out);
+#else
+        return vitc__err(VITC_ERR_UNSUPPORTED, "%s: JPEG support was not built in (libturbojpeg)",
+                         name);
+#endif
+    }
+    return vitc__err(VITC_ERR_FORMAT, "%s: not a PNG or JPEG image", name);
+}
+
+vitc_status vitc_image_load(const char *path, int64_t max_pixels, vitc_image *out) {
     unsigned char *data;
     size_t len;
     vitc_status st;
@@ -306,28 +329,25 @@ vitc_status vitc_image_load(const char *path, int64_t max_pixels, vitc_image *ou
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load: out is NULL");
     out->width = out->height = 0;
     out->rgb = NULL;
-    (void)max_pixels; /* unused when built without libpng and libturbojpeg */
     if (!path)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load: path is NULL");
     VITC_TRY(read_file(path, &data, &len));
-    if (len >= 8 && !memcmp(data, png_magic, 8)) {
-#ifdef VITC_HAVE_PNG
-        st = load_png(path, data, len, max_pixels, out);
-#else
-        st = vitc__err(VITC_ERR_UNSUPPORTED, "%s: PNG support was not built in (libpng)", path);
-#endif
-    } else if (len >= 3 && data[0] == 0xff && data[1] == 0xd8 && data[2] == 0xff) {
-#ifdef VITC_HAVE_TURBOJPEG
-        st = load_jpeg(path, data, len, max_pixels, out);
-#else
-        st = vitc__err(VITC_ERR_UNSUPPORTED, "%s: JPEG support was not built in (libturbojpeg)",
-                       path);
-#endif
-    } else {
-        st = vitc__err(VITC_ERR_FORMAT, "%s: not a PNG or JPEG image", path);
-    }
+    st = image_decode(path, data, len, max_pixels, out);
     free(data);
     return st;
+}
+
+vitc_status vitc_image_load_memory(const void *bytes, size_t len, int64_t max_pixels,
+                                   vitc_image *out) {
+    if (!out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load_memory: out is NULL");
+    out->width = out->height = 0;
+    out->rgb = NULL;
+    if (!bytes && len)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load_memory: bytes is NULL");
+    if (len == 0)
+        return vitc__err(VITC_ERR_FORMAT, "<memory>: empty image");
+    return image_decode("<memory>", bytes, len, max_pixels, out);
 }
 
 void vitc_image_free(vitc_image *img) {
@@ -636,7 +656,7 @@ static vitc_status crop_window(const uint8_t *src, int64_t h, int64_t w, int ch,
         if (!resize_w && !resize_h) {
             u = src + ((size_t)r * (size_t)w + (size_t)rx.a0) * ch;
         } else {
-            const float *f = mid + (size_t)(r - y_lo) * row_len;
+            const float *f;
             if (resize_h) {
                 /* output row r: each (column, channel) of mid is a line of
                  * samples row_len apart */
@@ -644,6 +664,10 @@ static vitc_status crop_window(const uint8_t *src, int64_t h, int64_t w, int ch,
                 aa_taps one = {th.xmin + i, th.xsize + i, th.w + (size_t)i * th.ksize, th.ksize};
                 aa_pass_f32(acc, mid, &one, 1, row_len, 1, row_len, 1, 1);
                 f = acc;
+            } else {
+                /* Only here is r a row of mid: with a vertical resize it is
+                 * an output row, and mid + (r - y_lo) may lie outside it. */
+                f = mid + (size_t)(r - y_lo) * row_len;
             }
             for (size_t k = 0; k < row_len; k++) {
                 float v = nearbyintf(f[k]); /* torch.round: half to even */

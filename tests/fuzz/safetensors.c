@@ -1,13 +1,6 @@
 /*
- * fuzz_safetensors.c — libFuzzer target for the safetensors reader. Not
- * built by make (its name does not start with test_). Build and run:
- *
- *   clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
- *     -Iinclude -Isrc src/status.c src/io/file.c src/io/safetensors.c tests/fuzz_safetensors.c \
- *     -ljansson -lm -o build/fuzz_safetensors
- *   mkdir -p build/fuzz-corpus && cp tests/reference/safetensors/mixed.safetensors build/fuzz-corpus/
- *   build/fuzz_safetensors -dict=tests/fuzz_safetensors.dict -max_total_time=60 \
- *     -max_len=4096 build/fuzz-corpus
+ * safetensors.c — libFuzzer target for the safetensors reader.
+ * `make fuzz` builds and runs it with the other targets in tests/fuzz/.
  *
  * Each input is loaded from memory; what loads is read back whole and
  * written out again, so a header the reader accepts but describes wrongly

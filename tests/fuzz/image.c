@@ -1,0 +1,51 @@
+/*
+ * image.c — libFuzzer target for the PNG and JPEG decoders and the
+ * preprocessing after them, through the public API.
+ *
+ * `make fuzz` runs it with -malloc_limit_mb/-rss_limit_mb, so an image whose
+ * header is small but whose decoding or preprocessing asks for gigabytes is a
+ * finding, not just an out-of-memory error: every bound has to hold before
+ * the allocation.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "vitc.h"
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+/* 16 megapixels: far above the seeds, far below what the limit would let a
+ * decoded image alone take. */
+#define FUZZ_MAX_PIXELS (1 << 24)
+
+static void preprocess(const vitc_image *img, int resize, int crop, int channels) {
+    static const float mean[3] = {0.485f, 0.456f, 0.406f}, std[3] = {0.229f, 0.224f, 0.225f};
+    float *out = malloc(sizeof(float) * (size_t)channels * (size_t)crop * (size_t)crop);
+    if (!out)
+        abort();
+    if (vitc_image_preprocess_channels(img, resize, crop, channels, mean, std, out) != VITC_OK &&
+        !vitc_last_error()[0])
+        abort();
+    free(out);
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    vitc_image img;
+    if (vitc_image_load_memory(data, size, FUZZ_MAX_PIXELS, &img) != VITC_OK) {
+        if (img.rgb || !vitc_last_error()[0])
+            abort(); /* a failure must leave no image and say why */
+        return 0;
+    }
+    if (img.width <= 0 || img.height <= 0 || (int64_t)img.width * img.height > FUZZ_MAX_PIXELS)
+        abort();
+    /* Reading every pixel lets ASan check the buffer is as large as stated. */
+    volatile unsigned sum = 0;
+    for (size_t i = 0; i < (size_t)img.width * img.height * 3; i++)
+        sum += img.rgb[i];
+    (void)sum;
+    preprocess(&img, 256, 224, 3); /* the CLI's default for a 224 model */
+    preprocess(&img, 0, 33, 3);    /* crop (and pad) only */
+    preprocess(&img, 40, 32, 1);   /* a gray model: luminance first */
+    vitc_image_free(&img);
+    return 0;
+}
