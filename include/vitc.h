@@ -537,7 +537,8 @@ VITC_API const char *vitc_vit_label(const vitc_vit *m, int index);
 VITC_API vitc_status vitc_vit_forward(vitc_vit *m, const float *images, int B, int H, int W,
                                       float *logits);
 /* Per-layer attention probabilities attn [depth, B, heads, N, N] (may be
- * NULL) and the attention rollout [B, N, N] (may be NULL); N = 1 + patches. */
+ * NULL) and the attention rollout [B, N, N] (may be NULL); N = prefix tokens (1: the
+ * class token; DeiT 2, DINOv2 registers 1 + R, SigLIP 0) + patches. */
 VITC_API vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int H,
                                              int W, float *attn, float *rollout);
 

@@ -110,7 +110,7 @@ class VisionTransformer:
     forward = __call__
 
     def attention_maps(self, images):
-        """(attn [depth, B, heads, N, N], rollout [B, N, N]), N = 1 + patches:
+        """(attn [depth, B, heads, N, N], rollout [B, N, N]), N = prefix tokens + patches:
         every block's softmax probabilities and their attention rollout."""
         x, B, H, W = self._images(images)
         p = self.config["patch_size"]
