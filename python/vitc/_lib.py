@@ -204,6 +204,18 @@ _SIGNATURES = {
     "vitc_vit_param": (_st, [_vp, _int, _cspp, _P(_int), _P(c_int64_p), _P(c_float_p),
                              _P(c_float_p)]),
     "vitc_vit_save": (_st, [_vp, _cs]),
+    # Hub models and embeddings
+    "vitc_vit_family": (_cs, [_vp]),
+    "vitc_vit_has_head": (_int, [_vp]),
+    "vitc_vit_num_prefix_tokens": (_int, [_vp]),
+    "vitc_vit_num_ignored": (_int, [_vp]),
+    "vitc_vit_ignored": (_cs, [_vp, _int]),
+    "vitc_vit_embed_size": (_st, [_vp, _int, _int, _int, c_int64_p]),
+    "vitc_vit_embed": (_st, [_vp, c_float_p, _int, _int, _int, _int, c_float_p]),
+    "vitc_vit_forward_features": (_st, [_vp, c_float_p, _int, _int, _int, c_float_p]),
+    "vitc_vit_has_processor": (_int, [_vp]),
+    "vitc_vit_preprocess_size": (_st, [_vp, _int, _int, _P(_int), _P(_int)]),
+    "vitc_vit_preprocess": (_st, [_vp, _P(Image), c_float_p]),
 }
 
 for _name, (_res, _args) in _SIGNATURES.items():

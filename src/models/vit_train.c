@@ -138,6 +138,11 @@ static char *vit_config_json(const vitc_vit *m) {
 vitc_status vitc_vit_save(const vitc_vit *m, const char *path) {
     if (!m || !path)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_save: NULL argument");
+    /* vitc.config describes torchvision's architecture; a Hub family's
+     * options (tokens, norms, activation, position rule) have no field there. */
+    if (m->proc.present)
+        return vitc__err(VITC_ERR_UNSUPPORTED, "vitc_vit_save: a %s model cannot be saved as a "
+                         "torchvision-named checkpoint; keep its Hub directory", m->family);
     int n = m->n_entries;
     const char **names = calloc((size_t)n, sizeof *names);
     int *ndims = calloc((size_t)n, sizeof *ndims);
