@@ -291,7 +291,7 @@ VITC_API vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view
 VITC_API vitc_status vitc_softmax(const float *x, int ndim, const int64_t *shape, int dim,
                                   float temperature, float *out);
 
-/* ---- Training: layer backward (issue 8, tr-layers) ---------------- */
+/* ---- Training: layer backward ----------------------------------- */
 
 /* Backward of the last training-mode vitc_layer_forward: dy has the
  * forward's output shape (ndim, shape), dx receives the input gradient
@@ -322,7 +322,7 @@ VITC_API vitc_status vitc_layer_grad(vitc_layer *layer, const char *name, int *n
 VITC_API vitc_status vitc_mha_backward(vitc_layer *layer, const vitc_tensor_view *d_out,
                                        float *d_query, float *d_key, float *d_value);
 
-/* ---- end of tr-layers' training block ------------------------------ */
+/* ---- end of the layer training block ------------------------------ */
 
 /* ---- training: gradients of the functional attention and softmax --- */
 
@@ -537,9 +537,55 @@ VITC_API const char *vitc_vit_label(const vitc_vit *m, int index);
 VITC_API vitc_status vitc_vit_forward(vitc_vit *m, const float *images, int B, int H, int W,
                                       float *logits);
 /* Per-layer attention probabilities attn [depth, B, heads, N, N] (may be
- * NULL) and the attention rollout [B, N, N] (may be NULL); N = 1 + patches. */
+ * NULL) and the attention rollout [B, N, N] (may be NULL); N = prefix tokens (1: the
+ * class token; DeiT 2, DINOv2 registers 1 + R, SigLIP 0) + patches. */
 VITC_API vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int H,
                                              int W, float *attn, float *rollout);
+
+/* ---- Hugging Face Hub models and embeddings ------------------------ */
+
+/* vitc_vit_load also takes a Hub model: a directory with config.json and
+ * model.safetensors (or a sharded model.safetensors.index.json), or one of
+ * those files with config.json beside it. model_type vit, deit, dinov2,
+ * dinov2_with_registers, clip, clip_vision_model, siglip and
+ * siglip_vision_model are read (docs/hub.md); the backbone prefix (vit.,
+ * deit., dinov2., vision_model.) may be present or absent. Tensors the forward does not use (pooler, position_ids, ...)
+ * are skipped and listed by vitc_vit_ignored. */
+typedef enum vitc_pool {
+    VITC_POOL_DEFAULT = 0, /* the family's own pooled output (ViT/DeiT: CLS after the final LN) */
+    VITC_POOL_CLS = 1,     /* the class token after the final LayerNorm */
+    VITC_POOL_MEAN = 2,    /* the mean of the patch tokens after the final LayerNorm */
+    VITC_POOL_TOKENS = 3   /* the patch tokens after the final LayerNorm, [P, C] per image */
+} vitc_pool;
+/* "torchvision", "timm", "hf-vit", "hf-deit", "hf-dinov2", "hf-clip", "hf-siglip". */
+VITC_API const char *vitc_vit_family(const vitc_vit *m);
+/* 0 for a backbone (vitc_vit_forward then fails; use vitc_vit_embed). */
+VITC_API int vitc_vit_has_head(const vitc_vit *m);
+/* Tokens before the patches: 1 (class) or 2 (DeiT's class + distillation). */
+VITC_API int vitc_vit_num_prefix_tokens(const vitc_vit *m);
+/* Checkpoint tensors skipped as unused by the forward. */
+VITC_API int vitc_vit_num_ignored(const vitc_vit *m);
+VITC_API const char *vitc_vit_ignored(const vitc_vit *m, int i);
+/* Floats per image that vitc_vit_embed writes for images of H x W. */
+VITC_API vitc_status vitc_vit_embed_size(const vitc_vit *m, vitc_pool pool, int H, int W,
+                                         int64_t *floats);
+/* images [B, C, H, W] (normalized) -> out [B, embed_size] (not L2-normalized). */
+VITC_API vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int H, int W,
+                                    vitc_pool pool, float *out);
+/* Every token after the final LayerNorm (HF's last_hidden_state):
+ * out [B, prefix + patches, hidden_dim]. */
+VITC_API vitc_status vitc_vit_forward_features(vitc_vit *m, const float *images, int B, int H,
+                                               int W, float *out);
+
+/* A Hub model's image processor (preprocessor_config.json over the family's
+ * defaults), as transformers' slow PIL path computes it: resize (PIL's
+ * bilinear/bicubic in uint8), center crop (floor offsets), rescale,
+ * normalize. 0 / an error for other models. preprocess_size: the output
+ * [H, W] for a width x height image; preprocess: out [3, H, W]. */
+VITC_API int vitc_vit_has_processor(const vitc_vit *m);
+VITC_API vitc_status vitc_vit_preprocess_size(const vitc_vit *m, int width, int height, int *H,
+                                              int *W);
+VITC_API vitc_status vitc_vit_preprocess(const vitc_vit *m, const vitc_image *img, float *out);
 
 /* ---- inference precision (issue 11) ------------------------------ */
 
@@ -577,7 +623,7 @@ VITC_API int vitc_precision_parse(const char *name);
  * e.g. "bf16: avx512-bf16, int8: avx512-vnni" or "... reference". */
 VITC_API const char *vitc_get_precision_paths(void);
 
-/* ---- ViT training (issue 8, tr-core) ------------------------------- */
+/* ---- ViT training ------------------------------------------------ */
 
 /* A new model of cfg with torchvision's VisionTransformer.__init__
  * initialisation drawn from seed; its norm_eps/mean/std are taken as given

@@ -25,6 +25,31 @@ vitc_status vitc__err_prefix(vitc_status status, const char *fmt, ...)
             return vitc__s;            \
     } while (0)
 
+/* A Hugging Face image processor's slow (PIL) path (src/io/image_hf.c):
+ * resize (exact size, or shortest edge s with long = int(s * long / short)),
+ * resample 2 (bilinear) or 3 (bicubic) as PIL computes it in uint8, center
+ * crop with floor offsets, rescale, normalize. */
+typedef struct vitc__hf_proc {
+    int present;
+    int do_resize, size_h, size_w, shortest, resample;
+    int do_crop, crop_h, crop_w;
+    int do_rescale, do_normalize;
+    double rescale;
+    float mean[3], std[3];
+} vitc__hf_proc;
+/* Output [oh, ow] and the resized [rh, rw] of a w x h image. */
+vitc_status vitc__hf_output_size(const vitc__hf_proc *p, int w, int h, int *oh, int *ow, int *rh,
+                                 int *rw);
+/* out: [3, oh, ow]. */
+vitc_status vitc__hf_preprocess(const vitc__hf_proc *p, const vitc_image *img, float *out);
+
+/* vitc_safetensors_load with flags: VITC__ST_KEEP_I64 lists I64 tensors
+ * (dtype "I64", data NULL) instead of refusing the file — Hub checkpoints
+ * carry int64 position_ids buffers that a forward never reads. */
+#define VITC__ST_KEEP_I64 1
+typedef struct vitc_safetensors vitc_safetensors;
+vitc_status vitc__safetensors_load_flags(const char *path, int flags, vitc_safetensors **out);
+
 /* Overflow-checked size arithmetic: 1 on success, 0 on overflow. */
 static inline int vitc__mul_size(size_t a, size_t b, size_t *out) {
     return !__builtin_mul_overflow(a, b, out);

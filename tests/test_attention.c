@@ -23,6 +23,9 @@
 
 #include "kernels/kernels.h"
 
+#include "testutil.h"
+#include "attn_testutil.h"
+
 #if defined(__has_include)
 #if __has_include(<valgrind/valgrind.h>)
 #include <valgrind/valgrind.h>
@@ -41,12 +44,6 @@ static const char *const arch_names[] = {"generic", "avx2", "avx512"};
 /* ---- data --------------------------------------------------------- */
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static float urand(void) { /* uniform [-1, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 40) / (double)(1ull << 23) - 1.0);
-}
 
 enum layout { SEPARATE, FUSED_QKV };
 enum maskkind { NO_MASK, MASK_LS, MASK_B1LS, MASK_KEYPAD, MASK_INF, MASK_UNDERFLOW };
@@ -67,16 +64,6 @@ typedef struct tdata {
     size_t o_n, p_n;
 } tdata;
 
-static float *falloc(size_t n) {
-    float *p = malloc((n ? n : 1) * sizeof(float));
-    assert_non_null(p);
-    return p;
-}
-
-static void fill(float *x, size_t n, float mul) {
-    for (size_t i = 0; i < n; i++) x[i] = urand() * mul;
-}
-
 static void tdata_make(tdata *t, const tcase *c) {
     memset(t, 0, sizeof *t);
     t->c = *c;
@@ -84,70 +71,42 @@ static void tdata_make(tdata *t, const tcase *c) {
     int64_t B = c->B, H = c->H, L = c->L, S = c->S, D = c->D, Dv = c->Dv;
     d->B = B, d->H = H, d->L = L, d->S = S, d->D = D, d->Dv = Dv;
     d->scale = c->scale_mul / sqrtf((float)D);
-    if (c->layout == FUSED_QKV) {
-        /* [B, N, 3, H, d] as timm's qkv linear writes it, O as [B, N, H, d]. */
-        assert_int_equal(L, S);
-        assert_int_equal(D, Dv);
-        size_t n = (size_t)(B * L * 3 * H * D);
-        t->qkv = falloc(n);
-        fill(t->qkv, n, 1.0f);
-        d->q = t->qkv, d->k = t->qkv + H * D, d->v = t->qkv + 2 * H * D;
-        d->q_sb = d->k_sb = d->v_sb = L * 3 * H * D;
-        d->q_sh = d->k_sh = d->v_sh = D;
-        d->q_sr = d->k_sr = d->v_sr = 3 * H * D;
-        t->o_n = (size_t)(B * L * H * Dv);
-        t->o = falloc(t->o_n);
-        d->o = t->o, d->o_sb = L * H * Dv, d->o_sh = Dv, d->o_sr = H * Dv;
-    } else {
-        t->q = falloc((size_t)(B * H * L * D));
-        t->k = falloc((size_t)(B * H * S * D));
-        t->v = falloc((size_t)(B * H * S * Dv));
-        fill(t->q, (size_t)(B * H * L * D), 1.0f);
-        fill(t->k, (size_t)(B * H * S * D), 1.0f);
-        fill(t->v, (size_t)(B * H * S * Dv), 1.0f);
-        d->q = t->q, d->q_sb = H * L * D, d->q_sh = L * D, d->q_sr = D;
-        d->k = t->k, d->k_sb = H * S * D, d->k_sh = S * D, d->k_sr = D;
-        d->v = t->v, d->v_sb = H * S * Dv, d->v_sh = S * Dv, d->v_sr = Dv;
-        t->o_n = (size_t)(B * H * L * Dv);
-        t->o = falloc(t->o_n);
-        d->o = t->o, d->o_sb = H * L * Dv, d->o_sh = L * Dv, d->o_sr = Dv;
-    }
+    int fused = c->layout == FUSED_QKV;
+    atu_make_qkv(d, fused, &t->qkv, &t->q, &t->k, &t->v, &rng_state);
+    /* O as [B, N, H, d] in the fused layout (as timm reads it), else [B, H, N, d]. */
+    t->o_n = (size_t)(B * H * L * Dv);
+    t->o = tu_falloc(t->o_n);
+    d->o = t->o, d->o_sb = fused ? L * H * Dv : H * L * Dv, d->o_sh = fused ? Dv : L * Dv,
+    d->o_sr = fused ? H * Dv : Dv;
     switch (c->mask) {
     case NO_MASK: break;
-    case MASK_LS: /* [L, S] broadcast over b and h */
-        t->mask = falloc((size_t)(L * S));
-        fill(t->mask, (size_t)(L * S), 3.0f);
-        d->mask = t->mask, d->m_sr = S;
+    case MASK_LS:
+        t->mask = atu_make_mask(d, ATU_MASK_LS, &rng_state);
         break;
-    case MASK_B1LS: /* [B, 1, L, S] */
-        t->mask = falloc((size_t)(B * L * S));
-        fill(t->mask, (size_t)(B * L * S), 3.0f);
-        d->mask = t->mask, d->m_sb = L * S, d->m_sr = S;
+    case MASK_B1LS:
+        t->mask = atu_make_mask(d, ATU_MASK_B1LS, &rng_state);
         break;
-    case MASK_KEYPAD: /* [B, 1, 1, S]: the last third of the keys padded out */
-        t->mask = falloc((size_t)(B * S));
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t j = 0; j < S; j++) t->mask[b * S + j] = j >= S - S / 3 ? -INFINITY : 0.0f;
-        d->mask = t->mask, d->m_sb = S;
+    case MASK_KEYPAD:
+        t->mask = atu_make_mask(d, ATU_MASK_KEYPAD, &rng_state);
         break;
     case MASK_INF: /* [B, H, L, S], 40% -inf, every 5th row fully masked */
-        t->mask = falloc((size_t)(B * H * L * S));
+        t->mask = tu_falloc((size_t)(B * H * L * S));
         for (int64_t i = 0; i < B * H * L; i++)
             for (int64_t j = 0; j < S; j++)
-                t->mask[i * S + j] = (i % 5 == 2 || urand() < -0.2f) ? -INFINITY : urand();
+                t->mask[i * S + j] = (i % 5 == 2 || tu_urand(&rng_state) < -0.2f) ? -INFINITY : tu_urand(&rng_state);
         d->mask = t->mask, d->m_sb = H * L * S, d->m_sh = L * S, d->m_sr = S;
         break;
     case MASK_UNDERFLOW: /* one key per row at 0, the others 90..200 below */
-        t->mask = falloc((size_t)(L * S));
+        t->mask = tu_falloc((size_t)(L * S));
         for (int64_t l = 0; l < L; l++)
             for (int64_t j = 0; j < S; j++)
-                t->mask[l * S + j] = j == (l * 7) % S ? 0.0f : -145.0f + 55.0f * urand();
+                t->mask[l * S + j] = j == (l * 7) % S ? 0.0f : -145.0f + 55.0f * tu_urand(&rng_state);
         d->mask = t->mask, d->m_sr = S;
         break;
     }
     if (c->probs) {
         t->p_n = (size_t)(B * H * L * S);
-        t->probs = falloc(t->p_n);
+        t->probs = tu_falloc(t->p_n);
         d->probs = t->probs, d->p_sb = H * L * S, d->p_sh = L * S, d->p_sr = S;
     }
 }
@@ -160,7 +119,7 @@ static void tdata_free(tdata *t) {
 /* Asks for the per-row log-sum-exp too ([B,H,L], as the backward reads it). */
 static void tdata_want_lse(tdata *t) {
     vitc__sdpa_desc *d = &t->d;
-    t->lse = falloc((size_t)(d->B * d->H * d->L));
+    t->lse = tu_falloc((size_t)(d->B * d->H * d->L));
     d->lse = t->lse, d->lse_sb = d->H * d->L, d->lse_sh = d->L;
 }
 
@@ -457,7 +416,7 @@ static void test_threads_bitwise(void **state) {
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
         tdata t;
         tdata_make(&t, &cs[i]);
-        float *o1 = falloc(t.o_n), *p1 = falloc(t.p_n);
+        float *o1 = tu_falloc(t.o_n), *p1 = tu_falloc(t.p_n);
         for (int a = 0; a < 3; a++) {
             if (!vitc__cpu_has((vitc__arch)a)) continue;
             assert_int_equal(vitc_set_arch(arch_names[a]), VITC_OK);

@@ -25,15 +25,12 @@
 #include "kernels/attention_impl.h"
 #include "kernels/kernels.h"
 
+#include "testutil.h"
+#include "attn_testutil.h"
+
 static const char *const arch_names[] = {"generic", "avx2", "avx512"};
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
-static float urand(void) { /* uniform [-1, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 40) / (double)(1ull << 23) - 1.0);
-}
 
 enum layout { SEPARATE, FUSED_QKV };
 enum maskkind { NO_MASK, MASK_LS, MASK_B1LS, MASK_KEYPAD, MASK_HOLES, MASK_FULLROW };
@@ -51,16 +48,6 @@ typedef struct tdata {
     size_t nq, nk, nv; /* elements of dq, dk, dv (natural [B,H,*,*] layout) */
 } tdata;
 
-static float *falloc(size_t n) {
-    float *p = malloc((n ? n : 1) * sizeof(float));
-    assert_non_null(p);
-    return p;
-}
-
-static void fill(float *x, size_t n, float mul) {
-    for (size_t i = 0; i < n; i++) x[i] = urand() * mul;
-}
-
 static void tdata_make(tdata *t, const tcase *c) {
     memset(t, 0, sizeof *t);
     t->c = *c;
@@ -68,36 +55,16 @@ static void tdata_make(tdata *t, const tcase *c) {
     int64_t B = c->B, H = c->H, L = c->L, S = c->S, D = c->D, Dv = c->Dv;
     f->B = B, f->H = H, f->L = L, f->S = S, f->D = D, f->Dv = Dv;
     f->scale = 1.0f / sqrtf((float)(D ? D : 1));
-    if (c->layout == FUSED_QKV) { /* [B, N, 3, H, d]; o and the gradients [B, N, H, d] */
-        assert_int_equal(L, S);
-        assert_int_equal(D, Dv);
-        size_t n = (size_t)(B * L * 3 * H * D);
-        t->qkv = falloc(n);
-        fill(t->qkv, n, 1.0f);
-        f->q = t->qkv, f->k = t->qkv + H * D, f->v = t->qkv + 2 * H * D;
-        f->q_sb = f->k_sb = f->v_sb = L * 3 * H * D;
-        f->q_sh = f->k_sh = f->v_sh = D;
-        f->q_sr = f->k_sr = f->v_sr = 3 * H * D;
-    } else {
-        t->q = falloc((size_t)(B * H * L * D));
-        t->k = falloc((size_t)(B * H * S * D));
-        t->v = falloc((size_t)(B * H * S * Dv));
-        fill(t->q, (size_t)(B * H * L * D), 1.0f);
-        fill(t->k, (size_t)(B * H * S * D), 1.0f);
-        fill(t->v, (size_t)(B * H * S * Dv), 1.0f);
-        f->q = t->q, f->q_sb = H * L * D, f->q_sh = L * D, f->q_sr = D;
-        f->k = t->k, f->k_sb = H * S * D, f->k_sh = S * D, f->k_sr = D;
-        f->v = t->v, f->v_sb = H * S * Dv, f->v_sh = S * Dv, f->v_sr = Dv;
-    }
+    atu_make_qkv(f, c->layout == FUSED_QKV, &t->qkv, &t->q, &t->k, &t->v, &rng_state);
     /* o, dout and the gradients: [B, N, H, d] in the fused layout (strided
      * rows), [B, H, N, d] otherwise. */
     int fused = c->layout == FUSED_QKV;
-    t->o = falloc((size_t)(B * H * L * Dv));
-    t->dout = falloc((size_t)(B * H * L * Dv));
-    fill(t->dout, (size_t)(B * H * L * Dv), 1.0f);
-    t->lse = falloc((size_t)(B * H * L));
+    t->o = tu_falloc((size_t)(B * H * L * Dv));
+    t->dout = tu_falloc((size_t)(B * H * L * Dv));
+    tu_fill(&rng_state, t->dout, (size_t)(B * H * L * Dv), 1.0f);
+    t->lse = tu_falloc((size_t)(B * H * L));
     t->nq = (size_t)(B * H * L * D), t->nk = (size_t)(B * H * S * D), t->nv = (size_t)(B * H * S * Dv);
-    t->dq = falloc(t->nq), t->dk = falloc(t->nk), t->dv = falloc(t->nv);
+    t->dq = tu_falloc(t->nq), t->dk = tu_falloc(t->nk), t->dv = tu_falloc(t->nv);
     vitc__sdpa_bwd_desc *d = &t->d;
     f->o = t->o, f->o_sb = fused ? L * H * Dv : H * L * Dv, f->o_sh = fused ? Dv : L * Dv,
     f->o_sr = fused ? H * Dv : Dv;
@@ -111,30 +78,23 @@ static void tdata_make(tdata *t, const tcase *c) {
     f->lse = t->lse, f->lse_sb = H * L, f->lse_sh = L;
     switch (c->mask) {
     case NO_MASK: break;
-    case MASK_LS: /* [L, S] float, broadcast over b and h */
-        t->mask = falloc((size_t)(L * S));
-        fill(t->mask, (size_t)(L * S), 3.0f);
-        f->mask = t->mask, f->m_sr = S;
+    case MASK_LS:
+        t->mask = atu_make_mask(f, ATU_MASK_LS, &rng_state);
         break;
-    case MASK_B1LS: /* [B, 1, L, S] */
-        t->mask = falloc((size_t)(B * L * S));
-        fill(t->mask, (size_t)(B * L * S), 3.0f);
-        f->mask = t->mask, f->m_sb = L * S, f->m_sr = S;
+    case MASK_B1LS:
+        t->mask = atu_make_mask(f, ATU_MASK_B1LS, &rng_state);
         break;
-    case MASK_KEYPAD: /* [B, 1, 1, S], a bool key-padding mask as it reaches the kernel */
-        t->mask = falloc((size_t)(B * S));
-        for (int64_t b = 0; b < B; b++)
-            for (int64_t j = 0; j < S; j++) t->mask[b * S + j] = j >= S - S / 3 ? -INFINITY : 0.0f;
-        f->mask = t->mask, f->m_sb = S;
+    case MASK_KEYPAD:
+        t->mask = atu_make_mask(f, ATU_MASK_KEYPAD, &rng_state);
         break;
     case MASK_HOLES:   /* [B, H, L, S]: 40% -inf, each row keeps key (7 l) mod S */
     case MASK_FULLROW: /* and row 2 of head (0, 0) fully masked */
-        t->mask = falloc((size_t)(B * H * L * S));
+        t->mask = tu_falloc((size_t)(B * H * L * S));
         for (int64_t i = 0; i < B * H * L; i++)
             for (int64_t j = 0; j < S; j++) {
-                int hole = urand() < -0.2f && j != (i % L * 7) % S;
+                int hole = tu_urand(&rng_state) < -0.2f && j != (i % L * 7) % S;
                 if (c->mask == MASK_FULLROW && i == 2) hole = 1;
-                t->mask[i * S + j] = hole ? -INFINITY : urand();
+                t->mask[i * S + j] = hole ? -INFINITY : tu_urand(&rng_state);
             }
         f->mask = t->mask, f->m_sb = H * L * S, f->m_sh = L * S, f->m_sr = S;
         break;
@@ -389,7 +349,7 @@ static void test_threads_bitwise(void **state) {
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
         tdata t;
         tdata_make(&t, &cs[i]);
-        float *g1 = falloc(t.nq + t.nk + t.nv);
+        float *g1 = tu_falloc(t.nq + t.nk + t.nv);
         for (int a = 0; a < 3; a++) {
             if (!vitc__cpu_has((vitc__arch)a)) continue;
             assert_int_equal(vitc_set_arch(arch_names[a]), VITC_OK);

@@ -29,54 +29,17 @@
 
 #include "vitc.h"
 
-static char tmpdir[256];
-
-static void rm_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        char p[600];
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-                if (unlink(p) != 0)
-                    rm_tree(p);
-            }
-        closedir(d);
-    }
-    rmdir(dir);
-}
+#include "testutil.h"
 
 static int setup_dir(void **state) {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/vitc_test_files_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return tu_make_tmpdir("/tmp/vitc_test_files_XXXXXX");
 }
 
 static int teardown_dir(void **state) {
     (void)state;
-    rm_tree(tmpdir);
+    tu_rm_tree(tu_tmpdir);
     return 0;
-}
-
-static char *tmp_path(const char *name) {
-    static char p[8][512];
-    static int k;
-    k = (k + 1) % 8;
-    snprintf(p[k], sizeof p[k], "%s/%s", tmpdir, name);
-    return p[k];
-}
-
-/* Names in tmpdir, so that a leftover temporary file shows. */
-static int dir_entries(void) {
-    DIR *d = opendir(tmpdir);
-    int n = 0;
-    struct dirent *e;
-    assert_non_null(d);
-    while ((e = readdir(d)))
-        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(d);
-    return n;
 }
 
 static void write_bytes(const char *path, const char *s) {
@@ -98,8 +61,7 @@ static void assert_file_is(const char *path, const char *want) {
 
 static void assert_error(vitc_status s, vitc_status want, const char *needle) {
     assert_int_equal(s, want);
-    if (!strstr(vitc_last_error(), needle))
-        fail_msg("message \"%s\" lacks \"%s\"", vitc_last_error(), needle);
+    tu_assert_message_has(needle);
 }
 
 /* The three writers of vitc, on one path; each writes well over 1 KB. */
@@ -134,7 +96,7 @@ static int png_built(void) {
     if (built < 0) {
         uint8_t px[3] = {0};
         char p[512];
-        snprintf(p, sizeof p, "%s/probe.png", tmpdir);
+        snprintf(p, sizeof p, "%s/probe.png", tu_tmpdir);
         built = vitc_image_save_png(p, px, 1, 1) != VITC_ERR_UNSUPPORTED;
         unlink(p);
     }
@@ -150,7 +112,7 @@ static void test_replace_and_no_leftovers(void **state) {
     for (int w = 0; w < N_WRITERS; w++) {
         if (w == W_PNG && !png_built())
             continue;
-        char *p = tmp_path("out");
+        char *p = tu_tmp_path("out");
         write_bytes(p, "old");
         chmod(p, 0640);
         assert_int_equal(write_with(w, p), VITC_OK);
@@ -158,7 +120,7 @@ static void test_replace_and_no_leftovers(void **state) {
         assert_int_equal(stat(p, &sb), 0);
         assert_true(sb.st_size > 4096);
         assert_int_equal(sb.st_mode & 0777, 0640); /* the replaced file's mode is kept */
-        assert_int_equal(dir_entries(), 1);
+        assert_int_equal(tu_dir_entries(), 1);
         unlink(p);
         /* A new file honours the umask like fopen. */
         mode_t old = umask(027);
@@ -174,7 +136,7 @@ static void test_npy_content(void **state) {
     (void)state;
     float v[6] = {1.5f, -2.0f, 0.0f, 3.25f, 1e-3f, -7.0f};
     int64_t shape[2] = {2, 3};
-    char *p = tmp_path("a.npy");
+    char *p = tu_tmp_path("a.npy");
     assert_int_equal(vitc_save_npy(p, v, 2, shape), VITC_OK);
     unsigned char b[512];
     FILE *f = fopen(p, "rb");
@@ -214,7 +176,7 @@ static void test_full_disk_keeps_old_file(void **state) {
     for (int w = 0; w < N_WRITERS; w++) {
         if (w == W_PNG && !png_built())
             continue;
-        char *p = tmp_path("keep");
+        char *p = tu_tmp_path("keep");
         write_bytes(p, "precious");
         fflush(NULL);
         pid_t pid = fork();
@@ -236,7 +198,7 @@ static void test_full_disk_keeps_old_file(void **state) {
         assert_true(WIFEXITED(st));
         assert_int_equal(WEXITSTATUS(st), 0);
         assert_file_is(p, "precious");
-        assert_int_equal(dir_entries(), 1);
+        assert_int_equal(tu_dir_entries(), 1);
         unlink(p);
     }
 }
@@ -244,7 +206,7 @@ static void test_full_disk_keeps_old_file(void **state) {
 /* A path that exists and is not a regular file is refused, not replaced. */
 static void test_non_regular_targets_left_alone(void **state) {
     (void)state;
-    char *fifo = tmp_path("fifo"), *dir = tmp_path("dir"), *dev = tmp_path("full");
+    char *fifo = tu_tmp_path("fifo"), *dir = tu_tmp_path("dir"), *dev = tu_tmp_path("full");
     assert_int_equal(mkfifo(fifo, 0600), 0);
     assert_int_equal(mkdir(dir, 0700), 0);
     int have_dev = geteuid() == 0 && mknod(dev, S_IFCHR | 0600, makedev(1, 7)) == 0;
@@ -265,7 +227,7 @@ static void test_non_regular_targets_left_alone(void **state) {
             assert_int_equal(sb.st_rdev, makedev(1, 7));
         }
     }
-    assert_int_equal(dir_entries(), 2 + have_dev);
+    assert_int_equal(tu_dir_entries(), 2 + have_dev);
     unlink(fifo);
     rmdir(dir);
     unlink(dev);
@@ -276,7 +238,7 @@ static void test_non_regular_targets_left_alone(void **state) {
 /* A symbolic link to a file stays a link; the file it names gets the data. */
 static void test_symlink_followed(void **state) {
     (void)state;
-    char *real = tmp_path("real.npy"), *link = tmp_path("link.npy"), *dangling = tmp_path("d");
+    char *real = tu_tmp_path("real.npy"), *link = tu_tmp_path("link.npy"), *dangling = tu_tmp_path("d");
     write_bytes(real, "old");
     assert_int_equal(symlink("real.npy", link), 0);
     float v = 2.0f;
@@ -289,7 +251,7 @@ static void test_symlink_followed(void **state) {
     assert_int_equal(symlink("nowhere/x", dangling), 0);
     assert_error(vitc_save_npy(dangling, &v, 1, (const int64_t[]){1}), VITC_ERR_IO,
                  "leads nowhere");
-    assert_int_equal(dir_entries(), 3);
+    assert_int_equal(tu_dir_entries(), 3);
     unlink(real);
     unlink(link);
     unlink(dangling);
@@ -298,13 +260,13 @@ static void test_symlink_followed(void **state) {
 static void test_unwritable(void **state) {
     (void)state;
     float v = 1.0f;
-    assert_error(vitc_save_npy(tmp_path("no/such/dir.npy"), &v, 0, NULL), VITC_ERR_IO,
+    assert_error(vitc_save_npy(tu_tmp_path("no/such/dir.npy"), &v, 0, NULL), VITC_ERR_IO,
                  "No such file or directory");
     if (geteuid() == 0) {
         print_message("      (root: permissions are not enforced, read-only case skipped)\n");
         return;
     }
-    char *p = tmp_path("ro.npy");
+    char *p = tu_tmp_path("ro.npy");
     write_bytes(p, "old");
     chmod(p, 0444);
     assert_error(vitc_save_npy(p, &v, 0, NULL), VITC_ERR_IO, "cannot write");
@@ -329,7 +291,7 @@ static void on_alarm(int sig) {
  * failure. */
 static void test_fifo_inputs_do_not_block(void **state) {
     (void)state;
-    char *fifo = tmp_path("in.fifo");
+    char *fifo = tu_tmp_path("in.fifo");
     assert_int_equal(mkfifo(fifo, 0600), 0);
     signal(SIGALRM, on_alarm);
     alarm(5);
@@ -347,14 +309,14 @@ static void test_fifo_inputs_do_not_block(void **state) {
     assert_null(f);
     /* A device reads forever too (/dev/zero); a directory is no file. */
     assert_error(vitc_safetensors_load("/dev/zero", &st), VITC_ERR_IO, "is a character device");
-    assert_error(vitc_safetensors_load(tmpdir, &st), VITC_ERR_IO, "is a directory");
+    assert_error(vitc_safetensors_load(tu_tmpdir, &st), VITC_ERR_IO, "is a directory");
     alarm(0);
     unlink(fifo);
 }
 
 static void test_open_read(void **state) {
     (void)state;
-    char *p = tmp_path("r.txt");
+    char *p = tu_tmp_path("r.txt");
     write_bytes(p, "hello");
     FILE *f = NULL;
     int64_t size = -1;
@@ -369,7 +331,7 @@ static void test_open_read(void **state) {
     fclose(f);
     assert_error(vitc_open_read(p, 4, &f, NULL), VITC_ERR_FORMAT, "over the limit of 4 bytes");
     assert_null(f);
-    assert_error(vitc_open_read(tmp_path("absent"), 0, &f, NULL), VITC_ERR_IO, "cannot open");
+    assert_error(vitc_open_read(tu_tmp_path("absent"), 0, &f, NULL), VITC_ERR_IO, "cannot open");
     assert_error(vitc_open_read(NULL, 0, &f, NULL), VITC_ERR_INVALID_ARG, "path is NULL");
     assert_error(vitc_open_read(p, -1, &f, NULL), VITC_ERR_INVALID_ARG, "max_bytes");
     unlink(p);

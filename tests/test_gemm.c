@@ -12,10 +12,11 @@
 
 #include "kernels/kernels.h"
 
+#include "testutil.h"
+
 static uint64_t rng = 88172645463325252ull;
 static float frand(void) { /* uniform in [-1, 1) */
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (float)((double)(rng >> 11) / 9007199254740992.0 * 2.0 - 1.0);
+    return (float)(tu_drand(&rng) * 2.0 - 1.0);
 }
 
 static float *rand_buf(size_t n) {

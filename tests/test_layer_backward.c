@@ -16,10 +16,11 @@
 
 #include "vitc.h"
 
+#include "testutil.h"
+
 static uint64_t rng = 0x853C49E6748FEA9Bull;
 static double drand(void) {
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (double)(rng >> 11) / 9007199254740992.0;
+    return tu_drand(&rng);
 }
 static void fill(float *a, size_t n, double scale) {
     for (size_t i = 0; i < n; i++) a[i] = (float)((2.0 * drand() - 1.0) * scale);

@@ -20,6 +20,8 @@
 
 #include "vitc.h"
 
+#include "testutil.h"
+
 /* ---- helpers -------------------------------------------------------- */
 
 static vitc_safetensors *load_ref(const char *name) {
@@ -116,8 +118,7 @@ static void expect_error(vitc_status got, vitc_status want, const char *needle) 
     if (got != want)
         fail_msg("status %d (%s), expected %d; message: %s", got, vitc_status_str(got), want,
                  vitc_last_error());
-    if (needle && !strstr(vitc_last_error(), needle))
-        fail_msg("message \"%s\" lacks \"%s\"", vitc_last_error(), needle);
+    if (needle) tu_assert_message_has(needle);
 }
 
 /* ---- parity with PyTorch ------------------------------------------------ */

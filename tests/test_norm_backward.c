@@ -15,12 +15,13 @@
 #include "kernels/ops_layers_backward.h"
 #include "kernels/ops_layers.h"
 
+#include "testutil.h"
+
 static const char *archs[] = {"generic", "avx2", "avx512"};
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static double drand(void) {
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (double)(rng >> 11) / 9007199254740992.0;
+    return tu_drand(&rng);
 }
 static void fill(float *a, int64_t n, double lo, double hi) {
     for (int64_t i = 0; i < n; i++) a[i] = (float)(lo + (hi - lo) * drand());

@@ -12,12 +12,13 @@
 
 #include "kernels/kernels.h"
 
+#include "testutil.h"
+
 static const char *archs[] = {"generic", "avx2", "avx512"};
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static double drand(void) { /* uniform [0, 1) */
-    rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
-    return (double)(rng >> 11) / 9007199254740992.0;
+    return tu_drand(&rng);
 }
 static double nrand(void) {
     double u = drand() + 1e-300, v = drand();

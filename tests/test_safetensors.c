@@ -25,47 +25,17 @@
 /* Helpers                                                            */
 /* ------------------------------------------------------------------ */
 
-static char tmpdir[256];
+#include "testutil.h"
 
 static int setup_dir(void **state) {
     (void)state;
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/vitc_test_st_XXXXXX");
-    return mkdtemp(tmpdir) ? 0 : -1;
+    return tu_make_tmpdir("/tmp/vitc_test_st_XXXXXX");
 }
 
 static int teardown_dir(void **state) {
     (void)state;
-    DIR *d = opendir(tmpdir);
-    if (d) {
-        struct dirent *e;
-        char p[600];
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", tmpdir, e->d_name);
-                unlink(p);
-            }
-        closedir(d);
-    }
-    rmdir(tmpdir);
+    tu_rm_tree(tu_tmpdir);
     return 0;
-}
-
-static const char *tmp_path(const char *name) {
-    static char p[512];
-    snprintf(p, sizeof p, "%s/%s", tmpdir, name);
-    return p;
-}
-
-/* Entries of tmpdir other than . and .. (to see that no temp file is left). */
-static int dir_entries(void) {
-    DIR *d = opendir(tmpdir);
-    int n = 0;
-    struct dirent *e;
-    assert_non_null(d);
-    while ((e = readdir(d)))
-        n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
-    closedir(d);
-    return n;
 }
 
 static unsigned char *read_all(const char *path, size_t *len) {
@@ -146,10 +116,10 @@ static void test_roundtrip(void **state) {
     const float *data[] = {a, b, c, s, NULL};
     const char *mk[] = {"format", "vitc.config", "empty"};
     const char *mv[] = {"pt", "{\"depth\": 2, \"labels\": [\"a\\\"b\", \"\\u00e9\"]}", ""};
-    const char *path = tmp_path("rt.safetensors");
+    const char *path = tu_tmp_path("rt.safetensors");
     assert_int_equal(vitc_safetensors_save(path, 5, names, ndims, shapes, data, 3, mk, mv),
                      VITC_OK);
-    assert_int_equal(dir_entries(), 1); /* no temp file left behind */
+    assert_int_equal(tu_dir_entries(), 1); /* no temp file left behind */
 
     size_t len;
     unsigned char *bytes = read_all(path, &len);
@@ -237,8 +207,7 @@ static void expect_save_fails(const char *path, int n, const char *const *names,
                               const char *const *mk, const char *const *mv, const char *needle) {
     vitc_status s = vitc_safetensors_save(path, n, names, ndims, shapes, data, nm, mk, mv);
     assert_int_not_equal(s, VITC_OK);
-    if (!strstr(vitc_last_error(), needle))
-        fail_msg("message \"%s\" lacks \"%s\"", vitc_last_error(), needle);
+    tu_assert_message_has(needle);
     assert_int_equal(access(path, F_OK), -1);
 }
 
@@ -246,7 +215,7 @@ static void test_save_errors(void **state) {
     (void)state;
     float x[4] = {1, 2, 3, 4};
     int64_t s2[1] = {2}, neg[2] = {2, -1}, huge[3] = {INT64_MAX / 2, 4, 4};
-    const char *p = tmp_path("bad.safetensors");
+    const char *p = tu_tmp_path("bad.safetensors");
     const char *dup[] = {"w", "w"};
     const int nd1[] = {1, 1};
     const int64_t *sh[] = {s2, s2};
@@ -281,7 +250,7 @@ static void test_save_errors(void **state) {
     const float *ddd[] = {x, x, x};
     expect_save_fails(p, 3, three, nd1x3, shb, ddd, 0, NULL, NULL, "add up");
     assert_int_not_equal(vitc_safetensors_save(NULL, 1, one, nd1, sh, dd, 0, NULL, NULL), VITC_OK);
-    assert_int_equal(dir_entries(), 0);
+    assert_int_equal(tu_dir_entries(), 0);
 
     /* A directory that does not exist: an i/o error naming the path. */
     const char *nodir = "/nonexistent-vitc-dir/x.safetensors";
@@ -455,7 +424,7 @@ static void test_numpy_fixture(void **state) {
     }
     vitc_safetensors_free(m);
     free(bytes);
-    const char *p2 = tmp_path("resaved.safetensors");
+    const char *p2 = tu_tmp_path("resaved.safetensors");
     assert_int_equal(vitc_safetensors_save(p2, n, names, ndims, shapes, data, 0, NULL, NULL),
                      VITC_OK);
     assert_int_equal(vitc_safetensors_load(p2, &m), VITC_OK);
@@ -488,9 +457,8 @@ static void expect_bad(const unsigned char *b, size_t len, const char *needle) {
     if (s == VITC_OK)
         fail_msg("accepted a bad file (expected \"%s\")", needle);
     assert_null(st);
-    if (!strstr(vitc_last_error(), needle))
-        fail_msg("message \"%s\" lacks \"%s\"", vitc_last_error(), needle);
-    const char *p = tmp_path("corrupt.safetensors");
+    tu_assert_message_has(needle);
+    const char *p = tu_tmp_path("corrupt.safetensors");
     write_all(p, b, len);
     st = (vitc_safetensors *)&st;
     assert_int_not_equal(vitc_safetensors_load(p, &st), VITC_OK);
@@ -667,7 +635,7 @@ static void test_truncated_every_prefix(void **state) {
     vitc_safetensors *st;
     assert_int_equal(vitc_safetensors_load_memory(full, len, &st), VITC_OK);
     vitc_safetensors_free(st);
-    const char *p = tmp_path("prefix.safetensors");
+    const char *p = tu_tmp_path("prefix.safetensors");
     for (size_t n = 0; n < len; n++) {
         unsigned char *cut = malloc(n ? n : 1);
         assert_non_null(cut);
@@ -739,8 +707,8 @@ static void test_bad_paths_and_args(void **state) {
     assert_int_equal(vitc_safetensors_load("/nonexistent/x.safetensors", &st), VITC_ERR_IO);
     assert_non_null(strstr(vitc_last_error(), "/nonexistent/x.safetensors"));
     assert_null(st);
-    assert_int_not_equal(vitc_safetensors_load(tmpdir, &st), VITC_OK);
-    assert_non_null(strstr(vitc_last_error(), tmpdir));
+    assert_int_not_equal(vitc_safetensors_load(tu_tmpdir, &st), VITC_OK);
+    assert_non_null(strstr(vitc_last_error(), tu_tmpdir));
     assert_int_not_equal(vitc_safetensors_load(NULL, &st), VITC_OK);
     assert_int_not_equal(vitc_safetensors_load("x", NULL), VITC_OK);
     assert_int_not_equal(vitc_safetensors_load_memory(NULL, 10, &st), VITC_OK);
@@ -785,7 +753,7 @@ static void test_rank_limit(void **state) {
     const char *name[] = {"a"};
     const int64_t *sh[] = {ones};
     const float *dd[] = {&one};
-    const char *p = tmp_path("rank.safetensors");
+    const char *p = tu_tmp_path("rank.safetensors");
     for (int nd = MAX; nd <= MAX + 1; nd++) {
         char hdr[512] = "{\"a\":{\"dtype\":\"F32\",\"data_offsets\":[0,4],\"shape\":[";
         for (int i = 0; i < nd; i++) strcat(hdr, i ? ",1" : "1");

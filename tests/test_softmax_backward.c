@@ -17,15 +17,11 @@
 
 #include "kernels/kernels.h"
 
+#include "testutil.h"
+
 static const char *const arch_names[] = {"generic", "avx2", "avx512"};
 
 static uint64_t rng_state = 0x853c49e6748fea9bull;
-static float urand(void) { /* uniform [-1, 1) */
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (float)((double)(rng_state >> 40) / (double)(1ull << 23) - 1.0);
-}
 
 /* y = softmax(x * it) rows in float64, then dx in float64. */
 static void reference(double *dx, float *y, const float *x, const float *dy, int64_t rows, int64_t n,
@@ -56,7 +52,7 @@ static void test_paths_vs_float64(void **state) {
             float *x = malloc(tot * 4), *y = malloc(tot * 4), *dy = malloc(tot * 4), *dx = malloc(tot * 4);
             double *ref = malloc(tot * 8);
             assert_true(x && y && dy && dx && ref);
-            for (size_t i = 0; i < tot; i++) x[i] = 4.0f * urand(), dy[i] = urand();
+            for (size_t i = 0; i < tot; i++) x[i] = 4.0f * tu_urand(&rng_state), dy[i] = tu_urand(&rng_state);
             reference(ref, y, x, dy, rows, n, its[b]);
             for (int p = 0; p < 4; p++) {
                 if (p < 3) {
@@ -90,7 +86,7 @@ static void test_threads_and_in_place(void **state) {
     size_t tot = (size_t)(rows * n);
     float *y = malloc(tot * 4), *dy = malloc(tot * 4), *a = malloc(tot * 4), *b = malloc(tot * 4);
     assert_true(y && dy && a && b);
-    for (size_t i = 0; i < tot; i++) y[i] = 0.5f + 0.5f * urand(), dy[i] = urand();
+    for (size_t i = 0; i < tot; i++) y[i] = 0.5f + 0.5f * tu_urand(&rng_state), dy[i] = tu_urand(&rng_state);
     int saved = vitc_get_num_threads();
     for (int p = 0; p < 3; p++) {
         if (!vitc__cpu_has((vitc__arch)p)) continue;
@@ -113,7 +109,7 @@ static void test_public_finite_differences(void **state) {
     (void)state;
     const int64_t shape[3] = {2, 5, 3};
     float x[30], dy[30], y[30], dx[30], yp[30];
-    for (int i = 0; i < 30; i++) x[i] = 2.0f * urand(), dy[i] = urand();
+    for (int i = 0; i < 30; i++) x[i] = 2.0f * tu_urand(&rng_state), dy[i] = tu_urand(&rng_state);
     const float t = 0.7f;
     assert_int_equal(vitc_softmax(x, 3, shape, 1, t, y), VITC_OK);
     assert_int_equal(vitc_softmax_backward(y, dy, 3, shape, 1, t, dx), VITC_OK);

@@ -258,6 +258,8 @@ int cli_parse_command(const char *cmd, const cli_spec *spec, int argc, char **ar
 int cli_model_input(const char *model_path, const vitc_vit_config *cfg, int crop, int crop_set,
                     int resize, int resize_set, cli_input *in) {
     in->crop = crop_set ? crop : cfg->image_size;
+    in->height = in->width = in->crop;
+    in->proc = NULL;
     in->resize = resize_set ? resize : (int)((int64_t)in->crop * 256 / 224);
     in->channels = cfg->in_channels;
     if (in->crop < cfg->patch_size)
@@ -274,10 +276,36 @@ int cli_model_input(const char *model_path, const vitc_vit_config *cfg, int crop
     return CLI_OK;
 }
 
+int cli_model_processor(const vitc_vit *m, int crop_set, int resize_set, cli_input *in) {
+    int h1, w1, h2, w2;
+    if (crop_set || resize_set || !vitc_vit_has_processor(m))
+        return CLI_OK;
+    if (vitc_vit_preprocess_size(m, 640, 480, &h1, &w1) != VITC_OK ||
+        vitc_vit_preprocess_size(m, 480, 1000, &h2, &w2) != VITC_OK)
+        return cli_error("%s", vitc_last_error());
+    if (h1 != h2 || w1 != w2)
+        return cli_error("the model's image processor makes sizes that depend on the image (no "
+                         "center crop); give --crop for torchvision's fixed one");
+    if (h1 < vitc_vit_get_config(m)->patch_size || w1 < vitc_vit_get_config(m)->patch_size)
+        return cli_error("the model's image processor makes %dx%d, smaller than a patch", w1, h1);
+    in->proc = m;
+    in->height = h1, in->width = w1, in->channels = 3;
+    in->per_image = (size_t)3 * (size_t)h1 * (size_t)w1; /* both <= 16384 */
+    return CLI_OK;
+}
+
 vitc_status cli_load_input(const char *path, const vitc_vit_config *cfg, const cli_input *in,
                            float *out) {
     vitc_image img;
     vitc_status st = vitc_image_load(path, 0, &img);
+    int h, w;
+    if (st == VITC_OK && in->proc) {
+        st = vitc_vit_preprocess_size(in->proc, img.width, img.height, &h, &w);
+        if (st == VITC_OK)
+            st = vitc_vit_preprocess(in->proc, &img, out);
+        vitc_image_free(&img);
+        return st;
+    }
     if (st == VITC_OK)
         st = vitc_image_preprocess_channels(&img, in->resize, in->crop, in->channels, cfg->mean,
                                             cfg->std, out);

@@ -92,7 +92,9 @@ int cli_parse_double(const char *s, double min, double max, double *out);
 /* What a ViT command feeds the model for each image. */
 typedef struct cli_input {
     int crop, resize, channels;
-    size_t per_image; /* floats per image: channels * crop * crop, what the forward reads */
+    int height, width; /* what the forward reads: crop x crop, or the processor's size */
+    const vitc_vit *proc; /* a Hub model whose own image processor is used, or NULL */
+    size_t per_image; /* floats per image: channels * height * width */
 } cli_input;
 
 /* crop and resize as given (or 0 and not set: the model's defaults), checked
@@ -100,7 +102,11 @@ typedef struct cli_input {
  * 3). CLI_OK or a reported CLI_FAIL. */
 int cli_model_input(const char *model_path, const vitc_vit_config *cfg, int crop, int crop_set,
                     int resize, int resize_set, cli_input *in);
-/* Decode and preprocess one image into out [channels, crop, crop]. */
+/* A Hub model's own image processor (preprocessor_config.json) instead of
+ * torchvision's transform, unless --crop or --resize asked for that; its
+ * output size must not depend on the image. CLI_OK or a reported CLI_FAIL. */
+int cli_model_processor(const vitc_vit *m, int crop_set, int resize_set, cli_input *in);
+/* Decode and preprocess one image into out [channels, height, width]. */
 vitc_status cli_load_input(const char *path, const vitc_vit_config *cfg, const cli_input *in,
                            float *out);
 
@@ -110,5 +116,7 @@ int cmd_demo(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
 int cmd_classify(int argc, char **argv);
 int cmd_attention_map(int argc, char **argv);
+int cmd_embed(int argc, char **argv);
+int cmd_similar(int argc, char **argv);
 
 #endif

@@ -148,6 +148,7 @@ static int am_parse(int argc, char **argv, am_opts *o) {
 /* The class token's attention over the patches, [gh * gw]. */
 static int class_token_map(vitc_vit *m, const am_opts *o, const float *x, int N, float *map) {
     const vitc_vit_config *cfg = vitc_vit_get_config(m);
+    int np = vitc_vit_num_prefix_tokens(m); /* class (+ distillation, registers) first */
     size_t nn = (size_t)N * N, count;
     float *buf;
     if (!strcmp(o->method, "rollout")) {
@@ -163,7 +164,7 @@ static int class_token_map(vitc_vit *m, const am_opts *o, const float *x, int N,
             free(buf);
             return cli_error("attention rollout: %s", vitc_last_error());
         }
-        memcpy(map, buf + 1, sizeof(float) * (size_t)(N - 1));
+        memcpy(map, buf + np, sizeof(float) * (size_t)(N - np));
     } else {
         const float *last;
         if (vitc_vit_attention_maps(m, x, 1, o->crop, o->crop, buf, NULL) != VITC_OK) {
@@ -172,11 +173,11 @@ static int class_token_map(vitc_vit *m, const am_opts *o, const float *x, int N,
         }
         /* attn [depth, B=1, heads, N, N]: the last layer, row 0 (CLS) */
         last = buf + (size_t)(cfg->depth - 1) * cfg->num_heads * nn;
-        for (int j = 1; j < N; j++) {
+        for (int j = np; j < N; j++) {
             double s = 0.0;
             for (int hd = 0; hd < cfg->num_heads; hd++)
                 s += last[(size_t)hd * nn + (size_t)j];
-            map[j - 1] = (float)(s / cfg->num_heads);
+            map[j - np] = (float)(s / cfg->num_heads);
         }
     }
     free(buf);
@@ -298,10 +299,14 @@ int cmd_attention_map(int argc, char **argv) {
     o.crop = in.crop;
     o.resize = in.resize;
     gh = gw = o.crop / cfg->patch_size;
-    N = 1 + gh * gw;
+    if (vitc_vit_num_prefix_tokens(m) < 1) {
+        rc = cli_error("%s: the model has no class token to map attention from", o.model);
+        goto done;
+    }
+    N = vitc_vit_num_prefix_tokens(m) + gh * gw;
     plane = (size_t)o.crop * o.crop;
     x = malloc(sizeof(float) * in.per_image);
-    map = malloc(sizeof(float) * (size_t)(N - 1));
+    map = malloc(sizeof(float) * (size_t)(gh * gw));
     seen = malloc(3 * plane);
     if (!x || !map || !seen) {
         rc = cli_error("out of memory");

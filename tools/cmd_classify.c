@@ -319,6 +319,8 @@ int cmd_classify(int argc, char **argv) {
     if ((rc = cli_model_input(o.model, cfg, o.crop, o.crop_set, o.resize, o.resize_set, &in)) !=
         CLI_OK)
         goto done;
+    if ((rc = cli_model_processor(m, o.crop_set, o.resize_set, &in)) != CLI_OK)
+        goto done;
     if (o.labels && (rc = cli_read_labels(o.labels, cfg->num_classes, &labels)) != 0)
         goto done;
     k = o.topk < cfg->num_classes ? o.topk : cfg->num_classes;
@@ -332,7 +334,7 @@ int cmd_classify(int argc, char **argv) {
     batch_paths = malloc(sizeof *batch_paths * (size_t)o.batch);
     if (!batch || !logits || !rank || !batch_paths) {
         rc = cli_error("out of memory for a batch of %d images of %dx%dx%d", o.batch,
-                       in.channels, in.crop, in.crop);
+                       in.channels, in.height, in.width);
         goto done;
     }
 
@@ -354,7 +356,7 @@ int cmd_classify(int argc, char **argv) {
             continue;
         /* batch holds nb images of in.per_image = in_channels * crop * crop
          * floats, what the forward reads for [nb, in_channels, crop, crop] */
-        if (vitc_vit_forward(m, batch, nb, in.crop, in.crop, logits) != VITC_OK) {
+        if (vitc_vit_forward(m, batch, nb, in.height, in.width, logits) != VITC_OK) {
             rc = cli_error("forward pass: %s", vitc_last_error());
             goto done;
         }

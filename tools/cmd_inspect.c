@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <jansson.h>
 
@@ -170,6 +171,70 @@ static void inspect_text(const char *path, const vitc_safetensors *st, const vit
     }
 }
 
+/* A Hugging Face Hub model (directory, index, or a file with config.json
+ * beside it): what vitc built from it, and the tensors it skipped. */
+static int inspect_hub(const char *path, vitc_vit *m, int json) {
+    const vitc_vit_config *c = vitc_vit_get_config(m);
+    int ni = vitc_vit_num_ignored(m), np = vitc_vit_num_params(m);
+    if (json) {
+        json_t *o = json_object(), *ign = json_array(), *par = json_array();
+        json_object_set_new(o, "model", json_string(path));
+        json_object_set_new(o, "family", json_string(vitc_vit_family(m)));
+        json_object_set_new(o, "architecture", json_string(vitc_vit_arch_name(m)));
+        json_object_set_new(o, "has_head", json_boolean(vitc_vit_has_head(m)));
+        json_object_set_new(o, "prefix_tokens", json_integer(vitc_vit_num_prefix_tokens(m)));
+        json_object_set_new(o, "config", json_pack("{si si si si si si si si sf}", "image_size",
+                            c->image_size, "patch_size", c->patch_size, "in_channels",
+                            c->in_channels, "hidden_dim", c->hidden_dim, "depth", c->depth,
+                            "num_heads", c->num_heads, "mlp_dim", c->mlp_dim, "num_classes",
+                            c->num_classes, "norm_eps", short_double(c->norm_eps)));
+        for (int i = 0; i < np; i++) {
+            const char *name;
+            int nd;
+            const int64_t *shape;
+            json_t *sh = json_array();
+            vitc_vit_param(m, i, &name, &nd, &shape, NULL, NULL);
+            for (int j = 0; j < nd; j++) json_array_append_new(sh, json_integer(shape[j]));
+            json_array_append_new(par, json_pack("{ss so}", "name", name, "shape", sh));
+        }
+        for (int i = 0; i < ni; i++) json_array_append_new(ign, json_string(vitc_vit_ignored(m, i)));
+        json_object_set_new(o, "parameters", par);
+        json_object_set_new(o, "ignored", ign);
+        int rc = json_dumpf(o, stdout, JSON_COMPACT) == 0 ? CLI_OK : CLI_FAIL;
+        putchar('\n');
+        json_decref(o);
+        return rc;
+    }
+    fputs("model: ", stdout);
+    cli_put_escaped(stdout, path, SIZE_MAX);
+    printf("\nfamily: %s (", vitc_vit_family(m));
+    cli_put_escaped(stdout, vitc_vit_arch_name(m), SIZE_MAX);
+    printf(")\nconfig: image %d, patch %d, channels %d, hidden %d, depth %d, heads %d, mlp %d, "
+           "classes %d, eps %g, prefix tokens %d%s\n", c->image_size, c->patch_size,
+           c->in_channels, c->hidden_dim, c->depth, c->num_heads, c->mlp_dim, c->num_classes,
+           short_double(c->norm_eps), vitc_vit_num_prefix_tokens(m),
+           vitc_vit_has_head(m) ? "" : ", no head (embeddings only)");
+    printf("parameters: %d tensors (query/key/value fused)\n", np);
+    printf("ignored: %d (not used by the vision forward)\n", ni);
+    for (int i = 0; i < ni; i++) {
+        fputs("  ", stdout);
+        cli_put_escaped(stdout, vitc_vit_ignored(m, i), SIZE_MAX);
+        putchar('\n');
+    }
+    return CLI_OK;
+}
+
+static int inspect_try_hub(const char *path, int json) {
+    vitc_vit *m;
+    if (vitc_vit_load(path, NULL, &m) != VITC_OK)
+        return cli_error("%s", vitc_last_error());
+    int rc = inspect_hub(path, m, json);
+    vitc_vit_free(m);
+    if (fflush(stdout) != 0)
+        rc = cli_error("cannot write the output");
+    return rc;
+}
+
 int cmd_inspect(int argc, char **argv) {
     const char *path = NULL, *arch = NULL;
     char *pos[1];
@@ -192,19 +257,42 @@ int cmd_inspect(int argc, char **argv) {
     path = pos[0];
 
     vitc_safetensors *st;
-    if (vitc_safetensors_load(path, &st) != VITC_OK)
-        return cli_error("%s", vitc_last_error());
+    size_t plen = strlen(path);
+    struct stat sb;
+    if ((stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) ||
+        (plen >= 5 && !strcmp(path + plen - 5, ".json")))
+        return inspect_try_hub(path, json);
+    if (vitc_safetensors_load(path, &st) != VITC_OK) {
+        /* A Hub file (int64 position_ids) with config.json beside it. */
+        char err[1024];
+        snprintf(err, sizeof err, "%s", vitc_last_error());
+        vitc_vit *hm;
+        if (vitc_vit_load(path, NULL, &hm) == VITC_OK) {
+            int rc = inspect_hub(path, hm, json);
+            vitc_vit_free(hm);
+            return rc;
+        }
+        return cli_error("%s", err);
+    }
     /* Not being a ViT is an answer, not a failure: layer files are valid. */
     vitc_vit *m = NULL;
     char why[512] = "";
     if (vitc_vit_from_safetensors(st, arch, &m) != VITC_OK) {
         m = NULL;
+        snprintf(why, sizeof why, "%s", vitc_last_error());
+        vitc_vit *hm;
+        if (!arch && vitc_vit_load(path, NULL, &hm) == VITC_OK &&
+            strncmp(vitc_vit_family(hm), "hf-", 3) == 0) { /* config.json beside it */
+            int rc = inspect_hub(path, hm, json);
+            vitc_vit_free(hm);
+            vitc_safetensors_free(st);
+            return rc;
+        }
         if (arch) { /* asked for: a mismatch is the answer the user wants as a failure */
             int rc = cli_error("%s: not a %s: %s", path, arch, vitc_last_error());
             vitc_safetensors_free(st);
             return rc;
         }
-        snprintf(why, sizeof why, "%s", vitc_last_error());
     } else if (arch && strcmp(vitc_vit_arch_name(m), arch) != 0) {
         /* The file's vitc.config wins over --arch when loading; asked to
          * check, a file describing another model is a mismatch. */

@@ -11,6 +11,8 @@ static const struct {
     const char *help;
 } cli_cmds[] = {
     {"classify", cmd_classify, "classify images with a Vision Transformer checkpoint"},
+    {"embed", cmd_embed, "one embedding per image (Hub ViT/DeiT or any checkpoint)"},
+    {"similar", cmd_similar, "the images of a folder nearest to a query image (cached index)"},
     {"attention-map", cmd_attention_map, "write an attention heat map over an image (PNG)"},
     {"inspect", cmd_inspect, "list a safetensors file's tensors, metadata and architecture"},
     {"bench", cmd_bench, "time the standard attention workloads"},

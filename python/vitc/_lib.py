@@ -166,14 +166,14 @@ _SIGNATURES = {
     "vitc_layer_forward": (_st, [_vp, c_float_p, _int, c_int64_p, c_float_p]),
     "vitc_mha_output_shapes": (_st, [_vp, _P(MhaArgs), _P(_int), c_int64_p, _P(_int), c_int64_p]),
     "vitc_mha_forward": (_st, [_vp, _P(MhaArgs), c_float_p, c_float_p]),
-    # layer training (tr-layers)
+    # layer training
     "vitc_layer_backward": (_st, [_vp, c_float_p, _int, c_int64_p, c_float_p]),
     "vitc_layer_zero_grad": (_st, [_vp]),
     "vitc_layer_grad": (_st, [_vp, _cs, _P(_int), _P(c_int64_p), _P(c_float_p)]),
     "vitc_mha_backward": (_st, [_vp, _P(TensorView), c_float_p, c_float_p, c_float_p]),
     "vitc_sdpa": (_st, [_P(TensorView)] * 4 + [_int, _f32, c_float_p]),
     "vitc_softmax": (_st, [c_float_p, _int, c_int64_p, _int, _f32, c_float_p]),
-    # gradients of the functional attention and softmax (tr-attn)
+    # gradients of the functional attention and softmax
     "vitc_sdpa_backward": (_st, [_P(TensorView)] * 4 + [_int, _f32, c_float_p, c_float_p,
                                                         c_float_p, c_float_p]),
     "vitc_softmax_backward": (_st, [c_float_p, c_float_p, _int, c_int64_p, _int, _f32, c_float_p]),
@@ -196,7 +196,7 @@ _SIGNATURES = {
     "vitc_vit_get_precision": (_int, [_vp]),
     "vitc_precision_parse": (_int, [_cs]),
     "vitc_get_precision_paths": (_cs, []),
-    # ViT training (tr-core)
+    # ViT training
     "vitc_vit_default_config": (VitConfig, []),
     "vitc_vit_create": (_st, [_P(VitConfig), ctypes.c_uint64, _P(_vp)]),
     "vitc_vit_set_training": (None, [_vp, _int]),
@@ -208,6 +208,18 @@ _SIGNATURES = {
     "vitc_vit_param": (_st, [_vp, _int, _cspp, _P(_int), _P(c_int64_p), _P(c_float_p),
                              _P(c_float_p)]),
     "vitc_vit_save": (_st, [_vp, _cs]),
+    # Hub models and embeddings
+    "vitc_vit_family": (_cs, [_vp]),
+    "vitc_vit_has_head": (_int, [_vp]),
+    "vitc_vit_num_prefix_tokens": (_int, [_vp]),
+    "vitc_vit_num_ignored": (_int, [_vp]),
+    "vitc_vit_ignored": (_cs, [_vp, _int]),
+    "vitc_vit_embed_size": (_st, [_vp, _int, _int, _int, c_int64_p]),
+    "vitc_vit_embed": (_st, [_vp, c_float_p, _int, _int, _int, _int, c_float_p]),
+    "vitc_vit_forward_features": (_st, [_vp, c_float_p, _int, _int, _int, c_float_p]),
+    "vitc_vit_has_processor": (_int, [_vp]),
+    "vitc_vit_preprocess_size": (_st, [_vp, _int, _int, _P(_int), _P(_int)]),
+    "vitc_vit_preprocess": (_st, [_vp, _P(Image), c_float_p]),
 }
 
 for _name, (_res, _args) in _SIGNATURES.items():
@@ -328,7 +340,7 @@ class TensorList:
         self.data = (c_float_p * n)(*[fptr(a) for a in arrays])
 
 
-# ---- training: loss, optimizers, clipping, schedules (tr-optim) -----------
+# ---- training: loss, optimizers, clipping, schedules -----------------------
 
 class OptimConfig(ctypes.Structure):
     """vitc_optim_config."""

@@ -9,7 +9,7 @@ import ctypes
 import numpy as np
 
 from ._lib import VitcError, check, fptr, lib, shape_arr
-from .layers import _arr, _mask, _view
+from .layers import _arr, _mask, _qkv, _view
 
 __all__ = ["sdpa_backward", "softmax_backward"]
 
@@ -23,12 +23,7 @@ def sdpa_backward(query, key, value, grad_out, attn_mask=None, scale=None):
     forward; the gradients have the broadcast shapes. The forward is recomputed
     in C; no L x S matrix is stored. A row with no allowed key makes its dq
     row and all of its head's dk and dv NaN, as torch 1.13's autograd does."""
-    q, k, v = _arr(query), _arr(key), _arr(value)
-    if q.ndim >= 2 and k.ndim >= 2 and v.ndim >= 2:
-        lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-        q = np.ascontiguousarray(np.broadcast_to(q, lead + q.shape[-2:]))
-        k = np.ascontiguousarray(np.broadcast_to(k, lead + k.shape[-2:]))
-        v = np.ascontiguousarray(np.broadcast_to(v, lead + v.shape[-2:]))
+    q, k, v = _qkv(query, key, value)
     g = _arr(grad_out)
     out_shape = q.shape[:-1] + v.shape[-1:] if q.ndim >= 2 and v.ndim >= 2 else None
     if out_shape is not None and g.shape != out_shape:

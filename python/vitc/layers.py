@@ -61,6 +61,18 @@ def _arr(x):
     return as_f32(x)
 
 
+def _qkv(query, key, value):
+    """query, key, value as float32 arrays, their leading dims broadcast to
+    one shape (contiguous) when all three have >= 2 dims."""
+    q, k, v = _arr(query), _arr(key), _arr(value)
+    if q.ndim >= 2 and k.ndim >= 2 and v.ndim >= 2:
+        lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
+        q = np.ascontiguousarray(np.broadcast_to(q, lead + q.shape[-2:]))
+        k = np.ascontiguousarray(np.broadcast_to(k, lead + k.shape[-2:]))
+        v = np.ascontiguousarray(np.broadcast_to(v, lead + v.shape[-2:]))
+    return q, k, v
+
+
 class _Layer:
     """One vitc_layer: the engine configured as a seed block.
 
@@ -352,12 +364,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     sc = 0.0 if scale is None else float_arg(scale, "scale")
     if scale is not None and not np.float32(sc) > 0:
         raise VitcError(Status.ERR_INVALID_ARG, "scaled_dot_product_attention: scale must be > 0, got %r" % (scale,))
-    q, k, v = _arr(query), _arr(key), _arr(value)
-    if q.ndim >= 2 and k.ndim >= 2 and v.ndim >= 2:
-        lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2], v.shape[:-2])
-        q = np.ascontiguousarray(np.broadcast_to(q, lead + q.shape[-2:]))
-        k = np.ascontiguousarray(np.broadcast_to(k, lead + k.shape[-2:]))
-        v = np.ascontiguousarray(np.broadcast_to(v, lead + v.shape[-2:]))
+    q, k, v = _qkv(query, key, value)
     if is_causal:
         if attn_mask is not None:
             raise VitcError(Status.ERR_INVALID_ARG, "scaled_dot_product_attention: attn_mask and is_causal are exclusive")

@@ -7,7 +7,7 @@ import numpy as np
 
 from ._lib import VitConfig, as_f32, check, float_arg, fptr, int_arg, lib, path_arg, size_arg, str_arg
 
-__all__ = ["VisionTransformer"]
+__all__ = ["VisionTransformer", "Model", "load_model"]
 
 
 class VisionTransformer:
@@ -59,6 +59,11 @@ class VisionTransformer:
             "mean": list(c.mean), "std": list(c.std),
             "arch": lib.vitc_vit_arch_name(self._h).decode(),
         }
+        self.config["family"] = lib.vitc_vit_family(self._h).decode()
+        self.config["has_head"] = bool(lib.vitc_vit_has_head(self._h))
+        self.config["num_prefix_tokens"] = lib.vitc_vit_num_prefix_tokens(self._h)
+        self.config["ignored"] = [lib.vitc_vit_ignored(self._h, i).decode()
+                                  for i in range(lib.vitc_vit_num_ignored(self._h))]
         labels = [lib.vitc_vit_label(self._h, i) for i in range(c.num_classes)]
         self.labels = None if labels and labels[0] is None else [s.decode() for s in labels]
 
@@ -131,11 +136,11 @@ class VisionTransformer:
     forward = __call__
 
     def attention_maps(self, images):
-        """(attn [depth, B, heads, N, N], rollout [B, N, N]), N = 1 + patches:
+        """(attn [depth, B, heads, N, N], rollout [B, N, N]), N = prefix tokens + patches:
         every block's softmax probabilities and their attention rollout."""
         x, B, H, W = self._images(images)
         p = self.config["patch_size"]
-        n = 1 + (H // p) * (W // p)
+        n = self.config["num_prefix_tokens"] + (H // p) * (W // p)
         attn = np.empty((self.config["depth"], B, self.config["num_heads"], n, n), np.float32)
         roll = np.empty((B, n, n), np.float32)
         with self._lock:
@@ -246,3 +251,76 @@ class VisionTransformer:
     def __repr__(self):
         return "VisionTransformer(%s)" % ", ".join(
             "%s=%r" % (k, v) for k, v in self.config.items() if k not in ("mean", "std"))
+
+
+_POOLS = {"default": 0, "cls": 1, "mean": 2, "tokens": 3}
+
+
+class Model(VisionTransformer):
+    """Any model vitc loads (torchvision, timm, Hugging Face Hub ViT/DeiT).
+
+    >>> m = vitc.load_model("path/to/hub-dir")
+    >>> y = m(images)              # logits of a classifier, else the default embedding
+    >>> e = m.embed(images)        # [B, C] the family's pooled output
+    >>> h = m.forward_features(images)   # [B, N, C] HF's last_hidden_state
+    """
+
+    def __call__(self, images):
+        if self.config["has_head"]:
+            return super().__call__(images)
+        return self.embed(images)
+
+    forward = __call__
+
+    def embed(self, images, pool="default", normalize=False):
+        """[B, C] ([B, patches, C] for pool="tokens"): pool is "default" (the
+        family's pooled output: ViT/DeiT the class token after the final
+        LayerNorm), "cls", "mean" (of the normed patch tokens) or "tokens".
+        normalize: L2-normalise each embedding."""
+        if pool not in _POOLS:
+            raise ValueError("pool must be one of %s, got %r" % (sorted(_POOLS), pool))
+        x, B, H, W = self._images(images)
+        n = ctypes.c_int64()
+        check(lib.vitc_vit_embed_size(self._h, _POOLS[pool], H, W, ctypes.byref(n)))
+        out = np.empty((B, n.value), np.float32)
+        with self._lock:
+            check(lib.vitc_vit_embed(self._h, fptr(x), B, H, W, _POOLS[pool], fptr(out)))
+        if pool == "tokens":
+            out = out.reshape(B, -1, self.config["hidden_dim"])
+        if normalize:
+            out = out / np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
+        return out
+
+    def preprocess(self, image):
+        """A path or a uint8 [H, W, 3] array -> float32 [3, H', W'] through the
+        model's own image processor (a Hub model's preprocessor_config.json,
+        as transformers' slow PIL path computes it)."""
+        from .image import _as_image
+        img, keep = _as_image(image)
+        h, w = ctypes.c_int(), ctypes.c_int()
+        check(lib.vitc_vit_preprocess_size(self._h, img.width, img.height, ctypes.byref(h),
+                                           ctypes.byref(w)))
+        out = np.empty((3, h.value, w.value), np.float32)
+        check(lib.vitc_vit_preprocess(self._h, ctypes.byref(img), fptr(out)))
+        del keep
+        return out
+
+    def forward_features(self, images):
+        """Every token after the final LayerNorm: [B, prefix + patches, C]."""
+        x, B, H, W = self._images(images)
+        p = self.config["patch_size"]
+        n = self.config["num_prefix_tokens"] + (H // p) * (W // p)
+        out = np.empty((B, n, self.config["hidden_dim"]), np.float32)
+        with self._lock:
+            check(lib.vitc_vit_forward_features(self._h, fptr(x), B, H, W, fptr(out)))
+        return out
+
+
+def load_model(path, arch=None):
+    """A model from a safetensors file (torchvision/timm names) or a Hugging
+    Face Hub directory (config.json + model.safetensors or a sharded index),
+    or a Hub .safetensors with config.json beside it."""
+    h = ctypes.c_void_p()
+    check(lib.vitc_vit_load(path_arg(path), str_arg(arch, "arch") if arch else None,
+                            ctypes.byref(h)))
+    return Model(_handle=h.value)

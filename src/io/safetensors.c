@@ -32,10 +32,12 @@
 /* The reference implementation's MAX_HEADER_SIZE. */
 #define ST_MAX_HEADER ((uint64_t)100000000)
 
-typedef enum { ST_F32, ST_F16, ST_BF16 } st_dtype;
+/* ST_I64 only in a file loaded with VITC__ST_KEEP_I64 (Hub checkpoints carry
+ * int64 position_ids buffers): listed with data NULL, never converted. */
+typedef enum { ST_F32, ST_F16, ST_BF16, ST_I64 } st_dtype;
 
-static const char *const st_dtype_names[] = {"F32", "F16", "BF16"};
-static const size_t st_dtype_size[] = {4, 2, 2};
+static const char *const st_dtype_names[] = {"F32", "F16", "BF16", "I64"};
+static const size_t st_dtype_size[] = {4, 2, 2, 8};
 
 /* The dtypes of the format that vitc does not convert: named in the error so
  * that a user knows the file is valid but unsupported. */
@@ -65,6 +67,7 @@ struct vitc_safetensors {
     char **meta_key; /* [n_meta] in header order */
     char **meta_val;
     float *arena;    /* every tensor's float32 data */
+    int keep_i64;    /* VITC__ST_KEEP_I64 */
 };
 
 /* ------------------------------------------------------------------ */
@@ -174,7 +177,7 @@ static int st_uint(const json_t *j, uint64_t *out) {
     return 1;
 }
 
-static vitc_status st_parse_tensor(st_tensor *t, const char *name, const json_t *e,
+static vitc_status st_parse_tensor(st_tensor *t, int keep_i64, const char *name, const json_t *e,
                                    const char *fname) {
     if (!json_is_object(e))
         return vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s' is %s, not an object", fname, name,
@@ -205,6 +208,10 @@ static vitc_status st_parse_tensor(st_tensor *t, const char *name, const json_t 
             t->dtype = (st_dtype)d;
             found = 1;
         }
+    if (!found && keep_i64 && !strcmp(ds, "I64")) {
+        t->dtype = ST_I64;
+        found = 1;
+    }
     if (!found) {
         for (size_t d = 0; d < sizeof st_other_dtypes / sizeof *st_other_dtypes; d++)
             if (!strcmp(ds, st_other_dtypes[d]))
@@ -590,7 +597,7 @@ static vitc_status st_parse_header(vitc_safetensors *st, const char *hdr, size_t
             /* Counted before parsing so that free releases a half-filled entry. */
             st_tensor *t = &st->t[st->n++];
             json_t *e = st_decode(&sc, val);
-            s = e ? st_parse_tensor(t, name, e, fname) : sc.s;
+            s = e ? st_parse_tensor(t, st->keep_i64, name, e, fname) : sc.s;
             json_decref(e);
         }
         free(name);
@@ -689,7 +696,7 @@ static vitc_status st_load_data(vitc_safetensors *st, st_source *src, const char
     for (int i = 0; i < st->n; i++) {
         /* Bounded by twice the file size (checked against the buffer),
          * but still checked: size_t may be narrower than the offsets. */
-        if (!vitc__add_size(total, st->t[i].numel, &total))
+        if (st->t[i].dtype != ST_I64 && !vitc__add_size(total, st->t[i].numel, &total))
             return vitc__err(VITC_ERR_NOMEM, "%s: tensors too large for this machine", fname);
     }
     size_t bytes;
@@ -702,6 +709,13 @@ static vitc_status st_load_data(vitc_safetensors *st, st_source *src, const char
     size_t at = 0;
     for (int i = 0; i < st->n; i++) {
         st_tensor *t = &st->t[i];
+        if (t->dtype == ST_I64) { /* listed, not converted: data stays NULL */
+            /* The file is read in order: step over its bytes. */
+            if (!src->mem && fseeko(src->f, (off_t)(t->end - t->begin), SEEK_CUR) != 0)
+                return vitc__err(VITC_ERR_IO, "%s: tensor '%s': %s", fname, t->name,
+                                 strerror(errno));
+            continue;
+        }
         t->data = st->arena + at;
         at += t->numel;
         if (t->dtype == ST_F32) {
@@ -756,6 +770,10 @@ vitc_status vitc_safetensors_load_memory(const void *bytes, size_t len, vitc_saf
 }
 
 vitc_status vitc_safetensors_load(const char *path, vitc_safetensors **out) {
+    return vitc__safetensors_load_flags(path, 0, out);
+}
+
+vitc_status vitc__safetensors_load_flags(const char *path, int flags, vitc_safetensors **out) {
     if (!out)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_safetensors_load: out is NULL");
     *out = NULL;
@@ -799,6 +817,7 @@ vitc_status vitc_safetensors_load(const char *path, vitc_safetensors **out) {
         s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory", path);
         goto done;
     }
+    st->keep_i64 = (flags & VITC__ST_KEEP_I64) != 0;
     s = st_parse_header(st, hdr, (size_t)hlen, fsize - 8 - hlen, path);
     free(hdr);
     hdr = NULL;

@@ -24,11 +24,9 @@
  * per thread; no L x S buffer exists.
  */
 
-#define BRG (2 * VW) /* query rows per tile microkernel: two vectors */
+#include "attention_common_tmpl.h"
 
-#ifndef ATT_UNROLL
-#define ATT_UNROLL _Pragma("GCC unroll 16")
-#endif
+#define BRG ATT_PW /* query rows per tile microkernel: two vectors */
 
 /* What the tile microkernel does with its dot products before storing. */
 enum { ATB_RAW = 0, ATB_P = 1, ATB_DS = 2 };
@@ -156,43 +154,7 @@ static inline __attribute__((always_inline)) void atb_mm_kernel(int mr, int nv, 
 static void atb_mm_rows(int mr, int nv, int64_t nk, const float *a, int64_t ars, int64_t aks,
                         const float *bm, int64_t ldb, float *c, int64_t ldc) {
 #define ATB_MM_CALL(m, n) atb_mm_kernel(m, n, nk, a, ars, aks, bm, ldb, c, ldc)
-#if NV_PV == 4
-#define ATB_MM_NV(m)                        \
-    switch (nv) {                           \
-    case 1: ATB_MM_CALL(m, 1); break;       \
-    case 2: ATB_MM_CALL(m, 2); break;       \
-    case 3: ATB_MM_CALL(m, 3); break;       \
-    default: ATB_MM_CALL(m, 4); break;      \
-    }
-#elif NV_PV == 2
-#define ATB_MM_NV(m)                        \
-    switch (nv) {                           \
-    case 1: ATB_MM_CALL(m, 1); break;       \
-    default: ATB_MM_CALL(m, 2); break;      \
-    }
-#else
-#define ATB_MM_NV(m) ATB_MM_CALL(m, NV_PV);
-#endif
-    switch (mr) {
-    case 1: ATB_MM_NV(1) break;
-#if MR_PV >= 2
-    case 2: ATB_MM_NV(2) break;
-#endif
-#if MR_PV >= 3
-    case 3: ATB_MM_NV(3) break;
-#endif
-#if MR_PV >= 4
-    case 4: ATB_MM_NV(4) break;
-#endif
-#if MR_PV >= 5
-    case 5: ATB_MM_NV(5) break;
-#endif
-#if MR_PV >= 6
-    case 6: ATB_MM_NV(6) break;
-#endif
-    default: break;
-    }
-#undef ATB_MM_NV
+    ATT_MR_NV_SWITCH(ATB_MM_CALL)
 #undef ATB_MM_CALL
 }
 
@@ -206,33 +168,6 @@ static void atb_mm(int64_t m, int64_t ncols, int64_t nk, const float *a, int64_t
             int mr = m - r < MR_PV ? (int)(m - r) : MR_PV;
             atb_mm_rows(mr, nv, nk, a + r * ars, ars, aks, bm + c0, ldb, c + r * ldc + c0, ldc);
         }
-    }
-}
-
-/* Rows [0, n) of src (row stride lds, wdt columns) into panels of BRG rows,
- * dst [Lp / BRG][wdt][BRG]: element (r, c) at (r / BRG) wdt BRG + c BRG +
- * r % BRG; rows n..Lp are zero. A tile microkernel then reads one panel as
- * a contiguous block. (Plain [wdt][Lp] rows would put the lines it reads
- * 4 Lp bytes apart, a multiple of 4 KB for long rows: all in one L1 set.) */
-static void atb_pack_panels(const float *src, int64_t lds, int64_t n, int64_t wdt, int64_t Lp,
-                            float *dst) {
-    for (int64_t p0 = 0; p0 < Lp; p0 += BRG) {
-        float *panel = dst + p0 * wdt; /* [wdt][BRG] */
-        const int64_t rows = n - p0 >= BRG ? BRG : (n > p0 ? n - p0 : 0);
-        int64_t rr = 0;
-#ifdef ATT_HAVE_T8
-        for (; rr + 8 <= rows; rr += 8) {
-            const float *sr = src + (p0 + rr) * lds;
-            int64_t c = 0;
-            for (; c + 8 <= wdt; c += 8) att_transpose8(sr + c, lds, panel + c * BRG + rr, BRG);
-            for (; c < wdt; c++)
-                for (int64_t i = 0; i < 8; i++) panel[c * BRG + rr + i] = sr[i * lds + c];
-        }
-#endif
-        for (; rr < rows; rr++)
-            for (int64_t c = 0; c < wdt; c++) panel[c * BRG + rr] = src[(p0 + rr) * lds + c];
-        for (; rr < BRG; rr++)
-            for (int64_t c = 0; c < wdt; c++) panel[c * BRG + rr] = 0.0f;
     }
 }
 
@@ -264,10 +199,10 @@ static void atb_pack_rows(const vitc__attn_bwd_plan *pl, vitc__attn_bwd_ws *w, i
     const float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr;          /* [nr, Dv] */
     const float *dO = bd->dout + b * bd->do_sb + h * bd->do_sh + l0 * bd->do_sr; /* [nr, Dv] */
     const float *lse = d->lse + b * d->lse_sb + h * d->lse_sh + l0;            /* [nr] */
-    atb_pack_panels(q, d->q_sr, nr, D, Lp, w->qt);
+    att_pack_panels(q, d->q_sr, nr, D, Lp, w->qt);
     const VT qs = v_set1(pl->qscale);
     for (int64_t i = 0; i < Lp * D; i += VW) v_store(w->qt + i, v_mul(v_load(w->qt + i), qs));
-    atb_pack_panels(dO, bd->do_sr, nr, Dv, Lp, w->dot);
+    att_pack_panels(dO, bd->do_sr, nr, Dv, Lp, w->dot);
     for (int64_t r = 0; r < Lp; r++) {
         float *qr = w->qr + r * Dp, *dor = w->dor + r * Dvp; /* [Dp], [Dvp] */
         int64_t cq = 0, cd = 0;
@@ -277,7 +212,7 @@ static void atb_pack_rows(const vitc__attn_bwd_plan *pl, vitc__attn_bwd_ws *w, i
             memcpy(dor, ds, (size_t)Dv * sizeof(float));
             cq = D, cd = Dv;
             w->dd[r] = atb_dot(ds, os, Dv);
-            w->lse2[r] = lse[r] * 1.44269504088896340736f;
+            w->lse2[r] = lse[r] * att_log2e;
         } else {
             w->dd[r] = 0.0f;
             w->lse2[r] = INFINITY;
@@ -303,7 +238,7 @@ void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h,
     const float *k = d->k + b * d->k_sb + h * d->k_sh; /* [S, D] */
     const float *v = d->v + b * d->v_sb + h * d->v_sh; /* [S, Dv] */
     const float *mbase = d->mask ? d->mask + b * d->m_sb + h * d->m_sh + l0 * d->m_sr : NULL;
-    const float l2e = 1.44269504088896340736f;
+    const float l2e = att_log2e;
     for (int64_t j0 = s0; j0 < s1; j0 += Bc) {
         const int64_t nk = s1 - j0 < Bc ? s1 - j0 : Bc;
         if (do_q)

@@ -18,13 +18,9 @@
  * keeps m = -inf and comes out NaN, as torch 1.13's softmax does.
  */
 
-#define NR (2 * VW) /* S microkernel / K panel width in keys */
+#include "attention_common_tmpl.h"
 
-#ifndef ATT_UNROLL
-#define ATT_UNROLL _Pragma("GCC unroll 16")
-#endif
-
-static const float att_log2e = 1.44269504088896340736f;
+#define NR ATT_PW /* S microkernel / K panel width in keys */
 
 /* lse[r] = ln(sum_j e^s_j) of rows [0, nr) from the base-2 running max m and
  * sum l: m ln 2 + ln l; -inf for a row that never saw a finite score. */
@@ -127,47 +123,10 @@ static inline __attribute__((always_inline)) void att_pv_kernel(int mr, int nv, 
         }
 }
 
-/* The nv that is < NV_PV happens once per row group at the right edge of Dv. */
 static void att_pv_rows(int mr, int nv, int init, int64_t nkv, const float *p, int64_t ldp,
                         const float *v, int64_t ldv, float *o, int64_t ldo, const float *alpha) {
 #define ATT_PV_CALL(m, n) att_pv_kernel(m, n, init, nkv, p, ldp, v, ldv, o, ldo, alpha)
-#if NV_PV == 4
-#define ATT_PV_NV(m)                        \
-    switch (nv) {                           \
-    case 1: ATT_PV_CALL(m, 1); break;       \
-    case 2: ATT_PV_CALL(m, 2); break;       \
-    case 3: ATT_PV_CALL(m, 3); break;       \
-    default: ATT_PV_CALL(m, 4); break;      \
-    }
-#elif NV_PV == 2
-#define ATT_PV_NV(m)                        \
-    switch (nv) {                           \
-    case 1: ATT_PV_CALL(m, 1); break;       \
-    default: ATT_PV_CALL(m, 2); break;      \
-    }
-#else
-#define ATT_PV_NV(m) ATT_PV_CALL(m, NV_PV);
-#endif
-    switch (mr) {
-    case 1: ATT_PV_NV(1) break;
-#if MR_PV >= 2
-    case 2: ATT_PV_NV(2) break;
-#endif
-#if MR_PV >= 3
-    case 3: ATT_PV_NV(3) break;
-#endif
-#if MR_PV >= 4
-    case 4: ATT_PV_NV(4) break;
-#endif
-#if MR_PV >= 5
-    case 5: ATT_PV_NV(5) break;
-#endif
-#if MR_PV >= 6
-    case 6: ATT_PV_NV(6) break;
-#endif
-    default: break;
-    }
-#undef ATT_PV_NV
+    ATT_MR_NV_SWITCH(ATT_PV_CALL)
 #undef ATT_PV_CALL
 }
 
@@ -179,28 +138,7 @@ static void att_pack_kv(const vitc__sdpa_desc *d, int64_t Dvp, int64_t b, int64_
     const int64_t D = d->D, Dv = d->Dv;
     const float *k = d->k + b * d->k_sb + h * d->k_sh + j0 * d->k_sr; /* [n, D] */
     const float *v = d->v + b * d->v_sb + h * d->v_sh + j0 * d->v_sr; /* [n, Dv] */
-    for (int64_t p0 = 0; p0 < n; p0 += NR) {
-        float *panel = kt + (p0 / NR) * D * NR; /* [D, NR] */
-        int64_t w = n - p0 < NR ? n - p0 : NR;
-        int64_t jj = 0;
-#ifdef ATT_HAVE_T8
-        /* 8 x 8 register transposes: a scalar transpose costs as much as
-         * the math at ViT sizes. */
-        for (; jj + 8 <= w; jj += 8) {
-            const float *krow = k + (p0 + jj) * d->k_sr;
-            int64_t c = 0;
-            for (; c + 8 <= D; c += 8) att_transpose8(krow + c, d->k_sr, panel + c * NR + jj, NR);
-            for (; c < D; c++)
-                for (int64_t i = 0; i < 8; i++) panel[c * NR + jj + i] = krow[i * d->k_sr + c];
-        }
-#endif
-        for (; jj < w; jj++) {
-            const float *krow = k + (p0 + jj) * d->k_sr;
-            for (int64_t c = 0; c < D; c++) panel[c * NR + jj] = krow[c];
-        }
-        for (int64_t jj = w; jj < NR; jj++)
-            for (int64_t c = 0; c < D; c++) panel[c * NR + jj] = 0.0f;
-    }
+    att_pack_panels(k, d->k_sr, n, D, (n + NR - 1) / NR * NR, kt);
     if (!vp) return; /* V is read in place */
     for (int64_t j = 0; j < n; j++) {
         memcpy(vp + j * Dvp, v + j * d->v_sr, (size_t)Dv * sizeof(float));

@@ -14,22 +14,6 @@
 
 /* ---- nn.Linear ---------------------------------------------------- */
 
-static void linear_bias_ref(float *db, const float *dy, int64_t lddy, int64_t M, int64_t N) {
-    for (int64_t i = 0; i < M; i++)
-        for (int64_t j = 0; j < N; j++) db[j] += dy[i * lddy + j];
-}
-
-void vitc__linear_backward_ref(float *dx, int64_t lddx, float dx_beta, float *dW, float *db,
-                               const float *dy, int64_t lddy, const float *x, int64_t ldx,
-                               const float *W, int64_t M, int64_t N, int64_t K) {
-    if (dx)
-        vitc__gemm_ref(0, 0, M, K, N, 1.0f, dy, lddy, W, K, dx_beta, dx, lddx);
-    if (dW)
-        vitc__gemm_ref(1, 0, N, K, M, 1.0f, dy, lddy, x, ldx, 1.0f, dW, K);
-    if (db)
-        linear_bias_ref(db, dy, lddy, M, N);
-}
-
 typedef struct colsum_ctx {
     float *db;
     const float *dy;
@@ -38,6 +22,7 @@ typedef struct colsum_ctx {
 
 #define COLS 64 /* columns per task: one row's slice stays in a few lines */
 
+/* db[j] += sum_i dy[i][j] over the columns of tasks [t0, t1), rows in order. */
 static void colsum_part(void *c, int64_t t0, int64_t t1, int tid) {
     const colsum_ctx *k = c;
     (void)tid;
@@ -48,17 +33,38 @@ static void colsum_part(void *c, int64_t t0, int64_t t1, int tid) {
     }
 }
 
+/* The reference (ref: scalar GEMM, one thread) or the dispatching version;
+ * every db[j] is summed over rows in order in both. */
+static void linear_backward(int ref, float *dx, int64_t lddx, float dx_beta, float *dW, float *db,
+                            const float *dy, int64_t lddy, const float *x, int64_t ldx,
+                            const float *W, int64_t M, int64_t N, int64_t K) {
+    void (*gemm)(int, int, int64_t, int64_t, int64_t, float, const float *, int64_t,
+                 const float *, int64_t, float, float *, int64_t) = ref ? vitc__gemm_ref
+                                                                        : vitc__gemm;
+    if (dx)
+        gemm(0, 0, M, K, N, 1.0f, dy, lddy, W, K, dx_beta, dx, lddx);
+    if (dW)
+        gemm(1, 0, N, K, M, 1.0f, dy, lddy, x, ldx, 1.0f, dW, K);
+    if (db) {
+        colsum_ctx k = {db, dy, lddy, M, N};
+        int64_t tasks = (N + COLS - 1) / COLS;
+        if (ref)
+            colsum_part(&k, 0, tasks, 0);
+        else
+            vitc__parallel_range(tasks, colsum_part, &k);
+    }
+}
+
+void vitc__linear_backward_ref(float *dx, int64_t lddx, float dx_beta, float *dW, float *db,
+                               const float *dy, int64_t lddy, const float *x, int64_t ldx,
+                               const float *W, int64_t M, int64_t N, int64_t K) {
+    linear_backward(1, dx, lddx, dx_beta, dW, db, dy, lddy, x, ldx, W, M, N, K);
+}
+
 void vitc__linear_backward(float *dx, int64_t lddx, float dx_beta, float *dW, float *db,
                            const float *dy, int64_t lddy, const float *x, int64_t ldx,
                            const float *W, int64_t M, int64_t N, int64_t K) {
-    if (dx)
-        vitc__gemm(0, 0, M, K, N, 1.0f, dy, lddy, W, K, dx_beta, dx, lddx);
-    if (dW)
-        vitc__gemm(1, 0, N, K, M, 1.0f, dy, lddy, x, ldx, 1.0f, dW, K);
-    if (db) {
-        colsum_ctx k = {db, dy, lddy, M, N};
-        vitc__parallel_range((N + COLS - 1) / COLS, colsum_part, &k);
-    }
+    linear_backward(0, dx, lddx, dx_beta, dW, db, dy, lddy, x, ldx, W, M, N, K);
 }
 
 /* ---- LayerNorm ---------------------------------------------------- */

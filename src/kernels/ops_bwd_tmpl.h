@@ -2,8 +2,13 @@
  * ops_bwd_tmpl.h — the row ops of the backward pass written once over the
  * vector vocabulary of vmath_*.h (VT, VW, v_*), instantiated per CPU path
  * by ops_backward_avx2.c and ops_backward_avx512.c with BWD_FN(name)
- * naming the functions; the scalar references are in ops_backward.c.
+ * naming the functions; the scalar references are in ops_backward.c. On a
+ * target that is not x86 the including file has no vmath header and the
+ * functions forward to the references (dispatch never picks them; the
+ * symbols keep the kernel table linking).
  */
+
+#if defined(__x86_64__) || defined(__i386__)
 
 /* dx = dy * (Phi(x) + x * phi(x)), the derivative of x * Phi(x). */
 void BWD_FN(gelu_backward)(float *dx, const float *dy, const float *x, int64_t n) {
@@ -60,3 +65,16 @@ void BWD_FN(layernorm_backward_row)(float *dx, const float *dy, const float *x, 
         v_storeu_n(dx + c, v_add(v_loadu_n(dx + c, r), d), r);
     }
 }
+
+#else /* not x86 */
+
+void BWD_FN(gelu_backward)(float *dx, const float *dy, const float *x, int64_t n) {
+    vitc__gelu_backward_ref(dx, dy, x, n);
+}
+
+void BWD_FN(layernorm_backward_row)(float *dx, const float *dy, const float *x, const float *w,
+                                    int64_t C, float mean, float rstd) {
+    vitc__layernorm_backward_row_ref(dx, dy, x, w, C, mean, rstd);
+}
+
+#endif

@@ -7,40 +7,56 @@
 #include <math.h>
 
 #include "ops_layers.h"
+#include "ops_layers_backward.h"
+
+/* ---- patches: gather (forward) and scatter (backward) ------------------ */
 
 typedef struct patch_ctx {
-    float *cols;
-    const float *x;
+    float *dst;
+    const float *src;
+    int to_image; /* 0: image -> patch rows (patchify); 1: patch rows -> image */
     int64_t C, H, W, p, nh, nw;
 } patch_ctx;
 
-/* One task per row of patches (b, i). */
-static void patchify_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
+/* One task per row of patches (b, i); the image [B, C, H, W] and the patch
+ * rows [B * nh * nw, C * p * p] swap roles between the two directions. */
+static void patch_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
     const patch_ctx *t = ctx;
     int64_t p = t->p, K = t->C * p * p;
     (void)tid;
     for (int64_t r = r0; r < r1; r++) {
         int64_t b = r / t->nh, i = r % t->nh;
         for (int64_t j = 0; j < t->nw; j++) {
-            float *row = t->cols + (r * t->nw + j) * K;
+            int64_t row = (r * t->nw + j) * K;
             for (int64_t c = 0; c < t->C; c++)
                 for (int64_t ki = 0; ki < p; ki++) {
-                    const float *src = t->x + ((b * t->C + c) * t->H + i * p + ki) * t->W + j * p;
-                    float *dst = row + (c * p + ki) * p;
+                    int64_t io = ((b * t->C + c) * t->H + i * p + ki) * t->W + j * p;
+                    int64_t co = row + (c * p + ki) * p;
+                    float *dst = t->dst + (t->to_image ? io : co);
+                    const float *src = t->src + (t->to_image ? co : io);
                     for (int64_t kj = 0; kj < p; kj++) dst[kj] = src[kj];
                 }
         }
     }
 }
 
-void vitc__patchify(float *cols, const float *x, int64_t B, int64_t C, int64_t H, int64_t W,
-                    int64_t p) {
-    patch_ctx t = {cols, x, C, H, W, p, H / p, W / p};
-    vitc__parallel_range(B * t.nh, patchify_rows, &t);
+static void patch_move(float *dst, const float *src, int to_image, int64_t B, int64_t C,
+                       int64_t H, int64_t W, int64_t p) {
+    patch_ctx t = {dst, src, to_image, C, H, W, p, H / p, W / p};
+    vitc__parallel_range(B * t.nh, patch_rows, &t);
 }
 
-/* Two passes in double: the statistics of a whole batch of images run over
- * B*HW values per channel (64*256 in the seed), too many for a float sum. */
+void vitc__patchify(float *cols, const float *x, int64_t B, int64_t C, int64_t H, int64_t W,
+                    int64_t p) {
+    patch_move(cols, x, 0, B, C, H, W, p);
+}
+
+/* The scatter that is patchify's backward (declared in ops_layers_backward.h). */
+void vitc__unpatchify(float *dx, const float *dcols, int64_t B, int64_t C, int64_t H, int64_t W,
+                      int64_t p) {
+    patch_move(dx, dcols, 1, B, C, H, W, p);
+}
+
 typedef struct stats_ctx {
     float *mean, *var;
     const float *x;

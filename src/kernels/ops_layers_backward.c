@@ -1,7 +1,8 @@
 /*
  * ops_layers_backward.c — backward of the norms and data moves of ops_layers.c and
  * ops.c that the attention layers train through: GroupNorm, BatchNorm2d
- * (batch or running statistics) and the patch scatter.
+ * (batch or running statistics). (The patch scatter, vitc__unpatchify, sits
+ * with the gather it mirrors in ops_layers.c.)
  *
  * For a group of n values normalised as xh = (x - mean) * rstd and scaled
  * per channel by w, with g = dy * w:
@@ -189,37 +190,4 @@ void vitc__batchnorm_backward_ref(float *dx, float *dw, float *db, const float *
                                   int64_t HW) {
     bn_bwd t = {dx, dw, db, dy, x, mean, var, w, eps, training, B, C, HW};
     bn_channels(&t, 0, C, 0);
-}
-
-/* ---- patch scatter ----------------------------------------------------- */
-
-typedef struct unpatch_ctx {
-    float *dx;
-    const float *dcols;
-    int64_t C, H, W, p, nh, nw;
-} unpatch_ctx;
-
-/* One task per row of patches (b, i), the mirror of patchify_rows. */
-static void unpatchify_rows(void *ctx, int64_t r0, int64_t r1, int tid) {
-    const unpatch_ctx *t = ctx;
-    int64_t p = t->p, K = t->C * p * p;
-    (void)tid;
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t b = r / t->nh, i = r % t->nh;
-        for (int64_t j = 0; j < t->nw; j++) {
-            const float *row = t->dcols + (r * t->nw + j) * K;
-            for (int64_t c = 0; c < t->C; c++)
-                for (int64_t ki = 0; ki < p; ki++) {
-                    float *dst = t->dx + ((b * t->C + c) * t->H + i * p + ki) * t->W + j * p;
-                    const float *src = row + (c * p + ki) * p;
-                    for (int64_t kj = 0; kj < p; kj++) dst[kj] = src[kj];
-                }
-        }
-    }
-}
-
-void vitc__unpatchify(float *dx, const float *dcols, int64_t B, int64_t C, int64_t H, int64_t W,
-                      int64_t p) {
-    unpatch_ctx t = {dx, dcols, C, H, W, p, H / p, W / p};
-    vitc__parallel_range(B * t.nh, unpatchify_rows, &t);
 }

@@ -42,6 +42,9 @@ void vitc_vit_free(vitc_vit *m) {
     vitc__buf_free(&m->pos_buf);
     vitc__buf_free(&m->probs_buf);
     vitc__buf_free(&m->roll_buf);
+    vitc__buf_free(&m->feat_buf);
+    vitc__buf_free(&m->head_buf);
+    free(m->ignored);
     free(m);
 }
 
@@ -68,11 +71,9 @@ static void vit_cubic_weights(float w[4], float t) {
     w[3] = ((A * x3 - 5.0f * A) * x3 + 8.0f * A) * x3 - 4.0f * A;
 }
 
-/* Source taps and weights of output index o, align_corners=True; taps past
- * the edge are clamped, as upsample_get_value_bounded does. */
-static void vit_cubic_taps(int64_t o, int64_t in, int64_t out, int64_t idx[4], float w[4]) {
-    float scale = out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f;
-    float real = scale * (float)o;
+/* Taps and weights at source coordinate real; taps past the edge are
+ * clamped, as upsample_get_value_bounded does. */
+static void vit_cubic_at(float real, int64_t in, int64_t idx[4], float w[4]) {
     int64_t i0 = (int64_t)floorf(real);
     vit_cubic_weights(w, real - (float)i0);
     for (int k = 0; k < 4; k++) {
@@ -81,14 +82,43 @@ static void vit_cubic_taps(int64_t o, int64_t in, int64_t out, int64_t idx[4], f
     }
 }
 
-void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw, int64_t oh,
-                      int64_t ow) {
+/* Source taps and weights of output index o, align_corners=True. */
+static void vit_cubic_taps(int64_t o, int64_t in, int64_t out, int64_t idx[4], float w[4]) {
+    float scale = out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f;
+    float real = scale * (float)o;
+    vit_cubic_at(real, in, idx, w);
+}
+
+/* The same with align_corners=False and an output size (no scale factor):
+ * source (o + 0.5) * in/out - 0.5, not clamped (cubic), as
+ * area_pixel_compute_source_index computes it; HF's ViT family resamples
+ * its position grid so (transformers >= 4.45). */
+static void vit_cubic_taps_hp(int64_t o, int64_t in, float scale, int64_t idx[4], float w[4]) {
+    vit_cubic_at(scale * ((float)o + 0.5f) - 0.5f, in, idx, w);
+}
+
+/* The source step of one axis: in/out for an output size; the legacy
+ * scale_factor (out + 0.1) / in maps by its inverse, 1 / s, not in/out. */
+static float vit_axis_scale(int64_t in, int64_t out, int legacy) {
+    return legacy ? (float)(1.0 / (((double)out + 0.1) / (double)in)) : (float)in / (float)out;
+}
+
+/* mode: 0 align_corners=True; 1 half-pixel to a size; 2 legacy scale_factor. */
+static void vit_bicubic(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw,
+                        int64_t oh, int64_t ow, int mode) {
+    float sy = vit_axis_scale(ih, oh, mode == 2), sx = vit_axis_scale(iw, ow, mode == 2);
     for (int64_t y = 0; y < oh; y++) {
         int64_t ys[4], xs[4];
         float wy[4], wx[4];
-        vit_cubic_taps(y, ih, oh, ys, wy);
+        if (mode)
+            vit_cubic_taps_hp(y, ih, sy, ys, wy);
+        else
+            vit_cubic_taps(y, ih, oh, ys, wy);
         for (int64_t x = 0; x < ow; x++) {
-            vit_cubic_taps(x, iw, ow, xs, wx);
+            if (mode)
+                vit_cubic_taps_hp(x, iw, sx, xs, wx);
+            else
+                vit_cubic_taps(x, iw, ow, xs, wx);
             float *d = dst + (y * ow + x) * C;
             for (int64_t c = 0; c < C; c++) {
                 float acc = 0.0f;
@@ -102,6 +132,88 @@ void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64
             }
         }
     }
+}
+
+void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw, int64_t oh,
+                      int64_t ow) {
+    vit_bicubic(dst, src, C, ih, iw, oh, ow, 0);
+}
+
+/* Keys' cubic with a = -0.5, the kernel of PyTorch's antialiased bicubic
+ * (and PIL's). */
+static double vit_keys(double x) {
+    const double a = -0.5;
+    x = fabs(x);
+    if (x < 1.0)
+        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
+    if (x < 2.0)
+        return ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a;
+    return 0.0;
+}
+
+/* One axis of F.interpolate(mode="bicubic", antialias=True,
+ * align_corners=False): output o reads inputs lo[o] .. lo[o] + n[o] - 1 with
+ * weights w[o * taps ..], normalised to sum 1 (the support widens with the
+ * downscale factor, as PIL's filters). taps: the most any output reads. */
+static void vit_aa_axis(int64_t in, int64_t out, int64_t taps, int64_t *lo, int64_t *n, float *w) {
+    double scale = (double)in / (double)out, sup = scale > 1.0 ? scale : 1.0;
+    double support = 2.0 * sup;
+    for (int64_t o = 0; o < out; o++) {
+        double center = scale * ((double)o + 0.5), total = 0.0, ws[64];
+        int64_t a = (int64_t)(center - support + 0.5), b = (int64_t)(center + support + 0.5);
+        if (a < 0)
+            a = 0;
+        if (b > in)
+            b = in;
+        if (b - a > taps)
+            b = a + taps;
+        for (int64_t j = a; j < b; j++) total += ws[j - a] = vit_keys(((double)j - center + 0.5) / sup);
+        lo[o] = a;
+        n[o] = b - a;
+        for (int64_t j = a; j < b; j++)
+            w[o * taps + j - a] = (float)(total != 0.0 ? ws[j - a] / total : 0.0);
+    }
+}
+
+/* Antialiased bicubic of src [ih*iw, C] into dst [oh*ow, C], width first
+ * then height (PyTorch's separable order), through tmp [ih*ow, C]. Grids
+ * are bounded (taps <= 64: a position grid shrinking by over 15x is
+ * refused by the caller). */
+static vitc_status vit_bicubic_aa(float *dst, float *tmp, const float *src, int64_t C, int64_t ih,
+                                  int64_t iw, int64_t oh, int64_t ow) {
+    int64_t lo[2][1024], n[2][1024], tx = 64, ty = 64;
+    float *w[2] = {malloc((size_t)(ow * tx) * sizeof(float)),
+                   malloc((size_t)(oh * ty) * sizeof(float))};
+    if (!w[0] || !w[1]) {
+        free(w[0]);
+        free(w[1]);
+        return vitc__err(VITC_ERR_NOMEM, "antialiased resampling weights");
+    }
+    vit_aa_axis(iw, ow, tx, lo[0], n[0], w[0]);
+    vit_aa_axis(ih, oh, ty, lo[1], n[1], w[1]);
+    for (int64_t y = 0; y < ih; y++)
+        for (int64_t x = 0; x < ow; x++) {
+            float *d = tmp + (y * ow + x) * C;
+            for (int64_t c = 0; c < C; c++) d[c] = 0.0f;
+            for (int64_t k = 0; k < n[0][x]; k++) {
+                const float *s = src + (y * iw + lo[0][x] + k) * C;
+                float wk = w[0][x * tx + k];
+                for (int64_t c = 0; c < C; c++) d[c] += wk * s[c];
+            }
+        }
+    for (int64_t y = 0; y < oh; y++)
+        for (int64_t x = 0; x < ow; x++) {
+            float *d = dst + (y * ow + x) * C;
+            for (int64_t c = 0; c < C; c++) d[c] = 0.0f;
+            for (int64_t k = 0; k < n[1][y]; k++) {
+                const float *s = tmp + ((lo[1][y] + k) * ow + x) * C;
+                float wk = w[1][y * ty + k];
+                for (int64_t c = 0; c < C; c++) d[c] += wk * s[c];
+            }
+        }
+    free(w[0]);
+    free(w[1]);
+    return VITC_OK;
 }
 
 /* The adjoint of vitc__bicubic_ac: dsrc [ih*iw, C] += the transpose of the
@@ -131,6 +243,7 @@ void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_
  * token's row kept, the patch rows as a [C, g, g] image, bicubic). */
 static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
     int64_t g = m->cfg.image_size / m->cfg.patch_size, C = m->cfg.hidden_dim;
+    int64_t np = m->n_prefix - m->n_reg; /* rows before the patch rows: registers have none */
     if (gh == g && gw == g) {
         m->pos_used = m->w.pos;
         return VITC_OK;
@@ -139,14 +252,25 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
         m->pos_used = m->pos_buf.p;
         return VITC_OK;
     }
-    size_t n;
-    if (!vitc__mul_size((size_t)(gh * gw + 1), (size_t)C, &n))
+    int aa = m->pos_rule == VIT_POS_ANTIALIAS;
+    if (aa && (gh > 1024 || gw > 1024 || g > 15 * gh || g > 15 * gw))
+        return vitc__err(VITC_ERR_SHAPE, "antialiased position embedding from a %lldx%lld grid "
+                         "to %lldx%lld is out of vitc's range (grids up to 1024, shrinking at "
+                         "most 15x)", (long long)g, (long long)g, (long long)gh, (long long)gw);
+    size_t n, t;
+    if (!vitc__mul_size((size_t)(gh * gw + np), (size_t)C, &n) ||
+        !vitc__mul_size((size_t)(g * gw), (size_t)C, &t) || !vitc__add_size(n, t, &t))
         return vitc__err(VITC_ERR_NOMEM, "position embedding for a %lldx%lld grid overflows",
                          (long long)gh, (long long)gw);
     m->pos_gh = m->pos_gw = 0;
-    VITC_TRY(vitc__buf_reserve(&m->pos_buf, n));
-    memcpy(m->pos_buf.p, m->w.pos, (size_t)C * sizeof(float));
-    vitc__bicubic_ac(m->pos_buf.p + C, m->w.pos + C, C, g, g, gh, gw);
+    VITC_TRY(vitc__buf_reserve(&m->pos_buf, aa ? t : n));
+    /* The class (and distillation) rows are kept as they are. */
+    memcpy(m->pos_buf.p, m->w.pos, (size_t)(np * C) * sizeof(float));
+    if (aa)
+        VITC_TRY(vit_bicubic_aa(m->pos_buf.p + np * C, m->pos_buf.p + n, m->w.pos + np * C, C, g, g, gh, gw));
+    else
+        vit_bicubic(m->pos_buf.p + np * C, m->w.pos + np * C, C, g, g, gh, gw,
+                    m->pos_rule == VIT_POS_HALF_PIXEL ? 1 : m->pos_rule == VIT_POS_LEGACY ? 2 : 0);
     m->pos_gh = (int)gh;
     m->pos_gw = (int)gw;
     m->pos_used = m->pos_buf.p;
@@ -163,7 +287,7 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
  * rounded to 16 floats (64 bytes). */
 static vitc_status vit_activations(vitc_vit *m, int64_t B, int64_t P, int training) {
     const vitc_vit_config *c = &m->cfg;
-    size_t N = (size_t)P + 1, C = (size_t)c->hidden_dim, K = 0, rows = 0, prow = 0,
+    size_t N = (size_t)P + (size_t)m->n_prefix, C = (size_t)c->hidden_dim, K = 0, rows = 0, prow = 0,
            sz[VA_COUNT] = {0}, patches = 0,
            cls = 0, block = 0, total = 0, nblocks = training ? (size_t)c->depth + 1 : 1;
     int ok = vitc__mul_size((size_t)c->in_channels * (size_t)c->patch_size,
@@ -324,6 +448,38 @@ static vitc_status vit_linear(const vitc_vit *m, int l, int k, float *y, int64_t
     return vitc__linear_pw(y, ldy, x, ldx, pw, W, b, res, ldr, M, N, K, gelu);
 }
 
+/* The MLP's activation other than erf GELU (vitc__gelu), as torch computes
+ * it in float: tanh-GELU (gelu_pytorch_tanh, SigLIP) and quick-GELU
+ * (x * sigmoid(1.702 x), OpenAI CLIP); chunks of 4096 across threads. */
+typedef struct vit_act_ctx {
+    float *x;
+    int64_t n;
+    int act;
+} vit_act_ctx;
+
+static void vit_act_task(void *ctx, int64_t i, int tid) {
+    const vit_act_ctx *a = ctx;
+    (void)tid;
+    int64_t lo = i * 4096, hi = lo + 4096 < a->n ? lo + 4096 : a->n;
+    const float kb = (float)(M_SQRT2 * M_2_SQRTPI * 0.5), kk = 0.044715f;
+    for (int64_t k = lo; k < hi; k++) {
+        float v = a->x[k];
+        if (a->act == VIT_ACT_QUICK_GELU)
+            a->x[k] = v * (1.0f / (1.0f + expf(-1.702f * v)));
+        else
+            a->x[k] = 0.5f * v * (1.0f + tanhf(kb * (v + kk * v * v * v)));
+    }
+}
+
+static void vit_activation(const vitc_vit *m, float *x, int64_t n) {
+    if (m->mlp_act == VIT_ACT_GELU) {
+        vitc__gelu(x, n);
+        return;
+    }
+    vit_act_ctx c = {x, n, m->mlp_act};
+    vitc__parallel_for((n + 4095) / 4096, vit_act_task, &c);
+}
+
 static void vit_add(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
@@ -391,17 +547,33 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
         vitc__linear(mid, C, att, C, w->proj_w, w->proj_b, NULL, 0, R, C, C);
         vit_branch_forward(m, l, mid, k.att, k.dp_att);
         vit_add(mid, x, R * C);
+    } else if (w->ls1) { /* DINOv2: mid = x + ls1 * out_proj(att) */
+        VITC_TRY(vit_linear(m, l, VIT_PW_PROJ, mid, C, att, rs * C, w->proj_w, w->proj_b, NULL, 0,
+                            R, C, C, 0));
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t j = 0; j < C; j++)
+                mid[r * C + j] = x[r * rs * C + j] + w->ls1[j] * mid[r * C + j];
     } else {
         VITC_TRY(vit_linear(m, l, VIT_PW_PROJ, mid, C, att, rs * C, w->proj_w, w->proj_b, x,
                             rs * C, R, C, C, 0));
     }
     vitc__layernorm(ln2, mid, w->ln2_w, w->ln2_b, R, C, c->norm_eps);
-    /* Inference: GELU in fc1's epilogue. Training keeps GELU's input for backward. */
+    /* Inference: erf GELU in fc1's epilogue. Training keeps GELU's input for backward. */
+    int fused = hact == hpre && m->mlp_act == VIT_ACT_GELU && !m->swiglu;
     VITC_TRY(vit_linear(m, l, VIT_PW_FC1, hpre, M, ln2, C, w->fc1_w, w->fc1_b, NULL, 0, R, M, C,
-                        hact == hpre));
-    if (hact != hpre) {
+                        fused));
+    if (hact != hpre)
         memcpy(hact, hpre, (size_t)(R * M) * sizeof(float));
-        vitc__gelu(hact, R * M);
+    if (m->swiglu) { /* DINOv2 giant: [a, b] = chunk(fc1, 2); silu(a) * b, compacted in place */
+        int64_t h2 = M / 2;
+        for (int64_t r = 0; r < R; r++)
+            for (int64_t j = 0; j < h2; j++) {
+                float a0 = hact[r * M + j], b0 = hact[r * M + h2 + j];
+                hact[r * h2 + j] = a0 / (1.0f + expf(-a0)) * b0;
+            }
+        M = h2; /* fc2 reads [R, M/2] */
+    } else if (!fused) {
+        vit_activation(m, hact, R * M);
     }
     if (k.hid && m->dropout > 0.0f) { /* MLPBlock's Dropout after the GELU */
         vitc__dropout_mask(k.hid, R * M, m->dropout, &m->rng);
@@ -411,6 +583,10 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
         vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, NULL, 0, R, C, M);
         vit_branch_forward(m, l, y, k.out, k.dp_mlp);
         vit_add(y, mid, R * C);
+    } else if (w->ls2) { /* y = mid + ls2 * fc2(hact) */
+        VITC_TRY(vit_linear(m, l, VIT_PW_FC2, y, C, hact, M, w->fc2_w, w->fc2_b, NULL, 0, R, C, M,
+                            0));
+        for (int64_t i = 0; i < R * C; i++) y[i] = mid[i] + w->ls2[i % C] * y[i];
     } else {
         VITC_TRY(vit_linear(m, l, VIT_PW_FC2, y, C, hact, M, w->fc2_w, w->fc2_b, mid, C, R, C, M,
                             0));
@@ -420,11 +596,64 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     return VITC_OK;
 }
 
-/* The whole forward. logits, attn, rollout may each be NULL. */
+/* A classifier: CLIP's projection and SigLIP's head give embeddings. */
+int vitc_vit_has_head(const vitc_vit *m) {
+    return m && (m->head == VIT_HEAD_CLS || m->head == VIT_HEAD_MEAN2 ||
+                 m->head == VIT_HEAD_CLS_MEAN);
+}
+
+/* Dinov2ForImageClassification: logits = head([h[:, 0], mean(h[:, np:])]),
+ * h = ln(y) on every token (registers excluded from the mean). */
+static vitc_status vit_logits_cls_mean(vitc_vit *m, const float *y, float *logits) {
+    const vitc_vit_config *c = &m->cfg;
+    int64_t B = m->a.B, N = m->a.N, C = c->hidden_dim, K = c->num_classes, np = m->n_prefix;
+    size_t n, t;
+    if (!vitc__mul_size((size_t)(B * N), (size_t)C, &n) ||
+        !vitc__mul_size((size_t)B, (size_t)(2 * C), &t) || !vitc__add_size(n, t, &n))
+        return vitc__err(VITC_ERR_NOMEM, "DINOv2 head for batch %lld overflows", (long long)B);
+    VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
+    float *h = m->feat_buf.p, *in = h + B * N * C; /* [B, N, C], [B, 2C] */
+    vitc__layernorm(h, y, m->w.ln_w, m->w.ln_b, B * N, C, c->norm_eps);
+    for (int64_t b = 0; b < B; b++) {
+        float *r = in + b * 2 * C;
+        memcpy(r, h + b * N * C, (size_t)C * sizeof(float));
+        for (int64_t j = 0; j < C; j++) r[C + j] = 0.0f;
+        for (int64_t tk = np; tk < N; tk++)
+            for (int64_t j = 0; j < C; j++) r[C + j] += h[(b * N + tk) * C + j];
+        for (int64_t j = 0; j < C; j++) r[C + j] /= (float)(N - np);
+    }
+    vitc__linear(logits, K, in, 2 * C, m->w.head_w, m->w.head_b, NULL, 0, B, K, 2 * C);
+    return VITC_OK;
+}
+
+/* DeiT with teacher: logits = (head(ln(x)[:, 0]) + head2(ln(x)[:, 1])) / 2,
+ * y the last block's [B, N, C] output. */
+static vitc_status vit_logits_mean2(vitc_vit *m, const float *y, float *logits) {
+    const vitc_vit_config *c = &m->cfg;
+    int64_t B = m->a.B, N = m->a.N, C = c->hidden_dim, K = c->num_classes;
+    size_t n;
+    if (!vitc__mul_size((size_t)B, (size_t)(2 * C + K), &n))
+        return vitc__err(VITC_ERR_NOMEM, "DeiT heads for batch %lld overflow", (long long)B);
+    VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
+    float *t = m->feat_buf.p, *d = t + 2 * B * C; /* [B, 2, C], [B, K] */
+    for (int64_t b = 0; b < B; b++)
+        memcpy(t + b * 2 * C, y + b * N * C, (size_t)(2 * C) * sizeof(float));
+    vitc__layernorm(t, t, m->w.ln_w, m->w.ln_b, 2 * B, C, c->norm_eps);
+    vitc__linear(logits, K, t, 2 * C, m->w.head_w, m->w.head_b, NULL, 0, B, K, C);
+    vitc__linear(d, K, t + C, 2 * C, m->w.head2_w, m->w.head2_b, NULL, 0, B, K, C);
+    for (int64_t i = 0; i < B * K; i++) logits[i] = (logits[i] + d[i]) * 0.5f;
+    return VITC_OK;
+}
+
+/* The whole forward. logits, attn, rollout, features ([B, N, C]: every
+ * token after the final LayerNorm) may each be NULL. */
 static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int W_, float *logits,
-                           float *attn, float *rollout) {
+                           float *attn, float *rollout, float *features) {
     if (!m || !images)
         return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: NULL model or images");
+    if (logits && !vitc_vit_has_head(m))
+        return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: this %s model is a backbone with no "
+                         "classification head; ask for embeddings (vitc_vit_embed)", m->family);
     const vitc_vit_config *c = &m->cfg;
     if (B_ < 1 || H_ < 1 || W_ < 1)
         return vitc__err(VITC_ERR_SHAPE, "ViT forward: images [%d, %d, %d, %d] must be non-empty",
@@ -435,10 +664,10 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
                          "multiples of the patch size %d",
                          B_, c->in_channels, H_, W_, c->patch_size);
     int64_t B = B_, H = H_, W = W_, p = c->patch_size, Cin = c->in_channels;
-    int64_t gh = H / p, gw = W / p, P = gh * gw, N = P + 1, C = c->hidden_dim;
+    int64_t gh = H / p, gw = W / p, P = gh * gw, np = m->n_prefix, N = P + np, C = c->hidden_dim;
     int64_t Hh = c->num_heads, K = Cin * p * p;
     /* A training forward of logits records every block for backward. */
-    int record = m->training && logits && !attn && !rollout;
+    int record = m->training && logits && !attn && !rollout && !features;
     m->recorded = 0;
     /* Inference reads packed weights, (re)built once the parameters moved.
      * fp32 can do without them (same numbers from the row-major ones). */
@@ -493,14 +722,25 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     const float *pos = m->pos_used; /* [N, C] */
     for (int64_t b = 0; b < B; b++) {
         float *xb = vitc__va(a, 0, VA_X) + b * N * C; /* [N, C] */
-        for (int64_t j = 0; j < C; j++) xb[j] = m->w.cls[j] + pos[j];
+        /* [cls, dist (DeiT), registers (DINOv2), patches]; registers get no
+         * position embedding, npos rows of it come before the patches'. */
+        int64_t npos = np - m->n_reg, nc = m->n_cls;
+        if (nc)
+            for (int64_t j = 0; j < C; j++) xb[j] = m->w.cls[j] + pos[j];
+        if (m->n_dist)
+            for (int64_t j = 0; j < C; j++) xb[nc * C + j] = m->w.dist[j] + pos[nc * C + j];
+        if (m->n_reg)
+            memcpy(xb + npos * C, m->w.reg, (size_t)(m->n_reg * C) * sizeof(float));
         for (int64_t t = 0; t < P; t++) {
             const float *src = proj + (b * P + t) * C;
-            float *dst = xb + (t + 1) * C;
-            for (int64_t j = 0; j < C; j++) dst[j] = src[j] + pos[(t + 1) * C + j];
+            float *dst = xb + (t + np) * C;
+            for (int64_t j = 0; j < C; j++) dst[j] = src[j] + pos[(t + npos) * C + j];
         }
     }
 
+    if (m->pre_norm) /* CLIP's pre_layrnorm */
+        vitc__layernorm(vitc__va(a, 0, VA_X), vitc__va(a, 0, VA_X), m->w.pre_w, m->w.pre_b, B * N, C,
+                        c->norm_eps);
     uint8_t *emb = vitc__vit_emb_mask(m); /* Encoder's dropout(input + pos) */
     if (emb && m->dropout > 0.0f) {
         vitc__dropout_mask(emb, B * N * C, m->dropout, &m->rng);
@@ -510,8 +750,9 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     /* Inference logits need only the class tokens out of the last block;
      * the maps, and backward, need every row of every block. */
     const float *y = NULL; /* the last block's output: [B, C] cls_only, else [B, N, C] */
+    int compact = logits && !record && !features && m->head == VIT_HEAD_CLS;
     for (int l = 0; l < c->depth; l++) {
-        int cls_only = logits && !record && l == c->depth - 1;
+        int cls_only = compact && l == c->depth - 1;
         float *probs = NULL; /* [B, H, N, N] */
         if (attn)
             probs = attn + (size_t)l * per_layer;
@@ -524,8 +765,16 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
 
     if (rollout)
         memcpy(rollout, m->roll_buf.p, (size_t)(B * N * N) * sizeof(float));
-    if (logits) {
-        int64_t ys = record ? N * C : C; /* class rows of y */
+    if (features && m->final_cls_only) /* CLIP's last_hidden_state is not normed */
+        memcpy(features, y, (size_t)(B * N * C) * sizeof(float));
+    else if (features) /* HF's last_hidden_state: every token through the final LayerNorm */
+        vitc__layernorm(features, y, m->w.ln_w, m->w.ln_b, B * N, C, c->norm_eps);
+    if (logits && m->head == VIT_HEAD_MEAN2) {
+        VITC_TRY(vit_logits_mean2(m, y, logits));
+    } else if (logits && m->head == VIT_HEAD_CLS_MEAN) {
+        VITC_TRY(vit_logits_cls_mean(m, y, logits));
+    } else if (logits) {
+        int64_t ys = compact ? C : N * C; /* class rows of y */
         for (int64_t b = 0; b < B; b++)
             memcpy(a->cls_in + b * C, y + b * ys, (size_t)C * sizeof(float));
         vitc__layernorm(a->cls_out, a->cls_in, m->w.ln_w, m->w.ln_b, B, C, c->norm_eps);
@@ -545,7 +794,7 @@ vitc_status vitc_vit_forward(vitc_vit *m, const float *images, int B, int H, int
                              float *logits) {
     if (!logits)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_forward: NULL logits");
-    return vit_run(m, images, B, H, W, logits, NULL, NULL);
+    return vit_run(m, images, B, H, W, logits, NULL, NULL, NULL);
 }
 
 vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int H, int W,
@@ -553,5 +802,171 @@ vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int
     if (!attn && !rollout)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_attention_maps: attn and rollout are "
                                                "both NULL");
-    return vit_run(m, images, B, H, W, NULL, attn, rollout);
+    return vit_run(m, images, B, H, W, NULL, attn, rollout, NULL);
+}
+
+/* ------------------------------------------------------------------ */
+/* Embeddings                                                         */
+/* ------------------------------------------------------------------ */
+
+int vitc_vit_num_prefix_tokens(const vitc_vit *m) { return m ? m->n_prefix : 0; }
+/* A classifier: CLIP's projection gives an embedding, not logits. */
+
+
+/* SigLIP's attention-pooling head (SiglipMultiheadAttentionPoolingHead) on
+ * the normed tokens h [B, N, C]:
+ *   a = out_proj(MHA(query = probe, keys and values = h))   [B, C]
+ *   out = a + fc2(act(fc1(layernorm(a))))                   [B, C] */
+static vitc_status vit_map_head(vitc_vit *m, const float *h, int64_t B, int64_t N, float *out) {
+    const vitc_vit_config *c = &m->cfg;
+    int64_t C = c->hidden_dim, M = c->mlp_dim, Hh = c->num_heads, d = C / Hh;
+    size_t kv, rest, n;
+    if (!vitc__mul_size((size_t)(B * N), (size_t)(2 * C), &kv) ||
+        !vitc__mul_size((size_t)B, (size_t)(4 * C + M), &rest) || !vitc__add_size(kv, rest, &n))
+        return vitc__err(VITC_ERR_NOMEM, "attention-pooling head for [%lld, %lld, %lld] overflows",
+                         (long long)B, (long long)N, (long long)C);
+    VITC_TRY(vitc__buf_reserve(&m->head_buf, n));
+    float *k = m->head_buf.p, *q = k + kv, *att = q + B * C, *a = att + B * C, *ln = a + B * C;
+    float *hid = ln + B * C;
+    /* One query per image (the probe), keys and values from every token. */
+    vitc__linear(q, C, m->w.map_probe, C, m->w.map_qkv_w, m->w.map_qkv_b, NULL, 0, 1, C, C);
+    for (int64_t b = 1; b < B; b++) memcpy(q + b * C, q, (size_t)C * sizeof(float));
+    vitc__linear(k, 2 * C, h, C, m->w.map_qkv_w + C * C, m->w.map_qkv_b + C, NULL, 0, B * N, 2 * C,
+                 C);
+    vitc__sdpa_desc sd = {
+        .B = B, .H = Hh, .L = 1, .S = N, .D = d, .Dv = d,
+        .q = q, .q_sb = C, .q_sh = d, .q_sr = C,
+        .k = k, .k_sb = N * 2 * C, .k_sh = d, .k_sr = 2 * C,
+        .v = k + C, .v_sb = N * 2 * C, .v_sh = d, .v_sr = 2 * C,
+        .o = att, .o_sb = C, .o_sh = d, .o_sr = C,
+        .scale = 1.0f / sqrtf((float)d),
+    };
+    VITC_TRY(vitc__sdpa(&sd));
+    vitc__linear(a, C, att, C, m->w.map_proj_w, m->w.map_proj_b, NULL, 0, B, C, C);
+    vitc__layernorm(ln, a, m->w.map_ln_w, m->w.map_ln_b, B, C, c->norm_eps);
+    vitc__linear(hid, M, ln, C, m->w.map_fc1_w, m->w.map_fc1_b, NULL, 0, B, M, C);
+    vit_activation(m, hid, B * M);
+    vitc__linear(out, C, hid, M, m->w.map_fc2_w, m->w.map_fc2_b, a, C, B, C, M);
+    return VITC_OK;
+}
+const char *vitc_vit_family(const vitc_vit *m) { return m ? m->family : NULL; }
+int vitc_vit_num_ignored(const vitc_vit *m) { return m ? m->n_ignored : 0; }
+
+const char *vitc_vit_ignored(const vitc_vit *m, int i) {
+    if (!m || i < 0 || i >= m->n_ignored)
+        return NULL;
+    const char *p = m->ignored;
+    while (i--) p += strlen(p) + 1;
+    return p;
+}
+
+vitc_status vitc_vit_forward_features(vitc_vit *m, const float *images, int B, int H, int W,
+                                      float *out) {
+    if (!out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_forward_features: NULL out");
+    return vit_run(m, images, B, H, W, NULL, NULL, NULL, out);
+}
+
+vitc_status vitc_vit_embed_size(const vitc_vit *m, vitc_pool pool, int H, int W, int64_t *floats) {
+    if (!m || !floats)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_embed_size: NULL argument");
+    int64_t C = m->cfg.hidden_dim, p = m->cfg.patch_size;
+    if (H < p || W < p)
+        return vitc__err(VITC_ERR_SHAPE, "vitc_vit_embed_size: %dx%d is smaller than the patch "
+                         "size %lld", H, W, (long long)p);
+    switch (pool) {
+    case VITC_POOL_DEFAULT:
+        *floats = m->head == VIT_HEAD_PROJ ? m->cfg.num_classes : C;
+        return VITC_OK;
+    case VITC_POOL_CLS:
+    case VITC_POOL_MEAN: *floats = C; return VITC_OK;
+    case VITC_POOL_TOKENS: *floats = (int64_t)(H / p) * (W / p) * C; return VITC_OK;
+    }
+    return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_embed: unknown pool %d", (int)pool);
+}
+
+vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int H, int W, vitc_pool pool,
+                           float *out) {
+    int64_t per;
+    if (!m || !images || !out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_embed: NULL argument");
+    if (B < 1)
+        return vitc__err(VITC_ERR_SHAPE, "vitc_vit_embed: batch %d must be positive", B);
+    VITC_TRY(vitc_vit_embed_size(m, pool, H, W, &per));
+    int64_t C = m->cfg.hidden_dim, p = m->cfg.patch_size, P = (int64_t)(H / p) * (W / p);
+    int64_t np = m->n_prefix, N = P + np;
+    size_t n;
+    if (!vitc__mul_size((size_t)B * (size_t)N, (size_t)C, &n))
+        return vitc__err(VITC_ERR_NOMEM, "vitc_vit_embed: [%d, %lld, %lld] overflows", B,
+                         (long long)N, (long long)C);
+    /* feat_buf is the DeiT heads' scratch, unused on this path. */
+    VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
+    float *f = m->feat_buf.p;
+    if (pool == VITC_POOL_CLS && !m->n_cls)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_embed: this %s model has no class token "
+                         "(pool default, mean or tokens)", m->family);
+    VITC_TRY(vit_run(m, images, B, H, W, NULL, NULL, NULL, f));
+    if (pool == VITC_POOL_DEFAULT && m->head == VIT_HEAD_MAP)
+        return vit_map_head(m, f, B, N, out);
+    if (pool == VITC_POOL_DEFAULT && !m->n_cls)
+        pool = VITC_POOL_MEAN; /* no class token, no head: the mean of the tokens */
+    if (m->final_cls_only && (pool == VITC_POOL_DEFAULT || pool == VITC_POOL_CLS)) {
+        /* CLIP: pooler_output = post_layernorm(x[:, 0]); image_embeds its projection */
+        float *cls = m->a.cls_out; /* [B, C] */
+        for (int64_t b = 0; b < B; b++)
+            memcpy(m->a.cls_in + b * C, f + b * N * C, (size_t)C * sizeof(float));
+        vitc__layernorm(cls, m->a.cls_in, m->w.ln_w, m->w.ln_b, B, C, m->cfg.norm_eps);
+        if (pool == VITC_POOL_DEFAULT && m->head == VIT_HEAD_PROJ)
+            vitc__linear(out, per, cls, C, m->w.head_w, m->w.head_b, NULL, 0, B, per, C);
+        else
+            memcpy(out, cls, (size_t)(B * C) * sizeof(float));
+        return VITC_OK;
+    }
+    if (pool == VITC_POOL_DEFAULT && m->head == VIT_HEAD_PROJ) { /* normed class tokens projected */
+        float *cls = m->a.cls_out;
+        for (int64_t b = 0; b < B; b++)
+            memcpy(cls + b * C, f + b * N * C, (size_t)C * sizeof(float));
+        vitc__linear(out, per, cls, C, m->w.head_w, m->w.head_b, NULL, 0, B, per, C);
+        return VITC_OK;
+    }
+    for (int64_t b = 0; b < B; b++) {
+        const float *fb = f + b * N * C;
+        float *o = out + b * per;
+        if (pool == VITC_POOL_TOKENS) {
+            memcpy(o, fb + np * C, (size_t)(P * C) * sizeof(float));
+        } else if (pool == VITC_POOL_MEAN) { /* mean of the normed patch tokens */
+            for (int64_t j = 0; j < C; j++) o[j] = 0.0f;
+            for (int64_t t = np; t < N; t++)
+                for (int64_t j = 0; j < C; j++) o[j] += fb[t * C + j];
+            for (int64_t j = 0; j < C; j++) o[j] /= (float)P;
+        } else { /* ViT/DeiT default: the class token after the final LayerNorm */
+            memcpy(o, fb, (size_t)C * sizeof(float));
+        }
+    }
+    return VITC_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* The model's own image processor (Hub models)                       */
+/* ------------------------------------------------------------------ */
+
+int vitc_vit_has_processor(const vitc_vit *m) { return m && m->proc.present; }
+
+vitc_status vitc_vit_preprocess_size(const vitc_vit *m, int width, int height, int *H, int *W) {
+    int rh, rw;
+    if (!m || !H || !W)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_preprocess_size: NULL argument");
+    if (!m->proc.present)
+        return vitc__err(VITC_ERR_INVALID_ARG, "this %s model has no image processor", m->family);
+    if (width < 1 || height < 1)
+        return vitc__err(VITC_ERR_SHAPE, "image %dx%d is empty", width, height);
+    return vitc__hf_output_size(&m->proc, width, height, H, W, &rh, &rw);
+}
+
+vitc_status vitc_vit_preprocess(const vitc_vit *m, const vitc_image *img, float *out) {
+    if (!m || !img || !out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_preprocess: NULL argument");
+    if (!m->proc.present)
+        return vitc__err(VITC_ERR_INVALID_ARG, "this %s model has no image processor", m->family);
+    return vitc__hf_preprocess(&m->proc, img, out);
 }

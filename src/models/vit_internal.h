@@ -15,13 +15,22 @@
  * order; the table of a config is the model ones with the layer ones of
  * every block in between (see vitc__vit_table_build). */
 enum {
-    VIT_P_CLS, VIT_P_CONV_W, VIT_P_CONV_B, VIT_P_POS, /* before the blocks */
-    VIT_P_LN_W, VIT_P_LN_B, VIT_P_HEAD_W, VIT_P_HEAD_B, /* after them */
+    VIT_P_CLS, VIT_P_CONV_W, VIT_P_CONV_B, VIT_P_POS, VIT_P_DIST, VIT_P_REG, /* before the blocks */
+    VIT_P_PRE_W, VIT_P_PRE_B, /* CLIP's pre_layrnorm, on the embeddings */
+    VIT_P_LN_W, VIT_P_LN_B, VIT_P_HEAD_W, VIT_P_HEAD_B, VIT_P_HEAD2_W, VIT_P_HEAD2_B, /* after */
+    /* SigLIP's attention-pooling (MAP) head */
+    VIT_P_MAP_PROBE, VIT_P_MAP_QKV_W, VIT_P_MAP_QKV_B, VIT_P_MAP_PROJ_W, VIT_P_MAP_PROJ_B,
+    VIT_P_MAP_LN_W, VIT_P_MAP_LN_B, VIT_P_MAP_FC1_W, VIT_P_MAP_FC1_B, VIT_P_MAP_FC2_W,
+    VIT_P_MAP_FC2_B,
     VIT_P_COUNT
 };
+/* Rows a model has: DIST only with a distillation token, REG only with
+ * register tokens, HEAD only with a head, HEAD2 only with DeiT's second
+ * head, LS1/LS2 only with layer scale. */
 enum {
     VIT_L_LN1_W, VIT_L_LN1_B, VIT_L_QKV_W, VIT_L_QKV_B, VIT_L_PROJ_W, VIT_L_PROJ_B,
     VIT_L_LN2_W, VIT_L_LN2_B, VIT_L_FC1_W, VIT_L_FC1_B, VIT_L_FC2_W, VIT_L_FC2_B,
+    VIT_L_LS1, VIT_L_LS2, /* DINOv2's layer scale of each branch */
     VIT_L_COUNT
 };
 
@@ -44,6 +53,7 @@ typedef struct vitc__vit_block {
     float *fc1_b;           /* [mlp] */
     float *fc2_w;           /* [C, mlp] */
     float *fc2_b;           /* [C] */
+    float *ls1, *ls2;       /* [C] layer scale (DINOv2), NULL without */
 } vitc__vit_block;
 
 /* The model's own tensors; a second instance points into the gradients. */
@@ -55,7 +65,34 @@ typedef struct vitc__vit_w {
     float *ln_w, *ln_b; /* [C] */
     float *head_w;  /* [classes, C] */
     float *head_b;  /* [classes] */
+    float *dist;    /* [1, 1, C] DeiT's distillation token (token 1) */
+    float *head2_w; /* [classes, C] DeiT's distillation head, on token 1 */
+    float *head2_b; /* [classes] */
+    float *reg;     /* [1, R, C] register tokens (DINOv2 with registers), no position */
+    float *pre_w, *pre_b; /* [C] CLIP's pre_layrnorm */
+    /* SigLIP's MAP head: probe [1, 1, C], MultiheadAttention in_proj [3C, C]
+     * / [3C] and out_proj, LayerNorm, MLP [M, C] / [C, M]. */
+    float *map_probe, *map_qkv_w, *map_qkv_b, *map_proj_w, *map_proj_b, *map_ln_w, *map_ln_b;
+    float *map_fc1_w, *map_fc1_b, *map_fc2_w, *map_fc2_b;
 } vitc__vit_w;
+
+/* Per-family options of the one forward (vit.c); vitc_vit_create and the
+ * torchvision/timm loader set the torchvision ones. */
+typedef enum vitc__vit_head {
+    VIT_HEAD_NONE = 0, /* a backbone (HF ViTModel, DeiTModel): embeddings only */
+    VIT_HEAD_CLS = 1,  /* logits = head(ln(x)[:, 0]) */
+    VIT_HEAD_MEAN2 = 2, /* DeiT with teacher: (head(ln(x)[:,0]) + head2(ln(x)[:,1])) / 2 */
+    VIT_HEAD_PROJ = 3,  /* CLIP: image_embeds = head(ln(x[:, 0])) (bias zero), an embedding */
+    VIT_HEAD_MAP = 4,   /* SigLIP: pooler_output = the MAP head over ln(x), an embedding */
+    VIT_HEAD_CLS_MEAN = 5 /* DINOv2 classifier: head([ln(x)[:, 0], mean(ln(x) patches)]) */
+} vitc__vit_head;
+enum { VIT_ACT_GELU = 0, VIT_ACT_GELU_TANH = 1, VIT_ACT_QUICK_GELU = 2 };
+typedef enum vitc__vit_pos_rule {
+    VIT_POS_ALIGN_CORNERS = 0, /* torchvision: bicubic, align_corners=True */
+    VIT_POS_HALF_PIXEL = 1,    /* HF >= 4.45: bicubic to size, align_corners=False */
+    VIT_POS_ANTIALIAS = 2,     /* the same with antialias=True (DINOv2 with registers) */
+    VIT_POS_LEGACY = 3         /* scale_factor (g' + 0.1) / g (SigLIP, transformers < 4.45) */
+} vitc__vit_pos_rule;
 
 /* A block's activations. In a training forward every block has its own
  * (block l at layers + l * stride, one past the last holding the encoder's
@@ -97,6 +134,23 @@ struct vitc_vit {
     vitc_vit_config cfg;
     char arch[32];
     vitc__vit_naming naming;
+    /* Family options (vitc__vit_table_build reads n_prefix and head). */
+    int n_prefix;          /* tokens before the patches: class, distillation, registers */
+    int n_cls;             /* 1: a class token first; 0: none (SigLIP) */
+    int n_dist;            /* 1: DeiT's distillation token after the class token */
+    int n_reg;             /* register tokens after those (no position embedding) */
+    int layer_scale;       /* blocks scale each branch by ls1 / ls2 (DINOv2) */
+    int swiglu;            /* MLP fc2(silu(a) * b), [a, b] = fc1 halves; fc2 [C, mlp/2] */
+    int pre_norm;          /* LayerNorm pre (PRE_W/B rows) on the embeddings (CLIP) */
+    int final_cls_only;    /* the final LayerNorm acts on the class token alone (CLIP's
+                            * post_layernorm): features are the un-normed tokens */
+    int mlp_act;           /* MLP activation: VIT_ACT_* */
+    vitc__vit_head head;
+    vitc__vit_pos_rule pos_rule;
+    char family[32];       /* "torchvision", "timm", "hf-vit", "hf-deit" */
+    char *ignored;         /* Hub tensors the forward does not use, NUL-separated */
+    vitc__hf_proc proc;    /* the Hub model's image processor (present: 1) */
+    int n_ignored;
 
     char *label_text;  /* every label, NUL-separated */
     char **labels;     /* [num_classes] into label_text, NULL when none */
@@ -153,6 +207,8 @@ struct vitc_vit {
     /* Attention-map scratch (only when asked for). */
     vitc__buf probs_buf; /* [B, H, N, N] when the caller gives no attn */
     vitc__buf roll_buf;  /* [B, N, N] rollout + [2, N, N] */
+    vitc__buf feat_buf;  /* embeddings' normed tokens; DeiT heads' scratch */
+    vitc__buf head_buf;  /* the MAP head's scratch */
 };
 
 /* A block's packed weights, at m->pw[l * VIT_PW_COUNT + k]. */
@@ -165,6 +221,10 @@ vitc_status vitc__vit_prepare_inference(vitc_vit *m);
  * dropping the packs): before training, vitc_vit_param, saving. */
 void vitc__vit_rowmajor(vitc_vit *m);
 void vitc__vit_pack_free(vitc_vit *m);
+vitc_vit *vitc__vit_alloc(void);
+/* A Hugging Face Hub model: dir holds config.json; weights is the
+ * .safetensors or .index.json to read, or NULL for dir's own (vit_hub.c). */
+vitc_status vitc__vit_load_hub(const char *dir, const char *weights, vitc_vit **out);
 
 /* Build m->table for m->cfg in m->naming's spelling (sizes overflow-checked),
  * with 64-byte aligned offsets and n_params, and allocate blocks. */

@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <jansson.h>
 
@@ -31,13 +32,23 @@
 /* Names                                                              */
 /* ------------------------------------------------------------------ */
 
+#define VIT_MAP_NAMES                                                                          \
+    "attn_pool.latent", "attn_pool.qkv.weight", "attn_pool.qkv.bias", "attn_pool.proj.weight",   \
+        "attn_pool.proj.bias", "attn_pool.norm.weight", "attn_pool.norm.bias",                   \
+        "attn_pool.mlp.fc1.weight", "attn_pool.mlp.fc1.bias", "attn_pool.mlp.fc2.weight",        \
+        "attn_pool.mlp.fc2.bias"
 static const char *const vit_model_names[3][VIT_P_COUNT] = {
-    {"class_token", "conv_proj.weight", "conv_proj.bias", "encoder.pos_embedding",
-     "encoder.ln.weight", "encoder.ln.bias", "heads.head.weight", "heads.head.bias"},
-    {"class_token", "conv_proj.weight", "conv_proj.bias", "encoder.pos_embedding",
-     "encoder.ln.weight", "encoder.ln.bias", "heads.head.weight", "heads.head.bias"},
-    {"cls_token", "patch_embed.proj.weight", "patch_embed.proj.bias", "pos_embed", "norm.weight",
-     "norm.bias", "head.weight", "head.bias"},
+    {"class_token", "conv_proj.weight", "conv_proj.bias", "encoder.pos_embedding", "dist_token",
+     "reg_token", "ln_pre.weight", "ln_pre.bias", "encoder.ln.weight", "encoder.ln.bias",
+     "heads.head.weight", "heads.head.bias", "heads.head_dist.weight", "heads.head_dist.bias",
+     VIT_MAP_NAMES},
+    {"class_token", "conv_proj.weight", "conv_proj.bias", "encoder.pos_embedding", "dist_token",
+     "reg_token", "ln_pre.weight", "ln_pre.bias", "encoder.ln.weight", "encoder.ln.bias",
+     "heads.head.weight", "heads.head.bias", "heads.head_dist.weight", "heads.head_dist.bias",
+     VIT_MAP_NAMES},
+    {"cls_token", "patch_embed.proj.weight", "patch_embed.proj.bias", "pos_embed", "dist_token",
+     "reg_token", "norm_pre.weight", "norm_pre.bias", "norm.weight", "norm.bias", "head.weight",
+     "head.bias", "head_dist.weight", "head_dist.bias", VIT_MAP_NAMES},
 };
 
 static const char *const vit_layer_prefix[3] = {"encoder.layers.encoder_layer_%d.",
@@ -46,13 +57,14 @@ static const char *const vit_layer_prefix[3] = {"encoder.layers.encoder_layer_%d
 static const char *const vit_layer_names[3][VIT_L_COUNT] = {
     {"ln_1.weight", "ln_1.bias", "self_attention.in_proj_weight", "self_attention.in_proj_bias",
      "self_attention.out_proj.weight", "self_attention.out_proj.bias", "ln_2.weight", "ln_2.bias",
-     "mlp.0.weight", "mlp.0.bias", "mlp.3.weight", "mlp.3.bias"},
+     "mlp.0.weight", "mlp.0.bias", "mlp.3.weight", "mlp.3.bias", "ls1.gamma", "ls2.gamma"},
     {"ln_1.weight", "ln_1.bias", "self_attention.in_proj_weight", "self_attention.in_proj_bias",
      "self_attention.out_proj.weight", "self_attention.out_proj.bias", "ln_2.weight", "ln_2.bias",
-     "mlp.linear_1.weight", "mlp.linear_1.bias", "mlp.linear_2.weight", "mlp.linear_2.bias"},
+     "mlp.linear_1.weight", "mlp.linear_1.bias", "mlp.linear_2.weight", "mlp.linear_2.bias",
+     "ls1.gamma", "ls2.gamma"},
     {"norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
      "attn.proj.bias", "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias",
-     "mlp.fc2.weight", "mlp.fc2.bias"},
+     "mlp.fc2.weight", "mlp.fc2.bias", "ls1.gamma", "ls2.gamma"},
 };
 
 const char *vitc__vit_entry_name(const vitc__param *e, vitc__vit_naming naming, char *buf,
@@ -84,48 +96,72 @@ static void vit_set_shape(vitc__param *e, int ndim, int64_t a, int64_t b, int64_
 }
 
 static const size_t vit_model_slot[VIT_P_COUNT] = {
-    offsetof(vitc__vit_w, cls),  offsetof(vitc__vit_w, conv_w), offsetof(vitc__vit_w, conv_b),
-    offsetof(vitc__vit_w, pos),  offsetof(vitc__vit_w, ln_w),   offsetof(vitc__vit_w, ln_b),
-    offsetof(vitc__vit_w, head_w), offsetof(vitc__vit_w, head_b)};
+    offsetof(vitc__vit_w, cls),     offsetof(vitc__vit_w, conv_w),  offsetof(vitc__vit_w, conv_b),
+    offsetof(vitc__vit_w, pos),     offsetof(vitc__vit_w, dist),    offsetof(vitc__vit_w, reg),
+    offsetof(vitc__vit_w, pre_w),   offsetof(vitc__vit_w, pre_b),   offsetof(vitc__vit_w, ln_w),
+    offsetof(vitc__vit_w, ln_b),    offsetof(vitc__vit_w, head_w),  offsetof(vitc__vit_w, head_b),
+    offsetof(vitc__vit_w, head2_w), offsetof(vitc__vit_w, head2_b),
+    offsetof(vitc__vit_w, map_probe),  offsetof(vitc__vit_w, map_qkv_w),
+    offsetof(vitc__vit_w, map_qkv_b),  offsetof(vitc__vit_w, map_proj_w),
+    offsetof(vitc__vit_w, map_proj_b), offsetof(vitc__vit_w, map_ln_w),
+    offsetof(vitc__vit_w, map_ln_b),   offsetof(vitc__vit_w, map_fc1_w),
+    offsetof(vitc__vit_w, map_fc1_b),  offsetof(vitc__vit_w, map_fc2_w),
+    offsetof(vitc__vit_w, map_fc2_b)};
 static const size_t vit_layer_slot[VIT_L_COUNT] = {
     offsetof(vitc__vit_block, ln1_w),  offsetof(vitc__vit_block, ln1_b),
     offsetof(vitc__vit_block, qkv_w),  offsetof(vitc__vit_block, qkv_b),
     offsetof(vitc__vit_block, proj_w), offsetof(vitc__vit_block, proj_b),
     offsetof(vitc__vit_block, ln2_w),  offsetof(vitc__vit_block, ln2_b),
     offsetof(vitc__vit_block, fc1_w),  offsetof(vitc__vit_block, fc1_b),
-    offsetof(vitc__vit_block, fc2_w),  offsetof(vitc__vit_block, fc2_b)};
+    offsetof(vitc__vit_block, fc2_w),  offsetof(vitc__vit_block, fc2_b),
+    offsetof(vitc__vit_block, ls1),    offsetof(vitc__vit_block, ls2)};
 
 /* Shape and torchvision's VisionTransformer.__init__ initialisation of a
  * model tensor (conv_proj trunc_normal_(std=sqrt(1/fan_in)), pos_embedding
  * normal_(0.02), class token and head zero). */
-static void vit_model_row(vitc__param *e, const vitc_vit_config *c) {
+static void vit_model_row(vitc__param *e, const vitc_vit_config *c, int n_prefix, int n_reg,
+                          int head_in) {
     int64_t C = c->hidden_dim, g = c->image_size / c->patch_size;
     int64_t fan_in = (int64_t)c->in_channels * c->patch_size * c->patch_size;
     e->init = VITC__INIT_ZERO;
     switch (e->role) {
-    case VIT_P_CLS: vit_set_shape(e, 3, 1, 1, C, 0); break;
+    case VIT_P_CLS:
+    case VIT_P_DIST: vit_set_shape(e, 3, 1, 1, C, 0); break;
+    case VIT_P_REG: vit_set_shape(e, 3, 1, n_reg, C, 0); break;
     case VIT_P_CONV_W:
         vit_set_shape(e, 4, C, c->in_channels, c->patch_size, c->patch_size);
         e->init = VITC__INIT_TRUNC;
         e->init_std = sqrt(1.0 / (double)fan_in);
         break;
     case VIT_P_POS:
-        vit_set_shape(e, 3, 1, 1 + g * g, C, 0);
+        vit_set_shape(e, 3, 1, n_prefix - n_reg + g * g, C, 0); /* registers have none */
         e->init = VITC__INIT_NORMAL;
         e->init_std = 0.02;
         break;
-    case VIT_P_HEAD_W: vit_set_shape(e, 2, c->num_classes, C, 0, 0); break;
-    case VIT_P_HEAD_B: vit_set_shape(e, 1, c->num_classes, 0, 0, 0); break;
-    case VIT_P_LN_W: vit_set_shape(e, 1, C, 0, 0, 0); e->init = VITC__INIT_ONE; break;
+    case VIT_P_HEAD_W: vit_set_shape(e, 2, c->num_classes, head_in, 0, 0); break;
+    case VIT_P_HEAD2_W: vit_set_shape(e, 2, c->num_classes, C, 0, 0); break;
+    case VIT_P_HEAD_B:
+    case VIT_P_HEAD2_B: vit_set_shape(e, 1, c->num_classes, 0, 0, 0); break;
+    case VIT_P_LN_W:
+    case VIT_P_PRE_W:
+    case VIT_P_MAP_LN_W: vit_set_shape(e, 1, C, 0, 0, 0); e->init = VITC__INIT_ONE; break;
+    case VIT_P_MAP_PROBE: vit_set_shape(e, 3, 1, 1, C, 0); break;
+    case VIT_P_MAP_QKV_W: vit_set_shape(e, 2, 3 * C, C, 0, 0); break;
+    case VIT_P_MAP_QKV_B: vit_set_shape(e, 1, 3 * C, 0, 0, 0); break;
+    case VIT_P_MAP_PROJ_W: vit_set_shape(e, 2, C, C, 0, 0); break;
+    case VIT_P_MAP_FC1_W: vit_set_shape(e, 2, c->mlp_dim, C, 0, 0); break;
+    case VIT_P_MAP_FC1_B: vit_set_shape(e, 1, c->mlp_dim, 0, 0, 0); break;
+    case VIT_P_MAP_FC2_W: vit_set_shape(e, 2, C, c->mlp_dim, 0, 0); break;
     default: vit_set_shape(e, 1, C, 0, 0, 0); break; /* conv bias, final LayerNorm bias */
     }
-    e->no_decay = e->ndim == 1 || e->role == VIT_P_CLS || e->role == VIT_P_POS;
+    e->no_decay = e->ndim == 1 || e->role == VIT_P_CLS || e->role == VIT_P_POS ||
+                  e->role == VIT_P_DIST || e->role == VIT_P_REG;
 }
 
 /* The same for a block tensor: MHA's in_proj xavier_uniform_ and zero biases,
  * out_proj.weight nn.Linear's default, MLPBlock's xavier_uniform_ weights
  * and normal_(std=1e-6) biases, LayerNorms one and zero. */
-static void vit_layer_row(vitc__param *e, const vitc_vit_config *c) {
+static void vit_layer_row(vitc__param *e, const vitc_vit_config *c, int swiglu) {
     int64_t C = c->hidden_dim, M = c->mlp_dim;
     e->init = VITC__INIT_ZERO;
     switch (e->role) {
@@ -142,9 +178,9 @@ static void vit_layer_row(vitc__param *e, const vitc_vit_config *c) {
         vit_set_shape(e, 2, M, C, 0, 0);
         e->init = VITC__INIT_XAVIER, e->fan_in = C, e->fan_out = M;
         break;
-    case VIT_L_FC2_W:
-        vit_set_shape(e, 2, C, M, 0, 0);
-        e->init = VITC__INIT_XAVIER, e->fan_in = M, e->fan_out = C;
+    case VIT_L_FC2_W: /* SwiGLU: fc2 reads the gated half */
+        vit_set_shape(e, 2, C, swiglu ? M / 2 : M, 0, 0);
+        e->init = VITC__INIT_XAVIER, e->fan_in = swiglu ? M / 2 : M, e->fan_out = C;
         break;
     case VIT_L_FC1_B:
     case VIT_L_FC2_B:
@@ -152,15 +188,38 @@ static void vit_layer_row(vitc__param *e, const vitc_vit_config *c) {
         e->init = VITC__INIT_NORMAL, e->init_std = 1e-6;
         break;
     case VIT_L_LN1_W:
-    case VIT_L_LN2_W: vit_set_shape(e, 1, C, 0, 0, 0); e->init = VITC__INIT_ONE; break;
+    case VIT_L_LN2_W:
+    case VIT_L_LS1:
+    case VIT_L_LS2: vit_set_shape(e, 1, C, 0, 0, 0); e->init = VITC__INIT_ONE; break;
     default: vit_set_shape(e, 1, C, 0, 0, 0); break;
     }
     e->no_decay = e->ndim == 1;
 }
 
+/* Whether the model has the row of role i (vit_internal.h). */
+static int vit_has_row(const vitc_vit *m, int i) {
+    if (i == VIT_P_CLS)
+        return m->n_cls;
+    if (i >= VIT_P_MAP_PROBE)
+        return m->head == VIT_HEAD_MAP;
+    if (i == VIT_P_DIST)
+        return m->n_dist;
+    if (i == VIT_P_REG)
+        return m->n_reg > 0;
+    if (i == VIT_P_PRE_W || i == VIT_P_PRE_B)
+        return m->pre_norm;
+    if (i == VIT_P_HEAD_W || i == VIT_P_HEAD_B)
+        return m->head != VIT_HEAD_NONE && m->head != VIT_HEAD_MAP;
+    if (i == VIT_P_HEAD2_W || i == VIT_P_HEAD2_B)
+        return m->head == VIT_HEAD_MEAN2;
+    return 1;
+}
+
 vitc_status vitc__vit_table_build(vitc_vit *m) {
     const vitc_vit_config *c = &m->cfg;
-    int n = VIT_P_COUNT + c->depth * VIT_L_COUNT; /* depth <= VIT_MAX_DEPTH: no overflow */
+    int per_layer = VIT_L_COUNT - (m->layer_scale ? 0 : 2);
+    int n = c->depth * per_layer; /* depth <= VIT_MAX_DEPTH: no overflow */
+    for (int i = 0; i < VIT_P_COUNT; i++) n += vit_has_row(m, i);
     vitc__param *t = calloc((size_t)n, sizeof *t);
     vitc__vit_block *blocks = calloc((size_t)(c->depth > 0 ? c->depth : 1), sizeof *blocks);
     if (!t || !blocks) {
@@ -169,10 +228,14 @@ vitc_status vitc__vit_table_build(vitc_vit *m) {
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate the parameter table (%d entries)", n);
     }
     int k = 0;
-    for (int i = VIT_P_CLS; i <= VIT_P_POS; i++) t[k++] = (vitc__param){.role = i, .layer = -1};
+    for (int i = VIT_P_CLS; i <= VIT_P_PRE_B; i++)
+        if (vit_has_row(m, i))
+            t[k++] = (vitc__param){.role = i, .layer = -1};
     for (int l = 0; l < c->depth; l++)
-        for (int i = 0; i < VIT_L_COUNT; i++) t[k++] = (vitc__param){.role = i, .layer = l};
-    for (int i = VIT_P_LN_W; i < VIT_P_COUNT; i++) t[k++] = (vitc__param){.role = i, .layer = -1};
+        for (int i = 0; i < per_layer; i++) t[k++] = (vitc__param){.role = i, .layer = l};
+    for (int i = VIT_P_LN_W; i < VIT_P_COUNT; i++)
+        if (vit_has_row(m, i))
+            t[k++] = (vitc__param){.role = i, .layer = -1};
     /* Names, in the file's spelling, in one buffer (each under 160 bytes). */
     char buf[160];
     size_t bytes = 0;
@@ -190,10 +253,11 @@ vitc_status vitc__vit_table_build(vitc_vit *m) {
         t[i].name = at;
         at += len;
         if (t[i].layer < 0) {
-            vit_model_row(&t[i], c);
+            vit_model_row(&t[i], c, m->n_prefix, m->n_reg,
+                          (m->head == VIT_HEAD_CLS_MEAN ? 2 : 1) * c->hidden_dim);
             t[i].slot = vit_model_slot[t[i].role];
         } else {
-            vit_layer_row(&t[i], c);
+            vit_layer_row(&t[i], c, m->swiglu);
             t[i].slot = vit_layer_slot[t[i].role];
         }
     }
@@ -649,7 +713,20 @@ static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int a
     free(src);
     if (s == VITC_OK)
         vit_name_arch(m, asked);
+    snprintf(m->family, sizeof m->family, m->naming == VIT_NAMES_TIMM ? "timm" : "torchvision");
     return s;
+}
+
+/* A model with torchvision's family options (a loader changes them). */
+vitc_vit *vitc__vit_alloc(void) {
+    vitc_vit *m = calloc(1, sizeof *m);
+    if (m) {
+        m->n_prefix = 1;
+        m->n_cls = 1;
+        m->head = VIT_HEAD_CLS;
+        m->pos_rule = VIT_POS_ALIGN_CORNERS;
+    }
+    return m;
 }
 
 vitc_status vitc_vit_create(const vitc_vit_config *cfg, uint64_t seed, vitc_vit **out) {
@@ -657,7 +734,7 @@ vitc_status vitc_vit_create(const vitc_vit_config *cfg, uint64_t seed, vitc_vit 
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_create: NULL argument");
     *out = NULL;
     VITC_TRY(vit_check_config(cfg));
-    vitc_vit *m = calloc(1, sizeof *m);
+    vitc_vit *m = vitc__vit_alloc();
     if (!m)
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
     m->cfg = *cfg;
@@ -675,6 +752,7 @@ vitc_status vitc_vit_create(const vitc_vit_config *cfg, uint64_t seed, vitc_vit 
     /* Dropout masks continue from a stream of their own, decorrelated from init. */
     m->rng.s = seed ^ 0xD1B54A32D192ED03ull;
     vit_name_arch(m, NULL);
+    snprintf(m->family, sizeof m->family, "torchvision");
     *out = m;
     return VITC_OK;
 }
@@ -684,7 +762,7 @@ vitc_status vitc_vit_from_safetensors(const vitc_safetensors *st, const char *ar
     if (!st || !out)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_from_safetensors: NULL argument");
     *out = NULL;
-    vitc_vit *m = calloc(1, sizeof *m);
+    vitc_vit *m = vitc__vit_alloc();
     if (!m)
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
     vitc_status s = vit_build(st, arch, 0, m);
@@ -696,14 +774,66 @@ vitc_status vitc_vit_from_safetensors(const vitc_safetensors *st, const char *ar
     return VITC_OK;
 }
 
+/* A Hub model at path: a directory, an index .json, or a file with a
+ * config.json holding "model_type" beside it. *dir: path's directory
+ * (malloc'd) when so. */
+static int vit_is_hub(const char *path, char **dir) {
+    struct stat sb;
+    *dir = NULL;
+    if (stat(path, &sb) != 0)
+        return 0;
+    size_t len = strlen(path);
+    if (S_ISDIR(sb.st_mode)) {
+        *dir = malloc(len + 1);
+        if (*dir)
+            memcpy(*dir, path, len + 1);
+        return *dir != NULL;
+    }
+    const char *slash = strrchr(path, '/');
+    size_t dlen = slash ? (size_t)(slash - path) : 1;
+    char *d = malloc(dlen + 1), *cfg = malloc(dlen + 16);
+    if (!d || !cfg) {
+        free(d);
+        free(cfg);
+        return 0;
+    }
+    memcpy(d, slash ? path : ".", dlen);
+    d[dlen] = '\0';
+    snprintf(cfg, dlen + 16, "%s/config.json", d);
+    int hub = len >= 5 && !strcmp(path + len - 5, ".json");
+    FILE *f;
+    uint64_t size;
+    if (!hub && stat(cfg, &sb) == 0 && vitc__open_regular(cfg, 1 << 24, &f, &size) == VITC_OK) {
+        json_error_t jerr;
+        json_t *root = json_loadf(f, 0, &jerr);
+        fclose(f);
+        hub = json_is_string(json_object_get(root, "model_type"));
+        json_decref(root);
+    }
+    free(cfg);
+    if (hub)
+        *dir = d;
+    else
+        free(d);
+    return hub;
+}
+
 vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out) {
     if (!path || !out)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_load: NULL argument");
     *out = NULL;
+    char *dir;
+    if (vit_is_hub(path, &dir)) {
+        struct stat sb;
+        int is_dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
+        vitc_status hs = vitc__vit_load_hub(dir, is_dir ? NULL : path, out);
+        free(dir);
+        return hs;
+    }
     vitc_safetensors *st = NULL;
     vitc_vit *m = NULL;
     vitc_status s = vitc_safetensors_load(path, &st);
-    if (s == VITC_OK && !(m = calloc(1, sizeof *m)))
+    if (s == VITC_OK && !(m = vitc__vit_alloc()))
         s = vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
     if (s == VITC_OK)
         s = vit_build(st, arch, 1, m);

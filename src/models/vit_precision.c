@@ -117,15 +117,13 @@ static vitc_status vit_pack(vitc_vit *m, const struct vitc__gemm_kernel *kern) {
             if (s == VITC_OK)
                 s = vit_pack_one(m, &p[VIT_PW_FC1], w->fc1_w, M, C, pr);
             if (s == VITC_OK)
-                s = vit_pack_one(m, &p[VIT_PW_FC2], w->fc2_w, C, M, pr);
+                s = vit_pack_one(m, &p[VIT_PW_FC2], w->fc2_w, C, m->swiglu ? M / 2 : M, pr);
         }
     }
-    /* The patch embedding and the head stay fp32: 3% of the FLOPs, and the
-     * head's logits are what the accuracy is judged by. */
+    /* The patch embedding stays fp32 (3% of the FLOPs); the heads (several
+     * shapes across families, 0.2%) stay row-major fp32. */
     if (s == VITC_OK && kern)
         s = vit_pack_one(m, &m->pconv, m->w.conv_w, C, K, VITC_PRECISION_FP32);
-    if (s == VITC_OK && kern)
-        s = vit_pack_one(m, &m->phead, m->w.head_w, c->num_classes, C, VITC_PRECISION_FP32);
     if (s != VITC_OK) {
         vitc__vit_rowmajor(m); /* what was packed (and released) goes back */
         return s;

@@ -32,7 +32,7 @@ static size_t data_bytes;
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc;
     (void)argv;
-    vitc_vit *m = calloc(1, sizeof *m);
+    vitc_vit *m = vitc__vit_alloc(); /* torchvision's family options */
     size_t off = 0;
     char name[160];
     if (!m)

@@ -23,16 +23,13 @@ try:
 except ImportError:  # pragma: no cover
     torch = None
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-VITC = os.path.join(ROOT, "build", "vitc")
+try:
+    from .util import ROOT, VITC, export_cmd, run_vitc as run
+except ImportError:  # run as a script
+    from util import ROOT, VITC, export_cmd, run_vitc as run
+
 DATA = os.path.join(ROOT, "tests", "data")
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
-
-
-def run(*args):
-    p = subprocess.run([VITC] + [str(a) for a in args], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE)
-    return p.returncode, p.stdout.decode(), p.stderr.decode()
 
 
 @unittest.skipIf(torch is None or not os.path.exists(VITC), "needs torch and build/vitc")
@@ -57,9 +54,7 @@ class TestCLI(unittest.TestCase):
         cls.st = os.path.join(d, "tiny.safetensors")
         cls.st_nolabels = os.path.join(d, "tiny_nolabels.safetensors")
         for out, extra in ((cls.st, ["--labels", labels]), (cls.st_nolabels, [])):
-            subprocess.run([sys.executable, os.path.join(ROOT, "tools", "export_safetensors.py"),
-                            pth, out, "--num-heads", "2"] + extra,
-                           check=True, stdout=subprocess.DEVNULL)
+            subprocess.run(export_cmd(pth, out, *extra), check=True, stdout=subprocess.DEVNULL)
         cls.images = [os.path.join(DATA, n) for n in
                       ("photo.jpg", "photo.png", "rgb8.png", "gray8.png", "palette.png",
                        "rgba16.png", "progressive.jpg")]
@@ -316,8 +311,7 @@ class TestCLI(unittest.TestCase):
         pth = os.path.join(self.tmp.name, "gray.pth")
         torch.save(m.state_dict(), pth)
         exported = os.path.join(self.tmp.name, "gray_exported.safetensors")
-        subprocess.run([sys.executable, os.path.join(ROOT, "tools", "export_safetensors.py"),
-                        pth, exported, "--num-heads", "2", "--mean", "0.485", "--std", "0.229"],
+        subprocess.run(export_cmd(pth, exported, "--mean", "0.485", "--std", "0.229"),
                        check=True, stdout=subprocess.DEVNULL)
         rc, out, err = run("classify", "--model", exported, "--json", "--topk", 12, "--batch", 3,
                            "--quiet", *images)

@@ -13,7 +13,6 @@ import resource
 import signal
 import stat
 import subprocess
-import sys
 import tempfile
 import unittest
 
@@ -23,18 +22,16 @@ try:
 except ImportError:  # pragma: no cover
     torch = None
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-VITC = os.path.join(ROOT, "build", "vitc")
+try:
+    from .util import ROOT, VITC, export_cmd, run_vitc
+except ImportError:  # run as a script
+    from util import ROOT, VITC, export_cmd, run_vitc
+
 IMAGE = os.path.join(ROOT, "tests", "data", "rgb8.png")
 
 
 def run(*args, fsize=None):
-    def limit():
-        resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
-    p = subprocess.run([VITC] + [str(a) for a in args], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, timeout=5,
-                       preexec_fn=limit if fsize is not None else None)
-    return p.returncode, p.stdout.decode(), p.stderr.decode()
+    return run_vitc(*args, fsize=fsize, timeout=5)
 
 
 @unittest.skipIf(torch is None or not os.path.exists(VITC), "needs torch and build/vitc")
@@ -53,8 +50,7 @@ class TestFiles(unittest.TestCase):
 
     @classmethod
     def export(cls, out):
-        return [sys.executable, os.path.join(ROOT, "tools", "export_safetensors.py"), cls.pth,
-                out, "--num-heads", "2"]
+        return export_cmd(cls.pth, out)
 
     @classmethod
     def tearDownClass(cls):

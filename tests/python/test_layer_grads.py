@@ -202,10 +202,13 @@ class LayerGrads(GradCase):
 class MhaGrads(GradCase):
     """nn.MultiheadAttention: d_query, d_key, d_value and every parameter."""
 
-    def mha(self, E, H, shapes, self_attn=False, kpm=None, am=None, need_weights=False, **kw):
+    def pair(self, E, H, vitc_kw=None, **kw):
+        """A random torch MHA (float64, train mode) and a vitc one (train
+        mode, grads zero) holding the same weights rounded to float32; kw go
+        to both, vitc_kw to vitc's alone."""
         with torch.no_grad():
             t = randomize(nn.MultiheadAttention(E, H, **kw), self.gen).train()
-        v = vitc.MultiheadAttention(E, H, **kw)
+        v = vitc.MultiheadAttention(E, H, **kw, **(vitc_kw or {}))
         sd = {k: a.detach().float().numpy() for k, a in t.state_dict().items()}
         v.load_state_dict(sd)
         t = t.double()
@@ -213,6 +216,10 @@ class MhaGrads(GradCase):
             for k, a in t.state_dict().items():
                 a.copy_(torch.from_numpy(sd[k]).double())
         v.train().zero_grad()
+        return t, v
+
+    def mha(self, E, H, shapes, self_attn=False, kpm=None, am=None, need_weights=False, **kw):
+        t, v = self.pair(E, H, **kw)
         for step in range(2):
             xs = [torch.randn(*s, generator=self.gen).float() for s in shapes]
             if self_attn:
@@ -292,16 +299,7 @@ class MhaGrads(GradCase):
         the dropped entries, and torch's F.dropout is replaced for the call by
         that mask with the same 1/(1-p) scaling."""
         E, H = 8, 2
-        with torch.no_grad():
-            t = randomize(nn.MultiheadAttention(E, H, dropout=p, **kw), self.gen).train()
-        v = vitc.MultiheadAttention(E, H, dropout=p, seed=7, **kw)
-        sd = {k: a.detach().float().numpy() for k, a in t.state_dict().items()}
-        v.load_state_dict(sd)
-        t = t.double()
-        with torch.no_grad():
-            for k, a in t.state_dict().items():
-                a.copy_(torch.from_numpy(sd[k]).double())
-        v.train().zero_grad()
+        t, v = self.pair(E, H, vitc_kw={"seed": 7}, dropout=p, **kw)
         xs = [torch.randn(*s, generator=self.gen).float() for s in shapes]
         if self_attn:
             xs = [xs[0]] * 3

@@ -1,0 +1,104 @@
+/*
+ * attention_common_tmpl.h — the pieces the forward (attention_tmpl.h) and
+ * backward (attention_bwd_tmpl.h) attention templates share, written once
+ * over the vector vocabulary of vmath_*.h. Included by both templates; the
+ * guard keeps it to one copy per translation unit (one ISA). Uses MR_PV and
+ * NV_PV from the including file.
+ */
+#ifndef VITC_ATTENTION_COMMON_TMPL_H
+#define VITC_ATTENTION_COMMON_TMPL_H
+
+#ifndef ATT_UNROLL
+#define ATT_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+static const float att_log2e = 1.44269504088896340736f;
+
+#define ATT_PW (2 * VW) /* panel width: keys (forward K^T) or query rows (backward) */
+
+/* Rows [0, n) of src (row stride lds, wdt columns) into panels of ATT_PW
+ * rows, dst [Lp / ATT_PW][wdt][ATT_PW]: element (r, c) at (r / ATT_PW) wdt
+ * ATT_PW + c ATT_PW + r % ATT_PW; rows n..Lp are zero, so no NaN leaks from
+ * them. A microkernel then reads one panel as a contiguous block. (Plain
+ * [wdt][Lp] rows would put the lines it reads 4 Lp bytes apart, a multiple
+ * of 4 KB for long rows: all in one L1 set.) */
+static void att_pack_panels(const float *src, int64_t lds, int64_t n, int64_t wdt, int64_t Lp,
+                            float *dst) {
+    for (int64_t p0 = 0; p0 < Lp; p0 += ATT_PW) {
+        float *panel = dst + p0 * wdt; /* [wdt][ATT_PW] */
+        const int64_t rows = n - p0 >= ATT_PW ? ATT_PW : (n > p0 ? n - p0 : 0);
+        int64_t rr = 0;
+#ifdef ATT_HAVE_T8
+        /* 8 x 8 register transposes: a scalar transpose costs as much as
+         * the math at ViT sizes. */
+        for (; rr + 8 <= rows; rr += 8) {
+            const float *sr = src + (p0 + rr) * lds;
+            int64_t c = 0;
+            for (; c + 8 <= wdt; c += 8) att_transpose8(sr + c, lds, panel + c * ATT_PW + rr, ATT_PW);
+            for (; c < wdt; c++)
+                for (int64_t i = 0; i < 8; i++) panel[c * ATT_PW + rr + i] = sr[i * lds + c];
+        }
+#endif
+        for (; rr < rows; rr++)
+            for (int64_t c = 0; c < wdt; c++) panel[c * ATT_PW + rr] = src[(p0 + rr) * lds + c];
+        for (; rr < ATT_PW; rr++)
+            for (int64_t c = 0; c < wdt; c++) panel[c * ATT_PW + rr] = 0.0f;
+    }
+}
+
+/* ATT_MR_NV_SWITCH(CALL): the body of a *_rows dispatcher of an
+ * MR_PV x NV_PV microkernel, switching the run-time (mr, nv) onto the
+ * compile-time CALL(m, n) (a macro of the including function). The nv that
+ * is < NV_PV happens once per row group at the right edge of the columns. */
+#if NV_PV == 4
+#define ATT_NV_SWITCH(CALL, m)        \
+    switch (nv) {                     \
+    case 1: CALL(m, 1); break;        \
+    case 2: CALL(m, 2); break;        \
+    case 3: CALL(m, 3); break;        \
+    default: CALL(m, 4); break;       \
+    }
+#elif NV_PV == 2
+#define ATT_NV_SWITCH(CALL, m)        \
+    switch (nv) {                     \
+    case 1: CALL(m, 1); break;        \
+    default: CALL(m, 2); break;       \
+    }
+#else
+#define ATT_NV_SWITCH(CALL, m) CALL(m, NV_PV);
+#endif
+#define ATT_MR_CASE(CALL, m) case m: ATT_NV_SWITCH(CALL, m) break;
+#if MR_PV >= 2
+#define ATT_MR_CASE2(CALL) ATT_MR_CASE(CALL, 2)
+#else
+#define ATT_MR_CASE2(CALL)
+#endif
+#if MR_PV >= 3
+#define ATT_MR_CASE3(CALL) ATT_MR_CASE(CALL, 3)
+#else
+#define ATT_MR_CASE3(CALL)
+#endif
+#if MR_PV >= 4
+#define ATT_MR_CASE4(CALL) ATT_MR_CASE(CALL, 4)
+#else
+#define ATT_MR_CASE4(CALL)
+#endif
+#if MR_PV >= 5
+#define ATT_MR_CASE5(CALL) ATT_MR_CASE(CALL, 5)
+#else
+#define ATT_MR_CASE5(CALL)
+#endif
+#if MR_PV >= 6
+#define ATT_MR_CASE6(CALL) ATT_MR_CASE(CALL, 6)
+#else
+#define ATT_MR_CASE6(CALL)
+#endif
+#define ATT_MR_NV_SWITCH(CALL)                                                         \
+    switch (mr) {                                                                      \
+        ATT_MR_CASE(CALL, 1)                                                           \
+        ATT_MR_CASE2(CALL) ATT_MR_CASE3(CALL) ATT_MR_CASE4(CALL) ATT_MR_CASE5(CALL)    \
+        ATT_MR_CASE6(CALL)                                                             \
+    default: break;                                                                    \
+    }
+
+#endif /* VITC_ATTENTION_COMMON_TMPL_H */

@@ -1,0 +1,798 @@
+/*
+ * vit_hub.c — a Vision Transformer from a Hugging Face Hub model directory:
+ * config.json + model.safetensors (or model.safetensors.index.json and its
+ * shards). The Hub's names map onto the one parameter table (vit_load.c)
+ * and the one forward (vit.c) with per-family options:
+ *
+ *   vit   ViTModel / ViTForImageClassification: separate query/key/value
+ *         fused here into the [3C, C] in_proj rows, eps from the config
+ *         (1e-12 by default), position grid resampled as transformers does
+ *   deit  DeiT*: class + distillation tokens; ...WithTeacher averages the
+ *         class and distillation heads
+ *   dinov2, dinov2_with_registers  Dinov2Model: layer scale, register
+ *         tokens (no position embedding), eps 1e-6, the position grid
+ *         resampled on every call (antialiased for the registers model)
+ *
+ * The backbone prefix ("vit.", "deit.", "dinov2.") of a head model may be present or
+ * absent, as from_pretrained accepts both. Tensors the forward never reads
+ * (pooler, position_ids, mask_token) are skipped by name and listed; any
+ * other extra tensor, a missing or mis-shaped one, is an error naming it.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include <jansson.h>
+
+#include "../train/train.h"
+#include "vit_internal.h"
+
+/* config.json and the shard index are small; a larger one is not a Hub file. */
+#define HUB_MAX_JSON (64u << 20)
+#define HUB_MAX_SHARDS 4096
+#define HUB_MAX_DIM (1 << 20)
+#define HUB_MAX_DEPTH 4096
+
+typedef struct hub_src {
+    int n;
+    vitc_safetensors **st; /* [n] shards */
+    char **names;          /* [n] shard file names */
+    unsigned char **used;  /* [n][count] tensor consumed or listed */
+} hub_src;
+
+static void hub_src_free(hub_src *h) {
+    for (int i = 0; i < h->n; i++) {
+        vitc_safetensors_free(h->st[i]);
+        free(h->names[i]);
+        free(h->used[i]);
+    }
+    free(h->st);
+    free(h->names);
+    free(h->used);
+    memset(h, 0, sizeof *h);
+}
+
+/* path's JSON, opened through the non-blocking regular-file helper. */
+static vitc_status hub_read_json(const char *path, json_t **out) {
+    FILE *f;
+    uint64_t size;
+    *out = NULL;
+    VITC_TRY(vitc__open_regular(path, HUB_MAX_JSON, &f, &size));
+    char *text = malloc((size_t)size + 1);
+    if (!text) {
+        fclose(f);
+        return vitc__err(VITC_ERR_NOMEM, "%s: cannot allocate %llu bytes", path,
+                         (unsigned long long)size);
+    }
+    size_t got = fread(text, 1, (size_t)size, f);
+    fclose(f);
+    if (got != (size_t)size) {
+        free(text);
+        return vitc__err(VITC_ERR_IO, "%s: read %zu of %llu bytes", path, got,
+                         (unsigned long long)size);
+    }
+    text[got] = '\0';
+    json_error_t jerr;
+    json_t *root = json_loadb(text, got, 0, &jerr);
+    free(text);
+    if (!root)
+        return vitc__err(VITC_ERR_FORMAT, "%s is not JSON (%s, line %d)", path, jerr.text,
+                         jerr.line);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return vitc__err(VITC_ERR_FORMAT, "%s is not a JSON object", path);
+    }
+    *out = root;
+    return VITC_OK;
+}
+
+static char *hub_join(const char *dir, const char *name) {
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = malloc(a + b + 2);
+    if (p)
+        snprintf(p, a + b + 2, "%s/%s", dir, name);
+    return p;
+}
+
+static int hub_exists(const char *path) {
+    struct stat sb;
+    return stat(path, &sb) == 0;
+}
+
+static vitc_status hub_add_shard(hub_src *h, const char *dir, const char *name) {
+    if (h->n >= HUB_MAX_SHARDS)
+        return vitc__err(VITC_ERR_FORMAT, "more than %d shards", HUB_MAX_SHARDS);
+    /* A shard is a file beside the index: no directories, no way out. */
+    if (!*name || strchr(name, '/') || !strcmp(name, "..") || !strcmp(name, "."))
+        return vitc__err(VITC_ERR_FORMAT, "shard name \"%s\" is not a file name in %s", name, dir);
+    for (int i = 0; i < h->n; i++)
+        if (!strcmp(h->names[i], name))
+            return VITC_OK;
+    char *path = hub_join(dir, name);
+    void *a = realloc(h->st, (size_t)(h->n + 1) * sizeof *h->st);
+    if (a)
+        h->st = a;
+    void *b = a ? realloc(h->names, (size_t)(h->n + 1) * sizeof *h->names) : NULL;
+    if (b)
+        h->names = b;
+    void *c = b ? realloc(h->used, (size_t)(h->n + 1) * sizeof *h->used) : NULL;
+    if (c)
+        h->used = c;
+    if (!path || !c) {
+        free(path);
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for shard %s", name);
+    }
+    if (!hub_exists(path)) {
+        vitc_status s = vitc__err(VITC_ERR_IO, "shard %s named by the index is missing", path);
+        free(path);
+        return s;
+    }
+    vitc_safetensors *st = NULL;
+    vitc_status s = vitc__safetensors_load_flags(path, VITC__ST_KEEP_I64, &st);
+    free(path);
+    if (s != VITC_OK)
+        return s;
+    int cnt = vitc_safetensors_count(st);
+    unsigned char *used = calloc((size_t)(cnt > 0 ? cnt : 1), 1);
+    char *nm = malloc(strlen(name) + 1);
+    if (!used || !nm) {
+        free(used);
+        free(nm);
+        vitc_safetensors_free(st);
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for shard %s", name);
+    }
+    memcpy(nm, name, strlen(name) + 1);
+    h->st[h->n] = st;
+    h->names[h->n] = nm;
+    h->used[h->n] = used;
+    h->n++;
+    return VITC_OK;
+}
+
+/* weights: a .safetensors file, or an index naming shards beside it. */
+static vitc_status hub_open_weights(hub_src *h, const char *dir, const char *weights) {
+    size_t len = strlen(weights);
+    if (len >= 5 && !strcmp(weights + len - 5, ".json")) {
+        json_t *idx;
+        VITC_TRY(hub_read_json(weights, &idx));
+        json_t *map = json_object_get(idx, "weight_map");
+        vitc_status s = VITC_OK;
+        if (!json_is_object(map))
+            s = vitc__err(VITC_ERR_FORMAT, "%s: no \"weight_map\" object", weights);
+        const char *k;
+        json_t *v;
+        if (s == VITC_OK)
+            json_object_foreach(map, k, v) {
+                if (!json_is_string(v)) {
+                    s = vitc__err(VITC_ERR_FORMAT, "%s: weight_map[\"%s\"] is not a file name",
+                                  weights, k);
+                    break;
+                }
+                if ((s = hub_add_shard(h, dir, json_string_value(v))) != VITC_OK)
+                    break;
+            }
+        json_decref(idx);
+        return s;
+    }
+    const char *slash = strrchr(weights, '/');
+    return hub_add_shard(h, dir, slash ? slash + 1 : weights);
+}
+
+/* The tensor called name in any shard: data (NULL for I64) and shape. */
+static int hub_find(const hub_src *h, const char *name, const float **data, int *nd,
+                    const int64_t **shape) {
+    for (int i = 0; i < h->n; i++) {
+        int j = vitc_safetensors_find(h->st[i], name);
+        if (j < 0)
+            continue;
+        const char *nm, *dt;
+        if (vitc_safetensors_tensor(h->st[i], j, &nm, &dt, nd, shape, data) != VITC_OK)
+            return 0;
+        h->used[i][j] = 1;
+        return 1;
+    }
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Config                                                             */
+/* ------------------------------------------------------------------ */
+
+static vitc_status hub_int(json_t *cfg, const char *key, int def, int *out) {
+    json_t *v = json_object_get(cfg, key);
+    *out = def;
+    if (!v || json_is_null(v))
+        return VITC_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > HUB_MAX_DIM)
+        return vitc__err(VITC_ERR_FORMAT, "config.json: \"%s\" must be an integer in [1, %d]",
+                         key, HUB_MAX_DIM);
+    *out = (int)json_integer_value(v);
+    return VITC_OK;
+}
+
+static vitc_status hub_labels(vitc_vit *m, json_t *id2label, int n) {
+    if (!json_is_object(id2label) || (int)json_object_size(id2label) != n)
+        return VITC_OK; /* no labels, or not one per class: none kept */
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "%d", i);
+        json_t *s = json_object_get(id2label, key);
+        if (!json_is_string(s))
+            return VITC_OK;
+        bytes += json_string_length(s) + 1;
+    }
+    m->label_text = malloc(bytes ? bytes : 1);
+    m->labels = calloc((size_t)n, sizeof *m->labels);
+    if (!m->label_text || !m->labels)
+        return vitc__err(VITC_ERR_NOMEM, "cannot allocate %d labels", n);
+    char *p = m->label_text;
+    for (int i = 0; i < n; i++) {
+        char key[16];
+        snprintf(key, sizeof key, "%d", i);
+        json_t *s = json_object_get(id2label, key);
+        size_t len = json_string_length(s);
+        memcpy(p, json_string_value(s), len);
+        p[len] = '\0';
+        m->labels[i] = p;
+        p += len + 1;
+    }
+    return VITC_OK;
+}
+
+/* A processor size: an int (square, or the shortest edge where the
+ * processor says so), {"height", "width"} or {"shortest_edge"}. */
+static vitc_status hub_size(json_t *v, const char *key, int int_square, int *h, int *w,
+                            int *shortest) {
+    json_t *a = json_object_get(v, "height"), *b = json_object_get(v, "width");
+    json_t *se = json_object_get(v, "shortest_edge");
+    *shortest = 0;
+    if (json_is_integer(v) && json_integer_value(v) > 0 && json_integer_value(v) <= 16384) {
+        if (int_square)
+            *h = *w = (int)json_integer_value(v);
+        else
+            *shortest = (int)json_integer_value(v);
+        return VITC_OK;
+    }
+    if (json_is_integer(a) && json_is_integer(b) && json_integer_value(a) > 0 &&
+        json_integer_value(a) <= 16384 && json_integer_value(b) > 0 &&
+        json_integer_value(b) <= 16384) {
+        *h = (int)json_integer_value(a), *w = (int)json_integer_value(b);
+        return VITC_OK;
+    }
+    if (json_is_integer(se) && !json_object_get(v, "longest_edge") && json_integer_value(se) > 0 &&
+        json_integer_value(se) <= 16384) {
+        *shortest = (int)json_integer_value(se);
+        return VITC_OK;
+    }
+    return vitc__err(VITC_ERR_UNSUPPORTED, "preprocessor_config.json: \"%s\" must be an integer, "
+                     "{\"height\", \"width\"} or {\"shortest_edge\"} (up to 16384)", key);
+}
+
+static int hub_bool(json_t *pp, const char *key, int def) {
+    json_t *v = json_object_get(pp, key);
+    return json_is_boolean(v) ? json_is_true(v) : def;
+}
+
+/* The image processor: preprocessor_config.json over the family's class
+ * defaults (ViTImageProcessor, DeiTImageProcessor, BitImageProcessor for
+ * DINOv2, CLIPImageProcessor, SiglipImageProcessor); its mean/std also
+ * become the config's. */
+static vitc_status hub_processor(vitc_vit *m, const char *dir) {
+    static const float clip_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
+    static const float clip_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
+    const char *f = m->family;
+    int deit = !strcmp(f, "hf-deit"), bit = !strcmp(f, "hf-dinov2") || !strcmp(f, "hf-clip");
+    int has_crop = deit || bit, int_square = !bit;
+    vitc__hf_proc *p = &m->proc;
+    memset(p, 0, sizeof *p);
+    p->present = 1;
+    p->do_resize = p->do_rescale = p->do_normalize = 1;
+    p->rescale = 1.0 / 255.0;
+    p->resample = !strcmp(f, "hf-vit") ? 2 : 3;
+    p->size_h = p->size_w = deit ? 256 : 224;
+    if (bit)
+        p->shortest = 224, p->size_h = p->size_w = 0;
+    p->do_crop = has_crop;
+    p->crop_h = p->crop_w = 224;
+    for (int i = 0; i < 3; i++) {
+        p->mean[i] = bit ? clip_mean[i] : 0.5f;
+        p->std[i] = bit ? clip_std[i] : 0.5f;
+    }
+    char *path = hub_join(dir, "preprocessor_config.json");
+    json_t *pp = NULL;
+    vitc_status s = VITC_OK;
+    if (!path)
+        return vitc__err(VITC_ERR_NOMEM, "out of memory");
+    if (hub_exists(path))
+        s = hub_read_json(path, &pp);
+    free(path);
+    if (s != VITC_OK || !pp)
+        goto done;
+    p->do_resize = hub_bool(pp, "do_resize", 1);
+    p->do_rescale = hub_bool(pp, "do_rescale", 1);
+    p->do_normalize = hub_bool(pp, "do_normalize", 1);
+    if (has_crop)
+        p->do_crop = hub_bool(pp, "do_center_crop", 1);
+    json_t *v;
+    if ((v = json_object_get(pp, "size")) && s == VITC_OK)
+        s = hub_size(v, "size", int_square, &p->size_h, &p->size_w, &p->shortest);
+    if ((v = json_object_get(pp, "crop_size")) && s == VITC_OK && has_crop) {
+        int sh;
+        s = hub_size(v, "crop_size", 1, &p->crop_h, &p->crop_w, &sh);
+        if (s == VITC_OK && sh)
+            s = vitc__err(VITC_ERR_UNSUPPORTED, "preprocessor_config.json: crop_size must be "
+                          "square or {\"height\", \"width\"}");
+    }
+    if ((v = json_object_get(pp, "resample")) && s == VITC_OK) {
+        if (!json_is_integer(v) || (json_integer_value(v) != 2 && json_integer_value(v) != 3))
+            s = vitc__err(VITC_ERR_UNSUPPORTED, "preprocessor_config.json: resample must be 2 "
+                          "(bilinear) or 3 (bicubic)");
+        else
+            p->resample = (int)json_integer_value(v);
+    }
+    if ((v = json_object_get(pp, "rescale_factor")) && s == VITC_OK) {
+        if (!json_is_number(v) || !(json_number_value(v) > 0) || !isfinite(json_number_value(v)))
+            s = vitc__err(VITC_ERR_FORMAT, "preprocessor_config.json: rescale_factor must be a "
+                          "positive number");
+        else
+            p->rescale = json_number_value(v);
+    }
+    static const char *const keys[2] = {"image_mean", "image_std"};
+    for (int k = 0; k < 2 && s == VITC_OK; k++) {
+        json_t *a = json_object_get(pp, keys[k]);
+        if (!a)
+            continue;
+        float *dst = k ? p->std : p->mean;
+        if (json_is_number(a)) {
+            for (int i = 0; i < 3; i++) dst[i] = (float)json_number_value(a);
+        } else if (json_is_array(a) && json_array_size(a) == 3) {
+            for (int i = 0; i < 3; i++) dst[i] = (float)json_number_value(json_array_get(a, (size_t)i));
+        } else {
+            s = vitc__err(VITC_ERR_FORMAT, "preprocessor_config.json: %s must be 3 numbers",
+                          keys[k]);
+        }
+    }
+    for (int i = 0; i < 3 && s == VITC_OK; i++)
+        if (!(p->std[i] > 0.0f) || !isfinite(p->mean[i]) || !isfinite(p->std[i]))
+            s = vitc__err(VITC_ERR_FORMAT, "preprocessor_config.json: mean/std[%d] = %g/%g is "
+                          "invalid", i, (double)p->mean[i], (double)p->std[i]);
+done:
+    json_decref(pp);
+    for (int i = 0; i < 3; i++) m->cfg.mean[i] = p->mean[i], m->cfg.std[i] = p->std[i];
+    return s;
+}
+
+/* ------------------------------------------------------------------ */
+/* Names                                                              */
+/* ------------------------------------------------------------------ */
+
+static const char *const hub_vit_layer[VIT_L_COUNT] = {
+    "layernorm_before.weight",     "layernorm_before.bias",
+    "attention.attention.%s.weight", "attention.attention.%s.bias",
+    "attention.output.dense.weight", "attention.output.dense.bias",
+    "layernorm_after.weight",      "layernorm_after.bias",
+    "intermediate.dense.weight",   "intermediate.dense.bias",
+    "output.dense.weight",         "output.dense.bias", NULL, NULL};
+static const char *const hub_dinov2_layer[VIT_L_COUNT] = {
+    "norm1.weight", "norm1.bias",
+    "attention.attention.%s.weight", "attention.attention.%s.bias",
+    "attention.output.dense.weight", "attention.output.dense.bias",
+    "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias",
+    "mlp.fc2.weight", "mlp.fc2.bias", "layer_scale1.lambda1", "layer_scale2.lambda1"};
+
+static const char *const hub_vit_model[VIT_P_COUNT] = {
+    "%sembeddings.cls_token", "%sembeddings.patch_embeddings.projection.weight",
+    "%sembeddings.patch_embeddings.projection.bias", "%sembeddings.position_embeddings",
+    "%sembeddings.distillation_token", "%sembeddings.register_tokens", NULL, NULL,
+    "%slayernorm.weight", "%slayernorm.bias", "classifier.weight", "classifier.bias",
+    "distillation_classifier.weight", "distillation_classifier.bias", NULL, NULL, NULL, NULL, NULL,
+    NULL, NULL, NULL, NULL, NULL, NULL};
+static const char *const hub_clip_model[VIT_P_COUNT] = {
+    "%sembeddings.class_embedding", "%sembeddings.patch_embedding.weight", NULL,
+    "%sembeddings.position_embedding.weight", NULL, NULL, "%spre_layrnorm.weight",
+    "%spre_layrnorm.bias", "%spost_layernorm.weight", "%spost_layernorm.bias",
+    "visual_projection.weight", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+    NULL, NULL, NULL};
+static const char *const hub_siglip_model[VIT_P_COUNT] = {
+    NULL, "%sembeddings.patch_embedding.weight", "%sembeddings.patch_embedding.bias",
+    "%sembeddings.position_embedding.weight", NULL, NULL, NULL, NULL,
+    "%spost_layernorm.weight", "%spost_layernorm.bias", NULL, NULL, NULL, NULL,
+    "%shead.probe", "%shead.attention.in_proj_weight", "%shead.attention.in_proj_bias",
+    "%shead.attention.out_proj.weight", "%shead.attention.out_proj.bias",
+    "%shead.layernorm.weight", "%shead.layernorm.bias", "%shead.mlp.fc1.weight",
+    "%shead.mlp.fc1.bias", "%shead.mlp.fc2.weight", "%shead.mlp.fc2.bias"};
+static const char *const hub_clip_layer[VIT_L_COUNT] = {
+    "layer_norm1.weight", "layer_norm1.bias", "self_attn.%s_proj.weight", "self_attn.%s_proj.bias",
+    "self_attn.out_proj.weight", "self_attn.out_proj.bias", "layer_norm2.weight",
+    "layer_norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias",
+    NULL, NULL};
+
+/* What differs per model_type; the rest is one code path. */
+typedef struct hub_family {
+    const char *type, *family, *prefix; /* prefix: the head classes' base_model_prefix */
+    const char *const *model, *const *layer;
+    const char *layer_fmt;    /* "encoder.layer.%d." */
+    const char *const *qkv;   /* query/key/value or q/k/v */
+    float eps;
+    int patch, dist, registers, layer_scale;
+    vitc__vit_pos_rule pos;
+} hub_family;
+
+static const char *const hub_qkv_long[3] = {"query", "key", "value"};
+static const char *const hub_qkv_short[3] = {"q", "k", "v"};
+#define HUB_V "encoder.layer.%d."
+static const hub_family hub_families[] = {
+    {"vit", "hf-vit", "vit.", hub_vit_model, hub_vit_layer, HUB_V, hub_qkv_long, 1e-12f, 16, 0, 0,
+     0, VIT_POS_HALF_PIXEL},
+    {"deit", "hf-deit", "deit.", hub_vit_model, hub_vit_layer, HUB_V, hub_qkv_long, 1e-12f, 16, 1,
+     0, 0, VIT_POS_HALF_PIXEL},
+    /* DINOv2 resamples its 37x37 grid on every call: transformers >= 4.45's
+     * rule, with antialias for the registers model (PR #35411). */
+    {"dinov2", "hf-dinov2", "dinov2.", hub_vit_model, hub_dinov2_layer, HUB_V, hub_qkv_long, 1e-6f,
+     14, 0, 0, 1, VIT_POS_HALF_PIXEL},
+    {"dinov2_with_registers", "hf-dinov2", "dinov2_with_registers.", hub_vit_model,
+     hub_dinov2_layer, HUB_V, hub_qkv_long, 1e-6f, 14, 0, 4, 1, VIT_POS_ANTIALIAS},
+    /* CLIP's vision tower: the CLIPModel file nests its config in
+     * vision_config; "vision_model." is a module name, not a stripped prefix. */
+    {"clip", "hf-clip", "vision_model.", hub_clip_model, hub_clip_layer, "encoder.layers.%d.",
+     hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL},
+    {"clip_vision_model", "hf-clip", "vision_model.", hub_clip_model, hub_clip_layer,
+     "encoder.layers.%d.", hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL},
+    /* SigLIP: no class token, an attention-pooling head; its position grid
+     * still resampled by the legacy +0.1 scale factor. */
+    {"siglip", "hf-siglip", "vision_model.", hub_siglip_model, hub_clip_layer,
+     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_LEGACY},
+    {"siglip_vision_model", "hf-siglip", "vision_model.", hub_siglip_model, hub_clip_layer,
+     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_LEGACY},
+};
+
+/* The Hub name of a model row: "%s" takes the backbone prefix; NULL: the
+ * family has no such tensor (zeros: CLIP's patch conv bias and projection
+ * bias). DeiT with teacher names its class head cls_classifier. */
+static const char *hub_model_name(const char *const *names, int role, int mean2, const char *pre,
+                                  char *buf, size_t cap) {
+    const char *f = names[role];
+    if (mean2 && (role == VIT_P_HEAD_W || role == VIT_P_HEAD_B))
+        f = role == VIT_P_HEAD_W ? "cls_classifier.weight" : "cls_classifier.bias";
+    if (!f)
+        return NULL;
+    snprintf(buf, cap, f, pre);
+    return buf;
+}
+
+/* Copy the Hub tensor name of shape e's into dst, or the error naming it. */
+static vitc_status hub_take(const hub_src *h, const char *name, const int64_t *want, int wnd,
+                            int squeeze, float *dst) {
+    const float *data;
+    const int64_t *shape;
+    int nd;
+    char a[96], b[96];
+    if (!hub_find(h, name, &data, &nd, &shape))
+        return vitc__err(VITC_ERR_KEY, "missing tensor %s (expected %s)", name,
+                         vitc__shape_str(a, sizeof a, wnd, want));
+    /* squeeze: CLIP's class_embedding [C] and position_embedding.weight
+     * [N, C] fill rows shaped [1, 1, C] and [1, N, C]. */
+    int lead = 0;
+    while (squeeze && lead < wnd - 1 && want[lead] == 1 && nd < wnd - lead) lead++;
+    int same = nd == wnd - lead && data;
+    for (int k = 0; same && k < nd; k++) same = shape[k] == want[lead + k];
+    if (!same)
+        return vitc__err(VITC_ERR_SHAPE, "tensor %s: expected %s, file has %s", name,
+                         vitc__shape_str(a, sizeof a, wnd, want),
+                         vitc__shape_str(b, sizeof b, nd, shape));
+    size_t n = 1;
+    for (int k = 0; k < nd; k++) n *= (size_t)shape[k]; /* checked by the table's layout */
+    memcpy(dst, data, n * sizeof(float));
+    return VITC_OK;
+}
+
+/* One table row from the Hub tensors; q/k/v fused into in_proj rows. */
+static vitc_status hub_fill_row(const vitc_vit *m, const hub_src *h, const vitc__param *e,
+                                const hub_family *fam, int mean2, const char *pre,
+                                int qkv_bias) {
+    char name[200];
+    float *dst = m->params + e->offset;
+    if (e->layer < 0) {
+        if (!hub_model_name(fam->model, e->role, mean2, pre, name, sizeof name)) {
+            memset(dst, 0, e->numel * sizeof(float)); /* a bias the family does not have */
+            return VITC_OK;
+        }
+        return hub_take(h, name, e->shape, e->ndim, e->role == VIT_P_CLS || e->role == VIT_P_POS,
+                        dst);
+    }
+    int n = snprintf(name, sizeof name, "%s", pre);
+    n += snprintf(name + n, sizeof name - (size_t)n, fam->layer_fmt, e->layer);
+    if (e->role != VIT_L_QKV_W && e->role != VIT_L_QKV_B) {
+        static const char *const swiglu[4] = {"mlp.weights_in.weight", "mlp.weights_in.bias",
+                                              "mlp.weights_out.weight", "mlp.weights_out.bias"};
+        int sw = m->swiglu && e->role >= VIT_L_FC1_W && e->role <= VIT_L_FC2_B;
+        snprintf(name + n, sizeof name - (size_t)n, "%s",
+                 sw ? swiglu[e->role - VIT_L_FC1_W] : fam->layer[e->role]);
+        return hub_take(h, name, e->shape, e->ndim, 0, dst);
+    }
+    /* One third of in_proj per Hub Linear: rows [q; k; v]. */
+    int64_t C = m->cfg.hidden_dim, part[2] = {C, C};
+    size_t third = (size_t)(e->role == VIT_L_QKV_W ? C * C : C);
+    if (e->role == VIT_L_QKV_B && !qkv_bias) {
+        memset(dst, 0, 3 * third * sizeof(float)); /* qkv_bias false: no biases */
+        return VITC_OK;
+    }
+    for (int i = 0; i < 3; i++) {
+        snprintf(name + n, sizeof name - (size_t)n, fam->layer[e->role], fam->qkv[i]);
+        VITC_TRY(hub_take(h, name, part, e->role == VIT_L_QKV_W ? 2 : 1, 0, dst + i * third));
+    }
+    return VITC_OK;
+}
+
+/* Tensors a vision forward never reads: skipped by name, listed. */
+static int hub_ignorable(const char *name, int clip) {
+    static const char *const tails[] = {"position_ids", "mask_token"};
+    /* CLIPModel's text tower and contrastive scale. */
+    if (clip && (!strncmp(name, "text_model.", 11) || !strcmp(name, "text_projection.weight") ||
+        !strcmp(name, "logit_scale") || !strcmp(name, "logit_bias")))
+        return 1;
+    for (size_t i = 0; i < sizeof tails / sizeof *tails; i++) {
+        size_t a = strlen(name), b = strlen(tails[i]);
+        if (a >= b && !strcmp(name + a - b, tails[i]))
+            return 1;
+    }
+    return !strncmp(name, "pooler.", 7) || strstr(name, ".pooler.") != NULL;
+}
+
+/* Every shard tensor not consumed: ignorable ones listed, others an error. */
+static vitc_status hub_leftovers(vitc_vit *m, const hub_src *h) {
+    size_t bytes = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        char *at = m->ignored;
+        for (int i = 0; i < h->n; i++)
+            for (int j = 0; j < vitc_safetensors_count(h->st[i]); j++) {
+                const char *nm, *dt;
+                int nd;
+                const int64_t *shape;
+                const float *data;
+                if (h->used[i][j] ||
+                    vitc_safetensors_tensor(h->st[i], j, &nm, &dt, &nd, &shape, &data) != VITC_OK)
+                    continue;
+                if (!hub_ignorable(nm, !strcmp(m->family, "hf-clip") ||
+                                           !strcmp(m->family, "hf-siglip"))) {
+                    char b[96];
+                    return vitc__err(VITC_ERR_KEY, "unexpected tensor %s %s in %s (not part of a "
+                                     "%s model with this config)", nm,
+                                     vitc__shape_str(b, sizeof b, nd, shape), h->names[i],
+                                     m->family);
+                }
+                if (pass == 0) {
+                    bytes += strlen(nm) + 1;
+                    m->n_ignored++;
+                } else {
+                    memcpy(at, nm, strlen(nm) + 1);
+                    at += strlen(nm) + 1;
+                }
+            }
+        if (pass == 0 && !(m->ignored = malloc(bytes ? bytes : 1)))
+            return vitc__err(VITC_ERR_NOMEM, "cannot list %d ignored tensors", m->n_ignored);
+    }
+    return VITC_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Loading                                                            */
+/* ------------------------------------------------------------------ */
+
+/* mlp_ratio (DINOv2) as the config's number: mlp = int(D * ratio). */
+static vitc_status hub_mlp_ratio(json_t *cfg, int D, int *mlp) {
+    json_t *r = json_object_get(cfg, "mlp_ratio");
+    double v = r ? json_number_value(r) : 4.0;
+    if (!(v > 0.0 && v * D <= HUB_MAX_DIM))
+        return vitc__err(VITC_ERR_FORMAT, "config.json: mlp_ratio must be a positive number");
+    *mlp = (int)(v * D);
+    return *mlp >= 1 ? VITC_OK : vitc__err(VITC_ERR_FORMAT, "config.json: mlp_ratio too small");
+}
+
+static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src *h) {
+    json_t *jt = json_object_get(cfg, "model_type");
+    const char *type = json_is_string(jt) ? json_string_value(jt) : NULL;
+    if (!type)
+        return vitc__err(VITC_ERR_FORMAT, "config.json has no \"model_type\"");
+    const hub_family *fam = NULL;
+    for (size_t i = 0; i < sizeof hub_families / sizeof *hub_families; i++)
+        if (!strcmp(type, hub_families[i].type))
+            fam = &hub_families[i];
+    if (!fam) {
+        static const char *const later[] = {"siglip2", "clip_text_model"};
+        for (size_t i = 0; i < sizeof later / sizeof *later; i++)
+            if (!strcmp(type, later[i]))
+                return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: model_type \"%s\" is not "
+                                 "supported (vitc reads vit, deit, dinov2, "
+                                 "dinov2_with_registers, clip, clip_vision_model, siglip, "
+                                 "siglip_vision_model)", type);
+        return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: unknown model_type \"%.64s\" "
+                         "(vitc reads vit, deit, dinov2, dinov2_with_registers, clip, clip_vision_model, "
+                         "siglip, siglip_vision_model)", type);
+    }
+    int dino = fam->layer_scale, clip = fam->model == hub_clip_model;
+    int siglip = fam->model == hub_siglip_model;
+    snprintf(m->family, sizeof m->family, "%s", fam->family);
+    json_t *ja = json_array_get(json_object_get(cfg, "architectures"), 0);
+    const char *arch = json_is_string(ja) ? json_string_value(ja) : "";
+    json_t *top = cfg;
+    if (!strcmp(type, "clip") || !strcmp(type, "siglip")) { /* the tower's config is nested */
+        cfg = json_object_get(top, "vision_config");
+        if (!json_is_object(cfg))
+            return vitc__err(VITC_ERR_FORMAT, "config.json: model_type \"%s\" without a "
+                             "\"vision_config\" object", type);
+    }
+    json_t *act = json_object_get(cfg, "hidden_act");
+    const char *an = json_is_string(act) ? json_string_value(act) : act ? "(not a string)"
+                     : clip ? "quick_gelu" : siglip ? "gelu_pytorch_tanh" : "gelu";
+    if (!strcmp(an, "gelu"))
+        m->mlp_act = VIT_ACT_GELU;
+    else if (!strcmp(an, "quick_gelu"))
+        m->mlp_act = VIT_ACT_QUICK_GELU;
+    else if (!strcmp(an, "gelu_pytorch_tanh") || !strcmp(an, "gelu_new"))
+        m->mlp_act = VIT_ACT_GELU_TANH;
+    else
+        return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: hidden_act %.40s is not supported "
+                         "(vitc reads gelu, quick_gelu, gelu_pytorch_tanh, gelu_new)", an);
+    vitc_vit_config *c = &m->cfg;
+    memset(c, 0, sizeof *c);
+    VITC_TRY(hub_int(cfg, "hidden_size", 768, &c->hidden_dim));
+    VITC_TRY(hub_int(cfg, "num_hidden_layers", 12, &c->depth));
+    VITC_TRY(hub_int(cfg, "num_attention_heads", 12, &c->num_heads));
+    if (dino)
+        VITC_TRY(hub_mlp_ratio(cfg, c->hidden_dim, &c->mlp_dim));
+    else
+        VITC_TRY(hub_int(cfg, "intermediate_size", 3072, &c->mlp_dim));
+    if (dino && json_is_true(json_object_get(cfg, "use_swiglu_ffn"))) {
+        /* Dinov2SwiGLUFFN: hidden (int(h * 2/3) + 7) // 8 * 8; fc1 makes both halves */
+        int hid = (c->mlp_dim * 2 / 3 + 7) / 8 * 8;
+        c->mlp_dim = 2 * hid;
+        m->swiglu = 1;
+    }
+    VITC_TRY(hub_int(cfg, "image_size", 224, &c->image_size));
+    VITC_TRY(hub_int(cfg, "patch_size", fam->patch, &c->patch_size));
+    VITC_TRY(hub_int(cfg, "num_channels", 3, &c->in_channels));
+    int reg = fam->registers;
+    if (reg) {
+        json_t *jr = json_object_get(cfg, "num_register_tokens");
+        if (jr && (!json_is_integer(jr) || json_integer_value(jr) < 0 ||
+                   json_integer_value(jr) > 1024))
+            return vitc__err(VITC_ERR_FORMAT, "config.json: num_register_tokens must be an "
+                             "integer in [0, 1024]");
+        reg = jr ? (int)json_integer_value(jr) : reg;
+    }
+    json_t *eps = json_object_get(cfg, "layer_norm_eps");
+    c->norm_eps = json_is_number(eps) ? (float)json_number_value(eps) : fam->eps;
+    json_t *qb = json_object_get(cfg, "qkv_bias");
+    int qkv_bias = !json_is_false(qb);
+    if (c->depth > HUB_MAX_DEPTH || c->hidden_dim % c->num_heads ||
+        c->image_size % c->patch_size || !(c->norm_eps >= 0.0f && c->norm_eps < 1.0f))
+        return vitc__err(VITC_ERR_FORMAT, "config.json: inconsistent config (hidden_size %d, "
+                         "num_attention_heads %d, image_size %d, patch_size %d, depth %d, "
+                         "layer_norm_eps %g)", c->hidden_dim, c->num_heads, c->image_size,
+                         c->patch_size, c->depth, (double)c->norm_eps);
+    /* The backbone prefix, as from_pretrained: with it or without it. */
+    const char *pre = fam->prefix;
+    char name[200];
+    const float *d;
+    int nd;
+    const int64_t *sh;
+    if (!hub_find(h, hub_model_name(fam->model, VIT_P_CONV_W, 0, pre, name, sizeof name), &d, &nd,
+                  &sh))
+        pre = "";
+    /* Head: by the architecture, else by the tensors. */
+    int mean2 = strstr(arch, "WithTeacher") != NULL;
+    int head = strstr(arch, "ForImageClassification") != NULL;
+    if (!*arch && fam->model == hub_vit_model && !dino) {
+        mean2 = hub_find(h, "cls_classifier.weight", &d, &nd, &sh);
+        head = mean2 || hub_find(h, "classifier.weight", &d, &nd, &sh);
+    }
+    m->n_dist = fam->dist;
+    m->n_reg = reg;
+    m->n_cls = !siglip;
+    m->n_prefix = m->n_cls + fam->dist + reg;
+    m->layer_scale = fam->layer_scale;
+    m->pre_norm = m->final_cls_only = clip;
+    if (clip) { /* an embedding model; its projection when it has one */
+        head = hub_find(h, "visual_projection.weight", &d, &nd, &sh);
+        m->head = head ? VIT_HEAD_PROJ : VIT_HEAD_NONE;
+    }
+    if (siglip) /* vision_use_head: True when absent */
+        m->head = json_is_false(json_object_get(cfg, "vision_use_head")) ? VIT_HEAD_NONE
+                                                                        : VIT_HEAD_MAP;
+    else if (!clip) /* DINOv2's classifier reads [CLS, mean of the patch tokens] */
+        m->head = mean2  ? VIT_HEAD_MEAN2
+                  : head ? (dino ? VIT_HEAD_CLS_MEAN : VIT_HEAD_CLS)
+                         : VIT_HEAD_NONE;
+    m->pos_rule = fam->pos;
+    m->naming = VIT_NAMES_TORCHVISION;
+    json_t *labels = json_object_get(cfg, "id2label");
+    if (m->head == VIT_HEAD_PROJ) {
+        if (nd != 2 || sh[0] < 1 || sh[0] > HUB_MAX_DIM)
+            return vitc__err(VITC_ERR_SHAPE, "tensor visual_projection.weight: expected "
+                             "[projection_dim, %d]", c->hidden_dim);
+        c->num_classes = (int)sh[0];
+        json_t *pd = json_object_get(top, "projection_dim");
+        if (!pd)
+            pd = json_object_get(cfg, "projection_dim");
+        if (json_is_integer(pd) && json_integer_value(pd) != c->num_classes)
+            return vitc__err(VITC_ERR_SHAPE, "config.json: projection_dim %lld but "
+                             "visual_projection.weight has %d rows",
+                             (long long)json_integer_value(pd), c->num_classes);
+    } else if (vitc_vit_has_head(m)) {
+        const char *hn = mean2 ? "cls_classifier.weight" : "classifier.weight";
+        if (!hub_find(h, hn, &d, &nd, &sh) || nd != 2 || sh[0] < 1 || sh[0] > HUB_MAX_DIM)
+            return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (%s has a head)", hn,
+                             arch);
+        c->num_classes = (int)sh[0];
+        if (json_is_object(labels) && (int)json_object_size(labels) != c->num_classes)
+            return vitc__err(VITC_ERR_SHAPE, "config.json has %zu labels (id2label) but %s has "
+                             "%d rows", json_object_size(labels), hn, c->num_classes);
+        VITC_TRY(hub_labels(m, labels, c->num_classes));
+    }
+    VITC_TRY(hub_processor(m, dir));
+    VITC_TRY(vitc__vit_table_build(m));
+    size_t bytes;
+    if (!vitc__mul_size(m->n_params, sizeof(float), &bytes) ||
+        !(m->params = vitc__calloc(m->n_params, sizeof(float))))
+        return vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu ViT parameters", m->n_params);
+    for (int i = 0; i < m->n_entries; i++)
+        VITC_TRY(hub_fill_row(m, h, &m->table[i], fam, mean2, pre, qkv_bias));
+    VITC_TRY(hub_leftovers(m, h));
+    vitc__params_bind(m->table, m->n_entries, m->params, &m->w, m->blocks, sizeof *m->blocks);
+    if (!(m->id = vitc__handle_register()))
+        return vitc__err(VITC_ERR_NOMEM, "cannot register the model");
+    snprintf(m->arch, sizeof m->arch, "%.31s", *arch ? arch : type);
+    return VITC_OK;
+}
+
+vitc_status vitc__vit_load_hub(const char *dir, const char *weights, vitc_vit **out) {
+    *out = NULL;
+    char *cfg_path = hub_join(dir, "config.json"), *wpath = NULL;
+    json_t *cfg = NULL;
+    hub_src h = {0};
+    vitc_vit *m = NULL;
+    vitc_status s = VITC_OK;
+    if (!cfg_path)
+        return vitc__err(VITC_ERR_NOMEM, "out of memory");
+    if (!hub_exists(cfg_path))
+        s = vitc__err(VITC_ERR_IO, "%s: no config.json (a Hub model directory holds config.json "
+                      "and model.safetensors)", dir);
+    if (s == VITC_OK)
+        s = hub_read_json(cfg_path, &cfg);
+    if (s == VITC_OK && !weights) {
+        wpath = hub_join(dir, "model.safetensors");
+        if (wpath && !hub_exists(wpath)) {
+            free(wpath);
+            wpath = hub_join(dir, "model.safetensors.index.json");
+            if (wpath && !hub_exists(wpath))
+                s = vitc__err(VITC_ERR_IO, "%s: no model.safetensors or "
+                              "model.safetensors.index.json (pytorch_model.bin is not read: "
+                              "convert it to safetensors)", dir);
+        }
+        if (!wpath && s == VITC_OK)
+            s = vitc__err(VITC_ERR_NOMEM, "out of memory");
+        weights = wpath;
+    }
+    if (s == VITC_OK)
+        s = hub_open_weights(&h, dir, weights);
+    if (s == VITC_OK && !(m = vitc__vit_alloc()))
+        s = vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
+    if (s == VITC_OK)
+        s = hub_build(m, dir, cfg, &h);
+    if (s != VITC_OK) {
+        vitc_vit_free(m);
+        m = NULL;
+        if (!strstr(vitc_last_error(), dir))
+            vitc__err_prefix(s, "%s", dir);
+    }
+    hub_src_free(&h);
+    json_decref(cfg);
+    free(cfg_path);
+    free(wpath);
+    *out = m;
+    return s;
+}

@@ -1,0 +1,237 @@
+/*
+ * cmd_embed.c — `vitc embed`: images in, one embedding per image out.
+ *
+ * Batched like classify: images decoded and preprocessed into a batch
+ * buffer, one forward per batch. The default embedding is the model's own
+ * pooled output as its library returns it (ViT/DeiT: the class token after
+ * the final LayerNorm); --normalize L2-normalises it. An image that cannot
+ * be read is reported and skipped; the run exits 1 at the end.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+#define EMBED_DEFAULT_BATCH 8
+#define EMBED_MAX_BATCH 4096
+#define EMBED_MAX_CROP 16384
+
+static const char embed_usage[] =
+    "usage: vitc embed --model M [options] IMAGE...\n"
+    "\n"
+    "One embedding per PNG or JPEG image. M is a safetensors checkpoint or a\n"
+    "Hugging Face Hub model directory (config.json + model.safetensors).\n"
+    "\n"
+    "options:\n"
+    "  --model M        checkpoint file or Hub directory\n"
+    "  --arch NAME      architecture of a file without vitc.config metadata\n"
+    "  --pool P         default (the model's pooled output: ViT/DeiT the class\n"
+    "                   token after the final LayerNorm), cls, mean (of the\n"
+    "                   normed patch tokens), tokens (the normed patch tokens,\n"
+    "                   [N, C] per image)\n"
+    "  --normalize      L2-normalise each embedding (each token for tokens)\n"
+    "  --out FILE.npy   write [images, C] (tokens: [images, N, C]) float32 .npy\n"
+    "  --json           one JSON object per image and line on stdout:\n"
+    "                   {\"image\": PATH, \"embedding\": [...]} (the default\n"
+    "                   without --out)\n"
+    "  --crop C         center crop size (default: the model's image size)\n"
+    "  --resize R       shorter side before cropping (default crop*256/224;\n"
+    "                   0: no resize)\n"
+    "                   A Hub model without --crop/--resize is preprocessed by its\n"
+    "                   own processor (preprocessor_config.json, transformers' PIL\n"
+    "                   path); with them, by torchvision's eval transform.\n"
+    "  --batch B        images per forward pass, 1..4096 (default 8)\n"
+    "  --threads N      threads, 1..256 (default: all CPUs available)\n"
+    "  --quiet          no progress line on stderr\n"
+    "  -h, --help       this help\n"
+    "\n"
+    "With --out, rows follow the order of the images that could be read.\n"
+    "Exit status: 0 ok, 1 when an image or the model could not be used,\n"
+    "2 for a usage error.\n";
+
+typedef struct embed_opts {
+    const char *model, *arch, *pool, *out;
+    int normalize, json, crop, resize, batch, threads, quiet;
+    int crop_set, resize_set;
+    char **images;
+    int n_images;
+} embed_opts;
+
+static int embed_parse(int argc, char **argv, embed_opts *o, vitc_pool *pool) {
+    const cli_opt opts[] = {
+        {"--model", NULL, CLI_STRING, &o->model, 0, 0, NULL},
+        {"--arch", NULL, CLI_STRING, &o->arch, 0, 0, NULL},
+        {"--pool", NULL, CLI_STRING, &o->pool, 0, 0, NULL},
+        {"--out", "-o", CLI_STRING, &o->out, 0, 0, NULL},
+        {"--normalize", NULL, CLI_FLAG, &o->normalize, 0, 0, NULL},
+        {"--json", NULL, CLI_FLAG, &o->json, 0, 0, NULL},
+        {"--crop", NULL, CLI_INT, &o->crop, 1, EMBED_MAX_CROP, &o->crop_set},
+        {"--resize", NULL, CLI_INT, &o->resize, 0, EMBED_MAX_CROP, &o->resize_set},
+        {"--batch", NULL, CLI_INT, &o->batch, 1, EMBED_MAX_BATCH, NULL},
+        {"--threads", NULL, CLI_INT, &o->threads, 1, CLI_MAX_THREADS, NULL},
+        {"--quiet", "-q", CLI_FLAG, &o->quiet, 0, 0, NULL},
+    };
+    const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), -1, "image"};
+    o->batch = EMBED_DEFAULT_BATCH;
+    o->images = calloc((size_t)argc, sizeof *o->images);
+    if (!o->images)
+        return cli_error("out of memory");
+    int rc = cli_parse_command("embed", &spec, argc, argv, o->images, &o->n_images);
+    if (rc == CLI_PARSE_HELP) {
+        fputs(embed_usage, stdout);
+        return -1;
+    }
+    if (rc != 0)
+        return rc;
+    if (!o->model)
+        return cli_usage_error("embed", "--model is required");
+    if (o->n_images == 0)
+        return cli_usage_error("embed", "no images given");
+    static const char *const names[] = {"default", "cls", "mean", "tokens"};
+    *pool = VITC_POOL_DEFAULT;
+    if (o->pool) {
+        int k = -1;
+        for (int i = 0; i < 4; i++)
+            if (!strcmp(o->pool, names[i]))
+                k = i;
+        if (k < 0)
+            return cli_usage_error("embed", "--pool must be default, cls, mean or tokens");
+        *pool = (vitc_pool)k;
+    }
+    if (!o->out)
+        o->json = 1;
+    return 0;
+}
+
+/* L2-normalise every row of n floats (F.normalize: / max(norm, 1e-12)). */
+static void embed_normalize(float *x, size_t rows, size_t n) {
+    for (size_t r = 0; r < rows; r++) {
+        double s = 0.0;
+        for (size_t i = 0; i < n; i++) s += (double)x[r * n + i] * x[r * n + i];
+        float inv = (float)(1.0 / fmax(sqrt(s), 1e-12));
+        for (size_t i = 0; i < n; i++) x[r * n + i] *= inv;
+    }
+}
+
+static void embed_print_json(const char *path, const float *e, size_t n) {
+    fputs("{\"image\": \"", stdout);
+    for (const unsigned char *p = (const unsigned char *)path; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            printf("\\%c", *p);
+        else if (*p < 0x20)
+            printf("\\u%04x", *p);
+        else
+            putchar(*p);
+    }
+    fputs("\", \"embedding\": [", stdout);
+    for (size_t i = 0; i < n; i++) printf(i ? ", %.9g" : "%.9g", (double)e[i]);
+    fputs("]}\n", stdout);
+}
+
+int cmd_embed(int argc, char **argv) {
+    embed_opts o;
+    vitc_pool pool;
+    vitc_vit *m = NULL;
+    float *batch = NULL, *emb = NULL;
+    const char **paths = NULL;
+    cli_input in;
+    int64_t per = 0;
+    int failed = 0, done = 0;
+    memset(&o, 0, sizeof o);
+    int rc = embed_parse(argc, argv, &o, &pool);
+    if (rc != 0) {
+        free(o.images);
+        return rc < 0 ? CLI_OK : rc;
+    }
+    if (o.threads > 0)
+        vitc_set_num_threads(o.threads);
+    int tty = cli_stderr_tty() && !o.quiet;
+    const vitc_vit_config *cfg;
+    if (vitc_vit_load(o.model, o.arch, &m) != VITC_OK) {
+        rc = cli_error("%s", vitc_last_error());
+        goto done;
+    }
+    cfg = vitc_vit_get_config(m);
+    if ((rc = cli_model_input(o.model, cfg, o.crop, o.crop_set, o.resize, o.resize_set, &in)) !=
+        CLI_OK)
+        goto done;
+    if ((rc = cli_model_processor(m, o.crop_set, o.resize_set, &in)) != CLI_OK)
+        goto done;
+    if (vitc_vit_embed_size(m, pool, in.height, in.width, &per) != VITC_OK) {
+        rc = cli_error("%s", vitc_last_error());
+        goto done;
+    }
+    if (o.batch > o.n_images)
+        o.batch = o.n_images;
+    /* Every image's embedding is kept for --out: n_images * per floats. */
+    size_t rows = o.out ? (size_t)o.n_images : (size_t)o.batch, eb, bb;
+    if (__builtin_mul_overflow(rows, (size_t)per * sizeof(float), &eb) ||
+        __builtin_mul_overflow((size_t)o.batch, in.per_image * sizeof(float), &bb) ||
+        !(emb = malloc(eb)) || !(batch = malloc(bb)) ||
+        !(paths = malloc(sizeof *paths * (size_t)o.batch))) {
+        rc = cli_error("out of memory for %zu embeddings of %lld floats", rows, (long long)per);
+        goto done;
+    }
+    size_t C = (size_t)cfg->hidden_dim;
+    for (int next = 0; next < o.n_images;) {
+        int nb = 0;
+        while (nb < o.batch && next < o.n_images) {
+            const char *path = o.images[next++];
+            if (cli_load_input(path, cfg, &in, batch + in.per_image * (size_t)nb) != VITC_OK) {
+                if (tty)
+                    fputs("\r\033[K", stderr);
+                cli_error("%s", vitc_last_error());
+                failed++;
+                continue;
+            }
+            paths[nb++] = path;
+        }
+        if (nb == 0)
+            continue;
+        float *dst = emb + (o.out ? (size_t)done * (size_t)per : 0);
+        if (vitc_vit_embed(m, batch, nb, in.height, in.width, pool, dst) != VITC_OK) {
+            rc = cli_error("forward pass: %s", vitc_last_error());
+            goto done;
+        }
+        if (o.normalize) /* per embedding; per token for tokens */
+            embed_normalize(dst, (size_t)nb * (size_t)per / C, C);
+        if (tty)
+            fputs("\r\033[K", stderr);
+        if (o.json)
+            for (int b = 0; b < nb; b++)
+                embed_print_json(paths[b], dst + (size_t)b * (size_t)per, (size_t)per);
+        fflush(stdout);
+        done += nb;
+        if (tty)
+            fprintf(stderr, "embed: %d/%d images", done + failed, o.n_images);
+    }
+    if (tty)
+        fputs("\r\033[K", stderr);
+    if (o.out && done > 0) {
+        int64_t shape[3] = {done, (int64_t)((size_t)per / C), (int64_t)C};
+        int ndim = pool == VITC_POOL_TOKENS ? 3 : 2;
+        if (ndim == 2)
+            shape[1] = per;
+        if (vitc_save_npy(o.out, emb, ndim, shape) != VITC_OK) {
+            rc = cli_error("%s", vitc_last_error());
+            goto done;
+        }
+    }
+    if (fflush(stdout) != 0 || ferror(stdout))
+        rc = cli_error("writing the results failed: %s", strerror(errno));
+    else
+        rc = failed ? CLI_FAIL : CLI_OK;
+    if (failed && !o.quiet)
+        fprintf(stderr, "vitc: %d of %d images could not be embedded\n", failed, o.n_images);
+done:
+    free(batch);
+    free(emb);
+    free(paths);
+    free(o.images);
+    vitc_vit_free(m);
+    return rc;
+}

@@ -1,0 +1,323 @@
+/*
+ * cmd_similar.c — `vitc similar`: the images of a folder nearest to a query
+ * image by cosine similarity of their embeddings.
+ *
+ * The folder is embedded once and cached beside its images in one file,
+ * DIR/.vitc-similar.safetensors (written atomically): the L2-normalised
+ * embeddings [n, C] and, as metadata, what they were made from — the model
+ * path, the pooling, and every image's name, size and modification time. Any
+ * change to those re-embeds the folder.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
+
+#include <jansson.h>
+
+#include "cli.h"
+
+#define SIMILAR_CACHE ".vitc-similar.safetensors"
+#define SIMILAR_MAX_FILES 1000000
+
+static const char similar_usage[] =
+    "usage: vitc similar --model M --index DIR [options] QUERY_IMAGE\n"
+    "\n"
+    "List the images of DIR (PNG/JPEG, not recursive) nearest to QUERY_IMAGE by\n"
+    "cosine similarity of the model's default embedding (see vitc embed). DIR is\n"
+    "embedded once and cached in DIR/" SIMILAR_CACHE "; the cache is\n"
+    "rebuilt when the model, an image's name, size or time changes.\n"
+    "\n"
+    "options:\n"
+    "  --model M      checkpoint file or Hugging Face Hub directory\n"
+    "  --arch NAME    architecture of a file without vitc.config metadata\n"
+    "  --index DIR    the folder of images\n"
+    "  --topk K       results, 1.. (default 5)\n"
+    "  --batch B      images per forward pass, 1..4096 (default 8)\n"
+    "  --threads N    threads, 1..256\n"
+    "  --json         one JSON object per result: {\"image\", \"score\"}\n"
+    "  --quiet        no progress on stderr\n"
+    "  -h, --help     this help\n";
+
+typedef struct similar_opts {
+    const char *model, *arch, *index;
+    int topk, batch, threads, json, quiet;
+    char *query;
+} similar_opts;
+
+static int is_image_name(const char *n) {
+    const char *dot = strrchr(n, '.');
+    return n[0] != '.' && dot &&
+           (!strcasecmp(dot, ".png") || !strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg"));
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* The folder's images (sorted) and their signature: [[name, size, mtime_ns], ...]. */
+static int list_images(const char *dir, char ***names, int *n, json_t *sig) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return cli_error("%s: %s", dir, strerror(errno));
+    struct dirent *e;
+    int cap = 0;
+    *names = NULL;
+    *n = 0;
+    while ((e = readdir(d))) {
+        if (!is_image_name(e->d_name))
+            continue;
+        if (*n >= SIMILAR_MAX_FILES) {
+            closedir(d);
+            return cli_error("%s: more than %d images", dir, SIMILAR_MAX_FILES);
+        }
+        if (*n == cap) {
+            cap = cap ? 2 * cap : 64;
+            char **g = realloc(*names, (size_t)cap * sizeof *g);
+            if (!g) {
+                closedir(d);
+                return cli_error("out of memory");
+            }
+            *names = g;
+        }
+        if (!((*names)[(*n)++] = strdup(e->d_name))) {
+            closedir(d);
+            return cli_error("out of memory");
+        }
+    }
+    closedir(d);
+    qsort(*names, (size_t)*n, sizeof **names, cmp_str);
+    for (int i = 0; i < *n; i++) {
+        char path[4096];
+        struct stat sb;
+        snprintf(path, sizeof path, "%s/%s", dir, (*names)[i]);
+        if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue; /* not a file: embedding it reports the error */
+        long long ns = (long long)sb.st_mtim.tv_sec * 1000000000LL + sb.st_mtim.tv_nsec;
+        json_array_append_new(sig, json_pack("[s I I]", (*names)[i], (json_int_t)sb.st_size,
+                                             (json_int_t)ns));
+    }
+    return CLI_OK;
+}
+
+/* The cached embeddings when the cache's signature is key: *emb [*rows, dim]. */
+static float *load_cache(const char *path, const char *key, int64_t dim, int64_t *rows,
+                         json_t **names) {
+    vitc_safetensors *st;
+    float *out = NULL;
+    if (vitc_safetensors_load(path, &st) != VITC_OK)
+        return NULL;
+    const char *k = vitc_safetensors_get_metadata(st, "vitc.similar");
+    const char *nm = vitc_safetensors_get_metadata(st, "vitc.similar.names");
+    int i = vitc_safetensors_find(st, "embeddings");
+    const char *name, *dt;
+    int nd;
+    const int64_t *shape;
+    const float *data;
+    if (k && nm && !strcmp(k, key) && i >= 0 &&
+        vitc_safetensors_tensor(st, i, &name, &dt, &nd, &shape, &data) == VITC_OK && nd == 2 &&
+        shape[1] == dim) {
+        json_error_t jerr;
+        *names = json_loads(nm, 0, &jerr);
+        if (json_is_array(*names) && (int64_t)json_array_size(*names) == shape[0] &&
+            (out = malloc((size_t)(shape[0] * dim) * sizeof(float) + 1))) {
+            memcpy(out, data, (size_t)(shape[0] * dim) * sizeof(float));
+            *rows = shape[0];
+        } else {
+            json_decref(*names);
+            *names = NULL;
+        }
+    }
+    vitc_safetensors_free(st);
+    return out;
+}
+
+static void l2_normalize(float *x, int64_t rows, int64_t n) {
+    for (int64_t r = 0; r < rows; r++) {
+        double s = 0.0;
+        for (int64_t i = 0; i < n; i++) s += (double)x[r * n + i] * x[r * n + i];
+        float inv = (float)(1.0 / fmax(sqrt(s), 1e-12));
+        for (int64_t i = 0; i < n; i++) x[r * n + i] *= inv;
+    }
+}
+
+typedef struct ranked_sim {
+    float score;
+    int index;
+} ranked_sim;
+
+static int cmp_rank(const void *a, const void *b) {
+    const ranked_sim *x = a, *y = b;
+    return x->score < y->score ? 1 : x->score > y->score ? -1 : x->index - y->index;
+}
+
+int cmd_similar(int argc, char **argv) {
+    similar_opts o = {0};
+    o.topk = 5;
+    o.batch = 8;
+    const cli_opt opts[] = {
+        {"--model", NULL, CLI_STRING, &o.model, 0, 0, NULL},
+        {"--arch", NULL, CLI_STRING, &o.arch, 0, 0, NULL},
+        {"--index", NULL, CLI_STRING, &o.index, 0, 0, NULL},
+        {"--topk", NULL, CLI_INT, &o.topk, 1, 1000000000, NULL},
+        {"--batch", NULL, CLI_INT, &o.batch, 1, 4096, NULL},
+        {"--threads", NULL, CLI_INT, &o.threads, 1, CLI_MAX_THREADS, NULL},
+        {"--json", NULL, CLI_FLAG, &o.json, 0, 0, NULL},
+        {"--quiet", "-q", CLI_FLAG, &o.quiet, 0, 0, NULL},
+    };
+    const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), 1, "image"};
+    char *pos[1];
+    int n_pos, rc = cli_parse_command("similar", &spec, argc, argv, pos, &n_pos);
+    if (rc == CLI_PARSE_HELP) {
+        fputs(similar_usage, stdout);
+        return CLI_OK;
+    }
+    if (rc != 0)
+        return rc;
+    if (!o.model || !o.index || n_pos != 1)
+        return cli_usage_error("similar", "--model, --index and one query image are required");
+    o.query = pos[0];
+    if (o.threads > 0)
+        vitc_set_num_threads(o.threads);
+
+    vitc_vit *m = NULL;
+    char **names = NULL, cache[4096], *key = NULL, *names_text = NULL;
+    int n = 0, failed = 0;
+    int64_t dim = 0, rows = 0;
+    float *emb = NULL, *batch = NULL, *q = NULL;
+    ranked_sim *rank = NULL;
+    json_t *sig = json_array(), *done_names = NULL;
+    cli_input in;
+    snprintf(cache, sizeof cache, "%s/" SIMILAR_CACHE, o.index);
+    if (vitc_vit_load(o.model, o.arch, &m) != VITC_OK) {
+        rc = cli_error("%s", vitc_last_error());
+        goto out;
+    }
+    const vitc_vit_config *cfg = vitc_vit_get_config(m);
+    if ((rc = cli_model_input(o.model, cfg, 0, 0, 0, 0, &in)) != CLI_OK ||
+        (rc = cli_model_processor(m, 0, 0, &in)) != CLI_OK)
+        goto out;
+    if (vitc_vit_embed_size(m, VITC_POOL_DEFAULT, in.height, in.width, &dim) != VITC_OK) {
+        rc = cli_error("%s", vitc_last_error());
+        goto out;
+    }
+    if ((rc = list_images(o.index, &names, &n, sig)) != CLI_OK)
+        goto out;
+    {
+        char *rp = realpath(o.model, NULL);
+        json_t *k = json_pack("{s s s s s i s O}", "model", rp ? rp : o.model, "pool", "default",
+                              "dim", (int)dim, "files", sig);
+        free(rp);
+        key = json_dumps(k, JSON_COMPACT);
+        json_decref(k);
+    }
+    if (!key) {
+        rc = cli_error("out of memory");
+        goto out;
+    }
+    emb = load_cache(cache, key, dim, &rows, &done_names);
+    if (!emb) { /* embed the folder */
+        done_names = json_array();
+        if (!(emb = malloc((size_t)(n ? n : 1) * (size_t)dim * sizeof(float))) ||
+            !(batch = malloc((size_t)o.batch * in.per_image * sizeof(float)))) {
+            rc = cli_error("out of memory for %d embeddings", n);
+            goto out;
+        }
+        int next = 0;
+        while (next < n) {
+            int nb = 0;
+            while (nb < o.batch && next < n) {
+                char path[4096];
+                snprintf(path, sizeof path, "%s/%s", o.index, names[next]);
+                if (cli_load_input(path, cfg, &in, batch + in.per_image * (size_t)nb) != VITC_OK) {
+                    cli_error("%s", vitc_last_error());
+                    failed++;
+                } else {
+                    json_array_append_new(done_names, json_string(names[next]));
+                    nb++;
+                }
+                next++;
+            }
+            if (nb && vitc_vit_embed(m, batch, nb, in.height, in.width, VITC_POOL_DEFAULT,
+                                     emb + rows * dim) != VITC_OK) {
+                rc = cli_error("forward pass: %s", vitc_last_error());
+                goto out;
+            }
+            rows += nb;
+            if (!o.quiet && cli_stderr_tty())
+                fprintf(stderr, "\rsimilar: indexed %d/%d images", next, n);
+        }
+        if (!o.quiet && cli_stderr_tty())
+            fputs("\r\033[K", stderr);
+        l2_normalize(emb, rows, dim);
+        names_text = json_dumps(done_names, JSON_COMPACT);
+        const char *tn[1] = {"embeddings"}, *mk[2] = {"vitc.similar", "vitc.similar.names"};
+        const char *mv[2] = {key, names_text};
+        int nd[1] = {2};
+        int64_t shape[2] = {rows, dim};
+        const int64_t *sh[1] = {shape};
+        const float *dp[1] = {emb};
+        if (!names_text || vitc_safetensors_save(cache, 1, tn, nd, sh, dp, 2, mk, mv) != VITC_OK)
+            fprintf(stderr, "vitc: warning: the index cache could not be written: %s\n",
+                    names_text ? vitc_last_error() : "out of memory");
+    }
+    /* The query. */
+    if (!(q = malloc(in.per_image * sizeof(float) + (size_t)dim * sizeof(float)))) {
+        rc = cli_error("out of memory");
+        goto out;
+    }
+    float *qe = q + in.per_image;
+    if (cli_load_input(o.query, cfg, &in, q) != VITC_OK ||
+        vitc_vit_embed(m, q, 1, in.height, in.width, VITC_POOL_DEFAULT, qe) != VITC_OK) {
+        rc = cli_error("%s", vitc_last_error());
+        goto out;
+    }
+    l2_normalize(qe, 1, dim);
+    if (!(rank = malloc((size_t)(rows ? rows : 1) * sizeof *rank))) {
+        rc = cli_error("out of memory");
+        goto out;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        double s = 0.0;
+        for (int64_t i = 0; i < dim; i++) s += (double)qe[i] * emb[r * dim + i];
+        rank[r].score = (float)s;
+        rank[r].index = (int)r;
+    }
+    qsort(rank, (size_t)rows, sizeof *rank, cmp_rank);
+    for (int64_t r = 0; r < rows && r < o.topk; r++) {
+        const char *nm = json_string_value(json_array_get(done_names, (size_t)rank[r].index));
+        char path[4096];
+        snprintf(path, sizeof path, "%s/%s", o.index, nm ? nm : "?");
+        if (o.json) {
+            json_t *j = json_pack("{s s s f}", "image", path, "score", (double)rank[r].score);
+            char *t = json_dumps(j, JSON_COMPACT);
+            if (t)
+                puts(t);
+            free(t);
+            json_decref(j);
+        } else {
+            printf("%.6f  ", (double)rank[r].score);
+            cli_put_escaped(stdout, path, SIZE_MAX);
+            putchar('\n');
+        }
+    }
+    rc = fflush(stdout) != 0 ? cli_error("cannot write the output") : failed ? CLI_FAIL : CLI_OK;
+out:
+    for (int i = 0; i < n; i++) free(names[i]);
+    free(names);
+    free(key);
+    free(names_text);
+    free(emb);
+    free(batch);
+    free(q);
+    free(rank);
+    json_decref(sig);
+    json_decref(done_names);
+    vitc_vit_free(m);
+    return rc;
+}
