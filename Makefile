@@ -135,9 +135,13 @@ demo: deps
 	@$(MAKE) --no-print-directory all
 	$(BUILD)/vitc demo
 
+# BENCH_ONLY=train (or inference, or workload names) runs only those rows,
+# into bench/results-$(BENCH_ONLY).md so the full table is not overwritten.
+comma := ,
+BENCH_OUT = bench/results$(if $(BENCH_ONLY),-$(subst $(comma),-,$(BENCH_ONLY))).md
 bench: deps
 	@$(MAKE) --no-print-directory all
-	PYTHONPATH=python $(PYTHON) bench/bench.py --out bench/results.md
+	PYTHONPATH=python $(PYTHON) bench/bench.py --out $(BENCH_OUT) $(if $(BENCH_ONLY),--only $(BENCH_ONLY))
 
 asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1" \

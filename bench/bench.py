@@ -55,8 +55,30 @@ WORKLOADS = {
                  "B·(2·N·C·4C + 4·N²·C)", 3),
     "vit_b16_b1": ("ViT-B/16 (torchvision vit_b_16), batch 1", "[1,3,224,224]", _VIT_FLOPS, 5),
     "vit_b16_b8": ("ViT-B/16 (torchvision vit_b_16), batch 8", "[8,3,224,224]", _VIT_FLOPS, 3),
+    # Training (issue 8): one step = forward + cross-entropy + backward + AdamW.
+    "train_fmnist": ("training step of the Fashion-MNIST ViT (28 px, patch 4, 1 channel, depth 6, "
+                     "dim 96, 4 heads, MLP 192, 10 classes): forward, cross-entropy, backward, "
+                     "AdamW", "[128,1,28,28]", "3 × forward (backward = 2 × forward)", 10),
+    "train_vit_b16_b8": ("training step of ViT-B/16 (torchvision vit_b_16): forward, "
+                         "cross-entropy, backward, AdamW", "[8,3,224,224]",
+                         "3 × " + _VIT_FLOPS, 3),
+    "sdpa_bwd": ("attention backward: dQ, dK, dV of softmax(QKᵀ/√d)V given dOut (PyTorch: "
+                 "autograd through matmul-softmax-matmul, graph kept from one forward)",
+                 "q,k,v [1,8,4096,64]", "8·B·H·L·S·d (2 × forward)", 3),
 }
 VIT = ("vit_b16_b1", "vit_b16_b8")
+TRAIN = ("train_fmnist", "train_vit_b16_b8", "sdpa_bwd")
+# --only accepts these group names too (make bench BENCH_ONLY=train).
+GROUPS = {"train": TRAIN, "inference": tuple(n for n in WORKLOADS if n not in TRAIN)}
+# The Fashion-MNIST ViT of issue 8.
+FMNIST = dict(image_size=28, patch_size=4, in_channels=1, num_layers=6, num_heads=4,
+              hidden_dim=96, mlp_dim=192, num_classes=10, batch=128)
+# --quick: tiny sizes of the training workloads, to test the driver only
+# (`vitc bench --quick` uses the same): FMNIST at batch 4 and depth 1, a
+# 32 px ViT-B/16 with 2 layers, attention backward at L = 256.
+QUICK = False
+QUICK_SIZES = {"fmnist": dict(FMNIST, num_layers=1, batch=4),
+               "vit_b16": dict(image_size=32, depth=2, batch=2), "sdpa_L": 256}
 CHILD_TIMEOUT = 300  # seconds; a child past it is killed and reported
 CHILD_BUDGET = 45    # seconds of forwards after which a PyTorch child stops timing
 
@@ -76,10 +98,27 @@ def flops_of(name):
     if name in ("sa_multihead", "sa_group"):
         B, C, N = (64, 32, 16 * 16) if name == "sa_multihead" else (1, 512, 64 * 64)
         return B * (2 * N * C * 4 * C + 4 * N * N * C)
+    if name == "sdpa_bwd":
+        L = QUICK_SIZES["sdpa_L"] if QUICK else 4096
+        return 2 * 4 * 1 * 8 * L * L * 64
+    if name == "train_fmnist":
+        f = QUICK_SIZES["fmnist"] if QUICK else FMNIST
+        return 3 * vit_flops(f["batch"], f["image_size"], f["patch_size"], f["in_channels"],
+                             f["hidden_dim"], f["num_layers"], f["mlp_dim"], f["num_classes"])
+    if name == "train_vit_b16_b8":
+        q = QUICK_SIZES["vit_b16"]
+        if QUICK:
+            return 3 * vit_flops(q["batch"], q["image_size"], 16, 3, 768, q["depth"], 3072, 1000)
+        return 3 * vit_flops(8, 224, 16, 3, 768, 12, 3072, 1000)
     B = 1 if name == "vit_b16_b1" else 8
-    P, D, M, depth, classes, patch = 196, 768, 3072, 12, 1000, 16
+    return vit_flops(B, 224, 16, 3, 768, 12, 3072, 1000)
+
+
+def vit_flops(B, image, patch, C, D, depth, M, classes):
+    """Forward GEMM + attention FLOPs of a ViT (vitc bench counts the same)."""
+    P = (image // patch) ** 2
     N = P + 1
-    return B * (2 * P * D * 3 * patch * patch
+    return B * (2 * P * D * C * patch * patch
                 + depth * (2 * N * D * 3 * D + 4 * N * N * D + 2 * N * D * D + 4 * N * D * M)
                 + 2 * D * classes)
 
@@ -157,6 +196,8 @@ def _torch_workload(name, weights=None):
         m = SelfAttention(512).eval()
         x = torch.randn(1, 512, 64, 64)
         return lambda: m(x)
+    if name in TRAIN:
+        return _torch_train_workload(name)
     if name in VIT:
         import torchvision
         m = torchvision.models.vit_b_16().eval()
@@ -169,15 +210,63 @@ def _torch_workload(name, weights=None):
     raise SystemExit("unknown workload " + name)
 
 
+def _torch_train_workload(name):
+    """One training step as PyTorch users write it (model.train(), dropout 0
+    as torchvision's default, AdamW over model.parameters())."""
+    import torch
+    import torch.nn.functional as F
+    if name == "sdpa_bwd":
+        L = QUICK_SIZES["sdpa_L"] if QUICK else 4096
+        q, k, v = (torch.randn(1, 8, L, 64, requires_grad=True) for _ in range(3))
+        scale = 1.0 / math.sqrt(64)
+        out = torch.softmax((q * scale) @ k.transpose(-2, -1), dim=-1) @ v
+        dout = torch.randn_like(out)
+
+        def bwd():
+            q.grad = k.grad = v.grad = None
+            out.backward(dout, retain_graph=True)  # the forward's graph, kept
+        return bwd
+    import torchvision
+    from torchvision.models.vision_transformer import VisionTransformer
+    if name == "train_fmnist":
+        f = QUICK_SIZES["fmnist"] if QUICK else FMNIST
+        m = VisionTransformer(f["image_size"], f["patch_size"], f["num_layers"], f["num_heads"],
+                              f["hidden_dim"], f["mlp_dim"], num_classes=f["num_classes"])
+        # torchvision has no in_channels: a 1-channel patch embedding, as
+        # Fashion-MNIST users write it.
+        m.conv_proj = torch.nn.Conv2d(f["in_channels"], f["hidden_dim"], f["patch_size"],
+                                      f["patch_size"])
+        B, C, H = f["batch"], f["in_channels"], f["image_size"]
+    elif QUICK:
+        q = QUICK_SIZES["vit_b16"]
+        m = VisionTransformer(q["image_size"], 16, q["depth"], 12, 768, 3072)
+        B, C, H = q["batch"], 3, q["image_size"]
+    else:
+        m = torchvision.models.vit_b_16()
+        B, C, H = 8, 3, 224
+    m.train()
+    opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.05)
+    x = torch.randn(B, C, H, H)
+    y = torch.randint(0, m.heads.head.out_features, (B,))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        opt.step()
+    return step
+
+
 def torch_child(name, threads, repeat, weights=None):
     """Runs in a fresh process: time one workload, print one JSON line."""
     import torch
     torch.set_num_threads(threads)
-    if name in VIT:
+    if name in VIT or name in TRAIN:
         import torchvision  # noqa: F401  (imported before the baseline)
     hwm_reset = _reset_hwm()
     base = _status_kb("VmRSS")
-    with torch.inference_mode():
+    import contextlib
+    with (contextlib.nullcontext() if name in TRAIN else torch.inference_mode()):
         f = _torch_workload(name, weights)
         built_hwm, built = _status_kb("VmHWM"), _status_kb("VmRSS")
         if hwm_reset:
@@ -453,7 +542,8 @@ def best_torch(s):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the markdown table here (and the raw data to .json)")
-    ap.add_argument("--only", help="comma-separated workloads (default: all): " + ", ".join(WORKLOADS))
+    ap.add_argument("--only", help="comma-separated workloads or groups (train, inference; "
+                    "default: all): " + ", ".join(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--repeat-scale", type=int, default=1,
                     help="multiply every workload's timed forwards per child")
@@ -464,6 +554,8 @@ def main():
     ap.add_argument("--openblas-coretype", default="auto",
                     help="OPENBLAS_CORETYPE for both sides: 'auto' (unset: OpenBLAS detects the "
                     "CPU; default), 'inherit' (keep the environment's), or a core name")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny sizes of the training workloads (tests the driver; not a benchmark)")
     ap.add_argument("--torch-child", metavar="NAME", help=argparse.SUPPRESS)
     ap.add_argument("--child-threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--child-repeat", type=int, default=5, help=argparse.SUPPRESS)
@@ -471,6 +563,8 @@ def main():
     ap.add_argument("--export-vit-pth", metavar="PATH", help=argparse.SUPPRESS)
     ap.add_argument("--child-weights", metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    global QUICK
+    QUICK = args.quick
 
     if args.torch_child:
         return torch_child(args.torch_child, args.child_threads, args.child_repeat,
@@ -484,7 +578,8 @@ def main():
     if args.export_vit:
         return export_vit(args.export_vit)
 
-    names = args.only.split(",") if args.only else list(WORKLOADS)
+    names = [w for n in args.only.split(",") for w in GROUPS.get(n, (n,))] if args.only \
+        else list(WORKLOADS)
     for n in names:
         if n not in WORKLOADS:
             ap.error("unknown workload %r (known: %s)" % (n, ", ".join(WORKLOADS)))
@@ -584,12 +679,13 @@ def main():
                 env = child_env(int(th), args.openblas_coretype)
                 if side == "vitc":
                     argv = [args.vitc, "bench", "--json", "--quiet", "--no-peak", "--only", name,
-                            "--threads", th, "--repeat", str(reps)]
+                            "--threads", th, "--repeat", str(reps)] + (["--quick"] if QUICK else [])
                     if name in VIT and model:
                         argv += ["--model", model]
                 else:
                     argv = [sys.executable, __file__, "--torch-child", name,
-                            "--child-threads", th, "--child-repeat", str(reps)]
+                            "--child-threads", th, "--child-repeat", str(reps)] + \
+                        (["--quick"] if QUICK else [])
                     if name in VIT and pth:
                         argv += ["--child-weights", pth]
                 t0 = time.time()

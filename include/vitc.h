@@ -291,6 +291,131 @@ VITC_API vitc_status vitc_image_preprocess(const vitc_image *img, int resize, in
                                            float *out);
 
 /* ------------------------------------------------------------------ */
+/* Training: loss, optimizers, gradient clipping, LR schedules        */
+/* (src/train/loss.c, optim.c, lr.c)                                  */
+/* ------------------------------------------------------------------ */
+
+/* F.cross_entropy(logits, labels, label_smoothing=eps), mean reduction:
+ *   loss = mean_b [ (1 - eps) * (-log p[b, y_b]) + eps * mean_c (-log p[b, c]) ]
+ * with p = softmax(logits[b]). logits [B, C]; labels [B] class indices
+ * (int64, like torch's long targets), each in [0, C); eps in [0, 1].
+ * dlogits [B, C] (may be NULL) receives d loss / d logits =
+ * (p - (1 - eps) * onehot(y) - eps / C) / B. Computed in double per row
+ * (log-sum-exp about the row max), so logits in the thousands are fine. */
+VITC_API vitc_status vitc_cross_entropy(const float *logits, const int64_t *labels, int64_t B,
+                                        int64_t C, float label_smoothing, float *loss,
+                                        float *dlogits);
+
+typedef enum vitc_optim_kind {
+    VITC_OPTIM_SGD = 0,   /* torch.optim.SGD */
+    VITC_OPTIM_ADAMW = 1  /* torch.optim.AdamW */
+} vitc_optim_kind;
+
+typedef struct vitc_optim_config {
+    vitc_optim_kind kind;
+    /* double, as torch's Python floats: the update uses them unrounded. */
+    double lr;
+    double weight_decay;
+    /* AdamW */
+    double beta1, beta2, eps;
+    int amsgrad;
+    /* SGD */
+    double momentum, dampening;
+    int nesterov;
+    /* 0 (default): weight decay skips biases, norm weights, the class token
+     * and the position embedding (the no-decay group of timm / the ViT
+     * paper); 1: every tensor decays, as torch.optim over model.parameters(). */
+    int decay_all;
+} vitc_optim_config;
+
+typedef struct vitc_optimizer vitc_optimizer;
+typedef struct vitc_vit vitc_vit; /* (C11 allows the repeated typedef) */
+
+/* torch's defaults: AdamW lr 1e-3, betas (0.9, 0.999), eps 1e-8, weight
+ * decay 1e-2; SGD lr 1e-3, no momentum, dampening or weight decay. */
+VITC_API vitc_optim_config vitc_optim_default_config(vitc_optim_kind kind);
+/* An optimizer over every parameter of a model or layer; allocates the
+ * model's gradients (zeroed) if it has none yet. The optimizer must be
+ * freed by the caller; once its model is freed every call on it fails
+ * (VITC_ERR_INVALID_ARG) instead of touching freed memory. */
+VITC_API vitc_status vitc_optimizer_create_vit(vitc_vit *m, const vitc_optim_config *cfg,
+                                               vitc_optimizer **out);
+VITC_API vitc_status vitc_optimizer_create_layer(vitc_layer *l, const vitc_optim_config *cfg,
+                                                 vitc_optimizer **out);
+VITC_API void vitc_optimizer_free(vitc_optimizer *o);
+/* One update from the accumulated gradients, exactly as torch's step():
+ * AdamW: step += 1; p *= 1 - lr*wd; m = b1*m + (1-b1)*g; v = b2*v + (1-b2)*g^2;
+ *        p -= lr/(1-b1^step) * m / (sqrt(v)/sqrt(1-b2^step) + eps)
+ *        (amsgrad: vmax = max(vmax, v) replaces v in the denominator).
+ * SGD:   d = g + wd*p; buf = d on the first step, else momentum*buf +
+ *        (1-dampening)*d; d = nesterov ? d + momentum*buf : buf (when
+ *        momentum != 0); p -= lr*d. */
+VITC_API vitc_status vitc_optimizer_step(vitc_optimizer *o);
+/* Sets every gradient to 0 (gradients accumulate until then, as in torch). */
+VITC_API vitc_status vitc_optimizer_zero_grad(vitc_optimizer *o);
+VITC_API vitc_status vitc_optimizer_set_lr(vitc_optimizer *o, double lr);
+VITC_API double vitc_optimizer_get_lr(const vitc_optimizer *o);
+/* SGD's momentum or AdamW's beta1 (what OneCycleLR cycles). */
+VITC_API vitc_status vitc_optimizer_set_momentum(vitc_optimizer *o, double momentum);
+VITC_API double vitc_optimizer_get_momentum(const vitc_optimizer *o);
+VITC_API const vitc_optim_config *vitc_optimizer_get_config(const vitc_optimizer *o);
+/* Optimizer state for checkpoints. The state arrays have the layout of the
+ * flat parameter array (num_params floats, tensors at their offsets), under
+ * torch's state names: AdamW "exp_avg", "exp_avg_sq" (+ "max_exp_avg_sq"
+ * with amsgrad), SGD with momentum "momentum_buffer". data points into the
+ * optimizer and may be written (restore = copy in, then set the step).
+ * step counts the updates done. SGD's momentum buffer starts as the first
+ * momentum step's direction (torch creates it then); set_step(n > 0) marks
+ * a restored buffer as started, set_step(0) as not. */
+VITC_API size_t vitc_optimizer_num_params(const vitc_optimizer *o);
+VITC_API int vitc_optimizer_num_states(const vitc_optimizer *o);
+VITC_API vitc_status vitc_optimizer_state(vitc_optimizer *o, int i, const char **name,
+                                          float **data);
+VITC_API int64_t vitc_optimizer_get_step(const vitc_optimizer *o);
+VITC_API vitc_status vitc_optimizer_set_step(vitc_optimizer *o, int64_t step);
+/* torch.nn.utils.clip_grad_norm_(params, max_norm): total = the L2 norm of
+ * all gradients together (accumulated in double); every gradient is scaled
+ * by min(1, max_norm / (total + 1e-6)). total_norm (may be NULL) receives
+ * the norm before clipping. */
+VITC_API vitc_status vitc_clip_grad_norm_optimizer(vitc_optimizer *o, float max_norm,
+                                                   float *total_norm);
+VITC_API vitc_status vitc_clip_grad_norm_vit(vitc_vit *m, float max_norm, float *total_norm);
+VITC_API vitc_status vitc_clip_grad_norm_layer(vitc_layer *l, float max_norm,
+                                               float *total_norm);
+
+/* Linear warmup, then cosine to min_lr, for step s = 0, 1, ...:
+ *   s < W:       lr = base_lr * (s + 1) / W
+ *   W <= s < T:  lr = min_lr + (base_lr - min_lr) * (1 + cos(pi * (s - W) / (T - W))) / 2
+ *   s >= T:      lr = min_lr
+ * (W = warmup_steps >= 0, T = total_steps > W). The same numbers as torch's
+ * SequentialLR([LinearLR(start_factor=1/W, total_iters=W-1),
+ * CosineAnnealingLR(T_max=T-W, eta_min=min_lr)], milestones=[W]). */
+VITC_API vitc_status vitc_lr_warmup_cosine(int64_t step, int64_t warmup_steps,
+                                           int64_t total_steps, double base_lr, double min_lr,
+                                           double *lr);
+
+typedef struct vitc_onecycle_config {
+    double max_lr;
+    int64_t total_steps;
+    double pct_start;          /* 0.3 */
+    int anneal_linear;         /* 0: 'cos' (default), 1: 'linear' */
+    double div_factor;         /* 25: initial_lr = max_lr / div_factor */
+    double final_div_factor;   /* 1e4: min_lr = initial_lr / final_div_factor */
+    int three_phase;           /* 0 */
+    int cycle_momentum;        /* 1 */
+    double base_momentum;      /* 0.85 */
+    double max_momentum;       /* 0.95 */
+} vitc_onecycle_config;
+
+/* torch.optim.lr_scheduler.OneCycleLR's defaults for max_lr and total_steps. */
+VITC_API vitc_onecycle_config vitc_onecycle_default_config(double max_lr, int64_t total_steps);
+/* OneCycleLR's lr (and momentum, when cycle_momentum; else *momentum is
+ * left alone) at step 0 <= step <= total_steps, torch's get_lr() exactly. */
+VITC_API vitc_status vitc_lr_onecycle(const vitc_onecycle_config *c, int64_t step, double *lr,
+                                      double *momentum);
+/* ---- end training: loss, optimizers, schedules ---------------------- */
+
+/* ------------------------------------------------------------------ */
 /* Vision Transformer                                                 */
 /* ------------------------------------------------------------------ */
 
@@ -323,6 +448,32 @@ VITC_API vitc_status vitc_vit_forward(vitc_vit *m, const float *images, int B, i
  * NULL) and the attention rollout [B, N, N] (may be NULL); N = 1 + patches. */
 VITC_API vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int H,
                                              int W, float *attn, float *rollout);
+
+/* ---- ViT training (issue 8, tr-core) ------------------------------- */
+
+/* A new model of cfg with torchvision's VisionTransformer.__init__
+ * initialisation drawn from seed; its norm_eps/mean/std are taken as given
+ * (vitc_vit_default_config fills torchvision's). */
+VITC_API vitc_vit_config vitc_vit_default_config(void);
+VITC_API vitc_status vitc_vit_create(const vitc_vit_config *cfg, uint64_t seed, vitc_vit **out);
+/* In training mode vitc_vit_forward records what vitc_vit_backward needs
+ * (and applies dropout / drop path); eval mode (the default) records nothing. */
+VITC_API void vitc_vit_set_training(vitc_vit *m, int training);
+VITC_API int vitc_vit_is_training(const vitc_vit *m);
+/* Gradients of the last training forward for dlogits [B, num_classes],
+ * accumulated (+=) into the gradients, as torch does. */
+VITC_API vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits);
+VITC_API vitc_status vitc_vit_zero_grad(vitc_vit *m);
+/* Parameter i (state_dict order): torch name, shape, data, and its gradient
+ * (NULL until a backward or zero_grad allocated the gradients). */
+VITC_API int vitc_vit_num_params(const vitc_vit *m);
+VITC_API vitc_status vitc_vit_param(vitc_vit *m, int i, const char **name, int *ndim,
+                                    const int64_t **shape, float **data, float **grad);
+/* Index of the parameter called name, or -1. */
+VITC_API int vitc_vit_find_param(const vitc_vit *m, const char *name);
+/* Save as safetensors under the model's names with vitc.config metadata. */
+VITC_API vitc_status vitc_vit_save(const vitc_vit *m, const char *path);
+/* ---- end ViT training ---------------------------------------------- */
 
 #ifdef __cplusplus
 }

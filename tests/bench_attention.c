@@ -1,11 +1,15 @@
 /*
- * bench_attention.c — speed of the fused attention kernel (vitc__sdpa) on
- * the standard shapes, against this machine's measured FP32 FMA peak.
+ * bench_attention.c — speed of the fused attention kernel (vitc__sdpa) and
+ * of its backward (vitc__sdpa_backward, -b) on the standard shapes, against
+ * this machine's measured FP32 FMA peak.
  *
  *   make bench-attention   (or: make build/bench_attention && build/bench_attention ...)
  *   build/bench_attention && build/bench_attention [-t THREADS] [-r REPS]
- *        [-a ARCH] [B,H,N,D[,Dv] ...]
+ *        [-a ARCH] [-b] [B,H,N,D[,Dv] ...]
  *
+ * The backward's GFLOP/s counts its five products, 2*B*H*L*S*(3D+2Dv)
+ * (S, dP, dV, dK, dQ; the split plan for fewer than 8 heads recomputes S
+ * and dP once more, which is not counted).
  * GFLOP/s counts 4*B*H*L*S*D (the two matrix products, as PyTorch and the
  * FlashAttention papers count), so it is comparable across implementations;
  * for Dv != D it counts 2*B*H*L*S*(D+Dv). Time is the median of REPS runs.
@@ -86,11 +90,22 @@ typedef struct shape {
     int64_t B, H, N, D, Dv;
 } shape;
 
+static int g_backward; /* -b: time vitc__sdpa_backward instead */
+
+static vitc_status run_once(vitc__sdpa_bwd_desc *bd) {
+    return g_backward ? vitc__sdpa_backward(bd) : vitc__sdpa(&bd->f);
+}
+
 static double run_shape(const shape *s, int reps, double peak, int threads) {
     int64_t B = s->B, H = s->H, N = s->N, D = s->D, Dv = s->Dv;
     size_t nq = (size_t)(B * H * N * D), nv = (size_t)(B * H * N * Dv);
     float *q = malloc(nq * 4), *k = malloc(nq * 4), *v = malloc(nv * 4), *o = malloc(nv * 4);
-    if (!q || !k || !v || !o) {
+    float *lse = malloc((size_t)(B * H * N) * 4), *dout = NULL, *g = NULL;
+    if (g_backward) {
+        dout = malloc(nv * 4);
+        g = malloc((2 * nq + nv) * 4);
+    }
+    if (!q || !k || !v || !o || !lse || (g_backward && (!dout || !g))) {
         fprintf(stderr, "out of memory\n");
         exit(1);
     }
@@ -98,24 +113,41 @@ static double run_shape(const shape *s, int reps, double peak, int threads) {
     for (size_t i = 0; i < nq; i++) q[i] = (float)rand() / RAND_MAX - 0.5f;
     for (size_t i = 0; i < nq; i++) k[i] = (float)rand() / RAND_MAX - 0.5f;
     for (size_t i = 0; i < nv; i++) v[i] = (float)rand() / RAND_MAX - 0.5f;
+    if (dout)
+        for (size_t i = 0; i < nv; i++) dout[i] = (float)rand() / RAND_MAX - 0.5f;
     memset(o, 0, nv * 4);
-    vitc__sdpa_desc d = {0};
-    d.B = B, d.H = H, d.L = N, d.S = N, d.D = D, d.Dv = Dv;
-    d.q = q, d.q_sb = H * N * D, d.q_sh = N * D, d.q_sr = D;
-    d.k = k, d.k_sb = H * N * D, d.k_sh = N * D, d.k_sr = D;
-    d.v = v, d.v_sb = H * N * Dv, d.v_sh = N * Dv, d.v_sr = Dv;
-    d.o = o, d.o_sb = H * N * Dv, d.o_sh = N * Dv, d.o_sr = Dv;
-    d.scale = 1.0f / sqrtf((float)D);
+    if (g) memset(g, 0, (2 * nq + nv) * 4); /* so "rss +" shows the scratch only */
+    vitc__sdpa_bwd_desc bd;
+    memset(&bd, 0, sizeof bd);
+    vitc__sdpa_desc *dp = &bd.f;
+    dp->B = B, dp->H = H, dp->L = N, dp->S = N, dp->D = D, dp->Dv = Dv;
+    dp->q = q, dp->q_sb = H * N * D, dp->q_sh = N * D, dp->q_sr = D;
+    dp->k = k, dp->k_sb = H * N * D, dp->k_sh = N * D, dp->k_sr = D;
+    dp->v = v, dp->v_sb = H * N * Dv, dp->v_sh = N * Dv, dp->v_sr = Dv;
+    dp->o = o, dp->o_sb = H * N * Dv, dp->o_sh = N * Dv, dp->o_sr = Dv;
+    dp->scale = 1.0f / sqrtf((float)D);
+    if (g_backward) {
+        dp->lse = lse, dp->lse_sb = H * N, dp->lse_sh = N;
+        if (vitc__sdpa(dp) != VITC_OK) { /* the training forward: o and lse */
+            fprintf(stderr, "sdpa failed: %s\n", vitc_last_error());
+            exit(1);
+        }
+        bd.dout = dout, bd.do_sb = dp->o_sb, bd.do_sh = dp->o_sh, bd.do_sr = dp->o_sr;
+        bd.dq = g, bd.dq_sb = dp->q_sb, bd.dq_sh = dp->q_sh, bd.dq_sr = D;
+        bd.dk = g + nq, bd.dk_sb = dp->k_sb, bd.dk_sh = dp->k_sh, bd.dk_sr = D;
+        bd.dv = g + 2 * nq, bd.dv_sb = dp->v_sb, bd.dv_sh = dp->v_sh, bd.dv_sr = Dv;
+    }
     long rss0 = maxrss_kb();
-    if (vitc__sdpa(&d) != VITC_OK) {
-        fprintf(stderr, "sdpa failed: %s\n", vitc_last_error());
+    if (run_once(&bd) != VITC_OK) {
+        fprintf(stderr, "sdpa%s failed: %s\n", g_backward ? " backward" : "", vitc_last_error());
         exit(1);
     }
     long rss1 = maxrss_kb();
-    double flop = 2.0 * (double)(B * H) * (double)N * (double)N * (double)(D + Dv);
+    double flop = g_backward ? 2.0 * (double)(B * H) * (double)N * (double)N * (double)(3 * D + 2 * Dv)
+                             : 2.0 * (double)(B * H) * (double)N * (double)N * (double)(D + Dv);
     /* At least ~0.3 s per measurement set, at least reps runs. */
     double t0 = now();
-    vitc__sdpa(&d);
+    run_once(&bd);
     double one = now() - t0;
     int n = reps;
     if (one * n < 0.3) n = (int)(0.3 / one) + 1;
@@ -124,7 +156,7 @@ static double run_shape(const shape *s, int reps, double peak, int threads) {
     for (int i = 0; i < n; i++) {
         double c0 = cpu_now();
         t0 = now();
-        vitc__sdpa(&d);
+        run_once(&bd);
         ts[i] = now() - t0;
         cs[i] = (cpu_now() - c0) / threads;
     }
@@ -132,16 +164,18 @@ static double run_shape(const shape *s, int reps, double peak, int threads) {
     qsort(cs, (size_t)n, sizeof(double), cmp_double);
     double t = ts[n / 2], tc = cs[n / 2];
     double gf = flop / t * 1e-9, gfc = flop / tc * 1e-9;
-    printf("[%lld,%lld,%lld,%lld] Dv=%-4lld %-7s thr=%d  wall %9.3f ms %7.1f GFLOP/s (%5.1f%% of "
+    size_t scratch = g_backward ? vitc__sdpa_backward_scratch_bytes(&bd) : vitc__sdpa_scratch_bytes(dp);
+    printf("%s[%lld,%lld,%lld,%lld] Dv=%-4lld %-7s thr=%d  wall %9.3f ms %7.1f GFLOP/s (%5.1f%% of "
            "peak/core)  cpu/thr %9.3f ms %7.1f GFLOP/s (%5.1f%%)  scratch %.1f MB/thread (rss +%.1f MB)\n",
-           (long long)B, (long long)H, (long long)N, (long long)D, (long long)Dv, vitc_get_arch(),
-           threads, t * 1e3, gf, peak > 0 ? 100.0 * gf / (peak * threads) : 0.0, tc * 1e3, gfc,
-           peak > 0 ? 100.0 * gfc / (peak * threads) : 0.0,
-           (double)vitc__sdpa_scratch_bytes(&d) / 1048576.0, (double)(rss1 - rss0) / 1024.0);
+           g_backward ? "bwd " : "", (long long)B, (long long)H, (long long)N, (long long)D,
+           (long long)Dv, vitc_get_arch(), threads, t * 1e3, gf,
+           peak > 0 ? 100.0 * gf / (peak * threads) : 0.0, tc * 1e3, gfc,
+           peak > 0 ? 100.0 * gfc / (peak * threads) : 0.0, (double)scratch / 1048576.0,
+           (double)(rss1 - rss0) / 1024.0);
     free(cs);
     fflush(stdout);
     free(ts);
-    free(q), free(k), free(v), free(o);
+    free(q), free(k), free(v), free(o), free(lse), free(dout), free(g);
     return gf;
 }
 
@@ -154,6 +188,7 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-a") && i + 1 < argc) arch = argv[++i];
+        else if (!strcmp(argv[i], "-b")) g_backward = 1;
         else if (ns < 32) {
             long long b, h, n, dd, dv = -1;
             int got = sscanf(argv[i], "%lld,%lld,%lld,%lld,%lld", &b, &h, &n, &dd, &dv);

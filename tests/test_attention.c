@@ -63,7 +63,7 @@ typedef struct tcase {
 typedef struct tdata {
     tcase c;
     vitc__sdpa_desc d;
-    float *qkv, *q, *k, *v, *o, *mask, *probs;
+    float *qkv, *q, *k, *v, *o, *mask, *probs, *lse;
     size_t o_n, p_n;
 } tdata;
 
@@ -154,12 +154,21 @@ static void tdata_make(tdata *t, const tcase *c) {
 
 static void tdata_free(tdata *t) {
     free(t->qkv), free(t->q), free(t->k), free(t->v), free(t->o), free(t->mask), free(t->probs);
+    free(t->lse);
+}
+
+/* Asks for the per-row log-sum-exp too ([B,H,L], as the backward reads it). */
+static void tdata_want_lse(tdata *t) {
+    vitc__sdpa_desc *d = &t->d;
+    t->lse = falloc((size_t)(d->B * d->H * d->L));
+    d->lse = t->lse, d->lse_sb = d->H * d->L, d->lse_sh = d->L;
 }
 
 /* ---- float64 reference -------------------------------------------- */
 
-/* ref_o [B,H,L,Dv] and ref_p [B,H,L,S] (may be NULL) in the natural layout. */
-static void reference(const vitc__sdpa_desc *d, double *ref_o, double *ref_p) {
+/* ref_o [B,H,L,Dv], ref_p [B,H,L,S] and ref_lse [B,H,L] (both may be NULL)
+ * in the natural layout. */
+static void reference(const vitc__sdpa_desc *d, double *ref_o, double *ref_p, double *ref_lse) {
     double *s = malloc((size_t)(d->S ? d->S : 1) * sizeof(double));
     assert_non_null(s);
     for (int64_t b = 0; b < d->B; b++)
@@ -179,6 +188,7 @@ static void reference(const vitc__sdpa_desc *d, double *ref_o, double *ref_p) {
                 double sum = 0.0;
                 for (int64_t j = 0; j < d->S; j++) sum += (s[j] = exp(s[j] - mx));
                 size_t row = (size_t)((b * d->H + h) * d->L + l);
+                if (ref_lse) ref_lse[row] = mx == -INFINITY ? -INFINITY : mx + log(sum);
                 double *o = ref_o + row * (size_t)d->Dv;
                 for (int64_t c = 0; c < d->Dv; c++) o[c] = 0.0;
                 for (int64_t j = 0; j < d->S; j++) {
@@ -193,7 +203,8 @@ static void reference(const vitc__sdpa_desc *d, double *ref_o, double *ref_p) {
 
 /* Max over elements of |got - ref| / max(1, |ref|); NaN where exactly the
  * reference is NaN is a match, anything else NaN is an infinite error. */
-static double compare(const vitc__sdpa_desc *d, const double *ref_o, const double *ref_p) {
+static double compare(const vitc__sdpa_desc *d, const double *ref_o, const double *ref_p,
+                      const double *ref_lse) {
     double worst = 0.0;
     for (int64_t b = 0; b < d->B; b++)
         for (int64_t h = 0; h < d->H; h++)
@@ -204,6 +215,11 @@ static double compare(const vitc__sdpa_desc *d, const double *ref_o, const doubl
                     double r = ref_o[row * (size_t)d->Dv + (size_t)c], g = o[c];
                     double e = isnan(r) ? (isnan(g) ? 0.0 : INFINITY)
                                         : (isnan(g) ? INFINITY : fabs(g - r) / fmax(1.0, fabs(r)));
+                    if (e > worst) worst = e;
+                }
+                if (ref_lse) {
+                    double r = ref_lse[row], g = d->lse[b * d->lse_sb + h * d->lse_sh + l];
+                    double e = r == g ? 0.0 : isnan(g) ? INFINITY : fabs(g - r) / fmax(1.0, fabs(r));
                     if (e > worst) worst = e;
                 }
                 if (!ref_p) continue;
@@ -221,22 +237,27 @@ static double compare(const vitc__sdpa_desc *d, const double *ref_o, const doubl
 static double worst_seen[3];
 
 /* Runs case c on every supported path (and once through the plain float
- * reference kernel), asserting the tolerance; returns the worst error. */
+ * reference kernel), asserting the tolerance on o, probs and the per-row
+ * log-sum-exp; the worst error goes to worst_seen. */
 static void run_case(const tcase *c, double tol) {
     tdata t;
     tdata_make(&t, c);
     size_t rows = (size_t)(c->B * c->H * c->L);
     double *ref_o = malloc((rows * (size_t)c->Dv + 1) * sizeof(double));
     double *ref_p = c->probs ? malloc((rows * (size_t)c->S + 1) * sizeof(double)) : NULL;
+    double *ref_lse = malloc((rows + 1) * sizeof(double));
     assert_non_null(ref_o);
-    reference(&t.d, ref_o, ref_p);
+    assert_non_null(ref_lse);
+    tdata_want_lse(&t);
+    reference(&t.d, ref_o, ref_p, ref_lse);
     for (int a = 0; a < 3; a++) {
         if (!vitc__cpu_has((vitc__arch)a)) continue;
         assert_int_equal(vitc_set_arch(arch_names[a]), VITC_OK);
         for (size_t i = 0; i < t.o_n; i++) t.o[i] = 12345.0f; /* every element must be written */
         for (size_t i = 0; i < t.p_n; i++) t.probs[i] = 12345.0f;
+        for (size_t i = 0; i < rows; i++) t.lse[i] = 12345.0f;
         assert_int_equal(vitc__sdpa(&t.d), VITC_OK);
-        double e = compare(&t.d, ref_o, ref_p);
+        double e = compare(&t.d, ref_o, ref_p, ref_lse);
         if (e > worst_seen[a]) worst_seen[a] = e;
         if (!(e <= tol))
             fail_msg("%s: B%lld H%lld L%lld S%lld D%lld Dv%lld layout %d x%g mask %d probs %d: "
@@ -249,12 +270,13 @@ static void run_case(const tcase *c, double tol) {
     if (rows * (size_t)c->S * (size_t)(c->D + c->Dv) < 50000000u) {
         for (int64_t b = 0; b < c->B; b++)
             for (int64_t h = 0; h < c->H; h++) vitc__sdpa_ref_rows(&t.d, b, h, 0, c->L);
-        double e = compare(&t.d, ref_o, ref_p);
+        double e = compare(&t.d, ref_o, ref_p, ref_lse);
         if (!(e <= tol)) fail_msg("reference kernel: error %.3g > %.3g", e, tol);
     }
     assert_int_equal(vitc_set_arch("auto"), VITC_OK);
     free(ref_o);
     free(ref_p);
+    free(ref_lse);
     tdata_free(&t);
 }
 
@@ -505,9 +527,12 @@ static void test_bad_input(void **state) {
     /* No keys: an empty weighted sum is 0 (torch: softmax of [L,0] @ [0,Dv]). */
     float q[8], o[8];
     for (int i = 0; i < 8; i++) q[i] = 1.0f, o[i] = NAN;
+    float lse[2] = {0.0f, 0.0f};
     d.L = 2, d.S = 0, d.q = q, d.k = q, d.v = q, d.o = o, d.q_sr = 4, d.o_sr = 4, d.scale = 1;
+    d.lse = lse; /* and log(sum of nothing) = -inf */
     assert_int_equal(vitc__sdpa(&d), VITC_OK);
     for (int i = 0; i < 8; i++) assert_true(o[i] == 0.0f);
+    assert_true(lse[0] == -INFINITY && lse[1] == -INFINITY);
 }
 
 int main(void) {

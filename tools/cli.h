@@ -1,4 +1,5 @@
-/* cli.h — what the vitc subcommands share. The CLI calls only the public API. */
+/* cli.h — what the vitc subcommands share. The CLI calls only the public API
+ * (and the header-only generator src/rng.h, which has no linkage). */
 #ifndef VITC_CLI_H
 #define VITC_CLI_H
 

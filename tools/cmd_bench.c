@@ -33,6 +33,7 @@
 #endif
 
 #include "cli.h"
+#include "rng.h"
 
 /* ------------------------------------------------------------------ */
 /* Clock, random numbers, memory                                       */
@@ -44,19 +45,13 @@ static double bench_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* splitmix64: a fixed seed per workload makes every run time the same
- * numbers (timings of exp and of denormals depend on the values). */
-static uint64_t bench_rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [-a, a). */
+/* Uniform in [-a, a); a fixed seed per workload makes every run time the
+ * same numbers (timings of exp and of denormals depend on the values). */
 static void bench_fill(float *x, size_t n, float a, uint64_t *s) {
+    vitc__rng r = {*s};
     for (size_t i = 0; i < n; i++)
-        x[i] = a * (2.0f * (float)(bench_rng_next(s) >> 40) / 16777216.0f - 1.0f);
+        x[i] = a * (2.0f * (float)vitc__rng_uniform(&r) - 1.0f);
+    *s = r.s;
 }
 
 static float *bench_random(size_t n, float a, uint64_t seed) {

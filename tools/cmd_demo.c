@@ -11,6 +11,7 @@
 #include <time.h>
 
 #include "cli.h"
+#include "rng.h"
 
 static void demo_help(FILE *f) {
     fprintf(f,
@@ -24,14 +25,8 @@ static void demo_help(FILE *f) {
 }
 
 /* splitmix64 + Box-Muller: a fixed input without depending on libc's rand. */
-static uint64_t demo_rng = 0x5EEDull;
-static double demo_uniform(void) {
-    uint64_t z = (demo_rng += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    return (double)(z >> 11) / 9007199254740992.0;
-}
+static vitc__rng demo_rng = {0x5EEDull};
+static double demo_uniform(void) { return vitc__rng_uniform53(&demo_rng); }
 static float *demo_input(size_t n, int uniform) {
     float *x = malloc(n * sizeof(float));
     if (!x)

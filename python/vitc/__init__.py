@@ -8,6 +8,8 @@ from .layers import *  # noqa: F401,F403  (AttentionBlock, ..., scaled_dot_produ
 from .io import *  # noqa: F401,F403  (load_safetensors, save_safetensors)
 from .vit import *  # noqa: F401,F403  (VisionTransformer)
 from .image import *  # noqa: F401,F403  (load_image, preprocess_image, save_png)
+from .train import *  # noqa: F401,F403  (cross_entropy, AdamW, SGD, clip_grad_norm_)
+from . import lr  # noqa: F401  (vitc.lr.OneCycleLR, vitc.lr.WarmupCosine)
 
 __version__ = _lib.lib.vitc_version().decode()
 

@@ -1,7 +1,8 @@
 /*
- * attention.c — the attention core: the plain reference kernel, the plan
- * (block sizes), per-thread scratch and the dispatch to the tiled kernels
- * (attention_tmpl.h instantiated in attention_{generic,avx2,avx512}.c).
+ * attention.c — the attention core, forward and backward: the plain
+ * reference kernels, the plans (block sizes), per-thread scratch and the
+ * dispatch to the tiled kernels (attention_tmpl.h and attention_bwd_tmpl.h,
+ * instantiated in attention_{generic,avx2,avx512}.c).
  */
 #include <math.h>
 #include <pthread.h>
@@ -40,7 +41,10 @@ void vitc__sdpa_ref_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t
             if (acc > mx) mx = acc;
         }
         for (int64_t c = 0; c < d->Dv; c++) ol[c] = 0.0f;
-        if (d->S == 0) continue; /* softmax over nothing: the output is an empty sum */
+        if (d->S == 0) { /* softmax over nothing: the output is an empty sum */
+            if (d->lse) d->lse[b * d->lse_sb + h * d->lse_sh + l] = -INFINITY;
+            continue;
+        }
         float sum = 0.0f;
         for (int64_t j = 0; j < d->S; j++) {
             float acc = 0.0f;
@@ -56,6 +60,7 @@ void vitc__sdpa_ref_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t
         }
         float inv = 1.0f / sum;
         for (int64_t c = 0; c < d->Dv; c++) ol[c] *= inv;
+        if (d->lse) d->lse[b * d->lse_sb + h * d->lse_sh + l] = mx == -INFINITY ? -INFINITY : mx + logf(sum);
         if (pl)
             for (int64_t j = 0; j < d->S; j++) pl[j] *= inv;
     }
@@ -70,6 +75,8 @@ typedef struct vitc__attn_tls {
     vitc__attn_ws ws;
     float *buf;
     size_t cap; /* floats */
+    float *bbuf; /* the backward's, apart: it would clobber the forward's cached K/V */
+    size_t bcap;
 } vitc__attn_tls;
 
 static _Thread_local vitc__attn_tls *vitc__attn_mine;
@@ -81,6 +88,7 @@ static void vitc__attn_tls_free(void *p) {
     vitc__attn_tls *t = p;
     if (!t) return;
     vitc__free(t->buf);
+    vitc__free(t->bbuf);
     free(t);
 }
 
@@ -110,8 +118,7 @@ static size_t vitc__attn_need(const vitc__attn_plan *p) {
     return total;
 }
 
-/* This thread's workspace carved for plan p, or NULL when memory ran out. */
-static vitc__attn_ws *vitc__attn_ws_get(const vitc__attn_plan *p, size_t need) {
+static vitc__attn_tls *vitc__attn_tls_get(void) {
     pthread_once(&vitc__attn_once, vitc__attn_key_init);
     vitc__attn_tls *t = vitc__attn_mine;
     if (!t) {
@@ -120,14 +127,28 @@ static vitc__attn_ws *vitc__attn_ws_get(const vitc__attn_plan *p, size_t need) {
         vitc__attn_mine = t;
         if (vitc__attn_key_ok) pthread_setspecific(vitc__attn_key, t);
     }
+    return t;
+}
+
+/* Grows *buf (capacity *cap floats) to need floats; 0 when memory ran out. */
+static int vitc__attn_grow(float **buf, size_t *cap, size_t need) {
+    if (*cap >= need) return 1;
+    size_t bytes;
+    if (!vitc__mul_size(need, sizeof(float), &bytes)) return 0;
+    float *nb = vitc__alloc(bytes);
+    if (!nb) return 0;
+    vitc__free(*buf);
+    *buf = nb;
+    *cap = need;
+    return 1;
+}
+
+/* This thread's workspace carved for plan p, or NULL when memory ran out. */
+static vitc__attn_ws *vitc__attn_ws_get(const vitc__attn_plan *p, size_t need) {
+    vitc__attn_tls *t = vitc__attn_tls_get();
+    if (!t) return NULL;
     if (t->cap < need) {
-        size_t bytes;
-        if (!vitc__mul_size(need, sizeof(float), &bytes)) return NULL;
-        float *nb = vitc__alloc(bytes);
-        if (!nb) return NULL;
-        vitc__free(t->buf);
-        t->buf = nb;
-        t->cap = need;
+        if (!vitc__attn_grow(&t->buf, &t->cap, need)) return NULL;
         t->ws.kv_gen = 0; /* the packed K/V went with the old buffer */
     }
     const vitc__sdpa_desc *d = p->d;
@@ -223,19 +244,26 @@ size_t vitc__sdpa_scratch_bytes(const vitc__sdpa_desc *d) {
 
 static int vitc__attn_bad(int64_t n, const void *ptr) { return n > 0 && !ptr; }
 
-vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
-    if (!d) return vitc__err(VITC_ERR_INVALID_ARG, "sdpa: NULL descriptor");
+/* The size checks the forward and the backward share. */
+static vitc_status vitc__sdpa_check_sizes(const vitc__sdpa_desc *d, const char *who) {
     if (d->B < 0 || d->H < 0 || d->L < 0 || d->S < 0 || d->D < 0 || d->Dv < 0)
         return vitc__err(VITC_ERR_INVALID_ARG,
-                         "sdpa: negative size (B %lld, H %lld, L %lld, S %lld, D %lld, Dv %lld)",
-                         (long long)d->B, (long long)d->H, (long long)d->L, (long long)d->S,
+                         "%s: negative size (B %lld, H %lld, L %lld, S %lld, D %lld, Dv %lld)",
+                         who, (long long)d->B, (long long)d->H, (long long)d->L, (long long)d->S,
                          (long long)d->D, (long long)d->Dv);
     /* Far beyond any tensor that fits in memory; keeps the plan's int64
      * products (S * D, B * H * L, ...) from overflowing. */
     const int64_t big = (int64_t)1 << 31;
     if (d->B >= big || d->H >= big || d->L >= big || d->S >= big || d->D >= big ||
-        d->Dv >= big || d->B * d->H >= big || d->B * d->H * d->L >= ((int64_t)1 << 50))
-        return vitc__err(VITC_ERR_INVALID_ARG, "sdpa: sizes too large");
+        d->Dv >= big || d->B * d->H >= big || d->B * d->H * d->L >= ((int64_t)1 << 50) ||
+        d->B * d->H * d->S >= ((int64_t)1 << 50))
+        return vitc__err(VITC_ERR_INVALID_ARG, "%s: sizes too large", who);
+    return VITC_OK;
+}
+
+vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
+    if (!d) return vitc__err(VITC_ERR_INVALID_ARG, "sdpa: NULL descriptor");
+    VITC_TRY(vitc__sdpa_check_sizes(d, "sdpa"));
     int64_t rows = d->B * d->H * d->L;
     if (rows == 0) return VITC_OK;
     if (vitc__attn_bad(d->D * d->S, d->q) || vitc__attn_bad(d->D * d->S, d->k) ||
@@ -244,24 +272,230 @@ vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
     if (d->S == 0) { /* softmax over no keys: an empty weighted sum */
         for (int64_t b = 0; b < d->B; b++)
             for (int64_t h = 0; h < d->H; h++)
-                for (int64_t l = 0; l < d->L; l++)
+                for (int64_t l = 0; l < d->L; l++) {
                     for (int64_t c = 0; c < d->Dv; c++)
                         d->o[b * d->o_sb + h * d->o_sh + l * d->o_sr + c] = 0.0f;
+                    if (d->lse) d->lse[b * d->lse_sb + h * d->lse_sh + l] = -INFINITY;
+                }
         return VITC_OK;
     }
 
     vitc__attn_plan plan;
     vitc__attn_plan_make(&plan, d);
-    vitc__attn_run rc = {&plan, vitc__attn_rows_generic, vitc__attn_need(&plan), 0};
+    vitc__attn_run rc = {&plan, vitc__kern()->attn_rows, vitc__attn_need(&plan), 0};
     if (rc.need == 0) return vitc__err(VITC_ERR_NOMEM, "sdpa: scratch size overflows");
-    switch (vitc__get_arch()) {
-    case VITC_ARCH_AVX512: rc.fn = vitc__attn_rows_avx512; break;
-    case VITC_ARCH_AVX2: rc.fn = vitc__attn_rows_avx2; break;
-    default: break;
-    }
     vitc__parallel_for(d->B * d->H * plan.nqb, vitc__attn_task, &rc);
     if (rc.failed)
         return vitc__err(VITC_ERR_NOMEM, "sdpa: out of memory for %zu bytes of per-thread scratch",
+                         rc.need * sizeof(float));
+    return VITC_OK;
+}
+
+/* ==== backward ======================================================= */
+
+/* Per head: D_l = dO_l . O_l, then for every (l, j) the recomputed
+ * p = e^(s - lse_l), dV_j += p dO_l, ds = p (dO_l . V_j - D_l),
+ * dQ_l += scale ds K_j, dK_j += scale ds Q_l. */
+void vitc__sdpa_backward_ref(const vitc__sdpa_bwd_desc *bd) {
+    const vitc__sdpa_desc *d = &bd->f;
+    for (int64_t b = 0; b < d->B; b++)
+        for (int64_t h = 0; h < d->H; h++) {
+            const float *q = d->q + b * d->q_sb + h * d->q_sh;          /* [L, D] */
+            const float *k = d->k + b * d->k_sb + h * d->k_sh;          /* [S, D] */
+            const float *v = d->v + b * d->v_sb + h * d->v_sh;          /* [S, Dv] */
+            const float *o = d->o + b * d->o_sb + h * d->o_sh;          /* [L, Dv] */
+            const float *lse = d->lse + b * d->lse_sb + h * d->lse_sh;  /* [L] */
+            const float *dO = bd->dout + b * bd->do_sb + h * bd->do_sh; /* [L, Dv] */
+            float *dq = bd->dq + b * bd->dq_sb + h * bd->dq_sh;         /* [L, D] */
+            float *dk = bd->dk + b * bd->dk_sb + h * bd->dk_sh;         /* [S, D] */
+            float *dv = bd->dv + b * bd->dv_sb + h * bd->dv_sh;         /* [S, Dv] */
+            for (int64_t j = 0; j < d->S; j++) {
+                for (int64_t c = 0; c < d->D; c++) dk[j * bd->dk_sr + c] = 0.0f;
+                for (int64_t c = 0; c < d->Dv; c++) dv[j * bd->dv_sr + c] = 0.0f;
+            }
+            for (int64_t l = 0; l < d->L; l++) {
+                const float *ql = q + l * d->q_sr, *dol = dO + l * bd->do_sr;
+                const float *ml = d->mask ? d->mask + b * d->m_sb + h * d->m_sh + l * d->m_sr : NULL;
+                float *dql = dq + l * bd->dq_sr;
+                float Dl = 0.0f;
+                for (int64_t c = 0; c < d->Dv; c++) Dl += dol[c] * o[l * d->o_sr + c];
+                for (int64_t c = 0; c < d->D; c++) dql[c] = 0.0f;
+                for (int64_t j = 0; j < d->S; j++) {
+                    const float *kj = k + j * d->k_sr, *vj = v + j * d->v_sr;
+                    float s = 0.0f, dp = 0.0f;
+                    for (int64_t c = 0; c < d->D; c++) s += ql[c] * kj[c];
+                    s *= d->scale;
+                    if (ml) s += ml[j];
+                    float p = expf(s - lse[l]); /* a fully masked row: NaN, as torch */
+                    for (int64_t c = 0; c < d->Dv; c++) {
+                        dp += dol[c] * vj[c];
+                        dv[j * bd->dv_sr + c] += p * dol[c];
+                    }
+                    float ds = p * (dp - Dl) * d->scale;
+                    for (int64_t c = 0; c < d->D; c++) {
+                        dql[c] += ds * kj[c];
+                        dk[j * bd->dk_sr + c] += ds * ql[c];
+                    }
+                }
+            }
+        }
+}
+
+static size_t vitc__attn_r32(size_t n) { return (n + 31) & ~(size_t)31; }
+
+/* Floats of each view, in carving order (vitc__attn_bwd_carve). */
+static int vitc__attn_bwd_parts(const vitc__attn_bwd_plan *p, int64_t rows, size_t *parts,
+                                size_t *Lp) {
+    const vitc__sdpa_desc *d = &p->d->f;
+    size_t lp = vitc__attn_r32((size_t)rows), Bc = (size_t)p->Bc, Br = (size_t)p->Br;
+    size_t D = (size_t)d->D, Dv = (size_t)d->Dv, Dp = (size_t)p->Dp, Dvp = (size_t)p->Dvp;
+    size_t dims[12][2] = {{D, lp},  {Dv, lp},  {lp, Dp}, {lp, Dvp}, {lp, Dp}, {Bc, Dp},
+                          {Bc, Dp}, {Bc, Dvp}, {Bc, Br}, {Bc, Br},  {lp, 1},  {lp, 1}};
+    for (int i = 0; i < 12; i++) {
+        if (!vitc__mul_size(dims[i][0], dims[i][1], &parts[i]) ||
+            !vitc__add_size(parts[i], 15, &parts[i]))
+            return 0;
+        parts[i] &= ~(size_t)15;
+    }
+    *Lp = lp;
+    return 1;
+}
+
+size_t vitc__attn_bwd_need(const vitc__attn_bwd_plan *p, int64_t rows) {
+    size_t parts[12], Lp, total = 0;
+    if (!vitc__attn_bwd_parts(p, rows, parts, &Lp)) return 0;
+    for (int i = 0; i < 12; i++)
+        if (!vitc__add_size(total, parts[i], &total)) return 0;
+    return total;
+}
+
+void vitc__attn_bwd_carve(const vitc__attn_bwd_plan *p, int64_t rows, float *buf,
+                          vitc__attn_bwd_ws *ws) {
+    size_t parts[12], Lp;
+    vitc__attn_bwd_parts(p, rows, parts, &Lp); /* checked by vitc__attn_bwd_need */
+    float **views[12] = {&ws->qt, &ws->dot, &ws->qr, &ws->dor, &ws->dq,   &ws->kr,
+                         &ws->dk, &ws->dv,  &ws->pt, &ws->dst, &ws->lse2, &ws->dd};
+    for (int i = 0; i < 12; i++) *views[i] = buf, buf += parts[i];
+    ws->Lp = (int64_t)Lp;
+}
+
+/* Heads below which one head is split over tasks: key chunks first (dK,
+ * dV), then query chunks (dQ), which recomputes S and dP once more. */
+#define VITC_ATTN_BWD_MIN_TASKS 8
+
+static void vitc__attn_bwd_plan_make(vitc__attn_bwd_plan *p, const vitc__sdpa_bwd_desc *bd) {
+    const vitc__sdpa_desc *d = &bd->f;
+    memset(p, 0, sizeof *p);
+    p->d = bd;
+    /* 96 keys: a multiple of every path's tile rows (12, 6, 4). 128 query
+     * rows: the P^T and dS^T tiles (48 KB each) stay in L2 with the block's
+     * dK and dV. */
+    p->Bc = 96;
+    p->Br = 128;
+    p->Dp = vitc__attn_round(d->D, 16);
+    p->Dvp = vitc__attn_round(d->Dv, 16);
+    p->qscale = (float)((double)d->scale * 1.442695040888963407359924681001892137);
+    p->rows_max = d->L;
+    int64_t BH = d->B * d->H;
+    int64_t parts = (VITC_ATTN_BWD_MIN_TASKS + BH - 1) / BH;
+    p->kchunk = vitc__attn_round((d->S + parts - 1) / parts, p->Bc);
+    p->qchunk = vitc__attn_round((d->L + parts - 1) / parts, p->Br);
+    p->split = BH < VITC_ATTN_BWD_MIN_TASKS && (d->S > p->kchunk || d->L > p->qchunk);
+}
+
+typedef struct vitc__attn_bwd_run {
+    const vitc__attn_bwd_plan *plan;
+    vitc__attn_bwd_fn fn;
+    size_t need;
+    int phase; /* split plans: 1 = key chunks, 2 = query chunks */
+    int64_t nchunk;
+    int failed;
+} vitc__attn_bwd_run;
+
+static void vitc__attn_bwd_task(void *ctx, int64_t i, int tid) {
+    vitc__attn_bwd_run *rc = ctx;
+    const vitc__attn_bwd_plan *p = rc->plan;
+    const vitc__sdpa_desc *d = &p->d->f;
+    (void)tid;
+    if (__atomic_load_n(&rc->failed, __ATOMIC_RELAXED)) return;
+    vitc__attn_tls *t = vitc__attn_tls_get();
+    if (!t || !vitc__attn_grow(&t->bbuf, &t->bcap, rc->need)) {
+        __atomic_store_n(&rc->failed, 1, __ATOMIC_RELAXED);
+        return;
+    }
+#ifdef VITC_ATTN_HAVE_MXCSR
+    unsigned int csr = _mm_getcsr(); /* FTZ+DAZ, as the forward (vitc__attn_task) */
+    _mm_setcsr(csr | 0x8040u);
+#endif
+    int64_t bh = i / rc->nchunk, c = i % rc->nchunk, b = bh / d->H, h = bh % d->H;
+    if (!p->split) {
+        rc->fn(p, t->bbuf, b, h, 0, d->L, 0, d->S, VITC_ATTN_BWD_DKV | VITC_ATTN_BWD_DQ);
+    } else if (rc->phase == 1) {
+        int64_t s0 = c * p->kchunk, s1 = s0 + p->kchunk < d->S ? s0 + p->kchunk : d->S;
+        rc->fn(p, t->bbuf, b, h, 0, d->L, s0, s1, VITC_ATTN_BWD_DKV);
+    } else {
+        int64_t l0 = c * p->qchunk, l1 = l0 + p->qchunk < d->L ? l0 + p->qchunk : d->L;
+        rc->fn(p, t->bbuf, b, h, l0, l1, 0, d->S, VITC_ATTN_BWD_DQ);
+    }
+#ifdef VITC_ATTN_HAVE_MXCSR
+    _mm_setcsr(csr);
+#endif
+}
+
+size_t vitc__sdpa_backward_scratch_bytes(const vitc__sdpa_bwd_desc *d) {
+    if (!d || d->f.B * d->f.H * d->f.L <= 0 || d->f.S <= 0) return 0;
+    vitc__attn_bwd_plan plan;
+    vitc__attn_bwd_plan_make(&plan, d);
+    return vitc__attn_bwd_need(&plan, plan.rows_max) * sizeof(float);
+}
+
+/* Zeros rows [0, n) of c columns of every head of x. */
+static void vitc__attn_zero(float *x, int64_t sb, int64_t sh, int64_t sr, int64_t B, int64_t H,
+                            int64_t n, int64_t c) {
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t r = 0; r < n; r++)
+                if (c > 0) memset(x + b * sb + h * sh + r * sr, 0, (size_t)c * sizeof(float));
+}
+
+vitc_status vitc__sdpa_backward(const vitc__sdpa_bwd_desc *bd) {
+    if (!bd) return vitc__err(VITC_ERR_INVALID_ARG, "sdpa backward: NULL descriptor");
+    const vitc__sdpa_desc *d = &bd->f;
+    VITC_TRY(vitc__sdpa_check_sizes(d, "sdpa backward"));
+    if (d->B * d->H == 0) return VITC_OK;
+    int64_t L = d->L, S = d->S;
+    if (vitc__attn_bad(L * d->D, bd->dq) || vitc__attn_bad(S * d->D, bd->dk) ||
+        vitc__attn_bad(S * d->Dv, bd->dv))
+        return vitc__err(VITC_ERR_INVALID_ARG, "sdpa backward: NULL dq, dk or dv");
+    /* No keys: q had no influence. No queries: neither had k or v. */
+    if (S == 0 || L == 0) {
+        vitc__attn_zero(bd->dq, bd->dq_sb, bd->dq_sh, bd->dq_sr, d->B, d->H, L, d->D);
+        vitc__attn_zero(bd->dk, bd->dk_sb, bd->dk_sh, bd->dk_sr, d->B, d->H, S, d->D);
+        vitc__attn_zero(bd->dv, bd->dv_sb, bd->dv_sh, bd->dv_sr, d->B, d->H, S, d->Dv);
+        return VITC_OK;
+    }
+    if (vitc__attn_bad(d->D, d->q) || vitc__attn_bad(d->D, d->k) || vitc__attn_bad(d->Dv, d->v) ||
+        vitc__attn_bad(d->Dv, d->o) || vitc__attn_bad(d->Dv, bd->dout) || !d->lse)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "sdpa backward: NULL q, k, v, o, lse or dout (the forward's o and lse are needed)");
+    vitc__attn_bwd_plan plan;
+    vitc__attn_bwd_plan_make(&plan, bd);
+    vitc__attn_bwd_run rc = {&plan, vitc__kern()->attn_bwd, vitc__attn_bwd_need(&plan, plan.rows_max),
+                             1, 1, 0};
+    if (rc.need == 0) return vitc__err(VITC_ERR_NOMEM, "sdpa backward: scratch size overflows");
+    int64_t BH = d->B * d->H;
+    if (!plan.split) {
+        vitc__parallel_for(BH, vitc__attn_bwd_task, &rc);
+    } else {
+        rc.nchunk = (S + plan.kchunk - 1) / plan.kchunk;
+        vitc__parallel_for(BH * rc.nchunk, vitc__attn_bwd_task, &rc);
+        rc.phase = 2;
+        rc.nchunk = (L + plan.qchunk - 1) / plan.qchunk;
+        if (!rc.failed) vitc__parallel_for(BH * rc.nchunk, vitc__attn_bwd_task, &rc);
+    }
+    if (rc.failed)
+        return vitc__err(VITC_ERR_NOMEM,
+                         "sdpa backward: out of memory for %zu bytes of per-thread scratch",
                          rc.need * sizeof(float));
     return VITC_OK;
 }

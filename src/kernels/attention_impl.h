@@ -66,4 +66,58 @@ void vitc__attn_rows_avx2(const vitc__attn_plan *p, vitc__attn_ws *ws, int64_t b
 void vitc__attn_rows_avx512(const vitc__attn_plan *p, vitc__attn_ws *ws, int64_t b, int64_t h,
                             int64_t l0, int64_t l1);
 
+/* ---- backward --------------------------------------------------------- */
+
+enum { VITC_ATTN_BWD_DKV = 1, VITC_ATTN_BWD_DQ = 2 };
+
+/* Block sizes of the backward; like the forward's, functions of the shapes
+ * only. One task walks key blocks of Bc (its dK, dV accumulate in scratch)
+ * and, inside, query blocks of Br (dQ accumulates over key blocks). */
+typedef struct vitc__attn_bwd_plan {
+    const vitc__sdpa_bwd_desc *d;
+    int64_t Bc;       /* keys per block: a multiple of every path's S-microkernel rows */
+    int64_t Br;       /* query rows per block: a multiple of 32 (two AVX-512 vectors) */
+    int64_t Dp, Dvp;  /* D, Dv rounded up to 16 */
+    int64_t rows_max; /* most query rows one task packs */
+    int split;        /* 0: a task is a whole head; 1: key chunks, then query chunks */
+    int64_t kchunk, qchunk; /* split: keys / query rows per task */
+    float qscale;     /* scale * log2(e) */
+} vitc__attn_bwd_plan;
+
+/* A task's views into its scratch (vitc__attn_bwd_carve). Rows are those of
+ * the task's query range, padded to Lp = rows rounded up to 32. */
+typedef struct vitc__attn_bwd_ws {
+    float *qt;   /* [D, Lp]   Q^T times scale*log2(e) */
+    float *dot;  /* [Dv, Lp]  dO^T */
+    float *qr;   /* [Lp, Dp]  Q rows, zero padded */
+    float *dor;  /* [Lp, Dvp] dO rows, zero padded */
+    float *dq;   /* [Lp, Dp]  dQ accumulator, without the final scale */
+    float *kr;   /* [Bc, Dp]  K rows of one key block, zero padded */
+    float *dk;   /* [Bc, Dp]  dK accumulator of the key block */
+    float *dv;   /* [Bc, Dvp] dV accumulator of the key block */
+    float *pt;   /* [Bc, Br]  P^T tile */
+    float *dst;  /* [Bc, Br]  dS^T tile */
+    float *lse2; /* [Lp] lse * log2(e); +inf on padding rows, so their P is 0 */
+    float *dd;   /* [Lp] D_i = rowsum(dO * O); 0 on padding rows */
+    int64_t Lp;
+} vitc__attn_bwd_ws;
+
+/* Scratch floats for a task of rows query rows (0 on overflow), and the
+ * views into buf. */
+size_t vitc__attn_bwd_need(const vitc__attn_bwd_plan *p, int64_t rows);
+void vitc__attn_bwd_carve(const vitc__attn_bwd_plan *p, int64_t rows, float *buf,
+                          vitc__attn_bwd_ws *ws);
+/* Bytes of scratch one thread holds for a backward call (0: none). */
+size_t vitc__sdpa_backward_scratch_bytes(const vitc__sdpa_bwd_desc *d);
+
+typedef void (*vitc__attn_bwd_fn)(const vitc__attn_bwd_plan *p, float *scratch, int64_t b,
+                                  int64_t h, int64_t l0, int64_t l1, int64_t s0, int64_t s1,
+                                  int what);
+void vitc__attn_bwd_generic(const vitc__attn_bwd_plan *p, float *scratch, int64_t b, int64_t h,
+                            int64_t l0, int64_t l1, int64_t s0, int64_t s1, int what);
+void vitc__attn_bwd_avx2(const vitc__attn_bwd_plan *p, float *scratch, int64_t b, int64_t h,
+                         int64_t l0, int64_t l1, int64_t s0, int64_t s1, int what);
+void vitc__attn_bwd_avx512(const vitc__attn_bwd_plan *p, float *scratch, int64_t b, int64_t h,
+                           int64_t l0, int64_t l1, int64_t s0, int64_t s1, int what);
+
 #endif

@@ -1,19 +1,12 @@
 /*
  * attention_tmpl.h — the tiled online-softmax attention kernel, written once
- * over a small vector vocabulary and instantiated per ISA (generic scalar,
- * AVX2, AVX-512). The including file defines:
+ * over the vector vocabulary of vmath_{avx512,avx2,generic}.h (VT, VW,
+ * v_load, v_fma, v_exp2, ...) and instantiated per ISA. The including file
+ * also defines:
  *
  *   ATT_FN                 name of the vitc__attn_rows_fn it produces
- *   VT, VW                 vector type and its float lanes
  *   MR_S                   query rows of the S = Q K^T microkernel (2 vectors of keys wide)
  *   MR_PV, NV_PV           rows x vectors of the O += P V microkernel
- *   v_zero() v_set1(x) v_load(p) v_store(p, x)    (p 64-byte aligned scratch)
- *   v_loadu(p) v_storeu(p, x) v_fma(a, b, c) = a*b+c  v_mul v_add v_sub v_max
- *   v_loadu_n(p, n) v_storeu_n(p, x, n)   first n < VW lanes, others 0 / untouched
- *   v_tail(x, n, f)        lanes >= n replaced by f
- *   v_exp2(x)              2^x, exactly 0 for x <= -127, NaN in -> NaN out
- *   v_hmax(x) v_hsum(x)    horizontal max / sum to a float
- *   s_exp2(x)              scalar 2^x (same contract)
  *   ATT_SMALL_DV           0, or the largest Dv given the fused small-Dv path
  *
  * Algorithm (FlashAttention-2, base 2): Q is packed once per task, already
@@ -32,6 +25,13 @@
 #endif
 
 static const float att_log2e = 1.44269504088896340736f;
+
+/* lse[r] = ln(sum_j e^s_j) of rows [0, nr) from the base-2 running max m and
+ * sum l: m ln 2 + ln l; -inf for a row that never saw a finite score. */
+static void att_store_lse(float *lse, const float *m, const float *l, int64_t nr) {
+    for (int64_t r = 0; r < nr; r++)
+        lse[r] = m[r] == -INFINITY ? -INFINITY : m[r] * 0.693147180559945309f + logf(l[r]);
+}
 
 /* s[r][0:NR] = q[r][0:D] . kt[0:D][0:NR] for r < mr; only the first VW
  * columns when half (a last panel with <= VW keys left). */
@@ -491,6 +491,7 @@ static void att_small_rows(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t
             }
         }
     }
+    if (d->lse) att_store_lse(d->lse + b * d->lse_sb + h * d->lse_sh + l0, m, l, nr);
     float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr; /* [nr, Dv] */
     for (int64_t r = 0; r < nr; r++) {
         float inv = 1.0f / l[r];
@@ -646,6 +647,7 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
         }
     }
 
+    if (d->lse) att_store_lse(d->lse + b * d->lse_sb + h * d->lse_sh + l0, m, l, nr);
     float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr; /* [nr, Dv] */
     for (int64_t r = 0; r < nr; r++) {
         float inv = d->probs ? 1.0f : 1.0f / l[r];

@@ -1,8 +1,11 @@
-/* dispatch.c — which kernel path runs: cpuid, VITC_ARCH, vitc_set_arch. */
+/* dispatch.c — which kernel path runs: cpuid, VITC_ARCH, vitc_set_arch,
+ * and the one kernel table per path that the dispatchers read. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "attention_impl.h"
+#include "gemm_ukernels.h"
+#include "ops_simd.h"
 
 /* -1 until decided; then the arch in use. Read and written atomically:
  * kernels ask from any thread, and the first ones may race to decide (they
@@ -77,3 +80,32 @@ vitc_status vitc_set_arch(const char *name) {
     __atomic_store_n(&vitc__arch_cur, (int)a, __ATOMIC_RELEASE);
     return VITC_OK;
 }
+
+/* ---- the kernel tables ------------------------------------------- */
+
+/* Indexed by vitc__arch. Constant: choosing a path is choosing an index,
+ * so a forced path (vitc_set_arch) takes effect at the next call and a
+ * call in flight keeps the table it read. */
+static const vitc__kernels vitc__tables[3] = {
+    [VITC_ARCH_GENERIC] = {
+        .arch = VITC_ARCH_GENERIC, .name = "generic",
+        .softmax_rows = vitc__softmax_rows_ref, .layernorm = vitc__layernorm_ref,
+        .gelu = vitc__gelu_ref, .row_stats = vitc__row_stats_ref, .row_norm = vitc__row_norm_ref,
+        .attn_rows = vitc__attn_rows_generic, .attn_bwd = vitc__attn_bwd_generic, .gemm = &vitc__gemm_kernel_generic,
+    },
+    [VITC_ARCH_AVX2] = {
+        .arch = VITC_ARCH_AVX2, .name = "avx2",
+        .softmax_rows = vitc__softmax_rows_avx2, .layernorm = vitc__layernorm_avx2,
+        .gelu = vitc__gelu_avx2, .row_stats = vitc__row_stats_avx2, .row_norm = vitc__row_norm_avx2,
+        .attn_rows = vitc__attn_rows_avx2, .attn_bwd = vitc__attn_bwd_avx2, .gemm = &vitc__gemm_kernel_avx2,
+    },
+    [VITC_ARCH_AVX512] = {
+        .arch = VITC_ARCH_AVX512, .name = "avx512",
+        .softmax_rows = vitc__softmax_rows_avx512, .layernorm = vitc__layernorm_avx512,
+        .gelu = vitc__gelu_avx512, .row_stats = vitc__row_stats_avx512,
+        .row_norm = vitc__row_norm_avx512,
+        .attn_rows = vitc__attn_rows_avx512, .attn_bwd = vitc__attn_bwd_avx512, .gemm = &vitc__gemm_kernel_avx512,
+    },
+};
+
+const vitc__kernels *vitc__kern(void) { return &vitc__tables[vitc__get_arch()]; }

@@ -269,17 +269,11 @@ static void vitc__ukr_generic(int64_t kc, const float *pa, const float *pb, floa
 }
 #endif
 
-static const vitc__gemm_kernel vitc__gemm_kernel_generic = {
+const vitc__gemm_kernel vitc__gemm_kernel_generic = {
     VITC_G_MR, VITC_G_NR, 512, 96, 1024, vitc__ukr_generic, NULL, NULL,
 };
 
-static const vitc__gemm_kernel *vitc__pick_kernel(void) {
-    switch (vitc__get_arch()) {
-    case VITC_ARCH_AVX512: return &vitc__gemm_kernel_avx512;
-    case VITC_ARCH_AVX2: return &vitc__gemm_kernel_avx2;
-    default: return &vitc__gemm_kernel_generic;
-    }
-}
+static const vitc__gemm_kernel *vitc__pick_kernel(void) { return vitc__kern()->gemm; }
 
 /* ---- the problem, and its serial built-in solve ---------------------- */
 

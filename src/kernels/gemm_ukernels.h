@@ -47,6 +47,7 @@ typedef struct vitc__gemm_kernel {
 } vitc__gemm_kernel;
 
 extern const vitc__gemm_kernel vitc__gemm_kernel_avx512;
+extern const vitc__gemm_kernel vitc__gemm_kernel_generic;
 extern const vitc__gemm_kernel vitc__gemm_kernel_avx2;
 
 /* Portable A packer (any MR), used by the ISA files for edges. */

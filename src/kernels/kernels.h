@@ -33,6 +33,42 @@ typedef enum vitc__arch { VITC_ARCH_GENERIC = 0, VITC_ARCH_AVX2 = 1, VITC_ARCH_A
 vitc__arch vitc__get_arch(void);
 int vitc__cpu_has(vitc__arch a);
 
+struct vitc__attn_plan;
+struct vitc__attn_ws;
+struct vitc__attn_bwd_plan;
+struct vitc__gemm_kernel;
+
+/* The kernels of one CPU path (BLIS's context, stb's setup_*): one constant
+ * table per path in dispatch.c, chosen by vitc__kern() from the arch in use
+ * (cpuid, VITC_ARCH, vitc_set_arch). A dispatcher reads the table once per
+ * call and passes it down, so one call never mixes paths. Same contracts as
+ * the kernels.h functions of the same name; the generic table holds the
+ * plain reference kernels. */
+typedef struct vitc__kernels {
+    vitc__arch arch;
+    const char *name;
+    void (*softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperature);
+    void (*layernorm)(float *y, const float *x, const float *w, const float *b, int64_t M,
+                      int64_t C, float eps);
+    void (*gelu)(float *x, int64_t n);
+    /* GroupNorm helpers: o[0], o[1] = sum of (x - shift) and of its square,
+     * in double; y = (x - mean) * sc + sh. */
+    void (*row_stats)(const float *x, int64_t n, double shift, double *o);
+    void (*row_norm)(float *y, const float *x, int64_t n, float mean, float sc, float sh);
+    /* Attention forward rows [l0, l1) of head (b, h) (attention_impl.h). */
+    void (*attn_rows)(const struct vitc__attn_plan *p, struct vitc__attn_ws *ws, int64_t b,
+                      int64_t h, int64_t l0, int64_t l1);
+    /* Attention backward of one head over keys [s0, s1) and query rows
+     * [l0, l1); what: VITC_ATTN_BWD_DKV and/or VITC_ATTN_BWD_DQ. */
+    void (*attn_bwd)(const struct vitc__attn_bwd_plan *p, float *scratch, int64_t b, int64_t h,
+                     int64_t l0, int64_t l1, int64_t s0, int64_t s1, int what);
+    /* The built-in GEMM's microkernel and blocking (gemm_ukernels.h). */
+    const struct vitc__gemm_kernel *gemm;
+} vitc__kernels;
+
+/* The table of the arch in use; never NULL. */
+const vitc__kernels *vitc__kern(void);
+
 /* ---- GEMM (gemm.c) ----------------------------------------------- */
 
 /* C[M,N] = alpha * op(A) @ op(B) + beta * C, op(X) = X or X^T.
@@ -72,12 +108,40 @@ typedef struct vitc__sdpa_desc {
     float scale;
     const float *mask; int64_t m_sb, m_sh, m_sr; /* [B,H,L,S] additive, may be NULL */
     float *probs; int64_t p_sb, p_sh, p_sr;      /* [B,H,L,S] out, may be NULL */
+    /* [B,H,L] out, may be NULL: the natural-log log-sum-exp of each row's
+     * scaled, masked scores (what the backward needs to recompute P);
+     * -inf for a fully masked row. Row l of head (b, h) at
+     * lse[b*lse_sb + h*lse_sh + l]. */
+    float *lse; int64_t lse_sb, lse_sh;
 } vitc__sdpa_desc;
 
 /* Dispatching entry point: threads over B x H x query blocks. */
 vitc_status vitc__sdpa(const vitc__sdpa_desc *d);
 /* Reference: rows [l0, l1) of head (b, h), two-pass softmax in float. */
 void vitc__sdpa_ref_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t l0, int64_t l1);
+
+/* The gradient of o = softmax(scale q k^T + mask) v for q, k and v, given
+ * dout = dL/do and the forward's o and lse (f.o, f.lse must be set; f.probs
+ * is ignored). dq, dk, dv are overwritten (not accumulated). They must not
+ * overlap each other or any input; a head's outputs are its own (no stride
+ * 0 over b or h). The L x S scores are never stored: each tile is
+ * recomputed from q, k and lse (FlashAttention-2). A fully masked row gives
+ * what torch 1.13 autograd gives: NaN in its dq row and in all of its
+ * head's dk and dv. */
+typedef struct vitc__sdpa_bwd_desc {
+    vitc__sdpa_desc f;                         /* forward views incl. o, lse, mask, scale */
+    const float *dout; int64_t do_sb, do_sh, do_sr; /* [B,H,L,Dv] */
+    float *dq; int64_t dq_sb, dq_sh, dq_sr;    /* [B,H,L,D] */
+    float *dk; int64_t dk_sb, dk_sh, dk_sr;    /* [B,H,S,D] */
+    float *dv; int64_t dv_sb, dv_sh, dv_sr;    /* [B,H,S,Dv] */
+} vitc__sdpa_bwd_desc;
+
+/* Dispatching entry point: threads over heads (or, for fewer than 8 heads,
+ * over key blocks and then query blocks); bitwise the same result for any
+ * thread count. */
+vitc_status vitc__sdpa_backward(const vitc__sdpa_bwd_desc *d);
+/* Reference: every head, plain loops in float, no scratch. */
+void vitc__sdpa_backward_ref(const vitc__sdpa_bwd_desc *d);
 
 /* ---- elementwise and norms (ops.c) ------------------------------- */
 
@@ -101,5 +165,29 @@ void vitc__groupnorm_ref(float *y, const float *x, const float *w, const float *
                          int64_t C, int64_t HW, int64_t G, float eps);
 /* [B, C, HW] -> [B, HW, C] (and back with swapped sizes). */
 void vitc__transpose_bc(float *y, const float *x, int64_t B, int64_t C, int64_t HW);
+
+/* ---- backward (ops_backward.c) ----------------------------------- */
+/* Each accumulates parameter gradients (+=, like torch) and says how it
+ * treats the input gradient. */
+
+/* nn.Linear y[M,N] = x[M,K] W[N,K]^T + b: dx[M,K] = dy W (beta 0: overwrite,
+ * 1: add), dW[N,K] += dy^T x, db[N] += column sums of dy (db may be NULL,
+ * dx may be NULL when the input needs none). Row strides ld*. */
+void vitc__linear_backward(float *dx, int64_t lddx, float dx_beta, float *dW, float *db,
+                           const float *dy, int64_t lddy, const float *x, int64_t ldx,
+                           const float *W, int64_t M, int64_t N, int64_t K);
+void vitc__linear_backward_ref(float *dx, int64_t lddx, float dx_beta, float *dW, float *db,
+                               const float *dy, int64_t lddy, const float *x, int64_t ldx,
+                               const float *W, int64_t M, int64_t N, int64_t K);
+/* LayerNorm over C of x [M, C]: dx[M,C] += dx of y = (x - mean) * rstd * w + b,
+ * dw, db [C] +=. Mean and rstd are recomputed from x (as the forward does,
+ * in double) into stats [2M] (scratch). */
+void vitc__layernorm_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                              const float *w, int64_t M, int64_t C, float eps, float *stats);
+void vitc__layernorm_backward_ref(float *dx, float *dw, float *db, const float *dy,
+                                  const float *x, const float *w, int64_t M, int64_t C, float eps);
+/* GELU (erf): dx[n] = dy * gelu'(x), overwritten (dx may be dy). */
+void vitc__gelu_backward(float *dx, const float *dy, const float *x, int64_t n);
+void vitc__gelu_backward_ref(float *dx, const float *dy, const float *x, int64_t n);
 
 #endif

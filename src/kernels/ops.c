@@ -1,8 +1,8 @@
 /*
  * ops.c — softmax, norms, GELU, layout moves. The *_ref functions are the
  * plain reference kernels (kept, and what tests compare the fast paths
- * with); softmax, LayerNorm and GELU dispatch by arch to ops_avx512.c /
- * ops_avx2.c and spread large inputs over the pool by rows (chunks for
+ * with); softmax, LayerNorm and GELU run the kernel table's version
+ * (dispatch.c: ops_avx512.c, ops_avx2.c or the reference) and spread large inputs over the pool by rows (chunks for
  * GELU). Each row is computed by one thread with the same code whatever
  * the thread count, so results do not depend on it.
  */
@@ -81,6 +81,20 @@ void vitc__gelu_ref(float *x, int64_t n) {
         x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
 }
 
+void vitc__row_stats_ref(const float *x, int64_t n, double shift, double *o) {
+    double s = 0.0, q = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)x[i] - shift;
+        s += d;
+        q += d * d;
+    }
+    o[0] = s, o[1] = q;
+}
+
+void vitc__row_norm_ref(float *y, const float *x, int64_t n, float mean, float sc, float sh) {
+    for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mean) * sc + sh;
+}
+
 void vitc__transpose_bc(float *y, const float *x, int64_t B, int64_t C, int64_t HW) {
     for (int64_t n = 0; n < B; n++)
         for (int64_t c = 0; c < C; c++)
@@ -98,22 +112,18 @@ typedef struct {
     const float *x, *w, *b;
     int64_t n; /* row length */
     float f;   /* eps or inv_temperature */
-    vitc__arch arch;
+    const vitc__kernels *kt;
 } vitc__rows_ctx;
 
 static void vitc__softmax_part(void *c, int64_t r0, int64_t r1, int tid) {
     const vitc__rows_ctx *k = c;
     float *x = k->y + r0 * k->n;
     (void)tid;
-    switch (k->arch) {
-    case VITC_ARCH_AVX512: vitc__softmax_rows_avx512(x, r1 - r0, k->n, k->f); break;
-    case VITC_ARCH_AVX2: vitc__softmax_rows_avx2(x, r1 - r0, k->n, k->f); break;
-    default: vitc__softmax_rows_ref(x, r1 - r0, k->n, k->f); break;
-    }
+    k->kt->softmax_rows(x, r1 - r0, k->n, k->f);
 }
 
 void vitc__softmax_rows(float *x, int64_t rows, int64_t n, float inv_temperature) {
-    vitc__rows_ctx k = {x, NULL, NULL, NULL, n, inv_temperature, vitc__get_arch()};
+    vitc__rows_ctx k = {x, NULL, NULL, NULL, n, inv_temperature, vitc__kern()};
     if (rows <= 0 || n <= 0) return;
     if (rows > 1 && rows * n >= VITC_OPS_PAR_ELEMS)
         vitc__parallel_range(rows, vitc__softmax_part, &k);
@@ -126,16 +136,12 @@ static void vitc__layernorm_part(void *c, int64_t r0, int64_t r1, int tid) {
     float *y = k->y + r0 * k->n;
     const float *x = k->x + r0 * k->n;
     (void)tid;
-    switch (k->arch) {
-    case VITC_ARCH_AVX512: vitc__layernorm_avx512(y, x, k->w, k->b, r1 - r0, k->n, k->f); break;
-    case VITC_ARCH_AVX2: vitc__layernorm_avx2(y, x, k->w, k->b, r1 - r0, k->n, k->f); break;
-    default: vitc__layernorm_ref(y, x, k->w, k->b, r1 - r0, k->n, k->f); break;
-    }
+    k->kt->layernorm(y, x, k->w, k->b, r1 - r0, k->n, k->f);
 }
 
 void vitc__layernorm(float *y, const float *x, const float *w, const float *b, int64_t M,
                      int64_t C, float eps) {
-    vitc__rows_ctx k = {y, x, w, b, C, eps, vitc__get_arch()};
+    vitc__rows_ctx k = {y, x, w, b, C, eps, vitc__kern()};
     if (M <= 0 || C <= 0) return;
     /* A row costs ~0.1 us here (768 floats): a region pays only on large
      * inputs (measured: 197 x 768 is faster on one thread). */
@@ -154,15 +160,11 @@ static void vitc__gelu_part(void *c, int64_t c0, int64_t c1, int tid) {
     int64_t b = c0 * VITC_GELU_CHUNK, e = c1 * VITC_GELU_CHUNK;
     if (e > k->n) e = k->n;
     (void)tid;
-    switch (k->arch) {
-    case VITC_ARCH_AVX512: vitc__gelu_avx512(k->y + b, e - b); break;
-    case VITC_ARCH_AVX2: vitc__gelu_avx2(k->y + b, e - b); break;
-    default: vitc__gelu_ref(k->y + b, e - b); break;
-    }
+    k->kt->gelu(k->y + b, e - b);
 }
 
 void vitc__gelu(float *x, int64_t n) {
-    vitc__rows_ctx k = {x, NULL, NULL, NULL, n, 0.0f, vitc__get_arch()};
+    vitc__rows_ctx k = {x, NULL, NULL, NULL, n, 0.0f, vitc__kern()};
     if (n <= 0) return;
     int64_t chunks = (n + VITC_GELU_CHUNK - 1) / VITC_GELU_CHUNK;
     if (n >= VITC_OPS_PAR_ELEMS)
@@ -187,7 +189,7 @@ typedef struct {
     int64_t C, HW, cg, row0;
     double *sq;        /* [rows][2]: sum and sum of squares, shifted */
     const float *stat; /* [B*G][2]: mean and rstd, for the affine pass */
-    vitc__arch arch;
+    const vitc__kernels *kt;
 } vitc__gn_ctx;
 
 static void vitc__gn_stats(void *c, int64_t r0, int64_t r1, int tid) {
@@ -197,20 +199,7 @@ static void vitc__gn_stats(void *c, int64_t r0, int64_t r1, int tid) {
         int64_t row = k->row0 + r, grp = row / k->cg;
         const float *xr = k->x + row * k->HW;
         double shift = k->x[grp * k->cg * k->HW];
-        double *o = k->sq + 2 * r;
-        switch (k->arch) {
-        case VITC_ARCH_AVX512: vitc__row_stats_avx512(xr, k->HW, shift, o); break;
-        case VITC_ARCH_AVX2: vitc__row_stats_avx2(xr, k->HW, shift, o); break;
-        default: {
-            double s = 0.0, q = 0.0;
-            for (int64_t i = 0; i < k->HW; i++) {
-                double d = (double)xr[i] - shift;
-                s += d;
-                q += d * d;
-            }
-            o[0] = s, o[1] = q;
-        }
-        }
+        k->kt->row_stats(xr, k->HW, shift, k->sq + 2 * r);
     }
 }
 
@@ -222,13 +211,7 @@ static void vitc__gn_apply(void *c, int64_t r0, int64_t r1, int tid) {
         float mean = k->stat[2 * grp], rstd = k->stat[2 * grp + 1];
         float sc = rstd * k->w[ch], sh = k->b[ch];
         const float *xr = k->x + row * k->HW;
-        float *yr = k->y + row * k->HW;
-        switch (k->arch) {
-        case VITC_ARCH_AVX512: vitc__row_norm_avx512(yr, xr, k->HW, mean, sc, sh); break;
-        case VITC_ARCH_AVX2: vitc__row_norm_avx2(yr, xr, k->HW, mean, sc, sh); break;
-        default:
-            for (int64_t i = 0; i < k->HW; i++) yr[i] = (xr[i] - mean) * sc + sh;
-        }
+        k->kt->row_norm(k->y + row * k->HW, xr, k->HW, mean, sc, sh);
     }
 }
 
@@ -237,7 +220,7 @@ void vitc__groupnorm(float *y, const float *x, const float *w, const float *b, i
     if (B <= 0 || C <= 0 || HW <= 0 || G <= 0 || C % G != 0) return;
     int64_t cg = C / G, rows = B * C, groups = B * G;
     double sq[2 * VITC_GN_BATCH];
-    vitc__gn_ctx k = {y, x, w, b, C, HW, cg, 0, sq, NULL, vitc__get_arch()};
+    vitc__gn_ctx k = {y, x, w, b, C, HW, cg, 0, sq, NULL, vitc__kern()};
     int par = rows * HW >= VITC_OPS_PAR_ELEMS;
     /* Sum the channel rows of whole groups, VITC_GN_BATCH rows at a time
      * (a group larger than that is summed over several batches). */

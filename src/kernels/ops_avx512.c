@@ -1,71 +1,14 @@
 /*
- * ops_avx512.c — AVX-512 row ops: softmax, LayerNorm, exact-erf GELU.
- *
- * exp: n = round(x log2 e), r = x - n ln 2 (two-part ln 2), degree-7 Taylor
- * polynomial on |r| <= 0.35 (truncation < 1e-8 relative), 2^n by vscalefps,
- * which also gives correct underflow to denormals and zero.
- * erf: odd Taylor series for |x| < 0.5; above, erf = 1 - erfc with
- * Numerical Recipes' erfcc, erfc(z) = t exp(-z^2 + P(t)), t = 1/(1 + z/2),
- * fractional error < 1.2e-7 everywhere. Both stay within 1e-6 relative of
- * erff (tests/test_ops.c checks it on a dense grid).
+ * ops_avx512.c — AVX-512 row ops: softmax, LayerNorm, exact-erf GELU. The
+ * maths (v_exp, v_erf) is vmath_avx512.h's, shared with the attention
+ * kernels; both stay within 1e-6 relative of expf/erff (tests/test_ops.c
+ * checks it on a dense grid).
  */
 #include <immintrin.h>
 #include <math.h>
 
 #include "ops_simd.h"
-
-static inline __m512 vitc__exp16(__m512 x) {
-    /* max/min order keeps NaN: the second operand is returned on NaN. */
-    x = _mm512_min_ps(_mm512_set1_ps(88.72f), _mm512_max_ps(_mm512_set1_ps(-104.0f), x));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145751953125f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860682030941723212e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
-
-static inline __m512 vitc__erf16(__m512 x) {
-    __m512 sign = _mm512_and_ps(x, _mm512_set1_ps(-0.0f));
-    __m512 z = _mm512_abs_ps(x);
-    /* small: 2/sqrt(pi) * x * sum (-1)^k x^2k / (k! (2k+1)), k <= 6 */
-    __m512 s = _mm512_mul_ps(z, z);
-    __m512 ps = _mm512_set1_ps(1.0f / 75600.0f);
-    ps = _mm512_fmadd_ps(ps, s, _mm512_set1_ps(-1.0f / 9360.0f));
-    ps = _mm512_fmadd_ps(ps, s, _mm512_set1_ps(1.0f / 1320.0f));
-    ps = _mm512_fmadd_ps(ps, s, _mm512_set1_ps(-1.0f / 216.0f));
-    ps = _mm512_fmadd_ps(ps, s, _mm512_set1_ps(1.0f / 42.0f));
-    ps = _mm512_fmadd_ps(ps, s, _mm512_set1_ps(-1.0f / 10.0f));
-    ps = _mm512_fmadd_ps(ps, s, _mm512_set1_ps(1.0f / 3.0f));
-    ps = _mm512_fnmadd_ps(ps, s, _mm512_set1_ps(1.0f));
-    __m512 small = _mm512_mul_ps(_mm512_mul_ps(ps, z), _mm512_set1_ps(1.12837916709551257f));
-    /* large: 1 - erfcc(z) */
-    __m512 t = _mm512_div_ps(_mm512_set1_ps(1.0f),
-                             _mm512_fmadd_ps(_mm512_set1_ps(0.5f), z, _mm512_set1_ps(1.0f)));
-    __m512 q = _mm512_set1_ps(0.17087277f);
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(-0.82215223f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(1.48851587f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(-1.13520398f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(0.27886807f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(-0.18628806f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(0.09678418f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(0.37409196f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(1.00002368f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(-1.26551223f));
-    q = _mm512_fnmadd_ps(z, z, q);
-    __m512 large = _mm512_fnmadd_ps(t, vitc__exp16(q), _mm512_set1_ps(1.0f));
-    __mmask16 is_small = _mm512_cmp_ps_mask(z, _mm512_set1_ps(0.5f), _CMP_LT_OQ);
-    __m512 r = _mm512_mask_blend_ps(is_small, large, small);
-    /* NaN in, NaN out (the blend above picked "large", also NaN) */
-    return _mm512_or_ps(r, sign);
-}
+#include "vmath_avx512.h"
 
 void vitc__gelu_avx512(float *x, int64_t n) {
     const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
@@ -74,7 +17,7 @@ void vitc__gelu_avx512(float *x, int64_t n) {
     for (; i < n; i += 16) {
         __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
         __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-        __m512 e = vitc__erf16(_mm512_mul_ps(v, rs2));
+        __m512 e = v_erf(_mm512_mul_ps(v, rs2));
         _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, e)));
     }
 }
@@ -104,7 +47,7 @@ void vitc__softmax_rows_avx512(float *x, int64_t rows, int64_t n, float inv_temp
         __m512 sum = _mm512_setzero_ps();
         for (j = 0; j < n; j += 16) {
             __mmask16 m = n - j >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - j)) - 1);
-            __m512 e = vitc__exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), vm));
+            __m512 e = v_exp(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, row + j), vm));
             _mm512_mask_storeu_ps(row + j, m, e);
             sum = _mm512_add_ps(sum, _mm512_maskz_mov_ps(m, e));
         }

@@ -1,12 +1,17 @@
 /*
  * ops_simd.h — the per-ISA row ops behind the dispatchers in ops.c
- * (ops_avx512.c, ops_avx2.c). Private to those files and their tests.
+ * (ops_avx512.c, ops_avx2.c), which the kernel table (dispatch.c) points
+ * at. Private to those files and their tests.
  * Same contracts as the kernels.h functions of the same name.
  */
 #ifndef VITC_OPS_SIMD_H
 #define VITC_OPS_SIMD_H
 
 #include "kernels.h"
+
+/* The generic GroupNorm helpers (the scalar loops; ops.c). */
+void vitc__row_stats_ref(const float *x, int64_t n, double shift, double *o);
+void vitc__row_norm_ref(float *y, const float *x, int64_t n, float mean, float sc, float sh);
 
 void vitc__gelu_avx512(float *x, int64_t n);
 void vitc__softmax_rows_avx512(float *x, int64_t rows, int64_t n, float inv_temperature);

@@ -15,11 +15,13 @@
  * shape} that drives create, load, reset and state_dict.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../kernels/ops_layers.h"
+#include "../train/train.h"
 #include "layers.h"
 
 
@@ -61,13 +63,19 @@ vitc_layer_config vitc_layer_default_config(vitc_layer_kind kind) {
 
 /* ---- parameter table ------------------------------------------------ */
 
-static void add_param(vitc_layer *l, const char *name, const char *alias, float **slot,
+/* A row's slot: where in vitc_layer forward reads the tensor through. */
+#define S(field) offsetof(vitc_layer, field)
+
+static void add_param(vitc_layer *l, const char *name, const char *alias, size_t slot,
                       vitc__init init, int64_t fan_in, int64_t fan_out, int ndim, int64_t d0,
                       int64_t d1, int64_t d2, int64_t d3) {
     vitc__param *p = &l->params[l->nparams++];
     p->name = name;
     p->alias = alias;
     p->slot = slot;
+    p->layer = -1;
+    p->role = l->nparams - 1;
+    p->no_decay = ndim <= 1;
     p->init = init;
     p->fan_in = fan_in;
     p->fan_out = fan_out;
@@ -97,11 +105,12 @@ static void add_param(vitc_layer *l, const char *name, const char *alias, float 
 
 static void add_norm(vitc_layer *l, int64_t C, int batch) {
     const char *aw = batch ? NULL : "group_norm.weight", *ab = batch ? NULL : "group_norm.bias";
-    add_param(l, "norm.weight", aw, &l->norm_w, VITC__INIT_ONE, 0, 0, 1, C, 0, 0, 0);
-    add_param(l, "norm.bias", ab, &l->norm_b, VITC__INIT_ZERO, 0, 0, 1, C, 0, 0, 0);
+    add_param(l, "norm.weight", aw, S(norm_w), VITC__INIT_ONE, 0, 0, 1, C, 0, 0, 0);
+    add_param(l, "norm.bias", ab, S(norm_b), VITC__INIT_ZERO, 0, 0, 1, C, 0, 0, 0);
     if (batch) {
-        add_param(l, "norm.running_mean", NULL, &l->run_mean, VITC__INIT_ZERO, 0, 0, 1, C, 0, 0, 0);
-        add_param(l, "norm.running_var", NULL, &l->run_var, VITC__INIT_ONE, 0, 0, 1, C, 0, 0, 0);
+        add_param(l, "norm.running_mean", NULL, S(run_mean), VITC__INIT_ZERO, 0, 0, 1, C, 0, 0, 0);
+        add_param(l, "norm.running_var", NULL, S(run_var), VITC__INIT_ONE, 0, 0, 1, C, 0, 0, 0);
+        l->params[l->nparams - 2].buffer = l->params[l->nparams - 1].buffer = 1;
     }
 }
 
@@ -142,11 +151,11 @@ static vitc_status build(vitc_layer *l) {
         *p = (vitc__plan){VITC__IN_PATCHES, VITC__NORM_NONE, VITC__QKV_SEPARATE, VITC__HEADS_GROUPED,
                           VITC__OUT_LINEAR, VITC__RES_NONE, E, E, E, E, H,
                           (float)(1.0 / sqrt((double)(E / H)))};
-        CONV(l, "proj.weight", "proj.bias", &l->w_patch, &l->b_patch, C, E, k);
-        LINEAR(l, "to_q.weight", NULL, "to_q.bias", NULL, &l->w_q, &l->b_q, E, E, 1);
-        LINEAR(l, "to_k.weight", NULL, "to_k.bias", NULL, &l->w_k, &l->b_k, E, E, 1);
-        LINEAR(l, "to_v.weight", NULL, "to_v.bias", NULL, &l->w_v, &l->b_v, E, E, 1);
-        LINEAR(l, "to_out.weight", NULL, "to_out.bias", NULL, &l->w_o, &l->b_o, E, E, 1);
+        CONV(l, "proj.weight", "proj.bias", S(w_patch), S(b_patch), C, E, k);
+        LINEAR(l, "to_q.weight", NULL, "to_q.bias", NULL, S(w_q), S(b_q), E, E, 1);
+        LINEAR(l, "to_k.weight", NULL, "to_k.bias", NULL, S(w_k), S(b_k), E, E, 1);
+        LINEAR(l, "to_v.weight", NULL, "to_v.bias", NULL, S(w_v), S(b_v), E, E, 1);
+        LINEAR(l, "to_out.weight", NULL, "to_out.bias", NULL, S(w_o), S(b_o), E, E, 1);
         return VITC_OK;
     }
     case VITC_CONV_SA_BLOCK: {
@@ -160,10 +169,10 @@ static vitc_status build(vitc_layer *l) {
                           VITC__OUT_NONE, VITC__RES_INPUT, C, C8, C, C, 1,
                           (float)(1.0 / sqrt((double)C8))};
         /* gamma is the module's own parameter, so torch lists it before the children. */
-        add_param(l, "gamma", NULL, &l->gamma, VITC__INIT_ZERO, 0, 0, 1, 1, 0, 0, 0);
-        CONV(l, "q.weight", "q.bias", &l->w_q, &l->b_q, C, C8, 1);
-        CONV(l, "k.weight", "k.bias", &l->w_k, &l->b_k, C, C8, 1);
-        CONV(l, "v.weight", "v.bias", &l->w_v, &l->b_v, C, C, 1);
+        add_param(l, "gamma", NULL, S(gamma), VITC__INIT_ZERO, 0, 0, 1, 1, 0, 0, 0);
+        CONV(l, "q.weight", "q.bias", S(w_q), S(b_q), C, C8, 1);
+        CONV(l, "k.weight", "k.bias", S(w_k), S(b_k), C, C8, 1);
+        CONV(l, "v.weight", "v.bias", S(w_v), S(b_v), C, C, 1);
         return VITC_OK;
     }
     case VITC_SELF_ATTENTION_GROUP:
@@ -186,14 +195,14 @@ static vitc_status build(vitc_layer *l) {
                           (float)(1.0 / sqrt((double)C / (double)H))};
         add_norm(l, C, !group);
         if (group) {
-            LINEAR(l, "q.weight", "query.weight", "q.bias", "query.bias", &l->w_q, &l->b_q, C, C, 1);
-            LINEAR(l, "k.weight", "key.weight", "k.bias", "key.bias", &l->w_k, &l->b_k, C, C, 1);
-            LINEAR(l, "v.weight", "value.weight", "v.bias", "value.bias", &l->w_v, &l->b_v, C, C, 1);
-            LINEAR(l, "proj.weight", "proj_attn.weight", "proj.bias", "proj_attn.bias", &l->w_o,
-                   &l->b_o, C, C, 1);
+            LINEAR(l, "q.weight", "query.weight", "q.bias", "query.bias", S(w_q), S(b_q), C, C, 1);
+            LINEAR(l, "k.weight", "key.weight", "k.bias", "key.bias", S(w_k), S(b_k), C, C, 1);
+            LINEAR(l, "v.weight", "value.weight", "v.bias", "value.bias", S(w_v), S(b_v), C, C, 1);
+            LINEAR(l, "proj.weight", "proj_attn.weight", "proj.bias", "proj_attn.bias", S(w_o),
+                   S(b_o), C, C, 1);
         } else {
-            LINEAR(l, "qkv.weight", NULL, "qkv.bias", NULL, &l->w_qkv, &l->b_qkv, C, 3 * C, 1);
-            LINEAR(l, "proj.weight", NULL, "proj.bias", NULL, &l->w_o, &l->b_o, C, C, 1);
+            LINEAR(l, "qkv.weight", NULL, "qkv.bias", NULL, S(w_qkv), S(b_qkv), C, 3 * C, 1);
+            LINEAR(l, "proj.weight", NULL, "proj.bias", NULL, S(w_o), S(b_o), C, C, 1);
         }
         return VITC_OK;
     }
@@ -217,18 +226,18 @@ static vitc_status build(vitc_layer *l) {
                           VITC__HEADS_GROUPED, VITC__OUT_LINEAR, VITC__RES_NONE, E, E, E, E, H,
                           (float)(1.0 / sqrt((double)(E / H)))};
         if (p->qkv == VITC__QKV_FUSED) {
-            add_param(l, "in_proj_weight", NULL, &l->w_qkv, VITC__INIT_XAVIER, E, 3 * E, 2, 3 * E, E,
+            add_param(l, "in_proj_weight", NULL, S(w_qkv), VITC__INIT_XAVIER, E, 3 * E, 2, 3 * E, E,
                       0, 0);
         } else {
-            add_param(l, "q_proj_weight", NULL, &l->w_q, VITC__INIT_XAVIER, E, E, 2, E, E, 0, 0);
-            add_param(l, "k_proj_weight", NULL, &l->w_k, VITC__INIT_XAVIER, kd, E, 2, E, kd, 0, 0);
-            add_param(l, "v_proj_weight", NULL, &l->w_v, VITC__INIT_XAVIER, vd, E, 2, E, vd, 0, 0);
+            add_param(l, "q_proj_weight", NULL, S(w_q), VITC__INIT_XAVIER, E, E, 2, E, E, 0, 0);
+            add_param(l, "k_proj_weight", NULL, S(w_k), VITC__INIT_XAVIER, kd, E, 2, E, kd, 0, 0);
+            add_param(l, "v_proj_weight", NULL, S(w_v), VITC__INIT_XAVIER, vd, E, 2, E, vd, 0, 0);
         }
         if (c->bias)
-            add_param(l, "in_proj_bias", NULL, &l->b_qkv, VITC__INIT_ZERO, 0, 0, 1, 3 * E, 0, 0, 0);
-        add_param(l, "out_proj.weight", NULL, &l->w_o, VITC__INIT_KAIMING, E, E, 2, E, E, 0, 0);
+            add_param(l, "in_proj_bias", NULL, S(b_qkv), VITC__INIT_ZERO, 0, 0, 1, 3 * E, 0, 0, 0);
+        add_param(l, "out_proj.weight", NULL, S(w_o), VITC__INIT_KAIMING, E, E, 2, E, E, 0, 0);
         if (c->bias)
-            add_param(l, "out_proj.bias", NULL, &l->b_o, VITC__INIT_ZERO, 0, 0, 1, E, 0, 0, 0);
+            add_param(l, "out_proj.bias", NULL, S(b_o), VITC__INIT_ZERO, 0, 0, 1, E, 0, 0, 0);
         return VITC_OK;
     }
     case VITC_T2T_ATTENTION: {
@@ -244,9 +253,9 @@ static vitc_status build(vitc_layer *l) {
         float scale = c->qk_scale != 0.0f ? c->qk_scale : (float)pow((double)(chan / H), -0.5);
         *p = (vitc__plan){VITC__IN_TOKENS, VITC__NORM_NONE, VITC__QKV_FUSED, VITC__HEADS_GROUPED,
                           VITC__OUT_LINEAR, VITC__RES_V, dim, chan, chan, chan, H, scale};
-        LINEAR(l, "qkv.weight", NULL, "qkv.bias", NULL, &l->w_qkv, &l->b_qkv, dim, 3 * chan,
+        LINEAR(l, "qkv.weight", NULL, "qkv.bias", NULL, S(w_qkv), S(b_qkv), dim, 3 * chan,
                c->bias);
-        LINEAR(l, "proj.weight", NULL, "proj.bias", NULL, &l->w_o, &l->b_o, chan, chan, 1);
+        LINEAR(l, "proj.weight", NULL, "proj.bias", NULL, S(w_o), S(b_o), chan, chan, 1);
         return VITC_OK;
     }
     case VITC_SINGLE_HEAD_ATTENTION: {
@@ -256,10 +265,10 @@ static vitc_status build(vitc_layer *l) {
         *p = (vitc__plan){VITC__IN_TOKENS, VITC__NORM_NONE, VITC__QKV_MATMUL, VITC__HEADS_GROUPED,
                           VITC__OUT_MATMUL, VITC__RES_NONE, E, dk, dk, E, 1,
                           (float)(1.0 / sqrt((double)dk))};
-        add_param(l, "W_q", NULL, &l->w_q, VITC__INIT_NORMAL01, 0, 0, 2, E, dk, 0, 0);
-        add_param(l, "W_k", NULL, &l->w_k, VITC__INIT_NORMAL01, 0, 0, 2, E, dk, 0, 0);
-        add_param(l, "W_v", NULL, &l->w_v, VITC__INIT_NORMAL01, 0, 0, 2, E, dk, 0, 0);
-        add_param(l, "W_o", NULL, &l->w_o, VITC__INIT_NORMAL01, 0, 0, 2, dk, E, 0, 0);
+        add_param(l, "W_q", NULL, S(w_q), VITC__INIT_NORMAL01, 0, 0, 2, E, dk, 0, 0);
+        add_param(l, "W_k", NULL, S(w_k), VITC__INIT_NORMAL01, 0, 0, 2, E, dk, 0, 0);
+        add_param(l, "W_v", NULL, S(w_v), VITC__INIT_NORMAL01, 0, 0, 2, E, dk, 0, 0);
+        add_param(l, "W_o", NULL, S(w_o), VITC__INIT_NORMAL01, 0, 0, 2, dk, E, 0, 0);
         return VITC_OK;
     }
     }
@@ -268,43 +277,10 @@ static vitc_status build(vitc_layer *l) {
 
 /* ---- create / free / reset ------------------------------------------ */
 
-/* splitmix64: small, deterministic, and the same stream on every platform. */
-static uint64_t rng_next(uint64_t *s) {
-    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-/* Uniform in [0, 1) with 24 random bits, exactly representable in float. */
-static double rng_uniform(uint64_t *s) { return (double)(rng_next(s) >> 40) / 16777216.0; }
-
 vitc_status vitc_layer_reset_parameters(vitc_layer *l, uint64_t seed) {
     if (!l)
         return vitc__err(VITC_ERR_INVALID_ARG, "layer is NULL");
-    uint64_t s = seed;
-    for (int i = 0; i < l->nparams; i++) {
-        const vitc__param *p = &l->params[i];
-        float *d = l->store + p->offset;
-        double bound = 0.0;
-        if (p->init == VITC__INIT_KAIMING)
-            bound = p->fan_in > 0 ? 1.0 / sqrt((double)p->fan_in) : 0.0;
-        else if (p->init == VITC__INIT_XAVIER)
-            bound = sqrt(6.0 / (double)(p->fan_in + p->fan_out));
-        for (size_t j = 0; j < p->numel; j++) {
-            switch (p->init) {
-            case VITC__INIT_ZERO: d[j] = 0.0f; break;
-            case VITC__INIT_ONE: d[j] = 1.0f; break;
-            case VITC__INIT_KAIMING:
-            case VITC__INIT_XAVIER: d[j] = (float)((2.0 * rng_uniform(&s) - 1.0) * bound); break;
-            case VITC__INIT_NORMAL01: {
-                /* Box-Muller; 1 - u keeps the log argument in (0, 1]. */
-                double u1 = 1.0 - rng_uniform(&s), u2 = rng_uniform(&s);
-                d[j] = (float)(0.1 * sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
-                break;
-            }
-            }
-        }
-    }
+    vitc__params_init(l->params, l->nparams, l->store, seed);
     return VITC_OK;
 }
 
@@ -325,28 +301,25 @@ vitc_status vitc_layer_create(const vitc_layer_config *cfg, vitc_layer **out) {
         return st;
     }
     size_t total = 0;
-    for (int i = 0; i < l->nparams; i++) {
-        vitc__param *p = &l->params[i];
-        int ok;
-        p->numel = vitc__numel(p->ndim, p->shape, &ok);
-        p->offset = total;
-        /* Each tensor starts on a 64-byte line so SIMD kernels may load rows aligned. */
-        size_t padded = (p->numel + 15) & ~(size_t)15;
-        if (!ok || !vitc__add_size(total, padded, &total)) {
-            vitc__err(VITC_ERR_NOMEM, "%s: parameter %s is too large", kind_name(cfg->kind),
-                      p->name);
-            free(l);
-            return VITC_ERR_NOMEM;
-        }
+    if (vitc__params_layout(l->params, l->nparams, &total) != VITC_OK) {
+        vitc__err_prefix(VITC_ERR_NOMEM, "%s", kind_name(cfg->kind));
+        free(l);
+        return VITC_ERR_NOMEM;
     }
     l->store_len = total;
     l->store = vitc__calloc(total ? total : 1, sizeof(float));
-    if (!l->store) {
+    l->id = vitc__handle_register();
+    if (!l->store || !l->id) {
+        vitc__free(l->store);
+        vitc__handle_unregister(l->id);
         free(l);
         return vitc__err(VITC_ERR_NOMEM, "%s: cannot allocate %zu parameters",
                          kind_name(cfg->kind), total);
     }
-    for (int i = 0; i < l->nparams; i++) *l->params[i].slot = l->store + l->params[i].offset;
+    vitc__params_bind(l->params, l->nparams, l->store, l, NULL, 0);
+    for (int i = 0; i < l->nparams; i++)
+        if (!l->params[i].buffer)
+            l->train[l->ntrain++] = l->params[i];
     if (l->plan.qkv == VITC__QKV_SEPARATE && cfg->kind == VITC_MULTIHEAD_ATTENTION && l->b_qkv) {
         /* in_proj_bias.chunk(3) */
         l->b_q = l->b_qkv;
@@ -361,7 +334,9 @@ vitc_status vitc_layer_create(const vitc_layer_config *cfg, vitc_layer **out) {
 void vitc_layer_free(vitc_layer *l) {
     if (!l)
         return;
+    vitc__handle_unregister(l->id);
     vitc__free(l->store);
+    vitc__free(l->grad);
     vitc__buf_free(&l->scratch);
     free(l);
 }
@@ -387,11 +362,22 @@ void vitc_layer_set_training(vitc_layer *l, int training) {
 }
 int vitc_layer_is_training(const vitc_layer *l) { return l ? l->training : 0; }
 
+vitc_status vitc__layer_paramset(vitc_layer *l, int with_grad, vitc__paramset *out) {
+    if (!l || !out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc__layer_paramset: NULL argument");
+    if (with_grad && !l->grad) {
+        l->grad = vitc__calloc(l->store_len ? l->store_len : 1, sizeof(float));
+        if (!l->grad)
+            return vitc__err(VITC_ERR_NOMEM, "%s: cannot allocate %zu gradients",
+                             kind_name(l->cfg.kind), l->store_len);
+    }
+    *out = (vitc__paramset){.param = l->store, .grad = l->grad, .n = l->store_len,
+                            .seg = l->train, .nseg = l->ntrain, .owner_id = l->id};
+    return VITC_OK;
+}
+
 /* ---- load_state_dict ------------------------------------------------ */
 
-const char *vitc__param_shape_str(const vitc__param *p, char *buf, size_t cap) {
-    return vitc__shape_str(buf, cap, p->ndim, p->shape);
-}
 
 static int ignorable(const char *name) {
     size_t n = strlen(name), m = strlen("num_batches_tracked");

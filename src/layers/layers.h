@@ -7,29 +7,10 @@
 #define VITC_LAYERS_H
 
 #include "../kernels/kernels.h"
+#include "../params.h"
 
 #define VITC__MAX_PARAMS 12
 
-/* How reset_parameters fills a tensor (torch's defaults per module). */
-typedef enum vitc__init {
-    VITC__INIT_ZERO,
-    VITC__INIT_ONE,
-    VITC__INIT_KAIMING, /* nn.Linear / nn.Conv2d weight and bias: U(-1/sqrt(fan_in), +) */
-    VITC__INIT_XAVIER,  /* MHA in-projection: U(-sqrt(6/(fan_in+fan_out)), +) */
-    VITC__INIT_NORMAL01 /* the NumPy seed: N(0, 1) * 0.1 */
-} vitc__init;
-
-/* One row of the parameter table: drives create, load, reset and state_dict. */
-typedef struct vitc__param {
-    const char *name;  /* PyTorch key */
-    const char *alias; /* diffusers key, or NULL */
-    int ndim;
-    int64_t shape[4];
-    size_t offset, numel; /* floats, into the layer's one allocation */
-    vitc__init init;
-    int64_t fan_in, fan_out;
-    float **slot; /* the layer's pointer that forward reads it through */
-} vitc__param;
 
 /* Stages of the engine; each preset picks one of each. */
 typedef enum { VITC__IN_TOKENS, VITC__IN_IMAGE, VITC__IN_PATCHES } vitc__in_kind;
@@ -65,9 +46,13 @@ struct vitc_layer {
     vitc__plan plan;
     int training;
     int nparams;
-    vitc__param params[VITC__MAX_PARAMS];
-    float *store; /* every parameter and buffer, in table order */
+    vitc__param params[VITC__MAX_PARAMS]; /* state_dict order, buffers included */
+    int ntrain;
+    vitc__param train[VITC__MAX_PARAMS];  /* the rows an optimizer updates (no buffers) */
+    float *store; /* [store_len] every parameter and buffer, in table order */
+    float *grad;  /* [store_len] same layout; NULL until training asks for it */
     size_t store_len;
+    uint64_t id;  /* vitc__handle_register() */
     /* Roles, pointing into store (NULL when the kind has none). */
     float *w_patch, *b_patch;           /* [E, C, p, p], [E] */
     float *w_q, *b_q, *w_k, *b_k;       /* [dq, cin] ([cin, dq] for MATMUL), [dq] */
@@ -79,9 +64,6 @@ struct vitc_layer {
     float *gamma;                       /* [1] */
     vitc__buf scratch; /* sized by the largest forward so far, then reused */
 };
-
-/* "[2, 3]" of a table row, for messages. */
-const char *vitc__param_shape_str(const vitc__param *p, char *buf, size_t cap);
 
 /* MultiheadAttention's self-attention form of vitc_layer_forward and its
  * shape check (mha.c). */

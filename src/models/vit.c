@@ -16,15 +16,21 @@
 #include <string.h>
 
 #include "../kernels/kernels.h"
+#include "../train/train.h"
 #include "vit_internal.h"
 
 void vitc_vit_free(vitc_vit *m) {
     if (!m)
         return;
-    vitc__free(m->params);
+    vitc__handle_unregister(m->id);
+    if (!m->weights_file)
+        vitc__free(m->params);
     vitc_safetensors_free(m->weights_file);
+    vitc__free(m->grad);
     free(m->table);
+    free(m->names);
     free(m->blocks);
+    free(m->gblocks);
     free(m->labels);
     free(m->label_text);
     vitc__buf_free(&m->act);
@@ -99,7 +105,7 @@ void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64
 static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
     int64_t g = m->cfg.image_size / m->cfg.patch_size, C = m->cfg.hidden_dim;
     if (gh == g && gw == g) {
-        m->pos_used = m->pos;
+        m->pos_used = m->w.pos;
         return VITC_OK;
     }
     if (m->pos_buf.p && m->pos_gh == gh && m->pos_gw == gw) {
@@ -112,8 +118,8 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
                          (long long)gh, (long long)gw);
     m->pos_gh = m->pos_gw = 0;
     VITC_TRY(vitc__buf_reserve(&m->pos_buf, n));
-    memcpy(m->pos_buf.p, m->pos, (size_t)C * sizeof(float));
-    vitc__bicubic_ac(m->pos_buf.p + C, m->pos + C, C, g, g, gh, gw);
+    memcpy(m->pos_buf.p, m->w.pos, (size_t)C * sizeof(float));
+    vitc__bicubic_ac(m->pos_buf.p + C, m->w.pos + C, C, g, g, gh, gw);
     m->pos_gh = (int)gh;
     m->pos_gw = (int)gw;
     m->pos_used = m->pos_buf.p;
@@ -124,32 +130,51 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
 /* Activations                                                        */
 /* ------------------------------------------------------------------ */
 
-/* Sizes of one forward's buffers, in floats, each rounded to 16 (64 bytes). */
-static vitc_status vit_activations(vitc_vit *m, int64_t B, int64_t P) {
+/* Carve m->act for a forward of B images of P patches: training keeps
+ * every block's activations (depth + 1 blocks, the last only VA_X),
+ * inference one block with the aliases of vitc__vit_acts. Each buffer is
+ * rounded to 16 floats (64 bytes). */
+static vitc_status vit_activations(vitc_vit *m, int64_t B, int64_t P, int training) {
     const vitc_vit_config *c = &m->cfg;
-    size_t N = (size_t)P + 1, C = (size_t)c->hidden_dim, K, rows, prow, sz[8];
+    size_t N = (size_t)P + 1, C = (size_t)c->hidden_dim, K = 0, rows = 0, prow = 0,
+           sz[VA_COUNT] = {0}, patches = 0,
+           cls = 0, block = 0, total = 0, nblocks = training ? (size_t)c->depth + 1 : 1;
     int ok = vitc__mul_size((size_t)c->in_channels * (size_t)c->patch_size,
                             (size_t)c->patch_size, &K) &&
              vitc__mul_size((size_t)B, N, &rows) && vitc__mul_size((size_t)B, (size_t)P, &prow) &&
-             vitc__mul_size(prow, K, &sz[0]) &&             /* patches */
-             vitc__mul_size(rows, C, &sz[1]) &&             /* x0 */
-             vitc__mul_size(rows, C, &sz[2]) &&             /* x1 */
-             vitc__mul_size(rows, C, &sz[3]) &&             /* ln */
-             vitc__mul_size(rows, 3 * C, &sz[4]) &&         /* qkv */
-             vitc__mul_size(rows, C, &sz[5]) &&             /* att */
-             vitc__mul_size(rows, (size_t)c->mlp_dim, &sz[6]) && /* hid */
-             vitc__mul_size((size_t)B, C, &sz[7]);          /* cls_out */
-    size_t total = 0, off[8];
-    for (int i = 0; ok && i < 8; i++) {
-        off[i] = total;
-        ok = vitc__add_size(sz[i], 15, &sz[i]) && vitc__add_size(total, sz[i] & ~(size_t)15, &total);
+             vitc__mul_size(prow, K, &patches) && vitc__mul_size((size_t)B, C, &cls) &&
+             vitc__mul_size(rows, C, &sz[VA_X]) && vitc__mul_size(rows, 3 * C, &sz[VA_QKV]) &&
+             vitc__mul_size(rows, (size_t)c->mlp_dim, &sz[VA_HPRE]) &&
+             vitc__mul_size(rows, (size_t)c->num_heads, &sz[VA_LSE]);
+    sz[VA_LN1] = sz[VA_ATT] = sz[VA_MID] = sz[VA_LN2] = sz[VA_X];
+    sz[VA_HACT] = sz[VA_HPRE];
+    /* Inference: what backward alone needs shares a buffer. */
+    int alias[VA_COUNT] = {-1, -1, -1, -1, -1, -1, -1, -1, -1};
+    if (!training)
+        alias[VA_LN2] = VA_LN1, alias[VA_HACT] = VA_HPRE, alias[VA_LSE] = VA_X;
+    for (int k = 0; ok && k < VA_COUNT; k++) {
+        if (alias[k] >= 0) {
+            m->a.off[k] = m->a.off[alias[k]];
+            continue;
+        }
+        m->a.off[k] = block;
+        ok = vitc__add_size(sz[k], 15, &sz[k]) && vitc__add_size(block, sz[k] & ~(size_t)15, &block);
     }
+    size_t layers;
+    ok = ok && vitc__mul_size(block, nblocks, &layers) && vitc__add_size(patches, 15, &patches) &&
+         vitc__add_size(cls, 15, &cls) && vitc__add_size(layers, patches & ~(size_t)15, &total) &&
+         vitc__add_size(total, 2 * (cls & ~(size_t)15), &total);
     if (!ok)
         return vitc__err(VITC_ERR_NOMEM, "ViT activations for batch %lld, %lld patches overflow",
                          (long long)B, (long long)P);
     VITC_TRY(vitc__buf_reserve(&m->act, total));
-    float **dst[8] = {&m->patches, &m->x0, &m->x1, &m->ln, &m->qkv, &m->att, &m->hid, &m->cls_out};
-    for (int i = 0; i < 8; i++) *dst[i] = m->act.p + off[i];
+    vitc__vit_acts *a = &m->a;
+    a->B = B, a->N = (int64_t)N, a->P = P, a->training = training;
+    a->layers = m->act.p;
+    a->stride = training ? block : 0;
+    a->patches = a->layers + layers;
+    a->cls_in = a->patches + (patches & ~(size_t)15);
+    a->cls_out = a->cls_in + (cls & ~(size_t)15);
     return VITC_OK;
 }
 
@@ -211,47 +236,60 @@ static void vit_rollout_step(vitc_vit *m, const float *probs, int64_t B, int64_t
     }
 }
 
-/* Attention of every head over the qkv buffer [B, N, 3, H, d] into att
- * [B, N, H, d], for query rows 0..L-1 of each image. */
-static vitc__sdpa_desc vit_attention(const vitc_vit *m, int64_t B, int64_t N, int64_t L) {
+/* Attention of every head over qkv [B, N, 3, H, d] into att [B, N, H, d],
+ * for query rows 0..L-1 of each image (query row stride N*3C when L = 1). */
+static vitc__sdpa_desc vit_attention(const vitc_vit *m, const float *qkv, float *att, int64_t B,
+                                     int64_t N, int64_t L) {
     int64_t C = m->cfg.hidden_dim, Hh = m->cfg.num_heads, d = C / Hh;
     vitc__sdpa_desc sd = {
         .B = B, .H = Hh, .L = L, .S = N, .D = d, .Dv = d,
-        .q = m->qkv, .q_sb = N * 3 * C, .q_sh = d, .q_sr = 3 * C,
-        .k = m->qkv + C, .k_sb = N * 3 * C, .k_sh = d, .k_sr = 3 * C,
-        .v = m->qkv + 2 * C, .v_sb = N * 3 * C, .v_sh = d, .v_sr = 3 * C,
-        .o = m->att, .o_sb = N * C, .o_sh = d, .o_sr = C,
+        .q = qkv, .q_sb = N * 3 * C, .q_sh = d, .q_sr = 3 * C,
+        .k = qkv + C, .k_sb = N * 3 * C, .k_sh = d, .k_sr = 3 * C,
+        .v = qkv + 2 * C, .v_sb = N * 3 * C, .v_sh = d, .v_sr = 3 * C,
+        .o = att, .o_sb = N * C, .o_sh = d, .o_sr = C,
         .scale = 1.0f / sqrtf((float)d),
         .p_sb = Hh * N * N, .p_sh = N * N, .p_sr = N,
     };
     return sd;
 }
 
-/* The last block for the head alone: every row's keys and values, but
- * queries, out_proj, LayerNorm and MLP only for the class token (row 0 of
- * each image, stride N*C) — the same numbers for those rows, ~7% fewer
- * FLOPs for ViT-B/16. *cls_out: the block's output class tokens [B, C]. */
-static vitc_status vit_last_block(vitc_vit *m, int64_t B, int64_t N, const float **cls_out) {
+/* One encoder block l on m->a (torchvision's EncoderBlock):
+ *   mid = x + out_proj(MHA(ln_1(x)));  out = mid + fc2(gelu(fc1(ln_2(mid))))
+ * cls_only: queries, out_proj, LayerNorm and MLP only for the class token
+ * (row 0 of each image; every row's keys and values still) — the same
+ * numbers for those rows, ~7% fewer FLOPs for the last block of
+ * ViT-B/16; the rows after the attention are then [B, C] compact and
+ * *out points at them. probs [B, H, N, N] may be NULL. */
+static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, const float **out) {
     const vitc_vit_config *c = &m->cfg;
-    const vitc__vit_block *w = &m->blocks[c->depth - 1];
-    int64_t C = c->hidden_dim, M = c->mlp_dim, BN = B * N;
-    vitc__layernorm(m->ln, m->x0, w->ln1_w, w->ln1_b, BN, C, c->norm_eps);
-    /* k, v of every row (weight rows C..3C), q of the class rows. */
-    vitc__linear(m->qkv + C, 3 * C, m->ln, C, w->qkv_w + C * C, w->qkv_b + C, NULL, 0, BN,
-                 2 * C, C);
-    vitc__linear(m->qkv, N * 3 * C, m->ln, N * C, w->qkv_w, w->qkv_b, NULL, 0, B, C, C);
-    vitc__sdpa_desc sd = vit_attention(m, B, N, 1);
+    const vitc__vit_block *w = &m->blocks[l];
+    const vitc__vit_acts *a = &m->a;
+    int64_t B = a->B, N = a->N, C = c->hidden_dim, M = c->mlp_dim, BN = B * N;
+    float *x = vitc__va(a, l, VA_X), *ln1 = vitc__va(a, l, VA_LN1), *qkv = vitc__va(a, l, VA_QKV);
+    float *att = vitc__va(a, l, VA_ATT), *mid = vitc__va(a, l, VA_MID);
+    float *ln2 = vitc__va(a, l, VA_LN2), *hpre = vitc__va(a, l, VA_HPRE);
+    float *hact = vitc__va(a, l, VA_HACT), *y = vitc__va(a, l + (a->training ? 1 : 0), VA_X);
+    vitc__layernorm(ln1, x, w->ln1_w, w->ln1_b, BN, C, c->norm_eps);
+    /* R rows go on past the attention, rs apart in the [B, N, .] buffers. */
+    int64_t R = cls_only ? B : BN, rs = cls_only ? N : 1;
+    if (cls_only) { /* k, v of every row (weight rows C..3C), q of the class rows */
+        vitc__linear(qkv + C, 3 * C, ln1, C, w->qkv_w + C * C, w->qkv_b + C, NULL, 0, BN, 2 * C, C);
+        vitc__linear(qkv, N * 3 * C, ln1, N * C, w->qkv_w, w->qkv_b, NULL, 0, B, C, C);
+    } else { /* qkv [B, N, 3, H, d]: the kernel reads q, k, v of head h in place */
+        vitc__linear(qkv, 3 * C, ln1, C, w->qkv_w, w->qkv_b, NULL, 0, BN, 3 * C, C);
+    }
+    vitc__sdpa_desc sd = vit_attention(m, qkv, att, B, N, cls_only ? 1 : N);
+    sd.probs = probs;
     VITC_TRY(vitc__sdpa(&sd));
-    float *x1 = m->x1;  /* [B, C] */
-    float *ln = m->ln;  /* [B, C] */
-    float *hid = m->hid; /* [B, M] */
-    float *out = m->x1 + B * C; /* [B, C] */
-    vitc__linear(x1, C, m->att, N * C, w->proj_w, w->proj_b, m->x0, N * C, B, C, C);
-    vitc__layernorm(ln, x1, w->ln2_w, w->ln2_b, B, C, c->norm_eps);
-    vitc__linear(hid, M, ln, C, w->fc1_w, w->fc1_b, NULL, 0, B, M, C);
-    vitc__gelu(hid, B * M);
-    vitc__linear(out, C, hid, M, w->fc2_w, w->fc2_b, x1, C, B, C, M);
-    *cls_out = out;
+    vitc__linear(mid, C, att, rs * C, w->proj_w, w->proj_b, x, rs * C, R, C, C);
+    vitc__layernorm(ln2, mid, w->ln2_w, w->ln2_b, R, C, c->norm_eps);
+    vitc__linear(hpre, M, ln2, C, w->fc1_w, w->fc1_b, NULL, 0, R, M, C);
+    if (hact != hpre) /* training keeps GELU's input for backward */
+        memcpy(hact, hpre, (size_t)(R * M) * sizeof(float));
+    vitc__gelu(hact, R * M);
+    vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, mid, C, R, C, M);
+    if (out)
+        *out = y;
     return VITC_OK;
 }
 
@@ -271,9 +309,13 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
                          B_, c->in_channels, H_, W_, c->patch_size);
     int64_t B = B_, H = H_, W = W_, p = c->patch_size, Cin = c->in_channels;
     int64_t gh = H / p, gw = W / p, P = gh * gw, N = P + 1, C = c->hidden_dim;
-    int64_t Hh = c->num_heads, M = c->mlp_dim, BN = B * N, K = Cin * p * p;
-    VITC_TRY(vit_activations(m, B, P));
+    int64_t Hh = c->num_heads, K = Cin * p * p;
+    /* A training forward of logits records every block for backward. */
+    int record = m->training && logits && !attn && !rollout;
+    m->recorded = 0;
+    VITC_TRY(vit_activations(m, B, P, record));
     VITC_TRY(vit_position_embedding(m, gh, gw));
+    const vitc__vit_acts *a = &m->a;
 
     size_t per_layer = 0, roll = 0;
     if (attn || rollout) {
@@ -292,14 +334,14 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     }
 
     /* Patch embedding: conv k = s = p is one GEMM over im2col rows. */
-    vit_im2col_ctx ic = {m->patches, images, Cin, H, W, p, gh, gw};
+    vit_im2col_ctx ic = {a->patches, images, Cin, H, W, p, gh, gw};
     vitc__parallel_for(B * gh, vit_im2col_task, &ic);
-    float *proj = m->ln; /* [B*P, C] */
-    vitc__linear(proj, C, m->patches, K, m->conv_w, m->conv_b, NULL, 0, B * P, C, K);
+    float *proj = vitc__va(a, 0, VA_LN1); /* [B*P, C] */
+    vitc__linear(proj, C, a->patches, K, m->w.conv_w, m->w.conv_b, NULL, 0, B * P, C, K);
     const float *pos = m->pos_used; /* [N, C] */
     for (int64_t b = 0; b < B; b++) {
-        float *xb = m->x0 + b * N * C; /* [N, C] */
-        for (int64_t j = 0; j < C; j++) xb[j] = m->cls[j] + pos[j];
+        float *xb = vitc__va(a, 0, VA_X) + b * N * C; /* [N, C] */
+        for (int64_t j = 0; j < C; j++) xb[j] = m->w.cls[j] + pos[j];
         for (int64_t t = 0; t < P; t++) {
             const float *src = proj + (b * P + t) * C;
             float *dst = xb + (t + 1) * C;
@@ -307,40 +349,35 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
         }
     }
 
-    /* Logits need only the class tokens out of the last block (see
-     * vit_last_block); the maps need every row of every block. */
-    int full = logits ? c->depth - 1 : c->depth;
-    for (int l = 0; l < full; l++) {
-        const vitc__vit_block *w = &m->blocks[l];
-        vitc__layernorm(m->ln, m->x0, w->ln1_w, w->ln1_b, BN, C, c->norm_eps);
-        /* qkv [B, N, 3, H, d]: the kernel reads q, k, v of head h in place. */
-        vitc__linear(m->qkv, 3 * C, m->ln, C, w->qkv_w, w->qkv_b, NULL, 0, BN, 3 * C, C);
+    /* Inference logits need only the class tokens out of the last block;
+     * the maps, and backward, need every row of every block. */
+    const float *y = NULL; /* the last block's output: [B, C] cls_only, else [B, N, C] */
+    for (int l = 0; l < c->depth; l++) {
+        int cls_only = logits && !record && l == c->depth - 1;
         float *probs = NULL; /* [B, H, N, N] */
         if (attn)
             probs = attn + (size_t)l * per_layer;
         else if (rollout)
             probs = m->probs_buf.p;
-        vitc__sdpa_desc sd = vit_attention(m, B, N, N);
-        sd.probs = probs;
-        VITC_TRY(vitc__sdpa(&sd));
+        VITC_TRY(vit_block(m, l, cls_only, probs, &y));
         if (rollout)
             vit_rollout_step(m, probs, B, N, l == 0);
-        /* x1 = x0 + out_proj(att); x0 = x1 + fc2(gelu(fc1(ln_2(x1)))). */
-        vitc__linear(m->x1, C, m->att, C, w->proj_w, w->proj_b, m->x0, C, BN, C, C);
-        vitc__layernorm(m->ln, m->x1, w->ln2_w, w->ln2_b, BN, C, c->norm_eps);
-        vitc__linear(m->hid, M, m->ln, C, w->fc1_w, w->fc1_b, NULL, 0, BN, M, C);
-        vitc__gelu(m->hid, BN * M);
-        vitc__linear(m->x0, C, m->hid, M, w->fc2_w, w->fc2_b, m->x1, C, BN, C, M);
     }
 
     if (rollout)
         memcpy(rollout, m->roll_buf.p, (size_t)(B * N * N) * sizeof(float));
     if (logits) {
-        const float *cls; /* [B, C] */
-        VITC_TRY(vit_last_block(m, B, N, &cls));
-        vitc__layernorm(m->cls_out, cls, m->ln_w, m->ln_b, B, C, c->norm_eps);
-        vitc__linear(logits, c->num_classes, m->cls_out, C, m->head_w, m->head_b, NULL, 0, B,
+        int64_t ys = record ? N * C : C; /* class rows of y */
+        for (int64_t b = 0; b < B; b++)
+            memcpy(a->cls_in + b * C, y + b * ys, (size_t)C * sizeof(float));
+        vitc__layernorm(a->cls_out, a->cls_in, m->w.ln_w, m->w.ln_b, B, C, c->norm_eps);
+        vitc__linear(logits, c->num_classes, a->cls_out, C, m->w.head_w, m->w.head_b, NULL, 0, B,
                      c->num_classes, C);
+    }
+    if (record) {
+        m->recorded = 1;
+        m->rec_gh = (int)gh;
+        m->rec_gw = (int)gw;
     }
     return VITC_OK;
 }

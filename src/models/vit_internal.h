@@ -1,11 +1,13 @@
 /*
  * vit_internal.h — what vit.c (the forward) and vit_load.c (checkpoints)
- * share: the model struct and its parameter table.
+ * share: the model struct and its parameter table (params.h rows: role is a
+ * VIT_P_* when layer < 0, else a VIT_L_*).
  */
 #ifndef VITC_VIT_INTERNAL_H
 #define VITC_VIT_INTERNAL_H
 
 #include "../internal.h"
+#include "../params.h"
 
 /* Per-model tensors then per-layer tensors, in torchvision's state_dict
  * order; the table of a config is the model ones with the layer ones of
@@ -28,14 +30,6 @@ typedef enum vitc__vit_naming {
     VIT_NAMES_TIMM = 2
 } vitc__vit_naming;
 
-typedef struct vitc__vit_entry {
-    int kind;  /* VIT_P_* when layer < 0, else VIT_L_* */
-    int layer; /* block index, -1 for model tensors */
-    int ndim;
-    int64_t shape[4];
-    size_t offset; /* floats into vitc_vit.params */
-    size_t numel;
-} vitc__vit_entry;
 
 typedef struct vitc__vit_block {
     float *ln1_w, *ln1_b;   /* [C] */
@@ -50,6 +44,51 @@ typedef struct vitc__vit_block {
     float *fc2_b;           /* [C] */
 } vitc__vit_block;
 
+/* The model's own tensors; a second instance points into the gradients. */
+typedef struct vitc__vit_w {
+    float *cls;     /* [1, 1, C] */
+    float *conv_w;  /* [C, in, p, p], read as [C, in*p*p] */
+    float *conv_b;  /* [C] */
+    float *pos;     /* [1, 1 + g*g, C], g = image_size / patch */
+    float *ln_w, *ln_b; /* [C] */
+    float *head_w;  /* [classes, C] */
+    float *head_b;  /* [classes] */
+} vitc__vit_w;
+
+/* A block's activations. In a training forward every block has its own
+ * (block l at layers + l * stride, one past the last holding the encoder's
+ * output); inference has stride 0 and aliases what backward alone needs
+ * (LN1/LN2 outputs, GELU input/output, block input/output), so its memory
+ * does not grow. */
+enum {
+    VA_X,    /* [B, N, C] block input (the previous block's output) */
+    VA_LN1,  /* [B, N, C] ln_1(x); also the [B*P, C] patch projection */
+    VA_QKV,  /* [B, N, 3, H, d] */
+    VA_ATT,  /* [B, N, H, d] attention output, heads interleaved like torch */
+    VA_LSE,  /* [B, H, N] attention log-sum-exp per row (training only) */
+    VA_MID,  /* [B, N, C] x + out_proj(att) */
+    VA_LN2,  /* [B, N, C] ln_2(mid) */
+    VA_HPRE, /* [B, N, mlp] fc1 output, GELU's input */
+    VA_HACT, /* [B, N, mlp] GELU output */
+    VA_COUNT
+};
+typedef struct vitc__vit_acts {
+    int64_t B, N, P;
+    int training;
+    float *patches; /* [B*P, in*p*p] im2col of the images */
+    float *layers;
+    size_t stride;  /* floats from block l to block l + 1; 0 in inference */
+    size_t off[VA_COUNT];
+    float *cls_in;  /* [B, C] the encoder's class tokens (last block output) */
+    float *cls_out; /* [B, C] final-normed class tokens */
+} vitc__vit_acts;
+
+static inline float *vitc__va(const vitc__vit_acts *a, int l, int k) {
+    if (k == VA_LSE && !a->training)
+        return NULL;
+    return a->layers + (size_t)l * a->stride + a->off[k];
+}
+
 struct vitc_vit {
     vitc_vit_config cfg;
     char arch[32];
@@ -58,33 +97,28 @@ struct vitc_vit {
     char *label_text;  /* every label, NUL-separated */
     char **labels;     /* [num_classes] into label_text, NULL when none */
 
+    uint64_t id;  /* vitc__handle_register() */
+    int training; /* forward records activations for backward */
     int n_entries;
-    vitc__vit_entry *table; /* [n_entries] */
-    float *params;          /* every parameter, one allocation */
+    vitc__param *table; /* [n_entries] state_dict order, names in the file's spelling */
+    char *names;        /* the table's names, NUL-separated */
     size_t n_params;
-    /* Set by vitc_vit_load: the parameters point into this file's tensors
-     * (itself one allocation) and params is NULL, so loading never holds two
-     * copies of the weights. */
+    float *params; /* [n_params] every parameter: one allocation, or the arena of
+                    * weights_file (vitc_vit_load maps the file's converted tensors,
+                    * so loading holds one copy of the weights) */
+    float *grad;   /* [n_params] same layout; NULL until training asks for it */
     vitc_safetensors *weights_file;
 
-    float *cls;     /* [1, 1, C] */
-    float *conv_w;  /* [C, in, p, p], read as [C, in*p*p] */
-    float *conv_b;  /* [C] */
-    float *pos;     /* [1, 1 + g*g, C], g = image_size / patch */
-    float *ln_w, *ln_b; /* [C] */
-    float *head_w;  /* [classes, C] */
-    float *head_b;  /* [classes] */
-    vitc__vit_block *blocks; /* [depth] */
+    vitc__vit_w w, g;          /* parameters and their gradients (g set with grad) */
+    vitc__vit_block *blocks;   /* [depth] */
+    vitc__vit_block *gblocks;  /* [depth] gradients, NULL until grad */
 
     /* Activations, grown for the largest (batch, image size) seen, reused. */
     vitc__buf act;
-    float *patches; /* [B*P, in*p*p] im2col of the images, P = gh*gw */
-    float *x0, *x1; /* [B, N, C] residual stream, ping-pong */
-    float *ln;      /* [B, N, C] normed stream; also the [B*P, C] patch projection */
-    float *qkv;     /* [B, N, 3, H, d] */
-    float *att;     /* [B, N, H, d] attention output, heads interleaved like torch */
-    float *hid;     /* [B, N, mlp] */
-    float *cls_out; /* [B, C] final-normed class tokens */
+    vitc__vit_acts a;
+    int recorded;        /* a's training forward is there for backward */
+    int rec_gh, rec_gw;  /* its patch grid */
+    vitc__buf bwd;       /* backward scratch */
     /* Position embedding resampled for a grid gh x gw (cached per grid). */
     vitc__buf pos_buf;
     int pos_gh, pos_gw;
@@ -94,13 +128,15 @@ struct vitc_vit {
     vitc__buf roll_buf;  /* [B, N, N] rollout + [2, N, N] */
 };
 
-/* Build m->table for m->cfg (sizes overflow-checked) and set n_params. */
+/* Build m->table for m->cfg in m->naming's spelling (sizes overflow-checked),
+ * with 64-byte aligned offsets and n_params, and allocate blocks. */
 vitc_status vitc__vit_table_build(vitc_vit *m);
-/* Name of a table entry in a spelling ("conv_proj.weight", ...). */
-const char *vitc__vit_entry_name(const vitc__vit_entry *e, vitc__vit_naming naming, char *buf,
+/* Name of a table row in a spelling ("conv_proj.weight", ...). */
+const char *vitc__vit_entry_name(const vitc__param *e, vitc__vit_naming naming, char *buf,
                                  size_t cap);
-/* Point cls/conv_w/.../blocks into params per the table. */
-vitc_status vitc__vit_bind(vitc_vit *m, const float *const *src);
+
+/* Gradient array and structs on first use (vit_train.c). */
+vitc_status vitc__vit_grad_alloc(vitc_vit *m);
 
 /* F.interpolate(mode="bicubic", align_corners=True) of src [C, ih, iw]
  * stored position-major ([ih*iw, C]) into dst [oh*ow, C]. */

@@ -9,12 +9,14 @@
  * is an error naming it and both shapes.
  */
 #include <math.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <jansson.h>
 
+#include "../train/train.h"
 #include "vit_internal.h"
 
 /* Sanity bounds on a config read from a file: far above any real ViT, low
@@ -50,21 +52,21 @@ static const char *const vit_layer_names[3][VIT_L_COUNT] = {
      "mlp.fc2.weight", "mlp.fc2.bias"},
 };
 
-const char *vitc__vit_entry_name(const vitc__vit_entry *e, vitc__vit_naming naming, char *buf,
+const char *vitc__vit_entry_name(const vitc__param *e, vitc__vit_naming naming, char *buf,
                                  size_t cap) {
     if (e->layer < 0) {
-        snprintf(buf, cap, "%s", vit_model_names[naming][e->kind]);
+        snprintf(buf, cap, "%s", vit_model_names[naming][e->role]);
     } else {
         int n = snprintf(buf, cap, vit_layer_prefix[naming], e->layer);
         if (n >= 0 && (size_t)n < cap)
-            snprintf(buf + n, cap - (size_t)n, "%s", vit_layer_names[naming][e->kind]);
+            snprintf(buf + n, cap - (size_t)n, "%s", vit_layer_names[naming][e->role]);
     }
     return buf;
 }
 
 static const char *vit_layer_name(vitc__vit_naming naming, int layer, int kind, char *buf,
                                   size_t cap) {
-    vitc__vit_entry e = {.kind = kind, .layer = layer};
+    vitc__param e = {.role = kind, .layer = layer};
     return vitc__vit_entry_name(&e, naming, buf, cap);
 }
 
@@ -72,96 +74,142 @@ static const char *vit_layer_name(vitc__vit_naming naming, int layer, int kind, 
 /* The parameter table                                                */
 /* ------------------------------------------------------------------ */
 
-static void vit_set_shape(vitc__vit_entry *e, int ndim, int64_t a, int64_t b, int64_t c,
-                          int64_t d) {
+static void vit_set_shape(vitc__param *e, int ndim, int64_t a, int64_t b, int64_t c, int64_t d) {
     int64_t s[4] = {a, b, c, d};
     e->ndim = ndim;
     for (int i = 0; i < 4; i++) e->shape[i] = i < ndim ? s[i] : 0;
 }
 
-static void vit_model_shape(vitc__vit_entry *e, const vitc_vit_config *c) {
+static const size_t vit_model_slot[VIT_P_COUNT] = {
+    offsetof(vitc__vit_w, cls),  offsetof(vitc__vit_w, conv_w), offsetof(vitc__vit_w, conv_b),
+    offsetof(vitc__vit_w, pos),  offsetof(vitc__vit_w, ln_w),   offsetof(vitc__vit_w, ln_b),
+    offsetof(vitc__vit_w, head_w), offsetof(vitc__vit_w, head_b)};
+static const size_t vit_layer_slot[VIT_L_COUNT] = {
+    offsetof(vitc__vit_block, ln1_w),  offsetof(vitc__vit_block, ln1_b),
+    offsetof(vitc__vit_block, qkv_w),  offsetof(vitc__vit_block, qkv_b),
+    offsetof(vitc__vit_block, proj_w), offsetof(vitc__vit_block, proj_b),
+    offsetof(vitc__vit_block, ln2_w),  offsetof(vitc__vit_block, ln2_b),
+    offsetof(vitc__vit_block, fc1_w),  offsetof(vitc__vit_block, fc1_b),
+    offsetof(vitc__vit_block, fc2_w),  offsetof(vitc__vit_block, fc2_b)};
+
+/* Shape and torchvision's VisionTransformer.__init__ initialisation of a
+ * model tensor (conv_proj trunc_normal_(std=sqrt(1/fan_in)), pos_embedding
+ * normal_(0.02), class token and head zero). */
+static void vit_model_row(vitc__param *e, const vitc_vit_config *c) {
     int64_t C = c->hidden_dim, g = c->image_size / c->patch_size;
-    switch (e->kind) {
+    int64_t fan_in = (int64_t)c->in_channels * c->patch_size * c->patch_size;
+    e->init = VITC__INIT_ZERO;
+    switch (e->role) {
     case VIT_P_CLS: vit_set_shape(e, 3, 1, 1, C, 0); break;
-    case VIT_P_CONV_W: vit_set_shape(e, 4, C, c->in_channels, c->patch_size, c->patch_size); break;
-    case VIT_P_POS: vit_set_shape(e, 3, 1, 1 + g * g, C, 0); break;
+    case VIT_P_CONV_W:
+        vit_set_shape(e, 4, C, c->in_channels, c->patch_size, c->patch_size);
+        e->init = VITC__INIT_TRUNC;
+        e->init_std = sqrt(1.0 / (double)fan_in);
+        break;
+    case VIT_P_POS:
+        vit_set_shape(e, 3, 1, 1 + g * g, C, 0);
+        e->init = VITC__INIT_NORMAL;
+        e->init_std = 0.02;
+        break;
     case VIT_P_HEAD_W: vit_set_shape(e, 2, c->num_classes, C, 0, 0); break;
     case VIT_P_HEAD_B: vit_set_shape(e, 1, c->num_classes, 0, 0, 0); break;
-    default: vit_set_shape(e, 1, C, 0, 0, 0); break; /* conv bias, final LayerNorm */
+    case VIT_P_LN_W: vit_set_shape(e, 1, C, 0, 0, 0); e->init = VITC__INIT_ONE; break;
+    default: vit_set_shape(e, 1, C, 0, 0, 0); break; /* conv bias, final LayerNorm bias */
     }
+    e->no_decay = e->ndim == 1 || e->role == VIT_P_CLS || e->role == VIT_P_POS;
 }
 
-static void vit_layer_shape(vitc__vit_entry *e, const vitc_vit_config *c) {
+/* The same for a block tensor: MHA's in_proj xavier_uniform_ and zero biases,
+ * out_proj.weight nn.Linear's default, MLPBlock's xavier_uniform_ weights
+ * and normal_(std=1e-6) biases, LayerNorms one and zero. */
+static void vit_layer_row(vitc__param *e, const vitc_vit_config *c) {
     int64_t C = c->hidden_dim, M = c->mlp_dim;
-    switch (e->kind) {
-    case VIT_L_QKV_W: vit_set_shape(e, 2, 3 * C, C, 0, 0); break;
+    e->init = VITC__INIT_ZERO;
+    switch (e->role) {
+    case VIT_L_QKV_W:
+        vit_set_shape(e, 2, 3 * C, C, 0, 0);
+        e->init = VITC__INIT_XAVIER, e->fan_in = C, e->fan_out = 3 * C;
+        break;
     case VIT_L_QKV_B: vit_set_shape(e, 1, 3 * C, 0, 0, 0); break;
-    case VIT_L_PROJ_W: vit_set_shape(e, 2, C, C, 0, 0); break;
-    case VIT_L_FC1_W: vit_set_shape(e, 2, M, C, 0, 0); break;
-    case VIT_L_FC1_B: vit_set_shape(e, 1, M, 0, 0, 0); break;
-    case VIT_L_FC2_W: vit_set_shape(e, 2, C, M, 0, 0); break;
+    case VIT_L_PROJ_W:
+        vit_set_shape(e, 2, C, C, 0, 0);
+        e->init = VITC__INIT_KAIMING, e->fan_in = C, e->fan_out = C;
+        break;
+    case VIT_L_FC1_W:
+        vit_set_shape(e, 2, M, C, 0, 0);
+        e->init = VITC__INIT_XAVIER, e->fan_in = C, e->fan_out = M;
+        break;
+    case VIT_L_FC2_W:
+        vit_set_shape(e, 2, C, M, 0, 0);
+        e->init = VITC__INIT_XAVIER, e->fan_in = M, e->fan_out = C;
+        break;
+    case VIT_L_FC1_B:
+    case VIT_L_FC2_B:
+        vit_set_shape(e, 1, e->role == VIT_L_FC1_B ? M : C, 0, 0, 0);
+        e->init = VITC__INIT_NORMAL, e->init_std = 1e-6;
+        break;
+    case VIT_L_LN1_W:
+    case VIT_L_LN2_W: vit_set_shape(e, 1, C, 0, 0, 0); e->init = VITC__INIT_ONE; break;
     default: vit_set_shape(e, 1, C, 0, 0, 0); break;
     }
+    e->no_decay = e->ndim == 1;
 }
 
 vitc_status vitc__vit_table_build(vitc_vit *m) {
     const vitc_vit_config *c = &m->cfg;
     int n = VIT_P_COUNT + c->depth * VIT_L_COUNT; /* depth <= VIT_MAX_DEPTH: no overflow */
-    vitc__vit_entry *t = calloc((size_t)n, sizeof *t);
-    if (!t)
+    vitc__param *t = calloc((size_t)n, sizeof *t);
+    vitc__vit_block *blocks = calloc((size_t)(c->depth > 0 ? c->depth : 1), sizeof *blocks);
+    if (!t || !blocks) {
+        free(t);
+        free(blocks);
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate the parameter table (%d entries)", n);
+    }
     int k = 0;
-    for (int i = VIT_P_CLS; i <= VIT_P_POS; i++) t[k++] = (vitc__vit_entry){.kind = i, .layer = -1};
+    for (int i = VIT_P_CLS; i <= VIT_P_POS; i++) t[k++] = (vitc__param){.role = i, .layer = -1};
     for (int l = 0; l < c->depth; l++)
-        for (int i = 0; i < VIT_L_COUNT; i++) t[k++] = (vitc__vit_entry){.kind = i, .layer = l};
-    for (int i = VIT_P_LN_W; i < VIT_P_COUNT; i++)
-        t[k++] = (vitc__vit_entry){.kind = i, .layer = -1};
-    size_t off = 0;
+        for (int i = 0; i < VIT_L_COUNT; i++) t[k++] = (vitc__param){.role = i, .layer = l};
+    for (int i = VIT_P_LN_W; i < VIT_P_COUNT; i++) t[k++] = (vitc__param){.role = i, .layer = -1};
+    /* Names, in the file's spelling, in one buffer (each under 160 bytes). */
+    char buf[160];
+    size_t bytes = 0;
+    for (int i = 0; i < n; i++)
+        bytes += strlen(vitc__vit_entry_name(&t[i], m->naming, buf, sizeof buf)) + 1;
+    char *names = malloc(bytes), *at = names;
+    if (!names) {
+        free(t);
+        free(blocks);
+        return vitc__err(VITC_ERR_NOMEM, "cannot allocate the parameter names (%zu bytes)", bytes);
+    }
     for (int i = 0; i < n; i++) {
-        if (t[i].layer < 0)
-            vit_model_shape(&t[i], c);
-        else
-            vit_layer_shape(&t[i], c);
-        int ok;
-        t[i].numel = vitc__numel(t[i].ndim, t[i].shape, &ok);
-        t[i].offset = off;
-        /* Each tensor starts on a 64-byte boundary for the SIMD kernels. */
-        size_t padded;
-        if (!ok || !vitc__add_size(t[i].numel, 15, &padded) ||
-            !vitc__add_size(off, padded & ~(size_t)15, &off)) {
-            free(t);
-            return vitc__err(VITC_ERR_NOMEM, "ViT parameters: size overflows");
+        size_t len = strlen(vitc__vit_entry_name(&t[i], m->naming, buf, sizeof buf)) + 1;
+        memcpy(at, buf, len);
+        t[i].name = at;
+        at += len;
+        if (t[i].layer < 0) {
+            vit_model_row(&t[i], c);
+            t[i].slot = vit_model_slot[t[i].role];
+        } else {
+            vit_layer_row(&t[i], c);
+            t[i].slot = vit_layer_slot[t[i].role];
         }
+    }
+    size_t total;
+    vitc_status s = vitc__params_layout(t, n, &total);
+    if (s != VITC_OK) {
+        free(t);
+        free(blocks);
+        free(names);
+        return vitc__err(VITC_ERR_NOMEM, "ViT parameters: size overflows");
     }
     free(m->table);
-    m->table = t;
-    m->n_entries = n;
-    m->n_params = off;
-    return VITC_OK;
-}
-
-vitc_status vitc__vit_bind(vitc_vit *m, const float *const *src) {
+    free(m->names);
     free(m->blocks);
-    m->blocks = calloc((size_t)(m->cfg.depth > 0 ? m->cfg.depth : 1), sizeof *m->blocks);
-    if (!m->blocks)
-        return vitc__err(VITC_ERR_NOMEM, "cannot allocate %d ViT blocks", m->cfg.depth);
-    float **model_ptr[VIT_P_COUNT] = {&m->cls, &m->conv_w, &m->conv_b, &m->pos,
-                                      &m->ln_w, &m->ln_b, &m->head_w, &m->head_b};
-    for (int i = 0; i < m->n_entries; i++) {
-        const vitc__vit_entry *e = &m->table[i];
-        /* The model never writes its weights, so a file's tensors serve as
-         * they are. */
-        float *p = src ? (float *)src[i] : m->params + e->offset;
-        if (e->layer < 0) {
-            *model_ptr[e->kind] = p;
-            continue;
-        }
-        vitc__vit_block *b = &m->blocks[e->layer];
-        float **layer_ptr[VIT_L_COUNT] = {&b->ln1_w, &b->ln1_b, &b->qkv_w,  &b->qkv_b,
-                                          &b->proj_w, &b->proj_b, &b->ln2_w, &b->ln2_b,
-                                          &b->fc1_w, &b->fc1_b, &b->fc2_w, &b->fc2_b};
-        *layer_ptr[e->kind] = p;
-    }
+    m->table = t;
+    m->names = names;
+    m->blocks = blocks;
+    m->n_entries = n;
+    m->n_params = total;
     return VITC_OK;
 }
 
@@ -509,8 +557,8 @@ static vitc_status vit_check_tensors(const vitc_vit *m, const vitc_safetensors *
     char name[160], want[96], have[96];
     vitc_status s = VITC_OK;
     for (int i = 0; i < m->n_entries && s == VITC_OK; i++) {
-        const vitc__vit_entry *e = &m->table[i];
-        vitc__vit_entry_name(e, m->naming, name, sizeof name);
+        const vitc__param *e = &m->table[i];
+        snprintf(name, sizeof name, "%s", e->name);
         int j = vitc_safetensors_find(st, name);
         const char *nm, *dt;
         int nd;
@@ -546,8 +594,18 @@ static vitc_status vit_check_tensors(const vitc_vit *m, const vitc_safetensors *
     return s;
 }
 
-/* adopt: bind the parameters to st's tensors instead of copying them (the
- * caller hands st to the model). */
+/* Allocate (or adopt) the flat parameter array and bind the weight structs;
+ * also registers the model. */
+static vitc_status vit_bind(vitc_vit *m) {
+    vitc__params_bind(m->table, m->n_entries, m->params, &m->w, m->blocks, sizeof *m->blocks);
+    if (!m->id && !(m->id = vitc__handle_register()))
+        return vitc__err(VITC_ERR_NOMEM, "cannot register the model");
+    return VITC_OK;
+}
+
+/* adopt: the file's converted tensors (one arena, exactly the table's
+ * tensors since every one is used) become the flat array, offsets measured
+ * from its start; the caller hands st to the model. */
 static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int adopt,
                              vitc_vit *m) {
     const vit_preset *asked;
@@ -559,7 +617,16 @@ static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int a
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate %d pointers", m->n_entries);
     vitc_status s = vit_check_tensors(m, st, src);
     size_t bytes = 0;
-    if (s == VITC_OK && !adopt) {
+    if (s == VITC_OK && adopt) {
+        const float *lo = src[0], *hi = src[0];
+        for (int i = 0; i < m->n_entries; i++) {
+            if (src[i] < lo) lo = src[i];
+            if (src[i] + m->table[i].numel > hi) hi = src[i] + m->table[i].numel;
+        }
+        m->params = (float *)lo;
+        m->n_params = (size_t)(hi - lo);
+        for (int i = 0; i < m->n_entries; i++) m->table[i].offset = (size_t)(src[i] - lo);
+    } else if (s == VITC_OK) {
         if (!vitc__mul_size(m->n_params, sizeof(float), &bytes))
             s = vitc__err(VITC_ERR_NOMEM, "ViT parameters: %zu floats overflow", m->n_params);
         else if (!(m->params = vitc__calloc(m->n_params, sizeof(float))))
@@ -568,11 +635,36 @@ static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int a
             memcpy(m->params + m->table[i].offset, src[i], m->table[i].numel * sizeof(float));
     }
     if (s == VITC_OK)
-        s = vitc__vit_bind(m, adopt ? src : NULL);
+        s = vit_bind(m);
     free(src);
     if (s == VITC_OK)
         vit_name_arch(m, asked);
     return s;
+}
+
+vitc_status vitc_vit_create(const vitc_vit_config *cfg, uint64_t seed, vitc_vit **out) {
+    if (!cfg || !out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_create: NULL argument");
+    *out = NULL;
+    VITC_TRY(vit_check_config(cfg));
+    vitc_vit *m = calloc(1, sizeof *m);
+    if (!m)
+        return vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
+    m->cfg = *cfg;
+    m->naming = VIT_NAMES_TORCHVISION;
+    vitc_status s = vitc__vit_table_build(m);
+    if (s == VITC_OK && !(m->params = vitc__calloc(m->n_params, sizeof(float))))
+        s = vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu ViT parameters", m->n_params);
+    if (s == VITC_OK)
+        s = vit_bind(m);
+    if (s != VITC_OK) {
+        vitc_vit_free(m);
+        return s;
+    }
+    vitc__params_init(m->table, m->n_entries, m->params, seed);
+    vit_name_arch(m, NULL);
+    *out = m;
+    return VITC_OK;
 }
 
 vitc_status vitc_vit_from_safetensors(const vitc_safetensors *st, const char *arch,
@@ -604,6 +696,8 @@ vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out) {
     if (s == VITC_OK)
         s = vit_build(st, arch, 1, m);
     if (s != VITC_OK) {
+        if (m && m->params && !m->weights_file)
+            m->params = NULL; /* adopted: st's arena, freed below */
         vitc_vit_free(m);
         vitc_safetensors_free(st);
         if (!strstr(vitc_last_error(), path))

@@ -12,17 +12,13 @@
 #include <stdint.h>
 
 #include "../internal.h"
+#include "../params.h"
 
-/* One named tensor of a parameter set: floats [offset, offset + numel) of
- * both param and grad. no_decay marks what AdamW/SGD weight decay skips by
- * default (biases, norm weights, class token, position embedding). */
-typedef struct vitc__pseg {
-    const char *name; /* torch state_dict key, e.g. "encoder.layers.encoder_layer_0.ln_1.weight" */
-    size_t offset, numel;
-    int ndim;
-    int64_t shape[4];
-    int no_decay;
-} vitc__pseg;
+/* One named tensor of a parameter set is a row of the one parameter table
+ * (params.h): floats [offset, offset + numel) of both param and grad, its
+ * torch name, and no_decay for what AdamW/SGD weight decay skips by default
+ * (biases, norm weights, class token, position embedding). */
+typedef vitc__param vitc__pseg;
 
 typedef struct vitc__paramset {
     float *param;          /* [n] every trainable parameter, one allocation */

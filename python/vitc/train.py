@@ -1,0 +1,156 @@
+"""Training pieces over libvitc: cross-entropy, AdamW / SGD and gradient
+clipping with torch.optim's semantics. Every number comes from the C library
+(src/train/); this module only holds handles."""
+import ctypes
+
+import numpy as np
+
+from ._lib import (OPTIM_ADAMW, OPTIM_SGD, OptimConfig, as_f32, check, fptr, lib)
+
+__all__ = ["cross_entropy", "AdamW", "SGD", "clip_grad_norm_"]
+
+
+def cross_entropy(logits, labels, label_smoothing=0.0):
+    """F.cross_entropy(logits, labels, label_smoothing=...) with mean
+    reduction -> (loss: float, dlogits: float32 [B, C] = d loss / d logits).
+
+    logits [B, C] (or [C] for one sample), labels [B] integer class indices."""
+    x = as_f32(logits)
+    single = x.ndim == 1
+    if single:
+        x = x[None]
+    if x.ndim != 2:
+        raise ValueError("logits must be [B, C] or [C], got shape %s" % (x.shape,))
+    y = np.ascontiguousarray(np.asarray(labels).reshape(-1))
+    if y.dtype.kind not in "iub":
+        raise TypeError("labels must be integer class indices, got dtype %s" % y.dtype)
+    y = y.astype(np.int64)
+    if y.shape[0] != x.shape[0]:
+        raise ValueError("labels has %d entries for %d rows of logits" % (y.shape[0], x.shape[0]))
+    d = np.empty_like(x)
+    loss = ctypes.c_float()
+    check(lib.vitc_cross_entropy(fptr(x), y.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
+                                 x.shape[0], x.shape[1], float(label_smoothing),
+                                 ctypes.byref(loss), fptr(d)))
+    return float(loss.value), (d[0] if single else d)
+
+
+def _handle(model):
+    """(C handle, create function, clip function) of a vitc model or layer."""
+    h = getattr(model, "_h", None)
+    if h is not None:
+        return h, lib.vitc_optimizer_create_vit, lib.vitc_clip_grad_norm_vit
+    h = getattr(model, "_ptr", None)
+    if h is not None:
+        return h, lib.vitc_optimizer_create_layer, lib.vitc_clip_grad_norm_layer
+    raise TypeError("expected a vitc model or layer, got %r" % type(model).__name__)
+
+
+class _Optimizer:
+    """An optimizer over every parameter of a vitc model or layer (its
+    gradients accumulate until zero_grad, as torch's)."""
+
+    def __init__(self, model, cfg):
+        h, create, _ = _handle(model)
+        self._model = model  # keeps the model alive as long as the optimizer
+        self._o = ctypes.c_void_p()
+        check(create(h, ctypes.byref(cfg), ctypes.byref(self._o)))
+
+    def __del__(self):
+        if getattr(self, "_o", None) is not None and self._o.value:
+            lib.vitc_optimizer_free(self._o)
+            self._o = None
+
+    def step(self):
+        check(lib.vitc_optimizer_step(self._o))
+
+    def zero_grad(self):
+        check(lib.vitc_optimizer_zero_grad(self._o))
+
+    @property
+    def lr(self):
+        return lib.vitc_optimizer_get_lr(self._o)
+
+    @lr.setter
+    def lr(self, value):
+        check(lib.vitc_optimizer_set_lr(self._o, float(value)))
+
+    @property
+    def momentum(self):
+        """SGD's momentum, AdamW's beta1 (what OneCycleLR cycles)."""
+        return lib.vitc_optimizer_get_momentum(self._o)
+
+    @momentum.setter
+    def momentum(self, value):
+        check(lib.vitc_optimizer_set_momentum(self._o, float(value)))
+
+    @property
+    def step_count(self):
+        return lib.vitc_optimizer_get_step(self._o)
+
+    def state_dict(self):
+        """{"step": n, "state": {name: float32 array in the flat parameter
+        layout}} — copies, for checkpoints."""
+        n = lib.vitc_optimizer_num_params(self._o)
+        out = {}
+        for i in range(lib.vitc_optimizer_num_states(self._o)):
+            name, data = ctypes.c_char_p(), ctypes.POINTER(ctypes.c_float)()
+            check(lib.vitc_optimizer_state(self._o, i, ctypes.byref(name), ctypes.byref(data)))
+            out[name.value.decode()] = np.ctypeslib.as_array(data, shape=(n,)).copy()
+        return {"step": lib.vitc_optimizer_get_step(self._o), "state": out}
+
+    def load_state_dict(self, sd):
+        n = lib.vitc_optimizer_num_params(self._o)
+        for i in range(lib.vitc_optimizer_num_states(self._o)):
+            name, data = ctypes.c_char_p(), ctypes.POINTER(ctypes.c_float)()
+            check(lib.vitc_optimizer_state(self._o, i, ctypes.byref(name), ctypes.byref(data)))
+            src = as_f32(sd["state"][name.value.decode()]).reshape(-1)
+            if src.shape[0] != n:
+                raise ValueError("state %s has %d values, expected %d"
+                                 % (name.value.decode(), src.shape[0], n))
+            np.ctypeslib.as_array(data, shape=(n,))[:] = src
+        check(lib.vitc_optimizer_set_step(self._o, int(sd["step"])))
+
+
+class AdamW(_Optimizer):
+    """torch.optim.AdamW(model.parameters(), lr, betas, eps, weight_decay,
+    amsgrad). decay_all=False (default) leaves biases, norm weights, the
+    class token and the position embedding undecayed; True decays every
+    tensor as torch over model.parameters() does."""
+
+    def __init__(self, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
+                 amsgrad=False, decay_all=False):
+        cfg = lib.vitc_optim_default_config(OPTIM_ADAMW)
+        cfg.lr, cfg.beta1, cfg.beta2, cfg.eps = float(lr), float(betas[0]), float(betas[1]), float(eps)
+        cfg.weight_decay, cfg.amsgrad, cfg.decay_all = float(weight_decay), int(bool(amsgrad)), int(bool(decay_all))
+        super().__init__(model, cfg)
+
+    @property
+    def betas(self):
+        c = lib.vitc_optimizer_get_config(self._o).contents
+        return (c.beta1, c.beta2)
+
+
+class SGD(_Optimizer):
+    """torch.optim.SGD(model.parameters(), lr, momentum, dampening,
+    weight_decay, nesterov); decay_all as for AdamW."""
+
+    def __init__(self, model, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
+                 nesterov=False, decay_all=False):
+        cfg = lib.vitc_optim_default_config(OPTIM_SGD)
+        cfg.lr, cfg.momentum, cfg.dampening = float(lr), float(momentum), float(dampening)
+        cfg.weight_decay, cfg.nesterov, cfg.decay_all = float(weight_decay), int(bool(nesterov)), int(bool(decay_all))
+        super().__init__(model, cfg)
+
+
+def clip_grad_norm_(model, max_norm):
+    """torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm): scales
+    every gradient by min(1, max_norm / (norm + 1e-6)); returns the total L2
+    norm before clipping. model: a vitc model, layer or optimizer."""
+    total = ctypes.c_float()
+    if isinstance(model, _Optimizer):
+        check(lib.vitc_clip_grad_norm_optimizer(model._o, float(max_norm), ctypes.byref(total)))
+    else:
+        h, _, clip = _handle(model)
+        check(clip(h, float(max_norm), ctypes.byref(total)))
+    return float(total.value)

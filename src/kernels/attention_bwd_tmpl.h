@@ -1,0 +1,323 @@
+/*
+ * attention_bwd_tmpl.h — the fused attention backward (FlashAttention-2's
+ * algorithm), written once over the vector vocabulary of vmath_*.h and
+ * instantiated next to the forward (attention_{generic,avx2,avx512}.c). The
+ * including file defines MR_S, MR_PV, NV_PV (as for attention_tmpl.h) and
+ * ATB_FN, the name of the vitc__attn_bwd_fn it produces.
+ *
+ * With S = scale q k^T + mask and P = softmax(S) (all natural log):
+ *   D_i = rowsum(dO o O),  dV = P^T dO,  dP = dO V^T,  dS = P o (dP - D),
+ *   dQ = scale dS K,  dK = scale dS^T Q.
+ * P is recomputed per tile from the forward's log-sum-exp, P = 2^(S2 - lse2)
+ * with S2 = S log2(e) (q is packed times scale log2(e), as in the forward).
+ *
+ * A task packs its query rows once (Q^T, dO^T for the tile products, Q and
+ * dO rows for the dK and dV products), then walks key blocks of Bc; for each
+ * it sweeps the query rows in blocks of Br:
+ *   P^T  = 2^(K Qs^T + mask - lse2)          [Bc, Br]   (vectors over query rows,
+ *   dS^T = P^T o (V dO^T - D)                [Bc, Br]    so the softmax needs no
+ *   dV  += P^T dO,  dK += dS^T Q             [Bc, Dv], [Bc, D]   horizontal op)
+ *   dQ  += dS K                               [Br, D]
+ * Five products of 2 Br Bc d flops each. Every sum has a fixed order (keys
+ * ascending for dQ, query rows ascending for dK and dV), so the result does
+ * not depend on how tasks are spread over threads. Extra memory is O(L d)
+ * per thread; no L x S buffer exists.
+ */
+
+#define BRG (2 * VW) /* query rows per tile microkernel: two vectors */
+
+#ifndef ATT_UNROLL
+#define ATT_UNROLL _Pragma("GCC unroll 16")
+#endif
+
+/* What the tile microkernel does with its dot products before storing. */
+enum { ATB_RAW = 0, ATB_P = 1, ATB_DS = 2 };
+
+/* out[j][0:BRG] = epi(sum_c a[j][c] bt[c][0:BRG]) for j < mk, where epi is
+ * nothing (ATB_RAW), 2^(x - rv) (ATB_P: rv = lse2) or pt[j] o (x - rv)
+ * (ATB_DS: rv = D, pt = P^T). a is read in place (K or V rows, any stride). */
+static inline __attribute__((always_inline)) void atb_t_kernel(int mk, int epi, int64_t K,
+                                                               const float *a, /* [mk, lda] */
+                                                               int64_t lda,
+                                                               const float *bt, /* [K, ldb] */
+                                                               int64_t ldb,
+                                                               const float *rv, /* [BRG] */
+                                                               const float *pt, /* [mk, ldo] */
+                                                               float *out, /* [mk, ldo] */
+                                                               int64_t ldo) {
+    VT a0[MR_S], a1[MR_S];
+    ATT_UNROLL
+    for (int r = 0; r < MR_S; r++)
+        if (r < mk) {
+            a0[r] = v_zero();
+            a1[r] = v_zero();
+        }
+    for (int64_t c = 0; c < K; c++) {
+        VT b0 = v_load(bt + c * ldb), b1 = v_load(bt + c * ldb + VW);
+        ATT_UNROLL
+        for (int r = 0; r < MR_S; r++)
+            if (r < mk) {
+                VT x = v_set1(a[r * lda + c]);
+                a0[r] = v_fma(x, b0, a0[r]);
+                a1[r] = v_fma(x, b1, a1[r]);
+            }
+    }
+    VT r0 = v_zero(), r1 = v_zero();
+    if (epi != ATB_RAW) r0 = v_load(rv), r1 = v_load(rv + VW);
+    ATT_UNROLL
+    for (int r = 0; r < MR_S; r++)
+        if (r < mk) {
+            if (epi == ATB_P) {
+                a0[r] = v_exp2(v_sub(a0[r], r0));
+                a1[r] = v_exp2(v_sub(a1[r], r1));
+            } else if (epi == ATB_DS) {
+                a0[r] = v_mul(v_load(pt + r * ldo), v_sub(a0[r], r0));
+                a1[r] = v_mul(v_load(pt + r * ldo + VW), v_sub(a1[r], r1));
+            }
+            v_store(out + r * ldo, a0[r]);
+            v_store(out + r * ldo + VW, a1[r]);
+        }
+}
+
+static void atb_t_rows(int mk, int epi, int64_t K, const float *a, int64_t lda, const float *bt,
+                       int64_t ldb, const float *rv, const float *pt, float *out, int64_t ldo) {
+#define ATB_T_EPI(n)                                                            \
+    case n:                                                                     \
+        if (epi == ATB_P) atb_t_kernel(n, ATB_P, K, a, lda, bt, ldb, rv, pt, out, ldo);      \
+        else if (epi == ATB_DS) atb_t_kernel(n, ATB_DS, K, a, lda, bt, ldb, rv, pt, out, ldo); \
+        else atb_t_kernel(n, ATB_RAW, K, a, lda, bt, ldb, rv, pt, out, ldo);  \
+        break;
+    switch (mk) {
+        ATB_T_EPI(1) ATB_T_EPI(2) ATB_T_EPI(3) ATB_T_EPI(4)
+#if MR_S > 4
+        ATB_T_EPI(5) ATB_T_EPI(6)
+#endif
+#if MR_S > 6
+        ATB_T_EPI(7) ATB_T_EPI(8) ATB_T_EPI(9) ATB_T_EPI(10) ATB_T_EPI(11) ATB_T_EPI(12)
+#endif
+    default: break;
+    }
+#undef ATB_T_EPI
+}
+
+/* A [nk, ld] tile over nk keys and nrp (a multiple of BRG) query rows. */
+static void atb_tile(int epi, int64_t nk, int64_t nrp, int64_t K, const float *a, int64_t lda,
+                     const float *bt, int64_t ldb, const float *rv, const float *pt, float *out,
+                     int64_t ld) {
+    for (int64_t j = 0; j < nk; j += MR_S) {
+        int mk = nk - j < MR_S ? (int)(nk - j) : MR_S;
+        for (int64_t g = 0; g < nrp; g += BRG)
+            atb_t_rows(mk, epi, K, a + j * lda, lda, bt + g, ldb, rv + g, pt ? pt + j * ld + g : NULL,
+                       out + j * ld + g, ld);
+    }
+}
+
+/* c[r][0:nv VW] += sum_{k < nk} a[r ars + k aks] bm[k][0:nv VW] for r < mr:
+ * the products whose output rows are keys (dV, dK: a = P^T or dS^T) or
+ * query rows (dQ: a = dS read through dS^T, ars = 1). */
+static inline __attribute__((always_inline)) void atb_mm_kernel(int mr, int nv, int64_t nk,
+                                                                const float *a, int64_t ars,
+                                                                int64_t aks,
+                                                                const float *bm, /* [nk, ldb] */
+                                                                int64_t ldb,
+                                                                float *c, /* [mr, ldc] */
+                                                                int64_t ldc) {
+    VT acc[MR_PV][NV_PV];
+    ATT_UNROLL
+    for (int r = 0; r < MR_PV; r++)
+        if (r < mr) {
+            ATT_UNROLL
+            for (int x = 0; x < NV_PV; x++)
+                if (x < nv) acc[r][x] = v_load(c + r * ldc + x * VW);
+        }
+    for (int64_t k = 0; k < nk; k++) {
+        VT bv[NV_PV];
+        ATT_UNROLL
+        for (int x = 0; x < NV_PV; x++)
+            if (x < nv) bv[x] = v_load(bm + k * ldb + x * VW);
+        ATT_UNROLL
+        for (int r = 0; r < MR_PV; r++)
+            if (r < mr) {
+                VT s = v_set1(a[r * ars + k * aks]);
+                ATT_UNROLL
+                for (int x = 0; x < NV_PV; x++)
+                    if (x < nv) acc[r][x] = v_fma(s, bv[x], acc[r][x]);
+            }
+    }
+    ATT_UNROLL
+    for (int r = 0; r < MR_PV; r++)
+        if (r < mr) {
+            ATT_UNROLL
+            for (int x = 0; x < NV_PV; x++)
+                if (x < nv) v_store(c + r * ldc + x * VW, acc[r][x]);
+        }
+}
+
+static void atb_mm_rows(int mr, int nv, int64_t nk, const float *a, int64_t ars, int64_t aks,
+                        const float *bm, int64_t ldb, float *c, int64_t ldc) {
+#define ATB_MM_CALL(m, n) atb_mm_kernel(m, n, nk, a, ars, aks, bm, ldb, c, ldc)
+#if NV_PV == 4
+#define ATB_MM_NV(m)                        \
+    switch (nv) {                           \
+    case 1: ATB_MM_CALL(m, 1); break;       \
+    case 2: ATB_MM_CALL(m, 2); break;       \
+    case 3: ATB_MM_CALL(m, 3); break;       \
+    default: ATB_MM_CALL(m, 4); break;      \
+    }
+#elif NV_PV == 2
+#define ATB_MM_NV(m)                        \
+    switch (nv) {                           \
+    case 1: ATB_MM_CALL(m, 1); break;       \
+    default: ATB_MM_CALL(m, 2); break;      \
+    }
+#else
+#define ATB_MM_NV(m) ATB_MM_CALL(m, NV_PV);
+#endif
+    switch (mr) {
+    case 1: ATB_MM_NV(1) break;
+#if MR_PV >= 2
+    case 2: ATB_MM_NV(2) break;
+#endif
+#if MR_PV >= 3
+    case 3: ATB_MM_NV(3) break;
+#endif
+#if MR_PV >= 4
+    case 4: ATB_MM_NV(4) break;
+#endif
+#if MR_PV >= 5
+    case 5: ATB_MM_NV(5) break;
+#endif
+#if MR_PV >= 6
+    case 6: ATB_MM_NV(6) break;
+#endif
+    default: break;
+    }
+#undef ATB_MM_NV
+#undef ATB_MM_CALL
+}
+
+/* c[0:m][0:ncols] += A[m, nk] bm[nk, ncols]; ncols a multiple of VW. */
+static void atb_mm(int64_t m, int64_t ncols, int64_t nk, const float *a, int64_t ars, int64_t aks,
+                   const float *bm, int64_t ldb, float *c, int64_t ldc) {
+    const int64_t chunk = (int64_t)NV_PV * VW;
+    for (int64_t c0 = 0; c0 < ncols; c0 += chunk) {
+        int nv = (int)((ncols - c0 < chunk ? ncols - c0 : chunk) / VW);
+        for (int64_t r = 0; r < m; r += MR_PV) {
+            int mr = m - r < MR_PV ? (int)(m - r) : MR_PV;
+            atb_mm_rows(mr, nv, nk, a + r * ars, ars, aks, bm + c0, ldb, c + r * ldc + c0, ldc);
+        }
+    }
+}
+
+/* Query rows [l0, l1) of head (b, h) into the task's packed forms, with
+ * D_i = rowsum(dO o O) and lse2; padding rows get what makes their P 0. */
+static void atb_pack_rows(const vitc__attn_bwd_plan *pl, vitc__attn_bwd_ws *w, int64_t b,
+                          int64_t h, int64_t l0, int64_t l1) {
+    const vitc__sdpa_bwd_desc *bd = pl->d;
+    const vitc__sdpa_desc *d = &bd->f;
+    const int64_t D = d->D, Dv = d->Dv, Dp = pl->Dp, Dvp = pl->Dvp, Lp = w->Lp, nr = l1 - l0;
+    const float *q = d->q + b * d->q_sb + h * d->q_sh + l0 * d->q_sr;          /* [nr, D] */
+    const float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr;          /* [nr, Dv] */
+    const float *dO = bd->dout + b * bd->do_sb + h * bd->do_sh + l0 * bd->do_sr; /* [nr, Dv] */
+    const float *lse = d->lse + b * d->lse_sb + h * d->lse_sh + l0;            /* [nr] */
+    for (int64_t r = 0; r < Lp; r++) {
+        float *qr = w->qr + r * Dp, *dor = w->dor + r * Dvp;
+        if (r < nr) {
+            const float *qs = q + r * d->q_sr, *ds = dO + r * bd->do_sr, *os = o + r * d->o_sr;
+            float acc = 0.0f;
+            for (int64_t c = 0; c < D; c++) {
+                qr[c] = qs[c];
+                w->qt[c * Lp + r] = qs[c] * pl->qscale;
+            }
+            for (int64_t c = 0; c < Dv; c++) {
+                dor[c] = ds[c];
+                w->dot[c * Lp + r] = ds[c];
+                acc += ds[c] * os[c];
+            }
+            w->dd[r] = acc;
+            w->lse2[r] = lse[r] * 1.44269504088896340736f;
+        } else {
+            for (int64_t c = 0; c < D; c++) qr[c] = w->qt[c * Lp + r] = 0.0f;
+            for (int64_t c = 0; c < Dv; c++) dor[c] = w->dot[c * Lp + r] = 0.0f;
+            w->dd[r] = 0.0f;
+            w->lse2[r] = INFINITY;
+        }
+        for (int64_t c = D; c < Dp; c++) qr[c] = 0.0f;
+        for (int64_t c = Dv; c < Dvp; c++) dor[c] = 0.0f;
+    }
+}
+
+void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h, int64_t l0,
+            int64_t l1, int64_t s0, int64_t s1, int what) {
+    const vitc__sdpa_bwd_desc *bd = pl->d;
+    const vitc__sdpa_desc *d = &bd->f;
+    const int64_t D = d->D, Dv = d->Dv, Dp = pl->Dp, Dvp = pl->Dvp, Bc = pl->Bc, Br = pl->Br;
+    const int64_t nr = l1 - l0;
+    vitc__attn_bwd_ws w;
+    vitc__attn_bwd_carve(pl, nr, scratch, &w);
+    const int64_t Lp = w.Lp;
+    atb_pack_rows(pl, &w, b, h, l0, l1);
+    const int do_kv = what & VITC_ATTN_BWD_DKV, do_q = what & VITC_ATTN_BWD_DQ;
+    if (do_q) memset(w.dq, 0, (size_t)(Lp * Dp) * sizeof(float));
+
+    const float *k = d->k + b * d->k_sb + h * d->k_sh; /* [S, D] */
+    const float *v = d->v + b * d->v_sb + h * d->v_sh; /* [S, Dv] */
+    const float *mbase = d->mask ? d->mask + b * d->m_sb + h * d->m_sh + l0 * d->m_sr : NULL;
+    const float l2e = 1.44269504088896340736f;
+    for (int64_t j0 = s0; j0 < s1; j0 += Bc) {
+        const int64_t nk = s1 - j0 < Bc ? s1 - j0 : Bc;
+        if (do_q)
+            for (int64_t j = 0; j < nk; j++) {
+                float *kr = w.kr + j * Dp;
+                memcpy(kr, k + (j0 + j) * d->k_sr, (size_t)D * sizeof(float));
+                for (int64_t c = D; c < Dp; c++) kr[c] = 0.0f;
+            }
+        if (do_kv) {
+            memset(w.dk, 0, (size_t)(nk * Dp) * sizeof(float));
+            memset(w.dv, 0, (size_t)(nk * Dvp) * sizeof(float));
+        }
+        for (int64_t i0 = 0; i0 < nr; i0 += Br) {
+            const int64_t nb = nr - i0 < Br ? nr - i0 : Br;
+            const int64_t nbp = (nb + BRG - 1) / BRG * BRG;
+            /* P^T: with a mask, the raw scores first, then the mask (read
+             * transposed, a scalar pass) and 2^(s - lse2). */
+            if (mbase) {
+                atb_tile(ATB_RAW, nk, nbp, D, k + j0 * d->k_sr, d->k_sr, w.qt + i0, Lp, NULL, NULL,
+                         w.pt, Br);
+                for (int64_t j = 0; j < nk; j++) {
+                    float *row = w.pt + j * Br;
+                    const float *mc = mbase + i0 * d->m_sr + j0 + j; /* column j0+j of the mask */
+                    for (int64_t r = 0; r < nb; r++) row[r] += mc[r * d->m_sr] * l2e;
+                    for (int64_t r = 0; r < nbp; r += VW)
+                        v_store(row + r, v_exp2(v_sub(v_load(row + r), v_loadu(w.lse2 + i0 + r))));
+                }
+            } else {
+                atb_tile(ATB_P, nk, nbp, D, k + j0 * d->k_sr, d->k_sr, w.qt + i0, Lp,
+                         w.lse2 + i0, NULL, w.pt, Br);
+            }
+            /* dS^T = P^T o (V dO^T - D) */
+            atb_tile(ATB_DS, nk, nbp, Dv, v + j0 * d->v_sr, d->v_sr, w.dot + i0, Lp, w.dd + i0,
+                     w.pt, w.dst, Br);
+            if (do_kv) {
+                atb_mm(nk, Dvp, nb, w.pt, Br, 1, w.dor + i0 * Dvp, Dvp, w.dv, Dvp); /* dV += P^T dO */
+                atb_mm(nk, Dp, nb, w.dst, Br, 1, w.qr + i0 * Dp, Dp, w.dk, Dp);    /* dK += dS^T Q */
+            }
+            if (do_q) atb_mm(nb, Dp, nk, w.dst, 1, Br, w.kr, Dp, w.dq + i0 * Dp, Dp); /* dQ += dS K */
+        }
+        if (do_kv) {
+            float *dk = bd->dk + b * bd->dk_sb + h * bd->dk_sh + j0 * bd->dk_sr; /* [nk, D] */
+            float *dv = bd->dv + b * bd->dv_sb + h * bd->dv_sh + j0 * bd->dv_sr; /* [nk, Dv] */
+            for (int64_t j = 0; j < nk; j++) {
+                for (int64_t c = 0; c < D; c++) dk[j * bd->dk_sr + c] = w.dk[j * Dp + c] * d->scale;
+                memcpy(dv + j * bd->dv_sr, w.dv + j * Dvp, (size_t)Dv * sizeof(float));
+            }
+        }
+    }
+    if (do_q) {
+        float *dq = bd->dq + b * bd->dq_sb + h * bd->dq_sh + l0 * bd->dq_sr; /* [nr, D] */
+        for (int64_t r = 0; r < nr; r++)
+            for (int64_t c = 0; c < D; c++) dq[r * bd->dq_sr + c] = w.dq[r * Dp + c] * d->scale;
+    }
+}
+
+#undef BRG

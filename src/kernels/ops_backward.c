@@ -1,0 +1,179 @@
+/*
+ * ops_backward.c — the backward of the row ops and of nn.Linear, each a
+ * scalar reference beside the dispatching version. Parameter gradients
+ * accumulate (+=), so a second backward before zero_grad adds, as in torch.
+ *
+ * LayerNorm recomputes each row's mean and rstd from its input instead of
+ * the forward saving them: two extra reads of a row that backward reads
+ * anyway, and the forward kernels stay as they are for inference.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kernels.h"
+
+/* ---- nn.Linear ---------------------------------------------------- */
+
+static void linear_bias_ref(float *db, const float *dy, int64_t lddy, int64_t M, int64_t N) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) db[j] += dy[i * lddy + j];
+}
+
+void vitc__linear_backward_ref(float *dx, int64_t lddx, float dx_beta, float *dW, float *db,
+                               const float *dy, int64_t lddy, const float *x, int64_t ldx,
+                               const float *W, int64_t M, int64_t N, int64_t K) {
+    if (dx)
+        vitc__gemm_ref(0, 0, M, K, N, 1.0f, dy, lddy, W, K, dx_beta, dx, lddx);
+    if (dW)
+        vitc__gemm_ref(1, 0, N, K, M, 1.0f, dy, lddy, x, ldx, 1.0f, dW, K);
+    if (db)
+        linear_bias_ref(db, dy, lddy, M, N);
+}
+
+typedef struct colsum_ctx {
+    float *db;
+    const float *dy;
+    int64_t lddy, M, N;
+} colsum_ctx;
+
+#define COLS 64 /* columns per task: one row's slice stays in a few lines */
+
+static void colsum_part(void *c, int64_t t0, int64_t t1, int tid) {
+    const colsum_ctx *k = c;
+    (void)tid;
+    int64_t j0 = t0 * COLS, j1 = t1 * COLS < k->N ? t1 * COLS : k->N;
+    for (int64_t i = 0; i < k->M; i++) {
+        const float *r = k->dy + i * k->lddy;
+        for (int64_t j = j0; j < j1; j++) k->db[j] += r[j];
+    }
+}
+
+void vitc__linear_backward(float *dx, int64_t lddx, float dx_beta, float *dW, float *db,
+                           const float *dy, int64_t lddy, const float *x, int64_t ldx,
+                           const float *W, int64_t M, int64_t N, int64_t K) {
+    if (dx)
+        vitc__gemm(0, 0, M, K, N, 1.0f, dy, lddy, W, K, dx_beta, dx, lddx);
+    if (dW)
+        vitc__gemm(1, 0, N, K, M, 1.0f, dy, lddy, x, ldx, 1.0f, dW, K);
+    if (db) {
+        colsum_ctx k = {db, dy, lddy, M, N};
+        vitc__parallel_range((N + COLS - 1) / COLS, colsum_part, &k);
+    }
+}
+
+/* ---- LayerNorm ---------------------------------------------------- */
+
+/* Mean and rstd of a row exactly as vitc__layernorm_ref computes them. */
+static void ln_stats(const float *xr, int64_t C, float eps, float *mean, float *rstd) {
+    double mu = 0.0, var = 0.0;
+    for (int64_t c = 0; c < C; c++) mu += xr[c];
+    mu /= (double)C;
+    for (int64_t c = 0; c < C; c++) {
+        double t = xr[c] - mu;
+        var += t * t;
+    }
+    var /= (double)C;
+    *mean = (float)mu;
+    *rstd = (float)(1.0 / sqrt(var + eps));
+}
+
+/* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w. */
+static void ln_row_dx(float *dx, const float *dy, const float *xr, const float *w, int64_t C,
+                      float mean, float rstd) {
+    float sg = 0.0f, sgx = 0.0f;
+    for (int64_t c = 0; c < C; c++) {
+        float g = dy[c] * w[c], xh = (xr[c] - mean) * rstd;
+        sg += g;
+        sgx += g * xh;
+    }
+    float mg = sg / (float)C, mgx = sgx / (float)C;
+    for (int64_t c = 0; c < C; c++) {
+        float xh = (xr[c] - mean) * rstd;
+        dx[c] += rstd * (dy[c] * w[c] - mg - xh * mgx);
+    }
+}
+
+void vitc__layernorm_backward_ref(float *dx, float *dw, float *db, const float *dy,
+                                  const float *x, const float *w, int64_t M, int64_t C, float eps) {
+    for (int64_t i = 0; i < M; i++) {
+        float mean, rstd;
+        ln_stats(x + i * C, C, eps, &mean, &rstd);
+        for (int64_t c = 0; c < C; c++) {
+            dw[c] += dy[i * C + c] * (x[i * C + c] - mean) * rstd;
+            db[c] += dy[i * C + c];
+        }
+        ln_row_dx(dx + i * C, dy + i * C, x + i * C, w, C, mean, rstd);
+    }
+}
+
+typedef struct ln_bwd_ctx {
+    float *dx, *dw, *db, *stats;
+    const float *dy, *x, *w;
+    int64_t M, C;
+    float eps;
+} ln_bwd_ctx;
+
+static void ln_bwd_rows(void *c, int64_t r0, int64_t r1, int tid) {
+    const ln_bwd_ctx *k = c;
+    (void)tid;
+    for (int64_t i = r0; i < r1; i++) {
+        float *st = k->stats + 2 * i;
+        ln_stats(k->x + i * k->C, k->C, k->eps, &st[0], &st[1]);
+        ln_row_dx(k->dx + i * k->C, k->dy + i * k->C, k->x + i * k->C, k->w, k->C, st[0], st[1]);
+    }
+}
+
+/* dw, db: column sums over the rows, split by column blocks so no two
+ * threads write one gradient. */
+static void ln_bwd_cols(void *c, int64_t t0, int64_t t1, int tid) {
+    const ln_bwd_ctx *k = c;
+    (void)tid;
+    int64_t j0 = t0 * COLS, j1 = t1 * COLS < k->C ? t1 * COLS : k->C;
+    for (int64_t i = 0; i < k->M; i++) {
+        const float *dy = k->dy + i * k->C, *xr = k->x + i * k->C;
+        float mean = k->stats[2 * i], rstd = k->stats[2 * i + 1];
+        for (int64_t j = j0; j < j1; j++) {
+            k->dw[j] += dy[j] * (xr[j] - mean) * rstd;
+            k->db[j] += dy[j];
+        }
+    }
+}
+
+void vitc__layernorm_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                              const float *w, int64_t M, int64_t C, float eps, float *stats) {
+    ln_bwd_ctx k = {dx, dw, db, stats, dy, x, w, M, C, eps};
+    vitc__parallel_range(M, ln_bwd_rows, &k);
+    vitc__parallel_range((C + COLS - 1) / COLS, ln_bwd_cols, &k);
+}
+
+/* ---- GELU (erf) --------------------------------------------------- */
+
+/* d/dx x * Phi(x) = Phi(x) + x * phi(x). */
+void vitc__gelu_backward_ref(float *dx, const float *dy, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        float cdf = 0.5f * (1.0f + erff(v * 0.70710678118654752f));
+        float pdf = 0.39894228040143268f * expf(-0.5f * v * v);
+        dx[i] = dy[i] * (cdf + v * pdf);
+    }
+}
+
+typedef struct gelu_bwd_ctx {
+    float *dx;
+    const float *dy, *x;
+    int64_t n;
+} gelu_bwd_ctx;
+
+#define GELU_CHUNK 4096
+
+static void gelu_bwd_part(void *c, int64_t t0, int64_t t1, int tid) {
+    const gelu_bwd_ctx *k = c;
+    (void)tid;
+    int64_t b = t0 * GELU_CHUNK, e = t1 * GELU_CHUNK < k->n ? t1 * GELU_CHUNK : k->n;
+    vitc__gelu_backward_ref(k->dx + b, k->dy + b, k->x + b, e - b);
+}
+
+void vitc__gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {
+    gelu_bwd_ctx k = {dx, dy, x, n};
+    vitc__parallel_range((n + GELU_CHUNK - 1) / GELU_CHUNK, gelu_bwd_part, &k);
+}

@@ -1,0 +1,123 @@
+/*
+ * vmath_avx2.h — the AVX2+FMA vector vocabulary (8 float lanes) and its
+ * maths, the same names and contracts as vmath_avx512.h (see there). 2^n is
+ * built in the exponent field, so v_exp flushes arguments below -87.3 to 0
+ * explicitly, and v_exp2's clamp at -127 gives an exponent field of 0, i.e.
+ * exactly +0.
+ */
+#ifndef VITC_VMATH_AVX2_H
+#define VITC_VMATH_AVX2_H
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+
+#define VT __m256
+#define VW 8
+
+/* Lanes [0, n) of a ymm mask: a sliding window over this table. */
+static const int32_t vitc__v_lane_tbl[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
+#define v_lanes(n) _mm256_loadu_si256((const __m256i *)(vitc__v_lane_tbl + 8 - (n)))
+
+#define v_zero() _mm256_setzero_ps()
+#define v_set1(x) _mm256_set1_ps(x)
+#define v_load(p) _mm256_load_ps(p)
+#define v_store(p, x) _mm256_store_ps(p, x)
+#define v_loadu(p) _mm256_loadu_ps(p)
+#define v_storeu(p, x) _mm256_storeu_ps(p, x)
+#define v_fma(a, b, c) _mm256_fmadd_ps(a, b, c)
+#define v_mul(a, b) _mm256_mul_ps(a, b)
+#define v_add(a, b) _mm256_add_ps(a, b)
+#define v_sub(a, b) _mm256_sub_ps(a, b)
+#define v_max(a, b) _mm256_max_ps(a, b)
+#define v_loadu_n(p, n) _mm256_maskload_ps(p, v_lanes(n))
+#define v_storeu_n(p, x, n) _mm256_maskstore_ps(p, v_lanes(n), x)
+#define v_tail(x, n, f) _mm256_blendv_ps(_mm256_set1_ps(f), x, _mm256_castsi256_ps(v_lanes(n)))
+#define v_hmax(x) vitc__v_hmax(x)
+#define v_hsum(x) vitc__v_hsum(x)
+#define v_exp(x) vitc__v_exp(x)
+#define v_exp2(x) vitc__v_exp2(x)
+#define v_erf(x) vitc__v_erf(x)
+#define s_exp2(x) exp2f(x)
+
+static inline float vitc__v_hmax(__m256 x) {
+    __m128 a = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    a = _mm_max_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_max_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+
+static inline float vitc__v_hsum(__m256 x) {
+    __m128 a = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    a = _mm_add_ps(a, _mm_movehl_ps(a, a));
+    a = _mm_add_ss(a, _mm_movehdup_ps(a));
+    return _mm_cvtss_f32(a);
+}
+
+static inline __m256 vitc__v_exp(__m256 x) {
+    __m256 under = _mm256_cmp_ps(x, _mm256_set1_ps(-87.33f), _CMP_LT_OQ);
+    x = _mm256_min_ps(_mm256_set1_ps(88.37f), _mm256_max_ps(_mm256_set1_ps(-87.33f), x));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860682030941723212e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 5040.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 720.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    __m256 y = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    return _mm256_andnot_ps(under, y);
+}
+
+static inline __m256 vitc__v_exp2(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
+    __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+static inline __m256 vitc__v_erf(__m256 x) {
+    __m256 sign = _mm256_and_ps(x, _mm256_set1_ps(-0.0f));
+    __m256 z = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
+    __m256 s = _mm256_mul_ps(z, z);
+    __m256 ps = _mm256_set1_ps(1.0f / 75600.0f);
+    ps = _mm256_fmadd_ps(ps, s, _mm256_set1_ps(-1.0f / 9360.0f));
+    ps = _mm256_fmadd_ps(ps, s, _mm256_set1_ps(1.0f / 1320.0f));
+    ps = _mm256_fmadd_ps(ps, s, _mm256_set1_ps(-1.0f / 216.0f));
+    ps = _mm256_fmadd_ps(ps, s, _mm256_set1_ps(1.0f / 42.0f));
+    ps = _mm256_fmadd_ps(ps, s, _mm256_set1_ps(-1.0f / 10.0f));
+    ps = _mm256_fmadd_ps(ps, s, _mm256_set1_ps(1.0f / 3.0f));
+    ps = _mm256_fnmadd_ps(ps, s, _mm256_set1_ps(1.0f));
+    __m256 small = _mm256_mul_ps(_mm256_mul_ps(ps, z), _mm256_set1_ps(1.12837916709551257f));
+    __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f),
+                             _mm256_fmadd_ps(_mm256_set1_ps(0.5f), z, _mm256_set1_ps(1.0f)));
+    __m256 q = _mm256_set1_ps(0.17087277f);
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(-0.82215223f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(1.48851587f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(-1.13520398f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(0.27886807f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(-0.18628806f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(0.09678418f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(0.37409196f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(1.00002368f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(-1.26551223f));
+    q = _mm256_fnmadd_ps(z, z, q);
+    __m256 large = _mm256_fnmadd_ps(t, vitc__v_exp(q), _mm256_set1_ps(1.0f));
+    __m256 is_small = _mm256_cmp_ps(z, _mm256_set1_ps(0.5f), _CMP_LT_OQ);
+    return _mm256_or_ps(_mm256_blendv_ps(large, small, is_small), sign);
+}
+
+#endif

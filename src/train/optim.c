@@ -1,0 +1,309 @@
+/*
+ * optim.c — AdamW and SGD over a flat parameter set (train.h), torch.optim's
+ * update rules exactly, and clip_grad_norm_. Optimizer state lives in arrays
+ * of the parameters' layout (llm.c: params, grads, m, v side by side), so a
+ * checkpoint saves them tensor by tensor at the parameters' offsets.
+ *
+ * Each element is updated in double from its float state and written back
+ * as float: the float32 rounding then happens once per stored value, as in
+ * torch's float32 optimizer, and never inside the bias-corrected formula.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim.h"
+
+struct vitc_optimizer {
+    vitc_optim_config cfg;
+    vitc__paramset ps;
+    float *state[3]; /* [n] each: exp_avg, exp_avg_sq, max_exp_avg_sq / momentum_buffer */
+    int nstate;
+    int buf_started; /* SGD: the momentum buffer holds a value (torch: not None) */
+    int64_t step;
+};
+
+vitc_optim_config vitc_optim_default_config(vitc_optim_kind kind) {
+    vitc_optim_config c;
+    memset(&c, 0, sizeof c);
+    c.kind = kind;
+    c.lr = 1e-3;
+    c.beta1 = 0.9;
+    c.beta2 = 0.999;
+    c.eps = 1e-8;
+    c.weight_decay = kind == VITC_OPTIM_ADAMW ? 1e-2 : 0.0;
+    return c;
+}
+
+static vitc_status check_config(const vitc_optim_config *c) {
+    if (c->kind != VITC_OPTIM_SGD && c->kind != VITC_OPTIM_ADAMW)
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer: unknown kind %d", (int)c->kind);
+    /* torch's own checks, with its wording. */
+    if (!(c->lr >= 0.0))
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer: invalid learning rate: %g", c->lr);
+    if (!(c->weight_decay >= 0.0))
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer: invalid weight_decay value: %g",
+                         c->weight_decay);
+    if (c->kind == VITC_OPTIM_ADAMW) {
+        if (!(c->eps >= 0.0))
+            return vitc__err(VITC_ERR_INVALID_ARG, "AdamW: invalid epsilon value: %g", c->eps);
+        if (!(c->beta1 >= 0.0 && c->beta1 < 1.0))
+            return vitc__err(VITC_ERR_INVALID_ARG, "AdamW: invalid beta parameter at index 0: %g",
+                             c->beta1);
+        if (!(c->beta2 >= 0.0 && c->beta2 < 1.0))
+            return vitc__err(VITC_ERR_INVALID_ARG, "AdamW: invalid beta parameter at index 1: %g",
+                             c->beta2);
+    } else {
+        if (!(c->momentum >= 0.0))
+            return vitc__err(VITC_ERR_INVALID_ARG, "SGD: invalid momentum value: %g",
+                             c->momentum);
+        if (!(c->dampening >= 0.0 && c->dampening <= 1.0))
+            return vitc__err(VITC_ERR_INVALID_ARG, "SGD: invalid dampening value: %g (expected [0, 1])",
+                             c->dampening);
+        if (c->nesterov && (c->momentum <= 0.0 || c->dampening != 0.0))
+            return vitc__err(VITC_ERR_INVALID_ARG,
+                             "SGD: nesterov momentum requires a momentum and zero dampening");
+    }
+    return VITC_OK;
+}
+
+static int states_of(const vitc_optim_config *c) {
+    if (c->kind == VITC_OPTIM_ADAMW)
+        return c->amsgrad ? 3 : 2;
+    return c->momentum != 0.0 ? 1 : 0;
+}
+
+vitc_status vitc__optimizer_create(const vitc__paramset *ps, const vitc_optim_config *cfg,
+                                   vitc_optimizer **out) {
+    if (!out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer: out is NULL");
+    *out = NULL;
+    if (!ps || !cfg)
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer: parameters and config must not be NULL");
+    VITC_TRY(check_config(cfg));
+    if (!ps->param || !ps->grad || (ps->nseg > 0 && !ps->seg) || ps->nseg < 0)
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer: the parameter set has no parameters or gradients");
+    for (int i = 0; i < ps->nseg; i++) {
+        size_t end;
+        if (!vitc__add_size(ps->seg[i].offset, ps->seg[i].numel, &end) || end > ps->n)
+            return vitc__err(VITC_ERR_INVALID_ARG, "optimizer: tensor \"%s\" lies outside the %zu parameters",
+                             ps->seg[i].name ? ps->seg[i].name : "?", ps->n);
+    }
+    if (!vitc__handle_alive(ps->owner_id))
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer: the model has been freed");
+    vitc_optimizer *o = calloc(1, sizeof *o);
+    if (!o)
+        return vitc__err(VITC_ERR_NOMEM, "optimizer: out of memory");
+    o->cfg = *cfg;
+    o->ps = *ps;
+    /* SGD always gets its buffer: a schedule may raise momentum from 0. */
+    o->nstate = o->cfg.kind == VITC_OPTIM_ADAMW ? states_of(cfg) : 1;
+    for (int i = 0; i < o->nstate; i++) {
+        o->state[i] = vitc__calloc(ps->n ? ps->n : 1, sizeof(float));
+        if (!o->state[i]) {
+            vitc_optimizer_free(o);
+            return vitc__err(VITC_ERR_NOMEM, "optimizer: out of memory for %zu state floats", ps->n);
+        }
+    }
+    *out = o;
+    return VITC_OK;
+}
+
+void vitc_optimizer_free(vitc_optimizer *o) {
+    if (!o)
+        return;
+    for (int i = 0; i < 3; i++)
+        vitc__free(o->state[i]);
+    free(o);
+}
+
+/* Every call that touches the model's arrays checks the model is alive. */
+static vitc_status live(const vitc_optimizer *o, const char *what) {
+    if (!o)
+        return vitc__err(VITC_ERR_INVALID_ARG, "%s: optimizer is NULL", what);
+    if (!vitc__handle_alive(o->ps.owner_id))
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "%s: the optimizer's model has been freed (free the optimizer first)", what);
+    return VITC_OK;
+}
+
+static double seg_decay(const vitc_optimizer *o, const vitc__pseg *s) {
+    return (o->cfg.decay_all || !s->no_decay) ? (double)o->cfg.weight_decay : 0.0;
+}
+
+static void adamw_seg(vitc_optimizer *o, const vitc__pseg *s, double bc1, double bc2_sqrt) {
+    const vitc_optim_config *c = &o->cfg;
+    const double lr = c->lr, b1 = c->beta1, b2 = c->beta2, eps = c->eps;
+    const double shrink = 1.0 - lr * seg_decay(o, s), step_size = lr / bc1;
+    float *p = o->ps.param + s->offset, *m = o->state[0] + s->offset,
+          *v = o->state[1] + s->offset, *vmax = c->amsgrad ? o->state[2] + s->offset : NULL;
+    const float *g = o->ps.grad + s->offset;
+    for (size_t i = 0; i < s->numel; i++) {
+        const double gi = g[i];
+        const double pi = (double)p[i] * shrink;
+        const float mi = (float)(b1 * m[i] + (1.0 - b1) * gi);
+        const float vi = (float)(b2 * v[i] + (1.0 - b2) * gi * gi);
+        m[i] = mi, v[i] = vi;
+        float vd = vi;
+        if (vmax) {
+            vd = vmax[i] > vi ? vmax[i] : vi;
+            vmax[i] = vd;
+        }
+        const double denom = sqrt((double)vd) / bc2_sqrt + eps;
+        p[i] = (float)(pi - step_size * (double)mi / denom);
+    }
+}
+
+static void sgd_seg(vitc_optimizer *o, const vitc__pseg *s) {
+    const int first = !o->buf_started;
+    const vitc_optim_config *c = &o->cfg;
+    const double lr = c->lr, wd = seg_decay(o, s), mom = c->momentum, damp = c->dampening;
+    float *p = o->ps.param + s->offset, *buf = o->state[0] + s->offset;
+    const float *g = o->ps.grad + s->offset;
+    for (size_t i = 0; i < s->numel; i++) {
+        double d = (double)g[i] + wd * (double)p[i];
+        if (mom != 0.0) {
+            const float b = first ? (float)d : (float)(mom * buf[i] + (1.0 - damp) * d);
+            buf[i] = b;
+            d = c->nesterov ? d + mom * (double)b : (double)b;
+        }
+        p[i] = (float)((double)p[i] - lr * d);
+    }
+}
+
+vitc_status vitc_optimizer_step(vitc_optimizer *o) {
+    VITC_TRY(live(o, "optimizer step"));
+    if (o->step == INT64_MAX)
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer step: the step counter overflowed");
+    const int64_t t = o->step + 1;
+    if (o->cfg.kind == VITC_OPTIM_ADAMW) {
+        const double bc1 = 1.0 - pow((double)o->cfg.beta1, (double)t);
+        const double bc2_sqrt = sqrt(1.0 - pow((double)o->cfg.beta2, (double)t));
+        for (int i = 0; i < o->ps.nseg; i++)
+            if (!o->ps.seg[i].buffer)
+                adamw_seg(o, &o->ps.seg[i], bc1, bc2_sqrt);
+    } else {
+        for (int i = 0; i < o->ps.nseg; i++)
+            if (!o->ps.seg[i].buffer)
+                sgd_seg(o, &o->ps.seg[i]);
+        if (o->cfg.momentum != 0.0)
+            o->buf_started = 1;
+    }
+    o->step = t;
+    return VITC_OK;
+}
+
+vitc_status vitc_optimizer_zero_grad(vitc_optimizer *o) {
+    VITC_TRY(live(o, "optimizer zero_grad"));
+    memset(o->ps.grad, 0, o->ps.n * sizeof(float));
+    return VITC_OK;
+}
+
+vitc_status vitc_optimizer_set_lr(vitc_optimizer *o, double lr) {
+    if (!o)
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer set_lr: optimizer is NULL");
+    if (!(lr >= 0.0))
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer set_lr: invalid learning rate: %g", lr);
+    o->cfg.lr = lr;
+    return VITC_OK;
+}
+
+double vitc_optimizer_get_lr(const vitc_optimizer *o) { return o ? o->cfg.lr : NAN; }
+
+vitc_status vitc_optimizer_set_momentum(vitc_optimizer *o, double momentum) {
+    if (!o)
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer set_momentum: optimizer is NULL");
+    if (o->cfg.kind == VITC_OPTIM_ADAMW) {
+        if (!(momentum >= 0.0 && momentum < 1.0))
+            return vitc__err(VITC_ERR_INVALID_ARG, "AdamW set_momentum: beta1 %g is not in [0, 1)",
+                             momentum);
+        o->cfg.beta1 = momentum;
+    } else {
+        if (!(momentum >= 0.0))
+            return vitc__err(VITC_ERR_INVALID_ARG, "SGD set_momentum: invalid momentum value: %g",
+                             momentum);
+        o->cfg.momentum = momentum;
+    }
+    return VITC_OK;
+}
+
+double vitc_optimizer_get_momentum(const vitc_optimizer *o) {
+    if (!o)
+        return NAN;
+    return o->cfg.kind == VITC_OPTIM_ADAMW ? o->cfg.beta1 : o->cfg.momentum;
+}
+
+const vitc_optim_config *vitc_optimizer_get_config(const vitc_optimizer *o) {
+    return o ? &o->cfg : NULL;
+}
+
+size_t vitc_optimizer_num_params(const vitc_optimizer *o) { return o ? o->ps.n : 0; }
+
+/* SGD reports its buffer only when momentum is on (torch keeps none
+ * without momentum); it always has it, so a schedule can raise momentum. */
+int vitc_optimizer_num_states(const vitc_optimizer *o) { return o ? states_of(&o->cfg) : 0; }
+
+vitc_status vitc_optimizer_state(vitc_optimizer *o, int i, const char **name, float **data) {
+    VITC_TRY(live(o, "optimizer state"));
+    static const char *const adam[3] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq"};
+    const int n = states_of(&o->cfg);
+    if (i < 0 || i >= n)
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer state: index %d is not in [0, %d)", i, n);
+    if (name)
+        *name = o->cfg.kind == VITC_OPTIM_ADAMW ? adam[i] : "momentum_buffer";
+    if (data)
+        *data = o->state[i];
+    return VITC_OK;
+}
+
+int64_t vitc_optimizer_get_step(const vitc_optimizer *o) { return o ? o->step : -1; }
+
+vitc_status vitc_optimizer_set_step(vitc_optimizer *o, int64_t step) {
+    if (!o)
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer set_step: optimizer is NULL");
+    if (step < 0)
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer set_step: step %lld is negative",
+                         (long long)step);
+    o->step = step;
+    o->buf_started = step > 0;
+    return VITC_OK;
+}
+
+vitc_status vitc__clip_grad_norm(const vitc__paramset *ps, float max_norm, float *total_norm) {
+    if (!(max_norm >= 0.0)) /* torch accepts 0 (zeroes the gradients) */
+        return vitc__err(VITC_ERR_INVALID_ARG, "clip_grad_norm: max_norm %g is negative or NaN",
+                         (double)max_norm);
+    if (!ps->grad) {
+        /* No gradient yet: torch returns a norm of 0 and changes nothing. */
+        if (total_norm)
+            *total_norm = 0.0;
+        return VITC_OK;
+    }
+    /* Over the tensors only: the alignment gaps between them and buffers
+     * (BatchNorm running statistics) have no gradient in torch. */
+    double ss = 0.0;
+    for (int k = 0; k < ps->nseg; k++) {
+        const vitc__pseg *s = &ps->seg[k];
+        for (size_t i = 0; !s->buffer && i < s->numel; i++)
+            ss += (double)ps->grad[s->offset + i] * (double)ps->grad[s->offset + i];
+    }
+    const float total = (float)sqrt(ss);
+    /* torch: clip_coef = max_norm / (total + 1e-6), clamped to 1 and
+     * applied unconditionally (a NaN norm makes NaN gradients, as there). */
+    double coef = (double)max_norm / ((double)total + 1e-6);
+    if (coef > 1.0)
+        coef = 1.0;
+    for (int k = 0; coef != 1.0 && k < ps->nseg; k++) {
+        const vitc__pseg *s = &ps->seg[k];
+        for (size_t i = 0; !s->buffer && i < s->numel; i++)
+            ps->grad[s->offset + i] = (float)((double)ps->grad[s->offset + i] * coef);
+    }
+    if (total_norm)
+        *total_norm = total;
+    return VITC_OK;
+}
+
+vitc_status vitc_clip_grad_norm_optimizer(vitc_optimizer *o, float max_norm, float *total_norm) {
+    VITC_TRY(live(o, "clip_grad_norm"));
+    return vitc__clip_grad_norm(&o->ps, max_norm, total_norm);
+}
