@@ -31,6 +31,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -130,6 +131,26 @@ VITC_API vitc_status vitc_safetensors_save(const char *path, int n,
                                            const float *const *data, int n_meta,
                                            const char *const *meta_keys,
                                            const char *const *meta_values);
+
+/* ------------------------------------------------------------------ */
+/* Files                                                              */
+/* ------------------------------------------------------------------ */
+
+/* Every file vitc writes (safetensors, PNG, .npy) replaces its path
+ * atomically: a temporary file in the same directory, fsync, rename. On any
+ * failure (full disk, EFBIG) the old file is untouched and only the
+ * temporary is removed. A path that exists and is not a regular file (device
+ * node, FIFO, directory) is refused and left alone. */
+
+/* Write a float32 array as a little-endian .npy file (format 1.0, C order,
+ * ndim 0..32). */
+VITC_API vitc_status vitc_save_npy(const char *path, const float *data, int ndim,
+                                   const int64_t *shape);
+/* Open a file for reading as vitc opens its own inputs: never blocks (a FIFO
+ * or device is refused at once), only regular files, at most max_bytes
+ * (0: no limit). *size (may be NULL) gets the size. Close with fclose. */
+VITC_API vitc_status vitc_open_read(const char *path, int64_t max_bytes, FILE **out,
+                                    int64_t *size);
 
 /* ------------------------------------------------------------------ */
 /* Attention layers: one engine, the seed blocks as presets           */

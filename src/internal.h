@@ -51,4 +51,22 @@ typedef struct vitc__buf {
 vitc_status vitc__buf_reserve(vitc__buf *b, size_t floats);
 void vitc__buf_free(vitc__buf *b);
 
+/* Containers and commas outside strings in JSON text: a bound on the number
+ * of values jansson would build, to check before it builds them (its tree
+ * costs up to ~80x the text). */
+size_t vitc__json_items(const char *s, size_t len);
+
+/* Files (src/io/file.c). Open path for reading without blocking: anything
+ * but a regular file (FIFO, device, directory) is refused before a byte is
+ * read, as is a file over max_bytes (0: no limit). *size: its size. */
+vitc_status vitc__open_regular(const char *path, uint64_t max_bytes, FILE **out,
+                               uint64_t *size);
+/* Replace path with what write puts into f, never losing the old content:
+ * temporary file beside it, fsync, rename, fsync of the directory; on error
+ * only the temporary file is removed. An existing non-regular path is refused
+ * and left alone. write returns VITC_OK or an error (set with vitc__err);
+ * a stdio error on f is reported by vitc__write_file itself. */
+typedef vitc_status (*vitc__write_fn)(FILE *f, void *ctx);
+vitc_status vitc__write_file(const char *path, vitc__write_fn write, void *ctx);
+
 #endif

@@ -3,7 +3,7 @@
  * built by make (its name does not start with test_). Build and run:
  *
  *   clang -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined \
- *     -Iinclude -Isrc src/status.c src/io/safetensors.c tests/fuzz_safetensors.c \
+ *     -Iinclude -Isrc src/status.c src/io/file.c src/io/safetensors.c tests/fuzz_safetensors.c \
  *     -ljansson -lm -o build/fuzz_safetensors
  *   mkdir -p build/fuzz-corpus && cp tests/reference/safetensors/mixed.safetensors build/fuzz-corpus/
  *   build/fuzz_safetensors -dict=tests/fuzz_safetensors.dict -max_total_time=60 \

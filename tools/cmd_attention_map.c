@@ -100,39 +100,6 @@ static void draw_text(canvas *cv, int x, int y, int s, const char *text) {
                             fill_rect(cv, x + c * s, y + r * s, s, s, black);
 }
 
-/* float32 little-endian .npy (format 1.0) of a 2-D array. */
-static int save_npy(const char *path, const float *data, int rows, int cols) {
-    char header[128];
-    unsigned char pre[10] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0, 0, 0};
-    int n = snprintf(header, sizeof header,
-                     "{'descr': '<f4', 'fortran_order': False, 'shape': (%d, %d), }", rows, cols);
-    int total = 10 + n + 1, pad = (64 - total % 64) % 64;
-    FILE *f;
-    memset(header + n, ' ', (size_t)pad);
-    header[n + pad] = '\n';
-    n += pad + 1;
-    pre[8] = (unsigned char)(n & 0xff);
-    pre[9] = (unsigned char)(n >> 8);
-    f = fopen(path, "wb");
-    if (!f)
-        return cli_error("%s: cannot create: %s", path, strerror(errno));
-    fwrite(pre, 1, sizeof pre, f);
-    fwrite(header, 1, (size_t)n, f);
-    for (size_t i = 0; i < (size_t)rows * cols; i++) {
-        uint32_t u;
-        unsigned char b[4];
-        memcpy(&u, &data[i], 4);
-        for (int k = 0; k < 4; k++)
-            b[k] = (unsigned char)(u >> (8 * k)); /* little-endian on any host */
-        fwrite(b, 1, 4, f);
-    }
-    if (ferror(f) | (fclose(f) != 0)) {
-        remove(path);
-        return cli_error("%s: write error", path);
-    }
-    return 0;
-}
-
 typedef struct am_opts {
     const char *model, *arch, *method, *out, *raw, *image;
     int crop, resize, threads, crop_set, resize_set;
@@ -402,8 +369,10 @@ int cmd_attention_map(int argc, char **argv) {
         }
     if ((rc = class_token_map(m, &o, x, N, map)) != 0)
         goto done;
-    if (o.raw && (rc = save_npy(o.raw, map, gh, gw)) != 0)
+    if (o.raw && vitc_save_npy(o.raw, map, 2, (const int64_t[2]){gh, gw}) != VITC_OK) {
+        rc = cli_error("%s", vitc_last_error());
         goto done;
+    }
     if ((rc = render(&o, seen, map, gh, gw, cfg->patch_size, &cv)) != 0)
         goto done;
     if (vitc_image_save_png(o.out, cv.px, cv.w, cv.h) != VITC_OK) {

@@ -17,8 +17,10 @@ package).
 import argparse
 import json
 import math
+import os
 import struct
 import sys
+import tempfile
 
 import numpy as np
 import torch
@@ -162,11 +164,33 @@ def write_safetensors(path, sd, metadata, dtype):
         off += len(b)
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * ((8 - len(h) % 8) % 8)  # the data starts 8-byte aligned
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
+    # As vitc's own writer (src/io/file.c): a temporary file beside path,
+    # fsync, rename, so a failed export never destroys an earlier file, and
+    # a path that is a device, FIFO or directory is refused, not replaced.
+    real = os.path.realpath(path)
+    if os.path.exists(real) and not os.path.isfile(real):
+        fail("%s: exists and is not a regular file; not replacing it" % path)
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(real) + ".tmp",
+                               dir=os.path.dirname(real))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(struct.pack("<Q", len(h)))
+            f.write(h)
+            for b in blobs:
+                f.write(b)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, real)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _umask():
+    m = os.umask(0)
+    os.umask(m)
+    return m
 
 
 def main(argv=None):

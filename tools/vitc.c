@@ -1,4 +1,5 @@
 /* vitc.c — the command-line tool: dispatch to a subcommand. */
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -68,6 +69,9 @@ static void cli_help(FILE *f) {
 }
 
 int main(int argc, char **argv) {
+    /* Over the file-size limit, a write then fails with EFBIG and the job
+     * reports it and removes its temporary file, instead of dying half done. */
+    signal(SIGXFSZ, SIG_IGN);
     if (argc < 2)
         return cli_help(stderr), CLI_USAGE;
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {

@@ -12,12 +12,10 @@
  * input: PIL clips 16-bit gray to 255 on convert("RGB"); we keep the high
  * byte, as PIL does for 16-bit RGB.
  */
-#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 
 #ifdef VITC_HAVE_PNG
 #include <png.h>
@@ -54,32 +52,21 @@ static __attribute__((unused)) vitc_status image_check_size(const char *path, in
 }
 
 static vitc_status read_file(const char *path, unsigned char **data, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    struct stat sb;
-    long size;
+    FILE *f;
+    uint64_t size;
     unsigned char *buf;
     *data = NULL;
     *len = 0;
-    if (!f)
-        return vitc__err(VITC_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        fclose(f);
-        return vitc__err(VITC_ERR_IO, "%s: not a regular file", path);
-    }
-    size = (long)sb.st_size;
+    VITC_TRY(vitc__open_regular(path, VITC_IMAGE_MAX_FILE_BYTES, &f, &size));
     if (size == 0) {
         fclose(f);
         return vitc__err(VITC_ERR_FORMAT, "%s: empty file", path);
     }
-    if ((long long)size > VITC_IMAGE_MAX_FILE_BYTES) {
-        fclose(f);
-        return vitc__err(VITC_ERR_FORMAT, "%s: file of %ld bytes is too large for an image",
-                         path, size);
-    }
     buf = malloc((size_t)size);
     if (!buf) {
         fclose(f);
-        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory reading %ld bytes", path, size);
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory reading %llu bytes", path,
+                         (unsigned long long)size);
     }
     if (fread(buf, 1, (size_t)size, f) != (size_t)size) {
         free(buf);
@@ -354,7 +341,9 @@ void vitc_image_free(vitc_image *img) {
 
 #ifdef VITC_HAVE_PNG
 typedef struct png_wctx {
-    FILE *f;
+    const char *path;
+    const uint8_t *rgb;
+    int width, height;
     char msg[200];
 } png_wctx;
 
@@ -362,6 +351,32 @@ static void png_werr_fn(png_structp png, png_const_charp msg) {
     png_wctx *c = png_get_error_ptr(png);
     snprintf(c->msg, sizeof c->msg, "%s", msg);
     png_longjmp(png, 1);
+}
+
+/* Runs inside vitc__write_file, which owns f and reports stdio errors. */
+static vitc_status png_write_to(FILE *f, void *p) {
+    png_wctx *c = p;
+    png_structp png = png_create_write_struct(PNG_LIBPNG_VER_STRING, c, png_werr_fn, png_warn_fn);
+    png_infop info = png ? png_create_info_struct(png) : NULL;
+    vitc_status st = VITC_OK;
+    if (!png || !info) {
+        png_destroy_write_struct(&png, &info);
+        return vitc__err(VITC_ERR_NOMEM, "%s: cannot create PNG encoder", c->path);
+    }
+    if (setjmp(png_jmpbuf(png))) {
+        st = vitc__err(VITC_ERR_IO, "%s: writing PNG failed: %s", c->path, c->msg);
+    } else {
+        png_init_io(png, f);
+        png_set_IHDR(png, info, (png_uint_32)c->width, (png_uint_32)c->height, 8,
+                     PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
+                     PNG_FILTER_TYPE_DEFAULT);
+        png_write_info(png, info);
+        for (int y = 0; y < c->height; y++)
+            png_write_row(png, (png_const_bytep)(c->rgb + (size_t)y * c->width * 3));
+        png_write_end(png, info);
+    }
+    png_destroy_write_struct(&png, &info);
+    return st;
 }
 #endif
 
@@ -372,43 +387,8 @@ vitc_status vitc_image_save_png(const char *path, const uint8_t *rgb, int width,
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_save_png: invalid size %dx%d",
                          width, height);
 #ifdef VITC_HAVE_PNG
-    {
-        png_wctx ctx;
-        png_wctx *c = &ctx;
-        png_structp png;
-        png_infop info;
-        vitc_status st = VITC_OK;
-
-        memset(&ctx, 0, sizeof ctx);
-        ctx.f = fopen(path, "wb");
-        if (!ctx.f)
-            return vitc__err(VITC_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
-        png = png_create_write_struct(PNG_LIBPNG_VER_STRING, c, png_werr_fn, png_warn_fn);
-        info = png ? png_create_info_struct(png) : NULL;
-        if (!png || !info) {
-            png_destroy_write_struct(&png, &info);
-            fclose(ctx.f);
-            return vitc__err(VITC_ERR_NOMEM, "%s: cannot create PNG encoder", path);
-        }
-        if (setjmp(png_jmpbuf(png))) {
-            st = vitc__err(VITC_ERR_IO, "%s: writing PNG failed: %s", path, c->msg);
-        } else {
-            png_init_io(png, c->f);
-            png_set_IHDR(png, info, (png_uint_32)width, (png_uint_32)height, 8,
-                         PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
-                         PNG_FILTER_TYPE_DEFAULT);
-            png_write_info(png, info);
-            for (int y = 0; y < height; y++)
-                png_write_row(png, (png_const_bytep)(rgb + (size_t)y * width * 3));
-            png_write_end(png, info);
-        }
-        png_destroy_write_struct(&png, &info);
-        if (fclose(c->f) != 0 && st == VITC_OK)
-            st = vitc__err(VITC_ERR_IO, "%s: write error: %s", path, strerror(errno));
-        if (st != VITC_OK)
-            remove(path);
-        return st;
-    }
+    png_wctx ctx = {path, rgb, width, height, {0}};
+    return vitc__write_file(path, png_write_to, &ctx);
 #else
     return vitc__err(VITC_ERR_UNSUPPORTED, "%s: PNG support was not built in (libpng)", path);
 #endif

@@ -16,13 +16,10 @@
  * own destination and widened in place).
  */
 #include <errno.h>
-#include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
 #include <jansson.h>
 
@@ -177,38 +174,6 @@ static int st_uint(const json_t *j, uint64_t *out) {
     return 1;
 }
 
-static vitc_status st_parse_metadata(vitc_safetensors *st, const json_t *meta, const char *fname) {
-    if (json_is_null(meta))
-        return VITC_OK;
-    if (!json_is_object(meta))
-        return vitc__err(VITC_ERR_FORMAT, "%s: __metadata__ is %s, not a string -> string map",
-                         fname, st_json_type(meta));
-    size_t n = json_object_size(meta);
-    if (n > INT32_MAX)
-        return vitc__err(VITC_ERR_FORMAT, "%s: __metadata__ has too many entries", fname);
-    st->meta_key = calloc(n ? n : 1, sizeof(char *));
-    st->meta_val = calloc(n ? n : 1, sizeof(char *));
-    if (!st->meta_key || !st->meta_val)
-        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for metadata", fname);
-    const char *k;
-    json_t *v;
-    json_object_foreach((json_t *)meta, k, v) {
-        if (!json_is_string(v))
-            return vitc__err(VITC_ERR_FORMAT, "%s: __metadata__ value of '%s' is %s, not a string",
-                             fname, k, st_json_type(v));
-        char *kk = st_strdup(k), *vv = st_strdup(json_string_value(v));
-        if (!kk || !vv) {
-            free(kk);
-            free(vv);
-            return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for metadata", fname);
-        }
-        st->meta_key[st->n_meta] = kk;
-        st->meta_val[st->n_meta] = vv;
-        st->n_meta++;
-    }
-    return VITC_OK;
-}
-
 static vitc_status st_parse_tensor(st_tensor *t, const char *name, const json_t *e,
                                    const char *fname) {
     if (!json_is_object(e))
@@ -322,6 +287,268 @@ static int st_cmp_name(const void *a, const void *b) {
     return strcmp(((const struct st_name *)a)->name, ((const struct st_name *)b)->name);
 }
 
+/*
+ * The header is read without building a JSON tree of all of it: jansson's
+ * tree costs up to ~80x the text (3 MB of "{}" took 234 MB; a header near
+ * the 100 MB limit, gigabytes). A small scanner walks the two levels a
+ * safetensors header has (the root object and __metadata__'s object) and
+ * hands jansson one piece at a time: a key, one tensor entry (at most
+ * ST_MAX_ENTRY_ITEMS values), one metadata value. jansson still checks all
+ * of the JSON inside each piece (escapes, UTF-8, numbers); the scanner checks
+ * the punctuation between pieces. Peak memory is the header, what the result
+ * keeps (bounded by the limits below), and one entry's tree.
+ */
+
+/* Limits of docs/limits.md: far above any real checkpoint (ViT-H has 390
+ * tensors, the largest sharded LLM files a few thousand), low enough that
+ * what they hold stays under ~40 MB. */
+#define ST_MAX_TENSORS 262144
+#define ST_MAX_META 65536
+/* A tensor entry holds dtype, shape (at most 1024 dims) and data_offsets. */
+#define ST_MAX_ENTRY_ITEMS 2048
+/* A header nests 3 deep; deeper is refused without recursion. */
+#define ST_MAX_DEPTH 64
+
+typedef struct st_scan {
+    const char *h;
+    size_t len, pos;
+    const char *fname;
+    vitc_status s; /* the error, message set, once something failed */
+} st_scan;
+
+static int st_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+static void st_skip_ws(st_scan *sc) {
+    while (sc->pos < sc->len && st_ws(sc->h[sc->pos]))
+        sc->pos++;
+}
+
+static int st_at(const st_scan *sc, char c) { return sc->pos < sc->len && sc->h[sc->pos] == c; }
+
+static int st_syntax(st_scan *sc, const char *what) {
+    sc->s = vitc__err(VITC_ERR_FORMAT, "%s: header is not valid JSON: %s (header byte %zu)",
+                      sc->fname, what, sc->pos);
+    return 0;
+}
+
+/* Past the string that starts at pos; jansson checks what is inside. */
+static int st_skip_string(st_scan *sc) {
+    size_t p = sc->pos + 1;
+    while (p < sc->len && sc->h[p] != '"')
+        p += sc->h[p] == '\\' ? 2 : 1;
+    if (p >= sc->len) {
+        sc->pos = sc->len;
+        return st_syntax(sc, "a string does not end");
+    }
+    sc->pos = p + 1;
+    return 1;
+}
+
+/* Past one value. *items counts its containers and commas, which bounds the
+ * number of values in it and so the size of jansson's tree for it. */
+static int st_skip_value(st_scan *sc, size_t *items) {
+    *items = 0;
+    if (sc->pos >= sc->len)
+        return st_syntax(sc, "the header ends where a value should be");
+    char c = sc->h[sc->pos];
+    if (c == '"')
+        return st_skip_string(sc);
+    if (c != '{' && c != '[') {
+        size_t start = sc->pos;
+        while (sc->pos < sc->len && !st_ws(c = sc->h[sc->pos]) && c != ',' && c != '}' &&
+               c != ']' && c != ':' && c != '"' && c != '{' && c != '[')
+            sc->pos++;
+        return sc->pos > start ? 1 : st_syntax(sc, "a value was expected");
+    }
+    int depth = 0;
+    while (sc->pos < sc->len) {
+        c = sc->h[sc->pos];
+        if (c == '"') {
+            if (!st_skip_string(sc))
+                return 0;
+            continue;
+        }
+        if (c == '{' || c == '[') {
+            if (++depth > ST_MAX_DEPTH)
+                return st_syntax(sc, "nested deeper than a safetensors header can be");
+            ++*items;
+        } else if (c == '}' || c == ']') {
+            if (--depth == 0) {
+                sc->pos++;
+                return 1;
+            }
+        } else if (c == ',') {
+            ++*items;
+        }
+        sc->pos++;
+    }
+    return st_syntax(sc, "the header ends inside a value");
+}
+
+/* The next member of the object being scanned: call with pos just after its
+ * '{' and *first = 1. 1: key and val hold the spans; 0: the closing '}' was
+ * passed, or an error (sc->s). */
+static int st_next_member(st_scan *sc, int *first, size_t key[2], size_t val[2],
+                          size_t *items) {
+    st_skip_ws(sc);
+    if (st_at(sc, '}')) {
+        sc->pos++;
+        return 0;
+    }
+    if (!*first) {
+        if (!st_at(sc, ','))
+            return st_syntax(sc, "',' or '}' was expected");
+        sc->pos++;
+        st_skip_ws(sc);
+    }
+    *first = 0;
+    if (!st_at(sc, '"'))
+        return st_syntax(sc, "a quoted key was expected");
+    key[0] = sc->pos;
+    if (!st_skip_string(sc))
+        return 0;
+    key[1] = sc->pos;
+    st_skip_ws(sc);
+    if (!st_at(sc, ':'))
+        return st_syntax(sc, "':' was expected");
+    sc->pos++;
+    st_skip_ws(sc);
+    val[0] = sc->pos;
+    if (!st_skip_value(sc, items))
+        return 0;
+    val[1] = sc->pos;
+    return 1;
+}
+
+size_t vitc__json_items(const char *s, size_t len) {
+    size_t items = 0;
+    for (size_t i = 0; i < len; i++) {
+        char c = s[i];
+        if (c == '"') {
+            for (i++; i < len && s[i] != '"'; i++)
+                i += s[i] == '\\';
+        } else {
+            items += c == '{' || c == '[' || c == ',';
+        }
+    }
+    return items;
+}
+
+static json_t *st_decode(st_scan *sc, const size_t span[2]) {
+    json_error_t jerr;
+    json_t *j = json_loadb(sc->h + span[0], span[1] - span[0],
+                           JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &jerr);
+    if (j)
+        return j;
+    if (json_error_code(&jerr) == json_error_out_of_memory)
+        sc->s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory while parsing the %zu-byte header",
+                          sc->fname, sc->len);
+    else
+        sc->s = vitc__err(VITC_ERR_FORMAT, "%s: header is not valid JSON: %s (header byte %zu)",
+                          sc->fname, jerr.text, span[0] + (size_t)jerr.position);
+    return NULL;
+}
+
+/* A decoded key, as a new string. */
+static char *st_key(st_scan *sc, const size_t span[2]) {
+    json_t *k = st_decode(sc, span);
+    if (!k)
+        return NULL;
+    char *s = st_strdup(json_string_value(k));
+    json_decref(k);
+    if (!s)
+        sc->s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory", sc->fname);
+    return s;
+}
+
+/* What a value is, for a message; containers are named without parsing. */
+static const char *st_kind(st_scan *sc, const size_t span[2]) {
+    char c = sc->h[span[0]];
+    if (c == '{' || c == '[')
+        return c == '{' ? "an object" : "an array";
+    json_t *j = st_decode(sc, span);
+    const char *k = j ? st_json_type(j) : NULL;
+    json_decref(j);
+    return k;
+}
+
+/* Grow an array of n elements of size sz to hold n + 1, doubling; the new
+ * part is zeroed (free relies on NULL members). */
+static int st_grow(void *pp, int n, int *cap, size_t sz) {
+    if (n < *cap)
+        return 1;
+    int nc = *cap ? 2 * *cap : 64;
+    void *p = realloc(*(void **)pp, (size_t)nc * sz);
+    if (!p)
+        return 0;
+    memset((char *)p + (size_t)*cap * sz, 0, (size_t)(nc - *cap) * sz);
+    *(void **)pp = p;
+    *cap = nc;
+    return 1;
+}
+
+static int st_cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+/* __metadata__'s value: null or a string -> string map. */
+static vitc_status st_parse_metadata(vitc_safetensors *st, st_scan *sc, const size_t span[2]) {
+    const char *fname = sc->fname;
+    if (sc->h[span[0]] != '{') {
+        const char *k = st_kind(sc, span);
+        if (!k)
+            return sc->s;
+        if (!strcmp(k, "null"))
+            return VITC_OK;
+        return vitc__err(VITC_ERR_FORMAT, "%s: __metadata__ is %s, not a string -> string map",
+                         fname, k);
+    }
+    int cap = 0, capv = 0, first = 1;
+    size_t key[2], val[2], items;
+    sc->pos = span[0] + 1;
+    while (st_next_member(sc, &first, key, val, &items)) {
+        if (st->n_meta >= ST_MAX_META)
+            return vitc__err(VITC_ERR_FORMAT, "%s: __metadata__ has more than %d entries "
+                             "(vitc's limit)", fname, ST_MAX_META);
+        if (!st_grow(&st->meta_key, st->n_meta, &cap, sizeof(char *)) ||
+            !st_grow(&st->meta_val, st->n_meta, &capv, sizeof(char *)))
+            return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for metadata", fname);
+        char *k = st_key(sc, key);
+        if (!k)
+            return sc->s;
+        st->meta_key[st->n_meta++] = k; /* counted now so that free releases it */
+        if (sc->h[val[0]] != '"') {
+            const char *kind = st_kind(sc, val);
+            if (!kind)
+                return sc->s;
+            return vitc__err(VITC_ERR_FORMAT, "%s: __metadata__ value of '%s' is %s, not a "
+                             "string", fname, k, kind);
+        }
+        json_t *v = st_decode(sc, val);
+        if (!v)
+            return sc->s;
+        st->meta_val[st->n_meta - 1] = st_strdup(json_string_value(v));
+        json_decref(v);
+        if (!st->meta_val[st->n_meta - 1])
+            return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for metadata", fname);
+    }
+    if (sc->s != VITC_OK)
+        return sc->s;
+    /* Duplicate keys, as jansson's JSON_REJECT_DUPLICATES would say. */
+    char **sorted = malloc((st->n_meta ? (size_t)st->n_meta : 1) * sizeof *sorted);
+    if (!sorted)
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for metadata", fname);
+    memcpy(sorted, st->meta_key, (size_t)st->n_meta * sizeof *sorted);
+    qsort(sorted, (size_t)st->n_meta, sizeof *sorted, st_cmp_str);
+    vitc_status s = VITC_OK;
+    for (int i = 1; i < st->n_meta && s == VITC_OK; i++)
+        if (!strcmp(sorted[i], sorted[i - 1]))
+            s = vitc__err(VITC_ERR_FORMAT, "%s: __metadata__ has a duplicate key '%s'", fname,
+                          sorted[i]);
+    free(sorted);
+    return s;
+}
+
 /* Parse and validate the header; on success st->t describes every tensor
  * and the data buffer of buf_len bytes is exactly covered. */
 static vitc_status st_parse_header(vitc_safetensors *st, const char *hdr, size_t hlen,
@@ -329,41 +556,62 @@ static vitc_status st_parse_header(vitc_safetensors *st, const char *hdr, size_t
     if (hlen == 0 || hdr[0] != '{')
         return vitc__err(VITC_ERR_FORMAT, "%s: the header does not start with '{' (not a "
                          "safetensors file?)", fname);
-    json_error_t jerr;
-    json_t *root = json_loadb(hdr, hlen, JSON_REJECT_DUPLICATES, &jerr);
-    if (!root)
-        return vitc__err(VITC_ERR_FORMAT, "%s: header is not valid JSON: %s (header byte %d)",
-                         fname, jerr.text, jerr.position);
+    st_scan sc = {hdr, hlen, 1, fname, VITC_OK};
+    int cap = 0, first = 1, meta_seen = 0;
+    size_t key[2], val[2], items;
     vitc_status s = VITC_OK;
-    if (!json_is_object(root)) {
-        s = vitc__err(VITC_ERR_FORMAT, "%s: the header is not a JSON object", fname);
-        goto done;
-    }
-    size_t nent = json_object_size(root);
-    const json_t *meta = json_object_get(root, "__metadata__");
-    size_t nt = nent - (meta != NULL);
-    if (nt > INT32_MAX / 2) {
-        s = vitc__err(VITC_ERR_FORMAT, "%s: too many tensors (%zu)", fname, nt);
-        goto done;
-    }
-    st->t = calloc(nt ? nt : 1, sizeof(st_tensor));
-    st->by_name = calloc(nt ? nt : 1, sizeof *st->by_name);
-    if (!st->t || !st->by_name) {
-        s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory for %zu tensors", fname, nt);
-        goto done;
-    }
-    if (meta && (s = st_parse_metadata(st, meta, fname)) != VITC_OK)
-        goto done;
-    const char *name;
-    json_t *e;
-    json_object_foreach(root, name, e) {
-        if (!strcmp(name, "__metadata__"))
+    while (st_next_member(&sc, &first, key, val, &items)) {
+        char *name = st_key(&sc, key);
+        if (!name)
+            return sc.s;
+        if (!strcmp(name, "__metadata__")) {
+            free(name);
+            if (meta_seen++)
+                return vitc__err(VITC_ERR_FORMAT, "%s: the header has a duplicate key "
+                                 "'__metadata__'", fname);
+            size_t next = sc.pos;
+            VITC_TRY(st_parse_metadata(st, &sc, val));
+            sc.pos = next;
             continue;
-        /* Counted before parsing so that free releases a half-filled entry. */
-        st_tensor *t = &st->t[st->n++];
-        if ((s = st_parse_tensor(t, name, e, fname)) != VITC_OK)
-            goto done;
+        }
+        if (st->n >= ST_MAX_TENSORS)
+            s = vitc__err(VITC_ERR_FORMAT, "%s: more than %d tensors (vitc's limit)", fname,
+                          ST_MAX_TENSORS);
+        else if (!st_grow(&st->t, st->n, &cap, sizeof(st_tensor)))
+            s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory for %d tensors", fname, st->n + 1);
+        else if (items > ST_MAX_ENTRY_ITEMS)
+            s = vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s': the entry holds over %d values; a "
+                          "tensor has dtype, shape (at most 1024 dimensions) and data_offsets",
+                          fname, name, ST_MAX_ENTRY_ITEMS);
+        if (s == VITC_OK) {
+            /* Counted before parsing so that free releases a half-filled entry. */
+            st_tensor *t = &st->t[st->n++];
+            json_t *e = st_decode(&sc, val);
+            s = e ? st_parse_tensor(t, name, e, fname) : sc.s;
+            json_decref(e);
+        }
+        free(name);
+        if (s != VITC_OK)
+            return s;
     }
+    if (sc.s != VITC_OK)
+        return sc.s;
+    st_skip_ws(&sc);
+    if (sc.pos != sc.len) {
+        st_syntax(&sc, "something follows the header's object");
+        return sc.s;
+    }
+    st->by_name = calloc(st->n ? (size_t)st->n : 1, sizeof *st->by_name);
+    if (!st->by_name)
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for %d tensors", fname, st->n);
+    /* Duplicate names first, as jansson's JSON_REJECT_DUPLICATES would. */
+    for (int i = 0; i < st->n; i++)
+        st->by_name[i].name = st->t[i].name;
+    qsort(st->by_name, (size_t)st->n, sizeof *st->by_name, st_cmp_name);
+    for (int i = 1; i < st->n; i++)
+        if (!strcmp(st->by_name[i].name, st->by_name[i - 1].name))
+            return vitc__err(VITC_ERR_FORMAT, "%s: the header has a duplicate tensor '%s'",
+                             fname, st->by_name[i].name);
 
     qsort(st->t, (size_t)st->n, sizeof(st_tensor), st_cmp_offset);
     uint64_t pos = 0;
@@ -404,7 +652,6 @@ static vitc_status st_parse_header(vitc_safetensors *st, const char *hdr, size_t
     }
     qsort(st->by_name, (size_t)st->n, sizeof *st->by_name, st_cmp_name);
 done:
-    json_decref(root);
     return s;
 }
 
@@ -510,22 +757,12 @@ vitc_status vitc_safetensors_load(const char *path, vitc_safetensors **out) {
     *out = NULL;
     if (!path)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_safetensors_load: path is NULL");
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return vitc__err(VITC_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-    struct stat sb;
+    FILE *f;
+    uint64_t fsize;
+    VITC_TRY(vitc__open_regular(path, 0, &f, &fsize));
     vitc_status s = VITC_OK;
     vitc_safetensors *st = NULL;
     char *hdr = NULL;
-    if (fstat(fileno(f), &sb) != 0) {
-        s = vitc__err(VITC_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
-        goto done;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        s = vitc__err(VITC_ERR_IO, "%s: not a regular file", path);
-        goto done;
-    }
-    uint64_t fsize = (uint64_t)sb.st_size;
     unsigned char len8[8];
     if (fsize < 8 || fread(len8, 1, 8, f) != 8) {
         s = vitc__err(VITC_ERR_FORMAT,
@@ -792,32 +1029,26 @@ done:
     return s;
 }
 
-/* Open a fresh file beside path (same directory, so rename is atomic). The
- * mode honours the umask as a plain fopen would. */
-static FILE *st_open_temp(const char *path, char **tmp_out) {
-    static _Atomic unsigned counter;
-    size_t cap = strlen(path) + 64;
-    char *tmp = malloc(cap);
-    if (!tmp)
-        return NULL;
-    for (int tries = 0; tries < 100; tries++) {
-        snprintf(tmp, cap, "%s.tmp%ld.%u", path, (long)getpid(), counter++);
-        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd >= 0) {
-            FILE *f = fdopen(fd, "wb");
-            if (!f) {
-                close(fd);
-                unlink(tmp);
-                break;
-            }
-            *tmp_out = tmp;
-            return f;
-        }
-        if (errno != EEXIST)
-            break;
+typedef struct st_wctx {
+    const char *hdr;
+    size_t hlen;
+    int n;
+    const st_wsort *order;
+    const size_t *numel;
+    const float *const *data;
+} st_wctx;
+
+static vitc_status st_write(FILE *f, void *p) {
+    const st_wctx *c = p;
+    uint64_t hl = (uint64_t)c->hlen;
+    if (fwrite(&hl, 8, 1, f) != 1 || fwrite(c->hdr, 1, c->hlen, f) != c->hlen)
+        return VITC_ERR_IO; /* vitc__write_file names the stdio error */
+    for (int k = 0; k < c->n; k++) {
+        int i = c->order[k].index;
+        if (c->numel[i] && fwrite(c->data[i], sizeof(float), c->numel[i], f) != c->numel[i])
+            return VITC_ERR_IO;
     }
-    free(tmp);
-    return NULL;
+    return VITC_OK;
 }
 
 vitc_status vitc_safetensors_save(const char *path, int n, const char *const *names,
@@ -828,9 +1059,8 @@ vitc_status vitc_safetensors_save(const char *path, int n, const char *const *na
     vitc_status s;
     size_t *numel = calloc(n > 0 ? (size_t)n : 1, sizeof(size_t));
     st_wsort *order = calloc(n > 0 ? (size_t)n : 1, sizeof(st_wsort));
-    char *hdr = NULL, *tmp = NULL;
+    char *hdr = NULL;
     size_t hlen = 0;
-    FILE *f = NULL;
     if (!numel || !order) {
         s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory", path ? path : "(null)");
         goto done;
@@ -857,40 +1087,9 @@ vitc_status vitc_safetensors_save(const char *path, int n, const char *const *na
     if (s != VITC_OK)
         goto done;
 
-    f = st_open_temp(path, &tmp);
-    if (!f) {
-        s = vitc__err(VITC_ERR_IO, "%s: cannot create a file beside it: %s", path,
-                      strerror(errno));
-        goto done;
-    }
-    uint64_t hl = (uint64_t)hlen;
-    int bad = fwrite(&hl, 8, 1, f) != 1 || fwrite(hdr, 1, hlen, f) != hlen;
-    for (int k = 0; k < n && !bad; k++) {
-        int i = order[k].index;
-        bad = numel[i] && fwrite(data[i], sizeof(float), numel[i], f) != numel[i];
-    }
-    int err = errno;
-    if (fclose(f) != 0 && !bad) {
-        bad = 1;
-        err = errno;
-    }
-    f = NULL;
-    if (bad) {
-        s = vitc__err(VITC_ERR_IO, "%s: write failed: %s", path, strerror(err));
-        goto done;
-    }
-    if (rename(tmp, path) != 0) {
-        s = vitc__err(VITC_ERR_IO, "%s: cannot rename the finished file into place: %s", path,
-                      strerror(errno));
-        goto done;
-    }
-    free(tmp);
-    tmp = NULL;
+    st_wctx wc = {hdr, hlen, n, order, numel, data};
+    s = vitc__write_file(path, st_write, &wc);
 done:
-    if (tmp) {
-        unlink(tmp);
-        free(tmp);
-    }
     free(hdr);
     free(numel);
     free(order);

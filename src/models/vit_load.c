@@ -23,6 +23,9 @@
  * enough that the table and the size math cannot run away. */
 #define VIT_MAX_DIM (1 << 20)
 #define VIT_MAX_DEPTH 4096
+/* vitc.config's values, labels included: ImageNet-21k's 21,843 labels fit
+ * six times over, and jansson's tree for the most stays near 15 MB. */
+#define VIT_MAX_CONFIG_ITEMS (1 << 17)
 
 /* ------------------------------------------------------------------ */
 /* Names                                                              */
@@ -362,6 +365,9 @@ static vitc_status vit_json_labels(vitc_vit *m, json_t *arr) {
 
 static vitc_status vit_apply_metadata(vitc_vit *m, const char *text) {
     json_error_t jerr;
+    if (vitc__json_items(text, strlen(text)) > VIT_MAX_CONFIG_ITEMS)
+        return vitc__err(VITC_ERR_FORMAT, "vitc.config holds more than %d JSON values (vitc's "
+                         "limit; each label is one)", VIT_MAX_CONFIG_ITEMS);
     json_t *root = json_loads(text, 0, &jerr);
     if (!root)
         return vitc__err(VITC_ERR_FORMAT, "vitc.config is not JSON (%s, column %d)", jerr.text,

@@ -1,0 +1,297 @@
+/*
+ * file.c — how vitc opens files to read and replaces files it writes.
+ *
+ * Reading: a path is opened with O_NONBLOCK and fstat'ed before anything is
+ * read, so a FIFO or a device given where a file is expected is refused at
+ * once instead of blocking forever; only then is O_NONBLOCK cleared.
+ *
+ * Writing never loses what was there (SQLite's habit): the new content goes
+ * to a fresh file beside the target, is flushed and fsync'ed, and is renamed
+ * over the target; the directory is fsync'ed so the rename itself survives a
+ * crash. On any failure only the temporary file is removed, so the target is
+ * either its old bytes or the complete new ones. A target that exists but is
+ * not a regular file (a device node, a FIFO, a directory) is refused and left
+ * alone: replacing /dev/something by a PNG is never what the user meant.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "internal.h"
+
+static const char *file_kind(mode_t m) {
+    if (S_ISDIR(m))
+        return "a directory";
+    if (S_ISFIFO(m))
+        return "a FIFO";
+    if (S_ISCHR(m))
+        return "a character device";
+    if (S_ISBLK(m))
+        return "a block device";
+    if (S_ISSOCK(m))
+        return "a socket";
+    return "not a regular file";
+}
+
+vitc_status vitc__open_regular(const char *path, uint64_t max_bytes, FILE **out, uint64_t *size) {
+    *out = NULL;
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+    if (fd < 0)
+        return vitc__err(VITC_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return vitc__err(VITC_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return vitc__err(VITC_ERR_IO, "%s: is %s; vitc reads only regular files", path,
+                         file_kind(sb.st_mode));
+    }
+    if (max_bytes && (uint64_t)sb.st_size > max_bytes) {
+        close(fd);
+        return vitc__err(VITC_ERR_FORMAT,
+                         "%s: file of %" PRIu64 " bytes is over the limit of %" PRIu64 " bytes",
+                         path, (uint64_t)sb.st_size, max_bytes);
+    }
+    int fl = fcntl(fd, F_GETFL);
+    FILE *f = NULL;
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0 || !(f = fdopen(fd, "rb"))) {
+        int e = errno;
+        close(fd);
+        return vitc__err(VITC_ERR_IO, "%s: cannot open: %s", path, strerror(e));
+    }
+    *out = f;
+    if (size)
+        *size = (uint64_t)sb.st_size;
+    return VITC_OK;
+}
+
+vitc_status vitc_open_read(const char *path, int64_t max_bytes, FILE **out, int64_t *size) {
+    if (!out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_open_read: out is NULL");
+    *out = NULL;
+    if (!path)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_open_read: path is NULL");
+    if (max_bytes < 0)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_open_read: negative max_bytes");
+    uint64_t n;
+    VITC_TRY(vitc__open_regular(path, (uint64_t)max_bytes, out, &n));
+    if (size)
+        *size = (int64_t)n;
+    return VITC_OK;
+}
+
+/* Where the file really goes: a symbolic link to a regular file is followed,
+ * so the link stays a link and its target gets the new content. */
+static vitc_status write_target(const char *path, char **real, struct stat *sb, int *exists) {
+    *real = NULL;
+    *exists = 0;
+    if (lstat(path, sb) != 0) {
+        if (errno == ENOENT)
+            return VITC_OK;
+        return vitc__err(VITC_ERR_IO, "%s: cannot stat: %s", path, strerror(errno));
+    }
+    if (S_ISLNK(sb->st_mode)) {
+        if (stat(path, sb) != 0)
+            return vitc__err(VITC_ERR_IO, "%s: is a symbolic link that leads nowhere (%s); "
+                             "not replacing it", path, strerror(errno));
+        if (S_ISREG(sb->st_mode) && !(*real = realpath(path, NULL)))
+            return vitc__err(VITC_ERR_IO, "%s: cannot resolve the link: %s", path,
+                             strerror(errno));
+    }
+    if (!S_ISREG(sb->st_mode))
+        return vitc__err(VITC_ERR_IO, "%s: exists and is %s; vitc writes only regular files "
+                         "and leaves it alone", path, file_kind(sb->st_mode));
+    /* Replacing by rename would succeed on a read-only file; writing in place
+     * would not, and that protection is the user's to keep. */
+    if (access(*real ? *real : path, W_OK) != 0)
+        return vitc__err(VITC_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    *exists = 1;
+    return VITC_OK;
+}
+
+/* A fresh file beside target (same directory, so rename is atomic). The mode
+ * honours the umask as a plain fopen would. */
+static vitc_status open_temp(const char *target, char **tmp_out, int *fd_out) {
+    static _Atomic unsigned counter;
+    size_t cap;
+    if (!vitc__add_size(strlen(target), 64, &cap))
+        return vitc__err(VITC_ERR_INVALID_ARG, "path too long");
+    char *tmp = malloc(cap);
+    if (!tmp)
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory", target);
+    for (int tries = 0; tries < 100; tries++) {
+        snprintf(tmp, cap, "%s.tmp%ld.%u", target, (long)getpid(), counter++);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, 0666);
+        if (fd >= 0) {
+            *tmp_out = tmp;
+            *fd_out = fd;
+            return VITC_OK;
+        }
+        if (errno != EEXIST)
+            break;
+    }
+    int e = errno;
+    free(tmp);
+    return vitc__err(VITC_ERR_IO, "%s: cannot create a file beside it: %s", target, strerror(e));
+}
+
+/* fsync the directory holding path so that the rename is on disk too. File
+ * systems that cannot sync a directory say EINVAL; that is not a failure. */
+static vitc_status sync_dir(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char *dir = slash ? strndup(path, slash == path ? 1 : (size_t)(slash - path)) : strdup(".");
+    if (!dir)
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory", path);
+    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    vitc_status s = VITC_OK;
+    if (fd < 0 || (fsync(fd) != 0 && errno != EINVAL && errno != ENOTSUP))
+        s = vitc__err(VITC_ERR_IO, "%s: written, but syncing its directory failed: %s", path,
+                      strerror(errno));
+    if (fd >= 0)
+        close(fd);
+    free(dir);
+    return s;
+}
+
+vitc_status vitc__write_file(const char *path, vitc__write_fn fn, void *ctx) {
+    if (!path)
+        return vitc__err(VITC_ERR_INVALID_ARG, "write: path is NULL");
+    struct stat sb;
+    char *real = NULL, *tmp = NULL;
+    int exists, fd = -1;
+    FILE *f = NULL;
+    vitc_status s = write_target(path, &real, &sb, &exists);
+    const char *target = real ? real : path;
+    if (s == VITC_OK)
+        s = open_temp(target, &tmp, &fd);
+    if (s != VITC_OK)
+        goto done;
+    /* The replacement keeps the permissions of the file it replaces. */
+    if (exists && fchmod(fd, sb.st_mode & 07777) != 0) {
+        s = vitc__err(VITC_ERR_IO, "%s: cannot set the mode of the new file: %s", path,
+                      strerror(errno));
+        goto done;
+    }
+    if (!(f = fdopen(fd, "wb"))) {
+        s = vitc__err(VITC_ERR_IO, "%s: cannot open the new file: %s", path, strerror(errno));
+        goto done;
+    }
+    fd = -1;
+    s = fn(f, ctx);
+    int err = errno;
+    /* fflush makes buffered data meet the disk here. A stdio failure (full
+     * disk, EFBIG) is the cause whatever the writer made of it. */
+    if (s == VITC_OK && !ferror(f) && fflush(f) != 0)
+        err = errno;
+    if (ferror(f)) {
+        s = vitc__err(VITC_ERR_IO, "%s: write failed: %s", path, strerror(err));
+        goto done;
+    }
+    if (s != VITC_OK)
+        goto done;
+    if (fsync(fileno(f)) != 0) {
+        s = vitc__err(VITC_ERR_IO, "%s: write failed (fsync): %s", path, strerror(errno));
+        goto done;
+    }
+    int rc = fclose(f);
+    f = NULL;
+    if (rc != 0) {
+        s = vitc__err(VITC_ERR_IO, "%s: write failed (close): %s", path, strerror(errno));
+        goto done;
+    }
+    if (rename(tmp, target) != 0) {
+        s = vitc__err(VITC_ERR_IO, "%s: cannot rename the finished file into place: %s", path,
+                      strerror(errno));
+        goto done;
+    }
+    free(tmp);
+    tmp = NULL;
+    s = sync_dir(target);
+done:
+    if (f)
+        fclose(f);
+    if (fd >= 0)
+        close(fd);
+    if (tmp) {
+        unlink(tmp);
+        free(tmp);
+    }
+    free(real);
+    return s;
+}
+
+/* ------------------------------------------------------------------ */
+/* .npy                                                               */
+/* ------------------------------------------------------------------ */
+
+typedef struct npy_ctx {
+    const float *data;
+    size_t numel;
+    const char *header;
+    size_t header_len;
+} npy_ctx;
+
+static vitc_status npy_write(FILE *f, void *p) {
+    const npy_ctx *c = p;
+    if (fwrite(c->header, 1, c->header_len, f) != c->header_len)
+        return VITC_ERR_IO;
+    unsigned char buf[4096];
+    size_t k = 0;
+    for (size_t i = 0; i < c->numel; i++) {
+        uint32_t u;
+        memcpy(&u, &c->data[i], 4);
+        for (int b = 0; b < 4; b++)
+            buf[k++] = (unsigned char)(u >> (8 * b)); /* little-endian on any host */
+        if (k == sizeof buf || i + 1 == c->numel) {
+            if (fwrite(buf, 1, k, f) != k)
+                return VITC_ERR_IO;
+            k = 0;
+        }
+    }
+    return VITC_OK;
+}
+
+vitc_status vitc_save_npy(const char *path, const float *data, int ndim, const int64_t *shape) {
+    if (!path)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_save_npy: path is NULL");
+    /* numpy 1.x reads at most 32 dimensions. */
+    if (ndim < 0 || ndim > 32 || (ndim > 0 && !shape))
+        return vitc__err(VITC_ERR_SHAPE, "%s: ndim %d (0..32, with a shape)", path, ndim);
+    int ok;
+    size_t numel = vitc__numel(ndim, shape, &ok), bytes;
+    if (!ok || !vitc__mul_size(numel, 4, &bytes)) {
+        char sb[160];
+        return vitc__err(VITC_ERR_SHAPE, "%s: bad shape %s (negative or too large)", path,
+                         vitc__shape_str(sb, sizeof sb, ndim, shape));
+    }
+    if (numel && !data)
+        return vitc__err(VITC_ERR_INVALID_ARG, "%s: data is NULL", path);
+    /* Format 1.0: magic, version, header length (2 bytes), then a Python dict
+     * padded with spaces to a multiple of 64 and ended by '\n'. 32 dims of 20
+     * digits fit easily in the 65535-byte header. */
+    char hdr[1024];
+    int n = snprintf(hdr + 10, sizeof hdr - 10,
+                     "{'descr': '<f4', 'fortran_order': False, 'shape': (");
+    for (int d = 0; d < ndim; d++)
+        n += snprintf(hdr + 10 + n, sizeof hdr - 10 - (size_t)n, "%s%" PRId64,
+                      d ? ", " : "", shape[d]);
+    n += snprintf(hdr + 10 + n, sizeof hdr - 10 - (size_t)n, "%s), }", ndim == 1 ? "," : "");
+    size_t total = 10 + (size_t)n + 1, pad = (64 - total % 64) % 64;
+    memset(hdr + 10 + n, ' ', pad);
+    hdr[10 + n + pad] = '\n';
+    size_t hl = (size_t)n + pad + 1;
+    memcpy(hdr, "\x93NUMPY\x01\x00", 8);
+    hdr[8] = (char)(hl & 0xff);
+    hdr[9] = (char)(hl >> 8);
+    npy_ctx c = {data, numel, hdr, 10 + hl};
+    return vitc__write_file(path, npy_write, &c);
+}
