@@ -51,6 +51,14 @@ BASE   += -DVITC_HAVE_PNG $(shell $(PKG) --cflags libpng)
 LDLIBS += $(shell $(PKG) --libs libpng)
 endif
 endif
+# zlib reads gzip IDX files (Fashion-MNIST as Debian ships it); without it
+# only raw IDX files are read.
+ifneq ($(NO_ZLIB),1)
+ifeq ($(call have,zlib),1)
+BASE   += -DVITC_HAVE_ZLIB $(shell $(PKG) --cflags zlib)
+LDLIBS += $(shell $(PKG) --libs zlib)
+endif
+endif
 ifneq ($(NO_JPEG),1)
 ifeq ($(call have,libturbojpeg),1)
 BASE   += -DVITC_HAVE_TURBOJPEG $(shell $(PKG) --cflags libturbojpeg)

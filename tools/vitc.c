@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "train.h"
 
 static const struct {
     const char *name;
@@ -15,6 +16,9 @@ static const struct {
     {"classify", cmd_classify, "classify images with a Vision Transformer checkpoint"},
     {"attention-map", cmd_attention_map, "write an attention heat map over an image (PNG)"},
     {"inspect", cmd_inspect, "list a safetensors file's tensors, metadata and architecture"},
+    {"train", cmd_train, "train a Vision Transformer on Fashion-MNIST, MNIST or an ImageFolder"},
+    {"eval", cmd_eval, "accuracy, per-class accuracy and confusion matrix on a test set"},
+    {"plot-log", cmd_plot_log, "plot the loss and accuracy curves of a `vitc train --log` file"},
     {"bench", cmd_bench, "time the standard attention workloads"},
     {"demo", cmd_demo, "run every seed attention block on the seeds' shapes"},
 };

@@ -553,9 +553,15 @@ static vitc_status vit_resolve_config(vitc_vit *m, const vitc_safetensors *st, c
     return vit_check_config(c);
 }
 
-/* Every table entry present with its shape; every file tensor used. */
+/* Tensors named "vitc.*" are a training checkpoint's state (optimizer
+ * moments, written by `vitc train`), not model weights: the model ignores
+ * them, so a checkpoint loads as a model everywhere. */
+static int vit_is_train_state(const char *name) { return strncmp(name, "vitc.", 5) == 0; }
+
+/* Every table entry present with its shape; every file tensor used, except
+ * training state, counted in *n_extra. */
 static vitc_status vit_check_tensors(const vitc_vit *m, const vitc_safetensors *st,
-                                     const float **src) {
+                                     const float **src, int *n_extra) {
     int n = vitc_safetensors_count(st);
     unsigned char *used = calloc((size_t)(n > 0 ? n : 1), 1);
     if (!used)
@@ -592,6 +598,10 @@ static vitc_status vit_check_tensors(const vitc_vit *m, const vitc_safetensors *
         const float *data;
         if (used[j] || vitc_safetensors_tensor(st, j, &nm, &dt, &nd, &shape, &data) != VITC_OK)
             continue;
+        if (vit_is_train_state(nm)) {
+            ++*n_extra;
+            continue;
+        }
         s = vitc__err(VITC_ERR_KEY, "unexpected tensor %s %s in a %s-named ViT checkpoint", nm,
                       vitc__shape_str(have, sizeof have, nd, shape),
                       m->naming == VIT_NAMES_TIMM ? "timm" : "torchvision");
@@ -621,9 +631,12 @@ static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int a
     const float **src = calloc((size_t)m->n_entries, sizeof *src);
     if (!src)
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate %d pointers", m->n_entries);
-    vitc_status s = vit_check_tensors(m, st, src);
+    int n_extra = 0;
+    vitc_status s = vit_check_tensors(m, st, src, &n_extra);
     size_t bytes = 0;
-    if (s == VITC_OK && adopt) {
+    /* The adopted span must hold model tensors only: with training state
+     * in the file the weights are copied out instead. */
+    if (s == VITC_OK && adopt && !n_extra) {
         const float *lo = src[0], *hi = src[0];
         for (int i = 0; i < m->n_entries; i++) {
             if (src[i] < lo) lo = src[i];
