@@ -551,6 +551,14 @@ VITC_API vitc_status vitc_vit_create(const vitc_vit_config *cfg, uint64_t seed, 
  * (and applies dropout / drop path); eval mode (the default) records nothing. */
 VITC_API void vitc_vit_set_training(vitc_vit *m, int training);
 VITC_API int vitc_vit_is_training(const vitc_vit *m);
+/* Training-mode regularisation, all in [0, 1): torchvision's dropout (after
+ * the embedding, the attention branch, the GELU and fc2), attention_dropout
+ * (refused when > 0: the fused attention has no probability dropout), and
+ * timm's drop path whose per-block rate rises linearly from 0 at the first
+ * block to drop_path at the last. Masks come from the model's generator
+ * (seeded by vitc_vit_create's seed). */
+VITC_API vitc_status vitc_vit_set_dropout(vitc_vit *m, float dropout, float attention_dropout,
+                                          float drop_path);
 /* Gradients of the last training forward for dlogits [B, num_classes],
  * accumulated (+=) into the gradients, as torch does. */
 VITC_API vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits);

@@ -206,6 +206,45 @@ static void test_bad_args(void **state) {
     vitc_vit_free(m);
 }
 
+/* backward: refused without a recorded training forward, after an eval
+ * forward, and a second time on one recording; gradients accumulate. */
+static void test_backward_errors(void **state) {
+    (void)state;
+    vitc_vit_config c = small_config();
+    vitc_vit *m = NULL;
+    assert_int_equal(vitc_vit_create(&c, 2, &m), VITC_OK);
+    float img[3 * 28 * 28], logits[30], dl[30];
+    for (int i = 0; i < 3 * 28 * 28; i++) img[i] = cosf(0.11f * (float)i);
+    for (int i = 0; i < 30; i++) dl[i] = 0.1f * (float)(i % 4) - 0.1f;
+    assert_int_equal(vitc_vit_backward(m, dl), VITC_ERR_INVALID_ARG);
+    assert_non_null(strstr(vitc_last_error(), "no recorded forward"));
+    assert_int_equal(vitc_vit_forward(m, img, 3, 28, 28, logits), VITC_OK); /* eval */
+    assert_int_equal(vitc_vit_backward(m, dl), VITC_ERR_INVALID_ARG);
+    vitc_vit_set_training(m, 1);
+    assert_int_equal(vitc_vit_forward(m, img, 3, 28, 28, logits), VITC_OK);
+    assert_int_equal(vitc_vit_backward(m, NULL), VITC_ERR_INVALID_ARG);
+    assert_int_equal(vitc_vit_backward(m, dl), VITC_OK);
+    assert_int_equal(vitc_vit_backward(m, dl), VITC_ERR_INVALID_ARG);
+    /* head.bias gradient = column sums of dlogits, accumulated twice. */
+    assert_int_equal(vitc_vit_forward(m, img, 3, 28, 28, logits), VITC_OK);
+    assert_int_equal(vitc_vit_backward(m, dl), VITC_OK);
+    float *g;
+    assert_int_equal(vitc_vit_param(m, vitc_vit_find_param(m, "heads.head.bias"), NULL, NULL,
+                                    NULL, NULL, &g), VITC_OK);
+    for (int j = 0; j < 10; j++) {
+        double want = 2.0 * ((double)dl[j] + dl[10 + j] + dl[20 + j]);
+        assert_true(fabs(g[j] - want) < 1e-6);
+    }
+    assert_int_equal(vitc_vit_zero_grad(m), VITC_OK);
+    assert_true(g[0] == 0.0f);
+    assert_int_equal(vitc_vit_set_dropout(m, 0.1f, 0.2f, 0.0f), VITC_ERR_INVALID_ARG);
+    assert_int_equal(vitc_vit_set_dropout(m, 1.0f, 0.0f, 0.0f), VITC_ERR_INVALID_ARG);
+    assert_int_equal(vitc_vit_set_dropout(m, 0.1f, 0.0f, 0.2f), VITC_OK);
+    assert_int_equal(vitc_vit_forward(m, img, 3, 28, 28, logits), VITC_OK);
+    assert_int_equal(vitc_vit_backward(m, dl), VITC_OK);
+    vitc_vit_free(m);
+}
+
 /* Layers: the optimizer's view skips BatchNorm's running statistics. */
 static void test_layer_paramset(void **state) {
     (void)state;
@@ -230,7 +269,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_create_init), cmocka_unit_test(test_paramset),
         cmocka_unit_test(test_save_load),   cmocka_unit_test(test_bad_args),
-        cmocka_unit_test(test_layer_paramset),
+        cmocka_unit_test(test_layer_paramset), cmocka_unit_test(test_backward_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

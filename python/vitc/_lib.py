@@ -179,6 +179,18 @@ _SIGNATURES = {
     "vitc_vit_label": (_cs, [_vp, _int]),
     "vitc_vit_forward": (_st, [_vp, c_float_p, _int, _int, _int, c_float_p]),
     "vitc_vit_attention_maps": (_st, [_vp, c_float_p, _int, _int, _int, c_float_p, c_float_p]),
+    # ViT training (tr-core)
+    "vitc_vit_default_config": (VitConfig, []),
+    "vitc_vit_create": (_st, [_P(VitConfig), ctypes.c_uint64, _P(_vp)]),
+    "vitc_vit_set_training": (None, [_vp, _int]),
+    "vitc_vit_is_training": (_int, [_vp]),
+    "vitc_vit_set_dropout": (_st, [_vp, _f32, _f32, _f32]),
+    "vitc_vit_backward": (_st, [_vp, c_float_p]),
+    "vitc_vit_zero_grad": (_st, [_vp]),
+    "vitc_vit_num_params": (_int, [_vp]),
+    "vitc_vit_param": (_st, [_vp, _int, _cspp, _P(_int), _P(c_int64_p), _P(c_float_p),
+                             _P(c_float_p)]),
+    "vitc_vit_save": (_st, [_vp, _cs]),
 }
 
 for _name, (_res, _args) in _SIGNATURES.items():

@@ -5,7 +5,7 @@ import threading
 
 import numpy as np
 
-from ._lib import as_f32, check, fptr, int_arg, lib, path_arg, str_arg
+from ._lib import VitConfig, as_f32, check, float_arg, fptr, int_arg, lib, path_arg, size_arg, str_arg
 
 __all__ = ["VisionTransformer"]
 
@@ -22,9 +22,35 @@ class VisionTransformer:
     model may be called from several threads.
     """
 
-    def __init__(self, handle):
+    def __init__(self, image_size=224, patch_size=16, num_layers=12, num_heads=12,
+                 hidden_dim=768, mlp_dim=3072, num_classes=1000, in_channels=3, dropout=0.0,
+                 attention_dropout=0.0, drop_path=0.0, seed=0, *, _handle=None):
+        """A new model with torchvision's VisionTransformer.__init__
+        initialisation drawn from seed (torchvision's constructor names).
+        dropout and attention_dropout as torchvision's; drop_path: timm's
+        stochastic depth, rising linearly over the blocks to this rate."""
         self._lock = threading.RLock()
-        self._h = ctypes.c_void_p(handle)
+        self._h = None
+        if _handle is None:
+            c = lib.vitc_vit_default_config()
+            c.image_size = size_arg(image_size, "image_size")
+            c.patch_size = size_arg(patch_size, "patch_size")
+            c.depth = size_arg(num_layers, "num_layers")
+            c.num_heads = size_arg(num_heads, "num_heads")
+            c.hidden_dim = size_arg(hidden_dim, "hidden_dim")
+            c.mlp_dim = size_arg(mlp_dim, "mlp_dim")
+            c.num_classes = size_arg(num_classes, "num_classes")
+            c.in_channels = size_arg(in_channels, "in_channels")
+            if c.in_channels != 3:  # ImageNet's statistics mean nothing there
+                for i in range(3):
+                    c.mean[i], c.std[i] = 0.5, 0.5
+            h = ctypes.c_void_p()
+            check(lib.vitc_vit_create(ctypes.byref(c), int_arg(seed, "seed", 0, 2**64 - 1),
+                                      ctypes.byref(h)))
+            _handle = h.value
+        self._h = ctypes.c_void_p(_handle)
+        self._last_batch = None
+        self.set_dropout(dropout, attention_dropout, drop_path)
         c = lib.vitc_vit_get_config(self._h).contents
         self.config = {
             "image_size": c.image_size, "patch_size": c.patch_size, "in_channels": c.in_channels,
@@ -44,7 +70,7 @@ class VisionTransformer:
         h = ctypes.c_void_p()
         check(lib.vitc_vit_load(path_arg(path), str_arg(arch, "arch") if arch else None,
                                 ctypes.byref(h)))
-        return cls(h.value)
+        return cls(_handle=h.value)
 
     def __del__(self):
         if getattr(self, "_h", None) and self._h.value:
@@ -65,11 +91,15 @@ class VisionTransformer:
 
     def __call__(self, images):
         """Logits [B, num_classes] (float32) for images [B, C, H, W] or
-        [C, H, W], already normalised with config["mean"]/["std"]."""
+        [C, H, W], already normalised with config["mean"]/["std"]. In
+        training mode the forward is recorded for backward()."""
         x, B, H, W = self._images(images)
         out = np.empty((B, self.config["num_classes"]), np.float32)
         with self._lock:
+            self._last_batch = None
             check(lib.vitc_vit_forward(self._h, fptr(x), B, H, W, fptr(out)))
+            if self.training:
+                self._last_batch = B
         return out
 
     forward = __call__
@@ -85,6 +115,107 @@ class VisionTransformer:
         with self._lock:
             check(lib.vitc_vit_attention_maps(self._h, fptr(x), B, H, W, fptr(attn), fptr(roll)))
         return attn, roll
+
+    # ---- training ---------------------------------------------------------
+
+    def set_dropout(self, dropout=0.0, attention_dropout=0.0, drop_path=0.0):
+        v = [float_arg(dropout, "dropout"), float_arg(attention_dropout, "attention_dropout"),
+             float_arg(drop_path, "drop_path")]
+        with self._lock:
+            check(lib.vitc_vit_set_dropout(self._h, *v))
+        self.dropout, self.attention_dropout, self.drop_path = v
+
+    @property
+    def training(self):
+        return bool(lib.vitc_vit_is_training(self._h))
+
+    def train(self, mode=True):
+        """Training mode: forwards record for backward() and apply dropout."""
+        with self._lock:
+            lib.vitc_vit_set_training(self._h, 1 if mode else 0)
+        return self
+
+    def eval(self):
+        return self.train(False)
+
+    def _params(self):
+        """[(name, shape, data pointer, grad pointer or None)] in state_dict order."""
+        out = []
+        for i in range(lib.vitc_vit_num_params(self._h)):
+            name, nd = ctypes.c_char_p(), ctypes.c_int()
+            shape = ctypes.POINTER(ctypes.c_int64)()
+            data, grad = ctypes.POINTER(ctypes.c_float)(), ctypes.POINTER(ctypes.c_float)()
+            check(lib.vitc_vit_param(self._h, i, ctypes.byref(name), ctypes.byref(nd),
+                                     ctypes.byref(shape), ctypes.byref(data), ctypes.byref(grad)))
+            out.append((name.value.decode(), tuple(shape[k] for k in range(nd.value)), data,
+                        grad if grad else None))
+        return out
+
+    @staticmethod
+    def _view(ptr, shape):
+        return np.ctypeslib.as_array(ptr, shape=shape)
+
+    def state_dict(self):
+        """{torch name: float32 array (a copy)} in torchvision's order."""
+        with self._lock:
+            return {n: self._view(d, s).copy() for n, s, d, _ in self._params()}
+
+    def load_state_dict(self, state_dict, strict=True):
+        """Copy tensors in by torch name; every shape checked before any is
+        written. strict: missing or unexpected keys are errors (KeyError)."""
+        with self._lock:
+            params = self._params()
+            names = {n for n, _, _, _ in params}
+            missing = [n for n in names if n not in state_dict]
+            unexpected = [k for k in state_dict if k not in names]
+            if strict and (missing or unexpected):
+                raise KeyError("load_state_dict: missing %s, unexpected %s"
+                               % (sorted(missing), sorted(unexpected)))
+            src = {}
+            for n, s, _, _ in params:
+                if n in state_dict:
+                    a = as_f32(np.asarray(state_dict[n]))
+                    if a.shape != s:
+                        raise ValueError("load_state_dict: %s has shape %s, expected %s"
+                                         % (n, list(a.shape), list(s)))
+                    src[n] = a
+            for n, s, d, _ in params:
+                if n in src:
+                    self._view(d, s)[...] = src[n]
+
+    def save(self, path):
+        """safetensors with torch names and vitc.config metadata (readable by
+        VisionTransformer.from_safetensors and the vitc CLI)."""
+        with self._lock:
+            check(lib.vitc_vit_save(self._h, path_arg(path)))
+
+    def backward(self, dlogits):
+        """Gradients of the last training forward for dlogits [B, num_classes],
+        accumulated into grads() as torch accumulates .grad."""
+        g = as_f32(dlogits)
+        with self._lock:
+            if self._last_batch is None:
+                raise RuntimeError("backward() needs a forward in training mode first "
+                                   "(model.train(); logits = model(x)); each forward "
+                                   "allows one backward")
+            want = (self._last_batch, self.config["num_classes"])
+            if g.shape != want:
+                raise ValueError("dlogits must be %s (the last forward's logits), got %s"
+                                 % (list(want), list(g.shape)))
+            check(lib.vitc_vit_backward(self._h, fptr(g)))
+            self._last_batch = None
+
+    def grads(self):
+        """{torch name: accumulated gradient (a copy)}; zeros before any backward."""
+        with self._lock:
+            out = {}
+            for n, s, _, gp in self._params():
+                out[n] = self._view(gp, s).copy() if gp else np.zeros(s, np.float32)
+            return out
+
+    def zero_grad(self):
+        with self._lock:
+            check(lib.vitc_vit_zero_grad(self._h))
 
     def __repr__(self):
         return "VisionTransformer(%s)" % ", ".join(

@@ -62,6 +62,11 @@ typedef struct vitc__kernels {
      * [l0, l1); what: VITC_ATTN_BWD_DKV and/or VITC_ATTN_BWD_DQ. */
     void (*attn_bwd)(const struct vitc__attn_bwd_plan *p, float *scratch, int64_t b, int64_t h,
                      int64_t l0, int64_t l1, int64_t s0, int64_t s1, int what);
+    /* Backward row ops (ops_backward.c): dx = dy * gelu'(x); one LayerNorm
+     * row's dx += given its mean and rstd. */
+    void (*gelu_backward)(float *dx, const float *dy, const float *x, int64_t n);
+    void (*layernorm_backward_row)(float *dx, const float *dy, const float *x, const float *w,
+                                   int64_t C, float mean, float rstd);
     /* The built-in GEMM's microkernel and blocking (gemm_ukernels.h). */
     const struct vitc__gemm_kernel *gemm;
 } vitc__kernels;

@@ -10,7 +10,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "kernels.h"
+#include "ops_simd.h"
 
 /* ---- nn.Linear ---------------------------------------------------- */
 
@@ -77,9 +77,9 @@ static void ln_stats(const float *xr, int64_t C, float eps, float *mean, float *
     *rstd = (float)(1.0 / sqrt(var + eps));
 }
 
-/* dx = rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w. */
-static void ln_row_dx(float *dx, const float *dy, const float *xr, const float *w, int64_t C,
-                      float mean, float rstd) {
+/* dx += rstd * (g - mean(g) - xhat * mean(g * xhat)), g = dy * w. */
+void vitc__layernorm_backward_row_ref(float *dx, const float *dy, const float *xr, const float *w,
+                                      int64_t C, float mean, float rstd) {
     float sg = 0.0f, sgx = 0.0f;
     for (int64_t c = 0; c < C; c++) {
         float g = dy[c] * w[c], xh = (xr[c] - mean) * rstd;
@@ -102,7 +102,7 @@ void vitc__layernorm_backward_ref(float *dx, float *dw, float *db, const float *
             dw[c] += dy[i * C + c] * (x[i * C + c] - mean) * rstd;
             db[c] += dy[i * C + c];
         }
-        ln_row_dx(dx + i * C, dy + i * C, x + i * C, w, C, mean, rstd);
+        vitc__layernorm_backward_row_ref(dx + i * C, dy + i * C, x + i * C, w, C, mean, rstd);
     }
 }
 
@@ -116,10 +116,12 @@ typedef struct ln_bwd_ctx {
 static void ln_bwd_rows(void *c, int64_t r0, int64_t r1, int tid) {
     const ln_bwd_ctx *k = c;
     (void)tid;
+    const vitc__kernels *kt = vitc__kern();
     for (int64_t i = r0; i < r1; i++) {
         float *st = k->stats + 2 * i;
         ln_stats(k->x + i * k->C, k->C, k->eps, &st[0], &st[1]);
-        ln_row_dx(k->dx + i * k->C, k->dy + i * k->C, k->x + i * k->C, k->w, k->C, st[0], st[1]);
+        kt->layernorm_backward_row(k->dx + i * k->C, k->dy + i * k->C, k->x + i * k->C, k->w, k->C,
+                                   st[0], st[1]);
     }
 }
 
@@ -170,7 +172,7 @@ static void gelu_bwd_part(void *c, int64_t t0, int64_t t1, int tid) {
     const gelu_bwd_ctx *k = c;
     (void)tid;
     int64_t b = t0 * GELU_CHUNK, e = t1 * GELU_CHUNK < k->n ? t1 * GELU_CHUNK : k->n;
-    vitc__gelu_backward_ref(k->dx + b, k->dy + b, k->x + b, e - b);
+    vitc__kern()->gelu_backward(k->dx + b, k->dy + b, k->x + b, e - b);
 }
 
 void vitc__gelu_backward(float *dx, const float *dy, const float *x, int64_t n) {

@@ -30,4 +30,14 @@ void vitc__softmax_rows_avx2(float *x, int64_t rows, int64_t n, float inv_temper
 void vitc__layernorm_avx2(float *y, const float *x, const float *w, const float *b, int64_t M,
                           int64_t C, float eps);
 
+/* Backward row ops (ops_bwd_tmpl.h; the _ref ones in ops_backward.c). */
+void vitc__layernorm_backward_row_ref(float *dx, const float *dy, const float *x, const float *w,
+                                      int64_t C, float mean, float rstd);
+void vitc__gelu_backward_avx2(float *dx, const float *dy, const float *x, int64_t n);
+void vitc__gelu_backward_avx512(float *dx, const float *dy, const float *x, int64_t n);
+void vitc__layernorm_backward_row_avx2(float *dx, const float *dy, const float *x, const float *w,
+                                       int64_t C, float mean, float rstd);
+void vitc__layernorm_backward_row_avx512(float *dx, const float *dy, const float *x,
+                                         const float *w, int64_t C, float mean, float rstd);
+
 #endif

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "../kernels/kernels.h"
+#include "../rng.h"
 #include "../train/train.h"
 #include "vit_internal.h"
 
@@ -34,6 +35,8 @@ void vitc_vit_free(vitc_vit *m) {
     free(m->labels);
     free(m->label_text);
     vitc__buf_free(&m->act);
+    vitc__buf_free(&m->bwd);
+    vitc__buf_free(&m->masks);
     vitc__buf_free(&m->pos_buf);
     vitc__buf_free(&m->probs_buf);
     vitc__buf_free(&m->roll_buf);
@@ -95,6 +98,28 @@ void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64
                 }
                 d[c] = acc;
             }
+        }
+    }
+}
+
+/* The adjoint of vitc__bicubic_ac: dsrc [ih*iw, C] += the transpose of the
+ * resampling applied to ddst [oh*ow, C] (each tap's weight sends ddst back
+ * to the clamped source it read). */
+void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_t ih, int64_t iw,
+                               int64_t oh, int64_t ow) {
+    for (int64_t y = 0; y < oh; y++) {
+        int64_t ys[4], xs[4];
+        float wy[4], wx[4];
+        vit_cubic_taps(y, ih, oh, ys, wy);
+        for (int64_t x = 0; x < ow; x++) {
+            vit_cubic_taps(x, iw, ow, xs, wx);
+            const float *g = ddst + (y * ow + x) * C;
+            for (int a = 0; a < 4; a++)
+                for (int b = 0; b < 4; b++) {
+                    float wab = wy[a] * wx[b];
+                    float *d = dsrc + (ys[a] * iw + xs[b]) * C;
+                    for (int64_t c = 0; c < C; c++) d[c] += wab * g[c];
+                }
         }
     }
 }
@@ -238,7 +263,7 @@ static void vit_rollout_step(vitc_vit *m, const float *probs, int64_t B, int64_t
 
 /* Attention of every head over qkv [B, N, 3, H, d] into att [B, N, H, d],
  * for query rows 0..L-1 of each image (query row stride N*3C when L = 1). */
-static vitc__sdpa_desc vit_attention(const vitc_vit *m, const float *qkv, float *att, int64_t B,
+vitc__sdpa_desc vitc__vit_attention(const vitc_vit *m, const float *qkv, float *att, int64_t B,
                                      int64_t N, int64_t L) {
     int64_t C = m->cfg.hidden_dim, Hh = m->cfg.num_heads, d = C / Hh;
     vitc__sdpa_desc sd = {
@@ -251,6 +276,40 @@ static vitc__sdpa_desc vit_attention(const vitc_vit *m, const float *qkv, float 
         .p_sb = Hh * N * N, .p_sh = N * N, .p_sr = N,
     };
     return sd;
+}
+
+/* timm's stochastic depth rule: rates rising linearly from 0 at the first
+ * block to drop_path at the last (torch.linspace(0, drop_path, depth)). */
+float vitc__vit_drop_path_rate(const vitc_vit *m, int l) {
+    int d = m->cfg.depth;
+    return d > 1 ? m->drop_path * (float)l / (float)(d - 1) : 0.0f;
+}
+
+/* A residual branch's regularisation, in place on x [B, N, C]:
+ * dropout(p = m->dropout), then drop path of the sample. Linear and
+ * diagonal in x, so backward applies the same to the gradient. */
+void vitc__vit_branch(const vitc_vit *m, int l, float *x, const uint8_t *keep,
+                      const uint8_t *dp_keep) {
+    int64_t B = m->a.B, NC = m->a.N * m->cfg.hidden_dim;
+    float pd = vitc__vit_drop_path_rate(m, l);
+    if (m->dropout > 0.0f)
+        vitc__dropout_apply(x, x, keep, B * NC, m->dropout);
+    if (pd > 0.0f)
+        vitc__drop_path_apply(x, x, dp_keep, B, NC, pd, 0);
+}
+
+static void vit_branch_forward(vitc_vit *m, int l, float *x, uint8_t *keep, uint8_t *dp_keep) {
+    int64_t B = m->a.B, NC = m->a.N * m->cfg.hidden_dim;
+    float pd = vitc__vit_drop_path_rate(m, l);
+    if (m->dropout > 0.0f)
+        vitc__dropout_mask(keep, B * NC, m->dropout, &m->rng);
+    if (pd > 0.0f)
+        vitc__dropout_mask(dp_keep, B, pd, &m->rng);
+    vitc__vit_branch(m, l, x, keep, dp_keep);
+}
+
+static void vit_add(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
 /* One encoder block l on m->a (torchvision's EncoderBlock):
@@ -278,16 +337,36 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     } else { /* qkv [B, N, 3, H, d]: the kernel reads q, k, v of head h in place */
         vitc__linear(qkv, 3 * C, ln1, C, w->qkv_w, w->qkv_b, NULL, 0, BN, 3 * C, C);
     }
-    vitc__sdpa_desc sd = vit_attention(m, qkv, att, B, N, cls_only ? 1 : N);
+    vitc__sdpa_desc sd = vitc__vit_attention(m, qkv, att, B, N, cls_only ? 1 : N);
     sd.probs = probs;
+    sd.lse = vitc__va(a, l, VA_LSE); /* [B, H, N], training only */
+    sd.lse_sb = c->num_heads * N;
+    sd.lse_sh = N;
     VITC_TRY(vitc__sdpa(&sd));
-    vitc__linear(mid, C, att, rs * C, w->proj_w, w->proj_b, x, rs * C, R, C, C);
+    vitc__vit_mask k = vitc__vit_block_mask(m, l); /* training with regularisation */
+    if (k.att) { /* the branch alone, regularised, then the residual */
+        vitc__linear(mid, C, att, C, w->proj_w, w->proj_b, NULL, 0, R, C, C);
+        vit_branch_forward(m, l, mid, k.att, k.dp_att);
+        vit_add(mid, x, R * C);
+    } else {
+        vitc__linear(mid, C, att, rs * C, w->proj_w, w->proj_b, x, rs * C, R, C, C);
+    }
     vitc__layernorm(ln2, mid, w->ln2_w, w->ln2_b, R, C, c->norm_eps);
     vitc__linear(hpre, M, ln2, C, w->fc1_w, w->fc1_b, NULL, 0, R, M, C);
     if (hact != hpre) /* training keeps GELU's input for backward */
         memcpy(hact, hpre, (size_t)(R * M) * sizeof(float));
     vitc__gelu(hact, R * M);
-    vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, mid, C, R, C, M);
+    if (k.hid && m->dropout > 0.0f) { /* MLPBlock's Dropout after the GELU */
+        vitc__dropout_mask(k.hid, R * M, m->dropout, &m->rng);
+        vitc__dropout_apply(hact, hact, k.hid, R * M, m->dropout);
+    }
+    if (k.out) {
+        vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, NULL, 0, R, C, M);
+        vit_branch_forward(m, l, y, k.out, k.dp_mlp);
+        vit_add(y, mid, R * C);
+    } else {
+        vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, mid, C, R, C, M);
+    }
     if (out)
         *out = y;
     return VITC_OK;
@@ -316,6 +395,20 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     VITC_TRY(vit_activations(m, B, P, record));
     VITC_TRY(vit_position_embedding(m, gh, gw));
     const vitc__vit_acts *a = &m->a;
+    m->mask_stride = 0;
+    if (record && (m->dropout > 0.0f || m->drop_path > 0.0f)) {
+        /* Keep masks, bytes: the embedding's, then per block (vitc__vit_mask). */
+        size_t BNC, BNM, per = 0, total = 0;
+        int ok = vitc__mul_size((size_t)(B * N), (size_t)C, &BNC) &&
+                 vitc__mul_size((size_t)(B * N), (size_t)c->mlp_dim, &BNM) &&
+                 vitc__add_size(2 * BNC, BNM, &per) && vitc__add_size(per, 2 * (size_t)B, &per) &&
+                 vitc__mul_size(per, (size_t)c->depth, &total) &&
+                 vitc__add_size(total, BNC + 3, &total);
+        if (!ok)
+            return vitc__err(VITC_ERR_NOMEM, "ViT dropout masks overflow");
+        VITC_TRY(vitc__buf_reserve(&m->masks, total / 4 + 1));
+        m->mask_stride = per;
+    }
 
     size_t per_layer = 0, roll = 0;
     if (attn || rollout) {
@@ -347,6 +440,12 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
             float *dst = xb + (t + 1) * C;
             for (int64_t j = 0; j < C; j++) dst[j] = src[j] + pos[(t + 1) * C + j];
         }
+    }
+
+    uint8_t *emb = vitc__vit_emb_mask(m); /* Encoder's dropout(input + pos) */
+    if (emb && m->dropout > 0.0f) {
+        vitc__dropout_mask(emb, B * N * C, m->dropout, &m->rng);
+        vitc__dropout_apply(vitc__va(a, 0, VA_X), vitc__va(a, 0, VA_X), emb, B * N * C, m->dropout);
     }
 
     /* Inference logits need only the class tokens out of the last block;

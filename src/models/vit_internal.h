@@ -7,7 +7,9 @@
 #define VITC_VIT_INTERNAL_H
 
 #include "../internal.h"
+#include "../kernels/kernels.h"
 #include "../params.h"
+#include "../rng.h"
 
 /* Per-model tensors then per-layer tensors, in torchvision's state_dict
  * order; the table of a config is the model ones with the layer ones of
@@ -99,6 +101,12 @@ struct vitc_vit {
 
     uint64_t id;  /* vitc__handle_register() */
     int training; /* forward records activations for backward */
+    /* Regularisation in training mode (torchvision's dropout and
+     * attention_dropout, timm's drop path per block), drawn from rng. */
+    float dropout, attention_dropout, drop_path;
+    vitc__rng rng;
+    vitc__buf masks;    /* the recorded forward's keep masks (bytes, see vit_masks) */
+    size_t mask_stride; /* bytes from block l's masks to block l + 1's */
     int n_entries;
     vitc__param *table; /* [n_entries] state_dict order, names in the file's spelling */
     char *names;        /* the table's names, NUL-separated */
@@ -135,6 +143,35 @@ vitc_status vitc__vit_table_build(vitc_vit *m);
 const char *vitc__vit_entry_name(const vitc__param *e, vitc__vit_naming naming, char *buf,
                                  size_t cap);
 
+/* Keep masks of block l (training with dropout or drop path; NULL
+ * otherwise): [B*N*C] after out_proj, [B*N*mlp] after GELU, [B*N*C] after
+ * fc2, [B] drop path of each branch; emb: [B*N*C] after the embedding. */
+typedef struct vitc__vit_mask {
+    uint8_t *att, *hid, *out, *dp_att, *dp_mlp;
+} vitc__vit_mask;
+static inline uint8_t *vitc__vit_emb_mask(const vitc_vit *m) {
+    return m->mask_stride ? (uint8_t *)m->masks.p : NULL;
+}
+static inline vitc__vit_mask vitc__vit_block_mask(const vitc_vit *m, int l) {
+    vitc__vit_mask k = {0};
+    if (!m->mask_stride)
+        return k;
+    size_t BNC = (size_t)(m->a.B * m->a.N * m->cfg.hidden_dim);
+    size_t BNM = (size_t)(m->a.B * m->a.N * m->cfg.mlp_dim);
+    k.att = (uint8_t *)m->masks.p + BNC + (size_t)l * m->mask_stride;
+    k.hid = k.att + BNC;
+    k.out = k.hid + BNM;
+    k.dp_att = k.out + BNC;
+    k.dp_mlp = k.dp_att + m->a.B;
+    return k;
+}
+
+/* Drop path rate of block l, and a branch's dropout + drop path in place
+ * with recorded masks (the same call is its own backward) (vit.c). */
+float vitc__vit_drop_path_rate(const vitc_vit *m, int l);
+void vitc__vit_branch(const vitc_vit *m, int l, float *x, const uint8_t *keep,
+                      const uint8_t *dp_keep);
+
 /* Gradient array and structs on first use (vit_train.c). */
 vitc_status vitc__vit_grad_alloc(vitc_vit *m);
 
@@ -142,5 +179,13 @@ vitc_status vitc__vit_grad_alloc(vitc_vit *m);
  * stored position-major ([ih*iw, C]) into dst [oh*ow, C]. */
 void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw, int64_t oh,
                       int64_t ow);
+
+/* The adjoint of vitc__bicubic_ac, accumulated into dsrc [ih*iw, C]. */
+void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_t ih, int64_t iw,
+                               int64_t oh, int64_t ow);
+
+/* The attention view of qkv [B, N, 3, H, d] -> att [B, N, H, d] (vit.c). */
+vitc__sdpa_desc vitc__vit_attention(const vitc_vit *m, const float *qkv, float *att, int64_t B,
+                                    int64_t N, int64_t L);
 
 #endif

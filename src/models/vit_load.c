@@ -681,6 +681,8 @@ vitc_status vitc_vit_create(const vitc_vit_config *cfg, uint64_t seed, vitc_vit 
         return s;
     }
     vitc__params_init(m->table, m->n_entries, m->params, seed);
+    /* Dropout masks continue from a stream of their own, decorrelated from init. */
+    m->rng.s = seed ^ 0xD1B54A32D192ED03ull;
     vit_name_arch(m, NULL);
     *out = m;
     return VITC_OK;

@@ -26,6 +26,27 @@ void vitc_vit_set_training(vitc_vit *m, int training) {
 }
 int vitc_vit_is_training(const vitc_vit *m) { return m ? m->training : 0; }
 
+vitc_status vitc_vit_set_dropout(vitc_vit *m, float dropout, float attention_dropout,
+                                 float drop_path) {
+    if (!m)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_set_dropout: NULL model");
+    float v[3] = {dropout, attention_dropout, drop_path};
+    const char *nm[3] = {"dropout", "attention_dropout", "drop_path"};
+    for (int i = 0; i < 3; i++)
+        if (!(v[i] >= 0.0f && v[i] < 1.0f))
+            return vitc__err(VITC_ERR_INVALID_ARG, "ViT %s = %g: must be in [0, 1)", nm[i],
+                             (double)v[i]);
+    if (attention_dropout > 0.0f)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "ViT attention_dropout = %g: dropout of the attention probabilities is "
+                         "not supported (the fused attention never forms them); use 0",
+                         (double)attention_dropout);
+    m->dropout = dropout;
+    m->attention_dropout = attention_dropout;
+    m->drop_path = drop_path;
+    return VITC_OK;
+}
+
 /* The gradient array (zeroed) and the gradient structs, on first use. */
 vitc_status vitc__vit_grad_alloc(vitc_vit *m) {
     if (m->grad)

@@ -12,11 +12,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/kernels.h"
 #include "optim.h"
+
+/* The update runs over the pool in chunks: [begin, end) of tensor seg. */
+typedef struct optim_chunk {
+    int seg;
+    size_t begin, end;
+} optim_chunk;
+enum { OPTIM_CHUNK = 1 << 15 }; /* floats: large enough to amortise a task, small enough to balance */
 
 struct vitc_optimizer {
     vitc_optim_config cfg;
     vitc__paramset ps;
+    optim_chunk *chunks; /* [nchunks] over the non-buffer tensors */
+    int64_t nchunks;
     float *state[3]; /* [n] each: exp_avg, exp_avg_sq, max_exp_avg_sq / momentum_buffer */
     int nstate;
     int buf_started; /* SGD: the momentum buffer holds a value (torch: not None) */
@@ -96,6 +106,23 @@ vitc_status vitc__optimizer_create(const vitc__paramset *ps, const vitc_optim_co
         return vitc__err(VITC_ERR_NOMEM, "optimizer: out of memory");
     o->cfg = *cfg;
     o->ps = *ps;
+    for (int pass = 0; pass < 2; pass++) { /* count, then fill */
+        int64_t k = 0;
+        for (int i = 0; i < ps->nseg; i++)
+            for (size_t b = 0; !ps->seg[i].buffer && b < ps->seg[i].numel; b += OPTIM_CHUNK, k++)
+                if (pass)
+                    o->chunks[k] = (optim_chunk){i, b, ps->seg[i].numel - b < OPTIM_CHUNK
+                                                          ? ps->seg[i].numel
+                                                          : b + OPTIM_CHUNK};
+        if (!pass) {
+            o->nchunks = k;
+            o->chunks = malloc((size_t)(k ? k : 1) * sizeof *o->chunks);
+            if (!o->chunks) {
+                vitc_optimizer_free(o);
+                return vitc__err(VITC_ERR_NOMEM, "optimizer: out of memory");
+            }
+        }
+    }
     /* SGD always gets its buffer: a schedule may raise momentum from 0. */
     o->nstate = o->cfg.kind == VITC_OPTIM_ADAMW ? states_of(cfg) : 1;
     for (int i = 0; i < o->nstate; i++) {
@@ -114,6 +141,7 @@ void vitc_optimizer_free(vitc_optimizer *o) {
         return;
     for (int i = 0; i < 3; i++)
         vitc__free(o->state[i]);
+    free(o->chunks);
     free(o);
 }
 
@@ -131,14 +159,23 @@ static double seg_decay(const vitc_optimizer *o, const vitc__pseg *s) {
     return (o->cfg.decay_all || !s->no_decay) ? (double)o->cfg.weight_decay : 0.0;
 }
 
-static void adamw_seg(vitc_optimizer *o, const vitc__pseg *s, double bc1, double bc2_sqrt) {
+/* What every chunk of one step shares. */
+typedef struct optim_task {
+    vitc_optimizer *o;
+    double bc1, bc2_sqrt; /* AdamW's bias corrections 1 - b1^t and sqrt(1 - b2^t) */
+    int first;            /* SGD: the momentum buffer starts this step */
+} optim_task;
+
+static void adamw_range(const optim_task *t, const vitc__pseg *s, size_t i0, size_t i1) {
+    vitc_optimizer *o = t->o;
+    const double bc1 = t->bc1, bc2_sqrt = t->bc2_sqrt;
     const vitc_optim_config *c = &o->cfg;
     const double lr = c->lr, b1 = c->beta1, b2 = c->beta2, eps = c->eps;
     const double shrink = 1.0 - lr * seg_decay(o, s), step_size = lr / bc1;
     float *p = o->ps.param + s->offset, *m = o->state[0] + s->offset,
           *v = o->state[1] + s->offset, *vmax = c->amsgrad ? o->state[2] + s->offset : NULL;
     const float *g = o->ps.grad + s->offset;
-    for (size_t i = 0; i < s->numel; i++) {
+    for (size_t i = i0; i < i1; i++) {
         const double gi = g[i];
         const double pi = (double)p[i] * shrink;
         const float mi = (float)(b1 * m[i] + (1.0 - b1) * gi);
@@ -154,13 +191,14 @@ static void adamw_seg(vitc_optimizer *o, const vitc__pseg *s, double bc1, double
     }
 }
 
-static void sgd_seg(vitc_optimizer *o, const vitc__pseg *s) {
-    const int first = !o->buf_started;
+static void sgd_range(const optim_task *t, const vitc__pseg *s, size_t i0, size_t i1) {
+    vitc_optimizer *o = t->o;
+    const int first = t->first;
     const vitc_optim_config *c = &o->cfg;
     const double lr = c->lr, wd = seg_decay(o, s), mom = c->momentum, damp = c->dampening;
     float *p = o->ps.param + s->offset, *buf = o->state[0] + s->offset;
     const float *g = o->ps.grad + s->offset;
-    for (size_t i = 0; i < s->numel; i++) {
+    for (size_t i = i0; i < i1; i++) {
         double d = (double)g[i] + wd * (double)p[i];
         if (mom != 0.0) {
             const float b = first ? (float)d : (float)(mom * buf[i] + (1.0 - damp) * d);
@@ -171,24 +209,32 @@ static void sgd_seg(vitc_optimizer *o, const vitc__pseg *s) {
     }
 }
 
+static void optim_chunk_task(void *ctx, int64_t k, int tid) {
+    const optim_task *t = ctx;
+    const optim_chunk *ch = &t->o->chunks[k];
+    const vitc__pseg *s = &t->o->ps.seg[ch->seg];
+    (void)tid;
+    if (t->o->cfg.kind == VITC_OPTIM_ADAMW)
+        adamw_range(t, s, ch->begin, ch->end);
+    else
+        sgd_range(t, s, ch->begin, ch->end);
+}
+
 vitc_status vitc_optimizer_step(vitc_optimizer *o) {
     VITC_TRY(live(o, "optimizer step"));
     if (o->step == INT64_MAX)
         return vitc__err(VITC_ERR_INVALID_ARG, "optimizer step: the step counter overflowed");
     const int64_t t = o->step + 1;
+    optim_task task = {o, 1.0, 1.0, !o->buf_started};
     if (o->cfg.kind == VITC_OPTIM_ADAMW) {
-        const double bc1 = 1.0 - pow((double)o->cfg.beta1, (double)t);
-        const double bc2_sqrt = sqrt(1.0 - pow((double)o->cfg.beta2, (double)t));
-        for (int i = 0; i < o->ps.nseg; i++)
-            if (!o->ps.seg[i].buffer)
-                adamw_seg(o, &o->ps.seg[i], bc1, bc2_sqrt);
-    } else {
-        for (int i = 0; i < o->ps.nseg; i++)
-            if (!o->ps.seg[i].buffer)
-                sgd_seg(o, &o->ps.seg[i]);
-        if (o->cfg.momentum != 0.0)
-            o->buf_started = 1;
+        task.bc1 = 1.0 - pow(o->cfg.beta1, (double)t);
+        task.bc2_sqrt = sqrt(1.0 - pow(o->cfg.beta2, (double)t));
     }
+    /* Every element is updated by exactly one task, the same arithmetic
+     * whatever the thread count: results do not depend on it. */
+    vitc__parallel_for(o->nchunks, optim_chunk_task, &task);
+    if (o->cfg.kind == VITC_OPTIM_SGD && o->cfg.momentum != 0.0)
+        o->buf_started = 1;
     o->step = t;
     return VITC_OK;
 }

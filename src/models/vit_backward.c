@@ -1,0 +1,154 @@
+/*
+ * vit_backward.c — the gradient of the last training forward (vit.c), read
+ * bottom-up beside it:
+ *
+ *   logits = heads(ln(x_L[:, 0]))          head, final LayerNorm on class rows
+ *   per block, last to first:
+ *     y   = mid + fc2(gelu(fc1(ln_2(mid))))
+ *     mid = x + out_proj(attn(qkv(ln_1(x))))   attention: vitc__sdpa_backward
+ *   x_0 = cat(class_token, conv_proj(images)) + pos_embedding
+ *
+ * Parameter gradients accumulate into m->grad (torch's .grad); g is the
+ * gradient of the residual stream, carried from block to block.
+ */
+#include <string.h>
+
+#include "../kernels/kernels.h"
+#include "../rng.h"
+#include "vit_internal.h"
+
+/* Scratch of one backward, carved from m->bwd. */
+typedef struct vit_bwd {
+    float *g, *gmid; /* [B, N, C] stream gradient at a block's output / at mid */
+    float *dln;      /* [B, N, C] gradient at a LayerNorm output */
+    float *datt;     /* [B, N, C] gradient at the attention output */
+    float *dqkv;     /* [B, N, 3C] */
+    float *dh;       /* [B, N, mlp] */
+    float *stats;    /* [2 B N] LayerNorm mean/rstd */
+    float *dpos;     /* [N, C] gradient at the position embedding used */
+} vit_bwd;
+
+static vitc_status vit_bwd_scratch(vitc_vit *m, vit_bwd *s) {
+    const vitc_vit_config *c = &m->cfg;
+    size_t BN = (size_t)(m->a.B * m->a.N), C = (size_t)c->hidden_dim, sz[8], total = 0;
+    int ok = vitc__mul_size(BN, C, &sz[0]) && vitc__mul_size(BN, 3 * C, &sz[4]) &&
+             vitc__mul_size(BN, (size_t)c->mlp_dim, &sz[5]) && vitc__mul_size(BN, 2, &sz[6]) &&
+             vitc__mul_size((size_t)m->a.N, C, &sz[7]);
+    sz[1] = sz[2] = sz[3] = sz[0];
+    size_t off[8];
+    for (int i = 0; ok && i < 8; i++) {
+        off[i] = total;
+        ok = vitc__add_size(sz[i], 15, &sz[i]) && vitc__add_size(total, sz[i] & ~(size_t)15, &total);
+    }
+    if (!ok)
+        return vitc__err(VITC_ERR_NOMEM, "ViT backward scratch overflows");
+    VITC_TRY(vitc__buf_reserve(&m->bwd, total));
+    float **dst[8] = {&s->g, &s->gmid, &s->dln, &s->datt, &s->dqkv, &s->dh, &s->stats, &s->dpos};
+    for (int i = 0; i < 8; i++) *dst[i] = m->bwd.p + off[i];
+    return VITC_OK;
+}
+
+/* Block l backward: s->g holds dL/dy on entry and dL/dx on return. */
+static vitc_status vit_block_backward(vitc_vit *m, int l, vit_bwd *s) {
+    const vitc_vit_config *c = &m->cfg;
+    const vitc__vit_acts *a = &m->a;
+    const vitc__vit_block *w = &m->blocks[l];
+    vitc__vit_block *gw = &m->gblocks[l];
+    int64_t B = a->B, N = a->N, C = c->hidden_dim, M = c->mlp_dim, BN = B * N;
+    const float *x = vitc__va(a, l, VA_X), *ln1 = vitc__va(a, l, VA_LN1);
+    const float *qkv = vitc__va(a, l, VA_QKV), *mid = vitc__va(a, l, VA_MID);
+    const float *ln2 = vitc__va(a, l, VA_LN2), *hpre = vitc__va(a, l, VA_HPRE);
+    const float *hact = vitc__va(a, l, VA_HACT);
+    float *att = vitc__va(a, l, VA_ATT), *lse = vitc__va(a, l, VA_LSE);
+
+    vitc__vit_mask k = vitc__vit_block_mask(m, l);
+    /* y = mid + fc2(h): dmid = g + ln_2's share, dh = g W2. */
+    memcpy(s->gmid, s->g, (size_t)(BN * C) * sizeof(float));
+    if (k.out)
+        vitc__vit_branch(m, l, s->g, k.out, k.dp_mlp);
+    vitc__linear_backward(s->dh, M, 0.0f, gw->fc2_w, gw->fc2_b, s->g, C, hact, M, w->fc2_w, BN, C,
+                          M);
+    if (k.hid && m->dropout > 0.0f)
+        vitc__dropout_apply(s->dh, s->dh, k.hid, BN * M, m->dropout);
+    vitc__gelu_backward(s->dh, s->dh, hpre, BN * M);
+    vitc__linear_backward(s->dln, C, 0.0f, gw->fc1_w, gw->fc1_b, s->dh, M, ln2, C, w->fc1_w, BN,
+                          M, C);
+    vitc__layernorm_backward(s->gmid, gw->ln2_w, gw->ln2_b, s->dln, mid, w->ln2_w, BN, C,
+                             c->norm_eps, s->stats);
+    /* mid = x + out_proj(att): dx = dmid + ln_1's share. */
+    memcpy(s->g, s->gmid, (size_t)(BN * C) * sizeof(float));
+    if (k.att)
+        vitc__vit_branch(m, l, s->gmid, k.att, k.dp_att);
+    vitc__linear_backward(s->datt, C, 0.0f, gw->proj_w, gw->proj_b, s->gmid, C, att, C, w->proj_w,
+                          BN, C, C);
+    vitc__sdpa_bwd_desc bd = {.f = vitc__vit_attention(m, qkv, att, B, N, N)};
+    bd.f.lse = lse;
+    bd.f.lse_sb = c->num_heads * N;
+    bd.f.lse_sh = N;
+    bd.dout = s->datt, bd.do_sb = bd.f.o_sb, bd.do_sh = bd.f.o_sh, bd.do_sr = bd.f.o_sr;
+    bd.dq = s->dqkv, bd.dq_sb = bd.f.q_sb, bd.dq_sh = bd.f.q_sh, bd.dq_sr = bd.f.q_sr;
+    bd.dk = s->dqkv + C, bd.dk_sb = bd.f.k_sb, bd.dk_sh = bd.f.k_sh, bd.dk_sr = bd.f.k_sr;
+    bd.dv = s->dqkv + 2 * C, bd.dv_sb = bd.f.v_sb, bd.dv_sh = bd.f.v_sh, bd.dv_sr = bd.f.v_sr;
+    VITC_TRY(vitc__sdpa_backward(&bd));
+    vitc__linear_backward(s->dln, C, 0.0f, gw->qkv_w, gw->qkv_b, s->dqkv, 3 * C, ln1, C, w->qkv_w,
+                          BN, 3 * C, C);
+    vitc__layernorm_backward(s->g, gw->ln1_w, gw->ln1_b, s->dln, x, w->ln1_w, BN, C, c->norm_eps,
+                             s->stats);
+    return VITC_OK;
+}
+
+vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits) {
+    if (!m || !dlogits)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_backward: NULL model or dlogits");
+    if (!m->recorded)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "vitc_vit_backward: no recorded forward (call vitc_vit_set_training(m, "
+                         "1) and vitc_vit_forward first; a backward consumes the recording)");
+    const vitc_vit_config *c = &m->cfg;
+    const vitc__vit_acts *a = &m->a;
+    int64_t B = a->B, N = a->N, P = a->P, C = c->hidden_dim, K = c->num_classes;
+    int64_t p = c->patch_size, Kc = (int64_t)c->in_channels * p * p;
+    VITC_TRY(vitc__vit_grad_alloc(m));
+    vit_bwd s;
+    VITC_TRY(vit_bwd_scratch(m, &s));
+    /* The recording is spent: activations of a second backward would be
+     * overwritten scratch in a later forward anyway, and torch refuses too. */
+    m->recorded = 0;
+
+    /* Head and final LayerNorm, on the class rows only. */
+    float *dcls = s.dln; /* [B, C] */
+    vitc__linear_backward(dcls, C, 0.0f, m->g.head_w, m->g.head_b, dlogits, K, a->cls_out, C,
+                          m->w.head_w, B, K, C);
+    memset(s.g, 0, (size_t)(B * N * C) * sizeof(float));
+    float *dclsx = s.datt; /* [B, C] */
+    memset(dclsx, 0, (size_t)(B * C) * sizeof(float));
+    vitc__layernorm_backward(dclsx, m->g.ln_w, m->g.ln_b, dcls, a->cls_in, m->w.ln_w, B, C,
+                             c->norm_eps, s.stats);
+    for (int64_t b = 0; b < B; b++)
+        memcpy(s.g + b * N * C, dclsx + b * C, (size_t)C * sizeof(float));
+
+    for (int l = c->depth - 1; l >= 0; l--) VITC_TRY(vit_block_backward(m, l, &s));
+
+    uint8_t *emb = vitc__vit_emb_mask(m);
+    if (emb && m->dropout > 0.0f)
+        vitc__dropout_apply(s.g, s.g, emb, B * N * C, m->dropout);
+    /* x_0 = cat(cls, proj) + pos: sum over the batch for the shared ones. */
+    memset(s.dpos, 0, (size_t)(N * C) * sizeof(float));
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t i = 0; i < N * C; i++) s.dpos[i] += s.g[b * N * C + i];
+    for (int64_t j = 0; j < C; j++) m->g.cls[j] += s.dpos[j];
+    int64_t g0 = c->image_size / c->patch_size;
+    if (m->rec_gh == g0 && m->rec_gw == g0) {
+        for (int64_t i = 0; i < N * C; i++) m->g.pos[i] += s.dpos[i];
+    } else { /* interpolated: the class row as is, the grid through the adjoint */
+        for (int64_t j = 0; j < C; j++) m->g.pos[j] += s.dpos[j];
+        vitc__bicubic_ac_backward(m->g.pos + C, s.dpos + C, C, g0, g0, m->rec_gh, m->rec_gw);
+    }
+    /* Patch embedding: dW += dproj^T patches, db += column sums. */
+    float *dproj = s.gmid; /* [B*P, C] */
+    for (int64_t b = 0; b < B; b++)
+        memcpy(dproj + b * P * C, s.g + (b * N + 1) * C, (size_t)(P * C) * sizeof(float));
+    vitc__linear_backward(NULL, 0, 0.0f, m->g.conv_w, m->g.conv_b, dproj, C, a->patches, Kc,
+                          m->w.conv_w, B * P, C, Kc);
+    return VITC_OK;
+}
