@@ -70,6 +70,8 @@ static const char train_usage[] =
     "  --seed S          model initialisation, data order, augmentation (default 0)\n"
     "run:\n"
     "  --out FILE        the checkpoint (required)\n"
+    "  --model-out FILE  when done, also write the model alone (no optimizer\n"
+    "                    state: a third of the checkpoint's size)\n"
     "  --resume CKPT     continue the run saved in CKPT up to --epochs; its\n"
     "                    hyperparameters are kept unless given again\n"
     "  --eval-every E    evaluate every E epochs and after the last (default 1; 0: last only)\n"
@@ -111,6 +113,7 @@ typedef struct hyper {
 
 typedef struct train_opts {
     const char *data, *arch, *config, *out, *resume, *init, *log, *schedule, *augment, *seed;
+    const char *model_out;
     int image_size, patch, depth, dim, heads, mlp, channels;
     int epochs, batch, threads, eval_every, quiet, subset, eval_subset;
     double lr, wd, warmup, smoothing, clip, schedule_epochs, min_lr;
@@ -358,10 +361,11 @@ static char *train_meta_json(const hyper *h, const progress_state *p, const char
     return t;
 }
 
-static int save_checkpoint(const char *path, vitc_vit *m, vitc_optimizer *opt,
-                           const char *const *labels, const hyper *h, const progress_state *p,
-                           const char *data) {
-    int np = vitc_vit_num_params(m), ns = vitc_optimizer_num_states(opt);
+/* with_optim 0 writes the model alone (what --model-out ships). */
+static int save_file(const char *path, vitc_vit *m, vitc_optimizer *opt, int with_optim,
+                     const char *const *labels, const hyper *h, const progress_state *p,
+                     const char *data) {
+    int np = vitc_vit_num_params(m), ns = with_optim ? vitc_optimizer_num_states(opt) : 0;
     int n = np + ns;
     const char **names = calloc((size_t)n, sizeof *names);
     char **own = calloc((size_t)(ns ? ns : 1), sizeof *own);
@@ -414,13 +418,19 @@ static int save_checkpoint(const char *path, vitc_vit *m, vitc_optimizer *opt,
     const char *keys[2] = {"vitc.config", "vitc.train"}, *vals[2] = {cfg, tr};
     if (!tr || vitc_safetensors_save(path, n, names, ndims, shapes, data_p, 2, keys, vals) !=
                    VITC_OK)
-        rc = cli_error("writing checkpoint %s: %s (the previous checkpoint is untouched)", path,
-                       vitc_last_error());
+        rc = cli_error("writing %s %s: %s (the previous file is untouched)",
+                       with_optim ? "checkpoint" : "model", path, vitc_last_error());
 done:
     if (own)
         for (int i = 0; i < ns; i++) free(own[i]);
     free(own), free(names), free(ndims), free(shapes), free(data_p), free(cfg), free(tr);
     return rc;
+}
+
+static int save_checkpoint(const char *path, vitc_vit *m, vitc_optimizer *opt,
+                           const char *const *labels, const hyper *h, const progress_state *p,
+                           const char *data) {
+    return save_file(path, m, opt, 1, labels, h, p, data);
 }
 
 static double jnum(json_t *o, const char *k, double dflt) {
@@ -735,6 +745,8 @@ static int run_epochs(run *R) {
             fflush(R->log);
         }
     }
+    if (rc == CLI_OK && R->p.epoch >= o->epochs && o->model_out)
+        rc = save_file(o->model_out, R->m, R->opt, 0, R->labels, &R->h, &R->p, R->d.desc);
     if (rc == CLI_OK && R->p.epoch >= o->epochs && vitc_dataset_num_skipped(R->d.train))
         fprintf(stderr, "vitc: %lld unreadable training images were skipped\n",
                 (long long)vitc_dataset_num_skipped(R->d.train));
@@ -914,6 +926,7 @@ int cmd_train(int argc, char **argv) {
         {"--resume", TOPT_STRING, &o.resume, 0, 0, NULL},
         {"--init", TOPT_STRING, &o.init, 0, 0, NULL},
         {"--log", TOPT_STRING, &o.log, 0, 0, NULL},
+        {"--model-out", TOPT_STRING, &o.model_out, 0, 0, NULL},
         {"--schedule", TOPT_STRING, &o.schedule, 0, 0, &o.g_schedule},
         {"--augment", TOPT_STRING, &o.augment, 0, 0, &o.g_augment},
         {"--seed", TOPT_STRING, &o.seed, 0, 0, &o.g_seed},
