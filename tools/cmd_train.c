@@ -415,7 +415,10 @@ static int save_file(const char *path, vitc_vit *m, vitc_optimizer *opt, int wit
         tr = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
         json_decref(o);
     }
-    const char *keys[2] = {"vitc.config", "vitc.train"}, *vals[2] = {cfg, tr};
+    /* A model alone carries its run's record under another key: it has no
+     * optimizer state, so it is no checkpoint to --resume. */
+    const char *keys[2] = {"vitc.config", with_optim ? "vitc.train" : "vitc.trained_by"},
+               *vals[2] = {cfg, tr};
     if (!tr || vitc_safetensors_save(path, n, names, ndims, shapes, data_p, 2, keys, vals) !=
                    VITC_OK)
         rc = cli_error("writing %s %s: %s (the previous file is untouched)",
@@ -674,6 +677,8 @@ static int run_epochs(run *R) {
                         e + 1, (long long)R->p.global_step, (double)loss, lr,
                         R->h.clip > 0 ? ", \"grad_norm\": " : ", \"images\": ",
                         R->h.clip > 0 ? (double)gnorm : (double)nv);
+            if (R->log)
+                fflush(R->log); /* a log one can follow while it runs */
             double t = now_s();
             if (!o->quiet && (k + 1 == spe || t - last > (R->tty ? 0.2 : 10.0))) {
                 double ips = done_imgs / (t - t0 > 1e-9 ? t - t0 : 1e-9);
