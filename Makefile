@@ -139,9 +139,13 @@ test-c: tests
 test-python: lib
 	PYTHONPATH=python $(PYTHON) -m unittest discover -s tests/python -t . -p 'test_*.py'
 
+# The seed blocks, then the shipped Fashion-MNIST model (trained by `vitc
+# train`, README): a grid of test images with their labels, the test-set
+# accuracy, attention maps; pictures in $(BUILD)/demo.
 demo: deps
 	@$(MAKE) --no-print-directory all
 	$(BUILD)/vitc demo
+	$(BUILD)/vitc demo-fashion --model models/fashion-vit.safetensors --out-dir $(BUILD)/demo
 
 # BENCH_ONLY=train (or inference, or workload names) runs only those rows,
 # into bench/results-$(BENCH_ONLY).md so the full table is not overwritten.

@@ -71,5 +71,6 @@ int canvas_text_width(const char *text, int scale);
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_plot_log(int argc, char **argv);
+int cmd_demo_fashion(int argc, char **argv);
 
 #endif

@@ -19,6 +19,7 @@ static const struct {
     {"train", cmd_train, "train a Vision Transformer on Fashion-MNIST, MNIST or an ImageFolder"},
     {"eval", cmd_eval, "accuracy, per-class accuracy and confusion matrix on a test set"},
     {"plot-log", cmd_plot_log, "plot the loss and accuracy curves of a `vitc train --log` file"},
+    {"demo-fashion", cmd_demo_fashion, "classify Fashion-MNIST test images with the shipped model"},
     {"bench", cmd_bench, "time the standard attention workloads"},
     {"demo", cmd_demo, "run every seed attention block on the seeds' shapes"},
 };
