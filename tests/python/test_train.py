@@ -141,6 +141,12 @@ class TestTrainFashion(unittest.TestCase):
         self.assertAlmostEqual(ev["accuracy"], acc, places=6)
         self.assertEqual(sum(map(sum, ev["confusion"])), 1000)
         self.assertEqual([c["label"] for c in ev["per_class"]], labels)
+        # tools/torch_eval.py: torchvision's model from the metadata, same accuracy
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "torch_eval.py"), out,
+                            "--limit", "1000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        self.assertIn("test accuracy %.2f%% (%d of 1000)" % (100 * acc, round(acc * 1000)),
+                      p.stdout.decode())
         # plot-log and eval --plot write PNGs a viewer opens.
         png = self.path("curves.png")
         rc, _, err = run("plot-log", log, "--out", png)
