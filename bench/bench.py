@@ -597,6 +597,10 @@ def main():
     info["load_start"] = loadavg()
     info["coretype"] = base_env.get("OPENBLAS_CORETYPE", "detected by OpenBLAS (unset)")
     notes = []
+    if QUICK:
+        notes.append("--quick: the training workloads ran at tiny sizes (FMNIST batch 4 depth 1, "
+                     "ViT-B/16 at 32 px depth 2 batch 2, attention backward at L = 256); the "
+                     "shapes above are the full ones. A test of the driver, not a benchmark.")
     if inherited and args.openblas_coretype == "auto":
         notes.append("The environment had OPENBLAS_CORETYPE=%s; it was unset for both sides so "
                      "that OpenBLAS (PyTorch's BLAS here, and vitc's when its backend is "

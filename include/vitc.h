@@ -288,6 +288,27 @@ VITC_API vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view
 VITC_API vitc_status vitc_softmax(const float *x, int ndim, const int64_t *shape, int dim,
                                   float temperature, float *out);
 
+/* ---- training: gradients of the functional attention and softmax --- */
+
+/* The gradient of vitc_sdpa's out = softmax(q k^T scale + mask) v for q, k
+ * and v, given dout = dL/dout [...,L,dv]: what torch autograd gives through
+ * F.scaled_dot_product_attention (same shapes, mask and scale conventions
+ * as vitc_sdpa). dq, dk, dv (shaped like q, k, v) are overwritten. The
+ * forward is recomputed inside (O(L) extra memory, never L x S). A row
+ * with no allowed key makes its dq row and all of its head's dk and dv NaN,
+ * as torch 1.13's autograd does. */
+VITC_API vitc_status vitc_sdpa_backward(const vitc_tensor_view *q, const vitc_tensor_view *k,
+                                        const vitc_tensor_view *v, const vitc_tensor_view *mask,
+                                        vitc_mask_type mask_type, float scale, const float *dout,
+                                        float *dq, float *dk, float *dv);
+
+/* The gradient of y = vitc_softmax(x, dim, temperature) given y and
+ * dy = dL/dy (both of shape): dx = y o (dy - sum_dim(dy o y)) / temperature.
+ * dx may be dy (in place). */
+VITC_API vitc_status vitc_softmax_backward(const float *y, const float *dy, int ndim,
+                                           const int64_t *shape, int dim, float temperature,
+                                           float *dx);
+
 /* ------------------------------------------------------------------ */
 /* Images                                                             */
 /* ------------------------------------------------------------------ */

@@ -355,12 +355,50 @@ static void test_buffers_skipped(void **st) {
     vitc__handle_unregister(ps.owner_id);
 }
 
+/* The public front ends over a real ViT: create, step, clip, and the
+ * model freed under the optimizer. */
+static void test_vit_front_end(void **st) {
+    (void)st;
+    vitc_vit_config g = vitc_vit_default_config();
+    g.image_size = 8, g.patch_size = 4, g.in_channels = 1, g.hidden_dim = 8, g.depth = 1;
+    g.num_heads = 2, g.mlp_dim = 8, g.num_classes = 3;
+    vitc_vit *m;
+    assert_int_equal(vitc_vit_create(&g, 1, &m), VITC_OK);
+    vitc_optim_config c = vitc_optim_default_config(VITC_OPTIM_ADAMW);
+    vitc_optimizer *o;
+    assert_int_equal(vitc_optimizer_create_vit(NULL, &c, &o), VITC_ERR_INVALID_ARG);
+    assert_null(o);
+    assert_int_equal(vitc_optimizer_create_vit(m, &c, &o), VITC_OK);
+    float *data, *grad;
+    const char *name;
+    int i = vitc_vit_find_param(m, "heads.head.weight");
+    assert_true(i >= 0);
+    assert_int_equal(vitc_vit_param(m, i, &name, NULL, NULL, &data, &grad), VITC_OK);
+    assert_non_null(grad); /* the optimizer allocated the gradients */
+    const float w0 = data[0];
+    grad[0] = 3.0f, grad[1] = 4.0f;
+    float total;
+    assert_int_equal(vitc_clip_grad_norm_vit(m, 1.0f, &total), VITC_OK);
+    assert_true(fabs(total - 5.0) < 1e-6);
+    assert_true(fabs(grad[0] - 3.0 / (5.0 + 1e-6)) < 1e-6);
+    assert_int_equal(vitc_optimizer_step(o), VITC_OK);
+    /* Adam's first step moves by lr (sign of the gradient) after decay. */
+    assert_true(fabs(data[0] - (w0 * (1.0 - 1e-3 * 1e-2) - 1e-3)) < 1e-6);
+    assert_int_equal(vitc_optimizer_zero_grad(o), VITC_OK);
+    assert_true(grad[0] == 0.0f);
+    vitc_vit_free(m);
+    assert_int_equal(vitc_optimizer_step(o), VITC_ERR_INVALID_ARG);
+    assert_non_null(strstr(vitc_last_error(), "freed"));
+    vitc_optimizer_free(o);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw),           cmocka_unit_test(test_sgd),
         cmocka_unit_test(test_state_and_momentum), cmocka_unit_test(test_restore),
         cmocka_unit_test(test_errors),          cmocka_unit_test(test_clip_grad_norm),
         cmocka_unit_test(test_cross_entropy),   cmocka_unit_test(test_buffers_skipped),
+        cmocka_unit_test(test_vit_front_end),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

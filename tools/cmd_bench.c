@@ -32,6 +32,7 @@
 #define BENCH_X86 1
 #endif
 
+#include "bench_train.h"
 #include "cli.h"
 #include "rng.h"
 
@@ -265,6 +266,7 @@ typedef struct bench_ctx {
     int64_t shape[8];
     int vit_batch, vit_size;
     vitc_tensor_view tq, tk, tv;
+    void *train; /* the training workloads' state (bench_train.c) */
 } bench_ctx;
 
 typedef struct bench_workload {
@@ -290,6 +292,7 @@ static void bench_release(bench_ctx *c) {
     free(c->k);
     free(c->v);
     free(c->out);
+    bench_train_free(c->train);
     memset(c, 0, sizeof *c);
 }
 
@@ -452,6 +455,17 @@ static vitc_status bench_run_vit(bench_ctx *c) {
     return vitc_vit_forward(c->vit, c->x, c->vit_batch, c->vit_size, c->vit_size, c->out);
 }
 
+/* --quick: the training workloads at tiny sizes (tests the driver). */
+static int bench_quick;
+
+static int bench_setup_train(const bench_workload *w, bench_ctx *c, const char *model,
+                             double *flops, char *note, size_t note_cap) {
+    (void)model;
+    return bench_train_setup(w->name, bench_quick, &c->train, flops, note, note_cap);
+}
+
+static vitc_status bench_run_train(bench_ctx *c) { return bench_train_run(c->train); }
+
 static const bench_workload bench_workloads[] = {
     {"sdpa", "softmax(Q K^T / sqrt(d)) V", "q,k,v [1,8,4096,64]", bench_setup_sdpa,
      bench_run_sdpa, 0, 0, 0, {1, 8, 4096, 64}, 0},
@@ -468,6 +482,12 @@ static const bench_workload bench_workloads[] = {
      0, 0, 0, {0, 0, 0, 0}, 1},
     {"vit_b16_b8", "ViT-B/16 forward, batch 8", "[8,3,224,224]", bench_setup_vit, bench_run_vit,
      0, 0, 0, {0, 0, 0, 0}, 8},
+    {"train_fmnist", "Fashion-MNIST ViT training step (forward, cross-entropy, backward, AdamW)",
+     "[128,1,28,28]", bench_setup_train, bench_run_train, 0, 0, 0, {0, 0, 0, 0}, 128},
+    {"train_vit_b16_b8", "ViT-B/16 training step (forward, cross-entropy, backward, AdamW)",
+     "[8,3,224,224]", bench_setup_train, bench_run_train, 0, 0, 0, {0, 0, 0, 0}, 8},
+    {"sdpa_bwd", "attention backward: dQ, dK, dV of softmax(Q K^T / sqrt(d)) V",
+     "q,k,v [1,8,4096,64]", bench_setup_train, bench_run_train, 0, 0, 0, {1, 8, 4096, 64}, 0},
 };
 #define BENCH_NW ((int)(sizeof bench_workloads / sizeof bench_workloads[0]))
 
@@ -586,7 +606,7 @@ static void bench_help(FILE *f) {
     fprintf(f,
             "usage: vitc bench [--threads N] [--repeat R] [--only NAME[,NAME...]]\n"
             "                  [--model vit_b_16.safetensors] [--json] [--no-peak]\n"
-            "                  [--peak-only] [--quiet]\n\n"
+            "                  [--peak-only] [--quiet] [--quick]\n\n"
             "Time the standard workloads (DESIGN.md section 6) with random weights:\n"
             "warm-up, then the median of R forwards; GFLOP/s and the fraction of the\n"
             "FMA peak measured here (per core, times the threads in use); peak memory.\n\n"
@@ -597,7 +617,9 @@ static void bench_help(FILE *f) {
             "  --json        one JSON object on stdout instead of the table\n"
             "  --no-peak     do not measure the FMA peak (fractions are then absent)\n"
             "  --peak-only   measure the FMA peak and run no workload\n"
-            "  --quiet       no progress lines on stderr\n\nworkloads:\n");
+            "  --quiet       no progress lines on stderr\n"
+            "  --quick       the training workloads at tiny sizes (tests the driver only)\n"
+            "\nworkloads:\n");
     for (int i = 0; i < BENCH_NW; i++)
         fprintf(f, "  %-13s %s on %s\n", bench_workloads[i].name, bench_workloads[i].what,
                 bench_workloads[i].shape);
@@ -655,6 +677,8 @@ int cmd_bench(int argc, char **argv) {
             peak_only = 1;
         } else if (!strcmp(a, "--quiet") || !strcmp(a, "-q")) {
             quiet = 1;
+        } else if (!strcmp(a, "--quick")) {
+            bench_quick = 1;
         } else if (!strcmp(a, "--threads") || !strcmp(a, "--repeat") || !strcmp(a, "--only") ||
                    !strcmp(a, "--model")) {
             if (i + 1 >= argc)

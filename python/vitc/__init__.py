@@ -10,6 +10,7 @@ from .vit import *  # noqa: F401,F403  (VisionTransformer)
 from .image import *  # noqa: F401,F403  (load_image, preprocess_image, save_png)
 from .train import *  # noqa: F401,F403  (cross_entropy, AdamW, SGD, clip_grad_norm_)
 from . import lr  # noqa: F401  (vitc.lr.OneCycleLR, vitc.lr.WarmupCosine)
+from .grad import *  # noqa: F401,F403  (sdpa_backward, softmax_backward)
 
 __version__ = _lib.lib.vitc_version().decode()
 

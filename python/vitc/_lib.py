@@ -331,7 +331,15 @@ class OneCycleConfig(ctypes.Structure):
                 ("base_momentum", ctypes.c_double), ("max_momentum", ctypes.c_double)]
 
 
-OPTIM_SGD, OPTIM_ADAMW = 0, 1
+class OptimKind(enum.IntEnum):
+    """vitc_optim_kind."""
+    SGD = 0
+    ADAMW = 1
+
+
+OPTIM_SGD, OPTIM_ADAMW = OptimKind.SGD, OptimKind.ADAMW
+STRUCTS.update({"vitc_optim_config": OptimConfig, "vitc_onecycle_config": OneCycleConfig})
+ENUMS.append(("VITC_OPTIM_", OptimKind))
 
 
 def _train_signatures():
@@ -368,3 +376,12 @@ def _train_signatures():
 
 
 _train_signatures()
+
+
+# ---- training: gradients of the functional attention and softmax ----------
+# (vitc_sdpa_backward, vitc_softmax_backward; used by grad.py). The four
+# vitc_tensor_view arguments go by address.
+lib.vitc_sdpa_backward.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_float, c_float_p,
+                                                          c_float_p, c_float_p, c_float_p]
+lib.vitc_softmax_backward.argtypes = [c_float_p, c_float_p, ctypes.c_int, c_int64_p, ctypes.c_int,
+                                      ctypes.c_float, c_float_p]

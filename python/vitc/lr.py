@@ -3,7 +3,7 @@ over an optimizer, call step() after each optimizer.step(). The numbers come
 from libvitc (src/train/lr.c)."""
 import ctypes
 
-from ._lib import check, lib
+from ._lib import INT64_MAX, check, float_arg, int_arg, lib
 
 __all__ = ["OneCycleLR", "WarmupCosine"]
 
@@ -42,17 +42,21 @@ class OneCycleLR(_Scheduler):
         if total_steps is None:
             if epochs is None or steps_per_epoch is None:
                 raise ValueError("You must define either total_steps OR (epochs AND steps_per_epoch)")
-            total_steps = int(epochs) * int(steps_per_epoch)
+            total_steps = int_arg(epochs, "epochs", 1, INT64_MAX) * \
+                int_arg(steps_per_epoch, "steps_per_epoch", 1, INT64_MAX)
         if anneal_strategy not in ("cos", "linear"):
             raise ValueError("anneal_strategy must by one of 'cos' or 'linear', instead got %r"
                              % (anneal_strategy,))
-        c = lib.vitc_onecycle_default_config(float(max_lr), int(total_steps))
-        c.pct_start, c.anneal_linear = float(pct_start), int(anneal_strategy == "linear")
-        c.div_factor, c.final_div_factor = float(div_factor), float(final_div_factor)
+        total_steps = int_arg(total_steps, "total_steps", 1, INT64_MAX)
+        c = lib.vitc_onecycle_default_config(float_arg(max_lr, "max_lr"), total_steps)
+        c.pct_start, c.anneal_linear = float_arg(pct_start, "pct_start"), int(anneal_strategy == "linear")
+        c.div_factor = float_arg(div_factor, "div_factor")
+        c.final_div_factor = float_arg(final_div_factor, "final_div_factor")
         c.three_phase, c.cycle_momentum = int(bool(three_phase)), int(bool(cycle_momentum))
-        c.base_momentum, c.max_momentum = float(base_momentum), float(max_momentum)
+        c.base_momentum = float_arg(base_momentum, "base_momentum")
+        c.max_momentum = float_arg(max_momentum, "max_momentum")
         self._c = c
-        self.total_steps = int(total_steps)
+        self.total_steps = total_steps
         super().__init__(optimizer)
 
     def _at(self, step):
@@ -69,7 +73,9 @@ class WarmupCosine(_Scheduler):
 
     def __init__(self, optimizer, warmup_steps, total_steps, min_lr=0.0):
         self.base_lr = optimizer.lr
-        self.warmup_steps, self.total_steps, self.min_lr = int(warmup_steps), int(total_steps), float(min_lr)
+        self.warmup_steps = int_arg(warmup_steps, "warmup_steps", 0, INT64_MAX)
+        self.total_steps = int_arg(total_steps, "total_steps", 1, INT64_MAX)
+        self.min_lr = float_arg(min_lr, "min_lr")
         super().__init__(optimizer)
 
     def _at(self, step):

@@ -1,11 +1,13 @@
 """Training pieces over libvitc: cross-entropy, AdamW / SGD and gradient
 clipping with torch.optim's semantics. Every number comes from the C library
 (src/train/); this module only holds handles."""
+import contextlib
 import ctypes
 
 import numpy as np
 
-from ._lib import (OPTIM_ADAMW, OPTIM_SGD, OptimConfig, as_f32, check, fptr, lib)
+from ._lib import (INT64_MAX, OPTIM_ADAMW, OPTIM_SGD, as_f32, check, float_arg, fptr, int_arg,
+                   lib)
 
 __all__ = ["cross_entropy", "AdamW", "SGD", "clip_grad_norm_"]
 
@@ -30,7 +32,7 @@ def cross_entropy(logits, labels, label_smoothing=0.0):
     d = np.empty_like(x)
     loss = ctypes.c_float()
     check(lib.vitc_cross_entropy(fptr(x), y.ctypes.data_as(ctypes.POINTER(ctypes.c_int64)),
-                                 x.shape[0], x.shape[1], float(label_smoothing),
+                                 x.shape[0], x.shape[1], float_arg(label_smoothing, "label_smoothing"),
                                  ctypes.byref(loss), fptr(d)))
     return float(loss.value), (d[0] if single else d)
 
@@ -53,8 +55,12 @@ class _Optimizer:
     def __init__(self, model, cfg):
         h, create, _ = _handle(model)
         self._model = model  # keeps the model alive as long as the optimizer
+        # The model's lock (one C object, calls take turns): a step never
+        # runs while another thread's forward or backward uses the weights.
+        self._lock = getattr(model, "_lock", None) or contextlib.nullcontext()
         self._o = ctypes.c_void_p()
-        check(create(h, ctypes.byref(cfg), ctypes.byref(self._o)))
+        with self._lock:
+            check(create(h, ctypes.byref(cfg), ctypes.byref(self._o)))
 
     def __del__(self):
         if getattr(self, "_o", None) is not None and self._o.value:
@@ -62,10 +68,12 @@ class _Optimizer:
             self._o = None
 
     def step(self):
-        check(lib.vitc_optimizer_step(self._o))
+        with self._lock:
+            check(lib.vitc_optimizer_step(self._o))
 
     def zero_grad(self):
-        check(lib.vitc_optimizer_zero_grad(self._o))
+        with self._lock:
+            check(lib.vitc_optimizer_zero_grad(self._o))
 
     @property
     def lr(self):
@@ -73,7 +81,7 @@ class _Optimizer:
 
     @lr.setter
     def lr(self, value):
-        check(lib.vitc_optimizer_set_lr(self._o, float(value)))
+        check(lib.vitc_optimizer_set_lr(self._o, float_arg(value, "lr")))
 
     @property
     def momentum(self):
@@ -82,7 +90,7 @@ class _Optimizer:
 
     @momentum.setter
     def momentum(self, value):
-        check(lib.vitc_optimizer_set_momentum(self._o, float(value)))
+        check(lib.vitc_optimizer_set_momentum(self._o, float_arg(value, "momentum")))
 
     @property
     def step_count(self):
@@ -109,7 +117,7 @@ class _Optimizer:
                 raise ValueError("state %s has %d values, expected %d"
                                  % (name.value.decode(), src.shape[0], n))
             np.ctypeslib.as_array(data, shape=(n,))[:] = src
-        check(lib.vitc_optimizer_set_step(self._o, int(sd["step"])))
+        check(lib.vitc_optimizer_set_step(self._o, int_arg(sd["step"], "step", 0, INT64_MAX)))
 
 
 class AdamW(_Optimizer):
@@ -121,8 +129,11 @@ class AdamW(_Optimizer):
     def __init__(self, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
                  amsgrad=False, decay_all=False):
         cfg = lib.vitc_optim_default_config(OPTIM_ADAMW)
-        cfg.lr, cfg.beta1, cfg.beta2, cfg.eps = float(lr), float(betas[0]), float(betas[1]), float(eps)
-        cfg.weight_decay, cfg.amsgrad, cfg.decay_all = float(weight_decay), int(bool(amsgrad)), int(bool(decay_all))
+        b1, b2 = betas
+        cfg.lr, cfg.eps = float_arg(lr, "lr"), float_arg(eps, "eps")
+        cfg.beta1, cfg.beta2 = float_arg(b1, "betas[0]"), float_arg(b2, "betas[1]")
+        cfg.weight_decay = float_arg(weight_decay, "weight_decay")
+        cfg.amsgrad, cfg.decay_all = int(bool(amsgrad)), int(bool(decay_all))
         super().__init__(model, cfg)
 
     @property
@@ -138,8 +149,10 @@ class SGD(_Optimizer):
     def __init__(self, model, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
                  nesterov=False, decay_all=False):
         cfg = lib.vitc_optim_default_config(OPTIM_SGD)
-        cfg.lr, cfg.momentum, cfg.dampening = float(lr), float(momentum), float(dampening)
-        cfg.weight_decay, cfg.nesterov, cfg.decay_all = float(weight_decay), int(bool(nesterov)), int(bool(decay_all))
+        cfg.lr, cfg.momentum = float_arg(lr, "lr"), float_arg(momentum, "momentum")
+        cfg.dampening = float_arg(dampening, "dampening")
+        cfg.weight_decay = float_arg(weight_decay, "weight_decay")
+        cfg.nesterov, cfg.decay_all = int(bool(nesterov)), int(bool(decay_all))
         super().__init__(model, cfg)
 
 
@@ -149,8 +162,11 @@ def clip_grad_norm_(model, max_norm):
     norm before clipping. model: a vitc model, layer or optimizer."""
     total = ctypes.c_float()
     if isinstance(model, _Optimizer):
-        check(lib.vitc_clip_grad_norm_optimizer(model._o, float(max_norm), ctypes.byref(total)))
+        with model._lock:
+            check(lib.vitc_clip_grad_norm_optimizer(model._o, float_arg(max_norm, "max_norm"),
+                                                    ctypes.byref(total)))
     else:
         h, _, clip = _handle(model)
-        check(clip(h, float(max_norm), ctypes.byref(total)))
+        with getattr(model, "_lock", None) or contextlib.nullcontext():
+            check(clip(h, float_arg(max_norm, "max_norm"), ctypes.byref(total)))
     return float(total.value)

@@ -89,7 +89,8 @@ vitc_status vitc_set_arch(const char *name) {
 static const vitc__kernels vitc__tables[3] = {
     [VITC_ARCH_GENERIC] = {
         .arch = VITC_ARCH_GENERIC, .name = "generic",
-        .softmax_rows = vitc__softmax_rows_ref, .layernorm = vitc__layernorm_ref,
+        .softmax_rows = vitc__softmax_rows_ref, .softmax_rows_backward = vitc__softmax_rows_backward_ref,
+        .layernorm = vitc__layernorm_ref,
         .gelu = vitc__gelu_ref, .row_stats = vitc__row_stats_ref, .row_norm = vitc__row_norm_ref,
         .gelu_backward = vitc__gelu_backward_ref,
         .layernorm_backward_row = vitc__layernorm_backward_row_ref,
@@ -97,7 +98,8 @@ static const vitc__kernels vitc__tables[3] = {
     },
     [VITC_ARCH_AVX2] = {
         .arch = VITC_ARCH_AVX2, .name = "avx2",
-        .softmax_rows = vitc__softmax_rows_avx2, .layernorm = vitc__layernorm_avx2,
+        .softmax_rows = vitc__softmax_rows_avx2, .softmax_rows_backward = vitc__softmax_rows_backward_avx2,
+        .layernorm = vitc__layernorm_avx2,
         .gelu = vitc__gelu_avx2, .row_stats = vitc__row_stats_avx2, .row_norm = vitc__row_norm_avx2,
         .gelu_backward = vitc__gelu_backward_avx2,
         .layernorm_backward_row = vitc__layernorm_backward_row_avx2,
@@ -105,7 +107,8 @@ static const vitc__kernels vitc__tables[3] = {
     },
     [VITC_ARCH_AVX512] = {
         .arch = VITC_ARCH_AVX512, .name = "avx512",
-        .softmax_rows = vitc__softmax_rows_avx512, .layernorm = vitc__layernorm_avx512,
+        .softmax_rows = vitc__softmax_rows_avx512, .softmax_rows_backward = vitc__softmax_rows_backward_avx512,
+        .layernorm = vitc__layernorm_avx512,
         .gelu = vitc__gelu_avx512, .row_stats = vitc__row_stats_avx512,
         .row_norm = vitc__row_norm_avx512,
         .gelu_backward = vitc__gelu_backward_avx512,

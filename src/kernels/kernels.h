@@ -50,6 +50,8 @@ typedef struct vitc__kernels {
     void (*softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperature);
     void (*layernorm)(float *y, const float *x, const float *w, const float *b, int64_t M,
                       int64_t C, float eps);
+    void (*softmax_rows_backward)(float *dx, const float *y, const float *dy, int64_t rows,
+                                  int64_t n, float inv_temperature);
     void (*gelu)(float *x, int64_t n);
     /* GroupNorm helpers: o[0], o[1] = sum of (x - shift) and of its square,
      * in double; y = (x - mean) * sc + sh. */
@@ -160,6 +162,13 @@ void vitc__groupnorm(float *y, const float *x, const float *w, const float *b, i
                      int64_t C, int64_t HW, int64_t G, float eps);
 /* Exact-erf GELU, in place. */
 void vitc__gelu(float *x, int64_t n);
+/* The gradient of y = softmax(x * inv_temperature) over rows of n:
+ * dx = inv_temperature * y o (dy - rowsum(dy o y)). dx may be dy (in place),
+ * not y. Threads over rows; the same bits for any thread count. */
+void vitc__softmax_rows_backward(float *dx, const float *y, const float *dy, int64_t rows,
+                                 int64_t n, float inv_temperature);
+void vitc__softmax_rows_backward_ref(float *dx, const float *y, const float *dy, int64_t rows,
+                                     int64_t n, float inv_temperature);
 /* The plain reference versions of the three above (the fast ones dispatch
  * by arch and thread over rows; these stay for tests). */
 void vitc__softmax_rows_ref(float *x, int64_t rows, int64_t n, float inv_temperature);

@@ -29,6 +29,20 @@ void vitc__softmax_rows_ref(float *x, int64_t rows, int64_t n, float inv_tempera
     }
 }
 
+/* The dot product in double: it is the one reduction, and torch's float
+ * result is within an ulp of it. */
+void vitc__softmax_rows_backward_ref(float *dx, const float *y, const float *dy, int64_t rows,
+                                     int64_t n, float inv_temperature) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *yr = y + r * n, *gr = dy + r * n;
+        float *xr = dx + r * n;
+        double dot = 0.0;
+        for (int64_t j = 0; j < n; j++) dot += (double)gr[j] * yr[j];
+        float d = (float)dot;
+        for (int64_t j = 0; j < n; j++) xr[j] = inv_temperature * yr[j] * (gr[j] - d);
+    }
+}
+
 /* Mean and variance in double: a float running sum drifts on 4096-long rows. */
 void vitc__layernorm_ref(float *y, const float *x, const float *w, const float *b, int64_t M,
                          int64_t C, float eps) {
@@ -129,6 +143,31 @@ void vitc__softmax_rows(float *x, int64_t rows, int64_t n, float inv_temperature
         vitc__parallel_range(rows, vitc__softmax_part, &k);
     else
         vitc__softmax_part(&k, 0, rows, 0);
+}
+
+typedef struct {
+    float *dx;
+    const float *y, *dy;
+    int64_t n;
+    float it;
+    const vitc__kernels *kt;
+} vitc__softmax_bwd_ctx;
+
+static void vitc__softmax_bwd_part(void *c, int64_t r0, int64_t r1, int tid) {
+    const vitc__softmax_bwd_ctx *k = c;
+    (void)tid;
+    k->kt->softmax_rows_backward(k->dx + r0 * k->n, k->y + r0 * k->n, k->dy + r0 * k->n, r1 - r0,
+                                 k->n, k->it);
+}
+
+void vitc__softmax_rows_backward(float *dx, const float *y, const float *dy, int64_t rows,
+                                 int64_t n, float inv_temperature) {
+    vitc__softmax_bwd_ctx k = {dx, y, dy, n, inv_temperature, vitc__kern()};
+    if (rows <= 0 || n <= 0) return;
+    if (rows > 1 && rows * n >= VITC_OPS_PAR_ELEMS)
+        vitc__parallel_range(rows, vitc__softmax_bwd_part, &k);
+    else
+        vitc__softmax_bwd_part(&k, 0, rows, 0);
 }
 
 static void vitc__layernorm_part(void *c, int64_t r0, int64_t r1, int tid) {

@@ -129,3 +129,6 @@ void vitc__row_norm_avx2(float *y, const float *x, int64_t n, float mean, float 
         _mm256_storeu_ps(y + c, _mm256_fmadd_ps(_mm256_sub_ps(_mm256_loadu_ps(x + c), vm), vs, vb));
     for (; c < n; c++) y[c] = (x[c] - mean) * sc + sh;
 }
+
+#define OPS_SUFFIX avx2
+#include "ops_tmpl.h"

@@ -118,3 +118,6 @@ void vitc__row_norm_avx512(float *y, const float *x, int64_t n, float mean, floa
         _mm512_mask_storeu_ps(y + c, m, _mm512_fmadd_ps(v, vs, vb));
     }
 }
+
+#define OPS_SUFFIX avx512
+#include "ops_tmpl.h"

@@ -25,6 +25,11 @@ void vitc__row_norm_avx512(float *y, const float *x, int64_t n, float mean, floa
 void vitc__row_stats_avx2(const float *x, int64_t n, double shift, double *o);
 void vitc__row_norm_avx2(float *y, const float *x, int64_t n, float mean, float sc, float sh);
 
+void vitc__softmax_rows_backward_avx512(float *dx, const float *y, const float *dy, int64_t rows,
+                                        int64_t n, float inv_temperature);
+void vitc__softmax_rows_backward_avx2(float *dx, const float *y, const float *dy, int64_t rows,
+                                      int64_t n, float inv_temperature);
+
 void vitc__gelu_avx2(float *x, int64_t n);
 void vitc__softmax_rows_avx2(float *x, int64_t rows, int64_t n, float inv_temperature);
 void vitc__layernorm_avx2(float *y, const float *x, const float *w, const float *b, int64_t M,

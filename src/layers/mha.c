@@ -367,8 +367,25 @@ vitc_status vitc__mha_self_forward(vitc_layer *l, const float *x, int ndim, cons
 
 /* ---- scaled_dot_product_attention ------------------------------------ */
 
-vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view *k, const vitc_tensor_view *v,
-                      const vitc_tensor_view *mask, vitc_mask_type mask_type, float scale, float *out) {
+/* The gradient of a forward described by sd (o, lse set): dout, dq, dk, dv
+ * contiguous like o, q, k, v. */
+static vitc_status sdpa_grad(vitc__sdpa_desc *sd, const float *dout, float *dq, float *dk, float *dv) {
+    VITC_TRY(vitc__sdpa(sd)); /* o and the log-sum-exp the backward recomputes P from */
+    vitc__sdpa_bwd_desc bd;
+    memset(&bd, 0, sizeof bd);
+    bd.f = *sd;
+    bd.dout = dout, bd.do_sb = sd->o_sb, bd.do_sh = sd->o_sh, bd.do_sr = sd->o_sr;
+    bd.dq = dq, bd.dq_sb = sd->q_sb, bd.dq_sh = sd->q_sh, bd.dq_sr = sd->q_sr;
+    bd.dk = dk, bd.dk_sb = sd->k_sb, bd.dk_sh = sd->k_sh, bd.dk_sr = sd->k_sr;
+    bd.dv = dv, bd.dv_sb = sd->v_sb, bd.dv_sh = sd->v_sh, bd.dv_sr = sd->v_sr;
+    return vitc__sdpa_backward(&bd);
+}
+
+/* vitc_sdpa, and with dout set its backward (lse [B*H*L] then required). */
+static vitc_status sdpa_impl(const vitc_tensor_view *q, const vitc_tensor_view *k,
+                             const vitc_tensor_view *v, const vitc_tensor_view *mask,
+                             vitc_mask_type mask_type, float scale, float *out, float *lse,
+                             const float *dout, float *dq, float *dk, float *dv) {
     char s1[96], s2[96], s3[96], s4[96];
     if (!q || !k || !v || !out || !q->data || !k->data || !v->data)
         return vitc__err(VITC_ERR_INVALID_ARG, "scaled_dot_product_attention: NULL q, k, v or out");
@@ -485,8 +502,48 @@ vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view *k, cons
         sd.m_sh = nlead == 0 || ts[nd - 3] == 1 ? 0 : st[nd - 3];
         sd.m_sb = nlead < 2 || (outer_ones && ts[nlead - 2] == 1) ? 0 : st[nlead - 2];
     }
-    vitc_status s = vitc__sdpa(&sd);
+    vitc_status s;
+    if (dout) {
+        sd.lse = lse, sd.lse_sb = H * L, sd.lse_sh = L;
+        s = sdpa_grad(&sd, dout, dq, dk, dv);
+    } else {
+        s = vitc__sdpa(&sd);
+    }
     vitc__free(tmp);
+    return s;
+}
+
+vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view *k, const vitc_tensor_view *v,
+                      const vitc_tensor_view *mask, vitc_mask_type mask_type, float scale, float *out) {
+    return sdpa_impl(q, k, v, mask, mask_type, scale, out, NULL, NULL, NULL, NULL, NULL);
+}
+
+vitc_status vitc_sdpa_backward(const vitc_tensor_view *q, const vitc_tensor_view *k,
+                               const vitc_tensor_view *v, const vitc_tensor_view *mask,
+                               vitc_mask_type mask_type, float scale, const float *dout, float *dq,
+                               float *dk, float *dv) {
+    if (!q || !v || !dout || !dq || !dk || !dv)
+        return vitc__err(VITC_ERR_INVALID_ARG, "scaled_dot_product_attention backward: NULL "
+                                               "q, v, dout, dq, dk or dv");
+    /* The forward's o [..., L, dv] and lse [..., L]; sdpa_impl checks the
+     * shapes in full before either is touched. */
+    int nd = q->ndim, ok = nd >= 2 && nd <= 8 && v->ndim == nd;
+    for (int i = 0; ok && i < nd; i++) ok = q->shape[i] >= 1 && v->shape[i] >= 1;
+    if (!ok)
+        return vitc__err(VITC_ERR_SHAPE, "scaled_dot_product_attention backward: q (%dD) and v "
+                                         "(%dD) need equal ranks in [2, 8] and dims >= 1",
+                         q->ndim, v->ndim);
+    size_t rows = 1, no = 0, bytes_o, bytes_l;
+    for (int i = 0; ok && i < nd - 1; i++) ok = vitc__mul_size(rows, (size_t)q->shape[i], &rows);
+    ok = ok && vitc__mul_size(rows, (size_t)v->shape[nd - 1], &no) &&
+         vitc__mul_size(no, sizeof(float), &bytes_o) && vitc__mul_size(rows, sizeof(float), &bytes_l);
+    if (!ok) return vitc__err(VITC_ERR_NOMEM, "scaled_dot_product_attention backward: sizes too large");
+    float *o = vitc__alloc(bytes_o), *lse = vitc__alloc(bytes_l); /* [..., L, dv], [..., L] */
+    vitc_status s = o && lse ? sdpa_impl(q, k, v, mask, mask_type, scale, o, lse, dout, dq, dk, dv)
+                             : vitc__err(VITC_ERR_NOMEM, "scaled_dot_product_attention backward: "
+                                                         "cannot allocate the forward's output");
+    vitc__free(o);
+    vitc__free(lse);
     return s;
 }
 
@@ -533,5 +590,55 @@ vitc_status vitc_softmax(const float *x, int ndim, const int64_t *shape, int dim
             for (int64_t j = 0; j < n; j++) os[j * inner] = row[j];
         }
     vitc__free(row);
+    return VITC_OK;
+}
+
+vitc_status vitc_softmax_backward(const float *y, const float *dy, int ndim, const int64_t *shape,
+                                  int dim, float temperature, float *dx) {
+    char s1[96];
+    if (!y || !dy || !dx || (ndim > 0 && !shape) || ndim < 0 || ndim > 8)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "softmax backward: NULL argument or ndim %d out of [0, 8]", ndim);
+    if (temperature == 0.0f || !isfinite(temperature))
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "softmax backward: temperature %g must be finite and non-zero",
+                         (double)temperature);
+    int nd = ndim ? ndim : 1;
+    if (dim < -nd || dim >= nd)
+        return vitc__err(VITC_ERR_INVALID_ARG, "softmax backward: dim %d out of range for shape %s",
+                         dim, vitc__shape_str(s1, sizeof s1, ndim, shape));
+    if (dim < 0) dim += nd;
+    int ok;
+    size_t total = vitc__numel(ndim, shape, &ok);
+    if (!ok)
+        return vitc__err(VITC_ERR_SHAPE, "softmax backward: bad shape %s",
+                         vitc__shape_str(s1, sizeof s1, ndim, shape));
+    if (total == 0) return VITC_OK;
+    int64_t n = ndim ? shape[dim] : 1, inner = 1;
+    for (int i = dim + 1; i < ndim; i++) inner *= shape[i];
+    int64_t outer = (int64_t)total / (n * inner);
+    /* d(x / t) / dx = 1 / t: the division's gradient, as torch's autograd
+     * takes it (1/t rounded once, applied as a multiply). */
+    float it = 1.0f / temperature;
+    if (inner == 1) {
+        vitc__softmax_rows_backward(dx, y, dy, outer, n, it);
+        return VITC_OK;
+    }
+    float *buf = vitc__alloc((size_t)n * 3 * sizeof(float)); // [3, n]: y, dy, dx of one row
+    if (!buf)
+        return vitc__err(VITC_ERR_NOMEM, "softmax backward: cannot allocate a row of %lld",
+                         (long long)n);
+    float *yr = buf, *gr = buf + n, *xr = buf + 2 * n;
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < inner; i++) {
+            size_t base = (size_t)(o * n * inner + i);
+            for (int64_t j = 0; j < n; j++) {
+                yr[j] = y[base + (size_t)(j * inner)];
+                gr[j] = dy[base + (size_t)(j * inner)];
+            }
+            vitc__softmax_rows_backward(xr, yr, gr, 1, n, it);
+            for (int64_t j = 0; j < n; j++) dx[base + (size_t)(j * inner)] = xr[j];
+        }
+    vitc__free(buf);
     return VITC_OK;
 }

@@ -4,14 +4,12 @@ SGD with every option over 10 steps (vs torch.optim on the same parameters
 and gradients), clip_grad_norm_, and the schedules over a full cycle (vs
 torch's OneCycleLR and a SequentialLR of LinearLR + CosineAnnealingLR).
 
-The optimizer tests drive a small ViT made by vitc_vit_create, writing its
-parameters and gradients through vitc_vit_param, so they test the C
-optimizer over a real model's parameter table (names and no-decay flags).
+The optimizer tests drive a small vitc.VisionTransformer, writing its
+parameters and gradients in place, so they test the C optimizer over a real
+model's parameter table (names and no-decay flags).
 
 Needs torch (/usr/bin/python3 on Debian); skipped without.
 """
-import ctypes
-import math
 import re
 import unittest
 import warnings
@@ -19,7 +17,7 @@ import warnings
 import numpy as np
 
 import vitc
-from vitc._lib import check, lib
+from vitc._lib import lib
 
 try:
     import torch
@@ -27,61 +25,31 @@ try:
 except ImportError:  # pragma: no cover
     torch = None
 
-_vp, _P = ctypes.c_void_p, ctypes.POINTER
-_f = ctypes.c_float
-
-
-class _VitConfig(ctypes.Structure):  # vitc_vit_config
-    _fields_ = [("image_size", ctypes.c_int), ("patch_size", ctypes.c_int),
-                ("in_channels", ctypes.c_int), ("hidden_dim", ctypes.c_int),
-                ("depth", ctypes.c_int), ("num_heads", ctypes.c_int),
-                ("mlp_dim", ctypes.c_int), ("num_classes", ctypes.c_int),
-                ("norm_eps", ctypes.c_float), ("mean", ctypes.c_float * 3),
-                ("std", ctypes.c_float * 3)]
 
 
 class _Vit:
-    """A ViT from vitc_vit_create, with its parameters and gradients as
-    numpy views by torch name (the optimizer only needs ._h)."""
+    """A small vitc.VisionTransformer with its parameters and gradients as
+    writable numpy views by torch name (the optimizer tests write them)."""
 
     def __init__(self, seed=0, image_size=8, patch_size=4, in_channels=1, hidden_dim=8, depth=1,
                  num_heads=2, mlp_dim=12, num_classes=3):
-        create = lib.vitc_vit_create
-        create.argtypes, create.restype = [_P(_VitConfig), ctypes.c_uint64, _P(_vp)], ctypes.c_int
-        cfg = _VitConfig(image_size=image_size, patch_size=patch_size, in_channels=in_channels,
-                         hidden_dim=hidden_dim, depth=depth, num_heads=num_heads,
-                         mlp_dim=mlp_dim, num_classes=num_classes, norm_eps=1e-6,
-                         mean=(ctypes.c_float * 3)(0.5, 0.5, 0.5), std=(ctypes.c_float * 3)(0.5, 0.5, 0.5))
-        self._h = _vp()
-        check(create(ctypes.byref(cfg), seed, ctypes.byref(self._h)))
-        lib.vitc_vit_free.argtypes, lib.vitc_vit_free.restype = [_vp], None
-        self.num_classes = num_classes
+        self.model = vitc.VisionTransformer(image_size=image_size, patch_size=patch_size,
+                                            num_layers=depth, num_heads=num_heads,
+                                            hidden_dim=hidden_dim, mlp_dim=mlp_dim,
+                                            num_classes=num_classes, in_channels=in_channels,
+                                            seed=seed)
 
     def free(self):
-        if self._h is not None and self._h.value:
-            lib.vitc_vit_free(self._h)
-        self._h = None
-
-    __del__ = free
+        """Free the C model now (as vitc_vit_free), whoever still refers to it."""
+        m = self.model
+        if m._h is not None and m._h.value:
+            lib.vitc_vit_free(m._h)
+            m._h = None
 
     def tensors(self):
         """[(name, param view, grad view or None)] in state_dict order."""
-        f = lib.vitc_vit_param
-        f.argtypes = [_vp, ctypes.c_int, _P(ctypes.c_char_p), _P(ctypes.c_int),
-                      _P(_P(ctypes.c_int64)), _P(_P(_f)), _P(_P(_f))]
-        f.restype = ctypes.c_int
-        lib.vitc_vit_num_params.argtypes, lib.vitc_vit_num_params.restype = [_vp], ctypes.c_int
-        out = []
-        for i in range(lib.vitc_vit_num_params(self._h)):
-            name, nd, shp = ctypes.c_char_p(), ctypes.c_int(), _P(ctypes.c_int64)()
-            data, grad = _P(_f)(), _P(_f)()
-            check(f(self._h, i, ctypes.byref(name), ctypes.byref(nd), ctypes.byref(shp),
-                    ctypes.byref(data), ctypes.byref(grad)))
-            shape = tuple(shp[d] for d in range(nd.value))
-            p = np.ctypeslib.as_array(data, shape=shape)
-            g = np.ctypeslib.as_array(grad, shape=shape) if grad else None
-            out.append((name.value.decode(), p, g))
-        return out
+        m = self.model
+        return [(n, m._view(d, s), m._view(g, s) if g else None) for n, s, d, g in m._params()]
 
 
 # What vitc leaves undecayed by default: biases, norm weights, the class
@@ -96,9 +64,10 @@ class TestCrossEntropy(unittest.TestCase):
         x = (rng.standard_normal((B, C)) * scale).astype(np.float32)
         y = rng.integers(0, C, B)
         loss, d = vitc.cross_entropy(x, y, label_smoothing=eps)
-        t = torch.tensor(x, dtype=torch.float64, requires_grad=True)
-        ref = F.cross_entropy(t, torch.tensor(y), label_smoothing=eps)
-        ref.backward()
+        with torch.enable_grad():  # another test module may have turned autograd off
+            t = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+            ref = F.cross_entropy(t, torch.tensor(y), label_smoothing=eps)
+            ref.backward()
         self.assertLessEqual(abs(loss - ref.item()), 1e-6 * max(1.0, abs(ref.item())),
                              (B, C, scale, eps))
         np.testing.assert_allclose(d, t.grad.numpy(), rtol=0, atol=1e-7 + 1e-6 * np.abs(t.grad.numpy()).max())
@@ -146,7 +115,7 @@ class TestOptimizers(unittest.TestCase):
         tensors = m.tensors()
         for _, p, _ in tensors:
             p[...] = rng.standard_normal(p.shape).astype(np.float32)
-        opt = make_vitc(m)
+        opt = make_vitc(m.model)
         tensors = m.tensors()  # gradients exist now
         names = [n for n, _, _ in tensors]
         self.assertTrue(any(NO_DECAY.search(n) for n in names))
@@ -160,7 +129,7 @@ class TestOptimizers(unittest.TestCase):
                 g[...] = (rng.standard_normal(g.shape) * scale).astype(np.float32)
                 t.grad = torch.tensor(g.astype(np.float64))
             if clip is not None:
-                total = vitc.clip_grad_norm_(m, clip)
+                total = vitc.clip_grad_norm_(m.model, clip)
                 ttotal = torch.nn.utils.clip_grad_norm_(tp, clip)
                 self.assertLessEqual(abs(total - ttotal.item()), 1e-6 * ttotal.item())
                 for (n, p, g), t in zip(tensors, tp):
@@ -208,7 +177,7 @@ class TestOptimizers(unittest.TestCase):
 
     def test_state_roundtrip_and_errors(self):
         m = _Vit(seed=1)
-        opt = vitc.AdamW(m, lr=1e-2)
+        opt = vitc.AdamW(m.model, lr=1e-2)
         for _, _, g in m.tensors():
             g[...] = 0.25
         opt.step()
@@ -216,7 +185,7 @@ class TestOptimizers(unittest.TestCase):
         self.assertEqual(sd["step"], 1)
         self.assertEqual(sorted(sd["state"]), ["exp_avg", "exp_avg_sq"])
         self.assertTrue(np.any(sd["state"]["exp_avg"] != 0))
-        opt2 = vitc.AdamW(m, lr=1e-2)
+        opt2 = vitc.AdamW(m.model, lr=1e-2)
         opt2.load_state_dict(sd)
         self.assertEqual(opt2.step_count, 1)
         np.testing.assert_array_equal(opt2.state_dict()["state"]["exp_avg_sq"],
@@ -226,9 +195,9 @@ class TestOptimizers(unittest.TestCase):
         with self.assertRaisesRegex(vitc.VitcError, "learning rate"):
             opt.lr = -1.0
         with self.assertRaisesRegex(vitc.VitcError, "nesterov"):
-            vitc.SGD(m, lr=0.1, nesterov=True)
+            vitc.SGD(m.model, lr=0.1, nesterov=True)
         with self.assertRaisesRegex(vitc.VitcError, "beta"):
-            vitc.AdamW(m, betas=(0.9, 1.0))
+            vitc.AdamW(m.model, betas=(0.9, 1.0))
         # The model freed under the optimizer: an error, never a crash.
         m.free()
         with self.assertRaisesRegex(vitc.VitcError, "freed"):
@@ -237,6 +206,13 @@ class TestOptimizers(unittest.TestCase):
             opt.zero_grad()
         with self.assertRaises(TypeError):
             vitc.AdamW(object())
+        # Python values are checked before ctypes would wrap or round them.
+        with self.assertRaisesRegex(ValueError, "lr"):
+            vitc.AdamW(m.model, lr=float("inf"))
+        with self.assertRaisesRegex(ValueError, "total_steps"):
+            vitc.lr.OneCycleLR(opt, max_lr=1.0, total_steps=0)
+        with self.assertRaises(TypeError):
+            vitc.SGD(m.model, lr="0.1")
 
 
 class TestLayerOptimizer(unittest.TestCase):
@@ -285,10 +261,10 @@ class TestSchedules(unittest.TestCase):
         m = _Vit()
         w = torch.zeros(1, requires_grad=True)
         if kind == "sgd":
-            opt = vitc.SGD(m, lr=0.1, momentum=0.9)
+            opt = vitc.SGD(m.model, lr=0.1, momentum=0.9)
             topt = torch.optim.SGD([w], lr=0.1, momentum=0.9)
         else:
-            opt = vitc.AdamW(m)
+            opt = vitc.AdamW(m.model)
             topt = torch.optim.AdamW([w])
         sched = vitc.lr.OneCycleLR(opt, max_lr=0.7, total_steps=total, **kw)
         tsched = torch.optim.lr_scheduler.OneCycleLR(topt, max_lr=0.7, total_steps=total, **kw)
@@ -319,7 +295,7 @@ class TestSchedules(unittest.TestCase):
 
     def test_onecycle_no_cycle_momentum(self):
         m = _Vit()
-        opt = vitc.SGD(m, lr=0.1, momentum=0.9)
+        opt = vitc.SGD(m.model, lr=0.1, momentum=0.9)
         vitc.lr.OneCycleLR(opt, max_lr=1.0, total_steps=10, cycle_momentum=False)
         self.assertEqual(opt.momentum, 0.9)
         with self.assertRaisesRegex(vitc.VitcError, "total steps is 3"):
@@ -332,7 +308,7 @@ class TestSchedules(unittest.TestCase):
     def test_warmup_cosine(self):
         for W, T, min_lr in [(5, 40, 0.0), (1, 10, 1e-4), (10, 11, 0.01), (0, 30, 0.0)]:
             m = _Vit()
-            opt = vitc.AdamW(m, lr=0.3)
+            opt = vitc.AdamW(m.model, lr=0.3)
             sched = vitc.lr.WarmupCosine(opt, W, T, min_lr=min_lr)
             w = torch.zeros(1, requires_grad=True)
             topt = torch.optim.AdamW([w], lr=0.3)

@@ -1,0 +1,147 @@
+"""vitc.sdpa_backward and vitc.softmax_backward against torch autograd in
+float64 (softmax(q k^T * scale + mask) @ v, the math torch 1.13's
+F.scaled_dot_product_attention is). Tolerance: the issue's
+max|vitc - torch| <= 1e-4 * max(1, |torch|) per element, on every CPU path
+the machine has.
+"""
+import unittest
+
+import numpy as np
+import torch
+
+import vitc
+
+ARCHES = [a for a in ("generic", "avx2", "avx512")]
+
+
+def _paths():
+    """The CPU paths this machine runs (vitc_set_arch refuses the others)."""
+    got = []
+    for a in ARCHES:
+        try:
+            vitc._lib.lib.vitc_set_arch(a.encode())
+            if vitc.get_arch() == a:
+                got.append(a)
+        finally:
+            vitc._lib.lib.vitc_set_arch(b"auto")
+    return got
+
+
+@torch.enable_grad()  # other test modules turn autograd off globally
+def torch_sdpa_grads(q, k, v, dout, mask=None, scale=None):
+    q, k, v = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, k, v))
+    s = (q @ k.transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
+    if mask is not None:
+        m = torch.tensor(mask)
+        if m.dtype == torch.bool:
+            m = torch.zeros(m.shape, dtype=torch.float64).masked_fill(~m, float("-inf"))
+        s = s + m.double()
+    out = torch.softmax(s, -1) @ v
+    out.backward(torch.tensor(dout, dtype=torch.float64))
+    return q.grad.numpy(), k.grad.numpy(), v.grad.numpy()
+
+
+def rel_err(got, ref):
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    nan_ok = np.isnan(ref) == np.isnan(got)
+    if not nan_ok.all():
+        return np.inf
+    fin = ~np.isnan(ref)
+    if not fin.any():
+        return 0.0
+    return float(np.max(np.abs(got[fin] - ref[fin]) / np.maximum(1.0, np.abs(ref[fin]))))
+
+
+class TestSdpaBackward(unittest.TestCase):
+    def setUp(self):
+        self.rng = np.random.default_rng(7)
+
+    def _rand(self, *shape):
+        return self.rng.uniform(-1, 1, shape).astype(np.float32)
+
+    def check(self, qs, ks, vs, mask=None, scale=None):
+        q, k, v = self._rand(*qs), self._rand(*ks), self._rand(*vs)
+        dout = self._rand(*(qs[:-1] + vs[-1:]))
+        ref = torch_sdpa_grads(q, k, v, dout, mask, scale)
+        for arch in _paths():
+            vitc._lib.lib.vitc_set_arch(arch.encode())
+            try:
+                got = vitc.sdpa_backward(q, k, v, dout, attn_mask=mask, scale=scale)
+            finally:
+                vitc._lib.lib.vitc_set_arch(b"auto")
+            for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+                self.assertEqual(g.shape, r.shape)
+                e = rel_err(g, r)
+                self.assertLessEqual(e, 1e-4, "%s %s: %s q%s k%s v%s" % (arch, name, e, qs, ks, vs))
+
+    def test_self_attention(self):
+        self.check((1, 12, 197, 64), (1, 12, 197, 64), (1, 12, 197, 64))
+        self.check((2, 3, 33, 40), (2, 3, 33, 40), (2, 3, 33, 40))
+
+    def test_odd_shapes(self):
+        self.check((3, 17, 8), (3, 29, 8), (3, 29, 24))         # L != S, D != Dv, 3-D
+        self.check((1, 1, 1, 16), (1, 1, 1, 16), (1, 1, 1, 16))  # one token
+        self.check((2, 1, 300, 32), (2, 1, 257, 32), (2, 1, 257, 48), scale=0.3)  # split plan
+        self.check((5, 7), (9, 7), (9, 3))                      # 2-D
+
+    def test_masks(self):
+        L, S = 37, 53
+        fm = self.rng.uniform(-3, 3, (L, S)).astype(np.float32)
+        self.check((2, 4, L, 16), (2, 4, S, 16), (2, 4, S, 16), mask=fm)          # float [L, S]
+        bm = self.rng.uniform(0, 1, (2, 1, 1, S)) > 0.3
+        bm[..., 0] = True
+        self.check((2, 4, L, 16), (2, 4, S, 16), (2, 4, S, 16), mask=bm)          # bool key padding
+        bm2 = self.rng.uniform(0, 1, (2, 4, L, S)) > 0.5
+        bm2[..., 3] = True
+        self.check((2, 4, L, 16), (2, 4, S, 16), (2, 4, S, 16), mask=bm2)         # bool full
+
+    def test_fully_masked_row_matches_torch(self):
+        bm = np.ones((6, 9), dtype=bool)
+        bm[2] = False  # row 2 sees nothing: torch gives NaN there and in all of dk, dv
+        self.check((1, 2, 6, 8), (1, 2, 9, 8), (1, 2, 9, 8), mask=bm)
+
+    def test_errors(self):
+        q = self._rand(2, 5, 4)
+        with self.assertRaises(vitc.VitcError):
+            vitc.sdpa_backward(q, q, q, self._rand(2, 5, 3))  # grad_out of the wrong shape
+        with self.assertRaises(vitc.VitcError):
+            vitc.sdpa_backward(q, self._rand(2, 5, 3), q, self._rand(2, 5, 4))  # d mismatch
+
+
+class TestSoftmaxBackward(unittest.TestCase):
+    def check(self, shape, dim, t):
+        rng = np.random.default_rng(3)
+        x = rng.uniform(-4, 4, shape).astype(np.float32)
+        dy = rng.uniform(-1, 1, shape).astype(np.float32)
+        xt = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+        with torch.enable_grad():  # other test modules turn autograd off globally
+            yt = torch.softmax(xt / t, dim)
+            yt.backward(torch.tensor(dy, dtype=torch.float64))
+        y = vitc.softmax(x, dim=dim, temperature=t)
+        for arch in _paths():
+            vitc._lib.lib.vitc_set_arch(arch.encode())
+            try:
+                dx = vitc.softmax_backward(y, dy, dim=dim, temperature=t)
+            finally:
+                vitc._lib.lib.vitc_set_arch(b"auto")
+            e = rel_err(dx, xt.grad.numpy())
+            self.assertLessEqual(e, 1e-4, "%s %s dim %d t %g: %g" % (arch, shape, dim, t, e))
+
+    def test_shapes(self):
+        self.check((4, 37), -1, 1.0)
+        self.check((3, 5, 100), -1, 0.5)
+        self.check((3, 5, 7), 1, 2.0)     # not the last dim
+        self.check((2, 300, 4), 1, 0.1)
+        self.check((1,), 0, 1.0)
+
+    def test_errors(self):
+        with self.assertRaises(vitc.VitcError):
+            vitc.softmax_backward(np.ones((2, 3)), np.ones((2, 3)), temperature=0.0)
+        with self.assertRaises(vitc.VitcError):
+            vitc.softmax_backward(np.ones((2, 3)), np.ones((2, 3)), dim=2)
+        with self.assertRaises(vitc.VitcError):
+            vitc.softmax_backward(np.ones((2, 3)), np.ones((3, 2)))
+
+
+if __name__ == "__main__":
+    unittest.main()
