@@ -100,15 +100,15 @@ static void atb_t_rows(int mk, int epi, int64_t K, const float *a, int64_t lda, 
 #undef ATB_T_EPI
 }
 
-/* A [nk, ld] tile over nk keys and nrp (a multiple of BRG) query rows. */
+/* A [nk, ld] tile over nk keys and nrp (a multiple of BRG) query rows; bt
+ * holds the rows' BRG-wide panels, [nrp / BRG][K][BRG]. */
 static void atb_tile(int epi, int64_t nk, int64_t nrp, int64_t K, const float *a, int64_t lda,
-                     const float *bt, int64_t ldb, const float *rv, const float *pt, float *out,
-                     int64_t ld) {
+                     const float *bt, const float *rv, const float *pt, float *out, int64_t ld) {
     for (int64_t j = 0; j < nk; j += MR_S) {
         int mk = nk - j < MR_S ? (int)(nk - j) : MR_S;
         for (int64_t g = 0; g < nrp; g += BRG)
-            atb_t_rows(mk, epi, K, a + j * lda, lda, bt + g, ldb, rv + g, pt ? pt + j * ld + g : NULL,
-                       out + j * ld + g, ld);
+            atb_t_rows(mk, epi, K, a + j * lda, lda, bt + g * K, BRG, rv + g,
+                       pt ? pt + j * ld + g : NULL, out + j * ld + g, ld);
     }
 }
 
@@ -222,23 +222,29 @@ static void atb_pack_rows(const vitc__attn_bwd_plan *pl, vitc__attn_bwd_ws *w, i
     const float *lse = d->lse + b * d->lse_sb + h * d->lse_sh + l0;            /* [nr] */
     for (int64_t r = 0; r < Lp; r++) {
         float *qr = w->qr + r * Dp, *dor = w->dor + r * Dvp;
+        /* Q^T and dO^T in BRG-row panels: a tile reads one panel as a
+         * contiguous [D][BRG] block. (Plain [D][Lp] rows would put the D
+         * lines a microkernel reads Lp*4 bytes apart, a multiple of 4 KB
+         * for long rows: all in one L1 set.) */
+        float *qt = w->qt + (r / BRG) * D * BRG + r % BRG;
+        float *dot = w->dot + (r / BRG) * Dv * BRG + r % BRG;
         if (r < nr) {
             const float *qs = q + r * d->q_sr, *ds = dO + r * bd->do_sr, *os = o + r * d->o_sr;
             float acc = 0.0f;
             for (int64_t c = 0; c < D; c++) {
                 qr[c] = qs[c];
-                w->qt[c * Lp + r] = qs[c] * pl->qscale;
+                qt[c * BRG] = qs[c] * pl->qscale;
             }
             for (int64_t c = 0; c < Dv; c++) {
                 dor[c] = ds[c];
-                w->dot[c * Lp + r] = ds[c];
+                dot[c * BRG] = ds[c];
                 acc += ds[c] * os[c];
             }
             w->dd[r] = acc;
             w->lse2[r] = lse[r] * 1.44269504088896340736f;
         } else {
-            for (int64_t c = 0; c < D; c++) qr[c] = w->qt[c * Lp + r] = 0.0f;
-            for (int64_t c = 0; c < Dv; c++) dor[c] = w->dot[c * Lp + r] = 0.0f;
+            for (int64_t c = 0; c < D; c++) qr[c] = qt[c * BRG] = 0.0f;
+            for (int64_t c = 0; c < Dv; c++) dor[c] = dot[c * BRG] = 0.0f;
             w->dd[r] = 0.0f;
             w->lse2[r] = INFINITY;
         }
@@ -252,7 +258,7 @@ void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h,
     const vitc__sdpa_bwd_desc *bd = pl->d;
     const vitc__sdpa_desc *d = &bd->f;
     const int64_t D = d->D, Dv = d->Dv, Dp = pl->Dp, Dvp = pl->Dvp, Bc = pl->Bc, Br = pl->Br;
-    const int64_t nr = l1 - l0;
+    const int64_t nr = l1 - l0, ldt = pl->ldt;
     vitc__attn_bwd_ws w;
     vitc__attn_bwd_carve(pl, nr, scratch, &w);
     const int64_t Lp = w.Lp;
@@ -282,27 +288,27 @@ void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h,
             /* P^T: with a mask, the raw scores first, then the mask (read
              * transposed, a scalar pass) and 2^(s - lse2). */
             if (mbase) {
-                atb_tile(ATB_RAW, nk, nbp, D, k + j0 * d->k_sr, d->k_sr, w.qt + i0, Lp, NULL, NULL,
-                         w.pt, Br);
+                atb_tile(ATB_RAW, nk, nbp, D, k + j0 * d->k_sr, d->k_sr, w.qt + i0 * D, NULL, NULL,
+                         w.pt, ldt);
                 for (int64_t j = 0; j < nk; j++) {
-                    float *row = w.pt + j * Br;
+                    float *row = w.pt + j * ldt;
                     const float *mc = mbase + i0 * d->m_sr + j0 + j; /* column j0+j of the mask */
                     for (int64_t r = 0; r < nb; r++) row[r] += mc[r * d->m_sr] * l2e;
                     for (int64_t r = 0; r < nbp; r += VW)
                         v_store(row + r, v_exp2(v_sub(v_load(row + r), v_loadu(w.lse2 + i0 + r))));
                 }
             } else {
-                atb_tile(ATB_P, nk, nbp, D, k + j0 * d->k_sr, d->k_sr, w.qt + i0, Lp,
-                         w.lse2 + i0, NULL, w.pt, Br);
+                atb_tile(ATB_P, nk, nbp, D, k + j0 * d->k_sr, d->k_sr, w.qt + i0 * D, w.lse2 + i0,
+                         NULL, w.pt, ldt);
             }
             /* dS^T = P^T o (V dO^T - D) */
-            atb_tile(ATB_DS, nk, nbp, Dv, v + j0 * d->v_sr, d->v_sr, w.dot + i0, Lp, w.dd + i0,
-                     w.pt, w.dst, Br);
+            atb_tile(ATB_DS, nk, nbp, Dv, v + j0 * d->v_sr, d->v_sr, w.dot + i0 * Dv, w.dd + i0,
+                     w.pt, w.dst, ldt);
             if (do_kv) {
-                atb_mm(nk, Dvp, nb, w.pt, Br, 1, w.dor + i0 * Dvp, Dvp, w.dv, Dvp); /* dV += P^T dO */
-                atb_mm(nk, Dp, nb, w.dst, Br, 1, w.qr + i0 * Dp, Dp, w.dk, Dp);    /* dK += dS^T Q */
+                atb_mm(nk, Dvp, nb, w.pt, ldt, 1, w.dor + i0 * Dvp, Dvp, w.dv, Dvp); /* dV += P^T dO */
+                atb_mm(nk, Dp, nb, w.dst, ldt, 1, w.qr + i0 * Dp, Dp, w.dk, Dp);    /* dK += dS^T Q */
             }
-            if (do_q) atb_mm(nb, Dp, nk, w.dst, 1, Br, w.kr, Dp, w.dq + i0 * Dp, Dp); /* dQ += dS K */
+            if (do_q) atb_mm(nb, Dp, nk, w.dst, 1, ldt, w.kr, Dp, w.dq + i0 * Dp, Dp); /* dQ += dS K */
         }
         if (do_kv) {
             float *dk = bd->dk + b * bd->dk_sb + h * bd->dk_sh + j0 * bd->dk_sr; /* [nk, D] */

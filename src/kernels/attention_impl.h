@@ -77,6 +77,8 @@ typedef struct vitc__attn_bwd_plan {
     const vitc__sdpa_bwd_desc *d;
     int64_t Bc;       /* keys per block: a multiple of every path's S-microkernel rows */
     int64_t Br;       /* query rows per block: a multiple of 32 (two AVX-512 vectors) */
+    int64_t ldt;      /* row stride of the [Bc, Br] tiles: Br + 16, so the dQ product's
+                         column walk does not land its lines in a few L1 sets */
     int64_t Dp, Dvp;  /* D, Dv rounded up to 16 */
     int64_t rows_max; /* most query rows one task packs */
     int split;        /* 0: a task is a whole head; 1: key chunks, then query chunks */
@@ -87,16 +89,17 @@ typedef struct vitc__attn_bwd_plan {
 /* A task's views into its scratch (vitc__attn_bwd_carve). Rows are those of
  * the task's query range, padded to Lp = rows rounded up to 32. */
 typedef struct vitc__attn_bwd_ws {
-    float *qt;   /* [D, Lp]   Q^T times scale*log2(e) */
-    float *dot;  /* [Dv, Lp]  dO^T */
+    float *qt;   /* [Lp/BRG][D][BRG]  Q^T times scale*log2(e), in panels of
+                    BRG = 2 vectors of rows (attention_bwd_tmpl.h) */
+    float *dot;  /* [Lp/BRG][Dv][BRG] dO^T, the same panels */
     float *qr;   /* [Lp, Dp]  Q rows, zero padded */
     float *dor;  /* [Lp, Dvp] dO rows, zero padded */
     float *dq;   /* [Lp, Dp]  dQ accumulator, without the final scale */
     float *kr;   /* [Bc, Dp]  K rows of one key block, zero padded */
     float *dk;   /* [Bc, Dp]  dK accumulator of the key block */
     float *dv;   /* [Bc, Dvp] dV accumulator of the key block */
-    float *pt;   /* [Bc, Br]  P^T tile */
-    float *dst;  /* [Bc, Br]  dS^T tile */
+    float *pt;   /* [Bc, ldt] P^T tile */
+    float *dst;  /* [Bc, ldt] dS^T tile */
     float *lse2; /* [Lp] lse * log2(e); +inf on padding rows, so their P is 0 */
     float *dd;   /* [Lp] D_i = rowsum(dO * O); 0 on padding rows */
     int64_t Lp;
