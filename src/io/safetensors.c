@@ -304,8 +304,9 @@ static int st_cmp_name(const void *a, const void *b) {
  * what they hold stays under ~40 MB. */
 #define ST_MAX_TENSORS 262144
 #define ST_MAX_META 65536
-/* A tensor entry holds dtype, shape (at most 1024 dims) and data_offsets. */
-#define ST_MAX_ENTRY_ITEMS 2048
+/* A tensor entry holds dtype, shape (at most VITC_SAFETENSORS_MAX_NDIM
+ * dims) and data_offsets: about 70 containers and commas at most. */
+#define ST_MAX_ENTRY_ITEMS 256
 /* A header nests 3 deep; deeper is refused without recursion. */
 #define ST_MAX_DEPTH 64
 
@@ -534,8 +535,10 @@ static vitc_status st_parse_metadata(vitc_safetensors *st, st_scan *sc, const si
     }
     if (sc->s != VITC_OK)
         return sc->s;
+    if (st->n_meta < 2)
+        return VITC_OK;
     /* Duplicate keys, as jansson's JSON_REJECT_DUPLICATES would say. */
-    char **sorted = malloc((st->n_meta ? (size_t)st->n_meta : 1) * sizeof *sorted);
+    char **sorted = malloc((size_t)st->n_meta * sizeof *sorted);
     if (!sorted)
         return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for metadata", fname);
     memcpy(sorted, st->meta_key, (size_t)st->n_meta * sizeof *sorted);
@@ -581,8 +584,8 @@ static vitc_status st_parse_header(vitc_safetensors *st, const char *hdr, size_t
             s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory for %d tensors", fname, st->n + 1);
         else if (items > ST_MAX_ENTRY_ITEMS)
             s = vitc__err(VITC_ERR_FORMAT, "%s: tensor '%s': the entry holds over %d values; a "
-                          "tensor has dtype, shape (at most 1024 dimensions) and data_offsets",
-                          fname, name, ST_MAX_ENTRY_ITEMS);
+                          "tensor has dtype, shape (at most %d dimensions) and data_offsets",
+                          fname, name, ST_MAX_ENTRY_ITEMS, VITC_SAFETENSORS_MAX_NDIM);
         if (s == VITC_OK) {
             /* Counted before parsing so that free releases a half-filled entry. */
             st_tensor *t = &st->t[st->n++];
@@ -613,7 +616,8 @@ static vitc_status st_parse_header(vitc_safetensors *st, const char *hdr, size_t
             return vitc__err(VITC_ERR_FORMAT, "%s: the header has a duplicate tensor '%s'",
                              fname, st->by_name[i].name);
 
-    qsort(st->t, (size_t)st->n, sizeof(st_tensor), st_cmp_offset);
+    if (st->n) /* st->t is NULL without tensors, and qsort may not take NULL */
+        qsort(st->t, (size_t)st->n, sizeof(st_tensor), st_cmp_offset);
     uint64_t pos = 0;
     for (int i = 0; i < st->n; i++) {
         const st_tensor *t = &st->t[i];
