@@ -7,6 +7,7 @@
 #   make asan       the C tests under AddressSanitizer + UBSan
 #   make valgrind   the C tests under valgrind memcheck
 #   make install PREFIX=/usr/local DESTDIR=
+#   make MPI=1      build/vitc with data-parallel `vitc train` (OpenMPI, mpicc)
 #
 # Optional libraries are found with pkg-config and used when present:
 # OpenBLAS (GEMM backend), libpng and libturbojpeg (images). NO_BLAS=1,
@@ -99,6 +100,27 @@ $(BUILD)/obj/%_avx2.o: %_avx2.c $(HDRS)
 	@echo "  CC  $@"
 	$(Q)$(CC) $(BASE) $(CFLAGS) $(AVX2_FLAGS) -c $< -o $@
 
+# The CLI is built with mpicc and -DVITC_MPI under MPI=1 (data-parallel
+# `vitc train`); the library never needs MPI. tool-flags records the choice
+# so that switching MPI on or off rebuilds the tool.
+ifeq ($(MPI),1)
+TOOL_CC    := mpicc
+TOOL_FLAGS := -DVITC_MPI
+else
+TOOL_CC    := $(CC)
+TOOL_FLAGS :=
+endif
+.PHONY: FORCE
+FORCE:
+$(BUILD)/tool-flags: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(TOOL_CC) $(TOOL_FLAGS)' | cmp -s - $@ || echo '$(TOOL_CC) $(TOOL_FLAGS)' > $@
+
+$(BUILD)/obj/tools/%.o: tools/%.c $(HDRS) $(BUILD)/tool-flags
+	@mkdir -p $(dir $@)
+	@echo "  CC  $@"
+	$(Q)$(TOOL_CC) $(BASE) $(CFLAGS) $(TOOL_FLAGS) -c $< -o $@
+
 $(BUILD)/obj/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	@echo "  CC  $@"
@@ -116,7 +138,7 @@ $(BUILD)/libvitc.so: $(SOFILE)
 	ln -sf $(SONAME) $@
 
 $(BUILD)/vitc: $(TOOL_OBJ) $(BUILD)/libvitc.a
-	$(CC) -o $@ $(TOOL_OBJ) $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
+	$(TOOL_CC) -o $@ $(TOOL_OBJ) $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
 
 # C tests: cmocka, one binary per file, linked statically against the library.
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libvitc.a $(HDRS)

@@ -388,6 +388,9 @@ typedef struct vitc_batch_opts {
     unsigned augment;        /* VITC_AUG_* bits; 0: the eval transform */
     int pad;                 /* RandomCrop's padding (4) */
     uint64_t seed;           /* the batch's augmentation seed */
+    int64_t first;           /* place of idx[0] in the whole batch (0; a data-parallel
+                              * rank loading its shard gives its offset, so that sample
+                              * k draws the same choices in a shard as in the batch) */
 } vitc_batch_opts;
 
 /* No augmentation, mean 0, std 1, pad 4. */
@@ -395,7 +398,7 @@ VITC_API vitc_batch_opts vitc_batch_default_opts(int image_size, int channels);
 /* Samples idx[0..n) into images [n, C, S, S] and labels [n]. Without
  * augmentation an IDX image is resized (bilinear) to S when it is not S, an
  * ImageFolder image has its shorter side resized to S (antialiased) and is
- * center-cropped. Sample k's random choices come from (seed, k) alone.
+ * center-cropped. Sample k's random choices come from (seed, first + k) alone.
  * Unreadable images are skipped: the valid samples come first, their count
  * in *n_valid. */
 VITC_API vitc_status vitc_dataset_load_batch(vitc_dataset *d, const int64_t *idx, int n,

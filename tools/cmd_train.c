@@ -81,6 +81,10 @@ static const char train_usage[] =
     "  -h, --help        this help\n"
     "\n"
     "Unreadable ImageFolder images are skipped with a warning and counted.\n"
+#ifdef VITC_MPI
+    "Data parallel: mpirun -np K vitc train ... splits every batch over K ranks\n"
+    "(this vitc was built with MPI=1).\n"
+#endif
     "Exit status: 0 done, 1 failed, 2 usage error, 130/143 stopped by\n"
     "SIGINT/SIGTERM after writing the checkpoint.\n";
 
@@ -578,6 +582,83 @@ static void fmt_time(double s, char *buf, size_t cap) {
         snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
 }
 
+/* ---- data parallel over MPI (make MPI=1) ---------------------------------
+ * Each rank computes its contiguous shard of every global batch, scaled so
+ * that the shards' gradients add up to the whole batch's mean; the sum is
+ * made in rank order on rank 0 (gather, add, broadcast), so it does not
+ * depend on message timing, and every rank then takes the same optimizer
+ * step. Rank 0 evaluates, writes the checkpoint, the log and the progress. */
+static int dp_rank = 0, dp_size = 1;
+
+#ifdef VITC_MPI
+#include <mpi.h>
+
+static int64_t dp_sum_i64(int64_t v) {
+    long long in = v, out = 0;
+    MPI_Allreduce(&in, &out, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    return out;
+}
+
+static double dp_sum_f64_ordered(double v) {
+    double all[1024], sum = 0;
+    if (dp_size > 1024)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Allgather(&v, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, MPI_COMM_WORLD);
+    for (int r = 0; r < dp_size; r++) sum += all[r];
+    return sum;
+}
+
+/* Gradients of every rank summed in rank order, on every rank. */
+static int dp_grads(vitc_vit *m, float **buf) {
+    int np = vitc_vit_num_params(m);
+    size_t n = 0;
+    for (int i = 0; i < np; i++) {
+        const char *nm;
+        int nd;
+        const int64_t *sh;
+        float *d, *g;
+        vitc_vit_param(m, i, &nm, &nd, &sh, &d, &g);
+        size_t k = 1;
+        for (int j = 0; j < nd; j++) k *= (size_t)sh[j];
+        n += k;
+    }
+    if (!*buf && !(*buf = malloc(n * (size_t)(dp_rank == 0 ? dp_size + 1 : 1) * sizeof **buf)))
+        return cli_error("out of memory for the gradient exchange");
+    float *mine = *buf, *all = *buf + n;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t off = 0;
+        for (int i = 0; i < np; i++) {
+            const char *nm;
+            int nd;
+            const int64_t *sh;
+            float *d, *g;
+            vitc_vit_param(m, i, &nm, &nd, &sh, &d, &g);
+            size_t k = 1;
+            for (int j = 0; j < nd; j++) k *= (size_t)sh[j];
+            if (pass == 0)
+                memcpy(mine + off, g, k * sizeof *g);
+            else
+                memcpy(g, mine + off, k * sizeof *g);
+            off += k;
+        }
+        if (pass == 0) {
+            if (n > (size_t)INT32_MAX)
+                return cli_error("gradients too large for one MPI message");
+            MPI_Gather(mine, (int)n, MPI_FLOAT, dp_rank == 0 ? all : NULL, (int)n, MPI_FLOAT, 0,
+                       MPI_COMM_WORLD);
+            if (dp_rank == 0)
+                for (size_t j = 0; j < n; j++) {
+                    float acc = all[j];
+                    for (int r = 1; r < dp_size; r++) acc += all[(size_t)r * n + j];
+                    mine[j] = acc;
+                }
+            MPI_Bcast(mine, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        }
+    }
+    return CLI_OK;
+}
+#endif
+
 typedef struct run {
     train_opts *o;
     hyper h;
@@ -588,6 +669,7 @@ typedef struct run {
     const char **labels;
     FILE *log;
     int tty;
+    float *gbuf; /* MPI: gradients packed for the exchange */
 } run;
 
 static int report_skipped(run *R, int64_t *reported) {
@@ -627,12 +709,22 @@ static int run_epochs(run *R) {
         int64_t seen = 0, correct = 0, done_imgs = 0;
         vitc_vit_set_training(R->m, 1);
         for (int64_t k = R->p.step_in_epoch; k < spe; k++) {
-            int b = (int)(N - k * B < B ? N - k * B : B), nv;
+            int b = (int)(N - k * B < B ? N - k * B : B), nv = 0;
+            /* this rank's shard of the batch: [lo, hi) */
+            int lo = (int)((int64_t)b * dp_rank / dp_size);
+            int hi = (int)((int64_t)b * (dp_rank + 1) / dp_size);
             bo.seed = step_seed(R->h.seed, R->p.global_step);
-            if (vitc_dataset_load_batch(R->d.train, perm + k * B, b, &bo, x, lab, &nv) != VITC_OK) {
+            bo.first = lo;
+            if (hi > lo && vitc_dataset_load_batch(R->d.train, perm + k * B + lo, hi - lo, &bo, x,
+                                                   lab, &nv) != VITC_OK) {
                 rc = cli_lib_error("training data");
                 break;
             }
+            int64_t nv_all = nv;
+#ifdef VITC_MPI
+            if (dp_size > 1)
+                nv_all = dp_sum_i64(nv);
+#endif
             report_skipped(R, &reported);
             double lr, mom = 0;
             int set_mom;
@@ -644,31 +736,64 @@ static int run_epochs(run *R) {
                 rc = cli_lib_error("optimizer");
                 break;
             }
-            if (nv > 0) {
-                if (vitc_optimizer_zero_grad(R->opt) != VITC_OK ||
-                    vitc_vit_forward(R->m, x, nv, S, S, logits) != VITC_OK ||
-                    vitc_cross_entropy(logits, lab, nv, C, (float)R->h.smoothing, &loss,
-                                       dlogits) != VITC_OK ||
-                    vitc_vit_backward(R->m, dlogits) != VITC_OK ||
-                    (R->h.clip > 0 &&
+            if (nv_all > 0) {
+                int64_t right = 0;
+                if (vitc_optimizer_zero_grad(R->opt) != VITC_OK) {
+                    rc = cli_lib_error("training step");
+                    break;
+                }
+                if (nv > 0) {
+                    if (vitc_vit_forward(R->m, x, nv, S, S, logits) != VITC_OK ||
+                        vitc_cross_entropy(logits, lab, nv, C, (float)R->h.smoothing, &loss,
+                                           dlogits) != VITC_OK) {
+                        rc = cli_lib_error("training step");
+                        break;
+                    }
+                    /* a shard's mean, weighted to its part of the whole batch */
+                    if (nv != nv_all) {
+                        float w = (float)nv / (float)nv_all;
+                        for (size_t i = 0; i < (size_t)nv * C; i++) dlogits[i] *= w;
+                    }
+                    if (vitc_vit_backward(R->m, dlogits) != VITC_OK) {
+                        rc = cli_lib_error("training step");
+                        break;
+                    }
+                    for (int i = 0; i < nv; i++) {
+                        const float *l = logits + (size_t)i * C;
+                        int best = 0;
+                        for (int j = 1; j < C; j++)
+                            if (l[j] > l[best])
+                                best = j;
+                        right += best == lab[i];
+                    }
+                }
+#ifdef VITC_MPI
+                if (dp_size > 1) {
+                    if ((rc = dp_grads(R->m, &R->gbuf)) != CLI_OK)
+                        break;
+                    loss = (float)(dp_sum_f64_ordered((double)loss * nv) / (double)nv_all);
+                    right = dp_sum_i64(right);
+                }
+#endif
+                if ((R->h.clip > 0 &&
                      vitc_clip_grad_norm_optimizer(R->opt, (float)R->h.clip, &gnorm) != VITC_OK) ||
                     vitc_optimizer_step(R->opt) != VITC_OK) {
                     rc = cli_lib_error("training step");
                     break;
                 }
-                for (int i = 0; i < nv; i++) {
-                    const float *l = logits + (size_t)i * C;
-                    int best = 0;
-                    for (int j = 1; j < C; j++)
-                        if (l[j] > l[best])
-                            best = j;
-                    correct += best == lab[i];
-                }
-                loss_sum += (double)loss * nv;
-                seen += nv;
+                correct += right;
+                loss_sum += (double)loss * nv_all;
+                seen += nv_all;
             }
             done_imgs += b;
             R->p.global_step++;
+#ifdef VITC_MPI
+            if (dp_size > 1) { /* every rank stops at the same step */
+                int sig = (int)stop_signal, any = 0;
+                MPI_Allreduce(&sig, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+                stop_signal = any;
+            }
+#endif
             R->p.step_in_epoch = k + 1;
             if (R->log)
                 fprintf(R->log,
@@ -702,7 +827,7 @@ static int run_epochs(run *R) {
         if (rc != CLI_OK)
             break;
         if (stop_signal) {
-            if ((rc = save_checkpoint(o->out, R->m, R->opt, R->labels, &R->h, &R->p,
+            if (dp_rank == 0 && (rc = save_checkpoint(o->out, R->m, R->opt, R->labels, &R->h, &R->p,
                                       R->d.desc)) == CLI_OK)
                 fprintf(stderr,
                         "vitc: stopped by signal %d at epoch %d, step %lld; checkpoint %s "
@@ -717,15 +842,19 @@ static int run_epochs(run *R) {
         int last_epoch = e + 1 == o->epochs;
         eval_result er;
         int evaluated = 0;
-        if (R->d.eval && (last_epoch || (o->eval_every > 0 && (e + 1) % o->eval_every == 0))) {
+        if (dp_rank == 0 && R->d.eval &&
+            (last_epoch || (o->eval_every > 0 && (e + 1) % o->eval_every == 0))) {
             if ((rc = train_evaluate(R->m, R->d.eval, B > 256 ? B : 256, &er, NULL, o->quiet,
                                      "evaluation")) != CLI_OK)
                 break;
             evaluated = 1;
         }
-        if ((rc = save_checkpoint(o->out, R->m, R->opt, R->labels, &R->h, &R->p, R->d.desc)) !=
-            CLI_OK)
+        if (dp_rank == 0 &&
+            (rc = save_checkpoint(o->out, R->m, R->opt, R->labels, &R->h, &R->p, R->d.desc)) !=
+                CLI_OK)
             break;
+        if (dp_rank != 0)
+            continue;
         double tl = seen ? loss_sum / seen : 0, ta = seen ? (double)correct / seen : 0;
         if (evaluated)
             fprintf(stderr,
@@ -750,7 +879,7 @@ static int run_epochs(run *R) {
             fflush(R->log);
         }
     }
-    if (rc == CLI_OK && R->p.epoch >= o->epochs && o->model_out)
+    if (rc == CLI_OK && dp_rank == 0 && R->p.epoch >= o->epochs && o->model_out)
         rc = save_file(o->model_out, R->m, R->opt, 0, R->labels, &R->h, &R->p, R->d.desc);
     if (rc == CLI_OK && R->p.epoch >= o->epochs && vitc_dataset_num_skipped(R->d.train))
         fprintf(stderr, "vitc: %lld unreadable training images were skipped\n",
@@ -886,12 +1015,19 @@ static int train_main(train_opts *o) {
         rc = save_checkpoint(o->out, R.m, R.opt, R.labels, h, &R.p, R.d.desc);
         goto done;
     }
+    if (dp_rank != 0) {
+        o->quiet = 1;
+        o->log = NULL;
+    }
     if (o->log && !(R.log = fopen(o->log, o->resume ? "a" : "w"))) {
         rc = cli_error("--log %s: %s", o->log, strerror(errno));
         goto done;
     }
     if (!o->quiet) {
         const vitc_vit_config *c = vitc_vit_get_config(R.m);
+        if (dp_size > 1)
+            fprintf(stderr, "vitc train: %d MPI ranks, %d images each per step of %d\n", dp_size,
+                    h->batch / dp_size, h->batch);
         fprintf(stderr,
                 "vitc train: %s, %lld training images, %d classes; ViT %dpx/%d, depth %d, dim %d, "
                 "%d heads, MLP %d, %d channel%s; batch %d, lr %g (%s), %s epoch %d of %d\n",
@@ -915,6 +1051,7 @@ done:
     vitc_optimizer_free(R.opt);
     vitc_vit_free(R.m);
     free(R.labels);
+    free(R.gbuf);
     train_data_close(&R.d);
     return rc;
 }
@@ -978,5 +1115,18 @@ int cmd_train(int argc, char **argv) {
         return cli_usage_error("train", "--epochs is required");
     if (o.resume && o.init)
         return cli_usage_error("train", "--resume and --init exclude each other");
+#ifdef VITC_MPI
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &dp_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &dp_size);
+    int rc = train_main(&o);
+    /* A rank that failed alone would leave the others waiting in a
+     * collective: the whole job ends with it. */
+    if (rc != CLI_OK && dp_size > 1)
+        MPI_Abort(MPI_COMM_WORLD, rc);
+    MPI_Finalize();
+    return rc;
+#else
     return train_main(&o);
+#endif
 }

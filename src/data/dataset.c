@@ -659,7 +659,7 @@ static vitc_status load_sample(vitc_dataset *d, int64_t k, int64_t index,
                                const vitc_batch_opts *o, float *out /* [C, S, S] */) {
     int S = o->image_size, planes;
     size_t SS = (size_t)S * S;
-    vitc__rng r = {o->seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(k + 1))};
+    vitc__rng r = {o->seed ^ (0xD1B54A32D192ED03ull * (uint64_t)(o->first + k + 1))};
     vitc__rng_next(&r);
     float *src = NULL; /* [planes, S, S] in [0, 1] */
     vitc_status s = VITC_OK;
@@ -773,7 +773,7 @@ vitc_status vitc_dataset_load_batch(vitc_dataset *d, const int64_t *idx, int n,
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_dataset_load_batch: bad arguments");
     *n_valid = 0;
     if (o->image_size < 1 || o->image_size > 4096 || (o->channels != 1 && o->channels != 3) ||
-        o->pad < 0 || o->pad > o->image_size)
+        o->pad < 0 || o->pad > o->image_size || o->first < 0)
         return vitc__err(VITC_ERR_INVALID_ARG,
                          "batch options: image_size %d, channels %d, pad %d (need 1..4096, 1 or 3, "
                          "0..image_size)", o->image_size, o->channels, o->pad);

@@ -16,6 +16,7 @@ import gzip
 import json
 import os
 import resource
+import shutil
 import signal
 import subprocess
 import sys
@@ -359,6 +360,39 @@ class TestTrainFashion(unittest.TestCase):
                good], expect="writing checkpoint", preexec_fn=small_disk)
         self.assertFalse([f for f in os.listdir(self.d) if ".tmp" in f],
                          "a temporary file was left behind")
+
+
+def mpi_built():
+    if not os.path.exists(VITC) or not shutil.which("mpirun"):
+        return False
+    return "built with MPI=1" in run("train", "--help")[1]
+
+
+@unittest.skipIf(not os.path.isdir(FASHION) or not mpi_built(),
+                 "MPI test skipped: build/vitc was not built with `make MPI=1` (or no mpirun, "
+                 "or no dataset-fashion-mnist)")
+class TestMPI(unittest.TestCase):
+    def test_two_ranks_equal_one_process(self):
+        with tempfile.TemporaryDirectory() as d:
+            args = ["--data", "fashion-mnist", "--subset", 640, "--eval-subset", 100, "--batch",
+                    64, "--epochs", 2, "--augment", "crop,flip", "--seed", 3, "--quiet"] + TINY
+            one, two = os.path.join(d, "one.jsonl"), os.path.join(d, "two.jsonl")
+            rc, _, err = run("train", *args, "--threads", 2, "--out",
+                             os.path.join(d, "one.safetensors"), "--log", one)
+            self.assertEqual(rc, 0, err)
+            p = subprocess.run(["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+                                VITC, "train"] + [str(a) for a in args] +
+                               ["--threads", "1", "--out", os.path.join(d, "two.safetensors"),
+                                "--log", two], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+            self.assertEqual(p.returncode, 0, p.stderr.decode())
+            a = [r["loss"] for r in log_records(one, "step")]
+            b = [r["loss"] for r in log_records(two, "step")]
+            self.assertEqual(len(a), 20)
+            self.assertEqual(len(a), len(b))
+            worst = max(abs(x - y) / abs(x) for x, y in zip(a, b))
+            print("\n  MPI: 2 ranks vs 1 process, %d steps, worst relative loss difference "
+                  "%.1e" % (len(a), worst), file=sys.stderr)
+            self.assertLess(worst, 1e-5)
 
 
 @unittest.skipIf(torch is None or not os.path.exists(VITC), "needs torch and build/vitc")
