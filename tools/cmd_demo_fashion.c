@@ -67,7 +67,7 @@ int cmd_demo_fashion(int argc, char **argv) {
     if (vitc_vit_load(model, NULL, &m) != VITC_OK)
         return cli_lib_error("--model");
     train_data d;
-    int rc = train_data_open(data, 0, &d);
+    int rc = train_data_open(data, 0, 0, NULL, &d);
     if (rc != CLI_OK) {
         vitc_vit_free(m);
         return rc;

@@ -128,8 +128,18 @@ int cmd_eval(int argc, char **argv) {
     vitc_vit *m;
     if (vitc_vit_load(model, NULL, &m) != VITC_OK)
         return cli_lib_error("--model");
+    /* An ImageFolder is read with the model's class names as its class
+     * list (when it has names), so that a val/ missing a class folder does
+     * not shift the labels. */
+    const vitc_vit_config *mc = vitc_vit_get_config(m);
+    const char **names = calloc((size_t)mc->num_classes, sizeof *names);
+    int n_names = names ? mc->num_classes : 0;
+    for (int i = 0; i < n_names; i++)
+        if (!(names[i] = vitc_vit_label(m, i)))
+            n_names = 0;
     train_data d;
-    int rc = train_data_open(data, 0, &d);
+    int rc = train_data_open(data, 0, n_names, n_names ? names : NULL, &d);
+    free(names);
     if (rc != CLI_OK) {
         vitc_vit_free(m);
         return rc;

@@ -898,7 +898,7 @@ static int train_main(train_opts *o) {
     int rc;
     if (o->threads > 0)
         vitc_set_num_threads(o->threads);
-    if ((rc = train_data_open(o->data, 1, &R.d)) != CLI_OK)
+    if ((rc = train_data_open(o->data, 1, 0, NULL, &R.d)) != CLI_OK)
         return rc;
     /* hyperparameters: defaults, then the checkpoint's, then the flags */
     hyper *h = &R.h;

@@ -33,7 +33,10 @@ typedef struct train_data {
     float mean, std;             /* data set statistics for a new model (IDX) */
     char desc[64];               /* "fashion-mnist", "folder" */
 } train_data;
-int train_data_open(const char *spec, int need_train, train_data *d);
+/* classes (may be NULL): an evaluation ImageFolder's class list (a model's
+ * labels), so that label i means the model's class i. */
+int train_data_open(const char *spec, int need_train, int n_classes, const char *const *classes,
+                    train_data *d);
 void train_data_close(train_data *d);
 
 /* ---- evaluation ----------------------------------------------------- */

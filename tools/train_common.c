@@ -88,7 +88,8 @@ static int exists(const char *p) {
     return stat(p, &sb) == 0;
 }
 
-int train_data_open(const char *spec, int need_train, train_data *d) {
+int train_data_open(const char *spec, int need_train, int n_classes, const char *const *classes,
+                    train_data *d) {
     memset(d, 0, sizeof *d);
     char buf[4096];
     vitc_status s;
@@ -152,7 +153,10 @@ int train_data_open(const char *spec, int need_train, train_data *d) {
         return CLI_OK;
     }
     /* eval: val/ when there is one, else the folder itself is the split */
-    if (vitc_dataset_open_folder(has_val ? va : spec, 0, NULL, &d->eval) != VITC_OK)
+    if (!has_val && has_train)
+        return cli_error("%s: no val/ folder to evaluate on (give %s/train to evaluate on the "
+                         "training images)", spec, spec);
+    if (vitc_dataset_open_folder(has_val ? va : spec, n_classes, classes, &d->eval) != VITC_OK)
         return cli_lib_error("evaluation set");
     return CLI_OK;
 }

@@ -438,7 +438,17 @@ class TestImageFolder(unittest.TestCase):
             self.assertGreaterEqual(ep["eval_acc"], 2 / 3)  # three brightness levels
             rc, so, err = run("eval", "--model", out, "--data", d, "--json", "--quiet")
             self.assertEqual(rc, 0, err)
-            self.assertEqual(json.loads(so)["images"], 9)
+            ev = json.loads(so)
+            self.assertEqual(ev["images"], 9)
+            # a val/ without one class keeps the model's class indices
+            shutil.rmtree(os.path.join(d, "val", "a_light"))
+            rc, so, err = run("eval", "--model", out, "--data", d, "--json", "--quiet")
+            self.assertEqual(rc, 0, err)
+            ev2 = json.loads(so)
+            self.assertEqual(ev2["images"], 6)
+            self.assertEqual([c["label"] for c in ev2["per_class"]], sorted(classes))
+            self.assertEqual(ev2["per_class"][0]["images"], 0)
+            self.assertEqual(ev2["confusion"][1], ev["confusion"][1])
             # 1-channel model from RGB files (torchvision's Grayscale)
             rc, _, err = run("train", "--data", d, "--image-size", 16, "--patch", 8,
                              "--depth", 1, "--dim", 16, "--heads", 1, "--mlp", 16,
