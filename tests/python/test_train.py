@@ -246,9 +246,13 @@ class TestTrainFashion(unittest.TestCase):
             self.assertEqual(rc, 0, err)
             with open(k, "rb") as f:
                 self.assertEqual(f.read(), want, "resumed after signal %d differs" % sig)
-        # The checkpoint is a model for every command.
+        # The checkpoint is a model for every command, and for the binding.
         rc, so, err = run("inspect", ref)
         self.assertEqual(rc, 0, err)
+        import vitc
+        model = vitc.VisionTransformer.from_safetensors(ref)
+        x = np.zeros((2, 1, 28, 28), np.float32)
+        self.assertEqual(model(x).shape, (2, 10))
         img = self.path("one.png")
         Image.fromarray(read_idx(os.path.join(FASHION, "t10k-images-idx3-ubyte.gz"))[0]).save(img)
         rc, so, err = run("classify", "--model", ref, "--resize", 0, "--json", img)
