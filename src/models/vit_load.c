@@ -622,7 +622,7 @@ static vitc_status vit_bind(vitc_vit *m) {
 /* adopt: the file's converted tensors (one arena, exactly the table's
  * tensors since every one is used) become the flat array, offsets measured
  * from its start; the caller hands st to the model. */
-static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int adopt,
+static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int *adopt,
                              vitc_vit *m) {
     const vit_preset *asked;
     VITC_TRY(vit_detect_naming(st, &m->naming));
@@ -636,7 +636,9 @@ static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int a
     size_t bytes = 0;
     /* The adopted span must hold model tensors only: with training state
      * in the file the weights are copied out instead. */
-    if (s == VITC_OK && adopt && !n_extra) {
+    if (adopt && n_extra)
+        *adopt = 0;
+    if (s == VITC_OK && adopt && *adopt) {
         const float *lo = src[0], *hi = src[0];
         for (int i = 0; i < m->n_entries; i++) {
             if (src[i] < lo) lo = src[i];
@@ -696,7 +698,7 @@ vitc_status vitc_vit_from_safetensors(const vitc_safetensors *st, const char *ar
     vitc_vit *m = calloc(1, sizeof *m);
     if (!m)
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
-    vitc_status s = vit_build(st, arch, 0, m);
+    vitc_status s = vit_build(st, arch, NULL, m);
     if (s != VITC_OK) {
         vitc_vit_free(m);
         return s;
@@ -714,10 +716,11 @@ vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out) {
     vitc_status s = vitc_safetensors_load(path, &st);
     if (s == VITC_OK && !(m = calloc(1, sizeof *m)))
         s = vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
+    int adopted = 1;
     if (s == VITC_OK)
-        s = vit_build(st, arch, 1, m);
+        s = vit_build(st, arch, &adopted, m);
     if (s != VITC_OK) {
-        if (m && m->params && !m->weights_file)
+        if (m && m->params && adopted)
             m->params = NULL; /* adopted: st's arena, freed below */
         vitc_vit_free(m);
         vitc_safetensors_free(st);
@@ -725,7 +728,11 @@ vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out) {
             vitc__err_prefix(s, "%s", path);
         return s;
     }
-    m->weights_file = st;
+    /* Weights copied out (a training checkpoint): the file is not needed. */
+    if (adopted)
+        m->weights_file = st;
+    else
+        vitc_safetensors_free(st);
     *out = m;
     return VITC_OK;
 }
