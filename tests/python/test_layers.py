@@ -18,7 +18,18 @@ import torch.nn.functional as F
 
 import vitc
 
-torch.set_grad_enabled(False)
+
+# Autograd off while this module's tests run, and only then: unittest
+# discover imports every test module before running any, so a module-level
+# switch would turn gradients off for the training tests too.
+def setUpModule():
+    torch.set_grad_enabled(False)
+
+
+def tearDownModule():
+    torch.set_grad_enabled(True)
+
+
 warnings.filterwarnings("ignore", "Byte tensor for attn_mask")
 
 

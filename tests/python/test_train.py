@@ -175,6 +175,7 @@ class TestTrainFashion(unittest.TestCase):
                                  {"params": no_decay, "weight_decay": 0.0}], lr=1e-3)
         m.train()
         losses = []
+        torch.set_grad_enabled(True)  # whatever another test module left
         for e in range(2):
             perm = epoch_order(2000, 5, e)
             for k in range(0, 2000, 32):
