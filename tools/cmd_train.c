@@ -110,6 +110,7 @@ typedef struct hyper {
     int batch;
     double lr, wd, warmup, smoothing, clip, schedule_epochs, min_lr;
     char schedule[16];
+    int schedule_fixed; /* --schedule-epochs was given: resumes keep it */
     unsigned augment;
     uint64_t seed;
     int64_t subset;
@@ -274,9 +275,6 @@ static int check_model_matches(const train_opts *o, const vitc_vit_config *c, co
                              f[i].have, f[i].want);
     if (o->arch || o->config) {
         vitc_vit_config want;
-        train_data dummy;
-        memset(&dummy, 0, sizeof dummy);
-        dummy.idx = c->in_channels == 1;
         /* compare the architecture the flags name with the file's */
         const arch_preset *p = NULL;
         for (size_t i = 0; o->arch && i < sizeof presets / sizeof presets[0]; i++)
@@ -349,6 +347,7 @@ static char *train_meta_json(const hyper *h, const progress_state *p, const char
         bad |= json_object_set_new(o, "warmup_epochs", json_real(h->warmup));
         bad |= json_object_set_new(o, "schedule", json_string(h->schedule));
         bad |= json_object_set_new(o, "schedule_epochs", json_real(h->schedule_epochs));
+        bad |= json_object_set_new(o, "schedule_fixed", json_boolean(h->schedule_fixed));
         bad |= json_object_set_new(o, "min_lr", json_real(h->min_lr));
         bad |= json_object_set_new(o, "label_smoothing", json_real(h->smoothing));
         bad |= json_object_set_new(o, "clip", json_real(h->clip));
@@ -477,6 +476,7 @@ static int load_checkpoint(const char *path, vitc_safetensors **st_out, vitc_vit
         h->smoothing = jnum(o, "label_smoothing", -1);
         h->clip = jnum(o, "clip", -1);
         h->subset = (int64_t)jnum(o, "subset", -1);
+        h->schedule_fixed = json_is_true(json_object_get(o, "schedule_fixed"));
         if (p->epoch < 0 || p->step_in_epoch < 0 || p->global_step < 0 || h->batch < 1 ||
             h->lr < 0 || h->wd < 0 || h->warmup < 0 || h->min_lr < 0 || h->smoothing < 0 ||
             h->smoothing > 1 || h->subset < 0 || !json_is_string(seed) || !json_is_string(sch) ||
@@ -952,7 +952,12 @@ static int train_main(train_opts *o) {
     }
     /* The schedule's length: given, else this run's --epochs (so a resumed
      * run that trains longer stretches its schedule). */
-    h->schedule_epochs = o->g_schedule_epochs ? o->schedule_epochs : o->epochs;
+    if (o->g_schedule_epochs) {
+        h->schedule_epochs = o->schedule_epochs;
+        h->schedule_fixed = 1;
+    } else if (!h->schedule_fixed) {
+        h->schedule_epochs = o->epochs;
+    }
     if (h->subset > 0 && vitc_dataset_truncate(R.d.train, h->subset) != VITC_OK) {
         rc = cli_lib_error("--subset");
         goto done;

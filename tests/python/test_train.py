@@ -199,7 +199,8 @@ class TestTrainFashion(unittest.TestCase):
 
     def test_resume_after_sigkill_and_sigterm(self):
         ref = self.path("ref.safetensors")
-        rc, _, err = run("train", *self.common(), *SLOW, "--epochs", 3, "--out", ref)
+        rc, _, err = run("train", *self.common(), *SLOW, "--epochs", 3, "--schedule-epochs", 3,
+                         "--out", ref)
         self.assertEqual(rc, 0, err)
         with open(ref, "rb") as f:
             want = f.read()
@@ -217,7 +218,8 @@ class TestTrainFashion(unittest.TestCase):
         for sig in (signal.SIGKILL, signal.SIGTERM):
             k, log = self.path("k%d.safetensors" % sig), self.path("k%d.jsonl" % sig)
             p = subprocess.Popen([VITC, "train"] + [str(a) for a in self.common()] + SLOW +
-                                 ["--epochs", "3", "--out", k, "--log", log],
+                                 ["--epochs", "3", "--schedule-epochs", "3", "--out", k,
+                                  "--log", log],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
             # Stop it in the middle of epoch 2: after epoch 1's checkpoint, with
             # some of epoch 2's steps logged.
