@@ -9,6 +9,7 @@
 #   make fuzz       every libFuzzer target FUZZ_SECONDS (60) seconds (clang)
 #   make fuzz-build build them only, in build-fuzz/
 #   make install PREFIX=/usr/local DESTDIR=
+#   make MPI=1      build/vitc with data-parallel `vitc train` (OpenMPI, mpicc)
 #
 # Optional libraries are found with pkg-config and used when present:
 # OpenBLAS (GEMM backend), libpng and libturbojpeg (images). NO_BLAS=1,
@@ -51,6 +52,14 @@ ifneq ($(NO_PNG),1)
 ifeq ($(call have,libpng),1)
 BASE   += -DVITC_HAVE_PNG $(shell $(PKG) --cflags libpng)
 LDLIBS += $(shell $(PKG) --libs libpng)
+endif
+endif
+# zlib reads gzip IDX files (Fashion-MNIST as Debian ships it); without it
+# only raw IDX files are read.
+ifneq ($(NO_ZLIB),1)
+ifeq ($(call have,zlib),1)
+BASE   += -DVITC_HAVE_ZLIB $(shell $(PKG) --cflags zlib)
+LDLIBS += $(shell $(PKG) --libs zlib)
 endif
 endif
 ifneq ($(NO_JPEG),1)
@@ -96,6 +105,27 @@ $(BUILD)/obj/%_avx2.o: %_avx2.c $(HDRS)
 	@echo "  CC  $@"
 	$(Q)$(CC) $(BASE) $(CFLAGS) $(AVX2_FLAGS) -c $< -o $@
 
+# The CLI is built with mpicc and -DVITC_MPI under MPI=1 (data-parallel
+# `vitc train`); the library never needs MPI. tool-flags records the choice
+# so that switching MPI on or off rebuilds the tool.
+ifeq ($(MPI),1)
+TOOL_CC    := mpicc
+TOOL_FLAGS := -DVITC_MPI
+else
+TOOL_CC    := $(CC)
+TOOL_FLAGS :=
+endif
+.PHONY: FORCE
+FORCE:
+$(BUILD)/tool-flags: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(TOOL_CC) $(TOOL_FLAGS)' | cmp -s - $@ || echo '$(TOOL_CC) $(TOOL_FLAGS)' > $@
+
+$(BUILD)/obj/tools/%.o: tools/%.c $(HDRS) $(BUILD)/tool-flags
+	@mkdir -p $(dir $@)
+	@echo "  CC  $@"
+	$(Q)$(TOOL_CC) $(BASE) $(CFLAGS) $(TOOL_FLAGS) -c $< -o $@
+
 $(BUILD)/obj/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
 	@echo "  CC  $@"
@@ -113,7 +143,7 @@ $(BUILD)/libvitc.so: $(SOFILE)
 	ln -sf $(SONAME) $@
 
 $(BUILD)/vitc: $(TOOL_OBJ) $(BUILD)/libvitc.a
-	$(CC) -o $@ $(TOOL_OBJ) $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
+	$(TOOL_CC) -o $@ $(TOOL_OBJ) $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
 
 # C tests: cmocka, one binary per file, linked statically against the library.
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libvitc.a $(HDRS)
@@ -136,9 +166,13 @@ test-c: tests
 test-python: lib
 	PYTHONPATH=python $(PYTHON) -m unittest discover -s tests/python -t . -p 'test_*.py'
 
+# The seed blocks, then the shipped Fashion-MNIST model (trained by `vitc
+# train`, README): a grid of test images with their labels, the test-set
+# accuracy, attention maps; pictures in $(BUILD)/demo.
 demo: deps
 	@$(MAKE) --no-print-directory all
 	$(BUILD)/vitc demo
+	$(BUILD)/vitc demo-fashion --model models/fashion-vit.safetensors --out-dir $(BUILD)/demo
 
 # BENCH_ONLY=train (or inference, or workload names) runs only those rows,
 # into bench/results-$(BENCH_ONLY).md so the full table is not overwritten.

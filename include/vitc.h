@@ -383,6 +383,79 @@ VITC_API vitc_status vitc_image_preprocess_channels(const vitc_image *img, int r
                                                     const float *std, float *out);
 
 /* ------------------------------------------------------------------ */
+/* Datasets (src/data/dataset.c)                                      */
+/* ------------------------------------------------------------------ */
+
+/* Where Debian's dataset-fashion-mnist package puts the IDX files. */
+#define VITC_FASHION_MNIST_DIR "/usr/share/datasets/fashion-mnist"
+
+typedef struct vitc_dataset vitc_dataset;
+
+/* IDX files as MNIST and Fashion-MNIST ship them (raw, or gzip when built
+ * with zlib): images [N, S, S] uint8, labels [N] uint8. Every header field is
+ * checked (magic, element type, dimensions, counts, the data's length against
+ * the header, nothing after it); the images are kept once, as bytes. Class
+ * names are "0", "1", ... (at least 10 classes). */
+VITC_API vitc_status vitc_dataset_open_idx(const char *images, const char *labels,
+                                           vitc_dataset **out);
+/* DIR/{train,t10k}-{images-idx3,labels-idx1}-ubyte[.gz]; dir NULL is
+ * VITC_FASHION_MNIST_DIR. fashion_labels: name the classes "T-shirt/top", ... */
+VITC_API vitc_status vitc_dataset_open_mnist_dir(const char *dir, int train, int fashion_labels,
+                                                 vitc_dataset **out);
+/* torchvision's ImageFolder over root/<class>/(sub-folders/)IMAGE.png|jpg|jpeg: classes are
+ * the sorted sub-folders (n_classes 0), or the given list (another split of
+ * the same classes: a folder not in it is an error, a missing one has no
+ * images); files sorted, sub-folders walked. Only the file list is kept:
+ * images are decoded when a batch needs them, so a tree larger than memory
+ * streams from disk. No class folder, or no image, is an error. */
+VITC_API vitc_status vitc_dataset_open_folder(const char *root, int n_classes,
+                                              const char *const *classes, vitc_dataset **out);
+VITC_API void vitc_dataset_free(vitc_dataset *d);
+VITC_API int64_t vitc_dataset_size(const vitc_dataset *d);
+VITC_API int vitc_dataset_num_classes(const vitc_dataset *d);
+VITC_API const char *vitc_dataset_class_name(const vitc_dataset *d, int i);
+/* Label of sample i, -1 when out of range. */
+VITC_API int64_t vitc_dataset_label(const vitc_dataset *d, int64_t i);
+/* Side of an IDX set's images; 0 for an ImageFolder. */
+VITC_API int vitc_dataset_image_side(const vitc_dataset *d);
+/* Keep only the first n samples (a subset for quick runs). */
+VITC_API vitc_status vitc_dataset_truncate(vitc_dataset *d, int64_t n);
+/* ImageFolder images that could not be decoded so far (each counted once):
+ * they are skipped, never fatal. */
+VITC_API int64_t vitc_dataset_num_skipped(const vitc_dataset *d);
+VITC_API const char *vitc_dataset_skipped_path(const vitc_dataset *d, int64_t i);
+
+enum {
+    VITC_AUG_CROP = 1,         /* RandomCrop(S, padding=pad), zero fill */
+    VITC_AUG_FLIP = 2,         /* RandomHorizontalFlip(0.5) */
+    VITC_AUG_RESIZED_CROP = 4  /* RandomResizedCrop(S) (ImageFolder; bilinear) */
+};
+
+typedef struct vitc_batch_opts {
+    int image_size;          /* S: the model's input side */
+    int channels;            /* 1 or 3: gray sets are repeated, RGB made gray (ITU-R 601-2) */
+    float mean[3], std[3];   /* Normalize after ToTensor's /255 */
+    unsigned augment;        /* VITC_AUG_* bits; 0: the eval transform */
+    int pad;                 /* RandomCrop's padding (4) */
+    uint64_t seed;           /* the batch's augmentation seed */
+    int64_t first;           /* place of idx[0] in the whole batch (0; a data-parallel
+                              * rank loading its shard gives its offset, so that sample
+                              * k draws the same choices in a shard as in the batch) */
+} vitc_batch_opts;
+
+/* No augmentation, mean 0, std 1, pad 4. */
+VITC_API vitc_batch_opts vitc_batch_default_opts(int image_size, int channels);
+/* Samples idx[0..n) into images [n, C, S, S] and labels [n]. Without
+ * augmentation an IDX image is resized (bilinear) to S when it is not S, an
+ * ImageFolder image has its shorter side resized to S (antialiased) and is
+ * center-cropped. Sample k's random choices come from (seed, first + k) alone.
+ * Unreadable images are skipped: the valid samples come first, their count
+ * in *n_valid. */
+VITC_API vitc_status vitc_dataset_load_batch(vitc_dataset *d, const int64_t *idx, int n,
+                                             const vitc_batch_opts *o, float *images,
+                                             int64_t *labels, int *n_valid);
+
+/* ------------------------------------------------------------------ */
 /* Training: loss, optimizers, gradient clipping, LR schedules        */
 /* (src/train/loss.c, optim.c, lr.c)                                  */
 /* ------------------------------------------------------------------ */

@@ -5,7 +5,7 @@ set -eu
 # clang and its runtime: libFuzzer and the sanitizers for `make fuzz` (CI).
 PKGS="build-essential pkg-config libjansson-dev libcmocka-dev libopenblas-dev \
 libpng-dev libturbojpeg0-dev zlib1g-dev python3-numpy python3-torch python3-torchvision python3-pil \
-clang libclang-rt-14-dev"
+clang libclang-rt-14-dev dataset-fashion-mnist libopenmpi-dev openmpi-bin"
 missing=""
 for p in $PKGS; do
     if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then

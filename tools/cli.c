@@ -170,7 +170,7 @@ static int cli_set(const cli_opt *o, const char *v, char *err, size_t err_len) {
             return CLI_PARSE_ERROR;
         }
         *(int *)o->dest = (int)x;
-    } else if (o->kind == CLI_FLOAT) {
+    } else if (o->kind == CLI_FLOAT || o->kind == CLI_DOUBLE) {
         double x;
         if (cli_parse_double(v, o->min, o->max, &x) != 0) {
             cli_escape(shown, sizeof shown, v);
@@ -178,7 +178,10 @@ static int cli_set(const cli_opt *o, const char *v, char *err, size_t err_len) {
                      o->max, shown);
             return CLI_PARSE_ERROR;
         }
-        *(float *)o->dest = (float)x;
+        if (o->kind == CLI_FLOAT)
+            *(float *)o->dest = (float)x;
+        else
+            *(double *)o->dest = x;
     }
     if (o->given)
         *o->given = 1;

@@ -47,6 +47,7 @@ typedef enum cli_opt_kind {
     CLI_STRING, /* dest: const char ** */
     CLI_INT,    /* dest: int *; a decimal integer in [min, max] */
     CLI_FLOAT,  /* dest: float *; a finite number in [min, max] */
+    CLI_DOUBLE, /* dest: double *; a finite number in [min, max] */
 } cli_opt_kind;
 
 typedef struct cli_opt {
@@ -54,7 +55,7 @@ typedef struct cli_opt {
     const char *alias; /* "-q", or NULL */
     cli_opt_kind kind;
     void *dest;
-    double min, max; /* CLI_INT, CLI_FLOAT: accepted range, inclusive */
+    double min, max; /* CLI_INT, CLI_FLOAT, CLI_DOUBLE: accepted range, inclusive */
     int *given;      /* set to 1 when the option appears; may be NULL */
 } cli_opt;
 

@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "train.h"
 
 static const struct {
     const char *name;
@@ -15,6 +16,10 @@ static const struct {
     {"similar", cmd_similar, "the images of a folder nearest to a query image (cached index)"},
     {"attention-map", cmd_attention_map, "write an attention heat map over an image (PNG)"},
     {"inspect", cmd_inspect, "list a safetensors file's tensors, metadata and architecture"},
+    {"train", cmd_train, "train a Vision Transformer on Fashion-MNIST, MNIST or an ImageFolder"},
+    {"eval", cmd_eval, "accuracy, per-class accuracy and confusion matrix on a test set"},
+    {"plot-log", cmd_plot_log, "plot the loss and accuracy curves of a `vitc train --log` file"},
+    {"demo-fashion", cmd_demo_fashion, "classify Fashion-MNIST test images with the shipped model"},
     {"bench", cmd_bench, "time the standard attention workloads"},
     {"demo", cmd_demo, "run every seed attention block on the seeds' shapes"},
 };

@@ -621,9 +621,15 @@ static vitc_status vit_resolve_config(vitc_vit *m, const vitc_safetensors *st, c
     return vit_check_config(c);
 }
 
-/* Every table entry present with its shape; every file tensor used. */
+/* Tensors named "vitc.*" are a training checkpoint's state (optimizer
+ * moments, written by `vitc train`), not model weights: the model ignores
+ * them, so a checkpoint loads as a model everywhere. */
+static int vit_is_train_state(const char *name) { return strncmp(name, "vitc.", 5) == 0; }
+
+/* Every table entry present with its shape; every file tensor used, except
+ * training state, counted in *n_extra. */
 static vitc_status vit_check_tensors(const vitc_vit *m, const vitc_safetensors *st,
-                                     const float **src) {
+                                     const float **src, int *n_extra) {
     int n = vitc_safetensors_count(st);
     unsigned char *used = calloc((size_t)(n > 0 ? n : 1), 1);
     if (!used)
@@ -660,6 +666,10 @@ static vitc_status vit_check_tensors(const vitc_vit *m, const vitc_safetensors *
         const float *data;
         if (used[j] || vitc_safetensors_tensor(st, j, &nm, &dt, &nd, &shape, &data) != VITC_OK)
             continue;
+        if (vit_is_train_state(nm)) {
+            ++*n_extra;
+            continue;
+        }
         s = vitc__err(VITC_ERR_KEY, "unexpected tensor %s %s in a %s-named ViT checkpoint", nm,
                       vitc__shape_str(have, sizeof have, nd, shape),
                       m->naming == VIT_NAMES_TIMM ? "timm" : "torchvision");
@@ -680,7 +690,7 @@ static vitc_status vit_bind(vitc_vit *m) {
 /* adopt: the file's converted tensors (one arena, exactly the table's
  * tensors since every one is used) become the flat array, offsets measured
  * from its start; the caller hands st to the model. */
-static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int adopt,
+static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int *adopt,
                              vitc_vit *m) {
     const vit_preset *asked;
     VITC_TRY(vit_detect_naming(st, &m->naming));
@@ -689,9 +699,14 @@ static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int a
     const float **src = calloc((size_t)m->n_entries, sizeof *src);
     if (!src)
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate %d pointers", m->n_entries);
-    vitc_status s = vit_check_tensors(m, st, src);
+    int n_extra = 0;
+    vitc_status s = vit_check_tensors(m, st, src, &n_extra);
     size_t bytes = 0;
-    if (s == VITC_OK && adopt) {
+    /* The adopted span must hold model tensors only: with training state
+     * in the file the weights are copied out instead. */
+    if (adopt && n_extra)
+        *adopt = 0;
+    if (s == VITC_OK && adopt && *adopt) {
         const float *lo = src[0], *hi = src[0];
         for (int i = 0; i < m->n_entries; i++) {
             if (src[i] < lo) lo = src[i];
@@ -765,7 +780,7 @@ vitc_status vitc_vit_from_safetensors(const vitc_safetensors *st, const char *ar
     vitc_vit *m = vitc__vit_alloc();
     if (!m)
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
-    vitc_status s = vit_build(st, arch, 0, m);
+    vitc_status s = vit_build(st, arch, NULL, m);
     if (s != VITC_OK) {
         vitc_vit_free(m);
         return s;
@@ -835,10 +850,11 @@ vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out) {
     vitc_status s = vitc_safetensors_load(path, &st);
     if (s == VITC_OK && !(m = vitc__vit_alloc()))
         s = vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
+    int adopted = 1;
     if (s == VITC_OK)
-        s = vit_build(st, arch, 1, m);
+        s = vit_build(st, arch, &adopted, m);
     if (s != VITC_OK) {
-        if (m && m->params && !m->weights_file)
+        if (m && m->params && adopted)
             m->params = NULL; /* adopted: st's arena, freed below */
         vitc_vit_free(m);
         vitc_safetensors_free(st);
@@ -846,7 +862,11 @@ vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out) {
             vitc__err_prefix(s, "%s", path);
         return s;
     }
-    m->weights_file = st;
+    /* Weights copied out (a training checkpoint): the file is not needed. */
+    if (adopted)
+        m->weights_file = st;
+    else
+        vitc_safetensors_free(st);
     *out = m;
     return VITC_OK;
 }

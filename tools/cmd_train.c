@@ -1,0 +1,1137 @@
+/*
+ * cmd_train.c — `vitc train`: a Vision Transformer trained on Fashion-MNIST,
+ * MNIST or an ImageFolder tree, with checkpoints a run resumes from bit for
+ * bit.
+ *
+ * Determinism: the data order of epoch e is a Fisher-Yates shuffle drawn
+ * from (seed, e), a batch's augmentation from (seed, global step), the model
+ * from seed; nothing depends on wall time, thread count or on where a run
+ * was stopped. So the training state a checkpoint needs is the parameters,
+ * the optimizer's moments and step, and (epoch, step in epoch) — plus the
+ * hyperparameters, kept so that `--resume CKPT` alone continues the run.
+ *
+ * The checkpoint is the --out file: model tensors under torchvision's names
+ * with vitc.config (labels, mean, std) — a model for every vitc command —
+ * plus "vitc.optim.*" tensors (the optimizer state, flat, in the parameter
+ * layout) and "vitc.train" metadata. It is replaced atomically (temporary
+ * file, fsync, rename) after every epoch and when SIGINT or SIGTERM stops
+ * the run between two steps.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rng.h"
+#include "train.h"
+
+static const char train_usage[] =
+    "usage: vitc train --data DIR|fashion-mnist --out M.safetensors [options]\n"
+    "\n"
+    "Train a Vision Transformer (torchvision's architecture and initialisation)\n"
+    "with AdamW and cross-entropy. --out is the checkpoint, written after every\n"
+    "epoch and on SIGINT/SIGTERM; it loads as a model in every vitc command.\n"
+    "\n"
+    "data:\n"
+    "  --data D          fashion-mnist (Debian's dataset-fashion-mnist), a folder\n"
+    "                    of MNIST-style IDX files, or an ImageFolder root with\n"
+    "                    train/<class>/*.png|jpg (and val/<class>/...)\n"
+    "  --subset N        train on the first N training images only\n"
+    "  --eval-subset N   evaluate on the first N test/val images only\n"
+    "  --augment LIST    comma list of crop (RandomCrop, padding 4), flip\n"
+    "                    (horizontal), resized-crop (RandomResizedCrop; ImageFolder)\n"
+    "model (a new one; --resume and --init take the file's):\n"
+    "  --arch NAME       fashion (28px, patch 4, depth 6, dim 96, 4 heads, MLP 192;\n"
+    "                    the default), vit_b_16, vit_b_32, vit_l_16, vit_l_32, vit_h_14,\n"
+    "                    vit_tiny_patch16_224, vit_small_patch16_224, vit_base_patch16_224\n"
+    "  --config FILE     JSON as in vitc.config (image_size, patch_size, in_channels,\n"
+    "                    hidden_dim, depth, num_heads, mlp_dim, norm_eps, mean, std)\n"
+    "  --image-size S --patch P --depth D --dim C --heads H --mlp M --channels 1|3\n"
+    "                    override the architecture's values\n"
+    "  --init M          start from the weights of model M (a fresh optimizer)\n"
+    "optimisation:\n"
+    "  --epochs N        train until N epochs are done (required)\n"
+    "  --batch B         images per step (default 128)\n"
+    "  --lr LR           peak learning rate (default 1e-3)\n"
+    "  --weight-decay WD AdamW's decoupled weight decay (default 0.05; not on biases,\n"
+    "                    norms, class token, position embedding)\n"
+    "  --warmup E        linear warmup over E epochs (default 0; fractions allowed)\n"
+    "  --schedule S      none (constant, the default), cosine (to --min-lr after\n"
+    "                    warmup) or onecycle (torch's OneCycleLR, max_lr = --lr)\n"
+    "  --schedule-epochs E  the schedule's length (default --epochs)\n"
+    "  --min-lr LR       cosine's final rate (default 0)\n"
+    "  --label-smoothing X  (default 0)\n"
+    "  --clip X          clip the gradients' global norm to X (default: no clipping)\n"
+    "  --seed S          model initialisation, data order, augmentation (default 0)\n"
+    "run:\n"
+    "  --out FILE        the checkpoint (required)\n"
+    "  --model-out FILE  when done, also write the model alone (no optimizer\n"
+    "                    state: a third of the checkpoint's size)\n"
+    "  --resume CKPT     continue the run saved in CKPT up to --epochs; its\n"
+    "                    hyperparameters are kept unless given again\n"
+    "  --eval-every E    evaluate every E epochs and after the last (default 1; 0: last only)\n"
+    "  --log FILE.jsonl  one JSON object per step and per epoch (appended on --resume)\n"
+    "  --threads N       threads (default: all CPUs available)\n"
+    "  --quiet           no progress on stderr\n"
+    "  -h, --help        this help\n"
+    "\n"
+    "Unreadable ImageFolder images are skipped with a warning and counted.\n"
+#ifdef VITC_MPI
+    "Data parallel: mpirun -np K vitc train ... splits every batch over K ranks\n"
+    "(this vitc was built with MPI=1).\n"
+#endif
+    "Exit status: 0 done, 1 failed, 2 usage error, 130/143 stopped by\n"
+    "SIGINT/SIGTERM after writing the checkpoint.\n";
+
+typedef struct arch_preset {
+    const char *name;
+    int image_size, patch, channels, dim, depth, heads, mlp;
+} arch_preset;
+
+static const arch_preset presets[] = {
+    {"fashion", 28, 4, 1, 96, 6, 4, 192},
+    {"vit_b_16", 224, 16, 3, 768, 12, 12, 3072},
+    {"vit_b_32", 224, 32, 3, 768, 12, 12, 3072},
+    {"vit_l_16", 224, 16, 3, 1024, 24, 16, 4096},
+    {"vit_l_32", 224, 32, 3, 1024, 24, 16, 4096},
+    {"vit_h_14", 224, 14, 3, 1280, 32, 16, 5120},
+    {"vit_tiny_patch16_224", 224, 16, 3, 192, 12, 3, 768},
+    {"vit_small_patch16_224", 224, 16, 3, 384, 12, 6, 1536},
+    {"vit_base_patch16_224", 224, 16, 3, 768, 12, 12, 3072},
+};
+
+/* The hyperparameters of a run, as the checkpoint keeps them. */
+typedef struct hyper {
+    int batch;
+    double lr, wd, warmup, smoothing, clip, schedule_epochs, min_lr;
+    char schedule[16];
+    int schedule_fixed; /* --schedule-epochs was given: resumes keep it */
+    unsigned augment;
+    uint64_t seed;
+    int64_t subset;
+} hyper;
+
+typedef struct train_opts {
+    const char *data, *arch, *config, *out, *resume, *init, *log, *schedule, *augment, *seed;
+    const char *model_out;
+    int image_size, patch, depth, dim, heads, mlp, channels;
+    int epochs, batch, threads, eval_every, quiet, subset, eval_subset;
+    double lr, wd, warmup, smoothing, clip, schedule_epochs, min_lr;
+    /* given on the command line */
+    int g_image_size, g_patch, g_depth, g_dim, g_heads, g_mlp, g_channels, g_batch, g_lr, g_wd,
+        g_warmup, g_smoothing, g_clip, g_schedule_epochs, g_min_lr, g_schedule, g_augment,
+        g_seed, g_subset, g_epochs;
+} train_opts;
+
+static volatile sig_atomic_t stop_signal;
+static void on_stop(int sig) { stop_signal = sig; }
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int parse_augment(const char *s, unsigned *out) {
+    *out = 0;
+    if (!s || !*s || !strcmp(s, "none"))
+        return 0;
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (!strcmp(t, "crop"))
+            *out |= VITC_AUG_CROP;
+        else if (!strcmp(t, "flip"))
+            *out |= VITC_AUG_FLIP;
+        else if (!strcmp(t, "resized-crop"))
+            *out |= VITC_AUG_RESIZED_CROP;
+        else
+            return -1;
+    }
+    return 0;
+}
+
+static void augment_str(unsigned a, char *buf, size_t cap) {
+    snprintf(buf, cap, "%s%s%s%s", a & VITC_AUG_CROP ? "crop," : "", a & VITC_AUG_FLIP ? "flip," : "",
+             a & VITC_AUG_RESIZED_CROP ? "resized-crop," : "", a ? "" : "none");
+    size_t n = strlen(buf);
+    if (n && buf[n - 1] == ',')
+        buf[n - 1] = 0;
+}
+
+/* ---- the model's architecture ---------------------------------------- */
+
+static int config_from_file(const char *path, vitc_vit_config *c) {
+    FILE *f;
+    if (vitc_open_read(path, 1 << 20, &f, NULL) != VITC_OK)
+        return cli_lib_error("--config");
+    json_error_t err;
+    json_t *o = json_loadf(f, 0, &err);
+    fclose(f);
+    if (!o || !json_is_object(o)) {
+        json_decref(o);
+        return cli_error("--config %s: not a JSON object (%s, line %d)", path, err.text, err.line);
+    }
+    struct { const char *k; int *v; } ints[] = {
+        {"image_size", &c->image_size}, {"patch_size", &c->patch_size},
+        {"in_channels", &c->in_channels}, {"hidden_dim", &c->hidden_dim},
+        {"depth", &c->depth}, {"num_heads", &c->num_heads}, {"mlp_dim", &c->mlp_dim}};
+    int rc = CLI_OK;
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0] && rc == CLI_OK; i++) {
+        json_t *v = json_object_get(o, ints[i].k);
+        if (!v)
+            continue;
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1000000)
+            rc = cli_error("--config %s: \"%s\" must be a positive integer", path, ints[i].k);
+        else
+            *ints[i].v = (int)json_integer_value(v);
+    }
+    json_t *v = json_object_get(o, "norm_eps");
+    if (rc == CLI_OK && v) {
+        if (!json_is_number(v) || !(json_number_value(v) > 0))
+            rc = cli_error("--config %s: \"norm_eps\" must be a positive number", path);
+        else
+            c->norm_eps = (float)json_number_value(v);
+    }
+    const char *arr[2] = {"mean", "std"};
+    for (int a = 0; a < 2 && rc == CLI_OK; a++) {
+        json_t *x = json_object_get(o, arr[a]);
+        if (!x)
+            continue;
+        if (!json_is_array(x) || json_array_size(x) != 3)
+            rc = cli_error("--config %s: \"%s\" must be an array of 3 numbers", path, arr[a]);
+        for (int i = 0; i < 3 && rc == CLI_OK; i++) {
+            json_t *e = json_array_get(x, (size_t)i);
+            if (!json_is_number(e) || (a == 1 && !(json_number_value(e) > 0)))
+                rc = cli_error("--config %s: \"%s\"[%d] is not a valid number", path, arr[a], i);
+            else
+                (a ? c->std : c->mean)[i] = (float)json_number_value(e);
+        }
+    }
+    json_decref(o);
+    return rc;
+}
+
+/* A new model's config: preset, then --config, then the flags. */
+static int build_config(const train_opts *o, const train_data *d, vitc_vit_config *c) {
+    *c = vitc_vit_default_config();
+    const arch_preset *p = NULL;
+    const char *name = o->arch ? o->arch : "fashion";
+    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
+        if (!strcmp(presets[i].name, name))
+            p = &presets[i];
+    if (!p)
+        return cli_error("--arch %s: unknown (see vitc train --help)", name);
+    c->image_size = p->image_size;
+    c->patch_size = p->patch;
+    c->in_channels = d->idx ? p->channels : 3;
+    c->hidden_dim = p->dim;
+    c->depth = p->depth;
+    c->num_heads = p->heads;
+    c->mlp_dim = p->mlp;
+    if (d->idx || c->in_channels == 1) {
+        for (int i = 0; i < 3; i++) {
+            c->mean[i] = d->mean;
+            c->std[i] = d->std;
+        }
+    }
+    if (!d->idx && c->in_channels == 3) {
+        const float m[3] = {0.485f, 0.456f, 0.406f}, s[3] = {0.229f, 0.224f, 0.225f};
+        memcpy(c->mean, m, sizeof m);
+        memcpy(c->std, s, sizeof s);
+    }
+    if (o->config && config_from_file(o->config, c) != CLI_OK)
+        return CLI_FAIL;
+    if (o->g_image_size) c->image_size = o->image_size;
+    if (o->g_patch) c->patch_size = o->patch;
+    if (o->g_depth) c->depth = o->depth;
+    if (o->g_dim) c->hidden_dim = o->dim;
+    if (o->g_heads) c->num_heads = o->heads;
+    if (o->g_mlp) c->mlp_dim = o->mlp;
+    if (o->g_channels) c->in_channels = o->channels;
+    c->num_classes = vitc_dataset_num_classes(d->train);
+    return CLI_OK;
+}
+
+/* On --resume / --init the file's architecture rules; flags that disagree
+ * with it are an error, not silently ignored. */
+static int check_model_matches(const train_opts *o, const vitc_vit_config *c, const char *path) {
+    struct { int given, want, have; const char *flag; } f[] = {
+        {o->g_image_size, o->image_size, c->image_size, "--image-size"},
+        {o->g_patch, o->patch, c->patch_size, "--patch"},
+        {o->g_depth, o->depth, c->depth, "--depth"},
+        {o->g_dim, o->dim, c->hidden_dim, "--dim"},
+        {o->g_heads, o->heads, c->num_heads, "--heads"},
+        {o->g_mlp, o->mlp, c->mlp_dim, "--mlp"},
+        {o->g_channels, o->channels, c->in_channels, "--channels"}};
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        if (f[i].given && f[i].want != f[i].have)
+            return cli_error("%s: the checkpoint's model has %s %d, not %d", path, f[i].flag + 2,
+                             f[i].have, f[i].want);
+    if (o->arch || o->config) {
+        vitc_vit_config want;
+        /* compare the architecture the flags name with the file's */
+        const arch_preset *p = NULL;
+        for (size_t i = 0; o->arch && i < sizeof presets / sizeof presets[0]; i++)
+            if (!strcmp(presets[i].name, o->arch))
+                p = &presets[i];
+        if (o->arch && !p)
+            return cli_error("--arch %s: unknown (see vitc train --help)", o->arch);
+        want = *c;
+        if (p) {
+            want.image_size = p->image_size;
+            want.patch_size = p->patch;
+            want.hidden_dim = p->dim;
+            want.depth = p->depth;
+            want.num_heads = p->heads;
+            want.mlp_dim = p->mlp;
+        }
+        if (o->config && config_from_file(o->config, &want) != CLI_OK)
+            return CLI_FAIL;
+        if (want.image_size != c->image_size || want.patch_size != c->patch_size ||
+            want.hidden_dim != c->hidden_dim || want.depth != c->depth ||
+            want.num_heads != c->num_heads || want.mlp_dim != c->mlp_dim)
+            return cli_error("%s: a model of %dpx, patch %d, depth %d, dim %d, %d heads, MLP %d; "
+                             "%s asks for %dpx, patch %d, depth %d, dim %d, %d heads, MLP %d",
+                             path, c->image_size, c->patch_size, c->depth, c->hidden_dim,
+                             c->num_heads, c->mlp_dim, o->arch ? "--arch" : "--config",
+                             want.image_size, want.patch_size, want.depth, want.hidden_dim,
+                             want.num_heads, want.mlp_dim);
+    }
+    return CLI_OK;
+}
+
+/* The model's labels must be the data set's classes, in order. */
+static int check_labels(vitc_vit *m, vitc_dataset *ds, const char *path) {
+    const vitc_vit_config *c = vitc_vit_get_config(m);
+    int nc = vitc_dataset_num_classes(ds);
+    if (c->num_classes != nc)
+        return cli_error("%s: a model of %d classes; the data set has %d", path, c->num_classes,
+                         nc);
+    for (int i = 0; i < nc; i++) {
+        const char *a = vitc_vit_label(m, i), *b = vitc_dataset_class_name(ds, i);
+        if (a && b && strcmp(a, b))
+            return cli_error("%s: class %d is \"%s\" in the model, \"%s\" in the data set", path, i,
+                             a, b);
+    }
+    return CLI_OK;
+}
+
+/* ---- checkpoints ------------------------------------------------------- */
+
+typedef struct progress_state {
+    int epoch;             /* epochs done */
+    int64_t step_in_epoch; /* steps done in epoch `epoch` (0 at an epoch's end) */
+    int64_t global_step;
+} progress_state;
+
+static char *train_meta_json(const hyper *h, const progress_state *p, const char *data) {
+    json_t *o = json_object();
+    char aug[64], seed[32];
+    augment_str(h->augment, aug, sizeof aug);
+    snprintf(seed, sizeof seed, "%llu", (unsigned long long)h->seed);
+    int bad = !o;
+    if (o) {
+        bad |= json_object_set_new(o, "epoch", json_integer(p->epoch));
+        bad |= json_object_set_new(o, "step_in_epoch", json_integer(p->step_in_epoch));
+        bad |= json_object_set_new(o, "global_step", json_integer(p->global_step));
+        bad |= json_object_set_new(o, "seed", json_string(seed));
+        bad |= json_object_set_new(o, "batch", json_integer(h->batch));
+        bad |= json_object_set_new(o, "lr", json_real(h->lr));
+        bad |= json_object_set_new(o, "weight_decay", json_real(h->wd));
+        bad |= json_object_set_new(o, "warmup_epochs", json_real(h->warmup));
+        bad |= json_object_set_new(o, "schedule", json_string(h->schedule));
+        bad |= json_object_set_new(o, "schedule_epochs", json_real(h->schedule_epochs));
+        bad |= json_object_set_new(o, "schedule_fixed", json_boolean(h->schedule_fixed));
+        bad |= json_object_set_new(o, "min_lr", json_real(h->min_lr));
+        bad |= json_object_set_new(o, "label_smoothing", json_real(h->smoothing));
+        bad |= json_object_set_new(o, "clip", json_real(h->clip));
+        bad |= json_object_set_new(o, "augment", json_string(aug));
+        bad |= json_object_set_new(o, "subset", json_integer(h->subset));
+        bad |= json_object_set_new(o, "data", json_string(data));
+        bad |= json_object_set_new(o, "optimizer", json_string("adamw"));
+        /* The generators are counter-based (seed, epoch, step): this is all
+         * of their state. */
+        bad |= json_object_set_new(o, "rng", json_string("splitmix64(seed, epoch, step)"));
+    }
+    char *t = bad ? NULL : json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    json_decref(o);
+    return t;
+}
+
+/* with_optim 0 writes the model alone (what --model-out ships). */
+static int save_file(const char *path, vitc_vit *m, vitc_optimizer *opt, int with_optim,
+                     const char *const *labels, const hyper *h, const progress_state *p,
+                     const char *data) {
+    int np = vitc_vit_num_params(m), ns = with_optim ? vitc_optimizer_num_states(opt) : 0;
+    int n = np + ns;
+    const char **names = calloc((size_t)n, sizeof *names);
+    char **own = calloc((size_t)(ns ? ns : 1), sizeof *own);
+    int *ndims = calloc((size_t)n, sizeof *ndims);
+    const int64_t **shapes = calloc((size_t)n, sizeof *shapes);
+    const float **data_p = calloc((size_t)n, sizeof *data_p);
+    int64_t flat = (int64_t)vitc_optimizer_num_params(opt);
+    char *cfg = train_config_json(vitc_vit_get_config(m), labels);
+    char *tr = train_meta_json(h, p, data);
+    int rc = CLI_OK;
+    if (!names || !own || !ndims || !shapes || !data_p || !cfg || !tr) {
+        rc = cli_error("out of memory writing a checkpoint");
+        goto done;
+    }
+    for (int i = 0; i < np; i++) {
+        float *d, *g;
+        if (vitc_vit_param(m, i, &names[i], &ndims[i], &shapes[i], &d, &g) != VITC_OK) {
+            rc = cli_lib_error("checkpoint");
+            goto done;
+        }
+        data_p[i] = d;
+    }
+    for (int i = 0; i < ns; i++) {
+        const char *sn;
+        float *d;
+        if (vitc_optimizer_state(opt, i, &sn, &d) != VITC_OK) {
+            rc = cli_lib_error("checkpoint");
+            goto done;
+        }
+        size_t len = strlen(sn) + 16;
+        if (!(own[i] = malloc(len))) {
+            rc = cli_error("out of memory writing a checkpoint");
+            goto done;
+        }
+        snprintf(own[i], len, "vitc.optim.%s", sn);
+        names[np + i] = own[i];
+        ndims[np + i] = 1;
+        shapes[np + i] = &flat;
+        data_p[np + i] = d;
+    }
+    char step[32];
+    snprintf(step, sizeof step, "%lld", (long long)vitc_optimizer_get_step(opt));
+    json_t *o = json_loads(tr, 0, NULL);
+    if (o) {
+        json_object_set_new(o, "optimizer_step", json_string(step));
+        free(tr);
+        tr = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
+        json_decref(o);
+    }
+    /* A model alone carries its run's record under another key: it has no
+     * optimizer state, so it is no checkpoint to --resume. */
+    const char *keys[2] = {"vitc.config", with_optim ? "vitc.train" : "vitc.trained_by"},
+               *vals[2] = {cfg, tr};
+    if (!tr || vitc_safetensors_save(path, n, names, ndims, shapes, data_p, 2, keys, vals) !=
+                   VITC_OK)
+        rc = cli_error("writing %s %s: %s (the previous file is untouched)",
+                       with_optim ? "checkpoint" : "model", path, vitc_last_error());
+done:
+    if (own)
+        for (int i = 0; i < ns; i++) free(own[i]);
+    free(own), free(names), free(ndims), free(shapes), free(data_p), free(cfg), free(tr);
+    return rc;
+}
+
+static int save_checkpoint(const char *path, vitc_vit *m, vitc_optimizer *opt,
+                           const char *const *labels, const hyper *h, const progress_state *p,
+                           const char *data) {
+    return save_file(path, m, opt, 1, labels, h, p, data);
+}
+
+static double jnum(json_t *o, const char *k, double dflt) {
+    json_t *v = json_object_get(o, k);
+    return v && json_is_number(v) ? json_number_value(v) : dflt;
+}
+
+/* Load a checkpoint: the model, the run's state and hyperparameters; the
+ * optimizer's state is copied in by load_optimizer_state once it exists. */
+static int load_checkpoint(const char *path, vitc_safetensors **st_out, vitc_vit **m,
+                           hyper *h, progress_state *p) {
+    vitc_safetensors *st;
+    if (vitc_safetensors_load(path, &st) != VITC_OK)
+        return cli_lib_error("--resume");
+    const char *meta = vitc_safetensors_get_metadata(st, "vitc.train");
+    if (!meta) {
+        vitc_safetensors_free(st);
+        return cli_error("--resume %s: a model without training state (no vitc.train metadata); "
+                         "use --init to start a new run from its weights", path);
+    }
+    json_t *o = json_loads(meta, 0, NULL);
+    int rc = CLI_OK;
+    if (!o || !json_is_object(o)) {
+        rc = cli_error("--resume %s: vitc.train metadata is not a JSON object", path);
+    } else {
+        json_t *seed = json_object_get(o, "seed"), *sch = json_object_get(o, "schedule"),
+               *aug = json_object_get(o, "augment");
+        p->epoch = (int)jnum(o, "epoch", -1);
+        p->step_in_epoch = (int64_t)jnum(o, "step_in_epoch", -1);
+        p->global_step = (int64_t)jnum(o, "global_step", -1);
+        h->batch = (int)jnum(o, "batch", 0);
+        h->lr = jnum(o, "lr", -1);
+        h->wd = jnum(o, "weight_decay", -1);
+        h->warmup = jnum(o, "warmup_epochs", -1);
+        h->schedule_epochs = jnum(o, "schedule_epochs", -1);
+        h->min_lr = jnum(o, "min_lr", -1);
+        h->smoothing = jnum(o, "label_smoothing", -1);
+        h->clip = jnum(o, "clip", -1);
+        h->subset = (int64_t)jnum(o, "subset", -1);
+        h->schedule_fixed = json_is_true(json_object_get(o, "schedule_fixed"));
+        if (p->epoch < 0 || p->step_in_epoch < 0 || p->global_step < 0 || h->batch < 1 ||
+            h->lr < 0 || h->wd < 0 || h->warmup < 0 || h->min_lr < 0 || h->smoothing < 0 ||
+            h->smoothing > 1 || h->subset < 0 || !json_is_string(seed) || !json_is_string(sch) ||
+            !json_is_string(aug) || parse_augment(json_string_value(aug), &h->augment) != 0)
+            rc = cli_error("--resume %s: vitc.train metadata is incomplete or out of range", path);
+        else {
+            h->seed = strtoull(json_string_value(seed), NULL, 10);
+            snprintf(h->schedule, sizeof h->schedule, "%s", json_string_value(sch));
+        }
+    }
+    json_decref(o);
+    if (rc == CLI_OK && vitc_vit_from_safetensors(st, NULL, m) != VITC_OK)
+        rc = cli_lib_error("--resume");
+    if (rc != CLI_OK) {
+        vitc_safetensors_free(st);
+        return rc;
+    }
+    *st_out = st;
+    return CLI_OK;
+}
+
+static int load_optimizer_state(vitc_safetensors *st, vitc_optimizer *opt, const char *path) {
+    int ns = vitc_optimizer_num_states(opt);
+    size_t flat = vitc_optimizer_num_params(opt);
+    for (int i = 0; i < ns; i++) {
+        const char *sn, *nm, *dt;
+        float *d;
+        const float *src;
+        int nd;
+        const int64_t *shape;
+        char key[128];
+        vitc_optimizer_state(opt, i, &sn, &d);
+        snprintf(key, sizeof key, "vitc.optim.%s", sn);
+        int j = vitc_safetensors_find(st, key);
+        if (j < 0)
+            return cli_error("--resume %s: no tensor %s", path, key);
+        if (vitc_safetensors_tensor(st, j, &nm, &dt, &nd, &shape, &src) != VITC_OK)
+            return cli_lib_error("--resume");
+        if (nd != 1 || shape[0] != (int64_t)flat)
+            return cli_error("--resume %s: %s has %lld values, the optimizer %zu", path, key,
+                             nd == 1 ? (long long)shape[0] : -1LL, flat);
+        memcpy(d, src, flat * sizeof *d);
+    }
+    const char *meta = vitc_safetensors_get_metadata(st, "vitc.train");
+    json_t *o = json_loads(meta, 0, NULL);
+    json_t *v = o ? json_object_get(o, "optimizer_step") : NULL;
+    long long step = v && json_is_string(v) ? strtoll(json_string_value(v), NULL, 10) : -1;
+    json_decref(o);
+    if (step < 0)
+        return cli_error("--resume %s: no optimizer_step in vitc.train", path);
+    if (vitc_optimizer_set_step(opt, step) != VITC_OK)
+        return cli_lib_error("--resume");
+    return CLI_OK;
+}
+
+/* ---- the run ----------------------------------------------------------- */
+
+/* Epoch e's order: Fisher-Yates from (seed, e). tools/fashion_torch.py
+ * reproduces it. */
+static void epoch_order(int64_t *perm, int64_t n, uint64_t seed, int epoch) {
+    vitc__rng r = {seed ^ (0x5851F42D4C957F2Dull * (uint64_t)(epoch + 1))};
+    for (int64_t i = 0; i < n; i++) perm[i] = i;
+    for (int64_t i = n - 1; i > 0; i--) {
+        int64_t j = (int64_t)(vitc__rng_next(&r) % (uint64_t)(i + 1));
+        int64_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+}
+
+static uint64_t step_seed(uint64_t seed, int64_t global_step) {
+    vitc__rng r = {seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(global_step + 1))};
+    return vitc__rng_next(&r);
+}
+
+static int lr_at(const hyper *h, int64_t step, int64_t spe, double *lr, double *mom, int *set_mom) {
+    int64_t total = (int64_t)llround(h->schedule_epochs * (double)spe);
+    int64_t warm = (int64_t)llround(h->warmup * (double)spe);
+    if (total < 1)
+        total = 1;
+    *set_mom = 0;
+    if (!strcmp(h->schedule, "cosine")) {
+        if (warm >= total)
+            warm = total - 1;
+        if (vitc_lr_warmup_cosine(step, warm, total, h->lr, h->min_lr, lr) != VITC_OK)
+            return cli_lib_error("learning rate");
+    } else if (!strcmp(h->schedule, "onecycle")) {
+        vitc_onecycle_config c = vitc_onecycle_default_config(h->lr, total);
+        if (vitc_lr_onecycle(&c, step < total ? step : total, lr, mom) != VITC_OK)
+            return cli_lib_error("learning rate");
+        *set_mom = 1;
+    } else {
+        *lr = warm > 0 && step < warm ? h->lr * (double)(step + 1) / (double)warm : h->lr;
+    }
+    return CLI_OK;
+}
+
+static void fmt_time(double s, char *buf, size_t cap) {
+    long t = s > 0 && s < 1e8 ? (long)(s + 0.5) : 0;
+    if (t >= 3600)
+        snprintf(buf, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else
+        snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
+}
+
+/* ---- data parallel over MPI (make MPI=1) ---------------------------------
+ * Each rank computes its contiguous shard of every global batch, scaled so
+ * that the shards' gradients add up to the whole batch's mean; the sum is
+ * made in rank order on rank 0 (gather, add, broadcast), so it does not
+ * depend on message timing, and every rank then takes the same optimizer
+ * step. Rank 0 evaluates, writes the checkpoint, the log and the progress. */
+static int dp_rank = 0, dp_size = 1;
+
+#ifdef VITC_MPI
+#include <mpi.h>
+
+static int64_t dp_sum_i64(int64_t v) {
+    long long in = v, out = 0;
+    MPI_Allreduce(&in, &out, 1, MPI_LONG_LONG, MPI_SUM, MPI_COMM_WORLD);
+    return out;
+}
+
+static double dp_sum_f64_ordered(double v) {
+    double all[1024], sum = 0;
+    if (dp_size > 1024)
+        MPI_Abort(MPI_COMM_WORLD, 1);
+    MPI_Allgather(&v, 1, MPI_DOUBLE, all, 1, MPI_DOUBLE, MPI_COMM_WORLD);
+    for (int r = 0; r < dp_size; r++) sum += all[r];
+    return sum;
+}
+
+/* Gradients of every rank summed in rank order, on every rank. */
+static int dp_grads(vitc_vit *m, float **buf) {
+    int np = vitc_vit_num_params(m);
+    size_t n = 0;
+    for (int i = 0; i < np; i++) {
+        const char *nm;
+        int nd;
+        const int64_t *sh;
+        float *d, *g;
+        vitc_vit_param(m, i, &nm, &nd, &sh, &d, &g);
+        size_t k = 1;
+        for (int j = 0; j < nd; j++) k *= (size_t)sh[j];
+        n += k;
+    }
+    if (!*buf && !(*buf = malloc(n * (size_t)(dp_rank == 0 ? dp_size + 1 : 1) * sizeof **buf)))
+        return cli_error("out of memory for the gradient exchange");
+    float *mine = *buf, *all = *buf + n;
+    for (int pass = 0; pass < 2; pass++) {
+        size_t off = 0;
+        for (int i = 0; i < np; i++) {
+            const char *nm;
+            int nd;
+            const int64_t *sh;
+            float *d, *g;
+            vitc_vit_param(m, i, &nm, &nd, &sh, &d, &g);
+            size_t k = 1;
+            for (int j = 0; j < nd; j++) k *= (size_t)sh[j];
+            if (pass == 0)
+                memcpy(mine + off, g, k * sizeof *g);
+            else
+                memcpy(g, mine + off, k * sizeof *g);
+            off += k;
+        }
+        if (pass == 0) {
+            if (n > (size_t)INT32_MAX)
+                return cli_error("gradients too large for one MPI message");
+            MPI_Gather(mine, (int)n, MPI_FLOAT, dp_rank == 0 ? all : NULL, (int)n, MPI_FLOAT, 0,
+                       MPI_COMM_WORLD);
+            if (dp_rank == 0)
+                for (size_t j = 0; j < n; j++) {
+                    float acc = all[j];
+                    for (int r = 1; r < dp_size; r++) acc += all[(size_t)r * n + j];
+                    mine[j] = acc;
+                }
+            MPI_Bcast(mine, (int)n, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        }
+    }
+    return CLI_OK;
+}
+#endif
+
+typedef struct run {
+    train_opts *o;
+    hyper h;
+    progress_state p;
+    train_data d;
+    vitc_vit *m;
+    vitc_optimizer *opt;
+    const char **labels;
+    FILE *log;
+    int tty;
+    float *gbuf; /* MPI: gradients packed for the exchange */
+} run;
+
+static int report_skipped(run *R, int64_t *reported) {
+    int64_t n = vitc_dataset_num_skipped(R->d.train);
+    for (; *reported < n; ++*reported)
+        fprintf(stderr, "vitc: warning: skipping unreadable image %s\n",
+                vitc_dataset_skipped_path(R->d.train, *reported));
+    return 0;
+}
+
+static int run_epochs(run *R) {
+    train_opts *o = R->o;
+    const vitc_vit_config *c = vitc_vit_get_config(R->m);
+    int C = c->num_classes, S = c->image_size, B = R->h.batch;
+    int64_t N = vitc_dataset_size(R->d.train);
+    int64_t spe = (N + B - 1) / B;
+    size_t per = (size_t)c->in_channels * S * S;
+    float *x = malloc((size_t)B * per * sizeof *x);
+    float *logits = malloc((size_t)B * C * sizeof *logits);
+    float *dlogits = malloc((size_t)B * C * sizeof *dlogits);
+    int64_t *perm = malloc((size_t)N * sizeof *perm), *lab = malloc((size_t)B * sizeof *lab);
+    int rc = CLI_OK;
+    int64_t reported = 0;
+    if (!x || !logits || !dlogits || !perm || !lab) {
+        rc = cli_error("out of memory for a batch of %d", B);
+        goto out;
+    }
+    vitc_batch_opts bo = train_batch_opts(c);
+    bo.augment = R->h.augment;
+    if (R->p.step_in_epoch >= spe) { /* a checkpoint from the epoch's last step */
+        R->p.epoch++;
+        R->p.step_in_epoch = 0;
+    }
+    for (int e = R->p.epoch; e < o->epochs && rc == CLI_OK; e++) {
+        epoch_order(perm, N, R->h.seed, e);
+        double t0 = now_s(), last = t0, loss_sum = 0;
+        int64_t seen = 0, correct = 0, done_imgs = 0;
+        vitc_vit_set_training(R->m, 1);
+        for (int64_t k = R->p.step_in_epoch; k < spe; k++) {
+            int b = (int)(N - k * B < B ? N - k * B : B), nv = 0;
+            /* this rank's shard of the batch: [lo, hi) */
+            int lo = (int)((int64_t)b * dp_rank / dp_size);
+            int hi = (int)((int64_t)b * (dp_rank + 1) / dp_size);
+            bo.seed = step_seed(R->h.seed, R->p.global_step);
+            bo.first = lo;
+            if (hi > lo && vitc_dataset_load_batch(R->d.train, perm + k * B + lo, hi - lo, &bo, x,
+                                                   lab, &nv) != VITC_OK) {
+                rc = cli_lib_error("training data");
+                break;
+            }
+            int64_t nv_all = nv;
+#ifdef VITC_MPI
+            if (dp_size > 1)
+                nv_all = dp_sum_i64(nv);
+#endif
+            report_skipped(R, &reported);
+            double lr, mom = 0;
+            int set_mom;
+            float loss = 0, gnorm = 0;
+            if ((rc = lr_at(&R->h, R->p.global_step, spe, &lr, &mom, &set_mom)) != CLI_OK)
+                break;
+            if (vitc_optimizer_set_lr(R->opt, lr) != VITC_OK ||
+                (set_mom && vitc_optimizer_set_momentum(R->opt, mom) != VITC_OK)) {
+                rc = cli_lib_error("optimizer");
+                break;
+            }
+            if (nv_all > 0) {
+                int64_t right = 0;
+                if (vitc_optimizer_zero_grad(R->opt) != VITC_OK) {
+                    rc = cli_lib_error("training step");
+                    break;
+                }
+                if (nv > 0) {
+                    if (vitc_vit_forward(R->m, x, nv, S, S, logits) != VITC_OK ||
+                        vitc_cross_entropy(logits, lab, nv, C, (float)R->h.smoothing, &loss,
+                                           dlogits) != VITC_OK) {
+                        rc = cli_lib_error("training step");
+                        break;
+                    }
+                    /* a shard's mean, weighted to its part of the whole batch */
+                    if (nv != nv_all) {
+                        float w = (float)nv / (float)nv_all;
+                        for (size_t i = 0; i < (size_t)nv * C; i++) dlogits[i] *= w;
+                    }
+                    if (vitc_vit_backward(R->m, dlogits) != VITC_OK) {
+                        rc = cli_lib_error("training step");
+                        break;
+                    }
+                    for (int i = 0; i < nv; i++) {
+                        const float *l = logits + (size_t)i * C;
+                        int best = 0;
+                        for (int j = 1; j < C; j++)
+                            if (l[j] > l[best])
+                                best = j;
+                        right += best == lab[i];
+                    }
+                }
+#ifdef VITC_MPI
+                if (dp_size > 1) {
+                    if ((rc = dp_grads(R->m, &R->gbuf)) != CLI_OK)
+                        break;
+                    loss = (float)(dp_sum_f64_ordered((double)loss * nv) / (double)nv_all);
+                    right = dp_sum_i64(right);
+                }
+#endif
+                if ((R->h.clip > 0 &&
+                     vitc_clip_grad_norm_optimizer(R->opt, (float)R->h.clip, &gnorm) != VITC_OK) ||
+                    vitc_optimizer_step(R->opt) != VITC_OK) {
+                    rc = cli_lib_error("training step");
+                    break;
+                }
+                correct += right;
+                loss_sum += (double)loss * nv_all;
+                seen += nv_all;
+            }
+            done_imgs += b;
+            R->p.global_step++;
+#ifdef VITC_MPI
+            if (dp_size > 1) { /* every rank stops at the same step */
+                int sig = (int)stop_signal, any = 0;
+                MPI_Allreduce(&sig, &any, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+                stop_signal = any;
+            }
+#endif
+            R->p.step_in_epoch = k + 1;
+            if (R->log)
+                fprintf(R->log,
+                        "{\"type\": \"step\", \"epoch\": %d, \"step\": %lld, \"loss\": %.9g, "
+                        "\"lr\": %.9g%s%.9g}\n",
+                        e + 1, (long long)R->p.global_step, (double)loss, lr,
+                        R->h.clip > 0 ? ", \"grad_norm\": " : ", \"images\": ",
+                        R->h.clip > 0 ? (double)gnorm : (double)nv);
+            if (R->log)
+                fflush(R->log); /* a log one can follow while it runs */
+            double t = now_s();
+            if (!o->quiet && (k + 1 == spe || t - last > (R->tty ? 0.2 : 10.0))) {
+                double ips = done_imgs / (t - t0 > 1e-9 ? t - t0 : 1e-9);
+                char eta[32];
+                fmt_time((double)(N - (k + 1) * (int64_t)B) / ips, eta, sizeof eta);
+                int w = 24, fill = (int)((k + 1) * w / spe);
+                char bar[32];
+                for (int i = 0; i < w; i++) bar[i] = i < fill ? '#' : '.';
+                bar[w] = 0;
+                fprintf(stderr, "%sepoch %d/%d [%s] %lld/%lld loss %.4f %.0f img/s ETA %s%s",
+                        R->tty ? "\r" : "", e + 1, o->epochs, bar, (long long)(k + 1),
+                        (long long)spe, seen ? loss_sum / seen : 0.0, ips, eta,
+                        R->tty ? "\033[K" : "\n");
+                last = t;
+            }
+            if (stop_signal)
+                break;
+        }
+        if (R->tty && !o->quiet)
+            fputc('\n', stderr);
+        if (rc != CLI_OK)
+            break;
+        if (stop_signal) {
+            if (dp_rank == 0 && (rc = save_checkpoint(o->out, R->m, R->opt, R->labels, &R->h, &R->p,
+                                      R->d.desc)) == CLI_OK)
+                fprintf(stderr,
+                        "vitc: stopped by signal %d at epoch %d, step %lld; checkpoint %s "
+                        "(continue with --resume %s)\n",
+                        (int)stop_signal, e + 1, (long long)R->p.step_in_epoch, o->out, o->out);
+            rc = rc == CLI_OK ? 128 + (int)stop_signal : rc;
+            break;
+        }
+        double secs = now_s() - t0;
+        R->p.epoch = e + 1;
+        R->p.step_in_epoch = 0;
+        int last_epoch = e + 1 == o->epochs;
+        eval_result er;
+        int evaluated = 0;
+        if (dp_rank == 0 && R->d.eval &&
+            (last_epoch || (o->eval_every > 0 && (e + 1) % o->eval_every == 0))) {
+            if ((rc = train_evaluate(R->m, R->d.eval, B > 256 ? B : 256, &er, NULL, o->quiet,
+                                     "evaluation")) != CLI_OK)
+                break;
+            evaluated = 1;
+        }
+        if (dp_rank == 0 &&
+            (rc = save_checkpoint(o->out, R->m, R->opt, R->labels, &R->h, &R->p, R->d.desc)) !=
+                CLI_OK)
+            break;
+        if (dp_rank != 0)
+            continue;
+        double tl = seen ? loss_sum / seen : 0, ta = seen ? (double)correct / seen : 0;
+        if (evaluated)
+            fprintf(stderr,
+                    "epoch %d/%d: train loss %.4f acc %.2f%%, %s loss %.4f acc %.2f%% (%lld "
+                    "images), %.1f s, %.0f img/s\n",
+                    e + 1, o->epochs, tl, 100 * ta, R->d.idx ? "test" : "val", er.loss,
+                    100.0 * er.correct / (er.n ? er.n : 1), (long long)er.n, secs,
+                    done_imgs / (secs > 0 ? secs : 1));
+        else
+            fprintf(stderr, "epoch %d/%d: train loss %.4f acc %.2f%%, %.1f s, %.0f img/s\n", e + 1,
+                    o->epochs, tl, 100 * ta, secs, done_imgs / (secs > 0 ? secs : 1));
+        if (R->log) {
+            fprintf(R->log,
+                    "{\"type\": \"epoch\", \"epoch\": %d, \"step\": %lld, \"train_loss\": %.9g, "
+                    "\"train_acc\": %.9g, \"seconds\": %.3f, \"images_per_s\": %.1f",
+                    e + 1, (long long)R->p.global_step, tl, ta, secs,
+                    done_imgs / (secs > 0 ? secs : 1));
+            if (evaluated)
+                fprintf(R->log, ", \"eval_loss\": %.9g, \"eval_acc\": %.9g, \"eval_images\": %lld",
+                        er.loss, (double)er.correct / (er.n ? er.n : 1), (long long)er.n);
+            fputs("}\n", R->log);
+            fflush(R->log);
+        }
+    }
+    if (rc == CLI_OK && dp_rank == 0 && R->p.epoch >= o->epochs && o->model_out)
+        rc = save_file(o->model_out, R->m, R->opt, 0, R->labels, &R->h, &R->p, R->d.desc);
+    if (rc == CLI_OK && R->p.epoch >= o->epochs && vitc_dataset_num_skipped(R->d.train))
+        fprintf(stderr, "vitc: %lld unreadable training images were skipped\n",
+                (long long)vitc_dataset_num_skipped(R->d.train));
+out:
+    free(x), free(logits), free(dlogits), free(perm), free(lab);
+    return rc;
+}
+
+static int train_main(train_opts *o) {
+    run R;
+    memset(&R, 0, sizeof R);
+    R.o = o;
+    R.tty = cli_stderr_tty();
+    vitc_safetensors *ck = NULL;
+    int rc;
+    if (o->threads > 0)
+        vitc_set_num_threads(o->threads);
+    if ((rc = train_data_open(o->data, 1, 0, NULL, &R.d)) != CLI_OK)
+        return rc;
+    /* hyperparameters: defaults, then the checkpoint's, then the flags */
+    hyper *h = &R.h;
+    h->batch = 128;
+    h->lr = 1e-3;
+    h->wd = 0.05;
+    snprintf(h->schedule, sizeof h->schedule, "none");
+    h->schedule_epochs = 0;
+    if (o->resume) {
+        if ((rc = load_checkpoint(o->resume, &ck, &R.m, h, &R.p)) != CLI_OK)
+            goto done;
+        if ((rc = check_model_matches(o, vitc_vit_get_config(R.m), o->resume)) != CLI_OK)
+            goto done;
+        if (R.p.step_in_epoch && o->g_batch && o->batch != h->batch) {
+            rc = cli_error("--resume %s: stopped mid-epoch with batch %d; --batch %d cannot "
+                           "continue that epoch", o->resume, h->batch, o->batch);
+            goto done;
+        }
+    }
+    if (o->g_batch) h->batch = o->batch;
+    if (o->g_lr) h->lr = o->lr;
+    if (o->g_wd) h->wd = o->wd;
+    if (o->g_warmup) h->warmup = o->warmup;
+    if (o->g_smoothing) h->smoothing = o->smoothing;
+    if (o->g_clip) h->clip = o->clip;
+    if (o->g_min_lr) h->min_lr = o->min_lr;
+    if (o->g_subset) h->subset = o->subset;
+    if (o->g_schedule) {
+        if (strcmp(o->schedule, "none") && strcmp(o->schedule, "cosine") &&
+            strcmp(o->schedule, "onecycle")) {
+            rc = cli_usage_error("train", "--schedule wants none, cosine or onecycle, got '%s'",
+                                 o->schedule);
+            goto done;
+        }
+        snprintf(h->schedule, sizeof h->schedule, "%s", o->schedule);
+    }
+    if (o->g_augment && parse_augment(o->augment, &h->augment) != 0) {
+        rc = cli_usage_error("train", "--augment wants a list of crop, flip, resized-crop; got '%s'",
+                             o->augment);
+        goto done;
+    }
+    if (o->g_seed) {
+        char *end;
+        errno = 0;
+        unsigned long long s = strtoull(o->seed, &end, 10);
+        if (!*o->seed || *end || errno || o->seed[0] == '-') {
+            rc = cli_usage_error("train", "--seed wants a non-negative integer, got '%s'", o->seed);
+            goto done;
+        }
+        h->seed = s;
+    }
+    /* The schedule's length: given, else this run's --epochs (so a resumed
+     * run that trains longer stretches its schedule). */
+    if (o->g_schedule_epochs) {
+        h->schedule_epochs = o->schedule_epochs;
+        h->schedule_fixed = 1;
+    } else if (!h->schedule_fixed) {
+        h->schedule_epochs = o->epochs;
+    }
+    if (h->subset > 0 && vitc_dataset_truncate(R.d.train, h->subset) != VITC_OK) {
+        rc = cli_lib_error("--subset");
+        goto done;
+    }
+    if (o->eval_subset > 0 && R.d.eval && vitc_dataset_truncate(R.d.eval, o->eval_subset) != VITC_OK) {
+        rc = cli_lib_error("--eval-subset");
+        goto done;
+    }
+    if (!o->resume) {
+        if (o->init) {
+            if (vitc_vit_load(o->init, NULL, &R.m) != VITC_OK) {
+                rc = cli_lib_error("--init");
+                goto done;
+            }
+            if ((rc = check_model_matches(o, vitc_vit_get_config(R.m), o->init)) != CLI_OK)
+                goto done;
+        } else {
+            vitc_vit_config cfg;
+            if ((rc = build_config(o, &R.d, &cfg)) != CLI_OK)
+                goto done;
+            if (vitc_vit_create(&cfg, h->seed, &R.m) != VITC_OK) {
+                rc = cli_lib_error("model");
+                goto done;
+            }
+        }
+    }
+    if ((rc = check_labels(R.m, R.d.train, o->resume ? o->resume : o->init ? o->init : "model")) !=
+        CLI_OK)
+        goto done;
+    {
+        const vitc_vit_config *c = vitc_vit_get_config(R.m);
+        if (c->in_channels != 1 && c->in_channels != 3) {
+            rc = cli_error("the model takes %d channels; vitc trains 1- or 3-channel models",
+                           c->in_channels);
+            goto done;
+        }
+        int nc = vitc_dataset_num_classes(R.d.train);
+        if (!(R.labels = calloc((size_t)nc, sizeof *R.labels))) {
+            rc = cli_error("out of memory");
+            goto done;
+        }
+        for (int i = 0; i < nc; i++) R.labels[i] = vitc_dataset_class_name(R.d.train, i);
+    }
+    vitc_optim_config oc = vitc_optim_default_config(VITC_OPTIM_ADAMW);
+    oc.lr = h->lr;
+    oc.weight_decay = h->wd;
+    if (vitc_optimizer_create_vit(R.m, &oc, &R.opt) != VITC_OK) {
+        rc = cli_lib_error("optimizer");
+        goto done;
+    }
+    if (ck) {
+        if ((rc = load_optimizer_state(ck, R.opt, o->resume)) != CLI_OK)
+            goto done;
+        vitc_safetensors_free(ck);
+        ck = NULL;
+    }
+    if (R.p.epoch >= o->epochs) {
+        fprintf(stderr, "vitc: %s has %d epochs done; nothing to do for --epochs %d\n",
+                o->resume, R.p.epoch, o->epochs);
+        rc = save_checkpoint(o->out, R.m, R.opt, R.labels, h, &R.p, R.d.desc);
+        goto done;
+    }
+    if (dp_rank != 0) {
+        o->quiet = 1;
+        o->log = NULL;
+    }
+    if (o->log && !(R.log = fopen(o->log, o->resume ? "a" : "w"))) {
+        rc = cli_error("--log %s: %s", o->log, strerror(errno));
+        goto done;
+    }
+    if (!o->quiet) {
+        const vitc_vit_config *c = vitc_vit_get_config(R.m);
+        if (dp_size > 1)
+            fprintf(stderr, "vitc train: %d MPI ranks, %d images each per step of %d\n", dp_size,
+                    h->batch / dp_size, h->batch);
+        fprintf(stderr,
+                "vitc train: %s, %lld training images, %d classes; ViT %dpx/%d, depth %d, dim %d, "
+                "%d heads, MLP %d, %d channel%s; batch %d, lr %g (%s), %s epoch %d of %d\n",
+                R.d.desc, (long long)vitc_dataset_size(R.d.train), c->num_classes, c->image_size,
+                c->patch_size, c->depth, c->hidden_dim, c->num_heads, c->mlp_dim, c->in_channels,
+                c->in_channels > 1 ? "s" : "", h->batch, h->lr, h->schedule,
+                o->resume ? "resuming at" : "from", R.p.epoch + 1, o->epochs);
+    }
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_stop;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    rc = run_epochs(&R);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+done:
+    if (R.log)
+        fclose(R.log);
+    vitc_safetensors_free(ck);
+    vitc_optimizer_free(R.opt);
+    vitc_vit_free(R.m);
+    free(R.labels);
+    free(R.gbuf);
+    train_data_close(&R.d);
+    return rc;
+}
+
+int cmd_train(int argc, char **argv) {
+    train_opts o;
+    memset(&o, 0, sizeof o);
+    o.eval_every = 1;
+    const cli_opt opts[] = {
+        {"--data", NULL, CLI_STRING, &o.data, 0, 0, NULL},
+        {"--arch", NULL, CLI_STRING, &o.arch, 0, 0, NULL},
+        {"--config", NULL, CLI_STRING, &o.config, 0, 0, NULL},
+        {"--out", NULL, CLI_STRING, &o.out, 0, 0, NULL},
+        {"--resume", NULL, CLI_STRING, &o.resume, 0, 0, NULL},
+        {"--init", NULL, CLI_STRING, &o.init, 0, 0, NULL},
+        {"--log", NULL, CLI_STRING, &o.log, 0, 0, NULL},
+        {"--model-out", NULL, CLI_STRING, &o.model_out, 0, 0, NULL},
+        {"--schedule", NULL, CLI_STRING, &o.schedule, 0, 0, &o.g_schedule},
+        {"--augment", NULL, CLI_STRING, &o.augment, 0, 0, &o.g_augment},
+        {"--seed", NULL, CLI_STRING, &o.seed, 0, 0, &o.g_seed},
+        {"--image-size", NULL, CLI_INT, &o.image_size, 1, 4096, &o.g_image_size},
+        {"--patch", NULL, CLI_INT, &o.patch, 1, 4096, &o.g_patch},
+        {"--depth", NULL, CLI_INT, &o.depth, 1, 256, &o.g_depth},
+        {"--dim", NULL, CLI_INT, &o.dim, 1, 65536, &o.g_dim},
+        {"--heads", NULL, CLI_INT, &o.heads, 1, 1024, &o.g_heads},
+        {"--mlp", NULL, CLI_INT, &o.mlp, 1, 1 << 20, &o.g_mlp},
+        {"--channels", NULL, CLI_INT, &o.channels, 1, 3, &o.g_channels},
+        {"--epochs", NULL, CLI_INT, &o.epochs, 1, 1000000, &o.g_epochs},
+        {"--batch", NULL, CLI_INT, &o.batch, 1, 65536, &o.g_batch},
+        {"--threads", NULL, CLI_INT, &o.threads, 1, 256, NULL},
+        {"--eval-every", NULL, CLI_INT, &o.eval_every, 0, 1000000, NULL},
+        {"--subset", NULL, CLI_INT, &o.subset, 1, 1e9, &o.g_subset},
+        {"--eval-subset", NULL, CLI_INT, &o.eval_subset, 1, 1e9, NULL},
+        {"--lr", NULL, CLI_DOUBLE, &o.lr, 0, 10, &o.g_lr},
+        {"--weight-decay", NULL, CLI_DOUBLE, &o.wd, 0, 10, &o.g_wd},
+        {"--warmup", NULL, CLI_DOUBLE, &o.warmup, 0, 1e6, &o.g_warmup},
+        {"--schedule-epochs", NULL, CLI_DOUBLE, &o.schedule_epochs, 1e-6, 1e6, &o.g_schedule_epochs},
+        {"--min-lr", NULL, CLI_DOUBLE, &o.min_lr, 0, 10, &o.g_min_lr},
+        {"--label-smoothing", NULL, CLI_DOUBLE, &o.smoothing, 0, 1, &o.g_smoothing},
+        {"--clip", NULL, CLI_DOUBLE, &o.clip, 0, 1e9, &o.g_clip},
+        {"--quiet", NULL, CLI_FLAG, &o.quiet, 0, 0, NULL},
+    };
+    char **pos = calloc((size_t)argc + 1, sizeof *pos);
+    int n_pos, r;
+    if (!pos)
+        return cli_error("out of memory");
+    r = topt_parse("train", train_usage, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv,
+                   pos, &n_pos);
+    if (r == 0 && n_pos)
+        r = cli_usage_error("train", "unexpected argument '%s'", pos[0]);
+    free(pos);
+    if (r == 1)
+        return CLI_OK;
+    if (r)
+        return CLI_USAGE;
+    if (!o.data)
+        return cli_usage_error("train", "--data is required");
+    if (!o.out)
+        return cli_usage_error("train", "--out is required");
+    if (!o.g_epochs)
+        return cli_usage_error("train", "--epochs is required");
+    if (o.resume && o.init)
+        return cli_usage_error("train", "--resume and --init exclude each other");
+#ifdef VITC_MPI
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &dp_rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &dp_size);
+    int rc = train_main(&o);
+    /* A rank that failed alone would leave the others waiting in a
+     * collective: the whole job ends with it. */
+    if (rc != CLI_OK && dp_size > 1)
+        MPI_Abort(MPI_COMM_WORLD, rc);
+    MPI_Finalize();
+    return rc;
+#else
+    return train_main(&o);
+#endif
+}

@@ -1,0 +1,71 @@
+/* train.h — what `vitc train`, `vitc eval` and `vitc plot-log` share: the
+ * data sets named on the command line, evaluation, checkpoints, options,
+ * and the small PNG plotting routine. CLI code: public API only. */
+#ifndef VITC_TRAIN_H
+#define VITC_TRAIN_H
+
+#include <stdint.h>
+#include <stdio.h>
+
+#include "cli.h"
+
+/* ---- options --------------------------------------------------------- */
+/* cli_parse (cli.h) with the command's usage text for --help, and any
+ * number of positionals into pos (room for argc). 0: go on, 1: --help
+ * printed, 2: usage error printed (exit with CLI_USAGE). */
+int topt_parse(const char *cmd, const char *usage, const cli_opt *opts, int n, int argc,
+               char **argv, char **pos, int *n_pos);
+
+/* ---- data sets ------------------------------------------------------ */
+/* --data: "fashion-mnist" (Debian's package), "mnist-dir:DIR"-like plain
+ * DIR holding IDX files, or an ImageFolder root with train/ (and val/). */
+typedef struct train_data {
+    vitc_dataset *train, *eval;  /* eval may be NULL (no val/ split) */
+    int idx;                     /* 1: IDX (gray), 0: ImageFolder (RGB) */
+    float mean, std;             /* data set statistics for a new model (IDX) */
+    char desc[64];               /* "fashion-mnist", "folder" */
+} train_data;
+/* classes (may be NULL): an evaluation ImageFolder's class list (a model's
+ * labels), so that label i means the model's class i. */
+int train_data_open(const char *spec, int need_train, int n_classes, const char *const *classes,
+                    train_data *d);
+void train_data_close(train_data *d);
+
+/* ---- evaluation ----------------------------------------------------- */
+typedef struct eval_result {
+    int64_t n, correct;
+    double loss;          /* mean cross-entropy (no smoothing) */
+    int64_t *confusion;   /* [classes, classes] true x predicted, or NULL */
+    int64_t skipped;
+} eval_result;
+/* Eval-mode forward over the whole data set in batches. confusion (may be
+ * NULL) [C, C] is zeroed and filled. */
+int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int64_t *confusion,
+                   int quiet, const char *what);
+vitc_batch_opts train_batch_opts(const vitc_vit_config *c);
+
+/* ---- checkpoints ---------------------------------------------------- */
+/* vitc.config JSON (what vit_load reads), labels included. Caller frees. */
+char *train_config_json(const vitc_vit_config *c, const char *const *labels);
+
+/* ---- pictures (plot.c) ---------------------------------------------- */
+typedef struct canvas {
+    int w, h;
+    uint8_t *rgb; /* [h, w, 3] */
+} canvas;
+int canvas_init(canvas *c, int w, int h);
+void canvas_free(canvas *c);
+void canvas_rect(canvas *c, int x, int y, int w, int h, const uint8_t rgb[3]);
+void canvas_line(canvas *c, double x0, double y0, double x1, double y1, const uint8_t rgb[3],
+                 int thick);
+/* Text with its top-left corner at (x, y); each font pixel scale x scale. */
+void canvas_text(canvas *c, int x, int y, const char *text, int scale, const uint8_t rgb[3]);
+int canvas_text_width(const char *text, int scale);
+#define CANVAS_FONT_H 7
+
+int cmd_train(int argc, char **argv);
+int cmd_eval(int argc, char **argv);
+int cmd_plot_log(int argc, char **argv);
+int cmd_demo_fashion(int argc, char **argv);
+
+#endif
