@@ -5,7 +5,6 @@
  * the augmentations' geometry, and their determinism (a sample's random
  * choices depend on (seed, place in batch) only, for any thread count).
  */
-#include <dirent.h>
 #include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -24,6 +23,7 @@
 #endif
 
 #include "vitc.h"
+#include "testutil.h"
 
 #define N_IMG 7
 #define SIDE 6
@@ -31,21 +31,6 @@
 static char tmpdir[256];
 static uint8_t pixels[N_IMG * SIDE * SIDE], labels[N_IMG];
 
-static void rm_tree(const char *dir) {
-    DIR *d = opendir(dir);
-    if (d) {
-        struct dirent *e;
-        char p[600];
-        while ((e = readdir(d)))
-            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) {
-                snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-                if (unlink(p) != 0)
-                    rm_tree(p);
-            }
-        closedir(d);
-    }
-    rmdir(dir);
-}
 
 static int setup(void **state) {
     (void)state;
@@ -57,7 +42,7 @@ static int setup(void **state) {
 
 static int teardown(void **state) {
     (void)state;
-    rm_tree(tmpdir);
+    tu_rm_tree(tmpdir);
     return 0;
 }
 
