@@ -25,6 +25,7 @@ void vitc_vit_free(vitc_vit *m) {
         return;
     vitc__handle_unregister(m->id);
     vitc__vit_pack_free(m);
+    vitc__t2t_free(m);
     if (!m->weights_file)
         vitc__free(m->params);
     vitc_safetensors_free(m->weights_file);
@@ -402,7 +403,7 @@ vitc__sdpa_desc vitc__vit_attention(const vitc_vit *m, const float *qkv, float *
         .k = qkv + C, .k_sb = N * 3 * C, .k_sh = d, .k_sr = 3 * C,
         .v = qkv + 2 * C, .v_sb = N * 3 * C, .v_sh = d, .v_sr = 3 * C,
         .o = att, .o_sb = N * C, .o_sh = d, .o_sr = C,
-        .scale = 1.0f / sqrtf((float)d),
+        .scale = m->attn_scale > 0.0f ? m->attn_scale : 1.0f / sqrtf((float)d),
         .p_sb = Hh * N * N, .p_sh = N * N, .p_sr = N,
     };
     return sd;
@@ -666,6 +667,11 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     int64_t B = B_, H = H_, W = W_, p = c->patch_size, Cin = c->in_channels;
     int64_t gh = H / p, gw = W / p, P = gh * gw, np = m->n_prefix, N = P + np, C = c->hidden_dim;
     int64_t Hh = c->num_heads, K = Cin * p * p;
+    if (m->t2t && (gh != c->image_size / p || gw != c->image_size / p))
+        return vitc__err(VITC_ERR_SHAPE, "T2T-ViT forward: images [%d, %d, %d, %d]: this model "
+                         "takes %dx%d images (its sinusoid position table has %d tokens)", B_,
+                         c->in_channels, H_, W_, c->image_size, c->image_size,
+                         (c->image_size / c->patch_size) * (c->image_size / c->patch_size));
     /* A training forward of logits records every block for backward. */
     int record = m->training && logits && !attn && !rollout && !features;
     m->recorded = 0;
@@ -713,12 +719,15 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
             VITC_TRY(vitc__buf_reserve(&m->roll_buf, roll));
     }
 
-    /* Patch embedding: conv k = s = p is one GEMM over im2col rows. */
-    vit_im2col_ctx ic = {a->patches, images, Cin, H, W, p, gh, gw};
-    vitc__parallel_for(B * gh, vit_im2col_task, &ic);
     float *proj = vitc__va(a, 0, VA_LN1); /* [B*P, C] */
-    VITC_TRY(vitc__linear_pw(proj, C, a->patches, K, m->pconv.data ? &m->pconv : NULL, m->w.conv_w,
-                             m->w.conv_b, NULL, 0, B * P, C, K, 0));
+    if (m->t2t) { /* T2T-ViT: its tokens_to_token module (t2t_vit.c) */
+        VITC_TRY(vitc__t2t_tokens(m, images, B, H, W, proj));
+    } else { /* Patch embedding: conv k = s = p is one GEMM over im2col rows. */
+        vit_im2col_ctx ic = {a->patches, images, Cin, H, W, p, gh, gw};
+        vitc__parallel_for(B * gh, vit_im2col_task, &ic);
+        VITC_TRY(vitc__linear_pw(proj, C, a->patches, K, m->pconv.data ? &m->pconv : NULL,
+                                 m->w.conv_w, m->w.conv_b, NULL, 0, B * P, C, K, 0));
+    }
     const float *pos = m->pos_used; /* [N, C] */
     for (int64_t b = 0; b < B; b++) {
         float *xb = vitc__va(a, 0, VA_X) + b * N * C; /* [N, C] */

@@ -141,6 +141,9 @@ static vitc_status vit_block_backward(vitc_vit *m, int l, vit_bwd *s) {
 vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits) {
     if (!m || !dlogits)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_backward: NULL model or dlogits");
+    if (m->t2t)
+        return vitc__err(VITC_ERR_UNSUPPORTED, "vitc_vit_backward: T2T-ViT runs forward only "
+                         "(inference)");
     if (m->n_prefix != 1 || m->head != VIT_HEAD_CLS)
         return vitc__err(VITC_ERR_UNSUPPORTED, "vitc_vit_backward: training a %s model (%d prefix "
                          "tokens, %s) is not supported", m->family, m->n_prefix,

@@ -11,6 +11,15 @@
 #include "../params.h"
 #include "../rng.h"
 
+/* T2T-ViT's token transformers (tokens_to_token.attention1/2), one role
+ * per tensor of a stage; QKV_B and PRM (the random features w) only in
+ * performer mode, whose kqv rows are [k; q; v]. */
+enum {
+    VIT_T2T_N1_W, VIT_T2T_N1_B, VIT_T2T_QKV_W, VIT_T2T_QKV_B, VIT_T2T_PROJ_W, VIT_T2T_PROJ_B,
+    VIT_T2T_N2_W, VIT_T2T_N2_B, VIT_T2T_FC1_W, VIT_T2T_FC1_B, VIT_T2T_FC2_W, VIT_T2T_FC2_B,
+    VIT_T2T_PRM, VIT_T2T_NROLE
+};
+
 /* Per-model tensors then per-layer tensors, in torchvision's state_dict
  * order; the table of a config is the model ones with the layer ones of
  * every block in between (see vitc__vit_table_build). */
@@ -22,6 +31,11 @@ enum {
     VIT_P_MAP_PROBE, VIT_P_MAP_QKV_W, VIT_P_MAP_QKV_B, VIT_P_MAP_PROJ_W, VIT_P_MAP_PROJ_B,
     VIT_P_MAP_LN_W, VIT_P_MAP_LN_B, VIT_P_MAP_FC1_W, VIT_P_MAP_FC1_B, VIT_P_MAP_FC2_W,
     VIT_P_MAP_FC2_B,
+    /* T2T-ViT (t2t_vit.c): attention1's VIT_T2T_* rows, attention2's, then
+     * tokens_to_token.project; first in its table, as in its state_dict. */
+    VIT_P_T2T0,
+    VIT_P_T2T_PROJ_W = VIT_P_T2T0 + 2 * VIT_T2T_NROLE,
+    VIT_P_T2T_PROJ_B,
     VIT_P_COUNT
 };
 /* Rows a model has: DIST only with a distillation token, REG only with
@@ -38,7 +52,11 @@ enum {
 typedef enum vitc__vit_naming {
     VIT_NAMES_TORCHVISION = 0, /* mlp.0 / mlp.3 */
     VIT_NAMES_TORCHVISION_V1 = 1, /* torchvision < 0.13: mlp.linear_1 / mlp.linear_2 */
-    VIT_NAMES_TIMM = 2
+    VIT_NAMES_TIMM = 2,
+    /* T2T-ViT: timm's names for the encoder, the stages' own names for
+     * its token transformers, per tokens_type (t2t_vit.c) */
+    VIT_NAMES_T2T_TRANSFORMER = 3,
+    VIT_NAMES_T2T_PERFORMER = 4
 } vitc__vit_naming;
 
 
@@ -55,6 +73,20 @@ typedef struct vitc__vit_block {
     float *fc2_b;           /* [C] */
     float *ls1, *ls2;       /* [C] layer scale (DINOv2), NULL without */
 } vitc__vit_block;
+
+/* One T2T token transformer: Token_transformer (norm1, attn.qkv without
+ * bias, attn.proj, norm2, mlp.fc1/fc2) or Token_performer (norm1, kqv,
+ * proj, norm2, mlp.0/mlp.2, w). T = token_dim, dim its input width. */
+typedef struct vitc__t2t_stage {
+    float *n1_w, *n1_b;     /* [dim] */
+    float *qkv_w;           /* [3T, dim]: rows [q; k; v] (transformer), [k; q; v] (performer) */
+    float *qkv_b;           /* [3T] performer only */
+    float *proj_w, *proj_b; /* [T, T], [T] */
+    float *n2_w, *n2_b;     /* [T] */
+    float *fc1_w, *fc1_b;   /* [T, T], [T] (mlp_ratio 1) */
+    float *fc2_w, *fc2_b;   /* [T, T], [T] */
+    float *prm;             /* [m, T] performer's random features, m = T / 2 */
+} vitc__t2t_stage;
 
 /* The model's own tensors; a second instance points into the gradients. */
 typedef struct vitc__vit_w {
@@ -74,6 +106,9 @@ typedef struct vitc__vit_w {
      * / [3C] and out_proj, LayerNorm, MLP [M, C] / [C, M]. */
     float *map_probe, *map_qkv_w, *map_qkv_b, *map_proj_w, *map_proj_b, *map_ln_w, *map_ln_b;
     float *map_fc1_w, *map_fc1_b, *map_fc2_w, *map_fc2_b;
+    vitc__t2t_stage t2t[2];   /* T2T-ViT's tokens_to_token.attention1 / 2 */
+    float *t2t_proj_w;        /* [C, 9T] tokens_to_token.project */
+    float *t2t_proj_b;        /* [C] */
 } vitc__vit_w;
 
 /* Per-family options of the one forward (vit.c); vitc_vit_create and the
@@ -147,6 +182,15 @@ struct vitc_vit {
     int mlp_act;           /* MLP activation: VIT_ACT_* */
     vitc__vit_head head;
     vitc__vit_pos_rule pos_rule;
+    float attn_scale;      /* the blocks' attention scale; 0: head_dim^-0.5 (T2T's qk_scale) */
+    /* T2T-ViT (t2t_vit.c): its tokens_to_token module replaces the patch
+     * embedding; 0 for every other family. */
+    int t2t;               /* VIT_NAMES_T2T_TRANSFORMER or _PERFORMER */
+    int t2t_dim;           /* token_dim T */
+    int no_qkv_bias;       /* qkv_bias false: the blocks' qkv.bias rows are zeros, not read */
+    vitc_layer *t2t_attn[2]; /* transformer mode: the engine's T2TAttention of each stage */
+    uint64_t t2t_synced;   /* wversion + 1 the layers' weights were copied at; 0: never */
+    vitc__buf t2t_buf;     /* the token module's activations */
     char family[32];       /* "torchvision", "timm", "hf-vit", "hf-deit" */
     char *ignored;         /* Hub tensors the forward does not use, NUL-separated */
     vitc__hf_proc proc;    /* the Hub model's image processor (present: 1) */
@@ -281,6 +325,23 @@ void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64
 /* The adjoint of vitc__bicubic_ac, accumulated into dsrc [ih*iw, C]. */
 void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_t ih, int64_t iw,
                                int64_t oh, int64_t ow);
+
+/* T2T-ViT (t2t_vit.c). configure: when st (with arch) is a T2T-ViT
+ * checkpoint, *is_t2t = 1 and m's config, options and arch name are set
+ * from its vitc.config, the preset, then its tensors. */
+vitc_status vitc__t2t_configure(vitc_vit *m, const vitc_safetensors *st, const char *arch,
+                                int *is_t2t);
+int vitc__t2t_has_row(const vitc_vit *m, int role);
+/* A T2T row's shape, slot and name (the stage names of naming). */
+void vitc__t2t_row(vitc__param *e, const vitc_vit *m);
+size_t vitc__t2t_slot(int role);
+const char *vitc__t2t_name(int role, vitc__vit_naming naming, char *buf, size_t cap);
+/* After the weights are bound: the engine layers of transformer mode. */
+vitc_status vitc__t2t_ready(vitc_vit *m);
+void vitc__t2t_free(vitc_vit *m);
+/* tokens_to_token(images [B, in, H, W]) -> out [B * g*g, C], H = W = 16 g. */
+vitc_status vitc__t2t_tokens(vitc_vit *m, const float *images, int64_t B, int64_t H, int64_t W,
+                             float *out);
 
 /* The attention view of qkv [B, N, 3, H, d] -> att [B, N, H, d] (vit.c). */
 vitc__sdpa_desc vitc__vit_attention(const vitc_vit *m, const float *qkv, float *att, int64_t B,

@@ -69,6 +69,10 @@ static const char *const vit_layer_names[3][VIT_L_COUNT] = {
 
 const char *vitc__vit_entry_name(const vitc__param *e, vitc__vit_naming naming, char *buf,
                                  size_t cap) {
+    if (e->layer < 0 && e->role >= VIT_P_T2T0)
+        return vitc__t2t_name(e->role, naming, buf, cap);
+    if (naming > VIT_NAMES_TIMM) /* T2T-ViT's encoder has timm's names */
+        naming = VIT_NAMES_TIMM;
     if (e->layer < 0) {
         snprintf(buf, cap, "%s", vit_model_names[naming][e->role]);
     } else {
@@ -198,8 +202,12 @@ static void vit_layer_row(vitc__param *e, const vitc_vit_config *c, int swiglu) 
 
 /* Whether the model has the row of role i (vit_internal.h). */
 static int vit_has_row(const vitc_vit *m, int i) {
+    if (i >= VIT_P_T2T0)
+        return vitc__t2t_has_row(m, i);
     if (i == VIT_P_CLS)
         return m->n_cls;
+    if (i == VIT_P_CONV_W || i == VIT_P_CONV_B) /* T2T's token module replaces conv_proj */
+        return !m->t2t;
     if (i >= VIT_P_MAP_PROBE)
         return m->head == VIT_HEAD_MAP;
     if (i == VIT_P_DIST)
@@ -228,12 +236,15 @@ vitc_status vitc__vit_table_build(vitc_vit *m) {
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate the parameter table (%d entries)", n);
     }
     int k = 0;
+    for (int i = VIT_P_T2T0; i < VIT_P_COUNT; i++) /* T2T's token module first */
+        if (vit_has_row(m, i))
+            t[k++] = (vitc__param){.role = i, .layer = -1};
     for (int i = VIT_P_CLS; i <= VIT_P_PRE_B; i++)
         if (vit_has_row(m, i))
             t[k++] = (vitc__param){.role = i, .layer = -1};
     for (int l = 0; l < c->depth; l++)
         for (int i = 0; i < per_layer; i++) t[k++] = (vitc__param){.role = i, .layer = l};
-    for (int i = VIT_P_LN_W; i < VIT_P_COUNT; i++)
+    for (int i = VIT_P_LN_W; i < VIT_P_T2T0; i++)
         if (vit_has_row(m, i))
             t[k++] = (vitc__param){.role = i, .layer = -1};
     /* Names, in the file's spelling, in one buffer (each under 160 bytes). */
@@ -252,7 +263,10 @@ vitc_status vitc__vit_table_build(vitc_vit *m) {
         memcpy(at, buf, len);
         t[i].name = at;
         at += len;
-        if (t[i].layer < 0) {
+        if (t[i].layer < 0 && t[i].role >= VIT_P_T2T0) {
+            vitc__t2t_row(&t[i], m);
+            t[i].slot = vitc__t2t_slot(t[i].role);
+        } else if (t[i].layer < 0) {
             vit_model_row(&t[i], c, m->n_prefix, m->n_reg,
                           (m->head == VIT_HEAD_CLS_MEAN ? 2 : 1) * c->hidden_dim);
             t[i].slot = vit_model_slot[t[i].role];
@@ -643,6 +657,8 @@ static vitc_status vit_check_tensors(const vitc_vit *m, const vitc_safetensors *
         const char *nm, *dt;
         int nd;
         const int64_t *shape;
+        if (j < 0 && m->no_qkv_bias && e->layer >= 0 && e->role == VIT_L_QKV_B)
+            continue; /* qkv_bias false (T2T-ViT): zeros, src[i] NULL */
         if (j < 0) {
             s = vitc__err(VITC_ERR_KEY, "missing tensor %s (expected %s)", name,
                           vitc__shape_str(want, sizeof want, e->ndim, e->shape));
@@ -672,7 +688,7 @@ static vitc_status vit_check_tensors(const vitc_vit *m, const vitc_safetensors *
         }
         s = vitc__err(VITC_ERR_KEY, "unexpected tensor %s %s in a %s-named ViT checkpoint", nm,
                       vitc__shape_str(have, sizeof have, nd, shape),
-                      m->naming == VIT_NAMES_TIMM ? "timm" : "torchvision");
+                      m->t2t ? "T2T-ViT" : m->naming == VIT_NAMES_TIMM ? "timm" : "torchvision");
     }
     free(used);
     return s;
@@ -692,9 +708,15 @@ static vitc_status vit_bind(vitc_vit *m) {
  * from its start; the caller hands st to the model. */
 static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int *adopt,
                              vitc_vit *m) {
-    const vit_preset *asked;
-    VITC_TRY(vit_detect_naming(st, &m->naming));
-    VITC_TRY(vit_resolve_config(m, st, arch, &asked));
+    const vit_preset *asked = NULL;
+    int t2t = 0;
+    VITC_TRY(vitc__t2t_configure(m, st, arch, &t2t));
+    if (!t2t) {
+        VITC_TRY(vit_detect_naming(st, &m->naming));
+        VITC_TRY(vit_resolve_config(m, st, arch, &asked));
+    } else if (adopt) { /* rows the file lacks (a qkv bias of zeros): copied out */
+        *adopt = 0;
+    }
     VITC_TRY(vitc__vit_table_build(m));
     const float **src = calloc((size_t)m->n_entries, sizeof *src);
     if (!src)
@@ -721,11 +743,16 @@ static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int *
         else if (!(m->params = vitc__calloc(m->n_params, sizeof(float))))
             s = vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu bytes of ViT parameters", bytes);
         for (int i = 0; s == VITC_OK && i < m->n_entries; i++)
-            memcpy(m->params + m->table[i].offset, src[i], m->table[i].numel * sizeof(float));
+            if (src[i]) /* else a row of zeros the file does not hold */
+                memcpy(m->params + m->table[i].offset, src[i], m->table[i].numel * sizeof(float));
     }
     if (s == VITC_OK)
         s = vit_bind(m);
     free(src);
+    if (t2t) {
+        snprintf(m->family, sizeof m->family, "t2t-vit");
+        return s == VITC_OK ? vitc__t2t_ready(m) : s;
+    }
     if (s == VITC_OK)
         vit_name_arch(m, asked);
     snprintf(m->family, sizeof m->family, m->naming == VIT_NAMES_TIMM ? "timm" : "torchvision");

@@ -122,7 +122,7 @@ static vitc_status vit_pack(vitc_vit *m, const struct vitc__gemm_kernel *kern) {
     }
     /* The patch embedding stays fp32 (3% of the FLOPs); the heads (several
      * shapes across families, 0.2%) stay row-major fp32. */
-    if (s == VITC_OK && kern)
+    if (s == VITC_OK && kern && m->w.conv_w) /* T2T-ViT has no patch conv */
         s = vit_pack_one(m, &m->pconv, m->w.conv_w, C, K, VITC_PRECISION_FP32);
     if (s != VITC_OK) {
         vitc__vit_rowmajor(m); /* what was packed (and released) goes back */

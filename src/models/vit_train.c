@@ -149,9 +149,10 @@ vitc_status vitc_vit_save(const vitc_vit *m, const char *path) {
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_save: NULL argument");
     /* vitc.config describes torchvision's architecture; a Hub family's
      * options (tokens, norms, activation, position rule) have no field there. */
-    if (m->proc.present)
+    if (m->proc.present || m->t2t)
         return vitc__err(VITC_ERR_UNSUPPORTED, "vitc_vit_save: a %s model cannot be saved as a "
-                         "torchvision-named checkpoint; keep its Hub directory", m->family);
+                         "torchvision-named checkpoint; keep its %s", m->family,
+                         m->t2t ? ".safetensors" : "Hub directory");
     /* Saving reads the row-major parameters: unpacked from the packed
      * weights when these were released (the model is not otherwise changed). */
     vitc__vit_rowmajor((vitc_vit *)m);
