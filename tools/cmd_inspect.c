@@ -281,8 +281,9 @@ int cmd_inspect(int argc, char **argv) {
         m = NULL;
         snprintf(why, sizeof why, "%s", vitc_last_error());
         vitc_vit *hm;
+        /* config.json beside it, or CLIP in open_clip's / timm's names */
         if (!arch && vitc_vit_load(path, NULL, &hm) == VITC_OK &&
-            strncmp(vitc_vit_family(hm), "hf-", 3) == 0) { /* config.json beside it */
+            (strncmp(vitc_vit_family(hm), "hf-", 3) == 0 || strstr(vitc_vit_family(hm), "clip"))) {
             int rc = inspect_hub(path, hm, json);
             vitc_vit_free(hm);
             vitc_safetensors_free(st);

@@ -284,7 +284,8 @@ static vitc_status hub_processor(vitc_vit *m, const char *dir) {
     static const float clip_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
     static const float clip_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
     const char *f = m->family;
-    int deit = !strcmp(f, "hf-deit"), bit = !strcmp(f, "hf-dinov2") || !strcmp(f, "hf-clip");
+    /* CLIP in any spelling (hf-clip, open-clip, timm-clip) has CLIP's processor */
+    int deit = !strcmp(f, "hf-deit"), bit = !strcmp(f, "hf-dinov2") || strstr(f, "clip") != NULL;
     int has_crop = deit || bit, int_square = !bit;
     vitc__hf_proc *p = &m->proc;
     memset(p, 0, sizeof *p);
@@ -410,15 +411,36 @@ static const char *const hub_clip_layer[VIT_L_COUNT] = {
     "layer_norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias",
     NULL, NULL};
 
+/* CLIP's vision tower in open_clip's (and OpenAI's) names, visual.*; its
+ * proj is [width, embed], applied as x @ proj. */
+static const char *const hub_openclip_model[VIT_P_COUNT] = {
+    "%sclass_embedding", "%sconv1.weight", NULL, "%spositional_embedding", NULL, NULL,
+    "%sln_pre.weight", "%sln_pre.bias", "%sln_post.weight", "%sln_post.bias", "%sproj", NULL};
+static const char *const hub_openclip_layer[VIT_L_COUNT] = {
+    "ln_1.weight", "ln_1.bias", "attn.in_proj_weight", "attn.in_proj_bias",
+    "attn.out_proj.weight", "attn.out_proj.bias", "ln_2.weight", "ln_2.bias",
+    "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias", NULL, NULL};
+/* ... and in timm's (vit_base_patch16_clip_224.openai: _convert_openai_clip's
+ * renames; head = proj transposed, its bias zeros). */
+static const char *const hub_timmclip_model[VIT_P_COUNT] = {
+    "%scls_token", "%spatch_embed.proj.weight", NULL, "%spos_embed", NULL, NULL,
+    "%snorm_pre.weight", "%snorm_pre.bias", "%snorm.weight", "%snorm.bias", "%shead.weight",
+    "%shead.bias"};
+static const char *const hub_timm_layer[VIT_L_COUNT] = {
+    "norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
+    "attn.proj.bias", "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias",
+    "mlp.fc2.weight", "mlp.fc2.bias", NULL, NULL};
+
 /* What differs per model_type; the rest is one code path. */
 typedef struct hub_family {
     const char *type, *family, *prefix; /* prefix: the head classes' base_model_prefix */
     const char *const *model, *const *layer;
     const char *layer_fmt;    /* "encoder.layer.%d." */
-    const char *const *qkv;   /* query/key/value or q/k/v */
+    const char *const *qkv;   /* query/key/value or q/k/v; NULL: one fused in_proj */
     float eps;
     int patch, dist, registers, layer_scale;
     vitc__vit_pos_rule pos;
+    int proj_t;               /* the projection stored [C, embed] (open_clip's visual.proj) */
 } hub_family;
 
 static const char *const hub_qkv_long[3] = {"query", "key", "value"};
@@ -426,28 +448,35 @@ static const char *const hub_qkv_short[3] = {"q", "k", "v"};
 #define HUB_V "encoder.layer.%d."
 static const hub_family hub_families[] = {
     {"vit", "hf-vit", "vit.", hub_vit_model, hub_vit_layer, HUB_V, hub_qkv_long, 1e-12f, 16, 0, 0,
-     0, VIT_POS_HALF_PIXEL},
+     0, VIT_POS_HALF_PIXEL, 0},
     {"deit", "hf-deit", "deit.", hub_vit_model, hub_vit_layer, HUB_V, hub_qkv_long, 1e-12f, 16, 1,
-     0, 0, VIT_POS_HALF_PIXEL},
+     0, 0, VIT_POS_HALF_PIXEL, 0},
     /* DINOv2 resamples its 37x37 grid on every call: transformers >= 4.45's
      * rule, with antialias for the registers model (PR #35411). */
     {"dinov2", "hf-dinov2", "dinov2.", hub_vit_model, hub_dinov2_layer, HUB_V, hub_qkv_long, 1e-6f,
-     14, 0, 0, 1, VIT_POS_HALF_PIXEL},
+     14, 0, 0, 1, VIT_POS_HALF_PIXEL, 0},
     {"dinov2_with_registers", "hf-dinov2", "dinov2_with_registers.", hub_vit_model,
-     hub_dinov2_layer, HUB_V, hub_qkv_long, 1e-6f, 14, 0, 4, 1, VIT_POS_ANTIALIAS},
+     hub_dinov2_layer, HUB_V, hub_qkv_long, 1e-6f, 14, 0, 4, 1, VIT_POS_ANTIALIAS, 0},
     /* CLIP's vision tower: the CLIPModel file nests its config in
      * vision_config; "vision_model." is a module name, not a stripped prefix. */
     {"clip", "hf-clip", "vision_model.", hub_clip_model, hub_clip_layer, "encoder.layers.%d.",
-     hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL},
+     hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL, 0},
     {"clip_vision_model", "hf-clip", "vision_model.", hub_clip_model, hub_clip_layer,
-     "encoder.layers.%d.", hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL},
+     "encoder.layers.%d.", hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL, 0},
     /* SigLIP: no class token, an attention-pooling head; its position grid
      * still resampled by the legacy +0.1 scale factor. */
     {"siglip", "hf-siglip", "vision_model.", hub_siglip_model, hub_clip_layer,
-     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_LEGACY},
+     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_LEGACY, 0},
     {"siglip_vision_model", "hf-siglip", "vision_model.", hub_siglip_model, hub_clip_layer,
-     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_LEGACY},
+     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_LEGACY, 0},
 };
+/* CLIP towers outside transformers' names (vitc__vit_load_clip_names). */
+static const hub_family hub_openclip = {"open_clip", "open-clip", "visual.", hub_openclip_model,
+                                        hub_openclip_layer, "transformer.resblocks.%d.", NULL,
+                                        1e-5f, 16, 0, 0, 0, VIT_POS_HALF_PIXEL, 1};
+static const hub_family hub_timmclip = {"timm_clip", "timm-clip", "", hub_timmclip_model,
+                                        hub_timm_layer, "blocks.%d.", NULL, 1e-5f, 16, 0, 0, 0,
+                                        VIT_POS_HALF_PIXEL, 0};
 
 /* The Hub name of a model row: "%s" takes the backbone prefix; NULL: the
  * family has no such tensor (zeros: CLIP's patch conv bias and projection
@@ -500,12 +529,23 @@ static vitc_status hub_fill_row(const vitc_vit *m, const hub_src *h, const vitc_
             memset(dst, 0, e->numel * sizeof(float)); /* a bias the family does not have */
             return VITC_OK;
         }
+        if (e->role == VIT_P_HEAD_W && fam->proj_t) { /* [C, K] in the file: transposed here */
+            int64_t K = e->shape[0], C = e->shape[1], want[2] = {C, K};
+            float *t = malloc((size_t)(K * C) * sizeof(float));
+            if (!t)
+                return vitc__err(VITC_ERR_NOMEM, "cannot transpose %s", name);
+            vitc_status s = hub_take(h, name, want, 2, 0, t);
+            for (int64_t i = 0; s == VITC_OK && i < C; i++)
+                for (int64_t j = 0; j < K; j++) dst[j * C + i] = t[i * K + j];
+            free(t);
+            return s;
+        }
         return hub_take(h, name, e->shape, e->ndim, e->role == VIT_P_CLS || e->role == VIT_P_POS,
                         dst);
     }
     int n = snprintf(name, sizeof name, "%s", pre);
     n += snprintf(name + n, sizeof name - (size_t)n, fam->layer_fmt, e->layer);
-    if (e->role != VIT_L_QKV_W && e->role != VIT_L_QKV_B) {
+    if ((e->role != VIT_L_QKV_W && e->role != VIT_L_QKV_B) || !fam->qkv) {
         static const char *const swiglu[4] = {"mlp.weights_in.weight", "mlp.weights_in.bias",
                                               "mlp.weights_out.weight", "mlp.weights_out.bias"};
         int sw = m->swiglu && e->role >= VIT_L_FC1_W && e->role <= VIT_L_FC2_B;
@@ -556,8 +596,11 @@ static vitc_status hub_leftovers(vitc_vit *m, const hub_src *h) {
                 if (h->used[i][j] ||
                     vitc_safetensors_tensor(h->st[i], j, &nm, &dt, &nd, &shape, &data) != VITC_OK)
                     continue;
-                if (!hub_ignorable(nm, !strcmp(m->family, "hf-clip") ||
-                                           !strcmp(m->family, "hf-siglip"))) {
+                /* open_clip / OpenAI files: everything outside visual. (the
+                 * text tower, logit_scale, OpenAI's ints) is not the image tower's */
+                int other = !strcmp(m->family, "open-clip") && strncmp(nm, "visual.", 7) != 0;
+                if (!other && !hub_ignorable(nm, !strcmp(m->family, "hf-clip") ||
+                                                     !strcmp(m->family, "hf-siglip"))) {
                     char b[96];
                     return vitc__err(VITC_ERR_KEY, "unexpected tensor %s %s in %s (not part of a "
                                      "%s model with this config)", nm,
@@ -590,6 +633,23 @@ static vitc_status hub_mlp_ratio(json_t *cfg, int D, int *mlp) {
         return vitc__err(VITC_ERR_FORMAT, "config.json: mlp_ratio must be a positive number");
     *mlp = (int)(v * D);
     return *mlp >= 1 ? VITC_OK : vitc__err(VITC_ERR_FORMAT, "config.json: mlp_ratio too small");
+}
+
+/* The table for m's config and options, filled from the Hub's names. */
+static vitc_status hub_finish(vitc_vit *m, const hub_src *h, const hub_family *fam, int mean2,
+                              const char *pre, int qkv_bias) {
+    VITC_TRY(vitc__vit_table_build(m));
+    size_t bytes;
+    if (!vitc__mul_size(m->n_params, sizeof(float), &bytes) ||
+        !(m->params = vitc__calloc(m->n_params, sizeof(float))))
+        return vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu ViT parameters", m->n_params);
+    for (int i = 0; i < m->n_entries; i++)
+        VITC_TRY(hub_fill_row(m, h, &m->table[i], fam, mean2, pre, qkv_bias));
+    VITC_TRY(hub_leftovers(m, h));
+    vitc__params_bind(m->table, m->n_entries, m->params, &m->w, m->blocks, sizeof *m->blocks);
+    if (!(m->id = vitc__handle_register()))
+        return vitc__err(VITC_ERR_NOMEM, "cannot register the model");
+    return VITC_OK;
 }
 
 static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src *h) {
@@ -734,17 +794,7 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
         VITC_TRY(hub_labels(m, labels, c->num_classes));
     }
     VITC_TRY(hub_processor(m, dir));
-    VITC_TRY(vitc__vit_table_build(m));
-    size_t bytes;
-    if (!vitc__mul_size(m->n_params, sizeof(float), &bytes) ||
-        !(m->params = vitc__calloc(m->n_params, sizeof(float))))
-        return vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu ViT parameters", m->n_params);
-    for (int i = 0; i < m->n_entries; i++)
-        VITC_TRY(hub_fill_row(m, h, &m->table[i], fam, mean2, pre, qkv_bias));
-    VITC_TRY(hub_leftovers(m, h));
-    vitc__params_bind(m->table, m->n_entries, m->params, &m->w, m->blocks, sizeof *m->blocks);
-    if (!(m->id = vitc__handle_register()))
-        return vitc__err(VITC_ERR_NOMEM, "cannot register the model");
+    VITC_TRY(hub_finish(m, h, fam, mean2, pre, qkv_bias));
     snprintf(m->arch, sizeof m->arch, "%.31s", *arch ? arch : type);
     return VITC_OK;
 }
@@ -758,11 +808,37 @@ vitc_status vitc__vit_load_hub(const char *dir, const char *weights, vitc_vit **
     vitc_status s = VITC_OK;
     if (!cfg_path)
         return vitc__err(VITC_ERR_NOMEM, "out of memory");
-    if (!hub_exists(cfg_path))
+    if (!hub_exists(cfg_path)) {
+        /* An open_clip Hub directory: open_clip_config.json and its weights. */
+        char *oc = hub_join(dir, "open_clip_config.json");
+        char *ow = weights ? NULL : hub_join(dir, "open_clip_model.safetensors");
+        int openclip = oc && hub_exists(oc) && (weights || (ow && hub_exists(ow)));
+        free(oc);
+        if (openclip) {
+            s = vitc__vit_load_clip_names(dir, weights ? weights : ow, 0, out);
+            free(ow);
+            free(cfg_path);
+            return s;
+        }
+        free(ow);
         s = vitc__err(VITC_ERR_IO, "%s: no config.json (a Hub model directory holds config.json "
-                      "and model.safetensors)", dir);
+                      "and model.safetensors; open_clip's, open_clip_config.json and "
+                      "open_clip_model.safetensors)", dir);
+    }
     if (s == VITC_OK)
         s = hub_read_json(cfg_path, &cfg);
+    if (s == VITC_OK && !json_object_get(cfg, "model_type") &&
+        json_is_string(json_object_get(cfg, "architecture"))) {
+        /* timm's Hub layout (config.json names the architecture): its
+         * model.safetensors as a lone file, which has timm's names. */
+        wpath = weights ? NULL : hub_join(dir, "model.safetensors");
+        s = wpath || weights ? vitc_vit_load(weights ? weights : wpath, NULL, out)
+                             : vitc__err(VITC_ERR_NOMEM, "out of memory");
+        json_decref(cfg);
+        free(cfg_path);
+        free(wpath);
+        return s;
+    }
     if (s == VITC_OK && !weights) {
         wpath = hub_join(dir, "model.safetensors");
         if (wpath && !hub_exists(wpath)) {
@@ -793,6 +869,165 @@ vitc_status vitc__vit_load_hub(const char *dir, const char *weights, vitc_vit **
     json_decref(cfg);
     free(cfg_path);
     free(wpath);
+    *out = m;
+    return s;
+}
+
+/* ------------------------------------------------------------------ */
+/* CLIP towers in open_clip's / OpenAI's and timm's names             */
+/* ------------------------------------------------------------------ */
+
+int vitc__vit_clip_names(const vitc_safetensors *st) {
+    if (vitc_safetensors_find(st, "visual.conv1.weight") >= 0)
+        return 1;
+    if (vitc_safetensors_find(st, "norm_pre.weight") >= 0 &&
+        vitc_safetensors_find(st, "cls_token") >= 0 &&
+        vitc_safetensors_find(st, "blocks.0.attn.qkv.weight") >= 0)
+        return 2;
+    return 0;
+}
+
+/* 3 numbers of a JSON array into f (left as they are otherwise). */
+static void clip_floats3(json_t *a, float *f) {
+    if (!json_is_array(a) || json_array_size(a) != 3)
+        return;
+    for (int i = 0; i < 3; i++)
+        if (!json_is_number(json_array_get(a, (size_t)i)))
+            return;
+    for (int i = 0; i < 3; i++) f[i] = (float)json_number_value(json_array_get(a, (size_t)i));
+}
+
+/* The config from the tensors (CLIP's heads = width / 64 unless
+ * open_clip_config.json's head_width says), the activation and mean/std
+ * from the config beside the file: open_clip's model_cfg.quick_gelu,
+ * timm's architecture (*quickgelu*) or pretrained tag (openai); OpenAI's
+ * quick-GELU when there is no config. */
+static vitc_status clip_names_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src *h,
+                                    int timm) {
+    const hub_family *fam = timm ? &hub_timmclip : &hub_openclip;
+    const char *pre = fam->prefix;
+    vitc_vit_config *c = &m->cfg;
+    char name[200];
+    const float *d;
+    int nd;
+    const int64_t *sh;
+    memset(c, 0, sizeof *c);
+    snprintf(name, sizeof name, fam->model[VIT_P_CONV_W], pre);
+    if (!hub_find(h, name, &d, &nd, &sh) || nd != 4 || sh[2] != sh[3] || sh[0] < 1 ||
+        sh[0] > HUB_MAX_DIM || sh[1] < 1 || sh[1] > 64 || sh[2] < 1 || sh[2] > 4096)
+        return vitc__err(VITC_ERR_SHAPE, "missing or malformed tensor %s (expected [width, "
+                         "channels, patch, patch])", name);
+    c->hidden_dim = (int)sh[0], c->in_channels = (int)sh[1], c->patch_size = (int)sh[2];
+    snprintf(name, sizeof name, fam->model[VIT_P_POS], pre);
+    int64_t n = 0, g = 0;
+    if (hub_find(h, name, &d, &nd, &sh) && (nd == 2 || nd == 3) && sh[nd - 2] > 1 &&
+        sh[nd - 2] <= HUB_MAX_DIM) {
+        n = sh[nd - 2] - 1;
+        g = (int64_t)llround(sqrt((double)n));
+    }
+    if (!g || g * g != n || g * c->patch_size > HUB_MAX_DIM)
+        return vitc__err(VITC_ERR_SHAPE, "missing or malformed tensor %s (expected [1 + g*g, "
+                         "%d] positions of a square grid)", name, c->hidden_dim);
+    c->image_size = (int)(g * c->patch_size);
+    int depth = 0;
+    for (;; depth++) {
+        int k = snprintf(name, sizeof name, "%s", pre);
+        k += snprintf(name + k, sizeof name - (size_t)k, fam->layer_fmt, depth);
+        snprintf(name + k, sizeof name - (size_t)k, "%s", fam->layer[VIT_L_QKV_W]);
+        if (depth >= HUB_MAX_DEPTH || !hub_find(h, name, &d, &nd, &sh))
+            break;
+    }
+    int k = snprintf(name, sizeof name, "%s", pre);
+    k += snprintf(name + k, sizeof name - (size_t)k, fam->layer_fmt, 0);
+    snprintf(name + k, sizeof name - (size_t)k, "%s", fam->layer[VIT_L_FC1_W]);
+    if (!depth || !hub_find(h, name, &d, &nd, &sh) || nd != 2 || sh[0] < 1 || sh[0] > HUB_MAX_DIM)
+        return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (cannot infer the blocks)",
+                         name);
+    c->depth = depth, c->mlp_dim = (int)sh[0];
+    json_t *mc = json_object_get(cfg, "model_cfg"), *pc = json_object_get(cfg, "pretrained_cfg");
+    json_t *hw = json_object_get(json_object_get(mc, "vision_cfg"), "head_width");
+    int64_t head_width = json_is_integer(hw) ? json_integer_value(hw) : 64;
+    if (head_width < 1 || c->hidden_dim % head_width)
+        return vitc__err(VITC_ERR_SHAPE, "CLIP width %d is not a multiple of the head width "
+                         "%lld (open_clip's head_width, 64 unless its config says)", c->hidden_dim,
+                         (long long)head_width);
+    c->num_heads = (int)(c->hidden_dim / head_width);
+    c->norm_eps = fam->eps;
+    int quick = 1;
+    if (cfg && !timm) {
+        quick = json_is_true(json_object_get(mc, "quick_gelu"));
+    } else if (cfg) {
+        json_t *a = json_object_get(cfg, "architecture"), *t = json_object_get(pc, "tag");
+        quick = (json_is_string(a) && strstr(json_string_value(a), "quickgelu")) ||
+                (json_is_string(t) && strstr(json_string_value(t), "openai"));
+    }
+    m->mlp_act = quick ? VIT_ACT_QUICK_GELU : VIT_ACT_GELU;
+    m->n_cls = m->n_prefix = 1;
+    m->pre_norm = 1;
+    m->final_cls_only = !timm; /* open_clip's ln_post acts on the pooled token; timm's norm on all */
+    m->pos_rule = fam->pos;
+    m->naming = VIT_NAMES_TORCHVISION;
+    snprintf(m->family, sizeof m->family, "%s", fam->family);
+    snprintf(name, sizeof name, fam->model[VIT_P_HEAD_W], pre);
+    m->head = VIT_HEAD_NONE;
+    if (hub_find(h, name, &d, &nd, &sh)) {
+        int64_t C = c->hidden_dim, K = nd == 2 ? sh[fam->proj_t ? 1 : 0] : 0;
+        if (nd != 2 || sh[fam->proj_t ? 0 : 1] != C || K < 1 || K > HUB_MAX_DIM)
+            return vitc__err(VITC_ERR_SHAPE, "tensor %s: expected %s", name,
+                             fam->proj_t ? "[width, embed_dim]" : "[embed_dim, width]");
+        c->num_classes = (int)K;
+        m->head = VIT_HEAD_PROJ;
+    }
+    VITC_TRY(hub_processor(m, dir));
+    /* CLIP's processor at the model's own size, with the config's statistics */
+    vitc__hf_proc *p = &m->proc;
+    char *pp = hub_join(dir, "preprocessor_config.json");
+    int has_pp = pp && hub_exists(pp);
+    free(pp);
+    if (!has_pp) {
+        p->shortest = p->crop_h = p->crop_w = c->image_size;
+        json_t *src = timm ? pc : json_object_get(cfg, "preprocess_cfg");
+        clip_floats3(json_object_get(src, "mean"), p->mean);
+        clip_floats3(json_object_get(src, "std"), p->std);
+        for (int i = 0; i < 3; i++) {
+            if (!(p->std[i] > 0.0f) || !isfinite(p->mean[i]))
+                return vitc__err(VITC_ERR_FORMAT, "the config's mean/std[%d] = %g/%g is invalid",
+                                 i, (double)p->mean[i], (double)p->std[i]);
+            c->mean[i] = p->mean[i], c->std[i] = p->std[i];
+        }
+    }
+    VITC_TRY(hub_finish(m, h, fam, 0, pre, 1));
+    json_t *a = json_object_get(cfg, "architecture");
+    snprintf(m->arch, sizeof m->arch, "%.31s",
+             timm && json_is_string(a) ? json_string_value(a) : fam->type);
+    return VITC_OK;
+}
+
+vitc_status vitc__vit_load_clip_names(const char *dir, const char *weights, int timm,
+                                      vitc_vit **out) {
+    *out = NULL;
+    hub_src h = {0};
+    json_t *cfg = NULL;
+    vitc_vit *m = NULL;
+    char *cp = hub_join(dir, timm ? "config.json" : "open_clip_config.json");
+    vitc_status s = cp ? VITC_OK : vitc__err(VITC_ERR_NOMEM, "out of memory");
+    if (s == VITC_OK && hub_exists(cp))
+        s = hub_read_json(cp, &cfg);
+    if (s == VITC_OK)
+        s = hub_open_weights(&h, dir, weights);
+    if (s == VITC_OK && !(m = vitc__vit_alloc()))
+        s = vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
+    if (s == VITC_OK)
+        s = clip_names_build(m, dir, cfg, &h, timm);
+    if (s != VITC_OK) {
+        vitc_vit_free(m);
+        m = NULL;
+        if (!strstr(vitc_last_error(), weights))
+            vitc__err_prefix(s, "%s", weights);
+    }
+    hub_src_free(&h);
+    json_decref(cfg);
+    free(cp);
     *out = m;
     return s;
 }

@@ -269,6 +269,13 @@ vitc_vit *vitc__vit_alloc(void);
 /* A Hugging Face Hub model: dir holds config.json; weights is the
  * .safetensors or .index.json to read, or NULL for dir's own (vit_hub.c). */
 vitc_status vitc__vit_load_hub(const char *dir, const char *weights, vitc_vit **out);
+/* CLIP's vision tower in open_clip's / OpenAI's names (visual.*): 1; in
+ * timm's (norm_pre, blocks.N): 2; else 0. */
+int vitc__vit_clip_names(const vitc_safetensors *st);
+/* Such a tower from weights (a .safetensors), the config beside it in dir
+ * (open_clip_config.json, timm's config.json) read when there (vit_hub.c). */
+vitc_status vitc__vit_load_clip_names(const char *dir, const char *weights, int timm,
+                                      vitc_vit **out);
 
 /* Build m->table for m->cfg in m->naming's spelling (sizes overflow-checked),
  * with 64-byte aligned offsets and n_params, and allocate blocks. */

@@ -875,6 +875,20 @@ vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out) {
     vitc_safetensors *st = NULL;
     vitc_vit *m = NULL;
     vitc_status s = vitc_safetensors_load(path, &st);
+    int clip = s == VITC_OK ? vitc__vit_clip_names(st) : 0;
+    if (clip) { /* a CLIP tower in open_clip's or timm's names: the Hub loader's CLIP path */
+        vitc_safetensors_free(st);
+        const char *slash = strrchr(path, '/');
+        size_t dlen = slash ? (size_t)(slash - path) : 1;
+        char *d = malloc(dlen + 1);
+        if (!d)
+            return vitc__err(VITC_ERR_NOMEM, "out of memory");
+        memcpy(d, slash ? path : ".", dlen);
+        d[dlen] = '\0';
+        s = vitc__vit_load_clip_names(d, path, clip == 2, out);
+        free(d);
+        return s;
+    }
     if (s == VITC_OK && !(m = vitc__vit_alloc()))
         s = vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
     int adopted = 1;
