@@ -40,6 +40,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 
+_HUB_FLOPS = ("B·(2·P·D·3·p² + 12·(2·N·D·3D + 4·N²·D + 2·N·D² + 4·N·D·M) + 2·D·E), "
+              "P = %s patches, N = %s tokens, D = 768, M = 3072, projection E = %s")
 _VIT_FLOPS = ("B·(2·P·D·3·16² + 12·(2·N·D·3D + 4·N²·D + 2·N·D² + 4·N·D·M) + 2·D·1000), "
               "P = 196 patches, N = 197 tokens, D = 768, M = 3072")
 # name: (what, shape, GFLOP formula text, timed forwards per child)
@@ -65,11 +67,29 @@ WORKLOADS = {
     "sdpa_bwd": ("attention backward: dQ, dK, dV of softmax(QKᵀ/√d)V given dOut (PyTorch: "
                  "autograd through matmul-softmax-matmul, graph kept from one forward)",
                  "q,k,v [1,8,4096,64]", "8·B·H·L·S·d (2 × forward)", 3),
+    # Hub image encoders (issue 10), random weights: vitc loads the Hub
+    # directory (config.json + model.safetensors), PyTorch runs the
+    # transformers-equivalent forward of tests/reference/hf_ref.py.
+    "dinov2_b14_b1": ("DINOv2-B/14 (Dinov2Model) pooler_output at 224 px, its 37×37 position grid "
+                      "resampled (bicubic) as on every call; PyTorch: tests/reference/hf_ref.py",
+                      "[1,3,224,224]", _HUB_FLOPS % ("256", "257", "0"), 5),
+    "dinov2_b14_b8": ("the same, batch 8", "[8,3,224,224]", _HUB_FLOPS % ("256", "257", "0"), 3),
+    "clip_b16_b1": ("CLIP ViT-B/16 image tower (CLIPVisionModelWithProjection) image_embeds; "
+                    "PyTorch: tests/reference/hf_ref.py", "[1,3,224,224]",
+                    _HUB_FLOPS % ("196", "197", "512"), 5),
+    "clip_b16_b8": ("the same, batch 8", "[8,3,224,224]", _HUB_FLOPS % ("196", "197", "512"), 3),
+    "embed_1000": ("`vitc embed --out x.npy` with the DINOv2-B/14 Hub directory over 1,000 "
+                   "generated photos (JPEG and PNG, 120–640 px sides): decode, the model's "
+                   "processor, forward (batch 8), writing; vitc only", "1000 files",
+                   "1000 × the dinov2 per-image count", 1),
 }
 VIT = ("vit_b16_b1", "vit_b16_b8")
+HUB = ("dinov2_b14_b1", "dinov2_b14_b8", "clip_b16_b1", "clip_b16_b8")
+EMBED_IMAGES = 1000  # --embed-images changes it (a test of the driver)
 TRAIN = ("train_fmnist", "train_vit_b16_b8", "sdpa_bwd")
 # --only accepts these group names too (make bench BENCH_ONLY=train).
-GROUPS = {"train": TRAIN, "inference": tuple(n for n in WORKLOADS if n not in TRAIN)}
+GROUPS = {"train": TRAIN, "inference": tuple(n for n in WORKLOADS if n not in TRAIN),
+          "hub": HUB + ("embed_1000",)}
 # The Fashion-MNIST ViT of issue 8.
 FMNIST = dict(image_size=28, patch_size=4, in_channels=1, num_layers=6, num_heads=4,
               hidden_dim=96, mlp_dim=192, num_classes=10, batch=128)
@@ -110,6 +130,10 @@ def flops_of(name):
         if QUICK:
             return 3 * vit_flops(q["batch"], q["image_size"], 16, 3, 768, q["depth"], 3072, 1000)
         return 3 * vit_flops(8, 224, 16, 3, 768, 12, 3072, 1000)
+    if name in HUB or name == "embed_1000":
+        dino = name != "clip_b16_b1" and name != "clip_b16_b8"
+        B = EMBED_IMAGES if name == "embed_1000" else 8 if name.endswith("_b8") else 1
+        return vit_flops(B, 224, 14 if dino else 16, 3, 768, 12, 3072, 0 if dino else 512)
     B = 1 if name == "vit_b16_b1" else 8
     return vit_flops(B, 224, 16, 3, 768, 12, 3072, 1000)
 
@@ -198,6 +222,15 @@ def _torch_workload(name, weights=None):
         return lambda: m(x)
     if name in TRAIN:
         return _torch_train_workload(name)
+    if name in HUB:
+        cfg = hub_config(name)  # puts tests/reference on the path
+        import hf_ref
+        x = torch.randn(8 if name.endswith("_b8") else 1, 3, 224, 224)
+        if name.startswith("dinov2"):
+            sd = hf_ref.random_state(cfg, 0)
+            return lambda: hf_ref.forward(sd, cfg, x)[1][:, 0]  # pooler_output
+        sd, _ = hf_ref.clip_random_state(cfg, 0, text=False, position_ids=False)
+        return lambda: hf_ref.clip_forward(sd, cfg, x)[2]  # image_embeds
     if name in VIT:
         import torchvision
         m = torchvision.models.vit_b_16().eval()
@@ -263,6 +296,9 @@ def torch_child(name, threads, repeat, weights=None):
     torch.set_num_threads(threads)
     if name in VIT or name in TRAIN:
         import torchvision  # noqa: F401  (imported before the baseline)
+    if name in HUB:
+        hub_config(name)
+        import hf_ref  # noqa: F401  (imported before the baseline)
     hwm_reset = _reset_hwm()
     base = _status_kb("VmRSS")
     import contextlib
@@ -293,6 +329,86 @@ def torch_child(name, threads, repeat, weights=None):
                       "built_rss_kb": built, "run_hwm_kb": run_hwm, "hwm_reset": hwm_reset}))
 
 
+def hub_config(name):
+    """config.json of the random-weight DINOv2-B/14 (facebook/dinov2-base's
+    shapes: image_size 518) or CLIP ViT-B/16 image tower."""
+    sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+    import hf_ref
+    if name.startswith("dinov2") or name == "embed_1000":
+        return hf_ref.dinov2_config(hidden=768, layers=12, heads=12, mlp_ratio=4.0, image=518,
+                                    patch=14)
+    return hf_ref.clip_config("clip_vision_model", hidden=768, layers=12, heads=12, mlp=3072,
+                              image=224, patch=16, proj=512)
+
+
+def export_hub(d):
+    """Both Hub directories (seed 0, the PyTorch children's weights) under d."""
+    cfg = hub_config("dinov2_b14_b1")  # puts tests/reference on the path
+    import hf_ref
+    hf_ref.save_hub(os.path.join(d, "dinov2-base"), hf_ref.random_state(cfg, 0), cfg, prefix=False)
+    cfg = hub_config("clip_b16_b1")
+    sd, ints = hf_ref.clip_random_state(cfg, 0, text=False, position_ids=False)
+    hf_ref.save_clip(os.path.join(d, "clip-vit-base-patch16"), sd, ints, cfg)
+    print(json.dumps({"status": "ok"}))
+
+
+def make_photos(d, n):
+    """n photos of mixed sizes and formats from the test photos: random
+    crops, scales and flips, every other one JPEG (quality 90) or PNG."""
+    import random
+    from PIL import Image
+    rng = random.Random(0)
+    srcs = [Image.open(os.path.join(ROOT, "tests", "data", f)).convert("RGB")
+            for f in ("photo.jpg", "photo.png")]
+    paths = []
+    for i in range(n):
+        im = srcs[i % 2]
+        w, h = im.size
+        cw, ch = rng.randint(w // 3, w), rng.randint(h // 3, h)
+        x0, y0 = rng.randint(0, w - cw), rng.randint(0, h - ch)
+        side = rng.randint(120, 640)
+        s = side / max(cw, ch)
+        out = im.crop((x0, y0, x0 + cw, y0 + ch)).resize((max(1, int(cw * s)), max(1, int(ch * s))),
+                                                         Image.BICUBIC)
+        if rng.random() < 0.5:
+            out = out.transpose(Image.FLIP_LEFT_RIGHT)
+        p = os.path.join(d, "img%04d.%s" % (i, "jpg" if i % 2 == 0 else "png"))
+        out.save(p, quality=90) if i % 2 == 0 else out.save(p)
+        paths.append(p)
+    print(json.dumps({"status": "ok", "n": len(paths)}))
+
+
+def embed_child(vitc, model, photos, threads):
+    """vitc embed over every photo in one process, timed end to end (the
+    clock around the process), then the forward alone: vitc bench's
+    dinov2_b14_b8 row on the same model, times the batches embed ran."""
+    files = sorted(os.path.join(photos, f) for f in os.listdir(photos))
+    out = os.path.join(photos, "..", "embed_1000.npy")
+    argv = [vitc, "embed", "--model", model, "--out", out, "--quiet", "--batch", "8",
+            "--threads", str(threads)] + files
+    import resource
+    times, fwd = [], None
+    t0 = time.perf_counter()
+    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    times.append(1e3 * (time.perf_counter() - t0))
+    maxrss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # vitc embed's peak
+    if p.returncode != 0:
+        print(json.dumps({"status": "failed", "error": p.stderr.decode()[-300:]}))
+        return
+    r = subprocess.run([vitc, "bench", "--json", "--quiet", "--no-peak", "--only", "dinov2_b14_b8",
+                        "--threads", str(threads), "--repeat", "3", "--model", model],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        w = json.loads(r.stdout.decode())["workloads"][0]
+        fwd = w["median_ms"] * math.ceil(len(files) / 8)
+    except (ValueError, KeyError, IndexError):
+        pass
+    print(json.dumps({"name": "embed_1000", "status": "ok", "threads": threads, "times_ms": times,
+                      "images": len(files), "forward_ms": fwd, "base_rss_kb": 0,
+                      "built_hwm_kb": 0, "built_rss_kb": 0, "run_hwm_kb": maxrss,
+                      "hwm_reset": False}))
+
+
 def export_vit(path):
     """torchvision vit_b_16 with random weights (seed 0) -> safetensors with
     the architecture in metadata, for `vitc bench --model`."""
@@ -316,12 +432,13 @@ def export_vit(path):
 
 
 
-def run_child(argv, env):
+def run_child(argv, env, timeout=None):
     """Run one child; return (parsed JSON, max RSS of the process in KiB).
     os.wait4 gives this child's own rusage (RUSAGE_CHILDREN would sum)."""
     with tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as out_f:
         p = subprocess.Popen(argv, stdout=out_f, stderr=err, env=env)
-        deadline = time.time() + CHILD_TIMEOUT
+        timeout = timeout or CHILD_TIMEOUT
+        deadline = time.time() + timeout
         while True:
             pid, status, ru = os.wait4(p.pid, os.WNOHANG)
             if pid:
@@ -330,7 +447,7 @@ def run_child(argv, env):
                 p.kill()
                 _, status, ru = os.wait4(p.pid, 0)
                 p.returncode = 0
-                return {"status": "failed", "error": "timed out after %d s" % CHILD_TIMEOUT}, \
+                return {"status": "failed", "error": "timed out after %d s" % timeout}, \
                     ru.ru_maxrss
             time.sleep(0.02)
         p.returncode = os.waitstatus_to_exitcode(status)
@@ -540,6 +657,7 @@ def best_torch(s):
 
 
 def main():
+    global QUICK, EMBED_IMAGES
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the markdown table here (and the raw data to .json)")
     ap.add_argument("--only", help="comma-separated workloads or groups (train, inference; "
@@ -556,15 +674,27 @@ def main():
                     "CPU; default), 'inherit' (keep the environment's), or a core name")
     ap.add_argument("--quick", action="store_true",
                     help="tiny sizes of the training workloads (tests the driver; not a benchmark)")
+    ap.add_argument("--embed-images", type=int, default=EMBED_IMAGES,
+                    help="photos for embed_1000 (default 1000; fewer only to test the driver)")
     ap.add_argument("--torch-child", metavar="NAME", help=argparse.SUPPRESS)
+    ap.add_argument("--export-hub", metavar="DIR", help=argparse.SUPPRESS)
+    ap.add_argument("--make-photos", metavar="DIR", help=argparse.SUPPRESS)
+    ap.add_argument("--embed-child", metavar="DIR", help=argparse.SUPPRESS)
+    ap.add_argument("--child-model", metavar="DIR", help=argparse.SUPPRESS)
     ap.add_argument("--child-threads", type=int, default=1, help=argparse.SUPPRESS)
     ap.add_argument("--child-repeat", type=int, default=5, help=argparse.SUPPRESS)
     ap.add_argument("--export-vit", metavar="PATH", help=argparse.SUPPRESS)
     ap.add_argument("--export-vit-pth", metavar="PATH", help=argparse.SUPPRESS)
     ap.add_argument("--child-weights", metavar="PATH", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    global QUICK
     QUICK = args.quick
+    EMBED_IMAGES = args.embed_images
+    if args.export_hub:
+        return export_hub(args.export_hub)
+    if args.make_photos:
+        return make_photos(args.make_photos, EMBED_IMAGES)
+    if args.embed_child:
+        return embed_child(args.vitc, args.child_model, args.embed_child, args.child_threads)
 
     if args.torch_child:
         return torch_child(args.torch_child, args.child_threads, args.child_repeat,
@@ -665,6 +795,28 @@ def main():
                          "its peak memory does not count loading a checkpoint")
             pth = None
 
+    hubdir = photos = None
+    if any(n in HUB or n == "embed_1000" for n in names):
+        if tmpdir is None:
+            tmpdir = tempfile.TemporaryDirectory(prefix="vitc-bench-")
+        hubdir = os.path.join(tmpdir.name, "hub")
+        log("writing random-weight DINOv2-B/14 and CLIP ViT-B/16 Hub directories to " + hubdir)
+        r, _ = run_child([sys.executable, __file__, "--export-hub", hubdir], base_env)
+        if r.get("status") == "failed":
+            notes.append("The Hub directories could not be written: " + r["error"][-300:])
+    if "embed_1000" in names:
+        photos = os.path.join(tmpdir.name, "photos")
+        os.makedirs(photos, exist_ok=True)
+        log("writing %d photos to %s" % (EMBED_IMAGES, photos))
+        r, _ = run_child([sys.executable, __file__, "--make-photos", photos, "--embed-images",
+                          str(EMBED_IMAGES)], base_env)
+        if r.get("status") == "failed":
+            notes.append("The photos for embed_1000 could not be written: " + r["error"][-300:])
+
+    def hub_model(name):
+        d = "clip-vit-base-patch16" if name.startswith("clip") else "dinov2-base"
+        return os.path.join(hubdir, d) if hubdir else None
+
     configs = ["vitc-%d" % t for t in sorted(threads, reverse=True)] + \
               ["torch-%d" % t for t in sorted(threads)]
     raw = {}
@@ -680,12 +832,20 @@ def main():
                 if runs[cfg] and runs[cfg][-1].get("pruned"):
                     continue
                 side, th = cfg.split("-")
+                # embed_1000: vitc alone, once, at its main thread count (minutes per run)
+                if name == "embed_1000" and (side == "torch" or rnd or int(th) != max(threads)):
+                    continue
                 env = child_env(int(th), args.openblas_coretype)
-                if side == "vitc":
+                if name == "embed_1000":
+                    argv = [sys.executable, __file__, "--embed-child", photos, "--child-model",
+                            hub_model(name), "--child-threads", th, "--vitc", args.vitc]
+                elif side == "vitc":
                     argv = [args.vitc, "bench", "--json", "--quiet", "--no-peak", "--only", name,
                             "--threads", th, "--repeat", str(reps)] + (["--quick"] if QUICK else [])
                     if name in VIT and model:
                         argv += ["--model", model]
+                    if name in HUB and hubdir:
+                        argv += ["--model", hub_model(name)]
                 else:
                     argv = [sys.executable, __file__, "--torch-child", name,
                             "--child-threads", th, "--child-repeat", str(reps)] + \
@@ -693,7 +853,8 @@ def main():
                     if name in VIT and pth:
                         argv += ["--child-weights", pth]
                 t0 = time.time()
-                r, maxrss = run_child(argv, env)
+                # embed_1000 runs minutes: 1,000 forwards plus the decoding
+                r, maxrss = run_child(argv, env, 1200 if name == "embed_1000" else None)
                 if side == "vitc" and "workloads" in r:
                     r = r["workloads"][0]
                     if r.get("flops") and abs(r["flops"] - flops[name]) > 1e-6 * flops[name]:
@@ -701,10 +862,22 @@ def main():
                             name, r["flops"], flops[name]))
                 elif "times_ms" not in r and r.get("status") == "ok":
                     r = {"status": "failed", "error": "no timings: " + r.get("stdout", "")[-200:]}
-                elif side == "vitc" and r.get("status") == "ok":
+                elif side == "vitc" and r.get("status") == "ok" and name != "embed_1000":
                     r = {"status": "failed", "error": "no JSON from vitc bench: "
                          + r.get("stdout", "")[-200:]}
                 r["_maxrss_kb"] = maxrss
+                if name == "embed_1000" and r.get("status") == "ok":
+                    r["_maxrss_kb"] = r["run_hwm_kb"]
+                    wall = r["times_ms"][0]
+                    msg = "embed_1000 (%s thread(s)): %d images in %.1f s, %.1f images/s end to end" % (
+                        th, r["images"], wall * 1e-3, r["images"] / (wall * 1e-3))
+                    if r.get("forward_ms"):
+                        msg += ("; the forward alone (vitc bench dinov2_b14_b8 × %d batches) "
+                                "%.1f s, so %.0f%% of the time is outside the forward (decode, "
+                                "processor, writing)" % (
+                                    math.ceil(r["images"] / 8), r["forward_ms"] * 1e-3,
+                                    100 * max(0.0, 1 - r["forward_ms"] / wall)))
+                    notes.append(msg)
                 runs[cfg].append(r)
                 med = _median(r["times_ms"]) if r.get("status") == "ok" else None
                 log("%-13s round %d %-8s %s (%.1f s)" % (

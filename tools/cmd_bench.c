@@ -265,6 +265,7 @@ typedef struct bench_ctx {
     int ndim;
     int64_t shape[8];
     int vit_batch, vit_size;
+    int vit_embed; /* a Hub embedding model: vitc_vit_embed's default pooling */
     vitc_tensor_view tq, tk, tv;
     void *train; /* the training workloads' state (bench_train.c) */
 } bench_ctx;
@@ -421,34 +422,54 @@ static vitc_status bench_run_sdpa(bench_ctx *c) {
 /* --precision of the vit_* workloads. */
 static vitc_precision bench_precision = VITC_PRECISION_FP32;
 
-/* Returns -1 (skip, note set) when no checkpoint was given. */
+/* Returns -1 (skip, note set) when no checkpoint was given. The vit_*
+ * workloads run the classifier at the model's image size; the Hub rows
+ * (dinov2_*, clip_*) the default embedding (DINOv2's pooler_output, CLIP's
+ * image_embeds) of 224 px images, DINOv2's 518-px position grid resampled
+ * as on every Hub call. */
 static int bench_setup_vit(const bench_workload *w, bench_ctx *c, const char *model,
                            double *flops, char *note, size_t note_cap) {
     const vitc_vit_config *g;
     double P, N, D, M, B = w->vit_batch;
     size_t n;
+    int64_t per = 0;
+    int hub = strncmp(w->name, "vit_", 4) != 0;
     if (!model) {
-        snprintf(note, note_cap, "skipped: needs a checkpoint (--model vit_b_16.safetensors)");
+        snprintf(note, note_cap, "skipped: needs a checkpoint (--model %s)",
+                 hub ? "a Hub model directory" : "vit_b_16.safetensors");
         return -1;
     }
     if (vitc_vit_load(model, NULL, &c->vit) != VITC_OK)
         return cli_lib_error("--model");
+    if (hub) { /* a row's own family: --model names one checkpoint for every row */
+        const char *fam = vitc_vit_family(c->vit), *want = w->name[0] == 'd' ? "dinov2" : "clip";
+        if (!strstr(fam, want)) {
+            snprintf(note, note_cap, "skipped: --model is a %s model, this row needs a %s one",
+                     fam, want);
+            return -1;
+        }
+    }
     if (vitc_vit_set_precision(c->vit, bench_precision) != VITC_OK)
         return cli_lib_error("--precision");
     g = vitc_vit_get_config(c->vit);
     snprintf(note, note_cap, "%s, %d px, %s", vitc_vit_arch_name(c->vit), g->image_size,
              vitc_precision_name(bench_precision));
     c->vit_batch = w->vit_batch;
-    c->vit_size = g->image_size;
-    n = (size_t)w->vit_batch * (size_t)g->in_channels * (size_t)g->image_size *
-        (size_t)g->image_size;
+    c->vit_size = hub ? 224 : g->image_size;
+    c->vit_embed = hub;
+    if (hub && vitc_vit_embed_size(c->vit, VITC_POOL_DEFAULT, 224, 224, &per) != VITC_OK)
+        return cli_lib_error("--model");
+    if (!hub)
+        per = g->num_classes;
+    n = (size_t)w->vit_batch * (size_t)g->in_channels * (size_t)c->vit_size * (size_t)c->vit_size;
     c->x = bench_random(n, 2.0f, 0x1A4E);
-    c->out = calloc((size_t)w->vit_batch * (size_t)g->num_classes, sizeof(float));
+    c->out = calloc((size_t)w->vit_batch * (size_t)per, sizeof(float));
     if (!c->x || !c->out)
         return cli_error("%s: out of memory", w->name);
-    /* Patch embedding, per layer qkv + attention + out-proj + MLP, head. */
-    P = (double)(g->image_size / g->patch_size) * (double)(g->image_size / g->patch_size);
-    N = P + 1;
+    /* Patch embedding, per layer qkv + attention + out-proj + MLP, head
+     * (a Hub backbone's num_classes is 0, CLIP's the projection's width). */
+    P = (double)(c->vit_size / g->patch_size) * (double)(c->vit_size / g->patch_size);
+    N = P + vitc_vit_num_prefix_tokens(c->vit);
     D = g->hidden_dim;
     M = g->mlp_dim;
     *flops = B * (2 * P * D * g->in_channels * g->patch_size * g->patch_size +
@@ -458,6 +479,9 @@ static int bench_setup_vit(const bench_workload *w, bench_ctx *c, const char *mo
 }
 
 static vitc_status bench_run_vit(bench_ctx *c) {
+    if (c->vit_embed)
+        return vitc_vit_embed(c->vit, c->x, c->vit_batch, c->vit_size, c->vit_size,
+                              VITC_POOL_DEFAULT, c->out);
     return vitc_vit_forward(c->vit, c->x, c->vit_batch, c->vit_size, c->vit_size, c->out);
 }
 
@@ -488,6 +512,14 @@ static const bench_workload bench_workloads[] = {
      0, 0, 0, {0, 0, 0, 0}, 1},
     {"vit_b16_b8", "ViT-B/16 forward, batch 8", "[8,3,224,224]", bench_setup_vit, bench_run_vit,
      0, 0, 0, {0, 0, 0, 0}, 8},
+    {"dinov2_b14_b1", "DINOv2-B/14 (Dinov2Model) pooler_output, batch 1", "[1,3,224,224]",
+     bench_setup_vit, bench_run_vit, 0, 0, 0, {0, 0, 0, 0}, 1},
+    {"dinov2_b14_b8", "DINOv2-B/14 (Dinov2Model) pooler_output, batch 8", "[8,3,224,224]",
+     bench_setup_vit, bench_run_vit, 0, 0, 0, {0, 0, 0, 0}, 8},
+    {"clip_b16_b1", "CLIP ViT-B/16 image tower (CLIPVisionModelWithProjection) image_embeds, "
+     "batch 1", "[1,3,224,224]", bench_setup_vit, bench_run_vit, 0, 0, 0, {0, 0, 0, 0}, 1},
+    {"clip_b16_b8", "CLIP ViT-B/16 image tower (CLIPVisionModelWithProjection) image_embeds, "
+     "batch 8", "[8,3,224,224]", bench_setup_vit, bench_run_vit, 0, 0, 0, {0, 0, 0, 0}, 8},
     {"train_fmnist", "Fashion-MNIST ViT training step (forward, cross-entropy, backward, AdamW)",
      "[128,1,28,28]", bench_setup_train, bench_run_train, 0, 0, 0, {0, 0, 0, 0}, 128},
     {"train_vit_b16_b8", "ViT-B/16 training step (forward, cross-entropy, backward, AdamW)",
@@ -619,7 +651,8 @@ static void bench_help(FILE *f) {
             "  --threads N   threads of the library, 1..256 (default: the CPUs this process may use)\n"
             "  --repeat R    timed forwards per workload, 1..100000 (default: 10, fewer past 5 s, >= 3)\n"
             "  --only LIST   comma-separated workload names (default: all)\n"
-            "  --model FILE  a ViT-B/16 checkpoint for the vit_* workloads (skipped without)\n"
+            "  --model FILE  a ViT-B/16 checkpoint for the vit_* workloads, a DINOv2 or CLIP\n"
+            "                Hub directory for the dinov2_* / clip_* rows (skipped without)\n"
             "  --precision P fp32, bf16 or int8 weight GEMMs in the vit_* workloads (default fp32)\n"
             "  --json        one JSON object on stdout instead of the table\n"
             "  --no-peak     do not measure the FMA peak (fractions are then absent)\n"
