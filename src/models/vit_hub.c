@@ -515,6 +515,9 @@ static vitc_status hub_take(const hub_src *h, const char *name, const int64_t *w
     size_t n = 1;
     for (int k = 0; k < nd; k++) n *= (size_t)shape[k]; /* checked by the table's layout */
     memcpy(dst, data, n * sizeof(float));
+    /* Each tensor is read once: its pages go back now, so loading peaks
+     * near one copy of the weights, not the file's plus the model's. */
+    vitc__vit_release(data, n);
     return VITC_OK;
 }
 
@@ -641,8 +644,16 @@ static vitc_status hub_finish(vitc_vit *m, const hub_src *h, const hub_family *f
     VITC_TRY(vitc__vit_table_build(m));
     size_t bytes;
     if (!vitc__mul_size(m->n_params, sizeof(float), &bytes) ||
-        !(m->params = vitc__calloc(m->n_params, sizeof(float))))
+        !(m->params = vitc__alloc(bytes)))
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu ViT parameters", m->n_params);
+    /* Not zeroed up front (that would make every page resident before
+     * the file's pages go back, doubling the peak): each row is written
+     * below, the padding between the aligned rows here. */
+    for (int i = 0; i < m->n_entries; i++) {
+        const vitc__param *e = &m->table[i];
+        size_t end = i + 1 < m->n_entries ? m->table[i + 1].offset : m->n_params;
+        memset(m->params + e->offset + e->numel, 0, (end - e->offset - e->numel) * sizeof(float));
+    }
     for (int i = 0; i < m->n_entries; i++)
         VITC_TRY(hub_fill_row(m, h, &m->table[i], fam, mean2, pre, qkv_bias));
     VITC_TRY(hub_leftovers(m, h));

@@ -265,6 +265,9 @@ vitc_status vitc__vit_prepare_inference(vitc_vit *m);
  * dropping the packs): before training, vitc_vit_param, saving. */
 void vitc__vit_rowmajor(vitc_vit *m);
 void vitc__vit_pack_free(vitc_vit *m);
+/* Gives the pages wholly inside W's n floats back to the OS (their
+ * contents become zeros): for arenas that are read once (vit_precision.c). */
+void vitc__vit_release(const float *W, size_t n);
 vitc_vit *vitc__vit_alloc(void);
 /* A Hugging Face Hub model: dir holds config.json; weights is the
  * .safetensors or .index.json to read, or NULL for dir's own (vit_hub.c). */

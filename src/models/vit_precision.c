@@ -47,7 +47,7 @@ static float *vit_pw_home(vitc_vit *m, int i) {
 }
 
 /* Gives back the pages wholly inside W's n floats (the edges stay). */
-static void vit_release(float *W, size_t n) {
+void vitc__vit_release(const float *W, size_t n) {
 #ifdef __linux__
     long pg = sysconf(_SC_PAGESIZE);
     if (pg <= 0)
@@ -91,7 +91,7 @@ static vitc_status vit_pack_one(vitc_vit *m, vitc__pweight *p, float *W, int64_t
     VITC_TRY(vitc__pweight_pack(p, W, N, K, prec));
     if (!m->grad) {
         m->released = 1;
-        vit_release(W, (size_t)N * (size_t)K);
+        vitc__vit_release(W, (size_t)N * (size_t)K);
     }
     return VITC_OK;
 }
