@@ -499,8 +499,9 @@ static void t2t_performer(const vitc__t2t_stage *w, const float *kqv, int64_t B,
         }
     }
     for (int64_t b = 0; b < B; b++) {
-        const float *kb = kp + b * L * mm, *qb = qp + b * L * mm, *vb = v + b * L * W3;
-        float *yb = y + b * L * T;
+        const float *kb = kp + b * L * mm, *qb = qp + b * L * mm; /* [L, m] */
+        const float *vb = v + b * L * W3;                         /* [L, T] at stride 3T */
+        float *yb = y + b * L * T;                                /* [L, T] */
         for (int64_t j = 0; j < mm; j++) ksum[j] = 0.0f;
         for (int64_t t = 0; t < L; t++)
             for (int64_t j = 0; j < mm; j++) ksum[j] += kb[t * mm + j];
@@ -523,7 +524,13 @@ static void t2t_performer(const vitc__t2t_stage *w, const float *kqv, int64_t B,
 /* One stage on x [B, L, dim] into out [B*L, T]; sc: the scratch carved by
  * vitc__t2t_tokens. */
 typedef struct t2t_scratch {
-    float *ln, *att, *h, *hid, *kqv, *kp, *qp, *ksum, *D, *kptv;
+    float *ln;          /* [B*L, dim] norm1(x) */
+    float *att;         /* [B*L, T] the attention's output (with its V skip) */
+    float *h, *hid;     /* [B*L, T] norm2(att), the MLP's hidden (the performer's y first) */
+    float *kqv;         /* [B*L, 3T] performer: k | q | v */
+    float *kp, *qp;     /* [B*L, m] performer: phi(k), phi(q) */
+    float *ksum, *D;    /* [m], [L] performer: sum_t phi(k), the normaliser */
+    float *kptv;        /* [T, m] performer: v^T phi(k) of one image */
 } t2t_scratch;
 
 static vitc_status t2t_stage(vitc_vit *m, int s, float *x, int64_t B, int64_t L,
@@ -579,7 +586,7 @@ vitc_status vitc__t2t_tokens(vitc_vit *m, const float *images, int64_t B, int64_
         return vitc__err(VITC_ERR_NOMEM, "T2T-ViT tokens for [%lld, %lld, %lld, %lld] overflow",
                          (long long)B, (long long)Cin, (long long)H, (long long)W);
     VITC_TRY(vitc__buf_reserve(&m->t2t_buf, cv.used));
-    float *base = m->t2t_buf.p;
+    float *base = m->t2t_buf.p; /* the regions above */
     t2t_scratch sc = {base + o_ln, base + o_att, base + o_h, base + o_hid, base + o_kqv,
                       base + o_kp, base + o_qp, base + o_ks, base + o_D, base + o_kv};
     float *cols = base + o_cols, *x = base + o_x; /* [B*L, dim], [B*L, T] */
