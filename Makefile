@@ -4,6 +4,7 @@
 #   make test       install what is missing (Debian), build, run C and Python tests
 #   make demo       run every seed block on the seeds' shapes
 #   make bench      vitc and PyTorch side by side, writes bench/results.md
+#   make bench-train  Fashion-MNIST training end to end vs PyTorch + DataLoader
 #   make asan       the C tests under AddressSanitizer + UBSan
 #   make valgrind   the C tests under valgrind memcheck
 #   make fuzz       every libFuzzer target FUZZ_SECONDS (60) seconds (clang)
@@ -88,7 +89,7 @@ HDRS     := include/vitc.h $(wildcard src/*.h src/*/*.h tests/*.h tools/*.h)
 SONAME   := libvitc.so.$(SOVERSION)
 SOFILE   := $(BUILD)/libvitc.so.$(VERSION)
 
-.PHONY: all lib tools tests test test-c test-python demo bench bench-ort asan valgrind install deps \
+.PHONY: all lib tools tests test test-c test-python demo bench bench-ort bench-train asan valgrind install deps \
         clean check-deps fuzz fuzz-build fuzz-bins
 all: lib tools
 
@@ -243,6 +244,17 @@ $(BUILD)/bench_attention: tests/bench_attention.c $(BUILD)/libvitc.a $(HDRS)
 # vitc fp32/bf16/int8 against ONNX Runtime fp32/int8 (scripts/bench-ort.sh).
 bench-ort: tools
 	sh scripts/bench-ort.sh
+
+# Fashion-MNIST training end to end against PyTorch + DataLoader, MPI
+# overhead (with BENCH_MPI=1: builds build-mpi/vitc with MPI=1) and time to
+# 90%, into bench/results-train-e2e.md (bench/train_e2e.py).
+BENCH_IMAGES ?= 12800
+bench-train: deps
+	@$(MAKE) --no-print-directory all
+	$(if $(BENCH_MPI),@$(MAKE) --no-print-directory MPI=1 BUILD=build-mpi tools)
+	PYTHONPATH=python $(PYTHON) bench/train_e2e.py --images $(BENCH_IMAGES) \
+	  --log90 docs/fashion-train-epochs.jsonl --out bench/results-train-e2e.md \
+	  $(if $(BENCH_MPI),--mpi-vitc build-mpi/vitc)
 
 bench-attention: $(BUILD)/bench_attention
 	$(BUILD)/bench_attention -t 1 && $(BUILD)/bench_attention -t 2

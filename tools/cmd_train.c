@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "rng.h"
+#include "models/vit_config.h"
 #include "train.h"
 
 static const char train_usage[] =
@@ -376,7 +377,7 @@ static int save_file(const char *path, vitc_vit *m, vitc_optimizer *opt, int wit
     const int64_t **shapes = calloc((size_t)n, sizeof *shapes);
     const float **data_p = calloc((size_t)n, sizeof *data_p);
     int64_t flat = (int64_t)vitc_optimizer_num_params(opt);
-    char *cfg = train_config_json(vitc_vit_get_config(m), labels);
+    char *cfg = vitc__vit_config_json(vitc_vit_get_config(m), labels);
     char *tr = train_meta_json(h, p, data);
     int rc = CLI_OK;
     if (!names || !own || !ndims || !shapes || !data_p || !cfg || !tr) {

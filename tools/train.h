@@ -44,10 +44,6 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int
                    int quiet, const char *what);
 vitc_batch_opts train_batch_opts(const vitc_vit_config *c);
 
-/* ---- checkpoints ---------------------------------------------------- */
-/* vitc.config JSON (what vit_load reads), labels included. Caller frees. */
-char *train_config_json(const vitc_vit_config *c, const char *const *labels);
-
 /* ---- pictures (plot.c) ---------------------------------------------- */
 typedef struct canvas {
     int w, h;

@@ -10,6 +10,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "models/vit_config.h"
 #include "train.h"
 
 /* ---- options ---------------------------------------------------------- */
@@ -201,35 +202,3 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int
     return rc;
 }
 
-/* ---- the model config ------------------------------------------------- */
-
-char *train_config_json(const vitc_vit_config *c, const char *const *labels) {
-    json_t *o = json_object();
-    if (!o)
-        return NULL;
-    int bad = 0;
-    struct { const char *k; int v; } ints[] = {
-        {"image_size", c->image_size}, {"patch_size", c->patch_size},
-        {"in_channels", c->in_channels}, {"hidden_dim", c->hidden_dim},
-        {"depth", c->depth}, {"num_heads", c->num_heads},
-        {"mlp_dim", c->mlp_dim}, {"num_classes", c->num_classes}};
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        bad |= json_object_set_new(o, ints[i].k, json_integer(ints[i].v));
-    bad |= json_object_set_new(o, "norm_eps", json_real(c->norm_eps));
-    json_t *mean = json_array(), *std = json_array();
-    for (int i = 0; i < 3; i++) {
-        bad |= json_array_append_new(mean, json_real(c->mean[i]));
-        bad |= json_array_append_new(std, json_real(c->std[i]));
-    }
-    bad |= json_object_set_new(o, "mean", mean);
-    bad |= json_object_set_new(o, "std", std);
-    if (labels) {
-        json_t *lab = json_array();
-        for (int i = 0; i < c->num_classes; i++)
-            bad |= json_array_append_new(lab, json_string(labels[i] ? labels[i] : ""));
-        bad |= json_object_set_new(o, "labels", lab);
-    }
-    char *text = bad ? NULL : json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
-    json_decref(o);
-    return text;
-}

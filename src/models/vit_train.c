@@ -9,6 +9,7 @@
 #include <jansson.h>
 
 #include "../train/train.h"
+#include "vit_config.h"
 #include "vit_internal.h"
 
 vitc_vit_config vitc_vit_default_config(void) {
@@ -110,9 +111,9 @@ int vitc_vit_find_param(const vitc_vit *m, const char *name) {
     return -1;
 }
 
-/* vitc.config as vit_load.c reads it back. */
-static char *vit_config_json(const vitc_vit *m) {
-    const vitc_vit_config *c = &m->cfg;
+/* vitc.config as vit_load.c reads it back; also the metadata of `vitc
+ * train`'s checkpoints, so that both spell it one way. */
+char *vitc__vit_config_json(const vitc_vit_config *c, const char *const *labels) {
     json_t *o = json_object();
     if (!o)
         return NULL;
@@ -133,10 +134,10 @@ static char *vit_config_json(const vitc_vit *m) {
     }
     bad |= json_object_set_new(o, "mean", mean);
     bad |= json_object_set_new(o, "std", std);
-    if (m->labels) {
+    if (labels) {
         json_t *lab = json_array();
         for (int i = 0; i < c->num_classes; i++)
-            bad |= json_array_append_new(lab, json_string(m->labels[i]));
+            bad |= json_array_append_new(lab, json_string(labels[i] ? labels[i] : ""));
         bad |= json_object_set_new(o, "labels", lab);
     }
     char *text = bad ? NULL : json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
@@ -161,7 +162,7 @@ vitc_status vitc_vit_save(const vitc_vit *m, const char *path) {
     int *ndims = calloc((size_t)n, sizeof *ndims);
     const int64_t **shapes = calloc((size_t)n, sizeof *shapes);
     const float **data = calloc((size_t)n, sizeof *data);
-    char *meta = vit_config_json(m);
+    char *meta = vitc__vit_config_json(&m->cfg, (const char *const *)m->labels);
     vitc_status s = VITC_OK;
     if (!names || !ndims || !shapes || !data || !meta) {
         s = vitc__err(VITC_ERR_NOMEM, "vitc_vit_save: out of memory");
