@@ -248,6 +248,52 @@ static vitc_status idx_body(idx_file *x, uint8_t *dst, size_t bytes) {
     return VITC_OK;
 }
 
+/* The body into a new buffer. A raw file's length was checked against the
+ * header, so its buffer is allocated at once; a gzip stream's header is only
+ * a claim (a few bytes can promise gigabytes), so its buffer grows with the
+ * data that actually arrives. */
+static vitc_status idx_body_alloc(idx_file *x, size_t bytes, uint8_t **out) {
+    *out = NULL;
+    size_t cap = bytes;
+#ifdef VITC_HAVE_ZLIB
+    if (x->gz && cap > ((size_t)16 << 20))
+        cap = (size_t)16 << 20;
+#endif
+    uint8_t *buf = malloc(cap ? cap : 1);
+    size_t have = 0;
+    vitc_status s = VITC_OK;
+    while (s == VITC_OK && buf && cap < bytes) {
+        size_t got;
+        s = idx_read(x, buf + have, cap - have, &got);
+        have += got;
+        if (s != VITC_OK || have < cap)
+            break; /* cut short: idx_body below says so */
+        size_t next = cap > bytes / 2 ? bytes : 2 * cap;
+        uint8_t *nb = realloc(buf, next);
+        if (!nb) {
+            free(buf);
+            buf = NULL;
+            break;
+        }
+        buf = nb;
+        cap = next;
+    }
+    if (!buf)
+        return vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu bytes of images", bytes);
+    if (s == VITC_OK && have < cap && cap < bytes)
+        s = vitc__err(VITC_ERR_FORMAT,
+                      "%s: IDX data cut short: the header promises %zu bytes, the file has %zu",
+                      x->path, bytes, have);
+    if (s == VITC_OK)
+        s = idx_body(x, buf + have, bytes - have);
+    if (s != VITC_OK) {
+        free(buf);
+        return s;
+    }
+    *out = buf;
+    return VITC_OK;
+}
+
 static vitc_status idx_load(vitc_dataset *d, const char *images, const char *labels) {
     idx_file xi, xl;
     int64_t di[3], dl[1];
@@ -275,10 +321,8 @@ static vitc_status idx_load(vitc_dataset *d, const char *images, const char *lab
                       "%s: file of %llu bytes; its header (%lld images of %lldx%lld) needs %llu",
                       images, (unsigned long long)xi.size, (long long)di[0], (long long)di[1],
                       (long long)di[2], (unsigned long long)(16 + bytes));
-    if (s == VITC_OK && !(d->pixels = malloc(bytes)))
-        s = vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu bytes of images", bytes);
     if (s == VITC_OK)
-        s = idx_body(&xi, d->pixels, bytes);
+        s = idx_body_alloc(&xi, bytes, &d->pixels);
     idx_close(&xi);
     if (s != VITC_OK)
         return s;

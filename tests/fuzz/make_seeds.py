@@ -137,6 +137,31 @@ def cli_args_seeds():
     put("cli_args", "unknown.args", seed(-1, "--modelx", "m", "--\x1b[2J"))
 
 
+def idx_seeds():
+    """idx: byte 0 the batch options, bytes 1-2 (LE) the images file's length,
+    then the images file and the labels file (tests/fuzz/idx.c)."""
+    import gzip
+
+    def images(n, side, magic=0x0803):
+        hdr = struct.pack(">IIII", magic, n, side, side)
+        return hdr + bytes((i * 37 + 11) % 256 for i in range(n * side * side))
+
+    def labels(ys, magic=0x0801):
+        return struct.pack(">II", magic, len(ys)) + bytes(ys)
+
+    def seed(opt, im, lb):
+        return bytes([opt]) + struct.pack("<H", len(im)) + im + lb
+
+    put("idx", "raw_3x5.idx", seed(0, images(3, 5), labels([0, 9, 4])))
+    put("idx", "augment_rgb.idx", seed(0x1F, images(4, 6), labels([1, 2, 3, 9])))
+    put("idx", "gzip.idx", seed(0x22, gzip.compress(images(2, 7)), gzip.compress(labels([5, 6]))))
+    put("idx", "count_mismatch.idx", seed(0, images(3, 5), labels([0, 1])))
+    put("idx", "trailing.idx", seed(0, images(2, 4) + b"x", labels([0, 1])))
+    put("idx", "bad_type.idx", seed(0, images(2, 4, magic=0x0D03), labels([0, 1])))
+    put("idx", "huge_dims.idx", seed(0, struct.pack(">IIII", 0x0803, 0xFFFFFFFF, 0x10000, 0x10000),
+                                       labels([0])))
+
+
 if __name__ == "__main__":
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(os.path.join(OUT, "image"))
@@ -145,3 +170,4 @@ if __name__ == "__main__":
     image_seeds()
     labels_seeds()
     cli_args_seeds()
+    idx_seeds()
