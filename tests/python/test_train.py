@@ -369,6 +369,28 @@ class TestTrainFashion(unittest.TestCase):
                          "a temporary file was left behind")
 
 
+class TestShippedModel(unittest.TestCase):
+    """models/fashion-vit.safetensors: the README's 92.71%, in vitc and in
+    PyTorch (tools/torch_eval.py builds torchvision's model from the file)."""
+
+    MODEL = os.path.join(ROOT, "models", "fashion-vit.safetensors")
+
+    @unittest.skipUnless(torch is not None and os.path.isdir(FASHION),
+                         "needs torch and dataset-fashion-mnist")
+    def test_accuracy_in_vitc_and_pytorch(self):
+        self.assertLessEqual(os.path.getsize(self.MODEL), 2 << 20)
+        rc, out, err = run("eval", "--model", self.MODEL, "--data", "fashion-mnist", "--json",
+                           "--quiet")
+        self.assertEqual(rc, 0, err)
+        r = json.loads(out)
+        self.assertGreaterEqual(r["accuracy"], 0.92)
+        p = subprocess.run([sys.executable, os.path.join(ROOT, "tools", "torch_eval.py"),
+                            self.MODEL], capture_output=True, text=True)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        right = int(p.stdout.rsplit("(", 1)[1].split(" of ")[0])
+        self.assertEqual(right, round(r["accuracy"] * 10000))
+
+
 def mpi_built():
     if not os.path.exists(VITC) or not shutil.which("mpirun"):
         return False
