@@ -34,7 +34,6 @@ import gzip
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -136,12 +135,6 @@ def epochs_to(log, acc):
     return None
 
 
-def median(xs):
-    xs = sorted(xs)
-    n = len(xs)
-    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--vitc", default=os.path.join(ROOT, "build", "vitc"))
@@ -204,8 +197,8 @@ def main():
         ms = rows.get(key)
         if not ms:
             return None
-        loop = median([m[0] for m in ms])
-        return {"loop_s": loop, "ips": ms[0][1] / loop, "wall_s": median([m[2] for m in ms]),
+        loop = B._median([m[0] for m in ms])
+        return {"loop_s": loop, "ips": ms[0][1] / loop, "wall_s": B._median([m[2] for m in ms]),
                 "mb": max(m[3] for m in ms) / 1024}
 
     S = {k: summary(k) for k in rows}

@@ -30,17 +30,14 @@ except ImportError:  # pragma: no cover
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 VITC = os.path.join(ROOT, "build", "vitc")
+try:
+    from .util import assert_close as close
+except ImportError:  # run as a script
+    from util import assert_close as close
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 if torch is not None:
     import hf_ref  # noqa: E402
     import st_write  # noqa: E402
-
-
-def close(test, got, ref, what):
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    test.assertEqual(got.shape, ref.shape, what)
-    err = np.abs(got - ref) / np.maximum(1.0, np.abs(ref))
-    test.assertLess(err.max(), 1e-4, "%s: max rel err %g" % (what, err.max()))
 
 
 def to_openclip(sd, L):

@@ -29,23 +29,14 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 VITC = os.path.join(ROOT, "build", "vitc")
 PHOTO = os.path.join(ROOT, "tests", "data", "photo.png")
 CONVERT = os.path.join(ROOT, "tools", "convert_t2t.py")
+try:
+    from .util import assert_close as close, run_vitc as run
+except ImportError:  # run as a script
+    from util import assert_close as close, run_vitc as run
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 if torch is not None:
     import st_write  # noqa: E402
     import t2t_ref  # noqa: E402
-
-
-def close(test, got, ref, what):
-    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
-    test.assertEqual(got.shape, ref.shape, what)
-    err = np.abs(got - ref) / np.maximum(1.0, np.abs(ref))
-    test.assertLess(err.max(), 1e-4, "%s: max rel err %g" % (what, err.max()))
-
-
-def run(*args):
-    p = subprocess.run([VITC] + [str(a) for a in args], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE)
-    return p.returncode, p.stdout.decode(), p.stderr.decode()
 
 
 @unittest.skipIf(torch is None, "needs torch")

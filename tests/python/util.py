@@ -24,3 +24,13 @@ def run_vitc(*args, fsize=None, timeout=None):
 def export_cmd(pth, out, *extra, num_heads=2):
     """The command line of tools/export_safetensors.py from pth to out."""
     return [sys.executable, EXPORT, pth, out, "--num-heads", str(num_heads)] + list(extra)
+
+
+def assert_close(test, got, ref, what, tol=1e-4):
+    """got equals ref (same shape) within tol·max(1, |ref|), DESIGN.md's
+    parity rule; the message names what and the largest error."""
+    import numpy as np
+    got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
+    test.assertEqual(got.shape, ref.shape, what)
+    err = np.abs(got - ref) / np.maximum(1.0, np.abs(ref))
+    test.assertLess(err.max(), tol, "%s: max rel err %g" % (what, err.max()))
