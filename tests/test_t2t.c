@@ -20,6 +20,8 @@
 
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include "vitc.h"
 
 #define REF "tests/reference/t2t/"
@@ -67,9 +69,8 @@ static int setup(void **state) {
 static int teardown(void **state) {
     (void)state;
     vitc_safetensors_free(io);
-    char cmd[300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmpdir);
-    return system(cmd) == 0 ? 0 : -1;
+    tu_rm_tree(tmpdir);
+    return 0;
 }
 
 static vitc_vit *load(const char *mode) {

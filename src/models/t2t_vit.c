@@ -167,21 +167,6 @@ void vitc__t2t_row(vitc__param *e, const vitc_vit *m) {
 /* Configuration                                                      */
 /* ------------------------------------------------------------------ */
 
-/* The file's tensor name of ndim dims, each in [1, T2T_MAX_DIM], or NULL. */
-static const int64_t *t2t_shape(const vitc_safetensors *st, const char *name, int ndim) {
-    int i = vitc_safetensors_find(st, name);
-    const char *nm, *dt;
-    int nd;
-    const int64_t *shape;
-    const float *data;
-    if (i < 0 || vitc_safetensors_tensor(st, i, &nm, &dt, &nd, &shape, &data) != VITC_OK ||
-        nd != ndim)
-        return NULL;
-    for (int k = 0; k < nd; k++)
-        if (shape[k] < 1 || shape[k] > T2T_MAX_DIM)
-            return NULL;
-    return shape;
-}
 
 /* What the tensors tell; a field they do not tell keeps its default, and
  * the table check later names any tensor that disagrees. */
@@ -192,11 +177,11 @@ static void t2t_infer(const vitc_safetensors *st, t2t_args *a) {
         a->performer = 1;
     else if (vitc_safetensors_find(st, "tokens_to_token.attention1.attn.qkv.weight") >= 0)
         a->performer = 0;
-    if ((s = t2t_shape(st, "tokens_to_token.project.weight", 2)) && s[1] % 9 == 0)
+    if ((s = vitc__vit_file_shape(st, "tokens_to_token.project.weight", 2)) && s[1] % 9 == 0)
         a->embed_dim = (int)s[0], a->token_dim = (int)(s[1] / 9);
-    if ((s = t2t_shape(st, "tokens_to_token.attention1.norm1.weight", 1)) && s[0] % 49 == 0)
+    if ((s = vitc__vit_file_shape(st, "tokens_to_token.attention1.norm1.weight", 1)) && s[0] % 49 == 0)
         a->in_chans = (int)(s[0] / 49);
-    if ((s = t2t_shape(st, "pos_embed", 3)) && s[1] > 1) {
+    if ((s = vitc__vit_file_shape(st, "pos_embed", 3)) && s[1] > 1) {
         int64_t g = (int64_t)llround(sqrt((double)(s[1] - 1)));
         if (g * g == s[1] - 1 && g <= T2T_MAX_DIM / 16)
             a->img_size = (int)(16 * g);
@@ -209,10 +194,10 @@ static void t2t_infer(const vitc_safetensors *st, t2t_args *a) {
     }
     if (d)
         a->depth = d;
-    if ((s = t2t_shape(st, "blocks.0.mlp.fc1.weight", 2)))
+    if ((s = vitc__vit_file_shape(st, "blocks.0.mlp.fc1.weight", 2)))
         a->mlp_dim = (int)s[0], a->mlp_ratio = -1.0;
     a->qkv_bias = vitc_safetensors_find(st, "blocks.0.attn.qkv.bias") >= 0;
-    s = t2t_shape(st, "head.weight", 2);
+    s = vitc__vit_file_shape(st, "head.weight", 2);
     a->num_classes = s ? (int)s[0] : 0; /* num_classes 0: head = Identity */
 }
 

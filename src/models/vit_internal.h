@@ -275,6 +275,9 @@ vitc_status vitc__vit_load_hub(const char *dir, const char *weights, vitc_vit **
 /* CLIP's vision tower in open_clip's / OpenAI's names (visual.*): 1; in
  * timm's (norm_pre, blocks.N): 2; else 0. */
 int vitc__vit_clip_names(const vitc_safetensors *st);
+/* vit_load.c: the shape of tensor `name` when it has ndim dims, each in
+ * [1, 2^20]; NULL when absent or otherwise. */
+const int64_t *vitc__vit_file_shape(const vitc_safetensors *st, const char *name, int ndim);
 /* Such a tower from weights (a .safetensors), the config beside it in dir
  * (open_clip_config.json, timm's config.json) read when there (vit_hub.c). */
 vitc_status vitc__vit_load_clip_names(const char *dir, const char *weights, int timm,

@@ -326,8 +326,9 @@ static void vit_set_norm(vitc_vit_config *c, int timm) {
     }
 }
 
-/* The file's tensor `name` when it has `ndim` dims, else NULL. */
-static const int64_t *vit_file_shape(const vitc_safetensors *st, const char *name, int ndim) {
+/* The file's tensor `name` when it has `ndim` dims, each in [1, 2^20]
+ * (a checkpoint's config is guessed from these shapes), else NULL. */
+const int64_t *vitc__vit_file_shape(const vitc_safetensors *st, const char *name, int ndim) {
     int i = vitc_safetensors_find(st, name);
     const char *nm, *dt;
     int nd;
@@ -351,22 +352,22 @@ static void vit_infer(const vitc_safetensors *st, vitc__vit_naming nm, vitc_vit_
     memset(c, 0, sizeof *c);
     c->norm_eps = 1e-6f;
     vit_set_norm(c, nm == VIT_NAMES_TIMM);
-    if ((s = vit_file_shape(st, vit_model_names[nm][VIT_P_CLS], 3)))
+    if ((s = vitc__vit_file_shape(st, vit_model_names[nm][VIT_P_CLS], 3)))
         c->hidden_dim = (int)s[2];
-    if ((s = vit_file_shape(st, vit_model_names[nm][VIT_P_CONV_W], 4))) {
+    if ((s = vitc__vit_file_shape(st, vit_model_names[nm][VIT_P_CONV_W], 4))) {
         c->in_channels = (int)s[1];
         c->patch_size = (int)s[2];
         if (!c->hidden_dim)
             c->hidden_dim = (int)s[0];
     }
-    if ((s = vit_file_shape(st, vit_model_names[nm][VIT_P_POS], 3)) && c->patch_size) {
+    if ((s = vitc__vit_file_shape(st, vit_model_names[nm][VIT_P_POS], 3)) && c->patch_size) {
         int64_t g = (int64_t)llround(sqrt((double)(s[1] - 1)));
         if (g * g == s[1] - 1 && g * c->patch_size <= VIT_MAX_DIM)
             c->image_size = (int)(g * c->patch_size);
     }
-    if ((s = vit_file_shape(st, vit_model_names[nm][VIT_P_HEAD_W], 2)))
+    if ((s = vitc__vit_file_shape(st, vit_model_names[nm][VIT_P_HEAD_W], 2)))
         c->num_classes = (int)s[0];
-    if ((s = vit_file_shape(st, vit_layer_name(nm, 0, VIT_L_FC1_W, name, sizeof name), 2)))
+    if ((s = vitc__vit_file_shape(st, vit_layer_name(nm, 0, VIT_L_FC1_W, name, sizeof name), 2)))
         c->mlp_dim = (int)s[0];
     int d = 0;
     while (d < VIT_MAX_DEPTH &&
@@ -597,7 +598,7 @@ static vitc_status vit_resolve_config(vitc_vit *m, const vitc_safetensors *st, c
         c->num_heads = p->num_heads;
         c->mlp_dim = p->mlp_dim;
         c->in_channels = 3;
-        const int64_t *s = vit_file_shape(st, vit_model_names[m->naming][VIT_P_POS], 3);
+        const int64_t *s = vitc__vit_file_shape(st, vit_model_names[m->naming][VIT_P_POS], 3);
         int64_t g = s ? (int64_t)llround(sqrt((double)(s[1] - 1))) : 0;
         c->image_size = g > 0 && g * g == s[1] - 1 ? (int)(g * p->patch_size) : p->image_size;
         if (!c->num_classes)
