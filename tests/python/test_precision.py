@@ -172,6 +172,68 @@ class TestPrecision(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertTrue(os.path.getsize(out_png) > 0)
 
+    @unittest.skipUnless(os.path.exists(os.path.join(ROOT, "build", "vitc")), "needs build/vitc")
+    def test_cli_eval_embed_similar(self):
+        """--precision on eval, embed and similar: each runs in that precision
+        (results differ from fp32's) and stays close to fp32."""
+        import shutil
+        vitc_bin = os.path.join(ROOT, "build", "vitc")
+
+        def run(*args):
+            p = subprocess.run([vitc_bin] + list(args), capture_output=True, text=True)
+            return p.returncode, p.stdout, p.stderr
+
+        # an ImageFolder of two classes (the model has 100): eval's loss per precision
+        root = os.path.join(self.tmp.name, "folder")
+        for k, names in enumerate((PHOTOS[:3], PHOTOS[3:])):
+            os.makedirs(os.path.join(root, "c%d" % k), exist_ok=True)
+            for n in names:
+                shutil.copy(os.path.join(DATA, n), os.path.join(root, "c%d" % k, n))
+        ev, emb = {}, {}
+        photos = [os.path.join(DATA, n) for n in PHOTOS]
+        for prec in ("fp32", "bf16", "int8"):
+            rc, out, err = run("eval", "--model", self.st, "--data", root, "--precision", prec,
+                               "--json", "--quiet")
+            self.assertEqual(rc, 0, err)
+            ev[prec] = json.loads(out)
+            self.assertEqual(ev[prec]["precision"], prec)
+            self.assertEqual(ev[prec]["images"], len(PHOTOS))
+            rc, out, err = run("embed", "--model", self.st, "--precision", prec, "--json",
+                               "--quiet", *photos)
+            self.assertEqual(rc, 0, err)
+            emb[prec] = np.array([json.loads(line)["embedding"] for line in out.splitlines()])
+            self.assertEqual(emb[prec].shape, (len(PHOTOS), self.CFG["hidden_dim"]))
+        for prec in ("bf16", "int8"):
+            max_rel = TOL[prec][0]
+            loss, loss0 = ev[prec]["loss"], ev["fp32"]["loss"]
+            self.assertNotEqual(loss, loss0)
+            self.assertLess(abs(loss - loss0), max_rel * abs(loss0), prec)
+            rel = np.linalg.norm(emb[prec] - emb["fp32"]) / np.linalg.norm(emb["fp32"])
+            self.assertGreater(rel, 0.0, prec)
+            self.assertLess(rel, max_rel, prec)
+        # similar: the cache is per precision; the query itself is the nearest
+        index = os.path.join(root, "c0")
+        scores = {}
+        for prec in ("fp32", "int8", "fp32"):
+            rc, out, err = run("similar", "--model", self.st, "--index", index, "--precision",
+                               prec, "--json", "--quiet", "--topk", "3",
+                               os.path.join(index, PHOTOS[0]))
+            self.assertEqual(rc, 0, err)
+            res = [json.loads(line) for line in out.splitlines()]
+            self.assertEqual(os.path.basename(res[0]["image"]), PHOTOS[0])
+            scores.setdefault(prec, []).append([r["score"] for r in res])
+        self.assertEqual(scores["fp32"][0], scores["fp32"][1])  # rebuilt for fp32 again
+        self.assertNotEqual(scores["int8"][0], scores["fp32"][0])
+        np.testing.assert_allclose(scores["int8"][0], scores["fp32"][0], atol=0.05)
+        for cmd in (["eval", "--model", self.st, "--data", root],
+                    ["embed", "--model", self.st, photos[0]],
+                    ["similar", "--model", self.st, "--index", index, photos[0]]):
+            rc, _, err = run(*(cmd + ["--precision", "fp16"]))
+            self.assertEqual(rc, 2, (cmd, err))
+            self.assertIn("--precision must be fp32, bf16 or int8", err)
+            rc, out, _ = run(cmd[0], "--help")
+            self.assertIn("--precision", out)
+
     def test_bad_precision(self):
         m = vitc.VisionTransformer.from_safetensors(self.st)
         with self.assertRaises(ValueError):
