@@ -200,7 +200,7 @@ static void vitc__lp_scratch_free(void *s) {
 static void vitc__lp_init(void) {
     vitc__lp_key_ok = pthread_key_create(&vitc__lp_key, vitc__lp_scratch_free) == 0;
 }
-static void *vitc__lp_get(size_t bytes) {
+void *vitc__lp_get(size_t bytes) {
     pthread_once(&vitc__lp_once, vitc__lp_init);
     if (!vitc__lp_key_ok) return NULL;
     vitc__lp_scratch *sc = pthread_getspecific(vitc__lp_key);

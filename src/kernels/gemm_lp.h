@@ -58,6 +58,11 @@ extern const vitc__lp_kernel vitc__lp_bf16_ref, vitc__lp_int8_ref;
 extern const vitc__lp_kernel vitc__lp_bf16_avx512, vitc__lp_int8_avx512;
 extern const vitc__lp_kernel vitc__lp_int8_avxvnni; /* row: NULL, the reference's */
 
+/* This thread's grow-only scratch of at least bytes (64-byte aligned;
+ * NULL when out of memory): vitc__linear_lp's converted activations, and
+ * attention_bf16.c's per-task buffers. Valid until the thread's next call. */
+void *vitc__lp_get(size_t bytes);
+
 /* The kernel of precision p that this CPU and the forced arch can run
  * (dispatch.c): AVX512-BF16 / AVX512-VNNI on the avx512 path when cpuid
  * has them, AVX-VNNI (int8) on the avx2 path, else the portable reference

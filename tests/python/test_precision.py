@@ -234,6 +234,45 @@ class TestPrecision(unittest.TestCase):
             rc, out, _ = run(cmd[0], "--help")
             self.assertIn("--precision", out)
 
+    def test_attention_precision(self):
+        """bf16 q k^T and P v: close to fp32 (bf16's error bound), set apart
+        from the weights' precision, in the loaders and the CLI."""
+        m = vitc.VisionTransformer.from_safetensors(self.st, attention_precision="bf16")
+        self.assertEqual((m.precision, m.attention_precision), ("fp32", "bf16"))
+        for name, x in (("photos", self.photos), ("noise", self.noise)):
+            rel, top1, _ = stats(m(x), self.ref[name])
+            print("\nbf16 attention %s: relative logits error %.4f, top-1 agreement %.3f"
+                  % (name, rel, top1), file=sys.stderr)
+            self.assertGreater(rel, 0.0)
+            self.assertLess(rel, TOL["bf16"][0])
+        m.attention_precision = "fp32"
+        np.testing.assert_array_equal(m(self.photos), self.ref["photos"])
+        both = vitc.load_model(self.st, precision="int8", attention_precision="bf16")
+        int8 = vitc.VisionTransformer.from_safetensors(self.st, precision="int8")
+        a, b = both(self.photos), int8(self.photos)
+        self.assertGreater(np.abs(a - b).max(), 0.0)
+        self.assertLess(stats(a, self.ref["photos"])[0], TOL["int8"][0])
+        for bad in ("int8", "fp16"):
+            with self.assertRaises(ValueError):
+                m.attention_precision = bad
+        if os.path.exists(os.path.join(ROOT, "build", "vitc")):
+            vitc_bin = os.path.join(ROOT, "build", "vitc")
+            photo = os.path.join(DATA, "photo.png")
+            outs = {}
+            for ap in ("fp32", "bf16"):
+                p = subprocess.run([vitc_bin, "classify", "--model", self.st, "--topk", "1",
+                                    "--attention-precision", ap, "--json", "--quiet", photo],
+                                   capture_output=True, text=True)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                outs[ap] = json.loads(p.stdout)["topk"][0]["logit"]
+            self.assertNotEqual(outs["fp32"], outs["bf16"])
+            self.assertLess(abs(outs["fp32"] - outs["bf16"]), 0.02 * abs(outs["fp32"]) + 0.02)
+            p = subprocess.run([vitc_bin, "classify", "--model", self.st,
+                                "--attention-precision", "int8", photo],
+                               capture_output=True, text=True)
+            self.assertEqual(p.returncode, 2)
+            self.assertIn("--attention-precision must be fp32 or bf16", p.stderr)
+
     def test_bad_precision(self):
         m = vitc.VisionTransformer.from_safetensors(self.st)
         with self.assertRaises(ValueError):
