@@ -1,6 +1,6 @@
 /*
  * attention_bf16.c — softmax(scale q k^T + mask) v with both products on
- * bfloat16 operands (issue 11): S = bf16(scale q) bf16(k)^T and O =
+ * bfloat16 operands (issue 11): S = scale bf16(q) bf16(k)^T and O =
  * bf16(P) bf16(v), each through the bf16 GEMM microkernel of gemm_lp.h
  * (vdpbf16ps with fp32 sums, or its portable reference: the same bits);
  * the mask, the softmax (max, exp, sum, normalisation) in fp32 between
@@ -16,6 +16,8 @@
  *   kb: [ceil(S/NR)][kgD][NR] words, word (p, key j) = k[j][2p], k[j][2p+1]
  *   vb: [ceil(Dv/NR)][kgS][NR] words, word (p, column c) = v[2p][c], v[2p+1][c]
  * (kgD = ceil(D/2), kgS = ceil(S/2); entries past the edges are zero).
+ * The A operands, MR rows of q and of P, are converted row by row in place
+ * (qa [MR][kgD], pa [MR][kgS] words; the row-major microkernel).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +35,7 @@ typedef struct vitc__attn_bf16_job {
     const vitc__sdpa_desc *d;
     const vitc__lp_kernel *kn;
     vitc__lp_row_fn row;
+    vitc__lp_ukr_rm_fn ukr;
     void (*softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperature);
     int64_t nqb, kgD, kgS, Sp, Dvp; /* Sp, Dvp: S, Dv rounded up to NR (B strips) */
     size_t need;                    /* scratch bytes per task */
@@ -44,20 +47,22 @@ static int64_t bf16_round(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 /* Scratch words of one task, carved in this order; 0 on overflow. */
 static size_t bf16_need(const vitc__attn_bf16_job *g) {
     const vitc__sdpa_desc *d = g->d;
-    size_t kb, vb, qa, pa, st, qs, n = 0;
+    size_t kb, vb, qa, pa, st, vt, n = 0;
     int ok = vitc__mul_size((size_t)g->Sp, (size_t)g->kgD, &kb) &&
              vitc__mul_size((size_t)g->Dvp, (size_t)g->kgS, &vb) &&
              vitc__mul_size((size_t)g->kgD, MR, &qa) && vitc__mul_size((size_t)g->kgS, MR, &pa) &&
-             vitc__mul_size((size_t)d->S, MR, &st) && vitc__mul_size((size_t)d->D, MR, &qs) &&
+             vitc__mul_size((size_t)d->S, MR, &st) && vitc__mul_size((size_t)d->S, (size_t)d->Dv, &vt) &&
              vitc__add_size(kb, vb, &n) && vitc__add_size(n, qa, &n) &&
              vitc__add_size(n, pa, &n) && vitc__add_size(n, st, &n) &&
-             vitc__add_size(n, qs, &n) && vitc__mul_size(n, 4, &n);
+             vitc__add_size(n, vt, &n) && vitc__mul_size(n, 4, &n);
     return ok ? n : 0;
 }
 
-/* K of head (b, h) into kb and V into vb (layouts above). */
+/* K of head (b, h) into kb and V into vb (layouts above), V through vt
+ * [Dv, S] (V transposed, so that each column is one row for the SIMD
+ * converter). */
 static void bf16_pack_kv(const vitc__attn_bf16_job *g, int64_t b, int64_t h, uint32_t *kb,
-                         uint32_t *vb) {
+                         uint32_t *vb, float *vt) {
     const vitc__sdpa_desc *d = g->d;
     const int64_t S = d->S, Dv = d->Dv, kgD = g->kgD, kgS = g->kgS;
     const float *k = d->k + b * d->k_sb + h * d->k_sh; /* [S, D] */
@@ -69,15 +74,14 @@ static void bf16_pack_kv(const vitc__attn_bf16_job *g, int64_t b, int64_t h, uin
         else
             for (int64_t p = 0; p < kgD; p++) col[p * NR] = 0;
     }
-    memset(vb, 0, (size_t)g->Dvp * (size_t)kgS * sizeof *vb);
-    for (int64_t p = 0; p < kgS; p++) {
-        const float *v0 = v + 2 * p * d->v_sr;             /* [Dv] key 2p */
-        const float *v1 = 2 * p + 1 < S ? v0 + d->v_sr : NULL; /* key 2p + 1 */
-        for (int64_t c = 0; c < Dv; c++) {
-            uint32_t w = vitc__bf16_rne(v0[c]);
-            if (v1) w |= (uint32_t)vitc__bf16_rne(v1[c]) << 16;
-            vb[(c / NR) * kgS * NR + p * NR + c % NR] = w;
-        }
+    for (int64_t j = 0; j < S; j++)
+        for (int64_t c = 0; c < Dv; c++) vt[c * S + j] = v[j * d->v_sr + c];
+    for (int64_t c = 0; c < g->Dvp; c++) {
+        uint32_t *col = vb + (c / NR) * kgS * NR + c % NR; /* word p at col[p * NR] */
+        if (c < Dv)
+            g->row(col, NR, vt + c * S, S, NULL, NULL);
+        else
+            for (int64_t p = 0; p < kgS; p++) col[p * NR] = 0;
     }
 }
 
@@ -88,45 +92,42 @@ static void bf16_rows(const vitc__attn_bf16_job *g, uint32_t *buf, int64_t b, in
     const int64_t S = d->S, D = d->D, Dv = d->Dv, kgD = g->kgD, kgS = g->kgS, Sp = g->Sp;
     uint32_t *kb = buf, *vb = kb + Sp * kgD, *qa = vb + g->Dvp * kgS, *pa = qa + kgD * MR;
     float *st = (float *)(pa + kgS * MR); /* [MR, S] scores, then probabilities */
-    float *qs = st + MR * S;              /* [D] one query row times scale */
-    static const vitc__lp_epi none = {0};
-    bf16_pack_kv(g, b, h, kb, vb);
+    float *vt = st + MR * S;              /* [Dv, S] V transposed */
+    bf16_pack_kv(g, b, h, kb, vb, vt);
     const float *q = d->q + b * d->q_sb + h * d->q_sh; /* [L, D] */
     float *o = d->o + b * d->o_sb + h * d->o_sh;       /* [L, Dv] */
     for (int64_t i = l0; i < l1; i += MR) {
         const int64_t mr = l1 - i < MR ? l1 - i : MR;
-        for (int64_t r = 0; r < MR; r++) {
-            if (r >= mr) {
-                for (int64_t p = 0; p < kgD; p++) qa[p * MR + r] = 0;
-                for (int64_t p = 0; p < kgS; p++) pa[p * MR + r] = 0;
-                continue;
-            }
-            /* scale in fp32 first, as the fp32 kernel folds it into Q */
-            const float *qr = q + (i + r) * d->q_sr;
-            for (int64_t c = 0; c < D; c++) qs[c] = qr[c] * d->scale;
-            g->row(qa + r, MR, qs, D, NULL, NULL);
+        if (mr < MR) { /* rows the microkernel reads but does not store */
+            memset(qa + mr * kgD, 0, (size_t)((MR - mr) * kgD) * sizeof *qa);
+            memset(pa + mr * kgS, 0, (size_t)((MR - mr) * kgS) * sizeof *pa);
         }
+        for (int64_t r = 0; r < mr; r++)
+            g->row(qa + r * kgD, 1, q + (i + r) * d->q_sr, D, NULL, NULL);
         for (int64_t j = 0; j < S; j += NR)
-            g->kn->ukr(kgD, qa, kb + (j / NR) * kgD * NR, st + j, S, mr,
-                       S - j < NR ? S - j : NR, &none);
-        for (int64_t r = 0; r < mr; r++) {
-            float *srow = st + r * S;
-            if (d->mask) {
+            g->ukr(kgD, qa, kgD, kb + (j / NR) * kgD * NR, st + j, S, mr, S - j < NR ? S - j : NR);
+        /* the scale applied to the fp32 scores (exact for ViTs' 1/sqrt(d) = 2^-n
+         * widths), by softmax_rows itself when there is no mask */
+        float temp = d->scale;
+        if (d->mask) {
+            for (int64_t r = 0; r < mr; r++) {
+                float *srow = st + r * S;
                 const float *mrow = d->mask + b * d->m_sb + h * d->m_sh + (i + r) * d->m_sr;
-                for (int64_t j = 0; j < S; j++) srow[j] += mrow[j];
+                for (int64_t j = 0; j < S; j++) srow[j] = srow[j] * d->scale + mrow[j];
             }
+            temp = 1.0f;
         }
-        g->softmax_rows(st, mr, S, 1.0f);
+        g->softmax_rows(st, mr, S, temp);
         for (int64_t r = 0; r < mr; r++) {
             const float *prow = st + r * S;
             if (d->probs)
                 memcpy(d->probs + b * d->p_sb + h * d->p_sh + (i + r) * d->p_sr, prow,
                        (size_t)S * sizeof(float));
-            g->row(pa + r, MR, prow, S, NULL, NULL);
+            g->row(pa + r * kgS, 1, prow, S, NULL, NULL);
         }
         for (int64_t c = 0; c < Dv; c += NR)
-            g->kn->ukr(kgS, pa, vb + (c / NR) * kgS * NR, o + i * d->o_sr + c, d->o_sr, mr,
-                       Dv - c < NR ? Dv - c : NR, &none);
+            g->ukr(kgS, pa, kgS, vb + (c / NR) * kgS * NR, o + i * d->o_sr + c, d->o_sr, mr,
+                   Dv - c < NR ? Dv - c : NR);
     }
 }
 
@@ -149,6 +150,7 @@ static void bf16_task(void *ctx, int64_t t, int tid) {
 vitc_status vitc__sdpa_bf16(const vitc__sdpa_desc *d, const struct vitc__lp_kernel *kn) {
     vitc__attn_bf16_job g = {.d = d, .kn = kn ? kn : vitc__lp_kernel_for(VITC_PRECISION_BF16)};
     g.row = g.kn->row ? g.kn->row : vitc__lp_bf16_ref.row;
+    g.ukr = g.kn->ukr_rm ? g.kn->ukr_rm : vitc__lp_bf16_ref.ukr_rm;
     g.softmax_rows = vitc__kern()->softmax_rows;
     g.nqb = (d->L + VITC_ATTN_BF16_BR - 1) / VITC_ATTN_BF16_BR;
     g.kgD = (d->D + 1) / 2;

@@ -50,6 +50,22 @@ static void vitc__ukr_bf16_ref(int64_t kg, const uint32_t *pa, const uint32_t *p
         }
 }
 
+/* The same sums from row-major A. */
+static void vitc__ukr_bf16_rm_ref(int64_t kg, const uint32_t *a, int64_t lda, const uint32_t *pb,
+                                  float *C, int64_t ldc, int64_t mr, int64_t nr) {
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nr; j++) {
+            float acc = 0.0f;
+            for (int64_t p = 0; p < kg; p++) {
+                uint32_t x = a[i * lda + p], b = pb[p * NR + j];
+                acc = vitc__ftz(acc + vitc__bf16_daz((uint16_t)(x >> 16)) *
+                                          vitc__bf16_daz((uint16_t)(b >> 16)));
+                acc = vitc__ftz(acc + vitc__bf16_daz((uint16_t)x) * vitc__bf16_daz((uint16_t)b));
+            }
+            C[i * ldc + j] = acc;
+        }
+}
+
 static void vitc__row_bf16_ref(uint32_t *dst, int64_t stride, const float *x, int64_t K,
                                float *scale, int32_t *zp) {
     (void)scale, (void)zp;
@@ -94,8 +110,9 @@ static void vitc__row_int8_ref(uint32_t *dst, int64_t stride, const float *x, in
     }
 }
 
-const vitc__lp_kernel vitc__lp_bf16_ref = {"reference", vitc__ukr_bf16_ref, vitc__row_bf16_ref};
-const vitc__lp_kernel vitc__lp_int8_ref = {"reference", vitc__ukr_int8_ref, vitc__row_int8_ref};
+const vitc__lp_kernel vitc__lp_bf16_ref = {"reference", vitc__ukr_bf16_ref, vitc__row_bf16_ref,
+                                           vitc__ukr_bf16_rm_ref};
+const vitc__lp_kernel vitc__lp_int8_ref = {"reference", vitc__ukr_int8_ref, vitc__row_int8_ref, NULL};
 
 /* ---- weights ----------------------------------------------------------- */
 

@@ -48,10 +48,19 @@ typedef void (*vitc__lp_ukr_fn)(int64_t kg, const uint32_t *pa, const uint32_t *
 typedef void (*vitc__lp_row_fn)(uint32_t *dst, int64_t stride, const float *x, int64_t K,
                                 float *scale, int32_t *zp);
 
+/* bf16: C[mr, nr] = A B, no epilogue, from A row-major (word p of row i at
+ * a[i * lda + p]; all MR rows are read, those past mr unused) and pb
+ * [kg][NR]. The attention's operands (attention_bf16.c): its rows are
+ * converted in place (row with stride 1), with no transpose. */
+typedef void (*vitc__lp_ukr_rm_fn)(int64_t kg, const uint32_t *a, int64_t lda,
+                                   const uint32_t *pb, float *C, int64_t ldc, int64_t mr,
+                                   int64_t nr);
+
 typedef struct vitc__lp_kernel {
     const char *name; /* "avx512-bf16", "reference", ... (vitc --version) */
     vitc__lp_ukr_fn ukr;
     vitc__lp_row_fn row;
+    vitc__lp_ukr_rm_fn ukr_rm; /* bf16 kernels; NULL for int8 */
 } vitc__lp_kernel;
 
 extern const vitc__lp_kernel vitc__lp_bf16_ref, vitc__lp_int8_ref;
