@@ -29,7 +29,10 @@
  *   bf16: v = acc
  *   int8: v = (float)(acc - azp[i] * wsum[j]) * (ascale[i] * wscale[j])
  *   then v = v + bias[j], v = v + res[i * ldr + j], in this order, each
- *   rounded to float: the reference and the SIMD kernels give the same bits. */
+ *   rounded to float: the reference and the SIMD kernels give the same bits.
+ *   With gelu (kernels with fused_gelu only), then GELU in registers before
+ *   the store: the operations of the path's vitc__gelu_avx512, so the same
+ *   bits as GELU applied to the stored tile. */
 typedef struct vitc__lp_epi {
     const float *bias;     /* [nr] or NULL */
     const float *res;      /* [mr, ldr] or NULL */
@@ -38,6 +41,7 @@ typedef struct vitc__lp_epi {
     const int32_t *azp;    /* int8: [mr] row zero points of A */
     const float *wscale;   /* int8: [nr] per output channel */
     const int32_t *wsum;   /* int8: [nr] column sums of the int8 weights */
+    int gelu;
 } vitc__lp_epi;
 
 /* C[mr, nr] (row stride ldc) from pa [kg][MR] and pb [kg][NR] words. */
@@ -61,6 +65,11 @@ typedef struct vitc__lp_kernel {
     vitc__lp_ukr_fn ukr;
     vitc__lp_row_fn row;
     vitc__lp_ukr_rm_fn ukr_rm; /* bf16 kernels; NULL for int8 */
+    /* 1: ukr applies epi.gelu in registers (AVX-512 kernels). Otherwise the
+     * driver runs the arch's gelu over each stored tile: reloading a tile
+     * right after its masked stores waited on them (no store forwarding
+     * from masked stores), which made GELU ~16% of the int8 forward. */
+    int fused_gelu;
 } vitc__lp_kernel;
 
 extern const vitc__lp_kernel vitc__lp_bf16_ref, vitc__lp_int8_ref;

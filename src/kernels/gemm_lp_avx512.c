@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include "gemm_lp.h"
+#include "vmath_avx512.h"
 
 #define MR VITC_LP_MR
 #define NR VITC_LP_NR
@@ -31,7 +32,13 @@ static inline __mmask16 vitc__m16(int64_t n) {
     return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
 
-/* bias and residual, then the store (the epilogue's common tail). */
+/* GELU as vitc__gelu_avx512 computes it, operation for operation. */
+static inline __m512 vitc__lp_gelu(__m512 v) {
+    __m512 e = v_erf(_mm512_mul_ps(v, _mm512_set1_ps(0.70710678118654752f)));
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), v), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+/* bias and residual (then GELU), then the store (the epilogue's common tail). */
 static inline void vitc__lp_out(float *c, __m512 v0, __m512 v1, __mmask16 m0, __mmask16 m1,
                                 const vitc__lp_epi *e, int64_t i) {
     if (e->bias) {
@@ -42,6 +49,10 @@ static inline void vitc__lp_out(float *c, __m512 v0, __m512 v1, __mmask16 m0, __
         const float *r = e->res + i * e->ldr;
         v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, r));
         v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, r + 16));
+    }
+    if (e->gelu) {
+        v0 = vitc__lp_gelu(v0);
+        v1 = vitc__lp_gelu(v1);
     }
     _mm512_mask_storeu_ps(c, m0, v0);
     _mm512_mask_storeu_ps(c + 16, m1, v1);
@@ -220,6 +231,6 @@ static void vitc__row_int8_avx512(uint32_t *dst, int64_t stride, const float *x,
 }
 
 const vitc__lp_kernel vitc__lp_bf16_avx512 = {"avx512-bf16", vitc__ukr_bf16_avx512,
-                                              vitc__row_bf16_avx512, vitc__ukr_bf16_rm_avx512};
+                                              vitc__row_bf16_avx512, vitc__ukr_bf16_rm_avx512, 1};
 const vitc__lp_kernel vitc__lp_int8_avx512 = {"avx512-vnni", vitc__ukr_int8_avx512,
-                                              vitc__row_int8_avx512, NULL};
+                                              vitc__row_int8_avx512, NULL, 1};
