@@ -44,7 +44,9 @@ typedef struct vitc__attn_bf16_job {
 
 static int64_t bf16_round(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
-/* Scratch words of one task, carved in this order; 0 on overflow. */
+/* Scratch bytes of one task: kb, vb, qa, pa (words), st, vt (floats),
+ * carved in this order (kb first: the microkernel loads B aligned; kb's
+ * size is a multiple of 32 words, so vb stays aligned too); 0 on overflow. */
 static size_t bf16_need(const vitc__attn_bf16_job *g) {
     const vitc__sdpa_desc *d = g->d;
     size_t kb, vb, qa, pa, st, vt, n = 0;
@@ -106,8 +108,8 @@ static void bf16_rows(const vitc__attn_bf16_job *g, uint32_t *buf, int64_t b, in
             g->row(qa + r * kgD, 1, q + (i + r) * d->q_sr, D, NULL, NULL);
         for (int64_t j = 0; j < S; j += NR)
             g->ukr(kgD, qa, kgD, kb + (j / NR) * kgD * NR, st + j, S, mr, S - j < NR ? S - j : NR);
-        /* the scale applied to the fp32 scores (exact for ViTs' 1/sqrt(d) = 2^-n
-         * widths), by softmax_rows itself when there is no mask */
+        /* the scale multiplies the fp32 scores (q is converted as it is, with
+         * no copy): softmax_rows does it first when there is no mask */
         float temp = d->scale;
         if (d->mask) {
             for (int64_t r = 0; r < mr; r++) {
