@@ -689,6 +689,14 @@ typedef enum vitc_precision {
  * again at the next inference forward after that. docs/precision.md. */
 VITC_API vitc_status vitc_vit_set_precision(vitc_vit *m, vitc_precision p);
 VITC_API vitc_precision vitc_vit_get_precision(const vitc_vit *m);
+/* The arithmetic of the attention's two products, q k^T and P v, in an
+ * inference forward, set apart from the weight GEMMs' precision: FP32
+ * (default) or BF16 (q, k, P and v rounded to bfloat16, nearest even, with
+ * fp32 sums: vdpbf16ps, or the portable reference giving the same
+ * numbers); the mask and the softmax stay fp32. INT8 is refused
+ * (VITC_ERR_INVALID_ARG). Training forwards always run fp32 attention. */
+VITC_API vitc_status vitc_vit_set_attention_precision(vitc_vit *m, vitc_precision p);
+VITC_API vitc_precision vitc_vit_get_attention_precision(const vitc_vit *m);
 /* "fp32", "bf16", "int8" (NULL for other values) and back (-1 if unknown). */
 VITC_API const char *vitc_precision_name(vitc_precision p);
 VITC_API int vitc_precision_parse(const char *name);

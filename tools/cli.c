@@ -98,7 +98,20 @@ int cli_lib_error(const char *what) { return cli_error("%s: %s", what, vitc_last
 
 int cli_stderr_tty(void) { return isatty(2); }
 
-int cli_set_precision(const char *cmd, vitc_vit *m, const char *name) {
+int cli_attention_precision(const char *name) {
+    int p = vitc_precision_parse(name);
+    return p == VITC_PRECISION_FP32 || p == VITC_PRECISION_BF16 ? p : -1;
+}
+
+int cli_set_precision(const char *cmd, vitc_vit *m, const char *name, const char *attn) {
+    if (attn) {
+        int a = cli_attention_precision(attn);
+        if (a < 0)
+            return cli_usage_error(cmd, "--attention-precision must be fp32 or bf16, not \"%s\"",
+                                   attn);
+        if (vitc_vit_set_attention_precision(m, (vitc_precision)a) != VITC_OK)
+            return cli_lib_error("--attention-precision");
+    }
     if (!name)
         return CLI_OK;
     int p = vitc_precision_parse(name);

@@ -23,12 +23,18 @@ int cli_lib_error(const char *what);
 int cli_read_labels(const char *path, int n_classes, char ***out);
 /* 1 when stderr is a terminal (progress then updates one line). */
 int cli_stderr_tty(void);
-/* --precision NAME (NULL: leave fp32) on m: CLI_USAGE for an unknown name
- * (cmd names the command), CLI_FAIL when packing fails. */
-int cli_set_precision(const char *cmd, vitc_vit *m, const char *name);
+/* --precision NAME and --attention-precision ATTN (NULL: leave fp32) on m:
+ * CLI_USAGE for an unknown name (cmd names the command), CLI_FAIL when
+ * packing fails. */
+int cli_set_precision(const char *cmd, vitc_vit *m, const char *name, const char *attn);
+/* The attention's precision by name: VITC_PRECISION_FP32 / _BF16, or -1. */
+int cli_attention_precision(const char *name);
 #define CLI_PRECISION_HELP \
     "  --precision P    fp32, bf16 or int8 arithmetic of the weight GEMMs\n" \
-    "                   (default fp32; vitc --version says which kernels run)\n"
+    "                   (default fp32; vitc --version says which kernels run)\n" \
+    "  --attention-precision A\n" \
+    "                   fp32 or bf16 operands of the attention's q k^T and P v\n" \
+    "                   (default fp32; the softmax stays fp32)\n"
 
 
 /* Untrusted text (labels, metadata, tensor names, paths) shown on a

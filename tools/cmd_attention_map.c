@@ -102,7 +102,7 @@ static void draw_text(canvas *cv, int x, int y, int s, const char *text) {
 }
 
 typedef struct am_opts {
-    const char *model, *arch, *method, *out, *raw, *image, *precision;
+    const char *model, *arch, *method, *out, *raw, *image, *precision, *attn_precision;
     int crop, resize, threads, crop_set, resize_set;
     float alpha;
 } am_opts;
@@ -119,6 +119,7 @@ static int am_parse(int argc, char **argv, am_opts *o) {
         {"--resize", NULL, CLI_INT, &o->resize, 0, 16384, &o->resize_set},
         {"--threads", NULL, CLI_INT, &o->threads, 1, CLI_MAX_THREADS, NULL},
         {"--precision", NULL, CLI_STRING, &o->precision, 0, 0, NULL},
+        {"--attention-precision", NULL, CLI_STRING, &o->attn_precision, 0, 0, NULL},
     };
     const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), 1, "image"};
     char *pos[1];
@@ -290,7 +291,7 @@ int cmd_attention_map(int argc, char **argv) {
         vitc_set_num_threads(o.threads);
     if (vitc_vit_load(o.model, o.arch, &m) != VITC_OK)
         return cli_error("%s", vitc_last_error());
-    if ((rc = cli_set_precision("attention-map", m, o.precision)) != CLI_OK)
+    if ((rc = cli_set_precision("attention-map", m, o.precision, o.attn_precision)) != CLI_OK)
         goto done;
     cfg = vitc_vit_get_config(m);
     if ((rc = cli_model_input(o.model, cfg, o.crop, o.crop_set, o.resize, o.resize_set, &in)) !=

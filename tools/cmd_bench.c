@@ -421,6 +421,8 @@ static vitc_status bench_run_sdpa(bench_ctx *c) {
 
 /* --precision of the vit_* workloads. */
 static vitc_precision bench_precision = VITC_PRECISION_FP32;
+/* --attention-precision of the vit_* workloads. */
+static vitc_precision bench_attn_precision = VITC_PRECISION_FP32;
 
 /* Returns -1 (skip, note set) when no checkpoint was given. The vit_*
  * workloads run the classifier at the model's image size; the Hub rows
@@ -451,9 +453,12 @@ static int bench_setup_vit(const bench_workload *w, bench_ctx *c, const char *mo
     }
     if (vitc_vit_set_precision(c->vit, bench_precision) != VITC_OK)
         return cli_lib_error("--precision");
+    if (vitc_vit_set_attention_precision(c->vit, bench_attn_precision) != VITC_OK)
+        return cli_lib_error("--attention-precision");
     g = vitc_vit_get_config(c->vit);
-    snprintf(note, note_cap, "%s, %d px, %s", vitc_vit_arch_name(c->vit), g->image_size,
-             vitc_precision_name(bench_precision));
+    snprintf(note, note_cap, "%s, %d px, %s%s", vitc_vit_arch_name(c->vit), g->image_size,
+             vitc_precision_name(bench_precision),
+             bench_attn_precision == VITC_PRECISION_BF16 ? ", bf16 attention" : "");
     c->vit_batch = w->vit_batch;
     c->vit_size = hub ? 224 : g->image_size;
     c->vit_embed = hub;
@@ -654,6 +659,8 @@ static void bench_help(FILE *f) {
             "  --model FILE  a ViT-B/16 checkpoint for the vit_* workloads, a DINOv2 or CLIP\n"
             "                Hub directory for the dinov2_* / clip_* rows (skipped without)\n"
             "  --precision P fp32, bf16 or int8 weight GEMMs in the vit_* workloads (default fp32)\n"
+            "  --attention-precision A\n"
+            "                fp32 or bf16 q k^T and P v in the vit_* workloads (default fp32)\n"
             "  --json        one JSON object on stdout instead of the table\n"
             "  --no-peak     do not measure the FMA peak (fractions are then absent)\n"
             "  --peak-only   measure the FMA peak and run no workload\n"
@@ -699,7 +706,8 @@ static void bench_json_str(const char *s) {
 
 int cmd_bench(int argc, char **argv) {
     int threads = 0, repeat = 0, json = 0, no_peak = 0, peak_only = 0, quiet = 0;
-    const char *only = NULL, *model = NULL, *isa = "none", *precision = NULL;
+    const char *only = NULL, *model = NULL, *isa = "none", *precision = NULL,
+               *attn_precision = NULL;
     double peak1 = 0, peakn = 0;
     bench_result res[BENCH_NW];
     int ran = 0, rc = CLI_OK;
@@ -710,6 +718,7 @@ int cmd_bench(int argc, char **argv) {
         {"--only", NULL, CLI_STRING, &only, 0, 0, NULL},
         {"--model", NULL, CLI_STRING, &model, 0, 0, NULL},
         {"--precision", NULL, CLI_STRING, &precision, 0, 0, NULL},
+        {"--attention-precision", NULL, CLI_STRING, &attn_precision, 0, 0, NULL},
         {"--json", NULL, CLI_FLAG, &json, 0, 0, NULL},
         {"--no-peak", NULL, CLI_FLAG, &no_peak, 0, 0, NULL},
         {"--peak-only", NULL, CLI_FLAG, &peak_only, 0, 0, NULL},
@@ -731,6 +740,13 @@ int cmd_bench(int argc, char **argv) {
             return cli_usage_error("bench", "--precision must be fp32, bf16 or int8, not \"%s\"",
                                    precision);
         bench_precision = (vitc_precision)pr;
+    }
+    if (attn_precision) {
+        int pr = cli_attention_precision(attn_precision);
+        if (pr < 0)
+            return cli_usage_error("bench", "--attention-precision must be fp32 or bf16, not \"%s\"",
+                                   attn_precision);
+        bench_attn_precision = (vitc_precision)pr;
     }
     if (only) { /* every name must be known: a typo silently benchmarking nothing helps nobody */
         const char *p = only;

@@ -55,7 +55,7 @@ static const char classify_usage[] =
     "1 when an image or the model could not be used, 2 for a usage error.\n";
 
 typedef struct classify_opts {
-    const char *model, *arch, *labels, *precision;
+    const char *model, *arch, *labels, *precision, *attn_precision;
     int topk, crop, resize, batch, threads, json, quiet;
     int resize_set, crop_set;
     char **images;
@@ -73,6 +73,7 @@ static int parse_args(int argc, char **argv, classify_opts *o) {
         {"--batch", NULL, CLI_INT, &o->batch, 1, CLASSIFY_MAX_BATCH, NULL},
         {"--threads", NULL, CLI_INT, &o->threads, 1, CLI_MAX_THREADS, NULL},
         {"--precision", NULL, CLI_STRING, &o->precision, 0, 0, NULL},
+        {"--attention-precision", NULL, CLI_STRING, &o->attn_precision, 0, 0, NULL},
         {"--json", NULL, CLI_FLAG, &o->json, 0, 0, NULL},
         {"--quiet", "-q", CLI_FLAG, &o->quiet, 0, 0, NULL},
     };
@@ -316,7 +317,7 @@ int cmd_classify(int argc, char **argv) {
         rc = cli_error("%s", vitc_last_error());
         goto done;
     }
-    if ((rc = cli_set_precision("classify", m, o.precision)) != CLI_OK)
+    if ((rc = cli_set_precision("classify", m, o.precision, o.attn_precision)) != CLI_OK)
         goto done;
     cfg = vitc_vit_get_config(m);
     if ((rc = cli_model_input(o.model, cfg, o.crop, o.crop_set, o.resize, o.resize_set, &in)) !=

@@ -46,6 +46,7 @@ static const char embed_usage[] =
     "                   path); with them, by torchvision's eval transform.\n"
     "  --batch B        images per forward pass, 1..4096 (default 8)\n"
     "  --threads N      threads, 1..256 (default: all CPUs available)\n"
+    CLI_PRECISION_HELP
     "  --quiet          no progress line on stderr\n"
     "  -h, --help       this help\n"
     "\n"
@@ -54,7 +55,7 @@ static const char embed_usage[] =
     "2 for a usage error.\n";
 
 typedef struct embed_opts {
-    const char *model, *arch, *pool, *out;
+    const char *model, *arch, *pool, *out, *precision, *attn_precision;
     int normalize, json, crop, resize, batch, threads, quiet;
     int crop_set, resize_set;
     char **images;
@@ -73,6 +74,8 @@ static int embed_parse(int argc, char **argv, embed_opts *o, vitc_pool *pool) {
         {"--resize", NULL, CLI_INT, &o->resize, 0, EMBED_MAX_CROP, &o->resize_set},
         {"--batch", NULL, CLI_INT, &o->batch, 1, EMBED_MAX_BATCH, NULL},
         {"--threads", NULL, CLI_INT, &o->threads, 1, CLI_MAX_THREADS, NULL},
+        {"--precision", NULL, CLI_STRING, &o->precision, 0, 0, NULL},
+        {"--attention-precision", NULL, CLI_STRING, &o->attn_precision, 0, 0, NULL},
         {"--quiet", "-q", CLI_FLAG, &o->quiet, 0, 0, NULL},
     };
     const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), -1, "image"};
@@ -155,6 +158,8 @@ int cmd_embed(int argc, char **argv) {
         rc = cli_error("%s", vitc_last_error());
         goto done;
     }
+    if ((rc = cli_set_precision("embed", m, o.precision, o.attn_precision)) != CLI_OK)
+        goto done;
     cfg = vitc_vit_get_config(m);
     if ((rc = cli_model_input(o.model, cfg, o.crop, o.crop_set, o.resize, o.resize_set, &in)) !=
         CLI_OK)

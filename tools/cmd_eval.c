@@ -21,7 +21,9 @@ static const char eval_usage[] =
     "  --data D         fashion-mnist, an IDX folder or an ImageFolder\n"
     "  --subset N       the first N images only\n"
     "  --batch B        images per forward pass (default 256)\n"
-    "  --json           one JSON object: accuracy, loss, per_class, confusion\n"
+    CLI_PRECISION_HELP
+    "  --json           one JSON object: precision, attention_precision, accuracy,\n"
+    "                   loss, per_class, confusion\n"
     "  --plot FILE      the confusion matrix as a PNG\n"
     "  --threads N      threads (default: all CPUs available)\n"
     "  --quiet          no progress on stderr\n"
@@ -94,12 +96,15 @@ static int plot_confusion(const char *path, vitc_vit *m, vitc_dataset *ds, const
 }
 
 int cmd_eval(int argc, char **argv) {
-    const char *model = NULL, *data = NULL, *plot = NULL;
+    const char *model = NULL, *data = NULL, *plot = NULL, *precision = NULL,
+               *attn_precision = NULL;
     int json = 0, quiet = 0, threads = 0, batch = 256, subset = 0;
     const cli_opt opts[] = {
         {"--model", NULL, CLI_STRING, &model, 0, 0, NULL},
         {"--data", NULL, CLI_STRING, &data, 0, 0, NULL},
         {"--plot", NULL, CLI_STRING, &plot, 0, 0, NULL},
+        {"--precision", NULL, CLI_STRING, &precision, 0, 0, NULL},
+        {"--attention-precision", NULL, CLI_STRING, &attn_precision, 0, 0, NULL},
         {"--json", NULL, CLI_FLAG, &json, 0, 0, NULL},
         {"--quiet", NULL, CLI_FLAG, &quiet, 0, 0, NULL},
         {"--threads", NULL, CLI_INT, &threads, 1, 256, NULL},
@@ -128,6 +133,11 @@ int cmd_eval(int argc, char **argv) {
     vitc_vit *m;
     if (vitc_vit_load(model, NULL, &m) != VITC_OK)
         return cli_lib_error("--model");
+    int prc = cli_set_precision("eval", m, precision, attn_precision);
+    if (prc != CLI_OK) {
+        vitc_vit_free(m);
+        return prc;
+    }
     /* An ImageFolder is read with the model's class names as its class
      * list (when it has names), so that a val/ missing a class folder does
      * not shift the labels. */
@@ -164,6 +174,11 @@ int cmd_eval(int argc, char **argv) {
     if (rc == CLI_OK && json) {
         json_t *o = json_object(), *pc = json_array(), *mat = json_array();
         json_object_set_new(o, "model", json_string(model));
+        json_object_set_new(o, "precision",
+                            json_string(vitc_precision_name(vitc_vit_get_precision(m))));
+        json_object_set_new(
+            o, "attention_precision",
+            json_string(vitc_precision_name(vitc_vit_get_attention_precision(m))));
         json_object_set_new(o, "images", json_integer(er.n));
         json_object_set_new(o, "skipped", json_integer(er.skipped));
         json_object_set_new(o, "accuracy", json_real(acc));

@@ -31,7 +31,7 @@ static const char similar_usage[] =
     "List the images of DIR (PNG/JPEG, not recursive) nearest to QUERY_IMAGE by\n"
     "cosine similarity of the model's default embedding (see vitc embed). DIR is\n"
     "embedded once and cached in DIR/" SIMILAR_CACHE "; the cache is\n"
-    "rebuilt when the model, an image's name, size or time changes.\n"
+    "rebuilt when the model, the precision, an image's name, size or time changes.\n"
     "\n"
     "options:\n"
     "  --model M      checkpoint file or Hugging Face Hub directory\n"
@@ -40,12 +40,17 @@ static const char similar_usage[] =
     "  --topk K       results, 1.. (default 5)\n"
     "  --batch B      images per forward pass, 1..4096 (default 8)\n"
     "  --threads N    threads, 1..256\n"
+    "  --precision P  fp32, bf16 or int8 arithmetic of the weight GEMMs (default\n"
+    "                 fp32; a change rebuilds the cache)\n"
+    "  --attention-precision A\n"
+    "                 fp32 or bf16 operands of the attention's q k^T and P v\n"
+    "                 (default fp32; a change rebuilds the cache)\n"
     "  --json         one JSON object per result: {\"image\", \"score\"}\n"
     "  --quiet        no progress on stderr\n"
     "  -h, --help     this help\n";
 
 typedef struct similar_opts {
-    const char *model, *arch, *index;
+    const char *model, *arch, *index, *precision, *attn_precision;
     int topk, batch, threads, json, quiet;
     char *query;
 } similar_opts;
@@ -167,6 +172,8 @@ int cmd_similar(int argc, char **argv) {
         {"--topk", NULL, CLI_INT, &o.topk, 1, 1000000000, NULL},
         {"--batch", NULL, CLI_INT, &o.batch, 1, 4096, NULL},
         {"--threads", NULL, CLI_INT, &o.threads, 1, CLI_MAX_THREADS, NULL},
+        {"--precision", NULL, CLI_STRING, &o.precision, 0, 0, NULL},
+        {"--attention-precision", NULL, CLI_STRING, &o.attn_precision, 0, 0, NULL},
         {"--json", NULL, CLI_FLAG, &o.json, 0, 0, NULL},
         {"--quiet", "-q", CLI_FLAG, &o.quiet, 0, 0, NULL},
     };
@@ -198,6 +205,8 @@ int cmd_similar(int argc, char **argv) {
         rc = cli_error("%s", vitc_last_error());
         goto out;
     }
+    if ((rc = cli_set_precision("similar", m, o.precision, o.attn_precision)) != CLI_OK)
+        goto out;
     const vitc_vit_config *cfg = vitc_vit_get_config(m);
     if ((rc = cli_model_input(o.model, cfg, 0, 0, 0, 0, &in)) != CLI_OK ||
         (rc = cli_model_processor(m, 0, 0, &in)) != CLI_OK)
@@ -210,8 +219,12 @@ int cmd_similar(int argc, char **argv) {
         goto out;
     {
         char *rp = realpath(o.model, NULL);
-        json_t *k = json_pack("{s s s s s i s O}", "model", rp ? rp : o.model, "pool", "default",
-                              "dim", (int)dim, "files", sig);
+        /* the precision is part of the key: its embeddings differ from fp32's */
+        json_t *k = json_pack(
+            "{s s s s s s s s s i s O}", "model", rp ? rp : o.model, "pool", "default",
+            "precision", vitc_precision_name(vitc_vit_get_precision(m)), "attention_precision",
+            vitc_precision_name(vitc_vit_get_attention_precision(m)), "dim", (int)dim, "files",
+            sig);
         free(rp);
         key = json_dumps(k, JSON_COMPACT);
         json_decref(k);

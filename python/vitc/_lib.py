@@ -194,6 +194,8 @@ _SIGNATURES = {
     "vitc_vit_attention_maps": (_st, [_vp, c_float_p, _int, _int, _int, c_float_p, c_float_p]),
     "vitc_vit_set_precision": (_st, [_vp, _int]),
     "vitc_vit_get_precision": (_int, [_vp]),
+    "vitc_vit_set_attention_precision": (_st, [_vp, _int]),
+    "vitc_vit_get_attention_precision": (_int, [_vp]),
     "vitc_precision_parse": (_int, [_cs]),
     "vitc_get_precision_paths": (_cs, []),
     # ViT training

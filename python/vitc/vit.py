@@ -68,16 +68,18 @@ class VisionTransformer:
         self.labels = None if labels and labels[0] is None else [s.decode() for s in labels]
 
     @classmethod
-    def from_safetensors(cls, path, arch=None, precision="fp32"):
+    def from_safetensors(cls, path, arch=None, precision="fp32", attention_precision="fp32"):
         """Load a checkpoint; the architecture comes from its vitc.config
         metadata, else `arch` ("vit_b_16", "vit_base_patch16_224", ...),
         else the tensors' names and shapes. precision: "fp32", "bf16" or
-        "int8" arithmetic of the weight GEMMs (see `precision`)."""
+        "int8" arithmetic of the weight GEMMs (see `precision`);
+        attention_precision: "fp32" or "bf16" (see `attention_precision`)."""
         h = ctypes.c_void_p()
         check(lib.vitc_vit_load(path_arg(path), str_arg(arch, "arch") if arch else None,
                                 ctypes.byref(h)))
         m = cls(_handle=h.value)
         m.precision = precision
+        m.attention_precision = attention_precision
         return m
 
     _PRECISIONS = ("fp32", "bf16", "int8")
@@ -97,6 +99,21 @@ class VisionTransformer:
             raise ValueError("precision must be 'fp32', 'bf16' or 'int8', got %r" % (name,))
         with self._lock:
             check(lib.vitc_vit_set_precision(self._h, p))
+
+    @property
+    def attention_precision(self):
+        """"fp32" or "bf16": the operands of the attention's q k^T and P v in
+        eval mode (bf16: rounded to nearest even, fp32 sums, the softmax in
+        fp32), set apart from `precision`. Training forwards run fp32."""
+        return self._PRECISIONS[lib.vitc_vit_get_attention_precision(self._h)]
+
+    @attention_precision.setter
+    def attention_precision(self, name):
+        p = lib.vitc_precision_parse(str_arg(name, "attention_precision"))
+        if p not in (0, 1):
+            raise ValueError("attention_precision must be 'fp32' or 'bf16', got %r" % (name,))
+        with self._lock:
+            check(lib.vitc_vit_set_attention_precision(self._h, p))
 
     @staticmethod
     def precision_paths():
@@ -316,11 +333,15 @@ class Model(VisionTransformer):
         return out
 
 
-def load_model(path, arch=None):
+def load_model(path, arch=None, precision="fp32", attention_precision="fp32"):
     """A model from a safetensors file (torchvision/timm names) or a Hugging
     Face Hub directory (config.json + model.safetensors or a sharded index),
-    or a Hub .safetensors with config.json beside it."""
+    or a Hub .safetensors with config.json beside it. precision and
+    attention_precision as in VisionTransformer.from_safetensors."""
     h = ctypes.c_void_p()
     check(lib.vitc_vit_load(path_arg(path), str_arg(arch, "arch") if arch else None,
                             ctypes.byref(h)))
-    return Model(_handle=h.value)
+    m = Model(_handle=h.value)
+    m.precision = precision
+    m.attention_precision = attention_precision
+    return m

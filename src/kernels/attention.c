@@ -280,6 +280,7 @@ vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
         return VITC_OK;
     }
 
+    if (d->bf16 && !d->lse) return vitc__sdpa_bf16(d, NULL);
     vitc__attn_plan plan;
     vitc__attn_plan_make(&plan, d);
     vitc__attn_run rc = {&plan, vitc__kern()->attn_rows, vitc__attn_need(&plan), 0};

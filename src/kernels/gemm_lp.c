@@ -50,6 +50,22 @@ static void vitc__ukr_bf16_ref(int64_t kg, const uint32_t *pa, const uint32_t *p
         }
 }
 
+/* The same sums from row-major A. */
+static void vitc__ukr_bf16_rm_ref(int64_t kg, const uint32_t *a, int64_t lda, const uint32_t *pb,
+                                  float *C, int64_t ldc, int64_t mr, int64_t nr) {
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nr; j++) {
+            float acc = 0.0f;
+            for (int64_t p = 0; p < kg; p++) {
+                uint32_t x = a[i * lda + p], b = pb[p * NR + j];
+                acc = vitc__ftz(acc + vitc__bf16_daz((uint16_t)(x >> 16)) *
+                                          vitc__bf16_daz((uint16_t)(b >> 16)));
+                acc = vitc__ftz(acc + vitc__bf16_daz((uint16_t)x) * vitc__bf16_daz((uint16_t)b));
+            }
+            C[i * ldc + j] = acc;
+        }
+}
+
 static void vitc__row_bf16_ref(uint32_t *dst, int64_t stride, const float *x, int64_t K,
                                float *scale, int32_t *zp) {
     (void)scale, (void)zp;
@@ -94,8 +110,9 @@ static void vitc__row_int8_ref(uint32_t *dst, int64_t stride, const float *x, in
     }
 }
 
-const vitc__lp_kernel vitc__lp_bf16_ref = {"reference", vitc__ukr_bf16_ref, vitc__row_bf16_ref};
-const vitc__lp_kernel vitc__lp_int8_ref = {"reference", vitc__ukr_int8_ref, vitc__row_int8_ref};
+const vitc__lp_kernel vitc__lp_bf16_ref = {"reference", vitc__ukr_bf16_ref, vitc__row_bf16_ref,
+                                           vitc__ukr_bf16_rm_ref, 0};
+const vitc__lp_kernel vitc__lp_int8_ref = {"reference", vitc__ukr_int8_ref, vitc__row_int8_ref, NULL, 0};
 
 /* ---- weights ----------------------------------------------------------- */
 
@@ -200,7 +217,7 @@ static void vitc__lp_scratch_free(void *s) {
 static void vitc__lp_init(void) {
     vitc__lp_key_ok = pthread_key_create(&vitc__lp_key, vitc__lp_scratch_free) == 0;
 }
-static void *vitc__lp_get(size_t bytes) {
+void *vitc__lp_get(size_t bytes) {
     pthread_once(&vitc__lp_once, vitc__lp_init);
     if (!vitc__lp_key_ok) return NULL;
     vitc__lp_scratch *sc = pthread_getspecific(vitc__lp_key);
@@ -235,7 +252,8 @@ typedef struct vitc__lp_job {
     uint32_t *pa;  /* [ceil(M/MR)][kg][MR] converted A */
     float *ascale; /* [M] int8 */
     int32_t *azp;  /* [M] int8 */
-    void (*gelu)(float *x, int64_t n);
+    void (*gelu)(float *x, int64_t n); /* after each tile, unless fused */
+    int fused_gelu;                    /* the microkernel applies GELU itself */
     int by_cols, nparts;
 } vitc__lp_job;
 
@@ -293,10 +311,11 @@ static void vitc__lp_task(void *ctx, int64_t t, int tid) {
                     .ascale = g->ascale ? g->ascale + i : NULL, .azp = g->azp ? g->azp + i : NULL,
                     .wscale = pw->wscale ? pw->wscale + j : NULL,
                     .wsum = pw->wsum ? pw->wsum + j : NULL,
+                    .gelu = g->fused_gelu,
                 };
                 float *C = g->y + i * g->ldy + j;
                 g->kn->ukr(kg, g->pa + is * kg * MR, pb0 + js * kg * NR, C, g->ldy, mr, nr, &ep);
-                if (g->gelu) /* the tile is final and still in L1 */
+                if (g->gelu && !g->fused_gelu) /* the tile is final and still in L1 */
                     for (int64_t rr = 0; rr < mr; rr++) g->gelu(C + rr * g->ldy, nr);
             }
         }
@@ -332,6 +351,8 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
     vitc__lp_job g = {.kn = kn, .row = row, .pw = pw, .x = x, .ldx = ldx, .y = y, .ldy = ldy, .bias = bias,
                       .res = residual, .ldr = ldr, .M = M, .pa = pa,
                       .gelu = gelu ? vitc__kern()->gelu : NULL, .nparts = 1};
+    /* the SIMD kernels' in-register GELU is gelu_avx512's arithmetic */
+    g.fused_gelu = gelu && kn->fused_gelu && vitc__kern()->arch == VITC_ARCH_AVX512;
     if (pw->prec == VITC_PRECISION_INT8) {
         g.ascale = (float *)(pa + words);
         g.azp = (int32_t *)(g.ascale + M);

@@ -29,7 +29,10 @@
  *   bf16: v = acc
  *   int8: v = (float)(acc - azp[i] * wsum[j]) * (ascale[i] * wscale[j])
  *   then v = v + bias[j], v = v + res[i * ldr + j], in this order, each
- *   rounded to float: the reference and the SIMD kernels give the same bits. */
+ *   rounded to float: the reference and the SIMD kernels give the same bits.
+ *   With gelu (kernels with fused_gelu only), then GELU in registers before
+ *   the store: the operations of the path's vitc__gelu_avx512, so the same
+ *   bits as GELU applied to the stored tile. */
 typedef struct vitc__lp_epi {
     const float *bias;     /* [nr] or NULL */
     const float *res;      /* [mr, ldr] or NULL */
@@ -38,6 +41,7 @@ typedef struct vitc__lp_epi {
     const int32_t *azp;    /* int8: [mr] row zero points of A */
     const float *wscale;   /* int8: [nr] per output channel */
     const int32_t *wsum;   /* int8: [nr] column sums of the int8 weights */
+    int gelu;
 } vitc__lp_epi;
 
 /* C[mr, nr] (row stride ldc) from pa [kg][MR] and pb [kg][NR] words. */
@@ -48,15 +52,34 @@ typedef void (*vitc__lp_ukr_fn)(int64_t kg, const uint32_t *pa, const uint32_t *
 typedef void (*vitc__lp_row_fn)(uint32_t *dst, int64_t stride, const float *x, int64_t K,
                                 float *scale, int32_t *zp);
 
+/* bf16: C[mr, nr] = A B, no epilogue, from A row-major (word p of row i at
+ * a[i * lda + p]; all MR rows are read, those past mr unused) and pb
+ * [kg][NR]. The attention's operands (attention_bf16.c): its rows are
+ * converted in place (row with stride 1), with no transpose. */
+typedef void (*vitc__lp_ukr_rm_fn)(int64_t kg, const uint32_t *a, int64_t lda,
+                                   const uint32_t *pb, float *C, int64_t ldc, int64_t mr,
+                                   int64_t nr);
+
 typedef struct vitc__lp_kernel {
     const char *name; /* "avx512-bf16", "reference", ... (vitc --version) */
     vitc__lp_ukr_fn ukr;
     vitc__lp_row_fn row;
+    vitc__lp_ukr_rm_fn ukr_rm; /* bf16 kernels; NULL for int8 */
+    /* 1: ukr applies epi.gelu in registers (AVX-512 kernels). Otherwise the
+     * driver runs the arch's gelu over each stored tile: reloading a tile
+     * right after its masked stores waited on them (no store forwarding
+     * from masked stores), which made GELU ~16% of the int8 forward. */
+    int fused_gelu;
 } vitc__lp_kernel;
 
 extern const vitc__lp_kernel vitc__lp_bf16_ref, vitc__lp_int8_ref;
 extern const vitc__lp_kernel vitc__lp_bf16_avx512, vitc__lp_int8_avx512;
 extern const vitc__lp_kernel vitc__lp_int8_avxvnni; /* row: NULL, the reference's */
+
+/* This thread's grow-only scratch of at least bytes (64-byte aligned;
+ * NULL when out of memory): vitc__linear_lp's converted activations, and
+ * attention_bf16.c's per-task buffers. Valid until the thread's next call. */
+void *vitc__lp_get(size_t bytes);
 
 /* The kernel of precision p that this CPU and the forced arch can run
  * (dispatch.c): AVX512-BF16 / AVX512-VNNI on the avx512 path when cpuid

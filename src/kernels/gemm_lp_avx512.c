@@ -8,6 +8,7 @@
 #include <immintrin.h>
 
 #include "gemm_lp.h"
+#include "vmath_avx512.h"
 
 #define MR VITC_LP_MR
 #define NR VITC_LP_NR
@@ -31,7 +32,13 @@ static inline __mmask16 vitc__m16(int64_t n) {
     return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
 
-/* bias and residual, then the store (the epilogue's common tail). */
+/* GELU as vitc__gelu_avx512 computes it, operation for operation. */
+static inline __m512 vitc__lp_gelu(__m512 v) {
+    __m512 e = v_erf(_mm512_mul_ps(v, _mm512_set1_ps(0.70710678118654752f)));
+    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), v), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+/* bias and residual (then GELU), then the store (the epilogue's common tail). */
 static inline void vitc__lp_out(float *c, __m512 v0, __m512 v1, __mmask16 m0, __mmask16 m1,
                                 const vitc__lp_epi *e, int64_t i) {
     if (e->bias) {
@@ -42,6 +49,10 @@ static inline void vitc__lp_out(float *c, __m512 v0, __m512 v1, __mmask16 m0, __
         const float *r = e->res + i * e->ldr;
         v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, r));
         v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, r + 16));
+    }
+    if (e->gelu) {
+        v0 = vitc__lp_gelu(v0);
+        v1 = vitc__lp_gelu(v1);
     }
     _mm512_mask_storeu_ps(c, m0, v0);
     _mm512_mask_storeu_ps(c + 16, m1, v1);
@@ -78,8 +89,44 @@ static void vitc__ukr_bf16_avx512(int64_t kg, const uint32_t *pa, const uint32_t
     BF_OUT(6); BF_OUT(7); BF_OUT(8); BF_OUT(9); BF_OUT(10); BF_OUT(11);
 }
 
+/* The same sums from row-major A: each row's word p broadcast from a_i[p]. */
+#define BF_ROW_RM(i)                                                                \
+    do {                                                                            \
+        __m512i a = _mm512_set1_epi32((int)a##i[p]);                                \
+        c##i##0 = _mm512_dpbf16_ps(c##i##0, (__m512bh)a, (__m512bh)b0);             \
+        c##i##1 = _mm512_dpbf16_ps(c##i##1, (__m512bh)a, (__m512bh)b1);             \
+    } while (0)
+#define BF_OUT_RM(i)                                                                \
+    if (i < mr) {                                                                   \
+        _mm512_mask_storeu_ps(C + (i) * ldc, m0, c##i##0);                          \
+        _mm512_mask_storeu_ps(C + (i) * ldc + 16, m1, c##i##1);                     \
+    }
+
+static void vitc__ukr_bf16_rm_avx512(int64_t kg, const uint32_t *a, int64_t lda,
+                                     const uint32_t *pb, float *C, int64_t ldc, int64_t mr,
+                                     int64_t nr) {
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    __m512 c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00;
+    __m512 c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
+    const uint32_t *a0 = a, *a1 = a + lda, *a2 = a + 2 * lda, *a3 = a + 3 * lda;
+    const uint32_t *a4 = a + 4 * lda, *a5 = a + 5 * lda, *a6 = a + 6 * lda, *a7 = a + 7 * lda;
+    const uint32_t *a8 = a + 8 * lda, *a9 = a + 9 * lda, *a10 = a + 10 * lda, *a11 = a + 11 * lda;
+#pragma GCC unroll 4
+    for (int64_t p = 0; p < kg; p++) {
+        __m512i b0 = _mm512_load_si512((const void *)pb), b1 = _mm512_load_si512((const void *)(pb + 16));
+        BF_ROW_RM(0); BF_ROW_RM(1); BF_ROW_RM(2); BF_ROW_RM(3); BF_ROW_RM(4); BF_ROW_RM(5);
+        BF_ROW_RM(6); BF_ROW_RM(7); BF_ROW_RM(8); BF_ROW_RM(9); BF_ROW_RM(10); BF_ROW_RM(11);
+        pb += NR;
+    }
+    __mmask16 m0 = vitc__m16(nr), m1 = vitc__m16(nr - 16);
+    BF_OUT_RM(0); BF_OUT_RM(1); BF_OUT_RM(2); BF_OUT_RM(3); BF_OUT_RM(4); BF_OUT_RM(5);
+    BF_OUT_RM(6); BF_OUT_RM(7); BF_OUT_RM(8); BF_OUT_RM(9); BF_OUT_RM(10); BF_OUT_RM(11);
+}
+
 /* Word p (x[2p], x[2p+1] as bf16) to dst[p * stride]: 32 floats become one
- * zmm of 16 words, scattered down the strip. */
+ * zmm of 16 words, scattered down the strip (stored as they are when the
+ * stride is 1). */
 static void vitc__row_bf16_avx512(uint32_t *dst, int64_t stride, const float *x, int64_t K,
                                   float *scale, int32_t *zp) {
     (void)scale, (void)zp;
@@ -90,6 +137,10 @@ static void vitc__row_bf16_avx512(uint32_t *dst, int64_t stride, const float *x,
         __m512 x0 = _mm512_maskz_loadu_ps(vitc__m16(K - k), x + k);
         __m512 x1 = _mm512_maskz_loadu_ps(vitc__m16(K - k - 16), x + k + 16);
         __m512i w = (__m512i)_mm512_cvtne2ps_pbh(x1, x0); /* low half from x0 */
+        if (stride == 1) {
+            _mm512_mask_storeu_epi32(dst + k / 2, vitc__m16((K - k + 1) / 2), w);
+            continue;
+        }
         _mm512_mask_i32scatter_epi32(dst + (k / 2) * stride, vitc__m16((K - k + 1) / 2), idx, w, 4);
     }
 }
@@ -180,6 +231,6 @@ static void vitc__row_int8_avx512(uint32_t *dst, int64_t stride, const float *x,
 }
 
 const vitc__lp_kernel vitc__lp_bf16_avx512 = {"avx512-bf16", vitc__ukr_bf16_avx512,
-                                              vitc__row_bf16_avx512};
+                                              vitc__row_bf16_avx512, vitc__ukr_bf16_rm_avx512, 1};
 const vitc__lp_kernel vitc__lp_int8_avx512 = {"avx512-vnni", vitc__ukr_int8_avx512,
-                                              vitc__row_int8_avx512};
+                                              vitc__row_int8_avx512, NULL, 1};

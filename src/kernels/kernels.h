@@ -167,6 +167,9 @@ typedef struct vitc__sdpa_desc {
      * -inf for a fully masked row. Row l of head (b, h) at
      * lse[b*lse_sb + h*lse_sh + l]. */
     float *lse; int64_t lse_sb, lse_sh;
+    /* 1: q k^T and P v on bfloat16 operands with fp32 sums, the softmax in
+     * fp32 (attention_bf16.c; inference: ignored when lse is asked for). */
+    int bf16;
 } vitc__sdpa_desc;
 
 /* Dispatching entry point: threads over B x H x query blocks. */

@@ -89,35 +89,28 @@ static inline __m256 vitc__v_exp2(__m256 x) {
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+/* erf(x) = x P(x^2) / Q(x^2) on x clamped to [-4, 4] (|erf| rounds to 1
+ * beyond): the rational minimax fit of Eigen's and XLA's float erf, within
+ * 3.3e-7 relative of erf (dense grid; tests/test_ops.c bounds it by 1e-6).
+ * Twelve FMAs and one division, no exp and no branch blend: a third of the
+ * time of the erfc-based form it replaced, which was most of the fused
+ * GELU's cost in the int8 forward. NaN in, NaN out (max/min return x). */
 static inline __m256 vitc__v_erf(__m256 x) {
-    __m256 sign = _mm256_and_ps(x, _mm256_set1_ps(-0.0f));
-    __m256 z = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), x);
-    __m256 s = _mm256_mul_ps(z, z);
-    __m256 ps = _mm256_set1_ps(1.0f / 75600.0f);
-    ps = _mm256_fmadd_ps(ps, s, _mm256_set1_ps(-1.0f / 9360.0f));
-    ps = _mm256_fmadd_ps(ps, s, _mm256_set1_ps(1.0f / 1320.0f));
-    ps = _mm256_fmadd_ps(ps, s, _mm256_set1_ps(-1.0f / 216.0f));
-    ps = _mm256_fmadd_ps(ps, s, _mm256_set1_ps(1.0f / 42.0f));
-    ps = _mm256_fmadd_ps(ps, s, _mm256_set1_ps(-1.0f / 10.0f));
-    ps = _mm256_fmadd_ps(ps, s, _mm256_set1_ps(1.0f / 3.0f));
-    ps = _mm256_fnmadd_ps(ps, s, _mm256_set1_ps(1.0f));
-    __m256 small = _mm256_mul_ps(_mm256_mul_ps(ps, z), _mm256_set1_ps(1.12837916709551257f));
-    __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f),
-                             _mm256_fmadd_ps(_mm256_set1_ps(0.5f), z, _mm256_set1_ps(1.0f)));
-    __m256 q = _mm256_set1_ps(0.17087277f);
-    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(-0.82215223f));
-    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(1.48851587f));
-    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(-1.13520398f));
-    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(0.27886807f));
-    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(-0.18628806f));
-    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(0.09678418f));
-    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(0.37409196f));
-    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(1.00002368f));
-    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(-1.26551223f));
-    q = _mm256_fnmadd_ps(z, z, q);
-    __m256 large = _mm256_fnmadd_ps(t, vitc__v_exp(q), _mm256_set1_ps(1.0f));
-    __m256 is_small = _mm256_cmp_ps(z, _mm256_set1_ps(0.5f), _CMP_LT_OQ);
-    return _mm256_or_ps(_mm256_blendv_ps(large, small, is_small), sign);
+    x = _mm256_min_ps(_mm256_set1_ps(4.0f), _mm256_max_ps(_mm256_set1_ps(-4.0f), x));
+    __m256 x2 = _mm256_mul_ps(x, x);
+    __m256 p = _mm256_set1_ps(-2.72614225801306e-10f);
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(2.77068142495902e-08f));
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-2.10102402082508e-06f));
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-5.69250639462346e-05f));
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-7.34990630326855e-04f));
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-2.95459980854025e-03f));
+    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-1.60960333262415e-02f));
+    __m256 q = _mm256_set1_ps(-1.45660718464996e-05f);
+    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-2.13374055278905e-04f));
+    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-1.68282697438203e-03f));
+    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-7.37332916720468e-03f));
+    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-1.42647390514189e-02f));
+    return _mm256_div_ps(_mm256_mul_ps(p, x), q);
 }
 
 #endif

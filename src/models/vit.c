@@ -533,6 +533,7 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     }
     vitc__sdpa_desc sd = vitc__vit_attention(m, qkv, att, B, N, cls_only ? 1 : N);
     sd.probs = probs;
+    sd.bf16 = m->attn_precision == VITC_PRECISION_BF16 && !a->training;
     sd.lse = vitc__va(a, l, VA_LSE); /* [B, H, N], training only */
     sd.lse_sb = c->num_heads * N;
     sd.lse_sh = N;

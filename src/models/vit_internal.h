@@ -237,6 +237,7 @@ struct vitc_vit {
      * inference forward once wversion moves (vitc_vit_param, an optimizer
      * step). Training forwards use the row-major parameters. */
     vitc_precision precision;
+    vitc_precision attn_precision; /* FP32 or BF16: the attention's q k^T and P v */
     vitc__pweight *pw;          /* [depth * VIT_PW_COUNT] or NULL */
     vitc__pweight pconv, phead; /* patch embedding and head: fp32 panels always */
     uint64_t wversion, pversion;

@@ -164,3 +164,19 @@ vitc_status vitc_vit_set_precision(vitc_vit *m, vitc_precision p) {
 vitc_precision vitc_vit_get_precision(const vitc_vit *m) {
     return m ? m->precision : VITC_PRECISION_FP32;
 }
+
+/* Nothing to pack: q, k and v are converted per call (attention_bf16.c). */
+vitc_status vitc_vit_set_attention_precision(vitc_vit *m, vitc_precision p) {
+    if (!m)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_set_attention_precision: NULL model");
+    if (p != VITC_PRECISION_FP32 && p != VITC_PRECISION_BF16)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "attention precision %d: expected fp32 or bf16 (int8 attention is "
+                         "not implemented)", (int)p);
+    m->attn_precision = p;
+    return VITC_OK;
+}
+
+vitc_precision vitc_vit_get_attention_precision(const vitc_vit *m) {
+    return m ? m->attn_precision : VITC_PRECISION_FP32;
+}

@@ -172,6 +172,107 @@ class TestPrecision(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertTrue(os.path.getsize(out_png) > 0)
 
+    @unittest.skipUnless(os.path.exists(os.path.join(ROOT, "build", "vitc")), "needs build/vitc")
+    def test_cli_eval_embed_similar(self):
+        """--precision on eval, embed and similar: each runs in that precision
+        (results differ from fp32's) and stays close to fp32."""
+        import shutil
+        vitc_bin = os.path.join(ROOT, "build", "vitc")
+
+        def run(*args):
+            p = subprocess.run([vitc_bin] + list(args), capture_output=True, text=True)
+            return p.returncode, p.stdout, p.stderr
+
+        # an ImageFolder of two classes (the model has 100): eval's loss per precision
+        root = os.path.join(self.tmp.name, "folder")
+        for k, names in enumerate((PHOTOS[:3], PHOTOS[3:])):
+            os.makedirs(os.path.join(root, "c%d" % k), exist_ok=True)
+            for n in names:
+                shutil.copy(os.path.join(DATA, n), os.path.join(root, "c%d" % k, n))
+        ev, emb = {}, {}
+        photos = [os.path.join(DATA, n) for n in PHOTOS]
+        for prec in ("fp32", "bf16", "int8"):
+            rc, out, err = run("eval", "--model", self.st, "--data", root, "--precision", prec,
+                               "--json", "--quiet")
+            self.assertEqual(rc, 0, err)
+            ev[prec] = json.loads(out)
+            self.assertEqual(ev[prec]["precision"], prec)
+            self.assertEqual(ev[prec]["images"], len(PHOTOS))
+            rc, out, err = run("embed", "--model", self.st, "--precision", prec, "--json",
+                               "--quiet", *photos)
+            self.assertEqual(rc, 0, err)
+            emb[prec] = np.array([json.loads(line)["embedding"] for line in out.splitlines()])
+            self.assertEqual(emb[prec].shape, (len(PHOTOS), self.CFG["hidden_dim"]))
+        for prec in ("bf16", "int8"):
+            max_rel = TOL[prec][0]
+            loss, loss0 = ev[prec]["loss"], ev["fp32"]["loss"]
+            self.assertNotEqual(loss, loss0)
+            self.assertLess(abs(loss - loss0), max_rel * abs(loss0), prec)
+            rel = np.linalg.norm(emb[prec] - emb["fp32"]) / np.linalg.norm(emb["fp32"])
+            self.assertGreater(rel, 0.0, prec)
+            self.assertLess(rel, max_rel, prec)
+        # similar: the cache is per precision; the query itself is the nearest
+        index = os.path.join(root, "c0")
+        scores = {}
+        for prec in ("fp32", "int8", "fp32"):
+            rc, out, err = run("similar", "--model", self.st, "--index", index, "--precision",
+                               prec, "--json", "--quiet", "--topk", "3",
+                               os.path.join(index, PHOTOS[0]))
+            self.assertEqual(rc, 0, err)
+            res = [json.loads(line) for line in out.splitlines()]
+            self.assertEqual(os.path.basename(res[0]["image"]), PHOTOS[0])
+            scores.setdefault(prec, []).append([r["score"] for r in res])
+        self.assertEqual(scores["fp32"][0], scores["fp32"][1])  # rebuilt for fp32 again
+        self.assertNotEqual(scores["int8"][0], scores["fp32"][0])
+        np.testing.assert_allclose(scores["int8"][0], scores["fp32"][0], atol=0.05)
+        for cmd in (["eval", "--model", self.st, "--data", root],
+                    ["embed", "--model", self.st, photos[0]],
+                    ["similar", "--model", self.st, "--index", index, photos[0]]):
+            rc, _, err = run(*(cmd + ["--precision", "fp16"]))
+            self.assertEqual(rc, 2, (cmd, err))
+            self.assertIn("--precision must be fp32, bf16 or int8", err)
+            rc, out, _ = run(cmd[0], "--help")
+            self.assertIn("--precision", out)
+
+    def test_attention_precision(self):
+        """bf16 q k^T and P v: close to fp32 (bf16's error bound), set apart
+        from the weights' precision, in the loaders and the CLI."""
+        m = vitc.VisionTransformer.from_safetensors(self.st, attention_precision="bf16")
+        self.assertEqual((m.precision, m.attention_precision), ("fp32", "bf16"))
+        for name, x in (("photos", self.photos), ("noise", self.noise)):
+            rel, top1, _ = stats(m(x), self.ref[name])
+            print("\nbf16 attention %s: relative logits error %.4f, top-1 agreement %.3f"
+                  % (name, rel, top1), file=sys.stderr)
+            self.assertGreater(rel, 0.0)
+            self.assertLess(rel, TOL["bf16"][0])
+        m.attention_precision = "fp32"
+        np.testing.assert_array_equal(m(self.photos), self.ref["photos"])
+        both = vitc.load_model(self.st, precision="int8", attention_precision="bf16")
+        int8 = vitc.VisionTransformer.from_safetensors(self.st, precision="int8")
+        a, b = both(self.photos), int8(self.photos)
+        self.assertGreater(np.abs(a - b).max(), 0.0)
+        self.assertLess(stats(a, self.ref["photos"])[0], TOL["int8"][0])
+        for bad in ("int8", "fp16"):
+            with self.assertRaises(ValueError):
+                m.attention_precision = bad
+        if os.path.exists(os.path.join(ROOT, "build", "vitc")):
+            vitc_bin = os.path.join(ROOT, "build", "vitc")
+            photo = os.path.join(DATA, "photo.png")
+            outs = {}
+            for ap in ("fp32", "bf16"):
+                p = subprocess.run([vitc_bin, "classify", "--model", self.st, "--topk", "1",
+                                    "--attention-precision", ap, "--json", "--quiet", photo],
+                                   capture_output=True, text=True)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                outs[ap] = json.loads(p.stdout)["topk"][0]["logit"]
+            self.assertNotEqual(outs["fp32"], outs["bf16"])
+            self.assertLess(abs(outs["fp32"] - outs["bf16"]), 0.02 * abs(outs["fp32"]) + 0.02)
+            p = subprocess.run([vitc_bin, "classify", "--model", self.st,
+                                "--attention-precision", "int8", photo],
+                               capture_output=True, text=True)
+            self.assertEqual(p.returncode, 2)
+            self.assertIn("--attention-precision must be fp32 or bf16", p.stderr)
+
     def test_bad_precision(self):
         m = vitc.VisionTransformer.from_safetensors(self.st)
         with self.assertRaises(ValueError):
