@@ -219,6 +219,43 @@ static void test_builtin_thread_invariant(void **state) {
     free(A), free(B), free(C1), free(C2);
 }
 
+/* A shallow untransposed A is read in place instead of packed (gemm.c's
+ * direct path): the same FMAs in the same order, so bitwise the packed
+ * result, with edges (rows not a multiple of 12 or of MC, padded lda) and
+ * the Linear epilogue. */
+static void test_direct_equals_packed(void **state) {
+    int64_t shapes[][3] = {{157, 97, 96}, {6400 / 50, 288, 96}, {77, 33, 300}, {13, 5, 7}};
+    const char *archs[] = {"generic", "avx2", "avx512"};
+    assert_int_equal(vitc_set_gemm_backend("builtin"), VITC_OK);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = K + (int64_t)s;
+        float *A = rand_buf((size_t)(M * lda)), *B = rand_buf((size_t)(N * K));
+        float *bias = rand_buf((size_t)N), *res = rand_buf((size_t)(M * N));
+        float *C1 = malloc((size_t)(M * N) * sizeof(float)), *C2 = malloc((size_t)(M * N) * sizeof(float));
+        for (int a = 0; a < 3; a++) {
+            if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+            for (int t = 1; t <= 2; t++) {
+                vitc_set_num_threads(t);
+                for (int tb = 0; tb < 2; tb++) {
+                    vitc__gemm_set_direct(1);
+                    vitc__gemm(0, tb, M, N, K, 0.5f, A, lda, B, tb ? K : N, 0.0f, C1, N);
+                    vitc__gemm_set_direct(0);
+                    vitc__gemm(0, tb, M, N, K, 0.5f, A, lda, B, tb ? K : N, 0.0f, C2, N);
+                    assert_memory_equal(C1, C2, (size_t)(M * N) * sizeof(float));
+                }
+                vitc__gemm_set_direct(1);
+                vitc__linear(C1, N, A, lda, B, bias, res, N, M, N, K);
+                vitc__gemm_set_direct(0);
+                vitc__linear(C2, N, A, lda, B, bias, res, N, M, N, K);
+                assert_memory_equal(C1, C2, (size_t)(M * N) * sizeof(float));
+            }
+        }
+        vitc__gemm_set_direct(1);
+        free(A), free(B), free(bias), free(res), free(C1), free(C2);
+    }
+    restore();
+}
+
 /* y = x W^T + b + residual, against float64; also y aliasing the residual. */
 static void test_linear_epilogue(void **state) {
     collect_paths();
@@ -307,6 +344,7 @@ int main(void) {
         cmocka_unit_test(test_vit_shapes),
         cmocka_unit_test(test_nan_in_c_beta0),
         cmocka_unit_test(test_builtin_thread_invariant),
+        cmocka_unit_test(test_direct_equals_packed),
         cmocka_unit_test(test_linear_epilogue),
         cmocka_unit_test(test_gemm_in_pool_task),
     };

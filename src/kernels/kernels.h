@@ -89,6 +89,9 @@ void vitc__gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float
 void vitc__gemm_ref(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                     float *C, int64_t ldc);
+/* Whether the built-in GEMM may read a shallow A unpacked (the kernel's
+ * direct_kc, default on). Bitwise the same either way; tests compare. */
+void vitc__gemm_set_direct(int on);
 
 /* y[M,N] = x[M,K] @ W[N,K]^T + bias[N] (nn.Linear; bias may be NULL).
  * residual (may be NULL) [M,N] with row stride ldr is added in the epilogue.
