@@ -98,6 +98,7 @@ static const vitc__kernels vitc__tables[3] = {
         .gelu = vitc__gelu_ref, .row_stats = vitc__row_stats_ref, .row_norm = vitc__row_norm_ref,
         .gelu_backward = vitc__gelu_backward_ref,
         .layernorm_backward_row = vitc__layernorm_backward_row_ref,
+        .colsum = vitc__colsum_ref, .layernorm_backward_cols = vitc__layernorm_backward_cols_ref,
         .attn_rows = vitc__attn_rows_generic, .attn_bwd = vitc__attn_bwd_generic, .gemm = &vitc__gemm_kernel_generic,
     },
     [VITC_ARCH_AVX2] = {
@@ -107,6 +108,7 @@ static const vitc__kernels vitc__tables[3] = {
         .gelu = vitc__gelu_avx2, .row_stats = vitc__row_stats_avx2, .row_norm = vitc__row_norm_avx2,
         .gelu_backward = vitc__gelu_backward_avx2,
         .layernorm_backward_row = vitc__layernorm_backward_row_avx2,
+        .colsum = vitc__colsum_avx2, .layernorm_backward_cols = vitc__layernorm_backward_cols_avx2,
         .attn_rows = vitc__attn_rows_avx2, .attn_bwd = vitc__attn_bwd_avx2, .gemm = &vitc__gemm_kernel_avx2,
     },
     [VITC_ARCH_AVX512] = {
@@ -117,6 +119,7 @@ static const vitc__kernels vitc__tables[3] = {
         .row_norm = vitc__row_norm_avx512,
         .gelu_backward = vitc__gelu_backward_avx512,
         .layernorm_backward_row = vitc__layernorm_backward_row_avx512,
+        .colsum = vitc__colsum_avx512, .layernorm_backward_cols = vitc__layernorm_backward_cols_avx512,
         .attn_rows = vitc__attn_rows_avx512, .attn_bwd = vitc__attn_bwd_avx512, .gemm = &vitc__gemm_kernel_avx512,
     },
 };

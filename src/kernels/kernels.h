@@ -69,6 +69,13 @@ typedef struct vitc__kernels {
     void (*gelu_backward)(float *dx, const float *dy, const float *x, int64_t n);
     void (*layernorm_backward_row)(float *dx, const float *dy, const float *x, const float *w,
                                    int64_t C, float mean, float rstd);
+    /* Column sums over rows in order, columns [j0, j1): a bias gradient
+     * db += sum_i dy[i]; LayerNorm's dw += sum_i dy (x - mean) rstd and
+     * db += sum_i dy (stats [M][2] = mean, rstd). */
+    void (*colsum)(float *db, const float *dy, int64_t lddy, int64_t M, int64_t j0, int64_t j1);
+    void (*layernorm_backward_cols)(float *dw, float *db, const float *dy, const float *x,
+                                    const float *stats, int64_t M, int64_t C, int64_t j0,
+                                    int64_t j1);
     /* The built-in GEMM's microkernel and blocking (gemm_ukernels.h). */
     const struct vitc__gemm_kernel *gemm;
 } vitc__kernels;

@@ -44,5 +44,19 @@ void vitc__layernorm_backward_row_avx2(float *dx, const float *dy, const float *
                                        int64_t C, float mean, float rstd);
 void vitc__layernorm_backward_row_avx512(float *dx, const float *dy, const float *x,
                                          const float *w, int64_t C, float mean, float rstd);
+/* Column sums of the backward (ops_backward.c's refs; kernels.h table). */
+void vitc__colsum_ref(float *db, const float *dy, int64_t lddy, int64_t M, int64_t j0, int64_t j1);
+void vitc__colsum_avx2(float *db, const float *dy, int64_t lddy, int64_t M, int64_t j0, int64_t j1);
+void vitc__colsum_avx512(float *db, const float *dy, int64_t lddy, int64_t M, int64_t j0,
+                         int64_t j1);
+void vitc__layernorm_backward_cols_ref(float *dw, float *db, const float *dy, const float *x,
+                                       const float *stats, int64_t M, int64_t C, int64_t j0,
+                                       int64_t j1);
+void vitc__layernorm_backward_cols_avx2(float *dw, float *db, const float *dy, const float *x,
+                                        const float *stats, int64_t M, int64_t C, int64_t j0,
+                                        int64_t j1);
+void vitc__layernorm_backward_cols_avx512(float *dw, float *db, const float *dy, const float *x,
+                                          const float *stats, int64_t M, int64_t C, int64_t j0,
+                                          int64_t j1);
 
 #endif
