@@ -256,6 +256,31 @@ static void test_direct_equals_packed(void **state) {
     restore();
 }
 
+/* vitc__linear_act: y as vitc__linear gives it and act = GELU(y) as
+ * vitc__gelu gives it (both elementwise: bitwise), on every path. */
+static void test_linear_act(void **state) {
+    collect_paths();
+    int64_t shapes[][3] = {{157, 97, 96}, {30, 192, 70}, {5, 7, 3}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ld = N + (int64_t)s;
+        float *x = rand_buf((size_t)(M * K)), *W = rand_buf((size_t)(N * K)), *b = rand_buf((size_t)N);
+        float *y = malloc((size_t)(M * ld) * sizeof(float)), *act = malloc((size_t)(M * ld) * sizeof(float));
+        float *y2 = malloc((size_t)(M * ld) * sizeof(float));
+        for (int p = 0; p < npaths; p++) {
+            use_path(&paths[p]);
+            vitc__linear_act(y, ld, act, ld, x, K, W, b, M, N, K);
+            vitc__linear(y2, ld, x, K, W, b, NULL, 0, M, N, K);
+            for (int64_t i = 0; i < M; i++)
+                assert_memory_equal(y + i * ld, y2 + i * ld, (size_t)N * sizeof(float));
+            for (int64_t i = 0; i < M; i++) vitc__gelu(y2 + i * ld, N);
+            for (int64_t i = 0; i < M; i++)
+                assert_memory_equal(act + i * ld, y2 + i * ld, (size_t)N * sizeof(float));
+        }
+        restore();
+        free(x), free(W), free(b), free(y), free(act), free(y2);
+    }
+}
+
 /* y = x W^T + b + residual, against float64; also y aliasing the residual. */
 static void test_linear_epilogue(void **state) {
     collect_paths();
@@ -345,6 +370,7 @@ int main(void) {
         cmocka_unit_test(test_nan_in_c_beta0),
         cmocka_unit_test(test_builtin_thread_invariant),
         cmocka_unit_test(test_direct_equals_packed),
+        cmocka_unit_test(test_linear_act),
         cmocka_unit_test(test_linear_epilogue),
         cmocka_unit_test(test_gemm_in_pool_task),
     };

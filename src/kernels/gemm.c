@@ -292,6 +292,10 @@ typedef struct vitc__gemm_job {
     const float *pbw;
     int64_t npad;
     void (*gelu)(float *x, int64_t n); /* applied to C after the last K block, or NULL */
+    /* Also after the last K block, on the tile still in L1 (NULL: none):
+     * act [M, ld_act] = gelu(C), C kept (training keeps GELU's input). */
+    float *act;
+    int64_t ld_act;
     int by_cols;  /* threads split columns (else rows) */
     int64_t unit; /* split granularity: NR or MR (or 16 for OpenBLAS) */
     int nparts;
@@ -334,8 +338,16 @@ static inline void vitc__tile(const vitc__gemm_job *g, int direct, int64_t kc, c
         kn->ukr_rm(kc, pa, g->lda, pb, C, g->ldc, mr, nr, &e);
     else
         kn->ukr(kc, pa, pb, C, g->ldc, mr, nr, &e);
-    if (g->gelu && pc + kc >= g->K) /* the tile is final and still in L1 */
+    if (pc + kc < g->K) return;
+    /* the tile is final and still in L1 */
+    if (g->gelu && !g->act)
         for (int64_t r = 0; r < mr; r++) g->gelu(C + r * g->ldc, nr);
+    if (g->act)
+        for (int64_t r = 0; r < mr; r++) {
+            float *a = g->act + (i + r) * g->ld_act + j;
+            memcpy(a, C + r * g->ldc, (size_t)nr * sizeof(float));
+            g->gelu(a, nr);
+        }
 }
 
 static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1, int64_t j0,
@@ -463,8 +475,15 @@ static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
     if (i0 >= i1 || j0 >= j1) return;
     if (g->K <= 0 || g->alpha == 0.0f) {
         vitc__scale_only(g, i0, i1, j0, j1);
-        if (g->gelu)
-            for (int64_t i = i0; i < i1; i++) g->gelu(g->C + i * g->ldc + j0, j1 - j0);
+        for (int64_t i = i0; i < i1; i++) {
+            float *c = g->C + i * g->ldc + j0;
+            if (g->gelu && !g->act) g->gelu(c, j1 - j0);
+            if (g->act) {
+                float *a = g->act + i * g->ld_act + j0;
+                memcpy(a, c, (size_t)(j1 - j0) * sizeof(float));
+                g->gelu(a, j1 - j0);
+            }
+        }
         return;
     }
 #ifdef VITC_HAVE_OPENBLAS
@@ -531,6 +550,34 @@ void vitc__linear(float *y, int64_t ldy, const float *x, int64_t ldx, const floa
                         .lda = ldx, .B = W, .ldb = K, .C = y, .ldc = ldy, .bias = bias,
                         .res = residual, .ldr = ldr, .nparts = 1};
     vitc__gemm_run(&g, vitc__backend() == VITC_GEMM_BUILTIN);
+}
+
+/* act = GELU(C) after an OpenBLAS product (no epilogue of ours). */
+static void vitc__act_rows(const float *C, int64_t ldc, int64_t M, int64_t N, float *act,
+                           int64_t ld_act) {
+    if (ldc == N && ld_act == N) { /* one threaded pass */
+        memcpy(act, C, (size_t)(M * N) * sizeof(float));
+        vitc__gelu(act, M * N);
+        return;
+    }
+    for (int64_t i = 0; i < M; i++) {
+        memcpy(act + i * ld_act, C + i * ldc, (size_t)N * sizeof(float));
+        vitc__gelu(act + i * ld_act, N);
+    }
+}
+
+void vitc__linear_act(float *y, int64_t ldy, float *act, int64_t ld_act, const float *x,
+                      int64_t ldx, const float *W, const float *bias, int64_t M, int64_t N,
+                      int64_t K) {
+    vitc__gemm_job g = {.ta = 0, .tb = 1, .M = M, .N = N, .K = K, .alpha = 1.0f, .A = x,
+                        .lda = ldx, .B = W, .ldb = K, .C = y, .ldc = ldy, .bias = bias,
+                        .nparts = 1};
+    int builtin = vitc__backend() == VITC_GEMM_BUILTIN;
+    if (builtin) {
+        g.act = act, g.ld_act = ld_act, g.gelu = vitc__kern()->gelu;
+    }
+    vitc__gemm_run(&g, builtin);
+    if (!g.kern) vitc__act_rows(y, ldy, M, N, act, ld_act);
 }
 
 /* ---- packed weights ------------------------------------------------ */

@@ -107,6 +107,11 @@ void vitc__linear(float *y, int64_t ldy, const float *x, int64_t ldx, const floa
                   const float *bias, const float *residual, int64_t ldr, int64_t M, int64_t N,
                   int64_t K);
 
+/* y = x W^T + bias and act = GELU(y) (erf), both kept: the training
+ * forward of an MLP's fc1, GELU applied to each tile while it is in L1. */
+void vitc__linear_act(float *y, int64_t ldy, float *act, int64_t ld_act, const float *x,
+                      int64_t ldx, const float *W, const float *bias, int64_t M, int64_t N,
+                      int64_t K);
 /* ---- packed weights (gemm.c, gemm_lp.c) --------------------------- */
 
 /* A Linear's weight W [N, K] converted once for y = x W^T:
@@ -255,6 +260,11 @@ void vitc__linear_backward_ref(float *dx, int64_t lddx, float dx_beta, float *dW
  * in double) into stats [2M] (scratch). */
 void vitc__layernorm_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
                               const float *w, int64_t M, int64_t C, float eps, float *stats);
+/* The same with dx = res + that gradient (res [M, C] may be dx: the
+ * above); a residual stream's gradient without a separate copy. */
+void vitc__layernorm_backward_res(float *dx, const float *res, float *dw, float *db,
+                                  const float *dy, const float *x, const float *w, int64_t M,
+                                  int64_t C, float eps, float *stats);
 void vitc__layernorm_backward_ref(float *dx, float *dw, float *db, const float *dy,
                                   const float *x, const float *w, int64_t M, int64_t C, float eps);
 /* GELU (erf): dx[n] = dy * gelu'(x), overwritten (dx may be dy). */

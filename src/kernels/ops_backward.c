@@ -121,7 +121,7 @@ void vitc__layernorm_backward_ref(float *dx, float *dw, float *db, const float *
 
 typedef struct ln_bwd_ctx {
     float *dx, *dw, *db, *stats;
-    const float *dy, *x, *w;
+    const float *dy, *x, *w, *res; /* res: dx's starting value, or NULL for dx itself */
     int64_t M, C;
     float eps;
 } ln_bwd_ctx;
@@ -154,6 +154,8 @@ static void ln_bwd_rows(void *c, int64_t r0, int64_t r1, int tid) {
         if (var < 0.0) var = 0.0;
         st[0] = (float)(x0 + md);
         st[1] = (float)(1.0 / sqrt(var + (double)k->eps));
+        if (k->res && k->res != k->dx)
+            memcpy(k->dx + i * k->C, k->res + i * k->C, (size_t)k->C * sizeof(float));
         kt->layernorm_backward_row(k->dx + i * k->C, k->dy + i * k->C, xr, k->w, k->C, st[0],
                                    st[1]);
     }
@@ -168,11 +170,17 @@ static void ln_bwd_cols(void *c, int64_t t0, int64_t t1, int tid) {
     vitc__kern()->layernorm_backward_cols(k->dw, k->db, k->dy, k->x, k->stats, k->M, k->C, j0, j1);
 }
 
-void vitc__layernorm_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
-                              const float *w, int64_t M, int64_t C, float eps, float *stats) {
-    ln_bwd_ctx k = {dx, dw, db, stats, dy, x, w, M, C, eps};
+void vitc__layernorm_backward_res(float *dx, const float *res, float *dw, float *db,
+                                  const float *dy, const float *x, const float *w, int64_t M,
+                                  int64_t C, float eps, float *stats) {
+    ln_bwd_ctx k = {dx, dw, db, stats, dy, x, w, res, M, C, eps};
     vitc__parallel_range(M, ln_bwd_rows, &k);
     vitc__parallel_range((C + COLS - 1) / COLS, ln_bwd_cols, &k);
+}
+
+void vitc__layernorm_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
+                              const float *w, int64_t M, int64_t C, float eps, float *stats) {
+    vitc__layernorm_backward_res(dx, NULL, dw, db, dy, x, w, M, C, eps, stats);
 }
 
 /* ---- GELU (erf) --------------------------------------------------- */

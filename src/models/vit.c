@@ -560,10 +560,16 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     vitc__layernorm(ln2, mid, w->ln2_w, w->ln2_b, R, C, c->norm_eps);
     /* Inference: erf GELU in fc1's epilogue. Training keeps GELU's input for backward. */
     int fused = hact == hpre && m->mlp_act == VIT_ACT_GELU && !m->swiglu;
-    VITC_TRY(vit_linear(m, l, VIT_PW_FC1, hpre, M, ln2, C, w->fc1_w, w->fc1_b, NULL, 0, R, M, C,
-                        fused));
-    if (hact != hpre)
-        memcpy(hact, hpre, (size_t)(R * M) * sizeof(float));
+    /* Training (row-major weights): hpre and GELU(hpre) from one epilogue. */
+    int both = hact != hpre && m->mlp_act == VIT_ACT_GELU && !m->swiglu && !m->use_packed;
+    if (both) {
+        vitc__linear_act(hpre, M, hact, M, ln2, C, w->fc1_w, w->fc1_b, R, M, C);
+    } else {
+        VITC_TRY(vit_linear(m, l, VIT_PW_FC1, hpre, M, ln2, C, w->fc1_w, w->fc1_b, NULL, 0, R, M,
+                            C, fused));
+        if (hact != hpre)
+            memcpy(hact, hpre, (size_t)(R * M) * sizeof(float));
+    }
     if (m->swiglu) { /* DINOv2 giant: [a, b] = chunk(fc1, 2); silu(a) * b, compacted in place */
         int64_t h2 = M / 2;
         for (int64_t r = 0; r < R; r++)
@@ -572,7 +578,7 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
                 hact[r * h2 + j] = a0 / (1.0f + expf(-a0)) * b0;
             }
         M = h2; /* fc2 reads [R, M/2] */
-    } else if (!fused) {
+    } else if (!fused && !both) {
         vit_activation(m, hact, R * M);
     }
     if (k.hid && m->dropout > 0.0f) { /* MLPBlock's Dropout after the GELU */
