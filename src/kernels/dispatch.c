@@ -99,6 +99,7 @@ static const vitc__kernels vitc__tables[3] = {
         .gelu_backward = vitc__gelu_backward_ref,
         .layernorm_backward_row = vitc__layernorm_backward_row_ref,
         .colsum = vitc__colsum_ref, .layernorm_backward_cols = vitc__layernorm_backward_cols_ref,
+        .adamw = vitc__adamw_ref,
         .attn_rows = vitc__attn_rows_generic, .attn_bwd = vitc__attn_bwd_generic, .gemm = &vitc__gemm_kernel_generic,
     },
     [VITC_ARCH_AVX2] = {
@@ -109,6 +110,7 @@ static const vitc__kernels vitc__tables[3] = {
         .gelu_backward = vitc__gelu_backward_avx2,
         .layernorm_backward_row = vitc__layernorm_backward_row_avx2,
         .colsum = vitc__colsum_avx2, .layernorm_backward_cols = vitc__layernorm_backward_cols_avx2,
+        .adamw = vitc__adamw_ref, /* no AVX2 version yet: memory-bound, the scalar loop */
         .attn_rows = vitc__attn_rows_avx2, .attn_bwd = vitc__attn_bwd_avx2, .gemm = &vitc__gemm_kernel_avx2,
     },
     [VITC_ARCH_AVX512] = {
@@ -120,6 +122,7 @@ static const vitc__kernels vitc__tables[3] = {
         .gelu_backward = vitc__gelu_backward_avx512,
         .layernorm_backward_row = vitc__layernorm_backward_row_avx512,
         .colsum = vitc__colsum_avx512, .layernorm_backward_cols = vitc__layernorm_backward_cols_avx512,
+        .adamw = vitc__adamw_avx512,
         .attn_rows = vitc__attn_rows_avx512, .attn_bwd = vitc__attn_bwd_avx512, .gemm = &vitc__gemm_kernel_avx512,
     },
 };

@@ -38,6 +38,19 @@ struct vitc__attn_ws;
 struct vitc__attn_bwd_plan;
 struct vitc__gemm_kernel;
 
+/* AdamW's per-tensor constants (src/train/optim.c): p = p * shrink -
+ * step_size * m / (sqrt(v) / bc2_sqrt + eps), in double. */
+typedef struct vitc__adamw_coef {
+    double shrink, step_size, b1, b2, eps, bc2_sqrt;
+} vitc__adamw_coef;
+/* One AdamW update of n elements (vmax NULL unless amsgrad), torch's float32
+ * AdamW computed in double per element; the SIMD versions perform the same
+ * IEEE operations in the same order, so they are bitwise the reference. */
+void vitc__adamw_ref(float *p, float *m, float *v, float *vmax, const float *g, size_t n,
+                     const vitc__adamw_coef *c);
+void vitc__adamw_avx512(float *p, float *m, float *v, float *vmax, const float *g, size_t n,
+                        const vitc__adamw_coef *c);
+
 /* The kernels of one CPU path (BLIS's context, stb's setup_*): one constant
  * table per path in dispatch.c, chosen by vitc__kern() from the arch in use
  * (cpuid, VITC_ARCH, vitc_set_arch). A dispatcher reads the table once per
@@ -76,6 +89,8 @@ typedef struct vitc__kernels {
     void (*layernorm_backward_cols)(float *dw, float *db, const float *dy, const float *x,
                                     const float *stats, int64_t M, int64_t C, int64_t j0,
                                     int64_t j1);
+    void (*adamw)(float *p, float *m, float *v, float *vmax, const float *g, size_t n,
+                  const vitc__adamw_coef *c);
     /* The built-in GEMM's microkernel and blocking (gemm_ukernels.h). */
     const struct vitc__gemm_kernel *gemm;
 } vitc__kernels;
