@@ -219,17 +219,22 @@ static void test_builtin_thread_invariant(void **state) {
     free(A), free(B), free(C1), free(C2);
 }
 
-/* A shallow untransposed A is read in place instead of packed (gemm.c's
+/* A shallow untransposed A read in place instead of packed (gemm.c's
  * direct path): the same FMAs in the same order, so bitwise the packed
- * result, with edges (rows not a multiple of 12 or of MC, padded lda) and
- * the Linear epilogue. */
+ * result, with edges (rows not a multiple of 12 or of MC, columns not of
+ * 32, padded lda and ldb) and the Linear epilogue; transposed A (weight
+ * gradients, K past one KC block) must not change with the switch. */
 static void test_direct_equals_packed(void **state) {
-    int64_t shapes[][3] = {{157, 97, 96}, {6400 / 50, 288, 96}, {77, 33, 300}, {13, 5, 7}};
+    int64_t shapes[][4] = {{157, 97, 96, 0}, {6400 / 50, 288, 96, 0}, {77, 33, 300, 0},
+                           {13, 5, 7, 0},    {288, 96, 1500, 1},      {100, 70, 2100, 1},
+                           {7, 33, 40, 1}};
     const char *archs[] = {"generic", "avx2", "avx512"};
     assert_int_equal(vitc_set_gemm_backend("builtin"), VITC_OK);
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
-        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = K + (int64_t)s;
-        float *A = rand_buf((size_t)(M * lda)), *B = rand_buf((size_t)(N * K));
+        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        int ta = (int)shapes[s][3];
+        int64_t lda = (ta ? M : K) + (int64_t)s, ldb = N + 3; /* B [K, ldb] or [N, K] */
+        float *A = rand_buf((size_t)((ta ? K : M) * lda)), *B = rand_buf((size_t)(K * ldb + N * K));
         float *bias = rand_buf((size_t)N), *res = rand_buf((size_t)(M * N));
         float *C1 = malloc((size_t)(M * N) * sizeof(float)), *C2 = malloc((size_t)(M * N) * sizeof(float));
         for (int a = 0; a < 3; a++) {
@@ -237,12 +242,16 @@ static void test_direct_equals_packed(void **state) {
             for (int t = 1; t <= 2; t++) {
                 vitc_set_num_threads(t);
                 for (int tb = 0; tb < 2; tb++) {
-                    vitc__gemm_set_direct(1);
-                    vitc__gemm(0, tb, M, N, K, 0.5f, A, lda, B, tb ? K : N, 0.0f, C1, N);
-                    vitc__gemm_set_direct(0);
-                    vitc__gemm(0, tb, M, N, K, 0.5f, A, lda, B, tb ? K : N, 0.0f, C2, N);
-                    assert_memory_equal(C1, C2, (size_t)(M * N) * sizeof(float));
+                    for (int beta = 0; beta < 2; beta++) {
+                        for (int64_t i = 0; i < M * N; i++) C1[i] = C2[i] = res[i];
+                        vitc__gemm_set_direct(1);
+                        vitc__gemm(ta, tb, M, N, K, 0.5f, A, lda, B, tb ? K : ldb, (float)beta, C1, N);
+                        vitc__gemm_set_direct(0);
+                        vitc__gemm(ta, tb, M, N, K, 0.5f, A, lda, B, tb ? K : ldb, (float)beta, C2, N);
+                        assert_memory_equal(C1, C2, (size_t)(M * N) * sizeof(float));
+                    }
                 }
+                if (ta) continue;
                 vitc__gemm_set_direct(1);
                 vitc__linear(C1, N, A, lda, B, bias, res, N, M, N, K);
                 vitc__gemm_set_direct(0);

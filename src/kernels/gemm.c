@@ -320,33 +320,34 @@ static void vitc__scale_only(const vitc__gemm_job *g, int64_t i0, int64_t i1, in
 #define VITC_MAX_NR 64
 #define VITC_SMALL_KC 64
 
-/* Packing A can be switched off per kernel (direct_kc); tests turn the
- * unpacked path off to compare both (vitc__gemm_set_direct). */
+/* Reading operands in place (the kernel's ukr_st) can be switched off;
+ * tests compare both ways (vitc__gemm_set_direct). */
 static int vitc__gemm_direct_on = 1;
 void vitc__gemm_set_direct(int on) { __atomic_store_n(&vitc__gemm_direct_on, on != 0, __ATOMIC_RELAXED); }
 
-/* One MR x NR tile at (i, j) of K block pc: from packed A (pa) or, when
- * direct, from op(A) itself (pa = &A[i][pc]); GELU once the tile is final. */
-static inline void vitc__tile(const vitc__gemm_job *g, int direct, int64_t kc, const float *pa,
-                              const float *pb, int64_t pc, int64_t i, int64_t j, int64_t mr,
-                              int64_t nr) {
+/* One MR x NR tile at (i, j) of K block pc: from packed panels (ukr: a, b
+ * strips of MR and NR) or, when st, from A and B with their strides
+ * (ukr_st); GELU once the tile is final. */
+static inline void vitc__tile(const vitc__gemm_job *g, int st, int64_t kc, const float *a,
+                              int64_t a_ks, int64_t a_rs, const float *b, int64_t b_ks,
+                              int64_t pc, int64_t i, int64_t j, int64_t mr, int64_t nr) {
     const vitc__gemm_kernel *kn = g->kern;
     vitc__gemm_epi e = {g->alpha, g->beta, pc == 0, g->bias ? g->bias + j : NULL,
                         g->res ? g->res + i * g->ldr + j : NULL, g->ldr};
     float *C = g->C + i * g->ldc + j;
-    if (direct)
-        kn->ukr_rm(kc, pa, g->lda, pb, C, g->ldc, mr, nr, &e);
+    if (st)
+        kn->ukr_st(kc, a, a_ks, a_rs, b, b_ks, C, g->ldc, mr, nr, &e);
     else
-        kn->ukr(kc, pa, pb, C, g->ldc, mr, nr, &e);
+        kn->ukr(kc, a, b, C, g->ldc, mr, nr, &e);
     if (pc + kc < g->K) return;
     /* the tile is final and still in L1 */
     if (g->gelu && !g->act)
         for (int64_t r = 0; r < mr; r++) g->gelu(C + r * g->ldc, nr);
     if (g->act)
         for (int64_t r = 0; r < mr; r++) {
-            float *a = g->act + (i + r) * g->ld_act + j;
-            memcpy(a, C + r * g->ldc, (size_t)nr * sizeof(float));
-            g->gelu(a, nr);
+            float *o = g->act + (i + r) * g->ld_act + j;
+            memcpy(o, C + r * g->ldc, (size_t)nr * sizeof(float));
+            g->gelu(o, nr);
         }
 }
 
@@ -360,11 +361,14 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
     int64_t kc_max = g->K < KC ? g->K : KC;
     int64_t mc_max = (m < MC ? (m + MR - 1) / MR * MR : MC);
     int64_t nc_max = (n < NC ? (n + NR - 1) / NR * NR : NC);
-    /* A shallow, untransposed A is read in place: no A buffer. */
-    int direct = kn->ukr_rm && !g->ta && g->K <= kn->direct_kc &&
-                 __atomic_load_n(&vitc__gemm_direct_on, __ATOMIC_RELAXED);
-    int64_t pa_len = direct ? 0 : (mc_max * kc_max + 15) & ~(int64_t)15; /* keeps pb 64-byte aligned */
     const float *pbw = g->pbw; /* prepacked panels: no B buffer */
+    int on = kn->ukr_st && __atomic_load_n(&vitc__gemm_direct_on, __ATOMIC_RELAXED);
+    /* A shallow, untransposed A is read in place. (Reading a weight
+     * gradient's dY^T and X in place instead of packing them measured 4-8%
+     * slower on a Fashion-MNIST step: they come from memory, and the
+     * packers prefetch.) */
+    int da = on && !g->ta && g->K <= kn->direct_kc;
+    int64_t pa_len = da ? 0 : (mc_max * kc_max + 15) & ~(int64_t)15; /* keeps pb 64-byte aligned */
     float *pa = vitc__get_scratch((size_t)(pa_len + (pbw ? 0 : nc_max * kc_max)) + 1);
     _Alignas(64) float small[VITC_SMALL_KC * (VITC_MAX_MR + VITC_MAX_NR)];
     if (!pa) {
@@ -374,7 +378,7 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
         pbw = NULL; /* op(B) row-major is always kept beside its panels */
         pa = small;
         pa_len = VITC_SMALL_KC * VITC_MAX_MR;
-        direct = 0;
+        da = 0;
     }
     float *pb = pa + pa_len;
     for (int64_t jc = j0; jc < j1; jc += NC) {
@@ -387,16 +391,16 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                 kn->packb(pb, g->B, g->ldb, g->tb, pc, kc, jc, nc);
             else
                 vitc__gemm_packb_generic(pb, NR, g->B, g->ldb, g->tb, pc, kc, jc, nc);
-            if (direct) {
+            if (da) {
                 /* As below, the MC-row block of A (now in place) is reused
                  * across the B micro-panels, one at a time in L1. */
                 for (int64_t ic = i0; ic < i1; ic += MC) {
                     int64_t mc = i1 - ic < MC ? i1 - ic : MC;
                     for (int64_t jr = 0; jr < nc; jr += NR)
                         for (int64_t ir = 0; ir < mc; ir += MR)
-                            vitc__tile(g, 1, kc, g->A + (ic + ir) * g->lda + pc, pb + jr * kc, pc,
-                                       ic + ir, jc + jr, mc - ir < MR ? mc - ir : MR,
-                                       nc - jr < NR ? nc - jr : NR);
+                            vitc__tile(g, 1, kc, g->A + (ic + ir) * g->lda + pc, 1, g->lda,
+                                       pb + jr * kc, NR, pc, ic + ir, jc + jr,
+                                       mc - ir < MR ? mc - ir : MR, nc - jr < NR ? nc - jr : NR);
                 }
                 continue;
             }
@@ -410,8 +414,8 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                     int64_t nr = nc - jr < NR ? nc - jr : NR;
                     for (int64_t ir = 0; ir < mc; ir += MR) {
                         int64_t mr = mc - ir < MR ? mc - ir : MR;
-                        vitc__tile(g, 0, kc, pa + ir * kc, pb + jr * kc, pc, ic + ir, jc + jr, mr,
-                                   nr);
+                        vitc__tile(g, 0, kc, pa + ir * kc, 0, 0, pb + jr * kc, 0, pc, ic + ir,
+                                   jc + jr, mr, nr);
                     }
                 }
             }
