@@ -265,6 +265,44 @@ static void test_direct_equals_packed(void **state) {
     restore();
 }
 
+/* vitc__gemm_tn_asum: C bitwise vitc__gemm's A^T B, and the column sums
+ * of A bitwise a plain loop over its rows (k ascending), on every built-in
+ * path and thread count; rows split (M > N) and columns split (N > M). */
+static void test_gemm_tn_asum(void **state) {
+    int64_t shapes[][3] = {{97, 40, 1500}, {290, 96, 700}, {30, 300, 1100}, {5, 3, 2}};
+    const char *archs[] = {"generic", "avx2", "avx512"};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = M + 1;
+        float *A = rand_buf((size_t)(K * lda)), *B = rand_buf((size_t)(K * N));
+        float *C0 = rand_buf((size_t)(M * N)), *s0 = rand_buf((size_t)M);
+        float *C1 = malloc((size_t)(M * N) * sizeof(float)), *C2 = malloc((size_t)(M * N) * sizeof(float));
+        float *s1 = malloc((size_t)M * sizeof(float)), *s2 = malloc((size_t)M * sizeof(float));
+        memcpy(s2, s0, (size_t)M * sizeof(float));
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t i = 0; i < M; i++) s2[i] += A[k * lda + i];
+        assert_int_equal(vitc_set_gemm_backend("builtin"), VITC_OK);
+        for (int a = 0; a < 3; a++) {
+            if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+            for (int t = 1; t <= 2; t++) {
+                vitc_set_num_threads(t);
+                memcpy(C1, C0, (size_t)(M * N) * sizeof(float));
+                memcpy(C2, C0, (size_t)(M * N) * sizeof(float));
+                memcpy(s1, s0, (size_t)M * sizeof(float));
+                assert_int_equal(vitc__gemm_tn_asum(M, N, K, A, lda, B, N, 1.0f, C1, N, s1), 1);
+                vitc__gemm(1, 0, M, N, K, 1.0f, A, lda, B, N, 1.0f, C2, N);
+                assert_memory_equal(C1, C2, (size_t)(M * N) * sizeof(float));
+                assert_memory_equal(s1, s2, (size_t)M * sizeof(float));
+            }
+        }
+#ifdef VITC_HAVE_OPENBLAS
+        assert_int_equal(vitc_set_gemm_backend("openblas"), VITC_OK);
+        assert_int_equal(vitc__gemm_tn_asum(M, N, K, A, lda, B, N, 1.0f, C1, N, s1), 0);
+#endif
+        restore();
+        free(A), free(B), free(C0), free(s0), free(C1), free(C2), free(s1), free(s2);
+    }
+}
+
 /* vitc__linear_act: y as vitc__linear gives it and act = GELU(y) as
  * vitc__gelu gives it (both elementwise: bitwise), on every path. */
 static void test_linear_act(void **state) {
@@ -380,6 +418,7 @@ int main(void) {
         cmocka_unit_test(test_builtin_thread_invariant),
         cmocka_unit_test(test_direct_equals_packed),
         cmocka_unit_test(test_linear_act),
+        cmocka_unit_test(test_gemm_tn_asum),
         cmocka_unit_test(test_linear_epilogue),
         cmocka_unit_test(test_gemm_in_pool_task),
     };

@@ -157,7 +157,7 @@ static float *vitc__get_scratch(size_t floats) {
 /* op(A)[i0:i0+mc, k0:k0+kc] into strips [kc][mr]; op(A)(i,k) is
  * A[i*lda + k], or A[k*lda + i] when trans. */
 void vitc__gemm_packa_generic(float *pa, int mr, const float *A, int64_t lda, int trans, int64_t i0,
-                              int64_t mc, int64_t k0, int64_t kc) {
+                              int64_t mc, int64_t k0, int64_t kc, float *asum) {
     for (int64_t s = 0; s < mc; s += mr) {
         int64_t rows = mc - s < mr ? mc - s : mr;
         float *dst = pa + s * kc; /* strip s/mr: [kc][mr] */
@@ -167,6 +167,8 @@ void vitc__gemm_packa_generic(float *pa, int mr, const float *A, int64_t lda, in
                 int64_t r = 0;
                 for (; r < rows; r++) dst[k * mr + r] = src[r];
                 for (; r < mr; r++) dst[k * mr + r] = 0.0f;
+                if (asum)
+                    for (r = 0; r < rows; r++) asum[s + r] += src[r];
             }
         } else {
             for (int64_t r = 0; r < rows; r++) {
@@ -285,6 +287,11 @@ typedef struct vitc__gemm_job {
     const float *B; int64_t ldb; /* op(B) [K,N] */
     float *C; int64_t ldc;       /* [M,N] */
     const float *bias;           /* [N] or NULL */
+    /* [M] or NULL, with ta: asum[i] += sum_k op(A)(i, k), by the A packer
+     * from the values it packs (each row of op(A) is summed by exactly one
+     * thread: the one whose panel starts at column 0), k ascending: a bias
+     * gradient's column sums of dY without a pass of their own. */
+    float *asum;
     const float *res; int64_t ldr; /* [M,N] or NULL */
     const vitc__gemm_kernel *kern;
     /* op(B) already packed for kern (vitc__pweight, fp32): KC block pc at
@@ -406,10 +413,13 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
             }
             for (int64_t ic = i0; ic < i1; ic += MC) {
                 int64_t mc = i1 - ic < MC ? i1 - ic : MC;
+                /* Rows of op(A) are summed by the thread whose panel holds
+                 * column 0, once (its first NC panel). */
+                float *asum = g->asum && jc == 0 ? g->asum + ic : NULL;
                 if (kn->packa)
-                    kn->packa(pa, g->A, g->lda, g->ta, ic, mc, pc, kc);
+                    kn->packa(pa, g->A, g->lda, g->ta, ic, mc, pc, kc, asum);
                 else
-                    vitc__gemm_packa_generic(pa, MR, g->A, g->lda, g->ta, ic, mc, pc, kc);
+                    vitc__gemm_packa_generic(pa, MR, g->A, g->lda, g->ta, ic, mc, pc, kc, asum);
                 for (int64_t jr = 0; jr < nc; jr += NR) {
                     int64_t nr = nc - jr < NR ? nc - jr : NR;
                     for (int64_t ir = 0; ir < mc; ir += MR) {
@@ -545,6 +555,18 @@ void vitc__gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float
                         .beta = beta, .A = A, .lda = lda, .B = B, .ldb = ldb, .C = C, .ldc = ldc,
                         .nparts = 1};
     vitc__gemm_run(&g, vitc__backend() == VITC_GEMM_BUILTIN);
+}
+
+int vitc__gemm_tn_asum(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                       float *asum) {
+    /* Only the built-in GEMM packs A, and only a product with work does. */
+    if (vitc__backend() != VITC_GEMM_BUILTIN || M <= 0 || N <= 0 || K <= 0) return 0;
+    vitc__gemm_job g = {.ta = 1, .tb = 0, .M = M, .N = N, .K = K, .alpha = 1.0f, .beta = beta,
+                        .A = A, .lda = lda, .B = B, .ldb = ldb, .C = C, .ldc = ldc,
+                        .asum = asum, .nparts = 1};
+    vitc__gemm_run(&g, 1);
+    return 1;
 }
 
 void vitc__linear(float *y, int64_t ldy, const float *x, int64_t ldx, const float *W,

@@ -187,13 +187,23 @@ static void vitc__packb_avx512(float *pb, const float *B, int64_t ldb, int trans
 /* A row-major (activations) is read across MR rows per k: full strips go
  * through the 16 x 16 transpose (4 zero rows) and 12-lane masked stores. */
 static void vitc__packa_avx512(float *pa, const float *A, int64_t lda, int trans, int64_t i0,
-                               int64_t mc, int64_t k0, int64_t kc) {
+                               int64_t mc, int64_t k0, int64_t kc, float *asum) {
     const __mmask16 m12 = 0x0FFF;
     int64_t s = 0;
     for (; s + MR <= mc; s += MR) {
         float *dst = pa + s * kc;
         if (trans) {
             const float *src = A + k0 * lda + i0 + s;
+            if (asum) { /* the same adds, k ascending, as a scalar loop */
+                __m512 acc = _mm512_maskz_loadu_ps(m12, asum + s);
+                for (int64_t k = 0; k < kc; k++) {
+                    __m512 x = _mm512_maskz_loadu_ps(m12, src + k * lda);
+                    _mm512_mask_storeu_ps(dst + k * MR, m12, x);
+                    acc = _mm512_add_ps(acc, x);
+                }
+                _mm512_mask_storeu_ps(asum + s, m12, acc);
+                continue;
+            }
             for (int64_t k = 0; k < kc; k++)
                 _mm512_mask_storeu_ps(dst + k * MR, m12, _mm512_maskz_loadu_ps(m12, src + k * lda));
             continue;
@@ -213,7 +223,9 @@ static void vitc__packa_avx512(float *pa, const float *A, int64_t lda, int trans
         for (; k < kc; k++)
             for (int i = 0; i < MR; i++) dst[k * MR + i] = src[i * lda + k];
     }
-    if (s < mc) vitc__gemm_packa_generic(pa + s * kc, MR, A, lda, trans, i0 + s, mc - s, k0, kc);
+    if (s < mc)
+        vitc__gemm_packa_generic(pa + s * kc, MR, A, lda, trans, i0 + s, mc - s, k0, kc,
+                                 asum ? asum + s : NULL);
 }
 
 /* Blocks measured on a Zen 5 core (48 KB L1, 1 MB L2), KC from 128 to 1024:

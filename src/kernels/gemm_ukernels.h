@@ -34,9 +34,11 @@ typedef void (*vitc__gemm_packb_fn)(float *pb, const float *B, int64_t ldb, int 
                                     int64_t kc, int64_t j0, int64_t nc);
 
 /* Packs op(A)[i0:i0+mc, k0:k0+kc] into strips of MR (zero padded); op(A)(i,k)
- * is A[i*lda + k], or A[k*lda + i] when trans. */
+ * is A[i*lda + k], or A[k*lda + i] when trans. With trans, asum (NULL or
+ * [mc]) gets asum[r] += op(A)(i0 + r, k) for k ascending, from the values
+ * being packed (gemm.c's vitc__gemm_tn_asum); NULL when not trans. */
 typedef void (*vitc__gemm_packa_fn)(float *pa, const float *A, int64_t lda, int trans, int64_t i0,
-                                    int64_t mc, int64_t k0, int64_t kc);
+                                    int64_t mc, int64_t k0, int64_t kc, float *asum);
 
 /* The microkernel reading A and B in place: element (r, k) of the tile's A
  * at A[k * a_ks + r * a_rs] (a row-major A: a_ks = 1, a_rs = lda; a
@@ -68,7 +70,7 @@ extern const vitc__gemm_kernel vitc__gemm_kernel_avx2;
 
 /* Portable A packer (any MR), used by the ISA files for edges. */
 void vitc__gemm_packa_generic(float *pa, int mr, const float *A, int64_t lda, int trans, int64_t i0,
-                              int64_t mc, int64_t k0, int64_t kc);
+                              int64_t mc, int64_t k0, int64_t kc, float *asum);
 /* Portable B packer (any NR), used by the ISA files for edges. */
 void vitc__gemm_packb_generic(float *pb, int nr, const float *B, int64_t ldb, int trans,
                               int64_t k0, int64_t kc, int64_t j0, int64_t nc);

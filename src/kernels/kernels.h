@@ -111,6 +111,14 @@ void vitc__gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float
 void vitc__gemm_ref(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                     float *C, int64_t ldc);
+/* C[M,N] = A^T B + beta C (A [K, M], B [K, N]) and asum[i] += sum_k A[k][i]
+ * (k ascending, as a loop over A's rows adds them: bitwise), the column
+ * sums taken from the GEMM's own packing of A. Returns 0 and does nothing
+ * when it cannot (OpenBLAS backend, an empty product): then the caller
+ * runs its own GEMM and sums. */
+int vitc__gemm_tn_asum(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                       float *asum);
 /* Whether the built-in GEMM may read a shallow A unpacked (the kernel's
  * direct_kc, default on). Bitwise the same either way; tests compare. */
 void vitc__gemm_set_direct(int on);

@@ -50,6 +50,9 @@ static void linear_backward(int ref, float *dx, int64_t lddx, float dx_beta, flo
                                                                         : vitc__gemm;
     if (dx)
         gemm(0, 0, M, K, N, 1.0f, dy, lddy, W, K, dx_beta, dx, lddx);
+    /* db from the dW GEMM's packing of dy when it can (no pass of its own) */
+    if (dW && db && !ref && vitc__gemm_tn_asum(N, K, M, dy, lddy, x, ldx, 1.0f, dW, K, db))
+        return;
     if (dW)
         gemm(1, 0, N, K, M, 1.0f, dy, lddy, x, ldx, 1.0f, dW, K);
     if (db) {
