@@ -46,6 +46,22 @@ static void att_pack_panels(const float *src, int64_t lds, int64_t n, int64_t wd
     }
 }
 
+/* dst[0:n] = src[0:n] and dst[n:np] = 0 (np >= n, a multiple of VW):
+ * one row of a head padded to whole vectors, in vector moves rather than
+ * libc calls that cost more than the copy at 24 floats. */
+static inline void att_copy_pad(float *dst, const float *src, int64_t n, int64_t np) {
+    int64_t c = 0;
+    for (; c + VW <= n; c += VW) v_storeu(dst + c, v_loadu(src + c));
+    for (; c < np; c += VW) v_storeu(dst + c, n > c ? v_loadu_n(src + c, (int)(n - c)) : v_zero());
+}
+
+/* dst[0:n] = src[0:n], nothing past n written. */
+static inline void att_copy(float *dst, const float *src, int64_t n) {
+    int64_t c = 0;
+    for (; c + VW <= n; c += VW) v_storeu(dst + c, v_loadu(src + c));
+    if (c < n) v_storeu_n(dst + c, v_loadu_n(src + c, (int)(n - c)), (int)(n - c));
+}
+
 /* ATT_MR_NV_SWITCH(CALL): the body of a *_rows dispatcher of an
  * MR_PV x NV_PV microkernel, switching the run-time (mr, nv) onto the
  * compile-time CALL(m, n) (a macro of the including function). The nv that

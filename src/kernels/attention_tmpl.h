@@ -140,10 +140,7 @@ static void att_pack_kv(const vitc__sdpa_desc *d, int64_t Dvp, int64_t b, int64_
     const float *v = d->v + b * d->v_sb + h * d->v_sh + j0 * d->v_sr; /* [n, Dv] */
     att_pack_panels(k, d->k_sr, n, D, (n + NR - 1) / NR * NR, kt);
     if (!vp) return; /* V is read in place */
-    for (int64_t j = 0; j < n; j++) {
-        memcpy(vp + j * Dvp, v + j * d->v_sr, (size_t)Dv * sizeof(float));
-        memset(vp + j * Dvp + Dv, 0, (size_t)(Dvp - Dv) * sizeof(float));
-    }
+    for (int64_t j = 0; j < n; j++) att_copy_pad(vp + j * Dvp, v + j * d->v_sr, Dv, Dvp);
 }
 
 /* Adds the mask (times log2 e) to s[0:n] in place and returns the max. */
