@@ -334,7 +334,7 @@ void vitc__gemm_set_direct(int on) { __atomic_store_n(&vitc__gemm_direct_on, on 
 
 /* One MR x NR tile at (i, j) of K block pc: from packed panels (ukr: a, b
  * strips of MR and NR) or, when st, from A and B with their strides
- * (ukr_st); GELU once the tile is final. */
+ * (ukr_st). */
 static inline void vitc__tile(const vitc__gemm_job *g, int st, int64_t kc, const float *a,
                               int64_t a_ks, int64_t a_rs, const float *b, int64_t b_ks,
                               int64_t pc, int64_t i, int64_t j, int64_t mr, int64_t nr) {
@@ -346,16 +346,24 @@ static inline void vitc__tile(const vitc__gemm_job *g, int st, int64_t kc, const
         kn->ukr_st(kc, a, a_ks, a_rs, b, b_ks, C, g->ldc, mr, nr, &e);
     else
         kn->ukr(kc, a, b, C, g->ldc, mr, nr, &e);
-    if (pc + kc < g->K) return;
-    /* the tile is final and still in L1 */
-    if (g->gelu && !g->act)
-        for (int64_t r = 0; r < mr; r++) g->gelu(C + r * g->ldc, nr);
-    if (g->act)
-        for (int64_t r = 0; r < mr; r++) {
-            float *o = g->act + (i + r) * g->ld_act + j;
-            memcpy(o, C + r * g->ldc, (size_t)nr * sizeof(float));
-            g->gelu(o, nr);
+}
+
+/* GELU on rows [i, i + mc) x columns [j, j + nc) of C once they are final,
+ * while the MC-row block is still in cache: in place, or into act. Whole
+ * block rows per call rather than per tile: the vector GELU's setup cost
+ * as much as 32 columns of it. Elementwise, so the same numbers. */
+static void vitc__gelu_block(const vitc__gemm_job *g, int64_t i, int64_t mc, int64_t j,
+                             int64_t nc) {
+    for (int64_t r = i; r < i + mc; r++) {
+        float *c = g->C + r * g->ldc + j;
+        if (g->act) {
+            float *o = g->act + r * g->ld_act + j;
+            memcpy(o, c, (size_t)nc * sizeof(float));
+            g->gelu(o, nc);
+        } else {
+            g->gelu(c, nc);
         }
+    }
 }
 
 static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1, int64_t j0,
@@ -408,6 +416,7 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                             vitc__tile(g, 1, kc, g->A + (ic + ir) * g->lda + pc, 1, g->lda,
                                        pb + jr * kc, NR, pc, ic + ir, jc + jr,
                                        mc - ir < MR ? mc - ir : MR, nc - jr < NR ? nc - jr : NR);
+                    if (g->gelu && pc + kc >= g->K) vitc__gelu_block(g, ic, mc, jc, nc);
                 }
                 continue;
             }
@@ -428,6 +437,7 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                                    jc + jr, mr, nr);
                     }
                 }
+                if (g->gelu && pc + kc >= g->K) vitc__gelu_block(g, ic, mc, jc, nc);
             }
         }
     }
