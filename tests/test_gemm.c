@@ -214,6 +214,19 @@ static void test_builtin_thread_invariant(void **state) {
         vitc_set_num_threads(2);
         vitc__gemm(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C2, N);
         assert_memory_equal(C1, C2, (size_t)(M * N) * sizeof(float));
+        /* Threads splitting rows share one packing of op(B) (both layouts,
+         * K past one KC block): still the 1-thread bits. */
+        int64_t m2 = 600, n2 = 96, k2 = 1100;
+        float *A2 = rand_buf((size_t)(m2 * k2)), *B2 = rand_buf((size_t)(n2 * k2));
+        float *D1 = malloc((size_t)(m2 * n2) * sizeof(float)), *D2 = malloc((size_t)(m2 * n2) * sizeof(float));
+        for (int tb = 0; tb < 2; tb++) {
+            vitc_set_num_threads(1);
+            vitc__gemm(0, tb, m2, n2, k2, 1.0f, A2, k2, B2, tb ? k2 : n2, 0.0f, D1, n2);
+            vitc_set_num_threads(2);
+            vitc__gemm(0, tb, m2, n2, k2, 1.0f, A2, k2, B2, tb ? k2 : n2, 0.0f, D2, n2);
+            assert_memory_equal(D1, D2, (size_t)(m2 * n2) * sizeof(float));
+        }
+        free(A2), free(B2), free(D1), free(D2);
     }
     restore();
     free(A), free(B), free(C1), free(C2);

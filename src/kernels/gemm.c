@@ -111,8 +111,8 @@ vitc_status vitc_set_gemm_backend(const char *name) {
 /* Grow-only and owned by the thread (a key destructor frees it when the
  * thread ends), so concurrent user threads never share one. */
 typedef struct {
-    float *p;
-    size_t cap; /* floats */
+    float *p[2];    /* [0]: this thread's packing; [1]: op(B) packed for all threads */
+    size_t cap[2]; /* floats */
 } vitc__scratch;
 
 static pthread_key_t vitc__scratch_key;
@@ -121,7 +121,8 @@ static int vitc__scratch_ok;
 
 static void vitc__scratch_free(void *s) {
     vitc__scratch *sc = s;
-    vitc__free(sc->p);
+    vitc__free(sc->p[0]);
+    vitc__free(sc->p[1]);
     free(sc);
 }
 
@@ -129,8 +130,9 @@ static void vitc__scratch_init(void) {
     vitc__scratch_ok = pthread_key_create(&vitc__scratch_key, vitc__scratch_free) == 0;
 }
 
-/* NULL when memory is short: the caller then falls back to the reference. */
-static float *vitc__get_scratch(size_t floats) {
+/* Buffer which (0 or 1) of this thread, NULL when memory is short: the
+ * caller then falls back to something slower. */
+static float *vitc__get_scratch_n(int which, size_t floats) {
     pthread_once(&vitc__scratch_once, vitc__scratch_init);
     if (!vitc__scratch_ok) return NULL;
     vitc__scratch *sc = pthread_getspecific(vitc__scratch_key);
@@ -142,15 +144,17 @@ static float *vitc__get_scratch(size_t floats) {
             return NULL;
         }
     }
-    if (sc->cap < floats) {
+    if (sc->cap[which] < floats) {
         float *p = vitc__alloc(floats * sizeof(float));
         if (!p) return NULL;
-        vitc__free(sc->p);
-        sc->p = p;
-        sc->cap = floats;
+        vitc__free(sc->p[which]);
+        sc->p[which] = p;
+        sc->cap[which] = floats;
     }
-    return sc->p;
+    return sc->p[which];
 }
+
+static float *vitc__get_scratch(size_t floats) { return vitc__get_scratch_n(0, floats); }
 
 /* ---- packing ------------------------------------------------------- */
 
@@ -519,8 +523,36 @@ static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
     vitc__builtin_block(g, i0, i1, j0, j1);
 }
 
+/* op(B) packed once for all threads (vitc__gemm_run): KC block pc at
+ * pb + pc * npad, strips of NR columns; tasks of PB_COLS columns of one K
+ * block. */
+#define VITC_PB_COLS 128
+typedef struct {
+    const vitc__gemm_job *g;
+    float *pb;
+    int64_t npad, nchunks;
+} vitc__pb_job;
+
+static void vitc__pb_task(void *ctx, int64_t t, int tid) {
+    const vitc__pb_job *p = ctx;
+    const vitc__gemm_job *g = p->g;
+    const vitc__gemm_kernel *kn = g->kern;
+    (void)tid;
+    int64_t pc = t / p->nchunks * kn->kc, j = t % p->nchunks * VITC_PB_COLS;
+    int64_t kc = g->K - pc < kn->kc ? g->K - pc : kn->kc;
+    int64_t nc = g->N - j < VITC_PB_COLS ? g->N - j : VITC_PB_COLS;
+    float *dst = p->pb + pc * p->npad + j * kc;
+    if (kn->packb)
+        kn->packb(dst, g->B, g->ldb, g->tb, pc, kc, j, nc);
+    else
+        vitc__gemm_packb_generic(dst, kn->nr, g->B, g->ldb, g->tb, pc, kc, j, nc);
+}
+
 /* Below this many flops a parallel region costs more than it saves. */
 #define VITC_GEMM_PAR_FLOPS 400000.0
+/* Below this many elements of op(B) its repeated packing costs less than
+ * a parallel region to share it. */
+#define VITC_SHARED_B_MIN 32768
 
 static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
     if (g->M <= 0 || g->N <= 0) return;
@@ -552,10 +584,27 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
     int64_t units = g->by_cols ? col_units : row_units;
     if (nt > units) nt = (int)units;
     g->nparts = nt < 1 ? 1 : nt;
-    if (g->nparts == 1)
+    if (g->nparts == 1) {
         vitc__gemm_task(g, 0, 0);
-    else
-        vitc__parallel_for(g->nparts, vitc__gemm_task, g);
+        return;
+    }
+    /* Threads splitting rows would each pack all of op(B) (N x K, every
+     * K block): pack it once, shared, in parallel (a copy: the same panels,
+     * so the same bits), and let the threads read it as prepacked panels.
+     * The buffer is the calling thread's; the workers only read it. */
+    if (g->kern && !g->by_cols && !g->pbw && g->K > 0 && g->alpha != 0.0f &&
+        g->N * g->K >= VITC_SHARED_B_MIN) {
+        int64_t npad = (g->N + nr - 1) / nr * nr;
+        float *pb = vitc__get_scratch_n(1, (size_t)(npad * g->K));
+        if (pb) {
+            vitc__pb_job pj = {g, pb, npad, (g->N + VITC_PB_COLS - 1) / VITC_PB_COLS};
+            vitc__parallel_for((g->K + g->kern->kc - 1) / g->kern->kc * pj.nchunks, vitc__pb_task,
+                               &pj);
+            g->pbw = pb;
+            g->npad = npad;
+        }
+    }
+    vitc__parallel_for(g->nparts, vitc__gemm_task, g);
 }
 
 void vitc__gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
