@@ -302,6 +302,11 @@ typedef struct vitc__gemm_job {
      * pbw + pc * npad, its NR strips [kc][NR] one after another. */
     const float *pbw;
     int64_t npad;
+    /* op(A) already packed for kern (threads splitting columns share it):
+     * KC block pc at paw + pc * mpad, MR strips [kc][MR] one after another;
+     * asum is then done too. */
+    const float *paw;
+    int64_t mpad;
     void (*gelu)(float *x, int64_t n); /* applied to C after the last K block, or NULL */
     /* Also after the last K block, on the tile still in L1 (NULL: none):
      * act [M, ld_act] = gelu(C), C kept (training keeps GELU's input). */
@@ -387,7 +392,8 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
      * slower on a Fashion-MNIST step: they come from memory, and the
      * packers prefetch.) */
     int da = on && !g->ta && g->K <= kn->direct_kc;
-    int64_t pa_len = da ? 0 : (mc_max * kc_max + 15) & ~(int64_t)15; /* keeps pb 64-byte aligned */
+    const float *paw = da ? NULL : g->paw; /* op(A) prepacked, shared: no A buffer */
+    int64_t pa_len = da || paw ? 0 : (mc_max * kc_max + 15) & ~(int64_t)15; /* keeps pb 64-byte aligned */
     float *pa = vitc__get_scratch((size_t)(pa_len + (pbw ? 0 : nc_max * kc_max)) + 1);
     _Alignas(64) float small[VITC_SMALL_KC * (VITC_MAX_MR + VITC_MAX_NR)];
     if (!pa) {
@@ -395,6 +401,9 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
          * (prepacked panels have another KC: pack from op(B) instead). */
         KC = VITC_SMALL_KC, MC = MR, NC = NR;
         pbw = NULL; /* op(B) row-major is always kept beside its panels */
+        /* Shared op(A) panels have another KC too. (Packing A again here
+         * leaves asum alone: it was summed with them.) */
+        paw = NULL;
         pa = small;
         pa_len = VITC_SMALL_KC * VITC_MAX_MR;
         da = 0;
@@ -428,8 +437,10 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                 int64_t mc = i1 - ic < MC ? i1 - ic : MC;
                 /* Rows of op(A) are summed by the thread whose panel holds
                  * column 0, once (its first NC panel). */
-                float *asum = g->asum && jc == 0 ? g->asum + ic : NULL;
-                if (kn->packa)
+                float *asum = g->asum && jc == 0 && !g->paw ? g->asum + ic : NULL;
+                if (paw)
+                    pa = (float *)paw + pc * g->mpad + ic * kc;
+                else if (kn->packa)
                     kn->packa(pa, g->A, g->lda, g->ta, ic, mc, pc, kc, asum);
                 else
                     vitc__gemm_packa_generic(pa, MR, g->A, g->lda, g->ta, ic, mc, pc, kc, asum);
@@ -548,6 +559,32 @@ static void vitc__pb_task(void *ctx, int64_t t, int tid) {
         vitc__gemm_packb_generic(dst, kn->nr, g->B, g->ldb, g->tb, pc, kc, j, nc);
 }
 
+/* op(A) packed once for all threads splitting columns: task t packs rows
+ * [t MC, t MC + MC) for every K block in order (so asum, if any, adds k
+ * ascending), block pc at pa + pc * mpad. */
+typedef struct {
+    const vitc__gemm_job *g;
+    float *pa;
+    int64_t mpad;
+} vitc__pa_job;
+
+static void vitc__pa_task(void *ctx, int64_t t, int tid) {
+    const vitc__pa_job *p = ctx;
+    const vitc__gemm_job *g = p->g;
+    const vitc__gemm_kernel *kn = g->kern;
+    (void)tid;
+    int64_t ic = t * kn->mc, mc = g->M - ic < kn->mc ? g->M - ic : kn->mc;
+    float *asum = g->asum ? g->asum + ic : NULL;
+    for (int64_t pc = 0; pc < g->K; pc += kn->kc) {
+        int64_t kc = g->K - pc < kn->kc ? g->K - pc : kn->kc;
+        float *dst = p->pa + pc * p->mpad + ic * kc;
+        if (kn->packa)
+            kn->packa(dst, g->A, g->lda, g->ta, ic, mc, pc, kc, asum);
+        else
+            vitc__gemm_packa_generic(dst, kn->mr, g->A, g->lda, g->ta, ic, mc, pc, kc, asum);
+    }
+}
+
 /* Below this many flops a parallel region costs more than it saves. */
 #define VITC_GEMM_PAR_FLOPS 400000.0
 /* Below this many elements of op(B) its repeated packing costs less than
@@ -589,9 +626,25 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
         return;
     }
     /* Threads splitting rows would each pack all of op(B) (N x K, every
-     * K block): pack it once, shared, in parallel (a copy: the same panels,
-     * so the same bits), and let the threads read it as prepacked panels.
-     * The buffer is the calling thread's; the workers only read it. */
+     * K block), threads splitting columns all of op(A): pack it once,
+     * shared, in parallel (a copy: the same panels, so the same bits), and
+     * let the threads read it as prepacked panels. The buffer is the
+     * calling thread's; the workers only read it. (A read in place, K up
+     * to the kernel's direct_kc, needs no packing.) */
+    int a_direct = g->kern && g->kern->ukr_st && !g->ta && g->K <= g->kern->direct_kc &&
+                   __atomic_load_n(&vitc__gemm_direct_on, __ATOMIC_RELAXED);
+    if (g->kern && g->by_cols && !a_direct && g->K > 0 && g->alpha != 0.0f &&
+        g->M * g->K >= VITC_SHARED_B_MIN) {
+        const vitc__gemm_kernel *kn = g->kern;
+        int64_t mpad = (g->M + kn->mc - 1) / kn->mc * kn->mc;
+        float *pa = vitc__get_scratch_n(1, (size_t)(mpad * g->K));
+        if (pa) {
+            vitc__pa_job pj = {g, pa, mpad};
+            vitc__parallel_for((g->M + kn->mc - 1) / kn->mc, vitc__pa_task, &pj);
+            g->paw = pa;
+            g->mpad = mpad;
+        }
+    }
     if (g->kern && !g->by_cols && !g->pbw && g->K > 0 && g->alpha != 0.0f &&
         g->N * g->K >= VITC_SHARED_B_MIN) {
         int64_t npad = (g->N + nr - 1) / nr * nr;
