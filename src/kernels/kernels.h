@@ -278,6 +278,9 @@ void vitc__linear_backward(float *dx, int64_t lddx, float dx_beta, float *dW, fl
 void vitc__linear_backward_ref(float *dx, int64_t lddx, float dx_beta, float *dW, float *db,
                                const float *dy, int64_t lddy, const float *x, int64_t ldx,
                                const float *W, int64_t M, int64_t N, int64_t K);
+/* db[j] += sum_i dy[i][j] for j < N, rows in order (bitwise the plain
+ * loop), columns split over threads. */
+void vitc__colsum(float *db, const float *dy, int64_t lddy, int64_t M, int64_t N);
 /* LayerNorm over C of x [M, C]: dx[M,C] += dx of y = (x - mean) * rstd * w + b,
  * dw, db [C] +=. Mean and rstd are recomputed from x (as the forward does,
  * in double) into stats [2M] (scratch). */

@@ -40,6 +40,11 @@ static void colsum_part(void *c, int64_t t0, int64_t t1, int tid) {
     vitc__kern()->colsum(k->db, k->dy, k->lddy, k->M, j0, j1);
 }
 
+void vitc__colsum(float *db, const float *dy, int64_t lddy, int64_t M, int64_t N) {
+    colsum_ctx k = {db, dy, lddy, M, N};
+    vitc__parallel_range((N + COLS - 1) / COLS, colsum_part, &k);
+}
+
 /* The reference (ref: scalar GEMM, one thread) or the dispatching version;
  * every db[j] is summed over rows in order in both. */
 static void linear_backward(int ref, float *dx, int64_t lddx, float dx_beta, float *dW, float *db,
@@ -56,12 +61,10 @@ static void linear_backward(int ref, float *dx, int64_t lddx, float dx_beta, flo
     if (dW)
         gemm(1, 0, N, K, M, 1.0f, dy, lddy, x, ldx, 1.0f, dW, K);
     if (db) {
-        colsum_ctx k = {db, dy, lddy, M, N};
-        int64_t tasks = (N + COLS - 1) / COLS;
         if (ref)
             vitc__colsum_ref(db, dy, lddy, M, 0, N);
         else
-            vitc__parallel_range(tasks, colsum_part, &k);
+            vitc__colsum(db, dy, lddy, M, N);
     }
 }
 

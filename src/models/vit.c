@@ -360,6 +360,36 @@ static void vit_im2col_task(void *ctx, int64_t i, int tid) {
     }
 }
 
+typedef struct vit_tokens_ctx {
+    const vitc_vit *m;
+    const float *proj; /* [B*P, C] */
+    float *x;          /* [B, N, C] */
+    int64_t P, N, C;
+} vit_tokens_ctx;
+
+/* Image b's tokens [cls, dist (DeiT), registers (DINOv2), patches] plus
+ * the position embedding; registers get none, npos rows of it come before
+ * the patches'. */
+static void vit_tokens_task(void *ctx, int64_t b, int tid) {
+    const vit_tokens_ctx *t = ctx;
+    const vitc_vit *m = t->m;
+    const float *pos = m->pos_used; /* [N, C] */
+    int64_t C = t->C, np = m->n_prefix, npos = np - m->n_reg, nc = m->n_cls;
+    float *xb = t->x + b * t->N * C; /* [N, C] */
+    (void)tid;
+    if (nc)
+        for (int64_t j = 0; j < C; j++) xb[j] = m->w.cls[j] + pos[j];
+    if (m->n_dist)
+        for (int64_t j = 0; j < C; j++) xb[nc * C + j] = m->w.dist[j] + pos[nc * C + j];
+    if (m->n_reg)
+        memcpy(xb + npos * C, m->w.reg, (size_t)(m->n_reg * C) * sizeof(float));
+    for (int64_t p = 0; p < t->P; p++) {
+        const float *src = t->proj + (b * t->P + p) * C;
+        float *dst = xb + (p + np) * C;
+        for (int64_t j = 0; j < C; j++) dst[j] = src[j] + pos[(p + npos) * C + j];
+    }
+}
+
 /* Folds one layer's probabilities into the rollout (see docs/vit.md):
  * A = mean over heads + I, rows renormalised, R = A @ R. */
 static void vit_rollout_step(vitc_vit *m, const float *probs, int64_t B, int64_t N, int first) {
@@ -725,24 +755,8 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     float *proj = vitc__va(a, 0, VA_LN1); /* [B*P, C] */
     VITC_TRY(vitc__linear_pw(proj, C, a->patches, K, m->pconv.data ? &m->pconv : NULL, m->w.conv_w,
                              m->w.conv_b, NULL, 0, B * P, C, K, 0));
-    const float *pos = m->pos_used; /* [N, C] */
-    for (int64_t b = 0; b < B; b++) {
-        float *xb = vitc__va(a, 0, VA_X) + b * N * C; /* [N, C] */
-        /* [cls, dist (DeiT), registers (DINOv2), patches]; registers get no
-         * position embedding, npos rows of it come before the patches'. */
-        int64_t npos = np - m->n_reg, nc = m->n_cls;
-        if (nc)
-            for (int64_t j = 0; j < C; j++) xb[j] = m->w.cls[j] + pos[j];
-        if (m->n_dist)
-            for (int64_t j = 0; j < C; j++) xb[nc * C + j] = m->w.dist[j] + pos[nc * C + j];
-        if (m->n_reg)
-            memcpy(xb + npos * C, m->w.reg, (size_t)(m->n_reg * C) * sizeof(float));
-        for (int64_t t = 0; t < P; t++) {
-            const float *src = proj + (b * P + t) * C;
-            float *dst = xb + (t + np) * C;
-            for (int64_t j = 0; j < C; j++) dst[j] = src[j] + pos[(t + npos) * C + j];
-        }
-    }
+    vit_tokens_ctx tc = {m, proj, vitc__va(a, 0, VA_X), P, N, C};
+    vitc__parallel_for(B, vit_tokens_task, &tc);
 
     if (m->pre_norm) /* CLIP's pre_layrnorm */
         vitc__layernorm(vitc__va(a, 0, VA_X), vitc__va(a, 0, VA_X), m->w.pre_w, m->w.pre_b, B * N, C,

@@ -187,8 +187,7 @@ vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits) {
         vitc__dropout_apply(s.g, s.g, emb, B * N * C, m->dropout);
     /* x_0 = cat(cls, proj) + pos: sum over the batch for the shared ones. */
     memset(s.dpos, 0, (size_t)(N * C) * sizeof(float));
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < N * C; i++) s.dpos[i] += s.g[b * N * C + i];
+    vitc__colsum(s.dpos, s.g, N * C, B, N * C); /* over images in order, threaded */
     for (int64_t j = 0; j < C; j++) m->g.cls[j] += s.dpos[j];
     int64_t g0 = c->image_size / c->patch_size;
     if (m->rec_gh == g0 && m->rec_gw == g0) {
