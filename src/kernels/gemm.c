@@ -308,6 +308,7 @@ typedef struct vitc__gemm_job {
     const float *paw;
     int64_t mpad;
     void (*gelu)(float *x, int64_t n); /* applied to C after the last K block, or NULL */
+    void (*gelu_to)(float *y, const float *x, int64_t n); /* act = GELU(C), with act */
     /* Also after the last K block, on the tile still in L1 (NULL: none):
      * act [M, ld_act] = gelu(C), C kept (training keeps GELU's input). */
     float *act;
@@ -366,9 +367,7 @@ static void vitc__gelu_block(const vitc__gemm_job *g, int64_t i, int64_t mc, int
     for (int64_t r = i; r < i + mc; r++) {
         float *c = g->C + r * g->ldc + j;
         if (g->act) {
-            float *o = g->act + r * g->ld_act + j;
-            memcpy(o, c, (size_t)nc * sizeof(float));
-            g->gelu(o, nc);
+            g->gelu_to(g->act + r * g->ld_act + j, c, nc);
         } else {
             g->gelu(c, nc);
         }
@@ -517,11 +516,7 @@ static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
         for (int64_t i = i0; i < i1; i++) {
             float *c = g->C + i * g->ldc + j0;
             if (g->gelu && !g->act) g->gelu(c, j1 - j0);
-            if (g->act) {
-                float *a = g->act + i * g->ld_act + j0;
-                memcpy(a, c, (size_t)(j1 - j0) * sizeof(float));
-                g->gelu(a, j1 - j0);
-            }
+            if (g->act) g->gelu_to(g->act + i * g->ld_act + j0, c, j1 - j0);
         }
         return;
     }
@@ -713,6 +708,7 @@ void vitc__linear_act(float *y, int64_t ldy, float *act, int64_t ld_act, const f
     int builtin = vitc__backend() == VITC_GEMM_BUILTIN;
     if (builtin) {
         g.act = act, g.ld_act = ld_act, g.gelu = vitc__kern()->gelu;
+        g.gelu_to = vitc__kern()->gelu_to;
     }
     vitc__gemm_run(&g, builtin);
     if (!g.kern) vitc__act_rows(y, ldy, M, N, act, ld_act);

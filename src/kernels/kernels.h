@@ -66,6 +66,7 @@ typedef struct vitc__kernels {
     void (*softmax_rows_backward)(float *dx, const float *y, const float *dy, int64_t rows,
                                   int64_t n, float inv_temperature);
     void (*gelu)(float *x, int64_t n);
+    void (*gelu_to)(float *y, const float *x, int64_t n); /* out of place, y may be x */
     /* GroupNorm helpers: o[0], o[1] = sum of (x - shift) and of its square,
      * in double; y = (x - mean) * sc + sh. */
     void (*row_stats)(const float *x, int64_t n, double shift, double *o);

@@ -12,19 +12,18 @@
 
 /* dx = dy * (Phi(x) + x * phi(x)), the derivative of x * Phi(x). */
 void BWD_FN(gelu_backward)(float *dx, const float *dy, const float *x, int64_t n) {
-    const VT rs2 = v_set1(0.70710678118654752f), half = v_set1(0.5f), one = v_set1(1.0f);
     const VT k = v_set1(0.39894228040143268f), mhalf = v_set1(-0.5f);
     int64_t i = 0;
     for (; i + VW <= n; i += VW) {
         VT v = v_loadu(x + i);
-        VT cdf = v_mul(half, v_add(one, v_erf(v_mul(v, rs2))));
+        VT cdf = v_phi(v);
         VT pdf = v_mul(k, v_exp(v_mul(mhalf, v_mul(v, v))));
         v_storeu(dx + i, v_mul(v_loadu(dy + i), v_fma(v, pdf, cdf)));
     }
     if (i < n) {
         int r = (int)(n - i);
         VT v = v_loadu_n(x + i, r);
-        VT cdf = v_mul(half, v_add(one, v_erf(v_mul(v, rs2))));
+        VT cdf = v_phi(v);
         VT pdf = v_mul(k, v_exp(v_mul(mhalf, v_mul(v, v))));
         v_storeu_n(dx + i, v_mul(v_loadu_n(dy + i, r), v_fma(v, pdf, cdf)), r);
     }

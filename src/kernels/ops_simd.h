@@ -14,6 +14,10 @@ void vitc__row_stats_ref(const float *x, int64_t n, double shift, double *o);
 void vitc__row_norm_ref(float *y, const float *x, int64_t n, float mean, float sc, float sh);
 
 void vitc__gelu_avx512(float *x, int64_t n);
+/* y = GELU(x) out of place (y may be x); the _ref one is in ops.c. */
+void vitc__gelu_to_ref(float *y, const float *x, int64_t n);
+void vitc__gelu_to_avx512(float *y, const float *x, int64_t n);
+void vitc__gelu_to_avx2(float *y, const float *x, int64_t n);
 void vitc__softmax_rows_avx512(float *x, int64_t rows, int64_t n, float inv_temperature);
 void vitc__layernorm_avx512(float *y, const float *x, const float *w, const float *b, int64_t M,
                             int64_t C, float eps);
