@@ -229,6 +229,17 @@ void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h,
     vitc__attn_bwd_ws w;
     vitc__attn_bwd_carve(pl, nr, scratch, &w);
     const int64_t Lp = w.Lp;
+    if (b + 1 < d->B &&
+        d->H * (d->L * (D + 2 * Dv) + d->S * (D + Dv)) <= ATT_PREFETCH_MAX_FLOATS) {
+        /* q, o, dO rows and k, v rows of (b + 1, h): see att_prefetch_rows */
+        const int64_t nb = b + 1;
+        att_prefetch_rows(d->q + nb * d->q_sb + h * d->q_sh + l0 * d->q_sr, d->q_sr, nr, D);
+        att_prefetch_rows(d->o + nb * d->o_sb + h * d->o_sh + l0 * d->o_sr, d->o_sr, nr, Dv);
+        att_prefetch_rows(bd->dout + nb * bd->do_sb + h * bd->do_sh + l0 * bd->do_sr, bd->do_sr,
+                          nr, Dv);
+        att_prefetch_rows(d->k + nb * d->k_sb + h * d->k_sh + s0 * d->k_sr, d->k_sr, s1 - s0, D);
+        att_prefetch_rows(d->v + nb * d->v_sb + h * d->v_sh + s0 * d->v_sr, d->v_sr, s1 - s0, Dv);
+    }
     atb_pack_rows(pl, &w, b, h, l0, l1);
     const int do_kv = what & VITC_ATTN_BWD_DKV, do_q = what & VITC_ATTN_BWD_DQ;
     if (do_q) memset(w.dq, 0, (size_t)(Lp * Dp) * sizeof(float));

@@ -471,6 +471,13 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
     const int64_t D = d->D, Dv = d->Dv, S = d->S, Bc = pl->Bc, Bcp = pl->Bcp, Dvp = pl->Dvp;
     const int64_t nr = l1 - l0;
     const float *mbase = d->mask ? d->mask + b * d->m_sb + h * d->m_sh + l0 * d->m_sr : NULL;
+    if (b + 1 < d->B && l0 == 0 &&
+        d->H * (d->L * D + S * (D + Dv)) <= ATT_PREFETCH_MAX_FLOATS) {
+        /* (b + 1, h)'s q, k, v rows: see att_prefetch_rows */
+        att_prefetch_rows(d->q + (b + 1) * d->q_sb + h * d->q_sh, d->q_sr, d->L, D);
+        att_prefetch_rows(d->k + (b + 1) * d->k_sb + h * d->k_sh, d->k_sr, S, D);
+        att_prefetch_rows(d->v + (b + 1) * d->v_sb + h * d->v_sh, d->v_sr, S, Dv);
+    }
 #if ATT_SMALL_DV > 0
     if (Dv <= ATT_SMALL_DV && !d->mask && !d->probs) {
         att_small_rows(pl, ws, b, h, l0, l1);
