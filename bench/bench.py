@@ -64,9 +64,11 @@ WORKLOADS = {
     "train_vit_b16_b8": ("training step of ViT-B/16 (torchvision vit_b_16): forward, "
                          "cross-entropy, backward, AdamW", "[8,3,224,224]",
                          "3 × " + _VIT_FLOPS, 3),
-    "sdpa_bwd": ("attention backward: dQ, dK, dV of softmax(QKᵀ/√d)V given dOut (PyTorch: "
-                 "autograd through matmul-softmax-matmul, graph kept from one forward)",
-                 "q,k,v [1,8,4096,64]", "8·B·H·L·S·d (2 × forward)", 3),
+    "sdpa_bwd": ("attention backward: dQ, dK, dV of softmax(QKᵀ/√d)V given dOut (vitc: from "
+                 "the forward's saved output and log-sum-exp; PyTorch: autograd through "
+                 "matmul-softmax-matmul, graph kept from one forward)",
+                 "q,k,v [1,8,4096,64]", "10·B·H·L·S·d (vitc's five products; PyTorch, which "
+                 "keeps P, does four)", 3),
     # Hub image encoders (issue 10), random weights: vitc loads the Hub
     # directory (config.json + model.safetensors), PyTorch runs the
     # transformers-equivalent forward of tests/reference/hf_ref.py.
@@ -120,7 +122,7 @@ def flops_of(name):
         return B * (2 * N * C * 4 * C + 4 * N * N * C)
     if name == "sdpa_bwd":
         L = QUICK_SIZES["sdpa_L"] if QUICK else 4096
-        return 2 * 4 * 1 * 8 * L * L * 64
+        return 2 * 5 * 1 * 8 * L * L * 64
     if name == "train_fmnist":
         f = QUICK_SIZES["fmnist"] if QUICK else FMNIST
         return 3 * vit_flops(f["batch"], f["image_size"], f["patch_size"], f["in_channels"],

@@ -338,6 +338,24 @@ VITC_API vitc_status vitc_sdpa_backward(const vitc_tensor_view *q, const vitc_te
                                         vitc_mask_type mask_type, float scale, const float *dout,
                                         float *dq, float *dk, float *dv);
 
+/* What a training step uses: the forward that also writes the
+ * log-sum-exp of each query row, lse [..., L] = log sum_j exp(s_ij) (natural
+ * log; -inf for a row with no allowed key), and the backward from that
+ * forward's out and lse, which then skips vitc_sdpa_backward's recomputed
+ * forward (four of its five L x S x d products remain: S = q k^T again, dP,
+ * dV, dQ, dK). Same shapes, mask and scale conventions as vitc_sdpa; out and
+ * lse must come from vitc_sdpa_lse on the same q, k, v, mask and scale.
+ * Bitwise the same gradients as vitc_sdpa_backward. */
+VITC_API vitc_status vitc_sdpa_lse(const vitc_tensor_view *q, const vitc_tensor_view *k,
+                                   const vitc_tensor_view *v, const vitc_tensor_view *mask,
+                                   vitc_mask_type mask_type, float scale, float *out, float *lse);
+VITC_API vitc_status vitc_sdpa_backward_lse(const vitc_tensor_view *q, const vitc_tensor_view *k,
+                                            const vitc_tensor_view *v,
+                                            const vitc_tensor_view *mask,
+                                            vitc_mask_type mask_type, float scale,
+                                            const float *out, const float *lse, const float *dout,
+                                            float *dq, float *dk, float *dv);
+
 /* The gradient of y = vitc_softmax(x, dim, temperature) given y and
  * dy = dL/dy (both of shape): dx = y o (dy - sum_dim(dy o y)) / temperature.
  * dx may be dy (in place). */

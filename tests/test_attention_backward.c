@@ -458,8 +458,56 @@ static void test_edges_and_bad_input(void **state) {
     for (int i = 0; i < 8; i++) assert_true(g[1][i] == 0.0f && g[2][i] == 0.0f);
 }
 
+/* The public pair a training step uses: vitc_sdpa_lse's out equals
+ * vitc_sdpa's, and vitc_sdpa_backward_lse from its out and lse gives
+ * vitc_sdpa_backward's gradients bitwise (with a mask too); NULL out or lse
+ * is refused. */
+static void test_public_saved_forward(void **state) {
+    (void)state;
+    const int64_t B = 2, H = 3, L = 37, S = 29, D = 24;
+    size_t nq = (size_t)(B * H * L * D), nk = (size_t)(B * H * S * D);
+    float *q = malloc(nq * sizeof(float)), *k = malloc(nk * sizeof(float));
+    float *v = malloc(nk * sizeof(float)), *dout = malloc(nq * sizeof(float));
+    float *o1 = malloc(nq * sizeof(float)), *o2 = malloc(nq * sizeof(float));
+    float *lse = malloc((size_t)(B * H * L) * sizeof(float)), *mask = malloc((size_t)(L * S) * sizeof(float));
+    float *g1[3], *g2[3];
+    for (int i = 0; i < 3; i++) {
+        g1[i] = malloc((i ? nk : nq) * sizeof(float));
+        g2[i] = malloc((i ? nk : nq) * sizeof(float));
+    }
+    for (size_t i = 0; i < nq; i++) q[i] = (float)(2 * tu_drand(&rng_state) - 1), dout[i] = (float)(2 * tu_drand(&rng_state) - 1);
+    for (size_t i = 0; i < nk; i++) k[i] = (float)(2 * tu_drand(&rng_state) - 1), v[i] = (float)(2 * tu_drand(&rng_state) - 1);
+    for (int64_t i = 0; i < L * S; i++) mask[i] = (float)(3 * tu_drand(&rng_state) - 1.5);
+    vitc_tensor_view tq = {q, 4, {B, H, L, D}}, tk = {k, 4, {B, H, S, D}}, tv = {v, 4, {B, H, S, D}};
+    vitc_tensor_view tm = {mask, 2, {L, S}};
+    for (int masked = 0; masked < 2; masked++) {
+        const vitc_tensor_view *m = masked ? &tm : NULL;
+        vitc_mask_type mt = masked ? VITC_MASK_FLOAT : VITC_MASK_NONE;
+        assert_int_equal(vitc_sdpa(&tq, &tk, &tv, m, mt, 0.0f, o1), VITC_OK);
+        assert_int_equal(vitc_sdpa_lse(&tq, &tk, &tv, m, mt, 0.0f, o2, lse), VITC_OK);
+        assert_memory_equal(o1, o2, nq * sizeof(float));
+        assert_int_equal(vitc_sdpa_backward(&tq, &tk, &tv, m, mt, 0.0f, dout, g1[0], g1[1], g1[2]),
+                         VITC_OK);
+        assert_int_equal(vitc_sdpa_backward_lse(&tq, &tk, &tv, m, mt, 0.0f, o2, lse, dout, g2[0],
+                                                g2[1], g2[2]),
+                         VITC_OK);
+        for (int i = 0; i < 3; i++) assert_memory_equal(g1[i], g2[i], (i ? nk : nq) * sizeof(float));
+    }
+    assert_int_equal(vitc_sdpa_lse(&tq, &tk, &tv, NULL, VITC_MASK_NONE, 0.0f, o2, NULL),
+                     VITC_ERR_INVALID_ARG);
+    assert_int_equal(vitc_sdpa_backward_lse(&tq, &tk, &tv, NULL, VITC_MASK_NONE, 0.0f, NULL, lse,
+                                            dout, g2[0], g2[1], g2[2]),
+                     VITC_ERR_INVALID_ARG);
+    assert_int_equal(vitc_sdpa_backward_lse(&tq, &tk, &tv, NULL, VITC_MASK_NONE, 0.0f, o2, NULL,
+                                            dout, g2[0], g2[1], g2[2]),
+                     VITC_ERR_INVALID_ARG);
+    free(q), free(k), free(v), free(dout), free(o1), free(o2), free(lse), free(mask);
+    for (int i = 0; i < 3; i++) free(g1[i]), free(g2[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_public_saved_forward),
         cmocka_unit_test(test_self_sizes),       cmocka_unit_test(test_cross_and_dv),
         cmocka_unit_test(test_split),            cmocka_unit_test(test_fused_qkv),
         cmocka_unit_test(test_masks),            cmocka_unit_test(test_fully_masked_row),

@@ -214,9 +214,131 @@ static void test_builtin_thread_invariant(void **state) {
         vitc_set_num_threads(2);
         vitc__gemm(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C2, N);
         assert_memory_equal(C1, C2, (size_t)(M * N) * sizeof(float));
+        /* Threads splitting rows share one packing of op(B) (both layouts,
+         * K past one KC block): still the 1-thread bits. */
+        int64_t m2 = 600, n2 = 96, k2 = 1100;
+        float *A2 = rand_buf((size_t)(m2 * k2)), *B2 = rand_buf((size_t)(n2 * k2));
+        float *D1 = malloc((size_t)(m2 * n2) * sizeof(float)), *D2 = malloc((size_t)(m2 * n2) * sizeof(float));
+        for (int tb = 0; tb < 2; tb++) {
+            vitc_set_num_threads(1);
+            vitc__gemm(0, tb, m2, n2, k2, 1.0f, A2, k2, B2, tb ? k2 : n2, 0.0f, D1, n2);
+            vitc_set_num_threads(2);
+            vitc__gemm(0, tb, m2, n2, k2, 1.0f, A2, k2, B2, tb ? k2 : n2, 0.0f, D2, n2);
+            assert_memory_equal(D1, D2, (size_t)(m2 * n2) * sizeof(float));
+        }
+        free(A2), free(B2), free(D1), free(D2);
     }
     restore();
     free(A), free(B), free(C1), free(C2);
+}
+
+/* A shallow untransposed A read in place instead of packed (gemm.c's
+ * direct path): the same FMAs in the same order, so bitwise the packed
+ * result, with edges (rows not a multiple of 12 or of MC, columns not of
+ * 32, padded lda and ldb) and the Linear epilogue; transposed A (weight
+ * gradients, K past one KC block) must not change with the switch. */
+static void test_direct_equals_packed(void **state) {
+    int64_t shapes[][4] = {{157, 97, 96, 0}, {6400 / 50, 288, 96, 0}, {77, 33, 300, 0},
+                           {13, 5, 7, 0},    {288, 96, 1500, 1},      {100, 70, 2100, 1},
+                           {7, 33, 40, 1}};
+    const char *archs[] = {"generic", "avx2", "avx512"};
+    assert_int_equal(vitc_set_gemm_backend("builtin"), VITC_OK);
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        int ta = (int)shapes[s][3];
+        int64_t lda = (ta ? M : K) + (int64_t)s, ldb = N + 3; /* B [K, ldb] or [N, K] */
+        float *A = rand_buf((size_t)((ta ? K : M) * lda)), *B = rand_buf((size_t)(K * ldb + N * K));
+        float *bias = rand_buf((size_t)N), *res = rand_buf((size_t)(M * N));
+        float *C1 = malloc((size_t)(M * N) * sizeof(float)), *C2 = malloc((size_t)(M * N) * sizeof(float));
+        for (int a = 0; a < 3; a++) {
+            if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+            for (int t = 1; t <= 2; t++) {
+                vitc_set_num_threads(t);
+                for (int tb = 0; tb < 2; tb++) {
+                    for (int beta = 0; beta < 2; beta++) {
+                        for (int64_t i = 0; i < M * N; i++) C1[i] = C2[i] = res[i];
+                        vitc__gemm_set_direct(1);
+                        vitc__gemm(ta, tb, M, N, K, 0.5f, A, lda, B, tb ? K : ldb, (float)beta, C1, N);
+                        vitc__gemm_set_direct(0);
+                        vitc__gemm(ta, tb, M, N, K, 0.5f, A, lda, B, tb ? K : ldb, (float)beta, C2, N);
+                        assert_memory_equal(C1, C2, (size_t)(M * N) * sizeof(float));
+                    }
+                }
+                if (ta) continue;
+                vitc__gemm_set_direct(1);
+                vitc__linear(C1, N, A, lda, B, bias, res, N, M, N, K);
+                vitc__gemm_set_direct(0);
+                vitc__linear(C2, N, A, lda, B, bias, res, N, M, N, K);
+                assert_memory_equal(C1, C2, (size_t)(M * N) * sizeof(float));
+            }
+        }
+        vitc__gemm_set_direct(1);
+        free(A), free(B), free(bias), free(res), free(C1), free(C2);
+    }
+    restore();
+}
+
+/* vitc__gemm_tn_asum: C bitwise vitc__gemm's A^T B, and the column sums
+ * of A bitwise a plain loop over its rows (k ascending), on every built-in
+ * path and thread count; rows split (M > N) and columns split (N > M). */
+static void test_gemm_tn_asum(void **state) {
+    int64_t shapes[][3] = {{97, 40, 1500}, {290, 96, 700}, {30, 300, 1100}, {5, 3, 2}};
+    const char *archs[] = {"generic", "avx2", "avx512"};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = M + 1;
+        float *A = rand_buf((size_t)(K * lda)), *B = rand_buf((size_t)(K * N));
+        float *C0 = rand_buf((size_t)(M * N)), *s0 = rand_buf((size_t)M);
+        float *C1 = malloc((size_t)(M * N) * sizeof(float)), *C2 = malloc((size_t)(M * N) * sizeof(float));
+        float *s1 = malloc((size_t)M * sizeof(float)), *s2 = malloc((size_t)M * sizeof(float));
+        memcpy(s2, s0, (size_t)M * sizeof(float));
+        for (int64_t k = 0; k < K; k++)
+            for (int64_t i = 0; i < M; i++) s2[i] += A[k * lda + i];
+        assert_int_equal(vitc_set_gemm_backend("builtin"), VITC_OK);
+        for (int a = 0; a < 3; a++) {
+            if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+            for (int t = 1; t <= 2; t++) {
+                vitc_set_num_threads(t);
+                memcpy(C1, C0, (size_t)(M * N) * sizeof(float));
+                memcpy(C2, C0, (size_t)(M * N) * sizeof(float));
+                memcpy(s1, s0, (size_t)M * sizeof(float));
+                assert_int_equal(vitc__gemm_tn_asum(M, N, K, A, lda, B, N, 1.0f, C1, N, s1), 1);
+                vitc__gemm(1, 0, M, N, K, 1.0f, A, lda, B, N, 1.0f, C2, N);
+                assert_memory_equal(C1, C2, (size_t)(M * N) * sizeof(float));
+                assert_memory_equal(s1, s2, (size_t)M * sizeof(float));
+            }
+        }
+#ifdef VITC_HAVE_OPENBLAS
+        assert_int_equal(vitc_set_gemm_backend("openblas"), VITC_OK);
+        assert_int_equal(vitc__gemm_tn_asum(M, N, K, A, lda, B, N, 1.0f, C1, N, s1), 0);
+#endif
+        restore();
+        free(A), free(B), free(C0), free(s0), free(C1), free(C2), free(s1), free(s2);
+    }
+}
+
+/* vitc__linear_act: y as vitc__linear gives it and act = GELU(y) as
+ * vitc__gelu gives it (both elementwise: bitwise), on every path. */
+static void test_linear_act(void **state) {
+    collect_paths();
+    int64_t shapes[][3] = {{157, 97, 96}, {30, 192, 70}, {5, 7, 3}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], ld = N + (int64_t)s;
+        float *x = rand_buf((size_t)(M * K)), *W = rand_buf((size_t)(N * K)), *b = rand_buf((size_t)N);
+        float *y = malloc((size_t)(M * ld) * sizeof(float)), *act = malloc((size_t)(M * ld) * sizeof(float));
+        float *y2 = malloc((size_t)(M * ld) * sizeof(float));
+        for (int p = 0; p < npaths; p++) {
+            use_path(&paths[p]);
+            vitc__linear_act(y, ld, act, ld, x, K, W, b, M, N, K);
+            vitc__linear(y2, ld, x, K, W, b, NULL, 0, M, N, K);
+            for (int64_t i = 0; i < M; i++)
+                assert_memory_equal(y + i * ld, y2 + i * ld, (size_t)N * sizeof(float));
+            for (int64_t i = 0; i < M; i++) vitc__gelu(y2 + i * ld, N);
+            for (int64_t i = 0; i < M; i++)
+                assert_memory_equal(act + i * ld, y2 + i * ld, (size_t)N * sizeof(float));
+        }
+        restore();
+        free(x), free(W), free(b), free(y), free(act), free(y2);
+    }
 }
 
 /* y = x W^T + b + residual, against float64; also y aliasing the residual. */
@@ -307,6 +429,9 @@ int main(void) {
         cmocka_unit_test(test_vit_shapes),
         cmocka_unit_test(test_nan_in_c_beta0),
         cmocka_unit_test(test_builtin_thread_invariant),
+        cmocka_unit_test(test_direct_equals_packed),
+        cmocka_unit_test(test_linear_act),
+        cmocka_unit_test(test_gemm_tn_asum),
         cmocka_unit_test(test_linear_epilogue),
         cmocka_unit_test(test_gemm_in_pool_task),
     };

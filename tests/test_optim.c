@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/kernels.h"
 #include "rng.h"
 #include "train/optim.h"
 
@@ -392,13 +393,47 @@ static void test_vit_front_end(void **st) {
     vitc_optimizer_free(o);
 }
 
+/* The kernel table's AdamW (SIMD on avx512) is bitwise vitc__adamw_ref,
+ * with and without amsgrad, over a length with a tail; with extreme and
+ * special values (zeros, huge, tiny, a NaN gradient). */
+static void test_adamw_kernels_bitwise(void **state) {
+    (void)state;
+    enum { n = 1003 };
+    static float p0[n], m0[n], v0[n], x0[n], g[n], p[2][n], m[2][n], v[2][n], x[2][n];
+    vitc__rng r = {99};
+    for (int i = 0; i < n; i++) {
+        double u = vitc__rng_uniform(&r) * 2 - 1;
+        p0[i] = (float)(u * 3), m0[i] = (float)(u * 0.1), v0[i] = (float)(u * u * 0.01);
+        x0[i] = (float)(u * u * 0.02), g[i] = (float)(u * (i % 7 == 0 ? 1e20 : 1e-3));
+    }
+    g[5] = 0.0f, g[6] = NAN, g[7] = 1e-30f, v0[8] = 0.0f;
+    const char *archs[] = {"generic", "avx2", "avx512"};
+    vitc__adamw_coef c = {.shrink = 1 - 1e-3 * 0.05, .step_size = 1e-3 / (1 - 0.9 * 0.9),
+                          .b1 = 0.9, .b2 = 0.999, .eps = 1e-8, .bc2_sqrt = 0.0447};
+    for (int ams = 0; ams < 2; ams++)
+        for (int a = 0; a < 3; a++) {
+            if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+            for (int k = 0; k < 2; k++) {
+                memcpy(p[k], p0, sizeof p0), memcpy(m[k], m0, sizeof m0);
+                memcpy(v[k], v0, sizeof v0), memcpy(x[k], x0, sizeof x0);
+            }
+            vitc__adamw_ref(p[0], m[0], v[0], ams ? x[0] : NULL, g, n, &c);
+            vitc__kern()->adamw(p[1], m[1], v[1], ams ? x[1] : NULL, g, n, &c);
+            assert_memory_equal(p[0], p[1], sizeof p0);
+            assert_memory_equal(m[0], m[1], sizeof m0);
+            assert_memory_equal(v[0], v[1], sizeof v0);
+            assert_memory_equal(x[0], x[1], sizeof x0);
+        }
+    vitc_set_arch(NULL);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_adamw),           cmocka_unit_test(test_sgd),
         cmocka_unit_test(test_state_and_momentum), cmocka_unit_test(test_restore),
         cmocka_unit_test(test_errors),          cmocka_unit_test(test_clip_grad_norm),
         cmocka_unit_test(test_cross_entropy),   cmocka_unit_test(test_buffers_skipped),
-        cmocka_unit_test(test_vit_front_end),
+        cmocka_unit_test(test_vit_front_end),   cmocka_unit_test(test_adamw_kernels_bitwise),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

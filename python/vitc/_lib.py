@@ -177,6 +177,8 @@ _SIGNATURES = {
     "vitc_sdpa_backward": (_st, [_P(TensorView)] * 4 + [_int, _f32, c_float_p, c_float_p,
                                                         c_float_p, c_float_p]),
     "vitc_softmax_backward": (_st, [c_float_p, c_float_p, _int, c_int64_p, _int, _f32, c_float_p]),
+    "vitc_sdpa_lse": (_st, [_P(TensorView)] * 4 + [_int, _f32, c_float_p, c_float_p]),
+    "vitc_sdpa_backward_lse": (_st, [_P(TensorView)] * 4 + [_int, _f32] + [c_float_p] * 6),
     # images
     "vitc_image_load": (_st, [_cs, _i64, _P(Image)]),
     "vitc_image_free": (None, [_P(Image)]),

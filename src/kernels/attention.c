@@ -190,6 +190,10 @@ static void vitc__attn_plan_make(vitc__attn_plan *p, const vitc__sdpa_desc *d) {
     /* The small-Dv path (attention_tmpl.h) takes rows 32 at a time. */
     if (d->Dv <= 16 && !d->mask && !d->probs && d->L < 1024) Br = 64;
     while (Br > 12 && d->B * d->H * ((d->L + Br - 1) / Br) < 8) Br = Br / 2 < 12 ? 12 : Br / 2;
+    /* A short head (L up to 1.5 Br) in one block rather than a full one and
+     * a sliver (ViT on 28 px images: 50 = 48 + 2 rows), when there are tasks
+     * enough anyway. Rows are computed independently: the same numbers. */
+    if (d->L <= Br + Br / 2 && d->B * d->H >= 8) Br = d->L;
     if (Br > d->L) Br = d->L;
     p->Br = Br;
     p->nqb = (d->L + Br - 1) / Br;

@@ -205,20 +205,18 @@ static void atb_pack_rows(const vitc__attn_bwd_plan *pl, vitc__attn_bwd_ws *w, i
     att_pack_panels(dO, bd->do_sr, nr, Dv, Lp, w->dot);
     for (int64_t r = 0; r < Lp; r++) {
         float *qr = w->qr + r * Dp, *dor = w->dor + r * Dvp; /* [Dp], [Dvp] */
-        int64_t cq = 0, cd = 0;
         if (r < nr) {
             const float *ds = dO + r * bd->do_sr, *os = o + r * d->o_sr;
-            memcpy(qr, q + r * d->q_sr, (size_t)D * sizeof(float));
-            memcpy(dor, ds, (size_t)Dv * sizeof(float));
-            cq = D, cd = Dv;
+            att_copy_pad(qr, q + r * d->q_sr, D, Dp);
+            att_copy_pad(dor, ds, Dv, Dvp);
             w->dd[r] = atb_dot(ds, os, Dv);
             w->lse2[r] = lse[r] * att_log2e;
         } else {
+            memset(qr, 0, (size_t)Dp * sizeof(float));
+            memset(dor, 0, (size_t)Dvp * sizeof(float));
             w->dd[r] = 0.0f;
             w->lse2[r] = INFINITY;
         }
-        memset(qr + cq, 0, (size_t)(Dp - cq) * sizeof(float));
-        memset(dor + cd, 0, (size_t)(Dvp - cd) * sizeof(float));
     }
 }
 
@@ -231,6 +229,17 @@ void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h,
     vitc__attn_bwd_ws w;
     vitc__attn_bwd_carve(pl, nr, scratch, &w);
     const int64_t Lp = w.Lp;
+    if (b + 1 < d->B &&
+        d->H * (d->L * (D + 2 * Dv) + d->S * (D + Dv)) <= ATT_PREFETCH_MAX_FLOATS) {
+        /* q, o, dO rows and k, v rows of (b + 1, h): see att_prefetch_rows */
+        const int64_t nb = b + 1;
+        att_prefetch_rows(d->q + nb * d->q_sb + h * d->q_sh + l0 * d->q_sr, d->q_sr, nr, D);
+        att_prefetch_rows(d->o + nb * d->o_sb + h * d->o_sh + l0 * d->o_sr, d->o_sr, nr, Dv);
+        att_prefetch_rows(bd->dout + nb * bd->do_sb + h * bd->do_sh + l0 * bd->do_sr, bd->do_sr,
+                          nr, Dv);
+        att_prefetch_rows(d->k + nb * d->k_sb + h * d->k_sh + s0 * d->k_sr, d->k_sr, s1 - s0, D);
+        att_prefetch_rows(d->v + nb * d->v_sb + h * d->v_sh + s0 * d->v_sr, d->v_sr, s1 - s0, Dv);
+    }
     atb_pack_rows(pl, &w, b, h, l0, l1);
     const int do_kv = what & VITC_ATTN_BWD_DKV, do_q = what & VITC_ATTN_BWD_DQ;
     if (do_q) memset(w.dq, 0, (size_t)(Lp * Dp) * sizeof(float));
@@ -242,11 +251,7 @@ void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h,
     for (int64_t j0 = s0; j0 < s1; j0 += Bc) {
         const int64_t nk = s1 - j0 < Bc ? s1 - j0 : Bc;
         if (do_q)
-            for (int64_t j = 0; j < nk; j++) {
-                float *kr = w.kr + j * Dp;
-                memcpy(kr, k + (j0 + j) * d->k_sr, (size_t)D * sizeof(float));
-                for (int64_t c = D; c < Dp; c++) kr[c] = 0.0f;
-            }
+            for (int64_t j = 0; j < nk; j++) att_copy_pad(w.kr + j * Dp, k + (j0 + j) * d->k_sr, D, Dp);
         if (do_kv) {
             memset(w.dk, 0, (size_t)(nk * Dp) * sizeof(float));
             memset(w.dv, 0, (size_t)(nk * Dvp) * sizeof(float));
@@ -284,7 +289,7 @@ void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h,
             float *dv = bd->dv + b * bd->dv_sb + h * bd->dv_sh + j0 * bd->dv_sr; /* [nk, Dv] */
             for (int64_t j = 0; j < nk; j++) {
                 atb_scale_row(dk + j * bd->dk_sr, w.dk + j * Dp, D, d->scale);
-                memcpy(dv + j * bd->dv_sr, w.dv + j * Dvp, (size_t)Dv * sizeof(float));
+                att_copy(dv + j * bd->dv_sr, w.dv + j * Dvp, Dv);
             }
         }
     }

@@ -46,6 +46,41 @@ static void att_pack_panels(const float *src, int64_t lds, int64_t n, int64_t wd
     }
 }
 
+/* Asks for rows [0, n) of a head (ld apart, w floats each) to be brought
+ * into L2. A task prefetches the same head of the next image: the heads
+ * of one image share their rows' cache lines, so the next image's are the
+ * ones that come from memory, and they are needed H tasks later (the
+ * hardware prefetcher does not follow a head's short strided rows). Only
+ * while an image's rows (all heads: floats, summed over tensors) fit in
+ * a fraction of L2, or they would evict each other before their turn. */
+#define ATT_PREFETCH_MAX_FLOATS ((int64_t)96 << 10)
+static inline void att_prefetch_rows(const float *p, int64_t ld, int64_t n, int64_t w) {
+    for (int64_t r = 0; r < n; r++) {
+        const float *row = p + r * ld;
+        for (int64_t c = 0; c < w; c += 16) __builtin_prefetch(row + c, 0, 2);
+        __builtin_prefetch(row + w - 1, 0, 2);
+        /* Prefetches are no side effect to C11's loop rules: without this
+         * empty statement GCC deletes the loop as doing nothing. */
+        __asm__ __volatile__("" : : "r"(row));
+    }
+}
+
+/* dst[0:n] = src[0:n] and dst[n:np] = 0 (np >= n, a multiple of VW):
+ * one row of a head padded to whole vectors, in vector moves rather than
+ * libc calls that cost more than the copy at 24 floats. */
+static inline void att_copy_pad(float *dst, const float *src, int64_t n, int64_t np) {
+    int64_t c = 0;
+    for (; c + VW <= n; c += VW) v_storeu(dst + c, v_loadu(src + c));
+    for (; c < np; c += VW) v_storeu(dst + c, n > c ? v_loadu_n(src + c, (int)(n - c)) : v_zero());
+}
+
+/* dst[0:n] = src[0:n], nothing past n written. */
+static inline void att_copy(float *dst, const float *src, int64_t n) {
+    int64_t c = 0;
+    for (; c + VW <= n; c += VW) v_storeu(dst + c, v_loadu(src + c));
+    if (c < n) v_storeu_n(dst + c, v_loadu_n(src + c, (int)(n - c)), (int)(n - c));
+}
+
 /* ATT_MR_NV_SWITCH(CALL): the body of a *_rows dispatcher of an
  * MR_PV x NV_PV microkernel, switching the run-time (mr, nv) onto the
  * compile-time CALL(m, n) (a macro of the including function). The nv that

@@ -140,10 +140,7 @@ static void att_pack_kv(const vitc__sdpa_desc *d, int64_t Dvp, int64_t b, int64_
     const float *v = d->v + b * d->v_sb + h * d->v_sh + j0 * d->v_sr; /* [n, Dv] */
     att_pack_panels(k, d->k_sr, n, D, (n + NR - 1) / NR * NR, kt);
     if (!vp) return; /* V is read in place */
-    for (int64_t j = 0; j < n; j++) {
-        memcpy(vp + j * Dvp, v + j * d->v_sr, (size_t)Dv * sizeof(float));
-        memset(vp + j * Dvp + Dv, 0, (size_t)(Dvp - Dv) * sizeof(float));
-    }
+    for (int64_t j = 0; j < n; j++) att_copy_pad(vp + j * Dvp, v + j * d->v_sr, Dv, Dvp);
 }
 
 /* Adds the mask (times log2 e) to s[0:n] in place and returns the max. */
@@ -474,6 +471,13 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
     const int64_t D = d->D, Dv = d->Dv, S = d->S, Bc = pl->Bc, Bcp = pl->Bcp, Dvp = pl->Dvp;
     const int64_t nr = l1 - l0;
     const float *mbase = d->mask ? d->mask + b * d->m_sb + h * d->m_sh + l0 * d->m_sr : NULL;
+    if (b + 1 < d->B && l0 == 0 &&
+        d->H * (d->L * D + S * (D + Dv)) <= ATT_PREFETCH_MAX_FLOATS) {
+        /* (b + 1, h)'s q, k, v rows: see att_prefetch_rows */
+        att_prefetch_rows(d->q + (b + 1) * d->q_sb + h * d->q_sh, d->q_sr, d->L, D);
+        att_prefetch_rows(d->k + (b + 1) * d->k_sb + h * d->k_sh, d->k_sr, S, D);
+        att_prefetch_rows(d->v + (b + 1) * d->v_sb + h * d->v_sh, d->v_sr, S, Dv);
+    }
 #if ATT_SMALL_DV > 0
     if (Dv <= ATT_SMALL_DV && !d->mask && !d->probs) {
         att_small_rows(pl, ws, b, h, l0, l1);

@@ -111,8 +111,8 @@ vitc_status vitc_set_gemm_backend(const char *name) {
 /* Grow-only and owned by the thread (a key destructor frees it when the
  * thread ends), so concurrent user threads never share one. */
 typedef struct {
-    float *p;
-    size_t cap; /* floats */
+    float *p[2];    /* [0]: this thread's packing; [1]: op(B) packed for all threads */
+    size_t cap[2]; /* floats */
 } vitc__scratch;
 
 static pthread_key_t vitc__scratch_key;
@@ -121,7 +121,8 @@ static int vitc__scratch_ok;
 
 static void vitc__scratch_free(void *s) {
     vitc__scratch *sc = s;
-    vitc__free(sc->p);
+    vitc__free(sc->p[0]);
+    vitc__free(sc->p[1]);
     free(sc);
 }
 
@@ -129,8 +130,9 @@ static void vitc__scratch_init(void) {
     vitc__scratch_ok = pthread_key_create(&vitc__scratch_key, vitc__scratch_free) == 0;
 }
 
-/* NULL when memory is short: the caller then falls back to the reference. */
-static float *vitc__get_scratch(size_t floats) {
+/* Buffer which (0 or 1) of this thread, NULL when memory is short: the
+ * caller then falls back to something slower. */
+static float *vitc__get_scratch_n(int which, size_t floats) {
     pthread_once(&vitc__scratch_once, vitc__scratch_init);
     if (!vitc__scratch_ok) return NULL;
     vitc__scratch *sc = pthread_getspecific(vitc__scratch_key);
@@ -142,22 +144,24 @@ static float *vitc__get_scratch(size_t floats) {
             return NULL;
         }
     }
-    if (sc->cap < floats) {
+    if (sc->cap[which] < floats) {
         float *p = vitc__alloc(floats * sizeof(float));
         if (!p) return NULL;
-        vitc__free(sc->p);
-        sc->p = p;
-        sc->cap = floats;
+        vitc__free(sc->p[which]);
+        sc->p[which] = p;
+        sc->cap[which] = floats;
     }
-    return sc->p;
+    return sc->p[which];
 }
+
+static float *vitc__get_scratch(size_t floats) { return vitc__get_scratch_n(0, floats); }
 
 /* ---- packing ------------------------------------------------------- */
 
 /* op(A)[i0:i0+mc, k0:k0+kc] into strips [kc][mr]; op(A)(i,k) is
  * A[i*lda + k], or A[k*lda + i] when trans. */
 void vitc__gemm_packa_generic(float *pa, int mr, const float *A, int64_t lda, int trans, int64_t i0,
-                              int64_t mc, int64_t k0, int64_t kc) {
+                              int64_t mc, int64_t k0, int64_t kc, float *asum) {
     for (int64_t s = 0; s < mc; s += mr) {
         int64_t rows = mc - s < mr ? mc - s : mr;
         float *dst = pa + s * kc; /* strip s/mr: [kc][mr] */
@@ -167,6 +171,8 @@ void vitc__gemm_packa_generic(float *pa, int mr, const float *A, int64_t lda, in
                 int64_t r = 0;
                 for (; r < rows; r++) dst[k * mr + r] = src[r];
                 for (; r < mr; r++) dst[k * mr + r] = 0.0f;
+                if (asum)
+                    for (r = 0; r < rows; r++) asum[s + r] += src[r];
             }
         } else {
             for (int64_t r = 0; r < rows; r++) {
@@ -270,7 +276,7 @@ static void vitc__ukr_generic(int64_t kc, const float *pa, const float *pb, floa
 #endif
 
 const vitc__gemm_kernel vitc__gemm_kernel_generic = {
-    VITC_G_MR, VITC_G_NR, 512, 96, 1024, vitc__ukr_generic, NULL, NULL,
+    VITC_G_MR, VITC_G_NR, 512, 96, 1024, vitc__ukr_generic, NULL, NULL, NULL, 0,
 };
 
 static const vitc__gemm_kernel *vitc__pick_kernel(void) { return vitc__kern()->gemm; }
@@ -285,13 +291,28 @@ typedef struct vitc__gemm_job {
     const float *B; int64_t ldb; /* op(B) [K,N] */
     float *C; int64_t ldc;       /* [M,N] */
     const float *bias;           /* [N] or NULL */
+    /* [M] or NULL, with ta: asum[i] += sum_k op(A)(i, k), by the A packer
+     * from the values it packs (each row of op(A) is summed by exactly one
+     * thread: the one whose panel starts at column 0), k ascending: a bias
+     * gradient's column sums of dY without a pass of their own. */
+    float *asum;
     const float *res; int64_t ldr; /* [M,N] or NULL */
     const vitc__gemm_kernel *kern;
     /* op(B) already packed for kern (vitc__pweight, fp32): KC block pc at
      * pbw + pc * npad, its NR strips [kc][NR] one after another. */
     const float *pbw;
     int64_t npad;
+    /* op(A) already packed for kern (threads splitting columns share it):
+     * KC block pc at paw + pc * mpad, MR strips [kc][MR] one after another;
+     * asum is then done too. */
+    const float *paw;
+    int64_t mpad;
     void (*gelu)(float *x, int64_t n); /* applied to C after the last K block, or NULL */
+    void (*gelu_to)(float *y, const float *x, int64_t n); /* act = GELU(C), with act */
+    /* Also after the last K block, on the tile still in L1 (NULL: none):
+     * act [M, ld_act] = gelu(C), C kept (training keeps GELU's input). */
+    float *act;
+    int64_t ld_act;
     int by_cols;  /* threads split columns (else rows) */
     int64_t unit; /* split granularity: NR or MR (or 16 for OpenBLAS) */
     int nparts;
@@ -316,6 +337,43 @@ static void vitc__scale_only(const vitc__gemm_job *g, int64_t i0, int64_t i1, in
 #define VITC_MAX_NR 64
 #define VITC_SMALL_KC 64
 
+/* Reading operands in place (the kernel's ukr_st) can be switched off;
+ * tests compare both ways (vitc__gemm_set_direct). */
+static int vitc__gemm_direct_on = 1;
+void vitc__gemm_set_direct(int on) { __atomic_store_n(&vitc__gemm_direct_on, on != 0, __ATOMIC_RELAXED); }
+
+/* One MR x NR tile at (i, j) of K block pc: from packed panels (ukr: a, b
+ * strips of MR and NR) or, when st, from A and B with their strides
+ * (ukr_st). */
+static inline void vitc__tile(const vitc__gemm_job *g, int st, int64_t kc, const float *a,
+                              int64_t a_ks, int64_t a_rs, const float *b, int64_t b_ks,
+                              int64_t pc, int64_t i, int64_t j, int64_t mr, int64_t nr) {
+    const vitc__gemm_kernel *kn = g->kern;
+    vitc__gemm_epi e = {g->alpha, g->beta, pc == 0, g->bias ? g->bias + j : NULL,
+                        g->res ? g->res + i * g->ldr + j : NULL, g->ldr};
+    float *C = g->C + i * g->ldc + j;
+    if (st)
+        kn->ukr_st(kc, a, a_ks, a_rs, b, b_ks, C, g->ldc, mr, nr, &e);
+    else
+        kn->ukr(kc, a, b, C, g->ldc, mr, nr, &e);
+}
+
+/* GELU on rows [i, i + mc) x columns [j, j + nc) of C once they are final,
+ * while the MC-row block is still in cache: in place, or into act. Whole
+ * block rows per call rather than per tile: the vector GELU's setup cost
+ * as much as 32 columns of it. Elementwise, so the same numbers. */
+static void vitc__gelu_block(const vitc__gemm_job *g, int64_t i, int64_t mc, int64_t j,
+                             int64_t nc) {
+    for (int64_t r = i; r < i + mc; r++) {
+        float *c = g->C + r * g->ldc + j;
+        if (g->act) {
+            g->gelu_to(g->act + r * g->ld_act + j, c, nc);
+        } else {
+            g->gelu(c, nc);
+        }
+    }
+}
+
 static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1, int64_t j0,
                                 int64_t j1) {
     const vitc__gemm_kernel *kn = g->kern;
@@ -326,17 +384,28 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
     int64_t kc_max = g->K < KC ? g->K : KC;
     int64_t mc_max = (m < MC ? (m + MR - 1) / MR * MR : MC);
     int64_t nc_max = (n < NC ? (n + NR - 1) / NR * NR : NC);
-    int64_t pa_len = (mc_max * kc_max + 15) & ~(int64_t)15; /* keeps pb 64-byte aligned */
     const float *pbw = g->pbw; /* prepacked panels: no B buffer */
-    float *pa = vitc__get_scratch((size_t)(pa_len + (pbw ? 0 : nc_max * kc_max)));
+    int on = kn->ukr_st && __atomic_load_n(&vitc__gemm_direct_on, __ATOMIC_RELAXED);
+    /* A shallow, untransposed A is read in place. (Reading a weight
+     * gradient's dY^T and X in place instead of packing them measured 4-8%
+     * slower on a Fashion-MNIST step: they come from memory, and the
+     * packers prefetch.) */
+    int da = on && !g->ta && g->K <= kn->direct_kc;
+    const float *paw = da ? NULL : g->paw; /* op(A) prepacked, shared: no A buffer */
+    int64_t pa_len = da || paw ? 0 : (mc_max * kc_max + 15) & ~(int64_t)15; /* keeps pb 64-byte aligned */
+    float *pa = vitc__get_scratch((size_t)(pa_len + (pbw ? 0 : nc_max * kc_max)) + 1);
     _Alignas(64) float small[VITC_SMALL_KC * (VITC_MAX_MR + VITC_MAX_NR)];
     if (!pa) {
         /* Out of memory: one tile at a time from the stack, still exact
          * (prepacked panels have another KC: pack from op(B) instead). */
         KC = VITC_SMALL_KC, MC = MR, NC = NR;
         pbw = NULL; /* op(B) row-major is always kept beside its panels */
+        /* Shared op(A) panels have another KC too. (Packing A again here
+         * leaves asum alone: it was summed with them.) */
+        paw = NULL;
         pa = small;
         pa_len = VITC_SMALL_KC * VITC_MAX_MR;
+        da = 0;
     }
     float *pb = pa + pa_len;
     for (int64_t jc = j0; jc < j1; jc += NC) {
@@ -349,26 +418,40 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                 kn->packb(pb, g->B, g->ldb, g->tb, pc, kc, jc, nc);
             else
                 vitc__gemm_packb_generic(pb, NR, g->B, g->ldb, g->tb, pc, kc, jc, nc);
+            if (da) {
+                /* As below, the MC-row block of A (now in place) is reused
+                 * across the B micro-panels, one at a time in L1. */
+                for (int64_t ic = i0; ic < i1; ic += MC) {
+                    int64_t mc = i1 - ic < MC ? i1 - ic : MC;
+                    for (int64_t jr = 0; jr < nc; jr += NR)
+                        for (int64_t ir = 0; ir < mc; ir += MR)
+                            vitc__tile(g, 1, kc, g->A + (ic + ir) * g->lda + pc, 1, g->lda,
+                                       pb + jr * kc, NR, pc, ic + ir, jc + jr,
+                                       mc - ir < MR ? mc - ir : MR, nc - jr < NR ? nc - jr : NR);
+                    if (g->gelu && pc + kc >= g->K) vitc__gelu_block(g, ic, mc, jc, nc);
+                }
+                continue;
+            }
             for (int64_t ic = i0; ic < i1; ic += MC) {
                 int64_t mc = i1 - ic < MC ? i1 - ic : MC;
-                if (kn->packa)
-                    kn->packa(pa, g->A, g->lda, g->ta, ic, mc, pc, kc);
+                /* Rows of op(A) are summed by the thread whose panel holds
+                 * column 0, once (its first NC panel). */
+                float *asum = g->asum && jc == 0 && !g->paw ? g->asum + ic : NULL;
+                if (paw)
+                    pa = (float *)paw + pc * g->mpad + ic * kc;
+                else if (kn->packa)
+                    kn->packa(pa, g->A, g->lda, g->ta, ic, mc, pc, kc, asum);
                 else
-                    vitc__gemm_packa_generic(pa, MR, g->A, g->lda, g->ta, ic, mc, pc, kc);
+                    vitc__gemm_packa_generic(pa, MR, g->A, g->lda, g->ta, ic, mc, pc, kc, asum);
                 for (int64_t jr = 0; jr < nc; jr += NR) {
                     int64_t nr = nc - jr < NR ? nc - jr : NR;
                     for (int64_t ir = 0; ir < mc; ir += MR) {
                         int64_t mr = mc - ir < MR ? mc - ir : MR;
-                        int64_t i = ic + ir, j = jc + jr;
-                        vitc__gemm_epi e = {g->alpha, g->beta, pc == 0,
-                                            g->bias ? g->bias + j : NULL,
-                                            g->res ? g->res + i * g->ldr + j : NULL, g->ldr};
-                        kn->ukr(kc, pa + ir * kc, pb + jr * kc, g->C + i * g->ldc + j, g->ldc, mr,
-                                nr, &e);
-                        if (g->gelu && pc + kc >= g->K) /* the tile is final and still in L1 */
-                            for (int64_t r = 0; r < mr; r++) g->gelu(g->C + (i + r) * g->ldc + j, nr);
+                        vitc__tile(g, 0, kc, pa + ir * kc, 0, 0, pb + jr * kc, 0, pc, ic + ir,
+                                   jc + jr, mr, nr);
                     }
                 }
+                if (g->gelu && pc + kc >= g->K) vitc__gelu_block(g, ic, mc, jc, nc);
             }
         }
     }
@@ -430,8 +513,11 @@ static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
     if (i0 >= i1 || j0 >= j1) return;
     if (g->K <= 0 || g->alpha == 0.0f) {
         vitc__scale_only(g, i0, i1, j0, j1);
-        if (g->gelu)
-            for (int64_t i = i0; i < i1; i++) g->gelu(g->C + i * g->ldc + j0, j1 - j0);
+        for (int64_t i = i0; i < i1; i++) {
+            float *c = g->C + i * g->ldc + j0;
+            if (g->gelu && !g->act) g->gelu(c, j1 - j0);
+            if (g->act) g->gelu_to(g->act + i * g->ld_act + j0, c, j1 - j0);
+        }
         return;
     }
 #ifdef VITC_HAVE_OPENBLAS
@@ -443,8 +529,62 @@ static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
     vitc__builtin_block(g, i0, i1, j0, j1);
 }
 
+/* op(B) packed once for all threads (vitc__gemm_run): KC block pc at
+ * pb + pc * npad, strips of NR columns; tasks of PB_COLS columns of one K
+ * block. */
+#define VITC_PB_COLS 128
+typedef struct {
+    const vitc__gemm_job *g;
+    float *pb;
+    int64_t npad, nchunks;
+} vitc__pb_job;
+
+static void vitc__pb_task(void *ctx, int64_t t, int tid) {
+    const vitc__pb_job *p = ctx;
+    const vitc__gemm_job *g = p->g;
+    const vitc__gemm_kernel *kn = g->kern;
+    (void)tid;
+    int64_t pc = t / p->nchunks * kn->kc, j = t % p->nchunks * VITC_PB_COLS;
+    int64_t kc = g->K - pc < kn->kc ? g->K - pc : kn->kc;
+    int64_t nc = g->N - j < VITC_PB_COLS ? g->N - j : VITC_PB_COLS;
+    float *dst = p->pb + pc * p->npad + j * kc;
+    if (kn->packb)
+        kn->packb(dst, g->B, g->ldb, g->tb, pc, kc, j, nc);
+    else
+        vitc__gemm_packb_generic(dst, kn->nr, g->B, g->ldb, g->tb, pc, kc, j, nc);
+}
+
+/* op(A) packed once for all threads splitting columns: task t packs rows
+ * [t MC, t MC + MC) for every K block in order (so asum, if any, adds k
+ * ascending), block pc at pa + pc * mpad. */
+typedef struct {
+    const vitc__gemm_job *g;
+    float *pa;
+    int64_t mpad;
+} vitc__pa_job;
+
+static void vitc__pa_task(void *ctx, int64_t t, int tid) {
+    const vitc__pa_job *p = ctx;
+    const vitc__gemm_job *g = p->g;
+    const vitc__gemm_kernel *kn = g->kern;
+    (void)tid;
+    int64_t ic = t * kn->mc, mc = g->M - ic < kn->mc ? g->M - ic : kn->mc;
+    float *asum = g->asum ? g->asum + ic : NULL;
+    for (int64_t pc = 0; pc < g->K; pc += kn->kc) {
+        int64_t kc = g->K - pc < kn->kc ? g->K - pc : kn->kc;
+        float *dst = p->pa + pc * p->mpad + ic * kc;
+        if (kn->packa)
+            kn->packa(dst, g->A, g->lda, g->ta, ic, mc, pc, kc, asum);
+        else
+            vitc__gemm_packa_generic(dst, kn->mr, g->A, g->lda, g->ta, ic, mc, pc, kc, asum);
+    }
+}
+
 /* Below this many flops a parallel region costs more than it saves. */
 #define VITC_GEMM_PAR_FLOPS 400000.0
+/* Below this many elements of op(B) its repeated packing costs less than
+ * a parallel region to share it. */
+#define VITC_SHARED_B_MIN 32768
 
 static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
     if (g->M <= 0 || g->N <= 0) return;
@@ -476,10 +616,43 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
     int64_t units = g->by_cols ? col_units : row_units;
     if (nt > units) nt = (int)units;
     g->nparts = nt < 1 ? 1 : nt;
-    if (g->nparts == 1)
+    if (g->nparts == 1) {
         vitc__gemm_task(g, 0, 0);
-    else
-        vitc__parallel_for(g->nparts, vitc__gemm_task, g);
+        return;
+    }
+    /* Threads splitting rows would each pack all of op(B) (N x K, every
+     * K block), threads splitting columns all of op(A): pack it once,
+     * shared, in parallel (a copy: the same panels, so the same bits), and
+     * let the threads read it as prepacked panels. The buffer is the
+     * calling thread's; the workers only read it. (A read in place, K up
+     * to the kernel's direct_kc, needs no packing.) */
+    int a_direct = g->kern && g->kern->ukr_st && !g->ta && g->K <= g->kern->direct_kc &&
+                   __atomic_load_n(&vitc__gemm_direct_on, __ATOMIC_RELAXED);
+    if (g->kern && g->by_cols && !a_direct && g->K > 0 && g->alpha != 0.0f &&
+        g->M * g->K >= VITC_SHARED_B_MIN) {
+        const vitc__gemm_kernel *kn = g->kern;
+        int64_t mpad = (g->M + kn->mc - 1) / kn->mc * kn->mc;
+        float *pa = vitc__get_scratch_n(1, (size_t)(mpad * g->K));
+        if (pa) {
+            vitc__pa_job pj = {g, pa, mpad};
+            vitc__parallel_for((g->M + kn->mc - 1) / kn->mc, vitc__pa_task, &pj);
+            g->paw = pa;
+            g->mpad = mpad;
+        }
+    }
+    if (g->kern && !g->by_cols && !g->pbw && g->K > 0 && g->alpha != 0.0f &&
+        g->N * g->K >= VITC_SHARED_B_MIN) {
+        int64_t npad = (g->N + nr - 1) / nr * nr;
+        float *pb = vitc__get_scratch_n(1, (size_t)(npad * g->K));
+        if (pb) {
+            vitc__pb_job pj = {g, pb, npad, (g->N + VITC_PB_COLS - 1) / VITC_PB_COLS};
+            vitc__parallel_for((g->K + g->kern->kc - 1) / g->kern->kc * pj.nchunks, vitc__pb_task,
+                               &pj);
+            g->pbw = pb;
+            g->npad = npad;
+        }
+    }
+    vitc__parallel_for(g->nparts, vitc__gemm_task, g);
 }
 
 void vitc__gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -491,6 +664,18 @@ void vitc__gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float
     vitc__gemm_run(&g, vitc__backend() == VITC_GEMM_BUILTIN);
 }
 
+int vitc__gemm_tn_asum(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                       float *asum) {
+    /* Only the built-in GEMM packs A, and only a product with work does. */
+    if (vitc__backend() != VITC_GEMM_BUILTIN || M <= 0 || N <= 0 || K <= 0) return 0;
+    vitc__gemm_job g = {.ta = 1, .tb = 0, .M = M, .N = N, .K = K, .alpha = 1.0f, .beta = beta,
+                        .A = A, .lda = lda, .B = B, .ldb = ldb, .C = C, .ldc = ldc,
+                        .asum = asum, .nparts = 1};
+    vitc__gemm_run(&g, 1);
+    return 1;
+}
+
 void vitc__linear(float *y, int64_t ldy, const float *x, int64_t ldx, const float *W,
                   const float *bias, const float *residual, int64_t ldr, int64_t M, int64_t N,
                   int64_t K) {
@@ -498,6 +683,35 @@ void vitc__linear(float *y, int64_t ldy, const float *x, int64_t ldx, const floa
                         .lda = ldx, .B = W, .ldb = K, .C = y, .ldc = ldy, .bias = bias,
                         .res = residual, .ldr = ldr, .nparts = 1};
     vitc__gemm_run(&g, vitc__backend() == VITC_GEMM_BUILTIN);
+}
+
+/* act = GELU(C) after an OpenBLAS product (no epilogue of ours). */
+static void vitc__act_rows(const float *C, int64_t ldc, int64_t M, int64_t N, float *act,
+                           int64_t ld_act) {
+    if (ldc == N && ld_act == N) { /* one threaded pass */
+        memcpy(act, C, (size_t)(M * N) * sizeof(float));
+        vitc__gelu(act, M * N);
+        return;
+    }
+    for (int64_t i = 0; i < M; i++) {
+        memcpy(act + i * ld_act, C + i * ldc, (size_t)N * sizeof(float));
+        vitc__gelu(act + i * ld_act, N);
+    }
+}
+
+void vitc__linear_act(float *y, int64_t ldy, float *act, int64_t ld_act, const float *x,
+                      int64_t ldx, const float *W, const float *bias, int64_t M, int64_t N,
+                      int64_t K) {
+    vitc__gemm_job g = {.ta = 0, .tb = 1, .M = M, .N = N, .K = K, .alpha = 1.0f, .A = x,
+                        .lda = ldx, .B = W, .ldb = K, .C = y, .ldc = ldy, .bias = bias,
+                        .nparts = 1};
+    int builtin = vitc__backend() == VITC_GEMM_BUILTIN;
+    if (builtin) {
+        g.act = act, g.ld_act = ld_act, g.gelu = vitc__kern()->gelu;
+        g.gelu_to = vitc__kern()->gelu_to;
+    }
+    vitc__gemm_run(&g, builtin);
+    if (!g.kern) vitc__act_rows(y, ldy, M, N, act, ld_act);
 }
 
 /* ---- packed weights ------------------------------------------------ */

@@ -79,6 +79,45 @@ static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float
     VITC_OUT(6); VITC_OUT(7); VITC_OUT(8); VITC_OUT(9); VITC_OUT(10); VITC_OUT(11);
 }
 
+/* The same tile with A and B read in place (gemm_ukernels.h): element
+ * (r, k) of A at a[k * a_ks + r * a_rs], row k of B's strip at b + k * b_ks,
+ * loaded under the nr mask (nothing past the matrix is read). Rows past mr
+ * re-read row 0 and are never stored. The same FMAs in the same order as
+ * the packed kernel above: bitwise its result. */
+#define VITC_ROW_ST(i)                                                       \
+    do {                                                                     \
+        __m512 a = _mm512_set1_ps(r##i[0]);                                  \
+        c##i##0 = _mm512_fmadd_ps(a, b0, c##i##0);                           \
+        c##i##1 = _mm512_fmadd_ps(a, b1, c##i##1);                           \
+    } while (0)
+
+static void vitc__ukr_st_avx512(int64_t kc, const float *A, int64_t a_ks, int64_t a_rs,
+                                const float *B, int64_t b_ks, float *C, int64_t ldc, int64_t mr,
+                                int64_t nr, const vitc__gemm_epi *e) {
+    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
+    __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
+    __m512 c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00;
+    __m512 c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
+#define VITC_RP(i) const float *r##i = A + ((i) < mr ? (i) : 0) * a_rs
+    VITC_RP(0); VITC_RP(1); VITC_RP(2); VITC_RP(3); VITC_RP(4); VITC_RP(5);
+    VITC_RP(6); VITC_RP(7); VITC_RP(8); VITC_RP(9); VITC_RP(10); VITC_RP(11);
+#undef VITC_RP
+    __mmask16 m0 = vitc__mask16(nr), m1 = vitc__mask16(nr - 16);
+    for (int64_t i = 0; i < mr; i++) _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_maskz_loadu_ps(m0, B), b1 = _mm512_maskz_loadu_ps(m1, B + 16);
+        VITC_ROW_ST(0); VITC_ROW_ST(1); VITC_ROW_ST(2); VITC_ROW_ST(3); VITC_ROW_ST(4);
+        VITC_ROW_ST(5); VITC_ROW_ST(6); VITC_ROW_ST(7); VITC_ROW_ST(8); VITC_ROW_ST(9);
+        VITC_ROW_ST(10); VITC_ROW_ST(11);
+        r0 += a_ks, r1 += a_ks, r2 += a_ks, r3 += a_ks, r4 += a_ks, r5 += a_ks;
+        r6 += a_ks, r7 += a_ks, r8 += a_ks, r9 += a_ks, r10 += a_ks, r11 += a_ks;
+        B += b_ks;
+    }
+    VITC_OUT(0); VITC_OUT(1); VITC_OUT(2); VITC_OUT(3); VITC_OUT(4); VITC_OUT(5);
+    VITC_OUT(6); VITC_OUT(7); VITC_OUT(8); VITC_OUT(9); VITC_OUT(10); VITC_OUT(11);
+}
+
 /* In-register transpose of 16 rows of 16 (unpack, 128-bit-lane shuffles). */
 static inline __attribute__((always_inline)) void vitc__tr16(__m512 r[16]) {
     __m512 t[16];
@@ -148,13 +187,23 @@ static void vitc__packb_avx512(float *pb, const float *B, int64_t ldb, int trans
 /* A row-major (activations) is read across MR rows per k: full strips go
  * through the 16 x 16 transpose (4 zero rows) and 12-lane masked stores. */
 static void vitc__packa_avx512(float *pa, const float *A, int64_t lda, int trans, int64_t i0,
-                               int64_t mc, int64_t k0, int64_t kc) {
+                               int64_t mc, int64_t k0, int64_t kc, float *asum) {
     const __mmask16 m12 = 0x0FFF;
     int64_t s = 0;
     for (; s + MR <= mc; s += MR) {
         float *dst = pa + s * kc;
         if (trans) {
             const float *src = A + k0 * lda + i0 + s;
+            if (asum) { /* the same adds, k ascending, as a scalar loop */
+                __m512 acc = _mm512_maskz_loadu_ps(m12, asum + s);
+                for (int64_t k = 0; k < kc; k++) {
+                    __m512 x = _mm512_maskz_loadu_ps(m12, src + k * lda);
+                    _mm512_mask_storeu_ps(dst + k * MR, m12, x);
+                    acc = _mm512_add_ps(acc, x);
+                }
+                _mm512_mask_storeu_ps(asum + s, m12, acc);
+                continue;
+            }
             for (int64_t k = 0; k < kc; k++)
                 _mm512_mask_storeu_ps(dst + k * MR, m12, _mm512_maskz_loadu_ps(m12, src + k * lda));
             continue;
@@ -174,14 +223,20 @@ static void vitc__packa_avx512(float *pa, const float *A, int64_t lda, int trans
         for (; k < kc; k++)
             for (int i = 0; i < MR; i++) dst[k * MR + i] = src[i * lda + k];
     }
-    if (s < mc) vitc__gemm_packa_generic(pa + s * kc, MR, A, lda, trans, i0 + s, mc - s, k0, kc);
+    if (s < mc)
+        vitc__gemm_packa_generic(pa + s * kc, MR, A, lda, trans, i0 + s, mc - s, k0, kc,
+                                 asum ? asum + s : NULL);
 }
 
 /* Blocks measured on a Zen 5 core (48 KB L1, 1 MB L2), KC from 128 to 1024:
  * a deep KC wins (C is read and written once per KC block, and at K = 768
  * the whole product is one block), even though the 1024 x 32 B micro-panel
  * then streams from L2 rather than sitting in L1. MC x KC (288 KB of A)
- * stays in L2; NC = 1024 keeps the packed B panel at 4 MB per thread. */
+ * stays in L2; NC = 1024 keeps the packed B panel at 4 MB per thread.
+ * A is read unpacked up to K = VITC_DIRECT_KC: 12 rows of it are then at
+ * most 15 KB, an L1 share next to the B micro-panel. */
+#define VITC_DIRECT_KC 320
 const vitc__gemm_kernel vitc__gemm_kernel_avx512 = {
     MR, NR, 1024, 72, 1024, vitc__ukr_avx512, vitc__packb_avx512, vitc__packa_avx512,
+    vitc__ukr_st_avx512, VITC_DIRECT_KC,
 };

@@ -34,9 +34,22 @@ typedef void (*vitc__gemm_packb_fn)(float *pb, const float *B, int64_t ldb, int 
                                     int64_t kc, int64_t j0, int64_t nc);
 
 /* Packs op(A)[i0:i0+mc, k0:k0+kc] into strips of MR (zero padded); op(A)(i,k)
- * is A[i*lda + k], or A[k*lda + i] when trans. */
+ * is A[i*lda + k], or A[k*lda + i] when trans. With trans, asum (NULL or
+ * [mc]) gets asum[r] += op(A)(i0 + r, k) for k ascending, from the values
+ * being packed (gemm.c's vitc__gemm_tn_asum); NULL when not trans. */
 typedef void (*vitc__gemm_packa_fn)(float *pa, const float *A, int64_t lda, int trans, int64_t i0,
-                                    int64_t mc, int64_t k0, int64_t kc);
+                                    int64_t mc, int64_t k0, int64_t kc, float *asum);
+
+/* The microkernel reading A and B in place: element (r, k) of the tile's A
+ * at A[k * a_ks + r * a_rs] (a row-major A: a_ks = 1, a_rs = lda; a
+ * transposed one: a_ks = lda, a_rs = 1), row k of B's nr columns at
+ * B + k * b_ks (a packed strip: b_ks = NR). Rows from mr to MR are never
+ * stored; the kernel reads row 0 for them and masks B's columns past nr, so
+ * nothing past the matrices is touched. Same FMAs in the same order as ukr
+ * on packed panels: the result is bitwise the packed one. */
+typedef void (*vitc__gemm_ukr_st_fn)(int64_t kc, const float *A, int64_t a_ks, int64_t a_rs,
+                                     const float *B, int64_t b_ks, float *C, int64_t ldc,
+                                     int64_t mr, int64_t nr, const vitc__gemm_epi *e);
 
 typedef struct vitc__gemm_kernel {
     int mr, nr;
@@ -44,6 +57,11 @@ typedef struct vitc__gemm_kernel {
     vitc__gemm_ukr_fn ukr;
     vitc__gemm_packb_fn packb; /* NULL: the portable packer */
     vitc__gemm_packa_fn packa; /* NULL: the portable packer */
+    /* NULL: A and B are always packed. Else A not transposed with K up to
+     * direct_kc is read in place by ukr_st (a 12-row tile of a shallow A
+     * sits in L1 anyway, and packing it cost ~1/3 of the FMA time). */
+    vitc__gemm_ukr_st_fn ukr_st;
+    int64_t direct_kc;
 } vitc__gemm_kernel;
 
 extern const vitc__gemm_kernel vitc__gemm_kernel_avx512;
@@ -52,7 +70,7 @@ extern const vitc__gemm_kernel vitc__gemm_kernel_avx2;
 
 /* Portable A packer (any MR), used by the ISA files for edges. */
 void vitc__gemm_packa_generic(float *pa, int mr, const float *A, int64_t lda, int trans, int64_t i0,
-                              int64_t mc, int64_t k0, int64_t kc);
+                              int64_t mc, int64_t k0, int64_t kc, float *asum);
 /* Portable B packer (any NR), used by the ISA files for edges. */
 void vitc__gemm_packb_generic(float *pb, int nr, const float *B, int64_t ldb, int trans,
                               int64_t k0, int64_t kc, int64_t j0, int64_t nc);

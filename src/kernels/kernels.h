@@ -38,6 +38,19 @@ struct vitc__attn_ws;
 struct vitc__attn_bwd_plan;
 struct vitc__gemm_kernel;
 
+/* AdamW's per-tensor constants (src/train/optim.c): p = p * shrink -
+ * step_size * m / (sqrt(v) / bc2_sqrt + eps), in double. */
+typedef struct vitc__adamw_coef {
+    double shrink, step_size, b1, b2, eps, bc2_sqrt;
+} vitc__adamw_coef;
+/* One AdamW update of n elements (vmax NULL unless amsgrad), torch's float32
+ * AdamW computed in double per element; the SIMD versions perform the same
+ * IEEE operations in the same order, so they are bitwise the reference. */
+void vitc__adamw_ref(float *p, float *m, float *v, float *vmax, const float *g, size_t n,
+                     const vitc__adamw_coef *c);
+void vitc__adamw_avx512(float *p, float *m, float *v, float *vmax, const float *g, size_t n,
+                        const vitc__adamw_coef *c);
+
 /* The kernels of one CPU path (BLIS's context, stb's setup_*): one constant
  * table per path in dispatch.c, chosen by vitc__kern() from the arch in use
  * (cpuid, VITC_ARCH, vitc_set_arch). A dispatcher reads the table once per
@@ -53,6 +66,7 @@ typedef struct vitc__kernels {
     void (*softmax_rows_backward)(float *dx, const float *y, const float *dy, int64_t rows,
                                   int64_t n, float inv_temperature);
     void (*gelu)(float *x, int64_t n);
+    void (*gelu_to)(float *y, const float *x, int64_t n); /* out of place, y may be x */
     /* GroupNorm helpers: o[0], o[1] = sum of (x - shift) and of its square,
      * in double; y = (x - mean) * sc + sh. */
     void (*row_stats)(const float *x, int64_t n, double shift, double *o);
@@ -69,6 +83,15 @@ typedef struct vitc__kernels {
     void (*gelu_backward)(float *dx, const float *dy, const float *x, int64_t n);
     void (*layernorm_backward_row)(float *dx, const float *dy, const float *x, const float *w,
                                    int64_t C, float mean, float rstd);
+    /* Column sums over rows in order, columns [j0, j1): a bias gradient
+     * db += sum_i dy[i]; LayerNorm's dw += sum_i dy (x - mean) rstd and
+     * db += sum_i dy (stats [M][2] = mean, rstd). */
+    void (*colsum)(float *db, const float *dy, int64_t lddy, int64_t M, int64_t j0, int64_t j1);
+    void (*layernorm_backward_cols)(float *dw, float *db, const float *dy, const float *x,
+                                    const float *stats, int64_t M, int64_t C, int64_t j0,
+                                    int64_t j1);
+    void (*adamw)(float *p, float *m, float *v, float *vmax, const float *g, size_t n,
+                  const vitc__adamw_coef *c);
     /* The built-in GEMM's microkernel and blocking (gemm_ukernels.h). */
     const struct vitc__gemm_kernel *gemm;
 } vitc__kernels;
@@ -89,6 +112,17 @@ void vitc__gemm(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float
 void vitc__gemm_ref(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                     const float *A, int64_t lda, const float *B, int64_t ldb, float beta,
                     float *C, int64_t ldc);
+/* C[M,N] = A^T B + beta C (A [K, M], B [K, N]) and asum[i] += sum_k A[k][i]
+ * (k ascending, as a loop over A's rows adds them: bitwise), the column
+ * sums taken from the GEMM's own packing of A. Returns 0 and does nothing
+ * when it cannot (OpenBLAS backend, an empty product): then the caller
+ * runs its own GEMM and sums. */
+int vitc__gemm_tn_asum(int64_t M, int64_t N, int64_t K, const float *A, int64_t lda,
+                       const float *B, int64_t ldb, float beta, float *C, int64_t ldc,
+                       float *asum);
+/* Whether the built-in GEMM may read a shallow A unpacked (the kernel's
+ * direct_kc, default on). Bitwise the same either way; tests compare. */
+void vitc__gemm_set_direct(int on);
 
 /* y[M,N] = x[M,K] @ W[N,K]^T + bias[N] (nn.Linear; bias may be NULL).
  * residual (may be NULL) [M,N] with row stride ldr is added in the epilogue.
@@ -97,6 +131,11 @@ void vitc__linear(float *y, int64_t ldy, const float *x, int64_t ldx, const floa
                   const float *bias, const float *residual, int64_t ldr, int64_t M, int64_t N,
                   int64_t K);
 
+/* y = x W^T + bias and act = GELU(y) (erf), both kept: the training
+ * forward of an MLP's fc1, GELU applied to each tile while it is in L1. */
+void vitc__linear_act(float *y, int64_t ldy, float *act, int64_t ld_act, const float *x,
+                      int64_t ldx, const float *W, const float *bias, int64_t M, int64_t N,
+                      int64_t K);
 /* ---- packed weights (gemm.c, gemm_lp.c) --------------------------- */
 
 /* A Linear's weight W [N, K] converted once for y = x W^T:
@@ -243,11 +282,19 @@ void vitc__linear_backward(float *dx, int64_t lddx, float dx_beta, float *dW, fl
 void vitc__linear_backward_ref(float *dx, int64_t lddx, float dx_beta, float *dW, float *db,
                                const float *dy, int64_t lddy, const float *x, int64_t ldx,
                                const float *W, int64_t M, int64_t N, int64_t K);
+/* db[j] += sum_i dy[i][j] for j < N, rows in order (bitwise the plain
+ * loop), columns split over threads. */
+void vitc__colsum(float *db, const float *dy, int64_t lddy, int64_t M, int64_t N);
 /* LayerNorm over C of x [M, C]: dx[M,C] += dx of y = (x - mean) * rstd * w + b,
  * dw, db [C] +=. Mean and rstd are recomputed from x (as the forward does,
  * in double) into stats [2M] (scratch). */
 void vitc__layernorm_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
                               const float *w, int64_t M, int64_t C, float eps, float *stats);
+/* The same with dx = res + that gradient (res [M, C] may be dx: the
+ * above); a residual stream's gradient without a separate copy. */
+void vitc__layernorm_backward_res(float *dx, const float *res, float *dw, float *db,
+                                  const float *dy, const float *x, const float *w, int64_t M,
+                                  int64_t C, float eps, float *stats);
 void vitc__layernorm_backward_ref(float *dx, float *dw, float *db, const float *dy,
                                   const float *x, const float *w, int64_t M, int64_t C, float eps);
 /* GELU (erf): dx[n] = dy * gelu'(x), overwritten (dx may be dy). */

@@ -90,10 +90,11 @@ void vitc__groupnorm_ref(float *y, const float *x, const float *w, const float *
     }
 }
 
-void vitc__gelu_ref(float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++)
-        x[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
+void vitc__gelu_to_ref(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = 0.5f * x[i] * (1.0f + erff(x[i] * 0.70710678118654752f));
 }
+
+void vitc__gelu_ref(float *x, int64_t n) { vitc__gelu_to_ref(x, x, n); }
 
 void vitc__row_stats_ref(const float *x, int64_t n, double shift, double *o) {
     double s = 0.0, q = 0.0;

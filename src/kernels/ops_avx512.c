@@ -1,6 +1,6 @@
 /*
  * ops_avx512.c — AVX-512 row ops: softmax, LayerNorm, exact-erf GELU. The
- * maths (v_exp, v_erf) is vmath_avx512.h's, shared with the attention
+ * maths (v_exp, v_phi) is vmath_avx512.h's, shared with the attention
  * kernels; both stay within 1e-6 relative of expf/erff (tests/test_ops.c
  * checks it on a dense grid).
  */
@@ -10,17 +10,17 @@
 #include "ops_simd.h"
 #include "vmath_avx512.h"
 
-void vitc__gelu_avx512(float *x, int64_t n) {
-    const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
-    const __m512 rs2 = _mm512_set1_ps(0.70710678118654752f);
+/* x Phi(x), Phi from erfc alone (v_phi); y may be x. */
+void vitc__gelu_to_avx512(float *y, const float *x, int64_t n) {
     int64_t i = 0;
     for (; i < n; i += 16) {
         __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
         __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-        __m512 e = v_erf(_mm512_mul_ps(v, rs2));
-        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, e)));
+        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, v_phi(v)));
     }
 }
+
+void vitc__gelu_avx512(float *x, int64_t n) { vitc__gelu_to_avx512(x, x, n); }
 
 static inline float vitc__hmax16(__m512 v) { return _mm512_reduce_max_ps(v); }
 

@@ -20,17 +20,29 @@ typedef struct colsum_ctx {
     int64_t lddy, M, N;
 } colsum_ctx;
 
-#define COLS 64 /* columns per task: one row's slice stays in a few lines */
+/* Columns per task: 16 keeps narrow layers (C = 96) evenly split over
+ * threads; a thread's tasks are contiguous and its kernel call takes them
+ * in one pass of up to 64 columns. */
+#define COLS 16
+
+void vitc__colsum_ref(float *db, const float *dy, int64_t lddy, int64_t M, int64_t j0, int64_t j1) {
+    for (int64_t i = 0; i < M; i++) {
+        const float *r = dy + i * lddy;
+        for (int64_t j = j0; j < j1; j++) db[j] += r[j];
+    }
+}
 
 /* db[j] += sum_i dy[i][j] over the columns of tasks [t0, t1), rows in order. */
 static void colsum_part(void *c, int64_t t0, int64_t t1, int tid) {
     const colsum_ctx *k = c;
     (void)tid;
     int64_t j0 = t0 * COLS, j1 = t1 * COLS < k->N ? t1 * COLS : k->N;
-    for (int64_t i = 0; i < k->M; i++) {
-        const float *r = k->dy + i * k->lddy;
-        for (int64_t j = j0; j < j1; j++) k->db[j] += r[j];
-    }
+    vitc__kern()->colsum(k->db, k->dy, k->lddy, k->M, j0, j1);
+}
+
+void vitc__colsum(float *db, const float *dy, int64_t lddy, int64_t M, int64_t N) {
+    colsum_ctx k = {db, dy, lddy, M, N};
+    vitc__parallel_range((N + COLS - 1) / COLS, colsum_part, &k);
 }
 
 /* The reference (ref: scalar GEMM, one thread) or the dispatching version;
@@ -43,15 +55,16 @@ static void linear_backward(int ref, float *dx, int64_t lddx, float dx_beta, flo
                                                                         : vitc__gemm;
     if (dx)
         gemm(0, 0, M, K, N, 1.0f, dy, lddy, W, K, dx_beta, dx, lddx);
+    /* db from the dW GEMM's packing of dy when it can (no pass of its own) */
+    if (dW && db && !ref && vitc__gemm_tn_asum(N, K, M, dy, lddy, x, ldx, 1.0f, dW, K, db))
+        return;
     if (dW)
         gemm(1, 0, N, K, M, 1.0f, dy, lddy, x, ldx, 1.0f, dW, K);
     if (db) {
-        colsum_ctx k = {db, dy, lddy, M, N};
-        int64_t tasks = (N + COLS - 1) / COLS;
         if (ref)
-            colsum_part(&k, 0, tasks, 0);
+            vitc__colsum_ref(db, dy, lddy, M, 0, N);
         else
-            vitc__parallel_range(tasks, colsum_part, &k);
+            vitc__colsum(db, dy, lddy, M, N);
     }
 }
 
@@ -114,20 +127,43 @@ void vitc__layernorm_backward_ref(float *dx, float *dw, float *db, const float *
 
 typedef struct ln_bwd_ctx {
     float *dx, *dw, *db, *stats;
-    const float *dy, *x, *w;
+    const float *dy, *x, *w, *res; /* res: dx's starting value, or NULL for dx itself */
     int64_t M, C;
     float eps;
 } ln_bwd_ctx;
 
+void vitc__layernorm_backward_cols_ref(float *dw, float *db, const float *dy, const float *x,
+                                       const float *stats, int64_t M, int64_t C, int64_t j0,
+                                       int64_t j1) {
+    for (int64_t i = 0; i < M; i++) {
+        const float *d = dy + i * C, *xr = x + i * C;
+        float mean = stats[2 * i], rstd = stats[2 * i + 1];
+        for (int64_t j = j0; j < j1; j++) {
+            dw[j] += d[j] * (xr[j] - mean) * rstd;
+            db[j] += d[j];
+        }
+    }
+}
+
+/* Mean and rstd from one pass in double shifted by the row's first
+ * element (the forward kernels' way), with the path's row_stats. */
 static void ln_bwd_rows(void *c, int64_t r0, int64_t r1, int tid) {
     const ln_bwd_ctx *k = c;
     (void)tid;
     const vitc__kernels *kt = vitc__kern();
     for (int64_t i = r0; i < r1; i++) {
+        const float *xr = k->x + i * k->C;
         float *st = k->stats + 2 * i;
-        ln_stats(k->x + i * k->C, k->C, k->eps, &st[0], &st[1]);
-        kt->layernorm_backward_row(k->dx + i * k->C, k->dy + i * k->C, k->x + i * k->C, k->w, k->C,
-                                   st[0], st[1]);
+        double o[2], x0 = xr[0];
+        kt->row_stats(xr, k->C, x0, o);
+        double md = o[0] / (double)k->C, var = o[1] / (double)k->C - md * md;
+        if (var < 0.0) var = 0.0;
+        st[0] = (float)(x0 + md);
+        st[1] = (float)(1.0 / sqrt(var + (double)k->eps));
+        if (k->res && k->res != k->dx)
+            memcpy(k->dx + i * k->C, k->res + i * k->C, (size_t)k->C * sizeof(float));
+        kt->layernorm_backward_row(k->dx + i * k->C, k->dy + i * k->C, xr, k->w, k->C, st[0],
+                                   st[1]);
     }
 }
 
@@ -137,21 +173,20 @@ static void ln_bwd_cols(void *c, int64_t t0, int64_t t1, int tid) {
     const ln_bwd_ctx *k = c;
     (void)tid;
     int64_t j0 = t0 * COLS, j1 = t1 * COLS < k->C ? t1 * COLS : k->C;
-    for (int64_t i = 0; i < k->M; i++) {
-        const float *dy = k->dy + i * k->C, *xr = k->x + i * k->C;
-        float mean = k->stats[2 * i], rstd = k->stats[2 * i + 1];
-        for (int64_t j = j0; j < j1; j++) {
-            k->dw[j] += dy[j] * (xr[j] - mean) * rstd;
-            k->db[j] += dy[j];
-        }
-    }
+    vitc__kern()->layernorm_backward_cols(k->dw, k->db, k->dy, k->x, k->stats, k->M, k->C, j0, j1);
+}
+
+void vitc__layernorm_backward_res(float *dx, const float *res, float *dw, float *db,
+                                  const float *dy, const float *x, const float *w, int64_t M,
+                                  int64_t C, float eps, float *stats) {
+    ln_bwd_ctx k = {dx, dw, db, stats, dy, x, w, res, M, C, eps};
+    vitc__parallel_range(M, ln_bwd_rows, &k);
+    vitc__parallel_range((C + COLS - 1) / COLS, ln_bwd_cols, &k);
 }
 
 void vitc__layernorm_backward(float *dx, float *dw, float *db, const float *dy, const float *x,
                               const float *w, int64_t M, int64_t C, float eps, float *stats) {
-    ln_bwd_ctx k = {dx, dw, db, stats, dy, x, w, M, C, eps};
-    vitc__parallel_range(M, ln_bwd_rows, &k);
-    vitc__parallel_range((C + COLS - 1) / COLS, ln_bwd_cols, &k);
+    vitc__layernorm_backward_res(dx, NULL, dw, db, dy, x, w, M, C, eps, stats);
 }
 
 /* ---- GELU (erf) --------------------------------------------------- */

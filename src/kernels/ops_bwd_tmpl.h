@@ -12,19 +12,18 @@
 
 /* dx = dy * (Phi(x) + x * phi(x)), the derivative of x * Phi(x). */
 void BWD_FN(gelu_backward)(float *dx, const float *dy, const float *x, int64_t n) {
-    const VT rs2 = v_set1(0.70710678118654752f), half = v_set1(0.5f), one = v_set1(1.0f);
     const VT k = v_set1(0.39894228040143268f), mhalf = v_set1(-0.5f);
     int64_t i = 0;
     for (; i + VW <= n; i += VW) {
         VT v = v_loadu(x + i);
-        VT cdf = v_mul(half, v_add(one, v_erf(v_mul(v, rs2))));
+        VT cdf = v_phi(v);
         VT pdf = v_mul(k, v_exp(v_mul(mhalf, v_mul(v, v))));
         v_storeu(dx + i, v_mul(v_loadu(dy + i), v_fma(v, pdf, cdf)));
     }
     if (i < n) {
         int r = (int)(n - i);
         VT v = v_loadu_n(x + i, r);
-        VT cdf = v_mul(half, v_add(one, v_erf(v_mul(v, rs2))));
+        VT cdf = v_phi(v);
         VT pdf = v_mul(k, v_exp(v_mul(mhalf, v_mul(v, v))));
         v_storeu_n(dx + i, v_mul(v_loadu_n(dy + i, r), v_fma(v, pdf, cdf)), r);
     }
@@ -66,6 +65,59 @@ void BWD_FN(layernorm_backward_row)(float *dx, const float *dy, const float *x, 
     }
 }
 
+/* db[j] += sum_i dy[i][j] for j in [j0, j1), rows in order: 4 vectors of
+ * columns stay in registers over all M rows, so each column sees the same
+ * additions in the same order as the scalar loop (bitwise equal). */
+void BWD_FN(colsum)(float *db, const float *dy, int64_t lddy, int64_t M, int64_t j0, int64_t j1) {
+    for (int64_t j = j0; j < j1; j += 4 * VW) {
+        int n[4];
+        for (int v = 0; v < 4; v++) {
+            int64_t r = j1 - j - v * VW;
+            n[v] = r <= 0 ? 0 : r >= VW ? VW : (int)r;
+        }
+        VT a0 = v_loadu_n(db + j, n[0]), a1 = v_loadu_n(db + j + VW, n[1]);
+        VT a2 = v_loadu_n(db + j + 2 * VW, n[2]), a3 = v_loadu_n(db + j + 3 * VW, n[3]);
+        for (int64_t i = 0; i < M; i++) {
+            const float *r = dy + i * lddy + j;
+            a0 = v_add(a0, v_loadu_n(r, n[0]));
+            a1 = v_add(a1, v_loadu_n(r + VW, n[1]));
+            a2 = v_add(a2, v_loadu_n(r + 2 * VW, n[2]));
+            a3 = v_add(a3, v_loadu_n(r + 3 * VW, n[3]));
+        }
+        v_storeu_n(db + j, a0, n[0]);
+        v_storeu_n(db + j + VW, a1, n[1]);
+        v_storeu_n(db + j + 2 * VW, a2, n[2]);
+        v_storeu_n(db + j + 3 * VW, a3, n[3]);
+    }
+}
+
+/* LayerNorm's dw[j] += dy * (x - mean) * rstd and db[j] += dy over the
+ * rows in order, columns [j0, j1); stats [M][2] = mean, rstd. The same
+ * operations in the same order as the scalar loop: bitwise equal. */
+void BWD_FN(layernorm_backward_cols)(float *dw, float *db, const float *dy, const float *x,
+                                     const float *stats, int64_t M, int64_t C, int64_t j0,
+                                     int64_t j1) {
+    for (int64_t j = j0; j < j1; j += 2 * VW) {
+        int n0 = j1 - j >= VW ? VW : (int)(j1 - j);
+        int n1 = j1 - j - VW >= VW ? VW : j1 - j - VW <= 0 ? 0 : (int)(j1 - j - VW);
+        VT w0 = v_loadu_n(dw + j, n0), w1 = v_loadu_n(dw + j + VW, n1);
+        VT b0 = v_loadu_n(db + j, n0), b1 = v_loadu_n(db + j + VW, n1);
+        for (int64_t i = 0; i < M; i++) {
+            const float *d = dy + i * C + j, *xr = x + i * C + j;
+            VT mu = v_set1(stats[2 * i]), rs = v_set1(stats[2 * i + 1]);
+            VT d0 = v_loadu_n(d, n0), d1 = v_loadu_n(d + VW, n1);
+            w0 = v_add(w0, v_mul(v_mul(d0, v_sub(v_loadu_n(xr, n0), mu)), rs));
+            w1 = v_add(w1, v_mul(v_mul(d1, v_sub(v_loadu_n(xr + VW, n1), mu)), rs));
+            b0 = v_add(b0, d0);
+            b1 = v_add(b1, d1);
+        }
+        v_storeu_n(dw + j, w0, n0);
+        v_storeu_n(dw + j + VW, w1, n1);
+        v_storeu_n(db + j, b0, n0);
+        v_storeu_n(db + j + VW, b1, n1);
+    }
+}
+
 #else /* not x86 */
 
 void BWD_FN(gelu_backward)(float *dx, const float *dy, const float *x, int64_t n) {
@@ -75,6 +127,16 @@ void BWD_FN(gelu_backward)(float *dx, const float *dy, const float *x, int64_t n
 void BWD_FN(layernorm_backward_row)(float *dx, const float *dy, const float *x, const float *w,
                                     int64_t C, float mean, float rstd) {
     vitc__layernorm_backward_row_ref(dx, dy, x, w, C, mean, rstd);
+}
+
+void BWD_FN(colsum)(float *db, const float *dy, int64_t lddy, int64_t M, int64_t j0, int64_t j1) {
+    vitc__colsum_ref(db, dy, lddy, M, j0, j1);
+}
+
+void BWD_FN(layernorm_backward_cols)(float *dw, float *db, const float *dy, const float *x,
+                                     const float *stats, int64_t M, int64_t C, int64_t j0,
+                                     int64_t j1) {
+    vitc__layernorm_backward_cols_ref(dw, db, dy, x, stats, M, C, j0, j1);
 }
 
 #endif

@@ -14,6 +14,10 @@ void vitc__row_stats_ref(const float *x, int64_t n, double shift, double *o);
 void vitc__row_norm_ref(float *y, const float *x, int64_t n, float mean, float sc, float sh);
 
 void vitc__gelu_avx512(float *x, int64_t n);
+/* y = GELU(x) out of place (y may be x); the _ref one is in ops.c. */
+void vitc__gelu_to_ref(float *y, const float *x, int64_t n);
+void vitc__gelu_to_avx512(float *y, const float *x, int64_t n);
+void vitc__gelu_to_avx2(float *y, const float *x, int64_t n);
 void vitc__softmax_rows_avx512(float *x, int64_t rows, int64_t n, float inv_temperature);
 void vitc__layernorm_avx512(float *y, const float *x, const float *w, const float *b, int64_t M,
                             int64_t C, float eps);
@@ -44,5 +48,19 @@ void vitc__layernorm_backward_row_avx2(float *dx, const float *dy, const float *
                                        int64_t C, float mean, float rstd);
 void vitc__layernorm_backward_row_avx512(float *dx, const float *dy, const float *x,
                                          const float *w, int64_t C, float mean, float rstd);
+/* Column sums of the backward (ops_backward.c's refs; kernels.h table). */
+void vitc__colsum_ref(float *db, const float *dy, int64_t lddy, int64_t M, int64_t j0, int64_t j1);
+void vitc__colsum_avx2(float *db, const float *dy, int64_t lddy, int64_t M, int64_t j0, int64_t j1);
+void vitc__colsum_avx512(float *db, const float *dy, int64_t lddy, int64_t M, int64_t j0,
+                         int64_t j1);
+void vitc__layernorm_backward_cols_ref(float *dw, float *db, const float *dy, const float *x,
+                                       const float *stats, int64_t M, int64_t C, int64_t j0,
+                                       int64_t j1);
+void vitc__layernorm_backward_cols_avx2(float *dw, float *db, const float *dy, const float *x,
+                                        const float *stats, int64_t M, int64_t C, int64_t j0,
+                                        int64_t j1);
+void vitc__layernorm_backward_cols_avx512(float *dw, float *db, const float *dy, const float *x,
+                                          const float *stats, int64_t M, int64_t C, int64_t j0,
+                                          int64_t j1);
 
 #endif

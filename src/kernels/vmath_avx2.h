@@ -38,6 +38,7 @@ static const int32_t vitc__v_lane_tbl[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 
 #define v_exp(x) vitc__v_exp(x)
 #define v_exp2(x) vitc__v_exp2(x)
 #define v_erf(x) vitc__v_erf(x)
+#define v_phi(x) vitc__v_phi(x)
 #define s_exp2(x) exp2f(x)
 
 static inline float vitc__v_hmax(__m256 x) {
@@ -111,6 +112,28 @@ static inline __m256 vitc__v_erf(__m256 x) {
     q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-7.37332916720468e-03f));
     q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-1.42647390514189e-02f));
     return _mm256_div_ps(_mm256_mul_ps(p, x), q);
+}
+
+/* Phi(x), the standard normal CDF: as vmath_avx512.h's vitc__v_phi. */
+static inline __m256 vitc__v_phi(__m256 x) {
+    __m256 z = _mm256_mul_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x),
+                             _mm256_set1_ps(0.70710678118654752f));
+    __m256 t = _mm256_div_ps(_mm256_set1_ps(1.0f),
+                             _mm256_fmadd_ps(_mm256_set1_ps(0.5f), z, _mm256_set1_ps(1.0f)));
+    __m256 q = _mm256_set1_ps(0.17087277f);
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(-0.82215223f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(1.48851587f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(-1.13520398f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(0.27886807f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(-0.18628806f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(0.09678418f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(0.37409196f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(1.00002368f));
+    q = _mm256_fmadd_ps(q, t, _mm256_set1_ps(-1.26551223f));
+    q = _mm256_fnmadd_ps(z, z, q);
+    __m256 lo = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), t), vitc__v_exp(q));
+    __m256 neg = _mm256_cmp_ps(x, _mm256_setzero_ps(), _CMP_LT_OQ);
+    return _mm256_blendv_ps(_mm256_sub_ps(_mm256_set1_ps(1.0f), lo), lo, neg);
 }
 
 #endif

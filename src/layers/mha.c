@@ -553,8 +553,10 @@ vitc_status vitc__mha_self_forward(vitc_layer *l, const float *x, int ndim, cons
 
 /* The gradient of a forward described by sd (o, lse set): dout, dq, dk, dv
  * contiguous like o, q, k, v. */
-static vitc_status sdpa_grad(vitc__sdpa_desc *sd, const float *dout, float *dq, float *dk, float *dv) {
-    VITC_TRY(vitc__sdpa(sd)); /* o and the log-sum-exp the backward recomputes P from */
+static vitc_status sdpa_grad(vitc__sdpa_desc *sd, int saved, const float *dout, float *dq,
+                             float *dk, float *dv) {
+    if (!saved) /* o and the log-sum-exp the backward recomputes P from */
+        VITC_TRY(vitc__sdpa(sd));
     vitc__sdpa_bwd_desc bd;
     memset(&bd, 0, sizeof bd);
     bd.f = *sd;
@@ -565,11 +567,13 @@ static vitc_status sdpa_grad(vitc__sdpa_desc *sd, const float *dout, float *dq, 
     return vitc__sdpa_backward(&bd);
 }
 
-/* vitc_sdpa, and with dout set its backward (lse [B*H*L] then required). */
+/* vitc_sdpa (writing lse [B*H*L] too when given), and with dout set its
+ * backward (lse then required): after computing out and lse, or from the
+ * caller's (saved: out and lse are only read). */
 static vitc_status sdpa_impl(const vitc_tensor_view *q, const vitc_tensor_view *k,
                              const vitc_tensor_view *v, const vitc_tensor_view *mask,
                              vitc_mask_type mask_type, float scale, float *out, float *lse,
-                             const float *dout, float *dq, float *dk, float *dv) {
+                             int saved, const float *dout, float *dq, float *dk, float *dv) {
     char s1[96], s2[96], s3[96], s4[96];
     if (!q || !k || !v || !out || !q->data || !k->data || !v->data)
         return vitc__err(VITC_ERR_INVALID_ARG, "scaled_dot_product_attention: NULL q, k, v or out");
@@ -687,9 +691,9 @@ static vitc_status sdpa_impl(const vitc_tensor_view *q, const vitc_tensor_view *
         sd.m_sb = nlead < 2 || (outer_ones && ts[nlead - 2] == 1) ? 0 : st[nlead - 2];
     }
     vitc_status s;
+    if (lse) sd.lse = lse, sd.lse_sb = H * L, sd.lse_sh = L;
     if (dout) {
-        sd.lse = lse, sd.lse_sb = H * L, sd.lse_sh = L;
-        s = sdpa_grad(&sd, dout, dq, dk, dv);
+        s = sdpa_grad(&sd, saved, dout, dq, dk, dv);
     } else {
         s = vitc__sdpa(&sd);
     }
@@ -699,7 +703,29 @@ static vitc_status sdpa_impl(const vitc_tensor_view *q, const vitc_tensor_view *
 
 vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view *k, const vitc_tensor_view *v,
                       const vitc_tensor_view *mask, vitc_mask_type mask_type, float scale, float *out) {
-    return sdpa_impl(q, k, v, mask, mask_type, scale, out, NULL, NULL, NULL, NULL, NULL);
+    return sdpa_impl(q, k, v, mask, mask_type, scale, out, NULL, 0, NULL, NULL, NULL, NULL);
+}
+
+vitc_status vitc_sdpa_lse(const vitc_tensor_view *q, const vitc_tensor_view *k,
+                          const vitc_tensor_view *v, const vitc_tensor_view *mask,
+                          vitc_mask_type mask_type, float scale, float *out, float *lse) {
+    if (!lse)
+        return vitc__err(VITC_ERR_INVALID_ARG, "scaled_dot_product_attention: NULL lse");
+    return sdpa_impl(q, k, v, mask, mask_type, scale, out, lse, 0, NULL, NULL, NULL, NULL);
+}
+
+vitc_status vitc_sdpa_backward_lse(const vitc_tensor_view *q, const vitc_tensor_view *k,
+                                   const vitc_tensor_view *v, const vitc_tensor_view *mask,
+                                   vitc_mask_type mask_type, float scale, const float *out,
+                                   const float *lse, const float *dout, float *dq, float *dk,
+                                   float *dv) {
+    if (!out || !lse || !dout || !dq || !dk || !dv)
+        return vitc__err(VITC_ERR_INVALID_ARG, "scaled_dot_product_attention backward: NULL "
+                                               "out, lse, dout, dq, dk or dv");
+    /* The backward only reads out and lse (the descriptor's fields are
+     * writable because the forward fills them). */
+    return sdpa_impl(q, k, v, mask, mask_type, scale, (float *)out, (float *)lse, 1, dout, dq, dk,
+                     dv);
 }
 
 vitc_status vitc_sdpa_backward(const vitc_tensor_view *q, const vitc_tensor_view *k,
@@ -723,7 +749,7 @@ vitc_status vitc_sdpa_backward(const vitc_tensor_view *q, const vitc_tensor_view
          vitc__mul_size(no, sizeof(float), &bytes_o) && vitc__mul_size(rows, sizeof(float), &bytes_l);
     if (!ok) return vitc__err(VITC_ERR_NOMEM, "scaled_dot_product_attention backward: sizes too large");
     float *o = vitc__alloc(bytes_o), *lse = vitc__alloc(bytes_l); /* [..., L, dv], [..., L] */
-    vitc_status s = o && lse ? sdpa_impl(q, k, v, mask, mask_type, scale, o, lse, dout, dq, dk, dv)
+    vitc_status s = o && lse ? sdpa_impl(q, k, v, mask, mask_type, scale, o, lse, 0, dout, dq, dk, dv)
                              : vitc__err(VITC_ERR_NOMEM, "scaled_dot_product_attention backward: "
                                                          "cannot allocate the forward's output");
     vitc__free(o);

@@ -361,6 +361,36 @@ static void vit_im2col_task(void *ctx, int64_t i, int tid) {
     }
 }
 
+typedef struct vit_tokens_ctx {
+    const vitc_vit *m;
+    const float *proj; /* [B*P, C] */
+    float *x;          /* [B, N, C] */
+    int64_t P, N, C;
+} vit_tokens_ctx;
+
+/* Image b's tokens [cls, dist (DeiT), registers (DINOv2), patches] plus
+ * the position embedding; registers get none, npos rows of it come before
+ * the patches'. */
+static void vit_tokens_task(void *ctx, int64_t b, int tid) {
+    const vit_tokens_ctx *t = ctx;
+    const vitc_vit *m = t->m;
+    const float *pos = m->pos_used; /* [N, C] */
+    int64_t C = t->C, np = m->n_prefix, npos = np - m->n_reg, nc = m->n_cls;
+    float *xb = t->x + b * t->N * C; /* [N, C] */
+    (void)tid;
+    if (nc)
+        for (int64_t j = 0; j < C; j++) xb[j] = m->w.cls[j] + pos[j];
+    if (m->n_dist)
+        for (int64_t j = 0; j < C; j++) xb[nc * C + j] = m->w.dist[j] + pos[nc * C + j];
+    if (m->n_reg)
+        memcpy(xb + npos * C, m->w.reg, (size_t)(m->n_reg * C) * sizeof(float));
+    for (int64_t p = 0; p < t->P; p++) {
+        const float *src = t->proj + (b * t->P + p) * C;
+        float *dst = xb + (p + np) * C;
+        for (int64_t j = 0; j < C; j++) dst[j] = src[j] + pos[(p + npos) * C + j];
+    }
+}
+
 /* Folds one layer's probabilities into the rollout (see docs/vit.md):
  * A = mean over heads + I, rows renormalised, R = A @ R. */
 static void vit_rollout_step(vitc_vit *m, const float *probs, int64_t B, int64_t N, int first) {
@@ -562,10 +592,16 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     vitc__layernorm(ln2, mid, w->ln2_w, w->ln2_b, R, C, c->norm_eps);
     /* Inference: erf GELU in fc1's epilogue. Training keeps GELU's input for backward. */
     int fused = hact == hpre && m->mlp_act == VIT_ACT_GELU && !m->swiglu;
-    VITC_TRY(vit_linear(m, l, VIT_PW_FC1, hpre, M, ln2, C, w->fc1_w, w->fc1_b, NULL, 0, R, M, C,
-                        fused));
-    if (hact != hpre)
-        memcpy(hact, hpre, (size_t)(R * M) * sizeof(float));
+    /* Training (row-major weights): hpre and GELU(hpre) from one epilogue. */
+    int both = hact != hpre && m->mlp_act == VIT_ACT_GELU && !m->swiglu && !m->use_packed;
+    if (both) {
+        vitc__linear_act(hpre, M, hact, M, ln2, C, w->fc1_w, w->fc1_b, R, M, C);
+    } else {
+        VITC_TRY(vit_linear(m, l, VIT_PW_FC1, hpre, M, ln2, C, w->fc1_w, w->fc1_b, NULL, 0, R, M,
+                            C, fused));
+        if (hact != hpre)
+            memcpy(hact, hpre, (size_t)(R * M) * sizeof(float));
+    }
     if (m->swiglu) { /* DINOv2 giant: [a, b] = chunk(fc1, 2); silu(a) * b, compacted in place */
         int64_t h2 = M / 2;
         for (int64_t r = 0; r < R; r++)
@@ -574,7 +610,7 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
                 hact[r * h2 + j] = a0 / (1.0f + expf(-a0)) * b0;
             }
         M = h2; /* fc2 reads [R, M/2] */
-    } else if (!fused) {
+    } else if (!fused && !both) {
         vit_activation(m, hact, R * M);
     }
     if (k.hid && m->dropout > 0.0f) { /* MLPBlock's Dropout after the GELU */
@@ -729,24 +765,9 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
         VITC_TRY(vitc__linear_pw(proj, C, a->patches, K, m->pconv.data ? &m->pconv : NULL,
                                  m->w.conv_w, m->w.conv_b, NULL, 0, B * P, C, K, 0));
     }
-    const float *pos = m->pos_used; /* [N, C] */
-    for (int64_t b = 0; b < B; b++) {
-        float *xb = vitc__va(a, 0, VA_X) + b * N * C; /* [N, C] */
-        /* [cls, dist (DeiT), registers (DINOv2), patches]; registers get no
-         * position embedding, npos rows of it come before the patches'. */
-        int64_t npos = np - m->n_reg, nc = m->n_cls;
-        if (nc)
-            for (int64_t j = 0; j < C; j++) xb[j] = m->w.cls[j] + pos[j];
-        if (m->n_dist)
-            for (int64_t j = 0; j < C; j++) xb[nc * C + j] = m->w.dist[j] + pos[nc * C + j];
-        if (m->n_reg)
-            memcpy(xb + npos * C, m->w.reg, (size_t)(m->n_reg * C) * sizeof(float));
-        for (int64_t t = 0; t < P; t++) {
-            const float *src = proj + (b * P + t) * C;
-            float *dst = xb + (t + np) * C;
-            for (int64_t j = 0; j < C; j++) dst[j] = src[j] + pos[(t + npos) * C + j];
-        }
-    }
+    /* [cls, dist (DeiT), registers (DINOv2), patches] plus position embeddings */
+    vit_tokens_ctx tc = {m, proj, vitc__va(a, 0, VA_X), P, N, C};
+    vitc__parallel_for(B, vit_tokens_task, &tc);
 
     if (m->pre_norm) /* CLIP's pre_layrnorm */
         vitc__layernorm(vitc__va(a, 0, VA_X), vitc__va(a, 0, VA_X), m->w.pre_w, m->w.pre_b, B * N, C,

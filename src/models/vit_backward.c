@@ -101,9 +101,14 @@ static vitc_status vit_block_backward(vitc_vit *m, int l, vit_bwd *s) {
 
     vitc__vit_mask k = vitc__vit_block_mask(m, l);
     /* y = mid + fc2(h): dmid = g + ln_2's share, dh = g W2. */
-    memcpy(s->gmid, s->g, (size_t)(BN * C) * sizeof(float));
-    if (k.out)
+    /* gmid = g + ln_2's share: a copy first only when the branch's
+     * regularisation is about to change g in place. */
+    const float *gres = s->g;
+    if (k.out) {
+        memcpy(s->gmid, s->g, (size_t)(BN * C) * sizeof(float));
+        gres = s->gmid;
         vitc__vit_branch(m, l, s->g, k.out, k.dp_mlp);
+    }
     vitc__linear_backward(s->dh, M, 0.0f, gw->fc2_w, gw->fc2_b, s->g, C, hact, M, w->fc2_w, BN, C,
                           M);
     if (k.hid && m->dropout > 0.0f)
@@ -111,12 +116,15 @@ static vitc_status vit_block_backward(vitc_vit *m, int l, vit_bwd *s) {
     vitc__gelu_backward(s->dh, s->dh, hpre, BN * M);
     vitc__linear_backward(s->dln, C, 0.0f, gw->fc1_w, gw->fc1_b, s->dh, M, ln2, C, w->fc1_w, BN,
                           M, C);
-    vitc__layernorm_backward(s->gmid, gw->ln2_w, gw->ln2_b, s->dln, mid, w->ln2_w, BN, C,
-                             c->norm_eps, s->stats);
-    /* mid = x + out_proj(att): dx = dmid + ln_1's share. */
-    memcpy(s->g, s->gmid, (size_t)(BN * C) * sizeof(float));
-    if (k.att)
+    vitc__layernorm_backward_res(s->gmid, gres, gw->ln2_w, gw->ln2_b, s->dln, mid, w->ln2_w, BN,
+                                 C, c->norm_eps, s->stats);
+    /* mid = x + out_proj(att): dx = dmid + ln_1's share (g is free now). */
+    gres = s->gmid;
+    if (k.att) {
+        memcpy(s->g, s->gmid, (size_t)(BN * C) * sizeof(float));
+        gres = s->g;
         vitc__vit_branch(m, l, s->gmid, k.att, k.dp_att);
+    }
     vitc__linear_backward(s->datt, C, 0.0f, gw->proj_w, gw->proj_b, s->gmid, C, att, C, w->proj_w,
                           BN, C, C);
     vitc__sdpa_bwd_desc bd = {.f = vitc__vit_attention(m, qkv, att, B, N, N)};
@@ -133,8 +141,8 @@ static vitc_status vit_block_backward(vitc_vit *m, int l, vit_bwd *s) {
         VITC_TRY(vitc__sdpa_backward(&bd));
     vitc__linear_backward(s->dln, C, 0.0f, gw->qkv_w, gw->qkv_b, s->dqkv, 3 * C, ln1, C, w->qkv_w,
                           BN, 3 * C, C);
-    vitc__layernorm_backward(s->g, gw->ln1_w, gw->ln1_b, s->dln, x, w->ln1_w, BN, C, c->norm_eps,
-                             s->stats);
+    vitc__layernorm_backward_res(s->g, gres, gw->ln1_w, gw->ln1_b, s->dln, x, w->ln1_w, BN, C,
+                                 c->norm_eps, s->stats);
     return VITC_OK;
 }
 
@@ -182,8 +190,7 @@ vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits) {
         vitc__dropout_apply(s.g, s.g, emb, B * N * C, m->dropout);
     /* x_0 = cat(cls, proj) + pos: sum over the batch for the shared ones. */
     memset(s.dpos, 0, (size_t)(N * C) * sizeof(float));
-    for (int64_t b = 0; b < B; b++)
-        for (int64_t i = 0; i < N * C; i++) s.dpos[i] += s.g[b * N * C + i];
+    vitc__colsum(s.dpos, s.g, N * C, B, N * C); /* over images in order, threaded */
     for (int64_t j = 0; j < C; j++) m->g.cls[j] += s.dpos[j];
     int64_t g0 = c->image_size / c->patch_size;
     if (m->rec_gh == g0 && m->rec_gw == g0) {

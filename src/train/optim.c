@@ -166,16 +166,11 @@ typedef struct optim_task {
     int first;            /* SGD: the momentum buffer starts this step */
 } optim_task;
 
-static void adamw_range(const optim_task *t, const vitc__pseg *s, size_t i0, size_t i1) {
-    vitc_optimizer *o = t->o;
-    const double bc1 = t->bc1, bc2_sqrt = t->bc2_sqrt;
-    const vitc_optim_config *c = &o->cfg;
-    const double lr = c->lr, b1 = c->beta1, b2 = c->beta2, eps = c->eps;
-    const double shrink = 1.0 - lr * seg_decay(o, s), step_size = lr / bc1;
-    float *p = o->ps.param + s->offset, *m = o->state[0] + s->offset,
-          *v = o->state[1] + s->offset, *vmax = c->amsgrad ? o->state[2] + s->offset : NULL;
-    const float *g = o->ps.grad + s->offset;
-    for (size_t i = i0; i < i1; i++) {
+void vitc__adamw_ref(float *p, float *m, float *v, float *vmax, const float *g, size_t n,
+                     const vitc__adamw_coef *c) {
+    const double shrink = c->shrink, step_size = c->step_size, b1 = c->b1, b2 = c->b2;
+    const double eps = c->eps, bc2_sqrt = c->bc2_sqrt;
+    for (size_t i = 0; i < n; i++) {
         const double gi = g[i];
         const double pi = (double)p[i] * shrink;
         const float mi = (float)(b1 * m[i] + (1.0 - b1) * gi);
@@ -189,6 +184,17 @@ static void adamw_range(const optim_task *t, const vitc__pseg *s, size_t i0, siz
         const double denom = sqrt((double)vd) / bc2_sqrt + eps;
         p[i] = (float)(pi - step_size * (double)mi / denom);
     }
+}
+
+static void adamw_range(const optim_task *t, const vitc__pseg *s, size_t i0, size_t i1) {
+    vitc_optimizer *o = t->o;
+    const vitc_optim_config *c = &o->cfg;
+    const vitc__adamw_coef k = {.shrink = 1.0 - c->lr * seg_decay(o, s),
+                                .step_size = c->lr / t->bc1, .b1 = c->beta1, .b2 = c->beta2,
+                                .eps = c->eps, .bc2_sqrt = t->bc2_sqrt};
+    size_t off = s->offset + i0;
+    vitc__kern()->adamw(o->ps.param + off, o->state[0] + off, o->state[1] + off,
+                        c->amsgrad ? o->state[2] + off : NULL, o->ps.grad + off, i1 - i0, &k);
 }
 
 static void sgd_range(const optim_task *t, const vitc__pseg *s, size_t i0, size_t i1) {

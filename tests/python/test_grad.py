@@ -46,6 +46,19 @@ def torch_sdpa_grads(q, k, v, dout, mask=None, scale=None):
     return q.grad.numpy(), k.grad.numpy(), v.grad.numpy()
 
 
+def torch_lse(q, k, mask, scale):
+    """logsumexp over keys of q k^T scale + mask, in float64 (-inf: no key)."""
+    qd, kd = torch.tensor(q, dtype=torch.float64), torch.tensor(k, dtype=torch.float64)
+    sc = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
+    s = qd @ kd.transpose(-1, -2) * sc
+    if mask is not None:
+        m = torch.tensor(mask)
+        if m.dtype == torch.bool:
+            m = torch.zeros(m.shape, dtype=torch.float64).masked_fill(~m, float("-inf"))
+        s = s + m.double()
+    return torch.logsumexp(s, -1).numpy()
+
+
 def rel_err(got, ref):
     got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)
     nan_ok = np.isnan(ref) == np.isnan(got)
@@ -72,12 +85,23 @@ class TestSdpaBackward(unittest.TestCase):
             _set_arch(arch)
             try:
                 got = vitc.sdpa_backward(q, k, v, dout, attn_mask=mask, scale=scale)
+                # the training pair: saved out and lse, no recomputed forward
+                out, lse = vitc.sdpa_lse(q, k, v, attn_mask=mask, scale=scale)
+                got2 = vitc.sdpa_backward(q, k, v, dout, attn_mask=mask, scale=scale, out=out,
+                                          lse=lse)
+                out_ref = vitc.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
             finally:
                 _set_arch("auto")
-            for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+            np.testing.assert_array_equal(out, out_ref)
+            lse_ref = torch_lse(q, k, mask, scale)
+            np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(lse_ref))
+            fin = np.isfinite(lse_ref)
+            self.assertLessEqual(rel_err(lse[fin], lse_ref[fin]), 1e-5)
+            for name, g, g2, r in zip(("dq", "dk", "dv"), got, got2, ref):
                 self.assertEqual(g.shape, r.shape)
                 e = rel_err(g, r)
                 self.assertLessEqual(e, 1e-4, "%s %s: %s q%s k%s v%s" % (arch, name, e, qs, ks, vs))
+                np.testing.assert_array_equal(g2, g)  # the same kernel on the same P
 
     def test_self_attention(self):
         self.check((1, 12, 197, 64), (1, 12, 197, 64), (1, 12, 197, 64))
@@ -111,6 +135,11 @@ class TestSdpaBackward(unittest.TestCase):
             vitc.sdpa_backward(q, q, q, self._rand(2, 5, 3))  # grad_out of the wrong shape
         with self.assertRaises(vitc.VitcError):
             vitc.sdpa_backward(q, self._rand(2, 5, 3), q, self._rand(2, 5, 4))  # d mismatch
+        out, lse = vitc.sdpa_lse(q, q, q)
+        with self.assertRaises(vitc.VitcError):
+            vitc.sdpa_backward(q, q, q, self._rand(2, 5, 4), out=out)  # lse missing
+        with self.assertRaises(vitc.VitcError):
+            vitc.sdpa_backward(q, q, q, self._rand(2, 5, 4), out=out, lse=lse[:, :4])  # lse shape
 
 
 class TestSoftmaxBackward(unittest.TestCase):
