@@ -32,11 +32,8 @@ static inline __mmask16 vitc__m16(int64_t n) {
     return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
 
-/* GELU as vitc__gelu_avx512 computes it, operation for operation. */
-static inline __m512 vitc__lp_gelu(__m512 v) {
-    __m512 e = v_erf(_mm512_mul_ps(v, _mm512_set1_ps(0.70710678118654752f)));
-    return _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), v), _mm512_add_ps(_mm512_set1_ps(1.0f), e));
-}
+/* GELU as vitc__gelu_avx512 computes it, operation for operation (x Phi(x)). */
+static inline __m512 vitc__lp_gelu(__m512 v) { return _mm512_mul_ps(v, v_phi(v)); }
 
 /* bias and residual (then GELU), then the store (the epilogue's common tail). */
 static inline void vitc__lp_out(float *c, __m512 v0, __m512 v1, __mmask16 m0, __mmask16 m1,
