@@ -37,7 +37,6 @@ static const int32_t vitc__v_lane_tbl[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 
 #define v_hsum(x) vitc__v_hsum(x)
 #define v_exp(x) vitc__v_exp(x)
 #define v_exp2(x) vitc__v_exp2(x)
-#define v_erf(x) vitc__v_erf(x)
 #define v_phi(x) vitc__v_phi(x)
 #define s_exp2(x) exp2f(x)
 
@@ -88,30 +87,6 @@ static inline __m256 vitc__v_exp2(__m256 x) {
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
-
-/* erf(x) = x P(x^2) / Q(x^2) on x clamped to [-4, 4] (|erf| rounds to 1
- * beyond): the rational minimax fit of Eigen's and XLA's float erf, within
- * 3.3e-7 relative of erf (dense grid; tests/test_ops.c bounds it by 1e-6).
- * Twelve FMAs and one division, no exp and no branch blend: a third of the
- * time of the erfc-based form it replaced, which was most of the fused
- * GELU's cost in the int8 forward. NaN in, NaN out (max/min return x). */
-static inline __m256 vitc__v_erf(__m256 x) {
-    x = _mm256_min_ps(_mm256_set1_ps(4.0f), _mm256_max_ps(_mm256_set1_ps(-4.0f), x));
-    __m256 x2 = _mm256_mul_ps(x, x);
-    __m256 p = _mm256_set1_ps(-2.72614225801306e-10f);
-    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(2.77068142495902e-08f));
-    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-2.10102402082508e-06f));
-    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-5.69250639462346e-05f));
-    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-7.34990630326855e-04f));
-    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-2.95459980854025e-03f));
-    p = _mm256_fmadd_ps(p, x2, _mm256_set1_ps(-1.60960333262415e-02f));
-    __m256 q = _mm256_set1_ps(-1.45660718464996e-05f);
-    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-2.13374055278905e-04f));
-    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-1.68282697438203e-03f));
-    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-7.37332916720468e-03f));
-    q = _mm256_fmadd_ps(q, x2, _mm256_set1_ps(-1.42647390514189e-02f));
-    return _mm256_div_ps(_mm256_mul_ps(p, x), q);
 }
 
 /* Phi(x), the standard normal CDF: as vmath_avx512.h's vitc__v_phi. */

@@ -1,6 +1,6 @@
 /*
  * vmath_avx512.h — the AVX-512 vector vocabulary (16 float lanes) and its
- * maths: v_exp, v_exp2, v_erf, one polynomial each. Included by the files
+ * maths: v_exp, v_exp2, v_phi, one polynomial each. Included by the files
  * compiled with the AVX-512 flags (ops_avx512.c, attention_avx512.c); the
  * templates (attention_tmpl.h, attention_bwd_tmpl.h) are written over these
  * names, and vmath_avx2.h / vmath_generic.h define the same set.
@@ -13,7 +13,6 @@
  *   v_hmax(x) v_hsum(x)    horizontal max / sum to a float
  *   v_exp(x)               e^x, Taylor degree 7 after a two-part ln 2 reduction
  *   v_exp2(x)              2^x, exactly 0 for x <= -127 under FTZ, NaN in -> NaN out
- *   v_erf(x)               erf(x), a rational fit within 3.3e-7 relative (1e-6 tested)
  *   v_phi(x)               the standard normal CDF, 0.5 erfc(-x / sqrt 2) (GELU's)
  *   s_exp2(x)              scalar 2^x
  */
@@ -45,7 +44,6 @@
 #define v_hsum(x) _mm512_reduce_add_ps(x)
 #define v_exp(x) vitc__v_exp(x)
 #define v_exp2(x) vitc__v_exp2(x)
-#define v_erf(x) vitc__v_erf(x)
 #define v_phi(x) vitc__v_phi(x)
 #define s_exp2(x) exp2f(x)
 
@@ -88,33 +86,9 @@ static inline __m512 vitc__v_exp2(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-/* erf(x) = x P(x^2) / Q(x^2) on x clamped to [-4, 4] (|erf| rounds to 1
- * beyond): the rational minimax fit of Eigen's and XLA's float erf, within
- * 3.3e-7 relative of erf (dense grid; tests/test_ops.c bounds it by 1e-6).
- * Twelve FMAs and one division, no exp and no branch blend: a third of the
- * time of the erfc-based form it replaced, which was most of the fused
- * GELU's cost in the int8 forward. NaN in, NaN out (max/min return x). */
-static inline __m512 vitc__v_erf(__m512 x) {
-    x = _mm512_min_ps(_mm512_set1_ps(4.0f), _mm512_max_ps(_mm512_set1_ps(-4.0f), x));
-    __m512 x2 = _mm512_mul_ps(x, x);
-    __m512 p = _mm512_set1_ps(-2.72614225801306e-10f);
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(2.77068142495902e-08f));
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-2.10102402082508e-06f));
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-5.69250639462346e-05f));
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-7.34990630326855e-04f));
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-2.95459980854025e-03f));
-    p = _mm512_fmadd_ps(p, x2, _mm512_set1_ps(-1.60960333262415e-02f));
-    __m512 q = _mm512_set1_ps(-1.45660718464996e-05f);
-    q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(-2.13374055278905e-04f));
-    q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(-1.68282697438203e-03f));
-    q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(-7.37332916720468e-03f));
-    q = _mm512_fmadd_ps(q, x2, _mm512_set1_ps(-1.42647390514189e-02f));
-    return _mm512_div_ps(_mm512_mul_ps(p, x), q);
-}
-
 /* Phi(x) = 0.5 erfc(|x| / sqrt 2) for x < 0, 1 - that for x >= 0, with
  * Numerical Recipes' erfcc (t exp(-z^2 + P(t)), fractional error < 1.2e-7): one branch
- * for every lane instead of erf's two (the Taylor series for small |x| is
+ * for every lane instead of an erf's two (a Taylor series for small |x| is
  * needed for erf's relative accuracy near 0, not for Phi's, which is about
  * 1/2 there), and no cancellation in the lower tail. */
 static inline __m512 vitc__v_phi(__m512 x) {

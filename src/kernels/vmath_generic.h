@@ -31,7 +31,6 @@
 #define v_hsum(x) (x)
 #define v_exp(x) expf(x)
 #define v_exp2(x) exp2f(x)
-#define v_erf(x) erff(x)
 #define s_exp2(x) exp2f(x)
 
 #endif
