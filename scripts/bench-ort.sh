@@ -18,21 +18,25 @@ fi
 cp "$ROOT/bench/ort/bench.js" "$W/"
 [ -f "$W/vitb.onnx" ] || "$PY" "$ROOT/bench/ort/export_onnx.py" "$W/vitb.onnx" "$W/vitb.safetensors"
 [ -f "$W/vitb_int8.onnx" ] || "$PY" "$ROOT/bench/ort/quantize_int8.py" "$W/vitb.onnx" "$W/vitb_int8.onnx"
+OUTMD=${BENCH_ORT_OUT:-$ROOT/bench/results-ort.md}
+LOAD0=$(cut -d' ' -f1 /proc/loadavg)
 for r in $(seq "$ROUNDS"); do
     for t in $THREADS; do
         for b in 1 8; do
             for p in fp32 bf16 int8; do
                 ms=$("$ROOT/build/vitc" bench --model "$W/vitb.safetensors" --precision $p \
                      --only vit_b16_b$b --threads $t --repeat "$REPEAT" --no-peak --json --quiet |
-                     "$PY" -c 'import json,sys; print(json.load(sys.stdin)["workloads"][0]["median_ms"])')
-                echo "round=$r runtime=vitc precision=$p batch=$b threads=$t ms=$ms"
+                     "$PY" -c 'import json,sys; w=json.load(sys.stdin)["workloads"][0]; print(w["median_ms"], w["maxrss_kb"])')
+                echo "round=$r runtime=vitc precision=$p batch=$b threads=$t ms=${ms% *} rss_kb=${ms#* }"
             done
             for p in fp32 int8; do
                 m=$W/vitb.onnx; [ $p = int8 ] && m=$W/vitb_int8.onnx
                 ms=$(cd "$W" && node bench.js "$m" $b $t "$REPEAT" |
-                     "$PY" -c 'import json,sys; print(json.load(sys.stdin)["median_ms"])')
-                echo "round=$r runtime=ort precision=$p batch=$b threads=$t ms=$ms"
+                     "$PY" -c 'import json,sys; w=json.load(sys.stdin); print(w["median_ms"], w["maxrss_kb"])')
+                echo "round=$r runtime=ort precision=$p batch=$b threads=$t ms=${ms% *} rss_kb=${ms#* }"
             done
         done
     done
-done
+done | tee "$W/lines.txt"
+"$PY" "$ROOT/bench/ort/summarize.py" "$W/lines.txt" "$ROOT/build/vitc" "$LOAD0" > "$OUTMD.tmp" &&
+    mv "$OUTMD.tmp" "$OUTMD" && cat "$OUTMD"

@@ -9,5 +9,6 @@ const ort = require('onnxruntime-node');
   const ts = [];
   for (let i = 0; i < R; i++) { const t = process.hrtime.bigint(); await s.run({x}); ts.push(Number(process.hrtime.bigint() - t) / 1e6); }
   ts.sort((a, b) => a - b);
-  console.log(JSON.stringify({model, batch: B, threads: T, median_ms: ts[ts.length >> 1], min_ms: ts[0]}));
+  console.log(JSON.stringify({model, batch: B, threads: T, median_ms: ts[ts.length >> 1], min_ms: ts[0],
+                               maxrss_kb: process.resourceUsage().maxRSS}));
 })();

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""The table of `make bench-ort` from scripts/bench-ort.sh's lines
+(round=R runtime=vitc|ort precision=P batch=B threads=T ms=X rss_kb=Y):
+medians over rounds, the ratios issue 11 sets targets on, markdown out.
+
+    summarize.py LINES.txt BUILD/vitc LOAD_AT_START
+"""
+import datetime
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import bench as B  # noqa: E402  (_median, loadavg)
+
+
+def main():
+    lines, vitc, load0 = sys.argv[1], sys.argv[2], sys.argv[3]
+    runs = {}
+    with open(lines) as f:
+        for line in f:
+            kv = dict(w.split("=", 1) for w in line.split() if "=" in w)
+            if "ms" not in kv:
+                continue
+            key = (kv["runtime"], kv["precision"], int(kv["batch"]), int(kv["threads"]))
+            runs.setdefault(key, []).append((float(kv["ms"]), int(kv.get("rss_kb", 0) or 0)))
+    med = {k: B._median([m for m, _ in v]) for k, v in runs.items()}
+    rss = {k: max(r for _, r in v) / 1024 for k, v in runs.items()}
+    rounds = max(len(v) for v in runs.values())
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    ver = subprocess.run([vitc, "--version"], capture_output=True, text=True).stdout.strip()
+    out = ["# ViT-B/16: vitc fp32 / bf16 / int8 against ONNX Runtime fp32 / int8", "",
+           "Written by `make bench-ort` (scripts/bench-ort.sh, bench/ort/): one random-init "
+           "torchvision ViT-B/16, exported to ONNX and dynamically quantized "
+           "(bench/ort/quantize_int8.py), timed interleaved in one run; medians over %d "
+           "rounds of each runtime's median of REPEAT forwards. Memory: the process's peak "
+           "resident set (loading included)." % rounds, "",
+           "- date: %s UTC; machine: %s, %d cores usable" % (
+               datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"), cpu,
+               len(os.sched_getaffinity(0))),
+           "- %s" % ver.replace("\n", "; "),
+           "- load average (1 min) at start and end: %s and %s" % (load0, B.loadavg()), "",
+           "| threads | batch | vitc fp32 ms | vitc bf16 ms | vitc int8 ms | ORT fp32 ms | "
+           "ORT int8 ms | fp32 vs ORT fp32 | int8 vs ORT int8 | vitc fp32 / bf16 / int8 MB | "
+           "ORT fp32 / int8 MB |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    targets = []
+    for t in sorted({k[3] for k in med}):
+        for b in (1, 8):
+            g = lambda rt, p: med.get((rt, p, b, t))  # noqa: E731
+            m = lambda rt, p: rss.get((rt, p, b, t), 0)  # noqa: E731
+            vf, vb, vi, of, oi = g("vitc", "fp32"), g("vitc", "bf16"), g("vitc", "int8"), \
+                g("ort", "fp32"), g("ort", "int8")
+            if None in (vf, vb, vi, of, oi):
+                continue
+            out.append("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f× | %.2f× | "
+                       "%.0f / %.0f / %.0f | %.0f / %.0f |" % (
+                           t, b, vf, vb, vi, of, oi, of / vf, oi / vi, m("vitc", "fp32"),
+                           m("vitc", "bf16"), m("vitc", "int8"), m("ort", "fp32"),
+                           m("ort", "int8")))
+            if t == 2:
+                bf_lim = 45 if b == 1 else 360
+                targets += [
+                    "batch %d fp32: %.2f× ORT fp32 (target ≥ 1.2×): %s" % (
+                        b, of / vf, "met" if of / vf >= 1.2 else "not met"),
+                    "batch %d bf16: %.1f ms (target ≤ %d ms): %s" % (
+                        b, vb, bf_lim, "met" if vb <= bf_lim else "not met"),
+                    "batch %d int8: %.2f× ORT int8 (target ≥ 1.25×): %s" % (
+                        b, oi / vi, "met" if oi / vi >= 1.25 else "not met")]
+    if targets:
+        out += ["", "Issue 11's targets at 2 threads:", ""] + ["- " + x for x in targets]
+    print("\n".join(out))
+
+
+if __name__ == "__main__":
+    main()
