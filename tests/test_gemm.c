@@ -168,6 +168,7 @@ static void test_medium_shapes(void **state) {
         }
     run_case(0, 1, 400, 64, 600, 1.0f, 0.0f, 0); /* few columns: threads split rows */
     run_case(0, 0, 3, 1000, 17, 1.0f, 0.5f, 0);
+    run_case(1, 0, 100, 50, 1100, 1.0f, 1.0f, 2); /* weight gradient: deep K in small blocks */
 }
 
 /* ViT-B shapes (the attention / MLP projections). */

@@ -53,7 +53,7 @@ static void att_pack_panels(const float *src, int64_t lds, int64_t n, int64_t wd
  * hardware prefetcher does not follow a head's short strided rows). Only
  * while an image's rows (all heads: floats, summed over tensors) fit in
  * a fraction of L2, or they would evict each other before their turn. */
-#define ATT_PREFETCH_MAX_FLOATS ((int64_t)96 << 10)
+#define ATT_PREFETCH_MAX_FLOATS ((int64_t)32 << 10)
 static inline void att_prefetch_rows(const float *p, int64_t ld, int64_t n, int64_t w) {
     for (int64_t r = 0; r < n; r++) {
         const float *row = p + r * ld;
