@@ -26,8 +26,9 @@ for r in $(seq "$ROUNDS"); do
             for p in fp32 bf16 int8; do
                 ms=$("$ROOT/build/vitc" bench --model "$W/vitb.safetensors" --precision $p \
                      --only vit_b16_b$b --threads $t --repeat "$REPEAT" --no-peak --json --quiet |
-                     "$PY" -c 'import json,sys; w=json.load(sys.stdin)["workloads"][0]; print(w["median_ms"], w["maxrss_kb"])')
-                echo "round=$r runtime=vitc precision=$p batch=$b threads=$t ms=${ms% *} rss_kb=${ms#* }"
+                     "$PY" -c 'import json,sys; w=json.load(sys.stdin)["workloads"][0]; print(w["median_ms"], w["run_hwm_kb"], max(w["built_hwm_kb"], w["run_hwm_kb"]))')
+                set -- $ms
+                echo "round=$r runtime=vitc precision=$p batch=$b threads=$t ms=$1 rss_kb=$2 peak_kb=$3"
             done
             for p in fp32 int8; do
                 m=$W/vitb.onnx; [ $p = int8 ] && m=$W/vitb_int8.onnx

@@ -24,9 +24,11 @@ def main():
             if "ms" not in kv:
                 continue
             key = (kv["runtime"], kv["precision"], int(kv["batch"]), int(kv["threads"]))
-            runs.setdefault(key, []).append((float(kv["ms"]), int(kv.get("rss_kb", 0) or 0)))
-    med = {k: B._median([m for m, _ in v]) for k, v in runs.items()}
-    rss = {k: max(r for _, r in v) / 1024 for k, v in runs.items()}
+            runs.setdefault(key, []).append((float(kv["ms"]), int(kv.get("rss_kb", 0) or 0),
+                                             int(kv.get("peak_kb", 0) or 0)))
+    med = {k: B._median([x[0] for x in v]) for k, v in runs.items()}
+    rss = {k: max(x[1] for x in v) / 1024 for k, v in runs.items()}
+    peak = {k: max(x[2] for x in v) / 1024 for k, v in runs.items()}
     rounds = max(len(v) for v in runs.values())
     cpu = "?"
     with open("/proc/cpuinfo") as f:
@@ -39,16 +41,18 @@ def main():
            "Written by `make bench-ort` (scripts/bench-ort.sh, bench/ort/): one random-init "
            "torchvision ViT-B/16, exported to ONNX and dynamically quantized "
            "(bench/ort/quantize_int8.py), timed interleaved in one run; medians over %d "
-           "rounds of each runtime's median of REPEAT forwards. Memory: the process's peak "
-           "resident set (loading included)." % rounds, "",
+           "rounds of each runtime's median of REPEAT forwards. Memory: resident set while "
+           "running (vitc: after loading, VmHWM reset; ORT: the process's peak), and vitc's "
+           "peak while loading (it reads the fp32 file, then converts one matrix at a time)." % rounds, "",
            "- date: %s UTC; machine: %s, %d cores usable" % (
                datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"), cpu,
                len(os.sched_getaffinity(0))),
            "- %s" % ver.replace("\n", "; "),
            "- load average (1 min) at start and end: %s and %s" % (load0, B.loadavg()), "",
            "| threads | batch | vitc fp32 ms | vitc bf16 ms | vitc int8 ms | ORT fp32 ms | "
-           "ORT int8 ms | fp32 vs ORT fp32 | int8 vs ORT int8 | vitc fp32 / bf16 / int8 MB | "
-           "ORT fp32 / int8 MB |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+           "ORT int8 ms | fp32 vs ORT fp32 | int8 vs ORT int8 | vitc fp32 / bf16 / int8 MB running | "
+           "vitc load peak MB | ORT fp32 / int8 MB peak |",
+           "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     targets = []
     for t in sorted({k[3] for k in med}):
         for b in (1, 8):
@@ -59,9 +63,12 @@ def main():
             if None in (vf, vb, vi, of, oi):
                 continue
             out.append("| %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f | %.2f× | %.2f× | "
-                       "%.0f / %.0f / %.0f | %.0f / %.0f |" % (
+                       "%.0f / %.0f / %.0f | %s | %.0f / %.0f |" % (
                            t, b, vf, vb, vi, of, oi, of / vf, oi / vi, m("vitc", "fp32"),
-                           m("vitc", "bf16"), m("vitc", "int8"), m("ort", "fp32"),
+                           m("vitc", "bf16"), m("vitc", "int8"),
+                           "%.0f" % max(peak.get(("vitc", p, b, t), 0) for p in ("fp32", "bf16", "int8"))
+                           if peak.get(("vitc", "fp32", b, t)) else "–",
+                           m("ort", "fp32"),
                            m("ort", "int8")))
             if t == 2:
                 bf_lim = 45 if b == 1 else 360
