@@ -83,6 +83,37 @@ static void test_gelu(void **state) {
     free(in), free(out), free(out2);
 }
 
+/* quick-GELU x sigmoid(1.702 x) on every path against float64 (from the
+ * float product 1.702 x, which torch rounds too): exp within a few ulp, then
+ * the add and the division round. */
+static void test_quick_gelu(void **state) {
+    (void)state;
+    int64_t n = 100000 + 7;
+    float *in = malloc((size_t)n * sizeof(float)), *o = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) in[i] = (float)(-60.0 + 120.0 * i / (double)n);
+    float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 100.0f, -100.0f, 1e4f, -1e4f};
+    memcpy(in + 500, special, sizeof special);
+    for (int a = -1; a < 3; a++) {
+        if (a >= 0 && vitc_set_arch(archs[a]) != VITC_OK) continue;
+        memcpy(o, in, (size_t)n * sizeof(float));
+        if (a < 0)
+            vitc__quick_gelu_ref(o, n);
+        else
+            vitc__quick_gelu(o, n);
+        for (int64_t i = 0; i < n; i++) {
+            double x = in[i], want = x / (1.0 + exp((double)(-1.702f * in[i])));
+            /* below 1e-30 the float exp overflows first (x / inf = -0), as in torch */
+            if (!(fabs(o[i] - want) <= 1e-6 * fabs(want) + 1e-30)) {
+                fprintf(stderr, "%s: quick_gelu(%.9g) = %.9g, want %.9g\n",
+                        a < 0 ? "ref" : archs[a], x, o[i], want);
+                fail();
+            }
+        }
+    }
+    vitc_set_arch(NULL);
+    free(in), free(o);
+}
+
 /* softmax(x * it) in float64 from the float logits the kernels see: they
  * round x * it and x * it - max to float (so does torch), the rest is
  * what is being checked. */
@@ -250,6 +281,7 @@ static void test_groupnorm(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gelu),
+        cmocka_unit_test(test_quick_gelu),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_groupnorm),

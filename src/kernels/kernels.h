@@ -67,6 +67,8 @@ typedef struct vitc__kernels {
                                   int64_t n, float inv_temperature);
     void (*gelu)(float *x, int64_t n);
     void (*gelu_to)(float *y, const float *x, int64_t n); /* out of place, y may be x */
+    /* OpenAI CLIP's quick-GELU, x * sigmoid(1.702 x), in place */
+    void (*quick_gelu)(float *x, int64_t n);
     /* GroupNorm helpers: o[0], o[1] = sum of (x - shift) and of its square,
      * in double; y = (x - mean) * sc + sh. */
     void (*row_stats)(const float *x, int64_t n, double shift, double *o);
@@ -251,6 +253,11 @@ void vitc__groupnorm(float *y, const float *x, const float *w, const float *b, i
                      int64_t C, int64_t HW, int64_t G, float eps);
 /* Exact-erf GELU, in place. */
 void vitc__gelu(float *x, int64_t n);
+/* quick-GELU x * sigmoid(1.702 x) (OpenAI CLIP), in place, threaded. */
+void vitc__quick_gelu(float *x, int64_t n);
+void vitc__quick_gelu_ref(float *x, int64_t n);
+void vitc__quick_gelu_avx2(float *x, int64_t n);
+void vitc__quick_gelu_avx512(float *x, int64_t n);
 /* The gradient of y = softmax(x * inv_temperature) over rows of n:
  * dx = inv_temperature * y o (dy - rowsum(dy o y)). dx may be dy (in place),
  * not y. Threads over rows; the same bits for any thread count. */

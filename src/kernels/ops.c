@@ -96,6 +96,11 @@ void vitc__gelu_to_ref(float *y, const float *x, int64_t n) {
 
 void vitc__gelu_ref(float *x, int64_t n) { vitc__gelu_to_ref(x, x, n); }
 
+/* As torch writes it for OpenAI CLIP: x * torch.sigmoid(1.702 * x). */
+void vitc__quick_gelu_ref(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-1.702f * x[i]));
+}
+
 void vitc__row_stats_ref(const float *x, int64_t n, double shift, double *o) {
     double s = 0.0, q = 0.0;
     for (int64_t i = 0; i < n; i++) {
@@ -211,6 +216,24 @@ void vitc__gelu(float *x, int64_t n) {
         vitc__parallel_range(chunks, vitc__gelu_part, &k);
     else
         vitc__gelu_part(&k, 0, chunks, 0);
+}
+
+static void vitc__quick_gelu_part(void *c, int64_t c0, int64_t c1, int tid) {
+    const vitc__rows_ctx *k = c;
+    int64_t b = c0 * VITC_GELU_CHUNK, e = c1 * VITC_GELU_CHUNK;
+    if (e > k->n) e = k->n;
+    (void)tid;
+    k->kt->quick_gelu(k->y + b, e - b);
+}
+
+void vitc__quick_gelu(float *x, int64_t n) {
+    vitc__rows_ctx k = {x, NULL, NULL, NULL, n, 0.0f, vitc__kern()};
+    if (n <= 0) return;
+    int64_t chunks = (n + VITC_GELU_CHUNK - 1) / VITC_GELU_CHUNK;
+    if (n >= VITC_OPS_PAR_ELEMS)
+        vitc__parallel_range(chunks, vitc__quick_gelu_part, &k);
+    else
+        vitc__quick_gelu_part(&k, 0, chunks, 0);
 }
 
 /* ---- GroupNorm: per-channel partial sums, then one affine pass ------- */

@@ -25,6 +25,22 @@ void vitc__gelu_to_avx2(float *y, const float *x, int64_t n) {
 
 void vitc__gelu_avx2(float *x, int64_t n) { vitc__gelu_to_avx2(x, x, n); }
 
+static inline __m256 vitc__qgelu8(__m256 v) {
+    __m256 e = v_exp(_mm256_mul_ps(v, _mm256_set1_ps(-1.702f)));
+    return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+void vitc__quick_gelu_avx2(float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, vitc__qgelu8(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+        float t[8] = {0};
+        memcpy(t, x + i, (size_t)(n - i) * sizeof(float));
+        _mm256_storeu_ps(t, vitc__qgelu8(_mm256_loadu_ps(t)));
+        memcpy(x + i, t, (size_t)(n - i) * sizeof(float));
+    }
+}
+
 void vitc__softmax_rows_avx2(float *x, int64_t rows, int64_t n, float inv_temperature) {
     const __m256 it = _mm256_set1_ps(inv_temperature);
     for (int64_t r = 0; r < rows; r++) {

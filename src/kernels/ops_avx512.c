@@ -22,6 +22,17 @@ void vitc__gelu_to_avx512(float *y, const float *x, int64_t n) {
 
 void vitc__gelu_avx512(float *x, int64_t n) { vitc__gelu_to_avx512(x, x, n); }
 
+/* x / (1 + e^(-1.702 x)): v_exp overflows to +inf for very negative x,
+ * giving -0 as the reference's expf does. */
+void vitc__quick_gelu_avx512(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m512 e = v_exp(_mm512_mul_ps(v, _mm512_set1_ps(-1.702f)));
+        _mm512_mask_storeu_ps(x + i, m, _mm512_div_ps(v, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+    }
+}
+
 static inline float vitc__hmax16(__m512 v) { return _mm512_reduce_max_ps(v); }
 
 void vitc__softmax_rows_avx512(float *x, int64_t rows, int64_t n, float inv_temperature) {

@@ -507,6 +507,10 @@ static void vit_activation(const vitc_vit *m, float *x, int64_t n) {
         vitc__gelu(x, n);
         return;
     }
+    if (m->mlp_act == VIT_ACT_QUICK_GELU) { /* vectorised, the kernel table's */
+        vitc__quick_gelu(x, n);
+        return;
+    }
     vit_act_ctx c = {x, n, m->mlp_act};
     vitc__parallel_for((n + 4095) / 4096, vit_act_task, &c);
 }
