@@ -200,41 +200,34 @@ void vitc__layernorm(float *y, const float *x, const float *w, const float *b, i
  * never splits a SIMD vector differently from a serial run. */
 #define VITC_GELU_CHUNK 4096
 
-static void vitc__gelu_part(void *c, int64_t c0, int64_t c1, int tid) {
-    const vitc__rows_ctx *k = c;
+typedef struct vitc__elementwise_ctx {
+    float *x;
+    int64_t n;
+    void (*f)(float *x, int64_t n); /* the kernel table's in-place op */
+} vitc__elementwise_ctx;
+
+static void vitc__elementwise_part(void *c, int64_t c0, int64_t c1, int tid) {
+    const vitc__elementwise_ctx *k = c;
     int64_t b = c0 * VITC_GELU_CHUNK, e = c1 * VITC_GELU_CHUNK;
     if (e > k->n) e = k->n;
     (void)tid;
-    k->kt->gelu(k->y + b, e - b);
+    k->f(k->x + b, e - b);
 }
 
-void vitc__gelu(float *x, int64_t n) {
-    vitc__rows_ctx k = {x, NULL, NULL, NULL, n, 0.0f, vitc__kern()};
+/* f over x[n] in chunks, threaded once n is large enough to pay a region. */
+static void vitc__elementwise(float *x, int64_t n, void (*f)(float *x, int64_t n)) {
+    vitc__elementwise_ctx k = {x, n, f};
     if (n <= 0) return;
     int64_t chunks = (n + VITC_GELU_CHUNK - 1) / VITC_GELU_CHUNK;
     if (n >= VITC_OPS_PAR_ELEMS)
-        vitc__parallel_range(chunks, vitc__gelu_part, &k);
+        vitc__parallel_range(chunks, vitc__elementwise_part, &k);
     else
-        vitc__gelu_part(&k, 0, chunks, 0);
+        vitc__elementwise_part(&k, 0, chunks, 0);
 }
 
-static void vitc__quick_gelu_part(void *c, int64_t c0, int64_t c1, int tid) {
-    const vitc__rows_ctx *k = c;
-    int64_t b = c0 * VITC_GELU_CHUNK, e = c1 * VITC_GELU_CHUNK;
-    if (e > k->n) e = k->n;
-    (void)tid;
-    k->kt->quick_gelu(k->y + b, e - b);
-}
+void vitc__gelu(float *x, int64_t n) { vitc__elementwise(x, n, vitc__kern()->gelu); }
 
-void vitc__quick_gelu(float *x, int64_t n) {
-    vitc__rows_ctx k = {x, NULL, NULL, NULL, n, 0.0f, vitc__kern()};
-    if (n <= 0) return;
-    int64_t chunks = (n + VITC_GELU_CHUNK - 1) / VITC_GELU_CHUNK;
-    if (n >= VITC_OPS_PAR_ELEMS)
-        vitc__parallel_range(chunks, vitc__quick_gelu_part, &k);
-    else
-        vitc__quick_gelu_part(&k, 0, chunks, 0);
-}
+void vitc__quick_gelu(float *x, int64_t n) { vitc__elementwise(x, n, vitc__kern()->quick_gelu); }
 
 /* ---- GroupNorm: per-channel partial sums, then one affine pass ------- */
 
