@@ -12,16 +12,20 @@
 
 static inline __m256 vitc__gelu8(__m256 v) { return _mm256_mul_ps(v, v_phi(v)); }
 
-void vitc__gelu_to_avx2(float *y, const float *x, int64_t n) {
+/* y = f(x) elementwise, 8 lanes at a time, the tail through a zero-padded
+ * buffer; y may be x. Inlined with f, so each caller gets its own loop. */
+static inline void vitc__map8(float *y, const float *x, int64_t n, __m256 (*f)(__m256)) {
     int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, vitc__gelu8(_mm256_loadu_ps(x + i)));
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, f(_mm256_loadu_ps(x + i)));
     if (i < n) {
         float t[8] = {0};
         memcpy(t, x + i, (size_t)(n - i) * sizeof(float));
-        _mm256_storeu_ps(t, vitc__gelu8(_mm256_loadu_ps(t)));
+        _mm256_storeu_ps(t, f(_mm256_loadu_ps(t)));
         memcpy(y + i, t, (size_t)(n - i) * sizeof(float));
     }
 }
+
+void vitc__gelu_to_avx2(float *y, const float *x, int64_t n) { vitc__map8(y, x, n, vitc__gelu8); }
 
 void vitc__gelu_avx2(float *x, int64_t n) { vitc__gelu_to_avx2(x, x, n); }
 
@@ -30,16 +34,7 @@ static inline __m256 vitc__qgelu8(__m256 v) {
     return _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
-void vitc__quick_gelu_avx2(float *x, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, vitc__qgelu8(_mm256_loadu_ps(x + i)));
-    if (i < n) {
-        float t[8] = {0};
-        memcpy(t, x + i, (size_t)(n - i) * sizeof(float));
-        _mm256_storeu_ps(t, vitc__qgelu8(_mm256_loadu_ps(t)));
-        memcpy(x + i, t, (size_t)(n - i) * sizeof(float));
-    }
-}
+void vitc__quick_gelu_avx2(float *x, int64_t n) { vitc__map8(x, x, n, vitc__qgelu8); }
 
 void vitc__softmax_rows_avx2(float *x, int64_t rows, int64_t n, float inv_temperature) {
     const __m256 it = _mm256_set1_ps(inv_temperature);
