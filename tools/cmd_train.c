@@ -48,8 +48,7 @@ static const char train_usage[] =
     "                    (horizontal), resized-crop (RandomResizedCrop; ImageFolder)\n"
     "model (a new one; --resume and --init take the file's):\n"
     "  --arch NAME       fashion (28px, patch 4, depth 6, dim 96, 4 heads, MLP 192;\n"
-    "                    the default), vit_b_16, vit_b_32, vit_l_16, vit_l_32, vit_h_14,\n"
-    "                    vit_tiny_patch16_224, vit_small_patch16_224, vit_base_patch16_224\n"
+    "                    the default)%s\n"
     "  --config FILE     JSON as in vitc.config (image_size, patch_size, in_channels,\n"
     "                    hidden_dim, depth, num_heads, mlp_dim, norm_eps, mean, std)\n"
     "  --image-size S --patch P --depth D --dim C --heads H --mlp M --channels 1|3\n"
@@ -89,22 +88,40 @@ static const char train_usage[] =
     "Exit status: 0 done, 1 failed, 2 usage error, 130/143 stopped by\n"
     "SIGINT/SIGTERM after writing the checkpoint.\n";
 
-typedef struct arch_preset {
-    const char *name;
-    int image_size, patch, channels, dim, depth, heads, mlp;
-} arch_preset;
+/* --arch NAME's config into c: "fashion", the CLI's small Fashion-MNIST
+ * model (1 channel on IDX data), else the library's ViT preset of that
+ * name (vitc__vit_preset_config: one table for vitc_vit_load and train). */
+static int arch_config(const char *name, vitc_vit_config *c) {
+    if (!strcmp(name, "fashion")) {
+        *c = vitc_vit_default_config();
+        c->image_size = 28;
+        c->patch_size = 4;
+        c->in_channels = 1;
+        c->hidden_dim = 96;
+        c->depth = 6;
+        c->num_heads = 4;
+        c->mlp_dim = 192;
+        return CLI_OK;
+    }
+    if (vitc__vit_preset_config(name, c))
+        return CLI_OK;
+    return cli_error("--arch %s: unknown (see vitc train --help)", name);
+}
 
-static const arch_preset presets[] = {
-    {"fashion", 28, 4, 1, 96, 6, 4, 192},
-    {"vit_b_16", 224, 16, 3, 768, 12, 12, 3072},
-    {"vit_b_32", 224, 32, 3, 768, 12, 12, 3072},
-    {"vit_l_16", 224, 16, 3, 1024, 24, 16, 4096},
-    {"vit_l_32", 224, 32, 3, 1024, 24, 16, 4096},
-    {"vit_h_14", 224, 14, 3, 1280, 32, 16, 5120},
-    {"vit_tiny_patch16_224", 224, 16, 3, 192, 12, 3, 768},
-    {"vit_small_patch16_224", 224, 16, 3, 384, 12, 6, 1536},
-    {"vit_base_patch16_224", 224, 16, 3, 768, 12, 12, 3072},
-};
+/* train_usage with the library's preset names listed after "fashion",
+ * wrapped as the rest of the help is, into buf. */
+static void train_usage_text(char *buf, size_t cap) {
+    char list[512] = "";
+    size_t col = 33; /* after "                    the default)" */
+    for (int i = 0; vitc__vit_preset_name(i); i++) {
+        const char *nm = vitc__vit_preset_name(i);
+        size_t len = strlen(list), w = strlen(nm) + 2;
+        int wrap = col + w > 86;
+        snprintf(list + len, sizeof list - len, wrap ? ",\n                    %s" : ", %s", nm);
+        col = wrap ? 20 + w - 2 : col + w;
+    }
+    snprintf(buf, cap, train_usage, list);
+}
 
 /* The hyperparameters of a run, as the checkpoint keeps them. */
 typedef struct hyper {
@@ -221,20 +238,16 @@ static int config_from_file(const char *path, vitc_vit_config *c) {
 /* A new model's config: preset, then --config, then the flags. */
 static int build_config(const train_opts *o, const train_data *d, vitc_vit_config *c) {
     *c = vitc_vit_default_config();
-    const arch_preset *p = NULL;
-    const char *name = o->arch ? o->arch : "fashion";
-    for (size_t i = 0; i < sizeof presets / sizeof presets[0]; i++)
-        if (!strcmp(presets[i].name, name))
-            p = &presets[i];
-    if (!p)
-        return cli_error("--arch %s: unknown (see vitc train --help)", name);
-    c->image_size = p->image_size;
-    c->patch_size = p->patch;
-    c->in_channels = d->idx ? p->channels : 3;
-    c->hidden_dim = p->dim;
-    c->depth = p->depth;
-    c->num_heads = p->heads;
-    c->mlp_dim = p->mlp;
+    vitc_vit_config p;
+    if (arch_config(o->arch ? o->arch : "fashion", &p) != CLI_OK)
+        return CLI_FAIL;
+    c->image_size = p.image_size;
+    c->patch_size = p.patch_size;
+    c->in_channels = d->idx ? p.in_channels : 3;
+    c->hidden_dim = p.hidden_dim;
+    c->depth = p.depth;
+    c->num_heads = p.num_heads;
+    c->mlp_dim = p.mlp_dim;
     if (d->idx || c->in_channels == 1) {
         for (int i = 0; i < 3; i++) {
             c->mean[i] = d->mean;
@@ -277,20 +290,17 @@ static int check_model_matches(const train_opts *o, const vitc_vit_config *c, co
     if (o->arch || o->config) {
         vitc_vit_config want;
         /* compare the architecture the flags name with the file's */
-        const arch_preset *p = NULL;
-        for (size_t i = 0; o->arch && i < sizeof presets / sizeof presets[0]; i++)
-            if (!strcmp(presets[i].name, o->arch))
-                p = &presets[i];
-        if (o->arch && !p)
-            return cli_error("--arch %s: unknown (see vitc train --help)", o->arch);
+        vitc_vit_config p;
+        if (o->arch && arch_config(o->arch, &p) != CLI_OK)
+            return CLI_FAIL;
         want = *c;
-        if (p) {
-            want.image_size = p->image_size;
-            want.patch_size = p->patch;
-            want.hidden_dim = p->dim;
-            want.depth = p->depth;
-            want.num_heads = p->heads;
-            want.mlp_dim = p->mlp;
+        if (o->arch) {
+            want.image_size = p.image_size;
+            want.patch_size = p.patch_size;
+            want.hidden_dim = p.hidden_dim;
+            want.depth = p.depth;
+            want.num_heads = p.num_heads;
+            want.mlp_dim = p.mlp_dim;
         }
         if (o->config && config_from_file(o->config, &want) != CLI_OK)
             return CLI_FAIL;
@@ -1104,7 +1114,9 @@ int cmd_train(int argc, char **argv) {
     int n_pos, r;
     if (!pos)
         return cli_error("out of memory");
-    r = topt_parse("train", train_usage, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv,
+    char usage[sizeof train_usage + 512];
+    train_usage_text(usage, sizeof usage);
+    r = topt_parse("train", usage, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv,
                    pos, &n_pos);
     if (r == 0 && n_pos)
         r = cli_usage_error("train", "unexpected argument '%s'", pos[0]);

@@ -8,4 +8,12 @@
  * labels: num_classes names or NULL (a NULL entry is written as ""). */
 char *vitc__vit_config_json(const vitc_vit_config *c, const char *const *labels);
 
+/* The named torchvision / timm ViT preset (vit_b_16, vit_base_patch16_224,
+ * ...) as a whole config into c: its structure, 3 channels, 1000 classes,
+ * the family's mean/std, norm_eps 1e-6. 1 when name is a preset, else 0
+ * (c untouched). vitc_vit_load's --arch table; vitc train uses it too. */
+int vitc__vit_preset_config(const char *name, vitc_vit_config *c);
+/* Preset i's name in table order (0, 1, ...), NULL past the last: for listings. */
+const char *vitc__vit_preset_name(int i);
+
 #endif

@@ -18,6 +18,7 @@
 #include <jansson.h>
 
 #include "../train/train.h"
+#include "vit_config.h"
 #include "vit_internal.h"
 
 /* Sanity bounds on a config read from a file: far above any real ViT, low
@@ -485,6 +486,29 @@ static const vit_preset *vit_find_preset(const char *name) {
         if (strcmp(vit_presets[i].name, name) == 0)
             return &vit_presets[i];
     return NULL;
+}
+
+/* The presets for other users (vitc train --arch): one table, here. */
+int vitc__vit_preset_config(const char *name, vitc_vit_config *c) {
+    const vit_preset *p = name ? vit_find_preset(name) : NULL;
+    if (!p)
+        return 0;
+    *c = vitc_vit_default_config();
+    c->image_size = p->image_size;
+    c->patch_size = p->patch_size;
+    c->in_channels = 3;
+    c->hidden_dim = p->hidden_dim;
+    c->depth = p->depth;
+    c->num_heads = p->num_heads;
+    c->mlp_dim = p->mlp_dim;
+    c->num_classes = 1000;
+    c->norm_eps = 1e-6f;
+    vit_set_norm(c, p->timm);
+    return 1;
+}
+
+const char *vitc__vit_preset_name(int i) {
+    return i >= 0 && i < VIT_N_PRESETS ? vit_presets[i].name : NULL;
 }
 
 static vitc_status vit_check_config(const vitc_vit_config *c) {
