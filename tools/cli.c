@@ -96,6 +96,13 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
 
 int cli_lib_error(const char *what) { return cli_error("%s: %s", what, vitc_last_error()); }
 
+size_t cli_numel(int nd, const int64_t *shape) {
+    size_t n = 1;
+    for (int i = 0; i < nd; i++)
+        n *= (size_t)shape[i];
+    return n;
+}
+
 int cli_stderr_tty(void) { return isatty(2); }
 
 int cli_attention_precision(const char *name) {

@@ -4,6 +4,7 @@
 #define VITC_CLI_H
 
 #include <stddef.h>
+#include <stdint.h>
 #include <stdio.h>
 
 #include "vitc.h"
@@ -18,6 +19,9 @@ int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The library's last error as a CLI failure. */
 int cli_lib_error(const char *what);
+/* Elements of a tensor of nd dims shape[0..nd) (the library checked the
+ * shape: the product fits). */
+size_t cli_numel(int nd, const int64_t *shape);
 /* A labels file of exactly n_classes lines into *out (n_classes strings,
  * each and the array malloc'd); else the error is printed, CLI_FAIL. */
 int cli_read_labels(const char *path, int n_classes, char ***out);

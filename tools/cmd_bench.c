@@ -313,11 +313,9 @@ static void bench_init_params(vitc_layer *layer, uint64_t seed) {
         int nd;
         const int64_t *sh;
         float *d;
-        size_t numel = 1;
         if (vitc_layer_param(layer, i, &name, &nd, &sh, &d) != VITC_OK || !d)
             continue;
-        for (int j = 0; j < nd; j++)
-            numel *= (size_t)sh[j];
+        size_t numel = cli_numel(nd, sh);
         if (bench_ends(name, "running_var")) {
             for (size_t j = 0; j < numel; j++)
                 d[j] = 1.0f;
@@ -358,14 +356,12 @@ static int bench_setup_layer(const bench_workload *w, bench_ctx *c, const char *
     bench_init_params(c->layer, 0x5EED0000u + (uint64_t)w->kind);
     vitc_layer_set_training(c->layer, 0);
     c->ndim = 3 + (w->in_shape[3] > 0);
-    for (int i = 0; i < c->ndim; i++) {
+    for (int i = 0; i < c->ndim; i++)
         c->shape[i] = w->in_shape[i];
-        nin *= (size_t)w->in_shape[i];
-    }
+    nin = cli_numel(c->ndim, c->shape);
     if (vitc_layer_output_shape(c->layer, c->ndim, c->shape, &ond, osh) != VITC_OK)
         return cli_lib_error(w->name);
-    for (int i = 0; i < ond; i++)
-        nout *= (size_t)osh[i];
+    nout = cli_numel(ond, osh);
     c->x = bench_random(nin, 1.7f, 0xA11CE + (uint64_t)w->kind);
     c->out = calloc(nout, sizeof(float));
     if (!c->x || !c->out)
@@ -393,10 +389,8 @@ static vitc_status bench_run_layer(bench_ctx *c) {
 
 static int bench_setup_sdpa(const bench_workload *w, bench_ctx *c, const char *model,
                             double *flops, char *note, size_t note_cap) {
-    size_t n = 1;
+    size_t n = cli_numel(4, w->in_shape);
     (void)model, (void)note, (void)note_cap;
-    for (int i = 0; i < 4; i++)
-        n *= (size_t)w->in_shape[i];
     c->q = bench_random(n, 1.0f, 1);
     c->k = bench_random(n, 1.0f, 2);
     c->v = bench_random(n, 1.0f, 3);

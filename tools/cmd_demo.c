@@ -53,12 +53,6 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static size_t numel(int nd, const int64_t *s) {
-    size_t n = 1;
-    for (int i = 0; i < nd; i++) n *= (size_t)s[i];
-    return n;
-}
-
 static void shape_str(char *buf, size_t cap, int nd, const int64_t *s) {
     size_t u = (size_t)snprintf(buf, cap, "[");
     for (int i = 0; i < nd && u < cap; i++)
@@ -85,7 +79,7 @@ static int run_case(const demo_case *c, int repeat) {
     int ond = 0, wnd = 0;
     int64_t os[8], ws[8];
     int mha = c->cfg.kind == VITC_MULTIHEAD_ATTENTION;
-    float *x = demo_input(numel(c->ndim, c->shape), c->uniform_input), *y = NULL, *w = NULL;
+    float *x = demo_input(cli_numel(c->ndim, c->shape), c->uniform_input), *y = NULL, *w = NULL;
     vitc_mha_args a;
     memset(&a, 0, sizeof a);
     int rc = CLI_OK;
@@ -105,12 +99,12 @@ static int run_case(const demo_case *c, int repeat) {
             rc = cli_lib_error(c->name);
             goto done;
         }
-        w = malloc(numel(wnd, ws) * sizeof(float));
+        w = malloc(cli_numel(wnd, ws) * sizeof(float));
     } else if (vitc_layer_output_shape(l, c->ndim, c->shape, &ond, os) != VITC_OK) {
         rc = cli_lib_error(c->name);
         goto done;
     }
-    y = malloc(numel(ond, os) * sizeof(float));
+    y = malloc(cli_numel(ond, os) * sizeof(float));
     if (!y || (mha && !w)) {
         rc = cli_error("%s: out of memory", c->name);
         goto done;
@@ -128,7 +122,7 @@ static int run_case(const demo_case *c, int repeat) {
     }
     qsort(times, (size_t)repeat, sizeof *times, cmp_double);
     double sum = 0.0, sq = 0.0;
-    size_t n = numel(ond, os);
+    size_t n = cli_numel(ond, os);
     for (size_t i = 0; i < n; i++) sum += y[i];
     double mean = sum / (double)n;
     for (size_t i = 0; i < n; i++) sq += (y[i] - mean) * (y[i] - mean);

@@ -31,13 +31,6 @@ static void inspect_help(FILE *f) {
  * listing; text output shows their start and length unless --full. */
 enum { INSPECT_META_CUT = 100 };
 
-static size_t inspect_numel(int nd, const int64_t *shape) {
-    size_t n = 1;
-    for (int j = 0; j < nd; j++)
-        n *= (size_t)shape[j];
-    return n;
-}
-
 /* Display width of a UTF-8 string, counted in code points. */
 static int utf8_width(const char *s) {
     int w = 0;
@@ -91,7 +84,7 @@ static int inspect_json(const char *path, const vitc_safetensors *st, const vitc
             json_array_append_new(sh, json_integer(shape[j]));
         json_array_append_new(ts, json_pack("{ss ss so}", "name", name, "dtype", dtype, "shape",
                                             sh));
-        params += inspect_numel(nd, shape);
+        params += cli_numel(nd, shape);
     }
     for (int i = 0; i < vitc_safetensors_metadata_count(st); i++) {
         const char *k, *v;
@@ -126,7 +119,7 @@ static void inspect_text(const char *path, const vitc_safetensors *st, const vit
         int nd;
         const int64_t *shape;
         vitc_safetensors_tensor(st, i, &name, NULL, &nd, &shape, NULL);
-        params += inspect_numel(nd, shape);
+        params += cli_numel(nd, shape);
         if (utf8_width(name) > w)
             w = utf8_width(name) > 60 ? 60 : utf8_width(name);
     }

@@ -620,17 +620,22 @@ static double dp_sum_f64_ordered(double v) {
 }
 
 /* Gradients of every rank summed in rank order, on every rank. */
+/* Parameter i's gradient [*k]. */
+static float *dp_grad(vitc_vit *m, int i, size_t *k) {
+    const char *nm;
+    int nd;
+    const int64_t *sh;
+    float *d, *g;
+    vitc_vit_param(m, i, &nm, &nd, &sh, &d, &g);
+    *k = cli_numel(nd, sh);
+    return g;
+}
+
 static int dp_grads(vitc_vit *m, float **buf) {
     int np = vitc_vit_num_params(m);
-    size_t n = 0;
+    size_t n = 0, k;
     for (int i = 0; i < np; i++) {
-        const char *nm;
-        int nd;
-        const int64_t *sh;
-        float *d, *g;
-        vitc_vit_param(m, i, &nm, &nd, &sh, &d, &g);
-        size_t k = 1;
-        for (int j = 0; j < nd; j++) k *= (size_t)sh[j];
+        dp_grad(m, i, &k);
         n += k;
     }
     if (!*buf && !(*buf = malloc(n * (size_t)(dp_rank == 0 ? dp_size + 1 : 1) * sizeof **buf)))
@@ -639,13 +644,7 @@ static int dp_grads(vitc_vit *m, float **buf) {
     for (int pass = 0; pass < 2; pass++) {
         size_t off = 0;
         for (int i = 0; i < np; i++) {
-            const char *nm;
-            int nd;
-            const int64_t *sh;
-            float *d, *g;
-            vitc_vit_param(m, i, &nm, &nd, &sh, &d, &g);
-            size_t k = 1;
-            for (int j = 0; j < nd; j++) k *= (size_t)sh[j];
+            float *g = dp_grad(m, i, &k);
             if (pass == 0)
                 memcpy(mine + off, g, k * sizeof *g);
             else
