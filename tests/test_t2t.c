@@ -27,20 +27,13 @@
 #define REF "tests/reference/t2t/"
 
 static vitc_safetensors *io; /* t2t_io.safetensors */
-static char tmpdir[256];
 static const char *const modes[2] = {"transformer", "performer"};
 
 static const float *ref(const char *name, int64_t numel) {
-    int i = vitc_safetensors_find(io, name);
-    assert_true(i >= 0);
-    const char *nm, *dt;
     int nd;
     const int64_t *shape;
-    const float *data;
-    assert_int_equal(vitc_safetensors_tensor(io, i, &nm, &dt, &nd, &shape, &data), VITC_OK);
-    int64_t n = 1;
-    for (int k = 0; k < nd; k++) n *= shape[k];
-    assert_int_equal(n, numel);
+    const float *data = tu_tensor(io, name, &nd, &shape);
+    assert_int_equal(tu_numel(nd, shape), numel);
     return data;
 }
 
@@ -55,21 +48,13 @@ static void close_to(const float *got, const float *want, int64_t n, const char 
 
 static int setup(void **state) {
     (void)state;
-    vitc_set_num_threads(2);
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/vitc_test_t2t_XXXXXX");
-    if (!mkdtemp(tmpdir))
-        return -1;
-    if (vitc_safetensors_load(REF "t2t_io.safetensors", &io) != VITC_OK) {
-        fprintf(stderr, "test_t2t: %s (run from the repository root)\n", vitc_last_error());
-        return -1;
-    }
-    return 0;
+    return tu_ref_setup("test_t2t", "/tmp/vitc_test_t2t_XXXXXX", REF "t2t_io.safetensors", &io);
 }
 
 static int teardown(void **state) {
     (void)state;
     vitc_safetensors_free(io);
-    tu_rm_tree(tmpdir);
+    tu_rm_tree(tu_tmpdir);
     return 0;
 }
 
@@ -146,8 +131,7 @@ static void test_refusals(void **state) {
     assert_int_equal(vitc_vit_forward(m, x48, 1, 48, 48, logits), VITC_ERR_SHAPE);
     assert_non_null(strstr(vitc_last_error(), "32x32"));
     free(x48);
-    char path[300];
-    snprintf(path, sizeof path, "%s/resaved.safetensors", tmpdir);
+    const char *path = tu_tmp_path("resaved.safetensors");
     assert_int_equal(vitc_vit_save(m, path), VITC_ERR_UNSUPPORTED);
     float d[5] = {0};
     assert_int_equal(vitc_vit_backward(m, d), VITC_ERR_UNSUPPORTED);
@@ -179,7 +163,7 @@ static void test_refusals(void **state) {
     names[n - 1] = tn, shapes[n - 1] = ts, data[n - 1] = td, nds[n - 1] = tnd;
     k = n - 1;
     const char *key = "vitc.config", *val = vitc_safetensors_get_metadata(st, "vitc.config");
-    snprintf(path, sizeof path, "%s/missing.safetensors", tmpdir);
+    path = tu_tmp_path("missing.safetensors");
     assert_int_equal(vitc_safetensors_save(path, k, names, nds, shapes, data, 1, &key, &val),
                      VITC_OK);
     assert_int_equal(vitc_vit_load(path, NULL, &m), VITC_ERR_KEY);
@@ -187,7 +171,7 @@ static void test_refusals(void **state) {
     assert_non_null(strstr(vitc_last_error(), "tokens_to_token.attention2.mlp.fc1.bias"));
     /* No vitc.config: these shapes are no preset's, and a named preset is
      * checked tensor by tensor. */
-    snprintf(path, sizeof path, "%s/bare.safetensors", tmpdir);
+    path = tu_tmp_path("bare.safetensors");
     assert_int_equal(vitc_safetensors_save(path, n, names, nds, shapes, data, 0, NULL, NULL),
                      VITC_OK);
     assert_int_equal(vitc_vit_load(path, NULL, &m), VITC_ERR_INVALID_ARG);

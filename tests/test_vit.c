@@ -19,6 +19,8 @@
 
 #include <cmocka.h>
 
+#include "testutil.h"
+
 #include "models/vit_internal.h"
 #include "vitc.h"
 
@@ -26,16 +28,11 @@
 
 static vitc_safetensors *io;   /* tiny_io.safetensors */
 static vitc_safetensors *wts;  /* tiny.safetensors */
-static char tmpdir[256];
 
 static const float *ref(const char *name, int ndim, const int64_t *want) {
-    int i = vitc_safetensors_find(io, name);
-    assert_true(i >= 0);
-    const char *nm, *dt;
     int nd;
     const int64_t *shape;
-    const float *data;
-    assert_int_equal(vitc_safetensors_tensor(io, i, &nm, &dt, &nd, &shape, &data), VITC_OK);
+    const float *data = tu_tensor(io, name, &nd, &shape);
     assert_int_equal(nd, ndim);
     for (int k = 0; k < nd; k++) assert_int_equal(shape[k], want[k]);
     return data;
@@ -43,30 +40,17 @@ static const float *ref(const char *name, int ndim, const int64_t *want) {
 
 static int setup(void **state) {
     (void)state;
-    vitc_set_num_threads(2);
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/vitc_test_vit_XXXXXX");
-    if (!mkdtemp(tmpdir))
+    if (tu_ref_setup("test_vit", "/tmp/vitc_test_vit_XXXXXX", REF "tiny_io.safetensors", &io))
         return -1;
-    if (vitc_safetensors_load(REF "tiny_io.safetensors", &io) != VITC_OK ||
-        vitc_safetensors_load(REF "tiny.safetensors", &wts) != VITC_OK) {
-        fprintf(stderr, "test_vit: %s (run from the repository root)\n", vitc_last_error());
-        return -1;
-    }
-    return 0;
+    return tu_ref_load("test_vit", REF "tiny.safetensors", &wts);
 }
 
 static int teardown(void **state) {
     (void)state;
     vitc_safetensors_free(io);
     vitc_safetensors_free(wts);
-    rmdir(tmpdir);
+    tu_rm_tree(tu_tmpdir);
     return 0;
-}
-
-static const char *tmp_path(const char *name) {
-    static char p[512];
-    snprintf(p, sizeof p, "%s/%s", tmpdir, name);
-    return p;
 }
 
 /* The whole-model contract: |vitc - torch| <= 1e-3 * max(1, |torch|) and
@@ -140,17 +124,23 @@ static void test_logits(void **state) {
     vitc_vit_free(m);
 }
 
+/* Model file's logits for the 2 images input [2, 3, S, S] against the
+ * reference logits [2, 10]. */
+static void check_file_logits(const char *file, const char *input, const char *logits, int S) {
+    vitc_vit *m;
+    assert_int_equal(vitc_vit_load(file, NULL, &m), VITC_OK);
+    const float *x = ref(input, 4, (int64_t[]){2, 3, S, S});
+    const float *want = ref(logits, 2, (int64_t[]){2, 10});
+    float got[20];
+    assert_int_equal(vitc_vit_forward(m, x, 2, S, S, got), VITC_OK);
+    check_logits(got, want, 2, 10);
+    vitc_vit_free(m);
+}
+
 /* Another image size: torchvision's interpolate_embeddings route. */
 static void test_interpolated_size(void **state) {
     (void)state;
-    vitc_vit *m;
-    assert_int_equal(vitc_vit_load(REF "tiny.safetensors", NULL, &m), VITC_OK);
-    const float *x = ref("input48", 4, (int64_t[]){2, 3, 48, 48});
-    const float *want = ref("logits48", 2, (int64_t[]){2, 10});
-    float got[20];
-    assert_int_equal(vitc_vit_forward(m, x, 2, 48, 48, got), VITC_OK);
-    check_logits(got, want, 2, 10);
-    vitc_vit_free(m);
+    check_file_logits(REF "tiny.safetensors", "input48", "logits48", 48);
 }
 
 static void test_bicubic(void **state) {
@@ -177,14 +167,7 @@ static void test_bicubic(void **state) {
 
 static void test_bf16(void **state) {
     (void)state;
-    vitc_vit *m;
-    assert_int_equal(vitc_vit_load(REF "tiny_bf16.safetensors", NULL, &m), VITC_OK);
-    const float *x = ref("input", 4, (int64_t[]){2, 3, 32, 32});
-    const float *want = ref("logits_bf16", 2, (int64_t[]){2, 10});
-    float got[20];
-    assert_int_equal(vitc_vit_forward(m, x, 2, 32, 32, got), VITC_OK);
-    check_logits(got, want, 2, 10);
-    vitc_vit_free(m);
+    check_file_logits(REF "tiny_bf16.safetensors", "input", "logits_bf16", 32);
 }
 
 static void test_attention_maps(void **state) {
@@ -286,7 +269,7 @@ static const char *rewrite(const char *file, edit_fn edit, const char *extra,
     const char *key = "vitc.config";
     const char *val = meta_value ? meta_value : vitc_safetensors_get_metadata(wts, key);
     int n_meta = val && *val ? 1 : 0;
-    const char *path = tmp_path(file);
+    const char *path = tu_tmp_path(file);
     assert_int_equal(vitc_safetensors_save(path, k, np, nd, sp, dp, n_meta, &key, &val), VITC_OK);
     free(names);
     free(np);

@@ -98,6 +98,49 @@ static inline int tu_dir_entries(void) {
     return n;
 }
 
+/* ---- reference files (tensors PyTorch wrote) ----------------------- */
+
+/* *st loaded from path: 0, or -1 (as a cmocka setup returns) with the
+ * reason on stderr under the test's name who. */
+static inline int tu_ref_load(const char *who, const char *path, vitc_safetensors **st) {
+    if (vitc_safetensors_load(path, st) == VITC_OK)
+        return 0;
+    fprintf(stderr, "%s: %s (run from the repository root)\n", who, vitc_last_error());
+    return -1;
+}
+
+/* The set-up of a test over a reference file: 2 threads, tu_tmpdir from
+ * templ ("/tmp/name_XXXXXX"), *st loaded from path (tu_ref_load). */
+static inline int tu_ref_setup(const char *who, const char *templ, const char *path,
+                               vitc_safetensors **st) {
+    vitc_set_num_threads(2);
+    if (tu_make_tmpdir(templ) != 0) {
+        fprintf(stderr, "%s: cannot make %s\n", who, templ);
+        return -1;
+    }
+    return tu_ref_load(who, path, st);
+}
+
+static inline int64_t tu_numel(int nd, const int64_t *shape) {
+    int64_t n = 1;
+    for (int k = 0; k < nd; k++)
+        n *= shape[k];
+    return n;
+}
+
+/* The float data of tensor name in st, its dims into *nd and *shape;
+ * fails the test when st has no such tensor. */
+static inline const float *tu_tensor(const vitc_safetensors *st, const char *name, int *nd,
+                                     const int64_t **shape) {
+    int i = vitc_safetensors_find(st, name);
+    if (i < 0)
+        fail_msg("reference tensor %s not found", name);
+    const char *nm, *dt;
+    const float *data;
+    assert_int_equal(vitc_safetensors_tensor(st, i, &nm, &dt, nd, shape, &data), VITC_OK);
+    return data;
+}
+
 /* ---- errors ------------------------------------------------------- */
 
 /* Fails unless vitc_last_error() contains needle. */
