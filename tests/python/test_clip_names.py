@@ -12,10 +12,6 @@ Needs torch (/usr/bin/python3 on Debian); skipped without.
 """
 import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -23,21 +19,14 @@ import numpy as np
 import vitc
 
 try:
-    import torch
-    import torch.nn.functional as F
-except ImportError:  # pragma: no cover
-    torch = None
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-VITC = os.path.join(ROOT, "build", "vitc")
-try:
-    from .util import assert_close as close
+    from .util import (PHOTO, VITC, TmpDirCase, assert_close as close, random_images,
+                       reference_modules, run_vitc as run, torch)
 except ImportError:  # run as a script
-    from util import assert_close as close
-sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
+    from util import (PHOTO, VITC, TmpDirCase, assert_close as close, random_images,
+                      reference_modules, run_vitc as run, torch)
 if torch is not None:
-    import hf_ref  # noqa: E402
-    import st_write  # noqa: E402
+    import torch.nn.functional as F
+hf_ref, st_write = reference_modules("hf_ref", "st_write")
 
 
 def to_openclip(sd, L):
@@ -122,16 +111,13 @@ def text_tower(g):
 
 
 @unittest.skipIf(torch is None, "needs torch")
-class TestClipNames(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="vitc_clipnames_")
-        gen = torch.Generator().manual_seed(3)
-        cls.x = {s: torch.randn(2, 3, s[0], s[1], generator=gen) for s in [(32, 32), (40, 24)]}
+class TestClipNames(TmpDirCase):
+    TMP_PREFIX = "vitc_clipnames_"
 
     @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.x = random_images(torch.Generator().manual_seed(3), [(32, 32), (40, 24)])
 
     def weights(self, hidden, heads, act, seed):
         cfg = hf_ref.clip_config("clip_vision_model", hidden=hidden, heads=heads, mlp=2 * hidden,
@@ -227,16 +213,14 @@ class TestClipNames(unittest.TestCase):
         cfg, sd, oc = self.weights(128, 2, "quick_gelu", 6)
         p = os.path.join(self.tmp, "cli.safetensors")
         st_write.write(p, oc)
-        r = subprocess.run([VITC, "inspect", p], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.assertEqual(r.returncode, 0, r.stderr.decode())
-        self.assertIn("open-clip", r.stdout.decode())
-        photo = os.path.join(ROOT, "tests", "data", "photo.png")
-        r = subprocess.run([VITC, "embed", "--model", p, "--json", "--quiet", photo],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        rc, out, err = run("inspect", p)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("open-clip", out)
+        rc, out, err = run("embed", "--model", p, "--json", "--quiet", PHOTO)
+        self.assertEqual(rc, 0, err)
         m = vitc.load_model(p)
-        want = m.embed(m.preprocess(photo)[None])[0]
-        close(self, json.loads(r.stdout.decode())["embedding"], want, "vitc embed")
+        want = m.embed(m.preprocess(PHOTO)[None])[0]
+        close(self, json.loads(out)["embedding"], want, "vitc embed")
 
 
 if __name__ == "__main__":

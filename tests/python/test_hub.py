@@ -12,8 +12,6 @@ Needs torch and torchvision (/usr/bin/python3 on Debian); skipped without.
 import json
 import os
 import shutil
-import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -21,21 +19,16 @@ import numpy as np
 import vitc
 
 try:
-    import torch
+    from .util import (PHOTO, ROOT, VITC, TmpDirCase, assert_close as close, random_images,
+                       reference_modules, run_vitc as run, torch)
+except ImportError:  # run as a script
+    from util import (PHOTO, ROOT, VITC, TmpDirCase, assert_close as close, random_images,
+                      reference_modules, run_vitc as run, torch)
+try:
     from torchvision.models.vision_transformer import VisionTransformer as TVViT
 except ImportError:  # pragma: no cover
     torch = None
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-VITC = os.path.join(ROOT, "build", "vitc")
-PHOTO = os.path.join(ROOT, "tests", "data", "photo.png")
-try:
-    from .util import assert_close as close, run_vitc as run
-except ImportError:  # run as a script
-    from util import assert_close as close, run_vitc as run
-sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
-if torch is not None:
-    import hf_ref  # noqa: E402
+hf_ref, = reference_modules("hf_ref")
 
 
 @unittest.skipIf(torch is None, "needs torch and torchvision")
@@ -75,19 +68,16 @@ class TestReferenceVsTorchvision(unittest.TestCase):
 
 
 @unittest.skipIf(torch is None, "needs torch and torchvision")
-class TestHubModels(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="vitc_hub_")
-        gen = torch.Generator().manual_seed(1)
-        cls.x = {s: torch.randn(2, 3, s[0], s[1], generator=gen) for s in [(32, 32), (40, 24)]}
-        # DINOv2 (patch 6, a 7x7 Hub grid): native, shrunk, non-square, grown.
-        cls.xd = {s: torch.randn(2, 3, s[0], s[1], generator=gen)
-                  for s in [(42, 42), (24, 24), (30, 18), (60, 48)]}
+class TestHubModels(TmpDirCase):
+    TMP_PREFIX = "vitc_hub_"
 
     @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+    def setUpClass(cls):
+        super().setUpClass()
+        gen = torch.Generator().manual_seed(1)
+        cls.x = random_images(gen, [(32, 32), (40, 24)])
+        # DINOv2 (patch 6, a 7x7 Hub grid): native, shrunk, non-square, grown.
+        cls.xd = random_images(gen, [(42, 42), (24, 24), (30, 18), (60, 48)])
 
     def make(self, name, model_type, arch, seed=0, **kw):
         if model_type.startswith("dinov2"):

@@ -10,10 +10,6 @@ Needs torch (/usr/bin/python3 on Debian); skipped without.
 """
 import json
 import os
-import shutil
-import subprocess
-import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -21,35 +17,23 @@ import numpy as np
 import vitc
 
 try:
-    import torch
-except ImportError:  # pragma: no cover
-    torch = None
-
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-VITC = os.path.join(ROOT, "build", "vitc")
-PHOTO = os.path.join(ROOT, "tests", "data", "photo.png")
-CONVERT = os.path.join(ROOT, "tools", "convert_t2t.py")
-try:
-    from .util import assert_close as close, run_vitc as run
+    from .util import (PHOTO, ROOT, VITC, TmpDirCase, assert_close as close, random_images,
+                       reference_modules, run_script, run_vitc as run, torch)
 except ImportError:  # run as a script
-    from util import assert_close as close, run_vitc as run
-sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
-if torch is not None:
-    import st_write  # noqa: E402
-    import t2t_ref  # noqa: E402
+    from util import (PHOTO, ROOT, VITC, TmpDirCase, assert_close as close, random_images,
+                      reference_modules, run_script, run_vitc as run, torch)
+st_write, t2t_ref = reference_modules("st_write", "t2t_ref")
+CONVERT = os.path.join(ROOT, "tools", "convert_t2t.py")
 
 
 @unittest.skipIf(torch is None, "needs torch")
-class TestT2T(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="vitc_t2t_")
-        gen = torch.Generator().manual_seed(5)
-        cls.x = {s: torch.randn(2, 3, s, s, generator=gen) for s in (48, 64, 224)}
+class TestT2T(TmpDirCase):
+    TMP_PREFIX = "vitc_t2t_"
 
     @classmethod
-    def tearDownClass(cls):
-        shutil.rmtree(cls.tmp, ignore_errors=True)
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.x = random_images(torch.Generator().manual_seed(5), (48, 64, 224))
 
     def save(self, name, sd, cfg, meta=True):
         p = os.path.join(self.tmp, name + ".safetensors")
@@ -129,13 +113,11 @@ class TestT2T(unittest.TestCase):
                     "state_dict": {"module." + k: v for k, v in plain.items()},
                     "state_dict_ema": {"module." + k: v for k, v in ema.items()}}, pth)
         out = os.path.join(self.tmp, "converted.safetensors")
-        r = subprocess.run([sys.executable, CONVERT, pth, out, "--num-heads", "3"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        rc, _, err = run_script(CONVERT, pth, out, "--num-heads", 3)
+        self.assertEqual(rc, 0, err)
         self.check(out, ema, cfg, 64)
-        r = subprocess.run([sys.executable, CONVERT, pth, out, "--num-heads", "3", "--weights",
-                            "state_dict"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.assertEqual(r.returncode, 0, r.stderr.decode())
+        rc, _, err = run_script(CONVERT, pth, out, "--num-heads", 3, "--weights", "state_dict")
+        self.assertEqual(rc, 0, err)
         self.check(out, plain, cfg, 64)
         meta = json.loads(vitc.load_safetensors(out)[1]["vitc.config"])
         self.assertEqual((meta["tokens_type"], meta["num_heads"], meta["qk_scale"]),
@@ -143,10 +125,9 @@ class TestT2T(unittest.TestCase):
         # a bare state dict of a preset's shapes: --arch checks them
         bare = os.path.join(self.tmp, "bare.pth")
         torch.save(ema, bare)
-        r = subprocess.run([sys.executable, CONVERT, bare, out, "--arch", "t2t_vit_7"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.assertEqual(r.returncode, 1)
-        self.assertIn("t2t_vit_7", r.stderr.decode())
+        rc, _, err = run_script(CONVERT, bare, out, "--arch", "t2t_vit_7")
+        self.assertEqual(rc, 1)
+        self.assertIn("t2t_vit_7", err)
 
     def test_malformed(self):
         cfg = self.small("transformer")

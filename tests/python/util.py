@@ -1,13 +1,26 @@
 """Helpers the Python tests share: where the tree and the CLI are, running
-the CLI, and the exporter's command line for the tests' tiny models."""
+the CLI and the tools' scripts, the exporter's command line for the tests'
+tiny models, torch when it is installed with tests/reference's modules, and
+a test class with a scratch directory."""
+import importlib
 import os
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
+import unittest
+
+try:
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 VITC = os.path.join(ROOT, "build", "vitc")
 EXPORT = os.path.join(ROOT, "tools", "export_safetensors.py")
+PHOTO = os.path.join(ROOT, "tests", "data", "photo.png")
+REFERENCE = os.path.join(ROOT, "tests", "reference")
 
 
 def run_vitc(*args, fsize=None, timeout=None):
@@ -19,6 +32,48 @@ def run_vitc(*args, fsize=None, timeout=None):
                        stderr=subprocess.PIPE, timeout=timeout,
                        preexec_fn=limit if fsize is not None else None)
     return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+
+def run_script(script, *args):
+    """A Python script (tools/*.py) under this interpreter with args (made
+    strings); (returncode, stdout, stderr)."""
+    p = subprocess.run([sys.executable, script] + [str(a) for a in args],
+                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return p.returncode, p.stdout.decode(), p.stderr.decode()
+
+
+def reference_modules(*names):
+    """tests/reference's modules (hf_ref, st_write, t2t_ref, ...; they need
+    torch) by name, in that order; all None without torch."""
+    if REFERENCE not in sys.path:
+        sys.path.insert(0, REFERENCE)
+    if torch is None:
+        return tuple(None for _ in names)
+    return tuple(importlib.import_module(n) for n in names)
+
+
+def random_images(gen, sizes, batch=2):
+    """{size: torch.randn(batch, 3, H, W)} drawn from the generator gen in
+    the order of sizes, each an (H, W) pair or an int (square)."""
+    out = {}
+    for s in sizes:
+        h, w = (s, s) if isinstance(s, int) else s
+        out[s] = torch.randn(batch, 3, h, w, generator=gen)
+    return out
+
+
+class TmpDirCase(unittest.TestCase):
+    """A test class with a scratch directory, cls.tmp (prefix TMP_PREFIX),
+    removed after the class's last test."""
+    TMP_PREFIX = "vitc_"
+
+    @classmethod
+    def setUpClass(cls):
+        cls.tmp = tempfile.mkdtemp(prefix=cls.TMP_PREFIX)
+
+    @classmethod
+    def tearDownClass(cls):
+        shutil.rmtree(cls.tmp, ignore_errors=True)
 
 
 def export_cmd(pth, out, *extra, num_heads=2):
