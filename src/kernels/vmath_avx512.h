@@ -1,9 +1,10 @@
 /*
  * vmath_avx512.h — the AVX-512 vector vocabulary (16 float lanes) and its
- * maths: v_exp, v_exp2, v_phi, one polynomial each. Included by the files
- * compiled with the AVX-512 flags (ops_avx512.c, attention_avx512.c); the
- * templates (attention_tmpl.h, attention_bwd_tmpl.h) are written over these
- * names, and vmath_avx2.h / vmath_generic.h define the same set.
+ * maths: v_exp, v_exp2 (one polynomial each), v_phi (a table of them).
+ * Included by the files compiled with the AVX-512 flags (ops_avx512.c,
+ * attention_avx512.c, ...); the templates (attention_tmpl.h,
+ * attention_bwd_tmpl.h, ops_bwd_tmpl.h) are written over these names, and
+ * vmath_avx2.h / vmath_generic.h define the same set.
  *
  *   VT, VW                 vector type and its float lanes
  *   v_zero() v_set1(x) v_load(p) v_store(p, x)    (p 64-byte aligned)
@@ -13,7 +14,8 @@
  *   v_hmax(x) v_hsum(x)    horizontal max / sum to a float
  *   v_exp(x)               e^x, Taylor degree 7 after a two-part ln 2 reduction
  *   v_exp2(x)              2^x, exactly 0 for x <= -127 under FTZ, NaN in -> NaN out
- *   v_phi(x)               the standard normal CDF, 0.5 erfc(-x / sqrt 2) (GELU's)
+ *   v_phi(x)               the standard normal CDF, 0.5 erfc(-x / sqrt 2) (GELU's),
+ *                          from a table of polynomials (vmath_phi_tab.h)
  *   s_exp2(x)              scalar 2^x
  */
 #ifndef VITC_VMATH_AVX512_H
@@ -21,6 +23,9 @@
 
 #include <immintrin.h>
 #include <math.h>
+
+#include "vmath_phi_tab.h"
+_Static_assert(VITC_PHI_DEG == 5, "vitc__v_phi evaluates degree 5: regenerate or edit both");
 
 #define VT __m512
 #define VW 16
@@ -86,29 +91,36 @@ static inline __m512 vitc__v_exp2(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-/* Phi(x) = 0.5 erfc(|x| / sqrt 2) for x < 0, 1 - that for x >= 0, with
- * Numerical Recipes' erfcc (t exp(-z^2 + P(t)), fractional error < 1.2e-7): one branch
- * for every lane instead of an erf's two (a Taylor series for small |x| is
- * needed for erf's relative accuracy near 0, not for Phi's, which is about
- * 1/2 there), and no cancellation in the lower tail. */
+/* Phi(x): p = Phi(-|x|) from a table of 31 degree-5 polynomials, one per
+ * quarter of a = |x| in [0, 7.625) (vmath_phi_tab.h; row 31, a beyond, is
+ * 0: Phi(-7.625) = 1.2e-14), then Phi(x) = p for x < 0, 1 - p otherwise.
+ * The row is a lane's k = round(4a), the coefficients one vpermt2ps each
+ * from two registers: no division and no exp, against Numerical Recipes'
+ * erfcc (a division, 10 terms and an exp) that this replaced, 2.5x faster,
+ * and within 2 ulp of Phi(-a) wherever |GELU| > 1e-3 (erfcc: 20 ulp near
+ * x = -3.3, from rounding z^2 inside its exp). k comes from the 1.5 * 2^23
+ * trick: s + magic rounds s to an integer in the low mantissa bits, which
+ * vpermt2ps reads as the index (its low 5 bits). NaN: min() returns its
+ * second operand, so the lane reads row 31 and x * Phi(x) stays NaN. */
 static inline __m512 vitc__v_phi(__m512 x) {
-    __m512 z = _mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(0.70710678118654752f));
-    __m512 t = _mm512_div_ps(_mm512_set1_ps(1.0f),
-                             _mm512_fmadd_ps(_mm512_set1_ps(0.5f), z, _mm512_set1_ps(1.0f)));
-    __m512 q = _mm512_set1_ps(0.17087277f);
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(-0.82215223f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(1.48851587f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(-1.13520398f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(0.27886807f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(-0.18628806f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(0.09678418f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(0.37409196f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(1.00002368f));
-    q = _mm512_fmadd_ps(q, t, _mm512_set1_ps(-1.26551223f));
-    q = _mm512_fnmadd_ps(z, z, q);
-    __m512 lo = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(0.5f), t), vitc__v_exp(q)); /* Phi(-|x|) */
+    const __m512 magic = _mm512_set1_ps(12582912.0f);
+    __m512 s = _mm512_min_ps(_mm512_mul_ps(_mm512_abs_ps(x), _mm512_set1_ps(4.0f)),
+                             _mm512_set1_ps(31.0f));
+    __m512 m = _mm512_add_ps(s, magic);
+    __m512i k = _mm512_castps_si512(m);
+    __m512 u = _mm512_sub_ps(s, _mm512_sub_ps(m, magic)); /* [-1/2, 1/2] */
+#define VITC_PHI_C(j)                                                                   \
+    _mm512_permutex2var_ps(_mm512_load_ps(vitc__phi_tab[j]), k,                         \
+                           _mm512_load_ps(vitc__phi_tab[j] + 16))
+    __m512 p = VITC_PHI_C(5);
+    p = _mm512_fmadd_ps(p, u, VITC_PHI_C(4));
+    p = _mm512_fmadd_ps(p, u, VITC_PHI_C(3));
+    p = _mm512_fmadd_ps(p, u, VITC_PHI_C(2));
+    p = _mm512_fmadd_ps(p, u, VITC_PHI_C(1));
+    p = _mm512_fmadd_ps(p, u, VITC_PHI_C(0)); /* Phi(-|x|) */
+#undef VITC_PHI_C
     __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
-    return _mm512_mask_blend_ps(neg, _mm512_sub_ps(_mm512_set1_ps(1.0f), lo), lo);
+    return _mm512_mask_blend_ps(neg, _mm512_sub_ps(_mm512_set1_ps(1.0f), p), p);
 }
 
 #endif
