@@ -10,7 +10,7 @@
 #include "ops_simd.h"
 #include "vmath_avx512.h"
 
-/* x Phi(x), Phi from erfc alone (v_phi); y may be x. */
+/* x Phi(x), Phi from v_phi's table of polynomials; y may be x. */
 void vitc__gelu_to_avx512(float *y, const float *x, int64_t n) {
     int64_t i = 0;
     for (; i < n; i += 16) {
