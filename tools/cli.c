@@ -317,6 +317,18 @@ int cli_model_processor(const vitc_vit *m, int crop_set, int resize_set, cli_inp
     return CLI_OK;
 }
 
+int cli_open_model(const char *cmd, const cli_model_opts *o, vitc_vit **m, cli_input *in) {
+    int rc;
+    if (vitc_vit_load(o->model, o->arch, m) != VITC_OK)
+        return cli_error("%s", vitc_last_error());
+    if ((rc = cli_set_precision(cmd, *m, o->precision, o->attn_precision)) != CLI_OK)
+        return rc;
+    if ((rc = cli_model_input(o->model, vitc_vit_get_config(*m), o->crop, o->crop_set, o->resize,
+                              o->resize_set, in)) != CLI_OK)
+        return rc;
+    return o->processor ? cli_model_processor(*m, o->crop_set, o->resize_set, in) : CLI_OK;
+}
+
 vitc_status cli_load_input(const char *path, const vitc_vit_config *cfg, const cli_input *in,
                            float *out) {
     vitc_image img;

@@ -117,6 +117,17 @@ int cli_model_input(const char *model_path, const vitc_vit_config *cfg, int crop
  * torchvision's transform, unless --crop or --resize asked for that; its
  * output size must not depend on the image. CLI_OK or a reported CLI_FAIL. */
 int cli_model_processor(const vitc_vit *m, int crop_set, int resize_set, cli_input *in);
+/* The model options the image commands share. */
+typedef struct cli_model_opts {
+    const char *model, *arch, *precision, *attn_precision;
+    int crop, crop_set, resize, resize_set;
+    int processor; /* a Hub model's own processor when no --crop/--resize */
+} cli_model_opts;
+/* *m = --model (with --arch) at --precision / --attention-precision, and
+ * in from cli_model_input (then cli_model_processor when o->processor);
+ * cmd names the command in usage errors. CLI_OK, else reported; *m (or
+ * NULL) is the caller's to free either way. */
+int cli_open_model(const char *cmd, const cli_model_opts *o, vitc_vit **m, cli_input *in);
 /* Decode and preprocess one image into out [channels, height, width]. */
 vitc_status cli_load_input(const char *path, const vitc_vit_config *cfg, const cli_input *in,
                            float *out);

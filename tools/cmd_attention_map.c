@@ -289,14 +289,11 @@ int cmd_attention_map(int argc, char **argv) {
         return rc < 0 ? CLI_OK : rc;
     if (o.threads > 0)
         vitc_set_num_threads(o.threads);
-    if (vitc_vit_load(o.model, o.arch, &m) != VITC_OK)
-        return cli_error("%s", vitc_last_error());
-    if ((rc = cli_set_precision("attention-map", m, o.precision, o.attn_precision)) != CLI_OK)
+    const cli_model_opts mo = {o.model, o.arch, o.precision, o.attn_precision, o.crop,
+                               o.crop_set, o.resize, o.resize_set, 0};
+    if ((rc = cli_open_model("attention-map", &mo, &m, &in)) != CLI_OK)
         goto done;
     cfg = vitc_vit_get_config(m);
-    if ((rc = cli_model_input(o.model, cfg, o.crop, o.crop_set, o.resize, o.resize_set, &in)) !=
-        CLI_OK)
-        goto done;
     o.crop = in.crop;
     o.resize = in.resize;
     gh = gw = o.crop / cfg->patch_size;

@@ -313,18 +313,11 @@ int cmd_classify(int argc, char **argv) {
     prog.tty = cli_stderr_tty();
     prog.quiet = o.quiet;
 
-    if (vitc_vit_load(o.model, o.arch, &m) != VITC_OK) {
-        rc = cli_error("%s", vitc_last_error());
-        goto done;
-    }
-    if ((rc = cli_set_precision("classify", m, o.precision, o.attn_precision)) != CLI_OK)
+    const cli_model_opts mo = {o.model, o.arch, o.precision, o.attn_precision, o.crop,
+                               o.crop_set, o.resize, o.resize_set, 1};
+    if ((rc = cli_open_model("classify", &mo, &m, &in)) != CLI_OK)
         goto done;
     cfg = vitc_vit_get_config(m);
-    if ((rc = cli_model_input(o.model, cfg, o.crop, o.crop_set, o.resize, o.resize_set, &in)) !=
-        CLI_OK)
-        goto done;
-    if ((rc = cli_model_processor(m, o.crop_set, o.resize_set, &in)) != CLI_OK)
-        goto done;
     if (o.labels && (rc = cli_read_labels(o.labels, cfg->num_classes, &labels)) != 0)
         goto done;
     k = o.topk < cfg->num_classes ? o.topk : cfg->num_classes;

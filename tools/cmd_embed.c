@@ -154,18 +154,11 @@ int cmd_embed(int argc, char **argv) {
         vitc_set_num_threads(o.threads);
     int tty = cli_stderr_tty() && !o.quiet;
     const vitc_vit_config *cfg;
-    if (vitc_vit_load(o.model, o.arch, &m) != VITC_OK) {
-        rc = cli_error("%s", vitc_last_error());
-        goto done;
-    }
-    if ((rc = cli_set_precision("embed", m, o.precision, o.attn_precision)) != CLI_OK)
+    const cli_model_opts mo = {o.model, o.arch, o.precision, o.attn_precision, o.crop,
+                               o.crop_set, o.resize, o.resize_set, 1};
+    if ((rc = cli_open_model("embed", &mo, &m, &in)) != CLI_OK)
         goto done;
     cfg = vitc_vit_get_config(m);
-    if ((rc = cli_model_input(o.model, cfg, o.crop, o.crop_set, o.resize, o.resize_set, &in)) !=
-        CLI_OK)
-        goto done;
-    if ((rc = cli_model_processor(m, o.crop_set, o.resize_set, &in)) != CLI_OK)
-        goto done;
     if (vitc_vit_embed_size(m, pool, in.height, in.width, &per) != VITC_OK) {
         rc = cli_error("%s", vitc_last_error());
         goto done;

@@ -201,16 +201,10 @@ int cmd_similar(int argc, char **argv) {
     json_t *sig = json_array(), *done_names = NULL;
     cli_input in;
     snprintf(cache, sizeof cache, "%s/" SIMILAR_CACHE, o.index);
-    if (vitc_vit_load(o.model, o.arch, &m) != VITC_OK) {
-        rc = cli_error("%s", vitc_last_error());
-        goto out;
-    }
-    if ((rc = cli_set_precision("similar", m, o.precision, o.attn_precision)) != CLI_OK)
+    const cli_model_opts mo = {o.model, o.arch, o.precision, o.attn_precision, 0, 0, 0, 0, 1};
+    if ((rc = cli_open_model("similar", &mo, &m, &in)) != CLI_OK)
         goto out;
     const vitc_vit_config *cfg = vitc_vit_get_config(m);
-    if ((rc = cli_model_input(o.model, cfg, 0, 0, 0, 0, &in)) != CLI_OK ||
-        (rc = cli_model_processor(m, 0, 0, &in)) != CLI_OK)
-        goto out;
     if (vitc_vit_embed_size(m, VITC_POOL_DEFAULT, in.height, in.width, &dim) != VITC_OK) {
         rc = cli_error("%s", vitc_last_error());
         goto out;
