@@ -96,6 +96,15 @@ int cli_usage_error(const char *cmd, const char *fmt, ...) {
 
 int cli_lib_error(const char *what) { return cli_error("%s: %s", what, vitc_last_error()); }
 
+void cli_l2_normalize(float *x, size_t rows, size_t n) {
+    for (size_t r = 0; r < rows; r++) {
+        double s = 0.0;
+        for (size_t i = 0; i < n; i++) s += (double)x[r * n + i] * x[r * n + i];
+        float inv = (float)(1.0 / fmax(sqrt(s), 1e-12));
+        for (size_t i = 0; i < n; i++) x[r * n + i] *= inv;
+    }
+}
+
 size_t cli_numel(int nd, const int64_t *shape) {
     size_t n = 1;
     for (int i = 0; i < nd; i++)

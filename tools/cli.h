@@ -22,6 +22,9 @@ int cli_lib_error(const char *what);
 /* Elements of a tensor of nd dims shape[0..nd) (the library checked the
  * shape: the product fits). */
 size_t cli_numel(int nd, const int64_t *shape);
+/* L2-normalise each of rows rows of n floats x [rows, n] in place
+ * (F.normalize: / max(norm, 1e-12)). */
+void cli_l2_normalize(float *x, size_t rows, size_t n);
 /* A labels file of exactly n_classes lines into *out (n_classes strings,
  * each and the array malloc'd); else the error is printed, CLI_FAIL. */
 int cli_read_labels(const char *path, int n_classes, char ***out);

@@ -110,16 +110,6 @@ static int embed_parse(int argc, char **argv, embed_opts *o, vitc_pool *pool) {
     return 0;
 }
 
-/* L2-normalise every row of n floats (F.normalize: / max(norm, 1e-12)). */
-static void embed_normalize(float *x, size_t rows, size_t n) {
-    for (size_t r = 0; r < rows; r++) {
-        double s = 0.0;
-        for (size_t i = 0; i < n; i++) s += (double)x[r * n + i] * x[r * n + i];
-        float inv = (float)(1.0 / fmax(sqrt(s), 1e-12));
-        for (size_t i = 0; i < n; i++) x[r * n + i] *= inv;
-    }
-}
-
 static void embed_print_json(const char *path, const float *e, size_t n) {
     fputs("{\"image\": \"", stdout);
     for (const unsigned char *p = (const unsigned char *)path; *p; p++) {
@@ -196,7 +186,7 @@ int cmd_embed(int argc, char **argv) {
             goto done;
         }
         if (o.normalize) /* per embedding; per token for tokens */
-            embed_normalize(dst, (size_t)nb * (size_t)per / C, C);
+            cli_l2_normalize(dst, (size_t)nb * (size_t)per / C, C);
         if (tty)
             fputs("\r\033[K", stderr);
         if (o.json)

@@ -142,15 +142,6 @@ static float *load_cache(const char *path, const char *key, int64_t dim, int64_t
     return out;
 }
 
-static void l2_normalize(float *x, int64_t rows, int64_t n) {
-    for (int64_t r = 0; r < rows; r++) {
-        double s = 0.0;
-        for (int64_t i = 0; i < n; i++) s += (double)x[r * n + i] * x[r * n + i];
-        float inv = (float)(1.0 / fmax(sqrt(s), 1e-12));
-        for (int64_t i = 0; i < n; i++) x[r * n + i] *= inv;
-    }
-}
-
 typedef struct ranked_sim {
     float score;
     int index;
@@ -261,7 +252,7 @@ int cmd_similar(int argc, char **argv) {
         }
         if (!o.quiet && cli_stderr_tty())
             fputs("\r\033[K", stderr);
-        l2_normalize(emb, rows, dim);
+        cli_l2_normalize(emb, (size_t)rows, (size_t)dim);
         names_text = json_dumps(done_names, JSON_COMPACT);
         const char *tn[1] = {"embeddings"}, *mk[2] = {"vitc.similar", "vitc.similar.names"};
         const char *mv[2] = {key, names_text};
@@ -284,7 +275,7 @@ int cmd_similar(int argc, char **argv) {
         rc = cli_error("%s", vitc_last_error());
         goto out;
     }
-    l2_normalize(qe, 1, dim);
+    cli_l2_normalize(qe, 1, (size_t)dim);
     if (!(rank = malloc((size_t)(rows ? rows : 1) * sizeof *rank))) {
         rc = cli_error("out of memory");
         goto out;
