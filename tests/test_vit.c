@@ -88,18 +88,25 @@ static void check_close(const float *got, const float *want, size_t n, float tol
 /* Numbers                                                            */
 /* ------------------------------------------------------------------ */
 
+/* gen_vit.py's tiny model: 32px, patch 8, 3 channels, dim 64, depth 2,
+ * MLP 128, 10 classes, with heads heads. */
+static void check_tiny_config(const vitc_vit_config *c, int heads) {
+    assert_int_equal(c->image_size, 32);
+    assert_int_equal(c->patch_size, 8);
+    assert_int_equal(c->in_channels, 3);
+    assert_int_equal(c->hidden_dim, 64);
+    assert_int_equal(c->depth, 2);
+    assert_int_equal(c->num_heads, heads);
+    assert_int_equal(c->mlp_dim, 128);
+    assert_int_equal(c->num_classes, 10);
+}
+
 static void test_logits(void **state) {
     (void)state;
     vitc_vit *m;
     assert_int_equal(vitc_vit_load(REF "tiny.safetensors", NULL, &m), VITC_OK);
     const vitc_vit_config *c = vitc_vit_get_config(m);
-    assert_int_equal(c->image_size, 32);
-    assert_int_equal(c->patch_size, 8);
-    assert_int_equal(c->hidden_dim, 64);
-    assert_int_equal(c->depth, 2);
-    assert_int_equal(c->num_heads, 4);
-    assert_int_equal(c->mlp_dim, 128);
-    assert_int_equal(c->num_classes, 10);
+    check_tiny_config(c, 4);
     assert_true(fabsf(c->norm_eps - 1e-6f) < 1e-12f);
     assert_true(fabsf(c->mean[0] - 0.485f) < 1e-7f && fabsf(c->std[2] - 0.225f) < 1e-7f);
     assert_string_equal(vitc_vit_arch_name(m), "custom");
@@ -344,15 +351,7 @@ static void test_inferred_config(void **state) {
     const char *path = rewrite("bare.safetensors", NULL, NULL, "");
     vitc_vit *m;
     assert_int_equal(vitc_vit_load(path, NULL, &m), VITC_OK);
-    const vitc_vit_config *c = vitc_vit_get_config(m);
-    assert_int_equal(c->image_size, 32);
-    assert_int_equal(c->patch_size, 8);
-    assert_int_equal(c->in_channels, 3);
-    assert_int_equal(c->hidden_dim, 64);
-    assert_int_equal(c->depth, 2);
-    assert_int_equal(c->num_heads, 1);
-    assert_int_equal(c->mlp_dim, 128);
-    assert_int_equal(c->num_classes, 10);
+    check_tiny_config(vitc_vit_get_config(m), 1);
     assert_null(vitc_vit_label(m, 0));
     vitc_vit_free(m);
     /* A preset whose shapes the file does not have: the first tensor named. */
