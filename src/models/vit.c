@@ -688,9 +688,11 @@ static vitc_status vit_logits_mean2(vitc_vit *m, const float *y, float *logits) 
 }
 
 /* The whole forward. logits, attn, rollout, features ([B, N, C]: every
- * token after the final LayerNorm) may each be NULL. */
+ * token after the final LayerNorm) may each be NULL. cls: the class tokens
+ * after the final LayerNorm into m->a.cls_out [B, C] (embeddings that need
+ * no other token: the last block then runs for the class rows only). */
 static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int W_, float *logits,
-                           float *attn, float *rollout, float *features) {
+                           float *attn, float *rollout, float *features, int cls) {
     if (!m || !images)
         return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: NULL model or images");
     if (logits && !vitc_vit_has_head(m))
@@ -782,10 +784,12 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
         vitc__dropout_apply(vitc__va(a, 0, VA_X), vitc__va(a, 0, VA_X), emb, B * N * C, m->dropout);
     }
 
-    /* Inference logits need only the class tokens out of the last block;
-     * the maps, and backward, need every row of every block. */
+    /* Inference logits and class-token embeddings need only the class
+     * tokens out of the last block; the maps, and backward, need every row
+     * of every block. */
     const float *y = NULL; /* the last block's output: [B, C] cls_only, else [B, N, C] */
-    int compact = logits && !record && !features && m->head == VIT_HEAD_CLS;
+    int compact = ((logits && m->head == VIT_HEAD_CLS) || cls) && !record && !features &&
+                  !attn && !rollout && m->n_cls;
     for (int l = 0; l < c->depth; l++) {
         int cls_only = compact && l == c->depth - 1;
         float *probs = NULL; /* [B, H, N, N] */
@@ -808,11 +812,13 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
         VITC_TRY(vit_logits_mean2(m, y, logits));
     } else if (logits && m->head == VIT_HEAD_CLS_MEAN) {
         VITC_TRY(vit_logits_cls_mean(m, y, logits));
-    } else if (logits) {
+    } else if (logits || cls) {
         int64_t ys = compact ? C : N * C; /* class rows of y */
         for (int64_t b = 0; b < B; b++)
             memcpy(a->cls_in + b * C, y + b * ys, (size_t)C * sizeof(float));
         vitc__layernorm(a->cls_out, a->cls_in, m->w.ln_w, m->w.ln_b, B, C, c->norm_eps);
+    }
+    if (logits && m->head == VIT_HEAD_CLS) {
         VITC_TRY(vitc__linear_pw(logits, c->num_classes, a->cls_out, C,
                                  m->phead.data ? &m->phead : NULL, m->w.head_w, m->w.head_b, NULL,
                                  0, B, c->num_classes, C, 0));
@@ -829,7 +835,7 @@ vitc_status vitc_vit_forward(vitc_vit *m, const float *images, int B, int H, int
                              float *logits) {
     if (!logits)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_forward: NULL logits");
-    return vit_run(m, images, B, H, W, logits, NULL, NULL, NULL);
+    return vit_run(m, images, B, H, W, logits, NULL, NULL, NULL, 0);
 }
 
 vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int H, int W,
@@ -837,7 +843,7 @@ vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int
     if (!attn && !rollout)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_attention_maps: attn and rollout are "
                                                "both NULL");
-    return vit_run(m, images, B, H, W, NULL, attn, rollout, NULL);
+    return vit_run(m, images, B, H, W, NULL, attn, rollout, NULL, 0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -899,7 +905,7 @@ vitc_status vitc_vit_forward_features(vitc_vit *m, const float *images, int B, i
                                       float *out) {
     if (!out)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_forward_features: NULL out");
-    return vit_run(m, images, B, H, W, NULL, NULL, NULL, out);
+    return vit_run(m, images, B, H, W, NULL, NULL, NULL, out, 0);
 }
 
 vitc_status vitc_vit_embed_size(const vitc_vit *m, vitc_pool pool, int H, int W, int64_t *floats) {
@@ -934,48 +940,38 @@ vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int H, int W
     if (!vitc__mul_size((size_t)B * (size_t)N, (size_t)C, &n))
         return vitc__err(VITC_ERR_NOMEM, "vitc_vit_embed: [%d, %lld, %lld] overflows", B,
                          (long long)N, (long long)C);
-    /* feat_buf is the DeiT heads' scratch, unused on this path. */
-    VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
-    float *f = m->feat_buf.p;
     if (pool == VITC_POOL_CLS && !m->n_cls)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_embed: this %s model has no class token "
                          "(pool default, mean or tokens)", m->family);
-    VITC_TRY(vit_run(m, images, B, H, W, NULL, NULL, NULL, f));
-    if (pool == VITC_POOL_DEFAULT && m->head == VIT_HEAD_MAP)
-        return vit_map_head(m, f, B, N, out);
-    if (pool == VITC_POOL_DEFAULT && !m->n_cls)
+    if (pool == VITC_POOL_DEFAULT && !m->n_cls && m->head != VIT_HEAD_MAP)
         pool = VITC_POOL_MEAN; /* no class token, no head: the mean of the tokens */
-    if (m->final_cls_only && (pool == VITC_POOL_DEFAULT || pool == VITC_POOL_CLS)) {
-        /* CLIP: pooler_output = post_layernorm(x[:, 0]); image_embeds its projection */
-        float *cls = m->a.cls_out; /* [B, C] */
-        for (int64_t b = 0; b < B; b++)
-            memcpy(m->a.cls_in + b * C, f + b * N * C, (size_t)C * sizeof(float));
-        vitc__layernorm(cls, m->a.cls_in, m->w.ln_w, m->w.ln_b, B, C, m->cfg.norm_eps);
+    if (pool == VITC_POOL_CLS || (pool == VITC_POOL_DEFAULT && m->head != VIT_HEAD_MAP)) {
+        /* The class token after the final LayerNorm (CLIP's post_layernorm),
+         * projected for CLIP's image_embeds: the last block's other rows are
+         * not needed, so it runs for the class rows only. */
+        VITC_TRY(vit_run(m, images, B, H, W, NULL, NULL, NULL, NULL, 1));
         if (pool == VITC_POOL_DEFAULT && m->head == VIT_HEAD_PROJ)
-            vitc__linear(out, per, cls, C, m->w.head_w, m->w.head_b, NULL, 0, B, per, C);
+            vitc__linear(out, per, m->a.cls_out, C, m->w.head_w, m->w.head_b, NULL, 0, B, per, C);
         else
-            memcpy(out, cls, (size_t)(B * C) * sizeof(float));
+            memcpy(out, m->a.cls_out, (size_t)(B * C) * sizeof(float));
         return VITC_OK;
     }
-    if (pool == VITC_POOL_DEFAULT && m->head == VIT_HEAD_PROJ) { /* normed class tokens projected */
-        float *cls = m->a.cls_out;
-        for (int64_t b = 0; b < B; b++)
-            memcpy(cls + b * C, f + b * N * C, (size_t)C * sizeof(float));
-        vitc__linear(out, per, cls, C, m->w.head_w, m->w.head_b, NULL, 0, B, per, C);
-        return VITC_OK;
-    }
+    /* feat_buf is the DeiT heads' scratch, unused on this path. */
+    VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
+    float *f = m->feat_buf.p;
+    VITC_TRY(vit_run(m, images, B, H, W, NULL, NULL, NULL, f, 0));
+    if (pool == VITC_POOL_DEFAULT) /* SigLIP */
+        return vit_map_head(m, f, B, N, out);
     for (int64_t b = 0; b < B; b++) {
         const float *fb = f + b * N * C;
         float *o = out + b * per;
         if (pool == VITC_POOL_TOKENS) {
             memcpy(o, fb + np * C, (size_t)(P * C) * sizeof(float));
-        } else if (pool == VITC_POOL_MEAN) { /* mean of the normed patch tokens */
+        } else { /* mean of the normed patch tokens */
             for (int64_t j = 0; j < C; j++) o[j] = 0.0f;
             for (int64_t t = np; t < N; t++)
                 for (int64_t j = 0; j < C; j++) o[j] += fb[t * C + j];
             for (int64_t j = 0; j < C; j++) o[j] /= (float)P;
-        } else { /* ViT/DeiT default: the class token after the final LayerNorm */
-            memcpy(o, fb, (size_t)C * sizeof(float));
         }
     }
     return VITC_OK;
