@@ -241,7 +241,9 @@ void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_
 
 /* m->pos_used for a gh x gw grid: the checkpoint's own when it matches,
  * else resampled as torchvision's interpolate_embeddings does (the class
- * token's row kept, the patch rows as a [C, g, g] image, bicubic). */
+ * token's row kept, the patch rows as a [C, g, g] image, bicubic), once per
+ * grid while the parameters do not move (wversion: vitc_vit_param, loading
+ * a state, an optimizer step). */
 static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
     int64_t g = m->cfg.image_size / m->cfg.patch_size, C = m->cfg.hidden_dim;
     int64_t np = m->n_prefix - m->n_reg; /* rows before the patch rows: registers have none */
@@ -249,7 +251,7 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
         m->pos_used = m->w.pos;
         return VITC_OK;
     }
-    if (m->pos_buf.p && m->pos_gh == gh && m->pos_gw == gw) {
+    if (m->pos_buf.p && m->pos_ver == m->wversion + 1 && m->pos_gh == gh && m->pos_gw == gw) {
         m->pos_used = m->pos_buf.p;
         return VITC_OK;
     }
@@ -274,6 +276,7 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
                     m->pos_rule == VIT_POS_HALF_PIXEL ? 1 : m->pos_rule == VIT_POS_LEGACY ? 2 : 0);
     m->pos_gh = (int)gh;
     m->pos_gw = (int)gw;
+    m->pos_ver = m->wversion + 1;
     m->pos_used = m->pos_buf.p;
     return VITC_OK;
 }
