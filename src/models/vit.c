@@ -518,6 +518,32 @@ static void vit_activation(const vitc_vit *m, float *x, int64_t n) {
     vitc__parallel_for((n + 4095) / 4096, vit_act_task, &c);
 }
 
+/* DINOv2's layer scale: y = res + gamma * y on R rows of C ([R, C], res rows
+ * ldr apart), rows across threads; an inner loop over C with no index
+ * arithmetic, so it runs at a few floats a cycle (the per-element i % C
+ * that it replaced cost ~2% of a DINOv2 forward). */
+typedef struct vit_ls_ctx {
+    float *y;
+    const float *res, *gamma;
+    int64_t C, ldr;
+} vit_ls_ctx;
+
+static void vit_ls_task(void *ctx, int64_t r0, int64_t r1, int tid) {
+    const vit_ls_ctx *t = ctx;
+    (void)tid;
+    for (int64_t r = r0; r < r1; r++) {
+        float *restrict y = t->y + r * t->C;
+        const float *restrict x = t->res + r * t->ldr, *restrict g = t->gamma;
+        for (int64_t j = 0; j < t->C; j++) y[j] = x[j] + g[j] * y[j];
+    }
+}
+
+static void vit_layer_scale(float *y, const float *res, int64_t ldr, const float *gamma,
+                            int64_t R, int64_t C) {
+    vit_ls_ctx t = {y, res, gamma, C, ldr};
+    vitc__parallel_range(R, vit_ls_task, &t);
+}
+
 static void vit_add(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
@@ -589,9 +615,7 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     } else if (w->ls1) { /* DINOv2: mid = x + ls1 * out_proj(att) */
         VITC_TRY(vit_linear(m, l, VIT_PW_PROJ, mid, C, att, rs * C, w->proj_w, w->proj_b, NULL, 0,
                             R, C, C, 0));
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t j = 0; j < C; j++)
-                mid[r * C + j] = x[r * rs * C + j] + w->ls1[j] * mid[r * C + j];
+        vit_layer_scale(mid, x, rs * C, w->ls1, R, C);
     } else {
         VITC_TRY(vit_linear(m, l, VIT_PW_PROJ, mid, C, att, rs * C, w->proj_w, w->proj_b, x,
                             rs * C, R, C, C, 0));
@@ -631,7 +655,7 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     } else if (w->ls2) { /* y = mid + ls2 * fc2(hact) */
         VITC_TRY(vit_linear(m, l, VIT_PW_FC2, y, C, hact, M, w->fc2_w, w->fc2_b, NULL, 0, R, C, M,
                             0));
-        for (int64_t i = 0; i < R * C; i++) y[i] = mid[i] + w->ls2[i % C] * y[i];
+        vit_layer_scale(y, mid, C, w->ls2, R, C);
     } else {
         VITC_TRY(vit_linear(m, l, VIT_PW_FC2, y, C, hact, M, w->fc2_w, w->fc2_b, mid, C, R, C, M,
                             0));
