@@ -37,8 +37,16 @@ static const shape shapes[] = {
 
 };
 
-/* Packed fp32 panels give the unpacked GEMM's bits; fused GELU gives GELU
- * after it; on every path, with and without bias / residual. */
+/* Activation act (VITC__ACT_*) as a pass of its own. */
+static void act_after(int act, float *y, int64_t n) {
+    if (act == VITC__ACT_GELU) vitc__gelu(y, n);
+    if (act == VITC__ACT_QUICK_GELU) vitc__quick_gelu(y, n);
+    if (act == VITC__ACT_TANH_GELU) vitc__tanh_gelu(y, n);
+}
+
+/* Packed fp32 panels give the unpacked GEMM's bits; a fused activation
+ * (erf, quick or tanh GELU) gives it after; on every path, with and
+ * without bias / residual. */
 static void test_fp32_packed_same_bits(void **state) {
     (void)state;
     for (int a = 0; a < 3; a++) {
@@ -50,9 +58,9 @@ static void test_fp32_packed_same_bits(void **state) {
             float *y0 = calloc((size_t)(M * N), 4), *y1 = calloc((size_t)(M * N), 4);
             vitc__pweight pw;
             assert_int_equal(vitc__pweight_pack(&pw, W, N, K, VITC_PRECISION_FP32), VITC_OK);
-            for (int gelu = 0; gelu < 2; gelu++) {
+            for (int gelu = 0; gelu < 4; gelu++) {
                 vitc__linear(y0, N, x, K, W, b, gelu ? NULL : r, N, M, N, K);
-                if (gelu) vitc__gelu(y0, M * N);
+                act_after(gelu, y0, M * N);
                 assert_int_equal(vitc__linear_pw(y1, N, x, K, &pw, W, b, gelu ? NULL : r, N, M, N,
                                                  K, gelu),
                                  VITC_OK);
@@ -130,12 +138,21 @@ static void lp_case(vitc_precision p) {
                     fail_msg("%s on %s (%s) %lldx%lldx%lld differs from the reference",
                              vitc_precision_name(p), archs[a], vitc_get_precision_paths(),
                              (long long)M, (long long)N, (long long)K);
-                /* fused GELU == GELU after */
-                if (gelu) {
-                    assert_int_equal(vitc__linear_pw(y1, N, x, K, &pw, NULL, b, NULL, 0, M, N, K, 1),
+                /* fused GELU == GELU after; so do quick- and tanh-GELU (a pass
+                 * after the bf16 / int8 GEMM) */
+                for (int act = gelu; act && act < 4; act++) {
+                    assert_int_equal(vitc__linear_pw(y1, N, x, K, &pw, NULL, b, NULL, 0, M, N, K,
+                                                     act),
                                      VITC_OK);
+                    if (act > VITC__ACT_GELU) {
+                        assert_int_equal(vitc__linear_pw(y0, N, x, K, &pw, NULL, b, NULL, 0, M, N,
+                                                         K, 0),
+                                         VITC_OK);
+                        act_after(act, y0, M * N);
+                    }
                     if (memcmp(y0, y1, (size_t)(M * N) * 4))
-                        fail_msg("%s on %s: fused GELU differs", vitc_precision_name(p), archs[a]);
+                        fail_msg("%s on %s: fused activation %d differs",
+                                 vitc_precision_name(p), archs[a], act);
                 }
             }
         vitc__pweight_free(&pw);

@@ -307,7 +307,8 @@ typedef struct vitc__gemm_job {
      * asum is then done too. */
     const float *paw;
     int64_t mpad;
-    void (*gelu)(float *x, int64_t n); /* applied to C after the last K block, or NULL */
+    void (*gelu)(float *x, int64_t n); /* the activation (elementwise, in place: erf, quick or
+                                        * tanh GELU) on C after the last K block, or NULL */
     void (*gelu_to)(float *y, const float *x, int64_t n); /* act = GELU(C), with act */
     /* Also after the last K block, on the tile still in L1 (NULL: none):
      * act [M, ld_act] = gelu(C), C kept (training keeps GELU's input). */
@@ -794,15 +795,43 @@ vitc_status vitc__pweight_pack(vitc__pweight *pw, const float *W, int64_t N, int
     return VITC_OK;
 }
 
+/* act's in-place row function in table kt (vitc__linear_pw's epilogue). */
+static void (*vitc__act_fn(const vitc__kernels *kt, int act))(float *x, int64_t n) {
+    switch (act) {
+    case VITC__ACT_GELU: return kt->gelu;
+    case VITC__ACT_QUICK_GELU: return kt->quick_gelu;
+    case VITC__ACT_TANH_GELU: return kt->tanh_gelu;
+    default: return NULL;
+    }
+}
+
+/* act over y [M, N] (row stride ldy) as a pass of its own, threaded. */
+static void vitc__act_pass(int act, float *y, int64_t ldy, int64_t M, int64_t N) {
+    void (*f)(float *x, int64_t n) = act == VITC__ACT_GELU         ? vitc__gelu
+                                     : act == VITC__ACT_QUICK_GELU ? vitc__quick_gelu
+                                     : act == VITC__ACT_TANH_GELU  ? vitc__tanh_gelu
+                                                                   : NULL;
+    if (!f)
+        return;
+    if (ldy == N)
+        f(y, M * N);
+    else
+        for (int64_t i = 0; i < M; i++) f(y + i * ldy, N);
+}
+
 vitc_status vitc__linear_pw(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const vitc__pweight *pw, const float *W, const float *bias,
                             const float *residual, int64_t ldr, int64_t M, int64_t N, int64_t K,
-                            int gelu) {
+                            int act) {
     if (pw && pw->data && pw->prec != VITC_PRECISION_FP32) {
         if (pw->N != N || pw->K != K)
             return vitc__err(VITC_ERR_SHAPE, "packed weight [%lld, %lld] used as [%lld, %lld]",
                              (long long)pw->N, (long long)pw->K, (long long)N, (long long)K);
-        return vitc__linear_lp(y, ldy, x, ldx, pw, bias, residual, ldr, M, gelu);
+        VITC_TRY(vitc__linear_lp(y, ldy, x, ldx, pw, bias, residual, ldr, M,
+                                 act == VITC__ACT_GELU));
+        if (act != VITC__ACT_GELU) /* the lp epilogue has erf GELU only */
+            vitc__act_pass(act, y, ldy, M, N);
+        return VITC_OK;
     }
     if (!W) return vitc__err(VITC_ERR_INVALID_ARG, "linear: no weights");
     vitc__gemm_job g = {.ta = 0, .tb = 1, .M = M, .N = N, .K = K, .alpha = 1.0f, .A = x,
@@ -815,14 +844,10 @@ vitc_status vitc__linear_pw(float *y, int64_t ldy, const float *x, int64_t ldx,
             g.pbw = pw->data;
             g.npad = pw->npad;
         }
-        if (gelu) g.gelu = kt->gelu;
+        g.gelu = vitc__act_fn(kt, act);
     }
     vitc__gemm_run(&g, builtin);
-    if (gelu && !g.gelu) { /* OpenBLAS: no epilogue of ours */
-        if (ldy == N)
-            vitc__gelu(y, M * N);
-        else
-            for (int64_t i = 0; i < M; i++) vitc__gelu(y + i * ldy, N);
-    }
+    if (!g.gelu) /* OpenBLAS: no epilogue of ours */
+        vitc__act_pass(act, y, ldy, M, N);
     return VITC_OK;
 }

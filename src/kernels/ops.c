@@ -101,6 +101,16 @@ void vitc__quick_gelu_ref(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-1.702f * x[i]));
 }
 
+/* tanh-GELU (gelu_pytorch_tanh, SigLIP) as torch writes it in float:
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+void vitc__tanh_gelu_ref(float *x, int64_t n) {
+    const float kb = 0.7978845608028654f, kk = 0.044715f;
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        x[i] = 0.5f * v * (1.0f + tanhf(kb * (v + kk * v * v * v)));
+    }
+}
+
 void vitc__row_stats_ref(const float *x, int64_t n, double shift, double *o) {
     double s = 0.0, q = 0.0;
     for (int64_t i = 0; i < n; i++) {
@@ -228,6 +238,8 @@ static void vitc__elementwise(float *x, int64_t n, void (*f)(float *x, int64_t n
 void vitc__gelu(float *x, int64_t n) { vitc__elementwise(x, n, vitc__kern()->gelu); }
 
 void vitc__quick_gelu(float *x, int64_t n) { vitc__elementwise(x, n, vitc__kern()->quick_gelu); }
+
+void vitc__tanh_gelu(float *x, int64_t n) { vitc__elementwise(x, n, vitc__kern()->tanh_gelu); }
 
 /* ---- GroupNorm: per-channel partial sums, then one affine pass ------- */
 

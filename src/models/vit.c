@@ -472,50 +472,34 @@ static void vit_branch_forward(vitc_vit *m, int l, float *x, uint8_t *keep, uint
     vitc__vit_branch(m, l, x, keep, dp_keep);
 }
 
-/* y = x W^T + b (+ res) (then GELU) with block l's weight k: its packed
- * copy in an inference forward, else the row-major W (fp32). */
+/* y = x W^T + b (+ res) (then the activation act, VITC__ACT_*) with block
+ * l's weight k: its packed copy in an inference forward, else the
+ * row-major W (fp32). */
 static vitc_status vit_linear(const vitc_vit *m, int l, int k, float *y, int64_t ldy,
                               const float *x, int64_t ldx, const float *W, const float *b,
                               const float *res, int64_t ldr, int64_t M, int64_t N, int64_t K,
-                              int gelu) {
+                              int act) {
     const vitc__pweight *pw = m->use_packed ? &m->pw[l * VIT_PW_COUNT + k] : NULL;
-    return vitc__linear_pw(y, ldy, x, ldx, pw, W, b, res, ldr, M, N, K, gelu);
+    return vitc__linear_pw(y, ldy, x, ldx, pw, W, b, res, ldr, M, N, K, act);
 }
 
-/* The MLP's activation other than erf GELU (vitc__gelu), as torch computes
- * it in float: tanh-GELU (gelu_pytorch_tanh, SigLIP) and quick-GELU
- * (x * sigmoid(1.702 x), OpenAI CLIP); chunks of 4096 across threads. */
-typedef struct vit_act_ctx {
-    float *x;
-    int64_t n;
-    int act;
-} vit_act_ctx;
-
-static void vit_act_task(void *ctx, int64_t i, int tid) {
-    const vit_act_ctx *a = ctx;
-    (void)tid;
-    int64_t lo = i * 4096, hi = lo + 4096 < a->n ? lo + 4096 : a->n;
-    const float kb = (float)(M_SQRT2 * M_2_SQRTPI * 0.5), kk = 0.044715f;
-    for (int64_t k = lo; k < hi; k++) {
-        float v = a->x[k];
-        if (a->act == VIT_ACT_QUICK_GELU)
-            a->x[k] = v * (1.0f / (1.0f + expf(-1.702f * v)));
-        else
-            a->x[k] = 0.5f * v * (1.0f + tanhf(kb * (v + kk * v * v * v)));
-    }
+/* The MLP's activation as a kernel-table activation (VITC__ACT_*): erf
+ * GELU, tanh-GELU (gelu_pytorch_tanh, SigLIP) or quick-GELU (x * sigmoid(1.702
+ * x), OpenAI CLIP), vectorised and threaded (ops*.c). */
+static int vit_act(const vitc_vit *m) {
+    return m->mlp_act == VIT_ACT_QUICK_GELU  ? VITC__ACT_QUICK_GELU
+           : m->mlp_act == VIT_ACT_GELU_TANH ? VITC__ACT_TANH_GELU
+                                             : VITC__ACT_GELU;
 }
 
 static void vit_activation(const vitc_vit *m, float *x, int64_t n) {
-    if (m->mlp_act == VIT_ACT_GELU) {
-        vitc__gelu(x, n);
-        return;
-    }
-    if (m->mlp_act == VIT_ACT_QUICK_GELU) { /* vectorised, the kernel table's */
+    int act = vit_act(m);
+    if (act == VITC__ACT_QUICK_GELU)
         vitc__quick_gelu(x, n);
-        return;
-    }
-    vit_act_ctx c = {x, n, m->mlp_act};
-    vitc__parallel_for((n + 4095) / 4096, vit_act_task, &c);
+    else if (act == VITC__ACT_TANH_GELU)
+        vitc__tanh_gelu(x, n);
+    else
+        vitc__gelu(x, n);
 }
 
 /* DINOv2's layer scale: y = res + gamma * y on R rows of C ([R, C], res rows
@@ -621,15 +605,15 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
                             rs * C, R, C, C, 0));
     }
     vitc__layernorm(ln2, mid, w->ln2_w, w->ln2_b, R, C, c->norm_eps);
-    /* Inference: erf GELU in fc1's epilogue. Training keeps GELU's input for backward. */
-    int fused = hact == hpre && m->mlp_act == VIT_ACT_GELU && !m->swiglu;
+    /* Inference: the activation in fc1's epilogue. Training keeps its input for backward. */
+    int fused = hact == hpre && !m->swiglu;
     /* Training (row-major weights): hpre and GELU(hpre) from one epilogue. */
     int both = hact != hpre && m->mlp_act == VIT_ACT_GELU && !m->swiglu && !m->use_packed;
     if (both) {
         vitc__linear_act(hpre, M, hact, M, ln2, C, w->fc1_w, w->fc1_b, R, M, C);
     } else {
         VITC_TRY(vit_linear(m, l, VIT_PW_FC1, hpre, M, ln2, C, w->fc1_w, w->fc1_b, NULL, 0, R, M,
-                            C, fused));
+                            C, fused ? vit_act(m) : VITC__ACT_NONE));
         if (hact != hpre)
             memcpy(hact, hpre, (size_t)(R * M) * sizeof(float));
     }
