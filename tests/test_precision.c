@@ -44,6 +44,25 @@ static void act_after(int act, float *y, int64_t n) {
     if (act == VITC__ACT_TANH_GELU) vitc__tanh_gelu(y, n);
 }
 
+/* The layer scale in the epilogue (vitc__linear_pw_scaled) gives the
+ * product without it, then vitc__scale_add with the residual: bitwise. */
+static void check_scaled(const char *what, const float *x, const vitc__pweight *pw, const float *W,
+                         const float *b, const float *r, float *y0, float *y1, int64_t M,
+                         int64_t N, int64_t K) {
+    float *g = rnd((size_t)N, 0.3f);
+    for (int with_r = 0; with_r < 2; with_r++) {
+        const float *res = with_r ? r : NULL;
+        assert_int_equal(vitc__linear_pw(y0, N, x, K, pw, W, b, NULL, 0, M, N, K, 0), VITC_OK);
+        vitc__scale_add(y0, N, g, res, N, M, N);
+        assert_int_equal(vitc__linear_pw_scaled(y1, N, x, K, pw, W, b, g, res, N, M, N, K),
+                         VITC_OK);
+        if (memcmp(y0, y1, (size_t)(M * N) * 4))
+            fail_msg("%s %lldx%lldx%lld: layer scale in the epilogue differs (residual %d)", what,
+                     (long long)M, (long long)N, (long long)K, with_r);
+    }
+    free(g);
+}
+
 /* Packed fp32 panels give the unpacked GEMM's bits; a fused activation
  * (erf, quick or tanh GELU) gives it after; on every path, with and
  * without bias / residual. */
@@ -67,6 +86,12 @@ static void test_fp32_packed_same_bits(void **state) {
                 if (memcmp(y0, y1, (size_t)(M * N) * 4))
                     fail_msg("%s fp32 packed %lldx%lldx%lld gelu=%d differs", archs[a],
                              (long long)M, (long long)N, (long long)K, gelu);
+            }
+            check_scaled(archs[a], x, &pw, W, b, r, y0, y1, M, N, K); /* packed */
+            check_scaled(archs[a], x, NULL, W, b, r, y0, y1, M, N, K); /* row-major */
+            if (vitc_set_gemm_backend("openblas") == VITC_OK) { /* a pass after its GEMM */
+                check_scaled("openblas", x, &pw, W, b, r, y0, y1, M, N, K);
+                vitc_set_gemm_backend(NULL);
             }
             vitc__pweight_free(&pw);
             free(x), free(W), free(b), free(r), free(y0), free(y1);
@@ -154,6 +179,8 @@ static void lp_case(vitc_precision p) {
                         fail_msg("%s on %s: fused activation %d differs",
                                  vitc_precision_name(p), archs[a], act);
                 }
+                if (!gelu)
+                    check_scaled(vitc_precision_name(p), x, &pw, NULL, b, r, y0, y1, M, N, K);
             }
         vitc__pweight_free(&pw);
         free(x), free(W), free(b), free(r), free(y0), free(y1);

@@ -71,6 +71,9 @@ typedef struct vitc__kernels {
     void (*quick_gelu)(float *x, int64_t n);
     /* SigLIP's tanh-GELU, in place */
     void (*tanh_gelu)(float *x, int64_t n);
+    /* y = r + g * y (r NULL: g * y), two roundings as torch's x + ls(y):
+     * DINOv2's layer scale and its residual */
+    void (*scale_add)(float *y, const float *g, const float *r, int64_t n);
     /* GroupNorm helpers: o[0], o[1] = sum of (x - shift) and of its square,
      * in double; y = (x - mean) * sc + sh. */
     void (*row_stats)(const float *x, int64_t n, double shift, double *o);
@@ -183,6 +186,14 @@ vitc_status vitc__linear_pw(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const vitc__pweight *pw, const float *W, const float *bias,
                             const float *residual, int64_t ldr, int64_t M, int64_t N, int64_t K,
                             int act);
+/* y = residual + scale * (x W^T + bias) (residual may be NULL): a layer
+ * scale (DINOv2's ls1 / ls2) applied in the fp32 GEMM's epilogue, on each
+ * block of rows while it is in cache (the same numbers as the product, then
+ * vitc__scale_add); after the bf16 / int8 GEMM, or OpenBLAS's, a pass. */
+vitc_status vitc__linear_pw_scaled(float *y, int64_t ldy, const float *x, int64_t ldx,
+                                   const vitc__pweight *pw, const float *W, const float *bias,
+                                   const float *scale, const float *residual, int64_t ldr,
+                                   int64_t M, int64_t N, int64_t K);
 /* The BF16 / INT8 GEMM (gemm_lp.c), the same contract. */
 vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const vitc__pweight *pw, const float *bias, const float *residual,
@@ -274,6 +285,13 @@ void vitc__tanh_gelu(float *x, int64_t n);
 void vitc__tanh_gelu_ref(float *x, int64_t n);
 void vitc__tanh_gelu_avx2(float *x, int64_t n);
 void vitc__tanh_gelu_avx512(float *x, int64_t n);
+/* y [M, N] (row stride ldy) = r + g * y per row, g [N], r [M, N] (row
+ * stride ldr) or NULL; rows across threads. The same numbers on every path. */
+void vitc__scale_add(float *y, int64_t ldy, const float *g, const float *r, int64_t ldr, int64_t M,
+                     int64_t N);
+void vitc__scale_add_ref(float *y, const float *g, const float *r, int64_t n);
+void vitc__scale_add_avx2(float *y, const float *g, const float *r, int64_t n);
+void vitc__scale_add_avx512(float *y, const float *g, const float *r, int64_t n);
 /* The gradient of y = softmax(x * inv_temperature) over rows of n:
  * dx = inv_temperature * y o (dy - rowsum(dy o y)). dx may be dy (in place),
  * not y. Threads over rows; the same bits for any thread count. */

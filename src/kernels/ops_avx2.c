@@ -48,6 +48,16 @@ static inline __m256 vitc__tgelu8(__m256 v) {
 
 void vitc__tanh_gelu_avx2(float *x, int64_t n) { vitc__map8(x, x, n, vitc__tgelu8); }
 
+/* y = r + g * y, the product rounded first (no FMA), as the reference. */
+void vitc__scale_add_avx2(float *y, const float *g, const float *r, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_loadu_ps(y + i));
+        _mm256_storeu_ps(y + i, r ? _mm256_add_ps(_mm256_loadu_ps(r + i), v) : v);
+    }
+    vitc__scale_add_ref(y + i, g + i, r ? r + i : NULL, n - i);
+}
+
 void vitc__softmax_rows_avx2(float *x, int64_t rows, int64_t n, float inv_temperature) {
     const __m256 it = _mm256_set1_ps(inv_temperature);
     for (int64_t r = 0; r < rows; r++) {

@@ -50,6 +50,17 @@ void vitc__tanh_gelu_avx512(float *x, int64_t n) {
     }
 }
 
+/* y = r + g * y, the product rounded first (no FMA), as the reference. */
+void vitc__scale_add_avx512(float *y, const float *g, const float *r, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, y + i));
+        if (r)
+            v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, r + i), v);
+        _mm512_mask_storeu_ps(y + i, m, v);
+    }
+}
+
 static inline float vitc__hmax16(__m512 v) { return _mm512_reduce_max_ps(v); }
 
 void vitc__softmax_rows_avx512(float *x, int64_t rows, int64_t n, float inv_temperature) {

@@ -483,6 +483,15 @@ static vitc_status vit_linear(const vitc_vit *m, int l, int k, float *y, int64_t
     return vitc__linear_pw(y, ldy, x, ldx, pw, W, b, res, ldr, M, N, K, act);
 }
 
+/* y = res + gamma * (x W^T + b): DINOv2's layer scale, in the GEMM's
+ * epilogue like the residual (vitc__linear_pw_scaled). */
+static vitc_status vit_linear_ls(const vitc_vit *m, int l, int k, float *y, const float *x,
+                                 int64_t ldx, const float *W, const float *b, const float *gamma,
+                                 const float *res, int64_t ldr, int64_t M, int64_t N, int64_t K) {
+    const vitc__pweight *pw = m->use_packed ? &m->pw[l * VIT_PW_COUNT + k] : NULL;
+    return vitc__linear_pw_scaled(y, N, x, ldx, pw, W, b, gamma, res, ldr, M, N, K);
+}
+
 /* The MLP's activation as a kernel-table activation (VITC__ACT_*): erf
  * GELU, tanh-GELU (gelu_pytorch_tanh, SigLIP) or quick-GELU (x * sigmoid(1.702
  * x), OpenAI CLIP), vectorised and threaded (ops*.c). */
@@ -500,32 +509,6 @@ static void vit_activation(const vitc_vit *m, float *x, int64_t n) {
         vitc__tanh_gelu(x, n);
     else
         vitc__gelu(x, n);
-}
-
-/* DINOv2's layer scale: y = res + gamma * y on R rows of C ([R, C], res rows
- * ldr apart), rows across threads; an inner loop over C with no index
- * arithmetic, so it runs at a few floats a cycle (the per-element i % C
- * that it replaced cost ~2% of a DINOv2 forward). */
-typedef struct vit_ls_ctx {
-    float *y;
-    const float *res, *gamma;
-    int64_t C, ldr;
-} vit_ls_ctx;
-
-static void vit_ls_task(void *ctx, int64_t r0, int64_t r1, int tid) {
-    const vit_ls_ctx *t = ctx;
-    (void)tid;
-    for (int64_t r = r0; r < r1; r++) {
-        float *restrict y = t->y + r * t->C;
-        const float *restrict x = t->res + r * t->ldr, *restrict g = t->gamma;
-        for (int64_t j = 0; j < t->C; j++) y[j] = x[j] + g[j] * y[j];
-    }
-}
-
-static void vit_layer_scale(float *y, const float *res, int64_t ldr, const float *gamma,
-                            int64_t R, int64_t C) {
-    vit_ls_ctx t = {y, res, gamma, C, ldr};
-    vitc__parallel_range(R, vit_ls_task, &t);
 }
 
 static void vit_add(float *y, const float *x, int64_t n) {
@@ -597,9 +580,8 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
         vit_branch_forward(m, l, mid, k.att, k.dp_att);
         vit_add(mid, x, R * C);
     } else if (w->ls1) { /* DINOv2: mid = x + ls1 * out_proj(att) */
-        VITC_TRY(vit_linear(m, l, VIT_PW_PROJ, mid, C, att, rs * C, w->proj_w, w->proj_b, NULL, 0,
-                            R, C, C, 0));
-        vit_layer_scale(mid, x, rs * C, w->ls1, R, C);
+        VITC_TRY(vit_linear_ls(m, l, VIT_PW_PROJ, mid, att, rs * C, w->proj_w, w->proj_b, w->ls1,
+                               x, rs * C, R, C, C));
     } else {
         VITC_TRY(vit_linear(m, l, VIT_PW_PROJ, mid, C, att, rs * C, w->proj_w, w->proj_b, x,
                             rs * C, R, C, C, 0));
@@ -637,9 +619,8 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
         vit_branch_forward(m, l, y, k.out, k.dp_mlp);
         vit_add(y, mid, R * C);
     } else if (w->ls2) { /* y = mid + ls2 * fc2(hact) */
-        VITC_TRY(vit_linear(m, l, VIT_PW_FC2, y, C, hact, M, w->fc2_w, w->fc2_b, NULL, 0, R, C, M,
-                            0));
-        vit_layer_scale(y, mid, C, w->ls2, R, C);
+        VITC_TRY(vit_linear_ls(m, l, VIT_PW_FC2, y, hact, M, w->fc2_w, w->fc2_b, w->ls2, mid, C,
+                               R, C, M));
     } else {
         VITC_TRY(vit_linear(m, l, VIT_PW_FC2, y, C, hact, M, w->fc2_w, w->fc2_b, mid, C, R, C, M,
                             0));
