@@ -575,10 +575,13 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
         vitc__dropout_mask(k.probs, B * c->num_heads * N * N, m->attention_dropout, &m->rng);
         VITC_TRY(vitc__vit_attention_dropout(m, &sd, k.probs));
     }
-    if (k.att) { /* the branch alone, regularised, then the residual */
+    if (k.att) { /* the branch alone, regularised, (layer-scaled,) then the residual */
         vitc__linear(mid, C, att, C, w->proj_w, w->proj_b, NULL, 0, R, C, C);
         vit_branch_forward(m, l, mid, k.att, k.dp_att);
-        vit_add(mid, x, R * C);
+        if (w->ls1)
+            vitc__scale_add(mid, C, w->ls1, x, C, R, C);
+        else
+            vit_add(mid, x, R * C);
     } else if (w->ls1) { /* DINOv2: mid = x + ls1 * out_proj(att) */
         VITC_TRY(vit_linear_ls(m, l, VIT_PW_PROJ, mid, att, rs * C, w->proj_w, w->proj_b, w->ls1,
                                x, rs * C, R, C, C));
@@ -617,7 +620,10 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     if (k.out) {
         vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, NULL, 0, R, C, M);
         vit_branch_forward(m, l, y, k.out, k.dp_mlp);
-        vit_add(y, mid, R * C);
+        if (w->ls2)
+            vitc__scale_add(y, C, w->ls2, mid, C, R, C);
+        else
+            vit_add(y, mid, R * C);
     } else if (w->ls2) { /* y = mid + ls2 * fc2(hact) */
         VITC_TRY(vit_linear_ls(m, l, VIT_PW_FC2, y, hact, M, w->fc2_w, w->fc2_b, w->ls2, mid, C,
                                R, C, M));

@@ -217,6 +217,13 @@ class TestHubModels(unittest.TestCase):
             m = self.check(d, sd, cfg)
             self.assertTrue(m.config["has_head"])
             self.assertEqual(m.config["num_classes"], 5)
+        # Training mode with (practically never dropping) dropout takes the
+        # regularised branch, which must keep the layer scale.
+        x = self.xd[(24, 24)].numpy()
+        want = m(x)
+        m.set_dropout(dropout=1e-9)
+        m.train()
+        close(self, m(x), want, "train mode, dropout 1e-9")
 
     def test_dinov2_registers_zero_prefixed(self):
         d, sd, cfg = self.make("dinov2_reg0", "dinov2_with_registers", "Dinov2WithRegistersModel",
