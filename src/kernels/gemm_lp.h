@@ -52,6 +52,12 @@ typedef void (*vitc__lp_ukr_fn)(int64_t kg, const uint32_t *pa, const uint32_t *
 typedef void (*vitc__lp_row_fn)(uint32_t *dst, int64_t stride, const float *x, int64_t K,
                                 float *scale, int32_t *zp);
 
+/* A strip: rows x[i * ldx], i < mr (<= MR), converted into dst [kg][MR]
+ * words, rows past mr zero; int8 also writes scale[i], zp[i], i < mr. The
+ * same words as row() with stride MR, row by row. */
+typedef void (*vitc__lp_strip_fn)(uint32_t *dst, const float *x, int64_t ldx, int64_t mr,
+                                  int64_t K, float *scale, int32_t *zp);
+
 /* bf16: C[mr, nr] = A B, no epilogue, from A row-major (word p of row i at
  * a[i * lda + p]; all MR rows are read, those past mr unused) and pb
  * [kg][NR]. The attention's operands (attention_bf16.c): its rows are
@@ -64,6 +70,7 @@ typedef struct vitc__lp_kernel {
     const char *name; /* "avx512-bf16", "reference", ... (vitc --version) */
     vitc__lp_ukr_fn ukr;
     vitc__lp_row_fn row;
+    vitc__lp_strip_fn strip;   /* NULL: the driver calls row() per row */
     vitc__lp_ukr_rm_fn ukr_rm; /* bf16 kernels; NULL for int8 */
     /* 1: ukr applies epi.gelu in registers (AVX-512 kernels). Otherwise the
      * driver runs the arch's gelu over each stored tile: reloading a tile
