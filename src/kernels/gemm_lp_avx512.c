@@ -251,9 +251,8 @@ static void vitc__row_int8_avx512(uint32_t *dst, int64_t stride, const float *x,
 
 /* r[i] lane j <-> r[j] lane i (16 x 16 words): 32-bit then 64-bit unpacks
  * transpose the 4 x 4 blocks inside each 128-bit lane, two rounds of
- * vshufi32x4 move the blocks. Rows 12..15 are zero in the strips: the
- * compiler drops the operations on them. */
-static inline void vitc__tr16(__m512i r[16]) {
+ * vshufi32x4 move the blocks. */
+__attribute__((always_inline)) static inline void vitc__tr16(__m512i r[16]) {
     __m512i t[16], s[16];
     for (int i = 0; i < 16; i += 4) {
         t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
@@ -278,32 +277,50 @@ static inline void vitc__tr16(__m512i r[16]) {
 }
 
 /* Words p0 .. p0 + np of the strip from r (row i in r[i]): transposed, word
- * p's 12 rows stored contiguously. Replaces twelve scatters (microcoded, a
- * quarter of the conversion's time) by shuffles and plain stores. */
-static inline void vitc__strip_store(uint32_t *dst, __m512i r[16], int64_t np) {
-    for (int i = MR; i < 16; i++) r[i] = _mm512_setzero_si512();
+ * p's w rows stored together at dst[p * ldd]. Replaces a scatter per row
+ * (microcoded) by shuffles and plain stores. */
+__attribute__((always_inline)) static inline void vitc__strip_store(uint32_t *dst, int64_t ldd,
+                                                                  int w, __m512i r[16],
+                                                                  int64_t np) {
     vitc__tr16(r);
-    for (int64_t c = 0; c < np; c++) _mm512_mask_storeu_epi32(dst + c * MR, 0x0FFF, r[c]);
+    const __mmask16 m = vitc__m16(w);
+    for (int64_t c = 0; c < np; c++) _mm512_mask_storeu_epi32(dst + c * ldd, m, r[c]);
 }
 
-static void vitc__strip_bf16_avx512(uint32_t *dst, const float *x, int64_t ldx, int64_t mr,
-                                    int64_t K, float *scale, int32_t *zp) {
+/* The rows' next lines, four chunks ahead: twelve or sixteen rows far
+ * apart outrun the hardware prefetcher. */
+static inline void vitc__strip_prefetch(const float *x, int64_t k, int64_t K) {
+    if (k + 144 < K) {
+        _mm_prefetch((const char *)(x + k + 128), _MM_HINT_T0);
+        _mm_prefetch((const char *)(x + k + 144), _MM_HINT_T0);
+    }
+}
+
+static void vitc__strip_bf16_avx512(uint32_t *dst, int64_t ldd, int w, const float *x,
+                                    int64_t ldx, int64_t rows, int64_t K, float *scale,
+                                    int32_t *zp) {
     (void)scale, (void)zp;
     const int64_t kg = (K + 1) / 2;
     for (int64_t k = 0; k < K; k += 32) {
         __m512i r[16];
-        for (int i = 0; i < MR; i++)
-            r[i] = i < mr ? vitc__bf16x32(x + i * ldx + k, K - k) : _mm512_setzero_si512();
-        vitc__strip_store(dst + (k / 2) * MR, r, kg - k / 2 < 16 ? kg - k / 2 : 16);
+        for (int i = 0; i < 16; i++) {
+            r[i] = _mm512_setzero_si512();
+            if (i < rows) {
+                vitc__strip_prefetch(x + i * ldx, k, K);
+                r[i] = vitc__bf16x32(x + i * ldx + k, K - k);
+            }
+        }
+        vitc__strip_store(dst + (k / 2) * ldd, ldd, w, r, kg - k / 2 < 16 ? kg - k / 2 : 16);
     }
 }
 
-static void vitc__strip_int8_avx512(uint32_t *dst, const float *x, int64_t ldx, int64_t mr,
-                                    int64_t K, float *scale, int32_t *zp) {
+static void vitc__strip_int8_avx512(uint32_t *dst, int64_t ldd, int w, const float *x,
+                                    int64_t ldx, int64_t rows, int64_t K, float *scale,
+                                    int32_t *zp) {
     const int64_t kg = (K + 3) / 4;
-    __m512 inv[MR];
-    __m512i vz[MR];
-    for (int64_t i = 0; i < mr; i++) {
+    __m512 inv[16];
+    __m512i vz[16];
+    for (int64_t i = 0; i < rows; i++) {
         float iv;
         vitc__q8_row(x + i * ldx, K, &scale[i], &iv, &zp[i]);
         inv[i] = _mm512_set1_ps(iv);
@@ -311,15 +328,29 @@ static void vitc__strip_int8_avx512(uint32_t *dst, const float *x, int64_t ldx, 
     }
     for (int64_t k = 0; k < K; k += 64) {
         __m512i r[16];
-        for (int i = 0; i < MR; i++)
-            r[i] = i < mr ? vitc__q8x64(x + i * ldx + k, K - k, inv[i], vz[i]) : _mm512_setzero_si512();
-        vitc__strip_store(dst + (k / 4) * MR, r, kg - k / 4 < 16 ? kg - k / 4 : 16);
+        for (int i = 0; i < 16; i++) {
+            r[i] = _mm512_setzero_si512();
+            if (i < rows) r[i] = vitc__q8x64(x + i * ldx + k, K - k, inv[i], vz[i]);
+        }
+        vitc__strip_store(dst + (k / 4) * ldd, ldd, w, r, kg - k / 4 < 16 ? kg - k / 4 : 16);
+    }
+}
+
+/* dst[c] = bf16(x0[c]) | bf16(x1[c]) << 16 (x1 NULL: 0), c < n. */
+static void vitc__pairs_bf16_avx512(uint32_t *dst, const float *x0, const float *x1, int64_t n) {
+    for (int64_t c = 0; c < n; c += 16) {
+        __mmask16 m = vitc__m16(n - c);
+        __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x0 + c)));
+        __m512i hi = _mm512_setzero_si512();
+        if (x1)
+            hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x1 + c)));
+        _mm512_mask_storeu_epi32(dst + c, m, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
     }
 }
 
 const vitc__lp_kernel vitc__lp_bf16_avx512 = {"avx512-bf16", vitc__ukr_bf16_avx512,
                                               vitc__row_bf16_avx512, vitc__strip_bf16_avx512,
-                                              vitc__ukr_bf16_rm_avx512, 1};
+                                              vitc__ukr_bf16_rm_avx512, vitc__pairs_bf16_avx512, 1};
 const vitc__lp_kernel vitc__lp_int8_avx512 = {"avx512-vnni", vitc__ukr_int8_avx512,
                                               vitc__row_int8_avx512, vitc__strip_int8_avx512,
-                                              NULL, 1};
+                                              NULL, NULL, 1};
