@@ -11,7 +11,8 @@
  * blocks), a task holds the whole key row of MR query rows: the exact
  * softmax needs no rescaling, and P is normalised before it is rounded to
  * bf16 (values in [0, 1], so its rounding error is relative). One task is
- * one (b, h) and up to VITC_ATTN_BF16_BR query rows; it converts the head's
+ * one (b, h) and a block of its query rows (all of them when there are as
+ * many heads as threads, else VITC_ATTN_BF16_BR); it converts the head's
  * K and V once into the microkernel's B layout:
  *   kb: [ceil(S/NR)][kgD][NR] words, word (p, key j) = k[j][2p], k[j][2p+1]
  *   vb: [ceil(Dv/NR)][kgS][NR] words, word (p, column c) = v[2p][c], v[2p+1][c]
@@ -27,8 +28,10 @@
 
 #define MR VITC_LP_MR
 #define NR VITC_LP_NR
-/* Query rows per task: K and V are converted once per task, O(S (D + Dv)),
- * against O(Br S (D + Dv)) products. A multiple of MR. */
+/* Query rows per task, at most: K and V are converted once per task,
+ * O(S (D + Dv)), against O(Br S (D + Dv)) products. A multiple of MR. With
+ * enough heads for the threads a task takes a head's rows whole (ViT's 197
+ * rows had been two tasks of 192 and 5 rows, each converting K and V). */
 #define VITC_ATTN_BF16_BR 192
 
 typedef struct vitc__attn_bf16_job {
@@ -38,7 +41,8 @@ typedef struct vitc__attn_bf16_job {
     vitc__lp_ukr_rm_fn ukr;
     vitc__lp_pairs_fn pairs;
     void (*softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperature);
-    int64_t nqb, kgD, kgS, Sp, Dvp; /* Sp, Dvp: S, Dv rounded up to NR (B strips) */
+    int64_t nqb, br;                /* query blocks per head, of br rows */
+    int64_t kgD, kgS, Sp, Dvp;      /* Sp, Dvp: S, Dv rounded up to NR (B strips) */
     size_t need;                    /* scratch bytes per task */
     int failed;
 } vitc__attn_bf16_job;
@@ -143,8 +147,8 @@ static void bf16_task(void *ctx, int64_t t, int tid) {
     }
     const vitc__sdpa_desc *d = g->d;
     int64_t bh = t / g->nqb, qb = t % g->nqb;
-    int64_t l0 = qb * VITC_ATTN_BF16_BR;
-    int64_t l1 = l0 + VITC_ATTN_BF16_BR < d->L ? l0 + VITC_ATTN_BF16_BR : d->L;
+    int64_t l0 = qb * g->br;
+    int64_t l1 = l0 + g->br < d->L ? l0 + g->br : d->L;
     bf16_rows(g, buf, bh / d->H, bh % d->H, l0, l1);
 }
 
@@ -154,7 +158,8 @@ vitc_status vitc__sdpa_bf16(const vitc__sdpa_desc *d, const struct vitc__lp_kern
     g.ukr = g.kn->ukr_rm ? g.kn->ukr_rm : vitc__lp_bf16_ref.ukr_rm;
     g.pairs = g.kn->pairs ? g.kn->pairs : vitc__lp_bf16_ref.pairs;
     g.softmax_rows = vitc__kern()->softmax_rows;
-    g.nqb = (d->L + VITC_ATTN_BF16_BR - 1) / VITC_ATTN_BF16_BR;
+    g.br = d->B * d->H >= vitc__num_threads() ? bf16_round(d->L, MR) : VITC_ATTN_BF16_BR;
+    g.nqb = (d->L + g.br - 1) / g.br;
     g.kgD = (d->D + 1) / 2;
     g.kgS = (d->S + 1) / 2;
     g.Sp = bf16_round(d->S, NR);

@@ -254,6 +254,7 @@ static void vitc__row_int8_avx512(uint32_t *dst, int64_t stride, const float *x,
  * vshufi32x4 move the blocks. */
 __attribute__((always_inline)) static inline void vitc__tr16(__m512i r[16]) {
     __m512i t[16], s[16];
+#pragma GCC unroll 4
     for (int i = 0; i < 16; i += 4) {
         t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
         t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
@@ -264,6 +265,7 @@ __attribute__((always_inline)) static inline void vitc__tr16(__m512i r[16]) {
         s[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
         s[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
     }
+#pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         __m512i ul = _mm512_shuffle_i32x4(s[k], s[4 + k], 0x88); /* cols k, k + 8; rows 0-7 */
         __m512i uh = _mm512_shuffle_i32x4(s[k], s[4 + k], 0xDD); /* cols k + 4, k + 12 */
@@ -284,6 +286,7 @@ __attribute__((always_inline)) static inline void vitc__strip_store(uint32_t *ds
                                                                   int64_t np) {
     vitc__tr16(r);
     const __mmask16 m = vitc__m16(w);
+#pragma GCC unroll 16
     for (int64_t c = 0; c < np; c++) _mm512_mask_storeu_epi32(dst + c * ldd, m, r[c]);
 }
 
@@ -296,44 +299,62 @@ static inline void vitc__strip_prefetch(const float *x, int64_t k, int64_t K) {
     }
 }
 
-static void vitc__strip_bf16_avx512(uint32_t *dst, int64_t ldd, int w, const float *x,
-                                    int64_t ldx, int64_t rows, int64_t K, float *scale,
-                                    int32_t *zp) {
-    (void)scale, (void)zp;
+/* The converters' bodies for a width W known when compiled (MR or 16), so
+ * that r[] stays in registers and the rows past W fold away. */
+__attribute__((always_inline)) static inline void
+vitc__strip_bf16_w(uint32_t *dst, int64_t ldd, const int W, const float *x, int64_t ldx,
+                   int64_t rows, int64_t K) {
     const int64_t kg = (K + 1) / 2;
     for (int64_t k = 0; k < K; k += 32) {
         __m512i r[16];
+#pragma GCC unroll 16
         for (int i = 0; i < 16; i++) {
             r[i] = _mm512_setzero_si512();
-            if (i < rows) {
+            if (i < W && i < rows) {
                 vitc__strip_prefetch(x + i * ldx, k, K);
                 r[i] = vitc__bf16x32(x + i * ldx + k, K - k);
             }
         }
-        vitc__strip_store(dst + (k / 2) * ldd, ldd, w, r, kg - k / 2 < 16 ? kg - k / 2 : 16);
+        vitc__strip_store(dst + (k / 2) * ldd, ldd, W, r, kg - k / 2 < 16 ? kg - k / 2 : 16);
+    }
+}
+
+static void vitc__strip_bf16_avx512(uint32_t *dst, int64_t ldd, int w, const float *x,
+                                    int64_t ldx, int64_t rows, int64_t K, float *scale,
+                                    int32_t *zp) {
+    (void)scale, (void)zp;
+    if (w == MR)
+        vitc__strip_bf16_w(dst, ldd, MR, x, ldx, rows, K);
+    else
+        vitc__strip_bf16_w(dst, ldd, 16, x, ldx, rows, K);
+}
+
+__attribute__((always_inline)) static inline void
+vitc__strip_int8_w(uint32_t *dst, int64_t ldd, const int W, const float *x, int64_t ldx,
+                   int64_t rows, int64_t K, float *scale, int32_t *zp) {
+    const int64_t kg = (K + 3) / 4;
+    float inv[16];
+    for (int64_t i = 0; i < rows; i++) vitc__q8_row(x + i * ldx, K, &scale[i], &inv[i], &zp[i]);
+    for (int64_t k = 0; k < K; k += 64) {
+        __m512i r[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            r[i] = _mm512_setzero_si512();
+            if (i < W && i < rows)
+                r[i] = vitc__q8x64(x + i * ldx + k, K - k, _mm512_set1_ps(inv[i]),
+                                   _mm512_set1_epi32(zp[i]));
+        }
+        vitc__strip_store(dst + (k / 4) * ldd, ldd, W, r, kg - k / 4 < 16 ? kg - k / 4 : 16);
     }
 }
 
 static void vitc__strip_int8_avx512(uint32_t *dst, int64_t ldd, int w, const float *x,
                                     int64_t ldx, int64_t rows, int64_t K, float *scale,
                                     int32_t *zp) {
-    const int64_t kg = (K + 3) / 4;
-    __m512 inv[16];
-    __m512i vz[16];
-    for (int64_t i = 0; i < rows; i++) {
-        float iv;
-        vitc__q8_row(x + i * ldx, K, &scale[i], &iv, &zp[i]);
-        inv[i] = _mm512_set1_ps(iv);
-        vz[i] = _mm512_set1_epi32(zp[i]);
-    }
-    for (int64_t k = 0; k < K; k += 64) {
-        __m512i r[16];
-        for (int i = 0; i < 16; i++) {
-            r[i] = _mm512_setzero_si512();
-            if (i < rows) r[i] = vitc__q8x64(x + i * ldx + k, K - k, inv[i], vz[i]);
-        }
-        vitc__strip_store(dst + (k / 4) * ldd, ldd, w, r, kg - k / 4 < 16 ? kg - k / 4 : 16);
-    }
+    if (w == MR)
+        vitc__strip_int8_w(dst, ldd, MR, x, ldx, rows, K, scale, zp);
+    else
+        vitc__strip_int8_w(dst, ldd, 16, x, ldx, rows, K, scale, zp);
 }
 
 /* dst[c] = bf16(x0[c]) | bf16(x1[c]) << 16 (x1 NULL: 0), c < n. */
