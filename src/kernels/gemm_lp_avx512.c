@@ -67,15 +67,18 @@ static void vitc__lp_gelu_store(float *c, __m512 v0, __m512 v1, __mmask16 m0, __
         __m512i b0 = _mm512_load_si512((const void *)pb);                           \
         __m512i b1 = _mm512_load_si512((const void *)(pb + 16));                    \
         LP_ROW(DP, 0); LP_ROW(DP, 1); LP_ROW(DP, 2); LP_ROW(DP, 3);                 \
-        LP_ROW(DP, 4); LP_ROW(DP, 5); LP_ROW(DP, 6); LP_ROW(DP, 7);                 \
-        LP_ROW(DP, 8); LP_ROW(DP, 9); LP_ROW(DP, 10); LP_ROW(DP, 11);               \
+        LP_ROW(DP, 4); LP_ROW(DP, 5);                                               \
+        if (R > 6) {                                                                \
+            LP_ROW(DP, 6); LP_ROW(DP, 7); LP_ROW(DP, 8); LP_ROW(DP, 9);             \
+            LP_ROW(DP, 10); LP_ROW(DP, 11);                                         \
+        }                                                                           \
         pa += MR;                                                                   \
         pb += NR;                                                                   \
     }
 /* Phase 1 of row i: v##i##0/1 = DQ(accumulators) + bias + residual. */
 #define LP_FIN(DQ, i)                                                               \
     __m512 v##i##0 = DQ(c##i##0, i, sc0, ws0), v##i##1 = DQ(c##i##1, i, sc1, ws1);  \
-    if (i < mr) {                                                                   \
+    if (i < R && i < mr) {                                                          \
         if (e->bias) v##i##0 = _mm512_add_ps(v##i##0, bi0), v##i##1 = _mm512_add_ps(v##i##1, bi1); \
         if (e->res) {                                                               \
             v##i##0 = _mm512_add_ps(v##i##0, _mm512_maskz_loadu_ps(m0, e->res + (i) * e->ldr));      \
@@ -83,7 +86,7 @@ static void vitc__lp_gelu_store(float *c, __m512 v0, __m512 v1, __mmask16 m0, __
         }                                                                           \
     }
 #define LP_STORE(i)                                                                 \
-    if (i < mr) {                                                                   \
+    if (i < R && i < mr) {                                                          \
         if (e->gelu) {                                                              \
             vitc__lp_gelu_store(C + (i) * ldc, v##i##0, v##i##1, m0, m1);           \
         } else {                                                                    \
@@ -104,24 +107,37 @@ static void vitc__lp_gelu_store(float *c, __m512 v0, __m512 v1, __mmask16 m0, __
 #define BF_DP(c, a, b) _mm512_dpbf16_ps(c, (__m512bh)(a), (__m512bh)(b))
 #define BF_DQ(c, i, sc, ws) (c)
 
-static void vitc__ukr_bf16_avx512(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
-                                  int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+__attribute__((always_inline)) static inline void
+vitc__ukr_bf16_rows(const int R, int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                    int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
     LP_DECL(__m512, _mm512_setzero_ps());
     vitc__lp_prefetch(C, ldc, mr, e);
     LP_LOOP(BF_DP)
     LP_EPILOGUE(BF_DQ);
 }
 
+/* The last strip of an M that is not a multiple of 12 (ViT's 197 rows: 5)
+ * runs the 6-row body: half the products of the 12-row one, with still 12
+ * independent accumulators to cover the dot products' latency. */
+static void vitc__ukr_bf16_avx512(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                                  int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    if (mr <= 6)
+        vitc__ukr_bf16_rows(6, kg, pa, pb, C, ldc, mr, nr, e);
+    else
+        vitc__ukr_bf16_rows(MR, kg, pa, pb, C, ldc, mr, nr, e);
+}
+
 /* int8: (float)(acc - azp[i] wsum[j]) * (ascale[i] wscale[j]), the
  * reference's roundings. Rows past mr read no azp / ascale (unused). */
 #define I8_DQ(c, i, sc, ws)                                                         \
-    (i < mr ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(                    \
+    (i < R && i < mr ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(                    \
                                 c, _mm512_mullo_epi32(_mm512_set1_epi32(e->azp[i]), ws))), \
                             _mm512_mul_ps(_mm512_set1_ps(e->ascale[i]), sc))        \
             : _mm512_setzero_ps())
 
-static void vitc__ukr_int8_avx512(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
-                                  int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+__attribute__((always_inline)) static inline void
+vitc__ukr_int8_rows(const int R, int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                    int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
     LP_DECL(__m512i, _mm512_setzero_si512());
     vitc__lp_prefetch(C, ldc, mr, e);
     LP_LOOP(_mm512_dpbusd_epi32)
@@ -129,6 +145,14 @@ static void vitc__ukr_int8_avx512(int64_t kg, const uint32_t *pa, const uint32_t
     __m512i ws0 = _mm512_maskz_loadu_epi32(n0, e->wsum), ws1 = _mm512_maskz_loadu_epi32(n1, e->wsum + 16);
     __m512 sc0 = _mm512_maskz_loadu_ps(n0, e->wscale), sc1 = _mm512_maskz_loadu_ps(n1, e->wscale + 16);
     LP_EPILOGUE(I8_DQ);
+}
+
+static void vitc__ukr_int8_avx512(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                                  int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    if (mr <= 6)
+        vitc__ukr_int8_rows(6, kg, pa, pb, C, ldc, mr, nr, e);
+    else
+        vitc__ukr_int8_rows(MR, kg, pa, pb, C, ldc, mr, nr, e);
 }
 
 /* The same sums from row-major A: each row's word p broadcast from a_i[p]. */
