@@ -119,12 +119,23 @@ vitc__ukr_bf16_rows(const int R, int64_t kg, const uint32_t *pa, const uint32_t 
 /* The last strip of an M that is not a multiple of 12 (ViT's 197 rows: 5)
  * runs the 6-row body: half the products of the 12-row one, with still 12
  * independent accumulators to cover the dot products' latency. */
+/* Each width its own function: inlined into one, GCC's allocator spilled
+ * and copied int8 accumulators inside the 12-row loop. */
+__attribute__((noinline)) static void vitc__ukr_bf16_6(int64_t kg, const uint32_t *pa,
+                                                      const uint32_t *pb, float *C, int64_t ldc,
+                                                      int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    vitc__ukr_bf16_rows(6, kg, pa, pb, C, ldc, mr, nr, e);
+}
+
+__attribute__((noinline)) static void vitc__ukr_bf16_12(int64_t kg, const uint32_t *pa,
+                                                       const uint32_t *pb, float *C, int64_t ldc,
+                                                       int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    vitc__ukr_bf16_rows(MR, kg, pa, pb, C, ldc, mr, nr, e);
+}
+
 static void vitc__ukr_bf16_avx512(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
                                   int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
-    if (mr <= 6)
-        vitc__ukr_bf16_rows(6, kg, pa, pb, C, ldc, mr, nr, e);
-    else
-        vitc__ukr_bf16_rows(MR, kg, pa, pb, C, ldc, mr, nr, e);
+    (mr <= 6 ? vitc__ukr_bf16_6 : vitc__ukr_bf16_12)(kg, pa, pb, C, ldc, mr, nr, e);
 }
 
 /* int8: (float)(acc - azp[i] wsum[j]) * (ascale[i] wscale[j]), the
@@ -147,12 +158,23 @@ vitc__ukr_int8_rows(const int R, int64_t kg, const uint32_t *pa, const uint32_t 
     LP_EPILOGUE(I8_DQ);
 }
 
+/* Each width its own function: inlined into one, GCC's allocator spilled
+ * and copied int8 accumulators inside the 12-row loop. */
+__attribute__((noinline)) static void vitc__ukr_int8_6(int64_t kg, const uint32_t *pa,
+                                                      const uint32_t *pb, float *C, int64_t ldc,
+                                                      int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    vitc__ukr_int8_rows(6, kg, pa, pb, C, ldc, mr, nr, e);
+}
+
+__attribute__((noinline)) static void vitc__ukr_int8_12(int64_t kg, const uint32_t *pa,
+                                                       const uint32_t *pb, float *C, int64_t ldc,
+                                                       int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    vitc__ukr_int8_rows(MR, kg, pa, pb, C, ldc, mr, nr, e);
+}
+
 static void vitc__ukr_int8_avx512(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
                                   int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
-    if (mr <= 6)
-        vitc__ukr_int8_rows(6, kg, pa, pb, C, ldc, mr, nr, e);
-    else
-        vitc__ukr_int8_rows(MR, kg, pa, pb, C, ldc, mr, nr, e);
+    (mr <= 6 ? vitc__ukr_int8_6 : vitc__ukr_int8_12)(kg, pa, pb, C, ldc, mr, nr, e);
 }
 
 /* The same sums from row-major A: each row's word p broadcast from a_i[p]. */
