@@ -35,11 +35,16 @@ static inline __mmask16 vitc__m16(int64_t n) {
 /* GELU as vitc__gelu_avx512 computes it, operation for operation (x Phi(x)). */
 static inline __m512 vitc__lp_gelu(__m512 v) { return _mm512_mul_ps(v, v_phi(v)); }
 
-/* One finished row: GELU when asked, then the masked stores. Not inlined
- * when GELU is on: twelve copies of v_phi would not fit the registers. */
-static void vitc__lp_gelu_store(float *c, __m512 v0, __m512 v1, __mmask16 m0, __mmask16 m1) {
-    _mm512_mask_storeu_ps(c, m0, vitc__lp_gelu(v0));
-    _mm512_mask_storeu_ps(c + 16, m1, vitc__lp_gelu(v1));
+/* GELU over the finished tile (v: rows x 2 vectors, in memory), then the
+ * stores. One call per tile rather than per row: v_phi's constants are
+ * loaded once, and the rows' independent chains (a division and an exp
+ * each) overlap. */
+__attribute__((noinline)) static void vitc__lp_gelu_tile(float *C, int64_t ldc, const __m512 *v,
+                                                         int64_t rows, __mmask16 m0, __mmask16 m1) {
+    for (int64_t i = 0; i < rows; i++) {
+        _mm512_mask_storeu_ps(C + i * ldc, m0, vitc__lp_gelu(v[2 * i]));
+        _mm512_mask_storeu_ps(C + i * ldc + 16, m1, vitc__lp_gelu(v[2 * i + 1]));
+    }
 }
 
 /* ---- the microkernels: one body, two dot products ------------------------
@@ -88,7 +93,7 @@ static void vitc__lp_gelu_store(float *c, __m512 v0, __m512 v1, __mmask16 m0, __
 #define LP_STORE(i)                                                                 \
     if (i < R && i < mr) {                                                          \
         if (e->gelu) {                                                              \
-            vitc__lp_gelu_store(C + (i) * ldc, v##i##0, v##i##1, m0, m1);           \
+            gt[2 * (i)] = v##i##0, gt[2 * (i) + 1] = v##i##1;                       \
         } else {                                                                    \
             _mm512_mask_storeu_ps(C + (i) * ldc, m0, v##i##0);                      \
             _mm512_mask_storeu_ps(C + (i) * ldc + 16, m1, v##i##1);                 \
@@ -100,8 +105,10 @@ static void vitc__lp_gelu_store(float *c, __m512 v0, __m512 v1, __mmask16 m0, __
     if (e->bias) bi0 = _mm512_maskz_loadu_ps(m0, e->bias), bi1 = _mm512_maskz_loadu_ps(m1, e->bias + 16); \
     LP_FIN(DQ, 0) LP_FIN(DQ, 1) LP_FIN(DQ, 2) LP_FIN(DQ, 3) LP_FIN(DQ, 4) LP_FIN(DQ, 5) \
     LP_FIN(DQ, 6) LP_FIN(DQ, 7) LP_FIN(DQ, 8) LP_FIN(DQ, 9) LP_FIN(DQ, 10) LP_FIN(DQ, 11) \
+    __m512 gt[2 * MR];                                                              \
     LP_STORE(0); LP_STORE(1); LP_STORE(2); LP_STORE(3); LP_STORE(4); LP_STORE(5);   \
-    LP_STORE(6); LP_STORE(7); LP_STORE(8); LP_STORE(9); LP_STORE(10); LP_STORE(11)
+    LP_STORE(6); LP_STORE(7); LP_STORE(8); LP_STORE(9); LP_STORE(10); LP_STORE(11); \
+    if (e->gelu) vitc__lp_gelu_tile(C, ldc, gt, mr < R ? mr : R, m0, m1)
 
 /* bf16: the sums are the values. */
 #define BF_DP(c, a, b) _mm512_dpbf16_ps(c, (__m512bh)(a), (__m512bh)(b))
