@@ -30,7 +30,7 @@
  *   int8: v = (float)(acc - azp[i] * wsum[j]) * (ascale[i] * wscale[j])
  *   then v = v + bias[j], v = v + res[i * ldr + j], in this order, each
  *   rounded to float: the reference and the SIMD kernels give the same bits.
- *   With gelu (kernels with fused_gelu only), then GELU in registers before
+ *   With gelu (kernels with fused_gelu only), then GELU on the tile before
  *   the store: the operations of the path's vitc__gelu_avx512, so the same
  *   bits as GELU applied to the stored tile. */
 typedef struct vitc__lp_epi {
