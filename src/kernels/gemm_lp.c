@@ -171,21 +171,22 @@ vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, 
                          (long long)N, (long long)K);
     }
     memset(d, 0, n);
-    /* the kernel's converter: the reference's words, without its scalar
-     * rounding (a tenth of a bf16 model's load) */
-    const vitc__lp_kernel *kn = vitc__lp_kernel_for(VITC_PRECISION_BF16);
-    vitc__lp_row_fn brow = kn->row ? kn->row : vitc__row_bf16_ref;
-    for (int64_t j = 0; j < (int64_t)npad; j++) {
+    /* bf16: the kernel's strip converter, 16 output channels (half a B
+     * strip) at a time: the reference's words, without its scalar rounding
+     * (it had been a tenth of a bf16 model's load) */
+    if (p == VITC_PRECISION_BF16) {
+        const vitc__lp_kernel *kn = vitc__lp_kernel_for(VITC_PRECISION_BF16);
+        for (int64_t j = 0; j < N; j += 16)
+            vitc__lp_strip(kn, p, d + (j / NR) * kg * NR + j % NR, NR, 16, W + j * K, K,
+                           N - j < 16 ? N - j : 16, K, NULL, NULL);
+    }
+    for (int64_t j = 0; p == VITC_PRECISION_INT8 && j < (int64_t)npad; j++) {
         uint32_t *col = d + (j / NR) * kg * NR + j % NR; /* word p at col[p * NR] */
         if (j >= N) {
             if (ws) ws[j] = 0.0f, wsum[j] = 0;
             continue;
         }
         const float *w = W + j * K; /* [K] */
-        if (p == VITC_PRECISION_BF16) {
-            brow(col, NR, w, K, NULL, NULL);
-            continue;
-        }
         /* Symmetric per output channel: scale = max|w| / 127, q in [-127, 127]. */
         float amax = 0.0f;
         for (int64_t k = 0; k < K; k++) amax = fabsf(w[k]) > amax ? fabsf(w[k]) : amax;
