@@ -230,6 +230,52 @@ static void test_row_converters(void **state) {
             assert_memory_equal(a, b, sizeof a);
             assert_true(s0 == s1 && z0 == z1);
         }
+        /* the strip converter (12 rows at once, transposed in registers)
+         * against the reference's rows, for tails of K and of the rows */
+        if (fast[c]->strip) {
+            static float xs[12 * 150];
+            for (int i = 0; i < 12 * 150; i++) xs[i] = x[(i * 7) % 77] * (1.0f + (float)(i % 12));
+            for (int K = 1; K <= 150; K += 149 / 7) {
+                for (int mi = 0; mi < 4; mi++) {
+                    const int mr = (int[]){1, 5, 11, 12}[mi];
+                    uint32_t a[75 * 12], b[75 * 12];
+                    float s0[12] = {0}, s1[12] = {0};
+                    int32_t z0[12] = {0}, z1[12] = {0};
+                    int64_t kg = c == 0 ? (K + 1) / 2 : (K + 3) / 4;
+                    memset(a, 0, sizeof a), memset(b, 0xAB, sizeof b);
+                    for (int i = 0; i < mr; i++)
+                        ref[c]->row(a + i, 12, xs + i * 150, K, &s0[i], &z0[i]);
+                    fast[c]->strip(b, 12, 12, xs, 150, mr, K, c ? s1 : NULL, c ? z1 : NULL);
+                    if (memcmp(a, b, (size_t)kg * 12 * 4))
+                        fail_msg("%s strip K=%d mr=%d differs", c ? "int8" : "bf16", K, mr);
+                    assert_memory_equal(s0, s1, sizeof s0);
+                    assert_memory_equal(z0, z1, sizeof z0);
+                }
+            }
+        }
+        /* bf16 only: 16-row halves of a 32-wide panel (attention_bf16.c's
+         * K), and the pairs converter (its V), on the same values */
+        if (c == 0 && fast[c]->strip) {
+            static float xs[16 * 77];
+            for (int i = 0; i < 16 * 77; i++) xs[i] = x[(i * 5) % 77] * (float)(1 + i % 16);
+            for (int rows = 0; rows <= 16; rows += 5) {
+                uint32_t a[39 * 32], b[39 * 32];
+                memset(a, 0xAB, sizeof a), memset(b, 0xAB, sizeof b);
+                for (int i = 0; i < 16; i++)
+                    if (i < rows) ref[c]->row(a + 16 + i, 32, xs + i * 77, 77, NULL, NULL);
+                    else for (int q = 0; q < 39; q++) a[q * 32 + 16 + i] = 0;
+                fast[c]->strip(b + 16, 32, 16, xs, 77, rows, 77, NULL, NULL);
+                assert_memory_equal(a, b, sizeof a);
+            }
+            for (int n = 1; n <= 76; n += 15) {
+                uint32_t a[80], b[80];
+                memset(a, 0xAB, sizeof a), memset(b, 0xAB, sizeof b);
+                ref[c]->pairs(a, x, x + 1, n), fast[c]->pairs(b, x, x + 1, n);
+                assert_memory_equal(a, b, sizeof a);
+                ref[c]->pairs(a, sp, NULL, 5), fast[c]->pairs(b, sp, NULL, 5);
+                assert_memory_equal(a, b, sizeof a);
+            }
+        }
         if (c == 0) {
             uint32_t a[12 * 3], b[12 * 3];
             memset(a, 0, sizeof a), memset(b, 0, sizeof b);
