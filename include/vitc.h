@@ -615,6 +615,36 @@ typedef struct vitc_vit vitc_vit;
  * __metadata__["vitc.config"], else arch (e.g. "vit_b_16"), else from the
  * tensors' names and shapes. */
 VITC_API vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out);
+
+/* The arithmetic of the forward's weight GEMMs (qkv, out_proj, fc1, fc2).
+ * LayerNorm, softmax, attention, GELU, residuals, the patch embedding and
+ * the head stay fp32 in every precision.
+ *   FP32: weights packed once into the GEMM microkernel's panels.
+ *   BF16: weights rounded once to bfloat16 (nearest even), activations per
+ *         call; products summed in fp32 (vdpbf16ps, or a portable reference
+ *         giving the same numbers).
+ *   INT8: weights int8, symmetric per output channel; activations uint8 with
+ *         a scale and zero point per row (token), int32 sums (vpdpbusd, or
+ *         the reference); dequantized in fp32. */
+typedef enum vitc_precision {
+    VITC_PRECISION_FP32 = 0,
+    VITC_PRECISION_BF16 = 1,
+    VITC_PRECISION_INT8 = 2
+} vitc_precision;
+
+/* vitc_vit_load, then vitc_vit_set_precision(precision), with the same
+ * numbers bit for bit, but the weights are packed while the file is read:
+ * each Linear weight is converted as soon as its tensor is read and its
+ * fp32 pages given back, so the peak resident memory while loading is
+ * about the converted model plus one fp32 matrix (in bf16 / int8 well
+ * below an fp32 load's), not the fp32 model's. Safetensors files (F32, F16,
+ * BF16 tensors) and Hub models as vitc_vit_load takes them. FP32 packs into
+ * the GEMM's fp32 panels; vitc__vit_rowmajor's contract holds (a training
+ * forward, vitc_vit_param, vitc_vit_save unpack exact fp32 weights in FP32).
+ * An unknown precision: VITC_ERR_INVALID_ARG. A CPU without the bf16 /
+ * int8 instructions loads as well (the portable reference path). */
+VITC_API vitc_status vitc_vit_load_precision(const char *path, const char *arch,
+                                             vitc_precision precision, vitc_vit **out);
 VITC_API vitc_status vitc_vit_from_safetensors(const vitc_safetensors *st, const char *arch,
                                                vitc_vit **out);
 VITC_API void vitc_vit_free(vitc_vit *m);
@@ -680,21 +710,7 @@ VITC_API vitc_status vitc_vit_preprocess(const vitc_vit *m, const vitc_image *im
 
 /* ---- inference precision (issue 11) ------------------------------ */
 
-/* The arithmetic of the forward's weight GEMMs (qkv, out_proj, fc1, fc2).
- * LayerNorm, softmax, attention, GELU, residuals, the patch embedding and
- * the head stay fp32 in every precision.
- *   FP32: weights packed once into the GEMM microkernel's panels.
- *   BF16: weights rounded once to bfloat16 (nearest even), activations per
- *         call; products summed in fp32 (vdpbf16ps, or a portable reference
- *         giving the same numbers).
- *   INT8: weights int8, symmetric per output channel; activations uint8 with
- *         a scale and zero point per row (token), int32 sums (vpdpbusd, or
- *         the reference); dequantized in fp32. */
-typedef enum vitc_precision {
-    VITC_PRECISION_FP32 = 0,
-    VITC_PRECISION_BF16 = 1,
-    VITC_PRECISION_INT8 = 2
-} vitc_precision;
+/* vitc_precision: with vitc_vit_load_precision above. */
 
 /* Chooses m's precision and packs its weights for it now. An inference
  * forward (eval mode) reads only the packed weights: the row-major copies

@@ -47,8 +47,20 @@ vitc_status vitc__hf_preprocess(const vitc__hf_proc *p, const vitc_image *img, f
  * (dtype "I64", data NULL) instead of refusing the file — Hub checkpoints
  * carry int64 position_ids buffers that a forward never reads. */
 #define VITC__ST_KEEP_I64 1
+/* VITC__ST_LAZY: the header only; each tensor's data is read into its
+ * (untouched, so not resident) arena slot by vitc__safetensors_read, the
+ * file held open until vitc__safetensors_read_rest. For loaders that convert
+ * a tensor and give its pages back before reading the next (a model
+ * loaded in bf16 / int8 peaks near the converted model, not the file). */
+#define VITC__ST_LAZY 2
 typedef struct vitc_safetensors vitc_safetensors;
 vitc_status vitc__safetensors_load_flags(const char *path, int flags, vitc_safetensors **out);
+/* Reads tensor i (a no-op when read already or not lazy). */
+vitc_status vitc__safetensors_read(vitc_safetensors *st, int i);
+/* The same for the tensor whose data starts at data (none: a no-op). */
+vitc_status vitc__safetensors_read_at(vitc_safetensors *st, const float *data);
+/* Reads every tensor still unread and closes the file. */
+vitc_status vitc__safetensors_read_rest(vitc_safetensors *st);
 
 /* Overflow-checked size arithmetic: 1 on success, 0 on overflow. */
 static inline int vitc__mul_size(size_t a, size_t b, size_t *out) {

@@ -128,14 +128,26 @@ int cli_set_precision(const char *cmd, vitc_vit *m, const char *name, const char
         if (vitc_vit_set_attention_precision(m, (vitc_precision)a) != VITC_OK)
             return cli_lib_error("--attention-precision");
     }
-    if (!name)
-        return CLI_OK;
-    int p = vitc_precision_parse(name);
-    if (p < 0)
-        return cli_usage_error(cmd, "--precision must be fp32, bf16 or int8, not \"%s\"", name);
+    int p, rc = cli_parse_precision(cmd, name, &p);
+    if (rc != CLI_OK || p < 0)
+        return rc;
     if (vitc_vit_set_precision(m, (vitc_precision)p) != VITC_OK)
         return cli_lib_error("--precision");
     return CLI_OK;
+}
+
+int cli_parse_precision(const char *cmd, const char *name, int *p) {
+    *p = -1;
+    if (!name)
+        return CLI_OK;
+    if ((*p = vitc_precision_parse(name)) < 0)
+        return cli_usage_error(cmd, "--precision must be fp32, bf16 or int8, not \"%s\"", name);
+    return CLI_OK;
+}
+
+vitc_status cli_load_vit(const char *path, const char *arch, int precision, vitc_vit **m) {
+    return precision < 0 ? vitc_vit_load(path, arch, m)
+                         : vitc_vit_load_precision(path, arch, (vitc_precision)precision, m);
 }
 
 /* ------------------------------------------------------------------ */
@@ -327,10 +339,13 @@ int cli_model_processor(const vitc_vit *m, int crop_set, int resize_set, cli_inp
 }
 
 int cli_open_model(const char *cmd, const cli_model_opts *o, vitc_vit **m, cli_input *in) {
-    int rc;
-    if (vitc_vit_load(o->model, o->arch, m) != VITC_OK)
+    int rc, p;
+    if ((rc = cli_parse_precision(cmd, o->precision, &p)) != CLI_OK)
+        return rc;
+    /* Packed while read: the load peaks near the converted model. */
+    if (cli_load_vit(o->model, o->arch, p, m) != VITC_OK)
         return cli_error("%s", vitc_last_error());
-    if ((rc = cli_set_precision(cmd, *m, o->precision, o->attn_precision)) != CLI_OK)
+    if ((rc = cli_set_precision(cmd, *m, NULL, o->attn_precision)) != CLI_OK)
         return rc;
     if ((rc = cli_model_input(o->model, vitc_vit_get_config(*m), o->crop, o->crop_set, o->resize,
                               o->resize_set, in)) != CLI_OK)

@@ -34,6 +34,12 @@ int cli_stderr_tty(void);
  * CLI_USAGE for an unknown name (cmd names the command), CLI_FAIL when
  * packing fails. */
 int cli_set_precision(const char *cmd, vitc_vit *m, const char *name, const char *attn);
+/* --precision's value: *p a vitc_precision, or -1 when name is NULL; a
+ * usage error for an unknown name. */
+int cli_parse_precision(const char *cmd, const char *name, int *p);
+/* vitc_vit_load, or vitc_vit_load_precision when precision >= 0 (the
+ * weights packed while read: the load's peak is the converted model's). */
+vitc_status cli_load_vit(const char *path, const char *arch, int precision, vitc_vit **m);
 /* The attention's precision by name: VITC_PRECISION_FP32 / _BF16, or -1. */
 int cli_attention_precision(const char *name);
 #define CLI_PRECISION_HELP \

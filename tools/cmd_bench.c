@@ -435,7 +435,8 @@ static int bench_setup_vit(const bench_workload *w, bench_ctx *c, const char *mo
                  hub ? "a Hub model directory" : "vit_b_16.safetensors");
         return -1;
     }
-    if (vitc_vit_load(model, NULL, &c->vit) != VITC_OK)
+    /* Packed while read, so built_hwm_kb shows the precision's load peak. */
+    if (vitc_vit_load_precision(model, NULL, bench_precision, &c->vit) != VITC_OK)
         return cli_lib_error("--model");
     if (hub) { /* a row's own family: --model names one checkpoint for every row */
         const char *fam = vitc_vit_family(c->vit), *want = w->name[0] == 'd' ? "dinov2" : "clip";
@@ -445,8 +446,6 @@ static int bench_setup_vit(const bench_workload *w, bench_ctx *c, const char *mo
             return -1;
         }
     }
-    if (vitc_vit_set_precision(c->vit, bench_precision) != VITC_OK)
-        return cli_lib_error("--precision");
     if (vitc_vit_set_attention_precision(c->vit, bench_attn_precision) != VITC_OK)
         return cli_lib_error("--attention-precision");
     g = vitc_vit_get_config(c->vit);

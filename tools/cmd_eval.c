@@ -131,9 +131,12 @@ int cmd_eval(int argc, char **argv) {
     if (threads)
         vitc_set_num_threads(threads);
     vitc_vit *m;
-    if (vitc_vit_load(model, NULL, &m) != VITC_OK)
+    int prec, prc = cli_parse_precision("eval", precision, &prec);
+    if (prc != CLI_OK)
+        return prc;
+    if (cli_load_vit(model, NULL, prec, &m) != VITC_OK)
         return cli_lib_error("--model");
-    int prc = cli_set_precision("eval", m, precision, attn_precision);
+    prc = cli_set_precision("eval", m, NULL, attn_precision);
     if (prc != CLI_OK) {
         vitc_vit_free(m);
         return prc;

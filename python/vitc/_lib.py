@@ -188,6 +188,7 @@ _SIGNATURES = {
                                              c_float_p]),
     # Vision Transformer
     "vitc_vit_load": (_st, [_cs, _cs, _P(_vp)]),
+    "vitc_vit_load_precision": (_st, [_cs, _cs, _int, _P(_vp)]),
     "vitc_vit_free": (None, [_vp]),
     "vitc_vit_get_config": (_P(VitConfig), [_vp]),
     "vitc_vit_arch_name": (_cs, [_vp]),

@@ -74,11 +74,7 @@ class VisionTransformer:
         else the tensors' names and shapes. precision: "fp32", "bf16" or
         "int8" arithmetic of the weight GEMMs (see `precision`);
         attention_precision: "fp32" or "bf16" (see `attention_precision`)."""
-        h = ctypes.c_void_p()
-        check(lib.vitc_vit_load(path_arg(path), str_arg(arch, "arch") if arch else None,
-                                ctypes.byref(h)))
-        m = cls(_handle=h.value)
-        m.precision = precision
+        m = cls(_handle=_load(path, arch, precision))
         m.attention_precision = attention_precision
         return m
 
@@ -338,10 +334,19 @@ def load_model(path, arch=None, precision="fp32", attention_precision="fp32"):
     Face Hub directory (config.json + model.safetensors or a sharded index),
     or a Hub .safetensors with config.json beside it. precision and
     attention_precision as in VisionTransformer.from_safetensors."""
-    h = ctypes.c_void_p()
-    check(lib.vitc_vit_load(path_arg(path), str_arg(arch, "arch") if arch else None,
-                            ctypes.byref(h)))
-    m = Model(_handle=h.value)
-    m.precision = precision
+    m = Model(_handle=_load(path, arch, precision))
     m.attention_precision = attention_precision
     return m
+
+
+def _load(path, arch, precision):
+    """A model handle loaded in `precision` (vitc_vit_load_precision: each
+    weight packed as it is read, so a bf16 / int8 load peaks near the
+    converted model, not the fp32 file)."""
+    p = lib.vitc_precision_parse(str_arg(precision, "precision"))
+    if p < 0:
+        raise ValueError("precision must be 'fp32', 'bf16' or 'int8', got %r" % (precision,))
+    h = ctypes.c_void_p()
+    check(lib.vitc_vit_load_precision(path_arg(path), str_arg(arch, "arch") if arch else None,
+                                      p, ctypes.byref(h)))
+    return h.value

@@ -54,6 +54,7 @@ typedef struct st_tensor {
     size_t numel;
     uint64_t begin, end; /* byte range in the file's data buffer */
     float *data;     /* [numel], inside vitc_safetensors.arena */
+    int pending;     /* VITC__ST_LAZY: data not read yet */
 } st_tensor;
 
 struct vitc_safetensors {
@@ -68,6 +69,12 @@ struct vitc_safetensors {
     char **meta_val;
     float *arena;    /* every tensor's float32 data */
     int keep_i64;    /* VITC__ST_KEEP_I64 */
+    /* VITC__ST_LAZY: the file stays open and each tensor is read when
+     * asked for (vitc__safetensors_read), so a loader can convert one
+     * tensor and give its pages back before the next is read. */
+    FILE *lazy;
+    uint64_t data_at; /* the data buffer's first byte in the file */
+    char *path;       /* for messages while lazy */
 };
 
 /* ------------------------------------------------------------------ */
@@ -140,6 +147,9 @@ void vitc_safetensors_free(vitc_safetensors *st) {
     free(st->meta_key);
     free(st->meta_val);
     vitc__free(st->arena);
+    if (st->lazy)
+        fclose(st->lazy);
+    free(st->path);
     free(st);
 }
 
@@ -691,6 +701,16 @@ static vitc_status st_read(st_source *src, uint64_t off, void *dst, size_t n, co
     return VITC_OK;
 }
 
+/* Tensor t's bytes from src into its arena slot, widened to float32. */
+static vitc_status st_read_tensor(st_tensor *t, st_source *src, const char *fname) {
+    if (t->dtype == ST_F32)
+        return st_read(src, t->begin, t->data, t->numel * 4, fname, t->name);
+    VITC_TRY(st_read(src, t->begin, (unsigned char *)t->data + 2 * t->numel, t->numel * 2, fname,
+                     t->name));
+    st_widen_in_place(t->data, t->numel, t->dtype);
+    return VITC_OK;
+}
+
 static vitc_status st_load_data(vitc_safetensors *st, st_source *src, const char *fname) {
     size_t total = 0;
     for (int i = 0; i < st->n; i++) {
@@ -718,13 +738,10 @@ static vitc_status st_load_data(vitc_safetensors *st, st_source *src, const char
         }
         t->data = st->arena + at;
         at += t->numel;
-        if (t->dtype == ST_F32) {
-            VITC_TRY(st_read(src, t->begin, t->data, t->numel * 4, fname, t->name));
-        } else {
-            VITC_TRY(st_read(src, t->begin, (unsigned char *)t->data + 2 * t->numel,
-                             t->numel * 2, fname, t->name));
-            st_widen_in_place(t->data, t->numel, t->dtype);
-        }
+        /* Lazy: the arena's pages stay untouched (not resident) until read. */
+        t->pending = st->lazy != NULL;
+        if (!t->pending)
+            VITC_TRY(st_read_tensor(t, src, fname));
     }
     return VITC_OK;
 }
@@ -818,6 +835,15 @@ vitc_status vitc__safetensors_load_flags(const char *path, int flags, vitc_safet
         goto done;
     }
     st->keep_i64 = (flags & VITC__ST_KEEP_I64) != 0;
+    if (flags & VITC__ST_LAZY) {
+        st->lazy = f;
+        st->data_at = 8 + hlen;
+        if (!(st->path = st_strdup(path))) {
+            st->lazy = NULL;
+            s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory", path);
+            goto done;
+        }
+    }
     s = st_parse_header(st, hdr, (size_t)hlen, fsize - 8 - hlen, path);
     free(hdr);
     hdr = NULL;
@@ -825,13 +851,52 @@ vitc_status vitc__safetensors_load_flags(const char *path, int flags, vitc_safet
         st_source src = {NULL, f};
         s = st_load_data(st, &src, path);
     }
+    if (s == VITC_OK && st->lazy)
+        f = NULL; /* st owns it now */
+    else
+        st->lazy = NULL;
     s = st_finish(st, s, out);
     st = NULL;
 done:
     free(hdr);
     vitc_safetensors_free(st);
-    fclose(f);
+    if (f)
+        fclose(f);
     return s;
+}
+
+vitc_status vitc__safetensors_read(vitc_safetensors *st, int i) {
+    if (!st || i < 0 || i >= st->n)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc__safetensors_read: no tensor %d", i);
+    st_tensor *t = &st->t[i];
+    if (!t->pending)
+        return VITC_OK;
+    if (fseeko(st->lazy, (off_t)(st->data_at + t->begin), SEEK_SET) != 0)
+        return vitc__err(VITC_ERR_IO, "%s: tensor '%s': %s", st->path, t->name, strerror(errno));
+    st_source src = {NULL, st->lazy};
+    VITC_TRY(st_read_tensor(t, &src, st->path));
+    t->pending = 0;
+    return VITC_OK;
+}
+
+vitc_status vitc__safetensors_read_at(vitc_safetensors *st, const float *data) {
+    /* A linear scan: a model has hundreds of tensors, read once each. */
+    for (int i = 0; st && i < st->n; i++)
+        if (st->t[i].data == data && data)
+            return vitc__safetensors_read(st, i);
+    return VITC_OK; /* not this file's (a row of zeros, a transposed copy): nothing to read */
+}
+
+vitc_status vitc__safetensors_read_rest(vitc_safetensors *st) {
+    if (!st || !st->lazy)
+        return VITC_OK;
+    for (int i = 0; i < st->n; i++)
+        VITC_TRY(vitc__safetensors_read(st, i));
+    fclose(st->lazy);
+    st->lazy = NULL;
+    free(st->path);
+    st->path = NULL;
+    return VITC_OK;
 }
 
 /* ------------------------------------------------------------------ */

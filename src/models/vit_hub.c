@@ -40,6 +40,7 @@ typedef struct hub_src {
     vitc_safetensors **st; /* [n] shards */
     char **names;          /* [n] shard file names */
     unsigned char **used;  /* [n][count] tensor consumed or listed */
+    int prec;              /* vitc_precision to pack for while filling, or -1 */
 } hub_src;
 
 static void hub_src_free(hub_src *h) {
@@ -130,7 +131,9 @@ static vitc_status hub_add_shard(hub_src *h, const char *dir, const char *name) 
         return s;
     }
     vitc_safetensors *st = NULL;
-    vitc_status s = vitc__safetensors_load_flags(path, VITC__ST_KEEP_I64, &st);
+    /* Lazy: each tensor is read when taken and its pages given back after
+     * (hub_take), so the shards are never all resident at once. */
+    vitc_status s = vitc__safetensors_load_flags(path, VITC__ST_KEEP_I64 | VITC__ST_LAZY, &st);
     free(path);
     if (s != VITC_OK)
         return s;
@@ -514,6 +517,8 @@ static vitc_status hub_take(const hub_src *h, const char *name, const int64_t *w
                          vitc__shape_str(b, sizeof b, nd, shape));
     size_t n = 1;
     for (int k = 0; k < nd; k++) n *= (size_t)shape[k]; /* checked by the table's layout */
+    for (int i = 0; i < h->n; i++) /* the shard holding it reads it; the others: no-ops */
+        VITC_TRY(vitc__safetensors_read_at(h->st[i], data));
     memcpy(dst, data, n * sizeof(float));
     /* Each tensor is read once: its pages go back now, so loading peaks
      * near one copy of the weights, not the file's plus the model's. */
@@ -654,10 +659,21 @@ static vitc_status hub_finish(vitc_vit *m, const hub_src *h, const hub_family *f
         size_t end = i + 1 < m->n_entries ? m->table[i + 1].offset : m->n_params;
         memset(m->params + e->offset + e->numel, 0, (end - e->offset - e->numel) * sizeof(float));
     }
-    for (int i = 0; i < m->n_entries; i++)
-        VITC_TRY(hub_fill_row(m, h, &m->table[i], fam, mean2, pre, qkv_bias));
-    VITC_TRY(hub_leftovers(m, h));
     vitc__params_bind(m->table, m->n_entries, m->params, &m->w, m->blocks, sizeof *m->blocks);
+    /* With a precision each Linear weight is packed as soon as its row is
+     * filled (its fp32 pages given back): the peak holds the converted
+     * model plus about one fp32 matrix. */
+    vitc_status s = h->prec >= 0 ? vitc__vit_load_pack_begin(m, (vitc_precision)h->prec) : VITC_OK;
+    for (int i = 0; s == VITC_OK && i < m->n_entries; i++) {
+        s = hub_fill_row(m, h, &m->table[i], fam, mean2, pre, qkv_bias);
+        if (s == VITC_OK && h->prec >= 0)
+            s = vitc__vit_load_pack_row(m, i);
+    }
+    if (s == VITC_OK)
+        s = hub_leftovers(m, h);
+    if (h->prec >= 0)
+        s = vitc__vit_load_pack_end(m, s);
+    VITC_TRY(s);
     if (!(m->id = vitc__handle_register()))
         return vitc__err(VITC_ERR_NOMEM, "cannot register the model");
     return VITC_OK;
@@ -810,11 +826,12 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
     return VITC_OK;
 }
 
-vitc_status vitc__vit_load_hub(const char *dir, const char *weights, vitc_vit **out) {
+vitc_status vitc__vit_load_hub(const char *dir, const char *weights, int prec, vitc_vit **out) {
     *out = NULL;
     char *cfg_path = hub_join(dir, "config.json"), *wpath = NULL;
     json_t *cfg = NULL;
     hub_src h = {0};
+    h.prec = prec;
     vitc_vit *m = NULL;
     vitc_status s = VITC_OK;
     if (!cfg_path)
@@ -826,7 +843,7 @@ vitc_status vitc__vit_load_hub(const char *dir, const char *weights, vitc_vit **
         int openclip = oc && hub_exists(oc) && (weights || (ow && hub_exists(ow)));
         free(oc);
         if (openclip) {
-            s = vitc__vit_load_clip_names(dir, weights ? weights : ow, 0, out);
+            s = vitc__vit_load_clip_names(dir, weights ? weights : ow, 0, prec, out);
             free(ow);
             free(cfg_path);
             return s;
@@ -843,7 +860,7 @@ vitc_status vitc__vit_load_hub(const char *dir, const char *weights, vitc_vit **
         /* timm's Hub layout (config.json names the architecture): its
          * model.safetensors as a lone file, which has timm's names. */
         wpath = weights ? NULL : hub_join(dir, "model.safetensors");
-        s = wpath || weights ? vitc_vit_load(weights ? weights : wpath, NULL, out)
+        s = wpath || weights ? vitc__vit_load_prec(weights ? weights : wpath, NULL, prec, out)
                              : vitc__err(VITC_ERR_NOMEM, "out of memory");
         json_decref(cfg);
         free(cfg_path);
@@ -1014,10 +1031,11 @@ static vitc_status clip_names_build(vitc_vit *m, const char *dir, json_t *cfg, h
     return VITC_OK;
 }
 
-vitc_status vitc__vit_load_clip_names(const char *dir, const char *weights, int timm,
+vitc_status vitc__vit_load_clip_names(const char *dir, const char *weights, int timm, int prec,
                                       vitc_vit **out) {
     *out = NULL;
     hub_src h = {0};
+    h.prec = prec;
     json_t *cfg = NULL;
     vitc_vit *m = NULL;
     char *cp = hub_join(dir, timm ? "config.json" : "open_clip_config.json");

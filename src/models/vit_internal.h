@@ -272,10 +272,22 @@ void vitc__vit_pack_free(vitc_vit *m);
 /* Gives the pages wholly inside W's n floats back to the OS (their
  * contents become zeros): for arenas that are read once (vit_precision.c). */
 void vitc__vit_release(const float *W, size_t n);
+/* Packing while loading, so the peak is the converted model plus about one
+ * fp32 matrix (vitc_vit_load_precision): _begin with m's table bound and
+ * its parameters not yet read; _row after table entry i's values are in
+ * place (a Linear weight or the patch embedding is packed and its pages
+ * given back at once); _end(m, s) with the load's status (an error
+ * unpacks what was packed) — the same packs as vitc_vit_set_precision. */
+vitc_status vitc__vit_load_pack_begin(vitc_vit *m, vitc_precision p);
+vitc_status vitc__vit_load_pack_row(vitc_vit *m, int entry);
+vitc_status vitc__vit_load_pack_end(vitc_vit *m, vitc_status s);
 vitc_vit *vitc__vit_alloc(void);
 /* A Hugging Face Hub model: dir holds config.json; weights is the
  * .safetensors or .index.json to read, or NULL for dir's own (vit_hub.c). */
-vitc_status vitc__vit_load_hub(const char *dir, const char *weights, vitc_vit **out);
+vitc_status vitc__vit_load_hub(const char *dir, const char *weights, int prec, vitc_vit **out);
+/* vitc_vit_load (prec -1) and vitc_vit_load_precision (a vitc_precision:
+ * the weights packed for it while they are read). */
+vitc_status vitc__vit_load_prec(const char *path, const char *arch, int prec, vitc_vit **out);
 /* CLIP's vision tower in open_clip's / OpenAI's names (visual.*): 1; in
  * timm's (norm_pre, blocks.N): 2; else 0. */
 int vitc__vit_clip_names(const vitc_safetensors *st);
@@ -284,7 +296,7 @@ int vitc__vit_clip_names(const vitc_safetensors *st);
 const int64_t *vitc__vit_file_shape(const vitc_safetensors *st, const char *name, int ndim);
 /* Such a tower from weights (a .safetensors), the config beside it in dir
  * (open_clip_config.json, timm's config.json) read when there (vit_hub.c). */
-vitc_status vitc__vit_load_clip_names(const char *dir, const char *weights, int timm,
+vitc_status vitc__vit_load_clip_names(const char *dir, const char *weights, int timm, int prec,
                                       vitc_vit **out);
 
 /* Build m->table for m->cfg in m->naming's spelling (sizes overflow-checked),

@@ -763,7 +763,13 @@ static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int *
         m->n_params = (size_t)(hi - lo);
         for (int i = 0; i < m->n_entries; i++) m->table[i].offset = (size_t)(src[i] - lo);
     } else if (s == VITC_OK) {
-        if (!vitc__mul_size(m->n_params, sizeof(float), &bytes))
+        /* A lazily read file (vit_load_any): its tensors in memory first.
+         * st is the loader's own then, so writing its data is allowed. */
+        if (adopt)
+            s = vitc__safetensors_read_rest((vitc_safetensors *)st);
+        if (s != VITC_OK)
+            ;
+        else if (!vitc__mul_size(m->n_params, sizeof(float), &bytes))
             s = vitc__err(VITC_ERR_NOMEM, "ViT parameters: %zu floats overflow", m->n_params);
         else if (!(m->params = vitc__calloc(m->n_params, sizeof(float))))
             s = vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu bytes of ViT parameters", bytes);
@@ -885,7 +891,22 @@ static int vit_is_hub(const char *path, char **dir) {
     return hub;
 }
 
-vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out) {
+/* The adopted file's tensors read one at a time in table order, each
+ * Linear weight packed (and its pages given back) before the next is
+ * read: the peak holds the converted model plus about one fp32 matrix. */
+static vitc_status vit_read_packing(vitc_vit *m, vitc_safetensors *st, vitc_precision prec) {
+    vitc_status s = vitc__vit_load_pack_begin(m, prec);
+    for (int i = 0; s == VITC_OK && i < m->n_entries; i++) {
+        s = vitc__safetensors_read_at(st, m->params + m->table[i].offset);
+        if (s == VITC_OK)
+            s = vitc__vit_load_pack_row(m, i);
+    }
+    if (s == VITC_OK)
+        s = vitc__safetensors_read_rest(st); /* nothing left: closes the file */
+    return vitc__vit_load_pack_end(m, s);
+}
+
+vitc_status vitc__vit_load_prec(const char *path, const char *arch, int prec, vitc_vit **out) {
     if (!path || !out)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_load: NULL argument");
     *out = NULL;
@@ -893,13 +914,14 @@ vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out) {
     if (vit_is_hub(path, &dir)) {
         struct stat sb;
         int is_dir = stat(path, &sb) == 0 && S_ISDIR(sb.st_mode);
-        vitc_status hs = vitc__vit_load_hub(dir, is_dir ? NULL : path, out);
+        vitc_status hs = vitc__vit_load_hub(dir, is_dir ? NULL : path, prec, out);
         free(dir);
         return hs;
     }
     vitc_safetensors *st = NULL;
     vitc_vit *m = NULL;
-    vitc_status s = vitc_safetensors_load(path, &st);
+    /* With a precision the file is read lazily, tensor by tensor. */
+    vitc_status s = vitc__safetensors_load_flags(path, prec >= 0 ? VITC__ST_LAZY : 0, &st);
     int clip = s == VITC_OK ? vitc__vit_clip_names(st) : 0;
     if (clip) { /* a CLIP tower in open_clip's or timm's names: the Hub loader's CLIP path */
         vitc_safetensors_free(st);
@@ -910,7 +932,7 @@ vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out) {
             return vitc__err(VITC_ERR_NOMEM, "out of memory");
         memcpy(d, slash ? path : ".", dlen);
         d[dlen] = '\0';
-        s = vitc__vit_load_clip_names(d, path, clip == 2, out);
+        s = vitc__vit_load_clip_names(d, path, clip == 2, prec, out);
         free(d);
         return s;
     }
@@ -919,6 +941,12 @@ vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out) {
     int adopted = 1;
     if (s == VITC_OK)
         s = vit_build(st, arch, &adopted, m);
+    if (s == VITC_OK && prec >= 0) {
+        if (adopted && !m->t2t)
+            s = vit_read_packing(m, st, (vitc_precision)prec);
+        else /* copied out, st read whole: packed the usual way */
+            s = vitc_vit_set_precision(m, (vitc_precision)prec);
+    }
     if (s != VITC_OK) {
         if (m && m->params && adopted)
             m->params = NULL; /* adopted: st's arena, freed below */
@@ -935,4 +963,19 @@ vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out) {
         vitc_safetensors_free(st);
     *out = m;
     return VITC_OK;
+}
+
+vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out) {
+    return vitc__vit_load_prec(path, arch, -1, out);
+}
+
+vitc_status vitc_vit_load_precision(const char *path, const char *arch, vitc_precision precision,
+                                    vitc_vit **out) {
+    if (out)
+        *out = NULL;
+    if (!vitc_precision_name(precision))
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "vitc_vit_load_precision: unknown precision %d (expected fp32, bf16 or "
+                         "int8)", (int)precision);
+    return vitc__vit_load_prec(path, arch, (int)precision, out);
 }

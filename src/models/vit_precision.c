@@ -96,43 +96,88 @@ static vitc_status vit_pack_one(vitc_vit *m, vitc__pweight *p, float *W, int64_t
     return VITC_OK;
 }
 
-static vitc_status vit_pack(vitc_vit *m, const struct vitc__gemm_kernel *kern) {
-    const vitc_vit_config *c = &m->cfg;
+/* Row-major copies gone; the packs allocated for m->precision (none for
+ * fp32 with no packing kernel: fp32 panels only help the built-in GEMM;
+ * bf16 / int8 always run ours). */
+static vitc_status vit_pack_begin(vitc_vit *m, const struct vitc__gemm_kernel *kern) {
     vitc__vit_rowmajor(m);
-    int64_t C = c->hidden_dim, M = c->mlp_dim,
-            K = (int64_t)c->in_channels * c->patch_size * c->patch_size;
-    vitc_status s = VITC_OK;
-    /* fp32 panels only help the built-in GEMM; bf16 / int8 always run ours. */
     if (kern || m->precision != VITC_PRECISION_FP32) {
-        m->pw = calloc((size_t)c->depth * VIT_PW_COUNT, sizeof *m->pw);
+        m->pw = calloc((size_t)m->cfg.depth * VIT_PW_COUNT, sizeof *m->pw);
         if (!m->pw)
             return vitc__err(VITC_ERR_NOMEM, "ViT packed weights: out of memory");
-        for (int l = 0; s == VITC_OK && l < c->depth; l++) {
-            const vitc__vit_block *w = &m->blocks[l];
-            vitc__pweight *p = &m->pw[l * VIT_PW_COUNT];
-            vitc_precision pr = m->precision;
-            s = vit_pack_one(m, &p[VIT_PW_QKV], w->qkv_w, 3 * C, C, pr);
-            if (s == VITC_OK)
-                s = vit_pack_one(m, &p[VIT_PW_PROJ], w->proj_w, C, C, pr);
-            if (s == VITC_OK)
-                s = vit_pack_one(m, &p[VIT_PW_FC1], w->fc1_w, M, C, pr);
-            if (s == VITC_OK)
-                s = vit_pack_one(m, &p[VIT_PW_FC2], w->fc2_w, C, m->swiglu ? M / 2 : M, pr);
-        }
     }
-    /* The patch embedding stays fp32 (3% of the FLOPs); the heads (several
-     * shapes across families, 0.2%) stay row-major fp32. */
-    if (s == VITC_OK && kern && m->w.conv_w) /* T2T-ViT has no patch conv */
-        s = vit_pack_one(m, &m->pconv, m->w.conv_w, C, K, VITC_PRECISION_FP32);
-    if (s != VITC_OK) {
-        vitc__vit_rowmajor(m); /* what was packed (and released) goes back */
-        return s;
+    return VITC_OK;
+}
+
+/* Packs matrix i: a block weight (i >= 0, m->pw[i]) or the patch
+ * embedding (i == -1). The patch embedding stays fp32 (3% of the FLOPs);
+ * the heads (several shapes across families, 0.2%) stay row-major fp32. */
+static vitc_status vit_pack_matrix(vitc_vit *m, int i, const struct vitc__gemm_kernel *kern) {
+    const vitc_vit_config *c = &m->cfg;
+    int64_t C = c->hidden_dim, M = c->mlp_dim;
+    if (i < 0) {
+        int64_t K = (int64_t)c->in_channels * c->patch_size * c->patch_size;
+        if (!kern || !m->w.conv_w) /* T2T-ViT has no patch conv */
+            return VITC_OK;
+        return vit_pack_one(m, &m->pconv, m->w.conv_w, C, K, VITC_PRECISION_FP32);
     }
+    if (!m->pw)
+        return VITC_OK;
+    static const int rows[VIT_PW_COUNT] = {3, 1, 0, 1}; /* N in units of C (FC1: M) */
+    int k = i % VIT_PW_COUNT;
+    int64_t N = k == VIT_PW_FC1 ? M : rows[k] * C;
+    int64_t K = k != VIT_PW_FC2 ? C : m->swiglu ? M / 2 : M;
+    return vit_pack_one(m, &m->pw[i], vit_pw_home(m, i), N, K, m->precision);
+}
+
+static void vit_pack_done(vitc_vit *m, const struct vitc__gemm_kernel *kern) {
     m->packed = 1;
     m->packed_prec = m->precision;
     m->packed_for = kern;
     m->pversion = m->wversion;
+}
+
+static vitc_status vit_pack(vitc_vit *m, const struct vitc__gemm_kernel *kern) {
+    vitc_status s = vit_pack_begin(m, kern);
+    int n = m->cfg.depth * VIT_PW_COUNT;
+    for (int i = 0; s == VITC_OK && i < n; i++) s = vit_pack_matrix(m, i, kern);
+    if (s == VITC_OK)
+        s = vit_pack_matrix(m, -1, kern);
+    if (s != VITC_OK) {
+        vitc__vit_rowmajor(m); /* what was packed (and released) goes back */
+        return s;
+    }
+    vit_pack_done(m, kern);
     return VITC_OK;
+}
+
+/* ---- packing while loading (vitc_vit_load_precision) -------------- */
+
+vitc_status vitc__vit_load_pack_begin(vitc_vit *m, vitc_precision p) {
+    m->precision = p;
+    return vit_pack_begin(m, vitc__gemm_pack_kernel());
+}
+
+vitc_status vitc__vit_load_pack_row(vitc_vit *m, int entry) {
+    const vitc__param *e = &m->table[entry];
+    const struct vitc__gemm_kernel *kern = vitc__gemm_pack_kernel();
+    if (e->layer < 0)
+        return e->role == VIT_P_CONV_W ? vit_pack_matrix(m, -1, kern) : VITC_OK;
+    int k = e->role == VIT_L_QKV_W    ? VIT_PW_QKV
+            : e->role == VIT_L_PROJ_W ? VIT_PW_PROJ
+            : e->role == VIT_L_FC1_W  ? VIT_PW_FC1
+            : e->role == VIT_L_FC2_W  ? VIT_PW_FC2
+                                      : -1;
+    return k < 0 ? VITC_OK : vit_pack_matrix(m, e->layer * VIT_PW_COUNT + k, kern);
+}
+
+vitc_status vitc__vit_load_pack_end(vitc_vit *m, vitc_status s) {
+    if (s != VITC_OK) {
+        vitc__vit_rowmajor(m);
+        return s;
+    }
+    vit_pack_done(m, vitc__gemm_pack_kernel());
+    return vitc__vit_prepare_inference(m);
 }
 
 vitc_status vitc__vit_prepare_inference(vitc_vit *m) {
