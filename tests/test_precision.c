@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kernels/gemm_lp.h"
 #include "kernels/kernels.h"
@@ -419,6 +420,91 @@ static void test_vit_lp(void **state) {
     vitc_vit_free(m);
 }
 
+
+/* vitc_vit_load_precision (weights packed while read) gives the logits of
+ * vitc_vit_load + vitc_vit_set_precision bit for bit, in every precision
+ * on every path this CPU has (generic: the portable reference); in fp32 its
+ * parameters read back are the file's, bit for bit (the row-major
+ * contract), and a training forward gives the same logits. */
+static void test_vit_load_precision(void **state) {
+    (void)state;
+    assert_int_equal(vitc_set_gemm_backend("builtin"), VITC_OK);
+    char dir[] = "/tmp/vitc_test_loadprec_XXXXXX", path[64];
+    assert_non_null(mkdtemp(dir));
+    snprintf(path, sizeof path, "%s/m.safetensors", dir);
+    vitc_vit *src = small_vit();
+    assert_int_equal(vitc_vit_save(src, path), VITC_OK);
+    float *x = rnd(NIMG * 3 * 32 * 32, 1.0f), a[NIMG * 40], b[NIMG * 40];
+    for (int ar = 0; ar < 3; ar++) {
+        if (vitc_set_arch(archs[ar]) != VITC_OK)
+            continue;
+        for (int p = 0; p < 3; p++) {
+            vitc_vit *m1 = NULL, *m2 = NULL;
+            assert_int_equal(vitc_vit_load(path, NULL, &m1), VITC_OK);
+            assert_int_equal(vitc_vit_set_precision(m1, (vitc_precision)p), VITC_OK);
+            assert_int_equal(vitc_vit_load_precision(path, NULL, (vitc_precision)p, &m2), VITC_OK);
+            assert_int_equal(vitc_vit_get_precision(m2), p);
+            logits(m1, x, a, 0);
+            logits(m2, x, b, 0);
+            if (memcmp(a, b, sizeof a))
+                fail_msg("%s %s: load_precision logits differ from load + set_precision",
+                         archs[ar], vitc_precision_name((vitc_precision)p));
+            if (p == VITC_PRECISION_FP32) {
+                for (int i = 0; i < vitc_vit_num_params(m2); i++) {
+                    const int64_t *shape;
+                    int nd;
+                    float *d1, *d2;
+                    assert_int_equal(vitc_vit_param(src, i, NULL, &nd, &shape, &d1, NULL), VITC_OK);
+                    assert_int_equal(vitc_vit_param(m2, i, NULL, NULL, NULL, &d2, NULL), VITC_OK);
+                    size_t n = 1;
+                    for (int k = 0; k < nd; k++) n *= (size_t)shape[k];
+                    assert_memory_equal(d1, d2, n * 4);
+                }
+                logits(m2, x, a, 1);
+                logits(m2, x, b, 0);
+                assert_memory_equal(a, b, sizeof a);
+            }
+            vitc_vit_free(m1);
+            vitc_vit_free(m2);
+        }
+    }
+    vitc_set_arch(NULL);
+    /* errors as values, *out NULL */
+    vitc_vit *m = (vitc_vit *)1;
+    assert_int_equal(vitc_vit_load_precision(path, NULL, (vitc_precision)3, &m), VITC_ERR_INVALID_ARG);
+    assert_null(m);
+    assert_non_null(strstr(vitc_last_error(), "precision 3"));
+    assert_int_equal(vitc_vit_load_precision(NULL, NULL, VITC_PRECISION_INT8, &m), VITC_ERR_INVALID_ARG);
+    snprintf(path, sizeof path, "%s/none.safetensors", dir);
+    assert_int_not_equal(vitc_vit_load_precision(path, NULL, VITC_PRECISION_INT8, &m), VITC_OK);
+    assert_null(m);
+    /* a file cut short: the lazy read fails with a message naming the file */
+    snprintf(path, sizeof path, "%s/m.safetensors", dir);
+    char cut[64];
+    snprintf(cut, sizeof cut, "%s/cut.safetensors", dir);
+    FILE *f = fopen(path, "rb"), *g = fopen(cut, "wb");
+    assert_non_null(f);
+    assert_non_null(g);
+    char buf[4096];
+    size_t got, total = 0;
+    while ((got = fread(buf, 1, sizeof buf, f)) > 0) {
+        fwrite(buf, 1, got, g);
+        total += got;
+    }
+    fclose(f);
+    fclose(g);
+    assert_int_equal(truncate(cut, (off_t)(total - 100)), 0);
+    assert_int_not_equal(vitc_vit_load_precision(cut, NULL, VITC_PRECISION_INT8, &m), VITC_OK);
+    assert_null(m);
+    assert_non_null(strstr(vitc_last_error(), "cut.safetensors"));
+    unlink(cut);
+    unlink(path);
+    rmdir(dir);
+    free(x);
+    vitc_vit_free(src);
+    vitc_set_gemm_backend("auto");
+}
+
 static void test_precision_api(void **state) {
     (void)state;
     assert_string_equal(vitc_precision_name(VITC_PRECISION_INT8), "int8");
@@ -447,6 +533,7 @@ int main(void) {
         cmocka_unit_test(test_int8),
         cmocka_unit_test(test_vit_fp32_packed),
         cmocka_unit_test(test_vit_lp),
+        cmocka_unit_test(test_vit_load_precision),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
