@@ -639,8 +639,9 @@ typedef enum vitc_precision {
  * about the converted model plus one fp32 matrix (in bf16 / int8 well
  * below an fp32 load's), not the fp32 model's. Safetensors files (F32, F16,
  * BF16 tensors) and Hub models as vitc_vit_load takes them. FP32 packs into
- * the GEMM's fp32 panels; vitc__vit_rowmajor's contract holds (a training
- * forward, vitc_vit_param, vitc_vit_save unpack exact fp32 weights in FP32).
+ * the GEMM's fp32 panels, which unpack exactly (a training forward,
+ * vitc_vit_param and vitc_vit_save see the file's weights bit for bit).
+ * A training checkpoint (vitc.* state) and T2T-ViT are read whole first.
  * An unknown precision: VITC_ERR_INVALID_ARG. A CPU without the bf16 /
  * int8 instructions loads as well (the portable reference path). */
 VITC_API vitc_status vitc_vit_load_precision(const char *path, const char *arch,
