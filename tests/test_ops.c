@@ -114,6 +114,89 @@ static void test_quick_gelu(void **state) {
     free(in), free(o);
 }
 
+/* tanh-GELU on every path against float64 of the exact function,
+ * x / (1 + e^(-2u)) = 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3).
+ * The vector paths round u (a few ulp of it, relative error |2u| times
+ * that in the result); the reference is torch's float formula, whose
+ * 1 + tanh(u) cancels for negative x (an ulp of 1, times x / 2). */
+static void test_tanh_gelu(void **state) {
+    (void)state;
+    int64_t n = 100000 + 7;
+    float *in = malloc((size_t)n * sizeof(float)), *o = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) in[i] = (float)(-30.0 + 60.0 * i / (double)n);
+    float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 100.0f, -100.0f, 1e4f, -1e4f, 1e20f, -1e20f};
+    memcpy(in + 500, special, sizeof special);
+    for (int a = -1; a < 3; a++) {
+        if (a >= 0 && vitc_set_arch(archs[a]) != VITC_OK) continue;
+        for (int t = 1; t <= 2; t++) {
+            vitc_set_num_threads(t);
+            int ref = a < 0 || vitc__kern()->tanh_gelu == vitc__tanh_gelu_ref; /* generic */
+            memcpy(o, in, (size_t)n * sizeof(float));
+            if (a < 0)
+                vitc__tanh_gelu_ref(o, n);
+            else if (t == 1)
+                vitc__tanh_gelu(o, n);
+            else /* odd lengths through the threaded launcher: the vector tails */
+                for (int64_t s = 0, m = 1; s < n; s += m, m = m % 37 + 1)
+                    vitc__tanh_gelu(o + s, s + m <= n ? m : n - s);
+            for (int64_t i = 0; i < n; i++) {
+                double x = in[i], z = -1.5957691216057308 * (x + 0.044715 * x * x * x);
+                double want = z > 700.0 ? (x < 0 ? -0.0 : 0.0) : x / (1.0 + exp(z));
+                double tol = ref ? 1e-6 * fabs(want) + 1.2e-7 * fabs(x)
+                                   : (1e-6 + 3e-7 * fabs(z)) * fabs(want) + 1e-30;
+                if (!(fabs(o[i] - want) <= tol)) {
+                    fprintf(stderr, "%s (%d threads): tanh_gelu(%.9g) = %.9g, want %.9g\n",
+                            a < 0 ? "ref" : archs[a], t, x, o[i], want);
+                    fail();
+                }
+            }
+        }
+    }
+    vitc_set_arch(NULL);
+    vitc_set_num_threads(0);
+    free(in), free(o);
+}
+
+/* Layer scale y = r + g * y: the float product then the float add, on every
+ * path and thread count (the product rounded in float64 is exact for the
+ * float result's rounding: float64 holds a float product exactly), with
+ * and without r, odd lengths for the tails. */
+static void test_scale_add(void **state) {
+    (void)state;
+    int64_t M = 37, N = 203;
+    float *y0 = malloc((size_t)(M * N) * sizeof(float)), *y = malloc((size_t)(M * N) * sizeof(float));
+    float *r = malloc((size_t)(M * 2 * N) * sizeof(float)), *g = malloc((size_t)N * sizeof(float));
+    for (int64_t i = 0; i < M * N; i++) y0[i] = (float)sin(0.37 * (double)i) * 3.0f;
+    for (int64_t i = 0; i < 2 * M * N; i++) r[i] = (float)cos(0.11 * (double)i) * 2.0f;
+    for (int64_t j = 0; j < N; j++) g[j] = (float)(1e-3 * (double)(j - 100));
+    for (int a = 0; a < 3; a++) {
+        if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+        for (int t = 1; t <= 2; t++) {
+            vitc_set_num_threads(t);
+            for (int with_r = 0; with_r < 2; with_r++)
+                for (int64_t n = N - 2; n <= N; n++) { /* tails of 8 and 16 lanes */
+                    memcpy(y, y0, (size_t)(M * N) * sizeof(float));
+                    vitc__scale_add(y, N, g, with_r ? r : NULL, 2 * N, M, n);
+                    for (int64_t i = 0; i < M; i++)
+                        for (int64_t j = 0; j < N; j++) {
+                            float p = (float)((double)g[j] * (double)y0[i * N + j]);
+                            float want = j >= n ? y0[i * N + j]
+                                         : with_r ? (float)((double)r[i * 2 * N + j] + (double)p)
+                                                  : p;
+                            if (memcmp(&want, &y[i * N + j], sizeof want)) {
+                                fprintf(stderr, "%s: scale_add [%lld, %lld] = %.9g, want %.9g\n",
+                                        archs[a], (long long)i, (long long)j, y[i * N + j], want);
+                                fail();
+                            }
+                        }
+                }
+        }
+    }
+    vitc_set_arch(NULL);
+    vitc_set_num_threads(0);
+    free(y0), free(y), free(r), free(g);
+}
+
 /* softmax(x * it) in float64 from the float logits the kernels see: they
  * round x * it and x * it - max to float (so does torch), the rest is
  * what is being checked. */
@@ -282,6 +365,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_gelu),
         cmocka_unit_test(test_quick_gelu),
+        cmocka_unit_test(test_tanh_gelu),
+        cmocka_unit_test(test_scale_add),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_groupnorm),

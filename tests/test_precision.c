@@ -37,8 +37,35 @@ static const shape shapes[] = {
 
 };
 
-/* Packed fp32 panels give the unpacked GEMM's bits; fused GELU gives GELU
- * after it; on every path, with and without bias / residual. */
+/* Activation act (VITC__ACT_*) as a pass of its own. */
+static void act_after(int act, float *y, int64_t n) {
+    if (act == VITC__ACT_GELU) vitc__gelu(y, n);
+    if (act == VITC__ACT_QUICK_GELU) vitc__quick_gelu(y, n);
+    if (act == VITC__ACT_TANH_GELU) vitc__tanh_gelu(y, n);
+}
+
+/* The layer scale in the epilogue (vitc__linear_pw_scaled) gives the
+ * product without it, then vitc__scale_add with the residual: bitwise. */
+static void check_scaled(const char *what, const float *x, const vitc__pweight *pw, const float *W,
+                         const float *b, const float *r, float *y0, float *y1, int64_t M,
+                         int64_t N, int64_t K) {
+    float *g = rnd((size_t)N, 0.3f);
+    for (int with_r = 0; with_r < 2; with_r++) {
+        const float *res = with_r ? r : NULL;
+        assert_int_equal(vitc__linear_pw(y0, N, x, K, pw, W, b, NULL, 0, M, N, K, 0), VITC_OK);
+        vitc__scale_add(y0, N, g, res, N, M, N);
+        assert_int_equal(vitc__linear_pw_scaled(y1, N, x, K, pw, W, b, g, res, N, M, N, K),
+                         VITC_OK);
+        if (memcmp(y0, y1, (size_t)(M * N) * 4))
+            fail_msg("%s %lldx%lldx%lld: layer scale in the epilogue differs (residual %d)", what,
+                     (long long)M, (long long)N, (long long)K, with_r);
+    }
+    free(g);
+}
+
+/* Packed fp32 panels give the unpacked GEMM's bits; a fused activation
+ * (erf, quick or tanh GELU) gives it after; on every path, with and
+ * without bias / residual. */
 static void test_fp32_packed_same_bits(void **state) {
     (void)state;
     for (int a = 0; a < 3; a++) {
@@ -50,15 +77,21 @@ static void test_fp32_packed_same_bits(void **state) {
             float *y0 = calloc((size_t)(M * N), 4), *y1 = calloc((size_t)(M * N), 4);
             vitc__pweight pw;
             assert_int_equal(vitc__pweight_pack(&pw, W, N, K, VITC_PRECISION_FP32), VITC_OK);
-            for (int gelu = 0; gelu < 2; gelu++) {
+            for (int gelu = 0; gelu < 4; gelu++) {
                 vitc__linear(y0, N, x, K, W, b, gelu ? NULL : r, N, M, N, K);
-                if (gelu) vitc__gelu(y0, M * N);
+                act_after(gelu, y0, M * N);
                 assert_int_equal(vitc__linear_pw(y1, N, x, K, &pw, W, b, gelu ? NULL : r, N, M, N,
                                                  K, gelu),
                                  VITC_OK);
                 if (memcmp(y0, y1, (size_t)(M * N) * 4))
                     fail_msg("%s fp32 packed %lldx%lldx%lld gelu=%d differs", archs[a],
                              (long long)M, (long long)N, (long long)K, gelu);
+            }
+            check_scaled(archs[a], x, &pw, W, b, r, y0, y1, M, N, K); /* packed */
+            check_scaled(archs[a], x, NULL, W, b, r, y0, y1, M, N, K); /* row-major */
+            if (vitc_set_gemm_backend("openblas") == VITC_OK) { /* a pass after its GEMM */
+                check_scaled("openblas", x, &pw, W, b, r, y0, y1, M, N, K);
+                vitc_set_gemm_backend(NULL);
             }
             vitc__pweight_free(&pw);
             free(x), free(W), free(b), free(r), free(y0), free(y1);
@@ -130,13 +163,24 @@ static void lp_case(vitc_precision p) {
                     fail_msg("%s on %s (%s) %lldx%lldx%lld differs from the reference",
                              vitc_precision_name(p), archs[a], vitc_get_precision_paths(),
                              (long long)M, (long long)N, (long long)K);
-                /* fused GELU == GELU after */
-                if (gelu) {
-                    assert_int_equal(vitc__linear_pw(y1, N, x, K, &pw, NULL, b, NULL, 0, M, N, K, 1),
+                /* fused GELU == GELU after; so do quick- and tanh-GELU (a pass
+                 * after the bf16 / int8 GEMM) */
+                for (int act = gelu; act && act < 4; act++) {
+                    assert_int_equal(vitc__linear_pw(y1, N, x, K, &pw, NULL, b, NULL, 0, M, N, K,
+                                                     act),
                                      VITC_OK);
+                    if (act > VITC__ACT_GELU) {
+                        assert_int_equal(vitc__linear_pw(y0, N, x, K, &pw, NULL, b, NULL, 0, M, N,
+                                                         K, 0),
+                                         VITC_OK);
+                        act_after(act, y0, M * N);
+                    }
                     if (memcmp(y0, y1, (size_t)(M * N) * 4))
-                        fail_msg("%s on %s: fused GELU differs", vitc_precision_name(p), archs[a]);
+                        fail_msg("%s on %s: fused activation %d differs",
+                                 vitc_precision_name(p), archs[a], act);
                 }
+                if (!gelu)
+                    check_scaled(vitc_precision_name(p), x, &pw, NULL, b, r, y0, y1, M, N, K);
             }
         vitc__pweight_free(&pw);
         free(x), free(W), free(b), free(r), free(y0), free(y1);
@@ -185,6 +229,52 @@ static void test_row_converters(void **state) {
             fast[c]->row(b, 12, x, K, &s1, &z1);
             assert_memory_equal(a, b, sizeof a);
             assert_true(s0 == s1 && z0 == z1);
+        }
+        /* the strip converter (12 rows at once, transposed in registers)
+         * against the reference's rows, for tails of K and of the rows */
+        if (fast[c]->strip) {
+            static float xs[12 * 150];
+            for (int i = 0; i < 12 * 150; i++) xs[i] = x[(i * 7) % 77] * (1.0f + (float)(i % 12));
+            for (int K = 1; K <= 150; K += 149 / 7) {
+                for (int mi = 0; mi < 4; mi++) {
+                    const int mr = (int[]){1, 5, 11, 12}[mi];
+                    uint32_t a[75 * 12], b[75 * 12];
+                    float s0[12] = {0}, s1[12] = {0};
+                    int32_t z0[12] = {0}, z1[12] = {0};
+                    int64_t kg = c == 0 ? (K + 1) / 2 : (K + 3) / 4;
+                    memset(a, 0, sizeof a), memset(b, 0xAB, sizeof b);
+                    for (int i = 0; i < mr; i++)
+                        ref[c]->row(a + i, 12, xs + i * 150, K, &s0[i], &z0[i]);
+                    fast[c]->strip(b, 12, 12, xs, 150, mr, K, c ? s1 : NULL, c ? z1 : NULL);
+                    if (memcmp(a, b, (size_t)kg * 12 * 4))
+                        fail_msg("%s strip K=%d mr=%d differs", c ? "int8" : "bf16", K, mr);
+                    assert_memory_equal(s0, s1, sizeof s0);
+                    assert_memory_equal(z0, z1, sizeof z0);
+                }
+            }
+        }
+        /* bf16 only: 16-row halves of a 32-wide panel (attention_bf16.c's
+         * K), and the pairs converter (its V), on the same values */
+        if (c == 0 && fast[c]->strip) {
+            static float xs[16 * 77];
+            for (int i = 0; i < 16 * 77; i++) xs[i] = x[(i * 5) % 77] * (float)(1 + i % 16);
+            for (int rows = 0; rows <= 16; rows += 5) {
+                uint32_t a[39 * 32], b[39 * 32];
+                memset(a, 0xAB, sizeof a), memset(b, 0xAB, sizeof b);
+                for (int i = 0; i < 16; i++)
+                    if (i < rows) ref[c]->row(a + 16 + i, 32, xs + i * 77, 77, NULL, NULL);
+                    else for (int q = 0; q < 39; q++) a[q * 32 + 16 + i] = 0;
+                fast[c]->strip(b + 16, 32, 16, xs, 77, rows, 77, NULL, NULL);
+                assert_memory_equal(a, b, sizeof a);
+            }
+            for (int n = 1; n <= 76; n += 15) {
+                uint32_t a[80], b[80];
+                memset(a, 0xAB, sizeof a), memset(b, 0xAB, sizeof b);
+                ref[c]->pairs(a, x, x + 1, n), fast[c]->pairs(b, x, x + 1, n);
+                assert_memory_equal(a, b, sizeof a);
+                ref[c]->pairs(a, sp, NULL, 5), fast[c]->pairs(b, sp, NULL, 5);
+                assert_memory_equal(a, b, sizeof a);
+            }
         }
         if (c == 0) {
             uint32_t a[12 * 3], b[12 * 3];

@@ -63,11 +63,15 @@ def compare(got, ref):
     return {"rel": rel, "top1": top1, "top5": top5}
 
 
+ATTENTION = "fp32"  # --attention-precision: the bf16 / int8 models' attention (fp32 stays fp32)
+
+
 def logits_by_precision(path, x, batch, precisions=PRECISIONS):
     """{precision: logits [n, C]} of the model file at each precision."""
     out = {}
     for p in precisions:
-        m = vitc.VisionTransformer.from_safetensors(path, precision=p)
+        m = vitc.VisionTransformer.from_safetensors(
+            path, precision=p, attention_precision="fp32" if p == "fp32" else ATTENTION)
         out[p] = np.concatenate([m(x[i:i + batch]) for i in range(0, len(x), batch)])
         del m
     return out
@@ -196,7 +200,11 @@ def main():
     ap.add_argument("--workdir", default=os.path.join(ROOT, "build", "precision-accuracy"),
                     help="where the ViT-B/16 file is kept")
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--attention-precision", default="fp32", choices=("fp32", "bf16"),
+                    help="the attention of the bf16 and int8 models (the fp32 one keeps fp32)")
     a = ap.parse_args()
+    global ATTENTION
+    ATTENTION = a.attention_precision
     if a.threads:
         vitc.set_num_threads(a.threads)
     print("kernels: %s\n" % vitc.VisionTransformer.precision_paths())

@@ -307,7 +307,14 @@ typedef struct vitc__gemm_job {
      * asum is then done too. */
     const float *paw;
     int64_t mpad;
-    void (*gelu)(float *x, int64_t n); /* applied to C after the last K block, or NULL */
+    void (*gelu)(float *x, int64_t n); /* the activation (elementwise, in place: erf, quick or
+                                        * tanh GELU) on C after the last K block, or NULL */
+    /* Layer scale (NULL: none): after the last K block, before gelu,
+     * C = sres + scale * C per row by scale_add (scale [N], sres [M, ldsr]
+     * or NULL); res is then NULL, the residual being added here. */
+    const float *scale, *sres;
+    int64_t ldsr;
+    void (*scale_add)(float *y, const float *g, const float *r, int64_t n);
     void (*gelu_to)(float *y, const float *x, int64_t n); /* act = GELU(C), with act */
     /* Also after the last K block, on the tile still in L1 (NULL: none):
      * act [M, ld_act] = gelu(C), C kept (training keeps GELU's input). */
@@ -359,19 +366,21 @@ static inline void vitc__tile(const vitc__gemm_job *g, int st, int64_t kc, const
         kn->ukr(kc, a, b, C, g->ldc, mr, nr, &e);
 }
 
-/* GELU on rows [i, i + mc) x columns [j, j + nc) of C once they are final,
- * while the MC-row block is still in cache: in place, or into act. Whole
- * block rows per call rather than per tile: the vector GELU's setup cost
- * as much as 32 columns of it. Elementwise, so the same numbers. */
+/* The layer scale (and its residual), then GELU, on rows [i, i + mc) x
+ * columns [j, j + nc) of C once they are final, while the MC-row block is
+ * still in cache: in place, or into act. Whole block rows per call rather
+ * than per tile: the vector GELU's setup cost as much as 32 columns of it.
+ * Elementwise, so the same numbers as passes after the GEMM. */
 static void vitc__gelu_block(const vitc__gemm_job *g, int64_t i, int64_t mc, int64_t j,
                              int64_t nc) {
     for (int64_t r = i; r < i + mc; r++) {
         float *c = g->C + r * g->ldc + j;
-        if (g->act) {
+        if (g->scale)
+            g->scale_add(c, g->scale + j, g->sres ? g->sres + r * g->ldsr + j : NULL, nc);
+        if (g->act)
             g->gelu_to(g->act + r * g->ld_act + j, c, nc);
-        } else {
+        else if (g->gelu)
             g->gelu(c, nc);
-        }
     }
 }
 
@@ -429,7 +438,8 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                             vitc__tile(g, 1, kc, g->A + (ic + ir) * g->lda + pc, 1, g->lda,
                                        pb + jr * kc, NR, pc, ic + ir, jc + jr,
                                        mc - ir < MR ? mc - ir : MR, nc - jr < NR ? nc - jr : NR);
-                    if (g->gelu && pc + kc >= g->K) vitc__gelu_block(g, ic, mc, jc, nc);
+                    if ((g->gelu || g->scale) && pc + kc >= g->K)
+                        vitc__gelu_block(g, ic, mc, jc, nc);
                 }
                 continue;
             }
@@ -452,7 +462,7 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                                    jc + jr, mr, nr);
                     }
                 }
-                if (g->gelu && pc + kc >= g->K) vitc__gelu_block(g, ic, mc, jc, nc);
+                if ((g->gelu || g->scale) && pc + kc >= g->K) vitc__gelu_block(g, ic, mc, jc, nc);
             }
         }
     }
@@ -514,11 +524,7 @@ static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
     if (i0 >= i1 || j0 >= j1) return;
     if (g->K <= 0 || g->alpha == 0.0f) {
         vitc__scale_only(g, i0, i1, j0, j1);
-        for (int64_t i = i0; i < i1; i++) {
-            float *c = g->C + i * g->ldc + j0;
-            if (g->gelu && !g->act) g->gelu(c, j1 - j0);
-            if (g->act) g->gelu_to(g->act + i * g->ld_act + j0, c, j1 - j0);
-        }
+        if (g->gelu || g->scale) vitc__gelu_block(g, i0, i1 - i0, j0, j1 - j0);
         return;
     }
 #ifdef VITC_HAVE_OPENBLAS
@@ -794,20 +800,53 @@ vitc_status vitc__pweight_pack(vitc__pweight *pw, const float *W, int64_t N, int
     return VITC_OK;
 }
 
-vitc_status vitc__linear_pw(float *y, int64_t ldy, const float *x, int64_t ldx,
-                            const vitc__pweight *pw, const float *W, const float *bias,
-                            const float *residual, int64_t ldr, int64_t M, int64_t N, int64_t K,
-                            int gelu) {
+/* act's in-place row function in table kt (vitc__linear_pw's epilogue). */
+static void (*vitc__act_fn(const vitc__kernels *kt, int act))(float *x, int64_t n) {
+    switch (act) {
+    case VITC__ACT_GELU: return kt->gelu;
+    case VITC__ACT_QUICK_GELU: return kt->quick_gelu;
+    case VITC__ACT_TANH_GELU: return kt->tanh_gelu;
+    default: return NULL;
+    }
+}
+
+/* act over y [M, N] (row stride ldy) as a pass of its own, threaded. */
+static void vitc__act_pass(int act, float *y, int64_t ldy, int64_t M, int64_t N) {
+    void (*f)(float *x, int64_t n) = act == VITC__ACT_GELU         ? vitc__gelu
+                                     : act == VITC__ACT_QUICK_GELU ? vitc__quick_gelu
+                                     : act == VITC__ACT_TANH_GELU  ? vitc__tanh_gelu
+                                                                   : NULL;
+    if (!f)
+        return;
+    if (ldy == N)
+        f(y, M * N);
+    else
+        for (int64_t i = 0; i < M; i++) f(y + i * ldy, N);
+}
+
+/* vitc__linear_pw with an optional layer scale (vitc__linear_pw_scaled). */
+static vitc_status vitc__linear_any(float *y, int64_t ldy, const float *x, int64_t ldx,
+                                   const vitc__pweight *pw, const float *W, const float *bias,
+                                   const float *scale, const float *residual, int64_t ldr,
+                                   int64_t M, int64_t N, int64_t K, int act) {
     if (pw && pw->data && pw->prec != VITC_PRECISION_FP32) {
         if (pw->N != N || pw->K != K)
             return vitc__err(VITC_ERR_SHAPE, "packed weight [%lld, %lld] used as [%lld, %lld]",
                              (long long)pw->N, (long long)pw->K, (long long)N, (long long)K);
-        return vitc__linear_lp(y, ldy, x, ldx, pw, bias, residual, ldr, M, gelu);
+        /* The lp epilogue has neither a scale nor an activation but erf GELU:
+         * passes after. */
+        VITC_TRY(vitc__linear_lp(y, ldy, x, ldx, pw, bias, scale ? NULL : residual, ldr, M,
+                                 act == VITC__ACT_GELU && !scale));
+        if (scale)
+            vitc__scale_add(y, ldy, scale, residual, ldr, M, N);
+        if (act != VITC__ACT_GELU || scale)
+            vitc__act_pass(act, y, ldy, M, N);
+        return VITC_OK;
     }
     if (!W) return vitc__err(VITC_ERR_INVALID_ARG, "linear: no weights");
     vitc__gemm_job g = {.ta = 0, .tb = 1, .M = M, .N = N, .K = K, .alpha = 1.0f, .A = x,
                         .lda = ldx, .B = W, .ldb = K, .C = y, .ldc = ldy, .bias = bias,
-                        .res = residual, .ldr = ldr, .nparts = 1};
+                        .res = scale ? NULL : residual, .ldr = ldr, .nparts = 1};
     int builtin = vitc__backend() == VITC_GEMM_BUILTIN;
     if (builtin) {
         const vitc__kernels *kt = vitc__kern();
@@ -815,14 +854,29 @@ vitc_status vitc__linear_pw(float *y, int64_t ldy, const float *x, int64_t ldx,
             g.pbw = pw->data;
             g.npad = pw->npad;
         }
-        if (gelu) g.gelu = kt->gelu;
+        g.gelu = vitc__act_fn(kt, act);
+        if (scale)
+            g.scale = scale, g.sres = residual, g.ldsr = ldr, g.scale_add = kt->scale_add;
     }
     vitc__gemm_run(&g, builtin);
-    if (gelu && !g.gelu) { /* OpenBLAS: no epilogue of ours */
-        if (ldy == N)
-            vitc__gelu(y, M * N);
-        else
-            for (int64_t i = 0; i < M; i++) vitc__gelu(y + i * ldy, N);
-    }
+    if (scale && !g.scale) /* OpenBLAS: no epilogue of ours */
+        vitc__scale_add(y, ldy, scale, residual, ldr, M, N);
+    if (!g.gelu)
+        vitc__act_pass(act, y, ldy, M, N);
     return VITC_OK;
+}
+
+vitc_status vitc__linear_pw(float *y, int64_t ldy, const float *x, int64_t ldx,
+                            const vitc__pweight *pw, const float *W, const float *bias,
+                            const float *residual, int64_t ldr, int64_t M, int64_t N, int64_t K,
+                            int act) {
+    return vitc__linear_any(y, ldy, x, ldx, pw, W, bias, NULL, residual, ldr, M, N, K, act);
+}
+
+vitc_status vitc__linear_pw_scaled(float *y, int64_t ldy, const float *x, int64_t ldx,
+                                   const vitc__pweight *pw, const float *W, const float *bias,
+                                   const float *scale, const float *residual, int64_t ldr,
+                                   int64_t M, int64_t N, int64_t K) {
+    return vitc__linear_any(y, ldy, x, ldx, pw, W, bias, scale, residual, ldr, M, N, K,
+                            VITC__ACT_NONE);
 }

@@ -59,8 +59,47 @@ static inline void vitc__row_out(float *c, __m512 a0, __m512 a1, __mmask16 m0, _
     vitc__row_out(C + (i) * ldc, c##i##0, c##i##1, m0, m1, e,                                \
                   e->res ? e->res + (i) * e->ldr : NULL)
 
+/* A short tile (mr <= R < MR: a 197- or 257-row product's last 5 rows, a
+ * class-token row) with R rows of accumulators instead of 12: the same
+ * FMAs in the same order for the rows it has, so bitwise the full kernel's
+ * result, at R/12 of its cost. pa still holds strips of MR. */
+static inline __attribute__((always_inline)) void
+vitc__ukr_short(const int R, int64_t kc, const float *pa, const float *pb, float *C, int64_t ldc,
+                int64_t mr, int64_t nr, const vitc__gemm_epi *e) {
+    __m512 c[8][2];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < mr; i++) _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_load_ps(pb), b1 = _mm512_load_ps(pb + 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512 a = _mm512_set1_ps(pa[i]);
+            c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
+            c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
+        }
+        pa += MR;
+        pb += NR;
+    }
+    __mmask16 m0 = vitc__mask16(nr), m1 = vitc__mask16(nr - 16);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+        if (i < mr)
+            vitc__row_out(C + i * ldc, c[i][0], c[i][1], m0, m1, e,
+                          e->res ? e->res + i * e->ldr : NULL);
+}
+
 static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float *C, int64_t ldc,
                              int64_t mr, int64_t nr, const vitc__gemm_epi *e) {
+    if (mr <= 4) {
+        vitc__ukr_short(4, kc, pa, pb, C, ldc, mr, nr, e);
+        return;
+    }
+    if (mr <= 8) {
+        vitc__ukr_short(8, kc, pa, pb, C, ldc, mr, nr, e);
+        return;
+    }
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     __m512 c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00;

@@ -110,9 +110,33 @@ static void vitc__row_int8_ref(uint32_t *dst, int64_t stride, const float *x, in
     }
 }
 
+static void vitc__pairs_bf16_ref(uint32_t *dst, const float *x0, const float *x1, int64_t n) {
+    for (int64_t c = 0; c < n; c++)
+        dst[c] = vitc__bf16_rne(x0[c]) | (x1 ? (uint32_t)vitc__bf16_rne(x1[c]) << 16 : 0u);
+}
+
 const vitc__lp_kernel vitc__lp_bf16_ref = {"reference", vitc__ukr_bf16_ref, vitc__row_bf16_ref,
-                                           vitc__ukr_bf16_rm_ref, 0};
-const vitc__lp_kernel vitc__lp_int8_ref = {"reference", vitc__ukr_int8_ref, vitc__row_int8_ref, NULL, 0};
+                                           NULL, vitc__ukr_bf16_rm_ref, vitc__pairs_bf16_ref, 0};
+const vitc__lp_kernel vitc__lp_int8_ref = {"reference", vitc__ukr_int8_ref, vitc__row_int8_ref, NULL,
+                                           NULL, NULL, 0};
+
+void vitc__lp_strip(const vitc__lp_kernel *kn, vitc_precision p, uint32_t *dst, int64_t ldd,
+                    int w, const float *x, int64_t ldx, int64_t rows, int64_t K, float *scale,
+                    int32_t *zp) {
+    if (kn->strip) {
+        kn->strip(dst, ldd, w, x, ldx, rows, K, scale, zp);
+        return;
+    }
+    vitc__lp_row_fn row = kn->row ? kn->row
+                                  : (p == VITC_PRECISION_BF16 ? vitc__row_bf16_ref : vitc__row_int8_ref);
+    int64_t kg = (K + (p == VITC_PRECISION_BF16 ? 1 : 3)) / (p == VITC_PRECISION_BF16 ? 2 : 4);
+    for (int64_t i = 0; i < w; i++) {
+        if (i < rows)
+            row(dst + i, ldd, x + i * ldx, K, scale ? scale + i : NULL, zp ? zp + i : NULL);
+        else
+            for (int64_t q = 0; q < kg; q++) dst[q * ldd + i] = 0;
+    }
+}
 
 /* ---- weights ----------------------------------------------------------- */
 
@@ -147,17 +171,22 @@ vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, 
                          (long long)N, (long long)K);
     }
     memset(d, 0, n);
-    for (int64_t j = 0; j < (int64_t)npad; j++) {
+    /* bf16: the kernel's strip converter, 16 output channels (half a B
+     * strip) at a time: the reference's words, without its scalar rounding
+     * (it had been a tenth of a bf16 model's load) */
+    if (p == VITC_PRECISION_BF16) {
+        const vitc__lp_kernel *kn = vitc__lp_kernel_for(VITC_PRECISION_BF16);
+        for (int64_t j = 0; j < N; j += 16)
+            vitc__lp_strip(kn, p, d + (j / NR) * kg * NR + j % NR, NR, 16, W + j * K, K,
+                           N - j < 16 ? N - j : 16, K, NULL, NULL);
+    }
+    for (int64_t j = 0; p == VITC_PRECISION_INT8 && j < (int64_t)npad; j++) {
         uint32_t *col = d + (j / NR) * kg * NR + j % NR; /* word p at col[p * NR] */
         if (j >= N) {
             if (ws) ws[j] = 0.0f, wsum[j] = 0;
             continue;
         }
         const float *w = W + j * K; /* [K] */
-        if (p == VITC_PRECISION_BF16) {
-            vitc__row_bf16_ref(col, NR, w, K, NULL, NULL);
-            continue;
-        }
         /* Symmetric per output channel: scale = max|w| / 127, q in [-127, 127]. */
         float amax = 0.0f;
         for (int64_t k = 0; k < K; k++) amax = fabsf(w[k]) > amax ? fabsf(w[k]) : amax;
@@ -242,7 +271,6 @@ void *vitc__lp_get(size_t bytes) {
 
 typedef struct vitc__lp_job {
     const vitc__lp_kernel *kn;
-    vitc__lp_row_fn row;
     const vitc__pweight *pw;
     const float *x; int64_t ldx; /* [M, K] */
     float *y; int64_t ldy;       /* [M, N] */
@@ -261,19 +289,10 @@ typedef struct vitc__lp_job {
 static void vitc__lp_pack_task(void *ctx, int64_t t, int tid) {
     const vitc__lp_job *g = ctx;
     (void)tid;
-    int64_t kg = g->pw->kg, K = g->pw->K;
-    uint32_t *dst = g->pa + t * kg * MR;
-    float s;
-    int32_t z;
-    for (int64_t r = 0; r < MR; r++) {
-        int64_t i = t * MR + r;
-        if (i < g->M) {
-            g->row(dst + r, MR, g->x + i * g->ldx, K, &s, &z);
-            if (g->ascale) g->ascale[i] = s, g->azp[i] = z;
-        } else {
-            for (int64_t p = 0; p < kg; p++) dst[p * MR + r] = 0;
-        }
-    }
+    int64_t mr = g->M - t * MR < MR ? g->M - t * MR : MR;
+    vitc__lp_strip(g->kn, g->pw->prec, g->pa + t * g->pw->kg * MR, MR, MR, g->x + t * MR * g->ldx,
+                   g->ldx, mr, g->pw->K, g->ascale ? g->ascale + t * MR : NULL,
+                   g->azp ? g->azp + t * MR : NULL);
 }
 
 /* Cache blocking: a block of B strips (at most VITC_LP_NB bytes) stays in
@@ -331,10 +350,6 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
                          pw ? vitc_precision_name(pw->prec) : "?");
     if (M <= 0) return VITC_OK;
     const vitc__lp_kernel *kn = vitc__lp_kernel_for(pw->prec);
-    /* A kernel without its own converter uses the reference's. */
-    vitc__lp_row_fn row = kn->row ? kn->row
-                                  : (pw->prec == VITC_PRECISION_BF16 ? &vitc__lp_bf16_ref
-                                                                     : &vitc__lp_int8_ref)->row;
     int64_t rs = (M + MR - 1) / MR, kg = pw->kg;
     size_t words, bytes, extra = 0;
     int ok = vitc__mul_size((size_t)rs * MR, (size_t)kg, &words) &&
@@ -348,7 +363,7 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
     if (!pa)
         return vitc__err(VITC_ERR_NOMEM, "linear (%s) of %lld rows: out of memory",
                          vitc_precision_name(pw->prec), (long long)M);
-    vitc__lp_job g = {.kn = kn, .row = row, .pw = pw, .x = x, .ldx = ldx, .y = y, .ldy = ldy, .bias = bias,
+    vitc__lp_job g = {.kn = kn, .pw = pw, .x = x, .ldx = ldx, .y = y, .ldy = ldy, .bias = bias,
                       .res = residual, .ldr = ldr, .M = M, .pa = pa,
                       .gelu = gelu ? vitc__kern()->gelu : NULL, .nparts = 1};
     /* the SIMD kernels' in-register GELU is gelu_avx512's arithmetic */

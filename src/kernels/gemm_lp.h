@@ -30,7 +30,7 @@
  *   int8: v = (float)(acc - azp[i] * wsum[j]) * (ascale[i] * wscale[j])
  *   then v = v + bias[j], v = v + res[i * ldr + j], in this order, each
  *   rounded to float: the reference and the SIMD kernels give the same bits.
- *   With gelu (kernels with fused_gelu only), then GELU in registers before
+ *   With gelu (kernels with fused_gelu only), then GELU on the tile before
  *   the store: the operations of the path's vitc__gelu_avx512, so the same
  *   bits as GELU applied to the stored tile. */
 typedef struct vitc__lp_epi {
@@ -52,6 +52,19 @@ typedef void (*vitc__lp_ukr_fn)(int64_t kg, const uint32_t *pa, const uint32_t *
 typedef void (*vitc__lp_row_fn)(uint32_t *dst, int64_t stride, const float *x, int64_t K,
                                 float *scale, int32_t *zp);
 
+/* Rows x[i * ldx], i < rows, converted: word p of row i to dst[p * ldd + i]
+ * for i < w (rows <= w <= 16; rows past `rows` written as 0), p < kg. The
+ * GEMM's A strips (w = ldd = MR) and attention_bf16.c's K panels (w = 16,
+ * ldd = NR, each half of a strip). int8 also writes scale[i], zp[i],
+ * i < rows. The same words as row() with stride ldd, row by row. */
+typedef void (*vitc__lp_strip_fn)(uint32_t *dst, int64_t ldd, int w, const float *x,
+                                  int64_t ldx, int64_t rows, int64_t K, float *scale,
+                                  int32_t *zp);
+/* bf16: dst[c] = bf16(x0[c]) | bf16(x1[c]) << 16 (x1 NULL: high half 0),
+ * c < n: two rows' values in one word each, the layout of attention_bf16.c's
+ * V panels (two consecutive keys per word), with no transpose. */
+typedef void (*vitc__lp_pairs_fn)(uint32_t *dst, const float *x0, const float *x1, int64_t n);
+
 /* bf16: C[mr, nr] = A B, no epilogue, from A row-major (word p of row i at
  * a[i * lda + p]; all MR rows are read, those past mr unused) and pb
  * [kg][NR]. The attention's operands (attention_bf16.c): its rows are
@@ -64,7 +77,9 @@ typedef struct vitc__lp_kernel {
     const char *name; /* "avx512-bf16", "reference", ... (vitc --version) */
     vitc__lp_ukr_fn ukr;
     vitc__lp_row_fn row;
+    vitc__lp_strip_fn strip;   /* NULL: row() per row (vitc__lp_strip) */
     vitc__lp_ukr_rm_fn ukr_rm; /* bf16 kernels; NULL for int8 */
+    vitc__lp_pairs_fn pairs;   /* bf16 kernels; NULL for int8 */
     /* 1: ukr applies epi.gelu in registers (AVX-512 kernels). Otherwise the
      * driver runs the arch's gelu over each stored tile: reloading a tile
      * right after its masked stores waited on them (no store forwarding
@@ -75,6 +90,11 @@ typedef struct vitc__lp_kernel {
 extern const vitc__lp_kernel vitc__lp_bf16_ref, vitc__lp_int8_ref;
 extern const vitc__lp_kernel vitc__lp_bf16_avx512, vitc__lp_int8_avx512;
 extern const vitc__lp_kernel vitc__lp_int8_avxvnni; /* row: NULL, the reference's */
+
+/* kn's strip converter, or its row() (the reference's when NULL) row by row. */
+void vitc__lp_strip(const vitc__lp_kernel *kn, vitc_precision p, uint32_t *dst, int64_t ldd,
+                    int w, const float *x, int64_t ldx, int64_t rows, int64_t K, float *scale,
+                    int32_t *zp);
 
 /* This thread's grow-only scratch of at least bytes (64-byte aligned;
  * NULL when out of memory): vitc__linear_lp's converted activations, and

@@ -35,55 +35,153 @@ static inline __mmask16 vitc__m16(int64_t n) {
 /* GELU as vitc__gelu_avx512 computes it, operation for operation (x Phi(x)). */
 static inline __m512 vitc__lp_gelu(__m512 v) { return _mm512_mul_ps(v, v_phi(v)); }
 
-/* bias and residual (then GELU), then the store (the epilogue's common tail). */
-static inline void vitc__lp_out(float *c, __m512 v0, __m512 v1, __mmask16 m0, __mmask16 m1,
-                                const vitc__lp_epi *e, int64_t i) {
-    if (e->bias) {
-        v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, e->bias));
-        v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, e->bias + 16));
+/* GELU over the finished tile (v: rows x 2 vectors, in memory), then the
+ * stores. One call per tile rather than per row: v_phi's constants are
+ * loaded once, and the rows' independent chains (a division and an exp
+ * each) overlap. */
+__attribute__((noinline)) static void vitc__lp_gelu_tile(float *C, int64_t ldc, const __m512 *v,
+                                                         int64_t rows, __mmask16 m0, __mmask16 m1) {
+    for (int64_t i = 0; i < rows; i++) {
+        _mm512_mask_storeu_ps(C + i * ldc, m0, vitc__lp_gelu(v[2 * i]));
+        _mm512_mask_storeu_ps(C + i * ldc + 16, m1, vitc__lp_gelu(v[2 * i + 1]));
     }
-    if (e->res) {
-        const float *r = e->res + i * e->ldr;
-        v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, r));
-        v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, r + 16));
-    }
-    if (e->gelu) {
-        v0 = vitc__lp_gelu(v0);
-        v1 = vitc__lp_gelu(v1);
-    }
-    _mm512_mask_storeu_ps(c, m0, v0);
-    _mm512_mask_storeu_ps(c + 16, m1, v1);
 }
 
-/* ---- bf16 ---------------------------------------------------------------- */
+/* ---- the microkernels: one body, two dot products ------------------------
+ *
+ * Both are the fp32 kernel's 12 x 32 tile: 24 accumulators, B strip words
+ * b0, b1 loaded once per p, row i's word of A broadcast. The epilogue runs
+ * in two phases over the tile in registers: first every row gets its
+ * dequantization (int8), bias and residual (the residual loads all issued
+ * before any store of the tile, so none waits behind a masked store);
+ * then GELU and the stores. Measured as fast as the per-row epilogue it
+ * replaced (GELU's v_phi is most of the epilogue's time). */
 
-#define BF_ROW(i)                                                                   \
+#define LP_DECL(T, z)                                                                   \
+    T c00 = z, c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00, c30 = c00, c31 = c00; \
+    T c40 = c00, c41 = c00, c50 = c00, c51 = c00, c60 = c00, c61 = c00, c70 = c00, c71 = c00; \
+    T c80 = c00, c81 = c00, c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00
+#define LP_ROW(DP, i)                                                               \
     do {                                                                            \
         __m512i a = _mm512_set1_epi32((int)pa[i]);                                  \
-        c##i##0 = _mm512_dpbf16_ps(c##i##0, (__m512bh)a, (__m512bh)b0);             \
-        c##i##1 = _mm512_dpbf16_ps(c##i##1, (__m512bh)a, (__m512bh)b1);             \
+        c##i##0 = DP(c##i##0, a, b0);                                               \
+        c##i##1 = DP(c##i##1, a, b1);                                               \
     } while (0)
-#define BF_OUT(i) \
-    if (i < mr) vitc__lp_out(C + (i) * ldc, c##i##0, c##i##1, m0, m1, e, i)
+#define LP_LOOP(DP)                                                                 \
+    _Pragma("GCC unroll 4") for (int64_t p = 0; p < kg; p++) {                       \
+        __m512i b0 = _mm512_load_si512((const void *)pb);                           \
+        __m512i b1 = _mm512_load_si512((const void *)(pb + 16));                    \
+        LP_ROW(DP, 0); LP_ROW(DP, 1); LP_ROW(DP, 2); LP_ROW(DP, 3);                 \
+        LP_ROW(DP, 4); LP_ROW(DP, 5);                                               \
+        if (R > 6) {                                                                \
+            LP_ROW(DP, 6); LP_ROW(DP, 7); LP_ROW(DP, 8); LP_ROW(DP, 9);             \
+            LP_ROW(DP, 10); LP_ROW(DP, 11);                                         \
+        }                                                                           \
+        pa += MR;                                                                   \
+        pb += NR;                                                                   \
+    }
+/* Phase 1 of row i: v##i##0/1 = DQ(accumulators) + bias + residual. */
+#define LP_FIN(DQ, i)                                                               \
+    __m512 v##i##0 = DQ(c##i##0, i, sc0, ws0), v##i##1 = DQ(c##i##1, i, sc1, ws1);  \
+    if (i < R && i < mr) {                                                          \
+        if (e->bias) v##i##0 = _mm512_add_ps(v##i##0, bi0), v##i##1 = _mm512_add_ps(v##i##1, bi1); \
+        if (e->res) {                                                               \
+            v##i##0 = _mm512_add_ps(v##i##0, _mm512_maskz_loadu_ps(m0, e->res + (i) * e->ldr));      \
+            v##i##1 = _mm512_add_ps(v##i##1, _mm512_maskz_loadu_ps(m1, e->res + (i) * e->ldr + 16)); \
+        }                                                                           \
+    }
+#define LP_STORE(i)                                                                 \
+    if (i < R && i < mr) {                                                          \
+        if (e->gelu) {                                                              \
+            gt[2 * (i)] = v##i##0, gt[2 * (i) + 1] = v##i##1;                       \
+        } else {                                                                    \
+            _mm512_mask_storeu_ps(C + (i) * ldc, m0, v##i##0);                      \
+            _mm512_mask_storeu_ps(C + (i) * ldc + 16, m1, v##i##1);                 \
+        }                                                                           \
+    }
+#define LP_EPILOGUE(DQ)                                                             \
+    __mmask16 m0 = vitc__m16(nr), m1 = vitc__m16(nr - 16);                          \
+    __m512 bi0 = _mm512_setzero_ps(), bi1 = bi0;                                    \
+    if (e->bias) bi0 = _mm512_maskz_loadu_ps(m0, e->bias), bi1 = _mm512_maskz_loadu_ps(m1, e->bias + 16); \
+    LP_FIN(DQ, 0) LP_FIN(DQ, 1) LP_FIN(DQ, 2) LP_FIN(DQ, 3) LP_FIN(DQ, 4) LP_FIN(DQ, 5) \
+    LP_FIN(DQ, 6) LP_FIN(DQ, 7) LP_FIN(DQ, 8) LP_FIN(DQ, 9) LP_FIN(DQ, 10) LP_FIN(DQ, 11) \
+    __m512 gt[2 * MR];                                                              \
+    LP_STORE(0); LP_STORE(1); LP_STORE(2); LP_STORE(3); LP_STORE(4); LP_STORE(5);   \
+    LP_STORE(6); LP_STORE(7); LP_STORE(8); LP_STORE(9); LP_STORE(10); LP_STORE(11); \
+    if (e->gelu) vitc__lp_gelu_tile(C, ldc, gt, mr < R ? mr : R, m0, m1)
+
+/* bf16: the sums are the values. */
+#define BF_DP(c, a, b) _mm512_dpbf16_ps(c, (__m512bh)(a), (__m512bh)(b))
+#define BF_DQ(c, i, sc, ws) (c)
+
+__attribute__((always_inline)) static inline void
+vitc__ukr_bf16_rows(const int R, int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                    int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    LP_DECL(__m512, _mm512_setzero_ps());
+    vitc__lp_prefetch(C, ldc, mr, e);
+    LP_LOOP(BF_DP)
+    LP_EPILOGUE(BF_DQ);
+}
+
+/* The last strip of an M that is not a multiple of 12 (ViT's 197 rows: 5)
+ * runs the 6-row body: half the products of the 12-row one, with still 12
+ * independent accumulators to cover the dot products' latency. */
+/* Each width its own function: inlined into one, GCC's allocator spilled
+ * and copied int8 accumulators inside the 12-row loop. */
+__attribute__((noinline)) static void vitc__ukr_bf16_6(int64_t kg, const uint32_t *pa,
+                                                      const uint32_t *pb, float *C, int64_t ldc,
+                                                      int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    vitc__ukr_bf16_rows(6, kg, pa, pb, C, ldc, mr, nr, e);
+}
+
+__attribute__((noinline)) static void vitc__ukr_bf16_12(int64_t kg, const uint32_t *pa,
+                                                       const uint32_t *pb, float *C, int64_t ldc,
+                                                       int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    vitc__ukr_bf16_rows(MR, kg, pa, pb, C, ldc, mr, nr, e);
+}
 
 static void vitc__ukr_bf16_avx512(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
                                   int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
-    __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-    __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-    __m512 c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00;
-    __m512 c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
+    (mr <= 6 ? vitc__ukr_bf16_6 : vitc__ukr_bf16_12)(kg, pa, pb, C, ldc, mr, nr, e);
+}
+
+/* int8: (float)(acc - azp[i] wsum[j]) * (ascale[i] wscale[j]), the
+ * reference's roundings. Rows past mr read no azp / ascale (unused). */
+#define I8_DQ(c, i, sc, ws)                                                         \
+    (i < R && i < mr ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(                    \
+                                c, _mm512_mullo_epi32(_mm512_set1_epi32(e->azp[i]), ws))), \
+                            _mm512_mul_ps(_mm512_set1_ps(e->ascale[i]), sc))        \
+            : _mm512_setzero_ps())
+
+__attribute__((always_inline)) static inline void
+vitc__ukr_int8_rows(const int R, int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                    int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    LP_DECL(__m512i, _mm512_setzero_si512());
     vitc__lp_prefetch(C, ldc, mr, e);
-#pragma GCC unroll 4
-    for (int64_t p = 0; p < kg; p++) {
-        __m512i b0 = _mm512_load_si512((const void *)pb), b1 = _mm512_load_si512((const void *)(pb + 16));
-        BF_ROW(0); BF_ROW(1); BF_ROW(2); BF_ROW(3); BF_ROW(4); BF_ROW(5);
-        BF_ROW(6); BF_ROW(7); BF_ROW(8); BF_ROW(9); BF_ROW(10); BF_ROW(11);
-        pa += MR;
-        pb += NR;
-    }
-    __mmask16 m0 = vitc__m16(nr), m1 = vitc__m16(nr - 16);
-    BF_OUT(0); BF_OUT(1); BF_OUT(2); BF_OUT(3); BF_OUT(4); BF_OUT(5);
-    BF_OUT(6); BF_OUT(7); BF_OUT(8); BF_OUT(9); BF_OUT(10); BF_OUT(11);
+    LP_LOOP(_mm512_dpbusd_epi32)
+    __mmask16 n0 = vitc__m16(nr), n1 = vitc__m16(nr - 16);
+    __m512i ws0 = _mm512_maskz_loadu_epi32(n0, e->wsum), ws1 = _mm512_maskz_loadu_epi32(n1, e->wsum + 16);
+    __m512 sc0 = _mm512_maskz_loadu_ps(n0, e->wscale), sc1 = _mm512_maskz_loadu_ps(n1, e->wscale + 16);
+    LP_EPILOGUE(I8_DQ);
+}
+
+/* Each width its own function: inlined into one, GCC's allocator spilled
+ * and copied int8 accumulators inside the 12-row loop. */
+__attribute__((noinline)) static void vitc__ukr_int8_6(int64_t kg, const uint32_t *pa,
+                                                      const uint32_t *pb, float *C, int64_t ldc,
+                                                      int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    vitc__ukr_int8_rows(6, kg, pa, pb, C, ldc, mr, nr, e);
+}
+
+__attribute__((noinline)) static void vitc__ukr_int8_12(int64_t kg, const uint32_t *pa,
+                                                       const uint32_t *pb, float *C, int64_t ldc,
+                                                       int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    vitc__ukr_int8_rows(MR, kg, pa, pb, C, ldc, mr, nr, e);
+}
+
+static void vitc__ukr_int8_avx512(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                                  int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    (mr <= 6 ? vitc__ukr_int8_6 : vitc__ukr_int8_12)(kg, pa, pb, C, ldc, mr, nr, e);
 }
 
 /* The same sums from row-major A: each row's word p broadcast from a_i[p]. */
@@ -121,66 +219,13 @@ static void vitc__ukr_bf16_rm_avx512(int64_t kg, const uint32_t *a, int64_t lda,
     BF_OUT_RM(6); BF_OUT_RM(7); BF_OUT_RM(8); BF_OUT_RM(9); BF_OUT_RM(10); BF_OUT_RM(11);
 }
 
-/* Word p (x[2p], x[2p+1] as bf16) to dst[p * stride]: 32 floats become one
- * zmm of 16 words, scattered down the strip (stored as they are when the
- * stride is 1). */
-static void vitc__row_bf16_avx512(uint32_t *dst, int64_t stride, const float *x, int64_t K,
-                                  float *scale, int32_t *zp) {
-    (void)scale, (void)zp;
-    const __m512i idx = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-        _mm512_set1_epi32((int)stride));
-    for (int64_t k = 0; k < K; k += 32) {
-        __m512 x0 = _mm512_maskz_loadu_ps(vitc__m16(K - k), x + k);
-        __m512 x1 = _mm512_maskz_loadu_ps(vitc__m16(K - k - 16), x + k + 16);
-        __m512i w = (__m512i)_mm512_cvtne2ps_pbh(x1, x0); /* low half from x0 */
-        if (stride == 1) {
-            _mm512_mask_storeu_epi32(dst + k / 2, vitc__m16((K - k + 1) / 2), w);
-            continue;
-        }
-        _mm512_mask_i32scatter_epi32(dst + (k / 2) * stride, vitc__m16((K - k + 1) / 2), idx, w, 4);
-    }
-}
+/* ---- activation converters ---------------------------------------------- */
 
-/* ---- int8 ---------------------------------------------------------------- */
-
-#define I8_ROW(i)                                                                   \
-    do {                                                                            \
-        __m512i a = _mm512_set1_epi32((int)pa[i]);                                  \
-        c##i##0 = _mm512_dpbusd_epi32(c##i##0, a, b0);                              \
-        c##i##1 = _mm512_dpbusd_epi32(c##i##1, a, b1);                              \
-    } while (0)
-#define I8_OUT(i)                                                                            \
-    if (i < mr) {                                                                            \
-        __m512i z = _mm512_set1_epi32(e->azp[i]);                                            \
-        __m512 s = _mm512_set1_ps(e->ascale[i]);                                             \
-        __m512 v0 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c##i##0, _mm512_mullo_epi32(z, ws0))); \
-        __m512 v1 = _mm512_cvtepi32_ps(_mm512_sub_epi32(c##i##1, _mm512_mullo_epi32(z, ws1))); \
-        v0 = _mm512_mul_ps(v0, _mm512_mul_ps(s, sc0));                                       \
-        v1 = _mm512_mul_ps(v1, _mm512_mul_ps(s, sc1));                                       \
-        vitc__lp_out(C + (i) * ldc, v0, v1, m0, m1, e, i);                                   \
-    }
-
-static void vitc__ukr_int8_avx512(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
-                                  int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
-    __m512i c00 = _mm512_setzero_si512(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
-    __m512i c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
-    __m512i c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00;
-    __m512i c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
-    vitc__lp_prefetch(C, ldc, mr, e);
-#pragma GCC unroll 4
-    for (int64_t p = 0; p < kg; p++) {
-        __m512i b0 = _mm512_load_si512((const void *)pb), b1 = _mm512_load_si512((const void *)(pb + 16));
-        I8_ROW(0); I8_ROW(1); I8_ROW(2); I8_ROW(3); I8_ROW(4); I8_ROW(5);
-        I8_ROW(6); I8_ROW(7); I8_ROW(8); I8_ROW(9); I8_ROW(10); I8_ROW(11);
-        pa += MR;
-        pb += NR;
-    }
-    __mmask16 m0 = vitc__m16(nr), m1 = vitc__m16(nr - 16);
-    __m512i ws0 = _mm512_maskz_loadu_epi32(m0, e->wsum), ws1 = _mm512_maskz_loadu_epi32(m1, e->wsum + 16);
-    __m512 sc0 = _mm512_maskz_loadu_ps(m0, e->wscale), sc1 = _mm512_maskz_loadu_ps(m1, e->wscale + 16);
-    I8_OUT(0); I8_OUT(1); I8_OUT(2); I8_OUT(3); I8_OUT(4); I8_OUT(5);
-    I8_OUT(6); I8_OUT(7); I8_OUT(8); I8_OUT(9); I8_OUT(10); I8_OUT(11);
+/* 32 floats (x[0..left), zeros past it) as 16 words of bf16 pairs. */
+static inline __m512i vitc__bf16x32(const float *x, int64_t left) {
+    __m512 x0 = _mm512_maskz_loadu_ps(vitc__m16(left), x);
+    __m512 x1 = _mm512_maskz_loadu_ps(vitc__m16(left - 16), x + 16);
+    return (__m512i)_mm512_cvtne2ps_pbh(x1, x0); /* low half from x0 */
 }
 
 /* 16 floats to 16 bytes: the reference's vitc__q8, lane by lane. */
@@ -192,8 +237,19 @@ static inline __m128i vitc__q8x16(__m512 x, __m512 inv, __m512i zp) {
     return _mm512_cvtepi32_epi8(q);
 }
 
-static void vitc__row_int8_avx512(uint32_t *dst, int64_t stride, const float *x, int64_t K,
-                                  float *scale, int32_t *zp) {
+/* 64 floats (x[0..left)) as 16 words of four u8; bytes past left are 0, as
+ * the reference packs k past K. */
+static inline __m512i vitc__q8x64(const float *x, int64_t left, __m512 inv, __m512i zp) {
+    __m512i w = _mm512_castsi128_si512(vitc__q8x16(_mm512_maskz_loadu_ps(vitc__m16(left), x), inv, zp));
+    w = _mm512_inserti32x4(w, vitc__q8x16(_mm512_maskz_loadu_ps(vitc__m16(left - 16), x + 16), inv, zp), 1);
+    w = _mm512_inserti32x4(w, vitc__q8x16(_mm512_maskz_loadu_ps(vitc__m16(left - 32), x + 32), inv, zp), 2);
+    w = _mm512_inserti32x4(w, vitc__q8x16(_mm512_maskz_loadu_ps(vitc__m16(left - 48), x + 48), inv, zp), 3);
+    __mmask64 bytes = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
+    return _mm512_maskz_mov_epi8(bytes, w);
+}
+
+/* The row's quantization parameters (vitc__q8_params of its min and max). */
+static void vitc__q8_row(const float *x, int64_t K, float *scale, float *inv, int32_t *zp) {
     __m512 vmn = _mm512_set1_ps(x[0]), vmx = vmn;
     int64_t k = 0;
     for (; k + 16 <= K; k += 16) {
@@ -207,27 +263,168 @@ static void vitc__row_int8_avx512(uint32_t *dst, int64_t stride, const float *x,
         vmn = _mm512_mask_min_ps(vmn, m, vmn, v);
         vmx = _mm512_mask_max_ps(vmx, m, vmx, v);
     }
+    vitc__q8_params(_mm512_reduce_min_ps(vmn), _mm512_reduce_max_ps(vmx), scale, inv, zp);
+}
+
+/* Word p of the row to dst[p * stride]: stored as they are when the stride
+ * is 1, else scattered down the strip (the attention's K and V panels). */
+static void vitc__row_bf16_avx512(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                                  float *scale, int32_t *zp) {
+    (void)scale, (void)zp;
+    const __m512i idx = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+        _mm512_set1_epi32((int)stride));
+    for (int64_t k = 0; k < K; k += 32) {
+        __m512i w = vitc__bf16x32(x + k, K - k);
+        if (stride == 1)
+            _mm512_mask_storeu_epi32(dst + k / 2, vitc__m16((K - k + 1) / 2), w);
+        else
+            _mm512_mask_i32scatter_epi32(dst + (k / 2) * stride, vitc__m16((K - k + 1) / 2), idx, w, 4);
+    }
+}
+
+static void vitc__row_int8_avx512(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                                  float *scale, int32_t *zp) {
     float inv;
-    vitc__q8_params(_mm512_reduce_min_ps(vmn), _mm512_reduce_max_ps(vmx), scale, &inv, zp);
+    vitc__q8_row(x, K, scale, &inv, zp);
     const __m512 vinv = _mm512_set1_ps(inv);
     const __m512i vz = _mm512_set1_epi32(*zp);
     const __m512i idx = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
         _mm512_set1_epi32((int)stride));
-    for (k = 0; k < K; k += 64) {
-        __m512i w = _mm512_castsi128_si512(
-            vitc__q8x16(_mm512_maskz_loadu_ps(vitc__m16(K - k), x + k), vinv, vz));
-        w = _mm512_inserti32x4(w, vitc__q8x16(_mm512_maskz_loadu_ps(vitc__m16(K - k - 16), x + k + 16), vinv, vz), 1);
-        w = _mm512_inserti32x4(w, vitc__q8x16(_mm512_maskz_loadu_ps(vitc__m16(K - k - 32), x + k + 32), vinv, vz), 2);
-        w = _mm512_inserti32x4(w, vitc__q8x16(_mm512_maskz_loadu_ps(vitc__m16(K - k - 48), x + k + 48), vinv, vz), 3);
-        int64_t left = K - k;
-        __mmask64 bytes = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
-        w = _mm512_maskz_mov_epi8(bytes, w); /* k past K packs as 0, as the reference does */
-        _mm512_mask_i32scatter_epi32(dst + (k / 4) * stride, vitc__m16((left + 3) / 4), idx, w, 4);
+    for (int64_t k = 0; k < K; k += 64) {
+        __m512i w = vitc__q8x64(x + k, K - k, vinv, vz);
+        __mmask16 m = vitc__m16((K - k + 3) / 4);
+        if (stride == 1)
+            _mm512_mask_storeu_epi32(dst + k / 4, m, w);
+        else
+            _mm512_mask_i32scatter_epi32(dst + (k / 4) * stride, m, idx, w, 4);
+    }
+}
+
+/* r[i] lane j <-> r[j] lane i (16 x 16 words): 32-bit then 64-bit unpacks
+ * transpose the 4 x 4 blocks inside each 128-bit lane, two rounds of
+ * vshufi32x4 move the blocks. */
+__attribute__((always_inline)) static inline void vitc__tr16(__m512i r[16]) {
+    __m512i t[16], s[16];
+#pragma GCC unroll 4
+    for (int i = 0; i < 16; i += 4) {
+        t[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
+        t[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
+        t[i + 2] = _mm512_unpacklo_epi32(r[i + 2], r[i + 3]);
+        t[i + 3] = _mm512_unpackhi_epi32(r[i + 2], r[i + 3]);
+        s[i] = _mm512_unpacklo_epi64(t[i], t[i + 2]);     /* columns 0, 4, 8, 12 */
+        s[i + 1] = _mm512_unpackhi_epi64(t[i], t[i + 2]); /* 1, 5, 9, 13 */
+        s[i + 2] = _mm512_unpacklo_epi64(t[i + 1], t[i + 3]);
+        s[i + 3] = _mm512_unpackhi_epi64(t[i + 1], t[i + 3]);
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        __m512i ul = _mm512_shuffle_i32x4(s[k], s[4 + k], 0x88); /* cols k, k + 8; rows 0-7 */
+        __m512i uh = _mm512_shuffle_i32x4(s[k], s[4 + k], 0xDD); /* cols k + 4, k + 12 */
+        __m512i wl = _mm512_shuffle_i32x4(s[8 + k], s[12 + k], 0x88); /* rows 8-15 */
+        __m512i wh = _mm512_shuffle_i32x4(s[8 + k], s[12 + k], 0xDD);
+        r[k] = _mm512_shuffle_i32x4(ul, wl, 0x88);
+        r[k + 8] = _mm512_shuffle_i32x4(ul, wl, 0xDD);
+        r[k + 4] = _mm512_shuffle_i32x4(uh, wh, 0x88);
+        r[k + 12] = _mm512_shuffle_i32x4(uh, wh, 0xDD);
+    }
+}
+
+/* Words p0 .. p0 + np of the strip from r (row i in r[i]): transposed, word
+ * p's w rows stored together at dst[p * ldd]. Replaces a scatter per row
+ * (microcoded) by shuffles and plain stores. */
+__attribute__((always_inline)) static inline void vitc__strip_store(uint32_t *dst, int64_t ldd,
+                                                                  int w, __m512i r[16],
+                                                                  int64_t np) {
+    vitc__tr16(r);
+    const __mmask16 m = vitc__m16(w);
+#pragma GCC unroll 16
+    for (int64_t c = 0; c < np; c++) _mm512_mask_storeu_epi32(dst + c * ldd, m, r[c]);
+}
+
+/* The rows' next lines, four chunks ahead: twelve or sixteen rows far
+ * apart outrun the hardware prefetcher. */
+static inline void vitc__strip_prefetch(const float *x, int64_t k, int64_t K) {
+    if (k + 144 < K) {
+        _mm_prefetch((const char *)(x + k + 128), _MM_HINT_T0);
+        _mm_prefetch((const char *)(x + k + 144), _MM_HINT_T0);
+    }
+}
+
+/* The converters' bodies for a width W known when compiled (MR or 16), so
+ * that r[] stays in registers and the rows past W fold away. */
+__attribute__((always_inline)) static inline void
+vitc__strip_bf16_w(uint32_t *dst, int64_t ldd, const int W, const float *x, int64_t ldx,
+                   int64_t rows, int64_t K) {
+    const int64_t kg = (K + 1) / 2;
+    for (int64_t k = 0; k < K; k += 32) {
+        __m512i r[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            r[i] = _mm512_setzero_si512();
+            if (i < W && i < rows) {
+                vitc__strip_prefetch(x + i * ldx, k, K);
+                r[i] = vitc__bf16x32(x + i * ldx + k, K - k);
+            }
+        }
+        vitc__strip_store(dst + (k / 2) * ldd, ldd, W, r, kg - k / 2 < 16 ? kg - k / 2 : 16);
+    }
+}
+
+static void vitc__strip_bf16_avx512(uint32_t *dst, int64_t ldd, int w, const float *x,
+                                    int64_t ldx, int64_t rows, int64_t K, float *scale,
+                                    int32_t *zp) {
+    (void)scale, (void)zp;
+    if (w == MR)
+        vitc__strip_bf16_w(dst, ldd, MR, x, ldx, rows, K);
+    else
+        vitc__strip_bf16_w(dst, ldd, 16, x, ldx, rows, K);
+}
+
+__attribute__((always_inline)) static inline void
+vitc__strip_int8_w(uint32_t *dst, int64_t ldd, const int W, const float *x, int64_t ldx,
+                   int64_t rows, int64_t K, float *scale, int32_t *zp) {
+    const int64_t kg = (K + 3) / 4;
+    float inv[16];
+    for (int64_t i = 0; i < rows; i++) vitc__q8_row(x + i * ldx, K, &scale[i], &inv[i], &zp[i]);
+    for (int64_t k = 0; k < K; k += 64) {
+        __m512i r[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            r[i] = _mm512_setzero_si512();
+            if (i < W && i < rows)
+                r[i] = vitc__q8x64(x + i * ldx + k, K - k, _mm512_set1_ps(inv[i]),
+                                   _mm512_set1_epi32(zp[i]));
+        }
+        vitc__strip_store(dst + (k / 4) * ldd, ldd, W, r, kg - k / 4 < 16 ? kg - k / 4 : 16);
+    }
+}
+
+static void vitc__strip_int8_avx512(uint32_t *dst, int64_t ldd, int w, const float *x,
+                                    int64_t ldx, int64_t rows, int64_t K, float *scale,
+                                    int32_t *zp) {
+    if (w == MR)
+        vitc__strip_int8_w(dst, ldd, MR, x, ldx, rows, K, scale, zp);
+    else
+        vitc__strip_int8_w(dst, ldd, 16, x, ldx, rows, K, scale, zp);
+}
+
+/* dst[c] = bf16(x0[c]) | bf16(x1[c]) << 16 (x1 NULL: 0), c < n. */
+static void vitc__pairs_bf16_avx512(uint32_t *dst, const float *x0, const float *x1, int64_t n) {
+    for (int64_t c = 0; c < n; c += 16) {
+        __mmask16 m = vitc__m16(n - c);
+        __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x0 + c)));
+        __m512i hi = _mm512_setzero_si512();
+        if (x1)
+            hi = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x1 + c)));
+        _mm512_mask_storeu_epi32(dst + c, m, _mm512_or_si512(lo, _mm512_slli_epi32(hi, 16)));
     }
 }
 
 const vitc__lp_kernel vitc__lp_bf16_avx512 = {"avx512-bf16", vitc__ukr_bf16_avx512,
-                                              vitc__row_bf16_avx512, vitc__ukr_bf16_rm_avx512, 1};
+                                              vitc__row_bf16_avx512, vitc__strip_bf16_avx512,
+                                              vitc__ukr_bf16_rm_avx512, vitc__pairs_bf16_avx512, 1};
 const vitc__lp_kernel vitc__lp_int8_avx512 = {"avx512-vnni", vitc__ukr_int8_avx512,
-                                              vitc__row_int8_avx512, NULL, 1};
+                                              vitc__row_int8_avx512, vitc__strip_int8_avx512,
+                                              NULL, NULL, 1};

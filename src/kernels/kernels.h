@@ -69,6 +69,11 @@ typedef struct vitc__kernels {
     void (*gelu_to)(float *y, const float *x, int64_t n); /* out of place, y may be x */
     /* OpenAI CLIP's quick-GELU, x * sigmoid(1.702 x), in place */
     void (*quick_gelu)(float *x, int64_t n);
+    /* SigLIP's tanh-GELU, in place */
+    void (*tanh_gelu)(float *x, int64_t n);
+    /* y = r + g * y (r NULL: g * y), two roundings as torch's x + ls(y):
+     * DINOv2's layer scale and its residual */
+    void (*scale_add)(float *y, const float *g, const float *r, int64_t n);
     /* GroupNorm helpers: o[0], o[1] = sum of (x - shift) and of its square,
      * in double; y = (x - mean) * sc + sh. */
     void (*row_stats)(const float *x, int64_t n, double shift, double *o);
@@ -168,14 +173,27 @@ void vitc__pweight_unpack(const vitc__pweight *pw, float *W);
  * microkernel), or NULL when the backend is OpenBLAS (panels unused). */
 const struct vitc__gemm_kernel *vitc__gemm_pack_kernel(void);
 
-/* y[M,N] = x[M,K] W^T + bias + residual, then GELU (erf) in place when gelu
- * (fused into the tiles' epilogue where the GEMM allows). pw may be NULL or
- * FP32 packed for another kernel: W (row-major [N, K]) is used then; W may
- * be NULL only with a BF16 / INT8 pw. */
+/* The activation vitc__linear_pw applies after the bias and residual. */
+enum { VITC__ACT_NONE = 0, VITC__ACT_GELU = 1, VITC__ACT_QUICK_GELU = 2, VITC__ACT_TANH_GELU = 3 };
+
+/* y[M,N] = x[M,K] W^T + bias + residual, then the activation act
+ * (VITC__ACT_*: erf GELU, quick-GELU, tanh-GELU) in place, fused into the
+ * tiles' epilogue where the GEMM allows (the built-in fp32 GEMM: all three;
+ * BF16 / INT8: erf GELU, the others a pass after). pw may be NULL or FP32
+ * packed for another kernel: W (row-major [N, K]) is used then; W may be
+ * NULL only with a BF16 / INT8 pw. */
 vitc_status vitc__linear_pw(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const vitc__pweight *pw, const float *W, const float *bias,
                             const float *residual, int64_t ldr, int64_t M, int64_t N, int64_t K,
-                            int gelu);
+                            int act);
+/* y = residual + scale * (x W^T + bias) (residual may be NULL): a layer
+ * scale (DINOv2's ls1 / ls2) applied in the fp32 GEMM's epilogue, on each
+ * block of rows while it is in cache (the same numbers as the product, then
+ * vitc__scale_add); after the bf16 / int8 GEMM, or OpenBLAS's, a pass. */
+vitc_status vitc__linear_pw_scaled(float *y, int64_t ldy, const float *x, int64_t ldx,
+                                   const vitc__pweight *pw, const float *W, const float *bias,
+                                   const float *scale, const float *residual, int64_t ldr,
+                                   int64_t M, int64_t N, int64_t K);
 /* The BF16 / INT8 GEMM (gemm_lp.c), the same contract. */
 vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const vitc__pweight *pw, const float *bias, const float *residual,
@@ -258,6 +276,22 @@ void vitc__quick_gelu(float *x, int64_t n);
 void vitc__quick_gelu_ref(float *x, int64_t n);
 void vitc__quick_gelu_avx2(float *x, int64_t n);
 void vitc__quick_gelu_avx512(float *x, int64_t n);
+/* tanh-GELU 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) (SigLIP's
+ * gelu_pytorch_tanh), in place, threaded. The reference is torch's float
+ * formula; the vector paths compute the same function as
+ * x / (1 + e^(-2 sqrt(2/pi) (x + 0.044715 x^3))) (1 + tanh u = 2 / (1 + e^-2u)),
+ * which has no cancellation for negative x. */
+void vitc__tanh_gelu(float *x, int64_t n);
+void vitc__tanh_gelu_ref(float *x, int64_t n);
+void vitc__tanh_gelu_avx2(float *x, int64_t n);
+void vitc__tanh_gelu_avx512(float *x, int64_t n);
+/* y [M, N] (row stride ldy) = r + g * y per row, g [N], r [M, N] (row
+ * stride ldr) or NULL; rows across threads. The same numbers on every path. */
+void vitc__scale_add(float *y, int64_t ldy, const float *g, const float *r, int64_t ldr, int64_t M,
+                     int64_t N);
+void vitc__scale_add_ref(float *y, const float *g, const float *r, int64_t n);
+void vitc__scale_add_avx2(float *y, const float *g, const float *r, int64_t n);
+void vitc__scale_add_avx512(float *y, const float *g, const float *r, int64_t n);
 /* The gradient of y = softmax(x * inv_temperature) over rows of n:
  * dx = inv_temperature * y o (dy - rowsum(dy o y)). dx may be dy (in place),
  * not y. Threads over rows; the same bits for any thread count. */

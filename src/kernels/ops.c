@@ -101,6 +101,23 @@ void vitc__quick_gelu_ref(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-1.702f * x[i]));
 }
 
+/* tanh-GELU (gelu_pytorch_tanh, SigLIP) as torch writes it in float:
+ * 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+void vitc__tanh_gelu_ref(float *x, int64_t n) {
+    const float kb = 0.7978845608028654f, kk = 0.044715f;
+    for (int64_t i = 0; i < n; i++) {
+        float v = x[i];
+        x[i] = 0.5f * v * (1.0f + tanhf(kb * (v + kk * v * v * v)));
+    }
+}
+
+void vitc__scale_add_ref(float *y, const float *g, const float *r, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float v = g[i] * y[i]; /* rounded before the add, as torch does */
+        y[i] = r ? r[i] + v : v;
+    }
+}
+
 void vitc__row_stats_ref(const float *x, int64_t n, double shift, double *o) {
     double s = 0.0, q = 0.0;
     for (int64_t i = 0; i < n; i++) {
@@ -228,6 +245,32 @@ static void vitc__elementwise(float *x, int64_t n, void (*f)(float *x, int64_t n
 void vitc__gelu(float *x, int64_t n) { vitc__elementwise(x, n, vitc__kern()->gelu); }
 
 void vitc__quick_gelu(float *x, int64_t n) { vitc__elementwise(x, n, vitc__kern()->quick_gelu); }
+
+void vitc__tanh_gelu(float *x, int64_t n) { vitc__elementwise(x, n, vitc__kern()->tanh_gelu); }
+
+typedef struct vitc__scale_add_ctx {
+    float *y;
+    const float *g, *r;
+    int64_t ldy, ldr, N;
+    void (*f)(float *y, const float *g, const float *r, int64_t n);
+} vitc__scale_add_ctx;
+
+static void vitc__scale_add_part(void *c, int64_t r0, int64_t r1, int tid) {
+    const vitc__scale_add_ctx *k = c;
+    (void)tid;
+    for (int64_t i = r0; i < r1; i++)
+        k->f(k->y + i * k->ldy, k->g, k->r ? k->r + i * k->ldr : NULL, k->N);
+}
+
+void vitc__scale_add(float *y, int64_t ldy, const float *g, const float *r, int64_t ldr, int64_t M,
+                     int64_t N) {
+    vitc__scale_add_ctx k = {y, g, r, ldy, ldr, N, vitc__kern()->scale_add};
+    if (M <= 0 || N <= 0) return;
+    if (M * N >= VITC_OPS_PAR_ELEMS)
+        vitc__parallel_range(M, vitc__scale_add_part, &k);
+    else
+        vitc__scale_add_part(&k, 0, M, 0);
+}
 
 /* ---- GroupNorm: per-channel partial sums, then one affine pass ------- */
 

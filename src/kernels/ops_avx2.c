@@ -36,6 +36,28 @@ static inline __m256 vitc__qgelu8(__m256 v) {
 
 void vitc__quick_gelu_avx2(float *x, int64_t n) { vitc__map8(x, x, n, vitc__qgelu8); }
 
+/* tanh-GELU as ops_avx512.c computes it. This v_exp saturates at e^88.37
+ * instead of overflowing, so lanes past that (x below ~-9.5, where the
+ * result is under 1e-37 or x is huge) are set to 0 explicitly. */
+static inline __m256 vitc__tgelu8(__m256 v) {
+    __m256 u = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), v), _mm256_mul_ps(v, v), v);
+    __m256 z = _mm256_mul_ps(u, _mm256_set1_ps(-1.5957691216057308f));
+    __m256 y = _mm256_div_ps(v, _mm256_add_ps(_mm256_set1_ps(1.0f), v_exp(z)));
+    return _mm256_andnot_ps(_mm256_cmp_ps(z, _mm256_set1_ps(88.0f), _CMP_GT_OQ), y); /* NaN kept */
+}
+
+void vitc__tanh_gelu_avx2(float *x, int64_t n) { vitc__map8(x, x, n, vitc__tgelu8); }
+
+/* y = r + g * y, the product rounded first (no FMA), as the reference. */
+void vitc__scale_add_avx2(float *y, const float *g, const float *r, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_mul_ps(_mm256_loadu_ps(g + i), _mm256_loadu_ps(y + i));
+        _mm256_storeu_ps(y + i, r ? _mm256_add_ps(_mm256_loadu_ps(r + i), v) : v);
+    }
+    vitc__scale_add_ref(y + i, g + i, r ? r + i : NULL, n - i);
+}
+
 void vitc__softmax_rows_avx2(float *x, int64_t rows, int64_t n, float inv_temperature) {
     const __m256 it = _mm256_set1_ps(inv_temperature);
     for (int64_t r = 0; r < rows; r++) {

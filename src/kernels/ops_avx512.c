@@ -33,6 +33,34 @@ void vitc__quick_gelu_avx512(float *x, int64_t n) {
     }
 }
 
+/* tanh-GELU as x / (1 + e^(-2 sqrt(2/pi) (x + 0.044715 x^3))) (kernels.h).
+ * v_exp saturates rather than overflowing, so lanes whose exponent is past
+ * 88 (x below ~-9.5: results under 1e-37, or x huge) are set to 0. */
+void vitc__tanh_gelu_avx512(float *x, int64_t n) {
+    const __m512 k2 = _mm512_set1_ps(-1.5957691216057308f), kk = _mm512_set1_ps(0.044715f);
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_maskz_loadu_ps(m, x + i);
+        __m512 u = _mm512_fmadd_ps(_mm512_mul_ps(kk, v), _mm512_mul_ps(v, v), v);
+        __m512 z = _mm512_mul_ps(u, k2);
+        __mmask16 ok = _mm512_cmp_ps_mask(z, _mm512_set1_ps(88.0f), _CMP_NGT_UQ); /* NaN kept */
+        __m512 e = v_exp(z);
+        _mm512_mask_storeu_ps(x + i, m,
+                              _mm512_maskz_div_ps(ok, v, _mm512_add_ps(_mm512_set1_ps(1.0f), e)));
+    }
+}
+
+/* y = r + g * y, the product rounded first (no FMA), as the reference. */
+void vitc__scale_add_avx512(float *y, const float *g, const float *r, int64_t n) {
+    for (int64_t i = 0; i < n; i += 16) {
+        __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
+        __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(m, g + i), _mm512_maskz_loadu_ps(m, y + i));
+        if (r)
+            v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, r + i), v);
+        _mm512_mask_storeu_ps(y + i, m, v);
+    }
+}
+
 static inline float vitc__hmax16(__m512 v) { return _mm512_reduce_max_ps(v); }
 
 void vitc__softmax_rows_avx512(float *x, int64_t rows, int64_t n, float inv_temperature) {

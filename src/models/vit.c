@@ -241,7 +241,9 @@ void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_
 
 /* m->pos_used for a gh x gw grid: the checkpoint's own when it matches,
  * else resampled as torchvision's interpolate_embeddings does (the class
- * token's row kept, the patch rows as a [C, g, g] image, bicubic). */
+ * token's row kept, the patch rows as a [C, g, g] image, bicubic), once per
+ * grid while the parameters do not move (wversion: vitc_vit_param, loading
+ * a state, an optimizer step). */
 static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
     int64_t g = m->cfg.image_size / m->cfg.patch_size, C = m->cfg.hidden_dim;
     int64_t np = m->n_prefix - m->n_reg; /* rows before the patch rows: registers have none */
@@ -249,7 +251,7 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
         m->pos_used = m->w.pos;
         return VITC_OK;
     }
-    if (m->pos_buf.p && m->pos_gh == gh && m->pos_gw == gw) {
+    if (m->pos_buf.p && m->pos_ver == m->wversion + 1 && m->pos_gh == gh && m->pos_gw == gw) {
         m->pos_used = m->pos_buf.p;
         return VITC_OK;
     }
@@ -274,6 +276,7 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
                     m->pos_rule == VIT_POS_HALF_PIXEL ? 1 : m->pos_rule == VIT_POS_LEGACY ? 2 : 0);
     m->pos_gh = (int)gh;
     m->pos_gw = (int)gw;
+    m->pos_ver = m->wversion + 1;
     m->pos_used = m->pos_buf.p;
     return VITC_OK;
 }
@@ -469,50 +472,43 @@ static void vit_branch_forward(vitc_vit *m, int l, float *x, uint8_t *keep, uint
     vitc__vit_branch(m, l, x, keep, dp_keep);
 }
 
-/* y = x W^T + b (+ res) (then GELU) with block l's weight k: its packed
- * copy in an inference forward, else the row-major W (fp32). */
+/* y = x W^T + b (+ res) (then the activation act, VITC__ACT_*) with block
+ * l's weight k: its packed copy in an inference forward, else the
+ * row-major W (fp32). */
 static vitc_status vit_linear(const vitc_vit *m, int l, int k, float *y, int64_t ldy,
                               const float *x, int64_t ldx, const float *W, const float *b,
                               const float *res, int64_t ldr, int64_t M, int64_t N, int64_t K,
-                              int gelu) {
+                              int act) {
     const vitc__pweight *pw = m->use_packed ? &m->pw[l * VIT_PW_COUNT + k] : NULL;
-    return vitc__linear_pw(y, ldy, x, ldx, pw, W, b, res, ldr, M, N, K, gelu);
+    return vitc__linear_pw(y, ldy, x, ldx, pw, W, b, res, ldr, M, N, K, act);
 }
 
-/* The MLP's activation other than erf GELU (vitc__gelu), as torch computes
- * it in float: tanh-GELU (gelu_pytorch_tanh, SigLIP) and quick-GELU
- * (x * sigmoid(1.702 x), OpenAI CLIP); chunks of 4096 across threads. */
-typedef struct vit_act_ctx {
-    float *x;
-    int64_t n;
-    int act;
-} vit_act_ctx;
+/* y = res + gamma * (x W^T + b): DINOv2's layer scale, in the GEMM's
+ * epilogue like the residual (vitc__linear_pw_scaled). */
+static vitc_status vit_linear_ls(const vitc_vit *m, int l, int k, float *y, const float *x,
+                                 int64_t ldx, const float *W, const float *b, const float *gamma,
+                                 const float *res, int64_t ldr, int64_t M, int64_t N, int64_t K) {
+    const vitc__pweight *pw = m->use_packed ? &m->pw[l * VIT_PW_COUNT + k] : NULL;
+    return vitc__linear_pw_scaled(y, N, x, ldx, pw, W, b, gamma, res, ldr, M, N, K);
+}
 
-static void vit_act_task(void *ctx, int64_t i, int tid) {
-    const vit_act_ctx *a = ctx;
-    (void)tid;
-    int64_t lo = i * 4096, hi = lo + 4096 < a->n ? lo + 4096 : a->n;
-    const float kb = (float)(M_SQRT2 * M_2_SQRTPI * 0.5), kk = 0.044715f;
-    for (int64_t k = lo; k < hi; k++) {
-        float v = a->x[k];
-        if (a->act == VIT_ACT_QUICK_GELU)
-            a->x[k] = v * (1.0f / (1.0f + expf(-1.702f * v)));
-        else
-            a->x[k] = 0.5f * v * (1.0f + tanhf(kb * (v + kk * v * v * v)));
-    }
+/* The MLP's activation as a kernel-table activation (VITC__ACT_*): erf
+ * GELU, tanh-GELU (gelu_pytorch_tanh, SigLIP) or quick-GELU (x * sigmoid(1.702
+ * x), OpenAI CLIP), vectorised and threaded (ops*.c). */
+static int vit_act(const vitc_vit *m) {
+    return m->mlp_act == VIT_ACT_QUICK_GELU  ? VITC__ACT_QUICK_GELU
+           : m->mlp_act == VIT_ACT_GELU_TANH ? VITC__ACT_TANH_GELU
+                                             : VITC__ACT_GELU;
 }
 
 static void vit_activation(const vitc_vit *m, float *x, int64_t n) {
-    if (m->mlp_act == VIT_ACT_GELU) {
-        vitc__gelu(x, n);
-        return;
-    }
-    if (m->mlp_act == VIT_ACT_QUICK_GELU) { /* vectorised, the kernel table's */
+    int act = vit_act(m);
+    if (act == VITC__ACT_QUICK_GELU)
         vitc__quick_gelu(x, n);
-        return;
-    }
-    vit_act_ctx c = {x, n, m->mlp_act};
-    vitc__parallel_for((n + 4095) / 4096, vit_act_task, &c);
+    else if (act == VITC__ACT_TANH_GELU)
+        vitc__tanh_gelu(x, n);
+    else
+        vitc__gelu(x, n);
 }
 
 static void vit_add(float *y, const float *x, int64_t n) {
@@ -579,30 +575,30 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
         vitc__dropout_mask(k.probs, B * c->num_heads * N * N, m->attention_dropout, &m->rng);
         VITC_TRY(vitc__vit_attention_dropout(m, &sd, k.probs));
     }
-    if (k.att) { /* the branch alone, regularised, then the residual */
+    if (k.att) { /* the branch alone, regularised, (layer-scaled,) then the residual */
         vitc__linear(mid, C, att, C, w->proj_w, w->proj_b, NULL, 0, R, C, C);
         vit_branch_forward(m, l, mid, k.att, k.dp_att);
-        vit_add(mid, x, R * C);
+        if (w->ls1)
+            vitc__scale_add(mid, C, w->ls1, x, C, R, C);
+        else
+            vit_add(mid, x, R * C);
     } else if (w->ls1) { /* DINOv2: mid = x + ls1 * out_proj(att) */
-        VITC_TRY(vit_linear(m, l, VIT_PW_PROJ, mid, C, att, rs * C, w->proj_w, w->proj_b, NULL, 0,
-                            R, C, C, 0));
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t j = 0; j < C; j++)
-                mid[r * C + j] = x[r * rs * C + j] + w->ls1[j] * mid[r * C + j];
+        VITC_TRY(vit_linear_ls(m, l, VIT_PW_PROJ, mid, att, rs * C, w->proj_w, w->proj_b, w->ls1,
+                               x, rs * C, R, C, C));
     } else {
         VITC_TRY(vit_linear(m, l, VIT_PW_PROJ, mid, C, att, rs * C, w->proj_w, w->proj_b, x,
                             rs * C, R, C, C, 0));
     }
     vitc__layernorm(ln2, mid, w->ln2_w, w->ln2_b, R, C, c->norm_eps);
-    /* Inference: erf GELU in fc1's epilogue. Training keeps GELU's input for backward. */
-    int fused = hact == hpre && m->mlp_act == VIT_ACT_GELU && !m->swiglu;
+    /* Inference: the activation in fc1's epilogue. Training keeps its input for backward. */
+    int fused = hact == hpre && !m->swiglu;
     /* Training (row-major weights): hpre and GELU(hpre) from one epilogue. */
     int both = hact != hpre && m->mlp_act == VIT_ACT_GELU && !m->swiglu && !m->use_packed;
     if (both) {
         vitc__linear_act(hpre, M, hact, M, ln2, C, w->fc1_w, w->fc1_b, R, M, C);
     } else {
         VITC_TRY(vit_linear(m, l, VIT_PW_FC1, hpre, M, ln2, C, w->fc1_w, w->fc1_b, NULL, 0, R, M,
-                            C, fused));
+                            C, fused ? vit_act(m) : VITC__ACT_NONE));
         if (hact != hpre)
             memcpy(hact, hpre, (size_t)(R * M) * sizeof(float));
     }
@@ -624,11 +620,13 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     if (k.out) {
         vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, NULL, 0, R, C, M);
         vit_branch_forward(m, l, y, k.out, k.dp_mlp);
-        vit_add(y, mid, R * C);
+        if (w->ls2)
+            vitc__scale_add(y, C, w->ls2, mid, C, R, C);
+        else
+            vit_add(y, mid, R * C);
     } else if (w->ls2) { /* y = mid + ls2 * fc2(hact) */
-        VITC_TRY(vit_linear(m, l, VIT_PW_FC2, y, C, hact, M, w->fc2_w, w->fc2_b, NULL, 0, R, C, M,
-                            0));
-        for (int64_t i = 0; i < R * C; i++) y[i] = mid[i] + w->ls2[i % C] * y[i];
+        VITC_TRY(vit_linear_ls(m, l, VIT_PW_FC2, y, hact, M, w->fc2_w, w->fc2_b, w->ls2, mid, C,
+                               R, C, M));
     } else {
         VITC_TRY(vit_linear(m, l, VIT_PW_FC2, y, C, hact, M, w->fc2_w, w->fc2_b, mid, C, R, C, M,
                             0));
@@ -688,9 +686,11 @@ static vitc_status vit_logits_mean2(vitc_vit *m, const float *y, float *logits) 
 }
 
 /* The whole forward. logits, attn, rollout, features ([B, N, C]: every
- * token after the final LayerNorm) may each be NULL. */
+ * token after the final LayerNorm) may each be NULL. cls: the class tokens
+ * after the final LayerNorm into m->a.cls_out [B, C] (embeddings that need
+ * no other token: the last block then runs for the class rows only). */
 static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int W_, float *logits,
-                           float *attn, float *rollout, float *features) {
+                           float *attn, float *rollout, float *features, int cls) {
     if (!m || !images)
         return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: NULL model or images");
     if (logits && !vitc_vit_has_head(m))
@@ -782,12 +782,13 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
         vitc__dropout_apply(vitc__va(a, 0, VA_X), vitc__va(a, 0, VA_X), emb, B * N * C, m->dropout);
     }
 
-    /* Logits need only the class tokens out of the last block; the maps
-     * need every row. So does a training forward whose last block is
-     * regularised (masks over every row); else backward reads the class
-     * rows alone too (vit_backward.c). */
+    /* Logits and class-token embeddings need only the class tokens out of
+     * the last block; the maps need every row. So does a training forward
+     * whose last block is regularised (masks over every row); else backward
+     * reads the class rows alone too (vit_backward.c). */
     const float *y = NULL; /* the last block's output: [B, C] cls_only, else [B, N, C] */
-    int compact = logits && !features && m->head == VIT_HEAD_CLS &&
+    int compact = ((logits && m->head == VIT_HEAD_CLS) || cls) && !features && !attn &&
+                  !rollout && m->n_cls &&
                   (!record || (m->dropout == 0.0f && m->drop_path == 0.0f &&
                                m->attention_dropout == 0.0f));
     for (int l = 0; l < c->depth; l++) {
@@ -812,11 +813,13 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
         VITC_TRY(vit_logits_mean2(m, y, logits));
     } else if (logits && m->head == VIT_HEAD_CLS_MEAN) {
         VITC_TRY(vit_logits_cls_mean(m, y, logits));
-    } else if (logits) {
+    } else if (logits || cls) {
         int64_t ys = compact ? C : N * C; /* class rows of y */
         for (int64_t b = 0; b < B; b++)
             memcpy(a->cls_in + b * C, y + b * ys, (size_t)C * sizeof(float));
         vitc__layernorm(a->cls_out, a->cls_in, m->w.ln_w, m->w.ln_b, B, C, c->norm_eps);
+    }
+    if (logits && m->head == VIT_HEAD_CLS) {
         VITC_TRY(vitc__linear_pw(logits, c->num_classes, a->cls_out, C,
                                  m->phead.data ? &m->phead : NULL, m->w.head_w, m->w.head_b, NULL,
                                  0, B, c->num_classes, C, 0));
@@ -834,7 +837,7 @@ vitc_status vitc_vit_forward(vitc_vit *m, const float *images, int B, int H, int
                              float *logits) {
     if (!logits)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_forward: NULL logits");
-    return vit_run(m, images, B, H, W, logits, NULL, NULL, NULL);
+    return vit_run(m, images, B, H, W, logits, NULL, NULL, NULL, 0);
 }
 
 vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int H, int W,
@@ -842,7 +845,7 @@ vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int
     if (!attn && !rollout)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_attention_maps: attn and rollout are "
                                                "both NULL");
-    return vit_run(m, images, B, H, W, NULL, attn, rollout, NULL);
+    return vit_run(m, images, B, H, W, NULL, attn, rollout, NULL, 0);
 }
 
 /* ------------------------------------------------------------------ */
@@ -904,7 +907,7 @@ vitc_status vitc_vit_forward_features(vitc_vit *m, const float *images, int B, i
                                       float *out) {
     if (!out)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_forward_features: NULL out");
-    return vit_run(m, images, B, H, W, NULL, NULL, NULL, out);
+    return vit_run(m, images, B, H, W, NULL, NULL, NULL, out, 0);
 }
 
 vitc_status vitc_vit_embed_size(const vitc_vit *m, vitc_pool pool, int H, int W, int64_t *floats) {
@@ -939,48 +942,38 @@ vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int H, int W
     if (!vitc__mul_size((size_t)B * (size_t)N, (size_t)C, &n))
         return vitc__err(VITC_ERR_NOMEM, "vitc_vit_embed: [%d, %lld, %lld] overflows", B,
                          (long long)N, (long long)C);
-    /* feat_buf is the DeiT heads' scratch, unused on this path. */
-    VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
-    float *f = m->feat_buf.p;
     if (pool == VITC_POOL_CLS && !m->n_cls)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_embed: this %s model has no class token "
                          "(pool default, mean or tokens)", m->family);
-    VITC_TRY(vit_run(m, images, B, H, W, NULL, NULL, NULL, f));
-    if (pool == VITC_POOL_DEFAULT && m->head == VIT_HEAD_MAP)
-        return vit_map_head(m, f, B, N, out);
-    if (pool == VITC_POOL_DEFAULT && !m->n_cls)
+    if (pool == VITC_POOL_DEFAULT && !m->n_cls && m->head != VIT_HEAD_MAP)
         pool = VITC_POOL_MEAN; /* no class token, no head: the mean of the tokens */
-    if (m->final_cls_only && (pool == VITC_POOL_DEFAULT || pool == VITC_POOL_CLS)) {
-        /* CLIP: pooler_output = post_layernorm(x[:, 0]); image_embeds its projection */
-        float *cls = m->a.cls_out; /* [B, C] */
-        for (int64_t b = 0; b < B; b++)
-            memcpy(m->a.cls_in + b * C, f + b * N * C, (size_t)C * sizeof(float));
-        vitc__layernorm(cls, m->a.cls_in, m->w.ln_w, m->w.ln_b, B, C, m->cfg.norm_eps);
+    if (pool == VITC_POOL_CLS || (pool == VITC_POOL_DEFAULT && m->head != VIT_HEAD_MAP)) {
+        /* The class token after the final LayerNorm (CLIP's post_layernorm),
+         * projected for CLIP's image_embeds: the last block's other rows are
+         * not needed, so it runs for the class rows only. */
+        VITC_TRY(vit_run(m, images, B, H, W, NULL, NULL, NULL, NULL, 1));
         if (pool == VITC_POOL_DEFAULT && m->head == VIT_HEAD_PROJ)
-            vitc__linear(out, per, cls, C, m->w.head_w, m->w.head_b, NULL, 0, B, per, C);
+            vitc__linear(out, per, m->a.cls_out, C, m->w.head_w, m->w.head_b, NULL, 0, B, per, C);
         else
-            memcpy(out, cls, (size_t)(B * C) * sizeof(float));
+            memcpy(out, m->a.cls_out, (size_t)(B * C) * sizeof(float));
         return VITC_OK;
     }
-    if (pool == VITC_POOL_DEFAULT && m->head == VIT_HEAD_PROJ) { /* normed class tokens projected */
-        float *cls = m->a.cls_out;
-        for (int64_t b = 0; b < B; b++)
-            memcpy(cls + b * C, f + b * N * C, (size_t)C * sizeof(float));
-        vitc__linear(out, per, cls, C, m->w.head_w, m->w.head_b, NULL, 0, B, per, C);
-        return VITC_OK;
-    }
+    /* feat_buf is the DeiT heads' scratch, unused on this path. */
+    VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
+    float *f = m->feat_buf.p;
+    VITC_TRY(vit_run(m, images, B, H, W, NULL, NULL, NULL, f, 0));
+    if (pool == VITC_POOL_DEFAULT) /* SigLIP */
+        return vit_map_head(m, f, B, N, out);
     for (int64_t b = 0; b < B; b++) {
         const float *fb = f + b * N * C;
         float *o = out + b * per;
         if (pool == VITC_POOL_TOKENS) {
             memcpy(o, fb + np * C, (size_t)(P * C) * sizeof(float));
-        } else if (pool == VITC_POOL_MEAN) { /* mean of the normed patch tokens */
+        } else { /* mean of the normed patch tokens */
             for (int64_t j = 0; j < C; j++) o[j] = 0.0f;
             for (int64_t t = np; t < N; t++)
                 for (int64_t j = 0; j < C; j++) o[j] += fb[t * C + j];
             for (int64_t j = 0; j < C; j++) o[j] /= (float)P;
-        } else { /* ViT/DeiT default: the class token after the final LayerNorm */
-            memcpy(o, fb, (size_t)C * sizeof(float));
         }
     }
     return VITC_OK;

@@ -229,9 +229,12 @@ struct vitc_vit {
     int rec_gh, rec_gw;  /* its patch grid */
     int rec_cls_only;    /* its last block ran on the class rows alone (vit_block's cls_only) */
     vitc__buf bwd;       /* backward scratch */
-    /* Position embedding resampled for a grid gh x gw (cached per grid). */
+    /* Position embedding resampled for a grid gh x gw: cached per grid and
+     * parameter version (pos_ver = wversion + 1 it was computed at; 0: none),
+     * so a forward at the same size resamples nothing. */
     vitc__buf pos_buf;
     int pos_gh, pos_gw;
+    uint64_t pos_ver;
     float *pos_used; /* [1 + gh*gw, C]: pos itself or pos_buf */
     /* Inference weights (vit_precision.c): packed for `precision` from the
      * row-major parameters of version pversion; rebuilt at the next

@@ -169,6 +169,30 @@ class TestHubModels(TmpDirCase):
         _, h_plain = hf_ref.forward(sd, plain, x)
         self.assertGreater(np.abs(m.embed(x.numpy()) - h_plain[:, 0].numpy()).max(), 1e-3)
 
+    def test_dinov2_parameters_moved(self):
+        """The resampled position embedding (cached per image size) and the
+        layer scale folded into the packed weights follow new parameters."""
+        d, sd, cfg = self.make("dinov2_moved", "dinov2", "Dinov2Model", prefix=False)
+        m = vitc.load_model(d)
+        x = self.xd[(24, 24)]
+        _, h = hf_ref.forward(sd, cfg, x)
+        close(self, m.embed(x.numpy()), h[:, 0], "before")
+        # vitc's (torchvision) name of each HF tensor moved
+        moved = {"embeddings.position_embeddings": "encoder.pos_embedding"}
+        for i in range(cfg["num_hidden_layers"]):
+            for j in (1, 2):
+                moved["encoder.layer.%d.layer_scale%d.lambda1" % (i, j)] = \
+                    "encoder.layers.encoder_layer_%d.ls%d.gamma" % (i, j)
+        g = torch.Generator().manual_seed(7)
+        sd2, st = dict(sd), m.state_dict()
+        for k, n in moved.items():
+            sd2[k] = sd[k] + torch.randn(sd[k].shape, generator=g) * 0.5
+            st[n] = sd2[k].numpy()
+        m.load_state_dict(st)
+        _, h2 = hf_ref.forward(sd2, cfg, x)
+        self.assertGreater((h2[:, 0] - h[:, 0]).abs().max().item(), 1e-2)
+        close(self, m.embed(x.numpy()), h2[:, 0], "after load_state_dict")
+
     def test_dinov2_swiglu(self):
         """The giant's SwiGLU MLP (hidden (int(h * 2/3) + 7) // 8 * 8)."""
         d, sd, cfg = self.make("dinov2_swiglu", "dinov2", "Dinov2Model", swiglu=True)
@@ -183,6 +207,13 @@ class TestHubModels(TmpDirCase):
             m = self.check(d, sd, cfg)
             self.assertTrue(m.config["has_head"])
             self.assertEqual(m.config["num_classes"], 5)
+        # Training mode with (practically never dropping) dropout takes the
+        # regularised branch, which must keep the layer scale.
+        x = self.xd[(24, 24)].numpy()
+        want = m(x)
+        m.set_dropout(dropout=1e-9)
+        m.train()
+        close(self, m(x), want, "train mode, dropout 1e-9")
 
     def test_dinov2_registers_zero_prefixed(self):
         d, sd, cfg = self.make("dinov2_reg0", "dinov2_with_registers", "Dinov2WithRegistersModel",
