@@ -782,12 +782,15 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
         vitc__dropout_apply(vitc__va(a, 0, VA_X), vitc__va(a, 0, VA_X), emb, B * N * C, m->dropout);
     }
 
-    /* Inference logits and class-token embeddings need only the class
-     * tokens out of the last block; the maps, and backward, need every row
-     * of every block. */
+    /* Logits and class-token embeddings need only the class tokens out of
+     * the last block; the maps need every row. So does a training forward
+     * whose last block is regularised (masks over every row); else backward
+     * reads the class rows alone too (vit_backward.c). */
     const float *y = NULL; /* the last block's output: [B, C] cls_only, else [B, N, C] */
-    int compact = ((logits && m->head == VIT_HEAD_CLS) || cls) && !record && !features &&
-                  !attn && !rollout && m->n_cls;
+    int compact = ((logits && m->head == VIT_HEAD_CLS) || cls) && !features && !attn &&
+                  !rollout && m->n_cls &&
+                  (!record || (m->dropout == 0.0f && m->drop_path == 0.0f &&
+                               m->attention_dropout == 0.0f));
     for (int l = 0; l < c->depth; l++) {
         int cls_only = compact && l == c->depth - 1;
         float *probs = NULL; /* [B, H, N, N] */
@@ -823,6 +826,7 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     }
     if (record) {
         m->recorded = 1;
+        m->rec_cls_only = compact;
         m->rec_gh = (int)gh;
         m->rec_gw = (int)gw;
     }

@@ -146,6 +146,61 @@ static vitc_status vit_block_backward(vitc_vit *m, int l, vit_bwd *s) {
     return VITC_OK;
 }
 
+/* The last block of a forward that ran it on the class rows only (vit.c's
+ * cls_only, m->rec_cls_only): the loss reads x_L[:, 0] alone, so every
+ * other row's gradient after the attention is exactly zero and the MLP,
+ * ln_2 and out_proj backward run on B rows instead of B*N (torch computes
+ * the same sums with zero rows added). mid, ln2, hpre, hact are [B, C] /
+ * [B, mlp] compact; att's class rows are N*C apart. The attention backward
+ * has one query per image: dq for the class rows, dk, dv for every row,
+ * so qkv's backward is two products: k, v over all rows, q over class rows.
+ * s->g holds dL/dy [B, C] (compact) on entry and dL/dx [B, N, C] on return. */
+static vitc_status vit_last_block_backward_cls(vitc_vit *m, int l, vit_bwd *s) {
+    const vitc_vit_config *c = &m->cfg;
+    const vitc__vit_acts *a = &m->a;
+    const vitc__vit_block *w = &m->blocks[l];
+    vitc__vit_block *gw = &m->gblocks[l];
+    int64_t B = a->B, N = a->N, C = c->hidden_dim, M = c->mlp_dim, BN = B * N, NC = N * C;
+    const float *x = vitc__va(a, l, VA_X), *ln1 = vitc__va(a, l, VA_LN1);
+    const float *qkv = vitc__va(a, l, VA_QKV), *mid = vitc__va(a, l, VA_MID);
+    const float *ln2 = vitc__va(a, l, VA_LN2), *hpre = vitc__va(a, l, VA_HPRE);
+    const float *hact = vitc__va(a, l, VA_HACT);
+    float *att = vitc__va(a, l, VA_ATT), *lse = vitc__va(a, l, VA_LSE);
+    float *g = s->g, *gmid = s->gmid; /* [B, C] */
+    float *datt = s->datt, *dq = s->datt + B * C; /* [B, C] each (N >= 2: both fit) */
+
+    vitc__linear_backward(s->dh, M, 0.0f, gw->fc2_w, gw->fc2_b, g, C, hact, M, w->fc2_w, B, C, M);
+    vitc__gelu_backward(s->dh, s->dh, hpre, B * M);
+    vitc__linear_backward(s->dln, C, 0.0f, gw->fc1_w, gw->fc1_b, s->dh, M, ln2, C, w->fc1_w, B, M,
+                          C);
+    vitc__layernorm_backward_res(gmid, g, gw->ln2_w, gw->ln2_b, s->dln, mid, w->ln2_w, B, C,
+                                 c->norm_eps, s->stats);
+    vitc__linear_backward(datt, C, 0.0f, gw->proj_w, gw->proj_b, gmid, C, att, NC, w->proj_w, B,
+                          C, C);
+    vitc__sdpa_bwd_desc bd = {.f = vitc__vit_attention(m, qkv, att, B, N, 1)};
+    bd.f.lse = lse;
+    bd.f.lse_sb = c->num_heads * N;
+    bd.f.lse_sh = N;
+    int64_t d = C / c->num_heads;
+    bd.dout = datt, bd.do_sb = C, bd.do_sh = d, bd.do_sr = C;
+    bd.dq = dq, bd.dq_sb = C, bd.dq_sh = d, bd.dq_sr = C;
+    bd.dk = s->dqkv + C, bd.dk_sb = bd.f.k_sb, bd.dk_sh = bd.f.k_sh, bd.dk_sr = bd.f.k_sr;
+    bd.dv = s->dqkv + 2 * C, bd.dv_sb = bd.f.v_sb, bd.dv_sh = bd.f.v_sh, bd.dv_sr = bd.f.v_sr;
+    VITC_TRY(vitc__sdpa_backward(&bd));
+    /* qkv rows C..3C (k, v) over every row, then rows 0..C (q) over the class rows, added. */
+    vitc__linear_backward(s->dln, C, 0.0f, gw->qkv_w + C * C, gw->qkv_b + C, s->dqkv + C, 3 * C,
+                          ln1, C, w->qkv_w + C * C, BN, 2 * C, C);
+    vitc__linear_backward(s->dln, NC, 1.0f, gw->qkv_w, gw->qkv_b, dq, C, ln1, NC, w->qkv_w, B, C,
+                          C);
+    /* mid = x + out_proj(att): the residual's gradient is gmid on class rows, 0 elsewhere. */
+    memset(g, 0, (size_t)(BN * C) * sizeof(float));
+    for (int64_t b = 0; b < B; b++)
+        memcpy(g + b * NC, gmid + b * C, (size_t)C * sizeof(float));
+    vitc__layernorm_backward_res(g, g, gw->ln1_w, gw->ln1_b, s->dln, x, w->ln1_w, BN, C,
+                                 c->norm_eps, s->stats);
+    return VITC_OK;
+}
+
 vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits) {
     if (!m || !dlogits)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_backward: NULL model or dlogits");
@@ -175,15 +230,21 @@ vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits) {
     float *dcls = s.dln; /* [B, C] */
     vitc__linear_backward(dcls, C, 0.0f, m->g.head_w, m->g.head_b, dlogits, K, a->cls_out, C,
                           m->w.head_w, B, K, C);
-    memset(s.g, 0, (size_t)(B * N * C) * sizeof(float));
     float *dclsx = s.datt; /* [B, C] */
     memset(dclsx, 0, (size_t)(B * C) * sizeof(float));
     vitc__layernorm_backward(dclsx, m->g.ln_w, m->g.ln_b, dcls, a->cls_in, m->w.ln_w, B, C,
                              c->norm_eps, s.stats);
-    for (int64_t b = 0; b < B; b++)
-        memcpy(s.g + b * N * C, dclsx + b * C, (size_t)C * sizeof(float));
-
-    for (int l = c->depth - 1; l >= 0; l--) VITC_TRY(vit_block_backward(m, l, &s));
+    int last = c->depth - 1;
+    if (m->rec_cls_only && last >= 0) { /* the last block's rows past its attention: [B, C] */
+        memcpy(s.g, dclsx, (size_t)(B * C) * sizeof(float));
+        VITC_TRY(vit_last_block_backward_cls(m, last, &s));
+        last--;
+    } else {
+        memset(s.g, 0, (size_t)(B * N * C) * sizeof(float));
+        for (int64_t b = 0; b < B; b++)
+            memcpy(s.g + b * N * C, dclsx + b * C, (size_t)C * sizeof(float));
+    }
+    for (int l = last; l >= 0; l--) VITC_TRY(vit_block_backward(m, l, &s));
 
     uint8_t *emb = vitc__vit_emb_mask(m);
     if (emb && m->dropout > 0.0f)

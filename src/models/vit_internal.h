@@ -227,6 +227,7 @@ struct vitc_vit {
     vitc__vit_acts a;
     int recorded;        /* a's training forward is there for backward */
     int rec_gh, rec_gw;  /* its patch grid */
+    int rec_cls_only;    /* its last block ran on the class rows alone (vit_block's cls_only) */
     vitc__buf bwd;       /* backward scratch */
     /* Position embedding resampled for a grid gh x gw: cached per grid and
      * parameter version (pos_ver = wversion + 1 it was computed at; 0: none),

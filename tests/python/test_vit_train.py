@@ -127,6 +127,29 @@ class TestViTGradients(unittest.TestCase):
         self.assertTrue(all((g == 0).all() for g in m.grads().values()))
 
 
+    def test_class_row_last_block(self):
+        """Without regularisation the last block runs on the class rows
+        alone, forward and backward; drop path 1e-9 (every sample kept,
+        scale 1.0f) takes the every-row path: the same logits, and the
+        same gradients up to the order of the sums."""
+        cfg = dict(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=8,
+                   mlp_dim=12, num_classes=3, in_channels=1)
+        t = torch_model(cfg, 4)
+        x = np.random.default_rng(4).standard_normal((3, 1, 16, 16)).astype(np.float32)
+        dlogits = np.random.default_rng(5).standard_normal((3, 3)).astype(np.float32)
+        out = []
+        for extra in ({}, {"drop_path": 1e-9}):
+            m = vitc_model(dict(cfg, **extra), t).train()
+            logits = m(x)
+            m.backward(dlogits)
+            out.append((logits, m.grads()))
+        np.testing.assert_array_equal(out[0][0], out[1][0])
+        for k, g in out[1][1].items():
+            self.assertGreater(np.abs(g).max(), 0.0, k)
+            np.testing.assert_allclose(out[0][1][k], g, rtol=1e-5,
+                                       atol=1e-6 * np.abs(g).max(), err_msg=k)
+
+
 class TestViTTrainingAPI(unittest.TestCase):
     cfg = dict(image_size=16, patch_size=4, num_layers=2, num_heads=2, hidden_dim=8, mlp_dim=12,
                num_classes=3, in_channels=1)
