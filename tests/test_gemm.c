@@ -228,6 +228,23 @@ static void test_builtin_thread_invariant(void **state) {
             assert_memory_equal(D1, D2, (size_t)(m2 * n2) * sizeof(float));
         }
         free(A2), free(B2), free(D1), free(D2);
+        /* Threads splitting columns pack op(A) strips into one shared copy
+         * as they go, whichever thread comes first (both layouts, three K
+         * blocks, a short last strip, 2 and 3 threads): still the 1-thread
+         * bits. */
+        int64_t m3 = 151, n3 = 1200, k3 = 2100;
+        float *A3 = rand_buf((size_t)(m3 * k3)), *B3 = rand_buf((size_t)(n3 * k3));
+        float *E1 = malloc((size_t)(m3 * n3) * sizeof(float)), *E2 = malloc((size_t)(m3 * n3) * sizeof(float));
+        for (int ta = 0; ta < 2; ta++) {
+            vitc_set_num_threads(1);
+            vitc__gemm(ta, 1, m3, n3, k3, 1.0f, A3, ta ? m3 : k3, B3, k3, 0.0f, E1, n3);
+            for (int t = 2; t <= 3; t++) {
+                vitc_set_num_threads(t);
+                vitc__gemm(ta, 1, m3, n3, k3, 1.0f, A3, ta ? m3 : k3, B3, k3, 0.0f, E2, n3);
+                assert_memory_equal(E1, E2, (size_t)(m3 * n3) * sizeof(float));
+            }
+        }
+        free(A3), free(B3), free(E1), free(E2);
     }
     restore();
     free(A), free(B), free(C1), free(C2);

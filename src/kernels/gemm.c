@@ -18,6 +18,8 @@
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -307,6 +309,9 @@ typedef struct vitc__gemm_job {
      * asum is then done too. */
     const float *paw;
     int64_t mpad;
+    /* Non-NULL: paw is not packed yet; the threads pack it as they go
+     * (vitc__pa_need). */
+    struct vitc__pa_coop *coop;
     void (*gelu)(float *x, int64_t n); /* the activation (elementwise, in place: erf, quick or
                                         * tanh GELU) on C after the last K block, or NULL */
     /* Layer scale (NULL: none): after the last K block, before gelu,
@@ -384,6 +389,65 @@ static void vitc__gelu_block(const vitc__gemm_job *g, int64_t i, int64_t mc, int
     }
 }
 
+/* op(A) shared by threads splitting columns, packed by those threads
+ * inside the GEMM's own region rather than in a region before it (which
+ * cost a second start and end wait per product, and split 197 rows into
+ * 72-row blocks 2:1). Units are MR-row strips of one K block, claimed from
+ * one counter in the order every thread consumes them (K block, then MC
+ * block): a thread about to use block (pc, ic) packs strips until none of
+ * that block is unclaimed, then waits only for strips another thread is
+ * packing at that moment, which nothing blocks. Which thread packs a strip
+ * depends on timing; its bytes do not (a copy, the same panels). */
+#define VITC_COOP_BLOCKS 128
+typedef struct vitc__pa_coop {
+    _Atomic int64_t next; /* the next unclaimed strip */
+    int64_t nsp, nic, total; /* strips per K block, MC blocks per K block, strips */
+    _Atomic int done[VITC_COOP_BLOCKS]; /* strips packed, per (K block, MC block) */
+} vitc__pa_coop;
+
+#if defined(__x86_64__) || defined(__i386__)
+#define vitc__gemm_relax() __builtin_ia32_pause()
+#else
+#define vitc__gemm_relax() ((void)0)
+#endif
+
+static void vitc__pa_strip(const vitc__gemm_job *g, int64_t s) {
+    const vitc__gemm_kernel *kn = g->kern;
+    vitc__pa_coop *co = g->coop;
+    int64_t kb = s / co->nsp, i = s % co->nsp * kn->mr, pc = kb * g->kc;
+    int64_t kc = g->K - pc < g->kc ? g->K - pc : g->kc, mr = g->M - i < kn->mr ? g->M - i : kn->mr;
+    float *dst = (float *)g->paw + pc * g->mpad + i * kc; /* strip i / MR of its block */
+    if (kn->packa)
+        kn->packa(dst, g->A, g->lda, g->ta, i, mr, pc, kc, NULL);
+    else
+        vitc__gemm_packa_generic(dst, kn->mr, g->A, g->lda, g->ta, i, mr, pc, kc, NULL);
+    atomic_fetch_add_explicit(&co->done[kb * co->nic + i / kn->mc], 1, memory_order_release);
+}
+
+/* Returns once block (pc, ic) of the shared op(A) is packed. */
+static void vitc__pa_need(const vitc__gemm_job *g, int64_t pc, int64_t ic) {
+    const vitc__gemm_kernel *kn = g->kern;
+    vitc__pa_coop *co = g->coop;
+    int64_t kb = pc / g->kc, last = g->M < ic + kn->mc ? g->M : ic + kn->mc;
+    int64_t first = kb * co->nsp + ic / kn->mr, end = kb * co->nsp + (last + kn->mr - 1) / kn->mr;
+    _Atomic int *done = &co->done[kb * co->nic + ic / kn->mc];
+    int64_t w0 = 0, w = 0; /* VITC_POOL_STATS: CPU time spent waiting */
+    for (int spin = 0; atomic_load_explicit(done, memory_order_acquire) < end - first;) {
+        if (atomic_load_explicit(&co->next, memory_order_relaxed) < end) {
+            int64_t s = atomic_fetch_add_explicit(&co->next, 1, memory_order_relaxed);
+            if (s < co->total) vitc__pa_strip(g, s); /* maybe of a later block: needed anyway */
+        } else {
+            if (!w0 && vitc__pool_stats()) w0 = vitc__pool_cpu_ns();
+            if (++spin < 4096)
+                vitc__gemm_relax();
+            else /* the packer may have lost its core (oversubscribed machine) */
+                sched_yield();
+            w = w0;
+        }
+    }
+    if (w) vitc__pool_note_wait(vitc__pool_cpu_ns() - w);
+}
+
 static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1, int64_t j0,
                                 int64_t j1) {
     const vitc__gemm_kernel *kn = g->kern;
@@ -448,6 +512,7 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                 /* Rows of op(A) are summed by the thread whose panel holds
                  * column 0, once (its first NC panel). */
                 float *asum = g->asum && jc == 0 && !g->paw ? g->asum + ic : NULL;
+                if (paw && g->coop) vitc__pa_need(g, pc, ic);
                 if (paw)
                     pa = (float *)paw + pc * g->mpad + ic * kc;
                 else if (kn->packa)
@@ -647,16 +712,29 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
      * let the threads read it as prepacked panels. The buffer is the
      * calling thread's; the workers only read it. (A read in place, K up
      * to the kernel's direct_kc, needs no packing.) */
+    vitc__pa_coop coop; /* lives until the region below returns */
     int a_direct = g->kern && g->kern->ukr_st && !g->ta && g->K <= g->kern->direct_kc &&
                    __atomic_load_n(&vitc__gemm_direct_on, __ATOMIC_RELAXED);
     if (g->kern && g->by_cols && !a_direct && g->K > 0 && g->alpha != 0.0f &&
         g->M * g->K >= VITC_SHARED_B_MIN) {
         const vitc__gemm_kernel *kn = g->kern;
         int64_t mpad = (g->M + kn->mc - 1) / kn->mc * kn->mc;
+        int64_t nic = mpad / kn->mc, nkc = (g->K + g->kc - 1) / g->kc;
         float *pa = vitc__get_scratch_n(1, (size_t)(mpad * g->K));
-        if (pa) {
+        /* Packed inside the GEMM's region, unless asum needs each row
+         * summed by one owner, k ascending, or the blocks are too many. */
+        if (pa && !g->asum && kn->mc % kn->mr == 0 && nic * nkc <= VITC_COOP_BLOCKS) {
+            g->coop = &coop;
+            coop.nsp = (g->M + kn->mr - 1) / kn->mr;
+            coop.nic = nic;
+            coop.total = coop.nsp * nkc;
+            atomic_init(&coop.next, 0);
+            for (int64_t b = 0; b < nic * nkc; b++) atomic_init(&coop.done[b], 0);
+        } else if (pa) {
             vitc__pa_job pj = {g, pa, mpad};
             vitc__parallel_for((g->M + kn->mc - 1) / kn->mc, vitc__pa_task, &pj);
+        }
+        if (pa) {
             g->paw = pa;
             g->mpad = mpad;
         }

@@ -26,6 +26,13 @@ int vitc__in_parallel(void); /* 1 inside a pool task */
  * tid's contiguous share [begin, end) of [0, n) (nested: all of it). */
 typedef void (*vitc__range_fn)(void *ctx, int64_t begin, int64_t end, int tid);
 void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx);
+/* VITC_POOL_STATS=1 (pool.c): per kind of region, where threads wait,
+ * printed at exit. A kernel that waits for another thread inside a region
+ * times it (vitc__pool_cpu_ns, only when vitc__pool_stats()) and reports
+ * it (vitc__pool_note_wait) so that it counts as idle, not work. */
+int vitc__pool_stats(void);
+int64_t vitc__pool_cpu_ns(void);
+void vitc__pool_note_wait(int64_t cpu_ns);
 
 /* ---- run-time dispatch (dispatch.c) ------------------------------ */
 
