@@ -312,6 +312,10 @@ typedef struct vitc__gemm_job {
     /* Non-NULL: paw is not packed yet; the threads pack it as they go
      * (vitc__pa_need). */
     struct vitc__pa_coop *coop;
+    /* Non-NULL: op(A) is ln->y (lda K), LayerNorm(ln->x) still to compute:
+     * by the packers of a shared op(A) in one K block, else a pass first
+     * (vitc__gemm_run). */
+    const vitc__ln_pre *ln;
     void (*gelu)(float *x, int64_t n); /* the activation (elementwise, in place: erf, quick or
                                         * tanh GELU) on C after the last K block, or NULL */
     /* Layer scale (NULL: none): after the last K block, before gelu,
@@ -417,6 +421,8 @@ static void vitc__pa_strip(const vitc__gemm_job *g, int64_t s) {
     int64_t kb = s / co->nsp, i = s % co->nsp * kn->mr, pc = kb * g->kc;
     int64_t kc = g->K - pc < g->kc ? g->K - pc : g->kc, mr = g->M - i < kn->mr ? g->M - i : kn->mr;
     float *dst = (float *)g->paw + pc * g->mpad + i * kc; /* strip i / MR of its block */
+    const vitc__ln_pre *ln = g->ln; /* only with one K block: kb is 0 */
+    if (ln) vitc__kern()->layernorm(ln->y + i * g->K, ln->x + i * g->K, ln->w, ln->b, mr, g->K, ln->eps);
     if (kn->packa)
         kn->packa(dst, g->A, g->lda, g->ta, i, mr, pc, kc, NULL);
     else
@@ -474,6 +480,9 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
          * (prepacked panels have another KC: pack from op(B) instead). */
         KC = VITC_SMALL_KC, MC = MR, NC = NR;
         pbw = NULL; /* op(B) row-major is always kept beside its panels */
+        if (g->coop && paw) /* A is read below: its rows packed (and normalised) first */
+            for (int64_t pc = 0; pc < g->K; pc += g->kc)
+                for (int64_t ic = 0; ic < g->M; ic += kn->mc) vitc__pa_need(g, pc, ic);
         /* Shared op(A) panels have another KC too. (Packing A again here
          * leaves asum alone: it was summed with them.) */
         paw = NULL;
@@ -660,8 +669,19 @@ static void vitc__pa_task(void *ctx, int64_t t, int tid) {
  * a parallel region to share it. */
 #define VITC_SHARED_B_MIN 32768
 
+/* g's LayerNorm as a pass of its own (threaded as vitc__layernorm sees
+ * fit), when the packers do not do it. */
+static void vitc__ln_pass(vitc__gemm_job *g) {
+    const vitc__ln_pre *ln = g->ln;
+    if (ln) vitc__layernorm(ln->y, ln->x, ln->w, ln->b, g->M, g->K, ln->eps);
+    g->ln = NULL;
+}
+
 static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
-    if (g->M <= 0 || g->N <= 0) return;
+    if (g->M <= 0 || g->N <= 0) {
+        vitc__ln_pass(g); /* its output is the caller's too */
+        return;
+    }
     g->kern = NULL;
 #ifdef VITC_HAVE_OPENBLAS
     /* CBLAS takes int sizes: anything larger goes to the built-in GEMM. */
@@ -703,6 +723,7 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
     if (nt > units) nt = (int)units;
     g->nparts = nt < 1 ? 1 : nt;
     if (g->nparts == 1) {
+        vitc__ln_pass(g);
         vitc__gemm_task(g, 0, 0);
         return;
     }
@@ -723,7 +744,8 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
         float *pa = vitc__get_scratch_n(1, (size_t)(mpad * g->K));
         /* Packed inside the GEMM's region, unless asum needs each row
          * summed by one owner, k ascending, or the blocks are too many. */
-        if (pa && !g->asum && kn->mc % kn->mr == 0 && nic * nkc <= VITC_COOP_BLOCKS) {
+        if (pa && !g->asum && kn->mc % kn->mr == 0 && nic * nkc <= VITC_COOP_BLOCKS &&
+            (!g->ln || nkc == 1)) {
             g->coop = &coop;
             coop.nsp = (g->M + kn->mr - 1) / kn->mr;
             coop.nic = nic;
@@ -731,6 +753,7 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
             atomic_init(&coop.next, 0);
             for (int64_t b = 0; b < nic * nkc; b++) atomic_init(&coop.done[b], 0);
         } else if (pa) {
+            vitc__ln_pass(g);
             vitc__pa_job pj = {g, pa, mpad};
             vitc__parallel_for((g->M + kn->mc - 1) / kn->mc, vitc__pa_task, &pj);
         }
@@ -751,6 +774,7 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
             g->npad = npad;
         }
     }
+    if (!g->coop) vitc__ln_pass(g); /* else the packers normalise */
     vitc__parallel_for(g->nparts, vitc__gemm_task, g);
 }
 
@@ -906,8 +930,10 @@ static void vitc__act_pass(int act, float *y, int64_t ldy, int64_t M, int64_t N)
 static vitc_status vitc__linear_any(float *y, int64_t ldy, const float *x, int64_t ldx,
                                    const vitc__pweight *pw, const float *W, const float *bias,
                                    const float *scale, const float *residual, int64_t ldr,
-                                   int64_t M, int64_t N, int64_t K, int act) {
+                                   int64_t M, int64_t N, int64_t K, int act,
+                                   const vitc__ln_pre *ln) {
     if (pw && pw->data && pw->prec != VITC_PRECISION_FP32) {
+        if (ln) vitc__layernorm(ln->y, ln->x, ln->w, ln->b, M, K, ln->eps);
         if (pw->N != N || pw->K != K)
             return vitc__err(VITC_ERR_SHAPE, "packed weight [%lld, %lld] used as [%lld, %lld]",
                              (long long)pw->N, (long long)pw->K, (long long)N, (long long)K);
@@ -924,7 +950,7 @@ static vitc_status vitc__linear_any(float *y, int64_t ldy, const float *x, int64
     if (!W) return vitc__err(VITC_ERR_INVALID_ARG, "linear: no weights");
     vitc__gemm_job g = {.ta = 0, .tb = 1, .M = M, .N = N, .K = K, .alpha = 1.0f, .A = x,
                         .lda = ldx, .B = W, .ldb = K, .C = y, .ldc = ldy, .bias = bias,
-                        .res = scale ? NULL : residual, .ldr = ldr, .nparts = 1};
+                        .res = scale ? NULL : residual, .ldr = ldr, .nparts = 1, .ln = ln};
     int builtin = vitc__backend() == VITC_GEMM_BUILTIN;
     if (builtin) {
         const vitc__kernels *kt = vitc__kern();
@@ -948,7 +974,13 @@ vitc_status vitc__linear_pw(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const vitc__pweight *pw, const float *W, const float *bias,
                             const float *residual, int64_t ldr, int64_t M, int64_t N, int64_t K,
                             int act) {
-    return vitc__linear_any(y, ldy, x, ldx, pw, W, bias, NULL, residual, ldr, M, N, K, act);
+    return vitc__linear_any(y, ldy, x, ldx, pw, W, bias, NULL, residual, ldr, M, N, K, act, NULL);
+}
+
+vitc_status vitc__linear_pw_ln(float *out, int64_t ldo, const vitc__ln_pre *ln,
+                               const vitc__pweight *pw, const float *W, const float *bias,
+                               int64_t M, int64_t N, int64_t K, int act) {
+    return vitc__linear_any(out, ldo, ln->y, K, pw, W, bias, NULL, NULL, 0, M, N, K, act, ln);
 }
 
 vitc_status vitc__linear_pw_scaled(float *y, int64_t ldy, const float *x, int64_t ldx,
@@ -956,5 +988,5 @@ vitc_status vitc__linear_pw_scaled(float *y, int64_t ldy, const float *x, int64_
                                    const float *scale, const float *residual, int64_t ldr,
                                    int64_t M, int64_t N, int64_t K) {
     return vitc__linear_any(y, ldy, x, ldx, pw, W, bias, scale, residual, ldr, M, N, K,
-                            VITC__ACT_NONE);
+                            VITC__ACT_NONE, NULL);
 }

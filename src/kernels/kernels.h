@@ -193,6 +193,21 @@ vitc_status vitc__linear_pw(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const vitc__pweight *pw, const float *W, const float *bias,
                             const float *residual, int64_t ldr, int64_t M, int64_t N, int64_t K,
                             int act);
+/* A LayerNorm in front of a linear layer: y [M, K] = LayerNorm(x [M, K])
+ * over rows of K (w, b [K]), y then the layer's input. */
+typedef struct vitc__ln_pre {
+    float *y;
+    const float *x, *w, *b;
+    float eps;
+} vitc__ln_pre;
+/* vitc__linear_pw(out, ldo, ln->y, K, ..., NULL, 0, M, N, K, act) after
+ * vitc__layernorm(ln->y, ln->x, ...): the same numbers (ln->y written too).
+ * Threads splitting the built-in fp32 GEMM's columns normalise rows as they
+ * pack them, in the GEMM's region (no serial pass, no region of its own:
+ * at 197 x 768 the LayerNorm cost more as a region than serially). */
+vitc_status vitc__linear_pw_ln(float *out, int64_t ldo, const vitc__ln_pre *ln,
+                               const vitc__pweight *pw, const float *W, const float *bias,
+                               int64_t M, int64_t N, int64_t K, int act);
 /* y = residual + scale * (x W^T + bias) (residual may be NULL): a layer
  * scale (DINOv2's ls1 / ls2) applied in the fp32 GEMM's epilogue, on each
  * block of rows while it is in cache (the same numbers as the product, then
