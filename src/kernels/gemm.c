@@ -333,6 +333,11 @@ typedef struct vitc__gemm_job {
     int by_cols;  /* threads split columns (else rows) */
     int64_t unit; /* split granularity: NR or MR (or 16 for OpenBLAS) */
     int nparts;
+    /* Non-NULL: threads splitting columns of the built-in GEMM take chunks
+     * of chunk columns (a multiple of NR) from this counter, nchunks in
+     * all, instead of one fixed panel each (vitc__gemm_task). */
+    _Atomic int64_t *next_chunk;
+    int64_t chunk, nchunks;
 } vitc__gemm_job;
 
 /* C (and the epilogue) when K == 0 or alpha == 0: no product to add. */
@@ -398,9 +403,9 @@ static void vitc__gelu_block(const vitc__gemm_job *g, int64_t i, int64_t mc, int
  * cost a second start and end wait per product, and split 197 rows into
  * 72-row blocks 2:1). Units are MR-row strips of one K block, claimed from
  * one counter in the order every thread consumes them (K block, then MC
- * block): a thread about to use block (pc, ic) packs strips until none of
- * that block is unclaimed, then waits only for strips another thread is
- * packing at that moment, which nothing blocks. Which thread packs a strip
+ * block): a thread about to use block (pc, ic) packs strips until that
+ * block is done, or only strips another thread is packing at that moment
+ * are left anywhere (nothing blocks those). Which thread packs a strip
  * depends on timing; its bytes do not (a copy, the same panels). */
 #define VITC_COOP_BLOCKS 128
 typedef struct vitc__pa_coop {
@@ -439,9 +444,11 @@ static void vitc__pa_need(const vitc__gemm_job *g, int64_t pc, int64_t ic) {
     _Atomic int *done = &co->done[kb * co->nic + ic / kn->mc];
     int64_t w0 = 0, w = 0; /* VITC_POOL_STATS: CPU time spent waiting */
     for (int spin = 0; atomic_load_explicit(done, memory_order_acquire) < end - first;) {
-        if (atomic_load_explicit(&co->next, memory_order_relaxed) < end) {
+        /* Strips of later blocks too, rather than wait for the last ones of
+         * this block that another thread is packing: all are needed. */
+        if (atomic_load_explicit(&co->next, memory_order_relaxed) < co->total) {
             int64_t s = atomic_fetch_add_explicit(&co->next, 1, memory_order_relaxed);
-            if (s < co->total) vitc__pa_strip(g, s); /* maybe of a later block: needed anyway */
+            if (s < co->total) vitc__pa_strip(g, s);
         } else {
             if (!w0 && vitc__pool_stats()) w0 = vitc__pool_cpu_ns();
             if (++spin < 4096)
@@ -593,6 +600,19 @@ static void vitc__part(const vitc__gemm_job *g, int64_t t, int64_t *i0, int64_t 
 static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
     vitc__gemm_job *g = ctx;
     (void)tid;
+    if (g->next_chunk) {
+        /* Whichever thread is free takes the next chunk: a thread that
+         * starts late (a worker waking up, or one whose core another
+         * process took) leaves its share to the others instead of making
+         * them wait at the end. A tile's FMAs do not depend on the chunk or
+         * thread that computes it, so the bits do not either. */
+        for (int64_t c; (c = atomic_fetch_add_explicit(g->next_chunk, 1, memory_order_relaxed)) <
+                        g->nchunks;) {
+            int64_t j0 = c * g->chunk, j1 = g->N - j0 < g->chunk ? g->N : j0 + g->chunk;
+            vitc__builtin_block(g, 0, g->M, j0, j1);
+        }
+        return;
+    }
     int64_t i0, i1, j0, j1;
     vitc__part(g, t, &i0, &i1, &j0, &j1);
     if (i0 >= i1 || j0 >= j1) return;
@@ -662,6 +682,7 @@ static void vitc__pa_task(void *ctx, int64_t t, int tid) {
 }
 
 #define VITC_KC_DEEP 256
+#define VITC_CHUNKS_PER 4
 
 /* Below this many flops a parallel region costs more than it saves. */
 #define VITC_GEMM_PAR_FLOPS 400000.0
@@ -775,6 +796,18 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
         }
     }
     if (!g->coop) vitc__ln_pass(g); /* else the packers normalise */
+    /* Columns in chunks taken as threads come free, about VITC_CHUNKS_PER
+     * per thread: finer balances better, coarser re-reads op(A) less. (Not
+     * with asum: the thread whose panel holds column 0 sums the rows.) */
+    _Atomic int64_t next_chunk;
+    if (g->kern && g->by_cols && g->K > 0 && g->alpha != 0.0f && !g->asum) {
+        int64_t per = (units + VITC_CHUNKS_PER * g->nparts - 1) / (VITC_CHUNKS_PER * g->nparts);
+        if (per * g->unit > g->kern->nc) per = g->kern->nc / g->unit;
+        g->chunk = (per < 1 ? 1 : per) * g->unit;
+        g->nchunks = (g->N + g->chunk - 1) / g->chunk;
+        atomic_init(&next_chunk, 0);
+        g->next_chunk = &next_chunk;
+    }
     vitc__parallel_for(g->nparts, vitc__gemm_task, g);
 }
 
