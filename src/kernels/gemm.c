@@ -10,10 +10,12 @@
  * gemm_avx2.c 6x16, the portable 6x8 here); the bias / residual epilogue is
  * applied per tile while it is still in registers.
  *
- * Threads: the output is cut into one contiguous panel per pool thread (by
- * columns when there are enough, else by rows), each computed serially with
- * its own packing buffers. OpenBLAS is told to use one thread once, and is
- * called per panel the same way, so it never runs threads inside ours.
+ * Threads: the output is cut by columns when there are enough (chunks
+ * taken from a counter as threads come free), else by rows (one contiguous
+ * panel per pool thread), each computed serially with its own packing
+ * buffers; an operand every thread needs whole is packed once, shared.
+ * OpenBLAS is told to use one thread once, and is called per panel the
+ * same way (fixed panels), so it never runs threads inside ours.
  */
 #include <limits.h>
 #include <math.h>
