@@ -26,6 +26,12 @@ int vitc__in_parallel(void); /* 1 inside a pool task */
  * tid's contiguous share [begin, end) of [0, n) (nested: all of it). */
 typedef void (*vitc__range_fn)(void *ctx, int64_t begin, int64_t end, int tid);
 void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx);
+/* fn(ctx, i, tid) for every i in [0, n) like vitc__parallel_for, but the
+ * threads claim grain consecutive indices at a time from a counter as they
+ * come free, so a thread that starts late (waking, or its core taken)
+ * leaves its share to the others. Which thread runs an index depends on
+ * timing: fn must compute each index the same way on any thread. */
+void vitc__parallel_for_dynamic(int64_t n, int64_t grain, vitc__task_fn fn, void *ctx);
 /* VITC_POOL_STATS=1 (pool.c): per kind of region, where threads wait,
  * printed at exit. A kernel that waits for another thread inside a region
  * times it (vitc__pool_cpu_ns, only when vitc__pool_stats()) and reports

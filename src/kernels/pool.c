@@ -343,6 +343,21 @@ static void vitc__each(void *c, int64_t b, int64_t e, int tid) {
     for (int64_t i = b; i < e; i++) ec->fn(ec->ctx, i, tid);
 }
 
+typedef struct {
+    vitc__task_fn fn;
+    void *ctx;
+    int64_t n, grain;
+    _Atomic int64_t next; /* the next unclaimed index */
+} vitc__claim_ctx;
+
+/* Once per thread (its range unused): grains of indices until none is left. */
+static void vitc__claim(void *c, int64_t b, int64_t e, int tid) {
+    vitc__claim_ctx *cc = c;
+    (void)b, (void)e;
+    for (int64_t i; (i = atomic_fetch_add_explicit(&cc->next, cc->grain, memory_order_relaxed)) < cc->n;)
+        for (int64_t j = i; j < i + cc->grain && j < cc->n; j++) cc->fn(cc->ctx, j, tid);
+}
+
 void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx) {
     if (n <= 0) return;
     if (vitc__inside) { /* nested: serial, keeping the outer owner's tid */
@@ -399,8 +414,9 @@ void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx) {
         }
     }
     if (vitc__stats_on) /* parallel_for's regions by their task function */
-        vitc__stats_add(fn == vitc__each ? (const void *)((const vitc__each_ctx *)ctx)->fn
-                                         : (const void *)fn,
+        vitc__stats_add(fn == vitc__each    ? (const void *)((const vitc__each_ctx *)ctx)->fn
+                        : fn == vitc__claim ? (const void *)((const vitc__claim_ctx *)ctx)->fn
+                                            : (const void *)fn,
                         n, nt, st0, st1, vitc__now_ns(), sc0, sc1);
     pthread_mutex_unlock(&P->region_lock);
 }
@@ -408,4 +424,13 @@ void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx) {
 void vitc__parallel_for(int64_t n, vitc__task_fn fn, void *ctx) {
     vitc__each_ctx ec = {fn, ctx};
     vitc__parallel_range(n, vitc__each, &ec);
+}
+
+void vitc__parallel_for_dynamic(int64_t n, int64_t grain, vitc__task_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    vitc__claim_ctx cc = {fn, ctx, n, grain, 0};
+    /* One range per thread, as many threads as grains at most: each calls
+     * vitc__claim once (nested or on one thread: one call claims all). */
+    vitc__parallel_range((n + grain - 1) / grain, vitc__claim, &cc);
 }
