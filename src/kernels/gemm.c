@@ -968,10 +968,11 @@ static vitc_status vitc__linear_any(float *y, int64_t ldy, const float *x, int64
                                    int64_t M, int64_t N, int64_t K, int act,
                                    const vitc__ln_pre *ln) {
     if (pw && pw->data && pw->prec != VITC_PRECISION_FP32) {
-        if (ln) vitc__layernorm(ln->y, ln->x, ln->w, ln->b, M, K, ln->eps);
         if (pw->N != N || pw->K != K)
             return vitc__err(VITC_ERR_SHAPE, "packed weight [%lld, %lld] used as [%lld, %lld]",
                              (long long)pw->N, (long long)pw->K, (long long)N, (long long)K);
+        if (ln) /* the BF16 / INT8 GEMM packs its own A: LayerNorm first */
+            vitc__layernorm(ln->y, ln->x, ln->w, ln->b, M, K, ln->eps);
         /* The lp epilogue has neither a scale nor an activation but erf GELU:
          * passes after. */
         VITC_TRY(vitc__linear_lp(y, ldy, x, ldx, pw, bias, scale ? NULL : residual, ldr, M,
