@@ -228,6 +228,23 @@ static void test_builtin_thread_invariant(void **state) {
             assert_memory_equal(D1, D2, (size_t)(m2 * n2) * sizeof(float));
         }
         free(A2), free(B2), free(D1), free(D2);
+        /* Threads splitting columns pack op(A) strips into one shared copy
+         * as they go, whichever thread comes first (both layouts, three K
+         * blocks, a short last strip, 2 and 3 threads): still the 1-thread
+         * bits. */
+        int64_t m3 = 151, n3 = 1200, k3 = 2100;
+        float *A3 = rand_buf((size_t)(m3 * k3)), *B3 = rand_buf((size_t)(n3 * k3));
+        float *E1 = malloc((size_t)(m3 * n3) * sizeof(float)), *E2 = malloc((size_t)(m3 * n3) * sizeof(float));
+        for (int ta = 0; ta < 2; ta++) {
+            vitc_set_num_threads(1);
+            vitc__gemm(ta, 1, m3, n3, k3, 1.0f, A3, ta ? m3 : k3, B3, k3, 0.0f, E1, n3);
+            for (int t = 2; t <= 3; t++) {
+                vitc_set_num_threads(t);
+                vitc__gemm(ta, 1, m3, n3, k3, 1.0f, A3, ta ? m3 : k3, B3, k3, 0.0f, E2, n3);
+                assert_memory_equal(E1, E2, (size_t)(m3 * n3) * sizeof(float));
+            }
+        }
+        free(A3), free(B3), free(E1), free(E2);
     }
     restore();
     free(A), free(B), free(C1), free(C2);
@@ -342,6 +359,43 @@ static void test_linear_act(void **state) {
     }
 }
 
+/* vitc__linear_pw_ln bitwise vitc__layernorm then vitc__linear_pw, output
+ * and the normalised rows, on every path, row-major and packed weights:
+ * one K block (threads splitting columns normalise as they pack), two
+ * (a pass first), rows split, tiny. */
+static void test_linear_ln(void **state) {
+    collect_paths();
+    int64_t shapes[][3] = {{197, 768, 768}, {151, 1200, 1100}, {400, 64, 96}, {5, 7, 3}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
+        int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+        if (too_big(M, N, K)) continue;
+        float *x = rand_buf((size_t)(M * K)), *W = rand_buf((size_t)(N * K)), *b = rand_buf((size_t)N);
+        float *lw = rand_buf((size_t)K), *lb = rand_buf((size_t)K);
+        float *ln = malloc((size_t)(M * K) * sizeof(float)), *ln2 = malloc((size_t)(M * K) * sizeof(float));
+        float *y = malloc((size_t)(M * N) * sizeof(float)), *y2 = malloc((size_t)(M * N) * sizeof(float));
+        for (int p = 0; p < npaths; p++) {
+            use_path(&paths[p]);
+            vitc__pweight pw = {0};
+            assert_int_equal(vitc__pweight_pack(&pw, W, N, K, VITC_PRECISION_FP32), VITC_OK);
+            for (int packed = 0; packed < 2; packed++) {
+                int act = packed ? VITC__ACT_GELU : VITC__ACT_NONE;
+                vitc__layernorm(ln2, x, lw, lb, M, K, 1e-6f);
+                assert_int_equal(vitc__linear_pw(y2, N, ln2, K, packed ? &pw : NULL, W, b, NULL, 0,
+                                                 M, N, K, act), VITC_OK);
+                for (int64_t i = 0; i < M * K; i++) ln[i] = NAN;
+                vitc__ln_pre pre = {ln, x, lw, lb, 1e-6f};
+                assert_int_equal(vitc__linear_pw_ln(y, N, &pre, packed ? &pw : NULL, W, b, M, N, K,
+                                                    act), VITC_OK);
+                assert_memory_equal(ln, ln2, (size_t)(M * K) * sizeof(float));
+                assert_memory_equal(y, y2, (size_t)(M * N) * sizeof(float));
+            }
+            vitc__pweight_free(&pw);
+        }
+        restore();
+        free(x), free(W), free(b), free(lw), free(lb), free(ln), free(ln2), free(y), free(y2);
+    }
+}
+
 /* y = x W^T + b + residual, against float64; also y aliasing the residual. */
 static void test_linear_epilogue(void **state) {
     collect_paths();
@@ -434,6 +488,7 @@ int main(void) {
         cmocka_unit_test(test_linear_act),
         cmocka_unit_test(test_gemm_tn_asum),
         cmocka_unit_test(test_linear_epilogue),
+        cmocka_unit_test(test_linear_ln),
         cmocka_unit_test(test_gemm_in_pool_task),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -60,6 +60,45 @@ static void test_every_index_once(void **state) {
     vitc_set_num_threads(0);
 }
 
+/* vitc__parallel_for_dynamic: every index exactly once, valid tids, for
+ * grains that do and do not divide n, grains larger than n, and inside a
+ * pool task (serial there). */
+static void check_dynamic(int64_t n, int64_t grain, int nt) {
+    vitc_set_num_threads(nt);
+    cover_ctx cc = {calloc((size_t)n + 1, sizeof(int)), calloc((size_t)n + 1, sizeof(int)), 0, nt};
+    vitc__parallel_for_dynamic(n, grain, cover_task, &cc);
+    for (int64_t i = 0; i < n; i++) assert_int_equal(cc.hits[i], 1);
+    assert_int_equal(cc.bad_tid, 0);
+    free((void *)cc.hits);
+    free((void *)cc.owner);
+}
+
+static void dynamic_in_task(void *c, int64_t i, int tid) {
+    (void)i, (void)tid;
+    cover_ctx *cc = c;
+    vitc__parallel_for_dynamic(7, 2, cover_task, cc);
+}
+
+static void test_dynamic_once(void **state) {
+    int counts[] = {1, 2, 3, 7};
+    int64_t sizes[] = {1, 2, 5, 60, 197};
+    int64_t grains[] = {0, 1, 3, 5, 300};
+    for (size_t a = 0; a < sizeof counts / sizeof *counts; a++)
+        for (size_t b = 0; b < sizeof sizes / sizeof *sizes; b++)
+            for (size_t g = 0; g < sizeof grains / sizeof *grains; g++)
+                check_dynamic(sizes[b], grains[g], counts[a]);
+    vitc__parallel_for_dynamic(0, 1, cover_task, NULL); /* n = 0: no call at all */
+    /* Nested: each of 3 outer tasks covers 0..6 once more, on its own thread. */
+    vitc_set_num_threads(2);
+    cover_ctx cc = {calloc(8, sizeof(int)), calloc(8, sizeof(int)), 0, 2};
+    vitc__parallel_for(3, dynamic_in_task, &cc);
+    for (int64_t i = 0; i < 7; i++) assert_int_equal(cc.hits[i], 3);
+    assert_int_equal(cc.bad_tid, 0);
+    free((void *)cc.hits);
+    free((void *)cc.owner);
+    vitc_set_num_threads(0);
+}
+
 typedef struct {
     _Atomic int inner_calls;
     _Atomic int bad;
@@ -243,7 +282,7 @@ int main(void) {
         cmocka_unit_test(test_every_index_once),  cmocka_unit_test(test_nesting_serial),
         cmocka_unit_test(test_nested_keeps_tid),  cmocka_unit_test(test_identical_results),
         cmocka_unit_test(test_concurrent_callers), cmocka_unit_test(test_default_threads),
-        cmocka_unit_test(test_empty_region_cost),
+        cmocka_unit_test(test_empty_region_cost),  cmocka_unit_test(test_dynamic_once),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -289,7 +289,13 @@ vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
     vitc__attn_plan_make(&plan, d);
     vitc__attn_run rc = {&plan, vitc__kern()->attn_rows, vitc__attn_need(&plan), 0};
     if (rc.need == 0) return vitc__err(VITC_ERR_NOMEM, "sdpa: scratch size overflows");
-    vitc__parallel_for(d->B * d->H * plan.nqb, vitc__attn_task, &rc);
+    /* Claimed as threads come free, a head (its query blocks, sharing its
+     * packed K/V) at a time when there are heads enough; each task's
+     * numbers do not depend on its thread. */
+    int64_t heads = d->B * d->H;
+    vitc__parallel_for_dynamic(heads * plan.nqb,
+                               heads >= 4 * vitc__num_threads() ? plan.nqb : 1, vitc__attn_task,
+                               &rc);
     if (rc.failed)
         return vitc__err(VITC_ERR_NOMEM, "sdpa: out of memory for %zu bytes of per-thread scratch",
                          rc.need * sizeof(float));

@@ -10,14 +10,18 @@
  * gemm_avx2.c 6x16, the portable 6x8 here); the bias / residual epilogue is
  * applied per tile while it is still in registers.
  *
- * Threads: the output is cut into one contiguous panel per pool thread (by
- * columns when there are enough, else by rows), each computed serially with
- * its own packing buffers. OpenBLAS is told to use one thread once, and is
- * called per panel the same way, so it never runs threads inside ours.
+ * Threads: the output is cut by columns when there are enough (chunks
+ * taken from a counter as threads come free), else by rows (one contiguous
+ * panel per pool thread), each computed serially with its own packing
+ * buffers; an operand every thread needs whole is packed once, shared.
+ * OpenBLAS is told to use one thread once, and is called per panel the
+ * same way (fixed panels), so it never runs threads inside ours.
  */
 #include <limits.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -307,6 +311,13 @@ typedef struct vitc__gemm_job {
      * asum is then done too. */
     const float *paw;
     int64_t mpad;
+    /* Non-NULL: paw is not packed yet; the threads pack it as they go
+     * (vitc__pa_need). */
+    struct vitc__pa_coop *coop;
+    /* Non-NULL: op(A) is ln->y (lda K), LayerNorm(ln->x) still to compute:
+     * by the packers of a shared op(A) in one K block, else a pass first
+     * (vitc__gemm_run). */
+    const vitc__ln_pre *ln;
     void (*gelu)(float *x, int64_t n); /* the activation (elementwise, in place: erf, quick or
                                         * tanh GELU) on C after the last K block, or NULL */
     /* Layer scale (NULL: none): after the last K block, before gelu,
@@ -324,6 +335,11 @@ typedef struct vitc__gemm_job {
     int by_cols;  /* threads split columns (else rows) */
     int64_t unit; /* split granularity: NR or MR (or 16 for OpenBLAS) */
     int nparts;
+    /* Non-NULL: threads splitting columns of the built-in GEMM take chunks
+     * of chunk columns (a multiple of NR) from this counter, nchunks in
+     * all, instead of one fixed panel each (vitc__gemm_task). */
+    _Atomic int64_t *next_chunk;
+    int64_t chunk, nchunks;
 } vitc__gemm_job;
 
 /* C (and the epilogue) when K == 0 or alpha == 0: no product to add. */
@@ -384,6 +400,69 @@ static void vitc__gelu_block(const vitc__gemm_job *g, int64_t i, int64_t mc, int
     }
 }
 
+/* op(A) shared by threads splitting columns, packed by those threads
+ * inside the GEMM's own region rather than in a region before it (which
+ * cost a second start and end wait per product, and split 197 rows into
+ * 72-row blocks 2:1). Units are MR-row strips of one K block, claimed from
+ * one counter in the order every thread consumes them (K block, then MC
+ * block): a thread about to use block (pc, ic) packs strips until that
+ * block is done, or only strips another thread is packing at that moment
+ * are left anywhere (nothing blocks those). Which thread packs a strip
+ * depends on timing; its bytes do not (a copy, the same panels). */
+#define VITC_COOP_BLOCKS 128
+typedef struct vitc__pa_coop {
+    _Atomic int64_t next; /* the next unclaimed strip */
+    int64_t nsp, nic, total; /* strips per K block, MC blocks per K block, strips */
+    _Atomic int done[VITC_COOP_BLOCKS]; /* strips packed, per (K block, MC block) */
+} vitc__pa_coop;
+
+#if defined(__x86_64__) || defined(__i386__)
+#define vitc__gemm_relax() __builtin_ia32_pause()
+#else
+#define vitc__gemm_relax() ((void)0)
+#endif
+
+static void vitc__pa_strip(const vitc__gemm_job *g, int64_t s) {
+    const vitc__gemm_kernel *kn = g->kern;
+    vitc__pa_coop *co = g->coop;
+    int64_t kb = s / co->nsp, i = s % co->nsp * kn->mr, pc = kb * g->kc;
+    int64_t kc = g->K - pc < g->kc ? g->K - pc : g->kc, mr = g->M - i < kn->mr ? g->M - i : kn->mr;
+    float *dst = (float *)g->paw + pc * g->mpad + i * kc; /* strip i / MR of its block */
+    const vitc__ln_pre *ln = g->ln; /* only with one K block: kb is 0 */
+    if (ln) vitc__kern()->layernorm(ln->y + i * g->K, ln->x + i * g->K, ln->w, ln->b, mr, g->K, ln->eps);
+    if (kn->packa)
+        kn->packa(dst, g->A, g->lda, g->ta, i, mr, pc, kc, NULL);
+    else
+        vitc__gemm_packa_generic(dst, kn->mr, g->A, g->lda, g->ta, i, mr, pc, kc, NULL);
+    atomic_fetch_add_explicit(&co->done[kb * co->nic + i / kn->mc], 1, memory_order_release);
+}
+
+/* Returns once block (pc, ic) of the shared op(A) is packed. */
+static void vitc__pa_need(const vitc__gemm_job *g, int64_t pc, int64_t ic) {
+    const vitc__gemm_kernel *kn = g->kern;
+    vitc__pa_coop *co = g->coop;
+    int64_t kb = pc / g->kc, last = g->M < ic + kn->mc ? g->M : ic + kn->mc;
+    int64_t first = kb * co->nsp + ic / kn->mr, end = kb * co->nsp + (last + kn->mr - 1) / kn->mr;
+    _Atomic int *done = &co->done[kb * co->nic + ic / kn->mc];
+    int64_t w0 = 0, w = 0; /* VITC_POOL_STATS: CPU time spent waiting */
+    for (int spin = 0; atomic_load_explicit(done, memory_order_acquire) < end - first;) {
+        /* Strips of later blocks too, rather than wait for the last ones of
+         * this block that another thread is packing: all are needed. */
+        if (atomic_load_explicit(&co->next, memory_order_relaxed) < co->total) {
+            int64_t s = atomic_fetch_add_explicit(&co->next, 1, memory_order_relaxed);
+            if (s < co->total) vitc__pa_strip(g, s);
+        } else {
+            if (!w0 && vitc__pool_stats()) w0 = vitc__pool_cpu_ns();
+            if (++spin < 4096)
+                vitc__gemm_relax();
+            else /* the packer may have lost its core (oversubscribed machine) */
+                sched_yield();
+            w = w0;
+        }
+    }
+    if (w) vitc__pool_note_wait(vitc__pool_cpu_ns() - w);
+}
+
 static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1, int64_t j0,
                                 int64_t j1) {
     const vitc__gemm_kernel *kn = g->kern;
@@ -410,6 +489,9 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
          * (prepacked panels have another KC: pack from op(B) instead). */
         KC = VITC_SMALL_KC, MC = MR, NC = NR;
         pbw = NULL; /* op(B) row-major is always kept beside its panels */
+        if (g->coop && paw) /* A is read below: its rows packed (and normalised) first */
+            for (int64_t pc = 0; pc < g->K; pc += g->kc)
+                for (int64_t ic = 0; ic < g->M; ic += kn->mc) vitc__pa_need(g, pc, ic);
         /* Shared op(A) panels have another KC too. (Packing A again here
          * leaves asum alone: it was summed with them.) */
         paw = NULL;
@@ -448,6 +530,7 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                 /* Rows of op(A) are summed by the thread whose panel holds
                  * column 0, once (its first NC panel). */
                 float *asum = g->asum && jc == 0 && !g->paw ? g->asum + ic : NULL;
+                if (paw && g->coop) vitc__pa_need(g, pc, ic);
                 if (paw)
                     pa = (float *)paw + pc * g->mpad + ic * kc;
                 else if (kn->packa)
@@ -519,6 +602,19 @@ static void vitc__part(const vitc__gemm_job *g, int64_t t, int64_t *i0, int64_t 
 static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
     vitc__gemm_job *g = ctx;
     (void)tid;
+    if (g->next_chunk) {
+        /* Whichever thread is free takes the next chunk: a thread that
+         * starts late (a worker waking up, or one whose core another
+         * process took) leaves its share to the others instead of making
+         * them wait at the end. A tile's FMAs do not depend on the chunk or
+         * thread that computes it, so the bits do not either. */
+        for (int64_t c; (c = atomic_fetch_add_explicit(g->next_chunk, 1, memory_order_relaxed)) <
+                        g->nchunks;) {
+            int64_t j0 = c * g->chunk, j1 = g->N - j0 < g->chunk ? g->N : j0 + g->chunk;
+            vitc__builtin_block(g, 0, g->M, j0, j1);
+        }
+        return;
+    }
     int64_t i0, i1, j0, j1;
     vitc__part(g, t, &i0, &i1, &j0, &j1);
     if (i0 >= i1 || j0 >= j1) return;
@@ -588,6 +684,7 @@ static void vitc__pa_task(void *ctx, int64_t t, int tid) {
 }
 
 #define VITC_KC_DEEP 256
+#define VITC_CHUNKS_PER 4
 
 /* Below this many flops a parallel region costs more than it saves. */
 #define VITC_GEMM_PAR_FLOPS 400000.0
@@ -595,8 +692,19 @@ static void vitc__pa_task(void *ctx, int64_t t, int tid) {
  * a parallel region to share it. */
 #define VITC_SHARED_B_MIN 32768
 
+/* g's LayerNorm as a pass of its own (threaded as vitc__layernorm sees
+ * fit), when the packers do not do it. */
+static void vitc__ln_pass(vitc__gemm_job *g) {
+    const vitc__ln_pre *ln = g->ln;
+    if (ln) vitc__layernorm(ln->y, ln->x, ln->w, ln->b, g->M, g->K, ln->eps);
+    g->ln = NULL;
+}
+
 static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
-    if (g->M <= 0 || g->N <= 0) return;
+    if (g->M <= 0 || g->N <= 0) {
+        vitc__ln_pass(g); /* its output is the caller's too */
+        return;
+    }
     g->kern = NULL;
 #ifdef VITC_HAVE_OPENBLAS
     /* CBLAS takes int sizes: anything larger goes to the built-in GEMM. */
@@ -638,6 +746,7 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
     if (nt > units) nt = (int)units;
     g->nparts = nt < 1 ? 1 : nt;
     if (g->nparts == 1) {
+        vitc__ln_pass(g);
         vitc__gemm_task(g, 0, 0);
         return;
     }
@@ -647,16 +756,31 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
      * let the threads read it as prepacked panels. The buffer is the
      * calling thread's; the workers only read it. (A read in place, K up
      * to the kernel's direct_kc, needs no packing.) */
+    vitc__pa_coop coop; /* lives until the region below returns */
     int a_direct = g->kern && g->kern->ukr_st && !g->ta && g->K <= g->kern->direct_kc &&
                    __atomic_load_n(&vitc__gemm_direct_on, __ATOMIC_RELAXED);
     if (g->kern && g->by_cols && !a_direct && g->K > 0 && g->alpha != 0.0f &&
         g->M * g->K >= VITC_SHARED_B_MIN) {
         const vitc__gemm_kernel *kn = g->kern;
         int64_t mpad = (g->M + kn->mc - 1) / kn->mc * kn->mc;
+        int64_t nic = mpad / kn->mc, nkc = (g->K + g->kc - 1) / g->kc;
         float *pa = vitc__get_scratch_n(1, (size_t)(mpad * g->K));
-        if (pa) {
+        /* Packed inside the GEMM's region, unless asum needs each row
+         * summed by one owner, k ascending, or the blocks are too many. */
+        if (pa && !g->asum && kn->mc % kn->mr == 0 && nic * nkc <= VITC_COOP_BLOCKS &&
+            (!g->ln || nkc == 1)) {
+            g->coop = &coop;
+            coop.nsp = (g->M + kn->mr - 1) / kn->mr;
+            coop.nic = nic;
+            coop.total = coop.nsp * nkc;
+            atomic_init(&coop.next, 0);
+            for (int64_t b = 0; b < nic * nkc; b++) atomic_init(&coop.done[b], 0);
+        } else if (pa) {
+            vitc__ln_pass(g);
             vitc__pa_job pj = {g, pa, mpad};
             vitc__parallel_for((g->M + kn->mc - 1) / kn->mc, vitc__pa_task, &pj);
+        }
+        if (pa) {
             g->paw = pa;
             g->mpad = mpad;
         }
@@ -672,6 +796,19 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
             g->pbw = pb;
             g->npad = npad;
         }
+    }
+    if (!g->coop) vitc__ln_pass(g); /* else the packers normalise */
+    /* Columns in chunks taken as threads come free, about VITC_CHUNKS_PER
+     * per thread: finer balances better, coarser re-reads op(A) less. (Not
+     * with asum: the thread whose panel holds column 0 sums the rows.) */
+    _Atomic int64_t next_chunk;
+    if (g->kern && g->by_cols && g->K > 0 && g->alpha != 0.0f && !g->asum) {
+        int64_t per = (units + VITC_CHUNKS_PER * g->nparts - 1) / (VITC_CHUNKS_PER * g->nparts);
+        if (per * g->unit > g->kern->nc) per = g->kern->nc / g->unit;
+        g->chunk = (per < 1 ? 1 : per) * g->unit;
+        g->nchunks = (g->N + g->chunk - 1) / g->chunk;
+        atomic_init(&next_chunk, 0);
+        g->next_chunk = &next_chunk;
     }
     vitc__parallel_for(g->nparts, vitc__gemm_task, g);
 }
@@ -828,11 +965,14 @@ static void vitc__act_pass(int act, float *y, int64_t ldy, int64_t M, int64_t N)
 static vitc_status vitc__linear_any(float *y, int64_t ldy, const float *x, int64_t ldx,
                                    const vitc__pweight *pw, const float *W, const float *bias,
                                    const float *scale, const float *residual, int64_t ldr,
-                                   int64_t M, int64_t N, int64_t K, int act) {
+                                   int64_t M, int64_t N, int64_t K, int act,
+                                   const vitc__ln_pre *ln) {
     if (pw && pw->data && pw->prec != VITC_PRECISION_FP32) {
         if (pw->N != N || pw->K != K)
             return vitc__err(VITC_ERR_SHAPE, "packed weight [%lld, %lld] used as [%lld, %lld]",
                              (long long)pw->N, (long long)pw->K, (long long)N, (long long)K);
+        if (ln) /* the BF16 / INT8 GEMM packs its own A: LayerNorm first */
+            vitc__layernorm(ln->y, ln->x, ln->w, ln->b, M, K, ln->eps);
         /* The lp epilogue has neither a scale nor an activation but erf GELU:
          * passes after. */
         VITC_TRY(vitc__linear_lp(y, ldy, x, ldx, pw, bias, scale ? NULL : residual, ldr, M,
@@ -846,7 +986,7 @@ static vitc_status vitc__linear_any(float *y, int64_t ldy, const float *x, int64
     if (!W) return vitc__err(VITC_ERR_INVALID_ARG, "linear: no weights");
     vitc__gemm_job g = {.ta = 0, .tb = 1, .M = M, .N = N, .K = K, .alpha = 1.0f, .A = x,
                         .lda = ldx, .B = W, .ldb = K, .C = y, .ldc = ldy, .bias = bias,
-                        .res = scale ? NULL : residual, .ldr = ldr, .nparts = 1};
+                        .res = scale ? NULL : residual, .ldr = ldr, .nparts = 1, .ln = ln};
     int builtin = vitc__backend() == VITC_GEMM_BUILTIN;
     if (builtin) {
         const vitc__kernels *kt = vitc__kern();
@@ -870,7 +1010,13 @@ vitc_status vitc__linear_pw(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const vitc__pweight *pw, const float *W, const float *bias,
                             const float *residual, int64_t ldr, int64_t M, int64_t N, int64_t K,
                             int act) {
-    return vitc__linear_any(y, ldy, x, ldx, pw, W, bias, NULL, residual, ldr, M, N, K, act);
+    return vitc__linear_any(y, ldy, x, ldx, pw, W, bias, NULL, residual, ldr, M, N, K, act, NULL);
+}
+
+vitc_status vitc__linear_pw_ln(float *out, int64_t ldo, const vitc__ln_pre *ln,
+                               const vitc__pweight *pw, const float *W, const float *bias,
+                               int64_t M, int64_t N, int64_t K, int act) {
+    return vitc__linear_any(out, ldo, ln->y, K, pw, W, bias, NULL, NULL, 0, M, N, K, act, ln);
 }
 
 vitc_status vitc__linear_pw_scaled(float *y, int64_t ldy, const float *x, int64_t ldx,
@@ -878,5 +1024,5 @@ vitc_status vitc__linear_pw_scaled(float *y, int64_t ldy, const float *x, int64_
                                    const float *scale, const float *residual, int64_t ldr,
                                    int64_t M, int64_t N, int64_t K) {
     return vitc__linear_any(y, ldy, x, ldx, pw, W, bias, scale, residual, ldr, M, N, K,
-                            VITC__ACT_NONE);
+                            VITC__ACT_NONE, NULL);
 }

@@ -26,6 +26,19 @@ int vitc__in_parallel(void); /* 1 inside a pool task */
  * tid's contiguous share [begin, end) of [0, n) (nested: all of it). */
 typedef void (*vitc__range_fn)(void *ctx, int64_t begin, int64_t end, int tid);
 void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx);
+/* fn(ctx, i, tid) for every i in [0, n) like vitc__parallel_for, but the
+ * threads claim grain consecutive indices at a time from a counter as they
+ * come free, so a thread that starts late (waking, or its core taken)
+ * leaves its share to the others. Which thread runs an index depends on
+ * timing: fn must compute each index the same way on any thread. */
+void vitc__parallel_for_dynamic(int64_t n, int64_t grain, vitc__task_fn fn, void *ctx);
+/* VITC_POOL_STATS=1 (pool.c): per kind of region, where threads wait,
+ * printed at exit. A kernel that waits for another thread inside a region
+ * times it (vitc__pool_cpu_ns, only when vitc__pool_stats()) and reports
+ * it (vitc__pool_note_wait) so that it counts as idle, not work. */
+int vitc__pool_stats(void);
+int64_t vitc__pool_cpu_ns(void);
+void vitc__pool_note_wait(int64_t cpu_ns);
 
 /* ---- run-time dispatch (dispatch.c) ------------------------------ */
 
@@ -186,6 +199,21 @@ vitc_status vitc__linear_pw(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const vitc__pweight *pw, const float *W, const float *bias,
                             const float *residual, int64_t ldr, int64_t M, int64_t N, int64_t K,
                             int act);
+/* A LayerNorm in front of a linear layer: y [M, K] = LayerNorm(x [M, K])
+ * over rows of K (w, b [K]), y then the layer's input. */
+typedef struct vitc__ln_pre {
+    float *y;
+    const float *x, *w, *b;
+    float eps;
+} vitc__ln_pre;
+/* vitc__linear_pw(out, ldo, ln->y, K, ..., NULL, 0, M, N, K, act) after
+ * vitc__layernorm(ln->y, ln->x, ...): the same numbers (ln->y written too).
+ * Threads splitting the built-in fp32 GEMM's columns normalise rows as they
+ * pack them, in the GEMM's region (no serial pass, no region of its own:
+ * at 197 x 768 the LayerNorm cost more as a region than serially). */
+vitc_status vitc__linear_pw_ln(float *out, int64_t ldo, const vitc__ln_pre *ln,
+                               const vitc__pweight *pw, const float *W, const float *bias,
+                               int64_t M, int64_t N, int64_t K, int act);
 /* y = residual + scale * (x W^T + bias) (residual may be NULL): a layer
  * scale (DINOv2's ls1 / ls2) applied in the fp32 GEMM's epilogue, on each
  * block of rows while it is in cache (the same numbers as the product, then

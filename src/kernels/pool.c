@@ -16,10 +16,12 @@
  * mutex (they share the workers); a region started inside a pool task runs
  * serially on the calling thread with the caller's tid.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -65,6 +67,10 @@ typedef struct vitc__pool {
     /* gen when worker i was created: it starts from there, because it may
      * first run only after the region it was created for is published. */
     uint64_t start_gen[VITC_MAX_THREADS];
+    /* VITC_POOL_STATS only: when each worker started and finished the
+     * region (ns), written before its acknowledgement. */
+    int64_t w_t0[VITC_MAX_THREADS], w_t1[VITC_MAX_THREADS], w_cpu[VITC_MAX_THREADS];
+    int64_t w_wait[VITC_MAX_THREADS];
 } vitc__pool;
 
 static vitc__pool vitc__P = {
@@ -108,10 +114,115 @@ int vitc__num_threads(void) {
 int vitc_get_num_threads(void) { return vitc__num_threads(); }
 int vitc__in_parallel(void) { return vitc__inside; }
 
+int64_t vitc__pool_cpu_ns(void) { /* this thread's CPU time */
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 static int64_t vitc__now_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* ---- VITC_POOL_STATS=1: where threads wait --------------------------
+ * Per kind of region (its function; parallel_for's task function), summed
+ * over the process and printed to stderr at exit: regions, time busy per
+ * thread, the workers' start latency, the time threads sat idle at the
+ * region's end, and the serial time before the region (thread 0 alone
+ * since the previous region ended, the other threads spinning). Off: one
+ * predictable branch per region. Addresses print as offsets in their
+ * object: `nm -C build/vitc` (or addr2line -f -e) names them. */
+#define VITC_STATS_KINDS 64
+typedef struct {
+    const void *fn, *prev; /* prev: the kind of the region before */
+    int64_t count, n, wall, busy, wake, idle, serial, kwait;
+    /* In CPU time, which other processes on the cores do not inflate:
+     * each thread's time in the region, the time threads would idle at its
+     * end if all ran at once (max - own, summed), thread 0's time between
+     * regions. */
+    int64_t cpu, imb, cserial;
+} vitc__stat;
+static int vitc__stats_on = -1;
+static _Thread_local int64_t vitc__stats_wait; /* this region's waits inside kernels */
+
+int vitc__pool_stats(void) { return vitc__stats_on == 1; }
+void vitc__pool_note_wait(int64_t cpu_ns) { vitc__stats_wait += cpu_ns; }
+static vitc__stat vitc__stats[VITC_STATS_KINDS];
+static int64_t vitc__stats_last_end, vitc__stats_last_cpu;
+static const void *vitc__stats_last_fn;
+
+static void vitc__stats_init(void) {
+    const char *e = getenv("VITC_POOL_STATS");
+    vitc__stats_on = e && e[0] && strcmp(e, "0") != 0;
+}
+
+/* One region ended (under region_lock): t0 published, t1 the caller done,
+ * t2 every thread done. */
+static void vitc__stats_add(const void *fn, int64_t n, int nt, int64_t t0, int64_t t1, int64_t t2,
+                            int64_t c0, int64_t c1) {
+    const vitc__pool *P = &vitc__P;
+    vitc__stat *s = NULL;
+    for (int i = 0; i < VITC_STATS_KINDS && !s; i++)
+        if (vitc__stats[i].fn == fn && vitc__stats[i].prev == vitc__stats_last_fn)
+            s = &vitc__stats[i];
+    for (int i = 0; i < VITC_STATS_KINDS && !s; i++)
+        if (!vitc__stats[i].fn) {
+            s = &vitc__stats[i];
+            s->fn = fn;
+            s->prev = vitc__stats_last_fn;
+        }
+    if (!s) return; /* table full: dropped */
+    s->count++;
+    s->n += n;
+    s->wall += t2 - t0;
+    s->busy += t1 - t0;
+    s->idle += t2 - t1;
+    int64_t mx = c1 - c0 - vitc__stats_wait, sum = mx;
+    s->kwait += vitc__stats_wait;
+    vitc__stats_wait = 0;
+    for (int t = 1; t < nt; t++) {
+        s->kwait += P->w_wait[t];
+        mx = P->w_cpu[t] > mx ? P->w_cpu[t] : mx;
+        sum += P->w_cpu[t];
+    }
+    s->cpu += sum;
+    s->imb += mx * nt - sum;
+    if (vitc__stats_last_cpu) s->cserial += c0 - vitc__stats_last_cpu;
+    vitc__stats_last_cpu = vitc__pool_cpu_ns(); /* after the wait at the end */
+    for (int t = 1; t < nt; t++) {
+        s->busy += P->w_t1[t] - P->w_t0[t];
+        s->wake += P->w_t0[t] - t0;
+        s->idle += t2 - P->w_t1[t];
+    }
+    if (vitc__stats_last_end) s->serial += t0 - vitc__stats_last_end;
+    vitc__stats_last_end = t2;
+    vitc__stats_last_fn = fn;
+}
+
+/* fn's offset in its object (the kernels' functions are static: no names). */
+static unsigned long vitc__stats_off(const void *fn) {
+    Dl_info di;
+    if (fn && dladdr(fn, &di) && di.dli_fbase) return (unsigned long)((uintptr_t)fn - (uintptr_t)di.dli_fbase);
+    return (unsigned long)(uintptr_t)fn;
+}
+
+__attribute__((destructor)) static void vitc__stats_print(void) {
+    if (vitc__stats_on != 1) return;
+    fprintf(stderr, "pool stats (ms; idle: thread-time waiting at the region's end; serial: "
+                    "before it, one thread; c*: CPU time; cpu: work, cimb: idle were all threads running, cwait: "
+                    "waits inside kernels)\n%-9s %-9s %6s %7s %9s %9s %8s %8s %8s %9s %8s %8s %8s\n",
+            "region", "after", "count", "n", "wall", "busy", "wake", "idle", "serial", "cpu", "cimb",
+            "cserial", "cwait");
+    for (int i = 0; i < VITC_STATS_KINDS && vitc__stats[i].fn; i++) {
+        const vitc__stat *s = &vitc__stats[i];
+        fprintf(stderr,
+                "%#-9lx %#-9lx %6lld %7lld %9.3f %9.3f %8.3f %8.3f %8.3f %9.3f %8.3f %8.3f %8.3f\n",
+                vitc__stats_off(s->fn), vitc__stats_off(s->prev), (long long)s->count, (long long)s->n,
+                s->wall / 1e6, s->busy / 1e6, s->wake / 1e6, s->idle / 1e6, s->serial / 1e6,
+                s->cpu / 1e6, s->imb / 1e6, s->cserial / 1e6, s->kwait / 1e6);
+    }
 }
 
 static void vitc__run_share(vitc__range_fn fn, void *ctx, int64_t n, int t, int nt) {
@@ -166,7 +277,15 @@ static void *vitc__worker(void *arg) {
             continue; /* a later region replaced it: this one did not need us */
         seen = g;
         if (tid >= active) continue; /* not in this region: no ack owed */
+        int64_t c0 = 0;
+        if (vitc__stats_on) P->w_t0[tid] = vitc__now_ns(), c0 = vitc__pool_cpu_ns();
         vitc__run_share(fn, ctx, n, tid, active);
+        if (vitc__stats_on) {
+            P->w_t1[tid] = vitc__now_ns();
+            P->w_cpu[tid] = vitc__pool_cpu_ns() - c0 - vitc__stats_wait;
+            P->w_wait[tid] = vitc__stats_wait;
+            vitc__stats_wait = 0;
+        }
         if (atomic_fetch_sub(&P->remaining, 1) == 1 && atomic_load(&P->caller_sleeping)) {
             pthread_mutex_lock(&P->lock);
             pthread_cond_signal(&P->done);
@@ -214,6 +333,31 @@ static int vitc__ensure_workers(int want) {
     return want < P->nworkers + 1 ? want : P->nworkers + 1;
 }
 
+typedef struct {
+    vitc__task_fn fn;
+    void *ctx;
+} vitc__each_ctx;
+
+static void vitc__each(void *c, int64_t b, int64_t e, int tid) {
+    const vitc__each_ctx *ec = c;
+    for (int64_t i = b; i < e; i++) ec->fn(ec->ctx, i, tid);
+}
+
+typedef struct {
+    vitc__task_fn fn;
+    void *ctx;
+    int64_t n, grain;
+    _Atomic int64_t next; /* the next unclaimed index */
+} vitc__claim_ctx;
+
+/* Once per thread (its range unused): grains of indices until none is left. */
+static void vitc__claim(void *c, int64_t b, int64_t e, int tid) {
+    vitc__claim_ctx *cc = c;
+    (void)b, (void)e;
+    for (int64_t i; (i = atomic_fetch_add_explicit(&cc->next, cc->grain, memory_order_relaxed)) < cc->n;)
+        for (int64_t j = i; j < i + cc->grain && j < cc->n; j++) cc->fn(cc->ctx, j, tid);
+}
+
 void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx) {
     if (n <= 0) return;
     if (vitc__inside) { /* nested: serial, keeping the outer owner's tid */
@@ -231,6 +375,9 @@ void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx) {
     }
     vitc__pool *P = &vitc__P;
     pthread_mutex_lock(&P->region_lock);
+    if (vitc__stats_on < 0) vitc__stats_init();
+    int64_t st0 = vitc__stats_on ? vitc__now_ns() : 0, st1 = 0;
+    int64_t sc0 = vitc__stats_on ? vitc__pool_cpu_ns() : 0, sc1 = 0;
     nt = vitc__ensure_workers(nt);
     atomic_store(&P->caller_sleeping, 0);
     atomic_store(&P->remaining, nt - 1);
@@ -251,6 +398,7 @@ void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx) {
     vitc__tid = 0;
     vitc__run_share(fn, ctx, n, 0, nt);
     vitc__inside = 0;
+    if (vitc__stats_on) st1 = vitc__now_ns(), sc1 = vitc__pool_cpu_ns();
     if (atomic_load(&P->remaining) != 0) {
         int64_t t0 = vitc__now_ns();
         for (int spin = 1; atomic_load_explicit(&P->remaining, memory_order_acquire) != 0; spin++) {
@@ -265,20 +413,24 @@ void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx) {
             }
         }
     }
+    if (vitc__stats_on) /* parallel_for's regions by their task function */
+        vitc__stats_add(fn == vitc__each    ? (const void *)((const vitc__each_ctx *)ctx)->fn
+                        : fn == vitc__claim ? (const void *)((const vitc__claim_ctx *)ctx)->fn
+                                            : (const void *)fn,
+                        n, nt, st0, st1, vitc__now_ns(), sc0, sc1);
     pthread_mutex_unlock(&P->region_lock);
-}
-
-typedef struct {
-    vitc__task_fn fn;
-    void *ctx;
-} vitc__each_ctx;
-
-static void vitc__each(void *c, int64_t b, int64_t e, int tid) {
-    const vitc__each_ctx *ec = c;
-    for (int64_t i = b; i < e; i++) ec->fn(ec->ctx, i, tid);
 }
 
 void vitc__parallel_for(int64_t n, vitc__task_fn fn, void *ctx) {
     vitc__each_ctx ec = {fn, ctx};
     vitc__parallel_range(n, vitc__each, &ec);
+}
+
+void vitc__parallel_for_dynamic(int64_t n, int64_t grain, vitc__task_fn fn, void *ctx) {
+    if (n <= 0) return;
+    if (grain < 1) grain = 1;
+    vitc__claim_ctx cc = {fn, ctx, n, grain, 0};
+    /* One range per thread, as many threads as grains at most: each calls
+     * vitc__claim once (nested or on one thread: one call claims all). */
+    vitc__parallel_range((n + grain - 1) / grain, vitc__claim, &cc);
 }

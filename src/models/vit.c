@@ -483,6 +483,14 @@ static vitc_status vit_linear(const vitc_vit *m, int l, int k, float *y, int64_t
     return vitc__linear_pw(y, ldy, x, ldx, pw, W, b, res, ldr, M, N, K, act);
 }
 
+/* vit_linear of ln->y = LayerNorm(ln->x), that LayerNorm done with it. */
+static vitc_status vit_linear_ln(const vitc_vit *m, int l, int k, float *y, int64_t ldy,
+                                 const vitc__ln_pre *ln, const float *W, const float *b, int64_t M,
+                                 int64_t N, int64_t K, int act) {
+    const vitc__pweight *pw = m->use_packed ? &m->pw[l * VIT_PW_COUNT + k] : NULL;
+    return vitc__linear_pw_ln(y, ldy, ln, pw, W, b, M, N, K, act);
+}
+
 /* y = res + gamma * (x W^T + b): DINOv2's layer scale, in the GEMM's
  * epilogue like the residual (vitc__linear_pw_scaled). */
 static vitc_status vit_linear_ls(const vitc_vit *m, int l, int k, float *y, const float *x,
@@ -550,16 +558,18 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
     float *att = vitc__va(a, l, VA_ATT), *mid = vitc__va(a, l, VA_MID);
     float *ln2 = vitc__va(a, l, VA_LN2), *hpre = vitc__va(a, l, VA_HPRE);
     float *hact = vitc__va(a, l, VA_HACT), *y = vitc__va(a, l + (a->training ? 1 : 0), VA_X);
-    vitc__layernorm(ln1, x, w->ln1_w, w->ln1_b, BN, C, c->norm_eps);
+    /* ln1 = LayerNorm(x), by the qkv GEMM's packers where it can (vitc__linear_pw_ln). */
+    vitc__ln_pre n1 = {ln1, x, w->ln1_w, w->ln1_b, c->norm_eps};
     /* R rows go on past the attention, rs apart in the [B, N, .] buffers. */
     int64_t R = cls_only ? B : BN, rs = cls_only ? N : 1;
     if (cls_only && !m->use_packed) { /* k, v of every row (weight rows C..3C), q of the class rows */
+        vitc__layernorm(ln1, x, w->ln1_w, w->ln1_b, BN, C, c->norm_eps);
         vitc__linear(qkv + C, 3 * C, ln1, C, w->qkv_w + C * C, w->qkv_b + C, NULL, 0, BN, 2 * C, C);
         vitc__linear(qkv, N * 3 * C, ln1, N * C, w->qkv_w, w->qkv_b, NULL, 0, B, C, C);
     } else { /* qkv [B, N, 3, H, d]: the kernel reads q, k, v of head h in place. Packed
               * weights are whole matrices: q of every row then (the same numbers). */
-        VITC_TRY(vit_linear(m, l, VIT_PW_QKV, qkv, 3 * C, ln1, C, w->qkv_w, w->qkv_b, NULL, 0, BN,
-                            3 * C, C, 0));
+        VITC_TRY(vit_linear_ln(m, l, VIT_PW_QKV, qkv, 3 * C, &n1, w->qkv_w, w->qkv_b, BN, 3 * C, C,
+                               0));
     }
     vitc__sdpa_desc sd = vitc__vit_attention(m, qkv, att, B, N, cls_only ? 1 : N);
     sd.probs = probs;
@@ -589,16 +599,17 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
         VITC_TRY(vit_linear(m, l, VIT_PW_PROJ, mid, C, att, rs * C, w->proj_w, w->proj_b, x,
                             rs * C, R, C, C, 0));
     }
-    vitc__layernorm(ln2, mid, w->ln2_w, w->ln2_b, R, C, c->norm_eps);
+    vitc__ln_pre n2 = {ln2, mid, w->ln2_w, w->ln2_b, c->norm_eps}; /* ln2 = LayerNorm(mid) */
     /* Inference: the activation in fc1's epilogue. Training keeps its input for backward. */
     int fused = hact == hpre && !m->swiglu;
     /* Training (row-major weights): hpre and GELU(hpre) from one epilogue. */
     int both = hact != hpre && m->mlp_act == VIT_ACT_GELU && !m->swiglu && !m->use_packed;
     if (both) {
+        vitc__layernorm(ln2, mid, w->ln2_w, w->ln2_b, R, C, c->norm_eps);
         vitc__linear_act(hpre, M, hact, M, ln2, C, w->fc1_w, w->fc1_b, R, M, C);
     } else {
-        VITC_TRY(vit_linear(m, l, VIT_PW_FC1, hpre, M, ln2, C, w->fc1_w, w->fc1_b, NULL, 0, R, M,
-                            C, fused ? vit_act(m) : VITC__ACT_NONE));
+        VITC_TRY(vit_linear_ln(m, l, VIT_PW_FC1, hpre, M, &n2, w->fc1_w, w->fc1_b, R, M, C,
+                               fused ? vit_act(m) : VITC__ACT_NONE));
         if (hact != hpre)
             memcpy(hact, hpre, (size_t)(R * M) * sizeof(float));
     }
