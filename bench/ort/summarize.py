@@ -52,7 +52,7 @@ def main():
            "| threads | batch | vitc fp32 ms | vitc bf16 ms | vitc int8 ms | "
            "vitc bf16 / int8 ms, bf16 attention | ORT fp32 ms | "
            "ORT int8 ms | fp32 vs ORT fp32 | int8 vs ORT int8 | vitc fp32 / bf16 / int8 MB running | "
-           "vitc load peak MB | ORT fp32 / int8 MB peak |",
+           "vitc fp32 / bf16 / int8 MB load peak | ORT fp32 / int8 MB peak |",
            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     targets = []
     for t in sorted({k[3] for k in med}):
@@ -69,8 +69,9 @@ def main():
                        "%.0f / %.0f / %.0f | %s | %.0f / %.0f |" % (
                            t, b, vf, vb, vi, att, of, oi, of / vf, oi / vi, m("vitc", "fp32"),
                            m("vitc", "bf16"), m("vitc", "int8"),
-                           "%.0f" % max(peak.get(("vitc", p, b, t), 0) for p in ("fp32", "bf16", "int8"))
-                           if peak.get(("vitc", "fp32", b, t)) else "–",
+                           " / ".join("%.0f" % peak[("vitc", p, b, t)]
+                                      if peak.get(("vitc", p, b, t)) else "–"
+                                      for p in ("fp32", "bf16", "int8")),
                            m("ort", "fp32"),
                            m("ort", "int8")))
             if t == 2:
