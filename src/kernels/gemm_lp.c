@@ -35,35 +35,32 @@ static void vitc__lp_store(float *C, int64_t ldc, int64_t i, int64_t j, float v,
 
 /* vdpbf16ps per lane: acc += hi(a) * hi(b), rounded, then += lo(a) * lo(b),
  * rounded (each product of two bf16 is exact in fp32). */
+/* One output's sum over kg word pairs, A's words a_step apart (packed: MR;
+ * row-major: 1), B's a packed column. */
+static float vitc__bf16_dot_ref(int64_t kg, const uint32_t *a, int64_t a_step, const uint32_t *b) {
+    float acc = 0.0f;
+    for (int64_t p = 0; p < kg; p++) {
+        uint32_t x = a[p * a_step], y = b[p * NR];
+        acc = vitc__ftz(acc + vitc__bf16_daz((uint16_t)(x >> 16)) *
+                                  vitc__bf16_daz((uint16_t)(y >> 16)));
+        acc = vitc__ftz(acc + vitc__bf16_daz((uint16_t)x) * vitc__bf16_daz((uint16_t)y));
+    }
+    return acc;
+}
+
 static void vitc__ukr_bf16_ref(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
                                int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
     for (int64_t i = 0; i < mr; i++)
-        for (int64_t j = 0; j < nr; j++) {
-            float acc = 0.0f;
-            for (int64_t p = 0; p < kg; p++) {
-                uint32_t a = pa[p * MR + i], b = pb[p * NR + j];
-                acc = vitc__ftz(acc + vitc__bf16_daz((uint16_t)(a >> 16)) *
-                                          vitc__bf16_daz((uint16_t)(b >> 16)));
-                acc = vitc__ftz(acc + vitc__bf16_daz((uint16_t)a) * vitc__bf16_daz((uint16_t)b));
-            }
-            vitc__lp_store(C, ldc, i, j, acc, e);
-        }
+        for (int64_t j = 0; j < nr; j++)
+            vitc__lp_store(C, ldc, i, j, vitc__bf16_dot_ref(kg, pa + i, MR, pb + j), e);
 }
 
 /* The same sums from row-major A. */
 static void vitc__ukr_bf16_rm_ref(int64_t kg, const uint32_t *a, int64_t lda, const uint32_t *pb,
                                   float *C, int64_t ldc, int64_t mr, int64_t nr) {
     for (int64_t i = 0; i < mr; i++)
-        for (int64_t j = 0; j < nr; j++) {
-            float acc = 0.0f;
-            for (int64_t p = 0; p < kg; p++) {
-                uint32_t x = a[i * lda + p], b = pb[p * NR + j];
-                acc = vitc__ftz(acc + vitc__bf16_daz((uint16_t)(x >> 16)) *
-                                          vitc__bf16_daz((uint16_t)(b >> 16)));
-                acc = vitc__ftz(acc + vitc__bf16_daz((uint16_t)x) * vitc__bf16_daz((uint16_t)b));
-            }
-            C[i * ldc + j] = acc;
-        }
+        for (int64_t j = 0; j < nr; j++)
+            C[i * ldc + j] = vitc__bf16_dot_ref(kg, a + i * lda, 1, pb + j);
 }
 
 static void vitc__row_bf16_ref(uint32_t *dst, int64_t stride, const float *x, int64_t K,

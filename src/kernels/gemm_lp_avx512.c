@@ -123,27 +123,30 @@ vitc__ukr_bf16_rows(const int R, int64_t kg, const uint32_t *pa, const uint32_t 
     LP_EPILOGUE(BF_DQ);
 }
 
-/* The last strip of an M that is not a multiple of 12 (ViT's 197 rows: 5)
- * runs the 6-row body: half the products of the 12-row one, with still 12
- * independent accumulators to cover the dot products' latency. */
-/* Each width its own function: inlined into one, GCC's allocator spilled
- * and copied int8 accumulators inside the 12-row loop. */
-__attribute__((noinline)) static void vitc__ukr_bf16_6(int64_t kg, const uint32_t *pa,
-                                                      const uint32_t *pb, float *C, int64_t ldc,
-                                                      int64_t mr, int64_t nr, const vitc__lp_epi *e) {
-    vitc__ukr_bf16_rows(6, kg, pa, pb, C, ldc, mr, nr, e);
-}
+/* The kernel of one precision from its rows body: the last strip of an M
+ * that is not a multiple of 12 (ViT's 197 rows: 5) runs the 6-row body,
+ * half the products of the 12-row one with still 12 independent
+ * accumulators to cover the dot products' latency. Each width is its own
+ * function: inlined into one, GCC's allocator spilled and copied int8
+ * accumulators inside the 12-row loop. */
+#define LP_UKR_WIDTHS(T)                                                                       \
+    __attribute__((noinline)) static void vitc__ukr_##T##_6(                                    \
+        int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C, int64_t ldc, int64_t mr, \
+        int64_t nr, const vitc__lp_epi *e) {                                                   \
+        vitc__ukr_##T##_rows(6, kg, pa, pb, C, ldc, mr, nr, e);                                \
+    }                                                                                          \
+    __attribute__((noinline)) static void vitc__ukr_##T##_12(                                   \
+        int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C, int64_t ldc, int64_t mr, \
+        int64_t nr, const vitc__lp_epi *e) {                                                   \
+        vitc__ukr_##T##_rows(MR, kg, pa, pb, C, ldc, mr, nr, e);                               \
+    }                                                                                          \
+    static void vitc__ukr_##T##_avx512(int64_t kg, const uint32_t *pa, const uint32_t *pb,     \
+                                       float *C, int64_t ldc, int64_t mr, int64_t nr,          \
+                                       const vitc__lp_epi *e) {                                \
+        (mr <= 6 ? vitc__ukr_##T##_6 : vitc__ukr_##T##_12)(kg, pa, pb, C, ldc, mr, nr, e);     \
+    }
 
-__attribute__((noinline)) static void vitc__ukr_bf16_12(int64_t kg, const uint32_t *pa,
-                                                       const uint32_t *pb, float *C, int64_t ldc,
-                                                       int64_t mr, int64_t nr, const vitc__lp_epi *e) {
-    vitc__ukr_bf16_rows(MR, kg, pa, pb, C, ldc, mr, nr, e);
-}
-
-static void vitc__ukr_bf16_avx512(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
-                                  int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
-    (mr <= 6 ? vitc__ukr_bf16_6 : vitc__ukr_bf16_12)(kg, pa, pb, C, ldc, mr, nr, e);
-}
+LP_UKR_WIDTHS(bf16)
 
 /* int8: (float)(acc - azp[i] wsum[j]) * (ascale[i] wscale[j]), the
  * reference's roundings. Rows past mr read no azp / ascale (unused). */
@@ -165,24 +168,7 @@ vitc__ukr_int8_rows(const int R, int64_t kg, const uint32_t *pa, const uint32_t 
     LP_EPILOGUE(I8_DQ);
 }
 
-/* Each width its own function: inlined into one, GCC's allocator spilled
- * and copied int8 accumulators inside the 12-row loop. */
-__attribute__((noinline)) static void vitc__ukr_int8_6(int64_t kg, const uint32_t *pa,
-                                                      const uint32_t *pb, float *C, int64_t ldc,
-                                                      int64_t mr, int64_t nr, const vitc__lp_epi *e) {
-    vitc__ukr_int8_rows(6, kg, pa, pb, C, ldc, mr, nr, e);
-}
-
-__attribute__((noinline)) static void vitc__ukr_int8_12(int64_t kg, const uint32_t *pa,
-                                                       const uint32_t *pb, float *C, int64_t ldc,
-                                                       int64_t mr, int64_t nr, const vitc__lp_epi *e) {
-    vitc__ukr_int8_rows(MR, kg, pa, pb, C, ldc, mr, nr, e);
-}
-
-static void vitc__ukr_int8_avx512(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
-                                  int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
-    (mr <= 6 ? vitc__ukr_int8_6 : vitc__ukr_int8_12)(kg, pa, pb, C, ldc, mr, nr, e);
-}
+LP_UKR_WIDTHS(int8)
 
 /* The same sums from row-major A: each row's word p broadcast from a_i[p]. */
 #define BF_ROW_RM(i)                                                                \
