@@ -77,6 +77,9 @@ AVX2_FLAGS   := -mavx2 -mfma
 # The bf16 / int8 microkernels also need these (used only when cpuid says so).
 $(BUILD)/obj/src/kernels/gemm_lp_avx512.o: AVX512_FLAGS += -mavx512bf16 -mavx512vnni
 $(BUILD)/obj/src/kernels/gemm_lp_avx2.o: AVX2_FLAGS += -mavxvnni
+# AMX tile instructions (chosen only where cpuid, XCR0 and the OS allow);
+# its emulation (gemm_lp_amx_emul.c, the same kernel source) needs nothing.
+$(BUILD)/obj/src/kernels/gemm_lp_amx.o: BASE += -mamx-tile -mamx-bf16 -mamx-int8
 
 LIB_SRC  := $(wildcard src/*.c src/*/*.c)
 LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))

@@ -135,8 +135,42 @@ static void check_vs_f64(vitc_precision p, const float *x, const float *W, const
     }
 }
 
+/* bf16 y1 against y0 (the reference) where the kernels add the same exact
+ * products in another order (AMX's tdpbf16ps: per tile, even and odd
+ * halves of the pairs in two partial sums): each is within gamma_n S of the
+ * exact sum (S = sum |x w|, n ~ 2 kg + 2 additions, u = 2^-24), so they
+ * differ by at most twice that; then the epilogue's roundings (bias,
+ * residual: an ulp each) and GELU (slope below 1.13). Returns how many
+ * outputs differ at all. */
+static int64_t check_bf16_close(const char *what, const float *x, const float *W, const float *y0,
+                                const float *y1, int64_t M, int64_t N, int64_t K, int gelu) {
+    int64_t ndiff = 0;
+    double n = 2.0 * (double)((K + 1) / 2) + 2.0;
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            double S = 0;
+            for (int64_t k = 0; k < K; k++) S += fabs((double)x[i * K + k] * W[j * K + k]);
+            double bound = 1.2 * (2.0 * n * 0x1p-24 * S * 1.02) + 4.0 * 0x1p-24 * fabs(y0[i * N + j]) + 1e-30;
+            double d = fabs((double)y1[i * N + j] - y0[i * N + j]);
+            ndiff += y1[i * N + j] != y0[i * N + j];
+            if (!(d <= bound))
+                fail_msg("%s bf16 %lldx%lldx%lld gelu=%d: y[%lld,%lld] = %.9g, reference %.9g, "
+                         "bound %.3g", what, (long long)M, (long long)N, (long long)K, gelu,
+                         (long long)i, (long long)j, y1[i * N + j], y0[i * N + j], bound);
+        }
+    return ndiff;
+}
+
+/* Is the kernel of p on the current path an AMX one (bf16: another order
+ * of the fp32 sums than the reference's)? */
+static int lp_is_amx(vitc_precision p) {
+    const vitc__lp_kernel *k = vitc__lp_kernel_for(p);
+    return k == &vitc__lp_bf16_amx || k == &vitc__lp_bf16_amx_emul;
+}
+
 /* Every path's kernel against the reference (VITC_ARCH=generic selects it),
- * bit for bit; the reference against float64. */
+ * bit for bit (bf16 on AMX: within the reordering bound); the reference
+ * against float64. */
 static void lp_case(vitc_precision p) {
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
         int64_t M = shapes[s].M, N = shapes[s].N, K = shapes[s].K;
@@ -160,7 +194,9 @@ static void lp_case(vitc_precision p) {
                                  VITC_OK);
                 assert_int_equal(vitc_set_arch(archs[a]), VITC_OK);
                 if (gelu) vitc__gelu(y1, M * N); /* the path's own GELU */
-                if (memcmp(y0, y1, (size_t)(M * N) * 4))
+                if (p == VITC_PRECISION_BF16 && lp_is_amx(p))
+                    check_bf16_close(archs[a], x, W, y1, y0, M, N, K, gelu);
+                else if (memcmp(y0, y1, (size_t)(M * N) * 4))
                     fail_msg("%s on %s (%s) %lldx%lldx%lld differs from the reference",
                              vitc_precision_name(p), archs[a], vitc_get_precision_paths(),
                              (long long)M, (long long)N, (long long)K);
@@ -285,6 +321,224 @@ static void test_row_converters(void **state) {
             assert_memory_equal(a, b, sizeof a);
         }
     }
+}
+
+/* ---- AMX: the tile instructions' emulation, and the kernels on it ---------- */
+
+/* A palette-1 tile config: tiles 0-2 with rows r[t] and colsb c[t]. */
+static void amx_cfg(uint8_t cfg[64], const int r[3], const int c[3]) {
+    memset(cfg, 0, 64);
+    cfg[0] = 1;
+    for (int t = 0; t < 3; t++) cfg[16 + 2 * t] = (uint8_t)c[t], cfg[48 + t] = (uint8_t)r[t];
+}
+
+/* tdpbusd and tdpbf16ps of the emulation against the SDM's pseudo-code
+ * computed here in float64 / step by step, on tiles narrower than 16 x 64
+ * (bytes past colsb and rows past rows must be ignored on load and
+ * written as zero); the uses that fault on hardware are counted and do
+ * nothing; where the CPU has AMX, the instructions give the emulation's
+ * bits. */
+static void test_amx_instructions(void **state) {
+    (void)state;
+    uint64_t f0 = vitc__amx_emu_faults();
+    uint8_t cfg[64];
+    /* c: 5 rows x 6 words; a: 5 rows x 3 words (k); b: 3 rows x 6 words */
+    const int rows[3] = {5, 5, 3}, colsb[3] = {24, 12, 24};
+    amx_cfg(cfg, rows, colsb);
+    uint32_t a[16][16], b[16][16], c[16][16], out[16][16];
+    for (int m = 0; m < 16; m++)
+        for (int k = 0; k < 16; k++) {
+            a[m][k] = (uint32_t)(frand() * 2147483647.0f) * 2654435761u;
+            b[m][k] = (uint32_t)(frand() * 2147483647.0f) * 2246822519u;
+            c[m][k] = (uint32_t)(int32_t)(frand() * 100000.0f);
+        }
+    vitc__amx_emu_loadconfig(cfg);
+    vitc__amx_emu_load(0, c, 64), vitc__amx_emu_load(1, a, 64), vitc__amx_emu_load(2, b, 64);
+    vitc__amx_emu_dpbusd(0, 1, 2);
+    memset(out, 0xEE, sizeof out);
+    vitc__amx_emu_store(0, out, 64);
+    for (int m = 0; m < 16; m++)
+        for (int n = 0; n < 16; n++) {
+            if (m >= 5 || n >= 6) { /* not stored */
+                assert_int_equal(out[m][n], 0xEEEEEEEEu);
+                continue;
+            }
+            int64_t acc = (int32_t)c[m][n];
+            for (int k = 0; k < 3; k++)
+                for (int q = 0; q < 4; q++)
+                    acc += (int64_t)(uint8_t)(a[m][k] >> (8 * q)) * (int8_t)(uint8_t)(b[k][n] >> (8 * q));
+            assert_int_equal((int32_t)out[m][n], (int32_t)acc);
+        }
+    /* tdpbf16ps: the even and the odd halves summed apart over the tile's
+     * k (FMA, FTZ), then added. Column 0: a row where that order and
+     * vdpbf16ps's (odd then even, pair by pair, into one sum) differ;
+     * column 1: a bf16 subnormal (read as zero) times 2^100. */
+    const int r2[3] = {1, 1, 4}, c2[3] = {8, 16, 8};
+    amx_cfg(cfg, r2, c2);
+    const float ev[4] = {1.0f, 0x1p-24f, 0x1p-24f, 0.0f}, od[4] = {0.0f, 0x1p-24f, 0x1p-24f, 0.0f};
+    memset(a, 0, sizeof a), memset(b, 0, sizeof b), memset(c, 0, sizeof c);
+    for (int k = 0; k < 4; k++) {
+        a[0][k] = vitc__bf16_rne(ev[k]) | (uint32_t)vitc__bf16_rne(od[k]) << 16;
+        b[k][0] = vitc__bf16_rne(1.0f) | (uint32_t)vitc__bf16_rne(1.0f) << 16;
+    }
+    a[0][3] |= 0x0040u << 16;                          /* odd half: subnormal 2^-127 */
+    b[3][1] = (uint32_t)vitc__bf16_rne(0x1p100f) << 16; /* odd half */
+    float want[2];
+    for (int n = 0; n < 2; n++) { /* the SDM's order in float; subnormal inputs as 0 */
+        float e = 0.0f, o = 0.0f;
+        for (int k = 0; k < 4; k++) {
+            float x0 = vitc__bf16_to_f((uint16_t)a[0][k]), x1 = vitc__bf16_to_f((uint16_t)(a[0][k] >> 16));
+            float y0 = vitc__bf16_to_f((uint16_t)b[k][n]), y1 = vitc__bf16_to_f((uint16_t)(b[k][n] >> 16));
+            e = fmaf(fabsf(x0) < 0x1p-126f ? 0.0f : x0, y0, e);
+            o = fmaf(fabsf(x1) < 0x1p-126f ? 0.0f : x1, y1, o);
+        }
+        want[n] = 0.0f + (e + o);
+    }
+    float pairwise = 0.0f; /* vdpbf16ps's order on column 0: must differ */
+    for (int k = 0; k < 4; k++) {
+        pairwise += od[k]; /* the products: b is 1 in both halves */
+        pairwise += ev[k];
+    }
+    assert_true(want[0] != pairwise);
+    assert_true(want[1] == 0.0f && 0x1p-127f * 0x1p100f != 0.0f); /* DAZ matters */
+    vitc__amx_emu_loadconfig(cfg);
+    vitc__amx_emu_zero(0);
+    vitc__amx_emu_load(1, a, 64), vitc__amx_emu_load(2, b, 64);
+    vitc__amx_emu_dpbf16ps(0, 1, 2);
+    float got[2];
+    vitc__amx_emu_store(0, got, 64);
+    for (int n = 0; n < 2; n++)
+        if (got[n] != want[n]) fail_msg("tdpbf16ps emulated [0][%d] %.9g, SDM %.9g", n, got[n], want[n]);
+    assert_int_equal(vitc__amx_emu_faults(), f0);
+    /* faults: shapes that do not fit, a tile used twice, a bad config, no config */
+    vitc__amx_emu_dpbf16ps(0, 2, 1); /* c has 1 row, "a" (tile 2) 4 */
+    vitc__amx_emu_dpbusd(1, 1, 2);
+    cfg[2] = 1;
+    vitc__amx_emu_loadconfig(cfg);
+    vitc__amx_emu_release();
+    vitc__amx_emu_zero(0);
+    assert_int_equal(vitc__amx_emu_faults(), f0 + 4);
+    /* the instructions against the emulation, where there are any */
+    const char *why = NULL;
+    if (!vitc__amx_usable(&why)) {
+        printf("# AMX instructions not run: %s\n", why);
+        return;
+    }
+    for (int int8 = 0; int8 < 2; int8++) {
+        float fa[16 * 32], fb[16 * 32];
+        for (int i = 0; i < 16 * 32; i++) fa[i] = frand(), fb[i] = frand();
+        for (int r = 0; r < 16; r++) {
+            vitc__lp_bf16_ref.row(a[r], 1, fa + r * 32, 32, NULL, NULL);
+            vitc__lp_bf16_ref.row(b[r], 1, fb + r * 32, 32, NULL, NULL);
+            for (int n = 0; n < 16; n++) c[r][n] = int8 ? (uint32_t)n : 0;
+        }
+        memcpy(out, c, sizeof c);
+        vitc__amx_tile_dp_amx(int8, c, a, b);
+        vitc__amx_tile_dp_amx_emul(int8, out, a, b);
+        if (int8) assert_memory_equal(c, out, sizeof c);
+        else if (memcmp(c, out, sizeof c))
+            printf("# note: tdpbf16ps on this CPU differs from the SDM's order (emulation)\n");
+    }
+    assert_int_equal(vitc__amx_emu_faults(), f0 + 4);
+}
+
+/* The AMX kernels (emulated here; the instructions too where the CPU has
+ * them) through the driver against the reference kernel: shapes with
+ * edges of M (1, 5, 16, 17, 33, 197), N (not multiples of 32) and K (odd,
+ * not whole tiles), with bias + residual, bias + GELU, or nothing. int8
+ * bit for bit; bf16 within the reordering bound. */
+static void amx_kernel_case(const char *kname) {
+    static const int64_t Ms[] = {1, 5, 16, 17, 33, 197}, Ns[] = {1, 33, 70, 96},
+                         Ks[] = {1, 3, 37, 64, 130, 771};
+    int64_t nb = 0, ndiff = 0;
+    for (int p = 1; p <= 2; p++)
+        for (int im = 0; im < 6; im++)
+            for (int ik = 0; ik < 6; ik++) {
+                int64_t M = Ms[im], K = Ks[ik], N = Ns[(im + ik + p) % 4];
+                if (M * K > 40000 && N > 33) N = 33; /* keep the emulation quick */
+                vitc_precision pr = (vitc_precision)p;
+                float *x = rnd((size_t)(M * K), 2.0f), *W = rnd((size_t)(N * K), 0.1f);
+                float *b = rnd((size_t)N, 0.5f), *r = rnd((size_t)(M * N), 1.0f);
+                float *y0 = calloc((size_t)(M * N), 4), *y1 = calloc((size_t)(M * N), 4);
+                vitc__pweight pw;
+                assert_int_equal(vitc__pweight_pack(&pw, W, N, K, pr), VITC_OK);
+                for (int epi = 0; epi < 3; epi++) {
+                    const float *bias = epi < 2 ? b : NULL, *res = epi == 0 ? r : NULL;
+                    int gelu = epi == 1;
+                    assert_int_equal(vitc__lp_force("reference"), VITC_OK);
+                    assert_int_equal(vitc__linear_pw(y0, N, x, K, &pw, NULL, bias, res, N, M, N, K, gelu),
+                                     VITC_OK);
+                    assert_int_equal(vitc__lp_force(kname), VITC_OK);
+                    assert_string_equal(vitc__lp_kernel_for(pr)->name,
+                                        strcmp(kname, "amx") ? kname : p == 1 ? "amx-bf16" : "amx-int8");
+                    memset(y1, 0xFF, (size_t)(M * N) * 4);
+                    assert_int_equal(vitc__linear_pw(y1, N, x, K, &pw, NULL, bias, res, N, M, N, K, gelu),
+                                     VITC_OK);
+                    if (pr == VITC_PRECISION_INT8) {
+                        if (memcmp(y0, y1, (size_t)(M * N) * 4))
+                            fail_msg("%s int8 %lldx%lldx%lld epilogue %d differs from the reference",
+                                     kname, (long long)M, (long long)N, (long long)K, epi);
+                    } else {
+                        ndiff += check_bf16_close(kname, x, W, y0, y1, M, N, K, gelu);
+                        nb += M * N;
+                    }
+                }
+                vitc__pweight_free(&pw);
+                free(x), free(W), free(b), free(r), free(y0), free(y1);
+            }
+    assert_int_equal(vitc__lp_force(NULL), VITC_OK);
+    printf("# %s: int8 = reference bit for bit; bf16 within the bound, %lld of %lld outputs "
+           "differ in their last bits (the order of the sums)\n", kname, (long long)ndiff,
+           (long long)nb);
+}
+
+static void test_amx_kernels(void **state) {
+    (void)state;
+    uint64_t f0 = vitc__amx_emu_faults();
+    amx_kernel_case("amx-emulated");
+    assert_int_equal(vitc__amx_emu_faults(), f0);
+    const char *why = NULL;
+    if (vitc__amx_usable(&why)) amx_kernel_case("amx");
+    else printf("# AMX kernels not run on the instructions: %s\n", why);
+    assert_int_equal(vitc__lp_force("no-such-kernel"), VITC_ERR_INVALID_ARG);
+}
+
+/* A small random ViT (2 threads: the pool's threads each configure their
+ * tiles) with VITC_LP_KERNEL=amx-emulated against the default path: int8
+ * logits bit for bit (exact sums, the same epilogue and GELU bits), bf16
+ * close (another order of the fp32 sums, then bf16 roundings of the next
+ * layer's activations). */
+static vitc_vit *small_vit(void);
+static void logits(vitc_vit *m, const float *x, float *out, int training);
+static void test_amx_vit(void **state) {
+    (void)state;
+    uint64_t f0 = vitc__amx_emu_faults();
+    vitc_set_num_threads(2);
+    float *x = rnd(3 * 3 * 32 * 32, 1.0f), f[3 * 40], a[3 * 40], b[3 * 40];
+    for (int p = 1; p <= 2; p++) {
+        vitc_vit *m = small_vit();
+        logits(m, x, f, 0);
+        assert_int_equal(vitc_vit_set_precision(m, (vitc_precision)p), VITC_OK);
+        logits(m, x, a, 0);
+        assert_int_equal(vitc__lp_force("amx-emulated"), VITC_OK);
+        assert_non_null(strstr(vitc_get_precision_paths(), "amx-emulated"));
+        logits(m, x, b, 0);
+        assert_int_equal(vitc__lp_force(NULL), VITC_OK);
+        double d2 = 0, e2 = 0, den = 0;
+        for (int k = 0; k < 3 * 40; k++) {
+            d2 += (a[k] - b[k]) * (double)(a[k] - b[k]);
+            e2 += (a[k] - f[k]) * (double)(a[k] - f[k]);
+            den += f[k] * (double)f[k];
+        }
+        printf("# small ViT %s, amx-emulated against %s: relative logits difference %.3g "
+               "(against fp32: %.3g)\n", vitc_precision_name((vitc_precision)p),
+               vitc__lp_kernel_for((vitc_precision)p)->name, sqrt(d2 / den), sqrt(e2 / den));
+        if (p == VITC_PRECISION_INT8) assert_memory_equal(a, b, sizeof a);
+        else assert_true(sqrt(d2 / den) < 0.1 * sqrt(e2 / den));
+        vitc_vit_free(m);
+    }
+    free(x);
+    assert_int_equal(vitc__amx_emu_faults(), f0);
 }
 
 /* A small random ViT with a random head (vitc_vit_create zeroes it). */
@@ -534,6 +788,9 @@ int main(void) {
         cmocka_unit_test(test_vit_fp32_packed),
         cmocka_unit_test(test_vit_lp),
         cmocka_unit_test(test_vit_load_precision),
+        cmocka_unit_test(test_amx_instructions),
+        cmocka_unit_test(test_amx_kernels),
+        cmocka_unit_test(test_amx_vit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

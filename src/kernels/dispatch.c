@@ -1,9 +1,15 @@
 /* dispatch.c — which kernel path runs: cpuid, VITC_ARCH, vitc_set_arch,
  * and the one kernel table per path that the dispatchers read. */
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#endif
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
 #endif
 
 #include "attention_impl.h"
@@ -163,31 +169,180 @@ static int vitc__cpu_has_avxvnni(void) {
 #endif
 }
 
-/* The AVX-512 kernels only on the avx512 path and AVX-VNNI's on the avx2
- * path, so VITC_ARCH=avx2|generic (and vitc_set_arch) select the others:
- * the tests run every one this CPU has, and the reference. */
+/* ---- AMX ------------------------------------------------------------- */
+
+static pthread_once_t vitc__amx_once = PTHREAD_ONCE_INIT;
+static int vitc__amx_ok;
+static const char *vitc__amx_why = "not an x86-64 build";
+
+/* Once per process: cpuid leaf 7 EDX bits 24 (AMX-TILE), 22 (AMX-BF16), 25
+ * (AMX-INT8); the AVX-512 features the AMX kernels' epilogue and
+ * converters use; XCR0 bits 17 and 18 (the OS saves tile config and
+ * data); then Linux's permission to use tile data (8 KB more per thread
+ * to save: asked for, not granted by default): arch_prctl(
+ * ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18). */
+static void vitc__amx_probe(void) {
+#if defined(__x86_64__)
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1u)) {
+        vitc__amx_why = "no AMX-TILE in cpuid";
+        return;
+    }
+    if (!((d >> 22) & 1u) || !((d >> 25) & 1u)) {
+        vitc__amx_why = "no AMX-BF16 / AMX-INT8 in cpuid";
+        return;
+    }
+    if (!vitc__cpu_has_lp(VITC_PRECISION_BF16) || !vitc__cpu_has_lp(VITC_PRECISION_INT8)) {
+        vitc__amx_why = "no AVX512-BF16 / VNNI beside it";
+        return;
+    }
+    if (!__get_cpuid(1, &a, &b, &c, &d) || !((c >> 27) & 1u)) {
+        vitc__amx_why = "no OSXSAVE";
+        return;
+    }
+    unsigned lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    (void)hi;
+    if (((lo >> 17) & 3u) != 3u) {
+        vitc__amx_why = "the OS does not enable tile state (XCR0)";
+        return;
+    }
+#if defined(__linux__)
+    if (syscall(SYS_arch_prctl, 0x1023, 18) != 0) {
+        vitc__amx_why = "Linux refused tile data (arch_prctl ARCH_REQ_XCOMP_PERM)";
+        return;
+    }
+#endif
+    vitc__amx_ok = 1;
+    vitc__amx_why = NULL;
+#endif
+}
+
+int vitc__amx_usable(const char **why) {
+    pthread_once(&vitc__amx_once, vitc__amx_probe);
+    if (why) *why = vitc__amx_why;
+    return vitc__amx_ok;
+}
+
+/* ---- which low-precision kernel ---------------------------------------- */
+
+/* A kernel forced by name (BLIS-style, for tests and comparisons): -1 until
+ * VITC_LP_KERNEL is read, then an index of vitc__lp_names (0: none). */
+static const char *const vitc__lp_names[] = {"auto", "reference", "avx512", "avx-vnni", "amx",
+                                             "amx-emulated"};
+#define VITC__LP_NNAMES (int)(sizeof vitc__lp_names / sizeof vitc__lp_names[0])
+static int vitc__lp_forced = -1;
+static char vitc__lp_env_bad[32]; /* an unknown VITC_LP_KERNEL, for precision_paths */
+static pthread_once_t vitc__lp_env_once = PTHREAD_ONCE_INIT;
+
+static int vitc__lp_parse(const char *name) {
+    if (!name || !*name) return 0;
+    for (int i = 0; i < VITC__LP_NNAMES; i++)
+        if (strcmp(name, vitc__lp_names[i]) == 0) return i;
+    return -1;
+}
+
+static void vitc__lp_env(void) {
+    const char *env = getenv("VITC_LP_KERNEL");
+    int i = vitc__lp_parse(env);
+    if (i < 0) snprintf(vitc__lp_env_bad, sizeof vitc__lp_env_bad, "%s", env);
+    int expect = -1; /* vitc__lp_force may have been first */
+    __atomic_compare_exchange_n(&vitc__lp_forced, &expect, i < 0 ? 0 : i, 0, __ATOMIC_ACQ_REL,
+                                __ATOMIC_ACQUIRE);
+}
+
+static int vitc__lp_forced_index(void) {
+    int i = __atomic_load_n(&vitc__lp_forced, __ATOMIC_ACQUIRE);
+    if (i < 0) {
+        pthread_once(&vitc__lp_env_once, vitc__lp_env);
+        i = __atomic_load_n(&vitc__lp_forced, __ATOMIC_ACQUIRE);
+    }
+    return i;
+}
+
+vitc_status vitc__lp_force(const char *name) {
+    int i = name && strcmp(name, "auto") ? vitc__lp_parse(name) : 0;
+    if (i < 0)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "unknown low-precision kernel \"%s\" (expected reference, avx512, "
+                         "avx-vnni, amx, amx-emulated or auto)", name);
+    pthread_once(&vitc__lp_env_once, vitc__lp_env); /* so that a later first read cannot undo it */
+    __atomic_store_n(&vitc__lp_forced, i, __ATOMIC_RELEASE);
+    return VITC_OK;
+}
+
+/* The forced kernel of precision p when this CPU can run it, else NULL. */
+static const vitc__lp_kernel *vitc__lp_forced_kernel(vitc_precision p, int i) {
+    int bf = p == VITC_PRECISION_BF16;
+    switch (i) {
+    case 1: return bf ? &vitc__lp_bf16_ref : &vitc__lp_int8_ref;
+    case 2: return vitc__cpu_has_lp(p) ? (bf ? &vitc__lp_bf16_avx512 : &vitc__lp_int8_avx512) : NULL;
+    case 3: return !bf && vitc__cpu_has_avxvnni() ? &vitc__lp_int8_avxvnni : NULL;
+    case 4: return vitc__amx_usable(NULL) ? (bf ? &vitc__lp_bf16_amx : &vitc__lp_int8_amx) : NULL;
+    case 5: return bf ? &vitc__lp_bf16_amx_emul : &vitc__lp_int8_amx_emul;
+    }
+    return NULL;
+}
+
+/* A forced kernel when this CPU can run it; else the avx512 path takes
+ * AMX where usable, then AVX512-BF16 / AVX512-VNNI, the avx2 path AVX-VNNI
+ * (int8), and otherwise the reference. The AVX-512 and AMX kernels only on
+ * the avx512 path and AVX-VNNI's on the avx2 path, so VITC_ARCH=avx2|generic
+ * (and vitc_set_arch) select the others: the tests run every one this CPU
+ * has, and the reference. */
 const vitc__lp_kernel *vitc__lp_kernel_for(vitc_precision p) {
+    const vitc__lp_kernel *f = vitc__lp_forced_kernel(p, vitc__lp_forced_index());
+    if (f) return f;
     vitc__arch a = vitc__get_arch();
     int fast = a == VITC_ARCH_AVX512 && vitc__cpu_has_lp(p);
+    if (fast && vitc__amx_usable(NULL))
+        return p == VITC_PRECISION_BF16 ? &vitc__lp_bf16_amx : &vitc__lp_int8_amx;
     if (p == VITC_PRECISION_BF16) return fast ? &vitc__lp_bf16_avx512 : &vitc__lp_bf16_ref;
     if (!fast && a == VITC_ARCH_AVX2 && vitc__cpu_has_avxvnni()) return &vitc__lp_int8_avxvnni;
     return fast ? &vitc__lp_int8_avx512 : &vitc__lp_int8_ref;
 }
 
+static const char *vitc__lp_desc(const vitc__lp_kernel *k, int forced) {
+    if (k == &vitc__lp_bf16_avx512) return "avx512-bf16 (vdpbf16ps)";
+    if (k == &vitc__lp_int8_avx512) return "avx512-vnni (vpdpbusd)";
+    if (k == &vitc__lp_int8_avxvnni) return "avx-vnni (vpdpbusd ymm)";
+    if (k == &vitc__lp_bf16_amx) return "amx-bf16 (tdpbf16ps)";
+    if (k == &vitc__lp_int8_amx) return "amx-int8 (tdpbusd)";
+    if (k == &vitc__lp_bf16_amx_emul || k == &vitc__lp_int8_amx_emul)
+        return "amx-emulated (tile instructions in C, slow)";
+    if (forced) return "reference";
+    return k == &vitc__lp_bf16_ref ? "reference (no AVX512-BF16 on this path)"
+                                   : "reference (no VNNI on this path)";
+}
+
+/* Built per call into this thread's buffer (the choice can change: arch,
+ * forced kernel). */
 const char *vitc_get_precision_paths(void) {
+    static _Thread_local char buf[384];
     const vitc__lp_kernel *b = vitc__lp_kernel_for(VITC_PRECISION_BF16);
     const vitc__lp_kernel *i = vitc__lp_kernel_for(VITC_PRECISION_INT8);
-    int bi = b != &vitc__lp_bf16_ref;
-    int ii = i == &vitc__lp_int8_avx512 ? 1 : i == &vitc__lp_int8_avxvnni ? 2 : 0;
-    static const char *const s[2][3] = {
-        {"bf16: reference (no AVX512-BF16 on this path), int8: reference (no VNNI on this path)",
-         "bf16: reference (no AVX512-BF16 on this path), int8: avx512-vnni (vpdpbusd)",
-         "bf16: reference (no AVX512-BF16 on this path), int8: avx-vnni (vpdpbusd ymm)"},
-        {"bf16: avx512-bf16 (vdpbf16ps), int8: reference (no VNNI on this path)",
-         "bf16: avx512-bf16 (vdpbf16ps), int8: avx512-vnni (vpdpbusd)",
-         "bf16: avx512-bf16 (vdpbf16ps), int8: avx-vnni (vpdpbusd ymm)"},
-    };
-    return s[bi][ii];
+    int fi = vitc__lp_forced_index();
+    int fb = vitc__lp_forced_kernel(VITC_PRECISION_BF16, fi) != NULL;
+    int f8 = vitc__lp_forced_kernel(VITC_PRECISION_INT8, fi) != NULL;
+    int n = snprintf(buf, sizeof buf, "bf16: %s, int8: %s", vitc__lp_desc(b, fb),
+                     vitc__lp_desc(i, f8));
+    const char *why = NULL;
+    if (n > 0 && (size_t)n < sizeof buf) {
+        if (fi > 0)
+            n += snprintf(buf + n, sizeof buf - (size_t)n, "; VITC_LP_KERNEL=%s%s",
+                          vitc__lp_names[fi],
+                          fb && f8   ? ""
+                          : fb || f8 ? (fb ? " (int8: this CPU cannot run it)"
+                                           : " (bf16: this CPU cannot run it)")
+                                     : " ignored (this CPU cannot run it)");
+        else if (vitc__lp_env_bad[0])
+            n += snprintf(buf + n, sizeof buf - (size_t)n, "; VITC_LP_KERNEL=%s unknown: ignored",
+                          vitc__lp_env_bad);
+    }
+    if (n > 0 && (size_t)n < sizeof buf && vitc__get_arch() == VITC_ARCH_AVX512 &&
+        !vitc__amx_usable(&why))
+        snprintf(buf + n, sizeof buf - (size_t)n, "; AMX: not used (%s)", why);
+    return buf;
 }
 
 const char *vitc_precision_name(vitc_precision p) {

@@ -33,6 +33,24 @@ static void vitc__lp_store(float *C, int64_t ldc, int64_t i, int64_t j, float v,
     C[i * ldc + j] = v;
 }
 
+/* int8: the sum of row i, column j dequantized (gemm_lp.h's epilogue). */
+static inline float vitc__lp_dq(int32_t acc, int64_t i, int64_t j, const vitc__lp_epi *e) {
+    float v = (float)(acc - e->azp[i] * e->wsum[j]);
+    return v * (e->ascale[i] * e->wscale[j]);
+}
+
+void vitc__lp_epi_ref(vitc_precision p, const void *acc, int64_t lda, float *C, int64_t ldc,
+                      int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    const float *af = acc;   /* [mr][lda] bf16 */
+    const int32_t *ai = acc; /* [mr][lda] int8 */
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nr; j++)
+            vitc__lp_store(C, ldc, i, j,
+                           p == VITC_PRECISION_INT8 ? vitc__lp_dq(ai[i * lda + j], i, j, e)
+                                                    : af[i * lda + j],
+                           e);
+}
+
 /* vdpbf16ps per lane: acc += hi(a) * hi(b), rounded, then += lo(a) * lo(b),
  * rounded (each product of two bf16 is exact in fp32). */
 /* One output's sum over kg word pairs, A's words a_step apart (packed: MR;
@@ -85,9 +103,7 @@ static void vitc__ukr_int8_ref(int64_t kg, const uint32_t *pa, const uint32_t *p
                 for (int q = 0; q < 4; q++)
                     acc += (int32_t)(uint8_t)(a >> (8 * q)) * (int32_t)(int8_t)(uint8_t)(b >> (8 * q));
             }
-            float v = (float)(acc - e->azp[i] * e->wsum[j]);
-            v = v * (e->ascale[i] * e->wscale[j]);
-            vitc__lp_store(C, ldc, i, j, v, e);
+            vitc__lp_store(C, ldc, i, j, vitc__lp_dq(acc, i, j, e), e);
         }
 }
 
@@ -113,9 +129,10 @@ static void vitc__pairs_bf16_ref(uint32_t *dst, const float *x0, const float *x1
 }
 
 const vitc__lp_kernel vitc__lp_bf16_ref = {"reference", vitc__ukr_bf16_ref, vitc__row_bf16_ref,
-                                           NULL, vitc__ukr_bf16_rm_ref, vitc__pairs_bf16_ref, 0};
+                                           NULL, vitc__ukr_bf16_rm_ref, vitc__pairs_bf16_ref, 0,
+                                           MR, 0, NULL, NULL};
 const vitc__lp_kernel vitc__lp_int8_ref = {"reference", vitc__ukr_int8_ref, vitc__row_int8_ref, NULL,
-                                           NULL, NULL, 0};
+                                           NULL, NULL, 0, MR, 0, NULL, NULL};
 
 void vitc__lp_strip(const vitc__lp_kernel *kn, vitc_precision p, uint32_t *dst, int64_t ldd,
                     int w, const float *x, int64_t ldx, int64_t rows, int64_t K, float *scale,
@@ -274,7 +291,8 @@ typedef struct vitc__lp_job {
     const float *bias;           /* [N] or NULL */
     const float *res; int64_t ldr;
     int64_t M;
-    uint32_t *pa;  /* [ceil(M/MR)][kg][MR] converted A */
+    int64_t smr, sa; /* A strip: rows (kn->mr), words */
+    uint32_t *pa;  /* [ceil(M/smr)][kg][smr] or [ceil(M/smr)][smr][lda] converted A */
     float *ascale; /* [M] int8 */
     int32_t *azp;  /* [M] int8 */
     void (*gelu)(float *x, int64_t n); /* after each tile, unless fused */
@@ -286,10 +304,29 @@ typedef struct vitc__lp_job {
 static void vitc__lp_pack_task(void *ctx, int64_t t, int tid) {
     const vitc__lp_job *g = ctx;
     (void)tid;
-    int64_t mr = g->M - t * MR < MR ? g->M - t * MR : MR;
-    vitc__lp_strip(g->kn, g->pw->prec, g->pa + t * g->pw->kg * MR, MR, MR, g->x + t * MR * g->ldx,
-                   g->ldx, mr, g->pw->K, g->ascale ? g->ascale + t * MR : NULL,
-                   g->azp ? g->azp + t * MR : NULL);
+    const int64_t smr = g->smr, i0 = t * smr, kg = g->pw->kg;
+    int64_t mr = g->M - i0 < smr ? g->M - i0 : smr;
+    float *sc = g->ascale ? g->ascale + i0 : NULL;
+    int32_t *zp = g->azp ? g->azp + i0 : NULL;
+    uint32_t *dst = g->pa + t * g->sa;
+    if (!g->kn->a_kpad) {
+        vitc__lp_strip(g->kn, g->pw->prec, dst, smr, (int)smr, g->x + i0 * g->ldx, g->ldx, mr,
+                       g->pw->K, sc, zp);
+        return;
+    }
+    /* row-major (AMX): row i at dst[i * lda], zeros past kg and past mr */
+    int bf = g->pw->prec == VITC_PRECISION_BF16;
+    vitc__lp_row_fn row = g->kn->row ? g->kn->row : bf ? vitc__row_bf16_ref : vitc__row_int8_ref;
+    const int64_t lda = vitc__lp_a_ld(g->kn->a_kpad, kg);
+    for (int64_t i = 0; i < smr; i++) {
+        uint32_t *d = dst + i * lda; /* [lda] */
+        int64_t from = 0;
+        if (i < mr) {
+            row(d, 1, g->x + (i0 + i) * g->ldx, g->pw->K, sc ? sc + i : NULL, zp ? zp + i : NULL);
+            from = kg;
+        }
+        memset(d + from, 0, (size_t)(lda - from) * sizeof *d);
+    }
 }
 
 /* Cache blocking: a block of B strips (at most VITC_LP_NB bytes) stays in
@@ -304,8 +341,8 @@ static void vitc__lp_task(void *ctx, int64_t t, int tid) {
     const vitc__lp_job *g = ctx;
     (void)tid;
     const vitc__pweight *pw = g->pw;
-    int64_t N = pw->N, kg = pw->kg;
-    int64_t cs = (N + NR - 1) / NR, rs = (g->M + MR - 1) / MR; /* column and row strips */
+    const int64_t N = pw->N, kg = pw->kg, smr = g->smr, mc = VITC_LP_MC / smr > 0 ? VITC_LP_MC / smr : 1;
+    int64_t cs = (N + NR - 1) / NR, rs = (g->M + smr - 1) / smr; /* column and row strips */
     int64_t units = g->by_cols ? cs : rs, q = units / g->nparts, r = units % g->nparts;
     int64_t b = q * t + (t < r ? t : r), e = b + q + (t < r ? 1 : 0);
     int64_t c0 = g->by_cols ? b : 0, c1 = g->by_cols ? e : cs;
@@ -313,14 +350,15 @@ static void vitc__lp_task(void *ctx, int64_t t, int tid) {
     const uint32_t *pb0 = pw->data;
     int64_t nb = VITC_LP_NB / (kg * NR * 4); /* B strips per block */
     if (nb < 1) nb = 1;
+    if (g->kn->begin) g->kn->begin(); /* this thread's AMX tile config */
     for (int64_t jb = c0; jb < c1; jb += nb) {
     int64_t je = jb + nb < c1 ? jb + nb : c1;
-    for (int64_t ib = r0; ib < r1; ib += VITC_LP_MC / MR) {
-        int64_t ie = ib + VITC_LP_MC / MR < r1 ? ib + VITC_LP_MC / MR : r1;
+    for (int64_t ib = r0; ib < r1; ib += mc) {
+        int64_t ie = ib + mc < r1 ? ib + mc : r1;
         for (int64_t js = jb; js < je; js++) {
             int64_t j = js * NR, nr = N - j < NR ? N - j : NR;
             for (int64_t is = ib; is < ie; is++) {
-                int64_t i = is * MR, mr = g->M - i < MR ? g->M - i : MR;
+                int64_t i = is * smr, mr = g->M - i < smr ? g->M - i : smr;
                 vitc__lp_epi ep = {
                     .bias = g->bias ? g->bias + j : NULL,
                     .res = g->res ? g->res + i * g->ldr + j : NULL, .ldr = g->ldr,
@@ -330,13 +368,14 @@ static void vitc__lp_task(void *ctx, int64_t t, int tid) {
                     .gelu = g->fused_gelu,
                 };
                 float *C = g->y + i * g->ldy + j;
-                g->kn->ukr(kg, g->pa + is * kg * MR, pb0 + js * kg * NR, C, g->ldy, mr, nr, &ep);
+                g->kn->ukr(kg, g->pa + is * g->sa, pb0 + js * kg * NR, C, g->ldy, mr, nr, &ep);
                 if (g->gelu && !g->fused_gelu) /* the tile is final and still in L1 */
                     for (int64_t rr = 0; rr < mr; rr++) g->gelu(C + rr * g->ldy, nr);
             }
         }
     }
     }
+    if (g->kn->end) g->kn->end();
 }
 
 vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
@@ -347,9 +386,10 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
                          pw ? vitc_precision_name(pw->prec) : "?");
     if (M <= 0) return VITC_OK;
     const vitc__lp_kernel *kn = vitc__lp_kernel_for(pw->prec);
-    int64_t rs = (M + MR - 1) / MR, kg = pw->kg;
+    const int64_t smr = kn->mr, kg = pw->kg, rs = (M + smr - 1) / smr;
+    const int64_t lda = kn->a_kpad ? vitc__lp_a_ld(kn->a_kpad, kg) : kg; /* words a row */
     size_t words, bytes, extra = 0;
-    int ok = vitc__mul_size((size_t)rs * MR, (size_t)kg, &words) &&
+    int ok = vitc__mul_size((size_t)rs * (size_t)smr, (size_t)lda, &words) &&
              vitc__mul_size(words, sizeof(uint32_t), &bytes);
     if (pw->prec == VITC_PRECISION_INT8)
         ok = ok && vitc__mul_size((size_t)M, 8, &extra) && vitc__add_size(bytes, extra, &bytes);
@@ -361,7 +401,7 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
         return vitc__err(VITC_ERR_NOMEM, "linear (%s) of %lld rows: out of memory",
                          vitc_precision_name(pw->prec), (long long)M);
     vitc__lp_job g = {.kn = kn, .pw = pw, .x = x, .ldx = ldx, .y = y, .ldy = ldy, .bias = bias,
-                      .res = residual, .ldr = ldr, .M = M, .pa = pa,
+                      .res = residual, .ldr = ldr, .M = M, .smr = smr, .sa = smr * lda, .pa = pa,
                       .gelu = gelu ? vitc__kern()->gelu : NULL, .nparts = 1};
     /* the SIMD kernels' in-register GELU is gelu_avx512's arithmetic */
     g.fused_gelu = gelu && kn->fused_gelu && vitc__kern()->arch == VITC_ARCH_AVX512;

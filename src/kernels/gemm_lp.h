@@ -85,11 +85,93 @@ typedef struct vitc__lp_kernel {
      * right after its masked stores waited on them (no store forwarding
      * from masked stores), which made GELU ~16% of the int8 forward. */
     int fused_gelu;
+    /* The driver's A strips: mr rows each (VITC_LP_MR, or 32 for AMX).
+     * a_kpad 0: [kg][mr] words (strip()); else row-major [mr][lda] words,
+     * lda = vitc__lp_a_ld(a_kpad, kg), words past kg and rows past M zero
+     * (row() with stride 1): AMX's A tile reads 16 rows of a_kpad words. */
+    int mr, a_kpad;
+    /* Called by the driver on each thread around its share of the tiles
+     * (AMX: load the tile config, release it); NULL for none. */
+    void (*begin)(void);
+    void (*end)(void);
 } vitc__lp_kernel;
+
+/* Row stride (words) of a row-major A strip: kg rounded up to whole tile
+ * rows of kpad words, plus one tile row when that stride would be a
+ * multiple of 1 KB, so that the 16 rows a tile load reads do not all map
+ * to the same few L1 sets (ViT-B's K = 3072: kg = 768 or 1536 words). */
+static inline int64_t vitc__lp_a_ld(int kpad, int64_t kg) {
+    int64_t ld = (kg + kpad - 1) / kpad * kpad;
+    return (ld * 4) % 1024 == 0 ? ld + kpad : ld;
+}
 
 extern const vitc__lp_kernel vitc__lp_bf16_ref, vitc__lp_int8_ref;
 extern const vitc__lp_kernel vitc__lp_bf16_avx512, vitc__lp_int8_avx512;
 extern const vitc__lp_kernel vitc__lp_int8_avxvnni; /* row: NULL, the reference's */
+/* AMX (gemm_lp_amx.c): tdpbf16ps / tdpbusd on 32 x 32 blocks; only on CPUs
+ * where vitc__amx_usable() (dispatch.c). The same kernel source on a C
+ * emulation of the tile instructions (gemm_lp_amx_emul.c): runs anywhere,
+ * never chosen by default, forced by VITC_LP_KERNEL=amx-emulated (tests). */
+extern const vitc__lp_kernel vitc__lp_bf16_amx, vitc__lp_int8_amx;
+extern const vitc__lp_kernel vitc__lp_bf16_amx_emul, vitc__lp_int8_amx_emul;
+
+/* The epilogue of gemm_lp.h on sums stored in memory: acc [mr][lda] floats
+ * (bf16) or int32 (int8), for the AMX kernels, which store their tiles.
+ * _ref: the reference kernels' code (no GELU: the driver's pass after);
+ * _avx512: the AVX-512 microkernels' code (GELU fused when e->gelu), the
+ * same bits. */
+void vitc__lp_epi_ref(vitc_precision p, const void *acc, int64_t lda, float *C, int64_t ldc,
+                      int64_t mr, int64_t nr, const vitc__lp_epi *e);
+void vitc__lp_epi_avx512(vitc_precision p, const void *acc, int64_t lda, float *C, int64_t ldc,
+                         int64_t mr, int64_t nr, const vitc__lp_epi *e);
+/* gemm_lp_avx512.c's converters and row-major kernel, which the AMX
+ * kernels share (AMX CPUs have AVX512-BF16 and VNNI). */
+void vitc__row_bf16_avx512(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                           float *scale, int32_t *zp);
+void vitc__row_int8_avx512(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                           float *scale, int32_t *zp);
+void vitc__strip_bf16_avx512(uint32_t *dst, int64_t ldd, int w, const float *x, int64_t ldx,
+                             int64_t rows, int64_t K, float *scale, int32_t *zp);
+void vitc__strip_int8_avx512(uint32_t *dst, int64_t ldd, int w, const float *x, int64_t ldx,
+                             int64_t rows, int64_t K, float *scale, int32_t *zp);
+void vitc__ukr_bf16_rm_avx512(int64_t kg, const uint32_t *a, int64_t lda, const uint32_t *pb,
+                              float *C, int64_t ldc, int64_t mr, int64_t nr);
+void vitc__pairs_bf16_avx512(uint32_t *dst, const float *x0, const float *x1, int64_t n);
+
+/* 1 when this process can run the AMX kernels: cpuid (AMX-TILE, -BF16,
+ * -INT8, AVX512-BF16, -VNNI), XCR0 (XTILECFG, XTILEDATA) and, on Linux,
+ * the kernel's permission for tile data (arch_prctl), asked once. Else 0
+ * and *why (when not NULL) says which was missing. dispatch.c. */
+int vitc__amx_usable(const char **why);
+
+/* Force the low-precision kernel by name: "reference", "avx512",
+ * "avx-vnni", "amx", "amx-emulated"; NULL or "auto": cpuid's choice. The
+ * environment's VITC_LP_KERNEL is read at the first kernel choice (an
+ * unknown name or one this CPU cannot run: ignored, and
+ * vitc_get_precision_paths says so). For tests. */
+vitc_status vitc__lp_force(const char *name);
+
+/* One tile product through the kernel file's tile macros, all tiles 16
+ * rows x 64 bytes: c[16][16] (+)= a[16][16 words] b[16][16 words], int8
+ * (tdpbusd) or bf16 (tdpbf16ps); c, a, b row-major, 64 bytes a row.
+ * _amx: the instructions (only where vitc__amx_usable), _amx_emul: the
+ * emulation: the tests compare them where the CPU has AMX. */
+void vitc__amx_tile_dp_amx(int int8, void *c, const void *a, const void *b);
+void vitc__amx_tile_dp_amx_emul(int int8, void *c, const void *a, const void *b);
+
+/* gemm_lp_amx_emul.c: the tile instructions in C, one tile file per thread
+ * (8 tiles of 16 rows x 64 bytes, and the config), per the SDM's
+ * pseudo-code. A use that would fault on hardware (no config, a bad
+ * config, operand shapes that do not fit) does nothing and is counted:
+ * vitc__amx_emu_faults() (process-wide), which the tests require 0. */
+void vitc__amx_emu_loadconfig(const void *cfg); /* 64 bytes */
+void vitc__amx_emu_release(void);
+void vitc__amx_emu_zero(int t);
+void vitc__amx_emu_load(int t, const void *base, int64_t stride);
+void vitc__amx_emu_store(int t, void *base, int64_t stride);
+void vitc__amx_emu_dpbf16ps(int c, int a, int b);
+void vitc__amx_emu_dpbusd(int c, int a, int b);
+uint64_t vitc__amx_emu_faults(void);
 
 /* kn's strip converter, or its row() (the reference's when NULL) row by row. */
 void vitc__lp_strip(const vitc__lp_kernel *kn, vitc_precision p, uint32_t *dst, int64_t ldd,

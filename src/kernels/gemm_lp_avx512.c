@@ -170,6 +170,57 @@ vitc__ukr_int8_rows(const int R, int64_t kg, const uint32_t *pa, const uint32_t 
 
 LP_UKR_WIDTHS(int8)
 
+/* ---- the epilogue of sums in memory (the AMX kernels' tiles) ------------
+ *
+ * Twelve rows at a time, loaded into the accumulators of the kernels
+ * above and finished by the same LP_EPILOGUE code (the same bits; GELU
+ * fused). Rows past mr are neither read nor stored. */
+#define LP_LD(i)                                                                    \
+    if (i < mr) c##i##0 = LD(a + (i) * lda), c##i##1 = LD(a + (i) * lda + 16);
+#define LP_LD_ALL                                                                   \
+    LP_LD(0) LP_LD(1) LP_LD(2) LP_LD(3) LP_LD(4) LP_LD(5) LP_LD(6) LP_LD(7) LP_LD(8) \
+    LP_LD(9) LP_LD(10) LP_LD(11)
+
+__attribute__((noinline)) static void vitc__lp_epi12_bf16(const float *a, int64_t lda, float *C,
+                                                         int64_t ldc, int64_t mr, int64_t nr,
+                                                         const vitc__lp_epi *e) {
+    const int R = MR;
+    LP_DECL(__m512, _mm512_setzero_ps());
+#define LD(p) _mm512_load_ps(p)
+    LP_LD_ALL
+#undef LD
+    LP_EPILOGUE(BF_DQ);
+}
+
+__attribute__((noinline)) static void vitc__lp_epi12_int8(const int32_t *a, int64_t lda, float *C,
+                                                         int64_t ldc, int64_t mr, int64_t nr,
+                                                         const vitc__lp_epi *e) {
+    const int R = MR;
+    LP_DECL(__m512i, _mm512_setzero_si512());
+#define LD(p) _mm512_load_si512((const void *)(p))
+    LP_LD_ALL
+#undef LD
+    __mmask16 n0 = vitc__m16(nr), n1 = vitc__m16(nr - 16);
+    __m512i ws0 = _mm512_maskz_loadu_epi32(n0, e->wsum), ws1 = _mm512_maskz_loadu_epi32(n1, e->wsum + 16);
+    __m512 sc0 = _mm512_maskz_loadu_ps(n0, e->wscale), sc1 = _mm512_maskz_loadu_ps(n1, e->wscale + 16);
+    LP_EPILOGUE(I8_DQ);
+}
+
+/* acc rows 64-byte aligned (lda a multiple of 16), nr <= 32. */
+void vitc__lp_epi_avx512(vitc_precision p, const void *acc, int64_t lda, float *C, int64_t ldc,
+                         int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    for (int64_t i = 0; i < mr; i += MR) {
+        vitc__lp_epi ei = *e; /* rows i.. of the tile */
+        if (ei.res) ei.res += i * ei.ldr;
+        if (ei.ascale) ei.ascale += i, ei.azp += i;
+        int64_t m = mr - i < MR ? mr - i : MR;
+        if (p == VITC_PRECISION_INT8)
+            vitc__lp_epi12_int8((const int32_t *)acc + i * lda, lda, C + i * ldc, ldc, m, nr, &ei);
+        else
+            vitc__lp_epi12_bf16((const float *)acc + i * lda, lda, C + i * ldc, ldc, m, nr, &ei);
+    }
+}
+
 /* The same sums from row-major A: each row's word p broadcast from a_i[p]. */
 #define BF_ROW_RM(i)                                                                \
     do {                                                                            \
@@ -183,7 +234,7 @@ LP_UKR_WIDTHS(int8)
         _mm512_mask_storeu_ps(C + (i) * ldc + 16, m1, c##i##1);                     \
     }
 
-static void vitc__ukr_bf16_rm_avx512(int64_t kg, const uint32_t *a, int64_t lda,
+void vitc__ukr_bf16_rm_avx512(int64_t kg, const uint32_t *a, int64_t lda,
                                      const uint32_t *pb, float *C, int64_t ldc, int64_t mr,
                                      int64_t nr) {
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
@@ -254,7 +305,7 @@ static void vitc__q8_row(const float *x, int64_t K, float *scale, float *inv, in
 
 /* Word p of the row to dst[p * stride]: stored as they are when the stride
  * is 1, else scattered down the strip (the attention's K and V panels). */
-static void vitc__row_bf16_avx512(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+void vitc__row_bf16_avx512(uint32_t *dst, int64_t stride, const float *x, int64_t K,
                                   float *scale, int32_t *zp) {
     (void)scale, (void)zp;
     const __m512i idx = _mm512_mullo_epi32(
@@ -269,7 +320,7 @@ static void vitc__row_bf16_avx512(uint32_t *dst, int64_t stride, const float *x,
     }
 }
 
-static void vitc__row_int8_avx512(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+void vitc__row_int8_avx512(uint32_t *dst, int64_t stride, const float *x, int64_t K,
                                   float *scale, int32_t *zp) {
     float inv;
     vitc__q8_row(x, K, scale, &inv, zp);
@@ -358,7 +409,7 @@ vitc__strip_bf16_w(uint32_t *dst, int64_t ldd, const int W, const float *x, int6
     }
 }
 
-static void vitc__strip_bf16_avx512(uint32_t *dst, int64_t ldd, int w, const float *x,
+void vitc__strip_bf16_avx512(uint32_t *dst, int64_t ldd, int w, const float *x,
                                     int64_t ldx, int64_t rows, int64_t K, float *scale,
                                     int32_t *zp) {
     (void)scale, (void)zp;
@@ -387,7 +438,7 @@ vitc__strip_int8_w(uint32_t *dst, int64_t ldd, const int W, const float *x, int6
     }
 }
 
-static void vitc__strip_int8_avx512(uint32_t *dst, int64_t ldd, int w, const float *x,
+void vitc__strip_int8_avx512(uint32_t *dst, int64_t ldd, int w, const float *x,
                                     int64_t ldx, int64_t rows, int64_t K, float *scale,
                                     int32_t *zp) {
     if (w == MR)
@@ -397,7 +448,7 @@ static void vitc__strip_int8_avx512(uint32_t *dst, int64_t ldd, int w, const flo
 }
 
 /* dst[c] = bf16(x0[c]) | bf16(x1[c]) << 16 (x1 NULL: 0), c < n. */
-static void vitc__pairs_bf16_avx512(uint32_t *dst, const float *x0, const float *x1, int64_t n) {
+void vitc__pairs_bf16_avx512(uint32_t *dst, const float *x0, const float *x1, int64_t n) {
     for (int64_t c = 0; c < n; c += 16) {
         __mmask16 m = vitc__m16(n - c);
         __m512i lo = _mm512_cvtepu16_epi32((__m256i)_mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, x0 + c)));
@@ -410,7 +461,8 @@ static void vitc__pairs_bf16_avx512(uint32_t *dst, const float *x0, const float 
 
 const vitc__lp_kernel vitc__lp_bf16_avx512 = {"avx512-bf16", vitc__ukr_bf16_avx512,
                                               vitc__row_bf16_avx512, vitc__strip_bf16_avx512,
-                                              vitc__ukr_bf16_rm_avx512, vitc__pairs_bf16_avx512, 1};
+                                              vitc__ukr_bf16_rm_avx512, vitc__pairs_bf16_avx512, 1,
+                                              MR, 0, NULL, NULL};
 const vitc__lp_kernel vitc__lp_int8_avx512 = {"avx512-vnni", vitc__ukr_int8_avx512,
                                               vitc__row_int8_avx512, vitc__strip_int8_avx512,
-                                              NULL, NULL, 1};
+                                              NULL, NULL, 1, MR, 0, NULL, NULL};
