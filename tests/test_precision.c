@@ -9,6 +9,7 @@
 #include <cmocka.h>
 
 #include <math.h>
+#include <stdalign.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -492,6 +493,77 @@ static void amx_kernel_case(const char *kname) {
            (long long)nb);
 }
 
+/* The AMX kernels' epilogue on the instructions is the AVX-512 kernels'
+ * code run over stored sums (vitc__lp_epi_avx512): it must give the
+ * reference epilogue's bits (GELU fused: those of the path's GELU after),
+ * for tiles cut anywhere; and its A strips come from the AVX-512 row
+ * converters with stride 1 (the reference's words). Run here, where AMX
+ * is not. */
+static void test_amx_epilogue(void **state) {
+    (void)state;
+    __builtin_cpu_init();
+    if (vitc_set_arch("avx512") != VITC_OK || !__builtin_cpu_supports("avx512bf16") ||
+        !__builtin_cpu_supports("avx512vnni")) {
+        printf("# AMX epilogue not checked: no AVX512-BF16 here\n");
+        vitc_set_arch(NULL);
+        return;
+    }
+    static const int64_t mrs[] = {1, 5, 12, 13, 17, 32}, nrs[] = {1, 16, 17, 32};
+    alignas(64) uint32_t acc[32 * 32];
+    float bias[32], res[32 * 40], ascale[32], wscale[32], y0[32 * 40], y1[32 * 40];
+    int32_t azp[32], wsum[32];
+    for (int i = 0; i < 32; i++) {
+        bias[i] = frand(), ascale[i] = 0.01f * (1.5f + frand()), wscale[i] = 0.02f * (1.5f + frand());
+        azp[i] = (int32_t)(128 + 100 * frand()), wsum[i] = (int32_t)(3000 * frand());
+    }
+    for (int i = 0; i < 32 * 40; i++) res[i] = frand();
+    for (int p = 1; p <= 2; p++)
+        for (int im = 0; im < 6; im++)
+            for (int in = 0; in < 4; in++)
+                for (int epi = 0; epi < 4; epi++) {
+                    int64_t mr = mrs[im], nr = nrs[in];
+                    for (int i = 0; i < 32 * 32; i++) {
+                        float v = 3.0f * frand();
+                        if (p == 1) memcpy(&acc[i], &v, 4);
+                        else acc[i] = (uint32_t)(int32_t)(40000.0f * frand());
+                    }
+                    vitc__lp_epi e = {.bias = epi & 1 ? bias : NULL, .res = epi & 2 ? res : NULL,
+                                      .ldr = 40, .ascale = ascale, .azp = azp, .wscale = wscale,
+                                      .wsum = wsum};
+                    for (int gelu = 0; gelu < 2; gelu++) {
+                        memset(y0, 0, sizeof y0), memset(y1, 0, sizeof y1);
+                        vitc__lp_epi_ref((vitc_precision)p, acc, 32, y0, 40, mr, nr, &e);
+                        if (gelu)
+                            for (int64_t i = 0; i < mr; i++) vitc__gelu(y0 + i * 40, nr);
+                        e.gelu = gelu;
+                        vitc__lp_epi_avx512((vitc_precision)p, acc, 32, y1, 40, mr, nr, &e);
+                        e.gelu = 0;
+                        if (memcmp(y0, y1, sizeof y0))
+                            fail_msg("%s epilogue from memory, %lldx%lld, epilogue %d gelu %d, "
+                                     "differs from the reference's",
+                                     vitc_precision_name((vitc_precision)p), (long long)mr,
+                                     (long long)nr, epi, gelu);
+                    }
+                }
+    /* stride-1 rows (the AMX strips) from the AVX-512 converters */
+    float x[150];
+    for (int i = 0; i < 150; i++) x[i] = 4.0f * frand();
+    for (int K = 1; K <= 150; K += 149 / 6) {
+        uint32_t w0[80], w1[80];
+        float s0 = 0, s1 = 0;
+        int32_t z0 = 0, z1 = 0;
+        memset(w0, 0xAB, sizeof w0), memset(w1, 0xAB, sizeof w1);
+        vitc__lp_int8_ref.row(w0, 1, x, K, &s0, &z0);
+        vitc__row_int8_avx512(w1, 1, x, K, &s1, &z1);
+        assert_memory_equal(w0, w1, sizeof w0);
+        assert_true(s0 == s1 && z0 == z1);
+        vitc__lp_bf16_ref.row(w0, 1, x, K, NULL, NULL);
+        vitc__row_bf16_avx512(w1, 1, x, K, NULL, NULL);
+        assert_memory_equal(w0, w1, sizeof w0);
+    }
+    vitc_set_arch(NULL);
+}
+
 static void test_amx_kernels(void **state) {
     (void)state;
     uint64_t f0 = vitc__amx_emu_faults();
@@ -789,6 +861,7 @@ int main(void) {
         cmocka_unit_test(test_vit_lp),
         cmocka_unit_test(test_vit_load_precision),
         cmocka_unit_test(test_amx_instructions),
+        cmocka_unit_test(test_amx_epilogue),
         cmocka_unit_test(test_amx_kernels),
         cmocka_unit_test(test_amx_vit),
     };
