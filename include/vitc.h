@@ -736,7 +736,10 @@ VITC_API vitc_precision vitc_vit_get_attention_precision(const vitc_vit *m);
 VITC_API const char *vitc_precision_name(vitc_precision p);
 VITC_API int vitc_precision_parse(const char *name);
 /* Which kernel each low-precision GEMM runs on this CPU and kernel path,
- * e.g. "bf16: avx512-bf16, int8: avx512-vnni" or "... reference". */
+ * e.g. "bf16: avx512-bf16 (vdpbf16ps), int8: avx512-vnni (vpdpbusd)",
+ * "bf16: amx-bf16 (tdpbf16ps), ..." or "... reference", then notes: a
+ * VITC_LP_KERNEL in force, or why AMX is not used. Valid until this
+ * thread's next call. */
 VITC_API const char *vitc_get_precision_paths(void);
 
 /* ---- ViT training ------------------------------------------------ */
