@@ -446,15 +446,15 @@ static void test_amx_instructions(void **state) {
 /* The AMX kernels (emulated here; the instructions too where the CPU has
  * them) through the driver against the reference kernel: shapes with
  * edges of M (1, 5, 16, 17, 33, 197), N (not multiples of 32) and K (odd,
- * not whole tiles), with bias + residual, bias + GELU, or nothing. int8
+ * not whole tiles, rows whose stride is padded), with bias + residual, bias + GELU, or nothing. int8
  * bit for bit; bf16 within the reordering bound. */
 static void amx_kernel_case(const char *kname) {
     static const int64_t Ms[] = {1, 5, 16, 17, 33, 197}, Ns[] = {1, 33, 70, 96},
-                         Ks[] = {1, 3, 37, 64, 130, 771};
+                         Ks[] = {1, 3, 37, 64, 130, 771, 1024}; /* 1024: A rows padded (4 KB) */
     int64_t nb = 0, ndiff = 0;
     for (int p = 1; p <= 2; p++)
         for (int im = 0; im < 6; im++)
-            for (int ik = 0; ik < 6; ik++) {
+            for (int ik = 0; ik < 7; ik++) {
                 int64_t M = Ms[im], K = Ks[ik], N = Ns[(im + ik + p) % 4];
                 if (M * K > 40000 && N > 33) N = 33; /* keep the emulation quick */
                 vitc_precision pr = (vitc_precision)p;
