@@ -173,6 +173,38 @@ class TestPrecision(unittest.TestCase):
         self.assertTrue(os.path.getsize(out_png) > 0)
 
     @unittest.skipUnless(os.path.exists(os.path.join(ROOT, "build", "vitc")), "needs build/vitc")
+    def test_cli_lp_kernel(self):
+        """VITC_LP_KERNEL=amx-emulated runs the AMX kernel source on the C
+        emulation of the tile instructions: vitc --version says so, int8
+        logits are the default path's bit for bit (exact sums), bf16's
+        close (another order of the fp32 sums); an unknown name is
+        ignored, and said to be."""
+        vitc_bin = os.path.join(ROOT, "build", "vitc")
+
+        def run(kernel, *args):
+            env = dict(os.environ)
+            env.pop("VITC_LP_KERNEL", None)
+            if kernel:
+                env["VITC_LP_KERNEL"] = kernel
+            p = subprocess.run([vitc_bin] + list(args), capture_output=True, text=True, env=env)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            return p.stdout
+
+        self.assertIn("bf16: amx-emulated", run("amx-emulated", "--version"))
+        self.assertIn("VITC_LP_KERNEL=bogus unknown: ignored", run("bogus", "--version"))
+        photo = os.path.join(DATA, "photo.png")
+        for prec in ("int8", "bf16"):
+            got = {}
+            for kernel in (None, "amx-emulated"):
+                out = run(kernel, "classify", "--model", self.st, "--precision", prec, "--topk",
+                          "5", "--json", "--quiet", photo)
+                got[kernel] = [t["logit"] for t in json.loads(out)["topk"]]
+            if prec == "int8":
+                self.assertEqual(got[None], got["amx-emulated"])
+            else:
+                np.testing.assert_allclose(got["amx-emulated"], got[None], rtol=1e-3, atol=1e-3)
+
+    @unittest.skipUnless(os.path.exists(os.path.join(ROOT, "build", "vitc")), "needs build/vitc")
     def test_cli_eval_embed_similar(self):
         """--precision on eval, embed and similar: each runs in that precision
         (results differ from fp32's) and stays close to fp32."""
