@@ -57,6 +57,49 @@ void cli_escape(char *dst, size_t cap, const char *s) {
     dst[n] = '\0';
 }
 
+void cli_json_string(FILE *f, const char *s) {
+    const unsigned char *p = (const unsigned char *)s;
+    fputc('"', f);
+    while (*p) {
+        unsigned c = *p;
+        if (c == '"' || c == '\\') {
+            fputc('\\', f);
+            fputc((int)c, f);
+            p++;
+        } else if (c < 0x20) {
+            static const char esc[] = "btn\0fr";
+            if (c >= 8 && c <= 13 && c != 11)
+                fprintf(f, "\\%c", esc[c - 8]);
+            else
+                fprintf(f, "\\u%04x", c);
+            p++;
+        } else if (c < 0x80) {
+            fputc((int)c, f);
+            p++;
+        } else {
+            int n = c >= 0xf0 && c < 0xf5 ? 3 : c >= 0xe0 ? 2 : c >= 0xc2 && c < 0xe0 ? 1 : -1;
+            int ok = n > 0 && c < 0xf5;
+            for (int k = 1; ok && k <= n; k++)
+                ok = (p[k] & 0xc0) == 0x80;
+            if (ok) {
+                fwrite(p, 1, (size_t)n + 1, f);
+                p += n + 1;
+            } else {
+                fputs("\\ufffd", f);
+                p++;
+            }
+        }
+    }
+    fputc('"', f);
+}
+
+void cli_json_number(FILE *f, double v) {
+    if (isfinite(v))
+        fprintf(f, "%.9g", v);
+    else
+        fputs("null", f); /* JSON has no NaN or infinity */
+}
+
 /* "vitc: error: " and the message on one line: a newline in a path or in a
  * library message naming a file's contents must not start a line of its own. */
 static void cli_verror(const char *fmt, va_list ap) {

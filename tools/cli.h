@@ -56,6 +56,11 @@ int cli_attention_precision(const char *name);
 void cli_put_escaped(FILE *f, const char *s, size_t max);
 /* The same into dst (always NUL-terminated; cut when cap is too small). */
 void cli_escape(char *dst, size_t cap, const char *s);
+/* s as a JSON string, quotes included: UTF-8 passed through, bytes that
+ * are not valid UTF-8 as U+FFFD, so the output stays valid JSON. */
+void cli_json_string(FILE *f, const char *s);
+/* v as a JSON number ("%.9g"), null for NaN and infinity (JSON has neither). */
+void cli_json_number(FILE *f, double v);
 
 /* ------------------------------------------------------------------ */
 /* Options: one parser for every command                              */

@@ -682,21 +682,6 @@ static int bench_selected(const char *only, const char *name) {
     return 0;
 }
 
-/* JSON string body: the names and notes here are ASCII, but escape what
- * JSON requires anyway. */
-static void bench_json_str(const char *s) {
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            printf("\\u%04x", (unsigned char)*s);
-        else
-            putchar(*s);
-    }
-    putchar('"');
-}
-
 int cmd_bench(int argc, char **argv) {
     int threads = 0, repeat = 0, json = 0, no_peak = 0, peak_only = 0, quiet = 0;
     const char *only = NULL, *model = NULL, *isa = "none", *precision = NULL,
@@ -796,10 +781,10 @@ int cmd_bench(int argc, char **argv) {
             if (r->status == -2)
                 continue;
             printf("%s\n  {\"name\": \"%s\", \"what\": ", first ? "" : ",", w->name);
-            bench_json_str(w->what);
+            cli_json_string(stdout, w->what);
             printf(", \"shape\": \"%s\", \"status\": \"%s\", \"note\": ", w->shape,
                    r->status == 0 ? "ok" : r->status < 0 ? "skipped" : "failed");
-            bench_json_str(r->note);
+            cli_json_string(stdout, r->note);
             if (r->status == 0) {
                 double gf = r->flops / (r->median_ms * 1e-3) * 1e-9;
                 printf(", \"flops\": %.0f, \"repeats\": %d, \"median_ms\": %.4f, \"min_ms\": %.4f,"

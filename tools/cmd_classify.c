@@ -142,51 +142,6 @@ int cli_read_labels(const char *path, int n_classes, char ***out) {
     return 0;
 }
 
-/* A JSON string, UTF-8 passed through; bytes that are not valid UTF-8
- * become U+FFFD so the output stays valid JSON. */
-static void json_string(FILE *f, const char *s) {
-    const unsigned char *p = (const unsigned char *)s;
-    fputc('"', f);
-    while (*p) {
-        unsigned c = *p;
-        if (c == '"' || c == '\\') {
-            fputc('\\', f);
-            fputc((int)c, f);
-            p++;
-        } else if (c < 0x20) {
-            static const char esc[] = "btn\0fr";
-            if (c >= 8 && c <= 13 && c != 11)
-                fprintf(f, "\\%c", esc[c - 8]);
-            else
-                fprintf(f, "\\u%04x", c);
-            p++;
-        } else if (c < 0x80) {
-            fputc((int)c, f);
-            p++;
-        } else {
-            int n = c >= 0xf0 && c < 0xf5 ? 3 : c >= 0xe0 ? 2 : c >= 0xc2 && c < 0xe0 ? 1 : -1;
-            int ok = n > 0 && c < 0xf5;
-            for (int k = 1; ok && k <= n; k++)
-                ok = (p[k] & 0xc0) == 0x80;
-            if (ok) {
-                fwrite(p, 1, (size_t)n + 1, f);
-                p += n + 1;
-            } else {
-                fputs("\\ufffd", f);
-                p++;
-            }
-        }
-    }
-    fputc('"', f);
-}
-
-static void json_number(FILE *f, double v) {
-    if (isfinite(v))
-        fprintf(f, "%.9g", v);
-    else
-        fputs("null", f); /* JSON has no NaN or infinity */
-}
-
 typedef struct ranked {
     float logit;
     int index;
@@ -219,7 +174,7 @@ static void print_result(const classify_opts *o, const char *path, const float *
     qsort(rank, (size_t)n_classes, sizeof *rank, ranked_cmp);
     if (o->json) {
         fputs("{\"image\": ", stdout);
-        json_string(stdout, path);
+        cli_json_string(stdout, path);
         fputs(", \"topk\": [", stdout);
     } else {
         cli_put_escaped(stdout, path, SIZE_MAX);
@@ -232,13 +187,13 @@ static void print_result(const classify_opts *o, const char *path, const float *
         if (o->json) {
             printf("%s{\"index\": %d, \"label\": ", r ? ", " : "", c);
             if (label)
-                json_string(stdout, label);
+                cli_json_string(stdout, label);
             else
                 fputs("null", stdout);
             fputs(", \"prob\": ", stdout);
-            json_number(stdout, prob);
+            cli_json_number(stdout, prob);
             fputs(", \"logit\": ", stdout);
-            json_number(stdout, logits[c]);
+            cli_json_number(stdout, logits[c]);
             fputc('}', stdout);
         } else {
             /* labels come from a file: no raw terminal control codes */

@@ -111,16 +111,9 @@ static int embed_parse(int argc, char **argv, embed_opts *o, vitc_pool *pool) {
 }
 
 static void embed_print_json(const char *path, const float *e, size_t n) {
-    fputs("{\"image\": \"", stdout);
-    for (const unsigned char *p = (const unsigned char *)path; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p < 0x20)
-            printf("\\u%04x", *p);
-        else
-            putchar(*p);
-    }
-    fputs("\", \"embedding\": [", stdout);
+    fputs("{\"image\": ", stdout);
+    cli_json_string(stdout, path);
+    fputs(", \"embedding\": [", stdout);
     for (size_t i = 0; i < n; i++) printf(i ? ", %.9g" : "%.9g", (double)e[i]);
     fputs("]}\n", stdout);
 }

@@ -1109,21 +1109,12 @@ int cmd_train(int argc, char **argv) {
         {"--clip", NULL, CLI_DOUBLE, &o.clip, 0, 1e9, &o.g_clip},
         {"--quiet", NULL, CLI_FLAG, &o.quiet, 0, 0, NULL},
     };
-    char **pos = calloc((size_t)argc + 1, sizeof *pos);
-    int n_pos, r;
-    if (!pos)
-        return cli_error("out of memory");
     char usage[sizeof train_usage + 512];
     train_usage_text(usage, sizeof usage);
-    r = topt_parse("train", usage, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv,
-                   pos, &n_pos);
-    if (r == 0 && n_pos)
-        r = cli_usage_error("train", "unexpected argument '%s'", pos[0]);
-    free(pos);
-    if (r == 1)
-        return CLI_OK;
+    int r = topt_parse("train", usage, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv,
+                       NULL, NULL);
     if (r)
-        return CLI_USAGE;
+        return r < 0 ? CLI_OK : r;
     if (!o.data)
         return cli_usage_error("train", "--data is required");
     if (!o.out)

@@ -10,11 +10,12 @@
 #include "cli.h"
 
 /* ---- options --------------------------------------------------------- */
-/* cli_parse (cli.h) with the command's usage text for --help, and any
- * number of positionals into pos (room for argc). 0: go on, 1: --help
- * printed, 2: usage error printed (exit with CLI_USAGE). */
+/* cli_parse (cli.h) with the command's usage text for --help. Positionals:
+ * none when arg is NULL, else exactly one (arg_name says what) into *arg.
+ * 0: go on; -1: --help printed (exit with CLI_OK); else the exit status
+ * (CLI_USAGE, CLI_FAIL), the error printed. */
 int topt_parse(const char *cmd, const char *usage, const cli_opt *opts, int n, int argc,
-               char **argv, char **pos, int *n_pos);
+               char **argv, const char *arg_name, const char **arg);
 
 /* ---- data sets ------------------------------------------------------ */
 /* --data: "fashion-mnist" (Debian's package), "mnist-dir:DIR"-like plain

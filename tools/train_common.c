@@ -16,14 +16,29 @@
 /* ---- options ---------------------------------------------------------- */
 
 int topt_parse(const char *cmd, const char *usage, const cli_opt *opts, int n, int argc,
-               char **argv, char **pos, int *n_pos) {
+               char **argv, const char *arg_name, const char **arg) {
     const cli_spec spec = {opts, n, -1, "argument"};
-    int rc = cli_parse_command(cmd, &spec, argc, argv, pos, n_pos);
+    char **pos = calloc((size_t)argc + 1, sizeof *pos);
+    int n_pos, rc;
+    if (!pos)
+        return cli_error("out of memory");
+    /* Every positional is taken, then counted: an unknown option after a
+     * stray argument is the error reported, and --help anywhere wins. */
+    rc = cli_parse_command(cmd, &spec, argc, argv, pos, &n_pos);
     if (rc == CLI_PARSE_HELP) {
         fputs(usage, stdout);
-        return 1;
+        rc = -1;
+    } else if (rc != CLI_PARSE_OK) {
+        rc = CLI_USAGE;
+    } else if (!arg && n_pos) {
+        rc = cli_usage_error(cmd, "unexpected argument '%s'", pos[0]);
+    } else if (arg && n_pos != 1) {
+        rc = cli_usage_error(cmd, "one %s, please (got %d arguments)", arg_name, n_pos);
+    } else if (arg) {
+        *arg = pos[0];
     }
-    return rc == CLI_PARSE_OK ? 0 : 2;
+    free(pos);
+    return rc;
 }
 
 /* ---- data sets -------------------------------------------------------- */
