@@ -414,3 +414,21 @@ vitc_status cli_load_input(const char *path, const vitc_vit_config *cfg, const c
     vitc_image_free(&img);
     return st;
 }
+
+int cli_fill_batch(char *const *paths, int n, int *next, const vitc_vit_config *cfg,
+                   const cli_input *in, int max, float *batch, const char **got, int clear_line,
+                   int *failed) {
+    int nb = 0;
+    while (nb < max && *next < n) {
+        const char *path = paths[(*next)++];
+        if (cli_load_input(path, cfg, in, batch + in->per_image * (size_t)nb) != VITC_OK) {
+            if (clear_line) /* the error must not land on the progress line */
+                fputs("\r\033[K", stderr);
+            cli_error("%s", vitc_last_error());
+            (*failed)++;
+            continue;
+        }
+        got[nb++] = path;
+    }
+    return nb;
+}

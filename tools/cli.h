@@ -145,6 +145,13 @@ int cli_open_model(const char *cmd, const cli_model_opts *o, vitc_vit **m, cli_i
 /* Decode and preprocess one image into out [channels, height, width]. */
 vitc_status cli_load_input(const char *path, const vitc_vit_config *cfg, const cli_input *in,
                            float *out);
+/* The next images paths[*next..n) that decode, up to max, into batch
+ * [max, in->per_image] and their paths into got[max]; one that does not is
+ * reported (after clearing the progress line when clear_line) and counted
+ * in *failed. Returns how many were read (0 only when none are left). */
+int cli_fill_batch(char *const *paths, int n, int *next, const vitc_vit_config *cfg,
+                   const cli_input *in, int max, float *batch, const char **got, int clear_line,
+                   int *failed);
 
 typedef int (*cli_cmd_fn)(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);

@@ -291,19 +291,8 @@ int cmd_classify(int argc, char **argv) {
     }
 
     for (int next = 0; next < o.n_images;) {
-        int nb = 0;
-        /* Fill a batch with the next images that decode. */
-        while (nb < o.batch && next < o.n_images) {
-            const char *path = o.images[next++];
-            if (cli_load_input(path, cfg, &in, batch + in.per_image * (size_t)nb) != VITC_OK) {
-                if (prog.tty && prog.shown)
-                    fputs("\r\033[K", stderr);
-                cli_error("%s", vitc_last_error());
-                failed++;
-                continue;
-            }
-            batch_paths[nb++] = path;
-        }
+        int nb = cli_fill_batch(o.images, o.n_images, &next, cfg, &in, o.batch, batch,
+                                batch_paths, prog.tty && prog.shown, &failed);
         if (nb == 0)
             continue;
         /* batch holds nb images of in.per_image = in_channels * crop * crop

@@ -159,18 +159,8 @@ int cmd_embed(int argc, char **argv) {
     }
     size_t C = (size_t)cfg->hidden_dim;
     for (int next = 0; next < o.n_images;) {
-        int nb = 0;
-        while (nb < o.batch && next < o.n_images) {
-            const char *path = o.images[next++];
-            if (cli_load_input(path, cfg, &in, batch + in.per_image * (size_t)nb) != VITC_OK) {
-                if (tty)
-                    fputs("\r\033[K", stderr);
-                cli_error("%s", vitc_last_error());
-                failed++;
-                continue;
-            }
-            paths[nb++] = path;
-        }
+        int nb = cli_fill_batch(o.images, o.n_images, &next, cfg, &in, o.batch, batch, paths,
+                                tty, &failed);
         if (nb == 0)
             continue;
         float *dst = emb + (o.out ? (size_t)done * (size_t)per : 0);
