@@ -104,11 +104,7 @@ int cmd_demo_fashion(int argc, char **argv) {
     const uint8_t black[3] = {0, 0, 0}, green[3] = {0, 130, 50}, red[3] = {200, 30, 30};
     int right = 0;
     for (int k = 0; k < count; k++) {
-        const float *l = logits + (size_t)k * C;
-        int best = 0;
-        for (int j = 1; j < C; j++)
-            if (l[j] > l[best])
-                best = j;
+        int best = train_argmax(logits + (size_t)k * C, C);
         right += best == lab[k];
         int x0 = 6 + (k % cols) * cw, y0 = 36 + (k / cols) * ch;
         for (int y = 0; y < side; y++)

@@ -768,14 +768,8 @@ static int run_epochs(run *R) {
                         rc = cli_lib_error("training step");
                         break;
                     }
-                    for (int i = 0; i < nv; i++) {
-                        const float *l = logits + (size_t)i * C;
-                        int best = 0;
-                        for (int j = 1; j < C; j++)
-                            if (l[j] > l[best])
-                                best = j;
-                        right += best == lab[i];
-                    }
+                    for (int i = 0; i < nv; i++)
+                        right += train_argmax(logits + (size_t)i * C, C) == lab[i];
                 }
 #ifdef VITC_MPI
                 if (dp_size > 1) {

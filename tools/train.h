@@ -44,6 +44,8 @@ typedef struct eval_result {
 int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int64_t *confusion,
                    int quiet, const char *what);
 vitc_batch_opts train_batch_opts(const vitc_vit_config *c);
+/* The predicted class of logits l [C]: the first of the largest. */
+int train_argmax(const float *l, int C);
 
 /* ---- pictures (plot.c) ---------------------------------------------- */
 typedef struct canvas {

@@ -143,6 +143,14 @@ vitc_batch_opts train_batch_opts(const vitc_vit_config *c) {
     return o;
 }
 
+int train_argmax(const float *l, int C) {
+    int best = 0;
+    for (int j = 1; j < C; j++)
+        if (l[j] > l[best])
+            best = j;
+    return best;
+}
+
 static double now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -188,10 +196,7 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int
         }
         for (int k = 0; k < nv; k++) {
             const float *l = logits + (size_t)k * C;
-            int best = 0;
-            for (int j = 1; j < C; j++)
-                if (l[j] > l[best])
-                    best = j;
+            int best = train_argmax(l, C);
             float mx = l[best];
             double se = 0;
             for (int j = 0; j < C; j++) se += exp((double)l[j] - mx);
