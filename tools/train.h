@@ -8,6 +8,7 @@
 #include <stdio.h>
 
 #include "cli.h"
+#include "plot.h"
 
 /* ---- options --------------------------------------------------------- */
 /* cli_parse (cli.h) with the command's usage text for --help. Positionals:
@@ -46,21 +47,6 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int
 vitc_batch_opts train_batch_opts(const vitc_vit_config *c);
 /* The predicted class of logits l [C]: the first of the largest. */
 int train_argmax(const float *l, int C);
-
-/* ---- pictures (plot.c) ---------------------------------------------- */
-typedef struct canvas {
-    int w, h;
-    uint8_t *rgb; /* [h, w, 3] */
-} canvas;
-int canvas_init(canvas *c, int w, int h);
-void canvas_free(canvas *c);
-void canvas_rect(canvas *c, int x, int y, int w, int h, const uint8_t rgb[3]);
-void canvas_line(canvas *c, double x0, double y0, double x1, double y1, const uint8_t rgb[3],
-                 int thick);
-/* Text with its top-left corner at (x, y); each font pixel scale x scale. */
-void canvas_text(canvas *c, int x, int y, const char *text, int scale, const uint8_t rgb[3]);
-int canvas_text_width(const char *text, int scale);
-#define CANVAS_FONT_H 7
 
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
