@@ -155,6 +155,16 @@ size_t cli_numel(int nd, const int64_t *shape) {
     return n;
 }
 
+int cli_ranked_cmp(const void *a, const void *b) {
+    const cli_ranked *x = a, *y = b;
+    int xn = isnan(x->score), yn = isnan(y->score);
+    if (xn != yn)
+        return xn - yn;
+    if (!xn && x->score != y->score)
+        return x->score > y->score ? -1 : 1;
+    return x->index - y->index;
+}
+
 int cli_stderr_tty(void) { return isatty(2); }
 
 int cli_attention_precision(const char *name) {

@@ -28,6 +28,13 @@ void cli_l2_normalize(float *x, size_t rows, size_t n);
 /* A labels file of exactly n_classes lines into *out (n_classes strings,
  * each and the array malloc'd); else the error is printed, CLI_FAIL. */
 int cli_read_labels(const char *path, int n_classes, char ***out);
+/* A score and what it belongs to; cli_ranked_cmp (qsort) orders by
+ * descending score, ties by ascending index, NaN last. */
+typedef struct cli_ranked {
+    float score;
+    int index;
+} cli_ranked;
+int cli_ranked_cmp(const void *a, const void *b);
 /* 1 when stderr is a terminal (progress then updates one line). */
 int cli_stderr_tty(void);
 /* --precision NAME and --attention-precision ATTN (NULL: leave fp32) on m:

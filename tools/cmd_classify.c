@@ -142,25 +142,9 @@ int cli_read_labels(const char *path, int n_classes, char ***out) {
     return 0;
 }
 
-typedef struct ranked {
-    float logit;
-    int index;
-} ranked;
-
-/* Descending logit, ties by ascending index; NaN last. */
-static int ranked_cmp(const void *a, const void *b) {
-    const ranked *x = a, *y = b;
-    int xn = isnan(x->logit), yn = isnan(y->logit);
-    if (xn != yn)
-        return xn - yn;
-    if (!xn && x->logit != y->logit)
-        return x->logit > y->logit ? -1 : 1;
-    return x->index - y->index;
-}
-
 static void print_result(const classify_opts *o, const char *path, const float *logits,
                          int n_classes, int k, char **file_labels, const vitc_vit *m,
-                         ranked *rank) {
+                         cli_ranked *rank) {
     double mx = -INFINITY, sum = 0.0;
     for (int c = 0; c < n_classes; c++)
         if (logits[c] > mx)
@@ -168,10 +152,10 @@ static void print_result(const classify_opts *o, const char *path, const float *
     for (int c = 0; c < n_classes; c++)
         sum += exp((double)logits[c] - mx);
     for (int c = 0; c < n_classes; c++) {
-        rank[c].logit = logits[c];
+        rank[c].score = logits[c];
         rank[c].index = c;
     }
-    qsort(rank, (size_t)n_classes, sizeof *rank, ranked_cmp);
+    qsort(rank, (size_t)n_classes, sizeof *rank, cli_ranked_cmp);
     if (o->json) {
         fputs("{\"image\": ", stdout);
         cli_json_string(stdout, path);
@@ -248,7 +232,7 @@ int cmd_classify(int argc, char **argv) {
     const vitc_vit_config *cfg = NULL;
     char **labels = NULL;
     float *batch = NULL, *logits = NULL;
-    ranked *rank = NULL;
+    cli_ranked *rank = NULL;
     const char **batch_paths = NULL;
     cli_input in;
     size_t batch_bytes;
