@@ -75,6 +75,10 @@ class TmpDirCase(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
 
+    def path(self, name):
+        """name in the scratch directory."""
+        return os.path.join(self.tmp, name)
+
 
 def export_cmd(pth, out, *extra, num_heads=2):
     """The command line of tools/export_safetensors.py from pth to out."""
