@@ -20,10 +20,10 @@ import vitc
 
 try:
     from .util import (PHOTO, ROOT, VITC, TmpDirCase, assert_close as close, random_images,
-                       reference_modules, run_vitc as run, torch)
+                       reference_modules, run_vitc as run, torch, write_json)
 except ImportError:  # run as a script
     from util import (PHOTO, ROOT, VITC, TmpDirCase, assert_close as close, random_images,
-                      reference_modules, run_vitc as run, torch)
+                      reference_modules, run_vitc as run, torch, write_json)
 try:
     from torchvision.models.vision_transformer import VisionTransformer as TVViT
 except ImportError:  # pragma: no cover
@@ -366,8 +366,7 @@ class TestHubModels(TmpDirCase):
                     if os.path.exists(pp_path(fam)):
                         os.remove(pp_path(fam))
                 else:
-                    with open(pp_path(fam), "w") as f:
-                        json.dump(pp, f)
+                    write_json(pp_path(fam), pp)
                 m = vitc.load_model(d)
                 for name, rgb in [(p, vitc.load_image(p)) for p in photos] + extra:
                     want = hf_ref.process(rgb, fam, pp or {})
@@ -391,8 +390,7 @@ class TestHubModels(TmpDirCase):
         # checked against the PIL reference, feeds the reference forward.
         pp = {"size": 40, "crop_size": 32, "resample": 3, "image_mean": [0.5, 0.4, 0.3],
               "image_std": [0.2, 0.3, 0.25]}
-        with open(os.path.join(d, "preprocessor_config.json"), "w") as f:
-            json.dump(pp, f)
+        write_json(os.path.join(d, "preprocessor_config.json"), pp)
         img = hf_ref.process(vitc.load_image(PHOTO), "deit", pp)
         np.testing.assert_allclose(vitc.load_model(d).preprocess(PHOTO), img, atol=1e-6)
         x = torch.from_numpy(np.ascontiguousarray(img))[None]
@@ -502,8 +500,7 @@ class TestHubModels(TmpDirCase):
             if edit_cfg is not None:
                 c = dict(cfg)
                 edit_cfg(c)
-                with open(os.path.join(v, "config.json"), "w") as f:
-                    json.dump(c, f)
+                write_json(os.path.join(v, "config.json"), c)
             if drop:
                 os.remove(os.path.join(v, drop))
             return v

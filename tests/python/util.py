@@ -3,6 +3,7 @@ the CLI and the tools' scripts, the exporter's command line for the tests'
 tiny models, torch when it is installed with tests/reference's modules, and
 a test class with a scratch directory."""
 import importlib
+import json
 import os
 import resource
 import shutil
@@ -78,6 +79,14 @@ class TmpDirCase(unittest.TestCase):
     def path(self, name):
         """name in the scratch directory."""
         return os.path.join(self.tmp, name)
+
+
+def write_json(path, obj):
+    """obj as JSON in path, its directory made when missing (a model
+    directory's config.json, preprocessor_config.json, ...)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f)
 
 
 def export_cmd(pth, out, *extra, num_heads=2):
