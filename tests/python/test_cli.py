@@ -31,19 +31,27 @@ DATA = os.path.join(ROOT, "tests", "data")
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 
 
+def tiny_vit(seed, channels=None):
+    """The tests' tiny torchvision ViT (48x48, patch 16, 2 layers, dim 32,
+    12 classes, a head drawn wide enough to rank the classes), in eval mode;
+    channels: a new patch embedding for that many channels."""
+    torch.manual_seed(seed)
+    m = VisionTransformer(image_size=48, patch_size=16, num_layers=2, num_heads=2,
+                          hidden_dim=32, mlp_dim=64, num_classes=12)
+    if channels is not None:
+        m.conv_proj = torch.nn.Conv2d(channels, 32, 16, 16)
+    torch.nn.init.normal_(m.heads.head.weight, std=0.5)
+    torch.nn.init.normal_(m.heads.head.bias, std=0.5)
+    return m.eval()
+
+
 @unittest.skipIf(torch is None or not os.path.exists(VITC), "needs torch and build/vitc")
 class TestCLI(TmpDirCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
         d = cls.tmp
-        torch.manual_seed(0)
-        m = VisionTransformer(image_size=48, patch_size=16, num_layers=2, num_heads=2,
-                              hidden_dim=32, mlp_dim=64, num_classes=12)
-        torch.nn.init.normal_(m.heads.head.weight, std=0.5)
-        torch.nn.init.normal_(m.heads.head.bias, std=0.5)
-        m.eval()
-        cls.model = m
+        cls.model = m = tiny_vit(0)
         pth = os.path.join(d, "tiny.pth")
         torch.save(m.state_dict(), pth)
         cls.labels = ["class %d" % i for i in range(11)] + ['tricky "quote" \\ é']
@@ -273,13 +281,7 @@ class TestCLI(TmpDirCase):
         """The tiny ViT with a `channels`-channel patch embedding, written
         with the independent writer and `config` as its vitc.config."""
         import st_write
-        torch.manual_seed(channels)
-        m = VisionTransformer(image_size=48, patch_size=16, num_layers=2, num_heads=2,
-                              hidden_dim=32, mlp_dim=64, num_classes=12)
-        m.conv_proj = torch.nn.Conv2d(channels, 32, 16, 16)
-        torch.nn.init.normal_(m.heads.head.weight, std=0.5)
-        torch.nn.init.normal_(m.heads.head.bias, std=0.5)
-        m.eval()
+        m = tiny_vit(channels, channels)
         path = self.path(name)
         st_write.write(path, {k: v.numpy() for k, v in m.state_dict().items()},
                        {"vitc.config": json.dumps(config)})
