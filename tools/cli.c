@@ -352,6 +352,26 @@ int cli_parse_command(const char *cmd, const cli_spec *spec, int argc, char **ar
 /* Images into a ViT                                                  */
 /* ------------------------------------------------------------------ */
 
+int cli_parse_images(const char *cmd, const char *usage, const cli_spec *spec, int argc,
+                     char **argv, const char *const *model, char ***images, int *n_images) {
+    int rc;
+    *images = calloc((size_t)argc, sizeof **images);
+    if (!*images)
+        return cli_error("out of memory");
+    rc = cli_parse_command(cmd, spec, argc, argv, *images, n_images);
+    if (rc == CLI_PARSE_HELP) {
+        fputs(usage, stdout);
+        return -1;
+    }
+    if (rc != 0)
+        return rc;
+    if (!*model)
+        return cli_usage_error(cmd, "--model is required");
+    if (*n_images == 0)
+        return cli_usage_error(cmd, "no images given");
+    return 0;
+}
+
 int cli_model_input(const char *model_path, const vitc_vit_config *cfg, int crop, int crop_set,
                     int resize, int resize_set, cli_input *in) {
     in->crop = crop_set ? crop : cfg->image_size;

@@ -110,6 +110,12 @@ int cli_parse(const cli_spec *spec, int argc, char **argv, char **pos, int *n_po
  * CLI_PARSE_HELP, or CLI_USAGE. */
 int cli_parse_command(const char *cmd, const cli_spec *spec, int argc, char **argv, char **pos,
                       int *n_pos);
+/* The image commands' parse: the positionals, the images, into a new
+ * *images (the caller frees it, on errors too); usage printed on --help (-1
+ * returned); *model (an option's dest) required, and one image at least.
+ * 0 to go on, else the exit status (the error printed). */
+int cli_parse_images(const char *cmd, const char *usage, const cli_spec *spec, int argc,
+                     char **argv, const char *const *model, char ***images, int *n_images);
 /* Strict numbers: the whole string, no spaces, in range, finite; 0 or -1. */
 int cli_parse_long(const char *s, long min, long max, long *out);
 int cli_parse_double(const char *s, double min, double max, double *out);

@@ -78,24 +78,10 @@ static int parse_args(int argc, char **argv, classify_opts *o) {
         {"--quiet", "-q", CLI_FLAG, &o->quiet, 0, 0, NULL},
     };
     const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), -1, "image"};
-    int rc;
     o->topk = 5;
     o->batch = CLASSIFY_DEFAULT_BATCH;
-    o->images = calloc((size_t)argc, sizeof *o->images);
-    if (!o->images)
-        return cli_error("out of memory");
-    rc = cli_parse_command("classify", &spec, argc, argv, o->images, &o->n_images);
-    if (rc == CLI_PARSE_HELP) {
-        fputs(classify_usage, stdout);
-        return -1;
-    }
-    if (rc != 0)
-        return rc;
-    if (!o->model)
-        return cli_usage_error("classify", "--model is required");
-    if (o->n_images == 0)
-        return cli_usage_error("classify", "no images given");
-    return 0;
+    return cli_parse_images("classify", classify_usage, &spec, argc, argv, &o->model, &o->images,
+                            &o->n_images);
 }
 
 /* Labels file: one name per line; "\r\n" endings accepted. The size limit

@@ -80,20 +80,10 @@ static int embed_parse(int argc, char **argv, embed_opts *o, vitc_pool *pool) {
     };
     const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), -1, "image"};
     o->batch = EMBED_DEFAULT_BATCH;
-    o->images = calloc((size_t)argc, sizeof *o->images);
-    if (!o->images)
-        return cli_error("out of memory");
-    int rc = cli_parse_command("embed", &spec, argc, argv, o->images, &o->n_images);
-    if (rc == CLI_PARSE_HELP) {
-        fputs(embed_usage, stdout);
-        return -1;
-    }
+    int rc = cli_parse_images("embed", embed_usage, &spec, argc, argv, &o->model, &o->images,
+                              &o->n_images);
     if (rc != 0)
         return rc;
-    if (!o->model)
-        return cli_usage_error("embed", "--model is required");
-    if (o->n_images == 0)
-        return cli_usage_error("embed", "no images given");
     static const char *const names[] = {"default", "cls", "mean", "tokens"};
     *pool = VITC_POOL_DEFAULT;
     if (o->pool) {
