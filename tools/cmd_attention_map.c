@@ -149,6 +149,20 @@ static int class_token_map(vitc_vit *m, const am_opts *o, const float *x, int N,
     return 0;
 }
 
+/* Output pixel i of a map cell every `cell` pixels: the two cells of [0, n)
+ * it reads (align_corners=False, clamped to the edge cells) and the weight
+ * of *i1. */
+static void map_tap(int i, int cell, int n, int *i0, int *i1, float *w1) {
+    float s = (i + 0.5f) / (float)cell - 0.5f;
+    if (s < 0)
+        s = 0;
+    if (s > n - 1)
+        s = (float)(n - 1);
+    *i0 = (int)s;
+    *w1 = s - *i0;
+    *i1 = *i0 + 1 < n ? *i0 + 1 : *i0;
+}
+
 /* Compose [image | image + heat map | scale] into a canvas. Crops under 224
  * pixels are shown enlarged by a whole factor z (pixels replicated) so that
  * the picture stays readable; the heat map is interpolated at that size. */
@@ -180,29 +194,15 @@ static int render(const am_opts *o, const uint8_t *img, const float *map, int gh
     }
     for (int y = 0; y < S; y++) {
         /* bilinear, align_corners=False, over the pixels the patches cover */
-        float sy = (y + 0.5f) / (float)(patch * z) - 0.5f;
-        int y0;
-        float fy;
-        if (sy < 0)
-            sy = 0;
-        if (sy > gh - 1)
-            sy = (float)(gh - 1);
-        y0 = (int)sy;
-        fy = sy - y0;
+        int y0, y1, x0, x1;
+        float fy, fx;
+        map_tap(y, patch * z, gh, &y0, &y1, &fy);
         for (int x = 0; x < S; x++) {
-            float sx = (x + 0.5f) / (float)(patch * z) - 0.5f, v, t, rgb[3];
-            int x0, y1 = y0 + 1 < gh ? y0 + 1 : y0, x1;
-            float fx;
+            float v, t, rgb[3];
             const uint8_t *p = img + ((size_t)(y / z) * o->crop + x / z) * 3;
             uint8_t *a = cv->rgb + ((size_t)y * cv->w + x) * 3;
             uint8_t *b = cv->rgb + ((size_t)y * cv->w + x + S + gap) * 3;
-            if (sx < 0)
-                sx = 0;
-            if (sx > gw - 1)
-                sx = (float)(gw - 1);
-            x0 = (int)sx;
-            fx = sx - x0;
-            x1 = x0 + 1 < gw ? x0 + 1 : x0;
+            map_tap(x, patch * z, gw, &x0, &x1, &fx);
             v = (1 - fy) * ((1 - fx) * map[y0 * gw + x0] + fx * map[y0 * gw + x1]) +
                 fy * ((1 - fx) * map[y1 * gw + x0] + fx * map[y1 * gw + x1]);
             t = hi > lo ? (v - lo) / (hi - lo) : 0.0f;
