@@ -156,11 +156,12 @@ static void check_peak(const result *r, long limit, const char *what) {
         fail_msg("%s: peak RSS growth %ld bytes over %ld", what, r->peak_growth, limit);
 }
 
-/* Loads the finished b in a child and frees it: status st, a message
+/* Finishes b, loads it in a child and frees it: status st, a message
  * holding needle (NULL: not looked at), a peak RSS growth of at most limit
  * (0: not looked at; what names the case). The child's result. */
 static result expect_load(buf *b, vitc_status st, const char *needle, long limit,
                           const char *what) {
+    finish(b);
     result r = load_in_child(b, 0);
     free(b->p);
     b->p = NULL;
@@ -188,7 +189,6 @@ static void test_empty_objects_3mb(void **state) {
     buf b = start();
     put_entries(&b, "%s\"%d\":{}", 3000000);
     puts_(&b, "}");
-    finish(&b);
     expect_load(&b, VITC_ERR_FORMAT, "tensor '0' lacks \"dtype\"", 8L << 20, "3 MB of {}");
 }
 
@@ -200,7 +200,6 @@ static void test_metadata_near_100mb(void **state) {
     puts_(&b, "\"__metadata__\":{");
     put_entries(&b, "%s\"%x\":\"\"", 99000000);
     puts_(&b, "}}");
-    finish(&b);
     expect_load(&b, VITC_ERR_FORMAT, "more than 65536 entries", 24L << 20, "99 MB of metadata");
 }
 
@@ -225,7 +224,6 @@ static void test_large_metadata_value(void **state) {
     while (b.len < 30000000)
         put(&b, chunk, sizeof chunk);
     puts_(&b, "\"}}");
-    finish(&b);
     expect_load(&b, VITC_OK, NULL, 5 * (long)b.len / 2 + (8L << 20), "30 MB metadata value");
 }
 
@@ -237,7 +235,6 @@ static void test_entry_items(void **state) {
     for (int i = 0; i < 100000; i++)
         puts_(&b, i ? ",{}" : "{}");
     puts_(&b, "],\"data_offsets\":[0,0]}}");
-    finish(&b);
     expect_load(&b, VITC_ERR_FORMAT, "tensor 'w': the entry holds over 256 values", 4L << 20,
                 "100000 {} in a shape");
 }
