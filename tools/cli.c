@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -163,6 +164,12 @@ int cli_ranked_cmp(const void *a, const void *b) {
     if (!xn && x->score != y->score)
         return x->score > y->score ? -1 : 1;
     return x->index - y->index;
+}
+
+double cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 int cli_stderr_tty(void) { return isatty(2); }

@@ -35,6 +35,8 @@ typedef struct cli_ranked {
     int index;
 } cli_ranked;
 int cli_ranked_cmp(const void *a, const void *b);
+/* Seconds on the monotonic clock (differences are what count). */
+double cli_now(void);
 /* 1 when stderr is a terminal (progress then updates one line). */
 int cli_stderr_tty(void);
 /* --precision NAME and --attention-precision ATTN (NULL: leave fp32) on m:

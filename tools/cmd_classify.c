@@ -178,12 +178,6 @@ static void print_result(const classify_opts *o, const char *path, const float *
         fputs("]}\n", stdout);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* One line of progress on stderr once the run has taken over a second:
  * rewritten in place on a terminal, a plain line every few seconds otherwise. */
 typedef struct progress {
@@ -192,7 +186,7 @@ typedef struct progress {
 } progress;
 
 static void progress_update(progress *p, int done, int total) {
-    double t = now_s(), el = t - p->start;
+    double t = cli_now(), el = t - p->start;
     if (p->quiet || el < 1.0 || done >= total)
         return;
     if (!p->tty && p->shown && t - p->last < 5.0)
@@ -205,7 +199,7 @@ static void progress_update(progress *p, int done, int total) {
 }
 
 static void progress_end(progress *p, int done, int total) {
-    double el = now_s() - p->start;
+    double el = cli_now() - p->start;
     if (p->quiet || !p->shown)
         return;
     fprintf(stderr, "%sclassify: %d/%d images in %.1f s, %.1f images/s\n", p->tty ? "\r" : "",
@@ -234,7 +228,7 @@ int cmd_classify(int argc, char **argv) {
     if (o.threads > 0)
         vitc_set_num_threads(o.threads);
     memset(&prog, 0, sizeof prog);
-    prog.start = now_s();
+    prog.start = cli_now();
     prog.tty = cli_stderr_tty();
     prog.quiet = o.quiet;
 

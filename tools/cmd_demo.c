@@ -42,12 +42,6 @@ static float *demo_input(size_t n, int uniform) {
     return x;
 }
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -140,14 +134,14 @@ static int run_case(const demo_case *c, int repeat) {
     }
     double times[64];
     for (int r = 0; r <= repeat; r++) {
-        double t0 = now_ms();
+        double t0 = cli_now();
         vitc_status s = mha ? vitc_mha_forward(l, &a, y, w) : vitc_layer_forward(l, x, c->ndim, c->shape, y);
         if (s != VITC_OK) {
             rc = cli_lib_error(c->name);
             goto done;
         }
         if (r > 0) /* the first run sizes the scratch */
-            times[r - 1] = now_ms() - t0;
+            times[r - 1] = 1e3 * (cli_now() - t0);
     }
     qsort(times, (size_t)repeat, sizeof *times, cmp_double);
     double sum = 0.0, sq = 0.0;

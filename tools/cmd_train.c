@@ -149,12 +149,6 @@ typedef struct train_opts {
 static volatile sig_atomic_t stop_signal;
 static void on_stop(int sig) { stop_signal = sig; }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int parse_augment(const char *s, unsigned *out) {
     *out = 0;
     if (!s || !*s || !strcmp(s, "none"))
@@ -715,7 +709,7 @@ static int run_epochs(run *R) {
     }
     for (int e = R->p.epoch; e < o->epochs && rc == CLI_OK; e++) {
         epoch_order(perm, N, R->h.seed, e);
-        double t0 = now_s(), last = t0, loss_sum = 0;
+        double t0 = cli_now(), last = t0, loss_sum = 0;
         int64_t seen = 0, correct = 0, done_imgs = 0;
         vitc_vit_set_training(R->m, 1);
         for (int64_t k = R->p.step_in_epoch; k < spe; k++) {
@@ -808,7 +802,7 @@ static int run_epochs(run *R) {
                         R->h.clip > 0 ? (double)gnorm : (double)nv);
             if (R->log)
                 fflush(R->log); /* a log one can follow while it runs */
-            double t = now_s();
+            double t = cli_now();
             if (!o->quiet && (k + 1 == spe || t - last > (R->tty ? 0.2 : 10.0))) {
                 double ips = done_imgs / (t - t0 > 1e-9 ? t - t0 : 1e-9);
                 char eta[32];
@@ -840,7 +834,7 @@ static int run_epochs(run *R) {
             rc = rc == CLI_OK ? 128 + (int)stop_signal : rc;
             break;
         }
-        double secs = now_s() - t0;
+        double secs = cli_now() - t0;
         R->p.epoch = e + 1;
         R->p.step_in_epoch = 0;
         int last_epoch = e + 1 == o->epochs;

@@ -151,12 +151,6 @@ int train_argmax(const float *l, int C) {
     return best;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int64_t *confusion,
                    int quiet, const char *what) {
     const vitc_vit_config *c = vitc_vit_get_config(m);
@@ -179,7 +173,7 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int
     vitc_vit_set_training(m, 0);
     vitc_batch_opts o = train_batch_opts(c);
     int rc = CLI_OK, tty = cli_stderr_tty();
-    double t0 = now_s(), last = t0;
+    double t0 = cli_now(), last = t0;
     double loss_sum = 0;
     for (int64_t i = 0; i < n && rc == CLI_OK; i += batch) {
         int b = (int)(n - i < batch ? n - i : batch), nv;
@@ -206,7 +200,7 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int
                 confusion[lab[k] * C + best]++;
         }
         r->n += nv;
-        double t = now_s();
+        double t = cli_now();
         if (!quiet && t - last > (tty ? 0.25 : 10.0)) {
             fprintf(stderr, "%s%s: %lld/%lld images%s", tty ? "\r" : "", what,
                     (long long)(i + b), (long long)n, tty ? "" : "\n");
