@@ -87,11 +87,7 @@ class TestHubModels(TmpDirCase):
             cfg = hf_ref.vit_config(model_type, arch, **{k: kw.pop(k) for k in list(kw)
                                                          if k in ("qkv_bias", "eps")})
         sd = hf_ref.random_state(cfg, seed, pooler=kw.pop("pooler", False))
-        dtype = kw.get("dtype", "F32")
-        if dtype == "BF16":
-            sd = hf_ref.round_bf16(sd)
-        elif dtype == "F16":
-            sd = hf_ref.round_f16(sd)
+        sd = hf_ref.round_as(sd, kw.get("dtype", "F32"))
         d = os.path.join(self.tmp, name)
         hf_ref.save_hub(d, sd, cfg, **kw)
         return d, sd, cfg
@@ -224,10 +220,7 @@ class TestHubModels(TmpDirCase):
 
     def check_clip(self, name, cfg, dtype="F32", prefix=True, seed=0):
         sd, ints = hf_ref.clip_random_state(cfg, seed)
-        if dtype == "BF16":
-            sd = hf_ref.round_bf16(sd)
-        elif dtype == "F16":
-            sd = hf_ref.round_f16(sd)
+        sd = hf_ref.round_as(sd, dtype)
         d = os.path.join(self.tmp, name)
         hf_ref.save_clip(d, sd, ints, cfg, dtype=dtype, prefix=prefix)
         m = vitc.load_model(d)
@@ -275,8 +268,7 @@ class TestHubModels(TmpDirCase):
 
     def check_siglip(self, name, cfg, dtype="F32"):
         sd, ints = hf_ref.siglip_random_state(cfg, 3)
-        if dtype == "BF16":
-            sd = hf_ref.round_bf16(sd)
+        sd = hf_ref.round_as(sd, dtype)
         d = os.path.join(self.tmp, name)
         hf_ref.save_clip(d, sd, ints, cfg, dtype=dtype)
         m = vitc.load_model(d)

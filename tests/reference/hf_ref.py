@@ -219,6 +219,11 @@ def round_f16(sd):
     return {k: v.half().float() for k, v in sd.items()}
 
 
+def round_as(sd, dtype):
+    """The values a file of dtype ("F32", "F16", "BF16") holds, as float32."""
+    return {"F32": dict, "F16": round_f16, "BF16": round_bf16}[dtype](sd)
+
+
 def hub_names(sd, cfg, prefix=True):
     """The saved names: a head model's backbone under its base_model_prefix."""
     pre = {"deit": "deit.", "vit": "vit."}.get(cfg["model_type"], cfg["model_type"] + ".")
