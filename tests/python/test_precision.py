@@ -18,9 +18,9 @@ except ImportError:  # pragma: no cover
     torch = None
 
 try:
-    from .util import EXPORT, ROOT, VITC, TmpDirCase, reference_modules
+    from .util import EXPORT, ROOT, TmpDirCase, reference_modules
 except ImportError:  # run as a script
-    from util import EXPORT, ROOT, VITC, TmpDirCase, reference_modules
+    from util import EXPORT, ROOT, TmpDirCase, reference_modules
 
 DATA = os.path.join(ROOT, "tests", "data")
 gen_vit, = reference_modules("gen_vit")
@@ -138,9 +138,9 @@ class TestPrecision(TmpDirCase):
         for k, v in f.state_dict().items():
             np.testing.assert_array_equal(v, before[k], err_msg=k)
 
-    @unittest.skipUnless(os.path.exists(VITC), "needs build/vitc")
+    @unittest.skipUnless(os.path.exists(os.path.join(ROOT, "build", "vitc")), "needs build/vitc")
     def test_cli(self):
-        vitc_bin = VITC
+        vitc_bin = os.path.join(ROOT, "build", "vitc")
 
         def run(*args):
             p = subprocess.run([vitc_bin] + list(args), capture_output=True, text=True)
@@ -168,12 +168,12 @@ class TestPrecision(TmpDirCase):
         self.assertEqual(rc, 0, err)
         self.assertTrue(os.path.getsize(out_png) > 0)
 
-    @unittest.skipUnless(os.path.exists(VITC), "needs build/vitc")
+    @unittest.skipUnless(os.path.exists(os.path.join(ROOT, "build", "vitc")), "needs build/vitc")
     def test_cli_eval_embed_similar(self):
         """--precision on eval, embed and similar: each runs in that precision
         (results differ from fp32's) and stays close to fp32."""
         import shutil
-        vitc_bin = VITC
+        vitc_bin = os.path.join(ROOT, "build", "vitc")
 
         def run(*args):
             p = subprocess.run([vitc_bin] + list(args), capture_output=True, text=True)
@@ -251,8 +251,8 @@ class TestPrecision(TmpDirCase):
         for bad in ("int8", "fp16"):
             with self.assertRaises(ValueError):
                 m.attention_precision = bad
-        if os.path.exists(VITC):
-            vitc_bin = VITC
+        if os.path.exists(os.path.join(ROOT, "build", "vitc")):
+            vitc_bin = os.path.join(ROOT, "build", "vitc")
             photo = os.path.join(DATA, "photo.png")
             outs = {}
             for ap in ("fp32", "bf16"):
