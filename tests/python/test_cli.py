@@ -23,11 +23,10 @@ except ImportError:  # pragma: no cover
     torch = None
 
 try:
-    from .util import ROOT, VITC, TmpDirCase, export_cmd, run_vitc as run
+    from .util import DATA, ROOT, VITC, TmpDirCase, export_cmd, run_vitc as run
 except ImportError:  # run as a script
-    from util import ROOT, VITC, TmpDirCase, export_cmd, run_vitc as run
+    from util import DATA, ROOT, VITC, TmpDirCase, export_cmd, run_vitc as run
 
-DATA = os.path.join(ROOT, "tests", "data")
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 
 

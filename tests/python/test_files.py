@@ -23,11 +23,11 @@ except ImportError:  # pragma: no cover
     torch = None
 
 try:
-    from .util import ROOT, VITC, TmpDirCase, export_cmd, run_vitc
+    from .util import DATA, VITC, TmpDirCase, export_cmd, run_vitc
 except ImportError:  # run as a script
-    from util import ROOT, VITC, TmpDirCase, export_cmd, run_vitc
+    from util import DATA, VITC, TmpDirCase, export_cmd, run_vitc
 
-IMAGE = os.path.join(ROOT, "tests", "data", "rgb8.png")
+IMAGE = os.path.join(DATA, "rgb8.png")
 
 
 def run(*args, fsize=None):

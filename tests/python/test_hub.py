@@ -19,10 +19,10 @@ import numpy as np
 import vitc
 
 try:
-    from .util import (PHOTO, ROOT, VITC, TmpDirCase, assert_close as close, random_images,
+    from .util import (DATA, PHOTO, VITC, TmpDirCase, assert_close as close, random_images,
                        reference_modules, run_vitc as run, torch, write_json)
 except ImportError:  # run as a script
-    from util import (PHOTO, ROOT, VITC, TmpDirCase, assert_close as close, random_images,
+    from util import (DATA, PHOTO, VITC, TmpDirCase, assert_close as close, random_images,
                       reference_modules, run_vitc as run, torch, write_json)
 try:
     from torchvision.models.vision_transformer import VisionTransformer as TVViT
@@ -328,7 +328,7 @@ class TestHubModels(TmpDirCase):
         """Each family's processor (defaults and preprocessor_config.json)
         against a PIL + numpy reference of its rules, on real photos of
         several sizes and modes (RGB, gray, palette; JPEG and PNG)."""
-        data = os.path.join(ROOT, "tests", "data")
+        data = DATA
         photos = [os.path.join(data, f) for f in ("photo.png", "photo.jpg", "gray.jpg",
                                                   "palette.png", "gray_alpha.png")]
         try:
@@ -444,7 +444,7 @@ class TestHubModels(TmpDirCase):
         hf_ref.save_clip(d, sd, ints, cfg)
         idx = os.path.join(self.tmp, "sim_index")
         os.makedirs(idx)
-        data = os.path.join(ROOT, "tests", "data")
+        data = DATA
         for f in ("photo.png", "photo.jpg", "gray.jpg", "palette.png"):
             shutil.copy(os.path.join(data, f), idx)
         rc, out, err = run("similar", "--model", d, "--index", idx, "--json", "--topk", "3",

@@ -18,11 +18,10 @@ except ImportError:  # pragma: no cover
     torch = None
 
 try:
-    from .util import EXPORT, ROOT, TmpDirCase, reference_modules
+    from .util import DATA, EXPORT, ROOT, TmpDirCase, reference_modules
 except ImportError:  # run as a script
-    from util import EXPORT, ROOT, TmpDirCase, reference_modules
+    from util import DATA, EXPORT, ROOT, TmpDirCase, reference_modules
 
-DATA = os.path.join(ROOT, "tests", "data")
 gen_vit, = reference_modules("gen_vit")
 
 PHOTOS = ["photo.png", "photo.jpg", "progressive.jpg", "rgb444.jpg", "gray.jpg"]

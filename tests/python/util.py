@@ -20,7 +20,8 @@ except ImportError:  # pragma: no cover
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 VITC = os.path.join(ROOT, "build", "vitc")
 EXPORT = os.path.join(ROOT, "tools", "export_safetensors.py")
-PHOTO = os.path.join(ROOT, "tests", "data", "photo.png")
+DATA = os.path.join(ROOT, "tests", "data")
+PHOTO = os.path.join(DATA, "photo.png")
 REFERENCE = os.path.join(ROOT, "tests", "reference")
 
 
