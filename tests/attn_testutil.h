@@ -36,7 +36,17 @@ static inline void atu_make_qkv(vitc__sdpa_desc *d, int fused, float **qkv, floa
     }
 }
 
+/* The strides (batch, head, row) of a [B, N, H, d] tensor in the fused
+ * layout (timm's, rows of the heads side by side), else of [B, H, N, d]. */
+static inline void atu_strides(int fused, int64_t N, int64_t H, int64_t d, int64_t *sb,
+                               int64_t *sh, int64_t *sr) {
+    *sb = N * H * d;
+    *sh = fused ? d : N * d;
+    *sr = fused ? H * d : d;
+}
+
 enum atu_mask { ATU_MASK_LS, ATU_MASK_B1LS, ATU_MASK_KEYPAD };
+enum { ATU_MASK_COUNT = ATU_MASK_KEYPAD + 1 }; /* the tests' own kinds follow */
 
 /* A float mask set on d and returned (the caller frees):
  *   ATU_MASK_LS      [L, S] in [-3, 3), broadcast over b and h

@@ -46,7 +46,10 @@ static const char *const arch_names[] = {"generic", "avx2", "avx512"};
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
 
 enum layout { SEPARATE, FUSED_QKV };
-enum maskkind { NO_MASK, MASK_LS, MASK_B1LS, MASK_KEYPAD, MASK_INF, MASK_UNDERFLOW };
+enum maskkind {
+    MASK_LS = ATU_MASK_LS, MASK_B1LS = ATU_MASK_B1LS, MASK_KEYPAD = ATU_MASK_KEYPAD,
+    MASK_INF = ATU_MASK_COUNT, MASK_UNDERFLOW, NO_MASK
+};
 
 typedef struct tcase {
     int64_t B, H, L, S, D, Dv;
@@ -76,18 +79,14 @@ static void tdata_make(tdata *t, const tcase *c) {
     /* O as [B, N, H, d] in the fused layout (as timm reads it), else [B, H, N, d]. */
     t->o_n = (size_t)(B * H * L * Dv);
     t->o = tu_falloc(t->o_n);
-    d->o = t->o, d->o_sb = fused ? L * H * Dv : H * L * Dv, d->o_sh = fused ? Dv : L * Dv,
-    d->o_sr = fused ? H * Dv : Dv;
+    d->o = t->o;
+    atu_strides(fused, L, H, Dv, &d->o_sb, &d->o_sh, &d->o_sr);
     switch (c->mask) {
     case NO_MASK: break;
     case MASK_LS:
-        t->mask = atu_make_mask(d, ATU_MASK_LS, &rng_state);
-        break;
     case MASK_B1LS:
-        t->mask = atu_make_mask(d, ATU_MASK_B1LS, &rng_state);
-        break;
     case MASK_KEYPAD:
-        t->mask = atu_make_mask(d, ATU_MASK_KEYPAD, &rng_state);
+        t->mask = atu_make_mask(d, (enum atu_mask)c->mask, &rng_state);
         break;
     case MASK_INF: /* [B, H, L, S], 40% -inf, every 5th row fully masked */
         t->mask = tu_falloc((size_t)(B * H * L * S));

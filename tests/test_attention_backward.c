@@ -33,7 +33,10 @@ static const char *const arch_names[] = {"generic", "avx2", "avx512"};
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
 enum layout { SEPARATE, FUSED_QKV };
-enum maskkind { NO_MASK, MASK_LS, MASK_B1LS, MASK_KEYPAD, MASK_HOLES, MASK_FULLROW };
+enum maskkind {
+    MASK_LS = ATU_MASK_LS, MASK_B1LS = ATU_MASK_B1LS, MASK_KEYPAD = ATU_MASK_KEYPAD,
+    MASK_HOLES = ATU_MASK_COUNT, MASK_FULLROW, NO_MASK
+};
 
 typedef struct tcase {
     int64_t B, H, L, S, D, Dv;
@@ -66,26 +69,19 @@ static void tdata_make(tdata *t, const tcase *c) {
     t->nq = (size_t)(B * H * L * D), t->nk = (size_t)(B * H * S * D), t->nv = (size_t)(B * H * S * Dv);
     t->dq = tu_falloc(t->nq), t->dk = tu_falloc(t->nk), t->dv = tu_falloc(t->nv);
     vitc__sdpa_bwd_desc *d = &t->d;
-    f->o = t->o, f->o_sb = fused ? L * H * Dv : H * L * Dv, f->o_sh = fused ? Dv : L * Dv,
-    f->o_sr = fused ? H * Dv : Dv;
-    d->dout = t->dout, d->do_sb = f->o_sb, d->do_sh = f->o_sh, d->do_sr = f->o_sr;
-    d->dq = t->dq, d->dq_sb = fused ? L * H * D : H * L * D, d->dq_sh = fused ? D : L * D,
-    d->dq_sr = fused ? H * D : D;
-    d->dk = t->dk, d->dk_sb = fused ? S * H * D : H * S * D, d->dk_sh = fused ? D : S * D,
-    d->dk_sr = fused ? H * D : D;
-    d->dv = t->dv, d->dv_sb = fused ? S * H * Dv : H * S * Dv, d->dv_sh = fused ? Dv : S * Dv,
-    d->dv_sr = fused ? H * Dv : Dv;
+    f->o = t->o, d->dout = t->dout, d->dq = t->dq, d->dk = t->dk, d->dv = t->dv;
+    atu_strides(fused, L, H, Dv, &f->o_sb, &f->o_sh, &f->o_sr);
+    atu_strides(fused, L, H, Dv, &d->do_sb, &d->do_sh, &d->do_sr);
+    atu_strides(fused, L, H, D, &d->dq_sb, &d->dq_sh, &d->dq_sr);
+    atu_strides(fused, S, H, D, &d->dk_sb, &d->dk_sh, &d->dk_sr);
+    atu_strides(fused, S, H, Dv, &d->dv_sb, &d->dv_sh, &d->dv_sr);
     f->lse = t->lse, f->lse_sb = H * L, f->lse_sh = L;
     switch (c->mask) {
     case NO_MASK: break;
     case MASK_LS:
-        t->mask = atu_make_mask(f, ATU_MASK_LS, &rng_state);
-        break;
     case MASK_B1LS:
-        t->mask = atu_make_mask(f, ATU_MASK_B1LS, &rng_state);
-        break;
     case MASK_KEYPAD:
-        t->mask = atu_make_mask(f, ATU_MASK_KEYPAD, &rng_state);
+        t->mask = atu_make_mask(f, (enum atu_mask)c->mask, &rng_state);
         break;
     case MASK_HOLES:   /* [B, H, L, S]: 40% -inf, each row keeps key (7 l) mod S */
     case MASK_FULLROW: /* and row 2 of head (0, 0) fully masked */

@@ -36,18 +36,7 @@ static int setup_dir(void **state) {
     return tu_make_tmpdir("/tmp/vitc_test_files_XXXXXX");
 }
 
-static int teardown_dir(void **state) {
-    (void)state;
-    tu_rm_tree(tu_tmpdir);
-    return 0;
-}
-
-static void write_bytes(const char *path, const char *s) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(s, 1, strlen(s), f), strlen(s));
-    assert_int_equal(fclose(f), 0);
-}
+static void write_bytes(const char *path, const char *s) { tu_write_file(path, s, strlen(s)); }
 
 static void assert_file_is(const char *path, const char *want) {
     char buf[256];
@@ -348,5 +337,5 @@ int main(void) {
         cmocka_unit_test(test_fifo_inputs_do_not_block),
         cmocka_unit_test(test_open_read),
     };
-    return cmocka_run_group_tests(tests, setup_dir, teardown_dir);
+    return cmocka_run_group_tests(tests, setup_dir, tu_teardown_tmpdir);
 }

@@ -25,11 +25,17 @@ static double urand(void) { /* [-1, 1) */
     rs = rs * 6364136223846793005ull + 1442695040888963407ull;
     return (double)(rs >> 11) / 4503599627370496.0 - 1.0;
 }
-static void fill(float *x, double *xd, size_t n, double scale) {
+/* n values scale * urand() as floats, returned, and the same values as
+ * doubles into *xd (both malloc'd). */
+static float *fill_new(double **xd, size_t n, double scale) {
+    float *x = malloc(sizeof(float) * n);
+    *xd = malloc(sizeof(double) * n);
+    assert_true(x && *xd);
     for (size_t i = 0; i < n; i++) {
         x[i] = (float)(scale * urand());
-        xd[i] = x[i];
+        (*xd)[i] = x[i];
     }
+    return x;
 }
 
 static void close_to(const float *got, const double *want, size_t n, const char *what) {
@@ -57,6 +63,14 @@ static void fd_grad(double *g, double *x, size_t n, loss_fn f, void *ctx) {
     }
 }
 
+/* fd_grad into a new array (malloc'd). */
+static double *fd_new(double *x, size_t n, loss_fn f, void *ctx) {
+    double *g = malloc(sizeof(double) * n);
+    assert_non_null(g);
+    fd_grad(g, x, n, f, ctx);
+    return g;
+}
+
 /* Every arch x backend x thread count, calling body(ctx) under each. */
 static void each_path(void (*body)(void *), void *ctx) {
     const char *archs[] = {"generic", "avx2", "avx512"}, *backends[] = {"builtin", "openblas"};
@@ -78,6 +92,14 @@ static void each_path(void (*body)(void *), void *ctx) {
     vitc_set_gemm_backend("builtin");
     vitc_set_num_threads(1);
     assert_true(ran >= 2);
+}
+
+/* check(ctx) on the scalar reference (*ref = 1), then on every path. */
+static void ref_and_paths(void (*check)(void *), void *ctx, int *ref) {
+    *ref = 1;
+    check(ctx);
+    *ref = 0;
+    each_path(check, ctx);
 }
 
 /* ---- Linear ------------------------------------------------------- */
@@ -136,29 +158,15 @@ static void test_linear_backward(void **state) {
     int64_t sizes[][3] = {{1, 3, 5}, {7, 19, 33}, {37, 70, 17}};
     for (int s = 0; s < 3; s++) {
         lin t = {.M = sizes[s][0], .N = sizes[s][1], .K = sizes[s][2]};
-        int64_t M = t.M, N = t.N, K = t.K;
-        t.x = malloc(sizeof(double) * (size_t)(M * K));
-        t.W = malloc(sizeof(double) * (size_t)(N * K));
-        t.b = malloc(sizeof(double) * (size_t)N);
-        t.r = malloc(sizeof(double) * (size_t)(M * N));
-        t.xf = malloc(sizeof(float) * (size_t)(M * K));
-        t.Wf = malloc(sizeof(float) * (size_t)(N * K));
-        t.r_f = malloc(sizeof(float) * (size_t)(M * N));
-        float *bf = malloc(sizeof(float) * (size_t)N);
-        fill(t.xf, t.x, (size_t)(M * K), 1.0);
-        fill(t.Wf, t.W, (size_t)(N * K), 0.5);
-        fill(bf, t.b, (size_t)N, 0.5);
-        fill(t.r_f, t.r, (size_t)(M * N), 1.0);
-        t.gx = malloc(sizeof(double) * (size_t)(M * K));
-        t.gW = malloc(sizeof(double) * (size_t)(N * K));
-        t.gb = malloc(sizeof(double) * (size_t)N);
-        fd_grad(t.gx, t.x, (size_t)(M * K), lin_loss, &t);
-        fd_grad(t.gW, t.W, (size_t)(N * K), lin_loss, &t);
-        fd_grad(t.gb, t.b, (size_t)N, lin_loss, &t);
-        t.ref = 1;
-        lin_check(&t);
-        t.ref = 0;
-        each_path(lin_check, &t);
+        size_t MK = (size_t)(t.M * t.K), NK = (size_t)(t.N * t.K), N = (size_t)t.N;
+        t.xf = fill_new(&t.x, MK, 1.0);
+        t.Wf = fill_new(&t.W, NK, 0.5);
+        float *bf = fill_new(&t.b, N, 0.5);
+        t.r_f = fill_new(&t.r, (size_t)(t.M * t.N), 1.0);
+        t.gx = fd_new(t.x, MK, lin_loss, &t);
+        t.gW = fd_new(t.W, NK, lin_loss, &t);
+        t.gb = fd_new(t.b, N, lin_loss, &t);
+        ref_and_paths(lin_check, &t, &t.ref);
         free(t.x), free(t.W), free(t.b), free(t.r), free(t.xf), free(t.Wf), free(t.r_f), free(bf);
         free(t.gx), free(t.gW), free(t.gb);
     }
@@ -218,24 +226,14 @@ static void test_layernorm_backward(void **state) {
     for (int s = 0; s < 3; s++) {
         lnt t = {.M = sizes[s][0], .C = sizes[s][1], .eps = 1e-6};
         size_t MC = (size_t)(t.M * t.C), C = (size_t)t.C;
-        t.x = malloc(sizeof(double) * MC), t.r = malloc(sizeof(double) * MC);
-        t.w = malloc(sizeof(double) * C), t.b = malloc(sizeof(double) * C);
-        t.xf = malloc(sizeof(float) * MC), t.rf = malloc(sizeof(float) * MC);
-        t.wf = malloc(sizeof(float) * C);
-        float *bf = malloc(sizeof(float) * C);
-        fill(t.xf, t.x, MC, 2.0);
-        fill(t.rf, t.r, MC, 1.0);
-        fill(t.wf, t.w, C, 1.5);
-        fill(bf, t.b, C, 1.0);
-        t.gx = malloc(sizeof(double) * MC), t.gw = malloc(sizeof(double) * C);
-        t.gb = malloc(sizeof(double) * C);
-        fd_grad(t.gx, t.x, MC, ln_loss, &t);
-        fd_grad(t.gw, t.w, C, ln_loss, &t);
-        fd_grad(t.gb, t.b, C, ln_loss, &t);
-        t.ref = 1;
-        ln_check(&t);
-        t.ref = 0;
-        each_path(ln_check, &t);
+        t.xf = fill_new(&t.x, MC, 2.0);
+        t.rf = fill_new(&t.r, MC, 1.0);
+        t.wf = fill_new(&t.w, C, 1.5);
+        float *bf = fill_new(&t.b, C, 1.0);
+        t.gx = fd_new(t.x, MC, ln_loss, &t);
+        t.gw = fd_new(t.w, C, ln_loss, &t);
+        t.gb = fd_new(t.b, C, ln_loss, &t);
+        ref_and_paths(ln_check, &t, &t.ref);
         free(t.x), free(t.r), free(t.w), free(t.b), free(t.xf), free(t.rf), free(t.wf), free(bf);
         free(t.gx), free(t.gw), free(t.gb);
     }
@@ -267,21 +265,17 @@ static void test_gelu_backward(void **state) {
     (void)state;
     gt t = {.n = 9001};
     size_t n = (size_t)t.n;
-    t.x = malloc(sizeof(double) * n), t.r = malloc(sizeof(double) * n);
-    t.xf = malloc(sizeof(float) * n), t.rf = malloc(sizeof(float) * n);
+    t.xf = fill_new(&t.x, n, 6.0);
+    t.rf = fill_new(&t.r, n, 1.0);
     t.gx = malloc(sizeof(double) * n);
-    fill(t.xf, t.x, n, 6.0);
-    fill(t.rf, t.r, n, 1.0);
+    assert_non_null(t.gx);
     for (size_t i = 0; i < n; i++) { /* FD of the elementwise map, element by element */
         double v = t.x[i], h = 1e-6 * fmax(1.0, fabs(v));
         double fp = 0.5 * (v + h) * (1.0 + erf((v + h) / sqrt(2.0)));
         double fm = 0.5 * (v - h) * (1.0 + erf((v - h) / sqrt(2.0)));
         t.gx[i] = t.r[i] * (fp - fm) / (2 * h);
     }
-    t.ref = 1;
-    gelu_check(&t);
-    t.ref = 0;
-    each_path(gelu_check, &t);
+    ref_and_paths(gelu_check, &t, &t.ref);
     free(t.x), free(t.r), free(t.xf), free(t.rf), free(t.gx);
 }
 

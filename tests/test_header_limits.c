@@ -156,22 +156,40 @@ static void check_peak(const result *r, long limit, const char *what) {
         fail_msg("%s: peak RSS growth %ld bytes over %ld", what, r->peak_growth, limit);
 }
 
+/* Finishes b, loads it in a child and frees it: status st, a message
+ * holding needle (NULL: not looked at), a peak RSS growth of at most limit
+ * (0: not looked at; what names the case). The child's result. */
+static result expect_load(buf *b, vitc_status st, const char *needle, long limit,
+                          const char *what) {
+    finish(b);
+    result r = load_in_child(b, 0);
+    free(b->p);
+    b->p = NULL;
+    assert_int_equal(r.status, st);
+    if (needle && !strstr(r.msg, needle))
+        fail_msg("%s: message \"%s\" lacks \"%s\"", what, r.msg, needle);
+    if (limit)
+        check_peak(&r, limit, what);
+    return r;
+}
+
+/* Entries fmt (of a separator and an int, "," before all but the first)
+ * appended to b until it holds n bytes. */
+static void put_entries(buf *b, const char *fmt, size_t n) {
+    char e[32];
+    for (int i = 0; b->len < n; i++) {
+        int k = snprintf(e, sizeof e, fmt, i ? "," : "", i);
+        put(b, e, (size_t)k);
+    }
+}
+
 /* The issue's first header: 3 MB of empty objects took 234 MB. */
 static void test_empty_objects_3mb(void **state) {
     (void)state;
     buf b = start();
-    char e[32];
-    for (int i = 0; b.len < 3000000; i++) {
-        int k = snprintf(e, sizeof e, "%s\"%d\":{}", i ? "," : "", i);
-        put(&b, e, (size_t)k);
-    }
+    put_entries(&b, "%s\"%d\":{}", 3000000);
     puts_(&b, "}");
-    finish(&b);
-    result r = load_in_child(&b, 0);
-    assert_int_equal(r.status, VITC_ERR_FORMAT);
-    assert_non_null(strstr(r.msg, "tensor '0' lacks \"dtype\""));
-    check_peak(&r, 8L << 20, "3 MB of {}");
-    free(b.p);
+    expect_load(&b, VITC_ERR_FORMAT, "tensor '0' lacks \"dtype\"", 8L << 20, "3 MB of {}");
 }
 
 /* Near the format's 100 MB limit (over 3.8 GB before), as metadata: the
@@ -180,18 +198,9 @@ static void test_metadata_near_100mb(void **state) {
     (void)state;
     buf b = start();
     puts_(&b, "\"__metadata__\":{");
-    char e[32];
-    for (int i = 0; b.len < 99000000; i++) {
-        int k = snprintf(e, sizeof e, "%s\"%x\":\"\"", i ? "," : "", i);
-        put(&b, e, (size_t)k);
-    }
+    put_entries(&b, "%s\"%x\":\"\"", 99000000);
     puts_(&b, "}}");
-    finish(&b);
-    result r = load_in_child(&b, 0);
-    assert_int_equal(r.status, VITC_ERR_FORMAT);
-    assert_non_null(strstr(r.msg, "more than 65536 entries"));
-    check_peak(&r, 24L << 20, "99 MB of metadata");
-    free(b.p);
+    expect_load(&b, VITC_ERR_FORMAT, "more than 65536 entries", 24L << 20, "99 MB of metadata");
 }
 
 /* The most tensors allowed load, in a small multiple of the header's size;
@@ -199,16 +208,10 @@ static void test_metadata_near_100mb(void **state) {
 static void test_tensor_limit(void **state) {
     (void)state;
     buf b = many_tensors(262144);
-    result r = load_in_child(&b, 0);
-    assert_int_equal(r.status, VITC_OK);
+    result r = expect_load(&b, VITC_OK, NULL, 5 * (long)b.len + (16L << 20), "262144 tensors");
     assert_int_equal(r.count, 262144);
-    check_peak(&r, 5 * (long)b.len + (16L << 20), "262144 tensors");
-    free(b.p);
     b = many_tensors(262145);
-    r = load_in_child(&b, 0);
-    assert_int_equal(r.status, VITC_ERR_FORMAT);
-    assert_non_null(strstr(r.msg, "more than 262144 tensors"));
-    free(b.p);
+    expect_load(&b, VITC_ERR_FORMAT, "more than 262144 tensors", 0, "262145 tensors");
 }
 
 /* One large string: the header, jansson's copy and the kept copy. */
@@ -221,11 +224,7 @@ static void test_large_metadata_value(void **state) {
     while (b.len < 30000000)
         put(&b, chunk, sizeof chunk);
     puts_(&b, "\"}}");
-    finish(&b);
-    result r = load_in_child(&b, 0);
-    assert_int_equal(r.status, VITC_OK);
-    check_peak(&r, 5 * (long)b.len / 2 + (8L << 20), "30 MB metadata value");
-    free(b.p);
+    expect_load(&b, VITC_OK, NULL, 5 * (long)b.len / 2 + (8L << 20), "30 MB metadata value");
 }
 
 /* A tensor entry is bounded before jansson sees it. */
@@ -236,12 +235,8 @@ static void test_entry_items(void **state) {
     for (int i = 0; i < 100000; i++)
         puts_(&b, i ? ",{}" : "{}");
     puts_(&b, "],\"data_offsets\":[0,0]}}");
-    finish(&b);
-    result r = load_in_child(&b, 0);
-    assert_int_equal(r.status, VITC_ERR_FORMAT);
-    assert_non_null(strstr(r.msg, "tensor 'w': the entry holds over 256 values"));
-    check_peak(&r, 4L << 20, "100000 {} in a shape");
-    free(b.p);
+    expect_load(&b, VITC_ERR_FORMAT, "tensor 'w': the entry holds over 256 values", 4L << 20,
+                "100000 {} in a shape");
 }
 
 /* vitc.config is JSON inside a metadata string: its value count is bounded

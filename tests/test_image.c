@@ -16,29 +16,12 @@
 
 #include "vitc.h"
 
+#include "testutil.h"
+
 #define DATA "tests/data/"
 
 static const float imagenet_mean[3] = {0.485f, 0.456f, 0.406f};
 static const float imagenet_std[3] = {0.229f, 0.224f, 0.225f};
-
-static unsigned char *slurp(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    unsigned char *buf;
-    long n;
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    buf = malloc(n > 0 ? (size_t)n : 1);
-    if (buf && fread(buf, 1, (size_t)n, f) != (size_t)n) {
-        free(buf);
-        buf = NULL;
-    }
-    fclose(f);
-    *len = (size_t)n;
-    return buf;
-}
 
 static int have_png(void) {
     vitc_image img;
@@ -83,7 +66,7 @@ static void test_decode_every_kind(void **state) {
         assert_int_equal(img.width, w);
         assert_int_equal(img.height, h);
         snprintf(path, sizeof path, DATA "%s", exp);
-        want = slurp(path, &len);
+        want = tu_read_file(path, &len);
         assert_non_null(want);
         assert_int_equal(len, (size_t)w * h * 3);
         for (size_t i = 0; i < len; i++) {
@@ -96,7 +79,7 @@ static void test_decode_every_kind(void **state) {
         free(want);
         /* The in-memory entry point decodes the same bytes to the same pixels. */
         snprintf(path, sizeof path, DATA "%s", name);
-        unsigned char *bytes = slurp(path, &len);
+        unsigned char *bytes = tu_read_file(path, &len);
         vitc_image mem;
         assert_non_null(bytes);
         if (vitc_image_load_memory(bytes, len, 0, &mem) != VITC_OK)
@@ -241,7 +224,7 @@ static void check_preprocess(const char *src, int resize, int crop, const char *
     assert_int_equal(vitc_image_load(src, 0, &img), VITC_OK);
     assert_int_equal(vitc_image_preprocess(&img, resize, crop, imagenet_mean, imagenet_std, out),
                      VITC_OK);
-    want = (float *)slurp(ref, &len);
+    want = (float *)tu_read_file(ref, &len);
     assert_non_null(want);
     assert_int_equal(len, n * sizeof(float));
     for (size_t i = 0; i < n; i++) {

@@ -264,6 +264,18 @@ static void test_softmax(void **state) {
     vitc_set_num_threads(0);
 }
 
+/* Mean and 1/sqrt(biased variance + eps) of x[0..n), in float64: the
+ * normalisation LayerNorm and GroupNorm apply. */
+static void moments64(const float *x, int64_t n, double eps, double *mean, double *rstd) {
+    double m = 0.0, var = 0.0;
+    for (int64_t i = 0; i < n; i++) m += x[i];
+    m /= (double)n;
+    for (int64_t i = 0; i < n; i++) var += (x[i] - m) * (x[i] - m);
+    var /= (double)n;
+    *mean = m;
+    *rstd = 1.0 / sqrt(var + eps);
+}
+
 static void test_layernorm(void **state) {
     int64_t Cs[] = {1, 3, 16, 17, 64, 768, 1000};
     double means[] = {0.0, 3.0, 1000.0};
@@ -285,12 +297,8 @@ static void test_layernorm(void **state) {
                 assert_memory_equal(y1, y2, (size_t)(M * C) * sizeof(float));
                 for (int64_t i = 0; i < M; i++) {
                     const float *xr = x + i * C;
-                    double mean = 0.0, var = 0.0;
-                    for (int64_t c = 0; c < C; c++) mean += xr[c];
-                    mean /= (double)C;
-                    for (int64_t c = 0; c < C; c++) var += (xr[c] - mean) * (xr[c] - mean);
-                    var /= (double)C;
-                    double rstd = 1.0 / sqrt(var + 1e-6);
+                    double mean, rstd;
+                    moments64(xr, C, 1e-6, &mean, &rstd);
                     for (int64_t c = 0; c < C; c++) {
                         double want = (xr[c] - mean) * rstd * w[c] + b[c];
                         /* float x near a large mean carries |mean| * 2^-24 of
@@ -335,12 +343,8 @@ static void test_groupnorm(void **state) {
                 for (int64_t bg = 0; bg < B * G; bg++) {
                     const float *xg = x + bg * cg * HW;
                     int64_t cnt = cg * HW;
-                    double mean = 0.0, var = 0.0;
-                    for (int64_t i = 0; i < cnt; i++) mean += xg[i];
-                    mean /= (double)cnt;
-                    for (int64_t i = 0; i < cnt; i++) var += (xg[i] - mean) * (xg[i] - mean);
-                    var /= (double)cnt;
-                    double rstd = 1.0 / sqrt(var + 1e-5);
+                    double mean, rstd;
+                    moments64(xg, cnt, 1e-5, &mean, &rstd);
                     for (int64_t i = 0; i < cnt; i++) {
                         int64_t ch = (bg % G) * cg + i / HW;
                         double want = (xg[i] - mean) * rstd * w[ch] + b[ch];

@@ -32,33 +32,6 @@ static int setup_dir(void **state) {
     return tu_make_tmpdir("/tmp/vitc_test_st_XXXXXX");
 }
 
-static int teardown_dir(void **state) {
-    (void)state;
-    tu_rm_tree(tu_tmpdir);
-    return 0;
-}
-
-static unsigned char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    unsigned char *b = malloc(n > 0 ? (size_t)n : 1);
-    assert_non_null(b);
-    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
-    fclose(f);
-    *len = (size_t)n;
-    return b;
-}
-
-static void write_all(const char *path, const void *b, size_t n) {
-    FILE *f = fopen(path, "wb");
-    assert_non_null(f);
-    assert_int_equal(fwrite(b, 1, n, f), n);
-    fclose(f);
-}
 
 /* A safetensors image from a header string and data bytes; hlen_override
  * (when not UINT64_MAX) is written as the header length instead of the
@@ -122,7 +95,7 @@ static void test_roundtrip(void **state) {
     assert_int_equal(tu_dir_entries(), 1); /* no temp file left behind */
 
     size_t len;
-    unsigned char *bytes = read_all(path, &len);
+    unsigned char *bytes = tu_read_file(path, &len);
     assert_non_null(bytes);
     uint64_t hl;
     memcpy(&hl, bytes, 8);
@@ -399,7 +372,7 @@ static void test_numpy_fixture(void **state) {
 
     /* Same bytes through memory; then through our writer and back. */
     size_t len;
-    unsigned char *bytes = read_all(path, &len);
+    unsigned char *bytes = tu_read_file(path, &len);
     vitc_safetensors *m;
     assert_int_equal(vitc_safetensors_load_memory(bytes, len, &m), VITC_OK);
     int n = vitc_safetensors_count(st);
@@ -459,7 +432,7 @@ static void expect_bad(const unsigned char *b, size_t len, const char *needle) {
     assert_null(st);
     tu_assert_message_has(needle);
     const char *p = tu_tmp_path("corrupt.safetensors");
-    write_all(p, b, len);
+    tu_write_file(p, b, len);
     st = (vitc_safetensors *)&st;
     assert_int_not_equal(vitc_safetensors_load(p, &st), VITC_OK);
     assert_null(st);
@@ -645,7 +618,7 @@ static void test_truncated_every_prefix(void **state) {
             fail_msg("prefix of %zu of %zu bytes accepted", n, len);
         assert_null(st);
         assert_true(strlen(vitc_last_error()) > 0);
-        write_all(p, cut, n);
+        tu_write_file(p, cut, n);
         if (vitc_safetensors_load(p, &st) == VITC_OK)
             fail_msg("file prefix of %zu of %zu bytes accepted", n, len);
         assert_true(strlen(vitc_last_error()) > 0);
@@ -796,5 +769,5 @@ int main(void) {
         cmocka_unit_test(test_bad_paths_and_args),
         cmocka_unit_test(test_rank_limit),
     };
-    return cmocka_run_group_tests_name("safetensors", tests, setup_dir, teardown_dir);
+    return cmocka_run_group_tests_name("safetensors", tests, setup_dir, tu_teardown_tmpdir);
 }

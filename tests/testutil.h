@@ -1,7 +1,7 @@
 /*
  * testutil.h — helpers the C tests share (static inline, one copy per test):
- * the xorshift64 random streams, float buffers, a scratch directory, and
- * the check of vitc_last_error(). Include after <cmocka.h>.
+ * the xorshift64 random streams, float buffers, a scratch directory, whole
+ * files, and the check of vitc_last_error(). Include after <cmocka.h>.
  */
 #ifndef VITC_TESTUTIL_H
 #define VITC_TESTUTIL_H
@@ -96,6 +96,42 @@ static inline int tu_dir_entries(void) {
         n += strcmp(e->d_name, ".") && strcmp(e->d_name, "..");
     closedir(d);
     return n;
+}
+
+/* A cmocka group teardown: tu_tmpdir and everything in it removed. */
+static inline int tu_teardown_tmpdir(void **state) {
+    (void)state;
+    tu_rm_tree(tu_tmpdir);
+    return 0;
+}
+
+/* ---- whole files --------------------------------------------------- */
+
+/* The bytes of path (malloc'd, *len of them); fails the test when it
+ * cannot be read. */
+static inline unsigned char *tu_read_file(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        fail_msg("cannot open %s (run from the repository root)", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    assert_true(n >= 0);
+    unsigned char *b = malloc(n > 0 ? (size_t)n : 1);
+    assert_non_null(b);
+    assert_int_equal(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+/* n bytes of data as the whole of path (created or truncated). */
+static inline void tu_write_file(const char *path, const void *data, size_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f)
+        fail_msg("cannot create %s", path);
+    assert_int_equal(fwrite(data, 1, n, f), n);
+    assert_int_equal(fclose(f), 0);
 }
 
 /* ---- reference files (tensors PyTorch wrote) ----------------------- */

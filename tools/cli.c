@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "cli.h"
@@ -55,6 +56,49 @@ void cli_escape(char *dst, size_t cap, const char *s) {
         n += len;
     }
     dst[n] = '\0';
+}
+
+void cli_json_string(FILE *f, const char *s) {
+    const unsigned char *p = (const unsigned char *)s;
+    fputc('"', f);
+    while (*p) {
+        unsigned c = *p;
+        if (c == '"' || c == '\\') {
+            fputc('\\', f);
+            fputc((int)c, f);
+            p++;
+        } else if (c < 0x20) {
+            static const char esc[] = "btn\0fr";
+            if (c >= 8 && c <= 13 && c != 11)
+                fprintf(f, "\\%c", esc[c - 8]);
+            else
+                fprintf(f, "\\u%04x", c);
+            p++;
+        } else if (c < 0x80) {
+            fputc((int)c, f);
+            p++;
+        } else {
+            int n = c >= 0xf0 && c < 0xf5 ? 3 : c >= 0xe0 ? 2 : c >= 0xc2 && c < 0xe0 ? 1 : -1;
+            int ok = n > 0 && c < 0xf5;
+            for (int k = 1; ok && k <= n; k++)
+                ok = (p[k] & 0xc0) == 0x80;
+            if (ok) {
+                fwrite(p, 1, (size_t)n + 1, f);
+                p += n + 1;
+            } else {
+                fputs("\\ufffd", f);
+                p++;
+            }
+        }
+    }
+    fputc('"', f);
+}
+
+void cli_json_number(FILE *f, double v) {
+    if (isfinite(v))
+        fprintf(f, "%.9g", v);
+    else
+        fputs("null", f); /* JSON has no NaN or infinity */
 }
 
 /* "vitc: error: " and the message on one line: a newline in a path or in a
@@ -110,6 +154,22 @@ size_t cli_numel(int nd, const int64_t *shape) {
     for (int i = 0; i < nd; i++)
         n *= (size_t)shape[i];
     return n;
+}
+
+int cli_ranked_cmp(const void *a, const void *b) {
+    const cli_ranked *x = a, *y = b;
+    int xn = isnan(x->score), yn = isnan(y->score);
+    if (xn != yn)
+        return xn - yn;
+    if (!xn && x->score != y->score)
+        return x->score > y->score ? -1 : 1;
+    return x->index - y->index;
+}
+
+double cli_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 int cli_stderr_tty(void) { return isatty(2); }
@@ -299,6 +359,26 @@ int cli_parse_command(const char *cmd, const cli_spec *spec, int argc, char **ar
 /* Images into a ViT                                                  */
 /* ------------------------------------------------------------------ */
 
+int cli_parse_images(const char *cmd, const char *usage, const cli_spec *spec, int argc,
+                     char **argv, const char *const *model, char ***images, int *n_images) {
+    int rc;
+    *images = calloc((size_t)argc, sizeof **images);
+    if (!*images)
+        return cli_error("out of memory");
+    rc = cli_parse_command(cmd, spec, argc, argv, *images, n_images);
+    if (rc == CLI_PARSE_HELP) {
+        fputs(usage, stdout);
+        return -1;
+    }
+    if (rc != 0)
+        return rc;
+    if (!*model)
+        return cli_usage_error(cmd, "--model is required");
+    if (*n_images == 0)
+        return cli_usage_error(cmd, "no images given");
+    return 0;
+}
+
 int cli_model_input(const char *model_path, const vitc_vit_config *cfg, int crop, int crop_set,
                     int resize, int resize_set, cli_input *in) {
     in->crop = crop_set ? crop : cfg->image_size;
@@ -370,4 +450,22 @@ vitc_status cli_load_input(const char *path, const vitc_vit_config *cfg, const c
                                             cfg->std, out);
     vitc_image_free(&img);
     return st;
+}
+
+int cli_fill_batch(char *const *paths, int n, int *next, const vitc_vit_config *cfg,
+                   const cli_input *in, int max, float *batch, const char **got, int clear_line,
+                   int *failed) {
+    int nb = 0;
+    while (nb < max && *next < n) {
+        const char *path = paths[(*next)++];
+        if (cli_load_input(path, cfg, in, batch + in->per_image * (size_t)nb) != VITC_OK) {
+            if (clear_line) /* the error must not land on the progress line */
+                fputs("\r\033[K", stderr);
+            cli_error("%s", vitc_last_error());
+            (*failed)++;
+            continue;
+        }
+        got[nb++] = path;
+    }
+    return nb;
 }

@@ -28,6 +28,15 @@ void cli_l2_normalize(float *x, size_t rows, size_t n);
 /* A labels file of exactly n_classes lines into *out (n_classes strings,
  * each and the array malloc'd); else the error is printed, CLI_FAIL. */
 int cli_read_labels(const char *path, int n_classes, char ***out);
+/* A score and what it belongs to; cli_ranked_cmp (qsort) orders by
+ * descending score, ties by ascending index, NaN last. */
+typedef struct cli_ranked {
+    float score;
+    int index;
+} cli_ranked;
+int cli_ranked_cmp(const void *a, const void *b);
+/* Seconds on the monotonic clock (differences are what count). */
+double cli_now(void);
 /* 1 when stderr is a terminal (progress then updates one line). */
 int cli_stderr_tty(void);
 /* --precision NAME and --attention-precision ATTN (NULL: leave fp32) on m:
@@ -56,6 +65,11 @@ int cli_attention_precision(const char *name);
 void cli_put_escaped(FILE *f, const char *s, size_t max);
 /* The same into dst (always NUL-terminated; cut when cap is too small). */
 void cli_escape(char *dst, size_t cap, const char *s);
+/* s as a JSON string, quotes included: UTF-8 passed through, bytes that
+ * are not valid UTF-8 as U+FFFD, so the output stays valid JSON. */
+void cli_json_string(FILE *f, const char *s);
+/* v as a JSON number ("%.9g"), null for NaN and infinity (JSON has neither). */
+void cli_json_number(FILE *f, double v);
 
 /* ------------------------------------------------------------------ */
 /* Options: one parser for every command                              */
@@ -98,6 +112,12 @@ int cli_parse(const cli_spec *spec, int argc, char **argv, char **pos, int *n_po
  * CLI_PARSE_HELP, or CLI_USAGE. */
 int cli_parse_command(const char *cmd, const cli_spec *spec, int argc, char **argv, char **pos,
                       int *n_pos);
+/* The image commands' parse: the positionals, the images, into a new
+ * *images (the caller frees it, on errors too); usage printed on --help (-1
+ * returned); *model (an option's dest) required, and one image at least.
+ * 0 to go on, else the exit status (the error printed). */
+int cli_parse_images(const char *cmd, const char *usage, const cli_spec *spec, int argc,
+                     char **argv, const char *const *model, char ***images, int *n_images);
 /* Strict numbers: the whole string, no spaces, in range, finite; 0 or -1. */
 int cli_parse_long(const char *s, long min, long max, long *out);
 int cli_parse_double(const char *s, double min, double max, double *out);
@@ -140,6 +160,13 @@ int cli_open_model(const char *cmd, const cli_model_opts *o, vitc_vit **m, cli_i
 /* Decode and preprocess one image into out [channels, height, width]. */
 vitc_status cli_load_input(const char *path, const vitc_vit_config *cfg, const cli_input *in,
                            float *out);
+/* The next images paths[*next..n) that decode, up to max, into batch
+ * [max, in->per_image] and their paths into got[max]; one that does not is
+ * reported (after clearing the progress line when clear_line) and counted
+ * in *failed. Returns how many were read (0 only when none are left). */
+int cli_fill_batch(char *const *paths, int n, int *next, const vitc_vit_config *cfg,
+                   const cli_input *in, int max, float *batch, const char **got, int clear_line,
+                   int *failed);
 
 typedef int (*cli_cmd_fn)(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "plot.h"
 
 static const char attention_map_usage[] =
     "usage: vitc attention-map --model M.safetensors --out OUT.png [options] IMAGE\n"
@@ -62,43 +63,6 @@ static void colormap(float t, float rgb[3]) {
     x -= (float)i;
     for (int c = 0; c < 3; c++)
         rgb[c] = (1.0f - x) * viridis[i][c] + x * viridis[i + 1][c];
-}
-
-/* 5x7 glyphs for the scale's labels; bit 4 is the leftmost column. */
-static const struct {
-    char ch;
-    uint8_t rows[7];
-} glyphs[] = {
-    {'h', {0x10, 0x10, 0x16, 0x19, 0x11, 0x11, 0x11}},
-    {'i', {0x04, 0x00, 0x0c, 0x04, 0x04, 0x04, 0x0e}},
-    {'g', {0x00, 0x0f, 0x11, 0x11, 0x0f, 0x01, 0x0e}},
-    {'l', {0x0c, 0x04, 0x04, 0x04, 0x04, 0x04, 0x0e}},
-    {'o', {0x00, 0x00, 0x0e, 0x11, 0x11, 0x11, 0x0e}},
-    {'w', {0x00, 0x00, 0x11, 0x11, 0x15, 0x15, 0x0a}},
-};
-
-typedef struct canvas {
-    uint8_t *px; /* [h, w, 3] */
-    int w, h;
-} canvas;
-
-static void fill_rect(canvas *cv, int x0, int y0, int w, int h, const uint8_t rgb[3]) {
-    for (int y = y0; y < y0 + h; y++)
-        for (int x = x0; x < x0 + w; x++)
-            if (x >= 0 && y >= 0 && x < cv->w && y < cv->h)
-                memcpy(cv->px + ((size_t)y * cv->w + x) * 3, rgb, 3);
-}
-
-/* Text with its top-left corner at (x, y), each font pixel s x s. */
-static void draw_text(canvas *cv, int x, int y, int s, const char *text) {
-    static const uint8_t black[3] = {0, 0, 0};
-    for (; *text; text++, x += 6 * s)
-        for (size_t g = 0; g < sizeof glyphs / sizeof glyphs[0]; g++)
-            if (glyphs[g].ch == *text)
-                for (int r = 0; r < 7; r++)
-                    for (int c = 0; c < 5; c++)
-                        if (glyphs[g].rows[r] & (0x10 >> c))
-                            fill_rect(cv, x + c * s, y + r * s, s, s, black);
 }
 
 typedef struct am_opts {
@@ -185,6 +149,20 @@ static int class_token_map(vitc_vit *m, const am_opts *o, const float *x, int N,
     return 0;
 }
 
+/* Output pixel i of a map cell every `cell` pixels: the two cells of [0, n)
+ * it reads (align_corners=False, clamped to the edge cells) and the weight
+ * of *i1. */
+static void map_tap(int i, int cell, int n, int *i0, int *i1, float *w1) {
+    float s = (i + 0.5f) / (float)cell - 0.5f;
+    if (s < 0)
+        s = 0;
+    if (s > n - 1)
+        s = (float)(n - 1);
+    *i0 = (int)s;
+    *w1 = s - *i0;
+    *i1 = *i0 + 1 < n ? *i0 + 1 : *i0;
+}
+
 /* Compose [image | image + heat map | scale] into a canvas. Crops under 224
  * pixels are shown enlarged by a whole factor z (pixels replicated) so that
  * the picture stays readable; the heat map is interpolated at that size. */
@@ -199,17 +177,15 @@ static int render(const am_opts *o, const uint8_t *img, const float *map, int gh
     int text_w = 4 * 6 * s;
     int bar_x = 2 * S + 2 * gap, text_x = bar_x + bar_w + gap / 2 + 3 * s;
     int bar_y0, bar_y1; /* the scale spans rows [y0, y1) */
-    static const uint8_t white[3] = {255, 255, 255}, black[3] = {0, 0, 0};
+    static const uint8_t black[3] = {0, 0, 0};
     float lo = INFINITY, hi = -INFINITY;
 
-    cv->w = text_x + text_w + gap;
-    cv->h = S < 40 * s ? 40 * s : S; /* room for both labels on tiny crops */
+    /* the height leaves room for both labels on tiny crops */
+    const int cw = text_x + text_w + gap, ch = S < 40 * s ? 40 * s : S;
     bar_y0 = 4 * s;
-    bar_y1 = cv->h - 4 * s;
-    cv->px = malloc((size_t)cv->w * cv->h * 3);
-    if (!cv->px)
-        return cli_error("out of memory for a %dx%d picture", cv->w, cv->h);
-    fill_rect(cv, 0, 0, cv->w, cv->h, white);
+    bar_y1 = ch - 4 * s;
+    if (canvas_init(cv, cw, ch) != 0) /* white */
+        return cli_error("out of memory for a %dx%d picture", cw, ch);
     for (int i = 0; i < gh * gw; i++) {
         if (map[i] < lo)
             lo = map[i];
@@ -218,29 +194,15 @@ static int render(const am_opts *o, const uint8_t *img, const float *map, int gh
     }
     for (int y = 0; y < S; y++) {
         /* bilinear, align_corners=False, over the pixels the patches cover */
-        float sy = (y + 0.5f) / (float)(patch * z) - 0.5f;
-        int y0;
-        float fy;
-        if (sy < 0)
-            sy = 0;
-        if (sy > gh - 1)
-            sy = (float)(gh - 1);
-        y0 = (int)sy;
-        fy = sy - y0;
+        int y0, y1, x0, x1;
+        float fy, fx;
+        map_tap(y, patch * z, gh, &y0, &y1, &fy);
         for (int x = 0; x < S; x++) {
-            float sx = (x + 0.5f) / (float)(patch * z) - 0.5f, v, t, rgb[3];
-            int x0, y1 = y0 + 1 < gh ? y0 + 1 : y0, x1;
-            float fx;
+            float v, t, rgb[3];
             const uint8_t *p = img + ((size_t)(y / z) * o->crop + x / z) * 3;
-            uint8_t *a = cv->px + ((size_t)y * cv->w + x) * 3;
-            uint8_t *b = cv->px + ((size_t)y * cv->w + x + S + gap) * 3;
-            if (sx < 0)
-                sx = 0;
-            if (sx > gw - 1)
-                sx = (float)(gw - 1);
-            x0 = (int)sx;
-            fx = sx - x0;
-            x1 = x0 + 1 < gw ? x0 + 1 : x0;
+            uint8_t *a = cv->rgb + ((size_t)y * cv->w + x) * 3;
+            uint8_t *b = cv->rgb + ((size_t)y * cv->w + x + S + gap) * 3;
+            map_tap(x, patch * z, gw, &x0, &x1, &fx);
             v = (1 - fy) * ((1 - fx) * map[y0 * gw + x0] + fx * map[y0 * gw + x1]) +
                 fy * ((1 - fx) * map[y1 * gw + x0] + fx * map[y1 * gw + x1]);
             t = hi > lo ? (v - lo) / (hi - lo) : 0.0f;
@@ -259,16 +221,16 @@ static int render(const am_opts *o, const uint8_t *img, const float *map, int gh
                  rgb);
         for (int c = 0; c < 3; c++)
             c8[c] = (uint8_t)lrintf(rgb[c]);
-        fill_rect(cv, bar_x, y, bar_w, 1, c8);
+        canvas_rect(cv, bar_x, y, bar_w, 1, c8);
     }
-    fill_rect(cv, bar_x - 1, bar_y0 - 1, bar_w + 2, 1, black);
-    fill_rect(cv, bar_x - 1, bar_y1, bar_w + 2, 1, black);
-    fill_rect(cv, bar_x - 1, bar_y0 - 1, 1, bar_y1 - bar_y0 + 2, black);
-    fill_rect(cv, bar_x + bar_w, bar_y0 - 1, 1, bar_y1 - bar_y0 + 2, black);
-    fill_rect(cv, bar_x + bar_w, bar_y0, gap / 2, s, black);
-    fill_rect(cv, bar_x + bar_w, bar_y1 - s, gap / 2, s, black);
-    draw_text(cv, text_x, bar_y0, s, "high");
-    draw_text(cv, text_x, bar_y1 - 7 * s, s, "low");
+    canvas_rect(cv, bar_x - 1, bar_y0 - 1, bar_w + 2, 1, black);
+    canvas_rect(cv, bar_x - 1, bar_y1, bar_w + 2, 1, black);
+    canvas_rect(cv, bar_x - 1, bar_y0 - 1, 1, bar_y1 - bar_y0 + 2, black);
+    canvas_rect(cv, bar_x + bar_w, bar_y0 - 1, 1, bar_y1 - bar_y0 + 2, black);
+    canvas_rect(cv, bar_x + bar_w, bar_y0, gap / 2, s, black);
+    canvas_rect(cv, bar_x + bar_w, bar_y1 - s, gap / 2, s, black);
+    canvas_text(cv, text_x, bar_y0, "high", s, black);
+    canvas_text(cv, text_x, bar_y1 - 7 * s, "low", s, black);
     return 0;
 }
 
@@ -279,7 +241,7 @@ int cmd_attention_map(int argc, char **argv) {
     cli_input in;
     float *x = NULL, *map = NULL; /* [channels, crop, crop], [gh * gw] */
     uint8_t *seen = NULL;         /* [crop, crop, 3] */
-    canvas cv = {NULL, 0, 0};
+    canvas cv = {0, 0, NULL};
     int rc, gh, gw, N;
     size_t plane;
 
@@ -331,13 +293,13 @@ int cmd_attention_map(int argc, char **argv) {
     }
     if ((rc = render(&o, seen, map, gh, gw, cfg->patch_size, &cv)) != 0)
         goto done;
-    if (vitc_image_save_png(o.out, cv.px, cv.w, cv.h) != VITC_OK) {
+    if (vitc_image_save_png(o.out, cv.rgb, cv.w, cv.h) != VITC_OK) {
         rc = cli_error("%s", vitc_last_error());
         goto done;
     }
     rc = CLI_OK;
 done:
-    free(cv.px);
+    canvas_free(&cv);
     free(seen);
     free(map);
     free(x);

@@ -40,12 +40,6 @@
 /* Clock, random numbers, memory                                       */
 /* ------------------------------------------------------------------ */
 
-static double bench_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* Uniform in [-a, a); a fixed seed per workload makes every run time the
  * same numbers (timings of exp and of denormals depend on the values). */
 static void bench_fill(float *x, size_t n, float a, uint64_t *s) {
@@ -198,9 +192,9 @@ static void *bench_peak_thread(void *p) {
     double t0;
     a->fn(a->iters / 20); /* wakes the core up to its vector clock */
     pthread_barrier_wait(a->start);
-    t0 = bench_now();
+    t0 = cli_now();
     a->flops = a->fn(a->iters);
-    a->seconds = bench_now() - t0;
+    a->seconds = cli_now() - t0;
     return NULL;
 }
 
@@ -217,9 +211,9 @@ static double bench_peak(bench_fma_fn fn, int nt) {
         nt = MAXT;
     /* Size the loop to ~0.1 s on one core. */
     for (;;) {
-        double t0 = bench_now();
+        double t0 = cli_now();
         fn(iters);
-        if (bench_now() - t0 > 0.02 || iters > (1L << 40))
+        if (cli_now() - t0 > 0.02 || iters > (1L << 40))
             break;
         iters *= 2;
     }
@@ -592,13 +586,13 @@ static void bench_one(const bench_workload *w, const char *model, int repeat, in
      * until 0.3 s are spent so that caches, pages and the thread pool of
      * the short workloads are settled too. */
     for (int i = 0; i < 50 && (i < 1 || warm < 0.3); i++) {
-        t0 = bench_now();
+        t0 = cli_now();
         if (w->run(&c) != VITC_OK) {
             r->status = cli_lib_error(w->name);
             bench_release(&c);
             return;
         }
-        warm += bench_now() - t0;
+        warm += cli_now() - t0;
     }
     r->ms = malloc((size_t)max_reps * sizeof *r->ms);
     if (!r->ms) {
@@ -611,12 +605,12 @@ static void bench_one(const bench_workload *w, const char *model, int repeat, in
     for (r->reps = 0; r->reps < max_reps; r->reps++) {
         if (repeat <= 0 && r->reps >= 3 && (r->reps >= 10 || total > 5.0))
             break;
-        t0 = bench_now();
+        t0 = cli_now();
         if (w->run(&c) != VITC_OK) {
             r->status = cli_lib_error(w->name);
             break;
         }
-        r->ms[r->reps] = 1e3 * (bench_now() - t0);
+        r->ms[r->reps] = 1e3 * (cli_now() - t0);
         total += r->ms[r->reps] * 1e-3;
     }
     r->run_hwm_kb = bench_status_kb("VmHWM");
@@ -680,21 +674,6 @@ static int bench_selected(const char *only, const char *name) {
         p = e + 1;
     }
     return 0;
-}
-
-/* JSON string body: the names and notes here are ASCII, but escape what
- * JSON requires anyway. */
-static void bench_json_str(const char *s) {
-    putchar('"');
-    for (; *s; s++) {
-        if (*s == '"' || *s == '\\')
-            printf("\\%c", *s);
-        else if ((unsigned char)*s < 0x20)
-            printf("\\u%04x", (unsigned char)*s);
-        else
-            putchar(*s);
-    }
-    putchar('"');
 }
 
 int cmd_bench(int argc, char **argv) {
@@ -796,10 +775,10 @@ int cmd_bench(int argc, char **argv) {
             if (r->status == -2)
                 continue;
             printf("%s\n  {\"name\": \"%s\", \"what\": ", first ? "" : ",", w->name);
-            bench_json_str(w->what);
+            cli_json_string(stdout, w->what);
             printf(", \"shape\": \"%s\", \"status\": \"%s\", \"note\": ", w->shape,
                    r->status == 0 ? "ok" : r->status < 0 ? "skipped" : "failed");
-            bench_json_str(r->note);
+            cli_json_string(stdout, r->note);
             if (r->status == 0) {
                 double gf = r->flops / (r->median_ms * 1e-3) * 1e-9;
                 printf(", \"flops\": %.0f, \"repeats\": %d, \"median_ms\": %.4f, \"min_ms\": %.4f,"

@@ -78,24 +78,10 @@ static int parse_args(int argc, char **argv, classify_opts *o) {
         {"--quiet", "-q", CLI_FLAG, &o->quiet, 0, 0, NULL},
     };
     const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), -1, "image"};
-    int rc;
     o->topk = 5;
     o->batch = CLASSIFY_DEFAULT_BATCH;
-    o->images = calloc((size_t)argc, sizeof *o->images);
-    if (!o->images)
-        return cli_error("out of memory");
-    rc = cli_parse_command("classify", &spec, argc, argv, o->images, &o->n_images);
-    if (rc == CLI_PARSE_HELP) {
-        fputs(classify_usage, stdout);
-        return -1;
-    }
-    if (rc != 0)
-        return rc;
-    if (!o->model)
-        return cli_usage_error("classify", "--model is required");
-    if (o->n_images == 0)
-        return cli_usage_error("classify", "no images given");
-    return 0;
+    return cli_parse_images("classify", classify_usage, &spec, argc, argv, &o->model, &o->images,
+                            &o->n_images);
 }
 
 /* Labels file: one name per line; "\r\n" endings accepted. The size limit
@@ -142,70 +128,9 @@ int cli_read_labels(const char *path, int n_classes, char ***out) {
     return 0;
 }
 
-/* A JSON string, UTF-8 passed through; bytes that are not valid UTF-8
- * become U+FFFD so the output stays valid JSON. */
-static void json_string(FILE *f, const char *s) {
-    const unsigned char *p = (const unsigned char *)s;
-    fputc('"', f);
-    while (*p) {
-        unsigned c = *p;
-        if (c == '"' || c == '\\') {
-            fputc('\\', f);
-            fputc((int)c, f);
-            p++;
-        } else if (c < 0x20) {
-            static const char esc[] = "btn\0fr";
-            if (c >= 8 && c <= 13 && c != 11)
-                fprintf(f, "\\%c", esc[c - 8]);
-            else
-                fprintf(f, "\\u%04x", c);
-            p++;
-        } else if (c < 0x80) {
-            fputc((int)c, f);
-            p++;
-        } else {
-            int n = c >= 0xf0 && c < 0xf5 ? 3 : c >= 0xe0 ? 2 : c >= 0xc2 && c < 0xe0 ? 1 : -1;
-            int ok = n > 0 && c < 0xf5;
-            for (int k = 1; ok && k <= n; k++)
-                ok = (p[k] & 0xc0) == 0x80;
-            if (ok) {
-                fwrite(p, 1, (size_t)n + 1, f);
-                p += n + 1;
-            } else {
-                fputs("\\ufffd", f);
-                p++;
-            }
-        }
-    }
-    fputc('"', f);
-}
-
-static void json_number(FILE *f, double v) {
-    if (isfinite(v))
-        fprintf(f, "%.9g", v);
-    else
-        fputs("null", f); /* JSON has no NaN or infinity */
-}
-
-typedef struct ranked {
-    float logit;
-    int index;
-} ranked;
-
-/* Descending logit, ties by ascending index; NaN last. */
-static int ranked_cmp(const void *a, const void *b) {
-    const ranked *x = a, *y = b;
-    int xn = isnan(x->logit), yn = isnan(y->logit);
-    if (xn != yn)
-        return xn - yn;
-    if (!xn && x->logit != y->logit)
-        return x->logit > y->logit ? -1 : 1;
-    return x->index - y->index;
-}
-
 static void print_result(const classify_opts *o, const char *path, const float *logits,
                          int n_classes, int k, char **file_labels, const vitc_vit *m,
-                         ranked *rank) {
+                         cli_ranked *rank) {
     double mx = -INFINITY, sum = 0.0;
     for (int c = 0; c < n_classes; c++)
         if (logits[c] > mx)
@@ -213,13 +138,13 @@ static void print_result(const classify_opts *o, const char *path, const float *
     for (int c = 0; c < n_classes; c++)
         sum += exp((double)logits[c] - mx);
     for (int c = 0; c < n_classes; c++) {
-        rank[c].logit = logits[c];
+        rank[c].score = logits[c];
         rank[c].index = c;
     }
-    qsort(rank, (size_t)n_classes, sizeof *rank, ranked_cmp);
+    qsort(rank, (size_t)n_classes, sizeof *rank, cli_ranked_cmp);
     if (o->json) {
         fputs("{\"image\": ", stdout);
-        json_string(stdout, path);
+        cli_json_string(stdout, path);
         fputs(", \"topk\": [", stdout);
     } else {
         cli_put_escaped(stdout, path, SIZE_MAX);
@@ -232,13 +157,13 @@ static void print_result(const classify_opts *o, const char *path, const float *
         if (o->json) {
             printf("%s{\"index\": %d, \"label\": ", r ? ", " : "", c);
             if (label)
-                json_string(stdout, label);
+                cli_json_string(stdout, label);
             else
                 fputs("null", stdout);
             fputs(", \"prob\": ", stdout);
-            json_number(stdout, prob);
+            cli_json_number(stdout, prob);
             fputs(", \"logit\": ", stdout);
-            json_number(stdout, logits[c]);
+            cli_json_number(stdout, logits[c]);
             fputc('}', stdout);
         } else {
             /* labels come from a file: no raw terminal control codes */
@@ -253,12 +178,6 @@ static void print_result(const classify_opts *o, const char *path, const float *
         fputs("]}\n", stdout);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 /* One line of progress on stderr once the run has taken over a second:
  * rewritten in place on a terminal, a plain line every few seconds otherwise. */
 typedef struct progress {
@@ -267,7 +186,7 @@ typedef struct progress {
 } progress;
 
 static void progress_update(progress *p, int done, int total) {
-    double t = now_s(), el = t - p->start;
+    double t = cli_now(), el = t - p->start;
     if (p->quiet || el < 1.0 || done >= total)
         return;
     if (!p->tty && p->shown && t - p->last < 5.0)
@@ -280,7 +199,7 @@ static void progress_update(progress *p, int done, int total) {
 }
 
 static void progress_end(progress *p, int done, int total) {
-    double el = now_s() - p->start;
+    double el = cli_now() - p->start;
     if (p->quiet || !p->shown)
         return;
     fprintf(stderr, "%sclassify: %d/%d images in %.1f s, %.1f images/s\n", p->tty ? "\r" : "",
@@ -293,7 +212,7 @@ int cmd_classify(int argc, char **argv) {
     const vitc_vit_config *cfg = NULL;
     char **labels = NULL;
     float *batch = NULL, *logits = NULL;
-    ranked *rank = NULL;
+    cli_ranked *rank = NULL;
     const char **batch_paths = NULL;
     cli_input in;
     size_t batch_bytes;
@@ -309,7 +228,7 @@ int cmd_classify(int argc, char **argv) {
     if (o.threads > 0)
         vitc_set_num_threads(o.threads);
     memset(&prog, 0, sizeof prog);
-    prog.start = now_s();
+    prog.start = cli_now();
     prog.tty = cli_stderr_tty();
     prog.quiet = o.quiet;
 
@@ -336,19 +255,8 @@ int cmd_classify(int argc, char **argv) {
     }
 
     for (int next = 0; next < o.n_images;) {
-        int nb = 0;
-        /* Fill a batch with the next images that decode. */
-        while (nb < o.batch && next < o.n_images) {
-            const char *path = o.images[next++];
-            if (cli_load_input(path, cfg, &in, batch + in.per_image * (size_t)nb) != VITC_OK) {
-                if (prog.tty && prog.shown)
-                    fputs("\r\033[K", stderr);
-                cli_error("%s", vitc_last_error());
-                failed++;
-                continue;
-            }
-            batch_paths[nb++] = path;
-        }
+        int nb = cli_fill_batch(o.images, o.n_images, &next, cfg, &in, o.batch, batch,
+                                batch_paths, prog.tty && prog.shown, &failed);
         if (nb == 0)
             continue;
         /* batch holds nb images of in.per_image = in_channels * crop * crop

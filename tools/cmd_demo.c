@@ -42,12 +42,6 @@ static float *demo_input(size_t n, int uniform) {
     return x;
 }
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
@@ -61,24 +55,53 @@ static void shape_str(char *buf, size_t cap, int nd, const int64_t *s) {
         snprintf(buf + u, cap - u, "]");
 }
 
+/* One seed block on the seed's own input: the layer is the kind's default
+ * config with the fields below set where they are not 0. */
 typedef struct demo_case {
     const char *name;
-    vitc_layer_config cfg;
+    vitc_layer_kind kind;
+    int in_channels, embed_dim, num_heads, batch_first;
     int training;
     int ndim;
     int64_t shape[4];
     int uniform_input;
 } demo_case;
 
+static const demo_case demo_cases[] = {
+    {"AttentionBlock(3, 4, 64)", VITC_ATTENTION_BLOCK, 0, 0, 0, 0, 1, 4, {1, 3, 32, 32}, 0},
+    {"ConvSABlock(64)", VITC_CONV_SA_BLOCK, 64, 0, 0, 0, 1, 4, {1, 64, 32, 32}, 0},
+    {"SelfAttention(32, norm=group)", VITC_SELF_ATTENTION_GROUP, 32, 0, 0, 0, 1, 4, {64, 32, 16, 16}, 0},
+    {"SelfAttention(32, norm=batch)", VITC_SELF_ATTENTION_BATCH, 32, 0, 0, 0, 1, 4, {64, 32, 16, 16}, 0},
+    {"SelfAttentionMultiHead(32, 4)", VITC_SELF_ATTENTION_MULTIHEAD, 32, 0, 4, 0, 1, 4, {64, 32, 16, 16}, 0},
+    {"MultiheadAttention(32, 8, batch_first)", VITC_MULTIHEAD_ATTENTION, 0, 32, 8, 1, 1, 3, {64, 256, 32}, 0},
+    {"T2TAttention(49, 64, 1 head)", VITC_T2T_ATTENTION, 49, 64, 0, 0, 0, 3, {13, 100, 49}, 1},
+    {"T2TAttention(49, 64, 4 heads)", VITC_T2T_ATTENTION, 49, 64, 4, 0, 0, 3, {13, 100, 49}, 1},
+    {"SingleHeadAttention(768, 64)", VITC_SINGLE_HEAD_ATTENTION, 768, 64, 0, 0, 1, 3, {1, 197, 768}, 1},
+};
+
+static vitc_layer_config demo_config(const demo_case *c) {
+    vitc_layer_config cfg = vitc_layer_default_config(c->kind);
+    if (c->in_channels)
+        cfg.in_channels = c->in_channels;
+    if (c->embed_dim)
+        cfg.embed_dim = c->embed_dim;
+    if (c->num_heads)
+        cfg.num_heads = c->num_heads;
+    if (c->batch_first)
+        cfg.batch_first = c->batch_first;
+    return cfg;
+}
+
 /* One block: create, reset weights, run warm-up + repeat timed forwards. */
 static int run_case(const demo_case *c, int repeat) {
     vitc_layer *l = NULL;
-    if (vitc_layer_create(&c->cfg, &l) != VITC_OK || vitc_layer_reset_parameters(l, 42) != VITC_OK)
+    const vitc_layer_config cfg = demo_config(c);
+    if (vitc_layer_create(&cfg, &l) != VITC_OK || vitc_layer_reset_parameters(l, 42) != VITC_OK)
         return cli_lib_error(c->name);
     vitc_layer_set_training(l, c->training);
     int ond = 0, wnd = 0;
     int64_t os[8], ws[8];
-    int mha = c->cfg.kind == VITC_MULTIHEAD_ATTENTION;
+    int mha = c->kind == VITC_MULTIHEAD_ATTENTION;
     float *x = demo_input(cli_numel(c->ndim, c->shape), c->uniform_input), *y = NULL, *w = NULL;
     vitc_mha_args a;
     memset(&a, 0, sizeof a);
@@ -111,14 +134,14 @@ static int run_case(const demo_case *c, int repeat) {
     }
     double times[64];
     for (int r = 0; r <= repeat; r++) {
-        double t0 = now_ms();
+        double t0 = cli_now();
         vitc_status s = mha ? vitc_mha_forward(l, &a, y, w) : vitc_layer_forward(l, x, c->ndim, c->shape, y);
         if (s != VITC_OK) {
             rc = cli_lib_error(c->name);
             goto done;
         }
         if (r > 0) /* the first run sizes the scratch */
-            times[r - 1] = now_ms() - t0;
+            times[r - 1] = 1e3 * (cli_now() - t0);
     }
     qsort(times, (size_t)repeat, sizeof *times, cmp_double);
     double sum = 0.0, sq = 0.0;
@@ -160,49 +183,11 @@ int cmd_demo(int argc, char **argv) {
         return rc;
     vitc_set_num_threads(threads);
 
-    demo_case cases[10];
-    int n = 0;
-#define CASE(nm, kind, train, nd, s0, s1, s2, s3, uni)                                            \
-    do {                                                                                         \
-        cases[n].name = nm;                                                                      \
-        cases[n].cfg = vitc_layer_default_config(kind);                                          \
-        cases[n].training = train;                                                               \
-        cases[n].ndim = nd;                                                                      \
-        cases[n].shape[0] = s0; cases[n].shape[1] = s1;                                          \
-        cases[n].shape[2] = s2; cases[n].shape[3] = s3;                                          \
-        cases[n].uniform_input = uni;                                                            \
-        n++;                                                                                     \
-    } while (0)
-    CASE("AttentionBlock(3, 4, 64)", VITC_ATTENTION_BLOCK, 1, 4, 1, 3, 32, 32, 0);
-    CASE("ConvSABlock(64)", VITC_CONV_SA_BLOCK, 1, 4, 1, 64, 32, 32, 0);
-    cases[n - 1].cfg.in_channels = 64;
-    CASE("SelfAttention(32, norm=group)", VITC_SELF_ATTENTION_GROUP, 1, 4, 64, 32, 16, 16, 0);
-    cases[n - 1].cfg.in_channels = 32;
-    CASE("SelfAttention(32, norm=batch)", VITC_SELF_ATTENTION_BATCH, 1, 4, 64, 32, 16, 16, 0);
-    cases[n - 1].cfg.in_channels = 32;
-    CASE("SelfAttentionMultiHead(32, 4)", VITC_SELF_ATTENTION_MULTIHEAD, 1, 4, 64, 32, 16, 16, 0);
-    cases[n - 1].cfg.in_channels = 32;
-    cases[n - 1].cfg.num_heads = 4;
-    CASE("MultiheadAttention(32, 8, batch_first)", VITC_MULTIHEAD_ATTENTION, 1, 3, 64, 256, 32, 0, 0);
-    cases[n - 1].cfg.embed_dim = 32;
-    cases[n - 1].cfg.num_heads = 8;
-    cases[n - 1].cfg.batch_first = 1;
-    CASE("T2TAttention(49, 64, 1 head)", VITC_T2T_ATTENTION, 0, 3, 13, 100, 49, 0, 1);
-    cases[n - 1].cfg.in_channels = 49;
-    cases[n - 1].cfg.embed_dim = 64;
-    CASE("T2TAttention(49, 64, 4 heads)", VITC_T2T_ATTENTION, 0, 3, 13, 100, 49, 0, 1);
-    cases[n - 1].cfg.in_channels = 49;
-    cases[n - 1].cfg.embed_dim = 64;
-    cases[n - 1].cfg.num_heads = 4;
-    CASE("SingleHeadAttention(768, 64)", VITC_SINGLE_HEAD_ATTENTION, 1, 3, 1, 197, 768, 0, 1);
-    cases[n - 1].cfg.in_channels = 768;
-    cases[n - 1].cfg.embed_dim = 64;
-#undef CASE
 
     printf("vitc %s demo: %d threads, kernels %s, gemm %s; median of %d runs\n", vitc_version(),
            vitc_get_num_threads(), vitc_get_arch(), vitc_get_gemm_backend(), repeat);
-    for (int i = 0; i < n; i++) {
-        int rc = run_case(&cases[i], repeat);
+    for (size_t i = 0; i < sizeof demo_cases / sizeof demo_cases[0]; i++) {
+        int rc = run_case(&demo_cases[i], repeat);
         if (rc != CLI_OK)
             return rc;
     }

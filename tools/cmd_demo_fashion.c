@@ -44,19 +44,10 @@ int cmd_demo_fashion(int argc, char **argv) {
         {"--maps", NULL, CLI_INT, &maps, 0, 50, NULL},
         {"--threads", NULL, CLI_INT, &threads, 1, 256, NULL},
     };
-    char **pos = calloc((size_t)argc + 1, sizeof *pos);
-    int n_pos;
-    if (!pos)
-        return cli_error("out of memory");
     int r = topt_parse("demo-fashion", demo_usage, opts, (int)(sizeof opts / sizeof opts[0]),
-                       argc, argv, pos, &n_pos);
-    if (r == 0 && n_pos)
-        r = cli_usage_error("demo-fashion", "unexpected argument '%s'", pos[0]);
-    free(pos);
-    if (r == 1)
-        return CLI_OK;
+                       argc, argv, NULL, NULL);
     if (r)
-        return CLI_USAGE;
+        return r < 0 ? CLI_OK : r;
     if (threads)
         vitc_set_num_threads(threads);
     if (strlen(dir) > 3000)
@@ -113,11 +104,7 @@ int cmd_demo_fashion(int argc, char **argv) {
     const uint8_t black[3] = {0, 0, 0}, green[3] = {0, 130, 50}, red[3] = {200, 30, 30};
     int right = 0;
     for (int k = 0; k < count; k++) {
-        const float *l = logits + (size_t)k * C;
-        int best = 0;
-        for (int j = 1; j < C; j++)
-            if (l[j] > l[best])
-                best = j;
+        int best = train_argmax(logits + (size_t)k * C, C);
         right += best == lab[k];
         int x0 = 6 + (k % cols) * cw, y0 = 36 + (k / cols) * ch;
         for (int y = 0; y < side; y++)

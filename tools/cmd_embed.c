@@ -80,20 +80,10 @@ static int embed_parse(int argc, char **argv, embed_opts *o, vitc_pool *pool) {
     };
     const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), -1, "image"};
     o->batch = EMBED_DEFAULT_BATCH;
-    o->images = calloc((size_t)argc, sizeof *o->images);
-    if (!o->images)
-        return cli_error("out of memory");
-    int rc = cli_parse_command("embed", &spec, argc, argv, o->images, &o->n_images);
-    if (rc == CLI_PARSE_HELP) {
-        fputs(embed_usage, stdout);
-        return -1;
-    }
+    int rc = cli_parse_images("embed", embed_usage, &spec, argc, argv, &o->model, &o->images,
+                              &o->n_images);
     if (rc != 0)
         return rc;
-    if (!o->model)
-        return cli_usage_error("embed", "--model is required");
-    if (o->n_images == 0)
-        return cli_usage_error("embed", "no images given");
     static const char *const names[] = {"default", "cls", "mean", "tokens"};
     *pool = VITC_POOL_DEFAULT;
     if (o->pool) {
@@ -111,16 +101,9 @@ static int embed_parse(int argc, char **argv, embed_opts *o, vitc_pool *pool) {
 }
 
 static void embed_print_json(const char *path, const float *e, size_t n) {
-    fputs("{\"image\": \"", stdout);
-    for (const unsigned char *p = (const unsigned char *)path; *p; p++) {
-        if (*p == '"' || *p == '\\')
-            printf("\\%c", *p);
-        else if (*p < 0x20)
-            printf("\\u%04x", *p);
-        else
-            putchar(*p);
-    }
-    fputs("\", \"embedding\": [", stdout);
+    fputs("{\"image\": ", stdout);
+    cli_json_string(stdout, path);
+    fputs(", \"embedding\": [", stdout);
     for (size_t i = 0; i < n; i++) printf(i ? ", %.9g" : "%.9g", (double)e[i]);
     fputs("]}\n", stdout);
 }
@@ -166,18 +149,8 @@ int cmd_embed(int argc, char **argv) {
     }
     size_t C = (size_t)cfg->hidden_dim;
     for (int next = 0; next < o.n_images;) {
-        int nb = 0;
-        while (nb < o.batch && next < o.n_images) {
-            const char *path = o.images[next++];
-            if (cli_load_input(path, cfg, &in, batch + in.per_image * (size_t)nb) != VITC_OK) {
-                if (tty)
-                    fputs("\r\033[K", stderr);
-                cli_error("%s", vitc_last_error());
-                failed++;
-                continue;
-            }
-            paths[nb++] = path;
-        }
+        int nb = cli_fill_batch(o.images, o.n_images, &next, cfg, &in, o.batch, batch, paths,
+                                tty, &failed);
         if (nb == 0)
             continue;
         float *dst = emb + (o.out ? (size_t)done * (size_t)per : 0);

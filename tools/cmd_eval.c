@@ -111,19 +111,10 @@ int cmd_eval(int argc, char **argv) {
         {"--batch", NULL, CLI_INT, &batch, 1, 65536, NULL},
         {"--subset", NULL, CLI_INT, &subset, 1, 1e9, NULL},
     };
-    char **pos = calloc((size_t)argc + 1, sizeof *pos);
-    int n_pos;
-    if (!pos)
-        return cli_error("out of memory");
     int r = topt_parse("eval", eval_usage, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv,
-                       pos, &n_pos);
-    if (r == 0 && n_pos)
-        r = cli_usage_error("eval", "unexpected argument '%s'", pos[0]);
-    free(pos);
-    if (r == 1)
-        return CLI_OK;
+                       NULL, NULL);
     if (r)
-        return CLI_USAGE;
+        return r < 0 ? CLI_OK : r;
     if (!model)
         return cli_usage_error("eval", "--model is required");
     if (!data)

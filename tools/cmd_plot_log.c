@@ -119,19 +119,10 @@ int cmd_plot_log(int argc, char **argv) {
         {"--out", NULL, CLI_STRING, &out, 0, 0, NULL},
         {"--title", NULL, CLI_STRING, &title, 0, 0, NULL},
     };
-    char **pos = calloc((size_t)argc + 1, sizeof *pos);
-    int n_pos;
-    if (!pos)
-        return cli_error("out of memory");
-    int r = topt_parse("plot-log", plot_usage, opts, 2, argc, argv, pos, &n_pos);
-    const char *path = n_pos == 1 ? pos[0] : NULL;
-    if (r == 0 && n_pos != 1)
-        r = cli_usage_error("plot-log", "one log file, please (got %d arguments)", n_pos);
-    free(pos);
-    if (r == 1)
-        return CLI_OK;
+    const char *path = NULL;
+    int r = topt_parse("plot-log", plot_usage, opts, 2, argc, argv, "log file", &path);
     if (r)
-        return CLI_USAGE;
+        return r < 0 ? CLI_OK : r;
     if (!out)
         return cli_usage_error("plot-log", "--out is required");
     FILE *f;

@@ -142,16 +142,6 @@ static float *load_cache(const char *path, const char *key, int64_t dim, int64_t
     return out;
 }
 
-typedef struct ranked_sim {
-    float score;
-    int index;
-} ranked_sim;
-
-static int cmp_rank(const void *a, const void *b) {
-    const ranked_sim *x = a, *y = b;
-    return x->score < y->score ? 1 : x->score > y->score ? -1 : x->index - y->index;
-}
-
 int cmd_similar(int argc, char **argv) {
     similar_opts o = {0};
     o.topk = 5;
@@ -188,7 +178,7 @@ int cmd_similar(int argc, char **argv) {
     int n = 0, failed = 0;
     int64_t dim = 0, rows = 0;
     float *emb = NULL, *batch = NULL, *q = NULL;
-    ranked_sim *rank = NULL;
+    cli_ranked *rank = NULL;
     json_t *sig = json_array(), *done_names = NULL;
     cli_input in;
     snprintf(cache, sizeof cache, "%s/" SIMILAR_CACHE, o.index);
@@ -286,7 +276,7 @@ int cmd_similar(int argc, char **argv) {
         rank[r].score = (float)s;
         rank[r].index = (int)r;
     }
-    qsort(rank, (size_t)rows, sizeof *rank, cmp_rank);
+    qsort(rank, (size_t)rows, sizeof *rank, cli_ranked_cmp);
     for (int64_t r = 0; r < rows && r < o.topk; r++) {
         const char *nm = json_string_value(json_array_get(done_names, (size_t)rank[r].index));
         char path[4096];

@@ -149,12 +149,6 @@ typedef struct train_opts {
 static volatile sig_atomic_t stop_signal;
 static void on_stop(int sig) { stop_signal = sig; }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static int parse_augment(const char *s, unsigned *out) {
     *out = 0;
     if (!s || !*s || !strcmp(s, "none"))
@@ -715,7 +709,7 @@ static int run_epochs(run *R) {
     }
     for (int e = R->p.epoch; e < o->epochs && rc == CLI_OK; e++) {
         epoch_order(perm, N, R->h.seed, e);
-        double t0 = now_s(), last = t0, loss_sum = 0;
+        double t0 = cli_now(), last = t0, loss_sum = 0;
         int64_t seen = 0, correct = 0, done_imgs = 0;
         vitc_vit_set_training(R->m, 1);
         for (int64_t k = R->p.step_in_epoch; k < spe; k++) {
@@ -768,14 +762,8 @@ static int run_epochs(run *R) {
                         rc = cli_lib_error("training step");
                         break;
                     }
-                    for (int i = 0; i < nv; i++) {
-                        const float *l = logits + (size_t)i * C;
-                        int best = 0;
-                        for (int j = 1; j < C; j++)
-                            if (l[j] > l[best])
-                                best = j;
-                        right += best == lab[i];
-                    }
+                    for (int i = 0; i < nv; i++)
+                        right += train_argmax(logits + (size_t)i * C, C) == lab[i];
                 }
 #ifdef VITC_MPI
                 if (dp_size > 1) {
@@ -814,7 +802,7 @@ static int run_epochs(run *R) {
                         R->h.clip > 0 ? (double)gnorm : (double)nv);
             if (R->log)
                 fflush(R->log); /* a log one can follow while it runs */
-            double t = now_s();
+            double t = cli_now();
             if (!o->quiet && (k + 1 == spe || t - last > (R->tty ? 0.2 : 10.0))) {
                 double ips = done_imgs / (t - t0 > 1e-9 ? t - t0 : 1e-9);
                 char eta[32];
@@ -846,7 +834,7 @@ static int run_epochs(run *R) {
             rc = rc == CLI_OK ? 128 + (int)stop_signal : rc;
             break;
         }
-        double secs = now_s() - t0;
+        double secs = cli_now() - t0;
         R->p.epoch = e + 1;
         R->p.step_in_epoch = 0;
         int last_epoch = e + 1 == o->epochs;
@@ -1109,21 +1097,12 @@ int cmd_train(int argc, char **argv) {
         {"--clip", NULL, CLI_DOUBLE, &o.clip, 0, 1e9, &o.g_clip},
         {"--quiet", NULL, CLI_FLAG, &o.quiet, 0, 0, NULL},
     };
-    char **pos = calloc((size_t)argc + 1, sizeof *pos);
-    int n_pos, r;
-    if (!pos)
-        return cli_error("out of memory");
     char usage[sizeof train_usage + 512];
     train_usage_text(usage, sizeof usage);
-    r = topt_parse("train", usage, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv,
-                   pos, &n_pos);
-    if (r == 0 && n_pos)
-        r = cli_usage_error("train", "unexpected argument '%s'", pos[0]);
-    free(pos);
-    if (r == 1)
-        return CLI_OK;
+    int r = topt_parse("train", usage, opts, (int)(sizeof opts / sizeof opts[0]), argc, argv,
+                       NULL, NULL);
     if (r)
-        return CLI_USAGE;
+        return r < 0 ? CLI_OK : r;
     if (!o.data)
         return cli_usage_error("train", "--data is required");
     if (!o.out)

@@ -1,6 +1,6 @@
 /*
  * plot.c — a small RGB canvas for the pictures `vitc plot-log`, `vitc eval
- * --plot` and the demo draw: rectangles, lines, and text in a 5x7 bitmap
+ * --plot`, `vitc attention-map` and the demo draw: rectangles, lines, and text in a 5x7 bitmap
  * font of vitc's own (ASCII letters, digits, common punctuation; any other
  * character draws as a box). Written out through vitc_image_save_png.
  */
@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "train.h"
+#include "plot.h"
 
 /* Rows top to bottom; bit 4 is the leftmost column. */
 static const struct {

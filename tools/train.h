@@ -8,13 +8,15 @@
 #include <stdio.h>
 
 #include "cli.h"
+#include "plot.h"
 
 /* ---- options --------------------------------------------------------- */
-/* cli_parse (cli.h) with the command's usage text for --help, and any
- * number of positionals into pos (room for argc). 0: go on, 1: --help
- * printed, 2: usage error printed (exit with CLI_USAGE). */
+/* cli_parse (cli.h) with the command's usage text for --help. Positionals:
+ * none when arg is NULL, else exactly one (arg_name says what) into *arg.
+ * 0: go on; -1: --help printed (exit with CLI_OK); else the exit status
+ * (CLI_USAGE, CLI_FAIL), the error printed. */
 int topt_parse(const char *cmd, const char *usage, const cli_opt *opts, int n, int argc,
-               char **argv, char **pos, int *n_pos);
+               char **argv, const char *arg_name, const char **arg);
 
 /* ---- data sets ------------------------------------------------------ */
 /* --data: "fashion-mnist" (Debian's package), "mnist-dir:DIR"-like plain
@@ -43,21 +45,8 @@ typedef struct eval_result {
 int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int64_t *confusion,
                    int quiet, const char *what);
 vitc_batch_opts train_batch_opts(const vitc_vit_config *c);
-
-/* ---- pictures (plot.c) ---------------------------------------------- */
-typedef struct canvas {
-    int w, h;
-    uint8_t *rgb; /* [h, w, 3] */
-} canvas;
-int canvas_init(canvas *c, int w, int h);
-void canvas_free(canvas *c);
-void canvas_rect(canvas *c, int x, int y, int w, int h, const uint8_t rgb[3]);
-void canvas_line(canvas *c, double x0, double y0, double x1, double y1, const uint8_t rgb[3],
-                 int thick);
-/* Text with its top-left corner at (x, y); each font pixel scale x scale. */
-void canvas_text(canvas *c, int x, int y, const char *text, int scale, const uint8_t rgb[3]);
-int canvas_text_width(const char *text, int scale);
-#define CANVAS_FONT_H 7
+/* The predicted class of logits l [C]: the first of the largest. */
+int train_argmax(const float *l, int C);
 
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);

@@ -16,14 +16,29 @@
 /* ---- options ---------------------------------------------------------- */
 
 int topt_parse(const char *cmd, const char *usage, const cli_opt *opts, int n, int argc,
-               char **argv, char **pos, int *n_pos) {
+               char **argv, const char *arg_name, const char **arg) {
     const cli_spec spec = {opts, n, -1, "argument"};
-    int rc = cli_parse_command(cmd, &spec, argc, argv, pos, n_pos);
+    char **pos = calloc((size_t)argc + 1, sizeof *pos);
+    int n_pos, rc;
+    if (!pos)
+        return cli_error("out of memory");
+    /* Every positional is taken, then counted: an unknown option after a
+     * stray argument is the error reported, and --help anywhere wins. */
+    rc = cli_parse_command(cmd, &spec, argc, argv, pos, &n_pos);
     if (rc == CLI_PARSE_HELP) {
         fputs(usage, stdout);
-        return 1;
+        rc = -1;
+    } else if (rc != CLI_PARSE_OK) {
+        rc = CLI_USAGE;
+    } else if (!arg && n_pos) {
+        rc = cli_usage_error(cmd, "unexpected argument '%s'", pos[0]);
+    } else if (arg && n_pos != 1) {
+        rc = cli_usage_error(cmd, "one %s, please (got %d arguments)", arg_name, n_pos);
+    } else if (arg) {
+        *arg = pos[0];
     }
-    return rc == CLI_PARSE_OK ? 0 : 2;
+    free(pos);
+    return rc;
 }
 
 /* ---- data sets -------------------------------------------------------- */
@@ -128,10 +143,12 @@ vitc_batch_opts train_batch_opts(const vitc_vit_config *c) {
     return o;
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
+int train_argmax(const float *l, int C) {
+    int best = 0;
+    for (int j = 1; j < C; j++)
+        if (l[j] > l[best])
+            best = j;
+    return best;
 }
 
 int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int64_t *confusion,
@@ -156,7 +173,7 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int
     vitc_vit_set_training(m, 0);
     vitc_batch_opts o = train_batch_opts(c);
     int rc = CLI_OK, tty = cli_stderr_tty();
-    double t0 = now_s(), last = t0;
+    double t0 = cli_now(), last = t0;
     double loss_sum = 0;
     for (int64_t i = 0; i < n && rc == CLI_OK; i += batch) {
         int b = (int)(n - i < batch ? n - i : batch), nv;
@@ -173,10 +190,7 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int
         }
         for (int k = 0; k < nv; k++) {
             const float *l = logits + (size_t)k * C;
-            int best = 0;
-            for (int j = 1; j < C; j++)
-                if (l[j] > l[best])
-                    best = j;
+            int best = train_argmax(l, C);
             float mx = l[best];
             double se = 0;
             for (int j = 0; j < C; j++) se += exp((double)l[j] - mx);
@@ -186,7 +200,7 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int
                 confusion[lab[k] * C + best]++;
         }
         r->n += nv;
-        double t = now_s();
+        double t = cli_now();
         if (!quiet && t - last > (tty ? 0.25 : 10.0)) {
             fprintf(stderr, "%s%s: %lld/%lld images%s", tty ? "\r" : "", what,
                     (long long)(i + b), (long long)n, tty ? "" : "\n");

@@ -55,10 +55,15 @@ def _mask(m, name):
     raise TypeError("%s must be bool or floating point, got %s" % (name, m.dtype))
 
 
-def _arr(x):
+def _arr(x, name=None):
+    """x (numpy or torch) as a float32 array; with a name, one of at most
+    MAX_NDIM dims (the layer calls' limit)."""
     if hasattr(x, "detach"):
         x = x.detach().cpu().numpy()
-    return as_f32(x)
+    x = as_f32(x)
+    if name is not None and x.ndim > MAX_NDIM:
+        raise VitcError(Status.ERR_SHAPE, "%s has %d dimensions (at most %d)" % (name, x.ndim, MAX_NDIM))
+    return x
 
 
 def _qkv(query, key, value):
@@ -173,9 +178,7 @@ class _Layer:
 
     # -- forward --------------------------------------------------------
     def forward(self, x):
-        x = _arr(x)
-        if x.ndim > MAX_NDIM:
-            raise VitcError(Status.ERR_SHAPE, "input has %d dimensions (at most %d)" % (x.ndim, MAX_NDIM))
+        x = _arr(x, "input")
         shp = shape_arr(x.shape)
         ond = ctypes.c_int()
         osh = (ctypes.c_int64 * MAX_NDIM)()
@@ -192,17 +195,20 @@ class _Layer:
     def backward(self, dy):
         """Gradient of the last training-mode forward: returns dx (the input's
         shape) and accumulates every parameter's gradient (see grads())."""
-        dy = _arr(dy)
-        if dy.ndim > MAX_NDIM:
-            raise VitcError(Status.ERR_SHAPE, "dy has %d dimensions (at most %d)" % (dy.ndim, MAX_NDIM))
+        dy = _arr(dy, "dy")
         with self._lock:
-            shape = getattr(self, "_in_shape", None)
-            if shape is None:
-                raise VitcError(Status.ERR_INVALID_ARG, "%s.backward: no training-mode forward recorded "
-                                "(call train() and forward first)" % type(self).__name__)
+            shape = self._recorded()
             dx = np.empty(shape, dtype=np.float32)
             check(lib.vitc_layer_backward(self._ptr, fptr(dy), dy.ndim, shape_arr(dy.shape), fptr(dx)))
         return dx
+
+    def _recorded(self):
+        """The input shape(s) the last training-mode forward kept (under the lock)."""
+        shape = getattr(self, "_in_shape", None)
+        if shape is None:
+            raise VitcError(Status.ERR_INVALID_ARG, "%s.backward: no training-mode forward recorded "
+                            "(call train() and forward first)" % type(self).__name__)
+        return shape
 
     def grads(self):
         """Accumulated gradients (copies) under the torch key names; buffers have none."""
@@ -334,15 +340,9 @@ class MultiheadAttention(_Layer):
         """Gradients of the last training-mode forward: (d_query, d_key, d_value),
         and every parameter's gradient accumulates (grads()). When query, key
         and value were one array, its gradient is the sum of the three."""
-        dy = _arr(dy)
-        if dy.ndim > MAX_NDIM:
-            raise VitcError(Status.ERR_SHAPE, "dy has %d dimensions (at most %d)" % (dy.ndim, MAX_NDIM))
+        dy = _arr(dy, "dy")
         with self._lock:
-            shapes = getattr(self, "_in_shape", None)
-            if shapes is None:
-                raise VitcError(Status.ERR_INVALID_ARG, "MultiheadAttention.backward: no training-mode "
-                                "forward recorded (call train() and forward first)")
-            dq, dk, dv = (np.empty(s, dtype=np.float32) for s in shapes)
+            dq, dk, dv = (np.empty(s, dtype=np.float32) for s in self._recorded())
             vd = _view(dy)
             check(lib.vitc_mha_backward(self._ptr, ctypes.byref(vd), fptr(dq), fptr(dk), fptr(dv)))
         return dq, dk, dv

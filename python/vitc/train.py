@@ -48,6 +48,19 @@ def _handle(model):
     raise TypeError("expected a vitc model or layer, got %r" % type(model).__name__)
 
 
+def _setting(name, doc=None):
+    """A float setting of the C optimizer (vitc_optimizer_get_NAME /
+    vitc_optimizer_set_NAME) as a property, under the model's lock."""
+    def get(self):
+        with self._lock:
+            return getattr(lib, "vitc_optimizer_get_" + name)(self._o)
+
+    def set_(self, value):
+        with self._lock:
+            check(getattr(lib, "vitc_optimizer_set_" + name)(self._o, float_arg(value, name)))
+    return property(get, set_, doc=doc)
+
+
 class _Optimizer:
     """An optimizer over every parameter of a vitc model or layer (its
     gradients accumulate until zero_grad, as torch's)."""
@@ -75,22 +88,8 @@ class _Optimizer:
         with self._lock:
             check(lib.vitc_optimizer_zero_grad(self._o))
 
-    @property
-    def lr(self):
-        return lib.vitc_optimizer_get_lr(self._o)
-
-    @lr.setter
-    def lr(self, value):
-        check(lib.vitc_optimizer_set_lr(self._o, float_arg(value, "lr")))
-
-    @property
-    def momentum(self):
-        """SGD's momentum, AdamW's beta1 (what OneCycleLR cycles)."""
-        return lib.vitc_optimizer_get_momentum(self._o)
-
-    @momentum.setter
-    def momentum(self, value):
-        check(lib.vitc_optimizer_set_momentum(self._o, float_arg(value, "momentum")))
+    lr = _setting("lr")
+    momentum = _setting("momentum", "SGD's momentum, AdamW's beta1 (what OneCycleLR cycles).")
 
     @property
     def step_count(self):

@@ -628,24 +628,26 @@ vitc_batch_opts vitc_batch_default_opts(int image_size, int channels) {
     return o;
 }
 
+/* The two source taps *i0, *i1 of [0, n) and the weight of *i1 at the
+ * source coordinate f (clamped to the edge pixels). */
+static void bilinear_tap(double f, int n, int *i0, int *i1, float *w1) {
+    if (f < 0) f = 0;
+    if (f > n - 1) f = n - 1;
+    *i0 = (int)f;
+    *i1 = *i0 + 1 < n ? *i0 + 1 : *i0;
+    *w1 = (float)(f - *i0);
+}
+
 /* Bilinear sample of a [h, w] plane (align_corners=False) over the box
  * (y0, x0, bh, bw) into an s x s plane. */
 static void resample(float *dst, int s, const float *src, int h, int w, double y0, double x0,
                      double bh, double bw) {
     for (int y = 0; y < s; y++) {
-        double fy = y0 + (y + 0.5) * bh / s - 0.5;
-        if (fy < 0) fy = 0;
-        if (fy > h - 1) fy = h - 1;
-        int iy = (int)fy;
-        int iy1 = iy + 1 < h ? iy + 1 : iy;
-        float wy = (float)(fy - iy);
+        int iy, iy1, ix, ix1;
+        float wy, wx;
+        bilinear_tap(y0 + (y + 0.5) * bh / s - 0.5, h, &iy, &iy1, &wy);
         for (int x = 0; x < s; x++) {
-            double fx = x0 + (x + 0.5) * bw / s - 0.5;
-            if (fx < 0) fx = 0;
-            if (fx > w - 1) fx = w - 1;
-            int ix = (int)fx;
-            int ix1 = ix + 1 < w ? ix + 1 : ix;
-            float wx = (float)(fx - ix);
+            bilinear_tap(x0 + (x + 0.5) * bw / s - 0.5, w, &ix, &ix1, &wx);
             float a = src[(size_t)iy * w + ix], b = src[(size_t)iy * w + ix1];
             float c = src[(size_t)iy1 * w + ix], e = src[(size_t)iy1 * w + ix1];
             dst[(size_t)y * s + x] = (a * (1 - wx) + b * wx) * (1 - wy) + (c * (1 - wx) + e * wx) * wy;

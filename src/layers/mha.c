@@ -28,6 +28,20 @@ typedef struct mha_dims {
     int64_t q_sb, q_sl, kv_sb, kv_sl; /* in rows; kv for the S keys after projection */
 } mha_dims;
 
+/* 1 when q, k and v each hold at most 2^50 elements: the product does not
+ * overflow, and the buffers derived from them stay allocatable sizes. */
+static int qkv_numel_ok(const vitc_tensor_view *q, const vitc_tensor_view *k,
+                        const vitc_tensor_view *v) {
+    const vitc_tensor_view *t[3] = {q, k, v};
+    for (int i = 0; i < 3; i++) {
+        int ok;
+        size_t n = vitc__numel(t[i]->ndim, t[i]->shape, &ok);
+        if (!ok || n > ((size_t)1 << 50))
+            return 0;
+    }
+    return 1;
+}
+
 static vitc_status mha_dims_of(const vitc_layer *l, const vitc_mha_args *a, mha_dims *d) {
     const vitc_layer_config *c = &l->cfg;
     const vitc_tensor_view *q = &a->query, *k = &a->key, *v = &a->value;
@@ -48,11 +62,7 @@ static vitc_status mha_dims_of(const vitc_layer *l, const vitc_mha_args *a, mha_
                              "MultiheadAttention: every dimension must be >= 1; got query %s, "
                              "key %s, value %s",
                              shp(s1, sizeof s1, q), shp(s2, sizeof s2, k), shp(s3, sizeof s3, v));
-    int ok_q, ok_k, ok_v;
-    size_t nq = vitc__numel(nd, q->shape, &ok_q), nk = vitc__numel(nd, k->shape, &ok_k),
-           nv = vitc__numel(nd, v->shape, &ok_v);
-    if (!ok_q || !ok_k || !ok_v || nq > ((size_t)1 << 50) || nk > ((size_t)1 << 50) ||
-        nv > ((size_t)1 << 50))
+    if (!qkv_numel_ok(q, k, v))
         return vitc__err(VITC_ERR_NOMEM, "MultiheadAttention: query, key or value too large");
     d->batched = nd == 3;
     d->E = E;
@@ -603,11 +613,7 @@ static vitc_status sdpa_impl(const vitc_tensor_view *q, const vitc_tensor_view *
     int nlead = nd - 2;
     int64_t H = nlead ? q->shape[nd - 3] : 1, B = 1;
     for (int i = 0; i < nlead - 1; i++) B *= q->shape[i];
-    int okq, okk, okv;
-    size_t nq = vitc__numel(nd, q->shape, &okq), nk = vitc__numel(nd, k->shape, &okk),
-           nv = vitc__numel(nd, v->shape, &okv);
-    if (!okq || !okk || !okv || nq > ((size_t)1 << 50) || nk > ((size_t)1 << 50) ||
-        nv > ((size_t)1 << 50))
+    if (!qkv_numel_ok(q, k, v))
         return vitc__err(VITC_ERR_NOMEM, "scaled_dot_product_attention: q, k or v too large");
 
     vitc__sdpa_desc sd = {0};

@@ -218,31 +218,22 @@ static vitc_status hub_int(json_t *cfg, const char *key, int def, int *out) {
 static vitc_status hub_labels(vitc_vit *m, json_t *id2label, int n) {
     if (!json_is_object(id2label) || (int)json_object_size(id2label) != n)
         return VITC_OK; /* no labels, or not one per class: none kept */
-    size_t bytes = 0;
-    for (int i = 0; i < n; i++) {
-        char key[16];
-        snprintf(key, sizeof key, "%d", i);
-        json_t *s = json_object_get(id2label, key);
-        if (!json_is_string(s))
-            return VITC_OK;
-        bytes += json_string_length(s) + 1;
-    }
-    m->label_text = malloc(bytes ? bytes : 1);
-    m->labels = calloc((size_t)n, sizeof *m->labels);
-    if (!m->label_text || !m->labels)
+    json_t *arr = json_array(); /* the labels in class order */
+    if (!arr)
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate %d labels", n);
-    char *p = m->label_text;
     for (int i = 0; i < n; i++) {
         char key[16];
         snprintf(key, sizeof key, "%d", i);
         json_t *s = json_object_get(id2label, key);
-        size_t len = json_string_length(s);
-        memcpy(p, json_string_value(s), len);
-        p[len] = '\0';
-        m->labels[i] = p;
-        p += len + 1;
+        if (!json_is_string(s) || json_array_append(arr, s) != 0) {
+            json_decref(arr);
+            return json_is_string(s) ? vitc__err(VITC_ERR_NOMEM, "cannot allocate %d labels", n)
+                                     : VITC_OK;
+        }
     }
-    return VITC_OK;
+    vitc_status st = vitc__vit_keep_labels(m, arr, "config.json");
+    json_decref(arr);
+    return st;
 }
 
 /* A processor size: an int (square, or the shortest edge where the

@@ -292,6 +292,10 @@ vitc_status vitc__vit_load_prec(const char *path, const char *arch, int prec, vi
 /* CLIP's vision tower in open_clip's / OpenAI's names (visual.*): 1; in
  * timm's (norm_pre, blocks.N): 2; else 0. */
 int vitc__vit_clip_names(const vitc_safetensors *st);
+/* vit_load.c: m->labels [n] and m->label_text from arr, a jansson array of
+ * n strings (the caller checked them); what names the file in errors. */
+struct json_t;
+vitc_status vitc__vit_keep_labels(vitc_vit *m, struct json_t *arr, const char *what);
 /* vit_load.c: the shape of tensor `name` when it has ndim dims, each in
  * [1, 2^20]; NULL when absent or otherwise. */
 const int64_t *vitc__vit_file_shape(const vitc_safetensors *st, const char *name, int ndim);

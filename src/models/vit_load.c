@@ -415,18 +415,11 @@ static vitc_status vit_json_floats(json_t *obj, const char *key, float *out, int
     return VITC_OK;
 }
 
-/* Keep the labels array (checked against num_classes later). */
-static vitc_status vit_json_labels(vitc_vit *m, json_t *arr) {
+vitc_status vitc__vit_keep_labels(vitc_vit *m, json_t *arr, const char *what) {
     size_t n = json_array_size(arr), bytes = 0;
-    if (!json_is_array(arr) || n > VIT_MAX_DIM)
-        return vitc__err(VITC_ERR_FORMAT, "vitc.config: \"labels\" must be an array of strings");
-    for (size_t i = 0; i < n; i++) {
-        json_t *s = json_array_get(arr, i);
-        if (!json_is_string(s))
-            return vitc__err(VITC_ERR_FORMAT, "vitc.config: labels[%zu] is not a string", i);
-        if (!vitc__add_size(bytes, json_string_length(s) + 1, &bytes))
-            return vitc__err(VITC_ERR_NOMEM, "vitc.config: labels too long");
-    }
+    for (size_t i = 0; i < n; i++)
+        if (!vitc__add_size(bytes, json_string_length(json_array_get(arr, i)) + 1, &bytes))
+            return vitc__err(VITC_ERR_NOMEM, "%s: labels too long", what);
     m->label_text = malloc(bytes ? bytes : 1);
     m->labels = calloc(n ? n : 1, sizeof *m->labels);
     if (!m->label_text || !m->labels)
@@ -440,6 +433,18 @@ static vitc_status vit_json_labels(vitc_vit *m, json_t *arr) {
         m->labels[i] = p;
         p += len + 1;
     }
+    return VITC_OK;
+}
+
+/* Keep the labels array (checked against num_classes later). */
+static vitc_status vit_json_labels(vitc_vit *m, json_t *arr) {
+    size_t n = json_array_size(arr);
+    if (!json_is_array(arr) || n > VIT_MAX_DIM)
+        return vitc__err(VITC_ERR_FORMAT, "vitc.config: \"labels\" must be an array of strings");
+    for (size_t i = 0; i < n; i++)
+        if (!json_is_string(json_array_get(arr, i)))
+            return vitc__err(VITC_ERR_FORMAT, "vitc.config: labels[%zu] is not a string", i);
+    VITC_TRY(vitc__vit_keep_labels(m, arr, "vitc.config"));
     m->cfg.num_classes = m->cfg.num_classes ? m->cfg.num_classes : (int)n;
     return (int)n == m->cfg.num_classes
                ? VITC_OK

@@ -10,7 +10,6 @@ import os
 import struct
 import subprocess
 import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -24,27 +23,34 @@ except ImportError:  # pragma: no cover
     torch = None
 
 try:
-    from .util import ROOT, VITC, export_cmd, run_vitc as run
+    from .util import DATA, ROOT, VITC, TmpDirCase, export_cmd, run_vitc as run
 except ImportError:  # run as a script
-    from util import ROOT, VITC, export_cmd, run_vitc as run
+    from util import DATA, ROOT, VITC, TmpDirCase, export_cmd, run_vitc as run
 
-DATA = os.path.join(ROOT, "tests", "data")
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 
 
+def tiny_vit(seed, channels=None):
+    """The tests' tiny torchvision ViT (48x48, patch 16, 2 layers, dim 32,
+    12 classes, a head drawn wide enough to rank the classes), in eval mode;
+    channels: a new patch embedding for that many channels."""
+    torch.manual_seed(seed)
+    m = VisionTransformer(image_size=48, patch_size=16, num_layers=2, num_heads=2,
+                          hidden_dim=32, mlp_dim=64, num_classes=12)
+    if channels is not None:
+        m.conv_proj = torch.nn.Conv2d(channels, 32, 16, 16)
+    torch.nn.init.normal_(m.heads.head.weight, std=0.5)
+    torch.nn.init.normal_(m.heads.head.bias, std=0.5)
+    return m.eval()
+
+
 @unittest.skipIf(torch is None or not os.path.exists(VITC), "needs torch and build/vitc")
-class TestCLI(unittest.TestCase):
+class TestCLI(TmpDirCase):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        d = cls.tmp.name
-        torch.manual_seed(0)
-        m = VisionTransformer(image_size=48, patch_size=16, num_layers=2, num_heads=2,
-                              hidden_dim=32, mlp_dim=64, num_classes=12)
-        torch.nn.init.normal_(m.heads.head.weight, std=0.5)
-        torch.nn.init.normal_(m.heads.head.bias, std=0.5)
-        m.eval()
-        cls.model = m
+        super().setUpClass()
+        d = cls.tmp
+        cls.model = m = tiny_vit(0)
         pth = os.path.join(d, "tiny.pth")
         torch.save(m.state_dict(), pth)
         cls.labels = ["class %d" % i for i in range(11)] + ['tricky "quote" \\ é']
@@ -58,10 +64,6 @@ class TestCLI(unittest.TestCase):
         cls.images = [os.path.join(DATA, n) for n in
                       ("photo.jpg", "photo.png", "rgb8.png", "gray8.png", "palette.png",
                        "rgba16.png", "progressive.jpg")]
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
 
     def torch_logits(self, path, resize=54, crop=48, model=None, gray=False,
                      mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225)):
@@ -109,7 +111,7 @@ class TestCLI(unittest.TestCase):
                            self.images[0])
         self.assertEqual(rc, 0, err)
         self.check_json(out, self.images[:1], 3, None)
-        lab = os.path.join(self.tmp.name, "other.txt")
+        lab = self.path("other.txt")
         names = ["n%02d" % i for i in range(12)]
         with open(lab, "w") as f:
             f.write("\r\n".join(names) + "\r\n")
@@ -145,7 +147,7 @@ class TestCLI(unittest.TestCase):
         self.assertIn("class %4d" % want[0], lines[1])
 
     def test_json_escaping(self):
-        d = self.tmp.name
+        d = self.tmp
         odd = os.path.join(d, 'we"ird\\na\tme é.png')
         with open(self.images[2], "rb") as src, open(odd, "wb") as dst:
             dst.write(src.read())
@@ -185,7 +187,7 @@ class TestCLI(unittest.TestCase):
             self.assertIn("vitc: error:", err)
 
     def corrupt_models(self):
-        d = self.tmp.name
+        d = self.tmp
         with open(self.st, "rb") as f:
             raw = f.read()
         hlen = struct.unpack("<Q", raw[:8])[0]
@@ -217,15 +219,15 @@ class TestCLI(unittest.TestCase):
             for cmd in (["classify", "--model", p, "--arch", "vit_b_16", self.images[0]],
                         ["classify", "--model", p, self.images[0]],
                         ["attention-map", "--model", p, "--out",
-                         os.path.join(self.tmp.name, "never.png"), self.images[0]]):
+                         self.path("never.png"), self.images[0]]):
                 rc, out, err = run(*cmd)
                 self.assertEqual(rc, 1, (cmd, err))
                 self.assertTrue(err.startswith("vitc: error:"), (cmd, err))
                 self.assertEqual(out, "")
-        self.assertFalse(os.path.exists(os.path.join(self.tmp.name, "never.png")))
+        self.assertFalse(os.path.exists(self.path("never.png")))
 
     def test_attention_map_png_and_raw(self):
-        d = self.tmp.name
+        d = self.tmp
         for method in ("rollout", "cls"):
             out = os.path.join(d, "am_%s.png" % method)
             raw = os.path.join(d, "am_%s.npy" % method)
@@ -278,14 +280,8 @@ class TestCLI(unittest.TestCase):
         """The tiny ViT with a `channels`-channel patch embedding, written
         with the independent writer and `config` as its vitc.config."""
         import st_write
-        torch.manual_seed(channels)
-        m = VisionTransformer(image_size=48, patch_size=16, num_layers=2, num_heads=2,
-                              hidden_dim=32, mlp_dim=64, num_classes=12)
-        m.conv_proj = torch.nn.Conv2d(channels, 32, 16, 16)
-        torch.nn.init.normal_(m.heads.head.weight, std=0.5)
-        torch.nn.init.normal_(m.heads.head.bias, std=0.5)
-        m.eval()
-        path = os.path.join(self.tmp.name, name)
+        m = tiny_vit(channels, channels)
+        path = self.path(name)
         st_write.write(path, {k: v.numpy() for k, v in m.state_dict().items()},
                        {"vitc.config": json.dumps(config)})
         return m, path
@@ -308,9 +304,9 @@ class TestCLI(unittest.TestCase):
                         self.assertAlmostEqual(e["logit"], float(want[e["index"]]), delta=1e-3)
             self.assertEqual(outs[0], outs[1])
         # the exporter writes a gray model's one-value mean/std
-        pth = os.path.join(self.tmp.name, "gray.pth")
+        pth = self.path("gray.pth")
         torch.save(m.state_dict(), pth)
-        exported = os.path.join(self.tmp.name, "gray_exported.safetensors")
+        exported = self.path("gray_exported.safetensors")
         subprocess.run(export_cmd(pth, exported, "--mean", "0.485", "--std", "0.229"),
                        check=True, stdout=subprocess.DEVNULL)
         rc, out, err = run("classify", "--model", exported, "--json", "--topk", 12, "--batch", 3,
@@ -318,7 +314,7 @@ class TestCLI(unittest.TestCase):
         self.assertEqual(rc, 0, err)
         self.assertEqual(out, outs[0])
         # attention-map: the left panel is the gray crop the model saw
-        png = os.path.join(self.tmp.name, "gray_am.png")
+        png = self.path("gray_am.png")
         rc, so, err = run("attention-map", "--model", path, "--out", png, self.images[0])
         self.assertEqual(rc, 0, err)
         arr = np.asarray(Image.open(png).convert("RGB"))[:48 * 5:5, :48 * 5:5]
@@ -332,7 +328,7 @@ class TestCLI(unittest.TestCase):
         for channels in (2, 4, 64):
             _, path = self.channel_model(channels, "c%d.safetensors" % channels,
                                          {"num_heads": 2})
-            png = os.path.join(self.tmp.name, "never_c.png")
+            png = self.path("never_c.png")
             for cmd in (["classify", "--model", path, self.images[0]],
                         ["attention-map", "--model", path, "--out", png, self.images[0]]):
                 rc, out, err = run(*cmd)
@@ -354,7 +350,7 @@ class TestCLI(unittest.TestCase):
                  "resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss]))\n")
         for n in (100000, 1000000):
             for shape in ((1, n, 3), (n, 1, 3)):
-                png = os.path.join(self.tmp.name, "extreme_%dx%d.png" % shape[:2])
+                png = self.path("extreme_%dx%d.png" % shape[:2])
                 Image.fromarray(np.full(shape, 90, np.uint8)).save(png)
                 for cmd in (["classify", "--model", self.st, "--quiet", png],
                             ["attention-map", "--model", self.st, "--out",
@@ -382,7 +378,7 @@ class TestCLI(unittest.TestCase):
         self.assertIn("architecture: custom", out)
 
     def test_labels_control_characters_escaped(self):
-        lab = os.path.join(self.tmp.name, "evil.txt")
+        lab = self.path("evil.txt")
         names = ["\x1b[31mred\x1b[0m %d" % i for i in range(11)] + ["bell\x07 and \x7f"]
         names[3] = "carriage\rreturn"
         with open(lab, "w") as f:
@@ -396,7 +392,7 @@ class TestCLI(unittest.TestCase):
         self.assertIn("carriage\\x0dreturn", out)
         self.assertEqual(len(out.strip().split("\n")), 13)
         # the image path, printed as the header line, likewise
-        odd = os.path.join(self.tmp.name, "new\nline\x1b.png")
+        odd = self.path("new\nline\x1b.png")
         with open(self.images[2], "rb") as src, open(odd, "wb") as dst:
             dst.write(src.read())
         rc, out, err = run("classify", "--model", self.st, "--topk", 1, odd)
@@ -404,7 +400,7 @@ class TestCLI(unittest.TestCase):
         self.assertEqual(out.split("\n")[0], odd.replace("\n", "\\n").replace("\x1b", "\\x1b"))
 
     def test_error_messages_one_line(self):
-        bad = os.path.join(self.tmp.name, "no\nsuch\x1b[2J.png")
+        bad = self.path("no\nsuch\x1b[2J.png")
         rc, out, err = run("classify", "--model", self.st, "--quiet", bad)
         self.assertEqual(rc, 1)
         lines = err.split("\n")
@@ -413,7 +409,7 @@ class TestCLI(unittest.TestCase):
         self.assertNotIn("\x1b", err)
 
     def test_every_numeric_option_is_strict(self):
-        png = os.path.join(self.tmp.name, "never_opt.png")
+        png = self.path("never_opt.png")
         base = {"classify": ["--model", self.st, self.images[0]],
                 "attention-map": ["--model", self.st, "--out", png, self.images[0]],
                 "bench": ["--no-peak"], "demo": []}

@@ -20,10 +20,10 @@ import vitc
 
 try:
     from .util import (PHOTO, VITC, TmpDirCase, assert_close as close, random_images,
-                       reference_modules, run_vitc as run, torch)
+                       reference_modules, run_vitc as run, torch, write_json)
 except ImportError:  # run as a script
     from util import (PHOTO, VITC, TmpDirCase, assert_close as close, random_images,
-                      reference_modules, run_vitc as run, torch)
+                      reference_modules, run_vitc as run, torch, write_json)
 if torch is not None:
     import torch.nn.functional as F
 hf_ref, st_write = reference_modules("hf_ref", "st_write")
@@ -157,12 +157,11 @@ class TestClipNames(TmpDirCase):
 
     def test_open_clip_dir_gelu_head_width(self):
         cfg, sd, oc = self.weights(48, 3, "gelu", 2)
-        d = os.path.join(self.tmp, "open_clip_dir")
-        os.makedirs(d)
-        with open(os.path.join(d, "open_clip_config.json"), "w") as f:
-            json.dump({"model_cfg": {"embed_dim": 16, "vision_cfg": {
+        d = self.path("open_clip_dir")
+        write_json(os.path.join(d, "open_clip_config.json"), {"model_cfg": {
+            "embed_dim": 16, "vision_cfg": {
                 "image_size": 32, "layers": 2, "width": 48, "head_width": 16, "patch_size": 8}},
-                "preprocess_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}}, f)
+            "preprocess_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}})
         st_write.write(os.path.join(d, "open_clip_model.safetensors"), oc)
         m = vitc.load_model(d)
         self.assertEqual(m.config["mean"], [0.5] * 3)
@@ -170,11 +169,10 @@ class TestClipNames(TmpDirCase):
 
     def test_timm_file_and_dir(self):
         cfg, sd, oc = self.weights(128, 2, "quick_gelu", 4)
-        d = os.path.join(self.tmp, "timm_dir")
-        os.makedirs(d)
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump({"architecture": "vit_base_patch16_clip_224", "num_classes": 16,
-                       "pretrained_cfg": {"tag": "openai", "input_size": [3, 32, 32]}}, f)
+        d = self.path("timm_dir")
+        write_json(os.path.join(d, "config.json"), {
+            "architecture": "vit_base_patch16_clip_224", "num_classes": 16,
+            "pretrained_cfg": {"tag": "openai", "input_size": [3, 32, 32]}})
         st_write.write(os.path.join(d, "model.safetensors"), to_timm(oc, 2))
         for path in (d, os.path.join(d, "model.safetensors")):
             m = vitc.load_model(path)
@@ -182,9 +180,8 @@ class TestClipNames(TmpDirCase):
             self.assertEqual(m.config["arch"], "vit_base_patch16_clip_224")
             self.check(m, cfg, sd, oc, 2, True, timm=True)
         # a LAION tag: GELU, other numbers (the activation is read)
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump({"architecture": "vit_base_patch16_clip_224",
-                       "pretrained_cfg": {"tag": "laion2b_s34b_b88k"}}, f)
+        write_json(os.path.join(d, "config.json"), {"architecture": "vit_base_patch16_clip_224",
+                                                    "pretrained_cfg": {"tag": "laion2b_s34b_b88k"}})
         g = vitc.load_model(d)
         x = self.x[(32, 32)].numpy()
         self.assertGreater(np.abs(g.embed(x) - m.embed(x)).max(), 1e-3)

@@ -23,11 +23,11 @@ except ImportError:  # pragma: no cover
     torch = None
 
 try:
-    from .util import ROOT, VITC, export_cmd, run_vitc
+    from .util import DATA, VITC, TmpDirCase, export_cmd, run_vitc
 except ImportError:  # run as a script
-    from util import ROOT, VITC, export_cmd, run_vitc
+    from util import DATA, VITC, TmpDirCase, export_cmd, run_vitc
 
-IMAGE = os.path.join(ROOT, "tests", "data", "rgb8.png")
+IMAGE = os.path.join(DATA, "rgb8.png")
 
 
 def run(*args, fsize=None):
@@ -35,11 +35,11 @@ def run(*args, fsize=None):
 
 
 @unittest.skipIf(torch is None or not os.path.exists(VITC), "needs torch and build/vitc")
-class TestFiles(unittest.TestCase):
+class TestFiles(TmpDirCase):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        d = cls.tmp.name
+        super().setUpClass()
+        d = cls.tmp
         torch.manual_seed(0)
         m = VisionTransformer(image_size=48, patch_size=16, num_layers=1, num_heads=2,
                               hidden_dim=32, mlp_dim=64, num_classes=4)
@@ -52,12 +52,8 @@ class TestFiles(unittest.TestCase):
     def export(cls, out):
         return export_cmd(cls.pth, out)
 
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
-
     def setUp(self):
-        self.dir = tempfile.mkdtemp(dir=self.tmp.name)
+        self.dir = tempfile.mkdtemp(dir=self.tmp)
 
     def one_error_line(self, rc, err, needle):
         self.assertEqual(rc, 1, err)

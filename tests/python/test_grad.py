@@ -33,14 +33,20 @@ def _paths():
 
 
 @torch.enable_grad()  # other test modules turn autograd off globally
+def additive_mask64(mask):
+    """A bool (True: attend) or float mask as the float64 one added to the
+    scores (-inf where a bool mask is False)."""
+    m = torch.tensor(mask)
+    if m.dtype == torch.bool:
+        m = torch.zeros(m.shape, dtype=torch.float64).masked_fill(~m, float("-inf"))
+    return m.double()
+
+
 def torch_sdpa_grads(q, k, v, dout, mask=None, scale=None):
     q, k, v = (torch.tensor(x, dtype=torch.float64, requires_grad=True) for x in (q, k, v))
     s = (q @ k.transpose(-2, -1)) * (scale if scale is not None else q.shape[-1] ** -0.5)
     if mask is not None:
-        m = torch.tensor(mask)
-        if m.dtype == torch.bool:
-            m = torch.zeros(m.shape, dtype=torch.float64).masked_fill(~m, float("-inf"))
-        s = s + m.double()
+        s = s + additive_mask64(mask)
     out = torch.softmax(s, -1) @ v
     out.backward(torch.tensor(dout, dtype=torch.float64))
     return q.grad.numpy(), k.grad.numpy(), v.grad.numpy()
@@ -52,10 +58,7 @@ def torch_lse(q, k, mask, scale):
     sc = 1.0 / np.sqrt(q.shape[-1]) if scale is None else scale
     s = qd @ kd.transpose(-1, -2) * sc
     if mask is not None:
-        m = torch.tensor(mask)
-        if m.dtype == torch.bool:
-            m = torch.zeros(m.shape, dtype=torch.float64).masked_fill(~m, float("-inf"))
-        s = s + m.double()
+        s = s + additive_mask64(mask)
     return torch.logsumexp(s, -1).numpy()
 
 

@@ -19,11 +19,11 @@ import numpy as np
 import vitc
 
 try:
-    from .util import (PHOTO, ROOT, VITC, TmpDirCase, assert_close as close, random_images,
-                       reference_modules, run_vitc as run, torch)
+    from .util import (DATA, PHOTO, VITC, TmpDirCase, assert_close as close, random_images,
+                       reference_modules, run_vitc as run, torch, write_json)
 except ImportError:  # run as a script
-    from util import (PHOTO, ROOT, VITC, TmpDirCase, assert_close as close, random_images,
-                      reference_modules, run_vitc as run, torch)
+    from util import (DATA, PHOTO, VITC, TmpDirCase, assert_close as close, random_images,
+                      reference_modules, run_vitc as run, torch, write_json)
 try:
     from torchvision.models.vision_transformer import VisionTransformer as TVViT
 except ImportError:  # pragma: no cover
@@ -87,11 +87,7 @@ class TestHubModels(TmpDirCase):
             cfg = hf_ref.vit_config(model_type, arch, **{k: kw.pop(k) for k in list(kw)
                                                          if k in ("qkv_bias", "eps")})
         sd = hf_ref.random_state(cfg, seed, pooler=kw.pop("pooler", False))
-        dtype = kw.get("dtype", "F32")
-        if dtype == "BF16":
-            sd = hf_ref.round_bf16(sd)
-        elif dtype == "F16":
-            sd = hf_ref.round_f16(sd)
+        sd = hf_ref.round_as(sd, kw.get("dtype", "F32"))
         d = os.path.join(self.tmp, name)
         hf_ref.save_hub(d, sd, cfg, **kw)
         return d, sd, cfg
@@ -224,10 +220,7 @@ class TestHubModels(TmpDirCase):
 
     def check_clip(self, name, cfg, dtype="F32", prefix=True, seed=0):
         sd, ints = hf_ref.clip_random_state(cfg, seed)
-        if dtype == "BF16":
-            sd = hf_ref.round_bf16(sd)
-        elif dtype == "F16":
-            sd = hf_ref.round_f16(sd)
+        sd = hf_ref.round_as(sd, dtype)
         d = os.path.join(self.tmp, name)
         hf_ref.save_clip(d, sd, ints, cfg, dtype=dtype, prefix=prefix)
         m = vitc.load_model(d)
@@ -275,8 +268,7 @@ class TestHubModels(TmpDirCase):
 
     def check_siglip(self, name, cfg, dtype="F32"):
         sd, ints = hf_ref.siglip_random_state(cfg, 3)
-        if dtype == "BF16":
-            sd = hf_ref.round_bf16(sd)
+        sd = hf_ref.round_as(sd, dtype)
         d = os.path.join(self.tmp, name)
         hf_ref.save_clip(d, sd, ints, cfg, dtype=dtype)
         m = vitc.load_model(d)
@@ -336,7 +328,7 @@ class TestHubModels(TmpDirCase):
         """Each family's processor (defaults and preprocessor_config.json)
         against a PIL + numpy reference of its rules, on real photos of
         several sizes and modes (RGB, gray, palette; JPEG and PNG)."""
-        data = os.path.join(ROOT, "tests", "data")
+        data = DATA
         photos = [os.path.join(data, f) for f in ("photo.png", "photo.jpg", "gray.jpg",
                                                   "palette.png", "gray_alpha.png")]
         try:
@@ -366,8 +358,7 @@ class TestHubModels(TmpDirCase):
                     if os.path.exists(pp_path(fam)):
                         os.remove(pp_path(fam))
                 else:
-                    with open(pp_path(fam), "w") as f:
-                        json.dump(pp, f)
+                    write_json(pp_path(fam), pp)
                 m = vitc.load_model(d)
                 for name, rgb in [(p, vitc.load_image(p)) for p in photos] + extra:
                     want = hf_ref.process(rgb, fam, pp or {})
@@ -391,8 +382,7 @@ class TestHubModels(TmpDirCase):
         # checked against the PIL reference, feeds the reference forward.
         pp = {"size": 40, "crop_size": 32, "resample": 3, "image_mean": [0.5, 0.4, 0.3],
               "image_std": [0.2, 0.3, 0.25]}
-        with open(os.path.join(d, "preprocessor_config.json"), "w") as f:
-            json.dump(pp, f)
+        write_json(os.path.join(d, "preprocessor_config.json"), pp)
         img = hf_ref.process(vitc.load_image(PHOTO), "deit", pp)
         np.testing.assert_allclose(vitc.load_model(d).preprocess(PHOTO), img, atol=1e-6)
         x = torch.from_numpy(np.ascontiguousarray(img))[None]
@@ -454,7 +444,7 @@ class TestHubModels(TmpDirCase):
         hf_ref.save_clip(d, sd, ints, cfg)
         idx = os.path.join(self.tmp, "sim_index")
         os.makedirs(idx)
-        data = os.path.join(ROOT, "tests", "data")
+        data = DATA
         for f in ("photo.png", "photo.jpg", "gray.jpg", "palette.png"):
             shutil.copy(os.path.join(data, f), idx)
         rc, out, err = run("similar", "--model", d, "--index", idx, "--json", "--topk", "3",
@@ -502,8 +492,7 @@ class TestHubModels(TmpDirCase):
             if edit_cfg is not None:
                 c = dict(cfg)
                 edit_cfg(c)
-                with open(os.path.join(v, "config.json"), "w") as f:
-                    json.dump(c, f)
+                write_json(os.path.join(v, "config.json"), c)
             if drop:
                 os.remove(os.path.join(v, drop))
             return v

@@ -5,7 +5,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -18,12 +17,12 @@ try:
 except ImportError:  # pragma: no cover
     torch = None
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-DATA = os.path.join(ROOT, "tests", "data")
-EXPORT = os.path.join(ROOT, "tools", "export_safetensors.py")
-sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
-if torch is not None:
-    import gen_vit  # noqa: E402
+try:
+    from .util import DATA, EXPORT, ROOT, TmpDirCase, reference_modules
+except ImportError:  # run as a script
+    from util import DATA, EXPORT, ROOT, TmpDirCase, reference_modules
+
+gen_vit, = reference_modules("gen_vit")
 
 PHOTOS = ["photo.png", "photo.jpg", "progressive.jpg", "rgb444.jpg", "gray.jpg"]
 SIZE = 64
@@ -64,18 +63,18 @@ TOL = {"bf16": (0.01, 0.93), "int8": (0.04, 0.85)}
 
 
 @unittest.skipIf(torch is None, "torch/torchvision not installed")
-class TestPrecision(unittest.TestCase):
+class TestPrecision(TmpDirCase):
     CFG = dict(image_size=SIZE, patch_size=8, num_layers=4, num_heads=4, hidden_dim=128,
                mlp_dim=384, num_classes=100)
 
     @classmethod
     def setUpClass(cls):
         torch.set_num_threads(2)
-        cls.tmp = tempfile.TemporaryDirectory()
+        super().setUpClass()
         torch.manual_seed(0)
         cls.model = gen_vit.reinit_head(gen_vit.randomize(TVViT(**cls.CFG), 21), 22).eval()
-        pth = os.path.join(cls.tmp.name, "m.pth")
-        cls.st = os.path.join(cls.tmp.name, "m.safetensors")
+        pth = os.path.join(cls.tmp, "m.pth")
+        cls.st = os.path.join(cls.tmp, "m.safetensors")
         torch.save(cls.model.state_dict(), pth)
         r = subprocess.run([sys.executable, EXPORT, pth, cls.st, "--num-heads", "4"],
                            capture_output=True, text=True)
@@ -88,10 +87,6 @@ class TestPrecision(unittest.TestCase):
             cls.torch_photos = cls.model(torch.from_numpy(cls.photos)).numpy()
         cls.fp32 = vitc.VisionTransformer.from_safetensors(cls.st)
         cls.ref = {"photos": cls.fp32(cls.photos), "noise": cls.fp32(cls.noise)}
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
 
     def test_fp32_matches_torch(self):
         got, want = self.ref["photos"], self.torch_photos
@@ -166,7 +161,7 @@ class TestPrecision(unittest.TestCase):
         rc, _, err = run("classify", "--model", self.st, "--precision", "fp16", photo)
         self.assertEqual(rc, 2)
         self.assertIn("--precision", err)
-        out_png = os.path.join(self.tmp.name, "map.png")
+        out_png = self.path("map.png")
         rc, _, err = run("attention-map", "--model", self.st, "--precision", "bf16", "--out",
                          out_png, photo)
         self.assertEqual(rc, 0, err)
@@ -216,7 +211,7 @@ class TestPrecision(unittest.TestCase):
             return p.returncode, p.stdout, p.stderr
 
         # an ImageFolder of two classes (the model has 100): eval's loss per precision
-        root = os.path.join(self.tmp.name, "folder")
+        root = self.path("folder")
         for k, names in enumerate((PHOTOS[:3], PHOTOS[3:])):
             os.makedirs(os.path.join(root, "c%d" % k), exist_ok=True)
             for n in names:

@@ -15,7 +15,6 @@
 import gzip
 import json
 import os
-import resource
 import shutil
 import signal
 import subprocess
@@ -34,8 +33,11 @@ try:
 except ImportError:  # pragma: no cover
     torch = None
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-VITC = os.path.join(ROOT, "build", "vitc")
+try:
+    from .util import ROOT, VITC, TmpDirCase, run_vitc as run
+except ImportError:  # run as a script
+    from util import ROOT, VITC, TmpDirCase, run_vitc as run
+
 FASHION = "/usr/share/datasets/fashion-mnist"
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
@@ -47,12 +49,6 @@ TRAIN_ACC_FLOOR = 0.50  # 5x chance; 60.7% measured (torch seed 3)
 # epoch), so that a signal lands in the middle of an epoch.
 SLOW = ["--patch", "4", "--dim", "96", "--batch", "32"]
 MEAN, STD = 0.2860, 0.3530
-
-
-def run(*args, **kw):
-    p = subprocess.run([VITC] + [str(a) for a in args], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, **kw)
-    return p.returncode, p.stdout.decode(), p.stderr.decode()
 
 
 def read_idx(path):
@@ -91,19 +87,7 @@ def log_records(path, kind):
 
 @unittest.skipIf(torch is None or not os.path.exists(VITC) or
                  not os.path.isdir(FASHION), "needs torch, build/vitc and dataset-fashion-mnist")
-class TestTrainFashion(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.d = cls.tmp.name
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
-
-    def path(self, name):
-        return os.path.join(self.d, name)
-
+class TestTrainFashion(TmpDirCase):
     def test_short_run_and_pytorch_parity(self):
         import vitc
         # Initial weights from torchvision's own initialisation, 1 channel.
@@ -361,11 +345,9 @@ class TestTrainFashion(unittest.TestCase):
         fails(["train", "--data", "fashion-mnist", "--resume", plain, "--epochs", 2,
                "--out", good], expect="no vitc.train")
         # a full disk while writing the checkpoint (RLIMIT_FSIZE in the child)
-        def small_disk():
-            resource.setrlimit(resource.RLIMIT_FSIZE, (200000, 200000))
         fails(["train", "--data", "fashion-mnist", "--resume", good, "--epochs", 2, "--out",
-               good], expect="writing checkpoint", preexec_fn=small_disk)
-        self.assertFalse([f for f in os.listdir(self.d) if ".tmp" in f],
+               good], expect="writing checkpoint", fsize=200000)
+        self.assertFalse([f for f in os.listdir(self.tmp) if ".tmp" in f],
                          "a temporary file was left behind")
 
 

@@ -8,7 +8,6 @@ Needs torch and torchvision (/usr/bin/python3 on Debian); skipped without.
 import os
 import subprocess
 import sys
-import tempfile
 import unittest
 
 import numpy as np
@@ -22,12 +21,13 @@ try:
 except ImportError:  # pragma: no cover
     torch = None
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-EXPORT = os.path.join(ROOT, "tools", "export_safetensors.py")
-sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
-if torch is not None:
-    import gen_vit  # noqa: E402  (helpers: randomize, reinit_head, attention_probs, rollout64)
-    import st_write  # noqa: E402
+try:
+    from .util import EXPORT, TmpDirCase, reference_modules
+except ImportError:  # run as a script
+    from util import EXPORT, TmpDirCase, reference_modules
+
+# gen_vit's helpers: randomize, reinit_head, attention_probs, rollout64
+gen_vit, st_write = reference_modules("gen_vit", "st_write")
 
 # torchvision -> timm (docs/vit.md): a pure rename, qkv included.
 TIMM_RENAMES = [
@@ -63,21 +63,13 @@ def torch_logits(model, x):
         return model(torch.from_numpy(x)).numpy()
 
 
-class Base(unittest.TestCase):
+class Base(TmpDirCase):
     @classmethod
     def setUpClass(cls):
         if torch is None:
             raise unittest.SkipTest("torch/torchvision not installed")
         torch.set_num_threads(2)
-        cls.tmp = tempfile.TemporaryDirectory()
-        cls.dir = cls.tmp.name
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
-
-    def path(self, name):
-        return os.path.join(self.dir, name)
+        super().setUpClass()
 
     def assertLogits(self, got, want):
         self.assertEqual(got.shape, want.shape)
@@ -102,9 +94,9 @@ class TestTinyCustom(Base):
         super().setUpClass()
         torch.manual_seed(0)
         cls.model = gen_vit.reinit_head(gen_vit.randomize(TVViT(**cls.CFG), 11), 12).eval()
-        cls.pth = os.path.join(cls.dir, "tiny.pth")
+        cls.pth = os.path.join(cls.tmp, "tiny.pth")
         torch.save(cls.model.state_dict(), cls.pth)
-        cls.st = os.path.join(cls.dir, "tiny.safetensors")
+        cls.st = os.path.join(cls.tmp, "tiny.safetensors")
         export(cls.pth, cls.st, "--num-heads", 6)
         cls.vit = vitc.VisionTransformer.from_safetensors(cls.st)
         cls.x = np.random.default_rng(0).standard_normal((4, 3, 48, 48)).astype(np.float32)
@@ -196,9 +188,9 @@ class TestViTB16(Base):
         super().setUpClass()
         torch.manual_seed(1)
         cls.model = gen_vit.reinit_head(torchvision.models.vit_b_16(), 2).eval()
-        pt = os.path.join(cls.dir, "vit_b_16.pt")
+        pt = os.path.join(cls.tmp, "vit_b_16.pt")
         torch.save(cls.model, pt)
-        cls.st = os.path.join(cls.dir, "vit_b_16.safetensors")
+        cls.st = os.path.join(cls.tmp, "vit_b_16.safetensors")
         export(pt, cls.st)
         os.unlink(pt)
         cls.vit = vitc.VisionTransformer.from_safetensors(cls.st)

@@ -3,6 +3,7 @@ the CLI and the tools' scripts, the exporter's command line for the tests'
 tiny models, torch when it is installed with tests/reference's modules, and
 a test class with a scratch directory."""
 import importlib
+import json
 import os
 import resource
 import shutil
@@ -19,7 +20,8 @@ except ImportError:  # pragma: no cover
 ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 VITC = os.path.join(ROOT, "build", "vitc")
 EXPORT = os.path.join(ROOT, "tools", "export_safetensors.py")
-PHOTO = os.path.join(ROOT, "tests", "data", "photo.png")
+DATA = os.path.join(ROOT, "tests", "data")
+PHOTO = os.path.join(DATA, "photo.png")
 REFERENCE = os.path.join(ROOT, "tests", "reference")
 
 
@@ -74,6 +76,18 @@ class TmpDirCase(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         shutil.rmtree(cls.tmp, ignore_errors=True)
+
+    def path(self, name):
+        """name in the scratch directory."""
+        return os.path.join(self.tmp, name)
+
+
+def write_json(path, obj):
+    """obj as JSON in path, its directory made when missing (a model
+    directory's config.json, preprocessor_config.json, ...)."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(obj, f)
 
 
 def export_cmd(pth, out, *extra, num_heads=2):

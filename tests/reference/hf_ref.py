@@ -55,11 +55,24 @@ def is_dino(cfg):
     return cfg["model_type"].startswith("dinov2")
 
 
+def _draws(seed):
+    """The random_state functions' two draws from one generator: r(*shape,
+    std) and lin(o, i), a Linear's (weight, bias) of unit-variance output."""
+    g = torch.Generator().manual_seed(seed)
+
+    def r(*shape, std=1.0):
+        return torch.randn(*shape, generator=g) * std
+
+    def lin(o, i):
+        return r(o, i, std=1.0 / math.sqrt(i)), r(o, std=0.2)
+    return r, lin
+
+
 def random_state(cfg, seed=0, pooler=False):
     """HF names without the backbone prefix for the backbone, head names
     as the head classes have them. Non-trivial weights: unit-variance
     activations, LayerNorm weights around 1 +- 0.3, biases ~0.2."""
-    g = torch.Generator().manual_seed(seed)
+    r, lin = _draws(seed)
     D, L = cfg["hidden_size"], cfg["num_hidden_layers"]
     dino = is_dino(cfg)
     M = int(D * cfg["mlp_ratio"]) if dino else cfg["intermediate_size"]
@@ -68,12 +81,6 @@ def random_state(cfg, seed=0, pooler=False):
     n = (cfg["image_size"] // P) ** 2
     deit = cfg["model_type"] == "deit"
     arch = cfg["architectures"][0]
-
-    def r(*shape, std=1.0):
-        return torch.randn(*shape, generator=g) * std
-
-    def lin(o, i):
-        return r(o, i, std=1.0 / math.sqrt(i)), r(o, std=0.2)
 
     sd = {"embeddings.cls_token": r(1, 1, D, std=0.5),
           "embeddings.position_embeddings": r(1, n + 1 + deit, D, std=0.5)}
@@ -212,6 +219,11 @@ def round_f16(sd):
     return {k: v.half().float() for k, v in sd.items()}
 
 
+def round_as(sd, dtype):
+    """The values a file of dtype ("F32", "F16", "BF16") holds, as float32."""
+    return {"F32": dict, "F16": round_f16, "BF16": round_bf16}[dtype](sd)
+
+
 def hub_names(sd, cfg, prefix=True):
     """The saved names: a head model's backbone under its base_model_prefix."""
     pre = {"deit": "deit.", "vit": "vit."}.get(cfg["model_type"], cfg["model_type"] + ".")
@@ -276,16 +288,10 @@ def clip_vision_cfg(cfg):
 def clip_random_state(cfg, seed=0, text=True, position_ids=True):
     """The Hub's names (vision_model., visual_projection, text_model.*, ...);
     int64 tensors as numpy in the second dict."""
-    g = torch.Generator().manual_seed(seed)
+    r, lin = _draws(seed)
     v = clip_vision_cfg(cfg)
     D, L, M, P = v["hidden_size"], v["num_hidden_layers"], v["intermediate_size"], v["patch_size"]
     n = (v["image_size"] // P) ** 2 + 1
-
-    def r(*shape, std=1.0):
-        return torch.randn(*shape, generator=g) * std
-
-    def lin(o, i):
-        return r(o, i, std=1.0 / math.sqrt(i)), r(o, std=0.2)
 
     e = "vision_model.embeddings."
     sd = {e + "class_embedding": r(D, std=0.5),
@@ -295,17 +301,7 @@ def clip_random_state(cfg, seed=0, text=True, position_ids=True):
           "vision_model.pre_layrnorm.bias": r(D, std=0.2),
           "vision_model.post_layernorm.weight": 1 + r(D, std=0.3),
           "vision_model.post_layernorm.bias": r(D, std=0.2)}
-    for i in range(L):
-        p = "vision_model.encoder.layers.%d." % i
-        for ln in ("layer_norm1", "layer_norm2"):
-            sd[p + ln + ".weight"] = 1 + r(D, std=0.3)
-            sd[p + ln + ".bias"] = r(D, std=0.2)
-        for q in ("q", "k", "v", "out"):
-            w, b = lin(D, D)
-            sd[p + "self_attn.%s_proj.weight" % q] = w * (2.0 if q != "out" else 1.0)
-            sd[p + "self_attn.%s_proj.bias" % q] = b
-        sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"] = lin(M, D)
-        sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"] = lin(D, M)
+    _clip_layers_state(sd, r, lin, L, D, M)
     proj = cfg.get("projection_dim", v.get("projection_dim"))
     if cfg.get("model_type") == "clip" or "WithProjection" in cfg.get("architectures", [""])[0]:
         sd["visual_projection.weight"] = r(proj, D, std=1.0 / math.sqrt(D))
@@ -321,21 +317,34 @@ def clip_random_state(cfg, seed=0, text=True, position_ids=True):
     return sd, ints
 
 
-@torch.no_grad()
-def clip_forward(sd, cfg, px):
-    """CLIPVisionTransformer (+ visual_projection): (last_hidden_state,
-    pooler_output, image_embeds or None)."""
-    v = clip_vision_cfg(cfg)
-    D, Hh, P, eps = v["hidden_size"], v["num_attention_heads"], v["patch_size"], v["layer_norm_eps"]
-    act = {"quick_gelu": lambda t: t * torch.sigmoid(1.702 * t), "gelu": F.gelu,
-           "gelu_pytorch_tanh": lambda t: F.gelu(t, approximate="tanh")}[v["hidden_act"]]
-    B, _, H, W = px.shape
-    e = "vision_model.embeddings."
-    x = F.conv2d(px, sd[e + "patch_embedding.weight"], None, stride=P).flatten(2).transpose(1, 2)
-    x = torch.cat([sd[e + "class_embedding"].expand(B, 1, -1), x], dim=1)
-    x = x + interpolate_pos(sd[e + "position_embedding.weight"][None], 1, H // P, W // P)
-    x = F.layer_norm(x, (D,), sd["vision_model.pre_layrnorm.weight"],
-                     sd["vision_model.pre_layrnorm.bias"], eps)
+def _clip_layers_state(sd, r, lin, L, D, M):
+    """The encoder layers CLIP and SigLIP name alike (vision_model.encoder.
+    layers.N.*), drawn into sd in one order for both."""
+    for i in range(L):
+        p = "vision_model.encoder.layers.%d." % i
+        for ln in ("layer_norm1", "layer_norm2"):
+            sd[p + ln + ".weight"] = 1 + r(D, std=0.3)
+            sd[p + ln + ".bias"] = r(D, std=0.2)
+        for q in ("q", "k", "v", "out"):
+            w, b = lin(D, D)
+            sd[p + "self_attn.%s_proj.weight" % q] = w * (2.0 if q != "out" else 1.0)
+            sd[p + "self_attn.%s_proj.bias" % q] = b
+        sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"] = lin(M, D)
+        sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"] = lin(D, M)
+
+
+ACTS = {"quick_gelu": lambda t: t * torch.sigmoid(1.702 * t), "gelu": F.gelu,
+        "gelu_pytorch_tanh": lambda t: F.gelu(t, approximate="tanh")}
+
+
+def _clip_encoder(sd, v, x, scale_q_first):
+    """The encoder layers of CLIP and SigLIP (pre-norm, one name scheme) on x
+    [B, n, D]. They differ only in where the 1/sqrt(hd) scale goes:
+    CLIPAttention multiplies q, SigLIP the scores (float32 rounds them
+    differently, so the reference keeps each one's order)."""
+    D, Hh, eps = v["hidden_size"], v["num_attention_heads"], v["layer_norm_eps"]
+    act = ACTS[v["hidden_act"]]
+    B = x.shape[0]
     hd = D // Hh
     for i in range(v["num_hidden_layers"]):
         p = "vision_model.encoder.layers.%d." % i
@@ -345,12 +354,33 @@ def clip_forward(sd, cfg, px):
             y = F.linear(h, sd[p + "self_attn.%s_proj.weight" % n], sd[p + "self_attn.%s_proj.bias" % n])
             return y.view(B, -1, Hh, hd).transpose(1, 2)
 
-        q, k, vv = proj("q") * hd ** -0.5, proj("k"), proj("v")  # CLIPAttention scales q first
-        ctx = (torch.softmax(q @ k.transpose(-1, -2), dim=-1) @ vv).transpose(1, 2).reshape(B, -1, D)
+        q, k, vv = proj("q"), proj("k"), proj("v")
+        if scale_q_first:
+            probs = torch.softmax((q * hd ** -0.5) @ k.transpose(-1, -2), dim=-1)
+        else:
+            probs = torch.softmax(q @ k.transpose(-1, -2) * hd ** -0.5, dim=-1)
+        ctx = (probs @ vv).transpose(1, 2).reshape(B, -1, D)
         x = x + F.linear(ctx, sd[p + "self_attn.out_proj.weight"], sd[p + "self_attn.out_proj.bias"])
         h = F.layer_norm(x, (D,), sd[p + "layer_norm2.weight"], sd[p + "layer_norm2.bias"], eps)
         x = x + F.linear(act(F.linear(h, sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"])),
                          sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"])
+    return x
+
+
+@torch.no_grad()
+def clip_forward(sd, cfg, px):
+    """CLIPVisionTransformer (+ visual_projection): (last_hidden_state,
+    pooler_output, image_embeds or None)."""
+    v = clip_vision_cfg(cfg)
+    D, P, eps = v["hidden_size"], v["patch_size"], v["layer_norm_eps"]
+    B, _, H, W = px.shape
+    e = "vision_model.embeddings."
+    x = F.conv2d(px, sd[e + "patch_embedding.weight"], None, stride=P).flatten(2).transpose(1, 2)
+    x = torch.cat([sd[e + "class_embedding"].expand(B, 1, -1), x], dim=1)
+    x = x + interpolate_pos(sd[e + "position_embedding.weight"][None], 1, H // P, W // P)
+    x = F.layer_norm(x, (D,), sd["vision_model.pre_layrnorm.weight"],
+                     sd["vision_model.pre_layrnorm.bias"], eps)
+    x = _clip_encoder(sd, v, x, scale_q_first=True)  # CLIPAttention scales q first
     pooled = F.layer_norm(x[:, 0], (D,), sd["vision_model.post_layernorm.weight"],
                           sd["vision_model.post_layernorm.bias"], eps)
     emb = F.linear(pooled, sd["visual_projection.weight"]) if "visual_projection.weight" in sd else None
@@ -391,16 +421,10 @@ def siglip_config(model_type="siglip", hidden=48, layers=2, heads=3, mlp=96, ima
 
 
 def siglip_random_state(cfg, seed=0, text=True):
-    g = torch.Generator().manual_seed(seed)
+    r, lin = _draws(seed)
     v = clip_vision_cfg(cfg)
     D, L, M, P = v["hidden_size"], v["num_hidden_layers"], v["intermediate_size"], v["patch_size"]
     n = (v["image_size"] // P) ** 2
-
-    def r(*shape, std=1.0):
-        return torch.randn(*shape, generator=g) * std
-
-    def lin(o, i):
-        return r(o, i, std=1.0 / math.sqrt(i)), r(o, std=0.2)
 
     e = "vision_model.embeddings."
     sd = {e + "patch_embedding.weight": r(D, 3, P, P, std=1.0 / math.sqrt(3 * P * P)),
@@ -408,17 +432,7 @@ def siglip_random_state(cfg, seed=0, text=True):
           e + "position_embedding.weight": r(n, D, std=0.5),
           "vision_model.post_layernorm.weight": 1 + r(D, std=0.3),
           "vision_model.post_layernorm.bias": r(D, std=0.2)}
-    for i in range(L):
-        p = "vision_model.encoder.layers.%d." % i
-        for ln in ("layer_norm1", "layer_norm2"):
-            sd[p + ln + ".weight"] = 1 + r(D, std=0.3)
-            sd[p + ln + ".bias"] = r(D, std=0.2)
-        for q in ("q", "k", "v", "out"):
-            w, b = lin(D, D)
-            sd[p + "self_attn.%s_proj.weight" % q] = w * (2.0 if q != "out" else 1.0)
-            sd[p + "self_attn.%s_proj.bias" % q] = b
-        sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"] = lin(M, D)
-        sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"] = lin(D, M)
+    _clip_layers_state(sd, r, lin, L, D, M)
     if v.get("vision_use_head", True):
         h = "vision_model.head."
         sd[h + "probe"] = r(1, 1, D)
@@ -457,29 +471,13 @@ def siglip_forward(sd, cfg, px):
     """SiglipVisionTransformer: (last_hidden_state, pooler_output or None)."""
     v = clip_vision_cfg(cfg)
     D, Hh, P, eps = v["hidden_size"], v["num_attention_heads"], v["patch_size"], v["layer_norm_eps"]
-    act = {"quick_gelu": lambda t: t * torch.sigmoid(1.702 * t), "gelu": F.gelu,
-           "gelu_pytorch_tanh": lambda t: F.gelu(t, approximate="tanh")}[v["hidden_act"]]
+    act = ACTS[v["hidden_act"]]
     B, _, H, W = px.shape
     e = "vision_model.embeddings."
     x = F.conv2d(px, sd[e + "patch_embedding.weight"], sd[e + "patch_embedding.bias"], stride=P)
     x = x.flatten(2).transpose(1, 2)
     x = x + interpolate_pos_legacy(sd[e + "position_embedding.weight"][None], H // P, W // P)
-    hd = D // Hh
-    for i in range(v["num_hidden_layers"]):
-        p = "vision_model.encoder.layers.%d." % i
-        h = F.layer_norm(x, (D,), sd[p + "layer_norm1.weight"], sd[p + "layer_norm1.bias"], eps)
-
-        def proj(n):
-            y = F.linear(h, sd[p + "self_attn.%s_proj.weight" % n], sd[p + "self_attn.%s_proj.bias" % n])
-            return y.view(B, -1, Hh, hd).transpose(1, 2)
-
-        q, k, vv = proj("q"), proj("k"), proj("v")
-        probs = torch.softmax(q @ k.transpose(-1, -2) * hd ** -0.5, dim=-1)
-        ctx = (probs @ vv).transpose(1, 2).reshape(B, -1, D)
-        x = x + F.linear(ctx, sd[p + "self_attn.out_proj.weight"], sd[p + "self_attn.out_proj.bias"])
-        h = F.layer_norm(x, (D,), sd[p + "layer_norm2.weight"], sd[p + "layer_norm2.bias"], eps)
-        x = x + F.linear(act(F.linear(h, sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"])),
-                         sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"])
+    x = _clip_encoder(sd, v, x, scale_q_first=False)  # SiglipAttention scales q @ k
     x = F.layer_norm(x, (D,), sd["vision_model.post_layernorm.weight"],
                      sd["vision_model.post_layernorm.bias"], eps)
     if "vision_model.head.probe" in sd:  # SiglipMultiheadAttentionPoolingHead

@@ -1,0 +1,23 @@
+/* plot.h — the small RGB canvas (plot.c) the picture-writing commands
+ * share: plot-log, eval --plot, demo-fashion and attention-map. */
+#ifndef VITC_PLOT_H
+#define VITC_PLOT_H
+
+#include <stdint.h>
+
+/* Each canvas function clips to the canvas: drawing off it is a no-op. */
+typedef struct canvas {
+    int w, h;
+    uint8_t *rgb; /* [h, w, 3] */
+} canvas;
+int canvas_init(canvas *c, int w, int h);
+void canvas_free(canvas *c);
+void canvas_rect(canvas *c, int x, int y, int w, int h, const uint8_t rgb[3]);
+void canvas_line(canvas *c, double x0, double y0, double x1, double y1, const uint8_t rgb[3],
+                 int thick);
+/* Text with its top-left corner at (x, y); each font pixel scale x scale. */
+void canvas_text(canvas *c, int x, int y, const char *text, int scale, const uint8_t rgb[3]);
+int canvas_text_width(const char *text, int scale);
+#define CANVAS_FONT_H 7
+
+#endif
