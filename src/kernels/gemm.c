@@ -280,7 +280,7 @@ static void vitc__ukr_generic(int64_t kc, const float *pa, const float *pb, floa
 #endif
 
 const vitc__gemm_kernel vitc__gemm_kernel_generic = {
-    VITC_G_MR, VITC_G_NR, 512, 96, 1024, vitc__ukr_generic, NULL, NULL, NULL, 0,
+    VITC_G_MR, VITC_G_NR, 512, 96, 1024, vitc__ukr_generic, NULL, NULL, NULL, 0, NULL,
 };
 
 static const vitc__gemm_kernel *vitc__pick_kernel(void) { return vitc__kern()->gemm; }
@@ -320,6 +320,7 @@ typedef struct vitc__gemm_job {
     const vitc__ln_pre *ln;
     void (*gelu)(float *x, int64_t n); /* the activation (elementwise, in place: erf, quick or
                                         * tanh GELU) on C after the last K block, or NULL */
+    int gelu_ukr; /* gelu is kern->gelu and runs in the microkernel's epilogue */
     /* Layer scale (NULL: none): after the last K block, before gelu,
      * C = sres + scale * C per row by scale_add (scale [N], sres [M, ldsr]
      * or NULL); res is then NULL, the residual being added here. */
@@ -374,7 +375,8 @@ static inline void vitc__tile(const vitc__gemm_job *g, int st, int64_t kc, const
                               int64_t pc, int64_t i, int64_t j, int64_t mr, int64_t nr) {
     const vitc__gemm_kernel *kn = g->kern;
     vitc__gemm_epi e = {g->alpha, g->beta, pc == 0, g->bias ? g->bias + j : NULL,
-                        g->res ? g->res + i * g->ldr + j : NULL, g->ldr};
+                        g->res ? g->res + i * g->ldr + j : NULL, g->ldr,
+                        g->gelu_ukr && pc + kc >= g->K};
     float *C = g->C + i * g->ldc + j;
     if (st)
         kn->ukr_st(kc, a, a_ks, a_rs, b, b_ks, C, g->ldc, mr, nr, &e);
@@ -520,7 +522,7 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                             vitc__tile(g, 1, kc, g->A + (ic + ir) * g->lda + pc, 1, g->lda,
                                        pb + jr * kc, NR, pc, ic + ir, jc + jr,
                                        mc - ir < MR ? mc - ir : MR, nc - jr < NR ? nc - jr : NR);
-                    if ((g->gelu || g->scale) && pc + kc >= g->K)
+                    if (((g->gelu && !g->gelu_ukr) || g->scale) && pc + kc >= g->K)
                         vitc__gelu_block(g, ic, mc, jc, nc);
                 }
                 continue;
@@ -545,7 +547,8 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                                    jc + jr, mr, nr);
                     }
                 }
-                if ((g->gelu || g->scale) && pc + kc >= g->K) vitc__gelu_block(g, ic, mc, jc, nc);
+                if (((g->gelu && !g->gelu_ukr) || g->scale) && pc + kc >= g->K)
+                    vitc__gelu_block(g, ic, mc, jc, nc);
             }
         }
     }
@@ -718,6 +721,9 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
     if (builtin) {
         g->kern = vitc__pick_kernel();
         g->kc = g->kern->kc;
+        /* The activation in registers when the kernel reproduces it (the
+         * layer scale, and training's act = GELU(C), need C first). */
+        g->gelu_ukr = g->gelu && g->gelu == g->kern->gelu && !g->scale && !g->act;
         /* A small weight gradient (A transposed, K the batch rows, deep,
          * C at most a few blocks): smaller K blocks keep its B micro-panel
          * in L1 (C is tiny and re-read once per block): 4-5% faster at the

@@ -11,6 +11,8 @@
 #include <string.h>
 
 #include "gemm_ukernels.h"
+#include "ops_simd.h"
+#include "vmath_avx512.h"
 
 #define MR 12
 #define NR 32
@@ -19,29 +21,34 @@ static inline __mmask16 vitc__mask16(int64_t n) {
     return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
 
-/* One output row: 32 accumulators' worth, masked to the valid columns. */
+/* One output row: 32 accumulators' worth, masked to the valid columns.
+ * With e->gelu the finished values go to gt[0], gt[1] instead, for
+ * vitc__v_gelu_tile to store once the tile is done. */
 static inline void vitc__row_out(float *c, __m512 a0, __m512 a1, __mmask16 m0, __mmask16 m1,
-                                 const vitc__gemm_epi *e, const float *res) {
-    __m512 al = _mm512_set1_ps(e->alpha);
+                                 const vitc__gemm_epi *e, const float *res, __m512 *gt) {
+    __m512 al = _mm512_set1_ps(e->alpha), v0, v1;
     if (!e->first) {
-        __m512 c0 = _mm512_maskz_loadu_ps(m0, c), c1 = _mm512_maskz_loadu_ps(m1, c + 16);
-        _mm512_mask_storeu_ps(c, m0, _mm512_fmadd_ps(al, a0, c0));
-        _mm512_mask_storeu_ps(c + 16, m1, _mm512_fmadd_ps(al, a1, c1));
+        v0 = _mm512_fmadd_ps(al, a0, _mm512_maskz_loadu_ps(m0, c));
+        v1 = _mm512_fmadd_ps(al, a1, _mm512_maskz_loadu_ps(m1, c + 16));
+    } else {
+        v0 = _mm512_mul_ps(al, a0), v1 = _mm512_mul_ps(al, a1);
+        if (e->beta != 0.0f) {
+            __m512 be = _mm512_set1_ps(e->beta);
+            v0 = _mm512_fmadd_ps(be, _mm512_maskz_loadu_ps(m0, c), v0);
+            v1 = _mm512_fmadd_ps(be, _mm512_maskz_loadu_ps(m1, c + 16), v1);
+        }
+        if (e->bias) {
+            v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, e->bias));
+            v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, e->bias + 16));
+        }
+        if (res) {
+            v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, res));
+            v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, res + 16));
+        }
+    }
+    if (e->gelu) {
+        gt[0] = v0, gt[1] = v1;
         return;
-    }
-    __m512 v0 = _mm512_mul_ps(al, a0), v1 = _mm512_mul_ps(al, a1);
-    if (e->beta != 0.0f) {
-        __m512 be = _mm512_set1_ps(e->beta);
-        v0 = _mm512_fmadd_ps(be, _mm512_maskz_loadu_ps(m0, c), v0);
-        v1 = _mm512_fmadd_ps(be, _mm512_maskz_loadu_ps(m1, c + 16), v1);
-    }
-    if (e->bias) {
-        v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, e->bias));
-        v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, e->bias + 16));
-    }
-    if (res) {
-        v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, res));
-        v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, res + 16));
     }
     _mm512_mask_storeu_ps(c, m0, v0);
     _mm512_mask_storeu_ps(c + 16, m1, v1);
@@ -57,7 +64,7 @@ static inline void vitc__row_out(float *c, __m512 a0, __m512 a1, __mmask16 m0, _
 #define VITC_OUT(i)                                                                          \
     if (i < mr)                                                                              \
     vitc__row_out(C + (i) * ldc, c##i##0, c##i##1, m0, m1, e,                                \
-                  e->res ? e->res + (i) * e->ldr : NULL)
+                  e->res ? e->res + (i) * e->ldr : NULL, gt + 2 * (i))
 
 /* A short tile (mr <= R < MR: a 197- or 257-row product's last 5 rows, a
  * class-token row) with R rows of accumulators instead of 12: the same
@@ -83,11 +90,13 @@ vitc__ukr_short(const int R, int64_t kc, const float *pa, const float *pb, float
         pb += NR;
     }
     __mmask16 m0 = vitc__mask16(nr), m1 = vitc__mask16(nr - 16);
+    __m512 gt[2 * 8];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
         if (i < mr)
             vitc__row_out(C + i * ldc, c[i][0], c[i][1], m0, m1, e,
-                          e->res ? e->res + i * e->ldr : NULL);
+                          e->res ? e->res + i * e->ldr : NULL, gt + 2 * i);
+    if (e->gelu) vitc__v_gelu_tile(C, ldc, gt, mr, m0, m1);
 }
 
 static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float *C, int64_t ldc,
@@ -114,8 +123,10 @@ static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float
         pb += NR;
     }
     __mmask16 m0 = vitc__mask16(nr), m1 = vitc__mask16(nr - 16);
+    __m512 gt[2 * MR];
     VITC_OUT(0); VITC_OUT(1); VITC_OUT(2); VITC_OUT(3); VITC_OUT(4); VITC_OUT(5);
     VITC_OUT(6); VITC_OUT(7); VITC_OUT(8); VITC_OUT(9); VITC_OUT(10); VITC_OUT(11);
+    if (e->gelu) vitc__v_gelu_tile(C, ldc, gt, mr, m0, m1);
 }
 
 /* The same tile with A and B read in place (gemm_ukernels.h): element
@@ -153,8 +164,10 @@ static void vitc__ukr_st_avx512(int64_t kc, const float *A, int64_t a_ks, int64_
         r6 += a_ks, r7 += a_ks, r8 += a_ks, r9 += a_ks, r10 += a_ks, r11 += a_ks;
         B += b_ks;
     }
+    __m512 gt[2 * MR];
     VITC_OUT(0); VITC_OUT(1); VITC_OUT(2); VITC_OUT(3); VITC_OUT(4); VITC_OUT(5);
     VITC_OUT(6); VITC_OUT(7); VITC_OUT(8); VITC_OUT(9); VITC_OUT(10); VITC_OUT(11);
+    if (e->gelu) vitc__v_gelu_tile(C, ldc, gt, mr, m0, m1);
 }
 
 /* In-register transpose of 16 rows of 16 (unpack, 128-bit-lane shuffles).
@@ -292,5 +305,5 @@ static void vitc__packa_avx512(float *pa, const float *A, int64_t lda, int trans
 #define VITC_DIRECT_KC 320
 const vitc__gemm_kernel vitc__gemm_kernel_avx512 = {
     MR, NR, 1024, 72, 1024, vitc__ukr_avx512, vitc__packb_avx512, vitc__packa_avx512,
-    vitc__ukr_st_avx512, VITC_DIRECT_KC,
+    vitc__ukr_st_avx512, VITC_DIRECT_KC, vitc__gelu_avx512,
 };
