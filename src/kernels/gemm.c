@@ -469,8 +469,12 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                                 int64_t j1) {
     const vitc__gemm_kernel *kn = g->kern;
     const int MR = kn->mr, NR = kn->nr;
-    int64_t KC = g->kc, MC = kn->mc, NC = kn->nc;
     int64_t m = i1 - i0, n = j1 - j0;
+    /* Prepacked B needs no panel buffer, so no NC blocking: one panel of
+     * every column, each MC block of A packed once rather than once per NC
+     * panel (3 times for a ViT-B qkv or fc1 on one thread). The B
+     * micro-panels stream from L3 either way. */
+    int64_t KC = g->kc, MC = kn->mc, NC = g->pbw && n > 0 ? n : kn->nc;
     /* Smaller blocks for smaller problems: no packing of padding. */
     int64_t kc_max = g->K < KC ? g->K : KC;
     int64_t mc_max = (m < MC ? (m + MR - 1) / MR * MR : MC);

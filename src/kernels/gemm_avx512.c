@@ -247,8 +247,35 @@ static void vitc__packb_avx512(float *pb, const float *B, int64_t ldb, int trans
         vitc__gemm_packb_generic(pb + full * kc, NR, B, ldb, trans, k0, kc, j0 + full, nc - full);
 }
 
-/* A row-major (activations) is read across MR rows per k: full strips go
- * through the 16 x 16 transpose (4 zero rows) and 12-lane masked stores. */
+/* One strip of a row-major A: rows (<= MR) rows from src, the rest of the
+ * strip zero as in the portable packer. Always inlined: the full strips
+ * get rows = MR as a constant, so no per-row test is left in them. */
+static inline __attribute__((always_inline)) void vitc__packa_strip(float *dst, const float *src,
+                                                                    int64_t lda, int rows,
+                                                                    int64_t kc) {
+    const __mmask16 m12 = 0x0FFF;
+    int64_t k = 0;
+    for (; k + 16 <= kc; k += 16) {
+        __m512 r[16];
+        /* 12 row streams at once are more than the hardware prefetcher
+         * follows well: ask for the lines 4 chunks ahead. */
+#pragma GCC unroll 12
+        for (int i = 0; i < MR; i++)
+            if (i < rows) _mm_prefetch((const char *)(src + i * lda + k + 64), _MM_HINT_T0);
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++)
+            r[i] = i < rows ? _mm512_loadu_ps(src + i * lda + k) : _mm512_setzero_ps();
+        vitc__tr16(r);
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) _mm512_mask_storeu_ps(dst + (k + i) * MR, m12, r[i]);
+    }
+    for (; k < kc; k++)
+        for (int i = 0; i < MR; i++) dst[k * MR + i] = i < rows ? src[i * lda + k] : 0.0f;
+}
+
+/* A row-major (activations) is read across MR rows per k: strips go
+ * through the 16 x 16 transpose (4 zero rows) and 12-lane masked stores,
+ * the last, short one too (a ViT's 197 rows end in 5). */
 static void vitc__packa_avx512(float *pa, const float *A, int64_t lda, int trans, int64_t i0,
                                int64_t mc, int64_t k0, int64_t kc, float *asum) {
     const __mmask16 m12 = 0x0FFF;
@@ -271,26 +298,11 @@ static void vitc__packa_avx512(float *pa, const float *A, int64_t lda, int trans
                 _mm512_mask_storeu_ps(dst + k * MR, m12, _mm512_maskz_loadu_ps(m12, src + k * lda));
             continue;
         }
-        const float *src = A + (i0 + s) * lda + k0;
-        int64_t k = 0;
-        for (; k + 16 <= kc; k += 16) {
-            __m512 r[16];
-            /* 12 row streams at once are more than the hardware prefetcher
-             * follows well: ask for the lines 4 chunks ahead. */
-#pragma GCC unroll 12
-            for (int i = 0; i < MR; i++) _mm_prefetch((const char *)(src + i * lda + k + 64), _MM_HINT_T0);
-#pragma GCC unroll 12
-            for (int i = 0; i < MR; i++) r[i] = _mm512_loadu_ps(src + i * lda + k);
-#pragma GCC unroll 4
-            for (int i = MR; i < 16; i++) r[i] = _mm512_setzero_ps();
-            vitc__tr16(r);
-#pragma GCC unroll 16
-            for (int i = 0; i < 16; i++) _mm512_mask_storeu_ps(dst + (k + i) * MR, m12, r[i]);
-        }
-        for (; k < kc; k++)
-            for (int i = 0; i < MR; i++) dst[k * MR + i] = src[i * lda + k];
+        vitc__packa_strip(dst, A + (i0 + s) * lda + k0, lda, MR, kc);
     }
-    if (s < mc)
+    if (s < mc && !trans)
+        vitc__packa_strip(pa + s * kc, A + (i0 + s) * lda + k0, lda, (int)(mc - s), kc);
+    else if (s < mc)
         vitc__gemm_packa_generic(pa + s * kc, MR, A, lda, trans, i0 + s, mc - s, k0, kc,
                                  asum ? asum + s : NULL);
 }
