@@ -54,6 +54,21 @@ static inline void vitc__row_out(float *c, __m512 a0, __m512 a1, __mmask16 m0, _
     _mm512_mask_storeu_ps(c + 16, m1, v1);
 }
 
+/* The tile's rows of C (and of the residual) asked for at the start, so
+ * that the epilogue's loads and stores find them in L1 once the k loop is
+ * done: both 64-byte lines of each 32-column row. */
+static inline void vitc__prefetch_tile(const float *C, int64_t ldc, int64_t mr, int64_t nr,
+                                       const vitc__gemm_epi *e) {
+    for (int64_t i = 0; i < mr; i++) {
+        _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+        if (nr > 16) _mm_prefetch((const char *)(C + i * ldc + 16), _MM_HINT_T0);
+        if (e->res) {
+            _mm_prefetch((const char *)(e->res + i * e->ldr), _MM_HINT_T0);
+            if (nr > 16) _mm_prefetch((const char *)(e->res + i * e->ldr + 16), _MM_HINT_T0);
+        }
+    }
+}
+
 #define VITC_ROW(i)                                                          \
     do {                                                                     \
         __m512 a = _mm512_set1_ps(pa[i]);                                    \
@@ -76,7 +91,7 @@ vitc__ukr_short(const int R, int64_t kc, const float *pa, const float *pb, float
     __m512 c[8][2];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
-    for (int64_t i = 0; i < mr; i++) _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+    vitc__prefetch_tile(C, ldc, mr, nr, e);
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
         __m512 b0 = _mm512_load_ps(pb), b1 = _mm512_load_ps(pb + 16);
@@ -105,6 +120,10 @@ static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float
         vitc__ukr_short(4, kc, pa, pb, C, ldc, mr, nr, e);
         return;
     }
+    if (mr <= 6) { /* 12 chains still cover the FMA latency */
+        vitc__ukr_short(6, kc, pa, pb, C, ldc, mr, nr, e);
+        return;
+    }
     if (mr <= 8) {
         vitc__ukr_short(8, kc, pa, pb, C, ldc, mr, nr, e);
         return;
@@ -113,7 +132,7 @@ static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float
     __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     __m512 c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00;
     __m512 c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
-    for (int64_t i = 0; i < mr; i++) _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+    vitc__prefetch_tile(C, ldc, mr, nr, e);
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
         __m512 b0 = _mm512_load_ps(pb), b1 = _mm512_load_ps(pb + 16);
@@ -153,7 +172,7 @@ static void vitc__ukr_st_avx512(int64_t kc, const float *A, int64_t a_ks, int64_
     VITC_RP(6); VITC_RP(7); VITC_RP(8); VITC_RP(9); VITC_RP(10); VITC_RP(11);
 #undef VITC_RP
     __mmask16 m0 = vitc__mask16(nr), m1 = vitc__mask16(nr - 16);
-    for (int64_t i = 0; i < mr; i++) _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
+    vitc__prefetch_tile(C, ldc, mr, nr, e);
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
         __m512 b0 = _mm512_maskz_loadu_ps(m0, B), b1 = _mm512_maskz_loadu_ps(m1, B + 16);
