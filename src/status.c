@@ -100,8 +100,9 @@ void *vitc__alloc(size_t bytes) {
     if (rounded >= VITC_HUGE_MIN) {
         /* Only the start aligned: the last partial 2 MB keeps 4 KB pages,
          * so the resident size stays what the buffer touches. */
-        void *p = aligned_alloc(VITC_HUGE_ALIGN, rounded);
-        if (p) (void)madvise(p, rounded, MADV_HUGEPAGE); /* a refusal only keeps 4 KB pages */
+        void *p = NULL; /* (aligned_alloc would want the size a multiple of 2 MB) */
+        if (posix_memalign(&p, VITC_HUGE_ALIGN, rounded) != 0) return NULL;
+        (void)madvise(p, rounded, MADV_HUGEPAGE); /* a refusal only keeps 4 KB pages */
         return p;
     }
 #endif
