@@ -373,11 +373,12 @@ void vitc__gemm_set_direct(int on) { __atomic_store_n(&vitc__gemm_direct_on, on 
  * (ukr_st). */
 static inline void vitc__tile(const vitc__gemm_job *g, int st, int64_t kc, const float *a,
                               int64_t a_ks, int64_t a_rs, const float *b, int64_t b_ks,
-                              int64_t pc, int64_t i, int64_t j, int64_t mr, int64_t nr) {
+                              int64_t pc, int64_t i, int64_t j, int64_t mr, int64_t nr,
+                              const float *pf, int64_t pf_lines) {
     const vitc__gemm_kernel *kn = g->kern;
     vitc__gemm_epi e = {g->alpha, g->beta, pc == 0, g->bias ? g->bias + j : NULL,
                         g->res ? g->res + i * g->ldr + j : NULL, g->ldr,
-                        g->gelu_ukr && pc + kc >= g->K};
+                        g->gelu_ukr && pc + kc >= g->K, (const char *)pf, pf_lines};
     float *C = g->C + i * g->ldc + j;
     if (st)
         kn->ukr_st(kc, a, a_ks, a_rs, b, b_ks, C, g->ldc, mr, nr, &e);
@@ -526,7 +527,8 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                         for (int64_t ir = 0; ir < mc; ir += MR)
                             vitc__tile(g, 1, kc, g->A + (ic + ir) * g->lda + pc, 1, g->lda,
                                        pb + jr * kc, NR, pc, ic + ir, jc + jr,
-                                       mc - ir < MR ? mc - ir : MR, nc - jr < NR ? nc - jr : NR);
+                                       mc - ir < MR ? mc - ir : MR, nc - jr < NR ? nc - jr : NR,
+                                       NULL, 0);
                     if (((g->gelu && !g->gelu_ukr) || g->scale) && pc + kc >= g->K)
                         vitc__gelu_block(g, ic, mc, jc, nc);
                 }
@@ -544,12 +546,22 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                     kn->packa(pa, g->A, g->lda, g->ta, ic, mc, pc, kc, asum);
                 else
                     vitc__gemm_packa_generic(pa, MR, g->A, g->lda, g->ta, ic, mc, pc, kc, asum);
+                /* Prepacked weights come from memory the first time an MC
+                 * block reads them (a batch-1 product has only 3 blocks):
+                 * the strips that use micro-panel jr ask for jr + 1 into
+                 * L2 meanwhile, a share each, rather than the first strip
+                 * of jr + 1 stalling on it. */
+                int64_t pf_all = pbw ? kc * NR * (int64_t)sizeof(float) / 64 : 0;
+                int64_t pf_share = (pf_all + (mc + MR - 1) / MR - 1) / ((mc + MR - 1) / MR);
                 for (int64_t jr = 0; jr < nc; jr += NR) {
                     int64_t nr = nc - jr < NR ? nc - jr : NR;
-                    for (int64_t ir = 0; ir < mc; ir += MR) {
+                    const float *next = pf_all && jr + NR < nc ? pb + (jr + NR) * kc : NULL;
+                    for (int64_t ir = 0, s = 0; ir < mc; ir += MR, s++) {
                         int64_t mr = mc - ir < MR ? mc - ir : MR;
+                        int64_t off = s * pf_share, n = pf_all - off < pf_share ? pf_all - off : pf_share;
                         vitc__tile(g, 0, kc, pa + ir * kc, 0, 0, pb + jr * kc, 0, pc, ic + ir,
-                                   jc + jr, mr, nr);
+                                   jc + jr, mr, nr, next && n > 0 ? next + off * 16 : NULL,
+                                   next && n > 0 ? n : 0);
                     }
                 }
                 if (((g->gelu && !g->gelu_ukr) || g->scale) && pc + kc >= g->K)

@@ -92,9 +92,12 @@ vitc__ukr_short(const int R, int64_t kc, const float *pa, const float *pb, float
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
     vitc__prefetch_tile(C, ldc, mr, nr, e);
+    const char *pf = e->pf;
+    int64_t pfn = e->pf_lines;
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
         __m512 b0 = _mm512_load_ps(pb), b1 = _mm512_load_ps(pb + 16);
+        if (pfn > 0) _mm_prefetch(pf, _MM_HINT_T1), pf += 64, pfn--;
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m512 a = _mm512_set1_ps(pa[i]);
@@ -133,9 +136,12 @@ static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float
     __m512 c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00;
     __m512 c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
     vitc__prefetch_tile(C, ldc, mr, nr, e);
+    const char *pf = e->pf;
+    int64_t pfn = e->pf_lines;
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
         __m512 b0 = _mm512_load_ps(pb), b1 = _mm512_load_ps(pb + 16);
+        if (pfn > 0) _mm_prefetch(pf, _MM_HINT_T1), pf += 64, pfn--;
         VITC_ROW(0); VITC_ROW(1); VITC_ROW(2); VITC_ROW(3); VITC_ROW(4); VITC_ROW(5);
         VITC_ROW(6); VITC_ROW(7); VITC_ROW(8); VITC_ROW(9); VITC_ROW(10); VITC_ROW(11);
         pa += MR;
