@@ -467,6 +467,7 @@ static void vitc__pa_need(const vitc__gemm_job *g, int64_t pc, int64_t ic) {
     if (w) vitc__pool_note_wait(vitc__pool_cpu_ns() - w);
 }
 
+#define VITC_ONE_BLOCK_MAX 4
 static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1, int64_t j0,
                                 int64_t j1) {
     const vitc__gemm_kernel *kn = g->kern;
@@ -477,6 +478,10 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
      * panel (3 times for a ViT-B qkv or fc1 on one thread). The B
      * micro-panels stream from L3 either way. */
     int64_t KC = g->kc, MC = kn->mc, NC = g->pbw && n > 0 ? n : kn->nc;
+    /* A short M over prepacked weights (batch 1: 197 rows) in one block:
+     * each weight micro-panel is read once, from memory, and used by all
+     * the strips while in L1, with A's 600 KB in L2. */
+    if (g->pbw && m <= VITC_ONE_BLOCK_MAX * MC) MC = (m + MR - 1) / MR * MR;
     /* Smaller blocks for smaller problems: no packing of padding. */
     int64_t kc_max = g->K < KC ? g->K : KC;
     int64_t mc_max = (m < MC ? (m + MR - 1) / MR * MR : MC);
@@ -539,7 +544,8 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                 /* Rows of op(A) are summed by the thread whose panel holds
                  * column 0, once (its first NC panel). */
                 float *asum = g->asum && jc == 0 && !g->paw ? g->asum + ic : NULL;
-                if (paw && g->coop) vitc__pa_need(g, pc, ic);
+                if (paw && g->coop) /* the kernel's MC-row blocks this block spans */
+                    for (int64_t b = ic; b < ic + mc; b += kn->mc) vitc__pa_need(g, pc, b);
                 if (paw)
                     pa = (float *)paw + pc * g->mpad + ic * kc;
                 else if (kn->packa)
