@@ -553,7 +553,7 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                 else
                     vitc__gemm_packa_generic(pa, MR, g->A, g->lda, g->ta, ic, mc, pc, kc, asum);
                 /* Prepacked weights come from memory the first time an MC
-                 * block reads them (a batch-1 product has only 3 blocks):
+                 * block reads them (a batch-1 product has only that one):
                  * the strips that use micro-panel jr ask for jr + 1 into
                  * L2 meanwhile, a share each, rather than the first strip
                  * of jr + 1 stalling on it. */
