@@ -564,10 +564,11 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                     const float *next = pf_all && jr + NR < nc ? pb + (jr + NR) * kc : NULL;
                     for (int64_t ir = 0, s = 0; ir < mc; ir += MR, s++) {
                         int64_t mr = mc - ir < MR ? mc - ir : MR;
-                        int64_t off = s * pf_share, n = pf_all - off < pf_share ? pf_all - off : pf_share;
+                        int64_t off = s * pf_share; /* this strip's share: lines [off, off + pfn) */
+                        int64_t pfn = pf_all - off < pf_share ? pf_all - off : pf_share;
                         vitc__tile(g, 0, kc, pa + ir * kc, 0, 0, pb + jr * kc, 0, pc, ic + ir,
-                                   jc + jr, mr, nr, next && n > 0 ? next + off * 16 : NULL,
-                                   next && n > 0 ? n : 0);
+                                   jc + jr, mr, nr, next && pfn > 0 ? next + off * 16 : NULL,
+                                   next && pfn > 0 ? pfn : 0);
                     }
                 }
                 if (((g->gelu && !g->gelu_ukr) || g->scale) && pc + kc >= g->K)
