@@ -131,14 +131,29 @@ static void att_pv_rows(int mr, int nv, int init, int64_t nkv, const float *p, i
 }
 
 /* Key columns [j0, j0+n) of head (b, h) into K^T panels at kt and padded V
- * rows at vp; the panel columns past n are zero so no NaN leaks from them. */
+ * rows at vp; the panel columns past n are zero so no NaN leaks from them.
+ * Panel by panel, asking for what comes next into L2 meanwhile: the next
+ * panel's K rows, this panel's V rows and the query rows [ql0, ql1) of
+ * the same indices. A head's rows are short (D floats, 256 bytes in
+ * ViT-B) and far apart, which the hardware prefetcher does not follow, and
+ * they come from L3 (the qkv GEMM just wrote them, partly on another core):
+ * at batch 1 the first loads of Q, K and V stalled for ~10% of the kernel. */
 static void att_pack_kv(const vitc__sdpa_desc *d, int64_t Dvp, int64_t b, int64_t h, int64_t j0,
                         int64_t n, float *kt, /* [ceil(n/NR)][D][NR] */
-                        float *vp /* [n, Dvp] */) {
+                        float *vp /* [n, Dvp] */, int64_t ql0, int64_t ql1) {
     const int64_t D = d->D, Dv = d->Dv;
     const float *k = d->k + b * d->k_sb + h * d->k_sh + j0 * d->k_sr; /* [n, D] */
     const float *v = d->v + b * d->v_sb + h * d->v_sh + j0 * d->v_sr; /* [n, Dv] */
-    att_pack_panels(k, d->k_sr, n, D, (n + NR - 1) / NR * NR, kt);
+    const float *q = d->q + b * d->q_sb + h * d->q_sh;                /* [L, D] */
+    for (int64_t p0 = 0; p0 < n; p0 += NR) {
+        int64_t rows = n - p0 < NR ? n - p0 : NR;
+        if (p0 + NR < n)
+            att_prefetch_rows(k + (p0 + NR) * d->k_sr, d->k_sr, n - p0 - NR < NR ? n - p0 - NR : NR, D);
+        att_prefetch_rows(v + p0 * d->v_sr, d->v_sr, rows, Dv);
+        int64_t q0 = j0 + p0 > ql0 ? j0 + p0 : ql0, q1 = j0 + p0 + rows < ql1 ? j0 + p0 + rows : ql1;
+        if (q0 < q1) att_prefetch_rows(q + q0 * d->q_sr, d->q_sr, q1 - q0, D);
+        att_pack_panels(k + p0 * d->k_sr, d->k_sr, rows, D, NR, kt + p0 * D);
+    }
     if (!vp) return; /* V is read in place */
     for (int64_t j = 0; j < n; j++) att_copy_pad(vp + j * Dvp, v + j * d->v_sr, Dv, Dvp);
 }
@@ -486,14 +501,7 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
 #endif
 
     const float *q = d->q + b * d->q_sb + h * d->q_sh + l0 * d->q_sr; /* [nr, D] */
-    const VT qs = v_set1(pl->qscale);
-    for (int64_t r = 0; r < nr; r++) {
-        const float *src = q + r * d->q_sr;
-        float *dst = ws->qp + r * D;
-        int64_t c = 0;
-        for (; c + VW <= D; c += VW) v_storeu(dst + c, v_mul(v_loadu(src + c), qs));
-        if (c < D) v_storeu_n(dst + c, v_mul(v_loadu_n(src + c, D - c), qs), D - c);
-    }
+    int q_ready = 0; /* Qs is packed after the first K/V block: its rows arrive meanwhile */
 
     if (pl->whole_head && !(ws->kv_gen == pl->gen && ws->kv_b == b && ws->kv_h == h)) {
         ws->kv_gen = pl->gen;
@@ -529,8 +537,8 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
                 kt = ws->kt + j0 * D;
                 vp = v_inplace ? NULL : ws->vp + j0 * Dvp;
                 if (small) vp = ws->vp + j0;
-                if (kb >= ws->kv_done) {
-                    att_pack_kv(d, Dvp, b, h, j0, nkv, kt, small ? NULL : vp);
+                if (kb >= ws->kv_done) { /* this and the head's later query rows come next */
+                    att_pack_kv(d, Dvp, b, h, j0, nkv, kt, small ? NULL : vp, l0, d->L);
 #if ATT_SMALL_DV > 0
                     if (small) att_pack_vt(d, b, h, j0, nkv, vp, pl->kv_cols);
 #endif
@@ -539,12 +547,27 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
             } else {
                 kt = ws->kt;
                 vp = v_inplace && !small ? NULL : ws->vp;
-                att_pack_kv(d, Dvp, b, h, j0, nkv, kt, small ? NULL : vp);
+                att_pack_kv(d, Dvp, b, h, j0, nkv, kt, small ? NULL : vp, l0, l1);
 #if ATT_SMALL_DV > 0
                 if (small) att_pack_vt(d, b, h, j0, nkv, vp, pl->kv_cols);
 #endif
             }
             const float *vsrc = v_inplace ? vbase + j0 * d->v_sr : vp; /* [nkv, ldv] */
+            if (!q_ready) {
+                const VT qs = v_set1(pl->qscale);
+                for (int64_t r = 0; r < nr; r++) {
+                    const float *src = q + r * d->q_sr;
+                    float *dst = ws->qp + r * D;
+                    int64_t c = 0;
+                    for (; c + VW <= D; c += VW) v_storeu(dst + c, v_mul(v_loadu(src + c), qs));
+                    if (c < D) v_storeu_n(dst + c, v_mul(v_loadu_n(src + c, D - c), qs), D - c);
+                }
+                /* the output rows, written at the end: asked for now, for writing */
+                const float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr;
+                for (int64_t r = 0; r < nr; r++)
+                    for (int64_t c = 0; c < Dv; c += 16) __builtin_prefetch(o + r * d->o_sr + c, 1, 3);
+                q_ready = 1;
+            }
             att_scores(ws->qp, D, nr, kt, nkv, ws->st, Bcp);
 
             for (int64_t r = 0; r < nr; r++) {

@@ -280,7 +280,7 @@ static void vitc__ukr_generic(int64_t kc, const float *pa, const float *pb, floa
 #endif
 
 const vitc__gemm_kernel vitc__gemm_kernel_generic = {
-    VITC_G_MR, VITC_G_NR, 512, 96, 1024, vitc__ukr_generic, NULL, NULL, NULL, 0,
+    VITC_G_MR, VITC_G_NR, 512, 96, 1024, vitc__ukr_generic, NULL, NULL, NULL, 0, NULL,
 };
 
 static const vitc__gemm_kernel *vitc__pick_kernel(void) { return vitc__kern()->gemm; }
@@ -320,6 +320,7 @@ typedef struct vitc__gemm_job {
     const vitc__ln_pre *ln;
     void (*gelu)(float *x, int64_t n); /* the activation (elementwise, in place: erf, quick or
                                         * tanh GELU) on C after the last K block, or NULL */
+    int gelu_ukr; /* gelu is kern->gelu and runs in the microkernel's epilogue */
     /* Layer scale (NULL: none): after the last K block, before gelu,
      * C = sres + scale * C per row by scale_add (scale [N], sres [M, ldsr]
      * or NULL); res is then NULL, the residual being added here. */
@@ -335,9 +336,10 @@ typedef struct vitc__gemm_job {
     int by_cols;  /* threads split columns (else rows) */
     int64_t unit; /* split granularity: NR or MR (or 16 for OpenBLAS) */
     int nparts;
-    /* Non-NULL: threads splitting columns of the built-in GEMM take chunks
-     * of chunk columns (a multiple of NR) from this counter, nchunks in
-     * all, instead of one fixed panel each (vitc__gemm_task). */
+    /* Non-NULL: threads of the built-in GEMM take chunks of chunk columns
+     * (by_cols, a multiple of NR) or rows (a multiple of MR) from this
+     * counter, nchunks in all, instead of one fixed panel each
+     * (vitc__gemm_task). */
     _Atomic int64_t *next_chunk;
     int64_t chunk, nchunks;
 } vitc__gemm_job;
@@ -371,10 +373,12 @@ void vitc__gemm_set_direct(int on) { __atomic_store_n(&vitc__gemm_direct_on, on 
  * (ukr_st). */
 static inline void vitc__tile(const vitc__gemm_job *g, int st, int64_t kc, const float *a,
                               int64_t a_ks, int64_t a_rs, const float *b, int64_t b_ks,
-                              int64_t pc, int64_t i, int64_t j, int64_t mr, int64_t nr) {
+                              int64_t pc, int64_t i, int64_t j, int64_t mr, int64_t nr,
+                              const float *pf, int64_t pf_lines) {
     const vitc__gemm_kernel *kn = g->kern;
     vitc__gemm_epi e = {g->alpha, g->beta, pc == 0, g->bias ? g->bias + j : NULL,
-                        g->res ? g->res + i * g->ldr + j : NULL, g->ldr};
+                        g->res ? g->res + i * g->ldr + j : NULL, g->ldr,
+                        g->gelu_ukr && pc + kc >= g->K, (const char *)pf, pf_lines};
     float *C = g->C + i * g->ldc + j;
     if (st)
         kn->ukr_st(kc, a, a_ks, a_rs, b, b_ks, C, g->ldc, mr, nr, &e);
@@ -463,12 +467,21 @@ static void vitc__pa_need(const vitc__gemm_job *g, int64_t pc, int64_t ic) {
     if (w) vitc__pool_note_wait(vitc__pool_cpu_ns() - w);
 }
 
+#define VITC_ONE_BLOCK_MAX 4
 static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1, int64_t j0,
                                 int64_t j1) {
     const vitc__gemm_kernel *kn = g->kern;
     const int MR = kn->mr, NR = kn->nr;
-    int64_t KC = g->kc, MC = kn->mc, NC = kn->nc;
     int64_t m = i1 - i0, n = j1 - j0;
+    /* Prepacked B needs no panel buffer, so no NC blocking: one panel of
+     * every column, each MC block of A packed once rather than once per NC
+     * panel (3 times for a ViT-B qkv or fc1 on one thread). The B
+     * micro-panels stream from L3 either way. */
+    int64_t KC = g->kc, MC = kn->mc, NC = g->pbw && n > 0 ? n : kn->nc;
+    /* A short M over prepacked weights (batch 1: 197 rows) in one block:
+     * each weight micro-panel is read once, from memory, and used by all
+     * the strips while in L1, with A's 600 KB in L2. */
+    if (g->pbw && m <= VITC_ONE_BLOCK_MAX * MC) MC = (m + MR - 1) / MR * MR;
     /* Smaller blocks for smaller problems: no packing of padding. */
     int64_t kc_max = g->K < KC ? g->K : KC;
     int64_t mc_max = (m < MC ? (m + MR - 1) / MR * MR : MC);
@@ -519,8 +532,9 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                         for (int64_t ir = 0; ir < mc; ir += MR)
                             vitc__tile(g, 1, kc, g->A + (ic + ir) * g->lda + pc, 1, g->lda,
                                        pb + jr * kc, NR, pc, ic + ir, jc + jr,
-                                       mc - ir < MR ? mc - ir : MR, nc - jr < NR ? nc - jr : NR);
-                    if ((g->gelu || g->scale) && pc + kc >= g->K)
+                                       mc - ir < MR ? mc - ir : MR, nc - jr < NR ? nc - jr : NR,
+                                       NULL, 0);
+                    if (((g->gelu && !g->gelu_ukr) || g->scale) && pc + kc >= g->K)
                         vitc__gelu_block(g, ic, mc, jc, nc);
                 }
                 continue;
@@ -530,22 +544,35 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                 /* Rows of op(A) are summed by the thread whose panel holds
                  * column 0, once (its first NC panel). */
                 float *asum = g->asum && jc == 0 && !g->paw ? g->asum + ic : NULL;
-                if (paw && g->coop) vitc__pa_need(g, pc, ic);
+                if (paw && g->coop) /* the kernel's MC-row blocks this block spans */
+                    for (int64_t b = ic; b < ic + mc; b += kn->mc) vitc__pa_need(g, pc, b);
                 if (paw)
                     pa = (float *)paw + pc * g->mpad + ic * kc;
                 else if (kn->packa)
                     kn->packa(pa, g->A, g->lda, g->ta, ic, mc, pc, kc, asum);
                 else
                     vitc__gemm_packa_generic(pa, MR, g->A, g->lda, g->ta, ic, mc, pc, kc, asum);
+                /* Prepacked weights come from memory the first time an MC
+                 * block reads them (a batch-1 product has only that one):
+                 * the strips that use micro-panel jr ask for jr + 1 into
+                 * L2 meanwhile, a share each, rather than the first strip
+                 * of jr + 1 stalling on it. */
+                int64_t pf_all = pbw ? kc * NR * (int64_t)sizeof(float) / 64 : 0;
+                int64_t pf_share = (pf_all + (mc + MR - 1) / MR - 1) / ((mc + MR - 1) / MR);
                 for (int64_t jr = 0; jr < nc; jr += NR) {
                     int64_t nr = nc - jr < NR ? nc - jr : NR;
-                    for (int64_t ir = 0; ir < mc; ir += MR) {
+                    const float *next = pf_all && jr + NR < nc ? pb + (jr + NR) * kc : NULL;
+                    for (int64_t ir = 0, s = 0; ir < mc; ir += MR, s++) {
                         int64_t mr = mc - ir < MR ? mc - ir : MR;
+                        int64_t off = s * pf_share; /* this strip's share: lines [off, off + pfn) */
+                        int64_t pfn = pf_all - off < pf_share ? pf_all - off : pf_share;
                         vitc__tile(g, 0, kc, pa + ir * kc, 0, 0, pb + jr * kc, 0, pc, ic + ir,
-                                   jc + jr, mr, nr);
+                                   jc + jr, mr, nr, next && pfn > 0 ? next + off * 16 : NULL,
+                                   next && pfn > 0 ? pfn : 0);
                     }
                 }
-                if ((g->gelu || g->scale) && pc + kc >= g->K) vitc__gelu_block(g, ic, mc, jc, nc);
+                if (((g->gelu && !g->gelu_ukr) || g->scale) && pc + kc >= g->K)
+                    vitc__gelu_block(g, ic, mc, jc, nc);
             }
         }
     }
@@ -610,8 +637,12 @@ static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
          * thread that computes it, so the bits do not either. */
         for (int64_t c; (c = atomic_fetch_add_explicit(g->next_chunk, 1, memory_order_relaxed)) <
                         g->nchunks;) {
-            int64_t j0 = c * g->chunk, j1 = g->N - j0 < g->chunk ? g->N : j0 + g->chunk;
-            vitc__builtin_block(g, 0, g->M, j0, j1);
+            int64_t total = g->by_cols ? g->N : g->M;
+            int64_t b0 = c * g->chunk, b1 = total - b0 < g->chunk ? total : b0 + g->chunk;
+            if (g->by_cols)
+                vitc__builtin_block(g, 0, g->M, b0, b1);
+            else
+                vitc__builtin_block(g, b0, b1, 0, g->N);
         }
         return;
     }
@@ -685,6 +716,7 @@ static void vitc__pa_task(void *ctx, int64_t t, int tid) {
 
 #define VITC_KC_DEEP 256
 #define VITC_CHUNKS_PER 4
+#define VITC_CHUNKS_SHARED 12
 
 /* Below this many flops a parallel region costs more than it saves. */
 #define VITC_GEMM_PAR_FLOPS 400000.0
@@ -718,6 +750,9 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
     if (builtin) {
         g->kern = vitc__pick_kernel();
         g->kc = g->kern->kc;
+        /* The activation in registers when the kernel reproduces it (the
+         * layer scale, and training's act = GELU(C), need C first). */
+        g->gelu_ukr = g->gelu && g->gelu == g->kern->gelu && !g->scale && !g->act;
         /* A small weight gradient (A transposed, K the batch rows, deep,
          * C at most a few blocks): smaller K blocks keep its B micro-panel
          * in L1 (C is tiny and re-read once per block): 4-5% faster at the
@@ -799,14 +834,28 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
     }
     if (!g->coop) vitc__ln_pass(g); /* else the packers normalise */
     /* Columns in chunks taken as threads come free, about VITC_CHUNKS_PER
-     * per thread: finer balances better, coarser re-reads op(A) less. (Not
-     * with asum: the thread whose panel holds column 0 sums the rows.) */
+     * per thread: finer balances better, coarser re-reads op(A) less. With
+     * op(A) shared (packed once) a chunk costs no packing: finer still,
+     * VITC_CHUNKS_SHARED per thread (a ViT-B qkv at batch 1: 96 columns,
+     * ~0.1 ms, against 288 and up to 0.17 ms idle at the end). (Not with
+     * asum: the thread whose panel holds column 0 sums the rows.) */
     _Atomic int64_t next_chunk;
     if (g->kern && g->by_cols && g->K > 0 && g->alpha != 0.0f && !g->asum) {
-        int64_t per = (units + VITC_CHUNKS_PER * g->nparts - 1) / (VITC_CHUNKS_PER * g->nparts);
+        int64_t cp = (g->paw ? VITC_CHUNKS_SHARED : VITC_CHUNKS_PER) * g->nparts;
+        int64_t per = (units + cp - 1) / cp;
         if (per * g->unit > g->kern->nc) per = g->kern->nc / g->unit;
         g->chunk = (per < 1 ? 1 : per) * g->unit;
         g->nchunks = (g->N + g->chunk - 1) / g->chunk;
+        atomic_init(&next_chunk, 0);
+        g->next_chunk = &next_chunk;
+    } else if (g->kern && !g->by_cols && g->pbw && g->K > 0 && g->alpha != 0.0f && !g->asum &&
+               row_units >= 4 * (int64_t)g->nparts * (g->kern->mc / mr)) {
+        /* Rows likewise, in MC-row chunks (op(B) packed, op(A) packed per
+         * chunk: no row is packed twice): a batch-8 out_proj or fc2, whose
+         * fixed halves left one thread waiting whenever the other was
+         * slowed. */
+        g->chunk = g->kern->mc;
+        g->nchunks = (g->M + g->chunk - 1) / g->chunk;
         atomic_init(&next_chunk, 0);
         g->next_chunk = &next_chunk;
     }

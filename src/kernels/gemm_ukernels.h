@@ -16,13 +16,22 @@
 /* The epilogue of one output tile, applied on the first K block only:
  *   C = alpha * acc + beta * C + bias[j] + res[i, j]
  * and on later K blocks C += alpha * acc (first = 0). beta == 0 never reads C.
- * bias and res already point at the tile's first column / element. */
+ * bias and res already point at the tile's first column / element.
+ * gelu (only for a kernel with a gelu below, and only on the last K block):
+ * then C = GELU(C) before the store, bitwise that kernel's gelu on the
+ * stored tile. */
 typedef struct vitc__gemm_epi {
     float alpha, beta;
     int first;
     const float *bias; /* [nr] or NULL */
     const float *res;  /* [mr, ldr] or NULL */
     int64_t ldr;
+    int gelu;
+    /* pf_lines 64-byte lines from pf to ask into L2 during the k loop, one
+     * a step (NULL, 0: none): the next weight micro-panel, in shares over
+     * the strips that use the current one (gemm.c). */
+    const char *pf;
+    int64_t pf_lines;
 } vitc__gemm_epi;
 
 /* C[mr, nr] (row stride ldc) from packed pa [kc][MR] and pb [kc][NR]. */
@@ -62,6 +71,10 @@ typedef struct vitc__gemm_kernel {
      * sits in L1 anyway, and packing it cost ~1/3 of the FMA time). */
     vitc__gemm_ukr_st_fn ukr_st;
     int64_t direct_kc;
+    /* NULL, or the in-place erf GELU (the arch's kernel-table gelu) that
+     * ukr and ukr_st reproduce in registers when epi.gelu is set: fc1's
+     * activation then costs no pass over the stored output. */
+    void (*gelu)(float *x, int64_t n);
 } vitc__gemm_kernel;
 
 extern const vitc__gemm_kernel vitc__gemm_kernel_avx512;

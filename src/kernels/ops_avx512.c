@@ -10,13 +10,14 @@
 #include "ops_simd.h"
 #include "vmath_avx512.h"
 
-/* x Phi(x), Phi from v_phi's table of polynomials; y may be x. */
+/* x Phi(x) (vitc__v_gelu, as the GEMM epilogues), Phi from v_phi's table of
+ * polynomials; y may be x. */
 void vitc__gelu_to_avx512(float *y, const float *x, int64_t n) {
     int64_t i = 0;
     for (; i < n; i += 16) {
         __mmask16 m = n - i >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (n - i)) - 1);
         __m512 v = _mm512_maskz_loadu_ps(m, x + i);
-        _mm512_mask_storeu_ps(y + i, m, _mm512_mul_ps(v, v_phi(v)));
+        _mm512_mask_storeu_ps(y + i, m, vitc__v_gelu(v));
     }
 }
 

@@ -16,6 +16,10 @@
  *   v_exp2(x)              2^x, exactly 0 for x <= -127 under FTZ, NaN in -> NaN out
  *   v_phi(x)               the standard normal CDF, 0.5 erfc(-x / sqrt 2) (GELU's),
  *                          from a table of polynomials (vmath_phi_tab.h)
+ *   vitc__v_gelu(x)        exact-erf GELU, x Phi(x): the one sequence of operations
+ *                          every AVX-512 GELU runs (row op and GEMM epilogues), so
+ *                          fused and unfused GELU give the same bits
+ *   vitc__v_gelu_tile(...) GELU and masked stores of a finished GEMM tile
  *   s_exp2(x)              scalar 2^x
  */
 #ifndef VITC_VMATH_AVX512_H
@@ -23,6 +27,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdint.h>
 
 #include "vmath_phi_tab.h"
 _Static_assert(VITC_PHI_DEG == 5, "vitc__v_phi evaluates degree 5: regenerate or edit both");
@@ -121,6 +126,24 @@ static inline __m512 vitc__v_phi(__m512 x) {
 #undef VITC_PHI_C
     __mmask16 neg = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_LT_OQ);
     return _mm512_mask_blend_ps(neg, _mm512_sub_ps(_mm512_set1_ps(1.0f), p), p);
+}
+
+static inline __m512 vitc__v_gelu(__m512 x) { return _mm512_mul_ps(x, vitc__v_phi(x)); }
+
+/* GELU over a finished GEMM tile kept in memory (v: rows x 2 vectors, the
+ * microkernel's 32 columns), stored to C (row stride ldc) under the column
+ * masks. One call per tile rather than GELU in each row's epilogue: v_phi's
+ * table loads are hoisted once, the rows' chains overlap, and the
+ * microkernel's register allocation is not disturbed. noinline: one copy
+ * per file that uses it, outside the kernels' loops (unused: no warning in
+ * the files that do not). */
+__attribute__((noinline, unused)) static void vitc__v_gelu_tile(float *C, int64_t ldc,
+                                                                const __m512 *v, int64_t rows,
+                                                                __mmask16 m0, __mmask16 m1) {
+    for (int64_t i = 0; i < rows; i++) {
+        _mm512_mask_storeu_ps(C + i * ldc, m0, vitc__v_gelu(v[2 * i]));
+        _mm512_mask_storeu_ps(C + i * ldc + 16, m1, vitc__v_gelu(v[2 * i + 1]));
+    }
 }
 
 #endif
