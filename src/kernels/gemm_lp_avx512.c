@@ -32,21 +32,6 @@ static inline __mmask16 vitc__m16(int64_t n) {
     return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
 
-/* GELU as vitc__gelu_avx512 computes it, operation for operation (x Phi(x)). */
-static inline __m512 vitc__lp_gelu(__m512 v) { return _mm512_mul_ps(v, v_phi(v)); }
-
-/* GELU over the finished tile (v: rows x 2 vectors, in memory), then the
- * stores. One call per tile rather than per row: v_phi's constants are
- * loaded once, and the rows' independent chains (a division and an exp
- * each) overlap. */
-__attribute__((noinline)) static void vitc__lp_gelu_tile(float *C, int64_t ldc, const __m512 *v,
-                                                         int64_t rows, __mmask16 m0, __mmask16 m1) {
-    for (int64_t i = 0; i < rows; i++) {
-        _mm512_mask_storeu_ps(C + i * ldc, m0, vitc__lp_gelu(v[2 * i]));
-        _mm512_mask_storeu_ps(C + i * ldc + 16, m1, vitc__lp_gelu(v[2 * i + 1]));
-    }
-}
-
 /* ---- the microkernels: one body, two dot products ------------------------
  *
  * Both are the fp32 kernel's 12 x 32 tile: 24 accumulators, B strip words
@@ -108,7 +93,7 @@ __attribute__((noinline)) static void vitc__lp_gelu_tile(float *C, int64_t ldc, 
     __m512 gt[2 * MR];                                                              \
     LP_STORE(0); LP_STORE(1); LP_STORE(2); LP_STORE(3); LP_STORE(4); LP_STORE(5);   \
     LP_STORE(6); LP_STORE(7); LP_STORE(8); LP_STORE(9); LP_STORE(10); LP_STORE(11); \
-    if (e->gelu) vitc__lp_gelu_tile(C, ldc, gt, mr < R ? mr : R, m0, m1)
+    if (e->gelu) vitc__v_gelu_tile(C, ldc, gt, mr < R ? mr : R, m0, m1)
 
 /* bf16: the sums are the values. */
 #define BF_DP(c, a, b) _mm512_dpbf16_ps(c, (__m512bh)(a), (__m512bh)(b))
