@@ -81,7 +81,9 @@ static void att_s_rows(int mr, int half, int64_t D, const float *q, const float 
 
 /* o[r][0:nv*VW] = (init ? 0 : o[r]*alpha[r]) + sum_j p[r][j] * v[j][0:nv*VW], r < mr.
  * Folding the online-softmax rescale into the accumulator load saves a pass
- * over O per key block. */
+ * over O per key block. With fo (the last key block), the sum goes times
+ * osc[r] to fo[r] instead: the caller's output, the same product the final
+ * pass over O would make, without reading O back. */
 static inline __attribute__((always_inline)) void att_pv_kernel(int mr, int nv, int init,
                                                                 int64_t nkv,
                                                                 const float *p, /* [mr, ldp] */
@@ -90,7 +92,10 @@ static inline __attribute__((always_inline)) void att_pv_kernel(int mr, int nv, 
                                                                 int64_t ldv,
                                                                 float *o, /* [mr, ldo] */
                                                                 int64_t ldo,
-                                                                const float *alpha /* [mr] */) {
+                                                                const float *alpha, /* [mr] */
+                                                                float *fo, /* [mr, ldfo] or NULL */
+                                                                int64_t ldfo,
+                                                                const float *osc /* [mr] */) {
     VT acc[MR_PV][NV_PV];
     ATT_UNROLL
     for (int r = 0; r < MR_PV; r++)
@@ -117,15 +122,23 @@ static inline __attribute__((always_inline)) void att_pv_kernel(int mr, int nv, 
     ATT_UNROLL
     for (int r = 0; r < MR_PV; r++)
         if (r < mr) {
-            ATT_UNROLL
-            for (int x = 0; x < NV_PV; x++)
-                if (x < nv) v_store(o + r * ldo + x * VW, acc[r][x]);
+            if (fo) {
+                VT sc = v_set1(osc[r]);
+                ATT_UNROLL
+                for (int x = 0; x < NV_PV; x++)
+                    if (x < nv) v_storeu(fo + r * ldfo + x * VW, v_mul(acc[r][x], sc));
+            } else {
+                ATT_UNROLL
+                for (int x = 0; x < NV_PV; x++)
+                    if (x < nv) v_store(o + r * ldo + x * VW, acc[r][x]);
+            }
         }
 }
 
 static void att_pv_rows(int mr, int nv, int init, int64_t nkv, const float *p, int64_t ldp,
-                        const float *v, int64_t ldv, float *o, int64_t ldo, const float *alpha) {
-#define ATT_PV_CALL(m, n) att_pv_kernel(m, n, init, nkv, p, ldp, v, ldv, o, ldo, alpha)
+                        const float *v, int64_t ldv, float *o, int64_t ldo, const float *alpha,
+                        float *fo, int64_t ldfo, const float *osc) {
+#define ATT_PV_CALL(m, n) att_pv_kernel(m, n, init, nkv, p, ldp, v, ldv, o, ldo, alpha, fo, ldfo, osc)
     ATT_MR_NV_SWITCH(ATT_PV_CALL)
 #undef ATT_PV_CALL
 }
@@ -176,8 +189,16 @@ static float att_mask_max(float *s, /* [>= roundup(n, VW)] */
             mx = v_max(mx, v_tail(x, n - j, -INFINITY));
         }
     } else {
-        for (; j + VW <= n; j += VW) mx = v_max(mx, v_load(s + j));
-        if (j < n) mx = v_max(mx, v_tail(v_load(s + j), n - j, -INFINITY));
+        /* Two chains: one max after another is latency bound (a row is
+         * only ~13 vectors, too short for the next row to overlap it). */
+        VT mx1 = mx;
+        for (; j + 2 * VW <= n; j += 2 * VW) {
+            mx = v_max(mx, v_load(s + j));
+            mx1 = v_max(mx1, v_load(s + j + VW));
+        }
+        if (j + VW <= n) mx = v_max(mx, v_load(s + j)), j += VW;
+        if (j < n) mx1 = v_max(mx1, v_tail(v_load(s + j), n - j, -INFINITY));
+        mx = v_max(mx, mx1);
     }
     return v_hmax(mx);
 }
@@ -185,8 +206,17 @@ static float att_mask_max(float *s, /* [>= roundup(n, VW)] */
 /* s[j] = 2^(s[j] - m) for j < n; returns their sum. With store == 0 only the
  * sum is wanted (first pass of the probs path). */
 static float att_exp_sum(float *s, int64_t n, float m, int store) {
-    VT vm = v_set1(m), sum = v_zero();
+    VT vm = v_set1(m), sum = v_zero(), sum1 = v_zero();
     int64_t j = 0;
+    /* Two sums, as att_mask_max's two maxima. */
+    for (; j + 2 * VW <= n; j += 2 * VW) {
+        VT e0 = v_exp2(v_sub(v_load(s + j), vm));
+        VT e1 = v_exp2(v_sub(v_load(s + j + VW), vm));
+        if (store) v_store(s + j, e0), v_store(s + j + VW, e1);
+        sum = v_add(sum, e0);
+        sum1 = v_add(sum1, e1);
+    }
+    sum = v_add(sum, sum1);
     for (; j + VW <= n; j += VW) {
         VT e = v_exp2(v_sub(v_load(s + j), vm));
         if (store) v_store(s + j, e);
@@ -466,16 +496,19 @@ static void att_scores(const float *qp, int64_t D, int64_t nr, const float *kt, 
 }
 
 /* O[:, 0:ncols] (+)= P V; ncols is a multiple of VW: Dv when V is read in
- * place, else the padded Dvp. */
+ * place, else the padded Dvp. fo: the final block's output rows (see
+ * att_pv_kernel), ncols == Dv. */
 static void att_pv(const vitc__attn_ws *ws, int64_t nr, int64_t nkv, const float *vp, int64_t ldv,
-                   int64_t ncols, int64_t Bcp, int64_t Dvp, int init, const float *alpha) {
+                   int64_t ncols, int64_t Bcp, int64_t Dvp, int init, const float *alpha,
+                   float *fo, int64_t ldfo) {
     const int64_t chunk = (int64_t)NV_PV * VW;
     for (int64_t c0 = 0; c0 < ncols; c0 += chunk) {
         int nv = (int)((ncols - c0 < chunk ? ncols - c0 : chunk) / VW);
         for (int64_t r = 0; r < nr; r += MR_PV) {
             int mr = nr - r < MR_PV ? (int)(nr - r) : MR_PV;
             att_pv_rows(mr, nv, init, nkv, ws->st + r * Bcp, Bcp, vp + c0, ldv,
-                        ws->ot + r * Dvp + c0, Dvp, alpha + r);
+                        ws->ot + r * Dvp + c0, Dvp, alpha + r, fo ? fo + r * ldfo + c0 : NULL,
+                        ldfo, ws->orow + r);
         }
     }
 }
@@ -520,6 +553,9 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
 #else
     const int small = 0;
 #endif
+    float *obase = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr; /* [nr, Dv] */
+    /* Whole vectors of output: the last key block's P V writes it (att_pv_kernel). */
+    const int fuse_out = v_inplace && !small;
     for (int64_t r = 0; r < nr; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
@@ -563,16 +599,19 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
                     if (c < D) v_storeu_n(dst + c, v_mul(v_loadu_n(src + c, D - c), qs), D - c);
                 }
                 /* the output rows, written at the end: asked for now, for writing */
-                const float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr;
                 for (int64_t r = 0; r < nr; r++)
-                    for (int64_t c = 0; c < Dv; c += 16) __builtin_prefetch(o + r * d->o_sr + c, 1, 3);
+                    for (int64_t c = 0; c < Dv; c += 16) __builtin_prefetch(obase + r * d->o_sr + c, 1, 3);
                 q_ready = 1;
             }
             att_scores(ws->qp, D, nr, kt, nkv, ws->st, Bcp);
 
+            /* Every row's max first, then the exps: a row's exps then wait
+             * on no reduction, so consecutive rows overlap. */
+            for (int64_t r = 0; r < nr; r++)
+                alpha[r] = att_mask_max(ws->st + r * Bcp, mbase ? mbase + r * d->m_sr + j0 : NULL, nkv);
             for (int64_t r = 0; r < nr; r++) {
                 float *srow = ws->st + r * Bcp;
-                float bm = att_mask_max(srow, mbase ? mbase + r * d->m_sr + j0 : NULL, nkv);
+                float bm = alpha[r];
                 if (pass == 0 || !d->probs) {
                     float mn = bm > m[r] ? bm : m[r];
                     /* All -inf so far: subtract 0 so exp2 gives 0, not NaN. */
@@ -608,12 +647,22 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
                     alpha[r] = 1.0f;
                 }
             }
-            if (pass == 1 && !small) att_pv(ws, nr, nkv, vsrc, ldv, v_inplace ? Dv : Dvp, Bcp, Dvp, kb == 0, alpha);
+            if (pass == 1 && !small) {
+                float *fo = NULL;
+                if (fuse_out && kb == pl->nkb - 1) {
+                    fo = obase;
+                    for (int64_t r = 0; r < nr; r++)
+                        ws->orow[r] = m[r] == -INFINITY ? NAN : d->probs ? 1.0f : 1.0f / l[r];
+                }
+                att_pv(ws, nr, nkv, vsrc, ldv, v_inplace ? Dv : Dvp, Bcp, Dvp, kb == 0, alpha, fo,
+                       d->o_sr);
+            }
         }
     }
 
     if (d->lse) att_store_lse(d->lse + b * d->lse_sb + h * d->lse_sh + l0, m, l, nr);
-    float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr; /* [nr, Dv] */
+    if (fuse_out) return;
+    float *o = obase;
     for (int64_t r = 0; r < nr; r++) {
         float inv = d->probs ? 1.0f : 1.0f / l[r];
         if (m[r] == -INFINITY) inv = NAN;
