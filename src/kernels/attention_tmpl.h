@@ -21,6 +21,11 @@
 #include "attention_common_tmpl.h"
 
 #define NR ATT_PW /* S microkernel / K panel width in keys */
+/* Query rows taken from scores to P V at a time: a multiple of both
+ * microkernels' rows (MR_S is one of MR_PV on every path). */
+#ifndef ATT_RG
+#define ATT_RG (2 * MR_S)
+#endif
 
 /* lse[r] = ln(sum_j e^s_j) of rows [0, nr) from the base-2 running max m and
  * sum l: m ln 2 + ln l; -inf for a row that never saw a finite score. */
@@ -498,17 +503,18 @@ static void att_scores(const float *qp, int64_t D, int64_t nr, const float *kt, 
 /* O[:, 0:ncols] (+)= P V; ncols is a multiple of VW: Dv when V is read in
  * place, else the padded Dvp. fo: the final block's output rows (see
  * att_pv_kernel), ncols == Dv. */
-static void att_pv(const vitc__attn_ws *ws, int64_t nr, int64_t nkv, const float *vp, int64_t ldv,
-                   int64_t ncols, int64_t Bcp, int64_t Dvp, int init, const float *alpha,
-                   float *fo, int64_t ldfo) {
+static void att_pv(int64_t nr, int64_t nkv, const float *p, /* [nr, Bcp] */
+                   const float *vp, int64_t ldv, int64_t ncols, int64_t Bcp,
+                   float *ot, /* [nr, Dvp] */
+                   int64_t Dvp, int init, const float *alpha, /* [nr] */
+                   float *fo, int64_t ldfo, const float *osc /* [nr] */) {
     const int64_t chunk = (int64_t)NV_PV * VW;
     for (int64_t c0 = 0; c0 < ncols; c0 += chunk) {
         int nv = (int)((ncols - c0 < chunk ? ncols - c0 : chunk) / VW);
         for (int64_t r = 0; r < nr; r += MR_PV) {
             int mr = nr - r < MR_PV ? (int)(nr - r) : MR_PV;
-            att_pv_rows(mr, nv, init, nkv, ws->st + r * Bcp, Bcp, vp + c0, ldv,
-                        ws->ot + r * Dvp + c0, Dvp, alpha + r, fo ? fo + r * ldfo + c0 : NULL,
-                        ldfo, ws->orow + r);
+            att_pv_rows(mr, nv, init, nkv, p + r * Bcp, Bcp, vp + c0, ldv, ot + r * Dvp + c0, Dvp,
+                        alpha + r, fo ? fo + r * ldfo + c0 : NULL, ldfo, osc + r);
         }
     }
 }
@@ -603,59 +609,65 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
                     for (int64_t c = 0; c < Dv; c += 16) __builtin_prefetch(obase + r * d->o_sr + c, 1, 3);
                 q_ready = 1;
             }
-            att_scores(ws->qp, D, nr, kt, nkv, ws->st, Bcp);
-
-            /* Every row's max first, then the exps: a row's exps then wait
-             * on no reduction, so consecutive rows overlap. */
-            for (int64_t r = 0; r < nr; r++)
-                alpha[r] = att_mask_max(ws->st + r * Bcp, mbase ? mbase + r * d->m_sr + j0 : NULL, nkv);
-            for (int64_t r = 0; r < nr; r++) {
-                float *srow = ws->st + r * Bcp;
-                float bm = alpha[r];
-                if (pass == 0 || !d->probs) {
-                    float mn = bm > m[r] ? bm : m[r];
-                    /* All -inf so far: subtract 0 so exp2 gives 0, not NaN. */
-                    float mu = mn == -INFINITY ? 0.0f : mn;
-                    float a = s_exp2(m[r] - mu);
-                    float sum;
+            /* A group of rows at a time from scores to P V, so that their
+             * S tile stays in L1 from the S kernel through the softmax to
+             * the P V kernel (all Br rows' tile is about L1's size, and
+             * the exps then waited on L2). */
+            const int last = kb == pl->nkb - 1;
+            for (int64_t g0 = 0; g0 < nr; g0 += ATT_RG) {
+                const int64_t ng = nr - g0 < ATT_RG ? nr - g0 : ATT_RG;
+                float *st = ws->st; /* [ng, Bcp]: the same lines for every group */
+                att_scores(ws->qp + g0 * D, D, ng, kt, nkv, st, Bcp);
+                /* Every row's max first, then the exps: a row's exps then
+                 * wait on no reduction, so consecutive rows overlap. */
+                for (int64_t i = 0; i < ng; i++)
+                    alpha[g0 + i] = att_mask_max(st + i * Bcp,
+                                                 mbase ? mbase + (g0 + i) * d->m_sr + j0 : NULL, nkv);
+                for (int64_t i = 0; i < ng; i++) {
+                    const int64_t r = g0 + i;
+                    float *srow = st + i * Bcp;
+                    float bm = alpha[r];
+                    if (pass == 0 || !d->probs) {
+                        float mn = bm > m[r] ? bm : m[r];
+                        /* All -inf so far: subtract 0 so exp2 gives 0, not NaN. */
+                        float mu = mn == -INFINITY ? 0.0f : mn;
+                        float a = s_exp2(m[r] - mu);
+                        float sum;
 #if ATT_SMALL_DV > 0
-                    if (small)
-                        sum = att_row_small(Dv, srow, nkv, mu, vp, pl->kv_cols, ws->ot + r * Dvp, a,
-                                            kb == 0);
-                    else
+                        if (small)
+                            sum = att_row_small(Dv, srow, nkv, mu, vp, pl->kv_cols, ws->ot + r * Dvp,
+                                                a, kb == 0);
+                        else
 #endif
-                        sum = att_exp_sum(srow, nkv, mu, pass == 1);
-                    l[r] = l[r] * a + sum;
-                    m[r] = mn;
-                    alpha[r] = a;
-                } else {
-                    /* Normalised probabilities; -inf max gives NaN, as torch. */
-                    float inv = 1.0f / l[r];
-                    float *prow = d->probs + b * d->p_sb + h * d->p_sh + (l0 + r) * d->p_sr + j0;
-                    VT vm = v_set1(m[r]), vi = v_set1(inv);
-                    int64_t j = 0;
-                    for (; j + VW <= nkv; j += VW) {
-                        VT e = v_mul(v_exp2(v_sub(v_load(srow + j), vm)), vi);
-                        v_store(srow + j, e);
-                        v_storeu(prow + j, e);
+                            sum = att_exp_sum(srow, nkv, mu, pass == 1);
+                        l[r] = l[r] * a + sum;
+                        m[r] = mn;
+                        alpha[r] = a;
+                    } else {
+                        /* Normalised probabilities; -inf max gives NaN, as torch. */
+                        float inv = 1.0f / l[r];
+                        float *prow = d->probs + b * d->p_sb + h * d->p_sh + (l0 + r) * d->p_sr + j0;
+                        VT vm = v_set1(m[r]), vi = v_set1(inv);
+                        int64_t j = 0;
+                        for (; j + VW <= nkv; j += VW) {
+                            VT e = v_mul(v_exp2(v_sub(v_load(srow + j), vm)), vi);
+                            v_store(srow + j, e);
+                            v_storeu(prow + j, e);
+                        }
+                        if (j < nkv) {
+                            VT e = v_mul(v_exp2(v_sub(v_load(srow + j), vm)), vi);
+                            v_store(srow + j, e);
+                            v_storeu_n(prow + j, e, nkv - j);
+                        }
+                        alpha[r] = 1.0f;
                     }
-                    if (j < nkv) {
-                        VT e = v_mul(v_exp2(v_sub(v_load(srow + j), vm)), vi);
-                        v_store(srow + j, e);
-                        v_storeu_n(prow + j, e, nkv - j);
-                    }
-                    alpha[r] = 1.0f;
-                }
-            }
-            if (pass == 1 && !small) {
-                float *fo = NULL;
-                if (fuse_out && kb == pl->nkb - 1) {
-                    fo = obase;
-                    for (int64_t r = 0; r < nr; r++)
+                    if (fuse_out && last)
                         ws->orow[r] = m[r] == -INFINITY ? NAN : d->probs ? 1.0f : 1.0f / l[r];
                 }
-                att_pv(ws, nr, nkv, vsrc, ldv, v_inplace ? Dv : Dvp, Bcp, Dvp, kb == 0, alpha, fo,
-                       d->o_sr);
+                if (pass == 1 && !small)
+                    att_pv(ng, nkv, st, vsrc, ldv, v_inplace ? Dv : Dvp, Bcp, ws->ot + g0 * Dvp, Dvp,
+                           kb == 0, alpha + g0, fuse_out && last ? obase + g0 * d->o_sr : NULL,
+                           d->o_sr, ws->orow + g0);
             }
         }
     }
@@ -676,3 +688,4 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
 }
 
 #undef NR
+#undef ATT_RG
