@@ -27,6 +27,11 @@ static void att_pack_panels(const float *src, int64_t lds, int64_t n, int64_t wd
     for (int64_t p0 = 0; p0 < Lp; p0 += ATT_PW) {
         float *panel = dst + p0 * wdt; /* [wdt][ATT_PW] */
         const int64_t rows = n - p0 >= ATT_PW ? ATT_PW : (n > p0 ? n - p0 : 0);
+        /* A part panel is zeroed first in whole vectors: its zero rows
+         * one float at a time, strided, cost more than the transpose (a
+         * ViT head's last panel has 5 keys of 32). */
+        if (rows < ATT_PW)
+            for (int64_t i = 0; i < wdt * ATT_PW; i += VW) v_storeu(panel + i, v_zero());
         int64_t rr = 0;
 #ifdef ATT_HAVE_T8
         /* 8 x 8 register transposes: a scalar transpose costs as much as
@@ -41,8 +46,6 @@ static void att_pack_panels(const float *src, int64_t lds, int64_t n, int64_t wd
 #endif
         for (; rr < rows; rr++)
             for (int64_t c = 0; c < wdt; c++) panel[c * ATT_PW + rr] = src[(p0 + rr) * lds + c];
-        for (; rr < ATT_PW; rr++)
-            for (int64_t c = 0; c < wdt; c++) panel[c * ATT_PW + rr] = 0.0f;
     }
 }
 
