@@ -42,23 +42,7 @@ static inline __attribute__((always_inline)) void att_s_kernel(int mr, int half,
                                                                float *s, /* [mr, lds] */
                                                                int64_t lds) {
     VT a0[MR_S], a1[MR_S];
-    ATT_UNROLL
-    for (int r = 0; r < MR_S; r++)
-        if (r < mr) {
-            a0[r] = v_zero();
-            a1[r] = v_zero();
-        }
-    for (int64_t c = 0; c < D; c++) {
-        VT k0 = v_load(kt + c * NR);
-        VT k1 = half ? k0 : v_load(kt + c * NR + VW);
-        ATT_UNROLL
-        for (int r = 0; r < MR_S; r++)
-            if (r < mr) {
-                VT b = v_set1(q[r * D + c]);
-                a0[r] = v_fma(b, k0, a0[r]);
-                if (!half) a1[r] = v_fma(b, k1, a1[r]);
-            }
-    }
+    att_tile2(mr, half, D, q, D, kt, NR, a0, a1);
     ATT_UNROLL
     for (int r = 0; r < MR_S; r++)
         if (r < mr) {
@@ -110,20 +94,7 @@ static inline __attribute__((always_inline)) void att_pv_kernel(int mr, int nv, 
             for (int x = 0; x < NV_PV; x++)
                 if (x < nv) acc[r][x] = init ? v_zero() : v_mul(v_load(o + r * ldo + x * VW), a);
         }
-    for (int64_t j = 0; j < nkv; j++) {
-        VT vv[NV_PV];
-        ATT_UNROLL
-        for (int x = 0; x < NV_PV; x++)
-            if (x < nv) vv[x] = v_loadu(v + j * ldv + x * VW);
-        ATT_UNROLL
-        for (int r = 0; r < MR_PV; r++)
-            if (r < mr) {
-                VT b = v_set1(p[r * ldp + j]);
-                ATT_UNROLL
-                for (int x = 0; x < NV_PV; x++)
-                    if (x < nv) acc[r][x] = v_fma(b, vv[x], acc[r][x]);
-            }
-    }
+    att_tile_rv(mr, nv, nkv, p, ldp, 1, v, ldv, acc);
     ATT_UNROLL
     for (int r = 0; r < MR_PV; r++)
         if (r < mr) {
@@ -331,22 +302,7 @@ static inline __attribute__((always_inline)) void att_st_kernel(int mk, int64_t 
                                                                 float *st, /* [mk, RG] */
                                                                 VT *mx) {
     VT a0[MR_S], a1[MR_S];
-    ATT_UNROLL
-    for (int r = 0; r < MR_S; r++)
-        if (r < mk) {
-            a0[r] = v_zero();
-            a1[r] = v_zero();
-        }
-    for (int64_t c = 0; c < D; c++) {
-        VT q0 = v_load(qt + c * ldq), q1 = v_load(qt + c * ldq + VW);
-        ATT_UNROLL
-        for (int r = 0; r < MR_S; r++)
-            if (r < mk) {
-                VT bk = v_set1(k[r * ldk + c]);
-                a0[r] = v_fma(bk, q0, a0[r]);
-                a1[r] = v_fma(bk, q1, a1[r]);
-            }
-    }
+    att_tile2(mk, 0, D, k, ldk, qt, ldq, a0, a1);
     VT m0 = mx[0], m1 = mx[1];
     ATT_UNROLL
     for (int r = 0; r < MR_S; r++)
