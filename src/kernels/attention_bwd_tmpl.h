@@ -71,13 +71,7 @@ static void atb_t_rows(int mk, int epi, int64_t K, const float *a, int64_t lda, 
         else atb_t_kernel(n, ATB_RAW, K, a, lda, bt, ldb, rv, pt, out, ldo);  \
         break;
     switch (mk) {
-        ATB_T_EPI(1) ATB_T_EPI(2) ATB_T_EPI(3) ATB_T_EPI(4)
-#if MR_S > 4
-        ATB_T_EPI(5) ATB_T_EPI(6)
-#endif
-#if MR_S > 6
-        ATB_T_EPI(7) ATB_T_EPI(8) ATB_T_EPI(9) ATB_T_EPI(10) ATB_T_EPI(11) ATB_T_EPI(12)
-#endif
+        ATT_MRS_CASES(ATB_T_EPI)
     default: break;
     }
 #undef ATB_T_EPI

@@ -142,6 +142,16 @@ static inline __attribute__((always_inline)) void att_tile_rv(int mr, int nv, in
     }
 }
 
+/* ATT_MRS_CASES(C): C(1) ... C(MR_S), the cases of a switch that turns a
+ * run-time row count of an MR_S-row microkernel into a compile-time one. */
+#if MR_S > 6
+#define ATT_MRS_CASES(C) C(1) C(2) C(3) C(4) C(5) C(6) C(7) C(8) C(9) C(10) C(11) C(12)
+#elif MR_S > 4
+#define ATT_MRS_CASES(C) C(1) C(2) C(3) C(4) C(5) C(6)
+#else
+#define ATT_MRS_CASES(C) C(1) C(2) C(3) C(4)
+#endif
+
 /* ATT_MR_NV_SWITCH(CALL): the body of a *_rows dispatcher of an
  * MR_PV x NV_PV microkernel, switching the run-time (mr, nv) onto the
  * compile-time CALL(m, n) (a macro of the including function). The nv that

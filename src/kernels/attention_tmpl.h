@@ -59,10 +59,7 @@ static void att_s_rows(int mr, int half, int64_t D, const float *q, const float 
         if (half) att_s_kernel(n, 1, D, q, kt, s, lds);    \
         else att_s_kernel(n, 0, D, q, kt, s, lds);         \
         break;
-        ATT_S_CASE(1) ATT_S_CASE(2) ATT_S_CASE(3) ATT_S_CASE(4) ATT_S_CASE(5) ATT_S_CASE(6)
-#if MR_S > 6
-        ATT_S_CASE(7) ATT_S_CASE(8) ATT_S_CASE(9) ATT_S_CASE(10) ATT_S_CASE(11) ATT_S_CASE(12)
-#endif
+        ATT_MRS_CASES(ATT_S_CASE)
 #undef ATT_S_CASE
     default: break;
     }
@@ -207,6 +204,15 @@ static float att_exp_sum(float *s, int64_t n, float m, int store) {
 }
 
 #if ATT_SMALL_DV > 0
+/* ATT_SDV_CASES(C): C(1) ... C(ATT_SMALL_DV), the switch cases that make a
+ * run-time Dv a compile-time one on the small-Dv paths. */
+#if ATT_SMALL_DV > 8
+#define ATT_SDV_CASES(C) \
+    C(1) C(2) C(3) C(4) C(5) C(6) C(7) C(8) C(9) C(10) C(11) C(12) C(13) C(14) C(15) C(16)
+#else
+#define ATT_SDV_CASES(C) C(1) C(2) C(3) C(4) C(5) C(6) C(7) C(8)
+#endif
+
 /* The small-Dv path (d = 8 layers: ConvSABlock, SelfAttentionMultiHead).
  * With Dv <= one vector, P V as "broadcast P, FMA a V row" wastes lanes and
  * is latency bound; instead V is packed transposed, vt[c][j], and each P
@@ -259,10 +265,7 @@ static float att_row_small(int64_t Dv, const float *s, int64_t n, float mu, cons
     switch (Dv) {
 #define ATT_SM(k) \
     case k: return att_row_small_k(k, s, n, mu, vt, ldvt, o, a, init);
-        ATT_SM(1) ATT_SM(2) ATT_SM(3) ATT_SM(4) ATT_SM(5) ATT_SM(6) ATT_SM(7) ATT_SM(8)
-#if ATT_SMALL_DV > 8
-        ATT_SM(9) ATT_SM(10) ATT_SM(11) ATT_SM(12) ATT_SM(13) ATT_SM(14) ATT_SM(15) ATT_SM(16)
-#endif
+        ATT_SDV_CASES(ATT_SM)
 #undef ATT_SM
     default: return 0.0f;
     }
@@ -320,10 +323,7 @@ static void att_st_rows(int mk, int64_t D, const float *k, int64_t ldk, const fl
     switch (mk) {
 #define ATT_ST_CASE(n) \
     case n: att_st_kernel(n, D, k, ldk, qt, ldq, st, mx); break;
-        ATT_ST_CASE(1) ATT_ST_CASE(2) ATT_ST_CASE(3) ATT_ST_CASE(4) ATT_ST_CASE(5) ATT_ST_CASE(6)
-#if MR_S > 6
-        ATT_ST_CASE(7) ATT_ST_CASE(8) ATT_ST_CASE(9) ATT_ST_CASE(10) ATT_ST_CASE(11) ATT_ST_CASE(12)
-#endif
+        ATT_MRS_CASES(ATT_ST_CASE)
 #undef ATT_ST_CASE
     default: break;
     }
@@ -373,10 +373,7 @@ static VT att_tpv(int64_t Dv, const float *st, int64_t nkv, VT mu, const float *
     switch (Dv) {
 #define ATT_TP(n) \
     case n: return att_tpv_k(n, st, nkv, mu, v, ldv, ot, a, init);
-        ATT_TP(1) ATT_TP(2) ATT_TP(3) ATT_TP(4) ATT_TP(5) ATT_TP(6) ATT_TP(7) ATT_TP(8)
-#if ATT_SMALL_DV > 8
-        ATT_TP(9) ATT_TP(10) ATT_TP(11) ATT_TP(12) ATT_TP(13) ATT_TP(14) ATT_TP(15) ATT_TP(16)
-#endif
+        ATT_SDV_CASES(ATT_TP)
 #undef ATT_TP
     default: return v_zero();
     }
