@@ -109,7 +109,7 @@ static size_t vitc__attn_need(const vitc__attn_plan *p) {
     parts[0] = vitc__attn_r16(Br * (size_t)d->D);
     parts[1] = vitc__attn_r16(Br * (size_t)p->Bcp);
     parts[2] = vitc__attn_r16(Br * (size_t)p->Dvp);
-    parts[3] = vitc__attn_r16(3 * Br);
+    parts[3] = vitc__attn_r16(4 * Br);
     parts[4] = vitc__attn_r16((size_t)p->kv_cols * (size_t)d->D);
     parts[5] = vitc__attn_r16((size_t)p->kv_cols * (size_t)p->Dvp);
     size_t total = 0;
@@ -157,7 +157,8 @@ static vitc__attn_ws *vitc__attn_ws_get(const vitc__attn_plan *p, size_t need) {
     t->ws.qp = x, x += vitc__attn_r16(Br * (size_t)d->D);
     t->ws.st = x, x += vitc__attn_r16(Br * (size_t)p->Bcp);
     t->ws.ot = x, x += vitc__attn_r16(Br * (size_t)p->Dvp);
-    t->ws.mrow = x, t->ws.lrow = x + Br, t->ws.arow = x + 2 * Br, x += vitc__attn_r16(3 * Br);
+    t->ws.mrow = x, t->ws.lrow = x + Br, t->ws.arow = x + 2 * Br, t->ws.orow = x + 3 * Br;
+    x += vitc__attn_r16(4 * Br);
     t->ws.kt = x, x += vitc__attn_r16((size_t)p->kv_cols * (size_t)d->D);
     t->ws.vp = x;
     return &t->ws;

@@ -44,22 +44,7 @@ static inline __attribute__((always_inline)) void atb_t_kernel(int mk, int epi, 
                                                                float *out, /* [mk, ldo] */
                                                                int64_t ldo) {
     VT a0[MR_S], a1[MR_S];
-    ATT_UNROLL
-    for (int r = 0; r < MR_S; r++)
-        if (r < mk) {
-            a0[r] = v_zero();
-            a1[r] = v_zero();
-        }
-    for (int64_t c = 0; c < K; c++) {
-        VT b0 = v_load(bt + c * ldb), b1 = v_load(bt + c * ldb + VW);
-        ATT_UNROLL
-        for (int r = 0; r < MR_S; r++)
-            if (r < mk) {
-                VT x = v_set1(a[r * lda + c]);
-                a0[r] = v_fma(x, b0, a0[r]);
-                a1[r] = v_fma(x, b1, a1[r]);
-            }
-    }
+    att_tile2(mk, 0, K, a, lda, bt, ldb, a0, a1);
     VT r0 = v_zero(), r1 = v_zero();
     if (epi != ATB_RAW) r0 = v_load(rv), r1 = v_load(rv + VW);
     ATT_UNROLL
@@ -86,13 +71,7 @@ static void atb_t_rows(int mk, int epi, int64_t K, const float *a, int64_t lda, 
         else atb_t_kernel(n, ATB_RAW, K, a, lda, bt, ldb, rv, pt, out, ldo);  \
         break;
     switch (mk) {
-        ATB_T_EPI(1) ATB_T_EPI(2) ATB_T_EPI(3) ATB_T_EPI(4)
-#if MR_S > 4
-        ATB_T_EPI(5) ATB_T_EPI(6)
-#endif
-#if MR_S > 6
-        ATB_T_EPI(7) ATB_T_EPI(8) ATB_T_EPI(9) ATB_T_EPI(10) ATB_T_EPI(11) ATB_T_EPI(12)
-#endif
+        ATT_MRS_CASES(ATB_T_EPI)
     default: break;
     }
 #undef ATB_T_EPI
@@ -128,20 +107,7 @@ static inline __attribute__((always_inline)) void atb_mm_kernel(int mr, int nv, 
             for (int x = 0; x < NV_PV; x++)
                 if (x < nv) acc[r][x] = v_load(c + r * ldc + x * VW);
         }
-    for (int64_t k = 0; k < nk; k++) {
-        VT bv[NV_PV];
-        ATT_UNROLL
-        for (int x = 0; x < NV_PV; x++)
-            if (x < nv) bv[x] = v_load(bm + k * ldb + x * VW);
-        ATT_UNROLL
-        for (int r = 0; r < MR_PV; r++)
-            if (r < mr) {
-                VT s = v_set1(a[r * ars + k * aks]);
-                ATT_UNROLL
-                for (int x = 0; x < NV_PV; x++)
-                    if (x < nv) acc[r][x] = v_fma(s, bv[x], acc[r][x]);
-            }
-    }
+    att_tile_rv(mr, nv, nk, a, ars, aks, bm, ldb, acc);
     ATT_UNROLL
     for (int r = 0; r < MR_PV; r++)
         if (r < mr) {

@@ -2,8 +2,8 @@
  * attention_common_tmpl.h — the pieces the forward (attention_tmpl.h) and
  * backward (attention_bwd_tmpl.h) attention templates share, written once
  * over the vector vocabulary of vmath_*.h. Included by both templates; the
- * guard keeps it to one copy per translation unit (one ISA). Uses MR_PV and
- * NV_PV from the including file.
+ * guard keeps it to one copy per translation unit (one ISA). Uses MR_S,
+ * MR_PV and NV_PV from the including file.
  */
 #ifndef VITC_ATTENTION_COMMON_TMPL_H
 #define VITC_ATTENTION_COMMON_TMPL_H
@@ -27,6 +27,11 @@ static void att_pack_panels(const float *src, int64_t lds, int64_t n, int64_t wd
     for (int64_t p0 = 0; p0 < Lp; p0 += ATT_PW) {
         float *panel = dst + p0 * wdt; /* [wdt][ATT_PW] */
         const int64_t rows = n - p0 >= ATT_PW ? ATT_PW : (n > p0 ? n - p0 : 0);
+        /* A part panel is zeroed first in whole vectors: its zero rows
+         * one float at a time, strided, cost more than the transpose (a
+         * ViT head's last panel has 5 keys of 32). */
+        if (rows < ATT_PW)
+            for (int64_t i = 0; i < wdt * ATT_PW; i += VW) v_storeu(panel + i, v_zero());
         int64_t rr = 0;
 #ifdef ATT_HAVE_T8
         /* 8 x 8 register transposes: a scalar transpose costs as much as
@@ -41,8 +46,6 @@ static void att_pack_panels(const float *src, int64_t lds, int64_t n, int64_t wd
 #endif
         for (; rr < rows; rr++)
             for (int64_t c = 0; c < wdt; c++) panel[c * ATT_PW + rr] = src[(p0 + rr) * lds + c];
-        for (; rr < ATT_PW; rr++)
-            for (int64_t c = 0; c < wdt; c++) panel[c * ATT_PW + rr] = 0.0f;
     }
 }
 
@@ -80,6 +83,74 @@ static inline void att_copy(float *dst, const float *src, int64_t n) {
     for (; c + VW <= n; c += VW) v_storeu(dst + c, v_loadu(src + c));
     if (c < n) v_storeu_n(dst + c, v_loadu_n(src + c, (int)(n - c)), (int)(n - c));
 }
+
+/* The two register tiles every attention product runs, forward and
+ * backward; the callers differ only in how they start and what they do with
+ * the sums, so those stay with them. Always inlined with constant mr, nv
+ * and half, the accumulator arrays stay in registers.
+ *
+ * att_tile2: a0[r] (and a1[r] unless half) = sum_{c < K} a[r lda + c] *
+ * b[c ldb + 0:VW] (VW:2VW), r < mr <= MR_S: MR_S rows of scalars broadcast
+ * against two vectors of a panel row (MR_S x 2 VW). */
+static inline __attribute__((always_inline)) void att_tile2(int mr, int half, int64_t K,
+                                                            const float *a, /* [mr, lda] */
+                                                            int64_t lda,
+                                                            const float *b, /* [K, ldb] */
+                                                            int64_t ldb, VT *a0, /* [MR_S] */
+                                                            VT *a1 /* [MR_S] */) {
+    ATT_UNROLL
+    for (int r = 0; r < MR_S; r++)
+        if (r < mr) {
+            a0[r] = v_zero();
+            a1[r] = v_zero();
+        }
+    for (int64_t c = 0; c < K; c++) {
+        VT b0 = v_load(b + c * ldb);
+        VT b1 = half ? b0 : v_load(b + c * ldb + VW);
+        ATT_UNROLL
+        for (int r = 0; r < MR_S; r++)
+            if (r < mr) {
+                VT x = v_set1(a[r * lda + c]);
+                a0[r] = v_fma(x, b0, a0[r]);
+                if (!half) a1[r] = v_fma(x, b1, a1[r]);
+            }
+    }
+}
+
+/* att_tile_rv: acc[r][x] += sum_{k < nk} a[r ars + k aks] b[k ldb + x VW],
+ * r < mr <= MR_PV, x < nv <= NV_PV: MR_PV rows of scalars broadcast against
+ * nv vectors of b's rows (b need not be aligned: P V reads the caller's V). */
+static inline __attribute__((always_inline)) void att_tile_rv(int mr, int nv, int64_t nk,
+                                                              const float *a, int64_t ars,
+                                                              int64_t aks,
+                                                              const float *b, /* [nk, ldb] */
+                                                              int64_t ldb,
+                                                              VT acc[MR_PV][NV_PV]) {
+    for (int64_t k = 0; k < nk; k++) {
+        VT bv[NV_PV];
+        ATT_UNROLL
+        for (int x = 0; x < NV_PV; x++)
+            if (x < nv) bv[x] = v_loadu(b + k * ldb + x * VW);
+        ATT_UNROLL
+        for (int r = 0; r < MR_PV; r++)
+            if (r < mr) {
+                VT s = v_set1(a[r * ars + k * aks]);
+                ATT_UNROLL
+                for (int x = 0; x < NV_PV; x++)
+                    if (x < nv) acc[r][x] = v_fma(s, bv[x], acc[r][x]);
+            }
+    }
+}
+
+/* ATT_MRS_CASES(C): C(1) ... C(MR_S), the cases of a switch that turns a
+ * run-time row count of an MR_S-row microkernel into a compile-time one. */
+#if MR_S > 6
+#define ATT_MRS_CASES(C) C(1) C(2) C(3) C(4) C(5) C(6) C(7) C(8) C(9) C(10) C(11) C(12)
+#elif MR_S > 4
+#define ATT_MRS_CASES(C) C(1) C(2) C(3) C(4) C(5) C(6)
+#else
+#define ATT_MRS_CASES(C) C(1) C(2) C(3) C(4)
+#endif
 
 /* ATT_MR_NV_SWITCH(CALL): the body of a *_rows dispatcher of an
  * MR_PV x NV_PV microkernel, switching the run-time (mr, nv) onto the

@@ -44,6 +44,7 @@ typedef struct vitc__attn_ws {
     float *mrow; /* [Br] running max (log2 domain) */
     float *lrow; /* [Br] running sum of exp2 */
     float *arow; /* [Br] per-block rescale factor */
+    float *orow; /* [Br] the output's 1/l (NaN for a row without a finite score) */
     float *kt;   /* [kv_cols / NR][D][NR] K transposed in NR-column panels */
     float *vp;   /* [kv_cols, Dvp] V rows, zero padded */
     /* Which head's K/V kt/vp hold (whole_head plans): gen 0 = nothing. */

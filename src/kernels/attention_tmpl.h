@@ -21,6 +21,11 @@
 #include "attention_common_tmpl.h"
 
 #define NR ATT_PW /* S microkernel / K panel width in keys */
+/* Query rows taken from scores to P V at a time: a multiple of both
+ * microkernels' rows (MR_S is one of MR_PV on every path). */
+#ifndef ATT_RG
+#define ATT_RG (2 * MR_S)
+#endif
 
 /* lse[r] = ln(sum_j e^s_j) of rows [0, nr) from the base-2 running max m and
  * sum l: m ln 2 + ln l; -inf for a row that never saw a finite score. */
@@ -37,23 +42,7 @@ static inline __attribute__((always_inline)) void att_s_kernel(int mr, int half,
                                                                float *s, /* [mr, lds] */
                                                                int64_t lds) {
     VT a0[MR_S], a1[MR_S];
-    ATT_UNROLL
-    for (int r = 0; r < MR_S; r++)
-        if (r < mr) {
-            a0[r] = v_zero();
-            a1[r] = v_zero();
-        }
-    for (int64_t c = 0; c < D; c++) {
-        VT k0 = v_load(kt + c * NR);
-        VT k1 = half ? k0 : v_load(kt + c * NR + VW);
-        ATT_UNROLL
-        for (int r = 0; r < MR_S; r++)
-            if (r < mr) {
-                VT b = v_set1(q[r * D + c]);
-                a0[r] = v_fma(b, k0, a0[r]);
-                if (!half) a1[r] = v_fma(b, k1, a1[r]);
-            }
-    }
+    att_tile2(mr, half, D, q, D, kt, NR, a0, a1);
     ATT_UNROLL
     for (int r = 0; r < MR_S; r++)
         if (r < mr) {
@@ -70,10 +59,7 @@ static void att_s_rows(int mr, int half, int64_t D, const float *q, const float 
         if (half) att_s_kernel(n, 1, D, q, kt, s, lds);    \
         else att_s_kernel(n, 0, D, q, kt, s, lds);         \
         break;
-        ATT_S_CASE(1) ATT_S_CASE(2) ATT_S_CASE(3) ATT_S_CASE(4) ATT_S_CASE(5) ATT_S_CASE(6)
-#if MR_S > 6
-        ATT_S_CASE(7) ATT_S_CASE(8) ATT_S_CASE(9) ATT_S_CASE(10) ATT_S_CASE(11) ATT_S_CASE(12)
-#endif
+        ATT_MRS_CASES(ATT_S_CASE)
 #undef ATT_S_CASE
     default: break;
     }
@@ -81,7 +67,9 @@ static void att_s_rows(int mr, int half, int64_t D, const float *q, const float 
 
 /* o[r][0:nv*VW] = (init ? 0 : o[r]*alpha[r]) + sum_j p[r][j] * v[j][0:nv*VW], r < mr.
  * Folding the online-softmax rescale into the accumulator load saves a pass
- * over O per key block. */
+ * over O per key block. With fo (the last key block), the sum goes times
+ * osc[r] to fo[r] instead: the caller's output, the same product the final
+ * pass over O would make, without reading O back. */
 static inline __attribute__((always_inline)) void att_pv_kernel(int mr, int nv, int init,
                                                                 int64_t nkv,
                                                                 const float *p, /* [mr, ldp] */
@@ -90,7 +78,10 @@ static inline __attribute__((always_inline)) void att_pv_kernel(int mr, int nv, 
                                                                 int64_t ldv,
                                                                 float *o, /* [mr, ldo] */
                                                                 int64_t ldo,
-                                                                const float *alpha /* [mr] */) {
+                                                                const float *alpha, /* [mr] */
+                                                                float *fo, /* [mr, ldfo] or NULL */
+                                                                int64_t ldfo,
+                                                                const float *osc /* [mr] */) {
     VT acc[MR_PV][NV_PV];
     ATT_UNROLL
     for (int r = 0; r < MR_PV; r++)
@@ -100,32 +91,27 @@ static inline __attribute__((always_inline)) void att_pv_kernel(int mr, int nv, 
             for (int x = 0; x < NV_PV; x++)
                 if (x < nv) acc[r][x] = init ? v_zero() : v_mul(v_load(o + r * ldo + x * VW), a);
         }
-    for (int64_t j = 0; j < nkv; j++) {
-        VT vv[NV_PV];
-        ATT_UNROLL
-        for (int x = 0; x < NV_PV; x++)
-            if (x < nv) vv[x] = v_loadu(v + j * ldv + x * VW);
-        ATT_UNROLL
-        for (int r = 0; r < MR_PV; r++)
-            if (r < mr) {
-                VT b = v_set1(p[r * ldp + j]);
-                ATT_UNROLL
-                for (int x = 0; x < NV_PV; x++)
-                    if (x < nv) acc[r][x] = v_fma(b, vv[x], acc[r][x]);
-            }
-    }
+    att_tile_rv(mr, nv, nkv, p, ldp, 1, v, ldv, acc);
     ATT_UNROLL
     for (int r = 0; r < MR_PV; r++)
         if (r < mr) {
-            ATT_UNROLL
-            for (int x = 0; x < NV_PV; x++)
-                if (x < nv) v_store(o + r * ldo + x * VW, acc[r][x]);
+            if (fo) {
+                VT sc = v_set1(osc[r]);
+                ATT_UNROLL
+                for (int x = 0; x < NV_PV; x++)
+                    if (x < nv) v_storeu(fo + r * ldfo + x * VW, v_mul(acc[r][x], sc));
+            } else {
+                ATT_UNROLL
+                for (int x = 0; x < NV_PV; x++)
+                    if (x < nv) v_store(o + r * ldo + x * VW, acc[r][x]);
+            }
         }
 }
 
 static void att_pv_rows(int mr, int nv, int init, int64_t nkv, const float *p, int64_t ldp,
-                        const float *v, int64_t ldv, float *o, int64_t ldo, const float *alpha) {
-#define ATT_PV_CALL(m, n) att_pv_kernel(m, n, init, nkv, p, ldp, v, ldv, o, ldo, alpha)
+                        const float *v, int64_t ldv, float *o, int64_t ldo, const float *alpha,
+                        float *fo, int64_t ldfo, const float *osc) {
+#define ATT_PV_CALL(m, n) att_pv_kernel(m, n, init, nkv, p, ldp, v, ldv, o, ldo, alpha, fo, ldfo, osc)
     ATT_MR_NV_SWITCH(ATT_PV_CALL)
 #undef ATT_PV_CALL
 }
@@ -176,8 +162,16 @@ static float att_mask_max(float *s, /* [>= roundup(n, VW)] */
             mx = v_max(mx, v_tail(x, n - j, -INFINITY));
         }
     } else {
-        for (; j + VW <= n; j += VW) mx = v_max(mx, v_load(s + j));
-        if (j < n) mx = v_max(mx, v_tail(v_load(s + j), n - j, -INFINITY));
+        /* Two chains: one max after another is latency bound (a row is
+         * only ~13 vectors, too short for the next row to overlap it). */
+        VT mx1 = mx;
+        for (; j + 2 * VW <= n; j += 2 * VW) {
+            mx = v_max(mx, v_load(s + j));
+            mx1 = v_max(mx1, v_load(s + j + VW));
+        }
+        if (j + VW <= n) mx = v_max(mx, v_load(s + j)), j += VW;
+        if (j < n) mx1 = v_max(mx1, v_tail(v_load(s + j), n - j, -INFINITY));
+        mx = v_max(mx, mx1);
     }
     return v_hmax(mx);
 }
@@ -185,8 +179,17 @@ static float att_mask_max(float *s, /* [>= roundup(n, VW)] */
 /* s[j] = 2^(s[j] - m) for j < n; returns their sum. With store == 0 only the
  * sum is wanted (first pass of the probs path). */
 static float att_exp_sum(float *s, int64_t n, float m, int store) {
-    VT vm = v_set1(m), sum = v_zero();
+    VT vm = v_set1(m), sum = v_zero(), sum1 = v_zero();
     int64_t j = 0;
+    /* Two sums, as att_mask_max's two maxima. */
+    for (; j + 2 * VW <= n; j += 2 * VW) {
+        VT e0 = v_exp2(v_sub(v_load(s + j), vm));
+        VT e1 = v_exp2(v_sub(v_load(s + j + VW), vm));
+        if (store) v_store(s + j, e0), v_store(s + j + VW, e1);
+        sum = v_add(sum, e0);
+        sum1 = v_add(sum1, e1);
+    }
+    sum = v_add(sum, sum1);
     for (; j + VW <= n; j += VW) {
         VT e = v_exp2(v_sub(v_load(s + j), vm));
         if (store) v_store(s + j, e);
@@ -201,6 +204,15 @@ static float att_exp_sum(float *s, int64_t n, float m, int store) {
 }
 
 #if ATT_SMALL_DV > 0
+/* ATT_SDV_CASES(C): C(1) ... C(ATT_SMALL_DV), the switch cases that make a
+ * run-time Dv a compile-time one on the small-Dv paths. */
+#if ATT_SMALL_DV > 8
+#define ATT_SDV_CASES(C) \
+    C(1) C(2) C(3) C(4) C(5) C(6) C(7) C(8) C(9) C(10) C(11) C(12) C(13) C(14) C(15) C(16)
+#else
+#define ATT_SDV_CASES(C) C(1) C(2) C(3) C(4) C(5) C(6) C(7) C(8)
+#endif
+
 /* The small-Dv path (d = 8 layers: ConvSABlock, SelfAttentionMultiHead).
  * With Dv <= one vector, P V as "broadcast P, FMA a V row" wastes lanes and
  * is latency bound; instead V is packed transposed, vt[c][j], and each P
@@ -253,10 +265,7 @@ static float att_row_small(int64_t Dv, const float *s, int64_t n, float mu, cons
     switch (Dv) {
 #define ATT_SM(k) \
     case k: return att_row_small_k(k, s, n, mu, vt, ldvt, o, a, init);
-        ATT_SM(1) ATT_SM(2) ATT_SM(3) ATT_SM(4) ATT_SM(5) ATT_SM(6) ATT_SM(7) ATT_SM(8)
-#if ATT_SMALL_DV > 8
-        ATT_SM(9) ATT_SM(10) ATT_SM(11) ATT_SM(12) ATT_SM(13) ATT_SM(14) ATT_SM(15) ATT_SM(16)
-#endif
+        ATT_SDV_CASES(ATT_SM)
 #undef ATT_SM
     default: return 0.0f;
     }
@@ -296,22 +305,7 @@ static inline __attribute__((always_inline)) void att_st_kernel(int mk, int64_t 
                                                                 float *st, /* [mk, RG] */
                                                                 VT *mx) {
     VT a0[MR_S], a1[MR_S];
-    ATT_UNROLL
-    for (int r = 0; r < MR_S; r++)
-        if (r < mk) {
-            a0[r] = v_zero();
-            a1[r] = v_zero();
-        }
-    for (int64_t c = 0; c < D; c++) {
-        VT q0 = v_load(qt + c * ldq), q1 = v_load(qt + c * ldq + VW);
-        ATT_UNROLL
-        for (int r = 0; r < MR_S; r++)
-            if (r < mk) {
-                VT bk = v_set1(k[r * ldk + c]);
-                a0[r] = v_fma(bk, q0, a0[r]);
-                a1[r] = v_fma(bk, q1, a1[r]);
-            }
-    }
+    att_tile2(mk, 0, D, k, ldk, qt, ldq, a0, a1);
     VT m0 = mx[0], m1 = mx[1];
     ATT_UNROLL
     for (int r = 0; r < MR_S; r++)
@@ -329,10 +323,7 @@ static void att_st_rows(int mk, int64_t D, const float *k, int64_t ldk, const fl
     switch (mk) {
 #define ATT_ST_CASE(n) \
     case n: att_st_kernel(n, D, k, ldk, qt, ldq, st, mx); break;
-        ATT_ST_CASE(1) ATT_ST_CASE(2) ATT_ST_CASE(3) ATT_ST_CASE(4) ATT_ST_CASE(5) ATT_ST_CASE(6)
-#if MR_S > 6
-        ATT_ST_CASE(7) ATT_ST_CASE(8) ATT_ST_CASE(9) ATT_ST_CASE(10) ATT_ST_CASE(11) ATT_ST_CASE(12)
-#endif
+        ATT_MRS_CASES(ATT_ST_CASE)
 #undef ATT_ST_CASE
     default: break;
     }
@@ -382,10 +373,7 @@ static VT att_tpv(int64_t Dv, const float *st, int64_t nkv, VT mu, const float *
     switch (Dv) {
 #define ATT_TP(n) \
     case n: return att_tpv_k(n, st, nkv, mu, v, ldv, ot, a, init);
-        ATT_TP(1) ATT_TP(2) ATT_TP(3) ATT_TP(4) ATT_TP(5) ATT_TP(6) ATT_TP(7) ATT_TP(8)
-#if ATT_SMALL_DV > 8
-        ATT_TP(9) ATT_TP(10) ATT_TP(11) ATT_TP(12) ATT_TP(13) ATT_TP(14) ATT_TP(15) ATT_TP(16)
-#endif
+        ATT_SDV_CASES(ATT_TP)
 #undef ATT_TP
     default: return v_zero();
     }
@@ -466,16 +454,20 @@ static void att_scores(const float *qp, int64_t D, int64_t nr, const float *kt, 
 }
 
 /* O[:, 0:ncols] (+)= P V; ncols is a multiple of VW: Dv when V is read in
- * place, else the padded Dvp. */
-static void att_pv(const vitc__attn_ws *ws, int64_t nr, int64_t nkv, const float *vp, int64_t ldv,
-                   int64_t ncols, int64_t Bcp, int64_t Dvp, int init, const float *alpha) {
+ * place, else the padded Dvp. fo: the final block's output rows (see
+ * att_pv_kernel), ncols == Dv. */
+static void att_pv(int64_t nr, int64_t nkv, const float *p, /* [nr, Bcp] */
+                   const float *vp, int64_t ldv, int64_t ncols, int64_t Bcp,
+                   float *ot, /* [nr, Dvp] */
+                   int64_t Dvp, int init, const float *alpha, /* [nr] */
+                   float *fo, int64_t ldfo, const float *osc /* [nr] */) {
     const int64_t chunk = (int64_t)NV_PV * VW;
     for (int64_t c0 = 0; c0 < ncols; c0 += chunk) {
         int nv = (int)((ncols - c0 < chunk ? ncols - c0 : chunk) / VW);
         for (int64_t r = 0; r < nr; r += MR_PV) {
             int mr = nr - r < MR_PV ? (int)(nr - r) : MR_PV;
-            att_pv_rows(mr, nv, init, nkv, ws->st + r * Bcp, Bcp, vp + c0, ldv,
-                        ws->ot + r * Dvp + c0, Dvp, alpha + r);
+            att_pv_rows(mr, nv, init, nkv, p + r * Bcp, Bcp, vp + c0, ldv, ot + r * Dvp + c0, Dvp,
+                        alpha + r, fo ? fo + r * ldfo + c0 : NULL, ldfo, osc + r);
         }
     }
 }
@@ -520,6 +512,9 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
 #else
     const int small = 0;
 #endif
+    float *obase = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr; /* [nr, Dv] */
+    /* Whole vectors of output: the last key block's P V writes it (att_pv_kernel). */
+    const int fuse_out = v_inplace && !small;
     for (int64_t r = 0; r < nr; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
@@ -563,57 +558,76 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
                     if (c < D) v_storeu_n(dst + c, v_mul(v_loadu_n(src + c, D - c), qs), D - c);
                 }
                 /* the output rows, written at the end: asked for now, for writing */
-                const float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr;
                 for (int64_t r = 0; r < nr; r++)
-                    for (int64_t c = 0; c < Dv; c += 16) __builtin_prefetch(o + r * d->o_sr + c, 1, 3);
+                    for (int64_t c = 0; c < Dv; c += 16) __builtin_prefetch(obase + r * d->o_sr + c, 1, 3);
                 q_ready = 1;
             }
-            att_scores(ws->qp, D, nr, kt, nkv, ws->st, Bcp);
-
-            for (int64_t r = 0; r < nr; r++) {
-                float *srow = ws->st + r * Bcp;
-                float bm = att_mask_max(srow, mbase ? mbase + r * d->m_sr + j0 : NULL, nkv);
-                if (pass == 0 || !d->probs) {
-                    float mn = bm > m[r] ? bm : m[r];
-                    /* All -inf so far: subtract 0 so exp2 gives 0, not NaN. */
-                    float mu = mn == -INFINITY ? 0.0f : mn;
-                    float a = s_exp2(m[r] - mu);
-                    float sum;
+            /* A group of rows at a time from scores to P V, so that their
+             * S tile stays in L1 from the S kernel through the softmax to
+             * the P V kernel (all Br rows' tile is about L1's size, and
+             * the exps then waited on L2). */
+            const int last = kb == pl->nkb - 1;
+            for (int64_t g0 = 0; g0 < nr; g0 += ATT_RG) {
+                const int64_t ng = nr - g0 < ATT_RG ? nr - g0 : ATT_RG;
+                float *st = ws->st; /* [ng, Bcp]: the same lines for every group */
+                att_scores(ws->qp + g0 * D, D, ng, kt, nkv, st, Bcp);
+                /* Every row's max first, then the exps: a row's exps then
+                 * wait on no reduction, so consecutive rows overlap. */
+                for (int64_t i = 0; i < ng; i++)
+                    alpha[g0 + i] = att_mask_max(st + i * Bcp,
+                                                 mbase ? mbase + (g0 + i) * d->m_sr + j0 : NULL, nkv);
+                for (int64_t i = 0; i < ng; i++) {
+                    const int64_t r = g0 + i;
+                    float *srow = st + i * Bcp;
+                    float bm = alpha[r];
+                    if (pass == 0 || !d->probs) {
+                        float mn = bm > m[r] ? bm : m[r];
+                        /* All -inf so far: subtract 0 so exp2 gives 0, not NaN. */
+                        float mu = mn == -INFINITY ? 0.0f : mn;
+                        float a = s_exp2(m[r] - mu);
+                        float sum;
 #if ATT_SMALL_DV > 0
-                    if (small)
-                        sum = att_row_small(Dv, srow, nkv, mu, vp, pl->kv_cols, ws->ot + r * Dvp, a,
-                                            kb == 0);
-                    else
+                        if (small)
+                            sum = att_row_small(Dv, srow, nkv, mu, vp, pl->kv_cols, ws->ot + r * Dvp,
+                                                a, kb == 0);
+                        else
 #endif
-                        sum = att_exp_sum(srow, nkv, mu, pass == 1);
-                    l[r] = l[r] * a + sum;
-                    m[r] = mn;
-                    alpha[r] = a;
-                } else {
-                    /* Normalised probabilities; -inf max gives NaN, as torch. */
-                    float inv = 1.0f / l[r];
-                    float *prow = d->probs + b * d->p_sb + h * d->p_sh + (l0 + r) * d->p_sr + j0;
-                    VT vm = v_set1(m[r]), vi = v_set1(inv);
-                    int64_t j = 0;
-                    for (; j + VW <= nkv; j += VW) {
-                        VT e = v_mul(v_exp2(v_sub(v_load(srow + j), vm)), vi);
-                        v_store(srow + j, e);
-                        v_storeu(prow + j, e);
+                            sum = att_exp_sum(srow, nkv, mu, pass == 1);
+                        l[r] = l[r] * a + sum;
+                        m[r] = mn;
+                        alpha[r] = a;
+                    } else {
+                        /* Normalised probabilities; -inf max gives NaN, as torch. */
+                        float inv = 1.0f / l[r];
+                        float *prow = d->probs + b * d->p_sb + h * d->p_sh + (l0 + r) * d->p_sr + j0;
+                        VT vm = v_set1(m[r]), vi = v_set1(inv);
+                        int64_t j = 0;
+                        for (; j + VW <= nkv; j += VW) {
+                            VT e = v_mul(v_exp2(v_sub(v_load(srow + j), vm)), vi);
+                            v_store(srow + j, e);
+                            v_storeu(prow + j, e);
+                        }
+                        if (j < nkv) {
+                            VT e = v_mul(v_exp2(v_sub(v_load(srow + j), vm)), vi);
+                            v_store(srow + j, e);
+                            v_storeu_n(prow + j, e, nkv - j);
+                        }
+                        alpha[r] = 1.0f;
                     }
-                    if (j < nkv) {
-                        VT e = v_mul(v_exp2(v_sub(v_load(srow + j), vm)), vi);
-                        v_store(srow + j, e);
-                        v_storeu_n(prow + j, e, nkv - j);
-                    }
-                    alpha[r] = 1.0f;
+                    if (fuse_out && last)
+                        ws->orow[r] = m[r] == -INFINITY ? NAN : d->probs ? 1.0f : 1.0f / l[r];
                 }
+                if (pass == 1 && !small)
+                    att_pv(ng, nkv, st, vsrc, ldv, v_inplace ? Dv : Dvp, Bcp, ws->ot + g0 * Dvp, Dvp,
+                           kb == 0, alpha + g0, fuse_out && last ? obase + g0 * d->o_sr : NULL,
+                           d->o_sr, ws->orow + g0);
             }
-            if (pass == 1 && !small) att_pv(ws, nr, nkv, vsrc, ldv, v_inplace ? Dv : Dvp, Bcp, Dvp, kb == 0, alpha);
         }
     }
 
     if (d->lse) att_store_lse(d->lse + b * d->lse_sb + h * d->lse_sh + l0, m, l, nr);
-    float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr; /* [nr, Dv] */
+    if (fuse_out) return;
+    float *o = obase;
     for (int64_t r = 0; r < nr; r++) {
         float inv = d->probs ? 1.0f : 1.0f / l[r];
         if (m[r] == -INFINITY) inv = NAN;
@@ -627,3 +641,4 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
 }
 
 #undef NR
+#undef ATT_RG
