@@ -47,13 +47,19 @@ static vitc__arch vitc__best(void) {
 
 static const char *const vitc__arch_names[] = {"generic", "avx2", "avx512"};
 
+/* The index of name in names[n], or -1: VITC_ARCH's and VITC_LP_KERNEL's
+ * (and their setters') names. */
+static int vitc__name_index(const char *const *names, int n, const char *name) {
+    for (int i = 0; i < n; i++)
+        if (strcmp(name, names[i]) == 0) return i;
+    return -1;
+}
+
 static int vitc__parse_arch(const char *name, vitc__arch *out) {
-    for (int i = 0; i < 3; i++)
-        if (strcmp(name, vitc__arch_names[i]) == 0) {
-            *out = (vitc__arch)i;
-            return 1;
-        }
-    return 0;
+    int i = vitc__name_index(vitc__arch_names, 3, name);
+    if (i < 0) return 0;
+    *out = (vitc__arch)i;
+    return 1;
 }
 
 vitc__arch vitc__get_arch(void) {
@@ -237,9 +243,7 @@ static pthread_once_t vitc__lp_env_once = PTHREAD_ONCE_INIT;
 
 static int vitc__lp_parse(const char *name) {
     if (!name || !*name) return 0;
-    for (int i = 0; i < VITC__LP_NNAMES; i++)
-        if (strcmp(name, vitc__lp_names[i]) == 0) return i;
-    return -1;
+    return vitc__name_index(vitc__lp_names, VITC__LP_NNAMES, name);
 }
 
 static void vitc__lp_env(void) {
