@@ -313,7 +313,7 @@ typedef struct vitc__gemm_job {
     int64_t mpad;
     /* Non-NULL: paw is not packed yet; the threads pack it as they go
      * (vitc__pa_need). */
-    struct vitc__pa_coop *coop;
+    vitc__coop *coop;
     /* Non-NULL: op(A) is ln->y (lda K), LayerNorm(ln->x) still to compute:
      * by the packers of a shared op(A) in one K block, else a pass first
      * (vitc__gemm_run). */
@@ -407,29 +407,14 @@ static void vitc__gelu_block(const vitc__gemm_job *g, int64_t i, int64_t mc, int
 /* op(A) shared by threads splitting columns, packed by those threads
  * inside the GEMM's own region rather than in a region before it (which
  * cost a second start and end wait per product, and split 197 rows into
- * 72-row blocks 2:1). Units are MR-row strips of one K block, claimed from
- * one counter in the order every thread consumes them (K block, then MC
- * block): a thread about to use block (pc, ic) packs strips until that
- * block is done, or only strips another thread is packing at that moment
- * are left anywhere (nothing blocks those). Which thread packs a strip
- * depends on timing; its bytes do not (a copy, the same panels). */
-#define VITC_COOP_BLOCKS 128
-typedef struct vitc__pa_coop {
-    _Atomic int64_t next; /* the next unclaimed strip */
-    int64_t nsp, nic, total; /* strips per K block, MC blocks per K block, strips */
-    _Atomic int done[VITC_COOP_BLOCKS]; /* strips packed, per (K block, MC block) */
-} vitc__pa_coop;
-
-#if defined(__x86_64__) || defined(__i386__)
-#define vitc__gemm_relax() __builtin_ia32_pause()
-#else
-#define vitc__gemm_relax() ((void)0)
-#endif
-
-static void vitc__pa_strip(const vitc__gemm_job *g, int64_t s) {
+ * 72-row blocks 2:1): vitc__coop's units are MR-row strips of one K block,
+ * claimed in the order every thread consumes them (K block, then MC block);
+ * block (pc, ic) is coop block kb * nic + ic / MC. */
+static int64_t vitc__pa_strip(void *ctx, int64_t s) {
+    const vitc__gemm_job *g = ctx;
     const vitc__gemm_kernel *kn = g->kern;
-    vitc__pa_coop *co = g->coop;
-    int64_t kb = s / co->nsp, i = s % co->nsp * kn->mr, pc = kb * g->kc;
+    int64_t nsp = (g->M + kn->mr - 1) / kn->mr, nic = g->mpad / kn->mc;
+    int64_t kb = s / nsp, i = s % nsp * kn->mr, pc = kb * g->kc;
     int64_t kc = g->K - pc < g->kc ? g->K - pc : g->kc, mr = g->M - i < kn->mr ? g->M - i : kn->mr;
     float *dst = (float *)g->paw + pc * g->mpad + i * kc; /* strip i / MR of its block */
     const vitc__ln_pre *ln = g->ln; /* only with one K block: kb is 0 */
@@ -438,33 +423,15 @@ static void vitc__pa_strip(const vitc__gemm_job *g, int64_t s) {
         kn->packa(dst, g->A, g->lda, g->ta, i, mr, pc, kc, NULL);
     else
         vitc__gemm_packa_generic(dst, kn->mr, g->A, g->lda, g->ta, i, mr, pc, kc, NULL);
-    atomic_fetch_add_explicit(&co->done[kb * co->nic + i / kn->mc], 1, memory_order_release);
+    return kb * nic + i / kn->mc;
 }
 
 /* Returns once block (pc, ic) of the shared op(A) is packed. */
 static void vitc__pa_need(const vitc__gemm_job *g, int64_t pc, int64_t ic) {
     const vitc__gemm_kernel *kn = g->kern;
-    vitc__pa_coop *co = g->coop;
-    int64_t kb = pc / g->kc, last = g->M < ic + kn->mc ? g->M : ic + kn->mc;
-    int64_t first = kb * co->nsp + ic / kn->mr, end = kb * co->nsp + (last + kn->mr - 1) / kn->mr;
-    _Atomic int *done = &co->done[kb * co->nic + ic / kn->mc];
-    int64_t w0 = 0, w = 0; /* VITC_POOL_STATS: CPU time spent waiting */
-    for (int spin = 0; atomic_load_explicit(done, memory_order_acquire) < end - first;) {
-        /* Strips of later blocks too, rather than wait for the last ones of
-         * this block that another thread is packing: all are needed. */
-        if (atomic_load_explicit(&co->next, memory_order_relaxed) < co->total) {
-            int64_t s = atomic_fetch_add_explicit(&co->next, 1, memory_order_relaxed);
-            if (s < co->total) vitc__pa_strip(g, s);
-        } else {
-            if (!w0 && vitc__pool_stats()) w0 = vitc__pool_cpu_ns();
-            if (++spin < 4096)
-                vitc__gemm_relax();
-            else /* the packer may have lost its core (oversubscribed machine) */
-                sched_yield();
-            w = w0;
-        }
-    }
-    if (w) vitc__pool_note_wait(vitc__pool_cpu_ns() - w);
+    int64_t last = g->M < ic + kn->mc ? g->M : ic + kn->mc;
+    int64_t strips = (last + kn->mr - 1) / kn->mr - ic / kn->mr;
+    vitc__coop_need(g->coop, pc / g->kc * (g->mpad / kn->mc) + ic / kn->mc, strips);
 }
 
 #define VITC_ONE_BLOCK_MAX 4
@@ -791,7 +758,7 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
      * let the threads read it as prepacked panels. The buffer is the
      * calling thread's; the workers only read it. (A read in place, K up
      * to the kernel's direct_kc, needs no packing.) */
-    vitc__pa_coop coop; /* lives until the region below returns */
+    vitc__coop coop; /* lives until the region below returns */
     int a_direct = g->kern && g->kern->ukr_st && !g->ta && g->K <= g->kern->direct_kc &&
                    __atomic_load_n(&vitc__gemm_direct_on, __ATOMIC_RELAXED);
     if (g->kern && g->by_cols && !a_direct && g->K > 0 && g->alpha != 0.0f &&
@@ -805,11 +772,8 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
         if (pa && !g->asum && kn->mc % kn->mr == 0 && nic * nkc <= VITC_COOP_BLOCKS &&
             (!g->ln || nkc == 1)) {
             g->coop = &coop;
-            coop.nsp = (g->M + kn->mr - 1) / kn->mr;
-            coop.nic = nic;
-            coop.total = coop.nsp * nkc;
-            atomic_init(&coop.next, 0);
-            for (int64_t b = 0; b < nic * nkc; b++) atomic_init(&coop.done[b], 0);
+            vitc__coop_init(&coop, (g->M + kn->mr - 1) / kn->mr * nkc, nic * nkc, vitc__pa_strip,
+                            g);
         } else if (pa) {
             vitc__ln_pass(g);
             vitc__pa_job pj = {g, pa, mpad};
@@ -1020,12 +984,10 @@ static vitc_status vitc__linear_any(float *y, int64_t ldy, const float *x, int64
         if (pw->N != N || pw->K != K)
             return vitc__err(VITC_ERR_SHAPE, "packed weight [%lld, %lld] used as [%lld, %lld]",
                              (long long)pw->N, (long long)pw->K, (long long)N, (long long)K);
-        if (ln) /* the BF16 / INT8 GEMM packs its own A: LayerNorm first */
-            vitc__layernorm(ln->y, ln->x, ln->w, ln->b, M, K, ln->eps);
         /* The lp epilogue has neither a scale nor an activation but erf GELU:
          * passes after. */
         VITC_TRY(vitc__linear_lp(y, ldy, x, ldx, pw, bias, scale ? NULL : residual, ldr, M,
-                                 act == VITC__ACT_GELU && !scale));
+                                 act == VITC__ACT_GELU && !scale, ln));
         if (scale)
             vitc__scale_add(y, ldy, scale, residual, ldr, M, N);
         if (act != VITC__ACT_GELU || scale)

@@ -6,6 +6,7 @@
  */
 #include <limits.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -290,6 +291,7 @@ typedef struct vitc__lp_job {
     float *y; int64_t ldy;       /* [M, N] */
     const float *bias;           /* [N] or NULL */
     const float *res; int64_t ldr;
+    const vitc__ln_pre *ln;      /* x = LayerNorm(ln->x), computed strip by strip, or NULL */
     int64_t M;
     int64_t smr, sa; /* A strip: rows (kn->mr), words */
     uint32_t *pa;  /* [ceil(M/smr)][kg][smr] or [ceil(M/smr)][smr][lda] converted A */
@@ -298,21 +300,29 @@ typedef struct vitc__lp_job {
     void (*gelu)(float *x, int64_t n); /* after each tile, unless fused */
     int fused_gelu;                    /* the microkernel applies GELU itself */
     int by_cols, nparts;
+    int64_t mcs;        /* A strips per cache block (VITC_LP_MC rows) */
+    vitc__coop *coop;   /* non-NULL: A converted inside the GEMM's region */
+    _Atomic int64_t *next_chunk; /* non-NULL: column chunks claimed as threads come free */
+    int64_t chunk, nchunks;      /* column strips per chunk, chunks */
 } vitc__lp_job;
 
-/* Strip t of A: its rows converted, rows past M zero. */
-static void vitc__lp_pack_task(void *ctx, int64_t t, int tid) {
+/* Strip t of A: its rows (normalised first, with ln) converted, rows past M
+ * zero. Returns its cache block (the coop's unit and block). */
+static int64_t vitc__lp_pack_strip(void *ctx, int64_t t) {
     const vitc__lp_job *g = ctx;
-    (void)tid;
     const int64_t smr = g->smr, i0 = t * smr, kg = g->pw->kg;
     int64_t mr = g->M - i0 < smr ? g->M - i0 : smr;
     float *sc = g->ascale ? g->ascale + i0 : NULL;
     int32_t *zp = g->azp ? g->azp + i0 : NULL;
     uint32_t *dst = g->pa + t * g->sa;
+    const vitc__ln_pre *ln = g->ln; /* the rows' LayerNorm, while they are in L1 */
+    if (ln)
+        vitc__kern()->layernorm(ln->y + i0 * g->pw->K, ln->x + i0 * g->pw->K, ln->w, ln->b, mr,
+                                g->pw->K, ln->eps);
     if (!g->kn->a_kpad) {
         vitc__lp_strip(g->kn, g->pw->prec, dst, smr, (int)smr, g->x + i0 * g->ldx, g->ldx, mr,
                        g->pw->K, sc, zp);
-        return;
+        return t / g->mcs;
     }
     /* row-major (AMX): row i at dst[i * lda], zeros past kg and past mr */
     int bf = g->pw->prec == VITC_PRECISION_BF16;
@@ -327,6 +337,12 @@ static void vitc__lp_pack_task(void *ctx, int64_t t, int tid) {
         }
         memset(d + from, 0, (size_t)(lda - from) * sizeof *d);
     }
+    return t / g->mcs;
+}
+
+static void vitc__lp_pack_task(void *ctx, int64_t t, int tid) {
+    (void)tid;
+    vitc__lp_pack_strip(ctx, t);
 }
 
 /* Cache blocking: a block of B strips (at most VITC_LP_NB bytes) stays in
@@ -337,24 +353,19 @@ static void vitc__lp_pack_task(void *ctx, int64_t t, int tid) {
 #define VITC_LP_MC 144
 #define VITC_LP_NB (384 * 1024)
 
-static void vitc__lp_task(void *ctx, int64_t t, int tid) {
-    const vitc__lp_job *g = ctx;
-    (void)tid;
+/* Column strips [c0, c1) x row strips [r0, r1), blocked for the caches. */
+static void vitc__lp_block(const vitc__lp_job *g, int64_t c0, int64_t c1, int64_t r0, int64_t r1) {
     const vitc__pweight *pw = g->pw;
-    const int64_t N = pw->N, kg = pw->kg, smr = g->smr, mc = VITC_LP_MC / smr > 0 ? VITC_LP_MC / smr : 1;
-    int64_t cs = (N + NR - 1) / NR, rs = (g->M + smr - 1) / smr; /* column and row strips */
-    int64_t units = g->by_cols ? cs : rs, q = units / g->nparts, r = units % g->nparts;
-    int64_t b = q * t + (t < r ? t : r), e = b + q + (t < r ? 1 : 0);
-    int64_t c0 = g->by_cols ? b : 0, c1 = g->by_cols ? e : cs;
-    int64_t r0 = g->by_cols ? 0 : b, r1 = g->by_cols ? rs : e;
+    const int64_t N = pw->N, kg = pw->kg, smr = g->smr, mc = g->mcs;
     const uint32_t *pb0 = pw->data;
     int64_t nb = VITC_LP_NB / (kg * NR * 4); /* B strips per block */
     if (nb < 1) nb = 1;
-    if (g->kn->begin) g->kn->begin(); /* this thread's AMX tile config */
     for (int64_t jb = c0; jb < c1; jb += nb) {
     int64_t je = jb + nb < c1 ? jb + nb : c1;
     for (int64_t ib = r0; ib < r1; ib += mc) {
         int64_t ie = ib + mc < r1 ? ib + mc : r1;
+        if (g->coop) /* the block's strips converted (by whichever thread) */
+            vitc__coop_need(g->coop, ib / mc, (ib + mc < g->coop->total ? ib + mc : g->coop->total) - ib);
         for (int64_t js = jb; js < je; js++) {
             int64_t j = js * NR, nr = N - j < NR ? N - j : NR;
             for (int64_t is = ib; is < ie; is++) {
@@ -375,16 +386,49 @@ static void vitc__lp_task(void *ctx, int64_t t, int tid) {
         }
     }
     }
+}
+
+static void vitc__lp_task(void *ctx, int64_t t, int tid) {
+    const vitc__lp_job *g = ctx;
+    (void)tid;
+    const int64_t cs = (g->pw->N + NR - 1) / NR, rs = (g->M + g->smr - 1) / g->smr;
+    if (g->kn->begin) g->kn->begin(); /* this thread's AMX tile config */
+    if (g->next_chunk) {
+        /* Whichever thread is free takes the next chunk of columns (as the
+         * fp32 GEMM does): a thread slowed down leaves its share to the
+         * other instead of making it wait at the end. A tile's sums do not
+         * depend on the chunk or thread that computes it. */
+        for (int64_t c; (c = atomic_fetch_add_explicit(g->next_chunk, 1, memory_order_relaxed)) <
+                        g->nchunks;) {
+            int64_t b = c * g->chunk;
+            vitc__lp_block(g, b, b + g->chunk < cs ? b + g->chunk : cs, 0, rs);
+        }
+    } else {
+        int64_t units = g->by_cols ? cs : rs, q = units / g->nparts, r = units % g->nparts;
+        int64_t b = q * t + (t < r ? t : r), e = b + q + (t < r ? 1 : 0);
+        if (g->by_cols)
+            vitc__lp_block(g, b, e, 0, rs);
+        else
+            vitc__lp_block(g, 0, cs, b, e);
+    }
     if (g->kn->end) g->kn->end();
 }
 
+/* Column chunks per thread: finer balances better; coarser re-reads A less
+ * when it spans several cache blocks (batch 8: A is 1.2 MB in int8). */
+#define VITC_LP_CHUNKS_FEW 12
+#define VITC_LP_CHUNKS_MANY 4
+
 vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const vitc__pweight *pw, const float *bias, const float *residual,
-                            int64_t ldr, int64_t M, int gelu) {
+                            int64_t ldr, int64_t M, int gelu, const vitc__ln_pre *ln) {
     if (!y || !x || !pw || !pw->data)
         return vitc__err(VITC_ERR_INVALID_ARG, "linear (%s): NULL argument",
                          pw ? vitc_precision_name(pw->prec) : "?");
     if (M <= 0) return VITC_OK;
+    if (ln && ldx != pw->K)
+        return vitc__err(VITC_ERR_INVALID_ARG, "linear (%s): LayerNorm input with row stride %lld, not K = %lld",
+                         vitc_precision_name(pw->prec), (long long)ldx, (long long)pw->K);
     const vitc__lp_kernel *kn = vitc__lp_kernel_for(pw->prec);
     const int64_t smr = kn->mr, kg = pw->kg, rs = (M + smr - 1) / smr;
     const int64_t lda = kn->a_kpad ? vitc__lp_a_ld(kn->a_kpad, kg) : kg; /* words a row */
@@ -401,8 +445,9 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
         return vitc__err(VITC_ERR_NOMEM, "linear (%s) of %lld rows: out of memory",
                          vitc_precision_name(pw->prec), (long long)M);
     vitc__lp_job g = {.kn = kn, .pw = pw, .x = x, .ldx = ldx, .y = y, .ldy = ldy, .bias = bias,
-                      .res = residual, .ldr = ldr, .M = M, .smr = smr, .sa = smr * lda, .pa = pa,
-                      .gelu = gelu ? vitc__kern()->gelu : NULL, .nparts = 1};
+                      .res = residual, .ldr = ldr, .ln = ln, .M = M, .smr = smr, .sa = smr * lda,
+                      .pa = pa, .gelu = gelu ? vitc__kern()->gelu : NULL, .nparts = 1};
+    g.mcs = VITC_LP_MC / smr > 0 ? VITC_LP_MC / smr : 1;
     /* the SIMD kernels' in-register GELU is gelu_avx512's arithmetic */
     g.fused_gelu = gelu && kn->fused_gelu && vitc__kern()->arch == VITC_ARCH_AVX512;
     if (pw->prec == VITC_PRECISION_INT8) {
@@ -412,21 +457,37 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
     int nt = vitc__in_parallel() ? 1 : vitc__num_threads();
     double flops = 2.0 * (double)M * (double)pw->N * (double)pw->K;
     if (flops < 400000.0) nt = 1;
-    if (nt > 1 && rs > 1)
-        vitc__parallel_for(rs, vitc__lp_pack_task, &g);
-    else
-        for (int64_t t = 0; t < rs; t++) vitc__lp_pack_task(&g, t, 0);
     /* Split the weight's column strips when each thread gets two or more
      * (each then streams only its share of the weights), else the rows. */
-    int64_t cs = (pw->N + NR - 1) / NR;
+    int64_t cs = (pw->N + NR - 1) / NR, mblocks = (rs + g.mcs - 1) / g.mcs;
     g.by_cols = cs >= 2 * (int64_t)nt || cs >= rs;
     int64_t units = g.by_cols ? cs : rs;
     g.nparts = nt > units ? (int)units : nt;
     if (g.nparts <= 1) {
         g.nparts = 1;
+        for (int64_t t = 0; t < rs; t++) vitc__lp_pack_strip(&g, t);
         vitc__lp_task(&g, 0, 0);
-    } else {
-        vitc__parallel_for(g.nparts, vitc__lp_task, &g);
+        return VITC_OK;
     }
+    /* Threads splitting the columns all read every strip of A: they convert
+     * it inside the GEMM's region, as they first need each block (no region
+     * of its own, no serial LayerNorm before it). Splitting rows, a thread's
+     * own strips only: converted in a region first. */
+    vitc__coop coop; /* lives until the region below returns */
+    _Atomic int64_t next_chunk;
+    if (g.by_cols && mblocks <= VITC_COOP_BLOCKS) {
+        vitc__coop_init(&coop, rs, mblocks, vitc__lp_pack_strip, &g);
+        g.coop = &coop;
+    } else {
+        vitc__parallel_for(rs, vitc__lp_pack_task, &g);
+    }
+    if (g.by_cols) {
+        int64_t per_thread = mblocks <= 2 ? VITC_LP_CHUNKS_FEW : VITC_LP_CHUNKS_MANY;
+        g.chunk = (cs + per_thread * g.nparts - 1) / (per_thread * g.nparts);
+        g.nchunks = (cs + g.chunk - 1) / g.chunk;
+        atomic_init(&next_chunk, 0);
+        g.next_chunk = &next_chunk;
+    }
+    vitc__parallel_for(g.nparts, vitc__lp_task, &g);
     return VITC_OK;
 }

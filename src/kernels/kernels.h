@@ -32,6 +32,24 @@ void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx);
  * leaves its share to the others. Which thread runs an index depends on
  * timing: fn must compute each index the same way on any thread. */
 void vitc__parallel_for_dynamic(int64_t n, int64_t grain, vitc__task_fn fn, void *ctx);
+/* Operands packed cooperatively inside a region (the GEMMs' shared op(A)):
+ * units (strips) claimed from one counter in the order the threads consume
+ * them; pack(ctx, s) packs unit s and returns its block (< VITC_COOP_BLOCKS).
+ * vitc__coop_need(co, b, n) returns once block b has n units packed,
+ * packing unclaimed units of any block meanwhile rather than wait for a
+ * unit another thread is packing (all are needed). Which thread packs a
+ * unit depends on timing; the bytes must not. */
+#define VITC_COOP_BLOCKS 128
+typedef struct vitc__coop {
+    _Atomic int64_t next; /* the next unclaimed unit */
+    int64_t total;
+    int64_t (*pack)(void *ctx, int64_t s);
+    void *ctx;
+    _Atomic int done[VITC_COOP_BLOCKS]; /* units packed, per block */
+} vitc__coop;
+void vitc__coop_init(vitc__coop *co, int64_t total, int64_t nblocks,
+                     int64_t (*pack)(void *ctx, int64_t s), void *ctx);
+void vitc__coop_need(vitc__coop *co, int64_t block, int64_t n);
 /* VITC_POOL_STATS=1 (pool.c): per kind of region, where threads wait,
  * printed at exit. A kernel that waits for another thread inside a region
  * times it (vitc__pool_cpu_ns, only when vitc__pool_stats()) and reports
@@ -222,10 +240,12 @@ vitc_status vitc__linear_pw_scaled(float *y, int64_t ldy, const float *x, int64_
                                    const vitc__pweight *pw, const float *W, const float *bias,
                                    const float *scale, const float *residual, int64_t ldr,
                                    int64_t M, int64_t N, int64_t K);
-/* The BF16 / INT8 GEMM (gemm_lp.c), the same contract. */
+/* The BF16 / INT8 GEMM (gemm_lp.c), the same contract. ln non-NULL: x is
+ * ln->y (ldx K), LayerNorm(ln->x) computed by the threads converting A,
+ * strip by strip (ln->y written too). */
 vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const vitc__pweight *pw, const float *bias, const float *residual,
-                            int64_t ldr, int64_t M, int gelu);
+                            int64_t ldr, int64_t M, int gelu, const vitc__ln_pre *ln);
 void vitc__pweight_unpack_lp(const vitc__pweight *pw, float *W);
 /* Packs a BF16 / INT8 weight (gemm_lp.c). */
 vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, int64_t K,

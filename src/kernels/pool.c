@@ -434,3 +434,32 @@ void vitc__parallel_for_dynamic(int64_t n, int64_t grain, vitc__task_fn fn, void
      * vitc__claim once (nested or on one thread: one call claims all). */
     vitc__parallel_range((n + grain - 1) / grain, vitc__claim, &cc);
 }
+
+void vitc__coop_init(vitc__coop *co, int64_t total, int64_t nblocks,
+                     int64_t (*pack)(void *ctx, int64_t s), void *ctx) {
+    atomic_init(&co->next, 0);
+    co->total = total;
+    co->pack = pack;
+    co->ctx = ctx;
+    for (int64_t b = 0; b < nblocks && b < VITC_COOP_BLOCKS; b++) atomic_init(&co->done[b], 0);
+}
+
+void vitc__coop_need(vitc__coop *co, int64_t block, int64_t n) {
+    _Atomic int *done = &co->done[block];
+    int64_t w0 = 0, w = 0; /* VITC_POOL_STATS: CPU time spent waiting */
+    for (int spin = 0; atomic_load_explicit(done, memory_order_acquire) < n;) {
+        if (atomic_load_explicit(&co->next, memory_order_relaxed) < co->total) {
+            int64_t s = atomic_fetch_add_explicit(&co->next, 1, memory_order_relaxed);
+            if (s < co->total)
+                atomic_fetch_add_explicit(&co->done[co->pack(co->ctx, s)], 1, memory_order_release);
+        } else {
+            if (!w0 && vitc__stats_on == 1) w0 = vitc__pool_cpu_ns();
+            if (++spin < 4096)
+                vitc__cpu_relax();
+            else /* the packer may have lost its core (oversubscribed machine) */
+                sched_yield();
+            w = w0;
+        }
+    }
+    if (w) vitc__pool_note_wait(vitc__pool_cpu_ns() - w);
+}
