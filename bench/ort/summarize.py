@@ -41,9 +41,11 @@ def main():
            "Written by `make bench-ort` (scripts/bench-ort.sh, bench/ort/): one random-init "
            "torchvision ViT-B/16, exported to ONNX and dynamically quantized "
            "(bench/ort/quantize_int8.py), timed interleaved in one run; medians over %d "
-           "rounds of each runtime's median of REPEAT forwards. Memory: resident set while "
+           "rounds of each runtime's median of %s forwards (batch 1) / %s (batch 8) in one "
+           "process. Memory: resident set while "
            "running (vitc: after loading, VmHWM reset; ORT: the process's peak), and vitc's "
-           "peak while loading (it reads the fp32 file, then converts one matrix at a time)." % rounds, "",
+           "peak while loading (it reads the fp32 file, then converts one matrix at a time)." % (
+               rounds, os.environ.get("REPEAT_B1", "REPEAT"), os.environ.get("REPEAT_B8", "REPEAT")), "",
            "- date: %s UTC; machine: %s, %d cores usable" % (
                datetime.datetime.utcnow().strftime("%Y-%m-%d %H:%M"), cpu,
                len(os.sched_getaffinity(0))),
