@@ -274,6 +274,19 @@ static inline __m512i vitc__q8x64(const float *x, int64_t left, __m512 inv, __m5
 static void vitc__q8_row(const float *x, int64_t K, float *scale, float *inv, int32_t *zp) {
     __m512 vmn = _mm512_set1_ps(x[0]), vmx = vmn;
     int64_t k = 0;
+    if (K >= 64) { /* four chains each: one min and one max chain ran at 1 vector / 2 cycles */
+        __m512 n1 = vmn, n2 = vmn, n3 = vmn, x1 = vmn, x2 = vmn, x3 = vmn;
+        for (; k + 64 <= K; k += 64) {
+            __m512 v0 = _mm512_loadu_ps(x + k), v1 = _mm512_loadu_ps(x + k + 16);
+            __m512 v2 = _mm512_loadu_ps(x + k + 32), v3 = _mm512_loadu_ps(x + k + 48);
+            vmn = _mm512_min_ps(vmn, v0), vmx = _mm512_max_ps(vmx, v0);
+            n1 = _mm512_min_ps(n1, v1), x1 = _mm512_max_ps(x1, v1);
+            n2 = _mm512_min_ps(n2, v2), x2 = _mm512_max_ps(x2, v2);
+            n3 = _mm512_min_ps(n3, v3), x3 = _mm512_max_ps(x3, v3);
+        }
+        vmn = _mm512_min_ps(_mm512_min_ps(vmn, n1), _mm512_min_ps(n2, n3));
+        vmx = _mm512_max_ps(_mm512_max_ps(vmx, x1), _mm512_max_ps(x2, x3));
+    }
     for (; k + 16 <= K; k += 16) {
         __m512 v = _mm512_loadu_ps(x + k);
         vmn = _mm512_min_ps(vmn, v);
