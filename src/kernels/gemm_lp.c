@@ -353,13 +353,17 @@ static void vitc__lp_pack_task(void *ctx, int64_t t, int tid) {
 #define VITC_LP_MC 144
 #define VITC_LP_NB (384 * 1024)
 
+static int64_t vitc__lp_nb(int64_t kg) { /* B strips per L2 block */
+    int64_t nb = VITC_LP_NB / (kg * NR * 4);
+    return nb < 1 ? 1 : nb;
+}
+
 /* Column strips [c0, c1) x row strips [r0, r1), blocked for the caches. */
 static void vitc__lp_block(const vitc__lp_job *g, int64_t c0, int64_t c1, int64_t r0, int64_t r1) {
     const vitc__pweight *pw = g->pw;
     const int64_t N = pw->N, kg = pw->kg, smr = g->smr, mc = g->mcs;
     const uint32_t *pb0 = pw->data;
-    int64_t nb = VITC_LP_NB / (kg * NR * 4); /* B strips per block */
-    if (nb < 1) nb = 1;
+    const int64_t nb = vitc__lp_nb(kg);
     for (int64_t jb = c0; jb < c1; jb += nb) {
     int64_t je = jb + nb < c1 ? jb + nb : c1;
     for (int64_t ib = r0; ib < r1; ib += mc) {
@@ -484,6 +488,10 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
     if (g.by_cols) {
         int64_t per_thread = mblocks <= 2 ? VITC_LP_CHUNKS_FEW : VITC_LP_CHUNKS_MANY;
         g.chunk = (cs + per_thread * g.nparts - 1) / (per_thread * g.nparts);
+        /* whole L2 blocks of B strips: a chunk of 9 with blocks of 7 (bf16,
+         * K = 768) would pass over A twice for its last 2 strips */
+        int64_t nb = vitc__lp_nb(kg);
+        if (g.chunk > nb) g.chunk = g.chunk / nb * nb;
         g.nchunks = (cs + g.chunk - 1) / g.chunk;
         atomic_init(&next_chunk, 0);
         g.next_chunk = &next_chunk;
