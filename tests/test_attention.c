@@ -366,6 +366,13 @@ static void check_structured(int kind, int64_t L, int64_t S, int64_t D, int64_t 
             for (int64_t c2 = 0; c2 < D; c2++) t.k[(i * S + (S / 2)) * D + c2] = 8.0f;
         t.d.scale = 8.0f; /* winner by >= 8*8*D*(1-... ) logits: the rest underflow */
     }
+    if (kind == 3) { /* q = 1, every key -8 * 1: equal scores thousands below 0, O = mean of V;
+                      * a row max that took the S tile's zero padding (0) would
+                      * underflow every exp and give NaN */
+        for (size_t i = 0; i < (size_t)(BH * L * D); i++) t.q[i] = 1.0f;
+        for (size_t i = 0; i < (size_t)(BH * S * D); i++) t.k[i] = -8.0f;
+        t.d.scale = 8.0f;
+    }
     for (int a = 0; a < 3; a++) {
         if (!vitc__cpu_has((vitc__arch)a)) continue;
         assert_int_equal(vitc_set_arch(arch_names[a]), VITC_OK);
@@ -376,7 +383,7 @@ static void check_structured(int kind, int64_t L, int64_t S, int64_t D, int64_t 
                 for (int64_t c2 = 0; c2 < Dv; c2++) {
                     double want;
                     if (kind == 0) want = 1.0;
-                    else if (kind == 1) {
+                    else if (kind == 1 || kind == 3) {
                         want = 0;
                         for (int64_t j = 0; j < S; j++) want += t.v[(i * S + j) * Dv + c2];
                         want /= (double)S;
@@ -395,7 +402,7 @@ static void check_structured(int kind, int64_t L, int64_t S, int64_t D, int64_t 
 
 static void test_structured(void **state) {
     (void)state;
-    for (int kind = 0; kind < 3; kind++) {
+    for (int kind = 0; kind < 4; kind++) {
         check_structured(kind, 33, 257, 64, 64);
         check_structured(kind, 197, 197, 40, 80);
         check_structured(kind, 17, 1000, 8, 8);

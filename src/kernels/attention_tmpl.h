@@ -35,12 +35,18 @@ static void att_store_lse(float *lse, const float *m, const float *l, int64_t nr
 }
 
 /* s[r][0:NR] = q[r][0:D] . kt[0:D][0:NR] for r < mr; only the first VW
- * columns when half (a last panel with <= VW keys left). */
+ * columns when half (a last panel with <= VW keys left). With rmax, also
+ * rmax[r] = max(rmax[r], the row's scores of its first nk keys): the row
+ * max on the way out, where the max instructions overlap the FMA-bound
+ * product, instead of a pass of its own over the tile afterwards (that
+ * pass, latency bound, cost 4.5 % of a ViT-B head). */
 static inline __attribute__((always_inline)) void att_s_kernel(int mr, int half, int64_t D,
                                                                const float *q, /* [mr, D] */
                                                                const float *kt, /* [D, NR] */
                                                                float *s, /* [mr, lds] */
-                                                               int64_t lds) {
+                                                               int64_t lds,
+                                                               VT *rmax, /* [mr] or NULL */
+                                                               int64_t nk) {
     VT a0[MR_S], a1[MR_S];
     att_tile2(mr, half, D, q, D, kt, NR, a0, a1);
     ATT_UNROLL
@@ -49,15 +55,29 @@ static inline __attribute__((always_inline)) void att_s_kernel(int mr, int half,
             v_store(s + r * lds, a0[r]);
             if (!half) v_store(s + r * lds + VW, a1[r]);
         }
+    if (!rmax) return;
+    if (nk >= NR) {
+        ATT_UNROLL
+        for (int r = 0; r < MR_S; r++)
+            if (r < mr) rmax[r] = v_max(rmax[r], v_max(a0[r], a1[r]));
+    } else if (half || nk <= VW) { /* the zero columns past nk score 0, not -inf: masked out */
+        ATT_UNROLL
+        for (int r = 0; r < MR_S; r++)
+            if (r < mr) rmax[r] = v_max(rmax[r], v_tail(a0[r], nk, -INFINITY));
+    } else {
+        ATT_UNROLL
+        for (int r = 0; r < MR_S; r++)
+            if (r < mr) rmax[r] = v_max(rmax[r], v_max(a0[r], v_tail(a1[r], nk - VW, -INFINITY)));
+    }
 }
 
 static void att_s_rows(int mr, int half, int64_t D, const float *q, const float *kt, float *s,
-                       int64_t lds) {
+                       int64_t lds, VT *rmax, int64_t nk) {
     switch (mr) {
-#define ATT_S_CASE(n)                                      \
-    case n:                                                \
-        if (half) att_s_kernel(n, 1, D, q, kt, s, lds);    \
-        else att_s_kernel(n, 0, D, q, kt, s, lds);         \
+#define ATT_S_CASE(n)                                                \
+    case n:                                                          \
+        if (half) att_s_kernel(n, 1, D, q, kt, s, lds, rmax, nk);    \
+        else att_s_kernel(n, 0, D, q, kt, s, lds, rmax, nk);         \
         break;
         ATT_MRS_CASES(ATT_S_CASE)
 #undef ATT_S_CASE
@@ -144,34 +164,22 @@ static void att_pack_kv(const vitc__sdpa_desc *d, int64_t Dvp, int64_t b, int64_
     for (int64_t j = 0; j < n; j++) att_copy_pad(vp + j * Dvp, v + j * d->v_sr, Dv, Dvp);
 }
 
-/* Adds the mask (times log2 e) to s[0:n] in place and returns the max. */
+/* Adds the mask (times log2 e) to s[0:n] in place and returns the max
+ * (without a mask, att_s_kernel takes the max). */
 static float att_mask_max(float *s, /* [>= roundup(n, VW)] */
-                          const float *mrow, /* [n] or NULL */ int64_t n) {
+                          const float *mrow, /* [n] */ int64_t n) {
     VT mx = v_set1(-INFINITY);
     VT l2e = v_set1(att_log2e);
     int64_t j = 0;
-    if (mrow) {
-        for (; j + VW <= n; j += VW) {
-            VT x = v_fma(v_loadu(mrow + j), l2e, v_load(s + j));
-            v_store(s + j, x);
-            mx = v_max(mx, x);
-        }
-        if (j < n) {
-            VT x = v_fma(v_loadu_n(mrow + j, n - j), l2e, v_load(s + j));
-            v_store(s + j, x);
-            mx = v_max(mx, v_tail(x, n - j, -INFINITY));
-        }
-    } else {
-        /* Two chains: one max after another is latency bound (a row is
-         * only ~13 vectors, too short for the next row to overlap it). */
-        VT mx1 = mx;
-        for (; j + 2 * VW <= n; j += 2 * VW) {
-            mx = v_max(mx, v_load(s + j));
-            mx1 = v_max(mx1, v_load(s + j + VW));
-        }
-        if (j + VW <= n) mx = v_max(mx, v_load(s + j)), j += VW;
-        if (j < n) mx1 = v_max(mx1, v_tail(v_load(s + j), n - j, -INFINITY));
-        mx = v_max(mx, mx1);
+    for (; j + VW <= n; j += VW) {
+        VT x = v_fma(v_loadu(mrow + j), l2e, v_load(s + j));
+        v_store(s + j, x);
+        mx = v_max(mx, x);
+    }
+    if (j < n) {
+        VT x = v_fma(v_loadu_n(mrow + j, n - j), l2e, v_load(s + j));
+        v_store(s + j, x);
+        mx = v_max(mx, v_tail(x, n - j, -INFINITY));
     }
     return v_hmax(mx);
 }
@@ -181,7 +189,8 @@ static float att_mask_max(float *s, /* [>= roundup(n, VW)] */
 static float att_exp_sum(float *s, int64_t n, float m, int store) {
     VT vm = v_set1(m), sum = v_zero(), sum1 = v_zero();
     int64_t j = 0;
-    /* Two sums, as att_mask_max's two maxima. */
+    /* Two sums: one sum after another is latency bound (a row is only ~13
+     * vectors, too short for the next row to overlap it). */
     for (; j + 2 * VW <= n; j += 2 * VW) {
         VT e0 = v_exp2(v_sub(v_load(s + j), vm));
         VT e1 = v_exp2(v_sub(v_load(s + j + VW), vm));
@@ -440,15 +449,19 @@ static void att_small_rows(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t
 #undef RG
 #endif
 
-/* S tile for key block [j0, j0+nkv): st[r][0:nkv] for r < nr. */
+/* S tile for key block [j0, j0+nkv): st[r][0:nkv] for r < nr; with rmax,
+ * each row's max over the nkv keys to rmax[r] (lanes to reduce). */
 static void att_scores(const float *qp, int64_t D, int64_t nr, const float *kt, int64_t nkv,
-                       float *st, int64_t Bcp) {
+                       float *st, int64_t Bcp, VT *rmax /* [nr] or NULL */) {
+    if (rmax)
+        for (int64_t r = 0; r < nr; r++) rmax[r] = v_set1(-INFINITY);
     for (int64_t p0 = 0; p0 < nkv; p0 += NR) {
         const float *panel = kt + (p0 / NR) * D * NR;
         int half = VW > 1 && nkv - p0 <= VW;
         for (int64_t r = 0; r < nr; r += MR_S) {
             int mr = nr - r < MR_S ? (int)(nr - r) : MR_S;
-            att_s_rows(mr, half, D, qp + r * D, panel, st + r * Bcp + p0, Bcp);
+            att_s_rows(mr, half, D, qp + r * D, panel, st + r * Bcp + p0, Bcp,
+                       rmax ? rmax + r : NULL, nkv - p0);
         }
     }
 }
@@ -570,12 +583,17 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
             for (int64_t g0 = 0; g0 < nr; g0 += ATT_RG) {
                 const int64_t ng = nr - g0 < ATT_RG ? nr - g0 : ATT_RG;
                 float *st = ws->st; /* [ng, Bcp]: the same lines for every group */
-                att_scores(ws->qp + g0 * D, D, ng, kt, nkv, st, Bcp);
                 /* Every row's max first, then the exps: a row's exps then
-                 * wait on no reduction, so consecutive rows overlap. */
-                for (int64_t i = 0; i < ng; i++)
-                    alpha[g0 + i] = att_mask_max(st + i * Bcp,
-                                                 mbase ? mbase + (g0 + i) * d->m_sr + j0 : NULL, nkv);
+                 * wait on no reduction, so consecutive rows overlap. With
+                 * a mask it is added first, in a pass of its own. */
+                VT rmax[ATT_RG];
+                att_scores(ws->qp + g0 * D, D, ng, kt, nkv, st, Bcp, mbase ? NULL : rmax);
+                if (mbase) {
+                    for (int64_t i = 0; i < ng; i++)
+                        alpha[g0 + i] = att_mask_max(st + i * Bcp, mbase + (g0 + i) * d->m_sr + j0, nkv);
+                } else {
+                    for (int64_t i = 0; i < ng; i++) alpha[g0 + i] = v_hmax(rmax[i]);
+                }
                 for (int64_t i = 0; i < ng; i++) {
                     const int64_t r = g0 + i;
                     float *srow = st + i * Bcp;
