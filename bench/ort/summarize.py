@@ -92,6 +92,25 @@ def main():
                             "met" if oi / via >= 1.25 else "not met")]
     if targets:
         out += ["", "Issue 11's targets at 2 threads:", ""] + ["- " + x for x in targets]
+    # The medians above hide how far one round is from another on a shared
+    # VM: each row's range over rounds, and the ratio within each round
+    # (vitc and ORT ran back to back, so a slow spell hits both less often).
+    spread = []
+    for b in (1, 8):
+        ms = lambda rt, p: [x[0] for x in runs.get((rt, p, b, 2), [])]  # noqa: E731
+        rows = ["%s %s %.1f–%.1f" % (rt, p, min(ms(rt, p)), max(ms(rt, p)))
+                for rt, p in (("vitc", "fp32"), ("vitc", "bf16"), ("vitc", "int8"),
+                              ("ort", "fp32"), ("ort", "int8")) if ms(rt, p)]
+        ratios = []
+        for p in ("fp32", "int8"):
+            pr = [o / v for v, o in zip(ms("vitc", p), ms("ort", p))]
+            if pr:
+                ratios.append("%s %s" % (p, " ".join("%.2f×" % r for r in pr)))
+        if rows:
+            spread.append("batch %d: ms over rounds %s; ratio to ORT round by round: %s" % (
+                b, ", ".join(rows), "; ".join(ratios)))
+    if spread:
+        out += ["", "Spread at 2 threads:", ""] + ["- " + x for x in spread]
     print("\n".join(out))
 
 
