@@ -363,7 +363,7 @@ static void vitc__lp_block(const vitc__lp_job *g, int64_t c0, int64_t c1, int64_
     const vitc__pweight *pw = g->pw;
     const int64_t N = pw->N, kg = pw->kg, smr = g->smr, mc = g->mcs;
     const uint32_t *pb0 = pw->data;
-    const int64_t nb = vitc__lp_nb(kg);
+    const int64_t nb = vitc__lp_nb(kg), cs = (N + NR - 1) / NR;
     for (int64_t jb = c0; jb < c1; jb += nb) {
     int64_t je = jb + nb < c1 ? jb + nb : c1;
     for (int64_t ib = r0; ib < r1; ib += mc) {
@@ -372,8 +372,18 @@ static void vitc__lp_block(const vitc__lp_job *g, int64_t c0, int64_t c1, int64_
             vitc__coop_need(g->coop, ib / mc, (ib + mc < g->coop->total ? ib + mc : g->coop->total) - ib);
         for (int64_t js = jb; js < je; js++) {
             int64_t j = js * NR, nr = N - j < NR ? N - j : NR;
+            /* The first A block reads each weight strip from memory: the
+             * next strip (the next chunk's, when this one ends: most often
+             * this thread's too) asked into L2 meanwhile, a share per A
+             * strip, rather than the first tile of each strip stalling on
+             * it. Later A blocks find the strips in L2. */
+            const char *next = ib == r0 && js + 1 < cs ? (const char *)(pb0 + (js + 1) * kg * NR) : NULL;
+            const int64_t lines = kg * NR * 4 / 64, share = (lines + (ie - ib) - 1) / (ie - ib);
             for (int64_t is = ib; is < ie; is++) {
                 int64_t i = is * smr, mr = g->M - i < smr ? g->M - i : smr;
+                if (next)
+                    for (int64_t l = (is - ib) * share; l < (is - ib + 1) * share && l < lines; l++)
+                        __builtin_prefetch(next + l * 64, 0, 2);
                 vitc__lp_epi ep = {
                     .bias = g->bias ? g->bias + j : NULL,
                     .res = g->res ? g->res + i * g->ldr + j : NULL, .ldr = g->ldr,
