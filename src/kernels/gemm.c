@@ -435,8 +435,10 @@ static void vitc__pa_need(const vitc__gemm_job *g, int64_t pc, int64_t ic) {
 }
 
 #define VITC_ONE_BLOCK_MAX 4
+/* jnext: where this thread's next chunk of columns starts (-1: none or
+ * unknown), for the prefetch of prepacked weights past j1. */
 static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1, int64_t j0,
-                                int64_t j1) {
+                                int64_t j1, int64_t jnext) {
     const vitc__gemm_kernel *kn = g->kern;
     const int MR = kn->mr, NR = kn->nr;
     int64_t m = i1 - i0, n = j1 - j0;
@@ -528,7 +530,17 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                 int64_t pf_share = (pf_all + (mc + MR - 1) / MR - 1) / ((mc + MR - 1) / MR);
                 for (int64_t jr = 0; jr < nc; jr += NR) {
                     int64_t nr = nc - jr < NR ? nc - jr : NR;
-                    const float *next = pf_all && jr + NR < nc ? pb + (jr + NR) * kc : NULL;
+                    /* After the panel's last micro-panel: the next K block's
+                     * first (fc2 at batch 1 is 32-column chunks of 12 K
+                     * blocks), else the first of this thread's next chunk. */
+                    const float *next = !pf_all       ? NULL
+                                        : jr + NR < nc ? pb + (jr + NR) * kc
+                                        : !pbw || nc != j1 - j0 ? NULL
+                                        : pc + KC < g->K
+                                            ? pbw + (pc + KC) * g->npad +
+                                                  jc * (g->K - pc - KC < KC ? g->K - pc - KC : KC)
+                                        : jnext >= 0 ? pbw + jnext * (g->K < KC ? g->K : KC)
+                                                     : NULL;
                     for (int64_t ir = 0, s = 0; ir < mc; ir += MR, s++) {
                         int64_t mr = mc - ir < MR ? mc - ir : MR;
                         int64_t off = s * pf_share; /* this strip's share: lines [off, off + pfn) */
@@ -602,14 +614,18 @@ static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
          * process took) leaves its share to the others instead of making
          * them wait at the end. A tile's FMAs do not depend on the chunk or
          * thread that computes it, so the bits do not either. */
-        for (int64_t c; (c = atomic_fetch_add_explicit(g->next_chunk, 1, memory_order_relaxed)) <
-                        g->nchunks;) {
-            int64_t total = g->by_cols ? g->N : g->M;
+        /* The next chunk is claimed before this one runs, so that the
+         * weights' prefetch can run ahead into it. */
+        int64_t total = g->by_cols ? g->N : g->M;
+        int64_t c = atomic_fetch_add_explicit(g->next_chunk, 1, memory_order_relaxed);
+        while (c < g->nchunks) {
+            int64_t n = atomic_fetch_add_explicit(g->next_chunk, 1, memory_order_relaxed);
             int64_t b0 = c * g->chunk, b1 = total - b0 < g->chunk ? total : b0 + g->chunk;
             if (g->by_cols)
-                vitc__builtin_block(g, 0, g->M, b0, b1);
+                vitc__builtin_block(g, 0, g->M, b0, b1, n < g->nchunks ? n * g->chunk : -1);
             else
-                vitc__builtin_block(g, b0, b1, 0, g->N);
+                vitc__builtin_block(g, b0, b1, 0, g->N, -1);
+            c = n;
         }
         return;
     }
@@ -627,7 +643,7 @@ static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
         return;
     }
 #endif
-    vitc__builtin_block(g, i0, i1, j0, j1);
+    vitc__builtin_block(g, i0, i1, j0, j1, -1);
 }
 
 /* op(B) packed once for all threads (vitc__gemm_run): KC block pc at
