@@ -359,11 +359,13 @@ static int64_t vitc__lp_nb(int64_t kg) { /* B strips per L2 block */
 }
 
 /* Column strips [c0, c1) x row strips [r0, r1), blocked for the caches. */
-static void vitc__lp_block(const vitc__lp_job *g, int64_t c0, int64_t c1, int64_t r0, int64_t r1) {
+/* jnext: the first column strip of this thread's next chunk, or -1. */
+static void vitc__lp_block(const vitc__lp_job *g, int64_t c0, int64_t c1, int64_t r0, int64_t r1,
+                           int64_t jnext) {
     const vitc__pweight *pw = g->pw;
     const int64_t N = pw->N, kg = pw->kg, smr = g->smr, mc = g->mcs;
     const uint32_t *pb0 = pw->data;
-    const int64_t nb = vitc__lp_nb(kg), cs = (N + NR - 1) / NR;
+    const int64_t nb = vitc__lp_nb(kg);
     for (int64_t jb = c0; jb < c1; jb += nb) {
     int64_t je = jb + nb < c1 ? jb + nb : c1;
     for (int64_t ib = r0; ib < r1; ib += mc) {
@@ -377,7 +379,8 @@ static void vitc__lp_block(const vitc__lp_job *g, int64_t c0, int64_t c1, int64_
              * this thread's too) asked into L2 meanwhile, a share per A
              * strip, rather than the first tile of each strip stalling on
              * it. Later A blocks find the strips in L2. */
-            const char *next = ib == r0 && js + 1 < cs ? (const char *)(pb0 + (js + 1) * kg * NR) : NULL;
+            int64_t jn = js + 1 < c1 ? js + 1 : jnext;
+            const char *next = ib == r0 && jn >= 0 ? (const char *)(pb0 + jn * kg * NR) : NULL;
             const int64_t lines = kg * NR * 4 / 64, share = (lines + (ie - ib) - 1) / (ie - ib);
             for (int64_t is = ib; is < ie; is++) {
                 int64_t i = is * smr, mr = g->M - i < smr ? g->M - i : smr;
@@ -412,18 +415,21 @@ static void vitc__lp_task(void *ctx, int64_t t, int tid) {
          * fp32 GEMM does): a thread slowed down leaves its share to the
          * other instead of making it wait at the end. A tile's sums do not
          * depend on the chunk or thread that computes it. */
-        for (int64_t c; (c = atomic_fetch_add_explicit(g->next_chunk, 1, memory_order_relaxed)) <
-                        g->nchunks;) {
+        int64_t c = atomic_fetch_add_explicit(g->next_chunk, 1, memory_order_relaxed);
+        while (c < g->nchunks) { /* the next claimed ahead, for the prefetch */
+            int64_t n = atomic_fetch_add_explicit(g->next_chunk, 1, memory_order_relaxed);
             int64_t b = c * g->chunk;
-            vitc__lp_block(g, b, b + g->chunk < cs ? b + g->chunk : cs, 0, rs);
+            vitc__lp_block(g, b, b + g->chunk < cs ? b + g->chunk : cs, 0, rs,
+                           n < g->nchunks ? n * g->chunk : -1);
+            c = n;
         }
     } else {
         int64_t units = g->by_cols ? cs : rs, q = units / g->nparts, r = units % g->nparts;
         int64_t b = q * t + (t < r ? t : r), e = b + q + (t < r ? 1 : 0);
         if (g->by_cols)
-            vitc__lp_block(g, b, e, 0, rs);
+            vitc__lp_block(g, b, e, 0, rs, -1);
         else
-            vitc__lp_block(g, 0, cs, b, e);
+            vitc__lp_block(g, 0, cs, b, e, -1);
     }
     if (g->kn->end) g->kn->end();
 }
