@@ -530,17 +530,19 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                 int64_t pf_share = (pf_all + (mc + MR - 1) / MR - 1) / ((mc + MR - 1) / MR);
                 for (int64_t jr = 0; jr < nc; jr += NR) {
                     int64_t nr = nc - jr < NR ? nc - jr : NR;
-                    /* After the panel's last micro-panel: the next K block's
-                     * first (fc2 at batch 1 is 32-column chunks of 12 K
-                     * blocks), else the first of this thread's next chunk. */
-                    const float *next = !pf_all       ? NULL
-                                        : jr + NR < nc ? pb + (jr + NR) * kc
-                                        : !pbw || nc != j1 - j0 ? NULL
-                                        : pc + KC < g->K
-                                            ? pbw + (pc + KC) * g->npad +
-                                                  jc * (g->K - pc - KC < KC ? g->K - pc - KC : KC)
-                                        : jnext >= 0 ? pbw + jnext * (g->K < KC ? g->K : KC)
-                                                     : NULL;
+                    /* The micro-panel read next (pf_all: prepacked, one
+                     * panel of every column): after the panel's last, the
+                     * next K block's first (fc2 at batch 1 is 32-column
+                     * chunks of 12 K blocks), else the first of this
+                     * thread's next chunk. */
+                    const float *next = NULL;
+                    if (pf_all && jr + NR < nc)
+                        next = pb + (jr + NR) * kc;
+                    else if (pf_all && pc + KC < g->K)
+                        next = pbw + (pc + KC) * g->npad +
+                               jc * (g->K - pc - KC < KC ? g->K - pc - KC : KC);
+                    else if (pf_all && jnext >= 0)
+                        next = pbw + jnext * kc_max;
                     for (int64_t ir = 0, s = 0; ir < mc; ir += MR, s++) {
                         int64_t mr = mc - ir < MR ? mc - ir : MR;
                         int64_t off = s * pf_share; /* this strip's share: lines [off, off + pfn) */

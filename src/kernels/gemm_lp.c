@@ -358,8 +358,8 @@ static int64_t vitc__lp_nb(int64_t kg) { /* B strips per L2 block */
     return nb < 1 ? 1 : nb;
 }
 
-/* Column strips [c0, c1) x row strips [r0, r1), blocked for the caches. */
-/* jnext: the first column strip of this thread's next chunk, or -1. */
+/* Column strips [c0, c1) x row strips [r0, r1), blocked for the caches;
+ * jnext: the first column strip of this thread's next chunk, or -1. */
 static void vitc__lp_block(const vitc__lp_job *g, int64_t c0, int64_t c1, int64_t r0, int64_t r1,
                            int64_t jnext) {
     const vitc__pweight *pw = g->pw;
@@ -371,7 +371,7 @@ static void vitc__lp_block(const vitc__lp_job *g, int64_t c0, int64_t c1, int64_
     for (int64_t ib = r0; ib < r1; ib += mc) {
         int64_t ie = ib + mc < r1 ? ib + mc : r1;
         if (g->coop) /* the block's strips converted (by whichever thread) */
-            vitc__coop_need(g->coop, ib / mc, (ib + mc < g->coop->total ? ib + mc : g->coop->total) - ib);
+            vitc__coop_need(g->coop, ib / mc, ie - ib); /* (coop: r0 = 0, r1 = every strip) */
         for (int64_t js = jb; js < je; js++) {
             int64_t j = js * NR, nr = N - j < NR ? N - j : NR;
             /* The first A block reads each weight strip from memory: the
