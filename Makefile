@@ -268,3 +268,6 @@ $(BUILD)/bench_gemm: tests/bench_gemm.c $(BUILD)/libvitc.a $(HDRS)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
 bench-gemm: $(BUILD)/bench_gemm
 	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_gemm
+# A ViT-B block's four products in one precision (tests/bench_gemm_lp.c).
+$(BUILD)/bench_gemm_lp: tests/bench_gemm_lp.c $(BUILD)/libvitc.a $(HDRS)
+	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
