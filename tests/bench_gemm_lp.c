@@ -69,11 +69,11 @@ int main(int argc, char **argv) {
         if (vitc__pweight_pack(&pw, W, N, K, pr) != VITC_OK) return fprintf(stderr, "%s\n", vitc_last_error()), 1;
         /* the first product also warms up for 0.3 s: the pool's threads */
         for (double t_warm = now_s(); s == 0 && now_s() - t_warm < 0.3;)
-            if (vitc__linear_pw(y, N, x, K, &pw, NULL, b, NULL, N, M, N, K, VITC__ACT_NONE) != VITC_OK)
+            if (vitc__linear_pw(y, N, x, K, &pw, W, b, NULL, N, M, N, K, VITC__ACT_NONE) != VITC_OK)
                 return fprintf(stderr, "%s\n", vitc_last_error()), 1;
         for (int k = 0; k < warm + reps; k++) {
             double t0 = now_s();
-            vitc_status st = vitc__linear_pw(y, N, x, K, &pw, NULL, b, shapes[s][2] == 1 ? r : NULL, N, M, N, K,
+            vitc_status st = vitc__linear_pw(y, N, x, K, &pw, W, b, shapes[s][2] == 1 ? r : NULL, N, M, N, K,
                                              shapes[s][2] == 2 ? VITC__ACT_GELU : VITC__ACT_NONE);
             if (st != VITC_OK) return fprintf(stderr, "%s\n", vitc_last_error()), 1;
             if (k >= warm) t[k - warm] = now_s() - t0;
