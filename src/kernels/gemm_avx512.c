@@ -135,18 +135,39 @@ static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float
     __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     __m512 c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00;
     __m512 c90 = c00, c91 = c00, c100 = c00, c101 = c00, c110 = c00, c111 = c00;
-    vitc__prefetch_tile(C, ldc, mr, nr, e);
+    /* As in the bf16 / int8 kernel (gemm_lp_avx512.c): C's rows asked for
+     * at the start and again a line a step over the loop's last 2 mr
+     * steps; the residual's (read in the first K block) a row a step over
+     * its first mr steps. All at the start, the epilogue still missed. */
+    vitc__prefetch_tile(C, ldc, mr, nr, &(vitc__gemm_epi){.res = NULL});
     const char *pf = e->pf;
     int64_t pfn = e->pf_lines;
-#pragma GCC unroll 4
-    for (int64_t k = 0; k < kc; k++) {
-        __m512 b0 = _mm512_load_ps(pb), b1 = _mm512_load_ps(pb + 16);
-        if (pfn > 0) _mm_prefetch(pf, _MM_HINT_T1), pf += 64, pfn--;
-        VITC_ROW(0); VITC_ROW(1); VITC_ROW(2); VITC_ROW(3); VITC_ROW(4); VITC_ROW(5);
-        VITC_ROW(6); VITC_ROW(7); VITC_ROW(8); VITC_ROW(9); VITC_ROW(10); VITC_ROW(11);
-        pa += MR;
-        pb += NR;
+    const float *res = e->first ? e->res : NULL;
+    int64_t k1 = mr < kc ? mr : kc, tail = kc - k1 < 2 * mr ? kc - k1 : 2 * mr;
+#define VITC_STEP                                                                 \
+    {                                                                             \
+        __m512 b0 = _mm512_load_ps(pb), b1 = _mm512_load_ps(pb + 16);             \
+        if (pfn > 0) _mm_prefetch(pf, _MM_HINT_T1), pf += 64, pfn--;              \
+        VITC_ROW(0); VITC_ROW(1); VITC_ROW(2); VITC_ROW(3); VITC_ROW(4); VITC_ROW(5); \
+        VITC_ROW(6); VITC_ROW(7); VITC_ROW(8); VITC_ROW(9); VITC_ROW(10); VITC_ROW(11); \
+        pa += MR;                                                                 \
+        pb += NR;                                                                 \
     }
+    for (int64_t k = 0; k < k1; k++) {
+        if (res) {
+            _mm_prefetch((const char *)(res + k * e->ldr), _MM_HINT_T0);
+            _mm_prefetch((const char *)(res + k * e->ldr + 16), _MM_HINT_T0);
+        }
+        VITC_STEP
+    }
+#pragma GCC unroll 4
+    for (int64_t k = k1; k < kc - tail; k++) VITC_STEP
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < tail; k++) {
+        _mm_prefetch((const char *)(C + (k >> 1) * ldc + (k & 1) * 16), _MM_HINT_T0);
+        VITC_STEP
+    }
+#undef VITC_STEP
     __mmask16 m0 = vitc__mask16(nr), m1 = vitc__mask16(nr - 16);
     __m512 gt[2 * MR];
     VITC_OUT(0); VITC_OUT(1); VITC_OUT(2); VITC_OUT(3); VITC_OUT(4); VITC_OUT(5);
