@@ -58,13 +58,13 @@ static inline void vitc__row_out(float *c, __m512 a0, __m512 a1, __mmask16 m0, _
  * that the epilogue's loads and stores find them in L1 once the k loop is
  * done: both 64-byte lines of each 32-column row. */
 static inline void vitc__prefetch_tile(const float *C, int64_t ldc, int64_t mr, int64_t nr,
-                                       const vitc__gemm_epi *e) {
+                                       const float *res, int64_t ldr) {
     for (int64_t i = 0; i < mr; i++) {
         _mm_prefetch((const char *)(C + i * ldc), _MM_HINT_T0);
         if (nr > 16) _mm_prefetch((const char *)(C + i * ldc + 16), _MM_HINT_T0);
-        if (e->res) {
-            _mm_prefetch((const char *)(e->res + i * e->ldr), _MM_HINT_T0);
-            if (nr > 16) _mm_prefetch((const char *)(e->res + i * e->ldr + 16), _MM_HINT_T0);
+        if (res) {
+            _mm_prefetch((const char *)(res + i * ldr), _MM_HINT_T0);
+            if (nr > 16) _mm_prefetch((const char *)(res + i * ldr + 16), _MM_HINT_T0);
         }
     }
 }
@@ -91,7 +91,7 @@ vitc__ukr_short(const int R, int64_t kc, const float *pa, const float *pb, float
     __m512 c[8][2];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
-    vitc__prefetch_tile(C, ldc, mr, nr, e);
+    vitc__prefetch_tile(C, ldc, mr, nr, e->res, e->ldr);
     const char *pf = e->pf;
     int64_t pfn = e->pf_lines;
 #pragma GCC unroll 4
@@ -139,7 +139,7 @@ static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float
      * at the start and again a line a step over the loop's last 2 mr
      * steps; the residual's (read in the first K block) a row a step over
      * its first mr steps. All at the start, the epilogue still missed. */
-    vitc__prefetch_tile(C, ldc, mr, nr, &(vitc__gemm_epi){.res = NULL});
+    vitc__prefetch_tile(C, ldc, mr, nr, NULL, 0);
     const char *pf = e->pf;
     int64_t pfn = e->pf_lines;
     const float *res = e->first ? e->res : NULL;
@@ -199,7 +199,7 @@ static void vitc__ukr_st_avx512(int64_t kc, const float *A, int64_t a_ks, int64_
     VITC_RP(6); VITC_RP(7); VITC_RP(8); VITC_RP(9); VITC_RP(10); VITC_RP(11);
 #undef VITC_RP
     __mmask16 m0 = vitc__mask16(nr), m1 = vitc__mask16(nr - 16);
-    vitc__prefetch_tile(C, ldc, mr, nr, e);
+    vitc__prefetch_tile(C, ldc, mr, nr, e->res, e->ldr);
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
         __m512 b0 = _mm512_maskz_loadu_ps(m0, B), b1 = _mm512_maskz_loadu_ps(m1, B + 16);

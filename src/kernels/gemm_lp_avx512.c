@@ -54,6 +54,7 @@ static inline __mmask16 vitc__m16(int64_t n) {
     } while (0)
 #define LP_LOOP(DP)                                                                 \
     int64_t pf_n = mr < kg ? mr : kg;                                               \
+    const char *pb_start = (const char *)pb;                                        \
     for (int64_t p = 0; p < pf_n; p++) { /* residual row p asked for */             \
         if (e->res) {                                                               \
             _mm_prefetch((const char *)(e->res + p * e->ldr), _MM_HINT_T0);         \
@@ -61,7 +62,6 @@ static inline __mmask16 vitc__m16(int64_t n) {
         }                                                                           \
         LP_BODY(DP)                                                                 \
     }                                                                               \
-    const char *pb_start = (const char *)(pb - pf_n * NR);                          \
     int64_t tail = kg - pf_n < 32 ? kg - pf_n : 32;                                 \
     _Pragma("GCC unroll 4") for (int64_t p = pf_n; p < kg - tail; p++) LP_BODY(DP)  \
     /* The next tile (the next A strip) starts this B strip over: its first       \
