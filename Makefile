@@ -1,7 +1,8 @@
 # vitc — self-attention for computer vision, in C.
 #
 #   make            build/libvitc.so, build/libvitc.a, build/vitc
-#   make test       install what is missing (Debian), build, run C and Python tests
+#   make test       install what is missing (Debian packages, .venv), build, run C and Python tests
+#   make deps       only that install (scripts/install-deps.sh); deps-system: Debian only
 #   make demo       run every seed block on the seeds' shapes
 #   make bench      vitc and PyTorch side by side, writes bench/results.md
 #   make bench-train  Fashion-MNIST training end to end vs PyTorch + DataLoader
@@ -21,7 +22,11 @@ SOVERSION := 0
 PREFIX    ?= /usr/local
 DESTDIR   ?=
 BUILD     ?= build
-PYTHON    ?= /usr/bin/python3
+# The tests' and the benchmark's Python: the virtual environment that
+# scripts/install-deps.sh makes from requirements-dev.txt (torch 2.x,
+# transformers, timm, open_clip, ONNX Runtime, OpenVINO).
+VENV      ?= .venv
+PYTHON    ?= $(VENV)/bin/python
 
 CC      ?= cc
 # No -ffast-math: it breaks NaN/inf semantics and parity with PyTorch.
@@ -92,7 +97,7 @@ HDRS     := include/vitc.h $(wildcard src/*.h src/*/*.h tests/*.h tools/*.h)
 SONAME   := libvitc.so.$(SOVERSION)
 SOFILE   := $(BUILD)/libvitc.so.$(VERSION)
 
-.PHONY: all lib tools tests test test-c test-python demo bench bench-ort bench-train asan valgrind install deps \
+.PHONY: all lib tools tests test test-c test-python demo bench bench-ort bench-train asan valgrind install deps deps-system \
         clean check-deps fuzz fuzz-build fuzz-bins
 all: lib tools
 
@@ -158,7 +163,9 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libvitc.a $(HDRS)
 tests: $(TEST_BIN)
 
 deps:
-	@sh scripts/install-deps.sh
+	@VITC_VENV=$(VENV) sh scripts/install-deps.sh
+deps-system:
+	@sh scripts/install-deps.sh --system
 
 test: deps
 	@$(MAKE) --no-print-directory all tests
@@ -173,7 +180,7 @@ test-python: lib
 # The seed blocks, then the shipped Fashion-MNIST model (trained by `vitc
 # train`, README): a grid of test images with their labels, the test-set
 # accuracy, attention maps; pictures in $(BUILD)/demo.
-demo: deps
+demo: deps-system
 	@$(MAKE) --no-print-directory all
 	$(BUILD)/vitc demo
 	$(BUILD)/vitc demo-fashion --model models/fashion-vit.safetensors --out-dir $(BUILD)/demo
