@@ -149,9 +149,12 @@ static void reference(const vitc__sdpa_desc *d, double *ref_o, double *ref_p, do
                 if (ref_lse) ref_lse[row] = mx == -INFINITY ? -INFINITY : mx + log(sum);
                 double *o = ref_o + row * (size_t)d->Dv;
                 for (int64_t c = 0; c < d->Dv; c++) o[c] = 0.0;
+                /* mx = -inf: NaN weights (softmax); the output too when the
+                 * weights are returned, else 0 (torch 2.x's SDPA) */
+                if (mx == -INFINITY && !d->probs) continue;
                 for (int64_t j = 0; j < d->S; j++) {
                     const float *v = d->v + b * d->v_sb + h * d->v_sh + j * d->v_sr;
-                    double p = s[j] / sum; /* mx = -inf: NaN, as torch */
+                    double p = s[j] / sum;
                     if (ref_p) ref_p[row * (size_t)d->S + (size_t)j] = p;
                     for (int64_t c = 0; c < d->Dv; c++) o[c] += p * v[c];
                 }

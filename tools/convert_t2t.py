@@ -27,7 +27,7 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from export_safetensors import write_safetensors  # noqa: E402
+from export_safetensors import load_checkpoint, write_safetensors  # noqa: E402
 
 # models/t2t_vit.py's registry: tokens_type, embed_dim, depth, num_heads,
 # mlp_ratio, the dim of the qk_scale its pretrained weights use.
@@ -150,11 +150,13 @@ def main(argv=None):
     ap.add_argument("--qk-scale", type=float,
                     help="the blocks' qk_scale (0: None, head_dim ** -0.5)")
     ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32")
+    ap.add_argument("--trust-pickle", action="store_true",
+                    help="unpickle Python objects too (train.py's saved args); can run code from the file")
     args = ap.parse_args(argv)
     try:
-        obj = torch.load(args.checkpoint, map_location="cpu")
-    except Exception as e:  # noqa: BLE001 - any unreadable file is the user's error
-        fail("cannot read %s: %s" % (args.checkpoint, e))
+        obj = load_checkpoint(args.checkpoint, args.trust_pickle)
+    except ValueError as e:
+        fail(str(e))
     sd = state_dict(obj, args.weights)
     cfg = config(sd, args)
     write_safetensors(args.out, sd, {"vitc.config": json.dumps(cfg)}, args.dtype)

@@ -54,6 +54,23 @@ def fail(msg):
     sys.exit(1)
 
 
+def load_checkpoint(path, trust_pickle=False):
+    """torch.load as torch 2.6+ does it by default (weights_only: tensors and
+    plain containers, no code run); trust_pickle=True also unpickles whole
+    modules and other Python objects, which can run code. ValueError with a
+    one-line message when the file cannot be read."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=not trust_pickle)
+    except Exception as e:  # unpickling errors come in many types
+        msg = str(e).split("\n")[0].strip()
+        if not trust_pickle and "Weights only load failed" in str(e):
+            raise ValueError("cannot read %s without running code from it: it holds pickled Python "
+                             "objects (a whole model or training state, not only tensors). If you "
+                             "trust the file, rerun with --trust-pickle; or save model.state_dict() "
+                             "instead" % path) from None
+        raise ValueError("cannot read %s: %s" % (path, msg)) from None
+
+
 def _tensor_dict(obj):
     """A flat name -> tensor dict from whatever torch.load returned."""
     if isinstance(obj, torch.nn.Module):
@@ -211,6 +228,8 @@ def main(argv=None):
                     help="3 values, or 1 for every channel (a gray model's)")
     ap.add_argument("--labels", metavar="FILE", help="class names, one per line")
     ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32")
+    ap.add_argument("--trust-pickle", action="store_true",
+                    help="unpickle Python objects too (a whole saved model); can run code from the file")
     args = ap.parse_args(argv)
     for k in ("mean", "std"):
         if getattr(args, k) and len(getattr(args, k)) not in (1, 3):
@@ -230,9 +249,9 @@ def main(argv=None):
         if len(args.paths) != 2:
             ap.error("give CHECKPOINT and OUT.safetensors")
         try:
-            obj = torch.load(args.paths[0], map_location="cpu")
-        except Exception as e:  # unpickling errors come in many types
-            fail("cannot read %s: %s" % (args.paths[0], e))
+            obj = load_checkpoint(args.paths[0], args.trust_pickle)
+        except ValueError as e:
+            fail(str(e))
         out = args.paths[1]
 
     sd = {}

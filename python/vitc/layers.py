@@ -42,17 +42,19 @@ def _view(a):
 
 
 def _mask(m, name):
-    """A mask as (contiguous array, vitc_mask_type): bool/uint8 -> 0/1 bytes, float -> float32."""
+    """A mask as (contiguous array, vitc_mask_type): bool -> 0/1 bytes, float -> float32.
+    uint8 and other integer masks are refused, as torch 2.x refuses them."""
     if m is None:
         return None, MaskType.NONE
     if hasattr(m, "detach"):
         m = m.detach().cpu().numpy()
     m = np.asarray(m)
-    if m.dtype == np.bool_ or m.dtype == np.uint8:
-        return np.require(m != 0, np.uint8, ("C", "A")), MaskType.BOOL
+    if m.dtype == np.bool_:
+        return np.require(m, np.uint8, ("C", "A")), MaskType.BOOL
     if np.issubdtype(m.dtype, np.floating):
         return as_f32(m), MaskType.FLOAT
-    raise TypeError("%s must be bool or floating point, got %s" % (name, m.dtype))
+    raise TypeError("%s must be bool or floating point, got %s (as in torch 2.x; for a 0/1 mask "
+                    "pass mask.astype(bool))" % (name, m.dtype))
 
 
 def _arr(x, name=None):

@@ -52,14 +52,18 @@ void vitc__sdpa_ref_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t
             for (int64_t c = 0; c < d->D; c++) acc += ql[c] * kj[c];
             acc *= d->scale;
             if (ml) acc += ml[j];
-            float e = expf(acc - mx); /* every score -inf: NaN, as torch */
+            /* every score -inf: NaN weights, as torch's softmax */
+            float e = expf(acc - mx);
             sum += e;
             if (pl) pl[j] = e;
             const float *vj = v + j * d->v_sr;
             for (int64_t c = 0; c < d->Dv; c++) ol[c] += e * vj[c];
         }
         float inv = 1.0f / sum;
-        for (int64_t c = 0; c < d->Dv; c++) ol[c] *= inv;
+        /* torch 2.x's SDPA: a row with no allowed key gives 0 (NaN only
+         * when its weights are returned) */
+        float oinv = mx == -INFINITY && !pl ? 0.0f : inv;
+        for (int64_t c = 0; c < d->Dv; c++) ol[c] = oinv == 0.0f ? 0.0f : ol[c] * oinv;
         if (d->lse) d->lse[b * d->lse_sb + h * d->lse_sh + l] = mx == -INFINITY ? -INFINITY : mx + logf(sum);
         if (pl)
             for (int64_t j = 0; j < d->S; j++) pl[j] *= inv;
@@ -361,7 +365,9 @@ void vitc__sdpa_backward_ref(const vitc__sdpa_bwd_desc *bd) {
                     for (int64_t c = 0; c < d->D; c++) s += ql[c] * kj[c];
                     s *= d->scale;
                     if (ml) s += ml[j];
-                    float p = expf(s - lse[l]); /* a fully masked row: NaN, as torch */
+                    /* a row with no allowed key: its output is a constant 0
+                     * (torch 2.x), so nothing flows back through it */
+                    float p = lse[l] == -INFINITY ? 0.0f : expf(s - lse[l]);
                     for (int64_t c = 0; c < d->Dv; c++) {
                         dp += dol[c] * vj[c];
                         dv[j * bd->dv_sr + c] += p * dol[c];

@@ -114,17 +114,26 @@ static void bf16_rows(const vitc__attn_bf16_job *g, uint32_t *buf, int64_t b, in
         /* the scale multiplies the fp32 scores (q is converted as it is, with
          * no copy): softmax_rows does it first when there is no mask */
         float temp = d->scale;
+        uint32_t dead = 0; /* bit r: row r has no allowed key */
         if (d->mask) {
             for (int64_t r = 0; r < mr; r++) {
                 float *srow = st + r * S;
                 const float *mrow = d->mask + b * d->m_sb + h * d->m_sh + (i + r) * d->m_sr;
-                for (int64_t j = 0; j < S; j++) srow[j] = srow[j] * d->scale + mrow[j];
+                float mx = -INFINITY;
+                for (int64_t j = 0; j < S; j++) {
+                    srow[j] = srow[j] * d->scale + mrow[j];
+                    if (srow[j] > mx) mx = srow[j];
+                }
+                if (mx == -INFINITY) dead |= 1u << r;
             }
             temp = 1.0f;
         }
         g->softmax_rows(st, mr, S, temp);
         for (int64_t r = 0; r < mr; r++) {
-            const float *prow = st + r * S;
+            float *prow = st + r * S;
+            /* torch 2.x: a row with no allowed key gives 0, unless its
+             * weights are returned (then NaN, as softmax gives them) */
+            if ((dead >> r & 1) && !d->probs) memset(prow, 0, (size_t)S * sizeof(float));
             if (d->probs)
                 memcpy(d->probs + b * d->p_sb + h * d->p_sh + (i + r) * d->p_sr, prow,
                        (size_t)S * sizeof(float));

@@ -176,7 +176,9 @@ static void atb_pack_rows(const vitc__attn_bwd_plan *pl, vitc__attn_bwd_ws *w, i
             att_copy_pad(qr, q + r * d->q_sr, D, Dp);
             att_copy_pad(dor, ds, Dv, Dvp);
             w->dd[r] = atb_dot(ds, os, Dv);
-            w->lse2[r] = lse[r] * att_log2e;
+            /* no allowed key (lse -inf): the row's output is a constant 0
+             * (torch 2.x), +inf makes every p of it 0 */
+            w->lse2[r] = lse[r] == -INFINITY ? INFINITY : lse[r] * att_log2e;
         } else {
             memset(qr, 0, (size_t)Dp * sizeof(float));
             memset(dor, 0, (size_t)Dvp * sizeof(float));

@@ -633,7 +633,7 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
                         alpha[r] = 1.0f;
                     }
                     if (fuse_out && last)
-                        ws->orow[r] = m[r] == -INFINITY ? NAN : d->probs ? 1.0f : 1.0f / l[r];
+                        ws->orow[r] = m[r] == -INFINITY ? (d->probs ? NAN : 0.0f) : d->probs ? 1.0f : 1.0f / l[r];
                 }
                 if (pass == 1 && !small)
                     att_pv(ng, nkv, st, vsrc, ldv, v_inplace ? Dv : Dvp, Bcp, ws->ot + g0 * Dvp, Dvp,
@@ -648,7 +648,9 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
     float *o = obase;
     for (int64_t r = 0; r < nr; r++) {
         float inv = d->probs ? 1.0f : 1.0f / l[r];
-        if (m[r] == -INFINITY) inv = NAN;
+        /* torch 2.x: a row with no allowed key gives 0 (its SDPA), NaN when
+         * the weights are returned (softmax over -inf) */
+        if (m[r] == -INFINITY) inv = d->probs ? NAN : 0.0f;
         VT vi = v_set1(inv);
         const float *src = ws->ot + r * Dvp;
         float *dst = o + r * d->o_sr;

@@ -42,18 +42,27 @@ void vitc__proj_backward(float *dx, int64_t lddx, float beta, float *dW, float *
 }
 
 /* P [L, S] = softmax(scale q k^T + mask) of head (b, h). A row whose keys
- * are all masked is NaN (torch 1.13). */
+ * are all masked is NaN when the weights are returned (f->probs), else 0:
+ * torch 2.x's MultiheadAttention, whose need_weights=False path is its SDPA. */
 static void head_probs(const vitc__sdpa_desc *f, int64_t b, int64_t h, float *P) {
     int64_t L = f->L, S = f->S;
     const float *q = f->q + b * f->q_sb + h * f->q_sh; // [L, D] row stride q_sr
     const float *k = f->k + b * f->k_sb + h * f->k_sh; // [S, D]
     vitc__gemm(0, 1, L, S, f->D, f->scale, q, f->q_sr, k, f->k_sr, 0.0f, P, S);
-    if (f->mask) {
-        const float *m = f->mask + b * f->m_sb + h * f->m_sh; // [L, S] row stride m_sr
-        for (int64_t i = 0; i < L; i++)
-            for (int64_t j = 0; j < S; j++) P[i * S + j] += m[i * f->m_sr + j];
+    if (!f->mask) {
+        vitc__softmax_rows(P, L, S, 1.0f);
+        return;
     }
-    vitc__softmax_rows(P, L, S, 1.0f);
+    const float *m = f->mask + b * f->m_sb + h * f->m_sh; // [L, S] row stride m_sr
+    for (int64_t i = 0; i < L; i++) {
+        float *pr = P + i * S, mx = -INFINITY;
+        for (int64_t j = 0; j < S; j++) {
+            pr[j] += m[i * f->m_sr + j];
+            if (pr[j] > mx) mx = pr[j];
+        }
+        vitc__softmax_rows(pr, 1, S, 1.0f);
+        if (mx == -INFINITY && !f->probs) memset(pr, 0, (size_t)S * sizeof *pr);
+    }
 }
 
 void vitc__sdpa_dropout_forward(const vitc__sdpa_desc *f, uint8_t *keep, float p, vitc__rng *r,

@@ -342,8 +342,8 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
             }
     }
 
-    /* Masks, merged as torch 1.13 does: bool True (either mask) -> -inf;
-     * a float attn_mask is added; a float key_padding_mask is added too. */
+    /* Masks, merged as torch 2.x does: each made float (bool True -> -inf),
+     * then added (1.13 or-ed a float key_padding_mask into a bool attn_mask). */
     const float *mp = NULL;
     int64_t m_sb = 0, m_sh = 0, m_sr = 0;
     if (merge) {
@@ -361,19 +361,8 @@ vitc_status vitc_mha_forward(vitc_layer *l, const vitc_mha_args *a, float *out, 
                             size_t ai = (size_t)(((am->ndim == 3 ? bi * H + hi : 0) * L + li) * S0 + j);
                             v = mask_val(am->data, a->attn_mask_type, ai);
                         }
-                        if (kpm->data) {
-                            size_t ki = (size_t)(bi * S0 + j);
-                            if (a->key_padding_mask_type == VITC_MASK_BOOL) {
-                                if (((const uint8_t *)kpm->data)[ki]) v = -INFINITY;
-                            } else {
-                                float kv = ((const float *)kpm->data)[ki];
-                                /* logical_or with a bool attn_mask: any non-zero padding value masks */
-                                if (am->data && a->attn_mask_type == VITC_MASK_BOOL)
-                                    v = (kv != 0.0f || v != 0.0f) ? -INFINITY : 0.0f;
-                                else
-                                    v += kv;
-                            }
-                        }
+                        if (kpm->data)
+                            v += mask_val(kpm->data, a->key_padding_mask_type, (size_t)(bi * S0 + j));
                         row[j] = v;
                     }
                 }

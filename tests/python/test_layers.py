@@ -322,8 +322,7 @@ class TestMultiheadAttention(Case):
                      dict(attn_mask=am_f2), dict(attn_mask=am_f3),
                      dict(key_padding_mask=kpm, attn_mask=am_bool2), dict(key_padding_mask=kpm, attn_mask=am_bool3),
                      dict(key_padding_mask=kpm, attn_mask=am_f2), dict(key_padding_mask=kpm, attn_mask=am_f3),
-                     dict(key_padding_mask=kpm_f), dict(key_padding_mask=kpm_f, attn_mask=am_bool2),
-                     dict(attn_mask=am_bool2.to(torch.uint8))]
+                     dict(key_padding_mask=kpm_f), dict(key_padding_mask=kpm_f, attn_mask=am_bool2)]
             for i, kw in enumerate(cases):
                 self.check(t, v, q, k, val, "bf=%s mask case %d" % (bf, i), **kw)
 
@@ -351,12 +350,18 @@ class TestMultiheadAttention(Case):
         q, k = self.randn(3, 2, 8), self.randn(4, 2, 8)
         am = torch.zeros(3, 4, dtype=torch.bool)
         am[1, :] = True
-        t.train()  # torch 1.13's general path; documented behaviour
+        t.train()  # torch's general path (not the eval fast path); documented behaviour
         to, tw = t(q, k, k, attn_mask=am)
         vo, vw = v(q.numpy(), k.numpy(), k.numpy(), attn_mask=am.numpy())
         self.assertTrue(np.isnan(vo[1]).all() and np.isnan(vw[:, 1]).all())
         self.close(vo, to, "out")
         self.close(vw, tw, "weights")
+        # torch 2.x without the weights runs its SDPA: 0 in that row
+        to, _ = t(q, k, k, attn_mask=am, need_weights=False)
+        vo, vw = v(q.numpy(), k.numpy(), k.numpy(), attn_mask=am.numpy(), need_weights=False)
+        self.assertIsNone(vw)
+        self.assertFalse(np.isnan(vo).any())  # out_proj(0): the bias
+        self.close(vo, to, "out, need_weights=False")
 
     def test_errors(self):
         with self.assertRaisesRegex(vitc.VitcError, "not divisible by num_heads"):
@@ -375,6 +380,8 @@ class TestMultiheadAttention(Case):
             v(x, x, x, key_padding_mask=np.zeros((3, 3), bool))
         with self.assertRaises(TypeError):
             v(x, x, x, key_padding_mask=np.zeros((2, 3), np.int32))
+        with self.assertRaisesRegex(TypeError, "torch 2.x"):  # torch 2.x refuses uint8 masks
+            v(x, x, x, attn_mask=np.zeros((3, 3), np.uint8))
         with self.assertRaisesRegex(vitc.VitcError, "3-D .batched. or 2-D"):
             v(np.zeros((8,), np.float32), x, x)
 
@@ -409,13 +416,20 @@ class TestSDPA(Case):
         causal = np.tril(np.ones((5, 5), bool))
         self.close(vitc.scaled_dot_product_attention(q, k, v, is_causal=True), sdpa_ref(q, k, v, causal), "causal")
 
-    def test_fully_masked_row_nan(self):
-        q = np.ones((2, 3, 4), np.float32)
-        m = np.ones((3, 3), bool)
-        m[1] = False
-        out = vitc.scaled_dot_product_attention(q, q, q, attn_mask=m)
-        self.assertTrue(np.isnan(out[:, 1]).all())
-        self.assertFalse(np.isnan(out[:, 0]).any())
+    def test_fully_masked_row_zero(self):
+        """torch 2.x: a row with no allowed key gives 0 (1.13 gave NaN)."""
+        q = self.randn(2, 3, 4).numpy()
+        for m in (np.ones((3, 3), bool), np.zeros((3, 3), np.float32)):
+            if m.dtype == bool:
+                m[1] = False
+            else:
+                m[1] = -np.inf
+            out = vitc.scaled_dot_product_attention(q, q, q, attn_mask=m)
+            ref = torch.nn.functional.scaled_dot_product_attention(
+                torch.from_numpy(q), torch.from_numpy(q), torch.from_numpy(q), attn_mask=torch.from_numpy(m))
+            self.assertTrue((out[:, 1] == 0).all())
+            self.assertFalse(np.isnan(out).any())
+            self.close(out, ref, "fully masked row, %s mask" % m.dtype)
 
     def test_large_logits(self):
         q = np.full((1, 2, 3), 100.0, np.float32)

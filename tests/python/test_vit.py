@@ -189,12 +189,22 @@ class TestViTB16(Base):
         torch.manual_seed(1)
         cls.model = gen_vit.reinit_head(torchvision.models.vit_b_16(), 2).eval()
         pt = os.path.join(cls.tmp, "vit_b_16.pt")
-        torch.save(cls.model, pt)
+        torch.save(cls.model, pt)  # the whole module: its class names the preset
         cls.st = os.path.join(cls.tmp, "vit_b_16.safetensors")
-        export(pt, cls.st)
+        # torch >= 2.6 loads weights only unless told; the exporter says how
+        r = subprocess.run([sys.executable, EXPORT, pt, cls.st], capture_output=True, text=True)
+        cls.refused = (r.returncode, r.stderr, os.path.exists(cls.st))
+        export(pt, cls.st, "--trust-pickle")
         os.unlink(pt)
         cls.vit = vitc.VisionTransformer.from_safetensors(cls.st)
         cls.x = np.random.default_rng(1).standard_normal((3, 3, 224, 224)).astype(np.float32)
+
+    def test_pickled_module_needs_trust(self):
+        rc, err, wrote = self.refused
+        self.assertEqual(rc, 1)
+        self.assertFalse(wrote)
+        self.assertIn("--trust-pickle", err)
+        self.assertEqual(len(err.strip().splitlines()), 1, err)
 
     def test_arch(self):
         c = self.vit.config
