@@ -282,7 +282,8 @@ VITC_API vitc_status vitc_mha_forward(vitc_layer *layer, const vitc_mha_args *a,
  * float mask is added. scale: a finite value > 0 is used as given; 0 (or
  * any value <= 0, since C has no "not given") means torch's default
  * 1/sqrt(d); NaN and +-inf are refused (VITC_ERR_INVALID_ARG). A row with
- * no allowed key gives NaN, as PyTorch does. */
+ * no allowed key gives 0, as torch 2.x's scaled_dot_product_attention does
+ * (1.13 gave NaN). */
 VITC_API vitc_status vitc_sdpa(const vitc_tensor_view *q, const vitc_tensor_view *k,
                                const vitc_tensor_view *v, const vitc_tensor_view *mask,
                                vitc_mask_type mask_type, float scale, float *out);
@@ -331,8 +332,8 @@ VITC_API vitc_status vitc_mha_backward(vitc_layer *layer, const vitc_tensor_view
  * F.scaled_dot_product_attention (same shapes, mask and scale conventions
  * as vitc_sdpa). dq, dk, dv (shaped like q, k, v) are overwritten. The
  * forward is recomputed inside (O(L) extra memory, never L x S). A row
- * with no allowed key makes its dq row and all of its head's dk and dv NaN,
- * as torch 1.13's autograd does. */
+ * with no allowed key (a constant 0 in the forward) gets a zero dq row and
+ * adds nothing to dk and dv, as torch 2.x's autograd gives. */
 VITC_API vitc_status vitc_sdpa_backward(const vitc_tensor_view *q, const vitc_tensor_view *k,
                                         const vitc_tensor_view *v, const vitc_tensor_view *mask,
                                         vitc_mask_type mask_type, float scale, const float *dout,

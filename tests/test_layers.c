@@ -4,7 +4,7 @@
  * through the public API only, and the error paths: bad configurations,
  * missing / unexpected / mis-shaped weights, bad input and mask shapes.
  *
- * Tolerance (DESIGN.md section 6): max|vitc - torch| <= 1e-5 * max(1, max|torch|).
+ * Tolerance (the project's): max|vitc - torch| <= 1e-5 * max(1, max|torch|).
  */
 #include <math.h>
 #include <setjmp.h>

@@ -9,7 +9,7 @@
 
 #include "vitc.h"
 
-/* Exit codes (DESIGN.md section 4). */
+/* Exit codes (docs/cli.md). */
 enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
 
 /* "vitc: error: ..." on stderr, one line (control characters in the text,

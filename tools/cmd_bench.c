@@ -1,5 +1,5 @@
 /*
- * cmd_bench.c — `vitc bench`: time the standard workloads of DESIGN.md
+ * cmd_bench.c — `vitc bench`: time the standard workloads
  * section 6 through the public API only, and put the numbers next to the
  * machine's own FMA peak, measured here rather than taken from a data sheet
  * (clocks under AVX-512 differ from the nominal ones, and in a VM the host
@@ -267,7 +267,7 @@ typedef struct bench_ctx {
 typedef struct bench_workload {
     const char *name;
     const char *what;  /* the PyTorch it stands for */
-    const char *shape; /* input shape, as DESIGN.md writes it */
+    const char *shape; /* input shape, as docs/bench.md writes it */
     /* Sets up ctx (weights, inputs, outputs) and the FLOP count. */
     int (*setup)(const struct bench_workload *w, bench_ctx *c, const char *model, double *flops,
                  char *note, size_t note_cap);
@@ -545,7 +545,7 @@ static int bench_cmp(const void *a, const void *b) {
 
 static long bench_max(long a, long b) { return a > b ? a : b; }
 
-/* One updating line on a terminal, plain lines otherwise (DESIGN.md 4). */
+/* One updating line on a terminal, plain lines otherwise (docs/cli.md). */
 __attribute__((format(printf, 1, 2))) static void bench_progress(const char *fmt, ...) {
     va_list ap;
     int tty = cli_stderr_tty();
@@ -637,7 +637,7 @@ static void bench_help(FILE *f) {
             "usage: vitc bench [--threads N] [--repeat R] [--only NAME[,NAME...]]\n"
             "                  [--model vit_b_16.safetensors] [--json] [--no-peak]\n"
             "                  [--peak-only] [--quiet] [--quick]\n\n"
-            "Time the standard workloads (DESIGN.md section 6) with random weights:\n"
+            "Time the standard workloads (docs/bench.md) with random weights:\n"
             "warm-up, then the median of R forwards; GFLOP/s and the fraction of the\n"
             "FMA peak measured here (per core, times the threads in use); peak memory.\n\n"
             "  --threads N   threads of the library, 1..256 (default: the CPUs this process may use)\n"

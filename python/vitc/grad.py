@@ -47,8 +47,8 @@ def sdpa_backward(query, key, value, grad_out, attn_mask=None, scale=None, out=N
     forward; the gradients have the broadcast shapes. The forward is recomputed
     in C; no L x S matrix is stored. With out and lse from sdpa_lse on the
     same inputs the forward is not recomputed (the same gradients). A row
-    with no allowed key makes its dq row and all of its head's dk and dv
-    NaN, as torch 1.13's autograd does."""
+    with no allowed key (0 in the forward) gets a zero dq row and adds
+    nothing to dk and dv, as torch 2.x's autograd gives."""
     q, k, v = _qkv(query, key, value)
     g = _arr(grad_out)
     out_shape = q.shape[:-1] + v.shape[-1:] if q.ndim >= 2 and v.ndim >= 2 else None

@@ -292,11 +292,13 @@ class SingleHeadAttention(_Layer):
 
 
 class MultiheadAttention(_Layer):
-    """torch.nn.MultiheadAttention (torch 1.13 forward semantics).
+    """torch.nn.MultiheadAttention (torch 2.x forward semantics, its general path).
 
     Bool masks: True means "not allowed"; float masks are added to the
-    scores. A query row whose keys are all masked gives NaN, as torch 1.13's
-    general path does."""
+    scores; both masks are made float and added (uint8 masks are refused, as
+    in torch 2.x). A query row whose keys are all masked gives NaN when the
+    weights are returned (need_weights=True), else 0 (torch's SDPA path);
+    torch's eval-mode fast path gives NaN there in both cases."""
 
     def __init__(self, embed_dim, num_heads, dropout=0.0, bias=True, add_bias_kv=False,
                  add_zero_attn=False, kdim=None, vdim=None, batch_first=False, seed=None):
@@ -358,7 +360,7 @@ def scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.
     broadcast. A bool mask's True means the position takes part (the
     opposite of MultiheadAttention's); a float mask is added; masks
     broadcast to [..., L, S]. scale defaults to 1/sqrt(d); a given scale
-    must be finite and > 0. A row with no allowed key gives NaN."""
+    must be finite and > 0. A row with no allowed key gives 0 (torch 2.x)."""
     if dropout_p:
         raise VitcError(Status.ERR_UNSUPPORTED, "scaled_dot_product_attention: dropout is not supported")
     # 0.0 is the C library's "not given" (include/vitc.h), so an explicit one,

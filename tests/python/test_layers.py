@@ -2,7 +2,7 @@
 
 Each torch module is the seed's own code (copied below), built with random
 weights; its state_dict is loaded into the vitc layer and both run on the
-same input. Tolerance (DESIGN.md section 6):
+same input. Tolerance (the project's):
 max|vitc - torch| <= 1e-5 * max(1, max|torch|).
 """
 import math

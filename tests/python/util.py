@@ -96,7 +96,7 @@ def export_cmd(pth, out, *extra, num_heads=2):
 
 
 def assert_close(test, got, ref, what, tol=1e-4):
-    """got equals ref (same shape) within tol·max(1, |ref|), DESIGN.md's
+    """got equals ref (same shape) within tol·max(1, |ref|), the project's
     parity rule; the message names what and the largest error."""
     import numpy as np
     got, ref = np.asarray(got, np.float64), np.asarray(ref, np.float64)

@@ -7,7 +7,7 @@ st_write.py (not by vitc): the torch module's state_dict under "block.",
 the input "x" and torch's output "y" (plus, per case, more outputs: the
 BatchNorm running statistics after a training step, MHA weights, ...).
 Masks are stored as F32 0/1 (the C tests turn them into uint8). The torch
-modules are the seeds' own code (../shared/seeds/), also imported by
+modules are the seeds' own code (the four tutorials' modules), also imported by
 tests/python/test_layers.py.
 """
 import math
@@ -24,7 +24,7 @@ sys.path.insert(0, HERE)
 import st_write  # noqa: E402
 
 # ---------------------------------------------------------------------------
-# The seeds' modules (../shared/seeds/), unchanged but for formatting.
+# The seeds' modules (the tutorials' code), unchanged but for formatting.
 
 class SeedAttentionBlock(nn.Module):  # seed 000
     def __init__(self, in_channels=3, patch_size=4, embed_dim=64, heads=1):
@@ -45,7 +45,7 @@ class SeedAttentionBlock(nn.Module):  # seed 000
         Q = self.to_q(x)
         K = self.to_k(x)
         V = self.to_v(x)
-        if self.heads > 1:  # DESIGN.md: heads > 1 splits E into heads (grouped layout)
+        if self.heads > 1:  # heads > 1 splits E into heads (grouped layout)
             B, N, E = Q.shape
             h = self.heads
             Q, K, V = (t.reshape(B, N, h, E // h).transpose(1, 2) for t in (Q, K, V))
