@@ -3,7 +3,7 @@
 Phi(-a), a >= 0 (the standard normal CDF's lower tail), that v_phi looks up
 per lane with one permute per coefficient.
 
-    /usr/bin/python3 scripts/gen_phi_tab.py > src/kernels/vmath_phi_tab.h
+    .venv/bin/python scripts/gen_phi_tab.py > src/kernels/vmath_phi_tab.h
 
 vitc__phi_tab (vmath_avx512.h, vpermt2ps: 32 rows): row k (0..30) holds
 a = (k + u) / 4, u in [-1/2, 1/2], degree 5; row 31 is all zeros (a >=

@@ -3,8 +3,8 @@
 fp32 prediction, top-5 overlap, relative logits error and (with labels) the
 accuracy of each precision. Prints markdown tables (docs/precision.md).
 
-    PYTHONPATH=python /usr/bin/python3 tools/precision_accuracy.py            # Fashion-MNIST
-    PYTHONPATH=python /usr/bin/python3 tools/precision_accuracy.py --photos   # + ViT-B/16 photos
+    PYTHONPATH=python .venv/bin/python tools/precision_accuracy.py            # Fashion-MNIST
+    PYTHONPATH=python .venv/bin/python tools/precision_accuracy.py --photos   # + ViT-B/16 photos
 
 (a) the trained Fashion-MNIST model (--model, default models/fashion-vit.safetensors,
     whichever file is shipped) over the whole test set (10,000 images; --limit N

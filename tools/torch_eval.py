@@ -5,7 +5,7 @@ built from the file's vitc.config metadata, loaded with its tensors (the
 Fashion-MNIST (or MNIST-style IDX) test set with the same preprocessing as
 `vitc eval` (ToTensor, Normalize with the file's mean/std).
 
-    /usr/bin/python3 tools/torch_eval.py models/fashion-vit.safetensors
+    .venv/bin/python tools/torch_eval.py models/fashion-vit.safetensors
     build/vitc eval --model models/fashion-vit.safetensors --data fashion-mnist
 
 Both print the same accuracy. Needs only torch, torchvision and numpy.

@@ -1,6 +1,6 @@
 """Write the bad-input corpus: tests/badinput/files/ and manifest.json.
 
-    /usr/bin/python3 tests/badinput/make_corpus.py
+    .venv/bin/python tests/badinput/make_corpus.py
 
 Run once; the outputs are committed and tests/python/test_badinput.py feeds
 each to the vitc command the manifest names. Every file is small (extreme

@@ -1,6 +1,6 @@
 """Write the fuzz targets' seed corpora, tests/fuzz/corpus/<target>/.
 
-    /usr/bin/python3 tests/fuzz/make_seeds.py
+    .venv/bin/python tests/fuzz/make_seeds.py
 
 Run once; the outputs are committed. Seeds are small valid inputs plus a few
 near misses, so the fuzzer starts from every branch of the parsers rather

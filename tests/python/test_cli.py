@@ -355,7 +355,7 @@ class TestCLI(TmpDirCase):
                 for cmd in (["classify", "--model", self.st, "--quiet", png],
                             ["attention-map", "--model", self.st, "--out",
                              png + ".map.png", png]):
-                    p = subprocess.run(["/usr/bin/python3", "-c", probe, VITC] + cmd,
+                    p = subprocess.run([sys.executable, "-c", probe, VITC] + cmd,
                                        stdout=subprocess.PIPE, check=True)
                     rc, err, secs, rss_kb = json.loads(p.stdout)
                     self.assertIn(rc, (0, 1), (cmd, err))

@@ -8,7 +8,7 @@ forward (nn.MultiheadAttention) and tests/reference/hf_ref.py's CLIP forward
 at the same weights. Quick-GELU for OpenAI weights (no config, open_clip's
 quick_gelu, timm's *quickgelu* / openai tag), GELU where the config says.
 
-Needs torch (/usr/bin/python3 on Debian); skipped without.
+Needs torch (the .venv that scripts/install-deps.sh makes); skipped without.
 """
 import json
 import os

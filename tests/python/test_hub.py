@@ -7,7 +7,7 @@ exact layout: backbone prefix or none, F32/F16/BF16, sharded index, int64
 position_ids and pooler tensors that the forward must skip. Malformed
 directories must fail with an error naming what is wrong.
 
-Needs torch and torchvision (/usr/bin/python3 on Debian); skipped without.
+Needs torch and torchvision (the .venv that scripts/install-deps.sh makes); skipped without.
 """
 import json
 import os

@@ -6,7 +6,7 @@ shows the weights were packed while read: a subprocess loading a ~57 MB
 model in int8 grows its peak resident memory (VmHWM) by well under an fp32
 load's growth (issue 11: bf16 / int8 models below fp32's at load too).
 
-Needs torch and torchvision (/usr/bin/python3 on Debian); skipped without.
+Needs torch and torchvision (the .venv that scripts/install-deps.sh makes); skipped without.
 """
 import os
 import subprocess

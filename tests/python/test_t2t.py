@@ -6,7 +6,7 @@ presets (with the qk_scale their released weights need) from the tensors
 alone; tools/convert_t2t.py on a .pth.tar written here with torch.save;
 malformed checkpoints fail naming the tensor.
 
-Needs torch (/usr/bin/python3 on Debian); skipped without.
+Needs torch (the .venv that scripts/install-deps.sh makes); skipped without.
 """
 import json
 import os

@@ -8,7 +8,7 @@ The optimizer tests drive a small vitc.VisionTransformer, writing its
 parameters and gradients in place, so they test the C optimizer over a real
 model's parameter table (names and no-decay flags).
 
-Needs torch (/usr/bin/python3 on Debian); skipped without.
+Needs torch (the .venv that scripts/install-deps.sh makes); skipped without.
 """
 import re
 import unittest

@@ -3,7 +3,7 @@ torchvision 0.14: checkpoints exported with tools/export_safetensors.py (the
 way a user makes them), then logits within 1e-3 * max(1, |torch|) with the
 same top-5, attention maps and rollout.
 
-Needs torch and torchvision (/usr/bin/python3 on Debian); skipped without.
+Needs torch and torchvision (the .venv that scripts/install-deps.sh makes); skipped without.
 """
 import os
 import subprocess

@@ -3,7 +3,7 @@ name the colour (red, green, blue) of the one object in a noisy gray scene,
 which it can only do by attending to the object, so its attention map must
 line up with the object. No pretrained weights are needed (none ship here).
 
-    make && /usr/bin/python3 tests/reference/gen_attention_example.py
+    make && .venv/bin/python tests/reference/gen_attention_example.py
 
 Trains for about a minute on one CPU thread (600 steps), exports with
 tools/export_safetensors.py, and runs `build/vitc attention-map`.

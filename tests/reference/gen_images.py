@@ -11,7 +11,7 @@ PIL cannot write 16-bit RGB, low-bit gray or interlaced PNGs, so those are
 written by the small encoder below; PIL still decodes them for the expected
 pixels (16-bit: the high byte, from the source array, see src/io/image.c).
 
-Run from the repository root: /usr/bin/python3 tests/reference/gen_images.py
+Run from the repository root: .venv/bin/python tests/reference/gen_images.py
 """
 import io
 import os

@@ -1,6 +1,6 @@
 """Reference tensors for tests/test_layers.c, written by PyTorch.
 
-    /usr/bin/python3 tests/reference/gen_layers.py    (writes tests/reference/layers/)
+    .venv/bin/python tests/reference/gen_layers.py    (writes tests/reference/layers/)
 
 Each file holds one layer case, written by the independent NumPy writer
 st_write.py (not by vitc): the torch module's state_dict under "block.",

@@ -1,7 +1,7 @@
 """Write the safetensors fixtures of tests/test_safetensors.c and
 tests/python/test_io.py with the independent writer st_write.py; expected
 float32 values of the F16 and BF16 tensors come from numpy / torch, not from
-vitc. Run: /usr/bin/python3 tests/reference/gen_safetensors.py"""
+vitc. Run: .venv/bin/python tests/reference/gen_safetensors.py"""
 import os
 import sys
 

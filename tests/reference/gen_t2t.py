@@ -1,7 +1,7 @@
 """Reference numbers for T2T-ViT, written by PyTorch (tests/reference/t2t_ref.py,
 the original's modules re-implemented), for tests/test_t2t.c.
 
-    /usr/bin/python3 tests/reference/gen_t2t.py     (writes tests/reference/t2t/)
+    .venv/bin/python tests/reference/gen_t2t.py     (writes tests/reference/t2t/)
 
 Two tiny random models at 32 px (token_dim 8, embed 32, depth 2, 2 heads,
 MLP ratio 2, 5 classes), every parameter random, through st_write

@@ -1,6 +1,6 @@
 """Reference numbers for the Vision Transformer, written by PyTorch.
 
-    /usr/bin/python3 tests/reference/gen_vit.py     (writes tests/reference/vit/)
+    .venv/bin/python tests/reference/gen_vit.py     (writes tests/reference/vit/)
 
 A tiny torchvision VisionTransformer (image 32, patch 8, hidden 64, 2 blocks,
 4 heads, MLP 128, 10 classes) with every parameter random (torchvision zeroes
