@@ -207,7 +207,7 @@ static vitc_status idx_read(idx_file *x, void *buf, size_t n, size_t *got_out) {
 /* Header: 0 0 type ndim, then ndim big-endian uint32 sizes. */
 static vitc_status idx_header(idx_file *x, int want_ndim, int64_t *dims) {
     unsigned char h[4 + 4 * 3];
-    size_t got;
+    size_t got = 0; /* set by idx_read on success; GCC without zlib cannot see it */
     VITC_TRY(idx_read(x, h, 4, &got));
     if (got < 4)
         return vitc__err(VITC_ERR_FORMAT, "%s: too short for an IDX header (%zu bytes)", x->path,
@@ -234,7 +234,7 @@ static vitc_status idx_header(idx_file *x, int want_ndim, int64_t *dims) {
 
 /* The body: exactly `bytes` bytes and nothing after them. */
 static vitc_status idx_body(idx_file *x, uint8_t *dst, size_t bytes) {
-    size_t got;
+    size_t got = 0; /* set by idx_read on success; GCC without zlib cannot see it */
     VITC_TRY(idx_read(x, dst, bytes, &got));
     if (got < bytes)
         return vitc__err(VITC_ERR_FORMAT,
