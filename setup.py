@@ -43,13 +43,16 @@ def run_make(build_dir):
     cmd = [os.environ.get("MAKE", "make"), "-C", ROOT, "-j%d" % make_jobs(),
            "BUILD=" + build_dir, "all"]
     try:
-        subprocess.run(cmd, env=env, check=True)
-    except (OSError, subprocess.CalledProcessError) as e:
+        rc = subprocess.run(cmd, env=env).returncode
+        why = "exit status %d" % rc
+    except OSError as e:
+        rc, why = None, e.strerror
+    if rc != 0:
         raise ExecError(
-            "%s failed (%s): building vitc needs make, a C11 compiler, pkg-config and "
+            "`%s` failed (%s): building vitc needs make, a C11 compiler, pkg-config and "
             "jansson's headers, plus optionally OpenBLAS, libpng, libturbojpeg and zlib "
             "(sh scripts/install-deps.sh --system installs them on Debian/Ubuntu)"
-            % (" ".join(cmd), e)) from None
+            % (" ".join(cmd), why))
 
 
 class BuildPy(build_py):
