@@ -244,8 +244,9 @@ install: all
 	sed -e 's|@PREFIX@|$(PREFIX)|g' -e 's|@VERSION@|$(VERSION)|g' \
 	    -e 's|@LIBS@|$(LDLIBS)|g' vitc.pc.in > $(DESTDIR)$(PREFIX)/lib/pkgconfig/vitc.pc
 
+# build-pip/: `pip install .`'s build (setup.py); egg-info from older setuptools.
 clean:
-	rm -rf build build-asan build-fuzz
+	rm -rf build build-asan build-fuzz build-pip python/*.egg-info *.egg-info
 
 # Attention kernel speed on the standard shapes, 1 and 2 threads
 # (tests/bench_attention.c; a driver, not a test).

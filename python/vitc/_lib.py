@@ -22,19 +22,25 @@ _here = os.path.dirname(os.path.abspath(__file__))
 
 
 def _find_library():
-    # A source checkout first (python/vitc/ -> build/), then $VITC_LIBRARY,
-    # then whatever the dynamic loader finds (an installed libvitc).
-    cands = [os.path.join(_here, "..", "..", "build", "libvitc.so")]
+    """The libvitc to load: $VITC_LIBRARY when set (a path, or a name for the
+    dynamic loader), else the copy `pip install .` put in the package
+    (vitc/_native/), else a source checkout's build/ (python/vitc/ ->
+    build/, after `make`), else whatever the dynamic loader finds (an
+    installed libvitc, `make install`)."""
     env = os.environ.get("VITC_LIBRARY")
     if env:
-        cands.insert(0, env)
-    for c in cands:
+        return env
+    for c in (os.path.join(_here, "_native", "libvitc.so.0"),
+              os.path.join(_here, "..", "..", "build", "libvitc.so")):
         if os.path.exists(c):
             return os.path.abspath(c)
     return "libvitc.so.0"
 
 
-lib = ctypes.CDLL(_find_library())
+# What was loaded, for error messages and for telling an installed package
+# from a checkout.
+library_path = _find_library()
+lib = ctypes.CDLL(library_path)
 
 
 # ---- enums (values of include/vitc.h) -----------------------------------
