@@ -10,9 +10,10 @@ grayscale, and alpha (RGBA, gray+alpha, a palette with a transparent entry).
 transformers 5 has two backends per processor: "pil" (the old slow path:
 PIL resize in uint8, numpy after it) and "torchvision" (the default, the
 old fast path). vitc must equal the PIL backend bit for bit (float32 arrays
-equal) and stay within MAX_FAST_STEPS uint8 steps (1/255/std per channel)
-of the torchvision one, whose bicubic/bilinear differs from PIL's by a
-level here and there (two where it enlarges an image with sharp edges).
+equal) and stay within one uint8 step (1/255/std per channel) of the
+torchvision one, whose bicubic/bilinear differs from PIL's by a level here
+and there (under 1% of the values), two where it enlarges an image with
+sharp edges (page.png, 191 rows made 256 or 224, bicubic).
 
 Where a processor has no do_convert_rgb (ViT, DeiT), transformers refuses
 gray and RGBA images, so the reference is what its users do,
@@ -54,7 +55,8 @@ IMAGENET_STD = [0.229, 0.224, 0.225]
 PHOTOS = ["astronaut.png", "chelsea.png", "coffee.png", "motorcycle_left.png", "rocket.jpg",
           "retina.jpg", "camera.png", "page.png", "coins.png", "horse.png"]
 # The torchvision backend against PIL's: uint8 levels (see the docstring).
-MAX_FAST_STEPS = 2
+FAST_STEPS, FAST_STEPS_ENLARGED = 1, 2
+ENLARGED = "page.png"
 
 
 def tiny_model(kind):
@@ -147,7 +149,7 @@ class TestPreprocessPeers(TmpDirCase):
 
     def check(self, d, photos=None, fast=True):
         """vitc equals the PIL backend exactly and the torchvision one within
-        MAX_FAST_STEPS; returns the largest step seen against the latter."""
+        FAST_STEPS; returns the largest step seen against the latter."""
         m = vitc.load_model(d)
         slow = AutoImageProcessor.from_pretrained(d, backend="pil")
         self.assertEqual(slow.backend, "pil")
@@ -168,7 +170,8 @@ class TestPreprocessPeers(TmpDirCase):
                 self.assertEqual(quick.backend, "torchvision")
                 q = self.reference(quick, path)
                 levels = (np.abs(got.astype(np.float64) - q) / step).max()
-                self.assertLess(levels, MAX_FAST_STEPS + 1e-3, what + " vs the torchvision backend")
+                bound = FAST_STEPS_ENLARGED if os.path.basename(path) == ENLARGED else FAST_STEPS
+                self.assertLess(levels, bound + 1e-3, what + " vs the torchvision backend")
                 worst = max(worst, levels)
         return worst
 
