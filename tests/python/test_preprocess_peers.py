@@ -32,9 +32,9 @@ import numpy as np
 import vitc
 
 try:
-    from .util import VITC, TmpDirCase, assert_close, run_vitc as run
+    from .util import DATA, VITC, TmpDirCase, assert_close, run_vitc as run
 except ImportError:  # run as a script
-    from util import VITC, TmpDirCase, assert_close, run_vitc as run
+    from util import DATA, VITC, TmpDirCase, assert_close, run_vitc as run
 
 try:
     import skimage
@@ -266,6 +266,20 @@ class TestPreprocessPeers(TmpDirCase):
         Image.fromarray(img, "RGBA").save(path)
         d = self.hub_dir("siglip", "siglip_levels", do_resize=False)
         self.check(d, [path], fast=False)
+
+    def test_every_decoder_kind(self):
+        """tests/data's small images of every PNG and JPEG kind (bit depths,
+        palettes and colour keys with transparency, interlaced, 16-bit RGB(A),
+        progressive and 4:4:4 JPEG), unresized, through a processor that
+        composites alpha and one that drops it. 16-bit gray is left out: PIL
+        clips it to 255 on convert("RGB"), vitc keeps the high byte."""
+        with open(os.path.join(DATA, "images.txt")) as f:
+            names = [ln.split()[0] for ln in f if ln.strip() and not ln.startswith("#")]
+        photos = [os.path.join(DATA, n) for n in names if n != "gray16.png"]
+        self.assertGreater(len(photos), 15)
+        self.check(self.hub_dir("clip", "clip_kinds", do_resize=False, do_center_crop=False),
+                   photos, fast=False)
+        self.check(self.hub_dir("vit", "vit_kinds", do_resize=False), photos, fast=False)
 
     def test_crop_larger_than_image(self):
         """transformers pads with zeros where the crop is larger than the
