@@ -155,7 +155,7 @@ static void png_decode(png_structp png, png_infop info, png_ctx *c, int64_t max_
                        vitc_image *out) {
     png_uint_32 w, h;
     int depth, ctype, interlace, passes, channels;
-    size_t bytes, rowbytes;
+    size_t bytes = 0, rowbytes;
 
     png_set_read_fn(png, c, png_read_mem);
     /* libpng's own default refuses over 1e6 per side; our pixel limit is
@@ -318,7 +318,8 @@ static vitc_status load_jpeg(const char *path, const unsigned char *data, size_t
 static vitc_status image_decode(const char *name, const unsigned char *data, size_t len,
                                 int64_t max_pixels, int flags, vitc_image *out) {
     static const unsigned char png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-    (void)max_pixels; /* unused when built without libpng and libturbojpeg */
+    (void)max_pixels; /* these three unused when built without libpng and libturbojpeg */
+    (void)out;
     (void)flags;      /* JPEG has no alpha */
     if (len >= 8 && !memcmp(data, png_magic, 8)) {
 #ifdef VITC_HAVE_PNG
