@@ -318,9 +318,11 @@ static vitc_status load_jpeg(const char *path, const unsigned char *data, size_t
 static vitc_status image_decode(const char *name, const unsigned char *data, size_t len,
                                 int64_t max_pixels, int flags, vitc_image *out) {
     static const unsigned char png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-    (void)max_pixels; /* these three unused when built without libpng and libturbojpeg */
+    /* Unused when built without libpng and libturbojpeg (flags without libpng:
+     * JPEG has no alpha). */
+    (void)max_pixels;
     (void)out;
-    (void)flags;      /* JPEG has no alpha */
+    (void)flags;
     if (len >= 8 && !memcmp(data, png_magic, 8)) {
 #ifdef VITC_HAVE_PNG
         return load_png(name, data, len, max_pixels, flags, out);
