@@ -381,6 +381,18 @@ VITC_API vitc_status vitc_image_load(const char *path, int64_t max_pixels, vitc_
  * name the image "<memory>". The bytes are only read. */
 VITC_API vitc_status vitc_image_load_memory(const void *bytes, size_t len, int64_t max_pixels,
                                             vitc_image *out);
+/* Flags of the _flags variants (0 is the plain functions' conversion).
+ * VITC_IMAGE_ALPHA_WHITE: alpha (RGBA, gray+alpha, tRNS) is composited over
+ * opaque white as PIL's Image.alpha_composite computes it, what transformers'
+ * image processors do when do_convert_rgb is set; without it alpha is
+ * dropped, as Image.convert("RGB"). vitc_vit_image_flags says which a Hub
+ * model's processor wants. Unknown bits are an error. */
+#define VITC_IMAGE_ALPHA_WHITE 1
+VITC_API vitc_status vitc_image_load_flags(const char *path, int64_t max_pixels, int flags,
+                                           vitc_image *out);
+VITC_API vitc_status vitc_image_load_memory_flags(const void *bytes, size_t len,
+                                                  int64_t max_pixels, int flags,
+                                                  vitc_image *out);
 VITC_API void vitc_image_free(vitc_image *img);
 VITC_API vitc_status vitc_image_save_png(const char *path, const uint8_t *rgb, int width,
                                          int height);
@@ -702,10 +714,14 @@ VITC_API vitc_status vitc_vit_forward_features(vitc_vit *m, const float *images,
 
 /* A Hub model's image processor (preprocessor_config.json over the family's
  * defaults), as transformers' slow PIL path computes it: resize (PIL's
- * bilinear/bicubic in uint8), center crop (floor offsets), rescale,
- * normalize. 0 / an error for other models. preprocess_size: the output
- * [H, W] for a width x height image; preprocess: out [3, H, W]. */
+ * bilinear/bicubic in uint8), center crop (floor offsets; zero padding where
+ * the crop is larger), rescale, normalize. 0 / an error for other models.
+ * preprocess_size: the output [H, W] for a width x height image; preprocess:
+ * out [3, H, W]. image_flags: the vitc_image_load_flags flags that decode an
+ * image as the processor converts it to RGB (VITC_IMAGE_ALPHA_WHITE where it
+ * has do_convert_rgb: CLIP, SigLIP, DINOv2's BiT by default), 0 otherwise. */
 VITC_API int vitc_vit_has_processor(const vitc_vit *m);
+VITC_API int vitc_vit_image_flags(const vitc_vit *m);
 VITC_API vitc_status vitc_vit_preprocess_size(const vitc_vit *m, int width, int height, int *H,
                                               int *W);
 VITC_API vitc_status vitc_vit_preprocess(const vitc_vit *m, const vitc_image *img, float *out);

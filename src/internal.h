@@ -28,9 +28,11 @@ vitc_status vitc__err_prefix(vitc_status status, const char *fmt, ...)
 /* A Hugging Face image processor's slow (PIL) path (src/io/image_hf.c):
  * resize (exact size, or shortest edge s with long = int(s * long / short)),
  * resample 2 (bilinear) or 3 (bicubic) as PIL computes it in uint8, center
- * crop with floor offsets, rescale, normalize. */
+ * crop with floor offsets (zero padding where the crop is larger), rescale,
+ * normalize. convert_rgb: do_convert_rgb, which composites alpha over white
+ * when the image is decoded (vitc_vit_image_flags). */
 typedef struct vitc__hf_proc {
-    int present;
+    int present, convert_rgb;
     int do_resize, size_h, size_w, shortest, resample;
     int do_crop, crop_h, crop_w;
     int do_rescale, do_normalize;

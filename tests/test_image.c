@@ -114,6 +114,35 @@ static void test_load_memory_args(void **state) {
     assert_int_equal(vitc_image_load_memory(junk, sizeof junk, 0, NULL), VITC_ERR_INVALID_ARG);
 }
 
+/* VITC_IMAGE_ALPHA_WHITE: gray+alpha over white as PIL's alpha_composite
+ * gives it (the first row of gray_alpha.png, from Pillow); plain loading
+ * drops alpha; unknown flags are refused. */
+static void test_load_alpha_on_white(void **state) {
+    (void)state;
+    static const uint8_t pil_white[8] = {92, 249, 207, 206, 132, 228, 218, 246};
+    static const uint8_t dropped[8] = {24, 157, 190, 150, 125, 126, 171, 234};
+    vitc_image img;
+    if (!have_png())
+        skip();
+    assert_int_equal(vitc_image_load_flags(DATA "gray_alpha.png", 0, VITC_IMAGE_ALPHA_WHITE, &img),
+                     VITC_OK);
+    for (int x = 0; x < 8; x++)
+        for (int c = 0; c < 3; c++) assert_int_equal(img.rgb[x * 3 + c], pil_white[x]);
+    vitc_image_free(&img);
+    assert_int_equal(vitc_image_load_flags(DATA "gray_alpha.png", 0, 0, &img), VITC_OK);
+    for (int x = 0; x < 8; x++) assert_int_equal(img.rgb[x * 3], dropped[x]);
+    vitc_image_free(&img);
+    assert_int_equal(vitc_image_load_flags(DATA "gray_alpha.png", 0, 2, &img),
+                     VITC_ERR_INVALID_ARG);
+    assert_null(img.rgb);
+    static const unsigned char junk[4] = {1, 2, 3, 4};
+    assert_int_equal(vitc_image_load_memory_flags(junk, sizeof junk, 0, 4, &img),
+                     VITC_ERR_INVALID_ARG);
+    assert_int_equal(vitc_image_load_memory_flags(junk, sizeof junk, 0, VITC_IMAGE_ALPHA_WHITE,
+                                                  &img),
+                     VITC_ERR_FORMAT);
+}
+
 /* Broken or hostile files are errors with a message naming the file. */
 static void test_bad_files(void **state) {
     (void)state;
@@ -411,6 +440,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_decode_every_kind),
         cmocka_unit_test(test_load_memory_args),
+        cmocka_unit_test(test_load_alpha_on_white),
         cmocka_unit_test(test_bad_files),
         cmocka_unit_test(test_pixel_limit),
         cmocka_unit_test(test_png_roundtrip),

@@ -436,7 +436,8 @@ int cli_open_model(const char *cmd, const cli_model_opts *o, vitc_vit **m, cli_i
 vitc_status cli_load_input(const char *path, const vitc_vit_config *cfg, const cli_input *in,
                            float *out) {
     vitc_image img;
-    vitc_status st = vitc_image_load(path, 0, &img);
+    vitc_status st = vitc_image_load_flags(path, 0, in->proc ? vitc_vit_image_flags(in->proc) : 0,
+                                           &img);
     int h, w;
     if (st == VITC_OK && in->proc) {
         st = vitc_vit_preprocess_size(in->proc, img.width, img.height, &h, &w);

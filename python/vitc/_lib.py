@@ -187,6 +187,7 @@ _SIGNATURES = {
     "vitc_sdpa_backward_lse": (_st, [_P(TensorView)] * 4 + [_int, _f32] + [c_float_p] * 6),
     # images
     "vitc_image_load": (_st, [_cs, _i64, _P(Image)]),
+    "vitc_image_load_flags": (_st, [_cs, _i64, _int, _P(Image)]),
     "vitc_image_free": (None, [_P(Image)]),
     "vitc_image_save_png": (_st, [_cs, _vp, _int, _int]),
     "vitc_image_preprocess": (_st, [_P(Image), _int, _int, c_float_p, c_float_p, c_float_p]),
@@ -229,6 +230,7 @@ _SIGNATURES = {
     "vitc_vit_embed": (_st, [_vp, c_float_p, _int, _int, _int, _int, c_float_p]),
     "vitc_vit_forward_features": (_st, [_vp, c_float_p, _int, _int, _int, c_float_p]),
     "vitc_vit_has_processor": (_int, [_vp]),
+    "vitc_vit_image_flags": (_int, [_vp]),
     "vitc_vit_preprocess_size": (_st, [_vp, _int, _int, _P(_int), _P(_int)]),
     "vitc_vit_preprocess": (_st, [_vp, _P(Image), c_float_p]),
 }

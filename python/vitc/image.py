@@ -11,11 +11,18 @@ IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
 
 
-def load_image(path, max_pixels=0):
-    """Decode a PNG or JPEG file -> uint8 array [height, width, 3] (RGB)."""
+ALPHA_WHITE = 1  # VITC_IMAGE_ALPHA_WHITE
+
+
+def load_image(path, max_pixels=0, alpha_on_white=False):
+    """Decode a PNG or JPEG file -> uint8 array [height, width, 3] (RGB).
+
+    Alpha is dropped (PIL's convert("RGB")), or with alpha_on_white
+    composited over white (transformers' do_convert_rgb)."""
     img = Image()
-    check(lib.vitc_image_load(path_arg(path), int_arg(max_pixels, "max_pixels", 0, INT64_MAX),
-                              ctypes.byref(img)))
+    check(lib.vitc_image_load_flags(path_arg(path),
+                                    int_arg(max_pixels, "max_pixels", 0, INT64_MAX),
+                                    ALPHA_WHITE if alpha_on_white else 0, ctypes.byref(img)))
     try:
         n = img.width * img.height * 3
         arr = np.ctypeslib.as_array(img.rgb, shape=(n,)).copy()
@@ -39,8 +46,9 @@ def _rgb_u8(a, name):
     return np.ascontiguousarray(a, dtype=np.uint8)
 
 
-def _as_image(image):
-    arr = _rgb_u8(image, "image") if isinstance(image, np.ndarray) else load_image(image)
+def _as_image(image, alpha_on_white=False):
+    arr = (_rgb_u8(image, "image") if isinstance(image, np.ndarray)
+           else load_image(image, alpha_on_white=alpha_on_white))
     img = Image(size_arg(arr.shape[1], "image width"), size_arg(arr.shape[0], "image height"),
                 arr.ctypes.data_as(ctypes.POINTER(ctypes.c_uint8)))
     return img, arr

@@ -307,9 +307,11 @@ class Model(VisionTransformer):
     def preprocess(self, image):
         """A path or a uint8 [H, W, 3] array -> float32 [3, H', W'] through the
         model's own image processor (a Hub model's preprocessor_config.json,
-        as transformers' slow PIL path computes it)."""
-        from .image import _as_image
-        img, keep = _as_image(image)
+        as transformers' slow PIL path computes it). A path is decoded as the
+        processor converts to RGB: alpha over white where it has
+        do_convert_rgb (CLIP, SigLIP, DINOv2's BiT), else dropped."""
+        from .image import ALPHA_WHITE, _as_image
+        img, keep = _as_image(image, bool(lib.vitc_vit_image_flags(self._h) & ALPHA_WHITE))
         h, w = ctypes.c_int(), ctypes.c_int()
         check(lib.vitc_vit_preprocess_size(self._h, img.width, img.height, ctypes.byref(h),
                                            ctypes.byref(w)))

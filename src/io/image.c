@@ -8,9 +8,11 @@
  *
  * Colour conversion follows PIL's Image.convert("RGB"), the usual way Python
  * code feeds a classifier: alpha is dropped (not composited), gray is
- * replicated, palettes are expanded. The one deliberate difference is 16-bit
- * input: PIL clips 16-bit gray to 255 on convert("RGB"); we keep the high
- * byte, as PIL does for 16-bit RGB.
+ * replicated, palettes are expanded. VITC_IMAGE_ALPHA_WHITE composites alpha
+ * over white instead, as transformers' do_convert_rgb does with PIL's
+ * alpha_composite. The one deliberate difference is 16-bit input: PIL clips
+ * 16-bit gray to 255 on convert("RGB"); we keep the high byte, as PIL does
+ * for 16-bit RGB.
  */
 #include <math.h>
 #include <stdio.h>
@@ -98,6 +100,7 @@ typedef struct png_ctx {
     uint8_t *row;  /* one decoded row, [w, channels] */
     uint8_t **rows; /* interlaced images: every decoded row */
     uint8_t *all;
+    int flags;
     vitc_status status;
 } png_ctx;
 
@@ -120,12 +123,25 @@ static void png_read_mem(png_structp png, png_bytep out, size_t n) {
     c->pos += n;
 }
 
-static void png_to_rgb(uint8_t *dst, const uint8_t *src, int w, int channels) {
+/* PIL's ImagingAlphaComposite of (c, a) over opaque white, in its integer
+ * arithmetic (7 fractional bits, rounded division by 255): its coefficients
+ * reduce to a * 128 and (255 - a) * 128 when the background is opaque. */
+static uint8_t alpha_on_white(unsigned c, unsigned a) {
+    if (a == 0)
+        return 255;
+    uint32_t t = c * a * 128u + 255u * (255u - a) * 128u + (0x80u << 7);
+    return (uint8_t)((((t >> 8) + t) >> 8) >> 7);
+}
+
+static void png_to_rgb(uint8_t *dst, const uint8_t *src, int w, int channels, int flags) {
+    int white = (flags & VITC_IMAGE_ALPHA_WHITE) && (channels == 2 || channels == 4);
     for (int x = 0; x < w; x++) {
         const uint8_t *s = src + (size_t)x * channels;
         uint8_t *d = dst + (size_t)x * 3;
         if (channels <= 2) {
-            d[0] = d[1] = d[2] = s[0];
+            d[0] = d[1] = d[2] = white ? alpha_on_white(s[0], s[1]) : s[0];
+        } else if (white) {
+            for (int c = 0; c < 3; c++) d[c] = alpha_on_white(s[c], s[3]);
         } else {
             d[0] = s[0];
             d[1] = s[1];
@@ -139,7 +155,7 @@ static void png_decode(png_structp png, png_infop info, png_ctx *c, int64_t max_
                        vitc_image *out) {
     png_uint_32 w, h;
     int depth, ctype, interlace, passes, channels;
-    size_t bytes, rowbytes;
+    size_t bytes = 0, rowbytes;
 
     png_set_read_fn(png, c, png_read_mem);
     /* libpng's own default refuses over 1e6 per side; our pixel limit is
@@ -182,7 +198,7 @@ static void png_decode(png_structp png, png_infop info, png_ctx *c, int64_t max_
             c->rows[y] = c->all + (size_t)y * rowbytes;
         png_read_image(png, c->rows);
         for (png_uint_32 y = 0; y < h; y++)
-            png_to_rgb(c->rgb + (size_t)y * w * 3, c->rows[y], (int)w, channels);
+            png_to_rgb(c->rgb + (size_t)y * w * 3, c->rows[y], (int)w, channels, c->flags);
     } else {
         if (!(c->row = malloc(rowbytes))) {
             c->status = vitc__err(VITC_ERR_NOMEM, "%s: out of memory", c->path);
@@ -190,7 +206,7 @@ static void png_decode(png_structp png, png_infop info, png_ctx *c, int64_t max_
         }
         for (png_uint_32 y = 0; y < h; y++) {
             png_read_row(png, c->row, NULL);
-            png_to_rgb(c->rgb + (size_t)y * w * 3, c->row, (int)w, channels);
+            png_to_rgb(c->rgb + (size_t)y * w * 3, c->row, (int)w, channels, c->flags);
         }
     }
     /* The image data is complete; a bad trailer does not spoil it, as with PIL. */
@@ -202,7 +218,7 @@ static void png_decode(png_structp png, png_infop info, png_ctx *c, int64_t max_
 }
 
 static vitc_status load_png(const char *path, const unsigned char *data, size_t len,
-                            int64_t max_pixels, vitc_image *out) {
+                            int64_t max_pixels, int flags, vitc_image *out) {
     png_ctx ctx;
     png_ctx *c = &ctx;
     png_structp png;
@@ -213,6 +229,7 @@ static vitc_status load_png(const char *path, const unsigned char *data, size_t 
     ctx.path = path;
     ctx.data = data;
     ctx.len = len;
+    ctx.flags = flags;
     png = png_create_read_struct(PNG_LIBPNG_VER_STRING, c, png_err_fn, png_warn_fn);
     if (!png)
         return vitc__err(VITC_ERR_NOMEM, "%s: cannot create PNG decoder", path);
@@ -299,12 +316,16 @@ static vitc_status load_jpeg(const char *path, const unsigned char *data, size_t
 /* The decoders see only bytes; `name` (a path, or "<memory>") prefixes the
  * messages. Shared by the file and the in-memory entry points. */
 static vitc_status image_decode(const char *name, const unsigned char *data, size_t len,
-                                int64_t max_pixels, vitc_image *out) {
+                                int64_t max_pixels, int flags, vitc_image *out) {
     static const unsigned char png_magic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
-    (void)max_pixels; /* unused when built without libpng and libturbojpeg */
+    /* Unused when built without libpng and libturbojpeg (flags without libpng:
+     * JPEG has no alpha). */
+    (void)max_pixels;
+    (void)out;
+    (void)flags;
     if (len >= 8 && !memcmp(data, png_magic, 8)) {
 #ifdef VITC_HAVE_PNG
-        return load_png(name, data, len, max_pixels, out);
+        return load_png(name, data, len, max_pixels, flags, out);
 #else
         return vitc__err(VITC_ERR_UNSUPPORTED, "%s: PNG support was not built in (libpng)", name);
 #endif
@@ -320,7 +341,8 @@ static vitc_status image_decode(const char *name, const unsigned char *data, siz
     return vitc__err(VITC_ERR_FORMAT, "%s: not a PNG or JPEG image", name);
 }
 
-vitc_status vitc_image_load(const char *path, int64_t max_pixels, vitc_image *out) {
+vitc_status vitc_image_load_flags(const char *path, int64_t max_pixels, int flags,
+                                  vitc_image *out) {
     unsigned char *data;
     size_t len;
     vitc_status st;
@@ -331,23 +353,37 @@ vitc_status vitc_image_load(const char *path, int64_t max_pixels, vitc_image *ou
     out->rgb = NULL;
     if (!path)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load: path is NULL");
+    if (flags & ~VITC_IMAGE_ALPHA_WHITE)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load: unknown flags 0x%x", flags);
     VITC_TRY(read_file(path, &data, &len));
-    st = image_decode(path, data, len, max_pixels, out);
+    st = image_decode(path, data, len, max_pixels, flags, out);
     free(data);
     return st;
 }
 
-vitc_status vitc_image_load_memory(const void *bytes, size_t len, int64_t max_pixels,
-                                   vitc_image *out) {
+vitc_status vitc_image_load(const char *path, int64_t max_pixels, vitc_image *out) {
+    return vitc_image_load_flags(path, max_pixels, 0, out);
+}
+
+vitc_status vitc_image_load_memory_flags(const void *bytes, size_t len, int64_t max_pixels,
+                                         int flags, vitc_image *out) {
     if (!out)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load_memory: out is NULL");
     out->width = out->height = 0;
     out->rgb = NULL;
     if (!bytes && len)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load_memory: bytes is NULL");
+    if (flags & ~VITC_IMAGE_ALPHA_WHITE)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_load_memory: unknown flags 0x%x",
+                         flags);
     if (len == 0)
         return vitc__err(VITC_ERR_FORMAT, "<memory>: empty image");
-    return image_decode("<memory>", bytes, len, max_pixels, out);
+    return image_decode("<memory>", bytes, len, max_pixels, flags, out);
+}
+
+vitc_status vitc_image_load_memory(const void *bytes, size_t len, int64_t max_pixels,
+                                   vitc_image *out) {
+    return vitc_image_load_memory_flags(bytes, len, max_pixels, 0, out);
 }
 
 void vitc_image_free(vitc_image *img) {

@@ -3,8 +3,9 @@
  *
  *   resize with PIL (Image.resize((w, h), resample)): separable, horizontal
  *   pass then vertical, each rounded to uint8 with PIL's 22-bit fixed-point
- *   coefficients; center crop with floor offsets; x * rescale_factor in
- *   double then float32; (x - mean) / std in float32.
+ *   coefficients; center crop with floor offsets (a crop larger than the
+ *   image pads it with zeros, as transformers' numpy center_crop);
+ *   x * rescale_factor in double then float32; (x - mean) / std in float32.
  *
  * The coefficient code follows PIL's Resample.c (precompute_coeffs,
  * normalize_coeffs_8bpc, ImagingResample{Horizontal,Vertical}_8bpc), so the
@@ -161,15 +162,15 @@ vitc_status vitc__hf_output_size(const vitc__hf_proc *p, int w, int h, int *oh, 
     if (*rh < 1 || *rw < 1)
         return vitc__err(VITC_ERR_SHAPE, "image %dx%d resizes to nothing", w, h);
     *oh = *rh, *ow = *rw;
-    if (p->do_crop) {
-        if (p->crop_h > *rh || p->crop_w > *rw)
-            return vitc__err(VITC_ERR_UNSUPPORTED, "image %dx%d resized to %dx%d is smaller than "
-                             "the crop %dx%d (the processor's zero padding is not supported)",
-                             w, h, *rw, *rh, p->crop_w, p->crop_h);
+    if (p->do_crop)
         *oh = p->crop_h, *ow = p->crop_w;
-    }
     return VITC_OK;
 }
+
+/* Where the crop's first row (column) lies in the resized image of n: floor
+ * centering, or, when the crop is larger, the image placed ceil((c - n) / 2)
+ * into zeros, as transformers' numpy center_crop pads. */
+static int crop_offset(int n, int c) { return c <= n ? (n - c) / 2 : -((c - n + 1) / 2); }
 
 vitc_status vitc__hf_preprocess(const vitc__hf_proc *p, const vitc_image *img, float *out) {
     if (!img || !img->rgb || !out)
@@ -189,13 +190,16 @@ vitc_status vitc__hf_preprocess(const vitc__hf_proc *p, const vitc_image *img, f
         }
         px = rs;
     }
-    int top = (rh - oh) / 2, left = (rw - ow) / 2; /* floor, as the processors */
+    int top = crop_offset(rh, oh), left = crop_offset(rw, ow);
     float mean[3], inv[3];
     for (int c = 0; c < 3; c++) mean[c] = p->mean[c], inv[c] = p->std[c];
     for (int c = 0; c < 3; c++)
         for (int y = 0; y < oh; y++)
             for (int x = 0; x < ow; x++) {
-                uint8_t v = px[((size_t)(top + y) * (size_t)rw + (size_t)(left + x)) * 3 + (size_t)c];
+                int sy = top + y, sx = left + x;
+                uint8_t v = sy < 0 || sy >= rh || sx < 0 || sx >= rw
+                                ? 0
+                                : px[((size_t)sy * (size_t)rw + (size_t)sx) * 3 + (size_t)c];
                 float f = p->do_rescale ? (float)((double)v * p->rescale) : (float)v;
                 if (p->do_normalize)
                     f = (f - mean[c]) / inv[c];

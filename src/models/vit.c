@@ -996,6 +996,10 @@ vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int H, int W
 
 int vitc_vit_has_processor(const vitc_vit *m) { return m && m->proc.present; }
 
+int vitc_vit_image_flags(const vitc_vit *m) {
+    return m && m->proc.present && m->proc.convert_rgb ? VITC_IMAGE_ALPHA_WHITE : 0;
+}
+
 vitc_status vitc_vit_preprocess_size(const vitc_vit *m, int width, int height, int *H, int *W) {
     int rh, rw;
     if (!m || !H || !W)

@@ -272,18 +272,22 @@ static int hub_bool(json_t *pp, const char *key, int def) {
 
 /* The image processor: preprocessor_config.json over the family's class
  * defaults (ViTImageProcessor, DeiTImageProcessor, BitImageProcessor for
- * DINOv2, CLIPImageProcessor, SiglipImageProcessor); its mean/std also
- * become the config's. */
+ * DINOv2, CLIPImageProcessor, SiglipImageProcessor, as transformers 5 has
+ * them: an integer size is the shortest edge where default_to_square is
+ * false, SigLIP's included; any family crops when the file asks); its
+ * mean/std also become the config's. */
 static vitc_status hub_processor(vitc_vit *m, const char *dir) {
     static const float clip_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
     static const float clip_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
     const char *f = m->family;
     /* CLIP in any spelling (hf-clip, open-clip, timm-clip) has CLIP's processor */
     int deit = !strcmp(f, "hf-deit"), bit = !strcmp(f, "hf-dinov2") || strstr(f, "clip") != NULL;
-    int has_crop = deit || bit, int_square = !bit;
+    int siglip = !strcmp(f, "hf-siglip");
+    int has_crop = deit || bit, int_square = !bit && !siglip;
     vitc__hf_proc *p = &m->proc;
     memset(p, 0, sizeof *p);
     p->present = 1;
+    p->convert_rgb = bit || siglip;
     p->do_resize = p->do_rescale = p->do_normalize = 1;
     p->rescale = 1.0 / 255.0;
     p->resample = !strcmp(f, "hf-vit") ? 2 : 3;
@@ -309,17 +313,21 @@ static vitc_status hub_processor(vitc_vit *m, const char *dir) {
     p->do_resize = hub_bool(pp, "do_resize", 1);
     p->do_rescale = hub_bool(pp, "do_rescale", 1);
     p->do_normalize = hub_bool(pp, "do_normalize", 1);
-    if (has_crop)
-        p->do_crop = hub_bool(pp, "do_center_crop", 1);
+    p->do_crop = hub_bool(pp, "do_center_crop", has_crop);
+    p->convert_rgb = hub_bool(pp, "do_convert_rgb", p->convert_rgb);
+    int_square = hub_bool(pp, "default_to_square", int_square);
     json_t *v;
     if ((v = json_object_get(pp, "size")) && s == VITC_OK)
         s = hub_size(v, "size", int_square, &p->size_h, &p->size_w, &p->shortest);
-    if ((v = json_object_get(pp, "crop_size")) && s == VITC_OK && has_crop) {
+    if ((v = json_object_get(pp, "crop_size")) && s == VITC_OK) {
         int sh;
         s = hub_size(v, "crop_size", 1, &p->crop_h, &p->crop_w, &sh);
         if (s == VITC_OK && sh)
             s = vitc__err(VITC_ERR_UNSUPPORTED, "preprocessor_config.json: crop_size must be "
                           "square or {\"height\", \"width\"}");
+    } else if (p->do_crop && !has_crop && s == VITC_OK) {
+        s = vitc__err(VITC_ERR_FORMAT, "preprocessor_config.json: do_center_crop without "
+                      "crop_size (transformers refuses it too)");
     }
     if ((v = json_object_get(pp, "resample")) && s == VITC_OK) {
         if (!json_is_integer(v) || (json_integer_value(v) != 2 && json_integer_value(v) != 3))
@@ -1004,6 +1012,8 @@ static vitc_status clip_names_build(vitc_vit *m, const char *dir, json_t *cfg, h
     int has_pp = pp && hub_exists(pp);
     free(pp);
     if (!has_pp) {
+        /* open_clip's transform ends in convert("RGB"): alpha dropped */
+        p->convert_rgb = 0;
         p->shortest = p->crop_h = p->crop_w = c->image_size;
         json_t *src = timm ? pc : json_object_get(cfg, "preprocess_cfg");
         clip_floats3(json_object_get(src, "mean"), p->mean);

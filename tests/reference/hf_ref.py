@@ -497,7 +497,10 @@ def siglip_forward(sd, cfg, px):
 
 # ---- image processors (slow PIL path) -----------------------------------------
 
-# Class defaults: (size, resample, crop or None, mean/std, int size means a square)
+# Class defaults as transformers 5 has them: (size, resample, crop or None,
+# mean/std, default_to_square: whether an int size is a square, not the
+# shortest edge; SigLIP's is false). A crop happens where do_center_crop
+# says so, the class default being whether it has a crop_size.
 CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 PROCESSOR_DEFAULTS = {
     "vit": ({"height": 224, "width": 224}, 2, None, [0.5] * 3, [0.5] * 3, True),
@@ -506,7 +509,7 @@ PROCESSOR_DEFAULTS = {
     "dinov2": ({"shortest_edge": 224}, 3, {"height": 224, "width": 224}, CLIP_MEAN, CLIP_STD,
                False),
     "clip": ({"shortest_edge": 224}, 3, {"height": 224, "width": 224}, CLIP_MEAN, CLIP_STD, False),
-    "siglip": ({"height": 224, "width": 224}, 3, None, [0.5] * 3, [0.5] * 3, True),
+    "siglip": ({"height": 224, "width": 224}, 3, None, [0.5] * 3, [0.5] * 3, False),
 }
 
 
@@ -531,7 +534,7 @@ def process(rgb, family, pp):
         else:
             h, w = size["height"], size["width"]
         arr = np.array(Image.fromarray(rgb).resize((w, h), resample=pp.get("resample", resample)))
-    if crop is not None and pp.get("do_center_crop", True):
+    if pp.get("do_center_crop", crop is not None):
         h, w = arr.shape[:2]
         t, l = (h - crop_size["height"]) // 2, (w - crop_size["width"]) // 2
         arr = arr[t:t + crop_size["height"], l:l + crop_size["width"]]
