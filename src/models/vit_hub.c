@@ -457,12 +457,13 @@ static const hub_family hub_families[] = {
      hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL, 0},
     {"clip_vision_model", "hf-clip", "vision_model.", hub_clip_model, hub_clip_layer,
      "encoder.layers.%d.", hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL, 0},
-    /* SigLIP: no class token, an attention-pooling head; its position grid
-     * still resampled by the legacy +0.1 scale factor. */
+    /* SigLIP: no class token, an attention-pooling head. Its grid goes to
+     * the new size as ViT's does: transformers 5's SiglipVisionEmbeddings
+     * no longer has the +0.1 scale factor of 4.x. */
     {"siglip", "hf-siglip", "vision_model.", hub_siglip_model, hub_clip_layer,
-     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_LEGACY, 0},
+     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_HALF_PIXEL, 0},
     {"siglip_vision_model", "hf-siglip", "vision_model.", hub_siglip_model, hub_clip_layer,
-     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_LEGACY, 0},
+     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_HALF_PIXEL, 0},
 };
 /* CLIP towers outside transformers' names (vitc__vit_load_clip_names). */
 static const hub_family hub_openclip = {"open_clip", "open-clip", "visual.", hub_openclip_model,
