@@ -14,6 +14,7 @@ without its library.
 import json
 import os
 import unittest
+from pathlib import Path
 
 import numpy as np
 
@@ -28,6 +29,17 @@ try:
     import transformers
 except ImportError:  # pragma: no cover
     transformers = None
+try:
+    import timm
+    from timm.models import save_for_hf as timm_save_for_hf
+except ImportError:  # pragma: no cover
+    timm = None
+try:
+    import open_clip
+    import safetensors.torch
+    from open_clip.push_to_hf_hub import save_config_for_hf
+except ImportError:  # pragma: no cover
+    open_clip = None
 
 TOL = 1e-5
 
@@ -38,14 +50,15 @@ def rel_err(got, ref):
     return float(np.abs(got - ref).max() / max(np.abs(ref).max(), 1e-30))
 
 
-def perturb(model, seed):
-    """Every floating parameter moved by seeded noise, so that no tensor is
-    left at an initialiser's zero or one (biases, heads, class and
-    register tokens, layer scale) and a wrongly mapped one shows."""
+def perturb(model, seed, prefix=""):
+    """Every floating parameter (whose name starts with prefix) moved by
+    seeded noise, so that no tensor is left at an initialiser's zero or one
+    (biases, heads, class and register tokens, layer scale) and a wrongly
+    mapped one shows."""
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
-        for _, p in sorted(model.named_parameters()):
-            if not p.dtype.is_floating_point:
+        for name, p in sorted(model.named_parameters()):
+            if not p.dtype.is_floating_point or not name.startswith(prefix):
                 continue
             if p.dim() >= 2:
                 fan_in = max(1, p[0].numel())
@@ -223,6 +236,133 @@ class TestTransformers(PeerCase):
                 ("pooler_output (MAP head) vs embed(default)",
                  lambda mm, x, i: mm(x, **self._kw(i)).pooler_output, lambda m, x: m.embed(x))]
         self.run_family("hf-siglip-vision", model, outs, [(32, 32), (32, 48)])
+
+
+# ---------------------------------------------------------------------------
+# timm and open_clip: full-size models, one image at their own size
+# ---------------------------------------------------------------------------
+
+def _image(size, seed, batch=1):
+    return torch.randn(batch, 3, size, size, generator=torch.Generator().manual_seed(seed))
+
+
+@unittest.skipIf(torch is None or timm is None, "needs torch and timm")
+class TestTimm(PeerCase):
+    """timm.create_model(name, pretrained=False), perturbed, written as the
+    Hub has timm's models (save_for_hf: config.json naming the
+    architecture, model.safetensors with timm's names)."""
+    TMP_PREFIX = "vitc_peers_timm_"
+
+    def save(self, model, name):
+        d = self.path(name)
+        timm_save_for_hf(model, d, safe_serialization=True)
+        with open(os.path.join(d, "config.json")) as f:
+            self.assertEqual(json.load(f)["architecture"], name)
+        return d
+
+    def compare(self, name, seed, size=224, **kw):
+        """logits (or the backbone's pooled output) and forward_features of
+        the saved model against timm's; (vitc model, directory, image, refs)."""
+        model = perturb(timm.create_model(name, pretrained=False, **kw), seed)
+        d = self.save(model, name)
+        x = _image(size, seed + 100)
+        with torch.no_grad():
+            feats = model.forward_features(x)
+            out = model.forward_head(feats)
+        m = vitc.load_model(d)
+        self.assertEqual(m.config["arch"], name)
+        self.assertEqual(m.config["mean"], [np.float32(v) for v in model.pretrained_cfg["mean"]])
+        what = "logits vs m(x)" if model.num_classes else "pooled output vs m(x)"
+        self.check("timm " + name, what, (size, size), m(x.numpy()), out)
+        self.check("timm " + name, "forward_features", (size, size),
+                   m.forward_features(x.numpy()), feats)
+        return m, d, x, out
+
+    def test_vit_base_patch16_224(self):
+        m, _, _, _ = self.compare("vit_base_patch16_224", 1)
+        self.assertEqual(m.config["num_classes"], 1000)
+
+    def test_deit_tiny_distilled(self):
+        """Class and distillation tokens; eval logits = (head + head_dist) / 2."""
+        m, d, x, out = self.compare("deit_tiny_distilled_patch16_224", 2)
+        self.assertEqual(m.config["num_prefix_tokens"], 2)
+        # The lone file (names alone, no config.json beside it to read).
+        lone = self.path("deit_lone.safetensors")
+        os.rename(os.path.join(d, "model.safetensors"), lone)
+        self.check("timm deit_tiny_distilled_patch16_224 (lone file)", "logits vs m(x)",
+                   (224, 224), vitc.load_model(lone)(x.numpy()), out)
+
+    def test_vit_small_patch14_dinov2(self):
+        """Layer scale (ls1/ls2), no head (num_classes=0): m(x) is the class
+        token after the final norm. At its own 518 px (37x37 grid)."""
+        m, _, _, _ = self.compare("vit_small_patch14_dinov2", 3, size=518)
+        self.assertFalse(m.config["has_head"])
+        self.assertEqual(m.config["num_classes"], 0)
+
+    def test_layer_scale_classifier_trains_not(self):
+        """A classifier with layer scale runs forward; training it is refused
+        (the backward has no layer scale) rather than giving wrong gradients."""
+        from timm.models.vision_transformer import VisionTransformer
+        model = perturb(VisionTransformer(img_size=32, patch_size=8, embed_dim=128, depth=2,
+                                          num_heads=2, init_values=1e-5, num_classes=5), 4)
+        path = self.path("ls.safetensors")
+        safetensors.torch.save_file(model.state_dict(), path)
+        x = _image(32, 5, batch=2)
+        m = vitc.load_model(path, arch=None)
+        with torch.no_grad():
+            self.check("timm VisionTransformer(init_values)", "logits vs m(x)", (32, 32),
+                       m(x.numpy()), model(x))
+        m.train()
+        m(x.numpy())
+        with self.assertRaises(vitc.VitcError) as cm:
+            m.backward(np.ones((2, 5), np.float32))
+        self.assertIn("layer scale", str(cm.exception))
+
+
+@unittest.skipIf(torch is None or open_clip is None, "needs torch and open_clip")
+class TestOpenClip(PeerCase):
+    """open_clip.create_model(name, pretrained=None), its image tower
+    perturbed, written as open_clip's Hub directory (open_clip_config.json
+    and open_clip_model.safetensors, as open_clip's save_for_hf writes
+    them); vitc's default embedding against encode_image."""
+    TMP_PREFIX = "vitc_peers_openclip_"
+
+    def compare(self, name, seed):
+        model = perturb(open_clip.create_model(name, pretrained=None), seed, prefix="visual.")
+        d = self.path(name)
+        os.makedirs(d)
+        safetensors.torch.save_file({k: v.contiguous() for k, v in model.state_dict().items()},
+                                    os.path.join(d, "open_clip_model.safetensors"))
+        save_config_for_hf(model, Path(d) / "open_clip_config.json",
+                           model_config=open_clip.get_model_config(name))
+        x = _image(224, seed + 100)
+        with torch.no_grad():
+            ref = model.encode_image(x)
+        m = vitc.load_model(d)
+        self.assertEqual(m.config["family"], "open-clip")
+        self.check("open_clip " + name, "encode_image vs embed(default)", (224, 224),
+                   m.embed(x.numpy()), ref)
+        self.check("open_clip " + name, "encode_image vs m(x)", (224, 224), m(x.numpy()), ref)
+        return m
+
+    def test_vit_b_32(self):
+        self.compare("ViT-B-32", 6)
+
+    def test_vit_b_16(self):
+        self.compare("ViT-B-16", 7)
+
+
+def tearDownModule():
+    """VITC_PEERS_REPORT=1: each family's largest error, one line each."""
+    if not os.environ.get("VITC_PEERS_REPORT"):
+        return
+    worst = {}
+    for (family, output, size), err in PeerCase.errors.items():
+        key = family.replace(" (shards)", "")
+        if err >= worst.get(key, (-1.0,))[0]:
+            worst[key] = (err, output, size)
+    for family, (err, output, size) in sorted(worst.items()):
+        print("%-45s %.2e  (%s at %s)" % (family, err, output, size))
 
 
 if __name__ == "__main__":
