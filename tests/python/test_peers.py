@@ -73,6 +73,9 @@ class PeerCase(TmpDirCase):
     size and the error."""
     errors = {}  # (family, output, size) -> relative error, for the report
 
+    def setUp(self):
+        torch.manual_seed(0)  # the libraries' own initialisation, before perturb()
+
     def check(self, family, output, size, got, ref):
         ref = ref.detach().numpy() if hasattr(ref, "detach") else np.asarray(ref)
         got = np.asarray(got)
@@ -135,7 +138,6 @@ class TestTransformers(PeerCase):
 
     def vit_like(self, model_cls, config, family, logits=True):
         model = model_cls(config)
-        base = model.base_model
         outs = [("last_hidden_state vs forward_features",
                  lambda mm, x, i: mm.base_model(x, **self._kw(i)).last_hidden_state,
                  lambda m, x: m.forward_features(x)),
@@ -145,7 +147,6 @@ class TestTransformers(PeerCase):
         if logits:
             outs.append(("logits vs m(x)", lambda mm, x, i: mm(x, **self._kw(i)).logits,
                          lambda m, x: m(x)))
-        del base
         return self.run_family(family, model, outs, [(32, 32), (32, 48)])
 
     def test_vit_for_image_classification(self):
@@ -169,15 +170,27 @@ class TestTransformers(PeerCase):
                       if model_cls is transformers.Dinov2WithRegistersModel
                       else transformers.Dinov2Config)
         model = model_cls(config_cls(**cfg))
+        if model_cls is transformers.Dinov2ForImageClassification:
+            # The classifier reads [class token, mean of the patch tokens].
+            outs = [("logits vs m(x)", lambda mm, x, i: mm(x).logits, lambda m, x: m(x)),
+                    ("last_hidden_state vs forward_features",
+                     lambda mm, x, i: mm.dinov2(x).last_hidden_state,
+                     lambda m, x: m.forward_features(x))]
+            return self.run_family(family, model, outs, [(32, 32), (32, 48)])
         outs = [("last_hidden_state vs forward_features",
                  lambda mm, x, i: mm(x).last_hidden_state, lambda m, x: m.forward_features(x)),
                 ("pooler_output vs embed(default)",
                  lambda mm, x, i: mm(x).pooler_output, lambda m, x: m.embed(x))]
-        # DINOv2 resamples at every size, the config's included.
-        return self.run_family(family, model, outs, [(32, 32), (32, 48), (40, 40)])
+        # DINOv2 resamples at every size, the config's included; 24x40 shrinks one
+        # axis, where the registers model's antialiasing acts.
+        return self.run_family(family, model, outs, [(32, 32), (32, 48), (24, 40)])
 
     def test_dinov2(self):
         self._dinov2(transformers.Dinov2Model, "hf-dinov2")
+
+    def test_dinov2_for_image_classification(self):
+        self._dinov2(transformers.Dinov2ForImageClassification, "hf-dinov2-classifier",
+                     num_labels=6)
 
     def test_dinov2_swiglu(self):
         self._dinov2(transformers.Dinov2Model, "hf-dinov2-swiglu", use_swiglu_ffn=True)
@@ -226,16 +239,35 @@ class TestTransformers(PeerCase):
         m = self.run_family("hf-clip-model", model, outs, [(32, 32), (32, 48)])
         self.assertTrue(any(n.startswith("text_model.") for n in m.config["ignored"]))
 
+    _SIGLIP = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+                   intermediate_size=96, image_size=32, patch_size=8)
+    # 24x24 shrinks the 4x4 grid to 3x3, where transformers 4.x's +0.1 rule differed most.
+    _SIGLIP_SIZES = [(32, 32), (32, 48), (24, 24)]
+
     def test_siglip_vision(self):
-        model = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(
-            hidden_size=48, num_hidden_layers=2, num_attention_heads=3, intermediate_size=96,
-            image_size=32, patch_size=8))
+        model = transformers.SiglipVisionModel(transformers.SiglipVisionConfig(**self._SIGLIP))
         outs = [("last_hidden_state vs forward_features",
                  lambda mm, x, i: mm(x, **self._kw(i)).last_hidden_state,
                  lambda m, x: m.forward_features(x)),
                 ("pooler_output (MAP head) vs embed(default)",
                  lambda mm, x, i: mm(x, **self._kw(i)).pooler_output, lambda m, x: m.embed(x))]
-        self.run_family("hf-siglip-vision", model, outs, [(32, 32), (32, 48)])
+        self.run_family("hf-siglip-vision", model, outs, self._SIGLIP_SIZES)
+
+    def test_siglip_model(self):
+        text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                    intermediate_size=64, vocab_size=99, max_position_embeddings=16)
+        model = transformers.SiglipModel(transformers.SiglipConfig(
+            text_config=text, vision_config=self._SIGLIP))
+
+        def features(mm, x, i):
+            out = mm.get_image_features(pixel_values=x, **self._kw(i))
+            return getattr(out, "pooler_output", out)
+        outs = [("get_image_features vs embed(default)", features, lambda m, x: m.embed(x)),
+                ("vision_model.last_hidden_state vs forward_features",
+                 lambda mm, x, i: mm.vision_model(x, **self._kw(i)).last_hidden_state,
+                 lambda m, x: m.forward_features(x))]
+        m = self.run_family("hf-siglip-model", model, outs, self._SIGLIP_SIZES)
+        self.assertIn("logit_bias", m.config["ignored"])
 
 
 # ---------------------------------------------------------------------------
