@@ -351,6 +351,35 @@ class TestTimm(PeerCase):
         self.assertIn("layer scale", str(cm.exception))
 
 
+    def test_small_variants_save_round_trip(self):
+        """A distilled and a headless layer-scale model (timm's classes, small)
+        as lone files against timm, then through vitc's own save and back:
+        the options come from the names, num_classes 0 included."""
+        from timm.models.deit import VisionTransformerDistilled
+        from timm.models.vision_transformer import VisionTransformer
+        small = dict(img_size=32, patch_size=8, embed_dim=128, depth=2, num_heads=2)
+        cases = [("distilled", VisionTransformerDistilled(num_classes=5, **small), 2),
+                 ("headless layer scale",
+                  VisionTransformer(num_classes=0, init_values=1e-5, **small), 1)]
+        x = _image(32, 8, batch=2)
+        for i, (what, model, prefix) in enumerate(cases):
+            perturb(model, 9 + i)
+            path = self.path("small%d.safetensors" % i)
+            safetensors.torch.save_file(model.state_dict(), path)
+            with torch.no_grad():
+                ref, feats = model(x), model.forward_features(x)
+            m = vitc.load_model(path)
+            self.assertEqual(m.config["num_prefix_tokens"], prefix, what)
+            self.check("timm " + what, "m(x)", (32, 32), m(x.numpy()), ref)
+            again = self.path("small%d_vitc.safetensors" % i)
+            m.save(again)
+            m2 = vitc.load_model(again)
+            self.assertEqual(m2.config["num_classes"], m.config["num_classes"], what)
+            self.check("timm " + what + " (vitc save)", "m(x)", (32, 32), m2(x.numpy()), ref)
+            self.check("timm " + what + " (vitc save)", "forward_features", (32, 32),
+                       m2.forward_features(x.numpy()), feats)
+
+
 @unittest.skipIf(torch is None or open_clip is None, "needs torch and open_clip")
 class TestOpenClip(PeerCase):
     """open_clip.create_model(name, pretrained=None), its image tower
