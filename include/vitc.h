@@ -780,7 +780,10 @@ VITC_API int vitc_vit_is_training(const vitc_vit *m);
 VITC_API vitc_status vitc_vit_set_dropout(vitc_vit *m, float dropout, float attention_dropout,
                                           float drop_path);
 /* Gradients of the last training forward for dlogits [B, num_classes],
- * accumulated (+=) into the gradients, as torch does. */
+ * accumulated (+=) into the gradients, as torch does. Only torchvision's
+ * block and head: VITC_ERR_UNSUPPORTED for models with more than one prefix
+ * token, another head or none, layer scale, SwiGLU, an activation other
+ * than GELU or a pre-norm (DeiT, DINOv2, CLIP, SigLIP, T2T-ViT). */
 VITC_API vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits);
 VITC_API vitc_status vitc_vit_zero_grad(vitc_vit *m);
 /* Parameter i (state_dict order): torch name, shape, data, and its gradient

@@ -98,16 +98,10 @@ static void vit_cubic_taps_hp(int64_t o, int64_t in, float scale, int64_t idx[4]
     vit_cubic_at(scale * ((float)o + 0.5f) - 0.5f, in, idx, w);
 }
 
-/* The source step of one axis: in/out for an output size; the legacy
- * scale_factor (out + 0.1) / in maps by its inverse, 1 / s, not in/out. */
-static float vit_axis_scale(int64_t in, int64_t out, int legacy) {
-    return legacy ? (float)(1.0 / (((double)out + 0.1) / (double)in)) : (float)in / (float)out;
-}
-
-/* mode: 0 align_corners=True; 1 half-pixel to a size; 2 legacy scale_factor. */
+/* mode: 0 align_corners=True; 1 half-pixel to a size. */
 static void vit_bicubic(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw,
                         int64_t oh, int64_t ow, int mode) {
-    float sy = vit_axis_scale(ih, oh, mode == 2), sx = vit_axis_scale(iw, ow, mode == 2);
+    float sy = (float)ih / (float)oh, sx = (float)iw / (float)ow;
     for (int64_t y = 0; y < oh; y++) {
         int64_t ys[4], xs[4];
         float wy[4], wx[4];
@@ -273,7 +267,7 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
         VITC_TRY(vit_bicubic_aa(m->pos_buf.p + np * C, m->pos_buf.p + n, m->w.pos + np * C, C, g, g, gh, gw));
     else
         vit_bicubic(m->pos_buf.p + np * C, m->w.pos + np * C, C, g, g, gh, gw,
-                    m->pos_rule == VIT_POS_HALF_PIXEL ? 1 : m->pos_rule == VIT_POS_LEGACY ? 2 : 0);
+                    m->pos_rule == VIT_POS_HALF_PIXEL);
     m->pos_gh = (int)gh;
     m->pos_gw = (int)gw;
     m->pos_ver = m->wversion + 1;

@@ -207,10 +207,15 @@ vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits) {
     if (m->t2t)
         return vitc__err(VITC_ERR_UNSUPPORTED, "vitc_vit_backward: T2T-ViT runs forward only "
                          "(inference)");
-    if (m->n_prefix != 1 || m->head != VIT_HEAD_CLS)
+    /* The backward has torchvision's block: no layer scale, SwiGLU or other activation. */
+    if (m->n_prefix != 1 || m->head != VIT_HEAD_CLS || m->layer_scale || m->swiglu ||
+        m->mlp_act != VIT_ACT_GELU || m->pre_norm)
         return vitc__err(VITC_ERR_UNSUPPORTED, "vitc_vit_backward: training a %s model (%d prefix "
                          "tokens, %s) is not supported", m->family, m->n_prefix,
-                         m->head == VIT_HEAD_NONE ? "no head" : "two heads");
+                         m->head == VIT_HEAD_NONE   ? "no head"
+                         : m->head != VIT_HEAD_CLS  ? "its head"
+                         : m->layer_scale           ? "layer scale"
+                                                    : "its block");
     if (!m->recorded)
         return vitc__err(VITC_ERR_INVALID_ARG,
                          "vitc_vit_backward: no recorded forward (call vitc_vit_set_training(m, "

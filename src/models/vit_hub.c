@@ -465,12 +465,13 @@ static const hub_family hub_families[] = {
      hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL, 0},
     {"clip_vision_model", "hf-clip", "vision_model.", hub_clip_model, hub_clip_layer,
      "encoder.layers.%d.", hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL, 0},
-    /* SigLIP: no class token, an attention-pooling head; its position grid
-     * still resampled by the legacy +0.1 scale factor. */
+    /* SigLIP: no class token, an attention-pooling head. Its grid goes to
+     * the new size as ViT's does: transformers 5's SiglipVisionEmbeddings
+     * no longer has the +0.1 scale factor of 4.x. */
     {"siglip", "hf-siglip", "vision_model.", hub_siglip_model, hub_clip_layer,
-     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_LEGACY, 0},
+     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_HALF_PIXEL, 0},
     {"siglip_vision_model", "hf-siglip", "vision_model.", hub_siglip_model, hub_clip_layer,
-     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_LEGACY, 0},
+     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_HALF_PIXEL, 0},
 };
 /* CLIP towers outside transformers' names (vitc__vit_load_clip_names). */
 static const hub_family hub_openclip = {"open_clip", "open-clip", "visual.", hub_openclip_model,
@@ -825,6 +826,15 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
     return VITC_OK;
 }
 
+static void clip_floats3(json_t *a, float *f) {
+    if (!json_is_array(a) || json_array_size(a) != 3)
+        return;
+    for (int i = 0; i < 3; i++)
+        if (!json_is_number(json_array_get(a, (size_t)i)))
+            return;
+    for (int i = 0; i < 3; i++) f[i] = (float)json_number_value(json_array_get(a, (size_t)i));
+}
+
 vitc_status vitc__vit_load_hub(const char *dir, const char *weights, int prec, vitc_vit **out) {
     *out = NULL;
     char *cfg_path = hub_join(dir, "config.json"), *wpath = NULL;
@@ -861,6 +871,30 @@ vitc_status vitc__vit_load_hub(const char *dir, const char *weights, int prec, v
         wpath = weights ? NULL : hub_join(dir, "model.safetensors");
         s = wpath || weights ? vitc__vit_load_prec(weights ? weights : wpath, NULL, prec, out)
                              : vitc__err(VITC_ERR_NOMEM, "out of memory");
+        if (s == VITC_OK) {
+            /* The file alone gets timm's default 0.5 statistics; its config
+             * has the model's own (ImageNet's for DeiT and DINOv2) and name. */
+            vitc_vit_config *c = &(*out)->cfg;
+            json_t *pc = json_object_get(cfg, "pretrained_cfg");
+            float mean[3], std[3];
+            memcpy(mean, c->mean, sizeof mean);
+            memcpy(std, c->std, sizeof std);
+            clip_floats3(json_object_get(pc, "mean"), mean);
+            clip_floats3(json_object_get(pc, "std"), std);
+            for (int i = 0; i < 3 && s == VITC_OK; i++)
+                if (!(std[i] > 0.0f) || !isfinite(mean[i]) || !isfinite(std[i]))
+                    s = vitc__err(VITC_ERR_FORMAT, "%s: pretrained_cfg mean/std[%d] = %g/%g is "
+                                  "invalid", cfg_path, i, (double)mean[i], (double)std[i]);
+            if (s == VITC_OK) {
+                memcpy(c->mean, mean, sizeof mean);
+                memcpy(c->std, std, sizeof std);
+                snprintf((*out)->arch, sizeof (*out)->arch, "%.31s",
+                         json_string_value(json_object_get(cfg, "architecture")));
+            } else {
+                vitc_vit_free(*out);
+                *out = NULL;
+            }
+        }
         json_decref(cfg);
         free(cfg_path);
         free(wpath);
@@ -915,15 +949,6 @@ int vitc__vit_clip_names(const vitc_safetensors *st) {
 }
 
 /* 3 numbers of a JSON array into f (left as they are otherwise). */
-static void clip_floats3(json_t *a, float *f) {
-    if (!json_is_array(a) || json_array_size(a) != 3)
-        return;
-    for (int i = 0; i < 3; i++)
-        if (!json_is_number(json_array_get(a, (size_t)i)))
-            return;
-    for (int i = 0; i < 3; i++) f[i] = (float)json_number_value(json_array_get(a, (size_t)i));
-}
-
 /* The config from the tensors (CLIP's heads = width / 64 unless
  * open_clip_config.json's head_width says), the activation and mean/std
  * from the config beside the file: open_clip's model_cfg.quick_gelu,

@@ -125,8 +125,7 @@ enum { VIT_ACT_GELU = 0, VIT_ACT_GELU_TANH = 1, VIT_ACT_QUICK_GELU = 2 };
 typedef enum vitc__vit_pos_rule {
     VIT_POS_ALIGN_CORNERS = 0, /* torchvision: bicubic, align_corners=True */
     VIT_POS_HALF_PIXEL = 1,    /* HF >= 4.45: bicubic to size, align_corners=False */
-    VIT_POS_ANTIALIAS = 2,     /* the same with antialias=True (DINOv2 with registers) */
-    VIT_POS_LEGACY = 3         /* scale_factor (g' + 0.1) / g (SigLIP, transformers < 4.45) */
+    VIT_POS_ANTIALIAS = 2      /* the same with antialias=True (DINOv2 with registers) */
 } vitc__vit_pos_rule;
 
 /* A block's activations. In a training forward every block has its own

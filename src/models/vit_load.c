@@ -346,8 +346,10 @@ const int64_t *vitc__vit_file_shape(const vitc_safetensors *st, const char *name
 
 /* Fill what the tensors tell: every field but num_heads (left 0) and the
  * eps/mean/std defaults of the naming. A field whose tensor is missing or
- * odd stays 0; the table check later names that tensor. */
-static void vit_infer(const vitc_safetensors *st, vitc__vit_naming nm, vitc_vit_config *c) {
+ * odd stays 0; the table check later names that tensor. n_prefix: the
+ * position rows before the patch grid (2 with DeiT's distillation token). */
+static void vit_infer(const vitc_safetensors *st, vitc__vit_naming nm, int n_prefix,
+                      vitc_vit_config *c) {
     char name[160];
     const int64_t *s;
     memset(c, 0, sizeof *c);
@@ -362,8 +364,8 @@ static void vit_infer(const vitc_safetensors *st, vitc__vit_naming nm, vitc_vit_
             c->hidden_dim = (int)s[0];
     }
     if ((s = vitc__vit_file_shape(st, vit_model_names[nm][VIT_P_POS], 3)) && c->patch_size) {
-        int64_t g = (int64_t)llround(sqrt((double)(s[1] - 1)));
-        if (g * g == s[1] - 1 && g * c->patch_size <= VIT_MAX_DIM)
+        int64_t g = (int64_t)llround(sqrt((double)(s[1] - n_prefix)));
+        if (g * g == s[1] - n_prefix && g * c->patch_size <= VIT_MAX_DIM)
             c->image_size = (int)(g * c->patch_size);
     }
     if ((s = vitc__vit_file_shape(st, vit_model_names[nm][VIT_P_HEAD_W], 2)))
@@ -516,12 +518,16 @@ const char *vitc__vit_preset_name(int i) {
     return i >= 0 && i < VIT_N_PRESETS ? vit_presets[i].name : NULL;
 }
 
-static vitc_status vit_check_config(const vitc_vit_config *c) {
+/* headless: a backbone (no head tensors), whose num_classes is 0. */
+static vitc_status vit_check_config(const vitc_vit_config *c, int headless) {
+    if (headless && c->num_classes)
+        return vitc__err(VITC_ERR_INVALID_ARG, "ViT config: num_classes = %d for a model "
+                         "without head tensors", c->num_classes);
     struct { const char *key; int v; } f[] = {
         {"image_size", c->image_size}, {"patch_size", c->patch_size},
         {"in_channels", c->in_channels}, {"hidden_dim", c->hidden_dim},
         {"depth", c->depth}, {"num_heads", c->num_heads},
-        {"mlp_dim", c->mlp_dim}, {"num_classes", c->num_classes},
+        {"mlp_dim", c->mlp_dim}, {"num_classes", headless ? 1 : c->num_classes},
     };
     for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
         if (f[i].v < 1 || f[i].v > VIT_MAX_DIM)
@@ -559,6 +565,8 @@ static int vit_preset_fits(const vit_preset *p, const vitc_vit_config *c) {
  * file's key spelling. */
 static void vit_name_arch(vitc_vit *m, const vit_preset *asked) {
     snprintf(m->arch, sizeof m->arch, "custom");
+    if (m->n_prefix != 1 || m->layer_scale || m->head != VIT_HEAD_CLS)
+        return; /* the presets have one class token, a head and no layer scale */
     if (asked && vit_preset_fits(asked, &m->cfg)) {
         snprintf(m->arch, sizeof m->arch, "%s", asked->name);
         return;
@@ -595,12 +603,32 @@ static vitc_status vit_detect_naming(const vitc_safetensors *st, vitc__vit_namin
     return VITC_OK;
 }
 
+/* The options the names show, as timm writes them: DeiT's distillation
+ * token (its position row before the grid) with head_dist, whose eval
+ * logits are the mean of both heads; layer scale (ls1/ls2: DINOv2 and
+ * timm's init_values models); no head tensors at all (num_classes=0, a
+ * backbone whose output is the embedding). */
+static void vit_detect_options(vitc_vit *m, const vitc_safetensors *st) {
+    const char *const *n = vit_model_names[m->naming];
+    char name[160];
+    m->n_dist = vitc_safetensors_find(st, n[VIT_P_DIST]) >= 0;
+    m->n_prefix = m->n_cls + m->n_dist;
+    m->layer_scale = vitc_safetensors_find(st, vit_layer_name(m->naming, 0, VIT_L_LS1, name,
+                                                              sizeof name)) >= 0;
+    if (vitc_safetensors_find(st, n[VIT_P_HEAD_W]) < 0 &&
+        vitc_safetensors_find(st, n[VIT_P_HEAD_B]) < 0)
+        m->head = VIT_HEAD_NONE;
+    else
+        m->head = m->n_dist ? VIT_HEAD_MEAN2 : VIT_HEAD_CLS;
+}
+
 /* Config: inferred from the tensors, then a preset's structure, then the
  * file's own vitc.config, field by field. */
 static vitc_status vit_resolve_config(vitc_vit *m, const vitc_safetensors *st, const char *arch,
                                       const vit_preset **asked) {
     vitc_vit_config *c = &m->cfg;
-    vit_infer(st, m->naming, c);
+    int headless = m->head == VIT_HEAD_NONE;
+    vit_infer(st, m->naming, m->n_prefix, c);
     *asked = NULL;
     const char *meta = vitc_safetensors_get_metadata(st, "vitc.config");
     if (arch && *arch) {
@@ -628,9 +656,10 @@ static vitc_status vit_resolve_config(vitc_vit *m, const vitc_safetensors *st, c
         c->mlp_dim = p->mlp_dim;
         c->in_channels = 3;
         const int64_t *s = vitc__vit_file_shape(st, vit_model_names[m->naming][VIT_P_POS], 3);
-        int64_t g = s ? (int64_t)llround(sqrt((double)(s[1] - 1))) : 0;
-        c->image_size = g > 0 && g * g == s[1] - 1 ? (int)(g * p->patch_size) : p->image_size;
-        if (!c->num_classes)
+        int64_t g = s ? (int64_t)llround(sqrt((double)(s[1] - m->n_prefix))) : 0;
+        c->image_size =
+            g > 0 && g * g == s[1] - m->n_prefix ? (int)(g * p->patch_size) : p->image_size;
+        if (!c->num_classes && !headless)
             c->num_classes = 1000;
         vit_set_norm(c, p->timm);
         c->norm_eps = 1e-6f;
@@ -648,7 +677,7 @@ static vitc_status vit_resolve_config(vitc_vit *m, const vitc_safetensors *st, c
     if (!c->image_size)
         return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (cannot infer image_size)",
                          vit_model_names[m->naming][VIT_P_POS]);
-    if (!c->num_classes)
+    if (!c->num_classes && !headless)
         return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (cannot infer num_classes)",
                          vit_model_names[m->naming][VIT_P_HEAD_W]);
     if (!c->depth || !c->mlp_dim)
@@ -662,7 +691,7 @@ static vitc_status vit_resolve_config(vitc_vit *m, const vitc_safetensors *st, c
                              "give an architecture or a vitc.config", c->hidden_dim);
         c->num_heads = c->hidden_dim / 64;
     }
-    return vit_check_config(c);
+    return vit_check_config(c, headless);
 }
 
 /* Tensors named "vitc.*" are a training checkpoint's state (optimizer
@@ -743,6 +772,7 @@ static vitc_status vit_build(const vitc_safetensors *st, const char *arch, int *
     VITC_TRY(vitc__t2t_configure(m, st, arch, &t2t));
     if (!t2t) {
         VITC_TRY(vit_detect_naming(st, &m->naming));
+        vit_detect_options(m, st);
         VITC_TRY(vit_resolve_config(m, st, arch, &asked));
     } else if (adopt) { /* rows the file lacks (a qkv bias of zeros): copied out */
         *adopt = 0;
@@ -811,7 +841,7 @@ vitc_status vitc_vit_create(const vitc_vit_config *cfg, uint64_t seed, vitc_vit 
     if (!cfg || !out)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_create: NULL argument");
     *out = NULL;
-    VITC_TRY(vit_check_config(cfg));
+    VITC_TRY(vit_check_config(cfg, 0));
     vitc_vit *m = vitc__vit_alloc();
     if (!m)
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");

@@ -125,7 +125,8 @@ char *vitc__vit_config_json(const vitc_vit_config *c, const char *const *labels)
     };
     int bad = 0;
     for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        bad |= json_object_set_new(o, ints[i].key, json_integer(ints[i].v));
+        if (ints[i].v || strcmp(ints[i].key, "num_classes")) /* 0: a backbone, no head rows */
+            bad |= json_object_set_new(o, ints[i].key, json_integer(ints[i].v));
     bad |= json_object_set_new(o, "norm_eps", json_real(c->norm_eps));
     json_t *mean = json_array(), *std = json_array();
     for (int i = 0; i < 3; i++) {

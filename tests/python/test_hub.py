@@ -294,15 +294,15 @@ class TestHubModels(TmpDirCase):
         self.assertEqual(m.config["family"], "hf-siglip")
         self.assertEqual(m.config["num_prefix_tokens"], 0)
         self.assertIn("logit_bias", m.config["ignored"])
-        # The legacy +0.1 rule matters at 24x24 (a 4x4 grid to 3x3).
+        # The resampling rule matters at 24x24 (a 4x4 grid to 3x3): 4.x's +0.1 differs.
         x = self.xd[(24, 24)]
         _, pooled = hf_ref.siglip_forward(sd, cfg, x)
-        save = hf_ref.interpolate_pos_legacy
+        save = hf_ref.interpolate_pos_siglip
         try:
-            hf_ref.interpolate_pos_legacy = lambda p, h0, w0: hf_ref.interpolate_pos(p, 0, h0, w0)
+            hf_ref.interpolate_pos_siglip = hf_ref.interpolate_pos_legacy
             _, other = hf_ref.siglip_forward(sd, cfg, x)
         finally:
-            hf_ref.interpolate_pos_legacy = save
+            hf_ref.interpolate_pos_siglip = save
         self.assertGreater((other - pooled).abs().max().item(), 1e-3)
 
     def test_siglip_vision_bf16_and_headless(self):

@@ -452,9 +452,15 @@ def siglip_random_state(cfg, seed=0, text=True):
     return sd, ints
 
 
+def interpolate_pos_siglip(pos, h0, w0):
+    """SiglipVisionEmbeddings.interpolate_pos_encoding of transformers 5
+    (no class token): bicubic to the new size, as ViT's."""
+    return interpolate_pos(pos, 0, h0, w0)
+
+
 def interpolate_pos_legacy(pos, h0, w0):
-    """SiglipVisionEmbeddings.interpolate_pos_encoding as the notes read it:
-    the +0.1 scale factor (the output size is still h0 x w0)."""
+    """The +0.1 scale factor SigLIP's resampling had in transformers 4.x
+    (the output size is still h0 x w0); kept to show the two differ."""
     n, D = pos.shape[1], pos.shape[-1]
     if h0 * w0 == n and h0 == w0:
         return pos
@@ -476,7 +482,7 @@ def siglip_forward(sd, cfg, px):
     e = "vision_model.embeddings."
     x = F.conv2d(px, sd[e + "patch_embedding.weight"], sd[e + "patch_embedding.bias"], stride=P)
     x = x.flatten(2).transpose(1, 2)
-    x = x + interpolate_pos_legacy(sd[e + "position_embedding.weight"][None], H // P, W // P)
+    x = x + interpolate_pos_siglip(sd[e + "position_embedding.weight"][None], H // P, W // P)
     x = _clip_encoder(sd, v, x, scale_q_first=False)  # SiglipAttention scales q @ k
     x = F.layer_norm(x, (D,), sd["vision_model.post_layernorm.weight"],
                      sd["vision_model.post_layernorm.bias"], eps)
