@@ -19,6 +19,17 @@
 
 VERSION   := 0.1.0
 SOVERSION := 0
+# VERSION is the one version number (CHANGELOG.md): setup.py reads it for the
+# Python package, vitc.pc gets it at install. The public header carries it for
+# compilers that never see this file, so a build refuses a header that lags.
+HDR_VERSION := $(shell sed -n 's/^\#define VITC_VERSION_STRING "\(.*\)"/\1/p' include/vitc.h)
+HDR_PARTS   := $(shell sed -n 's/^\#define VITC_VERSION_\(MAJOR\|MINOR\|PATCH\) \([0-9]*\)$$/\2/p' include/vitc.h)
+empty :=
+space := $(empty) $(empty)
+HDR_DOTTED  := $(subst $(space),.,$(HDR_PARTS))
+ifneq ($(HDR_VERSION) $(HDR_DOTTED),$(VERSION) $(VERSION))
+$(error include/vitc.h says version $(HDR_VERSION) (parts $(HDR_DOTTED)), the Makefile's VERSION is $(VERSION): set VITC_VERSION_STRING and VITC_VERSION_MAJOR/MINOR/PATCH to match)
+endif
 PREFIX    ?= /usr/local
 DESTDIR   ?=
 BUILD     ?= build
