@@ -119,6 +119,9 @@ int cmd_eval(int argc, char **argv) {
         return cli_usage_error("eval", "--model is required");
     if (!data)
         return cli_usage_error("eval", "--data is required");
+    static const char *const png[] = {".png"};
+    if (plot && cli_out_format("eval", "--plot", plot, "PNG", png, 1) < 0)
+        return CLI_USAGE;
     if (threads)
         vitc_set_num_threads(threads);
     vitc_vit *m;
