@@ -288,26 +288,15 @@ static int cli_edit_distance(const char *a, size_t na, const char *b, size_t nb)
     return row[nb];
 }
 
-const char *cli_nearest_name(const char *a, const char *const *names, int n) {
+/* Of n names, the k-th at (const char *const *)(first + k * stride) (an
+ * array of strings, or a name field of an array of structs), the closest
+ * to a[0..na) within two edits, or NULL. */
+static const char *cli_nearest_of(const char *a, size_t na, const void *first, size_t stride,
+                                  int n) {
     const char *best = NULL;
     int best_d = 3;
     for (int k = 0; k < n; k++) {
-        int d = cli_edit_distance(a, strlen(a), names[k], strlen(names[k]));
-        if (d < best_d) {
-            best_d = d;
-            best = names[k];
-        }
-    }
-    return best;
-}
-
-/* The spec's option closest to the unknown a, its "=value" ignored. */
-static const char *cli_nearest(const cli_spec *spec, const char *a) {
-    const char *eq = strchr(a, '='), *best = NULL;
-    size_t na = eq ? (size_t)(eq - a) : strlen(a);
-    int best_d = 3;
-    for (int k = 0; k < spec->n_opts; k++) {
-        const char *name = spec->opts[k].name;
+        const char *name = *(const char *const *)((const char *)first + (size_t)k * stride);
         int d = cli_edit_distance(a, na, name, strlen(name));
         if (d < best_d) {
             best_d = d;
@@ -315,6 +304,19 @@ static const char *cli_nearest(const cli_spec *spec, const char *a) {
         }
     }
     return best;
+}
+
+const char *cli_nearest_name(const char *a, const char *const *names, int n) {
+    return cli_nearest_of(a, strlen(a), names, sizeof *names, n);
+}
+
+/* The spec's option closest to the unknown a, its "=value" ignored. */
+static const char *cli_nearest(const cli_spec *spec, const char *a) {
+    const char *eq = strchr(a, '=');
+    if (spec->n_opts < 1)
+        return NULL;
+    return cli_nearest_of(a, eq ? (size_t)(eq - a) : strlen(a), &spec->opts[0].name,
+                          sizeof spec->opts[0], spec->n_opts);
 }
 
 static int cli_set(const cli_opt *o, const char *v, char *err, size_t err_len) {
