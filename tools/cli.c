@@ -420,6 +420,13 @@ int cli_parse_command(const char *cmd, const cli_spec *spec, int argc, char **ar
     return rc;
 }
 
+int cli_require_head(const char *model_path, const vitc_vit *m) {
+    if (vitc_vit_has_head(m))
+        return CLI_OK;
+    return cli_error("%s: this model has no classification head (a backbone): use `vitc embed` "
+                     "for its image embeddings", model_path);
+}
+
 int cli_out_format(const char *cmd, const char *opt, const char *path, const char *what,
                    const char *const *exts, int n) {
     const char *base = strrchr(path, '/'), *dot;

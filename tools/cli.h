@@ -128,6 +128,10 @@ const char *cli_nearest_name(const char *a, const char *const *names, int n);
  * not get PNG or .npy bytes under it. */
 int cli_out_format(const char *cmd, const char *opt, const char *path, const char *what,
                    const char *const *exts, int n);
+/* CLI_OK when m has a classification head; else the error, naming the
+ * command that serves a backbone (the library's own message names its C
+ * function), and CLI_FAIL. */
+int cli_require_head(const char *model_path, const vitc_vit *m);
 /* Strict numbers: the whole string, no spaces, in range, finite; 0 or -1. */
 int cli_parse_long(const char *s, long min, long max, long *out);
 int cli_parse_double(const char *s, double min, double max, double *out);

@@ -237,12 +237,8 @@ int cmd_classify(int argc, char **argv) {
     if ((rc = cli_open_model("classify", &mo, &m, &in)) != CLI_OK)
         goto done;
     cfg = vitc_vit_get_config(m);
-    /* The library's refusal names its C entry point; a CLI user needs the command. */
-    if (!vitc_vit_has_head(m)) {
-        rc = cli_error("%s: this model has no classification head (a backbone): use `vitc embed` "
-                       "for its image embeddings", o.model);
+    if ((rc = cli_require_head(o.model, m)) != CLI_OK)
         goto done;
-    }
     if (o.labels && (rc = cli_read_labels(o.labels, cfg->num_classes, &labels)) != 0)
         goto done;
     k = o.topk < cfg->num_classes ? o.topk : cfg->num_classes;

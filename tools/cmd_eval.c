@@ -130,7 +130,9 @@ int cmd_eval(int argc, char **argv) {
         return prc;
     if (cli_load_vit(model, NULL, prec, &m) != VITC_OK)
         return cli_lib_error("--model");
-    prc = cli_set_precision("eval", m, NULL, attn_precision);
+    prc = cli_require_head(model, m);
+    if (prc == CLI_OK)
+        prc = cli_set_precision("eval", m, NULL, attn_precision);
     if (prc != CLI_OK) {
         vitc_vit_free(m);
         return prc;

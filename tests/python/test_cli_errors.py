@@ -99,6 +99,8 @@ class TestCLIErrors(TmpDirCase):
         e = self.one_error(["classify", "--model", d, PHOTO], 1, "no classification head",
                            "vitc embed")
         self.assertNotIn("vitc_vit_embed", e)
+        e = self.one_error(["eval", "--model", d, "--data", self.tmp], 1,
+                           "no classification head", "vitc embed")
         rc, out, err = run_vitc("embed", "--model", d, PHOTO)
         self.assertEqual(rc, 0, err)
 
