@@ -89,6 +89,8 @@ static int png_built(void) {
         snprintf(p, sizeof p, "%s/probe.png", tu_tmpdir);
         built = vitc_image_save_png(p, px, 1, 1) != VITC_ERR_UNSUPPORTED;
         unlink(p);
+        if (!built)
+            printf("test_files: built without libpng (NO_PNG=1): the PNG writer's cases skipped\n");
     }
     return built;
 }
