@@ -31,7 +31,8 @@ static void cli_help(FILE *f) {
                "and Vision Transformers from safetensors files.\n\ncommands:\n");
     for (size_t i = 0; i < CLI_NCMDS; i++)
         fprintf(f, "  %-15s %s\n", cli_cmds[i].name, cli_cmds[i].help);
-    fprintf(f, "\n'vitc COMMAND --help' describes a command. vitc --version prints the version.\n");
+    fprintf(f, "\n'vitc help COMMAND' (or 'vitc COMMAND --help') describes a command.\n"
+               "'vitc --version' prints the version.\n");
 }
 
 static int unknown_command(const char *name) {
