@@ -146,6 +146,9 @@ VITC_API vitc_status vitc_safetensors_save(const char *path, int n,
  * ndim 0..32). */
 VITC_API vitc_status vitc_save_npy(const char *path, const float *data, int ndim,
                                    const int64_t *shape);
+/* Write bytes data[0..len) as path, replaced atomically as above: for a
+ * caller's own outputs (the CLI's JSON files) with the same guarantees. */
+VITC_API vitc_status vitc_save_bytes(const char *path, const void *data, size_t len);
 /* Open a file for reading as vitc opens its own inputs: never blocks (a FIFO
  * or device is refused at once), only regular files, at most max_bytes
  * (0: no limit). *size (may be NULL) gets the size. Close with fclose. */

@@ -476,6 +476,10 @@ static void test_gemm_in_pool_task(void **state) {
 }
 
 int main(void) {
+#ifndef VITC_HAVE_OPENBLAS
+    printf("test_gemm: built without OpenBLAS (NO_BLAS=1 or not found): its backend checked to "
+           "be refused, the comparisons with it skipped\n");
+#endif
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_backend_api),
         cmocka_unit_test(test_small_all_transposes),

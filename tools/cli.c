@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -258,6 +259,66 @@ static const cli_opt *cli_find(const cli_spec *spec, const char *a, const char *
     return NULL;
 }
 
+/* Levenshtein distance of a[0..na) and b[0..nb), or more than 2 once it is
+ * sure to be (only a typo's distance matters; rows stop early). */
+static int cli_edit_distance(const char *a, size_t na, const char *b, size_t nb) {
+    enum { MAXLEN = 64 };
+    int row[MAXLEN + 1];
+    if (na > MAXLEN || nb > MAXLEN || (na > nb ? na - nb : nb - na) > 2)
+        return 3;
+    for (size_t j = 0; j <= nb; j++) row[j] = (int)j;
+    for (size_t i = 1; i <= na; i++) {
+        int diag = row[0], best;
+        row[0] = best = (int)i;
+        for (size_t j = 1; j <= nb; j++) {
+            int up = row[j];
+            int d = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < d)
+                d = up + 1;
+            if (row[j - 1] + 1 < d)
+                d = row[j - 1] + 1;
+            row[j] = d;
+            diag = up;
+            if (d < best)
+                best = d;
+        }
+        if (best > 2)
+            return 3;
+    }
+    return row[nb];
+}
+
+/* Of n names, the k-th at (const char *const *)(first + k * stride) (an
+ * array of strings, or a name field of an array of structs), the closest
+ * to a[0..na) within two edits, or NULL. */
+static const char *cli_nearest_of(const char *a, size_t na, const void *first, size_t stride,
+                                  int n) {
+    const char *best = NULL;
+    int best_d = 3;
+    for (int k = 0; k < n; k++) {
+        const char *name = *(const char *const *)((const char *)first + (size_t)k * stride);
+        int d = cli_edit_distance(a, na, name, strlen(name));
+        if (d < best_d) {
+            best_d = d;
+            best = name;
+        }
+    }
+    return best;
+}
+
+const char *cli_nearest_name(const char *a, const char *const *names, int n) {
+    return cli_nearest_of(a, strlen(a), names, sizeof *names, n);
+}
+
+/* The spec's option closest to the unknown a, its "=value" ignored. */
+static const char *cli_nearest(const cli_spec *spec, const char *a) {
+    const char *eq = strchr(a, '=');
+    if (spec->n_opts < 1)
+        return NULL;
+    return cli_nearest_of(a, eq ? (size_t)(eq - a) : strlen(a), &spec->opts[0].name,
+                          sizeof spec->opts[0], spec->n_opts);
+}
+
 static int cli_set(const cli_opt *o, const char *v, char *err, size_t err_len) {
     char shown[80];
     if (o->kind == CLI_STRING) {
@@ -320,7 +381,11 @@ int cli_parse(const cli_spec *spec, int argc, char **argv, char **pos, int *n_po
             return CLI_PARSE_HELP;
         cli_escape(shown, sizeof shown, a);
         if (!(o = cli_find(spec, a, &v))) {
-            snprintf(err, err_len, "unknown option '%s'", shown);
+            const char *near = cli_nearest(spec, a);
+            if (near)
+                snprintf(err, err_len, "unknown option '%s' (did you mean %s?)", shown, near);
+            else
+                snprintf(err, err_len, "unknown option '%s'", shown);
             return CLI_PARSE_ERROR;
         }
         if (o->kind == CLI_FLAG) {
@@ -353,6 +418,33 @@ int cli_parse_command(const char *cmd, const cli_spec *spec, int argc, char **ar
     if (rc == CLI_PARSE_ERROR)
         return cli_usage_error(cmd, "%s", err);
     return rc;
+}
+
+int cli_require_head(const char *model_path, const vitc_vit *m) {
+    if (vitc_vit_has_head(m))
+        return CLI_OK;
+    return cli_error("%s: this model has no classification head (a backbone): use `vitc embed` "
+                     "for its image embeddings", model_path);
+}
+
+int cli_out_format(const char *cmd, const char *opt, const char *path, const char *what,
+                   const char *const *exts, int n) {
+    const char *base = strrchr(path, '/'), *dot;
+    char names[128] = "";
+    base = base ? base + 1 : path;
+    dot = strrchr(base, '.');
+    if (!dot || dot == base) /* "out", ".hidden": no extension */
+        return 0;
+    for (int i = 0; i < n; i++)
+        if (!strcasecmp(dot, exts[i]))
+            return i;
+    for (int i = 0; i < n; i++) {
+        size_t len = strlen(names);
+        snprintf(names + len, sizeof names - len, "%s%s", i == 0 ? "" : i + 1 < n ? ", " : " or ",
+                 exts[i]);
+    }
+    cli_usage_error(cmd, "%s %s: %s writes %s; name the file %s", opt, path, cmd, what, names);
+    return -1;
 }
 
 /* ------------------------------------------------------------------ */

@@ -118,6 +118,20 @@ int cli_parse_command(const char *cmd, const cli_spec *spec, int argc, char **ar
  * 0 to go on, else the exit status (the error printed). */
 int cli_parse_images(const char *cmd, const char *usage, const cli_spec *spec, int argc,
                      char **argv, const char *const *model, char ***images, int *n_images);
+/* Of names[0..n), the one within two edits (Levenshtein) of a and closest,
+ * for a "did you mean" after a typo; NULL when none is that close. */
+const char *cli_nearest_name(const char *a, const char *const *names, int n);
+/* Which of exts[0..n) (".png", ...; any case) path's file name ends in:
+ * its index; 0 for a name with no extension (exts[0] is the default). Else
+ * the usage error "OPT PATH: CMD writes WHAT; name the file ..." is printed
+ * and -1 returned: a name that promises another format (x.jpg, e.txt) must
+ * not get PNG or .npy bytes under it. */
+int cli_out_format(const char *cmd, const char *opt, const char *path, const char *what,
+                   const char *const *exts, int n);
+/* CLI_OK when m has a classification head; else the error, naming the
+ * command that serves a backbone (the library's own message names its C
+ * function), and CLI_FAIL. */
+int cli_require_head(const char *model_path, const vitc_vit *m);
 /* Strict numbers: the whole string, no spaces, in range, finite; 0 or -1. */
 int cli_parse_long(const char *s, long min, long max, long *out);
 int cli_parse_double(const char *s, double min, double max, double *out);

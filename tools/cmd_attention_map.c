@@ -104,6 +104,10 @@ static int am_parse(int argc, char **argv, am_opts *o) {
         return cli_usage_error("attention-map", "--out is required");
     if (!o->image)
         return cli_usage_error("attention-map", "no image given");
+    static const char *const png[] = {".png"}, *const npy[] = {".npy"};
+    if (cli_out_format("attention-map", "--out", o->out, "PNG", png, 1) < 0 ||
+        (o->raw && cli_out_format("attention-map", "--raw", o->raw, "float32 .npy", npy, 1) < 0))
+        return CLI_USAGE;
     if (strcmp(o->method, "rollout") && strcmp(o->method, "cls"))
         return cli_usage_error("attention-map", "--method is rollout or cls, not '%s'",
                                o->method);

@@ -237,6 +237,8 @@ int cmd_classify(int argc, char **argv) {
     if ((rc = cli_open_model("classify", &mo, &m, &in)) != CLI_OK)
         goto done;
     cfg = vitc_vit_get_config(m);
+    if ((rc = cli_require_head(o.model, m)) != CLI_OK)
+        goto done;
     if (o.labels && (rc = cli_read_labels(o.labels, cfg->num_classes, &labels)) != 0)
         goto done;
     k = o.topk < cfg->num_classes ? o.topk : cfg->num_classes;

@@ -20,6 +20,10 @@
 #define EMBED_MAX_BATCH 4096
 #define EMBED_MAX_CROP 16384
 
+/* --out's formats, by its extension (cli_out_format's order). */
+enum { EMBED_OUT_NPY, EMBED_OUT_JSONL, EMBED_OUT_JSON };
+static const char *const embed_out_exts[] = {".npy", ".jsonl", ".json"};
+
 static const char embed_usage[] =
     "usage: vitc embed --model M [options] IMAGE...\n"
     "\n"
@@ -34,7 +38,9 @@ static const char embed_usage[] =
     "                   normed patch tokens), tokens (the normed patch tokens,\n"
     "                   [N, C] per image)\n"
     "  --normalize      L2-normalise each embedding (each token for tokens)\n"
-    "  --out FILE.npy   write [images, C] (tokens: [images, N, C]) float32 .npy\n"
+    "  --out FILE       FILE.npy: [images, C] (tokens: [images, N, C]) float32;\n"
+    "                   FILE.jsonl: --json's lines; FILE.json: a JSON array of\n"
+    "                   those objects (a name without extension gets .npy bytes)\n"
     "  --json           one JSON object per image and line on stdout:\n"
     "                   {\"image\": PATH, \"embedding\": [...]} (the default\n"
     "                   without --out)\n"
@@ -58,6 +64,7 @@ typedef struct embed_opts {
     const char *model, *arch, *pool, *out, *precision, *attn_precision;
     int normalize, json, crop, resize, batch, threads, quiet;
     int crop_set, resize_set;
+    int out_format; /* an EMBED_OUT_* */
     char **images;
     int n_images;
 } embed_opts;
@@ -95,17 +102,50 @@ static int embed_parse(int argc, char **argv, embed_opts *o, vitc_pool *pool) {
             return cli_usage_error("embed", "--pool must be default, cls, mean or tokens");
         *pool = (vitc_pool)k;
     }
+    if (o->out && (o->out_format = cli_out_format("embed", "--out", o->out,
+                                                   "a float32 .npy array or JSON",
+                                                   embed_out_exts, 3)) < 0)
+        return CLI_USAGE;
     if (!o->out)
         o->json = 1;
     return 0;
 }
 
-static void embed_print_json(const char *path, const float *e, size_t n) {
-    fputs("{\"image\": ", stdout);
-    cli_json_string(stdout, path);
-    fputs(", \"embedding\": [", stdout);
-    for (size_t i = 0; i < n; i++) printf(i ? ", %.9g" : "%.9g", (double)e[i]);
-    fputs("]}\n", stdout);
+static void embed_print_json(FILE *f, const char *path, const float *e, size_t n) {
+    fputs("{\"image\": ", f);
+    cli_json_string(f, path);
+    fputs(", \"embedding\": [", f);
+    for (size_t i = 0; i < n; i++) fprintf(f, i ? ", %.9g" : "%.9g", (double)e[i]);
+    fputs("]}\n", f);
+}
+
+/* rows embeddings of per floats, with their images' paths, as --out's
+ * JSON: one object a line, or (as_array) those lines inside [ ]. Built in
+ * memory, then written atomically like every file vitc writes. */
+static int embed_save_json(const char *out, int as_array, const float *emb, const char **paths,
+                           int rows, size_t per) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    if (!f)
+        return cli_error("--out %s: out of memory", out);
+    if (as_array)
+        fputc('[', f);
+    for (int r = 0; r < rows; r++) {
+        if (as_array && r)
+            fputc(',', f);
+        embed_print_json(f, paths[r], emb + (size_t)r * per, per);
+    }
+    if (as_array)
+        fputs("]\n", f);
+    int bad = ferror(f);
+    if (fclose(f) != 0 || bad) {
+        free(buf);
+        return cli_error("--out %s: out of memory", out);
+    }
+    int rc = vitc_save_bytes(out, buf, len) == VITC_OK ? CLI_OK : cli_error("%s", vitc_last_error());
+    free(buf);
+    return rc;
 }
 
 int cmd_embed(int argc, char **argv) {
@@ -113,7 +153,7 @@ int cmd_embed(int argc, char **argv) {
     vitc_pool pool;
     vitc_vit *m = NULL;
     float *batch = NULL, *emb = NULL;
-    const char **paths = NULL;
+    const char **paths = NULL, **row_paths = NULL;
     cli_input in;
     int64_t per = 0;
     int failed = 0, done = 0;
@@ -143,7 +183,8 @@ int cmd_embed(int argc, char **argv) {
     if (__builtin_mul_overflow(rows, (size_t)per * sizeof(float), &eb) ||
         __builtin_mul_overflow((size_t)o.batch, in.per_image * sizeof(float), &bb) ||
         !(emb = malloc(eb)) || !(batch = malloc(bb)) ||
-        !(paths = malloc(sizeof *paths * (size_t)o.batch))) {
+        !(paths = malloc(sizeof *paths * (size_t)o.batch)) ||
+        (o.out && !(row_paths = malloc(sizeof *row_paths * (size_t)o.n_images)))) {
         rc = cli_error("out of memory for %zu embeddings of %lld floats", rows, (long long)per);
         goto done;
     }
@@ -164,7 +205,9 @@ int cmd_embed(int argc, char **argv) {
             fputs("\r\033[K", stderr);
         if (o.json)
             for (int b = 0; b < nb; b++)
-                embed_print_json(paths[b], dst + (size_t)b * (size_t)per, (size_t)per);
+                embed_print_json(stdout, paths[b], dst + (size_t)b * (size_t)per, (size_t)per);
+        if (o.out)
+            memcpy(row_paths + done, paths, sizeof *paths * (size_t)nb);
         fflush(stdout);
         done += nb;
         if (tty)
@@ -172,7 +215,11 @@ int cmd_embed(int argc, char **argv) {
     }
     if (tty)
         fputs("\r\033[K", stderr);
-    if (o.out && done > 0) {
+    if (o.out && done > 0 && o.out_format != EMBED_OUT_NPY) {
+        if ((rc = embed_save_json(o.out, o.out_format == EMBED_OUT_JSON, emb, row_paths, done,
+                                  (size_t)per)) != CLI_OK)
+            goto done;
+    } else if (o.out && done > 0) {
         int64_t shape[3] = {done, (int64_t)((size_t)per / C), (int64_t)C};
         int ndim = pool == VITC_POOL_TOKENS ? 3 : 2;
         if (ndim == 2)
@@ -192,6 +239,7 @@ done:
     free(batch);
     free(emb);
     free(paths);
+    free(row_paths);
     free(o.images);
     vitc_vit_free(m);
     return rc;

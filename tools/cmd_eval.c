@@ -119,6 +119,9 @@ int cmd_eval(int argc, char **argv) {
         return cli_usage_error("eval", "--model is required");
     if (!data)
         return cli_usage_error("eval", "--data is required");
+    static const char *const png[] = {".png"};
+    if (plot && cli_out_format("eval", "--plot", plot, "PNG", png, 1) < 0)
+        return CLI_USAGE;
     if (threads)
         vitc_set_num_threads(threads);
     vitc_vit *m;
@@ -127,7 +130,9 @@ int cmd_eval(int argc, char **argv) {
         return prc;
     if (cli_load_vit(model, NULL, prec, &m) != VITC_OK)
         return cli_lib_error("--model");
-    prc = cli_set_precision("eval", m, NULL, attn_precision);
+    prc = cli_require_head(model, m);
+    if (prc == CLI_OK)
+        prc = cli_set_precision("eval", m, NULL, attn_precision);
     if (prc != CLI_OK) {
         vitc_vit_free(m);
         return prc;

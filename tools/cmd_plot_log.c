@@ -125,6 +125,9 @@ int cmd_plot_log(int argc, char **argv) {
         return r < 0 ? CLI_OK : r;
     if (!out)
         return cli_usage_error("plot-log", "--out is required");
+    static const char *const png[] = {".png"};
+    if (cli_out_format("plot-log", "--out", out, "PNG", png, 1) < 0)
+        return CLI_USAGE;
     FILE *f;
     if (vitc_open_read(path, (int64_t)1 << 32, &f, NULL) != VITC_OK)
         return cli_lib_error("plot-log");

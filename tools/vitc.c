@@ -31,7 +31,17 @@ static void cli_help(FILE *f) {
                "and Vision Transformers from safetensors files.\n\ncommands:\n");
     for (size_t i = 0; i < CLI_NCMDS; i++)
         fprintf(f, "  %-15s %s\n", cli_cmds[i].name, cli_cmds[i].help);
-    fprintf(f, "\n'vitc COMMAND --help' describes a command. vitc --version prints the version.\n");
+    fprintf(f, "\n'vitc help COMMAND' (or 'vitc COMMAND --help') describes a command.\n"
+               "'vitc --version' prints the version.\n");
+}
+
+static int unknown_command(const char *name) {
+    const char *names[CLI_NCMDS];
+    for (size_t i = 0; i < CLI_NCMDS; i++) names[i] = cli_cmds[i].name;
+    const char *near = cli_nearest_name(name, names, (int)CLI_NCMDS);
+    if (near)
+        return cli_usage_error(NULL, "unknown command '%s' (did you mean '%s'?)", name, near);
+    return cli_usage_error(NULL, "unknown command '%s'", name);
 }
 
 int main(int argc, char **argv) {
@@ -40,6 +50,16 @@ int main(int argc, char **argv) {
     signal(SIGXFSZ, SIG_IGN);
     if (argc < 2)
         return cli_help(stderr), CLI_USAGE;
+    /* `vitc help COMMAND` is what git and go users type for COMMAND --help. */
+    if (!strcmp(argv[1], "help") && argc >= 3) {
+        char *sub[3] = {argv[2], "--help", NULL};
+        if (argc > 3)
+            return cli_usage_error(NULL, "'vitc help' takes one command, got '%s' too", argv[3]);
+        for (size_t i = 0; i < CLI_NCMDS; i++)
+            if (!strcmp(argv[2], cli_cmds[i].name))
+                return cli_cmds[i].fn(2, sub);
+        return unknown_command(argv[2]);
+    }
     if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
         cli_help(stdout);
         return CLI_OK;
@@ -52,5 +72,5 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < CLI_NCMDS; i++)
         if (!strcmp(argv[1], cli_cmds[i].name))
             return cli_cmds[i].fn(argc - 1, argv + 1);
-    return cli_usage_error(NULL, "unknown command '%s'", argv[1]);
+    return unknown_command(argv[1]);
 }

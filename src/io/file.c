@@ -229,6 +229,23 @@ done:
     return s;
 }
 
+typedef struct bytes_ctx {
+    const void *data;
+    size_t len;
+} bytes_ctx;
+
+static vitc_status bytes_write(FILE *f, void *p) {
+    const bytes_ctx *c = p;
+    return fwrite(c->data, 1, c->len, f) == c->len ? VITC_OK : VITC_ERR_IO;
+}
+
+vitc_status vitc_save_bytes(const char *path, const void *data, size_t len) {
+    if (!data && len)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_save_bytes: data is NULL");
+    bytes_ctx c = {data, len};
+    return vitc__write_file(path, bytes_write, &c);
+}
+
 /* ------------------------------------------------------------------ */
 /* .npy                                                               */
 /* ------------------------------------------------------------------ */

@@ -755,6 +755,43 @@ static vitc_status st_finish(vitc_safetensors *st, vitc_status s, vitc_safetenso
     return VITC_OK;
 }
 
+/* A file whose header length is impossible is most often another format
+ * given by mistake: a PyTorch checkpoint, an image. Naming it (and the fix)
+ * beats reporting a 19-digit header length. VITC_OK when the first bytes
+ * b[0..n) match nothing known. */
+static vitc_status st_other_format(const unsigned char *b, size_t n, const char *name) {
+    static const struct {
+        const char *magic;
+        size_t len;
+        const char *what;
+    } kinds[] = {
+        {"\x89PNG\r\n\x1a\n", 8, "a PNG image, not a model"},
+        {"\xff\xd8\xff", 3, "a JPEG image, not a model"},
+        {"GIF87a", 6, "a GIF image, not a model"},
+        {"GIF89a", 6, "a GIF image, not a model"},
+        {"\x93NUMPY", 6, "a NumPy .npy array, not a safetensors model"},
+        {"\x89HDF\r\n\x1a\n", 8, "an HDF5 file (Keras?), not a safetensors model"},
+        {"GGUF", 4, "a GGUF file (llama.cpp), not a safetensors model"},
+        {"\x1f\x8b", 2, "gzip-compressed, not a safetensors model: decompress it first"},
+    };
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        if (n >= kinds[i].len && !memcmp(b, kinds[i].magic, kinds[i].len))
+            return vitc__err(VITC_ERR_FORMAT, "%s is %s", name, kinds[i].what);
+    /* torch.save writes a zip since PyTorch 1.6, a bare pickle before it
+     * (and with _use_new_zipfile_serialization=False): protocols 2 to 5. */
+    if (n >= 4 && !memcmp(b, "PK\x03\x04", 4))
+        return vitc__err(VITC_ERR_FORMAT,
+                         "%s is a zip archive (a PyTorch checkpoint, .pth/.pt?), not safetensors: "
+                         "convert it with `python tools/export_safetensors.py %s out.safetensors` "
+                         "(tools/ of vitc's source)", name, name);
+    if (n >= 2 && b[0] == 0x80 && b[1] >= 2 && b[1] <= 5)
+        return vitc__err(VITC_ERR_FORMAT,
+                         "%s is a Python pickle (a PyTorch checkpoint, .pth/.pt/.bin?), not "
+                         "safetensors: convert it with `python tools/export_safetensors.py %s "
+                         "out.safetensors` (tools/ of vitc's source)", name, name);
+    return VITC_OK;
+}
+
 vitc_status vitc_safetensors_load_memory(const void *bytes, size_t len, vitc_safetensors **out) {
     const char *fname = "<memory>";
     if (!out)
@@ -769,6 +806,8 @@ vitc_status vitc_safetensors_load_memory(const void *bytes, size_t len, vitc_saf
     const unsigned char *b = bytes;
     uint64_t hlen;
     memcpy(&hlen, b, 8);
+    if ((hlen > ST_MAX_HEADER || hlen > (uint64_t)len - 8) && st_other_format(b, len, fname))
+        return VITC_ERR_FORMAT;
     if (hlen > ST_MAX_HEADER || hlen > (uint64_t)len - 8)
         return vitc__err(VITC_ERR_FORMAT,
                          "%s: header length %" PRIu64 " exceeds %s (%" PRIu64 " bytes)", fname,
@@ -811,6 +850,9 @@ vitc_status vitc__safetensors_load_flags(const char *path, int flags, vitc_safet
     }
     uint64_t hlen;
     memcpy(&hlen, len8, 8);
+    if ((hlen > ST_MAX_HEADER || hlen > fsize - 8) &&
+        (s = st_other_format(len8, sizeof len8, path)) != VITC_OK)
+        goto done;
     if (hlen > ST_MAX_HEADER || hlen > fsize - 8) {
         s = vitc__err(VITC_ERR_FORMAT,
                       "%s: header length %" PRIu64 " exceeds %s (%" PRIu64 " bytes)", path, hlen,

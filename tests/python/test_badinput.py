@@ -99,8 +99,10 @@ class Workspace:
                        "labels": os.path.join(FILES, "labels_ok.txt"),
                        "f": os.path.join(FILES, case["name"])}
         os.mkdir(self.values["tmp"])
-        for key in ("out", "raw"):
-            path = os.path.join(self.dir, key + ".old")
+        # Named as attention-map writes them (--out PNG, --raw .npy): it
+        # refuses any other extension before reading anything.
+        for key, name in (("out", "out.png"), ("raw", "raw.npy")):
+            path = os.path.join(self.dir, name)
             self.keep(path, os.urandom(64) + b"the user's earlier output\n")
             self.values[key] = path
         setup = case.get("setup")

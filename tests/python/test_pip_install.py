@@ -101,7 +101,7 @@ def build_requires():
     try:
         import tomllib
     except ImportError:  # Python < 3.11
-        return ["setuptools>=70.1"]
+        return ["setuptools>=77"]
     with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
         return tomllib.load(f)["build-system"]["requires"]
 
