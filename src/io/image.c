@@ -262,7 +262,7 @@ static vitc_status load_jpeg(const char *path, const unsigned char *data, size_t
                              int64_t max_pixels, vitc_image *out) {
     tjhandle tj;
     int w = 0, h = 0, subsamp = -1, cs = -1;
-    size_t bytes;
+    size_t bytes = 0; /* set on every path that reads it; GCC 12 without libpng cannot see it */
     uint8_t *rgb;
     vitc_status st;
 
