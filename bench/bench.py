@@ -355,7 +355,9 @@ def hub_config(name):
     sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
     import hf_ref
     if name.startswith("dinov2") or name == "embed_1000":
-        return hf_ref.dinov2_config(hidden=768, layers=12, heads=12, mlp_ratio=4.0, image=518,
+        # mlp_ratio an int, as in facebook/dinov2-base's config.json:
+        # transformers 5's Dinov2Config refuses 4.0
+        return hf_ref.dinov2_config(hidden=768, layers=12, heads=12, mlp_ratio=4, image=518,
                                     patch=14)
     return hf_ref.clip_config("clip_vision_model", hidden=768, layers=12, heads=12, mlp=3072,
                               image=224, patch=16, proj=512)

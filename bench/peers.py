@@ -37,7 +37,7 @@ ENGINES = {
     "ort_int8": ("ONNX Runtime", "int8", "quantize_dynamic (QInt8 weights per channel)"),
     "ov": ("OpenVINO", "fp32", "INFERENCE_PRECISION_HINT f32"),
     "ov_bf16": ("OpenVINO", "bf16", "INFERENCE_PRECISION_HINT bf16"),
-    "ov_int8": ("OpenVINO", "int8", "NNCF quantize, INFERENCE_PRECISION_HINT f32"),
+    "ov_int8": ("OpenVINO", "int8", "the NNCF-quantized IR, INFERENCE_PRECISION_HINT f32"),
 }
 VITC = ("vitc", "vitc_bf16", "vitc_int8")
 BF16 = ("torch_bf16", "ov_bf16")
