@@ -186,7 +186,7 @@ demo: deps-system
 	$(BUILD)/vitc demo
 	$(BUILD)/vitc demo-fashion --model models/fashion-vit.safetensors --out-dir $(BUILD)/demo
 
-# BENCH_ONLY=train (or inference, or workload names) runs only those rows,
+# BENCH_ONLY=train (or inference, hub, engines, or workload names) runs only those rows,
 # into bench/results-$(BENCH_ONLY).md so the full table is not overwritten.
 comma := ,
 BENCH_OUT = bench/results$(if $(BENCH_ONLY),-$(subst $(comma),-,$(BENCH_ONLY))).md

@@ -385,6 +385,94 @@ def engine_child(engine, d, pth, st, batch, threads, repeat, check, budget):
     print(json.dumps(res))
 
 
+def render(summary, vit, engines, agree, prep, args, fmt, cell):
+    """The engines table: ViT-B/16 on every engine, batch 1 and 8."""
+    L = ["## Engines: ViT-B/16\n"]
+    rows = [n for n in vit if n in summary]
+    threads = sorted({int(c.split("-")[1]) for n in rows for c in summary[n]})
+    L.append("The same random-init torchvision vit_b_16 on every engine (bench/peers.py), each "
+             "measurement a fresh process, median ms. \"vitc is N× faster\": the engine's best "
+             "thread count over vitc's best at the same precision. Memory: peak MB as in the "
+             "summary (loading the model included). Agreement: max |y − y_ref| / max |y_ref| "
+             "over the logits of a fixed batch of real photos against PyTorch eager fp32, and in "
+             "parentheses the share of photos whose top-1 class matches.\n")
+    cols = ["batch %d, %d thr ms" % (b, t) for b in (1, 8) for t in threads
+            if "vit_b16_b%d" % b in rows]
+    L.append("| engine | precision | " + " | ".join(cols) + " | vitc is N× faster (b1 / b8) "
+             "| peak MB (b1 / b8) | agreement (b1 / b8) |")
+    L.append("|---|---|" + "---:|" * len(cols) + "---:|---:|---|")
+    ref_of = {"fp32": "vitc", "bf16": "vitc_bf16", "int8": "vitc_int8"}
+
+    def best(name, e):
+        ok = [summary[name][c] for c in summary[name] if c.split("-")[0] == e
+              and summary[name][c].get("status") == "ok"]
+        return min(ok, key=lambda r: r["median_ms"]) if ok else None
+
+    for e in [e for e in ENGINES if e in ("vitc", "torch") or e in engines]:
+        lab, prec, _ = ENGINES[e]
+        cells = []
+        for b in (1, 8):
+            n = "vit_b16_b%d" % b
+            if n not in rows:
+                continue
+            for t in threads:
+                r = summary[n].get("%s-%d" % (e, t), {})
+                cells.append(fmt(r.get("median_ms"), ".1f") if r.get("status") == "ok" else
+                             cell(r.get("status", "not run") + (": " + r["error"]
+                                                                 if r.get("error") else ""))[:80])
+        sp, mem, ag = [], [], []
+        for n in rows:
+            me, ref = best(n, e), best(n, ref_of[prec])
+            sp.append(fmt(me["median_ms"] / ref["median_ms"], ".2f") + "×"
+                      if me and ref and e != ref_of[prec] else "–")
+            mem.append(fmt(me["peak_mb"], ".0f") if me else "–")
+            a = agree.get(n, {}).get(e)
+            if e == "torch":
+                ag.append("reference")
+            elif isinstance(a, (list, tuple)) and a[0] is not None:
+                ag.append("%.1e (%.0f%%)" % (a[0], 100 * a[1]))
+            else:
+                ag.append(cell(str(a or "–"))[:60])
+        L.append("| %s | %s | %s | %s | %s | %s |" % (lab, prec, " | ".join(cells), " / ".join(sp),
+                                                      " / ".join(mem), " / ".join(ag)))
+    L.append("")
+    L.append("How each engine ran (threads: the column's count; every child also has "
+             "OMP_NUM_THREADS, OPENBLAS_NUM_THREADS and MKL_NUM_THREADS set to it):\n")
+    for e in [e for e in ENGINES if e in ("vitc", "torch") or e in engines]:
+        lab, prec, how = ENGINES[e]
+        extra = ""
+        if e in ("torch", "torch_bf16", "compile"):
+            extra = "; torch.set_num_threads(threads)"
+        if e == "compile":
+            cs = ["%.0f" % x for n in rows for c in summary[n] if c.startswith("compile-")
+                  for x in summary[n][c].get("compile_s", [])]
+            extra += ("; the first call compiles and is not timed; compile seconds per child "
+                      "(the first with an empty inductor cache, the others reusing this run's "
+                      "cache): %s" % (", ".join(cs) or "–"))
+        if e.startswith("ort"):
+            extra = "; intra_op_num_threads = threads, inter_op_num_threads 1, sequential"
+        if e.startswith("ov"):
+            extra = ("; INFERENCE_NUM_THREADS = threads, NUM_STREAMS 1, PERFORMANCE_HINT "
+                     "LATENCY, the model reshaped to the batch's static shape")
+        if e == "ov_int8":
+            extra += ("; NNCF %s (model_type TRANSFORMER) calibrated on %s samples: random "
+                      "resized crops (scale 0.25–1) and flips of scikit-image's %s photos, "
+                      "ImageNet's normalisation" % ("quantize", prep.get("calibration", "?"),
+                                                      prep.get("photos", "?")))
+        L.append("- %s %s: %s%s" % (lab, prec, how, extra))
+    L.append("- the ONNX graph: torch.onnx.export, TorchScript exporter (dynamo=False), opset 17, "
+             "batch axis dynamic; OpenVINO reads it and keeps fp32 weights "
+             "(save_model compress_to_fp16=False)")
+    if prep.get("seconds"):
+        L.append("- preparing the models took %.0f s: %s" % (
+            prep.get("wall_s", 0), ", ".join("%s %.0f s" % kv for kv in prep["seconds"].items())))
+    if args.engine_rounds < args.rounds:
+        L.append("- the engines other than vitc and PyTorch eager fp32 ran in the first %d of "
+                 "the %d rounds" % (args.engine_rounds, args.rounds))
+    L.append("")
+    return L
+
+
 def rel_err(y, ref):
     """max |y - ref| / max |ref|, over every logit of the batch."""
     if not y or not ref or len(y) != len(ref):
