@@ -1000,7 +1000,9 @@ def main():
         for rnd in range(args.rounds):
             order = cfgs[rnd % len(cfgs):] + cfgs[:rnd % len(cfgs)]
             if rnd == 1:
-                prune(runs, name, notes, log)
+                prune({c: r for c, r in runs.items()
+                       if args.engine_rounds > 1 or c.split("-")[0] not in peers.PEERS},
+                      name, notes, log)
             for cfg in order:
                 if runs[cfg] and runs[cfg][-1].get("pruned"):
                     continue
