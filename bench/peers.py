@@ -391,15 +391,17 @@ def render(summary, vit, engines, agree, prep, args, fmt, cell):
     rows = [n for n in vit if n in summary]
     threads = sorted({int(c.split("-")[1]) for n in rows for c in summary[n]})
     L.append("The same random-init torchvision vit_b_16 on every engine (bench/peers.py), each "
-             "measurement a fresh process, median ms. \"vitc is N× faster\": the engine's best "
-             "thread count over vitc's best at the same precision. Memory: peak MB as in the "
+             "measurement a fresh process, median ms. \"÷ vitc\": the engine's time at its better "
+             "thread count over vitc's at its better, in the same precision (above 1×: vitc is "
+             "faster). Memory: peak MB as in the "
              "summary (loading the model included). Agreement: max |y − y_ref| / max |y_ref| "
              "over the logits of a fixed batch of real photos against PyTorch eager fp32, and in "
              "parentheses the share of photos whose top-1 class matches.\n")
     cols = ["batch %d, %d thr ms" % (b, t) for b in (1, 8) for t in threads
             if "vit_b16_b%d" % b in rows]
-    L.append("| engine | precision | " + " | ".join(cols) + " | vitc is N× faster (b1 / b8) "
-             "| peak MB (b1 / b8) | agreement (b1 / b8) |")
+    bs = "(%s)" % " / ".join("b" + n.rsplit("_b", 1)[1] for n in rows)
+    L.append("| engine | precision | " + " | ".join(cols) + " | ÷ vitc %s | peak MB %s "
+             "| agreement %s |" % (bs, bs, bs))
     L.append("|---|---|" + "---:|" * len(cols) + "---:|---:|---|")
     ref_of = {"fp32": "vitc", "bf16": "vitc_bf16", "int8": "vitc_int8"}
 
