@@ -321,7 +321,8 @@ def torch_child(name, threads, repeat, weights=None):
     if name in VIT or name in TRAIN:
         import torchvision  # noqa: F401  (imported before the baseline)
     if name in HUB:
-        import transformers  # noqa: F401  (imported before the baseline)
+        # transformers loads a class's module on first use: before the baseline
+        import transformers
         transformers.Dinov2Model, transformers.CLIPVisionModelWithProjection  # noqa: B018
     hwm_reset = _reset_hwm()
     base = _status_kb("VmRSS")
@@ -755,10 +756,10 @@ def prune(runs, name, notes, log):
 def label(engine):
     """'ONNX Runtime int8' for 'ort_int8'; the fp32 ones without it, as
     the summary has always called vitc and PyTorch."""
+    if engine in ("vitc", "torch"):
+        return "vitc" if engine == "vitc" else "PyTorch"
     name, prec, _ = peers.ENGINES.get(engine, (engine, "fp32", ""))
-    if engine == "torch":
-        return "PyTorch"
-    return name if prec == "fp32" and engine in ("vitc",) else name + " " + prec
+    return name + " " + prec
 
 
 def cell(text):
@@ -926,20 +927,22 @@ def main():
                          "so its peak memory does not count loading a checkpoint"
                          % r.get("error", "")[-200:])
             pth = None
-    if not model and pth:
+    if not model and tmpdir:
         model = os.path.join(tmpdir.name, "vit_b_16.safetensors")
         log("writing a random-weight ViT-B/16 checkpoint to " + model)
         tool = os.path.join(ROOT, "tools", "export_safetensors.py")
         r = {"status": "failed", "error": "tools/export_safetensors.py absent"}
         if os.path.exists(tool):
-            r, _ = run_child([sys.executable, tool, pth, model, "--arch", "vit_b_16"], base_env)
+            r, _ = run_child([sys.executable, tool, pth, model, "--arch", "vit_b_16"] if pth else
+                             [sys.executable, tool, "--torchvision", "vit_b_16", model,
+                              "--random-init", "--seed", "0"], base_env)
             if r.get("status") != "failed" or not os.path.exists(model):
                 r = {"status": "ok"} if os.path.exists(model) else r
         if r.get("status") == "failed":
             log("export_safetensors.py: %s; writing it with tests/reference/st_write.py"
                 % r["error"][-200:])
-            r, _ = run_child([sys.executable, __file__, "--export-vit", model,
-                              "--child-weights", pth], base_env)
+            r, _ = run_child([sys.executable, __file__, "--export-vit", model]
+                             + (["--child-weights", pth] if pth else []), base_env)
             if r.get("status") == "failed":
                 notes.append("The ViT-B/16 checkpoint could not be written: " + r["error"][-300:])
     elif model and engines:
