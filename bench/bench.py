@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""vitc against PyTorch on the standard workloads (DESIGN.md section 6).
+"""vitc against PyTorch and the other engines on the standard workloads.
 
 Run by `make bench` (PYTHONPATH=python .venv/bin/python bench/bench.py --out
 bench/results.md). Every measurement runs in a fresh process, so that peak
@@ -190,7 +190,7 @@ def _median(xs):
 
 # --------------------------------------------------------------------------
 # PyTorch side: the seed modules, the same code the parity tests run
-# (tests/reference/gen_layers.py holds them, copied from ../shared/seeds)
+# (tests/reference/gen_layers.py holds them)
 # --------------------------------------------------------------------------
 
 def _torch_modules():
@@ -623,7 +623,8 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
            agree=None, prep=None):
     L = []
     L.append("# vitc benchmark results\n")
-    L.append("vitc against PyTorch on DESIGN.md's standard workloads, side by side in one run "
+    L.append("vitc against PyTorch (and, on ViT-B/16, the other engines) on the standard "
+             "workloads, side by side in one run "
              "(interleaved, each measurement a fresh process). See docs/bench.md for the method.\n")
     L.append("- date: %s (run took %.0f s)" % (started, elapsed))
     L.append("- command: `%s`" % cmdline)
