@@ -4,7 +4,8 @@
 #   make test       install what is missing (Debian packages, .venv), build, run C and Python tests
 #   make deps       only that install (scripts/install-deps.sh); deps-system: Debian only
 #   make demo       run every seed block on the seeds' shapes
-#   make bench      vitc and PyTorch side by side, writes bench/results.md
+#   make bench      vitc, PyTorch and the other engines side by side, writes bench/results.md
+#   make bench-ort  its ViT-B/16 rows on every engine alone, into bench/results-ort.md
 #   make bench-train  Fashion-MNIST training end to end vs PyTorch + DataLoader
 #   make check-optout  build with each of NO_BLAS/NO_PNG/NO_JPEG/NO_ZLIB and all four,
 #                   -Werror, and run the C tests of the all-four build
@@ -208,7 +209,7 @@ demo: deps-system
 	$(BUILD)/vitc demo
 	$(BUILD)/vitc demo-fashion --model models/fashion-vit.safetensors --out-dir $(BUILD)/demo
 
-# BENCH_ONLY=train (or inference, or workload names) runs only those rows,
+# BENCH_ONLY=train (or inference, hub, engines, or workload names) runs only those rows,
 # into bench/results-$(BENCH_ONLY).md so the full table is not overwritten.
 comma := ,
 BENCH_OUT = bench/results$(if $(BENCH_ONLY),-$(subst $(comma),-,$(BENCH_ONLY))).md
@@ -291,9 +292,11 @@ clean:
 # (tests/bench_attention.c; a driver, not a test).
 $(BUILD)/bench_attention: tests/bench_attention.c $(BUILD)/libvitc.a $(HDRS)
 	$(Q)$(CC) $(BASE) $(CFLAGS) $< -o $@ $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
-# vitc fp32/bf16/int8 against ONNX Runtime fp32/int8 (scripts/bench-ort.sh).
-bench-ort: tools
-	sh scripts/bench-ort.sh
+# The ViT-B/16 rows alone with every engine (bench/peers.py: vitc fp32,
+# bf16, int8; PyTorch eager and torch.compile; ONNX Runtime; OpenVINO).
+bench-ort: deps
+	@$(MAKE) --no-print-directory all
+	PYTHONPATH=python $(PYTHON) bench/bench.py --out bench/results-ort.md --only engines
 
 # Fashion-MNIST training end to end against PyTorch + DataLoader, MPI
 # overhead (with BENCH_MPI=1: builds build-mpi/vitc with MPI=1) and time to

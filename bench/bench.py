@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
-"""vitc against PyTorch on the standard workloads (DESIGN.md section 6).
+"""vitc against PyTorch and the other engines on the standard workloads.
 
-Run by `make bench` (PYTHONPATH=python /usr/bin/python3 bench/bench.py --out
+Run by `make bench` (PYTHONPATH=python .venv/bin/python bench/bench.py --out
 bench/results.md). Every measurement runs in a fresh process, so that peak
 memory is the workload's own and neither side warms the other's caches or
 thread pools: vitc through `build/vitc bench --json --only NAME`, PyTorch
@@ -22,8 +22,15 @@ not the interpreter, libtorch or libvitc themselves. "fwd MB" is the peak
 during the forwards (warm-up and timed) minus the resident set once weights
 and inputs were built: what running forwards adds, kept workspaces included.
 
-Only the standard library is needed in the driver; torch, torchvision and
-numpy in the PyTorch children and to write the ViT checkpoint.
+The ViT-B/16 rows also time the other engines (bench/peers.py): vitc in
+bf16 and int8, PyTorch eager in bf16 autocast, torch.compile, ONNX Runtime
+fp32 and int8, OpenVINO fp32, bf16 and int8, each in its own fresh child,
+their output checked against PyTorch eager fp32 on real photos. The
+DINOv2 and CLIP rows run transformers' own classes on PyTorch's side,
+loaded with from_pretrained from the Hub directory vitc loads.
+
+Only the standard library is needed in the driver; each engine's packages
+in its children.
 """
 import argparse
 import datetime
@@ -39,6 +46,8 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+import peers  # noqa: E402  (bench/peers.py, beside this file)
 
 _HUB_FLOPS = ("B·(2·P·D·3·p² + 12·(2·N·D·3D + 4·N²·D + 2·N·D² + 4·N·D·M) + 2·D·E), "
               "P = %s patches, N = %s tokens, D = 768, M = 3072, projection E = %s")
@@ -69,15 +78,15 @@ WORKLOADS = {
                  "matmul-softmax-matmul, graph kept from one forward)",
                  "q,k,v [1,8,4096,64]", "10·B·H·L·S·d (vitc's five products; PyTorch, which "
                  "keeps P, does four)", 3),
-    # Hub image encoders (issue 10), random weights: vitc loads the Hub
-    # directory (config.json + model.safetensors), PyTorch runs the
-    # transformers-equivalent forward of tests/reference/hf_ref.py.
+    # Hub image encoders (issue 10), random weights: vitc and PyTorch
+    # (transformers' classes, from_pretrained) load the same Hub directory.
     "dinov2_b14_b1": ("DINOv2-B/14 (Dinov2Model) pooler_output at 224 px, its 37×37 position grid "
-                      "resampled (bicubic) as on every call; PyTorch: tests/reference/hf_ref.py",
+                      "resampled (bicubic) as on every call; PyTorch: transformers' Dinov2Model "
+                      "from_pretrained on the same directory",
                       "[1,3,224,224]", _HUB_FLOPS % ("256", "257", "0"), 5),
     "dinov2_b14_b8": ("the same, batch 8", "[8,3,224,224]", _HUB_FLOPS % ("256", "257", "0"), 3),
     "clip_b16_b1": ("CLIP ViT-B/16 image tower (CLIPVisionModelWithProjection) image_embeds; "
-                    "PyTorch: tests/reference/hf_ref.py", "[1,3,224,224]",
+                    "PyTorch: transformers' class, from_pretrained on the same directory", "[1,3,224,224]",
                     _HUB_FLOPS % ("196", "197", "512"), 5),
     "clip_b16_b8": ("the same, batch 8", "[8,3,224,224]", _HUB_FLOPS % ("196", "197", "512"), 3),
     "embed_1000": ("`vitc embed --out x.npy` with the DINOv2-B/14 Hub directory over 1,000 "
@@ -91,7 +100,7 @@ EMBED_IMAGES = 1000  # --embed-images changes it (a test of the driver)
 TRAIN = ("train_fmnist", "train_vit_b16_b8", "sdpa_bwd")
 # --only accepts these group names too (make bench BENCH_ONLY=train).
 GROUPS = {"train": TRAIN, "inference": tuple(n for n in WORKLOADS if n not in TRAIN),
-          "hub": HUB + ("embed_1000",)}
+          "hub": HUB + ("embed_1000",), "engines": VIT}
 # The Fashion-MNIST ViT of issue 8.
 FMNIST = dict(image_size=28, patch_size=4, in_channels=1, num_layers=6, num_heads=4,
               hidden_dim=96, mlp_dim=192, num_classes=10, batch=128)
@@ -181,7 +190,7 @@ def _median(xs):
 
 # --------------------------------------------------------------------------
 # PyTorch side: the seed modules, the same code the parity tests run
-# (tests/reference/gen_layers.py holds them, copied from ../shared/seeds)
+# (tests/reference/gen_layers.py holds them)
 # --------------------------------------------------------------------------
 
 def _torch_modules():
@@ -225,14 +234,27 @@ def _torch_workload(name, weights=None):
     if name in TRAIN:
         return _torch_train_workload(name)
     if name in HUB:
-        cfg = hub_config(name)  # puts tests/reference on the path
-        import hf_ref
+        # transformers' own classes, loaded from the directory vitc loads
+        # (so peak memory counts reading it, as on vitc's side)
+        import transformers
+        cls = transformers.Dinov2Model if name.startswith("dinov2") \
+            else transformers.CLIPVisionModelWithProjection
+        if not weights:
+            raise SystemExit("no Hub directory for " + name)
+        m, info = cls.from_pretrained(weights, attn_implementation="sdpa",
+                                      output_loading_info=True)
+        if info.get("missing_keys"):
+            raise SystemExit("%s: weights missing from %s: %s" % (
+                name, weights, ", ".join(sorted(info["missing_keys"]))[:300]))
+        m.eval()
+        # from_pretrained maps the file and pages come in on first use: read
+        # every weight now, so that "fwd MB" is the forwards' own memory
+        for p in m.parameters():
+            p.sum()
         x = torch.randn(8 if name.endswith("_b8") else 1, 3, 224, 224)
         if name.startswith("dinov2"):
-            sd = hf_ref.random_state(cfg, 0)
-            return lambda: hf_ref.forward(sd, cfg, x)[1][:, 0]  # pooler_output
-        sd, _ = hf_ref.clip_random_state(cfg, 0, text=False, position_ids=False)
-        return lambda: hf_ref.clip_forward(sd, cfg, x)[2]  # image_embeds
+            return lambda: m(pixel_values=x).pooler_output
+        return lambda: m(pixel_values=x).image_embeds
     if name in VIT:
         import torchvision
         m = torchvision.models.vit_b_16().eval()
@@ -299,8 +321,9 @@ def torch_child(name, threads, repeat, weights=None):
     if name in VIT or name in TRAIN:
         import torchvision  # noqa: F401  (imported before the baseline)
     if name in HUB:
-        hub_config(name)
-        import hf_ref  # noqa: F401  (imported before the baseline)
+        # transformers loads a class's module on first use: before the baseline
+        import transformers
+        transformers.Dinov2Model, transformers.CLIPVisionModelWithProjection  # noqa: B018
     hwm_reset = _reset_hwm()
     base = _status_kb("VmRSS")
     import contextlib
@@ -337,7 +360,9 @@ def hub_config(name):
     sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
     import hf_ref
     if name.startswith("dinov2") or name == "embed_1000":
-        return hf_ref.dinov2_config(hidden=768, layers=12, heads=12, mlp_ratio=4.0, image=518,
+        # mlp_ratio an int, as in facebook/dinov2-base's config.json:
+        # transformers 5's Dinov2Config refuses 4.0
+        return hf_ref.dinov2_config(hidden=768, layers=12, heads=12, mlp_ratio=4, image=518,
                                     patch=14)
     return hf_ref.clip_config("clip_vision_model", hidden=768, layers=12, heads=12, mlp=3072,
                               image=224, patch=16, proj=512)
@@ -411,13 +436,16 @@ def embed_child(vitc, model, photos, threads):
                       "hwm_reset": False}))
 
 
-def export_vit(path):
-    """torchvision vit_b_16 with random weights (seed 0) -> safetensors with
-    the architecture in metadata, for `vitc bench --model`."""
+def export_vit(path, pth=None):
+    """torchvision vit_b_16 with random weights (seed 0; the state_dict in
+    pth when given) -> safetensors with the architecture in metadata, for
+    `vitc bench --model`."""
     import torch
     import torchvision
     torch.manual_seed(0)
     m = torchvision.models.vit_b_16()
+    if pth:
+        m.load_state_dict(torch.load(pth))
     sd = {k: v.detach().contiguous().numpy() for k, v in m.state_dict().items()}
     config = {"image_size": 224, "patch_size": 16, "in_channels": 3, "hidden_dim": 768,
               "depth": 12, "num_heads": 12, "mlp_dim": 3072, "num_classes": 1000,
@@ -462,7 +490,65 @@ def run_child(argv, env, timeout=None):
     try:
         return json.loads(out), ru.ru_maxrss
     except ValueError:
-        return {"status": "ok", "stdout": out.decode(errors="replace")}, ru.ru_maxrss
+        pass
+    # a library's progress lines before the JSON (NNCF prints its own)
+    lines = out.decode(errors="replace").strip().splitlines()
+    try:
+        r = json.loads(lines[-1]) if lines else None
+        if isinstance(r, dict):
+            return r, ru.ru_maxrss
+    except ValueError:
+        pass
+    return {"status": "ok", "stdout": out.decode(errors="replace")}, ru.ru_maxrss
+
+
+def engine_argv(engine, name, threads, repeat, peerdir, pth, model, check):
+    """A bench/peers.py child: `engine` on the ViT-B/16 workload `name`."""
+    argv = [sys.executable, __file__, "--engine-child", engine, "--child-batch",
+            "8" if name == "vit_b16_b8" else "1", "--child-threads", str(threads),
+            "--child-repeat", str(repeat)]
+    for flag, val in (("--child-model", peerdir), ("--child-weights", pth), ("--child-st", model)):
+        if val:
+            argv += [flag, val]
+    return argv + (["--child-check"] if check else [])
+
+
+def run_checks(name, engines, peerdir, pth, model, threads, coretype, base_env, log):
+    """The logits on the fixed photos of PyTorch eager fp32 (the reference)
+    and of vitc in each precision (its bench children print timings only),
+    through the Python packages: one untimed child each."""
+    out = {}
+    for e in ["torch", "vitc"] + [e for e in engines if e in peers.VITC]:
+        env = child_env(threads, coretype)
+        r, _ = run_child(engine_argv(e, name, threads, 0, peerdir, pth, model, True), env)
+        out[e] = r.get("out") if r.get("status") == "ok" else None
+        if out[e] is None:
+            log("%s: the check of %s failed: %s" % (name, e, (r.get("error") or "no output")[-200:]))
+            out[e] = "failed: " + (r.get("error") or "no output")[-160:]
+    return out
+
+
+def agreement(runs, checks):
+    """engine -> (max relative error, top-1 agreement) against PyTorch
+    eager fp32 on the fixed photos, or a string saying why there is none."""
+    ref = checks.get("torch")
+    res = {}
+    outs = dict(checks)
+    for cfg, rs in runs.items():
+        e = cfg.split("-")[0]
+        for r in rs:
+            if r.get("out") and not isinstance(outs.get(e), list):
+                outs[e] = r["out"]
+    for e, y in outs.items():
+        if e == "torch":
+            continue
+        if not isinstance(ref, list):
+            res[e] = "no reference (%s)" % ref
+        elif not isinstance(y, list):
+            res[e] = y or "no output"
+        else:
+            res[e] = (peers.rel_err(y, ref), peers.top1_agree(y, ref))
+    return res
 
 
 def child_env(threads, coretype):
@@ -490,8 +576,10 @@ def machine_info(vitc, env):
     except OSError:
         pass
     ver = subprocess.run([vitc, "--version"], capture_output=True, text=True, env=env).stdout
-    return {"cpu": cpu, "cores": len(os.sched_getaffinity(0)), "vitc": ver.strip(),
-            "kernel": platform.release()}
+    flags = peers.cpu_flags()
+    return {"cpu": cpu, "cpu_model": peers.cpu_model(), "cores": len(os.sched_getaffinity(0)),
+            "vitc": ver.strip(), "kernel": platform.release(), "flags": sorted(flags),
+            "isa": peers.isa_line(flags)}
 
 
 def loadavg():
@@ -526,25 +614,37 @@ def summarize(name, runs, flops, peak1):
                     "peak_mb": max(peak) / 1024.0, "fwd_mb": max(fwd) / 1024.0,
                     "proc_mb": max(r["_maxrss_kb"] for r in ok) / 1024.0,
                     "hwm_reset": all(r.get("hwm_reset") for r in ok)}
+        if any("compile_s" in r for r in ok):
+            out[cfg]["compile_s"] = [r["compile_s"] for r in ok if "compile_s" in r]
     return out
 
 
-def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed):
+def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, engines=(),
+           agree=None, prep=None):
     L = []
     L.append("# vitc benchmark results\n")
-    L.append("vitc against PyTorch on DESIGN.md's standard workloads, side by side in one run "
+    L.append("vitc against PyTorch (and, on ViT-B/16, the other engines) on the standard "
+             "workloads, side by side in one run "
              "(interleaved, each measurement a fresh process). See docs/bench.md for the method.\n")
     L.append("- date: %s (run took %.0f s)" % (started, elapsed))
     L.append("- command: `%s`" % cmdline)
-    L.append("- machine: %s, %d cores usable, Linux %s" % (info["cpu"], info["cores"], info["kernel"]))
+    L.append("- machine: %s, %d cores usable, Linux %s" % (
+        info.get("cpu_model", info["cpu"]), info["cores"], info["kernel"]))
+    L.append("- ISA: %s" % info.get("isa", "?"))
     L.append("- vitc: %s" % info["vitc"])
     L.append("- PyTorch: torch %s, torchvision %s, Python %s" % (
         info.get("torch", "?"), info.get("torchvision", "?"), platform.python_version()))
+    v = info.get("versions", {})
+    L.append("- the other engines: transformers %s, onnx %s, onnxruntime %s, openvino %s, nncf %s, "
+             "numpy %s" % tuple(v.get(k, "?") for k in ("transformers", "onnx", "onnxruntime",
+                                                        "openvino", "nncf", "numpy")))
     L.append("- OpenBLAS core type for both sides: %s" % info["coretype"])
     L.append("- load average (1 min) at start and end: %s and %s (above 0 means other processes "
              "shared the cores)" % (info.get("load_start", "?"), info.get("load_end", "?")))
-    L.append("- measured FMA peak (%s, fp32): %.1f GFLOP/s on 1 core, %.1f on %d threads at once" % (
-        peak["isa"], peak["p1"], peak["pn"], info["cores"]))
+    L.append("- measured FMA peak (%s, fp32): %.1f GFLOP/s on 1 core, %.1f on %d threads at once "
+             "(`vitc bench --peak-only`, best of the measurements between workloads; it measures "
+             "the fp32 FMA peak only, no bf16 or int8 peak)" % (
+                 peak["isa"], peak["p1"], peak["pn"], info["cores"]))
     L.append("- rounds: %d; timed forwards per child: %s" % (
         args.rounds, ", ".join("%s %d" % (n, WORKLOADS[n][3] * args.repeat_scale)
                                for n in summary)))
@@ -590,16 +690,21 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed):
             fmt(t.get("peak_frac") and 100 * t["peak_frac"], ".0f") + "%",
             mem(v), mem(t), fmt(sc, ".2f") + ("×" if sc else "")))
     L.append("")
+    if engines:
+        L.extend(peers.render(summary, VIT, engines, agree or {}, prep or {}, args, fmt, cell))
     L.append("## Every configuration\n")
     L.append("| workload | side | threads | median ms | min ms | samples | GFLOP/s | % peak "
              "| peak MB | fwd MB | process MB |")
     L.append("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name, s_ in summary.items():
-        for cfg in sorted(s_, key=lambda c: (c[0] != "v", -int(c.split("-")[1])
-                                             if c[0] == "v" else int(c.split("-")[1]))):
+        order = list(peers.ENGINES)
+        for cfg in sorted(s_, key=lambda c: (order.index(c.split("-")[0])
+                                             if c.split("-")[0] in order else 99,
+                                             -int(c.split("-")[1]) if c[0] == "v"
+                                             else int(c.split("-")[1]))):
             r = s_[cfg]
             side, th = cfg.split("-")
-            side = "vitc" if side == "vitc" else "PyTorch"
+            side = label(side)
             if r["status"] != "ok":
                 L.append("| %s | %s | %s | %s | | | | | | | |" % (
                     name, side, th, cell(r["status"] + (": " + r["error"] if r.get("error")
@@ -627,25 +732,35 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed):
 
 
 def prune(runs, name, notes, log):
-    """After round 1: a PyTorch thread count more than 1.5x slower than the
-    other cannot be PyTorch's better one; on a busy 2-core machine its
-    OpenMP threads can spin for seconds per forward, so it is not run
+    """After round 1: an engine's thread count more than 1.5x slower than
+    its other cannot be that engine's better one; on a busy 2-core machine
+    its OpenMP threads can spin for seconds per forward, so it is not run
     again. (vitc's configurations always run: its 1-thread figure gives
     the 2-thread scaling.)"""
-    torch_cfgs = [c for c in runs if c.startswith("torch-") and runs[c]
-                  and runs[c][0].get("status") == "ok"]
-    if len(torch_cfgs) < 2:
-        return
-    med = {c: _median(runs[c][0]["times_ms"]) for c in torch_cfgs}
-    best = min(med, key=med.get)
-    for c in torch_cfgs:
-        if med[c] > 1.5 * med[best]:
-            runs[c][-1]["pruned"] = True
-            msg = ("%s: PyTorch at %s thread(s) took %.1f ms in round 1 against %.1f ms at %s; "
-                   "not run in later rounds" % (name, c.split("-")[1], med[c], med[best],
-                                                best.split("-")[1]))
-            notes.append(msg)
-            log(msg)
+    for engine in sorted({c.split("-")[0] for c in runs} - set(peers.VITC)):
+        cfgs = [c for c in runs if c.split("-")[0] == engine and runs[c]
+                and runs[c][0].get("status") == "ok" and runs[c][0].get("times_ms")]
+        if len(cfgs) < 2:
+            continue
+        med = {c: _median(runs[c][0]["times_ms"]) for c in cfgs}
+        best = min(med, key=med.get)
+        for c in cfgs:
+            if med[c] > 1.5 * med[best]:
+                runs[c][-1]["pruned"] = True
+                msg = ("%s: %s at %s thread(s) took %.1f ms in round 1 against %.1f ms at %s; "
+                       "not run in later rounds" % (name, label(engine), c.split("-")[1], med[c],
+                                                    med[best], best.split("-")[1]))
+                notes.append(msg)
+                log(msg)
+
+
+def label(engine):
+    """'ONNX Runtime int8' for 'ort_int8'; the fp32 ones without it, as
+    the summary has always called vitc and PyTorch."""
+    if engine in ("vitc", "torch"):
+        return "vitc" if engine == "vitc" else "PyTorch"
+    name, prec, _ = peers.ENGINES.get(engine, (engine, "fp32", ""))
+    return name + " " + prec
 
 
 def cell(text):
@@ -662,8 +777,8 @@ def main():
     global QUICK, EMBED_IMAGES
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the markdown table here (and the raw data to .json)")
-    ap.add_argument("--only", help="comma-separated workloads or groups (train, inference; "
-                    "default: all): " + ", ".join(WORKLOADS))
+    ap.add_argument("--only", help="comma-separated workloads or groups (train, inference, hub, "
+                    "engines; default: all): " + ", ".join(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--repeat-scale", type=int, default=1,
                     help="multiply every workload's timed forwards per child")
@@ -678,7 +793,22 @@ def main():
                     help="tiny sizes of the training workloads (tests the driver; not a benchmark)")
     ap.add_argument("--embed-images", type=int, default=EMBED_IMAGES,
                     help="photos for embed_1000 (default 1000; fewer only to test the driver)")
+    ap.add_argument("--engines", default="all",
+                    help="engines beside vitc and PyTorch fp32 on the ViT-B/16 rows: 'all' (those "
+                    "this CPU runs; the bf16 ones need avx512_bf16 or AMX), 'none', or a "
+                    "comma-separated list of " + ", ".join(peers.PEERS))
+    ap.add_argument("--engine-rounds", type=int, default=2,
+                    help="rounds the other engines run in (default 2; vitc's and PyTorch fp32's "
+                    "rows run every round)")
+    ap.add_argument("--calib", type=int, default=peers.CALIB,
+                    help="NNCF calibration samples for OpenVINO int8 (default %d)" % peers.CALIB)
     ap.add_argument("--torch-child", metavar="NAME", help=argparse.SUPPRESS)
+    ap.add_argument("--engine-child", metavar="ENGINE", help=argparse.SUPPRESS)
+    ap.add_argument("--child-batch", type=int, default=1, help=argparse.SUPPRESS)
+    ap.add_argument("--child-check", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--child-st", metavar="PATH", help=argparse.SUPPRESS)
+    ap.add_argument("--prepare-peers", metavar="DIR", help=argparse.SUPPRESS)
+    ap.add_argument("--versions", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--export-hub", metavar="DIR", help=argparse.SUPPRESS)
     ap.add_argument("--make-photos", metavar="DIR", help=argparse.SUPPRESS)
     ap.add_argument("--embed-child", metavar="DIR", help=argparse.SUPPRESS)
@@ -701,14 +831,19 @@ def main():
     if args.torch_child:
         return torch_child(args.torch_child, args.child_threads, args.child_repeat,
                            args.child_weights)
+    if args.engine_child:
+        return peers.engine_child(args.engine_child, args.child_model, args.child_weights,
+                                  args.child_st, args.child_batch, args.child_threads,
+                                  args.child_repeat, args.child_check, CHILD_BUDGET)
+    if args.prepare_peers:
+        return peers.prepare(args.prepare_peers, args.child_weights, args.calib,
+                             args.child_threads)
+    if args.versions:
+        return peers.versions()
     if args.export_vit_pth:
-        import torch
-        import torchvision
-        torch.manual_seed(0)
-        torch.save(torchvision.models.vit_b_16().state_dict(), args.export_vit_pth)
-        return None
+        return peers.export_pth(args.export_vit_pth)
     if args.export_vit:
-        return export_vit(args.export_vit)
+        return export_vit(args.export_vit, args.child_weights)
 
     names = [w for n in args.only.split(",") for w in GROUPS.get(n, (n,))] if args.only \
         else list(WORKLOADS)
@@ -757,45 +892,84 @@ def main():
     log("measuring the FMA peak")
     measure_peak()
 
-    r, _ = run_child([sys.executable, "-c", "import json, torch, torchvision; print(json.dumps("
-                      "{'torch': torch.__version__, 'torchvision': torchvision.__version__}))"],
-                     base_env)
+    r, _ = run_child([sys.executable, __file__, "--versions"], base_env)
     if r.get("status") == "failed":
-        log("PyTorch unavailable: " + r["error"][-300:])
-        notes.append("PyTorch could not be started: " + r["error"][-300:])
+        log("the engines' versions: " + r["error"][-300:])
+        notes.append("The engines' versions could not be read: " + r["error"][-300:])
+    info["versions"] = {k: v for k, v in r.items() if k not in ("status", "error", "stdout")}
     info.update({k: r[k] for k in ("torch", "torchvision") if k in r})
+    if str(info.get("torch", "")).startswith("unavailable"):
+        notes.append("PyTorch could not be started: " + info["torch"])
+
+    engines = []
+    if any(n in VIT for n in names) and args.engines != "none":
+        want = peers.PEERS if args.engines == "all" else args.engines.split(",")
+        for e in want:
+            if e not in peers.PEERS:
+                ap.error("unknown engine %r (known: %s)" % (e, ", ".join(peers.PEERS)))
+            if e in peers.BF16 and not peers.has_bf16(info["flags"]):
+                notes.append("%s not run: the CPU has neither avx512_bf16 nor AMX-BF16" % e)
+                continue
+            engines.append(e)
+        engines = ["vitc_bf16", "vitc_int8"] + engines
 
     tmpdir = None
     model = args.model
-    if not model and any(n in VIT for n in names):
+    pth = None
+    if any(n in VIT for n in names):
+        # Every engine loads one checkpoint: the random weights (seed 0,
+        # the head drawn too, see bench/peers.py) as a state_dict, the way
+        # torchvision weights are loaded, and the same as safetensors.
         tmpdir = tempfile.TemporaryDirectory(prefix="vitc-bench-")
+        pth = os.path.join(tmpdir.name, "vit_b_16.pth")
+        r, _ = run_child([sys.executable, __file__, "--export-vit-pth", pth], base_env)
+        if r.get("status") == "failed" or not os.path.exists(pth):
+            notes.append("PyTorch's ViT was not loaded from a file (writing the .pth failed: %s), "
+                         "so its peak memory does not count loading a checkpoint"
+                         % r.get("error", "")[-200:])
+            pth = None
+    if not model and tmpdir:
         model = os.path.join(tmpdir.name, "vit_b_16.safetensors")
         log("writing a random-weight ViT-B/16 checkpoint to " + model)
         tool = os.path.join(ROOT, "tools", "export_safetensors.py")
         r = {"status": "failed", "error": "tools/export_safetensors.py absent"}
         if os.path.exists(tool):
-            r, _ = run_child([sys.executable, tool, "--torchvision", "vit_b_16", model,
+            r, _ = run_child([sys.executable, tool, pth, model, "--arch", "vit_b_16"] if pth else
+                             [sys.executable, tool, "--torchvision", "vit_b_16", model,
                               "--random-init", "--seed", "0"], base_env)
             if r.get("status") != "failed" or not os.path.exists(model):
                 r = {"status": "ok"} if os.path.exists(model) else r
         if r.get("status") == "failed":
             log("export_safetensors.py: %s; writing it with tests/reference/st_write.py"
                 % r["error"][-200:])
-            r, _ = run_child([sys.executable, __file__, "--export-vit", model], base_env)
+            r, _ = run_child([sys.executable, __file__, "--export-vit", model]
+                             + (["--child-weights", pth] if pth else []), base_env)
             if r.get("status") == "failed":
                 notes.append("The ViT-B/16 checkpoint could not be written: " + r["error"][-300:])
-    pth = None
-    if any(n in VIT for n in names):
-        # PyTorch's side loads a checkpoint too: the same random weights
-        # (seed 0) as a state_dict, the way torchvision weights are loaded.
-        if tmpdir is None:
-            tmpdir = tempfile.TemporaryDirectory(prefix="vitc-bench-")
-        pth = os.path.join(tmpdir.name, "vit_b_16.pth")
-        r, _ = run_child([sys.executable, __file__, "--export-vit-pth", pth], base_env)
-        if r.get("status") == "failed" or not os.path.exists(pth):
-            notes.append("PyTorch's ViT was not loaded from a file (writing the .pth failed), so "
-                         "its peak memory does not count loading a checkpoint")
-            pth = None
+    elif model and engines:
+        notes.append("--model %s: vitc timed that file, the other engines the random-init "
+                     "checkpoint; the agreement column compares different weights" % model)
+    peerdir, prep = None, {}
+    if any(e in peers.PEERS for e in engines) and pth:
+        peerdir = os.path.join(tmpdir.name, "peers")
+        os.makedirs(peerdir, exist_ok=True)
+        log("writing the ONNX, ONNX Runtime int8, OpenVINO and NNCF int8 models to %s (NNCF "
+            "calibrates on %d samples)" % (peerdir, args.calib))
+        t0 = time.time()
+        prep, _ = run_child([sys.executable, __file__, "--prepare-peers", peerdir,
+                             "--child-weights", pth, "--calib", str(args.calib),
+                             "--child-threads", str(max(threads))], base_env, 3600)
+        prep["wall_s"] = time.time() - t0
+        if prep.get("status") == "failed":
+            notes.append("Preparing the other engines' models failed: " + prep["error"][-300:])
+        for step_, err in prep.get("errors", {}).items():
+            notes.append("%s failed: %s" % (step_, err))
+        log("prepared in %.0f s: %s" % (prep["wall_s"], json.dumps(prep.get("seconds", {}))))
+    info["prepare"] = prep
+    # torch.compile's children share one inductor cache, this run's own:
+    # the first compiles from scratch, the later ones reuse its kernels.
+    if "compile" in engines and tmpdir:
+        base_env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmpdir.name, "inductor")
 
     hubdir = photos = None
     if any(n in HUB or n == "embed_1000" for n in names):
@@ -821,15 +995,22 @@ def main():
 
     configs = ["vitc-%d" % t for t in sorted(threads, reverse=True)] + \
               ["torch-%d" % t for t in sorted(threads)]
-    raw = {}
+    raw, checks = {}, {}
     flops = {n: flops_of(n) for n in names}
     for name in names:
         reps = WORKLOADS[name][3] * args.repeat_scale
-        runs = {c: [] for c in configs}
+        cfgs = configs + (["%s-%d" % (e, t) for e in engines for t in sorted(threads)]
+                          if name in VIT else [])
+        runs = {c: [] for c in cfgs}
+        if name in VIT and engines:
+            checks[name] = run_checks(name, engines, peerdir, pth, model, max(threads),
+                                      args.openblas_coretype, base_env, log)
         for rnd in range(args.rounds):
-            order = configs[rnd % len(configs):] + configs[:rnd % len(configs)]
+            order = cfgs[rnd % len(cfgs):] + cfgs[:rnd % len(cfgs)]
             if rnd == 1:
-                prune(runs, name, notes, log)
+                prune({c: r for c, r in runs.items()
+                       if args.engine_rounds > 1 or c.split("-")[0] not in peers.PEERS},
+                      name, notes, log)
             for cfg in order:
                 if runs[cfg] and runs[cfg][-1].get("pruned"):
                     continue
@@ -837,34 +1018,51 @@ def main():
                 # embed_1000: vitc alone, once, at its main thread count (minutes per run)
                 if name == "embed_1000" and (side == "torch" or rnd or int(th) != max(threads)):
                     continue
+                if side in peers.PEERS and rnd >= args.engine_rounds:
+                    continue
                 env = child_env(int(th), args.openblas_coretype)
+                if "TORCHINDUCTOR_CACHE_DIR" in base_env:
+                    env["TORCHINDUCTOR_CACHE_DIR"] = base_env["TORCHINDUCTOR_CACHE_DIR"]
+                timeout = None
                 if name == "embed_1000":
                     argv = [sys.executable, __file__, "--embed-child", photos, "--child-model",
                             hub_model(name), "--child-threads", th, "--vitc", args.vitc]
-                elif side == "vitc":
+                elif side in peers.VITC:
                     argv = [args.vitc, "bench", "--json", "--quiet", "--no-peak", "--only", name,
                             "--threads", th, "--repeat", str(reps)] + (["--quick"] if QUICK else [])
+                    if side != "vitc":
+                        argv += ["--precision", peers.ENGINES[side][1]]
                     if name in VIT and model:
                         argv += ["--model", model]
                     if name in HUB and hubdir:
                         argv += ["--model", hub_model(name)]
-                else:
+                elif side == "torch":
                     argv = [sys.executable, __file__, "--torch-child", name,
                             "--child-threads", th, "--child-repeat", str(reps)] + \
                         (["--quick"] if QUICK else [])
                     if name in VIT and pth:
                         argv += ["--child-weights", pth]
+                    if name in HUB and hubdir:
+                        argv += ["--child-weights", hub_model(name)]
+                else:
+                    if peers.needs(side) and peers.needs(side) not in prep.get("seconds", {}):
+                        runs[cfg].append({"status": "failed", "error": "%s failed (see the "
+                                          "notes)" % peers.needs(side), "_maxrss_kb": 0})
+                        continue
+                    argv = engine_argv(side, name, th, reps, peerdir, pth, model, rnd == 0)
+                    # the first torch.compile child compiles from scratch
+                    timeout = 1200 if side == "compile" else None
                 t0 = time.time()
                 # embed_1000 runs minutes: 1,000 forwards plus the decoding
-                r, maxrss = run_child(argv, env, 1200 if name == "embed_1000" else None)
-                if side == "vitc" and "workloads" in r:
+                r, maxrss = run_child(argv, env, 1200 if name == "embed_1000" else timeout)
+                if side in peers.VITC and "workloads" in r:
                     r = r["workloads"][0]
                     if r.get("flops") and abs(r["flops"] - flops[name]) > 1e-6 * flops[name]:
                         notes.append("%s: vitc bench counts %.0f FLOP, bench.py %.0f" % (
                             name, r["flops"], flops[name]))
                 elif "times_ms" not in r and r.get("status") == "ok":
                     r = {"status": "failed", "error": "no timings: " + r.get("stdout", "")[-200:]}
-                elif side == "vitc" and r.get("status") == "ok" and name != "embed_1000":
+                elif side in peers.VITC and r.get("status") == "ok" and name != "embed_1000":
                     r = {"status": "failed", "error": "no JSON from vitc bench: "
                          + r.get("stdout", "")[-200:]}
                 r["_maxrss_kb"] = maxrss
@@ -892,14 +1090,21 @@ def main():
         tmpdir.cleanup()
     info["load_end"] = loadavg()
     summary = {name: summarize(name, raw[name], flops.get(name), peak["p1"]) for name in names}
+    agree = {name: agreement(raw[name], checks.get(name, {})) for name in names if name in VIT}
+    for name in raw:  # the logits went into `agree`; the .json keeps the numbers
+        for rs in raw[name].values():
+            for r in rs:
+                r.pop("out", None)
 
-    text = render(info, args, peak, summary, flops, notes, cmdline, started, time.time() - t_start)
+    text = render(info, args, peak, summary, flops, notes, cmdline, started, time.time() - t_start,
+                  engines, agree, prep)
     print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
         with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
-            json.dump({"info": info, "peak": peak, "summary": summary, "raw": raw}, f, indent=1)
+            json.dump({"info": info, "peak": peak, "summary": summary, "raw": raw,
+                       "agreement": agree}, f, indent=1)
         log("wrote " + args.out)
 
 
