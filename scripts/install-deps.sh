@@ -80,7 +80,11 @@ echo "install-deps: installing requirements-dev.txt into $VENV (torch, transform
      "open_clip, ONNX Runtime, OpenVINO; several GB, a few minutes)" >&2
 # torch 2.14.1 + torchvision 0.29.1 come from this machine's disk (pip's
 # find-links / index configuration); nothing else is asked of the cap.
-if ! "$VENV/bin/pip" install --disable-pip-version-check -q -r "$REQ" >&2; then
+t0=$(date +%s)
+# pip's log is kept in the venv and shown on failure, less the local
+# mirror's "Location ... is ignored" lines, one per package.
+if ! "$VENV/bin/pip" install --disable-pip-version-check -q -r "$REQ" > "$VENV/.pip.log" 2>&1; then
+    grep -v "is ignored: it is neither a file nor a directory" "$VENV/.pip.log" >&2 || true
     die "pip could not install every package of requirements-dev.txt (its message is above: a" \
         "package or version missing from the index, or no network). The C tests need none of" \
         "them: make test-c. Fix the index or pin another version, then rerun make deps."
@@ -88,4 +92,5 @@ fi
 "$VENV/bin/python" -c "import torch, torchvision, transformers, timm, open_clip, onnxruntime, openvino, nncf, skimage" ||
     die "the packages installed but do not import (above); remove $VENV and rerun make deps"
 cp "$REQ" "$STAMP.tmp" && mv "$STAMP.tmp" "$STAMP"
-echo "install-deps: $VENV ready ($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))" >&2
+echo "install-deps: $VENV ready in $(($(date +%s) - t0)) s" \
+     "($("$VENV/bin/python" -c 'import torch; print("torch", torch.__version__)'))" >&2
