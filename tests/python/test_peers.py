@@ -223,17 +223,19 @@ class TestTransformers(PeerCase):
                          lambda mm, x, i: mm(x, **self._kw(i)).image_embeds, lambda m, x: m(x))]
                 self.run_family("hf-clip-vision-proj-" + act, model, outs, [(32, 32), (32, 48)])
 
-    def test_clip_model(self):
-        text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                    intermediate_size=64, vocab_size=99, max_position_embeddings=16,
-                    projection_dim=24)
-        model = transformers.CLIPModel(transformers.CLIPConfig(
-            text_config=text, vision_config=self._clip_vision("quick_gelu"), projection_dim=24))
+    # The text tower of CLIPModel / SiglipModel, which vitc skips: as small as it gets.
+    _TEXT = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                 intermediate_size=64, vocab_size=99, max_position_embeddings=16)
 
-        def features(mm, x, i):
-            out = mm.get_image_features(pixel_values=x, **self._kw(i))
-            return getattr(out, "pooler_output", out)
-        outs = [("get_image_features vs embed(default)", features, lambda m, x: m.embed(x)),
+    def _image_features(self, mm, x, i):
+        out = mm.get_image_features(pixel_values=x, **self._kw(i))
+        return getattr(out, "pooler_output", out)  # a tensor in 4.x, an output object in 5.x
+
+    def test_clip_model(self):
+        model = transformers.CLIPModel(transformers.CLIPConfig(
+            text_config=dict(self._TEXT, projection_dim=24),
+            vision_config=self._clip_vision("quick_gelu"), projection_dim=24))
+        outs = [("get_image_features vs embed(default)", self._image_features, lambda m, x: m.embed(x)),
                 ("vision_model.last_hidden_state vs forward_features",
                  lambda mm, x, i: mm.vision_model(x, **self._kw(i)).last_hidden_state,
                  lambda m, x: m.forward_features(x)),
@@ -258,15 +260,9 @@ class TestTransformers(PeerCase):
         self.run_family("hf-siglip-vision", model, outs, self._SIGLIP_SIZES)
 
     def test_siglip_model(self):
-        text = dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                    intermediate_size=64, vocab_size=99, max_position_embeddings=16)
         model = transformers.SiglipModel(transformers.SiglipConfig(
-            text_config=text, vision_config=self._SIGLIP))
-
-        def features(mm, x, i):
-            out = mm.get_image_features(pixel_values=x, **self._kw(i))
-            return getattr(out, "pooler_output", out)
-        outs = [("get_image_features vs embed(default)", features, lambda m, x: m.embed(x)),
+            text_config=self._TEXT, vision_config=self._SIGLIP))
+        outs = [("get_image_features vs embed(default)", self._image_features, lambda m, x: m.embed(x)),
                 ("vision_model.last_hidden_state vs forward_features",
                  lambda mm, x, i: mm.vision_model(x, **self._kw(i)).last_hidden_state,
                  lambda m, x: m.forward_features(x))]
