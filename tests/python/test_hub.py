@@ -447,8 +447,9 @@ class TestHubModels(TmpDirCase):
         data = DATA
         for f in ("photo.png", "photo.jpg", "gray.jpg", "palette.png"):
             shutil.copy(os.path.join(data, f), idx)
+        cdir = os.path.join(self.tmp, "sim_cache")
         rc, out, err = run("similar", "--model", d, "--index", idx, "--json", "--topk", "3",
-                           os.path.join(data, "gray.jpg"))
+                           "--cache", cdir, os.path.join(data, "gray.jpg"))
         self.assertEqual(rc, 0, err)
         res = [json.loads(s) for s in out.splitlines()]
         self.assertEqual(len(res), 3)
@@ -460,12 +461,14 @@ class TestHubModels(TmpDirCase):
         self.assertEqual([os.path.basename(r["image"]) for r in res], [k for k, _ in want])
         for r, (_, sc) in zip(res, want):
             self.assertAlmostEqual(r["score"], sc, places=4)
-        cache = os.path.join(idx, ".vitc-similar.safetensors")
+        self.assertFalse(os.path.exists(os.path.join(idx, ".vitc-similar.safetensors")))
+        (cache,) = [os.path.join(cdir, f) for f in os.listdir(cdir)]
         t0 = os.stat(cache).st_mtime_ns
-        self.assertEqual(run("similar", "--model", d, "--index", idx, PHOTO)[0], 0)
+        self.assertEqual(run("similar", "--model", d, "--index", idx, "--cache", cdir, PHOTO)[0], 0)
         self.assertEqual(os.stat(cache).st_mtime_ns, t0)  # reused
         shutil.copy(PHOTO, os.path.join(idx, "new.png"))
-        rc, out, err = run("similar", "--model", d, "--index", idx, "--topk", "1", PHOTO)
+        rc, out, err = run("similar", "--model", d, "--index", idx, "--cache", cdir, "--topk", "1",
+                           PHOTO)
         self.assertEqual(rc, 0, err)
         self.assertNotEqual(os.stat(cache).st_mtime_ns, t0)  # rebuilt
         self.assertTrue(out.startswith("1.000000"))

@@ -238,13 +238,13 @@ class TestPrecision(TmpDirCase):
             rel = np.linalg.norm(emb[prec] - emb["fp32"]) / np.linalg.norm(emb["fp32"])
             self.assertGreater(rel, 0.0, prec)
             self.assertLess(rel, max_rel, prec)
-        # similar: the cache is per precision; the query itself is the nearest
+        # similar: the cache is per precision; the query's twin is the nearest
         index = os.path.join(root, "c0")
         scores = {}
         for prec in ("fp32", "int8", "fp32"):
             rc, out, err = run("similar", "--model", self.st, "--index", index, "--precision",
-                               prec, "--json", "--quiet", "--topk", "3",
-                               os.path.join(index, PHOTOS[0]))
+                               prec, "--json", "--quiet", "--topk", "3", "--cache",
+                               self.path("similar_cache"), os.path.join(DATA, PHOTOS[0]))
             self.assertEqual(rc, 0, err)
             res = [json.loads(line) for line in out.splitlines()]
             self.assertEqual(os.path.basename(res[0]["image"]), PHOTOS[0])
