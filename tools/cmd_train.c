@@ -131,7 +131,7 @@ typedef struct hyper {
     int schedule_fixed; /* --schedule-epochs was given: resumes keep it */
     unsigned augment;
     uint64_t seed;
-    int64_t subset;
+    int64_t subset, eval_subset;
 } hyper;
 
 typedef struct train_opts {
@@ -143,7 +143,7 @@ typedef struct train_opts {
     /* given on the command line */
     int g_image_size, g_patch, g_depth, g_dim, g_heads, g_mlp, g_channels, g_batch, g_lr, g_wd,
         g_warmup, g_smoothing, g_clip, g_schedule_epochs, g_min_lr, g_schedule, g_augment,
-        g_seed, g_subset, g_epochs;
+        g_seed, g_subset, g_eval_subset, g_epochs;
 } train_opts;
 
 static volatile sig_atomic_t stop_signal;
@@ -358,6 +358,7 @@ static char *train_meta_json(const hyper *h, const progress_state *p, const char
         bad |= json_object_set_new(o, "clip", json_real(h->clip));
         bad |= json_object_set_new(o, "augment", json_string(aug));
         bad |= json_object_set_new(o, "subset", json_integer(h->subset));
+        bad |= json_object_set_new(o, "eval_subset", json_integer(h->eval_subset));
         bad |= json_object_set_new(o, "data", json_string(data));
         bad |= json_object_set_new(o, "optimizer", json_string("adamw"));
         /* The generators are counter-based (seed, epoch, step): this is all
@@ -481,10 +482,12 @@ static int load_checkpoint(const char *path, vitc_safetensors **st_out, vitc_vit
         h->smoothing = jnum(o, "label_smoothing", -1);
         h->clip = jnum(o, "clip", -1);
         h->subset = (int64_t)jnum(o, "subset", -1);
+        /* absent in checkpoints written before it was saved: the whole set */
+        h->eval_subset = (int64_t)jnum(o, "eval_subset", 0);
         h->schedule_fixed = json_is_true(json_object_get(o, "schedule_fixed"));
         if (p->epoch < 0 || p->step_in_epoch < 0 || p->global_step < 0 || h->batch < 1 ||
             h->lr < 0 || h->wd < 0 || h->warmup < 0 || h->min_lr < 0 || h->smoothing < 0 ||
-            h->smoothing > 1 || h->subset < 0 || !json_is_string(seed) || !json_is_string(sch) ||
+            h->smoothing > 1 || h->subset < 0 || h->eval_subset < 0 || !json_is_string(seed) || !json_is_string(sch) ||
             !json_is_string(aug) || parse_augment(json_string_value(aug), &h->augment) != 0)
             rc = cli_error("--resume %s: vitc.train metadata is incomplete or out of range", path);
         else {
@@ -924,6 +927,7 @@ static int train_main(train_opts *o) {
     if (o->g_clip) h->clip = o->clip;
     if (o->g_min_lr) h->min_lr = o->min_lr;
     if (o->g_subset) h->subset = o->subset;
+    if (o->g_eval_subset) h->eval_subset = o->eval_subset;
     if (o->g_schedule) {
         if (strcmp(o->schedule, "none") && strcmp(o->schedule, "cosine") &&
             strcmp(o->schedule, "onecycle")) {
@@ -960,7 +964,7 @@ static int train_main(train_opts *o) {
         rc = cli_lib_error("--subset");
         goto done;
     }
-    if (o->eval_subset > 0 && R.d.eval && vitc_dataset_truncate(R.d.eval, o->eval_subset) != VITC_OK) {
+    if (h->eval_subset > 0 && R.d.eval && vitc_dataset_truncate(R.d.eval, h->eval_subset) != VITC_OK) {
         rc = cli_lib_error("--eval-subset");
         goto done;
     }
@@ -1087,7 +1091,7 @@ int cmd_train(int argc, char **argv) {
         {"--threads", NULL, CLI_INT, &o.threads, 1, 256, NULL},
         {"--eval-every", NULL, CLI_INT, &o.eval_every, 0, 1000000, NULL},
         {"--subset", NULL, CLI_INT, &o.subset, 1, 1e9, &o.g_subset},
-        {"--eval-subset", NULL, CLI_INT, &o.eval_subset, 1, 1e9, NULL},
+        {"--eval-subset", NULL, CLI_INT, &o.eval_subset, 1, 1e9, &o.g_eval_subset},
         {"--lr", NULL, CLI_DOUBLE, &o.lr, 0, 10, &o.g_lr},
         {"--weight-decay", NULL, CLI_DOUBLE, &o.wd, 0, 10, &o.g_wd},
         {"--warmup", NULL, CLI_DOUBLE, &o.warmup, 0, 1e6, &o.g_warmup},
