@@ -175,6 +175,46 @@ double cli_now(void) {
 
 int cli_stderr_tty(void) { return isatty(2); }
 
+void cli_fmt_time(double s, char *buf, size_t cap) {
+    long t = s > 0 && s < 1e8 ? (long)(s + 0.5) : 0;
+    if (t >= 3600)
+        snprintf(buf, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+    else
+        snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
+}
+
+void cli_progress_start(cli_progress *p, const char *what, int64_t total, int quiet) {
+    memset(p, 0, sizeof *p);
+    p->what = what;
+    p->total = total;
+    p->on = !quiet;
+    p->tty = cli_stderr_tty();
+    p->t0 = p->last = cli_now();
+}
+
+void cli_progress_update(cli_progress *p, int64_t done) {
+    if (!p->on)
+        return;
+    double t = cli_now();
+    /* A log file or a pipe gets a line every 10 s at most: a short run
+     * leaves nothing there, a long one a heartbeat, not a flood. */
+    if (t - p->last < (p->tty ? 0.25 : 10.0) && (!p->tty || done < p->total))
+        return;
+    double ips = done / (t - p->t0 > 1e-9 ? t - p->t0 : 1e-9);
+    char eta[32];
+    cli_fmt_time(ips > 0 ? (double)(p->total - done) / ips : 0, eta, sizeof eta);
+    fprintf(stderr, "%s%s: %lld/%lld images, %.1f img/s, ETA %s%s", p->tty ? "\r" : "", p->what,
+            (long long)done, (long long)p->total, ips, eta, p->tty ? "\033[K" : "\n");
+    p->last = t;
+    p->shown = p->tty;
+}
+
+void cli_progress_clear(cli_progress *p) {
+    if (p->shown)
+        fputs("\r\033[K", stderr);
+    p->shown = 0;
+}
+
 int cli_attention_precision(const char *name) {
     int p = vitc_precision_parse(name);
     return p == VITC_PRECISION_FP32 || p == VITC_PRECISION_BF16 ? p : -1;

@@ -39,6 +39,22 @@ int cli_ranked_cmp(const void *a, const void *b);
 double cli_now(void);
 /* 1 when stderr is a terminal (progress then updates one line). */
 int cli_stderr_tty(void);
+/* s seconds as "m:ss" or "h:mm:ss" (0:00 for a negative or absurd value). */
+void cli_fmt_time(double s, char *buf, size_t cap);
+/* Progress through total images on stderr, one helper for every command:
+ * on a terminal one updating line with the rate and the time left; else a
+ * line every 10 s at most (none in a short run). Nothing when quiet. */
+typedef struct cli_progress {
+    const char *what;
+    int64_t total;
+    double t0, last;
+    int on, tty, shown;
+} cli_progress;
+void cli_progress_start(cli_progress *p, const char *what, int64_t total, int quiet);
+/* done of total finished: shown when the interval has passed. */
+void cli_progress_update(cli_progress *p, int64_t done);
+/* Clear the terminal's progress line, before other output and at the end. */
+void cli_progress_clear(cli_progress *p);
 /* --precision NAME and --attention-precision ATTN (NULL: leave fp32) on m:
  * CLI_USAGE for an unknown name (cmd names the command), CLI_FAIL when
  * packing fails. */

@@ -40,6 +40,7 @@ static const char attention_map_usage[] =
     "                   normalisation, as float32 .npy [grid_h, grid_w]\n"
     "  --threads N      threads, 1..256 (default: all CPUs available)\n"
     CLI_PRECISION_HELP
+    "  --quiet          no line on stderr naming what was written\n"
     "  -h, --help       this help\n";
 
 /* viridis at 9 evenly spaced stops (matplotlib's map, as in R's viridis(9)). */
@@ -67,7 +68,7 @@ static void colormap(float t, float rgb[3]) {
 
 typedef struct am_opts {
     const char *model, *arch, *method, *out, *raw, *image, *precision, *attn_precision;
-    int crop, resize, threads, crop_set, resize_set;
+    int crop, resize, threads, crop_set, resize_set, quiet;
     float alpha;
 } am_opts;
 
@@ -84,6 +85,7 @@ static int am_parse(int argc, char **argv, am_opts *o) {
         {"--threads", NULL, CLI_INT, &o->threads, 1, CLI_MAX_THREADS, NULL},
         {"--precision", NULL, CLI_STRING, &o->precision, 0, 0, NULL},
         {"--attention-precision", NULL, CLI_STRING, &o->attn_precision, 0, 0, NULL},
+        {"--quiet", "-q", CLI_FLAG, &o->quiet, 0, 0, NULL},
     };
     const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), 1, "image"};
     char *pos[1];
@@ -300,6 +302,17 @@ int cmd_attention_map(int argc, char **argv) {
     if (vitc_image_save_png(o.out, cv.rgb, cv.w, cv.h) != VITC_OK) {
         rc = cli_error("%s", vitc_last_error());
         goto done;
+    }
+    /* success is otherwise silent: say where the picture went */
+    if (!o.quiet) {
+        fputs("vitc: wrote ", stderr);
+        cli_put_escaped(stderr, o.out, SIZE_MAX);
+        fprintf(stderr, " (%dx%d, %s attention", cv.w, cv.h, o.method);
+        if (o.raw) {
+            fputs("; the raw map in ", stderr);
+            cli_put_escaped(stderr, o.raw, SIZE_MAX);
+        }
+        fputs(")\n", stderr);
     }
     rc = CLI_OK;
 done:

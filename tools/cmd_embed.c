@@ -165,7 +165,8 @@ int cmd_embed(int argc, char **argv) {
     }
     if (o.threads > 0)
         vitc_set_num_threads(o.threads);
-    int tty = cli_stderr_tty() && !o.quiet;
+    cli_progress pr;
+    cli_progress_start(&pr, "embed", o.n_images, o.quiet);
     const vitc_vit_config *cfg;
     const cli_model_opts mo = {o.model, o.arch, o.precision, o.attn_precision, o.crop,
                                o.crop_set, o.resize, o.resize_set, 1};
@@ -191,7 +192,7 @@ int cmd_embed(int argc, char **argv) {
     size_t C = (size_t)cfg->hidden_dim;
     for (int next = 0; next < o.n_images;) {
         int nb = cli_fill_batch(o.images, o.n_images, &next, cfg, &in, o.batch, batch, paths,
-                                tty, &failed);
+                                pr.shown, &failed);
         if (nb == 0)
             continue;
         float *dst = emb + (o.out ? (size_t)done * (size_t)per : 0);
@@ -201,8 +202,7 @@ int cmd_embed(int argc, char **argv) {
         }
         if (o.normalize) /* per embedding; per token for tokens */
             cli_l2_normalize(dst, (size_t)nb * (size_t)per / C, C);
-        if (tty)
-            fputs("\r\033[K", stderr);
+        cli_progress_clear(&pr);
         if (o.json)
             for (int b = 0; b < nb; b++)
                 embed_print_json(stdout, paths[b], dst + (size_t)b * (size_t)per, (size_t)per);
@@ -210,11 +210,9 @@ int cmd_embed(int argc, char **argv) {
             memcpy(row_paths + done, paths, sizeof *paths * (size_t)nb);
         fflush(stdout);
         done += nb;
-        if (tty)
-            fprintf(stderr, "embed: %d/%d images", done + failed, o.n_images);
+        cli_progress_update(&pr, done + failed);
     }
-    if (tty)
-        fputs("\r\033[K", stderr);
+    cli_progress_clear(&pr);
     if (o.out && done > 0 && o.out_format != EMBED_OUT_NPY) {
         if ((rc = embed_save_json(o.out, o.out_format == EMBED_OUT_JSON, emb, row_paths, done,
                                   (size_t)per)) != CLI_OK)
@@ -228,6 +226,13 @@ int cmd_embed(int argc, char **argv) {
             rc = cli_error("%s", vitc_last_error());
             goto done;
         }
+    }
+    /* --out is otherwise silent (stdout has nothing): say what went there */
+    if (o.out && done > 0 && !o.quiet) {
+        fputs("vitc: wrote ", stderr);
+        cli_put_escaped(stderr, o.out, SIZE_MAX);
+        fprintf(stderr, " (%d embedding%s of %lld floats)\n", done, done == 1 ? "" : "s",
+                (long long)per);
     }
     if (fflush(stdout) != 0 || ferror(stdout))
         rc = cli_error("writing the results failed: %s", strerror(errno));

@@ -341,12 +341,15 @@ int cmd_similar(int argc, char **argv) {
             goto out;
         }
         int next = 0;
+        cli_progress pr;
+        cli_progress_start(&pr, "similar: indexing", n, o.quiet);
         while (next < n) {
             int nb = 0;
             while (nb < o.batch && next < n) {
                 char path[4096];
                 snprintf(path, sizeof path, "%s/%s", o.index, names[next]);
                 if (cli_load_input(path, cfg, &in, batch + in.per_image * (size_t)nb) != VITC_OK) {
+                    cli_progress_clear(&pr);
                     cli_error("%s", vitc_last_error());
                     failed++;
                 } else {
@@ -361,11 +364,9 @@ int cmd_similar(int argc, char **argv) {
                 goto out;
             }
             rows += nb;
-            if (!o.quiet && cli_stderr_tty())
-                fprintf(stderr, "\rsimilar: indexed %d/%d images", next, n);
+            cli_progress_update(&pr, next);
         }
-        if (!o.quiet && cli_stderr_tty())
-            fputs("\r\033[K", stderr);
+        cli_progress_clear(&pr);
         cli_l2_normalize(emb, (size_t)rows, (size_t)dim);
         names_text = json_dumps(done_names, JSON_COMPACT);
         const char *tn[1] = {"embeddings"}, *mk[2] = {"vitc.similar", "vitc.similar.names"};

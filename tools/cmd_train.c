@@ -582,12 +582,16 @@ static int lr_at(const hyper *h, int64_t step, int64_t spe, double *lr, double *
     return CLI_OK;
 }
 
-static void fmt_time(double s, char *buf, size_t cap) {
-    long t = s > 0 && s < 1e8 ? (long)(s + 0.5) : 0;
-    if (t >= 3600)
-        snprintf(buf, cap, "%ld:%02ld:%02ld", t / 3600, t / 60 % 60, t % 60);
+/* A run's length for people: "42.1s", "3m12s", "2h05m". */
+static void fmt_duration(double s, char *buf, size_t cap) {
+    if (!(s >= 0) || s > 1e8)
+        s = 0;
+    if (s < 60)
+        snprintf(buf, cap, "%.1fs", s);
+    else if (s < 3600)
+        snprintf(buf, cap, "%dm%02ds", (int)s / 60, (int)s % 60);
     else
-        snprintf(buf, cap, "%ld:%02ld", t / 60, t % 60);
+        snprintf(buf, cap, "%dh%02dm", (int)s / 3600, (int)s / 60 % 60);
 }
 
 /* ---- data parallel over MPI (make MPI=1) ---------------------------------
@@ -700,6 +704,9 @@ static int run_epochs(run *R) {
     int64_t *perm = malloc((size_t)N * sizeof *perm), *lab = malloc((size_t)B * sizeof *lab);
     int rc = CLI_OK;
     int64_t reported = 0;
+    /* for the closing line: this run's epochs, time and best evaluation */
+    int first_epoch = R->p.epoch, best_epoch = 0;
+    double run_t0 = cli_now(), best_acc = -1;
     if (!x || !logits || !dlogits || !perm || !lab) {
         rc = cli_error("out of memory for a batch of %d", B);
         goto out;
@@ -809,7 +816,9 @@ static int run_epochs(run *R) {
             if (!o->quiet && (k + 1 == spe || t - last > (R->tty ? 0.2 : 10.0))) {
                 double ips = done_imgs / (t - t0 > 1e-9 ? t - t0 : 1e-9);
                 char eta[32];
-                fmt_time((double)(N - (k + 1) * (int64_t)B) / ips, eta, sizeof eta);
+                /* the run's time left, not the epoch's: what one waits for */
+                int64_t left = N - (k + 1) * (int64_t)B + (int64_t)(o->epochs - e - 1) * N;
+                cli_fmt_time((double)(left > 0 ? left : 0) / ips, eta, sizeof eta);
                 int w = 24, fill = (int)((k + 1) * w / spe);
                 char bar[32];
                 for (int i = 0; i < w; i++) bar[i] = i < fill ? '#' : '.';
@@ -849,6 +858,9 @@ static int run_epochs(run *R) {
                                      "evaluation")) != CLI_OK)
                 break;
             evaluated = 1;
+            double acc = (double)er.correct / (er.n ? er.n : 1);
+            if (er.n && acc > best_acc)
+                best_acc = acc, best_epoch = e + 1;
         }
         if (dp_rank == 0 &&
             (rc = save_checkpoint(o->out, R->m, R->opt, R->labels, &R->h, &R->p, R->d.desc)) !=
@@ -882,6 +894,18 @@ static int run_epochs(run *R) {
     }
     if (rc == CLI_OK && dp_rank == 0 && R->p.epoch >= o->epochs && o->model_out)
         rc = save_file(o->model_out, R->m, R->opt, 0, R->labels, &R->h, &R->p, R->d.desc);
+    if (rc == CLI_OK && dp_rank == 0 && R->p.epoch >= o->epochs) {
+        char took[32], best[96];
+        fmt_duration(cli_now() - run_t0, took, sizeof took);
+        if (best_epoch)
+            snprintf(best, sizeof best, "best %s accuracy %.2f%% (epoch %d)",
+                     R->d.idx ? "test" : "val", 100 * best_acc, best_epoch);
+        else
+            snprintf(best, sizeof best, "no evaluation");
+        fprintf(stderr, "vitc: trained %d epoch%s in %s; %s; wrote %s%s%s\n",
+                o->epochs - first_epoch, o->epochs - first_epoch == 1 ? "" : "s", took, best,
+                o->out, o->model_out ? " and " : "", o->model_out ? o->model_out : "");
+    }
     if (rc == CLI_OK && R->p.epoch >= o->epochs && vitc_dataset_num_skipped(R->d.train))
         fprintf(stderr, "vitc: %lld unreadable training images were skipped\n",
                 (long long)vitc_dataset_num_skipped(R->d.train));

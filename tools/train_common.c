@@ -172,8 +172,9 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int
     int training = vitc_vit_is_training(m);
     vitc_vit_set_training(m, 0);
     vitc_batch_opts o = train_batch_opts(c);
-    int rc = CLI_OK, tty = cli_stderr_tty();
-    double t0 = cli_now(), last = t0;
+    int rc = CLI_OK;
+    cli_progress pr;
+    cli_progress_start(&pr, what, n, quiet);
     double loss_sum = 0;
     for (int64_t i = 0; i < n && rc == CLI_OK; i += batch) {
         int b = (int)(n - i < batch ? n - i : batch), nv;
@@ -200,15 +201,9 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int
                 confusion[lab[k] * C + best]++;
         }
         r->n += nv;
-        double t = cli_now();
-        if (!quiet && t - last > (tty ? 0.25 : 10.0)) {
-            fprintf(stderr, "%s%s: %lld/%lld images%s", tty ? "\r" : "", what,
-                    (long long)(i + b), (long long)n, tty ? "" : "\n");
-            last = t;
-        }
+        cli_progress_update(&pr, i + b);
     }
-    if (!quiet && tty && last > t0)
-        fputs("\r\033[K", stderr);
+    cli_progress_clear(&pr);
     r->loss = r->n ? loss_sum / r->n : 0;
     r->skipped = vitc_dataset_num_skipped(ds);
     vitc_vit_set_training(m, training);

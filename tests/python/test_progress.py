@@ -61,6 +61,93 @@ class TestProgress(TmpDirCase):
                    "--quiet")
         self.assertEqual([r["eval_images"] for r in epochs(log)], [3, 3, 5])
 
+    def model(self):
+        m = self.path("model.safetensors")
+        if not os.path.exists(m):
+            self.train(*ARCH, "--epochs", 1, "--out", m, "--quiet")
+        return m
+
+    def test_train_closing_line(self):
+        out, ship, log = self.path("c.safetensors"), self.path("c_ship.safetensors"), \
+            self.path("c.jsonl")
+        err = self.train(*ARCH, "--epochs", 2, "--out", out, "--model-out", ship, "--log", log,
+                         "--quiet")
+        last = err.splitlines()[-1]
+        m = re.fullmatch(r"vitc: trained 2 epochs in [0-9.]+s; best val accuracy ([0-9.]+)% "
+                         r"\(epoch ([12])\); wrote (.*) and (.*)", last)
+        self.assertIsNotNone(m, err)
+        accs = [r["eval_acc"] for r in epochs(log)]
+        self.assertAlmostEqual(float(m.group(1)), 100 * max(accs), places=1)
+        self.assertEqual(int(m.group(2)), accs.index(max(accs)) + 1)
+        self.assertEqual((m.group(3), m.group(4)), (out, ship))
+        # a resumed run counts its own epochs
+        err = self.train("--resume", out, "--epochs", 3, "--out", out, "--quiet")
+        self.assertRegex(err.splitlines()[-1], r"^vitc: trained 1 epoch in .*; wrote %s$"
+                         % re.escape(out))
+
+    def test_train_progress_off_a_terminal(self):
+        # stderr not a terminal: one progress line an epoch (its end), not
+        # one a step
+        err = self.train(*ARCH, "--epochs", 2, "--out", self.path("e.safetensors"))
+        bars = [l for l in err.splitlines() if l.startswith("epoch ") and "ETA" in l]
+        self.assertEqual(len(bars), 2, err)
+
+    def test_success_lines(self):
+        m = self.model()
+        png, raw = self.path("am.png"), self.path("am.npy")
+        rc, out, err = run("attention-map", "--model", m, "--out", png, "--raw", raw,
+                           os.path.join(DATA, "photo.png"))
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(out, "")
+        self.assertRegex(err, r"^vitc: wrote %s \(\d+x\d+, rollout attention; the raw map in %s\)\n$"
+                         % (re.escape(png), re.escape(raw)))
+        rc, out, err = run("attention-map", "--model", m, "--out", png, "--quiet",
+                           os.path.join(DATA, "photo.png"))
+        self.assertEqual((rc, out, err), (0, "", ""))
+        npy = self.path("e.npy")
+        imgs = [os.path.join(DATA, n) for n in ("photo.png", "photo.jpg", "rgb8.png")]
+        rc, out, err = run("embed", "--model", m, "--out", npy, *imgs)
+        self.assertEqual(rc, 0, err)
+        self.assertEqual(err, "vitc: wrote %s (3 embeddings of 16 floats)\n" % npy)
+        rc, out, err = run("embed", "--model", m, "--out", npy, "--quiet", *imgs)
+        self.assertEqual((rc, err), (0, ""))
+
+    def test_no_progress_lines_off_a_terminal(self):
+        m = self.model()
+        imgs = [os.path.join(DATA, n) for n in ("photo.png", "photo.jpg", "rgb8.png")] * 4
+        rc, out, err = run("embed", "--model", m, "--batch", 1, "--json", *imgs)
+        self.assertEqual((rc, err), (0, ""))
+        rc, out, err = run("eval", "--model", m, "--data", self.data)
+        self.assertEqual(rc, 0, err)
+        self.assertNotIn("img/s", err)
+        idx = os.path.join(self.data, "train", "dark")
+        rc, out, err = run("similar", "--model", m, "--index", idx, "--no-cache", "--batch", 1,
+                           os.path.join(DATA, "photo.png"))
+        self.assertEqual((rc, err), (0, ""))
+
+    def test_progress_on_a_terminal(self):
+        import pty
+        m = self.model()
+        imgs = [os.path.join(DATA, n) for n in ("photo.png", "photo.jpg", "rgb8.png")] * 3
+        master, slave = pty.openpty()
+        p = subprocess.Popen([VITC, "embed", "--model", m, "--batch", "1", "--json", *imgs],
+                             stdout=subprocess.DEVNULL, stderr=slave)
+        os.close(slave)
+        chunks = []
+        while True:
+            try:
+                b = os.read(master, 4096)
+            except OSError:  # the child closed the terminal
+                break
+            if not b:
+                break
+            chunks.append(b)
+        os.close(master)
+        self.assertEqual(p.wait(), 0)
+        text = b"".join(chunks).decode()
+        self.assertRegex(text, r"embed: 9/9 images, [0-9.]+ img/s, ETA 0:00")
+        self.assertTrue(text.endswith("\r\x1b[K"), repr(text[-40:]))
+
 
 if __name__ == "__main__":
     unittest.main()
