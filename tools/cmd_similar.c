@@ -314,8 +314,12 @@ int cmd_similar(int argc, char **argv) {
         if (k && (id = json_dumps(k, JSON_COMPACT | JSON_SORT_KEYS))) {
             char dir[4000], why[4400];
             if (use_cache && cache_folder(o.cache_dir, dir, sizeof dir, why, sizeof why) != 0) {
+                /* paths from the environment and the command line: escaped */
+                char ewhy[4400], eidx[1024];
+                cli_escape(ewhy, sizeof ewhy, why);
+                cli_escape(eidx, sizeof eidx, o.index);
                 fprintf(stderr, "vitc: warning: no index cache (%s); embedding %s every time\n",
-                        why, o.index);
+                        ewhy, eidx);
                 use_cache = 0;
             }
             if (use_cache)
