@@ -2,6 +2,7 @@
 and attention maps out. Every number comes from libvitc."""
 import ctypes
 import threading
+import warnings
 
 import numpy as np
 
@@ -144,6 +145,13 @@ class VisionTransformer:
             check(lib.vitc_vit_forward(self._h, fptr(x), B, H, W, fptr(out)))
             if self.training:
                 self._last_batch = B
+        if (not self.training and not getattr(self, "_warned_flat", False) and B
+                and out.shape[1] > 1 and np.all(out == out[:, :1])):
+            # torchvision zero-initialises the head: say why every class reads 1/num_classes
+            self._warned_flat = True
+            warnings.warn("every class gets the same score: this model's classification head is "
+                          "all zeros (an untrained or --random-init model); use trained weights",
+                          RuntimeWarning, stacklevel=2)
         return out
 
     forward = __call__

@@ -1,0 +1,117 @@
+"""The first hour with a real model: the exporter offline, torchvision's
+ImageNet labels, and the warning for an all-zero classification head."""
+import json
+import os
+import struct
+import subprocess
+import sys
+import unittest
+import warnings
+
+import numpy as np
+
+from tests.python.util import EXPORT, ROOT, TmpDirCase, run_vitc
+
+try:
+    import torch
+    import torchvision
+except ImportError:  # the C-only setups
+    torch = None
+
+PHOTO = os.path.join(ROOT, "tests", "data", "gray.jpg")
+
+
+def metadata_config(path):
+    with open(path, "rb") as f:
+        n, = struct.unpack("<Q", f.read(8))
+        return json.loads(json.loads(f.read(n))["__metadata__"]["vitc.config"])
+
+
+def export(*args, env=None):
+    return subprocess.run([sys.executable, EXPORT] + list(args), capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+@unittest.skipIf(torch is None, "the exporter needs torch and torchvision")
+class TestRealModel(TmpDirCase):
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.categories = torchvision.models.ViT_B_16_Weights.IMAGENET1K_V1.meta["categories"]
+
+    def small_checkpoint(self, name, num_classes=1000, zero_head=True):
+        """A tiny torchvision ViT's state_dict: torchvision zeroes its head."""
+        torch.manual_seed(0)
+        m = torchvision.models.VisionTransformer(image_size=32, patch_size=16, num_layers=1,
+                                                 num_heads=2, hidden_dim=8, mlp_dim=16,
+                                                 num_classes=num_classes)
+        if not zero_head:
+            torch.nn.init.normal_(m.heads.head.weight)
+        p = self.path(name)
+        torch.save(m.state_dict(), p)
+        return p
+
+    def test_download_without_network_is_one_line(self):
+        # an empty torch hub cache and a proxy on the discard port: the
+        # download is refused at once, as on a machine with no network
+        env = dict(os.environ, TORCH_HOME=self.path("torch_home"), https_proxy="http://127.0.0.1:9",
+                   HTTPS_PROXY="http://127.0.0.1:9", no_proxy="", NO_PROXY="")
+        r = export("--torchvision", "vit_b_32", self.path("vit_b_32.safetensors"), env=env)
+        self.assertEqual(r.returncode, 1, r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
+        err = [l for l in r.stderr.splitlines() if l.startswith("export_safetensors:")]
+        self.assertEqual(len(err), 1, r.stderr)
+        self.assertIn("curl -LO https://download.pytorch.org/models/vit_b_32-d86f8d99.pth", err[0])
+        self.assertIn("export_safetensors.py vit_b_32-d86f8d99.pth OUT.safetensors", err[0])
+        self.assertIn("--random-init", err[0])
+        self.assertFalse(os.path.exists(self.path("vit_b_32.safetensors")))
+
+    def test_random_init_has_imagenet_labels(self):
+        out = self.path("random.safetensors")
+        r = export("--torchvision", "vit_b_32", "--random-init", "--dtype", "bf16", out)
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(metadata_config(out)["labels"], self.categories)
+        self.assertIn("same score", r.stdout)
+
+    def test_torchvision_checkpoint_labels(self):
+        pth = self.small_checkpoint("tv1000.pth")
+        out = self.path("tv1000.safetensors")
+        r = export(pth, out, "--num-heads", "2")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(metadata_config(out)["labels"], self.categories)
+        self.assertIn("labels: torchvision's ImageNet-1k", r.stdout)
+        r = export(pth, out, "--num-heads", "2", "--labels", "none")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("labels", metadata_config(out))
+        # another task's 10 classes: no guess
+        pth10 = self.small_checkpoint("tv10.pth", num_classes=10)
+        r = export(pth10, out, "--num-heads", "2")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertNotIn("labels", metadata_config(out))
+        r = export(pth10, out, "--num-heads", "2", "--labels", "imagenet")
+        self.assertEqual(r.returncode, 1)
+        self.assertIn("1000 labels for 10 classes", r.stderr)
+
+    def test_zero_head_warns_once(self):
+        import vitc
+        for zero in (True, False):
+            pth = self.small_checkpoint("h%d.pth" % zero, zero_head=zero)
+            out = self.path("h%d.safetensors" % zero)
+            r = export(pth, out, "--num-heads", "2")
+            self.assertEqual(r.returncode, 0, r.stderr)
+            rc, _, err = run_vitc("classify", "--model", out, "--batch", "1", PHOTO, PHOTO)
+            self.assertEqual(rc, 0, err)
+            self.assertEqual(err.count("classification head is all zeros"), 1 if zero else 0, err)
+            m = vitc.load_model(out)
+            x = np.random.default_rng(0).standard_normal((2, 3, 32, 32)).astype(np.float32)
+            with warnings.catch_warnings(record=True) as w:
+                warnings.simplefilter("always")
+                m(x)
+                m(x)
+            flat = [x for x in w if "classification head is all zeros" in str(x.message)]
+            self.assertEqual(len(flat), 1 if zero else 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
