@@ -67,13 +67,6 @@ class TestRealModel(TmpDirCase):
         self.assertIn("--random-init", err[0])
         self.assertFalse(os.path.exists(self.path("vit_b_32.safetensors")))
 
-    def test_random_init_has_imagenet_labels(self):
-        out = self.path("random.safetensors")
-        r = export("--torchvision", "vit_b_32", "--random-init", "--dtype", "bf16", out)
-        self.assertEqual(r.returncode, 0, r.stderr)
-        self.assertEqual(metadata_config(out)["labels"], self.categories)
-        self.assertIn("same score", r.stdout)
-
     def test_torchvision_checkpoint_labels(self):
         pth = self.small_checkpoint("tv1000.pth")
         out = self.path("tv1000.safetensors")
