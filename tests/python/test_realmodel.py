@@ -106,5 +106,88 @@ class TestRealModel(TmpDirCase):
             self.assertEqual(len(flat), 1 if zero else 0)
 
 
+class TestPythonFirstHour(TmpDirCase):
+
+    def test_all_lists_public_api(self):
+        import vitc
+        for name in ("VisionTransformer", "Model", "load_model", "preprocess_image",
+                     "load_safetensors", "MultiheadAttention", "AdamW", "VitcError", "lr"):
+            self.assertIn(name, vitc.__all__)
+        self.assertEqual([n for n in vitc.__all__ if not hasattr(vitc, n)], [])
+        self.assertEqual(len(set(vitc.__all__)), len(vitc.__all__))
+
+    def test_preprocess_torchvision_is_its_eval_transform(self):
+        import vitc
+        m = vitc.VisionTransformer(image_size=32, patch_size=16, num_layers=1, num_heads=2,
+                                   hidden_dim=8, mlp_dim=16, num_classes=3)
+        x = m.preprocess(PHOTO)
+        self.assertEqual(x.shape, (3, 32, 32))
+        np.testing.assert_array_equal(
+            x, vitc.preprocess_image(PHOTO, resize=36, crop=32, mean=m.config["mean"],
+                                     std=m.config["std"]))
+        self.assertEqual(m.preprocess(PHOTO, resize=0, crop=48).shape, (3, 48, 48))
+        if torch is None:
+            return
+        from PIL import Image
+        from torchvision import transforms as T
+        tf = T.Compose([T.Resize(36, interpolation=T.InterpolationMode.BILINEAR, antialias=True),
+                        T.CenterCrop(32), T.ToTensor(), T.Normalize(m.config["mean"], m.config["std"])])
+        ref = tf(Image.open(PHOTO).convert("RGB")).numpy()
+        # vitc's uint8 resize may differ from torchvision's by one step: 1/255/std
+        self.assertLess(np.abs(x - ref).max(), 1.01 / 255 / min(m.config["std"]))
+
+    def test_preprocess_timm_says_how(self):
+        import vitc
+        if torch is None:
+            self.skipTest("the timm-named file is written with torch")
+        # hidden_dim 64: a file without vitc.config gets num_heads = hidden_dim / 64
+        m = vitc.VisionTransformer(image_size=32, patch_size=16, num_layers=1, num_heads=1,
+                                   hidden_dim=64, mlp_dim=16, num_classes=3)
+        sd = {k.replace("heads.head", "head"): v for k, v in m.state_dict().items()}
+        # the same weights under timm's names
+        timm_sd = {"cls_token": sd["class_token"], "pos_embed": sd["encoder.pos_embedding"],
+                   "patch_embed.proj.weight": sd["conv_proj.weight"],
+                   "patch_embed.proj.bias": sd["conv_proj.bias"],
+                   "norm.weight": sd["encoder.ln.weight"], "norm.bias": sd["encoder.ln.bias"],
+                   "head.weight": sd["head.weight"], "head.bias": sd["head.bias"]}
+        b, t = "encoder.layers.encoder_layer_0.", "blocks.0."
+        for a, c in (("ln_1", "norm1"), ("ln_2", "norm2"), ("self_attention.out_proj", "attn.proj"),
+                     ("mlp.0", "mlp.fc1"), ("mlp.3", "mlp.fc2")):
+            for w in ("weight", "bias"):
+                timm_sd[t + c + "." + w] = sd[b + a + "." + w]
+        timm_sd[t + "attn.qkv.weight"] = sd[b + "self_attention.in_proj_weight"]
+        timm_sd[t + "attn.qkv.bias"] = sd[b + "self_attention.in_proj_bias"]
+        p = self.path("timm.safetensors")
+        vitc.save_safetensors(p, timm_sd)
+        tm = vitc.load_model(p)
+        self.assertEqual(tm.config["family"], "timm")
+        with self.assertRaisesRegex(ValueError, r"m\.preprocess\(image, resize=248, crop=224\)"):
+            tm.preprocess(PHOTO)
+        self.assertEqual(tm.preprocess(PHOTO, resize=36, crop=32).shape, (3, 32, 32))
+
+    def test_trained_model_saves_labels_mean_std(self):
+        import vitc
+        names = ["cat", "dog", "eel"]
+        m = vitc.VisionTransformer(image_size=32, patch_size=16, num_layers=1, num_heads=2,
+                                   hidden_dim=8, mlp_dim=16, num_classes=3, mean=[0.5, 0.4, 0.3],
+                                   std=0.25, labels=names)
+        p = self.path("trained.safetensors")
+        m.save(p)
+        back = vitc.VisionTransformer.from_safetensors(p)
+        self.assertEqual(back.labels, names)
+        np.testing.assert_allclose(back.config["mean"], [0.5, 0.4, 0.3], rtol=1e-6)
+        np.testing.assert_allclose(back.config["std"], [0.25] * 3, rtol=1e-6)
+        for k, v in m.state_dict().items():
+            np.testing.assert_array_equal(back.state_dict()[k], v)
+        rc, out, err = run_vitc("classify", "--model", p, "--topk", "1", PHOTO)
+        self.assertEqual(rc, 0, err)
+        self.assertTrue(any(n in out for n in names), out)
+        back.labels = ["a", "b", "c"]
+        back.save(p)
+        self.assertEqual(vitc.VisionTransformer.from_safetensors(p).labels, ["a", "b", "c"])
+        with self.assertRaisesRegex(ValueError, "2 names for 3 classes"):
+            back.labels = ["a", "b"]
+
+
 if __name__ == "__main__":
     unittest.main()
