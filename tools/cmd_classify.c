@@ -206,6 +206,15 @@ static void progress_end(progress *p, int done, int total) {
             done, total, el, done / (el > 0 ? el : 1));
 }
 
+/* 1 when each of the n rows of logits holds one value n_classes times. */
+static int all_scores_equal(const float *logits, int n, int n_classes) {
+    for (int b = 0; b < n; b++)
+        for (int c = 1; c < n_classes; c++)
+            if (logits[(size_t)b * n_classes + c] != logits[(size_t)b * n_classes])
+                return 0;
+    return n > 0 && n_classes > 1;
+}
+
 int cmd_classify(int argc, char **argv) {
     classify_opts o;
     vitc_vit *m = NULL;
@@ -216,7 +225,7 @@ int cmd_classify(int argc, char **argv) {
     const char **batch_paths = NULL;
     cli_input in;
     size_t batch_bytes;
-    int rc, failed = 0, done = 0, k;
+    int rc, failed = 0, done = 0, k, warned_flat = 0;
     progress prog;
 
     memset(&o, 0, sizeof o);
@@ -269,6 +278,14 @@ int cmd_classify(int argc, char **argv) {
         }
         if (prog.tty && prog.shown)
             fputs("\r\033[K", stderr); /* results must not land on the progress line */
+        if (!warned_flat && all_scores_equal(logits, nb, cfg->num_classes)) {
+            /* torchvision zero-initialises the head: a random or untrained
+             * model otherwise prints 0.10% for every class with no reason */
+            fprintf(stderr, "vitc: warning: every class gets the same score: %s's classification "
+                            "head is all zeros (an untrained or --random-init model); use "
+                            "trained weights\n", o.model);
+            warned_flat = 1;
+        }
         for (int b = 0; b < nb; b++)
             print_result(&o, batch_paths[b], logits + (size_t)b * cfg->num_classes,
                          cfg->num_classes, k, labels, m, rank);

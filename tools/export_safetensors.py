@@ -11,6 +11,12 @@ goes into __metadata__["vitc.config"] as JSON (image_size, patch_size,
 in_channels, hidden_dim, depth, num_heads, mlp_dim, num_classes, norm_eps,
 mean, std, labels), so vitc needs no --arch to load the file.
 
+Labels: a torchvision-named checkpoint with 1000 classes, and every
+--torchvision export (--random-init too), get torchvision's ImageNet-1k
+category names, which torchvision ships offline; --labels FILE replaces
+them, --labels imagenet asks for them (a timm ImageNet model), --labels
+none writes none.
+
 Uses only torch and numpy (the file format is written here, no safetensors
 package).
 """
@@ -47,6 +53,11 @@ TV = {"cls": "class_token", "conv": "conv_proj.weight", "pos": "encoder.pos_embe
 TIMM = {"cls": "cls_token", "conv": "patch_embed.proj.weight", "pos": "pos_embed",
         "head": "head.weight", "qkv": "blocks.{}.attn.qkv.weight",
         "fc1": ["blocks.0.mlp.fc1.weight"]}
+
+
+def imagenet_categories(arch="vit_b_16"):
+    import torchvision
+    return list(torchvision.models.get_model_weights(arch).DEFAULT.meta["categories"])
 
 
 def fail(msg):
@@ -226,7 +237,9 @@ def main(argv=None):
                     help="3 values, or 1 for every channel (a gray model's)")
     ap.add_argument("--std", type=float, nargs="+",
                     help="3 values, or 1 for every channel (a gray model's)")
-    ap.add_argument("--labels", metavar="FILE", help="class names, one per line")
+    ap.add_argument("--labels", metavar="FILE",
+                    help="class names, one per line; imagenet: torchvision's ImageNet-1k names; "
+                         "none: no labels (default: ImageNet names for a torchvision 1000-class ViT)")
     ap.add_argument("--dtype", choices=["f32", "f16", "bf16"], default="f32")
     ap.add_argument("--trust-pickle", action="store_true",
                     help="unpickle Python objects too (a whole saved model); can run code from the file")
@@ -243,7 +256,15 @@ def main(argv=None):
         if args.torchvision not in PRESETS or PRESETS[args.torchvision][0] or builder is None:
             ap.error("--torchvision takes vit_b_16, vit_b_32, vit_l_16, vit_l_32 or vit_h_14")
         torch.manual_seed(args.seed)
-        obj = builder(weights=None if args.random_init else "DEFAULT")
+        weights = torchvision.models.get_model_weights(args.torchvision).DEFAULT
+        try:
+            obj = builder(weights=None if args.random_init else weights)
+        except Exception as e:  # urllib's URLError, HTTPError, timeouts, a bad cache file
+            reason = str(getattr(e, "reason", None) or e).split("\n")[0].strip()
+            fail("cannot download torchvision's %s weights (%s): fetch them with `curl -LO %s` "
+                 "and convert that file (export_safetensors.py %s OUT.safetensors), or pass "
+                 "--random-init for a random model"
+                 % (args.torchvision, reason, weights.url, weights.url.rsplit("/", 1)[-1]))
         out = args.paths[0]
     else:
         if len(args.paths) != 2:
@@ -260,15 +281,35 @@ def main(argv=None):
             continue  # counters such as num_batches_tracked
         sd[k[len("module."):] if k.startswith("module.") else k] = v
     cfg = infer_config(sd, module_hints(obj), args)
-    if args.labels:
-        with open(args.labels, encoding="utf-8") as f:
-            labels = [line.rstrip("\r\n") for line in f if line.strip()]
+    labels, source = None, None
+    if args.labels == "imagenet" and not os.path.exists(args.labels):
+        labels, source = imagenet_categories(), "torchvision's ImageNet-1k category names"
+    elif args.labels and not (args.labels == "none" and not os.path.exists(args.labels)):
+        try:
+            with open(args.labels, encoding="utf-8") as f:
+                labels = [line.rstrip("\r\n") for line in f if line.strip()]
+        except OSError as e:
+            fail("cannot read --labels %s: %s (a file of class names, one per line, or "
+                 "imagenet, or none)" % (args.labels, e.strerror or e))
+        source = args.labels
+    elif not args.labels and "heads.head.weight" in sd and cfg["num_classes"] == 1000:
+        # torchvision's ViTs are ImageNet-1k classifiers and torchvision ships
+        # their category names, so the common case needs no labels file.
+        labels = imagenet_categories(args.torchvision or "vit_b_16")
+        source = "torchvision's ImageNet-1k category names (--labels FILE or none to change)"
+    if labels is not None:
         if len(labels) != cfg["num_classes"]:
             fail("%s has %d labels for %d classes" % (args.labels, len(labels), cfg["num_classes"]))
         cfg["labels"] = labels
     write_safetensors(out, sd, {"vitc.config": json.dumps(cfg), "format": "pt"}, args.dtype)
     print("wrote %s: %d tensors, %s, %s" % (out, len(sd), args.dtype,
                                             json.dumps({k: v for k, v in cfg.items() if k != "labels"})))
+    if source:
+        print("labels: " + source)
+    if args.random_init:
+        print("note: torchvision initialises the classification head to zeros, so this random "
+              "model gives every class the same score (0.10% each of 1000); train it or export "
+              "pretrained weights")
 
 
 if __name__ == "__main__":

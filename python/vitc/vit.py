@@ -2,6 +2,7 @@
 and attention maps out. Every number comes from libvitc."""
 import ctypes
 import threading
+import warnings
 
 import numpy as np
 
@@ -24,11 +25,15 @@ class VisionTransformer:
 
     def __init__(self, image_size=224, patch_size=16, num_layers=12, num_heads=12,
                  hidden_dim=768, mlp_dim=3072, num_classes=1000, in_channels=3, dropout=0.0,
-                 attention_dropout=0.0, drop_path=0.0, seed=0, *, _handle=None):
+                 attention_dropout=0.0, drop_path=0.0, seed=0, *, mean=None, std=None,
+                 labels=None, _handle=None):
         """A new model with torchvision's VisionTransformer.__init__
         initialisation drawn from seed (torchvision's constructor names).
         dropout and attention_dropout as torchvision's; drop_path: timm's
-        stochastic depth, rising linearly over the blocks to this rate."""
+        stochastic depth, rising linearly over the blocks to this rate.
+        mean, std: the input normalisation (1 value or 3; default ImageNet's
+        for 3 channels, 0.5 otherwise) and labels: num_classes class names,
+        both saved by save() into the file's vitc.config for the CLI."""
         self._lock = threading.RLock()
         self._h = None
         if _handle is None:
@@ -44,6 +49,15 @@ class VisionTransformer:
             if c.in_channels != 3:  # ImageNet's statistics mean nothing there
                 for i in range(3):
                     c.mean[i], c.std[i] = 0.5, 0.5
+            for name, vals, dst in (("mean", mean, c.mean), ("std", std, c.std)):
+                if vals is not None:
+                    v = list(np.asarray(vals, dtype=np.float64).ravel())
+                    if len(v) not in (1, 3):
+                        raise ValueError("%s must have 1 or 3 values, got %d" % (name, len(v)))
+                    for i in range(3):
+                        dst[i] = float_arg(v[i % len(v)], name)
+                        if name == "std" and not dst[i] > 0:
+                            raise ValueError("std values must be > 0, got %r" % (v[i % len(v)],))
             h = ctypes.c_void_p()
             check(lib.vitc_vit_create(ctypes.byref(c), int_arg(seed, "seed", 0, 2**64 - 1),
                                       ctypes.byref(h)))
@@ -64,8 +78,28 @@ class VisionTransformer:
         self.config["num_prefix_tokens"] = lib.vitc_vit_num_prefix_tokens(self._h)
         self.config["ignored"] = [lib.vitc_vit_ignored(self._h, i).decode()
                                   for i in range(lib.vitc_vit_num_ignored(self._h))]
-        labels = [lib.vitc_vit_label(self._h, i) for i in range(c.num_classes)]
-        self.labels = None if labels and labels[0] is None else [s.decode() for s in labels]
+        self.labels = self._c_labels()
+        if labels is not None:
+            self.labels = labels
+
+    def _c_labels(self):
+        n = self.config["num_classes"]
+        labels = [lib.vitc_vit_label(self._h, i) for i in range(n)]
+        return None if labels and labels[0] is None else [s.decode() for s in labels]
+
+    @property
+    def labels(self):
+        """Class names (saved by save()), or None."""
+        return self._labels
+
+    @labels.setter
+    def labels(self, names):
+        if names is not None:
+            names = [str(x) for x in names]
+            if len(names) != self.config["num_classes"]:
+                raise ValueError("labels has %d names for %d classes"
+                                 % (len(names), self.config["num_classes"]))
+        self._labels = names
 
     @classmethod
     def from_safetensors(cls, path, arch=None, precision="fp32", attention_precision="fp32"):
@@ -144,9 +178,53 @@ class VisionTransformer:
             check(lib.vitc_vit_forward(self._h, fptr(x), B, H, W, fptr(out)))
             if self.training:
                 self._last_batch = B
+        if (not self.training and not getattr(self, "_warned_flat", False) and B
+                and out.shape[1] > 1 and np.all(out == out[:, :1])):
+            # torchvision zero-initialises the head: say why every class reads 1/num_classes
+            self._warned_flat = True
+            warnings.warn("every class gets the same score: this model's classification head is "
+                          "all zeros (an untrained or --random-init model); use trained weights",
+                          RuntimeWarning, stacklevel=2)
         return out
 
     forward = __call__
+
+    def preprocess(self, image, resize=None, crop=None):
+        """A path or a uint8 [H, W, 3] array -> float32 [C, H', W'], the
+        model's input for one image, as the vitc CLI prepares it.
+
+        A Hub model: its own image processor (preprocessor_config.json, as
+        transformers' slow PIL path computes it; a path is decoded as the
+        processor converts to RGB: alpha over white where it has
+        do_convert_rgb, else dropped). A torchvision checkpoint (vitc's own
+        included): torchvision's eval transform, the resize of
+        crop * 256 / 224 (256 for 224) antialiased bilinear, center crop to
+        image_size, then config["mean"]/["std"]. Passing resize and/or crop
+        asks for that transform at those sizes for any model. Other
+        checkpoints (timm, T2T-ViT) come with their own transform, which the
+        file does not record: ValueError saying how to pass one."""
+        from .image import ALPHA_WHITE, _as_image, preprocess_image
+        fam = self.config["family"]
+        if resize is None and crop is None and lib.vitc_vit_has_processor(self._h):
+            img, keep = _as_image(image, bool(lib.vitc_vit_image_flags(self._h) & ALPHA_WHITE))
+            h, w = ctypes.c_int(), ctypes.c_int()
+            check(lib.vitc_vit_preprocess_size(self._h, img.width, img.height, ctypes.byref(h),
+                                               ctypes.byref(w)))
+            out = np.empty((3, h.value, w.value), np.float32)
+            check(lib.vitc_vit_preprocess(self._h, ctypes.byref(img), fptr(out)))
+            del keep
+            return out
+        if resize is None and crop is None and fam != "torchvision":
+            raise ValueError(
+                "this %s checkpoint does not record its eval transform (timm's crop_pct and "
+                "interpolation): pass one, e.g. m.preprocess(image, resize=248, crop=224) for "
+                "torchvision's transform with this model's mean/std (crop_pct 0.9), or give "
+                "m(x) your own normalised [B, %d, H, W] array" % (fam, self.config["in_channels"]))
+        crop = self.config["image_size"] if crop is None else crop
+        if resize is None:
+            resize = int(crop) * 256 // 224  # the CLI's default (tools/cli.c)
+        return preprocess_image(image, resize=resize, crop=crop, mean=self.config["mean"],
+                                std=self.config["std"], channels=self.config["in_channels"])
 
     def attention_maps(self, images):
         """(attn [depth, B, heads, N, N], rollout [B, N, N]), N = prefix tokens + patches:
@@ -232,6 +310,19 @@ class VisionTransformer:
         VisionTransformer.from_safetensors and the vitc CLI)."""
         with self._lock:
             check(lib.vitc_vit_save(self._h, path_arg(path)))
+        if self.labels != self._c_labels():
+            # the C model keeps the labels it was loaded with; names set in
+            # Python go into the file's vitc.config the CLI reads
+            import json
+            from .io import load_safetensors, save_safetensors
+            tensors, meta = load_safetensors(path)
+            cfg = json.loads(meta["vitc.config"])
+            if self.labels is None:
+                cfg.pop("labels", None)
+            else:
+                cfg["labels"] = self.labels
+            meta["vitc.config"] = json.dumps(cfg)
+            save_safetensors(path, tensors, meta)
 
     def backward(self, dlogits):
         """Gradients of the last training forward for dlogits [B, num_classes],
@@ -302,22 +393,6 @@ class Model(VisionTransformer):
             out = out.reshape(B, -1, self.config["hidden_dim"])
         if normalize:
             out = out / np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-12)
-        return out
-
-    def preprocess(self, image):
-        """A path or a uint8 [H, W, 3] array -> float32 [3, H', W'] through the
-        model's own image processor (a Hub model's preprocessor_config.json,
-        as transformers' slow PIL path computes it). A path is decoded as the
-        processor converts to RGB: alpha over white where it has
-        do_convert_rgb (CLIP, SigLIP, DINOv2's BiT), else dropped."""
-        from .image import ALPHA_WHITE, _as_image
-        img, keep = _as_image(image, bool(lib.vitc_vit_image_flags(self._h) & ALPHA_WHITE))
-        h, w = ctypes.c_int(), ctypes.c_int()
-        check(lib.vitc_vit_preprocess_size(self._h, img.width, img.height, ctypes.byref(h),
-                                           ctypes.byref(w)))
-        out = np.empty((3, h.value, w.value), np.float32)
-        check(lib.vitc_vit_preprocess(self._h, ctypes.byref(img), fptr(out)))
-        del keep
         return out
 
     def forward_features(self, images):

@@ -272,6 +272,9 @@ class TestExportTool(Base):
             np.testing.assert_array_equal(got[k], sd[k].to(torch.bfloat16).float().numpy())
         vit = vitc.VisionTransformer.from_safetensors(out)
         self.assertEqual(vit.config["arch"], "vit_b_32")
+        # torchvision ships the category names offline: a random model has them too
+        self.assertEqual(list(vit.labels),
+                         torchvision.models.ViT_B_32_Weights.DEFAULT.meta["categories"])
         os.unlink(out)
 
     def test_refuses_non_vit(self):
