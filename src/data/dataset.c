@@ -571,9 +571,16 @@ vitc_status vitc_dataset_open_folder(const char *root, int n_classes, const char
         for (int64_t i = 0; s == VITC_OK && i < found.n; i++) {
             int k = 0;
             while (k < n_classes && strcmp(classes[k], found.v[i])) k++;
+            /* the known classes are the training split's (train) or the
+             * model's labels (eval): name both, with the first few */
             if (k == n_classes)
-                s = vitc__err(VITC_ERR_INVALID_ARG, "%s/%s: a class the training set does not have",
-                              root, found.v[i]);
+                s = vitc__err(VITC_ERR_INVALID_ARG,
+                              "%s/%s: not one of the %d known classes (%s%s%s%s%s%s): name the "
+                              "class folders as the model's labels / the training set's classes",
+                              root, found.v[i], n_classes, classes[0],
+                              n_classes > 1 ? ", " : "", n_classes > 1 ? classes[1] : "",
+                              n_classes > 2 ? ", " : "", n_classes > 2 ? classes[2] : "",
+                              n_classes > 3 ? ", ..." : "");
         }
         if (s == VITC_OK)
             s = set_class_names(d, n_classes, classes);

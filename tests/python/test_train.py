@@ -470,7 +470,9 @@ class TestImageFolder(unittest.TestCase):
             os.makedirs(os.path.join(d, "val", "d_new"))
             rc, _, err = run("train", "--data", d, "--epochs", 1, "--out", out, "--quiet")
             self.assertEqual(rc, 1)
-            self.assertIn("d_new: a class the training set does not have", err)
+            self.assertRegex(err, r"d_new: not one of the \d+ known classes \(.+\): name the class "
+                                  r"folders as the model's labels / the training set's classes")
+            self.assertEqual(err.count("\n"), 1, err)
 
 
 if __name__ == "__main__":
