@@ -117,6 +117,7 @@ class TestCLIErrors(TmpDirCase):
         rc, out, _ = run_vitc("help")
         self.assertEqual(rc, 0)
         self.assertIn("commands:", out)
+        self.assertIn("Platforms: x86-64 Linux", out)  # what runs where, said up front
         self.one_error(["help", "clasify"], 2, "unknown command 'clasify'",
                        "did you mean 'classify'?")
         self.one_error(["help", "classify", "embed"], 2, "one command")
