@@ -173,11 +173,6 @@ static void map_tap(int i, int cell, int n, int *i0, int *i1, float *w1) {
     *i1 = *i0 + 1 < n ? *i0 + 1 : *i0;
 }
 
-static const char *base_name(const char *path) {
-    const char *s = strrchr(path, '/');
-    return s ? s + 1 : path;
-}
-
 /* The caption strip's height for font scale s: one text line with 5*s pixels
  * of margin above and below it (the documented size is panels + this). */
 #define CAPTION_H(s) ((CANVAS_FONT_H + 10) * (s))
@@ -187,11 +182,13 @@ static const char *base_name(const char *path) {
  * widen the picture, whose width stays that of the panels. */
 static void caption(canvas *cv, const am_opts *o, int y, int s, int margin) {
     static const uint8_t black[3] = {0, 0, 0}, rule[3] = {190, 190, 190};
-    char text[1024];
-    snprintf(text, sizeof text, "%s | %s | %s", base_name(o->model),
+    char text[1024], model[256], image[256];
+    canvas_base_name(o->model, model, sizeof model);
+    canvas_base_name(o->image, image, sizeof image);
+    snprintf(text, sizeof text, "%s | %s | %s", model,
              strcmp(o->method, "rollout") ? "cls: last layer, mean of heads"
                                           : "rollout: all layers",
-             base_name(o->image));
+             image);
     int room = cv->w - 2 * margin, ts = s, h = CAPTION_H(s);
     if (canvas_text_width(text, ts) > room)
         ts = 1;

@@ -108,8 +108,8 @@ static int plot_confusion(const char *path, const char *model, vitc_vit *m, vitc
         if (w > namew)
             namew = w;
     }
-    const char *base = strrchr(model, '/');
-    base = base ? base + 1 : model;
+    char base[128];
+    canvas_base_name(model, base, sizeof base);
     snprintf(title, sizeof title, "%s: accuracy %.2f%% on %lld images", base, 100 * acc,
              (long long)total);
     snprintf(sub, sizeof sub, "rows: true class, columns: predicted class");
