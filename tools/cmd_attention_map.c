@@ -8,6 +8,9 @@
  * layer's attention averaged over heads) over the patch grid, bilinearly
  * upsampled to pixels and min-max normalised, in viridis (perceptually
  * uniform, readable in grayscale and by colour-blind viewers).
+ * A caption strip under the three parts names the model file, the method and
+ * the image, so that a picture shown apart from its command still says what
+ * it is.
  */
 #include <errno.h>
 #include <math.h>
@@ -24,7 +27,8 @@ static const char attention_map_usage[] =
     "\n"
     "Write the attention of a Vision Transformer's class token over an image\n"
     "as a PNG: the image the model saw, the heat map blended over it, and a\n"
-    "colour scale (viridis; yellow = high, dark blue = low).\n"
+    "colour scale (viridis; yellow = high, dark blue = low), with a caption\n"
+    "strip below naming the model file, the method and the image.\n"
     "\n"
     "options:\n"
     "  --model FILE     safetensors checkpoint (torchvision or timm names)\n"
@@ -169,6 +173,34 @@ static void map_tap(int i, int cell, int n, int *i0, int *i1, float *w1) {
     *i1 = *i0 + 1 < n ? *i0 + 1 : *i0;
 }
 
+/* The caption strip's height for font scale s: one text line with 5*s pixels
+ * of margin above and below it (the documented size is panels + this). */
+#define CAPTION_H(s) ((CANVAS_FONT_H + 10) * (s))
+
+/* One line under the panels, in the panels' font scale when it fits, else
+ * at scale 1; what still does not fit loses its end to "..." rather than
+ * widen the picture, whose width stays that of the panels. */
+static void caption(canvas *cv, const am_opts *o, int y, int s, int margin) {
+    static const uint8_t black[3] = {0, 0, 0}, rule[3] = {190, 190, 190};
+    char text[1024], model[256], image[256];
+    canvas_base_name(o->model, model, sizeof model);
+    canvas_base_name(o->image, image, sizeof image);
+    snprintf(text, sizeof text, "%s | %s | %s", model,
+             strcmp(o->method, "rollout") ? "cls: last layer, mean of heads"
+                                          : "rollout: all layers",
+             image);
+    int room = cv->w - 2 * margin, ts = s, h = CAPTION_H(s);
+    if (canvas_text_width(text, ts) > room)
+        ts = 1;
+    size_t n = strlen(text);
+    while (n > 3 && canvas_text_width(text, ts) > room) {
+        n--;
+        memcpy(text + n - 3, "...", 4);
+    }
+    canvas_rect(cv, 0, y, cv->w, 1, rule);
+    canvas_text(cv, margin, y + (h - CANVAS_FONT_H * ts + 1) / 2, text, ts, black);
+}
+
 /* Compose [image | image + heat map | scale] into a canvas. Crops under 224
  * pixels are shown enlarged by a whole factor z (pixels replicated) so that
  * the picture stays readable; the heat map is interpolated at that size. */
@@ -187,9 +219,9 @@ static int render(const am_opts *o, const uint8_t *img, const float *map, int gh
     float lo = INFINITY, hi = -INFINITY;
 
     /* the height leaves room for both labels on tiny crops */
-    const int cw = text_x + text_w + gap, ch = S < 40 * s ? 40 * s : S;
+    const int cw = text_x + text_w + gap, ph = S < 40 * s ? 40 * s : S, ch = ph + CAPTION_H(s);
     bar_y0 = 4 * s;
-    bar_y1 = ch - 4 * s;
+    bar_y1 = ph - 4 * s;
     if (canvas_init(cv, cw, ch) != 0) /* white */
         return cli_error("out of memory for a %dx%d picture", cw, ch);
     for (int i = 0; i < gh * gw; i++) {
@@ -237,6 +269,7 @@ static int render(const am_opts *o, const uint8_t *img, const float *map, int gh
     canvas_rect(cv, bar_x + bar_w, bar_y1 - s, gap / 2, s, black);
     canvas_text(cv, text_x, bar_y0, "high", s, black);
     canvas_text(cv, text_x, bar_y1 - 7 * s, "low", s, black);
+    caption(cv, o, ph, s, gap);
     return 0;
 }
 

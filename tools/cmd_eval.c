@@ -43,52 +43,144 @@ static const char *label_of(vitc_vit *m, vitc_dataset *ds, int i, char *buf, siz
     return l;
 }
 
-/* Cells shaded by the row's fraction (white to dark blue), counts written
- * in them, class names on both axes. */
-static int plot_confusion(const char *path, vitc_vit *m, vitc_dataset *ds, const int64_t *cm,
-                          int C, double acc) {
-    int cell = C <= 10 ? 44 : C <= 30 ? 24 : 12, s = 1;
-    int namew = 0;
-    char buf[64], nb[16];
-    for (int i = 0; i < C; i++) {
-        int w = canvas_text_width(label_of(m, ds, i, nb, sizeof nb), s);
-        if (w > namew)
-            namew = w > 140 ? 140 : w;
+/* Axis names longer than this many characters end in "..." so that one long
+ * class name cannot push the matrix off the picture. */
+#define NAME_MAX_CHARS 16
+
+static void short_label(vitc_vit *m, vitc_dataset *ds, int i, char *out, size_t cap) {
+    char nb[16];
+    const char *l = label_of(m, ds, i, nb, sizeof nb);
+    size_t n = strlen(l);
+    if (n <= NAME_MAX_CHARS || cap < NAME_MAX_CHARS + 1) {
+        snprintf(out, cap, "%s", l);
+        return;
     }
-    int left = namew + 16, top = 40, W = left + C * cell + 20, H = top + C * cell + 40;
+    memcpy(out, l, NAME_MAX_CHARS - 3);
+    memcpy(out + NAME_MAX_CHARS - 3, "...", 4);
+}
+
+/* The font has no rotation: the text is drawn on a scratch canvas and copied
+ * turned a quarter left, so it reads upward from (x, y_bottom). */
+static void text_upward(canvas *cv, int x, int y_bottom, const char *text,
+                        const uint8_t rgb[3]) {
+    canvas t;
+    int w = canvas_text_width(text, 1);
+    if (w <= 0 || canvas_init(&t, w, CANVAS_FONT_H) != 0)
+        return;
+    canvas_text(&t, 0, 0, text, 1, rgb);
+    for (int ty = 0; ty < t.h; ty++)
+        for (int tx = 0; tx < t.w; tx++) {
+            const uint8_t *p = t.rgb + ((size_t)ty * t.w + tx) * 3;
+            if (p[0] != 255 || p[1] != 255 || p[2] != 255)
+                canvas_rect(cv, x + ty, y_bottom - tx, 1, 1, p);
+        }
+    canvas_free(&t);
+}
+
+static void blend(const uint8_t to[3], double f, uint8_t out[3]) {
+    for (int c = 0; c < 3; c++)
+        out[c] = (uint8_t)(255 - f * (255 - to[c]) + 0.5);
+}
+
+/* The diagonal is shaded blue by the row's fraction (the class's accuracy);
+ * the errors red by their count over the largest off-diagonal count, from a
+ * floor of 0.25 so that a single error among hundreds of right answers is
+ * not lost in white. Counts are written in the cells up to 20 classes. */
+static int plot_confusion(const char *path, const char *model, vitc_vit *m, vitc_dataset *ds,
+                          const int64_t *cm, int C, double acc) {
+    static const uint8_t black[3] = {0, 0, 0}, white[3] = {255, 255, 255},
+                         grid[3] = {200, 200, 200}, blue[3] = {8, 69, 148},
+                         red[3] = {189, 0, 38}, zero[3] = {170, 170, 170};
+    const double err_floor = 0.25;
+    int cell = C <= 10 ? 44 : C <= 20 ? 32 : C <= 30 ? 24 : 12;
+    int namew = 0;
+    char buf[256], title[256], sub[128], nm[NAME_MAX_CHARS + 1];
+    int64_t total = 0, max_err = 0;
+    for (int t = 0; t < C; t++)
+        for (int p = 0; p < C; p++) {
+            total += cm[t * C + p];
+            if (t != p && cm[t * C + p] > max_err)
+                max_err = cm[t * C + p];
+        }
+    for (int i = 0; i < C; i++) {
+        short_label(m, ds, i, nm, sizeof nm);
+        int w = canvas_text_width(nm, 1);
+        if (w > namew)
+            namew = w;
+    }
+    char base[128];
+    canvas_base_name(model, base, sizeof base);
+    snprintf(title, sizeof title, "%s: accuracy %.2f%% on %lld images", base, 100 * acc,
+             (long long)total);
+    snprintf(sub, sizeof sub, "rows: true class, columns: predicted class");
+    int left = namew + 16, top = 44, grid_w = C * cell, colh = namew + 8;
+    int legend_y = top + grid_w + colh + 8, H = legend_y + 2 * 14 + 10;
+    int W = left + grid_w + 20, tw = canvas_text_width(title, 1) + 16;
+    if (tw > W)
+        W = tw;
+    if (canvas_text_width(sub, 1) + 16 > W)
+        W = canvas_text_width(sub, 1) + 16;
+    if (W < 8 + 60 + 8 + canvas_text_width("errors: 1 .. 0000000000", 1) + 8)
+        W = 8 + 60 + 8 + canvas_text_width("errors: 1 .. 0000000000", 1) + 8;
     canvas cv;
-    if (W > 8000 || canvas_init(&cv, W, H) != 0)
+    if (W > 8000 || H > 8000 || canvas_init(&cv, W, H) != 0)
         return cli_error("--plot: cannot allocate a %dx%d picture", W, H);
-    const uint8_t black[3] = {0, 0, 0}, white[3] = {255, 255, 255}, grid[3] = {200, 200, 200};
-    snprintf(buf, sizeof buf, "accuracy %.2f%%  (rows: true, columns: predicted)", 100 * acc);
-    canvas_text(&cv, 8, 10, buf, s, black);
+    canvas_text(&cv, 8, 8, title, 1, black);
+    canvas_text(&cv, 8, 8 + 14, sub, 1, black);
     for (int t = 0; t < C; t++) {
         int64_t row = 0;
         for (int p = 0; p < C; p++) row += cm[t * C + p];
-        canvas_text(&cv, 8, top + t * cell + cell / 2 - 3, label_of(m, ds, t, nb, sizeof nb), s,
-                    black);
+        short_label(m, ds, t, nm, sizeof nm);
+        canvas_text(&cv, left - 8 - canvas_text_width(nm, 1), top + t * cell + cell / 2 - 3, nm,
+                    1, black);
         for (int p = 0; p < C; p++) {
-            double f = row ? (double)cm[t * C + p] / row : 0;
-            uint8_t col[3] = {(uint8_t)(255 - f * 225), (uint8_t)(255 - f * 180),
-                              (uint8_t)(255 - f * 80)};
+            int64_t n = cm[t * C + p];
+            double f;
+            uint8_t col[3];
+            if (t == p) {
+                f = row ? (double)n / row : 0;
+                blend(blue, f, col);
+            } else {
+                f = n ? err_floor + (1 - err_floor) * (double)n / max_err : 0;
+                blend(red, f, col);
+            }
             int x = left + p * cell, y = top + t * cell;
             canvas_rect(&cv, x, y, cell, cell, col);
             canvas_rect(&cv, x, y, cell, 1, grid);
             canvas_rect(&cv, x, y, 1, cell, grid);
-            if (cell >= 24) {
-                snprintf(buf, sizeof buf, "%lld", (long long)cm[t * C + p]);
-                int tw = canvas_text_width(buf, s);
-                if (tw < cell - 2)
-                    canvas_text(&cv, x + (cell - tw) / 2, y + cell / 2 - 3, buf, s,
-                                f > 0.5 ? white : black);
+            if (C <= 20) {
+                snprintf(buf, sizeof buf, "%lld", (long long)n);
+                int w = canvas_text_width(buf, 1);
+                if (w < cell - 2)
+                    canvas_text(&cv, x + (cell - w) / 2, y + cell / 2 - 3, buf, 1,
+                                f > 0.55 ? white : n ? black : zero);
             }
         }
     }
+    canvas_rect(&cv, left, top + grid_w, grid_w + 1, 1, grid);
+    canvas_rect(&cv, left + grid_w, top, 1, grid_w, grid);
     for (int p = 0; p < C; p++) {
-        snprintf(buf, sizeof buf, "%d", p);
-        canvas_text(&cv, left + p * cell + cell / 2 - 3, top + C * cell + 6, buf, s, black);
+        short_label(m, ds, p, nm, sizeof nm);
+        text_upward(&cv, left + p * cell + cell / 2 - 3, top + grid_w + 6 + namew - 1, nm,
+                    black);
     }
-    canvas_text(&cv, left, top + C * cell + 22, "predicted class (index)", s, black);
+    /* the two scales: what each shade means */
+    for (int k = 0; k < 2; k++) {
+        int y = legend_y + k * 14;
+        for (int i = 0; i < 60; i++) {
+            uint8_t col[3];
+            if (k == 0)
+                blend(blue, i / 59.0, col);
+            else
+                blend(red, err_floor + (1 - err_floor) * i / 59.0, col);
+            canvas_rect(&cv, 8 + i, y, 1, 9, col);
+        }
+        if (k == 0)
+            snprintf(buf, sizeof buf, "correct: 0 .. 100%% of the row");
+        else
+            snprintf(buf, sizeof buf, "errors: 1 .. %lld", (long long)(max_err ? max_err : 1));
+        canvas_text(&cv, 8 + 60 + 8, y + 1, buf, 1, black);
+    }
     int rc = vitc_image_save_png(path, cv.rgb, cv.w, cv.h) == VITC_OK ? CLI_OK
                                                                       : cli_lib_error("--plot");
     canvas_free(&cv);
@@ -226,7 +318,7 @@ int cmd_eval(int argc, char **argv) {
         }
     }
     if (rc == CLI_OK && plot)
-        rc = plot_confusion(plot, m, d.eval, cm, C, acc);
+        rc = plot_confusion(plot, model, m, d.eval, cm, C, acc);
     free(cm);
     train_data_close(&d);
     vitc_vit_free(m);

@@ -140,6 +140,22 @@ void canvas_line(canvas *c, double x0, double y0, double x1, double y1, const ui
     }
 }
 
+void canvas_base_name(const char *path, char *out, size_t cap) {
+    size_t n = strlen(path), b;
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    for (b = n; b > 0 && path[b - 1] != '/'; b--)
+        ;
+    if (b == n && n > 0) /* "/" alone */
+        b = 0;
+    if (cap == 0)
+        return;
+    if (n - b >= cap)
+        n = b + cap - 1;
+    memcpy(out, path + b, n - b);
+    out[n - b] = 0;
+}
+
 int canvas_text_width(const char *text, int scale) {
     int n = (int)strlen(text);
     return n ? (6 * n - 1) * scale : 0;

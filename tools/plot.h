@@ -3,6 +3,7 @@
 #ifndef VITC_PLOT_H
 #define VITC_PLOT_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 /* Each canvas function clips to the canvas: drawing off it is a no-op. */
@@ -18,6 +19,9 @@ void canvas_line(canvas *c, double x0, double y0, double x1, double y1, const ui
 /* Text with its top-left corner at (x, y); each font pixel scale x scale. */
 void canvas_text(canvas *c, int x, int y, const char *text, int scale, const uint8_t rgb[3]);
 int canvas_text_width(const char *text, int scale);
+/* The last component of a path into out, for a caption: a model given as a
+ * directory ("hf/vit/") is named by the directory, not by "". */
+void canvas_base_name(const char *path, char *out, size_t cap);
 #define CANVAS_FONT_H 7
 
 #endif

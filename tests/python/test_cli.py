@@ -228,6 +228,7 @@ class TestCLI(TmpDirCase):
 
     def test_attention_map_png_and_raw(self):
         d = self.tmp
+        strips = {}
         for method in ("rollout", "cls"):
             out = os.path.join(d, "am_%s.png" % method)
             raw = os.path.join(d, "am_%s.npy" % method)
@@ -247,6 +248,10 @@ class TestCLI(TmpDirCase):
             t = torch.from_numpy(img).permute(2, 0, 1).contiguous()
             t = TF.center_crop(TF.resize(t, [54], antialias=True), [48]).permute(1, 2, 0).numpy()
             np.testing.assert_array_equal(arr[:48 * z, :48 * z], t.repeat(z, 0).repeat(z, 1))
+            # the caption strip: (7 + 10) * s rows under the panels, s = 240 // 112
+            self.assertEqual(im.size[1], 48 * z + 17 * 2)
+            strips[method] = arr[48 * z:]
+            self.assertTrue(np.any(strips[method] < 100), "the caption strip is blank")
             m = np.load(raw)
             self.assertEqual(m.dtype, np.float32)
             self.assertEqual(m.shape, (3, 3))
@@ -255,6 +260,8 @@ class TestCLI(TmpDirCase):
                 # last layer's CLS attention over patches, mean of heads, from torch
                 want = self.cls_attention()
                 np.testing.assert_allclose(m.reshape(-1), want, atol=1e-5)
+        # the caption names the method, so the two strips differ
+        self.assertFalse(np.array_equal(strips["rollout"], strips["cls"]))
 
     def cls_attention(self):
         img = np.array(Image.open(self.images[0]).convert("RGB"))

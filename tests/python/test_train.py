@@ -372,6 +372,43 @@ class TestShippedModel(unittest.TestCase):
         right = int(p.stdout.rsplit("(", 1)[1].split(" of ")[0])
         self.assertEqual(right, round(r["accuracy"] * 10000))
 
+    @unittest.skipUnless(torch is not None and os.path.isdir(FASHION),
+                         "needs torch and dataset-fashion-mnist")
+    def test_confusion_plot_readable(self):
+        with tempfile.TemporaryDirectory() as d:
+            png = os.path.join(d, "cm.png")
+            rc, out, err = run("eval", "--model", self.MODEL, "--data", "fashion-mnist",
+                               "--subset", 500, "--json", "--plot", png, "--quiet")
+            self.assertEqual(rc, 0, err)
+            cm = np.array(json.loads(out)["confusion"])
+            a = np.asarray(Image.open(png).convert("RGB")).astype(int)
+        dark = a.sum(2) < 300
+        # the title (5x7 font, 6 pixels a character, from x = 8) fits the canvas
+        title = "fashion-vit.safetensors: accuracy %.2f%% on 500 images" % (
+            100 * np.trace(cm) / 500)
+        self.assertGreaterEqual(a.shape[1], 8 + 6 * len(title) - 1)
+        self.assertTrue(dark[8:15].any())
+        self.assertFalse(dark[:, -4:].any(), "something is cut at the right edge")
+        # the layout: names up to 11 characters ("T-shirt/top", 65 pixels) on
+        # the left, so the grid starts at x = 65 + 16, y = 44, cells of 44
+        left, top, cell = 81, 44, 44
+        # row 0's label is the class name, far wider than a number
+        cols = np.nonzero(dark[top + 15:top + 29, :left].any(0))[0]
+        self.assertGreater(cols.max() - cols.min(), 50)
+        # column labels under the grid: names written upward, as tall
+        below = dark[top + 10 * cell + 4:top + 10 * cell + 80, left:left + cell]
+        rows = np.nonzero(below.any(1))[0]
+        self.assertGreater(rows.max() - rows.min(), 50)
+
+        def colour(t, p):  # a cell's corner, clear of its count and grid line
+            return a[top + t * cell + 3, left + p * cell + 3]
+        off = [(cm[t, p], t, p) for t in range(10) for p in range(10) if t != p and cm[t, p]]
+        n, t, p = min(off)
+        self.assertLess(n, cm.max() / 10)  # a rare error: white under a row scale
+        empty = [(t, p) for t in range(10) for p in range(10) if cm[t, p] == 0][0]
+        diff = np.abs(colour(t, p) - colour(*empty)).sum()
+        self.assertGreater(diff, 150, "a %d-count error is hard to tell from no error" % n)
+
 
 def mpi_built():
     if not os.path.exists(VITC) or not shutil.which("mpirun"):
