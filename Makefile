@@ -8,7 +8,7 @@
 #   make bench-ort  its ViT-B/16 rows on every engine alone, into bench/results-ort.md
 #   make bench-train  Fashion-MNIST training end to end vs PyTorch + DataLoader
 #   make check-optout  build with each of NO_BLAS/NO_PNG/NO_JPEG/NO_ZLIB and all four,
-#                   -Werror, and run the C tests of the all-four build
+#                   -Werror, and run the C tests of each
 #   make asan       the C tests under AddressSanitizer + UBSan
 #   make valgrind   the C tests under valgrind memcheck
 #   make fuzz       every libFuzzer target FUZZ_SECONDS (60) seconds (clang)
@@ -236,8 +236,8 @@ check-optout:
 	  echo "== $$v: $$dir"; \
 	  $(MAKE) --no-print-directory BUILD=$$dir WERROR=1 $$(for f in $$v; do echo $$f=1; done) \
 	    all tests || exit 1; \
+	  sh scripts/run-tests.sh $$dir/tests || exit 1; \
 	done
-	@sh scripts/run-tests.sh build-optout/no_blas+no_png+no_jpeg+no_zlib/tests
 
 valgrind: tests
 	@VALGRIND="valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite -q" \
