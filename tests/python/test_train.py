@@ -34,9 +34,9 @@ except ImportError:  # pragma: no cover
     torch = None
 
 try:
-    from .util import ROOT, VITC, TmpDirCase, run_vitc as run
+    from .util import ROOT, VITC, TmpDirCase, read_idx, run_vitc as run
 except ImportError:  # run as a script
-    from util import ROOT, VITC, TmpDirCase, run_vitc as run
+    from util import ROOT, VITC, TmpDirCase, read_idx, run_vitc as run
 
 FASHION = "/usr/share/datasets/fashion-mnist"
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -49,14 +49,6 @@ TRAIN_ACC_FLOOR = 0.50  # 5x chance; 60.7% measured (torch seed 3)
 # epoch), so that a signal lands in the middle of an epoch.
 SLOW = ["--patch", "4", "--dim", "96", "--batch", "32"]
 MEAN, STD = 0.2860, 0.3530
-
-
-def read_idx(path):
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    ndim = data[3]
-    dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(dims)
 
 
 def splitmix(state):

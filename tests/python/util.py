@@ -54,6 +54,17 @@ def reference_modules(*names):
     return tuple(importlib.import_module(n) for n in names)
 
 
+def read_idx(path):
+    """A gzip IDX file (Fashion-MNIST as Debian ships it) as a uint8 array."""
+    import gzip
+    import numpy as np
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    ndim = data[3]
+    dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
+    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(dims)
+
+
 def random_images(gen, sizes, batch=2):
     """{size: torch.randn(batch, 3, H, W)} drawn from the generator gen in
     the order of sizes, each an (H, W) pair or an int (square)."""

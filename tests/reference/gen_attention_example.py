@@ -9,7 +9,6 @@ ships with vitc, and a photo through a 28-pixel grayscale model says
 nothing, so the example is the data the model was trained for; the data set
 comes from Debian's dataset-fashion-mnist (/usr/share/datasets/fashion-mnist).
 """
-import gzip
 import json
 import os
 import subprocess
@@ -23,14 +22,8 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(os.path.abspath(__file__)), 
 FASHION = "/usr/share/datasets/fashion-mnist"
 MODEL = os.path.join(ROOT, "models", "fashion-vit.safetensors")
 VITC = os.path.join(ROOT, "build", "vitc")
-
-
-def read_idx(path):
-    with gzip.open(path, "rb") as f:
-        data = f.read()
-    ndim = data[3]
-    dims = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(ndim)]
-    return np.frombuffer(data, np.uint8, offset=4 + 4 * ndim).reshape(dims)
+sys.path.insert(0, os.path.join(ROOT, "tests", "python"))
+from util import read_idx  # noqa: E402  (the tests' IDX reader)
 
 
 def main():
