@@ -140,6 +140,12 @@ static int mkdir_p(const char *path) {
     return stat(buf, &sb) == 0 && S_ISDIR(sb.st_mode) ? 0 : -1;
 }
 
+
+/* dir created (0700) if missing and writable; errno says why not. */
+static int usable_dir(const char *dir) {
+    errno = 0;
+    return mkdir_p(dir) == 0 && access(dir, W_OK | X_OK) == 0;
+}
 /* The cache folder into dir: --cache, else $XDG_CACHE_HOME/vitc/similar, else
  * $HOME/.cache/vitc/similar (relative XDG values are ignored, as the XDG spec
  * says). 0, or -1 with why in why (no cache is then kept). */
@@ -149,23 +155,20 @@ static int cache_folder(const char *given, char *dir, size_t cap, char *why, siz
     int err = 0;
     if (given) {
         snprintf(dir, cap, "%s", given);
-        errno = 0;
-        if (mkdir_p(dir) == 0 && access(dir, W_OK | X_OK) == 0)
+        if (usable_dir(dir))
             return 0;
         snprintf(why, why_cap, "--cache %s: %s", given, strerror(errno ? errno : ENOTDIR));
         return -1;
     }
     if (xdg && xdg[0] == '/') {
         snprintf(dir, cap, "%s/vitc/similar", xdg);
-        errno = 0;
-        if (mkdir_p(dir) == 0 && access(dir, W_OK | X_OK) == 0)
+        if (usable_dir(dir))
             return 0;
         tried = "$XDG_CACHE_HOME", err = errno ? errno : ENOTDIR;
     }
     if (home && home[0] == '/') {
         snprintf(dir, cap, "%s/.cache/vitc/similar", home);
-        errno = 0;
-        if (mkdir_p(dir) == 0 && access(dir, W_OK | X_OK) == 0)
+        if (usable_dir(dir))
             return 0;
         tried = "$HOME/.cache", err = errno ? errno : ENOTDIR;
     }
