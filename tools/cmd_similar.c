@@ -140,12 +140,12 @@ static int mkdir_p(const char *path) {
     return stat(buf, &sb) == 0 && S_ISDIR(sb.st_mode) ? 0 : -1;
 }
 
-
 /* dir created (0700) if missing and writable; errno says why not. */
 static int usable_dir(const char *dir) {
     errno = 0;
     return mkdir_p(dir) == 0 && access(dir, W_OK | X_OK) == 0;
 }
+
 /* The cache folder into dir: --cache, else $XDG_CACHE_HOME/vitc/similar, else
  * $HOME/.cache/vitc/similar (relative XDG values are ignored, as the XDG spec
  * says). 0, or -1 with why in why (no cache is then kept). */
