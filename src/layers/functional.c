@@ -10,7 +10,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../kernels/ops_layers_backward.h"
 #include "layers.h"
 
 
