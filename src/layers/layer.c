@@ -49,7 +49,6 @@ vitc_status vitc__layer_shape_err(const vitc_layer *l, int ndim, const int64_t *
                      vitc__shape_str(a, sizeof a, ndim > 8 ? 8 : ndim, shape), expected);
 }
 
-
 /* ---- create / free / reset ------------------------------------------ */
 
 vitc_status vitc_layer_reset_parameters(vitc_layer *l, uint64_t seed) {
@@ -73,7 +72,6 @@ vitc_status vitc__layer_alloc(const vitc_layer_config *cfg, const vitc__layer_op
     const vitc_layer_config *c = cfg;
     char msg[160];
     const int64_t big = (int64_t)1 << 24; /* no real layer is wider; keeps size math far from overflow */
-    l->plan.heads = 1;
     if (c->in_channels < 0 || c->in_channels > big || c->embed_dim < 0 || c->embed_dim > big ||
         c->num_heads < 1 || c->num_heads > big || c->kdim < 0 || c->kdim > big || c->vdim < 0 ||
         c->vdim > big || c->patch_size < 0 || c->patch_size > 4096) {
