@@ -1,7 +1,7 @@
 /*
  * kinds.c — the kind table: for each vitc_layer_kind its vitc__layer_ops
  * (name, parameter table, shapes, forward, backward), and the public calls
- * that differ by kind, which dispatch through the layer's entry. The seed
+ * that differ by kind, which dispatch through the layer's entry. The
  * presets' entries share the engine's shapes, forward and backward;
  * MultiheadAttention is one more entry.
  */

@@ -5,7 +5,7 @@
  *   functional.c       scaled_dot_product_attention, softmax, attention
  *                      with dropout on its weights (forward and backward)
  *   layer.c            the layer object: parameter table, load, gradients
- *   engine.c           the seed presets' parameter tables, shapes, forward
+ *   engine.c           the presets' parameter tables, shapes, forward
  *   engine_backward.c  their backward
  *   mha.c              MultiheadAttention (table, shapes, forward, backward)
  *   kinds.c            the kind table (vitc__layer_ops per kind) and the
@@ -182,7 +182,7 @@ vitc_status vitc__layer_ensure_grad(vitc_layer *l);
 
 /* ---- engine.c ---------------------------------------------------------- */
 
-/* The presets' builds, one per seed block (the three SelfAttention kinds
+/* The presets' builds, one per block (the three SelfAttention kinds
  * share one). */
 vitc_status vitc__engine_build_attention_block(vitc_layer *l);
 vitc_status vitc__engine_build_conv_sa(vitc_layer *l);
