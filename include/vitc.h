@@ -619,7 +619,8 @@ VITC_API vitc_status vitc_lr_onecycle(const vitc_onecycle_config *c, int64_t ste
  * (0-based) gets F^(L - l), what precedes the first block (patch and
  * position embeddings, class token, a pre-norm) F^(L + 1), the final norm
  * and the head 1; F = 1 restores 1 everywhere. F in (0, 1]. A layer's
- * optimizer (no blocks) keeps 1. */
+ * optimizer (no blocks) keeps 1. A scale of 0 freezes the tensor: neither
+ * it nor its optimizer state changes (torch's requires_grad=False). */
 VITC_API vitc_status vitc_optimizer_set_layer_decay(vitc_optimizer *o, double decay);
 VITC_API vitc_status vitc_optimizer_set_lr_scale(vitc_optimizer *o, int i, double scale);
 /* Tensor i's scale, NAN for a bad index or optimizer. */

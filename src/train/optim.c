@@ -229,6 +229,10 @@ static void optim_chunk_task(void *ctx, int64_t k, int tid) {
     const optim_chunk *ch = &t->o->chunks[k];
     const vitc__pseg *s = &t->o->ps.seg[ch->seg];
     (void)tid;
+    /* scale 0 freezes the tensor: neither it nor its moments move (torch's
+     * requires_grad=False), and a linear probe's step costs only the head */
+    if (t->o->lr_scale && t->o->lr_scale[ch->seg] == 0.0)
+        return;
     if (t->o->cfg.kind == VITC_OPTIM_ADAMW)
         adamw_range(t, s, ch->begin, ch->end);
     else
