@@ -20,7 +20,27 @@
 #include <unistd.h>
 
 #include "../models/vit_config.h"
-#include "../internal.h"
+#include "optim.h"
+
+/* The file keeps optimizer state in one layout whatever the model's in
+ * memory: tensors in state_dict order, each at a multiple of 16 floats (the
+ * layout of a model vitc_vit_create or a checkpoint load builds, so earlier
+ * files read unchanged). A model loaded another way (vitc_vit_load packing
+ * weights as it reads) places its tensors elsewhere; its state is moved
+ * tensor by tensor. *total: the layout's length; off [nseg] (may be NULL)
+ * each tensor's place. 1 when ps already has this layout. */
+static int file_layout(const vitc__paramset *ps, size_t *off, size_t *total) {
+    size_t o = 0;
+    int same = 1;
+    for (int i = 0; i < ps->nseg; i++) {
+        if (off)
+            off[i] = o;
+        same &= ps->seg[i].offset == o;
+        o += (ps->seg[i].numel + 15) & ~(size_t)15;
+    }
+    *total = o;
+    return same && ps->n == o;
+}
 
 /* meta_json ("{}" when NULL) with optimizer_step added when opt is given:
  * malloc'ed compact JSON, NULL (error set) when it is not a JSON object. */
@@ -85,7 +105,11 @@ vitc_status vitc_checkpoint_save(const char *path, vitc_vit *m, vitc_optimizer *
     const float **data = calloc((size_t)(n ? n : 1), sizeof *data);
     const char **keys = calloc((size_t)nmeta, sizeof *keys);
     const char **vals = calloc((size_t)nmeta, sizeof *vals);
-    int64_t flat = opt ? (int64_t)vitc_optimizer_num_params(opt) : 0;
+    const vitc__paramset *ps = opt ? vitc__optimizer_paramset(opt) : NULL;
+    size_t total = 0, *off = NULL;
+    float *moved[3] = {NULL, NULL, NULL};
+    int same = ps ? file_layout(ps, NULL, &total) : 1;
+    int64_t flat = (int64_t)total;
     vitc_status s = VITC_OK;
     char *cfg = NULL, *rec = run_record(meta_json, opt, &s);
     const char **lab = NULL;
@@ -125,11 +149,31 @@ vitc_status vitc_checkpoint_save(const char *path, vitc_vit *m, vitc_optimizer *
         }
         keys[0] = "vitc.config", vals[0] = cfg;
     }
-    for (int i = 0; i < ns && s == VITC_OK; i++) {
+    if (opt && ps->nseg != vitc_vit_num_params(m)) {
+        s = vitc__err(VITC_ERR_INVALID_ARG, "vitc_checkpoint_save: the optimizer is not over this "
+                      "model (%d tensors, the model %d)", ps->nseg, vitc_vit_num_params(m));
+        goto done;
+    }
+    if (!same && !(off = malloc((size_t)ps->nseg * sizeof *off))) {
+        s = vitc__err(VITC_ERR_NOMEM, "checkpoint: out of memory");
+        goto done;
+    }
+    if (!same)
+        file_layout(ps, off, &total);
+    for (int i = 0; i < ns && i < 3 && s == VITC_OK; i++) {
         const char *sn;
         float *d;
         if ((s = vitc_optimizer_state(opt, i, &sn, &d)) != VITC_OK)
             break;
+        if (!same) {
+            if (!(moved[i] = calloc(total ? total : 1, sizeof(float)))) {
+                s = vitc__err(VITC_ERR_NOMEM, "checkpoint: out of memory");
+                break;
+            }
+            for (int k = 0; k < ps->nseg; k++)
+                memcpy(moved[i] + off[k], d + ps->seg[k].offset, ps->seg[k].numel * sizeof(float));
+            d = moved[i];
+        }
         size_t len = strlen(sn) + 16;
         if (!(onames[i] = malloc(len))) {
             s = vitc__err(VITC_ERR_NOMEM, "checkpoint: out of memory");
@@ -150,7 +194,8 @@ done:
     if (onames)
         for (int i = 0; i < ns; i++) free(onames[i]);
     free(onames), free(names), free(ndims), free(shapes), free(data), free(keys), free(vals);
-    free(cfg), free(rec), free(lab);
+    free(cfg), free(rec), free(lab), free(off);
+    for (int i = 0; i < 3; i++) free(moved[i]);
     vitc_safetensors_free(own);
     return s;
 }
@@ -190,7 +235,15 @@ vitc_status vitc_checkpoint_load_optimizer(const char *path, vitc_optimizer *opt
     VITC_TRY(vitc_safetensors_load(path, &st));
     vitc_status s = VITC_OK;
     int ns = vitc_optimizer_num_states(opt);
-    size_t flat = vitc_optimizer_num_params(opt);
+    const vitc__paramset *ps = vitc__optimizer_paramset(opt);
+    size_t flat;
+    int same = file_layout(ps, NULL, &flat);
+    size_t *off = malloc((size_t)(ps->nseg ? ps->nseg : 1) * sizeof *off);
+    if (!off) {
+        vitc_safetensors_free(st);
+        return vitc__err(VITC_ERR_NOMEM, "checkpoint: out of memory");
+    }
+    file_layout(ps, off, &flat);
     /* Everything is checked before anything is written: a refused file
      * leaves the optimizer as it was. */
     const float *src[3] = {NULL, NULL, NULL};
@@ -226,8 +279,14 @@ vitc_status vitc_checkpoint_load_optimizer(const char *path, vitc_optimizer *opt
         if (step < 0)
             s = vitc__err(VITC_ERR_FORMAT, "%s: no optimizer_step in its vitc.train metadata", path);
     }
-    for (int i = 0; i < ns && i < 3 && s == VITC_OK; i++)
-        memcpy(dst[i], src[i], flat * sizeof *dst[i]);
+    for (int i = 0; i < ns && i < 3 && s == VITC_OK; i++) {
+        if (same)
+            memcpy(dst[i], src[i], flat * sizeof *dst[i]);
+        else
+            for (int k = 0; k < ps->nseg; k++)
+                memcpy(dst[i] + ps->seg[k].offset, src[i] + off[k], ps->seg[k].numel * sizeof(float));
+    }
+    free(off);
     if (s == VITC_OK)
         s = vitc_optimizer_set_step(opt, step);
     vitc_safetensors_free(st);

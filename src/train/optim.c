@@ -434,3 +434,5 @@ vitc_status vitc_optimizer_set_layer_decay(vitc_optimizer *o, double decay) {
     }
     return VITC_OK;
 }
+
+const vitc__paramset *vitc__optimizer_paramset(const vitc_optimizer *o) { return o ? &o->ps : NULL; }
