@@ -17,6 +17,7 @@
  * file, fsync, rename) after every epoch and when SIGINT or SIGTERM stops
  * the run between two steps.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -25,6 +26,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "rng.h"
@@ -670,9 +673,133 @@ static int new_head(vitc_vit *m, vitc_dataset *ds, uint64_t seed, const char *pa
     return rc;
 }
 
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int is_image_name(const char *name) {
+    const char *dot = strrchr(name, '.');
+    return dot && (!strcasecmp(dot, ".png") || !strcasecmp(dot, ".jpg") ||
+                   !strcasecmp(dot, ".jpeg"));
+}
+
+/* The images of one class folder in the order vitc_dataset_open_folder
+ * lists them (regular files, links followed, .png/.jpg/.jpeg, names sorted
+ * bytewise): *names [*n], each and the array to free. */
+static int list_images(const char *dir, char ***names, int *n) {
+    DIR *dp = opendir(dir);
+    *names = NULL;
+    *n = 0;
+    if (!dp)
+        return cli_error("%s: cannot open folder: %s", dir, strerror(errno));
+    int cap = 0, rc = CLI_OK;
+    struct dirent *e;
+    char path[4096];
+    while (rc == CLI_OK && (e = readdir(dp))) {
+        struct stat sb;
+        if (!is_image_name(e->d_name) ||
+            (size_t)snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= sizeof path ||
+            stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        if (*n == cap) {
+            char **v = realloc(*names, (size_t)(cap = cap ? 2 * cap : 64) * sizeof *v);
+            if (!v) {
+                rc = cli_error("out of memory listing %s", dir);
+                break;
+            }
+            *names = v;
+        }
+        if (!((*names)[*n] = strdup(e->d_name)))
+            rc = cli_error("out of memory listing %s", dir);
+        else
+            ++*n;
+    }
+    closedir(dp);
+    if (*n > 1)
+        qsort(*names, (size_t)*n, sizeof **names, cmp_name);
+    return rc;
+}
+
+/* probe_embed for a model with its own image processor (a Hub model): each
+ * image of the ImageFolder split dir decoded as the processor wants and
+ * preprocessed by it (vitc_vit_preprocess: its resize, crop and
+ * normalisation, transformers' numbers), then embedded alone. */
+static int probe_embed_processor(run *R, vitc_dataset *ds, const char *dir, float *out,
+                                 int64_t *lab, int64_t *n, const char *what) {
+    int64_t N = vitc_dataset_size(ds), pos = 0;
+    int flags = vitc_vit_image_flags(R->m), rc = CLI_OK;
+    float *x = NULL;
+    size_t xcap = 0;
+    cli_progress pr;
+    cli_progress_start(&pr, what, N, R->o->quiet);
+    for (int c = 0; c < vitc_dataset_num_classes(ds) && pos < N && rc == CLI_OK; c++) {
+        char cdir[4096], path[4096];
+        char **names;
+        int k;
+        if ((size_t)snprintf(cdir, sizeof cdir, "%s/%s", dir, vitc_dataset_class_name(ds, c)) >=
+            sizeof cdir) {
+            rc = cli_error("%s: path too long", dir);
+            break;
+        }
+        if ((rc = list_images(cdir, &names, &k)) != CLI_OK)
+            k = 0;
+        for (int j = 0; j < k && pos < N && rc == CLI_OK; j++, pos++) {
+            vitc_image img;
+            int H, W;
+            int64_t sz;
+            if ((size_t)snprintf(path, sizeof path, "%s/%s", cdir, names[j]) >= sizeof path ||
+                vitc_dataset_label(ds, pos) != c) {
+                rc = cli_error("%s: the folder changed while it was read (%s)", dir, path);
+                break;
+            }
+            if (vitc_image_load_flags(path, 0, flags, &img) != VITC_OK) {
+                cli_progress_clear(&pr);
+                fprintf(stderr, "vitc: warning: skipping unreadable image %s (%s)\n", path,
+                        vitc_last_error());
+                continue;
+            }
+            if (vitc_vit_preprocess_size(R->m, img.width, img.height, &H, &W) != VITC_OK ||
+                vitc_vit_embed_size(R->m, VITC_POOL_DEFAULT, H, W, &sz) != VITC_OK) {
+                vitc_image_free(&img);
+                rc = cli_lib_error(what);
+                break;
+            }
+            if (sz != R->D) {
+                vitc_image_free(&img);
+                rc = cli_error("%s: an embedding of %lld floats at %dx%d, %lld at the model's "
+                               "size", path, (long long)sz, W, H, (long long)R->D);
+                break;
+            }
+            if ((size_t)3 * H * W > xcap) {
+                float *t = realloc(x, (xcap = (size_t)3 * H * W) * sizeof *x);
+                if (!t) {
+                    vitc_image_free(&img);
+                    rc = cli_error("out of memory for an image of %dx%d", W, H);
+                    break;
+                }
+                x = t;
+            }
+            vitc_status st = vitc_vit_preprocess(R->m, &img, x);
+            vitc_image_free(&img);
+            if (st != VITC_OK ||
+                vitc_vit_embed(R->m, x, 1, H, W, VITC_POOL_DEFAULT, out + *n * R->D) != VITC_OK) {
+                rc = cli_lib_error(what);
+                break;
+            }
+            lab[(*n)++] = c;
+            cli_progress_update(&pr, pos + 1);
+        }
+        for (int j = 0; j < k; j++) free(names[j]);
+        free(names);
+    }
+    cli_progress_clear(&pr);
+    free(x);
+    return rc;
+}
+
 /* Embeddings of every valid image of ds into *out [*n, D], labels *lab. */
-static int probe_embed(run *R, vitc_dataset *ds, float **out, int64_t **lab, int64_t *n,
-                       const char *what) {
+static int probe_embed(run *R, vitc_dataset *ds, const char *split, float **out, int64_t **lab,
+                       int64_t *n, const char *what) {
     const vitc_vit_config *c = vitc_vit_get_config(R->m);
     int S = c->image_size, B = 32;
     int64_t N = vitc_dataset_size(ds), D = R->D;
@@ -684,6 +811,14 @@ static int probe_embed(run *R, vitc_dataset *ds, float **out, int64_t **lab, int
     if (!x || !idx || !*out || !*lab) {
         free(x), free(idx);
         return cli_error("out of memory for the embeddings of %lld images", (long long)N);
+    }
+    if (!R->d.idx && vitc_vit_has_processor(R->m)) {
+        char dir[4096];
+        free(x), free(idx);
+        if ((size_t)snprintf(dir, sizeof dir, "%s/%s", R->o->data, split) >= sizeof dir)
+            return cli_error("%s: path too long", R->o->data);
+        vitc_vit_set_training(R->m, 0);
+        return probe_embed_processor(R, ds, dir, *out, *lab, n, what);
     }
     vitc_batch_opts bo = train_batch_opts(c); /* the eval transform: no augmentation */
     cli_progress pr;
@@ -718,10 +853,10 @@ static int probe_setup(run *R) {
         VITC_OK)
         return cli_lib_error("--freeze-backbone");
     int rc;
-    if ((rc = probe_embed(R, R->d.train, &R->emb, &R->plab, &R->pn, "embedding the training "
+    if ((rc = probe_embed(R, R->d.train, "train", &R->emb, &R->plab, &R->pn, "embedding the training "
                           "images")) != CLI_OK)
         return rc;
-    if (R->d.eval && (rc = probe_embed(R, R->d.eval, &R->vemb, &R->pvlab, &R->pvn,
+    if (R->d.eval && (rc = probe_embed(R, R->d.eval, "val", &R->vemb, &R->pvlab, &R->pvn,
                                        "embedding the evaluation images")) != CLI_OK)
         return rc;
     /* after the forwards: parameter pointers are valid until the next one */

@@ -24,9 +24,9 @@ import unittest
 import numpy as np
 
 try:
-    from .util import ROOT, VITC, TmpDirCase, run_vitc as run
+    from .util import ROOT, VITC, TmpDirCase, reference_modules, run_vitc as run
 except ImportError:  # run as a script
-    from util import ROOT, VITC, TmpDirCase, run_vitc as run
+    from util import ROOT, VITC, TmpDirCase, reference_modules, run_vitc as run
 
 sys.path.insert(0, os.path.join(ROOT, "python"))
 import vitc  # noqa: E402
@@ -265,6 +265,33 @@ class TestFinetuneCLI(TmpDirCase):
         self.assertEqual(rc, 0, err)
         m = vitc.load_model(out)
         self.assertEqual(m.config["num_classes"], 4)
+
+    @unittest.skipUnless(HAS_RESET_HEAD and torch is not None,
+                         "needs vitc_vit_reset_head (with it, saving Hub models) and torch")
+    def test_freeze_backbone_hub_model_uses_its_processor(self):
+        from vitc.image import load_image
+        hf_ref, = reference_modules("hf_ref")
+        cfg = hf_ref.vit_config("vit", "ViTForImageClassification", classes=4)
+        names = sorted(PHOTOS)  # the folder's classes: the head is kept
+        cfg["id2label"] = {str(i): n for i, n in enumerate(names)}
+        cfg["label2id"] = {n: i for i, n in enumerate(names)}
+        hub = self.path("hubvit")
+        # a processor vitc's loader does not reproduce: a squashing resize
+        hf_ref.save_hub(hub, hf_ref.random_state(cfg, 0), cfg, preprocessor={
+            "do_resize": True, "size": {"height": 32, "width": 32}, "resample": 2,
+            "do_rescale": True, "rescale_factor": 1 / 255, "do_normalize": True,
+            "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5]})
+        out = self.path("hubprobe.safetensors")
+        ep = self.probe(hub, out, 20)
+        m = vitc.load_model(out)
+        right = n = 0
+        for c, name in enumerate(names):
+            d = os.path.join(self.data, "val", name)
+            for f in sorted(os.listdir(d)):
+                x = m.preprocess(load_image(os.path.join(d, f)))
+                right += int(np.argmax(m(x[None])[0]) == c)
+                n += 1
+        self.assertAlmostEqual(right / n, ep[-1]["eval_acc"], places=6)
 
     def test_probe_resume_bit_identical(self):
         full, part = self.path("full.safetensors"), self.path("part.safetensors")
