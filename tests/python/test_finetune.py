@@ -202,6 +202,16 @@ class TestCheckpoint(TmpDirCase):
             vitc.AdamW(other).load_checkpoint(ck2)
         with self.assertRaises(TypeError):
             vitc.save_checkpoint(ck2, m, meta="epoch 1")
+        # the C API refuses bad arguments with a message, never a crash
+        bad = self.path("bad.safetensors").encode()
+        self.assertEqual(lib.vitc_checkpoint_save(bad, None, None, None, None),
+                         vitc.Status.ERR_INVALID_ARG)
+        self.assertEqual(lib.vitc_checkpoint_save(bad, m._h, None, None, b"[1]"),
+                         vitc.Status.ERR_INVALID_ARG)
+        self.assertIn("JSON object", lib.vitc_last_error().decode())
+        self.assertEqual(lib.vitc_checkpoint_load_optimizer(ck2.encode(), None),
+                         vitc.Status.ERR_INVALID_ARG)
+        self.assertFalse(os.path.exists(bad))
         self.assertFalse([f for f in os.listdir(self.tmp) if ".tmp" in f])
 
 
