@@ -821,8 +821,10 @@ VITC_API vitc_status vitc_vit_reset_head(vitc_vit *m, int num_classes, const cha
 
 /* ---- training checkpoints (src/train/checkpoint.c) ------------------ */
 /* A checkpoint is a model file every vitc command loads (the model's
- * tensors and metadata) plus, when opt is given, the optimizer's state as
- * "vitc.optim.<state>" tensors in the flat parameter layout and meta_json
+ * tensors and metadata, as vitc_vit_save writes them) plus, when opt is
+ * given, the optimizer's state as "vitc.optim.<state>" tensors (flat: the
+ * tensors in state_dict order, each at a multiple of 16 floats, whatever
+ * the model's layout in memory) and meta_json
  * (a JSON object, may be NULL: the caller's run record: epoch, step,
  * hyperparameters) as "vitc.train" metadata with "optimizer_step" added.
  * Without opt it is a model alone and meta_json goes to "vitc.trained_by".
@@ -841,7 +843,6 @@ VITC_API vitc_status vitc_checkpoint_load(const char *path, vitc_vit **m, char *
  * its shape); nothing is changed when the file does not fit it. */
 VITC_API vitc_status vitc_checkpoint_load_optimizer(const char *path, vitc_optimizer *opt);
 VITC_API void vitc_checkpoint_free_meta(char *meta_json);
-
 
 #ifdef __cplusplus
 }
