@@ -15,7 +15,12 @@
  * plus "vitc.optim.*" tensors (the optimizer state, flat, in the parameter
  * layout) and "vitc.train" metadata. It is replaced atomically (temporary
  * file, fsync, rename) after every epoch and when SIGINT or SIGTERM stops
- * the run between two steps.
+ * the run between two steps. The format is the library's
+ * (vitc_checkpoint_save / vitc_checkpoint_load, src/train/checkpoint.c).
+ *
+ * Fine-tuning: --init takes any model vitc loads; a model whose classes
+ * are not the folder's gets a new head (vitc_vit_reset_head).
+ * --freeze-backbone trains that head alone on embeddings computed once.
  */
 #include <dirent.h>
 #include <errno.h>
