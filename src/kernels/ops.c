@@ -132,13 +132,6 @@ void vitc__row_norm_ref(float *y, const float *x, int64_t n, float mean, float s
     for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mean) * sc + sh;
 }
 
-void vitc__transpose_bc(float *y, const float *x, int64_t B, int64_t C, int64_t HW) {
-    for (int64_t n = 0; n < B; n++)
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t i = 0; i < HW; i++)
-                y[(n * HW + i) * C + c] = x[(n * C + c) * HW + i];
-}
-
 /* ---- dispatch ------------------------------------------------------ */
 
 /* Below this many elements a parallel region costs more than it saves. */
