@@ -22,9 +22,22 @@
  * reach the same answer). */
 static int vitc__arch_cur = -1;
 
-/* Whether this build has path a's kernels (its arch folder was compiled:
- * the Makefile defines VITC_KERNELS_<FOLDER>) and this CPU can run them. */
+/* Whether this build has path a's kernels: its arch folder was compiled
+ * (the Makefile then defines VITC_KERNELS_<FOLDER>). */
+static int vitc__arch_built(vitc__arch a) {
+    switch (a) {
+    case VITC_ARCH_GENERIC: return 1;
+#if defined(VITC_KERNELS_X86)
+    case VITC_ARCH_AVX2:
+    case VITC_ARCH_AVX512: return 1;
+#endif
+    default: return 0;
+    }
+}
+
+/* Whether this build has path a and this CPU can run it. */
 int vitc__cpu_has(vitc__arch a) {
+    if (!vitc__arch_built(a)) return 0;
     if (a == VITC_ARCH_GENERIC) return 1;
 #if defined(VITC_KERNELS_X86) && (defined(__x86_64__) || defined(__i386__))
     __builtin_cpu_init();
@@ -104,6 +117,10 @@ vitc_status vitc_set_arch(const char *name) {
     if (!vitc__parse_arch(name, &a))
         return vitc__err(VITC_ERR_INVALID_ARG, "unknown arch \"%s\" (expected one of %s or auto)",
                          name, vitc__arch_names_text + 2);
+    if (!vitc__arch_built(a))
+        return vitc__err(VITC_ERR_UNSUPPORTED,
+                         "this build has no %s path (its kernels are for another target; "
+                         "use generic or auto)", name);
     if (!vitc__cpu_has(a))
         return vitc__err(VITC_ERR_UNSUPPORTED, "this CPU cannot run the %s path", name);
     __atomic_store_n(&vitc__arch_cur, (int)a, __ATOMIC_RELEASE);
