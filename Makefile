@@ -9,6 +9,8 @@
 #   make bench-train  Fashion-MNIST training end to end vs PyTorch + DataLoader
 #   make check-optout  build with each of NO_BLAS/NO_PNG/NO_JPEG/NO_ZLIB and all four,
 #                   -Werror, and run the C tests of each
+#   make check-generic  the build of a target without SIMD kernels (KERNEL_ARCH=generic:
+#                   no src/kernels/x86/ file), -Werror, and its C tests
 #   make asan       the C tests under AddressSanitizer + UBSan
 #   make valgrind   the C tests under valgrind memcheck
 #   make fuzz       every libFuzzer target FUZZ_SECONDS (60) seconds (clang)
@@ -142,7 +144,7 @@ SONAME   := libvitc.so.$(SOVERSION)
 SOFILE   := $(BUILD)/libvitc.so.$(VERSION)
 
 .PHONY: all lib tools tests test test-c test-python demo bench bench-ort bench-train asan valgrind install deps deps-system \
-        clean check-deps fuzz fuzz-build fuzz-bins check-optout
+        clean check-deps fuzz fuzz-build fuzz-bins check-optout check-generic
 all: lib tools
 
 lib: $(BUILD)/libvitc.a $(BUILD)/libvitc.so
@@ -260,6 +262,11 @@ check-optout:
 	    all tests || exit 1; \
 	  sh scripts/run-tests.sh $$dir/tests || exit 1; \
 	done
+
+# What a machine without an arch folder builds (src/kernels/README.md), here.
+check-generic:
+	@$(MAKE) --no-print-directory BUILD=build-optout/generic KERNEL_ARCH=generic WERROR=1 all tests
+	@sh scripts/run-tests.sh build-optout/generic/tests
 
 valgrind: tests
 	@VALGRIND="valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite -q" \
