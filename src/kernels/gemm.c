@@ -6,8 +6,8 @@
  * Built-in GEMM (Goto/BLIS): for each NC-wide panel of op(B) and KC-deep
  * slice of K, pack the B panel once; for each MC-tall block of op(A), pack it;
  * then run the MR x NR register-blocked microkernel over the block. The
- * microkernel comes from the arch chosen at run time (gemm_avx512.c 12x32,
- * gemm_avx2.c 6x16, the portable 6x8 here); the bias / residual epilogue is
+ * microkernel comes from the arch chosen at run time (x86/gemm_avx512.c 12x32,
+ * x86/gemm_avx2.c 6x16, the portable 6x8 here); the bias / residual epilogue is
  * applied per tile while it is still in registers.
  *
  * Threads: the output is cut by columns when there are enough (chunks

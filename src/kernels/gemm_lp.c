@@ -1,7 +1,7 @@
 /*
  * gemm_lp.c — bf16 and int8 Linear layers: weight packing (once), the
  * per-call conversion of the activations, the threaded driver, and the
- * portable reference microkernels (the ground truth of gemm_lp_avx512.c:
+ * portable reference microkernels (the ground truth of x86/gemm_lp_avx512.c:
  * the same numbers, bit for bit). Layouts and the epilogue: gemm_lp.h.
  */
 #include <limits.h>

@@ -2,7 +2,7 @@
  * ops.c — softmax, norms, GELU, layout moves. The *_ref functions are the
  * plain reference kernels (kept, and what tests compare the fast paths
  * with); softmax, LayerNorm and GELU run the kernel table's version
- * (dispatch.c: ops_avx512.c, ops_avx2.c or the reference) and spread large inputs over the pool by rows (chunks for
+ * (dispatch.c: x86/ops_avx512.c, x86/ops_avx2.c or the reference) and spread large inputs over the pool by rows (chunks for
  * GELU). Each row is computed by one thread with the same code whatever
  * the thread count, so results do not depend on it.
  */

@@ -1,5 +1,5 @@
 /*
- * vmath_generic.h — the vector vocabulary of vmath_avx512.h with a one-lane
+ * vmath_generic.h — the vector vocabulary of x86/vmath_avx512.h with a one-lane
  * "vector" in portable C: the templates instantiated over it are the
  * readable twins of the SIMD paths. The maths is libm's.
  */
