@@ -2,9 +2,10 @@
  * vmath_avx512.h — the AVX-512 vector vocabulary (16 float lanes) and its
  * maths: v_exp, v_exp2 (one polynomial each), v_phi (a table of them).
  * Included by the files compiled with the AVX-512 flags (ops_avx512.c,
- * attention_avx512.c, ...); the templates (attention_tmpl.h,
- * attention_bwd_tmpl.h, ops_bwd_tmpl.h) are written over these names, and
- * vmath_avx2.h / vmath_generic.h define the same set.
+ * attention_avx512.c, ...); the templates in src/kernels/ (attention_tmpl.h,
+ * attention_bwd_tmpl.h, ops_tmpl.h, ops_bwd_tmpl.h) are written over these
+ * names, and vmath_avx2.h defines the same set (vmath_generic.h the part
+ * the generic attention uses, plus v_div, v_zero_gt, V_MASKED_TAIL).
  *
  *   VT, VW                 vector type and its float lanes
  *   v_zero() v_set1(x) v_load(p) v_store(p, x)    (p 64-byte aligned)
