@@ -9,6 +9,8 @@
 #   make bench-train  Fashion-MNIST training end to end vs PyTorch + DataLoader
 #   make check-optout  build with each of NO_BLAS/NO_PNG/NO_JPEG/NO_ZLIB and all four,
 #                   -Werror, and run the C tests of each
+#   make check-generic  the build of a target without SIMD kernels (KERNEL_ARCH=generic:
+#                   no src/kernels/x86/ file), -Werror, and its C tests
 #   make asan       the C tests under AddressSanitizer + UBSan
 #   make valgrind   the C tests under valgrind memcheck
 #   make fuzz       every libFuzzer target FUZZ_SECONDS (60) seconds (clang)
@@ -100,34 +102,55 @@ endif
 endif
 
 # Each ISA file is compiled with its own flags; the rest of the library stays
-# portable and the choice is made at run time (src/kernels/dispatch.c).
+# portable and the choice is made at run time (src/kernels/dispatch.c). The
+# ISA files live in one folder per target architecture (src/kernels/x86/),
+# built only for that target: KERNEL_ARCH is the folder, from the compiler's
+# target (uname -m when it says nothing); generic (or any machine without a
+# folder) builds the portable kernels alone. `make KERNEL_ARCH=generic`
+# checks that build on an x86 host.
+TARGET_MACHINE := $(or $(shell $(CC) -dumpmachine 2>/dev/null),$(shell uname -m))
+KERNEL_ARCH ?= $(if $(filter x86_64-% x86_64 amd64-% amd64,$(TARGET_MACHINE)),x86,generic)
+KERNEL_ARCH_DIRS := x86
+ifneq ($(filter $(KERNEL_ARCH),$(KERNEL_ARCH_DIRS)),)
+KERNEL_DIR := src/kernels/$(KERNEL_ARCH)
+endif
+
+ifeq ($(KERNEL_ARCH),x86)
+BASE += -DVITC_KERNELS_X86
 AVX512_FLAGS := -mavx512f -mavx512bw -mavx512vl -mavx512dq -mfma -mavx2
 AVX2_FLAGS   := -mavx2 -mfma
 # The bf16 / int8 microkernels also need these (used only when cpuid says so).
-$(BUILD)/obj/src/kernels/gemm_lp_avx512.o: AVX512_FLAGS += -mavx512bf16 -mavx512vnni
-$(BUILD)/obj/src/kernels/gemm_lp_avx2.o: AVX2_FLAGS += -mavxvnni
+$(BUILD)/obj/src/kernels/x86/gemm_lp_avx512.o: AVX512_FLAGS += -mavx512bf16 -mavx512vnni
+$(BUILD)/obj/src/kernels/x86/gemm_lp_avx2.o: AVX2_FLAGS += -mavxvnni
 # AMX tile instructions (chosen only where cpuid, XCR0 and the OS allow);
 # its emulation (gemm_lp_amx_emul.c, the same kernel source) needs nothing.
-$(BUILD)/obj/src/kernels/gemm_lp_amx.o: BASE += -mamx-tile -mamx-bf16 -mamx-int8
+$(BUILD)/obj/src/kernels/x86/gemm_lp_amx.o: BASE += -mamx-tile -mamx-bf16 -mamx-int8
+endif
 
-LIB_SRC  := $(wildcard src/*.c src/*/*.c)
+# src/*/*.c stops above the arch folders; an *_avx2.c / *_avx512.c outside
+# them (src/train/optim_avx512.c) is x86 code too.
+LIB_SRC  := $(wildcard src/*.c src/*/*.c $(if $(KERNEL_DIR),$(KERNEL_DIR)/*.c))
+ifneq ($(KERNEL_ARCH),x86)
+LIB_SRC  := $(filter-out %_avx2.c %_avx512.c,$(LIB_SRC))
+endif
 LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 TOOL_SRC := $(wildcard tools/*.c)
 TOOL_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TOOL_SRC))
 TEST_SRC := $(wildcard tests/test_*.c)
 TEST_BIN := $(patsubst tests/%.c,$(BUILD)/tests/%,$(TEST_SRC))
-HDRS     := include/vitc.h $(wildcard src/*.h src/*/*.h tests/*.h tools/*.h)
+HDRS     := include/vitc.h $(wildcard src/*.h src/*/*.h src/kernels/*/*.h tests/*.h tools/*.h)
 
 SONAME   := libvitc.so.$(SOVERSION)
 SOFILE   := $(BUILD)/libvitc.so.$(VERSION)
 
 .PHONY: all lib tools tests test test-c test-python demo bench bench-ort bench-train asan valgrind install deps deps-system \
-        clean check-deps fuzz fuzz-build fuzz-bins check-optout
+        clean check-deps fuzz fuzz-build fuzz-bins check-optout check-generic
 all: lib tools
 
 lib: $(BUILD)/libvitc.a $(BUILD)/libvitc.so
 tools: $(BUILD)/vitc
 
+ifeq ($(KERNEL_ARCH),x86)
 $(BUILD)/obj/%_avx512.o: %_avx512.c $(HDRS)
 	@mkdir -p $(dir $@)
 	@echo "  CC  $@"
@@ -137,6 +160,7 @@ $(BUILD)/obj/%_avx2.o: %_avx2.c $(HDRS)
 	@mkdir -p $(dir $@)
 	@echo "  CC  $@"
 	$(Q)$(CC) $(BASE) $(CFLAGS) $(AVX2_FLAGS) -c $< -o $@
+endif
 
 # The CLI is built with mpicc and -DVITC_MPI under MPI=1 (data-parallel
 # `vitc train`); the library never needs MPI. tool-flags records the choice
@@ -238,6 +262,11 @@ check-optout:
 	    all tests || exit 1; \
 	  sh scripts/run-tests.sh $$dir/tests || exit 1; \
 	done
+
+# What a machine without an arch folder builds (src/kernels/README.md), here.
+check-generic:
+	@$(MAKE) --no-print-directory BUILD=build-optout/generic KERNEL_ARCH=generic WERROR=1 all tests
+	@sh scripts/run-tests.sh build-optout/generic/tests
 
 valgrind: tests
 	@VALGRIND="valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite -q" \

@@ -39,7 +39,6 @@
  * thinned out; every code path and tail shape still runs. */
 static int quick(void) { return RUNNING_ON_VALGRIND || getenv("VALGRIND") != NULL; }
 
-static const char *const arch_names[] = {"generic", "avx2", "avx512"};
 
 /* ---- data --------------------------------------------------------- */
 
@@ -195,7 +194,7 @@ static double compare(const vitc__sdpa_desc *d, const double *ref_o, const doubl
     return worst;
 }
 
-static double worst_seen[3];
+static double worst_seen[TU_NARCH];
 
 /* Runs case c on every supported path (and once through the plain float
  * reference kernel), asserting the tolerance on o, probs and the per-row
@@ -211,9 +210,9 @@ static void run_case(const tcase *c, double tol) {
     assert_non_null(ref_lse);
     tdata_want_lse(&t);
     reference(&t.d, ref_o, ref_p, ref_lse);
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < TU_NARCH; a++) {
         if (!vitc__cpu_has((vitc__arch)a)) continue;
-        assert_int_equal(vitc_set_arch(arch_names[a]), VITC_OK);
+        assert_int_equal(vitc_set_arch(tu_arch(a)), VITC_OK);
         for (size_t i = 0; i < t.o_n; i++) t.o[i] = 12345.0f; /* every element must be written */
         for (size_t i = 0; i < t.p_n; i++) t.probs[i] = 12345.0f;
         for (size_t i = 0; i < rows; i++) t.lse[i] = 12345.0f;
@@ -223,7 +222,7 @@ static void run_case(const tcase *c, double tol) {
         if (!(e <= tol))
             fail_msg("%s: B%lld H%lld L%lld S%lld D%lld Dv%lld layout %d x%g mask %d probs %d: "
                      "error %.3g > %.3g",
-                     arch_names[a], (long long)c->B, (long long)c->H, (long long)c->L,
+                     tu_arch(a), (long long)c->B, (long long)c->H, (long long)c->L,
                      (long long)c->S, (long long)c->D, (long long)c->Dv, c->layout,
                      (double)c->scale_mul, c->mask, c->probs, e, tol);
     }
@@ -243,8 +242,8 @@ static void run_case(const tcase *c, double tol) {
 
 static void print_worst(const char *what) {
     printf("    %-22s worst error:", what);
-    for (int a = 0; a < 3; a++)
-        if (vitc__cpu_has((vitc__arch)a)) printf(" %s %.2e", arch_names[a], worst_seen[a]);
+    for (int a = 0; a < TU_NARCH; a++)
+        if (vitc__cpu_has((vitc__arch)a)) printf(" %s %.2e", tu_arch(a), worst_seen[a]);
     printf("\n");
     memset(worst_seen, 0, sizeof worst_seen);
 }
@@ -376,9 +375,9 @@ static void check_structured(int kind, int64_t L, int64_t S, int64_t D, int64_t 
         for (size_t i = 0; i < (size_t)(BH * S * D); i++) t.k[i] = -8.0f;
         t.d.scale = 8.0f;
     }
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < TU_NARCH; a++) {
         if (!vitc__cpu_has((vitc__arch)a)) continue;
-        assert_int_equal(vitc_set_arch(arch_names[a]), VITC_OK);
+        assert_int_equal(vitc_set_arch(tu_arch(a)), VITC_OK);
         assert_int_equal(vitc__sdpa(&t.d), VITC_OK);
         double worst = 0;
         for (int64_t i = 0; i < BH; i++)
@@ -396,7 +395,7 @@ static void check_structured(int kind, int64_t L, int64_t S, int64_t D, int64_t 
                     if (!(e <= worst)) worst = e;
                 }
         if (!(worst <= 2e-6))
-            fail_msg("%s: structured case %d (L%lld S%lld D%lld Dv%lld) error %.3g", arch_names[a],
+            fail_msg("%s: structured case %d (L%lld S%lld D%lld Dv%lld) error %.3g", tu_arch(a),
                      kind, (long long)L, (long long)S, (long long)D, (long long)Dv, worst);
     }
     assert_int_equal(vitc_set_arch("auto"), VITC_OK);
@@ -426,9 +425,9 @@ static void test_threads_bitwise(void **state) {
         tdata t;
         tdata_make(&t, &cs[i]);
         float *o1 = tu_falloc(t.o_n), *p1 = tu_falloc(t.p_n);
-        for (int a = 0; a < 3; a++) {
+        for (int a = 0; a < TU_NARCH; a++) {
             if (!vitc__cpu_has((vitc__arch)a)) continue;
-            assert_int_equal(vitc_set_arch(arch_names[a]), VITC_OK);
+            assert_int_equal(vitc_set_arch(tu_arch(a)), VITC_OK);
             vitc_set_num_threads(1);
             assert_int_equal(vitc__sdpa(&t.d), VITC_OK);
             memcpy(o1, t.o, t.o_n * 4);
@@ -455,9 +454,9 @@ static void test_mxcsr_restored(void **state) {
     tdata_make(&t, &c);
     unsigned int before = _mm_getcsr();
     const unsigned int modes[2] = {before & ~0x8040u, before | 0x8040u};
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < TU_NARCH; a++) {
         if (!vitc__cpu_has((vitc__arch)a)) continue;
-        assert_int_equal(vitc_set_arch(arch_names[a]), VITC_OK);
+        assert_int_equal(vitc_set_arch(tu_arch(a)), VITC_OK);
         for (int m = 0; m < 2; m++) {
             _mm_setcsr(modes[m]);
             if (_mm_getcsr() != modes[m]) { /* valgrind keeps FTZ/DAZ off */

@@ -28,7 +28,6 @@
 #include "testutil.h"
 #include "attn_testutil.h"
 
-static const char *const arch_names[] = {"generic", "avx2", "avx512"};
 
 static uint64_t rng_state = 0x2545f4914f6cdd1dull;
 
@@ -200,7 +199,7 @@ static void poison(tdata *t) { /* every gradient element must be written */
     for (size_t i = 0; i < t->nv; i++) t->dv[i] = 12345.0f;
 }
 
-static double worst_seen[4]; /* generic, avx2, avx512, reference kernel */
+static double worst_seen[TU_NARCH + 1]; /* each path, then the reference kernel */
 static const double TOL = 1e-4;
 
 static void run_case(const tcase *c) {
@@ -208,16 +207,16 @@ static void run_case(const tcase *c) {
     tdata_make(&t, c);
     ref R;
     reference(&t.d, &R);
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < TU_NARCH; a++) {
         if (!vitc__cpu_has((vitc__arch)a)) continue;
-        assert_int_equal(vitc_set_arch(arch_names[a]), VITC_OK);
+        assert_int_equal(vitc_set_arch(tu_arch(a)), VITC_OK);
         poison(&t);
         assert_int_equal(vitc__sdpa_backward(&t.d), VITC_OK);
         double e = compare(&t.d, &R);
         if (e > worst_seen[a]) worst_seen[a] = e;
         if (!(e <= TOL))
             fail_msg("%s: B%lld H%lld L%lld S%lld D%lld Dv%lld layout %d mask %d: error %.3g",
-                     arch_names[a], (long long)c->B, (long long)c->H, (long long)c->L,
+                     tu_arch(a), (long long)c->B, (long long)c->H, (long long)c->L,
                      (long long)c->S, (long long)c->D, (long long)c->Dv, c->layout, c->mask, e);
     }
     assert_int_equal(vitc_set_arch("auto"), VITC_OK);
@@ -225,7 +224,7 @@ static void run_case(const tcase *c) {
         poison(&t);
         vitc__sdpa_backward_ref(&t.d);
         double e = compare(&t.d, &R);
-        if (e > worst_seen[3]) worst_seen[3] = e;
+        if (e > worst_seen[TU_NARCH]) worst_seen[TU_NARCH] = e;
         if (!(e <= TOL)) fail_msg("reference kernel: error %.3g", e);
     }
     ref_free(&R);
@@ -234,9 +233,9 @@ static void run_case(const tcase *c) {
 
 static void print_worst(const char *what) {
     printf("    %-22s worst error:", what);
-    for (int a = 0; a < 3; a++)
-        if (vitc__cpu_has((vitc__arch)a)) printf(" %s %.2e", arch_names[a], worst_seen[a]);
-    printf(" ref %.2e\n", worst_seen[3]);
+    for (int a = 0; a < TU_NARCH; a++)
+        if (vitc__cpu_has((vitc__arch)a)) printf(" %s %.2e", tu_arch(a), worst_seen[a]);
+    printf(" ref %.2e\n", worst_seen[TU_NARCH]);
     memset(worst_seen, 0, sizeof worst_seen);
 }
 
@@ -322,9 +321,9 @@ static void test_fully_masked_row(void **state) {
     tcase c = {2, 2, 20, 30, 16, 16, SEPARATE, MASK_FULLROW};
     tdata t;
     tdata_make(&t, &c);
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < TU_NARCH; a++) {
         if (!vitc__cpu_has((vitc__arch)a)) continue;
-        assert_int_equal(vitc_set_arch(arch_names[a]), VITC_OK);
+        assert_int_equal(vitc_set_arch(tu_arch(a)), VITC_OK);
         assert_int_equal(vitc__sdpa_backward(&t.d), VITC_OK);
         for (size_t i = 0; i < t.nq; i++) { /* head (0, 0) is first; row 2 of it */
             assert_false(isnan(t.dq[i]));
@@ -351,9 +350,9 @@ static void test_threads_bitwise(void **state) {
         tdata t;
         tdata_make(&t, &cs[i]);
         float *g1 = tu_falloc(t.nq + t.nk + t.nv);
-        for (int a = 0; a < 3; a++) {
+        for (int a = 0; a < TU_NARCH; a++) {
             if (!vitc__cpu_has((vitc__arch)a)) continue;
-            assert_int_equal(vitc_set_arch(arch_names[a]), VITC_OK);
+            assert_int_equal(vitc_set_arch(tu_arch(a)), VITC_OK);
             vitc_set_num_threads(1);
             assert_int_equal(vitc__sdpa_backward(&t.d), VITC_OK);
             memcpy(g1, t.dq, t.nq * 4);
@@ -388,9 +387,9 @@ static void test_finite_differences(void **state) {
     tcase c = {1, 2, 5, 7, 3, 4, SEPARATE, MASK_LS};
     tdata t;
     tdata_make(&t, &c);
-    for (int a = 0; a < 3; a++) {
+    for (int a = 0; a < TU_NARCH; a++) {
         if (!vitc__cpu_has((vitc__arch)a)) continue;
-        assert_int_equal(vitc_set_arch(arch_names[a]), VITC_OK);
+        assert_int_equal(vitc_set_arch(tu_arch(a)), VITC_OK);
         assert_int_equal(vitc__sdpa(&t.d.f), VITC_OK);
         assert_int_equal(vitc__sdpa_backward(&t.d), VITC_OK);
         float *xs[3] = {t.q, t.k, t.v}, *gs[3] = {t.dq, t.dk, t.dv};
@@ -406,7 +405,7 @@ static void test_finite_differences(void **state) {
                 xs[which][i] = keep;
                 double fd = (up - dn) / (2.0 * eps), g = gs[which][i];
                 if (!(fabs(fd - g) <= 2e-3 * fmax(1.0, fabs(fd))))
-                    fail_msg("%s: d%c[%zu]: backward %.6g, finite difference %.6g", arch_names[a],
+                    fail_msg("%s: d%c[%zu]: backward %.6g, finite difference %.6g", tu_arch(a),
                              "qkv"[which], i, g, fd);
             }
     }

@@ -19,8 +19,8 @@
 
 #include "kernels/attention_impl.h"
 #include "kernels/gemm_lp.h"
+#include "testutil.h"
 
-static const char *const archs[] = {"avx512", "avx2", "generic"};
 
 static uint64_t rng_state = 0x243F6A8885A308D3ull;
 static float frand(void) { /* [-1, 1) */
@@ -87,8 +87,8 @@ static void drop(adata *a) {
  * microkernel give the same bits, on every path. */
 static void test_same_bits_as_reference(void **state) {
     (void)state;
-    for (int p = 0; p < 3; p++) {
-        if (vitc_set_arch(archs[p]) != VITC_OK) continue;
+    for (int p = 0; p < TU_NARCH; p++) {
+        if (vitc_set_arch(tu_arch_best(p)) != VITC_OK) continue;
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
             const acase *c = &cases[ci];
             adata a;
@@ -101,9 +101,9 @@ static void test_same_bits_as_reference(void **state) {
             memset(a.o, 0, no * 4);
             assert_int_equal(vitc__sdpa_bf16(&a.d, &vitc__lp_bf16_ref), VITC_OK);
             if (memcmp(o1, a.o, no * 4))
-                fail_msg("%s case %zu: bf16 attention differs from the reference", archs[p], ci);
+                fail_msg("%s case %zu: bf16 attention differs from the reference", tu_arch_best(p), ci);
             if (a.probs && memcmp(p1, a.probs, np * 4))
-                fail_msg("%s case %zu: probabilities differ from the reference", archs[p], ci);
+                fail_msg("%s case %zu: probabilities differ from the reference", tu_arch_best(p), ci);
             free(o1), free(p1);
             drop(&a);
         }

@@ -36,15 +36,14 @@ static int npaths;
 
 static void collect_paths(void) {
     const char *backends[] = {"builtin", "openblas"};
-    const char *archs[] = {"generic", "avx2", "avx512"};
     npaths = 0;
     for (int b = 0; b < 2; b++) {
         if (vitc_set_gemm_backend(backends[b]) != VITC_OK) continue;
-        for (int a = 0; a < 3; a++) {
-            if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+        for (int a = 0; a < TU_NARCH; a++) {
+            if (vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
             /* The arch does not change OpenBLAS: one arch is enough there. */
             if (b == 1 && a != 0) continue;
-            for (int t = 1; t <= 2; t++) paths[npaths++] = (path){backends[b], archs[a], t};
+            for (int t = 1; t <= 2; t++) paths[npaths++] = (path){backends[b], tu_arch(a), t};
         }
     }
     vitc_set_arch(NULL);
@@ -206,10 +205,9 @@ static void test_builtin_thread_invariant(void **state) {
     int64_t M = 197, N = getenv("VALGRIND") ? 96 : 2304, K = 768;
     float *A = rand_buf((size_t)(M * K)), *B = rand_buf((size_t)(N * K));
     float *C1 = malloc((size_t)(M * N) * sizeof(float)), *C2 = malloc((size_t)(M * N) * sizeof(float));
-    const char *archs[] = {"generic", "avx2", "avx512"};
     assert_int_equal(vitc_set_gemm_backend("builtin"), VITC_OK);
-    for (int a = 0; a < 3; a++) {
-        if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+    for (int a = 0; a < TU_NARCH; a++) {
+        if (vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
         vitc_set_num_threads(1);
         vitc__gemm(0, 1, M, N, K, 1.0f, A, K, B, K, 0.0f, C1, N);
         vitc_set_num_threads(2);
@@ -259,7 +257,6 @@ static void test_direct_equals_packed(void **state) {
     int64_t shapes[][4] = {{157, 97, 96, 0}, {6400 / 50, 288, 96, 0}, {77, 33, 300, 0},
                            {13, 5, 7, 0},    {288, 96, 1500, 1},      {100, 70, 2100, 1},
                            {7, 33, 40, 1}};
-    const char *archs[] = {"generic", "avx2", "avx512"};
     assert_int_equal(vitc_set_gemm_backend("builtin"), VITC_OK);
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
@@ -268,8 +265,8 @@ static void test_direct_equals_packed(void **state) {
         float *A = rand_buf((size_t)((ta ? K : M) * lda)), *B = rand_buf((size_t)(K * ldb + N * K));
         float *bias = rand_buf((size_t)N), *res = rand_buf((size_t)(M * N));
         float *C1 = malloc((size_t)(M * N) * sizeof(float)), *C2 = malloc((size_t)(M * N) * sizeof(float));
-        for (int a = 0; a < 3; a++) {
-            if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+        for (int a = 0; a < TU_NARCH; a++) {
+            if (vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
             for (int t = 1; t <= 2; t++) {
                 vitc_set_num_threads(t);
                 for (int tb = 0; tb < 2; tb++) {
@@ -301,7 +298,6 @@ static void test_direct_equals_packed(void **state) {
  * path and thread count; rows split (M > N) and columns split (N > M). */
 static void test_gemm_tn_asum(void **state) {
     int64_t shapes[][3] = {{97, 40, 1500}, {290, 96, 700}, {30, 300, 1100}, {5, 3, 2}};
-    const char *archs[] = {"generic", "avx2", "avx512"};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2], lda = M + 1;
         float *A = rand_buf((size_t)(K * lda)), *B = rand_buf((size_t)(K * N));
@@ -312,8 +308,8 @@ static void test_gemm_tn_asum(void **state) {
         for (int64_t k = 0; k < K; k++)
             for (int64_t i = 0; i < M; i++) s2[i] += A[k * lda + i];
         assert_int_equal(vitc_set_gemm_backend("builtin"), VITC_OK);
-        for (int a = 0; a < 3; a++) {
-            if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+        for (int a = 0; a < TU_NARCH; a++) {
+            if (vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
             for (int t = 1; t <= 2; t++) {
                 vitc_set_num_threads(t);
                 memcpy(C1, C0, (size_t)(M * N) * sizeof(float));

@@ -19,6 +19,7 @@
 
 #include "kernels/kernels.h"
 #include "vitc.h"
+#include "testutil.h"
 
 static uint64_t rs = 12345;
 static double urand(void) { /* [-1, 1) */
@@ -73,10 +74,10 @@ static double *fd_new(double *x, size_t n, loss_fn f, void *ctx) {
 
 /* Every arch x backend x thread count, calling body(ctx) under each. */
 static void each_path(void (*body)(void *), void *ctx) {
-    const char *archs[] = {"generic", "avx2", "avx512"}, *backends[] = {"builtin", "openblas"};
+    const char *backends[] = {"builtin", "openblas"};
     int ran = 0;
-    for (int a = 0; a < 3; a++) {
-        if (vitc_set_arch(archs[a]) != VITC_OK)
+    for (int a = 0; a < TU_NARCH; a++) {
+        if (vitc_set_arch(tu_arch(a)) != VITC_OK)
             continue;
         for (int b = 0; b < 2; b++) {
             if (vitc_set_gemm_backend(backends[b]) != VITC_OK)

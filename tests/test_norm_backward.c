@@ -17,7 +17,6 @@
 
 #include "testutil.h"
 
-static const char *archs[] = {"generic", "avx2", "avx512"};
 
 static uint64_t rng = 0x2545F4914F6CDD1Dull;
 static double drand(void) {
@@ -133,8 +132,8 @@ static void check_norm(int kind, int64_t B, int64_t C, int64_t HW, int64_t G) {
     close_to("dx ref", dx_ref, want, n, 2e-5);
     close_to("dw ref", dw_ref, wantw, C, 2e-5);
     close_to("db ref", db_ref, wantb, C, 2e-5);
-    for (int a = 0; a < 3; a++) {
-        if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+    for (int a = 0; a < TU_NARCH; a++) {
+        if (vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
         for (int t = 1; t <= 2; t++) {
             vitc_set_num_threads(t);
             for (int64_t c = 0; c < C; c++) dw[c] = db[c] = 0.25f;

@@ -14,7 +14,6 @@
 
 #include "testutil.h"
 
-static const char *archs[] = {"generic", "avx2", "avx512"};
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static double drand(void) { /* uniform [0, 1) */
@@ -60,20 +59,20 @@ static void test_gelu(void **state) {
     memcpy(out, in, (size_t)n * sizeof(float));
     vitc__gelu_ref(out, n);
     check_gelu(in, out, n, "ref");
-    for (int a = 0; a < 3; a++) {
-        if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+    for (int a = 0; a < TU_NARCH; a++) {
+        if (vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
         for (int t = 1; t <= 2; t++) {
             vitc_set_num_threads(t);
             float *o = t == 1 ? out : out2;
             memcpy(o, in, (size_t)n * sizeof(float));
             vitc__gelu(o, n);
-            check_gelu(in, o, n, archs[a]);
+            check_gelu(in, o, n, tu_arch(a));
             /* odd lengths: the vector tails */
             for (int64_t m = 1; m < 40; m += 3) {
                 float tmp[40];
                 memcpy(tmp, in + 1000, (size_t)m * sizeof(float));
                 vitc__gelu(tmp, m);
-                check_gelu(in + 1000, tmp, m, archs[a]);
+                check_gelu(in + 1000, tmp, m, tu_arch(a));
             }
         }
         assert_memory_equal(out, out2, (size_t)n * sizeof(float));
@@ -93,8 +92,8 @@ static void test_quick_gelu(void **state) {
     for (int64_t i = 0; i < n; i++) in[i] = (float)(-60.0 + 120.0 * i / (double)n);
     float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 100.0f, -100.0f, 1e4f, -1e4f};
     memcpy(in + 500, special, sizeof special);
-    for (int a = -1; a < 3; a++) {
-        if (a >= 0 && vitc_set_arch(archs[a]) != VITC_OK) continue;
+    for (int a = -1; a < TU_NARCH; a++) {
+        if (a >= 0 && vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
         memcpy(o, in, (size_t)n * sizeof(float));
         if (a < 0)
             vitc__quick_gelu_ref(o, n);
@@ -105,7 +104,7 @@ static void test_quick_gelu(void **state) {
             /* below 1e-30 the float exp overflows first (x / inf = -0), as in torch */
             if (!(fabs(o[i] - want) <= 1e-6 * fabs(want) + 1e-30)) {
                 fprintf(stderr, "%s: quick_gelu(%.9g) = %.9g, want %.9g\n",
-                        a < 0 ? "ref" : archs[a], x, o[i], want);
+                        a < 0 ? "ref" : tu_arch(a), x, o[i], want);
                 fail();
             }
         }
@@ -126,8 +125,8 @@ static void test_tanh_gelu(void **state) {
     for (int64_t i = 0; i < n; i++) in[i] = (float)(-30.0 + 60.0 * i / (double)n);
     float special[] = {0.0f, -0.0f, 1e-30f, -1e-30f, 100.0f, -100.0f, 1e4f, -1e4f, 1e20f, -1e20f};
     memcpy(in + 500, special, sizeof special);
-    for (int a = -1; a < 3; a++) {
-        if (a >= 0 && vitc_set_arch(archs[a]) != VITC_OK) continue;
+    for (int a = -1; a < TU_NARCH; a++) {
+        if (a >= 0 && vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
         for (int t = 1; t <= 2; t++) {
             vitc_set_num_threads(t);
             int ref = a < 0 || vitc__kern()->tanh_gelu == vitc__tanh_gelu_ref; /* generic */
@@ -146,7 +145,7 @@ static void test_tanh_gelu(void **state) {
                                    : (1e-6 + 3e-7 * fabs(z)) * fabs(want) + 1e-30;
                 if (!(fabs(o[i] - want) <= tol)) {
                     fprintf(stderr, "%s (%d threads): tanh_gelu(%.9g) = %.9g, want %.9g\n",
-                            a < 0 ? "ref" : archs[a], t, x, o[i], want);
+                            a < 0 ? "ref" : tu_arch(a), t, x, o[i], want);
                     fail();
                 }
             }
@@ -169,8 +168,8 @@ static void test_scale_add(void **state) {
     for (int64_t i = 0; i < M * N; i++) y0[i] = (float)sin(0.37 * (double)i) * 3.0f;
     for (int64_t i = 0; i < 2 * M * N; i++) r[i] = (float)cos(0.11 * (double)i) * 2.0f;
     for (int64_t j = 0; j < N; j++) g[j] = (float)(1e-3 * (double)(j - 100));
-    for (int a = 0; a < 3; a++) {
-        if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+    for (int a = 0; a < TU_NARCH; a++) {
+        if (vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
         for (int t = 1; t <= 2; t++) {
             vitc_set_num_threads(t);
             for (int with_r = 0; with_r < 2; with_r++)
@@ -185,7 +184,7 @@ static void test_scale_add(void **state) {
                                                   : p;
                             if (memcmp(&want, &y[i * N + j], sizeof want)) {
                                 fprintf(stderr, "%s: scale_add [%lld, %lld] = %.9g, want %.9g\n",
-                                        archs[a], (long long)i, (long long)j, y[i * N + j], want);
+                                        tu_arch(a), (long long)i, (long long)j, y[i * N + j], want);
                                 fail();
                             }
                         }
@@ -212,8 +211,8 @@ static void softmax64(const float *x, int64_t n, float it, double *p) {
 static void test_softmax(void **state) {
     int64_t ns[] = {1, 7, 16, 17, 31, 197, 1000, 4097};
     float temps[] = {1.0f, 0.5f, 3.0f};
-    for (size_t a = 0; a < 3; a++) {
-        if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+    for (int a = 0; a < TU_NARCH; a++) {
+        if (vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
         for (size_t in = 0; in < sizeof ns / sizeof *ns; in++)
             for (size_t it = 0; it < 3; it++) {
                 int64_t n = ns[in], rows = 40;
@@ -244,7 +243,7 @@ static void test_softmax(void **state) {
                         double err = fabs(y1[r * n + j] - p[j]);
                         /* float sums of up to 4097 terms; the AVX2 exp flushes below FLT_MIN */
                         if (!(err <= (n <= 32 ? 1e-6 : 1e-5) * p[j] + 1.2e-38)) {
-                            fprintf(stderr, "%s n=%lld row %lld [%lld] = %.9g want %.9g\n", archs[a],
+                            fprintf(stderr, "%s n=%lld row %lld [%lld] = %.9g want %.9g\n", tu_arch(a),
                                     (long long)n, (long long)r, (long long)j, y1[r * n + j], p[j]);
                             fail();
                         }
@@ -279,8 +278,8 @@ static void moments64(const float *x, int64_t n, double eps, double *mean, doubl
 static void test_layernorm(void **state) {
     int64_t Cs[] = {1, 3, 16, 17, 64, 768, 1000};
     double means[] = {0.0, 3.0, 1000.0};
-    for (size_t a = 0; a < 3; a++) {
-        if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+    for (int a = 0; a < TU_NARCH; a++) {
+        if (vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
         for (size_t ic = 0; ic < sizeof Cs / sizeof *Cs; ic++)
             for (size_t im = 0; im < 3; im++) {
                 /* 400 x 768 is past the size where rows go to the pool */
@@ -305,7 +304,7 @@ static void test_layernorm(void **state) {
                          * rounding relative to the spread; allow for it */
                         double tol = 2e-6 * (1.0 + fabs(want)) + 1e-7 * fabs(means[im]) * rstd * fabs(w[c]);
                         if (!(fabs(y1[i * C + c] - want) <= tol)) {
-                            fprintf(stderr, "%s C=%lld mean=%g y[%lld,%lld] = %.9g want %.9g\n", archs[a],
+                            fprintf(stderr, "%s C=%lld mean=%g y[%lld,%lld] = %.9g want %.9g\n", tu_arch(a),
                                     (long long)C, means[im], (long long)i, (long long)c, y1[i * C + c], want);
                             fail();
                         }
@@ -324,8 +323,8 @@ static void test_groupnorm(void **state) {
     int64_t shapes[][4] = {{2, 6, 7, 3}, {1, 512, 4096, 1}, {3, 32, 256, 8}, {1, 4, 1, 2},
                            {2, 4100, 3, 2}, {2, 64, 1024, 32}};
     double means[] = {0.0, 100.0};
-    for (size_t a = 0; a < 3; a++) {
-        if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+    for (int a = 0; a < TU_NARCH; a++) {
+        if (vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
         for (size_t is = 0; is < sizeof shapes / sizeof *shapes; is++)
             for (size_t im = 0; im < 2; im++) {
                 int64_t B = shapes[is][0], C = shapes[is][1], HW = shapes[is][2], G = shapes[is][3];
@@ -352,7 +351,7 @@ static void test_groupnorm(void **state) {
                         float got = y1[bg * cnt + i];
                         if (!(fabs(got - want) <= tol)) {
                             fprintf(stderr, "%s groupnorm B=%lld C=%lld HW=%lld G=%lld [%lld] = %.9g want %.9g\n",
-                                    archs[a], (long long)B, (long long)C, (long long)HW, (long long)G,
+                                    tu_arch(a), (long long)B, (long long)C, (long long)HW, (long long)G,
                                     (long long)(bg * cnt + i), got, want);
                             fail();
                         }

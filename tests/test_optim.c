@@ -15,6 +15,7 @@
 #include "kernels/kernels.h"
 #include "rng.h"
 #include "train/optim.h"
+#include "testutil.h"
 
 enum { N = 37, STEPS = 10 };
 
@@ -407,12 +408,11 @@ static void test_adamw_kernels_bitwise(void **state) {
         x0[i] = (float)(u * u * 0.02), g[i] = (float)(u * (i % 7 == 0 ? 1e20 : 1e-3));
     }
     g[5] = 0.0f, g[6] = NAN, g[7] = 1e-30f, v0[8] = 0.0f;
-    const char *archs[] = {"generic", "avx2", "avx512"};
     vitc__adamw_coef c = {.shrink = 1 - 1e-3 * 0.05, .step_size = 1e-3 / (1 - 0.9 * 0.9),
                           .b1 = 0.9, .b2 = 0.999, .eps = 1e-8, .bc2_sqrt = 0.0447};
     for (int ams = 0; ams < 2; ams++)
-        for (int a = 0; a < 3; a++) {
-            if (vitc_set_arch(archs[a]) != VITC_OK) continue;
+        for (int a = 0; a < TU_NARCH; a++) {
+            if (vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
             for (int k = 0; k < 2; k++) {
                 memcpy(p[k], p0, sizeof p0), memcpy(m[k], m0, sizeof m0);
                 memcpy(v[k], v0, sizeof v0), memcpy(x[k], x0, sizeof x0);

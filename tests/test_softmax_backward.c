@@ -19,7 +19,6 @@
 
 #include "testutil.h"
 
-static const char *const arch_names[] = {"generic", "avx2", "avx512"};
 
 static uint64_t rng_state = 0x853c49e6748fea9bull;
 
@@ -44,7 +43,7 @@ static void test_paths_vs_float64(void **state) {
     (void)state;
     static const int64_t ns[] = {1, 3, 8, 15, 16, 17, 197, 1000, 4096};
     static const float its[] = {1.0f, 2.0f, 0.25f};
-    double worst[4] = {0};
+    double worst[TU_NARCH + 1] = {0}; /* each path, then the reference */
     for (size_t a = 0; a < sizeof ns / sizeof *ns; a++)
         for (size_t b = 0; b < 3; b++) {
             int64_t n = ns[a], rows = n > 1000 ? 3 : 11;
@@ -54,10 +53,10 @@ static void test_paths_vs_float64(void **state) {
             assert_true(x && y && dy && dx && ref);
             for (size_t i = 0; i < tot; i++) x[i] = 4.0f * tu_urand(&rng_state), dy[i] = tu_urand(&rng_state);
             reference(ref, y, x, dy, rows, n, its[b]);
-            for (int p = 0; p < 4; p++) {
-                if (p < 3) {
+            for (int p = 0; p <= TU_NARCH; p++) {
+                if (p < TU_NARCH) {
                     if (!vitc__cpu_has((vitc__arch)p)) continue;
-                    assert_int_equal(vitc_set_arch(arch_names[p]), VITC_OK);
+                    assert_int_equal(vitc_set_arch(tu_arch(p)), VITC_OK);
                     for (size_t i = 0; i < tot; i++) dx[i] = NAN;
                     vitc__softmax_rows_backward(dx, y, dy, rows, n, its[b]);
                 } else {
@@ -68,14 +67,15 @@ static void test_paths_vs_float64(void **state) {
                     if (!(e <= worst[p])) worst[p] = e;
                 }
                 if (!(worst[p] <= 1e-5))
-                    fail_msg("%s: n %lld it %g: error %.3g", p < 3 ? arch_names[p] : "reference",
+                    fail_msg("%s: n %lld it %g: error %.3g", p < TU_NARCH ? tu_arch(p) : "reference",
                              (long long)n, (double)its[b], worst[p]);
             }
             assert_int_equal(vitc_set_arch("auto"), VITC_OK);
             free(x), free(y), free(dy), free(dx), free(ref);
         }
-    printf("    worst error: generic %.2e avx2 %.2e avx512 %.2e reference %.2e\n", worst[0],
-           worst[1], worst[2], worst[3]);
+    printf("    worst error:");
+    for (int p = 0; p < TU_NARCH; p++) printf(" %s %.2e", tu_arch(p), worst[p]);
+    printf(" reference %.2e\n", worst[TU_NARCH]);
 }
 
 /* In place (dx = dy), many rows over the pool: the same bits on 1 and 2
@@ -88,9 +88,9 @@ static void test_threads_and_in_place(void **state) {
     assert_true(y && dy && a && b);
     for (size_t i = 0; i < tot; i++) y[i] = 0.5f + 0.5f * tu_urand(&rng_state), dy[i] = tu_urand(&rng_state);
     int saved = vitc_get_num_threads();
-    for (int p = 0; p < 3; p++) {
+    for (int p = 0; p < TU_NARCH; p++) {
         if (!vitc__cpu_has((vitc__arch)p)) continue;
-        assert_int_equal(vitc_set_arch(arch_names[p]), VITC_OK);
+        assert_int_equal(vitc_set_arch(tu_arch(p)), VITC_OK);
         vitc_set_num_threads(1);
         vitc__softmax_rows_backward(a, y, dy, rows, n, 0.5f);
         vitc_set_num_threads(2);

@@ -13,7 +13,18 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "kernels/kernels.h"
 #include "vitc.h"
+
+/* ---- CPU paths ----------------------------------------------------- */
+
+/* Every CPU path the library knows (kernels.h's VITC_ARCH_LIST), in enum
+ * order: tu_arch(a) for a < TU_NARCH is the name vitc_set_arch takes. It
+ * refuses those this build or CPU lacks (vitc__cpu_has(a) says which). */
+#define TU_NARCH ((int)VITC_ARCH_COUNT)
+static inline const char *tu_arch(int a) { return vitc__arch_name(a); }
+/* The same names, best path first (i = 0: the last of the list). */
+static inline const char *tu_arch_best(int i) { return tu_arch(TU_NARCH - 1 - i); }
 
 /* ---- random numbers: xorshift64 on a caller-owned state ------------ */
 

@@ -1,7 +1,7 @@
 /*
  * attention_impl.h — what the attention dispatcher (attention.c) shares with
- * its per-ISA kernels (attention_generic.c, attention_avx2.c,
- * attention_avx512.c, all instances of attention_tmpl.h).
+ * its per-ISA kernels (attention_generic.c, x86/attention_avx2.c,
+ * x86/attention_avx512.c, all instances of attention_tmpl.h).
  *
  * A call is cut into tasks of Br query rows of one (b, h); each task sweeps
  * the keys in blocks of Bc columns with an online softmax. Both sizes come

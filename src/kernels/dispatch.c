@@ -22,30 +22,55 @@
  * reach the same answer). */
 static int vitc__arch_cur = -1;
 
-int vitc__cpu_has(vitc__arch a) {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_cpu_init();
+/* Whether this build has path a's kernels: its arch folder was compiled
+ * (the Makefile then defines VITC_KERNELS_<FOLDER>). */
+static int vitc__arch_built(vitc__arch a) {
     switch (a) {
     case VITC_ARCH_GENERIC: return 1;
+#if defined(VITC_KERNELS_X86)
+    case VITC_ARCH_AVX2:
+    case VITC_ARCH_AVX512: return 1;
+#endif
+    default: return 0;
+    }
+}
+
+/* Whether this build has path a and this CPU can run it. */
+int vitc__cpu_has(vitc__arch a) {
+    if (!vitc__arch_built(a)) return 0;
+    if (a == VITC_ARCH_GENERIC) return 1;
+#if defined(VITC_KERNELS_X86) && (defined(__x86_64__) || defined(__i386__))
+    __builtin_cpu_init();
+    switch (a) {
     case VITC_ARCH_AVX2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case VITC_ARCH_AVX512:
         return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
                __builtin_cpu_supports("fma");
+    default: break;
     }
-    return 0;
-#else
-    return a == VITC_ARCH_GENERIC;
 #endif
+    return 0;
 }
 
+/* The best path this CPU runs: the list is in order of preference, last first. */
 static vitc__arch vitc__best(void) {
-    if (vitc__cpu_has(VITC_ARCH_AVX512)) return VITC_ARCH_AVX512;
-    if (vitc__cpu_has(VITC_ARCH_AVX2)) return VITC_ARCH_AVX2;
+    for (int a = VITC_ARCH_COUNT - 1; a > 0; a--)
+        if (vitc__cpu_has((vitc__arch)a)) return (vitc__arch)a;
     return VITC_ARCH_GENERIC;
 }
 
-static const char *const vitc__arch_names[] = {"generic", "avx2", "avx512"};
+#define VITC__ARCH_NAME(id, name) name,
+static const char *const vitc__arch_names[VITC_ARCH_COUNT] = {VITC_ARCH_LIST(VITC__ARCH_NAME)};
+#undef VITC__ARCH_NAME
+/* ", generic, avx2, avx512": the names for error messages (from + 2). */
+#define VITC__ARCH_NAME(id, name) ", " name
+static const char vitc__arch_names_text[] = VITC_ARCH_LIST(VITC__ARCH_NAME);
+#undef VITC__ARCH_NAME
+
+const char *vitc__arch_name(int a) {
+    return a >= 0 && a < VITC_ARCH_COUNT ? vitc__arch_names[a] : NULL;
+}
 
 /* The index of name in names[n], or -1: VITC_ARCH's and VITC_LP_KERNEL's
  * (and their setters') names. */
@@ -56,7 +81,7 @@ static int vitc__name_index(const char *const *names, int n, const char *name) {
 }
 
 static int vitc__parse_arch(const char *name, vitc__arch *out) {
-    int i = vitc__name_index(vitc__arch_names, 3, name);
+    int i = vitc__name_index(vitc__arch_names, VITC_ARCH_COUNT, name);
     if (i < 0) return 0;
     *out = (vitc__arch)i;
     return 1;
@@ -90,7 +115,12 @@ vitc_status vitc_set_arch(const char *name) {
         return VITC_OK;
     }
     if (!vitc__parse_arch(name, &a))
-        return vitc__err(VITC_ERR_INVALID_ARG, "unknown arch \"%s\" (expected avx512, avx2, generic or auto)", name);
+        return vitc__err(VITC_ERR_INVALID_ARG, "unknown arch \"%s\" (expected one of %s or auto)",
+                         name, vitc__arch_names_text + 2);
+    if (!vitc__arch_built(a))
+        return vitc__err(VITC_ERR_UNSUPPORTED,
+                         "this build has no %s path (its kernels are for another target; "
+                         "use generic or auto)", name);
     if (!vitc__cpu_has(a))
         return vitc__err(VITC_ERR_UNSUPPORTED, "this CPU cannot run the %s path", name);
     __atomic_store_n(&vitc__arch_cur, (int)a, __ATOMIC_RELEASE);
@@ -99,11 +129,11 @@ vitc_status vitc_set_arch(const char *name) {
 
 /* ---- the kernel tables ------------------------------------------- */
 
-/* Indexed by vitc__arch. Constant: choosing a path is choosing an index,
- * so a forced path (vitc_set_arch) takes effect at the next call and a
- * call in flight keeps the table it read. */
-static const vitc__kernels vitc__tables[3] = {
-    [VITC_ARCH_GENERIC] = {
+/* The generic path: the plain references. Every other table starts as a
+ * copy of it (BLIS's reference context), so a kernel a path lacks is the
+ * reference, never a NULL. */
+void vitc__kernels_init_ref(vitc__kernels *t) {
+    *t = (vitc__kernels){
         .arch = VITC_ARCH_GENERIC, .name = "generic",
         .softmax_rows = vitc__softmax_rows_ref, .softmax_rows_backward = vitc__softmax_rows_backward_ref,
         .layernorm = vitc__layernorm_ref,
@@ -114,45 +144,48 @@ static const vitc__kernels vitc__tables[3] = {
         .layernorm_backward_row = vitc__layernorm_backward_row_ref,
         .colsum = vitc__colsum_ref, .layernorm_backward_cols = vitc__layernorm_backward_cols_ref,
         .adamw = vitc__adamw_ref,
-        .attn_rows = vitc__attn_rows_generic, .attn_bwd = vitc__attn_bwd_generic, .gemm = &vitc__gemm_kernel_generic,
-    },
-    [VITC_ARCH_AVX2] = {
-        .arch = VITC_ARCH_AVX2, .name = "avx2",
-        .softmax_rows = vitc__softmax_rows_avx2, .softmax_rows_backward = vitc__softmax_rows_backward_avx2,
-        .layernorm = vitc__layernorm_avx2,
-        .gelu = vitc__gelu_avx2, .gelu_to = vitc__gelu_to_avx2, .quick_gelu = vitc__quick_gelu_avx2,
-        .tanh_gelu = vitc__tanh_gelu_avx2, .scale_add = vitc__scale_add_avx2,
-        .row_stats = vitc__row_stats_avx2, .row_norm = vitc__row_norm_avx2,
-        .gelu_backward = vitc__gelu_backward_avx2,
-        .layernorm_backward_row = vitc__layernorm_backward_row_avx2,
-        .colsum = vitc__colsum_avx2, .layernorm_backward_cols = vitc__layernorm_backward_cols_avx2,
-        .adamw = vitc__adamw_ref, /* no AVX2 version yet: memory-bound, the scalar loop */
-        .attn_rows = vitc__attn_rows_avx2, .attn_bwd = vitc__attn_bwd_avx2, .gemm = &vitc__gemm_kernel_avx2,
-    },
-    [VITC_ARCH_AVX512] = {
-        .arch = VITC_ARCH_AVX512, .name = "avx512",
-        .softmax_rows = vitc__softmax_rows_avx512, .softmax_rows_backward = vitc__softmax_rows_backward_avx512,
-        .layernorm = vitc__layernorm_avx512,
-        .gelu = vitc__gelu_avx512, .gelu_to = vitc__gelu_to_avx512,
-        .quick_gelu = vitc__quick_gelu_avx512, .tanh_gelu = vitc__tanh_gelu_avx512,
-        .scale_add = vitc__scale_add_avx512,
-        .row_stats = vitc__row_stats_avx512,
-        .row_norm = vitc__row_norm_avx512,
-        .gelu_backward = vitc__gelu_backward_avx512,
-        .layernorm_backward_row = vitc__layernorm_backward_row_avx512,
-        .colsum = vitc__colsum_avx512, .layernorm_backward_cols = vitc__layernorm_backward_cols_avx512,
-        .adamw = vitc__adamw_avx512,
-        .attn_rows = vitc__attn_rows_avx512, .attn_bwd = vitc__attn_bwd_avx512, .gemm = &vitc__gemm_kernel_avx512,
-    },
-};
+        .attn_rows = vitc__attn_rows_generic, .attn_bwd = vitc__attn_bwd_generic,
+        .gemm = &vitc__gemm_kernel_generic,
+    };
+}
 
-const vitc__kernels *vitc__kern(void) { return &vitc__tables[vitc__get_arch()]; }
+/* Indexed by vitc__arch, filled once, then read only: choosing a path is
+ * choosing an index, so a forced path (vitc_set_arch) takes effect at the
+ * next call and a call in flight keeps the table it read. A path this
+ * build lacks keeps the reference table (vitc__cpu_has never picks it). */
+static vitc__kernels vitc__tables[VITC_ARCH_COUNT];
+static pthread_once_t vitc__tables_once = PTHREAD_ONCE_INIT;
+
+static void vitc__tables_init(void) {
+    for (int a = 0; a < VITC_ARCH_COUNT; a++) {
+        vitc__kernels_init_ref(&vitc__tables[a]);
+        vitc__tables[a].arch = (vitc__arch)a;
+        vitc__tables[a].name = vitc__arch_names[a];
+    }
+#if defined(VITC_KERNELS_X86)
+    vitc__kernels_setup_avx2(&vitc__tables[VITC_ARCH_AVX2]);
+    vitc__kernels_setup_avx512(&vitc__tables[VITC_ARCH_AVX512]);
+#endif
+}
+
+const vitc__kernels *vitc__kern(void) {
+    pthread_once(&vitc__tables_once, vitc__tables_init);
+    return &vitc__tables[vitc__get_arch()];
+}
 
 /* ---- low-precision GEMM kernels ---------------------------------- */
 
+/* The x86 kernels exist only where src/kernels/x86/ was built; elsewhere
+ * (and in a generic-only build on x86) these are NULL and never chosen. */
+#if defined(VITC_KERNELS_X86)
+#define VITC__X86_LP(k) (&(k))
+#else
+#define VITC__X86_LP(k) ((const vitc__lp_kernel *)NULL)
+#endif
+
 /* AVX512-BF16 and AVX512-VNNI on top of the avx512 path's own features. */
 static int vitc__cpu_has_lp(vitc_precision p) {
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(VITC_KERNELS_X86) && (defined(__x86_64__) || defined(__i386__))
     __builtin_cpu_init();
     if (!vitc__cpu_has(VITC_ARCH_AVX512)) return 0;
     return p == VITC_PRECISION_BF16 ? __builtin_cpu_supports("avx512bf16")
@@ -166,7 +199,7 @@ static int vitc__cpu_has_lp(vitc_precision p) {
 /* AVX-VNNI (vpdpbusd on ymm): cpuid leaf 7, subleaf 1, EAX bit 4 (GCC 12's
  * __builtin_cpu_supports does not know it). */
 static int vitc__cpu_has_avxvnni(void) {
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(VITC_KERNELS_X86) && (defined(__x86_64__) || defined(__i386__))
     unsigned a, b, c, d;
     return vitc__cpu_has(VITC_ARCH_AVX2) && __get_cpuid_count(7, 1, &a, &b, &c, &d) &&
            ((a >> 4) & 1u);
@@ -179,7 +212,7 @@ static int vitc__cpu_has_avxvnni(void) {
 
 static pthread_once_t vitc__amx_once = PTHREAD_ONCE_INIT;
 static int vitc__amx_ok;
-static const char *vitc__amx_why = "not an x86-64 build";
+static const char *vitc__amx_why = "not an x86-64 build (src/kernels/x86/)";
 
 /* Once per process: cpuid leaf 7 EDX bits 24 (AMX-TILE), 22 (AMX-BF16), 25
  * (AMX-INT8); the AVX-512 features the AMX kernels' epilogue and
@@ -188,7 +221,7 @@ static const char *vitc__amx_why = "not an x86-64 build";
  * to save: asked for, not granted by default): arch_prctl(
  * ARCH_REQ_XCOMP_PERM = 0x1023, XFEATURE_XTILEDATA = 18). */
 static void vitc__amx_probe(void) {
-#if defined(__x86_64__)
+#if defined(VITC_KERNELS_X86) && defined(__x86_64__)
     unsigned a, b, c, d;
     if (!__get_cpuid_count(7, 0, &a, &b, &c, &d) || !((d >> 24) & 1u)) {
         vitc__amx_why = "no AMX-TILE in cpuid";
@@ -280,38 +313,49 @@ static const vitc__lp_kernel *vitc__lp_forced_kernel(vitc_precision p, int i) {
     int bf = p == VITC_PRECISION_BF16;
     switch (i) {
     case 1: return bf ? &vitc__lp_bf16_ref : &vitc__lp_int8_ref;
-    case 2: return vitc__cpu_has_lp(p) ? (bf ? &vitc__lp_bf16_avx512 : &vitc__lp_int8_avx512) : NULL;
-    case 3: return !bf && vitc__cpu_has_avxvnni() ? &vitc__lp_int8_avxvnni : NULL;
-    case 4: return vitc__amx_usable(NULL) ? (bf ? &vitc__lp_bf16_amx : &vitc__lp_int8_amx) : NULL;
+    case 2:
+        return vitc__cpu_has_lp(p) ? (bf ? VITC__X86_LP(vitc__lp_bf16_avx512)
+                                         : VITC__X86_LP(vitc__lp_int8_avx512))
+                                   : NULL;
+    case 3: return !bf && vitc__cpu_has_avxvnni() ? VITC__X86_LP(vitc__lp_int8_avxvnni) : NULL;
+    case 4:
+        return vitc__amx_usable(NULL) ? (bf ? VITC__X86_LP(vitc__lp_bf16_amx)
+                                            : VITC__X86_LP(vitc__lp_int8_amx))
+                                      : NULL;
     case 5: return bf ? &vitc__lp_bf16_amx_emul : &vitc__lp_int8_amx_emul;
     }
     return NULL;
 }
 
-/* A forced kernel when this CPU can run it; else the avx512 path takes
- * AMX where usable, then AVX512-BF16 / AVX512-VNNI, the avx2 path AVX-VNNI
- * (int8), and otherwise the reference. The AVX-512 and AMX kernels only on
- * the avx512 path and AVX-VNNI's on the avx2 path, so VITC_ARCH=avx2|generic
+/* A forced kernel when this CPU can run it; else a path of the AVX-512
+ * family (its table's lp_family) takes AMX where usable, then AVX512-BF16 /
+ * AVX512-VNNI, one of the AVX-VNNI family AVX-VNNI (int8), and otherwise
+ * the reference. The AVX-512 and AMX kernels only on the avx512 path and
+ * AVX-VNNI's on the avx2 path, so VITC_ARCH=avx2|generic
  * (and vitc_set_arch) select the others: the tests run every one this CPU
  * has, and the reference. */
 const vitc__lp_kernel *vitc__lp_kernel_for(vitc_precision p) {
     const vitc__lp_kernel *f = vitc__lp_forced_kernel(p, vitc__lp_forced_index());
     if (f) return f;
-    vitc__arch a = vitc__get_arch();
-    int fast = a == VITC_ARCH_AVX512 && vitc__cpu_has_lp(p);
+    int fam = vitc__kern()->lp_family;
+    int fast = fam == VITC__LP_FAMILY_AVX512 && vitc__cpu_has_lp(p);
+    /* fast is 0 where the x86 kernels are not built: no NULL comes back */
     if (fast && vitc__amx_usable(NULL))
-        return p == VITC_PRECISION_BF16 ? &vitc__lp_bf16_amx : &vitc__lp_int8_amx;
-    if (p == VITC_PRECISION_BF16) return fast ? &vitc__lp_bf16_avx512 : &vitc__lp_bf16_ref;
-    if (!fast && a == VITC_ARCH_AVX2 && vitc__cpu_has_avxvnni()) return &vitc__lp_int8_avxvnni;
-    return fast ? &vitc__lp_int8_avx512 : &vitc__lp_int8_ref;
+        return p == VITC_PRECISION_BF16 ? VITC__X86_LP(vitc__lp_bf16_amx)
+                                        : VITC__X86_LP(vitc__lp_int8_amx);
+    if (p == VITC_PRECISION_BF16)
+        return fast ? VITC__X86_LP(vitc__lp_bf16_avx512) : &vitc__lp_bf16_ref;
+    if (!fast && fam == VITC__LP_FAMILY_AVXVNNI && vitc__cpu_has_avxvnni())
+        return VITC__X86_LP(vitc__lp_int8_avxvnni);
+    return fast ? VITC__X86_LP(vitc__lp_int8_avx512) : &vitc__lp_int8_ref;
 }
 
 static const char *vitc__lp_desc(const vitc__lp_kernel *k, int forced) {
-    if (k == &vitc__lp_bf16_avx512) return "avx512-bf16 (vdpbf16ps)";
-    if (k == &vitc__lp_int8_avx512) return "avx512-vnni (vpdpbusd)";
-    if (k == &vitc__lp_int8_avxvnni) return "avx-vnni (vpdpbusd ymm)";
-    if (k == &vitc__lp_bf16_amx) return "amx-bf16 (tdpbf16ps)";
-    if (k == &vitc__lp_int8_amx) return "amx-int8 (tdpbusd)";
+    if (k == VITC__X86_LP(vitc__lp_bf16_avx512)) return "avx512-bf16 (vdpbf16ps)";
+    if (k == VITC__X86_LP(vitc__lp_int8_avx512)) return "avx512-vnni (vpdpbusd)";
+    if (k == VITC__X86_LP(vitc__lp_int8_avxvnni)) return "avx-vnni (vpdpbusd ymm)";
+    if (k == VITC__X86_LP(vitc__lp_bf16_amx)) return "amx-bf16 (tdpbf16ps)";
+    if (k == VITC__X86_LP(vitc__lp_int8_amx)) return "amx-int8 (tdpbusd)";
     if (k == &vitc__lp_bf16_amx_emul || k == &vitc__lp_int8_amx_emul)
         return "amx-emulated (tile instructions in C, slow)";
     if (forced) return "reference";
@@ -343,7 +387,7 @@ const char *vitc_get_precision_paths(void) {
             n += snprintf(buf + n, sizeof buf - (size_t)n, "; VITC_LP_KERNEL=%s unknown: ignored",
                           vitc__lp_env_bad);
     }
-    if (n > 0 && (size_t)n < sizeof buf && vitc__get_arch() == VITC_ARCH_AVX512 &&
+    if (n > 0 && (size_t)n < sizeof buf && vitc__kern()->lp_family == VITC__LP_FAMILY_AVX512 &&
         !vitc__amx_usable(&why))
         snprintf(buf + n, sizeof buf - (size_t)n, "; AMX: not used (%s)", why);
     return buf;

@@ -6,8 +6,8 @@
  * Built-in GEMM (Goto/BLIS): for each NC-wide panel of op(B) and KC-deep
  * slice of K, pack the B panel once; for each MC-tall block of op(A), pack it;
  * then run the MR x NR register-blocked microkernel over the block. The
- * microkernel comes from the arch chosen at run time (gemm_avx512.c 12x32,
- * gemm_avx2.c 6x16, the portable 6x8 here); the bias / residual epilogue is
+ * microkernel comes from the arch chosen at run time (x86/gemm_avx512.c 12x32,
+ * x86/gemm_avx2.c 6x16, the portable 6x8 here); the bias / residual epilogue is
  * applied per tile while it is still in registers.
  *
  * Threads: the output is cut by columns when there are enough (chunks
@@ -52,7 +52,8 @@ void vitc__gemm_ref(int trans_a, int trans_b, int64_t M, int64_t N, int64_t K, f
 enum { VITC_GEMM_BUILTIN = 0, VITC_GEMM_OPENBLAS = 1 };
 static int vitc__gemm_backend = -1; /* -1: not yet read from VITC_GEMM */
 
-/* The default ("auto") is decided per call from the kernel path. On the
+/* The default ("auto") is decided per call from the kernel path (its
+ * table's gemm_builtin_default). On the
  * AVX-512 path the built-in GEMM is used: at ViT-B shapes it measured
  * 0.93-0.99x OpenBLAS 0.3.21's own best kernels on one thread (0.69x at
  * 197x768x3072), 1.5-1.9x OpenBLAS when OPENBLAS_CORETYPE pins it to older
@@ -76,7 +77,7 @@ static int vitc__backend(void) {
     }
     if (b == VITC_GEMM_AUTO) {
 #ifdef VITC_HAVE_OPENBLAS
-        b = vitc__get_arch() == VITC_ARCH_AVX512 ? VITC_GEMM_BUILTIN : VITC_GEMM_OPENBLAS;
+        b = vitc__kern()->gemm_builtin_default ? VITC_GEMM_BUILTIN : VITC_GEMM_OPENBLAS;
 #else
         b = VITC_GEMM_BUILTIN;
 #endif

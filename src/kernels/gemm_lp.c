@@ -1,7 +1,7 @@
 /*
  * gemm_lp.c — bf16 and int8 Linear layers: weight packing (once), the
  * per-call conversion of the activations, the threaded driver, and the
- * portable reference microkernels (the ground truth of gemm_lp_avx512.c:
+ * portable reference microkernels (the ground truth of x86/gemm_lp_avx512.c:
  * the same numbers, bit for bit). Layouts and the epilogue: gemm_lp.h.
  */
 #include <limits.h>
@@ -468,8 +468,9 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
                       .res = residual, .ldr = ldr, .ln = ln, .M = M, .smr = smr, .sa = smr * lda,
                       .pa = pa, .gelu = gelu ? vitc__kern()->gelu : NULL, .nparts = 1};
     g.mcs = VITC_LP_MC / smr > 0 ? VITC_LP_MC / smr : 1;
-    /* the SIMD kernels' in-register GELU is gelu_avx512's arithmetic */
-    g.fused_gelu = gelu && kn->fused_gelu && vitc__kern()->arch == VITC_ARCH_AVX512;
+    /* the SIMD kernels' in-register GELU is bitwise the path's gelu only
+     * where the table says so (avx512: the same vitc__v_gelu) */
+    g.fused_gelu = gelu && kn->fused_gelu && vitc__kern()->lp_fused_gelu;
     if (pw->prec == VITC_PRECISION_INT8) {
         g.ascale = (float *)(pa + words);
         g.azp = (int32_t *)(g.ascale + M);

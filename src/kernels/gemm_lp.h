@@ -1,7 +1,7 @@
 /*
  * gemm_lp.h — the low-precision (bf16, int8) linear layers: packed weights,
  * the microkernels' contract, and what dispatch.c picks from. Private to
- * gemm_lp.c, gemm_lp_avx512.c and dispatch.c.
+ * gemm_lp.c, x86/gemm_lp_avx512.c and dispatch.c.
  *
  * Both precisions pack 32-bit words: bf16 holds two consecutive k of a row
  * (k even in the low half), int8 four (k = 4p + byte). A word of A times a
@@ -108,7 +108,7 @@ static inline int64_t vitc__lp_a_ld(int kpad, int64_t kg) {
 extern const vitc__lp_kernel vitc__lp_bf16_ref, vitc__lp_int8_ref;
 extern const vitc__lp_kernel vitc__lp_bf16_avx512, vitc__lp_int8_avx512;
 extern const vitc__lp_kernel vitc__lp_int8_avxvnni; /* row: NULL, the reference's */
-/* AMX (gemm_lp_amx.c): tdpbf16ps / tdpbusd on 32 x 32 blocks; only on CPUs
+/* AMX (x86/gemm_lp_amx.c): tdpbf16ps / tdpbusd on 32 x 32 blocks; only on CPUs
  * where vitc__amx_usable() (dispatch.c). The same kernel source on a C
  * emulation of the tile instructions (gemm_lp_amx_emul.c): runs anywhere,
  * never chosen by default, forced by VITC_LP_KERNEL=amx-emulated (tests). */
@@ -124,7 +124,7 @@ void vitc__lp_epi_ref(vitc_precision p, const void *acc, int64_t lda, float *C, 
                       int64_t mr, int64_t nr, const vitc__lp_epi *e);
 void vitc__lp_epi_avx512(vitc_precision p, const void *acc, int64_t lda, float *C, int64_t ldc,
                          int64_t mr, int64_t nr, const vitc__lp_epi *e);
-/* gemm_lp_avx512.c's converters and row-major kernel, which the AMX
+/* x86/gemm_lp_avx512.c's converters and row-major kernel, which the AMX
  * kernels share (AMX CPUs have AVX512-BF16 and VNNI). */
 void vitc__row_bf16_avx512(uint32_t *dst, int64_t stride, const float *x, int64_t K,
                            float *scale, int32_t *zp);

@@ -2,7 +2,7 @@
  * gemm_lp_amx_tmpl.h — the AMX microkernels (bf16 tdpbf16ps, int8 tdpbusd:
  * u8 activations x s8 weights), written against a few tile macros so that
  * one source runs two ways (issue 11):
- *   gemm_lp_amx.c       the macros are the intrinsics (-mamx-*), chosen at
+ *   x86/gemm_lp_amx.c   the macros are the intrinsics (-mamx-*), chosen at
  *                       run time where cpuid, XCR0 and Linux allow AMX;
  *   gemm_lp_amx_emul.c  the macros call a C emulation of the instructions,
  *                       so that this machine (no AMX) runs and tests this

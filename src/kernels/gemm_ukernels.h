@@ -1,6 +1,6 @@
 /*
  * gemm_ukernels.h — what the built-in GEMM driver (gemm.c) needs from the
- * per-ISA files (gemm_avx512.c, gemm_avx2.c). Private to those three files.
+ * per-ISA files (x86/gemm_avx512.c, x86/gemm_avx2.c). Private to those three files.
  *
  * Packed layouts (Goto/BLIS): an A panel is ceil(mc/MR) strips, each
  * [kc][MR] (column k of MR rows contiguous); a B panel is ceil(nc/NR) strips,

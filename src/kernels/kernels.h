@@ -60,9 +60,20 @@ void vitc__pool_note_wait(int64_t cpu_ns);
 
 /* ---- run-time dispatch (dispatch.c) ------------------------------ */
 
-typedef enum vitc__arch { VITC_ARCH_GENERIC = 0, VITC_ARCH_AVX2 = 1, VITC_ARCH_AVX512 = 2 } vitc__arch;
+/* Every CPU path, in the order of its enum value: X(ID, "name") gives
+ * VITC_ARCH_ID and the name VITC_ARCH, vitc_set_arch and vitc_get_arch use.
+ * Each build knows them all (a name is never "unknown" on another target);
+ * those whose folder was not built (src/kernels/README.md) are never
+ * chosen: vitc__cpu_has says no. */
+#define VITC_ARCH_LIST(X) X(GENERIC, "generic") X(AVX2, "avx2") X(AVX512, "avx512")
+
+#define VITC__ARCH_ENUM(id, name) VITC_ARCH_##id,
+typedef enum vitc__arch { VITC_ARCH_LIST(VITC__ARCH_ENUM) VITC_ARCH_COUNT } vitc__arch;
+#undef VITC__ARCH_ENUM
 vitc__arch vitc__get_arch(void);
 int vitc__cpu_has(vitc__arch a);
+/* The name of path a ("generic", ...), NULL outside [0, VITC_ARCH_COUNT). */
+const char *vitc__arch_name(int a);
 
 struct vitc__attn_plan;
 struct vitc__attn_ws;
@@ -82,15 +93,26 @@ void vitc__adamw_ref(float *p, float *m, float *v, float *vmax, const float *g, 
 void vitc__adamw_avx512(float *p, float *m, float *v, float *vmax, const float *g, size_t n,
                         const vitc__adamw_coef *c);
 
-/* The kernels of one CPU path (BLIS's context, stb's setup_*): one constant
- * table per path in dispatch.c, chosen by vitc__kern() from the arch in use
+/* The kernels of one CPU path (BLIS's context, stb's setup_*): one table
+ * per path in dispatch.c, chosen by vitc__kern() from the arch in use
  * (cpuid, VITC_ARCH, vitc_set_arch). A dispatcher reads the table once per
  * call and passes it down, so one call never mixes paths. Same contracts as
- * the kernels.h functions of the same name; the generic table holds the
- * plain reference kernels. */
+ * the kernels.h functions of the same name. Every table starts as the
+ * generic one, the plain reference kernels (vitc__kernels_init_ref); a
+ * path's setup then overrides what it has, so no slot is ever empty. */
+/* Which low-precision GEMM kernels a path may pick (dispatch.c). */
+enum { VITC__LP_FAMILY_NONE = 0, VITC__LP_FAMILY_AVX512 = 1, VITC__LP_FAMILY_AVXVNNI = 2 };
 typedef struct vitc__kernels {
     vitc__arch arch;
     const char *name;
+    /* Properties of the path, set by its setup. With OpenBLAS in the
+     * build, the default GEMM backend is the built-in one where this is 1
+     * (it measured faster there), OpenBLAS elsewhere. */
+    int gemm_builtin_default;
+    /* 1: this path's gelu is the arithmetic of the low-precision
+     * microkernels' in-register GELU, so they may fuse it bitwise. */
+    int lp_fused_gelu;
+    int lp_family; /* VITC__LP_FAMILY_* */
     void (*softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperature);
     void (*layernorm)(float *y, const float *x, const float *w, const float *b, int64_t M,
                       int64_t C, float eps);
@@ -136,6 +158,13 @@ typedef struct vitc__kernels {
 
 /* The table of the arch in use; never NULL. */
 const vitc__kernels *vitc__kern(void);
+/* Fills t with the generic path's reference kernels (dispatch.c). */
+void vitc__kernels_init_ref(vitc__kernels *t);
+#if defined(VITC_KERNELS_X86)
+/* The x86 paths' overrides (x86/setup_x86.c), over a reference table. */
+void vitc__kernels_setup_avx2(vitc__kernels *t);
+void vitc__kernels_setup_avx512(vitc__kernels *t);
+#endif
 
 /* ---- GEMM (gemm.c) ----------------------------------------------- */
 
@@ -355,8 +384,6 @@ void vitc__layernorm_ref(float *y, const float *x, const float *w, const float *
 void vitc__gelu_ref(float *x, int64_t n);
 void vitc__groupnorm_ref(float *y, const float *x, const float *w, const float *b, int64_t B,
                          int64_t C, int64_t HW, int64_t G, float eps);
-/* [B, C, HW] -> [B, HW, C] (and back with swapped sizes). */
-void vitc__transpose_bc(float *y, const float *x, int64_t B, int64_t C, int64_t HW);
 
 /* ---- backward (ops_backward.c) ----------------------------------- */
 /* Each accumulates parameter gradients (+=, like torch) and says how it

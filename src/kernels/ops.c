@@ -2,7 +2,7 @@
  * ops.c — softmax, norms, GELU, layout moves. The *_ref functions are the
  * plain reference kernels (kept, and what tests compare the fast paths
  * with); softmax, LayerNorm and GELU run the kernel table's version
- * (dispatch.c: ops_avx512.c, ops_avx2.c or the reference) and spread large inputs over the pool by rows (chunks for
+ * (dispatch.c: x86/ops_avx512.c, x86/ops_avx2.c or the reference) and spread large inputs over the pool by rows (chunks for
  * GELU). Each row is computed by one thread with the same code whatever
  * the thread count, so results do not depend on it.
  */
@@ -130,13 +130,6 @@ void vitc__row_stats_ref(const float *x, int64_t n, double shift, double *o) {
 
 void vitc__row_norm_ref(float *y, const float *x, int64_t n, float mean, float sc, float sh) {
     for (int64_t i = 0; i < n; i++) y[i] = (x[i] - mean) * sc + sh;
-}
-
-void vitc__transpose_bc(float *y, const float *x, int64_t B, int64_t C, int64_t HW) {
-    for (int64_t n = 0; n < B; n++)
-        for (int64_t c = 0; c < C; c++)
-            for (int64_t i = 0; i < HW; i++)
-                y[(n * HW + i) * C + c] = x[(n * C + c) * HW + i];
 }
 
 /* ---- dispatch ------------------------------------------------------ */

@@ -1,17 +1,13 @@
 /*
  * ops_bwd_tmpl.h — the row ops of the backward pass written once over the
- * vector vocabulary of vmath_*.h (VT, VW, v_*), instantiated per CPU path
- * by ops_backward_avx2.c and ops_backward_avx512.c with BWD_FN(name)
- * naming the functions; the scalar references are in ops_backward.c. On a
- * target that is not x86 the including file has no vmath header and the
- * functions forward to the references (dispatch never picks them; the
- * symbols keep the kernel table linking).
+ * vector vocabulary of a vmath header (VT, VW, v_*), instantiated per CPU
+ * path (x86/ops_backward_avx2.c, x86/ops_backward_avx512.c) with
+ * ISA_FN(name) naming the functions, as ops_tmpl.h; the scalar references
+ * are in ops_backward.c.
  */
 
-#if defined(__x86_64__) || defined(__i386__)
-
 /* dx = dy * (Phi(x) + x * phi(x)), the derivative of x * Phi(x). */
-void BWD_FN(gelu_backward)(float *dx, const float *dy, const float *x, int64_t n) {
+void ISA_FN(gelu_backward)(float *dx, const float *dy, const float *x, int64_t n) {
     const VT k = v_set1(0.39894228040143268f), mhalf = v_set1(-0.5f);
     int64_t i = 0;
     for (; i + VW <= n; i += VW) {
@@ -31,7 +27,7 @@ void BWD_FN(gelu_backward)(float *dx, const float *dy, const float *x, int64_t n
 
 /* One LayerNorm row: dx += rstd * (g - mean(g) - xhat * mean(g * xhat)),
  * g = dy * w, xhat = (x - mean) * rstd. */
-void BWD_FN(layernorm_backward_row)(float *dx, const float *dy, const float *x, const float *w,
+void ISA_FN(layernorm_backward_row)(float *dx, const float *dy, const float *x, const float *w,
                                     int64_t C, float mean, float rstd) {
     const VT mu = v_set1(mean), rs = v_set1(rstd);
     VT sg = v_zero(), sgx = v_zero();
@@ -68,7 +64,7 @@ void BWD_FN(layernorm_backward_row)(float *dx, const float *dy, const float *x, 
 /* db[j] += sum_i dy[i][j] for j in [j0, j1), rows in order: 4 vectors of
  * columns stay in registers over all M rows, so each column sees the same
  * additions in the same order as the scalar loop (bitwise equal). */
-void BWD_FN(colsum)(float *db, const float *dy, int64_t lddy, int64_t M, int64_t j0, int64_t j1) {
+void ISA_FN(colsum)(float *db, const float *dy, int64_t lddy, int64_t M, int64_t j0, int64_t j1) {
     for (int64_t j = j0; j < j1; j += 4 * VW) {
         int n[4];
         for (int v = 0; v < 4; v++) {
@@ -94,7 +90,7 @@ void BWD_FN(colsum)(float *db, const float *dy, int64_t lddy, int64_t M, int64_t
 /* LayerNorm's dw[j] += dy * (x - mean) * rstd and db[j] += dy over the
  * rows in order, columns [j0, j1); stats [M][2] = mean, rstd. The same
  * operations in the same order as the scalar loop: bitwise equal. */
-void BWD_FN(layernorm_backward_cols)(float *dw, float *db, const float *dy, const float *x,
+void ISA_FN(layernorm_backward_cols)(float *dw, float *db, const float *dy, const float *x,
                                      const float *stats, int64_t M, int64_t C, int64_t j0,
                                      int64_t j1) {
     for (int64_t j = j0; j < j1; j += 2 * VW) {
@@ -117,26 +113,3 @@ void BWD_FN(layernorm_backward_cols)(float *dw, float *db, const float *dy, cons
         v_storeu_n(db + j + VW, b1, n1);
     }
 }
-
-#else /* not x86 */
-
-void BWD_FN(gelu_backward)(float *dx, const float *dy, const float *x, int64_t n) {
-    vitc__gelu_backward_ref(dx, dy, x, n);
-}
-
-void BWD_FN(layernorm_backward_row)(float *dx, const float *dy, const float *x, const float *w,
-                                    int64_t C, float mean, float rstd) {
-    vitc__layernorm_backward_row_ref(dx, dy, x, w, C, mean, rstd);
-}
-
-void BWD_FN(colsum)(float *db, const float *dy, int64_t lddy, int64_t M, int64_t j0, int64_t j1) {
-    vitc__colsum_ref(db, dy, lddy, M, j0, j1);
-}
-
-void BWD_FN(layernorm_backward_cols)(float *dw, float *db, const float *dy, const float *x,
-                                     const float *stats, int64_t M, int64_t C, int64_t j0,
-                                     int64_t j1) {
-    vitc__layernorm_backward_cols_ref(dw, db, dy, x, stats, M, C, j0, j1);
-}
-
-#endif

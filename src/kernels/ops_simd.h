@@ -1,7 +1,7 @@
 /*
  * ops_simd.h — the per-ISA row ops behind the dispatchers in ops.c
- * (ops_avx512.c, ops_avx2.c), which the kernel table (dispatch.c) points
- * at. Private to those files and their tests.
+ * (instances of ops_tmpl.h / ops_bwd_tmpl.h in x86/), which the kernel
+ * table (dispatch.c) points at. Private to those files and their tests.
  * Same contracts as the kernels.h functions of the same name.
  */
 #ifndef VITC_OPS_SIMD_H

@@ -1,17 +1,207 @@
 /*
- * ops_tmpl.h — row ops written once over the vector vocabulary of
- * vmath_{avx512,avx2}.h and instantiated in ops_avx512.c and ops_avx2.c
- * (OPS_SUFFIX names the instance). The generic path runs the plain
- * references in ops.c.
+ * ops_tmpl.h — the forward row ops (softmax, LayerNorm, the GELUs, layer
+ * scale, GroupNorm's row helpers) and softmax's backward, written once over
+ * the vector vocabulary of a vmath header (VT, VW, v_*, vd_*) and
+ * instantiated per CPU path (x86/ops_avx2.c, x86/ops_avx512.c) with
+ * ISA_FN(name) naming the functions, as ops_bwd_tmpl.h. The generic path
+ * runs the plain references in ops.c.
+ *
+ * Elementwise tails go through v_loadu_n / v_storeu_n: a lane's result
+ * does not depend on its neighbours. Where a tail meets a sum or an FMA,
+ * V_MASKED_TAIL picks the order each path has always used (masked lanes
+ * inside the vector sum, or scalar after it), so each path's bits stay its
+ * own.
  */
-#define OPS_CAT2(a, b) a##b
-#define OPS_CAT(a, b) OPS_CAT2(a, b)
+
+/* y = EXPR(v) elementwise over n floats (v names the input vector; y may
+ * be x). */
+#define OPS_MAP(y, x, n, v, EXPR)                                                                \
+    do {                                                                                         \
+        int64_t i_ = 0;                                                                          \
+        for (; i_ + VW <= (n); i_ += VW) {                                                       \
+            VT v = v_loadu((x) + i_);                                                            \
+            v_storeu((y) + i_, EXPR);                                                            \
+        }                                                                                        \
+        if (i_ < (n)) {                                                                          \
+            int r_ = (int)((n) - i_);                                                            \
+            VT v = v_loadu_n((x) + i_, r_);                                                      \
+            v_storeu_n((y) + i_, EXPR, r_);                                                      \
+        }                                                                                        \
+    } while (0)
+
+/* x Phi(x), Phi from v_phi's table of polynomials: on AVX-512 the sequence
+ * of vitc__v_gelu, so the GEMM epilogues' fused GELU gives the same bits. */
+void ISA_FN(gelu_to)(float *y, const float *x, int64_t n) {
+    OPS_MAP(y, x, n, v, v_mul(v, v_phi(v)));
+}
+
+void ISA_FN(gelu)(float *x, int64_t n) { ISA_FN(gelu_to)(x, x, n); }
+
+/* x / (1 + e^(-1.702 x)) */
+void ISA_FN(quick_gelu)(float *x, int64_t n) {
+    OPS_MAP(x, x, n, v, v_div(v, v_add(v_set1(1.0f), v_exp(v_mul(v, v_set1(-1.702f))))));
+}
+
+/* tanh-GELU as x / (1 + e^(-2 sqrt(2/pi) (x + 0.044715 x^3))) (kernels.h).
+ * v_exp saturates rather than overflowing, so lanes whose exponent is past
+ * 88 (x below ~-9.5: results under 1e-37, or x huge) are set to 0; NaN is
+ * kept. */
+static inline VT ISA_FN(tanh_gelu_v)(VT v) {
+    VT u = v_fma(v_mul(v_set1(0.044715f), v), v_mul(v, v), v);
+    VT z = v_mul(u, v_set1(-1.5957691216057308f));
+    return v_zero_gt(v_div(v, v_add(v_set1(1.0f), v_exp(z))), z, 88.0f);
+}
+
+void ISA_FN(tanh_gelu)(float *x, int64_t n) { OPS_MAP(x, x, n, v, ISA_FN(tanh_gelu_v)(v)); }
+
+/* y = r + g * y, the product rounded first (no FMA), as the reference. */
+void ISA_FN(scale_add)(float *y, const float *g, const float *r, int64_t n) {
+    int64_t i = 0;
+    for (; i + VW <= n; i += VW) {
+        VT v = v_mul(v_loadu(g + i), v_loadu(y + i));
+        v_storeu(y + i, r ? v_add(v_loadu(r + i), v) : v);
+    }
+    if (i < n) {
+        int t = (int)(n - i);
+        VT v = v_mul(v_loadu_n(g + i, t), v_loadu_n(y + i, t));
+        v_storeu_n(y + i, r ? v_add(v_loadu_n(r + i, t), v) : v, t);
+    }
+}
+
+void ISA_FN(softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperature) {
+    const VT it = v_set1(inv_temperature);
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = x + r * n;
+        VT mx = v_set1(-INFINITY);
+        int64_t j = 0;
+        for (; j + VW <= n; j += VW) {
+            VT v = v_mul(v_loadu(row + j), it);
+            v_storeu(row + j, v);
+            /* NaN loses here as in the scalar loop; its exp makes the row NaN */
+            mx = v_max(v, mx);
+        }
+#if V_MASKED_TAIL
+        if (j < n) {
+            int t = (int)(n - j);
+            VT v = v_mul(v_loadu_n(row + j, t), it);
+            v_storeu_n(row + j, v, t);
+            mx = v_max(v_tail(v, t, -INFINITY), mx);
+        }
+        float mxs = v_hmax(mx);
+#else
+        float ml[VW];
+        v_storeu(ml, mx);
+        float mxs = -INFINITY;
+        for (int k = 0; k < VW; k++)
+            if (ml[k] > mxs) mxs = ml[k];
+        for (; j < n; j++) {
+            row[j] *= inv_temperature;
+            if (row[j] > mxs) mxs = row[j];
+        }
+#endif
+        VT vm = v_set1(mxs), sum = v_zero();
+        for (j = 0; j + VW <= n; j += VW) {
+            VT e = v_exp(v_sub(v_loadu(row + j), vm));
+            v_storeu(row + j, e);
+            sum = v_add(sum, e);
+        }
+        float tail = 0.0f;
+        if (j < n) {
+            int t = (int)(n - j);
+            VT e = v_exp(v_sub(v_loadu_n(row + j, t), vm));
+            v_storeu_n(row + j, e, t);
+#if V_MASKED_TAIL
+            sum = v_add(sum, v_tail(e, t, 0.0f));
+#else
+            float el[VW];
+            v_storeu(el, e);
+            for (int k = 0; k < t; k++) tail += el[k];
+#endif
+        }
+        const VT inv = v_set1(1.0f / (V_MASKED_TAIL ? v_hsum(sum) : v_hsum(sum) + tail));
+        for (j = 0; j + VW <= n; j += VW) v_storeu(row + j, v_mul(v_loadu(row + j), inv));
+        if (j < n) v_storeu_n(row + j, v_mul(v_loadu_n(row + j, (int)(n - j)), inv), (int)(n - j));
+    }
+}
+
+/* GroupNorm's (and LayerNorm's) statistics: the sums of x - shift and of
+ * its square, in double. */
+void ISA_FN(row_stats)(const float *x, int64_t n, double shift, double *o) {
+    const VTD sh = vd_set1(shift);
+    VTD s0 = vd_zero(), s1 = s0, q0 = s0, q1 = s0;
+    int64_t c = 0;
+    for (; c + VW <= n; c += VW) {
+        VT v = v_loadu(x + c);
+        VTD d0 = vd_sub(vd_cvt_lo(v), sh);
+        VTD d1 = vd_sub(vd_cvt_hi(v), sh);
+        s0 = vd_add(s0, d0);
+        s1 = vd_add(s1, d1);
+        q0 = vd_fma(d0, d0, q0);
+        q1 = vd_fma(d1, d1, q1);
+    }
+    double s = vd_hsum(vd_add(s0, s1)), q = vd_hsum(vd_add(q0, q1));
+    for (; c < n; c++) {
+        double d = (double)x[c] - shift;
+        s += d;
+        q += d * d;
+    }
+    o[0] = s, o[1] = q;
+}
+
+/* Stats in one pass, in double, shifted by the row's first element so that
+ * E[d^2] - E[d]^2 does not cancel when the mean is large against the spread. */
+void ISA_FN(layernorm)(float *y, const float *x, const float *w, const float *b, int64_t M,
+                       int64_t C, float eps) {
+    for (int64_t i = 0; i < M; i++) {
+        const float *xr = x + i * C;
+        float *yr = y + i * C;
+        double x0 = xr[0], st[2];
+        ISA_FN(row_stats)(xr, C, x0, st);
+        double s = st[0], q = st[1];
+        double md = s / (double)C;
+        double var = q / (double)C - md * md;
+        if (var < 0.0) var = 0.0;
+        float rstd = (float)(1.0 / sqrt(var + (double)eps));
+        /* x - mean as (x - x0) - md: the first difference is exact for data
+         * near x0, so a large mean loses no more than the spread's bits. */
+        const VT v0 = v_set1(xr[0]), vm = v_set1((float)md), vr = v_set1(rstd);
+        int64_t c = 0;
+        for (; c + VW <= C; c += VW) {
+            VT v = v_mul(v_sub(v_sub(v_loadu(xr + c), v0), vm), vr);
+            if (w) v = v_mul(v, v_loadu(w + c));
+            if (b) v = v_add(v, v_loadu(b + c));
+            v_storeu(yr + c, v);
+        }
+        if (c < C) {
+            int t = (int)(C - c);
+            VT v = v_mul(v_sub(v_sub(v_loadu_n(xr + c, t), v0), vm), vr);
+            if (w) v = v_mul(v, v_loadu_n(w + c, t));
+            if (b) v = v_add(v, v_loadu_n(b + c, t));
+            v_storeu_n(yr + c, v, t);
+        }
+    }
+}
+
+/* y = (x - mean) * sc + sh, fused; the unmasked paths' tail is the
+ * reference's unfused expression (their bits since the first version). */
+void ISA_FN(row_norm)(float *y, const float *x, int64_t n, float mean, float sc, float sh) {
+    const VT vm = v_set1(mean), vs = v_set1(sc), vb = v_set1(sh);
+    int64_t c = 0;
+    for (; c + VW <= n; c += VW) v_storeu(y + c, v_fma(v_sub(v_loadu(x + c), vm), vs, vb));
+#if V_MASKED_TAIL
+    if (c < n) {
+        int t = (int)(n - c);
+        v_storeu_n(y + c, v_fma(v_sub(v_loadu_n(x + c, t), vm), vs, vb), t);
+    }
+#else
+    for (; c < n; c++) y[c] = (x[c] - mean) * sc + sh;
+#endif
+}
 
 /* dx = it * y o (dy - d), d = rowsum(dy o y): the VW products of a block
  * summed in float, the blocks in double (the reference sums in double). */
-void OPS_CAT(vitc__softmax_rows_backward_, OPS_SUFFIX)(float *dx, const float *y, const float *dy,
-                                                       int64_t rows, int64_t n,
-                                                       float inv_temperature) {
+void ISA_FN(softmax_rows_backward)(float *dx, const float *y, const float *dy, int64_t rows,
+                                   int64_t n, float inv_temperature) {
     const VT it = v_set1(inv_temperature);
     for (int64_t r = 0; r < rows; r++) {
         const float *yr = y + r * n, *gr = dy + r * n;
@@ -27,5 +217,4 @@ void OPS_CAT(vitc__softmax_rows_backward_, OPS_SUFFIX)(float *dx, const float *y
     }
 }
 
-#undef OPS_CAT
-#undef OPS_CAT2
+#undef OPS_MAP

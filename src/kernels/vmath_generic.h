@@ -1,5 +1,5 @@
 /*
- * vmath_generic.h — the vector vocabulary of vmath_avx512.h with a one-lane
+ * vmath_generic.h — the vector vocabulary of x86/vmath_avx512.h with a one-lane
  * "vector" in portable C: the templates instantiated over it are the
  * readable twins of the SIMD paths. The maths is libm's.
  */
@@ -32,5 +32,8 @@
 #define v_exp(x) expf(x)
 #define v_exp2(x) exp2f(x)
 #define s_exp2(x) exp2f(x)
+#define v_div(a, b) ((a) / (b))
+#define v_zero_gt(x, z, f) ((z) > (f) ? 0.0f : (x))
+#define V_MASKED_TAIL 0
 
 #endif

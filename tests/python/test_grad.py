@@ -5,6 +5,8 @@ Tolerance: the issue's
 max|vitc - torch| <= 1e-4 * max(1, |torch|) per element, on every CPU path
 the machine has.
 """
+import pathlib
+import re
 import unittest
 
 import numpy as np
@@ -14,7 +16,19 @@ import vitc
 
 from vitc._lib import lib as _clib
 
-ARCHES = ("generic", "avx2", "avx512")
+
+def _arches():
+    """Every CPU path the library knows, from its one list (the
+    VITC_ARCH_LIST X-macro of src/kernels/kernels.h); vitc_set_arch
+    refuses those this build or machine lacks."""
+    src = pathlib.Path(__file__).resolve().parents[2] / "src" / "kernels" / "kernels.h"
+    line = re.search(r"#define VITC_ARCH_LIST\(X\)(.*)", src.read_text()).group(1)
+    names = tuple(re.findall(r'X\(\w+, "([^"]+)"\)', line))
+    assert "generic" in names, line
+    return names
+
+
+ARCHES = _arches()
 
 
 def _set_arch(name):

@@ -12,7 +12,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "vmath_phi_tab.h"
+#include "../vmath_phi_tab.h"
 _Static_assert(VITC_PHI8_DEG == 8, "vitc__v_phi evaluates degree 8: regenerate or edit both");
 
 #define VT __m256
@@ -42,6 +42,18 @@ static const int32_t vitc__v_lane_tbl[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 
 #define v_exp2(x) vitc__v_exp2(x)
 #define v_phi(x) vitc__v_phi(x)
 #define s_exp2(x) exp2f(x)
+#define v_div(a, b) _mm256_div_ps(a, b)
+#define v_zero_gt(x, z, f) _mm256_andnot_ps(_mm256_cmp_ps(z, _mm256_set1_ps(f), _CMP_GT_OQ), x)
+#define V_MASKED_TAIL 0
+#define VTD __m256d
+#define vd_zero() _mm256_setzero_pd()
+#define vd_set1(x) _mm256_set1_pd(x)
+#define vd_add(a, b) _mm256_add_pd(a, b)
+#define vd_sub(a, b) _mm256_sub_pd(a, b)
+#define vd_fma(a, b, c) _mm256_fmadd_pd(a, b, c)
+#define vd_hsum(x) vitc__vd_hsum(x)
+#define vd_cvt_lo(v) _mm256_cvtps_pd(_mm256_castps256_ps128(v))
+#define vd_cvt_hi(v) _mm256_cvtps_pd(_mm256_extractf128_ps(v, 1))
 
 static inline float vitc__v_hmax(__m256 x) {
     __m128 a = _mm_max_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
@@ -55,6 +67,13 @@ static inline float vitc__v_hsum(__m256 x) {
     a = _mm_add_ps(a, _mm_movehl_ps(a, a));
     a = _mm_add_ss(a, _mm_movehdup_ps(a));
     return _mm_cvtss_f32(a);
+}
+
+/* (a0 + a1) + (a2 + a3), in that order (the row statistics' bits). */
+static inline double vitc__vd_hsum(__m256d x) {
+    double a[4];
+    _mm256_storeu_pd(a, x);
+    return (a[0] + a[1]) + (a[2] + a[3]);
 }
 
 static inline __m256 vitc__v_exp(__m256 x) {

@@ -7,7 +7,7 @@
  */
 #include <immintrin.h>
 
-#include "gemm_lp.h"
+#include "../gemm_lp.h"
 #include "vmath_avx512.h"
 
 #define MR VITC_LP_MR

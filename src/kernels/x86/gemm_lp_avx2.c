@@ -10,7 +10,7 @@
  */
 #include <immintrin.h>
 
-#include "gemm_lp.h"
+#include "../gemm_lp.h"
 
 #define MR VITC_LP_MR
 #define NR VITC_LP_NR

@@ -9,7 +9,7 @@
  */
 #include <immintrin.h>
 
-#include "gemm_lp.h"
+#include "../gemm_lp.h"
 
 #define AMX_CFG(p) _tile_loadconfig(p)
 #define AMX_RELEASE() _tile_release()
@@ -21,7 +21,7 @@
 #define AMX_EPI vitc__lp_epi_avx512
 #define AMX_SFX amx
 
-#include "gemm_lp_amx_tmpl.h"
+#include "../gemm_lp_amx_tmpl.h"
 
 const vitc__lp_kernel vitc__lp_bf16_amx = {
     "amx-bf16", vitc__ukr_bf16_amx, vitc__row_bf16_avx512, vitc__strip_bf16_avx512,

@@ -10,8 +10,8 @@
 #include <immintrin.h>
 #include <string.h>
 
-#include "gemm_ukernels.h"
-#include "ops_simd.h"
+#include "../gemm_ukernels.h"
+#include "../ops_simd.h"
 #include "vmath_avx512.h"
 
 #define MR 12

@@ -8,7 +8,7 @@
  */
 #include <immintrin.h>
 
-#include "gemm_ukernels.h"
+#include "../gemm_ukernels.h"
 
 #define MR 6
 #define NR 16

@@ -2,9 +2,10 @@
  * vmath_avx512.h — the AVX-512 vector vocabulary (16 float lanes) and its
  * maths: v_exp, v_exp2 (one polynomial each), v_phi (a table of them).
  * Included by the files compiled with the AVX-512 flags (ops_avx512.c,
- * attention_avx512.c, ...); the templates (attention_tmpl.h,
- * attention_bwd_tmpl.h, ops_bwd_tmpl.h) are written over these names, and
- * vmath_avx2.h / vmath_generic.h define the same set.
+ * attention_avx512.c, ...); the templates in src/kernels/ (attention_tmpl.h,
+ * attention_bwd_tmpl.h, ops_tmpl.h, ops_bwd_tmpl.h) are written over these
+ * names, and vmath_avx2.h defines the same set (vmath_generic.h the part
+ * the generic attention uses, plus v_div, v_zero_gt, V_MASKED_TAIL).
  *
  *   VT, VW                 vector type and its float lanes
  *   v_zero() v_set1(x) v_load(p) v_store(p, x)    (p 64-byte aligned)
@@ -21,6 +22,13 @@
  *                          fused and unfused GELU give the same bits
  *   vitc__v_gelu_tile(...) GELU and masked stores of a finished GEMM tile
  *   s_exp2(x)              scalar 2^x
+ *   v_div(a, b)            a / b
+ *   v_zero_gt(x, z, f)     x with +0 in the lanes where z > f (not NaN z)
+ *   V_MASKED_TAIL          1: a row's tail is one masked vector inside the
+ *                          vector sums (AVX-512); 0: scalar or padded, summed
+ *                          after them (AVX2). ops_tmpl.h keeps each path's order.
+ *   VTD vd_zero() vd_set1(x) vd_add vd_sub vd_fma vd_hsum(x)   double lanes
+ *   vd_cvt_lo(v) vd_cvt_hi(v)   the low / high VW/2 floats of v as doubles
  */
 #ifndef VITC_VMATH_AVX512_H
 #define VITC_VMATH_AVX512_H
@@ -29,7 +37,7 @@
 #include <math.h>
 #include <stdint.h>
 
-#include "vmath_phi_tab.h"
+#include "../vmath_phi_tab.h"
 _Static_assert(VITC_PHI_DEG == 5, "vitc__v_phi evaluates degree 5: regenerate or edit both");
 
 #define VT __m512
@@ -56,6 +64,18 @@ _Static_assert(VITC_PHI_DEG == 5, "vitc__v_phi evaluates degree 5: regenerate or
 #define v_exp2(x) vitc__v_exp2(x)
 #define v_phi(x) vitc__v_phi(x)
 #define s_exp2(x) exp2f(x)
+#define v_div(a, b) _mm512_div_ps(a, b)
+#define v_zero_gt(x, z, f) _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(z, _mm512_set1_ps(f), _CMP_NGT_UQ), x)
+#define V_MASKED_TAIL 1
+#define VTD __m512d
+#define vd_zero() _mm512_setzero_pd()
+#define vd_set1(x) _mm512_set1_pd(x)
+#define vd_add(a, b) _mm512_add_pd(a, b)
+#define vd_sub(a, b) _mm512_sub_pd(a, b)
+#define vd_fma(a, b, c) _mm512_fmadd_pd(a, b, c)
+#define vd_hsum(x) _mm512_reduce_add_pd(x)
+#define vd_cvt_lo(v) _mm512_cvtps_pd(_mm512_castps512_ps256(v))
+#define vd_cvt_hi(v) _mm512_cvtps_pd(_mm512_extractf32x8_ps(v, 1))
 
 /* e^x: n = round(x log2 e), r = x - n ln 2 (two-part ln 2), degree-7 Taylor
  * polynomial on |r| <= 0.35 (truncation < 1e-8 relative), 2^n by vscalefps,

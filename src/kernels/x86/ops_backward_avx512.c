@@ -5,9 +5,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "ops_simd.h"
-#if defined(__x86_64__) || defined(__i386__)
+#include "../ops_simd.h"
 #include "vmath_avx512.h"
-#endif
-#define BWD_FN(name) vitc__##name##_avx512
-#include "ops_bwd_tmpl.h"
+#define ISA_FN(name) vitc__##name##_avx512
+#include "../ops_bwd_tmpl.h"
