@@ -704,6 +704,17 @@ VITC_API int vitc_vit_num_prefix_tokens(const vitc_vit *m);
 /* Checkpoint tensors skipped as unused by the forward. */
 VITC_API int vitc_vit_num_ignored(const vitc_vit *m);
 VITC_API const char *vitc_vit_ignored(const vitc_vit *m, int i);
+/* Floats per image of the model's primary output: the logits (num_classes)
+ * of a classifier (vitc_vit_has_head), else the default embedding
+ * (vitc_vit_embed_size with VITC_POOL_DEFAULT: CLIP's image_embeds,
+ * SigLIP's pooler output, a backbone's class token after the final norm or
+ * its mean of the normed patch tokens). */
+VITC_API vitc_status vitc_vit_output_size(const vitc_vit *m, int H, int W, int64_t *floats);
+/* images [B, C, H, W] (normalized) -> out [B, vitc_vit_output_size]: the
+ * primary output. In training mode (vitc_vit_set_training) the forward is
+ * recorded for vitc_vit_backward, whose dout is then the gradient of out. */
+VITC_API vitc_status vitc_vit_run(vitc_vit *m, const float *images, int B, int H, int W,
+                                  float *out);
 /* Floats per image that vitc_vit_embed writes for images of H x W. */
 VITC_API vitc_status vitc_vit_embed_size(const vitc_vit *m, vitc_pool pool, int H, int W,
                                          int64_t *floats);
@@ -782,11 +793,13 @@ VITC_API int vitc_vit_is_training(const vitc_vit *m);
  * (seeded by vitc_vit_create's seed). */
 VITC_API vitc_status vitc_vit_set_dropout(vitc_vit *m, float dropout, float attention_dropout,
                                           float drop_path);
-/* Gradients of the last training forward for dlogits [B, num_classes],
- * accumulated (+=) into the gradients, as torch does. Only torchvision's
- * block and head: VITC_ERR_UNSUPPORTED for models with more than one prefix
- * token, another head or none, layer scale, SwiGLU, an activation other
- * than GELU or a pre-norm (DeiT, DINOv2, CLIP, SigLIP, T2T-ViT). */
+/* Gradients of the last training forward for dlogits: the gradient of what
+ * it returned (vitc_vit_forward's logits, or vitc_vit_run's primary output,
+ * [B, vitc_vit_output_size]), accumulated (+=) into the gradients, as torch
+ * does. Every family's block and head (activations, SwiGLU, layer scale,
+ * prefix tokens, CLIP's pre-norm and projection, SigLIP's attention-pooling
+ * head, DINOv2's and DeiT's heads, resampled positions);
+ * VITC_ERR_UNSUPPORTED for T2T-ViT, which runs forward only. */
 VITC_API vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits);
 VITC_API vitc_status vitc_vit_zero_grad(vitc_vit *m);
 /* Parameter i (state_dict order): torch name, shape, data, and its gradient
