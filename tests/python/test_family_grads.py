@@ -1,0 +1,209 @@
+"""Gradients of every family against torch autograd on the real modules:
+tiny random models built by transformers and timm (as test_peers.py builds
+them), saved the way their users have them, loaded by vitc.load_model, run
+in training mode for their primary output m(x) (logits, or the family's
+embedding), back-propagated from a random dy, and compared with the same
+module in float64: the output and every parameter's gradient, by the
+checkpoint's own tensor name, at the config's size and at a non-square one
+(where the position table is resampled, so its adjoint is checked too).
+
+vitc runs fp32: max|g_vitc - g_ref| <= RTOL * max|g_ref| + ATOL per tensor.
+"""
+import json
+import os
+import unittest
+
+import numpy as np
+
+import vitc
+
+try:
+    from .util import TmpDirCase, torch
+    from .test_peers import perturb
+except ImportError:  # run as a script
+    from util import TmpDirCase, torch
+    from test_peers import perturb
+
+try:
+    import transformers
+except ImportError:  # pragma: no cover
+    transformers = None
+try:
+    import timm
+except ImportError:  # pragma: no cover
+    timm = None
+
+RTOL, ATOL = 1e-4, 1e-6
+SIZES = [(32, 32), (32, 48)]
+
+
+class GradCase(TmpDirCase):
+    """run(): the comparison for one saved model; ref(model, x, size) is the
+    torch module's primary output for images x (float64)."""
+
+    def setUp(self):
+        torch.manual_seed(0)
+
+    def run_family(self, family, model, ref, directory, sizes=SIZES, seed=0):
+        model = model.double().eval()  # dropout rates are 0: eval and train agree
+        m = vitc.load_model(directory)
+        m.train()
+        rng = np.random.RandomState(seed)
+        for size in sizes:
+            where = "%s at %dx%d" % (family, size[0], size[1])
+            x = rng.randn(2, 3, size[0], size[1]).astype(np.float32)
+            m.zero_grad()
+            y = m(x)
+            model.zero_grad()
+            out = ref(model, torch.from_numpy(x).double(), size)
+            yr = out.detach().numpy()
+            self.assertEqual(y.shape, yr.shape, "%s: output shape" % where)
+            err = np.abs(y - yr).max()
+            self.assertLessEqual(err, RTOL * np.abs(yr).max() + ATOL,
+                                 "%s: output max|vitc - torch| = %.3g (max|torch| %.3g)"
+                                 % (where, err, np.abs(yr).max()))
+            dy = rng.randn(*y.shape).astype(np.float32)
+            m.backward(dy)
+            (out * torch.from_numpy(dy).double()).sum().backward()
+            ref_grads = self.named_grads(model, where)
+            grads = m.grads()
+            checked = 0
+            for name, g in grads.items():
+                self.assertIn(name, ref_grads, "%s: vitc tensor %s is not a parameter of the "
+                              "torch module" % (where, name))
+                gr = ref_grads[name].reshape(g.shape)
+                err = np.abs(g - gr).max()
+                tol = RTOL * np.abs(gr).max() + ATOL
+                self.assertLessEqual(err, tol, "%s: gradient of %s: max|vitc - torch| = %.3g, "
+                                     "tolerance %.3g (max|torch| %.3g)"
+                                     % (where, name, err, tol, np.abs(gr).max()))
+                checked += 1
+            self.assertGreater(checked, 10, where)
+        return m
+
+
+class HubGradCase(GradCase):
+    def named_grads(self, model, where):
+        """torch's gradients under the checkpoint's names: transformers 5
+        renames modules on save, so the gradients go through save_pretrained
+        in place of the weights."""
+        import safetensors.numpy
+        d = self.path("grads")
+        with torch.no_grad():
+            keep = {n: p.detach().clone() for n, p in model.named_parameters()}
+            for _, p in model.named_parameters():
+                p.copy_(p.grad if p.grad is not None else torch.zeros_like(p))
+            model.save_pretrained(d)
+            for n, p in model.named_parameters():
+                p.copy_(keep[n])
+        return safetensors.numpy.load_file(os.path.join(d, "model.safetensors"))
+
+
+def _kw(size):
+    return {"interpolate_pos_encoding": True} if size != SIZES[0] else {}
+
+
+@unittest.skipIf(torch is None or transformers is None, "needs torch and transformers")
+class TestTransformersGrads(HubGradCase):
+    TMP_PREFIX = "vitc_grads_hf_"
+
+    def family(self, name, model, ref, sizes=SIZES):
+        perturb(model, 1)
+        d = self.path(name)
+        model.save_pretrained(d)
+        return self.run_family(name, model, ref, d, sizes)
+
+    _VIT = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+                intermediate_size=96, image_size=32, patch_size=8)
+
+    def test_vit_for_image_classification(self):
+        T = transformers
+        self.family("hf-vit", T.ViTForImageClassification(T.ViTConfig(**self._VIT, num_labels=7)),
+                    lambda mm, x, s: mm(x, **_kw(s)).logits)
+
+    def test_vit_model(self):
+        T = transformers
+        self.family("hf-vit-model", T.ViTModel(T.ViTConfig(**self._VIT), add_pooling_layer=False),
+                    lambda mm, x, s: mm(x, **_kw(s)).last_hidden_state[:, 0])
+
+    def test_deit_with_teacher(self):
+        T = transformers
+        self.family("hf-deit", T.DeiTForImageClassificationWithTeacher(
+            T.DeiTConfig(**self._VIT, num_labels=5)), lambda mm, x, s: mm(x, **_kw(s)).logits)
+
+    def _dinov2(self, name, cls, **kw):
+        T = transformers
+        cfg = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3, mlp_ratio=2,
+                   image_size=32, patch_size=8)
+        cfg.update(kw)
+        config = (T.Dinov2WithRegistersConfig if cls is T.Dinov2WithRegistersModel
+                  else T.Dinov2Config)(**cfg)
+        ref = ((lambda mm, x, s: mm(x).logits) if cls is T.Dinov2ForImageClassification
+               else (lambda mm, x, s: mm(x).pooler_output))
+        # 24x40 shrinks one axis: the registers model's antialiased resampling acts
+        return self.family(name, cls(config), ref, SIZES + [(24, 40)])
+
+    def test_dinov2(self):
+        self._dinov2("hf-dinov2", transformers.Dinov2Model)
+
+    def test_dinov2_swiglu(self):
+        self._dinov2("hf-dinov2-swiglu", transformers.Dinov2Model, use_swiglu_ffn=True)
+
+    def test_dinov2_with_registers(self):
+        self._dinov2("hf-dinov2-registers", transformers.Dinov2WithRegistersModel,
+                     num_register_tokens=3)
+
+    def test_dinov2_for_image_classification(self):
+        self._dinov2("hf-dinov2-classifier", transformers.Dinov2ForImageClassification,
+                     num_labels=6)
+
+    def test_clip_vision_with_projection(self):
+        T = transformers
+        for act in ("quick_gelu", "gelu"):
+            with self.subTest(act=act):
+                self.family("hf-clip-" + act, T.CLIPVisionModelWithProjection(
+                    T.CLIPVisionConfig(**self._VIT, projection_dim=24, hidden_act=act)),
+                    lambda mm, x, s: mm(x, **_kw(s)).image_embeds)
+
+    def test_siglip_vision(self):
+        T = transformers
+        self.family("hf-siglip", T.SiglipVisionModel(T.SiglipVisionConfig(**self._VIT)),
+                    lambda mm, x, s: mm(x, **_kw(s)).pooler_output, SIZES + [(24, 24)])
+
+
+@unittest.skipIf(torch is None or timm is None, "needs torch and timm")
+class TestTimmGrads(GradCase):
+    """vit_tiny_patch16_224's architecture shrunk to a 32 px, 2-block model:
+    a classifier, with layer scale (init_values), a backbone (num_classes=0).
+    (Register tokens and the activation are not recorded in a timm file;
+    the Hub's DINOv2 and CLIP cases above check those.)"""
+    TMP_PREFIX = "vitc_grads_timm_"
+
+    def named_grads(self, model, where):
+        return {n: (p.grad if p.grad is not None else torch.zeros_like(p)).numpy()
+                for n, p in model.named_parameters()}
+
+    def family(self, name, **kw):
+        args = dict(pretrained=False, img_size=32, patch_size=8, embed_dim=48, depth=2,
+                    num_heads=3, mlp_ratio=2, num_classes=5)
+        args.update(kw)
+        model = perturb(timm.create_model("vit_tiny_patch16_224", **args), 2)
+        # timm's names in a lone file; vitc.config gives what the shapes do not tell
+        # (48 wide is not 64 per head)
+        path = self.path(name + ".safetensors")
+        vitc.save_safetensors(path, {n: t.detach().numpy() for n, t in model.state_dict().items()},
+                              {"vitc.config": json.dumps({"num_heads": 3})})
+        return self.run_family("timm " + name, model, lambda mm, x, s: mm(x), path, [SIZES[0]])
+
+    def test_class_token(self):
+        self.family("vit-tiny-cls")
+
+    def test_layer_scale(self):
+        self.family("vit-tiny-ls", init_values=0.5)
+
+    def test_backbone(self):
+        self.family("vit-tiny-backbone", num_classes=0)
+
+
+if __name__ == "__main__":
+    unittest.main()
