@@ -64,242 +64,11 @@ const char *vitc_vit_label(const vitc_vit *m, int index) {
 /* Position embedding resampling                                      */
 /* ------------------------------------------------------------------ */
 
-/* PyTorch's cubic convolution kernel, A = -0.75 (UpSample.h). */
-static void vit_cubic_weights(float w[4], float t) {
-    const float A = -0.75f;
-    float x1 = t + 1.0f, x2 = 1.0f - t, x3 = 2.0f - t;
-    w[0] = ((A * x1 - 5.0f * A) * x1 + 8.0f * A) * x1 - 4.0f * A;
-    w[1] = ((A + 2.0f) * t - (A + 3.0f)) * t * t + 1.0f;
-    w[2] = ((A + 2.0f) * x2 - (A + 3.0f)) * x2 * x2 + 1.0f;
-    w[3] = ((A * x3 - 5.0f * A) * x3 + 8.0f * A) * x3 - 4.0f * A;
-}
-
-/* Taps and weights at source coordinate real; taps past the edge are
- * clamped, as upsample_get_value_bounded does. */
-static void vit_cubic_at(float real, int64_t in, int64_t idx[4], float w[4]) {
-    int64_t i0 = (int64_t)floorf(real);
-    vit_cubic_weights(w, real - (float)i0);
-    for (int k = 0; k < 4; k++) {
-        int64_t i = i0 - 1 + k;
-        idx[k] = i < 0 ? 0 : i >= in ? in - 1 : i;
-    }
-}
-
-/* Source taps and weights of output index o, align_corners=True. */
-static void vit_cubic_taps(int64_t o, int64_t in, int64_t out, int64_t idx[4], float w[4]) {
-    float scale = out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f;
-    float real = scale * (float)o;
-    vit_cubic_at(real, in, idx, w);
-}
-
-/* The same with align_corners=False and an output size (no scale factor):
- * source (o + 0.5) * in/out - 0.5, not clamped (cubic), as
- * area_pixel_compute_source_index computes it; HF's ViT family resamples
- * its position grid so (transformers >= 4.45). */
-static void vit_cubic_taps_hp(int64_t o, int64_t in, float scale, int64_t idx[4], float w[4]) {
-    vit_cubic_at(scale * ((float)o + 0.5f) - 0.5f, in, idx, w);
-}
-
-/* mode: 0 align_corners=True; 1 half-pixel to a size. */
-static void vit_bicubic(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw,
-                        int64_t oh, int64_t ow, int mode) {
-    float sy = (float)ih / (float)oh, sx = (float)iw / (float)ow;
-    for (int64_t y = 0; y < oh; y++) {
-        int64_t ys[4], xs[4];
-        float wy[4], wx[4];
-        if (mode)
-            vit_cubic_taps_hp(y, ih, sy, ys, wy);
-        else
-            vit_cubic_taps(y, ih, oh, ys, wy);
-        for (int64_t x = 0; x < ow; x++) {
-            if (mode)
-                vit_cubic_taps_hp(x, iw, sx, xs, wx);
-            else
-                vit_cubic_taps(x, iw, ow, xs, wx);
-            float *d = dst + (y * ow + x) * C;
-            for (int64_t c = 0; c < C; c++) {
-                float acc = 0.0f;
-                for (int a = 0; a < 4; a++) {
-                    const float *row = src + ys[a] * iw * C + c;
-                    float r = 0.0f;
-                    for (int b = 0; b < 4; b++) r += wx[b] * row[xs[b] * C];
-                    acc += wy[a] * r;
-                }
-                d[c] = acc;
-            }
-        }
-    }
-}
-
-void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw, int64_t oh,
-                      int64_t ow) {
-    vit_bicubic(dst, src, C, ih, iw, oh, ow, 0);
-}
-
-/* Keys' cubic with a = -0.5, the kernel of PyTorch's antialiased bicubic
- * (and PIL's). */
-static double vit_keys(double x) {
-    const double a = -0.5;
-    x = fabs(x);
-    if (x < 1.0)
-        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
-    if (x < 2.0)
-        return ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a;
-    return 0.0;
-}
-
-/* One axis of F.interpolate(mode="bicubic", antialias=True,
- * align_corners=False): output o reads inputs lo[o] .. lo[o] + n[o] - 1 with
- * weights w[o * taps ..], normalised to sum 1 (the support widens with the
- * downscale factor, as PIL's filters). taps: the most any output reads. */
-static void vit_aa_axis(int64_t in, int64_t out, int64_t taps, int64_t *lo, int64_t *n, float *w) {
-    double scale = (double)in / (double)out, sup = scale > 1.0 ? scale : 1.0;
-    double support = 2.0 * sup;
-    for (int64_t o = 0; o < out; o++) {
-        double center = scale * ((double)o + 0.5), total = 0.0, ws[64];
-        int64_t a = (int64_t)(center - support + 0.5), b = (int64_t)(center + support + 0.5);
-        if (a < 0)
-            a = 0;
-        if (b > in)
-            b = in;
-        if (b - a > taps)
-            b = a + taps;
-        for (int64_t j = a; j < b; j++) total += ws[j - a] = vit_keys(((double)j - center + 0.5) / sup);
-        lo[o] = a;
-        n[o] = b - a;
-        for (int64_t j = a; j < b; j++)
-            w[o * taps + j - a] = (float)(total != 0.0 ? ws[j - a] / total : 0.0);
-    }
-}
-
-/* Antialiased bicubic of src [ih*iw, C] into dst [oh*ow, C], width first
- * then height (PyTorch's separable order), through tmp [ih*ow, C]. Grids
- * are bounded (taps <= 64: a position grid shrinking by over 15x is
- * refused by the caller). */
-static vitc_status vit_bicubic_aa(float *dst, float *tmp, const float *src, int64_t C, int64_t ih,
-                                  int64_t iw, int64_t oh, int64_t ow) {
-    int64_t lo[2][1024], n[2][1024], tx = 64, ty = 64;
-    float *w[2] = {malloc((size_t)(ow * tx) * sizeof(float)),
-                   malloc((size_t)(oh * ty) * sizeof(float))};
-    if (!w[0] || !w[1]) {
-        free(w[0]);
-        free(w[1]);
-        return vitc__err(VITC_ERR_NOMEM, "antialiased resampling weights");
-    }
-    vit_aa_axis(iw, ow, tx, lo[0], n[0], w[0]);
-    vit_aa_axis(ih, oh, ty, lo[1], n[1], w[1]);
-    for (int64_t y = 0; y < ih; y++)
-        for (int64_t x = 0; x < ow; x++) {
-            float *d = tmp + (y * ow + x) * C;
-            for (int64_t c = 0; c < C; c++) d[c] = 0.0f;
-            for (int64_t k = 0; k < n[0][x]; k++) {
-                const float *s = src + (y * iw + lo[0][x] + k) * C;
-                float wk = w[0][x * tx + k];
-                for (int64_t c = 0; c < C; c++) d[c] += wk * s[c];
-            }
-        }
-    for (int64_t y = 0; y < oh; y++)
-        for (int64_t x = 0; x < ow; x++) {
-            float *d = dst + (y * ow + x) * C;
-            for (int64_t c = 0; c < C; c++) d[c] = 0.0f;
-            for (int64_t k = 0; k < n[1][y]; k++) {
-                const float *s = tmp + ((lo[1][y] + k) * ow + x) * C;
-                float wk = w[1][y * ty + k];
-                for (int64_t c = 0; c < C; c++) d[c] += wk * s[c];
-            }
-        }
-    free(w[0]);
-    free(w[1]);
-    return VITC_OK;
-}
-
-/* The adjoint of vitc__bicubic_ac: dsrc [ih*iw, C] += the transpose of the
- * resampling applied to ddst [oh*ow, C] (each tap's weight sends ddst back
- * to the clamped source it read). */
-static void vit_bicubic_backward(float *dsrc, const float *ddst, int64_t C, int64_t ih,
-                                 int64_t iw, int64_t oh, int64_t ow, int mode) {
-    float sy = (float)ih / (float)oh, sx = (float)iw / (float)ow;
-    for (int64_t y = 0; y < oh; y++) {
-        int64_t ys[4], xs[4];
-        float wy[4], wx[4];
-        if (mode)
-            vit_cubic_taps_hp(y, ih, sy, ys, wy);
-        else
-            vit_cubic_taps(y, ih, oh, ys, wy);
-        for (int64_t x = 0; x < ow; x++) {
-            if (mode)
-                vit_cubic_taps_hp(x, iw, sx, xs, wx);
-            else
-                vit_cubic_taps(x, iw, ow, xs, wx);
-            const float *g = ddst + (y * ow + x) * C;
-            for (int a = 0; a < 4; a++)
-                for (int b = 0; b < 4; b++) {
-                    float wab = wy[a] * wx[b];
-                    float *d = dsrc + (ys[a] * iw + xs[b]) * C;
-                    for (int64_t c = 0; c < C; c++) d[c] += wab * g[c];
-                }
-        }
-    }
-}
-
-void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_t ih, int64_t iw,
-                               int64_t oh, int64_t ow) {
-    vit_bicubic_backward(dsrc, ddst, C, ih, iw, oh, ow, 0);
-}
-
-/* The adjoint of vit_bicubic_aa: the height pass's transpose into tmp
- * [ih*ow, C] (zeroed here), then the width pass's into dsrc (+=). */
-static vitc_status vit_bicubic_aa_backward(float *dsrc, float *tmp, const float *ddst, int64_t C,
-                                           int64_t ih, int64_t iw, int64_t oh, int64_t ow) {
-    int64_t lo[2][1024], n[2][1024], tx = 64, ty = 64;
-    float *w[2] = {malloc((size_t)(ow * tx) * sizeof(float)),
-                   malloc((size_t)(oh * ty) * sizeof(float))};
-    if (!w[0] || !w[1]) {
-        free(w[0]);
-        free(w[1]);
-        return vitc__err(VITC_ERR_NOMEM, "antialiased resampling weights");
-    }
-    vit_aa_axis(iw, ow, tx, lo[0], n[0], w[0]);
-    vit_aa_axis(ih, oh, ty, lo[1], n[1], w[1]);
-    memset(tmp, 0, (size_t)(ih * ow * C) * sizeof(float));
-    for (int64_t y = 0; y < oh; y++)
-        for (int64_t x = 0; x < ow; x++) {
-            const float *g = ddst + (y * ow + x) * C;
-            for (int64_t k = 0; k < n[1][y]; k++) {
-                float *d = tmp + ((lo[1][y] + k) * ow + x) * C;
-                float wk = w[1][y * ty + k];
-                for (int64_t c = 0; c < C; c++) d[c] += wk * g[c];
-            }
-        }
-    for (int64_t y = 0; y < ih; y++)
-        for (int64_t x = 0; x < ow; x++) {
-            const float *g = tmp + (y * ow + x) * C;
-            for (int64_t k = 0; k < n[0][x]; k++) {
-                float *d = dsrc + (y * iw + lo[0][x] + k) * C;
-                float wk = w[0][x * tx + k];
-                for (int64_t c = 0; c < C; c++) d[c] += wk * g[c];
-            }
-        }
-    free(w[0]);
-    free(w[1]);
-    return VITC_OK;
-}
-
 vitc_status vitc__vit_pos_backward(vitc_vit *m, float *dsrc, const float *ddst, int64_t gh,
                                    int64_t gw) {
-    int64_t g = m->cfg.image_size / m->cfg.patch_size, C = m->cfg.hidden_dim;
-    if (m->pos_rule != VIT_POS_ANTIALIAS) {
-        vit_bicubic_backward(dsrc, ddst, C, g, g, gh, gw, m->pos_rule == VIT_POS_HALF_PIXEL);
-        return VITC_OK;
-    }
-    vitc__buf tmp = {0};
-    size_t n;
-    if (!vitc__mul_size((size_t)(g * gw), (size_t)C, &n))
-        return vitc__err(VITC_ERR_NOMEM, "position embedding backward overflows");
-    VITC_TRY(vitc__buf_reserve(&tmp, n));
-    vitc_status st = vit_bicubic_aa_backward(dsrc, tmp.p, ddst, C, g, g, gh, gw);
-    vitc__buf_free(&tmp);
-    return st;
+    int64_t g = m->cfg.image_size / m->cfg.patch_size;
+    return vitc__nn_resample_backward((int)m->pos_rule, dsrc, ddst, m->cfg.hidden_dim, g, g, gh,
+                                      gw);
 }
 
 /* m->pos_used for a gh x gw grid: the checkpoint's own when it matches,
@@ -332,11 +101,8 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
     VITC_TRY(vitc__buf_reserve(&m->pos_buf, aa ? t : n));
     /* The class (and distillation) rows are kept as they are. */
     memcpy(m->pos_buf.p, m->w.pos, (size_t)(np * C) * sizeof(float));
-    if (aa)
-        VITC_TRY(vit_bicubic_aa(m->pos_buf.p + np * C, m->pos_buf.p + n, m->w.pos + np * C, C, g, g, gh, gw));
-    else
-        vit_bicubic(m->pos_buf.p + np * C, m->w.pos + np * C, C, g, g, gh, gw,
-                    m->pos_rule == VIT_POS_HALF_PIXEL);
+    VITC_TRY(vitc__nn_resample((int)m->pos_rule, m->pos_buf.p + np * C, m->pos_buf.p + n,
+                               m->w.pos + np * C, C, g, g, gh, gw));
     m->pos_gh = (int)gh;
     m->pos_gw = (int)gw;
     m->pos_ver = m->wversion + 1;
@@ -403,29 +169,6 @@ static vitc_status vit_activations(vitc_vit *m, int64_t B, int64_t P, int traini
 /* ------------------------------------------------------------------ */
 /* Forward                                                            */
 /* ------------------------------------------------------------------ */
-
-typedef struct vit_im2col_ctx {
-    float *patches;      /* [B*gh*gw, Cin*p*p] */
-    const float *images; /* [B, Cin, H, W] */
-    int64_t Cin, H, W, p, gh, gw;
-} vit_im2col_ctx;
-
-/* One row of patches (image b = i / gh, patch row i % gh) into im2col rows
- * ordered (c, ky, kx) like conv_proj.weight's [C, Cin, p, p]. */
-static void vit_im2col_task(void *ctx, int64_t i, int tid) {
-    const vit_im2col_ctx *a = ctx;
-    (void)tid;
-    int64_t b = i / a->gh, py = i % a->gh, K = a->Cin * a->p * a->p;
-    for (int64_t px = 0; px < a->gw; px++) {
-        float *dst = a->patches + ((b * a->gh + py) * a->gw + px) * K;
-        for (int64_t c = 0; c < a->Cin; c++)
-            for (int64_t ky = 0; ky < a->p; ky++) {
-                const float *src =
-                    a->images + ((b * a->Cin + c) * a->H + py * a->p + ky) * a->W + px * a->p;
-                memcpy(dst + (c * a->p + ky) * a->p, src, (size_t)a->p * sizeof(float));
-            }
-    }
-}
 
 typedef struct vit_tokens_ctx {
     const vitc_vit *m;
@@ -661,8 +404,7 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     if (m->t2t) { /* T2T-ViT: its tokens_to_token module (t2t_vit.c) */
         VITC_TRY(vitc__t2t_tokens(m, images, B, H, W, proj));
     } else { /* Patch embedding: conv k = s = p is one GEMM over im2col rows. */
-        vit_im2col_ctx ic = {a->patches, images, Cin, H, W, p, gh, gw};
-        vitc__parallel_for(B * gh, vit_im2col_task, &ic);
+        vitc__nn_unfold(a->patches, images, 0, B, Cin, H, W, p, p, 0);
         VITC_TRY(vitc__linear_pw(proj, C, a->patches, K, m->pconv.data ? &m->pconv : NULL,
                                  m->w.conv_w, m->w.conv_b, NULL, 0, B * P, C, K, 0));
     }

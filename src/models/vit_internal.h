@@ -114,9 +114,9 @@ typedef enum vitc__vit_head {
 enum { VIT_ACT_GELU = VITC__NN_GELU, VIT_ACT_GELU_TANH = VITC__NN_GELU_TANH,
        VIT_ACT_QUICK_GELU = VITC__NN_QUICK_GELU };
 typedef enum vitc__vit_pos_rule {
-    VIT_POS_ALIGN_CORNERS = 0, /* torchvision: bicubic, align_corners=True */
-    VIT_POS_HALF_PIXEL = 1,    /* HF >= 4.45: bicubic to size, align_corners=False */
-    VIT_POS_ANTIALIAS = 2      /* the same with antialias=True (DINOv2 with registers) */
+    VIT_POS_ALIGN_CORNERS = VITC__NN_RESAMPLE_ALIGN_CORNERS, /* torchvision: align_corners=True */
+    VIT_POS_HALF_PIXEL = VITC__NN_RESAMPLE_HALF_PIXEL, /* HF >= 4.45: to size, align_corners=False */
+    VIT_POS_ANTIALIAS = VITC__NN_RESAMPLE_ANTIALIAS    /* the same, antialias=True (DINOv2 + registers) */
 } vitc__vit_pos_rule;
 
 /* A block's activations. In a training forward every block has its own
@@ -357,15 +357,6 @@ vitc_status vitc__vit_pos_backward(vitc_vit *m, float *dsrc, const float *ddst, 
 
 /* Gradient array and structs on first use (vit_train.c). */
 vitc_status vitc__vit_grad_alloc(vitc_vit *m);
-
-/* F.interpolate(mode="bicubic", align_corners=True) of src [C, ih, iw]
- * stored position-major ([ih*iw, C]) into dst [oh*ow, C]. */
-void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw, int64_t oh,
-                      int64_t ow);
-
-/* The adjoint of vitc__bicubic_ac, accumulated into dsrc [ih*iw, C]. */
-void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_t ih, int64_t iw,
-                               int64_t oh, int64_t ow);
 
 /* T2T-ViT (t2t_vit.c). configure: when st (with arch) is a T2T-ViT
  * checkpoint, *is_t2t = 1 and m's config, options and arch name are set

@@ -111,6 +111,43 @@ vitc_status vitc__nn_cross_backward(const vitc__nn_cross *p, const vitc__nn_cros
                                     const float *dy, const float *x, const vitc__nn_cross_rec *r,
                                     float *datt, float *dq, float *dkv, vitc__buf *mask_buf);
 
+/* ---- the patch embedding and the position table (embed.c) --------- */
+
+/* Output length of nn.Unfold(k, stride s, padding p) over n. */
+static inline int64_t vitc__nn_unfold_out(int64_t n, int64_t k, int64_t s, int64_t p) {
+    return (n + 2 * p - k) / s + 1;
+}
+/* nn.Unfold(k, s, p) of src, read as [B, C, h, w] (an image) or, tokens,
+ * [B, h*w, C], into rows dst [B, oh*ow, C*k*k] ordered (c, ky, kx) as
+ * Unfold's output transposed (conv weights' [out, C, k, k] order); zeros
+ * outside. A ViT's patch embedding is k = s = patch, p = 0, then one GEMM. */
+void vitc__nn_unfold(float *dst, const float *src, int tokens, int64_t B, int64_t C, int64_t h,
+                     int64_t w, int64_t k, int64_t s, int64_t p);
+/* Its adjoint (nn.Fold): dsrc (same layout as src) += the rows ddst sent back. */
+void vitc__nn_fold(float *dsrc, const float *ddst, int tokens, int64_t B, int64_t C, int64_t h,
+                   int64_t w, int64_t k, int64_t s, int64_t p);
+
+/* Bicubic resampling of a position grid src [ih*iw, C] (position-major)
+ * to dst [oh*ow, C], as F.interpolate(mode="bicubic") with: */
+enum {
+    VITC__NN_RESAMPLE_ALIGN_CORNERS = 0, /* align_corners=True (torchvision) */
+    VITC__NN_RESAMPLE_HALF_PIXEL = 1,    /* align_corners=False to a size (HF >= 4.45) */
+    VITC__NN_RESAMPLE_ANTIALIAS = 2      /* the same, antialias=True (DINOv2 with registers);
+                                          * grids up to 1024, shrinking at most 15x */
+};
+/* tmp: [ih*ow, C] scratch for ANTIALIAS (unused otherwise). */
+vitc_status vitc__nn_resample(int rule, float *dst, float *tmp, const float *src, int64_t C,
+                              int64_t ih, int64_t iw, int64_t oh, int64_t ow);
+/* The adjoint: dsrc [ih*iw, C] += R^T ddst [oh*ow, C]. */
+vitc_status vitc__nn_resample_backward(int rule, float *dsrc, const float *ddst, int64_t C,
+                                       int64_t ih, int64_t iw, int64_t oh, int64_t ow);
+/* F.interpolate(mode="bicubic", align_corners=True) of src [ih*iw, C] into
+ * dst [oh*ow, C], and its adjoint accumulated into dsrc. */
+void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw, int64_t oh,
+                      int64_t ow);
+void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_t ih, int64_t iw,
+                               int64_t oh, int64_t ow);
+
 /* ---- the pre-norm encoder block (block.c) ------------------------- */
 
 typedef struct vitc__nn_block_w {
