@@ -798,8 +798,9 @@ VITC_API vitc_status vitc_vit_set_dropout(vitc_vit *m, float dropout, float atte
  * [B, vitc_vit_output_size]), accumulated (+=) into the gradients, as torch
  * does. Every family's block and head (activations, SwiGLU, layer scale,
  * prefix tokens, CLIP's pre-norm and projection, SigLIP's attention-pooling
- * head, DINOv2's and DeiT's heads, resampled positions);
- * VITC_ERR_UNSUPPORTED for T2T-ViT, which runs forward only. */
+ * head, DINOv2's and DeiT's heads, resampled positions, T2T-ViT's
+ * token-transformer stages); VITC_ERR_UNSUPPORTED for T2T-ViT's
+ * Token_performer stages, which run forward only. */
 VITC_API vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits);
 VITC_API vitc_status vitc_vit_zero_grad(vitc_vit *m);
 /* Parameter i (state_dict order): torch name, shape, data, and its gradient

@@ -202,7 +202,9 @@ static vitc_status vit_embed_backward(vitc_vit *m, vit_bwd *s) {
     /* The position rows used: [0, npos) then the patches' (registers have none). */
     memmove(dsum + npos * C, dsum + np * C, (size_t)(P * C) * sizeof(float));
     int64_t g0 = c->image_size / c->patch_size;
-    if (m->rec_gh == g0 && m->rec_gw == g0) {
+    if (m->t2t) {
+        /* T2T-ViT's sinusoid table is a constant (requires_grad=False): no gradient */
+    } else if (m->rec_gh == g0 && m->rec_gw == g0) {
         for (int64_t i = 0; i < (npos + P) * C; i++) m->g.pos[i] += dsum[i];
     } else { /* resampled: the prefix rows as they are, the grid through the adjoint */
         for (int64_t i = 0; i < npos * C; i++) m->g.pos[i] += dsum[i];
@@ -213,6 +215,9 @@ static vitc_status vit_embed_backward(vitc_vit *m, vit_bwd *s) {
     float *dproj = s->b.gmid; /* [B*P, C] */
     for (int64_t b = 0; b < B; b++)
         memcpy(dproj + b * P * C, g + (b * N + np) * C, (size_t)(P * C) * sizeof(float));
+    if (m->t2t) /* T2T-ViT: its tokens_to_token module in place of the patch embedding */
+        return vitc__t2t_tokens_backward(m, dproj, B, (int64_t)m->rec_gh * p,
+                                         (int64_t)m->rec_gw * p);
     vitc__linear_backward(NULL, 0, 0.0f, m->g.conv_w, m->g.conv_b, dproj, C, a->patches, Kc,
                           m->w.conv_w, B * P, C, Kc);
     return VITC_OK;
@@ -221,9 +226,10 @@ static vitc_status vit_embed_backward(vitc_vit *m, vit_bwd *s) {
 vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits) {
     if (!m || !dlogits)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_backward: NULL model or dlogits");
-    if (m->t2t)
-        return vitc__err(VITC_ERR_UNSUPPORTED, "vitc_vit_backward: T2T-ViT's tokens_to_token "
-                         "module has no backward (it runs forward only, for inference)");
+    if (m->t2t == VIT_NAMES_T2T_PERFORMER)
+        return vitc__err(VITC_ERR_UNSUPPORTED, "vitc_vit_backward: T2T-ViT's Token_performer "
+                         "stages (tokens_type \"performer\") have no backward; the transformer "
+                         "mode (t2t_vit_t_*) trains");
     if (!m->recorded)
         return vitc__err(VITC_ERR_INVALID_ARG,
                          "vitc_vit_backward: no recorded forward (call vitc_vit_set_training(m, "
@@ -239,8 +245,10 @@ vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits) {
     VITC_TRY(vit_head_backward(m, dlogits, &s));
     for (int l = c->depth - 1; l >= 0; l--) {
         vitc__nn_block b = vitc__vit_block_desc(m, l, NULL);
-        VITC_TRY(vitc__nn_block_backward(&b, m->rec_cls_only && l == c->depth - 1, &m->gblocks[l],
-                                         &s.b));
+        vitc__nn_block_w gw = m->gblocks[l];
+        if (m->no_qkv_bias) /* qkv_bias=False: zero rows the model has no parameter for */
+            gw.qkv_b = NULL;
+        VITC_TRY(vitc__nn_block_backward(&b, m->rec_cls_only && l == c->depth - 1, &gw, &s.b));
     }
     return vit_embed_backward(m, &s);
 }

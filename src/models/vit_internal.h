@@ -374,5 +374,9 @@ void vitc__t2t_free(vitc_vit *m);
 /* tokens_to_token(images [B, in, H, W]) -> out [B * g*g, C], H = W = 16 g. */
 vitc_status vitc__t2t_tokens(vitc_vit *m, const float *images, int64_t B, int64_t H, int64_t W,
                              float *out);
+/* The gradient of the last recorded (training) tokens_to_token for dout
+ * [B * g*g, C], added into m->g's T2T rows; transformer mode only. */
+vitc_status vitc__t2t_tokens_backward(vitc_vit *m, const float *dout, int64_t B, int64_t H,
+                                      int64_t W);
 
 #endif

@@ -136,3 +136,54 @@ vitc_status vitc__nn_cross_backward(const vitc__nn_cross *p, const vitc__nn_cros
                           p->probe, C, p->in_w, L, C, C);
     return VITC_OK;
 }
+
+/* ---- the self-attention sublayer ------------------------------------ */
+
+/* The sdpa view of qkv [B, N, 3D] (heads grouped: head h's q at h*d) and
+ * att [B, N, D]. */
+static vitc__sdpa_desc nn_attn_view(const vitc__nn_attn *p, const vitc__nn_attn_rec *r) {
+    int64_t D = p->D, d = D / p->H, N = p->N;
+    vitc__sdpa_desc sd = {
+        .B = p->B, .H = p->H, .L = N, .S = N, .D = d, .Dv = d,
+        .q = r->qkv, .q_sb = N * 3 * D, .q_sh = d, .q_sr = 3 * D,
+        .k = r->qkv + D, .k_sb = N * 3 * D, .k_sh = d, .k_sr = 3 * D,
+        .v = r->qkv + 2 * D, .v_sb = N * 3 * D, .v_sh = d, .v_sr = 3 * D,
+        .o = r->att, .o_sb = N * D, .o_sh = d, .o_sr = D,
+        .scale = p->scale > 0.0f ? p->scale : 1.0f / sqrtf((float)d),
+        .lse = r->lse, .lse_sb = p->H * N, .lse_sh = N,
+    };
+    return sd;
+}
+
+vitc_status vitc__nn_attn_forward(const vitc__nn_attn *p, float *y, const float *x,
+                                  const vitc__nn_attn_rec *r, vitc__buf *mask_buf) {
+    int64_t M = p->B * p->N, D = p->D;
+    vitc__linear(r->qkv, 3 * D, x, p->Cin, p->qkv_w, p->qkv_b, NULL, 0, M, 3 * D, p->Cin);
+    vitc__sdpa_desc sd = nn_attn_view(p, r);
+    VITC_TRY(vitc__nn_mask_apply(&p->mask, mask_buf, &sd));
+    VITC_TRY(vitc__sdpa(&sd));
+    vitc__linear(y, p->Cout, r->att, D, p->out_w, p->out_b, p->v_skip ? r->qkv + 2 * D : NULL,
+                 3 * D, M, p->Cout, D);
+    return VITC_OK;
+}
+
+vitc_status vitc__nn_attn_backward(const vitc__nn_attn *p, const vitc__nn_attn *g, float *dx,
+                                   const float *dy, const float *x, const vitc__nn_attn_rec *r,
+                                   float *datt, float *dqkv, vitc__buf *mask_buf) {
+    int64_t M = p->B * p->N, D = p->D, d = D / p->H, N = p->N;
+    vitc__linear_backward(datt, D, 0.0f, (float *)g->out_w, (float *)g->out_b, dy, p->Cout,
+                          r->att, D, p->out_w, M, p->Cout, D);
+    vitc__sdpa_bwd_desc bd = {.f = nn_attn_view(p, r)};
+    VITC_TRY(vitc__nn_mask_apply(&p->mask, mask_buf, &bd.f));
+    bd.dout = datt, bd.do_sb = N * D, bd.do_sh = d, bd.do_sr = D;
+    bd.dq = dqkv, bd.dq_sb = N * 3 * D, bd.dq_sh = d, bd.dq_sr = 3 * D;
+    bd.dk = dqkv + D, bd.dk_sb = N * 3 * D, bd.dk_sh = d, bd.dk_sr = 3 * D;
+    bd.dv = dqkv + 2 * D, bd.dv_sb = N * 3 * D, bd.dv_sh = d, bd.dv_sr = 3 * D;
+    VITC_TRY(vitc__sdpa_backward(&bd));
+    if (p->v_skip) /* y = v + out_proj(o): dy reaches v directly too */
+        for (int64_t i = 0; i < M; i++)
+            for (int64_t j = 0; j < D; j++) dqkv[i * 3 * D + 2 * D + j] += dy[i * p->Cout + j];
+    vitc__linear_backward(dx, p->Cin, 0.0f, (float *)g->qkv_w, (float *)g->qkv_b, dqkv, 3 * D, x,
+                          p->Cin, p->qkv_w, M, 3 * D, p->Cin);
+    return VITC_OK;
+}

@@ -86,6 +86,30 @@ vitc_status vitc__nn_attn_dropout_forward(const vitc__sdpa_desc *sd, const uint8
 vitc_status vitc__nn_attn_dropout_backward(const vitc__sdpa_bwd_desc *bd, const float *P,
                                            const uint8_t *keep, float p, vitc__buf *tmp);
 
+/* The self-attention sublayer over x [B, N, Cin]:
+ *   q, k, v = x Wqkv^T (+ b)          [B, N, 3D], heads grouped (head h at h*D/H)
+ *   o = sdpa(q, k, v) (+ mask)        [B, N, D]
+ *   y = out_proj(o) (+ v: T2T's skip, the width changing Cin -> D) */
+typedef struct vitc__nn_attn {
+    const float *qkv_w, *qkv_b; /* [3D, Cin], [3D] or NULL */
+    const float *out_w, *out_b; /* [Cout, D], [Cout] */
+    int64_t B, N, Cin, D, Cout, H;
+    float scale;                /* 0: (D/H)^-0.5 */
+    int v_skip;                 /* y += v (Cout = D) */
+    vitc__nn_mask mask;
+} vitc__nn_attn;
+/* Recorded: qkv [B*N, 3D], att [B*N, D], lse [B, H, N] (NULL in inference). */
+typedef struct vitc__nn_attn_rec {
+    float *qkv, *att, *lse;
+} vitc__nn_attn_rec;
+vitc_status vitc__nn_attn_forward(const vitc__nn_attn *p, float *y /* [B*N, Cout] */,
+                                  const float *x, const vitc__nn_attn_rec *r, vitc__buf *mask_buf);
+/* dx [B*N, Cin] (overwritten) from dy; parameter gradients added into g
+ * (NULL skipped). Scratch: datt [B*N, D], dqkv [B*N, 3D]. */
+vitc_status vitc__nn_attn_backward(const vitc__nn_attn *p, const vitc__nn_attn *g, float *dx,
+                                   const float *dy, const float *x, const vitc__nn_attn_rec *r,
+                                   float *datt, float *dqkv, vitc__buf *mask_buf);
+
 /* Cross-attention of queries from another sequence (SigLIP's MAP head: one
  * learnt probe per image) over x's rows, nn.MultiheadAttention's in_proj
  * [3C, C] split in q rows [0, C) and k, v rows [C, 3C):

@@ -205,5 +205,94 @@ class TestTimmGrads(GradCase):
         self.family("vit-tiny-backbone", num_classes=0)
 
 
+st_write = t2t_ref = None
+if torch is not None:
+    try:
+        from .util import reference_modules
+    except ImportError:  # run as a script
+        from util import reference_modules
+    st_write, t2t_ref = reference_modules("st_write", "t2t_ref")
+
+
+def _t2t_forward(sd, cfg, x):
+    """tests/reference/t2t_ref.py's forward with autograd on: logits, or
+    the class token after the final norm for a backbone."""
+    import torch.nn.functional as F
+    t = t2t_ref.tokens_to_token(sd, cfg, x)
+    B, E, H = t.shape[0], cfg["embed_dim"], cfg["num_heads"]
+    t = torch.cat([sd["cls_token"].expand(B, -1, -1), t], dim=1) + sd["pos_embed"]
+    scale = cfg["qk_scale"] or (E // H) ** -0.5
+    for i in range(cfg["depth"]):
+        b = "blocks.%d." % i
+        h = F.layer_norm(t, (E,), sd[b + "norm1.weight"], sd[b + "norm1.bias"], 1e-5)
+        N = h.shape[1]
+        qkv = F.linear(h, sd[b + "attn.qkv.weight"], sd.get(b + "attn.qkv.bias"))
+        q, k, v = qkv.reshape(B, N, 3, H, E // H).permute(2, 0, 3, 1, 4)
+        a = ((q @ k.transpose(-2, -1)) * scale).softmax(dim=-1)
+        t = t + F.linear((a @ v).transpose(1, 2).reshape(B, N, E), sd[b + "attn.proj.weight"],
+                         sd[b + "attn.proj.bias"])
+        h = F.layer_norm(t, (E,), sd[b + "norm2.weight"], sd[b + "norm2.bias"], 1e-5)
+        h = F.gelu(F.linear(h, sd[b + "mlp.fc1.weight"], sd[b + "mlp.fc1.bias"]))
+        t = t + F.linear(h, sd[b + "mlp.fc2.weight"], sd[b + "mlp.fc2.bias"])
+    h = F.layer_norm(t, (E,), sd["norm.weight"], sd["norm.bias"], 1e-5)
+    if cfg["num_classes"]:
+        return F.linear(h[:, 0], sd["head.weight"], sd["head.bias"])
+    return h[:, 0]
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class TestT2TGrads(TmpDirCase):
+    """T2T-ViT's token-transformer mode (t2t_vit_t_*): tokens_to_token's
+    stages, unfolds and projection, then the encoder, against autograd on
+    tests/reference/t2t_ref.py's forward in float64 (pos_embed is the
+    sinusoid constant: no gradient, as in the original)."""
+    TMP_PREFIX = "vitc_grads_t2t_"
+
+    def run_t2t(self, name, **kw):
+        cfg = t2t_ref.t2t_config("transformer", img_size=64, embed_dim=48, depth=2, num_heads=3,
+                                 mlp_ratio=2.0, token_dim=16, **kw)
+        sd = t2t_ref.random_state(cfg, 4)
+        path = self.path(name + ".safetensors")
+        st_write.write(path, sd, t2t_ref.metadata(cfg))
+        ref = {k: v.double().requires_grad_(k != "pos_embed") for k, v in sd.items()}
+        m = vitc.load_model(path)
+        m.train()
+        x = np.random.RandomState(1).randn(2, 3, 64, 64).astype(np.float32)
+        y = m(x)
+        out = _t2t_forward(ref, cfg, torch.from_numpy(x).double())
+        yr = out.detach().numpy()
+        self.assertLessEqual(np.abs(y - yr).max(), RTOL * np.abs(yr).max() + ATOL, name + " output")
+        dy = np.random.RandomState(2).randn(*y.shape).astype(np.float32)
+        m.backward(dy)
+        (out * torch.from_numpy(dy).double()).sum().backward()
+        for n, g in m.grads().items():
+            if n not in ref:  # qkv_bias=False: vitc's zero rows stay zero
+                self.assertFalse(np.any(g), "T2T-ViT %s: %s has no torch tensor but a "
+                                 "gradient" % (name, n))
+                continue
+            gr = ref[n].grad
+            gr = np.zeros(g.shape) if gr is None else gr.numpy().reshape(g.shape)
+            err, tol = np.abs(g - gr).max(), RTOL * np.abs(gr).max() + ATOL
+            self.assertLessEqual(err, tol, "T2T-ViT %s: gradient of %s: max|vitc - torch| = %.3g, "
+                                 "tolerance %.3g" % (name, n, err, tol))
+
+    def test_t2t_transformer_classifier(self):
+        self.run_t2t("t2t-t", num_classes=10)
+
+    def test_t2t_transformer_backbone(self):
+        self.run_t2t("t2t-t-backbone", num_classes=0)
+
+    def test_t2t_performer_refused(self):
+        cfg = t2t_ref.t2t_config("performer", img_size=64, embed_dim=48, depth=2, num_heads=3,
+                                 mlp_ratio=2.0, token_dim=16, num_classes=10)
+        path = self.path("t2t-p.safetensors")
+        st_write.write(path, t2t_ref.random_state(cfg, 4), t2t_ref.metadata(cfg))
+        m = vitc.load_model(path)
+        m.train()
+        y = m(np.zeros((1, 3, 64, 64), np.float32))
+        with self.assertRaisesRegex(vitc.VitcError, "Token_performer"):
+            m.backward(np.ones_like(y))
+
+
 if __name__ == "__main__":
     unittest.main()
