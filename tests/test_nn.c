@@ -2,7 +2,8 @@
  * activation's derivative and SwiGLU's by central differences of the
  * activation written in double; attention under the causal mask provider
  * against a plain double loop; the cross-attention (SigLIP's pooling)
- * backward against central differences of a double forward. */
+ * backward against central differences of a double forward; the whole
+ * block backward, regularised, against its forward's directional derivative. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -237,12 +238,115 @@ static void test_cross_attention_backward(void **st) {
     vitc__buf_free(&mb);
 }
 
+
+/* The block's loss sum(dy * y) with its masks redrawn from the same
+ * generator state (the same masks each call), accumulated in double. */
+static double block_loss(vitc__nn_block *b, const float *dy, uint64_t seed) {
+    vitc__rng r = {seed};
+    b->rng = &r;
+    assert_int_equal(vitc__nn_block_forward(b, 0), VITC_OK);
+    double l = 0.0;
+    for (int64_t i = 0; i < b->B * b->N * b->C; i++) l += (double)b->y[i] * dy[i];
+    return l;
+}
+
+/* The block backward with everything on (layer scale, dropout, drop path,
+ * attention dropout, each activation, SwiGLU) against the directional
+ * derivative of its forward: <grad, v> vs (L(w + h v) - L(w - h v)) / 2h
+ * over every parameter and the input at once. */
+static void test_block_backward_directional(void **st) {
+    (void)st;
+    const int64_t B = 2, N = 5, C = 8, H = 2, BN = B * N;
+    for (int variant = 0; variant < 4; variant++) {
+        int swiglu = variant == 3, act = variant < 3 ? variant : VITC__NN_GELU;
+        int64_t M = 16, M2 = swiglu ? M / 2 : M;
+        /* parameters, one array, in vitc__nn_block_w's order */
+        int64_t sz[14] = {C, C, 3 * C * C, 3 * C, C * C, C, C, C, M * C, M, C * M2, C, C, C};
+        int64_t total = 0, off[14];
+        for (int k = 0; k < 14; k++) off[k] = total, total += sz[k];
+        float *w = tu_falloc((size_t)total), *gwv = calloc((size_t)total, sizeof(float));
+        float *v = tu_falloc((size_t)(total + BN * C));
+        assert_non_null(gwv);
+        uint64_t s = 1000 + (uint64_t)variant;
+        tu_fill(&s, w, (size_t)total, 0.4f);
+        for (int k = 0; k < 14; k++) /* norms and layer scales near 1 */
+            if (k == 0 || k == 6 || k >= 12)
+                for (int64_t i = 0; i < sz[k]; i++) w[off[k] + i] += 1.0f;
+        tu_fill(&s, v, (size_t)(total + BN * C), 1.0f);
+        vitc__nn_block_w bw, gw;
+        float **pw[14] = {&bw.ln1_w, &bw.ln1_b, &bw.qkv_w, &bw.qkv_b, &bw.proj_w, &bw.proj_b,
+                          &bw.ln2_w, &bw.ln2_b, &bw.fc1_w, &bw.fc1_b, &bw.fc2_w, &bw.fc2_b,
+                          &bw.ls1, &bw.ls2};
+        float **pg[14] = {&gw.ln1_w, &gw.ln1_b, &gw.qkv_w, &gw.qkv_b, &gw.proj_w, &gw.proj_b,
+                          &gw.ln2_w, &gw.ln2_b, &gw.fc1_w, &gw.fc1_b, &gw.fc2_w, &gw.fc2_b,
+                          &gw.ls1, &gw.ls2};
+        for (int k = 0; k < 14; k++) *pw[k] = w + off[k], *pg[k] = gwv + off[k];
+        /* activations */
+        float *x = tu_falloc((size_t)(BN * C)), *ln1 = tu_falloc((size_t)(BN * C));
+        float *qkv = tu_falloc((size_t)(BN * 3 * C)), *att = tu_falloc((size_t)(BN * C));
+        float *lse = tu_falloc((size_t)(B * H * N)), *mid = tu_falloc((size_t)(BN * C));
+        float *ln2 = tu_falloc((size_t)(BN * C)), *hpre = tu_falloc((size_t)(BN * M));
+        float *hact = tu_falloc((size_t)(BN * M)), *y = tu_falloc((size_t)(BN * C));
+        float *pkeep = tu_falloc((size_t)(B * H * N * N)), *dy = tu_falloc((size_t)(BN * C));
+        uint8_t *masks = malloc((size_t)(2 * BN * C + BN * M + 2 * B + B * H * N * N));
+        assert_non_null(masks);
+        tu_fill(&s, x, (size_t)(BN * C), 1.0f);
+        tu_fill(&s, dy, (size_t)(BN * C), 1.0f);
+        vitc__buf tmp = {0}, mb = {0};
+        vitc__nn_block b = {.w = &bw, .B = B, .N = N, .C = C, .H = H, .M = M, .eps = 1e-6f,
+                            .act = act, .swiglu = swiglu, .dropout = 0.2f,
+                            .attention_dropout = 0.25f, .drop_path = 0.3f,
+                            .k = {masks, masks + BN * C, masks + BN * C + BN * M,
+                                  masks + 2 * BN * C + BN * M, masks + 2 * BN * C + BN * M + B,
+                                  masks + 2 * BN * C + BN * M + 2 * B},
+                            .x = x, .ln1 = ln1, .qkv = qkv, .att = att, .lse = lse, .mid = mid,
+                            .ln2 = ln2, .hpre = hpre, .hact = hact, .y = y, .pkeep = pkeep,
+                            .tmp = &tmp, .mask_buf = &mb};
+        const uint64_t seed = 99;
+        block_loss(&b, dy, seed);
+        vitc__nn_block_bwd sc = {tu_falloc((size_t)(BN * C)), tu_falloc((size_t)(BN * C)),
+                                 tu_falloc((size_t)(BN * C)), tu_falloc((size_t)(BN * C)),
+                                 tu_falloc((size_t)(BN * 3 * C)), tu_falloc((size_t)(BN * M)),
+                                 tu_falloc((size_t)(2 * BN))};
+        memcpy(sc.g, dy, (size_t)(BN * C) * sizeof(float));
+        assert_int_equal(vitc__nn_block_backward(&b, 0, &gw, &sc), VITC_OK);
+        double dir = 0.0;
+        for (int64_t i = 0; i < total; i++) dir += (double)gwv[i] * v[i];
+        for (int64_t i = 0; i < BN * C; i++) dir += (double)sc.g[i] * v[total + i];
+        /* central difference in float: h large enough for float's rounding */
+        float *w0 = tu_falloc((size_t)total), *x0 = tu_falloc((size_t)(BN * C));
+        memcpy(w0, w, (size_t)total * sizeof(float));
+        memcpy(x0, x, (size_t)(BN * C) * sizeof(float));
+        const float h = 1e-3f;
+        double lp, lm;
+        for (int64_t i = 0; i < total; i++) w[i] = w0[i] + h * v[i];
+        for (int64_t i = 0; i < BN * C; i++) x[i] = x0[i] + h * v[total + i];
+        lp = block_loss(&b, dy, seed);
+        for (int64_t i = 0; i < total; i++) w[i] = w0[i] - h * v[i];
+        for (int64_t i = 0; i < BN * C; i++) x[i] = x0[i] - h * v[total + i];
+        lm = block_loss(&b, dy, seed);
+        double fd = (lp - lm) / (2.0 * h);
+        if (!(fabs(dir - fd) <= 5e-4 * fabs(fd) + 1e-3))
+            fail_msg("block variant %d (act %d, swiglu %d): <grad, v> = %.7g, central difference "
+                     "%.7g", variant, act, swiglu, dir, fd);
+        /* and a wrong gradient would show: a 1% change of one term is outside */
+        assert_true(fabs(1.01 * dir - fd) > 5e-4 * fabs(fd) + 1e-3 || fabs(dir) < 0.5);
+        vitc__buf_free(&tmp);
+        vitc__buf_free(&mb);
+        float *fr[] = {w, gwv, v, x, ln1, qkv, att, lse, mid, ln2, hpre, hact, y, pkeep, dy, w0, x0,
+                       sc.g, sc.gmid, sc.dln, sc.datt, sc.dqkv, sc.dh, sc.stats};
+        for (size_t i = 0; i < sizeof fr / sizeof *fr; i++) free(fr[i]);
+        free(masks);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_activation_derivatives),
         cmocka_unit_test(test_swiglu_derivative),
         cmocka_unit_test(test_causal_mask),
         cmocka_unit_test(test_cross_attention_backward),
+        cmocka_unit_test(test_block_backward_directional),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
