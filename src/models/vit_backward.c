@@ -16,7 +16,7 @@
 #include "vit_internal.h"
 
 /* Scratch of one backward, carved from m->bwd: the block's (nn/block.c),
- * then dpos [N, C] (the position embedding used) and a head's [B, 2C + N*C]. */
+ * then dpos [N, C] (the position embedding used) and a head's [B (N + 2), C]. */
 typedef struct vit_bwd {
     vitc__nn_block_bwd b;
     float *dpos, *head;

@@ -170,6 +170,14 @@ class TestTransformersGrads(HubGradCase):
         self.family("hf-siglip", T.SiglipVisionModel(T.SiglipVisionConfig(**self._VIT)),
                     lambda mm, x, s: mm(x, **_kw(s)).pooler_output, SIZES + [(24, 24)])
 
+    def test_siglip_vision_without_head(self):
+        """vision_use_head=False: no class token, no head; the primary output is
+        the mean of the normed patch tokens."""
+        T = transformers
+        self.family("hf-siglip-nohead", T.SiglipVisionModel(
+            T.SiglipVisionConfig(**self._VIT, vision_use_head=False)),
+            lambda mm, x, s: mm(x, **_kw(s)).last_hidden_state.mean(dim=1))
+
 
 @unittest.skipIf(torch is None or timm is None, "needs torch and timm")
 class TestTimmGrads(GradCase):
