@@ -780,8 +780,9 @@ VITC_API const char *vitc_get_precision_paths(void);
  * (vitc_vit_default_config fills torchvision's). */
 VITC_API vitc_vit_config vitc_vit_default_config(void);
 VITC_API vitc_status vitc_vit_create(const vitc_vit_config *cfg, uint64_t seed, vitc_vit **out);
-/* In training mode vitc_vit_forward records what vitc_vit_backward needs
- * (and applies dropout / drop path); eval mode (the default) records nothing. */
+/* In training mode vitc_vit_forward and vitc_vit_run record what
+ * vitc_vit_backward needs (and apply dropout / drop path); eval mode (the
+ * default) records nothing. */
 VITC_API void vitc_vit_set_training(vitc_vit *m, int training);
 VITC_API int vitc_vit_is_training(const vitc_vit *m);
 /* Training-mode regularisation, all in [0, 1): torchvision's dropout (after

@@ -178,8 +178,8 @@ struct vitc_vit {
     int t2t;               /* VIT_NAMES_T2T_TRANSFORMER or _PERFORMER */
     int t2t_dim;           /* token_dim T */
     int no_qkv_bias;       /* qkv_bias false: the blocks' qkv.bias rows are zeros, not read */
-    vitc_layer *t2t_attn[2]; /* transformer mode: the engine's T2TAttention of each stage */
-    uint64_t t2t_synced;   /* wversion + 1 the layers' weights were copied at; 0: never */
+    vitc_layer *t2t_attn[2]; /* unused: the stages run on src/nn (t2t_vit.c); NULL */
+    uint64_t t2t_synced;   /* unused */
     vitc__buf t2t_buf;     /* the token module's activations */
     char family[32];       /* "torchvision", "timm", "hf-vit", "hf-deit" */
     char *ignored;         /* Hub tensors the forward does not use, NUL-separated */
