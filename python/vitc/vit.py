@@ -356,11 +356,26 @@ class VisionTransformer:
 
     def _checkpoint_names(self, grads):
         fam = self.config.get("family", "")
-        if fam not in ("hf-vit", "hf-deit", "hf-dinov2", "hf-clip", "hf-siglip"):
+        if fam not in ("hf-vit", "hf-deit", "hf-dinov2", "hf-clip", "hf-siglip") + tuple(
+                _CLIP_NAMES):
             return grads
         keys = _checkpoint_keys(getattr(self, "_path", None))
         if not keys:
             return grads
+        if fam in _CLIP_NAMES:
+            out = {}
+            for n, g in grads.items():
+                f = _clip_names(fam, n, keys)
+                if f is None:
+                    continue  # a zero bias the file does not have
+                if f == "visual.proj":  # stored [width, embed], applied as x @ proj
+                    g = g.T.copy()
+                elif f in ("visual.class_embedding",):
+                    g = g.reshape(-1)
+                elif f == "visual.positional_embedding":
+                    g = g.reshape(-1, g.shape[-1])
+                out[f] = g
+            return out
         swiglu = any(".mlp.weights_in." in k for k in keys)
         out = {}
         for n, g in grads.items():
@@ -482,7 +497,8 @@ def _checkpoint_keys(path):
         if os.path.exists(idx):
             with open(idx) as f:
                 return set(json.load(f)["weight_map"])
-        files = [os.path.join(path, "model.safetensors")]
+        files = [os.path.join(path, n) for n in ("model.safetensors", "open_clip_model.safetensors")
+                 if os.path.exists(os.path.join(path, n))][:1]
     elif path.endswith(".index.json"):
         with open(path) as f:
             return set(json.load(f)["weight_map"])
@@ -520,6 +536,44 @@ _HUB_CLIP_MODEL = {"class_token": "embeddings.class_embedding",
                    "head.attention.in_proj_weight", "attn_pool.qkv.bias":
                    "head.attention.in_proj_bias", "attn_pool.proj": "head.attention.out_proj",
                    "attn_pool.norm": "head.layernorm", "attn_pool.mlp": "head.mlp"}
+
+
+# CLIP towers in open_clip's / OpenAI's names and in timm's (vit_hub.c's
+# clip_names loaders): (model names, layer format, layer names).
+_CLIP_NAMES = {
+    "open-clip": ({"class_token": "visual.class_embedding", "conv_proj": "visual.conv1",
+                   "encoder.pos_embedding": "visual.positional_embedding",
+                   "ln_pre": "visual.ln_pre", "encoder.ln": "visual.ln_post",
+                   "heads.head.weight": "visual.proj"},
+                  "visual.transformer.resblocks.%s.",
+                  {"ln_1": "ln_1", "ln_2": "ln_2", "self_attention.in_proj_weight":
+                   "attn.in_proj_weight", "self_attention.in_proj_bias": "attn.in_proj_bias",
+                   "self_attention.out_proj": "attn.out_proj", "mlp.0": "mlp.c_fc",
+                   "mlp.3": "mlp.c_proj"}),
+    "timm-clip": ({"class_token": "cls_token", "conv_proj": "patch_embed.proj",
+                   "encoder.pos_embedding": "pos_embed", "ln_pre": "norm_pre",
+                   "encoder.ln": "norm", "heads.head": "head"},
+                  "blocks.%s.",
+                  {"ln_1": "norm1", "ln_2": "norm2", "self_attention.in_proj_weight":
+                   "attn.qkv.weight", "self_attention.in_proj_bias": "attn.qkv.bias",
+                   "self_attention.out_proj": "attn.proj", "mlp.0": "mlp.fc1",
+                   "mlp.3": "mlp.fc2"}),
+}
+
+
+def _clip_names(family, name, keys):
+    """The file's name of vitc's tensor in a CLIP tower file, or None when
+    the file has none (a zero bias)."""
+    model, fmt, layer = _CLIP_NAMES[family]
+    tab, pre, rest = model, "", name
+    if name.startswith("encoder.layers.encoder_layer_"):
+        i, rest = name[len("encoder.layers.encoder_layer_"):].split(".", 1)
+        tab, pre = layer, fmt % i
+    for key in sorted(tab, key=len, reverse=True):  # the longest module prefix
+        if rest == key or rest.startswith(key + "."):
+            got = pre + tab[key] + rest[len(key):]
+            return got if got in keys else None
+    return None
 
 
 def _hub_names(family, name, keys, swiglu):

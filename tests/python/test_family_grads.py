@@ -44,7 +44,7 @@ class GradCase(TmpDirCase):
     def setUp(self):
         torch.manual_seed(0)
 
-    def run_family(self, family, model, ref, directory, sizes=SIZES, seed=0):
+    def run_family(self, family, model, ref, directory, sizes=SIZES, seed=0, skip=()):
         model = model.double().eval()  # dropout rates are 0: eval and train agree
         m = vitc.load_model(directory)
         m.train()
@@ -69,6 +69,8 @@ class GradCase(TmpDirCase):
             grads = m.grads()
             checked = 0
             for name, g in grads.items():
+                if name in skip:
+                    continue
                 self.assertIn(name, ref_grads, "%s: vitc tensor %s is not a parameter of the "
                               "torch module" % (where, name))
                 gr = ref_grads[name].reshape(g.shape)
@@ -177,6 +179,48 @@ class TestTransformersGrads(HubGradCase):
         self.family("hf-siglip-nohead", T.SiglipVisionModel(
             T.SiglipVisionConfig(**self._VIT, vision_use_head=False)),
             lambda mm, x, s: mm(x, **_kw(s)).last_hidden_state.mean(dim=1))
+
+
+@unittest.skipIf(torch is None or transformers is None, "needs torch and transformers")
+class TestClipNamesGrads(HubGradCase):
+    """CLIP's vision tower as open_clip / OpenAI (visual.*) and timm name it
+    (test_clip_names.py's renames of an HF model's tensors): the same
+    gradients under those names (visual.proj transposed)."""
+    TMP_PREFIX = "vitc_grads_clipnames_"
+    convert = None
+
+    def named_grads(self, model, where):
+        g = {k: torch.from_numpy(v) for k, v in super().named_grads(model, where).items()}
+        return {k: v.numpy() for k, v in self.convert(g).items()}
+
+    def names_case(self, name, convert):
+        try:
+            from .test_clip_names import to_openclip, to_timm
+        except ImportError:  # run as a script
+            from test_clip_names import to_openclip, to_timm
+        import safetensors.torch
+        T = transformers
+        # open_clip's head width is 64: 128 wide, 2 heads
+        model = perturb(T.CLIPVisionModelWithProjection(T.CLIPVisionConfig(
+            hidden_size=128, num_hidden_layers=2, num_attention_heads=2, intermediate_size=256,
+            image_size=32, patch_size=8, projection_dim=24, hidden_act="quick_gelu")), 1)
+        d = self.path(name + "_hf")
+        model.save_pretrained(d)
+        sd = safetensors.torch.load_file(os.path.join(d, "model.safetensors"))
+        self.convert = (lambda g: to_openclip(g, 2)) if convert == "open-clip" else (
+            lambda g: to_timm(to_openclip(g, 2), 2))
+        path = self.path(name + ".safetensors")
+        vitc.save_safetensors(path, {k: v.numpy() for k, v in self.convert(sd).items()})
+        # timm's head has a bias (zeros in the file, trained); HF's projection has none
+        m = self.run_family(name, model, lambda mm, x, s: mm(x, **_kw(s)).image_embeds, path,
+                            skip=("head.bias",))
+        self.assertEqual(m.config["family"], convert)
+
+    def test_open_clip_names(self):
+        self.names_case("open-clip", "open-clip")
+
+    def test_timm_clip_names(self):
+        self.names_case("timm-clip", "timm-clip")
 
 
 @unittest.skipIf(torch is None or timm is None, "needs torch and timm")
