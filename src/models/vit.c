@@ -9,7 +9,11 @@
  *               x = x + mlp(ln_2(x))             Linear, GELU(erf), Linear
  *   logits = heads(ln(x)[:, 0])                  [B, classes]
  *
- * Loading (names, configs, the parameter table) is in vit_load.c.
+ * The blocks themselves (patch embedding and position resampling, the
+ * encoder block, attention, MLP), each beside its backward, are src/nn/'s;
+ * this file runs them per family (tokens, heads, embeddings). Loading
+ * (names, configs, the parameter table) is in vit_load.c, the backward in
+ * vit_backward.c.
  */
 #include <math.h>
 #include <stdlib.h>
