@@ -717,6 +717,17 @@ VITC_API int vitc_vit_num_prefix_tokens(const vitc_vit *m);
 /* Checkpoint tensors skipped as unused by the forward. */
 VITC_API int vitc_vit_num_ignored(const vitc_vit *m);
 VITC_API const char *vitc_vit_ignored(const vitc_vit *m, int i);
+/* Floats per image of the model's primary output: the logits (num_classes)
+ * of a classifier (vitc_vit_has_head), else the default embedding
+ * (vitc_vit_embed_size with VITC_POOL_DEFAULT: CLIP's image_embeds,
+ * SigLIP's pooler output, a backbone's class token after the final norm or
+ * its mean of the normed patch tokens). */
+VITC_API vitc_status vitc_vit_output_size(const vitc_vit *m, int H, int W, int64_t *floats);
+/* images [B, C, H, W] (normalized) -> out [B, vitc_vit_output_size]: the
+ * primary output. In training mode (vitc_vit_set_training) the forward is
+ * recorded for vitc_vit_backward, whose dout is then the gradient of out. */
+VITC_API vitc_status vitc_vit_run(vitc_vit *m, const float *images, int B, int H, int W,
+                                  float *out);
 /* Floats per image that vitc_vit_embed writes for images of H x W. */
 VITC_API vitc_status vitc_vit_embed_size(const vitc_vit *m, vitc_pool pool, int H, int W,
                                          int64_t *floats);
@@ -782,8 +793,9 @@ VITC_API const char *vitc_get_precision_paths(void);
  * (vitc_vit_default_config fills torchvision's). */
 VITC_API vitc_vit_config vitc_vit_default_config(void);
 VITC_API vitc_status vitc_vit_create(const vitc_vit_config *cfg, uint64_t seed, vitc_vit **out);
-/* In training mode vitc_vit_forward records what vitc_vit_backward needs
- * (and applies dropout / drop path); eval mode (the default) records nothing. */
+/* In training mode vitc_vit_forward and vitc_vit_run record what
+ * vitc_vit_backward needs (and apply dropout / drop path); eval mode (the
+ * default) records nothing. */
 VITC_API void vitc_vit_set_training(vitc_vit *m, int training);
 VITC_API int vitc_vit_is_training(const vitc_vit *m);
 /* Training-mode regularisation, all in [0, 1): torchvision's dropout (after
@@ -795,11 +807,14 @@ VITC_API int vitc_vit_is_training(const vitc_vit *m);
  * (seeded by vitc_vit_create's seed). */
 VITC_API vitc_status vitc_vit_set_dropout(vitc_vit *m, float dropout, float attention_dropout,
                                           float drop_path);
-/* Gradients of the last training forward for dlogits [B, num_classes],
- * accumulated (+=) into the gradients, as torch does. Only torchvision's
- * block and head: VITC_ERR_UNSUPPORTED for models with more than one prefix
- * token, another head or none, layer scale, SwiGLU, an activation other
- * than GELU or a pre-norm (DeiT, DINOv2, CLIP, SigLIP, T2T-ViT). */
+/* Gradients of the last training forward for dlogits: the gradient of what
+ * it returned (vitc_vit_forward's logits, or vitc_vit_run's primary output,
+ * [B, vitc_vit_output_size]), accumulated (+=) into the gradients, as torch
+ * does. Every family's block and head (activations, SwiGLU, layer scale,
+ * prefix tokens, CLIP's pre-norm and projection, SigLIP's attention-pooling
+ * head, DINOv2's and DeiT's heads, resampled positions, T2T-ViT's
+ * token-transformer stages); VITC_ERR_UNSUPPORTED for T2T-ViT's
+ * Token_performer stages, which run forward only. */
 VITC_API vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits);
 VITC_API vitc_status vitc_vit_zero_grad(vitc_vit *m);
 /* Parameter i (state_dict order): torch name, shape, data, and its gradient

@@ -215,6 +215,8 @@ _SIGNATURES = {
     "vitc_vit_is_training": (_int, [_vp]),
     "vitc_vit_set_dropout": (_st, [_vp, _f32, _f32, _f32]),
     "vitc_vit_backward": (_st, [_vp, c_float_p]),
+    "vitc_vit_output_size": (_st, [_vp, _int, _int, c_int64_p]),
+    "vitc_vit_run": (_st, [_vp, c_float_p, _int, _int, _int, c_float_p]),
     "vitc_vit_zero_grad": (_st, [_vp]),
     "vitc_vit_num_params": (_int, [_vp]),
     "vitc_vit_param": (_st, [_vp, _int, _cspp, _P(_int), _P(c_int64_p), _P(c_float_p),

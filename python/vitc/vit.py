@@ -1,6 +1,7 @@
 """The Vision Transformer: torchvision- or timm-named safetensors in, logits
 and attention maps out. Every number comes from libvitc."""
 import ctypes
+import os
 import threading
 import warnings
 
@@ -178,6 +179,7 @@ class VisionTransformer:
             check(lib.vitc_vit_forward(self._h, fptr(x), B, H, W, fptr(out)))
             if self.training:
                 self._last_batch = B
+                self._last_shape = out.shape
         if (not self.training and not getattr(self, "_warned_flat", False) and B
                 and out.shape[1] > 1 and np.all(out == out[:, :1])):
             # torchvision zero-initialises the head: say why every class reads 1/num_classes
@@ -325,28 +327,74 @@ class VisionTransformer:
             save_safetensors(path, tensors, meta)
 
     def backward(self, dlogits):
-        """Gradients of the last training forward for dlogits [B, num_classes],
-        accumulated into grads() as torch accumulates .grad."""
+        """Gradients of the last training forward for dlogits, the gradient of
+        what it returned ([B, num_classes] logits, or a backbone's [B, dim]
+        embedding), accumulated into grads() as torch accumulates .grad."""
         g = as_f32(dlogits)
         with self._lock:
             if self._last_batch is None:
                 raise RuntimeError("backward() needs a forward in training mode first "
-                                   "(model.train(); logits = model(x)); each forward "
+                                   "(model.train(); y = model(x)); each forward "
                                    "allows one backward")
-            want = (self._last_batch, self.config["num_classes"])
+            want = tuple(getattr(self, "_last_shape", None)
+                         or (self._last_batch, self.config["num_classes"]))
             if g.shape != want:
-                raise ValueError("dlogits must be %s (the last forward's logits), got %s"
+                raise ValueError("dlogits must be %s (the last forward's output), got %s"
                                  % (list(want), list(g.shape)))
             check(lib.vitc_vit_backward(self._h, fptr(g)))
             self._last_batch = None
 
     def grads(self):
-        """{torch name: accumulated gradient (a copy)}; zeros before any backward."""
+        """{name: accumulated gradient (a copy)}; zeros before any backward.
+        Names as the checkpoint spells them (a Hub model's own, q, k and v
+        apart; torchvision's or timm's for their files)."""
         with self._lock:
             out = {}
             for n, s, _, gp in self._params():
                 out[n] = self._view(gp, s).copy() if gp else np.zeros(s, np.float32)
+        return self._checkpoint_names(out)
+
+    def _checkpoint_names(self, grads):
+        fam = self.config.get("family", "")
+        if fam not in ("hf-vit", "hf-deit", "hf-dinov2", "hf-clip", "hf-siglip") + tuple(
+                _CLIP_NAMES):
+            return grads
+        keys = _checkpoint_keys(getattr(self, "_path", None))
+        if not keys:
+            return grads
+        if fam in _CLIP_NAMES:
+            out = {}
+            for n, g in grads.items():
+                f = _clip_names(fam, n, keys)
+                if f is None:
+                    continue  # a zero bias the file does not have
+                if f == "visual.proj":  # stored [width, embed], applied as x @ proj
+                    g = g.T.copy()
+                elif f in ("visual.class_embedding",):
+                    g = g.reshape(-1)
+                elif f == "visual.positional_embedding":
+                    g = g.reshape(-1, g.shape[-1])
+                out[f] = g
             return out
+        swiglu = any(".mlp.weights_in." in k for k in keys)
+        out = {}
+        for n, g in grads.items():
+            names = _hub_names(fam, n, keys, swiglu)
+            if names is None:
+                out[n] = g
+                continue
+            parts = len(names)
+            for name, k in names:
+                if k is None:  # CLIP's class_embedding [C], position_embedding [N, C]
+                    if name.endswith("class_embedding"):
+                        g = g.reshape(-1)
+                    elif name.endswith("position_embedding.weight"):
+                        g = g.reshape(-1, g.shape[-1])
+                    out[name] = g
+                else:
+                    rows = g.shape[0] // parts
+                    out[name] = g[k * rows:(k + 1) * rows].copy()
+        return out
 
     def zero_grad(self):
         with self._lock:
@@ -370,9 +418,22 @@ class Model(VisionTransformer):
     """
 
     def __call__(self, images):
+        """The primary output: logits [B, num_classes] of a classifier, else
+        the default embedding [B, dim] (embed(images)). In training mode the
+        forward is recorded for backward(dy), dy the gradient of this output."""
         if self.config["has_head"]:
             return super().__call__(images)
-        return self.embed(images)
+        x, B, H, W = self._images(images)
+        n = ctypes.c_int64()
+        check(lib.vitc_vit_output_size(self._h, H, W, ctypes.byref(n)))
+        out = np.empty((B, n.value), np.float32)
+        with self._lock:
+            self._last_batch = None
+            check(lib.vitc_vit_run(self._h, fptr(x), B, H, W, fptr(out)))
+            if self.training:
+                self._last_batch = B
+                self._last_shape = out.shape
+        return out
 
     forward = __call__
 
@@ -413,7 +474,155 @@ def load_model(path, arch=None, precision="fp32", attention_precision="fp32"):
     attention_precision as in VisionTransformer.from_safetensors."""
     m = Model(_handle=_load(path, arch, precision))
     m.attention_precision = attention_precision
+    m._path = os.fspath(path) if isinstance(path, (str, bytes, os.PathLike)) else None
     return m
+
+
+# ---- the checkpoint's own names of a Hub model's tensors -----------------
+# vitc holds a Hub model under torchvision's names (q, k, v fused); grads()
+# gives them back under the file's names, as the loader (vit_hub.c) read them.
+
+def _checkpoint_keys(path):
+    """The tensor names of a safetensors file, a Hub directory or its
+    sharded index (headers only), or None."""
+    import json
+    import struct
+    if path is None:
+        return None
+    if isinstance(path, bytes):
+        path = path.decode()
+    files = [path]
+    if os.path.isdir(path):
+        idx = os.path.join(path, "model.safetensors.index.json")
+        if os.path.exists(idx):
+            with open(idx) as f:
+                return set(json.load(f)["weight_map"])
+        files = [os.path.join(path, n) for n in ("model.safetensors", "open_clip_model.safetensors")
+                 if os.path.exists(os.path.join(path, n))][:1]
+    elif path.endswith(".index.json"):
+        with open(path) as f:
+            return set(json.load(f)["weight_map"])
+    keys = set()
+    for fn in files:
+        try:
+            with open(fn, "rb") as f:
+                n = struct.unpack("<Q", f.read(8))[0]
+                keys |= set(json.loads(f.read(n))) - {"__metadata__"}
+        except (OSError, ValueError):
+            return None
+    return keys
+
+
+_HUB_VIT_LAYER = {"ln_1": "layernorm_before", "ln_2": "layernorm_after",
+                  "self_attention.out_proj": "attention.output.dense",
+                  "mlp.0": "intermediate.dense", "mlp.3": "output.dense"}
+_HUB_DINO_LAYER = {"ln_1": "norm1", "ln_2": "norm2",
+                   "self_attention.out_proj": "attention.output.dense", "mlp.0": "mlp.fc1",
+                   "mlp.3": "mlp.fc2", "ls1.gamma": "layer_scale1.lambda1",
+                   "ls2.gamma": "layer_scale2.lambda1"}
+_HUB_CLIP_LAYER = {"ln_1": "layer_norm1", "ln_2": "layer_norm2",
+                   "self_attention.out_proj": "self_attn.out_proj", "mlp.0": "mlp.fc1",
+                   "mlp.3": "mlp.fc2"}
+_HUB_VIT_MODEL = {"class_token": "embeddings.cls_token",
+                  "conv_proj": "embeddings.patch_embeddings.projection",
+                  "encoder.pos_embedding": "embeddings.position_embeddings",
+                  "dist_token": "embeddings.distillation_token",
+                  "reg_token": "embeddings.register_tokens", "encoder.ln": "layernorm"}
+_HUB_CLIP_MODEL = {"class_token": "embeddings.class_embedding",
+                   "conv_proj": "embeddings.patch_embedding",
+                   "encoder.pos_embedding": "embeddings.position_embedding.weight",
+                   "ln_pre": "pre_layrnorm", "encoder.ln": "post_layernorm",
+                   "attn_pool.latent": "head.probe", "attn_pool.qkv.weight":
+                   "head.attention.in_proj_weight", "attn_pool.qkv.bias":
+                   "head.attention.in_proj_bias", "attn_pool.proj": "head.attention.out_proj",
+                   "attn_pool.norm": "head.layernorm", "attn_pool.mlp": "head.mlp"}
+
+
+# CLIP towers in open_clip's / OpenAI's names and in timm's (vit_hub.c's
+# clip_names loaders): (model names, layer format, layer names).
+_CLIP_NAMES = {
+    "open-clip": ({"class_token": "visual.class_embedding", "conv_proj": "visual.conv1",
+                   "encoder.pos_embedding": "visual.positional_embedding",
+                   "ln_pre": "visual.ln_pre", "encoder.ln": "visual.ln_post",
+                   "heads.head.weight": "visual.proj"},
+                  "visual.transformer.resblocks.%s.",
+                  {"ln_1": "ln_1", "ln_2": "ln_2", "self_attention.in_proj_weight":
+                   "attn.in_proj_weight", "self_attention.in_proj_bias": "attn.in_proj_bias",
+                   "self_attention.out_proj": "attn.out_proj", "mlp.0": "mlp.c_fc",
+                   "mlp.3": "mlp.c_proj"}),
+    "timm-clip": ({"class_token": "cls_token", "conv_proj": "patch_embed.proj",
+                   "encoder.pos_embedding": "pos_embed", "ln_pre": "norm_pre",
+                   "encoder.ln": "norm", "heads.head": "head"},
+                  "blocks.%s.",
+                  {"ln_1": "norm1", "ln_2": "norm2", "self_attention.in_proj_weight":
+                   "attn.qkv.weight", "self_attention.in_proj_bias": "attn.qkv.bias",
+                   "self_attention.out_proj": "attn.proj", "mlp.0": "mlp.fc1",
+                   "mlp.3": "mlp.fc2"}),
+}
+
+
+def _clip_names(family, name, keys):
+    """The file's name of vitc's tensor in a CLIP tower file, or None when
+    the file has none (a zero bias)."""
+    model, fmt, layer = _CLIP_NAMES[family]
+    tab, pre, rest = model, "", name
+    if name.startswith("encoder.layers.encoder_layer_"):
+        i, rest = name[len("encoder.layers.encoder_layer_"):].split(".", 1)
+        tab, pre = layer, fmt % i
+    for key in sorted(tab, key=len, reverse=True):  # the longest module prefix
+        if rest == key or rest.startswith(key + "."):
+            got = pre + tab[key] + rest[len(key):]
+            return got if got in keys else None
+    return None
+
+
+def _hub_names(family, name, keys, swiglu):
+    """[(checkpoint name, rows slice or None)] of vitc's tensor name, [] when
+    the file has no such tensor (a zero bias vitc keeps), None when unknown."""
+    clip = family in ("hf-clip", "hf-siglip")
+    layer_tab = (_HUB_CLIP_LAYER if clip else _HUB_DINO_LAYER if family == "hf-dinov2"
+                 else _HUB_VIT_LAYER)
+    heads = {"heads.head": "visual_projection" if family == "hf-clip" else "classifier",
+             "heads.head_dist": "distillation_classifier"}
+    cands = []
+    if name.startswith("encoder.layers.encoder_layer_"):
+        rest = name[len("encoder.layers.encoder_layer_"):]
+        i, tail = rest.split(".", 1)
+        lay = ("encoder.layers.%s." if clip else "encoder.layer.%s.") % i
+        if tail.startswith("self_attention.in_proj_"):
+            kind = tail.rsplit("_", 1)[1]  # weight / bias
+            qkv = ("q_proj", "k_proj", "v_proj") if clip else ("query", "key", "value")
+            pre = "self_attn." if clip else "attention.attention."
+            cands = [[(lay + pre + q + "." + kind, k) for k, q in enumerate(qkv)]]
+        else:
+            base, _, leaf = tail.rpartition(".")
+            if swiglu and base in ("mlp.0", "mlp.3"):
+                cands = [[(lay + ("mlp.weights_in." if base == "mlp.0" else "mlp.weights_out.")
+                           + leaf, None)]]
+            elif tail in layer_tab:
+                cands = [[(lay + layer_tab[tail], None)]]
+            elif base in layer_tab:
+                cands = [[(lay + layer_tab[base] + "." + leaf, None)]]
+    else:
+        tab = dict(_HUB_CLIP_MODEL if clip else _HUB_VIT_MODEL)
+        tab.update(heads)
+        base, _, leaf = name.rpartition(".")
+        for key in sorted(tab, key=len, reverse=True):  # the longest module prefix
+            if name == key or name.startswith(key + "."):
+                cands = [[(tab[key] + name[len(key):], None)]]
+                break
+        if family == "hf-deit" and base == "heads.head":
+            cands.insert(0, [("cls_classifier." + leaf, None)])
+    if not cands:
+        return None
+    for c in cands:
+        for pre in ("", "vit.", "deit.", "dinov2.", "dinov2_with_registers.", "vision_model."):
+            got = [(pre + n if not n.startswith(("classifier", "cls_classifier",
+                                                 "distillation_classifier",
+                                                 "visual_projection")) else n, k) for n, k in c]
+            if all(n in keys for n, _ in got):
+                return got
+    return []
 
 
 def _load(path, arch, precision):

@@ -381,21 +381,10 @@ vitc_status vitc__t2t_configure(vitc_vit *m, const vitc_safetensors *st, const c
 /* Forward                                                            */
 /* ------------------------------------------------------------------ */
 
+/* The stages run on nn/attn.c and nn/mlp.c (transformer mode) at the
+ * model's parameters; no engine layers. */
 vitc_status vitc__t2t_ready(vitc_vit *m) {
-    if (m->t2t != VIT_NAMES_T2T_TRANSFORMER)
-        return VITC_OK;
-    for (int s = 0; s < 2; s++) {
-        /* Token_transformer's Attention: head_dim = dim // num_heads of
-         * the *input* width, so the scale is dim^-0.5, not T^-0.5. */
-        vitc_layer_config lc = vitc_layer_default_config(VITC_T2T_ATTENTION);
-        lc.in_channels = (int)t2t_stage_dim(m, s);
-        lc.embed_dim = m->t2t_dim;
-        lc.num_heads = 1;
-        lc.bias = 0;
-        lc.qk_scale = (float)pow((double)lc.in_channels, -0.5);
-        VITC_TRY(vitc_layer_create(&lc, &m->t2t_attn[s]));
-        vitc_layer_set_training(m->t2t_attn[s], 0);
-    }
+    (void)m;
     return VITC_OK;
 }
 
@@ -405,61 +394,6 @@ void vitc__t2t_free(vitc_vit *m) {
         m->t2t_attn[s] = NULL;
     }
     vitc__buf_free(&m->t2t_buf);
-}
-
-/* The engine layers' weights from the table, again whenever the model's
- * parameters moved (vitc_vit_param hands out writable pointers). */
-static vitc_status t2t_sync(vitc_vit *m) {
-    if (m->t2t != VIT_NAMES_T2T_TRANSFORMER || m->t2t_synced == m->wversion + 1)
-        return VITC_OK;
-    for (int s = 0; s < 2; s++) {
-        const vitc__t2t_stage *w = &m->w.t2t[s];
-        int64_t T = m->t2t_dim, qs[2] = {3 * T, t2t_stage_dim(m, s)}, ps[2] = {T, T}, bs[1] = {T};
-        const char *names[3] = {"qkv.weight", "proj.weight", "proj.bias"};
-        int nd[3] = {2, 2, 1};
-        const int64_t *shapes[3] = {qs, ps, bs};
-        const float *data[3] = {w->qkv_w, w->proj_w, w->proj_b};
-        VITC_TRY(vitc_layer_load(m->t2t_attn[s], 3, names, nd, shapes, data, 1));
-    }
-    m->t2t_synced = m->wversion + 1;
-    return VITC_OK;
-}
-
-/* nn.Unfold(k, stride s, padding p) of src, read as [B, C, h, w] (an image,
- * or tokens [B, h*w, C] when tokens), into rows [B, oh*ow, C*k*k] ordered
- * (c, ky, kx) as Unfold's output transposed; zeros outside. */
-typedef struct t2t_unfold_ctx {
-    float *dst;
-    const float *src;
-    int64_t C, h, w, k, s, p, oh, ow;
-    int tokens;
-} t2t_unfold_ctx;
-
-static void t2t_unfold_task(void *ctx, int64_t i, int tid) {
-    const t2t_unfold_ctx *u = ctx;
-    (void)tid;
-    int64_t b = i / u->oh, oy = i % u->oh, K = u->C * u->k * u->k;
-    for (int64_t ox = 0; ox < u->ow; ox++) {
-        float *d = u->dst + ((b * u->oh + oy) * u->ow + ox) * K; /* [C, k, k] */
-        for (int64_t c = 0; c < u->C; c++)
-            for (int64_t ky = 0; ky < u->k; ky++) {
-                int64_t y = oy * u->s - u->p + ky;
-                for (int64_t kx = 0; kx < u->k; kx++) {
-                    int64_t x = ox * u->s - u->p + kx;
-                    float v = 0.0f;
-                    if (y >= 0 && y < u->h && x >= 0 && x < u->w)
-                        v = u->tokens ? u->src[((b * u->h + y) * u->w + x) * u->C + c]
-                                      : u->src[((b * u->C + c) * u->h + y) * u->w + x];
-                    d[(c * u->k + ky) * u->k + kx] = v;
-                }
-            }
-    }
-}
-
-static void t2t_unfold(float *dst, const float *src, int tokens, int64_t B, int64_t C, int64_t h,
-                       int64_t w, int64_t k, int64_t s, int64_t p, int64_t oh, int64_t ow) {
-    t2t_unfold_ctx u = {dst, src, C, h, w, k, s, p, oh, ow, tokens};
-    vitc__parallel_for(B * oh, t2t_unfold_task, &u);
 }
 
 /* Token_performer's attention on kqv [B, L, 3T] (rows k | q | v) into
@@ -506,80 +440,190 @@ static void t2t_performer(const vitc__t2t_stage *w, const float *kqv, int64_t B,
     vitc__linear(out, T, y, T, w->proj_w, w->proj_b, v, W3, M, T, T); /* v + proj(y) */
 }
 
-/* One stage on x [B, L, dim] into out [B*L, T]; sc: the scratch carved by
- * vitc__t2t_tokens. */
-typedef struct t2t_scratch {
-    float *ln;          /* [B*L, dim] norm1(x) */
-    float *att;         /* [B*L, T] the attention's output (with its V skip) */
-    float *h, *hid;     /* [B*L, T] norm2(att), the MLP's hidden (the performer's y first) */
-    float *kqv;         /* [B*L, 3T] performer: k | q | v */
-    float *kp, *qp;     /* [B*L, m] performer: phi(k), phi(q) */
-    float *ksum, *D;    /* [m], [L] performer: sum_t phi(k), the normaliser */
-    float *kptv;        /* [T, m] performer: v^T phi(k) of one image */
-} t2t_scratch;
+/* One stage's activations: its input rows (an unfold) cols [B*L, dim],
+ * norm1's ln [B*L, dim], the attention's qkv [B*L, 3T], o [B*L, T], lse
+ * [B, L] (training), a = its output with the V skip [B*L, T], norm2's h,
+ * the MLP's hpre / hact (the same in inference), out [B*L, T]; and the
+ * performer's kqv, phi(k), phi(q) [B*L, m], ksum [m], D [L], kptv [T, m]. */
+typedef struct t2t_acts {
+    float *cols, *ln, *qkv, *o, *lse, *a, *h, *hpre, *hact, *out;
+    float *kqv, *kp, *qp, *ksum, *D, *kptv;
+} t2t_acts;
 
-static vitc_status t2t_stage(vitc_vit *m, int s, float *x, int64_t B, int64_t L,
-                             const t2t_scratch *sc, float *out) {
+static vitc__nn_attn t2t_attn(const vitc_vit *m, const vitc__t2t_stage *w, int s, int64_t B,
+                              int64_t L) {
+    /* Token_transformer's Attention: head_dim = dim // num_heads of the
+     * *input* width, so the scale is dim^-0.5, not T^-0.5; one head. */
+    int64_t dim = t2t_stage_dim(m, s), T = m->t2t_dim;
+    vitc__nn_attn p = {.qkv_w = w->qkv_w, .out_w = w->proj_w, .out_b = w->proj_b, .B = B,
+                       .N = L, .Cin = dim, .D = T, .Cout = T, .H = 1,
+                       .scale = (float)pow((double)dim, -0.5), .v_skip = 1};
+    return p;
+}
+
+static vitc__nn_mlp t2t_mlp(const vitc_vit *m, const vitc__t2t_stage *w) {
+    vitc__nn_mlp p = {.fc1_w = w->fc1_w, .fc1_b = w->fc1_b, .fc2_w = w->fc2_w, .fc2_b = w->fc2_b,
+                      .C = m->t2t_dim, .M = m->t2t_dim, .act = VITC__NN_GELU};
+    return p;
+}
+
+/* One stage on t->cols [B, L, dim] into t->out [B*L, T]. */
+static vitc_status t2t_stage(vitc_vit *m, int s, int64_t B, int64_t L, const t2t_acts *t) {
     const vitc__t2t_stage *w = &m->w.t2t[s];
     int64_t dim = t2t_stage_dim(m, s), T = m->t2t_dim, M = B * L;
-    vitc__layernorm(sc->ln, x, w->n1_w, w->n1_b, M, dim, m->cfg.norm_eps);
+    vitc__layernorm(t->ln, t->cols, w->n1_w, w->n1_b, M, dim, m->cfg.norm_eps);
     if (m->t2t == VIT_NAMES_T2T_TRANSFORMER) {
-        int64_t shape[3] = {B, L, dim};
-        VITC_TRY(vitc_layer_forward(m->t2t_attn[s], sc->ln, 3, shape, sc->att));
+        vitc__nn_attn p = t2t_attn(m, w, s, B, L);
+        vitc__nn_attn_rec r = {t->qkv, t->o, t->lse};
+        VITC_TRY(vitc__nn_attn_forward(&p, t->a, t->ln, &r, &m->mask_buf));
     } else {
-        vitc__linear(sc->kqv, 3 * T, sc->ln, dim, w->qkv_w, w->qkv_b, NULL, 0, M, 3 * T, dim);
-        t2t_performer(w, sc->kqv, B, L, T, sc->kp, sc->qp, sc->ksum, sc->D, sc->kptv, sc->hid,
-                      sc->att);
+        vitc__linear(t->kqv, 3 * T, t->ln, dim, w->qkv_w, w->qkv_b, NULL, 0, M, 3 * T, dim);
+        t2t_performer(w, t->kqv, B, L, T, t->kp, t->qp, t->ksum, t->D, t->kptv, t->hpre, t->a);
     }
-    /* x = att + fc2(gelu(fc1(norm2(att)))) */
-    vitc__layernorm(sc->h, sc->att, w->n2_w, w->n2_b, M, T, m->cfg.norm_eps);
-    vitc__linear(sc->hid, T, sc->h, T, w->fc1_w, w->fc1_b, NULL, 0, M, T, T);
-    vitc__gelu(sc->hid, M * T);
-    vitc__linear(out, T, sc->hid, T, w->fc2_w, w->fc2_b, sc->att, T, M, T, T);
+    /* x = a + fc2(gelu(fc1(norm2(a)))) */
+    vitc__layernorm(t->h, t->a, w->n2_w, w->n2_b, M, T, m->cfg.norm_eps);
+    vitc__nn_mlp f = t2t_mlp(m, w);
+    vitc__nn_mlp_forward(&f, t->out, t->h, t->a, M, t->hpre, t->hact);
     return VITC_OK;
 }
 
-/* Output side of nn.Unfold(k, s, p) over n. */
-static int64_t t2t_out(int64_t n, int64_t k, int64_t s, int64_t p) { return (n + 2 * p - k) / s + 1; }
+/* The unfolds' geometry for H x W images: stage s reads L[s] rows of
+ * width d[s] on a grid gh[s] x gw[s] (s = 2: project's input). */
+typedef struct t2t_geo {
+    int64_t gh[4], gw[4], L[3], d[3];
+} t2t_geo;
+
+static t2t_geo t2t_geometry(const vitc_vit *m, int64_t H, int64_t W) {
+    t2t_geo g;
+    int64_t T = m->t2t_dim;
+    g.gh[0] = H, g.gw[0] = W;
+    g.gh[1] = vitc__nn_unfold_out(H, 7, 4, 2), g.gw[1] = vitc__nn_unfold_out(W, 7, 4, 2);
+    for (int i = 2; i < 4; i++) {
+        g.gh[i] = vitc__nn_unfold_out(g.gh[i - 1], 3, 2, 1);
+        g.gw[i] = vitc__nn_unfold_out(g.gw[i - 1], 3, 2, 1);
+    }
+    for (int i = 0; i < 3; i++) g.L[i] = g.gh[i + 1] * g.gw[i + 1];
+    g.d[0] = 49 * m->cfg.in_channels, g.d[1] = g.d[2] = 9 * T;
+    return g;
+}
+
+/* Carves m->t2t_buf: inference one set of stage regions (stage 1 the
+ * longest) shared by both stages, cols also holding the later unfolds;
+ * training (record, transformer mode) each stage its own, and cols3. */
+static vitc_status t2t_carve(vitc_vit *m, int64_t B, const t2t_geo *g, int record, t2t_acts t[2],
+                             float **cols3) {
+    int64_t T = m->t2t_dim, mm = T / 2;
+    int perf = m->t2t == VIT_NAMES_T2T_PERFORMER;
+    size_t off[2][16] = {{0}}, o3 = 0;
+    vitc__carve cv = {0, 1};
+    for (int s = 0; s < (record ? 2 : 1); s++) {
+        size_t rows = (size_t)(B * g->L[s]);
+        size_t widest = record ? (size_t)g->d[s] : (size_t)(g->d[0] > g->d[1] ? g->d[0] : g->d[1]);
+        size_t *o = off[s];
+        o[0] = vitc__take(&cv, rows, widest), o[1] = vitc__take(&cv, rows, widest);
+        o[2] = vitc__take(&cv, rows, 3 * (size_t)T), o[3] = vitc__take(&cv, rows, (size_t)T);
+        o[4] = record ? vitc__take(&cv, rows, 1) : 0;
+        o[5] = vitc__take(&cv, rows, (size_t)T), o[6] = vitc__take(&cv, rows, (size_t)T);
+        o[7] = vitc__take(&cv, rows, (size_t)T);
+        o[8] = record ? vitc__take(&cv, rows, (size_t)T) : o[7];
+        o[9] = vitc__take(&cv, rows, (size_t)T);
+        if (perf) {
+            o[10] = vitc__take(&cv, rows, (size_t)(3 * T));
+            o[11] = vitc__take(&cv, rows, (size_t)mm), o[12] = vitc__take(&cv, rows, (size_t)mm);
+            o[13] = vitc__take(&cv, 1, (size_t)mm), o[14] = vitc__take(&cv, (size_t)g->L[s], 1);
+            o[15] = vitc__take(&cv, (size_t)T, (size_t)mm);
+        }
+    }
+    if (record)
+        o3 = vitc__take(&cv, (size_t)(B * g->L[2]), (size_t)g->d[2]);
+    if (!cv.ok)
+        return vitc__err(VITC_ERR_NOMEM, "T2T-ViT tokens for [%lld, %lld, %lld, %lld] overflow",
+                         (long long)B, (long long)m->cfg.in_channels, (long long)g->gh[0],
+                         (long long)g->gw[0]);
+    VITC_TRY(vitc__buf_reserve(&m->t2t_buf, cv.used));
+    float *base = m->t2t_buf.p;
+    for (int s = 0; s < 2; s++) {
+        const size_t *o = off[record ? s : 0];
+        float **dst[16] = {&t[s].cols, &t[s].ln, &t[s].qkv, &t[s].o, &t[s].lse, &t[s].a, &t[s].h,
+                           &t[s].hpre, &t[s].hact, &t[s].out, &t[s].kqv, &t[s].kp, &t[s].qp,
+                           &t[s].ksum, &t[s].D, &t[s].kptv};
+        for (int k = 0; k < 16; k++) *dst[k] = base + o[k];
+        if (!record)
+            t[s].lse = NULL;
+    }
+    *cols3 = record ? base + o3 : t[0].cols;
+    return VITC_OK;
+}
 
 vitc_status vitc__t2t_tokens(vitc_vit *m, const float *images, int64_t B, int64_t H, int64_t W,
                              float *out) {
-    int64_t Cin = m->cfg.in_channels, T = m->t2t_dim, C = m->cfg.hidden_dim, mm = T / 2;
-    int64_t h1 = t2t_out(H, 7, 4, 2), w1 = t2t_out(W, 7, 4, 2);
-    int64_t h2 = t2t_out(h1, 3, 2, 1), w2 = t2t_out(w1, 3, 2, 1);
-    int64_t h3 = t2t_out(h2, 3, 2, 1), w3 = t2t_out(w2, 3, 2, 1);
-    int64_t L1 = h1 * w1, L2 = h2 * w2, L3 = h3 * w3, d0 = 49 * Cin, d1 = 9 * T;
-    VITC_TRY(t2t_sync(m));
-    /* Regions: the unfolded rows (the widest stage input), norm1's output,
-     * the stage's attention / output, norm2, the MLP's hidden, and the
-     * performer's kqv, features and sums; sized for stage 1, the longest. */
-    size_t rows = (size_t)(B * L1), widest = (size_t)(d0 > d1 ? d0 : d1);
-    vitc__carve cv = {0, 1};
-    size_t o_cols = vitc__take(&cv, rows, widest), o_ln = vitc__take(&cv, rows, widest);
-    size_t o_att = vitc__take(&cv, rows, (size_t)T), o_h = vitc__take(&cv, rows, (size_t)T);
-    size_t o_hid = vitc__take(&cv, rows, (size_t)T), o_x = vitc__take(&cv, rows, (size_t)T);
-    size_t o_kqv = 0, o_kp = 0, o_qp = 0, o_ks = 0, o_D = 0, o_kv = 0;
-    if (m->t2t == VIT_NAMES_T2T_PERFORMER) {
-        o_kqv = vitc__take(&cv, rows, (size_t)(3 * T));
-        o_kp = vitc__take(&cv, rows, (size_t)mm);
-        o_qp = vitc__take(&cv, rows, (size_t)mm);
-        o_ks = vitc__take(&cv, 1, (size_t)mm);
-        o_D = vitc__take(&cv, (size_t)L1, 1);
-        o_kv = vitc__take(&cv, (size_t)T, (size_t)mm);
-    }
-    if (!cv.ok) /* cols also holds the later, smaller unfolds (L3 <= L2 <= L1) */
-        return vitc__err(VITC_ERR_NOMEM, "T2T-ViT tokens for [%lld, %lld, %lld, %lld] overflow",
-                         (long long)B, (long long)Cin, (long long)H, (long long)W);
-    VITC_TRY(vitc__buf_reserve(&m->t2t_buf, cv.used));
-    float *base = m->t2t_buf.p; /* the regions above */
-    t2t_scratch sc = {base + o_ln, base + o_att, base + o_h, base + o_hid, base + o_kqv,
-                      base + o_kp, base + o_qp, base + o_ks, base + o_D, base + o_kv};
-    float *cols = base + o_cols, *x = base + o_x; /* [B*L, dim], [B*L, T] */
-    t2t_unfold(cols, images, 0, B, Cin, H, W, 7, 4, 2, h1, w1);       /* soft_split0 */
-    VITC_TRY(t2t_stage(m, 0, cols, B, L1, &sc, x));                   /* attention1 */
-    t2t_unfold(cols, x, 1, B, T, h1, w1, 3, 2, 1, h2, w2);            /* soft_split1 */
-    VITC_TRY(t2t_stage(m, 1, cols, B, L2, &sc, x));                   /* attention2 */
-    t2t_unfold(cols, x, 1, B, T, h2, w2, 3, 2, 1, h3, w3);            /* soft_split2 */
-    vitc__linear(out, C, cols, d1, m->w.t2t_proj_w, m->w.t2t_proj_b, NULL, 0, B * L3, C, d1);
+    int64_t Cin = m->cfg.in_channels, T = m->t2t_dim, C = m->cfg.hidden_dim;
+    t2t_geo g = t2t_geometry(m, H, W);
+    /* A training forward keeps every stage for vitc__t2t_tokens_backward. */
+    int record = m->a.training && m->t2t == VIT_NAMES_T2T_TRANSFORMER;
+    t2t_acts t[2];
+    float *cols3;
+    VITC_TRY(t2t_carve(m, B, &g, record, t, &cols3));
+    vitc__nn_unfold(t[0].cols, images, 0, B, Cin, H, W, 7, 4, 2);               /* soft_split0 */
+    VITC_TRY(t2t_stage(m, 0, B, g.L[0], &t[0]));                                  /* attention1 */
+    vitc__nn_unfold(t[1].cols, t[0].out, 1, B, T, g.gh[1], g.gw[1], 3, 2, 1);     /* soft_split1 */
+    VITC_TRY(t2t_stage(m, 1, B, g.L[1], &t[1]));                                  /* attention2 */
+    vitc__nn_unfold(cols3, t[1].out, 1, B, T, g.gh[2], g.gw[2], 3, 2, 1);         /* soft_split2 */
+    vitc__linear(out, C, cols3, g.d[2], m->w.t2t_proj_w, m->w.t2t_proj_b, NULL, 0, B * g.L[2], C,
+                 g.d[2]);
     return VITC_OK;
+}
+
+/* One transformer-mode stage backward: dx [B*L, dim] from dout [B*L, T];
+ * sc: dh, dhid, da, datt [B*L, T], dqkv [B*L, 3T], dln [B*L, dim], stats. */
+static vitc_status t2t_stage_backward(vitc_vit *m, int s, int64_t B, int64_t L, const t2t_acts *t,
+                                      const float *dout, float *dx, float *sc) {
+    const vitc__t2t_stage *w = &m->w.t2t[s];
+    vitc__t2t_stage *gw = &m->g.t2t[s];
+    int64_t dim = t2t_stage_dim(m, s), T = m->t2t_dim, M = B * L;
+    float *dh = sc, *dhid = dh + M * T, *da = dhid + M * T, *datt = da + M * T;
+    float *dqkv = datt + M * T, *dln = dqkv + 3 * M * T, *stats = dln + M * dim;
+    vitc__nn_mlp f = t2t_mlp(m, w), gf = t2t_mlp(m, gw);
+    vitc__nn_mlp_backward(&f, &gf, dh, 0.0f, dout, t->h, t->hpre, t->hact, M, dhid);
+    vitc__layernorm_backward_res(da, dout, gw->n2_w, gw->n2_b, dh, t->a, w->n2_w, M, T,
+                                 m->cfg.norm_eps, stats);
+    vitc__nn_attn p = t2t_attn(m, w, s, B, L), gp = t2t_attn(m, gw, s, B, L);
+    vitc__nn_attn_rec r = {t->qkv, t->o, t->lse};
+    VITC_TRY(vitc__nn_attn_backward(&p, &gp, dln, da, t->ln, &r, datt, dqkv, &m->mask_buf));
+    memset(dx, 0, (size_t)(M * dim) * sizeof(float));
+    vitc__layernorm_backward(dx, gw->n1_w, gw->n1_b, dln, t->cols, w->n1_w, M, dim,
+                             m->cfg.norm_eps, stats);
+    return VITC_OK;
+}
+
+vitc_status vitc__t2t_tokens_backward(vitc_vit *m, const float *dout, int64_t B, int64_t H,
+                                      int64_t W) {
+    if (m->t2t != VIT_NAMES_T2T_TRANSFORMER)
+        return vitc__err(VITC_ERR_UNSUPPORTED, "vitc_vit_backward: T2T-ViT's Token_performer "
+                         "stages (tokens_type \"performer\") have no backward; the transformer "
+                         "mode (t2t_vit_t_*) trains");
+    int64_t T = m->t2t_dim, C = m->cfg.hidden_dim;
+    t2t_geo g = t2t_geometry(m, H, W);
+    t2t_acts t[2];
+    float *cols3;
+    VITC_TRY(t2t_carve(m, B, &g, 1, t, &cols3)); /* the recorded regions (same sizes: no move) */
+    /* Scratch: dcols [B*L0, max d], d(stage out) [B*L0, T], the stage's (9 T + 2 dim + 2) rows. */
+    int64_t M0 = B * g.L[0], dmax = g.d[0] > g.d[1] ? g.d[0] : g.d[1];
+    size_t n;
+    if (!vitc__mul_size((size_t)M0, (size_t)(3 * dmax + 8 * T + 2), &n))
+        return vitc__err(VITC_ERR_NOMEM, "T2T-ViT backward overflows");
+    vitc__buf buf = {0};
+    VITC_TRY(vitc__buf_reserve(&buf, n));
+    float *dcols = buf.p, *dx = dcols + M0 * dmax, *sc = dx + M0 * T;
+    vitc_status st = VITC_OK;
+    /* project: dcols3 = dout W; the rows fold back onto stage 2's tokens */
+    vitc__linear_backward(dcols, g.d[2], 0.0f, m->g.t2t_proj_w, m->g.t2t_proj_b, dout, C, cols3,
+                          g.d[2], m->w.t2t_proj_w, B * g.L[2], C, g.d[2]);
+    for (int s = 1; s >= 0 && st == VITC_OK; s--) {
+        memset(dx, 0, (size_t)(B * g.L[s] * T) * sizeof(float));
+        vitc__nn_fold(dx, dcols, 1, B, T, g.gh[s + 1], g.gw[s + 1], 3, 2, 1);
+        st = t2t_stage_backward(m, s, B, g.L[s], &t[s], dx, dcols, sc);
+    }
+    vitc__buf_free(&buf);
+    return st;
 }

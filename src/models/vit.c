@@ -9,7 +9,11 @@
  *               x = x + mlp(ln_2(x))             Linear, GELU(erf), Linear
  *   logits = heads(ln(x)[:, 0])                  [B, classes]
  *
- * Loading (names, configs, the parameter table) is in vit_load.c.
+ * The blocks themselves (patch embedding and position resampling, the
+ * encoder block, attention, MLP), each beside its backward, are src/nn/'s;
+ * this file runs them per family (tokens, heads, embeddings). Loading
+ * (names, configs, the parameter table) is in vit_load.c, the backward in
+ * vit_backward.c.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -45,6 +49,8 @@ void vitc_vit_free(vitc_vit *m) {
     vitc__buf_free(&m->roll_buf);
     vitc__buf_free(&m->feat_buf);
     vitc__buf_free(&m->head_buf);
+    vitc__buf_free(&m->mask_buf);
+    vitc__buf_free(&m->pre_buf);
     free(m->ignored);
     free(m);
 }
@@ -62,175 +68,11 @@ const char *vitc_vit_label(const vitc_vit *m, int index) {
 /* Position embedding resampling                                      */
 /* ------------------------------------------------------------------ */
 
-/* PyTorch's cubic convolution kernel, A = -0.75 (UpSample.h). */
-static void vit_cubic_weights(float w[4], float t) {
-    const float A = -0.75f;
-    float x1 = t + 1.0f, x2 = 1.0f - t, x3 = 2.0f - t;
-    w[0] = ((A * x1 - 5.0f * A) * x1 + 8.0f * A) * x1 - 4.0f * A;
-    w[1] = ((A + 2.0f) * t - (A + 3.0f)) * t * t + 1.0f;
-    w[2] = ((A + 2.0f) * x2 - (A + 3.0f)) * x2 * x2 + 1.0f;
-    w[3] = ((A * x3 - 5.0f * A) * x3 + 8.0f * A) * x3 - 4.0f * A;
-}
-
-/* Taps and weights at source coordinate real; taps past the edge are
- * clamped, as upsample_get_value_bounded does. */
-static void vit_cubic_at(float real, int64_t in, int64_t idx[4], float w[4]) {
-    int64_t i0 = (int64_t)floorf(real);
-    vit_cubic_weights(w, real - (float)i0);
-    for (int k = 0; k < 4; k++) {
-        int64_t i = i0 - 1 + k;
-        idx[k] = i < 0 ? 0 : i >= in ? in - 1 : i;
-    }
-}
-
-/* Source taps and weights of output index o, align_corners=True. */
-static void vit_cubic_taps(int64_t o, int64_t in, int64_t out, int64_t idx[4], float w[4]) {
-    float scale = out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f;
-    float real = scale * (float)o;
-    vit_cubic_at(real, in, idx, w);
-}
-
-/* The same with align_corners=False and an output size (no scale factor):
- * source (o + 0.5) * in/out - 0.5, not clamped (cubic), as
- * area_pixel_compute_source_index computes it; HF's ViT family resamples
- * its position grid so (transformers >= 4.45). */
-static void vit_cubic_taps_hp(int64_t o, int64_t in, float scale, int64_t idx[4], float w[4]) {
-    vit_cubic_at(scale * ((float)o + 0.5f) - 0.5f, in, idx, w);
-}
-
-/* mode: 0 align_corners=True; 1 half-pixel to a size. */
-static void vit_bicubic(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw,
-                        int64_t oh, int64_t ow, int mode) {
-    float sy = (float)ih / (float)oh, sx = (float)iw / (float)ow;
-    for (int64_t y = 0; y < oh; y++) {
-        int64_t ys[4], xs[4];
-        float wy[4], wx[4];
-        if (mode)
-            vit_cubic_taps_hp(y, ih, sy, ys, wy);
-        else
-            vit_cubic_taps(y, ih, oh, ys, wy);
-        for (int64_t x = 0; x < ow; x++) {
-            if (mode)
-                vit_cubic_taps_hp(x, iw, sx, xs, wx);
-            else
-                vit_cubic_taps(x, iw, ow, xs, wx);
-            float *d = dst + (y * ow + x) * C;
-            for (int64_t c = 0; c < C; c++) {
-                float acc = 0.0f;
-                for (int a = 0; a < 4; a++) {
-                    const float *row = src + ys[a] * iw * C + c;
-                    float r = 0.0f;
-                    for (int b = 0; b < 4; b++) r += wx[b] * row[xs[b] * C];
-                    acc += wy[a] * r;
-                }
-                d[c] = acc;
-            }
-        }
-    }
-}
-
-void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw, int64_t oh,
-                      int64_t ow) {
-    vit_bicubic(dst, src, C, ih, iw, oh, ow, 0);
-}
-
-/* Keys' cubic with a = -0.5, the kernel of PyTorch's antialiased bicubic
- * (and PIL's). */
-static double vit_keys(double x) {
-    const double a = -0.5;
-    x = fabs(x);
-    if (x < 1.0)
-        return ((a + 2.0) * x - (a + 3.0)) * x * x + 1.0;
-    if (x < 2.0)
-        return ((a * x - 5.0 * a) * x + 8.0 * a) * x - 4.0 * a;
-    return 0.0;
-}
-
-/* One axis of F.interpolate(mode="bicubic", antialias=True,
- * align_corners=False): output o reads inputs lo[o] .. lo[o] + n[o] - 1 with
- * weights w[o * taps ..], normalised to sum 1 (the support widens with the
- * downscale factor, as PIL's filters). taps: the most any output reads. */
-static void vit_aa_axis(int64_t in, int64_t out, int64_t taps, int64_t *lo, int64_t *n, float *w) {
-    double scale = (double)in / (double)out, sup = scale > 1.0 ? scale : 1.0;
-    double support = 2.0 * sup;
-    for (int64_t o = 0; o < out; o++) {
-        double center = scale * ((double)o + 0.5), total = 0.0, ws[64];
-        int64_t a = (int64_t)(center - support + 0.5), b = (int64_t)(center + support + 0.5);
-        if (a < 0)
-            a = 0;
-        if (b > in)
-            b = in;
-        if (b - a > taps)
-            b = a + taps;
-        for (int64_t j = a; j < b; j++) total += ws[j - a] = vit_keys(((double)j - center + 0.5) / sup);
-        lo[o] = a;
-        n[o] = b - a;
-        for (int64_t j = a; j < b; j++)
-            w[o * taps + j - a] = (float)(total != 0.0 ? ws[j - a] / total : 0.0);
-    }
-}
-
-/* Antialiased bicubic of src [ih*iw, C] into dst [oh*ow, C], width first
- * then height (PyTorch's separable order), through tmp [ih*ow, C]. Grids
- * are bounded (taps <= 64: a position grid shrinking by over 15x is
- * refused by the caller). */
-static vitc_status vit_bicubic_aa(float *dst, float *tmp, const float *src, int64_t C, int64_t ih,
-                                  int64_t iw, int64_t oh, int64_t ow) {
-    int64_t lo[2][1024], n[2][1024], tx = 64, ty = 64;
-    float *w[2] = {malloc((size_t)(ow * tx) * sizeof(float)),
-                   malloc((size_t)(oh * ty) * sizeof(float))};
-    if (!w[0] || !w[1]) {
-        free(w[0]);
-        free(w[1]);
-        return vitc__err(VITC_ERR_NOMEM, "antialiased resampling weights");
-    }
-    vit_aa_axis(iw, ow, tx, lo[0], n[0], w[0]);
-    vit_aa_axis(ih, oh, ty, lo[1], n[1], w[1]);
-    for (int64_t y = 0; y < ih; y++)
-        for (int64_t x = 0; x < ow; x++) {
-            float *d = tmp + (y * ow + x) * C;
-            for (int64_t c = 0; c < C; c++) d[c] = 0.0f;
-            for (int64_t k = 0; k < n[0][x]; k++) {
-                const float *s = src + (y * iw + lo[0][x] + k) * C;
-                float wk = w[0][x * tx + k];
-                for (int64_t c = 0; c < C; c++) d[c] += wk * s[c];
-            }
-        }
-    for (int64_t y = 0; y < oh; y++)
-        for (int64_t x = 0; x < ow; x++) {
-            float *d = dst + (y * ow + x) * C;
-            for (int64_t c = 0; c < C; c++) d[c] = 0.0f;
-            for (int64_t k = 0; k < n[1][y]; k++) {
-                const float *s = tmp + ((lo[1][y] + k) * ow + x) * C;
-                float wk = w[1][y * ty + k];
-                for (int64_t c = 0; c < C; c++) d[c] += wk * s[c];
-            }
-        }
-    free(w[0]);
-    free(w[1]);
-    return VITC_OK;
-}
-
-/* The adjoint of vitc__bicubic_ac: dsrc [ih*iw, C] += the transpose of the
- * resampling applied to ddst [oh*ow, C] (each tap's weight sends ddst back
- * to the clamped source it read). */
-void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_t ih, int64_t iw,
-                               int64_t oh, int64_t ow) {
-    for (int64_t y = 0; y < oh; y++) {
-        int64_t ys[4], xs[4];
-        float wy[4], wx[4];
-        vit_cubic_taps(y, ih, oh, ys, wy);
-        for (int64_t x = 0; x < ow; x++) {
-            vit_cubic_taps(x, iw, ow, xs, wx);
-            const float *g = ddst + (y * ow + x) * C;
-            for (int a = 0; a < 4; a++)
-                for (int b = 0; b < 4; b++) {
-                    float wab = wy[a] * wx[b];
-                    float *d = dsrc + (ys[a] * iw + xs[b]) * C;
-                    for (int64_t c = 0; c < C; c++) d[c] += wab * g[c];
-                }
-        }
-    }
+vitc_status vitc__vit_pos_backward(vitc_vit *m, float *dsrc, const float *ddst, int64_t gh,
+                                   int64_t gw) {
+    int64_t g = m->cfg.image_size / m->cfg.patch_size;
+    return vitc__nn_resample_backward((int)m->pos_rule, dsrc, ddst, m->cfg.hidden_dim, g, g, gh,
+                                      gw);
 }
 
 /* m->pos_used for a gh x gw grid: the checkpoint's own when it matches,
@@ -263,11 +105,8 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
     VITC_TRY(vitc__buf_reserve(&m->pos_buf, aa ? t : n));
     /* The class (and distillation) rows are kept as they are. */
     memcpy(m->pos_buf.p, m->w.pos, (size_t)(np * C) * sizeof(float));
-    if (aa)
-        VITC_TRY(vit_bicubic_aa(m->pos_buf.p + np * C, m->pos_buf.p + n, m->w.pos + np * C, C, g, g, gh, gw));
-    else
-        vit_bicubic(m->pos_buf.p + np * C, m->w.pos + np * C, C, g, g, gh, gw,
-                    m->pos_rule == VIT_POS_HALF_PIXEL);
+    VITC_TRY(vitc__nn_resample((int)m->pos_rule, m->pos_buf.p + np * C, m->pos_buf.p + n,
+                               m->w.pos + np * C, C, g, g, gh, gw));
     m->pos_gh = (int)gh;
     m->pos_gw = (int)gw;
     m->pos_ver = m->wversion + 1;
@@ -335,29 +174,6 @@ static vitc_status vit_activations(vitc_vit *m, int64_t B, int64_t P, int traini
 /* Forward                                                            */
 /* ------------------------------------------------------------------ */
 
-typedef struct vit_im2col_ctx {
-    float *patches;      /* [B*gh*gw, Cin*p*p] */
-    const float *images; /* [B, Cin, H, W] */
-    int64_t Cin, H, W, p, gh, gw;
-} vit_im2col_ctx;
-
-/* One row of patches (image b = i / gh, patch row i % gh) into im2col rows
- * ordered (c, ky, kx) like conv_proj.weight's [C, Cin, p, p]. */
-static void vit_im2col_task(void *ctx, int64_t i, int tid) {
-    const vit_im2col_ctx *a = ctx;
-    (void)tid;
-    int64_t b = i / a->gh, py = i % a->gh, K = a->Cin * a->p * a->p;
-    for (int64_t px = 0; px < a->gw; px++) {
-        float *dst = a->patches + ((b * a->gh + py) * a->gw + px) * K;
-        for (int64_t c = 0; c < a->Cin; c++)
-            for (int64_t ky = 0; ky < a->p; ky++) {
-                const float *src =
-                    a->images + ((b * a->Cin + c) * a->H + py * a->p + ky) * a->W + px * a->p;
-                memcpy(dst + (c * a->p + ky) * a->p, src, (size_t)a->p * sizeof(float));
-            }
-    }
-}
-
 typedef struct vit_tokens_ctx {
     const vitc_vit *m;
     const float *proj; /* [B*P, C] */
@@ -419,225 +235,46 @@ static void vit_rollout_step(vitc_vit *m, const float *probs, int64_t B, int64_t
     }
 }
 
-/* Attention of every head over qkv [B, N, 3, H, d] into att [B, N, H, d],
- * for query rows 0..L-1 of each image (query row stride N*3C when L = 1). */
-vitc__sdpa_desc vitc__vit_attention(const vitc_vit *m, const float *qkv, float *att, int64_t B,
-                                     int64_t N, int64_t L) {
-    int64_t C = m->cfg.hidden_dim, Hh = m->cfg.num_heads, d = C / Hh;
-    vitc__sdpa_desc sd = {
-        .B = B, .H = Hh, .L = L, .S = N, .D = d, .Dv = d,
-        .q = qkv, .q_sb = N * 3 * C, .q_sh = d, .q_sr = 3 * C,
-        .k = qkv + C, .k_sb = N * 3 * C, .k_sh = d, .k_sr = 3 * C,
-        .v = qkv + 2 * C, .v_sb = N * 3 * C, .v_sh = d, .v_sr = 3 * C,
-        .o = att, .o_sb = N * C, .o_sh = d, .o_sr = C,
-        .scale = m->attn_scale > 0.0f ? m->attn_scale : 1.0f / sqrtf((float)d),
-        .p_sb = Hh * N * N, .p_sh = N * N, .p_sr = N,
-    };
-    return sd;
-}
-
 /* timm's stochastic depth rule: rates rising linearly from 0 at the first
  * block to drop_path at the last (torch.linspace(0, drop_path, depth)). */
-float vitc__vit_drop_path_rate(const vitc_vit *m, int l) {
+static float vit_drop_path_rate(const vitc_vit *m, int l) {
     int d = m->cfg.depth;
     return d > 1 ? m->drop_path * (float)l / (float)(d - 1) : 0.0f;
 }
 
-/* A residual branch's regularisation, in place on x [B, N, C]:
- * dropout(p = m->dropout), then drop path of the sample. Linear and
- * diagonal in x, so backward applies the same to the gradient. */
-void vitc__vit_branch(const vitc_vit *m, int l, float *x, const uint8_t *keep,
-                      const uint8_t *dp_keep) {
-    int64_t B = m->a.B, NC = m->a.N * m->cfg.hidden_dim;
-    float pd = vitc__vit_drop_path_rate(m, l);
-    if (m->dropout > 0.0f)
-        vitc__dropout_apply(x, x, keep, B * NC, m->dropout);
-    if (pd > 0.0f)
-        vitc__drop_path_apply(x, x, dp_keep, B, NC, pd, 0);
-}
-
-static void vit_branch_forward(vitc_vit *m, int l, float *x, uint8_t *keep, uint8_t *dp_keep) {
-    int64_t B = m->a.B, NC = m->a.N * m->cfg.hidden_dim;
-    float pd = vitc__vit_drop_path_rate(m, l);
-    if (m->dropout > 0.0f)
-        vitc__dropout_mask(keep, B * NC, m->dropout, &m->rng);
-    if (pd > 0.0f)
-        vitc__dropout_mask(dp_keep, B, pd, &m->rng);
-    vitc__vit_branch(m, l, x, keep, dp_keep);
-}
-
-/* y = x W^T + b (+ res) (then the activation act, VITC__ACT_*) with block
- * l's weight k: its packed copy in an inference forward, else the
- * row-major W (fp32). */
-static vitc_status vit_linear(const vitc_vit *m, int l, int k, float *y, int64_t ldy,
-                              const float *x, int64_t ldx, const float *W, const float *b,
-                              const float *res, int64_t ldr, int64_t M, int64_t N, int64_t K,
-                              int act) {
-    const vitc__pweight *pw = m->use_packed ? &m->pw[l * VIT_PW_COUNT + k] : NULL;
-    return vitc__linear_pw(y, ldy, x, ldx, pw, W, b, res, ldr, M, N, K, act);
-}
-
-/* vit_linear of ln->y = LayerNorm(ln->x), that LayerNorm done with it. */
-static vitc_status vit_linear_ln(const vitc_vit *m, int l, int k, float *y, int64_t ldy,
-                                 const vitc__ln_pre *ln, const float *W, const float *b, int64_t M,
-                                 int64_t N, int64_t K, int act) {
-    const vitc__pweight *pw = m->use_packed ? &m->pw[l * VIT_PW_COUNT + k] : NULL;
-    return vitc__linear_pw_ln(y, ldy, ln, pw, W, b, M, N, K, act);
-}
-
-/* y = res + gamma * (x W^T + b): DINOv2's layer scale, in the GEMM's
- * epilogue like the residual (vitc__linear_pw_scaled). */
-static vitc_status vit_linear_ls(const vitc_vit *m, int l, int k, float *y, const float *x,
-                                 int64_t ldx, const float *W, const float *b, const float *gamma,
-                                 const float *res, int64_t ldr, int64_t M, int64_t N, int64_t K) {
-    const vitc__pweight *pw = m->use_packed ? &m->pw[l * VIT_PW_COUNT + k] : NULL;
-    return vitc__linear_pw_scaled(y, N, x, ldx, pw, W, b, gamma, res, ldr, M, N, K);
-}
-
-/* The MLP's activation as a kernel-table activation (VITC__ACT_*): erf
- * GELU, tanh-GELU (gelu_pytorch_tanh, SigLIP) or quick-GELU (x * sigmoid(1.702
- * x), OpenAI CLIP), vectorised and threaded (ops*.c). */
-static int vit_act(const vitc_vit *m) {
-    return m->mlp_act == VIT_ACT_QUICK_GELU  ? VITC__ACT_QUICK_GELU
-           : m->mlp_act == VIT_ACT_GELU_TANH ? VITC__ACT_TANH_GELU
-                                             : VITC__ACT_GELU;
-}
-
-static void vit_activation(const vitc_vit *m, float *x, int64_t n) {
-    int act = vit_act(m);
-    if (act == VITC__ACT_QUICK_GELU)
-        vitc__quick_gelu(x, n);
-    else if (act == VITC__ACT_TANH_GELU)
-        vitc__tanh_gelu(x, n);
-    else
-        vitc__gelu(x, n);
-}
-
-static void vit_add(float *y, const float *x, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] += x[i];
-}
-
-/* nn.MultiheadAttention's dropout of the attention probabilities: o of
- * every head again as dropout(P) V, P = sd->probs [B, H, N, N] kept as it
- * is for backward. One [N, N] scratch, heads one after another, each
- * product over the pool. */
-vitc_status vitc__vit_attention_dropout(vitc_vit *m, const vitc__sdpa_desc *sd,
-                                        const uint8_t *keep) {
-    int64_t N = sd->S, d = sd->D, NN = N * N;
-    VITC_TRY(vitc__buf_reserve(&m->pdrop, (size_t)NN));
-    float *T = m->pdrop.p; /* [N, N] */
-    for (int64_t b = 0; b < sd->B; b++)
-        for (int64_t h = 0; h < sd->H; h++) {
-            int64_t bh = b * sd->H + h;
-            vitc__dropout_apply(T, sd->probs + bh * NN, keep + bh * NN, NN, m->attention_dropout);
-            vitc__gemm(0, 0, N, d, N, 1.0f, T, N, sd->v + b * sd->v_sb + h * sd->v_sh, sd->v_sr,
-                       0.0f, sd->o + b * sd->o_sb + h * sd->o_sh, sd->o_sr);
-        }
-    return VITC_OK;
-}
-
-/* One encoder block l on m->a (torchvision's EncoderBlock):
- *   mid = x + out_proj(MHA(ln_1(x)));  out = mid + fc2(gelu(fc1(ln_2(mid))))
- * cls_only: queries, out_proj, LayerNorm and MLP only for the class token
- * (row 0 of each image; every row's keys and values still) — the same
- * numbers for those rows, ~7% fewer FLOPs for the last block of
- * ViT-B/16; the rows after the attention are then [B, C] compact and
- * *out points at them. probs [B, H, N, N] may be NULL. */
-static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, const float **out) {
+vitc__nn_block vitc__vit_block_desc(vitc_vit *m, int l, float *probs) {
     const vitc_vit_config *c = &m->cfg;
-    const vitc__vit_block *w = &m->blocks[l];
     const vitc__vit_acts *a = &m->a;
-    int64_t B = a->B, N = a->N, C = c->hidden_dim, M = c->mlp_dim, BN = B * N;
-    float *x = vitc__va(a, l, VA_X), *ln1 = vitc__va(a, l, VA_LN1), *qkv = vitc__va(a, l, VA_QKV);
-    float *att = vitc__va(a, l, VA_ATT), *mid = vitc__va(a, l, VA_MID);
-    float *ln2 = vitc__va(a, l, VA_LN2), *hpre = vitc__va(a, l, VA_HPRE);
-    float *hact = vitc__va(a, l, VA_HACT), *y = vitc__va(a, l + (a->training ? 1 : 0), VA_X);
-    /* ln1 = LayerNorm(x), by the qkv GEMM's packers where it can (vitc__linear_pw_ln). */
-    vitc__ln_pre n1 = {ln1, x, w->ln1_w, w->ln1_b, c->norm_eps};
-    /* R rows go on past the attention, rs apart in the [B, N, .] buffers. */
-    int64_t R = cls_only ? B : BN, rs = cls_only ? N : 1;
-    if (cls_only && !m->use_packed) { /* k, v of every row (weight rows C..3C), q of the class rows */
-        vitc__layernorm(ln1, x, w->ln1_w, w->ln1_b, BN, C, c->norm_eps);
-        vitc__linear(qkv + C, 3 * C, ln1, C, w->qkv_w + C * C, w->qkv_b + C, NULL, 0, BN, 2 * C, C);
-        vitc__linear(qkv, N * 3 * C, ln1, N * C, w->qkv_w, w->qkv_b, NULL, 0, B, C, C);
-    } else { /* qkv [B, N, 3, H, d]: the kernel reads q, k, v of head h in place. Packed
-              * weights are whole matrices: q of every row then (the same numbers). */
-        VITC_TRY(vit_linear_ln(m, l, VIT_PW_QKV, qkv, 3 * C, &n1, w->qkv_w, w->qkv_b, BN, 3 * C, C,
-                               0));
-    }
-    vitc__sdpa_desc sd = vitc__vit_attention(m, qkv, att, B, N, cls_only ? 1 : N);
-    sd.probs = probs;
-    sd.bf16 = m->attn_precision == VITC_PRECISION_BF16 && !a->training;
-    sd.lse = vitc__va(a, l, VA_LSE); /* [B, H, N], training only */
-    sd.lse_sb = c->num_heads * N;
-    sd.lse_sh = N;
     vitc__vit_mask k = vitc__vit_block_mask(m, l); /* training with regularisation */
-    if (k.probs) /* attention_dropout: the probabilities kept, o from the dropped ones */
-        sd.probs = vitc__va(a, l, VA_PROBS);
-    VITC_TRY(vitc__sdpa(&sd));
-    if (k.probs) {
-        vitc__dropout_mask(k.probs, B * c->num_heads * N * N, m->attention_dropout, &m->rng);
-        VITC_TRY(vitc__vit_attention_dropout(m, &sd, k.probs));
-    }
-    if (k.att) { /* the branch alone, regularised, (layer-scaled,) then the residual */
-        vitc__linear(mid, C, att, C, w->proj_w, w->proj_b, NULL, 0, R, C, C);
-        vit_branch_forward(m, l, mid, k.att, k.dp_att);
-        if (w->ls1)
-            vitc__scale_add(mid, C, w->ls1, x, C, R, C);
-        else
-            vit_add(mid, x, R * C);
-    } else if (w->ls1) { /* DINOv2: mid = x + ls1 * out_proj(att) */
-        VITC_TRY(vit_linear_ls(m, l, VIT_PW_PROJ, mid, att, rs * C, w->proj_w, w->proj_b, w->ls1,
-                               x, rs * C, R, C, C));
-    } else {
-        VITC_TRY(vit_linear(m, l, VIT_PW_PROJ, mid, C, att, rs * C, w->proj_w, w->proj_b, x,
-                            rs * C, R, C, C, 0));
-    }
-    vitc__ln_pre n2 = {ln2, mid, w->ln2_w, w->ln2_b, c->norm_eps}; /* ln2 = LayerNorm(mid) */
-    /* Inference: the activation in fc1's epilogue. Training keeps its input for backward. */
-    int fused = hact == hpre && !m->swiglu;
-    /* Training (row-major weights): hpre and GELU(hpre) from one epilogue. */
-    int both = hact != hpre && m->mlp_act == VIT_ACT_GELU && !m->swiglu && !m->use_packed;
-    if (both) {
-        vitc__layernorm(ln2, mid, w->ln2_w, w->ln2_b, R, C, c->norm_eps);
-        vitc__linear_act(hpre, M, hact, M, ln2, C, w->fc1_w, w->fc1_b, R, M, C);
-    } else {
-        VITC_TRY(vit_linear_ln(m, l, VIT_PW_FC1, hpre, M, &n2, w->fc1_w, w->fc1_b, R, M, C,
-                               fused ? vit_act(m) : VITC__ACT_NONE));
-        if (hact != hpre)
-            memcpy(hact, hpre, (size_t)(R * M) * sizeof(float));
-    }
-    if (m->swiglu) { /* DINOv2 giant: [a, b] = chunk(fc1, 2); silu(a) * b, compacted in place */
-        int64_t h2 = M / 2;
-        for (int64_t r = 0; r < R; r++)
-            for (int64_t j = 0; j < h2; j++) {
-                float a0 = hact[r * M + j], b0 = hact[r * M + h2 + j];
-                hact[r * h2 + j] = a0 / (1.0f + expf(-a0)) * b0;
-            }
-        M = h2; /* fc2 reads [R, M/2] */
-    } else if (!fused && !both) {
-        vit_activation(m, hact, R * M);
-    }
-    if (k.hid && m->dropout > 0.0f) { /* MLPBlock's Dropout after the GELU */
-        vitc__dropout_mask(k.hid, R * M, m->dropout, &m->rng);
-        vitc__dropout_apply(hact, hact, k.hid, R * M, m->dropout);
-    }
-    if (k.out) {
-        vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, NULL, 0, R, C, M);
-        vit_branch_forward(m, l, y, k.out, k.dp_mlp);
-        if (w->ls2)
-            vitc__scale_add(y, C, w->ls2, mid, C, R, C);
-        else
-            vit_add(y, mid, R * C);
-    } else if (w->ls2) { /* y = mid + ls2 * fc2(hact) */
-        VITC_TRY(vit_linear_ls(m, l, VIT_PW_FC2, y, hact, M, w->fc2_w, w->fc2_b, w->ls2, mid, C,
-                               R, C, M));
-    } else {
-        VITC_TRY(vit_linear(m, l, VIT_PW_FC2, y, C, hact, M, w->fc2_w, w->fc2_b, mid, C, R, C, M,
-                            0));
-    }
+    vitc__nn_block b = {
+        .w = &m->blocks[l], .pw = m->use_packed ? &m->pw[l * VIT_PW_COUNT] : NULL,
+        .B = a->B, .N = a->N, .C = c->hidden_dim, .H = c->num_heads, .M = c->mlp_dim,
+        .eps = c->norm_eps, .attn_scale = m->attn_scale, .act = m->mlp_act, .swiglu = m->swiglu,
+        .attn_bf16 = m->attn_precision == VITC_PRECISION_BF16 && !a->training,
+        .dropout = m->dropout, .attention_dropout = m->attention_dropout,
+        .drop_path = vit_drop_path_rate(m, l), .rng = &m->rng,
+        .k = {k.att, k.hid, k.out, k.dp_att, k.dp_mlp, k.probs},
+        .x = vitc__va(a, l, VA_X), .ln1 = vitc__va(a, l, VA_LN1), .qkv = vitc__va(a, l, VA_QKV),
+        .att = vitc__va(a, l, VA_ATT), .lse = vitc__va(a, l, VA_LSE), .mid = vitc__va(a, l, VA_MID),
+        .ln2 = vitc__va(a, l, VA_LN2), .hpre = vitc__va(a, l, VA_HPRE),
+        .hact = vitc__va(a, l, VA_HACT), .y = vitc__va(a, l + (a->training ? 1 : 0), VA_X),
+        .pkeep = vitc__va(a, l, VA_PROBS), .probs = probs, .tmp = &m->pdrop,
+        .mask_buf = &m->mask_buf,
+    };
+    return b;
+}
+
+/* One encoder block l on m->a (nn/block.c). cls_only: queries, out_proj,
+ * LayerNorm and MLP only for the class token (row 0 of each image; every
+ * row's keys and values still) — the same numbers for those rows, ~7%
+ * fewer FLOPs for the last block of ViT-B/16; the rows after the attention
+ * are then [B, C] compact and *out points at them. probs [B, H, N, N] may
+ * be NULL. */
+static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, const float **out) {
+    vitc__nn_block b = vitc__vit_block_desc(m, l, probs);
+    VITC_TRY(vitc__nn_block_forward(&b, cls_only));
     if (out)
-        *out = y;
+        *out = b.y;
     return VITC_OK;
 }
 
@@ -719,7 +356,9 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
                          c->in_channels, H_, W_, c->image_size, c->image_size,
                          (c->image_size / c->patch_size) * (c->image_size / c->patch_size));
     /* A training forward of logits records every block for backward. */
-    int record = m->training && logits && !attn && !rollout && !features;
+    /* A training forward of logits (or of the primary embedding: vitc_vit_run sets
+     * rec_want) records every block for backward. */
+    int record = m->training && (logits || m->rec_want) && !attn && !rollout;
     m->recorded = 0;
     /* Inference reads packed weights, (re)built once the parameters moved.
      * fp32 can do without them (same numbers from the row-major ones). */
@@ -769,8 +408,7 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     if (m->t2t) { /* T2T-ViT: its tokens_to_token module (t2t_vit.c) */
         VITC_TRY(vitc__t2t_tokens(m, images, B, H, W, proj));
     } else { /* Patch embedding: conv k = s = p is one GEMM over im2col rows. */
-        vit_im2col_ctx ic = {a->patches, images, Cin, H, W, p, gh, gw};
-        vitc__parallel_for(B * gh, vit_im2col_task, &ic);
+        vitc__nn_unfold(a->patches, images, 0, B, Cin, H, W, p, p, 0);
         VITC_TRY(vitc__linear_pw(proj, C, a->patches, K, m->pconv.data ? &m->pconv : NULL,
                                  m->w.conv_w, m->w.conv_b, NULL, 0, B * P, C, K, 0));
     }
@@ -778,6 +416,10 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     vit_tokens_ctx tc = {m, proj, vitc__va(a, 0, VA_X), P, N, C};
     vitc__parallel_for(B, vit_tokens_task, &tc);
 
+    if (m->pre_norm && record) { /* backward reads pre_layrnorm's input */
+        VITC_TRY(vitc__buf_reserve(&m->pre_buf, (size_t)(B * N * C)));
+        memcpy(m->pre_buf.p, vitc__va(a, 0, VA_X), (size_t)(B * N * C) * sizeof(float));
+    }
     if (m->pre_norm) /* CLIP's pre_layrnorm */
         vitc__layernorm(vitc__va(a, 0, VA_X), vitc__va(a, 0, VA_X), m->w.pre_w, m->w.pre_b, B * N, C,
                         c->norm_eps);
@@ -865,36 +507,44 @@ int vitc_vit_num_prefix_tokens(const vitc_vit *m) { return m ? m->n_prefix : 0; 
  * the normed tokens h [B, N, C]:
  *   a = out_proj(MHA(query = probe, keys and values = h))   [B, C]
  *   out = a + fc2(act(fc1(layernorm(a))))                   [B, C] */
-static vitc_status vit_map_head(vitc_vit *m, const float *h, int64_t B, int64_t N, float *out) {
+vitc__nn_cross vitc__vit_map_attn(const vitc_vit *m, const vitc__vit_w *w, int64_t B, int64_t N) {
     const vitc_vit_config *c = &m->cfg;
-    int64_t C = c->hidden_dim, M = c->mlp_dim, Hh = c->num_heads, d = C / Hh;
+    vitc__nn_cross p = {.probe = w->map_probe, .in_w = w->map_qkv_w, .in_b = w->map_qkv_b,
+                        .out_w = w->map_proj_w, .out_b = w->map_proj_b, .B = B, .L = 1, .S = N,
+                        .C = c->hidden_dim, .H = c->num_heads};
+    return p;
+}
+
+vitc__nn_mlp vitc__vit_map_mlp(const vitc_vit *m, const vitc__vit_w *w) {
+    vitc__nn_mlp p = {.fc1_w = w->map_fc1_w, .fc1_b = w->map_fc1_b, .fc2_w = w->map_fc2_w,
+                      .fc2_b = w->map_fc2_b, .C = m->cfg.hidden_dim, .M = m->cfg.mlp_dim,
+                      .act = m->mlp_act};
+    return p;
+}
+
+vitc_status vitc__vit_map_head(vitc_vit *m, const float *h, int64_t B, int64_t N, float *out,
+                               vitc__vit_map_rec *r) {
+    const vitc_vit_config *c = &m->cfg;
+    int64_t C = c->hidden_dim, M = c->mlp_dim, Hh = c->num_heads;
     size_t kv, rest, n;
     if (!vitc__mul_size((size_t)(B * N), (size_t)(2 * C), &kv) ||
-        !vitc__mul_size((size_t)B, (size_t)(4 * C + M), &rest) || !vitc__add_size(kv, rest, &n))
+        !vitc__mul_size((size_t)B, (size_t)(3 * C + 2 * M + Hh), &rest) ||
+        !vitc__add_size(kv, rest, &n) || !vitc__add_size(n, (size_t)C, &n))
         return vitc__err(VITC_ERR_NOMEM, "attention-pooling head for [%lld, %lld, %lld] overflows",
                          (long long)B, (long long)N, (long long)C);
     VITC_TRY(vitc__buf_reserve(&m->head_buf, n));
-    float *k = m->head_buf.p, *q = k + kv, *att = q + B * C, *a = att + B * C, *ln = a + B * C;
-    float *hid = ln + B * C;
-    /* One query per image (the probe), keys and values from every token. */
-    vitc__linear(q, C, m->w.map_probe, C, m->w.map_qkv_w, m->w.map_qkv_b, NULL, 0, 1, C, C);
-    for (int64_t b = 1; b < B; b++) memcpy(q + b * C, q, (size_t)C * sizeof(float));
-    vitc__linear(k, 2 * C, h, C, m->w.map_qkv_w + C * C, m->w.map_qkv_b + C, NULL, 0, B * N, 2 * C,
-                 C);
-    vitc__sdpa_desc sd = {
-        .B = B, .H = Hh, .L = 1, .S = N, .D = d, .Dv = d,
-        .q = q, .q_sb = C, .q_sh = d, .q_sr = C,
-        .k = k, .k_sb = N * 2 * C, .k_sh = d, .k_sr = 2 * C,
-        .v = k + C, .v_sb = N * 2 * C, .v_sh = d, .v_sr = 2 * C,
-        .o = att, .o_sb = C, .o_sh = d, .o_sr = C,
-        .scale = 1.0f / sqrtf((float)d),
-    };
-    VITC_TRY(vitc__sdpa(&sd));
-    vitc__linear(a, C, att, C, m->w.map_proj_w, m->w.map_proj_b, NULL, 0, B, C, C);
-    vitc__layernorm(ln, a, m->w.map_ln_w, m->w.map_ln_b, B, C, c->norm_eps);
-    vitc__linear(hid, M, ln, C, m->w.map_fc1_w, m->w.map_fc1_b, NULL, 0, B, M, C);
-    vit_activation(m, hid, B * M);
-    vitc__linear(out, C, hid, M, m->w.map_fc2_w, m->w.map_fc2_b, a, C, B, C, M);
+    vitc__vit_map_rec t;
+    t.x.kv = m->head_buf.p, t.x.q = t.x.kv + kv, t.x.att = t.x.q + C, t.a = t.x.att + B * C;
+    t.ln = t.a + B * C, t.hpre = t.ln + B * C, t.hact = r ? t.hpre + B * M : t.hpre;
+    t.x.lse = r ? t.hpre + 2 * B * M : NULL; /* inference: none asked (the same o) */
+    /* a = out_proj(MHA(query = probe, keys and values = h)); out = a + mlp(layernorm(a)) */
+    vitc__nn_cross p = vitc__vit_map_attn(m, &m->w, B, N);
+    VITC_TRY(vitc__nn_cross_forward(&p, t.a, h, &t.x, &m->mask_buf));
+    vitc__layernorm(t.ln, t.a, m->w.map_ln_w, m->w.map_ln_b, B, C, c->norm_eps);
+    vitc__nn_mlp f = vitc__vit_map_mlp(m, &m->w);
+    vitc__nn_mlp_forward(&f, out, t.ln, t.a, B, t.hpre, t.hact);
+    if (r)
+        *r = t;
     return VITC_OK;
 }
 const char *vitc_vit_family(const vitc_vit *m) { return m ? m->family : NULL; }
@@ -968,7 +618,7 @@ vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int H, int W
     float *f = m->feat_buf.p;
     VITC_TRY(vit_run(m, images, B, H, W, NULL, NULL, NULL, f, 0));
     if (pool == VITC_POOL_DEFAULT) /* SigLIP */
-        return vit_map_head(m, f, B, N, out);
+        return vitc__vit_map_head(m, f, B, N, out, NULL);
     for (int64_t b = 0; b < B; b++) {
         const float *fb = f + b * N * C;
         float *o = out + b * per;
@@ -1011,4 +661,33 @@ vitc_status vitc_vit_preprocess(const vitc_vit *m, const vitc_image *img, float 
     if (!m->proc.present)
         return vitc__err(VITC_ERR_INVALID_ARG, "this %s model has no image processor", m->family);
     return vitc__hf_preprocess(&m->proc, img, out);
+}
+
+/* ------------------------------------------------------------------ */
+/* The primary output                                                 */
+/* ------------------------------------------------------------------ */
+
+vitc_status vitc_vit_output_size(const vitc_vit *m, int H, int W, int64_t *floats) {
+    if (!m || !floats)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_output_size: NULL argument");
+    if (vitc_vit_has_head(m)) {
+        int64_t p = m->cfg.patch_size;
+        if (H < p || W < p)
+            return vitc__err(VITC_ERR_SHAPE, "vitc_vit_output_size: %dx%d is smaller than the "
+                             "patch size %lld", H, W, (long long)p);
+        *floats = m->cfg.num_classes;
+        return VITC_OK;
+    }
+    return vitc_vit_embed_size(m, VITC_POOL_DEFAULT, H, W, floats);
+}
+
+vitc_status vitc_vit_run(vitc_vit *m, const float *images, int B, int H, int W, float *out) {
+    if (!m || !images || !out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_run: NULL argument");
+    if (vitc_vit_has_head(m))
+        return vit_run(m, images, B, H, W, out, NULL, NULL, NULL, 0);
+    m->rec_want = m->training;
+    vitc_status s = vitc_vit_embed(m, images, B, H, W, VITC_POOL_DEFAULT, out);
+    m->rec_want = 0;
+    return s;
 }

@@ -8,6 +8,7 @@
 
 #include "../internal.h"
 #include "../kernels/kernels.h"
+#include "../nn/nn.h"
 #include "../params.h"
 #include "../rng.h"
 
@@ -60,19 +61,8 @@ typedef enum vitc__vit_naming {
 } vitc__vit_naming;
 
 
-typedef struct vitc__vit_block {
-    float *ln1_w, *ln1_b;   /* [C] */
-    float *qkv_w;           /* [3C, C] rows [Wq; Wk; Wv], head h at rows h*d.. */
-    float *qkv_b;           /* [3C] */
-    float *proj_w;          /* [C, C] */
-    float *proj_b;          /* [C] */
-    float *ln2_w, *ln2_b;   /* [C] */
-    float *fc1_w;           /* [mlp, C] */
-    float *fc1_b;           /* [mlp] */
-    float *fc2_w;           /* [C, mlp] */
-    float *fc2_b;           /* [C] */
-    float *ls1, *ls2;       /* [C] layer scale (DINOv2), NULL without */
-} vitc__vit_block;
+/* A block's parameters: nn/block.c's (the loaders bind these fields). */
+typedef vitc__nn_block_w vitc__vit_block;
 
 /* One T2T token transformer: Token_transformer (norm1, attn.qkv without
  * bias, attn.proj, norm2, mlp.fc1/fc2) or Token_performer (norm1, kqv,
@@ -121,11 +111,12 @@ typedef enum vitc__vit_head {
     VIT_HEAD_MAP = 4,   /* SigLIP: pooler_output = the MAP head over ln(x), an embedding */
     VIT_HEAD_CLS_MEAN = 5 /* DINOv2 classifier: head([ln(x)[:, 0], mean(ln(x) patches)]) */
 } vitc__vit_head;
-enum { VIT_ACT_GELU = 0, VIT_ACT_GELU_TANH = 1, VIT_ACT_QUICK_GELU = 2 };
+enum { VIT_ACT_GELU = VITC__NN_GELU, VIT_ACT_GELU_TANH = VITC__NN_GELU_TANH,
+       VIT_ACT_QUICK_GELU = VITC__NN_QUICK_GELU };
 typedef enum vitc__vit_pos_rule {
-    VIT_POS_ALIGN_CORNERS = 0, /* torchvision: bicubic, align_corners=True */
-    VIT_POS_HALF_PIXEL = 1,    /* HF >= 4.45: bicubic to size, align_corners=False */
-    VIT_POS_ANTIALIAS = 2      /* the same with antialias=True (DINOv2 with registers) */
+    VIT_POS_ALIGN_CORNERS = VITC__NN_RESAMPLE_ALIGN_CORNERS, /* torchvision: align_corners=True */
+    VIT_POS_HALF_PIXEL = VITC__NN_RESAMPLE_HALF_PIXEL, /* HF >= 4.45: to size, align_corners=False */
+    VIT_POS_ANTIALIAS = VITC__NN_RESAMPLE_ANTIALIAS    /* the same, antialias=True (DINOv2 + registers) */
 } vitc__vit_pos_rule;
 
 /* A block's activations. In a training forward every block has its own
@@ -187,8 +178,8 @@ struct vitc_vit {
     int t2t;               /* VIT_NAMES_T2T_TRANSFORMER or _PERFORMER */
     int t2t_dim;           /* token_dim T */
     int no_qkv_bias;       /* qkv_bias false: the blocks' qkv.bias rows are zeros, not read */
-    vitc_layer *t2t_attn[2]; /* transformer mode: the engine's T2TAttention of each stage */
-    uint64_t t2t_synced;   /* wversion + 1 the layers' weights were copied at; 0: never */
+    vitc_layer *t2t_attn[2]; /* unused: the stages run on src/nn (t2t_vit.c); NULL */
+    uint64_t t2t_synced;   /* unused */
     vitc__buf t2t_buf;     /* the token module's activations */
     char family[32];       /* "torchvision", "timm", "hf-vit", "hf-deit" */
     char *ignored;         /* Hub tensors the forward does not use, NUL-separated */
@@ -257,10 +248,14 @@ struct vitc_vit {
     vitc__buf roll_buf;  /* [B, N, N] rollout + [2, N, N] */
     vitc__buf feat_buf;  /* embeddings' normed tokens; DeiT heads' scratch */
     vitc__buf head_buf;  /* the MAP head's scratch */
+    vitc__buf mask_buf;  /* the blocks' additive attention mask, when one is set */
+    vitc__buf pre_buf;   /* [B, N, C] pre_layrnorm's input in a training forward */
+    int rec_want;        /* vit.c: record this forward's embedding for backward (training) */
 };
 
 /* A block's packed weights, at m->pw[l * VIT_PW_COUNT + k]. */
-enum { VIT_PW_QKV, VIT_PW_PROJ, VIT_PW_FC1, VIT_PW_FC2, VIT_PW_COUNT };
+enum { VIT_PW_QKV = VITC__NN_PW_QKV, VIT_PW_PROJ = VITC__NN_PW_PROJ, VIT_PW_FC1 = VITC__NN_PW_FC1,
+       VIT_PW_FC2 = VITC__NN_PW_FC2, VIT_PW_COUNT = VITC__NN_PW_COUNT };
 /* Makes the packed weights current for an inference forward (repacking
  * when the parameters, precision, arch or GEMM backend moved) and sets
  * m->use_packed. */
@@ -337,27 +332,31 @@ static inline vitc__vit_mask vitc__vit_block_mask(const vitc_vit *m, int l) {
     return k;
 }
 
-/* Drop path rate of block l, and a branch's dropout + drop path in place
- * with recorded masks (the same call is its own backward) (vit.c). */
-float vitc__vit_drop_path_rate(const vitc_vit *m, int l);
-void vitc__vit_branch(const vitc_vit *m, int l, float *x, const uint8_t *keep,
-                      const uint8_t *dp_keep);
+/* Block l of m's recorded activations as an nn block (vit.c): the
+ * forward's and the backward's view; probs: attention maps asked for. */
+vitc__nn_block vitc__vit_block_desc(vitc_vit *m, int l, float *probs);
 
-/* attention_dropout: o = dropout(P) V with sd->probs kept (vit.c). */
-vitc_status vitc__vit_attention_dropout(vitc_vit *m, const vitc__sdpa_desc *sd,
-                                        const uint8_t *keep);
+/* SigLIP's attention-pooling head (SiglipMultiheadAttentionPoolingHead)
+ * on the normed tokens h [B, N, C] into out [B, C] (vit.c):
+ *   a = out_proj(MHA(query = probe, keys and values = h))   [B, C]
+ *   out = a + fc2(act(fc1(layernorm(a))))
+ * r non-NULL: what its backward reads, in m->head_buf. */
+typedef struct vitc__vit_map_rec {
+    vitc__nn_cross_rec x; /* q [C], kv [B, N, 2C], att [B, C], lse [B, H] */
+    float *a, *ln, *hpre, *hact; /* [B, C], [B, C], [B, mlp], [B, mlp] */
+} vitc__vit_map_rec;
+vitc_status vitc__vit_map_head(vitc_vit *m, const float *h, int64_t B, int64_t N, float *out,
+                               vitc__vit_map_rec *r);
+/* The head's pieces over w (m->w or the gradients m->g). */
+vitc__nn_cross vitc__vit_map_attn(const vitc_vit *m, const vitc__vit_w *w, int64_t B, int64_t N);
+vitc__nn_mlp vitc__vit_map_mlp(const vitc_vit *m, const vitc__vit_w *w);
+/* The adjoint of the position resampling of vit.c (m->pos_rule) from the
+ * checkpoint's g x g grid to gh x gw: dsrc [g*g, C] += R^T ddst [gh*gw, C]. */
+vitc_status vitc__vit_pos_backward(vitc_vit *m, float *dsrc, const float *ddst, int64_t gh,
+                                   int64_t gw);
 
 /* Gradient array and structs on first use (vit_train.c). */
 vitc_status vitc__vit_grad_alloc(vitc_vit *m);
-
-/* F.interpolate(mode="bicubic", align_corners=True) of src [C, ih, iw]
- * stored position-major ([ih*iw, C]) into dst [oh*ow, C]. */
-void vitc__bicubic_ac(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw, int64_t oh,
-                      int64_t ow);
-
-/* The adjoint of vitc__bicubic_ac, accumulated into dsrc [ih*iw, C]. */
-void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_t ih, int64_t iw,
-                               int64_t oh, int64_t ow);
 
 /* T2T-ViT (t2t_vit.c). configure: when st (with arch) is a T2T-ViT
  * checkpoint, *is_t2t = 1 and m's config, options and arch name are set
@@ -375,9 +374,9 @@ void vitc__t2t_free(vitc_vit *m);
 /* tokens_to_token(images [B, in, H, W]) -> out [B * g*g, C], H = W = 16 g. */
 vitc_status vitc__t2t_tokens(vitc_vit *m, const float *images, int64_t B, int64_t H, int64_t W,
                              float *out);
-
-/* The attention view of qkv [B, N, 3, H, d] -> att [B, N, H, d] (vit.c). */
-vitc__sdpa_desc vitc__vit_attention(const vitc_vit *m, const float *qkv, float *att, int64_t B,
-                                    int64_t N, int64_t L);
+/* The gradient of the last recorded (training) tokens_to_token for dout
+ * [B * g*g, C], added into m->g's T2T rows; transformer mode only. */
+vitc_status vitc__t2t_tokens_backward(vitc_vit *m, const float *dout, int64_t B, int64_t H,
+                                      int64_t W);
 
 #endif
