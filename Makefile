@@ -110,7 +110,7 @@ $(BUILD)/obj/src/kernels/gemm_lp_avx2.o: AVX2_FLAGS += -mavxvnni
 # its emulation (gemm_lp_amx_emul.c, the same kernel source) needs nothing.
 $(BUILD)/obj/src/kernels/gemm_lp_amx.o: BASE += -mamx-tile -mamx-bf16 -mamx-int8
 
-LIB_SRC  := $(wildcard src/*.c src/*/*.c)
+LIB_SRC  := $(wildcard src/*.c src/*/*.c src/*/*/*.c)
 LIB_OBJ  := $(patsubst %.c,$(BUILD)/obj/%.o,$(LIB_SRC))
 TOOL_SRC := $(wildcard tools/*.c)
 TOOL_OBJ := $(patsubst %.c,$(BUILD)/obj/%.o,$(TOOL_SRC))
