@@ -644,7 +644,7 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
 /* A classifier: CLIP's projection and SigLIP's head give embeddings. */
 int vitc_vit_has_head(const vitc_vit *m) {
     return m && (m->head == VIT_HEAD_CLS || m->head == VIT_HEAD_MEAN2 ||
-                 m->head == VIT_HEAD_CLS_MEAN);
+                 m->head == VIT_HEAD_CLS_MEAN || m->head == VIT_HEAD_LINEAR);
 }
 
 /* Dinov2ForImageClassification: logits = head([h[:, 0], mean(h[:, np:])]),
