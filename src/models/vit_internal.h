@@ -1,7 +1,8 @@
 /*
- * vit_internal.h — what vit.c (the forward) and vit_load.c (checkpoints)
- * share: the model struct and its parameter table (params.h rows: role is a
- * VIT_P_* when layer < 0, else a VIT_L_*).
+ * vit_internal.h — what vit.c (the forward), the model core (model.c) and
+ * the loaders (load.c, families/, family.h) share: the model struct and its
+ * parameter table (params.h rows: role is a VIT_P_* when layer < 0, else a
+ * VIT_L_*).
  */
 #ifndef VITC_VIT_INTERNAL_H
 #define VITC_VIT_INTERNAL_H
