@@ -18,9 +18,11 @@ import numpy as np
 import vitc
 
 try:
-    from .util import TmpDirCase, assert_close as close, random_images, reference_modules, torch
+    from .util import (PHOTO, TmpDirCase, assert_close as close, random_images,
+                       reference_modules, run_vitc, torch)
 except ImportError:  # run as a script
-    from util import TmpDirCase, assert_close as close, random_images, reference_modules, torch
+    from util import (PHOTO, TmpDirCase, assert_close as close, random_images, reference_modules,
+                      run_vitc, torch)
 try:
     import timm
 except ImportError:  # pragma: no cover
@@ -110,9 +112,16 @@ class TestResetHead(TmpDirCase):
         # the same seed draws the same head; another seed another one
         m.reset_head(5, seed=3)
         np.testing.assert_array_equal(m.state_dict()["head.weight"], w)
-        m.reset_head(5, seed=4)
+        m.reset_head(5, labels=["l%d" % i for i in range(5)], seed=4)
         self.assertFalse(np.array_equal(m.state_dict()["head.weight"], w))
         self.round_trip(m, self.x, "timm")
+        # the saved file is one `vitc classify` reads, with the new labels
+        rc, out, err = run_vitc("classify", "--model", os.path.join(self.tmp, "timm.safetensors"),
+                                "--json", "--topk", 5, "--quiet", PHOTO)
+        self.assertEqual(rc, 0, err)
+        got = json.loads(out)
+        got = got[0] if isinstance(got, list) else got
+        self.assertEqual(sorted(e["label"] for e in got["topk"]), ["l%d" % i for i in range(5)])
 
     def hub(self, name, cfg, seed=0):
         sd = hf_ref.random_state(cfg, seed)
