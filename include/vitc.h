@@ -710,7 +710,8 @@ VITC_API int vitc_vit_has_head(const vitc_vit *m);
  * SigLIP towers keep their embedding head (projection, MAP) and get a
  * linear classifier over the embedding (classifier.weight [K, E]). labels:
  * num_classes names or NULL; seed draws the init. Every other weight is
- * kept; the model's gradients and packed weights are dropped. */
+ * kept; the model's gradients and packed weights are dropped, and the
+ * parameters move: reset before making an optimizer or a paramset. */
 VITC_API vitc_status vitc_vit_reset_head(vitc_vit *m, int num_classes, const char *const *labels,
                                          uint64_t seed);
 /* Tokens before the patches: 1 (class) or 2 (DeiT's class + distillation). */

@@ -620,11 +620,12 @@ vitc_status vitc_vit_reset_head(vitc_vit *m, int num_classes, const char *const 
         return vitc__err(VITC_ERR_NOMEM, "vitc_vit_reset_head: cannot allocate %d labels",
                          num_classes);
     }
-    for (int i = 0, at = 0; labels && i < num_classes; i++) {
+    size_t at = 0;
+    for (int i = 0; labels && i < num_classes; i++) {
         size_t len = strlen(labels[i] ? labels[i] : "") + 1;
         memcpy(text + at, labels[i] ? labels[i] : "", len);
         lab[i] = text + at;
-        at += (int)len;
+        at += len;
     }
     /* The row-major weights are the ones copied (packs dropped, rebuilt at
      * the next inference forward for the new table). */

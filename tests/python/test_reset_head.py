@@ -27,7 +27,7 @@ try:
     import timm
 except ImportError:  # pragma: no cover
     timm = None
-hf_ref, = reference_modules("hf_ref")
+hf_ref, st_write, t2t_ref = reference_modules("hf_ref", "st_write", "t2t_ref")
 
 
 def f64(a):
@@ -115,6 +115,13 @@ class TestResetHead(TmpDirCase):
         m.reset_head(5, labels=["l%d" % i for i in range(5)], seed=4)
         self.assertFalse(np.array_equal(m.state_dict()["head.weight"], w))
         self.round_trip(m, self.x, "timm")
+        # a model loaded packed (bf16: its row-major pages given back) resets
+        # from its unpacked weights: the same head, logits within bf16's error
+        mb = vitc.load_model(path, precision="bf16")
+        mb.reset_head(5, labels=["l%d" % i for i in range(5)], seed=4)
+        np.testing.assert_array_equal(mb.state_dict()["head.weight"],
+                                      m.state_dict()["head.weight"])
+        close(self, mb(self.x), m(self.x), "bf16-loaded model after reset_head", tol=5e-2)
         # the saved file is one `vitc classify` reads, with the new labels
         rc, out, err = run_vitc("classify", "--model", os.path.join(self.tmp, "timm.safetensors"),
                                 "--json", "--topk", 5, "--quiet", PHOTO)
@@ -192,6 +199,26 @@ class TestResetHead(TmpDirCase):
         st = m.state_dict()
         np.testing.assert_array_equal(st["attn_pool.latent"], probe)
         self.assertEqual(st["classifier.weight"].shape, (2, 48))  # over the MAP head's output
+
+    def test_t2t_head_trunc_normal(self):
+        cfg = t2t_ref.t2t_config("performer", img_size=64, embed_dim=48, depth=1, num_heads=3,
+                                 mlp_ratio=2.0, token_dim=16, num_classes=0)
+        sd = t2t_ref.random_state(cfg, seed=1)
+        path = os.path.join(self.tmp, "t2t.safetensors")
+        st_write.write(path, sd, t2t_ref.metadata(cfg))
+        m = vitc.load_model(path)
+        self.assertFalse(m.config["has_head"])
+        x = random_images(torch.Generator().manual_seed(2), [(64, 64)])[(64, 64)].numpy()
+        cls = m.embed(x)
+        m.reset_head(8, seed=5)
+        st = m.state_dict()
+        w, b = st["head.weight"], st["head.bias"]
+        self.assertEqual(w.shape, (8, 48))
+        # T2T_ViT._init_weights: trunc_normal_(std=.02), bias zeros
+        self.assertFalse(b.any())
+        self.assertLess(abs(float(w.std()) - 0.02), 0.006)
+        close(self, m(x), f64(cls) @ f64(w).T + b, "T2T-ViT logits")
+        np.testing.assert_array_equal(m.embed(x), cls)  # the token module and encoder kept
 
     def test_bad_arguments(self):
         m = vitc.VisionTransformer(image_size=32, patch_size=8, num_layers=1, num_heads=3,
