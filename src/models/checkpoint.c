@@ -28,6 +28,7 @@ static const char *ckpt_layer(const vitc__ckpt_names *n, int l, const char *tail
     return buf;
 }
 
+/* The named architectures (--arch), torchvision's and timm's. */
 typedef struct vit_preset {
     const char *name;
     int timm; /* 1: timm names, mean/std 0.5 */
@@ -56,6 +57,10 @@ static void vit_set_norm(vitc_vit_config *c, int timm) {
     }
 }
 
+/* Fill what the tensors tell: every field but num_heads (left 0) and the
+ * eps/mean/std defaults of the spelling. A field whose tensor is missing or
+ * odd stays 0; the table check later names that tensor. n_prefix: the
+ * position rows before the patch grid (2 with DeiT's distillation token). */
 static void vit_infer(const vitc_safetensors *st, const vitc__ckpt_names *nm, int n_prefix,
                       vitc_vit_config *c) {
     char name[160];
@@ -125,6 +130,7 @@ static vitc_status vit_json_floats(json_t *obj, const char *key, float *out, int
     return VITC_OK;
 }
 
+/* Keep the labels array (checked against num_classes). */
 static vitc_status vit_json_labels(vitc_vit *m, json_t *arr) {
     size_t n = json_array_size(arr);
     if (!json_is_array(arr) || n > VIT_MAX_DIM)
@@ -233,6 +239,12 @@ static void vit_name_arch(vitc_vit *m, const vit_preset *asked, int timm) {
 /* ------------------------------------------------------------------ */
 /* Loading                                                            */
 /* ------------------------------------------------------------------ */
+
+/* The options the names show, as timm writes them: DeiT's distillation
+ * token (its position row before the grid) with head_dist, whose eval
+ * logits are the mean of both heads; layer scale (ls1/ls2: DINOv2 and
+ * timm's init_values models); no head tensors at all (num_classes=0, a
+ * backbone whose output is the embedding). */
 static void vit_detect_options(vitc_vit *m, const vitc_safetensors *st,
                                const vitc__ckpt_names *n) {
     char name[160];
