@@ -701,6 +701,10 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     if (logits && !vitc_vit_has_head(m))
         return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: this %s model is a backbone with no "
                          "classification head; ask for embeddings (vitc_vit_embed)", m->family);
+    /* vitc_vit_reset_head's classifier over an embedding: no forward yet */
+    if (m->head == VIT_HEAD_LINEAR)
+        return vitc__err(VITC_ERR_UNSUPPORTED, "ViT forward: the classifier over this %s "
+                         "model's embedding (vitc_vit_reset_head) has no forward yet", m->family);
     const vitc_vit_config *c = &m->cfg;
     if (B_ < 1 || H_ < 1 || W_ < 1)
         return vitc__err(VITC_ERR_SHAPE, "ViT forward: images [%d, %d, %d, %d] must be non-empty",

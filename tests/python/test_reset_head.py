@@ -199,6 +199,10 @@ class TestResetHead(TmpDirCase):
         st = m.state_dict()
         np.testing.assert_array_equal(st["attn_pool.latent"], probe)
         self.assertEqual(st["classifier.weight"].shape, (2, 48))  # over the MAP head's output
+        # until the encoder runs that classifier, a forward says so (never garbage)
+        with self.assertRaises(vitc.VitcError) as cm:
+            m(self.x)
+        self.assertIn("classifier over this hf-siglip model's embedding", str(cm.exception))
 
     def test_t2t_head_trunc_normal(self):
         cfg = t2t_ref.t2t_config("performer", img_size=64, embed_dim=48, depth=1, num_heads=3,
