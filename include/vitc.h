@@ -612,6 +612,19 @@ VITC_API vitc_onecycle_config vitc_onecycle_default_config(double max_lr, int64_
  * left alone) at step 0 <= step <= total_steps, torch's get_lr() exactly. */
 VITC_API vitc_status vitc_lr_onecycle(const vitc_onecycle_config *c, int64_t step, double *lr,
                                       double *momentum);
+/* Per-tensor learning rates: tensor i (the model's parameter i, state_dict
+ * order) is updated with lr * scale_i, weight decay included (as a torch
+ * param group of that lr). Every scale starts at 1. set_layer_decay(F)
+ * sets BEiT's / timm's layer-wise decay for a model of depth L: block l
+ * (0-based) gets F^(L - l), what precedes the first block (patch and
+ * position embeddings, class token, a pre-norm) F^(L + 1), the final norm
+ * and the head 1; F = 1 restores 1 everywhere. F in (0, 1]. A layer's
+ * optimizer (no blocks) keeps 1. A scale of 0 freezes the tensor: neither
+ * it nor its optimizer state changes (torch's requires_grad=False). */
+VITC_API vitc_status vitc_optimizer_set_layer_decay(vitc_optimizer *o, double decay);
+VITC_API vitc_status vitc_optimizer_set_lr_scale(vitc_optimizer *o, int i, double scale);
+/* Tensor i's scale, NAN for a bad index or optimizer. */
+VITC_API double vitc_optimizer_get_lr_scale(const vitc_optimizer *o, int i);
 /* ---- end training: loss, optimizers, schedules ---------------------- */
 
 /* ------------------------------------------------------------------ */
@@ -816,6 +829,31 @@ VITC_API int vitc_vit_find_param(const vitc_vit *m, const char *name);
 /* Save as safetensors under the model's names with vitc.config metadata. */
 VITC_API vitc_status vitc_vit_save(const vitc_vit *m, const char *path);
 /* ---- end ViT training ---------------------------------------------- */
+
+/* ---- training checkpoints (src/train/checkpoint.c) ------------------ */
+/* A checkpoint is a model file every vitc command loads (the model's
+ * tensors and metadata, as vitc_vit_save writes them) plus, when opt is
+ * given, the optimizer's state as "vitc.optim.<state>" tensors (flat: the
+ * tensors in state_dict order, each at a multiple of 16 floats, whatever
+ * the model's layout in memory) and meta_json
+ * (a JSON object, may be NULL: the caller's run record: epoch, step,
+ * hyperparameters) as "vitc.train" metadata with "optimizer_step" added.
+ * Without opt it is a model alone and meta_json goes to "vitc.trained_by".
+ * labels (may be NULL: the model's own) are num_classes class names. The
+ * file is replaced atomically (temporary file, fsync, rename): a failed or
+ * interrupted save leaves the previous file whole. `vitc train` writes and
+ * resumes this format. */
+VITC_API vitc_status vitc_checkpoint_save(const char *path, vitc_vit *m, vitc_optimizer *opt,
+                                          const char *const *labels, const char *meta_json);
+/* The model of a checkpoint and (meta_json may be NULL) its vitc.train
+ * record, to free with vitc_checkpoint_free_meta. A file without vitc.train
+ * (a model alone) is VITC_ERR_FORMAT: load it with vitc_vit_load. */
+VITC_API vitc_status vitc_checkpoint_load(const char *path, vitc_vit **m, char **meta_json);
+/* Copies the checkpoint's optimizer state and step into opt, an optimizer
+ * of the same kind over the model vitc_checkpoint_load returned (or one of
+ * its shape); nothing is changed when the file does not fit it. */
+VITC_API vitc_status vitc_checkpoint_load_optimizer(const char *path, vitc_optimizer *opt);
+VITC_API void vitc_checkpoint_free_meta(char *meta_json);
 
 #ifdef __cplusplus
 }

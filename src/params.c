@@ -5,21 +5,20 @@
 #include <math.h>
 #include <string.h>
 
+#include "carve.h"
 #include "params.h"
 #include "rng.h"
 
 vitc_status vitc__params_layout(vitc__param *t, int n, size_t *total) {
-    size_t off = 0;
+    vitc__carve c = {0, 1};
     for (int i = 0; i < n; i++) {
         int ok;
         t[i].numel = vitc__numel(t[i].ndim, t[i].shape, &ok);
-        t[i].offset = off;
-        size_t padded;
-        if (!ok || !vitc__add_size(t[i].numel, 15, &padded) ||
-            !vitc__add_size(off, padded & ~(size_t)15, &off))
+        t[i].offset = vitc__take(&c, t[i].numel, 1);
+        if (!ok || !c.ok)
             return vitc__err(VITC_ERR_NOMEM, "parameter %s: size overflows", t[i].name);
     }
-    *total = off;
+    *total = c.used;
     return VITC_OK;
 }
 

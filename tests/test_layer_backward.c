@@ -1,7 +1,8 @@
 /* test_layer_backward.c — the layer training API through vitc.h: every
  * preset's input gradient against a central difference of its own forward
  * (in double around float32 evaluations, along a random direction), gradient
- * accumulation and zero_grad, gradients by name and alias, and the errors.
+ * accumulation and zero_grad, gradients by name and alias, scratch reuse
+ * across input sizes, and the errors.
  * (Parity with torch autograd is tests/python/test_layer_grads.py.) */
 #include <math.h>
 #include <setjmp.h>
@@ -151,6 +152,76 @@ static void test_accumulate_zero_grad_names(void **state) {
     vitc_layer_free(l);
 }
 
+/* One training step (forward, backward) on x; dx and every gradient into
+ * out (dx first, then the gradients in table order); returns the count. */
+static size_t step(vitc_layer *l, const float *x, int nd, const int64_t *shape, const float *dy,
+                   float *out) {
+    int ond;
+    int64_t os[8];
+    assert_int_equal(vitc_layer_output_shape(l, nd, shape, &ond, os), VITC_OK);
+    float *y = malloc(numel(ond, os) * sizeof *y);
+    assert_int_equal(vitc_layer_zero_grad(l), VITC_OK);
+    assert_int_equal(vitc_layer_forward(l, x, nd, shape, y), VITC_OK);
+    assert_int_equal(vitc_layer_backward(l, dy, ond, os, out), VITC_OK);
+    size_t n = numel(nd, shape);
+    for (int i = 0; i < vitc_layer_num_params(l); i++) {
+        const char *name;
+        int gnd;
+        const int64_t *gs;
+        float *g;
+        vitc_layer_param(l, i, &name, NULL, NULL, NULL);
+        if (vitc_layer_grad(l, name, &gnd, &gs, &g) != VITC_OK)
+            continue; /* a buffer */
+        memcpy(out + n, g, numel(gnd, gs) * sizeof *g);
+        n += numel(gnd, gs);
+    }
+    free(y);
+    return n;
+}
+
+/* A layer whose scratch a larger input grew (forward, backward and
+ * MultiheadAttention's self-attention backward each keep theirs) gives the
+ * same bits on a smaller input as a fresh layer. */
+static void check_reused_scratch(vitc_layer_config cfg, int nd, const int64_t *big,
+                                 const int64_t *small) {
+    vitc_layer *a, *b;
+    assert_int_equal(vitc_layer_create(&cfg, &a), VITC_OK);
+    assert_int_equal(vitc_layer_create(&cfg, &b), VITC_OK);
+    assert_int_equal(vitc_layer_reset_parameters(a, 5), VITC_OK);
+    assert_int_equal(vitc_layer_reset_parameters(b, 5), VITC_OK);
+    size_t nb = numel(nd, big), ns = numel(nd, small), cap = nb + 4096;
+    float *xb = malloc(nb * sizeof *xb), *xs = malloc(ns * sizeof *xs);
+    float *dyb = malloc(4 * nb * sizeof *dyb), *dys = malloc(4 * ns * sizeof *dys);
+    float *ra = calloc(cap, sizeof *ra), *rb = calloc(cap, sizeof *rb);
+    fill(xb, nb, 1.0);
+    fill(dyb, 4 * nb, 1.0);
+    fill(xs, ns, 1.0);
+    fill(dys, 4 * ns, 1.0);
+    step(a, xb, nd, big, dyb, ra);
+    size_t n = step(a, xs, nd, small, dys, ra);
+    assert_int_equal(step(b, xs, nd, small, dys, rb), n);
+    assert_true(n < cap);
+    assert_memory_equal(ra, rb, n * sizeof *ra);
+    vitc_layer_free(a);
+    vitc_layer_free(b);
+    free(xb), free(xs), free(dyb), free(dys), free(ra), free(rb);
+}
+
+static void test_reused_scratch(void **state) {
+    (void)state;
+    vitc_layer_config c = vitc_layer_default_config(VITC_MULTIHEAD_ATTENTION);
+    c.embed_dim = 8, c.num_heads = 2, c.add_bias_kv = 1;
+    check_reused_scratch(c, 3, (int64_t[]){7, 3, 8}, (int64_t[]){4, 2, 8});
+    c.add_bias_kv = 0, c.batch_first = 1;
+    check_reused_scratch(c, 3, (int64_t[]){3, 7, 8}, (int64_t[]){2, 4, 8});
+    c = vitc_layer_default_config(VITC_SELF_ATTENTION_BATCH);
+    c.in_channels = 6;
+    check_reused_scratch(c, 4, (int64_t[]){3, 6, 3, 3}, (int64_t[]){2, 6, 2, 2});
+    c = vitc_layer_default_config(VITC_T2T_ATTENTION);
+    c.in_channels = 5, c.embed_dim = 6, c.num_heads = 2, c.bias = 1;
+    check_reused_scratch(c, 3, (int64_t[]){3, 6, 5}, (int64_t[]){2, 4, 5});
+}
+
 static void test_errors(void **state) {
     (void)state;
     vitc_layer_config c = vitc_layer_default_config(VITC_T2T_ATTENTION);
@@ -188,6 +259,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_every_kind_matches_differences),
         cmocka_unit_test(test_accumulate_zero_grad_names),
+        cmocka_unit_test(test_reused_scratch),
         cmocka_unit_test(test_errors),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -16,7 +16,7 @@
 static void demo_help(FILE *f) {
     fprintf(f,
             "usage: vitc demo [--threads N] [--repeat R]\n\n"
-            "Run each attention block of the seed documents on the seed's own input shape\n"
+            "Run each tutorial attention block (docs/layers.md) on its tutorial's input shape\n"
             "(random weights drawn as PyTorch's defaults, a fixed random input) and print\n"
             "input and output shapes, the output's mean and std, and the median time.\n\n"
             "  --threads N   threads, 1..256 (default: all CPUs this process may use)\n"

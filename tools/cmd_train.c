@@ -15,8 +15,14 @@
  * plus "vitc.optim.*" tensors (the optimizer state, flat, in the parameter
  * layout) and "vitc.train" metadata. It is replaced atomically (temporary
  * file, fsync, rename) after every epoch and when SIGINT or SIGTERM stops
- * the run between two steps.
+ * the run between two steps. The format is the library's
+ * (vitc_checkpoint_save / vitc_checkpoint_load, src/train/checkpoint.c).
+ *
+ * Fine-tuning: --init takes any model vitc loads; a model whose classes
+ * are not the folder's gets a new head (vitc_vit_reset_head).
+ * --freeze-backbone trains that head alone on embeddings computed once.
  */
+#include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -25,6 +31,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "rng.h"
@@ -53,7 +61,14 @@ static const char train_usage[] =
     "                    hidden_dim, depth, num_heads, mlp_dim, norm_eps, mean, std)\n"
     "  --image-size S --patch P --depth D --dim C --heads H --mlp M --channels 1|3\n"
     "                    override the architecture's values\n"
-    "  --init M          start from the weights of model M (a fresh optimizer)\n"
+    "  --init M          start from model M (a fresh optimizer): a .safetensors or a\n"
+    "                    Hub directory. Its classes are the folder's (same names in\n"
+    "                    order, or same count when M has no names): its weights are\n"
+    "                    the start, head included. Otherwise it is fine-tuned: its\n"
+    "                    head replaced by a new one for the folder's classes\n"
+    "  --freeze-backbone with --init: a linear probe. Each image's embedding is\n"
+    "                    computed once (no augmentation), then only the head is\n"
+    "                    trained on them; the saved model classifies as usual\n"
     "optimisation:\n"
     "  --epochs N        train until N epochs are done (required)\n"
     "  --batch B         images per step (default 128)\n"
@@ -67,6 +82,8 @@ static const char train_usage[] =
     "  --min-lr LR       cosine's final rate (default 0)\n"
     "  --label-smoothing X  (default 0)\n"
     "  --clip X          clip the gradients' global norm to X (default: no clipping)\n"
+    "  --lr-layer-decay F  layer-wise lr decay (BEiT): block l of L at lr*F^(L-l), the\n"
+    "                    embeddings F^(L+1), final norm and head 1 (default 1: off)\n"
     "  --seed S          model initialisation, data order, augmentation (default 0)\n"
     "run:\n"
     "  --out FILE        the checkpoint (required)\n"
@@ -129,6 +146,8 @@ typedef struct hyper {
     double lr, wd, warmup, smoothing, clip, schedule_epochs, min_lr;
     char schedule[16];
     int schedule_fixed; /* --schedule-epochs was given: resumes keep it */
+    double layer_decay; /* --lr-layer-decay (1: off) */
+    int freeze;         /* --freeze-backbone: a linear probe */
     unsigned augment;
     uint64_t seed;
     int64_t subset, eval_subset;
@@ -137,6 +156,9 @@ typedef struct hyper {
 typedef struct train_opts {
     const char *data, *arch, *config, *out, *resume, *init, *log, *schedule, *augment, *seed;
     const char *model_out;
+    int freeze;
+    double layer_decay;
+    int g_layer_decay;
     int image_size, patch, depth, dim, heads, mlp, channels;
     int epochs, batch, threads, eval_every, quiet, subset, eval_subset;
     double lr, wd, warmup, smoothing, clip, schedule_epochs, min_lr;
@@ -361,6 +383,11 @@ static char *train_meta_json(const hyper *h, const progress_state *p, const char
         bad |= json_object_set_new(o, "eval_subset", json_integer(h->eval_subset));
         bad |= json_object_set_new(o, "data", json_string(data));
         bad |= json_object_set_new(o, "optimizer", json_string("adamw"));
+        /* only when on: a run without it writes what earlier versions wrote */
+        if (h->layer_decay != 1)
+            bad |= json_object_set_new(o, "lr_layer_decay", json_real(h->layer_decay));
+        if (h->freeze)
+            bad |= json_object_set_new(o, "freeze_backbone", json_true());
         /* The generators are counter-based (seed, epoch, step): this is all
          * of their state. */
         bad |= json_object_set_new(o, "rng", json_string("splitmix64(seed, epoch, step)"));
@@ -370,72 +397,29 @@ static char *train_meta_json(const hyper *h, const progress_state *p, const char
     return t;
 }
 
-/* with_optim 0 writes the model alone (what --model-out ships). */
+/* with_optim 0 writes the model alone (what --model-out ships). The file
+ * format is the library's (vitc_checkpoint_save, src/train/checkpoint.c). */
 static int save_file(const char *path, vitc_vit *m, vitc_optimizer *opt, int with_optim,
                      const char *const *labels, const hyper *h, const progress_state *p,
                      const char *data) {
-    int np = vitc_vit_num_params(m), ns = with_optim ? vitc_optimizer_num_states(opt) : 0;
-    int n = np + ns;
-    const char **names = calloc((size_t)n, sizeof *names);
-    char **own = calloc((size_t)(ns ? ns : 1), sizeof *own);
-    int *ndims = calloc((size_t)n, sizeof *ndims);
-    const int64_t **shapes = calloc((size_t)n, sizeof *shapes);
-    const float **data_p = calloc((size_t)n, sizeof *data_p);
-    int64_t flat = (int64_t)vitc_optimizer_num_params(opt);
-    char *cfg = vitc__vit_config_json(vitc_vit_get_config(m), labels);
     char *tr = train_meta_json(h, p, data);
-    int rc = CLI_OK;
-    if (!names || !own || !ndims || !shapes || !data_p || !cfg || !tr) {
-        rc = cli_error("out of memory writing a checkpoint");
-        goto done;
-    }
-    for (int i = 0; i < np; i++) {
-        float *d, *g;
-        if (vitc_vit_param(m, i, &names[i], &ndims[i], &shapes[i], &d, &g) != VITC_OK) {
-            rc = cli_lib_error("checkpoint");
-            goto done;
-        }
-        data_p[i] = d;
-    }
-    for (int i = 0; i < ns; i++) {
-        const char *sn;
-        float *d;
-        if (vitc_optimizer_state(opt, i, &sn, &d) != VITC_OK) {
-            rc = cli_lib_error("checkpoint");
-            goto done;
-        }
-        size_t len = strlen(sn) + 16;
-        if (!(own[i] = malloc(len))) {
-            rc = cli_error("out of memory writing a checkpoint");
-            goto done;
-        }
-        snprintf(own[i], len, "vitc.optim.%s", sn);
-        names[np + i] = own[i];
-        ndims[np + i] = 1;
-        shapes[np + i] = &flat;
-        data_p[np + i] = d;
-    }
-    char step[32];
-    snprintf(step, sizeof step, "%lld", (long long)vitc_optimizer_get_step(opt));
-    json_t *o = json_loads(tr, 0, NULL);
-    if (o) {
-        json_object_set_new(o, "optimizer_step", json_string(step));
+    if (tr && !with_optim) { /* the model alone keeps its run's optimizer step in the record */
+        json_t *o = json_loads(tr, 0, NULL);
+        char step[32];
+        snprintf(step, sizeof step, "%lld", (long long)vitc_optimizer_get_step(opt));
         free(tr);
-        tr = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
+        tr = NULL;
+        if (o && !json_object_set_new(o, "optimizer_step", json_string(step)))
+            tr = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
         json_decref(o);
     }
-    /* A model alone carries its run's record under another key: it has no
-     * optimizer state, so it is no checkpoint to --resume. */
-    const char *keys[2] = {"vitc.config", with_optim ? "vitc.train" : "vitc.trained_by"},
-               *vals[2] = {cfg, tr};
-    if (!tr || vitc_safetensors_save(path, n, names, ndims, shapes, data_p, 2, keys, vals) !=
-                   VITC_OK)
+    if (!tr)
+        return cli_error("out of memory writing a checkpoint");
+    int rc = CLI_OK;
+    if (vitc_checkpoint_save(path, m, with_optim ? opt : NULL, labels, tr) != VITC_OK)
         rc = cli_error("writing %s %s: %s (the previous file is untouched)",
                        with_optim ? "checkpoint" : "model", path, vitc_last_error());
-done:
-    if (own)
-        for (int i = 0; i < ns; i++) free(own[i]);
-    free(own), free(names), free(ndims), free(shapes), free(data_p), free(cfg), free(tr);
+    free(tr);
     return rc;
 }
 
@@ -451,19 +435,14 @@ static double jnum(json_t *o, const char *k, double dflt) {
 }
 
 /* Load a checkpoint: the model, the run's state and hyperparameters; the
- * optimizer's state is copied in by load_optimizer_state once it exists. */
-static int load_checkpoint(const char *path, vitc_safetensors **st_out, vitc_vit **m,
-                           hyper *h, progress_state *p) {
-    vitc_safetensors *st;
-    if (vitc_safetensors_load(path, &st) != VITC_OK)
+ * optimizer's state is copied in (vitc_checkpoint_load_optimizer) once the
+ * optimizer exists. */
+static int load_checkpoint(const char *path, vitc_vit **m, hyper *h, progress_state *p) {
+    char *meta = NULL;
+    if (vitc_checkpoint_load(path, m, &meta) != VITC_OK)
         return cli_lib_error("--resume");
-    const char *meta = vitc_safetensors_get_metadata(st, "vitc.train");
-    if (!meta) {
-        vitc_safetensors_free(st);
-        return cli_error("--resume %s: a model without training state (no vitc.train metadata); "
-                         "use --init to start a new run from its weights", path);
-    }
     json_t *o = json_loads(meta, 0, NULL);
+    vitc_checkpoint_free_meta(meta);
     int rc = CLI_OK;
     if (!o || !json_is_object(o)) {
         rc = cli_error("--resume %s: vitc.train metadata is not a JSON object", path);
@@ -484,10 +463,13 @@ static int load_checkpoint(const char *path, vitc_safetensors **st_out, vitc_vit
         h->subset = (int64_t)jnum(o, "subset", -1);
         /* absent in checkpoints written before it was saved: the whole set */
         h->eval_subset = (int64_t)jnum(o, "eval_subset", 0);
+        h->layer_decay = jnum(o, "lr_layer_decay", 1);
         h->schedule_fixed = json_is_true(json_object_get(o, "schedule_fixed"));
+        h->freeze = json_is_true(json_object_get(o, "freeze_backbone"));
         if (p->epoch < 0 || p->step_in_epoch < 0 || p->global_step < 0 || h->batch < 1 ||
             h->lr < 0 || h->wd < 0 || h->warmup < 0 || h->min_lr < 0 || h->smoothing < 0 ||
-            h->smoothing > 1 || h->subset < 0 || h->eval_subset < 0 || !json_is_string(seed) || !json_is_string(sch) ||
+            h->smoothing > 1 || h->subset < 0 || h->eval_subset < 0 || !json_is_string(seed) ||
+            !json_is_string(sch) || !(h->layer_decay > 0 && h->layer_decay <= 1) ||
             !json_is_string(aug) || parse_augment(json_string_value(aug), &h->augment) != 0)
             rc = cli_error("--resume %s: vitc.train metadata is incomplete or out of range", path);
         else {
@@ -496,48 +478,11 @@ static int load_checkpoint(const char *path, vitc_safetensors **st_out, vitc_vit
         }
     }
     json_decref(o);
-    if (rc == CLI_OK && vitc_vit_from_safetensors(st, NULL, m) != VITC_OK)
-        rc = cli_lib_error("--resume");
     if (rc != CLI_OK) {
-        vitc_safetensors_free(st);
-        return rc;
+        vitc_vit_free(*m);
+        *m = NULL;
     }
-    *st_out = st;
-    return CLI_OK;
-}
-
-static int load_optimizer_state(vitc_safetensors *st, vitc_optimizer *opt, const char *path) {
-    int ns = vitc_optimizer_num_states(opt);
-    size_t flat = vitc_optimizer_num_params(opt);
-    for (int i = 0; i < ns; i++) {
-        const char *sn, *nm, *dt;
-        float *d;
-        const float *src;
-        int nd;
-        const int64_t *shape;
-        char key[128];
-        vitc_optimizer_state(opt, i, &sn, &d);
-        snprintf(key, sizeof key, "vitc.optim.%s", sn);
-        int j = vitc_safetensors_find(st, key);
-        if (j < 0)
-            return cli_error("--resume %s: no tensor %s", path, key);
-        if (vitc_safetensors_tensor(st, j, &nm, &dt, &nd, &shape, &src) != VITC_OK)
-            return cli_lib_error("--resume");
-        if (nd != 1 || shape[0] != (int64_t)flat)
-            return cli_error("--resume %s: %s has %lld values, the optimizer %zu", path, key,
-                             nd == 1 ? (long long)shape[0] : -1LL, flat);
-        memcpy(d, src, flat * sizeof *d);
-    }
-    const char *meta = vitc_safetensors_get_metadata(st, "vitc.train");
-    json_t *o = json_loads(meta, 0, NULL);
-    json_t *v = o ? json_object_get(o, "optimizer_step") : NULL;
-    long long step = v && json_is_string(v) ? strtoll(json_string_value(v), NULL, 10) : -1;
-    json_decref(o);
-    if (step < 0)
-        return cli_error("--resume %s: no optimizer_step in vitc.train", path);
-    if (vitc_optimizer_set_step(opt, step) != VITC_OK)
-        return cli_lib_error("--resume");
-    return CLI_OK;
+    return rc;
 }
 
 /* ---- the run ----------------------------------------------------------- */
@@ -681,7 +626,309 @@ typedef struct run {
     FILE *log;
     int tty;
     float *gbuf; /* MPI: gradients packed for the exchange */
+    /* --freeze-backbone: the embeddings of the valid images, computed once,
+     * and the head the probe trains (the model's own tensors) */
+    int64_t D;
+    float *emb, *vemb;     /* [pn, D] training, [pvn, D] evaluation */
+    int64_t *plab, *pvlab; /* [pn], [pvn] */
+    int64_t pn, pvn;
+    float *hw, *hb, *hgw, *hgb; /* head weight [C, D], bias [C], and their gradients */
 } run;
+
+
+/* ---- fine-tuning a loaded model ------------------------------------------ */
+
+/* --init's model classifies into the folder's classes already: the same
+ * count, and the same names in order where the model has names. Then its
+ * head is kept (a restart from its weights); otherwise it gets a new one. */
+static int same_classes(vitc_vit *m, vitc_dataset *ds) {
+    int nc = vitc_dataset_num_classes(ds);
+    if (!vitc_vit_has_head(m) || vitc_vit_get_config(m)->num_classes != nc)
+        return 0;
+    for (int i = 0; i < nc; i++) {
+        const char *a = vitc_vit_label(m, i), *b = vitc_dataset_class_name(ds, i);
+        if (a && b && strcmp(a, b))
+            return 0;
+    }
+    return 1;
+}
+
+/* vitc_vit_reset_head comes with the model families' code; a library built
+ * without it still links (weak reference) and says so when asked. */
+#if defined(__GNUC__)
+#pragma weak vitc_vit_reset_head
+#endif
+
+static int new_head(vitc_vit *m, vitc_dataset *ds, uint64_t seed, const char *path) {
+    int nc = vitc_dataset_num_classes(ds);
+    const char **names = calloc((size_t)nc, sizeof *names);
+    if (!names)
+        return cli_error("out of memory");
+    for (int i = 0; i < nc; i++) names[i] = vitc_dataset_class_name(ds, i);
+    int rc = CLI_OK;
+#if defined(__GNUC__)
+    if (!vitc_vit_reset_head)
+        rc = cli_error("--init %s: its classes are not the folder's and this libvitc cannot "
+                       "replace a model's head (no vitc_vit_reset_head)", path);
+    else
+#endif
+    if (vitc_vit_reset_head(m, nc, names, seed) != VITC_OK)
+        rc = cli_error("--init %s: a new head of %d classes: %s", path, nc, vitc_last_error());
+    free(names);
+    return rc;
+}
+
+static int cmp_name(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static int is_image_name(const char *name) {
+    const char *dot = strrchr(name, '.');
+    return dot && (!strcasecmp(dot, ".png") || !strcasecmp(dot, ".jpg") ||
+                   !strcasecmp(dot, ".jpeg"));
+}
+
+/* The images of one class folder in the order vitc_dataset_open_folder
+ * lists them (regular files, links followed, .png/.jpg/.jpeg, names sorted
+ * bytewise): *names [*n], each and the array to free. */
+static int list_images(const char *dir, char ***names, int *n) {
+    DIR *dp = opendir(dir);
+    *names = NULL;
+    *n = 0;
+    if (!dp)
+        return cli_error("%s: cannot open folder: %s", dir, strerror(errno));
+    int cap = 0, rc = CLI_OK;
+    struct dirent *e;
+    char path[4096];
+    while (rc == CLI_OK && (e = readdir(dp))) {
+        struct stat sb;
+        if (!is_image_name(e->d_name) ||
+            (size_t)snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= sizeof path ||
+            stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        if (*n == cap) {
+            char **v = realloc(*names, (size_t)(cap = cap ? 2 * cap : 64) * sizeof *v);
+            if (!v) {
+                rc = cli_error("out of memory listing %s", dir);
+                break;
+            }
+            *names = v;
+        }
+        if (!((*names)[*n] = strdup(e->d_name)))
+            rc = cli_error("out of memory listing %s", dir);
+        else
+            ++*n;
+    }
+    closedir(dp);
+    if (*n > 1)
+        qsort(*names, (size_t)*n, sizeof **names, cmp_name);
+    return rc;
+}
+
+/* probe_embed for a model with its own image processor (a Hub model): each
+ * image of the ImageFolder split dir decoded as the processor wants and
+ * preprocessed by it (vitc_vit_preprocess: its resize, crop and
+ * normalisation, transformers' numbers), then embedded alone. */
+static int probe_embed_processor(run *R, vitc_dataset *ds, const char *dir, float *out,
+                                 int64_t *lab, int64_t *n, const char *what) {
+    int64_t N = vitc_dataset_size(ds), pos = 0;
+    int flags = vitc_vit_image_flags(R->m), rc = CLI_OK;
+    float *x = NULL;
+    size_t xcap = 0;
+    cli_progress pr;
+    cli_progress_start(&pr, what, N, R->o->quiet);
+    for (int c = 0; c < vitc_dataset_num_classes(ds) && pos < N && rc == CLI_OK; c++) {
+        char cdir[4096], path[4096];
+        char **names;
+        int k;
+        if ((size_t)snprintf(cdir, sizeof cdir, "%s/%s", dir, vitc_dataset_class_name(ds, c)) >=
+            sizeof cdir) {
+            rc = cli_error("%s: path too long", dir);
+            break;
+        }
+        if ((rc = list_images(cdir, &names, &k)) != CLI_OK)
+            k = 0;
+        for (int j = 0; j < k && pos < N && rc == CLI_OK; j++, pos++) {
+            vitc_image img;
+            int H, W;
+            int64_t sz;
+            if ((size_t)snprintf(path, sizeof path, "%s/%s", cdir, names[j]) >= sizeof path ||
+                vitc_dataset_label(ds, pos) != c) {
+                rc = cli_error("%s: the folder changed while it was read (%s)", dir, path);
+                break;
+            }
+            if (vitc_image_load_flags(path, 0, flags, &img) != VITC_OK) {
+                cli_progress_clear(&pr);
+                fprintf(stderr, "vitc: warning: skipping unreadable image %s (%s)\n", path,
+                        vitc_last_error());
+                continue;
+            }
+            if (vitc_vit_preprocess_size(R->m, img.width, img.height, &H, &W) != VITC_OK ||
+                vitc_vit_embed_size(R->m, VITC_POOL_DEFAULT, H, W, &sz) != VITC_OK) {
+                vitc_image_free(&img);
+                rc = cli_lib_error(what);
+                break;
+            }
+            if (sz != R->D) {
+                vitc_image_free(&img);
+                rc = cli_error("%s: an embedding of %lld floats at %dx%d, %lld at the model's "
+                               "size", path, (long long)sz, W, H, (long long)R->D);
+                break;
+            }
+            if ((size_t)3 * H * W > xcap) {
+                float *t = realloc(x, (xcap = (size_t)3 * H * W) * sizeof *x);
+                if (!t) {
+                    vitc_image_free(&img);
+                    rc = cli_error("out of memory for an image of %dx%d", W, H);
+                    break;
+                }
+                x = t;
+            }
+            vitc_status st = vitc_vit_preprocess(R->m, &img, x);
+            vitc_image_free(&img);
+            if (st != VITC_OK ||
+                vitc_vit_embed(R->m, x, 1, H, W, VITC_POOL_DEFAULT, out + *n * R->D) != VITC_OK) {
+                rc = cli_lib_error(what);
+                break;
+            }
+            lab[(*n)++] = c;
+            cli_progress_update(&pr, pos + 1);
+        }
+        for (int j = 0; j < k; j++) free(names[j]);
+        free(names);
+    }
+    cli_progress_clear(&pr);
+    free(x);
+    return rc;
+}
+
+/* Embeddings of every valid image of ds into *out [*n, D], labels *lab. */
+static int probe_embed(run *R, vitc_dataset *ds, const char *split, float **out, int64_t **lab,
+                       int64_t *n, const char *what) {
+    const vitc_vit_config *c = vitc_vit_get_config(R->m);
+    int S = c->image_size, B = 32;
+    int64_t N = vitc_dataset_size(ds), D = R->D;
+    float *x = malloc((size_t)B * c->in_channels * S * S * sizeof *x);
+    int64_t *idx = malloc((size_t)B * sizeof *idx);
+    *out = malloc((size_t)(N ? N : 1) * D * sizeof **out);
+    *lab = malloc((size_t)(N ? N : 1) * sizeof **lab);
+    *n = 0;
+    if (!x || !idx || !*out || !*lab) {
+        free(x), free(idx);
+        return cli_error("out of memory for the embeddings of %lld images", (long long)N);
+    }
+    if (!R->d.idx && vitc_vit_has_processor(R->m)) {
+        char dir[4096];
+        free(x), free(idx);
+        if ((size_t)snprintf(dir, sizeof dir, "%s/%s", R->o->data, split) >= sizeof dir)
+            return cli_error("%s: path too long", R->o->data);
+        vitc_vit_set_training(R->m, 0);
+        return probe_embed_processor(R, ds, dir, *out, *lab, n, what);
+    }
+    vitc_batch_opts bo = train_batch_opts(c); /* the eval transform: no augmentation */
+    cli_progress pr;
+    cli_progress_start(&pr, what, N, R->o->quiet);
+    int rc = CLI_OK;
+    vitc_vit_set_training(R->m, 0);
+    for (int64_t i = 0; i < N && rc == CLI_OK; i += B) {
+        int b = (int)(N - i < B ? N - i : B), nv = 0;
+        for (int k = 0; k < b; k++) idx[k] = i + k;
+        if (vitc_dataset_load_batch(ds, idx, b, &bo, x, *lab + *n, &nv) != VITC_OK)
+            rc = cli_lib_error(what);
+        else if (nv > 0 &&
+                 vitc_vit_embed(R->m, x, nv, S, S, VITC_POOL_DEFAULT, *out + *n * D) != VITC_OK)
+            rc = cli_lib_error(what);
+        *n += nv;
+        cli_progress_update(&pr, i + b);
+    }
+    cli_progress_clear(&pr);
+    free(x), free(idx);
+    return rc;
+}
+
+/* The linear probe: the head is the model's last [C, D] weight followed by
+ * its [C] bias (every family's state_dict ends so); all else is frozen
+ * (lr scale 0: the optimizer skips it), then the embeddings are cached. */
+static int probe_setup(run *R) {
+    const vitc_vit_config *c = vitc_vit_get_config(R->m);
+    int C = c->num_classes, np = vitc_vit_num_params(R->m), head = -1;
+    if (dp_size > 1)
+        return cli_error("--freeze-backbone runs on one process: run it without mpirun");
+    if (vitc_vit_embed_size(R->m, VITC_POOL_DEFAULT, c->image_size, c->image_size, &R->D) !=
+        VITC_OK)
+        return cli_lib_error("--freeze-backbone");
+    int rc;
+    if ((rc = probe_embed(R, R->d.train, "train", &R->emb, &R->plab, &R->pn, "embedding the training "
+                          "images")) != CLI_OK)
+        return rc;
+    if (R->d.eval && (rc = probe_embed(R, R->d.eval, "val", &R->vemb, &R->pvlab, &R->pvn,
+                                       "embedding the evaluation images")) != CLI_OK)
+        return rc;
+    /* after the forwards: parameter pointers are valid until the next one */
+    for (int i = np - 2; i >= 0 && head < 0; i--) {
+        const char *nm;
+        int nd, nd2;
+        const int64_t *sh, *sh2;
+        float *d, *g;
+        if (vitc_vit_param(R->m, i, &nm, &nd, &sh, &d, &g) != VITC_OK ||
+            vitc_vit_param(R->m, i + 1, &nm, &nd2, &sh2, &R->hb, &R->hgb) != VITC_OK)
+            return cli_lib_error("--freeze-backbone");
+        if (nd == 2 && sh[0] == C && sh[1] == R->D && nd2 == 1 && sh2[0] == C)
+            head = i, R->hw = d, R->hgw = g;
+    }
+    if (head < 0 || !R->hgw || !R->hgb)
+        return cli_error("--freeze-backbone: the model's head does not take its default "
+                         "embedding of %lld floats; train it without --freeze-backbone",
+                         (long long)R->D);
+    for (int i = 0; i < np; i++)
+        if (i != head && i != head + 1 && vitc_optimizer_set_lr_scale(R->opt, i, 0) != VITC_OK)
+            return cli_lib_error("--freeze-backbone");
+    return CLI_OK;
+}
+
+/* logits [n, C] = e [n, D] W^T + b, summed in double in a fixed order. */
+static void probe_forward(const run *R, const float *e, int n, int C, float *logits) {
+    for (int i = 0; i < n; i++)
+        for (int j = 0; j < C; j++) {
+            const float *w = R->hw + (size_t)j * R->D, *x = e + (size_t)i * R->D;
+            double acc = R->hb[j];
+            for (int64_t k = 0; k < R->D; k++) acc += (double)w[k] * x[k];
+            logits[(size_t)i * C + j] = (float)acc;
+        }
+}
+
+/* The head's gradients (replaced, not accumulated: nothing else has any). */
+static void probe_backward(run *R, const float *e, int n, int C, const float *dl) {
+    for (int j = 0; j < C; j++) {
+        double gb = 0;
+        for (int i = 0; i < n; i++) gb += dl[(size_t)i * C + j];
+        R->hgb[j] = (float)gb;
+        for (int64_t k = 0; k < R->D; k++) {
+            double g = 0;
+            for (int i = 0; i < n; i++) g += (double)dl[(size_t)i * C + j] * e[(size_t)i * R->D + k];
+            R->hgw[(size_t)j * R->D + k] = (float)g;
+        }
+    }
+}
+
+/* train_evaluate over the cached evaluation embeddings. */
+static void probe_evaluate(const run *R, eval_result *r) {
+    int C = vitc_vit_get_config(R->m)->num_classes;
+    float *l = malloc((size_t)C * sizeof *l);
+    memset(r, 0, sizeof *r);
+    double loss = 0;
+    for (int64_t i = 0; l && i < R->pvn; i++) {
+        probe_forward(R, R->vemb + (size_t)i * R->D, 1, C, l);
+        int best = train_argmax(l, C);
+        double se = 0;
+        for (int j = 0; j < C; j++) se += exp((double)l[j] - l[best]);
+        loss += log(se) + l[best] - l[R->pvlab[i]];
+        r->correct += best == R->pvlab[i];
+        r->n++;
+    }
+    r->loss = r->n ? loss / r->n : 0;
+    free(l);
+}
 
 static int report_skipped(run *R, int64_t *reported) {
     int64_t n = vitc_dataset_num_skipped(R->d.train);
@@ -695,9 +942,15 @@ static int run_epochs(run *R) {
     train_opts *o = R->o;
     const vitc_vit_config *c = vitc_vit_get_config(R->m);
     int C = c->num_classes, S = c->image_size, B = R->h.batch;
-    int64_t N = vitc_dataset_size(R->d.train);
+    const int probe = R->h.freeze;
+    int64_t N = probe ? R->pn : vitc_dataset_size(R->d.train);
     int64_t spe = (N + B - 1) / B;
     size_t per = (size_t)c->in_channels * S * S;
+    if (probe && (size_t)R->D > per)
+        per = (size_t)R->D;
+    if (N < 1) {
+        return cli_error("no readable training image to train on");
+    }
     float *x = malloc((size_t)B * per * sizeof *x);
     float *logits = malloc((size_t)B * C * sizeof *logits);
     float *dlogits = malloc((size_t)B * C * sizeof *dlogits);
@@ -721,7 +974,8 @@ static int run_epochs(run *R) {
         epoch_order(perm, N, R->h.seed, e);
         double t0 = cli_now(), last = t0, loss_sum = 0;
         int64_t seen = 0, correct = 0, done_imgs = 0;
-        vitc_vit_set_training(R->m, 1);
+        if (!probe)
+            vitc_vit_set_training(R->m, 1);
         for (int64_t k = R->p.step_in_epoch; k < spe; k++) {
             int b = (int)(N - k * B < B ? N - k * B : B), nv = 0;
             /* this rank's shard of the batch: [lo, hi) */
@@ -729,8 +983,14 @@ static int run_epochs(run *R) {
             int hi = (int)((int64_t)b * (dp_rank + 1) / dp_size);
             bo.seed = step_seed(R->h.seed, R->p.global_step);
             bo.first = lo;
-            if (hi > lo && vitc_dataset_load_batch(R->d.train, perm + k * B + lo, hi - lo, &bo, x,
-                                                   lab, &nv) != VITC_OK) {
+            if (probe) {
+                for (int i = lo; i < hi; i++, nv++) {
+                    memcpy(x + (size_t)nv * R->D, R->emb + (size_t)perm[k * B + i] * R->D,
+                           (size_t)R->D * sizeof *x);
+                    lab[nv] = R->plab[perm[k * B + i]];
+                }
+            } else if (hi > lo && vitc_dataset_load_batch(R->d.train, perm + k * B + lo, hi - lo,
+                                                          &bo, x, lab, &nv) != VITC_OK) {
                 rc = cli_lib_error("training data");
                 break;
             }
@@ -752,12 +1012,14 @@ static int run_epochs(run *R) {
             }
             if (nv_all > 0) {
                 int64_t right = 0;
-                if (vitc_optimizer_zero_grad(R->opt) != VITC_OK) {
+                if (!probe && vitc_optimizer_zero_grad(R->opt) != VITC_OK) {
                     rc = cli_lib_error("training step");
                     break;
                 }
                 if (nv > 0) {
-                    if (vitc_vit_forward(R->m, x, nv, S, S, logits) != VITC_OK ||
+                    if (probe)
+                        probe_forward(R, x, nv, C, logits);
+                    if ((!probe && vitc_vit_forward(R->m, x, nv, S, S, logits) != VITC_OK) ||
                         vitc_cross_entropy(logits, lab, nv, C, (float)R->h.smoothing, &loss,
                                            dlogits) != VITC_OK) {
                         rc = cli_lib_error("training step");
@@ -768,7 +1030,9 @@ static int run_epochs(run *R) {
                         float w = (float)nv / (float)nv_all;
                         for (size_t i = 0; i < (size_t)nv * C; i++) dlogits[i] *= w;
                     }
-                    if (vitc_vit_backward(R->m, dlogits) != VITC_OK) {
+                    if (probe)
+                        probe_backward(R, x, nv, C, dlogits);
+                    else if (vitc_vit_backward(R->m, dlogits) != VITC_OK) {
                         rc = cli_lib_error("training step");
                         break;
                     }
@@ -854,8 +1118,10 @@ static int run_epochs(run *R) {
         int evaluated = 0;
         if (dp_rank == 0 && R->d.eval &&
             (last_epoch || (o->eval_every > 0 && (e + 1) % o->eval_every == 0))) {
-            if ((rc = train_evaluate(R->m, R->d.eval, B > 256 ? B : 256, &er, NULL, o->quiet,
-                                     "evaluation")) != CLI_OK)
+            if (probe)
+                probe_evaluate(R, &er);
+            else if ((rc = train_evaluate(R->m, R->d.eval, B > 256 ? B : 256, &er, NULL, o->quiet,
+                                          "evaluation")) != CLI_OK)
                 break;
             evaluated = 1;
             double acc = (double)er.correct / (er.n ? er.n : 1);
@@ -919,7 +1185,6 @@ static int train_main(train_opts *o) {
     memset(&R, 0, sizeof R);
     R.o = o;
     R.tty = cli_stderr_tty();
-    vitc_safetensors *ck = NULL;
     int rc;
     if (o->threads > 0)
         vitc_set_num_threads(o->threads);
@@ -930,10 +1195,11 @@ static int train_main(train_opts *o) {
     h->batch = 128;
     h->lr = 1e-3;
     h->wd = 0.05;
+    h->layer_decay = 1;
     snprintf(h->schedule, sizeof h->schedule, "none");
     h->schedule_epochs = 0;
     if (o->resume) {
-        if ((rc = load_checkpoint(o->resume, &ck, &R.m, h, &R.p)) != CLI_OK)
+        if ((rc = load_checkpoint(o->resume, &R.m, h, &R.p)) != CLI_OK)
             goto done;
         if ((rc = check_model_matches(o, vitc_vit_get_config(R.m), o->resume)) != CLI_OK)
             goto done;
@@ -943,6 +1209,18 @@ static int train_main(train_opts *o) {
             goto done;
         }
     }
+    if (o->resume && o->freeze && !h->freeze) {
+        rc = cli_error("--resume %s: a run that trains the whole model; --freeze-backbone "
+                       "cannot start on it (use --init %s for a new probe)", o->resume, o->resume);
+        goto done;
+    }
+    if (h->freeze && o->g_augment) {
+        rc = cli_usage_error("train", "--resume %s: a --freeze-backbone run, which has no "
+                             "augmentation: drop --augment", o->resume);
+        goto done;
+    }
+    if (o->freeze) h->freeze = 1;
+    if (o->g_layer_decay) h->layer_decay = o->layer_decay;
     if (o->g_batch) h->batch = o->batch;
     if (o->g_lr) h->lr = o->lr;
     if (o->g_wd) h->wd = o->wd;
@@ -1000,6 +1278,9 @@ static int train_main(train_opts *o) {
             }
             if ((rc = check_model_matches(o, vitc_vit_get_config(R.m), o->init)) != CLI_OK)
                 goto done;
+            if (!same_classes(R.m, R.d.train) &&
+                (rc = new_head(R.m, R.d.train, h->seed, o->init)) != CLI_OK)
+                goto done;
         } else {
             vitc_vit_config cfg;
             if ((rc = build_config(o, &R.d, &cfg)) != CLI_OK)
@@ -1030,15 +1311,16 @@ static int train_main(train_opts *o) {
     vitc_optim_config oc = vitc_optim_default_config(VITC_OPTIM_ADAMW);
     oc.lr = h->lr;
     oc.weight_decay = h->wd;
-    if (vitc_optimizer_create_vit(R.m, &oc, &R.opt) != VITC_OK) {
+    if (vitc_optimizer_create_vit(R.m, &oc, &R.opt) != VITC_OK ||
+        (h->layer_decay != 1 && vitc_optimizer_set_layer_decay(R.opt, h->layer_decay) != VITC_OK)) {
         rc = cli_lib_error("optimizer");
         goto done;
     }
-    if (ck) {
-        if ((rc = load_optimizer_state(ck, R.opt, o->resume)) != CLI_OK)
-            goto done;
-        vitc_safetensors_free(ck);
-        ck = NULL;
+    if (h->freeze && (rc = probe_setup(&R)) != CLI_OK)
+        goto done;
+    if (o->resume && vitc_checkpoint_load_optimizer(o->resume, R.opt) != VITC_OK) {
+        rc = cli_lib_error("--resume");
+        goto done;
     }
     if (R.p.epoch >= o->epochs) {
         fprintf(stderr, "vitc: %s has %d epochs done; nothing to do for --epochs %d\n",
@@ -1078,11 +1360,11 @@ static int train_main(train_opts *o) {
 done:
     if (R.log)
         fclose(R.log);
-    vitc_safetensors_free(ck);
     vitc_optimizer_free(R.opt);
     vitc_vit_free(R.m);
     free(R.labels);
     free(R.gbuf);
+    free(R.emb), free(R.vemb), free(R.plab), free(R.pvlab);
     train_data_close(&R.d);
     return rc;
 }
@@ -1124,6 +1406,8 @@ int cmd_train(int argc, char **argv) {
         {"--label-smoothing", NULL, CLI_DOUBLE, &o.smoothing, 0, 1, &o.g_smoothing},
         {"--clip", NULL, CLI_DOUBLE, &o.clip, 0, 1e9, &o.g_clip},
         {"--quiet", NULL, CLI_FLAG, &o.quiet, 0, 0, NULL},
+        {"--freeze-backbone", NULL, CLI_FLAG, &o.freeze, 0, 0, NULL},
+        {"--lr-layer-decay", NULL, CLI_DOUBLE, &o.layer_decay, 1e-9, 1, &o.g_layer_decay},
     };
     char usage[sizeof train_usage + 512];
     train_usage_text(usage, sizeof usage);
@@ -1139,6 +1423,15 @@ int cmd_train(int argc, char **argv) {
         return cli_usage_error("train", "--epochs is required");
     if (o.resume && o.init)
         return cli_usage_error("train", "--resume and --init exclude each other");
+    if (o.freeze && !o.init && !o.resume)
+        return cli_usage_error("train", "--freeze-backbone trains a head on a pretrained model's "
+                               "embeddings: give the model with --init MODEL");
+    if (o.freeze && o.g_augment)
+        return cli_usage_error("train", "--freeze-backbone computes each image's embedding once, "
+                               "without augmentation: drop --augment");
+    if (o.freeze && o.g_layer_decay)
+        return cli_usage_error("train", "--freeze-backbone trains the head alone: "
+                               "--lr-layer-decay has nothing to decay");
 #ifdef VITC_MPI
     MPI_Init(&argc, &argv);
     MPI_Comm_rank(MPI_COMM_WORLD, &dp_rank);

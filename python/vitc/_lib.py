@@ -420,3 +420,25 @@ def _train_signatures():
 
 _train_signatures()
 
+
+# ---- training checkpoints and per-tensor learning rates (src/train/checkpoint.c, optim.c)
+def _checkpoint_signatures():
+    P, vp, i, d, cp = (ctypes.POINTER, ctypes.c_void_p, ctypes.c_int, ctypes.c_double,
+                       ctypes.c_char_p)
+    sigs = {
+        "vitc_checkpoint_save": (i, [cp, vp, vp, P(cp), cp]),
+        # the record comes back as a pointer to free, not a converted bytes
+        "vitc_checkpoint_load": (i, [cp, P(vp), P(vp)]),
+        "vitc_checkpoint_load_optimizer": (i, [cp, vp]),
+        "vitc_checkpoint_free_meta": (None, [vp]),
+        "vitc_optimizer_set_layer_decay": (i, [vp, d]),
+        "vitc_optimizer_set_lr_scale": (i, [vp, i, d]),
+        "vitc_optimizer_get_lr_scale": (d, [vp, i]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+
+
+_checkpoint_signatures()
+

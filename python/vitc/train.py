@@ -3,13 +3,15 @@ clipping with torch.optim's semantics. Every number comes from the C library
 (src/train/); this module only holds handles."""
 import contextlib
 import ctypes
+import json
 
 import numpy as np
 
 from ._lib import (INT64_MAX, OPTIM_ADAMW, OPTIM_SGD, as_f32, check, float_arg, fptr, int_arg,
-                   lib)
+                   lib, path_arg)
 
-__all__ = ["cross_entropy", "AdamW", "SGD", "clip_grad_norm_"]
+__all__ = ["cross_entropy", "AdamW", "SGD", "clip_grad_norm_", "save_checkpoint",
+           "load_checkpoint"]
 
 
 def cross_entropy(logits, labels, label_smoothing=0.0):
@@ -65,7 +67,7 @@ class _Optimizer:
     """An optimizer over every parameter of a vitc model or layer (its
     gradients accumulate until zero_grad, as torch's)."""
 
-    def __init__(self, model, cfg):
+    def __init__(self, model, cfg, layer_decay=None):
         h, create, _ = _handle(model)
         self._model = model  # keeps the model alive as long as the optimizer
         # The model's lock (one C object, calls take turns): a step never
@@ -74,6 +76,35 @@ class _Optimizer:
         self._o = ctypes.c_void_p()
         with self._lock:
             check(create(h, ctypes.byref(cfg), ctypes.byref(self._o)))
+            if layer_decay is not None:
+                check(lib.vitc_optimizer_set_layer_decay(
+                    self._o, float_arg(layer_decay, "layer_decay")))
+
+    def _names(self):
+        """The tensors' names in state_dict order (the optimizer's indices)."""
+        with self._lock:
+            return [p[0] for p in self._model._params()]
+
+    @property
+    def lr_scales(self):
+        """{tensor name: its lr multiplier} (layer-wise decay; 0: frozen),
+        in state_dict order. The rate tensor i gets is lr * lr_scales[name]."""
+        return {n: lib.vitc_optimizer_get_lr_scale(self._o, i)
+                for i, n in enumerate(self._names())}
+
+    def set_lr_scale(self, name, scale):
+        """Tensor name (or index) is updated at lr * scale from now on; 0
+        freezes it (neither it nor its optimizer state moves)."""
+        names = self._names()
+        i = names.index(name) if isinstance(name, str) else int_arg(name, "index")
+        with self._lock:
+            check(lib.vitc_optimizer_set_lr_scale(self._o, i, float_arg(scale, "scale")))
+
+    def load_checkpoint(self, path):
+        """The optimizer state and step saved in checkpoint path (this
+        optimizer's kind, over a model of the checkpoint's shape)."""
+        with self._lock:
+            check(lib.vitc_checkpoint_load_optimizer(path_arg(path), self._o))
 
     def __del__(self):
         if getattr(self, "_o", None) is not None and self._o.value:
@@ -123,17 +154,19 @@ class AdamW(_Optimizer):
     """torch.optim.AdamW(model.parameters(), lr, betas, eps, weight_decay,
     amsgrad). decay_all=False (default) leaves biases, norm weights, the
     class token and the position embedding undecayed; True decays every
-    tensor as torch over model.parameters() does."""
+    tensor as torch over model.parameters() does. layer_decay=F (a model's
+    optimizer): BEiT's layer-wise lr decay, block l of L at lr * F**(L - l),
+    the embeddings F**(L + 1), the final norm and head 1 (see lr_scales)."""
 
     def __init__(self, model, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=1e-2,
-                 amsgrad=False, decay_all=False):
+                 amsgrad=False, decay_all=False, layer_decay=None):
         cfg = lib.vitc_optim_default_config(OPTIM_ADAMW)
         b1, b2 = betas
         cfg.lr, cfg.eps = float_arg(lr, "lr"), float_arg(eps, "eps")
         cfg.beta1, cfg.beta2 = float_arg(b1, "betas[0]"), float_arg(b2, "betas[1]")
         cfg.weight_decay = float_arg(weight_decay, "weight_decay")
         cfg.amsgrad, cfg.decay_all = int(bool(amsgrad)), int(bool(decay_all))
-        super().__init__(model, cfg)
+        super().__init__(model, cfg, layer_decay)
 
     @property
     def betas(self):
@@ -146,13 +179,13 @@ class SGD(_Optimizer):
     weight_decay, nesterov); decay_all as for AdamW."""
 
     def __init__(self, model, lr=1e-3, momentum=0.0, dampening=0.0, weight_decay=0.0,
-                 nesterov=False, decay_all=False):
+                 nesterov=False, decay_all=False, layer_decay=None):
         cfg = lib.vitc_optim_default_config(OPTIM_SGD)
         cfg.lr, cfg.momentum = float_arg(lr, "lr"), float_arg(momentum, "momentum")
         cfg.dampening = float_arg(dampening, "dampening")
         cfg.weight_decay = float_arg(weight_decay, "weight_decay")
         cfg.nesterov, cfg.decay_all = int(bool(nesterov)), int(bool(decay_all))
-        super().__init__(model, cfg)
+        super().__init__(model, cfg, layer_decay)
 
 
 def clip_grad_norm_(model, max_norm):
@@ -169,3 +202,54 @@ def clip_grad_norm_(model, max_norm):
         with getattr(model, "_lock", None) or contextlib.nullcontext():
             check(clip(h, float_arg(max_norm, "max_norm"), ctypes.byref(total)))
     return float(total.value)
+
+
+def save_checkpoint(path, model, optimizer=None, meta=None):
+    """A training checkpoint (vitc_checkpoint_save): the model (a file every
+    vitc command loads, with model.labels), the optimizer's state and step
+    when given, and meta (a JSON-able dict: epoch, step, your
+    hyperparameters) under "vitc.train". The file is replaced atomically.
+    `vitc train --resume` reads the files it writes itself; a checkpoint saved
+    here resumes in Python (load_checkpoint)."""
+    h = getattr(model, "_h", None)
+    if h is None:
+        raise TypeError("save_checkpoint: expected a vitc model, got %r" % type(model).__name__)
+    if optimizer is not None and not isinstance(optimizer, _Optimizer):
+        raise TypeError("optimizer must be a vitc AdamW or SGD, got %r" % type(optimizer).__name__)
+    if optimizer is not None and optimizer._model is not model:
+        raise ValueError("save_checkpoint: the optimizer is over another model")
+    if meta is not None and not isinstance(meta, dict):
+        raise TypeError("meta must be a dict, got %r" % type(meta).__name__)
+    text = json.dumps(meta if meta is not None else {}).encode()
+    labels = getattr(model, "labels", None)
+    c_labels = None
+    if labels is not None and len(labels) == lib.vitc_vit_get_config(h).contents.num_classes:
+        c_labels = (ctypes.c_char_p * len(labels))(*[str(x).encode() for x in labels])
+    with getattr(model, "_lock", None) or contextlib.nullcontext():
+        check(lib.vitc_checkpoint_save(path_arg(path), h,
+                                       optimizer._o if optimizer is not None else None,
+                                       c_labels, text))
+
+
+def load_checkpoint(path, optimizer=None):
+    """(model, meta) from a checkpoint (save_checkpoint's or `vitc train`'s):
+    meta is its "vitc.train" record as a dict (with "optimizer_step").
+    optimizer: a function of the model making its optimizer (AdamW, or
+    lambda m: vitc.AdamW(m, lr=...)): then (model, optimizer, meta) with the
+    saved state and step restored into it, so training continues exactly."""
+    from .vit import Model
+    h, text = ctypes.c_void_p(), ctypes.c_void_p()
+    check(lib.vitc_checkpoint_load(path_arg(path), ctypes.byref(h), ctypes.byref(text)))
+    try:
+        meta = json.loads(ctypes.string_at(text.value).decode()) if text.value else {}
+    finally:
+        lib.vitc_checkpoint_free_meta(text)
+    model = Model(_handle=h.value)
+    if optimizer is None:
+        return model, meta
+    opt = optimizer(model)
+    if not isinstance(opt, _Optimizer):
+        raise TypeError("optimizer(model) must return a vitc AdamW or SGD, got %r"
+                        % type(opt).__name__)
+    opt.load_checkpoint(path)
+    return model, opt, meta

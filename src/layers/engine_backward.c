@@ -1,7 +1,6 @@
 /*
  * engine_backward.c — the attention engine's stages in reverse (engine.c's
- * forward, read bottom to top), and the training API of a layer: backward,
- * zero_grad, gradients by torch name.
+ * forward, read bottom to top).
  *
  *   out = y, or channels-first gamma*y + x    dy -> dyt [B, N, cout] (+ dgamma, dx += dout)
  *   y   = out-projection(o) (+ v)             dyt -> do [B, N, dv] (+ dW_o, db_o; dv += dyt)
@@ -20,19 +19,13 @@
 
 #include "../kernels/ops_layers_backward.h"
 #include "../kernels/ops_layers.h"
-#include "../train/train.h"
 #include "layers.h"
-
-/* The gradient of a parameter: the same offset in grad as in store. */
-float *vitc__grad_of(vitc_layer *l, const float *param) {
-    return param ? l->grad + (param - l->store) : NULL;
-}
 
 /* nn.Linear through vitc__linear_backward; the NumPy seed's plain x @ W
  * (no bias) here: dx = dy W^T, dW [K, N] += x^T dy. */
-void vitc__proj_backward(float *dx, int64_t lddx, float beta, float *dW, float *db,
-                         const float *dy, int64_t ldy, const float *x, int64_t ldx,
-                         const float *W, int matmul, int64_t M, int64_t N, int64_t K) {
+static void proj_backward(float *dx, int64_t lddx, float beta, float *dW, float *db,
+                          const float *dy, int64_t ldy, const float *x, int64_t ldx,
+                          const float *W, int matmul, int64_t M, int64_t N, int64_t K) {
     if (!matmul) {
         vitc__linear_backward(dx, lddx, beta, dW, db, dy, ldy, x, ldx, W, M, N, K);
         return;
@@ -41,89 +34,22 @@ void vitc__proj_backward(float *dx, int64_t lddx, float beta, float *dW, float *
     vitc__gemm(1, 0, K, N, M, 1.0f, x, ldx, dy, ldy, 1.0f, dW, N);
 }
 
-/* P [L, S] = softmax(scale q k^T + mask) of head (b, h). A row whose keys
- * are all masked is NaN when the weights are returned (f->probs), else 0:
- * torch 2.x's MultiheadAttention, whose need_weights=False path is its SDPA. */
-static void head_probs(const vitc__sdpa_desc *f, int64_t b, int64_t h, float *P) {
-    int64_t L = f->L, S = f->S;
-    const float *q = f->q + b * f->q_sb + h * f->q_sh; // [L, D] row stride q_sr
-    const float *k = f->k + b * f->k_sb + h * f->k_sh; // [S, D]
-    vitc__gemm(0, 1, L, S, f->D, f->scale, q, f->q_sr, k, f->k_sr, 0.0f, P, S);
-    if (!f->mask) {
-        vitc__softmax_rows(P, L, S, 1.0f);
-        return;
-    }
-    const float *m = f->mask + b * f->m_sb + h * f->m_sh; // [L, S] row stride m_sr
-    for (int64_t i = 0; i < L; i++) {
-        float *pr = P + i * S, mx = -INFINITY;
-        for (int64_t j = 0; j < S; j++) {
-            pr[j] += m[i * f->m_sr + j];
-            if (pr[j] > mx) mx = pr[j];
-        }
-        vitc__softmax_rows(pr, 1, S, 1.0f);
-        if (mx == -INFINITY && !f->probs) memset(pr, 0, (size_t)S * sizeof *pr);
-    }
-}
-
-void vitc__sdpa_dropout_forward(const vitc__sdpa_desc *f, uint8_t *keep, float p, vitc__rng *r,
-                                float *P) {
-    int64_t L = f->L, S = f->S;
-    for (int64_t b = 0; b < f->B; b++)
-        for (int64_t h = 0; h < f->H; h++) {
-            uint8_t *kp = keep + (b * f->H + h) * L * S; // [L, S]
-            head_probs(f, b, h, P);
-            vitc__dropout_mask(kp, L * S, p, r);
-            vitc__dropout_apply(P, P, kp, L * S, p);
-            if (f->probs) {
-                float *w = f->probs + b * f->p_sb + h * f->p_sh; // [L, S] row stride p_sr
-                for (int64_t i = 0; i < L; i++) memcpy(w + i * f->p_sr, P + i * S, S * sizeof *P);
-            }
-            const float *v = f->v + b * f->v_sb + h * f->v_sh; // [S, Dv]
-            float *o = f->o + b * f->o_sb + h * f->o_sh;       // [L, Dv]
-            vitc__gemm(0, 0, L, f->Dv, S, 1.0f, P, S, v, f->v_sr, 0.0f, o, f->o_sr);
-        }
-}
-
-/* With Pd = P * keep / (1 - p): dV = Pd^T dO, dPd = dO V^T, dP = dPd * keep
- * / (1 - p), dS = P * (dP - rowsum(P * dP)), dQ = scale dS K, dK = scale
- * dS^T Q. */
-void vitc__sdpa_dropout_backward(const vitc__sdpa_desc *f, const vitc__sdpa_desc *g,
-                                 const uint8_t *keep, float p, float *P, float *dP) {
-    int64_t L = f->L, S = f->S, D = f->D, Dv = f->Dv;
-    for (int64_t b = 0; b < f->B; b++)
-        for (int64_t h = 0; h < f->H; h++) {
-            const uint8_t *kp = keep + (b * f->H + h) * L * S;  // [L, S]
-            const float *q = f->q + b * f->q_sb + h * f->q_sh; // [L, D]
-            const float *k = f->k + b * f->k_sb + h * f->k_sh; // [S, D]
-            const float *v = f->v + b * f->v_sb + h * f->v_sh; // [S, Dv]
-            const float *dO = g->o + b * g->o_sb + h * g->o_sh; // [L, Dv]
-            float *dq = (float *)g->q + b * g->q_sb + h * g->q_sh; // [L, D]
-            float *dk = (float *)g->k + b * g->k_sb + h * g->k_sh; // [S, D]
-            float *dv = (float *)g->v + b * g->v_sb + h * g->v_sh; // [S, Dv]
-            head_probs(f, b, h, P);
-            vitc__dropout_apply(dP, P, kp, L * S, p); /* Pd, for dV */
-            vitc__gemm(1, 0, S, Dv, L, 1.0f, dP, S, dO, g->o_sr, 0.0f, dv, g->v_sr);
-            vitc__gemm(0, 1, L, S, Dv, 1.0f, dO, g->o_sr, v, f->v_sr, 0.0f, dP, S);
-            vitc__dropout_apply(dP, dP, kp, L * S, p);
-            for (int64_t i = 0; i < L; i++) {
-                float *pr = P + i * S, *dpr = dP + i * S;
-                double delta = 0.0;
-                for (int64_t j = 0; j < S; j++) delta += (double)pr[j] * dpr[j];
-                for (int64_t j = 0; j < S; j++) dpr[j] = pr[j] * (dpr[j] - (float)delta);
-            }
-            vitc__gemm(0, 0, L, D, S, f->scale, dP, S, k, f->k_sr, 0.0f, dq, g->q_sr);
-            vitc__gemm(1, 0, S, D, L, f->scale, dP, S, q, f->q_sr, 0.0f, dk, g->k_sr);
-        }
-}
-
-vitc_status vitc__layer_ensure_grad(vitc_layer *l) {
-    vitc__paramset ps;
-    return vitc__layer_paramset(l, 1, &ps);
-}
-
-vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
+vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, int ndim,
+                                  const int64_t *shape, float *dx) {
     const vitc__plan *p = &l->plan;
     const vitc__record *r = &l->rec;
+    if (!r->valid)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "backward needs a training-mode forward first (none recorded since "
+                         "the last eval-mode or failed forward)");
+    int same = ndim == r->out_ndim;
+    for (int i = 0; same && i < ndim; i++) same = shape[i] == r->out_shape[i];
+    if (!same) {
+        char a[160], b[160];
+        return vitc__err(VITC_ERR_SHAPE, "backward: dy has shape %s, the forward's output was %s",
+                         vitc__shape_str(a, sizeof a, ndim < 0 ? 0 : ndim > 8 ? 8 : ndim, shape),
+                         vitc__shape_str(b, sizeof b, r->out_ndim, r->out_shape));
+    }
     float *s = l->scratch.p; /* the forward's activations */
     int64_t B = r->shape[0], N, C = 0, HW = 0;
     if (p->in == VITC__IN_TOKENS) {
@@ -158,12 +84,12 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
     if (p->res == VITC__RES_INPUT) {
         float *t = g + o_dyt; // [M, C]
         vitc__channels_to_tokens(t, dout, B, C, N);
-        if (l->gamma) {
+        if (l->w.gamma) {
             /* y is o here (ConvSA has no out-projection). */
             double sg = 0.0;
             for (int64_t i = 0; i < M * C; i++) sg += (double)t[i] * o[i];
-            vitc__grad_of(l, l->gamma)[0] += (float)sg;
-            float gm = l->gamma[0];
+            l->g.gamma[0] += (float)sg;
+            float gm = l->w.gamma[0];
             for (int64_t i = 0; i < M * C; i++) t[i] *= gm;
         }
         dyt = t;
@@ -173,8 +99,8 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
     const float *dO = dyt; // [M, dv]
     if (p->outp != VITC__OUT_NONE) {
         float *t = g + o_do;
-        vitc__proj_backward(t, p->dv, 0.0f, vitc__grad_of(l, l->w_o), vitc__grad_of(l, l->b_o), dyt, p->cout, o,
-                      p->dv, l->w_o, p->outp == VITC__OUT_MATMUL, M, p->cout, p->dv);
+        proj_backward(t, p->dv, 0.0f, l->g.w_o, l->g.b_o, dyt, p->cout, o,
+                      p->dv, l->w.w_o, p->outp == VITC__OUT_MATMUL, M, p->cout, p->dv);
         dO = t;
     }
 
@@ -207,24 +133,24 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
     int64_t cin = p->cin;
     switch (p->qkv) {
     case VITC__QKV_SEPARATE:
-        vitc__proj_backward(dtok, cin, 0.0f, vitc__grad_of(l, l->w_q), vitc__grad_of(l, l->b_q), dqkv, W3, tok, cin,
-                      l->w_q, 0, M, p->dq, cin);
-        vitc__proj_backward(dtok, cin, 1.0f, vitc__grad_of(l, l->w_k), vitc__grad_of(l, l->b_k), dqkv + p->dq, W3,
-                      tok, cin, l->w_k, 0, M, p->dq, cin);
-        vitc__proj_backward(dtok, cin, 1.0f, vitc__grad_of(l, l->w_v), vitc__grad_of(l, l->b_v), dqkv + 2 * p->dq,
-                      W3, tok, cin, l->w_v, 0, M, p->dv, cin);
+        proj_backward(dtok, cin, 0.0f, l->g.w_q, l->g.b_q, dqkv, W3, tok, cin,
+                      l->w.w_q, 0, M, p->dq, cin);
+        proj_backward(dtok, cin, 1.0f, l->g.w_k, l->g.b_k, dqkv + p->dq, W3,
+                      tok, cin, l->w.w_k, 0, M, p->dq, cin);
+        proj_backward(dtok, cin, 1.0f, l->g.w_v, l->g.b_v, dqkv + 2 * p->dq,
+                      W3, tok, cin, l->w.w_v, 0, M, p->dv, cin);
         break;
     case VITC__QKV_FUSED:
-        vitc__proj_backward(dtok, cin, 0.0f, vitc__grad_of(l, l->w_qkv), vitc__grad_of(l, l->b_qkv), dqkv, W3, tok,
-                      cin, l->w_qkv, 0, M, W3, cin);
+        proj_backward(dtok, cin, 0.0f, l->g.w_qkv, l->g.b_qkv, dqkv, W3, tok,
+                      cin, l->w.w_qkv, 0, M, W3, cin);
         break;
     case VITC__QKV_MATMUL:
-        vitc__proj_backward(dtok, cin, 0.0f, vitc__grad_of(l, l->w_q), NULL, dqkv, W3, tok, cin, l->w_q, 1, M,
+        proj_backward(dtok, cin, 0.0f, l->g.w_q, NULL, dqkv, W3, tok, cin, l->w.w_q, 1, M,
                       p->dq, cin);
-        vitc__proj_backward(dtok, cin, 1.0f, vitc__grad_of(l, l->w_k), NULL, dqkv + p->dq, W3, tok, cin,
-                      l->w_k, 1, M, p->dq, cin);
-        vitc__proj_backward(dtok, cin, 1.0f, vitc__grad_of(l, l->w_v), NULL, dqkv + 2 * p->dq, W3, tok, cin,
-                      l->w_v, 1, M, p->dv, cin);
+        proj_backward(dtok, cin, 1.0f, l->g.w_k, NULL, dqkv + p->dq, W3, tok, cin,
+                      l->w.w_k, 1, M, p->dq, cin);
+        proj_backward(dtok, cin, 1.0f, l->g.w_v, NULL, dqkv + 2 * p->dq, W3, tok, cin,
+                      l->w.w_v, 1, M, p->dv, cin);
         break;
     }
 
@@ -232,8 +158,8 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
     if (p->in == VITC__IN_PATCHES) {
         int64_t k = l->cfg.patch_size;
         float *dcols = g + o_dcols; // [M, K]
-        vitc__proj_backward(dcols, K, 0.0f, vitc__grad_of(l, l->w_patch), vitc__grad_of(l, l->b_patch), dtok, cin,
-                      s + r->o_cols, K, l->w_patch, 0, M, cin, K);
+        proj_backward(dcols, K, 0.0f, l->g.w_patch, l->g.b_patch, dtok, cin,
+                      s + r->o_cols, K, l->w.w_patch, 0, M, cin, K);
         vitc__unpatchify(dx, dcols, B, C, r->shape[2], r->shape[3], k);
     } else if (p->in == VITC__IN_IMAGE && p->norm == VITC__NORM_NONE) {
         vitc__transpose_add(dx, dtok, dout, 1.0f, B, C, N);
@@ -242,95 +168,14 @@ vitc_status vitc__engine_backward(vitc_layer *l, const float *dout, float *dx) {
         const float *x = s + r->o_x;
         vitc__channels_to_tokens(dimg, dtok, B, N, C); /* [B, N, C] -> [B, C, N] */
         if (p->norm == VITC__NORM_GROUP) {
-            vitc__groupnorm_backward(dx, vitc__grad_of(l, l->norm_w), vitc__grad_of(l, l->norm_b), dimg, x,
-                                     l->norm_w, B, C, HW, 1, l->cfg.eps);
+            vitc__groupnorm_backward(dx, l->g.norm_w, l->g.norm_b, dimg, x,
+                                     l->w.norm_w, B, C, HW, 1, l->cfg.eps);
         } else {
             const float *mean = s + r->o_stat, *var = mean + C; // [C], [C]
-            vitc__batchnorm_backward(dx, vitc__grad_of(l, l->norm_w), vitc__grad_of(l, l->norm_b), dimg, x,
-                                     mean, var, l->norm_w, l->cfg.eps, 1, B, C, HW);
+            vitc__batchnorm_backward(dx, l->g.norm_w, l->g.norm_b, dimg, x,
+                                     mean, var, l->w.norm_w, l->cfg.eps, 1, B, C, HW);
         }
         for (int64_t i = 0; i < B * C * HW; i++) dx[i] += dout[i];
     }
     return VITC_OK;
-}
-
-/* ---- the training API --------------------------------------------------- */
-
-/* vitc_layer_forward's MultiheadAttention is self-attention of x: its
- * gradient is d_query + d_key + d_value. */
-static vitc_status mha_self_backward(vitc_layer *l, const float *dy, int ndim,
-                                     const int64_t *shape, float *dx) {
-    const vitc__mha_record *r = &l->mrec;
-    if (!r->valid)
-        return vitc__err(VITC_ERR_INVALID_ARG,
-                         "MultiheadAttention: backward needs a training-mode forward first");
-    for (int i = 0; i < r->ndim; i++)
-        if (r->kshape[i] != r->qshape[i] || r->vshape[i] != r->qshape[i])
-            return vitc__err(VITC_ERR_INVALID_ARG,
-                             "MultiheadAttention: the recorded forward had a key or value unlike "
-                             "the query; use vitc_mha_backward");
-    vitc_tensor_view d = {dy, ndim, {0}};
-    if (ndim < 0 || ndim > 8)
-        return vitc__err(VITC_ERR_SHAPE, "backward: dy has %d dimensions", ndim);
-    memcpy(d.shape, shape, (size_t)ndim * sizeof *shape);
-    int ok;
-    size_t n = vitc__numel(r->ndim, r->qshape, &ok);
-    float *dk = vitc__alloc(2 * n * sizeof(float) + 1), *dv = dk + n; // [n], [n]
-    if (!dk)
-        return vitc__err(VITC_ERR_NOMEM, "MultiheadAttention: cannot allocate the backward's gradients");
-    vitc_status st = vitc_mha_backward(l, &d, dx, dk, dv);
-    if (st == VITC_OK)
-        for (size_t i = 0; i < n; i++) dx[i] += dk[i] + dv[i];
-    vitc__free(dk);
-    return st;
-}
-
-vitc_status vitc_layer_backward(vitc_layer *l, const float *dy, int ndim, const int64_t *shape,
-                                float *dx) {
-    if (!l || !dy || !shape || !dx)
-        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_layer_backward: NULL argument");
-    if (l->cfg.kind == VITC_MULTIHEAD_ATTENTION)
-        return mha_self_backward(l, dy, ndim, shape, dx);
-    const vitc__record *r = &l->rec;
-    if (!r->valid)
-        return vitc__err(VITC_ERR_INVALID_ARG,
-                         "backward needs a training-mode forward first (none recorded since "
-                         "the last eval-mode or failed forward)");
-    int same = ndim == r->out_ndim;
-    for (int i = 0; same && i < ndim; i++) same = shape[i] == r->out_shape[i];
-    if (!same) {
-        char a[160], b[160];
-        return vitc__err(VITC_ERR_SHAPE, "backward: dy has shape %s, the forward's output was %s",
-                         vitc__shape_str(a, sizeof a, ndim < 0 ? 0 : ndim > 8 ? 8 : ndim, shape),
-                         vitc__shape_str(b, sizeof b, r->out_ndim, r->out_shape));
-    }
-    return vitc__engine_backward(l, dy, dx);
-}
-
-vitc_status vitc_layer_zero_grad(vitc_layer *l) {
-    if (!l)
-        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_layer_zero_grad: layer is NULL");
-    if (l->grad)
-        memset(l->grad, 0, l->store_len * sizeof(float));
-    return VITC_OK;
-}
-
-vitc_status vitc_layer_grad(vitc_layer *l, const char *name, int *ndim, const int64_t **shape,
-                            float **grad) {
-    if (!l || !name)
-        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_layer_grad: NULL argument");
-    for (int i = 0; i < l->nparams; i++) {
-        const vitc__param *p = &l->params[i];
-        if (strcmp(name, p->name) != 0 && !(p->alias && strcmp(name, p->alias) == 0))
-            continue;
-        if (p->buffer)
-            return vitc__err(VITC_ERR_KEY, "\"%s\" is a buffer, not a parameter: it has no gradient",
-                             name);
-        VITC_TRY(vitc__layer_ensure_grad(l));
-        if (ndim) *ndim = p->ndim;
-        if (shape) *shape = p->shape;
-        if (grad) *grad = l->grad + p->offset;
-        return VITC_OK;
-    }
-    return vitc__err(VITC_ERR_KEY, "no parameter \"%s\"", name);
 }

@@ -1,11 +1,20 @@
 /*
- * layers.h — the attention engine's insides, shared by engine.c (the layer
- * object, its parameter table and the seed presets) and mha.c
- * (MultiheadAttention with masks, SDPA, softmax).
+ * layers.h — the attention layers' insides. Files, each calling only those
+ * listed before it:
+ *
+ *   functional.c       scaled_dot_product_attention, softmax, attention
+ *                      with dropout on its weights (forward and backward)
+ *   layer.c            the layer object: parameter table, load, gradients
+ *   engine.c           the presets' parameter tables, shapes, forward
+ *   engine_backward.c  their backward
+ *   mha.c              MultiheadAttention (table, shapes, forward, backward)
+ *   kinds.c            the kind table (vitc__layer_ops per kind) and the
+ *                      public calls that dispatch through it
  */
 #ifndef VITC_LAYERS_H
 #define VITC_LAYERS_H
 
+#include "../carve.h"
 #include "../kernels/kernels.h"
 #include "../params.h"
 #include "../rng.h"
@@ -76,8 +85,44 @@ typedef struct vitc__mha_record {
     const uint8_t *keep;        /* [B, H, L, S] dropout's kept weights, NULL without dropout */
 } vitc__mha_record;
 
+/* A layer's tensors by role (NULL when the kind has none). One struct
+ * points into store, a second of the same type into grad: the parameter
+ * table's slots are offsets into this type, so one vitc__params_bind fills
+ * either. */
+typedef struct vitc__layer_w {
+    float *w_patch, *b_patch;           /* [E, C, p, p], [E] */
+    float *w_q, *b_q, *w_k, *b_k;       /* [dq, cin] ([cin, dq] for MATMUL), [dq] */
+    float *w_v, *b_v;                   /* [dv, cin] ([cin, dv] for MATMUL), [dv] */
+    float *w_qkv, *b_qkv;               /* [2dq+dv, cin], [2dq+dv] */
+    float *w_o, *b_o;                   /* [cout, dv] ([dv, cout] for MATMUL), [cout] */
+    float *norm_w, *norm_b;             /* [C] */
+    float *run_mean, *run_var;          /* [C] */
+    float *gamma;                       /* [1] */
+    float *bias_k, *bias_v;             /* [1, 1, E] (MHA add_bias_kv) */
+} vitc__layer_w;
+
+/* A parameter row's slot: the role in vitc__layer_w it binds. */
+#define VITC__SLOT(field) offsetof(vitc__layer_w, field)
+
+/* What a layer kind supplies (kinds.c holds one per vitc_layer_kind).
+ * build: the plan and the parameter table in torch's state_dict order,
+ * after the kind-independent configuration checks. The rest are the kind's
+ * vitc_layer_output_shape, vitc_layer_forward and vitc_layer_backward,
+ * called with non-NULL arguments. */
+typedef struct vitc__layer_ops {
+    const char *name;
+    vitc_status (*build)(vitc_layer *l);
+    vitc_status (*output_shape)(const vitc_layer *l, int ndim, const int64_t *shape, int *out_ndim,
+                                int64_t out_shape[8]);
+    vitc_status (*forward)(vitc_layer *l, const float *x, int ndim, const int64_t *shape,
+                           float *out);
+    vitc_status (*backward)(vitc_layer *l, const float *dy, int ndim, const int64_t *shape,
+                            float *dx);
+} vitc__layer_ops;
+
 struct vitc_layer {
     vitc_layer_config cfg;
+    const vitc__layer_ops *ops;
     vitc__plan plan;
     int training;
     int nparams;
@@ -88,76 +133,88 @@ struct vitc_layer {
     float *grad;  /* [store_len] same layout; NULL until training asks for it */
     size_t store_len;
     uint64_t id;  /* vitc__handle_register() */
-    /* Roles, pointing into store (NULL when the kind has none). */
-    float *w_patch, *b_patch;           /* [E, C, p, p], [E] */
-    float *w_q, *b_q, *w_k, *b_k;       /* [dq, cin] ([cin, dq] for MATMUL), [dq] */
-    float *w_v, *b_v;                   /* [dv, cin] ([cin, dv] for MATMUL), [dv] */
-    float *w_qkv, *b_qkv;               /* [2dq+dv, cin], [2dq+dv] */
-    float *w_o, *b_o;                   /* [cout, dv] ([dv, cout] for MATMUL), [cout] */
-    float *norm_w, *norm_b;             /* [C] */
-    float *run_mean, *run_var;          /* [C] */
-    float *gamma;                       /* [1] */
-    float *bias_k, *bias_v;             /* [1, 1, E] (MHA add_bias_kv) */
+    vitc__layer_w w; /* into store */
+    vitc__layer_w g; /* into grad: all NULL until vitc__layer_ensure_grad */
     vitc__buf scratch; /* sized by the largest forward so far, then reused */
     /* Training: what the last training-mode forward left in scratch for
-     * backward (engine_backward.c), and the gradients. */
+     * backward, and the gradients. */
     vitc__record rec;
     vitc__mha_record mrec;
     vitc__rng rng;      /* dropout masks; seeded by reset_parameters */
     vitc__buf bscratch; /* backward's own scratch */
+    vitc__buf xscratch; /* MultiheadAttention's self-attention backward: d_key, d_value */
 };
 
-/* MultiheadAttention's self-attention form of vitc_layer_forward and its
- * shape check (mha.c). */
-vitc_status vitc__mha_self_forward(vitc_layer *l, const float *x, int ndim, const int64_t *shape,
-                                   float *out);
-vitc_status vitc__mha_check_shape(const vitc_layer *l, int ndim, const int64_t *shape,
-                                  int *out_ndim, int64_t out_shape[8]);
+/* ---- functional.c ------------------------------------------------------ */
 
-/* Scratch carve-out: consecutive 64-byte aligned regions of one buffer,
- * sizes checked (ok = 0 once any size overflows). */
-typedef struct vitc__carve { size_t used; int ok; } vitc__carve;
-static inline size_t vitc__take(vitc__carve *c, size_t a, size_t b) {
-    size_t n, at = c->used;
-    if (!vitc__mul_size(a, b, &n) || !vitc__add_size(n, 15, &n))
-        c->ok = 0;
-    n &= ~(size_t)15;
-    if (!vitc__add_size(c->used, n, &c->used))
-        c->ok = 0;
-    return at;
-}
+/* Attention with dropout on its weights, through the probabilities, one
+ * head at a time: o = (softmax(scale q k^T + mask) * keep / (1 - p)) v.
+ * Forward: f's q, k, v, mask, scale in, o out; keep [B, H, L, S] is drawn
+ * from r; the dropped weights go to f->probs when set. Backward: g holds
+ * the gradient views in f's layout (g->q, g->k, g->v receive dq, dk, dv,
+ * overwritten; g->o is dO), from the same keep, recomputing P per head.
+ * P and dP: [L, S] scratch each. */
+void vitc__sdpa_dropout_forward(const vitc__sdpa_desc *f, uint8_t *keep, float p, vitc__rng *r,
+                                float *P);
+void vitc__sdpa_dropout_backward(const vitc__sdpa_desc *f, const vitc__sdpa_desc *g,
+                                 const uint8_t *keep, float p, float *P, float *dP);
 
+/* ---- layer.c ----------------------------------------------------------- */
+
+/* A layer of cfg's kind, before its table: checks what every kind shares
+ * (sizes in range, eps, momentum, qk_scale). Free with vitc_layer_free. */
+vitc_status vitc__layer_alloc(const vitc_layer_config *cfg, const vitc__layer_ops *ops,
+                              vitc_layer **out);
+/* After ops->build: lays out, allocates and binds the store, then
+ * reset_parameters(0). */
+vitc_status vitc__layer_finish(vitc_layer *l);
+/* One row of the parameter table (build). */
+void vitc__layer_add_param(vitc_layer *l, const char *name, const char *alias, size_t slot,
+                           vitc__init init, int64_t fan_in, int64_t fan_out, int ndim, int64_t d0,
+                           int64_t d1, int64_t d2, int64_t d3);
+/* VITC_ERR_INVALID_ARG "<kind>: what" (build). */
+vitc_status vitc__layer_bad_config(const vitc_layer *l, const char *what);
+/* VITC_ERR_SHAPE "<kind>: input has shape ..., expected ..." (output_shape). */
+vitc_status vitc__layer_shape_err(const vitc_layer *l, int ndim, const int64_t *shape,
+                                  const char *expected);
+/* Allocates the gradients (zeroed) on first use and binds l->g to them. */
+vitc_status vitc__layer_ensure_grad(vitc_layer *l);
+
+/* ---- engine.c ---------------------------------------------------------- */
+
+/* The presets' builds, one per block (the three SelfAttention kinds
+ * share one). */
+vitc_status vitc__engine_build_attention_block(vitc_layer *l);
+vitc_status vitc__engine_build_conv_sa(vitc_layer *l);
+vitc_status vitc__engine_build_self_attention(vitc_layer *l);
+vitc_status vitc__engine_build_t2t(vitc_layer *l);
+vitc_status vitc__engine_build_single_head(vitc_layer *l);
+vitc_status vitc__engine_output_shape(const vitc_layer *l, int ndim, const int64_t *shape,
+                                      int *out_ndim, int64_t out_shape[8]);
+vitc_status vitc__engine_forward(vitc_layer *l, const float *x, int ndim, const int64_t *shape,
+                                 float *out);
 /* The engine's attention views of a packed qkv [B, N, 2dq+dv] and o
  * [B, N, dv] in the plan's head layout (forward; backward passes the
  * gradient buffers, which share the layout). */
 void vitc__engine_sdpa_desc(const vitc__plan *p, vitc__sdpa_desc *sd, float *qkv, float *o,
                             int64_t B, int64_t N);
 
-/* Attention with dropout on its weights, through the probabilities, one
- * head at a time (engine_backward.c): o = (softmax(scale q k^T + mask) *
- * keep / (1 - p)) v. Forward: f's q, k, v, mask, scale in, o out; keep
- * [B, H, L, S] is drawn from r; the dropped weights go to f->probs when
- * set. Backward: g holds the gradient views in f's layout (g->q, g->k, g->v
- * receive dq, dk, dv, overwritten; g->o is dO), from the same keep. P and
- * dP: [L, S] scratch each. */
-void vitc__sdpa_dropout_forward(const vitc__sdpa_desc *f, uint8_t *keep, float p, vitc__rng *r,
-                                float *P);
-void vitc__sdpa_dropout_backward(const vitc__sdpa_desc *f, const vitc__sdpa_desc *g,
-                                 const uint8_t *keep, float p, float *P, float *dP);
+/* ---- engine_backward.c ------------------------------------------------- */
 
-/* Backward of y [M, N] = x [M, K] op(W) (+ bias), op(W) = W^T (nn.Linear,
- * W [N, K]) or W (matmul = 1, W [K, N]): dx [M, K] = beta * dx + dy op(W)^T
- * (skipped when dx is NULL), dW and db (may be NULL) accumulate. */
-void vitc__proj_backward(float *dx, int64_t lddx, float beta, float *dW, float *db,
-                         const float *dy, int64_t ldy, const float *x, int64_t ldx,
-                         const float *W, int matmul, int64_t M, int64_t N, int64_t K);
-/* The gradient of a parameter (a pointer into store): the same offset in grad. */
-float *vitc__grad_of(vitc_layer *l, const float *param);
-/* Allocates the gradients (zeroed) on first use. */
-vitc_status vitc__layer_ensure_grad(vitc_layer *l);
+/* Reads l->rec, writes dx, accumulates into l->grad. */
+vitc_status vitc__engine_backward(vitc_layer *l, const float *dy, int ndim, const int64_t *shape,
+                                  float *dx);
 
-/* The engine's backward (engine_backward.c): reads l->rec, writes dx,
- * accumulates into l->grad. */
-vitc_status vitc__engine_backward(vitc_layer *l, const float *dy, float *dx);
+/* ---- mha.c ------------------------------------------------------------- */
+
+/* MultiheadAttention as a layer: self-attention of its input
+ * (query = key = value). */
+vitc_status vitc__mha_build(vitc_layer *l);
+vitc_status vitc__mha_self_output_shape(const vitc_layer *l, int ndim, const int64_t *shape,
+                                        int *out_ndim, int64_t out_shape[8]);
+vitc_status vitc__mha_self_forward(vitc_layer *l, const float *x, int ndim, const int64_t *shape,
+                                   float *out);
+vitc_status vitc__mha_self_backward(vitc_layer *l, const float *dy, int ndim,
+                                    const int64_t *shape, float *dx);
 
 #endif

@@ -31,6 +31,9 @@ struct vitc_optimizer {
     int nstate;
     int buf_started; /* SGD: the momentum buffer holds a value (torch: not None) */
     int64_t step;
+    /* [ps.nseg] lr multipliers (layer-wise decay); NULL: 1 for all, and the
+     * update multiplies by nothing, so its numbers stay torch's exactly. */
+    double *lr_scale;
 };
 
 vitc_optim_config vitc_optim_default_config(vitc_optim_kind kind) {
@@ -142,6 +145,7 @@ void vitc_optimizer_free(vitc_optimizer *o) {
     for (int i = 0; i < 3; i++)
         vitc__free(o->state[i]);
     free(o->chunks);
+    free(o->lr_scale);
     free(o);
 }
 
@@ -153,6 +157,10 @@ static vitc_status live(const vitc_optimizer *o, const char *what) {
         return vitc__err(VITC_ERR_INVALID_ARG,
                          "%s: the optimizer's model has been freed (free the optimizer first)", what);
     return VITC_OK;
+}
+
+static double seg_lr(const vitc_optimizer *o, const vitc__pseg *s) {
+    return o->lr_scale ? o->cfg.lr * o->lr_scale[s - o->ps.seg] : o->cfg.lr;
 }
 
 static double seg_decay(const vitc_optimizer *o, const vitc__pseg *s) {
@@ -189,8 +197,9 @@ void vitc__adamw_ref(float *p, float *m, float *v, float *vmax, const float *g, 
 static void adamw_range(const optim_task *t, const vitc__pseg *s, size_t i0, size_t i1) {
     vitc_optimizer *o = t->o;
     const vitc_optim_config *c = &o->cfg;
-    const vitc__adamw_coef k = {.shrink = 1.0 - c->lr * seg_decay(o, s),
-                                .step_size = c->lr / t->bc1, .b1 = c->beta1, .b2 = c->beta2,
+    const double lr = seg_lr(o, s);
+    const vitc__adamw_coef k = {.shrink = 1.0 - lr * seg_decay(o, s),
+                                .step_size = lr / t->bc1, .b1 = c->beta1, .b2 = c->beta2,
                                 .eps = c->eps, .bc2_sqrt = t->bc2_sqrt};
     size_t off = s->offset + i0;
     vitc__kern()->adamw(o->ps.param + off, o->state[0] + off, o->state[1] + off,
@@ -201,7 +210,7 @@ static void sgd_range(const optim_task *t, const vitc__pseg *s, size_t i0, size_
     vitc_optimizer *o = t->o;
     const int first = t->first;
     const vitc_optim_config *c = &o->cfg;
-    const double lr = c->lr, wd = seg_decay(o, s), mom = c->momentum, damp = c->dampening;
+    const double lr = seg_lr(o, s), wd = seg_decay(o, s), mom = c->momentum, damp = c->dampening;
     float *p = o->ps.param + s->offset, *buf = o->state[0] + s->offset;
     const float *g = o->ps.grad + s->offset;
     for (size_t i = i0; i < i1; i++) {
@@ -220,6 +229,10 @@ static void optim_chunk_task(void *ctx, int64_t k, int tid) {
     const optim_chunk *ch = &t->o->chunks[k];
     const vitc__pseg *s = &t->o->ps.seg[ch->seg];
     (void)tid;
+    /* scale 0 freezes the tensor: neither it nor its moments move (torch's
+     * requires_grad=False), and a linear probe's step costs only the head */
+    if (t->o->lr_scale && t->o->lr_scale[ch->seg] == 0.0)
+        return;
     if (t->o->cfg.kind == VITC_OPTIM_ADAMW)
         adamw_range(t, s, ch->begin, ch->end);
     else
@@ -363,3 +376,63 @@ vitc_status vitc_clip_grad_norm_optimizer(vitc_optimizer *o, float max_norm, flo
     VITC_TRY(live(o, "clip_grad_norm"));
     return vitc__clip_grad_norm(&o->ps, max_norm, total_norm);
 }
+
+static vitc_status ensure_scales(vitc_optimizer *o, const char *what) {
+    if (o->lr_scale)
+        return VITC_OK;
+    o->lr_scale = malloc((size_t)(o->ps.nseg ? o->ps.nseg : 1) * sizeof *o->lr_scale);
+    if (!o->lr_scale)
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory", what);
+    for (int i = 0; i < o->ps.nseg; i++) o->lr_scale[i] = 1.0;
+    return VITC_OK;
+}
+
+vitc_status vitc_optimizer_set_lr_scale(vitc_optimizer *o, int i, double scale) {
+    if (!o)
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer set_lr_scale: optimizer is NULL");
+    if (i < 0 || i >= o->ps.nseg)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "optimizer set_lr_scale: tensor %d is not in [0, %d)", i, o->ps.nseg);
+    if (!(scale >= 0.0) || isinf(scale))
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "optimizer set_lr_scale: scale %g must be finite and >= 0", scale);
+    VITC_TRY(ensure_scales(o, "optimizer set_lr_scale"));
+    o->lr_scale[i] = scale;
+    return VITC_OK;
+}
+
+double vitc_optimizer_get_lr_scale(const vitc_optimizer *o, int i) {
+    if (!o || i < 0 || i >= o->ps.nseg)
+        return NAN;
+    return o->lr_scale ? o->lr_scale[i] : 1.0;
+}
+
+/* BEiT's layer ids over the table: tensors before the first block row are
+ * the embeddings (id 0), a block row of layer l has id l + 1, what follows
+ * the last block row (final norm, head) id L + 1; scale = F^(L + 1 - id).
+ * State-dict order puts them so for every family vitc loads. */
+vitc_status vitc_optimizer_set_layer_decay(vitc_optimizer *o, double decay) {
+    if (!o)
+        return vitc__err(VITC_ERR_INVALID_ARG, "optimizer set_layer_decay: optimizer is NULL");
+    if (!(decay > 0.0 && decay <= 1.0))
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "optimizer set_layer_decay: decay %g is not in (0, 1] (0.65-0.9 is usual; "
+                         "1 turns it off)", decay);
+    VITC_TRY(ensure_scales(o, "optimizer set_layer_decay"));
+    int L = 0, first = -1;
+    for (int i = 0; i < o->ps.nseg; i++)
+        if (o->ps.seg[i].layer >= 0) {
+            if (o->ps.seg[i].layer + 1 > L)
+                L = o->ps.seg[i].layer + 1;
+            if (first < 0)
+                first = i;
+        }
+    for (int i = 0; i < o->ps.nseg; i++) {
+        const int layer = o->ps.seg[i].layer;
+        int id = layer >= 0 ? layer + 1 : (first >= 0 && i < first ? 0 : L + 1);
+        o->lr_scale[i] = pow(decay, (double)(L + 1 - id));
+    }
+    return VITC_OK;
+}
+
+const vitc__paramset *vitc__optimizer_paramset(const vitc_optimizer *o) { return o ? &o->ps : NULL; }

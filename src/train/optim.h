@@ -11,6 +11,9 @@
  * must be allocated and ps->owner_id alive. */
 vitc_status vitc__optimizer_create(const vitc__paramset *ps, const vitc_optim_config *cfg,
                                    vitc_optimizer **out);
+/* The parameter set o updates (its tensors' offsets into the flat arrays:
+ * the layout of its state arrays). */
+const vitc__paramset *vitc__optimizer_paramset(const vitc_optimizer *o);
 /* clip_grad_norm_ over every gradient of ps (see vitc.h). */
 vitc_status vitc__clip_grad_norm(const vitc__paramset *ps, float max_norm, float *total_norm);
 

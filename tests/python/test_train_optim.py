@@ -1,4 +1,4 @@
-"""Training pieces against PyTorch (torch 1.13, float64 where exact):
+"""Training pieces against PyTorch (torch 2.x from requirements-dev.txt, float64 where exact):
 cross-entropy with label smoothing (loss and dlogits vs autograd), AdamW and
 SGD with every option over 10 steps (vs torch.optim on the same parameters
 and gradients), clip_grad_norm_, and the schedules over a full cycle (vs
