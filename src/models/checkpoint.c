@@ -342,3 +342,117 @@ vitc_status vitc__ckpt_configure(vitc_vit *m, const vitc_safetensors *st, const 
 }
 
 void vitc__ckpt_name_arch(vitc_vit *m, int timm) { vit_name_arch(m, NULL, timm); }
+
+/* ------------------------------------------------------------------ */
+/* A saved model of another family (vitc.family)                      */
+/* ------------------------------------------------------------------ */
+
+/* vitc.family of st as a JSON object, or NULL. */
+static json_t *saved_family(const vitc_safetensors *st) {
+    const char *text = st ? vitc_safetensors_get_metadata(st, "vitc.family") : NULL;
+    json_error_t jerr;
+    json_t *o = text && vitc__json_items(text, strlen(text)) <= 4096 ? json_loads(text, 0, &jerr)
+                                                                      : NULL;
+    if (o && !json_is_object(o)) {
+        json_decref(o);
+        o = NULL;
+    }
+    return o;
+}
+
+int vitc__ckpt_saved(const vitc__src *src, const char *const *families) {
+    json_t *o = saved_family(src->st);
+    const char *f = json_string_value(json_object_get(o, "family"));
+    int hit = 0;
+    for (int i = 0; f && families[i]; i++) hit |= !strcmp(f, families[i]);
+    json_decref(o);
+    return hit;
+}
+
+/* o[key] as an int in [lo, hi] into *v; absent: *v stays. */
+static vitc_status saved_int(json_t *o, const char *key, int lo, int hi, int *v) {
+    json_t *j = json_object_get(o, key);
+    if (!j)
+        return VITC_OK;
+    if (!json_is_integer(j) || json_integer_value(j) < lo || json_integer_value(j) > hi)
+        return vitc__err(VITC_ERR_FORMAT, "vitc.family: \"%s\" must be an integer in [%d, %d]",
+                         key, lo, hi);
+    *v = (int)json_integer_value(j);
+    return VITC_OK;
+}
+
+static vitc_status saved_processor(vitc__hf_proc *p, json_t *pp) {
+    memset(p, 0, sizeof *p);
+    if (!pp)
+        return VITC_OK;
+    struct { const char *key; int hi; int *v; } f[] = {
+        {"convert_rgb", 1, &p->convert_rgb}, {"do_resize", 1, &p->do_resize},
+        {"size_h", 16384, &p->size_h}, {"size_w", 16384, &p->size_w},
+        {"shortest", 16384, &p->shortest}, {"resample", 3, &p->resample},
+        {"do_crop", 1, &p->do_crop}, {"crop_h", 16384, &p->crop_h},
+        {"crop_w", 16384, &p->crop_w}, {"do_rescale", 1, &p->do_rescale},
+        {"do_normalize", 1, &p->do_normalize},
+    };
+    for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+        VITC_TRY(saved_int(pp, f[i].key, 0, f[i].hi, f[i].v));
+    json_t *r = json_object_get(pp, "rescale");
+    p->rescale = json_number_value(r);
+    p->mean[0] = p->std[0] = NAN;
+    vitc__json_floats3(json_object_get(pp, "mean"), p->mean);
+    vitc__json_floats3(json_object_get(pp, "std"), p->std);
+    if (!(p->rescale > 0.0) || !isfinite(p->rescale))
+        return vitc__err(VITC_ERR_FORMAT, "vitc.family: the processor's rescale must be a "
+                         "positive number");
+    for (int i = 0; i < 3; i++)
+        if (!(p->std[i] > 0.0f) || !isfinite(p->mean[i]) || !isfinite(p->std[i]))
+            return vitc__err(VITC_ERR_FORMAT, "vitc.family: the processor's mean/std[%d] is "
+                             "invalid", i);
+    p->present = 1;
+    return VITC_OK;
+}
+
+vitc_status vitc__ckpt_saved_configure(vitc_vit *m, vitc__src *src) {
+    json_t *o = saved_family(src->st);
+    const char *meta = vitc_safetensors_get_metadata(src->st, "vitc.config");
+    if (!o || !meta) {
+        json_decref(o);
+        return vitc__err(VITC_ERR_FORMAT, "vitc.family without vitc.config");
+    }
+    const char *fam = json_string_value(json_object_get(o, "family"));
+    const char *arch = json_string_value(json_object_get(o, "arch"));
+    snprintf(m->family, sizeof m->family, "%s", fam ? fam : "");
+    snprintf(m->arch, sizeof m->arch, "%s", arch ? arch : "custom");
+    int head = m->head, embed_head = 0, pos = 0;
+    struct { const char *key; int hi; int *v; } f[] = {
+        {"n_cls", 1, &m->n_cls}, {"n_dist", 1, &m->n_dist}, {"n_reg", 1024, &m->n_reg},
+        {"layer_scale", 1, &m->layer_scale}, {"swiglu", 1, &m->swiglu},
+        {"pre_norm", 1, &m->pre_norm}, {"final_cls_only", 1, &m->final_cls_only},
+        {"mlp_act", VIT_ACT_QUICK_GELU, &m->mlp_act}, {"head", VIT_HEAD_LINEAR, &head},
+        {"embed_head", VIT_HEAD_LINEAR, &embed_head}, {"embed_dim", VIT_MAX_DIM, &m->embed_dim},
+        {"pos_rule", VIT_POS_ANTIALIAS, &pos}, {"no_qkv_bias", 1, &m->no_qkv_bias},
+    };
+    vitc_status s = VITC_OK;
+    for (size_t i = 0; s == VITC_OK && i < sizeof f / sizeof f[0]; i++)
+        s = saved_int(o, f[i].key, 0, f[i].hi, f[i].v);
+    json_t *as = json_object_get(o, "attn_scale");
+    m->attn_scale = json_is_number(as) ? (float)json_number_value(as) : 0.0f;
+    if (s == VITC_OK)
+        s = saved_processor(&m->proc, json_object_get(o, "processor"));
+    json_decref(o);
+    VITC_TRY(s);
+    if (!(m->attn_scale >= 0.0f) || !isfinite(m->attn_scale) ||
+        (head == VIT_HEAD_LINEAR && (embed_head == VIT_HEAD_LINEAR || m->embed_dim < 1)))
+        return vitc__err(VITC_ERR_FORMAT, "vitc.family: inconsistent head or attention scale");
+    m->head = (vitc__vit_head)head;
+    m->embed_head = (vitc__vit_head)embed_head;
+    m->pos_rule = (vitc__vit_pos_rule)pos;
+    m->n_prefix = m->n_cls + m->n_dist + m->n_reg;
+    m->naming = VIT_NAMES_TORCHVISION;
+    /* the config and labels, every field from vitc.config */
+    vitc_vit_config *c = &m->cfg;
+    memset(c, 0, sizeof *c);
+    VITC_TRY(vitc__ckpt_metadata(m, meta));
+    if (m->proc.present) /* the processor's statistics are the model's */
+        for (int i = 0; i < 3; i++) c->mean[i] = m->proc.mean[i], c->std[i] = m->proc.std[i];
+    return vitc__vit_check_config(c, m->head == VIT_HEAD_NONE || m->head == VIT_HEAD_MAP);
+}

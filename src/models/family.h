@@ -129,6 +129,12 @@ typedef struct vitc__ckpt_names {
  * file's vitc.config; m->arch named after the preset it is. */
 vitc_status vitc__ckpt_configure(vitc_vit *m, const vitc_safetensors *st, const char *arch,
                                  const vitc__ckpt_names *n);
+/* A file vitc_vit_save wrote from a model of one of families (a NULL-
+ * ended list of m->family strings): its vitc.family names it. */
+int vitc__ckpt_saved(const vitc__src *src, const char *const *families);
+/* Such a model's options, processor, config and labels from vitc.family
+ * and vitc.config (its tensors have the table's canonical names). */
+vitc_status vitc__ckpt_saved_configure(vitc_vit *m, vitc__src *src);
 /* vitc.config's text over m->cfg, field by field (labels too). */
 vitc_status vitc__ckpt_metadata(vitc_vit *m, const char *text);
 /* m->arch: the preset of m's config in the spelling (timm: timm's), or

@@ -16,6 +16,7 @@
 
 #include "../train/train.h"
 #include "family.h"
+#include "vit_config.h"
 
 /* ------------------------------------------------------------------ */
 /* Names                                                              */
@@ -690,4 +691,52 @@ vitc_status vitc_vit_reset_head(vitc_vit *m, int num_classes, const char *const 
     free(m->label_text);
     m->labels = lab, m->label_text = text;
     return s;
+}
+
+/* ------------------------------------------------------------------ */
+/* A saved model's family                                             */
+/* ------------------------------------------------------------------ */
+
+vitc_status vitc__vit_family_json(const vitc_vit *m, char **out) {
+    *out = NULL;
+    /* torchvision's and timm's names with vitc.config say everything */
+    if (!m->fam || m->fam == &vitc__family_torchvision || m->fam == &vitc__family_timm)
+        return VITC_OK;
+    json_t *o = json_object();
+    int bad = !o;
+    struct { const char *key; int v; } ints[] = {
+        {"n_cls", m->n_cls}, {"n_dist", m->n_dist}, {"n_reg", m->n_reg},
+        {"layer_scale", m->layer_scale}, {"swiglu", m->swiglu}, {"pre_norm", m->pre_norm},
+        {"final_cls_only", m->final_cls_only}, {"mlp_act", m->mlp_act}, {"head", (int)m->head},
+        {"embed_head", (int)m->embed_head}, {"embed_dim", m->embed_dim},
+        {"pos_rule", (int)m->pos_rule}, {"no_qkv_bias", m->no_qkv_bias},
+    };
+    bad |= json_object_set_new(o, "family", json_string(m->family));
+    bad |= json_object_set_new(o, "arch", json_string(m->arch));
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        bad |= json_object_set_new(o, ints[i].key, json_integer(ints[i].v));
+    bad |= json_object_set_new(o, "attn_scale", json_real(m->attn_scale));
+    if (m->proc.present) {
+        const vitc__hf_proc *p = &m->proc;
+        json_t *pp = json_object(), *mean = json_array(), *std = json_array();
+        struct { const char *key; int v; } pi[] = {
+            {"convert_rgb", p->convert_rgb}, {"do_resize", p->do_resize}, {"size_h", p->size_h},
+            {"size_w", p->size_w}, {"shortest", p->shortest}, {"resample", p->resample},
+            {"do_crop", p->do_crop}, {"crop_h", p->crop_h}, {"crop_w", p->crop_w},
+            {"do_rescale", p->do_rescale}, {"do_normalize", p->do_normalize},
+        };
+        for (size_t i = 0; i < sizeof pi / sizeof pi[0]; i++)
+            bad |= json_object_set_new(pp, pi[i].key, json_integer(pi[i].v));
+        bad |= json_object_set_new(pp, "rescale", json_real(p->rescale));
+        for (int i = 0; i < 3; i++) {
+            bad |= json_array_append_new(mean, json_real(p->mean[i]));
+            bad |= json_array_append_new(std, json_real(p->std[i]));
+        }
+        bad |= json_object_set_new(pp, "mean", mean);
+        bad |= json_object_set_new(pp, "std", std);
+        bad |= json_object_set_new(o, "processor", pp);
+    }
+    *out = bad ? NULL : json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(17));
+    json_decref(o);
+    return *out ? VITC_OK : vitc__err(VITC_ERR_NOMEM, "vitc_vit_save: out of memory");
 }

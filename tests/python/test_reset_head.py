@@ -149,6 +149,43 @@ class TestResetHead(TmpDirCase):
         self.assertLess(abs(float(w.std()) - 0.02), 0.006)
         close(self, m(self.x), f64(cls) @ f64(w).T + b, "ViTForImageClassification logits")
 
+    def test_hub_families_save_and_load(self):
+        """A Hub model saved (vitc.family beside vitc.config) loads back as the
+        same model: family, processor, logits or embeddings."""
+        x = self.x
+        m = self.hub("vit_rt", hf_ref.vit_config("vit", "ViTModel"))
+        m.reset_head(6, labels=list("abcdef"), seed=2)
+        m2 = self.round_trip(m, x, "hf_vit")
+        self.assertEqual(m2.config["family"], "hf-vit")
+        from vitc.image import load_image
+        img = load_image(PHOTO)  # the Hub processor is saved too
+        np.testing.assert_array_equal(m2.preprocess(img), m.preprocess(img))
+        np.testing.assert_array_equal(m2.forward_features(x), m.forward_features(x))
+        m = self.hub("deit_rt", hf_ref.vit_config("deit", "DeiTForImageClassificationWithTeacher"))
+        m.reset_head(3, seed=1)
+        self.assertEqual(self.round_trip(m, x, "hf_deit").config["num_prefix_tokens"], 2)
+        m = self.hub("dino_rt", hf_ref.dinov2_config(registers=2))
+        path = os.path.join(self.tmp, "dino.safetensors")
+        m.save(path)
+        m2 = vitc.load_model(path)
+        self.assertEqual(m2.config["family"], "hf-dinov2")
+        np.testing.assert_array_equal(m2.embed(self.xd), m.embed(self.xd))
+        m.reset_head(4, seed=1)
+        self.round_trip(m, self.xd, "hf_dino")
+        for name, cfg, make in (("clip", hf_ref.clip_config("clip"), hf_ref.clip_random_state),
+                                ("siglip", hf_ref.siglip_config("siglip"),
+                                 hf_ref.siglip_random_state)):
+            sd, ints = make(cfg, 0)
+            d = os.path.join(self.tmp, name + "_rt")
+            hf_ref.save_clip(d, sd, ints, cfg)
+            m = vitc.load_model(d)
+            path = os.path.join(self.tmp, name + ".safetensors")
+            m.save(path)
+            m2 = vitc.load_model(path)
+            self.assertEqual(m2.config["family"], m.config["family"])
+            np.testing.assert_array_equal(m2.embed(x), m.embed(x))
+            np.testing.assert_array_equal(m2.forward_features(x), m.forward_features(x))
+
     def test_hf_deit_with_teacher_both_heads(self):
         m = self.hub("deit", hf_ref.vit_config("deit", "DeiTForImageClassificationWithTeacher"))
         old = m.state_dict()

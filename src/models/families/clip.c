@@ -125,8 +125,12 @@ static int clip_names(const vitc_safetensors *st) {
     return 0;
 }
 
+/* the m->family strings of a saved model (vitc.family) */
+static const char *const saved_names[] = {"hf-clip", "open-clip", "timm-clip", NULL};
+
 static int clip_detect(const vitc__src *src) {
-    return vitc__hub_match(src, clip_types, N_TYPES) != NULL || src->open_clip_dir ||
+    return vitc__ckpt_saved(src, saved_names) || vitc__hub_match(src, clip_types, N_TYPES) ||
+           src->open_clip_dir ||
            (src->path && clip_names(src->st));
 }
 
@@ -240,6 +244,8 @@ static vitc_status clip_names_build(vitc_vit *m, vitc__src *src, int timm) {
 
 
 static vitc_status clip_configure(vitc_vit *m, vitc__src *src) {
+    if (vitc__ckpt_saved(src, saved_names))
+        return vitc__ckpt_saved_configure(m, src);
     const vitc__hub_names *hf = vitc__hub_match(src, clip_types, N_TYPES);
     if (hf)
         return vitc__hub_configure(m, src, hf);

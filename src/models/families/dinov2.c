@@ -47,11 +47,16 @@ static const vitc__hub_names dinov2_types[] = {
 };
 #define N_TYPES ((int)(sizeof dinov2_types / sizeof dinov2_types[0]))
 
+/* the m->family strings of a saved model (vitc.family) */
+static const char *const saved_names[] = {"hf-dinov2", NULL};
+
 static int dinov2_detect(const vitc__src *src) {
-    return vitc__hub_match(src, dinov2_types, N_TYPES) != NULL;
+    return vitc__ckpt_saved(src, saved_names) || vitc__hub_match(src, dinov2_types, N_TYPES) != NULL;
 }
 
 static vitc_status dinov2_configure(vitc_vit *m, vitc__src *src) {
+    if (vitc__ckpt_saved(src, saved_names))
+        return vitc__ckpt_saved_configure(m, src);
     return vitc__hub_configure(m, src, vitc__hub_match(src, dinov2_types, N_TYPES));
 }
 

@@ -48,11 +48,17 @@ static const vitc__hub_names hf_vit_types[] = {
 };
 #define N_TYPES ((int)(sizeof hf_vit_types / sizeof hf_vit_types[0]))
 
+/* the m->family strings of a saved model (vitc.family) */
+static const char *const saved_names[] = {"hf-vit", "hf-deit", NULL};
+
 static int hf_vit_detect(const vitc__src *src) {
-    return vitc__hub_match(src, hf_vit_types, N_TYPES) != NULL;
+    return vitc__ckpt_saved(src, saved_names) ||
+           vitc__hub_match(src, hf_vit_types, N_TYPES) != NULL;
 }
 
 static vitc_status hf_vit_configure(vitc_vit *m, vitc__src *src) {
+    if (vitc__ckpt_saved(src, saved_names))
+        return vitc__ckpt_saved_configure(m, src);
     return vitc__hub_configure(m, src, vitc__hub_match(src, hf_vit_types, N_TYPES));
 }
 

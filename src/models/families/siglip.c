@@ -52,11 +52,16 @@ static const vitc__hub_names siglip_types[] = {
 };
 #define N_TYPES ((int)(sizeof siglip_types / sizeof siglip_types[0]))
 
+/* the m->family strings of a saved model (vitc.family) */
+static const char *const saved_names[] = {"hf-siglip", NULL};
+
 static int siglip_detect(const vitc__src *src) {
-    return vitc__hub_match(src, siglip_types, N_TYPES) != NULL;
+    return vitc__ckpt_saved(src, saved_names) || vitc__hub_match(src, siglip_types, N_TYPES) != NULL;
 }
 
 static vitc_status siglip_configure(vitc_vit *m, vitc__src *src) {
+    if (vitc__ckpt_saved(src, saved_names))
+        return vitc__ckpt_saved_configure(m, src);
     return vitc__hub_configure(m, src, vitc__hub_match(src, siglip_types, N_TYPES));
 }
 
