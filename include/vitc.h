@@ -826,7 +826,9 @@ VITC_API vitc_status vitc_vit_param(vitc_vit *m, int i, const char **name, int *
                                     const int64_t **shape, float **data, float **grad);
 /* Index of the parameter called name, or -1. */
 VITC_API int vitc_vit_find_param(const vitc_vit *m, const char *name);
-/* Save as safetensors under the model's names with vitc.config metadata. */
+/* Save as safetensors under the model's names with vitc.config metadata
+ * (and, for a Hub family's model, vitc.family: its options and image
+ * processor), which vitc_vit_load reads back as the same model. */
 VITC_API vitc_status vitc_vit_save(const vitc_vit *m, const char *path);
 /* ---- end ViT training ---------------------------------------------- */
 
