@@ -9,7 +9,7 @@
  *               x = x + mlp(ln_2(x))             Linear, GELU(erf), Linear
  *   logits = heads(ln(x)[:, 0])                  [B, classes]
  *
- * Loading (names, configs, the parameter table) is in vit_load.c.
+ * Loading: load.c (the router), families/ and model.c (the parameter table).
  */
 #include <math.h>
 #include <stdlib.h>
