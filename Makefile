@@ -127,9 +127,10 @@ $(BUILD)/obj/src/kernels/x86/gemm_lp_avx2.o: AVX2_FLAGS += -mavxvnni
 $(BUILD)/obj/src/kernels/x86/gemm_lp_amx.o: BASE += -mamx-tile -mamx-bf16 -mamx-int8
 endif
 
-# src/*/*.c stops above the arch folders; an *_avx2.c / *_avx512.c outside
-# them (src/train/optim_avx512.c) is x86 code too.
-LIB_SRC  := $(wildcard src/*.c src/*/*.c $(if $(KERNEL_DIR),$(KERNEL_DIR)/*.c))
+# src/*/*.c stops above the arch folders (and the model families' folder,
+# named); an *_avx2.c / *_avx512.c outside them (src/train/optim_avx512.c) is
+# x86 code too.
+LIB_SRC  := $(wildcard src/*.c src/*/*.c src/models/families/*.c $(if $(KERNEL_DIR),$(KERNEL_DIR)/*.c))
 ifneq ($(KERNEL_ARCH),x86)
 LIB_SRC  := $(filter-out %_avx2.c %_avx512.c,$(LIB_SRC))
 endif

@@ -712,6 +712,21 @@ typedef enum vitc_pool {
 VITC_API const char *vitc_vit_family(const vitc_vit *m);
 /* 0 for a backbone (vitc_vit_forward then fails; use vitc_vit_embed). */
 VITC_API int vitc_vit_has_head(const vitc_vit *m);
+/* A fresh classification head of num_classes outputs for fine-tuning, in
+ * the family's own classifier layout: torchvision heads.head (zeros, as
+ * VisionTransformer's init), timm head (nn.Linear's default init, as
+ * reset_classifier), HF ViT classifier on the final-normed class token
+ * (ViTModel -> ViTForImageClassification), HF DeiT's class head (both
+ * heads for the with-teacher model), DINOv2's classifier over [CLS, mean
+ * of the patch tokens] (Dinov2ForImageClassification), T2T-ViT head
+ * (trunc_normal_ 0.02); HF weights normal_(0, 0.02), biases zero. CLIP and
+ * SigLIP towers keep their embedding head (projection, MAP) and get a
+ * linear classifier over the embedding (classifier.weight [K, E]). labels:
+ * num_classes names or NULL; seed draws the init. Every other weight is
+ * kept; the model's gradients and packed weights are dropped, and the
+ * parameters move: reset before making an optimizer or a paramset. */
+VITC_API vitc_status vitc_vit_reset_head(vitc_vit *m, int num_classes, const char *const *labels,
+                                         uint64_t seed);
 /* Tokens before the patches: 1 (class) or 2 (DeiT's class + distillation). */
 VITC_API int vitc_vit_num_prefix_tokens(const vitc_vit *m);
 /* Checkpoint tensors skipped as unused by the forward. */
@@ -826,13 +841,11 @@ VITC_API vitc_status vitc_vit_param(vitc_vit *m, int i, const char **name, int *
                                     const int64_t **shape, float **data, float **grad);
 /* Index of the parameter called name, or -1. */
 VITC_API int vitc_vit_find_param(const vitc_vit *m, const char *name);
-/* Save as safetensors under the model's names with vitc.config metadata. */
+/* Save as safetensors under the model's names with vitc.config metadata
+ * (and, for a Hub family's model, vitc.family: its options and image
+ * processor), which vitc_vit_load reads back as the same model. */
 VITC_API vitc_status vitc_vit_save(const vitc_vit *m, const char *path);
 /* ---- end ViT training ---------------------------------------------- */
-/* A fresh classification head of num_classes for any loaded family (the
- * backbone kept); labels (may be NULL) num_classes names; seed draws the
- * head's initialisation. */
-VITC_API vitc_status vitc_vit_reset_head(vitc_vit *m, int num_classes, const char *const *labels, uint64_t seed);
 
 /* ---- training checkpoints (src/train/checkpoint.c) ------------------ */
 /* A checkpoint is a model file every vitc command loads (the model's

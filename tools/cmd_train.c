@@ -653,12 +653,6 @@ static int same_classes(vitc_vit *m, vitc_dataset *ds) {
     return 1;
 }
 
-/* vitc_vit_reset_head comes with the model families' code; a library built
- * without it still links (weak reference) and says so when asked. */
-#if defined(__GNUC__)
-#pragma weak vitc_vit_reset_head
-#endif
-
 static int new_head(vitc_vit *m, vitc_dataset *ds, uint64_t seed, const char *path) {
     int nc = vitc_dataset_num_classes(ds);
     const char **names = calloc((size_t)nc, sizeof *names);
@@ -666,12 +660,6 @@ static int new_head(vitc_vit *m, vitc_dataset *ds, uint64_t seed, const char *pa
         return cli_error("out of memory");
     for (int i = 0; i < nc; i++) names[i] = vitc_dataset_class_name(ds, i);
     int rc = CLI_OK;
-#if defined(__GNUC__)
-    if (!vitc_vit_reset_head)
-        rc = cli_error("--init %s: its classes are not the folder's and this libvitc cannot "
-                       "replace a model's head (no vitc_vit_reset_head)", path);
-    else
-#endif
     if (vitc_vit_reset_head(m, nc, names, seed) != VITC_OK)
         rc = cli_error("--init %s: a new head of %d classes: %s", path, nc, vitc_last_error());
     free(names);

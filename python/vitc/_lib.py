@@ -222,6 +222,7 @@ _SIGNATURES = {
     "vitc_vit_param": (_st, [_vp, _int, _cspp, _P(_int), _P(c_int64_p), _P(c_float_p),
                              _P(c_float_p)]),
     "vitc_vit_save": (_st, [_vp, _cs]),
+    "vitc_vit_reset_head": (_st, [_vp, _int, _cspp, ctypes.c_uint64]),
     # Hub models and embeddings
     "vitc_vit_family": (_cs, [_vp]),
     "vitc_vit_has_head": (_int, [_vp]),

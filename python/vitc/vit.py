@@ -326,6 +326,26 @@ class VisionTransformer:
             meta["vitc.config"] = json.dumps(cfg)
             save_safetensors(path, tensors, meta)
 
+    def reset_head(self, num_classes, labels=None, seed=0):
+        """A fresh classification head of num_classes outputs for fine-tuning
+        (vitc_vit_reset_head: the family's classifier layout and init; CLIP
+        and SigLIP get a linear classifier over their embedding). Every other
+        weight is kept; labels: num_classes names or None."""
+        num_classes = int_arg(num_classes, "num_classes", 1, 2**20)
+        if labels is not None:
+            labels = [str(x) for x in labels]
+            if len(labels) != num_classes:
+                raise ValueError("labels has %d names for %d classes" % (len(labels), num_classes))
+            arr = (ctypes.c_char_p * num_classes)(*[x.encode() for x in labels])
+        else:
+            arr = None
+        with self._lock:
+            check(lib.vitc_vit_reset_head(self._h, num_classes, arr,
+                                          int_arg(seed, "seed", 0, 2**64 - 1)))
+        self.config["num_classes"] = num_classes
+        self.config["has_head"] = bool(lib.vitc_vit_has_head(self._h))
+        self._labels = self._c_labels()
+
     def backward(self, dlogits):
         """Gradients of the last training forward for dlogits, the gradient of
         what it returned ([B, num_classes] logits, or a backbone's [B, dim]

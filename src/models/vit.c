@@ -11,9 +11,9 @@
  *
  * The blocks themselves (patch embedding and position resampling, the
  * encoder block, attention, MLP), each beside its backward, are src/nn/'s;
- * this file runs them per family (tokens, heads, embeddings). Loading
- * (names, configs, the parameter table) is in vit_load.c, the backward in
- * vit_backward.c.
+ * this file runs them per family (tokens, heads, embeddings). Loading:
+ * load.c (the router), families/ and model.c (the parameter table); the
+ * backward: vit_backward.c.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -281,7 +281,7 @@ static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, con
 /* A classifier: CLIP's projection and SigLIP's head give embeddings. */
 int vitc_vit_has_head(const vitc_vit *m) {
     return m && (m->head == VIT_HEAD_CLS || m->head == VIT_HEAD_MEAN2 ||
-                 m->head == VIT_HEAD_CLS_MEAN);
+                 m->head == VIT_HEAD_CLS_MEAN || m->head == VIT_HEAD_LINEAR);
 }
 
 /* Dinov2ForImageClassification: logits = head([h[:, 0], mean(h[:, np:])]),
@@ -338,6 +338,10 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
     if (logits && !vitc_vit_has_head(m))
         return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: this %s model is a backbone with no "
                          "classification head; ask for embeddings (vitc_vit_embed)", m->family);
+    /* vitc_vit_reset_head's classifier over an embedding: no forward yet */
+    if (m->head == VIT_HEAD_LINEAR)
+        return vitc__err(VITC_ERR_UNSUPPORTED, "ViT forward: the classifier over this %s "
+                         "model's embedding (vitc_vit_reset_head) has no forward yet", m->family);
     const vitc_vit_config *c = &m->cfg;
     if (B_ < 1 || H_ < 1 || W_ < 1)
         return vitc__err(VITC_ERR_SHAPE, "ViT forward: images [%d, %d, %d, %d] must be non-empty",

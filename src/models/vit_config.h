@@ -16,4 +16,11 @@ int vitc__vit_preset_config(const char *name, vitc_vit_config *c);
 /* Preset i's name in table order (0, 1, ...), NULL past the last: for listings. */
 const char *vitc__vit_preset_name(int i);
 
+/* vitc.family, the metadata key beside vitc.config of a saved model whose
+ * family options vitc.config cannot say (Hub families, CLIP, SigLIP): its
+ * family, tokens, norms, activation, heads, position rule and image
+ * processor as malloc'ed JSON in *out; NULL for torchvision's and timm's
+ * (model.c; read back by checkpoint.c). */
+vitc_status vitc__vit_family_json(const vitc_vit *m, char **out);
+
 #endif

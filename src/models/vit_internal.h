@@ -1,7 +1,8 @@
 /*
- * vit_internal.h — what vit.c (the forward) and vit_load.c (checkpoints)
- * share: the model struct and its parameter table (params.h rows: role is a
- * VIT_P_* when layer < 0, else a VIT_L_*).
+ * vit_internal.h — what vit.c (the forward), the model core (model.c) and
+ * the loaders (load.c, families/, family.h) share: the model struct and its
+ * parameter table (params.h rows: role is a VIT_P_* when layer < 0, else a
+ * VIT_L_*).
  */
 #ifndef VITC_VIT_INTERNAL_H
 #define VITC_VIT_INTERNAL_H
@@ -32,6 +33,9 @@ enum {
     VIT_P_MAP_PROBE, VIT_P_MAP_QKV_W, VIT_P_MAP_QKV_B, VIT_P_MAP_PROJ_W, VIT_P_MAP_PROJ_B,
     VIT_P_MAP_LN_W, VIT_P_MAP_LN_B, VIT_P_MAP_FC1_W, VIT_P_MAP_FC1_B, VIT_P_MAP_FC2_W,
     VIT_P_MAP_FC2_B,
+    /* vitc_vit_reset_head's linear classifier over an embedding head's
+     * output (VIT_HEAD_LINEAR): [K, E], [K] */
+    VIT_P_CLF_W, VIT_P_CLF_B,
     /* T2T-ViT (t2t_vit.c): attention1's VIT_T2T_* rows, attention2's, then
      * tokens_to_token.project; first in its table, as in its state_dict. */
     VIT_P_T2T0,
@@ -99,6 +103,8 @@ typedef struct vitc__vit_w {
     vitc__t2t_stage t2t[2];   /* T2T-ViT's tokens_to_token.attention1 / 2 */
     float *t2t_proj_w;        /* [C, 9T] tokens_to_token.project */
     float *t2t_proj_b;        /* [C] */
+    float *clf_w;             /* [K, E] VIT_HEAD_LINEAR's classifier over the embedding */
+    float *clf_b;             /* [K] */
 } vitc__vit_w;
 
 /* Per-family options of the one forward (vit.c); vitc_vit_create and the
@@ -109,7 +115,10 @@ typedef enum vitc__vit_head {
     VIT_HEAD_MEAN2 = 2, /* DeiT with teacher: (head(ln(x)[:,0]) + head2(ln(x)[:,1])) / 2 */
     VIT_HEAD_PROJ = 3,  /* CLIP: image_embeds = head(ln(x[:, 0])) (bias zero), an embedding */
     VIT_HEAD_MAP = 4,   /* SigLIP: pooler_output = the MAP head over ln(x), an embedding */
-    VIT_HEAD_CLS_MEAN = 5 /* DINOv2 classifier: head([ln(x)[:, 0], mean(ln(x) patches)]) */
+    VIT_HEAD_CLS_MEAN = 5, /* DINOv2 classifier: head([ln(x)[:, 0], mean(ln(x) patches)]) */
+    /* A classifier over an embedding (vitc_vit_reset_head on CLIP / SigLIP):
+     * logits = clf(embedding), the embedding from embed_head (PROJ or MAP) */
+    VIT_HEAD_LINEAR = 6
 } vitc__vit_head;
 enum { VIT_ACT_GELU = VITC__NN_GELU, VIT_ACT_GELU_TANH = VITC__NN_GELU_TANH,
        VIT_ACT_QUICK_GELU = VITC__NN_QUICK_GELU };
@@ -155,9 +164,13 @@ static inline float *vitc__va(const vitc__vit_acts *a, int l, int k) {
     return a->layers + (size_t)l * a->stride + a->off[k];
 }
 
+struct vitc__family;
+
 struct vitc_vit {
     vitc_vit_config cfg;
     char arch[32];
+    /* The family that loaded it (family.h): its rows' names, its hooks. */
+    const struct vitc__family *fam;
     vitc__vit_naming naming;
     /* Family options (vitc__vit_table_build reads n_prefix and head). */
     int n_prefix;          /* tokens before the patches: class, distillation, registers */
@@ -171,6 +184,10 @@ struct vitc_vit {
                             * post_layernorm): features are the un-normed tokens */
     int mlp_act;           /* MLP activation: VIT_ACT_* */
     vitc__vit_head head;
+    /* VIT_HEAD_LINEAR: the embedding head under the classifier (PROJ or
+     * MAP) and its output size E; cfg.num_classes is the classifier's K. */
+    vitc__vit_head embed_head;
+    int embed_dim;
     vitc__vit_pos_rule pos_rule;
     float attn_scale;      /* the blocks' attention scale; 0: head_dim^-0.5 (T2T's qk_scale) */
     /* T2T-ViT (t2t_vit.c): its tokens_to_token module replaces the patch
@@ -178,8 +195,6 @@ struct vitc_vit {
     int t2t;               /* VIT_NAMES_T2T_TRANSFORMER or _PERFORMER */
     int t2t_dim;           /* token_dim T */
     int no_qkv_bias;       /* qkv_bias false: the blocks' qkv.bias rows are zeros, not read */
-    vitc_layer *t2t_attn[2]; /* unused: the stages run on src/nn (t2t_vit.c); NULL */
-    uint64_t t2t_synced;   /* unused */
     vitc__buf t2t_buf;     /* the token module's activations */
     char family[32];       /* "torchvision", "timm", "hf-vit", "hf-deit" */
     char *ignored;         /* Hub tensors the forward does not use, NUL-separated */
@@ -276,34 +291,28 @@ void vitc__vit_release(const float *W, size_t n);
 vitc_status vitc__vit_load_pack_begin(vitc_vit *m, vitc_precision p);
 vitc_status vitc__vit_load_pack_row(vitc_vit *m, int entry);
 vitc_status vitc__vit_load_pack_end(vitc_vit *m, vitc_status s);
+/* ---- The model core (model.c): what every family shares -------------- */
+
+/* A model with torchvision's family options (a loader changes them). */
 vitc_vit *vitc__vit_alloc(void);
-/* A Hugging Face Hub model: dir holds config.json; weights is the
- * .safetensors or .index.json to read, or NULL for dir's own (vit_hub.c). */
-vitc_status vitc__vit_load_hub(const char *dir, const char *weights, int prec, vitc_vit **out);
-/* vitc_vit_load (prec -1) and vitc_vit_load_precision (a vitc_precision:
- * the weights packed for it while they are read). */
-vitc_status vitc__vit_load_prec(const char *path, const char *arch, int prec, vitc_vit **out);
-/* CLIP's vision tower in open_clip's / OpenAI's names (visual.*): 1; in
- * timm's (norm_pre, blocks.N): 2; else 0. */
-int vitc__vit_clip_names(const vitc_safetensors *st);
-/* vit_load.c: m->labels [n] and m->label_text from arr, a jansson array of
- * n strings (the caller checked them); what names the file in errors. */
+/* m->labels [n] and m->label_text from arr, a jansson array of n strings
+ * (the caller checked them); what names the file in errors. */
 struct json_t;
 vitc_status vitc__vit_keep_labels(vitc_vit *m, struct json_t *arr, const char *what);
-/* vit_load.c: the shape of tensor `name` when it has ndim dims, each in
- * [1, 2^20]; NULL when absent or otherwise. */
+/* The shape of tensor `name` when it has ndim dims, each in [1, 2^20];
+ * NULL when absent or otherwise. */
 const int64_t *vitc__vit_file_shape(const vitc_safetensors *st, const char *name, int ndim);
-/* Such a tower from weights (a .safetensors), the config beside it in dir
- * (open_clip_config.json, timm's config.json) read when there (vit_hub.c). */
-vitc_status vitc__vit_load_clip_names(const char *dir, const char *weights, int timm, int prec,
-                                      vitc_vit **out);
-
-/* Build m->table for m->cfg in m->naming's spelling (sizes overflow-checked),
- * with 64-byte aligned offsets and n_params, and allocate blocks. */
+/* Build m->table for m->cfg with m->fam's rows and names (sizes
+ * overflow-checked), with 64-byte aligned offsets and n_params, and
+ * allocate blocks. */
 vitc_status vitc__vit_table_build(vitc_vit *m);
-/* Name of a table row in a spelling ("conv_proj.weight", ...). */
-const char *vitc__vit_entry_name(const vitc__param *e, vitc__vit_naming naming, char *buf,
-                                 size_t cap);
+/* Name of a table row in m's spelling ("conv_proj.weight", ...). */
+const char *vitc__vit_entry_name(const vitc_vit *m, const vitc__param *e, char *buf, size_t cap);
+
+/* Input width of T2T stage s: in*7*7 for attention1, T*3*3 for attention2. */
+static inline int64_t vitc__t2t_stage_dim(const vitc_vit *m, int s) {
+    return s ? 9 * (int64_t)m->t2t_dim : 49 * (int64_t)m->cfg.in_channels;
+}
 
 /* Keep masks of block l (training with dropout or drop path; NULL
  * otherwise): [B*N*C] after out_proj, [B*N*mlp] after GELU, [B*N*C] after
@@ -358,16 +367,7 @@ vitc_status vitc__vit_pos_backward(vitc_vit *m, float *dsrc, const float *ddst, 
 /* Gradient array and structs on first use (vit_train.c). */
 vitc_status vitc__vit_grad_alloc(vitc_vit *m);
 
-/* T2T-ViT (t2t_vit.c). configure: when st (with arch) is a T2T-ViT
- * checkpoint, *is_t2t = 1 and m's config, options and arch name are set
- * from its vitc.config, the preset, then its tensors. */
-vitc_status vitc__t2t_configure(vitc_vit *m, const vitc_safetensors *st, const char *arch,
-                                int *is_t2t);
-int vitc__t2t_has_row(const vitc_vit *m, int role);
-/* A T2T row's shape, slot and name (the stage names of naming). */
-void vitc__t2t_row(vitc__param *e, const vitc_vit *m);
-size_t vitc__t2t_slot(int role);
-const char *vitc__t2t_name(int role, vitc__vit_naming naming, char *buf, size_t cap);
+/* T2T-ViT's forward (t2t_vit.c; its names and configuration: families/t2t.c). */
 /* After the weights are bound: the engine layers of transformer mode. */
 vitc_status vitc__t2t_ready(vitc_vit *m);
 void vitc__t2t_free(vitc_vit *m);

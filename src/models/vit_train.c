@@ -111,7 +111,7 @@ int vitc_vit_find_param(const vitc_vit *m, const char *name) {
     return -1;
 }
 
-/* vitc.config as vit_load.c reads it back; also the metadata of `vitc
+/* vitc.config as checkpoint.c reads it back; also the metadata of `vitc
  * train`'s checkpoints, so that both spell it one way. */
 char *vitc__vit_config_json(const vitc_vit_config *c, const char *const *labels) {
     json_t *o = json_object();
@@ -150,11 +150,13 @@ vitc_status vitc_vit_save(const vitc_vit *m, const char *path) {
     if (!m || !path)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_save: NULL argument");
     /* vitc.config describes torchvision's architecture; a Hub family's
-     * options (tokens, norms, activation, position rule) have no field there. */
-    if (m->proc.present || m->t2t)
+     * options (tokens, norms, activation, position rule, processor) go into
+     * vitc.family beside it. */
+    if (m->t2t)
         return vitc__err(VITC_ERR_UNSUPPORTED, "vitc_vit_save: a %s model cannot be saved as a "
-                         "torchvision-named checkpoint; keep its %s", m->family,
-                         m->t2t ? ".safetensors" : "Hub directory");
+                         "torchvision-named checkpoint; keep its .safetensors", m->family);
+    char *fam;
+    VITC_TRY(vitc__vit_family_json(m, &fam));
     /* Saving reads the row-major parameters: unpacked from the packed
      * weights when these were released (the model is not otherwise changed). */
     vitc__vit_rowmajor((vitc_vit *)m);
@@ -174,9 +176,10 @@ vitc_status vitc_vit_save(const vitc_vit *m, const char *path) {
             shapes[i] = m->table[i].shape;
             data[i] = m->params + m->table[i].offset;
         }
-        const char *key = "vitc.config", *val = meta;
-        s = vitc_safetensors_save(path, n, names, ndims, shapes, data, 1, &key, &val);
+        const char *keys[2] = {"vitc.config", "vitc.family"}, *vals[2] = {meta, fam};
+        s = vitc_safetensors_save(path, n, names, ndims, shapes, data, fam ? 2 : 1, keys, vals);
     }
+    free(fam);
     free(names);
     free(ndims);
     free(shapes);

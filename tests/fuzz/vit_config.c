@@ -1,7 +1,7 @@
 /*
  * vit_config.c — libFuzzer target for the vitc.config metadata the ViT
- * loader reads (vit_apply_metadata and the checks after it in
- * src/models/vit_load.c).
+ * loader reads (vitc__ckpt_metadata and the checks after it in
+ * src/models/checkpoint.c).
  *
  * The input is the config's JSON text. The harness wraps it as the
  * "vitc.config" metadata of a safetensors blob whose tensors are those of a
@@ -47,7 +47,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
         json_t *shape = json_array();
         for (int k = 0; k < e->ndim; k++)
             json_array_append_new(shape, json_integer(e->shape[k]));
-        json_object_set_new(tensors, vitc__vit_entry_name(e, m->naming, name, sizeof name),
+        json_object_set_new(tensors, vitc__vit_entry_name(m, e, name, sizeof name),
                             json_pack("{s:s, s:o, s:[I,I]}", "dtype", "F32", "shape", shape,
                                       "data_offsets", (json_int_t)off,
                                       (json_int_t)(off + e->numel * 4)));

@@ -1,22 +1,12 @@
 /*
- * vit_hub.c — a Vision Transformer from a Hugging Face Hub model directory:
- * config.json + model.safetensors (or model.safetensors.index.json and its
- * shards). The Hub's names map onto the one parameter table (vit_load.c)
- * and the one forward (vit.c) with per-family options:
- *
- *   vit   ViTModel / ViTForImageClassification: separate query/key/value
- *         fused here into the [3C, C] in_proj rows, eps from the config
- *         (1e-12 by default), position grid resampled as transformers does
- *   deit  DeiT*: class + distillation tokens; ...WithTeacher averages the
- *         class and distillation heads
- *   dinov2, dinov2_with_registers  Dinov2Model: layer scale, register
- *         tokens (no position embedding), eps 1e-6, the position grid
- *         resampled on every call (antialiased for the registers model)
- *
- * The backbone prefix ("vit.", "deit.", "dinov2.") of a head model may be present or
- * absent, as from_pretrained accepts both. Tensors the forward never reads
- * (pooler, position_ids, mask_token) are skipped by name and listed; any
- * other extra tensor, a missing or mis-shaped one, is an error naming it.
+ * hub.c — what every Hugging Face Hub family shares: config.json and the
+ * shard index, the image processor, and reading the table's rows from
+ * the Hub's names (a family's vitc__hub_names): q/k/v fused into the
+ * [3C, C] in_proj rows, the backbone prefix ("vit.", "deit.", "dinov2.")
+ * of a head model present or absent as from_pretrained accepts both.
+ * Tensors the forward never reads (pooler, position_ids, mask_token) are
+ * skipped by name and listed; any other extra tensor, a missing or
+ * mis-shaped one, is an error naming it.
  */
 #include <math.h>
 #include <stdio.h>
@@ -27,23 +17,15 @@
 #include <jansson.h>
 
 #include "../train/train.h"
-#include "vit_internal.h"
+#include "family.h"
 
 /* config.json and the shard index are small; a larger one is not a Hub file. */
 #define HUB_MAX_JSON (64u << 20)
 #define HUB_MAX_SHARDS 4096
-#define HUB_MAX_DIM (1 << 20)
-#define HUB_MAX_DEPTH 4096
+#define HUB_MAX_DIM VIT_MAX_DIM
+#define HUB_MAX_DEPTH VIT_MAX_DEPTH
 
-typedef struct hub_src {
-    int n;
-    vitc_safetensors **st; /* [n] shards */
-    char **names;          /* [n] shard file names */
-    unsigned char **used;  /* [n][count] tensor consumed or listed */
-    int prec;              /* vitc_precision to pack for while filling, or -1 */
-} hub_src;
-
-static void hub_src_free(hub_src *h) {
+void vitc__shards_free(vitc__shards *h) {
     for (int i = 0; i < h->n; i++) {
         vitc_safetensors_free(h->st[i]);
         free(h->names[i]);
@@ -56,7 +38,7 @@ static void hub_src_free(hub_src *h) {
 }
 
 /* path's JSON, opened through the non-blocking regular-file helper. */
-static vitc_status hub_read_json(const char *path, json_t **out) {
+vitc_status vitc__hub_read_json(const char *path, json_t **out) {
     FILE *f;
     uint64_t size;
     *out = NULL;
@@ -89,7 +71,7 @@ static vitc_status hub_read_json(const char *path, json_t **out) {
     return VITC_OK;
 }
 
-static char *hub_join(const char *dir, const char *name) {
+char *vitc__hub_join(const char *dir, const char *name) {
     size_t a = strlen(dir), b = strlen(name);
     char *p = malloc(a + b + 2);
     if (p)
@@ -97,12 +79,12 @@ static char *hub_join(const char *dir, const char *name) {
     return p;
 }
 
-static int hub_exists(const char *path) {
+int vitc__hub_exists(const char *path) {
     struct stat sb;
     return stat(path, &sb) == 0;
 }
 
-static vitc_status hub_add_shard(hub_src *h, const char *dir, const char *name) {
+static vitc_status hub_add_shard(vitc__shards *h, const char *dir, const char *name) {
     if (h->n >= HUB_MAX_SHARDS)
         return vitc__err(VITC_ERR_FORMAT, "more than %d shards", HUB_MAX_SHARDS);
     /* A shard is a file beside the index: no directories, no way out. */
@@ -111,7 +93,7 @@ static vitc_status hub_add_shard(hub_src *h, const char *dir, const char *name) 
     for (int i = 0; i < h->n; i++)
         if (!strcmp(h->names[i], name))
             return VITC_OK;
-    char *path = hub_join(dir, name);
+    char *path = vitc__hub_join(dir, name);
     void *a = realloc(h->st, (size_t)(h->n + 1) * sizeof *h->st);
     if (a)
         h->st = a;
@@ -125,7 +107,7 @@ static vitc_status hub_add_shard(hub_src *h, const char *dir, const char *name) 
         free(path);
         return vitc__err(VITC_ERR_NOMEM, "out of memory for shard %s", name);
     }
-    if (!hub_exists(path)) {
+    if (!vitc__hub_exists(path)) {
         vitc_status s = vitc__err(VITC_ERR_IO, "shard %s named by the index is missing", path);
         free(path);
         return s;
@@ -155,11 +137,11 @@ static vitc_status hub_add_shard(hub_src *h, const char *dir, const char *name) 
 }
 
 /* weights: a .safetensors file, or an index naming shards beside it. */
-static vitc_status hub_open_weights(hub_src *h, const char *dir, const char *weights) {
+vitc_status vitc__shards_open(vitc__shards *h, const char *dir, const char *weights) {
     size_t len = strlen(weights);
     if (len >= 5 && !strcmp(weights + len - 5, ".json")) {
         json_t *idx;
-        VITC_TRY(hub_read_json(weights, &idx));
+        VITC_TRY(vitc__hub_read_json(weights, &idx));
         json_t *map = json_object_get(idx, "weight_map");
         vitc_status s = VITC_OK;
         if (!json_is_object(map))
@@ -184,7 +166,7 @@ static vitc_status hub_open_weights(hub_src *h, const char *dir, const char *wei
 }
 
 /* The tensor called name in any shard: data (NULL for I64) and shape. */
-static int hub_find(const hub_src *h, const char *name, const float **data, int *nd,
+int vitc__shards_find(const vitc__shards *h, const char *name, const float **data, int *nd,
                     const int64_t **shape) {
     for (int i = 0; i < h->n; i++) {
         int j = vitc_safetensors_find(h->st[i], name);
@@ -276,7 +258,7 @@ static int hub_bool(json_t *pp, const char *key, int def) {
  * them: an integer size is the shortest edge where default_to_square is
  * false, SigLIP's included; any family crops when the file asks); its
  * mean/std also become the config's. */
-static vitc_status hub_processor(vitc_vit *m, const char *dir) {
+vitc_status vitc__hub_processor(vitc_vit *m, const char *dir) {
     static const float clip_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};
     static const float clip_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
     const char *f = m->family;
@@ -300,13 +282,13 @@ static vitc_status hub_processor(vitc_vit *m, const char *dir) {
         p->mean[i] = bit ? clip_mean[i] : 0.5f;
         p->std[i] = bit ? clip_std[i] : 0.5f;
     }
-    char *path = hub_join(dir, "preprocessor_config.json");
+    char *path = vitc__hub_join(dir, "preprocessor_config.json");
     json_t *pp = NULL;
     vitc_status s = VITC_OK;
     if (!path)
         return vitc__err(VITC_ERR_NOMEM, "out of memory");
-    if (hub_exists(path))
-        s = hub_read_json(path, &pp);
+    if (vitc__hub_exists(path))
+        s = vitc__hub_read_json(path, &pp);
     free(path);
     if (s != VITC_OK || !pp)
         goto done;
@@ -368,119 +350,6 @@ done:
     return s;
 }
 
-/* ------------------------------------------------------------------ */
-/* Names                                                              */
-/* ------------------------------------------------------------------ */
-
-static const char *const hub_vit_layer[VIT_L_COUNT] = {
-    "layernorm_before.weight",     "layernorm_before.bias",
-    "attention.attention.%s.weight", "attention.attention.%s.bias",
-    "attention.output.dense.weight", "attention.output.dense.bias",
-    "layernorm_after.weight",      "layernorm_after.bias",
-    "intermediate.dense.weight",   "intermediate.dense.bias",
-    "output.dense.weight",         "output.dense.bias", NULL, NULL};
-static const char *const hub_dinov2_layer[VIT_L_COUNT] = {
-    "norm1.weight", "norm1.bias",
-    "attention.attention.%s.weight", "attention.attention.%s.bias",
-    "attention.output.dense.weight", "attention.output.dense.bias",
-    "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias",
-    "mlp.fc2.weight", "mlp.fc2.bias", "layer_scale1.lambda1", "layer_scale2.lambda1"};
-
-static const char *const hub_vit_model[VIT_P_COUNT] = {
-    "%sembeddings.cls_token", "%sembeddings.patch_embeddings.projection.weight",
-    "%sembeddings.patch_embeddings.projection.bias", "%sembeddings.position_embeddings",
-    "%sembeddings.distillation_token", "%sembeddings.register_tokens", NULL, NULL,
-    "%slayernorm.weight", "%slayernorm.bias", "classifier.weight", "classifier.bias",
-    "distillation_classifier.weight", "distillation_classifier.bias", NULL, NULL, NULL, NULL, NULL,
-    NULL, NULL, NULL, NULL, NULL, NULL};
-static const char *const hub_clip_model[VIT_P_COUNT] = {
-    "%sembeddings.class_embedding", "%sembeddings.patch_embedding.weight", NULL,
-    "%sembeddings.position_embedding.weight", NULL, NULL, "%spre_layrnorm.weight",
-    "%spre_layrnorm.bias", "%spost_layernorm.weight", "%spost_layernorm.bias",
-    "visual_projection.weight", NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
-    NULL, NULL, NULL};
-static const char *const hub_siglip_model[VIT_P_COUNT] = {
-    NULL, "%sembeddings.patch_embedding.weight", "%sembeddings.patch_embedding.bias",
-    "%sembeddings.position_embedding.weight", NULL, NULL, NULL, NULL,
-    "%spost_layernorm.weight", "%spost_layernorm.bias", NULL, NULL, NULL, NULL,
-    "%shead.probe", "%shead.attention.in_proj_weight", "%shead.attention.in_proj_bias",
-    "%shead.attention.out_proj.weight", "%shead.attention.out_proj.bias",
-    "%shead.layernorm.weight", "%shead.layernorm.bias", "%shead.mlp.fc1.weight",
-    "%shead.mlp.fc1.bias", "%shead.mlp.fc2.weight", "%shead.mlp.fc2.bias"};
-static const char *const hub_clip_layer[VIT_L_COUNT] = {
-    "layer_norm1.weight", "layer_norm1.bias", "self_attn.%s_proj.weight", "self_attn.%s_proj.bias",
-    "self_attn.out_proj.weight", "self_attn.out_proj.bias", "layer_norm2.weight",
-    "layer_norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias", "mlp.fc2.weight", "mlp.fc2.bias",
-    NULL, NULL};
-
-/* CLIP's vision tower in open_clip's (and OpenAI's) names, visual.*; its
- * proj is [width, embed], applied as x @ proj. */
-static const char *const hub_openclip_model[VIT_P_COUNT] = {
-    "%sclass_embedding", "%sconv1.weight", NULL, "%spositional_embedding", NULL, NULL,
-    "%sln_pre.weight", "%sln_pre.bias", "%sln_post.weight", "%sln_post.bias", "%sproj", NULL};
-static const char *const hub_openclip_layer[VIT_L_COUNT] = {
-    "ln_1.weight", "ln_1.bias", "attn.in_proj_weight", "attn.in_proj_bias",
-    "attn.out_proj.weight", "attn.out_proj.bias", "ln_2.weight", "ln_2.bias",
-    "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias", NULL, NULL};
-/* ... and in timm's (vit_base_patch16_clip_224.openai: _convert_openai_clip's
- * renames; head = proj transposed, its bias zeros). */
-static const char *const hub_timmclip_model[VIT_P_COUNT] = {
-    "%scls_token", "%spatch_embed.proj.weight", NULL, "%spos_embed", NULL, NULL,
-    "%snorm_pre.weight", "%snorm_pre.bias", "%snorm.weight", "%snorm.bias", "%shead.weight",
-    "%shead.bias"};
-static const char *const hub_timm_layer[VIT_L_COUNT] = {
-    "norm1.weight", "norm1.bias", "attn.qkv.weight", "attn.qkv.bias", "attn.proj.weight",
-    "attn.proj.bias", "norm2.weight", "norm2.bias", "mlp.fc1.weight", "mlp.fc1.bias",
-    "mlp.fc2.weight", "mlp.fc2.bias", NULL, NULL};
-
-/* What differs per model_type; the rest is one code path. */
-typedef struct hub_family {
-    const char *type, *family, *prefix; /* prefix: the head classes' base_model_prefix */
-    const char *const *model, *const *layer;
-    const char *layer_fmt;    /* "encoder.layer.%d." */
-    const char *const *qkv;   /* query/key/value or q/k/v; NULL: one fused in_proj */
-    float eps;
-    int patch, dist, registers, layer_scale;
-    vitc__vit_pos_rule pos;
-    int proj_t;               /* the projection stored [C, embed] (open_clip's visual.proj) */
-} hub_family;
-
-static const char *const hub_qkv_long[3] = {"query", "key", "value"};
-static const char *const hub_qkv_short[3] = {"q", "k", "v"};
-#define HUB_V "encoder.layer.%d."
-static const hub_family hub_families[] = {
-    {"vit", "hf-vit", "vit.", hub_vit_model, hub_vit_layer, HUB_V, hub_qkv_long, 1e-12f, 16, 0, 0,
-     0, VIT_POS_HALF_PIXEL, 0},
-    {"deit", "hf-deit", "deit.", hub_vit_model, hub_vit_layer, HUB_V, hub_qkv_long, 1e-12f, 16, 1,
-     0, 0, VIT_POS_HALF_PIXEL, 0},
-    /* DINOv2 resamples its 37x37 grid on every call: transformers >= 4.45's
-     * rule, with antialias for the registers model (PR #35411). */
-    {"dinov2", "hf-dinov2", "dinov2.", hub_vit_model, hub_dinov2_layer, HUB_V, hub_qkv_long, 1e-6f,
-     14, 0, 0, 1, VIT_POS_HALF_PIXEL, 0},
-    {"dinov2_with_registers", "hf-dinov2", "dinov2_with_registers.", hub_vit_model,
-     hub_dinov2_layer, HUB_V, hub_qkv_long, 1e-6f, 14, 0, 4, 1, VIT_POS_ANTIALIAS, 0},
-    /* CLIP's vision tower: the CLIPModel file nests its config in
-     * vision_config; "vision_model." is a module name, not a stripped prefix. */
-    {"clip", "hf-clip", "vision_model.", hub_clip_model, hub_clip_layer, "encoder.layers.%d.",
-     hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL, 0},
-    {"clip_vision_model", "hf-clip", "vision_model.", hub_clip_model, hub_clip_layer,
-     "encoder.layers.%d.", hub_qkv_short, 1e-5f, 32, 0, 0, 0, VIT_POS_HALF_PIXEL, 0},
-    /* SigLIP: no class token, an attention-pooling head. Its grid goes to
-     * the new size as ViT's does: transformers 5's SiglipVisionEmbeddings
-     * no longer has the +0.1 scale factor of 4.x. */
-    {"siglip", "hf-siglip", "vision_model.", hub_siglip_model, hub_clip_layer,
-     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_HALF_PIXEL, 0},
-    {"siglip_vision_model", "hf-siglip", "vision_model.", hub_siglip_model, hub_clip_layer,
-     "encoder.layers.%d.", hub_qkv_short, 1e-6f, 16, 0, 0, 0, VIT_POS_HALF_PIXEL, 0},
-};
-/* CLIP towers outside transformers' names (vitc__vit_load_clip_names). */
-static const hub_family hub_openclip = {"open_clip", "open-clip", "visual.", hub_openclip_model,
-                                        hub_openclip_layer, "transformer.resblocks.%d.", NULL,
-                                        1e-5f, 16, 0, 0, 0, VIT_POS_HALF_PIXEL, 1};
-static const hub_family hub_timmclip = {"timm_clip", "timm-clip", "", hub_timmclip_model,
-                                        hub_timm_layer, "blocks.%d.", NULL, 1e-5f, 16, 0, 0, 0,
-                                        VIT_POS_HALF_PIXEL, 0};
-
 /* The Hub name of a model row: "%s" takes the backbone prefix; NULL: the
  * family has no such tensor (zeros: CLIP's patch conv bias and projection
  * bias). DeiT with teacher names its class head cls_classifier. */
@@ -496,13 +365,13 @@ static const char *hub_model_name(const char *const *names, int role, int mean2,
 }
 
 /* Copy the Hub tensor name of shape e's into dst, or the error naming it. */
-static vitc_status hub_take(const hub_src *h, const char *name, const int64_t *want, int wnd,
+static vitc_status hub_take(const vitc__shards *h, const char *name, const int64_t *want, int wnd,
                             int squeeze, float *dst) {
     const float *data;
     const int64_t *shape;
     int nd;
     char a[96], b[96];
-    if (!hub_find(h, name, &data, &nd, &shape))
+    if (!vitc__shards_find(h, name, &data, &nd, &shape))
         return vitc__err(VITC_ERR_KEY, "missing tensor %s (expected %s)", name,
                          vitc__shape_str(a, sizeof a, wnd, want));
     /* squeeze: CLIP's class_embedding [C] and position_embedding.weight
@@ -527,9 +396,11 @@ static vitc_status hub_take(const hub_src *h, const char *name, const int64_t *w
 }
 
 /* One table row from the Hub tensors; q/k/v fused into in_proj rows. */
-static vitc_status hub_fill_row(const vitc_vit *m, const hub_src *h, const vitc__param *e,
-                                const hub_family *fam, int mean2, const char *pre,
-                                int qkv_bias) {
+static vitc_status hub_fill_row(const vitc_vit *m, const vitc__src *src, const vitc__param *e) {
+    const vitc__shards *h = &src->shards;
+    const vitc__hub_names *fam = src->names;
+    const char *pre = src->pre;
+    int mean2 = src->mean2, qkv_bias = src->qkv_bias;
     char name[200];
     float *dst = m->params + e->offset;
     if (e->layer < 0) {
@@ -591,7 +462,7 @@ static int hub_ignorable(const char *name, int clip) {
 }
 
 /* Every shard tensor not consumed: ignorable ones listed, others an error. */
-static vitc_status hub_leftovers(vitc_vit *m, const hub_src *h) {
+static vitc_status hub_leftovers(vitc_vit *m, const vitc__shards *h) {
     size_t bytes = 0;
     for (int pass = 0; pass < 2; pass++) {
         char *at = m->ignored;
@@ -643,10 +514,8 @@ static vitc_status hub_mlp_ratio(json_t *cfg, int D, int *mlp) {
     return *mlp >= 1 ? VITC_OK : vitc__err(VITC_ERR_FORMAT, "config.json: mlp_ratio too small");
 }
 
-/* The table for m's config and options, filled from the Hub's names. */
-static vitc_status hub_finish(vitc_vit *m, const hub_src *h, const hub_family *fam, int mean2,
-                              const char *pre, int qkv_bias) {
-    VITC_TRY(vitc__vit_table_build(m));
+vitc_status vitc__hub_read(vitc_vit *m, vitc__src *src) {
+    const vitc__shards *h = &src->shards;
     size_t bytes;
     if (!vitc__mul_size(m->n_params, sizeof(float), &bytes) ||
         !(m->params = vitc__alloc(bytes)))
@@ -665,7 +534,7 @@ static vitc_status hub_finish(vitc_vit *m, const hub_src *h, const hub_family *f
      * model plus about one fp32 matrix. */
     vitc_status s = h->prec >= 0 ? vitc__vit_load_pack_begin(m, (vitc_precision)h->prec) : VITC_OK;
     for (int i = 0; s == VITC_OK && i < m->n_entries; i++) {
-        s = hub_fill_row(m, h, &m->table[i], fam, mean2, pre, qkv_bias);
+        s = hub_fill_row(m, src, &m->table[i]);
         if (s == VITC_OK && h->prec >= 0)
             s = vitc__vit_load_pack_row(m, i);
     }
@@ -676,32 +545,45 @@ static vitc_status hub_finish(vitc_vit *m, const hub_src *h, const hub_family *f
     VITC_TRY(s);
     if (!(m->id = vitc__handle_register()))
         return vitc__err(VITC_ERR_NOMEM, "cannot register the model");
-    return VITC_OK;
+    return m->fam->ready ? m->fam->ready(m) : VITC_OK;
 }
 
-static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src *h) {
-    json_t *jt = json_object_get(cfg, "model_type");
-    const char *type = json_is_string(jt) ? json_string_value(jt) : NULL;
+const char *vitc__hub_model_type(const vitc__src *src) {
+    json_t *jt = src->config ? json_object_get(src->config, "model_type") : NULL;
+    return json_is_string(jt) ? json_string_value(jt) : NULL;
+}
+
+const vitc__hub_names *vitc__hub_match(const vitc__src *src, const vitc__hub_names *list, int n) {
+    const char *type = vitc__hub_model_type(src);
+    for (int i = 0; type && src->shards.n && i < n; i++)
+        if (!strcmp(type, list[i].type))
+            return &list[i];
+    return NULL;
+}
+
+vitc_status vitc__hub_unknown(const vitc__src *src) {
+    const char *type = vitc__hub_model_type(src);
     if (!type)
         return vitc__err(VITC_ERR_FORMAT, "config.json has no \"model_type\"");
-    const hub_family *fam = NULL;
-    for (size_t i = 0; i < sizeof hub_families / sizeof *hub_families; i++)
-        if (!strcmp(type, hub_families[i].type))
-            fam = &hub_families[i];
-    if (!fam) {
-        static const char *const later[] = {"siglip2", "clip_text_model"};
-        for (size_t i = 0; i < sizeof later / sizeof *later; i++)
-            if (!strcmp(type, later[i]))
-                return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: model_type \"%s\" is not "
-                                 "supported (vitc reads vit, deit, dinov2, "
-                                 "dinov2_with_registers, clip, clip_vision_model, siglip, "
-                                 "siglip_vision_model)", type);
-        return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: unknown model_type \"%.64s\" "
-                         "(vitc reads vit, deit, dinov2, dinov2_with_registers, clip, clip_vision_model, "
-                         "siglip, siglip_vision_model)", type);
-    }
-    int dino = fam->layer_scale, clip = fam->model == hub_clip_model;
-    int siglip = fam->model == hub_siglip_model;
+    static const char *const later[] = {"siglip2", "clip_text_model"};
+    for (size_t i = 0; i < sizeof later / sizeof *later; i++)
+        if (!strcmp(type, later[i]))
+            return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: model_type \"%s\" is not "
+                             "supported (vitc reads vit, deit, dinov2, "
+                             "dinov2_with_registers, clip, clip_vision_model, siglip, "
+                             "siglip_vision_model)", type);
+    return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: unknown model_type \"%.64s\" "
+                     "(vitc reads vit, deit, dinov2, dinov2_with_registers, clip, clip_vision_model, "
+                     "siglip, siglip_vision_model)", type);
+}
+
+vitc_status vitc__hub_configure(vitc_vit *m, vitc__src *src, const vitc__hub_names *fam) {
+    json_t *cfg = src->config;
+    const char *dir = src->dir;
+    vitc__shards *h = &src->shards;
+    const char *type = fam->type;
+    int dino = fam->kind == HUB_KIND_DINO, clip = fam->kind == HUB_KIND_CLIP;
+    int siglip = fam->kind == HUB_KIND_SIGLIP;
     snprintf(m->family, sizeof m->family, "%s", fam->family);
     json_t *ja = json_array_get(json_object_get(cfg, "architectures"), 0);
     const char *arch = json_is_string(ja) ? json_string_value(ja) : "";
@@ -767,15 +649,15 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
     const float *d;
     int nd;
     const int64_t *sh;
-    if (!hub_find(h, hub_model_name(fam->model, VIT_P_CONV_W, 0, pre, name, sizeof name), &d, &nd,
+    if (!vitc__shards_find(h, hub_model_name(fam->model, VIT_P_CONV_W, 0, pre, name, sizeof name), &d, &nd,
                   &sh))
         pre = "";
     /* Head: by the architecture, else by the tensors. */
     int mean2 = strstr(arch, "WithTeacher") != NULL;
     int head = strstr(arch, "ForImageClassification") != NULL;
-    if (!*arch && fam->model == hub_vit_model && !dino) {
-        mean2 = hub_find(h, "cls_classifier.weight", &d, &nd, &sh);
-        head = mean2 || hub_find(h, "classifier.weight", &d, &nd, &sh);
+    if (!*arch && fam->kind == HUB_KIND_VIT) {
+        mean2 = vitc__shards_find(h, "cls_classifier.weight", &d, &nd, &sh);
+        head = mean2 || vitc__shards_find(h, "classifier.weight", &d, &nd, &sh);
     }
     m->n_dist = fam->dist;
     m->n_reg = reg;
@@ -784,7 +666,7 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
     m->layer_scale = fam->layer_scale;
     m->pre_norm = m->final_cls_only = clip;
     if (clip) { /* an embedding model; its projection when it has one */
-        head = hub_find(h, "visual_projection.weight", &d, &nd, &sh);
+        head = vitc__shards_find(h, "visual_projection.weight", &d, &nd, &sh);
         m->head = head ? VIT_HEAD_PROJ : VIT_HEAD_NONE;
     }
     if (siglip) /* vision_use_head: True when absent */
@@ -811,7 +693,7 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
                              (long long)json_integer_value(pd), c->num_classes);
     } else if (vitc_vit_has_head(m)) {
         const char *hn = mean2 ? "cls_classifier.weight" : "classifier.weight";
-        if (!hub_find(h, hn, &d, &nd, &sh) || nd != 2 || sh[0] < 1 || sh[0] > HUB_MAX_DIM)
+        if (!vitc__shards_find(h, hn, &d, &nd, &sh) || nd != 2 || sh[0] < 1 || sh[0] > HUB_MAX_DIM)
             return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (%s has a head)", hn,
                              arch);
         c->num_classes = (int)sh[0];
@@ -820,13 +702,16 @@ static vitc_status hub_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src 
                              "%d rows", json_object_size(labels), hn, c->num_classes);
         VITC_TRY(hub_labels(m, labels, c->num_classes));
     }
-    VITC_TRY(hub_processor(m, dir));
-    VITC_TRY(hub_finish(m, h, fam, mean2, pre, qkv_bias));
+    VITC_TRY(vitc__hub_processor(m, dir));
+    src->names = fam;
+    src->pre = pre;
+    src->mean2 = mean2;
+    src->qkv_bias = qkv_bias;
     snprintf(m->arch, sizeof m->arch, "%.31s", *arch ? arch : type);
     return VITC_OK;
 }
 
-static void clip_floats3(json_t *a, float *f) {
+void vitc__json_floats3(json_t *a, float *f) {
     if (!json_is_array(a) || json_array_size(a) != 3)
         return;
     for (int i = 0; i < 3; i++)
@@ -835,254 +720,30 @@ static void clip_floats3(json_t *a, float *f) {
     for (int i = 0; i < 3; i++) f[i] = (float)json_number_value(json_array_get(a, (size_t)i));
 }
 
-vitc_status vitc__vit_load_hub(const char *dir, const char *weights, int prec, vitc_vit **out) {
-    *out = NULL;
-    char *cfg_path = hub_join(dir, "config.json"), *wpath = NULL;
-    json_t *cfg = NULL;
-    hub_src h = {0};
-    h.prec = prec;
-    vitc_vit *m = NULL;
-    vitc_status s = VITC_OK;
-    if (!cfg_path)
-        return vitc__err(VITC_ERR_NOMEM, "out of memory");
-    if (!hub_exists(cfg_path)) {
-        /* An open_clip Hub directory: open_clip_config.json and its weights. */
-        char *oc = hub_join(dir, "open_clip_config.json");
-        char *ow = weights ? NULL : hub_join(dir, "open_clip_model.safetensors");
-        int openclip = oc && hub_exists(oc) && (weights || (ow && hub_exists(ow)));
-        free(oc);
-        if (openclip) {
-            s = vitc__vit_load_clip_names(dir, weights ? weights : ow, 0, prec, out);
-            free(ow);
-            free(cfg_path);
+
+vitc_status vitc__hub_timm_config(vitc_vit *m, const vitc__src *src) {
+    /* The file alone gets timm's default 0.5 statistics; its config has the
+     * model's own (ImageNet's for DeiT and DINOv2) and name. */
+    json_t *cfg = src->config;
+    vitc_vit_config *c = &m->cfg;
+    json_t *pc = json_object_get(cfg, "pretrained_cfg");
+    float mean[3], std[3];
+    memcpy(mean, c->mean, sizeof mean);
+    memcpy(std, c->std, sizeof std);
+    vitc__json_floats3(json_object_get(pc, "mean"), mean);
+    vitc__json_floats3(json_object_get(pc, "std"), std);
+    for (int i = 0; i < 3; i++)
+        if (!(std[i] > 0.0f) || !isfinite(mean[i]) || !isfinite(std[i])) {
+            char *cp = vitc__hub_join(src->dir, "config.json");
+            vitc_status s = vitc__err(VITC_ERR_FORMAT, "%s: pretrained_cfg mean/std[%d] = %g/%g "
+                                      "is invalid", cp ? cp : "config.json", i, (double)mean[i],
+                                      (double)std[i]);
+            free(cp);
             return s;
         }
-        free(ow);
-        s = vitc__err(VITC_ERR_IO, "%s: no config.json (a Hub model directory holds config.json "
-                      "and model.safetensors; open_clip's, open_clip_config.json and "
-                      "open_clip_model.safetensors)", dir);
-    }
-    if (s == VITC_OK)
-        s = hub_read_json(cfg_path, &cfg);
-    if (s == VITC_OK && !json_object_get(cfg, "model_type") &&
-        json_is_string(json_object_get(cfg, "architecture"))) {
-        /* timm's Hub layout (config.json names the architecture): its
-         * model.safetensors as a lone file, which has timm's names. */
-        wpath = weights ? NULL : hub_join(dir, "model.safetensors");
-        s = wpath || weights ? vitc__vit_load_prec(weights ? weights : wpath, NULL, prec, out)
-                             : vitc__err(VITC_ERR_NOMEM, "out of memory");
-        if (s == VITC_OK) {
-            /* The file alone gets timm's default 0.5 statistics; its config
-             * has the model's own (ImageNet's for DeiT and DINOv2) and name. */
-            vitc_vit_config *c = &(*out)->cfg;
-            json_t *pc = json_object_get(cfg, "pretrained_cfg");
-            float mean[3], std[3];
-            memcpy(mean, c->mean, sizeof mean);
-            memcpy(std, c->std, sizeof std);
-            clip_floats3(json_object_get(pc, "mean"), mean);
-            clip_floats3(json_object_get(pc, "std"), std);
-            for (int i = 0; i < 3 && s == VITC_OK; i++)
-                if (!(std[i] > 0.0f) || !isfinite(mean[i]) || !isfinite(std[i]))
-                    s = vitc__err(VITC_ERR_FORMAT, "%s: pretrained_cfg mean/std[%d] = %g/%g is "
-                                  "invalid", cfg_path, i, (double)mean[i], (double)std[i]);
-            if (s == VITC_OK) {
-                memcpy(c->mean, mean, sizeof mean);
-                memcpy(c->std, std, sizeof std);
-                snprintf((*out)->arch, sizeof (*out)->arch, "%.31s",
-                         json_string_value(json_object_get(cfg, "architecture")));
-            } else {
-                vitc_vit_free(*out);
-                *out = NULL;
-            }
-        }
-        json_decref(cfg);
-        free(cfg_path);
-        free(wpath);
-        return s;
-    }
-    if (s == VITC_OK && !weights) {
-        wpath = hub_join(dir, "model.safetensors");
-        if (wpath && !hub_exists(wpath)) {
-            free(wpath);
-            wpath = hub_join(dir, "model.safetensors.index.json");
-            if (wpath && !hub_exists(wpath))
-                s = vitc__err(VITC_ERR_IO, "%s: no model.safetensors or "
-                              "model.safetensors.index.json (pytorch_model.bin is not read: "
-                              "convert it to safetensors)", dir);
-        }
-        if (!wpath && s == VITC_OK)
-            s = vitc__err(VITC_ERR_NOMEM, "out of memory");
-        weights = wpath;
-    }
-    if (s == VITC_OK)
-        s = hub_open_weights(&h, dir, weights);
-    if (s == VITC_OK && !(m = vitc__vit_alloc()))
-        s = vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
-    if (s == VITC_OK)
-        s = hub_build(m, dir, cfg, &h);
-    if (s != VITC_OK) {
-        vitc_vit_free(m);
-        m = NULL;
-        if (!strstr(vitc_last_error(), dir))
-            vitc__err_prefix(s, "%s", dir);
-    }
-    hub_src_free(&h);
-    json_decref(cfg);
-    free(cfg_path);
-    free(wpath);
-    *out = m;
-    return s;
-}
-
-/* ------------------------------------------------------------------ */
-/* CLIP towers in open_clip's / OpenAI's and timm's names             */
-/* ------------------------------------------------------------------ */
-
-int vitc__vit_clip_names(const vitc_safetensors *st) {
-    if (vitc_safetensors_find(st, "visual.conv1.weight") >= 0)
-        return 1;
-    if (vitc_safetensors_find(st, "norm_pre.weight") >= 0 &&
-        vitc_safetensors_find(st, "cls_token") >= 0 &&
-        vitc_safetensors_find(st, "blocks.0.attn.qkv.weight") >= 0)
-        return 2;
-    return 0;
-}
-
-/* 3 numbers of a JSON array into f (left as they are otherwise). */
-/* The config from the tensors (CLIP's heads = width / 64 unless
- * open_clip_config.json's head_width says), the activation and mean/std
- * from the config beside the file: open_clip's model_cfg.quick_gelu,
- * timm's architecture (*quickgelu*) or pretrained tag (openai); OpenAI's
- * quick-GELU when there is no config. */
-static vitc_status clip_names_build(vitc_vit *m, const char *dir, json_t *cfg, hub_src *h,
-                                    int timm) {
-    const hub_family *fam = timm ? &hub_timmclip : &hub_openclip;
-    const char *pre = fam->prefix;
-    vitc_vit_config *c = &m->cfg;
-    char name[200];
-    const float *d;
-    int nd;
-    const int64_t *sh;
-    memset(c, 0, sizeof *c);
-    snprintf(name, sizeof name, fam->model[VIT_P_CONV_W], pre);
-    if (!hub_find(h, name, &d, &nd, &sh) || nd != 4 || sh[2] != sh[3] || sh[0] < 1 ||
-        sh[0] > HUB_MAX_DIM || sh[1] < 1 || sh[1] > 64 || sh[2] < 1 || sh[2] > 4096)
-        return vitc__err(VITC_ERR_SHAPE, "missing or malformed tensor %s (expected [width, "
-                         "channels, patch, patch])", name);
-    c->hidden_dim = (int)sh[0], c->in_channels = (int)sh[1], c->patch_size = (int)sh[2];
-    snprintf(name, sizeof name, fam->model[VIT_P_POS], pre);
-    int64_t n = 0, g = 0;
-    if (hub_find(h, name, &d, &nd, &sh) && (nd == 2 || nd == 3) && sh[nd - 2] > 1 &&
-        sh[nd - 2] <= HUB_MAX_DIM) {
-        n = sh[nd - 2] - 1;
-        g = (int64_t)llround(sqrt((double)n));
-    }
-    if (!g || g * g != n || g * c->patch_size > HUB_MAX_DIM)
-        return vitc__err(VITC_ERR_SHAPE, "missing or malformed tensor %s (expected [1 + g*g, "
-                         "%d] positions of a square grid)", name, c->hidden_dim);
-    c->image_size = (int)(g * c->patch_size);
-    int depth = 0;
-    for (;; depth++) {
-        int k = snprintf(name, sizeof name, "%s", pre);
-        k += snprintf(name + k, sizeof name - (size_t)k, fam->layer_fmt, depth);
-        snprintf(name + k, sizeof name - (size_t)k, "%s", fam->layer[VIT_L_QKV_W]);
-        if (depth >= HUB_MAX_DEPTH || !hub_find(h, name, &d, &nd, &sh))
-            break;
-    }
-    int k = snprintf(name, sizeof name, "%s", pre);
-    k += snprintf(name + k, sizeof name - (size_t)k, fam->layer_fmt, 0);
-    snprintf(name + k, sizeof name - (size_t)k, "%s", fam->layer[VIT_L_FC1_W]);
-    if (!depth || !hub_find(h, name, &d, &nd, &sh) || nd != 2 || sh[0] < 1 || sh[0] > HUB_MAX_DIM)
-        return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (cannot infer the blocks)",
-                         name);
-    c->depth = depth, c->mlp_dim = (int)sh[0];
-    json_t *mc = json_object_get(cfg, "model_cfg"), *pc = json_object_get(cfg, "pretrained_cfg");
-    json_t *hw = json_object_get(json_object_get(mc, "vision_cfg"), "head_width");
-    int64_t head_width = json_is_integer(hw) ? json_integer_value(hw) : 64;
-    if (head_width < 1 || c->hidden_dim % head_width)
-        return vitc__err(VITC_ERR_SHAPE, "CLIP width %d is not a multiple of the head width "
-                         "%lld (open_clip's head_width, 64 unless its config says)", c->hidden_dim,
-                         (long long)head_width);
-    c->num_heads = (int)(c->hidden_dim / head_width);
-    c->norm_eps = fam->eps;
-    int quick = 1;
-    if (cfg && !timm) {
-        quick = json_is_true(json_object_get(mc, "quick_gelu"));
-    } else if (cfg) {
-        json_t *a = json_object_get(cfg, "architecture"), *t = json_object_get(pc, "tag");
-        quick = (json_is_string(a) && strstr(json_string_value(a), "quickgelu")) ||
-                (json_is_string(t) && strstr(json_string_value(t), "openai"));
-    }
-    m->mlp_act = quick ? VIT_ACT_QUICK_GELU : VIT_ACT_GELU;
-    m->n_cls = m->n_prefix = 1;
-    m->pre_norm = 1;
-    m->final_cls_only = !timm; /* open_clip's ln_post acts on the pooled token; timm's norm on all */
-    m->pos_rule = fam->pos;
-    m->naming = VIT_NAMES_TORCHVISION;
-    snprintf(m->family, sizeof m->family, "%s", fam->family);
-    snprintf(name, sizeof name, fam->model[VIT_P_HEAD_W], pre);
-    m->head = VIT_HEAD_NONE;
-    if (hub_find(h, name, &d, &nd, &sh)) {
-        int64_t C = c->hidden_dim, K = nd == 2 ? sh[fam->proj_t ? 1 : 0] : 0;
-        if (nd != 2 || sh[fam->proj_t ? 0 : 1] != C || K < 1 || K > HUB_MAX_DIM)
-            return vitc__err(VITC_ERR_SHAPE, "tensor %s: expected %s", name,
-                             fam->proj_t ? "[width, embed_dim]" : "[embed_dim, width]");
-        c->num_classes = (int)K;
-        m->head = VIT_HEAD_PROJ;
-    }
-    VITC_TRY(hub_processor(m, dir));
-    /* CLIP's processor at the model's own size, with the config's statistics */
-    vitc__hf_proc *p = &m->proc;
-    char *pp = hub_join(dir, "preprocessor_config.json");
-    int has_pp = pp && hub_exists(pp);
-    free(pp);
-    if (!has_pp) {
-        /* open_clip's transform ends in convert("RGB"): alpha dropped */
-        p->convert_rgb = 0;
-        p->shortest = p->crop_h = p->crop_w = c->image_size;
-        json_t *src = timm ? pc : json_object_get(cfg, "preprocess_cfg");
-        clip_floats3(json_object_get(src, "mean"), p->mean);
-        clip_floats3(json_object_get(src, "std"), p->std);
-        for (int i = 0; i < 3; i++) {
-            if (!(p->std[i] > 0.0f) || !isfinite(p->mean[i]))
-                return vitc__err(VITC_ERR_FORMAT, "the config's mean/std[%d] = %g/%g is invalid",
-                                 i, (double)p->mean[i], (double)p->std[i]);
-            c->mean[i] = p->mean[i], c->std[i] = p->std[i];
-        }
-    }
-    VITC_TRY(hub_finish(m, h, fam, 0, pre, 1));
-    json_t *a = json_object_get(cfg, "architecture");
+    memcpy(c->mean, mean, sizeof mean);
+    memcpy(c->std, std, sizeof std);
     snprintf(m->arch, sizeof m->arch, "%.31s",
-             timm && json_is_string(a) ? json_string_value(a) : fam->type);
+             json_string_value(json_object_get(cfg, "architecture")));
     return VITC_OK;
-}
-
-vitc_status vitc__vit_load_clip_names(const char *dir, const char *weights, int timm, int prec,
-                                      vitc_vit **out) {
-    *out = NULL;
-    hub_src h = {0};
-    h.prec = prec;
-    json_t *cfg = NULL;
-    vitc_vit *m = NULL;
-    char *cp = hub_join(dir, timm ? "config.json" : "open_clip_config.json");
-    vitc_status s = cp ? VITC_OK : vitc__err(VITC_ERR_NOMEM, "out of memory");
-    if (s == VITC_OK && hub_exists(cp))
-        s = hub_read_json(cp, &cfg);
-    if (s == VITC_OK)
-        s = hub_open_weights(&h, dir, weights);
-    if (s == VITC_OK && !(m = vitc__vit_alloc()))
-        s = vitc__err(VITC_ERR_NOMEM, "cannot allocate a ViT");
-    if (s == VITC_OK)
-        s = clip_names_build(m, dir, cfg, &h, timm);
-    if (s != VITC_OK) {
-        vitc_vit_free(m);
-        m = NULL;
-        if (!strstr(vitc_last_error(), weights))
-            vitc__err_prefix(s, "%s", weights);
-    }
-    hub_src_free(&h);
-    json_decref(cfg);
-    free(cp);
-    *out = m;
-    return s;
 }

@@ -1,0 +1,283 @@
+/*
+ * clip.c — CLIP's vision tower in its three spellings: transformers'
+ * (model_type "clip" with vision_config, or "clip_vision_model"),
+ * open_clip's and OpenAI's (visual.*, a file or open_clip's Hub layout
+ * with open_clip_config.json), and timm's (vit_base_patch16_clip_224.*:
+ * norm_pre, blocks.N, head = the projection transposed). The embedding is
+ * the projection of the post-normed class token (the pre-norm on the
+ * embeddings: ln_pre / pre_layrnorm / norm_pre).
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "../family.h"
+
+static const char *const clip_model[VIT_P_T2T0] = {
+    [VIT_P_CLS] = "%sembeddings.class_embedding",
+    [VIT_P_CONV_W] = "%sembeddings.patch_embedding.weight",
+    [VIT_P_POS] = "%sembeddings.position_embedding.weight",
+    [VIT_P_PRE_W] = "%spre_layrnorm.weight",
+    [VIT_P_PRE_B] = "%spre_layrnorm.bias",
+    [VIT_P_LN_W] = "%spost_layernorm.weight",
+    [VIT_P_LN_B] = "%spost_layernorm.bias",
+    [VIT_P_HEAD_W] = "visual_projection.weight",
+};
+static const char *const clip_layer[VIT_L_COUNT] = {
+    [VIT_L_LN1_W] = "layer_norm1.weight",
+    [VIT_L_LN1_B] = "layer_norm1.bias",
+    [VIT_L_QKV_W] = "self_attn.%s_proj.weight",
+    [VIT_L_QKV_B] = "self_attn.%s_proj.bias",
+    [VIT_L_PROJ_W] = "self_attn.out_proj.weight",
+    [VIT_L_PROJ_B] = "self_attn.out_proj.bias",
+    [VIT_L_LN2_W] = "layer_norm2.weight",
+    [VIT_L_LN2_B] = "layer_norm2.bias",
+    [VIT_L_FC1_W] = "mlp.fc1.weight",
+    [VIT_L_FC1_B] = "mlp.fc1.bias",
+    [VIT_L_FC2_W] = "mlp.fc2.weight",
+    [VIT_L_FC2_B] = "mlp.fc2.bias",
+};
+static const char *const qkv_short[3] = {"q", "k", "v"};
+
+/* open_clip's (and OpenAI's) names, visual.*; its proj is [width, embed],
+ * applied as x @ proj. No patch-conv bias, no projection bias: zeros. */
+static const char *const openclip_model[VIT_P_T2T0] = {
+    [VIT_P_CLS] = "%sclass_embedding",
+    [VIT_P_CONV_W] = "%sconv1.weight",
+    [VIT_P_POS] = "%spositional_embedding",
+    [VIT_P_PRE_W] = "%sln_pre.weight",
+    [VIT_P_PRE_B] = "%sln_pre.bias",
+    [VIT_P_LN_W] = "%sln_post.weight",
+    [VIT_P_LN_B] = "%sln_post.bias",
+    [VIT_P_HEAD_W] = "%sproj",
+};
+static const char *const openclip_layer[VIT_L_COUNT] = {
+    [VIT_L_LN1_W] = "ln_1.weight",
+    [VIT_L_LN1_B] = "ln_1.bias",
+    [VIT_L_QKV_W] = "attn.in_proj_weight",
+    [VIT_L_QKV_B] = "attn.in_proj_bias",
+    [VIT_L_PROJ_W] = "attn.out_proj.weight",
+    [VIT_L_PROJ_B] = "attn.out_proj.bias",
+    [VIT_L_LN2_W] = "ln_2.weight",
+    [VIT_L_LN2_B] = "ln_2.bias",
+    [VIT_L_FC1_W] = "mlp.c_fc.weight",
+    [VIT_L_FC1_B] = "mlp.c_fc.bias",
+    [VIT_L_FC2_W] = "mlp.c_proj.weight",
+    [VIT_L_FC2_B] = "mlp.c_proj.bias",
+};
+/* ... and timm's (vit_base_patch16_clip_224.openai: _convert_openai_clip's
+ * renames; head = proj transposed, its bias zeros). */
+static const char *const timmclip_model[VIT_P_T2T0] = {
+    [VIT_P_CLS] = "%scls_token",
+    [VIT_P_CONV_W] = "%spatch_embed.proj.weight",
+    [VIT_P_POS] = "%spos_embed",
+    [VIT_P_PRE_W] = "%snorm_pre.weight",
+    [VIT_P_PRE_B] = "%snorm_pre.bias",
+    [VIT_P_LN_W] = "%snorm.weight",
+    [VIT_P_LN_B] = "%snorm.bias",
+    [VIT_P_HEAD_W] = "%shead.weight",
+    [VIT_P_HEAD_B] = "%shead.bias",
+};
+static const char *const timm_layer[VIT_L_COUNT] = {
+    [VIT_L_LN1_W] = "norm1.weight",     [VIT_L_LN1_B] = "norm1.bias",
+    [VIT_L_QKV_W] = "attn.qkv.weight",  [VIT_L_QKV_B] = "attn.qkv.bias",
+    [VIT_L_PROJ_W] = "attn.proj.weight", [VIT_L_PROJ_B] = "attn.proj.bias",
+    [VIT_L_LN2_W] = "norm2.weight",     [VIT_L_LN2_B] = "norm2.bias",
+    [VIT_L_FC1_W] = "mlp.fc1.weight",   [VIT_L_FC1_B] = "mlp.fc1.bias",
+    [VIT_L_FC2_W] = "mlp.fc2.weight",   [VIT_L_FC2_B] = "mlp.fc2.bias",
+};
+
+/* CLIPModel's file nests its config in vision_config; "vision_model." is a
+ * module name, not a stripped prefix. */
+static const vitc__hub_names clip_types[] = {
+    {.type = "clip", .family = "hf-clip", .prefix = "vision_model.", .kind = HUB_KIND_CLIP,
+     .model = clip_model, .layer = clip_layer, .layer_fmt = "encoder.layers.%d.",
+     .qkv = qkv_short, .eps = 1e-5f, .patch = 32, .pos = VIT_POS_HALF_PIXEL},
+    {.type = "clip_vision_model", .family = "hf-clip", .prefix = "vision_model.",
+     .kind = HUB_KIND_CLIP, .model = clip_model, .layer = clip_layer,
+     .layer_fmt = "encoder.layers.%d.", .qkv = qkv_short, .eps = 1e-5f, .patch = 32,
+     .pos = VIT_POS_HALF_PIXEL},
+};
+#define N_TYPES ((int)(sizeof clip_types / sizeof clip_types[0]))
+static const vitc__hub_names openclip = {
+    .type = "open_clip", .family = "open-clip", .prefix = "visual.", .kind = HUB_KIND_CLIP,
+    .model = openclip_model, .layer = openclip_layer, .layer_fmt = "transformer.resblocks.%d.",
+    .eps = 1e-5f, .patch = 16, .pos = VIT_POS_HALF_PIXEL, .proj_t = 1};
+static const vitc__hub_names timmclip = {
+    .type = "timm_clip", .family = "timm-clip", .prefix = "", .kind = HUB_KIND_CLIP,
+    .model = timmclip_model, .layer = timm_layer, .layer_fmt = "blocks.%d.", .eps = 1e-5f,
+    .patch = 16, .pos = VIT_POS_HALF_PIXEL};
+
+/* A single file in open_clip's / OpenAI's names (visual.*): 1; in timm's
+ * (norm_pre, blocks.N): 2; else 0. */
+static int clip_names(const vitc_safetensors *st) {
+    if (!st)
+        return 0;
+    if (vitc_safetensors_find(st, "visual.conv1.weight") >= 0)
+        return 1;
+    if (vitc_safetensors_find(st, "norm_pre.weight") >= 0 &&
+        vitc_safetensors_find(st, "cls_token") >= 0 &&
+        vitc_safetensors_find(st, "blocks.0.attn.qkv.weight") >= 0)
+        return 2;
+    return 0;
+}
+
+/* the m->family strings of a saved model (vitc.family) */
+static const char *const saved_names[] = {"hf-clip", "open-clip", "timm-clip", NULL};
+
+static int clip_detect(const vitc__src *src) {
+    return vitc__ckpt_saved(src, saved_names) || vitc__hub_match(src, clip_types, N_TYPES) ||
+           src->open_clip_dir ||
+           (src->path && clip_names(src->st));
+}
+
+static vitc_status clip_names_build(vitc_vit *m, vitc__src *src, int timm) {
+    const char *dir = src->dir;
+    json_t *cfg = src->aux;
+    vitc__shards *h = &src->shards;
+    const vitc__hub_names *fam = timm ? &timmclip : &openclip;
+    const char *pre = fam->prefix;
+    vitc_vit_config *c = &m->cfg;
+    char name[200];
+    const float *d;
+    int nd;
+    const int64_t *sh;
+    memset(c, 0, sizeof *c);
+    snprintf(name, sizeof name, fam->model[VIT_P_CONV_W], pre);
+    if (!vitc__shards_find(h, name, &d, &nd, &sh) || nd != 4 || sh[2] != sh[3] || sh[0] < 1 ||
+        sh[0] > VIT_MAX_DIM || sh[1] < 1 || sh[1] > 64 || sh[2] < 1 || sh[2] > 4096)
+        return vitc__err(VITC_ERR_SHAPE, "missing or malformed tensor %s (expected [width, "
+                         "channels, patch, patch])", name);
+    c->hidden_dim = (int)sh[0], c->in_channels = (int)sh[1], c->patch_size = (int)sh[2];
+    snprintf(name, sizeof name, fam->model[VIT_P_POS], pre);
+    int64_t n = 0, g = 0;
+    if (vitc__shards_find(h, name, &d, &nd, &sh) && (nd == 2 || nd == 3) && sh[nd - 2] > 1 &&
+        sh[nd - 2] <= VIT_MAX_DIM) {
+        n = sh[nd - 2] - 1;
+        g = (int64_t)llround(sqrt((double)n));
+    }
+    if (!g || g * g != n || g * c->patch_size > VIT_MAX_DIM)
+        return vitc__err(VITC_ERR_SHAPE, "missing or malformed tensor %s (expected [1 + g*g, "
+                         "%d] positions of a square grid)", name, c->hidden_dim);
+    c->image_size = (int)(g * c->patch_size);
+    int depth = 0;
+    for (;; depth++) {
+        int k = snprintf(name, sizeof name, "%s", pre);
+        k += snprintf(name + k, sizeof name - (size_t)k, fam->layer_fmt, depth);
+        snprintf(name + k, sizeof name - (size_t)k, "%s", fam->layer[VIT_L_QKV_W]);
+        if (depth >= VIT_MAX_DEPTH || !vitc__shards_find(h, name, &d, &nd, &sh))
+            break;
+    }
+    int k = snprintf(name, sizeof name, "%s", pre);
+    k += snprintf(name + k, sizeof name - (size_t)k, fam->layer_fmt, 0);
+    snprintf(name + k, sizeof name - (size_t)k, "%s", fam->layer[VIT_L_FC1_W]);
+    if (!depth || !vitc__shards_find(h, name, &d, &nd, &sh) || nd != 2 || sh[0] < 1 || sh[0] > VIT_MAX_DIM)
+        return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (cannot infer the blocks)",
+                         name);
+    c->depth = depth, c->mlp_dim = (int)sh[0];
+    json_t *mc = json_object_get(cfg, "model_cfg"), *pc = json_object_get(cfg, "pretrained_cfg");
+    json_t *hw = json_object_get(json_object_get(mc, "vision_cfg"), "head_width");
+    int64_t head_width = json_is_integer(hw) ? json_integer_value(hw) : 64;
+    if (head_width < 1 || c->hidden_dim % head_width)
+        return vitc__err(VITC_ERR_SHAPE, "CLIP width %d is not a multiple of the head width "
+                         "%lld (open_clip's head_width, 64 unless its config says)", c->hidden_dim,
+                         (long long)head_width);
+    c->num_heads = (int)(c->hidden_dim / head_width);
+    c->norm_eps = fam->eps;
+    int quick = 1;
+    if (cfg && !timm) {
+        quick = json_is_true(json_object_get(mc, "quick_gelu"));
+    } else if (cfg) {
+        json_t *a = json_object_get(cfg, "architecture"), *t = json_object_get(pc, "tag");
+        quick = (json_is_string(a) && strstr(json_string_value(a), "quickgelu")) ||
+                (json_is_string(t) && strstr(json_string_value(t), "openai"));
+    }
+    m->mlp_act = quick ? VIT_ACT_QUICK_GELU : VIT_ACT_GELU;
+    m->n_cls = m->n_prefix = 1;
+    m->pre_norm = 1;
+    m->final_cls_only = !timm; /* open_clip's ln_post acts on the pooled token; timm's norm on all */
+    m->pos_rule = fam->pos;
+    m->naming = VIT_NAMES_TORCHVISION;
+    snprintf(m->family, sizeof m->family, "%s", fam->family);
+    snprintf(name, sizeof name, fam->model[VIT_P_HEAD_W], pre);
+    m->head = VIT_HEAD_NONE;
+    if (vitc__shards_find(h, name, &d, &nd, &sh)) {
+        int64_t C = c->hidden_dim, K = nd == 2 ? sh[fam->proj_t ? 1 : 0] : 0;
+        if (nd != 2 || sh[fam->proj_t ? 0 : 1] != C || K < 1 || K > VIT_MAX_DIM)
+            return vitc__err(VITC_ERR_SHAPE, "tensor %s: expected %s", name,
+                             fam->proj_t ? "[width, embed_dim]" : "[embed_dim, width]");
+        c->num_classes = (int)K;
+        m->head = VIT_HEAD_PROJ;
+    }
+    VITC_TRY(vitc__hub_processor(m, dir));
+    /* CLIP's processor at the model's own size, with the config's statistics */
+    vitc__hf_proc *p = &m->proc;
+    char *pp = vitc__hub_join(dir, "preprocessor_config.json");
+    int has_pp = pp && vitc__hub_exists(pp);
+    free(pp);
+    if (!has_pp) {
+        /* open_clip's transform ends in convert("RGB"): alpha dropped */
+        p->convert_rgb = 0;
+        p->shortest = p->crop_h = p->crop_w = c->image_size;
+        json_t *src = timm ? pc : json_object_get(cfg, "preprocess_cfg");
+        vitc__json_floats3(json_object_get(src, "mean"), p->mean);
+        vitc__json_floats3(json_object_get(src, "std"), p->std);
+        for (int i = 0; i < 3; i++) {
+            if (!(p->std[i] > 0.0f) || !isfinite(p->mean[i]))
+                return vitc__err(VITC_ERR_FORMAT, "the config's mean/std[%d] = %g/%g is invalid",
+                                 i, (double)p->mean[i], (double)p->std[i]);
+            c->mean[i] = p->mean[i], c->std[i] = p->std[i];
+        }
+    }
+    src->names = fam;
+    src->pre = pre;
+    src->mean2 = 0;
+    src->qkv_bias = 1;
+    json_t *a = json_object_get(cfg, "architecture");
+    snprintf(m->arch, sizeof m->arch, "%.31s",
+             timm && json_is_string(a) ? json_string_value(a) : fam->type);
+    return VITC_OK;
+}
+
+
+static vitc_status clip_configure(vitc_vit *m, vitc__src *src) {
+    if (vitc__ckpt_saved(src, saved_names))
+        return vitc__ckpt_saved_configure(m, src);
+    const vitc__hub_names *hf = vitc__hub_match(src, clip_types, N_TYPES);
+    if (hf)
+        return vitc__hub_configure(m, src, hf);
+    int timm = !src->open_clip_dir && clip_names(src->st) == 2;
+    if (!src->shards.n) {
+        /* The file again as the Hub reads it (OpenAI's int tensors listed,
+         * each tensor read when taken): its names are not the table's. */
+        vitc_safetensors_free(src->own);
+        src->own = NULL, src->st = NULL, src->adopt = 0;
+        VITC_TRY(vitc__shards_open(&src->shards, src->dir, src->weights));
+    }
+    /* the config beside the file: timm's config.json, open_clip_config.json */
+    char *cp = vitc__hub_join(src->dir, timm ? "config.json" : "open_clip_config.json");
+    vitc_status s = cp ? VITC_OK : vitc__err(VITC_ERR_NOMEM, "out of memory");
+    if (s == VITC_OK && vitc__hub_exists(cp))
+        s = vitc__hub_read_json(cp, &src->aux);
+    free(cp);
+    return s == VITC_OK ? clip_names_build(m, src, timm) : s;
+}
+
+/* A linear classifier over the (projected) embedding. */
+static vitc__vit_head clip_new_head(const vitc_vit *m) {
+    (void)m;
+    return VIT_HEAD_LINEAR;
+}
+
+/* classifier weight normal_(0, 0.02), bias zeros. */
+const vitc__family vitc__family_clip = {
+    .name = "clip",
+    .detect = clip_detect,
+    .configure = clip_configure,
+    .can_train = vitc__vit_can_train,
+    .new_head = clip_new_head,
+    .head_std = 0.02,
+};
