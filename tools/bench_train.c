@@ -155,6 +155,13 @@ static int setup_finetune(bench_train *t, const char *name, const char *model, i
     t->hub = 1;
     t->B = quick ? 2 : 8;
     t->H = quick ? 2 * g->patch_size : 224;
+    /* the step's loss reads the primary output as the new head's logits */
+    if (vitc_vit_output_size(t->vit, t->H, t->H, &probe_out) != VITC_OK)
+        return cli_lib_error(name);
+    if (probe_out != t->classes)
+        return cli_error("%s: the model's output after vitc_vit_reset_head is %lld floats per "
+                         "image, not the %d logits of its new head", name, (long long)probe_out,
+                         t->classes);
     int rc = alloc_step_buffers(t, name, g->in_channels);
     if (rc)
         return rc;
