@@ -340,11 +340,57 @@ static void test_folder(void **state) {
 #endif
 }
 
+/* Issue 21, H3: links in an ImageFolder tree. A self-link, a link to the
+ * root and a link back up once gave 17 copies of each image (more links:
+ * a walk without end); a hard link counted each image twice. Each folder
+ * is walked once and each file counted once, by (device, inode). M5: a
+ * class name is matched against the root's entries, never joined into a
+ * path, so "../outside" reads nothing outside the root. */
+static void test_folder_links(void **state) {
+    (void)state;
+#ifdef VITC_HAVE_PNG
+    uint8_t rgb[4 * 4 * 3] = {0};
+    mkdirs("loop/cls/sub");
+    assert_int_equal(vitc_image_save_png(path_of("loop/cls/a.png"), rgb, 4, 4), VITC_OK);
+    assert_int_equal(vitc_image_save_png(path_of("loop/cls/sub/b.png"), rgb, 4, 4), VITC_OK);
+    assert_int_equal(link(path_of("loop/cls/a.png"), path_of("loop/cls/hard.png")), 0);
+    assert_int_equal(symlink(".", path_of("loop/cls/self")), 0);
+    assert_int_equal(symlink("..", path_of("loop/cls/up")), 0);
+    assert_int_equal(symlink("../..", path_of("loop/cls/sub/root")), 0);
+    assert_int_equal(symlink("../../cls", path_of("loop/cls/sub/again")), 0);
+    assert_int_equal(symlink("a.png", path_of("loop/cls/soft.png")), 0);
+    vitc_dataset *d;
+    assert_int_equal(vitc_dataset_open_folder(path_of("loop"), 0, NULL, &d), VITC_OK);
+    assert_int_equal(vitc_dataset_num_classes(d), 1);
+    assert_int_equal(vitc_dataset_size(d), 2); /* a.png (or a link to it), sub/b.png */
+    vitc_dataset_free(d);
+    /* a second class that is a link to the first: its images are the
+     * first's, counted there only */
+    assert_int_equal(symlink("cls", path_of("loop/twin")), 0);
+    assert_int_equal(vitc_dataset_open_folder(path_of("loop"), 0, NULL, &d), VITC_OK);
+    assert_int_equal(vitc_dataset_num_classes(d), 2);
+    assert_int_equal(vitc_dataset_size(d), 2);
+    vitc_dataset_free(d);
+
+    mkdirs("named/cls");
+    mkdirs("outside");
+    assert_int_equal(vitc_image_save_png(path_of("named/cls/a.png"), rgb, 4, 4), VITC_OK);
+    assert_int_equal(vitc_image_save_png(path_of("outside/z.png"), rgb, 4, 4), VITC_OK);
+    const char *classes[3] = {"cls", "../outside", ".."};
+    assert_int_equal(vitc_dataset_open_folder(path_of("named"), 3, classes, &d), VITC_OK);
+    assert_int_equal(vitc_dataset_size(d), 1);
+    assert_int_equal(vitc_dataset_label(d, 0), 0);
+    vitc_dataset_free(d);
+#else
+    skip();
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_idx_raw),     cmocka_unit_test(test_idx_gzip),
         cmocka_unit_test(test_idx_corrupt), cmocka_unit_test(test_augment),
-        cmocka_unit_test(test_folder),
+        cmocka_unit_test(test_folder),      cmocka_unit_test(test_folder_links),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
