@@ -3,10 +3,16 @@ similar / embed / eval / plot-log defects. Each test fails on the code
 before its fix.
 
 H1  a Hub model's processor (PIL path) computes only the crop's window.
+H4  `similar` keeps file names as bytes: a non-UTF-8 name shifts nothing.
+M2  `similar` never writes its cache through a link, nor into the folder.
+M1  `similar`'s cache is keyed on the model's content, not its path.
+L1  `embed --json` / `similar --json` print a non-finite value as null.
 """
 import json
+import glob
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import unittest
@@ -16,9 +22,16 @@ import numpy as np
 import vitc
 
 try:
-    from .util import VITC, TmpDirCase, run_vitc as run
+    import torch
+except ImportError:  # pragma: no cover
+    torch = None
+
+try:
+    from .util import DATA, VITC, TmpDirCase, export_cmd, run_vitc as run
+    from .test_cli import tiny_vit
 except ImportError:  # run as a script
-    from util import VITC, TmpDirCase, run_vitc as run
+    from util import DATA, VITC, TmpDirCase, export_cmd, run_vitc as run
+    from test_cli import tiny_vit
 
 try:
     import transformers as T
@@ -105,6 +118,151 @@ class TestH1HubWindow(TmpDirCase):
         rc, out, err = run_limited([sys.executable, "-c", code, self.nocrop, path], mib=2048)
         self.assertEqual(rc, 0, err)
         self.assertIn("MiB of intermediates (the limit)", out)
+
+
+def export_tiny(tmp, seed, name=None):
+    """The tests' tiny torchvision ViT (seed) as a vitc checkpoint in tmp."""
+    pth = os.path.join(tmp, "m%d.pth" % seed)
+    torch.save(tiny_vit(seed).state_dict(), pth)
+    st = os.path.join(tmp, name or "m%d.safetensors" % seed)
+    subprocess.run(export_cmd(pth, st), check=True, stdout=subprocess.DEVNULL)
+    return st
+
+
+@unittest.skipIf(torch is None or not HAVE_VITC, "needs torch and build/vitc")
+class TestSimilarBytes(TmpDirCase):
+    TMP_PREFIX = "vitc_r3sim_"
+    # five different images under names invalid as UTF-8 first, in the
+    # middle and last, around valid ones: sorted, the bad ones are spread out
+    NAMES = [b"\xffhead.png", b"a.png", b"mid\xfedle.png", b"z.png", b"tail\xc3.png"]
+    SOURCES = ["photo.jpg", "photo.png", "rgb8.png", "gray8.png", "palette.png"]
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.m0 = export_tiny(cls.tmp, 0)
+        cls.m1 = export_tiny(cls.tmp, 1)
+
+    def setUp(self):
+        self.case = os.path.join(self.tmp, self.id().rsplit(".", 1)[-1])
+        self.index = os.path.join(self.case, "images")
+        os.makedirs(self.index)
+        for name, src in zip(self.NAMES, self.SOURCES):
+            shutil.copy(os.path.join(DATA, src), os.path.join(os.fsencode(self.index), name))
+        self.xdg = os.path.join(self.case, "xdg")
+        self.env = dict(os.environ, XDG_CACHE_HOME=self.xdg, HOME=os.path.join(self.case, "h"))
+
+    def similar(self, *args, model=None):
+        p = subprocess.run([VITC, "similar", "--model", model or self.m0, "--index", self.index,
+                            "--quiet"] + [str(a) for a in args], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, env=self.env)
+        return p.returncode, p.stdout, p.stderr.decode(errors="replace")
+
+    def caches(self):
+        return sorted(glob.glob(os.path.join(self.xdg, "vitc", "similar", "*.safetensors")))
+
+    def test_non_utf8_names(self):
+        """Each image's own copy (outside the folder) finds that image
+        first with score 1, whatever the names around it; before the fix
+        every name after an invalid one was the next image's."""
+        outside = os.path.join(self.case, "q")
+        os.makedirs(outside)
+        for mode in ("--no-cache", "build", "cached"):
+            for name, src in zip(self.NAMES, self.SOURCES):
+                q = os.path.join(outside, src)
+                shutil.copy(os.path.join(DATA, src), q)
+                extra = ["--no-cache"] if mode == "--no-cache" else []
+                rc, out, err = self.similar("--json", "--topk", "5", *extra, q)
+                self.assertEqual(rc, 0, err)
+                lines = out.decode().splitlines()  # valid UTF-8: U+FFFD for bad bytes
+                self.assertEqual(len(lines), 5, (mode, out))
+                first = json.loads(lines[0])
+                want = (os.fsencode(self.index) + b"/" + name).decode("utf-8", "replace")
+                self.assertEqual(first["image"], want, mode)
+                self.assertAlmostEqual(first["score"], 1.0, places=5)
+                # text output: the name's own bytes (control characters
+                # aside, which are escaped)
+                rc, out, err = self.similar("--topk", "1", *extra, q)
+                self.assertEqual(rc, 0, err)
+                self.assertTrue(out.rstrip(b"\n").endswith(b"/" + name), (mode, out))
+            if mode == "build":
+                self.assertEqual(len(self.caches()), 1)
+        self.assertEqual(sorted(os.listdir(os.fsencode(self.index))), sorted(self.NAMES))
+
+    def test_cache_link_not_followed(self):
+        """A link planted under the cache's name is replaced, its target
+        untouched (before: the target was overwritten with the cache)."""
+        q = os.path.join(DATA, "photo.png")
+        rc, _, err = self.similar(q)
+        self.assertEqual(rc, 0, err)
+        (cache,) = self.caches()
+        victim = os.path.join(self.case, "victim.bin")
+        with open(victim, "wb") as f:
+            f.write(b"precious")
+        os.unlink(cache)
+        os.symlink(victim, cache)
+        shutil.copy(os.path.join(DATA, "photo.jpg"), os.path.join(self.index, "new.png"))
+        rc, _, err = self.similar(q)
+        self.assertEqual(rc, 0, err)
+        with open(victim, "rb") as f:
+            self.assertEqual(f.read(), b"precious")
+        self.assertFalse(os.path.islink(cache))
+        self.assertTrue(os.path.isfile(cache))
+        # nothing was written into the image folder, and no temporary left
+        self.assertEqual(sorted(os.listdir(os.fsencode(self.index))),
+                         sorted(self.NAMES + [b"new.png"]))
+        self.assertEqual(os.listdir(os.path.dirname(cache)), [os.path.basename(cache)])
+
+    def test_cache_keyed_on_content(self):
+        """Weights replaced at the same path, same size and time: a fresh
+        index, not the stale one; the same model at another path: the same
+        cache."""
+        model = os.path.join(self.case, "model.safetensors")
+        shutil.copy(self.m0, model)
+        q = os.path.join(DATA, "photo.png")
+        rc, out0, err = self.similar("--json", q, model=model)
+        self.assertEqual(rc, 0, err)
+        st = os.stat(model)
+        shutil.copy(self.m1, model)
+        self.assertEqual(os.path.getsize(model), st.st_size)
+        os.utime(model, ns=(st.st_atime_ns, st.st_mtime_ns))
+        rc, out1, err = self.similar("--json", q, model=model)
+        rc, ref1, err = self.similar("--json", "--no-cache", q, model=self.m1)
+        self.assertEqual(rc, 0, err)
+        self.assertNotEqual(out0, ref1)
+        self.assertEqual(out1, ref1)
+        n = len(self.caches())
+        moved = os.path.join(self.case, "moved.safetensors")
+        os.rename(model, moved)
+        os.utime(moved, ns=(st.st_atime_ns, st.st_mtime_ns))
+        rc, out2, err = self.similar("--json", q, model=moved)
+        self.assertEqual((rc, out2), (0, ref1))
+        self.assertEqual(len(self.caches()), n)
+
+    def test_non_finite_is_null(self):
+        """A model whose output is NaN: `embed --json` printed `nan` (not
+        JSON) and `similar --json` printed nothing; now null."""
+        from safetensors.numpy import load_file, save_file
+        from safetensors import safe_open
+        with safe_open(self.m0, "np") as f:
+            meta = f.metadata()
+        t = load_file(self.m0)
+        for k in t:
+            if k.endswith("ln.weight"):
+                t[k] = t[k].copy()
+                t[k][:] = np.nan
+        bad = os.path.join(self.case, "nan.safetensors")
+        save_file(t, bad, metadata=meta)
+        q = os.path.join(DATA, "photo.png")
+        rc, out, err = run("embed", "--model", bad, "--json", q)
+        self.assertEqual(rc, 0, err)
+        e = json.loads(out)["embedding"]
+        self.assertIn(None, e)
+        rc, out, err = self.similar("--json", "--topk", "2", q, model=bad)
+        self.assertEqual(rc, 0, err)
+        rows = [json.loads(x) for x in out.decode().splitlines()]
+        self.assertEqual(len(rows), 2)
+        self.assertIsNone(rows[0]["score"])
 
 
 if __name__ == "__main__":
