@@ -59,6 +59,53 @@ void cli_escape(char *dst, size_t cap, const char *s) {
     dst[n] = '\0';
 }
 
+/* The length of the valid UTF-8 sequence at p (1..4), 0 when it is not one
+ * (overlong forms, surrogates and code points past U+10FFFF included, as
+ * jansson and Python reject them). */
+static int utf8_len(const unsigned char *p) {
+    unsigned c = p[0];
+    if (c < 0x80)
+        return 1;
+    int n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (!n)
+        return 0;
+    unsigned lo = 0x80, hi = 0xbf; /* the second byte's range */
+    if (c == 0xe0)
+        lo = 0xa0;
+    else if (c == 0xed)
+        hi = 0x9f;
+    else if (c == 0xf0)
+        lo = 0x90;
+    else if (c == 0xf4)
+        hi = 0x8f;
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (int k = 2; k < n; k++)
+        if ((p[k] & 0xc0) != 0x80)
+            return 0;
+    return n;
+}
+
+char *cli_utf8_valid(const char *s) {
+    const unsigned char *p = (const unsigned char *)s;
+    size_t len = strlen(s);
+    char *out = malloc(3 * len + 1), *o = out; /* U+FFFD is 3 bytes for 1 */
+    if (!out)
+        return NULL;
+    while (*p) {
+        int n = utf8_len(p);
+        if (n) {
+            memcpy(o, p, (size_t)n);
+            o += n, p += n;
+        } else {
+            memcpy(o, "\xef\xbf\xbd", 3);
+            o += 3, p++;
+        }
+    }
+    *o = 0;
+    return out;
+}
+
 void cli_json_string(FILE *f, const char *s) {
     const unsigned char *p = (const unsigned char *)s;
     fputc('"', f);
@@ -75,17 +122,11 @@ void cli_json_string(FILE *f, const char *s) {
             else
                 fprintf(f, "\\u%04x", c);
             p++;
-        } else if (c < 0x80) {
-            fputc((int)c, f);
-            p++;
         } else {
-            int n = c >= 0xf0 && c < 0xf5 ? 3 : c >= 0xe0 ? 2 : c >= 0xc2 && c < 0xe0 ? 1 : -1;
-            int ok = n > 0 && c < 0xf5;
-            for (int k = 1; ok && k <= n; k++)
-                ok = (p[k] & 0xc0) == 0x80;
-            if (ok) {
-                fwrite(p, 1, (size_t)n + 1, f);
-                p += n + 1;
+            int n = utf8_len(p);
+            if (n) {
+                fwrite(p, 1, (size_t)n, f);
+                p += n;
             } else {
                 fputs("\\ufffd", f);
                 p++;

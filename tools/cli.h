@@ -84,6 +84,9 @@ void cli_escape(char *dst, size_t cap, const char *s);
 /* s as a JSON string, quotes included: UTF-8 passed through, bytes that
  * are not valid UTF-8 as U+FFFD, so the output stays valid JSON. */
 void cli_json_string(FILE *f, const char *s);
+/* A new copy of s with each byte that is not part of valid UTF-8 replaced by
+ * U+FFFD (for jansson, which refuses such strings); NULL when out of memory. */
+char *cli_utf8_valid(const char *s);
 /* v as a JSON number ("%.9g"), null for NaN and infinity (JSON has neither). */
 void cli_json_number(FILE *f, double v);
 

@@ -7,6 +7,9 @@ H4  `similar` keeps file names as bytes: a non-UTF-8 name shifts nothing.
 M2  `similar` never writes its cache through a link, nor into the folder.
 M1  `similar`'s cache is keyed on the model's content, not its path.
 L1  `embed --json` / `similar --json` print a non-finite value as null.
+M5  `eval` never makes a label into a path.
+L10 `eval` escapes control characters of labels and paths it prints.
+L14 `eval` keeps no dense C x C matrix (100,000 classes ran out of memory).
 """
 import json
 import glob
@@ -263,6 +266,100 @@ class TestSimilarBytes(TmpDirCase):
         rows = [json.loads(x) for x in out.decode().splitlines()]
         self.assertEqual(len(rows), 2)
         self.assertIsNone(rows[0]["score"])
+
+
+def export_classes(tmp, name, labels=None, num_classes=None):
+    """A tiny torchvision ViT with len(labels) (or num_classes) classes as a
+    vitc checkpoint, its labels from a file (none: no labels)."""
+    from torchvision.models.vision_transformer import VisionTransformer
+    torch.manual_seed(0)
+    n = len(labels) if labels else num_classes
+    m = VisionTransformer(image_size=48, patch_size=16, num_layers=1, num_heads=2,
+                          hidden_dim=32, mlp_dim=64, num_classes=n).eval()
+    pth = os.path.join(tmp, name + ".pth")
+    torch.save(m.state_dict(), pth)
+    st = os.path.join(tmp, name + ".safetensors")
+    subprocess.run(export_cmd(pth, st, "--labels", "none"), check=True, stdout=subprocess.DEVNULL)
+    if labels:  # written into vitc.config as given (a labels file cannot hold a CR)
+        from safetensors import safe_open
+        from safetensors.numpy import load_file, save_file
+        with safe_open(st, "np") as f:
+            meta = f.metadata()
+        cfg = json.loads(meta["vitc.config"])
+        cfg["labels"] = labels
+        meta["vitc.config"] = json.dumps(cfg)
+        save_file(load_file(st), st, metadata=meta)
+    return st
+
+
+@unittest.skipIf(torch is None or not HAVE_VITC, "needs torch and build/vitc")
+class TestEval(TmpDirCase):
+    TMP_PREFIX = "vitc_r3eval_"
+
+    def folder(self, root, classes):
+        for c, names in classes.items():
+            os.makedirs(os.path.join(root, c), exist_ok=True)
+            for n, src in names:
+                shutil.copy(os.path.join(DATA, src), os.path.join(root, c, n))
+        return root
+
+    def test_labels_are_not_paths_and_are_escaped(self):
+        """M5: a label "../outside" read the images beside --data (one
+        naming /usr decoded system images). L10: a label with ESC and CR,
+        and a skipped image whose name has them, reach the terminal
+        escaped."""
+        evil = "\x1b[31mred\rX"
+        model = export_classes(self.tmp, "m3", ["cls", "../outside", evil])
+        data = self.folder(self.path("data"), {
+            "cls": [("a.png", "photo.png"), ("b.jpg", "photo.jpg")],
+            evil: [("c.png", "rgb8.png")]})
+        with open(os.path.join(data, "cls", "bad\x1b]0;pwn\x07.png"), "wb") as f:
+            f.write(b"\x89PNG\r\n\x1a\nbroken")
+        self.folder(self.path("outside"), {".": [("o%d.png" % i, "gray8.png") for i in range(4)]})
+        rc, out, err = run("eval", "--model", model, "--data", data, "--json", "--quiet")
+        self.assertEqual(rc, 0, err)
+        res = json.loads(out)
+        self.assertEqual(res["images"], 3)  # not 7: outside/ is not read
+        self.assertEqual(res["skipped"], 1)
+        self.assertEqual([c["images"] for c in res["per_class"]], [2, 0, 1])
+        self.assertEqual(res["per_class"][2]["label"], evil)  # JSON escapes it itself
+        rc, out, err = run("eval", "--model", model, "--data", data, "--quiet")
+        self.assertEqual(rc, 0, err)
+        for text in (out, err):
+            self.assertNotIn("\x1b", text)
+            self.assertNotIn("\r", text)
+            self.assertNotIn("\x07", text)
+        self.assertIn("\\x1b[31mred\\x0dX", out)
+        self.assertIn("bad\\x1b]0;pwn\\x07.png", err)
+
+    def test_many_classes_no_dense_matrix(self):
+        """L14: 100,000 classes asked for an 80 GB confusion matrix; now the
+        counts are sparse and the run fits in 2 GiB."""
+        model = export_classes(self.tmp, "m100k", num_classes=100000)
+        data = self.folder(self.path("data100k"), {
+            "c0": [("a.png", "photo.png")], "c1": [("b.png", "rgb8.png"), ("c.jpg", "photo.jpg")]})
+        rc, out, err = run_limited([VITC, "eval", "--model", model, "--data", data, "--json",
+                                    "--quiet"], mib=2048)
+        self.assertEqual(rc, 0, err)
+        res = json.loads(out)
+        self.assertEqual(res["images"], 3)
+        self.assertIsNone(res["confusion"])
+        cells = res["confusion_cells"]
+        self.assertEqual(sum(c[2] for c in cells), 3)
+        self.assertEqual(sorted({c[0] for c in cells}), [0, 1])
+        self.assertEqual(len(res["per_class"]), 100000)
+        self.assertEqual(res["per_class"][1]["images"], 2)
+        rc, out, err = run_limited([VITC, "eval", "--model", model, "--data", data, "--quiet"],
+                                   mib=2048)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("confusion matrix: not printed for 100000 classes", out)
+        # a small model: the dense matrix as before, rows summing to the counts
+        small = export_classes(self.tmp, "m2", ["c0", "c1"])
+        rc, out, err = run("eval", "--model", small, "--data", data, "--json", "--quiet")
+        self.assertEqual(rc, 0, err)
+        res = json.loads(out)
+        self.assertEqual([sum(r) for r in res["confusion"]], [1, 2])
+        self.assertNotIn("confusion_cells", res)
 
 
 if __name__ == "__main__":
