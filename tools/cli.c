@@ -145,7 +145,7 @@ void cli_json_number(FILE *f, double v) {
 
 /* "vitc: error: " and the message on one line: a newline in a path or in a
  * library message naming a file's contents must not start a line of its own. */
-static void cli_verror(const char *fmt, va_list ap) {
+static void cli_vmessage(const char *prefix, const char *fmt, va_list ap) {
     char small[1024], *msg = small;
     va_list ap2;
     int n;
@@ -156,11 +156,20 @@ static void cli_verror(const char *fmt, va_list ap) {
     else if (n >= (int)sizeof small)
         msg = small; /* out of memory: the cut message still says what failed */
     va_end(ap2);
-    fputs("vitc: error: ", stderr);
+    fputs(prefix, stderr);
     cli_put_escaped(stderr, n < 0 ? fmt : msg, SIZE_MAX);
     fputc('\n', stderr);
     if (msg != small)
         free(msg);
+}
+
+static void cli_verror(const char *fmt, va_list ap) { cli_vmessage("vitc: error: ", fmt, ap); }
+
+void cli_warning(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cli_vmessage("vitc: warning: ", fmt, ap);
+    va_end(ap);
 }
 
 int cli_error(const char *fmt, ...) {

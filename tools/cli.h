@@ -15,6 +15,8 @@ enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
 /* "vitc: error: ..." on stderr, one line (control characters in the text,
  * e.g. from a path or a file, are escaped); returns CLI_FAIL. */
 int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* "vitc: warning: ..." on stderr, one line, escaped as cli_error's. */
+void cli_warning(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "vitc: error: ...\nTry 'vitc CMD --help'." on stderr; returns CLI_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The library's last error as a CLI failure. */

@@ -400,11 +400,8 @@ int cmd_eval(int argc, char **argv) {
         rc = eval_run(m, d.eval, batch, &er, &ec, quiet);
     if (rc == CLI_OK && C <= EVAL_DENSE_MAX && !(cm = counts_dense(&ec)))
         rc = cli_error("out of memory");
-    for (int64_t i = 0; rc == CLI_OK && i < er.skipped; i++) {
-        fputs("vitc: warning: skipped unreadable image ", stderr);
-        cli_put_escaped(stderr, vitc_dataset_skipped_path(d.eval, i), SIZE_MAX);
-        fputc('\n', stderr);
-    }
+    for (int64_t i = 0; rc == CLI_OK && i < er.skipped; i++)
+        cli_warning("skipped unreadable image %s", vitc_dataset_skipped_path(d.eval, i));
     double acc = er.n ? (double)er.correct / er.n : 0;
     char nb[16];
     if (rc == CLI_OK && json) {

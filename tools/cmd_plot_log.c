@@ -239,8 +239,7 @@ int cmd_plot_log(int argc, char **argv) {
             rc = cli_lib_error("--out");
     }
     if (bad && rc == CLI_OK)
-        fprintf(stderr, "vitc: warning: %s: %lld lines were not training records\n", path,
-                (long long)bad);
+        cli_warning("%s: %lld lines were not training records", path, (long long)bad);
     canvas_free(&cv);
     series *fr[6] = {&steps, &tl, &el, &ta, &ea, &raw_steps};
     for (int k = 0; k < 6; k++) free(fr[k]->x), free(fr[k]->y);

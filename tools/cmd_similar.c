@@ -493,11 +493,7 @@ int cmd_similar(int argc, char **argv) {
             char why[4400];
             if (use_cache && cache_folder(o.cache_dir, dir, sizeof dir, why, sizeof why) != 0) {
                 /* paths from the environment and the command line: escaped */
-                char ewhy[4400], eidx[1024];
-                cli_escape(ewhy, sizeof ewhy, why);
-                cli_escape(eidx, sizeof eidx, o.index);
-                fprintf(stderr, "vitc: warning: no index cache (%s); embedding %s every time\n",
-                        ewhy, eidx);
+                cli_warning("no index cache (%s); embedding %s every time", why, o.index);
                 use_cache = 0;
             }
             if (use_cache)
@@ -567,9 +563,7 @@ int cmd_similar(int argc, char **argv) {
         if (use_cache && (!names_text ? (why = "out of memory") != NULL
                                       : (why = save_cache(dir, cache, key, names_text, emb, rows,
                                                           dim)) != NULL)) {
-            char ewhy[1024];
-            cli_escape(ewhy, sizeof ewhy, why);
-            fprintf(stderr, "vitc: warning: the index cache could not be written: %s\n", ewhy);
+            cli_warning("the index cache could not be written: %s", why);
         }
     }
     /* The query. */
