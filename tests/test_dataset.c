@@ -154,8 +154,43 @@ static void test_idx_gzip(void **state) {
     assert_int_equal(vitc_dataset_open_idx(path_of("claim.gz"), path_of("lab"), &d), VITC_ERR_FORMAT);
     getrusage(RUSAGE_SELF, &r1);
     assert_null(d);
-    assert_non_null(strstr(vitc_last_error(), "cut short"));
+    /* refused by the ratio cap now, before reading any of it */
+    assert_non_null(strstr(vitc_last_error(), "over 64 times its size"));
     assert_true(r1.ru_maxrss - r0.ru_maxrss < 64 * 1024); /* KiB */
+#else
+    skip();
+#endif
+}
+
+/* Issue 21, L15: a consistent gzip IDX whose data is all zeros inflates
+ * about 1000:1; a 20 KB file was inflated into 20 MB (1.2 MB into 1.2 GB)
+ * before any check. Over 64 times the file's size (plus 1 MiB) is refused
+ * from the header's claim, before any buffer. */
+static void test_idx_gzip_ratio(void **state) {
+    (void)state;
+#ifdef VITC_HAVE_ZLIB
+    const int n = 40000, side = 28; /* 31 MB of zeros */
+    size_t body = (size_t)n * side * side;
+    uint8_t *buf = calloc(16 + body, 1);
+    assert_non_null(buf);
+    idx_images(buf, 8, 3, (uint32_t)n, side, side, 0, 0);
+    memset(buf + 16, 0, body);
+    gzFile g = gzopen(path_of("zeros.gz"), "wb9");
+    assert_non_null(g);
+    assert_int_equal(gzwrite(g, buf, (unsigned)(16 + body)), (int)(16 + body));
+    gzclose(g);
+    free(buf);
+    uint8_t lab[8 + 40000] = {0, 0, 8, 1, 0, 0, 0x9c, 0x40};
+    tu_write_file(path_of("zlab"), lab, sizeof lab);
+    vitc_dataset *d = NULL;
+    struct rusage r0, r1;
+    getrusage(RUSAGE_SELF, &r0);
+    assert_int_equal(vitc_dataset_open_idx(path_of("zeros.gz"), path_of("zlab"), &d),
+                     VITC_ERR_FORMAT);
+    getrusage(RUSAGE_SELF, &r1);
+    assert_null(d);
+    assert_non_null(strstr(vitc_last_error(), "over 64 times its size"));
+    assert_true(r1.ru_maxrss - r0.ru_maxrss < 8 * 1024); /* KiB */
 #else
     skip();
 #endif
@@ -389,6 +424,7 @@ static void test_folder_links(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_idx_raw),     cmocka_unit_test(test_idx_gzip),
+        cmocka_unit_test(test_idx_gzip_ratio),
         cmocka_unit_test(test_idx_corrupt), cmocka_unit_test(test_augment),
         cmocka_unit_test(test_folder),      cmocka_unit_test(test_folder_links),
     };

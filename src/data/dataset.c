@@ -36,6 +36,12 @@
 #define IDX_MAX_SIDE 4096
 #define IDX_MAX_COUNT 100000000LL
 #define IDX_MAX_BYTES (1LL << 34)
+/* A gzip IDX file may hold at most this multiple of its own size (plus
+ * IDX_GZIP_SLACK): real ones are 2 to 6 times smaller than their data, and a
+ * header's count is only a claim, so a 1.2 MB file must not make vitc
+ * inflate and keep gigabytes (deflate reaches 1032:1). */
+#define IDX_GZIP_MAX_RATIO 64
+#define IDX_GZIP_SLACK ((uint64_t)1 << 20)
 /* An ImageFolder image is refused over this many pixels before decoding. */
 #define FOLDER_MAX_PIXELS (64LL << 20)
 #define FOLDER_MAX_FILES 100000000LL
@@ -232,6 +238,23 @@ static vitc_status idx_header(idx_file *x, int want_ndim, int64_t *dims) {
     return VITC_OK;
 }
 
+/* A gzip file's header claims `total` bytes of data: refused over the
+ * ratio cap before anything is allocated or inflated. */
+static vitc_status idx_gzip_claim(const idx_file *x, uint64_t total) {
+#ifdef VITC_HAVE_ZLIB
+    if (x->gz && total > x->size * IDX_GZIP_MAX_RATIO + IDX_GZIP_SLACK)
+        return vitc__err(VITC_ERR_FORMAT,
+                         "%s: a gzip file of %llu bytes whose header claims %llu bytes of data, "
+                         "over %d times its size (vitc's limit); gunzip it and pass the raw file "
+                         "if the data is real", x->path, (unsigned long long)x->size,
+                         (unsigned long long)total, IDX_GZIP_MAX_RATIO);
+#else
+    (void)x;
+    (void)total;
+#endif
+    return VITC_OK;
+}
+
 /* The body: exactly `bytes` bytes and nothing after them. */
 static vitc_status idx_body(idx_file *x, uint8_t *dst, size_t bytes) {
     size_t got = 0; /* set by idx_read on success; GCC without zlib cannot see it */
@@ -322,6 +345,8 @@ static vitc_status idx_load(vitc_dataset *d, const char *images, const char *lab
                       images, (unsigned long long)xi.size, (long long)di[0], (long long)di[1],
                       (long long)di[2], (unsigned long long)(16 + bytes));
     if (s == VITC_OK)
+        s = idx_gzip_claim(&xi, 16 + (uint64_t)bytes);
+    if (s == VITC_OK)
         s = idx_body_alloc(&xi, bytes, &d->pixels);
     idx_close(&xi);
     if (s != VITC_OK)
@@ -339,6 +364,8 @@ static vitc_status idx_load(vitc_dataset *d, const char *images, const char *lab
     if (s == VITC_OK && xl.f && xl.size != 8 + (uint64_t)d->n)
         s = vitc__err(VITC_ERR_FORMAT, "%s: file of %llu bytes; its header needs %llu", labels,
                       (unsigned long long)xl.size, (unsigned long long)(8 + d->n));
+    if (s == VITC_OK)
+        s = idx_gzip_claim(&xl, 8 + (uint64_t)d->n);
     uint8_t *lab = NULL;
     if (s == VITC_OK && (!(lab = malloc((size_t)d->n)) ||
                          !(d->labels = malloc((size_t)d->n * sizeof *d->labels))))
