@@ -10,6 +10,8 @@ L1  `embed --json` / `similar --json` print a non-finite value as null.
 M5  `eval` never makes a label into a path.
 L10 `eval` escapes control characters of labels and paths it prints.
 L14 `eval` keeps no dense C x C matrix (100,000 classes ran out of memory).
+L15 (C: tests/test_dataset.c) gzip IDX ratio cap; H3 (same file) links.
+L8  `plot-log` clips segments to the panel before drawing them.
 """
 import json
 import glob
@@ -18,6 +20,7 @@ import resource
 import shutil
 import subprocess
 import sys
+import time
 import unittest
 
 import numpy as np
@@ -360,6 +363,33 @@ class TestEval(TmpDirCase):
         res = json.loads(out)
         self.assertEqual([sum(r) for r in res["confusion"]], [1, 2])
         self.assertNotIn("confusion_cells", res)
+
+
+@unittest.skipIf(not HAVE_VITC, "needs build/vitc")
+class TestPlotLog(TmpDirCase):
+    TMP_PREFIX = "vitc_r3plot_"
+
+    def test_far_off_panel_values(self):
+        """Step losses of -1e6 on a panel up to 1.5 (and +-1e300 elsewhere): each segment ran
+        off the panel, 100,000 squares each (37 s for a 2.8 MB log), and
+        lround past int's range is undefined. Clipped, it is quick."""
+        log = self.path("train.jsonl")
+        with open(log, "w") as f:
+            for i in range(1, 30001):
+                f.write(json.dumps({"type": "step", "epoch": 1, "step": i,
+                                    "loss": 1.0 if i % 2 else -1e6}) + "\n")
+            for e in (1, 2, 3):
+                f.write(json.dumps({"type": "epoch", "epoch": e, "step": 10000 * e,
+                                    "train_loss": -1e300 * e, "eval_loss": 1.5,
+                                    "train_acc": -1e300, "eval_acc": 1e300}) + "\n")
+        out = self.path("plot.png")
+        t0 = time.monotonic()
+        rc, _, err = run("plot-log", "--out", out, log, timeout=120)
+        elapsed = time.monotonic() - t0
+        self.assertEqual(rc, 0, err)
+        self.assertLess(elapsed, 5.0)
+        from PIL import Image
+        self.assertEqual(Image.open(out).size, (900, 380))
 
 
 if __name__ == "__main__":
