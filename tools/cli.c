@@ -595,8 +595,10 @@ int cli_model_processor(const vitc_vit *m, int crop_set, int resize_set, cli_inp
     if (h1 < vitc_vit_get_config(m)->patch_size || w1 < vitc_vit_get_config(m)->patch_size)
         return cli_error("the model's image processor makes %dx%d, smaller than a patch", w1, h1);
     in->proc = m;
-    in->height = h1, in->width = w1, in->channels = 3;
-    in->per_image = (size_t)3 * (size_t)h1 * (size_t)w1; /* both <= 16384 */
+    /* The model's channel count, not the processor's RGB: a 1-channel
+     * model read 3 planes per image as 3 images' worth (issue 21, H2). */
+    in->height = h1, in->width = w1, in->channels = vitc_vit_get_config(m)->in_channels;
+    in->per_image = (size_t)in->channels * (size_t)h1 * (size_t)w1; /* both <= 16384 */
     return CLI_OK;
 }
 
@@ -623,8 +625,27 @@ vitc_status cli_load_input(const char *path, const vitc_vit_config *cfg, const c
     int h, w;
     if (st == VITC_OK && in->proc) {
         st = vitc_vit_preprocess_size(in->proc, img.width, img.height, &h, &w);
-        if (st == VITC_OK)
+        if (st == VITC_OK && in->channels == 1) {
+            /* A gray model's processor sees the image as PIL's convert("L")
+             * gives it (transformers' processors make as many planes as the
+             * image has): luminance in every plane, the first plane kept,
+             * normalised with the first mean and std. */
+            size_t np = (size_t)img.width * (size_t)img.height;
+            float *rgb = malloc((size_t)3 * (size_t)h * (size_t)w * sizeof *rgb);
+            for (size_t i = 0; i < np; i++) {
+                uint8_t *px = img.rgb + 3 * i;
+                uint32_t l = (px[0] * 19595u + px[1] * 38470u + px[2] * 7471u + 0x8000u) >> 16;
+                px[0] = px[1] = px[2] = (uint8_t)l;
+            }
+            st = rgb ? vitc_vit_preprocess(in->proc, &img, rgb) : VITC_ERR_NOMEM;
+            if (st == VITC_OK)
+                memcpy(out, rgb, (size_t)h * (size_t)w * sizeof *rgb);
+            else if (!rgb)
+                cli_error("out of memory preprocessing %s", path);
+            free(rgb);
+        } else if (st == VITC_OK) {
             st = vitc_vit_preprocess(in->proc, &img, out);
+        }
         vitc_image_free(&img);
         return st;
     }

@@ -12,6 +12,7 @@ L10 `eval` escapes control characters of labels and paths it prints.
 L14 `eval` keeps no dense C x C matrix (100,000 classes ran out of memory).
 L15 (C: tests/test_dataset.c) gzip IDX ratio cap; H3 (same file) links.
 L8  `plot-log` clips segments to the panel before drawing them.
+H2  a 1-channel Hub model gets 1-plane images in every command.
 """
 import json
 import glob
@@ -390,6 +391,107 @@ class TestPlotLog(TmpDirCase):
         self.assertLess(elapsed, 5.0)
         from PIL import Image
         self.assertEqual(Image.open(out).size, (900, 380))
+
+
+@unittest.skipIf(T is None or torch is None or not HAVE_VITC, "needs transformers and build/vitc")
+class TestOneChannelHub(TmpDirCase):
+    """H2: a Hub model with num_channels 1 was fed the processor's 3 planes
+    per image: the forward read them as 3 images' worth, so the second
+    image of a batch was wrong and results changed with --batch. Now every
+    command feeds 1 plane: the processor on the image as PIL's
+    convert("L") gives it, as transformers' processor with a 1-value mean."""
+    TMP_PREFIX = "vitc_r3gray_"
+    PHOTOS = ["photo.png", "rgb8.png", "photo.jpg"]
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        torch.manual_seed(0)
+        cfg = T.ViTConfig(image_size=32, patch_size=8, num_channels=1, hidden_size=32,
+                          num_hidden_layers=1, num_attention_heads=2, intermediate_size=64,
+                          num_labels=5, attn_implementation="eager")
+        cls.model = T.ViTForImageClassification(cfg).eval()
+        cls.d = os.path.join(cls.tmp, "gray_vit")
+        cls.model.save_pretrained(cls.d)
+        T.ViTImageProcessor(size={"height": 32, "width": 32}).save_pretrained(cls.d)
+        cls.ref_proc = T.ViTImageProcessor(size={"height": 32, "width": 32},
+                                           image_mean=[0.5], image_std=[0.5])
+        cls.photos = [os.path.join(DATA, n) for n in cls.PHOTOS]
+
+    def reference(self, path, **kw):
+        x = self.ref_proc(images=Image.open(path).convert("L"), return_tensors="pt")
+        with torch.no_grad():
+            return self.model(pixel_values=x["pixel_values"], **kw)
+
+    def test_classify(self):
+        for batch in ("1", "3"):
+            rc, out, err = run("classify", "--model", self.d, "--json", "--batch", batch,
+                               "--topk", "5", *self.photos)
+            self.assertEqual(rc, 0, err)
+            rows = [json.loads(x) for x in out.splitlines()]
+            self.assertEqual(len(rows), 3)
+            for path, r in zip(self.photos, rows):
+                ref = self.reference(path).logits[0].numpy()
+                got = {p["index"]: p["logit"] for p in r["topk"]}
+                np.testing.assert_allclose([got[i] for i in range(5)], ref, rtol=1e-4,
+                                           atol=1e-4, err_msg="%s --batch %s" % (path, batch))
+
+    def test_embed_and_similar(self):
+        outs = {}
+        for batch in ("1", "3"):
+            rc, out, err = run("embed", "--model", self.d, "--json", "--batch", batch,
+                               *self.photos)
+            self.assertEqual(rc, 0, err)
+            outs[batch] = [json.loads(x)["embedding"] for x in out.splitlines()]
+        np.testing.assert_allclose(outs["1"], outs["3"], rtol=1e-5, atol=1e-6)
+        index = self.path("index")
+        os.makedirs(index, exist_ok=True)
+        for p in self.photos:
+            shutil.copy(p, index)
+        res = {}
+        for batch in ("1", "3"):
+            rc, out, err = run("similar", "--model", self.d, "--index", index, "--no-cache",
+                               "--json", "--batch", batch, "--topk", "3",
+                               os.path.join(DATA, "rgb8.png"))
+            self.assertEqual(rc, 0, err)
+            res[batch] = [json.loads(x) for x in out.splitlines()]
+            self.assertEqual(os.path.basename(res[batch][0]["image"]), "rgb8.png")
+            self.assertAlmostEqual(res[batch][0]["score"], 1.0, places=5)
+        self.assertEqual([r["image"] for r in res["1"]], [r["image"] for r in res["3"]])
+        np.testing.assert_allclose([r["score"] for r in res["1"]],
+                                   [r["score"] for r in res["3"]], atol=1e-5)
+
+    def test_attention_map(self):
+        """--method cls --raw: the last layer's class-token attention, mean
+        of heads, on the 1-plane input attention-map makes (torchvision's
+        transform: luminance, resize, crop; it shows the crop)."""
+        import torchvision.transforms.functional as TF
+        path = self.photos[0]
+        raw = self.path("raw.npy")
+        rc, _, err = run("attention-map", "--model", self.d, "--method", "cls", "--out",
+                         self.path("a.png"), "--raw", raw, "--quiet", path)
+        self.assertEqual(rc, 0, err)
+        t = TF.pil_to_tensor(Image.open(path).convert("RGB"))
+        t = TF.center_crop(TF.resize(TF.rgb_to_grayscale(t), 36, antialias=True), 32)
+        x = TF.normalize(t.float()[None] / 255.0, [0.5], [0.5])
+        with torch.no_grad():
+            att = self.model(pixel_values=x, output_attentions=True).attentions[-1]
+        ref = att[0, :, 0, 1:].mean(0).reshape(4, 4).numpy()
+        np.testing.assert_allclose(np.load(raw), ref, rtol=1e-4, atol=1e-5)
+
+    def test_eval(self):
+        data = self.path("data")
+        for k, p in enumerate(self.photos):
+            os.makedirs(os.path.join(data, "LABEL_%d" % (k % 2)), exist_ok=True)
+            shutil.copy(p, os.path.join(data, "LABEL_%d" % (k % 2)))
+        res = {}
+        for batch in ("1", "3"):
+            rc, out, err = run("eval", "--model", self.d, "--data", data, "--json", "--quiet",
+                               "--batch", batch)
+            self.assertEqual(rc, 0, err)
+            res[batch] = json.loads(out)
+        self.assertEqual(res["1"]["images"], 3)
+        self.assertAlmostEqual(res["1"]["loss"], res["3"]["loss"], places=5)
 
 
 if __name__ == "__main__":
