@@ -13,6 +13,8 @@ L14 `eval` keeps no dense C x C matrix (100,000 classes ran out of memory).
 L15 (C: tests/test_dataset.c) gzip IDX ratio cap; H3 (same file) links.
 L8  `plot-log` clips segments to the panel before drawing them.
 H2  a 1-channel Hub model gets 1-plane images in every command.
+M8  the converters never run code from a checkpoint without --trust-pickle
+    (already weights_only=True in both: this guards it).
 """
 import json
 import glob
@@ -34,10 +36,10 @@ except ImportError:  # pragma: no cover
     torch = None
 
 try:
-    from .util import DATA, VITC, TmpDirCase, export_cmd, run_vitc as run
+    from .util import DATA, ROOT, VITC, TmpDirCase, export_cmd, run_script, run_vitc as run
     from .test_cli import tiny_vit
 except ImportError:  # run as a script
-    from util import DATA, VITC, TmpDirCase, export_cmd, run_vitc as run
+    from util import DATA, ROOT, VITC, TmpDirCase, export_cmd, run_script, run_vitc as run
     from test_cli import tiny_vit
 
 try:
@@ -492,6 +494,33 @@ class TestOneChannelHub(TmpDirCase):
             res[batch] = json.loads(out)
         self.assertEqual(res["1"]["images"], 3)
         self.assertAlmostEqual(res["1"]["loss"], res["3"]["loss"], places=5)
+
+
+class _Hostile:
+    """Unpickling this runs code: it writes the marker file."""
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (self.marker, "w"))
+
+
+@unittest.skipIf(torch is None, "needs torch")
+class TestPickle(TmpDirCase):
+    TMP_PREFIX = "vitc_r3pickle_"
+
+    def test_hostile_checkpoint_runs_nothing(self):
+        marker = self.path("pwned")
+        pth = self.path("hostile.pth.tar")
+        sd = tiny_vit(0).state_dict()
+        torch.save({"state_dict": sd, "args": _Hostile(marker)}, pth)
+        for script in ("export_safetensors.py", "convert_t2t.py"):
+            rc, out, err = run_script(os.path.join(ROOT, "tools", script), pth,
+                                      self.path("out.safetensors"))
+            self.assertEqual(rc, 1, (script, err))
+            self.assertIn("--trust-pickle", err, script)
+            self.assertFalse(os.path.exists(marker), script)
+            self.assertFalse(os.path.exists(self.path("out.safetensors")), script)
 
 
 if __name__ == "__main__":
