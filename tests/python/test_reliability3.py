@@ -392,7 +392,8 @@ class TestPlotLog(TmpDirCase):
         self.assertEqual(rc, 0, err)
         self.assertLess(elapsed, 5.0)
         from PIL import Image
-        self.assertEqual(Image.open(out).size, (900, 380))
+        with Image.open(out) as im:
+            self.assertEqual(im.size, (900, 380))
 
 
 @unittest.skipIf(T is None or torch is None or not HAVE_VITC, "needs transformers and build/vitc")
