@@ -141,9 +141,9 @@ def export_tiny(tmp, seed, name=None):
 @unittest.skipIf(torch is None or not HAVE_VITC, "needs torch and build/vitc")
 class TestSimilarBytes(TmpDirCase):
     TMP_PREFIX = "vitc_r3sim_"
-    # five different images under names invalid as UTF-8 first, in the
-    # middle and last, around valid ones: sorted, the bad ones are spread out
-    NAMES = [b"\xffhead.png", b"a.png", b"mid\xfedle.png", b"z.png", b"tail\xc3.png"]
+    # five different images; sorted, the names invalid as UTF-8 come first,
+    # in the middle and last (and the bad byte opens, splits or ends a name)
+    NAMES = [b"0\xc3.png", b"a.png", b"m\xfeid.png", b"n.png", b"\xffz.png"]
     SOURCES = ["photo.jpg", "photo.png", "rgb8.png", "gray8.png", "palette.png"]
 
     @classmethod
