@@ -25,7 +25,7 @@ vitc_status vitc__err_prefix(vitc_status status, const char *fmt, ...)
             return vitc__s;            \
     } while (0)
 
-/* A Hugging Face image processor's slow (PIL) path (src/io/image_hf.c):
+/* A Hugging Face image processor's slow (PIL) path (src/io/preprocess.c):
  * resize (exact size, or shortest edge s with long = int(s * long / short)),
  * resample 2 (bilinear) or 3 (bicubic) as PIL computes it in uint8, center
  * crop with floor offsets (zero padding where the crop is larger), rescale,

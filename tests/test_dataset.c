@@ -154,8 +154,43 @@ static void test_idx_gzip(void **state) {
     assert_int_equal(vitc_dataset_open_idx(path_of("claim.gz"), path_of("lab"), &d), VITC_ERR_FORMAT);
     getrusage(RUSAGE_SELF, &r1);
     assert_null(d);
-    assert_non_null(strstr(vitc_last_error(), "cut short"));
+    /* refused by the ratio cap now, before reading any of it */
+    assert_non_null(strstr(vitc_last_error(), "over 64 times its size"));
     assert_true(r1.ru_maxrss - r0.ru_maxrss < 64 * 1024); /* KiB */
+#else
+    skip();
+#endif
+}
+
+/* Issue 21, L15: a consistent gzip IDX whose data is all zeros inflates
+ * about 1000:1; a 20 KB file was inflated into 20 MB (1.2 MB into 1.2 GB)
+ * before any check. Over 64 times the file's size (plus 1 MiB) is refused
+ * from the header's claim, before any buffer. */
+static void test_idx_gzip_ratio(void **state) {
+    (void)state;
+#ifdef VITC_HAVE_ZLIB
+    const int n = 40000, side = 28; /* 31 MB of zeros */
+    size_t body = (size_t)n * side * side;
+    uint8_t *buf = calloc(16 + body, 1);
+    assert_non_null(buf);
+    idx_images(buf, 8, 3, (uint32_t)n, side, side, 0, 0);
+    memset(buf + 16, 0, body);
+    gzFile g = gzopen(path_of("zeros.gz"), "wb9");
+    assert_non_null(g);
+    assert_int_equal(gzwrite(g, buf, (unsigned)(16 + body)), (int)(16 + body));
+    gzclose(g);
+    free(buf);
+    uint8_t lab[8 + 40000] = {0, 0, 8, 1, 0, 0, 0x9c, 0x40};
+    tu_write_file(path_of("zlab"), lab, sizeof lab);
+    vitc_dataset *d = NULL;
+    struct rusage r0, r1;
+    getrusage(RUSAGE_SELF, &r0);
+    assert_int_equal(vitc_dataset_open_idx(path_of("zeros.gz"), path_of("zlab"), &d),
+                     VITC_ERR_FORMAT);
+    getrusage(RUSAGE_SELF, &r1);
+    assert_null(d);
+    assert_non_null(strstr(vitc_last_error(), "over 64 times its size"));
+    assert_true(r1.ru_maxrss - r0.ru_maxrss < 8 * 1024); /* KiB */
 #else
     skip();
 #endif
@@ -340,11 +375,58 @@ static void test_folder(void **state) {
 #endif
 }
 
+/* Issue 21, H3: links in an ImageFolder tree. A self-link, a link to the
+ * root and a link back up once gave 17 copies of each image (more links:
+ * a walk without end); a hard link counted each image twice. Each folder
+ * is walked once and each file counted once, by (device, inode). M5: a
+ * class name is matched against the root's entries, never joined into a
+ * path, so "../outside" reads nothing outside the root. */
+static void test_folder_links(void **state) {
+    (void)state;
+#ifdef VITC_HAVE_PNG
+    uint8_t rgb[4 * 4 * 3] = {0};
+    mkdirs("loop/cls/sub");
+    assert_int_equal(vitc_image_save_png(path_of("loop/cls/a.png"), rgb, 4, 4), VITC_OK);
+    assert_int_equal(vitc_image_save_png(path_of("loop/cls/sub/b.png"), rgb, 4, 4), VITC_OK);
+    assert_int_equal(link(path_of("loop/cls/a.png"), path_of("loop/cls/hard.png")), 0);
+    assert_int_equal(symlink(".", path_of("loop/cls/self")), 0);
+    assert_int_equal(symlink("..", path_of("loop/cls/up")), 0);
+    assert_int_equal(symlink("../..", path_of("loop/cls/sub/root")), 0);
+    assert_int_equal(symlink("../../cls", path_of("loop/cls/sub/again")), 0);
+    assert_int_equal(symlink("a.png", path_of("loop/cls/soft.png")), 0);
+    vitc_dataset *d;
+    assert_int_equal(vitc_dataset_open_folder(path_of("loop"), 0, NULL, &d), VITC_OK);
+    assert_int_equal(vitc_dataset_num_classes(d), 1);
+    assert_int_equal(vitc_dataset_size(d), 2); /* a.png (or a link to it), sub/b.png */
+    vitc_dataset_free(d);
+    /* a second class that is a link to the first: its images are the
+     * first's, counted there only */
+    assert_int_equal(symlink("cls", path_of("loop/twin")), 0);
+    assert_int_equal(vitc_dataset_open_folder(path_of("loop"), 0, NULL, &d), VITC_OK);
+    assert_int_equal(vitc_dataset_num_classes(d), 2);
+    assert_int_equal(vitc_dataset_size(d), 2);
+    vitc_dataset_free(d);
+
+    mkdirs("named/cls");
+    mkdirs("outside");
+    assert_int_equal(vitc_image_save_png(path_of("named/cls/a.png"), rgb, 4, 4), VITC_OK);
+    assert_int_equal(vitc_image_save_png(path_of("outside/z.png"), rgb, 4, 4), VITC_OK);
+    const char *classes[3] = {"cls", "../outside", ".."};
+    assert_int_equal(vitc_dataset_open_folder(path_of("named"), 3, classes, &d), VITC_OK);
+    assert_int_equal(vitc_dataset_size(d), 1);
+    assert_int_equal(vitc_dataset_label(d, 0), 0);
+    vitc_dataset_free(d);
+#else
+    skip();
+#endif
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_idx_raw),     cmocka_unit_test(test_idx_gzip),
+        cmocka_unit_test(test_idx_gzip_ratio),
         cmocka_unit_test(test_idx_corrupt), cmocka_unit_test(test_augment),
-        cmocka_unit_test(test_folder),
+        cmocka_unit_test(test_folder),      cmocka_unit_test(test_folder_links),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -59,6 +59,53 @@ void cli_escape(char *dst, size_t cap, const char *s) {
     dst[n] = '\0';
 }
 
+/* The length of the valid UTF-8 sequence at p (1..4), 0 when it is not one
+ * (overlong forms, surrogates and code points past U+10FFFF included, as
+ * jansson and Python reject them). */
+static int utf8_len(const unsigned char *p) {
+    unsigned c = p[0];
+    if (c < 0x80)
+        return 1;
+    int n = c >= 0xc2 && c <= 0xdf ? 2 : c >= 0xe0 && c <= 0xef ? 3 : c >= 0xf0 && c <= 0xf4 ? 4 : 0;
+    if (!n)
+        return 0;
+    unsigned lo = 0x80, hi = 0xbf; /* the second byte's range */
+    if (c == 0xe0)
+        lo = 0xa0;
+    else if (c == 0xed)
+        hi = 0x9f;
+    else if (c == 0xf0)
+        lo = 0x90;
+    else if (c == 0xf4)
+        hi = 0x8f;
+    if (p[1] < lo || p[1] > hi)
+        return 0;
+    for (int k = 2; k < n; k++)
+        if ((p[k] & 0xc0) != 0x80)
+            return 0;
+    return n;
+}
+
+char *cli_utf8_valid(const char *s) {
+    const unsigned char *p = (const unsigned char *)s;
+    size_t len = strlen(s);
+    char *out = malloc(3 * len + 1), *o = out; /* U+FFFD is 3 bytes for 1 */
+    if (!out)
+        return NULL;
+    while (*p) {
+        int n = utf8_len(p);
+        if (n) {
+            memcpy(o, p, (size_t)n);
+            o += n, p += n;
+        } else {
+            memcpy(o, "\xef\xbf\xbd", 3);
+            o += 3, p++;
+        }
+    }
+    *o = 0;
+    return out;
+}
+
 void cli_json_string(FILE *f, const char *s) {
     const unsigned char *p = (const unsigned char *)s;
     fputc('"', f);
@@ -75,17 +122,11 @@ void cli_json_string(FILE *f, const char *s) {
             else
                 fprintf(f, "\\u%04x", c);
             p++;
-        } else if (c < 0x80) {
-            fputc((int)c, f);
-            p++;
         } else {
-            int n = c >= 0xf0 && c < 0xf5 ? 3 : c >= 0xe0 ? 2 : c >= 0xc2 && c < 0xe0 ? 1 : -1;
-            int ok = n > 0 && c < 0xf5;
-            for (int k = 1; ok && k <= n; k++)
-                ok = (p[k] & 0xc0) == 0x80;
-            if (ok) {
-                fwrite(p, 1, (size_t)n + 1, f);
-                p += n + 1;
+            int n = utf8_len(p);
+            if (n) {
+                fwrite(p, 1, (size_t)n, f);
+                p += n;
             } else {
                 fputs("\\ufffd", f);
                 p++;
@@ -104,7 +145,7 @@ void cli_json_number(FILE *f, double v) {
 
 /* "vitc: error: " and the message on one line: a newline in a path or in a
  * library message naming a file's contents must not start a line of its own. */
-static void cli_verror(const char *fmt, va_list ap) {
+static void cli_vmessage(const char *prefix, const char *fmt, va_list ap) {
     char small[1024], *msg = small;
     va_list ap2;
     int n;
@@ -115,11 +156,20 @@ static void cli_verror(const char *fmt, va_list ap) {
     else if (n >= (int)sizeof small)
         msg = small; /* out of memory: the cut message still says what failed */
     va_end(ap2);
-    fputs("vitc: error: ", stderr);
+    fputs(prefix, stderr);
     cli_put_escaped(stderr, n < 0 ? fmt : msg, SIZE_MAX);
     fputc('\n', stderr);
     if (msg != small)
         free(msg);
+}
+
+static void cli_verror(const char *fmt, va_list ap) { cli_vmessage("vitc: error: ", fmt, ap); }
+
+void cli_warning(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    cli_vmessage("vitc: warning: ", fmt, ap);
+    va_end(ap);
 }
 
 int cli_error(const char *fmt, ...) {
@@ -545,8 +595,10 @@ int cli_model_processor(const vitc_vit *m, int crop_set, int resize_set, cli_inp
     if (h1 < vitc_vit_get_config(m)->patch_size || w1 < vitc_vit_get_config(m)->patch_size)
         return cli_error("the model's image processor makes %dx%d, smaller than a patch", w1, h1);
     in->proc = m;
-    in->height = h1, in->width = w1, in->channels = 3;
-    in->per_image = (size_t)3 * (size_t)h1 * (size_t)w1; /* both <= 16384 */
+    /* The model's channel count, not the processor's RGB: a 1-channel
+     * model read 3 planes per image as 3 images' worth (issue 21, H2). */
+    in->height = h1, in->width = w1, in->channels = vitc_vit_get_config(m)->in_channels;
+    in->per_image = (size_t)in->channels * (size_t)h1 * (size_t)w1; /* both <= 16384 */
     return CLI_OK;
 }
 
@@ -573,8 +625,27 @@ vitc_status cli_load_input(const char *path, const vitc_vit_config *cfg, const c
     int h, w;
     if (st == VITC_OK && in->proc) {
         st = vitc_vit_preprocess_size(in->proc, img.width, img.height, &h, &w);
-        if (st == VITC_OK)
+        if (st == VITC_OK && in->channels == 1) {
+            /* A gray model's processor sees the image as PIL's convert("L")
+             * gives it (transformers' processors make as many planes as the
+             * image has): luminance in every plane, the first plane kept,
+             * normalised with the first mean and std. */
+            size_t np = (size_t)img.width * (size_t)img.height;
+            float *rgb = malloc((size_t)3 * (size_t)h * (size_t)w * sizeof *rgb);
+            for (size_t i = 0; i < np; i++) {
+                uint8_t *px = img.rgb + 3 * i;
+                uint32_t l = (px[0] * 19595u + px[1] * 38470u + px[2] * 7471u + 0x8000u) >> 16;
+                px[0] = px[1] = px[2] = (uint8_t)l;
+            }
+            st = rgb ? vitc_vit_preprocess(in->proc, &img, rgb) : VITC_ERR_NOMEM;
+            if (st == VITC_OK)
+                memcpy(out, rgb, (size_t)h * (size_t)w * sizeof *rgb);
+            else if (!rgb)
+                cli_error("out of memory preprocessing %s", path);
+            free(rgb);
+        } else if (st == VITC_OK) {
             st = vitc_vit_preprocess(in->proc, &img, out);
+        }
         vitc_image_free(&img);
         return st;
     }

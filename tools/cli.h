@@ -15,6 +15,8 @@ enum { CLI_OK = 0, CLI_FAIL = 1, CLI_USAGE = 2 };
 /* "vitc: error: ..." on stderr, one line (control characters in the text,
  * e.g. from a path or a file, are escaped); returns CLI_FAIL. */
 int cli_error(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+/* "vitc: warning: ..." on stderr, one line, escaped as cli_error's. */
+void cli_warning(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 /* "vitc: error: ...\nTry 'vitc CMD --help'." on stderr; returns CLI_USAGE. */
 int cli_usage_error(const char *cmd, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* The library's last error as a CLI failure. */
@@ -84,6 +86,9 @@ void cli_escape(char *dst, size_t cap, const char *s);
 /* s as a JSON string, quotes included: UTF-8 passed through, bytes that
  * are not valid UTF-8 as U+FFFD, so the output stays valid JSON. */
 void cli_json_string(FILE *f, const char *s);
+/* A new copy of s with each byte that is not part of valid UTF-8 replaced by
+ * U+FFFD (for jansson, which refuses such strings); NULL when out of memory. */
+char *cli_utf8_valid(const char *s);
 /* v as a JSON number ("%.9g"), null for NaN and infinity (JSON has neither). */
 void cli_json_number(FILE *f, double v);
 

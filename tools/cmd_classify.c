@@ -281,9 +281,9 @@ int cmd_classify(int argc, char **argv) {
         if (!warned_flat && all_scores_equal(logits, nb, cfg->num_classes)) {
             /* torchvision zero-initialises the head: a random or untrained
              * model otherwise prints 0.10% for every class with no reason */
-            fprintf(stderr, "vitc: warning: every class gets the same score: %s's classification "
-                            "head is all zeros (an untrained or --random-init model); use "
-                            "trained weights\n", o.model);
+            cli_warning("every class gets the same score: %s's classification head is all "
+                        "zeros (an untrained or --random-init model); use trained weights",
+                        o.model);
             warned_flat = 1;
         }
         for (int b = 0; b < nb; b++)

@@ -115,7 +115,12 @@ static void embed_print_json(FILE *f, const char *path, const float *e, size_t n
     fputs("{\"image\": ", f);
     cli_json_string(f, path);
     fputs(", \"embedding\": [", f);
-    for (size_t i = 0; i < n; i++) fprintf(f, i ? ", %.9g" : "%.9g", (double)e[i]);
+    /* a non-finite value is null, as classify prints it: JSON has no nan */
+    for (size_t i = 0; i < n; i++) {
+        if (i)
+            fputs(", ", f);
+        cli_json_number(f, (double)e[i]);
+    }
     fputs("]}\n", f);
 }
 

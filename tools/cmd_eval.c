@@ -1,8 +1,17 @@
 /*
  * cmd_eval.c — `vitc eval`: a model's accuracy on a test set, per class,
  * with the confusion matrix (as text, JSON, or a PNG).
+ *
+ * The counts are kept sparse (per-class totals and hits, and the nonzero
+ * cells), never as a dense C x C matrix: a model of 100,000 classes would
+ * need 80 GB for it. A dense matrix is made only to show it, up to
+ * EVAL_DENSE_MAX classes.
+ *
+ * Labels come from the model file and paths from the data folder: both are
+ * untrusted text, escaped (cli_escape) wherever they reach the terminal.
  */
 #include <jansson.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -187,6 +196,139 @@ static int plot_confusion(const char *path, const char *model, vitc_vit *m, vitc
     return rc;
 }
 
+/* The confusion matrix is shown (text, JSON, PNG) up to this many classes
+ * (8 MB dense); beyond, the text prints none and the JSON lists the nonzero
+ * cells. The text prints it up to EVAL_TEXT_MAX classes (wider is not read). */
+#define EVAL_DENSE_MAX 1000
+#define EVAL_TEXT_MAX 100
+
+/* Sparse counts: cells (true, predicted) -> count, open addressing. */
+typedef struct eval_counts {
+    int C;
+    int64_t *total, *hit; /* [C] each */
+    int64_t *key, *val;   /* [cap]: true * C + predicted (-1: empty), count */
+    size_t n, cap;
+} eval_counts;
+
+static void counts_free(eval_counts *e) {
+    free(e->total), free(e->hit), free(e->key), free(e->val);
+    memset(e, 0, sizeof *e);
+}
+
+static int counts_add(eval_counts *e, int t, int p) {
+    if (2 * (e->n + 1) > e->cap) {
+        size_t cap = e->cap ? 2 * e->cap : 1024;
+        int64_t *k = malloc(cap * sizeof *k), *v = calloc(cap, sizeof *v);
+        if (!k || !v) {
+            free(k), free(v);
+            return -1;
+        }
+        for (size_t i = 0; i < cap; i++) k[i] = -1;
+        for (size_t i = 0; i < e->cap; i++) {
+            if (e->key[i] < 0)
+                continue;
+            size_t h = (size_t)((uint64_t)e->key[i] * 0x9e3779b97f4a7c15ULL % cap);
+            while (k[h] >= 0) h = (h + 1) % cap;
+            k[h] = e->key[i], v[h] = e->val[i];
+        }
+        free(e->key), free(e->val);
+        e->key = k, e->val = v, e->cap = cap;
+    }
+    int64_t key = (int64_t)t * e->C + p;
+    size_t h = (size_t)((uint64_t)key * 0x9e3779b97f4a7c15ULL % e->cap);
+    while (e->key[h] >= 0 && e->key[h] != key) h = (h + 1) % e->cap;
+    if (e->key[h] < 0)
+        e->key[h] = key, e->n++;
+    e->val[h]++;
+    e->total[t]++;
+    e->hit[t] += t == p;
+    return 0;
+}
+
+/* The dense [C, C] matrix of the counts (C <= EVAL_DENSE_MAX), or NULL. */
+static int64_t *counts_dense(const eval_counts *e) {
+    int64_t *cm = calloc((size_t)e->C * (size_t)e->C, sizeof *cm);
+    for (size_t i = 0; cm && i < e->cap; i++)
+        if (e->key[i] >= 0)
+            cm[e->key[i]] = e->val[i];
+    return cm;
+}
+
+static int cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* train_evaluate's loop with the counts kept sparse. */
+static int eval_run(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, eval_counts *e,
+                    int quiet) {
+    const vitc_vit_config *c = vitc_vit_get_config(m);
+    int C = c->num_classes, S = c->image_size;
+    int64_t n = vitc_dataset_size(ds);
+    size_t per = (size_t)c->in_channels * S * S;
+    memset(r, 0, sizeof *r);
+    if (vitc_dataset_num_classes(ds) > C)
+        return cli_error("eval has %d classes, the model %d", vitc_dataset_num_classes(ds), C);
+    e->C = C;
+    e->total = calloc((size_t)C, sizeof *e->total);
+    e->hit = calloc((size_t)C, sizeof *e->hit);
+    float *x = malloc((size_t)batch * per * sizeof *x);
+    float *logits = malloc((size_t)batch * C * sizeof *logits);
+    int64_t *idx = malloc((size_t)batch * sizeof *idx), *lab = malloc((size_t)batch * sizeof *lab);
+    int rc = CLI_OK;
+    if (!x || !logits || !idx || !lab || !e->total || !e->hit)
+        rc = cli_error("out of memory for an evaluation batch of %d", batch);
+    int training = vitc_vit_is_training(m);
+    vitc_vit_set_training(m, 0);
+    vitc_batch_opts o = train_batch_opts(c);
+    cli_progress pr;
+    cli_progress_start(&pr, "eval", n, quiet);
+    double loss_sum = 0;
+    for (int64_t i = 0; i < n && rc == CLI_OK; i += batch) {
+        int b = (int)(n - i < batch ? n - i : batch), nv;
+        for (int k = 0; k < b; k++) idx[k] = i + k;
+        if (vitc_dataset_load_batch(ds, idx, b, &o, x, lab, &nv) != VITC_OK) {
+            rc = cli_lib_error("eval");
+            break;
+        }
+        if (nv && vitc_vit_forward(m, x, nv, S, S, logits) != VITC_OK) {
+            rc = cli_lib_error("forward");
+            break;
+        }
+        for (int k = 0; k < nv && rc == CLI_OK; k++) {
+            const float *l = logits + (size_t)k * C;
+            int best = train_argmax(l, C);
+            float mx = l[best];
+            double se = 0;
+            for (int j = 0; j < C; j++) se += exp((double)l[j] - mx);
+            loss_sum += log(se) + mx - l[lab[k]];
+            r->correct += best == lab[k];
+            if (counts_add(e, (int)lab[k], best) != 0)
+                rc = cli_error("out of memory for the confusion counts");
+        }
+        r->n += nv;
+        cli_progress_update(&pr, i + b);
+    }
+    cli_progress_clear(&pr);
+    r->loss = r->n ? loss_sum / r->n : 0;
+    r->skipped = vitc_dataset_num_skipped(ds);
+    vitc_vit_set_training(m, training);
+    free(x), free(logits), free(idx), free(lab);
+    return rc;
+}
+
+/* A JSON string of untrusted text: bytes that are not valid UTF-8 as
+ * U+FFFD (jansson refuses them, and the field would be lost). */
+static json_t *json_text(const char *s) {
+    json_t *j = json_string(s);
+    if (j)
+        return j;
+    char *fixed = cli_utf8_valid(s);
+    j = fixed ? json_string(fixed) : NULL;
+    free(fixed);
+    return j ? j : json_string("?");
+}
+
 int cmd_eval(int argc, char **argv) {
     const char *model = NULL, *data = NULL, *plot = NULL, *precision = NULL,
                *attn_precision = NULL;
@@ -247,24 +389,24 @@ int cmd_eval(int argc, char **argv) {
     }
     const vitc_vit_config *c = vitc_vit_get_config(m);
     int C = c->num_classes;
-    int64_t *cm = calloc((size_t)C * C, sizeof *cm);
-    eval_result er;
-    if (!cm)
-        rc = cli_error("out of memory");
+    int64_t *cm = NULL;
+    eval_counts ec = {0};
+    eval_result er = {0};
     if (rc == CLI_OK && (c->in_channels != 1 && c->in_channels != 3))
         rc = cli_error("the model takes %d channels; images give 1 or 3", c->in_channels);
     if (rc == CLI_OK && subset && vitc_dataset_truncate(d.eval, subset) != VITC_OK)
         rc = cli_lib_error("--subset");
     if (rc == CLI_OK)
-        rc = train_evaluate(m, d.eval, batch, &er, cm, quiet, "eval");
+        rc = eval_run(m, d.eval, batch, &er, &ec, quiet);
+    if (rc == CLI_OK && C <= EVAL_DENSE_MAX && !(cm = counts_dense(&ec)))
+        rc = cli_error("out of memory");
     for (int64_t i = 0; rc == CLI_OK && i < er.skipped; i++)
-        fprintf(stderr, "vitc: warning: skipped unreadable image %s\n",
-                vitc_dataset_skipped_path(d.eval, i));
+        cli_warning("skipped unreadable image %s", vitc_dataset_skipped_path(d.eval, i));
     double acc = er.n ? (double)er.correct / er.n : 0;
     char nb[16];
     if (rc == CLI_OK && json) {
-        json_t *o = json_object(), *pc = json_array(), *mat = json_array();
-        json_object_set_new(o, "model", json_string(model));
+        json_t *o = json_object(), *pc = json_array(), *mat = cm ? json_array() : json_null();
+        json_object_set_new(o, "model", json_text(model));
         json_object_set_new(o, "precision",
                             json_string(vitc_precision_name(vitc_vit_get_precision(m))));
         json_object_set_new(
@@ -273,24 +415,44 @@ int cmd_eval(int argc, char **argv) {
         json_object_set_new(o, "images", json_integer(er.n));
         json_object_set_new(o, "skipped", json_integer(er.skipped));
         json_object_set_new(o, "accuracy", json_real(acc));
-        json_object_set_new(o, "loss", json_real(er.loss));
+        json_object_set_new(o, "loss", isfinite(er.loss) ? json_real(er.loss) : json_null());
         for (int t = 0; t < C; t++) {
-            int64_t row = 0;
-            json_t *jr = json_array(), *e = json_object();
-            for (int p = 0; p < C; p++) {
-                row += cm[t * C + p];
-                json_array_append_new(jr, json_integer(cm[t * C + p]));
+            json_t *e = json_object();
+            if (cm) {
+                json_t *jr = json_array();
+                for (int p = 0; p < C; p++)
+                    json_array_append_new(jr, json_integer(cm[(size_t)t * C + p]));
+                json_array_append_new(mat, jr);
             }
             json_object_set_new(e, "index", json_integer(t));
-            json_object_set_new(e, "label", json_string(label_of(m, d.eval, t, nb, sizeof nb)));
-            json_object_set_new(e, "images", json_integer(row));
-            json_object_set_new(e, "accuracy", row ? json_real((double)cm[t * C + t] / row)
+            json_object_set_new(e, "label", json_text(label_of(m, d.eval, t, nb, sizeof nb)));
+            json_object_set_new(e, "images", json_integer(ec.total[t]));
+            json_object_set_new(e, "accuracy", ec.total[t]
+                                                   ? json_real((double)ec.hit[t] / ec.total[t])
                                                    : json_null());
             json_array_append_new(pc, e);
-            json_array_append_new(mat, jr);
         }
         json_object_set_new(o, "per_class", pc);
         json_object_set_new(o, "confusion", mat);
+        if (!cm) { /* the nonzero cells, [true, predicted, count], in order */
+            json_t *sp = json_array();
+            int64_t *keys = malloc((ec.n ? ec.n : 1) * sizeof *keys);
+            size_t k = 0;
+            for (size_t i = 0; keys && i < ec.cap; i++)
+                if (ec.key[i] >= 0)
+                    keys[k++] = ec.key[i];
+            if (keys)
+                qsort(keys, k, sizeof *keys, cmp_i64);
+            for (size_t i = 0; keys && i < k; i++) {
+                size_t h = (size_t)((uint64_t)keys[i] * 0x9e3779b97f4a7c15ULL % ec.cap);
+                while (ec.key[h] != keys[i]) h = (h + 1) % ec.cap;
+                json_array_append_new(sp, json_pack("[I I I]", (json_int_t)(keys[i] / C),
+                                                    (json_int_t)(keys[i] % C),
+                                                    (json_int_t)ec.val[h]));
+            }
+            free(keys);
+            json_object_set_new(o, "confusion_cells", sp);
+        }
         char *t = json_dumps(o, JSON_COMPACT | JSON_REAL_PRECISION(9));
         if (t)
             printf("%s\n", t);
@@ -303,23 +465,32 @@ int cmd_eval(int argc, char **argv) {
             printf("skipped %lld unreadable images\n", (long long)er.skipped);
         printf("\nper class:\n");
         for (int t = 0; t < C; t++) {
-            int64_t row = 0;
-            for (int p = 0; p < C; p++) row += cm[t * C + p];
-            printf("  %3d %-20s %7.2f%%  (%lld images)\n", t, label_of(m, d.eval, t, nb, sizeof nb),
-                   row ? 100.0 * cm[t * C + t] / row : 0.0, (long long)row);
+            char shown[256];
+            cli_escape(shown, sizeof shown, label_of(m, d.eval, t, nb, sizeof nb));
+            printf("  %3d %-20s %7.2f%%  (%lld images)\n", t, shown,
+                   ec.total[t] ? 100.0 * ec.hit[t] / ec.total[t] : 0.0, (long long)ec.total[t]);
         }
-        printf("\nconfusion matrix (rows: true, columns: predicted):\n     ");
-        for (int p = 0; p < C; p++) printf(" %6d", p);
-        printf("\n");
-        for (int t = 0; t < C; t++) {
-            printf("  %3d", t);
-            for (int p = 0; p < C; p++) printf(" %6lld", (long long)cm[t * C + p]);
+        if (C > EVAL_TEXT_MAX) {
+            printf("\nconfusion matrix: not printed for %d classes (over %d); --json has it\n", C,
+                   EVAL_TEXT_MAX);
+        } else {
+            printf("\nconfusion matrix (rows: true, columns: predicted):\n     ");
+            for (int p = 0; p < C; p++) printf(" %6d", p);
             printf("\n");
+            for (int t = 0; t < C; t++) {
+                printf("  %3d", t);
+                for (int p = 0; p < C; p++) printf(" %6lld", (long long)cm[(size_t)t * C + p]);
+                printf("\n");
+            }
         }
     }
+    if (rc == CLI_OK && plot && !cm)
+        rc = cli_error("--plot: the confusion matrix of %d classes is not drawn (at most %d)", C,
+                       EVAL_DENSE_MAX);
     if (rc == CLI_OK && plot)
         rc = plot_confusion(plot, model, m, d.eval, cm, C, acc);
     free(cm);
+    counts_free(&ec);
     train_data_close(&d);
     vitc_vit_free(m);
     return rc;

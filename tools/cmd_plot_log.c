@@ -98,12 +98,15 @@ static void draw_axes(canvas *c, const panel *p, const char *title, const char *
 static void draw_series(canvas *c, const panel *p, const series *s, const uint8_t col[3],
                         int thick, int dots) {
     for (int i = 0; i < s->n; i++) {
+        /* segments clipped to the panel: a value far off it (a loss of
+         * 1e300) once drew 100,000 squares per segment, and rounded
+         * coordinates past int's range */
         if (i)
-            canvas_line(c, px(p, s->x[i - 1]), py(p, s->y[i - 1]), px(p, s->x[i]), py(p, s->y[i]),
-                        col, thick);
-        if (dots)
-            canvas_rect(c, (int)lround(px(p, s->x[i])) - 2, (int)lround(py(p, s->y[i])) - 2, 5, 5,
-                        col);
+            canvas_line_in(c, px(p, s->x[i - 1]), py(p, s->y[i - 1]), px(p, s->x[i]),
+                           py(p, s->y[i]), col, thick, p->x, p->y, p->w, p->h);
+        double x = px(p, s->x[i]), y = py(p, s->y[i]);
+        if (dots && x >= p->x && x <= p->x + p->w && y >= p->y && y <= p->y + p->h)
+            canvas_rect(c, (int)lround(x) - 2, (int)lround(y) - 2, 5, 5, col);
     }
 }
 
@@ -216,6 +219,8 @@ int cmd_plot_log(int argc, char **argv) {
         panel lp = {70, 60, 340, 260, 0, xmax, 0, lmax > 0 ? lmax * 1.05 : 1};
         panel ap = {530, 60, 340, 260, 0, xmax, fmax(0, amin - pad), fmin(1, amax + pad)};
         if (ap.y1 <= ap.y0) ap.y0 = 0, ap.y1 = 1;
+        if (!isfinite(lp.y1)) /* 1.05 x a loss near DBL_MAX */
+            lp.y1 = lmax;
         if (title)
             canvas_text(&cv, 70, 8, title, 2, black);
         draw_axes(&cv, &lp, "loss", "epoch", 0);
@@ -239,8 +244,7 @@ int cmd_plot_log(int argc, char **argv) {
             rc = cli_lib_error("--out");
     }
     if (bad && rc == CLI_OK)
-        fprintf(stderr, "vitc: warning: %s: %lld lines were not training records\n", path,
-                (long long)bad);
+        cli_warning("%s: %lld lines were not training records", path, (long long)bad);
     canvas_free(&cv);
     series *fr[6] = {&steps, &tl, &el, &ta, &ea, &raw_steps};
     for (int k = 0; k < 6; k++) free(fr[k]->x), free(fr[k]->y);

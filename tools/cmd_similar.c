@@ -7,12 +7,24 @@
  * or a system package's. One file per (folder, model, precision), named by a
  * hash of those so that switching models keeps each cache: the L2-normalised
  * embeddings [n, C] and, as metadata, the full key — the folder's real path,
- * the model's path, size and time, the precisions, the pooling, and every
- * image's name, size and modification time. A key that differs (a change, or
- * a hash collision) re-embeds the folder.
+ * the model's content (a hash of each weights file's header and of its JSON
+ * files, with their sizes and times, so replaced weights or a changed
+ * processor are a different key wherever the model lies), the precisions,
+ * the pooling, and every image's name, size and modification time. A key
+ * that differs (a change, or a hash collision) re-embeds the folder.
+ *
+ * File names are bytes, not text: in the key and the cache they are hex
+ * (jansson takes only UTF-8, and a name it refused used to be dropped,
+ * shifting every later name by one); on output, text escapes control
+ * characters and JSON writes invalid UTF-8 as U+FFFD.
+ *
+ * The cache is written only into a directory of this user that no one else
+ * can write, through a temporary file renamed over the cache's name: a link
+ * planted under that name is replaced, never followed.
  */
 #include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -36,8 +48,9 @@ static const char similar_usage[] =
     "cosine similarity of the model's default embedding (see vitc embed). DIR is\n"
     "embedded once and cached in $XDG_CACHE_HOME/vitc/similar/ (else\n"
     "~/.cache/vitc/similar/), one file per folder, model and precision, never in\n"
-    "DIR; it is rebuilt when an image's name, size or time changes. QUERY_IMAGE\n"
-    "itself, when it is one of DIR's images, is left out of the results.\n"
+    "DIR; it is rebuilt when an image's name, size or time changes, or the model's\n"
+    "content. QUERY_IMAGE itself, when it is one of DIR's images, is left out of\n"
+    "the results.\n"
     "\n"
     "options:\n"
     "  --model M      checkpoint file or Hugging Face Hub directory\n"
@@ -67,6 +80,40 @@ static int is_image_name(const char *n) {
     const char *dot = strrchr(n, '.');
     return n[0] != '.' && dot &&
            (!strcasecmp(dot, ".png") || !strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg"));
+}
+
+/* Bytes as lowercase hex: a file name in the key or the cache, whatever its
+ * encoding. */
+static json_t *json_hex(const char *s) {
+    size_t n = strlen(s);
+    char *h = malloc(2 * n + 1);
+    if (!h)
+        return NULL;
+    for (size_t i = 0; i < n; i++) snprintf(h + 2 * i, 3, "%02x", (unsigned char)s[i]);
+    h[2 * n] = 0;
+    json_t *j = json_string(h);
+    free(h);
+    return j;
+}
+
+/* json_hex's inverse: a new string, or NULL (not hex, a NUL byte, no memory). */
+static char *unhex(const char *h) {
+    size_t n = h ? strlen(h) : 1;
+    if (n % 2)
+        return NULL;
+    char *s = malloc(n / 2 + 1);
+    for (size_t i = 0; s && i < n / 2; i++) {
+        unsigned v;
+        if (sscanf(h + 2 * i, "%2x", &v) != 1 || !v || !strchr("0123456789abcdef", h[2 * i]) ||
+            !strchr("0123456789abcdef", h[2 * i + 1])) {
+            free(s);
+            return NULL;
+        }
+        s[i] = (char)v;
+    }
+    if (s)
+        s[n / 2] = 0;
+    return s;
 }
 
 static int cmp_str(const void *a, const void *b) {
@@ -112,8 +159,10 @@ static int list_images(const char *dir, char ***names, int *n, json_t *sig) {
         if (stat(path, &sb) != 0 || !S_ISREG(sb.st_mode))
             continue; /* not a file: embedding it reports the error */
         long long ns = (long long)sb.st_mtim.tv_sec * 1000000000LL + sb.st_mtim.tv_nsec;
-        json_array_append_new(sig, json_pack("[s I I]", (*names)[i], (json_int_t)sb.st_size,
-                                             (json_int_t)ns));
+        json_t *e = json_pack("[o I I]", json_hex((*names)[i]), (json_int_t)sb.st_size,
+                              (json_int_t)ns);
+        if (!e || json_array_append_new(sig, e) != 0)
+            return cli_error("out of memory");
     }
     return CLI_OK;
 }
@@ -179,49 +228,166 @@ static int cache_folder(const char *given, char *dir, size_t cap, char *why, siz
     return -1;
 }
 
-/* 64-bit FNV-1a: a file name for a key, not a defence (the key is checked). */
-static uint64_t fnv1a(const char *s) {
-    uint64_t h = 1469598103934665603ULL;
-    for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ULL;
+/* 64-bit FNV-1a over n bytes, continuing from h. Identifies content in a
+ * key that is compared whole; it is not a defence against a forger, who
+ * could as well write the cache. */
+#define FNV_BASIS 1469598103934665603ULL
+static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
+    const unsigned char *s = p;
+    for (size_t i = 0; i < n; i++) h = (h ^ s[i]) * 1099511628211ULL;
     return h;
 }
 
-/* [size, mtime_ns] of path, or null: a model rewritten in place must not
- * match its old embeddings. */
-static json_t *file_sig(const char *path) {
-    struct stat sb;
-    if (stat(path, &sb) != 0)
+/* What the key hashes of a file: a .safetensors file's header (8 bytes and
+ * the JSON, where every tensor's name, dtype, shape and offsets are) and
+ * SIMILAR_HASH_SAMPLES blocks of its data spread evenly (weights retrained
+ * in place keep the header), any other file whole, up to this. The rest of
+ * a weights file is covered by its size and time: reading gigabytes of
+ * weights on every query would cost more than the embeddings save. */
+#define SIMILAR_HASH_MAX_BYTES (64LL << 20)
+#define SIMILAR_HASH_SAMPLES 64
+#define SIMILAR_HASH_BLOCK 4096
+
+/* [size, mtime_ns, "content hash"] of path, or null when it cannot be read. */
+static json_t *content_sig(const char *path) {
+    FILE *f;
+    int64_t size;
+    if (vitc_open_read(path, INT64_MAX, &f, &size) != VITC_OK)
         return json_null();
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0) {
+        fclose(f);
+        return json_null();
+    }
+    int64_t want = size < SIMILAR_HASH_MAX_BYTES ? size : SIMILAR_HASH_MAX_BYTES;
+    size_t pl = strlen(path);
+    unsigned char buf[65536];
+    uint64_t h = FNV_BASIS;
+    int weights = pl > 12 && !strcmp(path + pl - 12, ".safetensors");
+    if (weights) {
+        unsigned char n8[8];
+        if (fread(n8, 1, 8, f) == 8) {
+            uint64_t hl = 0;
+            for (int i = 7; i >= 0; i--) hl = hl << 8 | n8[i];
+            h = fnv1a(h, n8, 8);
+            want = hl < (uint64_t)want - 8 ? (int64_t)hl : want - 8;
+        } else {
+            want = 0;
+        }
+    }
+    while (want > 0) {
+        size_t got = fread(buf, 1, want < (int64_t)sizeof buf ? (size_t)want : sizeof buf, f);
+        if (got == 0)
+            break;
+        h = fnv1a(h, buf, got);
+        want -= (int64_t)got;
+    }
+    /* the data: blocks at evenly spaced offsets of what follows the header */
+    long long data0 = weights ? (long long)ftello(f) : size, span = size - data0;
+    for (int i = 0; weights && span > 0 && i < SIMILAR_HASH_SAMPLES; i++) {
+        long long at = data0 + span / SIMILAR_HASH_SAMPLES * i;
+        size_t got;
+        if (fseeko(f, (off_t)at, SEEK_SET) != 0 ||
+            (got = fread(buf, 1, SIMILAR_HASH_BLOCK, f)) == 0)
+            break;
+        h = fnv1a(h, buf, got);
+    }
+    fclose(f);
+    char hex[17];
+    snprintf(hex, sizeof hex, "%016llx", (unsigned long long)h);
     long long ns = (long long)sb.st_mtim.tv_sec * 1000000000LL + sb.st_mtim.tv_nsec;
-    return json_pack("[I I]", (json_int_t)sb.st_size, (json_int_t)ns);
+    return json_pack("[I I s]", (json_int_t)sb.st_size, (json_int_t)ns, hex);
 }
 
-/* The model's identity: a checkpoint file's size and time, or a Hub
- * directory's config and weight files' (the directory's own time does not
- * change when a file in it is rewritten in place). */
+static int is_model_file(const char *n) {
+    size_t l = strlen(n);
+    return (l > 12 && !strcmp(n + l - 12, ".safetensors")) || (l > 5 && !strcmp(n + l - 5, ".json"));
+}
+
+/* The model's identity by content, not by path: a checkpoint file's, or
+ * every .safetensors and .json file of a Hub directory (weights and
+ * shards, config, preprocessor, index), by name. */
 static json_t *model_sig(const char *path) {
     struct stat sb;
     json_t *o = json_object();
+    if (!o)
+        return NULL;
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
-        static const char *const files[] = {"config.json", "model.safetensors",
-                                            "preprocessor_config.json"};
-        for (size_t i = 0; i < sizeof files / sizeof files[0]; i++) {
+        DIR *d = opendir(path);
+        struct dirent *e;
+        int files = 0;
+        while (d && (e = readdir(d)) && files < 4200) {
             char p[4096];
-            snprintf(p, sizeof p, "%s/%s", path, files[i]);
-            json_object_set_new(o, files[i], file_sig(p));
+            json_t *k;
+            if (!is_model_file(e->d_name) ||
+                (size_t)snprintf(p, sizeof p, "%s/%s", path, e->d_name) >= sizeof p ||
+                !(k = json_hex(e->d_name)))
+                continue;
+            json_object_set_new(o, json_string_value(k), content_sig(p));
+            json_decref(k);
+            files++;
         }
+        if (d)
+            closedir(d);
     } else {
-        json_object_set_new(o, "file", file_sig(path));
+        json_object_set_new(o, "file", content_sig(path));
     }
     return o;
 }
 
-/* The cached embeddings when the cache's signature is key: *emb [*rows, dim]. */
+/* A private directory of this user: no link, its own, writable by no one
+ * else; the cache is written only into one. */
+static int private_dir(const char *dir) {
+    struct stat sb;
+    return lstat(dir, &sb) == 0 && S_ISDIR(sb.st_mode) && sb.st_uid == geteuid() &&
+           !(sb.st_mode & (S_IWGRP | S_IWOTH));
+}
+
+/* Writes the cache: a temporary file of a name no one else can make (the
+ * directory is private), renamed over cache: rename replaces a link planted
+ * under cache's name instead of writing through it. NULL, or why not. */
+static const char *save_cache(const char *dir, const char *cache, const char *key,
+                              const char *names_text, const float *emb, int64_t rows,
+                              int64_t dim) {
+    char tmp[4200];
+    if (!private_dir(dir))
+        return "the cache folder is a link, someone else's, or writable by others";
+    snprintf(tmp, sizeof tmp, "%s/.similar-tmp%ld", dir, (long)getpid());
+    if (unlink(tmp) != 0 && errno != ENOENT)
+        return strerror(errno);
+    const char *tn[1] = {"embeddings"}, *mk[2] = {"vitc.similar", "vitc.similar.names"};
+    const char *mv[2] = {key, names_text};
+    int nd[1] = {2};
+    int64_t shape[2] = {rows, dim};
+    const int64_t *sh[1] = {shape};
+    const float *dp[1] = {emb};
+    if (vitc_safetensors_save(tmp, 1, tn, nd, sh, dp, 2, mk, mv) != VITC_OK)
+        return vitc_last_error();
+    struct stat sb;
+    if (lstat(tmp, &sb) != 0 || !S_ISREG(sb.st_mode) || rename(tmp, cache) != 0) {
+        const char *why = strerror(errno ? errno : EEXIST);
+        unlink(tmp);
+        return why;
+    }
+    return NULL;
+}
+
+static void free_names(char **v, int64_t n) {
+    for (int64_t i = 0; v && i < n; i++) free(v[i]);
+    free(v);
+}
+
+/* The cached embeddings when the cache's signature is key: [*rows, dim],
+ * with their images' names (bytes) in *names. NULL when absent or stale. */
 static float *load_cache(const char *path, const char *key, int64_t dim, int64_t *rows,
-                         json_t **names) {
+                         char ***names) {
     vitc_safetensors *st;
     float *out = NULL;
-    if (vitc_safetensors_load(path, &st) != VITC_OK)
+    struct stat sb;
+    /* a link is not the cache vitc wrote (it writes none), and reading
+     * through one could block on a FIFO or read a stranger's file */
+    if (lstat(path, &sb) != 0 || !S_ISREG(sb.st_mode) ||
+        vitc_safetensors_load(path, &st) != VITC_OK)
         return NULL;
     const char *k = vitc_safetensors_get_metadata(st, "vitc.similar");
     const char *nm = vitc_safetensors_get_metadata(st, "vitc.similar.names");
@@ -234,15 +400,20 @@ static float *load_cache(const char *path, const char *key, int64_t dim, int64_t
         vitc_safetensors_tensor(st, i, &name, &dt, &nd, &shape, &data) == VITC_OK && nd == 2 &&
         shape[1] == dim) {
         json_error_t jerr;
-        *names = json_loads(nm, 0, &jerr);
-        if (json_is_array(*names) && (int64_t)json_array_size(*names) == shape[0] &&
-            (out = malloc((size_t)(shape[0] * dim) * sizeof(float) + 1))) {
-            memcpy(out, data, (size_t)(shape[0] * dim) * sizeof(float));
-            *rows = shape[0];
+        json_t *arr = json_loads(nm, 0, &jerr);
+        int64_t n = json_is_array(arr) ? (int64_t)json_array_size(arr) : -1, got = 0;
+        char **v = n == shape[0] ? calloc((size_t)(n ? n : 1), sizeof *v) : NULL;
+        for (; v && got < n; got++)
+            if (!(v[got] = unhex(json_string_value(json_array_get(arr, (size_t)got)))))
+                break;
+        if (v && got == n && (out = malloc((size_t)(n * dim) * sizeof(float) + 1))) {
+            memcpy(out, data, (size_t)(n * dim) * sizeof(float));
+            *rows = n;
+            *names = v;
         } else {
-            json_decref(*names);
-            *names = NULL;
+            free_names(v, got);
         }
+        json_decref(arr);
     }
     vitc_safetensors_free(st);
     return out;
@@ -284,15 +455,20 @@ int cmd_similar(int argc, char **argv) {
         vitc_set_num_threads(o.threads);
 
     vitc_vit *m = NULL;
-    char **names = NULL, cache[4096] = "", *key = NULL, *names_text = NULL;
+    char **names = NULL, **row_names = NULL, cache[4096] = "", dir[4000] = "", *key = NULL;
+    char *names_text = NULL;
     int n = 0, failed = 0;
-    int64_t dim = 0, rows = 0;
+    int64_t dim = 0, rows = 0, n_row_names = 0;
     float *emb = NULL, *batch = NULL, *q = NULL;
     cli_ranked *rank = NULL;
-    json_t *sig = json_array(), *done_names = NULL;
+    json_t *sig = json_array();
     cli_input in;
     int use_cache = !o.no_cache;
     const cli_model_opts mo = {o.model, o.arch, o.precision, o.attn_precision, 0, 0, 0, 0, 1};
+    if (!sig) {
+        rc = cli_error("out of memory");
+        goto out;
+    }
     if ((rc = cli_open_model("similar", &mo, &m, &in)) != CLI_OK)
         goto out;
     const vitc_vit_config *cfg = vitc_vit_get_config(m);
@@ -303,31 +479,26 @@ int cmd_similar(int argc, char **argv) {
     if ((rc = list_images(o.index, &names, &n, sig)) != CLI_OK)
         goto out;
     {
-        char *rp = realpath(o.model, NULL), *ri = realpath(o.index, NULL), *id = NULL;
-        /* the precision is part of the key: its embeddings differ from fp32's */
+        char *ri = realpath(o.index, NULL), *id = NULL;
+        /* the model by content, the precision too: its embeddings differ */
         json_t *k = json_pack(
-            "{s s s s s o s s s s s s s i}", "index", ri ? ri : o.index, "model", rp ? rp : o.model,
-            "model_files", model_sig(o.model), "pool", "default", "precision",
+            "{s o s o s s s s s s s i}", "index", json_hex(ri ? ri : o.index), "model",
+            model_sig(o.model), "pool", "default", "precision",
             vitc_precision_name(vitc_vit_get_precision(m)), "attention_precision",
             vitc_precision_name(vitc_vit_get_attention_precision(m)), "dim", (int)dim);
-        free(rp);
         free(ri);
         /* the file name hashes what picks the cache; the images' signature
          * is only checked, so that an edited folder overwrites its own file */
         if (k && (id = json_dumps(k, JSON_COMPACT | JSON_SORT_KEYS))) {
-            char dir[4000], why[4400];
+            char why[4400];
             if (use_cache && cache_folder(o.cache_dir, dir, sizeof dir, why, sizeof why) != 0) {
                 /* paths from the environment and the command line: escaped */
-                char ewhy[4400], eidx[1024];
-                cli_escape(ewhy, sizeof ewhy, why);
-                cli_escape(eidx, sizeof eidx, o.index);
-                fprintf(stderr, "vitc: warning: no index cache (%s); embedding %s every time\n",
-                        ewhy, eidx);
+                cli_warning("no index cache (%s); embedding %s every time", why, o.index);
                 use_cache = 0;
             }
             if (use_cache)
                 snprintf(cache, sizeof cache, "%s/similar-%016llx.safetensors", dir,
-                         (unsigned long long)fnv1a(id));
+                         (unsigned long long)fnv1a(FNV_BASIS, id, strlen(id)));
             json_object_set(k, "files", sig);
             key = json_dumps(k, JSON_COMPACT | JSON_SORT_KEYS);
         }
@@ -339,14 +510,18 @@ int cmd_similar(int argc, char **argv) {
         goto out;
     }
     if (use_cache)
-        emb = load_cache(cache, key, dim, &rows, &done_names);
+        emb = load_cache(cache, key, dim, &rows, &row_names);
+    n_row_names = rows;
     if (!emb) { /* embed the folder */
-        done_names = json_array();
-        if (!(emb = malloc((size_t)(n ? n : 1) * (size_t)dim * sizeof(float))) ||
+        json_t *done_names = json_array();
+        if (!done_names || !(emb = malloc((size_t)(n ? n : 1) * (size_t)dim * sizeof(float))) ||
+            !(row_names = calloc((size_t)(n ? n : 1), sizeof *row_names)) ||
             !(batch = malloc((size_t)o.batch * in.per_image * sizeof(float)))) {
+            json_decref(done_names);
             rc = cli_error("out of memory for %d embeddings", n);
             goto out;
         }
+        n_row_names = n;
         int next = 0;
         cli_progress pr;
         cli_progress_start(&pr, "similar: indexing", n, o.quiet);
@@ -355,18 +530,25 @@ int cmd_similar(int argc, char **argv) {
             while (nb < o.batch && next < n) {
                 char path[4096];
                 snprintf(path, sizeof path, "%s/%s", o.index, names[next]);
+                json_t *h = NULL;
                 if (cli_load_input(path, cfg, &in, batch + in.per_image * (size_t)nb) != VITC_OK) {
                     cli_progress_clear(&pr);
                     cli_error("%s", vitc_last_error());
                     failed++;
+                } else if (!(h = json_hex(names[next])) ||
+                           json_array_append_new(done_names, h) != 0 ||
+                           !(row_names[rows + nb] = strdup(names[next]))) {
+                    json_decref(done_names);
+                    rc = cli_error("out of memory");
+                    goto out;
                 } else {
-                    json_array_append_new(done_names, json_string(names[next]));
                     nb++;
                 }
                 next++;
             }
             if (nb && vitc_vit_embed(m, batch, nb, in.height, in.width, VITC_POOL_DEFAULT,
                                      emb + rows * dim) != VITC_OK) {
+                json_decref(done_names);
                 rc = cli_error("forward pass: %s", vitc_last_error());
                 goto out;
             }
@@ -376,16 +558,13 @@ int cmd_similar(int argc, char **argv) {
         cli_progress_clear(&pr);
         cli_l2_normalize(emb, (size_t)rows, (size_t)dim);
         names_text = json_dumps(done_names, JSON_COMPACT);
-        const char *tn[1] = {"embeddings"}, *mk[2] = {"vitc.similar", "vitc.similar.names"};
-        const char *mv[2] = {key, names_text};
-        int nd[1] = {2};
-        int64_t shape[2] = {rows, dim};
-        const int64_t *sh[1] = {shape};
-        const float *dp[1] = {emb};
-        if (use_cache &&
-            (!names_text || vitc_safetensors_save(cache, 1, tn, nd, sh, dp, 2, mk, mv) != VITC_OK))
-            fprintf(stderr, "vitc: warning: the index cache could not be written: %s\n",
-                    names_text ? vitc_last_error() : "out of memory");
+        json_decref(done_names);
+        const char *why = NULL;
+        if (use_cache && (!names_text ? (why = "out of memory") != NULL
+                                      : (why = save_cache(dir, cache, key, names_text, emb, rows,
+                                                          dim)) != NULL)) {
+            cli_warning("the index cache could not be written: %s", why);
+        }
     }
     /* The query. */
     if (!(q = malloc(in.per_image * sizeof(float) + (size_t)dim * sizeof(float)))) {
@@ -410,11 +589,10 @@ int cmd_similar(int argc, char **argv) {
     int64_t kept = 0;
     for (int64_t r = 0; r < rows; r++) {
         if (have_q) {
-            const char *nm = json_string_value(json_array_get(done_names, (size_t)r));
             char path[4096];
             struct stat sb;
-            snprintf(path, sizeof path, "%s/%s", o.index, nm ? nm : "");
-            if (nm && stat(path, &sb) == 0 && sb.st_dev == qsb.st_dev && sb.st_ino == qsb.st_ino)
+            snprintf(path, sizeof path, "%s/%s", o.index, row_names[r]);
+            if (stat(path, &sb) == 0 && sb.st_dev == qsb.st_dev && sb.st_ino == qsb.st_ino)
                 continue;
         }
         double s = 0.0;
@@ -424,16 +602,15 @@ int cmd_similar(int argc, char **argv) {
     }
     qsort(rank, (size_t)kept, sizeof *rank, cli_ranked_cmp);
     for (int64_t r = 0; r < kept && r < o.topk; r++) {
-        const char *nm = json_string_value(json_array_get(done_names, (size_t)rank[r].index));
         char path[4096];
-        snprintf(path, sizeof path, "%s/%s", o.index, nm ? nm : "?");
+        snprintf(path, sizeof path, "%s/%s", o.index, row_names[rank[r].index]);
         if (o.json) {
-            json_t *j = json_pack("{s s s f}", "image", path, "score", (double)rank[r].score);
-            char *t = json_dumps(j, JSON_COMPACT);
-            if (t)
-                puts(t);
-            free(t);
-            json_decref(j);
+            /* a non-finite score is null, as classify prints it */
+            fputs("{\"image\": ", stdout);
+            cli_json_string(stdout, path);
+            fputs(", \"score\": ", stdout);
+            cli_json_number(stdout, (double)rank[r].score);
+            fputs("}\n", stdout);
         } else {
             printf("%.6f  ", (double)rank[r].score);
             cli_put_escaped(stdout, path, SIZE_MAX);
@@ -444,6 +621,7 @@ int cmd_similar(int argc, char **argv) {
 out:
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
+    free_names(row_names, n_row_names);
     free(key);
     free(names_text);
     free(emb);
@@ -451,7 +629,6 @@ out:
     free(q);
     free(rank);
     json_decref(sig);
-    json_decref(done_names);
     vitc_vit_free(m);
     return rc;
 }

@@ -126,18 +126,62 @@ void canvas_rect(canvas *c, int x, int y, int w, int h, const uint8_t rgb[3]) {
         for (int i = x; i < x + w; i++) put(c, i, j, rgb);
 }
 
-/* Thick lines as a run of small squares along the segment. */
-void canvas_line(canvas *c, double x0, double y0, double x1, double y1, const uint8_t rgb[3],
-                 int thick) {
+/* Liang-Barsky: the part of the segment inside [x0, x1] x [y0, y1], in
+ * place; 0 when none is (or a coordinate is not finite). */
+static int clip_segment(double *ax, double *ay, double *bx, double *by, double x0, double y0,
+                        double x1, double y1) {
+    if (!isfinite(*ax) || !isfinite(*ay) || !isfinite(*bx) || !isfinite(*by))
+        return 0;
+    double dx = *bx - *ax, dy = *by - *ay, t0 = 0.0, t1 = 1.0;
+    const double p[4] = {-dx, dx, -dy, dy};
+    const double q[4] = {*ax - x0, x1 - *ax, *ay - y0, y1 - *ay};
+    for (int i = 0; i < 4; i++) {
+        if (p[i] == 0.0) {
+            if (q[i] < 0.0)
+                return 0;
+            continue;
+        }
+        double r = q[i] / p[i];
+        if (p[i] < 0.0) {
+            if (r > t1)
+                return 0;
+            if (r > t0)
+                t0 = r;
+        } else {
+            if (r < t0)
+                return 0;
+            if (r < t1)
+                t1 = r;
+        }
+    }
+    double sx = *ax, sy = *ay;
+    *ax = sx + t0 * dx, *ay = sy + t0 * dy;
+    *bx = sx + t1 * dx, *by = sy + t1 * dy;
+    return 1;
+}
+
+/* Thick lines as a run of small squares along the segment, clipped first
+ * to the rectangle (cx, cy, cw, ch) widened by the thickness: a segment
+ * reaching far off it costs what its visible part costs, and every
+ * coordinate rounded to int is within the canvas's range. */
+void canvas_line_in(canvas *c, double x0, double y0, double x1, double y1, const uint8_t rgb[3],
+                    int thick, int cx, int cy, int cw, int ch) {
+    double m = thick + 1.0;
+    if (!clip_segment(&x0, &y0, &x1, &y1, cx - m, cy - m, (double)cx + cw + m,
+                      (double)cy + ch + m))
+        return;
     double dx = x1 - x0, dy = y1 - y0;
     int n = (int)ceil(fmax(fabs(dx), fabs(dy))) + 1;
-    if (n > 100000)
-        n = 100000;
     for (int k = 0; k <= n; k++) {
         double t = (double)k / n;
         int x = (int)lround(x0 + t * dx), y = (int)lround(y0 + t * dy);
         canvas_rect(c, x - thick / 2, y - thick / 2, thick, thick, rgb);
     }
+}
+
+void canvas_line(canvas *c, double x0, double y0, double x1, double y1, const uint8_t rgb[3],
+                 int thick) {
+    canvas_line_in(c, x0, y0, x1, y1, rgb, thick, 0, 0, c->w, c->h);
 }
 
 void canvas_base_name(const char *path, char *out, size_t cap) {

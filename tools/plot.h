@@ -16,6 +16,10 @@ void canvas_free(canvas *c);
 void canvas_rect(canvas *c, int x, int y, int w, int h, const uint8_t rgb[3]);
 void canvas_line(canvas *c, double x0, double y0, double x1, double y1, const uint8_t rgb[3],
                  int thick);
+/* canvas_line clipped to the rectangle (cx, cy, cw, ch) before it is
+ * rasterised (a plot's panel); non-finite ends draw nothing. */
+void canvas_line_in(canvas *c, double x0, double y0, double x1, double y1, const uint8_t rgb[3],
+                    int thick, int cx, int cy, int cw, int ch);
 /* Text with its top-left corner at (x, y); each font pixel scale x scale. */
 void canvas_text(canvas *c, int x, int y, const char *text, int scale, const uint8_t rgb[3]);
 int canvas_text_width(const char *text, int scale);

@@ -36,6 +36,12 @@
 #define IDX_MAX_SIDE 4096
 #define IDX_MAX_COUNT 100000000LL
 #define IDX_MAX_BYTES (1LL << 34)
+/* A gzip IDX file may hold at most this multiple of its own size (plus
+ * IDX_GZIP_SLACK): real ones are 2 to 6 times smaller than their data, and a
+ * header's count is only a claim, so a 1.2 MB file must not make vitc
+ * inflate and keep gigabytes (deflate reaches 1032:1). */
+#define IDX_GZIP_MAX_RATIO 64
+#define IDX_GZIP_SLACK ((uint64_t)1 << 20)
 /* An ImageFolder image is refused over this many pixels before decoding. */
 #define FOLDER_MAX_PIXELS (64LL << 20)
 #define FOLDER_MAX_FILES 100000000LL
@@ -232,6 +238,23 @@ static vitc_status idx_header(idx_file *x, int want_ndim, int64_t *dims) {
     return VITC_OK;
 }
 
+/* A gzip file's header claims `total` bytes of data: refused over the
+ * ratio cap before anything is allocated or inflated. */
+static vitc_status idx_gzip_claim(const idx_file *x, uint64_t total) {
+#ifdef VITC_HAVE_ZLIB
+    if (x->gz && total > x->size * IDX_GZIP_MAX_RATIO + IDX_GZIP_SLACK)
+        return vitc__err(VITC_ERR_FORMAT,
+                         "%s: a gzip file of %llu bytes whose header claims %llu bytes of data, "
+                         "over %d times its size (vitc's limit); gunzip it and pass the raw file "
+                         "if the data is real", x->path, (unsigned long long)x->size,
+                         (unsigned long long)total, IDX_GZIP_MAX_RATIO);
+#else
+    (void)x;
+    (void)total;
+#endif
+    return VITC_OK;
+}
+
 /* The body: exactly `bytes` bytes and nothing after them. */
 static vitc_status idx_body(idx_file *x, uint8_t *dst, size_t bytes) {
     size_t got = 0; /* set by idx_read on success; GCC without zlib cannot see it */
@@ -322,6 +345,8 @@ static vitc_status idx_load(vitc_dataset *d, const char *images, const char *lab
                       images, (unsigned long long)xi.size, (long long)di[0], (long long)di[1],
                       (long long)di[2], (unsigned long long)(16 + bytes));
     if (s == VITC_OK)
+        s = idx_gzip_claim(&xi, 16 + (uint64_t)bytes);
+    if (s == VITC_OK)
         s = idx_body_alloc(&xi, bytes, &d->pixels);
     idx_close(&xi);
     if (s != VITC_OK)
@@ -339,6 +364,8 @@ static vitc_status idx_load(vitc_dataset *d, const char *images, const char *lab
     if (s == VITC_OK && xl.f && xl.size != 8 + (uint64_t)d->n)
         s = vitc__err(VITC_ERR_FORMAT, "%s: file of %llu bytes; its header needs %llu", labels,
                       (unsigned long long)xl.size, (unsigned long long)(8 + d->n));
+    if (s == VITC_OK)
+        s = idx_gzip_claim(&xl, 8 + (uint64_t)d->n);
     uint8_t *lab = NULL;
     if (s == VITC_OK && (!(lab = malloc((size_t)d->n)) ||
                          !(d->labels = malloc((size_t)d->n * sizeof *d->labels))))
@@ -463,14 +490,84 @@ static void strvec_free(strvec *s) {
     memset(s, 0, sizeof *s);
 }
 
-/* Python's sorted() on str compares code points; on UTF-8 bytes strcmp
- * gives the same order. */
-static int cmp_str(const void *a, const void *b) {
-    return strcmp(*(char *const *)a, *(char *const *)b);
+/* The walk follows links, as torchvision's does, but a link loop or a
+ * second way into a folder must not repeat it: folders and files are known
+ * by (device, inode), each walked / listed once. FOLDER_MAX_ENTRIES bounds
+ * the directory entries read in all (docs/limits.md). */
+#define FOLDER_MAX_ENTRIES 100000000LL
+
+typedef struct idset {
+    uint64_t *k; /* [cap][2]: device, inode + 1 (0: empty) */
+    size_t n, cap;
+} idset;
+
+/* Adds (dev, ino); *fresh = 0 when it was there already. */
+static vitc_status idset_add(idset *s, const struct stat *sb, int *fresh) {
+    uint64_t dev = (uint64_t)sb->st_dev, ino = (uint64_t)sb->st_ino + 1;
+    if (2 * (s->n + 1) > s->cap) {
+        size_t cap = s->cap ? 2 * s->cap : 256;
+        uint64_t *k = calloc(cap, 2 * sizeof *k);
+        if (!k)
+            return vitc__err(VITC_ERR_NOMEM, "cannot allocate the folder walk's file set");
+        for (size_t i = 0; i < s->cap; i++) {
+            if (!s->k[2 * i + 1])
+                continue;
+            size_t h = (size_t)((s->k[2 * i] * 0x9e3779b97f4a7c15ULL) ^ s->k[2 * i + 1]) *
+                       0x9e3779b97f4a7c15ULL % cap;
+            while (k[2 * h + 1]) h = (h + 1) % cap;
+            k[2 * h] = s->k[2 * i];
+            k[2 * h + 1] = s->k[2 * i + 1];
+        }
+        free(s->k);
+        s->k = k;
+        s->cap = cap;
+    }
+    size_t h = (size_t)((dev * 0x9e3779b97f4a7c15ULL) ^ ino) * 0x9e3779b97f4a7c15ULL % s->cap;
+    while (s->k[2 * h + 1]) {
+        if (s->k[2 * h] == dev && s->k[2 * h + 1] == ino) {
+            *fresh = 0;
+            return VITC_OK;
+        }
+        h = (h + 1) % s->cap;
+    }
+    s->k[2 * h] = dev;
+    s->k[2 * h + 1] = ino;
+    s->n++;
+    *fresh = 1;
+    return VITC_OK;
 }
 
-/* Sorted names in dir; dirs_only picks sub-folders, else regular files. */
-static vitc_status list_dir(const char *dir, int dirs_only, strvec *out) {
+typedef struct walk_ctx {
+    const char *root;
+    idset dirs, files;
+    int64_t entries; /* directory entries read so far */
+} walk_ctx;
+
+typedef struct dentry {
+    char *name;
+    struct stat sb;
+} dentry;
+
+typedef struct dentries {
+    dentry *v;
+    int64_t n, cap;
+} dentries;
+
+static void dentries_free(dentries *e) {
+    for (int64_t i = 0; i < e->n; i++) free(e->v[i].name);
+    free(e->v);
+    memset(e, 0, sizeof *e);
+}
+
+/* Python's sorted() on str compares code points; on UTF-8 bytes strcmp
+ * gives the same order. */
+static int cmp_dentry(const void *a, const void *b) {
+    return strcmp(((const dentry *)a)->name, ((const dentry *)b)->name);
+}
+
+/* Sorted entries of dir (links followed, as torchvision does): sub-folders
+ * into subs, regular files into files (either may be NULL). */
+static vitc_status list_dir(walk_ctx *w, const char *dir, dentries *files, dentries *subs) {
     DIR *dp = opendir(dir);
     if (!dp)
         return vitc__err(VITC_ERR_IO, "%s: cannot open folder: %s", dir, strerror(errno));
@@ -480,17 +577,42 @@ static vitc_status list_dir(const char *dir, int dirs_only, strvec *out) {
     while (s == VITC_OK && (e = readdir(dp))) {
         if (e->d_name[0] == '.' && (!e->d_name[1] || (e->d_name[1] == '.' && !e->d_name[2])))
             continue;
+        if (++w->entries > FOLDER_MAX_ENTRIES) {
+            s = vitc__err(VITC_ERR_INVALID_ARG,
+                          "%s: more than %lld directory entries under the data folder (vitc's "
+                          "limit); point --data at a smaller tree", w->root,
+                          (long long)FOLDER_MAX_ENTRIES);
+            break;
+        }
         if ((size_t)snprintf(path, sizeof path, "%s/%s", dir, e->d_name) >= sizeof path)
             continue;
         struct stat sb;
-        if (stat(path, &sb) != 0) /* follows links, as torchvision does */
+        if (stat(path, &sb) != 0)
             continue;
-        if (dirs_only ? S_ISDIR(sb.st_mode) : S_ISREG(sb.st_mode))
-            s = strvec_push(out, e->d_name, NULL);
+        dentries *to = S_ISDIR(sb.st_mode) ? subs : S_ISREG(sb.st_mode) ? files : NULL;
+        if (!to)
+            continue;
+        if (to->n == to->cap) {
+            int64_t cap = to->cap ? 2 * to->cap : 64;
+            dentry *v = realloc(to->v, (size_t)cap * sizeof *v);
+            if (!v) {
+                s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory listing the folder", dir);
+                break;
+            }
+            to->v = v;
+            to->cap = cap;
+        }
+        if (!(to->v[to->n].name = strdup(e->d_name))) {
+            s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory listing the folder", dir);
+            break;
+        }
+        to->v[to->n++].sb = sb;
     }
     closedir(dp);
-    if (s == VITC_OK && out->n > 1)
-        qsort(out->v, (size_t)out->n, sizeof *out->v, cmp_str);
+    if (s == VITC_OK && files && files->n > 1)
+        qsort(files->v, (size_t)files->n, sizeof *files->v, cmp_dentry);
+    if (s == VITC_OK && subs && subs->n > 1)
+        qsort(subs->v, (size_t)subs->n, sizeof *subs->v, cmp_dentry);
     return s;
 }
 
@@ -502,17 +624,19 @@ static int has_image_ext(const char *name) {
 }
 
 /* torchvision's make_dataset: os.walk(class_dir) sorted, files of a folder
- * (sorted) before its sub-folders; depth-limited against link loops. */
-static vitc_status walk_class(const char *dir, int depth, int label, strvec *paths,
+ * (sorted) before its sub-folders; a folder or file already seen (a link
+ * loop, a second link to it) is skipped, and 16 levels deep is the end. */
+static vitc_status walk_class(walk_ctx *w, const char *dir, int depth, int label, strvec *paths,
                               int64_t **labels, int64_t *lcap) {
     if (depth > 16)
         return VITC_OK;
-    strvec files = {0}, subs = {0};
-    vitc_status s = list_dir(dir, 0, &files);
-    if (s == VITC_OK)
-        s = list_dir(dir, 1, &subs);
+    dentries files = {0}, subs = {0};
+    vitc_status s = list_dir(w, dir, &files, &subs);
     for (int64_t i = 0; s == VITC_OK && i < files.n; i++) {
-        if (!has_image_ext(files.v[i]))
+        int fresh;
+        if (!has_image_ext(files.v[i].name))
+            continue;
+        if ((s = idset_add(&w->files, &files.v[i].sb, &fresh)) != VITC_OK || !fresh)
             continue;
         if (paths->n >= FOLDER_MAX_FILES) {
             s = vitc__err(VITC_ERR_INVALID_ARG, "%s: more than %lld images", dir,
@@ -530,15 +654,18 @@ static vitc_status walk_class(const char *dir, int depth, int label, strvec *pat
             *lcap = cap;
         }
         (*labels)[paths->n] = label;
-        s = strvec_push(paths, dir, files.v[i]);
+        s = strvec_push(paths, dir, files.v[i].name);
     }
     for (int64_t i = 0; s == VITC_OK && i < subs.n; i++) {
         char sub[4096];
-        if ((size_t)snprintf(sub, sizeof sub, "%s/%s", dir, subs.v[i]) < sizeof sub)
-            s = walk_class(sub, depth + 1, label, paths, labels, lcap);
+        int fresh;
+        if ((s = idset_add(&w->dirs, &subs.v[i].sb, &fresh)) != VITC_OK || !fresh)
+            continue;
+        if ((size_t)snprintf(sub, sizeof sub, "%s/%s", dir, subs.v[i].name) < sizeof sub)
+            s = walk_class(w, sub, depth + 1, label, paths, labels, lcap);
     }
-    strvec_free(&files);
-    strvec_free(&subs);
+    dentries_free(&files);
+    dentries_free(&subs);
     return s;
 }
 
@@ -551,11 +678,19 @@ vitc_status vitc_dataset_open_folder(const char *root, int n_classes, const char
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_dataset_open_folder: bad arguments");
     if (strlen(root) > 3000)
         return vitc__err(VITC_ERR_INVALID_ARG, "data folder path too long");
-    strvec found = {0}, paths = {0};
+    strvec paths = {0};
+    dentries found = {0};
+    walk_ctx w = {0};
+    w.root = root;
     int64_t *labels = NULL, lcap = 0;
+    int fresh;
+    struct stat rsb;
     vitc_dataset *d = calloc(1, sizeof *d);
-    vitc_status s = d ? list_dir(root, 1, &found)
+    vitc_status s = d ? list_dir(&w, root, NULL, &found)
                       : vitc__err(VITC_ERR_NOMEM, "cannot allocate a dataset");
+    /* The root counts as walked: a link back to it is a loop. */
+    if (s == VITC_OK && stat(root, &rsb) == 0)
+        s = idset_add(&w.dirs, &rsb, &fresh);
     if (s == VITC_OK && n_classes == 0) {
         if (found.n == 0)
             s = vitc__err(VITC_ERR_INVALID_ARG,
@@ -563,21 +698,28 @@ vitc_status vitc_dataset_open_folder(const char *root, int n_classes, const char
         else if (found.n > 100000)
             s = vitc__err(VITC_ERR_INVALID_ARG, "%s: %lld class folders", root,
                           (long long)found.n);
-        else
-            s = set_class_names(d, (int)found.n, (const char *const *)found.v);
+        if (s == VITC_OK) {
+            const char **names = malloc((size_t)found.n * sizeof *names);
+            if (!names)
+                s = vitc__err(VITC_ERR_NOMEM, "cannot allocate class names");
+            for (int64_t i = 0; s == VITC_OK && i < found.n; i++) names[i] = found.v[i].name;
+            if (s == VITC_OK)
+                s = set_class_names(d, (int)found.n, names);
+            free(names);
+        }
     } else if (s == VITC_OK) {
         /* Another split of a known class list (val after train): its folders
          * must be among those classes, so label i means the same in both. */
         for (int64_t i = 0; s == VITC_OK && i < found.n; i++) {
             int k = 0;
-            while (k < n_classes && strcmp(classes[k], found.v[i])) k++;
+            while (k < n_classes && strcmp(classes[k], found.v[i].name)) k++;
             /* the known classes are the training split's (train) or the
              * model's labels (eval): name both, with the first few */
             if (k == n_classes)
                 s = vitc__err(VITC_ERR_INVALID_ARG,
                               "%s/%s: not one of the %d known classes (%s%s%s%s%s%s): name the "
                               "class folders as the model's labels / the training set's classes",
-                              root, found.v[i], n_classes, classes[0],
+                              root, found.v[i].name, n_classes, classes[0],
                               n_classes > 1 ? ", " : "", n_classes > 1 ? classes[1] : "",
                               n_classes > 2 ? ", " : "", n_classes > 2 ? classes[2] : "",
                               n_classes > 3 ? ", ..." : "");
@@ -585,13 +727,19 @@ vitc_status vitc_dataset_open_folder(const char *root, int n_classes, const char
         if (s == VITC_OK)
             s = set_class_names(d, n_classes, classes);
     }
+    /* Class c is walked only as an entry of the root's listing with its
+     * exact name: a class name is never made into a path (a label
+     * "../../usr" matches no entry, so it reads nothing outside root). */
     for (int c = 0; s == VITC_OK && c < d->n_classes; c++) {
         char dir[4096];
-        struct stat sb;
-        snprintf(dir, sizeof dir, "%s/%s", root, d->class_names[c]);
-        if (n_classes && stat(dir, &sb) != 0)
+        int64_t i = 0;
+        while (i < found.n && strcmp(found.v[i].name, d->class_names[c])) i++;
+        if (i == found.n)
             continue; /* a class with no folder in this split */
-        s = walk_class(dir, 0, c, &paths, &labels, &lcap);
+        if ((s = idset_add(&w.dirs, &found.v[i].sb, &fresh)) != VITC_OK || !fresh)
+            continue;
+        snprintf(dir, sizeof dir, "%s/%s", root, found.v[i].name);
+        s = walk_class(&w, dir, 0, c, &paths, &labels, &lcap);
     }
     if (s == VITC_OK && paths.n == 0)
         s = vitc__err(VITC_ERR_INVALID_ARG, "%s: no .png/.jpg/.jpeg images in its class folders",
@@ -607,9 +755,11 @@ vitc_status vitc_dataset_open_folder(const char *root, int n_classes, const char
         if (!(d->bad = calloc((size_t)d->n, 1)) || !(d->bad_paths = calloc((size_t)d->n, sizeof(char *))))
             s = vitc__err(VITC_ERR_NOMEM, "cannot allocate flags for %lld images", (long long)d->n);
     }
-    strvec_free(&found);
+    dentries_free(&found);
     strvec_free(&paths);
     free(labels);
+    free(w.dirs.k);
+    free(w.files.k);
     if (s != VITC_OK) {
         vitc_dataset_free(d);
         return s;
