@@ -121,7 +121,10 @@ FINETUNE = ("finetune_dinov2_s14_b8", "finetune_clip_b16_b8")
 TRAIN = ("train_fmnist", "train_vit_b16_b8", "sdpa_bwd") + FINETUNE
 # --only accepts these group names too (make bench BENCH_ONLY=train).
 GROUPS = {"train": TRAIN, "inference": tuple(n for n in WORKLOADS if n not in TRAIN),
-          "hub": HUB + ("embed_1000",), "engines": VIT, "finetune": FINETUNE}
+          "hub": HUB + ("embed_1000",), "engines": VIT,
+          # not "finetune": make bench BENCH_ONLY=finetune would write over
+          # bench/results-finetune.md, finetune_learn.py's
+          "finetune-step": FINETUNE}
 # The Fashion-MNIST ViT of issue 8.
 FMNIST = dict(image_size=28, patch_size=4, in_channels=1, num_layers=6, num_heads=4,
               hidden_dim=96, mlp_dim=192, num_classes=10, batch=128)
@@ -902,7 +905,7 @@ def main():
     global QUICK, EMBED_IMAGES
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the markdown table here (and the raw data to .json)")
-    ap.add_argument("--only", help="comma-separated workloads or groups (train, inference, hub, "
+    ap.add_argument("--only", help="comma-separated workloads or groups (train, inference, hub, finetune-step, "
                     "engines; default: all): " + ", ".join(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--repeat-scale", type=int, default=1,

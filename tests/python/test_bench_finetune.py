@@ -51,7 +51,7 @@ class TestFinetuneRows(TmpDirCase):
     def setUpClass(cls):
         super().setUpClass()
         out = os.path.join(cls.tmp, "r.md")
-        cls.rc, _, cls.err = run_py(BENCH, "--quick", "--only", "finetune", "--rounds", "1",
+        cls.rc, _, cls.err = run_py(BENCH, "--quick", "--only", "finetune-step", "--rounds", "1",
                                     "--threads", "1", "--engines", "none", "--out", out)
         cls.md, cls.res = "", {}
         if os.path.exists(out):
