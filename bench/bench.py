@@ -905,8 +905,8 @@ def main():
     global QUICK, EMBED_IMAGES
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the markdown table here (and the raw data to .json)")
-    ap.add_argument("--only", help="comma-separated workloads or groups (train, inference, hub, finetune-step, "
-                    "engines; default: all): " + ", ".join(WORKLOADS))
+    ap.add_argument("--only", help="comma-separated workloads or groups (train, inference, hub, "
+                    "engines, finetune-step; default: all): " + ", ".join(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--repeat-scale", type=int, default=1,
                     help="multiply every workload's timed forwards per child")
