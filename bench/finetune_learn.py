@@ -155,7 +155,8 @@ def render(info, runs, classes):
          "(transformers' own init, save_pretrained), on a small ImageFolder of real photos. "
          "Written by bench/finetune_learn.py (`make bench-finetune`).\n"]
     L.append("## Setup\n")
-    for k in ("date", "command", "cpu", "threads", "vitc", "data", "split", "models", "took"):
+    for k in ("date", "command", "cpu", "threads", "vitc", "data", "split", "models", "sizes",
+              "took"):
         L.append("- %s: %s" % (k, info[k]))
     L.append("- chance: %s (%d classes: %s)" % (pct(chance), len(classes), ", ".join(classes)))
     if info.get("quick"):
@@ -276,6 +277,11 @@ def main():
             "models": "; ".join(m[1] for m in models.values()) + "; random init "
                       "(transformers' own, seed 0), save_pretrained; vitc_vit_reset_head gives "
                       "each a new head for the 4 classes",
+            "sizes": "DINOv2-S at %d px, CLIP-B at %d px (the config's image_size, which vitc "
+                     "trains at; CLIP-B at 224 px costs about 3.5 times DINOv2-S's step and would "
+                     "take the script past 10 minutes on 2 cores)" % (
+                         args.size_dinov2, args.size_clip) if not args.quick else "--quick: "
+                     "two patches a side",
             "took": "%.0f s in all" % (time.time() - t_start), "quick": args.quick}
     text = render(info, runs, sorted(PHOTOS))
     with open(args.out, "w") as f:
