@@ -22,7 +22,7 @@ bench/results-finetune.md). It
 
 The config's image_size is the resolution vitc trains at (a Hub model's
 input size); the defaults keep the whole script near 10 minutes on 2
-cores: DINOv2-S at 224 px, CLIP-B (3.4 times DINOv2-S's FLOPs per token) at
+cores: DINOv2-S at 224 px, CLIP-B (2.9 times its FLOPs at the same size) at
 112 px, its position table drawn at that size. --quick: tiny models and a
 handful of images (tests the script, learns nothing to speak of).
 """
@@ -278,7 +278,7 @@ def main():
                       "(transformers' own, seed 0), save_pretrained; vitc_vit_reset_head gives "
                       "each a new head for the 4 classes",
             "sizes": "DINOv2-S at %d px, CLIP-B at %d px (the config's image_size, which vitc "
-                     "trains at; CLIP-B at 224 px costs about 3.5 times DINOv2-S's step and would "
+                     "trains at; CLIP-B at 224 px costs about 2.9 times DINOv2-S's step and would "
                      "take the script past 10 minutes on 2 cores)" % (
                          args.size_dinov2, args.size_clip) if not args.quick else "--quick: "
                      "two patches a side",
