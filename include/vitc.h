@@ -780,8 +780,8 @@ VITC_API vitc_status vitc_session_attention_maps(vitc_session *s, const float *i
                                                  int H, int W, float *attn, float *rollout);
 /* Packs m's weights for its precision now if they are stale (what every
  * vitc_vit_* forward does first): call it after changing the weights and
- * before running sessions again. is_prepared: 1 when a session forward
- * would run now. */
+ * before running sessions again. is_prepared: 1 when the packs are current
+ * (0: a session forward fails, or in fp32 runs the slower row-major path). */
 VITC_API vitc_status vitc_vit_prepare(vitc_vit *m);
 VITC_API int vitc_vit_is_prepared(const vitc_vit *m);
 

@@ -523,11 +523,6 @@ vitc_status vitc_vit_prepare(vitc_vit *m) {
     return vitc__vit_prepare_inference(m);
 }
 
-int vitc_vit_is_prepared(const vitc_vit *m) {
-    int use;
-    return m && vitc__vit_weights_check(m, &use) == VITC_OK;
-}
-
 /* The model API: its own session, after bringing the weights up to date
  * (the model is the caller's alone here, so it may be written). */
 static vitc_status vit_owner(vitc_vit *m, const char *fn, vitc__session **s) {

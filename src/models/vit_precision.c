@@ -197,6 +197,14 @@ vitc_status vitc__vit_prepare_inference(vitc_vit *m) {
     return VITC_OK;
 }
 
+int vitc_vit_is_prepared(const vitc_vit *m) {
+    if (!m)
+        return 0;
+    if (m->training)
+        return !m->released;
+    return vit_packs_current(m, vitc__gemm_pack_kernel());
+}
+
 /* Read-only, so that any number of sessions may ask at once: the packs
  * when current, else the row-major weights where they are the same
  * numbers (fp32, pages not given back), else an error (packing would
