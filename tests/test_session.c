@@ -220,6 +220,12 @@ static void test_threads_fp32(void **state) {
     serial_refs(m);
     check_model_api(m);
     run_threads(m, "fp32");
+    /* One pool thread: every user thread runs its kernels inline at once
+     * (per-thread scratch); the numbers do not depend on the count. */
+    int nt = vitc_get_num_threads();
+    vitc_set_num_threads(1);
+    run_threads(m, "fp32, inline");
+    vitc_set_num_threads(nt);
     check_model_api(m); /* the model API still works after the sessions */
     free_calls();
     vitc_vit_free(m);
