@@ -3,8 +3,8 @@
  * vitc_session on one shared vitc_vit, mixing entry points (run, forward,
  * embed with every pool, forward_features, attention maps), batch sizes and
  * image sizes (position resampling), and every result must be bit-equal to
- * the same call run serially; in fp32 and bf16 (bf16 runs on every CPU:
- * the portable reference where the instructions are missing). Then the
+ * the same call run serially; in fp32, bf16 and int8 (these run on every
+ * CPU: the portable reference where the instructions are missing). Then the
  * model API must still give the same numbers, a session on stale weights
  * must fail or fall back as vitc.h says, and one outliving its model must
  * be refused. `make tsan` runs this file under ThreadSanitizer.
@@ -231,20 +231,30 @@ static void test_threads_fp32(void **state) {
     vitc_vit_free(m);
 }
 
-static void test_threads_bf16(void **state) {
-    (void)state;
+static void threads_lp(vitc_precision p, uint64_t seed) {
     vitc_vit_config cfg = small_config();
     vitc_vit *m;
-    assert_int_equal(vitc_vit_create(&cfg, 11, &m), VITC_OK);
-    assert_int_equal(vitc_vit_set_precision(m, VITC_PRECISION_BF16), VITC_OK);
-    assert_int_equal(vitc_vit_set_attention_precision(m, VITC_PRECISION_BF16), VITC_OK);
-    print_message("bf16 on %s\n", vitc_get_precision_paths());
+    assert_int_equal(vitc_vit_create(&cfg, seed, &m), VITC_OK);
+    assert_int_equal(vitc_vit_set_precision(m, p), VITC_OK);
+    if (p == VITC_PRECISION_BF16)
+        assert_int_equal(vitc_vit_set_attention_precision(m, VITC_PRECISION_BF16), VITC_OK);
     make_calls(m);
     serial_refs(m);
     check_model_api(m);
-    run_threads(m, "bf16");
+    run_threads(m, vitc_precision_name(p));
     free_calls();
     vitc_vit_free(m);
+}
+
+static void test_threads_bf16(void **state) {
+    (void)state;
+    print_message("low precision on %s\n", vitc_get_precision_paths());
+    threads_lp(VITC_PRECISION_BF16, 11);
+}
+
+static void test_threads_int8(void **state) {
+    (void)state;
+    threads_lp(VITC_PRECISION_INT8, 17);
 }
 
 /* Weights changed behind the packs: bf16 sessions refuse until
@@ -295,6 +305,44 @@ static void test_stale_weights(void **state) {
     }
 }
 
+/* The GEMM backend changed after packing: the panels belong to the other
+ * kernel and the row-major pages were given back, so a session refuses
+ * until vitc_vit_prepare, then gives the model API's numbers. */
+static void test_backend_switch(void **state) {
+    (void)state;
+    char prev[32];
+    snprintf(prev, sizeof prev, "%s", vitc_get_gemm_backend());
+    const char *other = strcmp(prev, "builtin") == 0 ? "openblas" : "builtin";
+    vitc_vit_config cfg = small_config();
+    vitc_vit *m;
+    assert_int_equal(vitc_vit_create(&cfg, 13, &m), VITC_OK);
+    assert_int_equal(vitc_vit_prepare(m), VITC_OK);
+    if (vitc_set_gemm_backend(other) != VITC_OK) {
+        vitc_vit_free(m);
+        skip(); /* a build without OpenBLAS */
+    }
+    make_calls(m);
+    const call *c = &calls[0];
+    vitc_session *s;
+    assert_int_equal(vitc_session_create(m, &s), VITC_OK);
+    float *o = malloc(c->n_out * sizeof(float));
+    assert_non_null(o);
+    vitc_status st = do_call(s, NULL, c, o, NULL);
+    if (strcmp(other, "openblas") == 0) { /* builtin fp32 panels, pages released */
+        assert_int_equal(st, VITC_ERR_INVALID_ARG);
+        assert_non_null(strstr(vitc_last_error(), "vitc_vit_prepare"));
+    }
+    assert_int_equal(vitc_vit_prepare(m), VITC_OK);
+    assert_int_equal(do_call(s, NULL, c, o, NULL), VITC_OK);
+    assert_int_equal(do_call(NULL, m, c, c->ref, NULL), VITC_OK);
+    assert_memory_equal(o, c->ref, c->n_out * sizeof(float));
+    assert_int_equal(vitc_set_gemm_backend(prev), VITC_OK);
+    free(o);
+    vitc_session_free(s);
+    free_calls();
+    vitc_vit_free(m);
+}
+
 /* Training stays on the model API; leaving it packs for sessions. */
 static void test_training_then_sessions(void **state) {
     (void)state;
@@ -340,7 +388,9 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_threads_fp32),
         cmocka_unit_test(test_threads_bf16),
+        cmocka_unit_test(test_threads_int8),
         cmocka_unit_test(test_stale_weights),
+        cmocka_unit_test(test_backend_switch),
         cmocka_unit_test(test_training_then_sessions),
         cmocka_unit_test(test_session_outlives_model),
     };

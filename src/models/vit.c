@@ -199,7 +199,8 @@ static void vit_tokens_task(void *ctx, int64_t b, int tid) {
 
 /* Folds one layer's probabilities into the rollout (see docs/vit.md):
  * A = mean over heads + I, rows renormalised, R = A @ R. */
-static void vit_rollout_step(const vitc_vit *m, vitc__session *s, const float *probs, int64_t B, int64_t N, int first) {
+static void vit_rollout_step(const vitc_vit *m, vitc__session *s, const float *probs, int64_t B,
+                             int64_t N, int first) {
     int64_t Hh = m->cfg.num_heads;
     float *R = s->roll_buf.p;       /* [B, N, N] */
     float *A = R + B * N * N;       /* [N, N] */
@@ -459,9 +460,9 @@ static vitc_status vit_run(const vitc_vit *m, vitc__session *s, const float *ima
         vitc__layernorm(a->cls_out, a->cls_in, m->w.ln_w, m->w.ln_b, B, C, c->norm_eps);
     }
     if (logits && m->head == VIT_HEAD_CLS) {
-        VITC_TRY(vitc__linear_pw(logits, c->num_classes, a->cls_out, C,
-                                 s->use_packed && m->phead.data ? &m->phead : NULL, m->w.head_w, m->w.head_b, NULL,
-                                 0, B, c->num_classes, C, 0));
+        const vitc__pweight *phead = s->use_packed && m->phead.data ? &m->phead : NULL;
+        VITC_TRY(vitc__linear_pw(logits, c->num_classes, a->cls_out, C, phead, m->w.head_w,
+                                 m->w.head_b, NULL, 0, B, c->num_classes, C, 0));
     }
     if (record) {
         s->recorded = 1;

@@ -194,9 +194,6 @@ struct vitc_vit {
      * attention_dropout, timm's drop path per block), drawn from rng. */
     float dropout, attention_dropout, drop_path;
     vitc__rng rng;
-    vitc__buf masks;    /* the recorded forward's keep masks (bytes, vitc__vit_mask) */
-    vitc__buf pdrop;    /* [2, N, N] attention-dropout scratch */
-    size_t mask_stride; /* bytes from block l's masks to block l + 1's */
     int n_entries;
     vitc__param *table; /* [n_entries] state_dict order, names in the file's spelling */
     char *names;        /* the table's names, NUL-separated */
@@ -282,8 +279,8 @@ vitc_status vitc__vit_weights_check(const vitc_vit *m, int *use_packed);
 enum { VIT_PW_QKV = VITC__NN_PW_QKV, VIT_PW_PROJ = VITC__NN_PW_PROJ, VIT_PW_FC1 = VITC__NN_PW_FC1,
        VIT_PW_FC2 = VITC__NN_PW_FC2, VIT_PW_COUNT = VITC__NN_PW_COUNT };
 /* Makes the packed weights current for an inference forward (repacking
- * when the parameters, precision, arch or GEMM backend moved) and sets
- * m->use_packed. */
+ * when the parameters, precision, arch or GEMM backend moved): the owner's
+ * step before sessions read them (vitc__vit_weights_check). */
 vitc_status vitc__vit_prepare_inference(vitc_vit *m);
 /* The row-major parameters valid again (unpacking released matrices, then
  * dropping the packs): before training, vitc_vit_param, saving. */
