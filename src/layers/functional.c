@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "layers.h"
+#include "../nn/nn.h"
 
 
 static const char *shp(char *buf, size_t cap, const vitc_tensor_view *t) {
@@ -65,46 +66,34 @@ void vitc__sdpa_dropout_forward(const vitc__sdpa_desc *f, uint8_t *keep, float p
             uint8_t *kp = keep + (b * f->H + h) * L * S; // [L, S]
             head_probs(f, b, h, P);
             vitc__dropout_mask(kp, L * S, p, r);
-            vitc__dropout_apply(P, P, kp, L * S, p);
+            /* P becomes dropout(P) in place: the weights MultiheadAttention returns */
+            vitc__nn_dropout_pv(f->o + b * f->o_sb + h * f->o_sh, f->o_sr, P, kp, p,
+                                f->v + b * f->v_sb + h * f->v_sh, f->v_sr, L, S, f->Dv, P);
             if (f->probs) {
                 float *w = f->probs + b * f->p_sb + h * f->p_sh; // [L, S] row stride p_sr
                 for (int64_t i = 0; i < L; i++) memcpy(w + i * f->p_sr, P + i * S, S * sizeof *P);
             }
-            const float *v = f->v + b * f->v_sb + h * f->v_sh; // [S, Dv]
-            float *o = f->o + b * f->o_sb + h * f->o_sh;       // [L, Dv]
-            vitc__gemm(0, 0, L, f->Dv, S, 1.0f, P, S, v, f->v_sr, 0.0f, o, f->o_sr);
         }
 }
 
-/* With Pd = P * keep / (1 - p): dV = Pd^T dO, dPd = dO V^T, dP = dPd * keep
- * / (1 - p), dS = P * (dP - rowsum(P * dP)), dQ = scale dS K, dK = scale
- * dS^T Q. */
+/* P recomputed per head (nothing [B, H, L, S] kept), then the shared core. */
 void vitc__sdpa_dropout_backward(const vitc__sdpa_desc *f, const vitc__sdpa_desc *g,
                                  const uint8_t *keep, float p, float *P, float *dP) {
-    int64_t L = f->L, S = f->S, D = f->D, Dv = f->Dv;
+    int64_t L = f->L, S = f->S;
     for (int64_t b = 0; b < f->B; b++)
         for (int64_t h = 0; h < f->H; h++) {
-            const uint8_t *kp = keep + (b * f->H + h) * L * S;  // [L, S]
-            const float *q = f->q + b * f->q_sb + h * f->q_sh; // [L, D]
-            const float *k = f->k + b * f->k_sb + h * f->k_sh; // [S, D]
-            const float *v = f->v + b * f->v_sb + h * f->v_sh; // [S, Dv]
-            const float *dO = g->o + b * g->o_sb + h * g->o_sh; // [L, Dv]
-            float *dq = (float *)g->q + b * g->q_sb + h * g->q_sh; // [L, D]
-            float *dk = (float *)g->k + b * g->k_sb + h * g->k_sh; // [S, D]
-            float *dv = (float *)g->v + b * g->v_sb + h * g->v_sh; // [S, Dv]
+            vitc__nn_head_grad hg = {
+                .L = L, .S = S, .D = f->D, .Dv = f->Dv, .scale = f->scale,
+                .q = f->q + b * f->q_sb + h * f->q_sh, .q_sr = f->q_sr,
+                .k = f->k + b * f->k_sb + h * f->k_sh, .k_sr = f->k_sr,
+                .v = f->v + b * f->v_sb + h * f->v_sh, .v_sr = f->v_sr,
+                .dout = g->o + b * g->o_sb + h * g->o_sh, .do_sr = g->o_sr,
+                .dq = (float *)g->q + b * g->q_sb + h * g->q_sh, .dq_sr = g->q_sr,
+                .dk = (float *)g->k + b * g->k_sb + h * g->k_sh, .dk_sr = g->k_sr,
+                .dv = (float *)g->v + b * g->v_sb + h * g->v_sh, .dv_sr = g->v_sr,
+            };
             head_probs(f, b, h, P);
-            vitc__dropout_apply(dP, P, kp, L * S, p); /* Pd, for dV */
-            vitc__gemm(1, 0, S, Dv, L, 1.0f, dP, S, dO, g->o_sr, 0.0f, dv, g->v_sr);
-            vitc__gemm(0, 1, L, S, Dv, 1.0f, dO, g->o_sr, v, f->v_sr, 0.0f, dP, S);
-            vitc__dropout_apply(dP, dP, kp, L * S, p);
-            for (int64_t i = 0; i < L; i++) {
-                float *pr = P + i * S, *dpr = dP + i * S;
-                double delta = 0.0;
-                for (int64_t j = 0; j < S; j++) delta += (double)pr[j] * dpr[j];
-                for (int64_t j = 0; j < S; j++) dpr[j] = pr[j] * (dpr[j] - (float)delta);
-            }
-            vitc__gemm(0, 0, L, D, S, f->scale, dP, S, k, f->k_sr, 0.0f, dq, g->q_sr);
-            vitc__gemm(1, 0, S, D, L, f->scale, dP, S, q, f->q_sr, 0.0f, dk, g->k_sr);
+            vitc__nn_dropout_attn_head_backward(&hg, P, keep + (b * f->H + h) * L * S, p, dP);
         }
 }
 

@@ -35,17 +35,42 @@ vitc_status vitc__nn_mask_apply(const vitc__nn_mask *m, vitc__buf *buf, vitc__sd
     return VITC_OK;
 }
 
+void vitc__nn_dropout_pv(float *o, int64_t o_sr, const float *P, const uint8_t *keep, float p,
+                         const float *v, int64_t v_sr, int64_t L, int64_t S, int64_t Dv, float *T) {
+    vitc__dropout_apply(T, P, keep, L * S, p);
+    vitc__gemm(0, 0, L, Dv, S, 1.0f, T, S, v, v_sr, 0.0f, o, o_sr);
+}
+
+void vitc__nn_dropout_attn_head_backward(const vitc__nn_head_grad *h, const float *P,
+                                         const uint8_t *keep, float p, float *T) {
+    int64_t L = h->L, S = h->S;
+    /* T = Pd first (for dV), then, Pd spent, dP = dropout(dO V^T). */
+    vitc__dropout_apply(T, P, keep, L * S, p);
+    vitc__gemm(1, 0, S, h->Dv, L, 1.0f, T, S, h->dout, h->do_sr, 0.0f, h->dv, h->dv_sr);
+    vitc__gemm(0, 1, L, S, h->Dv, 1.0f, h->dout, h->do_sr, h->v, h->v_sr, 0.0f, T, S);
+    vitc__dropout_apply(T, T, keep, L * S, p);
+    for (int64_t i = 0; i < L; i++) {
+        float *g = T + i * S;
+        const float *pr = P + i * S;
+        double r = 0.0; /* rowsum(P * dP), in double as the row can be long */
+        for (int64_t j = 0; j < S; j++) r += (double)g[j] * pr[j];
+        for (int64_t j = 0; j < S; j++) g[j] = pr[j] * (g[j] - (float)r);
+    }
+    vitc__gemm(0, 0, L, h->D, S, h->scale, T, S, h->k, h->k_sr, 0.0f, h->dq, h->dq_sr);
+    vitc__gemm(1, 0, S, h->D, L, h->scale, T, S, h->q, h->q_sr, 0.0f, h->dk, h->dk_sr);
+}
+
 vitc_status vitc__nn_attn_dropout_forward(const vitc__sdpa_desc *sd, const uint8_t *keep, float p,
                                           vitc__buf *tmp) {
-    int64_t L = sd->L, S = sd->S, d = sd->Dv, LS = L * S;
+    int64_t L = sd->L, S = sd->S, LS = L * S;
     VITC_TRY(vitc__buf_reserve(tmp, (size_t)LS));
-    float *T = tmp->p; /* [L, S] */
     for (int64_t b = 0; b < sd->B; b++)
         for (int64_t h = 0; h < sd->H; h++) {
             int64_t bh = b * sd->H + h;
-            vitc__dropout_apply(T, sd->probs + bh * LS, keep + bh * LS, LS, p);
-            vitc__gemm(0, 0, L, d, S, 1.0f, T, S, sd->v + b * sd->v_sb + h * sd->v_sh, sd->v_sr,
-                       0.0f, sd->o + b * sd->o_sb + h * sd->o_sh, sd->o_sr);
+            vitc__nn_dropout_pv(sd->o + b * sd->o_sb + h * sd->o_sh, sd->o_sr,
+                                sd->probs + bh * LS, keep + bh * LS, p,
+                                sd->v + b * sd->v_sb + h * sd->v_sh, sd->v_sr, L, S, sd->Dv,
+                                tmp->p);
         }
     return VITC_OK;
 }
@@ -53,32 +78,22 @@ vitc_status vitc__nn_attn_dropout_forward(const vitc__sdpa_desc *sd, const uint8
 vitc_status vitc__nn_attn_dropout_backward(const vitc__sdpa_bwd_desc *bd, const float *P,
                                            const uint8_t *keep, float p, vitc__buf *tmp) {
     const vitc__sdpa_desc *f = &bd->f;
-    int64_t L = f->L, S = f->S, d = f->D, LS = L * S;
-    VITC_TRY(vitc__buf_reserve(tmp, 2 * (size_t)LS));
-    float *T = tmp->p, *G = T + LS; /* [L, S] each */
+    int64_t L = f->L, S = f->S, LS = L * S;
+    VITC_TRY(vitc__buf_reserve(tmp, (size_t)LS));
     for (int64_t b = 0; b < f->B; b++)
         for (int64_t h = 0; h < f->H; h++) {
             int64_t bh = b * f->H + h;
-            const float *Pb = P + bh * LS;
-            const float *q = f->q + b * f->q_sb + h * f->q_sh, *k = f->k + b * f->k_sb + h * f->k_sh;
-            const float *v = f->v + b * f->v_sb + h * f->v_sh;
-            const float *dout = bd->dout + b * bd->do_sb + h * bd->do_sh;
-            vitc__dropout_apply(T, Pb, keep + bh * LS, LS, p);
-            vitc__gemm(1, 0, S, d, L, 1.0f, T, S, dout, bd->do_sr, 0.0f,
-                       bd->dv + b * bd->dv_sb + h * bd->dv_sh, bd->dv_sr);
-            vitc__gemm(0, 1, L, S, d, 1.0f, dout, bd->do_sr, v, f->v_sr, 0.0f, G, S);
-            vitc__dropout_apply(G, G, keep + bh * LS, LS, p);
-            for (int64_t i = 0; i < L; i++) {
-                float *g = G + i * S;
-                const float *pr = Pb + i * S;
-                float r = 0.0f;
-                for (int64_t j = 0; j < S; j++) r += g[j] * pr[j];
-                for (int64_t j = 0; j < S; j++) g[j] = pr[j] * (g[j] - r);
-            }
-            vitc__gemm(0, 0, L, d, S, f->scale, G, S, k, f->k_sr, 0.0f,
-                       bd->dq + b * bd->dq_sb + h * bd->dq_sh, bd->dq_sr);
-            vitc__gemm(1, 0, S, d, L, f->scale, G, S, q, f->q_sr, 0.0f,
-                       bd->dk + b * bd->dk_sb + h * bd->dk_sh, bd->dk_sr);
+            vitc__nn_head_grad hg = {
+                .L = L, .S = S, .D = f->D, .Dv = f->Dv, .scale = f->scale,
+                .q = f->q + b * f->q_sb + h * f->q_sh, .q_sr = f->q_sr,
+                .k = f->k + b * f->k_sb + h * f->k_sh, .k_sr = f->k_sr,
+                .v = f->v + b * f->v_sb + h * f->v_sh, .v_sr = f->v_sr,
+                .dout = bd->dout + b * bd->do_sb + h * bd->do_sh, .do_sr = bd->do_sr,
+                .dq = bd->dq + b * bd->dq_sb + h * bd->dq_sh, .dq_sr = bd->dq_sr,
+                .dk = bd->dk + b * bd->dk_sb + h * bd->dk_sh, .dk_sr = bd->dk_sr,
+                .dv = bd->dv + b * bd->dv_sb + h * bd->dv_sh, .dv_sr = bd->dv_sr,
+            };
+            vitc__nn_dropout_attn_head_backward(&hg, P + bh * LS, keep + bh * LS, p, tmp->p);
         }
     return VITC_OK;
 }

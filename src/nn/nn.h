@@ -77,6 +77,25 @@ typedef struct vitc__nn_mask {
  * (strides 0 over images and heads); nothing when m is NULL or none. */
 vitc_status vitc__nn_mask_apply(const vitc__nn_mask *m, vitc__buf *buf, vitc__sdpa_desc *sd);
 
+/* One head of attention with dropout on its probabilities, given
+ * P [L, S] = softmax(scale q k^T + mask): the core the models' blocks (P
+ * kept) and the layers' MultiheadAttention (P recomputed per head) share.
+ * o [L, Dv] (row stride o_sr) = dropout(P, keep) V; T: [L, S] scratch. */
+void vitc__nn_dropout_pv(float *o, int64_t o_sr, const float *P, const uint8_t *keep, float p,
+                         const float *v, int64_t v_sr, int64_t L, int64_t S, int64_t Dv, float *T);
+/* One head's operands and gradients (row strides *_sr): q [L, D], k [S, D],
+ * v [S, Dv], dout [L, Dv] -> dq [L, D], dk [S, D], dv [S, Dv] (overwritten). */
+typedef struct vitc__nn_head_grad {
+    int64_t L, S, D, Dv;
+    float scale;
+    const float *q, *k, *v, *dout;
+    int64_t q_sr, k_sr, v_sr, do_sr;
+    float *dq, *dk, *dv;
+    int64_t dq_sr, dk_sr, dv_sr;
+} vitc__nn_head_grad;
+/* Its backward from the forward's P [L, S] and keep; T: [L, S] scratch. */
+void vitc__nn_dropout_attn_head_backward(const vitc__nn_head_grad *h, const float *P,
+                                         const uint8_t *keep, float p, float *T);
 /* o = dropout(P) V of every head again from the kept P = sd->probs
  * [B, H, L, S] (attention dropout, nn.MultiheadAttention's): keep
  * [B*H*L*S] from vitc__dropout_mask. tmp: scratch. */
