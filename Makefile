@@ -13,6 +13,7 @@
 #   make check-generic  the build of a target without SIMD kernels (KERNEL_ARCH=generic:
 #                   no src/kernels/x86/ file), -Werror, and its C tests
 #   make asan       the C tests under AddressSanitizer + UBSan
+#   make tsan       tests/test_session.c (threads sharing one model) under ThreadSanitizer
 #   make valgrind   the C tests under valgrind memcheck
 #   make fuzz       every libFuzzer target FUZZ_SECONDS (60) seconds (clang)
 #   make fuzz-build build them only, in build-fuzz/
@@ -146,7 +147,7 @@ SONAME   := libvitc.so.$(SOVERSION)
 SOFILE   := $(BUILD)/libvitc.so.$(VERSION)
 
 .PHONY: all lib tools tests test test-c test-python demo bench bench-ort bench-train bench-finetune asan valgrind install deps deps-system \
-        clean check-deps fuzz fuzz-build fuzz-bins check-optout check-generic
+        clean check-deps fuzz fuzz-build fuzz-bins check-optout check-generic tsan
 all: lib tools
 
 lib: $(BUILD)/libvitc.a $(BUILD)/libvitc.so
@@ -248,6 +249,14 @@ asan:
 	  CFLAGS="-O1 -g -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=all" \
 	  LDFLAGS="-fsanitize=address,undefined" tests
 	@ASAN_OPTIONS=detect_leaks=1 sh scripts/run-tests.sh build-asan/tests
+
+# Sessions of one model in several threads under ThreadSanitizer. Built
+# without OpenBLAS, whose uninstrumented threads TSan cannot follow.
+tsan:
+	@$(MAKE) --no-print-directory BUILD=build-tsan NO_BLAS=1 OPT="-O1" \
+	  CFLAGS="-O1 -g -fsanitize=thread -fno-omit-frame-pointer" \
+	  LDFLAGS="-fsanitize=thread" build-tsan/tests/test_session
+	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/test_session
 
 # The documented builds without the optional libraries, each in its own
 # build-optout/ folder: every one must build under -Werror, since the code

@@ -20,11 +20,18 @@
  *   vitc_layer_output_shape(sa, 4, shape, &ond, oshape);
  *   vitc_layer_forward(sa, x, 4, shape, out);    // out: [1, 64, 32, 32]
  *
- * Thread safety: objects (layers, models, files) are not shared between
- * threads while one of them runs a forward (they keep their scratch and
- * activations inside); distinct objects may be used from distinct threads.
- * The error message is thread-local. (The Python binding serialises calls
- * on one object with a lock, so Python may share them.)
+ * Thread safety: a loaded ViT (vitc_vit) is read-only to inference run
+ * through sessions (vitc_session_create): any number of threads may run
+ * forwards on one model at once, each with its own session (a session holds
+ * a forward's activations and scratch; one session is used by one thread at
+ * a time). Calls that take a non-const vitc_vit * (vitc_vit_forward and the
+ * rest of the model API, vitc_vit_set_precision, vitc_vit_param,
+ * vitc_vit_save, training) write the model: not while its sessions run.
+ * Other objects (layers, files) are not shared between threads while one
+ * of them runs a forward; distinct objects may be used from distinct
+ * threads. The error message is thread-local. (The Python binding gives
+ * each thread its own session for inference and serialises the rest on
+ * one object with a lock.)
  */
 #ifndef VITC_H
 #define VITC_H
@@ -754,6 +761,45 @@ VITC_API vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int
 VITC_API vitc_status vitc_vit_forward_features(vitc_vit *m, const float *images, int B, int H,
                                                int W, float *out);
 
+/* ---- sessions: several threads on one model ------------------------ */
+
+/* The run state of inference forwards on one model: activations, scratch,
+ * the position embedding resampled for the last image size. The model is
+ * only read, so sessions of one model may run in different threads at
+ * once, with the same numbers bit for bit as the model API. A session is
+ * inference only (eval mode, whatever vitc_vit_set_training says; a model
+ * in training mode runs its fp32 row-major weights, as a training forward
+ * does): training, recording and vitc_vit_backward stay on the model API.
+ * The model's weights must be packed for its precision, as loading,
+ * vitc_vit_set_precision, vitc_vit_set_training(m, 0), vitc_vit_prepare and
+ * every vitc_vit_* forward leave them; after the parameters changed
+ * (vitc_vit_param, an optimizer step, vitc_vit_save in bf16 / int8) a
+ * session forward fails (VITC_ERR_INVALID_ARG) until vitc_vit_prepare,
+ * except an fp32 model whose row-major weights are resident (the same
+ * numbers, without the packed panels). Free a model's sessions before it
+ * (a later call on one is refused). */
+typedef struct vitc_session vitc_session;
+VITC_API vitc_status vitc_session_create(const vitc_vit *m, vitc_session **out);
+VITC_API void vitc_session_free(vitc_session *s);
+/* vitc_vit_run, vitc_vit_forward, vitc_vit_embed, vitc_vit_forward_features
+ * and vitc_vit_attention_maps on s's model. */
+VITC_API vitc_status vitc_session_run(vitc_session *s, const float *images, int B, int H, int W,
+                                      float *out);
+VITC_API vitc_status vitc_session_forward(vitc_session *s, const float *images, int B, int H,
+                                          int W, float *logits);
+VITC_API vitc_status vitc_session_embed(vitc_session *s, const float *images, int B, int H, int W,
+                                        vitc_pool pool, float *out);
+VITC_API vitc_status vitc_session_forward_features(vitc_session *s, const float *images, int B,
+                                                   int H, int W, float *out);
+VITC_API vitc_status vitc_session_attention_maps(vitc_session *s, const float *images, int B,
+                                                 int H, int W, float *attn, float *rollout);
+/* Packs m's weights for its precision now if they are stale (what every
+ * vitc_vit_* forward does first): call it after changing the weights and
+ * before running sessions again. is_prepared: 1 when the packs are current
+ * (0: a session forward fails, or in fp32 runs the slower row-major path). */
+VITC_API vitc_status vitc_vit_prepare(vitc_vit *m);
+VITC_API int vitc_vit_is_prepared(const vitc_vit *m);
+
 /* A Hub model's image processor (preprocessor_config.json over the family's
  * defaults), as transformers' slow PIL path computes it: resize (PIL's
  * bilinear/bicubic in uint8), center crop (floor offsets; zero padding where
@@ -780,7 +826,8 @@ VITC_API vitc_status vitc_vit_preprocess(const vitc_vit *m, const vitc_image *im
  * optimizer, a training forward, vitc_vit_save) unpacks them first:
  * exactly in fp32; in bf16 / int8 they are then the converted values (the
  * fp32 originals are gone, as after any quantization). Packing happens
- * again at the next inference forward after that. docs/precision.md. */
+ * again at the next vitc_vit_* inference forward after that, or at
+ * vitc_vit_prepare (sessions never pack). docs/precision.md. */
 VITC_API vitc_status vitc_vit_set_precision(vitc_vit *m, vitc_precision p);
 VITC_API vitc_precision vitc_vit_get_precision(const vitc_vit *m);
 /* The arithmetic of the attention's two products, q k^T and P v, in an
@@ -810,7 +857,8 @@ VITC_API vitc_vit_config vitc_vit_default_config(void);
 VITC_API vitc_status vitc_vit_create(const vitc_vit_config *cfg, uint64_t seed, vitc_vit **out);
 /* In training mode vitc_vit_forward and vitc_vit_run record what
  * vitc_vit_backward needs (and apply dropout / drop path); eval mode (the
- * default) records nothing. */
+ * default) records nothing. Leaving training mode packs the weights for the
+ * model's precision (vitc_vit_prepare). */
 VITC_API void vitc_vit_set_training(vitc_vit *m, int training);
 VITC_API int vitc_vit_is_training(const vitc_vit *m);
 /* Training-mode regularisation, all in [0, 1): torchvision's dropout (after

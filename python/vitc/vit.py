@@ -12,6 +12,24 @@ from ._lib import VitConfig, as_f32, check, float_arg, fptr, int_arg, lib, path_
 __all__ = ["VisionTransformer", "Model", "load_model"]
 
 
+class _Session:
+    """One thread's vitc_session on a model: its activations and scratch.
+    Freed when the thread ends or the model goes (a session only frees its
+    own buffers, so the order does not matter)."""
+
+    __slots__ = ("h",)
+
+    def __init__(self, model):
+        h = ctypes.c_void_p()
+        check(lib.vitc_session_create(model, ctypes.byref(h)))
+        self.h = h
+
+    def __del__(self):
+        h, self.h = getattr(self, "h", None), None
+        if h is not None and h.value and lib is not None:
+            lib.vitc_session_free(h)
+
+
 class VisionTransformer:
     """torchvision's VisionTransformer (eval mode) running in libvitc.
 
@@ -19,9 +37,12 @@ class VisionTransformer:
     >>> logits = m(images)                  # [B, 3, H, W] -> [B, num_classes]
     >>> attn, rollout = m.attention_maps(images)
 
-    The C model keeps its activations inside itself and ctypes releases the
-    GIL during a call, so every C call on the model holds self._lock: one
-    model may be called from several threads.
+    Inference (m(x), attention_maps; Model's embed and forward_features) runs
+    on a vitc_session per Python thread, and ctypes releases the GIL during
+    the call, so several threads may run one model at once. Calls that
+    change the model (training mode, its forwards and backward, precision,
+    parameters) hold self._lock; they must not overlap inference in other
+    threads.
     """
 
     def __init__(self, image_size=224, patch_size=16, num_layers=12, num_heads=12,
@@ -36,6 +57,7 @@ class VisionTransformer:
         for 3 channels, 0.5 otherwise) and labels: num_classes class names,
         both saved by save() into the file's vitc.config for the CLI."""
         self._lock = threading.RLock()
+        self._tls = threading.local()  # .s: this thread's _Session
         self._h = None
         if _handle is None:
             c = lib.vitc_vit_default_config()
@@ -152,9 +174,26 @@ class VisionTransformer:
         return lib.vitc_get_precision_paths().decode()
 
     def __del__(self):
+        # This thread's session first (others go with their threads or the
+        # threading.local: a session frees only its own buffers).
+        self._tls = None
         if getattr(self, "_h", None) and self._h.value:
             lib.vitc_vit_free(self._h)
             self._h = None
+
+    def _session(self):
+        """This thread's session handle for an inference call; None in
+        training mode, whose forwards record on the model (under the lock).
+        Weights changed since they were packed are packed again first."""
+        if self.training:
+            return None
+        if not lib.vitc_vit_is_prepared(self._h):
+            with self._lock:
+                check(lib.vitc_vit_prepare(self._h))
+        s = getattr(self._tls, "s", None)
+        if s is None:
+            s = self._tls.s = _Session(self._h)
+        return s.h
 
     def _images(self, images):
         """images -> (x [B, C, H, W] float32, B, H, W) with B, H, W checked as C ints."""
@@ -174,12 +213,17 @@ class VisionTransformer:
         training mode the forward is recorded for backward()."""
         x, B, H, W = self._images(images)
         out = np.empty((B, self.config["num_classes"]), np.float32)
-        with self._lock:
+        s = self._session()
+        if s is not None:
             self._last_batch = None
-            check(lib.vitc_vit_forward(self._h, fptr(x), B, H, W, fptr(out)))
-            if self.training:
-                self._last_batch = B
-                self._last_shape = out.shape
+            check(lib.vitc_session_forward(s, fptr(x), B, H, W, fptr(out)))
+        else:
+            with self._lock:
+                self._last_batch = None
+                check(lib.vitc_vit_forward(self._h, fptr(x), B, H, W, fptr(out)))
+                if self.training:
+                    self._last_batch = B
+                    self._last_shape = out.shape
         if (not self.training and not getattr(self, "_warned_flat", False) and B
                 and out.shape[1] > 1 and np.all(out == out[:, :1])):
             # torchvision zero-initialises the head: say why every class reads 1/num_classes
@@ -236,8 +280,13 @@ class VisionTransformer:
         n = self.config["num_prefix_tokens"] + (H // p) * (W // p)
         attn = np.empty((self.config["depth"], B, self.config["num_heads"], n, n), np.float32)
         roll = np.empty((B, n, n), np.float32)
-        with self._lock:
-            check(lib.vitc_vit_attention_maps(self._h, fptr(x), B, H, W, fptr(attn), fptr(roll)))
+        s = self._session()
+        if s is not None:
+            check(lib.vitc_session_attention_maps(s, fptr(x), B, H, W, fptr(attn), fptr(roll)))
+        else:
+            with self._lock:
+                check(lib.vitc_vit_attention_maps(self._h, fptr(x), B, H, W, fptr(attn),
+                                                  fptr(roll)))
         return attn, roll
 
     # ---- training ---------------------------------------------------------
@@ -447,12 +496,17 @@ class Model(VisionTransformer):
         n = ctypes.c_int64()
         check(lib.vitc_vit_output_size(self._h, H, W, ctypes.byref(n)))
         out = np.empty((B, n.value), np.float32)
-        with self._lock:
+        s = self._session()
+        if s is not None:
             self._last_batch = None
-            check(lib.vitc_vit_run(self._h, fptr(x), B, H, W, fptr(out)))
-            if self.training:
-                self._last_batch = B
-                self._last_shape = out.shape
+            check(lib.vitc_session_run(s, fptr(x), B, H, W, fptr(out)))
+        else:
+            with self._lock:
+                self._last_batch = None
+                check(lib.vitc_vit_run(self._h, fptr(x), B, H, W, fptr(out)))
+                if self.training:
+                    self._last_batch = B
+                    self._last_shape = out.shape
         return out
 
     forward = __call__
@@ -468,8 +522,12 @@ class Model(VisionTransformer):
         n = ctypes.c_int64()
         check(lib.vitc_vit_embed_size(self._h, _POOLS[pool], H, W, ctypes.byref(n)))
         out = np.empty((B, n.value), np.float32)
-        with self._lock:
-            check(lib.vitc_vit_embed(self._h, fptr(x), B, H, W, _POOLS[pool], fptr(out)))
+        s = self._session()
+        if s is not None:
+            check(lib.vitc_session_embed(s, fptr(x), B, H, W, _POOLS[pool], fptr(out)))
+        else:
+            with self._lock:
+                check(lib.vitc_vit_embed(self._h, fptr(x), B, H, W, _POOLS[pool], fptr(out)))
         if pool == "tokens":
             out = out.reshape(B, -1, self.config["hidden_dim"])
         if normalize:
@@ -482,8 +540,12 @@ class Model(VisionTransformer):
         p = self.config["patch_size"]
         n = self.config["num_prefix_tokens"] + (H // p) * (W // p)
         out = np.empty((B, n, self.config["hidden_dim"]), np.float32)
-        with self._lock:
-            check(lib.vitc_vit_forward_features(self._h, fptr(x), B, H, W, fptr(out)))
+        s = self._session()
+        if s is not None:
+            check(lib.vitc_session_forward_features(s, fptr(x), B, H, W, fptr(out)))
+        else:
+            with self._lock:
+                check(lib.vitc_vit_forward_features(self._h, fptr(x), B, H, W, fptr(out)))
         return out
 
 

@@ -147,7 +147,10 @@ typedef struct {
 static int vitc__stats_on = -1;
 static _Thread_local int64_t vitc__stats_wait; /* this region's waits inside kernels */
 
-int vitc__pool_stats(void) { return vitc__stats_on == 1; }
+/* Read atomically where no region lock orders the read after
+ * vitc__stats_init (a user thread running work inline while another starts
+ * the first region). */
+int vitc__pool_stats(void) { return __atomic_load_n(&vitc__stats_on, __ATOMIC_RELAXED) == 1; }
 void vitc__pool_note_wait(int64_t cpu_ns) { vitc__stats_wait += cpu_ns; }
 static vitc__stat vitc__stats[VITC_STATS_KINDS];
 static int64_t vitc__stats_last_end, vitc__stats_last_cpu;
@@ -155,7 +158,7 @@ static const void *vitc__stats_last_fn;
 
 static void vitc__stats_init(void) {
     const char *e = getenv("VITC_POOL_STATS");
-    vitc__stats_on = e && e[0] && strcmp(e, "0") != 0;
+    __atomic_store_n(&vitc__stats_on, e && e[0] && strcmp(e, "0") != 0, __ATOMIC_RELAXED);
 }
 
 /* One region ended (under region_lock): t0 published, t1 the caller done,
@@ -453,7 +456,7 @@ void vitc__coop_need(vitc__coop *co, int64_t block, int64_t n) {
             if (s < co->total)
                 atomic_fetch_add_explicit(&co->done[co->pack(co->ctx, s)], 1, memory_order_release);
         } else {
-            if (!w0 && vitc__stats_on == 1) w0 = vitc__pool_cpu_ns();
+            if (!w0 && vitc__pool_stats()) w0 = vitc__pool_cpu_ns();
             if (++spin < 4096)
                 vitc__cpu_relax();
             else /* the packer may have lost its core (oversubscribed machine) */

@@ -77,14 +77,17 @@ typedef struct vitc__family {
      * and slot; NULL: none. */
     int (*has_row)(const vitc_vit *m, int role);
     void (*row)(vitc__param *e, const vitc_vit *m);
-    /* After the weights are bound (engine layers); NULL: nothing. */
-    vitc_status (*ready)(vitc_vit *m);
     /* The embedding in place of the patch convolution: images [B, in, H, W]
      * -> out [B * P, C]; NULL: the shared conv_proj (T2T's tokens_to_token). */
-    vitc_status (*embed)(vitc_vit *m, const float *images, int64_t B, int64_t H, int64_t W,
-                         float *out);
-    /* 1 when vitc_vit_backward can train m (its forward has a backward). */
-    int (*can_train)(const vitc_vit *m);
+    vitc_status (*embed)(const vitc_vit *m, vitc__session *s, const float *images, int64_t B,
+                         int64_t H, int64_t W, float *out);
+    /* Its backward: the gradient of out [B * P, C] into the family's own
+     * parameters (the training forward recorded on s). */
+    vitc_status (*embed_backward)(vitc_vit *m, vitc__session *s, const float *dout, int64_t B,
+                                  int64_t H, int64_t W);
+    /* 1 when vitc_vit_backward can train m (its forward has a backward);
+     * else 0 with the reason in why. NULL: every model of the family trains. */
+    int (*can_train)(const vitc_vit *m, char *why, size_t cap);
     /* vitc_vit_reset_head: the classifier layout a fresh head takes (a
      * VIT_HEAD_*) and its init of a weight row (std of normal_; < 0: torch
      * Linear's default, 0: zeros; trunc: trunc_normal_). NULL: refused. */
@@ -104,9 +107,6 @@ const char *vitc__vit_canonical_name(const vitc__param *e, char *buf, size_t cap
 /* The config's values in range and consistent; headless: a backbone (no
  * head tensors), whose num_classes is 0. */
 vitc_status vitc__vit_check_config(const vitc_vit_config *c, int headless);
-/* The backward's guard: 1 when m's forward is the one vitc_vit_backward
- * differentiates (torchvision's block, one class token, a CLS head). */
-int vitc__vit_can_train(const vitc_vit *m);
 /* params bound to the table's slots, the model registered. */
 vitc_status vitc__vit_bind(vitc_vit *m);
 /* The weights of a file in the table's own names (src->st): every row

@@ -545,7 +545,7 @@ vitc_status vitc__hub_read(vitc_vit *m, vitc__src *src) {
     VITC_TRY(s);
     if (!(m->id = vitc__handle_register()))
         return vitc__err(VITC_ERR_NOMEM, "cannot register the model");
-    return m->fam->ready ? m->fam->ready(m) : VITC_OK;
+    return VITC_OK;
 }
 
 const char *vitc__hub_model_type(const vitc__src *src) {

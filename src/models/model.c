@@ -474,11 +474,6 @@ static vitc_status vit_check_tensors(const vitc_vit *m, const vitc_safetensors *
     return s;
 }
 
-int vitc__vit_can_train(const vitc_vit *m) {
-    return !m->t2t && m->n_prefix == 1 && m->head == VIT_HEAD_CLS && !m->layer_scale &&
-           !m->swiglu && m->mlp_act == VIT_ACT_GELU && !m->pre_norm;
-}
-
 vitc_status vitc__vit_bind(vitc_vit *m) {
     vitc__params_bind(m->table, m->n_entries, m->params, &m->w, m->blocks, sizeof *m->blocks);
     if (!m->id && !(m->id = vitc__handle_register()))
@@ -543,8 +538,6 @@ vitc_status vitc__vit_read_file(vitc_vit *m, vitc__src *src) {
     free(p);
     if (s == VITC_OK)
         s = vitc__vit_bind(m);
-    if (s == VITC_OK && m->fam->ready)
-        s = m->fam->ready(m);
     if (s == VITC_OK && src->prec >= 0) {
         if (src->adopt)
             s = vit_read_packing(m, src->own, (vitc_precision)src->prec);
@@ -681,7 +674,9 @@ vitc_status vitc_vit_reset_head(vitc_vit *m, int num_classes, const char *const 
     /* Gradients and a recorded forward belong to the old table. */
     vitc__free(m->grad);
     free(m->gblocks);
-    m->grad = NULL, m->gblocks = NULL, m->recorded = 0;
+    m->grad = NULL, m->gblocks = NULL;
+    if (m->own)
+        m->own->recorded = 0;
     memset(&m->g, 0, sizeof m->g);
     memset(&m->w, 0, sizeof m->w);
     s = vitc__vit_bind(m);

@@ -44,16 +44,7 @@
 /* Forward                                                            */
 /* ------------------------------------------------------------------ */
 
-/* The stages run on nn/attn.c and nn/mlp.c (transformer mode) at the
- * model's parameters; no engine layers. */
-vitc_status vitc__t2t_ready(vitc_vit *m) {
-    (void)m;
-    return VITC_OK;
-}
 
-void vitc__t2t_free(vitc_vit *m) {
-    vitc__buf_free(&m->t2t_buf);
-}
 
 /* Token_performer's attention on kqv [B, L, 3T] (rows k | q | v) into
  * out [B*L, T] = v + proj(y); fp scratch: kp, qp [B*L, m], ksum [m],
@@ -127,14 +118,15 @@ static vitc__nn_mlp t2t_mlp(const vitc_vit *m, const vitc__t2t_stage *w) {
 }
 
 /* One stage on t->cols [B, L, dim] into t->out [B*L, T]. */
-static vitc_status t2t_stage(vitc_vit *m, int s, int64_t B, int64_t L, const t2t_acts *t) {
+static vitc_status t2t_stage(const vitc_vit *m, vitc__session *ss, int s, int64_t B, int64_t L,
+                             const t2t_acts *t) {
     const vitc__t2t_stage *w = &m->w.t2t[s];
     int64_t dim = vitc__t2t_stage_dim(m, s), T = m->t2t_dim, M = B * L;
     vitc__layernorm(t->ln, t->cols, w->n1_w, w->n1_b, M, dim, m->cfg.norm_eps);
     if (m->t2t == VIT_NAMES_T2T_TRANSFORMER) {
         vitc__nn_attn p = t2t_attn(m, w, s, B, L);
         vitc__nn_attn_rec r = {t->qkv, t->o, t->lse};
-        VITC_TRY(vitc__nn_attn_forward(&p, t->a, t->ln, &r, &m->mask_buf));
+        VITC_TRY(vitc__nn_attn_forward(&p, t->a, t->ln, &r, &ss->mask_buf));
     } else {
         vitc__linear(t->kqv, 3 * T, t->ln, dim, w->qkv_w, w->qkv_b, NULL, 0, M, 3 * T, dim);
         t2t_performer(w, t->kqv, B, L, T, t->kp, t->qp, t->ksum, t->D, t->kptv, t->hpre, t->a);
@@ -166,11 +158,11 @@ static t2t_geo t2t_geometry(const vitc_vit *m, int64_t H, int64_t W) {
     return g;
 }
 
-/* Carves m->t2t_buf: inference one set of stage regions (stage 1 the
+/* Carves ss->t2t_buf: inference one set of stage regions (stage 1 the
  * longest) shared by both stages, cols also holding the later unfolds;
  * training (record, transformer mode) each stage its own, and cols3. */
-static vitc_status t2t_carve(vitc_vit *m, int64_t B, const t2t_geo *g, int record, t2t_acts t[2],
-                             float **cols3) {
+static vitc_status t2t_carve(const vitc_vit *m, vitc__session *ss, int64_t B, const t2t_geo *g,
+                             int record, t2t_acts t[2], float **cols3) {
     int64_t T = m->t2t_dim, mm = T / 2;
     int perf = m->t2t == VIT_NAMES_T2T_PERFORMER;
     size_t off[2][16] = {{0}}, o3 = 0;
@@ -199,8 +191,8 @@ static vitc_status t2t_carve(vitc_vit *m, int64_t B, const t2t_geo *g, int recor
         return vitc__err(VITC_ERR_NOMEM, "T2T-ViT tokens for [%lld, %lld, %lld, %lld] overflow",
                          (long long)B, (long long)m->cfg.in_channels, (long long)g->gh[0],
                          (long long)g->gw[0]);
-    VITC_TRY(vitc__buf_reserve(&m->t2t_buf, cv.used));
-    float *base = m->t2t_buf.p;
+    VITC_TRY(vitc__buf_reserve(&ss->t2t_buf, cv.used));
+    float *base = ss->t2t_buf.p;
     for (int s = 0; s < 2; s++) {
         const size_t *o = off[record ? s : 0];
         float **dst[16] = {&t[s].cols, &t[s].ln, &t[s].qkv, &t[s].o, &t[s].lse, &t[s].a, &t[s].h,
@@ -214,19 +206,19 @@ static vitc_status t2t_carve(vitc_vit *m, int64_t B, const t2t_geo *g, int recor
     return VITC_OK;
 }
 
-vitc_status vitc__t2t_tokens(vitc_vit *m, const float *images, int64_t B, int64_t H, int64_t W,
-                             float *out) {
+vitc_status vitc__t2t_tokens(const vitc_vit *m, vitc__session *ss, const float *images, int64_t B,
+                             int64_t H, int64_t W, float *out) {
     int64_t Cin = m->cfg.in_channels, T = m->t2t_dim, C = m->cfg.hidden_dim;
     t2t_geo g = t2t_geometry(m, H, W);
     /* A training forward keeps every stage for vitc__t2t_tokens_backward. */
-    int record = m->a.training && m->t2t == VIT_NAMES_T2T_TRANSFORMER;
+    int record = ss->a.training && m->t2t == VIT_NAMES_T2T_TRANSFORMER;
     t2t_acts t[2];
     float *cols3;
-    VITC_TRY(t2t_carve(m, B, &g, record, t, &cols3));
+    VITC_TRY(t2t_carve(m, ss, B, &g, record, t, &cols3));
     vitc__nn_unfold(t[0].cols, images, 0, B, Cin, H, W, 7, 4, 2);               /* soft_split0 */
-    VITC_TRY(t2t_stage(m, 0, B, g.L[0], &t[0]));                                  /* attention1 */
+    VITC_TRY(t2t_stage(m, ss, 0, B, g.L[0], &t[0]));                                /* attention1 */
     vitc__nn_unfold(t[1].cols, t[0].out, 1, B, T, g.gh[1], g.gw[1], 3, 2, 1);     /* soft_split1 */
-    VITC_TRY(t2t_stage(m, 1, B, g.L[1], &t[1]));                                  /* attention2 */
+    VITC_TRY(t2t_stage(m, ss, 1, B, g.L[1], &t[1]));                                /* attention2 */
     vitc__nn_unfold(cols3, t[1].out, 1, B, T, g.gh[2], g.gw[2], 3, 2, 1);         /* soft_split2 */
     vitc__linear(out, C, cols3, g.d[2], m->w.t2t_proj_w, m->w.t2t_proj_b, NULL, 0, B * g.L[2], C,
                  g.d[2]);
@@ -235,8 +227,8 @@ vitc_status vitc__t2t_tokens(vitc_vit *m, const float *images, int64_t B, int64_
 
 /* One transformer-mode stage backward: dx [B*L, dim] from dout [B*L, T];
  * sc: dh, dhid, da, datt [B*L, T], dqkv [B*L, 3T], dln [B*L, dim], stats. */
-static vitc_status t2t_stage_backward(vitc_vit *m, int s, int64_t B, int64_t L, const t2t_acts *t,
-                                      const float *dout, float *dx, float *sc) {
+static vitc_status t2t_stage_backward(vitc_vit *m, vitc__session *ss, int s, int64_t B, int64_t L,
+                                      const t2t_acts *t, const float *dout, float *dx, float *sc) {
     const vitc__t2t_stage *w = &m->w.t2t[s];
     vitc__t2t_stage *gw = &m->g.t2t[s];
     int64_t dim = vitc__t2t_stage_dim(m, s), T = m->t2t_dim, M = B * L;
@@ -248,15 +240,15 @@ static vitc_status t2t_stage_backward(vitc_vit *m, int s, int64_t B, int64_t L, 
                                  m->cfg.norm_eps, stats);
     vitc__nn_attn p = t2t_attn(m, w, s, B, L), gp = t2t_attn(m, gw, s, B, L);
     vitc__nn_attn_rec r = {t->qkv, t->o, t->lse};
-    VITC_TRY(vitc__nn_attn_backward(&p, &gp, dln, da, t->ln, &r, datt, dqkv, &m->mask_buf));
+    VITC_TRY(vitc__nn_attn_backward(&p, &gp, dln, da, t->ln, &r, datt, dqkv, &ss->mask_buf));
     memset(dx, 0, (size_t)(M * dim) * sizeof(float));
     vitc__layernorm_backward(dx, gw->n1_w, gw->n1_b, dln, t->cols, w->n1_w, M, dim,
                              m->cfg.norm_eps, stats);
     return VITC_OK;
 }
 
-vitc_status vitc__t2t_tokens_backward(vitc_vit *m, const float *dout, int64_t B, int64_t H,
-                                      int64_t W) {
+vitc_status vitc__t2t_tokens_backward(vitc_vit *m, vitc__session *ss, const float *dout, int64_t B,
+                                      int64_t H, int64_t W) {
     if (m->t2t != VIT_NAMES_T2T_TRANSFORMER)
         return vitc__err(VITC_ERR_UNSUPPORTED, "vitc_vit_backward: T2T-ViT's Token_performer "
                          "stages (tokens_type \"performer\") have no backward; the transformer "
@@ -265,7 +257,7 @@ vitc_status vitc__t2t_tokens_backward(vitc_vit *m, const float *dout, int64_t B,
     t2t_geo g = t2t_geometry(m, H, W);
     t2t_acts t[2];
     float *cols3;
-    VITC_TRY(t2t_carve(m, B, &g, 1, t, &cols3)); /* the recorded regions (same sizes: no move) */
+    VITC_TRY(t2t_carve(m, ss, B, &g, 1, t, &cols3)); /* the recorded regions (same sizes: no move) */
     /* Scratch: dcols [B*L0, max d], d(stage out) [B*L0, T], the stage's (9 T + 2 dim + 2) rows. */
     int64_t M0 = B * g.L[0], dmax = g.d[0] > g.d[1] ? g.d[0] : g.d[1];
     size_t n;
@@ -281,7 +273,7 @@ vitc_status vitc__t2t_tokens_backward(vitc_vit *m, const float *dout, int64_t B,
     for (int s = 1; s >= 0 && st == VITC_OK; s--) {
         memset(dx, 0, (size_t)(B * g.L[s] * T) * sizeof(float));
         vitc__nn_fold(dx, dcols, 1, B, T, g.gh[s + 1], g.gw[s + 1], 3, 2, 1);
-        st = t2t_stage_backward(m, s, B, g.L[s], &t[s], dx, dcols, sc);
+        st = t2t_stage_backward(m, ss, s, B, g.L[s], &t[s], dx, dcols, sc);
     }
     vitc__buf_free(&buf);
     return st;

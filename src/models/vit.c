@@ -22,6 +22,7 @@
 #include "../kernels/kernels.h"
 #include "../rng.h"
 #include "../train/train.h"
+#include "family.h"
 #include "vit_internal.h"
 
 void vitc_vit_free(vitc_vit *m) {
@@ -29,7 +30,6 @@ void vitc_vit_free(vitc_vit *m) {
         return;
     vitc__handle_unregister(m->id);
     vitc__vit_pack_free(m);
-    vitc__t2t_free(m);
     if (!m->weights_file)
         vitc__free(m->params);
     vitc_safetensors_free(m->weights_file);
@@ -40,17 +40,7 @@ void vitc_vit_free(vitc_vit *m) {
     free(m->gblocks);
     free(m->labels);
     free(m->label_text);
-    vitc__buf_free(&m->act);
-    vitc__buf_free(&m->bwd);
-    vitc__buf_free(&m->masks);
-    vitc__buf_free(&m->pdrop);
-    vitc__buf_free(&m->pos_buf);
-    vitc__buf_free(&m->probs_buf);
-    vitc__buf_free(&m->roll_buf);
-    vitc__buf_free(&m->feat_buf);
-    vitc__buf_free(&m->head_buf);
-    vitc__buf_free(&m->mask_buf);
-    vitc__buf_free(&m->pre_buf);
+    vitc_session_free(m->own);
     free(m->ignored);
     free(m);
 }
@@ -68,27 +58,28 @@ const char *vitc_vit_label(const vitc_vit *m, int index) {
 /* Position embedding resampling                                      */
 /* ------------------------------------------------------------------ */
 
-vitc_status vitc__vit_pos_backward(vitc_vit *m, float *dsrc, const float *ddst, int64_t gh,
+vitc_status vitc__vit_pos_backward(const vitc_vit *m, float *dsrc, const float *ddst, int64_t gh,
                                    int64_t gw) {
     int64_t g = m->cfg.image_size / m->cfg.patch_size;
     return vitc__nn_resample_backward((int)m->pos_rule, dsrc, ddst, m->cfg.hidden_dim, g, g, gh,
                                       gw);
 }
 
-/* m->pos_used for a gh x gw grid: the checkpoint's own when it matches,
+/* s->pos_used for a gh x gw grid: the checkpoint's own when it matches,
  * else resampled as torchvision's interpolate_embeddings does (the class
  * token's row kept, the patch rows as a [C, g, g] image, bicubic), once per
  * grid while the parameters do not move (wversion: vitc_vit_param, loading
  * a state, an optimizer step). */
-static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
+static vitc_status vit_position_embedding(const vitc_vit *m, vitc__session *s, int64_t gh,
+                                         int64_t gw) {
     int64_t g = m->cfg.image_size / m->cfg.patch_size, C = m->cfg.hidden_dim;
     int64_t np = m->n_prefix - m->n_reg; /* rows before the patch rows: registers have none */
     if (gh == g && gw == g) {
-        m->pos_used = m->w.pos;
+        s->pos_used = m->w.pos;
         return VITC_OK;
     }
-    if (m->pos_buf.p && m->pos_ver == m->wversion + 1 && m->pos_gh == gh && m->pos_gw == gw) {
-        m->pos_used = m->pos_buf.p;
+    if (s->pos_buf.p && s->pos_ver == m->wversion + 1 && s->pos_gh == gh && s->pos_gw == gw) {
+        s->pos_used = s->pos_buf.p;
         return VITC_OK;
     }
     int aa = m->pos_rule == VIT_POS_ANTIALIAS;
@@ -101,16 +92,16 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
         !vitc__mul_size((size_t)(g * gw), (size_t)C, &t) || !vitc__add_size(n, t, &t))
         return vitc__err(VITC_ERR_NOMEM, "position embedding for a %lldx%lld grid overflows",
                          (long long)gh, (long long)gw);
-    m->pos_gh = m->pos_gw = 0;
-    VITC_TRY(vitc__buf_reserve(&m->pos_buf, aa ? t : n));
+    s->pos_gh = s->pos_gw = 0;
+    VITC_TRY(vitc__buf_reserve(&s->pos_buf, aa ? t : n));
     /* The class (and distillation) rows are kept as they are. */
-    memcpy(m->pos_buf.p, m->w.pos, (size_t)(np * C) * sizeof(float));
-    VITC_TRY(vitc__nn_resample((int)m->pos_rule, m->pos_buf.p + np * C, m->pos_buf.p + n,
+    memcpy(s->pos_buf.p, m->w.pos, (size_t)(np * C) * sizeof(float));
+    VITC_TRY(vitc__nn_resample((int)m->pos_rule, s->pos_buf.p + np * C, s->pos_buf.p + n,
                                m->w.pos + np * C, C, g, g, gh, gw));
-    m->pos_gh = (int)gh;
-    m->pos_gw = (int)gw;
-    m->pos_ver = m->wversion + 1;
-    m->pos_used = m->pos_buf.p;
+    s->pos_gh = (int)gh;
+    s->pos_gw = (int)gw;
+    s->pos_ver = m->wversion + 1;
+    s->pos_used = s->pos_buf.p;
     return VITC_OK;
 }
 
@@ -118,11 +109,12 @@ static vitc_status vit_position_embedding(vitc_vit *m, int64_t gh, int64_t gw) {
 /* Activations                                                        */
 /* ------------------------------------------------------------------ */
 
-/* Carve m->act for a forward of B images of P patches: training keeps
+/* Carve s->act for a forward of B images of P patches: training keeps
  * every block's activations (depth + 1 blocks, the last only VA_X),
  * inference one block with the aliases of vitc__vit_acts. Each buffer is
  * rounded to 16 floats (64 bytes). */
-static vitc_status vit_activations(vitc_vit *m, int64_t B, int64_t P, int training) {
+static vitc_status vit_activations(const vitc_vit *m, vitc__session *s, int64_t B, int64_t P,
+                                  int training) {
     const vitc_vit_config *c = &m->cfg;
     size_t N = (size_t)P + (size_t)m->n_prefix, C = (size_t)c->hidden_dim, K = 0, rows = 0, prow = 0,
            sz[VA_COUNT] = {0}, patches = 0,
@@ -146,10 +138,10 @@ static vitc_status vit_activations(vitc_vit *m, int64_t B, int64_t P, int traini
         alias[VA_PROBS] = VA_X;
     for (int k = 0; ok && k < VA_COUNT; k++) {
         if (alias[k] >= 0) {
-            m->a.off[k] = m->a.off[alias[k]];
+            s->a.off[k] = s->a.off[alias[k]];
             continue;
         }
-        m->a.off[k] = block;
+        s->a.off[k] = block;
         ok = vitc__add_size(sz[k], 15, &sz[k]) && vitc__add_size(block, sz[k] & ~(size_t)15, &block);
     }
     size_t layers;
@@ -159,10 +151,10 @@ static vitc_status vit_activations(vitc_vit *m, int64_t B, int64_t P, int traini
     if (!ok)
         return vitc__err(VITC_ERR_NOMEM, "ViT activations for batch %lld, %lld patches overflow",
                          (long long)B, (long long)P);
-    VITC_TRY(vitc__buf_reserve(&m->act, total));
-    vitc__vit_acts *a = &m->a;
+    VITC_TRY(vitc__buf_reserve(&s->act, total));
+    vitc__vit_acts *a = &s->a;
     a->B = B, a->N = (int64_t)N, a->P = P, a->training = training, a->probs = probs;
-    a->layers = m->act.p;
+    a->layers = s->act.p;
     a->stride = training ? block : 0;
     a->patches = a->layers + layers;
     a->cls_in = a->patches + (patches & ~(size_t)15);
@@ -176,6 +168,7 @@ static vitc_status vit_activations(vitc_vit *m, int64_t B, int64_t P, int traini
 
 typedef struct vit_tokens_ctx {
     const vitc_vit *m;
+    const float *pos;  /* [N, C] the position embedding used */
     const float *proj; /* [B*P, C] */
     float *x;          /* [B, N, C] */
     int64_t P, N, C;
@@ -187,7 +180,7 @@ typedef struct vit_tokens_ctx {
 static void vit_tokens_task(void *ctx, int64_t b, int tid) {
     const vit_tokens_ctx *t = ctx;
     const vitc_vit *m = t->m;
-    const float *pos = m->pos_used; /* [N, C] */
+    const float *pos = t->pos;
     int64_t C = t->C, np = m->n_prefix, npos = np - m->n_reg, nc = m->n_cls;
     float *xb = t->x + b * t->N * C; /* [N, C] */
     (void)tid;
@@ -206,9 +199,10 @@ static void vit_tokens_task(void *ctx, int64_t b, int tid) {
 
 /* Folds one layer's probabilities into the rollout (see docs/vit.md):
  * A = mean over heads + I, rows renormalised, R = A @ R. */
-static void vit_rollout_step(vitc_vit *m, const float *probs, int64_t B, int64_t N, int first) {
+static void vit_rollout_step(const vitc_vit *m, vitc__session *s, const float *probs, int64_t B,
+                             int64_t N, int first) {
     int64_t Hh = m->cfg.num_heads;
-    float *R = m->roll_buf.p;       /* [B, N, N] */
+    float *R = s->roll_buf.p;       /* [B, N, N] */
     float *A = R + B * N * N;       /* [N, N] */
     float *T = A + N * N;           /* [N, N] */
     float inv_h = 1.0f / (float)Hh;
@@ -242,36 +236,37 @@ static float vit_drop_path_rate(const vitc_vit *m, int l) {
     return d > 1 ? m->drop_path * (float)l / (float)(d - 1) : 0.0f;
 }
 
-vitc__nn_block vitc__vit_block_desc(vitc_vit *m, int l, float *probs) {
+vitc__nn_block vitc__vit_block_desc(const vitc_vit *m, vitc__session *s, int l, float *probs) {
     const vitc_vit_config *c = &m->cfg;
-    const vitc__vit_acts *a = &m->a;
-    vitc__vit_mask k = vitc__vit_block_mask(m, l); /* training with regularisation */
+    const vitc__vit_acts *a = &s->a;
+    vitc__vit_mask k = vitc__vit_block_mask(m, s, l); /* training with regularisation */
     vitc__nn_block b = {
-        .w = &m->blocks[l], .pw = m->use_packed ? &m->pw[l * VIT_PW_COUNT] : NULL,
+        .w = &m->blocks[l], .pw = s->use_packed ? &m->pw[l * VIT_PW_COUNT] : NULL,
         .B = a->B, .N = a->N, .C = c->hidden_dim, .H = c->num_heads, .M = c->mlp_dim,
         .eps = c->norm_eps, .attn_scale = m->attn_scale, .act = m->mlp_act, .swiglu = m->swiglu,
         .attn_bf16 = m->attn_precision == VITC_PRECISION_BF16 && !a->training,
         .dropout = m->dropout, .attention_dropout = m->attention_dropout,
-        .drop_path = vit_drop_path_rate(m, l), .rng = &m->rng,
+        .drop_path = vit_drop_path_rate(m, l), .rng = s->rng,
         .k = {k.att, k.hid, k.out, k.dp_att, k.dp_mlp, k.probs},
         .x = vitc__va(a, l, VA_X), .ln1 = vitc__va(a, l, VA_LN1), .qkv = vitc__va(a, l, VA_QKV),
         .att = vitc__va(a, l, VA_ATT), .lse = vitc__va(a, l, VA_LSE), .mid = vitc__va(a, l, VA_MID),
         .ln2 = vitc__va(a, l, VA_LN2), .hpre = vitc__va(a, l, VA_HPRE),
         .hact = vitc__va(a, l, VA_HACT), .y = vitc__va(a, l + (a->training ? 1 : 0), VA_X),
-        .pkeep = vitc__va(a, l, VA_PROBS), .probs = probs, .tmp = &m->pdrop,
-        .mask_buf = &m->mask_buf,
+        .pkeep = vitc__va(a, l, VA_PROBS), .probs = probs, .tmp = &s->pdrop,
+        .mask_buf = &s->mask_buf,
     };
     return b;
 }
 
-/* One encoder block l on m->a (nn/block.c). cls_only: queries, out_proj,
+/* One encoder block l on s->a (nn/block.c). cls_only: queries, out_proj,
  * LayerNorm and MLP only for the class token (row 0 of each image; every
  * row's keys and values still) — the same numbers for those rows, ~7%
  * fewer FLOPs for the last block of ViT-B/16; the rows after the attention
  * are then [B, C] compact and *out points at them. probs [B, H, N, N] may
  * be NULL. */
-static vitc_status vit_block(vitc_vit *m, int l, int cls_only, float *probs, const float **out) {
-    vitc__nn_block b = vitc__vit_block_desc(m, l, probs);
+static vitc_status vit_block(const vitc_vit *m, vitc__session *s, int l, int cls_only, float *probs,
+                            const float **out) {
+    vitc__nn_block b = vitc__vit_block_desc(m, s, l, probs);
     VITC_TRY(vitc__nn_block_forward(&b, cls_only));
     if (out)
         *out = b.y;
@@ -286,15 +281,16 @@ int vitc_vit_has_head(const vitc_vit *m) {
 
 /* Dinov2ForImageClassification: logits = head([h[:, 0], mean(h[:, np:])]),
  * h = ln(y) on every token (registers excluded from the mean). */
-static vitc_status vit_logits_cls_mean(vitc_vit *m, const float *y, float *logits) {
+static vitc_status vit_logits_cls_mean(const vitc_vit *m, vitc__session *s, const float *y,
+                                      float *logits) {
     const vitc_vit_config *c = &m->cfg;
-    int64_t B = m->a.B, N = m->a.N, C = c->hidden_dim, K = c->num_classes, np = m->n_prefix;
+    int64_t B = s->a.B, N = s->a.N, C = c->hidden_dim, K = c->num_classes, np = m->n_prefix;
     size_t n, t;
     if (!vitc__mul_size((size_t)(B * N), (size_t)C, &n) ||
         !vitc__mul_size((size_t)B, (size_t)(2 * C), &t) || !vitc__add_size(n, t, &n))
         return vitc__err(VITC_ERR_NOMEM, "DINOv2 head for batch %lld overflows", (long long)B);
-    VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
-    float *h = m->feat_buf.p, *in = h + B * N * C; /* [B, N, C], [B, 2C] */
+    VITC_TRY(vitc__buf_reserve(&s->feat_buf, n));
+    float *h = s->feat_buf.p, *in = h + B * N * C; /* [B, N, C], [B, 2C] */
     vitc__layernorm(h, y, m->w.ln_w, m->w.ln_b, B * N, C, c->norm_eps);
     for (int64_t b = 0; b < B; b++) {
         float *r = in + b * 2 * C;
@@ -310,14 +306,15 @@ static vitc_status vit_logits_cls_mean(vitc_vit *m, const float *y, float *logit
 
 /* DeiT with teacher: logits = (head(ln(x)[:, 0]) + head2(ln(x)[:, 1])) / 2,
  * y the last block's [B, N, C] output. */
-static vitc_status vit_logits_mean2(vitc_vit *m, const float *y, float *logits) {
+static vitc_status vit_logits_mean2(const vitc_vit *m, vitc__session *s, const float *y,
+                                   float *logits) {
     const vitc_vit_config *c = &m->cfg;
-    int64_t B = m->a.B, N = m->a.N, C = c->hidden_dim, K = c->num_classes;
+    int64_t B = s->a.B, N = s->a.N, C = c->hidden_dim, K = c->num_classes;
     size_t n;
     if (!vitc__mul_size((size_t)B, (size_t)(2 * C + K), &n))
         return vitc__err(VITC_ERR_NOMEM, "DeiT heads for batch %lld overflow", (long long)B);
-    VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
-    float *t = m->feat_buf.p, *d = t + 2 * B * C; /* [B, 2, C], [B, K] */
+    VITC_TRY(vitc__buf_reserve(&s->feat_buf, n));
+    float *t = s->feat_buf.p, *d = t + 2 * B * C; /* [B, 2, C], [B, K] */
     for (int64_t b = 0; b < B; b++)
         memcpy(t + b * 2 * C, y + b * N * C, (size_t)(2 * C) * sizeof(float));
     vitc__layernorm(t, t, m->w.ln_w, m->w.ln_b, 2 * B, C, c->norm_eps);
@@ -329,11 +326,12 @@ static vitc_status vit_logits_mean2(vitc_vit *m, const float *y, float *logits) 
 
 /* The whole forward. logits, attn, rollout, features ([B, N, C]: every
  * token after the final LayerNorm) may each be NULL. cls: the class tokens
- * after the final LayerNorm into m->a.cls_out [B, C] (embeddings that need
+ * after the final LayerNorm into s->a.cls_out [B, C] (embeddings that need
  * no other token: the last block then runs for the class rows only). */
-static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int W_, float *logits,
-                           float *attn, float *rollout, float *features, int cls) {
-    if (!m || !images)
+static vitc_status vit_run(const vitc_vit *m, vitc__session *s, const float *images, int B_, int H_,
+                           int W_, float *logits, float *attn, float *rollout, float *features,
+                           int cls) {
+    if (!m || !s || !images)
         return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: NULL model or images");
     if (logits && !vitc_vit_has_head(m))
         return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: this %s model is a backbone with no "
@@ -359,23 +357,17 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
                          "takes %dx%d images (its sinusoid position table has %d tokens)", B_,
                          c->in_channels, H_, W_, c->image_size, c->image_size,
                          (c->image_size / c->patch_size) * (c->image_size / c->patch_size));
-    /* A training forward of logits records every block for backward. */
     /* A training forward of logits (or of the primary embedding: vitc_vit_run sets
-     * rec_want) records every block for backward. */
-    int record = m->training && (logits || m->rec_want) && !attn && !rollout;
-    m->recorded = 0;
-    /* Inference reads packed weights, (re)built once the parameters moved.
-     * fp32 can do without them (same numbers from the row-major ones). */
-    if (m->training) {
-        m->use_packed = 0;
-        vitc__vit_rowmajor(m);
-    } else {
-        VITC_TRY(vitc__vit_prepare_inference(m));
-    }
-    VITC_TRY(vit_activations(m, B, P, record));
-    VITC_TRY(vit_position_embedding(m, gh, gw));
-    const vitc__vit_acts *a = &m->a;
-    m->mask_stride = 0;
+     * rec_want) on the model's own session records every block for backward. */
+    int record = s->own && m->training && (logits || s->rec_want) && !attn && !rollout;
+    s->recorded = 0;
+    /* The weights as the model API or vitc_vit_prepare left them: this
+     * forward only reads the model. */
+    VITC_TRY(vitc__vit_weights_check(m, &s->use_packed));
+    VITC_TRY(vit_activations(m, s, B, P, record));
+    VITC_TRY(vit_position_embedding(m, s, gh, gw));
+    const vitc__vit_acts *a = &s->a;
+    s->mask_stride = 0;
     if (record && (m->dropout > 0.0f || m->drop_path > 0.0f || m->attention_dropout > 0.0f)) {
         /* Keep masks, bytes: the embedding's, then per block (vitc__vit_mask). */
         size_t BNC, BNM, BHNN = 0, per = 0, total = 0;
@@ -388,8 +380,8 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
                  vitc__add_size(total, BNC + 3, &total);
         if (!ok)
             return vitc__err(VITC_ERR_NOMEM, "ViT dropout masks overflow");
-        VITC_TRY(vitc__buf_reserve(&m->masks, total / 4 + 1));
-        m->mask_stride = per;
+        VITC_TRY(vitc__buf_reserve(&s->masks, total / 4 + 1));
+        s->mask_stride = per;
     }
 
     size_t per_layer = 0, roll = 0;
@@ -403,33 +395,34 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
             return vitc__err(VITC_ERR_NOMEM, "attention maps [%lld, %lld, %lld, %lld] overflow",
                              (long long)B, (long long)Hh, (long long)N, (long long)N);
         if (!attn)
-            VITC_TRY(vitc__buf_reserve(&m->probs_buf, per_layer));
+            VITC_TRY(vitc__buf_reserve(&s->probs_buf, per_layer));
         if (rollout)
-            VITC_TRY(vitc__buf_reserve(&m->roll_buf, roll));
+            VITC_TRY(vitc__buf_reserve(&s->roll_buf, roll));
     }
 
     float *proj = vitc__va(a, 0, VA_LN1); /* [B*P, C] */
-    if (m->t2t) { /* T2T-ViT: its tokens_to_token module (t2t_vit.c) */
-        VITC_TRY(vitc__t2t_tokens(m, images, B, H, W, proj));
+    if (m->fam && m->fam->embed) { /* the family's own (T2T-ViT's tokens_to_token) */
+        VITC_TRY(m->fam->embed(m, s, images, B, H, W, proj));
     } else { /* Patch embedding: conv k = s = p is one GEMM over im2col rows. */
         vitc__nn_unfold(a->patches, images, 0, B, Cin, H, W, p, p, 0);
-        VITC_TRY(vitc__linear_pw(proj, C, a->patches, K, m->pconv.data ? &m->pconv : NULL,
+        const vitc__pweight *pconv = s->use_packed && m->pconv.data ? &m->pconv : NULL;
+        VITC_TRY(vitc__linear_pw(proj, C, a->patches, K, pconv,
                                  m->w.conv_w, m->w.conv_b, NULL, 0, B * P, C, K, 0));
     }
     /* [cls, dist (DeiT), registers (DINOv2), patches] plus position embeddings */
-    vit_tokens_ctx tc = {m, proj, vitc__va(a, 0, VA_X), P, N, C};
+    vit_tokens_ctx tc = {m, s->pos_used, proj, vitc__va(a, 0, VA_X), P, N, C};
     vitc__parallel_for(B, vit_tokens_task, &tc);
 
     if (m->pre_norm && record) { /* backward reads pre_layrnorm's input */
-        VITC_TRY(vitc__buf_reserve(&m->pre_buf, (size_t)(B * N * C)));
-        memcpy(m->pre_buf.p, vitc__va(a, 0, VA_X), (size_t)(B * N * C) * sizeof(float));
+        VITC_TRY(vitc__buf_reserve(&s->pre_buf, (size_t)(B * N * C)));
+        memcpy(s->pre_buf.p, vitc__va(a, 0, VA_X), (size_t)(B * N * C) * sizeof(float));
     }
     if (m->pre_norm) /* CLIP's pre_layrnorm */
         vitc__layernorm(vitc__va(a, 0, VA_X), vitc__va(a, 0, VA_X), m->w.pre_w, m->w.pre_b, B * N, C,
                         c->norm_eps);
-    uint8_t *emb = vitc__vit_emb_mask(m); /* Encoder's dropout(input + pos) */
+    uint8_t *emb = vitc__vit_emb_mask(s); /* Encoder's dropout(input + pos) */
     if (emb && m->dropout > 0.0f) {
-        vitc__dropout_mask(emb, B * N * C, m->dropout, &m->rng);
+        vitc__dropout_mask(emb, B * N * C, m->dropout, s->rng);
         vitc__dropout_apply(vitc__va(a, 0, VA_X), vitc__va(a, 0, VA_X), emb, B * N * C, m->dropout);
     }
 
@@ -448,22 +441,22 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
         if (attn)
             probs = attn + (size_t)l * per_layer;
         else if (rollout)
-            probs = m->probs_buf.p;
-        VITC_TRY(vit_block(m, l, cls_only, probs, &y));
+            probs = s->probs_buf.p;
+        VITC_TRY(vit_block(m, s, l, cls_only, probs, &y));
         if (rollout)
-            vit_rollout_step(m, probs, B, N, l == 0);
+            vit_rollout_step(m, s, probs, B, N, l == 0);
     }
 
     if (rollout)
-        memcpy(rollout, m->roll_buf.p, (size_t)(B * N * N) * sizeof(float));
+        memcpy(rollout, s->roll_buf.p, (size_t)(B * N * N) * sizeof(float));
     if (features && m->final_cls_only) /* CLIP's last_hidden_state is not normed */
         memcpy(features, y, (size_t)(B * N * C) * sizeof(float));
     else if (features) /* HF's last_hidden_state: every token through the final LayerNorm */
         vitc__layernorm(features, y, m->w.ln_w, m->w.ln_b, B * N, C, c->norm_eps);
     if (logits && m->head == VIT_HEAD_MEAN2) {
-        VITC_TRY(vit_logits_mean2(m, y, logits));
+        VITC_TRY(vit_logits_mean2(m, s, y, logits));
     } else if (logits && m->head == VIT_HEAD_CLS_MEAN) {
-        VITC_TRY(vit_logits_cls_mean(m, y, logits));
+        VITC_TRY(vit_logits_cls_mean(m, s, y, logits));
     } else if (logits || cls) {
         int64_t ys = compact ? C : N * C; /* class rows of y */
         for (int64_t b = 0; b < B; b++)
@@ -471,32 +464,131 @@ static vitc_status vit_run(vitc_vit *m, const float *images, int B_, int H_, int
         vitc__layernorm(a->cls_out, a->cls_in, m->w.ln_w, m->w.ln_b, B, C, c->norm_eps);
     }
     if (logits && m->head == VIT_HEAD_CLS) {
-        VITC_TRY(vitc__linear_pw(logits, c->num_classes, a->cls_out, C,
-                                 m->phead.data ? &m->phead : NULL, m->w.head_w, m->w.head_b, NULL,
-                                 0, B, c->num_classes, C, 0));
+        const vitc__pweight *phead = s->use_packed && m->phead.data ? &m->phead : NULL;
+        VITC_TRY(vitc__linear_pw(logits, c->num_classes, a->cls_out, C, phead, m->w.head_w,
+                                 m->w.head_b, NULL, 0, B, c->num_classes, C, 0));
     }
     if (record) {
-        m->recorded = 1;
-        m->rec_cls_only = compact;
-        m->rec_gh = (int)gh;
-        m->rec_gw = (int)gw;
+        s->recorded = 1;
+        s->rec_cls_only = compact;
+        s->rec_gh = (int)gh;
+        s->rec_gw = (int)gw;
     }
     return VITC_OK;
 }
 
+/* ------------------------------------------------------------------ */
+/* Sessions                                                           */
+/* ------------------------------------------------------------------ */
+
+static vitc_status vit_session_new(const vitc_vit *m, vitc__session **out) {
+    vitc__session *s = calloc(1, sizeof *s);
+    if (!s)
+        return vitc__err(VITC_ERR_NOMEM, "vitc_session_create: out of memory");
+    s->m = m;
+    s->model_id = m->id;
+    *out = s;
+    return VITC_OK;
+}
+
+vitc_status vitc_session_create(const vitc_vit *m, vitc_session **out) {
+    if (!m || !out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_session_create: NULL model or out");
+    *out = NULL;
+    return vit_session_new(m, out);
+}
+
+void vitc_session_free(vitc_session *s) {
+    if (!s)
+        return;
+    vitc__buf *bufs[] = {&s->act, &s->bwd, &s->masks, &s->pdrop, &s->pos_buf, &s->probs_buf,
+                         &s->roll_buf, &s->feat_buf, &s->head_buf, &s->mask_buf, &s->pre_buf,
+                         &s->t2t_buf};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) vitc__buf_free(bufs[i]);
+    free(s);
+}
+
+vitc_status vitc__vit_own(vitc_vit *m, vitc__session **out) {
+    if (!m->own) {
+        VITC_TRY(vit_session_new(m, &m->own));
+        m->own->own = 1;
+        m->own->rng = &m->rng; /* training draws its masks from the model's stream */
+    }
+    *out = m->own;
+    return VITC_OK;
+}
+
+vitc_status vitc_vit_prepare(vitc_vit *m) {
+    if (!m)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_prepare: NULL model");
+    if (m->training) { /* training forwards read the row-major weights */
+        vitc__vit_rowmajor(m);
+        return VITC_OK;
+    }
+    return vitc__vit_prepare_inference(m);
+}
+
+/* The model API: its own session, after bringing the weights up to date
+ * (the model is the caller's alone here, so it may be written). */
+static vitc_status vit_owner(vitc_vit *m, const char *fn, vitc__session **s) {
+    if (!m)
+        return vitc__err(VITC_ERR_INVALID_ARG, "%s: NULL model", fn);
+    VITC_TRY(vitc_vit_prepare(m));
+    return vitc__vit_own(m, s);
+}
+
+/* A session's model, refused once freed (its id is never reused). */
+static vitc_status vit_session_model(const vitc_session *s, const char *fn, const vitc_vit **m) {
+    if (!s)
+        return vitc__err(VITC_ERR_INVALID_ARG, "%s: NULL session", fn);
+    if (!vitc__handle_alive(s->model_id))
+        return vitc__err(VITC_ERR_INVALID_ARG, "%s: the session's model was freed (free its "
+                         "sessions before the model)", fn);
+    *m = s->m;
+    return VITC_OK;
+}
+
+static vitc_status vit_forward(const vitc_vit *m, vitc__session *s, const float *images, int B,
+                               int H, int W, float *logits) {
+    if (!logits)
+        return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: NULL logits");
+    return vit_run(m, s, images, B, H, W, logits, NULL, NULL, NULL, 0);
+}
+
+static vitc_status vit_attention_maps(const vitc_vit *m, vitc__session *s, const float *images,
+                                      int B, int H, int W, float *attn, float *rollout) {
+    if (!attn && !rollout)
+        return vitc__err(VITC_ERR_INVALID_ARG, "ViT attention maps: attn and rollout are both "
+                                               "NULL");
+    return vit_run(m, s, images, B, H, W, NULL, attn, rollout, NULL, 0);
+}
+
 vitc_status vitc_vit_forward(vitc_vit *m, const float *images, int B, int H, int W,
                              float *logits) {
-    if (!logits)
-        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_forward: NULL logits");
-    return vit_run(m, images, B, H, W, logits, NULL, NULL, NULL, 0);
+    vitc__session *s;
+    VITC_TRY(vit_owner(m, "vitc_vit_forward", &s));
+    return vit_forward(m, s, images, B, H, W, logits);
 }
 
 vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int H, int W,
                                     float *attn, float *rollout) {
-    if (!attn && !rollout)
-        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_attention_maps: attn and rollout are "
-                                               "both NULL");
-    return vit_run(m, images, B, H, W, NULL, attn, rollout, NULL, 0);
+    vitc__session *s;
+    VITC_TRY(vit_owner(m, "vitc_vit_attention_maps", &s));
+    return vit_attention_maps(m, s, images, B, H, W, attn, rollout);
+}
+
+vitc_status vitc_session_forward(vitc_session *s, const float *images, int B, int H, int W,
+                                 float *logits) {
+    const vitc_vit *m = NULL;
+    VITC_TRY(vit_session_model(s, "vitc_session_forward", &m));
+    return vit_forward(m, s, images, B, H, W, logits);
+}
+
+vitc_status vitc_session_attention_maps(vitc_session *s, const float *images, int B, int H, int W,
+                                        float *attn, float *rollout) {
+    const vitc_vit *m = NULL;
+    VITC_TRY(vit_session_model(s, "vitc_session_attention_maps", &m));
+    return vit_attention_maps(m, s, images, B, H, W, attn, rollout);
 }
 
 /* ------------------------------------------------------------------ */
@@ -526,8 +618,8 @@ vitc__nn_mlp vitc__vit_map_mlp(const vitc_vit *m, const vitc__vit_w *w) {
     return p;
 }
 
-vitc_status vitc__vit_map_head(vitc_vit *m, const float *h, int64_t B, int64_t N, float *out,
-                               vitc__vit_map_rec *r) {
+vitc_status vitc__vit_map_head(const vitc_vit *m, vitc__session *s, const float *h, int64_t B,
+                               int64_t N, float *out, vitc__vit_map_rec *r) {
     const vitc_vit_config *c = &m->cfg;
     int64_t C = c->hidden_dim, M = c->mlp_dim, Hh = c->num_heads;
     size_t kv, rest, n;
@@ -536,14 +628,14 @@ vitc_status vitc__vit_map_head(vitc_vit *m, const float *h, int64_t B, int64_t N
         !vitc__add_size(kv, rest, &n) || !vitc__add_size(n, (size_t)C, &n))
         return vitc__err(VITC_ERR_NOMEM, "attention-pooling head for [%lld, %lld, %lld] overflows",
                          (long long)B, (long long)N, (long long)C);
-    VITC_TRY(vitc__buf_reserve(&m->head_buf, n));
+    VITC_TRY(vitc__buf_reserve(&s->head_buf, n));
     vitc__vit_map_rec t;
-    t.x.kv = m->head_buf.p, t.x.q = t.x.kv + kv, t.x.att = t.x.q + C, t.a = t.x.att + B * C;
+    t.x.kv = s->head_buf.p, t.x.q = t.x.kv + kv, t.x.att = t.x.q + C, t.a = t.x.att + B * C;
     t.ln = t.a + B * C, t.hpre = t.ln + B * C, t.hact = r ? t.hpre + B * M : t.hpre;
     t.x.lse = r ? t.hpre + 2 * B * M : NULL; /* inference: none asked (the same o) */
     /* a = out_proj(MHA(query = probe, keys and values = h)); out = a + mlp(layernorm(a)) */
     vitc__nn_cross p = vitc__vit_map_attn(m, &m->w, B, N);
-    VITC_TRY(vitc__nn_cross_forward(&p, t.a, h, &t.x, &m->mask_buf));
+    VITC_TRY(vitc__nn_cross_forward(&p, t.a, h, &t.x, &s->mask_buf));
     vitc__layernorm(t.ln, t.a, m->w.map_ln_w, m->w.map_ln_b, B, C, c->norm_eps);
     vitc__nn_mlp f = vitc__vit_map_mlp(m, &m->w);
     vitc__nn_mlp_forward(&f, out, t.ln, t.a, B, t.hpre, t.hact);
@@ -562,11 +654,25 @@ const char *vitc_vit_ignored(const vitc_vit *m, int i) {
     return p;
 }
 
+static vitc_status vit_features(const vitc_vit *m, vitc__session *s, const float *images, int B,
+                                int H, int W, float *out) {
+    if (!out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward_features: NULL out");
+    return vit_run(m, s, images, B, H, W, NULL, NULL, NULL, out, 0);
+}
+
 vitc_status vitc_vit_forward_features(vitc_vit *m, const float *images, int B, int H, int W,
                                       float *out) {
-    if (!out)
-        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_forward_features: NULL out");
-    return vit_run(m, images, B, H, W, NULL, NULL, NULL, out, 0);
+    vitc__session *s;
+    VITC_TRY(vit_owner(m, "vitc_vit_forward_features", &s));
+    return vit_features(m, s, images, B, H, W, out);
+}
+
+vitc_status vitc_session_forward_features(vitc_session *s, const float *images, int B, int H,
+                                          int W, float *out) {
+    const vitc_vit *m = NULL;
+    VITC_TRY(vit_session_model(s, "vitc_session_forward_features", &m));
+    return vit_features(m, s, images, B, H, W, out);
 }
 
 vitc_status vitc_vit_embed_size(const vitc_vit *m, vitc_pool pool, int H, int W, int64_t *floats) {
@@ -587,8 +693,8 @@ vitc_status vitc_vit_embed_size(const vitc_vit *m, vitc_pool pool, int H, int W,
     return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_embed: unknown pool %d", (int)pool);
 }
 
-vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int H, int W, vitc_pool pool,
-                           float *out) {
+static vitc_status vit_embed(const vitc_vit *m, vitc__session *s, const float *images, int B,
+                             int H, int W, vitc_pool pool, float *out) {
     int64_t per;
     if (!m || !images || !out)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_embed: NULL argument");
@@ -610,19 +716,19 @@ vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int H, int W
         /* The class token after the final LayerNorm (CLIP's post_layernorm),
          * projected for CLIP's image_embeds: the last block's other rows are
          * not needed, so it runs for the class rows only. */
-        VITC_TRY(vit_run(m, images, B, H, W, NULL, NULL, NULL, NULL, 1));
+        VITC_TRY(vit_run(m, s, images, B, H, W, NULL, NULL, NULL, NULL, 1));
         if (pool == VITC_POOL_DEFAULT && m->head == VIT_HEAD_PROJ)
-            vitc__linear(out, per, m->a.cls_out, C, m->w.head_w, m->w.head_b, NULL, 0, B, per, C);
+            vitc__linear(out, per, s->a.cls_out, C, m->w.head_w, m->w.head_b, NULL, 0, B, per, C);
         else
-            memcpy(out, m->a.cls_out, (size_t)(B * C) * sizeof(float));
+            memcpy(out, s->a.cls_out, (size_t)(B * C) * sizeof(float));
         return VITC_OK;
     }
     /* feat_buf is the DeiT heads' scratch, unused on this path. */
-    VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
-    float *f = m->feat_buf.p;
-    VITC_TRY(vit_run(m, images, B, H, W, NULL, NULL, NULL, f, 0));
+    VITC_TRY(vitc__buf_reserve(&s->feat_buf, n));
+    float *f = s->feat_buf.p;
+    VITC_TRY(vit_run(m, s, images, B, H, W, NULL, NULL, NULL, f, 0));
     if (pool == VITC_POOL_DEFAULT) /* SigLIP */
-        return vitc__vit_map_head(m, f, B, N, out, NULL);
+        return vitc__vit_map_head(m, s, f, B, N, out, NULL);
     for (int64_t b = 0; b < B; b++) {
         const float *fb = f + b * N * C;
         float *o = out + b * per;
@@ -636,6 +742,20 @@ vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int H, int W
         }
     }
     return VITC_OK;
+}
+
+vitc_status vitc_vit_embed(vitc_vit *m, const float *images, int B, int H, int W, vitc_pool pool,
+                           float *out) {
+    vitc__session *s;
+    VITC_TRY(vit_owner(m, "vitc_vit_embed", &s));
+    return vit_embed(m, s, images, B, H, W, pool, out);
+}
+
+vitc_status vitc_session_embed(vitc_session *s, const float *images, int B, int H, int W,
+                               vitc_pool pool, float *out) {
+    const vitc_vit *m = NULL;
+    VITC_TRY(vit_session_model(s, "vitc_session_embed", &m));
+    return vit_embed(m, s, images, B, H, W, pool, out);
 }
 
 /* ------------------------------------------------------------------ */
@@ -685,13 +805,27 @@ vitc_status vitc_vit_output_size(const vitc_vit *m, int H, int W, int64_t *float
     return vitc_vit_embed_size(m, VITC_POOL_DEFAULT, H, W, floats);
 }
 
-vitc_status vitc_vit_run(vitc_vit *m, const float *images, int B, int H, int W, float *out) {
-    if (!m || !images || !out)
-        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_run: NULL argument");
+static vitc_status vit_primary(const vitc_vit *m, vitc__session *s, const float *images, int B,
+                               int H, int W, float *out) {
+    if (!images || !out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "ViT run: NULL images or out");
     if (vitc_vit_has_head(m))
-        return vit_run(m, images, B, H, W, out, NULL, NULL, NULL, 0);
-    m->rec_want = m->training;
-    vitc_status s = vitc_vit_embed(m, images, B, H, W, VITC_POOL_DEFAULT, out);
-    m->rec_want = 0;
-    return s;
+        return vit_run(m, s, images, B, H, W, out, NULL, NULL, NULL, 0);
+    s->rec_want = m->training;
+    vitc_status st = vit_embed(m, s, images, B, H, W, VITC_POOL_DEFAULT, out);
+    s->rec_want = 0;
+    return st;
+}
+
+vitc_status vitc_vit_run(vitc_vit *m, const float *images, int B, int H, int W, float *out) {
+    vitc__session *s;
+    VITC_TRY(vit_owner(m, "vitc_vit_run", &s));
+    return vit_primary(m, s, images, B, H, W, out);
+}
+
+vitc_status vitc_session_run(vitc_session *s, const float *images, int B, int H, int W,
+                             float *out) {
+    const vitc_vit *m = NULL;
+    VITC_TRY(vit_session_model(s, "vitc_session_run", &m));
+    return vit_primary(m, s, images, B, H, W, out);
 }

@@ -13,22 +13,23 @@
 
 #include "../kernels/kernels.h"
 #include "../rng.h"
+#include "family.h"
 #include "vit_internal.h"
 
-/* Scratch of one backward, carved from m->bwd: the block's (nn/block.c),
+/* Scratch of one backward, carved from ss->bwd: the block's (nn/block.c),
  * then dpos [N, C] (the position embedding used) and a head's [B (N + 2), C]. */
 typedef struct vit_bwd {
     vitc__nn_block_bwd b;
     float *dpos, *head;
 } vit_bwd;
 
-static vitc_status vit_bwd_scratch(vitc_vit *m, vit_bwd *s) {
+static vitc_status vit_bwd_scratch(const vitc_vit *m, vitc__session *ss, vit_bwd *s) {
     const vitc_vit_config *c = &m->cfg;
-    size_t BN = (size_t)(m->a.B * m->a.N), C = (size_t)c->hidden_dim, sz[9], total = 0;
+    size_t BN = (size_t)(ss->a.B * ss->a.N), C = (size_t)c->hidden_dim, sz[9], total = 0;
     int ok = vitc__mul_size(BN, C, &sz[0]) && vitc__mul_size(BN, 3 * C, &sz[4]) &&
              vitc__mul_size(BN, (size_t)c->mlp_dim, &sz[5]) && vitc__mul_size(BN, 2, &sz[6]) &&
-             vitc__mul_size((size_t)m->a.N, C, &sz[7]) &&
-             vitc__mul_size(BN + 2 * (size_t)m->a.B, C, &sz[8]);
+             vitc__mul_size((size_t)ss->a.N, C, &sz[7]) &&
+             vitc__mul_size(BN + 2 * (size_t)ss->a.B, C, &sz[8]);
     sz[1] = sz[2] = sz[3] = sz[0];
     size_t off[9];
     for (int i = 0; ok && i < 9; i++) {
@@ -37,10 +38,10 @@ static vitc_status vit_bwd_scratch(vitc_vit *m, vit_bwd *s) {
     }
     if (!ok)
         return vitc__err(VITC_ERR_NOMEM, "ViT backward scratch overflows");
-    VITC_TRY(vitc__buf_reserve(&m->bwd, total));
+    VITC_TRY(vitc__buf_reserve(&ss->bwd, total));
     float **dst[9] = {&s->b.g, &s->b.gmid, &s->b.dln, &s->b.datt, &s->b.dqkv, &s->b.dh,
                       &s->b.stats, &s->dpos, &s->head};
-    for (int i = 0; i < 9; i++) *dst[i] = m->bwd.p + off[i];
+    for (int i = 0; i < 9; i++) *dst[i] = ss->bwd.p + off[i];
     return VITC_OK;
 }
 
@@ -59,32 +60,34 @@ static vit_out vit_output_kind(const vitc_vit *m) {
 
 /* The SigLIP head's backward: its forward again (recorded in head_buf),
  * then dh [B, N, C] = d(MAP(h))/dh of dout [B, C]. */
-static vitc_status vit_map_backward(vitc_vit *m, const float *h, const float *dout, float *dh) {
+static vitc_status vit_map_backward(vitc_vit *m, vitc__session *ss, const float *h,
+                                    const float *dout, float *dh) {
     const vitc_vit_config *c = &m->cfg;
-    int64_t B = m->a.B, N = m->a.N, C = c->hidden_dim, M = c->mlp_dim;
+    int64_t B = ss->a.B, N = ss->a.N, C = c->hidden_dim, M = c->mlp_dim;
     size_t n;
     if (!vitc__mul_size((size_t)(B * N), (size_t)(2 * C), &n) ||
         !vitc__add_size(n, (size_t)(B * (5 * C + M + 2)), &n))
         return vitc__err(VITC_ERR_NOMEM, "attention-pooling head backward overflows");
-    VITC_TRY(vitc__buf_reserve(&m->feat_buf, n));
-    float *dkv = m->feat_buf.p, *da = dkv + B * N * 2 * C, *dln = da + B * C, *datt = dln + B * C;
+    VITC_TRY(vitc__buf_reserve(&ss->feat_buf, n));
+    float *dkv = ss->feat_buf.p, *da = dkv + B * N * 2 * C, *dln = da + B * C, *datt = dln + B * C;
     float *dq = datt + B * C, *out = dq + B * C, *dhid = out + B * C, *stats = dhid + B * M;
     vitc__vit_map_rec r;
-    VITC_TRY(vitc__vit_map_head(m, h, B, N, out, &r));
+    VITC_TRY(vitc__vit_map_head(m, ss, h, B, N, out, &r));
     /* out = a + mlp(ln(a)): da = dout + ln's share of the MLP's gradient */
     vitc__nn_mlp f = vitc__vit_map_mlp(m, &m->w), gf = vitc__vit_map_mlp(m, &m->g);
     vitc__nn_mlp_backward(&f, &gf, dln, 0.0f, dout, r.ln, r.hpre, r.hact, B, dhid);
     vitc__layernorm_backward_res(da, dout, m->g.map_ln_w, m->g.map_ln_b, dln, r.a, m->w.map_ln_w,
                                  B, C, c->norm_eps, stats);
     vitc__nn_cross p = vitc__vit_map_attn(m, &m->w, B, N), gp = vitc__vit_map_attn(m, &m->g, B, N);
-    return vitc__nn_cross_backward(&p, &gp, dh, da, h, &r.x, datt, dq, dkv, &m->mask_buf);
+    return vitc__nn_cross_backward(&p, &gp, dh, da, h, &r.x, datt, dq, dkv, &ss->mask_buf);
 }
 
 /* The head's backward: s->b.g = dL/dy for the last block's output y
  * ([B, C] when it ran on the class rows alone, else [B, N, C]). */
-static vitc_status vit_head_backward(vitc_vit *m, const float *dout, vit_bwd *s) {
+static vitc_status vit_head_backward(vitc_vit *m, vitc__session *ss, const float *dout,
+                                     vit_bwd *s) {
     const vitc_vit_config *c = &m->cfg;
-    const vitc__vit_acts *a = &m->a;
+    const vitc__vit_acts *a = &ss->a;
     int64_t B = a->B, N = a->N, C = c->hidden_dim, K = c->num_classes, np = m->n_prefix;
     const float *y = vitc__va(a, c->depth, VA_X); /* [B, N, C] or [B, C] */
     float *g = s->b.g, *stats = s->b.stats;
@@ -100,7 +103,7 @@ static vitc_status vit_head_backward(vitc_vit *m, const float *dout, vit_bwd *s)
         memset(dx, 0, (size_t)(B * C) * sizeof(float));
         vitc__layernorm_backward(dx, m->g.ln_w, m->g.ln_b, dcls, a->cls_in, m->w.ln_w, B, C,
                                  c->norm_eps, stats);
-        if (m->rec_cls_only) {
+        if (ss->rec_cls_only) {
             memcpy(g, dx, (size_t)(B * C) * sizeof(float));
         } else {
             memset(g, 0, (size_t)(B * N * C) * sizeof(float));
@@ -112,8 +115,8 @@ static vitc_status vit_head_backward(vitc_vit *m, const float *dout, vit_bwd *s)
     if (kind == VIT_OUT_MEAN2) {
         /* out = (head(t0) + head2(t1)) / 2, t = ln(y[:, 0:2]) */
         float *t = s->head, *dt = t + 2 * B * C, *x2 = s->b.gmid; /* [B, 2, C] */
-        VITC_TRY(vitc__buf_reserve(&m->feat_buf, (size_t)(B * K)));
-        float *half = m->feat_buf.p; /* [B, K] */
+        VITC_TRY(vitc__buf_reserve(&ss->feat_buf, (size_t)(B * K)));
+        float *half = ss->feat_buf.p; /* [B, K] */
         for (int64_t b = 0; b < B; b++)
             memcpy(x2 + b * 2 * C, y + b * N * C, (size_t)(2 * C) * sizeof(float));
         vitc__layernorm(t, x2, m->w.ln_w, m->w.ln_b, 2 * B, C, c->norm_eps);
@@ -163,7 +166,7 @@ static vitc_status vit_head_backward(vitc_vit *m, const float *dout, vit_bwd *s)
     } else { /* SigLIP: out = MAP(h) */
         float *h = s->b.dln;
         vitc__layernorm(h, y, m->w.ln_w, m->w.ln_b, B * N, C, c->norm_eps);
-        VITC_TRY(vit_map_backward(m, h, dout, dh));
+        VITC_TRY(vit_map_backward(m, ss, h, dout, dh));
     }
     memset(g, 0, (size_t)(B * N * C) * sizeof(float));
     vitc__layernorm_backward(g, m->g.ln_w, m->g.ln_b, dh, y, m->w.ln_w, B * N, C, c->norm_eps,
@@ -173,20 +176,20 @@ static vitc_status vit_head_backward(vitc_vit *m, const float *dout, vit_bwd *s)
 
 /* x_0 = [cls + pos_0, dist + pos_1, registers, conv_proj(patches) + pos_patches]
  * (then pre_layrnorm): s->b.g = dL/dx_0 [B, N, C]. */
-static vitc_status vit_embed_backward(vitc_vit *m, vit_bwd *s) {
+static vitc_status vit_embed_backward(vitc_vit *m, vitc__session *ss, vit_bwd *s) {
     const vitc_vit_config *c = &m->cfg;
-    const vitc__vit_acts *a = &m->a;
+    const vitc__vit_acts *a = &ss->a;
     int64_t B = a->B, N = a->N, P = a->P, C = c->hidden_dim, np = m->n_prefix;
     int64_t npos = np - m->n_reg, nc = m->n_cls;
     int64_t p = c->patch_size, Kc = (int64_t)c->in_channels * p * p;
     float *g = s->b.g;
-    uint8_t *emb = vitc__vit_emb_mask(m);
+    uint8_t *emb = vitc__vit_emb_mask(ss);
     if (emb && m->dropout > 0.0f)
         vitc__dropout_apply(g, g, emb, B * N * C, m->dropout);
     if (m->pre_norm) { /* x_0 = pre_layrnorm(t): the recorded t */
         float *dt = s->b.gmid;
         memset(dt, 0, (size_t)(B * N * C) * sizeof(float));
-        vitc__layernorm_backward(dt, m->g.pre_w, m->g.pre_b, g, m->pre_buf.p, m->w.pre_w, B * N, C,
+        vitc__layernorm_backward(dt, m->g.pre_w, m->g.pre_b, g, ss->pre_buf.p, m->w.pre_w, B * N, C,
                                  c->norm_eps, s->b.stats);
         memcpy(g, dt, (size_t)(B * N * C) * sizeof(float));
     }
@@ -204,20 +207,20 @@ static vitc_status vit_embed_backward(vitc_vit *m, vit_bwd *s) {
     int64_t g0 = c->image_size / c->patch_size;
     if (m->t2t) {
         /* T2T-ViT's sinusoid table is a constant (requires_grad=False): no gradient */
-    } else if (m->rec_gh == g0 && m->rec_gw == g0) {
+    } else if (ss->rec_gh == g0 && ss->rec_gw == g0) {
         for (int64_t i = 0; i < (npos + P) * C; i++) m->g.pos[i] += dsum[i];
     } else { /* resampled: the prefix rows as they are, the grid through the adjoint */
         for (int64_t i = 0; i < npos * C; i++) m->g.pos[i] += dsum[i];
-        VITC_TRY(vitc__vit_pos_backward(m, m->g.pos + npos * C, dsum + npos * C, m->rec_gh,
-                                        m->rec_gw));
+        VITC_TRY(vitc__vit_pos_backward(m, m->g.pos + npos * C, dsum + npos * C, ss->rec_gh,
+                                        ss->rec_gw));
     }
     /* Patch embedding: dW += dproj^T patches, db += column sums. */
     float *dproj = s->b.gmid; /* [B*P, C] */
     for (int64_t b = 0; b < B; b++)
         memcpy(dproj + b * P * C, g + (b * N + np) * C, (size_t)(P * C) * sizeof(float));
-    if (m->t2t) /* T2T-ViT: its tokens_to_token module in place of the patch embedding */
-        return vitc__t2t_tokens_backward(m, dproj, B, (int64_t)m->rec_gh * p,
-                                         (int64_t)m->rec_gw * p);
+    if (m->fam && m->fam->embed_backward) /* the family's own embedding (T2T's tokens_to_token) */
+        return m->fam->embed_backward(m, ss, dproj, B, (int64_t)ss->rec_gh * p,
+                                      (int64_t)ss->rec_gw * p);
     vitc__linear_backward(NULL, 0, 0.0f, m->g.conv_w, m->g.conv_b, dproj, C, a->patches, Kc,
                           m->w.conv_w, B * P, C, Kc);
     return VITC_OK;
@@ -226,11 +229,11 @@ static vitc_status vit_embed_backward(vitc_vit *m, vit_bwd *s) {
 vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits) {
     if (!m || !dlogits)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_backward: NULL model or dlogits");
-    if (m->t2t == VIT_NAMES_T2T_PERFORMER)
-        return vitc__err(VITC_ERR_UNSUPPORTED, "vitc_vit_backward: T2T-ViT's Token_performer "
-                         "stages (tokens_type \"performer\") have no backward; the transformer "
-                         "mode (t2t_vit_t_*) trains");
-    if (!m->recorded)
+    char why[160];
+    if (m->fam && m->fam->can_train && !m->fam->can_train(m, why, sizeof why))
+        return vitc__err(VITC_ERR_UNSUPPORTED, "vitc_vit_backward: %s", why);
+    vitc__session *ss = m->own; /* training records on the model's own session only */
+    if (!ss || !ss->recorded)
         return vitc__err(VITC_ERR_INVALID_ARG,
                          "vitc_vit_backward: no recorded forward (call vitc_vit_set_training(m, "
                          "1) and vitc_vit_run or vitc_vit_forward first; a backward consumes the "
@@ -238,17 +241,17 @@ vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits) {
     const vitc_vit_config *c = &m->cfg;
     VITC_TRY(vitc__vit_grad_alloc(m));
     vit_bwd s;
-    VITC_TRY(vit_bwd_scratch(m, &s));
+    VITC_TRY(vit_bwd_scratch(m, ss, &s));
     /* The recording is spent: activations of a second backward would be
      * overwritten scratch in a later forward anyway, and torch refuses too. */
-    m->recorded = 0;
-    VITC_TRY(vit_head_backward(m, dlogits, &s));
+    ss->recorded = 0;
+    VITC_TRY(vit_head_backward(m, ss, dlogits, &s));
     for (int l = c->depth - 1; l >= 0; l--) {
-        vitc__nn_block b = vitc__vit_block_desc(m, l, NULL);
+        vitc__nn_block b = vitc__vit_block_desc(m, ss, l, NULL);
         vitc__nn_block_w gw = m->gblocks[l];
         if (m->no_qkv_bias) /* qkv_bias=False: zero rows the model has no parameter for */
             gw.qkv_b = NULL;
-        VITC_TRY(vitc__nn_block_backward(&b, m->rec_cls_only && l == c->depth - 1, &gw, &s.b));
+        VITC_TRY(vitc__nn_block_backward(&b, ss->rec_cls_only && l == c->depth - 1, &gw, &s.b));
     }
-    return vit_embed_backward(m, &s);
+    return vit_embed_backward(m, ss, &s);
 }

@@ -195,7 +195,6 @@ struct vitc_vit {
     int t2t;               /* VIT_NAMES_T2T_TRANSFORMER or _PERFORMER */
     int t2t_dim;           /* token_dim T */
     int no_qkv_bias;       /* qkv_bias false: the blocks' qkv.bias rows are zeros, not read */
-    vitc__buf t2t_buf;     /* the token module's activations */
     char family[32];       /* "torchvision", "timm", "hf-vit", "hf-deit" */
     char *ignored;         /* Hub tensors the forward does not use, NUL-separated */
     vitc__hf_proc proc;    /* the Hub model's image processor (present: 1) */
@@ -210,9 +209,6 @@ struct vitc_vit {
      * attention_dropout, timm's drop path per block), drawn from rng. */
     float dropout, attention_dropout, drop_path;
     vitc__rng rng;
-    vitc__buf masks;    /* the recorded forward's keep masks (bytes, vitc__vit_mask) */
-    vitc__buf pdrop;    /* [2, N, N] attention-dropout scratch */
-    size_t mask_stride; /* bytes from block l's masks to block l + 1's */
     int n_entries;
     vitc__param *table; /* [n_entries] state_dict order, names in the file's spelling */
     char *names;        /* the table's names, NUL-separated */
@@ -227,24 +223,14 @@ struct vitc_vit {
     vitc__vit_block *blocks;   /* [depth] */
     vitc__vit_block *gblocks;  /* [depth] gradients, NULL until grad */
 
-    /* Activations, grown for the largest (batch, image size) seen, reused. */
-    vitc__buf act;
-    vitc__vit_acts a;
-    int recorded;        /* a's training forward is there for backward */
-    int rec_gh, rec_gw;  /* its patch grid */
-    int rec_cls_only;    /* its last block ran on the class rows alone (vit_block's cls_only) */
-    vitc__buf bwd;       /* backward scratch */
-    /* Position embedding resampled for a grid gh x gw: cached per grid and
-     * parameter version (pos_ver = wversion + 1 it was computed at; 0: none),
-     * so a forward at the same size resamples nothing. */
-    vitc__buf pos_buf;
-    int pos_gh, pos_gw;
-    uint64_t pos_ver;
-    float *pos_used; /* [1 + gh*gw, C]: pos itself or pos_buf */
+    /* The run state of the model API's forwards and of training (recorded
+     * activations, dropout masks): a session of its own, made on first use. */
+    struct vitc_session *own;
     /* Inference weights (vit_precision.c): packed for `precision` from the
      * row-major parameters of version pversion; rebuilt at the next
-     * inference forward once wversion moves (vitc_vit_param, an optimizer
-     * step). Training forwards use the row-major parameters. */
+     * model-API forward once wversion moves (vitc_vit_param, an optimizer
+     * step); a session only reads them. Training forwards use the row-major
+     * parameters. */
     vitc_precision precision;
     vitc_precision attn_precision; /* FP32 or BF16: the attention's q k^T and P v */
     vitc__pweight *pw;          /* [depth * VIT_PW_COUNT] or NULL */
@@ -257,7 +243,36 @@ struct vitc_vit {
      * OS (their pages hold zeros): the packs are the weights until
      * vitc__vit_rowmajor unpacks them. */
     int released;
-    int use_packed;             /* this forward reads pw */
+};
+
+/* What one forward writes (a vitc_session): activations, scratch, the
+ * resampled position embedding; the model is only read. The model's own
+ * session (own) also records a training forward for backward and draws its
+ * dropout masks from the model's rng; other sessions run inference only. */
+struct vitc_session {
+    const vitc_vit *m;
+    uint64_t model_id;   /* m->id: a session outliving its model is refused */
+    int own;             /* m->own: training may record */
+    vitc__rng *rng;      /* the model's (own session), else NULL: inference draws nothing */
+    /* Activations, grown for the largest (batch, image size) seen, reused. */
+    vitc__buf act;
+    vitc__vit_acts a;
+    int recorded;        /* a's training forward is there for backward */
+    int rec_gh, rec_gw;  /* its patch grid */
+    int rec_cls_only;    /* its last block ran on the class rows alone (vit_block's cls_only) */
+    int rec_want;        /* vit.c: record this forward's embedding for backward (training) */
+    vitc__buf bwd;       /* backward scratch */
+    vitc__buf masks;     /* the recorded forward's keep masks (bytes, vitc__vit_mask) */
+    vitc__buf pdrop;     /* [2, N, N] attention-dropout scratch */
+    size_t mask_stride;  /* bytes from block l's masks to block l + 1's */
+    /* Position embedding resampled for a grid gh x gw: cached per grid and
+     * parameter version (pos_ver = wversion + 1 it was computed at; 0: none),
+     * so a forward at the same size resamples nothing. */
+    vitc__buf pos_buf;
+    int pos_gh, pos_gw;
+    uint64_t pos_ver;
+    const float *pos_used; /* [1 + gh*gw, C]: pos itself or pos_buf */
+    int use_packed;      /* this forward reads m->pw (vitc__vit_weights_check) */
     /* Attention-map scratch (only when asked for). */
     vitc__buf probs_buf; /* [B, H, N, N] when the caller gives no attn */
     vitc__buf roll_buf;  /* [B, N, N] rollout + [2, N, N] */
@@ -265,15 +280,22 @@ struct vitc_vit {
     vitc__buf head_buf;  /* the MAP head's scratch */
     vitc__buf mask_buf;  /* the blocks' additive attention mask, when one is set */
     vitc__buf pre_buf;   /* [B, N, C] pre_layrnorm's input in a training forward */
-    int rec_want;        /* vit.c: record this forward's embedding for backward (training) */
+    vitc__buf t2t_buf;   /* T2T-ViT's token module activations */
 };
+typedef struct vitc_session vitc__session;
+/* m's own session, made on first use (the model API and training). */
+vitc_status vitc__vit_own(vitc_vit *m, vitc__session **out);
+/* Whether a forward may read m's weights without writing m: *use_packed
+ * when the packs are current; fp32 falls back to the row-major weights
+ * when resident; otherwise an error naming vitc_vit_prepare. */
+vitc_status vitc__vit_weights_check(const vitc_vit *m, int *use_packed);
 
 /* A block's packed weights, at m->pw[l * VIT_PW_COUNT + k]. */
 enum { VIT_PW_QKV = VITC__NN_PW_QKV, VIT_PW_PROJ = VITC__NN_PW_PROJ, VIT_PW_FC1 = VITC__NN_PW_FC1,
        VIT_PW_FC2 = VITC__NN_PW_FC2, VIT_PW_COUNT = VITC__NN_PW_COUNT };
 /* Makes the packed weights current for an inference forward (repacking
- * when the parameters, precision, arch or GEMM backend moved) and sets
- * m->use_packed. */
+ * when the parameters, precision, arch or GEMM backend moved): the owner's
+ * step before sessions read them (vitc__vit_weights_check). */
 vitc_status vitc__vit_prepare_inference(vitc_vit *m);
 /* The row-major parameters valid again (unpacking released matrices, then
  * dropping the packs): before training, vitc_vit_param, saving. */
@@ -322,46 +344,47 @@ typedef struct vitc__vit_mask {
     uint8_t *att, *hid, *out, *dp_att, *dp_mlp;
     uint8_t *probs; /* [B*H*N*N] attention dropout (NULL without) */
 } vitc__vit_mask;
-static inline uint8_t *vitc__vit_emb_mask(const vitc_vit *m) {
-    return m->mask_stride ? (uint8_t *)m->masks.p : NULL;
+static inline uint8_t *vitc__vit_emb_mask(const vitc__session *s) {
+    return s->mask_stride ? (uint8_t *)s->masks.p : NULL;
 }
-static inline vitc__vit_mask vitc__vit_block_mask(const vitc_vit *m, int l) {
+static inline vitc__vit_mask vitc__vit_block_mask(const vitc_vit *m, const vitc__session *s,
+                                                  int l) {
     vitc__vit_mask k = {0};
-    if (!m->mask_stride)
+    if (!s->mask_stride)
         return k;
-    size_t BNC = (size_t)(m->a.B * m->a.N * m->cfg.hidden_dim);
-    size_t BNM = (size_t)(m->a.B * m->a.N * m->cfg.mlp_dim);
-    k.att = (uint8_t *)m->masks.p + BNC + (size_t)l * m->mask_stride;
+    size_t BNC = (size_t)(s->a.B * s->a.N * m->cfg.hidden_dim);
+    size_t BNM = (size_t)(s->a.B * s->a.N * m->cfg.mlp_dim);
+    k.att = (uint8_t *)s->masks.p + BNC + (size_t)l * s->mask_stride;
     k.hid = k.att + BNC;
     k.out = k.hid + BNM;
     k.dp_att = k.out + BNC;
-    k.dp_mlp = k.dp_att + m->a.B;
-    if (m->a.probs)
-        k.probs = k.dp_mlp + m->a.B;
+    k.dp_mlp = k.dp_att + s->a.B;
+    if (s->a.probs)
+        k.probs = k.dp_mlp + s->a.B;
     return k;
 }
 
-/* Block l of m's recorded activations as an nn block (vit.c): the
+/* Block l of the session s on m as an nn block (vit.c): the
  * forward's and the backward's view; probs: attention maps asked for. */
-vitc__nn_block vitc__vit_block_desc(vitc_vit *m, int l, float *probs);
+vitc__nn_block vitc__vit_block_desc(const vitc_vit *m, vitc__session *s, int l, float *probs);
 
 /* SigLIP's attention-pooling head (SiglipMultiheadAttentionPoolingHead)
  * on the normed tokens h [B, N, C] into out [B, C] (vit.c):
  *   a = out_proj(MHA(query = probe, keys and values = h))   [B, C]
  *   out = a + fc2(act(fc1(layernorm(a))))
- * r non-NULL: what its backward reads, in m->head_buf. */
+ * r non-NULL: what its backward reads, in s->head_buf. */
 typedef struct vitc__vit_map_rec {
     vitc__nn_cross_rec x; /* q [C], kv [B, N, 2C], att [B, C], lse [B, H] */
     float *a, *ln, *hpre, *hact; /* [B, C], [B, C], [B, mlp], [B, mlp] */
 } vitc__vit_map_rec;
-vitc_status vitc__vit_map_head(vitc_vit *m, const float *h, int64_t B, int64_t N, float *out,
-                               vitc__vit_map_rec *r);
+vitc_status vitc__vit_map_head(const vitc_vit *m, vitc__session *s, const float *h, int64_t B,
+                               int64_t N, float *out, vitc__vit_map_rec *r);
 /* The head's pieces over w (m->w or the gradients m->g). */
 vitc__nn_cross vitc__vit_map_attn(const vitc_vit *m, const vitc__vit_w *w, int64_t B, int64_t N);
 vitc__nn_mlp vitc__vit_map_mlp(const vitc_vit *m, const vitc__vit_w *w);
 /* The adjoint of the position resampling of vit.c (m->pos_rule) from the
  * checkpoint's g x g grid to gh x gw: dsrc [g*g, C] += R^T ddst [gh*gw, C]. */
-vitc_status vitc__vit_pos_backward(vitc_vit *m, float *dsrc, const float *ddst, int64_t gh,
+vitc_status vitc__vit_pos_backward(const vitc_vit *m, float *dsrc, const float *ddst, int64_t gh,
                                    int64_t gw);
 
 /* Gradient array and structs on first use (vit_train.c). */
@@ -369,14 +392,12 @@ vitc_status vitc__vit_grad_alloc(vitc_vit *m);
 
 /* T2T-ViT's forward (t2t_vit.c; its names and configuration: families/t2t.c). */
 /* After the weights are bound: the engine layers of transformer mode. */
-vitc_status vitc__t2t_ready(vitc_vit *m);
-void vitc__t2t_free(vitc_vit *m);
 /* tokens_to_token(images [B, in, H, W]) -> out [B * g*g, C], H = W = 16 g. */
-vitc_status vitc__t2t_tokens(vitc_vit *m, const float *images, int64_t B, int64_t H, int64_t W,
-                             float *out);
+vitc_status vitc__t2t_tokens(const vitc_vit *m, vitc__session *s, const float *images, int64_t B,
+                             int64_t H, int64_t W, float *out);
 /* The gradient of the last recorded (training) tokens_to_token for dout
  * [B * g*g, C], added into m->g's T2T rows; transformer mode only. */
-vitc_status vitc__t2t_tokens_backward(vitc_vit *m, const float *dout, int64_t B, int64_t H,
-                                      int64_t W);
+vitc_status vitc__t2t_tokens_backward(vitc_vit *m, vitc__session *s, const float *dout, int64_t B,
+                                      int64_t H, int64_t W);
 
 #endif

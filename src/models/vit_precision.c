@@ -180,18 +180,49 @@ vitc_status vitc__vit_load_pack_end(vitc_vit *m, vitc_status s) {
     return vitc__vit_prepare_inference(m);
 }
 
+/* The packs match the parameters, the precision and the GEMM path. */
+static int vit_packs_current(const vitc_vit *m, const struct vitc__gemm_kernel *kern) {
+    return m->packed && m->pversion == m->wversion && m->packed_prec == m->precision &&
+           m->packed_for == kern;
+}
+
 vitc_status vitc__vit_prepare_inference(vitc_vit *m) {
     const struct vitc__gemm_kernel *kern = vitc__gemm_pack_kernel();
-    m->use_packed = 0;
-    if (!m->packed || m->pversion != m->wversion || m->packed_prec != m->precision ||
-        m->packed_for != kern) {
+    if (!vit_packs_current(m, kern)) {
         vitc_status s = vit_pack(m, kern);
         /* fp32 does without packs (the same numbers from row-major W). */
         if (s != VITC_OK && m->precision != VITC_PRECISION_FP32)
             return s;
     }
-    m->use_packed = m->pw != NULL;
     return VITC_OK;
+}
+
+int vitc_vit_is_prepared(const vitc_vit *m) {
+    if (!m)
+        return 0;
+    if (m->training)
+        return !m->released;
+    return vit_packs_current(m, vitc__gemm_pack_kernel());
+}
+
+/* Read-only, so that any number of sessions may ask at once: the packs
+ * when current, else the row-major weights where they are the same
+ * numbers (fp32, pages not given back), else an error (packing would
+ * write the model under the other sessions' feet). */
+vitc_status vitc__vit_weights_check(const vitc_vit *m, int *use_packed) {
+    const struct vitc__gemm_kernel *kern = vitc__gemm_pack_kernel();
+    *use_packed = 0;
+    if (!m->training && vit_packs_current(m, kern)) {
+        *use_packed = m->pw != NULL;
+        return VITC_OK;
+    }
+    if ((m->training || m->precision == VITC_PRECISION_FP32) && !m->released)
+        return VITC_OK;
+    return vitc__err(VITC_ERR_INVALID_ARG,
+                     "the %s model's weights are not packed for its precision %s (its parameters, "
+                     "precision, mode or GEMM backend changed since): call vitc_vit_prepare(m), "
+                     "or any vitc_vit_* forward, before running sessions on it", m->arch,
+                     vitc_precision_name(m->precision));
 }
 
 vitc_status vitc_vit_set_precision(vitc_vit *m, vitc_precision p) {

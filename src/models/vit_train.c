@@ -22,8 +22,14 @@ vitc_vit_config vitc_vit_default_config(void) {
 }
 
 void vitc_vit_set_training(vitc_vit *m, int training) {
-    if (m)
-        m->training = training != 0;
+    if (!m)
+        return;
+    int was = m->training;
+    m->training = training != 0;
+    /* Leaving training packs the weights now, so sessions find them ready
+     * (a failure is reported again by the next vitc_vit_* forward). */
+    if (was && !m->training)
+        (void)vitc__vit_prepare_inference(m);
 }
 int vitc_vit_is_training(const vitc_vit *m) { return m ? m->training : 0; }
 

@@ -277,7 +277,6 @@ const vitc__family vitc__family_clip = {
     .name = "clip",
     .detect = clip_detect,
     .configure = clip_configure,
-    .can_train = vitc__vit_can_train,
     .new_head = clip_new_head,
     .head_std = 0.02,
 };

@@ -71,7 +71,6 @@ const vitc__family vitc__family_dinov2 = {
     .name = "hf-dinov2",
     .detect = dinov2_detect,
     .configure = dinov2_configure,
-    .can_train = vitc__vit_can_train,
     .new_head = dinov2_new_head,
     .head_std = 0.02,
 };

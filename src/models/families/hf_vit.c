@@ -74,7 +74,6 @@ const vitc__family vitc__family_hf_vit = {
     .name = "hf-vit",
     .detect = hf_vit_detect,
     .configure = hf_vit_configure,
-    .can_train = vitc__vit_can_train,
     .new_head = hf_vit_new_head,
     .head_std = 0.02,
 };

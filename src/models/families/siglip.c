@@ -78,7 +78,6 @@ const vitc__family vitc__family_siglip = {
     .name = "hf-siglip",
     .detect = siglip_detect,
     .configure = siglip_configure,
-    .can_train = vitc__vit_can_train,
     .new_head = siglip_new_head,
     .head_std = 0.02,
 };

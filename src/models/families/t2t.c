@@ -409,6 +409,15 @@ static vitc__vit_head t2t_new_head(const vitc_vit *m) {
 }
 
 /* T2T_ViT._init_weights: trunc_normal_(std=.02) Linear weights, zero biases. */
+/* Token_performer's random-feature attention has no backward here. */
+static int t2t_can_train(const vitc_vit *m, char *why, size_t cap) {
+    if (m->t2t != VIT_NAMES_T2T_PERFORMER)
+        return 1;
+    snprintf(why, cap, "T2T-ViT's Token_performer stages (tokens_type \"performer\") have no "
+             "backward; the transformer mode (t2t_vit_t_*) trains");
+    return 0;
+}
+
 const vitc__family vitc__family_t2t = {
     .name = "t2t-vit",
     .detect = t2t_detect,
@@ -416,8 +425,9 @@ const vitc__family vitc__family_t2t = {
     .row_name = t2t_row_name,
     .has_row = t2t_has_row,
     .row = t2t_row,
-    .ready = vitc__t2t_ready,
+    .can_train = t2t_can_train,
     .embed = vitc__t2t_tokens,
+    .embed_backward = vitc__t2t_tokens_backward,
     .new_head = t2t_new_head,
     .head_std = 0.02,
     .head_trunc = 1,

@@ -94,7 +94,6 @@ const vitc__family vitc__family_timm = {
     .detect = timm_detect,
     .configure = timm_configure,
     .row_name = timm_row_name,
-    .can_train = vitc__vit_can_train,
     .new_head = timm_new_head,
     .head_std = -1.0,
 };

@@ -64,7 +64,6 @@ const vitc__family vitc__family_torchvision = {
     .detect = tv_detect,
     .configure = tv_configure,
     .row_name = tv_row_name,
-    .can_train = vitc__vit_can_train,
     .new_head = tv_new_head,
     .head_std = 0.0,
 };
