@@ -728,7 +728,8 @@ VITC_API int vitc_vit_has_head(const vitc_vit *m);
  * of the patch tokens] (Dinov2ForImageClassification), T2T-ViT head
  * (trunc_normal_ 0.02); HF weights normal_(0, 0.02), biases zero. CLIP and
  * SigLIP towers keep their embedding head (projection, MAP) and get a
- * linear classifier over the embedding (classifier.weight [K, E]). labels:
+ * linear classifier over the embedding (classifier.weight [K, E]; logits =
+ * classifier(vitc_vit_embed's default embedding), trained end to end). labels:
  * num_classes names or NULL; seed draws the init. Every other weight is
  * kept; the model's gradients and packed weights are dropped, and the
  * parameters move: reset before making an optimizer or a paramset. */

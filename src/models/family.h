@@ -10,7 +10,7 @@
  * the weights are read (model.c for a file in the table's own names, hub.c
  * for a family whose file names map onto the table).
  *
- * Calls go one way: load.c -> families/ -> hub.c, checkpoint.c -> model.c.
+ * Calls go one way: load.c -> families/ -> hub.c, file_config.c -> model.c.
  * Adding a family: one file in families/ and one line in load.c's list.
  */
 #ifndef VITC_FAMILY_H
@@ -115,7 +115,7 @@ vitc_status vitc__vit_bind(vitc_vit *m);
  * while read. */
 vitc_status vitc__vit_read_file(vitc_vit *m, vitc__src *src);
 
-/* ---- checkpoint.c: a torchvision / timm file (presets, vitc.config) - */
+/* ---- file_config.c: a torchvision / timm file (presets, vitc.config) - */
 
 /* Names a single-file ViT spelling needs to infer its config. */
 typedef struct vitc__ckpt_names {

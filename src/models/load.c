@@ -206,6 +206,8 @@ vitc_status vitc_vit_from_safetensors(const vitc_safetensors *st, const char *ar
     src.shards.prec = -1;
     vitc_status s = vit_load_main(&src, m);
     src_free(&src);
+    if (s == VITC_OK)
+        s = vitc_vit_prepare(m);
     if (s != VITC_OK) {
         vitc_vit_free(m);
         return s;
@@ -268,6 +270,12 @@ static vitc_status vit_load_prec(const char *path, const char *arch, int prec, v
     }
     src_free(&src);
     free(wpath);
+    /* Packed for its precision now, so sessions only read it (and a first
+     * forward costs no packing). */
+    if (s == VITC_OK && (s = vitc_vit_prepare(m)) != VITC_OK) {
+        vitc_vit_free(m);
+        m = NULL;
+    }
     *out = m;
     return s;
 }

@@ -328,6 +328,30 @@ static vitc_status vit_logits_mean2(const vitc_vit *m, vitc__session *s, const f
  * token after the final LayerNorm) may each be NULL. cls: the class tokens
  * after the final LayerNorm into s->a.cls_out [B, C] (embeddings that need
  * no other token: the last block then runs for the class rows only). */
+static vitc_status vit_embed(const vitc_vit *m, vitc__session *s, const float *images, int B,
+                             int H, int W, vitc_pool pool, float *out);
+
+/* VIT_HEAD_LINEAR (vitc_vit_reset_head on an embedding tower): logits =
+ * clf(embedding) [B, K], the embedding [B, E] kept in s->clf_buf (a training
+ * forward records the tower under it for backward). */
+static vitc_status vit_linear_head(const vitc_vit *m, vitc__session *s, const float *images,
+                                   int B, int H, int W, float *logits) {
+    int64_t E = m->embed_dim, K = m->cfg.num_classes;
+    size_t n;
+    if (B < 1 || !vitc__mul_size((size_t)B, 2 * (size_t)E, &n))
+        return vitc__err(VITC_ERR_SHAPE, "ViT forward: batch %d of %lld-wide embeddings", B,
+                         (long long)E);
+    VITC_TRY(vitc__buf_reserve(&s->clf_buf, n));
+    float *e = s->clf_buf.p; /* [B, E] */
+    int want = s->rec_want;
+    s->rec_want = m->training;
+    vitc_status st = vit_embed(m, s, images, B, H, W, VITC_POOL_DEFAULT, e);
+    s->rec_want = want;
+    VITC_TRY(st);
+    vitc__linear(logits, K, e, E, m->w.clf_w, m->w.clf_b, NULL, 0, B, K, E);
+    return VITC_OK;
+}
+
 static vitc_status vit_run(const vitc_vit *m, vitc__session *s, const float *images, int B_, int H_,
                            int W_, float *logits, float *attn, float *rollout, float *features,
                            int cls) {
@@ -336,10 +360,8 @@ static vitc_status vit_run(const vitc_vit *m, vitc__session *s, const float *ima
     if (logits && !vitc_vit_has_head(m))
         return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: this %s model is a backbone with no "
                          "classification head; ask for embeddings (vitc_vit_embed)", m->family);
-    /* vitc_vit_reset_head's classifier over an embedding: no forward yet */
-    if (m->head == VIT_HEAD_LINEAR)
-        return vitc__err(VITC_ERR_UNSUPPORTED, "ViT forward: the classifier over this %s "
-                         "model's embedding (vitc_vit_reset_head) has no forward yet", m->family);
+    if (logits && m->head == VIT_HEAD_LINEAR)
+        return vit_linear_head(m, s, images, B_, H_, W_, logits);
     const vitc_vit_config *c = &m->cfg;
     if (B_ < 1 || H_ < 1 || W_ < 1)
         return vitc__err(VITC_ERR_SHAPE, "ViT forward: images [%d, %d, %d, %d] must be non-empty",
@@ -503,7 +525,7 @@ void vitc_session_free(vitc_session *s) {
         return;
     vitc__buf *bufs[] = {&s->act, &s->bwd, &s->masks, &s->pdrop, &s->pos_buf, &s->probs_buf,
                          &s->roll_buf, &s->feat_buf, &s->head_buf, &s->mask_buf, &s->pre_buf,
-                         &s->t2t_buf};
+                         &s->t2t_buf, &s->clf_buf};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) vitc__buf_free(bufs[i]);
     free(s);
 }
@@ -684,7 +706,7 @@ vitc_status vitc_vit_embed_size(const vitc_vit *m, vitc_pool pool, int H, int W,
                          "size %lld", H, W, (long long)p);
     switch (pool) {
     case VITC_POOL_DEFAULT:
-        *floats = m->head == VIT_HEAD_PROJ ? m->cfg.num_classes : C;
+        *floats = vitc__vit_emb_head(m) == VIT_HEAD_PROJ ? vitc__vit_head_rows(m) : C;
         return VITC_OK;
     case VITC_POOL_CLS:
     case VITC_POOL_MEAN: *floats = C; return VITC_OK;
@@ -696,6 +718,7 @@ vitc_status vitc_vit_embed_size(const vitc_vit *m, vitc_pool pool, int H, int W,
 static vitc_status vit_embed(const vitc_vit *m, vitc__session *s, const float *images, int B,
                              int H, int W, vitc_pool pool, float *out) {
     int64_t per;
+    vitc__vit_head eh = m ? vitc__vit_emb_head(m) : VIT_HEAD_NONE; /* the embedding's head */
     if (!m || !images || !out)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_embed: NULL argument");
     if (B < 1)
@@ -710,14 +733,14 @@ static vitc_status vit_embed(const vitc_vit *m, vitc__session *s, const float *i
     if (pool == VITC_POOL_CLS && !m->n_cls)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_embed: this %s model has no class token "
                          "(pool default, mean or tokens)", m->family);
-    if (pool == VITC_POOL_DEFAULT && !m->n_cls && m->head != VIT_HEAD_MAP)
+    if (pool == VITC_POOL_DEFAULT && !m->n_cls && eh != VIT_HEAD_MAP)
         pool = VITC_POOL_MEAN; /* no class token, no head: the mean of the tokens */
-    if (pool == VITC_POOL_CLS || (pool == VITC_POOL_DEFAULT && m->head != VIT_HEAD_MAP)) {
+    if (pool == VITC_POOL_CLS || (pool == VITC_POOL_DEFAULT && eh != VIT_HEAD_MAP)) {
         /* The class token after the final LayerNorm (CLIP's post_layernorm),
          * projected for CLIP's image_embeds: the last block's other rows are
          * not needed, so it runs for the class rows only. */
         VITC_TRY(vit_run(m, s, images, B, H, W, NULL, NULL, NULL, NULL, 1));
-        if (pool == VITC_POOL_DEFAULT && m->head == VIT_HEAD_PROJ)
+        if (pool == VITC_POOL_DEFAULT && eh == VIT_HEAD_PROJ)
             vitc__linear(out, per, s->a.cls_out, C, m->w.head_w, m->w.head_b, NULL, 0, B, per, C);
         else
             memcpy(out, s->a.cls_out, (size_t)(B * C) * sizeof(float));

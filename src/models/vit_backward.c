@@ -49,11 +49,12 @@ static vitc_status vit_bwd_scratch(const vitc_vit *m, vitc__session *ss, vit_bwd
 typedef enum { VIT_OUT_CLS, VIT_OUT_MEAN2, VIT_OUT_CLS_MEAN, VIT_OUT_MEAN, VIT_OUT_MAP } vit_out;
 
 static vit_out vit_output_kind(const vitc_vit *m) {
-    if (m->head == VIT_HEAD_MEAN2)
+    vitc__vit_head h = vitc__vit_emb_head(m);
+    if (h == VIT_HEAD_MEAN2)
         return VIT_OUT_MEAN2;
-    if (m->head == VIT_HEAD_CLS_MEAN)
+    if (h == VIT_HEAD_CLS_MEAN)
         return VIT_OUT_CLS_MEAN;
-    if (m->head == VIT_HEAD_MAP)
+    if (h == VIT_HEAD_MAP)
         return VIT_OUT_MAP;
     return m->n_cls ? VIT_OUT_CLS : VIT_OUT_MEAN; /* CLS, PROJ, a backbone's class token */
 }
@@ -88,14 +89,14 @@ static vitc_status vit_head_backward(vitc_vit *m, vitc__session *ss, const float
                                      vit_bwd *s) {
     const vitc_vit_config *c = &m->cfg;
     const vitc__vit_acts *a = &ss->a;
-    int64_t B = a->B, N = a->N, C = c->hidden_dim, K = c->num_classes, np = m->n_prefix;
+    int64_t B = a->B, N = a->N, C = c->hidden_dim, K = vitc__vit_head_rows(m), np = m->n_prefix;
     const float *y = vitc__va(a, c->depth, VA_X); /* [B, N, C] or [B, C] */
     float *g = s->b.g, *stats = s->b.stats;
     vit_out kind = vit_output_kind(m);
     if (kind == VIT_OUT_CLS) {
         /* out = head(ln(y[:, 0])) (a classifier, CLIP's projection) or ln(y[:, 0]) */
         float *dcls = s->head, *dx = s->head + B * C; /* [B, C] each */
-        if (m->head == VIT_HEAD_CLS || m->head == VIT_HEAD_PROJ)
+        if (vitc__vit_emb_head(m) == VIT_HEAD_CLS || vitc__vit_emb_head(m) == VIT_HEAD_PROJ)
             vitc__linear_backward(dcls, C, 0.0f, m->g.head_w, m->g.head_b, dout, K, a->cls_out, C,
                                   m->w.head_w, B, K, C);
         else
@@ -245,6 +246,13 @@ vitc_status vitc_vit_backward(vitc_vit *m, const float *dlogits) {
     /* The recording is spent: activations of a second backward would be
      * overwritten scratch in a later forward anyway, and torch refuses too. */
     ss->recorded = 0;
+    if (m->head == VIT_HEAD_LINEAR) { /* logits = clf(e): the embedding's gradient first */
+        int64_t B = ss->a.B, E = m->embed_dim, K = c->num_classes;
+        float *e = ss->clf_buf.p, *de = e + B * E; /* [B, E] each (vit.c's vit_linear_head) */
+        vitc__linear_backward(de, E, 0.0f, m->g.clf_w, m->g.clf_b, dlogits, K, e, E, m->w.clf_w,
+                              B, K, E);
+        dlogits = de;
+    }
     VITC_TRY(vit_head_backward(m, ss, dlogits, &s));
     for (int l = c->depth - 1; l >= 0; l--) {
         vitc__nn_block b = vitc__vit_block_desc(m, ss, l, NULL);

@@ -20,7 +20,7 @@ const char *vitc__vit_preset_name(int i);
  * family options vitc.config cannot say (Hub families, CLIP, SigLIP): its
  * family, tokens, norms, activation, heads, position rule and image
  * processor as malloc'ed JSON in *out; NULL for torchvision's and timm's
- * (model.c; read back by checkpoint.c). */
+ * (model.c; read back by file_config.c). */
 vitc_status vitc__vit_family_json(const vitc_vit *m, char **out);
 
 #endif

@@ -281,8 +281,21 @@ struct vitc_session {
     vitc__buf mask_buf;  /* the blocks' additive attention mask, when one is set */
     vitc__buf pre_buf;   /* [B, N, C] pre_layrnorm's input in a training forward */
     vitc__buf t2t_buf;   /* T2T-ViT's token module activations */
+    vitc__buf clf_buf;   /* VIT_HEAD_LINEAR: the embedding [B, E] its classifier read, then
+                          * the backward's d embedding [B, E] */
 };
 typedef struct vitc_session vitc__session;
+/* The head that makes the model's embedding: VIT_HEAD_LINEAR classifies the
+ * embedding of the head under it (embed_head: CLIP's projection, SigLIP's
+ * MAP head). */
+static inline vitc__vit_head vitc__vit_emb_head(const vitc_vit *m) {
+    return m->head == VIT_HEAD_LINEAR ? m->embed_head : m->head;
+}
+/* Output rows of head_w: the classes, or CLIP's projection width (embed_dim
+ * under VIT_HEAD_LINEAR, whose num_classes are the classifier's). */
+static inline int64_t vitc__vit_head_rows(const vitc_vit *m) {
+    return m->head == VIT_HEAD_LINEAR ? m->embed_dim : m->cfg.num_classes;
+}
 /* m's own session, made on first use (the model API and training). */
 vitc_status vitc__vit_own(vitc_vit *m, vitc__session **out);
 /* Whether a forward may read m's weights without writing m: *use_packed

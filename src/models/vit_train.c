@@ -117,7 +117,7 @@ int vitc_vit_find_param(const vitc_vit *m, const char *name) {
     return -1;
 }
 
-/* vitc.config as checkpoint.c reads it back; also the metadata of `vitc
+/* vitc.config as file_config.c reads it back; also the metadata of `vitc
  * train`'s checkpoints, so that both spell it one way. */
 char *vitc__vit_config_json(const vitc_vit_config *c, const char *const *labels) {
     json_t *o = json_object();

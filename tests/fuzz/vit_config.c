@@ -1,7 +1,7 @@
 /*
  * vit_config.c — libFuzzer target for the vitc.config metadata the ViT
  * loader reads (vitc__ckpt_metadata and the checks after it in
- * src/models/checkpoint.c).
+ * src/models/file_config.c).
  *
  * The input is the config's JSON text. The harness wraps it as the
  * "vitc.config" metadata of a safetensors blob whose tensors are those of a

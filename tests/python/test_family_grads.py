@@ -44,9 +44,14 @@ class GradCase(TmpDirCase):
     def setUp(self):
         torch.manual_seed(0)
 
-    def run_family(self, family, model, ref, directory, sizes=SIZES, seed=0, skip=()):
+    def run_family(self, family, model, ref, directory, sizes=SIZES, seed=0, skip=(), prep=None,
+                   extra=None):
+        """prep(m): called on the loaded model first; extra(): more reference
+        gradients {name: array} (parameters outside model)."""
         model = model.double().eval()  # dropout rates are 0: eval and train agree
         m = vitc.load_model(directory)
+        if prep:
+            prep(m)
         m.train()
         rng = np.random.RandomState(seed)
         for size in sizes:
@@ -66,6 +71,8 @@ class GradCase(TmpDirCase):
             m.backward(dy)
             (out * torch.from_numpy(dy).double()).sum().backward()
             ref_grads = self.named_grads(model, where)
+            if extra:
+                ref_grads.update(extra())
             grads = m.grads()
             checked = 0
             for name, g in grads.items():
@@ -166,6 +173,42 @@ class TestTransformersGrads(HubGradCase):
                 self.family("hf-clip-" + act, T.CLIPVisionModelWithProjection(
                     T.CLIPVisionConfig(**self._VIT, projection_dim=24, hidden_act=act)),
                     lambda mm, x, s: mm(x, **_kw(s)).image_embeds)
+
+    def test_reset_head_linear_over_embedding(self):
+        """vitc_vit_reset_head on CLIP's and SigLIP's towers: a Linear over
+        their embedding (image_embeds, pooler_output), trained end to end."""
+        T = transformers
+        for name, tower, emb in (
+                ("hf-clip-reset", T.CLIPVisionModelWithProjection(
+                    T.CLIPVisionConfig(**self._VIT, projection_dim=24)), lambda o: o.image_embeds),
+                ("hf-siglip-reset", T.SiglipVisionModel(T.SiglipVisionConfig(**self._VIT)),
+                 lambda o: o.pooler_output)):
+            with self.subTest(family=name):
+                perturb(tower, 1)
+                d = self.path(name)
+                tower.save_pretrained(d)
+                held = {}
+
+                def prep(m):
+                    m.reset_head(5, seed=3)
+                    sd = m.state_dict()
+                    w = torch.from_numpy(sd["classifier.weight"]).double()
+                    clf = torch.nn.Linear(w.shape[1], w.shape[0]).double()
+                    with torch.no_grad():
+                        clf.weight.copy_(w)
+                        clf.bias.copy_(torch.from_numpy(sd["classifier.bias"]).double())
+                    held["clf"] = clf
+
+                def ref(mm, x, s):
+                    held["clf"].zero_grad()
+                    return held["clf"](emb(mm(x, **_kw(s))))
+
+                def extra():
+                    c = held["clf"]
+                    return {"classifier.weight": c.weight.grad.numpy(),
+                            "classifier.bias": c.bias.grad.numpy()}
+                m = self.run_family(name, tower, ref, d, prep=prep, extra=extra)
+                self.assertIn("classifier.weight", m.grads())
 
     def test_siglip_vision(self):
         T = transformers

@@ -218,6 +218,7 @@ class TestResetHead(TmpDirCase):
         m = vitc.load_model(d)
         proj = m.state_dict()["heads.head.weight"]  # visual_projection [E, C]
         E = proj.shape[0]
+        emb = m.embed(self.x)  # image_embeds
         m.reset_head(5, labels=list("vwxyz"), seed=0)
         st = m.state_dict()
         self.assertTrue(m.config["has_head"])
@@ -226,20 +227,25 @@ class TestResetHead(TmpDirCase):
         np.testing.assert_array_equal(st["heads.head.weight"], proj)  # the embedding head kept
         self.assertEqual(st["classifier.weight"].shape, (5, E))
         self.assertEqual(st["classifier.bias"].shape, (5,))
+        close(self, m(self.x), f64(emb) @ f64(st["classifier.weight"]).T + st["classifier.bias"],
+              "CLIP classifier logits over image_embeds")
         cfg = hf_ref.siglip_config("siglip")
         sd, ints = hf_ref.siglip_random_state(cfg, 3)
         d = os.path.join(self.tmp, "siglip")
         hf_ref.save_clip(d, sd, ints, cfg)
         m = vitc.load_model(d)
         probe = m.state_dict()["attn_pool.latent"]
+        pooled = m.embed(self.x)  # the MAP head's output, what the classifier reads
         m.reset_head(2, seed=0)
         st = m.state_dict()
         np.testing.assert_array_equal(st["attn_pool.latent"], probe)
         self.assertEqual(st["classifier.weight"].shape, (2, 48))  # over the MAP head's output
-        # until the encoder runs that classifier, a forward says so (never garbage)
-        with self.assertRaises(vitc.VitcError) as cm:
-            m(self.x)
-        self.assertIn("classifier over this hf-siglip model's embedding", str(cm.exception))
+        np.testing.assert_array_equal(m.embed(self.x), pooled)  # the embedding unchanged
+        close(self, m(self.x), f64(pooled) @ f64(st["classifier.weight"]).T +
+              st["classifier.bias"], "SigLIP classifier logits")
+        path = os.path.join(self.tmp, "siglip_clf.safetensors")
+        m.save(path)
+        np.testing.assert_array_equal(vitc.load_model(path)(self.x), m(self.x))
 
     def test_t2t_head_trunc_normal(self):
         cfg = t2t_ref.t2t_config("performer", img_size=64, embed_dim=48, depth=1, num_heads=3,

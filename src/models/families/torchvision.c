@@ -3,7 +3,7 @@
  * file vitc writes: class_token, conv_proj, encoder.layers.encoder_layer_N
  * (mlp.0 / mlp.3; torchvision < 0.13's mlp.linear_1 / linear_2 read too).
  * Its keys are the table's canonical spelling (model.c); the config comes
- * from checkpoint.c (shapes, preset, vitc.config).
+ * from file_config.c (shapes, preset, vitc.config).
  */
 #include <stdio.h>
 #include <string.h>

@@ -1,5 +1,5 @@
 /*
- * checkpoint.c — the config of a single-file ViT checkpoint in torchvision's
+ * file_config.c — the config of a single-file ViT checkpoint in torchvision's
  * or timm's names (vitc writes these too): inferred from the tensors'
  * shapes, then a named preset's structure (torchvision's vit_b_16 ...,
  * timm's vit_base_patch16_224 ...), then the file's own vitc.config, field
