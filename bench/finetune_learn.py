@@ -205,8 +205,10 @@ def main():
     ap.add_argument("--vitc", default=os.path.join(ROOT, "build", "vitc"))
     ap.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     ap.add_argument("--epochs", type=int, default=5, help="epochs of the full fine-tuning runs")
-    ap.add_argument("--probe-epochs", type=int, default=30,
-                    help="epochs of the --freeze-backbone run (microseconds each)")
+    # a probe's epoch is microseconds, but each writes the whole model's
+    # checkpoint (350 MB for CLIP-B), so not many
+    ap.add_argument("--probe-epochs", type=int, default=10,
+                    help="epochs of the --freeze-backbone run")
     ap.add_argument("--train-per-class", type=int, default=24)
     ap.add_argument("--val-per-class", type=int, default=8)
     ap.add_argument("--size-dinov2", type=int, default=224, help="DINOv2's image size (x14)")
@@ -250,7 +252,7 @@ def main():
             # to probe (docs/train-command.md)
             ("clip_probe", "CLIP ViT-B/16, --freeze-backbone (linear probe)", models["clip"][0],
              ["--freeze-backbone", "--epochs", str(args.probe_epochs), "--batch",
-              str(args.batch), "--lr", "1e-3", "--weight-decay", "0.05"])]
+              str(args.batch), "--lr", "3e-3", "--weight-decay", "0.05"])]
     runs = []
     for tag, label, model, flags in plan:
         log("%s: vitc train ..." % label)
