@@ -243,7 +243,6 @@ int bench_train_setup(const char *name, const char *model, int quick, void **sta
         return setup_sdpa_bwd(t, quick, flops, note, note_cap);
     if (!strncmp(name, "finetune_", 9))
         return setup_finetune(t, name, model, quick, flops, note, note_cap);
-    (void)model; /* the other rows build their model */
     return setup_vit_step(t, name, quick, flops, note, note_cap);
 }
 

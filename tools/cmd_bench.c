@@ -516,10 +516,11 @@ static const bench_workload bench_workloads[] = {
     {"train_vit_b16_b8", "ViT-B/16 training step (forward, cross-entropy, backward, AdamW)",
      "[8,3,224,224]", bench_setup_train, bench_run_train, 0, 0, 0, {0, 0, 0, 0}, 8},
     {"finetune_dinov2_s14_b8", "DINOv2-S/14 with a new 10-class head "
-     "(Dinov2ForImageClassification), training step", "[8,3,224,224]", bench_setup_train, bench_run_train, 0, 0, 0, {0, 0, 0, 0}, 8},
+     "(Dinov2ForImageClassification), training step", "[8,3,224,224]", bench_setup_train,
+     bench_run_train, 0, 0, 0, {0, 0, 0, 0}, 8},
     {"finetune_clip_b16_b8", "CLIP ViT-B/16 tower with a new 10-class Linear on image_embeds, "
-     "training step", "[8,3,224,224]",
-     bench_setup_train, bench_run_train, 0, 0, 0, {0, 0, 0, 0}, 8},
+     "training step", "[8,3,224,224]", bench_setup_train, bench_run_train, 0, 0, 0,
+     {0, 0, 0, 0}, 8},
     {"sdpa_bwd", "attention backward: dQ, dK, dV of softmax(Q K^T / sqrt(d)) V",
      "q,k,v [1,8,4096,64]", bench_setup_train, bench_run_train, 0, 0, 0, {1, 8, 4096, 64}, 0},
 };
