@@ -7,6 +7,7 @@
 #   make bench      vitc, PyTorch and the other engines side by side, writes bench/results.md
 #   make bench-ort  its ViT-B/16 rows on every engine alone, into bench/results-ort.md
 #   make bench-train  Fashion-MNIST training end to end vs PyTorch + DataLoader
+#   make bench-finetune  fine-tuning from random init learns: bench/results-finetune.md
 #   make check-optout  build with each of NO_BLAS/NO_PNG/NO_JPEG/NO_ZLIB and all four,
 #                   -Werror, and run the C tests of each
 #   make check-generic  the build of a target without SIMD kernels (KERNEL_ARCH=generic:
@@ -145,7 +146,7 @@ HDRS     := include/vitc.h $(wildcard src/*.h src/*/*.h src/kernels/*/*.h tests/
 SONAME   := libvitc.so.$(SOVERSION)
 SOFILE   := $(BUILD)/libvitc.so.$(VERSION)
 
-.PHONY: all lib tools tests test test-c test-python demo bench bench-ort bench-train asan valgrind install deps deps-system \
+.PHONY: all lib tools tests test test-c test-python demo bench bench-ort bench-train bench-finetune asan valgrind install deps deps-system \
         clean check-deps fuzz fuzz-build fuzz-bins check-optout check-generic tsan
 all: lib tools
 
@@ -347,6 +348,13 @@ bench-train: deps
 	PYTHONPATH=python $(PYTHON) bench/train_e2e.py --images $(BENCH_IMAGES) \
 	  --log90 docs/fashion-train-epochs.jsonl --out bench/results-train-e2e.md \
 	  $(if $(BENCH_MPI),--mpi-vitc build-mpi/vitc)
+
+# Fine-tuning learns: random-init DINOv2-S and CLIP-B Hub directories
+# trained by `vitc train --init` on photos, into bench/results-finetune.md
+# (bench/finetune_learn.py).
+bench-finetune: deps
+	@$(MAKE) --no-print-directory all
+	PYTHONPATH=python $(PYTHON) bench/finetune_learn.py --out bench/results-finetune.md
 
 bench-attention: $(BUILD)/bench_attention
 	$(BUILD)/bench_attention -t 1 && $(BUILD)/bench_attention -t 2

@@ -89,6 +89,26 @@ WORKLOADS = {
                     "PyTorch: transformers' class, from_pretrained on the same directory", "[1,3,224,224]",
                     _HUB_FLOPS % ("196", "197", "512"), 5),
     "clip_b16_b8": ("the same, batch 8", "[8,3,224,224]", _HUB_FLOPS % ("196", "197", "512"), 3),
+    # Fine-tuning a loaded Hub model (random weights, transformers'
+    # save_pretrained) with a new 10-class head: one training step.
+    "finetune_dinov2_s14_b8": ("training step of a DINOv2-S/14-shaped model (Dinov2Config hidden "
+                               "384, 12 layers, 6 heads, patch 14, its 37×37 position table "
+                               "resampled to 16×16 as on every call) with a new 10-class head "
+                               "on [CLS, mean of patch tokens]; vitc: vitc_vit_reset_head; "
+                               "PyTorch: transformers' Dinov2ForImageClassification "
+                               "from_pretrained on the same directory (num_labels=10, "
+                               "ignore_mismatched_sizes); forward, cross-entropy, backward, AdamW",
+                               "[8,3,224,224]", "3 × B·(2·P·D·3·p² + 12·(2·N·D·3D + 4·N²·D + "
+                               "2·N·D² + 4·N·D·M) + 2·2D·10), P = 256 patches, N = 257 tokens, "
+                               "D = 384, M = 1536 (backward = 2 × forward)", 3),
+    "finetune_clip_b16_b8": ("training step of a CLIP ViT-B/16 image tower "
+                             "(CLIPVisionModelWithProjection, projection 512) with a new 10-class "
+                             "Linear over image_embeds; vitc: vitc_vit_reset_head; PyTorch: "
+                             "transformers' class from_pretrained on the same directory and "
+                             "nn.Linear(512, 10); forward, cross-entropy, backward, AdamW",
+                             "[8,3,224,224]", "3 × B·(2·P·D·3·p² + 12·(2·N·D·3D + 4·N²·D + "
+                             "2·N·D² + 4·N·D·M) + 2·D·E + 2·E·10), P = 196 patches, N = 197 "
+                             "tokens, D = 768, M = 3072, E = 512 (backward = 2 × forward)", 3),
     "embed_1000": ("`vitc embed --out x.npy` with the DINOv2-B/14 Hub directory over 1,000 "
                    "generated photos (JPEG and PNG, 120–640 px sides): decode, the model's "
                    "processor, forward (batch 8), writing; vitc only", "1000 files",
@@ -97,19 +117,41 @@ WORKLOADS = {
 VIT = ("vit_b16_b1", "vit_b16_b8")
 HUB = ("dinov2_b14_b1", "dinov2_b14_b8", "clip_b16_b1", "clip_b16_b8")
 EMBED_IMAGES = 1000  # --embed-images changes it (a test of the driver)
-TRAIN = ("train_fmnist", "train_vit_b16_b8", "sdpa_bwd")
+FINETUNE = ("finetune_dinov2_s14_b8", "finetune_clip_b16_b8")
+TRAIN = ("train_fmnist", "train_vit_b16_b8", "sdpa_bwd") + FINETUNE
 # --only accepts these group names too (make bench BENCH_ONLY=train).
 GROUPS = {"train": TRAIN, "inference": tuple(n for n in WORKLOADS if n not in TRAIN),
-          "hub": HUB + ("embed_1000",), "engines": VIT}
+          "hub": HUB + ("embed_1000",), "engines": VIT,
+          # not "finetune": make bench BENCH_ONLY=finetune would write over
+          # bench/results-finetune.md, finetune_learn.py's
+          "finetune-step": FINETUNE}
 # The Fashion-MNIST ViT of issue 8.
 FMNIST = dict(image_size=28, patch_size=4, in_channels=1, num_layers=6, num_heads=4,
               hidden_dim=96, mlp_dim=192, num_classes=10, batch=128)
 # --quick: tiny sizes of the training workloads, to test the driver only
 # (`vitc bench --quick` uses the same): FMNIST at batch 4 and depth 1, a
 # 32 px ViT-B/16 with 2 layers, attention backward at L = 256.
+# The fine-tuning rows' models (transformers' configs) and their inputs:
+# batch 8 at 224 px.
+FT_MODELS = {"finetune_dinov2_s14_b8": dict(hidden_size=384, num_hidden_layers=12,
+                                            num_attention_heads=6, mlp_ratio=4, image_size=518,
+                                            patch_size=14),
+             "finetune_clip_b16_b8": dict(hidden_size=768, num_hidden_layers=12,
+                                          num_attention_heads=12, intermediate_size=3072,
+                                          image_size=224, patch_size=16, projection_dim=512)}
+FT_CLASSES = 10
 QUICK = False
 QUICK_SIZES = {"fmnist": dict(FMNIST, num_layers=1, batch=4),
-               "vit_b16": dict(image_size=32, depth=2, batch=2), "sdpa_L": 256}
+               "vit_b16": dict(image_size=32, depth=2, batch=2), "sdpa_L": 256,
+               # --quick fine-tuning: 2 layers of width 48, batch 2 of two patches a side
+               # (`vitc bench --quick` takes the model from the directory, the input the same)
+               "finetune_dinov2_s14_b8": dict(FT_MODELS["finetune_dinov2_s14_b8"], hidden_size=48,
+                                              num_hidden_layers=2, num_attention_heads=3,
+                                              image_size=42),
+               "finetune_clip_b16_b8": dict(FT_MODELS["finetune_clip_b16_b8"], hidden_size=48,
+                                            num_hidden_layers=2, num_attention_heads=3,
+                                            intermediate_size=96, image_size=32,
+                                            projection_dim=16)}
 CHILD_TIMEOUT = 300  # seconds; a child past it is killed and reported
 CHILD_BUDGET = 45    # seconds of forwards after which a PyTorch child stops timing
 
@@ -141,12 +183,45 @@ def flops_of(name):
         if QUICK:
             return 3 * vit_flops(q["batch"], q["image_size"], 16, 3, 768, q["depth"], 3072, 1000)
         return 3 * vit_flops(8, 224, 16, 3, 768, 12, 3072, 1000)
+    if name in FINETUNE:
+        c, B, H = ft_model(name)
+        D, p = c["hidden_size"], c["patch_size"]
+        M = D * c["mlp_ratio"] if "mlp_ratio" in c else c["intermediate_size"]
+        E = c.get("projection_dim", 0)
+        f = vit_flops(B, H, p, 3, D, c["num_hidden_layers"], M, 0)
+        # the head: DINOv2's Linear(2D, 10) on [CLS, mean]; CLIP's projection, then Linear(E, 10)
+        f += B * (2 * 2 * D * FT_CLASSES if "mlp_ratio" in c else 2 * D * E + 2 * E * FT_CLASSES)
+        return 3 * f
     if name in HUB or name == "embed_1000":
         dino = name != "clip_b16_b1" and name != "clip_b16_b8"
         B = EMBED_IMAGES if name == "embed_1000" else 8 if name.endswith("_b8") else 1
         return vit_flops(B, 224, 14 if dino else 16, 3, 768, 12, 3072, 0 if dino else 512)
     B = 1 if name == "vit_b16_b1" else 8
     return vit_flops(B, 224, 16, 3, 768, 12, 3072, 1000)
+
+
+def ft_model(name):
+    """(transformers config kwargs, batch, image size) of a fine-tuning row."""
+    if QUICK:
+        c = QUICK_SIZES[name]
+        return c, 2, 2 * c["patch_size"]
+    return FT_MODELS[name], 8, 224
+
+
+def export_finetune(d):
+    """The fine-tuning rows' Hub directories under d, transformers' own
+    random init (seed 0) written with save_pretrained."""
+    import torch
+    import transformers
+    for name in FINETUNE:
+        torch.manual_seed(0)
+        c, _, _ = ft_model(name)
+        if name.startswith("finetune_dinov2"):
+            m = transformers.Dinov2Model(transformers.Dinov2Config(**c))
+        else:
+            m = transformers.CLIPVisionModelWithProjection(transformers.CLIPVisionConfig(**c))
+        m.save_pretrained(os.path.join(d, name))
+    print(json.dumps({"status": "ok"}))
 
 
 def vit_flops(B, image, patch, C, D, depth, M, classes):
@@ -232,7 +307,7 @@ def _torch_workload(name, weights=None):
         x = torch.randn(1, 512, 64, 64)
         return lambda: m(x)
     if name in TRAIN:
-        return _torch_train_workload(name)
+        return _torch_train_workload(name, weights)
     if name in HUB:
         # transformers' own classes, loaded from the directory vitc loads
         # (so peak memory counts reading it, as on vitc's side)
@@ -267,7 +342,7 @@ def _torch_workload(name, weights=None):
     raise SystemExit("unknown workload " + name)
 
 
-def _torch_train_workload(name):
+def _torch_train_workload(name, weights=None):
     """One training step as PyTorch users write it (model.train(), dropout 0
     as torchvision's default, AdamW over model.parameters())."""
     import torch
@@ -283,6 +358,8 @@ def _torch_train_workload(name):
             q.grad = k.grad = v.grad = None
             out.backward(dout, retain_graph=True)  # the forward's graph, kept
         return bwd
+    if name in FINETUNE:
+        return _torch_finetune_workload(name, weights)
     import torchvision
     from torchvision.models.vision_transformer import VisionTransformer
     if name == "train_fmnist":
@@ -314,16 +391,63 @@ def _torch_train_workload(name):
     return step
 
 
+def _torch_finetune_workload(name, weights):
+    """A fine-tuning step as transformers users write it: the backbone
+    from_pretrained from the Hub directory vitc loads, a new 10-class head
+    (Dinov2ForImageClassification's own, or nn.Linear on CLIP's
+    image_embeds), AdamW over every parameter."""
+    import torch
+    import torch.nn.functional as F
+    import transformers
+    if not weights:
+        raise SystemExit("no Hub directory for " + name)
+    torch.manual_seed(0)
+    _, B, H = ft_model(name)
+    if name.startswith("finetune_dinov2"):
+        m, info = transformers.Dinov2ForImageClassification.from_pretrained(
+            weights, num_labels=FT_CLASSES, ignore_mismatched_sizes=True,
+            attn_implementation="sdpa", output_loading_info=True)
+        missing = [k for k in info.get("missing_keys", ()) if not k.startswith("classifier.")]
+        params = list(m.parameters())
+
+        def fwd(x):
+            return m(pixel_values=x).logits
+    else:
+        m, info = transformers.CLIPVisionModelWithProjection.from_pretrained(
+            weights, attn_implementation="sdpa", output_loading_info=True)
+        missing = list(info.get("missing_keys", ()))
+        head = torch.nn.Linear(m.config.projection_dim, FT_CLASSES)
+        params = list(m.parameters()) + list(head.parameters())
+
+        def fwd(x):
+            return head(m(pixel_values=x).image_embeds)
+    if missing:
+        raise SystemExit("%s: weights missing from %s: %s" % (
+            name, weights, ", ".join(sorted(missing))[:300]))
+    m.train()
+    opt = torch.optim.AdamW(params, lr=1e-3, weight_decay=0.05)
+    x = torch.randn(B, 3, H, H)
+    y = torch.randint(0, FT_CLASSES, (B,))
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(fwd(x), y)
+        loss.backward()
+        opt.step()
+    return step
+
+
 def torch_child(name, threads, repeat, weights=None):
     """Runs in a fresh process: time one workload, print one JSON line."""
     import torch
     torch.set_num_threads(threads)
     if name in VIT or name in TRAIN:
         import torchvision  # noqa: F401  (imported before the baseline)
-    if name in HUB:
+    if name in HUB or name in FINETUNE:
         # transformers loads a class's module on first use: before the baseline
         import transformers
         transformers.Dinov2Model, transformers.CLIPVisionModelWithProjection  # noqa: B018
+        transformers.Dinov2ForImageClassification  # noqa: B018
     hwm_reset = _reset_hwm()
     base = _status_kb("VmRSS")
     import contextlib
@@ -600,8 +724,12 @@ def summarize(name, runs, flops, peak1):
     for cfg, rs in runs.items():
         ok = [r for r in rs if r.get("status") == "ok"]
         if not ok:
-            out[cfg] = {"status": rs[0].get("status", "failed") if rs else "not run",
-                        "error": rs[0].get("error", rs[0].get("note", "")) if rs else ""}
+            st = rs[0].get("status", "failed") if rs else "not run"
+            err = rs[0].get("error", rs[0].get("note", "")) if rs else ""
+            # vitc bench's note of a skipped row starts with "skipped: " already
+            if err.startswith(st + ": "):
+                err = err[len(st) + 2:]
+            out[cfg] = {"status": st, "error": err}
             continue
         times = [t for r in ok for t in r["times_ms"]]
         med = _median(times)
@@ -778,7 +906,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the markdown table here (and the raw data to .json)")
     ap.add_argument("--only", help="comma-separated workloads or groups (train, inference, hub, "
-                    "engines; default: all): " + ", ".join(WORKLOADS))
+                    "engines, finetune-step; default: all): " + ", ".join(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--repeat-scale", type=int, default=1,
                     help="multiply every workload's timed forwards per child")
@@ -810,6 +938,7 @@ def main():
     ap.add_argument("--prepare-peers", metavar="DIR", help=argparse.SUPPRESS)
     ap.add_argument("--versions", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--export-hub", metavar="DIR", help=argparse.SUPPRESS)
+    ap.add_argument("--export-finetune", metavar="DIR", help=argparse.SUPPRESS)
     ap.add_argument("--make-photos", metavar="DIR", help=argparse.SUPPRESS)
     ap.add_argument("--embed-child", metavar="DIR", help=argparse.SUPPRESS)
     ap.add_argument("--child-model", metavar="DIR", help=argparse.SUPPRESS)
@@ -823,6 +952,8 @@ def main():
     EMBED_IMAGES = args.embed_images
     if args.export_hub:
         return export_hub(args.export_hub)
+    if args.export_finetune:
+        return export_finetune(args.export_finetune)
     if args.make_photos:
         return make_photos(args.make_photos, EMBED_IMAGES)
     if args.embed_child:
@@ -866,7 +997,9 @@ def main():
     notes = []
     if QUICK:
         notes.append("--quick: the training workloads ran at tiny sizes (FMNIST batch 4 depth 1, "
-                     "ViT-B/16 at 32 px depth 2 batch 2, attention backward at L = 256); the "
+                     "ViT-B/16 at 32 px depth 2 batch 2, attention backward at L = 256, the "
+                     "fine-tuning rows' models 2 layers of width 48 at batch 2, two patches a "
+                     "side); the "
                      "shapes above are the full ones. A test of the driver, not a benchmark.")
     if inherited and args.openblas_coretype == "auto":
         notes.append("The environment had OPENBLAS_CORETYPE=%s; it was unset for both sides so "
@@ -980,6 +1113,17 @@ def main():
         r, _ = run_child([sys.executable, __file__, "--export-hub", hubdir], base_env)
         if r.get("status") == "failed":
             notes.append("The Hub directories could not be written: " + r["error"][-300:])
+    ftdir = None
+    if any(n in FINETUNE for n in names):
+        if tmpdir is None:
+            tmpdir = tempfile.TemporaryDirectory(prefix="vitc-bench-")
+        ftdir = os.path.join(tmpdir.name, "finetune")
+        log("writing the fine-tuning rows' random-init Hub directories to " + ftdir)
+        r, _ = run_child([sys.executable, __file__, "--export-finetune", ftdir]
+                         + (["--quick"] if QUICK else []), base_env)
+        if r.get("status") == "failed":
+            notes.append("The fine-tuning rows' Hub directories could not be written: "
+                         + r["error"][-300:])
     if "embed_1000" in names:
         photos = os.path.join(tmpdir.name, "photos")
         os.makedirs(photos, exist_ok=True)
@@ -1036,6 +1180,8 @@ def main():
                         argv += ["--model", model]
                     if name in HUB and hubdir:
                         argv += ["--model", hub_model(name)]
+                    if name in FINETUNE and ftdir:
+                        argv += ["--model", os.path.join(ftdir, name)]
                 elif side == "torch":
                     argv = [sys.executable, __file__, "--torch-child", name,
                             "--child-threads", th, "--child-repeat", str(reps)] + \
@@ -1044,6 +1190,8 @@ def main():
                         argv += ["--child-weights", pth]
                     if name in HUB and hubdir:
                         argv += ["--child-weights", hub_model(name)]
+                    if name in FINETUNE and ftdir:
+                        argv += ["--child-weights", os.path.join(ftdir, name)]
                 else:
                     if peers.needs(side) and peers.needs(side) not in prep.get("seconds", {}):
                         runs[cfg].append({"status": "failed", "error": "%s failed (see the "

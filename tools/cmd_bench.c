@@ -482,8 +482,7 @@ static int bench_quick;
 
 static int bench_setup_train(const bench_workload *w, bench_ctx *c, const char *model,
                              double *flops, char *note, size_t note_cap) {
-    (void)model;
-    return bench_train_setup(w->name, bench_quick, &c->train, flops, note, note_cap);
+    return bench_train_setup(w->name, model, bench_quick, &c->train, flops, note, note_cap);
 }
 
 static vitc_status bench_run_train(bench_ctx *c) { return bench_train_run(c->train); }
@@ -516,6 +515,12 @@ static const bench_workload bench_workloads[] = {
      "[128,1,28,28]", bench_setup_train, bench_run_train, 0, 0, 0, {0, 0, 0, 0}, 128},
     {"train_vit_b16_b8", "ViT-B/16 training step (forward, cross-entropy, backward, AdamW)",
      "[8,3,224,224]", bench_setup_train, bench_run_train, 0, 0, 0, {0, 0, 0, 0}, 8},
+    {"finetune_dinov2_s14_b8", "DINOv2-S/14 with a new 10-class head "
+     "(Dinov2ForImageClassification), training step", "[8,3,224,224]", bench_setup_train,
+     bench_run_train, 0, 0, 0, {0, 0, 0, 0}, 8},
+    {"finetune_clip_b16_b8", "CLIP ViT-B/16 tower with a new 10-class Linear on image_embeds, "
+     "training step", "[8,3,224,224]", bench_setup_train, bench_run_train, 0, 0, 0,
+     {0, 0, 0, 0}, 8},
     {"sdpa_bwd", "attention backward: dQ, dK, dV of softmax(Q K^T / sqrt(d)) V",
      "q,k,v [1,8,4096,64]", bench_setup_train, bench_run_train, 0, 0, 0, {1, 8, 4096, 64}, 0},
 };
@@ -644,7 +649,8 @@ static void bench_help(FILE *f) {
             "  --repeat R    timed forwards per workload, 1..100000 (default: 10, fewer past 5 s, >= 3)\n"
             "  --only LIST   comma-separated workload names (default: all)\n"
             "  --model FILE  a ViT-B/16 checkpoint for the vit_* workloads, a DINOv2 or CLIP\n"
-            "                Hub directory for the dinov2_* / clip_* rows (skipped without)\n"
+            "                Hub directory for the dinov2_* / clip_* / finetune_* rows\n"
+            "                (skipped without)\n"
             "  --precision P fp32, bf16 or int8 weight GEMMs in the vit_* workloads (default fp32)\n"
             "  --attention-precision A\n"
             "                fp32 or bf16 q k^T and P v in the vit_* workloads (default fp32)\n"
@@ -652,7 +658,8 @@ static void bench_help(FILE *f) {
             "  --no-peak     do not measure the FMA peak (fractions are then absent)\n"
             "  --peak-only   measure the FMA peak and run no workload\n"
             "  --quiet       no progress lines on stderr\n"
-            "  --quick       the training workloads at tiny sizes (tests the driver only)\n"
+            "  --quick       the training workloads at tiny sizes, the finetune_* rows at\n"
+            "                batch 2 and two patches a side (tests the driver only)\n"
             "\nworkloads:\n");
     for (int i = 0; i < BENCH_NW; i++)
         fprintf(f, "  %-13s %s on %s\n", bench_workloads[i].name, bench_workloads[i].what,
