@@ -25,6 +25,36 @@ struct json_t;
 #define VIT_MAX_DIM (1 << 20)
 #define VIT_MAX_DEPTH 4096
 
+/* ---- names: how the families spell the table's rows ---------------- */
+
+/* Every LayerNorm and Linear of a checkpoint is a module whose two tensors
+ * are "<module>.weight" and "<module>.bias": one name gives both rows
+ * (role##_W and role##_B are adjacent roles). */
+#define VITC__WB(role, module) [role##_W] = module ".weight", [role##_B] = module ".bias"
+/* A block's twelve rows: its modules' names, the qkv rows in full (a fused
+ * in_proj_weight, or a "%s" the query/key/value names fill). */
+#define VITC__BLOCK_NAMES(ln1, qkv_w, qkv_b, proj, ln2, fc1, fc2)                            \
+    VITC__WB(VIT_L_LN1, ln1), [VIT_L_QKV_W] = qkv_w, [VIT_L_QKV_B] = qkv_b,                 \
+        VITC__WB(VIT_L_PROJ, proj), VITC__WB(VIT_L_LN2, ln2), VITC__WB(VIT_L_FC1, fc1),     \
+        VITC__WB(VIT_L_FC2, fc2)
+/* An attention-pooling (MAP) head's rows: its probe, then its modules. */
+#define VITC__MAP_NAMES(probe, qkv_w, qkv_b, proj, ln, fc1, fc2)                             \
+    [VIT_P_MAP_PROBE] = probe, [VIT_P_MAP_QKV_W] = qkv_w, [VIT_P_MAP_QKV_B] = qkv_b,        \
+        VITC__WB(VIT_P_MAP_PROJ, proj), VITC__WB(VIT_P_MAP_LN, ln),                         \
+        VITC__WB(VIT_P_MAP_FC1, fc1), VITC__WB(VIT_P_MAP_FC2, fc2)
+/* timm's names (timm's ViT, timm's CLIP towers, T2T-ViT's encoder): its
+ * blocks (blocks.N. + these) and its attn_pool head (also the canonical
+ * spelling's, model.c). */
+extern const char *const vitc__timm_layer_names[VIT_L_COUNT];
+#define VITC__TIMM_MAP_NAMES                                                                 \
+    VITC__MAP_NAMES("attn_pool.latent", "attn_pool.qkv.weight", "attn_pool.qkv.bias",       \
+                    "attn_pool.proj", "attn_pool.norm", "attn_pool.mlp.fc1",                \
+                    "attn_pool.mlp.fc2")
+/* transformers' CLIP and SigLIP encoder layers (encoder.layers.N.), which
+ * are the same module; their q/k/v and ViT's / DINOv2's query/key/value. */
+extern const char *const vitc__hf_clip_layer_names[VIT_L_COUNT];
+extern const char *const vitc__qkv_short[3], *const vitc__qkv_long[3];
+
 /* A Hub model's weights: one .safetensors or the shards of an index, each
  * read lazily (a tensor when taken, its pages given back after). */
 typedef struct vitc__shards {

@@ -19,6 +19,20 @@
 #include "../train/train.h"
 #include "family.h"
 
+/* The names more than one family spells alike (family.h). */
+const char *const vitc__timm_layer_names[VIT_L_COUNT] = {
+    VITC__BLOCK_NAMES("norm1", "attn.qkv.weight", "attn.qkv.bias", "attn.proj", "norm2",
+                      "mlp.fc1", "mlp.fc2"),
+    [VIT_L_LS1] = "ls1.gamma",
+    [VIT_L_LS2] = "ls2.gamma",
+};
+const char *const vitc__hf_clip_layer_names[VIT_L_COUNT] = {
+    VITC__BLOCK_NAMES("layer_norm1", "self_attn.%s_proj.weight", "self_attn.%s_proj.bias",
+                      "self_attn.out_proj", "layer_norm2", "mlp.fc1", "mlp.fc2"),
+};
+const char *const vitc__qkv_short[3] = {"q", "k", "v"};
+const char *const vitc__qkv_long[3] = {"query", "key", "value"};
+
 /* config.json and the shard index are small; a larger one is not a Hub file. */
 #define HUB_MAX_JSON (64u << 20)
 #define HUB_MAX_SHARDS 4096

@@ -20,27 +20,10 @@ static const char *const clip_model[VIT_P_T2T0] = {
     [VIT_P_CLS] = "%sembeddings.class_embedding",
     [VIT_P_CONV_W] = "%sembeddings.patch_embedding.weight",
     [VIT_P_POS] = "%sembeddings.position_embedding.weight",
-    [VIT_P_PRE_W] = "%spre_layrnorm.weight",
-    [VIT_P_PRE_B] = "%spre_layrnorm.bias",
-    [VIT_P_LN_W] = "%spost_layernorm.weight",
-    [VIT_P_LN_B] = "%spost_layernorm.bias",
+    VITC__WB(VIT_P_PRE, "%spre_layrnorm"),
+    VITC__WB(VIT_P_LN, "%spost_layernorm"),
     [VIT_P_HEAD_W] = "visual_projection.weight",
 };
-static const char *const clip_layer[VIT_L_COUNT] = {
-    [VIT_L_LN1_W] = "layer_norm1.weight",
-    [VIT_L_LN1_B] = "layer_norm1.bias",
-    [VIT_L_QKV_W] = "self_attn.%s_proj.weight",
-    [VIT_L_QKV_B] = "self_attn.%s_proj.bias",
-    [VIT_L_PROJ_W] = "self_attn.out_proj.weight",
-    [VIT_L_PROJ_B] = "self_attn.out_proj.bias",
-    [VIT_L_LN2_W] = "layer_norm2.weight",
-    [VIT_L_LN2_B] = "layer_norm2.bias",
-    [VIT_L_FC1_W] = "mlp.fc1.weight",
-    [VIT_L_FC1_B] = "mlp.fc1.bias",
-    [VIT_L_FC2_W] = "mlp.fc2.weight",
-    [VIT_L_FC2_B] = "mlp.fc2.bias",
-};
-static const char *const qkv_short[3] = {"q", "k", "v"};
 
 /* open_clip's (and OpenAI's) names, visual.*; its proj is [width, embed],
  * applied as x @ proj. No patch-conv bias, no projection bias: zeros. */
@@ -48,25 +31,13 @@ static const char *const openclip_model[VIT_P_T2T0] = {
     [VIT_P_CLS] = "%sclass_embedding",
     [VIT_P_CONV_W] = "%sconv1.weight",
     [VIT_P_POS] = "%spositional_embedding",
-    [VIT_P_PRE_W] = "%sln_pre.weight",
-    [VIT_P_PRE_B] = "%sln_pre.bias",
-    [VIT_P_LN_W] = "%sln_post.weight",
-    [VIT_P_LN_B] = "%sln_post.bias",
+    VITC__WB(VIT_P_PRE, "%sln_pre"),
+    VITC__WB(VIT_P_LN, "%sln_post"),
     [VIT_P_HEAD_W] = "%sproj",
 };
 static const char *const openclip_layer[VIT_L_COUNT] = {
-    [VIT_L_LN1_W] = "ln_1.weight",
-    [VIT_L_LN1_B] = "ln_1.bias",
-    [VIT_L_QKV_W] = "attn.in_proj_weight",
-    [VIT_L_QKV_B] = "attn.in_proj_bias",
-    [VIT_L_PROJ_W] = "attn.out_proj.weight",
-    [VIT_L_PROJ_B] = "attn.out_proj.bias",
-    [VIT_L_LN2_W] = "ln_2.weight",
-    [VIT_L_LN2_B] = "ln_2.bias",
-    [VIT_L_FC1_W] = "mlp.c_fc.weight",
-    [VIT_L_FC1_B] = "mlp.c_fc.bias",
-    [VIT_L_FC2_W] = "mlp.c_proj.weight",
-    [VIT_L_FC2_B] = "mlp.c_proj.bias",
+    VITC__BLOCK_NAMES("ln_1", "attn.in_proj_weight", "attn.in_proj_bias", "attn.out_proj",
+                      "ln_2", "mlp.c_fc", "mlp.c_proj"),
 };
 /* ... and timm's (vit_base_patch16_clip_224.openai: _convert_openai_clip's
  * renames; head = proj transposed, its bias zeros). */
@@ -74,31 +45,20 @@ static const char *const timmclip_model[VIT_P_T2T0] = {
     [VIT_P_CLS] = "%scls_token",
     [VIT_P_CONV_W] = "%spatch_embed.proj.weight",
     [VIT_P_POS] = "%spos_embed",
-    [VIT_P_PRE_W] = "%snorm_pre.weight",
-    [VIT_P_PRE_B] = "%snorm_pre.bias",
-    [VIT_P_LN_W] = "%snorm.weight",
-    [VIT_P_LN_B] = "%snorm.bias",
-    [VIT_P_HEAD_W] = "%shead.weight",
-    [VIT_P_HEAD_B] = "%shead.bias",
-};
-static const char *const timm_layer[VIT_L_COUNT] = {
-    [VIT_L_LN1_W] = "norm1.weight",     [VIT_L_LN1_B] = "norm1.bias",
-    [VIT_L_QKV_W] = "attn.qkv.weight",  [VIT_L_QKV_B] = "attn.qkv.bias",
-    [VIT_L_PROJ_W] = "attn.proj.weight", [VIT_L_PROJ_B] = "attn.proj.bias",
-    [VIT_L_LN2_W] = "norm2.weight",     [VIT_L_LN2_B] = "norm2.bias",
-    [VIT_L_FC1_W] = "mlp.fc1.weight",   [VIT_L_FC1_B] = "mlp.fc1.bias",
-    [VIT_L_FC2_W] = "mlp.fc2.weight",   [VIT_L_FC2_B] = "mlp.fc2.bias",
+    VITC__WB(VIT_P_PRE, "%snorm_pre"),
+    VITC__WB(VIT_P_LN, "%snorm"),
+    VITC__WB(VIT_P_HEAD, "%shead"),
 };
 
 /* CLIPModel's file nests its config in vision_config; "vision_model." is a
  * module name, not a stripped prefix. */
 static const vitc__hub_names clip_types[] = {
     {.type = "clip", .family = "hf-clip", .prefix = "vision_model.", .kind = HUB_KIND_CLIP,
-     .model = clip_model, .layer = clip_layer, .layer_fmt = "encoder.layers.%d.",
-     .qkv = qkv_short, .eps = 1e-5f, .patch = 32, .pos = VIT_POS_HALF_PIXEL},
+     .model = clip_model, .layer = vitc__hf_clip_layer_names, .layer_fmt = "encoder.layers.%d.",
+     .qkv = vitc__qkv_short, .eps = 1e-5f, .patch = 32, .pos = VIT_POS_HALF_PIXEL},
     {.type = "clip_vision_model", .family = "hf-clip", .prefix = "vision_model.",
-     .kind = HUB_KIND_CLIP, .model = clip_model, .layer = clip_layer,
-     .layer_fmt = "encoder.layers.%d.", .qkv = qkv_short, .eps = 1e-5f, .patch = 32,
+     .kind = HUB_KIND_CLIP, .model = clip_model, .layer = vitc__hf_clip_layer_names,
+     .layer_fmt = "encoder.layers.%d.", .qkv = vitc__qkv_short, .eps = 1e-5f, .patch = 32,
      .pos = VIT_POS_HALF_PIXEL},
 };
 #define N_TYPES ((int)(sizeof clip_types / sizeof clip_types[0]))
@@ -108,7 +68,7 @@ static const vitc__hub_names openclip = {
     .eps = 1e-5f, .patch = 16, .pos = VIT_POS_HALF_PIXEL, .proj_t = 1};
 static const vitc__hub_names timmclip = {
     .type = "timm_clip", .family = "timm-clip", .prefix = "", .kind = HUB_KIND_CLIP,
-    .model = timmclip_model, .layer = timm_layer, .layer_fmt = "blocks.%d.", .eps = 1e-5f,
+    .model = timmclip_model, .layer = vitc__timm_layer_names, .layer_fmt = "blocks.%d.", .eps = 1e-5f,
     .patch = 16, .pos = VIT_POS_HALF_PIXEL};
 
 /* A single file in open_clip's / OpenAI's names (visual.*): 1; in timm's

@@ -9,40 +9,26 @@
 
 static const char *const dinov2_model[VIT_P_T2T0] = {
     [VIT_P_CLS] = "%sembeddings.cls_token",
-    [VIT_P_CONV_W] = "%sembeddings.patch_embeddings.projection.weight",
-    [VIT_P_CONV_B] = "%sembeddings.patch_embeddings.projection.bias",
+    VITC__WB(VIT_P_CONV, "%sembeddings.patch_embeddings.projection"),
     [VIT_P_POS] = "%sembeddings.position_embeddings",
     [VIT_P_REG] = "%sembeddings.register_tokens",
-    [VIT_P_LN_W] = "%slayernorm.weight",
-    [VIT_P_LN_B] = "%slayernorm.bias",
-    [VIT_P_HEAD_W] = "classifier.weight",
-    [VIT_P_HEAD_B] = "classifier.bias",
+    VITC__WB(VIT_P_LN, "%slayernorm"),
+    VITC__WB(VIT_P_HEAD, "classifier"),
 };
 static const char *const dinov2_layer[VIT_L_COUNT] = {
-    [VIT_L_LN1_W] = "norm1.weight",
-    [VIT_L_LN1_B] = "norm1.bias",
-    [VIT_L_QKV_W] = "attention.attention.%s.weight",
-    [VIT_L_QKV_B] = "attention.attention.%s.bias",
-    [VIT_L_PROJ_W] = "attention.output.dense.weight",
-    [VIT_L_PROJ_B] = "attention.output.dense.bias",
-    [VIT_L_LN2_W] = "norm2.weight",
-    [VIT_L_LN2_B] = "norm2.bias",
-    [VIT_L_FC1_W] = "mlp.fc1.weight",
-    [VIT_L_FC1_B] = "mlp.fc1.bias",
-    [VIT_L_FC2_W] = "mlp.fc2.weight",
-    [VIT_L_FC2_B] = "mlp.fc2.bias",
+    VITC__BLOCK_NAMES("norm1", "attention.attention.%s.weight", "attention.attention.%s.bias",
+                      "attention.output.dense", "norm2", "mlp.fc1", "mlp.fc2"),
     [VIT_L_LS1] = "layer_scale1.lambda1",
     [VIT_L_LS2] = "layer_scale2.lambda1",
 };
-static const char *const qkv_long[3] = {"query", "key", "value"};
 
 static const vitc__hub_names dinov2_types[] = {
     {.type = "dinov2", .family = "hf-dinov2", .prefix = "dinov2.", .kind = HUB_KIND_DINO,
      .model = dinov2_model, .layer = dinov2_layer, .layer_fmt = "encoder.layer.%d.",
-     .qkv = qkv_long, .eps = 1e-6f, .patch = 14, .layer_scale = 1, .pos = VIT_POS_HALF_PIXEL},
+     .qkv = vitc__qkv_long, .eps = 1e-6f, .patch = 14, .layer_scale = 1, .pos = VIT_POS_HALF_PIXEL},
     {.type = "dinov2_with_registers", .family = "hf-dinov2", .prefix = "dinov2_with_registers.",
      .kind = HUB_KIND_DINO, .model = dinov2_model, .layer = dinov2_layer,
-     .layer_fmt = "encoder.layer.%d.", .qkv = qkv_long, .eps = 1e-6f, .patch = 14,
+     .layer_fmt = "encoder.layer.%d.", .qkv = vitc__qkv_long, .eps = 1e-6f, .patch = 14,
      .registers = 4, .layer_scale = 1, .pos = VIT_POS_ANTIALIAS},
 };
 #define N_TYPES ((int)(sizeof dinov2_types / sizeof dinov2_types[0]))

@@ -12,41 +12,16 @@
 
 static const char *const timm_model[VIT_P_T2T0] = {
     [VIT_P_CLS] = "cls_token",
-    [VIT_P_CONV_W] = "patch_embed.proj.weight",
-    [VIT_P_CONV_B] = "patch_embed.proj.bias",
+    VITC__WB(VIT_P_CONV, "patch_embed.proj"),
     [VIT_P_POS] = "pos_embed",
     [VIT_P_DIST] = "dist_token",
     [VIT_P_REG] = "reg_token",
-    [VIT_P_PRE_W] = "norm_pre.weight",
-    [VIT_P_PRE_B] = "norm_pre.bias",
-    [VIT_P_LN_W] = "norm.weight",
-    [VIT_P_LN_B] = "norm.bias",
-    [VIT_P_HEAD_W] = "head.weight",
-    [VIT_P_HEAD_B] = "head.bias",
-    [VIT_P_HEAD2_W] = "head_dist.weight",
-    [VIT_P_HEAD2_B] = "head_dist.bias",
-    [VIT_P_MAP_PROBE] = "attn_pool.latent",
-    [VIT_P_MAP_QKV_W] = "attn_pool.qkv.weight",
-    [VIT_P_MAP_QKV_B] = "attn_pool.qkv.bias",
-    [VIT_P_MAP_PROJ_W] = "attn_pool.proj.weight",
-    [VIT_P_MAP_PROJ_B] = "attn_pool.proj.bias",
-    [VIT_P_MAP_LN_W] = "attn_pool.norm.weight",
-    [VIT_P_MAP_LN_B] = "attn_pool.norm.bias",
-    [VIT_P_MAP_FC1_W] = "attn_pool.mlp.fc1.weight",
-    [VIT_P_MAP_FC1_B] = "attn_pool.mlp.fc1.bias",
-    [VIT_P_MAP_FC2_W] = "attn_pool.mlp.fc2.weight",
-    [VIT_P_MAP_FC2_B] = "attn_pool.mlp.fc2.bias",
-    [VIT_P_CLF_W] = "classifier.weight",
-    [VIT_P_CLF_B] = "classifier.bias",
-};
-static const char *const timm_layer[VIT_L_COUNT] = {
-    [VIT_L_LN1_W] = "norm1.weight",     [VIT_L_LN1_B] = "norm1.bias",
-    [VIT_L_QKV_W] = "attn.qkv.weight",  [VIT_L_QKV_B] = "attn.qkv.bias",
-    [VIT_L_PROJ_W] = "attn.proj.weight", [VIT_L_PROJ_B] = "attn.proj.bias",
-    [VIT_L_LN2_W] = "norm2.weight",     [VIT_L_LN2_B] = "norm2.bias",
-    [VIT_L_FC1_W] = "mlp.fc1.weight",   [VIT_L_FC1_B] = "mlp.fc1.bias",
-    [VIT_L_FC2_W] = "mlp.fc2.weight",   [VIT_L_FC2_B] = "mlp.fc2.bias",
-    [VIT_L_LS1] = "ls1.gamma",          [VIT_L_LS2] = "ls2.gamma",
+    VITC__WB(VIT_P_PRE, "norm_pre"),
+    VITC__WB(VIT_P_LN, "norm"),
+    VITC__WB(VIT_P_HEAD, "head"),
+    VITC__WB(VIT_P_HEAD2, "head_dist"),
+    VITC__TIMM_MAP_NAMES,
+    VITC__WB(VIT_P_CLF, "classifier"),
 };
 
 static const vitc__ckpt_names timm_names = {
@@ -79,7 +54,7 @@ static const char *timm_row_name(const vitc_vit *m, const vitc__param *e, char *
     if (e->layer < 0)
         snprintf(buf, cap, "%s", e->role < VIT_P_T2T0 ? timm_model[e->role] : "(none)");
     else
-        snprintf(buf, cap, "blocks.%d.%s", e->layer, timm_layer[e->role]);
+        snprintf(buf, cap, "blocks.%d.%s", e->layer, vitc__timm_layer_names[e->role]);
     return buf;
 }
 
