@@ -95,11 +95,18 @@ typedef struct vitc__src {
 
 typedef struct vitc__family {
     const char *name;
-    /* 1 when src is this family's; cheap, no side effects. */
+    /* 1 when src is this family's; cheap, no side effects. NULL: a Hub
+     * family's (vitc__hub_family_detect over hub_types and saved). */
     int (*detect)(const vitc__src *src);
     /* m's config, options, family string, arch name and labels from src;
-     * may choose src->names / adopt for the reading. */
+     * may choose src->names / adopt for the reading. NULL: a Hub family's
+     * (vitc__hub_family_configure). */
     vitc_status (*configure)(vitc_vit *m, vitc__src *src);
+    /* A Hub family's model types [n_hub_types], and the m->family strings
+     * (NULL-ended) of the files vitc_vit_save wrote from its models. */
+    const struct vitc__hub_names *hub_types;
+    int n_hub_types;
+    const char *const *saved;
     /* The family's spelling of a table row; NULL: the canonical one
      * (torchvision's keys, vitc__vit_canonical_name). */
     const char *(*row_name)(const vitc_vit *m, const vitc__param *e, char *buf, size_t cap);
@@ -205,6 +212,10 @@ const vitc__hub_names *vitc__hub_match(const vitc__src *src, const vitc__hub_nam
 /* A transformers model from config.json with names fam (vit, deit,
  * dinov2, clip, siglip): config, options, labels, processor. */
 vitc_status vitc__hub_configure(vitc_vit *m, vitc__src *src, const vitc__hub_names *fam);
+/* A Hub family's detect and configure: a file saved from one of its
+ * models (f->saved), or a Hub directory of one of its model types. */
+int vitc__hub_family_detect(const vitc__family *f, const vitc__src *src);
+vitc_status vitc__hub_family_configure(const vitc__family *f, vitc_vit *m, vitc__src *src);
 /* The image processor (preprocessor_config.json over m->family's class
  * defaults); its mean/std become the config's. */
 vitc_status vitc__hub_processor(vitc_vit *m, const char *dir);

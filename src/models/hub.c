@@ -761,3 +761,14 @@ vitc_status vitc__hub_timm_config(vitc_vit *m, const vitc__src *src) {
              json_string_value(json_object_get(cfg, "architecture")));
     return VITC_OK;
 }
+
+int vitc__hub_family_detect(const vitc__family *f, const vitc__src *src) {
+    return vitc__ckpt_saved(src, f->saved) ||
+           vitc__hub_match(src, f->hub_types, f->n_hub_types) != NULL;
+}
+
+vitc_status vitc__hub_family_configure(const vitc__family *f, vitc_vit *m, vitc__src *src) {
+    if (vitc__ckpt_saved(src, f->saved))
+        return vitc__ckpt_saved_configure(m, src);
+    return vitc__hub_configure(m, src, vitc__hub_match(src, f->hub_types, f->n_hub_types));
+}

@@ -89,8 +89,7 @@ static int clip_names(const vitc_safetensors *st) {
 static const char *const saved_names[] = {"hf-clip", "open-clip", "timm-clip", NULL};
 
 static int clip_detect(const vitc__src *src) {
-    return vitc__ckpt_saved(src, saved_names) || vitc__hub_match(src, clip_types, N_TYPES) ||
-           src->open_clip_dir ||
+    return vitc__hub_family_detect(&vitc__family_clip, src) || src->open_clip_dir ||
            (src->path && clip_names(src->st));
 }
 
@@ -204,11 +203,8 @@ static vitc_status clip_names_build(vitc_vit *m, vitc__src *src, int timm) {
 
 
 static vitc_status clip_configure(vitc_vit *m, vitc__src *src) {
-    if (vitc__ckpt_saved(src, saved_names))
-        return vitc__ckpt_saved_configure(m, src);
-    const vitc__hub_names *hf = vitc__hub_match(src, clip_types, N_TYPES);
-    if (hf)
-        return vitc__hub_configure(m, src, hf);
+    if (vitc__hub_family_detect(&vitc__family_clip, src))
+        return vitc__hub_family_configure(&vitc__family_clip, m, src);
     int timm = !src->open_clip_dir && clip_names(src->st) == 2;
     if (!src->shards.n) {
         /* The file again as the Hub reads it (OpenAI's int tensors listed,
@@ -237,6 +233,9 @@ const vitc__family vitc__family_clip = {
     .name = "clip",
     .detect = clip_detect,
     .configure = clip_configure,
+    .hub_types = clip_types,
+    .n_hub_types = N_TYPES,
+    .saved = saved_names,
     .new_head = clip_new_head,
     .head_std = 0.02,
 };

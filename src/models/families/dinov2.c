@@ -36,16 +36,6 @@ static const vitc__hub_names dinov2_types[] = {
 /* the m->family strings of a saved model (vitc.family) */
 static const char *const saved_names[] = {"hf-dinov2", NULL};
 
-static int dinov2_detect(const vitc__src *src) {
-    return vitc__ckpt_saved(src, saved_names) || vitc__hub_match(src, dinov2_types, N_TYPES) != NULL;
-}
-
-static vitc_status dinov2_configure(vitc_vit *m, vitc__src *src) {
-    if (vitc__ckpt_saved(src, saved_names))
-        return vitc__ckpt_saved_configure(m, src);
-    return vitc__hub_configure(m, src, vitc__hub_match(src, dinov2_types, N_TYPES));
-}
-
 /* Dinov2ForImageClassification: classifier [K, 2C] over [CLS, patch mean]. */
 static vitc__vit_head dinov2_new_head(const vitc_vit *m) {
     (void)m;
@@ -55,8 +45,9 @@ static vitc__vit_head dinov2_new_head(const vitc_vit *m) {
 /* _init_weights: normal_(0, initializer_range = 0.02), bias zeros. */
 const vitc__family vitc__family_dinov2 = {
     .name = "hf-dinov2",
-    .detect = dinov2_detect,
-    .configure = dinov2_configure,
+    .hub_types = dinov2_types,
+    .n_hub_types = N_TYPES,
+    .saved = saved_names,
     .new_head = dinov2_new_head,
     .head_std = 0.02,
 };

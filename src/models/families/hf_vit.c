@@ -37,17 +37,6 @@ static const vitc__hub_names hf_vit_types[] = {
 /* the m->family strings of a saved model (vitc.family) */
 static const char *const saved_names[] = {"hf-vit", "hf-deit", NULL};
 
-static int hf_vit_detect(const vitc__src *src) {
-    return vitc__ckpt_saved(src, saved_names) ||
-           vitc__hub_match(src, hf_vit_types, N_TYPES) != NULL;
-}
-
-static vitc_status hf_vit_configure(vitc_vit *m, vitc__src *src) {
-    if (vitc__ckpt_saved(src, saved_names))
-        return vitc__ckpt_saved_configure(m, src);
-    return vitc__hub_configure(m, src, vitc__hub_match(src, hf_vit_types, N_TYPES));
-}
-
 /* ViTModel -> ViTForImageClassification (classifier on the final-normed
  * class token); DeiT with teacher keeps both heads, both fresh. */
 static vitc__vit_head hf_vit_new_head(const vitc_vit *m) {
@@ -58,8 +47,9 @@ static vitc__vit_head hf_vit_new_head(const vitc_vit *m) {
  * configs' default), bias zeros. */
 const vitc__family vitc__family_hf_vit = {
     .name = "hf-vit",
-    .detect = hf_vit_detect,
-    .configure = hf_vit_configure,
+    .hub_types = hf_vit_types,
+    .n_hub_types = N_TYPES,
+    .saved = saved_names,
     .new_head = hf_vit_new_head,
     .head_std = 0.02,
 };

@@ -30,16 +30,6 @@ static const vitc__hub_names siglip_types[] = {
 /* the m->family strings of a saved model (vitc.family) */
 static const char *const saved_names[] = {"hf-siglip", NULL};
 
-static int siglip_detect(const vitc__src *src) {
-    return vitc__ckpt_saved(src, saved_names) || vitc__hub_match(src, siglip_types, N_TYPES) != NULL;
-}
-
-static vitc_status siglip_configure(vitc_vit *m, vitc__src *src) {
-    if (vitc__ckpt_saved(src, saved_names))
-        return vitc__ckpt_saved_configure(m, src);
-    return vitc__hub_configure(m, src, vitc__hub_match(src, siglip_types, N_TYPES));
-}
-
 /* A classifier over the MAP head's embedding ([K, C]); a tower without
  * its head (vision_use_head false) gets one on the class-less features
  * the same way: VIT_HEAD_LINEAR over the embedding. */
@@ -51,8 +41,9 @@ static vitc__vit_head siglip_new_head(const vitc_vit *m) {
 /* classifier weight normal_(0, 0.02), bias zeros. */
 const vitc__family vitc__family_siglip = {
     .name = "hf-siglip",
-    .detect = siglip_detect,
-    .configure = siglip_configure,
+    .hub_types = siglip_types,
+    .n_hub_types = N_TYPES,
+    .saved = saved_names,
     .new_head = siglip_new_head,
     .head_std = 0.02,
 };
