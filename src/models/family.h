@@ -127,11 +127,17 @@ typedef struct vitc__family {
     int (*can_train)(const vitc_vit *m, char *why, size_t cap);
     /* vitc_vit_reset_head: the classifier layout a fresh head takes (a
      * VIT_HEAD_*) and its init of a weight row (std of normal_; < 0: torch
-     * Linear's default, 0: zeros; trunc: trunc_normal_). NULL: refused. */
+     * Linear's default, 0: zeros; trunc: trunc_normal_). NULL: fresh_head;
+     * both unset (VIT_HEAD_NONE): refused. */
     vitc__vit_head (*new_head)(const vitc_vit *m);
+    vitc__vit_head fresh_head; /* with new_head NULL: the layout, whatever m's head */
     double head_std;
     int head_trunc;
 } vitc__family;
+/* A Hub family's fields from its array of model types and its saved names. */
+#define VITC__HUB_FAMILY(types, saved_names)                                                 \
+    .hub_types = types, .n_hub_types = (int)(sizeof types / sizeof types[0]),               \
+    .saved = saved_names
 
 extern const vitc__family vitc__family_torchvision, vitc__family_timm, vitc__family_t2t,
     vitc__family_hf_vit, vitc__family_dinov2, vitc__family_clip, vitc__family_siglip;

@@ -572,7 +572,7 @@ vitc_status vitc_vit_reset_head(vitc_vit *m, int num_classes, const char *const 
     if (num_classes < 1 || num_classes > VIT_MAX_DIM)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_reset_head: num_classes %d is out of "
                          "range [1, %d]", num_classes, VIT_MAX_DIM);
-    if (!m->fam || !m->fam->new_head)
+    if (!m->fam || (!m->fam->new_head && m->fam->fresh_head == VIT_HEAD_NONE))
         return vitc__err(VITC_ERR_UNSUPPORTED, "vitc_vit_reset_head: a %s model has no "
                          "classification head layout", m->family);
     /* Labels first: nothing changes when they cannot be kept. */
@@ -599,7 +599,7 @@ vitc_status vitc_vit_reset_head(vitc_vit *m, int num_classes, const char *const 
      * the next inference forward for the new table). */
     vitc__vit_rowmajor(m);
     vitc_vit old = *m;
-    vitc__vit_head nh = m->fam->new_head(m);
+    vitc__vit_head nh = m->fam->new_head ? m->fam->new_head(m) : m->fam->fresh_head;
     if (nh == VIT_HEAD_LINEAR && m->head != VIT_HEAD_LINEAR) {
         /* the embedding head stays under the classifier: CLIP's projection
          * gives num_classes (its projection_dim) floats, SigLIP's MAP head C */

@@ -61,7 +61,6 @@ static const vitc__hub_names clip_types[] = {
      .layer_fmt = "encoder.layers.%d.", .qkv = vitc__qkv_short, .eps = 1e-5f, .patch = 32,
      .pos = VIT_POS_HALF_PIXEL},
 };
-#define N_TYPES ((int)(sizeof clip_types / sizeof clip_types[0]))
 static const vitc__hub_names openclip = {
     .type = "open_clip", .family = "open-clip", .prefix = "visual.", .kind = HUB_KIND_CLIP,
     .model = openclip_model, .layer = openclip_layer, .layer_fmt = "transformer.resblocks.%d.",
@@ -222,20 +221,13 @@ static vitc_status clip_configure(vitc_vit *m, vitc__src *src) {
     return s == VITC_OK ? clip_names_build(m, src, timm) : s;
 }
 
-/* A linear classifier over the (projected) embedding. */
-static vitc__vit_head clip_new_head(const vitc_vit *m) {
-    (void)m;
-    return VIT_HEAD_LINEAR;
-}
-
-/* classifier weight normal_(0, 0.02), bias zeros. */
+/* A fresh head: a linear classifier over the (projected) embedding, its
+ * weight normal_(0, 0.02), bias zeros. */
 const vitc__family vitc__family_clip = {
     .name = "clip",
     .detect = clip_detect,
     .configure = clip_configure,
-    .hub_types = clip_types,
-    .n_hub_types = N_TYPES,
-    .saved = saved_names,
-    .new_head = clip_new_head,
+    VITC__HUB_FAMILY(clip_types, saved_names),
+    .fresh_head = VIT_HEAD_LINEAR,
     .head_std = 0.02,
 };

@@ -31,23 +31,15 @@ static const vitc__hub_names dinov2_types[] = {
      .layer_fmt = "encoder.layer.%d.", .qkv = vitc__qkv_long, .eps = 1e-6f, .patch = 14,
      .registers = 4, .layer_scale = 1, .pos = VIT_POS_ANTIALIAS},
 };
-#define N_TYPES ((int)(sizeof dinov2_types / sizeof dinov2_types[0]))
 
 /* the m->family strings of a saved model (vitc.family) */
 static const char *const saved_names[] = {"hf-dinov2", NULL};
 
-/* Dinov2ForImageClassification: classifier [K, 2C] over [CLS, patch mean]. */
-static vitc__vit_head dinov2_new_head(const vitc_vit *m) {
-    (void)m;
-    return VIT_HEAD_CLS_MEAN;
-}
-
-/* _init_weights: normal_(0, initializer_range = 0.02), bias zeros. */
+/* Dinov2ForImageClassification: classifier [K, 2C] over [CLS, patch mean];
+ * _init_weights: normal_(0, initializer_range = 0.02), bias zeros. */
 const vitc__family vitc__family_dinov2 = {
     .name = "hf-dinov2",
-    .hub_types = dinov2_types,
-    .n_hub_types = N_TYPES,
-    .saved = saved_names,
-    .new_head = dinov2_new_head,
+    VITC__HUB_FAMILY(dinov2_types, saved_names),
+    .fresh_head = VIT_HEAD_CLS_MEAN,
     .head_std = 0.02,
 };

@@ -32,7 +32,6 @@ static const vitc__hub_names hf_vit_types[] = {
      .model = vit_model, .layer = vit_layer, .layer_fmt = "encoder.layer.%d.", .qkv = vitc__qkv_long,
      .eps = 1e-12f, .patch = 16, .dist = 1, .pos = VIT_POS_HALF_PIXEL},
 };
-#define N_TYPES ((int)(sizeof hf_vit_types / sizeof hf_vit_types[0]))
 
 /* the m->family strings of a saved model (vitc.family) */
 static const char *const saved_names[] = {"hf-vit", "hf-deit", NULL};
@@ -47,9 +46,7 @@ static vitc__vit_head hf_vit_new_head(const vitc_vit *m) {
  * configs' default), bias zeros. */
 const vitc__family vitc__family_hf_vit = {
     .name = "hf-vit",
-    .hub_types = hf_vit_types,
-    .n_hub_types = N_TYPES,
-    .saved = saved_names,
+    VITC__HUB_FAMILY(hf_vit_types, saved_names),
     .new_head = hf_vit_new_head,
     .head_std = 0.02,
 };

@@ -25,25 +25,17 @@ static const vitc__hub_names siglip_types[] = {
      .layer_fmt = "encoder.layers.%d.", .qkv = vitc__qkv_short, .eps = 1e-6f, .patch = 16,
      .pos = VIT_POS_HALF_PIXEL},
 };
-#define N_TYPES ((int)(sizeof siglip_types / sizeof siglip_types[0]))
 
 /* the m->family strings of a saved model (vitc.family) */
 static const char *const saved_names[] = {"hf-siglip", NULL};
 
 /* A classifier over the MAP head's embedding ([K, C]); a tower without
  * its head (vision_use_head false) gets one on the class-less features
- * the same way: VIT_HEAD_LINEAR over the embedding. */
-static vitc__vit_head siglip_new_head(const vitc_vit *m) {
-    (void)m;
-    return VIT_HEAD_LINEAR;
-}
-
-/* classifier weight normal_(0, 0.02), bias zeros. */
+ * the same way: VIT_HEAD_LINEAR over the embedding; its weight
+ * normal_(0, 0.02), bias zeros. */
 const vitc__family vitc__family_siglip = {
     .name = "hf-siglip",
-    .hub_types = siglip_types,
-    .n_hub_types = N_TYPES,
-    .saved = saved_names,
-    .new_head = siglip_new_head,
+    VITC__HUB_FAMILY(siglip_types, saved_names),
+    .fresh_head = VIT_HEAD_LINEAR,
     .head_std = 0.02,
 };

@@ -393,11 +393,6 @@ static const char *t2t_row_name(const vitc_vit *m, const vitc__param *e, char *b
     return buf;
 }
 
-static vitc__vit_head t2t_new_head(const vitc_vit *m) {
-    (void)m;
-    return VIT_HEAD_CLS;
-}
-
 /* T2T_ViT._init_weights: trunc_normal_(std=.02) Linear weights, zero biases. */
 /* Token_performer's random-feature attention has no backward here. */
 static int t2t_can_train(const vitc_vit *m, char *why, size_t cap) {
@@ -418,7 +413,7 @@ const vitc__family vitc__family_t2t = {
     .can_train = t2t_can_train,
     .embed = vitc__t2t_tokens,
     .embed_backward = vitc__t2t_tokens_backward,
-    .new_head = t2t_new_head,
+    .fresh_head = VIT_HEAD_CLS,
     .head_std = 0.02,
     .head_trunc = 1,
 };
