@@ -37,6 +37,12 @@ struct json_t;
     VITC__WB(VIT_L_LN1, ln1), [VIT_L_QKV_W] = qkv_w, [VIT_L_QKV_B] = qkv_b,                 \
         VITC__WB(VIT_L_PROJ, proj), VITC__WB(VIT_L_LN2, ln2), VITC__WB(VIT_L_FC1, fc1),     \
         VITC__WB(VIT_L_FC2, fc2)
+/* Every row before the MAP head, as the single-file spellings name them
+ * (torchvision's canonical one, timm's): the prefix tokens, then modules. */
+#define VITC__MODEL_NAMES(cls, conv, pos, dist, reg, pre, ln, head, head2)                   \
+    [VIT_P_CLS] = cls, [VIT_P_POS] = pos, [VIT_P_DIST] = dist, [VIT_P_REG] = reg,           \
+        VITC__WB(VIT_P_CONV, conv), VITC__WB(VIT_P_PRE, pre), VITC__WB(VIT_P_LN, ln),       \
+        VITC__WB(VIT_P_HEAD, head), VITC__WB(VIT_P_HEAD2, head2)
 /* An attention-pooling (MAP) head's rows: its probe, then its modules. */
 #define VITC__MAP_NAMES(probe, qkv_w, qkv_b, proj, ln, fc1, fc2)                             \
     [VIT_P_MAP_PROBE] = probe, [VIT_P_MAP_QKV_W] = qkv_w, [VIT_P_MAP_QKV_B] = qkv_b,        \
@@ -53,6 +59,9 @@ extern const char *const vitc__timm_layer_names[VIT_L_COUNT];
 /* transformers' CLIP and SigLIP encoder layers (encoder.layers.N.), which
  * are the same module; their q/k/v and ViT's / DINOv2's query/key/value. */
 extern const char *const vitc__hf_clip_layer_names[VIT_L_COUNT];
+/* transformers' ViT / DeiT embeddings, final norm and classifiers, which
+ * DINOv2 names alike (it has no distillation token or head). */
+extern const char *const vitc__hf_vit_model_names[VIT_P_T2T0];
 extern const char *const vitc__qkv_short[3], *const vitc__qkv_long[3];
 
 /* A Hub model's weights: one .safetensors or the shards of an index, each

@@ -30,6 +30,16 @@ const char *const vitc__hf_clip_layer_names[VIT_L_COUNT] = {
     VITC__BLOCK_NAMES("layer_norm1", "self_attn.%s_proj.weight", "self_attn.%s_proj.bias",
                       "self_attn.out_proj", "layer_norm2", "mlp.fc1", "mlp.fc2"),
 };
+const char *const vitc__hf_vit_model_names[VIT_P_T2T0] = {
+    [VIT_P_CLS] = "%sembeddings.cls_token",
+    VITC__WB(VIT_P_CONV, "%sembeddings.patch_embeddings.projection"),
+    [VIT_P_POS] = "%sembeddings.position_embeddings",
+    [VIT_P_DIST] = "%sembeddings.distillation_token",
+    [VIT_P_REG] = "%sembeddings.register_tokens",
+    VITC__WB(VIT_P_LN, "%slayernorm"),
+    VITC__WB(VIT_P_HEAD, "classifier"),
+    VITC__WB(VIT_P_HEAD2, "distillation_classifier"),
+};
 const char *const vitc__qkv_short[3] = {"q", "k", "v"};
 const char *const vitc__qkv_long[3] = {"query", "key", "value"};
 

@@ -25,15 +25,8 @@
 /* torchvision's keys: the canonical spelling (vitc_vit_create, the Hub
  * families' tables, vitc_vit_save) */
 static const char *const model_names[VIT_P_T2T0] = {
-    [VIT_P_CLS] = "class_token",
-    VITC__WB(VIT_P_CONV, "conv_proj"),
-    [VIT_P_POS] = "encoder.pos_embedding",
-    [VIT_P_DIST] = "dist_token",
-    [VIT_P_REG] = "reg_token",
-    VITC__WB(VIT_P_PRE, "ln_pre"),
-    VITC__WB(VIT_P_LN, "encoder.ln"),
-    VITC__WB(VIT_P_HEAD, "heads.head"),
-    VITC__WB(VIT_P_HEAD2, "heads.head_dist"),
+    VITC__MODEL_NAMES("class_token", "conv_proj", "encoder.pos_embedding", "dist_token",
+                      "reg_token", "ln_pre", "encoder.ln", "heads.head", "heads.head_dist"),
     VITC__TIMM_MAP_NAMES,
     VITC__WB(VIT_P_CLF, "classifier"),
 };

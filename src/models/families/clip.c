@@ -16,24 +16,22 @@
 
 #include "../family.h"
 
+/* The rows every CLIP spelling has (a "%s" takes the tower's prefix). */
+#define CLIP_NAMES(cls, conv_w, pos, pre, ln, proj)                                           \
+    [VIT_P_CLS] = cls, [VIT_P_CONV_W] = conv_w, [VIT_P_POS] = pos, VITC__WB(VIT_P_PRE, pre), \
+        VITC__WB(VIT_P_LN, ln), [VIT_P_HEAD_W] = proj
+
 static const char *const clip_model[VIT_P_T2T0] = {
-    [VIT_P_CLS] = "%sembeddings.class_embedding",
-    [VIT_P_CONV_W] = "%sembeddings.patch_embedding.weight",
-    [VIT_P_POS] = "%sembeddings.position_embedding.weight",
-    VITC__WB(VIT_P_PRE, "%spre_layrnorm"),
-    VITC__WB(VIT_P_LN, "%spost_layernorm"),
-    [VIT_P_HEAD_W] = "visual_projection.weight",
+    CLIP_NAMES("%sembeddings.class_embedding", "%sembeddings.patch_embedding.weight",
+               "%sembeddings.position_embedding.weight", "%spre_layrnorm", "%spost_layernorm",
+               "visual_projection.weight"),
 };
 
 /* open_clip's (and OpenAI's) names, visual.*; its proj is [width, embed],
  * applied as x @ proj. No patch-conv bias, no projection bias: zeros. */
 static const char *const openclip_model[VIT_P_T2T0] = {
-    [VIT_P_CLS] = "%sclass_embedding",
-    [VIT_P_CONV_W] = "%sconv1.weight",
-    [VIT_P_POS] = "%spositional_embedding",
-    VITC__WB(VIT_P_PRE, "%sln_pre"),
-    VITC__WB(VIT_P_LN, "%sln_post"),
-    [VIT_P_HEAD_W] = "%sproj",
+    CLIP_NAMES("%sclass_embedding", "%sconv1.weight", "%spositional_embedding", "%sln_pre",
+               "%sln_post", "%sproj"),
 };
 static const char *const openclip_layer[VIT_L_COUNT] = {
     VITC__BLOCK_NAMES("ln_1", "attn.in_proj_weight", "attn.in_proj_bias", "attn.out_proj",
@@ -42,12 +40,9 @@ static const char *const openclip_layer[VIT_L_COUNT] = {
 /* ... and timm's (vit_base_patch16_clip_224.openai: _convert_openai_clip's
  * renames; head = proj transposed, its bias zeros). */
 static const char *const timmclip_model[VIT_P_T2T0] = {
-    [VIT_P_CLS] = "%scls_token",
-    [VIT_P_CONV_W] = "%spatch_embed.proj.weight",
-    [VIT_P_POS] = "%spos_embed",
-    VITC__WB(VIT_P_PRE, "%snorm_pre"),
-    VITC__WB(VIT_P_LN, "%snorm"),
-    VITC__WB(VIT_P_HEAD, "%shead"),
+    CLIP_NAMES("%scls_token", "%spatch_embed.proj.weight", "%spos_embed", "%snorm_pre",
+               "%snorm", "%shead.weight"),
+    [VIT_P_HEAD_B] = "%shead.bias",
 };
 
 /* CLIPModel's file nests its config in vision_config; "vision_model." is a

@@ -7,14 +7,6 @@
  */
 #include "../family.h"
 
-static const char *const dinov2_model[VIT_P_T2T0] = {
-    [VIT_P_CLS] = "%sembeddings.cls_token",
-    VITC__WB(VIT_P_CONV, "%sembeddings.patch_embeddings.projection"),
-    [VIT_P_POS] = "%sembeddings.position_embeddings",
-    [VIT_P_REG] = "%sembeddings.register_tokens",
-    VITC__WB(VIT_P_LN, "%slayernorm"),
-    VITC__WB(VIT_P_HEAD, "classifier"),
-};
 static const char *const dinov2_layer[VIT_L_COUNT] = {
     VITC__BLOCK_NAMES("norm1", "attention.attention.%s.weight", "attention.attention.%s.bias",
                       "attention.output.dense", "norm2", "mlp.fc1", "mlp.fc2"),
@@ -24,10 +16,10 @@ static const char *const dinov2_layer[VIT_L_COUNT] = {
 
 static const vitc__hub_names dinov2_types[] = {
     {.type = "dinov2", .family = "hf-dinov2", .prefix = "dinov2.", .kind = HUB_KIND_DINO,
-     .model = dinov2_model, .layer = dinov2_layer, .layer_fmt = "encoder.layer.%d.",
+     .model = vitc__hf_vit_model_names, .layer = dinov2_layer, .layer_fmt = "encoder.layer.%d.",
      .qkv = vitc__qkv_long, .eps = 1e-6f, .patch = 14, .layer_scale = 1, .pos = VIT_POS_HALF_PIXEL},
     {.type = "dinov2_with_registers", .family = "hf-dinov2", .prefix = "dinov2_with_registers.",
-     .kind = HUB_KIND_DINO, .model = dinov2_model, .layer = dinov2_layer,
+     .kind = HUB_KIND_DINO, .model = vitc__hf_vit_model_names, .layer = dinov2_layer,
      .layer_fmt = "encoder.layer.%d.", .qkv = vitc__qkv_long, .eps = 1e-6f, .patch = 14,
      .registers = 4, .layer_scale = 1, .pos = VIT_POS_ANTIALIAS},
 };

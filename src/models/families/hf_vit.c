@@ -8,16 +8,6 @@
  */
 #include "../family.h"
 
-static const char *const vit_model[VIT_P_T2T0] = {
-    [VIT_P_CLS] = "%sembeddings.cls_token",
-    VITC__WB(VIT_P_CONV, "%sembeddings.patch_embeddings.projection"),
-    [VIT_P_POS] = "%sembeddings.position_embeddings",
-    [VIT_P_DIST] = "%sembeddings.distillation_token",
-    [VIT_P_REG] = "%sembeddings.register_tokens",
-    VITC__WB(VIT_P_LN, "%slayernorm"),
-    VITC__WB(VIT_P_HEAD, "classifier"),
-    VITC__WB(VIT_P_HEAD2, "distillation_classifier"),
-};
 static const char *const vit_layer[VIT_L_COUNT] = {
     VITC__BLOCK_NAMES("layernorm_before", "attention.attention.%s.weight",
                       "attention.attention.%s.bias", "attention.output.dense",
@@ -26,10 +16,10 @@ static const char *const vit_layer[VIT_L_COUNT] = {
 
 static const vitc__hub_names hf_vit_types[] = {
     {.type = "vit", .family = "hf-vit", .prefix = "vit.", .kind = HUB_KIND_VIT,
-     .model = vit_model, .layer = vit_layer, .layer_fmt = "encoder.layer.%d.", .qkv = vitc__qkv_long,
+     .model = vitc__hf_vit_model_names, .layer = vit_layer, .layer_fmt = "encoder.layer.%d.", .qkv = vitc__qkv_long,
      .eps = 1e-12f, .patch = 16, .pos = VIT_POS_HALF_PIXEL},
     {.type = "deit", .family = "hf-deit", .prefix = "deit.", .kind = HUB_KIND_VIT,
-     .model = vit_model, .layer = vit_layer, .layer_fmt = "encoder.layer.%d.", .qkv = vitc__qkv_long,
+     .model = vitc__hf_vit_model_names, .layer = vit_layer, .layer_fmt = "encoder.layer.%d.", .qkv = vitc__qkv_long,
      .eps = 1e-12f, .patch = 16, .dist = 1, .pos = VIT_POS_HALF_PIXEL},
 };
 

@@ -11,15 +11,8 @@
 #include "../family.h"
 
 static const char *const timm_model[VIT_P_T2T0] = {
-    [VIT_P_CLS] = "cls_token",
-    VITC__WB(VIT_P_CONV, "patch_embed.proj"),
-    [VIT_P_POS] = "pos_embed",
-    [VIT_P_DIST] = "dist_token",
-    [VIT_P_REG] = "reg_token",
-    VITC__WB(VIT_P_PRE, "norm_pre"),
-    VITC__WB(VIT_P_LN, "norm"),
-    VITC__WB(VIT_P_HEAD, "head"),
-    VITC__WB(VIT_P_HEAD2, "head_dist"),
+    VITC__MODEL_NAMES("cls_token", "patch_embed.proj", "pos_embed", "dist_token", "reg_token",
+                      "norm_pre", "norm", "head", "head_dist"),
     VITC__TIMM_MAP_NAMES,
     VITC__WB(VIT_P_CLF, "classifier"),
 };
