@@ -156,6 +156,8 @@ extern const vitc__family vitc__family_torchvision, vitc__family_timm, vitc__fam
 /* The canonical spelling of a row: torchvision's state_dict keys, what
  * vitc_vit_create and the Hub families' tables use. */
 const char *vitc__vit_canonical_name(const vitc__param *e, char *buf, size_t cap);
+extern const char *const vitc__canonical_model_names[VIT_P_T2T0];
+extern const char *const vitc__canonical_layer_names[VIT_L_COUNT];
 /* The config's values in range and consistent; headless: a backbone (no
  * head tensors), whose num_classes is 0. */
 vitc_status vitc__vit_check_config(const vitc_vit_config *c, int headless);
@@ -171,9 +173,9 @@ vitc_status vitc__vit_read_file(vitc_vit *m, vitc__src *src);
 
 /* Names a single-file ViT spelling needs to infer its config. */
 typedef struct vitc__ckpt_names {
-    const char *cls, *conv_w, *pos, *head_w, *head_b, *dist;
+    const char *const *model, *const *layer; /* the rows' names [VIT_P_T2T0], [VIT_L_COUNT] */
     const char *layer_fmt;    /* "blocks.%d." */
-    const char *qkv_w, *fc1_w, *ls1;
+    const char *fc1_w;        /* NULL: layer's (torchvision < 0.13 spells it otherwise) */
     int timm;                 /* timm's mean/std 0.5 and preset names */
 } vitc__ckpt_names;
 /* Options from the names (distillation token, layer scale, a head), then
@@ -199,6 +201,9 @@ void vitc__ckpt_name_arch(vitc_vit *m, int timm);
 typedef enum { HUB_KIND_VIT, HUB_KIND_DINO, HUB_KIND_CLIP, HUB_KIND_SIGLIP } vitc__hub_kind;
 typedef struct vitc__hub_names {
     const char *type, *family, *prefix; /* prefix: the head classes' base_model_prefix */
+    /* The tower's own model type, read alike but for its config not nested
+     * in type's vision_config (clip_vision_model); NULL: none. */
+    const char *vision_type;
     vitc__hub_kind kind;
     const char *const *model, *const *layer; /* [VIT_P_COUNT], [VIT_L_COUNT]; "%s" takes pre */
     const char *layer_fmt;    /* "encoder.layer.%d." */

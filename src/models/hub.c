@@ -580,7 +580,8 @@ const char *vitc__hub_model_type(const vitc__src *src) {
 const vitc__hub_names *vitc__hub_match(const vitc__src *src, const vitc__hub_names *list, int n) {
     const char *type = vitc__hub_model_type(src);
     for (int i = 0; type && src->shards.n && i < n; i++)
-        if (!strcmp(type, list[i].type))
+        if (!strcmp(type, list[i].type) ||
+            (list[i].vision_type && !strcmp(type, list[i].vision_type)))
             return &list[i];
     return NULL;
 }
@@ -605,14 +606,14 @@ vitc_status vitc__hub_configure(vitc_vit *m, vitc__src *src, const vitc__hub_nam
     json_t *cfg = src->config;
     const char *dir = src->dir;
     vitc__shards *h = &src->shards;
-    const char *type = fam->type;
+    const char *type = vitc__hub_model_type(src); /* fam->type or its vision_type */
     int dino = fam->kind == HUB_KIND_DINO, clip = fam->kind == HUB_KIND_CLIP;
     int siglip = fam->kind == HUB_KIND_SIGLIP;
     snprintf(m->family, sizeof m->family, "%s", fam->family);
     json_t *ja = json_array_get(json_object_get(cfg, "architectures"), 0);
     const char *arch = json_is_string(ja) ? json_string_value(ja) : "";
     json_t *top = cfg;
-    if (!strcmp(type, "clip") || !strcmp(type, "siglip")) { /* the tower's config is nested */
+    if (fam->vision_type && !strcmp(type, fam->type)) { /* the tower's config is nested */
         cfg = json_object_get(top, "vision_config");
         if (!json_is_object(cfg))
             return vitc__err(VITC_ERR_FORMAT, "config.json: model_type \"%s\" without a "

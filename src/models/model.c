@@ -24,13 +24,13 @@
 
 /* torchvision's keys: the canonical spelling (vitc_vit_create, the Hub
  * families' tables, vitc_vit_save) */
-static const char *const model_names[VIT_P_T2T0] = {
+const char *const vitc__canonical_model_names[VIT_P_T2T0] = {
     VITC__MODEL_NAMES("class_token", "conv_proj", "encoder.pos_embedding", "dist_token",
                       "reg_token", "ln_pre", "encoder.ln", "heads.head", "heads.head_dist"),
     VITC__TIMM_MAP_NAMES,
     VITC__WB(VIT_P_CLF, "classifier"),
 };
-static const char *const layer_names[VIT_L_COUNT] = {
+const char *const vitc__canonical_layer_names[VIT_L_COUNT] = {
     VITC__BLOCK_NAMES("ln_1", "self_attention.in_proj_weight", "self_attention.in_proj_bias",
                       "self_attention.out_proj", "ln_2", "mlp.0", "mlp.3"),
     [VIT_L_LS1] = "ls1.gamma",
@@ -39,9 +39,9 @@ static const char *const layer_names[VIT_L_COUNT] = {
 
 const char *vitc__vit_canonical_name(const vitc__param *e, char *buf, size_t cap) {
     if (e->layer < 0) {
-        snprintf(buf, cap, "%s", e->role < VIT_P_T2T0 ? model_names[e->role] : "(none)");
+        snprintf(buf, cap, "%s", e->role < VIT_P_T2T0 ? vitc__canonical_model_names[e->role] : "(none)");
     } else {
-        snprintf(buf, cap, "encoder.layers.encoder_layer_%d.%s", e->layer, layer_names[e->role]);
+        snprintf(buf, cap, "encoder.layers.encoder_layer_%d.%s", e->layer, vitc__canonical_layer_names[e->role]);
     }
     return buf;
 }

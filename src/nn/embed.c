@@ -124,22 +124,26 @@ static void nn_cubic_taps_hp(int64_t o, int64_t in, float scale, int64_t idx[4],
     nn_cubic_at(scale * ((float)o + 0.5f) - 0.5f, in, idx, w);
 }
 
-/* mode: 0 align_corners=True; 1 half-pixel to a size. */
+/* The taps of output o by mode: 0 align_corners=True; 1 half-pixel to a
+ * size (scale = in / out). */
+static void nn_bicubic_taps(int64_t o, int64_t in, int64_t out, float scale, int mode,
+                            int64_t idx[4], float w[4]) {
+    if (mode)
+        nn_cubic_taps_hp(o, in, scale, idx, w);
+    else
+        nn_cubic_taps(o, in, out, idx, w);
+}
+
+/* mode: as nn_bicubic_taps. */
 static void nn_bicubic(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw,
                        int64_t oh, int64_t ow, int mode) {
     float sy = (float)ih / (float)oh, sx = (float)iw / (float)ow;
     for (int64_t y = 0; y < oh; y++) {
         int64_t ys[4], xs[4];
         float wy[4], wx[4];
-        if (mode)
-            nn_cubic_taps_hp(y, ih, sy, ys, wy);
-        else
-            nn_cubic_taps(y, ih, oh, ys, wy);
+        nn_bicubic_taps(y, ih, oh, sy, mode, ys, wy);
         for (int64_t x = 0; x < ow; x++) {
-            if (mode)
-                nn_cubic_taps_hp(x, iw, sx, xs, wx);
-            else
-                nn_cubic_taps(x, iw, ow, xs, wx);
+            nn_bicubic_taps(x, iw, ow, sx, mode, xs, wx);
             float *d = dst + (y * ow + x) * C;
             for (int64_t c = 0; c < C; c++) {
                 float acc = 0.0f;
@@ -246,15 +250,9 @@ static void nn_bicubic_backward(float *dsrc, const float *ddst, int64_t C, int64
     for (int64_t y = 0; y < oh; y++) {
         int64_t ys[4], xs[4];
         float wy[4], wx[4];
-        if (mode)
-            nn_cubic_taps_hp(y, ih, sy, ys, wy);
-        else
-            nn_cubic_taps(y, ih, oh, ys, wy);
+        nn_bicubic_taps(y, ih, oh, sy, mode, ys, wy);
         for (int64_t x = 0; x < ow; x++) {
-            if (mode)
-                nn_cubic_taps_hp(x, iw, sx, xs, wx);
-            else
-                nn_cubic_taps(x, iw, ow, xs, wx);
+            nn_bicubic_taps(x, iw, ow, sx, mode, xs, wx);
             const float *g = ddst + (y * ow + x) * C;
             for (int a = 0; a < 4; a++)
                 for (int b = 0; b < 4; b++) {

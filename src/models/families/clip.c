@@ -48,13 +48,10 @@ static const char *const timmclip_model[VIT_P_T2T0] = {
 /* CLIPModel's file nests its config in vision_config; "vision_model." is a
  * module name, not a stripped prefix. */
 static const vitc__hub_names clip_types[] = {
-    {.type = "clip", .family = "hf-clip", .prefix = "vision_model.", .kind = HUB_KIND_CLIP,
-     .model = clip_model, .layer = vitc__hf_clip_layer_names, .layer_fmt = "encoder.layers.%d.",
+    {.type = "clip", .vision_type = "clip_vision_model", .family = "hf-clip",
+     .prefix = "vision_model.", .kind = HUB_KIND_CLIP, .model = clip_model,
+     .layer = vitc__hf_clip_layer_names, .layer_fmt = "encoder.layers.%d.",
      .qkv = vitc__qkv_short, .eps = 1e-5f, .patch = 32, .pos = VIT_POS_HALF_PIXEL},
-    {.type = "clip_vision_model", .family = "hf-clip", .prefix = "vision_model.",
-     .kind = HUB_KIND_CLIP, .model = clip_model, .layer = vitc__hf_clip_layer_names,
-     .layer_fmt = "encoder.layers.%d.", .qkv = vitc__qkv_short, .eps = 1e-5f, .patch = 32,
-     .pos = VIT_POS_HALF_PIXEL},
 };
 static const vitc__hub_names openclip = {
     .type = "open_clip", .family = "open-clip", .prefix = "visual.", .kind = HUB_KIND_CLIP,

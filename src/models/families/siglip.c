@@ -17,13 +17,10 @@ static const char *const siglip_model[VIT_P_T2T0] = {
 };
 
 static const vitc__hub_names siglip_types[] = {
-    {.type = "siglip", .family = "hf-siglip", .prefix = "vision_model.", .kind = HUB_KIND_SIGLIP,
-     .model = siglip_model, .layer = vitc__hf_clip_layer_names, .layer_fmt = "encoder.layers.%d.",
+    {.type = "siglip", .vision_type = "siglip_vision_model", .family = "hf-siglip",
+     .prefix = "vision_model.", .kind = HUB_KIND_SIGLIP, .model = siglip_model,
+     .layer = vitc__hf_clip_layer_names, .layer_fmt = "encoder.layers.%d.",
      .qkv = vitc__qkv_short, .eps = 1e-6f, .patch = 16, .pos = VIT_POS_HALF_PIXEL},
-    {.type = "siglip_vision_model", .family = "hf-siglip", .prefix = "vision_model.",
-     .kind = HUB_KIND_SIGLIP, .model = siglip_model, .layer = vitc__hf_clip_layer_names,
-     .layer_fmt = "encoder.layers.%d.", .qkv = vitc__qkv_short, .eps = 1e-6f, .patch = 16,
-     .pos = VIT_POS_HALF_PIXEL},
 };
 
 /* the m->family strings of a saved model (vitc.family) */

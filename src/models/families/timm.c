@@ -18,18 +18,7 @@ static const char *const timm_model[VIT_P_T2T0] = {
 };
 
 static const vitc__ckpt_names timm_names = {
-    .cls = "cls_token",
-    .conv_w = "patch_embed.proj.weight",
-    .pos = "pos_embed",
-    .head_w = "head.weight",
-    .head_b = "head.bias",
-    .dist = "dist_token",
-    .layer_fmt = "blocks.%d.",
-    .qkv_w = "attn.qkv.weight",
-    .fc1_w = "mlp.fc1.weight",
-    .ls1 = "ls1.gamma",
-    .timm = 1,
-};
+    .model = timm_model, .layer = vitc__timm_layer_names, .layer_fmt = "blocks.%d.", .timm = 1};
 
 static int timm_detect(const vitc__src *src) {
     return src->st && (vitc_safetensors_find(src->st, "cls_token") >= 0 ||

@@ -11,18 +11,8 @@
 #include "../family.h"
 
 static const vitc__ckpt_names tv_names = {
-    .cls = "class_token",
-    .conv_w = "conv_proj.weight",
-    .pos = "encoder.pos_embedding",
-    .head_w = "heads.head.weight",
-    .head_b = "heads.head.bias",
-    .dist = "dist_token",
-    .layer_fmt = "encoder.layers.encoder_layer_%d.",
-    .qkv_w = "self_attention.in_proj_weight",
-    .fc1_w = "mlp.0.weight",
-    .ls1 = "ls1.gamma",
-    .timm = 0,
-};
+    .model = vitc__canonical_model_names, .layer = vitc__canonical_layer_names,
+    .layer_fmt = "encoder.layers.encoder_layer_%d.", .timm = 0};
 #define TV_V1_FC1 "encoder.layers.encoder_layer_0.mlp.linear_1.weight"
 
 static int tv_detect(const vitc__src *src) {
