@@ -200,29 +200,41 @@ static void nn_aa_axis(int64_t in, int64_t out, int64_t taps, int64_t *lo, int64
     }
 }
 
+/* The most taps an antialiased output reads (grids bounded by the caller). */
+#define NN_AA_TAPS 64
+
+/* Both axes' taps (width [0], height [1]) for an ih x iw -> oh x ow
+ * resampling: w[a] [out * NN_AA_TAPS], freed by the caller. */
+static vitc_status nn_aa_weights(int64_t ih, int64_t iw, int64_t oh, int64_t ow,
+                                 int64_t lo[2][1024], int64_t n[2][1024], float *w[2]) {
+    w[0] = malloc((size_t)(ow * NN_AA_TAPS) * sizeof(float));
+    w[1] = malloc((size_t)(oh * NN_AA_TAPS) * sizeof(float));
+    if (!w[0] || !w[1]) {
+        free(w[0]);
+        free(w[1]);
+        return vitc__err(VITC_ERR_NOMEM, "antialiased resampling weights");
+    }
+    nn_aa_axis(iw, ow, NN_AA_TAPS, lo[0], n[0], w[0]);
+    nn_aa_axis(ih, oh, NN_AA_TAPS, lo[1], n[1], w[1]);
+    return VITC_OK;
+}
+
 /* Antialiased bicubic of src [ih*iw, C] into dst [oh*ow, C], width first
  * then height (PyTorch's separable order), through tmp [ih*ow, C]. Grids
  * are bounded (taps <= 64: a position grid shrinking by over 15x is
  * refused by the caller). */
 static vitc_status nn_bicubic_aa(float *dst, float *tmp, const float *src, int64_t C, int64_t ih,
                                  int64_t iw, int64_t oh, int64_t ow) {
-    int64_t lo[2][1024], n[2][1024], tx = 64, ty = 64;
-    float *w[2] = {malloc((size_t)(ow * tx) * sizeof(float)),
-                   malloc((size_t)(oh * ty) * sizeof(float))};
-    if (!w[0] || !w[1]) {
-        free(w[0]);
-        free(w[1]);
-        return vitc__err(VITC_ERR_NOMEM, "antialiased resampling weights");
-    }
-    nn_aa_axis(iw, ow, tx, lo[0], n[0], w[0]);
-    nn_aa_axis(ih, oh, ty, lo[1], n[1], w[1]);
+    int64_t lo[2][1024], n[2][1024];
+    float *w[2];
+    VITC_TRY(nn_aa_weights(ih, iw, oh, ow, lo, n, w));
     for (int64_t y = 0; y < ih; y++)
         for (int64_t x = 0; x < ow; x++) {
             float *d = tmp + (y * ow + x) * C;
             for (int64_t c = 0; c < C; c++) d[c] = 0.0f;
             for (int64_t k = 0; k < n[0][x]; k++) {
                 const float *s = src + (y * iw + lo[0][x] + k) * C;
-                float wk = w[0][x * tx + k];
+                float wk = w[0][x * NN_AA_TAPS + k];
                 for (int64_t c = 0; c < C; c++) d[c] += wk * s[c];
             }
         }
@@ -232,7 +244,7 @@ static vitc_status nn_bicubic_aa(float *dst, float *tmp, const float *src, int64
             for (int64_t c = 0; c < C; c++) d[c] = 0.0f;
             for (int64_t k = 0; k < n[1][y]; k++) {
                 const float *s = tmp + ((lo[1][y] + k) * ow + x) * C;
-                float wk = w[1][y * ty + k];
+                float wk = w[1][y * NN_AA_TAPS + k];
                 for (int64_t c = 0; c < C; c++) d[c] += wk * s[c];
             }
         }
@@ -273,23 +285,16 @@ void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_
  * [ih*ow, C] (zeroed here), then the width pass's into dsrc (+=). */
 static vitc_status nn_bicubic_aa_backward(float *dsrc, float *tmp, const float *ddst, int64_t C,
                                           int64_t ih, int64_t iw, int64_t oh, int64_t ow) {
-    int64_t lo[2][1024], n[2][1024], tx = 64, ty = 64;
-    float *w[2] = {malloc((size_t)(ow * tx) * sizeof(float)),
-                   malloc((size_t)(oh * ty) * sizeof(float))};
-    if (!w[0] || !w[1]) {
-        free(w[0]);
-        free(w[1]);
-        return vitc__err(VITC_ERR_NOMEM, "antialiased resampling weights");
-    }
-    nn_aa_axis(iw, ow, tx, lo[0], n[0], w[0]);
-    nn_aa_axis(ih, oh, ty, lo[1], n[1], w[1]);
+    int64_t lo[2][1024], n[2][1024];
+    float *w[2];
+    VITC_TRY(nn_aa_weights(ih, iw, oh, ow, lo, n, w));
     memset(tmp, 0, (size_t)(ih * ow * C) * sizeof(float));
     for (int64_t y = 0; y < oh; y++)
         for (int64_t x = 0; x < ow; x++) {
             const float *g = ddst + (y * ow + x) * C;
             for (int64_t k = 0; k < n[1][y]; k++) {
                 float *d = tmp + ((lo[1][y] + k) * ow + x) * C;
-                float wk = w[1][y * ty + k];
+                float wk = w[1][y * NN_AA_TAPS + k];
                 for (int64_t c = 0; c < C; c++) d[c] += wk * g[c];
             }
         }
@@ -298,7 +303,7 @@ static vitc_status nn_bicubic_aa_backward(float *dsrc, float *tmp, const float *
             const float *g = tmp + (y * ow + x) * C;
             for (int64_t k = 0; k < n[0][x]; k++) {
                 float *d = dsrc + (y * iw + lo[0][x] + k) * C;
-                float wk = w[0][x * tx + k];
+                float wk = w[0][x * NN_AA_TAPS + k];
                 for (int64_t c = 0; c < C; c++) d[c] += wk * g[c];
             }
         }
