@@ -157,6 +157,9 @@ extern const vitc__family vitc__family_torchvision, vitc__family_timm, vitc__fam
  * vitc_vit_create and the Hub families' tables use. */
 const char *vitc__vit_canonical_name(const vitc__param *e, char *buf, size_t cap);
 extern const char *const vitc__canonical_model_names[VIT_P_T2T0];
+/* A family's new_head that keeps m's head layout (a backbone's: a head on
+ * the class token), as torchvision's and timm's classifiers do. */
+vitc__vit_head vitc__vit_head_kept(const vitc_vit *m);
 extern const char *const vitc__canonical_layer_names[VIT_L_COUNT];
 /* The config's values in range and consistent; headless: a backbone (no
  * head tensors), whose num_classes is 0. */

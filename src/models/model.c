@@ -558,6 +558,10 @@ static void vit_init_head(vitc_vit *m, uint64_t seed) {
     vitc__params_init(rows, n, m->params, seed);
 }
 
+vitc__vit_head vitc__vit_head_kept(const vitc_vit *m) {
+    return m->head == VIT_HEAD_NONE ? VIT_HEAD_CLS : m->head;
+}
+
 vitc_status vitc_vit_reset_head(vitc_vit *m, int num_classes, const char *const *labels,
                                 uint64_t seed) {
     if (!m)

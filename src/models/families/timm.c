@@ -40,10 +40,6 @@ static const char *timm_row_name(const vitc_vit *m, const vitc__param *e, char *
     return buf;
 }
 
-static vitc__vit_head timm_new_head(const vitc_vit *m) {
-    return m->head == VIT_HEAD_NONE ? VIT_HEAD_CLS : m->head;
-}
-
 /* A fresh head as timm's reset_classifier makes it: a new nn.Linear with
  * torch's default init (weight and bias U(+-1/sqrt(C))). */
 const vitc__family vitc__family_timm = {
@@ -51,6 +47,6 @@ const vitc__family vitc__family_timm = {
     .detect = timm_detect,
     .configure = timm_configure,
     .row_name = timm_row_name,
-    .new_head = timm_new_head,
+    .new_head = vitc__vit_head_kept,
     .head_std = -1.0,
 };

@@ -43,17 +43,13 @@ static const char *tv_row_name(const vitc_vit *m, const vitc__param *e, char *bu
     return vitc__vit_canonical_name(e, buf, cap);
 }
 
-/* heads.head on the class token; a backbone gets one. */
-static vitc__vit_head tv_new_head(const vitc_vit *m) {
-    return m->head == VIT_HEAD_NONE ? VIT_HEAD_CLS : m->head;
-}
-
-/* VisionTransformer.__init__ zeroes heads.head (weight and bias). */
+/* heads.head on the class token (a backbone gets one);
+ * VisionTransformer.__init__ zeroes heads.head (weight and bias). */
 const vitc__family vitc__family_torchvision = {
     .name = "torchvision",
     .detect = tv_detect,
     .configure = tv_configure,
     .row_name = tv_row_name,
-    .new_head = tv_new_head,
+    .new_head = vitc__vit_head_kept,
     .head_std = 0.0,
 };
