@@ -39,9 +39,11 @@ const char *const vitc__canonical_layer_names[VIT_L_COUNT] = {
 
 const char *vitc__vit_canonical_name(const vitc__param *e, char *buf, size_t cap) {
     if (e->layer < 0) {
-        snprintf(buf, cap, "%s", e->role < VIT_P_T2T0 ? vitc__canonical_model_names[e->role] : "(none)");
+        snprintf(buf, cap, "%s",
+                 e->role < VIT_P_T2T0 ? vitc__canonical_model_names[e->role] : "(none)");
     } else {
-        snprintf(buf, cap, "encoder.layers.encoder_layer_%d.%s", e->layer, vitc__canonical_layer_names[e->role]);
+        snprintf(buf, cap, "encoder.layers.encoder_layer_%d.%s", e->layer,
+                 vitc__canonical_layer_names[e->role]);
     }
     return buf;
 }

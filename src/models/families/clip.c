@@ -59,8 +59,8 @@ static const vitc__hub_names openclip = {
     .eps = 1e-5f, .patch = 16, .pos = VIT_POS_HALF_PIXEL, .proj_t = 1};
 static const vitc__hub_names timmclip = {
     .type = "timm_clip", .family = "timm-clip", .prefix = "", .kind = HUB_KIND_CLIP,
-    .model = timmclip_model, .layer = vitc__timm_layer_names, .layer_fmt = "blocks.%d.", .eps = 1e-5f,
-    .patch = 16, .pos = VIT_POS_HALF_PIXEL};
+    .model = timmclip_model, .layer = vitc__timm_layer_names, .layer_fmt = "blocks.%d.",
+    .eps = 1e-5f, .patch = 16, .pos = VIT_POS_HALF_PIXEL};
 
 /* A single file in open_clip's / OpenAI's names (visual.*): 1; in timm's
  * (norm_pre, blocks.N): 2; else 0. */

@@ -16,11 +16,11 @@ static const char *const vit_layer[VIT_L_COUNT] = {
 
 static const vitc__hub_names hf_vit_types[] = {
     {.type = "vit", .family = "hf-vit", .prefix = "vit.", .kind = HUB_KIND_VIT,
-     .model = vitc__hf_vit_model_names, .layer = vit_layer, .layer_fmt = "encoder.layer.%d.", .qkv = vitc__qkv_long,
-     .eps = 1e-12f, .patch = 16, .pos = VIT_POS_HALF_PIXEL},
+     .model = vitc__hf_vit_model_names, .layer = vit_layer, .layer_fmt = "encoder.layer.%d.",
+     .qkv = vitc__qkv_long, .eps = 1e-12f, .patch = 16, .pos = VIT_POS_HALF_PIXEL},
     {.type = "deit", .family = "hf-deit", .prefix = "deit.", .kind = HUB_KIND_VIT,
-     .model = vitc__hf_vit_model_names, .layer = vit_layer, .layer_fmt = "encoder.layer.%d.", .qkv = vitc__qkv_long,
-     .eps = 1e-12f, .patch = 16, .dist = 1, .pos = VIT_POS_HALF_PIXEL},
+     .model = vitc__hf_vit_model_names, .layer = vit_layer, .layer_fmt = "encoder.layer.%d.",
+     .qkv = vitc__qkv_long, .eps = 1e-12f, .patch = 16, .dist = 1, .pos = VIT_POS_HALF_PIXEL},
 };
 
 /* the m->family strings of a saved model (vitc.family) */
