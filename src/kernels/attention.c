@@ -18,6 +18,17 @@
 
 /* ---- reference ------------------------------------------------------ */
 
+/* Score j of query row ql: scale * ql . kj (+ the mask row ml), as the max
+ * pass and the exponent pass both compute it. */
+static inline float sdpa_score(const vitc__sdpa_desc *d, const float *ql, const float *kj,
+                               const float *ml, int64_t j) {
+    float acc = 0.0f;
+    for (int64_t c = 0; c < d->D; c++) acc += ql[c] * kj[c];
+    acc *= d->scale;
+    if (ml) acc += ml[j];
+    return acc;
+}
+
 /* Two passes over the keys per query row, recomputing the scores instead of
  * storing them, so it needs no scratch: (1) the row max, (2) exp, sum and the
  * weighted sum of V; the output is divided by the sum at the end. */
@@ -33,11 +44,7 @@ void vitc__sdpa_ref_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t
         float *ol = o + l * d->o_sr;
         float mx = -INFINITY;
         for (int64_t j = 0; j < d->S; j++) {
-            float acc = 0.0f;
-            const float *kj = k + j * d->k_sr;
-            for (int64_t c = 0; c < d->D; c++) acc += ql[c] * kj[c];
-            acc *= d->scale;
-            if (ml) acc += ml[j];
+            float acc = sdpa_score(d, ql, k + j * d->k_sr, ml, j);
             if (acc > mx) mx = acc;
         }
         for (int64_t c = 0; c < d->Dv; c++) ol[c] = 0.0f;
@@ -47,11 +54,7 @@ void vitc__sdpa_ref_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t
         }
         float sum = 0.0f;
         for (int64_t j = 0; j < d->S; j++) {
-            float acc = 0.0f;
-            const float *kj = k + j * d->k_sr;
-            for (int64_t c = 0; c < d->D; c++) acc += ql[c] * kj[c];
-            acc *= d->scale;
-            if (ml) acc += ml[j];
+            float acc = sdpa_score(d, ql, k + j * d->k_sr, ml, j);
             /* every score -inf: NaN weights, as torch's softmax */
             float e = expf(acc - mx);
             sum += e;

@@ -16,6 +16,7 @@
  * backward is engine_backward.c's.
  */
 #include <math.h>
+#include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,18 +61,25 @@ static void add_norm(vitc_layer *l, int64_t C, int batch) {
 
 /* The presets' plans and parameter tables, in PyTorch's state_dict order. */
 
+/* The bad-config error of l with a message of numbers (its what). */
+static vitc_status engine_bad(const vitc_layer *l, const char *fmt, ...) {
+    char msg[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return vitc__layer_bad_config(l, msg);
+}
+
 vitc_status vitc__engine_build_attention_block(vitc_layer *l) {
     const vitc_layer_config *c = &l->cfg;
     vitc__plan *p = &l->plan;
-    char msg[160];
     int64_t C = c->in_channels, E = c->embed_dim, k = c->patch_size, H = c->num_heads;
     if (C < 1 || E < 1 || k < 1)
         return vitc__layer_bad_config(l, "in_channels, embed_dim and patch_size must be >= 1");
-    if (E % H) {
-        snprintf(msg, sizeof msg, "embed_dim %lld is not divisible by heads %lld", (long long)E,
-                 (long long)H);
-        return vitc__layer_bad_config(l, msg);
-    }
+    if (E % H)
+        return engine_bad(l, "embed_dim %lld is not divisible by heads %lld", (long long)E,
+                          (long long)H);
     *p = (vitc__plan){VITC__IN_PATCHES, VITC__NORM_NONE, VITC__QKV_SEPARATE, VITC__HEADS_GROUPED,
                       VITC__OUT_LINEAR, VITC__RES_NONE, E, E, E, E, H,
                       (float)(1.0 / sqrt((double)(E / H)))};
@@ -86,13 +94,10 @@ vitc_status vitc__engine_build_attention_block(vitc_layer *l) {
 vitc_status vitc__engine_build_conv_sa(vitc_layer *l) {
     const vitc_layer_config *c = &l->cfg;
     vitc__plan *p = &l->plan;
-    char msg[160];
     int64_t C = c->in_channels, C8 = C / 8;
-    if (C < 8) {
-        snprintf(msg, sizeof msg, "in_channels %lld < 8 (q and k have in_channels//8 channels)",
-                 (long long)C);
-        return vitc__layer_bad_config(l, msg);
-    }
+    if (C < 8)
+        return engine_bad(l, "in_channels %lld < 8 (q and k have in_channels//8 channels)",
+                          (long long)C);
     *p = (vitc__plan){VITC__IN_IMAGE, VITC__NORM_NONE, VITC__QKV_SEPARATE, VITC__HEADS_GROUPED,
                       VITC__OUT_NONE, VITC__RES_INPUT, C, C8, C, C, 1,
                       (float)(1.0 / sqrt((double)C8))};
@@ -108,15 +113,12 @@ vitc_status vitc__engine_build_conv_sa(vitc_layer *l) {
 vitc_status vitc__engine_build_self_attention(vitc_layer *l) {
     const vitc_layer_config *c = &l->cfg;
     vitc__plan *p = &l->plan;
-    char msg[160];
     int64_t C = c->in_channels, H = c->kind == VITC_SELF_ATTENTION_MULTIHEAD ? c->num_heads : 1;
     if (C < 1)
         return vitc__layer_bad_config(l, "ni must be >= 1");
-    if (C % H) {
-        snprintf(msg, sizeof msg, "ni %lld is not divisible by nheads %lld", (long long)C,
-                 (long long)H);
-        return vitc__layer_bad_config(l, msg);
-    }
+    if (C % H)
+        return engine_bad(l, "ni %lld is not divisible by nheads %lld", (long long)C,
+                          (long long)H);
     int group = c->kind == VITC_SELF_ATTENTION_GROUP;
     *p = (vitc__plan){VITC__IN_IMAGE,
                       group ? VITC__NORM_GROUP : VITC__NORM_BATCH,
@@ -141,15 +143,12 @@ vitc_status vitc__engine_build_self_attention(vitc_layer *l) {
 vitc_status vitc__engine_build_t2t(vitc_layer *l) {
     const vitc_layer_config *c = &l->cfg;
     vitc__plan *p = &l->plan;
-    char msg[160];
     int64_t dim = c->in_channels, chan = c->embed_dim, H = c->num_heads;
     if (dim < 1 || chan < 1)
         return vitc__layer_bad_config(l, "dim (in_channels) and chan (embed_dim) must be >= 1");
-    if (chan % H) {
-        snprintf(msg, sizeof msg, "chan %lld is not divisible by num_heads %lld",
-                 (long long)chan, (long long)H);
-        return vitc__layer_bad_config(l, msg);
-    }
+    if (chan % H)
+        return engine_bad(l, "chan %lld is not divisible by num_heads %lld",
+                          (long long)chan, (long long)H);
     /* qk_scale or head_dim ** -0.5: Python's `or` treats 0.0 as absent too. */
     float scale = c->qk_scale != 0.0f ? c->qk_scale : (float)pow((double)(chan / H), -0.5);
     *p = (vitc__plan){VITC__IN_TOKENS, VITC__NORM_NONE, VITC__QKV_FUSED, VITC__HEADS_GROUPED,

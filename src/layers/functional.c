@@ -80,18 +80,15 @@ void vitc__sdpa_dropout_forward(const vitc__sdpa_desc *f, uint8_t *keep, float p
 void vitc__sdpa_dropout_backward(const vitc__sdpa_desc *f, const vitc__sdpa_desc *g,
                                  const uint8_t *keep, float p, float *P, float *dP) {
     int64_t L = f->L, S = f->S;
+    /* g's views as a backward's: dO from g->o, dq, dk, dv into g->q, g->k, g->v */
+    vitc__sdpa_bwd_desc bd = {
+        .f = *f, .dout = g->o, .do_sb = g->o_sb, .do_sh = g->o_sh, .do_sr = g->o_sr,
+        .dq = (float *)g->q, .dq_sb = g->q_sb, .dq_sh = g->q_sh, .dq_sr = g->q_sr,
+        .dk = (float *)g->k, .dk_sb = g->k_sb, .dk_sh = g->k_sh, .dk_sr = g->k_sr,
+        .dv = (float *)g->v, .dv_sb = g->v_sb, .dv_sh = g->v_sh, .dv_sr = g->v_sr};
     for (int64_t b = 0; b < f->B; b++)
         for (int64_t h = 0; h < f->H; h++) {
-            vitc__nn_head_grad hg = {
-                .L = L, .S = S, .D = f->D, .Dv = f->Dv, .scale = f->scale,
-                .q = f->q + b * f->q_sb + h * f->q_sh, .q_sr = f->q_sr,
-                .k = f->k + b * f->k_sb + h * f->k_sh, .k_sr = f->k_sr,
-                .v = f->v + b * f->v_sb + h * f->v_sh, .v_sr = f->v_sr,
-                .dout = g->o + b * g->o_sb + h * g->o_sh, .do_sr = g->o_sr,
-                .dq = (float *)g->q + b * g->q_sb + h * g->q_sh, .dq_sr = g->q_sr,
-                .dk = (float *)g->k + b * g->k_sb + h * g->k_sh, .dk_sr = g->k_sr,
-                .dv = (float *)g->v + b * g->v_sb + h * g->v_sh, .dv_sr = g->v_sr,
-            };
+            vitc__nn_head_grad hg = vitc__nn_head_at(&bd, b, h);
             head_probs(f, b, h, P);
             vitc__nn_dropout_attn_head_backward(&hg, P, keep + (b * f->H + h) * L * S, p, dP);
         }

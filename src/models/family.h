@@ -25,6 +25,45 @@ struct json_t;
 #define VIT_MAX_DIM (1 << 20)
 #define VIT_MAX_DEPTH 4096
 
+/* ---- names: how the families spell the table's rows ---------------- */
+
+/* Every LayerNorm and Linear of a checkpoint is a module whose two tensors
+ * are "<module>.weight" and "<module>.bias": one name gives both rows
+ * (role##_W and role##_B are adjacent roles). */
+#define VITC__WB(role, module) [role##_W] = module ".weight", [role##_B] = module ".bias"
+/* A block's twelve rows: its modules' names, the qkv rows in full (a fused
+ * in_proj_weight, or a "%s" the query/key/value names fill). */
+#define VITC__BLOCK_NAMES(ln1, qkv_w, qkv_b, proj, ln2, fc1, fc2)                            \
+    VITC__WB(VIT_L_LN1, ln1), [VIT_L_QKV_W] = qkv_w, [VIT_L_QKV_B] = qkv_b,                 \
+        VITC__WB(VIT_L_PROJ, proj), VITC__WB(VIT_L_LN2, ln2), VITC__WB(VIT_L_FC1, fc1),     \
+        VITC__WB(VIT_L_FC2, fc2)
+/* Every row before the MAP head, as the single-file spellings name them
+ * (torchvision's canonical one, timm's): the prefix tokens, then modules. */
+#define VITC__MODEL_NAMES(cls, conv, pos, dist, reg, pre, ln, head, head2)                   \
+    [VIT_P_CLS] = cls, [VIT_P_POS] = pos, [VIT_P_DIST] = dist, [VIT_P_REG] = reg,           \
+        VITC__WB(VIT_P_CONV, conv), VITC__WB(VIT_P_PRE, pre), VITC__WB(VIT_P_LN, ln),       \
+        VITC__WB(VIT_P_HEAD, head), VITC__WB(VIT_P_HEAD2, head2)
+/* An attention-pooling (MAP) head's rows: its probe, then its modules. */
+#define VITC__MAP_NAMES(probe, qkv_w, qkv_b, proj, ln, fc1, fc2)                             \
+    [VIT_P_MAP_PROBE] = probe, [VIT_P_MAP_QKV_W] = qkv_w, [VIT_P_MAP_QKV_B] = qkv_b,        \
+        VITC__WB(VIT_P_MAP_PROJ, proj), VITC__WB(VIT_P_MAP_LN, ln),                         \
+        VITC__WB(VIT_P_MAP_FC1, fc1), VITC__WB(VIT_P_MAP_FC2, fc2)
+/* timm's names (timm's ViT, timm's CLIP towers, T2T-ViT's encoder): its
+ * blocks (blocks.N. + these) and its attn_pool head (also the canonical
+ * spelling's, model.c). */
+extern const char *const vitc__timm_layer_names[VIT_L_COUNT];
+#define VITC__TIMM_MAP_NAMES                                                                 \
+    VITC__MAP_NAMES("attn_pool.latent", "attn_pool.qkv.weight", "attn_pool.qkv.bias",       \
+                    "attn_pool.proj", "attn_pool.norm", "attn_pool.mlp.fc1",                \
+                    "attn_pool.mlp.fc2")
+/* transformers' CLIP and SigLIP encoder layers (encoder.layers.N.), which
+ * are the same module; their q/k/v and ViT's / DINOv2's query/key/value. */
+extern const char *const vitc__hf_clip_layer_names[VIT_L_COUNT];
+/* transformers' ViT / DeiT embeddings, final norm and classifiers, which
+ * DINOv2 names alike (it has no distillation token or head). */
+extern const char *const vitc__hf_vit_model_names[VIT_P_T2T0];
+extern const char *const vitc__qkv_short[3], *const vitc__qkv_long[3];
+
 /* A Hub model's weights: one .safetensors or the shards of an index, each
  * read lazily (a tensor when taken, its pages given back after). */
 typedef struct vitc__shards {
@@ -65,11 +104,18 @@ typedef struct vitc__src {
 
 typedef struct vitc__family {
     const char *name;
-    /* 1 when src is this family's; cheap, no side effects. */
+    /* 1 when src is this family's; cheap, no side effects. NULL: a Hub
+     * family's (vitc__hub_family_detect over hub_types and saved). */
     int (*detect)(const vitc__src *src);
     /* m's config, options, family string, arch name and labels from src;
-     * may choose src->names / adopt for the reading. */
+     * may choose src->names / adopt for the reading. NULL: a Hub family's
+     * (vitc__hub_family_configure). */
     vitc_status (*configure)(vitc_vit *m, vitc__src *src);
+    /* A Hub family's model types [n_hub_types], and the m->family strings
+     * (NULL-ended) of the files vitc_vit_save wrote from its models. */
+    const struct vitc__hub_names *hub_types;
+    int n_hub_types;
+    const char *const *saved;
     /* The family's spelling of a table row; NULL: the canonical one
      * (torchvision's keys, vitc__vit_canonical_name). */
     const char *(*row_name)(const vitc_vit *m, const vitc__param *e, char *buf, size_t cap);
@@ -90,11 +136,17 @@ typedef struct vitc__family {
     int (*can_train)(const vitc_vit *m, char *why, size_t cap);
     /* vitc_vit_reset_head: the classifier layout a fresh head takes (a
      * VIT_HEAD_*) and its init of a weight row (std of normal_; < 0: torch
-     * Linear's default, 0: zeros; trunc: trunc_normal_). NULL: refused. */
+     * Linear's default, 0: zeros; trunc: trunc_normal_). NULL: fresh_head;
+     * both unset (VIT_HEAD_NONE): refused. */
     vitc__vit_head (*new_head)(const vitc_vit *m);
+    vitc__vit_head fresh_head; /* with new_head NULL: the layout, whatever m's head */
     double head_std;
     int head_trunc;
 } vitc__family;
+/* A Hub family's fields from its array of model types and its saved names. */
+#define VITC__HUB_FAMILY(types, saved_names)                                                 \
+    .hub_types = types, .n_hub_types = (int)(sizeof types / sizeof types[0]),               \
+    .saved = saved_names
 
 extern const vitc__family vitc__family_torchvision, vitc__family_timm, vitc__family_t2t,
     vitc__family_hf_vit, vitc__family_dinov2, vitc__family_clip, vitc__family_siglip;
@@ -104,6 +156,11 @@ extern const vitc__family vitc__family_torchvision, vitc__family_timm, vitc__fam
 /* The canonical spelling of a row: torchvision's state_dict keys, what
  * vitc_vit_create and the Hub families' tables use. */
 const char *vitc__vit_canonical_name(const vitc__param *e, char *buf, size_t cap);
+extern const char *const vitc__canonical_model_names[VIT_P_T2T0];
+/* A family's new_head that keeps m's head layout (a backbone's: a head on
+ * the class token), as torchvision's and timm's classifiers do. */
+vitc__vit_head vitc__vit_head_kept(const vitc_vit *m);
+extern const char *const vitc__canonical_layer_names[VIT_L_COUNT];
 /* The config's values in range and consistent; headless: a backbone (no
  * head tensors), whose num_classes is 0. */
 vitc_status vitc__vit_check_config(const vitc_vit_config *c, int headless);
@@ -119,9 +176,9 @@ vitc_status vitc__vit_read_file(vitc_vit *m, vitc__src *src);
 
 /* Names a single-file ViT spelling needs to infer its config. */
 typedef struct vitc__ckpt_names {
-    const char *cls, *conv_w, *pos, *head_w, *head_b, *dist;
+    const char *const *model, *const *layer; /* the rows' names [VIT_P_T2T0], [VIT_L_COUNT] */
     const char *layer_fmt;    /* "blocks.%d." */
-    const char *qkv_w, *fc1_w, *ls1;
+    const char *fc1_w;        /* NULL: layer's (torchvision < 0.13 spells it otherwise) */
     int timm;                 /* timm's mean/std 0.5 and preset names */
 } vitc__ckpt_names;
 /* Options from the names (distillation token, layer scale, a head), then
@@ -147,6 +204,9 @@ void vitc__ckpt_name_arch(vitc_vit *m, int timm);
 typedef enum { HUB_KIND_VIT, HUB_KIND_DINO, HUB_KIND_CLIP, HUB_KIND_SIGLIP } vitc__hub_kind;
 typedef struct vitc__hub_names {
     const char *type, *family, *prefix; /* prefix: the head classes' base_model_prefix */
+    /* The tower's own model type, read alike but for its config not nested
+     * in type's vision_config (clip_vision_model); NULL: none. */
+    const char *vision_type;
     vitc__hub_kind kind;
     const char *const *model, *const *layer; /* [VIT_P_COUNT], [VIT_L_COUNT]; "%s" takes pre */
     const char *layer_fmt;    /* "encoder.layer.%d." */
@@ -175,6 +235,10 @@ const vitc__hub_names *vitc__hub_match(const vitc__src *src, const vitc__hub_nam
 /* A transformers model from config.json with names fam (vit, deit,
  * dinov2, clip, siglip): config, options, labels, processor. */
 vitc_status vitc__hub_configure(vitc_vit *m, vitc__src *src, const vitc__hub_names *fam);
+/* A Hub family's detect and configure: a file saved from one of its
+ * models (f->saved), or a Hub directory of one of its model types. */
+int vitc__hub_family_detect(const vitc__family *f, const vitc__src *src);
+vitc_status vitc__hub_family_configure(const vitc__family *f, vitc_vit *m, vitc__src *src);
 /* The image processor (preprocessor_config.json over m->family's class
  * defaults); its mean/std become the config's. */
 vitc_status vitc__hub_processor(vitc_vit *m, const char *dir);

@@ -19,6 +19,11 @@
  * six times over, and jansson's tree for the most stays near 15 MB. */
 #define VIT_MAX_CONFIG_ITEMS (1 << 17)
 
+/* The first MLP Linear's weight, which the depth and mlp_dim are read from. */
+static const char *ckpt_fc1(const vitc__ckpt_names *n) {
+    return n->fc1_w ? n->fc1_w : n->layer[VIT_L_FC1_W];
+}
+
 /* "blocks.%d." + tail of layer l into buf. */
 static const char *ckpt_layer(const vitc__ckpt_names *n, int l, const char *tail, char *buf,
                               size_t cap) {
@@ -68,26 +73,27 @@ static void vit_infer(const vitc_safetensors *st, const vitc__ckpt_names *nm, in
     memset(c, 0, sizeof *c);
     c->norm_eps = 1e-6f;
     vit_set_norm(c, nm->timm);
-    if ((s = vitc__vit_file_shape(st, nm->cls, 3)))
+    if ((s = vitc__vit_file_shape(st, nm->model[VIT_P_CLS], 3)))
         c->hidden_dim = (int)s[2];
-    if ((s = vitc__vit_file_shape(st, nm->conv_w, 4))) {
+    if ((s = vitc__vit_file_shape(st, nm->model[VIT_P_CONV_W], 4))) {
         c->in_channels = (int)s[1];
         c->patch_size = (int)s[2];
         if (!c->hidden_dim)
             c->hidden_dim = (int)s[0];
     }
-    if ((s = vitc__vit_file_shape(st, nm->pos, 3)) && c->patch_size) {
+    if ((s = vitc__vit_file_shape(st, nm->model[VIT_P_POS], 3)) && c->patch_size) {
         int64_t g = (int64_t)llround(sqrt((double)(s[1] - n_prefix)));
         if (g * g == s[1] - n_prefix && g * c->patch_size <= VIT_MAX_DIM)
             c->image_size = (int)(g * c->patch_size);
     }
-    if ((s = vitc__vit_file_shape(st, nm->head_w, 2)))
+    if ((s = vitc__vit_file_shape(st, nm->model[VIT_P_HEAD_W], 2)))
         c->num_classes = (int)s[0];
-    if ((s = vitc__vit_file_shape(st, ckpt_layer(nm, 0, nm->fc1_w, name, sizeof name), 2)))
+    if ((s = vitc__vit_file_shape(st, ckpt_layer(nm, 0, ckpt_fc1(nm), name, sizeof name), 2)))
         c->mlp_dim = (int)s[0];
     int d = 0;
     while (d < VIT_MAX_DEPTH &&
-           vitc_safetensors_find(st, ckpt_layer(nm, d, nm->qkv_w, name, sizeof name)) >= 0)
+           vitc_safetensors_find(st, ckpt_layer(nm, d, nm->layer[VIT_L_QKV_W], name,
+                                                sizeof name)) >= 0)
         d++;
     c->depth = d;
 }
@@ -248,12 +254,12 @@ static void vit_name_arch(vitc_vit *m, const vit_preset *asked, int timm) {
 static void vit_detect_options(vitc_vit *m, const vitc_safetensors *st,
                                const vitc__ckpt_names *n) {
     char name[160];
-    m->n_dist = vitc_safetensors_find(st, n->dist) >= 0;
+    m->n_dist = vitc_safetensors_find(st, n->model[VIT_P_DIST]) >= 0;
     m->n_prefix = m->n_cls + m->n_dist;
-    m->layer_scale = vitc_safetensors_find(st, ckpt_layer(n, 0, n->ls1, name,
+    m->layer_scale = vitc_safetensors_find(st, ckpt_layer(n, 0, n->layer[VIT_L_LS1], name,
                                                               sizeof name)) >= 0;
-    if (vitc_safetensors_find(st, n->head_w) < 0 &&
-        vitc_safetensors_find(st, n->head_b) < 0)
+    if (vitc_safetensors_find(st, n->model[VIT_P_HEAD_W]) < 0 &&
+        vitc_safetensors_find(st, n->model[VIT_P_HEAD_B]) < 0)
         m->head = VIT_HEAD_NONE;
     else
         m->head = m->n_dist ? VIT_HEAD_MEAN2 : VIT_HEAD_CLS;
@@ -293,7 +299,7 @@ static vitc_status vit_resolve_config(vitc_vit *m, const vitc_safetensors *st, c
         c->num_heads = p->num_heads;
         c->mlp_dim = p->mlp_dim;
         c->in_channels = 3;
-        const int64_t *s = vitc__vit_file_shape(st, n->pos, 3);
+        const int64_t *s = vitc__vit_file_shape(st, n->model[VIT_P_POS], 3);
         int64_t g = s ? (int64_t)llround(sqrt((double)(s[1] - m->n_prefix))) : 0;
         c->image_size =
             g > 0 && g * g == s[1] - m->n_prefix ? (int)(g * p->patch_size) : p->image_size;
@@ -311,16 +317,16 @@ static vitc_status vit_resolve_config(vitc_vit *m, const vitc_safetensors *st, c
     char name[160];
     if (!c->hidden_dim || !c->patch_size || !c->in_channels)
         return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (cannot infer the patch "
-                         "embedding)", n->conv_w);
+                         "embedding)", n->model[VIT_P_CONV_W]);
     if (!c->image_size)
         return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (cannot infer image_size)",
-                         n->pos);
+                         n->model[VIT_P_POS]);
     if (!c->num_classes && !headless)
         return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (cannot infer num_classes)",
-                         n->head_w);
+                         n->model[VIT_P_HEAD_W]);
     if (!c->depth || !c->mlp_dim)
         return vitc__err(VITC_ERR_KEY, "missing or malformed tensor %s (cannot infer the blocks)",
-                         ckpt_layer(n, 0, c->depth ? n->fc1_w : n->qkv_w, name,
+                         ckpt_layer(n, 0, c->depth ? ckpt_fc1(n) : n->layer[VIT_L_QKV_W], name,
                                         sizeof name));
     if (!c->num_heads) {
         if (c->hidden_dim % 64)

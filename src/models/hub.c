@@ -19,6 +19,30 @@
 #include "../train/train.h"
 #include "family.h"
 
+/* The names more than one family spells alike (family.h). */
+const char *const vitc__timm_layer_names[VIT_L_COUNT] = {
+    VITC__BLOCK_NAMES("norm1", "attn.qkv.weight", "attn.qkv.bias", "attn.proj", "norm2",
+                      "mlp.fc1", "mlp.fc2"),
+    [VIT_L_LS1] = "ls1.gamma",
+    [VIT_L_LS2] = "ls2.gamma",
+};
+const char *const vitc__hf_clip_layer_names[VIT_L_COUNT] = {
+    VITC__BLOCK_NAMES("layer_norm1", "self_attn.%s_proj.weight", "self_attn.%s_proj.bias",
+                      "self_attn.out_proj", "layer_norm2", "mlp.fc1", "mlp.fc2"),
+};
+const char *const vitc__hf_vit_model_names[VIT_P_T2T0] = {
+    [VIT_P_CLS] = "%sembeddings.cls_token",
+    VITC__WB(VIT_P_CONV, "%sembeddings.patch_embeddings.projection"),
+    [VIT_P_POS] = "%sembeddings.position_embeddings",
+    [VIT_P_DIST] = "%sembeddings.distillation_token",
+    [VIT_P_REG] = "%sembeddings.register_tokens",
+    VITC__WB(VIT_P_LN, "%slayernorm"),
+    VITC__WB(VIT_P_HEAD, "classifier"),
+    VITC__WB(VIT_P_HEAD2, "distillation_classifier"),
+};
+const char *const vitc__qkv_short[3] = {"q", "k", "v"};
+const char *const vitc__qkv_long[3] = {"query", "key", "value"};
+
 /* config.json and the shard index are small; a larger one is not a Hub file. */
 #define HUB_MAX_JSON (64u << 20)
 #define HUB_MAX_SHARDS 4096
@@ -556,7 +580,8 @@ const char *vitc__hub_model_type(const vitc__src *src) {
 const vitc__hub_names *vitc__hub_match(const vitc__src *src, const vitc__hub_names *list, int n) {
     const char *type = vitc__hub_model_type(src);
     for (int i = 0; type && src->shards.n && i < n; i++)
-        if (!strcmp(type, list[i].type))
+        if (!strcmp(type, list[i].type) ||
+            (list[i].vision_type && !strcmp(type, list[i].vision_type)))
             return &list[i];
     return NULL;
 }
@@ -581,14 +606,14 @@ vitc_status vitc__hub_configure(vitc_vit *m, vitc__src *src, const vitc__hub_nam
     json_t *cfg = src->config;
     const char *dir = src->dir;
     vitc__shards *h = &src->shards;
-    const char *type = fam->type;
+    const char *type = vitc__hub_model_type(src); /* fam->type or its vision_type */
     int dino = fam->kind == HUB_KIND_DINO, clip = fam->kind == HUB_KIND_CLIP;
     int siglip = fam->kind == HUB_KIND_SIGLIP;
     snprintf(m->family, sizeof m->family, "%s", fam->family);
     json_t *ja = json_array_get(json_object_get(cfg, "architectures"), 0);
     const char *arch = json_is_string(ja) ? json_string_value(ja) : "";
     json_t *top = cfg;
-    if (!strcmp(type, "clip") || !strcmp(type, "siglip")) { /* the tower's config is nested */
+    if (fam->vision_type && !strcmp(type, fam->type)) { /* the tower's config is nested */
         cfg = json_object_get(top, "vision_config");
         if (!json_is_object(cfg))
             return vitc__err(VITC_ERR_FORMAT, "config.json: model_type \"%s\" without a "
@@ -746,4 +771,15 @@ vitc_status vitc__hub_timm_config(vitc_vit *m, const vitc__src *src) {
     snprintf(m->arch, sizeof m->arch, "%.31s",
              json_string_value(json_object_get(cfg, "architecture")));
     return VITC_OK;
+}
+
+int vitc__hub_family_detect(const vitc__family *f, const vitc__src *src) {
+    return vitc__ckpt_saved(src, f->saved) ||
+           vitc__hub_match(src, f->hub_types, f->n_hub_types) != NULL;
+}
+
+vitc_status vitc__hub_family_configure(const vitc__family *f, vitc_vit *m, vitc__src *src) {
+    if (vitc__ckpt_saved(src, f->saved))
+        return vitc__ckpt_saved_configure(m, src);
+    return vitc__hub_configure(m, src, vitc__hub_match(src, f->hub_types, f->n_hub_types));
 }

@@ -184,12 +184,13 @@ static vitc_status vit_no_family(const vitc__src *src) {
 static vitc_status vit_load_main(vitc__src *src, vitc_vit *m) {
     const vitc__family *fam = NULL;
     for (int i = 0; i < VIT_N_FAMILIES && !fam; i++)
-        if (vit_families[i]->detect(src))
+        if (vit_families[i]->detect ? vit_families[i]->detect(src)
+                                    : vitc__hub_family_detect(vit_families[i], src))
             fam = vit_families[i];
     if (!fam)
         return vit_no_family(src);
     m->fam = fam;
-    VITC_TRY(fam->configure(m, src));
+    VITC_TRY(fam->configure ? fam->configure(m, src) : vitc__hub_family_configure(fam, m, src));
     VITC_TRY(vitc__vit_table_build(m));
     return src->shards.n ? vitc__hub_read(m, src) : vitc__vit_read_file(m, src);
 }

@@ -24,57 +24,26 @@
 
 /* torchvision's keys: the canonical spelling (vitc_vit_create, the Hub
  * families' tables, vitc_vit_save) */
-static const char *const model_names[VIT_P_T2T0] = {
-    [VIT_P_CLS] = "class_token",
-    [VIT_P_CONV_W] = "conv_proj.weight",
-    [VIT_P_CONV_B] = "conv_proj.bias",
-    [VIT_P_POS] = "encoder.pos_embedding",
-    [VIT_P_DIST] = "dist_token",
-    [VIT_P_REG] = "reg_token",
-    [VIT_P_PRE_W] = "ln_pre.weight",
-    [VIT_P_PRE_B] = "ln_pre.bias",
-    [VIT_P_LN_W] = "encoder.ln.weight",
-    [VIT_P_LN_B] = "encoder.ln.bias",
-    [VIT_P_HEAD_W] = "heads.head.weight",
-    [VIT_P_HEAD_B] = "heads.head.bias",
-    [VIT_P_HEAD2_W] = "heads.head_dist.weight",
-    [VIT_P_HEAD2_B] = "heads.head_dist.bias",
-    [VIT_P_MAP_PROBE] = "attn_pool.latent",
-    [VIT_P_MAP_QKV_W] = "attn_pool.qkv.weight",
-    [VIT_P_MAP_QKV_B] = "attn_pool.qkv.bias",
-    [VIT_P_MAP_PROJ_W] = "attn_pool.proj.weight",
-    [VIT_P_MAP_PROJ_B] = "attn_pool.proj.bias",
-    [VIT_P_MAP_LN_W] = "attn_pool.norm.weight",
-    [VIT_P_MAP_LN_B] = "attn_pool.norm.bias",
-    [VIT_P_MAP_FC1_W] = "attn_pool.mlp.fc1.weight",
-    [VIT_P_MAP_FC1_B] = "attn_pool.mlp.fc1.bias",
-    [VIT_P_MAP_FC2_W] = "attn_pool.mlp.fc2.weight",
-    [VIT_P_MAP_FC2_B] = "attn_pool.mlp.fc2.bias",
-    [VIT_P_CLF_W] = "classifier.weight",
-    [VIT_P_CLF_B] = "classifier.bias",
+const char *const vitc__canonical_model_names[VIT_P_T2T0] = {
+    VITC__MODEL_NAMES("class_token", "conv_proj", "encoder.pos_embedding", "dist_token",
+                      "reg_token", "ln_pre", "encoder.ln", "heads.head", "heads.head_dist"),
+    VITC__TIMM_MAP_NAMES,
+    VITC__WB(VIT_P_CLF, "classifier"),
 };
-static const char *const layer_names[VIT_L_COUNT] = {
-    [VIT_L_LN1_W] = "ln_1.weight",
-    [VIT_L_LN1_B] = "ln_1.bias",
-    [VIT_L_QKV_W] = "self_attention.in_proj_weight",
-    [VIT_L_QKV_B] = "self_attention.in_proj_bias",
-    [VIT_L_PROJ_W] = "self_attention.out_proj.weight",
-    [VIT_L_PROJ_B] = "self_attention.out_proj.bias",
-    [VIT_L_LN2_W] = "ln_2.weight",
-    [VIT_L_LN2_B] = "ln_2.bias",
-    [VIT_L_FC1_W] = "mlp.0.weight",
-    [VIT_L_FC1_B] = "mlp.0.bias",
-    [VIT_L_FC2_W] = "mlp.3.weight",
-    [VIT_L_FC2_B] = "mlp.3.bias",
+const char *const vitc__canonical_layer_names[VIT_L_COUNT] = {
+    VITC__BLOCK_NAMES("ln_1", "self_attention.in_proj_weight", "self_attention.in_proj_bias",
+                      "self_attention.out_proj", "ln_2", "mlp.0", "mlp.3"),
     [VIT_L_LS1] = "ls1.gamma",
     [VIT_L_LS2] = "ls2.gamma",
 };
 
 const char *vitc__vit_canonical_name(const vitc__param *e, char *buf, size_t cap) {
     if (e->layer < 0) {
-        snprintf(buf, cap, "%s", e->role < VIT_P_T2T0 ? model_names[e->role] : "(none)");
+        snprintf(buf, cap, "%s",
+                 e->role < VIT_P_T2T0 ? vitc__canonical_model_names[e->role] : "(none)");
     } else {
-        snprintf(buf, cap, "encoder.layers.encoder_layer_%d.%s", e->layer, layer_names[e->role]);
+        snprintf(buf, cap, "encoder.layers.encoder_layer_%d.%s", e->layer,
+                 vitc__canonical_layer_names[e->role]);
     }
     return buf;
 }
@@ -591,6 +560,10 @@ static void vit_init_head(vitc_vit *m, uint64_t seed) {
     vitc__params_init(rows, n, m->params, seed);
 }
 
+vitc__vit_head vitc__vit_head_kept(const vitc_vit *m) {
+    return m->head == VIT_HEAD_NONE ? VIT_HEAD_CLS : m->head;
+}
+
 vitc_status vitc_vit_reset_head(vitc_vit *m, int num_classes, const char *const *labels,
                                 uint64_t seed) {
     if (!m)
@@ -598,7 +571,7 @@ vitc_status vitc_vit_reset_head(vitc_vit *m, int num_classes, const char *const 
     if (num_classes < 1 || num_classes > VIT_MAX_DIM)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_reset_head: num_classes %d is out of "
                          "range [1, %d]", num_classes, VIT_MAX_DIM);
-    if (!m->fam || !m->fam->new_head)
+    if (!m->fam || (!m->fam->new_head && m->fam->fresh_head == VIT_HEAD_NONE))
         return vitc__err(VITC_ERR_UNSUPPORTED, "vitc_vit_reset_head: a %s model has no "
                          "classification head layout", m->family);
     /* Labels first: nothing changes when they cannot be kept. */
@@ -625,7 +598,7 @@ vitc_status vitc_vit_reset_head(vitc_vit *m, int num_classes, const char *const 
      * the next inference forward for the new table). */
     vitc__vit_rowmajor(m);
     vitc_vit old = *m;
-    vitc__vit_head nh = m->fam->new_head(m);
+    vitc__vit_head nh = m->fam->new_head ? m->fam->new_head(m) : m->fam->fresh_head;
     if (nh == VIT_HEAD_LINEAR && m->head != VIT_HEAD_LINEAR) {
         /* the embedding head stays under the classifier: CLIP's projection
          * gives num_classes (its projection_dim) floats, SigLIP's MAP head C */

@@ -279,6 +279,17 @@ int vitc_vit_has_head(const vitc_vit *m) {
                  m->head == VIT_HEAD_CLS_MEAN || m->head == VIT_HEAD_LINEAR);
 }
 
+void vitc__vit_cls_mean(float *in, const float *h, int64_t B, int64_t N, int64_t C, int64_t np) {
+    for (int64_t b = 0; b < B; b++) {
+        float *r = in + b * 2 * C; /* [2C] */
+        memcpy(r, h + b * N * C, (size_t)C * sizeof(float));
+        for (int64_t j = 0; j < C; j++) r[C + j] = 0.0f;
+        for (int64_t tk = np; tk < N; tk++)
+            for (int64_t j = 0; j < C; j++) r[C + j] += h[(b * N + tk) * C + j];
+        for (int64_t j = 0; j < C; j++) r[C + j] /= (float)(N - np);
+    }
+}
+
 /* Dinov2ForImageClassification: logits = head([h[:, 0], mean(h[:, np:])]),
  * h = ln(y) on every token (registers excluded from the mean). */
 static vitc_status vit_logits_cls_mean(const vitc_vit *m, vitc__session *s, const float *y,
@@ -292,14 +303,7 @@ static vitc_status vit_logits_cls_mean(const vitc_vit *m, vitc__session *s, cons
     VITC_TRY(vitc__buf_reserve(&s->feat_buf, n));
     float *h = s->feat_buf.p, *in = h + B * N * C; /* [B, N, C], [B, 2C] */
     vitc__layernorm(h, y, m->w.ln_w, m->w.ln_b, B * N, C, c->norm_eps);
-    for (int64_t b = 0; b < B; b++) {
-        float *r = in + b * 2 * C;
-        memcpy(r, h + b * N * C, (size_t)C * sizeof(float));
-        for (int64_t j = 0; j < C; j++) r[C + j] = 0.0f;
-        for (int64_t tk = np; tk < N; tk++)
-            for (int64_t j = 0; j < C; j++) r[C + j] += h[(b * N + tk) * C + j];
-        for (int64_t j = 0; j < C; j++) r[C + j] /= (float)(N - np);
-    }
+    vitc__vit_cls_mean(in, h, B, N, C, np);
     vitc__linear(logits, K, in, 2 * C, m->w.head_w, m->w.head_b, NULL, 0, B, K, 2 * C);
     return VITC_OK;
 }
@@ -570,11 +574,14 @@ static vitc_status vit_session_model(const vitc_session *s, const char *fn, cons
     return VITC_OK;
 }
 
-static vitc_status vit_forward(const vitc_vit *m, vitc__session *s, const float *images, int B,
-                               int H, int W, float *logits) {
-    if (!logits)
-        return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward: NULL logits");
-    return vit_run(m, s, images, B, H, W, logits, NULL, NULL, NULL, 0);
+/* The logits, or (features) the tokens forward_features gives, into out. */
+static vitc_status vit_output(const vitc_vit *m, vitc__session *s, const float *images, int B,
+                              int H, int W, float *out, int features) {
+    if (!out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "ViT %s: NULL %s",
+                         features ? "forward_features" : "forward", features ? "out" : "logits");
+    return vit_run(m, s, images, B, H, W, features ? NULL : out, NULL, NULL, features ? out : NULL,
+                   0);
 }
 
 static vitc_status vit_attention_maps(const vitc_vit *m, vitc__session *s, const float *images,
@@ -589,7 +596,7 @@ vitc_status vitc_vit_forward(vitc_vit *m, const float *images, int B, int H, int
                              float *logits) {
     vitc__session *s;
     VITC_TRY(vit_owner(m, "vitc_vit_forward", &s));
-    return vit_forward(m, s, images, B, H, W, logits);
+    return vit_output(m, s, images, B, H, W, logits, 0);
 }
 
 vitc_status vitc_vit_attention_maps(vitc_vit *m, const float *images, int B, int H, int W,
@@ -603,7 +610,7 @@ vitc_status vitc_session_forward(vitc_session *s, const float *images, int B, in
                                  float *logits) {
     const vitc_vit *m = NULL;
     VITC_TRY(vit_session_model(s, "vitc_session_forward", &m));
-    return vit_forward(m, s, images, B, H, W, logits);
+    return vit_output(m, s, images, B, H, W, logits, 0);
 }
 
 vitc_status vitc_session_attention_maps(vitc_session *s, const float *images, int B, int H, int W,
@@ -676,25 +683,18 @@ const char *vitc_vit_ignored(const vitc_vit *m, int i) {
     return p;
 }
 
-static vitc_status vit_features(const vitc_vit *m, vitc__session *s, const float *images, int B,
-                                int H, int W, float *out) {
-    if (!out)
-        return vitc__err(VITC_ERR_INVALID_ARG, "ViT forward_features: NULL out");
-    return vit_run(m, s, images, B, H, W, NULL, NULL, NULL, out, 0);
-}
-
 vitc_status vitc_vit_forward_features(vitc_vit *m, const float *images, int B, int H, int W,
                                       float *out) {
     vitc__session *s;
     VITC_TRY(vit_owner(m, "vitc_vit_forward_features", &s));
-    return vit_features(m, s, images, B, H, W, out);
+    return vit_output(m, s, images, B, H, W, out, 1);
 }
 
 vitc_status vitc_session_forward_features(vitc_session *s, const float *images, int B, int H,
                                           int W, float *out) {
     const vitc_vit *m = NULL;
     VITC_TRY(vit_session_model(s, "vitc_session_forward_features", &m));
-    return vit_features(m, s, images, B, H, W, out);
+    return vit_output(m, s, images, B, H, W, out, 1);
 }
 
 vitc_status vitc_vit_embed_size(const vitc_vit *m, vitc_pool pool, int H, int W, int64_t *floats) {

@@ -141,14 +141,7 @@ static vitc_status vit_head_backward(vitc_vit *m, vitc__session *ss, const float
         /* out = head([h0, mean(h[np:])]) */
         float *h = s->b.dln, *in = s->head, *din = in + 2 * B * C; /* [B,N,C], [B,2C], [B,2C] */
         vitc__layernorm(h, y, m->w.ln_w, m->w.ln_b, B * N, C, c->norm_eps);
-        for (int64_t b = 0; b < B; b++) {
-            float *r = in + b * 2 * C;
-            memcpy(r, h + b * N * C, (size_t)C * sizeof(float));
-            for (int64_t j = 0; j < C; j++) r[C + j] = 0.0f;
-            for (int64_t tk = np; tk < N; tk++)
-                for (int64_t j = 0; j < C; j++) r[C + j] += h[(b * N + tk) * C + j];
-            for (int64_t j = 0; j < C; j++) r[C + j] /= (float)(N - np);
-        }
+        vitc__vit_cls_mean(in, h, B, N, C, np);
         vitc__linear_backward(din, 2 * C, 0.0f, m->g.head_w, m->g.head_b, dout, K, in, 2 * C,
                               m->w.head_w, B, K, 2 * C);
         memset(dh, 0, (size_t)(B * N * C) * sizeof(float));

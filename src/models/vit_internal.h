@@ -395,6 +395,10 @@ vitc_status vitc__vit_map_head(const vitc_vit *m, vitc__session *s, const float 
 /* The head's pieces over w (m->w or the gradients m->g). */
 vitc__nn_cross vitc__vit_map_attn(const vitc_vit *m, const vitc__vit_w *w, int64_t B, int64_t N);
 vitc__nn_mlp vitc__vit_map_mlp(const vitc_vit *m, const vitc__vit_w *w);
+/* DINOv2's head input from the final-normed tokens h [B, N, C]: in [B, 2C]
+ * = [class token, mean of the tokens after the np prefix ones], as the
+ * forward and its backward both build it. */
+void vitc__vit_cls_mean(float *in, const float *h, int64_t B, int64_t N, int64_t C, int64_t np);
 /* The adjoint of the position resampling of vit.c (m->pos_rule) from the
  * checkpoint's g x g grid to gh x gw: dsrc [g*g, C] += R^T ddst [gh*gw, C]. */
 vitc_status vitc__vit_pos_backward(const vitc_vit *m, float *dsrc, const float *ddst, int64_t gh,

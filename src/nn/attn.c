@@ -75,6 +75,20 @@ vitc_status vitc__nn_attn_dropout_forward(const vitc__sdpa_desc *sd, const uint8
     return VITC_OK;
 }
 
+vitc__nn_head_grad vitc__nn_head_at(const vitc__sdpa_bwd_desc *bd, int64_t b, int64_t h) {
+    const vitc__sdpa_desc *f = &bd->f;
+    return (vitc__nn_head_grad){
+        .L = f->L, .S = f->S, .D = f->D, .Dv = f->Dv, .scale = f->scale,
+        .q = f->q + b * f->q_sb + h * f->q_sh, .q_sr = f->q_sr,
+        .k = f->k + b * f->k_sb + h * f->k_sh, .k_sr = f->k_sr,
+        .v = f->v + b * f->v_sb + h * f->v_sh, .v_sr = f->v_sr,
+        .dout = bd->dout + b * bd->do_sb + h * bd->do_sh, .do_sr = bd->do_sr,
+        .dq = bd->dq + b * bd->dq_sb + h * bd->dq_sh, .dq_sr = bd->dq_sr,
+        .dk = bd->dk + b * bd->dk_sb + h * bd->dk_sh, .dk_sr = bd->dk_sr,
+        .dv = bd->dv + b * bd->dv_sb + h * bd->dv_sh, .dv_sr = bd->dv_sr,
+    };
+}
+
 vitc_status vitc__nn_attn_dropout_backward(const vitc__sdpa_bwd_desc *bd, const float *P,
                                            const uint8_t *keep, float p, vitc__buf *tmp) {
     const vitc__sdpa_desc *f = &bd->f;
@@ -83,16 +97,7 @@ vitc_status vitc__nn_attn_dropout_backward(const vitc__sdpa_bwd_desc *bd, const 
     for (int64_t b = 0; b < f->B; b++)
         for (int64_t h = 0; h < f->H; h++) {
             int64_t bh = b * f->H + h;
-            vitc__nn_head_grad hg = {
-                .L = L, .S = S, .D = f->D, .Dv = f->Dv, .scale = f->scale,
-                .q = f->q + b * f->q_sb + h * f->q_sh, .q_sr = f->q_sr,
-                .k = f->k + b * f->k_sb + h * f->k_sh, .k_sr = f->k_sr,
-                .v = f->v + b * f->v_sb + h * f->v_sh, .v_sr = f->v_sr,
-                .dout = bd->dout + b * bd->do_sb + h * bd->do_sh, .do_sr = bd->do_sr,
-                .dq = bd->dq + b * bd->dq_sb + h * bd->dq_sh, .dq_sr = bd->dq_sr,
-                .dk = bd->dk + b * bd->dk_sb + h * bd->dk_sh, .dk_sr = bd->dk_sr,
-                .dv = bd->dv + b * bd->dv_sb + h * bd->dv_sh, .dv_sr = bd->dv_sr,
-            };
+            vitc__nn_head_grad hg = vitc__nn_head_at(bd, b, h);
             vitc__nn_dropout_attn_head_backward(&hg, P + bh * LS, keep + bh * LS, p, tmp->p);
         }
     return VITC_OK;

@@ -56,6 +56,20 @@ static void nn_add(float *y, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += x[i];
 }
 
+/* A training forward's branch output: y [R, C] = res + (ls *) the branch
+ * Linear(in [R, K]) regularised (its masks kept for the backward). */
+static void nn_branch_out(const vitc__nn_block *b, float *y, const float *in, int64_t K,
+                          const float *W, const float *bias, const float *ls, const float *res,
+                          int64_t R, uint8_t *keep, uint8_t *dp_keep) {
+    int64_t C = b->C;
+    vitc__linear(y, C, in, K, W, bias, NULL, 0, R, C, K);
+    nn_branch_forward(b, y, R, keep, dp_keep);
+    if (ls)
+        vitc__scale_add(y, C, ls, res, C, R, C);
+    else
+        nn_add(y, res, R * C);
+}
+
 vitc_status vitc__nn_block_forward(const vitc__nn_block *b, int cls_only) {
     const vitc__nn_block_w *w = b->w;
     const vitc__nn_block_masks *k = &b->k;
@@ -87,12 +101,7 @@ vitc_status vitc__nn_block_forward(const vitc__nn_block *b, int cls_only) {
         VITC_TRY(vitc__nn_attn_dropout_forward(&sd, k->probs, b->attention_dropout, b->tmp));
     }
     if (k->att) { /* the branch alone, regularised, (layer-scaled,) then the residual */
-        vitc__linear(mid, C, att, C, w->proj_w, w->proj_b, NULL, 0, R, C, C);
-        nn_branch_forward(b, mid, R, k->att, k->dp_att);
-        if (w->ls1)
-            vitc__scale_add(mid, C, w->ls1, x, C, R, C);
-        else
-            nn_add(mid, x, R * C);
+        nn_branch_out(b, mid, att, C, w->proj_w, w->proj_b, w->ls1, x, R, k->att, k->dp_att);
     } else if (w->ls1) { /* DINOv2: mid = x + ls1 * out_proj(att), in the GEMM's epilogue */
         VITC_TRY(vitc__linear_pw_scaled(mid, C, att, rs * C, nn_pw(b, VITC__NN_PW_PROJ),
                                         w->proj_w, w->proj_b, w->ls1, x, rs * C, R, C, C));
@@ -125,12 +134,7 @@ vitc_status vitc__nn_block_forward(const vitc__nn_block *b, int cls_only) {
         vitc__dropout_apply(hact, hact, k->hid, R * M, b->dropout);
     }
     if (k->out) {
-        vitc__linear(y, C, hact, M, w->fc2_w, w->fc2_b, NULL, 0, R, C, M);
-        nn_branch_forward(b, y, R, k->out, k->dp_mlp);
-        if (w->ls2)
-            vitc__scale_add(y, C, w->ls2, mid, C, R, C);
-        else
-            nn_add(y, mid, R * C);
+        nn_branch_out(b, y, hact, M, w->fc2_w, w->fc2_b, w->ls2, mid, R, k->out, k->dp_mlp);
     } else if (w->ls2) { /* y = mid + ls2 * fc2(hact) */
         VITC_TRY(vitc__linear_pw_scaled(y, C, hact, M, nn_pw(b, VITC__NN_PW_FC2), w->fc2_w,
                                         w->fc2_b, w->ls2, mid, C, R, C, M));

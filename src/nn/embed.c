@@ -124,22 +124,26 @@ static void nn_cubic_taps_hp(int64_t o, int64_t in, float scale, int64_t idx[4],
     nn_cubic_at(scale * ((float)o + 0.5f) - 0.5f, in, idx, w);
 }
 
-/* mode: 0 align_corners=True; 1 half-pixel to a size. */
+/* The taps of output o by mode: 0 align_corners=True; 1 half-pixel to a
+ * size (scale = in / out). */
+static void nn_bicubic_taps(int64_t o, int64_t in, int64_t out, float scale, int mode,
+                            int64_t idx[4], float w[4]) {
+    if (mode)
+        nn_cubic_taps_hp(o, in, scale, idx, w);
+    else
+        nn_cubic_taps(o, in, out, idx, w);
+}
+
+/* mode: as nn_bicubic_taps. */
 static void nn_bicubic(float *dst, const float *src, int64_t C, int64_t ih, int64_t iw,
                        int64_t oh, int64_t ow, int mode) {
     float sy = (float)ih / (float)oh, sx = (float)iw / (float)ow;
     for (int64_t y = 0; y < oh; y++) {
         int64_t ys[4], xs[4];
         float wy[4], wx[4];
-        if (mode)
-            nn_cubic_taps_hp(y, ih, sy, ys, wy);
-        else
-            nn_cubic_taps(y, ih, oh, ys, wy);
+        nn_bicubic_taps(y, ih, oh, sy, mode, ys, wy);
         for (int64_t x = 0; x < ow; x++) {
-            if (mode)
-                nn_cubic_taps_hp(x, iw, sx, xs, wx);
-            else
-                nn_cubic_taps(x, iw, ow, xs, wx);
+            nn_bicubic_taps(x, iw, ow, sx, mode, xs, wx);
             float *d = dst + (y * ow + x) * C;
             for (int64_t c = 0; c < C; c++) {
                 float acc = 0.0f;
@@ -196,29 +200,41 @@ static void nn_aa_axis(int64_t in, int64_t out, int64_t taps, int64_t *lo, int64
     }
 }
 
+/* The most taps an antialiased output reads (grids bounded by the caller). */
+#define NN_AA_TAPS 64
+
+/* Both axes' taps (width [0], height [1]) for an ih x iw -> oh x ow
+ * resampling: w[a] [out * NN_AA_TAPS], freed by the caller. */
+static vitc_status nn_aa_weights(int64_t ih, int64_t iw, int64_t oh, int64_t ow,
+                                 int64_t lo[2][1024], int64_t n[2][1024], float *w[2]) {
+    w[0] = malloc((size_t)(ow * NN_AA_TAPS) * sizeof(float));
+    w[1] = malloc((size_t)(oh * NN_AA_TAPS) * sizeof(float));
+    if (!w[0] || !w[1]) {
+        free(w[0]);
+        free(w[1]);
+        return vitc__err(VITC_ERR_NOMEM, "antialiased resampling weights");
+    }
+    nn_aa_axis(iw, ow, NN_AA_TAPS, lo[0], n[0], w[0]);
+    nn_aa_axis(ih, oh, NN_AA_TAPS, lo[1], n[1], w[1]);
+    return VITC_OK;
+}
+
 /* Antialiased bicubic of src [ih*iw, C] into dst [oh*ow, C], width first
  * then height (PyTorch's separable order), through tmp [ih*ow, C]. Grids
  * are bounded (taps <= 64: a position grid shrinking by over 15x is
  * refused by the caller). */
 static vitc_status nn_bicubic_aa(float *dst, float *tmp, const float *src, int64_t C, int64_t ih,
                                  int64_t iw, int64_t oh, int64_t ow) {
-    int64_t lo[2][1024], n[2][1024], tx = 64, ty = 64;
-    float *w[2] = {malloc((size_t)(ow * tx) * sizeof(float)),
-                   malloc((size_t)(oh * ty) * sizeof(float))};
-    if (!w[0] || !w[1]) {
-        free(w[0]);
-        free(w[1]);
-        return vitc__err(VITC_ERR_NOMEM, "antialiased resampling weights");
-    }
-    nn_aa_axis(iw, ow, tx, lo[0], n[0], w[0]);
-    nn_aa_axis(ih, oh, ty, lo[1], n[1], w[1]);
+    int64_t lo[2][1024], n[2][1024];
+    float *w[2];
+    VITC_TRY(nn_aa_weights(ih, iw, oh, ow, lo, n, w));
     for (int64_t y = 0; y < ih; y++)
         for (int64_t x = 0; x < ow; x++) {
             float *d = tmp + (y * ow + x) * C;
             for (int64_t c = 0; c < C; c++) d[c] = 0.0f;
             for (int64_t k = 0; k < n[0][x]; k++) {
                 const float *s = src + (y * iw + lo[0][x] + k) * C;
-                float wk = w[0][x * tx + k];
+                float wk = w[0][x * NN_AA_TAPS + k];
                 for (int64_t c = 0; c < C; c++) d[c] += wk * s[c];
             }
         }
@@ -228,7 +244,7 @@ static vitc_status nn_bicubic_aa(float *dst, float *tmp, const float *src, int64
             for (int64_t c = 0; c < C; c++) d[c] = 0.0f;
             for (int64_t k = 0; k < n[1][y]; k++) {
                 const float *s = tmp + ((lo[1][y] + k) * ow + x) * C;
-                float wk = w[1][y * ty + k];
+                float wk = w[1][y * NN_AA_TAPS + k];
                 for (int64_t c = 0; c < C; c++) d[c] += wk * s[c];
             }
         }
@@ -246,15 +262,9 @@ static void nn_bicubic_backward(float *dsrc, const float *ddst, int64_t C, int64
     for (int64_t y = 0; y < oh; y++) {
         int64_t ys[4], xs[4];
         float wy[4], wx[4];
-        if (mode)
-            nn_cubic_taps_hp(y, ih, sy, ys, wy);
-        else
-            nn_cubic_taps(y, ih, oh, ys, wy);
+        nn_bicubic_taps(y, ih, oh, sy, mode, ys, wy);
         for (int64_t x = 0; x < ow; x++) {
-            if (mode)
-                nn_cubic_taps_hp(x, iw, sx, xs, wx);
-            else
-                nn_cubic_taps(x, iw, ow, xs, wx);
+            nn_bicubic_taps(x, iw, ow, sx, mode, xs, wx);
             const float *g = ddst + (y * ow + x) * C;
             for (int a = 0; a < 4; a++)
                 for (int b = 0; b < 4; b++) {
@@ -275,23 +285,16 @@ void vitc__bicubic_ac_backward(float *dsrc, const float *ddst, int64_t C, int64_
  * [ih*ow, C] (zeroed here), then the width pass's into dsrc (+=). */
 static vitc_status nn_bicubic_aa_backward(float *dsrc, float *tmp, const float *ddst, int64_t C,
                                           int64_t ih, int64_t iw, int64_t oh, int64_t ow) {
-    int64_t lo[2][1024], n[2][1024], tx = 64, ty = 64;
-    float *w[2] = {malloc((size_t)(ow * tx) * sizeof(float)),
-                   malloc((size_t)(oh * ty) * sizeof(float))};
-    if (!w[0] || !w[1]) {
-        free(w[0]);
-        free(w[1]);
-        return vitc__err(VITC_ERR_NOMEM, "antialiased resampling weights");
-    }
-    nn_aa_axis(iw, ow, tx, lo[0], n[0], w[0]);
-    nn_aa_axis(ih, oh, ty, lo[1], n[1], w[1]);
+    int64_t lo[2][1024], n[2][1024];
+    float *w[2];
+    VITC_TRY(nn_aa_weights(ih, iw, oh, ow, lo, n, w));
     memset(tmp, 0, (size_t)(ih * ow * C) * sizeof(float));
     for (int64_t y = 0; y < oh; y++)
         for (int64_t x = 0; x < ow; x++) {
             const float *g = ddst + (y * ow + x) * C;
             for (int64_t k = 0; k < n[1][y]; k++) {
                 float *d = tmp + ((lo[1][y] + k) * ow + x) * C;
-                float wk = w[1][y * ty + k];
+                float wk = w[1][y * NN_AA_TAPS + k];
                 for (int64_t c = 0; c < C; c++) d[c] += wk * g[c];
             }
         }
@@ -300,7 +303,7 @@ static vitc_status nn_bicubic_aa_backward(float *dsrc, float *tmp, const float *
             const float *g = tmp + (y * ow + x) * C;
             for (int64_t k = 0; k < n[0][x]; k++) {
                 float *d = dsrc + (y * iw + lo[0][x] + k) * C;
-                float wk = w[0][x * tx + k];
+                float wk = w[0][x * NN_AA_TAPS + k];
                 for (int64_t c = 0; c < C; c++) d[c] += wk * g[c];
             }
         }

@@ -93,6 +93,8 @@ typedef struct vitc__nn_head_grad {
     float *dq, *dk, *dv;
     int64_t dq_sr, dk_sr, dv_sr;
 } vitc__nn_head_grad;
+/* Head (b, h) of a backward: bd's forward operands and gradient views. */
+vitc__nn_head_grad vitc__nn_head_at(const vitc__sdpa_bwd_desc *bd, int64_t b, int64_t h);
 /* Its backward from the forward's P [L, S] and keep; T: [L, S] scratch. */
 void vitc__nn_dropout_attn_head_backward(const vitc__nn_head_grad *h, const float *P,
                                          const uint8_t *keep, float p, float *T);

@@ -16,100 +16,51 @@
 
 #include "../family.h"
 
+/* The rows every CLIP spelling has (a "%s" takes the tower's prefix). */
+#define CLIP_NAMES(cls, conv_w, pos, pre, ln, proj)                                           \
+    [VIT_P_CLS] = cls, [VIT_P_CONV_W] = conv_w, [VIT_P_POS] = pos, VITC__WB(VIT_P_PRE, pre), \
+        VITC__WB(VIT_P_LN, ln), [VIT_P_HEAD_W] = proj
+
 static const char *const clip_model[VIT_P_T2T0] = {
-    [VIT_P_CLS] = "%sembeddings.class_embedding",
-    [VIT_P_CONV_W] = "%sembeddings.patch_embedding.weight",
-    [VIT_P_POS] = "%sembeddings.position_embedding.weight",
-    [VIT_P_PRE_W] = "%spre_layrnorm.weight",
-    [VIT_P_PRE_B] = "%spre_layrnorm.bias",
-    [VIT_P_LN_W] = "%spost_layernorm.weight",
-    [VIT_P_LN_B] = "%spost_layernorm.bias",
-    [VIT_P_HEAD_W] = "visual_projection.weight",
+    CLIP_NAMES("%sembeddings.class_embedding", "%sembeddings.patch_embedding.weight",
+               "%sembeddings.position_embedding.weight", "%spre_layrnorm", "%spost_layernorm",
+               "visual_projection.weight"),
 };
-static const char *const clip_layer[VIT_L_COUNT] = {
-    [VIT_L_LN1_W] = "layer_norm1.weight",
-    [VIT_L_LN1_B] = "layer_norm1.bias",
-    [VIT_L_QKV_W] = "self_attn.%s_proj.weight",
-    [VIT_L_QKV_B] = "self_attn.%s_proj.bias",
-    [VIT_L_PROJ_W] = "self_attn.out_proj.weight",
-    [VIT_L_PROJ_B] = "self_attn.out_proj.bias",
-    [VIT_L_LN2_W] = "layer_norm2.weight",
-    [VIT_L_LN2_B] = "layer_norm2.bias",
-    [VIT_L_FC1_W] = "mlp.fc1.weight",
-    [VIT_L_FC1_B] = "mlp.fc1.bias",
-    [VIT_L_FC2_W] = "mlp.fc2.weight",
-    [VIT_L_FC2_B] = "mlp.fc2.bias",
-};
-static const char *const qkv_short[3] = {"q", "k", "v"};
 
 /* open_clip's (and OpenAI's) names, visual.*; its proj is [width, embed],
  * applied as x @ proj. No patch-conv bias, no projection bias: zeros. */
 static const char *const openclip_model[VIT_P_T2T0] = {
-    [VIT_P_CLS] = "%sclass_embedding",
-    [VIT_P_CONV_W] = "%sconv1.weight",
-    [VIT_P_POS] = "%spositional_embedding",
-    [VIT_P_PRE_W] = "%sln_pre.weight",
-    [VIT_P_PRE_B] = "%sln_pre.bias",
-    [VIT_P_LN_W] = "%sln_post.weight",
-    [VIT_P_LN_B] = "%sln_post.bias",
-    [VIT_P_HEAD_W] = "%sproj",
+    CLIP_NAMES("%sclass_embedding", "%sconv1.weight", "%spositional_embedding", "%sln_pre",
+               "%sln_post", "%sproj"),
 };
 static const char *const openclip_layer[VIT_L_COUNT] = {
-    [VIT_L_LN1_W] = "ln_1.weight",
-    [VIT_L_LN1_B] = "ln_1.bias",
-    [VIT_L_QKV_W] = "attn.in_proj_weight",
-    [VIT_L_QKV_B] = "attn.in_proj_bias",
-    [VIT_L_PROJ_W] = "attn.out_proj.weight",
-    [VIT_L_PROJ_B] = "attn.out_proj.bias",
-    [VIT_L_LN2_W] = "ln_2.weight",
-    [VIT_L_LN2_B] = "ln_2.bias",
-    [VIT_L_FC1_W] = "mlp.c_fc.weight",
-    [VIT_L_FC1_B] = "mlp.c_fc.bias",
-    [VIT_L_FC2_W] = "mlp.c_proj.weight",
-    [VIT_L_FC2_B] = "mlp.c_proj.bias",
+    VITC__BLOCK_NAMES("ln_1", "attn.in_proj_weight", "attn.in_proj_bias", "attn.out_proj",
+                      "ln_2", "mlp.c_fc", "mlp.c_proj"),
 };
 /* ... and timm's (vit_base_patch16_clip_224.openai: _convert_openai_clip's
  * renames; head = proj transposed, its bias zeros). */
 static const char *const timmclip_model[VIT_P_T2T0] = {
-    [VIT_P_CLS] = "%scls_token",
-    [VIT_P_CONV_W] = "%spatch_embed.proj.weight",
-    [VIT_P_POS] = "%spos_embed",
-    [VIT_P_PRE_W] = "%snorm_pre.weight",
-    [VIT_P_PRE_B] = "%snorm_pre.bias",
-    [VIT_P_LN_W] = "%snorm.weight",
-    [VIT_P_LN_B] = "%snorm.bias",
-    [VIT_P_HEAD_W] = "%shead.weight",
+    CLIP_NAMES("%scls_token", "%spatch_embed.proj.weight", "%spos_embed", "%snorm_pre",
+               "%snorm", "%shead.weight"),
     [VIT_P_HEAD_B] = "%shead.bias",
-};
-static const char *const timm_layer[VIT_L_COUNT] = {
-    [VIT_L_LN1_W] = "norm1.weight",     [VIT_L_LN1_B] = "norm1.bias",
-    [VIT_L_QKV_W] = "attn.qkv.weight",  [VIT_L_QKV_B] = "attn.qkv.bias",
-    [VIT_L_PROJ_W] = "attn.proj.weight", [VIT_L_PROJ_B] = "attn.proj.bias",
-    [VIT_L_LN2_W] = "norm2.weight",     [VIT_L_LN2_B] = "norm2.bias",
-    [VIT_L_FC1_W] = "mlp.fc1.weight",   [VIT_L_FC1_B] = "mlp.fc1.bias",
-    [VIT_L_FC2_W] = "mlp.fc2.weight",   [VIT_L_FC2_B] = "mlp.fc2.bias",
 };
 
 /* CLIPModel's file nests its config in vision_config; "vision_model." is a
  * module name, not a stripped prefix. */
 static const vitc__hub_names clip_types[] = {
-    {.type = "clip", .family = "hf-clip", .prefix = "vision_model.", .kind = HUB_KIND_CLIP,
-     .model = clip_model, .layer = clip_layer, .layer_fmt = "encoder.layers.%d.",
-     .qkv = qkv_short, .eps = 1e-5f, .patch = 32, .pos = VIT_POS_HALF_PIXEL},
-    {.type = "clip_vision_model", .family = "hf-clip", .prefix = "vision_model.",
-     .kind = HUB_KIND_CLIP, .model = clip_model, .layer = clip_layer,
-     .layer_fmt = "encoder.layers.%d.", .qkv = qkv_short, .eps = 1e-5f, .patch = 32,
-     .pos = VIT_POS_HALF_PIXEL},
+    {.type = "clip", .vision_type = "clip_vision_model", .family = "hf-clip",
+     .prefix = "vision_model.", .kind = HUB_KIND_CLIP, .model = clip_model,
+     .layer = vitc__hf_clip_layer_names, .layer_fmt = "encoder.layers.%d.",
+     .qkv = vitc__qkv_short, .eps = 1e-5f, .patch = 32, .pos = VIT_POS_HALF_PIXEL},
 };
-#define N_TYPES ((int)(sizeof clip_types / sizeof clip_types[0]))
 static const vitc__hub_names openclip = {
     .type = "open_clip", .family = "open-clip", .prefix = "visual.", .kind = HUB_KIND_CLIP,
     .model = openclip_model, .layer = openclip_layer, .layer_fmt = "transformer.resblocks.%d.",
     .eps = 1e-5f, .patch = 16, .pos = VIT_POS_HALF_PIXEL, .proj_t = 1};
 static const vitc__hub_names timmclip = {
     .type = "timm_clip", .family = "timm-clip", .prefix = "", .kind = HUB_KIND_CLIP,
-    .model = timmclip_model, .layer = timm_layer, .layer_fmt = "blocks.%d.", .eps = 1e-5f,
-    .patch = 16, .pos = VIT_POS_HALF_PIXEL};
+    .model = timmclip_model, .layer = vitc__timm_layer_names, .layer_fmt = "blocks.%d.",
+    .eps = 1e-5f, .patch = 16, .pos = VIT_POS_HALF_PIXEL};
 
 /* A single file in open_clip's / OpenAI's names (visual.*): 1; in timm's
  * (norm_pre, blocks.N): 2; else 0. */
@@ -129,8 +80,7 @@ static int clip_names(const vitc_safetensors *st) {
 static const char *const saved_names[] = {"hf-clip", "open-clip", "timm-clip", NULL};
 
 static int clip_detect(const vitc__src *src) {
-    return vitc__ckpt_saved(src, saved_names) || vitc__hub_match(src, clip_types, N_TYPES) ||
-           src->open_clip_dir ||
+    return vitc__hub_family_detect(&vitc__family_clip, src) || src->open_clip_dir ||
            (src->path && clip_names(src->st));
 }
 
@@ -244,11 +194,8 @@ static vitc_status clip_names_build(vitc_vit *m, vitc__src *src, int timm) {
 
 
 static vitc_status clip_configure(vitc_vit *m, vitc__src *src) {
-    if (vitc__ckpt_saved(src, saved_names))
-        return vitc__ckpt_saved_configure(m, src);
-    const vitc__hub_names *hf = vitc__hub_match(src, clip_types, N_TYPES);
-    if (hf)
-        return vitc__hub_configure(m, src, hf);
+    if (vitc__hub_family_detect(&vitc__family_clip, src))
+        return vitc__hub_family_configure(&vitc__family_clip, m, src);
     int timm = !src->open_clip_dir && clip_names(src->st) == 2;
     if (!src->shards.n) {
         /* The file again as the Hub reads it (OpenAI's int tensors listed,
@@ -266,17 +213,13 @@ static vitc_status clip_configure(vitc_vit *m, vitc__src *src) {
     return s == VITC_OK ? clip_names_build(m, src, timm) : s;
 }
 
-/* A linear classifier over the (projected) embedding. */
-static vitc__vit_head clip_new_head(const vitc_vit *m) {
-    (void)m;
-    return VIT_HEAD_LINEAR;
-}
-
-/* classifier weight normal_(0, 0.02), bias zeros. */
+/* A fresh head: a linear classifier over the (projected) embedding, its
+ * weight normal_(0, 0.02), bias zeros. */
 const vitc__family vitc__family_clip = {
     .name = "clip",
     .detect = clip_detect,
     .configure = clip_configure,
-    .new_head = clip_new_head,
+    VITC__HUB_FAMILY(clip_types, saved_names),
+    .fresh_head = VIT_HEAD_LINEAR,
     .head_std = 0.02,
 };

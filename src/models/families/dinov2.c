@@ -7,70 +7,31 @@
  */
 #include "../family.h"
 
-static const char *const dinov2_model[VIT_P_T2T0] = {
-    [VIT_P_CLS] = "%sembeddings.cls_token",
-    [VIT_P_CONV_W] = "%sembeddings.patch_embeddings.projection.weight",
-    [VIT_P_CONV_B] = "%sembeddings.patch_embeddings.projection.bias",
-    [VIT_P_POS] = "%sembeddings.position_embeddings",
-    [VIT_P_REG] = "%sembeddings.register_tokens",
-    [VIT_P_LN_W] = "%slayernorm.weight",
-    [VIT_P_LN_B] = "%slayernorm.bias",
-    [VIT_P_HEAD_W] = "classifier.weight",
-    [VIT_P_HEAD_B] = "classifier.bias",
-};
 static const char *const dinov2_layer[VIT_L_COUNT] = {
-    [VIT_L_LN1_W] = "norm1.weight",
-    [VIT_L_LN1_B] = "norm1.bias",
-    [VIT_L_QKV_W] = "attention.attention.%s.weight",
-    [VIT_L_QKV_B] = "attention.attention.%s.bias",
-    [VIT_L_PROJ_W] = "attention.output.dense.weight",
-    [VIT_L_PROJ_B] = "attention.output.dense.bias",
-    [VIT_L_LN2_W] = "norm2.weight",
-    [VIT_L_LN2_B] = "norm2.bias",
-    [VIT_L_FC1_W] = "mlp.fc1.weight",
-    [VIT_L_FC1_B] = "mlp.fc1.bias",
-    [VIT_L_FC2_W] = "mlp.fc2.weight",
-    [VIT_L_FC2_B] = "mlp.fc2.bias",
+    VITC__BLOCK_NAMES("norm1", "attention.attention.%s.weight", "attention.attention.%s.bias",
+                      "attention.output.dense", "norm2", "mlp.fc1", "mlp.fc2"),
     [VIT_L_LS1] = "layer_scale1.lambda1",
     [VIT_L_LS2] = "layer_scale2.lambda1",
 };
-static const char *const qkv_long[3] = {"query", "key", "value"};
 
 static const vitc__hub_names dinov2_types[] = {
     {.type = "dinov2", .family = "hf-dinov2", .prefix = "dinov2.", .kind = HUB_KIND_DINO,
-     .model = dinov2_model, .layer = dinov2_layer, .layer_fmt = "encoder.layer.%d.",
-     .qkv = qkv_long, .eps = 1e-6f, .patch = 14, .layer_scale = 1, .pos = VIT_POS_HALF_PIXEL},
+     .model = vitc__hf_vit_model_names, .layer = dinov2_layer, .layer_fmt = "encoder.layer.%d.",
+     .qkv = vitc__qkv_long, .eps = 1e-6f, .patch = 14, .layer_scale = 1, .pos = VIT_POS_HALF_PIXEL},
     {.type = "dinov2_with_registers", .family = "hf-dinov2", .prefix = "dinov2_with_registers.",
-     .kind = HUB_KIND_DINO, .model = dinov2_model, .layer = dinov2_layer,
-     .layer_fmt = "encoder.layer.%d.", .qkv = qkv_long, .eps = 1e-6f, .patch = 14,
+     .kind = HUB_KIND_DINO, .model = vitc__hf_vit_model_names, .layer = dinov2_layer,
+     .layer_fmt = "encoder.layer.%d.", .qkv = vitc__qkv_long, .eps = 1e-6f, .patch = 14,
      .registers = 4, .layer_scale = 1, .pos = VIT_POS_ANTIALIAS},
 };
-#define N_TYPES ((int)(sizeof dinov2_types / sizeof dinov2_types[0]))
 
 /* the m->family strings of a saved model (vitc.family) */
 static const char *const saved_names[] = {"hf-dinov2", NULL};
 
-static int dinov2_detect(const vitc__src *src) {
-    return vitc__ckpt_saved(src, saved_names) || vitc__hub_match(src, dinov2_types, N_TYPES) != NULL;
-}
-
-static vitc_status dinov2_configure(vitc_vit *m, vitc__src *src) {
-    if (vitc__ckpt_saved(src, saved_names))
-        return vitc__ckpt_saved_configure(m, src);
-    return vitc__hub_configure(m, src, vitc__hub_match(src, dinov2_types, N_TYPES));
-}
-
-/* Dinov2ForImageClassification: classifier [K, 2C] over [CLS, patch mean]. */
-static vitc__vit_head dinov2_new_head(const vitc_vit *m) {
-    (void)m;
-    return VIT_HEAD_CLS_MEAN;
-}
-
-/* _init_weights: normal_(0, initializer_range = 0.02), bias zeros. */
+/* Dinov2ForImageClassification: classifier [K, 2C] over [CLS, patch mean];
+ * _init_weights: normal_(0, initializer_range = 0.02), bias zeros. */
 const vitc__family vitc__family_dinov2 = {
     .name = "hf-dinov2",
-    .detect = dinov2_detect,
-    .configure = dinov2_configure,
-    .new_head = dinov2_new_head,
+    VITC__HUB_FAMILY(dinov2_types, saved_names),
+    .fresh_head = VIT_HEAD_CLS_MEAN,
     .head_std = 0.02,
 };

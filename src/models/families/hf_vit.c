@@ -8,59 +8,23 @@
  */
 #include "../family.h"
 
-static const char *const vit_model[VIT_P_T2T0] = {
-    [VIT_P_CLS] = "%sembeddings.cls_token",
-    [VIT_P_CONV_W] = "%sembeddings.patch_embeddings.projection.weight",
-    [VIT_P_CONV_B] = "%sembeddings.patch_embeddings.projection.bias",
-    [VIT_P_POS] = "%sembeddings.position_embeddings",
-    [VIT_P_DIST] = "%sembeddings.distillation_token",
-    [VIT_P_REG] = "%sembeddings.register_tokens",
-    [VIT_P_LN_W] = "%slayernorm.weight",
-    [VIT_P_LN_B] = "%slayernorm.bias",
-    [VIT_P_HEAD_W] = "classifier.weight",
-    [VIT_P_HEAD_B] = "classifier.bias",
-    [VIT_P_HEAD2_W] = "distillation_classifier.weight",
-    [VIT_P_HEAD2_B] = "distillation_classifier.bias",
-};
 static const char *const vit_layer[VIT_L_COUNT] = {
-    [VIT_L_LN1_W] = "layernorm_before.weight",
-    [VIT_L_LN1_B] = "layernorm_before.bias",
-    [VIT_L_QKV_W] = "attention.attention.%s.weight",
-    [VIT_L_QKV_B] = "attention.attention.%s.bias",
-    [VIT_L_PROJ_W] = "attention.output.dense.weight",
-    [VIT_L_PROJ_B] = "attention.output.dense.bias",
-    [VIT_L_LN2_W] = "layernorm_after.weight",
-    [VIT_L_LN2_B] = "layernorm_after.bias",
-    [VIT_L_FC1_W] = "intermediate.dense.weight",
-    [VIT_L_FC1_B] = "intermediate.dense.bias",
-    [VIT_L_FC2_W] = "output.dense.weight",
-    [VIT_L_FC2_B] = "output.dense.bias",
+    VITC__BLOCK_NAMES("layernorm_before", "attention.attention.%s.weight",
+                      "attention.attention.%s.bias", "attention.output.dense",
+                      "layernorm_after", "intermediate.dense", "output.dense"),
 };
-static const char *const qkv_long[3] = {"query", "key", "value"};
 
 static const vitc__hub_names hf_vit_types[] = {
     {.type = "vit", .family = "hf-vit", .prefix = "vit.", .kind = HUB_KIND_VIT,
-     .model = vit_model, .layer = vit_layer, .layer_fmt = "encoder.layer.%d.", .qkv = qkv_long,
-     .eps = 1e-12f, .patch = 16, .pos = VIT_POS_HALF_PIXEL},
+     .model = vitc__hf_vit_model_names, .layer = vit_layer, .layer_fmt = "encoder.layer.%d.",
+     .qkv = vitc__qkv_long, .eps = 1e-12f, .patch = 16, .pos = VIT_POS_HALF_PIXEL},
     {.type = "deit", .family = "hf-deit", .prefix = "deit.", .kind = HUB_KIND_VIT,
-     .model = vit_model, .layer = vit_layer, .layer_fmt = "encoder.layer.%d.", .qkv = qkv_long,
-     .eps = 1e-12f, .patch = 16, .dist = 1, .pos = VIT_POS_HALF_PIXEL},
+     .model = vitc__hf_vit_model_names, .layer = vit_layer, .layer_fmt = "encoder.layer.%d.",
+     .qkv = vitc__qkv_long, .eps = 1e-12f, .patch = 16, .dist = 1, .pos = VIT_POS_HALF_PIXEL},
 };
-#define N_TYPES ((int)(sizeof hf_vit_types / sizeof hf_vit_types[0]))
 
 /* the m->family strings of a saved model (vitc.family) */
 static const char *const saved_names[] = {"hf-vit", "hf-deit", NULL};
-
-static int hf_vit_detect(const vitc__src *src) {
-    return vitc__ckpt_saved(src, saved_names) ||
-           vitc__hub_match(src, hf_vit_types, N_TYPES) != NULL;
-}
-
-static vitc_status hf_vit_configure(vitc_vit *m, vitc__src *src) {
-    if (vitc__ckpt_saved(src, saved_names))
-        return vitc__ckpt_saved_configure(m, src);
-    return vitc__hub_configure(m, src, vitc__hub_match(src, hf_vit_types, N_TYPES));
-}
 
 /* ViTModel -> ViTForImageClassification (classifier on the final-normed
  * class token); DeiT with teacher keeps both heads, both fresh. */
@@ -72,8 +36,7 @@ static vitc__vit_head hf_vit_new_head(const vitc_vit *m) {
  * configs' default), bias zeros. */
 const vitc__family vitc__family_hf_vit = {
     .name = "hf-vit",
-    .detect = hf_vit_detect,
-    .configure = hf_vit_configure,
+    VITC__HUB_FAMILY(hf_vit_types, saved_names),
     .new_head = hf_vit_new_head,
     .head_std = 0.02,
 };

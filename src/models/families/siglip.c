@@ -8,76 +8,31 @@
 #include "../family.h"
 
 static const char *const siglip_model[VIT_P_T2T0] = {
-    [VIT_P_CONV_W] = "%sembeddings.patch_embedding.weight",
-    [VIT_P_CONV_B] = "%sembeddings.patch_embedding.bias",
+    VITC__WB(VIT_P_CONV, "%sembeddings.patch_embedding"),
     [VIT_P_POS] = "%sembeddings.position_embedding.weight",
-    [VIT_P_LN_W] = "%spost_layernorm.weight",
-    [VIT_P_LN_B] = "%spost_layernorm.bias",
-    [VIT_P_MAP_PROBE] = "%shead.probe",
-    [VIT_P_MAP_QKV_W] = "%shead.attention.in_proj_weight",
-    [VIT_P_MAP_QKV_B] = "%shead.attention.in_proj_bias",
-    [VIT_P_MAP_PROJ_W] = "%shead.attention.out_proj.weight",
-    [VIT_P_MAP_PROJ_B] = "%shead.attention.out_proj.bias",
-    [VIT_P_MAP_LN_W] = "%shead.layernorm.weight",
-    [VIT_P_MAP_LN_B] = "%shead.layernorm.bias",
-    [VIT_P_MAP_FC1_W] = "%shead.mlp.fc1.weight",
-    [VIT_P_MAP_FC1_B] = "%shead.mlp.fc1.bias",
-    [VIT_P_MAP_FC2_W] = "%shead.mlp.fc2.weight",
-    [VIT_P_MAP_FC2_B] = "%shead.mlp.fc2.bias",
+    VITC__WB(VIT_P_LN, "%spost_layernorm"),
+    VITC__MAP_NAMES("%shead.probe", "%shead.attention.in_proj_weight",
+                    "%shead.attention.in_proj_bias", "%shead.attention.out_proj",
+                    "%shead.layernorm", "%shead.mlp.fc1", "%shead.mlp.fc2"),
 };
-static const char *const siglip_layer[VIT_L_COUNT] = {
-    [VIT_L_LN1_W] = "layer_norm1.weight",
-    [VIT_L_LN1_B] = "layer_norm1.bias",
-    [VIT_L_QKV_W] = "self_attn.%s_proj.weight",
-    [VIT_L_QKV_B] = "self_attn.%s_proj.bias",
-    [VIT_L_PROJ_W] = "self_attn.out_proj.weight",
-    [VIT_L_PROJ_B] = "self_attn.out_proj.bias",
-    [VIT_L_LN2_W] = "layer_norm2.weight",
-    [VIT_L_LN2_B] = "layer_norm2.bias",
-    [VIT_L_FC1_W] = "mlp.fc1.weight",
-    [VIT_L_FC1_B] = "mlp.fc1.bias",
-    [VIT_L_FC2_W] = "mlp.fc2.weight",
-    [VIT_L_FC2_B] = "mlp.fc2.bias",
-};
-static const char *const qkv_short[3] = {"q", "k", "v"};
 
 static const vitc__hub_names siglip_types[] = {
-    {.type = "siglip", .family = "hf-siglip", .prefix = "vision_model.", .kind = HUB_KIND_SIGLIP,
-     .model = siglip_model, .layer = siglip_layer, .layer_fmt = "encoder.layers.%d.",
-     .qkv = qkv_short, .eps = 1e-6f, .patch = 16, .pos = VIT_POS_HALF_PIXEL},
-    {.type = "siglip_vision_model", .family = "hf-siglip", .prefix = "vision_model.",
-     .kind = HUB_KIND_SIGLIP, .model = siglip_model, .layer = siglip_layer,
-     .layer_fmt = "encoder.layers.%d.", .qkv = qkv_short, .eps = 1e-6f, .patch = 16,
-     .pos = VIT_POS_HALF_PIXEL},
+    {.type = "siglip", .vision_type = "siglip_vision_model", .family = "hf-siglip",
+     .prefix = "vision_model.", .kind = HUB_KIND_SIGLIP, .model = siglip_model,
+     .layer = vitc__hf_clip_layer_names, .layer_fmt = "encoder.layers.%d.",
+     .qkv = vitc__qkv_short, .eps = 1e-6f, .patch = 16, .pos = VIT_POS_HALF_PIXEL},
 };
-#define N_TYPES ((int)(sizeof siglip_types / sizeof siglip_types[0]))
 
 /* the m->family strings of a saved model (vitc.family) */
 static const char *const saved_names[] = {"hf-siglip", NULL};
 
-static int siglip_detect(const vitc__src *src) {
-    return vitc__ckpt_saved(src, saved_names) || vitc__hub_match(src, siglip_types, N_TYPES) != NULL;
-}
-
-static vitc_status siglip_configure(vitc_vit *m, vitc__src *src) {
-    if (vitc__ckpt_saved(src, saved_names))
-        return vitc__ckpt_saved_configure(m, src);
-    return vitc__hub_configure(m, src, vitc__hub_match(src, siglip_types, N_TYPES));
-}
-
 /* A classifier over the MAP head's embedding ([K, C]); a tower without
  * its head (vision_use_head false) gets one on the class-less features
- * the same way: VIT_HEAD_LINEAR over the embedding. */
-static vitc__vit_head siglip_new_head(const vitc_vit *m) {
-    (void)m;
-    return VIT_HEAD_LINEAR;
-}
-
-/* classifier weight normal_(0, 0.02), bias zeros. */
+ * the same way: VIT_HEAD_LINEAR over the embedding; its weight
+ * normal_(0, 0.02), bias zeros. */
 const vitc__family vitc__family_siglip = {
     .name = "hf-siglip",
-    .detect = siglip_detect,
-    .configure = siglip_configure,
-    .new_head = siglip_new_head,
+    VITC__HUB_FAMILY(siglip_types, saved_names),
+    .fresh_head = VIT_HEAD_LINEAR,
     .head_std = 0.02,
 };

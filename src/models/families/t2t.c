@@ -380,32 +380,17 @@ static vitc_status t2t_configure(vitc_vit *m, vitc__src *src) {
 /* The encoder in timm's names (the original's modules are timm's). */
 static const char *const t2t_model[VIT_P_T2T0] = {
     [VIT_P_CLS] = "cls_token", [VIT_P_POS] = "pos_embed",
-    [VIT_P_LN_W] = "norm.weight", [VIT_P_LN_B] = "norm.bias",
-    [VIT_P_HEAD_W] = "head.weight", [VIT_P_HEAD_B] = "head.bias",
-};
-static const char *const t2t_layer[VIT_L_COUNT] = {
-    [VIT_L_LN1_W] = "norm1.weight",     [VIT_L_LN1_B] = "norm1.bias",
-    [VIT_L_QKV_W] = "attn.qkv.weight",  [VIT_L_QKV_B] = "attn.qkv.bias",
-    [VIT_L_PROJ_W] = "attn.proj.weight", [VIT_L_PROJ_B] = "attn.proj.bias",
-    [VIT_L_LN2_W] = "norm2.weight",     [VIT_L_LN2_B] = "norm2.bias",
-    [VIT_L_FC1_W] = "mlp.fc1.weight",   [VIT_L_FC1_B] = "mlp.fc1.bias",
-    [VIT_L_FC2_W] = "mlp.fc2.weight",   [VIT_L_FC2_B] = "mlp.fc2.bias",
-    [VIT_L_LS1] = "ls1.gamma",          [VIT_L_LS2] = "ls2.gamma",
+    VITC__WB(VIT_P_LN, "norm"), VITC__WB(VIT_P_HEAD, "head"),
 };
 
 static const char *t2t_row_name(const vitc_vit *m, const vitc__param *e, char *buf, size_t cap) {
     if (e->layer < 0 && e->role >= VIT_P_T2T0)
         return t2t_stage_name(e->role, m->naming, buf, cap);
     if (e->layer >= 0)
-        snprintf(buf, cap, "blocks.%d.%s", e->layer, t2t_layer[e->role]);
+        snprintf(buf, cap, "blocks.%d.%s", e->layer, vitc__timm_layer_names[e->role]);
     else
         snprintf(buf, cap, "%s", t2t_model[e->role] ? t2t_model[e->role] : "(none)");
     return buf;
-}
-
-static vitc__vit_head t2t_new_head(const vitc_vit *m) {
-    (void)m;
-    return VIT_HEAD_CLS;
 }
 
 /* T2T_ViT._init_weights: trunc_normal_(std=.02) Linear weights, zero biases. */
@@ -428,7 +413,7 @@ const vitc__family vitc__family_t2t = {
     .can_train = t2t_can_train,
     .embed = vitc__t2t_tokens,
     .embed_backward = vitc__t2t_tokens_backward,
-    .new_head = t2t_new_head,
+    .fresh_head = VIT_HEAD_CLS,
     .head_std = 0.02,
     .head_trunc = 1,
 };

@@ -11,18 +11,8 @@
 #include "../family.h"
 
 static const vitc__ckpt_names tv_names = {
-    .cls = "class_token",
-    .conv_w = "conv_proj.weight",
-    .pos = "encoder.pos_embedding",
-    .head_w = "heads.head.weight",
-    .head_b = "heads.head.bias",
-    .dist = "dist_token",
-    .layer_fmt = "encoder.layers.encoder_layer_%d.",
-    .qkv_w = "self_attention.in_proj_weight",
-    .fc1_w = "mlp.0.weight",
-    .ls1 = "ls1.gamma",
-    .timm = 0,
-};
+    .model = vitc__canonical_model_names, .layer = vitc__canonical_layer_names,
+    .layer_fmt = "encoder.layers.encoder_layer_%d.", .timm = 0};
 #define TV_V1_FC1 "encoder.layers.encoder_layer_0.mlp.linear_1.weight"
 
 static int tv_detect(const vitc__src *src) {
@@ -53,17 +43,13 @@ static const char *tv_row_name(const vitc_vit *m, const vitc__param *e, char *bu
     return vitc__vit_canonical_name(e, buf, cap);
 }
 
-/* heads.head on the class token; a backbone gets one. */
-static vitc__vit_head tv_new_head(const vitc_vit *m) {
-    return m->head == VIT_HEAD_NONE ? VIT_HEAD_CLS : m->head;
-}
-
-/* VisionTransformer.__init__ zeroes heads.head (weight and bias). */
+/* heads.head on the class token (a backbone gets one);
+ * VisionTransformer.__init__ zeroes heads.head (weight and bias). */
 const vitc__family vitc__family_torchvision = {
     .name = "torchvision",
     .detect = tv_detect,
     .configure = tv_configure,
     .row_name = tv_row_name,
-    .new_head = tv_new_head,
+    .new_head = vitc__vit_head_kept,
     .head_std = 0.0,
 };
