@@ -2,10 +2,12 @@
 (A B A B ...), the median of each workload's per-round times, and B/A.
 
     .venv/bin/python bench/ab.py --a OLD/build/vitc --b build/vitc \
-        [--rounds 3] [--threads 2] [--hub DIR] [--out bench/results-ab.md]
+        [--rounds 3] [--threads 2] [--vit FILE] [--hub DIR] [--out F.md]
 
---hub DIR: a directory holding dinov2-base/ and clip-vit-base-patch16/
-(made by `bench/bench.py --export-hub DIR`) for the Hub rows. Meant for
+--vit FILE: a ViT-B/16 checkpoint (`bench/bench.py --export-vit FILE`) for
+the vit_b16_* rows in fp32, bf16 and int8; --hub DIR: a directory holding
+dinov2-base/ and clip-vit-base-patch16/ (`bench/bench.py --export-hub DIR`)
+for the Hub rows. Meant for
 "did this change make anything slower": both builds run on the same
 machine in the same minutes, so drift hits both; quote the ratio.
 """
@@ -20,8 +22,12 @@ import time
 
 # (label, vitc bench arguments): the workloads of `make bench` vitc runs alone
 RUNS = [
-    ("fp32", ["--only", "sdpa,mha,convsa,sa_multihead,sa_group,vit_b16_b1,vit_b16_b8,"
-              "train_fmnist,train_vit_b16_b8,sdpa_bwd"]),
+    ("fp32", ["--only", "sdpa,mha,convsa,sa_multihead,sa_group,train_fmnist,train_vit_b16_b8,"
+              "sdpa_bwd"]),
+]
+# With --vit (a ViT-B/16 file: `bench/bench.py --export-vit PATH`)
+VIT_RUNS = [
+    ("fp32", ["--only", "vit_b16_b1,vit_b16_b8"]),
     ("bf16", ["--only", "vit_b16_b1,vit_b16_b8", "--precision", "bf16",
               "--attention-precision", "bf16"]),
     ("int8", ["--only", "vit_b16_b1,vit_b16_b8", "--precision", "int8"]),
@@ -56,9 +62,14 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--hub", help="directory with dinov2-base/ and clip-vit-base-patch16/")
+    ap.add_argument("--vit", help="a ViT-B/16 .safetensors for the vit_b16_* rows")
+    ap.add_argument("--only-models", action="store_true",
+                    help="only the rows of --vit and --hub")
     ap.add_argument("--out", help="write the markdown table here")
     args = ap.parse_args()
-    runs = list(RUNS)
+    runs = [] if args.only_models else list(RUNS)
+    if args.vit:
+        runs += [(label, extra + ["--model", args.vit]) for label, extra in VIT_RUNS]
     if args.hub:
         runs.append(("fp32", ["--only", "dinov2_b14_b1,dinov2_b14_b8", "--model",
                               os.path.join(args.hub, "dinov2-base")]))
