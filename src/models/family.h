@@ -153,6 +153,9 @@ extern const vitc__family vitc__family_torchvision, vitc__family_timm, vitc__fam
 
 /* ---- model.c ------------------------------------------------------- */
 
+/* 3 numbers of a JSON array into f (left as they are otherwise). */
+void vitc__json_floats3(struct json_t *a, float *f);
+
 /* The canonical spelling of a row: torchvision's state_dict keys, what
  * vitc_vit_create and the Hub families' tables use. */
 const char *vitc__vit_canonical_name(const vitc__param *e, char *buf, size_t cap);
@@ -250,7 +253,5 @@ vitc_status vitc__hub_unknown(const vitc__src *src);
 /* timm's Hub layout: its config.json's pretrained_cfg mean/std and
  * architecture name over what the file alone gave. */
 vitc_status vitc__hub_timm_config(vitc_vit *m, const vitc__src *src);
-/* 3 numbers of a JSON array into f (left as they are otherwise). */
-void vitc__json_floats3(struct json_t *a, float *f);
 
 #endif

@@ -736,15 +736,6 @@ vitc_status vitc__hub_configure(vitc_vit *m, vitc__src *src, const vitc__hub_nam
     return VITC_OK;
 }
 
-void vitc__json_floats3(json_t *a, float *f) {
-    if (!json_is_array(a) || json_array_size(a) != 3)
-        return;
-    for (int i = 0; i < 3; i++)
-        if (!json_is_number(json_array_get(a, (size_t)i)))
-            return;
-    for (int i = 0; i < 3; i++) f[i] = (float)json_number_value(json_array_get(a, (size_t)i));
-}
-
 
 vitc_status vitc__hub_timm_config(vitc_vit *m, const vitc__src *src) {
     /* The file alone gets timm's default 0.5 statistics; its config has the

@@ -707,3 +707,14 @@ vitc_status vitc__vit_family_json(const vitc_vit *m, char **out) {
     json_decref(o);
     return *out ? VITC_OK : vitc__err(VITC_ERR_NOMEM, "vitc_vit_save: out of memory");
 }
+
+/* f [3] from a JSON array of three numbers (a mean or std); anything else
+ * leaves f as it is. Shared by the Hub and single-file config readers. */
+void vitc__json_floats3(json_t *a, float *f) {
+    if (!json_is_array(a) || json_array_size(a) != 3)
+        return;
+    for (int i = 0; i < 3; i++)
+        if (!json_is_number(json_array_get(a, (size_t)i)))
+            return;
+    for (int i = 0; i < 3; i++) f[i] = (float)json_number_value(json_array_get(a, (size_t)i));
+}
