@@ -103,6 +103,17 @@ LDLIBS += $(shell $(PKG) --libs libturbojpeg)
 endif
 endif
 
+# utf8proc (Unicode normalisation, categories, case) and PCRE2 (the
+# pre-tokenising regex with \p{L} / \p{N}) make the text tokenizers
+# (src/text/); without them (NO_TEXT=1, or not installed) a tokenizer
+# refuses to load with a message saying so, and the rest works.
+ifneq ($(NO_TEXT),1)
+ifeq ($(call have,libutf8proc)$(call have,libpcre2-8),11)
+BASE   += -DVITC_HAVE_TEXT $(shell $(PKG) --cflags libutf8proc libpcre2-8)
+LDLIBS += $(shell $(PKG) --libs libutf8proc libpcre2-8)
+endif
+endif
+
 # Each ISA file is compiled with its own flags; the rest of the library stays
 # portable and the choice is made at run time (src/kernels/dispatch.c). The
 # ISA files live in one folder per target architecture (src/kernels/x86/),

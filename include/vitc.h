@@ -921,6 +921,63 @@ VITC_API vitc_status vitc_checkpoint_load(const char *path, vitc_vit **m, char *
 VITC_API vitc_status vitc_checkpoint_load_optimizer(const char *path, vitc_optimizer *opt);
 VITC_API void vitc_checkpoint_free_meta(char *meta_json);
 
+/* ---- text towers and tokenizers (src/text/, src/models/text.c) ------ */
+/* The tokenizer of a CLIP or SigLIP checkpoint, exactly as its own code
+ * tokenizes (docs/text.md): CLIP's byte-level BPE (a Hub directory's
+ * tokenizer.json, or vocab.json + merges.txt, or open_clip's
+ * bpe_simple_vocab_16e6.txt.gz) and SentencePiece Unigram (SigLIP:
+ * tokenizer.json or spiece.model). The text cleaning is the one of the
+ * source the files come from: transformers' fast tokenizer (NFC,
+ * whitespace, lower case), OpenAI / open_clip (ftfy's fixes, HTML
+ * unescape, whitespace, lower case), SigLIP (lower case, punctuation
+ * removed). path: such a file or a directory holding them. A tokenizer is
+ * read-only after loading: any number of threads may encode with it. */
+typedef struct vitc_tokenizer vitc_tokenizer;
+VITC_API vitc_status vitc_tokenizer_load(const char *path, vitc_tokenizer **out);
+VITC_API void vitc_tokenizer_free(vitc_tokenizer *t);
+/* The ids the model sees for text (UTF-8, len bytes, or -1: up to the
+ * NUL): start / end tokens added, truncated to context keeping the end
+ * token, then padded to context as the checkpoint pads (CLIP: transformers'
+ * pad id or open_clip's 0; SigLIP: its pad id, which the model reads).
+ * ids [context]; *n (may be NULL) the ids before padding. context <= 0:
+ * the tokenizer's own (77 for CLIP). Invalid UTF-8 is an error naming the
+ * byte offset (VITC_ERR_INVALID_ARG). */
+VITC_API vitc_status vitc_tokenizer_encode(const vitc_tokenizer *t, const char *text, int64_t len,
+                                           int32_t *ids, int context, int *n);
+/* The context length ids are padded to, the vocabulary's size, and the
+ * kind: "clip-bpe" or "sentencepiece-unigram". */
+VITC_API int vitc_tokenizer_context(const vitc_tokenizer *t);
+VITC_API int vitc_tokenizer_vocab_size(const vitc_tokenizer *t);
+VITC_API const char *vitc_tokenizer_kind(const vitc_tokenizer *t);
+
+/* A model loaded from a Hub directory with both towers (CLIPModel,
+ * SiglipModel) or an open_clip checkpoint has a text tower: has_text 1.
+ * text_dim: the width of the projected text features (= the image
+ * embedding's); text_context: the positions the tower has (77 / 64). */
+VITC_API int vitc_vit_has_text(const vitc_vit *m);
+VITC_API int vitc_vit_text_dim(const vitc_vit *m);
+VITC_API int vitc_vit_text_context(const vitc_vit *m);
+/* The checkpoint's tokenizer (read from the model's directory at load), or
+ * NULL when it has none (then vitc_vit_encode_text fails saying which files
+ * to add). Owned by the model. */
+VITC_API const vitc_tokenizer *vitc_vit_tokenizer(const vitc_vit *m);
+/* exp(logit_scale) and logit_bias (0 and *has_bias 0 for CLIP): the
+ * zero-shot logits are scale * cos(image, text) + bias. */
+VITC_API vitc_status vitc_vit_logit_params(const vitc_vit *m, float *scale, float *bias,
+                                           int *has_bias);
+/* The projected text features of B token sequences ids [B, L] (L <= the
+ * tower's context), as transformers' get_text_features: CLIP pools at the
+ * first end-of-text id, SigLIP at the last position (pad as the tokenizer
+ * does). out [B, text_dim], not normalised. */
+VITC_API vitc_status vitc_vit_encode_text_ids(vitc_vit *m, const int32_t *ids, int B, int L,
+                                              float *out);
+/* The same from B strings, tokenized with the model's tokenizer. */
+VITC_API vitc_status vitc_vit_encode_text(vitc_vit *m, const char *const *texts, int B,
+                                          float *out);
+/* On a session (threads sharing one model, as vitc_session_embed). */
+VITC_API vitc_status vitc_session_encode_text_ids(vitc_session *s, const int32_t *ids, int B,
+                                                  int L, float *out);
+
 #ifdef __cplusplus
 }
 #endif
