@@ -455,3 +455,32 @@ def _checkpoint_signatures():
 
 _checkpoint_signatures()
 
+
+
+# ---- tokenizers and text towers (src/text/, src/models/text.c)
+def _text_signatures():
+    P, vp, i, i64, f, cp = (ctypes.POINTER, ctypes.c_void_p, ctypes.c_int, ctypes.c_int64,
+                            ctypes.c_float, ctypes.c_char_p)
+    i32 = ctypes.c_int32
+    sigs = {
+        "vitc_tokenizer_load": (i, [cp, P(vp)]),
+        "vitc_tokenizer_free": (None, [vp]),
+        "vitc_tokenizer_encode": (i, [vp, cp, i64, P(i32), i, P(i)]),
+        "vitc_tokenizer_context": (i, [vp]),
+        "vitc_tokenizer_vocab_size": (i, [vp]),
+        "vitc_tokenizer_kind": (cp, [vp]),
+        "vitc_vit_has_text": (i, [vp]),
+        "vitc_vit_text_dim": (i, [vp]),
+        "vitc_vit_text_context": (i, [vp]),
+        "vitc_vit_tokenizer": (vp, [vp]),
+        "vitc_vit_logit_params": (i, [vp, P(f), P(f), P(i)]),
+        "vitc_vit_encode_text_ids": (i, [vp, P(i32), i, i, P(f)]),
+        "vitc_vit_encode_text": (i, [vp, P(cp), i, P(f)]),
+        "vitc_session_encode_text_ids": (i, [vp, P(i32), i, i, P(f)]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+
+
+_text_signatures()
