@@ -37,12 +37,22 @@ void train_data_close(train_data *d);
 typedef struct eval_result {
     int64_t n, correct;
     double loss;          /* mean cross-entropy (no smoothing) */
-    int64_t *confusion;   /* [classes, classes] true x predicted, or NULL */
     int64_t skipped;
 } eval_result;
-/* Eval-mode forward over the whole data set in batches. confusion (may be
- * NULL) [C, C] is zeroed and filled. */
-int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int64_t *confusion,
+/* Per-class counts kept sparse: cells (true, predicted) -> count in an open
+ * addressing table, so that 100,000 classes do not cost a C x C matrix. */
+typedef struct eval_counts {
+    int C;
+    int64_t *total, *hit; /* [C] each */
+    int64_t *key, *val;   /* [cap]: true * C + predicted (-1: empty), count */
+    size_t n, cap;
+} eval_counts;
+void eval_counts_free(eval_counts *e);
+/* The dense [C, C] matrix of the counts, to show it (small C only), or NULL. */
+int64_t *eval_counts_dense(const eval_counts *e);
+/* Eval-mode forward over the whole data set in batches. counts (may be
+ * NULL) is filled (free it with eval_counts_free, on errors too). */
+int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, eval_counts *counts,
                    int quiet, const char *what);
 vitc_batch_opts train_batch_opts(const vitc_vit_config *c);
 /* The predicted class of logits l [C]: the first of the largest. */

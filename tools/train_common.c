@@ -151,7 +151,55 @@ int train_argmax(const float *l, int C) {
     return best;
 }
 
-int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int64_t *confusion,
+/* ---- sparse counts ---------------------------------------------------- */
+
+void eval_counts_free(eval_counts *e) {
+    free(e->total), free(e->hit), free(e->key), free(e->val);
+    memset(e, 0, sizeof *e);
+}
+
+static int counts_add(eval_counts *e, int t, int p) {
+    if (2 * (e->n + 1) > e->cap) {
+        size_t cap = e->cap ? 2 * e->cap : 1024;
+        int64_t *k = malloc(cap * sizeof *k), *v = calloc(cap, sizeof *v);
+        if (!k || !v) {
+            free(k), free(v);
+            return -1;
+        }
+        for (size_t i = 0; i < cap; i++) k[i] = -1;
+        for (size_t i = 0; i < e->cap; i++) {
+            if (e->key[i] < 0)
+                continue;
+            size_t h = (size_t)((uint64_t)e->key[i] * 0x9e3779b97f4a7c15ULL % cap);
+            while (k[h] >= 0) h = (h + 1) % cap;
+            k[h] = e->key[i], v[h] = e->val[i];
+        }
+        free(e->key), free(e->val);
+        e->key = k, e->val = v, e->cap = cap;
+    }
+    int64_t key = (int64_t)t * e->C + p;
+    size_t h = (size_t)((uint64_t)key * 0x9e3779b97f4a7c15ULL % e->cap);
+    while (e->key[h] >= 0 && e->key[h] != key) h = (h + 1) % e->cap;
+    if (e->key[h] < 0)
+        e->key[h] = key, e->n++;
+    e->val[h]++;
+    e->total[t]++;
+    e->hit[t] += t == p;
+    return 0;
+}
+
+int64_t *eval_counts_dense(const eval_counts *e) {
+    int64_t *cm = calloc((size_t)e->C * (size_t)e->C, sizeof *cm);
+    for (size_t i = 0; cm && i < e->cap; i++)
+        if (e->key[i] >= 0)
+            cm[e->key[i]] = e->val[i];
+    return cm;
+}
+
+/* The one evaluation loop of `train`, `eval` and the demo. Its memory is a
+ * batch of images and logits plus, when counts are asked for, 2 x C totals
+ * and at most one cell per image: never a C x C matrix. */
+int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, eval_counts *e,
                    int quiet, const char *what) {
     const vitc_vit_config *c = vitc_vit_get_config(m);
     int C = c->num_classes, S = c->image_size;
@@ -160,19 +208,23 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int
     memset(r, 0, sizeof *r);
     if (vitc_dataset_num_classes(ds) > C)
         return cli_error("%s has %d classes, the model %d", what, vitc_dataset_num_classes(ds), C);
-    float *x = malloc((size_t)batch * per * sizeof *x);
-    float *logits = malloc((size_t)batch * C * sizeof *logits);
-    int64_t *idx = malloc((size_t)batch * sizeof *idx), *lab = malloc((size_t)batch * sizeof *lab);
-    if (!x || !logits || !idx || !lab) {
-        free(x), free(logits), free(idx), free(lab);
-        return cli_error("out of memory for an evaluation batch of %d", batch);
+    int rc = CLI_OK;
+    if (e) {
+        memset(e, 0, sizeof *e);
+        e->C = C;
+        e->total = calloc((size_t)C, sizeof *e->total);
+        e->hit = calloc((size_t)C, sizeof *e->hit);
+        if (!e->total || !e->hit)
+            rc = cli_error("out of memory for the counts of %d classes", C);
     }
-    if (confusion)
-        memset(confusion, 0, (size_t)C * C * sizeof *confusion);
+    float *x = malloc((size_t)batch * per * sizeof *x);       /* [batch, in_channels, S, S] */
+    float *logits = malloc((size_t)batch * C * sizeof *logits); /* [batch, C] */
+    int64_t *idx = malloc((size_t)batch * sizeof *idx), *lab = malloc((size_t)batch * sizeof *lab);
+    if (rc == CLI_OK && (!x || !logits || !idx || !lab))
+        rc = cli_error("out of memory for an evaluation batch of %d", batch);
     int training = vitc_vit_is_training(m);
     vitc_vit_set_training(m, 0);
     vitc_batch_opts o = train_batch_opts(c);
-    int rc = CLI_OK;
     cli_progress pr;
     cli_progress_start(&pr, what, n, quiet);
     double loss_sum = 0;
@@ -183,13 +235,11 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int
             rc = cli_lib_error(what);
             break;
         }
-        if (nv == 0)
-            continue;
-        if (vitc_vit_forward(m, x, nv, S, S, logits) != VITC_OK) {
+        if (nv && vitc_vit_forward(m, x, nv, S, S, logits) != VITC_OK) {
             rc = cli_lib_error("forward");
             break;
         }
-        for (int k = 0; k < nv; k++) {
+        for (int k = 0; k < nv && rc == CLI_OK; k++) {
             const float *l = logits + (size_t)k * C;
             int best = train_argmax(l, C);
             float mx = l[best];
@@ -197,8 +247,8 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int
             for (int j = 0; j < C; j++) se += exp((double)l[j] - mx);
             loss_sum += log(se) + mx - l[lab[k]];
             r->correct += best == lab[k];
-            if (confusion)
-                confusion[lab[k] * C + best]++;
+            if (e && counts_add(e, (int)lab[k], best) != 0)
+                rc = cli_error("out of memory for the confusion counts");
         }
         r->n += nv;
         cli_progress_update(&pr, i + b);
@@ -210,4 +260,3 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, int
     free(x), free(logits), free(idx), free(lab);
     return rc;
 }
-
