@@ -14,9 +14,10 @@
  * with vitc.config (labels, mean, std) — a model for every vitc command —
  * plus "vitc.optim.*" tensors (the optimizer state, flat, in the parameter
  * layout) and "vitc.train" metadata. It is replaced atomically (temporary
- * file, fsync, rename) after every epoch and when SIGINT or SIGTERM stops
- * the run between two steps. The format is the library's
- * (vitc_checkpoint_save / vitc_checkpoint_load, src/train/checkpoint.c).
+ * file, fsync, rename) after every epoch and when SIGINT, SIGTERM or SIGHUP
+ * (a dropped SSH session) stops the run between two steps. The format is
+ * the library's (vitc_checkpoint_save / vitc_checkpoint_load,
+ * src/train/checkpoint.c).
  *
  * Fine-tuning: --init takes any model vitc loads; a model whose classes
  * are not the folder's gets a new head (vitc_vit_reset_head).
@@ -44,7 +45,8 @@ static const char train_usage[] =
     "\n"
     "Train a Vision Transformer (torchvision's architecture and initialisation)\n"
     "with AdamW and cross-entropy. --out is the checkpoint, written after every\n"
-    "epoch and on SIGINT/SIGTERM; it loads as a model in every vitc command.\n"
+    "epoch and on SIGINT/SIGTERM/SIGHUP; it loads as a model in every vitc\n"
+    "command.\n"
     "\n"
     "data:\n"
     "  --data D          fashion-mnist (Debian's dataset-fashion-mnist), a folder\n"
@@ -102,8 +104,8 @@ static const char train_usage[] =
     "Data parallel: mpirun -np K vitc train ... splits every batch over K ranks\n"
     "(this vitc was built with MPI=1).\n"
 #endif
-    "Exit status: 0 done, 1 failed, 2 usage error, 130/143 stopped by\n"
-    "SIGINT/SIGTERM after writing the checkpoint.\n";
+    "Exit status: 0 done, 1 failed, 2 usage error, 129/130/143 stopped by\n"
+    "SIGHUP/SIGINT/SIGTERM after writing the checkpoint.\n";
 
 /* --arch NAME's config into c: "fashion", the CLI's small Fashion-MNIST
  * model (1 channel on IDX data), else the library's ViT preset of that
@@ -747,8 +749,7 @@ static int probe_embed_processor(run *R, vitc_dataset *ds, const char *dir, floa
             }
             if (vitc_image_load_flags(path, 0, flags, &img) != VITC_OK) {
                 cli_progress_clear(&pr);
-                fprintf(stderr, "vitc: warning: skipping unreadable image %s (%s)\n", path,
-                        vitc_last_error());
+                cli_warning("skipping unreadable image %s (%s)", path, vitc_last_error());
                 continue;
             }
             if (vitc_vit_preprocess_size(R->m, img.width, img.height, &H, &W) != VITC_OK ||
@@ -920,9 +921,9 @@ static void probe_evaluate(const run *R, eval_result *r) {
 
 static int report_skipped(run *R, int64_t *reported) {
     int64_t n = vitc_dataset_num_skipped(R->d.train);
-    for (; *reported < n; ++*reported)
-        fprintf(stderr, "vitc: warning: skipping unreadable image %s\n",
-                vitc_dataset_skipped_path(R->d.train, *reported));
+    for (; *reported < n; ++*reported) /* a path is untrusted text: escaped */
+        cli_warning("skipping unreadable image %s",
+                    vitc_dataset_skipped_path(R->d.train, *reported));
     return 0;
 }
 
@@ -1314,6 +1315,8 @@ static int train_main(train_opts *o) {
         fprintf(stderr, "vitc: %s has %d epochs done; nothing to do for --epochs %d\n",
                 o->resume, R.p.epoch, o->epochs);
         rc = save_checkpoint(o->out, R.m, R.opt, R.labels, h, &R.p, R.d.desc);
+        if (rc == CLI_OK && o->model_out) /* what a finished run writes, asked for again */
+            rc = save_file(o->model_out, R.m, R.opt, 0, R.labels, h, &R.p, R.d.desc);
         goto done;
     }
     if (dp_rank != 0) {
@@ -1340,11 +1343,14 @@ static int train_main(train_opts *o) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop;
+    /* SIGHUP too: a dropped SSH session must not lose the partial epoch. */
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGHUP, &sa, NULL);
     rc = run_epochs(&R);
     signal(SIGINT, SIG_DFL);
     signal(SIGTERM, SIG_DFL);
+    signal(SIGHUP, SIG_DFL);
 done:
     if (R.log)
         fclose(R.log);
