@@ -142,6 +142,14 @@ static void train_usage_text(char *buf, size_t cap) {
     snprintf(buf, cap, train_usage, list);
 }
 
+/* The options' ranges, which a resumed checkpoint's record must keep too. */
+#define TRAIN_MAX_EPOCHS 1000000
+#define TRAIN_MAX_BATCH 65536
+#define TRAIN_MAX_LR 10
+#define TRAIN_MAX_WD 10
+#define TRAIN_MAX_CLIP 1e9
+#define TRAIN_MAX_SUBSET 1000000000
+
 /* The hyperparameters of a run, as the checkpoint keeps them. */
 typedef struct hyper {
     int batch;
@@ -431,14 +439,31 @@ static int save_checkpoint(const char *path, vitc_vit *m, vitc_optimizer *opt,
     return save_file(path, m, opt, 1, labels, h, p, data);
 }
 
-static double jnum(json_t *o, const char *k, double dflt) {
-    json_t *v = json_object_get(o, k);
-    return v && json_is_number(v) ? json_number_value(v) : dflt;
+/* A number of the resumed record within the range of the option that sets
+ * it (a file is as untrusted as a command line): *v, or the error printed.
+ * An absent field is an error unless it is optional (have_dflt: dflt). */
+static int rec_num(json_t *o, const char *path, const char *k, int integer, double lo, double hi,
+                   int have_dflt, double dflt, double *v) {
+    json_t *j = json_object_get(o, k);
+    if (!j && have_dflt) {
+        *v = dflt;
+        return CLI_OK;
+    }
+    if (!j || !json_is_number(j) || (integer && !json_is_integer(j)))
+        return cli_error("--resume %s: vitc.train \"%s\" is %s; expected %s (a damaged or edited "
+                         "checkpoint)", path, k, j ? "not a number" : "missing",
+                         integer ? "an integer" : "a number");
+    *v = json_number_value(j);
+    if (!(*v >= lo && *v <= hi)) /* NaN too */
+        return cli_error("--resume %s: vitc.train \"%s\" is %g, outside [%g, %g] (a damaged or "
+                         "edited checkpoint)", path, k, *v, lo, hi);
+    return CLI_OK;
 }
 
 /* Load a checkpoint: the model, the run's state and hyperparameters; the
  * optimizer's state is copied in (vitc_checkpoint_load_optimizer) once the
- * optimizer exists. */
+ * optimizer exists. Every field is held to the command line's own range:
+ * a resumed run can do nothing a command line could not ask for. */
 static int load_checkpoint(const char *path, vitc_vit **m, hyper *h, progress_state *p) {
     char *meta = NULL;
     if (vitc_checkpoint_load(path, m, &meta) != VITC_OK)
@@ -450,33 +475,54 @@ static int load_checkpoint(const char *path, vitc_vit **m, hyper *h, progress_st
         rc = cli_error("--resume %s: vitc.train metadata is not a JSON object", path);
     } else {
         json_t *seed = json_object_get(o, "seed"), *sch = json_object_get(o, "schedule"),
-               *aug = json_object_get(o, "augment");
-        p->epoch = (int)jnum(o, "epoch", -1);
-        p->step_in_epoch = (int64_t)jnum(o, "step_in_epoch", -1);
-        p->global_step = (int64_t)jnum(o, "global_step", -1);
-        h->batch = (int)jnum(o, "batch", 0);
-        h->lr = jnum(o, "lr", -1);
-        h->wd = jnum(o, "weight_decay", -1);
-        h->warmup = jnum(o, "warmup_epochs", -1);
-        h->schedule_epochs = jnum(o, "schedule_epochs", -1);
-        h->min_lr = jnum(o, "min_lr", -1);
-        h->smoothing = jnum(o, "label_smoothing", -1);
-        h->clip = jnum(o, "clip", -1);
-        h->subset = (int64_t)jnum(o, "subset", -1);
-        /* absent in checkpoints written before it was saved: the whole set */
-        h->eval_subset = (int64_t)jnum(o, "eval_subset", 0);
-        h->layer_decay = jnum(o, "lr_layer_decay", 1);
-        h->schedule_fixed = json_is_true(json_object_get(o, "schedule_fixed"));
-        h->freeze = json_is_true(json_object_get(o, "freeze_backbone"));
-        if (p->epoch < 0 || p->step_in_epoch < 0 || p->global_step < 0 || h->batch < 1 ||
-            h->lr < 0 || h->wd < 0 || h->warmup < 0 || h->min_lr < 0 || h->smoothing < 0 ||
-            h->smoothing > 1 || h->subset < 0 || h->eval_subset < 0 || !json_is_string(seed) ||
-            !json_is_string(sch) || !(h->layer_decay > 0 && h->layer_decay <= 1) ||
-            !json_is_string(aug) || parse_augment(json_string_value(aug), &h->augment) != 0)
-            rc = cli_error("--resume %s: vitc.train metadata is incomplete or out of range", path);
-        else {
-            h->seed = strtoull(json_string_value(seed), NULL, 10);
-            snprintf(h->schedule, sizeof h->schedule, "%s", json_string_value(sch));
+               *aug = json_object_get(o, "augment"), *opt = json_object_get(o, "optimizer");
+        const char *sv = json_is_string(seed) ? json_string_value(seed) : "";
+        const char *sn = json_is_string(sch) ? json_string_value(sch) : "";
+        double ep, sie, gs, b, sub, esub;
+        char *end = NULL;
+        errno = 0;
+        unsigned long long sd = strtoull(sv, &end, 10);
+        if ((rc = rec_num(o, path, "epoch", 1, 0, TRAIN_MAX_EPOCHS, 0, 0, &ep)) ||
+            (rc = rec_num(o, path, "step_in_epoch", 1, 0, 9e15, 0, 0, &sie)) ||
+            (rc = rec_num(o, path, "global_step", 1, 0, 9e15, 0, 0, &gs)) ||
+            (rc = rec_num(o, path, "batch", 1, 1, TRAIN_MAX_BATCH, 0, 0, &b)) ||
+            (rc = rec_num(o, path, "lr", 0, 0, TRAIN_MAX_LR, 0, 0, &h->lr)) ||
+            (rc = rec_num(o, path, "weight_decay", 0, 0, TRAIN_MAX_WD, 0, 0, &h->wd)) ||
+            (rc = rec_num(o, path, "warmup_epochs", 0, 0, TRAIN_MAX_EPOCHS, 0, 0, &h->warmup)) ||
+            (rc = rec_num(o, path, "schedule_epochs", 0, 1e-6, TRAIN_MAX_EPOCHS, 0, 0,
+                          &h->schedule_epochs)) ||
+            (rc = rec_num(o, path, "min_lr", 0, 0, TRAIN_MAX_LR, 0, 0, &h->min_lr)) ||
+            (rc = rec_num(o, path, "label_smoothing", 0, 0, 1, 0, 0, &h->smoothing)) ||
+            (rc = rec_num(o, path, "clip", 0, 0, TRAIN_MAX_CLIP, 0, 0, &h->clip)) ||
+            (rc = rec_num(o, path, "subset", 1, 0, TRAIN_MAX_SUBSET, 0, 0, &sub)) ||
+            /* absent in checkpoints written before it was saved: the whole set */
+            (rc = rec_num(o, path, "eval_subset", 1, 0, TRAIN_MAX_SUBSET, 1, 0, &esub)) ||
+            (rc = rec_num(o, path, "lr_layer_decay", 0, 1e-9, 1, 1, 1, &h->layer_decay))) {
+            /* printed */
+        } else if (!*sv || *sv < '0' || *sv > '9' || *end || errno) {
+            rc = cli_error("--resume %s: vitc.train \"seed\" must be a string of decimal digits "
+                           "(0 to 2^64-1) (a damaged or edited checkpoint)", path);
+        } else if (strcmp(sn, "none") && strcmp(sn, "cosine") && strcmp(sn, "onecycle")) {
+            rc = cli_error("--resume %s: vitc.train \"schedule\" must be none, cosine or onecycle "
+                           "(a damaged or edited checkpoint)", path);
+        } else if (!json_is_string(aug) ||
+                   parse_augment(json_string_value(aug), &h->augment) != 0) {
+            rc = cli_error("--resume %s: vitc.train \"augment\" must be a list of crop, flip, "
+                           "resized-crop (a damaged or edited checkpoint)", path);
+        } else if (opt && (!json_is_string(opt) || strcmp(json_string_value(opt), "adamw"))) {
+            rc = cli_error("--resume %s: vitc.train \"optimizer\" is not \"adamw\"; vitc train "
+                           "resumes AdamW runs only", path);
+        } else {
+            p->epoch = (int)ep;
+            p->step_in_epoch = (int64_t)sie;
+            p->global_step = (int64_t)gs;
+            h->batch = (int)b;
+            h->subset = (int64_t)sub;
+            h->eval_subset = (int64_t)esub;
+            h->seed = sd;
+            snprintf(h->schedule, sizeof h->schedule, "%s", sn);
+            h->schedule_fixed = json_is_true(json_object_get(o, "schedule_fixed"));
+            h->freeze = json_is_true(json_object_get(o, "freeze_backbone"));
         }
     }
     json_decref(o);
@@ -946,6 +992,7 @@ static int run_epochs(run *R) {
     int64_t *perm = malloc((size_t)N * sizeof *perm), *lab = malloc((size_t)B * sizeof *lab);
     int rc = CLI_OK;
     int64_t reported = 0;
+    int log_rc = CLI_OK; /* a --log write failed */
     /* for the closing line: this run's epochs, time and best evaluation */
     int first_epoch = R->p.epoch, best_epoch = 0;
     double run_t0 = cli_now(), best_acc = -1;
@@ -1063,8 +1110,10 @@ static int run_epochs(run *R) {
                         e + 1, (long long)R->p.global_step, (double)loss, lr,
                         R->h.clip > 0 ? ", \"grad_norm\": " : ", \"images\": ",
                         R->h.clip > 0 ? (double)gnorm : (double)nv);
-            if (R->log)
-                fflush(R->log); /* a log one can follow while it runs */
+            /* flushed, a log one can follow while it runs; a record that
+             * cannot be written stops the run as a signal does */
+            if (R->log && (log_rc = train_log_flush(R->log, o->log)) != CLI_OK)
+                break;
             double t = cli_now();
             if (!o->quiet && (k + 1 == spe || t - last > (R->tty ? 0.2 : 10.0))) {
                 double ips = done_imgs / (t - t0 > 1e-9 ? t - t0 : 1e-9);
@@ -1089,14 +1138,18 @@ static int run_epochs(run *R) {
             fputc('\n', stderr);
         if (rc != CLI_OK)
             break;
-        if (stop_signal) {
+        if (stop_signal || log_rc) {
+            char why[32] = "the --log error";
+            if (!log_rc)
+                snprintf(why, sizeof why, "signal %d", (int)stop_signal);
             if (dp_rank == 0 && (rc = save_checkpoint(o->out, R->m, R->opt, R->labels, &R->h, &R->p,
                                       R->d.desc)) == CLI_OK)
                 fprintf(stderr,
-                        "vitc: stopped by signal %d at epoch %d, step %lld; checkpoint %s "
+                        "vitc: stopped by %s at epoch %d, step %lld; checkpoint %s "
                         "(continue with --resume %s)\n",
-                        (int)stop_signal, e + 1, (long long)R->p.step_in_epoch, o->out, o->out);
-            rc = rc == CLI_OK ? 128 + (int)stop_signal : rc;
+                        why, e + 1, (long long)R->p.step_in_epoch, o->out, o->out);
+            if (rc == CLI_OK)
+                rc = log_rc ? log_rc : 128 + (int)stop_signal;
             break;
         }
         double secs = cli_now() - t0;
@@ -1144,7 +1197,8 @@ static int run_epochs(run *R) {
                 fprintf(R->log, ", \"eval_loss\": %.9g, \"eval_acc\": %.9g, \"eval_images\": %lld",
                         er.loss, (double)er.correct / (er.n ? er.n : 1), (long long)er.n);
             fputs("}\n", R->log);
-            fflush(R->log);
+            if ((rc = train_log_flush(R->log, o->log)) != CLI_OK)
+                break;
         }
     }
     if (rc == CLI_OK && dp_rank == 0 && R->p.epoch >= o->epochs && o->model_out)
@@ -1177,8 +1231,18 @@ static int train_main(train_opts *o) {
     int rc;
     if (o->threads > 0)
         vitc_set_num_threads(o->threads);
-    if ((rc = train_data_open(o->data, 1, 0, NULL, &R.d)) != CLI_OK)
+    /* What will be written is checked (and locked) before anything is read:
+     * a bad --out must not cost an epoch. Rank 0 alone writes. */
+    train_output outs[3] = {{"--out", o->out, -1, NULL, -1},
+                            {"--model-out", o->model_out, -1, NULL, -1},
+                            {"--log", o->log, -1, NULL, -1}};
+    const train_output ins[3] = {{"--resume", o->resume, -1, NULL, 0},
+                                 {"--init", o->init, -1, NULL, -1},
+                                 {"--config", o->config, -1, NULL, -1}};
+    if (dp_rank == 0 && (rc = train_outputs_open(outs, 3, ins, 3)) != CLI_OK)
         return rc;
+    if ((rc = train_data_open(o->data, 1, 0, NULL, &R.d)) != CLI_OK)
+        goto done;
     /* hyperparameters: defaults, then the checkpoint's, then the flags */
     hyper *h = &R.h;
     h->batch = 128;
@@ -1323,10 +1387,8 @@ static int train_main(train_opts *o) {
         o->quiet = 1;
         o->log = NULL;
     }
-    if (o->log && !(R.log = fopen(o->log, o->resume ? "a" : "w"))) {
-        rc = cli_error("--log %s: %s", o->log, strerror(errno));
+    if (o->log && (rc = train_log_open(o->log, o->resume != NULL, &R.log)) != CLI_OK)
         goto done;
-    }
     if (!o->quiet) {
         const vitc_vit_config *c = vitc_vit_get_config(R.m);
         if (dp_size > 1)
@@ -1352,8 +1414,9 @@ static int train_main(train_opts *o) {
     signal(SIGTERM, SIG_DFL);
     signal(SIGHUP, SIG_DFL);
 done:
-    if (R.log)
-        fclose(R.log);
+    if (R.log && fclose(R.log) != 0 && rc == CLI_OK)
+        rc = cli_error("--log %s: write failed: %s", o->log, strerror(errno));
+    train_outputs_close(outs, 3);
     vitc_optimizer_free(R.opt);
     vitc_vit_free(R.m);
     free(R.labels);
@@ -1386,19 +1449,20 @@ int cmd_train(int argc, char **argv) {
         {"--heads", NULL, CLI_INT, &o.heads, 1, 1024, &o.g_heads},
         {"--mlp", NULL, CLI_INT, &o.mlp, 1, 1 << 20, &o.g_mlp},
         {"--channels", NULL, CLI_INT, &o.channels, 1, 3, &o.g_channels},
-        {"--epochs", NULL, CLI_INT, &o.epochs, 1, 1000000, &o.g_epochs},
-        {"--batch", NULL, CLI_INT, &o.batch, 1, 65536, &o.g_batch},
+        {"--epochs", NULL, CLI_INT, &o.epochs, 1, TRAIN_MAX_EPOCHS, &o.g_epochs},
+        {"--batch", NULL, CLI_INT, &o.batch, 1, TRAIN_MAX_BATCH, &o.g_batch},
         {"--threads", NULL, CLI_INT, &o.threads, 1, 256, NULL},
         {"--eval-every", NULL, CLI_INT, &o.eval_every, 0, 1000000, NULL},
-        {"--subset", NULL, CLI_INT, &o.subset, 1, 1e9, &o.g_subset},
-        {"--eval-subset", NULL, CLI_INT, &o.eval_subset, 1, 1e9, &o.g_eval_subset},
-        {"--lr", NULL, CLI_DOUBLE, &o.lr, 0, 10, &o.g_lr},
-        {"--weight-decay", NULL, CLI_DOUBLE, &o.wd, 0, 10, &o.g_wd},
-        {"--warmup", NULL, CLI_DOUBLE, &o.warmup, 0, 1e6, &o.g_warmup},
-        {"--schedule-epochs", NULL, CLI_DOUBLE, &o.schedule_epochs, 1e-6, 1e6, &o.g_schedule_epochs},
-        {"--min-lr", NULL, CLI_DOUBLE, &o.min_lr, 0, 10, &o.g_min_lr},
+        {"--subset", NULL, CLI_INT, &o.subset, 1, TRAIN_MAX_SUBSET, &o.g_subset},
+        {"--eval-subset", NULL, CLI_INT, &o.eval_subset, 1, TRAIN_MAX_SUBSET, &o.g_eval_subset},
+        {"--lr", NULL, CLI_DOUBLE, &o.lr, 0, TRAIN_MAX_LR, &o.g_lr},
+        {"--weight-decay", NULL, CLI_DOUBLE, &o.wd, 0, TRAIN_MAX_WD, &o.g_wd},
+        {"--warmup", NULL, CLI_DOUBLE, &o.warmup, 0, TRAIN_MAX_EPOCHS, &o.g_warmup},
+        {"--schedule-epochs", NULL, CLI_DOUBLE, &o.schedule_epochs, 1e-6, TRAIN_MAX_EPOCHS,
+         &o.g_schedule_epochs},
+        {"--min-lr", NULL, CLI_DOUBLE, &o.min_lr, 0, TRAIN_MAX_LR, &o.g_min_lr},
         {"--label-smoothing", NULL, CLI_DOUBLE, &o.smoothing, 0, 1, &o.g_smoothing},
-        {"--clip", NULL, CLI_DOUBLE, &o.clip, 0, 1e9, &o.g_clip},
+        {"--clip", NULL, CLI_DOUBLE, &o.clip, 0, TRAIN_MAX_CLIP, &o.g_clip},
         {"--quiet", NULL, CLI_FLAG, &o.quiet, 0, 0, NULL},
         {"--freeze-backbone", NULL, CLI_FLAG, &o.freeze, 0, 0, NULL},
         {"--lr-layer-decay", NULL, CLI_DOUBLE, &o.layer_decay, 1e-9, 1, &o.g_layer_decay},

@@ -58,6 +58,30 @@ vitc_batch_opts train_batch_opts(const vitc_vit_config *c);
 /* The predicted class of logits l [C]: the first of the largest. */
 int train_argmax(const float *l, int C);
 
+/* ---- outputs ------------------------------------------------------- */
+/* A file the run writes (or, in the inputs list, reads), by option name. */
+typedef struct train_output {
+    const char *opt, *path; /* path NULL: not given */
+    int fd;                 /* the lock's (-1: none) */
+    char *lock;
+    int same_ok;            /* in an input: the output that may be this file
+                             * (--out continuing --resume in place), else -1 */
+} train_output;
+/* Before the first step: every output path is a regular file or absent
+ * (never a link, directory, FIFO or device), writable, in a folder that
+ * exists and takes new files; the outputs name different files and none is
+ * an input (but in[j].same_ok); then each is locked (PATH.lock, flock, non-blocking: a
+ * second run on the same file is refused). The error printed, or CLI_OK. */
+int train_outputs_open(train_output *out, int n, const train_output *in, int n_in);
+/* Unlock and remove the lock files. */
+void train_outputs_close(train_output *out, int n);
+/* --log: a regular file opened without blocking (a FIFO is refused, not
+ * waited on), truncated unless append. */
+int train_log_open(const char *path, int append, FILE **f);
+/* The log's writes so far reached the file (fflush, ferror): CLI_OK or the
+ * error printed. */
+int train_log_flush(FILE *f, const char *path);
+
 int cmd_train(int argc, char **argv);
 int cmd_eval(int argc, char **argv);
 int cmd_plot_log(int argc, char **argv);

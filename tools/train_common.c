@@ -3,12 +3,15 @@
  * shared by `vitc train` and `vitc eval`.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "models/vit_config.h"
 #include "train.h"
@@ -259,4 +262,210 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, eva
     vitc_vit_set_training(m, training);
     free(x), free(logits), free(idx), free(lab);
     return rc;
+}
+
+/* ---- outputs -----------------------------------------------------------
+ * Everything `vitc train` will write is checked before anything is read or
+ * trained, so that a path that cannot be written fails in a second rather
+ * than after an epoch whose work is then lost. Each output is also locked
+ * (flock on PATH.lock, non-blocking) for the run, so that a second run on
+ * the same file stops at once instead of both finishing "successfully"
+ * with the last writer's file. */
+
+static const char *mode_kind(mode_t m) {
+    if (S_ISDIR(m))
+        return "a directory";
+    if (S_ISFIFO(m))
+        return "a FIFO";
+    if (S_ISCHR(m))
+        return "a character device";
+    if (S_ISBLK(m))
+        return "a block device";
+    if (S_ISSOCK(m))
+        return "a socket";
+    if (S_ISLNK(m))
+        return "a symbolic link";
+    return "not a regular file";
+}
+
+/* The folder part of path, malloc'ed ("." for a bare name). */
+static char *dir_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash)
+        return strdup(".");
+    return strndup(path, slash == path ? 1 : (size_t)(slash - path));
+}
+
+/* path with its folder resolved (realpath) and its last part as given, so
+ * that two spellings of one place compare equal before the file exists. */
+static char *canon(const char *path) {
+    char *dir = dir_of(path), *real = dir ? realpath(dir, NULL) : NULL;
+    const char *slash = strrchr(path, '/'), *base = slash ? slash + 1 : path;
+    size_t cap = (real ? strlen(real) : 0) + strlen(base) + 2;
+    char *c = real ? malloc(cap) : NULL;
+    if (c)
+        snprintf(c, cap, "%s/%s", real, base);
+    free(dir), free(real);
+    return c ? c : strdup(path);
+}
+
+static int same_place(const char *a, const char *b) {
+    struct stat sa, sb;
+    if (stat(a, &sa) == 0 && stat(b, &sb) == 0)
+        return sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+    char *ca = canon(a), *cb = canon(b);
+    int same = ca && cb && !strcmp(ca, cb);
+    free(ca), free(cb);
+    return same;
+}
+
+static int check_output(const train_output *t) {
+    struct stat sb;
+    if (!*t->path)
+        return cli_error("%s: an empty file name", t->opt);
+    if (lstat(t->path, &sb) == 0) {
+        if (S_ISLNK(sb.st_mode))
+            return cli_error("%s %s: is a symbolic link; vitc train writes only to the path it is "
+                             "given, never through a link: name the file itself", t->opt,
+                             t->path);
+        if (!S_ISREG(sb.st_mode))
+            return cli_error("%s %s: is %s; give the name of a file to write", t->opt, t->path,
+                             mode_kind(sb.st_mode));
+        if (access(t->path, W_OK) != 0)
+            return cli_error("%s %s: cannot write: %s", t->opt, t->path, strerror(errno));
+    } else if (errno != ENOENT) {
+        return cli_error("%s %s: %s", t->opt, t->path, strerror(errno));
+    }
+    char *dir = dir_of(t->path);
+    if (!dir)
+        return cli_error("out of memory");
+    int rc = CLI_OK;
+    if (stat(dir, &sb) != 0)
+        rc = cli_error("%s %s: its folder %s: %s", t->opt, t->path, dir, strerror(errno));
+    else if (!S_ISDIR(sb.st_mode))
+        rc = cli_error("%s %s: %s is not a folder", t->opt, t->path, dir);
+    else if (access(dir, W_OK | X_OK) != 0)
+        rc = cli_error("%s %s: cannot create files in %s: %s", t->opt, t->path, dir,
+                       strerror(errno));
+    free(dir);
+    return rc;
+}
+
+/* flock PATH.lock. The file is removed when the run ends; a run that finds
+ * the lock file it opened already removed (by a run ending meanwhile)
+ * opens it again, so two runs never hold two different lock files. */
+static int lock_output(train_output *t) {
+    size_t cap = strlen(t->path) + 8;
+    if (!(t->lock = malloc(cap)))
+        return cli_error("out of memory");
+    snprintf(t->lock, cap, "%s.lock", t->path);
+    for (int tries = 0; tries < 100; tries++) {
+        struct stat a, b;
+        int fd = open(t->lock, O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | O_NOCTTY,
+                      0666);
+        if (fd < 0)
+            return cli_error("%s %s: cannot create its lock file %s: %s", t->opt, t->path,
+                             t->lock, strerror(errno));
+        if (fstat(fd, &a) != 0 || !S_ISREG(a.st_mode)) {
+            close(fd);
+            return cli_error("%s %s: its lock file %s is not a regular file", t->opt, t->path,
+                             t->lock);
+        }
+        if (flock(fd, LOCK_EX | LOCK_NB) != 0) {
+            int e = errno;
+            char pid[32] = "";
+            ssize_t n = read(fd, pid, sizeof pid - 1);
+            pid[n > 0 ? n : 0] = 0;
+            pid[strcspn(pid, "\n")] = 0;
+            close(fd);
+            if (e == EWOULDBLOCK)
+                return cli_error("%s %s: another vitc train (process %s) is writing it; wait "
+                                 "for it to end or give another file", t->opt, t->path,
+                                 *pid ? pid : "?");
+            return cli_error("%s %s: cannot lock %s: %s", t->opt, t->path, t->lock,
+                             strerror(e));
+        }
+        if (stat(t->lock, &b) == 0 && a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+            char pid[32];
+            int n = snprintf(pid, sizeof pid, "%ld\n", (long)getpid());
+            if (ftruncate(fd, 0) != 0 || write(fd, pid, (size_t)n) != n) {
+                /* the pid is for the message of a second run only */
+            }
+            t->fd = fd;
+            return CLI_OK;
+        }
+        close(fd);
+    }
+    return cli_error("%s %s: its lock file %s keeps changing", t->opt, t->path, t->lock);
+}
+
+int train_outputs_open(train_output *out, int n, const train_output *in, int n_in) {
+    int rc = CLI_OK;
+    for (int i = 0; i < n; i++) out[i].fd = -1, out[i].lock = NULL;
+    for (int i = 0; i < n && rc == CLI_OK; i++) {
+        if (!out[i].path)
+            continue;
+        if ((rc = check_output(&out[i])) != CLI_OK)
+            break;
+        for (int j = 0; j < i && rc == CLI_OK; j++)
+            if (out[j].path && same_place(out[i].path, out[j].path))
+                rc = cli_usage_error("train", "%s and %s name the same file (%s)", out[j].opt,
+                                     out[i].opt, out[i].path);
+        for (int j = 0; j < n_in && rc == CLI_OK; j++)
+            if (in[j].path && in[j].same_ok != i && same_place(out[i].path, in[j].path))
+                rc = cli_usage_error("train", "%s %s is the %s file: it would be overwritten",
+                                     out[i].opt, out[i].path, in[j].opt);
+    }
+    for (int i = 0; i < n && rc == CLI_OK; i++)
+        if (out[i].path)
+            rc = lock_output(&out[i]);
+    if (rc != CLI_OK)
+        train_outputs_close(out, n);
+    return rc;
+}
+
+void train_outputs_close(train_output *out, int n) {
+    for (int i = 0; i < n; i++) {
+        if (out[i].fd >= 0) {
+            unlink(out[i].lock); /* still locked: no run can have taken it meanwhile */
+            close(out[i].fd);
+        }
+        free(out[i].lock);
+        out[i].fd = -1;
+        out[i].lock = NULL;
+    }
+}
+
+int train_log_open(const char *path, int append, FILE **f) {
+    *f = NULL;
+    /* O_NONBLOCK: a FIFO without a reader would block the open forever */
+    int fd = open(path, O_WRONLY | O_CREAT | O_APPEND | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC |
+                            O_NOCTTY, 0666);
+    struct stat sb;
+    if (fd < 0)
+        return cli_error("--log %s: %s", path, strerror(errno));
+    if (fstat(fd, &sb) != 0) {
+        int e = errno;
+        close(fd);
+        return cli_error("--log %s: %s", path, strerror(e));
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return cli_error("--log %s: is %s; the log is a regular file", path, mode_kind(sb.st_mode));
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0 || (!append && ftruncate(fd, 0) != 0) ||
+        !(*f = fdopen(fd, "a"))) {
+        int e = errno;
+        close(fd);
+        return cli_error("--log %s: %s", path, strerror(e));
+    }
+    return CLI_OK;
+}
+
+int train_log_flush(FILE *f, const char *path) {
+    errno = 0;
+    if (fflush(f) == 0 && !ferror(f))
+        return CLI_OK;
+    return cli_error("--log %s: write failed: %s", path, errno ? strerror(errno) : "I/O error");
 }
