@@ -1012,6 +1012,7 @@ static int run_epochs(run *R) {
         int64_t seen = 0, correct = 0, done_imgs = 0;
         if (!probe)
             vitc_vit_set_training(R->m, 1);
+        const int whole_epoch = R->p.step_in_epoch == 0;
         for (int64_t k = R->p.step_in_epoch; k < spe; k++) {
             int b = (int)(N - k * B < B ? N - k * B : B), nv = 0;
             /* this rank's shard of the batch: [lo, hi) */
@@ -1150,6 +1151,14 @@ static int run_epochs(run *R) {
                         why, e + 1, (long long)R->p.step_in_epoch, o->out, o->out);
             if (rc == CLI_OK)
                 rc = log_rc ? log_rc : 128 + (int)stop_signal;
+            break;
+        }
+        /* Every file of the set failed to decode: nothing was trained, and
+         * a checkpoint of "loss 0" would say otherwise. */
+        if (whole_epoch && seen == 0) {
+            rc = cli_error("none of the %lld training images could be read (each was skipped "
+                           "with a warning): nothing to train on; no checkpoint written",
+                           (long long)N);
             break;
         }
         double secs = cli_now() - t0;

@@ -87,6 +87,15 @@ int train_data_open(const char *spec, int need_train, int n_classes, const char 
             train_data_close(d);
             return cli_lib_error("test set");
         }
+        /* The model's classes are the training set's: a test label beyond
+         * them could not be scored, which is known now, not after an epoch. */
+        if (need_train && vitc_dataset_num_classes(d->eval) > vitc_dataset_num_classes(d->train)) {
+            int tc = vitc_dataset_num_classes(d->train), ec = vitc_dataset_num_classes(d->eval);
+            train_data_close(d);
+            return cli_error("%s: the test labels go up to %d, the training set has classes 0 to %d only: "
+                             "the training set must have every class the test set has", dir,
+                             ec - 1, tc - 1);
+        }
         return CLI_OK;
     }
     if (!is_dir(spec))
@@ -105,6 +114,24 @@ int train_data_open(const char *spec, int need_train, int n_classes, const char 
                              "and val/<class>/)", spec);
         if (vitc_dataset_open_folder(tr, 0, NULL, &d->train) != VITC_OK)
             return cli_lib_error("training set");
+        /* The class names become the model's labels, JSON text in the
+         * checkpoint: a name that is not UTF-8 could never be saved. */
+        for (int i = 0; i < vitc_dataset_num_classes(d->train); i++) {
+            const char *name = vitc_dataset_class_name(d->train, i);
+            char *fixed = cli_utf8_valid(name);
+            int bad = !fixed || strcmp(fixed, name);
+            if (bad) {
+                int rc = fixed ? cli_error("%s: the class folder \"%s\" (bytes shown as U+FFFD) "
+                                           "is not valid UTF-8; class names are stored as the "
+                                           "model's labels, which are text: rename the folder",
+                                           tr, fixed)
+                               : cli_error("out of memory");
+                free(fixed);
+                train_data_close(d);
+                return rc;
+            }
+            free(fixed);
+        }
         if (has_val) {
             int nc = vitc_dataset_num_classes(d->train);
             const char **names = calloc((size_t)nc, sizeof *names);
