@@ -58,6 +58,10 @@ vitc_batch_opts train_batch_opts(const vitc_vit_config *c);
 /* The predicted class of logits l [C]: the first of the largest. */
 int train_argmax(const float *l, int C);
 
+/* --config FILE: the fields it has (image_size, patch_size, in_channels,
+ * hidden_dim, depth, num_heads, mlp_dim, norm_eps, mean, std) into c. */
+int train_config_from_file(const char *path, vitc_vit_config *c);
+
 /* ---- outputs ------------------------------------------------------- */
 /* A file the run writes (or, in the inputs list, reads), by option name. */
 typedef struct train_output {

@@ -181,6 +181,59 @@ int train_argmax(const float *l, int C) {
     return best;
 }
 
+/* ---- the model config JSON --------------------------------------------- */
+
+int train_config_from_file(const char *path, vitc_vit_config *c) {
+    FILE *f;
+    if (vitc_open_read(path, 1 << 20, &f, NULL) != VITC_OK)
+        return cli_lib_error("--config");
+    json_error_t err;
+    json_t *o = json_loadf(f, 0, &err);
+    fclose(f);
+    if (!o || !json_is_object(o)) {
+        json_decref(o);
+        return cli_error("--config %s: not a JSON object (%s, line %d)", path, err.text, err.line);
+    }
+    struct { const char *k; int *v; } ints[] = {
+        {"image_size", &c->image_size}, {"patch_size", &c->patch_size},
+        {"in_channels", &c->in_channels}, {"hidden_dim", &c->hidden_dim},
+        {"depth", &c->depth}, {"num_heads", &c->num_heads}, {"mlp_dim", &c->mlp_dim}};
+    int rc = CLI_OK;
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0] && rc == CLI_OK; i++) {
+        json_t *v = json_object_get(o, ints[i].k);
+        if (!v)
+            continue;
+        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1000000)
+            rc = cli_error("--config %s: \"%s\" must be a positive integer", path, ints[i].k);
+        else
+            *ints[i].v = (int)json_integer_value(v);
+    }
+    json_t *v = json_object_get(o, "norm_eps");
+    if (rc == CLI_OK && v) {
+        if (!json_is_number(v) || !(json_number_value(v) > 0))
+            rc = cli_error("--config %s: \"norm_eps\" must be a positive number", path);
+        else
+            c->norm_eps = (float)json_number_value(v);
+    }
+    const char *arr[2] = {"mean", "std"};
+    for (int a = 0; a < 2 && rc == CLI_OK; a++) {
+        json_t *x = json_object_get(o, arr[a]);
+        if (!x)
+            continue;
+        if (!json_is_array(x) || json_array_size(x) != 3)
+            rc = cli_error("--config %s: \"%s\" must be an array of 3 numbers", path, arr[a]);
+        for (int i = 0; i < 3 && rc == CLI_OK; i++) {
+            json_t *e = json_array_get(x, (size_t)i);
+            if (!json_is_number(e) || (a == 1 && !(json_number_value(e) > 0)))
+                rc = cli_error("--config %s: \"%s\"[%d] is not a valid number", path, arr[a], i);
+            else
+                (a ? c->std : c->mean)[i] = (float)json_number_value(e);
+        }
+    }
+    json_decref(o);
+    return rc;
+}
+
 /* ---- sparse counts ---------------------------------------------------- */
 
 void eval_counts_free(eval_counts *e) {
