@@ -16,7 +16,9 @@ L5  temporaries of a checkpoint writer that died are removed.
 L6  two runs on one --out: the second is refused while the first runs.
 L7  --resume with nothing left to do still writes --model-out.
 L10 image paths in train's warnings are escaped.
-SIGHUP stops a run as SIGINT/SIGTERM do, with the partial epoch saved.
+SIGHUP (and SIGPIPE from a stderr whose reader is gone: an SSH drop
+    without a terminal) stops a run as SIGINT/SIGTERM do, the partial epoch
+    saved.
 """
 import json
 import os
@@ -379,6 +381,24 @@ class TestSlowRuns(TrainCase):
         meta = json.loads(vitc.load_safetensors(out)[1]["vitc.train"])
         self.assertEqual(meta["epoch"], 0)
         self.assertGreater(meta["step_in_epoch"], 0)
+
+
+    def test_sigpipe_saves_too(self):
+        """An SSH session without a terminal drops as SIGPIPE at the next
+        line written to stderr: it killed the run, losing the epoch begun."""
+        out, log = self.path("pipe.safetensors"), self.path("pipe.jsonl")
+        args = SLOW[:2] + ["--subset", 512] + SLOW[4:-3] + ["--epochs", 50, "--quiet"]
+        p = subprocess.Popen([VITC, "train", *map(str, args), "--out", out, "--log", log],
+                             stdout=subprocess.DEVNULL,
+                             stderr=subprocess.PIPE)
+        t0 = time.time()
+        while not steps(log) and time.time() - t0 < 60:
+            time.sleep(0.05)
+        p.stderr.close()  # the reader is gone: the epoch's line raises SIGPIPE
+        p.wait(timeout=120)
+        self.assertEqual(p.returncode, 128 + signal.SIGPIPE)
+        meta = json.loads(vitc.load_safetensors(out)[1]["vitc.train"])
+        self.assertEqual((meta["epoch"], meta["step_in_epoch"]), (1, 1))
 
 
 if __name__ == "__main__":
