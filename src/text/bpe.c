@@ -649,6 +649,7 @@ static vitc_status load_hf(vitc_tokenizer *t, bpe_model *m, vitc__tok_source src
                              "not supported: rebuild it from vocab.json + merges.txt)",
                              path);
         s = vocab_from_json(&v, json_object_get(model, "vocab"), path);
+        if (s == VITC_OK) s = byte_ids(m, &v, path);
         if (s == VITC_OK) s = merges_from_json(m, &v, json_object_get(model, "merges"), path);
         json_t *at = json_object_get(root, "added_tokens");
         size_t i;
@@ -674,6 +675,7 @@ static vitc_status load_hf(vitc_tokenizer *t, bpe_model *m, vitc__tok_source src
             return vitc__err(VITC_ERR_FORMAT, "%s: not a JSON vocabulary (%s, line %d)", file,
                              jerr.text, jerr.line);
         s = vocab_from_json(&v, vj, file);
+        if (s == VITC_OK) s = byte_ids(m, &v, file);
         if (s == VITC_OK) {
             snprintf(file, sizeof file, "%s/merges.txt", path);
             s = merges_from_txt(m, &v, file);
@@ -687,9 +689,7 @@ static vitc_status load_hf(vitc_tokenizer *t, bpe_model *m, vitc__tok_source src
             else
                 s = add_added(m, sp[k], id, path);
         }
-        snprintf(file, sizeof file, "%s/vocab.json", path);
     }
-    if (s == VITC_OK) s = byte_ids(m, &v, file);
     if (s == VITC_OK) {
         char pad[256] = "";
         int context = 0;
