@@ -89,6 +89,7 @@ static const char *vm_dir(const char *name, const char *merges) {
     return d;
 }
 
+#ifdef VITC_HAVE_TEXT
 static void expect_ids(vitc_tokenizer *t, const char *text, const int32_t *want, int nwant,
                        int32_t pad) {
     int32_t ids[77];
@@ -98,6 +99,7 @@ static void expect_ids(vitc_tokenizer *t, const char *text, const int32_t *want,
     for (int i = 0; i < nwant; i++) assert_int_equal(ids[i], want[i]);
     for (int i = nwant; i < 77; i++) assert_int_equal(ids[i], pad);
 }
+#endif
 
 static void test_vocab_merges(void **state) {
     (void)state;
@@ -195,6 +197,7 @@ static void test_tokenizer_json(void **state) {
 #endif
 }
 
+#ifdef VITC_HAVE_TEXT
 /* Each malformed vocabulary: the status and a message naming the file. */
 static void expect_load_error(const char *dir, vitc_status want, const char *file,
                               const char *words) {
@@ -204,6 +207,7 @@ static void expect_load_error(const char *dir, vitc_status want, const char *fil
     tu_assert_message_has(file);
     tu_assert_message_has(words);
 }
+#endif
 
 static void test_bad_files(void **state) {
     (void)state;
