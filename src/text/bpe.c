@@ -857,29 +857,49 @@ static void bpe_piece(const bpe_model *m, scratch *w, size_t nb, int32_t *ids, i
 static vitc_status bpe_cps(const bpe_model *m, scratch *w, const int32_t *cp, size_t n,
                            int32_t *ids, int cap, int *k);
 
-/* Cleans and splits text[0..len) and appends its ids (at most cap). */
+/* Cleans and splits text[0..len) and appends its ids (at most cap). A long
+ * text is cleaned in chunks of about CHUNK bytes, cut where no step of the
+ * cleaning looks across: before an ASCII space (HF: NFC, case and the split
+ * are local, and whitespace never becomes a piece), after a '\n' (OpenAI:
+ * ftfy works per line, and no entity or final sigma spans a line break).
+ * Once the ids are full the rest of the text is never cleaned. */
+#define CHUNK 4096
 static vitc_status encode_segment(const vitc_tokenizer *t, const bpe_model *m, scratch *w,
                                   const char *text, size_t len, int32_t *ids, int cap, int *k) {
-    vitc_status s = vitc__utf8_decode(text, len, &w->raw);
-    if (s == VITC_OK) s = vitc__clean(t->clean, w->raw.cp, w->raw.n, &w->clean);
-    if (s != VITC_OK) return s;
     const int32_t *sp[2] = {m->special_cp[0], m->special_cp[1]};
-    size_t pos = 0, a, e;
-    int r;
-    while (*k < cap && (r = vitc__pretok_next(w->clean.cp, w->clean.n, &pos, &a, &e, sp,
-                                              m->special_len, m->nspecial, m->openai))) {
-        if (r <= m->nspecial && m->special_id[r - 1] >= 0) {
-            ids[(*k)++] = m->special_id[r - 1];
-            continue;
+    int html_off = 0;
+    size_t p = 0;
+    while (p < len && *k < cap) {
+        size_t q = len;
+        if (len - p > CHUNK) {
+            q = p + CHUNK;
+            if (t->clean == VITC__CLEAN_OPENAI)
+                while (q < len && text[q - 1] != '\n') q++;
+            else
+                while (q < len && !(text[q] == ' ' || (text[q] >= 9 && text[q] <= 13))) q++;
         }
-        if (r <= m->nspecial) { /* "<|" name "|>", each its own word */
-            size_t cut[4] = {a, a + 2, e - 2, e};
-            for (int p = 0; p < 3 && *k < cap; p++)
-                if ((s = bpe_cps(m, w, w->clean.cp + cut[p], cut[p + 1] - cut[p], ids, cap, k)))
-                    return s;
-            continue;
+        vitc_status s = vitc__utf8_decode(text + p, q - p, &w->raw);
+        if (s == VITC_OK) s = vitc__clean(t->clean, w->raw.cp, w->raw.n, &w->clean, &html_off);
+        if (s != VITC_OK) return s;
+        p = q;
+        size_t pos = 0, a, e;
+        int r;
+        while (*k < cap && (r = vitc__pretok_next(w->clean.cp, w->clean.n, &pos, &a, &e, sp,
+                                                  m->special_len, m->nspecial, m->openai))) {
+            if (r <= m->nspecial && m->special_id[r - 1] >= 0) {
+                ids[(*k)++] = m->special_id[r - 1];
+                continue;
+            }
+            if (r <= m->nspecial) { /* "<|" name "|>", each its own word */
+                size_t cut[4] = {a, a + 2, e - 2, e};
+                for (int c = 0; c < 3 && *k < cap; c++)
+                    if ((s = bpe_cps(m, w, w->clean.cp + cut[c], cut[c + 1] - cut[c], ids, cap,
+                                     k)))
+                        return s;
+                continue;
+            }
+            if ((s = bpe_cps(m, w, w->clean.cp + a, e - a, ids, cap, k))) return s;
         }
-        if ((s = bpe_cps(m, w, w->clean.cp + a, e - a, ids, cap, k))) return s;
     }
     return VITC_OK;
 }
