@@ -42,6 +42,7 @@ typedef struct {
     int32_t special_cp[2][16];
     size_t special_len[2];
     int32_t special_id[2];                /* open_clip: their ids; HF: -1 (BPE'd) */
+    int resplit;                          /* HF: ByteLevel's regex re-splits them */
     int nadded;                           /* HF added tokens, matched on the raw text */
     char *added[MAX_ADDED];
     size_t added_len[MAX_ADDED];
@@ -555,8 +556,9 @@ static const char *jstr(json_t *o, const char *k) { return json_string_value(jso
 
 /* transformers' CLIP layout: Sequence[NFC, Replace(\s+, " "), Lowercase]
  * then Sequence[Split(CLIP's regex, Removed, invert), ByteLevel]. 1 with
- * *specials set when the regex keeps <|startoftext|>/<|endoftext|> whole. */
-static int is_clip_layout(json_t *root, int *specials) {
+ * *specials set when the regex keeps <|startoftext|>/<|endoftext|> whole,
+ * *resplit when ByteLevel runs its own regex (use_regex) after it. */
+static int is_clip_layout(json_t *root, int *specials, int *resplit) {
     json_t *nz = json_object_get(root, "normalizer"), *pt = json_object_get(root, "pre_tokenizer");
     json_t *ns = json_object_get(nz, "normalizers"), *ps = json_object_get(pt, "pretokenizers");
     if (!jstr(nz, "type") || strcmp(jstr(nz, "type"), "Sequence") || json_array_size(ns) != 3)
@@ -578,6 +580,8 @@ static int is_clip_layout(json_t *root, int *specials) {
         strcmp(jstr(bl, "type"), "ByteLevel") ||
         json_is_true(json_object_get(bl, "add_prefix_space")))
         return 0;
+    json_t *ur = json_object_get(bl, "use_regex"); /* absent: true */
+    *resplit = !json_is_false(ur);
     if (strcmp(srx, CLIP_SPLIT_V5) == 0)
         *specials = 1;
     else if (strcmp(srx, CLIP_SPLIT_OLD) == 0)
@@ -631,7 +635,7 @@ static vitc_status load_hf(vitc_tokenizer *t, bpe_model *m, vitc__tok_source src
     memset(&v, 0, sizeof v);
     char dir[4096], file[4400];
     vitc_status s = VITC_OK;
-    int specials = 1;
+    int specials = 1, resplit = 1;
     json_t *vj = NULL;
     if (src == VITC__SRC_TOKENIZER_JSON) {
         snprintf(dir, sizeof dir, "%s", path);
@@ -641,7 +645,8 @@ static vitc_status load_hf(vitc_tokenizer *t, bpe_model *m, vitc__tok_source src
         json_t *model = json_object_get(root, "model");
         const char *eow = jstr(model, "end_of_word_suffix");
         const char *csp = jstr(model, "continuing_subword_prefix");
-        if (!eow || strcmp(eow, "</w>") || (csp && csp[0]) || !is_clip_layout(root, &specials))
+        if (!eow || strcmp(eow, "</w>") || (csp && csp[0]) ||
+            !is_clip_layout(root, &specials, &resplit))
             return vitc__err(VITC_ERR_UNSUPPORTED,
                              "%s: a BPE tokenizer.json that is not CLIP's (vitc reads CLIP's: "
                              "\"</w>\" word ends, NFC + whitespace + lowercase normalizer, CLIP's "
@@ -713,6 +718,7 @@ static vitc_status load_hf(vitc_tokenizer *t, bpe_model *m, vitc__tok_source src
          * re-splits it into "<|" "endoftext" "|>"; it re-splits no other
          * CLIP piece. */
         m->nspecial = specials ? 2 : 0;
+        m->resplit = resplit;
         set_special(m, 0, "<|startoftext|>", -1);
         set_special(m, 1, "<|endoftext|>", -1);
     }
@@ -890,7 +896,7 @@ static vitc_status encode_segment(const vitc_tokenizer *t, const bpe_model *m, s
                 ids[(*k)++] = m->special_id[r - 1];
                 continue;
             }
-            if (r <= m->nspecial) { /* "<|" name "|>", each its own word */
+            if (r <= m->nspecial && m->resplit) { /* "<|" name "|>", each its own word */
                 size_t cut[4] = {a, a + 2, e - 2, e};
                 for (int c = 0; c < 3 && *k < cap; c++)
                     if ((s = bpe_cps(m, w, w->clean.cp + cut[c], cut[c + 1] - cut[c], ids, cap,
