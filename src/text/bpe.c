@@ -205,7 +205,8 @@ static vitc_status add_merge(bpe_model *m, const vocab_t *v, const char *a, size
     memcpy(buf + na, b, nb);
     int32_t id = vocab_get(v, buf, na + nb);
     if (ia < 0 || ib < 0 || id < 0)
-        return vitc__err(VITC_ERR_FORMAT, "%s: merge %ld (\"%.*s %.*s\") names a token not in the vocabulary",
+        return vitc__err(VITC_ERR_FORMAT,
+                         "%s: merge %ld (\"%.*s %.*s\") names a token not in the vocabulary",
                          what, line, (int)na, a, (int)nb, b);
     merge_put(m, ia, ib, rank, id);
     return VITC_OK;
@@ -291,7 +292,8 @@ static vitc_status read_gz(const char *path, char **out, size_t *n) {
     while (buf) {
         if (len == cap) {
             if (cap >= BPE_FILE_MAX) {
-                s = vitc__err(VITC_ERR_FORMAT, "%s: unpacks to more than %zu MiB, not a CLIP vocabulary",
+                s = vitc__err(VITC_ERR_FORMAT,
+                              "%s: unpacks to more than %zu MiB, not a CLIP vocabulary",
                               path, BPE_FILE_MAX >> 20);
                 break;
             }
@@ -549,10 +551,13 @@ static vitc_status merges_from_json(bpe_model *m, const vocab_t *v, json_t *arr,
 }
 
 static const char *CLIP_SPLIT_V5 =
-    "<\\|startoftext\\|>|<\\|endoftext\\|>|'s|'t|'re|'ve|'m|'ll|'d|[\\p{L}]+|[\\p{N}]|[^\\s\\p{L}\\p{N}]+";
+    "<\\|startoftext\\|>|<\\|endoftext\\|>|"
+    "'s|'t|'re|'ve|'m|'ll|'d|[\\p{L}]+|[\\p{N}]|[^\\s\\p{L}\\p{N}]+";
 #define CLIP_SPLIT_OLD (CLIP_SPLIT_V5 + 34) /* the same without the two specials */
 
-static const char *jstr(json_t *o, const char *k) { return json_string_value(json_object_get(o, k)); }
+static const char *jstr(json_t *o, const char *k) {
+    return json_string_value(json_object_get(o, k));
+}
 
 /* transformers' CLIP layout: Sequence[NFC, Replace(\s+, " "), Lowercase]
  * then Sequence[Split(CLIP's regex, Removed, invert), ByteLevel]. 1 with
@@ -566,7 +571,8 @@ static int is_clip_layout(json_t *root, int *specials, int *resplit) {
     const char *t0 = jstr(json_array_get(ns, 0), "type"), *t1 = jstr(json_array_get(ns, 1), "type"),
                *t2 = jstr(json_array_get(ns, 2), "type");
     const char *rx = jstr(json_object_get(json_array_get(ns, 1), "pattern"), "Regex");
-    if (!t0 || !t1 || !t2 || strcmp(t0, "NFC") || strcmp(t1, "Replace") || strcmp(t2, "Lowercase") ||
+    if (!t0 || !t1 || !t2 || strcmp(t0, "NFC") || strcmp(t1, "Replace") ||
+        strcmp(t2, "Lowercase") ||
         !rx || strcmp(rx, "\\s+") || !jstr(json_array_get(ns, 1), "content") ||
         strcmp(jstr(json_array_get(ns, 1), "content"), " "))
         return 0;
@@ -798,7 +804,9 @@ static int scratch_grow(scratch *w, size_t n) {
     return 1;
 }
 
-static int heap_less(heap_e a, heap_e b) { return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos); }
+static int heap_less(heap_e a, heap_e b) {
+    return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos);
+}
 
 static void heap_push(heap_e *h, size_t *n, heap_e e) {
     size_t i = (*n)++;

@@ -235,7 +235,8 @@ static const char *entity_find(const struct vitc__entity *tab, size_t n, const c
 /* html.unescape's numeric reference (num > 0x10FFFF saturated there). */
 static int push_charref(vitc__cps *out, uint32_t num) {
     for (size_t i = 0; i < sizeof vitc__invalid_charrefs / sizeof vitc__invalid_charrefs[0]; i++)
-        if (vitc__invalid_charrefs[i].num == num) return push_utf8(out, vitc__invalid_charrefs[i].value);
+        if (vitc__invalid_charrefs[i].num == num)
+            return push_utf8(out, vitc__invalid_charrefs[i].value);
     if ((num >= 0xD800 && num <= 0xDFFF) || num > 0x10FFFF) return push(out, 0xFFFD);
     for (size_t i = 0; i < sizeof vitc__invalid_codepoints / sizeof vitc__invalid_codepoints[0];
          i++)
