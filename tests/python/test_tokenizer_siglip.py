@@ -168,8 +168,8 @@ def _piece(rng):
     return "".join(chr(rng.randrange(0x20, 0x7F)) for _ in range(rng.randrange(1, 10)))
 
 
-def strings(n, seed=1234):
-    rng = random.Random(seed)
+def strings(n, start=1234):
+    rng = random.Random(start)
     out = ["", " ", "a", "A photo of a cat.", "a photo of a dog", "test.........", ".??????",
            "hello   world", "   leading", "trailing   ", "x" * 200, "sea_waves", "don't stop",
            "catdog", "zebra crossing", "a ☃ snowman", " ".join(WORDS) * 3]
