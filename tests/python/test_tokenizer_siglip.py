@@ -108,6 +108,17 @@ def _dirs(root):
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump({"text_config": {"max_position_embeddings": 16}}, f)
         out["ctx16"] = d
+        # tokenizer_config.json's switches: legacy (the dummy prefix) and
+        # do_lower_case
+        for name, key in (("nolegacy", "legacy"), ("nolower", "do_lower_case")):
+            d = os.path.join(root, name)
+            shutil.copytree(out["spiece"], d)
+            with open(os.path.join(d, "tokenizer_config.json")) as f:
+                tc = json.load(f)
+            tc[key] = False
+            with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+                json.dump(tc, f)
+            out[name] = d
         # a T5 layout: sentencepiece alone, no SigLIP cleaning
         for name, model in (("t5", "t5"), ("t5id", "id")):
             d = os.path.join(root, name + "dir")
@@ -253,6 +264,20 @@ class TestSiglipTokenizer(unittest.TestCase):
         self.assertTrue(flat & bytes_ids)
         self.assertIn(ref.convert_tokens_to_ids("☃"), flat)
         self._check(vitc.Tokenizer(d), texts, exp)
+
+    def test_config_switches(self):
+        texts = self.texts[:2000]
+        for name in ("nolegacy", "nolower"):
+            with self.subTest(name), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ref = AutoTokenizer.from_pretrained(self.dirs[name])
+                exp = ref(texts, padding="max_length", max_length=64,
+                          truncation=True)["input_ids"]
+                # (legacy false: the same ids, the unk-token prefix makes the
+                # dummy prefix moot; do_lower_case false: other ids)
+                if name == "nolower":
+                    self.assertNotEqual(exp, self.expected[:2000].tolist())
+                self._check(vitc.Tokenizer(self.dirs[name]), texts, exp)
 
     def test_context_from_config(self):
         tok = vitc.Tokenizer(self.dirs["ctx16"])
