@@ -170,6 +170,13 @@ static vitc_status trie_build(ug_trie *t, const vitc__sp_model *m, const char *w
         }
         t->count[i] = e - t->first[i];
     }
+    /* shared prefixes leave most of the upper bound unused */
+    void *q;
+    if ((q = realloc(t->value, nodes * sizeof *t->value))) t->value = q;
+    if ((q = realloc(t->first, nodes * sizeof *t->first))) t->first = q;
+    if ((q = realloc(t->count, nodes * sizeof *t->count))) t->count = q;
+    if (e > 0 && (q = realloc(t->label, e))) t->label = q;
+    if (e > 0 && (q = realloc(t->child, e * sizeof *t->child))) t->child = q;
     for (int c = 0; c < 256; c++) t->root[c] = -1;
     for (uint32_t j = 0; j < t->count[0]; j++) t->root[t->label[j]] = (int32_t)t->child[j];
     t->nodes = nodes;
