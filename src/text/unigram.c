@@ -492,7 +492,8 @@ static char *read_all(const char *path, size_t *len) {
     return p;
 }
 
-static json_t *load_sibling(const char *path, const char *name) {
+/* name in path's directory (malloc'd), or NULL. */
+static char *sibling(const char *path, const char *name) {
     const char *slash = strrchr(path, '/');
     size_t d = slash ? (size_t)(slash - path) + 1 : 0;
     size_t b = strlen(name);
@@ -500,6 +501,12 @@ static json_t *load_sibling(const char *path, const char *name) {
     if (!p) return NULL;
     memcpy(p, path, d);
     memcpy(p + d, name, b + 1);
+    return p;
+}
+
+static json_t *load_sibling(const char *path, const char *name) {
+    char *p = sibling(path, name);
+    if (!p) return NULL;
     struct stat st;
     json_t *j = NULL;
     if (stat(p, &st) == 0 && S_ISREG(st.st_mode) && st.st_size < ((int64_t)8 << 20))
@@ -786,8 +793,26 @@ static vitc_status finish(vitc_tokenizer *t, ug *u, const char *path, int json_s
 
 vitc_status vitc__unigram_load(vitc_tokenizer *t, vitc__tok_source src, const char *path,
                                const void *json) {
+    /* transformers' SiglipTokenizer reads spiece.model even when a
+     * tokenizer.json lies beside it (there is no fast SigLIP tokenizer), so
+     * vitc reads what it reads. */
+    char *spiece = NULL;
+    if (src == VITC__SRC_TOKENIZER_JSON) {
+        json_t *tc = load_sibling(path, "tokenizer_config.json");
+        const char *cls = json_string_value(json_object_get(tc, "tokenizer_class"));
+        struct stat st;
+        if (cls && strcmp(cls, "SiglipTokenizer") == 0 && (spiece = sibling(path, "spiece.model")) &&
+            stat(spiece, &st) == 0 && S_ISREG(st.st_mode)) {
+            src = VITC__SRC_SPIECE;
+            path = spiece;
+        }
+        json_decref(tc);
+    }
     ug *u = calloc(1, sizeof *u);
-    if (!u) return vitc__err(VITC_ERR_NOMEM, "out of memory");
+    if (!u) {
+        free(spiece);
+        return vitc__err(VITC_ERR_NOMEM, "out of memory");
+    }
     vitc_status s;
     if (src == VITC__SRC_SPIECE) {
         size_t len = 0;
@@ -808,6 +833,7 @@ vitc_status vitc__unigram_load(vitc_tokenizer *t, vitc__tok_source src, const ch
         s = vitc__err(VITC_ERR_INVALID_ARG, "%s: not a Unigram tokenizer source", path);
     }
     if (s == VITC_OK) s = finish(t, u, path, src == VITC__SRC_TOKENIZER_JSON);
+    free(spiece);
     if (s != VITC_OK) {
         vitc__unigram_free(u);
         return s;

@@ -102,6 +102,18 @@ def _dirs(root):
         conv.save(os.path.join(d, "tokenizer.json"))
         os.remove(os.path.join(d, "spiece.model"))
         out["json"] = d
+        # both files, the tokenizer.json damaged: SiglipTokenizer reads
+        # spiece.model, and so must vitc
+        d = os.path.join(root, "both")
+        shutil.copytree(out["spiece"], d)
+        conv.save(os.path.join(d, "tokenizer.json"))
+        with open(os.path.join(d, "tokenizer.json")) as f:
+            tj = json.load(f)
+        for e in tj["model"]["vocab"][3:]:
+            e[1] = -e[1]
+        with open(os.path.join(d, "tokenizer.json"), "w") as f:
+            json.dump(tj, f)
+        out["both"] = d
         # so400m-patch14-224's text tower has 16 positions
         d = os.path.join(root, "ctx16")
         shutil.copytree(out["spiece"], d)
@@ -245,6 +257,9 @@ class TestSiglipTokenizer(unittest.TestCase):
         tok = vitc.Tokenizer(self.dirs["json"])
         self.assertEqual((tok.context, tok.vocab_size), (64, 4000))
         self._check(tok, self.texts, self.expected)
+
+    def test_spiece_model_beside_tokenizer_json(self):
+        self._check(vitc.Tokenizer(self.dirs["both"]), self.texts[:2000], self.expected[:2000])
 
     def test_spiece_file_alone(self):
         # a bare spiece.model: SigLIP's defaults (cleaning, </s>, 64)
