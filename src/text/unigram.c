@@ -1,9 +1,11 @@
 /*
  * unigram.c — SentencePiece Unigram (T5's c4_en / mc4 vocabularies, which
  * SigLIP uses) read from spiece.model or from a tokenizer.json's Unigram
- * model, segmented as sentencepiece 0.2's optimized Viterbi segments
- * (same loop order, same float sums, same tie-breaking: the first of equal
- * scores wins), with its unknown-piece merging and byte fallback, and
+ * model, segmented as sentencepiece 0.2.3's Unigram encoder segments
+ * (same loop order, same float sums and re-centring, same tie-breaking:
+ * the first of equal scores wins; ties between equal sums are common, so
+ * the float rounding must be the same too), with its unknown-piece merging
+ * and byte fallback, and
  * SigLIP's text cleaning as transformers' SiglipTokenizer runs it.
  *
  * SiglipTokenizer (transformers 5.24; there is no fast SigLIP tokenizer,
