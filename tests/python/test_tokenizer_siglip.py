@@ -73,7 +73,7 @@ def _train(prefix, lines, vocab, **kw):
         sentence_iterator=iter(lines), model_prefix=prefix, model_type="unigram",
         vocab_size=vocab, pad_id=0, eos_id=1, unk_id=2,
         bos_id=-1, pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>", minloglevel=2,
-        num_threads=2, character_coverage=0.9995, **kw)
+        num_threads=1, character_coverage=0.9995, **kw)
 
 
 def _dirs(root):
