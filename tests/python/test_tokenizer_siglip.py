@@ -268,10 +268,17 @@ class TestSiglipTokenizer(unittest.TestCase):
 
     def test_byte_fallback_and_user_defined(self):
         d = self.dirs["bytes"]
+        # runs like "777" tie ("7" + "77" = "77" + "7" exactly); the float
+        # rounding of the sum before them, which a user-defined piece
+        # shifts, breaks the tie
+        rng = random.Random(5)
+        runs = ["☃ " * rng.randrange(1, 3) + " ".join(rng.choice(WORDS) for _ in
+                                                       range(rng.randrange(12)))
+                + " " + str(rng.randrange(10)) * rng.randrange(3, 7) for _ in range(1500)]
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             ref = AutoTokenizer.from_pretrained(d)
-            texts = self.texts[:3000]
+            texts = self.texts[:3000] + runs
             exp = ref(texts, padding="max_length", max_length=64, truncation=True)["input_ids"]
         # the byte pieces and the user-defined pieces are in use
         flat = set(np.array(exp).ravel().tolist())
@@ -293,6 +300,29 @@ class TestSiglipTokenizer(unittest.TestCase):
                 if name == "nolower":
                     self.assertNotEqual(exp, self.expected[:2000].tolist())
                 self._check(vitc.Tokenizer(self.dirs[name]), texts, exp)
+
+    def test_more_models(self):
+        # Ties between equal sums ("7" + "77" vs "77" + "7") are settled by
+        # the float rounding of the running score, which depends on the
+        # model: a few more vocabularies, with user-defined pieces (their
+        # score shifts every later sum) and byte fallback.
+        lines = _corpus()
+        texts = [t for t in self.texts[:6000] if len(t) < 400][:1500]
+        for k, (vocab, extra) in enumerate(((900, {"byte_fallback": True}), (2500, {}),
+                                             (3000, {"byte_fallback": True}))):
+            root = os.path.join(self.tmp, "more%d" % k)
+            os.makedirs(root, exist_ok=True)
+            _train(os.path.join(root, "m"), lines[k::2], vocab,
+                   user_defined_symbols=["☃", "catdog", "photo of", "東京"], **extra)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                d = os.path.join(root, "d")
+                SiglipTokenizer(os.path.join(root, "m.model")).save_pretrained(d)
+                ref = AutoTokenizer.from_pretrained(d)
+                exp = ref(texts, padding="max_length", max_length=64,
+                          truncation=True)["input_ids"]
+            with self.subTest(vocab=vocab):
+                self._check(vitc.Tokenizer(d), texts, exp)
 
     def test_context_from_config(self):
         tok = vitc.Tokenizer(self.dirs["ctx16"])
@@ -323,6 +353,33 @@ class TestSiglipTokenizer(unittest.TestCase):
             ids = sp.encode(s)[:63] + [1]
             exp.append(ids + [0] * (64 - len(ids)))
         self._check(tok, texts, exp)
+
+    def test_user_defined_score(self):
+        # sentencepiece 0.2.3 scores a user-defined piece 0.1 per byte past
+        # the first: "▁" + "жщ" (-1 + 0.1) beats "▁ж" + "щ" (-0.5 - 0.5);
+        # the older -0.1 would not
+        from sentencepiece import sentencepiece_model_pb2 as pb
+        m = pb.ModelProto()
+        for piece, score, kind in (("<pad>", 0, 3), ("</s>", 0, 3), ("<unk>", 0, 2),
+                                   ("\u2581", -1.0, 1), ("\u2581ж", -0.5, 1), ("щ", -0.5, 1),
+                                   ("жщ", 0, 4), ("a", -2, 1)):
+            x = m.pieces.add()
+            x.piece, x.score, x.type = piece, score, kind
+        m.trainer_spec.unk_id, m.trainer_spec.bos_id = 2, -1
+        m.trainer_spec.eos_id, m.trainer_spec.pad_id = 1, 0
+        m.normalizer_spec.name = "identity"
+        d = os.path.join(self.tmp, "udscore")
+        os.makedirs(d, exist_ok=True)
+        with open(os.path.join(d, "spiece.model"), "wb") as f:
+            f.write(m.SerializeToString())
+        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+            json.dump({"tokenizer_class": "T5Tokenizer"}, f)
+        sp = spm.SentencePieceProcessor(model_file=os.path.join(d, "spiece.model"))
+        self.assertEqual(sp.encode("жщ"), [3, 6])
+        tok = vitc.Tokenizer(d)
+        for s in ("жщ", "a жщ", "жщжщ a", "ж щ"):
+            ids = sp.encode(s) + [1]
+            self.assertEqual(list(tok(s, 16)), ids + [0] * (16 - len(ids)), s)
 
     def test_long_text_stops_early_and_exactly(self):
         rng = random.Random(7)
