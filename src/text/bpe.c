@@ -997,14 +997,14 @@ vitc_status vitc__bpe_load(vitc_tokenizer *t, vitc__tok_source src, const char *
                            const void *json) {
     (void)t; (void)src; (void)json;
     return vitc__err(VITC_ERR_UNSUPPORTED,
-                     "%s: vitc was built without utf8proc/PCRE2 (NO_TEXT); install "
-                     "libutf8proc-dev and libpcre2-dev and rebuild to read CLIP's tokenizer",
+                     "%s: vitc was built without utf8proc (NO_TEXT); install "
+                     "libutf8proc-dev and rebuild to read CLIP's tokenizer",
                      path);
 }
 vitc_status vitc__bpe_encode(const vitc_tokenizer *t, const char *text, size_t len, int32_t *ids,
                              int cap, int *n) {
     (void)t; (void)text; (void)len; (void)ids; (void)cap; (void)n;
-    return vitc__err(VITC_ERR_UNSUPPORTED, "built without utf8proc/PCRE2 (NO_TEXT)");
+    return vitc__err(VITC_ERR_UNSUPPORTED, "built without utf8proc (NO_TEXT)");
 }
 void vitc__bpe_free(void *impl) { (void)impl; }
 

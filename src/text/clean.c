@@ -693,12 +693,12 @@ int vitc__pretok_next(const int32_t *cp, size_t n, size_t *pos, size_t *start, s
 
 vitc_status vitc__utf8_decode(const char *s, size_t len, vitc__cps *out) {
     (void)s; (void)len; (void)out;
-    return vitc__err(VITC_ERR_UNSUPPORTED, "built without utf8proc/PCRE2 (NO_TEXT)");
+    return vitc__err(VITC_ERR_UNSUPPORTED, "built without utf8proc (NO_TEXT)");
 }
 vitc_status vitc__clean(vitc__text_clean mode, const int32_t *in, size_t n, vitc__cps *out,
                         int *html_off) {
     (void)mode; (void)in; (void)n; (void)out; (void)html_off;
-    return vitc__err(VITC_ERR_UNSUPPORTED, "built without utf8proc/PCRE2 (NO_TEXT)");
+    return vitc__err(VITC_ERR_UNSUPPORTED, "built without utf8proc (NO_TEXT)");
 }
 int vitc__pretok_next(const int32_t *cp, size_t n, size_t *pos, size_t *start, size_t *end,
                       const int32_t *const *special, const size_t *special_len, int nspecial,

@@ -909,8 +909,8 @@ vitc_status vitc__unigram_load(vitc_tokenizer *t, vitc__tok_source src, const ch
     (void)src;
     (void)json;
     return vitc__err(VITC_ERR_UNSUPPORTED,
-                     "%s: this libvitc was built without text support (install utf8proc and "
-                     "PCRE2, libutf8proc-dev libpcre2-dev, and rebuild)",
+                     "%s: this libvitc was built without text support (install utf8proc, "
+                     "libutf8proc-dev, and rebuild)",
                      path);
 }
 vitc_status vitc__unigram_encode(const vitc_tokenizer *t, const char *text, size_t len,
