@@ -3,7 +3,8 @@
 module exported with torch.onnx.export), the same weights (random, the
 B/16 text config: width 512, 12 layers, 8 heads, context 77) and the same
 padded ids (transformers' CLIPTokenizerFast over the real CLIP vocabulary,
-rebuilt from open_clip's bpe_simple_vocab_16e6.txt.gz) for every engine.
+rebuilt from open_clip's bpe_simple_vocab_16e6.txt.gz; each batch padded to
+its longest prompt, padding=True) for every engine.
 
     .venv/bin/python bench/text_encode.py [--prompts 1000] [--batch 32]
         [--threads 2] [--rounds 5] [--out bench/results-text.md]
@@ -62,6 +63,7 @@ def clip_tokenizer():
     vocab += ["<|startoftext|>", "<|endoftext|>"]
     tok = CLIPTokenizerFast(vocab={v: i for i, v in enumerate(vocab)},
                             merges=[tuple(m.split()) for m in merges])
+    tok.pad_token = "<|endoftext|>"  # openai/clip-vit-*'s pad token
     # the real vocabulary's ids (open_clip's tokenizer gives the same)
     assert tok("a photo of a cat.")["input_ids"] == [49406, 320, 1125, 539, 320, 2368, 269, 49407]
     return tok
@@ -98,9 +100,12 @@ def main():
     tmp = tempfile.mkdtemp(prefix="vitc_text_bench_")
     tok = clip_tokenizer()
     texts = prompts(a.prompts)
-    ids = tok(texts, padding="max_length", max_length=77, truncation=True,
-              return_tensors="np")["input_ids"].astype(np.int32)
-    batches = [ids[i:i + a.batch] for i in range(0, len(ids), a.batch)]
+    # Each batch padded to its longest prompt (padding=True), as a
+    # transformers user encodes: every engine gets the same ids, so none
+    # computes more positions than another.
+    batches = [tok(texts[i:i + a.batch], padding=True, max_length=77, truncation=True,
+                   return_tensors="np")["input_ids"].astype(np.int32)
+               for i in range(0, len(texts), a.batch)]
 
     text_cfg = dict(hidden_size=512, intermediate_size=2048, num_hidden_layers=12,
                     num_attention_heads=8, max_position_embeddings=77, hidden_act="quick_gelu")
@@ -143,7 +148,8 @@ def main():
         onnx_path = os.path.join(tmp, "text.onnx")
         torch.onnx.export(TextFeatures(ref), (torch.from_numpy(batches[0]).long(),), onnx_path,
                           input_names=["input_ids"], output_names=["text_embeds"],
-                          dynamic_axes={"input_ids": {0: "batch"}, "text_embeds": {0: "batch"}},
+                          dynamic_axes={"input_ids": {0: "batch", 1: "length"},
+                                        "text_embeds": {0: "batch"}},
                           opset_version=17, dynamo=False)
         so = ort.SessionOptions()
         so.intra_op_num_threads = a.threads
