@@ -39,11 +39,13 @@
 
 #include "cache.h"
 #include "cli.h"
+#include "cli_text.h"
 
 #define SIMILAR_MAX_FILES 1000000
 
 static const char similar_usage[] =
     "usage: vitc similar --model M --index DIR [options] QUERY_IMAGE\n"
+    "       vitc similar --model M --index DIR --text \"a dog on a beach\" [options]\n"
     "\n"
     "List the images of DIR (PNG/JPEG, not recursive) nearest to QUERY_IMAGE by\n"
     "cosine similarity of the model's default embedding (see vitc embed). DIR is\n"
@@ -51,12 +53,15 @@ static const char similar_usage[] =
     "~/.cache/vitc/similar/), one file per folder, model and precision, never in\n"
     "DIR; it is rebuilt when an image's name, size or time changes, or the model's\n"
     "content. QUERY_IMAGE itself, when it is one of DIR's images, is left out of\n"
-    "the results.\n"
+    "the results. With --text, a CLIP or SigLIP checkpoint with both towers ranks\n"
+    "the images by the cosine of their embeddings with the text's (text search;\n"
+    "the same cached index).\n"
     "\n"
     "options:\n"
     "  --model M      checkpoint file or Hugging Face Hub directory\n"
     "  --arch NAME    architecture of a file without vitc.config metadata\n"
     "  --index DIR    the folder of images\n"
+    "  --text T       search by the text T instead of a query image\n"
     "  --topk K       results, 1.. (default 5)\n"
     "  --batch B      images per forward pass, 1..4096 (default 8)\n"
     "  --threads N    threads, 1..256\n"
@@ -72,7 +77,7 @@ static const char similar_usage[] =
     "  -h, --help     this help\n";
 
 typedef struct similar_opts {
-    const char *model, *arch, *index, *precision, *attn_precision, *cache_dir;
+    const char *model, *arch, *index, *precision, *attn_precision, *cache_dir, *text;
     int topk, batch, threads, json, quiet, no_cache;
     char *query;
 } similar_opts;
@@ -186,6 +191,7 @@ int cmd_similar(int argc, char **argv) {
         {"--model", NULL, CLI_STRING, &o.model, 0, 0, NULL},
         {"--arch", NULL, CLI_STRING, &o.arch, 0, 0, NULL},
         {"--index", NULL, CLI_STRING, &o.index, 0, 0, NULL},
+        {"--text", NULL, CLI_STRING, &o.text, 0, 0, NULL},
         {"--topk", NULL, CLI_INT, &o.topk, 1, 1000000000, NULL},
         {"--batch", NULL, CLI_INT, &o.batch, 1, 4096, NULL},
         {"--threads", NULL, CLI_INT, &o.threads, 1, CLI_MAX_THREADS, NULL},
@@ -205,11 +211,16 @@ int cmd_similar(int argc, char **argv) {
     }
     if (rc != 0)
         return rc;
-    if (!o.model || !o.index || n_pos != 1)
-        return cli_usage_error("similar", "--model, --index and one query image are required");
+    if (!o.model || !o.index || n_pos != !o.text)
+        return cli_usage_error("similar", o.text ? "--model and --index are required; --text "
+                                                   "stands for the query image"
+                                                 : "--model, --index and one query image are "
+                                                   "required");
+    if (o.text && (rc = cli_check_text("--text", o.text)) != CLI_OK)
+        return rc;
     if (o.no_cache && o.cache_dir)
         return cli_usage_error("similar", "--cache and --no-cache exclude each other");
-    o.query = pos[0];
+    o.query = o.text ? NULL : pos[0];
     if (o.threads > 0)
         vitc_set_num_threads(o.threads);
 
@@ -228,7 +239,8 @@ int cmd_similar(int argc, char **argv) {
         rc = cli_error("out of memory");
         goto out;
     }
-    if ((rc = cli_open_model("similar", &mo, &m, &in)) != CLI_OK)
+    if ((rc = cli_open_model("similar", &mo, &m, &in)) != CLI_OK ||
+        (o.text && (rc = cli_text_model(o.model, m)) != CLI_OK))
         goto out;
     const vitc_vit_config *cfg = vitc_vit_get_config(m);
     if (vitc_vit_embed_size(m, VITC_POOL_DEFAULT, in.height, in.width, &dim) != VITC_OK) {
@@ -330,9 +342,15 @@ int cmd_similar(int argc, char **argv) {
         goto out;
     }
     float *qe = q + in.per_image;
-    if (cli_load_input(o.query, cfg, &in, q) != VITC_OK ||
-        vitc_vit_embed(m, q, 1, in.height, in.width, VITC_POOL_DEFAULT, qe) != VITC_OK) {
-        rc = cli_error("%s", vitc_last_error());
+    if (o.text ? vitc_vit_text_dim(m) != dim ||
+                     vitc_vit_encode_text(m, (const char *const *)&o.text, 1, qe) != VITC_OK
+               : cli_load_input(o.query, cfg, &in, q) != VITC_OK ||
+                     vitc_vit_embed(m, q, 1, in.height, in.width, VITC_POOL_DEFAULT, qe) !=
+                         VITC_OK) {
+        rc = o.text && vitc_vit_text_dim(m) != dim
+                 ? cli_error("%s: the text embedding has %d floats, the image embedding %lld",
+                             o.model, vitc_vit_text_dim(m), (long long)dim)
+                 : cli_error("%s", vitc_last_error());
         goto out;
     }
     cli_l2_normalize(qe, 1, (size_t)dim);
@@ -343,7 +361,7 @@ int cmd_similar(int argc, char **argv) {
     /* The query, when it is one of the folder's files (by device and inode,
      * whatever path names it), would always rank itself first. */
     struct stat qsb;
-    int have_q = stat(o.query, &qsb) == 0;
+    int have_q = o.query && stat(o.query, &qsb) == 0;
     int64_t kept = 0;
     for (int64_t r = 0; r < rows; r++) {
         if (have_q) {
