@@ -18,6 +18,7 @@
 
 #include "../train/train.h"
 #include "family.h"
+#include "text.h"
 
 /* The names more than one family spells alike (family.h). */
 const char *const vitc__timm_layer_names[VIT_L_COUNT] = {
@@ -562,6 +563,8 @@ vitc_status vitc__hub_read(vitc_vit *m, vitc__src *src) {
         if (s == VITC_OK && h->prec >= 0)
             s = vitc__vit_load_pack_row(m, i);
     }
+    if (s == VITC_OK) /* CLIPModel's / SiglipModel's / open_clip's text tower (text.c) */
+        s = vitc__text_load(m, src);
     if (s == VITC_OK)
         s = hub_leftovers(m, h);
     if (h->prec >= 0)
@@ -590,7 +593,11 @@ vitc_status vitc__hub_unknown(const vitc__src *src) {
     const char *type = vitc__hub_model_type(src);
     if (!type)
         return vitc__err(VITC_ERR_FORMAT, "config.json has no \"model_type\"");
-    static const char *const later[] = {"siglip2", "clip_text_model"};
+    if (!strcmp(type, "clip_text_model") || !strcmp(type, "siglip_text_model"))
+        return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: model_type \"%s\" is a text tower "
+                         "alone; vitc loads CLIPModel / SiglipModel directories with both towers",
+                         type);
+    static const char *const later[] = {"siglip2"};
     for (size_t i = 0; i < sizeof later / sizeof *later; i++)
         if (!strcmp(type, later[i]))
             return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: model_type \"%s\" is not "
