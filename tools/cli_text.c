@@ -10,16 +10,27 @@
 
 #include "cli_text.h"
 
-int cli_text_model(const char *model_path, const vitc_vit *m) {
+int cli_text_model(const char *model_path, vitc_vit *m) {
     if (!vitc_vit_has_text(m))
         return cli_error("%s has no text tower: text needs a checkpoint with both towers "
                          "(a Hub CLIPModel or SiglipModel directory, or an open_clip file)",
                          model_path);
-    if (!vitc_vit_tokenizer(m))
+    if (!vitc_vit_tokenizer(m)) {
+        /* the library keeps why (which files to add, or why they did not
+         * load); encoding says it before it reads anything */
+        int D = vitc_vit_text_dim(m);
+        float *out = malloc(sizeof *out * (size_t)(D > 0 ? D : 1));
+        const char *one[1] = {"x"};
+        if (out && vitc_vit_encode_text(m, one, 1, out) != VITC_OK) {
+            free(out);
+            return cli_error("%s", vitc_last_error());
+        }
+        free(out);
         return cli_error("%s has no tokenizer: add the checkpoint's tokenizer files beside "
                          "config.json (tokenizer.json, or vocab.json + merges.txt for CLIP, or "
                          "spiece.model for SigLIP)",
                          model_path);
+    }
     return CLI_OK;
 }
 

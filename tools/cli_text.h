@@ -23,7 +23,7 @@
 /* CLI_OK when m (loaded from model_path) has a text tower and its
  * tokenizer; else the one-line error (which checkpoint has one, which
  * files are missing) and CLI_FAIL. */
-int cli_text_model(const char *model_path, const vitc_vit *m);
+int cli_text_model(const char *model_path, vitc_vit *m);
 /* A text as given (what: "label 3", "--text"): not empty, valid UTF-8
  * (else the byte offset is named), at most CLI_TEXT_MAX_BYTES. CLI_OK or
  * a printed error and CLI_USAGE. */
