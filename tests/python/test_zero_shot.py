@@ -162,9 +162,9 @@ class TestZeroShot(TmpDirCase):
         t = self.text_features(ref, d, [tp.replace("{}", lab) for lab in labels
                                         for tp in templates], siglip)
         w = unit(unit(t).reshape(len(labels), len(templates), -1).mean(axis=1))
-        z = np.exp(float(ref.logit_scale)) * unit(self.image_features(ref, d)) @ w.T
+        z = np.exp(float(ref.logit_scale.detach())) * unit(self.image_features(ref, d)) @ w.T
         if siglip:
-            return 1 / (1 + np.exp(-(z + float(ref.logit_bias))))
+            return 1 / (1 + np.exp(-(z + float(ref.logit_bias.detach()))))
         z = np.exp(z - z.max(axis=1, keepdims=True))
         return z / z.sum(axis=1, keepdims=True)
 
