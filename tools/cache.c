@@ -206,6 +206,14 @@ json_t *cache_model_sig(const char *path, int text) {
             closedir(d);
     } else {
         json_object_set_new(o, "file", content_sig(path));
+        /* a file inside a Hub directory reads its config and tokenizer
+         * there: text embeddings depend on them */
+        char dir[4096];
+        const char *slash = strrchr(path, '/');
+        int len = !slash ? 1 : slash == path ? 1 : (int)(slash - path);
+        if (text && (size_t)snprintf(dir, sizeof dir, "%.*s", len, slash ? path : ".") <
+                        sizeof dir)
+            json_object_set_new(o, "dir", cache_model_sig(dir, 1));
     }
     return o;
 }

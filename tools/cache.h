@@ -29,7 +29,9 @@ char *cache_unhex(const char *h);
  * every .safetensors and .json file of a Hub directory (weights, shards,
  * config, processor, index, tokenizer.json / vocab.json), by name; with
  * text, the tokenizer files that are not JSON too (merges.txt,
- * spiece.model, *.txt.gz). Each file: [size, mtime_ns, content hash]. */
+ * spiece.model, *.txt.gz), and for a file the directory it lies in (where
+ * a Hub file's config and tokenizer are). Each file: [size, mtime_ns,
+ * content hash]. */
 json_t *cache_model_sig(const char *path, int text);
 
 /* The cache folder into dir: given (--cache), else

@@ -249,6 +249,15 @@ class TestZeroShot(TmpDirCase):
         self.assertFalse(os.path.islink(target))
         with open(victim) as f:
             self.assertEqual(f.read(), "keep")
+        # the tokenizer is part of the key: merges.txt touched, computed again
+        rc, _, err = self.run_cli(*args)
+        self.assertIn("class embeddings: cached", err)
+        merges = os.path.join(self.clip_dir, "merges.txt")
+        st = os.stat(merges)
+        os.utime(merges, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
+        rc, _, err = self.run_cli(*args)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("class embeddings: computed", err)
 
     def test_text_output(self):
         rc, out, err = self.run_cli("zero-shot", "--model", self.clip_dir, "--labels",
