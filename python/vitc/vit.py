@@ -607,9 +607,7 @@ class Model(VisionTransformer):
         one string: [1, text_dim]) or token ids int [B, L] (L <= context)."""
         if isinstance(texts, (str, bytes)):
             texts = [texts]
-        if isinstance(texts, np.ndarray) and texts.dtype.kind in "iu" or (
-                not isinstance(texts, np.ndarray) and len(texts) and
-                not isinstance(texts[0], (str, bytes))):
+        if isinstance(texts, np.ndarray) or (len(texts) and not isinstance(texts[0], (str, bytes))):
             ids = np.asarray(texts)
             if ids.dtype.kind not in "iu":
                 raise TypeError("token ids must be integers, got %s" % ids.dtype)

@@ -649,6 +649,7 @@ static vitc_status load_hf(vitc_tokenizer *t, bpe_model *m, vitc__tok_source src
                              "not supported: rebuild it from vocab.json + merges.txt)",
                              path);
         s = vocab_from_json(&v, json_object_get(model, "vocab"), path);
+        if (s == VITC_OK) s = byte_ids(m, &v, path);
         if (s == VITC_OK) s = merges_from_json(m, &v, json_object_get(model, "merges"), path);
         json_t *at = json_object_get(root, "added_tokens");
         size_t i;
@@ -674,6 +675,7 @@ static vitc_status load_hf(vitc_tokenizer *t, bpe_model *m, vitc__tok_source src
             return vitc__err(VITC_ERR_FORMAT, "%s: not a JSON vocabulary (%s, line %d)", file,
                              jerr.text, jerr.line);
         s = vocab_from_json(&v, vj, file);
+        if (s == VITC_OK) s = byte_ids(m, &v, file);
         if (s == VITC_OK) {
             snprintf(file, sizeof file, "%s/merges.txt", path);
             s = merges_from_txt(m, &v, file);
@@ -687,9 +689,7 @@ static vitc_status load_hf(vitc_tokenizer *t, bpe_model *m, vitc__tok_source src
             else
                 s = add_added(m, sp[k], id, path);
         }
-        snprintf(file, sizeof file, "%s/vocab.json", path);
     }
-    if (s == VITC_OK) s = byte_ids(m, &v, file);
     if (s == VITC_OK) {
         char pad[256] = "";
         int context = 0;
@@ -708,12 +708,13 @@ static vitc_status load_hf(vitc_tokenizer *t, bpe_model *m, vitc__tok_source src
         else if (t->pad < 0)
             s = vitc__err(VITC_ERR_FORMAT, "%s: the pad token \"%s\" is not in the vocabulary",
                           dir, pad);
-        /* ByteLevel's GPT-2 regex re-splits each piece; it splits a
-         * lower-cased "<|endoftext|>" kept whole by the newer regex into
-         * "<|" "endoftext" "|>" as the older regex does, so both read the
-         * same without special pieces (and nothing else is re-split) */
-        (void)specials;
-        m->nspecial = 0;
+        /* The newer regex keeps a lower-cased "<|endoftext|>" whole (which
+         * moves the next piece's start), then ByteLevel's GPT-2 regex
+         * re-splits it into "<|" "endoftext" "|>"; it re-splits no other
+         * CLIP piece. */
+        m->nspecial = specials ? 2 : 0;
+        set_special(m, 0, "<|startoftext|>", -1);
+        set_special(m, 1, "<|endoftext|>", -1);
     }
     json_decref(vj);
     vocab_free(&v);
@@ -853,6 +854,9 @@ static void bpe_piece(const bpe_model *m, scratch *w, size_t nb, int32_t *ids, i
     for (int32_t i = 0; i >= 0 && *k < cap; i = w->next[i]) ids[(*k)++] = w->sym[i];
 }
 
+static vitc_status bpe_cps(const bpe_model *m, scratch *w, const int32_t *cp, size_t n,
+                           int32_t *ids, int cap, int *k);
+
 /* Cleans and splits text[0..len) and appends its ids (at most cap). */
 static vitc_status encode_segment(const vitc_tokenizer *t, const bpe_model *m, scratch *w,
                                   const char *text, size_t len, int32_t *ids, int cap, int *k) {
@@ -868,33 +872,47 @@ static vitc_status encode_segment(const vitc_tokenizer *t, const bpe_model *m, s
             ids[(*k)++] = m->special_id[r - 1];
             continue;
         }
-        if (!scratch_grow(w, (e - a) * 4 + 1)) return vitc__err(VITC_ERR_NOMEM, "out of memory");
-        size_t nb = 0;
-        for (size_t q = a; q < e; q++) {
-            int32_t c = w->clean.cp[q];
-            unsigned char *o = (unsigned char *)w->bytes + nb;
-            if (c < 0x80) {
-                o[0] = (unsigned char)c;
-                nb += 1;
-            } else if (c < 0x800) {
-                o[0] = (unsigned char)(0xC0 | (c >> 6));
-                o[1] = (unsigned char)(0x80 | (c & 0x3F));
-                nb += 2;
-            } else if (c < 0x10000) {
-                o[0] = (unsigned char)(0xE0 | (c >> 12));
-                o[1] = (unsigned char)(0x80 | ((c >> 6) & 0x3F));
-                o[2] = (unsigned char)(0x80 | (c & 0x3F));
-                nb += 3;
-            } else {
-                o[0] = (unsigned char)(0xF0 | (c >> 18));
-                o[1] = (unsigned char)(0x80 | ((c >> 12) & 0x3F));
-                o[2] = (unsigned char)(0x80 | ((c >> 6) & 0x3F));
-                o[3] = (unsigned char)(0x80 | (c & 0x3F));
-                nb += 4;
-            }
+        if (r <= m->nspecial) { /* "<|" name "|>", each its own word */
+            size_t cut[4] = {a, a + 2, e - 2, e};
+            for (int p = 0; p < 3 && *k < cap; p++)
+                if ((s = bpe_cps(m, w, w->clean.cp + cut[p], cut[p + 1] - cut[p], ids, cap, k)))
+                    return s;
+            continue;
         }
-        bpe_piece(m, w, nb, ids, cap, k);
+        if ((s = bpe_cps(m, w, w->clean.cp + a, e - a, ids, cap, k))) return s;
     }
+    return VITC_OK;
+}
+
+/* BPE of the code points cp[0..n) as one word. */
+static vitc_status bpe_cps(const bpe_model *m, scratch *w, const int32_t *cp, size_t n,
+                           int32_t *ids, int cap, int *k) {
+    if (!scratch_grow(w, n * 4 + 1)) return vitc__err(VITC_ERR_NOMEM, "out of memory");
+    size_t nb = 0;
+    for (size_t q = 0; q < n; q++) {
+        int32_t c = cp[q];
+        unsigned char *o = (unsigned char *)w->bytes + nb;
+        if (c < 0x80) {
+            o[0] = (unsigned char)c;
+            nb += 1;
+        } else if (c < 0x800) {
+            o[0] = (unsigned char)(0xC0 | (c >> 6));
+            o[1] = (unsigned char)(0x80 | (c & 0x3F));
+            nb += 2;
+        } else if (c < 0x10000) {
+            o[0] = (unsigned char)(0xE0 | (c >> 12));
+            o[1] = (unsigned char)(0x80 | ((c >> 6) & 0x3F));
+            o[2] = (unsigned char)(0x80 | (c & 0x3F));
+            nb += 3;
+        } else {
+            o[0] = (unsigned char)(0xF0 | (c >> 18));
+            o[1] = (unsigned char)(0x80 | ((c >> 12) & 0x3F));
+            o[2] = (unsigned char)(0x80 | ((c >> 6) & 0x3F));
+            o[3] = (unsigned char)(0x80 | (c & 0x3F));
+            nb += 4;
+        }
+    }
+    bpe_piece(m, w, nb, ids, cap, k);
     return VITC_OK;
 }
 

@@ -161,10 +161,24 @@ static int lower_char(vitc__cps *out, int32_t c) {
     return push(out, utf8proc_tolower(c));
 }
 
+/* Unicode's Cased: Lu, Ll, Lt, anything with a case mapping, and the
+ * Other_Lowercase / Other_Uppercase characters that have none (modifier
+ * letters such as ª º ʰ, squared letters). */
 static int is_cased(int32_t c) {
+    static const int32_t other[][2] = {
+        {0xaa, 0xaa},       {0xba, 0xba},       {0x2b0, 0x2b8},     {0x2c0, 0x2c1},
+        {0x2e0, 0x2e4},     {0x37a, 0x37a},     {0x1d2c, 0x1d6a},   {0x1d78, 0x1d78},
+        {0x1d9b, 0x1dbf},   {0x2071, 0x2071},   {0x207f, 0x207f},   {0x2090, 0x209c},
+        {0x2c7c, 0x2c7d},   {0xa69c, 0xa69d},   {0xa770, 0xa770},   {0xa7f8, 0xa7f9},
+        {0xab5c, 0xab5f},   {0x10780, 0x10780}, {0x10783, 0x10785}, {0x10787, 0x107b0},
+        {0x107b2, 0x107ba}, {0x1f130, 0x1f149}, {0x1f150, 0x1f169}, {0x1f170, 0x1f189}};
     utf8proc_category_t k = utf8proc_category(c);
-    return k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LL ||
-           k == UTF8PROC_CATEGORY_LT || utf8proc_tolower(c) != c || utf8proc_toupper(c) != c;
+    if (k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LL || k == UTF8PROC_CATEGORY_LT ||
+        utf8proc_tolower(c) != c || utf8proc_toupper(c) != c)
+        return 1;
+    for (size_t i = 0; i < sizeof other / sizeof other[0]; i++)
+        if (c >= other[i][0] && c <= other[i][1]) return 1;
+    return 0;
 }
 
 static int is_case_ignorable(int32_t c) {
@@ -615,6 +629,11 @@ static int fold_eq(int32_t c, int32_t p, int ignore_case) {
     return c == p || (ignore_case && p == 's' && c == 0x17F);
 }
 
+/* What no branch of the regex matches: White_Space, and under Python's
+ * IGNORECASE U+0345 (its case fold, iota, is a letter, so the negated
+ * class refuses it while [\p{L}] does not take it). */
+static int is_gap(int32_t c, int ignore_case) { return is_ws(c) || (ignore_case && c == 0x345); }
+
 int vitc__pretok_next(const int32_t *cp, size_t n, size_t *pos, size_t *start, size_t *end,
                       const int32_t *const *special, const size_t *special_len, int nspecial,
                       int ignore_case) {
@@ -653,8 +672,9 @@ int vitc__pretok_next(const int32_t *cp, size_t n, size_t *pos, size_t *start, s
             while (j < n && is_letter(cp[j])) j++;
         } else if (is_number(c)) {
             /* one digit per piece */
-        } else if (!is_ws(c)) {
-            while (j < n && !is_ws(cp[j]) && !is_letter(cp[j]) && !is_number(cp[j])) j++;
+        } else if (!is_gap(c, ignore_case)) {
+            while (j < n && !is_gap(cp[j], ignore_case) && !is_letter(cp[j]) && !is_number(cp[j]))
+                j++;
         } else {
             i++;
             continue;

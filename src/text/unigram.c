@@ -82,11 +82,13 @@ static inline int32_t trie_step(const ug_trie *t, int32_t node, uint8_t c) {
     return lo < t->first[node] + t->count[node] && t->label[lo] == c ? (int32_t)t->child[lo] : -1;
 }
 
-static const vitc__sp_model *sort_model;
-static int cmp_piece(const void *a, const void *b) {
-    const vitc__sp_piece *p = &sort_model->pieces[*(const int *)a];
-    const vitc__sp_piece *q = &sort_model->pieces[*(const int *)b];
-    return strcmp(sort_model->strs + p->off, sort_model->strs + q->off);
+typedef struct ug_key {
+    const char *s;
+    int id;
+} ug_key;
+
+static int cmp_key(const void *a, const void *b) {
+    return strcmp(((const ug_key *)a)->s, ((const ug_key *)b)->s);
 }
 
 static int in_trie(int type) {
@@ -105,7 +107,7 @@ static vitc_status trie_build(ug_trie *t, const vitc__sp_model *m, const char *w
             n++;
             bytes += m->pieces[i].len;
         }
-    int *order = malloc((size_t)(n ? n : 1) * sizeof *order);
+    ug_key *order = malloc((size_t)(n ? n : 1) * sizeof *order);
     int32_t *fc = malloc(bytes * sizeof *fc), *ns = malloc(bytes * sizeof *ns),
             *lc = malloc(bytes * sizeof *lc);
     uint8_t *lab = malloc(bytes);
@@ -122,14 +124,16 @@ static vitc_status trie_build(ug_trie *t, const vitc__sp_model *m, const char *w
     }
     n = 0;
     for (int i = 0; i < m->n; i++)
-        if (in_trie(m->pieces[i].type)) order[n++] = i;
-    sort_model = m; /* loads are not expected to run concurrently with this sort's callback */
-    qsort(order, (size_t)n, sizeof *order, cmp_piece);
+        if (in_trie(m->pieces[i].type)) {
+            order[n].s = m->strs + m->pieces[i].off;
+            order[n++].id = i;
+        }
+    qsort(order, (size_t)n, sizeof *order, cmp_key);
     uint32_t nodes = 1;
     fc[0] = ns[0] = lc[0] = -1;
     t->value[0] = -1;
     for (int k = 0; k < n; k++) {
-        const vitc__sp_piece *p = &m->pieces[order[k]];
+        const vitc__sp_piece *p = &m->pieces[order[k].id];
         const uint8_t *key = (const uint8_t *)m->strs + p->off;
         int32_t node = 0;
         for (uint32_t d = 0; d < p->len; d++) {
@@ -151,10 +155,10 @@ static vitc_status trie_build(ug_trie *t, const vitc__sp_model *m, const char *w
         }
         if (t->value[node] >= 0) {
             s = vitc__err(VITC_ERR_FORMAT, "%s: piece \"%s\" is defined twice (ids %d and %d)",
-                          what, m->strs + p->off, t->value[node], order[k]);
+                          what, m->strs + p->off, t->value[node], order[k].id);
             goto out;
         }
-        t->value[node] = order[k];
+        t->value[node] = order[k].id;
     }
     uint32_t e = 0;
     for (uint32_t i = 0; i < nodes; i++) {

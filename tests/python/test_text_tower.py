@@ -159,14 +159,15 @@ class TextTowerTest(unittest.TestCase):
         self.assertLess(rel(out16, ref16), 1e-5)
         self.assertGreater(rel(out16, out[:2]), 1e-3)
 
-    def save_open_clip(self, quick):
+    def save_open_clip(self, quick, heads=4):
         cfg = dict(embed_dim=40, quick_gelu=quick,
                    vision_cfg=dict(image_size=32, layers=1, width=64, patch_size=16, head_width=32),
-                   text_cfg=dict(context_length=77, vocab_size=49408, width=64, heads=4, layers=2))
+                   text_cfg=dict(context_length=77, vocab_size=49408, width=64, heads=heads,
+                                 layers=2))
         om = open_clip.CLIP(**cfg).eval()
         with torch.no_grad():
             om.logit_scale.fill_(3.1)
-        d = os.path.join(self.tmp, "oc_%d" % quick)
+        d = os.path.join(self.tmp, "oc_%d_%d" % (quick, heads))
         os.makedirs(d, exist_ok=True)
         save_file({k: v.contiguous() for k, v in om.state_dict().items()},
                   os.path.join(d, "open_clip_model.safetensors"))
@@ -185,6 +186,40 @@ class TextTowerTest(unittest.TestCase):
                 self.assertEqual((m.has_text, m.text_dim), (True, 40))
                 self.assertAlmostEqual(m.logit_scale, float(np.exp(np.float32(3.1))), places=4)
                 self.assertLess(rel(m.encode_text(ids), ref), 1e-5, (quick, path))
+        # a lone file without open_clip_config.json: OpenAI's choices (QuickGELU,
+        # width / 64 heads)
+        om, d = self.save_open_clip(True, heads=1)
+        lone = os.path.join(self.tmp, "lone")
+        os.makedirs(lone, exist_ok=True)
+        shutil.copy(os.path.join(d, "open_clip_model.safetensors"), os.path.join(lone, "m.safetensors"))
+        with torch.no_grad():
+            ref = om.encode_text(torch.from_numpy(ids).long()).numpy()
+        self.assertLess(rel(vitc.load_model(os.path.join(lone, "m.safetensors")).encode_text(ids),
+                            ref), 1e-5)
+
+    def test_threads(self):
+        """Threads sharing one model (a session each) give the serial numbers."""
+        import threading
+        _, path = self.save_clip("clip_threads", layers=1)
+        m = vitc.load_model(path)
+        ids = clip_ids(CAPTIONS)
+        want = [m.encode_text(ids[i:i + 2]) for i in range(4)]
+        got, errs = {}, []
+
+        def work(i):
+            try:
+                for _ in range(5):
+                    got[i] = m.encode_text(ids[i:i + 2])
+            except Exception as e:  # pragma: no cover
+                errs.append(e)
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        self.assertEqual(errs, [])
+        for i in range(4):
+            np.testing.assert_array_equal(got[i], want[i])
 
     def test_precisions(self):
         """bf16 / int8 models run their text tower at their precision too."""

@@ -168,8 +168,8 @@ def _piece(rng):
     return "".join(chr(rng.randrange(0x20, 0x7F)) for _ in range(rng.randrange(1, 10)))
 
 
-def strings(n, seed=1234):
-    rng = random.Random(seed)
+def strings(n, start=1234):
+    rng = random.Random(start)
     out = ["", " ", "a", "A photo of a cat.", "a photo of a dog", "test.........", ".??????",
            "hello   world", "   leading", "trailing   ", "x" * 200, "sea_waves", "don't stop",
            "catdog", "zebra crossing", "a ☃ snowman", " ".join(WORDS) * 3]
@@ -284,6 +284,48 @@ class TestSiglipTokenizer(unittest.TestCase):
         t = time.perf_counter()
         self._check(tok, texts, exp)
         self.assertLess(time.perf_counter() - t, 5.0)
+
+    def test_mutated_model_files(self):
+        # hostile files: damaged copies of a real model load or fail with
+        # an error, and a loaded one encodes or fails with an error
+        with open(os.path.join(self.dirs["spiece"], "spiece.model"), "rb") as f:
+            good = f.read()
+        d = os.path.join(self.tmp, "mutants")
+        os.makedirs(d, exist_ok=True)
+        rng = random.Random(99)
+        loaded = failed = 0
+        for i in range(200):
+            b = bytearray(good)
+            kind = i % 4
+            if kind == 0:
+                b = b[:rng.randrange(len(b))]
+            elif kind == 1:
+                for _ in range(rng.randrange(1, 6)):
+                    b[rng.randrange(len(b))] = rng.randrange(256)
+            elif kind == 2:
+                at = rng.randrange(len(b))
+                b[at:at] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 12)))
+            else:  # the charsmap's region (near the end of the file)
+                for _ in range(rng.randrange(1, 4)):
+                    b[len(b) - 1 - rng.randrange(min(len(b), 250000))] = rng.randrange(256)
+            path = os.path.join(d, "m%d.model" % i)
+            with open(path, "wb") as f:
+                f.write(bytes(b))
+            try:
+                tok = vitc.Tokenizer(path)
+            except vitc.VitcError as e:
+                self.assertTrue(str(e))
+                failed += 1
+                continue
+            loaded += 1
+            for s in self.texts[:20]:
+                try:
+                    ids = tok(s)
+                    self.assertTrue(((ids >= 0) & (ids < tok.vocab_size)).all())
+                except vitc.VitcError:
+                    pass
+        self.assertGreater(failed, 20)
+        self.assertGreater(loaded, 20)
 
     def test_errors(self):
         tok = vitc.Tokenizer(self.dirs["spiece"])
