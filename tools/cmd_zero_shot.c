@@ -57,7 +57,7 @@ static const char zs_usage[] =
     "                     \"" ZS_DEFAULT_TEMPLATE "\")\n"
     "  --templates SET    imagenet80 (OpenAI's 80 ImageNet prompts, averaged) or\n"
     "                     simple (their 7 best)\n"
-    "  --top K            labels to print per image, 1.. (default 5)\n"
+    "  --top K            labels to print per image, 1.. (default 5; --topk too)\n"
     "  --json             one JSON object per image and line:\n"
     "                     {\"image\": PATH, \"labels\": [{\"label\": L, \"prob\": P}, ...]}\n"
     "  --batch B          images per forward pass, 1..4096 (default 8)\n"
@@ -200,7 +200,7 @@ int cmd_zero_shot(int argc, char **argv) {
         {"--labels-file", NULL, CLI_STRING, &o.labels_file, 0, 0, NULL},
         {"--template", NULL, CLI_STRING, &o.tmpl, 0, 0, NULL},
         {"--templates", NULL, CLI_STRING, &o.tmpl_set, 0, 0, NULL},
-        {"--top", NULL, CLI_INT, &o.top, 1, 1000000000, NULL},
+        {"--top", "--topk", CLI_INT, &o.top, 1, 1000000000, NULL},
         {"--json", NULL, CLI_FLAG, &o.json, 0, 0, NULL},
         {"--batch", NULL, CLI_INT, &o.batch, 1, ZS_MAX_BATCH, NULL},
         {"--threads", NULL, CLI_INT, &o.threads, 1, CLI_MAX_THREADS, NULL},
