@@ -895,18 +895,3 @@ def _load(path, arch, precision):
     check(lib.vitc_vit_load_precision(path_arg(path), str_arg(arch, "arch") if arch else None,
                                       p, ctypes.byref(h)))
     return h.value
-
-
-def _zero_shot_signatures():
-    P, i, i64, f, cp = (ctypes.POINTER, ctypes.c_int, ctypes.c_int64, ctypes.c_float,
-                        ctypes.c_char_p)
-    fp = P(f)
-    lib.vitc_zero_shot_templates.restype = P(cp)
-    lib.vitc_zero_shot_templates.argtypes = [cp, P(i)]
-    lib.vitc_zero_shot_classes.restype = i
-    lib.vitc_zero_shot_classes.argtypes = [fp, i64, i64, i64, fp]
-    lib.vitc_zero_shot_probs.restype = i
-    lib.vitc_zero_shot_probs.argtypes = [fp, i64, fp, i64, i64, f, f, i, fp]
-
-
-_zero_shot_signatures()
