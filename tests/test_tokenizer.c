@@ -147,8 +147,15 @@ static void test_vocab_merges(void **state) {
 static void test_tokenizer_json(void **state) {
     (void)state;
 #ifdef VITC_HAVE_TEXT
-    static const char *const merges[] = {"[\"a b\", \"ab c</w>\", \"h i</w>\"]",
-                                         "[[\"a\", \"b\"], [\"ab\", \"c</w>\"], [\"h\", \"i</w>\"]]"};
+    static const char *const merges[] = {
+        "[\"a b\", \"ab c</w>\", \"h i</w>\"]",
+        "[[\"a\", \"b\"], [\"ab\", \"c</w>\"], [\"h\", \"i</w>\"]]"};
+    static const char *const clip_pre =
+        "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
+        "{\"Regex\": \"<\\\\|startoftext\\\\|>|<\\\\|endoftext\\\\|>|"
+        "'s|'t|'re|'ve|'m|'ll|'d|[\\\\p{L}]+|[\\\\p{N}]|[^\\\\s\\\\p{L}\\\\p{N}]+\"}, "
+        "\"behavior\": \"Removed\", \"invert\": true}, "
+        "{\"type\": \"ByteLevel\", \"add_prefix_space\": false}]}";
     for (int k = 0; k < 3; k++) {
         const char *vj = tu_tmp_path("v.json");
         write_vocab(vj, NULL, 512);
@@ -157,20 +164,16 @@ static void test_tokenizer_json(void **state) {
         char *j = malloc(vn + 4096);
         assert_non_null(j);
         const char *pre =
-            k < 2 ? "{\"type\": \"Sequence\", \"pretokenizers\": [{\"type\": \"Split\", \"pattern\": "
-                    "{\"Regex\": \"<\\\\|startoftext\\\\|>|<\\\\|endoftext\\\\|>|'s|'t|'re|'ve|'m|'ll|'d|"
-                    "[\\\\p{L}]+|[\\\\p{N}]|[^\\\\s\\\\p{L}\\\\p{N}]+\"}, \"behavior\": \"Removed\", "
-                    "\"invert\": true}, {\"type\": \"ByteLevel\", \"add_prefix_space\": false}]}"
-                  : "{\"type\": \"ByteLevel\", \"add_prefix_space\": false}";
+            k < 2 ? clip_pre : "{\"type\": \"ByteLevel\", \"add_prefix_space\": false}";
         snprintf(j, vn + 4096,
                  "{\"version\": \"1.0\", \"added_tokens\": [{\"id\": %d, \"content\": "
                  "\"<|startoftext|>\", \"normalized\": false, \"special\": true}, {\"id\": %d, "
                  "\"content\": \"<|endoftext|>\", \"normalized\": false, \"special\": true}], "
                  "\"normalizer\": {\"type\": \"Sequence\", \"normalizers\": [{\"type\": \"NFC\"}, "
-                 "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \"\\\\s+\"}, \"content\": \" \"}, "
-                 "{\"type\": \"Lowercase\"}]}, \"pre_tokenizer\": %s, \"model\": {\"type\": \"BPE\", "
-                 "\"end_of_word_suffix\": \"</w>\", \"continuing_subword_prefix\": \"\", "
-                 "\"vocab\": %.*s, \"merges\": %s}}",
+                 "{\"type\": \"Replace\", \"pattern\": {\"Regex\": \"\\\\s+\"}, "
+                 "\"content\": \" \"}, {\"type\": \"Lowercase\"}]}, \"pre_tokenizer\": %s, "
+                 "\"model\": {\"type\": \"BPE\", \"end_of_word_suffix\": \"</w>\", "
+                 "\"continuing_subword_prefix\": \"\", \"vocab\": %.*s, \"merges\": %s}}",
                  SOT, EOT, pre, (int)vn, (const char *)vocab, merges[k % 2]);
         free(vocab);
         const char *d = tu_tmp_path(k == 0 ? "tj0" : k == 1 ? "tj1" : "tj2");

@@ -42,6 +42,7 @@ typedef struct {
     int32_t special_cp[2][16];
     size_t special_len[2];
     int32_t special_id[2];                /* open_clip: their ids; HF: -1 (BPE'd) */
+    int resplit;                          /* HF: ByteLevel's regex re-splits them */
     int nadded;                           /* HF added tokens, matched on the raw text */
     char *added[MAX_ADDED];
     size_t added_len[MAX_ADDED];
@@ -204,7 +205,8 @@ static vitc_status add_merge(bpe_model *m, const vocab_t *v, const char *a, size
     memcpy(buf + na, b, nb);
     int32_t id = vocab_get(v, buf, na + nb);
     if (ia < 0 || ib < 0 || id < 0)
-        return vitc__err(VITC_ERR_FORMAT, "%s: merge %ld (\"%.*s %.*s\") names a token not in the vocabulary",
+        return vitc__err(VITC_ERR_FORMAT,
+                         "%s: merge %ld (\"%.*s %.*s\") names a token not in the vocabulary",
                          what, line, (int)na, a, (int)nb, b);
     merge_put(m, ia, ib, rank, id);
     return VITC_OK;
@@ -290,7 +292,8 @@ static vitc_status read_gz(const char *path, char **out, size_t *n) {
     while (buf) {
         if (len == cap) {
             if (cap >= BPE_FILE_MAX) {
-                s = vitc__err(VITC_ERR_FORMAT, "%s: unpacks to more than %zu MiB, not a CLIP vocabulary",
+                s = vitc__err(VITC_ERR_FORMAT,
+                              "%s: unpacks to more than %zu MiB, not a CLIP vocabulary",
                               path, BPE_FILE_MAX >> 20);
                 break;
             }
@@ -548,15 +551,19 @@ static vitc_status merges_from_json(bpe_model *m, const vocab_t *v, json_t *arr,
 }
 
 static const char *CLIP_SPLIT_V5 =
-    "<\\|startoftext\\|>|<\\|endoftext\\|>|'s|'t|'re|'ve|'m|'ll|'d|[\\p{L}]+|[\\p{N}]|[^\\s\\p{L}\\p{N}]+";
+    "<\\|startoftext\\|>|<\\|endoftext\\|>|"
+    "'s|'t|'re|'ve|'m|'ll|'d|[\\p{L}]+|[\\p{N}]|[^\\s\\p{L}\\p{N}]+";
 #define CLIP_SPLIT_OLD (CLIP_SPLIT_V5 + 34) /* the same without the two specials */
 
-static const char *jstr(json_t *o, const char *k) { return json_string_value(json_object_get(o, k)); }
+static const char *jstr(json_t *o, const char *k) {
+    return json_string_value(json_object_get(o, k));
+}
 
 /* transformers' CLIP layout: Sequence[NFC, Replace(\s+, " "), Lowercase]
  * then Sequence[Split(CLIP's regex, Removed, invert), ByteLevel]. 1 with
- * *specials set when the regex keeps <|startoftext|>/<|endoftext|> whole. */
-static int is_clip_layout(json_t *root, int *specials) {
+ * *specials set when the regex keeps <|startoftext|>/<|endoftext|> whole,
+ * *resplit when ByteLevel runs its own regex (use_regex) after it. */
+static int is_clip_layout(json_t *root, int *specials, int *resplit) {
     json_t *nz = json_object_get(root, "normalizer"), *pt = json_object_get(root, "pre_tokenizer");
     json_t *ns = json_object_get(nz, "normalizers"), *ps = json_object_get(pt, "pretokenizers");
     if (!jstr(nz, "type") || strcmp(jstr(nz, "type"), "Sequence") || json_array_size(ns) != 3)
@@ -564,7 +571,8 @@ static int is_clip_layout(json_t *root, int *specials) {
     const char *t0 = jstr(json_array_get(ns, 0), "type"), *t1 = jstr(json_array_get(ns, 1), "type"),
                *t2 = jstr(json_array_get(ns, 2), "type");
     const char *rx = jstr(json_object_get(json_array_get(ns, 1), "pattern"), "Regex");
-    if (!t0 || !t1 || !t2 || strcmp(t0, "NFC") || strcmp(t1, "Replace") || strcmp(t2, "Lowercase") ||
+    if (!t0 || !t1 || !t2 || strcmp(t0, "NFC") || strcmp(t1, "Replace") ||
+        strcmp(t2, "Lowercase") ||
         !rx || strcmp(rx, "\\s+") || !jstr(json_array_get(ns, 1), "content") ||
         strcmp(jstr(json_array_get(ns, 1), "content"), " "))
         return 0;
@@ -578,6 +586,8 @@ static int is_clip_layout(json_t *root, int *specials) {
         strcmp(jstr(bl, "type"), "ByteLevel") ||
         json_is_true(json_object_get(bl, "add_prefix_space")))
         return 0;
+    json_t *ur = json_object_get(bl, "use_regex"); /* absent: true */
+    *resplit = !json_is_false(ur);
     if (strcmp(srx, CLIP_SPLIT_V5) == 0)
         *specials = 1;
     else if (strcmp(srx, CLIP_SPLIT_OLD) == 0)
@@ -631,7 +641,7 @@ static vitc_status load_hf(vitc_tokenizer *t, bpe_model *m, vitc__tok_source src
     memset(&v, 0, sizeof v);
     char dir[4096], file[4400];
     vitc_status s = VITC_OK;
-    int specials = 1;
+    int specials = 1, resplit = 1;
     json_t *vj = NULL;
     if (src == VITC__SRC_TOKENIZER_JSON) {
         snprintf(dir, sizeof dir, "%s", path);
@@ -641,7 +651,8 @@ static vitc_status load_hf(vitc_tokenizer *t, bpe_model *m, vitc__tok_source src
         json_t *model = json_object_get(root, "model");
         const char *eow = jstr(model, "end_of_word_suffix");
         const char *csp = jstr(model, "continuing_subword_prefix");
-        if (!eow || strcmp(eow, "</w>") || (csp && csp[0]) || !is_clip_layout(root, &specials))
+        if (!eow || strcmp(eow, "</w>") || (csp && csp[0]) ||
+            !is_clip_layout(root, &specials, &resplit))
             return vitc__err(VITC_ERR_UNSUPPORTED,
                              "%s: a BPE tokenizer.json that is not CLIP's (vitc reads CLIP's: "
                              "\"</w>\" word ends, NFC + whitespace + lowercase normalizer, CLIP's "
@@ -713,6 +724,7 @@ static vitc_status load_hf(vitc_tokenizer *t, bpe_model *m, vitc__tok_source src
          * re-splits it into "<|" "endoftext" "|>"; it re-splits no other
          * CLIP piece. */
         m->nspecial = specials ? 2 : 0;
+        m->resplit = resplit;
         set_special(m, 0, "<|startoftext|>", -1);
         set_special(m, 1, "<|endoftext|>", -1);
     }
@@ -792,7 +804,9 @@ static int scratch_grow(scratch *w, size_t n) {
     return 1;
 }
 
-static int heap_less(heap_e a, heap_e b) { return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos); }
+static int heap_less(heap_e a, heap_e b) {
+    return a.rank < b.rank || (a.rank == b.rank && a.pos < b.pos);
+}
 
 static void heap_push(heap_e *h, size_t *n, heap_e e) {
     size_t i = (*n)++;
@@ -857,29 +871,49 @@ static void bpe_piece(const bpe_model *m, scratch *w, size_t nb, int32_t *ids, i
 static vitc_status bpe_cps(const bpe_model *m, scratch *w, const int32_t *cp, size_t n,
                            int32_t *ids, int cap, int *k);
 
-/* Cleans and splits text[0..len) and appends its ids (at most cap). */
+/* Cleans and splits text[0..len) and appends its ids (at most cap). A long
+ * text is cleaned in chunks of about CHUNK bytes, cut where no step of the
+ * cleaning looks across: before an ASCII space (HF: NFC, case and the split
+ * are local, and whitespace never becomes a piece), after a '\n' (OpenAI:
+ * ftfy works per line, and no entity or final sigma spans a line break).
+ * Once the ids are full the rest of the text is never cleaned. */
+#define CHUNK 4096
 static vitc_status encode_segment(const vitc_tokenizer *t, const bpe_model *m, scratch *w,
                                   const char *text, size_t len, int32_t *ids, int cap, int *k) {
-    vitc_status s = vitc__utf8_decode(text, len, &w->raw);
-    if (s == VITC_OK) s = vitc__clean(t->clean, w->raw.cp, w->raw.n, &w->clean);
-    if (s != VITC_OK) return s;
     const int32_t *sp[2] = {m->special_cp[0], m->special_cp[1]};
-    size_t pos = 0, a, e;
-    int r;
-    while (*k < cap && (r = vitc__pretok_next(w->clean.cp, w->clean.n, &pos, &a, &e, sp,
-                                              m->special_len, m->nspecial, m->openai))) {
-        if (r <= m->nspecial && m->special_id[r - 1] >= 0) {
-            ids[(*k)++] = m->special_id[r - 1];
-            continue;
+    int html_off = 0;
+    size_t p = 0;
+    while (p < len && *k < cap) {
+        size_t q = len;
+        if (len - p > CHUNK) {
+            q = p + CHUNK;
+            if (t->clean == VITC__CLEAN_OPENAI)
+                while (q < len && text[q - 1] != '\n') q++;
+            else
+                while (q < len && !(text[q] == ' ' || (text[q] >= 9 && text[q] <= 13))) q++;
         }
-        if (r <= m->nspecial) { /* "<|" name "|>", each its own word */
-            size_t cut[4] = {a, a + 2, e - 2, e};
-            for (int p = 0; p < 3 && *k < cap; p++)
-                if ((s = bpe_cps(m, w, w->clean.cp + cut[p], cut[p + 1] - cut[p], ids, cap, k)))
-                    return s;
-            continue;
+        vitc_status s = vitc__utf8_decode(text + p, q - p, &w->raw);
+        if (s == VITC_OK) s = vitc__clean(t->clean, w->raw.cp, w->raw.n, &w->clean, &html_off);
+        if (s != VITC_OK) return s;
+        p = q;
+        size_t pos = 0, a, e;
+        int r;
+        while (*k < cap && (r = vitc__pretok_next(w->clean.cp, w->clean.n, &pos, &a, &e, sp,
+                                                  m->special_len, m->nspecial, m->openai))) {
+            if (r <= m->nspecial && m->special_id[r - 1] >= 0) {
+                ids[(*k)++] = m->special_id[r - 1];
+                continue;
+            }
+            if (r <= m->nspecial && m->resplit) { /* "<|" name "|>", each its own word */
+                size_t cut[4] = {a, a + 2, e - 2, e};
+                for (int c = 0; c < 3 && *k < cap; c++)
+                    if ((s = bpe_cps(m, w, w->clean.cp + cut[c], cut[c + 1] - cut[c], ids, cap,
+                                     k)))
+                        return s;
+                continue;
+            }
+            if ((s = bpe_cps(m, w, w->clean.cp + a, e - a, ids, cap, k))) return s;
         }
-        if ((s = bpe_cps(m, w, w->clean.cp + a, e - a, ids, cap, k))) return s;
     }
     return VITC_OK;
 }

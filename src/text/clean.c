@@ -235,7 +235,8 @@ static const char *entity_find(const struct vitc__entity *tab, size_t n, const c
 /* html.unescape's numeric reference (num > 0x10FFFF saturated there). */
 static int push_charref(vitc__cps *out, uint32_t num) {
     for (size_t i = 0; i < sizeof vitc__invalid_charrefs / sizeof vitc__invalid_charrefs[0]; i++)
-        if (vitc__invalid_charrefs[i].num == num) return push_utf8(out, vitc__invalid_charrefs[i].value);
+        if (vitc__invalid_charrefs[i].num == num)
+            return push_utf8(out, vitc__invalid_charrefs[i].value);
     if ((num >= 0xD800 && num <= 0xDFFF) || num > 0x10FFFF) return push(out, 0xFFFD);
     for (size_t i = 0; i < sizeof vitc__invalid_codepoints / sizeof vitc__invalid_codepoints[0];
          i++)
@@ -532,9 +533,9 @@ static int same(const vitc__cps *a, const vitc__cps *b) {
 
 /* ftfy.fix_text: per line (a segment ends after '\n'), HTML unescaping
  * off from the first segment holding '<' on (ftfy's "auto"). */
-static int ftfy_fix_text(const int32_t *cp, size_t n, vitc__cps *out) {
+static int ftfy_fix_text(const int32_t *cp, size_t n, vitc__cps *out, int *html_off) {
     vitc__cps seg = {0}, tmp = {0}, prev = {0};
-    int html = 1, ok = 1;
+    int html = !*html_off, ok = 1;
     out->n = 0;
     size_t pos = 0;
     while (ok && pos < n) {
@@ -563,15 +564,16 @@ static int ftfy_fix_text(const int32_t *cp, size_t n, vitc__cps *out) {
         if (ok) out->n += seg.n;
         pos = end;
     }
+    *html_off = !html;
     vitc__cps_free(&seg);
     vitc__cps_free(&tmp);
     vitc__cps_free(&prev);
     return ok;
 }
 
-static int clean_openai(const int32_t *cp, size_t n, vitc__cps *out) {
+static int clean_openai(const int32_t *cp, size_t n, vitc__cps *out, int *html_off) {
     vitc__cps a = {0}, b = {0};
-    int ok = ftfy_fix_text(cp, n, &a) && py_unescape(&a, &b) && py_unescape(&b, &a);
+    int ok = ftfy_fix_text(cp, n, &a, html_off) && py_unescape(&a, &b) && py_unescape(&b, &a);
     /* " ".join(text.split()) then lower(), with Python's final sigma */
     out->n = 0;
     if (ok) ok = reserve(out, a.n + 8);
@@ -610,12 +612,14 @@ static int clean_hf(const int32_t *cp, size_t n, vitc__cps *out) {
     return ok;
 }
 
-vitc_status vitc__clean(vitc__text_clean mode, const int32_t *in, size_t n, vitc__cps *out) {
-    int ok;
+vitc_status vitc__clean(vitc__text_clean mode, const int32_t *in, size_t n, vitc__cps *out,
+                        int *html_off) {
+    int ok, off = 0;
+    if (!html_off) html_off = &off;
     if (mode == VITC__CLEAN_HF_CLIP) {
         ok = clean_hf(in, n, out);
     } else if (mode == VITC__CLEAN_OPENAI) {
-        ok = clean_openai(in, n, out);
+        ok = clean_openai(in, n, out, html_off);
     } else {
         out->n = 0;
         ok = reserve(out, n);
@@ -691,8 +695,9 @@ vitc_status vitc__utf8_decode(const char *s, size_t len, vitc__cps *out) {
     (void)s; (void)len; (void)out;
     return vitc__err(VITC_ERR_UNSUPPORTED, "built without utf8proc/PCRE2 (NO_TEXT)");
 }
-vitc_status vitc__clean(vitc__text_clean mode, const int32_t *in, size_t n, vitc__cps *out) {
-    (void)mode; (void)in; (void)n; (void)out;
+vitc_status vitc__clean(vitc__text_clean mode, const int32_t *in, size_t n, vitc__cps *out,
+                        int *html_off) {
+    (void)mode; (void)in; (void)n; (void)out; (void)html_off;
     return vitc__err(VITC_ERR_UNSUPPORTED, "built without utf8proc/PCRE2 (NO_TEXT)");
 }
 int vitc__pretok_next(const int32_t *cp, size_t n, size_t *pos, size_t *start, size_t *end,

@@ -27,7 +27,11 @@ vitc_status vitc__utf8_decode(const char *s, size_t len, vitc__cps *out);
  *     html.unescape twice, Python's split/join on whitespace, str.lower
  *     (OpenAI's and open_clip's basic_clean + whitespace_clean + lower).
  * Other modes copy the text. */
-vitc_status vitc__clean(vitc__text_clean mode, const int32_t *in, size_t n, vitc__cps *out);
+/* html_off (may be NULL for a whole text): ftfy's HTML unescaping stays off
+ * from the first line holding '<' on; a text cleaned in pieces cut after
+ * '\n' carries it from piece to piece (start it at 0). */
+vitc_status vitc__clean(vitc__text_clean mode, const int32_t *in, size_t n, vitc__cps *out,
+                        int *html_off);
 
 /* CLIP's pre-tokenizing regex
  *   <special>|'s|'t|'re|'ve|'m|'ll|'d|[\p{L}]+|[\p{N}]|[^\s\p{L}\p{N}]+

@@ -274,24 +274,27 @@ static inline uint32_t du_label(uint32_t u) { return u & ((1u << 31) | 0xFF); }
 static inline uint32_t du_value(uint32_t u) { return u & ((1u << 31) - 1); }
 
 /* The longest rule that is a prefix of s[0..len) (darts-clone's
- * commonPrefixSearch, keeping the last = longest hit): its length, or 0. */
-static size_t cm_longest(const vitc__charsmap *cm, const char *s, size_t len, uint32_t *value) {
+ * commonPrefixSearch, keeping the last = longest hit): its length, or 0.
+ * *hit_end: the walk reached the end of s. */
+static size_t cm_longest(const vitc__charsmap *cm, const char *s, size_t len, uint32_t *value,
+                         int *hit_end) {
     const uint32_t *u = cm->units;
     size_t n = cm->n_units, best = 0;
     size_t pos = du_offset(u[0]);
     for (size_t i = 0; i < len; i++) {
         uint8_t c = (uint8_t)s[i];
         pos ^= c;
-        if (pos >= n) break;
+        if (pos >= n) return best;
         uint32_t unit = u[pos];
-        if (du_label(unit) != c) break;
+        if (du_label(unit) != c) return best;
         pos ^= du_offset(unit);
-        if (pos >= n) break;
+        if (pos >= n) return best;
         if (du_has_leaf(unit)) {
             best = i + 1;
             *value = du_value(u[pos]);
         }
     }
+    *hit_end = 1;
     return best;
 }
 
@@ -328,9 +331,10 @@ static size_t utf8_len1(const char *s, size_t len) {
 /* One step of NormalizePrefix: the replacement (*r, *rl) of the prefix
  * that is consumed (the return value). */
 static vitc_status norm_prefix(const vitc__sp_normalizer *nz, const char *s, size_t len,
-                               const char **r, size_t *rl, size_t *consumed) {
+                               const char **r, size_t *rl, size_t *consumed, int *hit_end) {
+    *hit_end = 0;
     if (nz->user) {
-        size_t k = nz->user(nz->user_ctx, s, len);
+        size_t k = nz->user(nz->user_ctx, s, len, hit_end);
         if (k > 0) {
             *r = s;
             *rl = k;
@@ -339,7 +343,7 @@ static vitc_status norm_prefix(const vitc__sp_normalizer *nz, const char *s, siz
         }
     }
     uint32_t v = 0;
-    size_t k = nz->cm ? cm_longest(nz->cm, s, len, &v) : 0;
+    size_t k = nz->cm ? cm_longest(nz->cm, s, len, &v, hit_end) : 0;
     if (k == 0) {
         /* the input was checked to be valid UTF-8 */
         *consumed = utf8_len1(s, len);
@@ -359,29 +363,32 @@ static vitc_status norm_prefix(const vitc__sp_normalizer *nz, const char *s, siz
 }
 
 vitc_status vitc__sp_normalize(const vitc__sp_normalizer *nz, const char *text, size_t len,
-                               char **out, size_t *out_len) {
+                               int final, char **out, size_t *out_len, size_t *safe) {
     buf b = {0};
     *out = NULL;
-    *out_len = 0;
+    *out_len = *safe = 0;
     if (!buf_put(&b, "", 0)) return vitc__err(VITC_ERR_NOMEM, "out of memory");
     const char *r;
     size_t rl, k;
+    int hit = 0;
     vitc_status s;
+    const char *space = nz->escape_ws ? SPACE_SYM : " ";
+    size_t space_len = nz->escape_ws ? 3 : 1;
     if (nz->remove_extra_ws) {
         while (len > 0) {
-            if ((s = norm_prefix(nz, text, len, &r, &rl, &k)) != VITC_OK) goto fail;
+            if ((s = norm_prefix(nz, text, len, &r, &rl, &k, &hit)) != VITC_OK) goto fail;
+            if (hit && !final) goto done;
             if (!(rl == 1 && r[0] == ' ')) break;
             text += k;
             len -= k;
         }
     }
     if (len == 0) goto done;
-    const char *space = nz->escape_ws ? SPACE_SYM : " ";
-    size_t space_len = nz->escape_ws ? 3 : 1;
     if (!nz->ws_suffix && nz->add_dummy_prefix && !buf_put(&b, space, space_len)) goto nomem;
     int prev_space = nz->remove_extra_ws;
     while (len > 0) {
-        if ((s = norm_prefix(nz, text, len, &r, &rl, &k)) != VITC_OK) goto fail;
+        if ((s = norm_prefix(nz, text, len, &r, &rl, &k, &hit)) != VITC_OK) goto fail;
+        if (hit && !final) break; /* more text could change this rule */
         while (prev_space && rl > 0 && r[0] == ' ') {
             r++;
             rl--;
@@ -398,12 +405,22 @@ vitc_status vitc__sp_normalize(const vitc__sp_normalizer *nz, const char *text, 
         len -= k;
         if (!nz->remove_extra_ws) prev_space = 0;
     }
-    if (nz->remove_extra_ws) {
-        while (b.n >= space_len && memcmp(b.p + b.n - space_len, space, space_len) == 0) b.n -= space_len;
-        b.p[b.n] = 0;
+    /* Trailing spaces go at the end of the text; before it they are not
+     * known to be trailing, so they are not part of the safe output. */
+    size_t keep = b.n;
+    if (nz->remove_extra_ws)
+        while (keep >= space_len && memcmp(b.p + keep - space_len, space, space_len) == 0)
+            keep -= space_len;
+    if (!final) {
+        *safe = keep;
+        goto out;
     }
+    b.n = keep;
+    b.p[b.n] = 0;
     if (nz->ws_suffix && nz->add_dummy_prefix && !buf_put(&b, space, space_len)) goto nomem;
-done:
+done: /* (also: nothing but spaces so far) */
+    *safe = final ? b.n : 0;
+out:
     *out = b.p;
     *out_len = b.n;
     return VITC_OK;

@@ -67,8 +67,9 @@ vitc_status vitc__charsmap_init(vitc__charsmap *cm, const uint8_t *blob, size_t 
 void vitc__charsmap_free(vitc__charsmap *cm);
 
 /* User-defined pieces are matched before the charsmap and kept as they are:
- * the longest one that is a prefix of s[0..len), its length or 0. */
-typedef size_t (*vitc__sp_user_match)(const void *ctx, const char *s, size_t len);
+ * the longest one that is a prefix of s[0..len), its length or 0; *hit_end
+ * set when the match ran into the end of s (more text could extend it). */
+typedef size_t (*vitc__sp_user_match)(const void *ctx, const char *s, size_t len, int *hit_end);
 
 typedef struct vitc__sp_normalizer {
     const vitc__charsmap *cm; /* NULL: no rewrite (identity) */
@@ -78,10 +79,14 @@ typedef struct vitc__sp_normalizer {
 } vitc__sp_normalizer;
 
 /* sentencepiece's Normalizer::Normalize: text[0..len) (valid UTF-8) into a
- * malloc'd *out of *out_len bytes (NUL-terminated). Fails on a charsmap
- * whose trie points outside its strings, or on memory. */
+ * malloc'd *out of *out_len bytes (NUL-terminated). final 0: text is only
+ * the start of the text (cut at a character boundary); then *safe is how
+ * many bytes of *out are certainly the start of the whole text's output
+ * (before the first rule that ran into the cut, without trailing U+2581s,
+ * which the end of the text could remove); final 1: *safe = *out_len.
+ * Fails on a charsmap whose trie points outside its strings, or on memory. */
 vitc_status vitc__sp_normalize(const vitc__sp_normalizer *nz, const char *text, size_t len,
-                               char **out, size_t *out_len);
+                               int final, char **out, size_t *out_len, size_t *safe);
 
 /* base64 (RFC 4648, padding optional) into a malloc'd buffer. */
 vitc_status vitc__base64_decode(const char *s, size_t len, uint8_t **out, size_t *out_len);

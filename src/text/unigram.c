@@ -170,6 +170,13 @@ static vitc_status trie_build(ug_trie *t, const vitc__sp_model *m, const char *w
         }
         t->count[i] = e - t->first[i];
     }
+    /* shared prefixes leave most of the upper bound unused */
+    void *q;
+    if ((q = realloc(t->value, nodes * sizeof *t->value))) t->value = q;
+    if ((q = realloc(t->first, nodes * sizeof *t->first))) t->first = q;
+    if ((q = realloc(t->count, nodes * sizeof *t->count))) t->count = q;
+    if (e > 0 && (q = realloc(t->label, e))) t->label = q;
+    if (e > 0 && (q = realloc(t->child, e * sizeof *t->child))) t->child = q;
     for (int c = 0; c < 256; c++) t->root[c] = -1;
     for (uint32_t j = 0; j < t->count[0]; j++) t->root[t->label[j]] = (int32_t)t->child[j];
     t->nodes = nodes;
@@ -184,16 +191,17 @@ out:
 }
 
 /* The longest user-defined piece at s (the normalizer keeps them intact). */
-static size_t user_match(const void *ctx, const char *s, size_t len) {
+static size_t user_match(const void *ctx, const char *s, size_t len, int *hit_end) {
     const ug *u = ctx;
     int32_t node = 0;
     size_t best = 0;
     for (size_t i = 0; i < len; i++) {
         node = trie_step(&u->trie, node, (uint8_t)s[i]);
-        if (node < 0) break;
+        if (node < 0) return best;
         int32_t id = u->trie.value[node];
         if (id >= 0 && u->sp.pieces[id].type == VITC__SP_USER_DEFINED) best = i + 1;
     }
+    *hit_end = 1;
     return best;
 }
 
@@ -234,9 +242,12 @@ static int collect(const ug *u, const ug_node *best, const char *norm, int32_t e
 /* Viterbi over norm[0..n) (sentencepiece's EncodeOptimized), stopping at
  * the first position no piece crosses once the pieces before it give at
  * least need tokens: every later choice starts from there, so those tokens
- * are the whole text's. Tokens into a malloc'd *out. */
-static vitc_status segment(const ug *u, const char *norm, int32_t n, int need, int32_t **out,
-                           int *nout) {
+ * are the whole text's. final 0: norm is only the start of the normalized
+ * text, and a piece that runs into its end could be longer; no cut after
+ * it counts, and without a cut *out is NULL (call again with more text).
+ * Tokens into a malloc'd *out. */
+static vitc_status segment(const ug *u, const char *norm, int32_t n, int need, int final,
+                           int32_t **out, int *nout) {
     ug_node *best = malloc(((size_t)n + 1) * sizeof *best);
     int32_t *pid = malloc(((size_t)n + 1) * sizeof *pid);
     int32_t *pend = malloc(((size_t)n + 1) * sizeof *pend);
@@ -255,9 +266,9 @@ static vitc_status segment(const ug *u, const char *norm, int32_t n, int need, i
     }
     const float unk_score = u->min_score - UG_UNK_PENALTY;
     int32_t end = n, reach = 0, next_check = 256;
-    int32_t at = 0;
-    while (at < n) {
-        if (reach <= at && at >= next_check) {
+    int32_t at = 0, cut = 0, open_end = 0;
+    for (;;) {
+        if (!open_end && reach <= at && (at >= next_check || (at == n && !final))) {
             /* a cut: count the tokens before it */
             int32_t e = at, np = 0;
             while (e > 0) {
@@ -267,11 +278,13 @@ static vitc_status segment(const ug *u, const char *norm, int32_t n, int need, i
             if (np >= need) {
                 if (collect(u, best, norm, at, pid, pend, ids) >= need) {
                     end = at;
+                    cut = 1;
                     break;
                 }
             }
             next_check = at * 2;
         }
+        if (at >= n) break;
         const float till = best[at].score;
         int32_t mblen;
         {
@@ -281,7 +294,11 @@ static vitc_status segment(const ug *u, const char *norm, int32_t n, int need, i
         }
         int has_single = 0;
         int32_t node = 0;
-        for (int32_t kp = at; kp < n;) {
+        for (int32_t kp = at;;) {
+            if (kp >= n) {
+                open_end = 1;
+                break;
+            }
             node = trie_step(&u->trie, node, (uint8_t)norm[kp]);
             kp++;
             if (node < 0) break;
@@ -321,6 +338,15 @@ static vitc_status segment(const ug *u, const char *norm, int32_t n, int need, i
             if (at + mblen > reach) reach = at + mblen;
         }
         at += mblen;
+    }
+    if (!final && !cut) {
+        free(best);
+        free(pid);
+        free(pend);
+        free(ids);
+        *out = NULL;
+        *nout = 0;
+        return VITC_OK;
     }
     int nt = collect(u, best, norm, end, pid, pend, ids);
     free(best);
@@ -368,82 +394,77 @@ static int case_ignorable(int32_t c) {
     }
 }
 
-static int put_cp(char *o, size_t *n, int32_t c) {
-    utf8proc_ssize_t k = utf8proc_encode_char(c, (utf8proc_uint8_t *)o + *n);
-    *n += (size_t)k;
-    return 1;
+static int32_t next_cp(const char *text, size_t len, size_t *i) {
+    int32_t c;
+    utf8proc_ssize_t k =
+        utf8proc_iterate((const utf8proc_uint8_t *)text + *i, (utf8proc_ssize_t)(len - *i), &c);
+    if (k <= 0) { /* checked by the router; defensive */
+        c = 0xFFFD;
+        k = 1;
+    }
+    *i += (size_t)k;
+    return c == 0x2581 ? 0x20 : c; /* SiglipTokenizer: text.replace("▁", " ") */
 }
 
-/* prefix + canonicalize("▁" + text.replace("▁", " ")) into a malloc'd
- * buffer. Lower case grows a character by at most one code point (U+0130),
- * each at most 4 bytes. */
-static vitc_status siglip_clean(const ug *u, const char *text, size_t len, char **out,
-                                size_t *out_len) {
-    size_t ncp = 0;
-    int32_t *cp = malloc((len + 2) * sizeof *cp);
-    char *o = malloc(u->prefix_len + 3 + 8 * (len + 1) + 1);
-    if (!cp || !o) {
-        free(cp);
-        free(o);
-        return vitc__err(VITC_ERR_NOMEM, "out of memory cleaning %zu bytes of text", len);
-    }
-    cp[ncp++] = 0x2581;
-    for (size_t i = 0; i < len;) {
-        int32_t c;
-        utf8proc_ssize_t k =
-            utf8proc_iterate((const utf8proc_uint8_t *)text + i, (utf8proc_ssize_t)(len - i), &c);
-        if (k <= 0) { /* checked by the router; defensive */
-            c = 0xFFFD;
-            k = 1;
-        }
-        cp[ncp++] = c == 0x2581 ? 0x20 : c;
-        i += (size_t)k;
-    }
-    size_t n = 0;
+/* prefix + canonicalize("▁" + text.replace("▁", " ")) of text[0..lim)
+ * (lim a character boundary; the whole text is len bytes: a final sigma
+ * looks past lim) into a malloc'd buffer: the start of what the whole
+ * text gives. Lower case grows a character by at most 8 bytes (U+0130:
+ * two code points). */
+static vitc_status siglip_clean(const ug *u, const char *text, size_t len, size_t lim,
+                                char **out, size_t *out_len) {
+    char *o = malloc(u->prefix_len + 4 + 8 * lim + 1);
+    if (!o) return vitc__err(VITC_ERR_NOMEM, "out of memory cleaning %zu bytes of text", lim);
     memcpy(o, u->prefix, u->prefix_len);
-    n = u->prefix_len;
-    int pending_space = 0, started = 0;
-    for (size_t i = 0; i < ncp; i++) {
-        int32_t c = cp[i];
+    size_t n = u->prefix_len;
+    n += (size_t)utf8proc_encode_char(0x2581, (utf8proc_uint8_t *)o + n);
+    /* the "▁" put in front: neither cased nor case-ignorable */
+    int prev_cased = 0, pending_space = 0;
+    for (size_t i = 0; i < lim;) {
+        int32_t c = next_cp(text, lim, &i);
+        int32_t lc = c;
+        if (u->lower) {
+            if (c == 0x130) {
+                lc = -1;
+            } else if (c == 0x3A3) {
+                /* Final_Sigma, as CPython decides it */
+                int fin = prev_cased;
+                if (fin) {
+                    size_t j = i;
+                    int32_t d = 0;
+                    int found = 0;
+                    while (j < len) {
+                        d = next_cp(text, len, &j);
+                        if (!case_ignorable(d)) {
+                            found = 1;
+                            break;
+                        }
+                    }
+                    fin = !found || !cased(d);
+                }
+                lc = fin ? 0x3C2 : 0x3C3;
+            } else {
+                lc = utf8proc_tolower(c);
+            }
+        }
+        if (!case_ignorable(c)) prev_cased = cased(c);
         if (ascii_punct(c)) continue;
         if (py_space(c)) {
-            pending_space = started;
+            pending_space = 1;
             continue;
         }
         if (pending_space) {
             o[n++] = ' ';
             pending_space = 0;
         }
-        started = 1;
-        if (!u->lower) {
-            put_cp(o, &n, c);
-        } else if (c == 0x130) {
-            put_cp(o, &n, 'i');
-            put_cp(o, &n, 0x307);
-        } else if (c == 0x3A3) {
-            /* Final_Sigma, as CPython decides it */
-            size_t j = i;
-            int32_t d = 0;
-            int fin = 0;
-            while (j > 0) {
-                d = cp[--j];
-                if (!case_ignorable(d)) {
-                    fin = cased(d);
-                    break;
-                }
-            }
-            if (fin) {
-                for (j = i + 1; j < ncp; j++)
-                    if (!case_ignorable(cp[j])) break;
-                fin = j == ncp || !cased(cp[j]);
-            }
-            put_cp(o, &n, fin ? 0x3C2 : 0x3C3);
+        if (lc == -1) {
+            o[n++] = 'i';
+            n += (size_t)utf8proc_encode_char(0x307, (utf8proc_uint8_t *)o + n);
         } else {
-            put_cp(o, &n, utf8proc_tolower(c));
+            n += (size_t)utf8proc_encode_char(lc, (utf8proc_uint8_t *)o + n);
         }
     }
     o[n] = 0;
-    free(cp);
     *out = o;
     *out_len = n;
     return VITC_OK;
@@ -471,7 +492,8 @@ static char *read_all(const char *path, size_t *len) {
     return p;
 }
 
-static json_t *load_sibling(const char *path, const char *name) {
+/* name in path's directory (malloc'd), or NULL. */
+static char *sibling(const char *path, const char *name) {
     const char *slash = strrchr(path, '/');
     size_t d = slash ? (size_t)(slash - path) + 1 : 0;
     size_t b = strlen(name);
@@ -479,6 +501,12 @@ static json_t *load_sibling(const char *path, const char *name) {
     if (!p) return NULL;
     memcpy(p, path, d);
     memcpy(p + d, name, b + 1);
+    return p;
+}
+
+static json_t *load_sibling(const char *path, const char *name) {
+    char *p = sibling(path, name);
+    if (!p) return NULL;
     struct stat st;
     json_t *j = NULL;
     if (stat(p, &st) == 0 && S_ISREG(st.st_mode) && st.st_size < ((int64_t)8 << 20))
@@ -745,12 +773,13 @@ static vitc_status finish(vitc_tokenizer *t, ug *u, const char *path, int json_s
             u->prefix_len = pl;
             char *norm = NULL;
             size_t nl = 0;
-            s = vitc__sp_normalize(&u->nz, unk_tok, pl, &norm, &nl);
+            size_t safe;
+            s = vitc__sp_normalize(&u->nz, unk_tok, pl, 1, &norm, &nl, &safe);
             int32_t *ids = NULL;
             int nt = 0;
             if (s == VITC_OK && nl > (size_t)INT32_MAX / 8)
                 s = vitc__err(VITC_ERR_FORMAT, "%s: unk token too long", path);
-            if (s == VITC_OK) s = segment(u, norm, (int32_t)nl, INT32_MAX, &ids, &nt);
+            if (s == VITC_OK) s = segment(u, norm, (int32_t)nl, INT32_MAX, 1, &ids, &nt);
             u->skip = nt;
             free(ids);
             free(norm);
@@ -764,8 +793,26 @@ static vitc_status finish(vitc_tokenizer *t, ug *u, const char *path, int json_s
 
 vitc_status vitc__unigram_load(vitc_tokenizer *t, vitc__tok_source src, const char *path,
                                const void *json) {
+    /* transformers' SiglipTokenizer reads spiece.model even when a
+     * tokenizer.json lies beside it (there is no fast SigLIP tokenizer), so
+     * vitc reads what it reads. */
+    char *spiece = NULL;
+    if (src == VITC__SRC_TOKENIZER_JSON) {
+        json_t *tc = load_sibling(path, "tokenizer_config.json");
+        const char *cls = json_string_value(json_object_get(tc, "tokenizer_class"));
+        struct stat st;
+        if (cls && strcmp(cls, "SiglipTokenizer") == 0 && (spiece = sibling(path, "spiece.model")) &&
+            stat(spiece, &st) == 0 && S_ISREG(st.st_mode)) {
+            src = VITC__SRC_SPIECE;
+            path = spiece;
+        }
+        json_decref(tc);
+    }
     ug *u = calloc(1, sizeof *u);
-    if (!u) return vitc__err(VITC_ERR_NOMEM, "out of memory");
+    if (!u) {
+        free(spiece);
+        return vitc__err(VITC_ERR_NOMEM, "out of memory");
+    }
     vitc_status s;
     if (src == VITC__SRC_SPIECE) {
         size_t len = 0;
@@ -786,6 +833,7 @@ vitc_status vitc__unigram_load(vitc_tokenizer *t, vitc__tok_source src, const ch
         s = vitc__err(VITC_ERR_INVALID_ARG, "%s: not a Unigram tokenizer source", path);
     }
     if (s == VITC_OK) s = finish(t, u, path, src == VITC__SRC_TOKENIZER_JSON);
+    free(spiece);
     if (s != VITC_OK) {
         vitc__unigram_free(u);
         return s;
@@ -794,36 +842,49 @@ vitc_status vitc__unigram_load(vitc_tokenizer *t, vitc__tok_source src, const ch
     return VITC_OK;
 }
 
+/* Texts are cleaned, normalized and segmented from a first piece of
+ * UG_FIRST bytes, doubled until the ids needed are known to be the whole
+ * text's: a megabyte costs about what its first few kilobytes cost. */
+#define UG_FIRST ((size_t)4096)
+
 vitc_status vitc__unigram_encode(const vitc_tokenizer *t, const char *text, size_t len,
                                  int32_t *ids, int cap, int *n) {
     const ug *u = t->impl;
     *n = 0;
-    char *clean = NULL, *norm = NULL;
-    size_t cl = 0, nl = 0;
-    vitc_status s = VITC_OK;
-    if (t->clean == VITC__CLEAN_SIGLIP) {
-        s = siglip_clean(u, text, len, &clean, &cl);
-        if (s != VITC_OK) return s;
-        text = clean;
-        len = cl;
-    }
-    s = vitc__sp_normalize(&u->nz, text, len, &norm, &nl);
-    free(clean);
-    if (s != VITC_OK) return s;
-    if (nl > (size_t)INT32_MAX / 8) {
-        free(norm);
-        return vitc__err(VITC_ERR_INVALID_ARG, "text of %zu bytes is too long to tokenize", len);
-    }
-    int skip = t->clean == VITC__CLEAN_SIGLIP ? u->skip : 0;
+    int siglip = t->clean == VITC__CLEAN_SIGLIP;
+    int skip = siglip ? u->skip : 0;
     int32_t *tok = NULL;
     int nt = 0;
-    s = segment(u, norm, (int32_t)nl, skip + cap + 1, &tok, &nt);
-    free(norm);
-    if (s != VITC_OK) return s;
+    for (size_t lim = UG_FIRST;; lim *= 2) {
+        int final = lim >= len;
+        if (final) {
+            lim = len;
+        } else {
+            while (lim > 0 && ((uint8_t)text[lim] & 0xC0) == 0x80) lim--;
+        }
+        char *clean = NULL, *norm = NULL;
+        size_t cl = 0, nl = 0, safe = 0;
+        const char *in = text;
+        size_t in_len = lim;
+        vitc_status s = VITC_OK;
+        if (siglip) {
+            s = siglip_clean(u, text, len, lim, &clean, &cl);
+            in = clean;
+            in_len = cl;
+        }
+        if (s == VITC_OK) s = vitc__sp_normalize(&u->nz, in, in_len, final, &norm, &nl, &safe);
+        free(clean);
+        if (s == VITC_OK && safe > (size_t)INT32_MAX / 8)
+            s = vitc__err(VITC_ERR_INVALID_ARG, "text of %zu bytes is too long to tokenize", len);
+        if (s == VITC_OK) s = segment(u, norm, (int32_t)safe, skip + cap + 1, final, &tok, &nt);
+        free(norm);
+        if (s != VITC_OK) return s;
+        if (tok || final) break;
+    }
     /* transformers: tokens[k:] if len(tokens) >= k else tokens */
     int from = nt >= skip ? skip : 0;
     int k = nt - from < cap ? nt - from : cap;
-    memcpy(ids, tok + from, (size_t)k * sizeof *ids);
+    if (k > 0) memcpy(ids, tok + from, (size_t)k * sizeof *ids);
     free(tok);
     *n = k;
     return VITC_OK;

@@ -191,6 +191,22 @@ class TestClipTokenizer(unittest.TestCase):
         ids, n = self.run_vitc(tok, keep)
         self.check("open_clip gz", keep, ids, n, ref, ref_n)
 
+    def test_long_texts_cut(self):
+        # long texts are cleaned in pieces cut at spaces / line ends: the
+        # pieces' borders must not show (ftfy's HTML switch carries over)
+        pad = [" " * 5000, "\n" * 5000, " \t\n" * 2000, "x " * 30 + " " * 4096]
+        tails = ["ΑΣ\nΣΑ &amp; b", "e\u0301 café", "&EACUTE; don’t", "<b>\n&EACUTE;", "Ｆｕｌｌ ﬁ"]
+        texts = [h + p + t for h in ("", "<b>\n", "a\n") for p in pad for t in tails]
+        st = open_clip.tokenizer._tokenizer
+        ref = open_clip.tokenize(texts, context_length=CTX).numpy().astype(np.int32)
+        ref_n = np.array([min(CTX, len(st.encode(t)) + 2) for t in texts])
+        ids, n = self.run_vitc(vitc.Tokenizer(self.gz), texts)
+        self.check("open_clip gz, long", texts, ids, n, ref, ref_n)
+        enc = self.ref(texts, padding="max_length", max_length=CTX, truncation=True)
+        ids, n = self.run_vitc(vitc.Tokenizer(self.hf), texts)
+        self.check("tokenizer.json, long", texts, ids, n, np.array(enc["input_ids"], np.int32),
+                   np.array(enc["attention_mask"]).sum(1))
+
     def test_known_ids(self):
         for path in (self.gz, self.hf):
             ids, n = vitc.Tokenizer(path).encode("a photo of a cat")

@@ -68,9 +68,10 @@ def _corpus():
 
 
 def _train(prefix, lines, vocab, **kw):
+    kw.setdefault("normalization_rule_name", "nmt_nfkc")
     spm.SentencePieceTrainer.train(
         sentence_iterator=iter(lines), model_prefix=prefix, model_type="unigram",
-        vocab_size=vocab, normalization_rule_name="nmt_nfkc", pad_id=0, eos_id=1, unk_id=2,
+        vocab_size=vocab, pad_id=0, eos_id=1, unk_id=2,
         bos_id=-1, pad_piece="<pad>", eos_piece="</s>", unk_piece="<unk>", minloglevel=2,
         num_threads=2, character_coverage=0.9995, **kw)
 
@@ -83,6 +84,8 @@ def _dirs(root):
     # a second model: byte fallback and user-defined pieces
     _train(os.path.join(root, "bf"), lines[::3], 1500, byte_fallback=True,
            user_defined_symbols=["catdog", "☃", "zebra crossing"])
+    # a third without a charsmap (sentencepiece's "identity" rule)
+    _train(os.path.join(root, "id"), lines[::3], 1500, normalization_rule_name="identity")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for name, model in (("spiece", "t5"), ("bytes", "bf")):
@@ -99,20 +102,44 @@ def _dirs(root):
         conv.save(os.path.join(d, "tokenizer.json"))
         os.remove(os.path.join(d, "spiece.model"))
         out["json"] = d
+        # both files, the tokenizer.json damaged: SiglipTokenizer reads
+        # spiece.model, and so must vitc
+        d = os.path.join(root, "both")
+        shutil.copytree(out["spiece"], d)
+        conv.save(os.path.join(d, "tokenizer.json"))
+        with open(os.path.join(d, "tokenizer.json")) as f:
+            tj = json.load(f)
+        for e in tj["model"]["vocab"][3:]:
+            e[1] = -e[1]
+        with open(os.path.join(d, "tokenizer.json"), "w") as f:
+            json.dump(tj, f)
+        out["both"] = d
         # so400m-patch14-224's text tower has 16 positions
         d = os.path.join(root, "ctx16")
         shutil.copytree(out["spiece"], d)
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump({"text_config": {"max_position_embeddings": 16}}, f)
         out["ctx16"] = d
+        # tokenizer_config.json's switches: legacy (the dummy prefix) and
+        # do_lower_case
+        for name, key in (("nolegacy", "legacy"), ("nolower", "do_lower_case")):
+            d = os.path.join(root, name)
+            shutil.copytree(out["spiece"], d)
+            with open(os.path.join(d, "tokenizer_config.json")) as f:
+                tc = json.load(f)
+            tc[key] = False
+            with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+                json.dump(tc, f)
+            out[name] = d
         # a T5 layout: sentencepiece alone, no SigLIP cleaning
-        d = os.path.join(root, "t5dir")
-        os.makedirs(d)
-        shutil.copy(os.path.join(root, "t5.model"), os.path.join(d, "spiece.model"))
-        with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
-            json.dump({"tokenizer_class": "T5Tokenizer", "eos_token": "</s>",
-                       "pad_token": "<pad>", "model_max_length": 64}, f)
-        out["t5"] = d
+        for name, model in (("t5", "t5"), ("t5id", "id")):
+            d = os.path.join(root, name + "dir")
+            os.makedirs(d)
+            shutil.copy(os.path.join(root, model + ".model"), os.path.join(d, "spiece.model"))
+            with open(os.path.join(d, "tokenizer_config.json"), "w") as f:
+                json.dump({"tokenizer_class": "T5Tokenizer", "eos_token": "</s>",
+                           "pad_token": "<pad>", "model_max_length": 64}, f)
+            out[name] = d
     return out
 
 
@@ -231,6 +258,9 @@ class TestSiglipTokenizer(unittest.TestCase):
         self.assertEqual((tok.context, tok.vocab_size), (64, 4000))
         self._check(tok, self.texts, self.expected)
 
+    def test_spiece_model_beside_tokenizer_json(self):
+        self._check(vitc.Tokenizer(self.dirs["both"]), self.texts[:2000], self.expected[:2000])
+
     def test_spiece_file_alone(self):
         # a bare spiece.model: SigLIP's defaults (cleaning, </s>, 64)
         tok = vitc.Tokenizer(os.path.join(self.dirs["spiece"], "spiece.model"))
@@ -250,6 +280,20 @@ class TestSiglipTokenizer(unittest.TestCase):
         self.assertIn(ref.convert_tokens_to_ids("☃"), flat)
         self._check(vitc.Tokenizer(d), texts, exp)
 
+    def test_config_switches(self):
+        texts = self.texts[:2000]
+        for name in ("nolegacy", "nolower"):
+            with self.subTest(name), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ref = AutoTokenizer.from_pretrained(self.dirs[name])
+                exp = ref(texts, padding="max_length", max_length=64,
+                          truncation=True)["input_ids"]
+                # (legacy false: the same ids, the unk-token prefix makes the
+                # dummy prefix moot; do_lower_case false: other ids)
+                if name == "nolower":
+                    self.assertNotEqual(exp, self.expected[:2000].tolist())
+                self._check(vitc.Tokenizer(self.dirs[name]), texts, exp)
+
     def test_context_from_config(self):
         tok = vitc.Tokenizer(self.dirs["ctx16"])
         self.assertEqual(tok.context, 16)
@@ -261,10 +305,19 @@ class TestSiglipTokenizer(unittest.TestCase):
         self._check(tok, texts, exp)
 
     def test_plain_sentencepiece(self):
+        for name in ("t5", "t5id"):
+            with self.subTest(name):
+                self._plain(name)
+
+    def _plain(self, name):
         # not SigLIP: the text as it is, sentencepiece's ids + </s>, <pad>
-        tok = vitc.Tokenizer(self.dirs["t5"])
-        sp = spm.SentencePieceProcessor(model_file=os.path.join(self.dirs["t5"], "spiece.model"))
-        texts = self.texts[:3000]
+        tok = vitc.Tokenizer(self.dirs[name])
+        sp = spm.SentencePieceProcessor(model_file=os.path.join(self.dirs[name], "spiece.model"))
+        # long texts whose end removes what their start leaves open: literal
+        # U+2581s are trailing spaces to sentencepiece
+        texts = self.texts[:3000] + ["a photo of " * 5 + "\u2581" * 100000,
+                                     "a photo of " * 5 + " " * 100000 + "x",
+                                     "a photo of " * 5 + "\u2581 " * 50000 + "x"]
         exp = []
         for s in texts:
             ids = sp.encode(s)[:63] + [1]
@@ -276,6 +329,15 @@ class TestSiglipTokenizer(unittest.TestCase):
         texts = [" ".join(_piece(rng) for _ in range(20000)) for _ in range(3)]
         texts.append("a" * 300000)
         texts.append(" ".join(rng.choice(CJK) for _ in range(100000)))
+        # what the first pieces of a long text must not decide alone:
+        # trailing spaces, combining sequences and a final sigma's context
+        # running past them
+        texts.append("a photo of " * 3 + " " * 100000)
+        texts.append("a photo of " * 3 + " \t" * 50000 + "x")
+        texts.append("ab " * 10 + "e\u0301" * 50000 + " z" * 100)
+        texts.append("ΟΔΥΣ" + "\u0301" * 5000 + " b" * 100)
+        texts.append("ΟΔΥΣ" + "\u0301" * 5000 + "A" + " b" * 100)
+        texts.append("x " * 40 + "ﬁ" * 30000)
         tok = vitc.Tokenizer(self.dirs["spiece"])
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
