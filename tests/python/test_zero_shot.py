@@ -14,10 +14,10 @@ preprocessing on both sides: the recipe is what is checked here (the
 processor is checked in test_hub.py).
 """
 import gzip
-import io
 import json
 import os
 import subprocess
+import sys
 import time
 import unittest
 
@@ -30,7 +30,7 @@ except ImportError:  # run as a script
 
 try:
     import torch
-    import sentencepiece as spm
+    import sentencepiece  # noqa: F401 (the child process trains with it)
     import skimage.data
     from open_clip.tokenizer import bytes_to_unicode, default_bpe
     from PIL import Image
@@ -74,17 +74,24 @@ def clip_tokenizer_files(d):
 
 
 def siglip_tokenizer_files(d):
-    corpus = ["a photo of a cat", "a photo of a dog on a beach", "a bad photo of the car",
-              "an astronaut in space", "a cup of coffee on a table", "a rocket on the launch pad",
-              "the cartoon plushie toy", "graffiti of a sculpture", "itap of my origami",
-              "a large small nice weird cool photo"] * 20
-    buf = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(corpus), model_writer=buf, vocab_size=120, model_type="unigram",
-        pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>",
-        unk_piece="<unk>", hard_vocab_limit=False, minloglevel=2)
-    with open(os.path.join(d, "spiece.model"), "wb") as f:
-        f.write(buf.getvalue())
+    """A small Unigram spiece.model trained here, in a child process:
+    training draws on sentencepiece's process-wide generator, and another
+    test's model trained later in this process must stay the same."""
+    code = r"""
+import io, sys
+import sentencepiece as spm
+corpus = ["a photo of a cat", "a photo of a dog on a beach", "a bad photo of the car",
+          "an astronaut in space", "a cup of coffee on a table", "a rocket on the launch pad",
+          "the cartoon plushie toy", "graffiti of a sculpture", "itap of my origami",
+          "a large small nice weird cool photo"] * 20
+buf = io.BytesIO()
+spm.SentencePieceTrainer.train(
+    sentence_iterator=iter(corpus), model_writer=buf, vocab_size=120, model_type="unigram",
+    pad_id=0, eos_id=1, unk_id=2, bos_id=-1, pad_piece="<pad>", eos_piece="</s>",
+    unk_piece="<unk>", hard_vocab_limit=False, minloglevel=2)
+open(sys.argv[1], "wb").write(buf.getvalue())
+"""
+    subprocess.run([sys.executable, "-c", code, os.path.join(d, "spiece.model")], check=True)
     SiglipTokenizer(os.path.join(d, "spiece.model"), model_max_length=64).save_pretrained(d)
 
 
