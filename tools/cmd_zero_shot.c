@@ -223,7 +223,10 @@ int cmd_zero_shot(int argc, char **argv) {
     int K = 0, T = 1, failed = 0, done = 0;
     const char *one[1] = {o.tmpl ? o.tmpl : ZS_DEFAULT_TEMPLATE};
     const char *const *tmpls = one;
-    float *classes = NULL, *batch = NULL, *emb = NULL, *probs = NULL;
+    float *classes = NULL; /* [K, D], unit rows */
+    float *batch = NULL;   /* [batch, C, H, W] */
+    float *emb = NULL;     /* [batch, D] */
+    float *probs = NULL;   /* [batch, K] */
     const char **paths = NULL;
     cli_ranked *rank = NULL;
     cli_input in;
