@@ -274,6 +274,17 @@ class TestZeroShot(TmpDirCase):
         self.assertEqual(lines[0], self.photos[2])
         self.assertEqual(len(lines), 3)
         self.assertEqual(sorted(l.split()[-1] for l in lines[1:]), ["cat", "dog"])
+        # a labels file with CRLF and no last newline reads as --labels; an
+        # image that cannot be read is reported, the others still labelled
+        lf = self.path("crlf.txt")
+        with open(lf, "wb") as f:
+            f.write(b"cat\r\ndog")
+        rc2, out2, err2 = self.run_cli("zero-shot", "--model", self.clip_dir, "--labels-file", lf,
+                                       "--no-cache", "--quiet", self.path("missing.png"),
+                                       self.photos[2])
+        self.assertEqual(rc2, 1)
+        self.assertEqual(out2, out)
+        self.assertIn("missing.png", err2)
 
     def test_python_zero_shot(self):
         m = vitc.load_model(self.clip_dir)
@@ -295,6 +306,16 @@ class TestZeroShot(TmpDirCase):
         for i, row in enumerate(s.zero_shot(self.photos, LABELS)):
             np.testing.assert_allclose([p for _, p in row],
                                        [ref[i][LABELS.index(lab)] for lab, _ in row], atol=1e-5)
+        # the label set's class embeddings are kept: a second call does not
+        # run the text tower
+        calls = []
+        enc = m.encode_text
+        m.encode_text = lambda t: calls.append(len(t)) or enc(t)
+        m.zero_shot(self.photos[:1], LABELS, templates=["itap of a {}."])
+        self.assertEqual(calls, [])
+        m.zero_shot(self.photos[:1], LABELS[:2], templates=["itap of a {}."])
+        self.assertEqual(calls[:1], [2])  # (strings, then their ids)
+        del m.encode_text
         with self.assertRaises(ValueError):
             m.zero_shot(self.photos, ["cat", ""])
         with self.assertRaises(ValueError):
