@@ -1,9 +1,11 @@
 /*
  * unigram.c — SentencePiece Unigram (T5's c4_en / mc4 vocabularies, which
  * SigLIP uses) read from spiece.model or from a tokenizer.json's Unigram
- * model, segmented as sentencepiece 0.2's optimized Viterbi segments
- * (same loop order, same float sums, same tie-breaking: the first of equal
- * scores wins), with its unknown-piece merging and byte fallback, and
+ * model, segmented as sentencepiece 0.2.3's Unigram encoder segments
+ * (same loop order, same float sums and re-centring, same tie-breaking:
+ * the first of equal scores wins; ties between equal sums are common, so
+ * the float rounding must be the same too), with its unknown-piece merging
+ * and byte fallback, and
  * SigLIP's text cleaning as transformers' SiglipTokenizer runs it.
  *
  * SiglipTokenizer (transformers 5.24; there is no fast SigLIP tokenizer,
@@ -32,6 +34,8 @@
 #define UG_FILE_MAX ((int64_t)64 << 20)
 /* sentencepiece's penalty of an unknown piece below the lowest score. */
 #define UG_UNK_PENALTY 10.0f
+/* |score| past which sentencepiece re-centres the Viterbi sums. */
+#define UG_SCORE_RESET 100000.0f
 
 /* A byte trie of the pieces sentencepiece matches (NORMAL, USER_DEFINED,
  * UNUSED): per node the piece id ending there (or -1) and its children's
@@ -49,7 +53,7 @@ typedef struct ug_trie {
 typedef struct ug {
     vitc__sp_model sp;
     ug_trie trie;
-    float min_score, max_score;
+    float min_score;
     int32_t byte_id[256];
     vitc__sp_normalizer nz;
     /* SigLIP: lower case? the unk-token text prepended, how many tokens it
@@ -285,7 +289,15 @@ static vitc_status segment(const ug *u, const char *norm, int32_t n, int need, i
             next_check = at * 2;
         }
         if (at >= n) break;
-        const float till = best[at].score;
+        float till = best[at].score;
+        if (till < -UG_SCORE_RESET || till > UG_SCORE_RESET) {
+            /* sentencepiece re-centres long sums (float keeps ~7 digits) on
+             * the nodes reached so far; the rounding of later sums, and so
+             * their ties, follow from it */
+            for (int32_t i = at; i <= reach; i++)
+                if (i == at || best[i].start != -1) best[i].score -= till;
+            till = 0.0f;
+        }
         int32_t mblen;
         {
             static const unsigned char tab[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4};
@@ -308,21 +320,13 @@ static vitc_status segment(const ug *u, const char *norm, int32_t n, int need, i
             if (p->type == VITC__SP_UNUSED) continue;
             ug_node *tn = &best[kp];
             int32_t length = kp - at;
-            if (p->type == VITC__SP_USER_DEFINED) {
-                /* sentencepiece computes this one in double */
-                double cand = (double)(length * u->max_score - 0.1) + till;
-                if (tn->start == -1 || cand > tn->score) {
-                    tn->score = (float)cand;
-                    tn->start = at;
-                    tn->id = id;
-                }
-            } else {
-                float cand = p->score + till;
-                if (tn->start == -1 || cand > tn->score) {
-                    tn->score = cand;
-                    tn->start = at;
-                    tn->id = id;
-                }
+            /* user-defined pieces score 0.1 per byte past the first */
+            float score = p->type == VITC__SP_USER_DEFINED ? 0.1f * (float)(length - 1) : p->score;
+            float cand = score + till;
+            if (tn->start == -1 || cand > tn->score) {
+                tn->score = cand;
+                tn->start = at;
+                tn->id = id;
             }
             if (kp > reach) reach = kp;
             if (!has_single && length == mblen) has_single = 1;
@@ -706,11 +710,9 @@ static vitc_status finish(vitc_tokenizer *t, ug *u, const char *path, int json_s
                                  b);
     }
     u->min_score = 3.402823466e+38f;
-    u->max_score = 1.175494351e-38f; /* sentencepiece starts from FLT_MIN, not -FLT_MAX */
     for (int i = 0; i < m->n; i++)
         if (m->pieces[i].type == VITC__SP_NORMAL) {
             if (m->pieces[i].score < u->min_score) u->min_score = m->pieces[i].score;
-            if (m->pieces[i].score > u->max_score) u->max_score = m->pieces[i].score;
         }
     VITC_TRY(trie_build(&u->trie, m, path));
     int has_user = 0;
