@@ -983,6 +983,29 @@ VITC_API vitc_status vitc_vit_encode_text(vitc_vit *m, const char *const *texts,
 VITC_API vitc_status vitc_session_encode_text_ids(vitc_session *s, const int32_t *ids, int B,
                                                   int L, float *out);
 
+/* ---- zero-shot classification (src/text/zeroshot.c, docs/zero-shot.md) */
+/* A prompt template set by name: "imagenet80" (OpenAI's 80 ImageNet
+ * prompts, open_clip's OPENAI_IMAGENET_TEMPLATES) or "simple" (its 7
+ * SIMPLE_IMAGENET_TEMPLATES); each holds "{}" where the label goes. The
+ * static array and *n (may be NULL), or NULL and 0 for another name. */
+VITC_API const char *const *vitc_zero_shot_templates(const char *name, int *n);
+/* Class embeddings from prompt embeddings (the OpenAI / open_clip recipe,
+ * which big_vision follows for SigLIP too): text [K * T, D], class k's T
+ * prompts at rows k*T .. k*T + T-1 (as get_text_features returns them) ->
+ * classes [K, D]: each prompt L2-normalised, their mean over the T,
+ * normalised again. */
+VITC_API vitc_status vitc_zero_shot_classes(const float *text, int64_t K, int64_t T, int64_t D,
+                                            float *classes);
+/* Probabilities: images [B, D] (image embeddings as vitc_vit_embed returns
+ * them; normalised here) against classes [K, D] (vitc_zero_shot_classes)
+ * -> probs [B, K], with scale = exp(logit_scale) and bias as
+ * vitc_vit_logit_params gives them. sigmoid 0 (CLIP): softmax over the K of
+ * scale * cos; sigmoid 1 (SigLIP, has_bias): sigmoid(scale * cos + bias)
+ * for each label on its own. Dot products and the softmax in double. */
+VITC_API vitc_status vitc_zero_shot_probs(const float *images, int64_t B, const float *classes,
+                                          int64_t K, int64_t D, float scale, float bias,
+                                          int sigmoid, float *probs);
+
 #ifdef __cplusplus
 }
 #endif

@@ -211,5 +211,7 @@ int cmd_classify(int argc, char **argv);
 int cmd_attention_map(int argc, char **argv);
 int cmd_embed(int argc, char **argv);
 int cmd_similar(int argc, char **argv);
+int cmd_zero_shot(int argc, char **argv);
+int cmd_tokenize(int argc, char **argv);
 
 #endif

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cli.h"
+#include "cli_text.h"
 
 #define EMBED_DEFAULT_BATCH 8
 #define EMBED_MAX_BATCH 4096
@@ -26,9 +27,13 @@ static const char *const embed_out_exts[] = {".npy", ".jsonl", ".json"};
 
 static const char embed_usage[] =
     "usage: vitc embed --model M [options] IMAGE...\n"
+    "       vitc embed --model M (--text T | --text-file F) [options]\n"
     "\n"
     "One embedding per PNG or JPEG image. M is a safetensors checkpoint or a\n"
     "Hugging Face Hub model directory (config.json + model.safetensors).\n"
+    "With --text, the text features of a CLIP or SigLIP checkpoint with both\n"
+    "towers instead (transformers' get_text_features; objects {\"text\": T,\n"
+    "\"embedding\": [...]}), comparable by cosine with its image embeddings.\n"
     "\n"
     "options:\n"
     "  --model M        checkpoint file or Hub directory\n"
@@ -37,6 +42,8 @@ static const char embed_usage[] =
     "                   token after the final LayerNorm), cls, mean (of the\n"
     "                   normed patch tokens), tokens (the normed patch tokens,\n"
     "                   [N, C] per image)\n"
+    "  --text T         embed the text T (CLIP / SigLIP; no images then)\n"
+    "  --text-file F    embed each line of F (UTF-8, up to 50,000 lines)\n"
     "  --normalize      L2-normalise each embedding (each token for tokens)\n"
     "  --out FILE       FILE.npy: [images, C] (tokens: [images, N, C]) float32;\n"
     "                   FILE.jsonl: --json's lines; FILE.json: a JSON array of\n"
@@ -61,7 +68,7 @@ static const char embed_usage[] =
     "2 for a usage error.\n";
 
 typedef struct embed_opts {
-    const char *model, *arch, *pool, *out, *precision, *attn_precision;
+    const char *model, *arch, *pool, *out, *precision, *attn_precision, *text, *text_file;
     int normalize, json, crop, resize, batch, threads, quiet;
     int crop_set, resize_set;
     int out_format; /* an EMBED_OUT_* */
@@ -84,13 +91,32 @@ static int embed_parse(int argc, char **argv, embed_opts *o, vitc_pool *pool) {
         {"--precision", NULL, CLI_STRING, &o->precision, 0, 0, NULL},
         {"--attention-precision", NULL, CLI_STRING, &o->attn_precision, 0, 0, NULL},
         {"--quiet", "-q", CLI_FLAG, &o->quiet, 0, 0, NULL},
+        {"--text", NULL, CLI_STRING, &o->text, 0, 0, NULL},
+        {"--text-file", NULL, CLI_STRING, &o->text_file, 0, 0, NULL},
     };
     const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), -1, "image"};
     o->batch = EMBED_DEFAULT_BATCH;
-    int rc = cli_parse_images("embed", embed_usage, &spec, argc, argv, &o->model, &o->images,
-                              &o->n_images);
+    /* cli_parse_images, where text may stand for the images */
+    if (!(o->images = calloc((size_t)argc, sizeof *o->images)))
+        return cli_error("out of memory");
+    int rc = cli_parse_command("embed", &spec, argc, argv, o->images, &o->n_images);
+    if (rc == CLI_PARSE_HELP) {
+        fputs(embed_usage, stdout);
+        return -1;
+    }
     if (rc != 0)
         return rc;
+    if (!o->model)
+        return cli_usage_error("embed", "--model is required");
+    if (o->text && o->text_file)
+        return cli_usage_error("embed", "--text and --text-file exclude each other");
+    if ((o->text || o->text_file) && o->n_images)
+        return cli_usage_error("embed", "embed either text (--text, --text-file) or images, "
+                                        "not both");
+    if (!o->text && !o->text_file && o->n_images == 0)
+        return cli_usage_error("embed", "no images given");
+    if ((o->text || o->text_file) && o->pool && strcmp(o->pool, "default"))
+        return cli_usage_error("embed", "--pool applies to images; text has one embedding");
     static const char *const names[] = {"default", "cls", "mean", "tokens"};
     *pool = VITC_POOL_DEFAULT;
     if (o->pool) {
@@ -111,8 +137,10 @@ static int embed_parse(int argc, char **argv, embed_opts *o, vitc_pool *pool) {
     return 0;
 }
 
-static void embed_print_json(FILE *f, const char *path, const float *e, size_t n) {
-    fputs("{\"image\": ", f);
+/* what: "image" or "text", the key that names the row. */
+static void embed_print_json(FILE *f, const char *what, const char *path, const float *e,
+                             size_t n) {
+    fprintf(f, "{\"%s\": ", what);
     cli_json_string(f, path);
     fputs(", \"embedding\": [", f);
     /* a non-finite value is null, as classify prints it: JSON has no nan */
@@ -127,8 +155,8 @@ static void embed_print_json(FILE *f, const char *path, const float *e, size_t n
 /* rows embeddings of per floats, with their images' paths, as --out's
  * JSON: one object a line, or (as_array) those lines inside [ ]. Built in
  * memory, then written atomically like every file vitc writes. */
-static int embed_save_json(const char *out, int as_array, const float *emb, const char **paths,
-                           int rows, size_t per) {
+static int embed_save_json(const char *out, const char *what, int as_array, const float *emb,
+                           const char *const *paths, int rows, size_t per) {
     char *buf = NULL;
     size_t len = 0;
     FILE *f = open_memstream(&buf, &len);
@@ -139,7 +167,7 @@ static int embed_save_json(const char *out, int as_array, const float *emb, cons
     for (int r = 0; r < rows; r++) {
         if (as_array && r)
             fputc(',', f);
-        embed_print_json(f, paths[r], emb + (size_t)r * per, per);
+        embed_print_json(f, what, paths[r], emb + (size_t)r * per, per);
     }
     if (as_array)
         fputs("]\n", f);
@@ -150,6 +178,68 @@ static int embed_save_json(const char *out, int as_array, const float *emb, cons
     }
     int rc = vitc_save_bytes(out, buf, len) == VITC_OK ? CLI_OK : cli_error("%s", vitc_last_error());
     free(buf);
+    return rc;
+}
+
+/* --text / --text-file: the text features of a model with both towers,
+ * written as the image embeddings are (stdout JSON, or --out). */
+static int embed_text(embed_opts *o) {
+    char **texts = NULL, *one[1] = {(char *)o->text};
+    int n = 0, rc;
+    vitc_vit *m = NULL;
+    float *emb = NULL;
+    if (o->text) {
+        if ((rc = cli_check_text("--text", o->text)) != CLI_OK)
+            return rc;
+        n = 1;
+    } else if ((rc = cli_read_lines("--text-file", o->text_file, &texts, &n)) != CLI_OK) {
+        cli_free_texts(texts, n);
+        return rc;
+    }
+    char *const *tv = o->text ? one : texts;
+    cli_input in;
+    const cli_model_opts mo = {o->model, o->arch, o->precision, o->attn_precision, 0, 0, 0, 0, 0};
+    if ((rc = cli_open_model("embed", &mo, &m, &in)) != CLI_OK ||
+        (rc = cli_text_model(o->model, m)) != CLI_OK)
+        goto done;
+    size_t D = (size_t)vitc_vit_text_dim(m);
+    if (!(emb = malloc((size_t)n * D * sizeof *emb))) {
+        rc = cli_error("out of memory for %d embeddings of %zu floats", n, D);
+        goto done;
+    }
+    cli_progress pr;
+    cli_progress_start(&pr, "embed: texts", n, o->quiet);
+    rc = cli_encode_texts(m, (const char *const *)tv, n, emb, &pr, 0);
+    cli_progress_clear(&pr);
+    if (rc != CLI_OK)
+        goto done;
+    if (o->normalize)
+        cli_l2_normalize(emb, (size_t)n, D);
+    if (o->json)
+        for (int i = 0; i < n; i++) embed_print_json(stdout, "text", tv[i], emb + i * D, D);
+    if (o->out && o->out_format != EMBED_OUT_NPY) {
+        if ((rc = embed_save_json(o->out, "text", o->out_format == EMBED_OUT_JSON, emb,
+                                  (const char *const *)tv, n, D)) != CLI_OK)
+            goto done;
+    } else if (o->out) {
+        int64_t shape[2] = {n, (int64_t)D};
+        if (vitc_save_npy(o->out, emb, 2, shape) != VITC_OK) {
+            rc = cli_error("%s", vitc_last_error());
+            goto done;
+        }
+    }
+    if (o->out && !o->quiet) {
+        fputs("vitc: wrote ", stderr);
+        cli_put_escaped(stderr, o->out, SIZE_MAX);
+        fprintf(stderr, " (%d text embedding%s of %zu floats)\n", n, n == 1 ? "" : "s", D);
+    }
+    rc = fflush(stdout) != 0 || ferror(stdout)
+             ? cli_error("writing the results failed: %s", strerror(errno))
+             : CLI_OK;
+done:
+    free(emb);
+    cli_free_texts(texts, n);
+    vitc_vit_free(m);
     return rc;
 }
 
@@ -170,6 +260,11 @@ int cmd_embed(int argc, char **argv) {
     }
     if (o.threads > 0)
         vitc_set_num_threads(o.threads);
+    if (o.text || o.text_file) {
+        rc = embed_text(&o);
+        free(o.images);
+        return rc;
+    }
     cli_progress pr;
     cli_progress_start(&pr, "embed", o.n_images, o.quiet);
     const vitc_vit_config *cfg;
@@ -210,7 +305,7 @@ int cmd_embed(int argc, char **argv) {
         cli_progress_clear(&pr);
         if (o.json)
             for (int b = 0; b < nb; b++)
-                embed_print_json(stdout, paths[b], dst + (size_t)b * (size_t)per, (size_t)per);
+                embed_print_json(stdout, "image", paths[b], dst + (size_t)b * (size_t)per, (size_t)per);
         if (o.out)
             memcpy(row_paths + done, paths, sizeof *paths * (size_t)nb);
         fflush(stdout);
@@ -219,8 +314,8 @@ int cmd_embed(int argc, char **argv) {
     }
     cli_progress_clear(&pr);
     if (o.out && done > 0 && o.out_format != EMBED_OUT_NPY) {
-        if ((rc = embed_save_json(o.out, o.out_format == EMBED_OUT_JSON, emb, row_paths, done,
-                                  (size_t)per)) != CLI_OK)
+        if ((rc = embed_save_json(o.out, "image", o.out_format == EMBED_OUT_JSON, emb,
+                                  row_paths, done, (size_t)per)) != CLI_OK)
             goto done;
     } else if (o.out && done > 0) {
         int64_t shape[3] = {done, (int64_t)((size_t)per / C), (int64_t)C};

@@ -14,6 +14,8 @@ static const struct {
     {"classify", cmd_classify, "classify images with a Vision Transformer checkpoint"},
     {"embed", cmd_embed, "one embedding per image (Hub ViT/DeiT or any checkpoint)"},
     {"similar", cmd_similar, "the images of a folder nearest to a query image (cached index)"},
+    {"zero-shot", cmd_zero_shot, "label images with words of your choice (CLIP, SigLIP)"},
+    {"tokenize", cmd_tokenize, "the token ids a CLIP or SigLIP model sees for a text"},
     {"attention-map", cmd_attention_map, "write an attention heat map over an image (PNG)"},
     {"inspect", cmd_inspect, "list a safetensors file's tensors, metadata and architecture"},
     {"train", cmd_train, "train a Vision Transformer on Fashion-MNIST, MNIST or an ImageFolder"},

@@ -484,3 +484,20 @@ def _text_signatures():
 
 
 _text_signatures()
+
+
+# ---- zero-shot classification (src/text/zeroshot.c)
+def _zero_shot_signatures():
+    P, i, i64, f, cp = (ctypes.POINTER, ctypes.c_int, ctypes.c_int64, ctypes.c_float,
+                        ctypes.c_char_p)
+    sigs = {
+        "vitc_zero_shot_templates": (P(cp), [cp, P(i)]),
+        "vitc_zero_shot_classes": (i, [P(f), i64, i64, i64, P(f)]),
+        "vitc_zero_shot_probs": (i, [P(f), i64, P(f), i64, i64, f, f, i, P(f)]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+
+
+_zero_shot_signatures()

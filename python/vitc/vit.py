@@ -637,6 +637,94 @@ class Model(VisionTransformer):
                 check(lib.vitc_vit_encode_text(self._h, arr, len(texts), fptr(out)))
         return self.encode_text(self.tokenize(texts))
 
+    # ---- zero-shot classification (src/text/zeroshot.c, docs/zero-shot.md) ----
+
+    def _zs_classes(self, labels, templates):
+        """Class embeddings [K, D]: each label in each template through the
+        text tower, normalised, averaged per label, normalised again
+        (vitc_zero_shot_classes). The last label set's are kept."""
+        key = (tuple(labels), tuple(templates))
+        cached = getattr(self, "_zs_cache", None)
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        K, T, D = len(labels), len(templates), self.text_dim
+        text = np.empty((K * T, D), np.float32)
+        prompts = [t.replace("{}", lab) for lab in labels for t in templates]
+        for i in range(0, len(prompts), 256):
+            text[i:i + 256] = self.encode_text(prompts[i:i + 256])
+        classes = np.empty((K, D), np.float32)
+        check(lib.vitc_zero_shot_classes(fptr(text), K, T, D, fptr(classes)))
+        self._zs_cache = (key, classes)
+        return classes
+
+    def zero_shot(self, images, labels, templates=None, top=None):
+        """Zero-shot classification of images by labels, the recipe of
+        `vitc zero-shot`: per image a list of (label, prob), most probable
+        first (the top ones when top is given). CLIP: the softmax over the
+        labels of exp(logit_scale) * cos; SigLIP: each label's own
+        sigmoid(exp(logit_scale) * cos + logit_bias).
+
+        images: a path, a list of paths (preprocessed as preprocess() does),
+        or preprocessed float32 [B, C, H, W] / [C, H, W]. labels: a list of
+        strings (or one string of comma-separated labels). templates: None
+        ("a photo of a {}."), "simple" or "imagenet80" (open_clip's template
+        sets), or a list of strings each holding "{}" where the label goes.
+        The last label set's class embeddings are kept on the model."""
+        if not self.has_text:
+            raise ValueError("this model has no text tower: zero-shot needs a checkpoint with "
+                             "both towers (a Hub CLIPModel or SiglipModel directory)")
+        if isinstance(labels, str):
+            labels = [x.strip(" \t") for x in labels.split(",")]
+        labels = list(labels)
+        if not labels:
+            raise ValueError("zero_shot needs one label at least")
+        for i, lab in enumerate(labels):
+            if not isinstance(lab, str):
+                raise TypeError("label %d is a %s, not a string" % (i, type(lab).__name__))
+            if not lab:
+                raise ValueError("label %d is empty" % i)
+        if templates is None:
+            templates = ["a photo of a {}."]
+        elif isinstance(templates, str) and templates in ("simple", "imagenet80"):
+            n = ctypes.c_int()
+            arr = lib.vitc_zero_shot_templates(templates.encode(), ctypes.byref(n))
+            templates = [arr[i].decode() for i in range(n.value)]
+        elif isinstance(templates, str):
+            templates = [templates]
+        templates = list(templates)
+        if not templates:
+            raise ValueError("templates must not be empty")
+        for t in templates:
+            if not isinstance(t, str) or "{}" not in t:
+                raise ValueError("template %r has no {} where the label goes "
+                                 "(e.g. \"a photo of a {}.\")" % (t,))
+        if top is not None:
+            top = int_arg(top, "top", 1)
+        if isinstance(images, (str, bytes, os.PathLike)):
+            images = [images]
+        if isinstance(images, (list, tuple)) and images and \
+                isinstance(images[0], (str, bytes, os.PathLike)):
+            x = np.stack([self.preprocess(p) for p in images])
+        else:
+            x = as_f32(images)
+        emb = self.embed(x)
+        D = self.text_dim
+        if emb.shape[1] != D:
+            raise ValueError("the image embedding has %d floats, the text embedding %d: not one "
+                             "CLIP/SigLIP pair" % (emb.shape[1], D))
+        classes = self._zs_classes(labels, templates)
+        scale, bias = self._logit_params()
+        B, K = emb.shape[0], len(labels)
+        probs = np.empty((B, K), np.float32)
+        check(lib.vitc_zero_shot_probs(fptr(np.ascontiguousarray(emb)), B, fptr(classes), K, D,
+                                       scale, 0.0 if bias is None else bias,
+                                       int(bias is not None), fptr(probs)))
+        out = []
+        for b in range(B):
+            order = sorted(range(K), key=lambda k: (-probs[b, k], k))
+            out.append([(labels[k], float(probs[b, k])) for k in order[:top]])
+        return out
+
 
 def load_model(path, arch=None, precision="fp32", attention_precision="fp32"):
     """A model from a safetensors file (torchvision/timm names) or a Hugging
