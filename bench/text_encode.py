@@ -88,6 +88,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--out", help="append the markdown row to this file")
     ap.add_argument("--no-ort", action="store_true", help="skip ONNX Runtime")
+    ap.add_argument("--json", help="write the result object to this file")
     a = ap.parse_args()
 
     import torch
@@ -168,6 +169,9 @@ def main():
     if "ort" in ms:
         res["speedup_vs_ort"] = ms["ort"] / ms["vitc"]
     print(json.dumps(res, indent=1))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
     row = "| CLIP B/16 text, %d prompts, batch %d, %d threads | %.0f | %.0f | %s | %.2fx | %s |" % (
         a.prompts, a.batch, a.threads, ms["vitc"], ms["torch"],
         "%.0f" % ms["ort"] if "ort" in ms else "-", res["speedup_vs_torch"],
