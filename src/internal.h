@@ -44,6 +44,9 @@ vitc_status vitc__hf_output_size(const vitc__hf_proc *p, int w, int h, int *oh, 
                                  int *rw);
 /* out: [3, oh, ow]. */
 vitc_status vitc__hf_preprocess(const vitc__hf_proc *p, const vitc_image *img, float *out);
+/* out: [channels, oh, ow]; channels 1: the image's luminance (PIL's "L"). */
+vitc_status vitc__hf_preprocess_channels(const vitc__hf_proc *p, const vitc_image *img,
+                                         int channels, float *out);
 
 /* vitc_safetensors_load with flags: VITC__ST_KEEP_I64 lists I64 tensors
  * (dtype "I64", data NULL) instead of refusing the file — Hub checkpoints

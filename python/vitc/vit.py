@@ -256,7 +256,7 @@ class VisionTransformer:
             h, w = ctypes.c_int(), ctypes.c_int()
             check(lib.vitc_vit_preprocess_size(self._h, img.width, img.height, ctypes.byref(h),
                                                ctypes.byref(w)))
-            out = np.empty((3, h.value, w.value), np.float32)
+            out = np.empty((self.config["in_channels"], h.value, w.value), np.float32)
             check(lib.vitc_vit_preprocess(self._h, ctypes.byref(img), fptr(out)))
             del keep
             return out

@@ -365,14 +365,19 @@ vitc_status vitc__hub_processor(vitc_vit *m, const char *dir) {
         if (!a)
             continue;
         float *dst = k ? p->std : p->mean;
-        if (json_is_number(a)) {
-            for (int i = 0; i < 3; i++) dst[i] = (float)json_number_value(a);
-        } else if (json_is_array(a) && json_array_size(a) == 3) {
-            for (int i = 0; i < 3; i++) dst[i] = (float)json_number_value(json_array_get(a, (size_t)i));
-        } else {
-            s = vitc__err(VITC_ERR_FORMAT, "preprocessor_config.json: %s must be 3 numbers",
-                          keys[k]);
+        /* a number or a one-number list is every channel's, as transformers
+         * broadcasts it (a gray model's processor often has [0.5]) */
+        size_t n = json_is_array(a) ? json_array_size(a) : 0;
+        int ok = json_is_number(a) || n == 1 || n == 3;
+        for (size_t i = 0; ok && i < n; i++) ok = json_is_number(json_array_get(a, i));
+        if (!ok) {
+            s = vitc__err(VITC_ERR_FORMAT, "preprocessor_config.json: %s must be a number or a "
+                          "list of 1 or 3 numbers", keys[k]);
+            continue;
         }
+        for (size_t i = 0; i < 3; i++)
+            dst[i] = (float)json_number_value(json_is_number(a) ? a
+                                              : json_array_get(a, n == 3 ? i : 0));
     }
     for (int i = 0; i < 3 && s == VITC_OK; i++)
         if (!(p->std[i] > 0.0f) || !isfinite(p->mean[i]) || !isfinite(p->std[i]))
