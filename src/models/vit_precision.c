@@ -121,14 +121,17 @@ static vitc_status vit_int8_finite(const vitc_vit *m, int i, const float *W, siz
     static const int roles[VIT_PW_COUNT] = {
         [VIT_PW_QKV] = VIT_L_QKV_W, [VIT_PW_PROJ] = VIT_L_PROJ_W, [VIT_PW_FC1] = VIT_L_FC1_W,
         [VIT_PW_FC2] = VIT_L_FC2_W};
+    static const char *const what[VIT_PW_COUNT] = {
+        [VIT_PW_QKV] = "attention's q/k/v projection", [VIT_PW_PROJ] = "attention's output "
+        "projection", [VIT_PW_FC1] = "MLP's first Linear", [VIT_PW_FC2] = "MLP's second Linear"};
     char name[200] = "";
     for (int e = 0; e < m->n_entries; e++)
         if (m->table[e].layer == i / VIT_PW_COUNT && m->table[e].role == roles[i % VIT_PW_COUNT])
             vitc__vit_entry_name(m, &m->table[e], name, sizeof name);
-    return vitc__err(VITC_ERR_INVALID_ARG, "int8: weight %s (block %d) holds %s at element %zu; "
-                     "int8 cannot carry it (fp32 and bf16 do): fix the weights or use another "
-                     "precision", *name ? name : "?", i / VIT_PW_COUNT,
-                     isnan(W[j]) ? "NaN" : "an infinity", j);
+    return vitc__err(VITC_ERR_INVALID_ARG, "int8: weight %s (block %d, the %s) holds %s at "
+                     "element %zu; int8 cannot carry it (fp32 and bf16 do): fix the weights or "
+                     "use another precision", *name ? name : "?", i / VIT_PW_COUNT,
+                     what[i % VIT_PW_COUNT], isnan(W[j]) ? "NaN" : "an infinity", j);
 }
 
 /* Packs matrix i: a block weight (i >= 0, m->pw[i]) or the patch
