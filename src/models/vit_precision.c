@@ -122,8 +122,11 @@ static vitc_status vit_int8_finite(const vitc_vit *m, int i, const float *W, siz
         [VIT_PW_QKV] = VIT_L_QKV_W, [VIT_PW_PROJ] = VIT_L_PROJ_W, [VIT_PW_FC1] = VIT_L_FC1_W,
         [VIT_PW_FC2] = VIT_L_FC2_W};
     static const char *const what[VIT_PW_COUNT] = {
-        [VIT_PW_QKV] = "attention's q/k/v projection", [VIT_PW_PROJ] = "attention's output "
-        "projection", [VIT_PW_FC1] = "MLP's first Linear", [VIT_PW_FC2] = "MLP's second Linear"};
+        [VIT_PW_QKV] = "attention's q/k/v projection",
+        [VIT_PW_PROJ] = "attention's output projection",
+        [VIT_PW_FC1] = "MLP's first Linear",
+        [VIT_PW_FC2] = "MLP's second Linear",
+    };
     char name[200] = "";
     for (int e = 0; e < m->n_entries; e++)
         if (m->table[e].layer == i / VIT_PW_COUNT && m->table[e].role == roles[i % VIT_PW_COUNT])
