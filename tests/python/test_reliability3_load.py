@@ -137,6 +137,44 @@ class TestHubLoading(TmpDirCase):
         self.assertIn("1 lines over 65536 bytes skipped", err)
         self.assertTrue(os.path.exists(out))
 
+    def test_similar_cache_names_bounded(self):
+        """A cache whose names are 24 MB of empty lists (the key and the
+        embeddings intact): parsed whole before (a jansson tree of about
+        900 MB); now refused unparsed as stale, and rebuilt. The child's
+        peak memory says which."""
+        from safetensors import safe_open
+        from safetensors.numpy import save_file
+        import glob
+        import shutil
+        model = self.path("sim.safetensors")
+        vitc.Model(image_size=32, patch_size=8, num_layers=1, num_heads=2, hidden_dim=32,
+                   mlp_dim=64, num_classes=3).save(model)
+        index = self.path("sim_images")
+        os.makedirs(index)
+        for n in ("photo.png", "rgb8.png", "photo.jpg"):
+            shutil.copy(os.path.join(DATA, n), index)
+        env = dict(os.environ, XDG_CACHE_HOME=self.path("sim_xdg"))
+        cmd = [VITC, "similar", "--model", model, "--index", index, "--json", "--quiet", PHOTO]
+        ref = subprocess.run(cmd, capture_output=True, env=env, check=True).stdout
+        cache, = glob.glob(os.path.join(self.path("sim_xdg"), "vitc", "similar", "*.safetensors"))
+        with safe_open(cache, "np") as f:
+            meta = f.metadata()
+            tensors = {k: f.get_tensor(k) for k in f.keys()}
+        meta["vitc.similar.names"] = "[" + "[]," * (8 << 20) + "[]]"
+        save_file(tensors, cache, metadata=meta)
+        peak = ("import resource, subprocess, sys\n"
+                "p = subprocess.run(sys.argv[1:], capture_output=True)\n"
+                "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)\n"
+                "sys.stdout.flush(); sys.stdout.buffer.write(p.stdout)\n")
+        out = subprocess.run([sys.executable, "-c", peak] + cmd, capture_output=True, env=env,
+                             check=True).stdout
+        head, _, rest = out.partition(b"\n")
+        rc, kb = map(int, head.split())
+        self.assertEqual((rc, rest), (0, ref))
+        self.assertLess(kb, 400 << 10, "peak %d MB" % (kb >> 10))
+        with safe_open(cache, "np") as f:  # rebuilt
+            self.assertLess(len(f.metadata()["vitc.similar.names"]), 1000)
+
     # -- M4 ---------------------------------------------------------------
     def test_tensors_checked_before_allocation(self):
         """One layer of weights (1 MB) and num_hidden_layers 4096 in the
