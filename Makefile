@@ -8,7 +8,7 @@
 #   make bench-ort  its ViT-B/16 rows on every engine alone, into bench/results-ort.md
 #   make bench-train  Fashion-MNIST training end to end vs PyTorch + DataLoader
 #   make bench-finetune  fine-tuning from random init learns: bench/results-finetune.md
-#   make check-optout  build with each of NO_BLAS/NO_PNG/NO_JPEG/NO_ZLIB and all four,
+#   make check-optout  build with each of NO_BLAS/NO_PNG/NO_JPEG/NO_ZLIB and all four + NO_TEXT,
 #                   -Werror, and run the C tests of each
 #   make check-generic  the build of a target without SIMD kernels (KERNEL_ARCH=generic:
 #                   no src/kernels/x86/ file), -Werror, and its C tests
@@ -21,9 +21,10 @@
 #   make MPI=1      build/vitc with data-parallel `vitc train` (OpenMPI, mpicc)
 #
 # Optional libraries are found with pkg-config and used when present:
-# OpenBLAS (GEMM backend), libpng and libturbojpeg (images), zlib (gzip IDX).
-# NO_BLAS=1, NO_PNG=1, NO_JPEG=1, NO_ZLIB=1 build without them (make
-# check-optout builds each way). jansson (JSON) is required.
+# OpenBLAS (GEMM backend), libpng and libturbojpeg (images), zlib (gzip IDX
+# and open_clip's vocabulary), utf8proc (the text tokenizers).
+# NO_BLAS=1, NO_PNG=1, NO_JPEG=1, NO_ZLIB=1, NO_TEXT=1 build without them
+# (make check-optout builds each way). jansson (JSON) is required.
 
 VERSION   := 0.1.0
 SOVERSION := 0
@@ -103,14 +104,16 @@ LDLIBS += $(shell $(PKG) --libs libturbojpeg)
 endif
 endif
 
-# utf8proc (Unicode normalisation, categories, case) and PCRE2 (the
-# pre-tokenising regex with \p{L} / \p{N}) make the text tokenizers
-# (src/text/); without them (NO_TEXT=1, or not installed) a tokenizer
-# refuses to load with a message saying so, and the rest works.
+# utf8proc (Unicode normalisation, general categories, case) makes the
+# text tokenizers (src/text/): CLIP's split pattern is a scan over its
+# categories, not a regex engine, so that the quirks of the reference's
+# case-insensitive regex are reproduced exactly (docs/tokenizers.md).
+# Without it (NO_TEXT=1, or not installed) a tokenizer refuses to load with
+# a message saying so, and the rest works.
 ifneq ($(NO_TEXT),1)
-ifeq ($(call have,libutf8proc)$(call have,libpcre2-8),11)
-BASE   += -DVITC_HAVE_TEXT $(shell $(PKG) --cflags libutf8proc libpcre2-8)
-LDLIBS += $(shell $(PKG) --libs libutf8proc libpcre2-8)
+ifeq ($(call have,libutf8proc),1)
+BASE   += -DVITC_HAVE_TEXT $(shell $(PKG) --cflags libutf8proc)
+LDLIBS += $(shell $(PKG) --libs libutf8proc)
 endif
 endif
 
@@ -275,9 +278,10 @@ tsan:
 # four only: the other four's pass as well, but each run adds 30-45 s on 2
 # cores to builds that already take about 4 minutes, for little coverage.
 # There, every test that needs a missing library must skip, not fail.
+# NO_TEXT (no utf8proc: no tokenizers) is built only in the all-off build.
 OPTOUT := NO_BLAS NO_PNG NO_JPEG NO_ZLIB
 check-optout:
-	@for v in $(OPTOUT) "$(OPTOUT)"; do \
+	@for v in $(OPTOUT) "$(OPTOUT) NO_TEXT"; do \
 	  dir=build-optout/$$(echo $$v | tr 'A-Z ' 'a-z+'); \
 	  echo "== $$v: $$dir"; \
 	  $(MAKE) --no-print-directory BUILD=$$dir WERROR=1 $$(for f in $$v; do echo $$f=1; done) \

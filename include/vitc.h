@@ -960,7 +960,9 @@ VITC_API int vitc_vit_text_dim(const vitc_vit *m);
 VITC_API int vitc_vit_text_context(const vitc_vit *m);
 /* The checkpoint's tokenizer (read from the model's directory at load), or
  * NULL when it has none (then vitc_vit_encode_text fails saying which files
- * to add). Owned by the model. */
+ * to add). A tokenizer file there that does not load does not fail the
+ * model's load: the tokenizer is NULL and vitc_vit_encode_text reports that
+ * file's error (token ids and images still work). Owned by the model. */
 VITC_API const vitc_tokenizer *vitc_vit_tokenizer(const vitc_vit *m);
 /* exp(logit_scale) and logit_bias (0 and *has_bias 0 for CLIP): the
  * zero-shot logits are scale * cos(image, text) + bias. */
@@ -968,8 +970,11 @@ VITC_API vitc_status vitc_vit_logit_params(const vitc_vit *m, float *scale, floa
                                            int *has_bias);
 /* The projected text features of B token sequences ids [B, L] (L <= the
  * tower's context), as transformers' get_text_features: CLIP pools at the
- * first end-of-text id, SigLIP at the last position (pad as the tokenizer
- * does). out [B, text_dim], not normalised. */
+ * first end-of-text id (open_clip's layout and transformers' legacy
+ * eos_token_id 2: at the largest id), SigLIP at the last position (pad as
+ * the tokenizer does: SigLIP reads its padding). out [B, text_dim], not
+ * normalised. B <= 0, L outside [1, context] or an id outside the
+ * vocabulary: VITC_ERR_INVALID_ARG naming it. docs/text-towers.md. */
 VITC_API vitc_status vitc_vit_encode_text_ids(vitc_vit *m, const int32_t *ids, int B, int L,
                                               float *out);
 /* The same from B strings, tokenized with the model's tokenizer. */

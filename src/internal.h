@@ -124,5 +124,8 @@ vitc_status vitc__json_parse_capped(const char *text, size_t len, const char *la
  * a stdio error on f is reported by vitc__write_file itself. */
 typedef vitc_status (*vitc__write_fn)(FILE *f, void *ctx);
 vitc_status vitc__write_file(const char *path, vitc__write_fn write, void *ctx);
+/* Remove the temporaries that writers of target killed mid-write left
+ * beside it (named with a pid no process has now); best effort, silent. */
+void vitc__remove_stale_temps(const char *target);
 
 #endif

@@ -202,119 +202,9 @@ static int plot_confusion(const char *path, const char *model, vitc_vit *m, vitc
 #define EVAL_DENSE_MAX 1000
 #define EVAL_TEXT_MAX 100
 
-/* Sparse counts: cells (true, predicted) -> count, open addressing. */
-typedef struct eval_counts {
-    int C;
-    int64_t *total, *hit; /* [C] each */
-    int64_t *key, *val;   /* [cap]: true * C + predicted (-1: empty), count */
-    size_t n, cap;
-} eval_counts;
-
-static void counts_free(eval_counts *e) {
-    free(e->total), free(e->hit), free(e->key), free(e->val);
-    memset(e, 0, sizeof *e);
-}
-
-static int counts_add(eval_counts *e, int t, int p) {
-    if (2 * (e->n + 1) > e->cap) {
-        size_t cap = e->cap ? 2 * e->cap : 1024;
-        int64_t *k = malloc(cap * sizeof *k), *v = calloc(cap, sizeof *v);
-        if (!k || !v) {
-            free(k), free(v);
-            return -1;
-        }
-        for (size_t i = 0; i < cap; i++) k[i] = -1;
-        for (size_t i = 0; i < e->cap; i++) {
-            if (e->key[i] < 0)
-                continue;
-            size_t h = (size_t)((uint64_t)e->key[i] * 0x9e3779b97f4a7c15ULL % cap);
-            while (k[h] >= 0) h = (h + 1) % cap;
-            k[h] = e->key[i], v[h] = e->val[i];
-        }
-        free(e->key), free(e->val);
-        e->key = k, e->val = v, e->cap = cap;
-    }
-    int64_t key = (int64_t)t * e->C + p;
-    size_t h = (size_t)((uint64_t)key * 0x9e3779b97f4a7c15ULL % e->cap);
-    while (e->key[h] >= 0 && e->key[h] != key) h = (h + 1) % e->cap;
-    if (e->key[h] < 0)
-        e->key[h] = key, e->n++;
-    e->val[h]++;
-    e->total[t]++;
-    e->hit[t] += t == p;
-    return 0;
-}
-
-/* The dense [C, C] matrix of the counts (C <= EVAL_DENSE_MAX), or NULL. */
-static int64_t *counts_dense(const eval_counts *e) {
-    int64_t *cm = calloc((size_t)e->C * (size_t)e->C, sizeof *cm);
-    for (size_t i = 0; cm && i < e->cap; i++)
-        if (e->key[i] >= 0)
-            cm[e->key[i]] = e->val[i];
-    return cm;
-}
-
 static int cmp_i64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return x < y ? -1 : x > y;
-}
-
-/* train_evaluate's loop with the counts kept sparse. */
-static int eval_run(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, eval_counts *e,
-                    int quiet) {
-    const vitc_vit_config *c = vitc_vit_get_config(m);
-    int C = c->num_classes, S = c->image_size;
-    int64_t n = vitc_dataset_size(ds);
-    size_t per = (size_t)c->in_channels * S * S;
-    memset(r, 0, sizeof *r);
-    if (vitc_dataset_num_classes(ds) > C)
-        return cli_error("eval has %d classes, the model %d", vitc_dataset_num_classes(ds), C);
-    e->C = C;
-    e->total = calloc((size_t)C, sizeof *e->total);
-    e->hit = calloc((size_t)C, sizeof *e->hit);
-    float *x = malloc((size_t)batch * per * sizeof *x);
-    float *logits = malloc((size_t)batch * C * sizeof *logits);
-    int64_t *idx = malloc((size_t)batch * sizeof *idx), *lab = malloc((size_t)batch * sizeof *lab);
-    int rc = CLI_OK;
-    if (!x || !logits || !idx || !lab || !e->total || !e->hit)
-        rc = cli_error("out of memory for an evaluation batch of %d", batch);
-    int training = vitc_vit_is_training(m);
-    vitc_vit_set_training(m, 0);
-    vitc_batch_opts o = train_batch_opts(c);
-    cli_progress pr;
-    cli_progress_start(&pr, "eval", n, quiet);
-    double loss_sum = 0;
-    for (int64_t i = 0; i < n && rc == CLI_OK; i += batch) {
-        int b = (int)(n - i < batch ? n - i : batch), nv;
-        for (int k = 0; k < b; k++) idx[k] = i + k;
-        if (vitc_dataset_load_batch(ds, idx, b, &o, x, lab, &nv) != VITC_OK) {
-            rc = cli_lib_error("eval");
-            break;
-        }
-        if (nv && vitc_vit_forward(m, x, nv, S, S, logits) != VITC_OK) {
-            rc = cli_lib_error("forward");
-            break;
-        }
-        for (int k = 0; k < nv && rc == CLI_OK; k++) {
-            const float *l = logits + (size_t)k * C;
-            int best = train_argmax(l, C);
-            float mx = l[best];
-            double se = 0;
-            for (int j = 0; j < C; j++) se += exp((double)l[j] - mx);
-            loss_sum += log(se) + mx - l[lab[k]];
-            r->correct += best == lab[k];
-            if (counts_add(e, (int)lab[k], best) != 0)
-                rc = cli_error("out of memory for the confusion counts");
-        }
-        r->n += nv;
-        cli_progress_update(&pr, i + b);
-    }
-    cli_progress_clear(&pr);
-    r->loss = r->n ? loss_sum / r->n : 0;
-    r->skipped = vitc_dataset_num_skipped(ds);
-    vitc_vit_set_training(m, training);
-    free(x), free(logits), free(idx), free(lab);
-    return rc;
 }
 
 /* A JSON string of untrusted text: bytes that are not valid UTF-8 as
@@ -397,8 +287,8 @@ int cmd_eval(int argc, char **argv) {
     if (rc == CLI_OK && subset && vitc_dataset_truncate(d.eval, subset) != VITC_OK)
         rc = cli_lib_error("--subset");
     if (rc == CLI_OK)
-        rc = eval_run(m, d.eval, batch, &er, &ec, quiet);
-    if (rc == CLI_OK && C <= EVAL_DENSE_MAX && !(cm = counts_dense(&ec)))
+        rc = train_evaluate(m, d.eval, batch, &er, &ec, quiet, "eval");
+    if (rc == CLI_OK && C <= EVAL_DENSE_MAX && !(cm = eval_counts_dense(&ec)))
         rc = cli_error("out of memory");
     for (int64_t i = 0; rc == CLI_OK && i < er.skipped; i++)
         cli_warning("skipped unreadable image %s", vitc_dataset_skipped_path(d.eval, i));
@@ -490,7 +380,7 @@ int cmd_eval(int argc, char **argv) {
     if (rc == CLI_OK && plot)
         rc = plot_confusion(plot, model, m, d.eval, cm, C, acc);
     free(cm);
-    counts_free(&ec);
+    eval_counts_free(&ec);
     train_data_close(&d);
     vitc_vit_free(m);
     return rc;

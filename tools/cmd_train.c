@@ -14,9 +14,10 @@
  * with vitc.config (labels, mean, std) — a model for every vitc command —
  * plus "vitc.optim.*" tensors (the optimizer state, flat, in the parameter
  * layout) and "vitc.train" metadata. It is replaced atomically (temporary
- * file, fsync, rename) after every epoch and when SIGINT or SIGTERM stops
- * the run between two steps. The format is the library's
- * (vitc_checkpoint_save / vitc_checkpoint_load, src/train/checkpoint.c).
+ * file, fsync, rename) after every epoch and when SIGINT, SIGTERM or SIGHUP
+ * (a dropped SSH session) stops the run between two steps. The format is
+ * the library's (vitc_checkpoint_save / vitc_checkpoint_load,
+ * src/train/checkpoint.c).
  *
  * Fine-tuning: --init takes any model vitc loads; a model whose classes
  * are not the folder's gets a new head (vitc_vit_reset_head).
@@ -44,7 +45,8 @@ static const char train_usage[] =
     "\n"
     "Train a Vision Transformer (torchvision's architecture and initialisation)\n"
     "with AdamW and cross-entropy. --out is the checkpoint, written after every\n"
-    "epoch and on SIGINT/SIGTERM; it loads as a model in every vitc command.\n"
+    "epoch and on SIGINT/SIGTERM/SIGHUP; it loads as a model in every vitc\n"
+    "command.\n"
     "\n"
     "data:\n"
     "  --data D          fashion-mnist (Debian's dataset-fashion-mnist), a folder\n"
@@ -102,8 +104,8 @@ static const char train_usage[] =
     "Data parallel: mpirun -np K vitc train ... splits every batch over K ranks\n"
     "(this vitc was built with MPI=1).\n"
 #endif
-    "Exit status: 0 done, 1 failed, 2 usage error, 130/143 stopped by\n"
-    "SIGINT/SIGTERM after writing the checkpoint.\n";
+    "Exit status: 0 done, 1 failed, 2 usage error, 128+N stopped by signal N\n"
+    "(SIGINT, SIGTERM, SIGHUP, SIGPIPE) after writing the checkpoint.\n";
 
 /* --arch NAME's config into c: "fashion", the CLI's small Fashion-MNIST
  * model (1 channel on IDX data), else the library's ViT preset of that
@@ -139,6 +141,14 @@ static void train_usage_text(char *buf, size_t cap) {
     }
     snprintf(buf, cap, train_usage, list);
 }
+
+/* The options' ranges, which a resumed checkpoint's record must keep too. */
+#define TRAIN_MAX_EPOCHS 1000000
+#define TRAIN_MAX_BATCH 65536
+#define TRAIN_MAX_LR 10
+#define TRAIN_MAX_WD 10
+#define TRAIN_MAX_CLIP 1e9
+#define TRAIN_MAX_SUBSET 1000000000
 
 /* The hyperparameters of a run, as the checkpoint keeps them. */
 typedef struct hyper {
@@ -200,57 +210,6 @@ static void augment_str(unsigned a, char *buf, size_t cap) {
 
 /* ---- the model's architecture ---------------------------------------- */
 
-static int config_from_file(const char *path, vitc_vit_config *c) {
-    FILE *f;
-    if (vitc_open_read(path, 1 << 20, &f, NULL) != VITC_OK)
-        return cli_lib_error("--config");
-    json_error_t err;
-    json_t *o = json_loadf(f, 0, &err);
-    fclose(f);
-    if (!o || !json_is_object(o)) {
-        json_decref(o);
-        return cli_error("--config %s: not a JSON object (%s, line %d)", path, err.text, err.line);
-    }
-    struct { const char *k; int *v; } ints[] = {
-        {"image_size", &c->image_size}, {"patch_size", &c->patch_size},
-        {"in_channels", &c->in_channels}, {"hidden_dim", &c->hidden_dim},
-        {"depth", &c->depth}, {"num_heads", &c->num_heads}, {"mlp_dim", &c->mlp_dim}};
-    int rc = CLI_OK;
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0] && rc == CLI_OK; i++) {
-        json_t *v = json_object_get(o, ints[i].k);
-        if (!v)
-            continue;
-        if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > 1000000)
-            rc = cli_error("--config %s: \"%s\" must be a positive integer", path, ints[i].k);
-        else
-            *ints[i].v = (int)json_integer_value(v);
-    }
-    json_t *v = json_object_get(o, "norm_eps");
-    if (rc == CLI_OK && v) {
-        if (!json_is_number(v) || !(json_number_value(v) > 0))
-            rc = cli_error("--config %s: \"norm_eps\" must be a positive number", path);
-        else
-            c->norm_eps = (float)json_number_value(v);
-    }
-    const char *arr[2] = {"mean", "std"};
-    for (int a = 0; a < 2 && rc == CLI_OK; a++) {
-        json_t *x = json_object_get(o, arr[a]);
-        if (!x)
-            continue;
-        if (!json_is_array(x) || json_array_size(x) != 3)
-            rc = cli_error("--config %s: \"%s\" must be an array of 3 numbers", path, arr[a]);
-        for (int i = 0; i < 3 && rc == CLI_OK; i++) {
-            json_t *e = json_array_get(x, (size_t)i);
-            if (!json_is_number(e) || (a == 1 && !(json_number_value(e) > 0)))
-                rc = cli_error("--config %s: \"%s\"[%d] is not a valid number", path, arr[a], i);
-            else
-                (a ? c->std : c->mean)[i] = (float)json_number_value(e);
-        }
-    }
-    json_decref(o);
-    return rc;
-}
-
 /* A new model's config: preset, then --config, then the flags. */
 static int build_config(const train_opts *o, const train_data *d, vitc_vit_config *c) {
     *c = vitc_vit_default_config();
@@ -275,7 +234,7 @@ static int build_config(const train_opts *o, const train_data *d, vitc_vit_confi
         memcpy(c->mean, m, sizeof m);
         memcpy(c->std, s, sizeof s);
     }
-    if (o->config && config_from_file(o->config, c) != CLI_OK)
+    if (o->config && train_config_from_file(o->config, c) != CLI_OK)
         return CLI_FAIL;
     if (o->g_image_size) c->image_size = o->image_size;
     if (o->g_patch) c->patch_size = o->patch;
@@ -318,7 +277,7 @@ static int check_model_matches(const train_opts *o, const vitc_vit_config *c, co
             want.num_heads = p.num_heads;
             want.mlp_dim = p.mlp_dim;
         }
-        if (o->config && config_from_file(o->config, &want) != CLI_OK)
+        if (o->config && train_config_from_file(o->config, &want) != CLI_OK)
             return CLI_FAIL;
         if (want.image_size != c->image_size || want.patch_size != c->patch_size ||
             want.hidden_dim != c->hidden_dim || want.depth != c->depth ||
@@ -429,14 +388,31 @@ static int save_checkpoint(const char *path, vitc_vit *m, vitc_optimizer *opt,
     return save_file(path, m, opt, 1, labels, h, p, data);
 }
 
-static double jnum(json_t *o, const char *k, double dflt) {
-    json_t *v = json_object_get(o, k);
-    return v && json_is_number(v) ? json_number_value(v) : dflt;
+/* A number of the resumed record within the range of the option that sets
+ * it (a file is as untrusted as a command line): *v, or the error printed.
+ * An absent field is an error unless it is optional (have_dflt: dflt). */
+static int rec_num(json_t *o, const char *path, const char *k, int integer, double lo, double hi,
+                   int have_dflt, double dflt, double *v) {
+    json_t *j = json_object_get(o, k);
+    if (!j && have_dflt) {
+        *v = dflt;
+        return CLI_OK;
+    }
+    if (!j || !json_is_number(j) || (integer && !json_is_integer(j)))
+        return cli_error("--resume %s: vitc.train \"%s\" is %s; expected %s (a damaged or edited "
+                         "checkpoint)", path, k, j ? "not a number" : "missing",
+                         integer ? "an integer" : "a number");
+    *v = json_number_value(j);
+    if (!(*v >= lo && *v <= hi)) /* NaN too */
+        return cli_error("--resume %s: vitc.train \"%s\" is %g, outside [%g, %g] (a damaged or "
+                         "edited checkpoint)", path, k, *v, lo, hi);
+    return CLI_OK;
 }
 
 /* Load a checkpoint: the model, the run's state and hyperparameters; the
  * optimizer's state is copied in (vitc_checkpoint_load_optimizer) once the
- * optimizer exists. */
+ * optimizer exists. Every field is held to the command line's own range:
+ * a resumed run can do nothing a command line could not ask for. */
 static int load_checkpoint(const char *path, vitc_vit **m, hyper *h, progress_state *p) {
     char *meta = NULL;
     if (vitc_checkpoint_load(path, m, &meta) != VITC_OK)
@@ -448,33 +424,54 @@ static int load_checkpoint(const char *path, vitc_vit **m, hyper *h, progress_st
         rc = cli_error("--resume %s: vitc.train metadata is not a JSON object", path);
     } else {
         json_t *seed = json_object_get(o, "seed"), *sch = json_object_get(o, "schedule"),
-               *aug = json_object_get(o, "augment");
-        p->epoch = (int)jnum(o, "epoch", -1);
-        p->step_in_epoch = (int64_t)jnum(o, "step_in_epoch", -1);
-        p->global_step = (int64_t)jnum(o, "global_step", -1);
-        h->batch = (int)jnum(o, "batch", 0);
-        h->lr = jnum(o, "lr", -1);
-        h->wd = jnum(o, "weight_decay", -1);
-        h->warmup = jnum(o, "warmup_epochs", -1);
-        h->schedule_epochs = jnum(o, "schedule_epochs", -1);
-        h->min_lr = jnum(o, "min_lr", -1);
-        h->smoothing = jnum(o, "label_smoothing", -1);
-        h->clip = jnum(o, "clip", -1);
-        h->subset = (int64_t)jnum(o, "subset", -1);
-        /* absent in checkpoints written before it was saved: the whole set */
-        h->eval_subset = (int64_t)jnum(o, "eval_subset", 0);
-        h->layer_decay = jnum(o, "lr_layer_decay", 1);
-        h->schedule_fixed = json_is_true(json_object_get(o, "schedule_fixed"));
-        h->freeze = json_is_true(json_object_get(o, "freeze_backbone"));
-        if (p->epoch < 0 || p->step_in_epoch < 0 || p->global_step < 0 || h->batch < 1 ||
-            h->lr < 0 || h->wd < 0 || h->warmup < 0 || h->min_lr < 0 || h->smoothing < 0 ||
-            h->smoothing > 1 || h->subset < 0 || h->eval_subset < 0 || !json_is_string(seed) ||
-            !json_is_string(sch) || !(h->layer_decay > 0 && h->layer_decay <= 1) ||
-            !json_is_string(aug) || parse_augment(json_string_value(aug), &h->augment) != 0)
-            rc = cli_error("--resume %s: vitc.train metadata is incomplete or out of range", path);
-        else {
-            h->seed = strtoull(json_string_value(seed), NULL, 10);
-            snprintf(h->schedule, sizeof h->schedule, "%s", json_string_value(sch));
+               *aug = json_object_get(o, "augment"), *opt = json_object_get(o, "optimizer");
+        const char *sv = json_is_string(seed) ? json_string_value(seed) : "";
+        const char *sn = json_is_string(sch) ? json_string_value(sch) : "";
+        double ep, sie, gs, b, sub, esub;
+        char *end = NULL;
+        errno = 0;
+        unsigned long long sd = strtoull(sv, &end, 10);
+        if ((rc = rec_num(o, path, "epoch", 1, 0, TRAIN_MAX_EPOCHS, 0, 0, &ep)) ||
+            (rc = rec_num(o, path, "step_in_epoch", 1, 0, 9e15, 0, 0, &sie)) ||
+            (rc = rec_num(o, path, "global_step", 1, 0, 9e15, 0, 0, &gs)) ||
+            (rc = rec_num(o, path, "batch", 1, 1, TRAIN_MAX_BATCH, 0, 0, &b)) ||
+            (rc = rec_num(o, path, "lr", 0, 0, TRAIN_MAX_LR, 0, 0, &h->lr)) ||
+            (rc = rec_num(o, path, "weight_decay", 0, 0, TRAIN_MAX_WD, 0, 0, &h->wd)) ||
+            (rc = rec_num(o, path, "warmup_epochs", 0, 0, TRAIN_MAX_EPOCHS, 0, 0, &h->warmup)) ||
+            (rc = rec_num(o, path, "schedule_epochs", 0, 1e-6, TRAIN_MAX_EPOCHS, 0, 0,
+                          &h->schedule_epochs)) ||
+            (rc = rec_num(o, path, "min_lr", 0, 0, TRAIN_MAX_LR, 0, 0, &h->min_lr)) ||
+            (rc = rec_num(o, path, "label_smoothing", 0, 0, 1, 0, 0, &h->smoothing)) ||
+            (rc = rec_num(o, path, "clip", 0, 0, TRAIN_MAX_CLIP, 0, 0, &h->clip)) ||
+            (rc = rec_num(o, path, "subset", 1, 0, TRAIN_MAX_SUBSET, 0, 0, &sub)) ||
+            /* absent in checkpoints written before it was saved: the whole set */
+            (rc = rec_num(o, path, "eval_subset", 1, 0, TRAIN_MAX_SUBSET, 1, 0, &esub)) ||
+            (rc = rec_num(o, path, "lr_layer_decay", 0, 1e-9, 1, 1, 1, &h->layer_decay))) {
+            /* printed */
+        } else if (!*sv || *sv < '0' || *sv > '9' || *end || errno) {
+            rc = cli_error("--resume %s: vitc.train \"seed\" must be a string of decimal digits "
+                           "(0 to 2^64-1) (a damaged or edited checkpoint)", path);
+        } else if (strcmp(sn, "none") && strcmp(sn, "cosine") && strcmp(sn, "onecycle")) {
+            rc = cli_error("--resume %s: vitc.train \"schedule\" must be none, cosine or onecycle "
+                           "(a damaged or edited checkpoint)", path);
+        } else if (!json_is_string(aug) ||
+                   parse_augment(json_string_value(aug), &h->augment) != 0) {
+            rc = cli_error("--resume %s: vitc.train \"augment\" must be a list of crop, flip, "
+                           "resized-crop (a damaged or edited checkpoint)", path);
+        } else if (opt && (!json_is_string(opt) || strcmp(json_string_value(opt), "adamw"))) {
+            rc = cli_error("--resume %s: vitc.train \"optimizer\" is not \"adamw\"; vitc train "
+                           "resumes AdamW runs only", path);
+        } else {
+            p->epoch = (int)ep;
+            p->step_in_epoch = (int64_t)sie;
+            p->global_step = (int64_t)gs;
+            h->batch = (int)b;
+            h->subset = (int64_t)sub;
+            h->eval_subset = (int64_t)esub;
+            h->seed = sd;
+            snprintf(h->schedule, sizeof h->schedule, "%s", sn);
+            h->schedule_fixed = json_is_true(json_object_get(o, "schedule_fixed"));
+            h->freeze = json_is_true(json_object_get(o, "freeze_backbone"));
         }
     }
     json_decref(o);
@@ -747,8 +744,7 @@ static int probe_embed_processor(run *R, vitc_dataset *ds, const char *dir, floa
             }
             if (vitc_image_load_flags(path, 0, flags, &img) != VITC_OK) {
                 cli_progress_clear(&pr);
-                fprintf(stderr, "vitc: warning: skipping unreadable image %s (%s)\n", path,
-                        vitc_last_error());
+                cli_warning("skipping unreadable image %s (%s)", path, vitc_last_error());
                 continue;
             }
             if (vitc_vit_preprocess_size(R->m, img.width, img.height, &H, &W) != VITC_OK ||
@@ -920,9 +916,9 @@ static void probe_evaluate(const run *R, eval_result *r) {
 
 static int report_skipped(run *R, int64_t *reported) {
     int64_t n = vitc_dataset_num_skipped(R->d.train);
-    for (; *reported < n; ++*reported)
-        fprintf(stderr, "vitc: warning: skipping unreadable image %s\n",
-                vitc_dataset_skipped_path(R->d.train, *reported));
+    for (; *reported < n; ++*reported) /* a path is untrusted text: escaped */
+        cli_warning("skipping unreadable image %s",
+                    vitc_dataset_skipped_path(R->d.train, *reported));
     return 0;
 }
 
@@ -945,6 +941,7 @@ static int run_epochs(run *R) {
     int64_t *perm = malloc((size_t)N * sizeof *perm), *lab = malloc((size_t)B * sizeof *lab);
     int rc = CLI_OK;
     int64_t reported = 0;
+    int log_rc = CLI_OK; /* a --log write failed */
     /* for the closing line: this run's epochs, time and best evaluation */
     int first_epoch = R->p.epoch, best_epoch = 0;
     double run_t0 = cli_now(), best_acc = -1;
@@ -964,6 +961,7 @@ static int run_epochs(run *R) {
         int64_t seen = 0, correct = 0, done_imgs = 0;
         if (!probe)
             vitc_vit_set_training(R->m, 1);
+        const int whole_epoch = R->p.step_in_epoch == 0;
         for (int64_t k = R->p.step_in_epoch; k < spe; k++) {
             int b = (int)(N - k * B < B ? N - k * B : B), nv = 0;
             /* this rank's shard of the batch: [lo, hi) */
@@ -1062,8 +1060,10 @@ static int run_epochs(run *R) {
                         e + 1, (long long)R->p.global_step, (double)loss, lr,
                         R->h.clip > 0 ? ", \"grad_norm\": " : ", \"images\": ",
                         R->h.clip > 0 ? (double)gnorm : (double)nv);
-            if (R->log)
-                fflush(R->log); /* a log one can follow while it runs */
+            /* flushed, a log one can follow while it runs; a record that
+             * cannot be written stops the run as a signal does */
+            if (R->log && (log_rc = train_log_flush(R->log, o->log)) != CLI_OK)
+                break;
             double t = cli_now();
             if (!o->quiet && (k + 1 == spe || t - last > (R->tty ? 0.2 : 10.0))) {
                 double ips = done_imgs / (t - t0 > 1e-9 ? t - t0 : 1e-9);
@@ -1088,14 +1088,26 @@ static int run_epochs(run *R) {
             fputc('\n', stderr);
         if (rc != CLI_OK)
             break;
-        if (stop_signal) {
+        if (stop_signal || log_rc) {
+            char why[32] = "the --log error";
+            if (!log_rc)
+                snprintf(why, sizeof why, "signal %d", (int)stop_signal);
             if (dp_rank == 0 && (rc = save_checkpoint(o->out, R->m, R->opt, R->labels, &R->h, &R->p,
                                       R->d.desc)) == CLI_OK)
                 fprintf(stderr,
-                        "vitc: stopped by signal %d at epoch %d, step %lld; checkpoint %s "
+                        "vitc: stopped by %s at epoch %d, step %lld; checkpoint %s "
                         "(continue with --resume %s)\n",
-                        (int)stop_signal, e + 1, (long long)R->p.step_in_epoch, o->out, o->out);
-            rc = rc == CLI_OK ? 128 + (int)stop_signal : rc;
+                        why, e + 1, (long long)R->p.step_in_epoch, o->out, o->out);
+            if (rc == CLI_OK)
+                rc = log_rc ? log_rc : 128 + (int)stop_signal;
+            break;
+        }
+        /* Every file of the set failed to decode: nothing was trained, and
+         * a checkpoint of "loss 0" would say otherwise. */
+        if (whole_epoch && seen == 0) {
+            rc = cli_error("none of the %lld training images could be read (each was skipped "
+                           "with a warning): nothing to train on; no checkpoint written",
+                           (long long)N);
             break;
         }
         double secs = cli_now() - t0;
@@ -1143,7 +1155,8 @@ static int run_epochs(run *R) {
                 fprintf(R->log, ", \"eval_loss\": %.9g, \"eval_acc\": %.9g, \"eval_images\": %lld",
                         er.loss, (double)er.correct / (er.n ? er.n : 1), (long long)er.n);
             fputs("}\n", R->log);
-            fflush(R->log);
+            if ((rc = train_log_flush(R->log, o->log)) != CLI_OK)
+                break;
         }
     }
     if (rc == CLI_OK && dp_rank == 0 && R->p.epoch >= o->epochs && o->model_out)
@@ -1176,8 +1189,18 @@ static int train_main(train_opts *o) {
     int rc;
     if (o->threads > 0)
         vitc_set_num_threads(o->threads);
-    if ((rc = train_data_open(o->data, 1, 0, NULL, &R.d)) != CLI_OK)
+    /* What will be written is checked (and locked) before anything is read:
+     * a bad --out must not cost an epoch. Rank 0 alone writes. */
+    train_output outs[3] = {{"--out", o->out, -1, NULL, -1},
+                            {"--model-out", o->model_out, -1, NULL, -1},
+                            {"--log", o->log, -1, NULL, -1}};
+    const train_output ins[3] = {{"--resume", o->resume, -1, NULL, 0},
+                                 {"--init", o->init, -1, NULL, -1},
+                                 {"--config", o->config, -1, NULL, -1}};
+    if (dp_rank == 0 && (rc = train_outputs_open(outs, 3, ins, 3)) != CLI_OK)
         return rc;
+    if ((rc = train_data_open(o->data, 1, 0, NULL, &R.d)) != CLI_OK)
+        goto done;
     /* hyperparameters: defaults, then the checkpoint's, then the flags */
     hyper *h = &R.h;
     h->batch = 128;
@@ -1314,16 +1337,16 @@ static int train_main(train_opts *o) {
         fprintf(stderr, "vitc: %s has %d epochs done; nothing to do for --epochs %d\n",
                 o->resume, R.p.epoch, o->epochs);
         rc = save_checkpoint(o->out, R.m, R.opt, R.labels, h, &R.p, R.d.desc);
+        if (rc == CLI_OK && o->model_out) /* what a finished run writes, asked for again */
+            rc = save_file(o->model_out, R.m, R.opt, 0, R.labels, h, &R.p, R.d.desc);
         goto done;
     }
     if (dp_rank != 0) {
         o->quiet = 1;
         o->log = NULL;
     }
-    if (o->log && !(R.log = fopen(o->log, o->resume ? "a" : "w"))) {
-        rc = cli_error("--log %s: %s", o->log, strerror(errno));
+    if (o->log && (rc = train_log_open(o->log, o->resume != NULL, &R.log)) != CLI_OK)
         goto done;
-    }
     if (!o->quiet) {
         const vitc_vit_config *c = vitc_vit_get_config(R.m);
         if (dp_size > 1)
@@ -1340,14 +1363,17 @@ static int train_main(train_opts *o) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
     sa.sa_handler = on_stop;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    /* A dropped SSH session must not lose the partial epoch: it is SIGHUP
+     * (with a terminal) or SIGPIPE at the next progress line (stderr a
+     * pipe whose reader is gone); either stops the run as SIGINT does. */
+    const int stops[] = {SIGINT, SIGTERM, SIGHUP, SIGPIPE};
+    for (int i = 0; i < 4; i++) sigaction(stops[i], &sa, NULL);
     rc = run_epochs(&R);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
+    for (int i = 0; i < 4; i++) signal(stops[i], SIG_DFL);
 done:
-    if (R.log)
-        fclose(R.log);
+    if (R.log && fclose(R.log) != 0 && rc == CLI_OK)
+        rc = cli_error("--log %s: write failed: %s", o->log, strerror(errno));
+    train_outputs_close(outs, 3);
     vitc_optimizer_free(R.opt);
     vitc_vit_free(R.m);
     free(R.labels);
@@ -1380,19 +1406,20 @@ int cmd_train(int argc, char **argv) {
         {"--heads", NULL, CLI_INT, &o.heads, 1, 1024, &o.g_heads},
         {"--mlp", NULL, CLI_INT, &o.mlp, 1, 1 << 20, &o.g_mlp},
         {"--channels", NULL, CLI_INT, &o.channels, 1, 3, &o.g_channels},
-        {"--epochs", NULL, CLI_INT, &o.epochs, 1, 1000000, &o.g_epochs},
-        {"--batch", NULL, CLI_INT, &o.batch, 1, 65536, &o.g_batch},
+        {"--epochs", NULL, CLI_INT, &o.epochs, 1, TRAIN_MAX_EPOCHS, &o.g_epochs},
+        {"--batch", NULL, CLI_INT, &o.batch, 1, TRAIN_MAX_BATCH, &o.g_batch},
         {"--threads", NULL, CLI_INT, &o.threads, 1, 256, NULL},
         {"--eval-every", NULL, CLI_INT, &o.eval_every, 0, 1000000, NULL},
-        {"--subset", NULL, CLI_INT, &o.subset, 1, 1e9, &o.g_subset},
-        {"--eval-subset", NULL, CLI_INT, &o.eval_subset, 1, 1e9, &o.g_eval_subset},
-        {"--lr", NULL, CLI_DOUBLE, &o.lr, 0, 10, &o.g_lr},
-        {"--weight-decay", NULL, CLI_DOUBLE, &o.wd, 0, 10, &o.g_wd},
-        {"--warmup", NULL, CLI_DOUBLE, &o.warmup, 0, 1e6, &o.g_warmup},
-        {"--schedule-epochs", NULL, CLI_DOUBLE, &o.schedule_epochs, 1e-6, 1e6, &o.g_schedule_epochs},
-        {"--min-lr", NULL, CLI_DOUBLE, &o.min_lr, 0, 10, &o.g_min_lr},
+        {"--subset", NULL, CLI_INT, &o.subset, 1, TRAIN_MAX_SUBSET, &o.g_subset},
+        {"--eval-subset", NULL, CLI_INT, &o.eval_subset, 1, TRAIN_MAX_SUBSET, &o.g_eval_subset},
+        {"--lr", NULL, CLI_DOUBLE, &o.lr, 0, TRAIN_MAX_LR, &o.g_lr},
+        {"--weight-decay", NULL, CLI_DOUBLE, &o.wd, 0, TRAIN_MAX_WD, &o.g_wd},
+        {"--warmup", NULL, CLI_DOUBLE, &o.warmup, 0, TRAIN_MAX_EPOCHS, &o.g_warmup},
+        {"--schedule-epochs", NULL, CLI_DOUBLE, &o.schedule_epochs, 1e-6, TRAIN_MAX_EPOCHS,
+         &o.g_schedule_epochs},
+        {"--min-lr", NULL, CLI_DOUBLE, &o.min_lr, 0, TRAIN_MAX_LR, &o.g_min_lr},
         {"--label-smoothing", NULL, CLI_DOUBLE, &o.smoothing, 0, 1, &o.g_smoothing},
-        {"--clip", NULL, CLI_DOUBLE, &o.clip, 0, 1e9, &o.g_clip},
+        {"--clip", NULL, CLI_DOUBLE, &o.clip, 0, TRAIN_MAX_CLIP, &o.g_clip},
         {"--quiet", NULL, CLI_FLAG, &o.quiet, 0, 0, NULL},
         {"--freeze-backbone", NULL, CLI_FLAG, &o.freeze, 0, 0, NULL},
         {"--lr-layer-decay", NULL, CLI_DOUBLE, &o.layer_decay, 1e-9, 1, &o.g_layer_decay},

@@ -548,6 +548,95 @@ class Model(VisionTransformer):
                 check(lib.vitc_vit_forward_features(self._h, fptr(x), B, H, W, fptr(out)))
         return out
 
+    # ---- the text tower (CLIP, SigLIP): libvitc's vitc_vit_*text* -------
+
+    @property
+    def has_text(self):
+        """Whether the checkpoint has a text tower (CLIPModel, SiglipModel, open_clip)."""
+        return bool(lib.vitc_vit_has_text(self._h))
+
+    @property
+    def text_dim(self):
+        """The projected text features' width (0 without a text tower)."""
+        return lib.vitc_vit_text_dim(self._h)
+
+    @property
+    def text_context(self):
+        """The positions the text tower has (77 CLIP, 64 SigLIP; 0 without)."""
+        return lib.vitc_vit_text_context(self._h)
+
+    def _logit_params(self):
+        scale, bias, has_bias = ctypes.c_float(), ctypes.c_float(), ctypes.c_int()
+        check(lib.vitc_vit_logit_params(self._h, ctypes.byref(scale), ctypes.byref(bias),
+                                        ctypes.byref(has_bias)))
+        return scale.value, (bias.value if has_bias.value else None)
+
+    @property
+    def logit_scale(self):
+        """exp(logit_scale): the zero-shot logits are logit_scale * cos + logit_bias."""
+        return self._logit_params()[0]
+
+    @property
+    def logit_bias(self):
+        """SigLIP's logit_bias; None for CLIP."""
+        return self._logit_params()[1]
+
+    @property
+    def tokenizer(self):
+        """The checkpoint's vitc.Tokenizer (borrowed from the model), or None."""
+        h = lib.vitc_vit_tokenizer(self._h)
+        if not h:
+            return None
+        from .text import Tokenizer
+        return Tokenizer(_handle=h, _owner=self)
+
+    def tokenize(self, text):
+        """The ids the text tower sees: int32 [context] for a string, [B,
+        context] for a list, padded as the model pads."""
+        if not self.has_text:
+            raise ValueError("this model has no text tower")
+        tok = self.tokenizer
+        if tok is None:
+            # the library's message names the files to add
+            self.encode_text(["x"])
+        return tok(text, self.text_context)
+
+    def encode_text(self, texts):
+        """Projected text features float32 [B, text_dim], as transformers'
+        get_text_features (not normalised): texts a list of strings (or
+        one string: [1, text_dim]) or token ids int [B, L] (L <= context)."""
+        if isinstance(texts, (str, bytes)):
+            texts = [texts]
+        if isinstance(texts, np.ndarray) or (len(texts) and not isinstance(texts[0], (str, bytes))):
+            ids = np.asarray(texts)
+            if ids.dtype.kind not in "iu":
+                raise TypeError("token ids must be integers, got %s" % ids.dtype)
+            if ids.ndim == 1:
+                ids = ids[None]
+            if ids.ndim != 2:
+                raise ValueError("token ids must be [B, L], got shape %s" % (ids.shape,))
+            if ids.size and (ids.min() < -2**31 or ids.max() >= 2**31):
+                raise ValueError("token ids must fit in int32")
+            ids = np.ascontiguousarray(ids, dtype=np.int32)
+            B, L = int_arg(ids.shape[0], "batch"), int_arg(ids.shape[1], "length")
+            out = np.empty((B, max(self.text_dim, 0)), np.float32)
+            ip = ids.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+            s = self._session()
+            if s is not None:
+                check(lib.vitc_session_encode_text_ids(s, ip, B, L, fptr(out)))
+            else:
+                with self._lock:
+                    check(lib.vitc_vit_encode_text_ids(self._h, ip, B, L, fptr(out)))
+            return out
+        texts = list(texts)
+        if not self.has_text or self.tokenizer is None or not texts:
+            # the library's error (no text tower, no tokenizer, empty batch)
+            arr = (ctypes.c_char_p * max(len(texts), 1))()
+            out = np.empty((1, max(self.text_dim, 1)), np.float32)
+            with self._lock:
+                check(lib.vitc_vit_encode_text(self._h, arr, len(texts), fptr(out)))
+        return self.encode_text(self.tokenize(texts))
+
 
 def load_model(path, arch=None, precision="fp32", attention_precision="fp32"):
     """A model from a safetensors file (torchvision/timm names) or a Hugging

@@ -13,7 +13,9 @@
  * not a regular file (a device node, a FIFO, a directory) is refused and left
  * alone: replacing /dev/something by a PNG is never what the user meant.
  */
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -368,4 +370,77 @@ vitc_status vitc_save_npy(const char *path, const float *data, int ndim, const i
     hdr[9] = (char)(hl >> 8);
     npy_ctx c = {data, numel, hdr, 10 + hl};
     return vitc__write_file(path, npy_write, &c);
+}
+
+/* ------------------------------------------------------------------ */
+/* Temporaries of killed writers                                      */
+/* ------------------------------------------------------------------ */
+
+/* n decimal digits at *s (at least one): their value, *s past them; -1 when
+ * there are none or too many. */
+static long long take_digits(const char **s) {
+    long long v = 0;
+    int n = 0;
+    while (**s >= '0' && **s <= '9' && n < 18) v = v * 10 + (*(*s)++ - '0'), n++;
+    return n && !(**s >= '0' && **s <= '9') ? v : -1;
+}
+
+/* The writer's pid when name (after "<target>.") is one of the temporaries
+ * vitc's writers make beside a target: "tmp<pid>.<n>" (vitc__write_file),
+ * "model<pid>.tmp" and "model<pid>.tmp.tmp<pid>.<n>" (a checkpoint's model
+ * part, src/train/checkpoint.c); else -1. */
+static long long temp_owner(const char *s) {
+    long long pid;
+    if (!strncmp(s, "tmp", 3)) {
+        s += 3;
+        if ((pid = take_digits(&s)) < 0 || *s++ != '.' || take_digits(&s) < 0 || *s)
+            return -1;
+        return pid;
+    }
+    if (strncmp(s, "model", 5))
+        return -1;
+    s += 5;
+    if ((pid = take_digits(&s)) < 0 || strncmp(s, ".tmp", 4))
+        return -1;
+    s += 4;
+    if (!*s)
+        return pid;
+    if (strncmp(s, ".tmp", 4))
+        return -1;
+    s += 4;
+    if (take_digits(&s) < 0 || *s++ != '.' || take_digits(&s) < 0 || *s)
+        return -1;
+    return pid;
+}
+
+void vitc__remove_stale_temps(const char *target) {
+    char *real = target ? realpath(target, NULL) : NULL;
+    const char *t = real ? real : target;
+    if (!t) {
+        free(real);
+        return;
+    }
+    const char *slash = strrchr(t, '/'), *base = slash ? slash + 1 : t;
+    char *dir = slash ? strndup(t, slash == t ? 1 : (size_t)(slash - t)) : strdup(".");
+    size_t blen = strlen(base);
+    DIR *dp = dir && blen ? opendir(dir) : NULL;
+    struct dirent *e;
+    while (dp && (e = readdir(dp))) {
+        if (strncmp(e->d_name, base, blen) || e->d_name[blen] != '.')
+            continue;
+        long long pid = temp_owner(e->d_name + blen + 1);
+        struct stat sb;
+        /* A pid that no process has is a writer that died mid-write: what
+         * it left is nobody's. A live pid (this process's writers among
+         * them) may be writing: its file stays. */
+        if (pid <= 0 || pid > INT_MAX || pid == (long long)getpid() ||
+            kill((pid_t)pid, 0) == 0 || errno != ESRCH)
+            continue;
+        if (fstatat(dirfd(dp), e->d_name, &sb, AT_SYMLINK_NOFOLLOW) == 0 && S_ISREG(sb.st_mode))
+            unlinkat(dirfd(dp), e->d_name, 0);
+    }
+    if (dp)
+        closedir(dp);
+    free(dir);
+    free(real);
 }

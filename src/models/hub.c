@@ -18,6 +18,7 @@
 
 #include "../train/train.h"
 #include "family.h"
+#include "text.h"
 
 /* The names more than one family spells alike (family.h). */
 const char *const vitc__timm_layer_names[VIT_L_COUNT] = {
@@ -573,12 +574,12 @@ vitc_status vitc__hub_read(vitc_vit *m, vitc__src *src) {
     const vitc__shards *h = &src->shards;
     size_t bytes;
     /* The file's tensors against the config first (names, shapes, float
-     * dtypes, nothing left over), reading no data: a config declaring a
-     * model far larger than its weights fails here, before the model's
-     * memory is allocated and touched. */
+     * dtypes), reading no data: a config declaring a model far larger than
+     * its weights fails here, before the model's memory is allocated and
+     * touched. (Tensors left over are known only once the text tower has
+     * taken its own, below.) */
     for (int i = 0; i < m->n_entries; i++)
         VITC_TRY(hub_fill_row(m, src, &m->table[i], 1));
-    VITC_TRY(hub_leftovers(m, h));
     if (!vitc__mul_size(m->n_params, sizeof(float), &bytes) ||
         !(m->params = vitc__alloc(bytes)))
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu ViT parameters", m->n_params);
@@ -600,6 +601,10 @@ vitc_status vitc__hub_read(vitc_vit *m, vitc__src *src) {
         if (s == VITC_OK && h->prec >= 0)
             s = vitc__vit_load_pack_row(m, i);
     }
+    if (s == VITC_OK) /* CLIPModel's / SiglipModel's / open_clip's text tower (text.c) */
+        s = vitc__text_load(m, src);
+    if (s == VITC_OK)
+        s = hub_leftovers(m, h);
     if (h->prec >= 0)
         s = vitc__vit_load_pack_end(m, s);
     VITC_TRY(s);
@@ -626,7 +631,11 @@ vitc_status vitc__hub_unknown(const vitc__src *src) {
     const char *type = vitc__hub_model_type(src);
     if (!type)
         return vitc__err(VITC_ERR_FORMAT, "config.json has no \"model_type\"");
-    static const char *const later[] = {"siglip2", "clip_text_model"};
+    if (!strcmp(type, "clip_text_model") || !strcmp(type, "siglip_text_model"))
+        return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: model_type \"%s\" is a text tower "
+                         "alone; vitc loads CLIPModel / SiglipModel directories with both towers",
+                         type);
+    static const char *const later[] = {"siglip2"};
     for (size_t i = 0; i < sizeof later / sizeof *later; i++)
         if (!strcmp(type, later[i]))
             return vitc__err(VITC_ERR_UNSUPPORTED, "config.json: model_type \"%s\" is not "

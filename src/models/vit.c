@@ -23,6 +23,7 @@
 #include "../rng.h"
 #include "../train/train.h"
 #include "family.h"
+#include "text.h"
 #include "vit_internal.h"
 
 void vitc_vit_free(vitc_vit *m) {
@@ -41,6 +42,7 @@ void vitc_vit_free(vitc_vit *m) {
     free(m->labels);
     free(m->label_text);
     vitc_session_free(m->own);
+    vitc__text_free(m->text);
     free(m->ignored);
     free(m);
 }
@@ -529,7 +531,7 @@ void vitc_session_free(vitc_session *s) {
         return;
     vitc__buf *bufs[] = {&s->act, &s->bwd, &s->masks, &s->pdrop, &s->pos_buf, &s->probs_buf,
                          &s->roll_buf, &s->feat_buf, &s->head_buf, &s->mask_buf, &s->pre_buf,
-                         &s->t2t_buf, &s->clf_buf};
+                         &s->t2t_buf, &s->clf_buf, &s->text_buf};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) vitc__buf_free(bufs[i]);
     free(s);
 }

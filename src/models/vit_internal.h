@@ -243,6 +243,8 @@ struct vitc_vit {
      * OS (their pages hold zeros): the packs are the weights until
      * vitc__vit_rowmajor unpacks them. */
     int released;
+    /* The text tower (text.h: CLIP's, SigLIP's), NULL for a vision-only model. */
+    struct vitc__text *text;
 };
 
 /* What one forward writes (a vitc_session): activations, scratch, the
@@ -283,6 +285,7 @@ struct vitc_session {
     vitc__buf t2t_buf;   /* T2T-ViT's token module activations */
     vitc__buf clf_buf;   /* VIT_HEAD_LINEAR: the embedding [B, E] its classifier read, then
                           * the backward's d embedding [B, E] */
+    vitc__buf text_buf;  /* the text tower's activations (text.c) */
 };
 typedef struct vitc_session vitc__session;
 /* The head that makes the model's embedding: VIT_HEAD_LINEAR classifies the

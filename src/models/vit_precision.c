@@ -20,6 +20,7 @@
 #include <unistd.h>
 #endif
 
+#include "text.h"
 #include "vit_internal.h"
 
 void vitc__vit_pack_free(vitc_vit *m) {
@@ -224,7 +225,7 @@ vitc_status vitc__vit_prepare_inference(vitc_vit *m) {
         if (s != VITC_OK && m->precision != VITC_PRECISION_FP32)
             return s;
     }
-    return VITC_OK;
+    return vitc__text_prepare(m); /* the text tower's packs follow the model's precision */
 }
 
 int vitc_vit_is_prepared(const vitc_vit *m) {

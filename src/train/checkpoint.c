@@ -13,7 +13,9 @@
  * vitc_safetensors_save replaces the file atomically (temporary, fsync,
  * rename): a crash mid-save leaves the previous checkpoint whole.
  */
+#include <errno.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +93,9 @@ vitc_status vitc_checkpoint_save(const char *path, vitc_vit *m, vitc_optimizer *
     int np = vitc_vit_num_params(m), ns = opt ? vitc_optimizer_num_states(opt) : 0;
     if (opt && vitc_optimizer_num_params(opt) == 0)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_checkpoint_save: the optimizer has no parameters");
+    /* A run killed while writing (SIGKILL, the OOM killer) left its
+     * temporary beside path; the next save of path removes it. */
+    vitc__remove_stale_temps(path);
     vitc_safetensors *own = NULL;
     if (vitc_vit_has_processor(m)) {
         VITC_TRY(model_file(path, m, &own));
@@ -227,6 +232,21 @@ vitc_status vitc_checkpoint_load(const char *path, vitc_vit **m, char **meta_jso
     return s;
 }
 
+/* An optimizer state read from a file: every value finite, and a second
+ * moment (a state named *_sq: AdamW's exp_avg_sq) never negative, whose
+ * square root the step takes. A damaged or edited file is refused here
+ * rather than turning the first step's update into NaN. */
+static vitc_status check_state(const char *path, const char *key, const float *v, size_t n) {
+    size_t len = strlen(key);
+    int sq = len > 3 && !strcmp(key + len - 3, "_sq");
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(v[i]) || (sq && v[i] < 0))
+            return vitc__err(VITC_ERR_FORMAT, "%s: %s[%zu] is %g; %s (a damaged or edited "
+                             "checkpoint)", path, key, i, (double)v[i],
+                             sq ? "a second moment is finite and >= 0" : "the state is finite");
+    return VITC_OK;
+}
+
 vitc_status vitc_checkpoint_load_optimizer(const char *path, vitc_optimizer *opt) {
     if (!path || !opt)
         return vitc__err(VITC_ERR_INVALID_ARG,
@@ -264,20 +284,29 @@ vitc_status vitc_checkpoint_load_optimizer(const char *path, vitc_optimizer *opt
         }
         if ((s = vitc_safetensors_tensor(st, j, &nm, &dt, &nd, &shape, &src[i])) != VITC_OK)
             break;
-        if (nd != 1 || shape[0] != (int64_t)flat)
+        if (nd != 1 || shape[0] != (int64_t)flat) {
             s = vitc__err(VITC_ERR_SHAPE, "%s: %s has %lld values, the optimizer %zu (a "
                           "checkpoint of another model?)", path, key,
                           nd == 1 ? (long long)shape[0] : -1LL, flat);
+            break;
+        }
+        s = check_state(path, key, src[i], flat);
     }
     long long step = -1;
     if (s == VITC_OK) {
         const char *meta = vitc_safetensors_get_metadata(st, "vitc.train");
         json_t *o = meta ? json_loads(meta, 0, NULL) : NULL;
         json_t *v = o ? json_object_get(o, "optimizer_step") : NULL;
-        step = v && json_is_string(v) ? strtoll(json_string_value(v), NULL, 10) : -1;
+        const char *t = v && json_is_string(v) ? json_string_value(v) : "";
+        char *end = NULL;
+        errno = 0;
+        step = *t >= '0' && *t <= '9' ? strtoll(t, &end, 10) : -1;
+        if (errno || (end && *end))
+            step = -1;
         json_decref(o);
         if (step < 0)
-            s = vitc__err(VITC_ERR_FORMAT, "%s: no optimizer_step in its vitc.train metadata", path);
+            s = vitc__err(VITC_ERR_FORMAT, "%s: no optimizer_step (a string of decimal digits) in "
+                          "its vitc.train metadata", path);
     }
     for (int i = 0; i < ns && i < 3 && s == VITC_OK; i++) {
         if (same)

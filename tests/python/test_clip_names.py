@@ -105,9 +105,16 @@ def openai_forward(oc, heads, quick, px):
 def text_tower(g):
     """What an open_clip / OpenAI checkpoint holds beside the image tower."""
     r = lambda *s: torch.randn(*s, generator=g)  # noqa: E731
+    b = "transformer.resblocks.0."
     return {"token_embedding.weight": r(10, 8), "positional_embedding": r(7, 8),
-            "transformer.resblocks.0.attn.in_proj_weight": r(24, 8),
-            "ln_final.weight": r(8), "text_projection": r(8, 16), "logit_scale": torch.tensor(4.6)}
+            b + "ln_1.weight": r(8), b + "ln_1.bias": r(8),
+            b + "attn.in_proj_weight": r(24, 8), b + "attn.in_proj_bias": r(24),
+            b + "attn.out_proj.weight": r(8, 8), b + "attn.out_proj.bias": r(8),
+            b + "ln_2.weight": r(8), b + "ln_2.bias": r(8),
+            b + "mlp.c_fc.weight": r(32, 8), b + "mlp.c_fc.bias": r(32),
+            b + "mlp.c_proj.weight": r(8, 32), b + "mlp.c_proj.bias": r(8),
+            "ln_final.weight": r(8), "ln_final.bias": r(8),
+            "text_projection": r(8, 16), "logit_scale": torch.tensor(4.6)}
 
 
 @unittest.skipIf(torch is None, "needs torch")
@@ -151,8 +158,10 @@ class TestClipNames(TmpDirCase):
         st_write.write(p, t)
         m = vitc.load_model(p)
         self.assertEqual(m.config["family"], "open-clip")
-        self.assertIn("logit_scale", m.config["ignored"])
-        self.assertIn("transformer.resblocks.0.attn.in_proj_weight", m.config["ignored"])
+        # the text tower is read (test_text_tower checks its numbers), no longer ignored
+        self.assertEqual((m.has_text, m.text_dim), (True, 16))
+        self.assertNotIn("logit_scale", m.config["ignored"])
+        self.assertNotIn("transformer.resblocks.0.attn.in_proj_weight", m.config["ignored"])
         self.check(m, cfg, sd, oc, 2, True)
 
     def test_open_clip_dir_gelu_head_width(self):

@@ -240,8 +240,10 @@ class TestHubModels(TmpDirCase):
         m, _ = self.check_clip("clip", hf_ref.clip_config("clip"))
         self.assertEqual(m.config["family"], "hf-clip")
         self.assertFalse(m.config["has_head"])
-        self.assertIn("logit_scale", m.config["ignored"])
-        self.assertIn("text_projection.weight", m.config["ignored"])
+        # the text tower is read (docs/text-towers.md), no longer ignored
+        self.assertTrue(m.has_text)
+        self.assertNotIn("logit_scale", m.config["ignored"])
+        self.assertNotIn("text_projection.weight", m.config["ignored"])
         self.assertIn("vision_model.embeddings.position_ids", m.config["ignored"])
         self.assertAlmostEqual(m.config["norm_eps"], 1e-5, delta=1e-11)
 
@@ -293,7 +295,8 @@ class TestHubModels(TmpDirCase):
         m, sd = self.check_siglip("siglip", cfg)
         self.assertEqual(m.config["family"], "hf-siglip")
         self.assertEqual(m.config["num_prefix_tokens"], 0)
-        self.assertIn("logit_bias", m.config["ignored"])
+        self.assertTrue(m.has_text)
+        self.assertNotIn("logit_bias", m.config["ignored"])
         # The resampling rule matters at 24x24 (a 4x4 grid to 3x3): 4.x's +0.1 differs.
         x = self.xd[(24, 24)]
         _, pooled = hf_ref.siglip_forward(sd, cfg, x)

@@ -243,7 +243,8 @@ class TestTransformers(PeerCase):
                  lambda mm, x, i: mm.vision_model(x, **self._kw(i)).pooler_output,
                  lambda m, x: m.embed(x, pool="cls"))]
         m = self.run_family("hf-clip-model", model, outs, [(32, 32), (32, 48)])
-        self.assertTrue(any(n.startswith("text_model.") for n in m.config["ignored"]))
+        self.assertTrue(m.has_text)  # the text tower is read, no longer ignored
+        self.assertFalse(any(n.startswith("text_model.") for n in m.config["ignored"]))
 
     _SIGLIP = dict(hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
                    intermediate_size=96, image_size=32, patch_size=8)
@@ -267,7 +268,8 @@ class TestTransformers(PeerCase):
                  lambda mm, x, i: mm.vision_model(x, **self._kw(i)).last_hidden_state,
                  lambda m, x: m.forward_features(x))]
         m = self.run_family("hf-siglip-model", model, outs, self._SIGLIP_SIZES)
-        self.assertIn("logit_bias", m.config["ignored"])
+        self.assertTrue(m.has_text)
+        self.assertNotIn("logit_bias", m.config["ignored"])
 
 
 # ---------------------------------------------------------------------------

@@ -263,6 +263,27 @@ def save_hub(d, sd, cfg, prefix=True, dtype="F32", shards=1, extra=None, preproc
 
 # ---- CLIP vision tower ------------------------------------------------------
 
+# The tiny text tower a CLIPModel / SiglipModel file holds beside the vision
+# tower (vitc reads it whole: every tensor of it is there).
+_TEXT_CONFIG = {"hidden_size": 8, "vocab_size": 5, "num_hidden_layers": 1,
+                "num_attention_heads": 2, "intermediate_size": 16, "max_position_embeddings": 7}
+
+
+def _text_state(sd, r, lin):
+    """text_model.* of _TEXT_CONFIG (CLIP and SigLIP name them alike)."""
+    t = "text_model."
+    sd[t + "embeddings.token_embedding.weight"] = r(5, 8)
+    sd[t + "embeddings.position_embedding.weight"] = r(7, 8, std=0.5)
+    p = t + "encoder.layers.0."
+    for ln in ("layer_norm1", "layer_norm2"):
+        sd[p + ln + ".weight"], sd[p + ln + ".bias"] = 1 + r(8, std=0.3), r(8, std=0.2)
+    for q in ("q", "k", "v", "out"):
+        sd[p + "self_attn.%s_proj.weight" % q], sd[p + "self_attn.%s_proj.bias" % q] = lin(8, 8)
+    sd[p + "mlp.fc1.weight"], sd[p + "mlp.fc1.bias"] = lin(16, 8)
+    sd[p + "mlp.fc2.weight"], sd[p + "mlp.fc2.bias"] = lin(8, 16)
+    sd[t + "final_layer_norm.weight"] = 1 + r(8, std=0.3)
+    sd[t + "final_layer_norm.bias"] = r(8, std=0.2)
+
 def clip_config(model_type="clip", hidden=48, layers=2, heads=3, mlp=96, image=32, patch=8,
                 proj=16, act="quick_gelu", eps=1e-5):
     """CLIPModel (vision_config nested, a text tower beside it) or a
@@ -274,8 +295,7 @@ def clip_config(model_type="clip", hidden=48, layers=2, heads=3, mlp=96, image=3
     if model_type == "clip":
         return {"model_type": "clip", "architectures": ["CLIPModel"], "projection_dim": proj,
                 "logit_scale_init_value": 2.6592,
-                "text_config": {"model_type": "clip_text_model", "hidden_size": 8,
-                                "vocab_size": 5, "num_hidden_layers": 1},
+                "text_config": dict(_TEXT_CONFIG, model_type="clip_text_model"),
                 "vision_config": v}
     v["architectures"] = ["CLIPVisionModelWithProjection" if proj else "CLIPVisionModel"]
     return v
@@ -309,8 +329,7 @@ def clip_random_state(cfg, seed=0, text=True, position_ids=True):
     if position_ids:
         ints[e + "position_ids"] = np.arange(n, dtype=np.int64)[None]
     if text and cfg.get("model_type") == "clip":
-        sd["text_model.embeddings.token_embedding.weight"] = r(5, 8)
-        sd["text_model.final_layer_norm.weight"] = 1 + r(8, std=0.3)
+        _text_state(sd, r, lin)
         sd["text_projection.weight"] = r(proj, 8)
         sd["logit_scale"] = torch.tensor(2.6592)
         ints["text_model.embeddings.position_ids"] = np.arange(7, dtype=np.int64)[None]
@@ -414,7 +433,7 @@ def siglip_config(model_type="siglip", hidden=48, layers=2, heads=3, mlp=96, ima
         v["vision_use_head"] = use_head
     if model_type == "siglip":
         return {"model_type": "siglip", "architectures": ["SiglipModel"],
-                "text_config": {"model_type": "siglip_text_model", "hidden_size": 8},
+                "text_config": dict(_TEXT_CONFIG, model_type="siglip_text_model"),
                 "vision_config": v}
     v["architectures"] = ["SiglipVisionModel"]
     return v
@@ -445,7 +464,8 @@ def siglip_random_state(cfg, seed=0, text=True):
         sd[h + "mlp.fc2.weight"], sd[h + "mlp.fc2.bias"] = lin(D, M)
     ints = {}
     if text and cfg.get("model_type") == "siglip":
-        sd["text_model.head.weight"] = r(8, 8)
+        _text_state(sd, r, lin)
+        sd["text_model.head.weight"], sd["text_model.head.bias"] = lin(8, 8)
         sd["logit_scale"] = torch.tensor([2.3])
         sd["logit_bias"] = torch.tensor([-10.0])
         ints["text_model.embeddings.position_ids"] = np.arange(7, dtype=np.int64)[None]
