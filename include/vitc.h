@@ -806,7 +806,8 @@ VITC_API int vitc_vit_is_prepared(const vitc_vit *m);
  * bilinear/bicubic in uint8), center crop (floor offsets; zero padding where
  * the crop is larger), rescale, normalize. 0 / an error for other models.
  * preprocess_size: the output [H, W] for a width x height image; preprocess:
- * out [3, H, W]. image_flags: the vitc_image_load_flags flags that decode an
+ * out [in_channels, H, W] (a 1-channel model: the image's luminance, as
+ * PIL's convert("L"), with the first mean and std). image_flags: the vitc_image_load_flags flags that decode an
  * image as the processor converts it to RGB (VITC_IMAGE_ALPHA_WHITE where it
  * has do_convert_rgb: CLIP, SigLIP, DINOv2's BiT by default), 0 otherwise. */
 VITC_API int vitc_vit_has_processor(const vitc_vit *m);

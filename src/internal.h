@@ -44,14 +44,18 @@ vitc_status vitc__hf_output_size(const vitc__hf_proc *p, int w, int h, int *oh, 
                                  int *rw);
 /* out: [3, oh, ow]. */
 vitc_status vitc__hf_preprocess(const vitc__hf_proc *p, const vitc_image *img, float *out);
+/* out: [channels, oh, ow]; channels 1: the image's luminance (PIL's "L"). */
+vitc_status vitc__hf_preprocess_channels(const vitc__hf_proc *p, const vitc_image *img,
+                                         int channels, float *out);
 
 /* vitc_safetensors_load with flags: VITC__ST_KEEP_I64 lists I64 tensors
  * (dtype "I64", data NULL) instead of refusing the file — Hub checkpoints
  * carry int64 position_ids buffers that a forward never reads. */
 #define VITC__ST_KEEP_I64 1
 /* VITC__ST_LAZY: the header only; each tensor's data is read into its
- * (untouched, so not resident) arena slot by vitc__safetensors_read, the
- * file held open until vitc__safetensors_read_rest. For loaders that convert
+ * (untouched, so not resident) arena slot by vitc__safetensors_read, which
+ * opens the file (checked to be the one parsed) and keeps it open until
+ * vitc__safetensors_park or vitc__safetensors_read_rest. For loaders that convert
  * a tensor and give its pages back before reading the next (a model
  * loaded in bf16 / int8 peaks near the converted model, not the file). */
 #define VITC__ST_LAZY 2
@@ -63,6 +67,8 @@ vitc_status vitc__safetensors_read(vitc_safetensors *st, int i);
 vitc_status vitc__safetensors_read_at(vitc_safetensors *st, const float *data);
 /* Reads every tensor still unread and closes the file. */
 vitc_status vitc__safetensors_read_rest(vitc_safetensors *st);
+/* Closes a lazy file's descriptor until its next read (a no-op otherwise). */
+void vitc__safetensors_park(vitc_safetensors *st);
 
 /* Overflow-checked size arithmetic: 1 on success, 0 on overflow. */
 static inline int vitc__mul_size(size_t a, size_t b, size_t *out) {
@@ -100,6 +106,17 @@ size_t vitc__json_items(const char *s, size_t len);
  * read, as is a file over max_bytes (0: no limit). *size: its size. */
 vitc_status vitc__open_regular(const char *path, uint64_t max_bytes, FILE **out,
                                uint64_t *size);
+/* JSON files (src/io/file.c): path's JSON object, read through
+ * vitc__open_regular, refused over cap bytes (0: no limit) and over
+ * max_items containers + commas (0: no limit) before jansson builds its
+ * tree; what names the kind of file in the messages ("a Hub config.json").
+ * Out of memory is reported as such (NOMEM), not as malformed JSON.
+ * parse_capped: the same for text already in memory (label names it). */
+struct json_t;
+vitc_status vitc__json_load_capped(const char *path, uint64_t cap, size_t max_items,
+                                   const char *what, struct json_t **out);
+vitc_status vitc__json_parse_capped(const char *text, size_t len, const char *label,
+                                    const char *what, size_t max_items, struct json_t **out);
 /* Replace path with what write puts into f, never losing the old content:
  * temporary file beside it, fsync, rename, fsync of the directory; on error
  * only the temporary file is removed. An existing non-regular path is refused

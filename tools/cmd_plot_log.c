@@ -24,6 +24,28 @@ static const char plot_usage[] =
     "  --title TEXT     a title above the panels\n"
     "  -h, --help       this help\n";
 
+/* A `vitc train --log` record is one line of about 200 bytes; a longer
+ * line is not one, and is skipped (counted) without being held in memory
+ * or parsed: a multi-gigabyte line costs 64 KiB, not its JSON tree. */
+#define PLOT_MAX_LINE (64 << 10)
+
+/* The next line of f into buf[PLOT_MAX_LINE + 1] (its newline dropped):
+ * its length, -1 at the end, -2 for a line over PLOT_MAX_LINE (read past). */
+static long plot_line(FILE *f, char *buf) {
+    long n = 0;
+    int c, over = 0;
+    while ((c = getc(f)) != EOF && c != '\n') {
+        if (n < PLOT_MAX_LINE)
+            buf[n++] = (char)c;
+        else
+            over = 1;
+    }
+    if (c == EOF && n == 0 && !over)
+        return -1;
+    buf[n] = '\0';
+    return over ? -2 : n;
+}
+
 typedef struct series {
     double *x, *y;
     int n, cap;
@@ -135,17 +157,25 @@ int cmd_plot_log(int argc, char **argv) {
     if (vitc_open_read(path, (int64_t)1 << 32, &f, NULL) != VITC_OK)
         return cli_lib_error("plot-log");
     series steps = {0}, tl = {0}, el = {0}, ta = {0}, ea = {0};
-    char *line = NULL;
-    size_t cap = 0;
-    ssize_t len;
-    int64_t lineno = 0, bad = 0, spe = 0;
+    char *line = malloc(PLOT_MAX_LINE + 1);
+    long len;
+    int64_t lineno = 0, bad = 0, spe = 0, longl = 0;
     int rc = CLI_OK;
     /* Steps are placed on the epoch axis: step / (steps per epoch), learned
      * from the epoch records' step counts. First pass: read everything. */
     series raw_steps = {0};
-    while ((len = getline(&line, &cap, f)) > 0 && rc == CLI_OK) {
+    if (!line)
+        rc = cli_error("out of memory reading %s", path);
+    while (rc == CLI_OK && (len = plot_line(f, line)) != -1) {
         lineno++;
-        json_t *o = json_loadb(line, (size_t)len, 0, NULL);
+        json_error_t jerr;
+        json_t *o = len >= 0 ? json_loadb(line, (size_t)len, 0, &jerr) : NULL;
+        longl += len == -2;
+        if (!o && len >= 0 && json_error_code(&jerr) == json_error_out_of_memory) {
+            rc = cli_error("%s: out of memory parsing line %lld (%ld bytes)", path,
+                           (long long)lineno, len);
+            break;
+        }
         if (!o || !json_is_object(o)) {
             bad++;
             json_decref(o);
@@ -243,6 +273,9 @@ int cmd_plot_log(int argc, char **argv) {
         if (vitc_image_save_png(out, cv.rgb, cv.w, cv.h) != VITC_OK)
             rc = cli_lib_error("--out");
     }
+    if (longl && rc == CLI_OK)
+        cli_warning("%s: %lld lines over %d bytes skipped (a training record is one short line)",
+                    path, (long long)longl, PLOT_MAX_LINE);
     if (bad && rc == CLI_OK)
         cli_warning("%s: %lld lines were not training records", path, (long long)bad);
     canvas_free(&cv);

@@ -25,6 +25,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -86,6 +87,25 @@ static int is_image_name(const char *n) {
     const char *dot = strrchr(n, '.');
     return n[0] != '.' && dot &&
            (!strcasecmp(dot, ".png") || !strcasecmp(dot, ".jpg") || !strcasecmp(dot, ".jpeg"));
+}
+
+/* The cache's names are ["hex", ...], one string per row: more JSON values
+ * than rows, or more text than rows hex-encoded paths can fill, is not a
+ * cache vitc wrote, refused before jansson builds a tree of it (whose
+ * nodes cost up to ~80x the text). */
+static int names_plausible(const char *t, int64_t rows) {
+    size_t len = strlen(t), items = 0;
+    if ((uint64_t)len > (uint64_t)rows * (2 * PATH_MAX + 3) + 2)
+        return 0;
+    for (size_t i = 0; i < len; i++) {
+        if (t[i] == '"') {
+            for (i++; i < len && t[i] != '"'; i++)
+                i += t[i] == '\\';
+        } else {
+            items += t[i] == '[' || t[i] == '{' || t[i] == ',';
+        }
+    }
+    return (int64_t)items <= rows + 1;
 }
 
 static int cmp_str(const void *a, const void *b) {
@@ -164,7 +184,7 @@ static float *load_cache(const char *path, const char *key, int64_t dim, int64_t
     const char *nm = st ? vitc_safetensors_get_metadata(st, "vitc.similar.names") : NULL;
     if (nm) {
         json_error_t jerr;
-        json_t *arr = json_loads(nm, 0, &jerr);
+        json_t *arr = names_plausible(nm, shape0) ? json_loads(nm, 0, &jerr) : NULL;
         int64_t n = json_is_array(arr) ? (int64_t)json_array_size(arr) : -1, got = 0;
         char **v = n == shape0 ? calloc((size_t)(n ? n : 1), sizeof *v) : NULL;
         for (; v && got < n; got++)

@@ -94,12 +94,12 @@ class VisionTransformer:
             "hidden_dim": c.hidden_dim, "depth": c.depth, "num_heads": c.num_heads,
             "mlp_dim": c.mlp_dim, "num_classes": c.num_classes, "norm_eps": c.norm_eps,
             "mean": list(c.mean), "std": list(c.std),
-            "arch": lib.vitc_vit_arch_name(self._h).decode(),
+            "arch": _name(lib.vitc_vit_arch_name(self._h)),
         }
-        self.config["family"] = lib.vitc_vit_family(self._h).decode()
+        self.config["family"] = _name(lib.vitc_vit_family(self._h))
         self.config["has_head"] = bool(lib.vitc_vit_has_head(self._h))
         self.config["num_prefix_tokens"] = lib.vitc_vit_num_prefix_tokens(self._h)
-        self.config["ignored"] = [lib.vitc_vit_ignored(self._h, i).decode()
+        self.config["ignored"] = [_name(lib.vitc_vit_ignored(self._h, i))
                                   for i in range(lib.vitc_vit_num_ignored(self._h))]
         self.labels = self._c_labels()
         if labels is not None:
@@ -108,7 +108,7 @@ class VisionTransformer:
     def _c_labels(self):
         n = self.config["num_classes"]
         labels = [lib.vitc_vit_label(self._h, i) for i in range(n)]
-        return None if labels and labels[0] is None else [s.decode() for s in labels]
+        return None if labels and labels[0] is None else [_name(s) for s in labels]
 
     @property
     def labels(self):
@@ -256,7 +256,7 @@ class VisionTransformer:
             h, w = ctypes.c_int(), ctypes.c_int()
             check(lib.vitc_vit_preprocess_size(self._h, img.width, img.height, ctypes.byref(h),
                                                ctypes.byref(w)))
-            out = np.empty((3, h.value, w.value), np.float32)
+            out = np.empty((self.config["in_channels"], h.value, w.value), np.float32)
             check(lib.vitc_vit_preprocess(self._h, ctypes.byref(img), fptr(out)))
             del keep
             return out
@@ -882,6 +882,13 @@ def _hub_names(family, name, keys, swiglu):
             if all(n in keys for n, _ in got):
                 return got
     return []
+
+
+def _name(b):
+    """A name the library keeps in a C string: bytes a file gave it may not
+    be UTF-8 (a name cut short, a label), and reading a model never fails
+    over one; what cannot be decoded becomes U+FFFD."""
+    return b.decode("utf-8", errors="replace")
 
 
 def _load(path, arch, precision):

@@ -25,6 +25,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <jansson.h>
+
 #include "internal.h"
 
 static const char *file_kind(mode_t m) {
@@ -89,6 +91,61 @@ vitc_status vitc_open_read(const char *path, int64_t max_bytes, FILE **out, int6
     if (size)
         *size = (int64_t)n;
     return VITC_OK;
+}
+
+vitc_status vitc__json_parse_capped(const char *text, size_t len, const char *label,
+                                    const char *what, size_t max_items, struct json_t **out) {
+    *out = NULL;
+    /* jansson's tree costs up to ~80x the text: counted before it is built */
+    size_t items = vitc__json_items(text, len);
+    if (max_items && items > max_items)
+        return vitc__err(VITC_ERR_FORMAT, "%s: %zu JSON values are over the limit of %zu for %s",
+                         label, items, max_items, what);
+    json_error_t jerr;
+    json_t *root = json_loadb(text, len, 0, &jerr);
+    if (!root && json_error_code(&jerr) == json_error_out_of_memory)
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory parsing %zu bytes of JSON (%zu "
+                         "values)", label, len, items);
+    if (!root)
+        return vitc__err(VITC_ERR_FORMAT, "%s is not JSON (%s, line %d)", label, jerr.text,
+                         jerr.line);
+    if (!json_is_object(root)) {
+        json_decref(root);
+        return vitc__err(VITC_ERR_FORMAT, "%s is not a JSON object", label);
+    }
+    *out = root;
+    return VITC_OK;
+}
+
+vitc_status vitc__json_load_capped(const char *path, uint64_t cap, size_t max_items,
+                                   const char *what, struct json_t **out) {
+    FILE *f;
+    uint64_t size;
+    *out = NULL;
+    VITC_TRY(vitc__open_regular(path, 0, &f, &size));
+    if (cap && size > cap) {
+        fclose(f);
+        return vitc__err(VITC_ERR_FORMAT, "%s: %" PRIu64 " bytes are over the limit of %" PRIu64
+                         " bytes for %s", path, size, cap, what);
+    }
+    char *text = malloc((size_t)size + 1);
+    if (!text) {
+        fclose(f);
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory reading %" PRIu64 " bytes", path,
+                         size);
+    }
+    size_t got = fread(text, 1, (size_t)size, f);
+    int err = ferror(f) ? errno : 0;
+    fclose(f);
+    if (got != (size_t)size) {
+        free(text);
+        return vitc__err(VITC_ERR_IO, "%s: read %zu of %" PRIu64 " bytes%s%s", path, got, size,
+                         err ? ": " : " (changed while read?)", err ? strerror(err) : "");
+    }
+    text[got] = '\0';
+    vitc_status s = vitc__json_parse_capped(text, got, path, what, max_items, out);
+    free(text);
+    return s;
 }
 
 /* Where the file really goes: a symbolic link to a regular file is followed,

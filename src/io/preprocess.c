@@ -544,8 +544,22 @@ static int64_t hf_crop_offset(int64_t n, int64_t c) {
  * a column's or row's coefficients depend on its own index alone.
  */
 vitc_status vitc__hf_preprocess(const vitc__hf_proc *p, const vitc_image *img, float *out) {
+    return vitc__hf_preprocess_channels(p, img, 3, out);
+}
+
+/* channels 1: the image as PIL's convert("L") makes it (ITU-R 601-2 in
+ * 16-bit fixed point, as PIL rounds it), then the same processor on the one
+ * plane with the first mean and std: what transformers' processors compute
+ * on a gray image (as many planes as the image has). Every resize and crop
+ * works per channel, so the luminance is made row by row, as the rows are
+ * read, into all three channels of a row buffer: nothing else changes. */
+vitc_status vitc__hf_preprocess_channels(const vitc__hf_proc *p, const vitc_image *img,
+                                         int channels, float *out) {
     if (!p || !img || !img->rgb || !out)
         return vitc__err(VITC_ERR_INVALID_ARG, "preprocess: NULL image or output");
+    if (channels != 1 && channels != 3)
+        return vitc__err(VITC_ERR_UNSUPPORTED, "preprocess: a model of %d input channels (the "
+                         "image processor makes 1: luminance, or 3: RGB)", channels);
     if (img->width < 1 || img->height < 1)
         return vitc__err(VITC_ERR_INVALID_ARG, "preprocess: empty image");
     int oh, ow, rh, rw;
@@ -560,6 +574,7 @@ vitc_status vitc__hf_preprocess(const vitc__hf_proc *p, const vitc_image *img, f
     pil_coeffs cx = {0}, cy = {0};
     uint8_t *mid = NULL; /* [y_hi - y_lo, cw, 3] */
     uint8_t *row = NULL; /* [cw, 3] */
+    uint8_t *gray = NULL; /* [w, 3]: one input row as luminance (channels 1) */
     int64_t y_lo = y0, y_hi = y1;
     size_t taps = 0, bytes = 0;
     vitc_status st = VITC_OK;
@@ -589,7 +604,9 @@ vitc_status vitc__hf_preprocess(const vitc__hf_proc *p, const vitc_image *img, f
     }
     mid = malloc((size_t)(y_hi - y_lo) * row_len + 1);
     row = malloc(row_len + 1);
-    if (!mid || !row) {
+    if (channels == 1)
+        gray = malloc((size_t)w * 3); /* smaller than the image itself */
+    if (!mid || !row || (channels == 1 && !gray)) {
         st = vitc__err(VITC_ERR_NOMEM, "preprocess: out of memory for a %dx%d image",
                        img->width, img->height);
         goto done;
@@ -597,6 +614,15 @@ vitc_status vitc__hf_preprocess(const vitc__hf_proc *p, const vitc_image *img, f
     for (int64_t y = y_lo; y < y_hi; y++) {
         const uint8_t *s = img->rgb + (size_t)y * (size_t)w * 3;
         uint8_t *d = mid + (size_t)(y - y_lo) * row_len;
+        if (gray) {
+            for (int64_t x = 0; x < w; x++) {
+                const uint8_t *px = s + 3 * x;
+                uint8_t l = (uint8_t)((px[0] * 19595u + px[1] * 38470u + px[2] * 7471u +
+                                       0x8000u) >> 16);
+                gray[3 * x] = gray[3 * x + 1] = gray[3 * x + 2] = l;
+            }
+            s = gray;
+        }
         if (!resize_w) {
             memcpy(d, s + (size_t)x0 * 3, row_len);
             continue;
@@ -612,7 +638,7 @@ vitc_status vitc__hf_preprocess(const vitc__hf_proc *p, const vitc_image *img, f
      * window's pixels. */
     float mean[3], sd[3];
     for (int c = 0; c < 3; c++) mean[c] = p->mean[c], sd[c] = p->std[c];
-    for (int c = 0; c < 3; c++) {
+    for (int c = 0; c < channels; c++) {
         float f = 0.0f; /* a zero pixel, through the same arithmetic */
         if (p->do_rescale)
             f = (float)(0.0 * p->rescale);
@@ -633,7 +659,7 @@ vitc_status vitc__hf_preprocess(const vitc__hf_proc *p, const vitc_image *img, f
             u = mid + (size_t)(r - y_lo) * row_len;
         }
         const size_t dy = (size_t)(r - top), dx = (size_t)(x0 - left);
-        for (int c = 0; c < 3; c++) {
+        for (int c = 0; c < channels; c++) {
             float *o = out + plane * (size_t)c + dy * (size_t)ow + dx;
             for (size_t x = 0; x < cw; x++) {
                 uint8_t v = u[x * 3 + (size_t)c];
@@ -649,5 +675,6 @@ done:
     pil_coeffs_free(&cy);
     free(mid);
     free(row);
+    free(gray);
     return st;
 }

@@ -20,6 +20,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
 
 #include <jansson.h>
 
@@ -69,10 +71,16 @@ struct vitc_safetensors {
     char **meta_val;
     float *arena;    /* every tensor's float32 data */
     int keep_i64;    /* VITC__ST_KEEP_I64 */
-    /* VITC__ST_LAZY: the file stays open and each tensor is read when
-     * asked for (vitc__safetensors_read), so a loader can convert one
-     * tensor and give its pages back before the next is read. */
-    FILE *lazy;
+    /* VITC__ST_LAZY: each tensor is read when asked for
+     * (vitc__safetensors_read), so a loader can convert one tensor and
+     * give its pages back before the next is read. The file is opened for
+     * the reads and may be closed between them (vitc__safetensors_park):
+     * a model of 4,096 shards never holds 4,096 descriptors. */
+    int lazy_mode;
+    FILE *lazy;       /* open while reading; NULL when parked */
+    dev_t dev;        /* the file parsed, to know it again when reopened */
+    ino_t ino;
+    uint64_t fsize;
     uint64_t data_at; /* the data buffer's first byte in the file */
     char *path;       /* for messages while lazy */
 };
@@ -739,7 +747,7 @@ static vitc_status st_load_data(vitc_safetensors *st, st_source *src, const char
         t->data = st->arena + at;
         at += t->numel;
         /* Lazy: the arena's pages stay untouched (not resident) until read. */
-        t->pending = st->lazy != NULL;
+        t->pending = st->lazy_mode;
         if (!t->pending)
             VITC_TRY(st_read_tensor(t, src, fname));
     }
@@ -878,10 +886,13 @@ vitc_status vitc__safetensors_load_flags(const char *path, int flags, vitc_safet
     }
     st->keep_i64 = (flags & VITC__ST_KEEP_I64) != 0;
     if (flags & VITC__ST_LAZY) {
-        st->lazy = f;
+        struct stat sb;
+        st->lazy_mode = 1;
         st->data_at = 8 + hlen;
+        st->fsize = fsize;
+        if (fstat(fileno(f), &sb) == 0)
+            st->dev = sb.st_dev, st->ino = sb.st_ino;
         if (!(st->path = st_strdup(path))) {
-            st->lazy = NULL;
             s = vitc__err(VITC_ERR_NOMEM, "%s: out of memory", path);
             goto done;
         }
@@ -893,10 +904,7 @@ vitc_status vitc__safetensors_load_flags(const char *path, int flags, vitc_safet
         st_source src = {NULL, f};
         s = st_load_data(st, &src, path);
     }
-    if (s == VITC_OK && st->lazy)
-        f = NULL; /* st owns it now */
-    else
-        st->lazy = NULL;
+    /* Lazy: closed now, reopened by the first read (vitc__safetensors_read). */
     s = st_finish(st, s, out);
     st = NULL;
 done:
@@ -913,6 +921,19 @@ vitc_status vitc__safetensors_read(vitc_safetensors *st, int i) {
     st_tensor *t = &st->t[i];
     if (!t->pending)
         return VITC_OK;
+    if (!st->lazy) {
+        FILE *f;
+        uint64_t size;
+        struct stat sb;
+        VITC_TRY(vitc__open_regular(st->path, 0, &f, &size));
+        if (fstat(fileno(f), &sb) != 0 || sb.st_dev != st->dev || sb.st_ino != st->ino ||
+            size != st->fsize) {
+            fclose(f);
+            return vitc__err(VITC_ERR_IO, "%s: the file was replaced or changed size while it "
+                             "was loaded", st->path);
+        }
+        st->lazy = f;
+    }
     if (fseeko(st->lazy, (off_t)(st->data_at + t->begin), SEEK_SET) != 0)
         return vitc__err(VITC_ERR_IO, "%s: tensor '%s': %s", st->path, t->name, strerror(errno));
     st_source src = {NULL, st->lazy};
@@ -929,13 +950,20 @@ vitc_status vitc__safetensors_read_at(vitc_safetensors *st, const float *data) {
     return VITC_OK; /* not this file's (a row of zeros, a transposed copy): nothing to read */
 }
 
+void vitc__safetensors_park(vitc_safetensors *st) {
+    if (st && st->lazy) {
+        fclose(st->lazy);
+        st->lazy = NULL;
+    }
+}
+
 vitc_status vitc__safetensors_read_rest(vitc_safetensors *st) {
-    if (!st || !st->lazy)
+    if (!st || !st->lazy_mode)
         return VITC_OK;
     for (int i = 0; i < st->n; i++)
         VITC_TRY(vitc__safetensors_read(st, i));
-    fclose(st->lazy);
-    st->lazy = NULL;
+    vitc__safetensors_park(st);
+    st->lazy_mode = 0;
     free(st->path);
     st->path = NULL;
     return VITC_OK;

@@ -222,7 +222,8 @@ static inline void vitc__q8_params(float mn, float mx, float *scale, float *inv,
     float z = nearbyintf(-mn * iv);
     *scale = s;
     *inv = iv;
-    *zp = z < 0.0f ? 0 : z > 255.0f ? 255 : (int32_t)z;
+    /* NaN (a NaN minimum: NaN activations) gets 0; converting it is UB */
+    *zp = !(z > 0.0f) ? 0 : z > 255.0f ? 255 : (int32_t)z;
 }
 
 /* One quantized element: round(x * inv) like cvtps2dq (an unrepresentable

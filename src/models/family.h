@@ -220,8 +220,12 @@ typedef struct vitc__hub_names {
     int proj_t;               /* the projection stored [C, embed] (open_clip's visual.proj) */
 } vitc__hub_names;
 
-/* path's JSON object (through the non-blocking regular-file helper). */
+/* path's JSON object (through the non-blocking regular-file helper),
+ * bounded by the kind of Hub file its name says (docs/limits.md). */
 vitc_status vitc__hub_read_json(const char *path, struct json_t **out);
+/* s (NULL: "") into dst[cap], cut at a UTF-8 character boundary when too
+ * long, so a name is never left ending inside a character. */
+void vitc__name_copy(char *dst, size_t cap, const char *s);
 char *vitc__hub_join(const char *dir, const char *name);
 int vitc__hub_exists(const char *path);
 /* weights (a .safetensors, or an index naming shards beside it in dir)

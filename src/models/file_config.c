@@ -426,8 +426,8 @@ vitc_status vitc__ckpt_saved_configure(vitc_vit *m, vitc__src *src) {
     }
     const char *fam = json_string_value(json_object_get(o, "family"));
     const char *arch = json_string_value(json_object_get(o, "arch"));
-    snprintf(m->family, sizeof m->family, "%s", fam ? fam : "");
-    snprintf(m->arch, sizeof m->arch, "%s", arch ? arch : "custom");
+    vitc__name_copy(m->family, sizeof m->family, fam);
+    vitc__name_copy(m->arch, sizeof m->arch, arch ? arch : "custom");
     int head = m->head, embed_head = 0, pos = 0;
     struct { const char *key; int hi; int *v; } f[] = {
         {"n_cls", 1, &m->n_cls}, {"n_dist", 1, &m->n_dist}, {"n_reg", 1024, &m->n_reg},

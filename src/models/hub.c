@@ -44,11 +44,27 @@ const char *const vitc__hf_vit_model_names[VIT_P_T2T0] = {
 const char *const vitc__qkv_short[3] = {"q", "k", "v"};
 const char *const vitc__qkv_long[3] = {"query", "key", "value"};
 
-/* config.json and the shard index are small; a larger one is not a Hub file. */
-#define HUB_MAX_JSON (64u << 20)
 #define HUB_MAX_SHARDS 4096
 #define HUB_MAX_DIM VIT_MAX_DIM
 #define HUB_MAX_DEPTH VIT_MAX_DEPTH
+
+/* Each Hub JSON file's bounds, set from real files with a wide margin: a
+ * config.json is kilobytes (ImageNet-22k's 21,843 labels, id2label and
+ * label2id both, make 1 to 2.5 MB, 44,000 values); a preprocessor_config.json or
+ * open_clip_config.json well under 10 KB; an index names each tensor once
+ * (a 405B-parameter LLM's: 120 KB). Checked before jansson builds its tree
+ * (up to ~80x the text). */
+static const struct hub_json_kind {
+    const char *tail; /* the file name's end */
+    uint64_t bytes;
+    size_t items;
+    const char *what;
+} hub_json_kinds[] = {
+    {"preprocessor_config.json", 1u << 20, 1u << 16, "a Hub preprocessor_config.json"},
+    {"open_clip_config.json", 1u << 20, 1u << 16, "an open_clip_config.json"},
+    {"config.json", 8u << 20, 1u << 18, "a Hub config.json"},
+    {".json", 16u << 20, 1u << 19, "a shard index (.index.json)"},
+};
 
 void vitc__shards_free(vitc__shards *h) {
     for (int i = 0; i < h->n; i++) {
@@ -62,38 +78,32 @@ void vitc__shards_free(vitc__shards *h) {
     memset(h, 0, sizeof *h);
 }
 
-/* path's JSON, opened through the non-blocking regular-file helper. */
+/* path's JSON object, bounded by the kind of file its name says. */
 vitc_status vitc__hub_read_json(const char *path, json_t **out) {
-    FILE *f;
-    uint64_t size;
-    *out = NULL;
-    VITC_TRY(vitc__open_regular(path, HUB_MAX_JSON, &f, &size));
-    char *text = malloc((size_t)size + 1);
-    if (!text) {
-        fclose(f);
-        return vitc__err(VITC_ERR_NOMEM, "%s: cannot allocate %llu bytes", path,
-                         (unsigned long long)size);
+    size_t len = strlen(path), n = sizeof hub_json_kinds / sizeof *hub_json_kinds;
+    const struct hub_json_kind *k = &hub_json_kinds[n - 1];
+    for (size_t i = 0; i < n; i++) {
+        size_t t = strlen(hub_json_kinds[i].tail);
+        if (len >= t && !strcmp(path + len - t, hub_json_kinds[i].tail)) {
+            k = &hub_json_kinds[i];
+            break;
+        }
     }
-    size_t got = fread(text, 1, (size_t)size, f);
-    fclose(f);
-    if (got != (size_t)size) {
-        free(text);
-        return vitc__err(VITC_ERR_IO, "%s: read %zu of %llu bytes", path, got,
-                         (unsigned long long)size);
+    return vitc__json_load_capped(path, k->bytes, k->items, k->what, out);
+}
+
+void vitc__name_copy(char *dst, size_t cap, const char *s) {
+    size_t n = s ? strlen(s) : 0;
+    if (!cap)
+        return;
+    if (n >= cap) {
+        n = cap - 1;
+        /* back off the continuation bytes (10xxxxxx) of a cut character */
+        while (n > 0 && ((unsigned char)s[n] & 0xC0) == 0x80) n--;
     }
-    text[got] = '\0';
-    json_error_t jerr;
-    json_t *root = json_loadb(text, got, 0, &jerr);
-    free(text);
-    if (!root)
-        return vitc__err(VITC_ERR_FORMAT, "%s is not JSON (%s, line %d)", path, jerr.text,
-                         jerr.line);
-    if (!json_is_object(root)) {
-        json_decref(root);
-        return vitc__err(VITC_ERR_FORMAT, "%s is not a JSON object", path);
-    }
-    *out = root;
-    return VITC_OK;
+    if (n)
+        memcpy(dst, s, n);
+    dst[n] = '\0';
 }
 
 char *vitc__hub_join(const char *dir, const char *name) {
@@ -356,14 +366,19 @@ vitc_status vitc__hub_processor(vitc_vit *m, const char *dir) {
         if (!a)
             continue;
         float *dst = k ? p->std : p->mean;
-        if (json_is_number(a)) {
-            for (int i = 0; i < 3; i++) dst[i] = (float)json_number_value(a);
-        } else if (json_is_array(a) && json_array_size(a) == 3) {
-            for (int i = 0; i < 3; i++) dst[i] = (float)json_number_value(json_array_get(a, (size_t)i));
-        } else {
-            s = vitc__err(VITC_ERR_FORMAT, "preprocessor_config.json: %s must be 3 numbers",
-                          keys[k]);
+        /* a number or a one-number list is every channel's, as transformers
+         * broadcasts it (a gray model's processor often has [0.5]) */
+        size_t n = json_is_array(a) ? json_array_size(a) : 0;
+        int ok = json_is_number(a) || n == 1 || n == 3;
+        for (size_t i = 0; ok && i < n; i++) ok = json_is_number(json_array_get(a, i));
+        if (!ok) {
+            s = vitc__err(VITC_ERR_FORMAT, "preprocessor_config.json: %s must be a number or a "
+                          "list of 1 or 3 numbers", keys[k]);
+            continue;
         }
+        for (size_t i = 0; i < 3; i++)
+            dst[i] = (float)json_number_value(json_is_number(a) ? a
+                                              : json_array_get(a, n == 3 ? i : 0));
     }
     for (int i = 0; i < 3 && s == VITC_OK; i++)
         if (!(p->std[i] > 0.0f) || !isfinite(p->mean[i]) || !isfinite(p->std[i]))
@@ -389,7 +404,8 @@ static const char *hub_model_name(const char *const *names, int role, int mean2,
     return buf;
 }
 
-/* Copy the Hub tensor name of shape e's into dst, or the error naming it. */
+/* Copy the Hub tensor name of shape e's into dst, or the error naming it;
+ * dst NULL: only check that it is there with that shape (and a float dtype). */
 static vitc_status hub_take(const vitc__shards *h, const char *name, const int64_t *want, int wnd,
                             int squeeze, float *dst) {
     const float *data;
@@ -409,10 +425,17 @@ static vitc_status hub_take(const vitc__shards *h, const char *name, const int64
         return vitc__err(VITC_ERR_SHAPE, "tensor %s: expected %s, file has %s", name,
                          vitc__shape_str(a, sizeof a, wnd, want),
                          vitc__shape_str(b, sizeof b, nd, shape));
+    if (!dst)
+        return VITC_OK;
     size_t n = 1;
     for (int k = 0; k < nd; k++) n *= (size_t)shape[k]; /* checked by the table's layout */
-    for (int i = 0; i < h->n; i++) /* the shard holding it reads it; the others: no-ops */
-        VITC_TRY(vitc__safetensors_read_at(h->st[i], data));
+    for (int i = 0; i < h->n; i++) { /* the shard holding it reads it; the others: no-ops */
+        vitc_status s = vitc__safetensors_read_at(h->st[i], data);
+        /* one descriptor at a time, whatever the number of shards */
+        if (h->n > 1)
+            vitc__safetensors_park(h->st[i]);
+        VITC_TRY(s);
+    }
     memcpy(dst, data, n * sizeof(float));
     /* Each tensor is read once: its pages go back now, so loading peaks
      * near one copy of the weights, not the file's plus the model's. */
@@ -420,21 +443,27 @@ static vitc_status hub_take(const vitc__shards *h, const char *name, const int64
     return VITC_OK;
 }
 
-/* One table row from the Hub tensors; q/k/v fused into in_proj rows. */
-static vitc_status hub_fill_row(const vitc_vit *m, const vitc__src *src, const vitc__param *e) {
+/* One table row from the Hub tensors; q/k/v fused into in_proj rows.
+ * check: nothing is written (m->params may not exist yet), the row's
+ * tensors are only looked up and their shapes checked. */
+static vitc_status hub_fill_row(const vitc_vit *m, const vitc__src *src, const vitc__param *e,
+                                int check) {
     const vitc__shards *h = &src->shards;
     const vitc__hub_names *fam = src->names;
     const char *pre = src->pre;
     int mean2 = src->mean2, qkv_bias = src->qkv_bias;
     char name[200];
-    float *dst = m->params + e->offset;
+    float *dst = check ? NULL : m->params + e->offset;
     if (e->layer < 0) {
         if (!hub_model_name(fam->model, e->role, mean2, pre, name, sizeof name)) {
-            memset(dst, 0, e->numel * sizeof(float)); /* a bias the family does not have */
+            if (dst) /* a bias the family does not have */
+                memset(dst, 0, e->numel * sizeof(float));
             return VITC_OK;
         }
         if (e->role == VIT_P_HEAD_W && fam->proj_t) { /* [C, K] in the file: transposed here */
             int64_t K = e->shape[0], C = e->shape[1], want[2] = {C, K};
+            if (!dst)
+                return hub_take(h, name, want, 2, 0, NULL);
             float *t = malloc((size_t)(K * C) * sizeof(float));
             if (!t)
                 return vitc__err(VITC_ERR_NOMEM, "cannot transpose %s", name);
@@ -461,12 +490,14 @@ static vitc_status hub_fill_row(const vitc_vit *m, const vitc__src *src, const v
     int64_t C = m->cfg.hidden_dim, part[2] = {C, C};
     size_t third = (size_t)(e->role == VIT_L_QKV_W ? C * C : C);
     if (e->role == VIT_L_QKV_B && !qkv_bias) {
-        memset(dst, 0, 3 * third * sizeof(float)); /* qkv_bias false: no biases */
+        if (dst) /* qkv_bias false: no biases */
+            memset(dst, 0, 3 * third * sizeof(float));
         return VITC_OK;
     }
     for (int i = 0; i < 3; i++) {
         snprintf(name + n, sizeof name - (size_t)n, fam->layer[e->role], fam->qkv[i]);
-        VITC_TRY(hub_take(h, name, part, e->role == VIT_L_QKV_W ? 2 : 1, 0, dst + i * third));
+        VITC_TRY(hub_take(h, name, part, e->role == VIT_L_QKV_W ? 2 : 1, 0,
+                          dst ? dst + i * third : NULL));
     }
     return VITC_OK;
 }
@@ -542,6 +573,13 @@ static vitc_status hub_mlp_ratio(json_t *cfg, int D, int *mlp) {
 vitc_status vitc__hub_read(vitc_vit *m, vitc__src *src) {
     const vitc__shards *h = &src->shards;
     size_t bytes;
+    /* The file's tensors against the config first (names, shapes, float
+     * dtypes), reading no data: a config declaring a model far larger than
+     * its weights fails here, before the model's memory is allocated and
+     * touched. (Tensors left over are known only once the text tower has
+     * taken its own, below.) */
+    for (int i = 0; i < m->n_entries; i++)
+        VITC_TRY(hub_fill_row(m, src, &m->table[i], 1));
     if (!vitc__mul_size(m->n_params, sizeof(float), &bytes) ||
         !(m->params = vitc__alloc(bytes)))
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate %zu ViT parameters", m->n_params);
@@ -559,7 +597,7 @@ vitc_status vitc__hub_read(vitc_vit *m, vitc__src *src) {
      * model plus about one fp32 matrix. */
     vitc_status s = h->prec >= 0 ? vitc__vit_load_pack_begin(m, (vitc_precision)h->prec) : VITC_OK;
     for (int i = 0; s == VITC_OK && i < m->n_entries; i++) {
-        s = hub_fill_row(m, src, &m->table[i]);
+        s = hub_fill_row(m, src, &m->table[i], 0);
         if (s == VITC_OK && h->prec >= 0)
             s = vitc__vit_load_pack_row(m, i);
     }
@@ -739,7 +777,7 @@ vitc_status vitc__hub_configure(vitc_vit *m, vitc__src *src, const vitc__hub_nam
     src->pre = pre;
     src->mean2 = mean2;
     src->qkv_bias = qkv_bias;
-    snprintf(m->arch, sizeof m->arch, "%.31s", *arch ? arch : type);
+    vitc__name_copy(m->arch, sizeof m->arch, *arch ? arch : type);
     return VITC_OK;
 }
 
@@ -766,8 +804,8 @@ vitc_status vitc__hub_timm_config(vitc_vit *m, const vitc__src *src) {
         }
     memcpy(c->mean, mean, sizeof mean);
     memcpy(c->std, std, sizeof std);
-    snprintf(m->arch, sizeof m->arch, "%.31s",
-             json_string_value(json_object_get(cfg, "architecture")));
+    vitc__name_copy(m->arch, sizeof m->arch,
+                    json_string_value(json_object_get(cfg, "architecture")));
     return VITC_OK;
 }
 

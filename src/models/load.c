@@ -78,8 +78,21 @@ static char *src_dirname(const char *path) {
     return d;
 }
 
+/* A safetensors file vitc wrote (vitc.config or vitc.family metadata):
+ * it says what it is, whatever lies beside it. The header only. */
+static int src_is_vitc_file(const char *path) {
+    vitc_safetensors *st = NULL;
+    if (vitc__safetensors_load_flags(path, VITC__ST_LAZY, &st) != VITC_OK)
+        return 0;
+    int own = vitc_safetensors_get_metadata(st, "vitc.config") != NULL ||
+              vitc_safetensors_get_metadata(st, "vitc.family") != NULL;
+    vitc_safetensors_free(st);
+    return own;
+}
+
 /* A Hub model at path: a directory, an index .json, or a file with a
- * config.json holding "model_type" beside it. */
+ * config.json holding "model_type" beside it, unless the file is vitc's
+ * own checkpoint (a file named explicitly is read as that file). */
 static int src_is_hub(const char *path) {
     struct stat sb;
     if (stat(path, &sb) != 0)
@@ -88,19 +101,14 @@ static int src_is_hub(const char *path) {
     if (S_ISDIR(sb.st_mode) || (len >= 5 && !strcmp(path + len - 5, ".json")))
         return 1;
     char *d = src_dirname(path), *cfg = d ? vitc__hub_join(d, "config.json") : NULL;
-    FILE *f;
-    uint64_t size;
+    json_t *root = NULL;
     int hub = 0;
-    if (cfg && stat(cfg, &sb) == 0 && vitc__open_regular(cfg, 1 << 24, &f, &size) == VITC_OK) {
-        json_error_t jerr;
-        json_t *root = json_loadf(f, 0, &jerr);
-        fclose(f);
+    if (cfg && stat(cfg, &sb) == 0 && vitc__hub_read_json(cfg, &root) == VITC_OK)
         hub = json_is_string(json_object_get(root, "model_type"));
-        json_decref(root);
-    }
+    json_decref(root);
     free(cfg);
     free(d);
-    return hub;
+    return hub && !src_is_vitc_file(path);
 }
 
 /* A single .safetensors: read lazily, tensor by tensor, with a precision. */

@@ -76,8 +76,12 @@ static vitc_status text_take(const vitc__shards *h, const char *name, int nd, co
                          vitc__shape_str(b, sizeof b, fnd, shape));
     size_t n = 1;
     for (int k = 0; k < nd; k++) n *= (size_t)want[k];
-    for (int i = 0; i < h->n; i++) /* the shard holding it reads it; the others: no-ops */
-        VITC_TRY(vitc__safetensors_read_at(h->st[i], data));
+    for (int i = 0; i < h->n; i++) { /* the shard holding it reads it; the others: no-ops */
+        vitc_status s = vitc__safetensors_read_at(h->st[i], data);
+        if (h->n > 1) /* one descriptor at a time, as hub_take */
+            vitc__safetensors_park(h->st[i]);
+        VITC_TRY(s);
+    }
     memcpy(dst, data, n * sizeof(float));
     vitc__vit_release(data, n); /* read once: its pages go back */
     return VITC_OK;

@@ -809,7 +809,7 @@ vitc_status vitc_vit_preprocess(const vitc_vit *m, const vitc_image *img, float 
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_preprocess: NULL argument");
     if (!m->proc.present)
         return vitc__err(VITC_ERR_INVALID_ARG, "this %s model has no image processor", m->family);
-    return vitc__hf_preprocess(&m->proc, img, out);
+    return vitc__hf_preprocess_channels(&m->proc, img, m->cfg.in_channels, out);
 }
 
 /* ------------------------------------------------------------------ */

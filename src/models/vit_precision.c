@@ -12,6 +12,7 @@
  * then are the converted values (the fp32 originals are gone, as after any
  * quantization).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef __linux__
@@ -110,6 +111,33 @@ static vitc_status vit_pack_begin(vitc_vit *m, const struct vitc__gemm_kernel *k
     return VITC_OK;
 }
 
+/* int8 keeps one scale per row (its largest |w| / 127): a NaN or an
+ * infinity would turn into plausible numbers where fp32 and bf16 carry it
+ * to the output. Such a weight is refused, named, before packing. */
+static vitc_status vit_int8_finite(const vitc_vit *m, int i, const float *W, size_t n) {
+    size_t j = 0;
+    while (j < n && isfinite(W[j])) j++;
+    if (j == n)
+        return VITC_OK;
+    static const int roles[VIT_PW_COUNT] = {
+        [VIT_PW_QKV] = VIT_L_QKV_W, [VIT_PW_PROJ] = VIT_L_PROJ_W, [VIT_PW_FC1] = VIT_L_FC1_W,
+        [VIT_PW_FC2] = VIT_L_FC2_W};
+    static const char *const what[VIT_PW_COUNT] = {
+        [VIT_PW_QKV] = "attention's q/k/v projection",
+        [VIT_PW_PROJ] = "attention's output projection",
+        [VIT_PW_FC1] = "MLP's first Linear",
+        [VIT_PW_FC2] = "MLP's second Linear",
+    };
+    char name[200] = "";
+    for (int e = 0; e < m->n_entries; e++)
+        if (m->table[e].layer == i / VIT_PW_COUNT && m->table[e].role == roles[i % VIT_PW_COUNT])
+            vitc__vit_entry_name(m, &m->table[e], name, sizeof name);
+    return vitc__err(VITC_ERR_INVALID_ARG, "int8: weight %s (block %d, the %s) holds %s at "
+                     "element %zu; int8 cannot carry it (fp32 and bf16 do): fix the weights or "
+                     "use another precision", *name ? name : "?", i / VIT_PW_COUNT,
+                     what[i % VIT_PW_COUNT], isnan(W[j]) ? "NaN" : "an infinity", j);
+}
+
 /* Packs matrix i: a block weight (i >= 0, m->pw[i]) or the patch
  * embedding (i == -1). The patch embedding stays fp32 (3% of the FLOPs);
  * the heads (several shapes across families, 0.2%) stay row-major fp32. */
@@ -128,6 +156,8 @@ static vitc_status vit_pack_matrix(vitc_vit *m, int i, const struct vitc__gemm_k
     int k = i % VIT_PW_COUNT;
     int64_t N = k == VIT_PW_FC1 ? M : rows[k] * C;
     int64_t K = k != VIT_PW_FC2 ? C : m->swiglu ? M / 2 : M;
+    if (m->precision == VITC_PRECISION_INT8)
+        VITC_TRY(vit_int8_finite(m, i, vit_pw_home(m, i), (size_t)N * (size_t)K));
     return vit_pack_one(m, &m->pw[i], vit_pw_home(m, i), N, K, m->precision);
 }
 

@@ -287,7 +287,7 @@ static int ftfy_unescape(const vitc__cps *in, vitc__cps *out) {
             for (size_t q = j; q <= k; q++) name[m++] = (char)cp[q];
             name[m] = 0;
             const char *v = entity_find(vitc__html5, HTML5_N, name);
-            if (!v && VITC__FTFY_CAPS_N) v = entity_find(vitc__ftfy_caps, VITC__FTFY_CAPS_N, name);
+            if (!v) v = entity_find(vitc__ftfy_caps, VITC__FTFY_CAPS_N, name);
             if (v) {
                 if (!push_utf8(out, v)) return 0;
                 done = 1;

@@ -187,8 +187,8 @@ static vitc_status clip_names_build(vitc_vit *m, vitc__src *src, int timm) {
     src->mean2 = 0;
     src->qkv_bias = 1;
     json_t *a = json_object_get(cfg, "architecture");
-    snprintf(m->arch, sizeof m->arch, "%.31s",
-             timm && json_is_string(a) ? json_string_value(a) : fam->type);
+    vitc__name_copy(m->arch, sizeof m->arch,
+                    timm && json_is_string(a) ? json_string_value(a) : fam->type);
     return VITC_OK;
 }
 
