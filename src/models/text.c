@@ -54,7 +54,8 @@ static vitc_status tj_int(json_t *cfg, const char *what, const char *key, int64_
     return VITC_OK;
 }
 
-/* Tensor name of shape want [nd] (nd 0: a scalar, [] or [1]) into dst. */
+/* Tensor name of shape want [nd] (nd 0: a scalar, [] or [1]) into dst;
+ * dst NULL: only checked (the pass before anything is allocated). */
 static vitc_status text_take(const vitc__shards *h, const char *name, int nd, const int64_t *want,
                              float *dst) {
     const float *data;
@@ -74,6 +75,8 @@ static vitc_status text_take(const vitc__shards *h, const char *name, int nd, co
         return vitc__err(VITC_ERR_SHAPE, "tensor %s: expected %s, file has %s", name,
                          vitc__shape_str(a, sizeof a, nd, want),
                          vitc__shape_str(b, sizeof b, fnd, shape));
+    if (!dst)
+        return VITC_OK;
     size_t n = 1;
     for (int k = 0; k < nd; k++) n *= (size_t)want[k];
     for (int i = 0; i < h->n; i++) { /* the shard holding it reads it; the others: no-ops */
@@ -340,27 +343,43 @@ static vitc_status text_take_block(const vitc__text *t, const vitc__shards *h,
     size_t third = (size_t)(role == VIT_L_QKV_W ? C * C : C);
     for (int i = 0; i < 3; i++) {
         snprintf(name + k, sizeof name - (size_t)k, nm->layer[role], nm->qkv[i]);
-        VITC_TRY(text_take(h, name, nd, shape, dst + i * third));
+        VITC_TRY(text_take(h, name, nd, shape, dst ? dst + i * third : NULL));
     }
     return VITC_OK;
 }
 
+/* Every tensor into the bound parameters; with none bound (t->params NULL)
+ * only their names and shapes are checked, so that a config declaring far
+ * more than the file holds fails before the tower is allocated. */
 static vitc_status text_read(vitc__text *t, const vitc__shards *h, const text_names *nm) {
     int64_t C = t->width, E = t->embed;
+    int check = t->params == NULL;
     int64_t s_tok[2] = {t->vocab, C}, s_pos[2] = {t->context, C}, s_c[1] = {C};
     char name[256];
     VITC_TRY(text_take(h, nm->tok, 2, s_tok, t->tok));
     VITC_TRY(text_take(h, nm->pos, 2, s_pos, t->pos));
     for (int l = 0; l < t->layers; l++) {
-        vitc__nn_block_w *w = &t->blocks[l];
-        float *dst[12] = {w->ln1_w, w->ln1_b, w->qkv_w, w->qkv_b, w->proj_w, w->proj_b,
-                          w->ln2_w, w->ln2_b, w->fc1_w, w->fc1_b, w->fc2_w, w->fc2_b};
+        float *dst[12] = {0};
+        if (!check) {
+            const vitc__nn_block_w *w = &t->blocks[l];
+            float *bound[12] = {w->ln1_w, w->ln1_b, w->qkv_w, w->qkv_b, w->proj_w, w->proj_b,
+                                w->ln2_w, w->ln2_b, w->fc1_w, w->fc1_b, w->fc2_w, w->fc2_b};
+            memcpy(dst, bound, sizeof dst);
+        }
         for (int r = 0; r < 12; r++) VITC_TRY(text_take_block(t, h, nm, l, r, dst[r]));
     }
     snprintf(name, sizeof name, "%s.weight", nm->lnf);
     VITC_TRY(text_take(h, name, 1, s_c, t->lnf_w));
     snprintf(name, sizeof name, "%s.bias", nm->lnf);
     VITC_TRY(text_take(h, name, 1, s_c, t->lnf_b));
+    if (check) {
+        int64_t s_p[2] = {nm->proj_t ? C : E, nm->proj_t ? E : C}, s_b[1] = {E};
+        VITC_TRY(text_take(h, nm->proj_w, 2, s_p, NULL));
+        if (nm->proj_b)
+            VITC_TRY(text_take(h, nm->proj_b, 1, s_b, NULL));
+        VITC_TRY(text_take(h, nm->scale, 0, NULL, NULL));
+        return nm->bias ? text_take(h, nm->bias, 0, NULL, NULL) : VITC_OK;
+    }
     if (nm->proj_t) { /* x @ P, P [C, E]: stored here as the Linear's [E, C] */
         int64_t s_p[2] = {C, E};
         float *tmp = malloc((size_t)(C * E) * sizeof(float));
@@ -464,6 +483,8 @@ vitc_status vitc__text_load(vitc_vit *m, vitc__src *src) {
         s = vitc__err(VITC_ERR_FORMAT, "the text tower's width %d is not a multiple of its %d "
                       "heads", t->width, t->heads);
     size_t total = 0, bytes;
+    if (s == VITC_OK)
+        s = text_read(t, h, nm); /* params NULL: names and shapes checked, nothing read */
     if (s == VITC_OK) {
         text_bind(t, &total);
         t->n_params = total;

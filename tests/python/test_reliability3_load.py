@@ -185,6 +185,25 @@ class TestHubLoading(TmpDirCase):
         msg, _ = load_child(d, mib=1536)
         self.assertIn("missing tensor encoder.layer.1.", msg)
 
+    def test_text_tower_checked_before_allocation(self):
+        """The text tower too: one text layer (10 MB) and its config saying
+        4096 layers asked for 39 GB before the missing layer 1 was found
+        ("cannot allocate the text tower's ... parameters" under the limit);
+        now the missing tensor is named."""
+        torch.manual_seed(0)
+        c = T.CLIPConfig(
+            text_config=dict(hidden_size=256, intermediate_size=4096, num_hidden_layers=1,
+                             num_attention_heads=4, vocab_size=1000, max_position_embeddings=16),
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                               num_attention_heads=2, image_size=32, patch_size=16),
+            projection_dim=32)
+        d = self.path("clip_deep_text")
+        T.CLIPModel(c).eval().save_pretrained(d)
+        edit_json(os.path.join(d, "config.json"),
+                  lambda o: o["text_config"].update(num_hidden_layers=4096))
+        msg, _ = load_child(d, mib=1536)
+        self.assertIn("missing tensor text_model.encoder.layers.1.", msg)
+
     # -- L9 ---------------------------------------------------------------
     def test_vitc_checkpoint_inside_hub_dir(self):
         """A model fine-tuned from a Hub directory and saved into it is read as
