@@ -69,15 +69,20 @@ def clip_tokenizer():
     return tok
 
 
-def timed(fn, batches, rounds):
-    fn(batches[0])  # warm-up
-    times = []
+def timed_interleaved(engines, batches, rounds):
+    """Median ms per round of each engine, the engines taking turns round by
+    round (A B C, A B C, ...), so that a slow minute of a shared machine
+    hits every engine alike."""
+    for fn in engines.values():
+        fn(batches[0])  # warm-up
+    times = {k: [] for k in engines}
     for _ in range(rounds):
-        t0 = time.perf_counter()
-        for b in batches:
-            fn(b)
-        times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times)
+        for k, fn in engines.items():
+            t0 = time.perf_counter()
+            for b in batches:
+                fn(b)
+            times[k].append((time.perf_counter() - t0) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def main():
@@ -132,8 +137,7 @@ def main():
     vitc_feats = np.concatenate([run_vitc(b) for b in batches])
     res["max_rel_diff"]["vitc_vs_torch"] = float(np.abs(vitc_feats - ref_feats).max() /
                                                  np.abs(ref_feats).max())
-    res["median_ms"]["vitc"] = timed(run_vitc, batches, a.rounds)
-    res["median_ms"]["torch"] = timed(run_torch, batches, a.rounds)
+    engines = {"vitc": run_vitc, "torch": run_torch}
     if not a.no_ort:
         import onnxruntime as ort
 
@@ -163,7 +167,8 @@ def main():
         ort_feats = np.concatenate([run_ort(b) for b in batches])
         res["max_rel_diff"]["ort_vs_torch"] = float(np.abs(ort_feats - ref_feats).max() /
                                                     np.abs(ref_feats).max())
-        res["median_ms"]["ort"] = timed(run_ort, batches, a.rounds)
+        engines["ort"] = run_ort
+    res["median_ms"] = timed_interleaved(engines, batches, a.rounds)
     ms = res["median_ms"]
     res["speedup_vs_torch"] = ms["torch"] / ms["vitc"]
     if "ort" in ms:

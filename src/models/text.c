@@ -10,7 +10,9 @@
  * p_b: CLIP the first end-of-text id (transformers; the largest id for
  * OpenAI / open_clip and for transformers' configs with the legacy
  * eos_token_id 2), SigLIP the last position (its padding is read). Only the
- * pooled rows are normed and projected, and a CLIP batch runs only up to
+ * pooled rows leave the last block, so it runs its queries, out_proj and
+ * MLP for them alone (every row still gives keys and values; CLIP's causal
+ * mask becomes one mask per text there), and a CLIP batch runs only up to
  * its last pooled position: with the causal mask the rows after it cannot
  * change the pooled ones (the same numbers up to summation order).
  *
@@ -586,6 +588,36 @@ static void text_pool_positions(const vitc__text *t, const int32_t *ids, int64_t
     }
 }
 
+/* The last block's mask when its query is the pooled row moved first
+ * (text_pooled_first): image b's query sees its rows 0..pos[b] there (the
+ * pooled row itself and the rows before it), not the rows after. */
+typedef struct text_tail_mask {
+    const int64_t *pos; /* [B] */
+    int64_t B;
+} text_tail_mask;
+static void text_tail_fill(void *ctx, float *mask /* [B, 1, S] */, int64_t L, int64_t S) {
+    const text_tail_mask *c = ctx;
+    (void)L;
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t j = 0; j < S; j++) mask[b * S + j] = j <= c->pos[b] ? 0.0f : -INFINITY;
+}
+
+/* Row pos[b] of each image first, the rows before it one down: the last
+ * block then runs its queries, out_proj and MLP on row 0 alone (the
+ * block's class-row mode) while every row still gives keys and values;
+ * attention does not depend on the keys' order. tmp: [C]. */
+static void text_pooled_first(float *x /* [B, N, C] */, const int64_t *pos, int64_t B, int64_t N,
+                              int64_t C, float *tmp) {
+    for (int64_t b = 0; b < B; b++) {
+        float *r = x + b * N * C;
+        if (pos[b] == 0)
+            continue;
+        memcpy(tmp, r + pos[b] * C, (size_t)C * sizeof(float));
+        memmove(r + C, r, (size_t)(pos[b] * C) * sizeof(float));
+        memcpy(r, tmp, (size_t)C * sizeof(float));
+    }
+}
+
 static vitc_status text_forward(const vitc_vit *m, vitc__session *s, const int32_t *ids, int B,
                                 int L, float *out) {
     const vitc__text *t = m->text;
@@ -617,7 +649,7 @@ static vitc_status text_forward(const vitc_vit *m, vitc__session *s, const int32
         for (int64_t b = 0; b < B; b++) N = pos[b] + 1 > N ? pos[b] + 1 : N;
     }
     int64_t BN = (int64_t)B * N;
-    size_t need = (size_t)(BN * (8 * C + M) + 2 * (int64_t)B * C);
+    size_t need = (size_t)(BN * (8 * C + M) + (int64_t)B * C);
     vitc_status st = vitc__buf_reserve(&s->text_buf, need);
     if (st != VITC_OK) {
         free(pos);
@@ -630,8 +662,7 @@ static vitc_status text_forward(const vitc_vit *m, vitc__session *s, const int32
     float *mid = att + BN * C; /* [B, N, C] */
     float *ln2 = mid + BN * C; /* [B, N, C] */
     float *hid = ln2 + BN * C; /* [B, N, M] */
-    float *pooled = hid + BN * M; /* [B, C] */
-    float *normed = pooled + (int64_t)B * C; /* [B, C] */
+    float *normed = hid + BN * M; /* [B, C] */
     for (int64_t b = 0; b < B; b++)
         for (int64_t i = 0; i < N; i++) {
             const float *e = t->tok + (int64_t)ids[b * L + i] * C, *p = t->pos + i * C;
@@ -639,21 +670,26 @@ static vitc_status text_forward(const vitc_vit *m, vitc__session *s, const int32
             for (int64_t j = 0; j < C; j++) r[j] = e[j] + p[j];
         }
     int packed = text_packs_current(m, t);
+    text_tail_mask tail_ctx = {pos, B};
     for (int l = 0; l < t->layers && st == VITC_OK; l++) {
+        /* Only the pooled rows leave the last block: it runs for them alone. */
+        int tail = l == t->layers - 1;
+        if (tail)
+            text_pooled_first(x, pos, B, N, C, normed);
         vitc__nn_block blk = {
             .w = &t->blocks[l], .pw = packed && t->pw ? &t->pw[l * VITC__NN_PW_COUNT] : NULL,
             .B = B, .N = N, .C = C, .H = t->heads, .M = M, .eps = t->eps, .act = t->act,
             .attn_bf16 = m->attn_precision == VITC_PRECISION_BF16,
-            .mask = {.kind = t->causal ? VITC__NN_MASK_CAUSAL : VITC__NN_MASK_NONE},
+            .mask = {.kind = t->causal && !tail ? VITC__NN_MASK_CAUSAL : VITC__NN_MASK_NONE,
+                     .fill = t->causal && tail ? text_tail_fill : NULL, .ctx = &tail_ctx,
+                     .per_image = 1},
             .x = x, .ln1 = ln1, .qkv = qkv, .att = att, .mid = mid, .ln2 = ln2, .hpre = hid,
             .hact = hid, .y = x, .tmp = &s->pdrop, .mask_buf = &s->mask_buf,
         };
-        st = vitc__nn_block_forward(&blk, 0);
+        st = vitc__nn_block_forward(&blk, tail);
     }
-    if (st == VITC_OK) {
-        for (int64_t b = 0; b < B; b++)
-            memcpy(pooled + b * C, x + (b * N + pos[b]) * C, (size_t)C * sizeof(float));
-        vitc__layernorm(normed, pooled, t->lnf_w, t->lnf_b, B, C, t->eps);
+    if (st == VITC_OK) { /* the last block left the pooled rows compact: x [B, C] */
+        vitc__layernorm(normed, x, t->lnf_w, t->lnf_b, B, C, t->eps);
         vitc__linear(out, E, normed, C, t->proj_w, t->proj_b, NULL, 0, B, E, C);
     }
     free(pos);

@@ -15,9 +15,9 @@
 vitc_status vitc__nn_mask_apply(const vitc__nn_mask *m, vitc__buf *buf, vitc__sdpa_desc *sd) {
     if (!m || (m->kind == VITC__NN_MASK_NONE && !m->fill))
         return VITC_OK;
-    int64_t L = sd->L, S = sd->S;
+    int64_t L = sd->L, S = sd->S, imgs = m->per_image && m->fill ? sd->B : 1;
     size_t n;
-    if (!vitc__mul_size((size_t)L, (size_t)S, &n))
+    if (!vitc__mul_size((size_t)L, (size_t)S, &n) || !vitc__mul_size(n, (size_t)imgs, &n))
         return vitc__err(VITC_ERR_NOMEM, "attention mask [%lld, %lld] overflows", (long long)L,
                          (long long)S);
     VITC_TRY(vitc__buf_reserve(buf, n));
@@ -30,7 +30,8 @@ vitc_status vitc__nn_mask_apply(const vitc__nn_mask *m, vitc__buf *buf, vitc__sd
         m->fill(m->ctx, mk, L, S);
     }
     sd->mask = mk;
-    sd->m_sb = sd->m_sh = 0;
+    sd->m_sb = imgs > 1 ? L * S : 0;
+    sd->m_sh = 0;
     sd->m_sr = S;
     return VITC_OK;
 }

@@ -70,8 +70,11 @@ typedef enum { VITC__NN_MASK_NONE = 0, VITC__NN_MASK_CAUSAL = 1 } vitc__nn_mask_
 typedef struct vitc__nn_mask {
     vitc__nn_mask_kind kind;
     /* kind NONE with fill set: a custom provider (a bias table, ...). */
-    void (*fill)(void *ctx, float *mask /* [L, S] */, int64_t L, int64_t S);
+    void (*fill)(void *ctx, float *mask /* [L, S], per_image: [B, L, S] */, int64_t L, int64_t S);
     void *ctx;
+    /* fill writes one [L, S] mask per image (sequences of different
+     * lengths in one batch, as a text tower's pooled rows see) */
+    int per_image;
 } vitc__nn_mask;
 /* The [L, S] mask of m into buf, and the sdpa descriptor's view of it
  * (strides 0 over images and heads); nothing when m is NULL or none. */
