@@ -161,7 +161,8 @@ def render(r, a):
              r["vitc"], v["torch"], v["transformers"], v["onnxruntime"], v["tokenizers"]), "",
          "## Encoding prompts (CLIP ViT-B/16 text tower, random weights, real vocabulary)", "",
          "%d prompts at batch %d, every batch padded to its longest prompt for every engine; "
-         "median of %d rounds, the engines taking turns. Features agree: vitc vs torch max|d|/max|ref| = %.1e%s." % (
+         "median of %d rounds, the engines taking turns. Features agree: vitc vs torch "
+         "max|d|/max|ref| = %.1e%s." % (
              e["prompts"], e["batch"], e["rounds"], e["max_rel_diff"]["vitc_vs_torch"],
              ", ORT vs torch %.1e" % e["max_rel_diff"]["ort_vs_torch"]
              if "ort_vs_torch" in e["max_rel_diff"] else ""), "",
