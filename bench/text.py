@@ -166,14 +166,26 @@ def render(r, a):
              e["prompts"], e["batch"], e["rounds"], e["max_rel_diff"]["vitc_vs_torch"],
              ", ORT vs torch %.1e" % e["max_rel_diff"]["ort_vs_torch"]
              if "ort_vs_torch" in e["max_rel_diff"] else ""), "",
-         "| engine | ms for the %d prompts | prompts/s | vitc speed-up |" % e["prompts"],
-         "|---|---:|---:|---:|"]
+         "| engine | ms for the %d prompts | prompts/s | %% of fp32 peak | vitc speed-up |"
+         % e["prompts"], "|---|---:|---:|---:|---:|"]
+    frac = {k: e["gflop"] / (t_ms / 1e3) / pk for k, t_ms in ms.items()}
     for k, name in (("vitc", "vitc"), ("torch", "PyTorch %s eager" % v["torch"]),
                     ("ort", "ONNX Runtime %s" % v["onnxruntime"])):
         if k in ms:
-            L.append("| %s | %.0f | %.0f | %s |" % (name, ms[k], e["prompts"] / ms[k] * 1e3,
-                                                    "-" if k == "vitc" else
-                                                    "%.2fx" % (ms[k] / ms["vitc"])))
+            L.append("| %s | %.0f | %.0f | %.0f%% | %s |" % (
+                name, ms[k], e["prompts"] / ms[k] * 1e3, 100 * frac[k],
+                "-" if k == "vitc" else "%.2fx" % (ms[k] / ms["vitc"])))
+    # vitc's least work: the last block's queries and MLP on the pooled rows
+    # alone (3/8 of that block: the qkv GEMM still runs over every row).
+    least = (e["layers"] - 1 + 3.0 / 8) / e["layers"]
+    L += ["", "%% of peak: the %.0f GFLOP of the blocks' Linear layers over the %d padded "
+          "positions (what every engine computes; vitc skips most of the last block for the "
+          "non-pooled rows, %.1f%% less), over the measured %d-thread peak. Bound: at 100%% of "
+          "the peak, with that least work, vitc would take %.0f ms, %.2fx PyTorch eager's "
+          "measured time and %.2fx ONNX Runtime's." % (
+              e["gflop"], e["positions"], 100 * (1 - least), r["threads"],
+              e["gflop"] * least / pk * 1e3, ms["torch"] / (e["gflop"] * least / pk * 1e3),
+              ms["ort"] / (e["gflop"] * least / pk * 1e3) if "ort" in ms else float("nan"))]
     names = {"vitc_loop": "vitc (a Python loop of Tokenizer.encode: one ctypes call per prompt)",
              "rust_batch": "tokenizers %s Rust encode_batch, RAYON_NUM_THREADS=1" % v["tokenizers"],
              "hf_call": "transformers tok(texts, padding=\"max_length\", truncation=True)"}

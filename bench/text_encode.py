@@ -170,6 +170,13 @@ def main():
         engines["ort"] = run_ort
     res["median_ms"] = timed_interleaved(engines, batches, a.rounds)
     ms = res["median_ms"]
+    # The work every engine does on these ids: the blocks' four Linear
+    # layers over every position (attention's scores are under 1% here).
+    C, M, layers = text_cfg["hidden_size"], text_cfg["intermediate_size"], \
+        text_cfg["num_hidden_layers"]
+    res["positions"] = int(sum(b.size for b in batches))
+    res["layers"] = layers
+    res["gflop"] = res["positions"] * 2.0 * layers * (4 * C * C + 2 * C * M) / 1e9
     res["speedup_vs_torch"] = ms["torch"] / ms["vitc"]
     if "ort" in ms:
         res["speedup_vs_ort"] = ms["ort"] / ms["vitc"]
