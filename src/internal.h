@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "vitc.h"
 
@@ -106,6 +107,9 @@ size_t vitc__json_items(const char *s, size_t len);
  * read, as is a file over max_bytes (0: no limit). *size: its size. */
 vitc_status vitc__open_regular(const char *path, uint64_t max_bytes, FILE **out,
                                uint64_t *size);
+/* What a file of mode m is when it is not a regular file, for messages:
+ * "a directory", "a FIFO", ..., "a symbolic link" (an lstat's mode). */
+const char *vitc__file_kind(mode_t m);
 /* JSON files (src/io/file.c): path's JSON object, read through
  * vitc__open_regular, refused over cap bytes (0: no limit) and over
  * max_items containers + commas (0: no limit) before jansson builds its

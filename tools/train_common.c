@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "internal.h"
 #include "models/vit_config.h"
 #include "train.h"
 
@@ -352,22 +353,6 @@ int train_evaluate(vitc_vit *m, vitc_dataset *ds, int batch, eval_result *r, eva
  * the same file stops at once instead of both finishing "successfully"
  * with the last writer's file. */
 
-static const char *mode_kind(mode_t m) {
-    if (S_ISDIR(m))
-        return "a directory";
-    if (S_ISFIFO(m))
-        return "a FIFO";
-    if (S_ISCHR(m))
-        return "a character device";
-    if (S_ISBLK(m))
-        return "a block device";
-    if (S_ISSOCK(m))
-        return "a socket";
-    if (S_ISLNK(m))
-        return "a symbolic link";
-    return "not a regular file";
-}
-
 /* The folder part of path, malloc'ed ("." for a bare name). */
 static char *dir_of(const char *path) {
     const char *slash = strrchr(path, '/');
@@ -410,7 +395,7 @@ static int check_output(const train_output *t) {
                              t->path);
         if (!S_ISREG(sb.st_mode))
             return cli_error("%s %s: is %s; give the name of a file to write", t->opt, t->path,
-                             mode_kind(sb.st_mode));
+                             vitc__file_kind(sb.st_mode));
         if (access(t->path, W_OK) != 0)
             return cli_error("%s %s: cannot write: %s", t->opt, t->path, strerror(errno));
     } else if (errno != ENOENT) {
@@ -531,7 +516,7 @@ int train_log_open(const char *path, int append, FILE **f) {
     }
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
-        return cli_error("--log %s: is %s; the log is a regular file", path, mode_kind(sb.st_mode));
+        return cli_error("--log %s: is %s; the log is a regular file", path, vitc__file_kind(sb.st_mode));
     }
     int fl = fcntl(fd, F_GETFL);
     if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) != 0 || (!append && ftruncate(fd, 0) != 0) ||

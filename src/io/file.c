@@ -29,7 +29,7 @@
 
 #include "internal.h"
 
-static const char *file_kind(mode_t m) {
+const char *vitc__file_kind(mode_t m) {
     if (S_ISDIR(m))
         return "a directory";
     if (S_ISFIFO(m))
@@ -40,6 +40,8 @@ static const char *file_kind(mode_t m) {
         return "a block device";
     if (S_ISSOCK(m))
         return "a socket";
+    if (S_ISLNK(m))
+        return "a symbolic link";
     return "not a regular file";
 }
 
@@ -57,7 +59,7 @@ vitc_status vitc__open_regular(const char *path, uint64_t max_bytes, FILE **out,
     if (!S_ISREG(sb.st_mode)) {
         close(fd);
         return vitc__err(VITC_ERR_IO, "%s: is %s; vitc reads only regular files", path,
-                         file_kind(sb.st_mode));
+                         vitc__file_kind(sb.st_mode));
     }
     if (max_bytes && (uint64_t)sb.st_size > max_bytes) {
         close(fd);
@@ -168,7 +170,7 @@ static vitc_status write_target(const char *path, char **real, struct stat *sb, 
     }
     if (!S_ISREG(sb->st_mode))
         return vitc__err(VITC_ERR_IO, "%s: exists and is %s; vitc writes only regular files "
-                         "and leaves it alone", path, file_kind(sb->st_mode));
+                         "and leaves it alone", path, vitc__file_kind(sb->st_mode));
     /* Replacing by rename would succeed on a read-only file; writing in place
      * would not, and that protection is the user's to keep. */
     if (access(*real ? *real : path, W_OK) != 0)

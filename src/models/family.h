@@ -237,6 +237,12 @@ int vitc__shards_find(const vitc__shards *sh, const char *name, const float **da
                       const int64_t **shape);
 /* config.json's model_type, or NULL. */
 const char *vitc__hub_model_type(const vitc__src *src);
+/* Copy the tensor name of shape want [wnd] from the shards into dst (read
+ * then its pages given back), or the error naming it; dst NULL: only check
+ * that it is there with that shape. squeeze: leading 1s of want may be
+ * missing in the file (CLIP's class and position embeddings). */
+vitc_status vitc__hub_take(const vitc__shards *h, const char *name, const int64_t *want, int wnd,
+                           int squeeze, float *dst);
 /* The entry of list[n] for src's model_type, or NULL. */
 const vitc__hub_names *vitc__hub_match(const vitc__src *src, const vitc__hub_names *list, int n);
 /* A transformers model from config.json with names fam (vit, deit,

@@ -149,7 +149,7 @@ static vitc_status hub_add_shard(vitc__shards *h, const char *dir, const char *n
     }
     vitc_safetensors *st = NULL;
     /* Lazy: each tensor is read when taken and its pages given back after
-     * (hub_take), so the shards are never all resident at once. */
+     * (vitc__hub_take), so the shards are never all resident at once. */
     vitc_status s = vitc__safetensors_load_flags(path, VITC__ST_KEEP_I64 | VITC__ST_LAZY, &st);
     free(path);
     if (s != VITC_OK)
@@ -406,8 +406,8 @@ static const char *hub_model_name(const char *const *names, int role, int mean2,
 
 /* Copy the Hub tensor name of shape e's into dst, or the error naming it;
  * dst NULL: only check that it is there with that shape (and a float dtype). */
-static vitc_status hub_take(const vitc__shards *h, const char *name, const int64_t *want, int wnd,
-                            int squeeze, float *dst) {
+vitc_status vitc__hub_take(const vitc__shards *h, const char *name, const int64_t *want, int wnd,
+                           int squeeze, float *dst) {
     const float *data;
     const int64_t *shape;
     int nd;
@@ -463,18 +463,18 @@ static vitc_status hub_fill_row(const vitc_vit *m, const vitc__src *src, const v
         if (e->role == VIT_P_HEAD_W && fam->proj_t) { /* [C, K] in the file: transposed here */
             int64_t K = e->shape[0], C = e->shape[1], want[2] = {C, K};
             if (!dst)
-                return hub_take(h, name, want, 2, 0, NULL);
+                return vitc__hub_take(h, name, want, 2, 0, NULL);
             float *t = malloc((size_t)(K * C) * sizeof(float));
             if (!t)
                 return vitc__err(VITC_ERR_NOMEM, "cannot transpose %s", name);
-            vitc_status s = hub_take(h, name, want, 2, 0, t);
+            vitc_status s = vitc__hub_take(h, name, want, 2, 0, t);
             for (int64_t i = 0; s == VITC_OK && i < C; i++)
                 for (int64_t j = 0; j < K; j++) dst[j * C + i] = t[i * K + j];
             free(t);
             return s;
         }
-        return hub_take(h, name, e->shape, e->ndim, e->role == VIT_P_CLS || e->role == VIT_P_POS,
-                        dst);
+        return vitc__hub_take(h, name, e->shape, e->ndim,
+                              e->role == VIT_P_CLS || e->role == VIT_P_POS, dst);
     }
     int n = snprintf(name, sizeof name, "%s", pre);
     n += snprintf(name + n, sizeof name - (size_t)n, fam->layer_fmt, e->layer);
@@ -484,7 +484,7 @@ static vitc_status hub_fill_row(const vitc_vit *m, const vitc__src *src, const v
         int sw = m->swiglu && e->role >= VIT_L_FC1_W && e->role <= VIT_L_FC2_B;
         snprintf(name + n, sizeof name - (size_t)n, "%s",
                  sw ? swiglu[e->role - VIT_L_FC1_W] : fam->layer[e->role]);
-        return hub_take(h, name, e->shape, e->ndim, 0, dst);
+        return vitc__hub_take(h, name, e->shape, e->ndim, 0, dst);
     }
     /* One third of in_proj per Hub Linear: rows [q; k; v]. */
     int64_t C = m->cfg.hidden_dim, part[2] = {C, C};
@@ -496,8 +496,8 @@ static vitc_status hub_fill_row(const vitc_vit *m, const vitc__src *src, const v
     }
     for (int i = 0; i < 3; i++) {
         snprintf(name + n, sizeof name - (size_t)n, fam->layer[e->role], fam->qkv[i]);
-        VITC_TRY(hub_take(h, name, part, e->role == VIT_L_QKV_W ? 2 : 1, 0,
-                          dst ? dst + i * third : NULL));
+        VITC_TRY(vitc__hub_take(h, name, part, e->role == VIT_L_QKV_W ? 2 : 1, 0,
+                                dst ? dst + i * third : NULL));
     }
     return VITC_OK;
 }

@@ -77,19 +77,8 @@ static vitc_status text_take(const vitc__shards *h, const char *name, int nd, co
         return vitc__err(VITC_ERR_SHAPE, "tensor %s: expected %s, file has %s", name,
                          vitc__shape_str(a, sizeof a, nd, want),
                          vitc__shape_str(b, sizeof b, fnd, shape));
-    if (!dst)
-        return VITC_OK;
-    size_t n = 1;
-    for (int k = 0; k < nd; k++) n *= (size_t)want[k];
-    for (int i = 0; i < h->n; i++) { /* the shard holding it reads it; the others: no-ops */
-        vitc_status s = vitc__safetensors_read_at(h->st[i], data);
-        if (h->n > 1) /* one descriptor at a time, as hub_take */
-            vitc__safetensors_park(h->st[i]);
-        VITC_TRY(s);
-    }
-    memcpy(dst, data, n * sizeof(float));
-    vitc__vit_release(data, n); /* read once: its pages go back */
-    return VITC_OK;
+    /* the file's own shape (a scalar may be [] or [1]): the read is the Hub's */
+    return dst ? vitc__hub_take(h, name, shape, fnd, 0, dst) : VITC_OK;
 }
 
 /* The shape of tensor name when present (marks it used: it is read next). */
