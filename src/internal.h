@@ -107,6 +107,10 @@ size_t vitc__json_items(const char *s, size_t len);
  * read, as is a file over max_bytes (0: no limit). *size: its size. */
 vitc_status vitc__open_regular(const char *path, uint64_t max_bytes, FILE **out,
                                uint64_t *size);
+/* The byte offset of the first invalid UTF-8 sequence in s[0..len) (an
+ * overlong form, a surrogate, past U+10FFFF, a cut sequence), or -1
+ * (src/text/tokenizer.c). */
+int64_t vitc__utf8_invalid_at(const char *s, size_t len);
 /* What a file of mode m is when it is not a regular file, for messages:
  * "a directory", "a FIFO", ..., "a symbolic link" (an lstat's mode). */
 const char *vitc__file_kind(mode_t m);

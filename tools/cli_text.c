@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "cli_text.h"
+#include "internal.h"
 
 int cli_text_model(const char *model_path, vitc_vit *m) {
     if (!vitc_vit_has_text(m))
@@ -34,46 +35,6 @@ int cli_text_model(const char *model_path, vitc_vit *m) {
     return CLI_OK;
 }
 
-/* The byte offset of the first invalid UTF-8 sequence in s[0..len) (an
- * overlong form, a surrogate, past U+10FFFF, a cut sequence), or -1. */
-static long long utf8_invalid_at(const unsigned char *s, size_t len) {
-    size_t i = 0;
-    while (i < len) {
-        unsigned c = s[i];
-        size_t n;
-        unsigned lo = 0x80, hi = 0xBF;
-        if (c < 0x80) {
-            i++;
-            continue;
-        } else if (c >= 0xC2 && c <= 0xDF) {
-            n = 1;
-        } else if (c >= 0xE0 && c <= 0xEF) {
-            n = 2;
-            if (c == 0xE0)
-                lo = 0xA0;
-            else if (c == 0xED)
-                hi = 0x9F;
-        } else if (c >= 0xF0 && c <= 0xF4) {
-            n = 3;
-            if (c == 0xF0)
-                lo = 0x90;
-            else if (c == 0xF4)
-                hi = 0x8F;
-        } else {
-            return (long long)i;
-        }
-        if (i + n >= len) /* cut short */
-            return (long long)i;
-        for (size_t k = 1; k <= n; k++) {
-            unsigned b = s[i + k];
-            if (b < (k == 1 ? lo : 0x80) || b > (k == 1 ? hi : 0xBF))
-                return (long long)i;
-        }
-        i += n + 1;
-    }
-    return -1;
-}
-
 int cli_check_text(const char *what, const char *s) {
     size_t len = strlen(s);
     if (len == 0)
@@ -83,7 +44,7 @@ int cli_check_text(const char *what, const char *s) {
                          "context, 77 or 64 tokens, anyway)",
                          what, len, CLI_TEXT_MAX_BYTES),
                CLI_USAGE;
-    long long bad = utf8_invalid_at((const unsigned char *)s, len);
+    long long bad = (long long)vitc__utf8_invalid_at(s, len);
     if (bad >= 0)
         return cli_error("%s is not valid UTF-8 at byte offset %lld (byte 0x%02x)", what, bad,
                          (unsigned char)s[bad]),

@@ -55,7 +55,5 @@ vitc_status vitc__unigram_encode(const vitc_tokenizer *t, const char *text, size
                                  int32_t *ids, int cap, int *n);
 void vitc__unigram_free(void *impl);
 
-/* The byte offset of the first invalid UTF-8 sequence in s[0..len), or -1. */
-int64_t vitc__utf8_invalid_at(const char *s, size_t len);
 
 #endif
