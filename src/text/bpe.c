@@ -248,8 +248,8 @@ static void set_special(bpe_model *m, int k, const char *s, int32_t id) {
 /* ---- files ---------------------------------------------------------------- */
 
 static vitc_status read_file(const char *path, char **out, size_t *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return vitc__err(VITC_ERR_IO, "%s: %s", path, strerror(errno));
+    FILE *f;
+    VITC_TRY(vitc__open_regular(path, 0, &f, NULL)); /* a FIFO would block fopen */
     size_t cap = 1 << 16, len = 0;
     char *buf = malloc(cap + 1);
     vitc_status s = VITC_OK;
@@ -604,8 +604,9 @@ static void read_config(const char *dir, char *pad, size_t padcap, int *context)
     for (int i = 0; i < 2; i++) {
         char p[4200];
         snprintf(p, sizeof p, "%s/%s", dir, names[i]);
-        json_t *r = json_load_file(p, 0, NULL);
-        if (!r) continue;
+        json_t *r; /* absent, not a regular file or not JSON: not read */
+        if (vitc__json_load_capped(p, (uint64_t)1 << 20, 0, "a tokenizer config", &r) != VITC_OK)
+            continue;
         json_t *pt = json_object_get(r, "pad_token");
         const char *s = json_is_string(pt) ? json_string_value(pt) : jstr(pt, "content");
         if (s && !pad[0]) snprintf(pad, padcap, "%s", s);
@@ -681,7 +682,10 @@ static vitc_status load_hf(vitc_tokenizer *t, bpe_model *m, vitc__tok_source src
         snprintf(dir, sizeof dir, "%s", path);
         snprintf(file, sizeof file, "%s/vocab.json", path);
         json_error_t jerr;
-        vj = json_load_file(file, JSON_REJECT_DUPLICATES, &jerr);
+        FILE *f;
+        VITC_TRY(vitc__open_regular(file, (uint64_t)BPE_FILE_MAX, &f, NULL));
+        vj = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
+        fclose(f);
         if (!vj)
             return vitc__err(VITC_ERR_FORMAT, "%s: not a JSON vocabulary (%s, line %d)", file,
                              jerr.text, jerr.line);

@@ -74,15 +74,11 @@ static int ends_with(const char *s, const char *suffix) {
 
 /* tokenizer.json: its model.type picks the model. */
 static vitc_status load_json(vitc_tokenizer *t, const char *path) {
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return vitc__err(VITC_ERR_IO, "%s: %s", path, strerror(errno));
-    if ((int64_t)st.st_size > VITC__TOKENIZER_JSON_MAX)
-        return vitc__err(VITC_ERR_FORMAT,
-                         "%s: %lld bytes, more than the %lld MiB a tokenizer.json may have",
-                         path, (long long)st.st_size, (long long)(VITC__TOKENIZER_JSON_MAX >> 20));
+    FILE *f; /* a regular file only (a FIFO would block), at most the cap */
+    VITC_TRY(vitc__open_regular(path, (uint64_t)VITC__TOKENIZER_JSON_MAX, &f, NULL));
     json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
+    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
+    fclose(f);
     if (!root)
         return vitc__err(VITC_ERR_FORMAT, "%s: not a tokenizer.json (%s, line %d)", path,
                          jerr.text, jerr.line);

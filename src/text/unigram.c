@@ -477,8 +477,8 @@ static vitc_status siglip_clean(const ug *u, const char *text, size_t len, size_
 /* ---- loading ------------------------------------------------------------ */
 
 static char *read_all(const char *path, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
+    FILE *f; /* a regular file only: a FIFO would block fopen */
+    if (vitc__open_regular(path, 0, &f, NULL) != VITC_OK) return NULL;
     char *p = NULL;
     struct stat st;
     if (fstat(fileno(f), &st) == 0 && st.st_size >= 0 && (int64_t)st.st_size <= UG_FILE_MAX) {
@@ -511,10 +511,9 @@ static char *sibling(const char *path, const char *name) {
 static json_t *load_sibling(const char *path, const char *name) {
     char *p = sibling(path, name);
     if (!p) return NULL;
-    struct stat st;
-    json_t *j = NULL;
-    if (stat(p, &st) == 0 && S_ISREG(st.st_mode) && st.st_size < ((int64_t)8 << 20))
-        j = json_load_file(p, 0, NULL);
+    json_t *j; /* absent, not a regular file, over 8 MiB or not JSON: none */
+    if (vitc__json_load_capped(p, (uint64_t)8 << 20, 0, "a tokenizer config", &j) != VITC_OK)
+        j = NULL;
     free(p);
     return j;
 }

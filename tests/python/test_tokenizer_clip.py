@@ -241,6 +241,22 @@ class TestClipTokenizer(unittest.TestCase):
         with self.assertRaisesRegex(vitc.VitcError, "not CLIP's"):
             vitc.Tokenizer(d)
 
+    def test_fifo_config_does_not_block(self):
+        """A FIFO named tokenizer_config.json beside a tokenizer.json blocked
+        the load forever in fopen (nothing ever writes to it); now it is
+        passed over as a file that is not there, and the defaults hold."""
+        import subprocess
+        import sys
+        d = os.path.join(self.tmp, "fifo")
+        os.makedirs(d, exist_ok=True)
+        shutil.copy(os.path.join(self.hf, "tokenizer.json"), d)
+        os.mkfifo(os.path.join(d, "tokenizer_config.json"))
+        code = "import vitc; t = vitc.Tokenizer(%r); print(t.context, t.encode('a')[0][-1])" % d
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           timeout=60, env=dict(os.environ))
+        self.assertEqual(r.returncode, 0, r.stderr)
+        self.assertEqual(r.stdout.split(), ["77", "49407"])
+
 
 if __name__ == "__main__":
     unittest.main()
