@@ -142,7 +142,6 @@ typedef struct conn_ctx {
     const char *msg; /* its message */
     char *body;
     size_t len, cap;
-    int too_big;
 } conn_ctx;
 
 static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type,
@@ -244,6 +243,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(x = calloc(1, sizeof *x)))
             return MHD_NO;
         *con_cls = x;
+        serve_http_active(&S, 1);
         int method_ok;
         x->endpoint = endpoint_of(method, url, &method_ok);
         if (x->endpoint == SERVE_EP_OTHER) {
@@ -274,15 +274,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     if (*upload_size) {
         /* A chunked body has no Content-Length: the limit is kept here. */
-        if (!x->status && !x->too_big) {
+        if (!x->status) {
             if (x->len + *upload_size > S.max_body) {
-                x->too_big = 1;
-                free(x->body);
-                x->body = NULL;
-                x->status = 413;
-                x->msg = "request body larger than the server's --max-body-mb";
-                *upload_size = 0;
-                return send_error(c, 413, x->msg, x->endpoint);
+                /* A chunked body has no length up front. MHD (0.9.75)
+                 * queues no response in the middle of a body, and reading
+                 * the rest to answer after it is what the limit forbids:
+                 * the connection is closed instead. */
+                serve_metrics_request(&S, x->endpoint, 413);
+                return MHD_NO;
             }
             if (x->len + *upload_size + 1 > x->cap) {
                 size_t cap = x->cap ? x->cap : 4096;
@@ -344,6 +343,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls,
     if (x) {
         free(x->body);
         free(x);
+        serve_http_active(&S, -1);
     }
     *con_cls = NULL;
 }
@@ -447,9 +447,12 @@ int cmd_serve(int argc, char **argv) {
     MHD_socket ls = MHD_quiesce_daemon(d);
     if (ls != MHD_INVALID_SOCKET)
         close(ls);
+    /* The batcher runs what is queued now, without waiting for batches
+     * to fill; the requests being answered get their replies out before
+     * the daemon closes their connections. */
+    serve_stop_batcher(&S);
     serve_drain(&S);
     MHD_stop_daemon(d);
-    serve_stop_batcher(&S);
     pthread_join(batcher, NULL);
     fprintf(stderr, "vitc: serve: stopped\n");
     rc = CLI_OK;

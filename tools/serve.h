@@ -55,7 +55,8 @@ typedef struct serve_state {
     serve_item *queue;      /* ring of max_queue */
     int q_head, q_len;
     int stop;
-    int active; /* requests between decoding and their reply */
+    int active;      /* requests between decoding and their reply */
+    int http_active; /* requests read by the HTTP side and not yet answered */
 
     pthread_mutex_t mmu; /* metrics */
     uint64_t req_count[SERVE_N_EP][SERVE_N_STATUS];
@@ -80,8 +81,10 @@ int serve_model_ready(serve_state *s, const char *model_path);
 /* The batcher thread's loop, until serve_stop_batcher and an empty queue. */
 void serve_batcher_run(serve_state *s);
 void serve_stop_batcher(serve_state *s);
-/* Wait until no request is queued or running. */
+/* Wait until no request is queued, running or unanswered. */
 void serve_drain(serve_state *s);
+/* A request begins (1) or its reply went out (-1), for serve_drain. */
+void serve_http_active(serve_state *s, int delta);
 /* A POST endpoint's body into the reply (blocks until its images ran). */
 void serve_handle(serve_state *s, int endpoint, const char *body, size_t len, serve_reply *r);
 void serve_metrics_request(serve_state *s, int endpoint, int status);

@@ -198,7 +198,14 @@ void serve_stop_batcher(serve_state *s) {
 
 void serve_drain(serve_state *s) {
     pthread_mutex_lock(&s->mu);
-    while (s->active > 0) pthread_cond_wait(&s->cv_done, &s->mu);
+    while (s->active > 0 || s->http_active > 0) pthread_cond_wait(&s->cv_done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void serve_http_active(serve_state *s, int delta) {
+    pthread_mutex_lock(&s->mu);
+    s->http_active += delta;
+    pthread_cond_broadcast(&s->cv_done);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -501,6 +508,12 @@ void serve_handle(serve_state *s, int endpoint, const char *body, size_t len, se
         goto out;
     }
     pthread_mutex_lock(&s->mu);
+    if (s->stop) {
+        /* the batcher leaves once the queue is empty: nothing may join it */
+        pthread_mutex_unlock(&s->mu);
+        fail(r, 503, "the server is shutting down");
+        goto out;
+    }
     if (s->q_len + n > s->max_queue) {
         pthread_mutex_unlock(&s->mu);
         fail(r, 429, "the queue is full (%d images waiting, --max-queue %d): retry later",
