@@ -124,6 +124,17 @@ int cmd_serve(int argc, char **argv) {
 /* ------------------------------------------------------------------ */
 
 static serve_state S;
+static int sig_pipe[2] = {-1, -1};
+
+static void on_signal(int sig) {
+    int saved = errno;
+    unsigned char b = (unsigned char)sig;
+    /* a second signal while draining finds the byte already there: one
+     * drain, which also ends once the queue is empty */
+    if (write(sig_pipe[1], &b, 1) < 0) {
+    }
+    errno = saved;
+}
 
 static void *batcher_main(void *arg) {
     (void)arg;
@@ -386,6 +397,19 @@ int cmd_serve(int argc, char **argv) {
     if (inet_pton(AF_INET, o.host, &addr.sin_addr) != 1)
         return cli_usage_error("serve", "--host %s: give an IPv4 address (127.0.0.1, 0.0.0.0)",
                                o.host);
+    /* A handler, not a blocked mask and sigwait: threads made before this
+     * command runs (OpenBLAS starts its pool when loaded) would keep
+     * SIGTERM unblocked and die of it. The handler writes the signal to a
+     * pipe that this thread reads. */
+    if (pipe(sig_pipe) != 0)
+        return cli_error("cannot make a pipe: %s", strerror(errno));
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
     if (o.threads > 0)
         vitc_set_num_threads(o.threads);
     if (serve_state_init(&S, o.max_batch, o.max_wait_ms, o.max_queue,
@@ -394,14 +418,6 @@ int cmd_serve(int argc, char **argv) {
     if (o.api_key_file && (rc = read_api_key(o.api_key_file, &S.api_key)) != CLI_OK)
         return rc;
 
-    /* Signals are taken by sigwait in this thread only: every thread made
-     * from here on inherits the mask. */
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
-    signal(SIGPIPE, SIG_IGN);
 
     /* Listen before loading: /health answers 503 while the model loads. */
     struct MHD_Daemon *d = MHD_start_daemon(
@@ -437,8 +453,9 @@ int cmd_serve(int argc, char **argv) {
     fprintf(stderr, "vitc: serve: ready\n");
     fflush(stderr);
 
-    int sig = 0;
-    while (sigwait(&sigs, &sig) != 0) {
+    unsigned char sig = 0;
+    while (read(sig_pipe[0], &sig, 1) != 1) {
+        /* EINTR: the handler ran in this thread; its byte is in the pipe */
     }
     fprintf(stderr, "vitc: serve: %s: finishing the queued requests\n",
             sig == SIGTERM ? "SIGTERM" : "SIGINT");

@@ -12,7 +12,7 @@
 
 enum { SERVE_EP_HEALTH, SERVE_EP_METRICS, SERVE_EP_EMBEDDINGS, SERVE_EP_CLASSIFY, SERVE_EP_OTHER,
        SERVE_N_EP };
-enum { SERVE_ITEM_EMBED, SERVE_ITEM_CLASSIFY };
+enum { SERVE_ITEM_EMBED, SERVE_ITEM_CLASSIFY, SERVE_ITEM_TEXT };
 
 #define SERVE_N_STATUS 16 /* distinct status codes counted per endpoint */
 #define SERVE_BATCH_BUCKETS 14
@@ -26,6 +26,7 @@ typedef struct serve_item {
     int index;     /* in req's inputs */
     int kind;      /* SERVE_ITEM_* */
     float *pixels; /* [channels, height, width], what the forward reads */
+    const char *text; /* SERVE_ITEM_TEXT: the text (the request's JSON owns it) */
     double t_queued;
 } serve_item;
 
@@ -44,6 +45,7 @@ typedef struct serve_state {
     char *model_name; /* "model" in the responses: --model's base name */
     int64_t embed_dim;
     int num_classes;
+    int has_text; /* a text tower and its tokenizer: text inputs are embedded */
     char *api_key;
     size_t max_body;
     int max_batch, max_wait_ms, max_queue;

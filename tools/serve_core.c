@@ -14,6 +14,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "cli_text.h"
 #include "serve.h"
 
 #ifdef VITC_HAVE_MHD
@@ -84,6 +85,9 @@ int serve_model_ready(serve_state *s, const char *model_path) {
         vitc_vit_prepare(s->model) != VITC_OK || vitc_session_create(s->model, &s->session) != VITC_OK)
         return cli_error("%s", vitc_last_error());
     s->num_classes = vitc_vit_has_head(s->model) ? cfg->num_classes : 0;
+    /* texts and images share the response's rows: one width for both */
+    s->has_text = vitc_vit_has_text(s->model) && vitc_vit_tokenizer(s->model) &&
+                  vitc_vit_text_dim(s->model) == s->embed_dim;
     /* the name the responses carry: the path's last component */
     const char *base = model_path, *p;
     size_t n = strlen(model_path);
@@ -124,6 +128,7 @@ void serve_batcher_run(serve_state *s) {
     float *batch = malloc((size_t)s->max_batch * per_image * sizeof *batch); /* [B, C, H, W] */
     float *out = malloc((size_t)s->max_batch * per_out * sizeof *out);       /* [B, per_out] */
     serve_item *items = malloc((size_t)s->max_batch * sizeof *items);
+    const char **texts = malloc((size_t)s->max_batch * sizeof *texts);
     pthread_mutex_lock(&s->mu);
     for (;;) {
         while (s->q_len == 0 && !s->stop) pthread_cond_wait(&s->cv_work, &s->mu);
@@ -147,9 +152,14 @@ void serve_batcher_run(serve_state *s) {
 
         double t0 = cli_now();
         vitc_status st = VITC_OK;
-        if (!batch || !out || !items)
+        if (!batch || !out || !items || !texts)
             st = VITC_ERR_NOMEM;
-        else {
+        else if (kind == SERVE_ITEM_TEXT) {
+            /* the model API, not a session: only this thread runs the
+             * model, so nothing else reads it meanwhile */
+            for (int i = 0; i < nb; i++) texts[i] = items[i].text;
+            st = vitc_vit_encode_text(s->model, texts, nb, out);
+        } else {
             for (int i = 0; i < nb; i++)
                 memcpy(batch + (size_t)i * per_image, items[i].pixels, per_image * sizeof *batch);
             st = kind == SERVE_ITEM_EMBED
@@ -159,7 +169,8 @@ void serve_batcher_run(serve_state *s) {
                                             out);
         }
         double t1 = cli_now();
-        const char *err = st == VITC_OK ? NULL : (batch ? vitc_last_error() : "out of memory");
+        const char *err =
+            st == VITC_OK ? NULL : (batch && out && texts ? vitc_last_error() : "out of memory");
         pthread_mutex_lock(&s->mmu);
         hist_add(&s->batch_hist, nb);
         hist_add(&s->infer_hist, t1 - t0);
@@ -168,7 +179,7 @@ void serve_batcher_run(serve_state *s) {
         pthread_mutex_unlock(&s->mmu);
 
         pthread_mutex_lock(&s->mu);
-        size_t per = kind == SERVE_ITEM_EMBED ? (size_t)s->embed_dim : (size_t)s->num_classes;
+        size_t per = kind == SERVE_ITEM_CLASSIFY ? (size_t)s->num_classes : (size_t)s->embed_dim;
         for (int i = 0; i < nb; i++) {
             serve_request *r = items[i].req;
             if (err) {
@@ -187,6 +198,7 @@ void serve_batcher_run(serve_state *s) {
     free(batch);
     free(out);
     free(items);
+    free(texts);
 }
 
 void serve_stop_batcher(serve_state *s) {
@@ -426,6 +438,7 @@ void serve_handle(serve_state *s, int endpoint, const char *body, size_t len, se
     json_error_t je;
     json_t *root = json_loadb(body, len, 0, &je);
     float **pixels = NULL;
+    const char **texts = NULL;
     serve_request req;
     memset(&req, 0, sizeof req);
     int n = 0, base64 = 0, k = 5;
@@ -486,13 +499,46 @@ void serve_handle(serve_state *s, int endpoint, const char *body, size_t len, se
         fail(r, 500, "out of memory");
         goto out;
     }
+    texts = calloc((size_t)n, sizeof *texts);
+    if (!texts) {
+        fail(r, 500, "out of memory");
+        goto out;
+    }
     for (int i = 0; i < n; i++) {
         json_t *e = json_is_array(input) ? json_array_get(input, (size_t)i) : input;
-        if (json_is_object(e))
-            e = json_object_get(e, "image");
+        /* {"image": B64} and {"text": T} say what they are; a bare string
+         * is a text for a model with a text tower (as in OpenAI's API),
+         * unless it is a data: URL, and a base64 image otherwise */
+        int is_text = 0;
+        if (json_is_object(e)) {
+            json_t *t = json_object_get(e, "text");
+            is_text = t != NULL;
+            e = t ? t : json_object_get(e, "image");
+        } else if (json_is_string(e)) {
+            is_text = s->has_text && strncmp(json_string_value(e), "data:", 5) != 0;
+        }
         if (!e || !json_is_string(e)) {
-            fail(r, 400, "input[%d]: not a string (a base64 image or a data: URL)", i);
+            fail(r, 400, "input[%d]: not a string (a base64 image, a data: URL%s)", i,
+                 s->has_text ? " or a text" : "");
             goto out;
+        }
+        if (is_text) {
+            size_t tl = json_string_length(e);
+            if (endpoint != SERVE_EP_EMBEDDINGS || !s->has_text) {
+                fail(r, 400, "input[%d]: a text, but %s", i,
+                     endpoint != SERVE_EP_EMBEDDINGS
+                         ? "/v1/classify takes images"
+                         : "the model has no text tower with a tokenizer (CLIP and SigLIP "
+                           "Hub directories with their tokenizer files have one)");
+                goto out;
+            }
+            if (tl == 0 || tl > CLI_TEXT_MAX_BYTES || memchr(json_string_value(e), 0, tl)) {
+                fail(r, 400, "input[%d]: a text must be 1 to %d bytes, without NUL", i,
+                     (int)CLI_TEXT_MAX_BYTES);
+                goto out;
+            }
+            texts[i] = json_string_value(e);
+            continue;
         }
         char err[400];
         if (decode_input(s, json_string_value(e), json_string_length(e), &pixels[i], err,
@@ -524,9 +570,10 @@ void serve_handle(serve_state *s, int endpoint, const char *body, size_t len, se
     for (int i = 0; i < n; i++) {
         int at = (s->q_head + s->q_len) % s->max_queue;
         s->queue[at] = (serve_item){&req, i,
-                                    endpoint == SERVE_EP_EMBEDDINGS ? SERVE_ITEM_EMBED
-                                                                    : SERVE_ITEM_CLASSIFY,
-                                    pixels[i], t};
+                                    texts[i] ? SERVE_ITEM_TEXT
+                                    : endpoint == SERVE_EP_EMBEDDINGS ? SERVE_ITEM_EMBED
+                                                                      : SERVE_ITEM_CLASSIFY,
+                                    pixels[i], texts[i], t};
         pixels[i] = NULL; /* the batcher frees it */
         s->q_len++;
     }
@@ -584,6 +631,7 @@ out:
     if (pixels)
         for (int i = 0; i < n; i++) free(pixels[i]);
     free(pixels);
+    free(texts);
     free(req.out);
     json_decref(root);
 }

@@ -315,5 +315,60 @@ class TestServe(TmpDirCase):
         self.assertIn("vitc_queue_size 0", text)
 
 
+
+try:
+    from transformers import CLIPConfig, CLIPModel
+    try:
+        from .test_zero_shot import VISION, clip_tokenizer_files, processor
+    except ImportError:  # run as a script
+        from test_zero_shot import VISION, clip_tokenizer_files, processor
+except (ImportError, OSError):  # pragma: no cover (OSError: no libvitc.so built)
+    CLIPModel = None
+
+
+@unittest.skipIf(torch is None or CLIPModel is None or not have_serve(),
+                 "needs torch, transformers and build/vitc with serve")
+class TestServeText(TmpDirCase):
+    """A CLIP Hub directory with its tokenizer: bare strings are texts,
+    data: URLs images, in one request; each equals `vitc embed`'s."""
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        torch.manual_seed(0)
+        cls.dir = os.path.join(cls.tmp, "clip")
+        tc = dict(vocab_size=49408, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                  num_attention_heads=2, max_position_embeddings=77)
+        CLIPModel(CLIPConfig(text_config=tc, vision_config=VISION,
+                             projection_dim=24)).eval().save_pretrained(cls.dir)
+        clip_tokenizer_files(cls.dir)
+        with open(os.path.join(cls.dir, "preprocessor_config.json"), "w") as f:
+            json.dump(processor("clip"), f)
+
+    def test_texts_and_images(self):
+        texts = ["a photo of a cat", "two dogs on a beach"]
+        tf = os.path.join(self.tmp, "texts.txt")
+        with open(tf, "w") as f:
+            f.write("\n".join(texts) + "\n")
+        p = subprocess.run([VITC, "embed", "--model", self.dir, "--json", "--text-file", tf],
+                           stdout=subprocess.PIPE, check=True)
+        ref_t = [json.loads(l)["embedding"] for l in p.stdout.decode().splitlines()]
+        p = subprocess.run([VITC, "embed", "--model", self.dir, "--json",
+                            os.path.join(DATA, "photo.jpg")], stdout=subprocess.PIPE, check=True)
+        ref_i = json.loads(p.stdout.decode())["embedding"]
+        srv = Server(self.dir, "--threads", 1)
+        try:
+            status, _, got = srv.post("/v1/embeddings", {"input": [
+                texts[0], data_url("photo.jpg", "image/jpeg"), {"text": texts[1]}]})
+            self.assertEqual(status, 200, got)
+            for i, ref in enumerate([ref_t[0], ref_i, ref_t[1]]):
+                self.assertEqual(len(got["data"][i]["embedding"]), 24)
+                assert_close(self, got["data"][i]["embedding"], ref, "row %d" % i)
+            status, _, got = srv.post("/v1/classify", {"input": ["a cat"]})
+            self.assertEqual(status, 400, got)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
+
 if __name__ == "__main__":
     unittest.main()
