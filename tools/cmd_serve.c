@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -335,8 +336,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return send_error(c, 503, ready == 0 ? "the model is still loading; retry shortly"
                                              : "the server is shutting down",
                           x->endpoint);
+    /* JSON, or one raw image (no multipart: every library's form parser
+     * has had its CVEs) */
+    const char *ct = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Type");
+    serve_raw raw = {
+        MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "top_k"),
+        MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "encoding_format"),
+    };
+    int is_raw = ct && !strncasecmp(ct, "image/", 6);
     serve_reply rep;
-    serve_handle(&S, x->endpoint, x->body ? x->body : "", x->len, &rep);
+    serve_handle(&S, x->endpoint, x->body ? x->body : "", x->len, is_raw ? &raw : NULL, &rep);
     if (rep.status != 200) {
         enum MHD_Result ret = send_error(c, rep.status, rep.msg, x->endpoint);
         free(rep.body);

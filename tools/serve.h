@@ -87,8 +87,15 @@ void serve_stop_batcher(serve_state *s);
 void serve_drain(serve_state *s);
 /* A request begins (1) or its reply went out (-1), for serve_drain. */
 void serve_http_active(serve_state *s, int delta);
-/* A POST endpoint's body into the reply (blocks until its images ran). */
-void serve_handle(serve_state *s, int endpoint, const char *body, size_t len, serve_reply *r);
+/* A raw image body (a Content-Type of image/...): the options come from the
+ * query string (NULL: not given). */
+typedef struct serve_raw {
+    const char *top_k, *encoding_format;
+} serve_raw;
+/* A POST endpoint's body into the reply (blocks until its images ran):
+ * JSON, or the image's bytes when raw is not NULL. */
+void serve_handle(serve_state *s, int endpoint, const char *body, size_t len,
+                  const serve_raw *raw, serve_reply *r);
 void serve_metrics_request(serve_state *s, int endpoint, int status);
 /* Prometheus' text format, malloc'd. 0 or -1 (out of memory). */
 int serve_metrics_text(serve_state *s, char **out, size_t *len);

@@ -282,8 +282,11 @@ int serve_base64_decode(const char *s, size_t len, unsigned char **out, size_t *
     return 0;
 }
 
+static int decode_image(serve_state *s, const void *bytes, size_t n, float **pixels, char *err,
+                        size_t err_len);
+
 /* One input (a data: URL or bare base64 of a PNG/JPEG) into pixels [C, H,
- * W], as `vitc embed`/`classify` preprocess a file. 0, or -1 with err. */
+ * W]. 0, or -1 with err. */
 static int decode_input(serve_state *s, const char *str, size_t len, float **pixels, char *err,
                         size_t err_len) {
     const char *b64 = str;
@@ -306,8 +309,16 @@ static int decode_input(serve_state *s, const char *str, size_t len, float **pix
     size_t n;
     if (serve_base64_decode(b64, b64len, &bytes, &n, err, err_len) != 0)
         return -1;
+    int rc = decode_image(s, bytes, n, pixels, err, err_len);
+    free(bytes);
+    return rc;
+}
+
+/* An encoded image's bytes into pixels [C, H, W], as `vitc embed` and
+ * `vitc classify` preprocess a file. 0, or -1 with err. */
+static int decode_image(serve_state *s, const void *bytes, size_t n, float **pixels, char *err,
+                        size_t err_len) {
     if (n == 0) {
-        free(bytes);
         snprintf(err, err_len, "an empty image");
         return -1;
     }
@@ -315,7 +326,6 @@ static int decode_input(serve_state *s, const char *str, size_t len, float **pix
     vitc_image img;
     vitc_status st = vitc_image_load_memory_flags(
         bytes, n, 0, in->proc ? vitc_vit_image_flags(in->proc) : 0, &img);
-    free(bytes);
     if (st != VITC_OK) {
         snprintf(err, err_len, "cannot decode the image: %s", vitc_last_error());
         return -1;
@@ -432,11 +442,36 @@ static void write_classify(serve_state *s, FILE *f, const float *logits, int k) 
     free(rank);
 }
 
-void serve_handle(serve_state *s, int endpoint, const char *body, size_t len, serve_reply *r) {
+void serve_handle(serve_state *s, int endpoint, const char *body, size_t len,
+                  const serve_raw *raw, serve_reply *r) {
     memset(r, 0, sizeof *r);
     r->status = 200;
     json_error_t je;
-    json_t *root = json_loadb(body, len, 0, &je);
+    json_t *root;
+    if (raw) {
+        /* a raw image body: its options from the query string, as the
+         * JSON body would give them */
+        root = json_object();
+        if (root && raw->top_k) {
+            long v;
+            if (cli_parse_long(raw->top_k, 1, 1000000000, &v) != 0) {
+                json_decref(root);
+                fail(r, 400, "top_k must be an integer >= 1");
+                return;
+            }
+            json_object_set_new(root, "top_k", json_integer(v));
+        }
+        if (root && raw->encoding_format)
+            json_object_set_new(root, "encoding_format", json_string(raw->encoding_format));
+        if (root)
+            json_object_set_new(root, "input", json_string(""));
+        if (!root) {
+            fail(r, 500, "out of memory");
+            return;
+        }
+    } else {
+        root = json_loadb(body, len, 0, &je);
+    }
     float **pixels = NULL;
     const char **texts = NULL;
     serve_request req;
@@ -515,7 +550,7 @@ void serve_handle(serve_state *s, int endpoint, const char *body, size_t len, se
             is_text = t != NULL;
             e = t ? t : json_object_get(e, "image");
         } else if (json_is_string(e)) {
-            is_text = s->has_text && strncmp(json_string_value(e), "data:", 5) != 0;
+            is_text = !raw && s->has_text && strncmp(json_string_value(e), "data:", 5) != 0;
         }
         if (!e || !json_is_string(e)) {
             fail(r, 400, "input[%d]: not a string (a base64 image, a data: URL%s)", i,
@@ -541,8 +576,9 @@ void serve_handle(serve_state *s, int endpoint, const char *body, size_t len, se
             continue;
         }
         char err[400];
-        if (decode_input(s, json_string_value(e), json_string_length(e), &pixels[i], err,
-                         sizeof err) != 0) {
+        if (raw ? decode_image(s, body, len, &pixels[i], err, sizeof err)
+                : decode_input(s, json_string_value(e), json_string_length(e), &pixels[i], err,
+                               sizeof err)) {
             fail(r, 400, "input[%d]: %s", i, err);
             goto out;
         }

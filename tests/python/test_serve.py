@@ -179,6 +179,22 @@ class TestServe(TmpDirCase):
         assert_close(self, [t["prob"] for t in top], [t["prob"] for t in ref["topk"]], "prob")
         assert_close(self, [t["logit"] for t in top], [t["logit"] for t in ref["topk"]], "logit")
 
+    def test_raw_image_body(self):
+        ref = self.cli_json("classify", "--topk", "2", os.path.join(DATA, "photo.png"))[0]
+        with open(os.path.join(DATA, "photo.png"), "rb") as f:
+            png = f.read()
+        status, _, got = self.srv.post("/v1/classify?top_k=2", png,
+                                       headers={"Content-Type": "image/png"})
+        self.assertEqual(status, 200, got)
+        self.assertEqual([t["index"] for t in got["data"][0]["topk"]],
+                         [t["index"] for t in ref["topk"]])
+        assert_close(self, [t["prob"] for t in got["data"][0]["topk"]],
+                     [t["prob"] for t in ref["topk"]], "prob")
+        status, _, got = self.srv.post("/v1/embeddings", b"GIF89a....",
+                                       headers={"Content-Type": "image/gif"})
+        self.assertEqual(status, 400, got)
+        self.assertIn("cannot decode the image", got["error"]["message"])
+
     def test_bad_inputs_400(self):
         cases = [
             ('{"input": [', "malformed JSON"),
