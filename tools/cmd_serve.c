@@ -406,18 +406,8 @@ int cmd_serve(int argc, char **argv) {
     if (inet_pton(AF_INET, o.host, &addr.sin_addr) != 1)
         return cli_usage_error("serve", "--host %s: give an IPv4 address (127.0.0.1, 0.0.0.0)",
                                o.host);
-    /* A handler, not a blocked mask and sigwait: threads made before this
-     * command runs (OpenBLAS starts its pool when loaded) would keep
-     * SIGTERM unblocked and die of it. The handler writes the signal to a
-     * pipe that this thread reads. */
     if (pipe(sig_pipe) != 0)
         return cli_error("cannot make a pipe: %s", strerror(errno));
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
     signal(SIGPIPE, SIG_IGN);
     if (o.threads > 0)
         vitc_set_num_threads(o.threads);
@@ -458,6 +448,17 @@ int cmd_serve(int argc, char **argv) {
         MHD_stop_daemon(d);
         goto out;
     }
+    /* A handler, not a blocked mask and sigwait: threads made before this
+     * command runs (OpenBLAS starts its pool when loaded) would keep
+     * SIGTERM unblocked and die of it. The handler writes the signal to a
+     * pipe that this thread reads. Installed only now: while the model
+     * loads nothing is queued, and a signal ends the process at once. */
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
     atomic_store(&S.ready, 1);
     fprintf(stderr, "vitc: serve: ready\n");
     fflush(stderr);
