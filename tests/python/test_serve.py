@@ -304,6 +304,31 @@ class TestServe(TmpDirCase):
         with self.assertRaises(OSError):
             srv.request("GET", "/health", timeout=2)
 
+    def test_concurrent_requests_batched(self):
+        # 8 clients at once, a batch waits up to 1 s to fill: fewer
+        # forwards than requests, each result still the CLI's
+        srv = Server(self.model, "--max-batch", 8, "--max-wait-ms", 1000, "--threads", 1)
+        names = [("photo.jpg", "image/jpeg"), ("photo.png", "image/png")] * 4
+        ref = self.cli_json("embed", *[os.path.join(DATA, n) for n, _ in names[:2]])
+        got = [None] * len(names)
+
+        def one(i):
+            got[i] = srv.post("/v1/embeddings", {"input": [data_url(*names[i])]})
+        try:
+            ts = [threading.Thread(target=one, args=(i,)) for i in range(len(names))]
+            for t in ts:
+                t.start()
+            for t in ts:
+                t.join(30)
+            for i, r in enumerate(got):
+                self.assertEqual(r[0], 200, r)
+                assert_close(self, r[2]["data"][0]["embedding"], ref[i % 2]["embedding"],
+                             "request %d" % i)
+            self.assertEqual(srv.metric("vitc_images_total"), 8)
+            self.assertLess(srv.metric("vitc_batch_size_count"), 8)
+        finally:
+            self.assertEqual(srv.stop(), 0)
+
     def test_slow_client_dropped(self):
         srv = Server(self.model, "--timeout-s", 1, "--threads", 1)
         try:
