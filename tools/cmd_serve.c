@@ -278,9 +278,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                 x->msg = "request body larger than the server's --max-body-mb";
             }
         }
-        if (x->status == 413 || x->status == 401)
+        if (x->status)
             /* Answer now: MHD then closes the connection instead of
-             * reading (or 100-continuing) the body. */
+             * reading (or 100-continuing) a body nobody will use. */
             return send_error(c, x->status, x->msg, x->endpoint);
         return MHD_YES;
     }

@@ -115,12 +115,6 @@ static struct timespec deadline_ts(double t) {
     return ts;
 }
 
-static double mono_now(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 void serve_batcher_run(serve_state *s) {
     size_t per_image = s->in.per_image;
     size_t per_out = (size_t)s->embed_dim > (size_t)s->num_classes ? (size_t)s->embed_dim
@@ -134,11 +128,12 @@ void serve_batcher_run(serve_state *s) {
         while (s->q_len == 0 && !s->stop) pthread_cond_wait(&s->cv_work, &s->mu);
         if (s->q_len == 0)
             break;
-        /* Dynamic batching: wait at most max_wait_ms after the oldest
-         * item's arrival for the batch to fill; under load the queue is
-         * already full enough and nothing waits. */
-        double deadline = mono_now() + s->max_wait_ms * 1e-3;
-        while (s->q_len < s->max_batch && !s->stop && mono_now() < deadline) {
+        /* Dynamic batching: wait for the batch to fill until max_wait_ms
+         * after the oldest item arrived (the time cli_now keeps, on the
+         * monotonic clock as the condition variable); under load the
+         * queue is already full enough and nothing waits. */
+        double deadline = s->queue[s->q_head].t_queued + s->max_wait_ms * 1e-3;
+        while (s->q_len < s->max_batch && !s->stop && cli_now() < deadline) {
             struct timespec ts = deadline_ts(deadline);
             pthread_cond_timedwait(&s->cv_work, &s->mu, &ts);
         }
