@@ -272,8 +272,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         } else {
             const char *cl =
                 MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-            long long n;
-            if (cl && sscanf(cl, "%lld", &n) == 1 && (n < 0 || (size_t)n > S.max_body)) {
+            char *end;
+            errno = 0;
+            unsigned long long n = cl ? strtoull(cl, &end, 10) : 0;
+            /* past the range is past the limit (MHD refuses what is not a
+             * number before this is called) */
+            if (cl && (errno == ERANGE || n > (unsigned long long)S.max_body)) {
                 x->status = 413;
                 x->msg = "request body larger than the server's --max-body-mb";
             }
