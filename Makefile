@@ -118,6 +118,17 @@ LDLIBS += $(shell $(PKG) --libs libutf8proc)
 endif
 endif
 
+# libmicrohttpd makes `vitc serve` (docs/serve.md); only the vitc binary
+# links it, never the library. Without it (NO_SERVE=1, or not installed)
+# `vitc serve` says it was built without it.
+SERVE_LIBS :=
+ifneq ($(NO_SERVE),1)
+ifeq ($(call have,libmicrohttpd),1)
+SERVE_CFLAGS := -DVITC_HAVE_MHD $(shell $(PKG) --cflags libmicrohttpd)
+SERVE_LIBS   := $(shell $(PKG) --libs libmicrohttpd)
+endif
+endif
+
 # Each ISA file is compiled with its own flags; the rest of the library stays
 # portable and the choice is made at run time (src/kernels/dispatch.c). The
 # ISA files live in one folder per target architecture (src/kernels/x86/),
@@ -194,12 +205,12 @@ endif
 FORCE:
 $(BUILD)/tool-flags: FORCE
 	@mkdir -p $(BUILD)
-	@echo '$(TOOL_CC) $(TOOL_FLAGS)' | cmp -s - $@ || echo '$(TOOL_CC) $(TOOL_FLAGS)' > $@
+	@echo '$(TOOL_CC) $(TOOL_FLAGS) $(SERVE_CFLAGS)' | cmp -s - $@ || echo '$(TOOL_CC) $(TOOL_FLAGS) $(SERVE_CFLAGS)' > $@
 
 $(BUILD)/obj/tools/%.o: tools/%.c $(HDRS) $(BUILD)/tool-flags
 	@mkdir -p $(dir $@)
 	@echo "  CC  $@"
-	$(Q)$(TOOL_CC) $(BASE) $(CFLAGS) $(TOOL_FLAGS) -c $< -o $@
+	$(Q)$(TOOL_CC) $(BASE) $(CFLAGS) $(TOOL_FLAGS) $(SERVE_CFLAGS) -c $< -o $@
 
 $(BUILD)/obj/%.o: %.c $(HDRS)
 	@mkdir -p $(dir $@)
@@ -218,7 +229,7 @@ $(BUILD)/libvitc.so: $(SOFILE)
 	ln -sf $(SONAME) $@
 
 $(BUILD)/vitc: $(TOOL_OBJ) $(BUILD)/libvitc.a
-	$(TOOL_CC) -o $@ $(TOOL_OBJ) $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
+	$(TOOL_CC) -o $@ $(TOOL_OBJ) $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS) $(SERVE_LIBS)
 
 # C tests: cmocka, one binary per file, linked statically against the library.
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libvitc.a $(HDRS)
@@ -334,7 +345,7 @@ $(BUILD)/fuzz/%: tests/fuzz/%.c $(BUILD)/libvitc-cli.a $(BUILD)/libvitc.a $(HDRS
 	@mkdir -p $(dir $@)
 	@echo "  FUZZ $@"
 	$(Q)$(CC) $(BASE) $(CFLAGS) -Itools -fsanitize=fuzzer $< -o $@ $(BUILD)/libvitc-cli.a \
-	  $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
+	  $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS) $(SERVE_LIBS)
 
 install: all
 	install -d $(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig $(DESTDIR)$(PREFIX)/bin

@@ -45,7 +45,7 @@ if [ "$what" != --python ]; then
     # clang and its runtime: libFuzzer and the sanitizers for `make fuzz` (CI).
     apt_install build-essential pkg-config libjansson-dev libcmocka-dev libopenblas-dev \
         libpng-dev libturbojpeg0-dev zlib1g-dev libutf8proc-dev clang libclang-rt-14-dev \
-        dataset-fashion-mnist libopenmpi-dev openmpi-bin
+        dataset-fashion-mnist libopenmpi-dev openmpi-bin libmicrohttpd-dev
 fi
 [ "$what" = --system ] && exit 0
 

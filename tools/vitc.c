@@ -15,6 +15,7 @@ static const struct {
     {"embed", cmd_embed, "one embedding per image (Hub ViT/DeiT or any checkpoint)"},
     {"similar", cmd_similar, "the images of a folder nearest to a query image (cached index)"},
     {"zero-shot", cmd_zero_shot, "label images with words of your choice (CLIP, SigLIP)"},
+    {"serve", cmd_serve, "serve a model over HTTP: embeddings, classification (docs/serve.md)"},
     {"tokenize", cmd_tokenize, "the token ids a CLIP or SigLIP model sees for a text"},
     {"attention-map", cmd_attention_map, "write an attention heat map over an image (PNG)"},
     {"inspect", cmd_inspect, "list a safetensors file's tensors, metadata and architecture"},

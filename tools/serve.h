@@ -1,0 +1,107 @@
+/* serve.h — `vitc serve`'s queue, batcher, endpoints and metrics
+ * (serve_core.c), apart from the HTTP library (cmd_serve.c). */
+#ifndef VITC_SERVE_H
+#define VITC_SERVE_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "cli.h"
+
+enum { SERVE_EP_HEALTH, SERVE_EP_METRICS, SERVE_EP_EMBEDDINGS, SERVE_EP_CLASSIFY, SERVE_EP_OTHER,
+       SERVE_N_EP };
+enum { SERVE_ITEM_EMBED, SERVE_ITEM_CLASSIFY, SERVE_ITEM_TEXT };
+
+#define SERVE_N_STATUS 16 /* distinct status codes counted per endpoint */
+#define SERVE_BATCH_BUCKETS 14
+#define SERVE_TIME_BUCKETS 14
+
+typedef struct serve_request serve_request;
+
+/* One image waiting for the model. */
+typedef struct serve_item {
+    serve_request *req;
+    int index;     /* in req's inputs */
+    int kind;      /* SERVE_ITEM_* */
+    float *pixels; /* [channels, height, width], what the forward reads */
+    const char *text; /* SERVE_ITEM_TEXT: the text (the request's JSON owns it) */
+    double t_queued;
+} serve_item;
+
+typedef struct serve_hist {
+    const double *bounds; /* SERVE_*_BUCKETS upper bounds (le) */
+    int n;
+    uint64_t counts[SERVE_TIME_BUCKETS + 1]; /* per bucket, not cumulative; last: +Inf */
+    double sum;
+    uint64_t count;
+} serve_hist;
+
+typedef struct serve_state {
+    vitc_vit *model;
+    vitc_session *session;
+    cli_input in;
+    char *model_name; /* "model" in the responses: --model's base name */
+    int64_t embed_dim;
+    int num_classes;
+    int has_text; /* a text tower and its tokenizer: text inputs are embedded */
+    char *api_key;
+    size_t max_body;
+    int max_batch, max_wait_ms, max_queue;
+    atomic_int ready; /* 0 loading, 1 ready, 2 stopping */
+
+    pthread_mutex_t mu;
+    pthread_cond_t cv_work; /* the batcher: items queued, or stop */
+    pthread_cond_t cv_done; /* the connections: an item finished */
+    serve_item *queue;      /* ring of max_queue */
+    int q_head, q_len;
+    int stop;
+    int active;      /* requests between decoding and their reply */
+    int http_active; /* requests read by the HTTP side and not yet answered */
+
+    pthread_mutex_t mmu; /* metrics */
+    uint64_t req_count[SERVE_N_EP][SERVE_N_STATUS];
+    int req_status[SERVE_N_EP][SERVE_N_STATUS];
+    serve_hist batch_hist, queue_hist, infer_hist;
+    uint64_t images_total;
+} serve_state;
+
+typedef struct serve_reply {
+    int status;      /* 200, or an error's */
+    const char *msg; /* the error's message (static or in msgbuf) */
+    char msgbuf[512];
+    char *body; /* 200: the JSON (malloc'd) */
+    size_t len;
+} serve_reply;
+
+int serve_state_init(serve_state *s, int max_batch, int max_wait_ms, int max_queue,
+                     size_t max_body);
+void serve_state_free(serve_state *s);
+/* After the model loaded: its session and sizes. CLI_OK or reported. */
+int serve_model_ready(serve_state *s, const char *model_path);
+/* The batcher thread's loop, until serve_stop_batcher and an empty queue. */
+void serve_batcher_run(serve_state *s);
+void serve_stop_batcher(serve_state *s);
+/* Wait until no request is queued, running or unanswered. */
+void serve_drain(serve_state *s);
+/* A request begins (1) or its reply went out (-1), for serve_drain. */
+void serve_http_active(serve_state *s, int delta);
+/* A raw image body (a Content-Type of image/...): the options come from the
+ * query string (NULL: not given). */
+typedef struct serve_raw {
+    const char *top_k, *encoding_format;
+} serve_raw;
+/* A POST endpoint's body into the reply (blocks until its images ran):
+ * JSON, or the image's bytes when raw is not NULL. */
+void serve_handle(serve_state *s, int endpoint, const char *body, size_t len,
+                  const serve_raw *raw, serve_reply *r);
+void serve_metrics_request(serve_state *s, int endpoint, int status);
+/* Prometheus' text format, malloc'd. 0 or -1 (out of memory). */
+int serve_metrics_text(serve_state *s, char **out, size_t *len);
+/* base64 (standard or URL alphabet, padding optional, whitespace skipped)
+ * into a new *out of *n bytes: 0, or -1 naming the problem in err. */
+int serve_base64_decode(const char *s, size_t len, unsigned char **out, size_t *n, char *err,
+                        size_t err_len);
+
+#endif

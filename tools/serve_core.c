@@ -1,0 +1,734 @@
+/*
+ * serve_core.c — `vitc serve` apart from HTTP: request parsing (jansson,
+ * base64, the image decoder with its bounds), the bounded queue, the
+ * dynamic batcher on one session, the replies and the metrics. The HTTP
+ * side (cmd_serve.c) hands a body in and gets a status and JSON back, so
+ * a fuzz target can drive this file without a socket.
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli_text.h"
+#include "serve.h"
+
+#ifdef VITC_HAVE_MHD
+
+struct serve_request {
+    int n, done, failed;
+    size_t per;  /* floats of each input's result */
+    float *out;  /* [n, per]: embeddings or logits */
+    char err[256];
+};
+
+
+static const double batch_bounds[SERVE_BATCH_BUCKETS] = {1, 2, 4, 8, 16, 32, 64, 128, 256,
+                                                         512, 1024, 2048, 4096, 8192};
+static const double time_bounds[SERVE_TIME_BUCKETS] = {0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                                       0.025, 0.05, 0.1, 0.25, 0.5,
+                                                       1, 2.5, 5, 10};
+
+static void hist_add(serve_hist *h, double v) {
+    int b = 0;
+    while (b < h->n && v > h->bounds[b]) b++;
+    h->counts[b]++;
+    h->sum += v;
+    h->count++;
+}
+
+int serve_state_init(serve_state *s, int max_batch, int max_wait_ms, int max_queue,
+                     size_t max_body) {
+    memset(s, 0, sizeof *s);
+    s->max_batch = max_batch;
+    s->max_wait_ms = max_wait_ms;
+    s->max_queue = max_queue;
+    s->max_body = max_body;
+    atomic_init(&s->ready, 0);
+    s->batch_hist = (serve_hist){batch_bounds, SERVE_BATCH_BUCKETS, {0}, 0, 0};
+    s->queue_hist = (serve_hist){time_bounds, SERVE_TIME_BUCKETS, {0}, 0, 0};
+    s->infer_hist = (serve_hist){time_bounds, SERVE_TIME_BUCKETS, {0}, 0, 0};
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    /* the batcher's deadline must not move with the wall clock */
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_mutex_init(&s->mu, NULL);
+    pthread_mutex_init(&s->mmu, NULL);
+    pthread_cond_init(&s->cv_work, &ca);
+    pthread_cond_init(&s->cv_done, &ca);
+    pthread_condattr_destroy(&ca);
+    s->queue = calloc((size_t)max_queue, sizeof *s->queue);
+    return s->queue ? 0 : -1;
+}
+
+void serve_state_free(serve_state *s) {
+    vitc_session_free(s->session);
+    vitc_vit_free(s->model);
+    free(s->queue);
+    free(s->api_key);
+    free(s->model_name);
+    pthread_mutex_destroy(&s->mu);
+    pthread_mutex_destroy(&s->mmu);
+    pthread_cond_destroy(&s->cv_work);
+    pthread_cond_destroy(&s->cv_done);
+    memset(s, 0, sizeof *s);
+}
+
+int serve_model_ready(serve_state *s, const char *model_path) {
+    const vitc_vit_config *cfg = vitc_vit_get_config(s->model);
+    if (vitc_vit_embed_size(s->model, VITC_POOL_DEFAULT, s->in.height, s->in.width,
+                            &s->embed_dim) != VITC_OK ||
+        vitc_vit_prepare(s->model) != VITC_OK || vitc_session_create(s->model, &s->session) != VITC_OK)
+        return cli_error("%s", vitc_last_error());
+    s->num_classes = vitc_vit_has_head(s->model) ? cfg->num_classes : 0;
+    /* texts and images share the response's rows: one width for both */
+    s->has_text = vitc_vit_has_text(s->model) && vitc_vit_tokenizer(s->model) &&
+                  vitc_vit_text_dim(s->model) == s->embed_dim;
+    /* the name the responses carry: the path's last component */
+    const char *base = model_path, *p;
+    size_t n = strlen(model_path);
+    while (n > 1 && model_path[n - 1] == '/') n--;
+    for (p = model_path; p < model_path + n; p++)
+        if (*p == '/' && p + 1 < model_path + n)
+            base = p + 1;
+    if (!(s->model_name = strndup(base, (size_t)(model_path + n - base))))
+        return cli_error("out of memory");
+    return CLI_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* The batcher                                                         */
+/* ------------------------------------------------------------------ */
+
+static struct timespec deadline_ts(double t) {
+    struct timespec ts;
+    ts.tv_sec = (time_t)t;
+    ts.tv_nsec = (long)((t - (double)ts.tv_sec) * 1e9);
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec++;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+void serve_batcher_run(serve_state *s) {
+    size_t per_image = s->in.per_image;
+    size_t per_out = (size_t)s->embed_dim > (size_t)s->num_classes ? (size_t)s->embed_dim
+                                                                   : (size_t)s->num_classes;
+    float *batch = malloc((size_t)s->max_batch * per_image * sizeof *batch); /* [B, C, H, W] */
+    float *out = malloc((size_t)s->max_batch * per_out * sizeof *out);       /* [B, per_out] */
+    serve_item *items = malloc((size_t)s->max_batch * sizeof *items);
+    const char **texts = malloc((size_t)s->max_batch * sizeof *texts);
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        while (s->q_len == 0 && !s->stop) pthread_cond_wait(&s->cv_work, &s->mu);
+        if (s->q_len == 0)
+            break;
+        /* Dynamic batching: wait for the batch to fill until max_wait_ms
+         * after the oldest item arrived (the time cli_now keeps, on the
+         * monotonic clock as the condition variable); under load the
+         * queue is already full enough and nothing waits. */
+        double deadline = s->queue[s->q_head].t_queued + s->max_wait_ms * 1e-3;
+        while (s->q_len < s->max_batch && !s->stop && cli_now() < deadline) {
+            struct timespec ts = deadline_ts(deadline);
+            pthread_cond_timedwait(&s->cv_work, &s->mu, &ts);
+        }
+        int kind = s->queue[s->q_head].kind, nb = 0;
+        while (nb < s->max_batch && s->q_len > 0 && s->queue[s->q_head].kind == kind) {
+            items[nb++] = s->queue[s->q_head];
+            s->q_head = (s->q_head + 1) % s->max_queue;
+            s->q_len--;
+        }
+        pthread_mutex_unlock(&s->mu);
+
+        double t0 = cli_now();
+        vitc_status st = VITC_OK;
+        if (!batch || !out || !items || !texts)
+            st = VITC_ERR_NOMEM;
+        else if (kind == SERVE_ITEM_TEXT) {
+            /* the model API, not a session: only this thread runs the
+             * model, so nothing else reads it meanwhile */
+            for (int i = 0; i < nb; i++) texts[i] = items[i].text;
+            st = vitc_vit_encode_text(s->model, texts, nb, out);
+        } else {
+            for (int i = 0; i < nb; i++)
+                memcpy(batch + (size_t)i * per_image, items[i].pixels, per_image * sizeof *batch);
+            st = kind == SERVE_ITEM_EMBED
+                     ? vitc_session_embed(s->session, batch, nb, s->in.height, s->in.width,
+                                          VITC_POOL_DEFAULT, out)
+                     : vitc_session_forward(s->session, batch, nb, s->in.height, s->in.width,
+                                            out);
+        }
+        double t1 = cli_now();
+        const char *err =
+            st == VITC_OK ? NULL : (batch && out && texts ? vitc_last_error() : "out of memory");
+        pthread_mutex_lock(&s->mmu);
+        hist_add(&s->batch_hist, nb);
+        hist_add(&s->infer_hist, t1 - t0);
+        for (int i = 0; i < nb; i++) hist_add(&s->queue_hist, t0 - items[i].t_queued);
+        s->images_total += (uint64_t)nb;
+        pthread_mutex_unlock(&s->mmu);
+
+        pthread_mutex_lock(&s->mu);
+        size_t per = kind == SERVE_ITEM_CLASSIFY ? (size_t)s->num_classes : (size_t)s->embed_dim;
+        for (int i = 0; i < nb; i++) {
+            serve_request *r = items[i].req;
+            if (err) {
+                r->failed = 1;
+                snprintf(r->err, sizeof r->err, "the forward failed: %s", err);
+            } else {
+                memcpy(r->out + (size_t)items[i].index * r->per, out + (size_t)i * per,
+                       per * sizeof *out);
+            }
+            free(items[i].pixels);
+            r->done++;
+        }
+        pthread_cond_broadcast(&s->cv_done);
+    }
+    pthread_mutex_unlock(&s->mu);
+    free(batch);
+    free(out);
+    free(items);
+    free(texts);
+}
+
+void serve_stop_batcher(serve_state *s) {
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_broadcast(&s->cv_work);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void serve_drain(serve_state *s) {
+    pthread_mutex_lock(&s->mu);
+    while (s->active > 0 || s->http_active > 0) pthread_cond_wait(&s->cv_done, &s->mu);
+    pthread_mutex_unlock(&s->mu);
+}
+
+void serve_http_active(serve_state *s, int delta) {
+    pthread_mutex_lock(&s->mu);
+    s->http_active += delta;
+    pthread_cond_broadcast(&s->cv_done);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* ------------------------------------------------------------------ */
+/* Inputs                                                              */
+/* ------------------------------------------------------------------ */
+
+int serve_base64_decode(const char *s, size_t len, unsigned char **out, size_t *n, char *err,
+                        size_t err_len) {
+    unsigned char *o = malloc(len / 4 * 3 + 3);
+    if (!o) {
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    uint32_t acc = 0;
+    int bits = 0, pad = 0;
+    size_t k = 0;
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)s[i];
+        int v;
+        if (c >= 'A' && c <= 'Z')
+            v = c - 'A';
+        else if (c >= 'a' && c <= 'z')
+            v = c - 'a' + 26;
+        else if (c >= '0' && c <= '9')
+            v = c - '0' + 52;
+        else if (c == '+' || c == '-')
+            v = 62;
+        else if (c == '/' || c == '_')
+            v = 63;
+        else if (c == '=') {
+            pad++;
+            continue;
+        } else if (c == ' ' || c == '\n' || c == '\r' || c == '\t')
+            continue;
+        else {
+            snprintf(err, err_len, "bad base64: character 0x%02x at offset %zu", c, i);
+            free(o);
+            return -1;
+        }
+        if (pad) {
+            snprintf(err, err_len, "bad base64: data after '=' padding at offset %zu", i);
+            free(o);
+            return -1;
+        }
+        acc = (acc << 6) | (uint32_t)v;
+        bits += 6;
+        if (bits >= 8) {
+            bits -= 8;
+            o[k++] = (unsigned char)(acc >> bits);
+        }
+    }
+    /* 6 leftover bits (a length of 4k+1 symbols) cannot be a byte */
+    if (bits >= 6 || pad > 2) {
+        snprintf(err, err_len, "bad base64: truncated (the length is not a whole number of "
+                               "bytes)");
+        free(o);
+        return -1;
+    }
+    *out = o;
+    *n = k;
+    return 0;
+}
+
+static int decode_image(serve_state *s, const void *bytes, size_t n, float **pixels, char *err,
+                        size_t err_len);
+
+/* One input (a data: URL or bare base64 of a PNG/JPEG) into pixels [C, H,
+ * W]. 0, or -1 with err. */
+static int decode_input(serve_state *s, const char *str, size_t len, float **pixels, char *err,
+                        size_t err_len) {
+    const char *b64 = str;
+    size_t b64len = len;
+    if (len >= 5 && !strncmp(str, "data:", 5)) {
+        const char *comma = memchr(str, ',', len);
+        if (!comma) {
+            snprintf(err, err_len, "a data: URL without ',' before its data");
+            return -1;
+        }
+        size_t hl = (size_t)(comma - str);
+        if (hl < 7 || strncmp(comma - 7, ";base64", 7) != 0) {
+            snprintf(err, err_len, "a data: URL must be base64 (data:image/png;base64,...)");
+            return -1;
+        }
+        b64 = comma + 1;
+        b64len = len - hl - 1;
+    }
+    unsigned char *bytes;
+    size_t n;
+    if (serve_base64_decode(b64, b64len, &bytes, &n, err, err_len) != 0)
+        return -1;
+    int rc = decode_image(s, bytes, n, pixels, err, err_len);
+    free(bytes);
+    return rc;
+}
+
+/* An encoded image's bytes into pixels [C, H, W], as `vitc embed` and
+ * `vitc classify` preprocess a file. 0, or -1 with err. */
+static int decode_image(serve_state *s, const void *bytes, size_t n, float **pixels, char *err,
+                        size_t err_len) {
+    if (n == 0) {
+        snprintf(err, err_len, "an empty image");
+        return -1;
+    }
+    const cli_input *in = &s->in;
+    vitc_image img;
+    vitc_status st = vitc_image_load_memory_flags(
+        bytes, n, 0, in->proc ? vitc_vit_image_flags(in->proc) : 0, &img);
+    if (st != VITC_OK) {
+        snprintf(err, err_len, "cannot decode the image: %s", vitc_last_error());
+        return -1;
+    }
+    float *px = malloc(in->per_image * sizeof *px); /* [C, H, W] */
+    if (!px) {
+        vitc_image_free(&img);
+        snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    if (in->proc) {
+        int h, w;
+        st = vitc_vit_preprocess_size(in->proc, img.width, img.height, &h, &w);
+        if (st == VITC_OK && in->channels == 1) {
+            /* as cli_load_input: PIL's convert("L") in every plane, the
+             * first plane kept */
+            size_t np = (size_t)img.width * (size_t)img.height;
+            float *rgb = malloc((size_t)3 * (size_t)h * (size_t)w * sizeof *rgb);
+            for (size_t i = 0; rgb && i < np; i++) {
+                uint8_t *p = img.rgb + 3 * i;
+                uint32_t l = (p[0] * 19595u + p[1] * 38470u + p[2] * 7471u + 0x8000u) >> 16;
+                p[0] = p[1] = p[2] = (uint8_t)l;
+            }
+            st = rgb ? vitc_vit_preprocess(in->proc, &img, rgb) : VITC_ERR_NOMEM;
+            if (st == VITC_OK)
+                memcpy(px, rgb, (size_t)h * (size_t)w * sizeof *rgb);
+            free(rgb);
+        } else if (st == VITC_OK) {
+            st = vitc_vit_preprocess(in->proc, &img, px);
+        }
+    } else {
+        const vitc_vit_config *cfg = vitc_vit_get_config(s->model);
+        st = vitc_image_preprocess_channels(&img, in->resize, in->crop, in->channels, cfg->mean,
+                                            cfg->std, px);
+    }
+    vitc_image_free(&img);
+    if (st != VITC_OK) {
+        free(px);
+        snprintf(err, err_len, "cannot preprocess the image: %s", vitc_last_error());
+        return -1;
+    }
+    *pixels = px;
+    return 0;
+}
+
+/* ------------------------------------------------------------------ */
+/* Endpoints                                                           */
+/* ------------------------------------------------------------------ */
+
+static void fail(serve_reply *r, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void fail(serve_reply *r, int status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(r->msgbuf, sizeof r->msgbuf, fmt, ap);
+    va_end(ap);
+    r->status = status;
+    r->msg = r->msgbuf;
+}
+
+static const char b64chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/* OpenAI's encoding_format "base64": the float32 values' little-endian
+ * bytes, base64-encoded (numpy.frombuffer(..., "<f4") reads them). */
+static void put_base64_floats(FILE *f, const float *v, size_t n) {
+    const unsigned char *b = (const unsigned char *)v; /* x86/arm64: little-endian */
+    size_t len = n * sizeof *v;
+    fputc('"', f);
+    for (size_t i = 0; i < len; i += 3) {
+        uint32_t x = (uint32_t)b[i] << 16;
+        if (i + 1 < len)
+            x |= (uint32_t)b[i + 1] << 8;
+        if (i + 2 < len)
+            x |= b[i + 2];
+        fputc(b64chars[(x >> 18) & 63], f);
+        fputc(b64chars[(x >> 12) & 63], f);
+        fputc(i + 1 < len ? b64chars[(x >> 6) & 63] : '=', f);
+        fputc(i + 2 < len ? b64chars[x & 63] : '=', f);
+    }
+    fputc('"', f);
+}
+
+static void write_classify(serve_state *s, FILE *f, const float *logits, int k) {
+    int C = s->num_classes;
+    cli_ranked *rank = malloc((size_t)C * sizeof *rank);
+    double mx = -INFINITY, sum = 0.0;
+    for (int c = 0; c < C; c++)
+        if (logits[c] > mx)
+            mx = logits[c];
+    for (int c = 0; c < C; c++) sum += exp((double)logits[c] - mx);
+    if (!rank)
+        return;
+    for (int c = 0; c < C; c++) {
+        rank[c].score = logits[c];
+        rank[c].index = c;
+    }
+    qsort(rank, (size_t)C, sizeof *rank, cli_ranked_cmp);
+    fputs("[", f);
+    for (int r = 0; r < k; r++) {
+        int c = rank[r].index;
+        const char *label = vitc_vit_label(s->model, c);
+        fprintf(f, "%s{\"index\": %d, \"label\": ", r ? ", " : "", c);
+        if (label)
+            cli_json_string(f, label);
+        else
+            fputs("null", f);
+        fputs(", \"prob\": ", f);
+        cli_json_number(f, exp((double)logits[c] - mx) / sum);
+        fputs(", \"logit\": ", f);
+        cli_json_number(f, logits[c]);
+        fputc('}', f);
+    }
+    fputs("]", f);
+    free(rank);
+}
+
+void serve_handle(serve_state *s, int endpoint, const char *body, size_t len,
+                  const serve_raw *raw, serve_reply *r) {
+    memset(r, 0, sizeof *r);
+    r->status = 200;
+    json_error_t je;
+    json_t *root;
+    if (raw) {
+        /* a raw image body: its options from the query string, as the
+         * JSON body would give them */
+        root = json_object();
+        if (root && raw->top_k) {
+            long v;
+            if (cli_parse_long(raw->top_k, 1, 1000000000, &v) != 0) {
+                json_decref(root);
+                fail(r, 400, "top_k must be an integer >= 1");
+                return;
+            }
+            json_object_set_new(root, "top_k", json_integer(v));
+        }
+        if (root && raw->encoding_format)
+            json_object_set_new(root, "encoding_format", json_string(raw->encoding_format));
+        if (root)
+            json_object_set_new(root, "input", json_string(""));
+        if (!root) {
+            fail(r, 500, "out of memory");
+            return;
+        }
+    } else {
+        root = json_loadb(body, len, 0, &je);
+    }
+    float **pixels = NULL;
+    const char **texts = NULL;
+    serve_request req;
+    memset(&req, 0, sizeof req);
+    int n = 0, base64 = 0, k = 5;
+    if (!root) {
+        fail(r, 400, "malformed JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+        return;
+    }
+    if (!json_is_object(root)) {
+        fail(r, 400, "the body must be a JSON object with \"input\"");
+        goto out;
+    }
+    json_t *input = json_object_get(root, "input");
+    if (!input || !(json_is_string(input) || json_is_array(input))) {
+        fail(r, 400, "\"input\" is required: a string or an array of strings (base64 images "
+                     "or data: URLs)");
+        goto out;
+    }
+    n = json_is_array(input) ? (int)json_array_size(input) : 1;
+    if (n == 0) {
+        fail(r, 400, "\"input\" is empty");
+        goto out;
+    }
+    if (n > s->max_queue) {
+        fail(r, 400, "%d inputs in one request; the server queues at most %d (--max-queue)", n,
+             s->max_queue);
+        goto out;
+    }
+    if (endpoint == SERVE_EP_EMBEDDINGS) {
+        json_t *ef = json_object_get(root, "encoding_format");
+        if (ef && !json_is_null(ef)) {
+            const char *v = json_is_string(ef) ? json_string_value(ef) : "";
+            if (!strcmp(v, "base64"))
+                base64 = 1;
+            else if (strcmp(v, "float") != 0) {
+                fail(r, 400, "\"encoding_format\" must be \"float\" or \"base64\"");
+                goto out;
+            }
+        }
+    } else {
+        if (s->num_classes <= 0) {
+            fail(r, 400, "the model has no classification head (a backbone): use "
+                         "/v1/embeddings");
+            goto out;
+        }
+        json_t *tk = json_object_get(root, "top_k");
+        if (tk && !json_is_null(tk)) {
+            if (!json_is_integer(tk) || json_integer_value(tk) < 1) {
+                fail(r, 400, "\"top_k\" must be an integer >= 1");
+                goto out;
+            }
+            json_int_t v = json_integer_value(tk);
+            k = v > s->num_classes ? s->num_classes : (int)v;
+        }
+        if (k > s->num_classes)
+            k = s->num_classes;
+    }
+    if (!(pixels = calloc((size_t)n, sizeof *pixels))) {
+        fail(r, 500, "out of memory");
+        goto out;
+    }
+    texts = calloc((size_t)n, sizeof *texts);
+    if (!texts) {
+        fail(r, 500, "out of memory");
+        goto out;
+    }
+    for (int i = 0; i < n; i++) {
+        json_t *e = json_is_array(input) ? json_array_get(input, (size_t)i) : input;
+        /* {"image": B64} and {"text": T} say what they are; a bare string
+         * is a text for a model with a text tower (as in OpenAI's API),
+         * unless it is a data: URL, and a base64 image otherwise */
+        int is_text = 0;
+        if (json_is_object(e)) {
+            json_t *t = json_object_get(e, "text");
+            is_text = t != NULL;
+            e = t ? t : json_object_get(e, "image");
+        } else if (json_is_string(e)) {
+            is_text = !raw && s->has_text && strncmp(json_string_value(e), "data:", 5) != 0;
+        }
+        if (!e || !json_is_string(e)) {
+            fail(r, 400, "input[%d]: not a string (a base64 image, a data: URL%s)", i,
+                 s->has_text ? " or a text" : "");
+            goto out;
+        }
+        if (is_text) {
+            size_t tl = json_string_length(e);
+            if (endpoint != SERVE_EP_EMBEDDINGS || !s->has_text) {
+                fail(r, 400, "input[%d]: a text, but %s", i,
+                     endpoint != SERVE_EP_EMBEDDINGS
+                         ? "/v1/classify takes images"
+                         : "the model has no text tower with a tokenizer (CLIP and SigLIP "
+                           "Hub directories with their tokenizer files have one)");
+                goto out;
+            }
+            if (tl == 0 || tl > CLI_TEXT_MAX_BYTES || memchr(json_string_value(e), 0, tl)) {
+                fail(r, 400, "input[%d]: a text must be 1 to %d bytes, without NUL", i,
+                     (int)CLI_TEXT_MAX_BYTES);
+                goto out;
+            }
+            texts[i] = json_string_value(e);
+            continue;
+        }
+        char err[400];
+        if (raw ? decode_image(s, body, len, &pixels[i], err, sizeof err)
+                : decode_input(s, json_string_value(e), json_string_length(e), &pixels[i], err,
+                               sizeof err)) {
+            fail(r, 400, "input[%d]: %s", i, err);
+            goto out;
+        }
+    }
+    req.n = n;
+    req.per = endpoint == SERVE_EP_EMBEDDINGS ? (size_t)s->embed_dim : (size_t)s->num_classes;
+    if (!(req.out = malloc((size_t)n * req.per * sizeof *req.out))) {
+        fail(r, 500, "out of memory");
+        goto out;
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->stop) {
+        /* the batcher leaves once the queue is empty: nothing may join it */
+        pthread_mutex_unlock(&s->mu);
+        fail(r, 503, "the server is shutting down");
+        goto out;
+    }
+    if (s->q_len + n > s->max_queue) {
+        pthread_mutex_unlock(&s->mu);
+        fail(r, 429, "the queue is full (%d images waiting, --max-queue %d): retry later",
+             s->q_len, s->max_queue);
+        goto out;
+    }
+    double t = cli_now();
+    for (int i = 0; i < n; i++) {
+        int at = (s->q_head + s->q_len) % s->max_queue;
+        s->queue[at] = (serve_item){&req, i,
+                                    texts[i] ? SERVE_ITEM_TEXT
+                                    : endpoint == SERVE_EP_EMBEDDINGS ? SERVE_ITEM_EMBED
+                                                                      : SERVE_ITEM_CLASSIFY,
+                                    pixels[i], texts[i], t};
+        pixels[i] = NULL; /* the batcher frees it */
+        s->q_len++;
+    }
+    s->active++;
+    pthread_cond_signal(&s->cv_work);
+    while (req.done < n) pthread_cond_wait(&s->cv_done, &s->mu);
+    s->active--;
+    pthread_cond_broadcast(&s->cv_done);
+    pthread_mutex_unlock(&s->mu);
+    if (req.failed) {
+        fail(r, 500, "%s", req.err);
+        goto out;
+    }
+
+    FILE *f = open_memstream(&r->body, &r->len);
+    if (!f) {
+        fail(r, 500, "out of memory");
+        goto out;
+    }
+    fputs("{\"object\": \"list\", \"data\": [", f);
+    for (int i = 0; i < n; i++) {
+        const float *v = req.out + (size_t)i * req.per;
+        if (endpoint == SERVE_EP_EMBEDDINGS) {
+            fprintf(f, "%s{\"object\": \"embedding\", \"index\": %d, \"embedding\": ",
+                    i ? ", " : "", i);
+            if (base64)
+                put_base64_floats(f, v, req.per);
+            else {
+                fputc('[', f);
+                for (size_t j = 0; j < req.per; j++) {
+                    if (j)
+                        fputs(", ", f);
+                    cli_json_number(f, v[j]);
+                }
+                fputc(']', f);
+            }
+        } else {
+            fprintf(f, "%s{\"object\": \"classification\", \"index\": %d, \"topk\": ",
+                    i ? ", " : "", i);
+            write_classify(s, f, v, k);
+        }
+        fputc('}', f);
+    }
+    fputs("], \"model\": ", f);
+    cli_json_string(f, s->model_name);
+    /* OpenAI's usage counts tokens; an image has none to bill: 0, with
+     * the images counted apart */
+    fprintf(f, ", \"usage\": {\"prompt_tokens\": 0, \"total_tokens\": 0, \"images\": %d}}\n", n);
+    if (fclose(f) != 0) {
+        free(r->body);
+        r->body = NULL;
+        fail(r, 500, "out of memory");
+    }
+out:
+    if (pixels)
+        for (int i = 0; i < n; i++) free(pixels[i]);
+    free(pixels);
+    free(texts);
+    free(req.out);
+    json_decref(root);
+}
+
+/* ------------------------------------------------------------------ */
+/* Metrics                                                             */
+/* ------------------------------------------------------------------ */
+
+void serve_metrics_request(serve_state *s, int endpoint, int status) {
+    pthread_mutex_lock(&s->mmu);
+    for (int i = 0; i < SERVE_N_STATUS; i++) {
+        if (s->req_status[endpoint][i] == status || s->req_status[endpoint][i] == 0) {
+            s->req_status[endpoint][i] = status;
+            s->req_count[endpoint][i]++;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&s->mmu);
+}
+
+static void put_hist(FILE *f, const char *name, const char *help, const serve_hist *h) {
+    fprintf(f, "# HELP %s %s\n# TYPE %s histogram\n", name, help, name);
+    uint64_t cum = 0;
+    for (int b = 0; b < h->n; b++) {
+        cum += h->counts[b];
+        fprintf(f, "%s_bucket{le=\"%g\"} %llu\n", name, h->bounds[b], (unsigned long long)cum);
+    }
+    cum += h->counts[h->n];
+    fprintf(f, "%s_bucket{le=\"+Inf\"} %llu\n", name, (unsigned long long)cum);
+    fprintf(f, "%s_sum %.9g\n%s_count %llu\n", name, h->sum, name, (unsigned long long)h->count);
+}
+
+int serve_metrics_text(serve_state *s, char **out, size_t *len) {
+    static const char *const ep_names[SERVE_N_EP] = {"/health", "/metrics", "/v1/embeddings",
+                                                     "/v1/classify", "other"};
+    FILE *f = open_memstream(out, len);
+    if (!f)
+        return -1;
+    pthread_mutex_lock(&s->mu);
+    int q = s->q_len;
+    pthread_mutex_unlock(&s->mu);
+    pthread_mutex_lock(&s->mmu);
+    fputs("# HELP vitc_requests_total HTTP requests answered, by endpoint and status.\n"
+          "# TYPE vitc_requests_total counter\n", f);
+    for (int e = 0; e < SERVE_N_EP; e++)
+        for (int i = 0; i < SERVE_N_STATUS && s->req_status[e][i]; i++)
+            fprintf(f, "vitc_requests_total{endpoint=\"%s\",status=\"%d\"} %llu\n", ep_names[e],
+                    s->req_status[e][i], (unsigned long long)s->req_count[e][i]);
+    fprintf(f, "# HELP vitc_queue_size Images waiting for the model.\n"
+               "# TYPE vitc_queue_size gauge\nvitc_queue_size %d\n", q);
+    fprintf(f, "# HELP vitc_queue_capacity --max-queue.\n"
+               "# TYPE vitc_queue_capacity gauge\nvitc_queue_capacity %d\n", s->max_queue);
+    fprintf(f, "# HELP vitc_images_total Images run through the model.\n"
+               "# TYPE vitc_images_total counter\nvitc_images_total %llu\n",
+            (unsigned long long)s->images_total);
+    fprintf(f, "# HELP vitc_ready 1 when the model is loaded and requests are taken.\n"
+               "# TYPE vitc_ready gauge\nvitc_ready %d\n", atomic_load(&s->ready) == 1);
+    put_hist(f, "vitc_batch_size", "Images per forward.", &s->batch_hist);
+    put_hist(f, "vitc_queue_seconds", "Time an image waited in the queue.", &s->queue_hist);
+    put_hist(f, "vitc_inference_seconds", "Time of one batch's forward.", &s->infer_hist);
+    pthread_mutex_unlock(&s->mmu);
+    if (fclose(f) != 0) {
+        free(*out);
+        return -1;
+    }
+    return 0;
+}
+
+#endif
