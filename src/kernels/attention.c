@@ -21,12 +21,20 @@
 /* Score j of query row ql: scale * ql . kj (+ the mask row ml), as the max
  * pass and the exponent pass both compute it. */
 static inline float sdpa_score(const vitc__sdpa_desc *d, const float *ql, const float *kj,
-                               const float *ml, int64_t j) {
+                               const float *ml, const float *rh, const float *rw, int64_t j) {
     float acc = 0.0f;
     for (int64_t c = 0; c < d->D; c++) acc += ql[c] * kj[c];
     acc *= d->scale;
+    if (rh) acc += rh[j / d->kw] + rw[j % d->kw];
     if (ml) acc += ml[j];
     return acc;
+}
+
+/* Row l's decomposed relative-position rows of head (b, h), or NULLs. */
+static inline void sdpa_rel_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t l,
+                                 const float **rh, const float **rw) {
+    *rh = d->rel_h ? d->rel_h + b * d->rh_sb + h * d->rh_sh + l * d->rh_sr : NULL; /* [kh] */
+    *rw = d->rel_h ? d->rel_w + b * d->rw_sb + h * d->rw_sh + l * d->rw_sr : NULL; /* [kw] */
 }
 
 /* Two passes over the keys per query row, recomputing the scores instead of
@@ -40,11 +48,13 @@ void vitc__sdpa_ref_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t
     for (int64_t l = l0; l < l1; l++) {
         const float *ql = q + l * d->q_sr;
         const float *ml = d->mask ? d->mask + b * d->m_sb + h * d->m_sh + l * d->m_sr : NULL;
+        const float *rh, *rw;
+        sdpa_rel_rows(d, b, h, l, &rh, &rw);
         float *pl = d->probs ? d->probs + b * d->p_sb + h * d->p_sh + l * d->p_sr : NULL;
         float *ol = o + l * d->o_sr;
         float mx = -INFINITY;
         for (int64_t j = 0; j < d->S; j++) {
-            float acc = sdpa_score(d, ql, k + j * d->k_sr, ml, j);
+            float acc = sdpa_score(d, ql, k + j * d->k_sr, ml, rh, rw, j);
             if (acc > mx) mx = acc;
         }
         for (int64_t c = 0; c < d->Dv; c++) ol[c] = 0.0f;
@@ -54,7 +64,7 @@ void vitc__sdpa_ref_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t
         }
         float sum = 0.0f;
         for (int64_t j = 0; j < d->S; j++) {
-            float acc = sdpa_score(d, ql, k + j * d->k_sr, ml, j);
+            float acc = sdpa_score(d, ql, k + j * d->k_sr, ml, rh, rw, j);
             /* every score -inf: NaN weights, as torch's softmax */
             float e = expf(acc - mx);
             sum += e;
@@ -196,7 +206,7 @@ static void vitc__attn_plan_make(vitc__attn_plan *p, const vitc__sdpa_desc *d) {
      * thread count, so neither does any rounding. */
     int64_t Br = d->L >= 1024 ? 192 : 48;
     /* The small-Dv path (attention_tmpl.h) takes rows 32 at a time. */
-    if (d->Dv <= 16 && !d->mask && !d->probs && d->L < 1024) Br = 64;
+    if (d->Dv <= 16 && !d->mask && !d->rel_h && !d->probs && d->L < 1024) Br = 64;
     while (Br > 12 && d->B * d->H * ((d->L + Br - 1) / Br) < 8) Br = Br / 2 < 12 ? 12 : Br / 2;
     /* A short head (L up to 1.5 Br) in one block rather than a full one and
      * a sliver (ViT on 28 px images: 50 = 48 + 2 rows), when there are tasks
@@ -291,9 +301,23 @@ static vitc_status vitc__sdpa_check_sizes(const vitc__sdpa_desc *d, const char *
     return VITC_OK;
 }
 
+/* The relative-position views, when given, must describe the key grid. */
+static vitc_status vitc__sdpa_check_rel(const vitc__sdpa_desc *d, const char *who) {
+    if (!d->rel_h) return VITC_OK;
+    if (!d->rel_w)
+        return vitc__err(VITC_ERR_INVALID_ARG, "%s: rel_h given without rel_w; pass both", who);
+    if (d->kh <= 0 || d->kw <= 0 || d->kh * d->kw != d->S)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "%s: the key grid %lld x %lld does not hold the %lld keys; set kh, kw "
+                         "with kh * kw == S",
+                         who, (long long)d->kh, (long long)d->kw, (long long)d->S);
+    return VITC_OK;
+}
+
 vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
     if (!d) return vitc__err(VITC_ERR_INVALID_ARG, "sdpa: NULL descriptor");
     VITC_TRY(vitc__sdpa_check_sizes(d, "sdpa"));
+    VITC_TRY(vitc__sdpa_check_rel(d, "sdpa"));
     int64_t rows = d->B * d->H * d->L;
     if (rows == 0) return VITC_OK;
     if (vitc__attn_bad(d->D * d->S, d->q) || vitc__attn_bad(d->D * d->S, d->k) ||
@@ -310,7 +334,7 @@ vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
         return VITC_OK;
     }
 
-    if (d->bf16 && !d->lse) return vitc__sdpa_bf16(d, NULL);
+    if (d->bf16 && !d->lse && !d->rel_h) return vitc__sdpa_bf16(d, NULL);
     vitc__attn_plan plan;
     vitc__attn_plan_make(&plan, d);
     vitc__attn_run rc = {&plan, vitc__kern()->attn_rows, vitc__attn_need(&plan), 0, 0, 0, 0};
@@ -509,6 +533,10 @@ vitc_status vitc__sdpa_backward(const vitc__sdpa_bwd_desc *bd) {
     if (!bd) return vitc__err(VITC_ERR_INVALID_ARG, "sdpa backward: NULL descriptor");
     const vitc__sdpa_desc *d = &bd->f;
     VITC_TRY(vitc__sdpa_check_sizes(d, "sdpa backward"));
+    if (d->rel_h)
+        return vitc__err(VITC_ERR_UNSUPPORTED,
+                         "sdpa backward: relative-position bias (rel_h, rel_w) has no backward yet; "
+                         "leave rel_h NULL for training");
     if (d->B * d->H == 0) return VITC_OK;
     int64_t L = d->L, S = d->S;
     if (vitc__attn_bad(L * d->D, bd->dq) || vitc__attn_bad(S * d->D, bd->dk) ||

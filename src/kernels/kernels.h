@@ -306,6 +306,15 @@ typedef struct vitc__sdpa_desc {
     /* 1: q k^T and P v on bfloat16 operands with fp32 sums, the softmax in
      * fp32 (attention_bf16.c; inference: ignored when lse is asked for). */
     int bf16;
+    /* Decomposed relative positions (SAM's ViT-det attention), may be NULL
+     * (then rel_w is ignored): the keys are a kh x kw grid in row-major
+     * order (S == kh * kw), and the score of row l, key j gets
+     * rel_h[l][j / kw] + rel_w[l][j % kw] added after the scale, before
+     * the mask. Added tile by tile inside the kernel: no L x S buffer. The
+     * bf16 path does not take it (the fp32 kernel runs instead). */
+    const float *rel_h; int64_t rh_sb, rh_sh, rh_sr; /* [B,H,L,kh] */
+    const float *rel_w; int64_t rw_sb, rw_sh, rw_sr; /* [B,H,L,kw] */
+    int64_t kh, kw;
 } vitc__sdpa_desc;
 
 /* Dispatching entry point: threads over B x H x query blocks. */

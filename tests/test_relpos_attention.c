@@ -1,0 +1,260 @@
+/*
+ * test_relpos_attention.c — the fused attention with decomposed relative
+ * positions (vitc__sdpa_desc.rel_h / rel_w, SAM's ViT-det attention) on
+ * every path this CPU supports, against a float64 softmax that builds the
+ * whole [L, S] bias explicitly from q and the position tables:
+ *   bias[l][j] = q_l . Rh[lh - jh + kh - 1] + q_l . Rw[lw - jw + kw - 1]
+ * with (lh, lw) and (jh, jw) the grid positions of query l and key j.
+ * Tolerance as test_attention.c: max|got - ref| <= 1e-5 * max(1, |ref|).
+ */
+#include <math.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "kernels/kernels.h"
+#include "kernels/attention_impl.h"
+
+#include "testutil.h"
+
+static uint64_t rng_state = 0x2545f4914f6cdd1dull;
+
+typedef struct rcase {
+    int64_t B, H, gh, gw, D; /* query grid == key grid gh x gw; Dv == D */
+    int mask;                /* 1: an additive [L, S] mask (broadcast over b, h) too */
+} rcase;
+
+typedef struct rdata {
+    vitc__sdpa_desc d;
+    float *q, *k, *v, *o, *lse, *mask; /* [B,H,L,D] x3, [B,H,L,D], [B,H,L], [L,S] */
+    float *th, *tw;                    /* [H, 2gh-1, D], [H, 2gw-1, D] position tables */
+    float *rh, *rw;                    /* [B,H,L,gh], [B,H,L,gw] */
+} rdata;
+
+/* rel_h / rel_w as the model computes them (float, q unscaled). */
+static void rel_tables(rdata *t, const rcase *c) {
+    const int64_t L = c->gh * c->gw, D = c->D;
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < c->H; h++)
+            for (int64_t l = 0; l < L; l++) {
+                const float *ql = t->q + ((b * c->H + h) * L + l) * D;
+                int64_t lh = l / c->gw, lw = l % c->gw;
+                float *rh = t->rh + ((b * c->H + h) * L + l) * c->gh;
+                float *rw = t->rw + ((b * c->H + h) * L + l) * c->gw;
+                for (int64_t a = 0; a < c->gh; a++) {
+                    const float *r = t->th + (h * (2 * c->gh - 1) + lh - a + c->gh - 1) * D;
+                    float s = 0.0f;
+                    for (int64_t x = 0; x < D; x++) s += ql[x] * r[x];
+                    rh[a] = s;
+                }
+                for (int64_t a = 0; a < c->gw; a++) {
+                    const float *r = t->tw + (h * (2 * c->gw - 1) + lw - a + c->gw - 1) * D;
+                    float s = 0.0f;
+                    for (int64_t x = 0; x < D; x++) s += ql[x] * r[x];
+                    rw[a] = s;
+                }
+            }
+}
+
+static void rdata_make(rdata *t, const rcase *c) {
+    memset(t, 0, sizeof *t);
+    const int64_t B = c->B, H = c->H, L = c->gh * c->gw, D = c->D;
+    const size_t n = (size_t)(B * H * L * D);
+    t->q = tu_falloc(n), t->k = tu_falloc(n), t->v = tu_falloc(n), t->o = tu_falloc(n);
+    t->lse = tu_falloc((size_t)(B * H * L));
+    tu_fill(&rng_state, t->q, n, 1.0f);
+    tu_fill(&rng_state, t->k, n, 1.0f);
+    tu_fill(&rng_state, t->v, n, 1.0f);
+    /* Tables of SAM's trained size: a bias of a few units, like the scores. */
+    size_t nth = (size_t)(H * (2 * c->gh - 1) * D), ntw = (size_t)(H * (2 * c->gw - 1) * D);
+    t->th = tu_falloc(nth), t->tw = tu_falloc(ntw);
+    tu_fill(&rng_state, t->th, nth, 0.5f);
+    tu_fill(&rng_state, t->tw, ntw, 0.5f);
+    t->rh = tu_falloc((size_t)(B * H * L * c->gh));
+    t->rw = tu_falloc((size_t)(B * H * L * c->gw));
+    rel_tables(t, c);
+    vitc__sdpa_desc *d = &t->d;
+    d->B = B, d->H = H, d->L = L, d->S = L, d->D = D, d->Dv = D;
+    d->q = t->q, d->q_sb = H * L * D, d->q_sh = L * D, d->q_sr = D;
+    d->k = t->k, d->k_sb = H * L * D, d->k_sh = L * D, d->k_sr = D;
+    d->v = t->v, d->v_sb = H * L * D, d->v_sh = L * D, d->v_sr = D;
+    d->o = t->o, d->o_sb = H * L * D, d->o_sh = L * D, d->o_sr = D;
+    d->scale = 1.0f / sqrtf((float)D);
+    d->lse = t->lse, d->lse_sb = H * L, d->lse_sh = L;
+    d->rel_h = t->rh, d->rh_sb = H * L * c->gh, d->rh_sh = L * c->gh, d->rh_sr = c->gh;
+    d->rel_w = t->rw, d->rw_sb = H * L * c->gw, d->rw_sh = L * c->gw, d->rw_sr = c->gw;
+    d->kh = c->gh, d->kw = c->gw;
+    if (c->mask) {
+        t->mask = tu_falloc((size_t)(L * L));
+        tu_fill(&rng_state, t->mask, (size_t)(L * L), 2.0f);
+        for (int64_t l = 0; l < L; l++) t->mask[l * L + (l * 7) % L] = -INFINITY;
+        d->mask = t->mask, d->m_sr = L;
+    }
+}
+
+static void rdata_free(rdata *t) {
+    free(t->q), free(t->k), free(t->v), free(t->o), free(t->lse), free(t->mask);
+    free(t->th), free(t->tw), free(t->rh), free(t->rw);
+}
+
+/* float64: the full bias from the tables, then softmax(scale q k^T + bias + mask) v. */
+static void reference(const rdata *t, const rcase *c, double *ref_o, double *ref_lse) {
+    const int64_t L = c->gh * c->gw, D = c->D;
+    double *sc = malloc((size_t)L * sizeof(double));
+    assert_non_null(sc);
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < c->H; h++) {
+            const float *q = t->q + (b * c->H + h) * L * D, *k = t->k + (b * c->H + h) * L * D;
+            const float *v = t->v + (b * c->H + h) * L * D;
+            for (int64_t l = 0; l < L; l++) {
+                double mx = -INFINITY;
+                for (int64_t j = 0; j < L; j++) {
+                    const float *rh = t->th + (h * (2 * c->gh - 1) + l / c->gw - j / c->gw + c->gh - 1) * D;
+                    const float *rw = t->tw + (h * (2 * c->gw - 1) + l % c->gw - j % c->gw + c->gw - 1) * D;
+                    double s = 0, bh = 0, bw = 0;
+                    for (int64_t x = 0; x < D; x++) {
+                        s += (double)q[l * D + x] * k[j * D + x];
+                        bh += (double)q[l * D + x] * rh[x];
+                        bw += (double)q[l * D + x] * rw[x];
+                    }
+                    sc[j] = s * (double)t->d.scale + bh + bw + (t->mask ? t->mask[l * L + j] : 0.0);
+                    if (sc[j] > mx) mx = sc[j];
+                }
+                double sum = 0;
+                double *o = ref_o + ((b * c->H + h) * L + l) * D;
+                for (int64_t x = 0; x < D; x++) o[x] = 0;
+                for (int64_t j = 0; j < L; j++) {
+                    double e = exp(sc[j] - mx);
+                    sum += e;
+                    for (int64_t x = 0; x < D; x++) o[x] += e * v[j * D + x];
+                }
+                for (int64_t x = 0; x < D; x++) o[x] /= sum;
+                ref_lse[(b * c->H + h) * L + l] = mx + log(sum);
+            }
+        }
+    free(sc);
+}
+
+static double rel_err(const float *got, const double *ref, size_t n) {
+    double worst = 0;
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - ref[i]) / (fabs(ref[i]) > 1 ? fabs(ref[i]) : 1);
+        if (!(e <= worst)) worst = e; /* NaN sticks */
+    }
+    return worst;
+}
+
+static const double TOL = 1e-5;
+
+static void run_case(const rcase *c) {
+    rdata t;
+    rdata_make(&t, c);
+    const int64_t L = c->gh * c->gw;
+    const size_t no = (size_t)(c->B * c->H * L * c->D), nl = (size_t)(c->B * c->H * L);
+    double *ref_o = malloc(no * sizeof(double)), *ref_lse = malloc(nl * sizeof(double));
+    assert_non_null(ref_o);
+    assert_non_null(ref_lse);
+    reference(&t, c, ref_o, ref_lse);
+    for (int a = 0; a < TU_NARCH; a++) {
+        if (!vitc__cpu_has((vitc__arch)a)) continue;
+        assert_int_equal(vitc_set_arch(tu_arch(a)), VITC_OK);
+        for (size_t i = 0; i < no; i++) t.o[i] = 12345.0f;
+        for (size_t i = 0; i < nl; i++) t.lse[i] = 12345.0f;
+        assert_int_equal(vitc__sdpa(&t.d), VITC_OK);
+        double eo = rel_err(t.o, ref_o, no), el = rel_err(t.lse, ref_lse, nl);
+        if (!(eo <= TOL && el <= TOL))
+            fail_msg("%s: B%lld H%lld grid %lldx%lld D%lld mask %d: o error %.3g, lse error %.3g",
+                     tu_arch(a), (long long)c->B, (long long)c->H, (long long)c->gh,
+                     (long long)c->gw, (long long)c->D, c->mask, eo, el);
+    }
+    assert_int_equal(vitc_set_arch("auto"), VITC_OK);
+    /* The plain reference kernel, the same bound. */
+    for (size_t i = 0; i < no; i++) t.o[i] = 12345.0f;
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < c->H; h++) vitc__sdpa_ref_rows(&t.d, b, h, 0, L);
+    double e = rel_err(t.o, ref_o, no);
+    if (!(e <= TOL)) fail_msg("reference kernel: error %.3g", e);
+    /* A bias that matters: without it the output must differ. */
+    const float *rh = t.d.rel_h;
+    t.d.rel_h = NULL;
+    assert_int_equal(vitc__sdpa(&t.d), VITC_OK);
+    assert_true(rel_err(t.o, ref_o, no) > 1e-3);
+    t.d.rel_h = rh;
+    free(ref_o);
+    free(ref_lse);
+    rdata_free(&t);
+}
+
+static void test_small_grids(void **state) {
+    (void)state;
+    static const rcase cases[] = {
+        {1, 1, 4, 4, 16, 0},  {2, 3, 5, 5, 32, 0}, {1, 2, 7, 7, 64, 0},
+        {1, 4, 8, 8, 16, 0},  {1, 1, 3, 9, 24, 0}, {2, 2, 6, 4, 48, 0},
+        {1, 2, 4, 4, 8, 0}, /* Dv under a vector: the small-Dv paths */
+        {1, 1, 10, 12, 40, 0}, {1, 3, 6, 6, 32, 1},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+}
+
+/* SAM's windows: 14 x 14 = 196 keys, a batch of windows. */
+static void test_windows(void **state) {
+    (void)state;
+    static const rcase cases[] = {{4, 2, 14, 14, 64, 0}, {1, 4, 14, 14, 16, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+}
+
+/* More keys than one key block (256): blocks start mid grid row. */
+static void test_multi_block(void **state) {
+    (void)state;
+    static const rcase cases[] = {{1, 2, 20, 20, 64, 0}, {1, 1, 17, 31, 32, 1}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_case(&cases[i]);
+}
+
+/* SAM-B's global blocks: 64 x 64 tokens, 12 heads of 64. The kernel's
+ * scratch is per thread and O(rows of a task x key block + a head's K/V),
+ * the same with the relative positions as without, far from the 64 MiB of
+ * one head's L x S scores. */
+static void test_scratch_is_linear(void **state) {
+    (void)state;
+    vitc__sdpa_desc d;
+    memset(&d, 0, sizeof d);
+    const int64_t N = 64 * 64, H = 12, D = 64;
+    d.B = 1, d.H = H, d.L = N, d.S = N, d.D = D, d.Dv = D, d.scale = 0.125f;
+    size_t plain = vitc__sdpa_scratch_bytes(&d);
+    static float dummy[1];
+    d.rel_h = dummy, d.rel_w = dummy, d.kh = 64, d.kw = 64;
+    size_t rel = vitc__sdpa_scratch_bytes(&d);
+    printf("    scratch per thread at N=4096: %zu bytes (L x S scores: %zu)\n", rel,
+           (size_t)(N * N) * sizeof(float));
+    assert_true(rel == plain);
+    assert_true(rel < (size_t)(N * N) * sizeof(float) / 8);
+}
+
+static void test_bad_input(void **state) {
+    (void)state;
+    rcase c = {1, 1, 4, 4, 16, 0};
+    rdata t;
+    rdata_make(&t, &c);
+    t.d.kw = 5; /* 4 x 5 != 16 keys */
+    assert_int_equal(vitc__sdpa(&t.d), VITC_ERR_INVALID_ARG);
+    t.d.kw = 4, t.d.rel_w = NULL;
+    assert_int_equal(vitc__sdpa(&t.d), VITC_ERR_INVALID_ARG);
+    t.d.rel_w = t.rw;
+    assert_int_equal(vitc__sdpa(&t.d), VITC_OK);
+    rdata_free(&t);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_small_grids),    cmocka_unit_test(test_windows),
+        cmocka_unit_test(test_multi_block),    cmocka_unit_test(test_scratch_is_linear),
+        cmocka_unit_test(test_bad_input),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
