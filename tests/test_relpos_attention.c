@@ -191,6 +191,139 @@ static void run_case(const rcase *c) {
     rdata_free(&t);
 }
 
+/* ---- backward ---------------------------------------------------- */
+
+static const double TOL_BWD = 1e-4; /* as test_attention_backward.c */
+
+/* max|got - ref| / max(1, max|ref|) over a whole gradient. */
+static double grad_err(const float *got, const double *ref, size_t n) {
+    double scale = 1, worst = 0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(ref[i]) > scale) scale = fabs(ref[i]);
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - ref[i]) / scale;
+        if (!(e <= worst)) worst = e;
+    }
+    return worst;
+}
+
+/* float64 gradients of o for q, k, v (rel_h, rel_w held fixed: they are
+ * inputs of their own) and for rel_h, rel_w, from the explicit [L, S]
+ * scores: dS = P o (dO V^T - rowsum(dO o O)). */
+static void reference_bwd(const rdata *t, const rcase *c, const float *dout, double *dq,
+                          double *dk, double *dv, double *drh, double *drw) {
+    const int64_t L = c->gh * c->gw, D = c->D, gh = c->gh, gw = c->gw;
+    double *p = malloc((size_t)L * sizeof(double)), *o = malloc((size_t)D * sizeof(double));
+    assert_non_null(p);
+    assert_non_null(o);
+    const double sc = t->d.scale;
+    memset(dk, 0, (size_t)(c->B * c->H * L * D) * sizeof(double));
+    memset(dv, 0, (size_t)(c->B * c->H * L * D) * sizeof(double));
+    for (int64_t b = 0; b < c->B; b++)
+        for (int64_t h = 0; h < c->H; h++) {
+            const int64_t hd = (b * c->H + h) * L;
+            const float *q = t->q + hd * D, *k = t->k + hd * D, *v = t->v + hd * D;
+            const float *rh = t->rh + hd * gh, *rw = t->rw + hd * gw;
+            for (int64_t l = 0; l < L; l++) {
+                double mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j < L; j++) {
+                    double s = 0;
+                    for (int64_t x = 0; x < D; x++) s += (double)q[l * D + x] * k[j * D + x];
+                    p[j] = s * sc + rh[l * gh + j / gw] + rw[l * gw + j % gw] +
+                           (t->mask ? t->mask[l * L + j] : 0.0);
+                    if (p[j] > mx) mx = p[j];
+                }
+                for (int64_t j = 0; j < L; j++) sum += (p[j] = exp(p[j] - mx));
+                for (int64_t x = 0; x < D; x++) o[x] = 0;
+                for (int64_t j = 0; j < L; j++) {
+                    p[j] /= sum;
+                    for (int64_t x = 0; x < D; x++) o[x] += p[j] * v[j * D + x];
+                }
+                const float *dol = dout + (hd + l) * D;
+                double Dl = 0;
+                for (int64_t x = 0; x < D; x++) Dl += dol[x] * o[x];
+                double *dql = dq + (hd + l) * D;
+                double *dhl = drh + (hd + l) * gh, *dwl = drw + (hd + l) * gw;
+                for (int64_t x = 0; x < D; x++) dql[x] = 0;
+                for (int64_t a = 0; a < gh; a++) dhl[a] = 0;
+                for (int64_t a = 0; a < gw; a++) dwl[a] = 0;
+                for (int64_t j = 0; j < L; j++) {
+                    double dp = 0;
+                    for (int64_t x = 0; x < D; x++) {
+                        dp += (double)dol[x] * v[j * D + x];
+                        dv[(hd + j) * D + x] += p[j] * dol[x];
+                    }
+                    double ds = p[j] * (dp - Dl);
+                    dhl[j / gw] += ds;
+                    dwl[j % gw] += ds;
+                    for (int64_t x = 0; x < D; x++) {
+                        dql[x] += sc * ds * k[j * D + x];
+                        dk[(hd + j) * D + x] += sc * ds * q[l * D + x];
+                    }
+                }
+            }
+        }
+    free(p);
+    free(o);
+}
+
+static void run_bwd_case(const rcase *c) {
+    rdata t;
+    rdata_make(&t, c);
+    const int64_t B = c->B, H = c->H, L = c->gh * c->gw, D = c->D;
+    const size_t n = (size_t)(B * H * L * D), nh = (size_t)(B * H * L * c->gh),
+                 nw = (size_t)(B * H * L * c->gw);
+    float *dout = tu_falloc(n), *dq = tu_falloc(n), *dk = tu_falloc(n), *dv = tu_falloc(n);
+    float *drh = tu_falloc(nh), *drw = tu_falloc(nw);
+    tu_fill(&rng_state, dout, n, 1.0f);
+    double *rq = malloc(n * sizeof(double)), *rk = malloc(n * sizeof(double));
+    double *rv = malloc(n * sizeof(double)), *rh = malloc(nh * sizeof(double));
+    double *rw = malloc(nw * sizeof(double));
+    assert_true(rq && rk && rv && rh && rw);
+    reference_bwd(&t, c, dout, rq, rk, rv, rh, rw);
+    vitc__sdpa_bwd_desc bd;
+    memset(&bd, 0, sizeof bd);
+    bd.f = t.d;
+    bd.dout = dout, bd.do_sb = H * L * D, bd.do_sh = L * D, bd.do_sr = D;
+    bd.dq = dq, bd.dq_sb = H * L * D, bd.dq_sh = L * D, bd.dq_sr = D;
+    bd.dk = dk, bd.dk_sb = H * L * D, bd.dk_sh = L * D, bd.dk_sr = D;
+    bd.dv = dv, bd.dv_sb = H * L * D, bd.dv_sh = L * D, bd.dv_sr = D;
+    vitc__sdpa_rel_grad rg = {drh, H * L * c->gh, L * c->gh, c->gh, drw, H * L * c->gw, L * c->gw, c->gw};
+    for (int a = -1; a < TU_NARCH; a++) { /* -1: the reference kernel */
+        if (a >= 0 && !vitc__cpu_has((vitc__arch)a)) continue;
+        if (a >= 0) assert_int_equal(vitc_set_arch(tu_arch(a)), VITC_OK);
+        assert_int_equal(vitc__sdpa(&t.d), VITC_OK); /* o and lse of this path */
+        for (size_t i = 0; i < n; i++) dq[i] = dk[i] = dv[i] = 12345.0f;
+        for (size_t i = 0; i < nh; i++) drh[i] = 12345.0f;
+        for (size_t i = 0; i < nw; i++) drw[i] = 12345.0f;
+        if (a < 0) vitc__sdpa_backward_ref_rel(&bd, &rg);
+        else assert_int_equal(vitc__sdpa_backward_rel(&bd, &rg), VITC_OK);
+        double e[5] = {grad_err(dq, rq, n), grad_err(dk, rk, n), grad_err(dv, rv, n),
+                       grad_err(drh, rh, nh), grad_err(drw, rw, nw)};
+        for (int x = 0; x < 5; x++)
+            if (!(e[x] <= TOL_BWD))
+                fail_msg("%s: B%lld H%lld grid %lldx%lld D%lld mask %d: d%s error %.3g",
+                         a < 0 ? "reference" : tu_arch(a), (long long)B, (long long)H,
+                         (long long)c->gh, (long long)c->gw, (long long)D, c->mask,
+                         (const char *[]){"q", "k", "v", "rel_h", "rel_w"}[x], e[x]);
+    }
+    assert_int_equal(vitc_set_arch("auto"), VITC_OK);
+    free(dout), free(dq), free(dk), free(dv), free(drh), free(drw);
+    free(rq), free(rk), free(rv), free(rh), free(rw);
+    rdata_free(&t);
+}
+
+/* Whole heads per task (8+ heads) and the split plan (key chunks, then
+ * query chunks: fewer heads), grids over several key and query blocks. */
+static void test_backward(void **state) {
+    (void)state;
+    static const rcase cases[] = {
+        {1, 1, 4, 4, 16, 0},   {2, 4, 5, 7, 32, 0},  {1, 2, 14, 14, 64, 0},
+        {1, 1, 17, 15, 32, 1}, {2, 4, 6, 6, 16, 1},  {1, 1, 20, 20, 48, 0},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_bwd_case(&cases[i]);
+}
+
 static void test_small_grids(void **state) {
     (void)state;
     static const rcase cases[] = {
@@ -254,7 +387,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_small_grids),    cmocka_unit_test(test_windows),
         cmocka_unit_test(test_multi_block),    cmocka_unit_test(test_scratch_is_linear),
-        cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_backward),       cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

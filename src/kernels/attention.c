@@ -362,7 +362,9 @@ vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
 /* Per head: D_l = dO_l . O_l, then for every (l, j) the recomputed
  * p = e^(s - lse_l), dV_j += p dO_l, ds = p (dO_l . V_j - D_l),
  * dQ_l += scale ds K_j, dK_j += scale ds Q_l. */
-void vitc__sdpa_backward_ref(const vitc__sdpa_bwd_desc *bd) {
+void vitc__sdpa_backward_ref(const vitc__sdpa_bwd_desc *bd) { vitc__sdpa_backward_ref_rel(bd, NULL); }
+
+void vitc__sdpa_backward_ref_rel(const vitc__sdpa_bwd_desc *bd, const vitc__sdpa_rel_grad *rg) {
     const vitc__sdpa_desc *d = &bd->f;
     for (int64_t b = 0; b < d->B; b++)
         for (int64_t h = 0; h < d->H; h++) {
@@ -382,6 +384,15 @@ void vitc__sdpa_backward_ref(const vitc__sdpa_bwd_desc *bd) {
             for (int64_t l = 0; l < d->L; l++) {
                 const float *ql = q + l * d->q_sr, *dol = dO + l * bd->do_sr;
                 const float *ml = d->mask ? d->mask + b * d->m_sb + h * d->m_sh + l * d->m_sr : NULL;
+                const float *rh, *rw;
+                sdpa_rel_rows(d, b, h, l, &rh, &rw);
+                /* [kh], [kw] or NULL */
+                float *drh = rh && rg && rg->drel_h
+                                 ? rg->drel_h + b * rg->drh_sb + h * rg->drh_sh + l * rg->drh_sr : NULL;
+                float *drw = rh && rg && rg->drel_w
+                                 ? rg->drel_w + b * rg->drw_sb + h * rg->drw_sh + l * rg->drw_sr : NULL;
+                for (int64_t a = 0; drh && a < d->kh; a++) drh[a] = 0.0f;
+                for (int64_t a = 0; drw && a < d->kw; a++) drw[a] = 0.0f;
                 float *dql = dq + l * bd->dq_sr;
                 float Dl = 0.0f;
                 for (int64_t c = 0; c < d->Dv; c++) Dl += dol[c] * o[l * d->o_sr + c];
@@ -391,6 +402,7 @@ void vitc__sdpa_backward_ref(const vitc__sdpa_bwd_desc *bd) {
                     float s = 0.0f, dp = 0.0f;
                     for (int64_t c = 0; c < d->D; c++) s += ql[c] * kj[c];
                     s *= d->scale;
+                    if (rh) s += rh[j / d->kw] + rw[j % d->kw];
                     if (ml) s += ml[j];
                     /* a row with no allowed key: its output is a constant 0
                      * (torch 2.x), so nothing flows back through it */
@@ -399,6 +411,8 @@ void vitc__sdpa_backward_ref(const vitc__sdpa_bwd_desc *bd) {
                         dp += dol[c] * vj[c];
                         dv[j * bd->dv_sr + c] += p * dol[c];
                     }
+                    if (drh) drh[j / d->kw] += p * (dp - Dl);
+                    if (drw) drw[j % d->kw] += p * (dp - Dl);
                     float ds = p * (dp - Dl) * d->scale;
                     for (int64_t c = 0; c < d->D; c++) {
                         dql[c] += ds * kj[c];
@@ -529,14 +543,13 @@ static void vitc__attn_zero(float *x, int64_t sb, int64_t sh, int64_t sr, int64_
                 if (c > 0) memset(x + b * sb + h * sh + r * sr, 0, (size_t)c * sizeof(float));
 }
 
-vitc_status vitc__sdpa_backward(const vitc__sdpa_bwd_desc *bd) {
+vitc_status vitc__sdpa_backward(const vitc__sdpa_bwd_desc *bd) { return vitc__sdpa_backward_rel(bd, NULL); }
+
+vitc_status vitc__sdpa_backward_rel(const vitc__sdpa_bwd_desc *bd, const vitc__sdpa_rel_grad *rg) {
     if (!bd) return vitc__err(VITC_ERR_INVALID_ARG, "sdpa backward: NULL descriptor");
     const vitc__sdpa_desc *d = &bd->f;
     VITC_TRY(vitc__sdpa_check_sizes(d, "sdpa backward"));
-    if (d->rel_h)
-        return vitc__err(VITC_ERR_UNSUPPORTED,
-                         "sdpa backward: relative-position bias (rel_h, rel_w) has no backward yet; "
-                         "leave rel_h NULL for training");
+    VITC_TRY(vitc__sdpa_check_rel(d, "sdpa backward"));
     if (d->B * d->H == 0) return VITC_OK;
     int64_t L = d->L, S = d->S;
     if (vitc__attn_bad(L * d->D, bd->dq) || vitc__attn_bad(S * d->D, bd->dk) ||
@@ -555,6 +568,7 @@ vitc_status vitc__sdpa_backward(const vitc__sdpa_bwd_desc *bd) {
                          "sdpa backward: NULL q, k, v, o, lse or dout (the forward's o and lse are needed)");
     vitc__attn_bwd_plan plan;
     vitc__attn_bwd_plan_make(&plan, bd);
+    plan.rg = rg;
     vitc__attn_bwd_run rc = {&plan, vitc__kern()->attn_bwd, vitc__attn_bwd_need(&plan, plan.rows_max),
                              1, 1, 0};
     if (rc.need == 0) return vitc__err(VITC_ERR_NOMEM, "sdpa backward: scratch size overflows");
