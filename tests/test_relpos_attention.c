@@ -20,6 +20,7 @@
 
 #include "kernels/kernels.h"
 #include "kernels/attention_impl.h"
+#include "nn/relpos.h"
 
 #include "testutil.h"
 
@@ -324,6 +325,113 @@ static void test_backward(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_bwd_case(&cases[i]);
 }
 
+/* ---- the terms from q and the tables (src/nn/relpos.c) -------------- */
+
+/* torch F.interpolate(mode="linear", align_corners=False) values, and the
+ * backward as the adjoint: <R x, y> == <x, R^T y>. */
+static void test_resample(void **state) {
+    (void)state;
+    const float up_in[3] = {0, 1, 2}, up_want[5] = {0.0f, 0.4f, 1.0f, 1.6f, 2.0f};
+    const float dn_in[7] = {0, 1, 2, 3, 5, 8, 13}, dn_want[3] = {0.6666666f, 3.0f, 9.666665f};
+    float out[7];
+    assert_int_equal(vitc__nn_relpos_resample(out, up_in, 3, 5, 1), VITC_OK);
+    for (int i = 0; i < 5; i++) assert_true(fabsf(out[i] - up_want[i]) < 1e-6f);
+    assert_int_equal(vitc__nn_relpos_resample(out, dn_in, 7, 3, 1), VITC_OK);
+    for (int i = 0; i < 3; i++) assert_true(fabsf(out[i] - dn_want[i]) < 1e-5f);
+    const int64_t T = 27, n = 13, D = 5; /* SAM-B's 27-row tables resampled to a 7 x 7 window */
+    float x[27 * 5], y[13 * 5], rx[13 * 5], rty[27 * 5];
+    tu_fill(&rng_state, x, (size_t)(T * D), 1.0f);
+    tu_fill(&rng_state, y, (size_t)(n * D), 1.0f);
+    memset(rty, 0, sizeof rty);
+    assert_int_equal(vitc__nn_relpos_resample(rx, x, T, n, D), VITC_OK);
+    assert_int_equal(vitc__nn_relpos_resample_backward(rty, y, T, n, D), VITC_OK);
+    double a = 0, b = 0;
+    for (int64_t i = 0; i < n * D; i++) a += (double)rx[i] * y[i];
+    for (int64_t i = 0; i < T * D; i++) b += (double)x[i] * rty[i];
+    assert_true(fabs(a - b) < 1e-4 * (1 + fabs(a)));
+    assert_int_equal(vitc__nn_relpos_resample(rx, x, 0, n, D), VITC_ERR_INVALID_ARG);
+}
+
+/* The whole chain: relpos forward -> fused attention -> its backward ->
+ * relpos backward, against float64: o, and the gradients for q (directly
+ * and through the terms), k, v and the two tables (shared by the heads). */
+static void run_chain_case(const rcase *c) {
+    rdata t;
+    rdata_make(&t, c);
+    const int64_t B = c->B, H = c->H, L = c->gh * c->gw, D = c->D, gh = c->gh, gw = c->gw;
+    const int64_t Th = 2 * gh - 1, Tw = 2 * gw - 1;
+    for (int64_t h = 1; h < H; h++) { /* one table for every head, as SAM */
+        memcpy(t.th + h * Th * D, t.th, (size_t)(Th * D) * sizeof(float));
+        memcpy(t.tw + h * Tw * D, t.tw, (size_t)(Tw * D) * sizeof(float));
+    }
+    rel_tables(&t, c);
+    const size_t n = (size_t)(B * H * L * D), nh = (size_t)(B * H * L * gh),
+                 nw = (size_t)(B * H * L * gw);
+    float *rh = tu_falloc(nh), *rw = tu_falloc(nw);
+    vitc__nn_relpos rp = {B, H, gh, gw, D, t.q, H * L * D, L * D, D, t.th, t.tw,
+                          rh, H * L * gh, L * gh, gh, rw, H * L * gw, L * gw, gw};
+    assert_int_equal(vitc__nn_relpos_forward(&rp), VITC_OK);
+    for (size_t i = 0; i < nh; i++) assert_true(fabsf(rh[i] - t.rh[i]) <= 1e-5f * (1 + fabsf(t.rh[i])));
+    for (size_t i = 0; i < nw; i++) assert_true(fabsf(rw[i] - t.rw[i]) <= 1e-5f * (1 + fabsf(t.rw[i])));
+    vitc__nn_relpos_view(&rp, &t.d);
+    assert_int_equal(vitc__sdpa(&t.d), VITC_OK);
+
+    float *dout = tu_falloc(n), *dq = tu_falloc(n), *dk = tu_falloc(n), *dv = tu_falloc(n);
+    float *drh = tu_falloc(nh), *drw = tu_falloc(nw);
+    float *dth = tu_falloc((size_t)(Th * D)), *dtw = tu_falloc((size_t)(Tw * D));
+    memset(dth, 0, (size_t)(Th * D) * sizeof(float));
+    memset(dtw, 0, (size_t)(Tw * D) * sizeof(float));
+    tu_fill(&rng_state, dout, n, 1.0f);
+    vitc__sdpa_bwd_desc bd;
+    memset(&bd, 0, sizeof bd);
+    bd.f = t.d;
+    bd.dout = dout, bd.do_sb = H * L * D, bd.do_sh = L * D, bd.do_sr = D;
+    bd.dq = dq, bd.dq_sb = H * L * D, bd.dq_sh = L * D, bd.dq_sr = D;
+    bd.dk = dk, bd.dk_sb = H * L * D, bd.dk_sh = L * D, bd.dk_sr = D;
+    bd.dv = dv, bd.dv_sb = H * L * D, bd.dv_sh = L * D, bd.dv_sr = D;
+    vitc__sdpa_rel_grad rg = {drh, H * L * gh, L * gh, gh, drw, H * L * gw, L * gw, gw};
+    assert_int_equal(vitc__sdpa_backward_rel(&bd, &rg), VITC_OK);
+    assert_int_equal(vitc__nn_relpos_backward(&rp, drh, drw, dq, H * L * D, L * D, D, dth, dtw),
+                     VITC_OK);
+
+    double *rq = malloc(n * sizeof(double)), *rk = malloc(n * sizeof(double));
+    double *rv = malloc(n * sizeof(double)), *rrh = malloc(nh * sizeof(double));
+    double *rrw = malloc(nw * sizeof(double));
+    double *rth = calloc((size_t)(Th * D), sizeof(double)), *rtw = calloc((size_t)(Tw * D), sizeof(double));
+    assert_true(rq && rk && rv && rrh && rrw && rth && rtw);
+    reference_bwd(&t, c, dout, rq, rk, rv, rrh, rrw);
+    for (int64_t bh = 0; bh < B * H; bh++)
+        for (int64_t l = 0; l < L; l++) {
+            const int64_t lh = l / gw, lw = l % gw, r = bh * L + l;
+            for (int64_t a = 0; a < gh; a++)
+                for (int64_t x = 0; x < D; x++) {
+                    rq[r * D + x] += rrh[r * gh + a] * t.th[(lh - a + gh - 1) * D + x];
+                    rth[(lh - a + gh - 1) * D + x] += rrh[r * gh + a] * t.q[r * D + x];
+                }
+            for (int64_t a = 0; a < gw; a++)
+                for (int64_t x = 0; x < D; x++) {
+                    rq[r * D + x] += rrw[r * gw + a] * t.tw[(lw - a + gw - 1) * D + x];
+                    rtw[(lw - a + gw - 1) * D + x] += rrw[r * gw + a] * t.q[r * D + x];
+                }
+        }
+    double e[5] = {grad_err(dq, rq, n), grad_err(dk, rk, n), grad_err(dv, rv, n),
+                   grad_err(dth, rth, (size_t)(Th * D)), grad_err(dtw, rtw, (size_t)(Tw * D))};
+    for (int x = 0; x < 5; x++)
+        if (!(e[x] <= TOL_BWD))
+            fail_msg("chain B%lld H%lld grid %lldx%lld D%lld: d%s error %.3g", (long long)B,
+                     (long long)H, (long long)gh, (long long)gw, (long long)D,
+                     (const char *[]){"q", "k", "v", "tab_h", "tab_w"}[x], e[x]);
+    free(rh), free(rw), free(dout), free(dq), free(dk), free(dv), free(drh), free(drw);
+    free(dth), free(dtw), free(rq), free(rk), free(rv), free(rrh), free(rrw), free(rth), free(rtw);
+    rdata_free(&t);
+}
+
+static void test_chain(void **state) {
+    (void)state;
+    static const rcase cases[] = {{2, 3, 5, 6, 16, 0}, {1, 2, 14, 14, 64, 0}, {2, 1, 8, 8, 32, 0}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_chain_case(&cases[i]);
+}
+
 static void test_small_grids(void **state) {
     (void)state;
     static const rcase cases[] = {
@@ -387,7 +495,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_small_grids),    cmocka_unit_test(test_windows),
         cmocka_unit_test(test_multi_block),    cmocka_unit_test(test_scratch_is_linear),
-        cmocka_unit_test(test_backward),       cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_backward),       cmocka_unit_test(test_resample),
+        cmocka_unit_test(test_chain),          cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
