@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -432,6 +433,154 @@ static void test_chain(void **state) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) run_chain_case(&cases[i]);
 }
 
+/* ---- transformers' SamVisionAttention (tests/reference/gen_relpos.py) -- */
+
+static const float *ref_get(const vitc_safetensors *st, const char *name, size_t want_n) {
+    const char *nm, *dt;
+    int ndim, i = vitc_safetensors_find(st, name);
+    const int64_t *shape;
+    const float *data;
+    if (i < 0) fail_msg("reference tensor %s missing", name);
+    assert_int_equal(vitc_safetensors_tensor(st, i, &nm, &dt, &ndim, &shape, &data), VITC_OK);
+    size_t n = 1;
+    for (int x = 0; x < ndim; x++) n *= (size_t)shape[x];
+    if (want_n && n != want_n) fail_msg("%s: %zu values, expected %zu", name, n, want_n);
+    return data;
+}
+
+/* max|got - want| <= tol * max(1, max|want|). */
+static void ref_close(const float *got, const float *want, size_t n, double tol, const char *what) {
+    double mx = 1.0, err = 0.0;
+    for (size_t i = 0; i < n; i++)
+        if (fabs(want[i]) > mx) mx = fabs(want[i]);
+    for (size_t i = 0; i < n; i++) {
+        double e = fabs((double)got[i] - want[i]);
+        if (!(e <= err)) err = e;
+    }
+    printf("    %-28s max error %.3g (scale %.3g)\n", what, err, mx);
+    if (!(err <= tol * mx)) fail_msg("%s: max error %g > %g", what, err, tol * mx);
+}
+
+/* y[m][0:N] = x[m][0:K] w^T (+ b): the test's own plain product. */
+static void ref_linear(float *y, const float *x, const float *w, const float *b, int64_t M,
+                       int64_t N, int64_t K) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double s = b ? b[n] : 0.0;
+            for (int64_t k = 0; k < K; k++) s += (double)x[m * K + k] * w[n * K + k];
+            y[m * N + n] = (float)s;
+        }
+}
+
+/* dx[m][0:K] = dy[m][0:N] w [N, K]. */
+static void ref_linear_dx(float *dx, const float *dy, const float *w, int64_t M, int64_t N,
+                          int64_t K) {
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t k = 0; k < K; k++) {
+            double s = 0.0;
+            for (int64_t n = 0; n < N; n++) s += (double)dy[m * N + n] * w[n * K + k];
+            dx[m * K + k] = (float)s;
+        }
+}
+
+/* The layer from the kernels: qkv linear, relpos terms (tables resampled
+ * to the grid), fused attention read in place from the qkv rows, proj;
+ * then the whole backward down to x and the stored tables. */
+static void run_sam_case(const char *name, int64_t heads) {
+    char path[512];
+    vitc_safetensors *st = NULL;
+    const char *dirs[] = {"tests/reference/relpos", "../tests/reference/relpos"};
+    for (int i = 0; i < 2 && !st; i++) {
+        snprintf(path, sizeof path, "%s/%s.safetensors", dirs[i], name);
+        if (access(path, R_OK) == 0 && vitc_safetensors_load(path, &st) != VITC_OK)
+            fail_msg("%s: %s", path, vitc_last_error());
+    }
+    if (!st) fail_msg("reference %s not found (run from the repository root)", name);
+    const char *nm, *dt;
+    int ndim;
+    const int64_t *xs, *ts;
+    const float *x;
+    assert_int_equal(vitc_safetensors_tensor(st, vitc_safetensors_find(st, "x"), &nm, &dt, &ndim,
+                                             &xs, &x), VITC_OK);
+    const float *tab_h;
+    assert_int_equal(vitc_safetensors_tensor(st, vitc_safetensors_find(st, "attn.rel_pos_h"), &nm,
+                                             &dt, &ndim, &ts, &tab_h), VITC_OK);
+    const int64_t B = xs[0], gh = xs[1], gw = xs[2], C = xs[3], N = gh * gw, H = heads,
+                  D = C / H, T = ts[0], M = B * N;
+    const float *tab_w = ref_get(st, "attn.rel_pos_w", (size_t)(T * D));
+    const float *wqkv = ref_get(st, "attn.qkv.weight", (size_t)(3 * C * C));
+    const float *bqkv = ref_get(st, "attn.qkv.bias", (size_t)(3 * C));
+    const float *wp = ref_get(st, "attn.proj.weight", (size_t)(C * C));
+    const float *bp = ref_get(st, "attn.proj.bias", (size_t)C);
+
+    float *qkv = tu_falloc((size_t)(M * 3 * C)), *o = tu_falloc((size_t)(M * C));
+    float *y = tu_falloc((size_t)(M * C)), *lse = tu_falloc((size_t)(B * H * N));
+    float *rth = tu_falloc((size_t)((2 * gh - 1) * D)), *rtw = tu_falloc((size_t)((2 * gw - 1) * D));
+    float *rh = tu_falloc((size_t)(B * H * N * gh)), *rw = tu_falloc((size_t)(B * H * N * gw));
+    ref_linear(qkv, x, wqkv, bqkv, M, 3 * C, C);
+    assert_int_equal(vitc__nn_relpos_resample(rth, tab_h, T, 2 * gh - 1, D), VITC_OK);
+    assert_int_equal(vitc__nn_relpos_resample(rtw, tab_w, T, 2 * gw - 1, D), VITC_OK);
+    /* qkv rows are [3, H, D] (the reshape SamVisionAttention makes) */
+    vitc__nn_relpos rp = {B, H, gh, gw, D, qkv, N * 3 * C, D, 3 * C, rth, rtw,
+                          rh, H * N * gh, N * gh, gh, rw, H * N * gw, N * gw, gw};
+    assert_int_equal(vitc__nn_relpos_forward(&rp), VITC_OK);
+    vitc__sdpa_desc sd;
+    memset(&sd, 0, sizeof sd);
+    sd.B = B, sd.H = H, sd.L = N, sd.S = N, sd.D = D, sd.Dv = D;
+    sd.q = qkv, sd.k = qkv + C, sd.v = qkv + 2 * C;
+    sd.q_sb = sd.k_sb = sd.v_sb = N * 3 * C;
+    sd.q_sh = sd.k_sh = sd.v_sh = D;
+    sd.q_sr = sd.k_sr = sd.v_sr = 3 * C;
+    sd.o = o, sd.o_sb = N * C, sd.o_sh = D, sd.o_sr = C;
+    sd.scale = 1.0f / sqrtf((float)D);
+    sd.lse = lse, sd.lse_sb = H * N, sd.lse_sh = N;
+    vitc__nn_relpos_view(&rp, &sd);
+    assert_int_equal(vitc__sdpa(&sd), VITC_OK);
+    ref_linear(y, o, wp, bp, M, C, C);
+    ref_close(y, ref_get(st, "y", (size_t)(M * C)), (size_t)(M * C), 1e-5, "SamVisionAttention y");
+
+    /* backward of sum(y * dy) */
+    const float *dy = ref_get(st, "dy", (size_t)(M * C));
+    float *dO = tu_falloc((size_t)(M * C)), *dqkv = tu_falloc((size_t)(M * 3 * C));
+    float *drh = tu_falloc((size_t)(B * H * N * gh)), *drw = tu_falloc((size_t)(B * H * N * gw));
+    float *dth = tu_falloc((size_t)((2 * gh - 1) * D)), *dtw = tu_falloc((size_t)((2 * gw - 1) * D));
+    float *dTh = tu_falloc((size_t)(T * D)), *dTw = tu_falloc((size_t)(T * D));
+    float *dx = tu_falloc((size_t)(M * C));
+    memset(dth, 0, (size_t)((2 * gh - 1) * D) * sizeof(float));
+    memset(dtw, 0, (size_t)((2 * gw - 1) * D) * sizeof(float));
+    memset(dTh, 0, (size_t)(T * D) * sizeof(float));
+    memset(dTw, 0, (size_t)(T * D) * sizeof(float));
+    ref_linear_dx(dO, dy, wp, M, C, C);
+    vitc__sdpa_bwd_desc bd;
+    memset(&bd, 0, sizeof bd);
+    bd.f = sd;
+    bd.dout = dO, bd.do_sb = N * C, bd.do_sh = D, bd.do_sr = C;
+    bd.dq = dqkv, bd.dk = dqkv + C, bd.dv = dqkv + 2 * C;
+    bd.dq_sb = bd.dk_sb = bd.dv_sb = N * 3 * C;
+    bd.dq_sh = bd.dk_sh = bd.dv_sh = D;
+    bd.dq_sr = bd.dk_sr = bd.dv_sr = 3 * C;
+    vitc__sdpa_rel_grad rg = {drh, H * N * gh, N * gh, gh, drw, H * N * gw, N * gw, gw};
+    assert_int_equal(vitc__sdpa_backward_rel(&bd, &rg), VITC_OK);
+    assert_int_equal(vitc__nn_relpos_backward(&rp, drh, drw, dqkv, N * 3 * C, D, 3 * C, dth, dtw),
+                     VITC_OK);
+    assert_int_equal(vitc__nn_relpos_resample_backward(dTh, dth, T, 2 * gh - 1, D), VITC_OK);
+    assert_int_equal(vitc__nn_relpos_resample_backward(dTw, dtw, T, 2 * gw - 1, D), VITC_OK);
+    ref_linear_dx(dx, dqkv, wqkv, M, 3 * C, C);
+    ref_close(dx, ref_get(st, "dx", (size_t)(M * C)), (size_t)(M * C), 1e-4, "dx (float64 autograd)");
+    ref_close(dTh, ref_get(st, "d_rel_pos_h", (size_t)(T * D)), (size_t)(T * D), 1e-4, "d rel_pos_h");
+    ref_close(dTw, ref_get(st, "d_rel_pos_w", (size_t)(T * D)), (size_t)(T * D), 1e-4, "d rel_pos_w");
+
+    free(qkv), free(o), free(y), free(lse), free(rth), free(rtw), free(rh), free(rw);
+    free(dO), free(dqkv), free(drh), free(drw), free(dth), free(dtw), free(dTh), free(dTw), free(dx);
+    vitc_safetensors_free(st);
+}
+
+static void test_sam_attention(void **state) {
+    (void)state;
+    run_sam_case("sam_window", 2);    /* 7 x 7 on its own 13-row tables */
+    run_sam_case("sam_resampled", 4); /* 5 x 6: tables resampled to 9 and 11 rows */
+}
+
 static void test_small_grids(void **state) {
     (void)state;
     static const rcase cases[] = {
@@ -496,7 +645,8 @@ int main(void) {
         cmocka_unit_test(test_small_grids),    cmocka_unit_test(test_windows),
         cmocka_unit_test(test_multi_block),    cmocka_unit_test(test_scratch_is_linear),
         cmocka_unit_test(test_backward),       cmocka_unit_test(test_resample),
-        cmocka_unit_test(test_chain),          cmocka_unit_test(test_bad_input),
+        cmocka_unit_test(test_chain),          cmocka_unit_test(test_sam_attention),
+        cmocka_unit_test(test_bad_input),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
