@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <cmocka.h>
@@ -626,6 +627,95 @@ static void test_scratch_is_linear(void **state) {
     assert_true(rel < (size_t)(N * N) * sizeof(float) / 8);
 }
 
+/* Peak resident memory (KiB). */
+static long peak_rss_kib(void) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return ru.ru_maxrss;
+}
+
+/* The forward and backward at 64 x 64 tokens (one head of SAM-B's global
+ * blocks, d 64) raise the process's peak memory by about the per-thread
+ * scratch, not by the 64 MiB of one head's L x S scores. Runs first, while
+ * the peak is still that of the inputs. */
+static void test_peak_memory(void **state) {
+    (void)state;
+    rcase c = {1, 1, 64, 64, 64, 0};
+    rdata t;
+    rdata_make(&t, &c); /* inputs written, so resident */
+    const int64_t L = 64 * 64, D = 64;
+    const size_t n = (size_t)(L * D);
+    float *dout = tu_falloc(n), *dq = tu_falloc(n), *dk = tu_falloc(n), *dv = tu_falloc(n);
+    float *drh = tu_falloc((size_t)(L * 64)), *drw = tu_falloc((size_t)(L * 64));
+    tu_fill(&rng_state, dout, n, 1.0f);
+    memset(dq, 0, n * 4), memset(dk, 0, n * 4), memset(dv, 0, n * 4);
+    memset(drh, 0, (size_t)(L * 64) * 4), memset(drw, 0, (size_t)(L * 64) * 4);
+    memset(t.o, 0, n * 4), memset(t.lse, 0, (size_t)L * 4);
+    /* Scratch is per thread (the backward's O(L d) per task): two threads,
+     * whatever the machine, so the bound holds everywhere. */
+    int saved = vitc_get_num_threads();
+    vitc_set_num_threads(2);
+    long before = peak_rss_kib();
+    assert_int_equal(vitc__sdpa(&t.d), VITC_OK);
+    vitc__sdpa_bwd_desc bd;
+    memset(&bd, 0, sizeof bd);
+    bd.f = t.d;
+    bd.dout = dout, bd.do_sr = D, bd.dq = dq, bd.dq_sr = D, bd.dk = dk, bd.dk_sr = D;
+    bd.dv = dv, bd.dv_sr = D;
+    vitc__sdpa_rel_grad rg = {drh, 0, 0, 64, drw, 0, 0, 64};
+    assert_int_equal(vitc__sdpa_backward_rel(&bd, &rg), VITC_OK);
+    long grown = peak_rss_kib() - before;
+    vitc_set_num_threads(saved);
+    printf("    peak memory growth at N=4096: %ld KiB (one L x S: %lld KiB)\n", grown,
+           (long long)(L * L * 4 / 1024));
+    assert_true(grown < 16 * 1024);
+    free(dout), free(dq), free(dk), free(dv), free(drh), free(drw);
+    rdata_free(&t);
+}
+
+/* Bitwise the same for 1 and 2 threads, forward and backward (the bias
+ * gradients are summed by one task per query row, keys ascending). */
+static void test_threads_bitwise(void **state) {
+    (void)state;
+    static const rcase cases[] = {{1, 2, 20, 20, 32, 0}, {2, 8, 6, 7, 16, 1}};
+    int saved = vitc_get_num_threads();
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const rcase *c = &cases[i];
+        rdata t;
+        rdata_make(&t, c);
+        const int64_t L = c->gh * c->gw, D = c->D, H = c->H;
+        const size_t n = (size_t)(c->B * H * L * D), nh = (size_t)(c->B * H * L * c->gh);
+        float *dout = tu_falloc(n), *dvb = tu_falloc(n), *g[2][4]; /* dv: not compared */
+        tu_fill(&rng_state, dout, n, 1.0f);
+        for (int r = 0; r < 2; r++) {
+            g[r][0] = tu_falloc(n), g[r][1] = tu_falloc(n), g[r][2] = tu_falloc(nh);
+            g[r][3] = tu_falloc(n); /* o */
+            vitc_set_num_threads(r + 1);
+            t.d.o = g[r][3];
+            assert_int_equal(vitc__sdpa(&t.d), VITC_OK);
+            vitc__sdpa_bwd_desc bd;
+            memset(&bd, 0, sizeof bd);
+            bd.f = t.d;
+            bd.dout = dout, bd.do_sb = H * L * D, bd.do_sh = L * D, bd.do_sr = D;
+            bd.dq = g[r][0], bd.dq_sb = H * L * D, bd.dq_sh = L * D, bd.dq_sr = D;
+            bd.dk = g[r][1], bd.dk_sb = H * L * D, bd.dk_sh = L * D, bd.dk_sr = D;
+            bd.dv = dvb, bd.dv_sb = H * L * D, bd.dv_sh = L * D, bd.dv_sr = D;
+            vitc__sdpa_rel_grad rg = {g[r][2], H * L * c->gh, L * c->gh, c->gh, NULL, 0, 0, 0};
+            assert_int_equal(vitc__sdpa_backward_rel(&bd, &rg), VITC_OK);
+        }
+        assert_memory_equal(g[0][3], g[1][3], n * 4);
+        assert_memory_equal(g[0][0], g[1][0], n * 4);
+        assert_memory_equal(g[0][1], g[1][1], n * 4);
+        assert_memory_equal(g[0][2], g[1][2], nh * 4);
+        for (int r = 0; r < 2; r++)
+            for (int x = 0; x < 4; x++) free(g[r][x]);
+        free(dout), free(dvb);
+        t.d.o = t.o;
+        rdata_free(&t);
+    }
+    vitc_set_num_threads(saved);
+}
+
 static void test_bad_input(void **state) {
     (void)state;
     rcase c = {1, 1, 4, 4, 16, 0};
@@ -642,7 +732,8 @@ static void test_bad_input(void **state) {
 
 int main(void) {
     const struct CMUnitTest tests[] = {
-        cmocka_unit_test(test_small_grids),    cmocka_unit_test(test_windows),
+        cmocka_unit_test(test_peak_memory),    cmocka_unit_test(test_small_grids),
+        cmocka_unit_test(test_windows),        cmocka_unit_test(test_threads_bitwise),
         cmocka_unit_test(test_multi_block),    cmocka_unit_test(test_scratch_is_linear),
         cmocka_unit_test(test_backward),       cmocka_unit_test(test_resample),
         cmocka_unit_test(test_chain),          cmocka_unit_test(test_sam_attention),
