@@ -187,6 +187,20 @@ static void run_case(const rcase *c) {
             fail_msg("%s: B%lld H%lld grid %lldx%lld D%lld mask %d: o error %.3g, lse error %.3g",
                      tu_arch(a), (long long)c->B, (long long)c->H, (long long)c->gh,
                      (long long)c->gw, (long long)c->D, c->mask, eo, el);
+        /* The probs path (two passes, each adding the bias): the same o,
+         * and its rows are distributions whose log-sum-exp is the lse's. */
+        float *probs = tu_falloc(nl * (size_t)L);
+        t.d.probs = probs, t.d.p_sb = c->H * L * L, t.d.p_sh = L * L, t.d.p_sr = L;
+        assert_int_equal(vitc__sdpa(&t.d), VITC_OK);
+        eo = rel_err(t.o, ref_o, no);
+        if (!(eo <= TOL)) fail_msg("%s probs path: o error %.3g", tu_arch(a), eo);
+        for (size_t r = 0; r < nl; r++) {
+            double sum = 0;
+            for (int64_t j = 0; j < L; j++) sum += probs[r * (size_t)L + (size_t)j];
+            assert_true(fabs(sum - 1.0) < 1e-5);
+        }
+        t.d.probs = NULL;
+        free(probs);
     }
     assert_int_equal(vitc_set_arch("auto"), VITC_OK);
     /* The plain reference kernel, the same bound. */
