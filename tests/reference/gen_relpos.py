@@ -25,7 +25,8 @@ import st_write  # noqa: E402
 OUT = os.path.join(HERE, "relpos")
 
 
-def case(name, window, heads, hidden, shape, seed):
+def case(window, heads, hidden, shape, seed):
+    """The case's tensors, name -> float32 numpy array."""
     torch.manual_seed(seed)
     cfg = SamVisionConfig(hidden_size=hidden, num_attention_heads=heads, use_rel_pos=True,
                           qkv_bias=True, image_size=window * 16, patch_size=16)
@@ -47,10 +48,18 @@ def case(name, window, heads, hidden, shape, seed):
     t["dx"] = x64.grad.numpy().astype(np.float32)
     t["d_rel_pos_h"] = a64.rel_pos_h.grad.numpy().astype(np.float32)
     t["d_rel_pos_w"] = a64.rel_pos_w.grad.numpy().astype(np.float32)
-    st_write.write(os.path.join(OUT, name + ".safetensors"), t)
+    return t
+
+
+# name -> case arguments: the layer's own 7 x 7 grid (13-row tables as they
+# are), and a 5 x 6 grid (the tables resampled to 9 and 11 rows)
+CASES = {
+    "sam_window": (7, 2, 64, (2, 7, 7, 64), 1),
+    "sam_resampled": (7, 4, 64, (1, 5, 6, 64), 2),
+}
 
 
 if __name__ == "__main__":
     os.makedirs(OUT, exist_ok=True)
-    case("sam_window", 7, 2, 64, (2, 7, 7, 64), 1)
-    case("sam_resampled", 7, 4, 64, (1, 5, 6, 64), 2)
+    for name, args in CASES.items():
+        st_write.write(os.path.join(OUT, name + ".safetensors"), case(*args))
