@@ -21,12 +21,20 @@
 /* Score j of query row ql: scale * ql . kj (+ the mask row ml), as the max
  * pass and the exponent pass both compute it. */
 static inline float sdpa_score(const vitc__sdpa_desc *d, const float *ql, const float *kj,
-                               const float *ml, int64_t j) {
+                               const float *ml, const float *rh, const float *rw, int64_t j) {
     float acc = 0.0f;
     for (int64_t c = 0; c < d->D; c++) acc += ql[c] * kj[c];
     acc *= d->scale;
+    if (rh) acc += rh[j / d->kw] + rw[j % d->kw];
     if (ml) acc += ml[j];
     return acc;
+}
+
+/* Row l's decomposed relative-position rows of head (b, h), or NULLs. */
+static inline void sdpa_rel_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t l,
+                                 const float **rh, const float **rw) {
+    *rh = d->rel_h ? d->rel_h + b * d->rh_sb + h * d->rh_sh + l * d->rh_sr : NULL; /* [kh] */
+    *rw = d->rel_h ? d->rel_w + b * d->rw_sb + h * d->rw_sh + l * d->rw_sr : NULL; /* [kw] */
 }
 
 /* Two passes over the keys per query row, recomputing the scores instead of
@@ -40,11 +48,13 @@ void vitc__sdpa_ref_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t
     for (int64_t l = l0; l < l1; l++) {
         const float *ql = q + l * d->q_sr;
         const float *ml = d->mask ? d->mask + b * d->m_sb + h * d->m_sh + l * d->m_sr : NULL;
+        const float *rh, *rw;
+        sdpa_rel_rows(d, b, h, l, &rh, &rw);
         float *pl = d->probs ? d->probs + b * d->p_sb + h * d->p_sh + l * d->p_sr : NULL;
         float *ol = o + l * d->o_sr;
         float mx = -INFINITY;
         for (int64_t j = 0; j < d->S; j++) {
-            float acc = sdpa_score(d, ql, k + j * d->k_sr, ml, j);
+            float acc = sdpa_score(d, ql, k + j * d->k_sr, ml, rh, rw, j);
             if (acc > mx) mx = acc;
         }
         for (int64_t c = 0; c < d->Dv; c++) ol[c] = 0.0f;
@@ -54,7 +64,7 @@ void vitc__sdpa_ref_rows(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t
         }
         float sum = 0.0f;
         for (int64_t j = 0; j < d->S; j++) {
-            float acc = sdpa_score(d, ql, k + j * d->k_sr, ml, j);
+            float acc = sdpa_score(d, ql, k + j * d->k_sr, ml, rh, rw, j);
             /* every score -inf: NaN weights, as torch's softmax */
             float e = expf(acc - mx);
             sum += e;
@@ -196,7 +206,7 @@ static void vitc__attn_plan_make(vitc__attn_plan *p, const vitc__sdpa_desc *d) {
      * thread count, so neither does any rounding. */
     int64_t Br = d->L >= 1024 ? 192 : 48;
     /* The small-Dv path (attention_tmpl.h) takes rows 32 at a time. */
-    if (d->Dv <= 16 && !d->mask && !d->probs && d->L < 1024) Br = 64;
+    if (d->Dv <= 16 && !d->mask && !d->rel_h && !d->probs && d->L < 1024) Br = 64;
     while (Br > 12 && d->B * d->H * ((d->L + Br - 1) / Br) < 8) Br = Br / 2 < 12 ? 12 : Br / 2;
     /* A short head (L up to 1.5 Br) in one block rather than a full one and
      * a sliver (ViT on 28 px images: 50 = 48 + 2 rows), when there are tasks
@@ -291,9 +301,23 @@ static vitc_status vitc__sdpa_check_sizes(const vitc__sdpa_desc *d, const char *
     return VITC_OK;
 }
 
+/* The relative-position views, when given, must describe the key grid. */
+static vitc_status vitc__sdpa_check_rel(const vitc__sdpa_desc *d, const char *who) {
+    if (!d->rel_h) return VITC_OK;
+    if (!d->rel_w)
+        return vitc__err(VITC_ERR_INVALID_ARG, "%s: rel_h given without rel_w; pass both", who);
+    if (d->kh <= 0 || d->kw <= 0 || d->kh * d->kw != d->S)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "%s: the key grid %lld x %lld does not hold the %lld keys; set kh, kw "
+                         "with kh * kw == S",
+                         who, (long long)d->kh, (long long)d->kw, (long long)d->S);
+    return VITC_OK;
+}
+
 vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
     if (!d) return vitc__err(VITC_ERR_INVALID_ARG, "sdpa: NULL descriptor");
     VITC_TRY(vitc__sdpa_check_sizes(d, "sdpa"));
+    VITC_TRY(vitc__sdpa_check_rel(d, "sdpa"));
     int64_t rows = d->B * d->H * d->L;
     if (rows == 0) return VITC_OK;
     if (vitc__attn_bad(d->D * d->S, d->q) || vitc__attn_bad(d->D * d->S, d->k) ||
@@ -310,7 +334,7 @@ vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
         return VITC_OK;
     }
 
-    if (d->bf16 && !d->lse) return vitc__sdpa_bf16(d, NULL);
+    if (d->bf16 && !d->lse && !d->rel_h) return vitc__sdpa_bf16(d, NULL);
     vitc__attn_plan plan;
     vitc__attn_plan_make(&plan, d);
     vitc__attn_run rc = {&plan, vitc__kern()->attn_rows, vitc__attn_need(&plan), 0, 0, 0, 0};
@@ -338,7 +362,9 @@ vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
 /* Per head: D_l = dO_l . O_l, then for every (l, j) the recomputed
  * p = e^(s - lse_l), dV_j += p dO_l, ds = p (dO_l . V_j - D_l),
  * dQ_l += scale ds K_j, dK_j += scale ds Q_l. */
-void vitc__sdpa_backward_ref(const vitc__sdpa_bwd_desc *bd) {
+void vitc__sdpa_backward_ref(const vitc__sdpa_bwd_desc *bd) { vitc__sdpa_backward_ref_rel(bd, NULL); }
+
+void vitc__sdpa_backward_ref_rel(const vitc__sdpa_bwd_desc *bd, const vitc__sdpa_rel_grad *rg) {
     const vitc__sdpa_desc *d = &bd->f;
     for (int64_t b = 0; b < d->B; b++)
         for (int64_t h = 0; h < d->H; h++) {
@@ -358,6 +384,15 @@ void vitc__sdpa_backward_ref(const vitc__sdpa_bwd_desc *bd) {
             for (int64_t l = 0; l < d->L; l++) {
                 const float *ql = q + l * d->q_sr, *dol = dO + l * bd->do_sr;
                 const float *ml = d->mask ? d->mask + b * d->m_sb + h * d->m_sh + l * d->m_sr : NULL;
+                const float *rh, *rw;
+                sdpa_rel_rows(d, b, h, l, &rh, &rw);
+                /* [kh], [kw] or NULL */
+                float *drh = rh && rg && rg->drel_h
+                                 ? rg->drel_h + b * rg->drh_sb + h * rg->drh_sh + l * rg->drh_sr : NULL;
+                float *drw = rh && rg && rg->drel_w
+                                 ? rg->drel_w + b * rg->drw_sb + h * rg->drw_sh + l * rg->drw_sr : NULL;
+                for (int64_t a = 0; drh && a < d->kh; a++) drh[a] = 0.0f;
+                for (int64_t a = 0; drw && a < d->kw; a++) drw[a] = 0.0f;
                 float *dql = dq + l * bd->dq_sr;
                 float Dl = 0.0f;
                 for (int64_t c = 0; c < d->Dv; c++) Dl += dol[c] * o[l * d->o_sr + c];
@@ -367,6 +402,7 @@ void vitc__sdpa_backward_ref(const vitc__sdpa_bwd_desc *bd) {
                     float s = 0.0f, dp = 0.0f;
                     for (int64_t c = 0; c < d->D; c++) s += ql[c] * kj[c];
                     s *= d->scale;
+                    if (rh) s += rh[j / d->kw] + rw[j % d->kw];
                     if (ml) s += ml[j];
                     /* a row with no allowed key: its output is a constant 0
                      * (torch 2.x), so nothing flows back through it */
@@ -375,6 +411,8 @@ void vitc__sdpa_backward_ref(const vitc__sdpa_bwd_desc *bd) {
                         dp += dol[c] * vj[c];
                         dv[j * bd->dv_sr + c] += p * dol[c];
                     }
+                    if (drh) drh[j / d->kw] += p * (dp - Dl);
+                    if (drw) drw[j % d->kw] += p * (dp - Dl);
                     float ds = p * (dp - Dl) * d->scale;
                     for (int64_t c = 0; c < d->D; c++) {
                         dql[c] += ds * kj[c];
@@ -505,10 +543,13 @@ static void vitc__attn_zero(float *x, int64_t sb, int64_t sh, int64_t sr, int64_
                 if (c > 0) memset(x + b * sb + h * sh + r * sr, 0, (size_t)c * sizeof(float));
 }
 
-vitc_status vitc__sdpa_backward(const vitc__sdpa_bwd_desc *bd) {
+vitc_status vitc__sdpa_backward(const vitc__sdpa_bwd_desc *bd) { return vitc__sdpa_backward_rel(bd, NULL); }
+
+vitc_status vitc__sdpa_backward_rel(const vitc__sdpa_bwd_desc *bd, const vitc__sdpa_rel_grad *rg) {
     if (!bd) return vitc__err(VITC_ERR_INVALID_ARG, "sdpa backward: NULL descriptor");
     const vitc__sdpa_desc *d = &bd->f;
     VITC_TRY(vitc__sdpa_check_sizes(d, "sdpa backward"));
+    VITC_TRY(vitc__sdpa_check_rel(d, "sdpa backward"));
     if (d->B * d->H == 0) return VITC_OK;
     int64_t L = d->L, S = d->S;
     if (vitc__attn_bad(L * d->D, bd->dq) || vitc__attn_bad(S * d->D, bd->dk) ||
@@ -527,6 +568,7 @@ vitc_status vitc__sdpa_backward(const vitc__sdpa_bwd_desc *bd) {
                          "sdpa backward: NULL q, k, v, o, lse or dout (the forward's o and lse are needed)");
     vitc__attn_bwd_plan plan;
     vitc__attn_bwd_plan_make(&plan, bd);
+    plan.rg = rg;
     vitc__attn_bwd_run rc = {&plan, vitc__kern()->attn_bwd, vitc__attn_bwd_need(&plan, plan.rows_max),
                              1, 1, 0};
     if (rc.need == 0) return vitc__err(VITC_ERR_NOMEM, "sdpa backward: scratch size overflows");

@@ -215,6 +215,20 @@ void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h,
     const float *k = d->k + b * d->k_sb + h * d->k_sh; /* [S, D] */
     const float *v = d->v + b * d->v_sb + h * d->v_sh; /* [S, Dv] */
     const float *mbase = d->mask ? d->mask + b * d->m_sb + h * d->m_sh + l0 * d->m_sr : NULL;
+    /* [nr, kh], [nr, kw] or NULL */
+    const float *rhbase = d->rel_h ? d->rel_h + b * d->rh_sb + h * d->rh_sh + l0 * d->rh_sr : NULL;
+    const float *rwbase = d->rel_h ? d->rel_w + b * d->rw_sb + h * d->rw_sh + l0 * d->rw_sr : NULL;
+    /* The bias gradients sum over all keys of a row, which only the query
+     * tasks (do_q) walk: [nr, kh], [nr, kw] or NULL. */
+    const vitc__sdpa_rel_grad *rg = pl->rg;
+    float *drh = rhbase && do_q && rg && rg->drel_h
+                     ? rg->drel_h + b * rg->drh_sb + h * rg->drh_sh + l0 * rg->drh_sr : NULL;
+    float *drw = rhbase && do_q && rg && rg->drel_w
+                     ? rg->drel_w + b * rg->drw_sb + h * rg->drw_sh + l0 * rg->drw_sr : NULL;
+    for (int64_t r = 0; r < nr; r++) {
+        if (drh) memset(drh + r * rg->drh_sr, 0, (size_t)d->kh * sizeof(float));
+        if (drw) memset(drw + r * rg->drw_sr, 0, (size_t)d->kw * sizeof(float));
+    }
     const float l2e = att_log2e;
     for (int64_t j0 = s0; j0 < s1; j0 += Bc) {
         const int64_t nk = s1 - j0 < Bc ? s1 - j0 : Bc;
@@ -229,13 +243,21 @@ void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h,
             const int64_t nbp = (nb + BRG - 1) / BRG * BRG;
             /* P^T: with a mask, the raw scores first, then the mask (read
              * transposed, a scalar pass) and 2^(s - lse2). */
-            if (mbase) {
+            if (mbase || rhbase) {
                 atb_tile(ATB_RAW, nk, nbp, D, k + j0 * d->k_sr, d->k_sr, w.qt + i0 * D, NULL, NULL,
                          w.pt, ldt);
                 for (int64_t j = 0; j < nk; j++) {
                     float *row = w.pt + j * ldt;
-                    const float *mc = mbase + i0 * d->m_sr + j0 + j; /* column j0+j of the mask */
-                    for (int64_t r = 0; r < nb; r++) row[r] += mc[r * d->m_sr] * l2e;
+                    if (mbase) {
+                        const float *mc = mbase + i0 * d->m_sr + j0 + j; /* column j0+j of the mask */
+                        for (int64_t r = 0; r < nb; r++) row[r] += mc[r * d->m_sr] * l2e;
+                    }
+                    if (rhbase) { /* columns (j0+j) / kw of rel_h and (j0+j) % kw of rel_w */
+                        const float *hc = rhbase + i0 * d->rh_sr + (j0 + j) / d->kw;
+                        const float *wc = rwbase + i0 * d->rw_sr + (j0 + j) % d->kw;
+                        for (int64_t r = 0; r < nb; r++)
+                            row[r] += (hc[r * d->rh_sr] + wc[r * d->rw_sr]) * l2e;
+                    }
                     for (int64_t r = 0; r < nbp; r += VW)
                         v_store(row + r, v_exp2(v_sub(v_load(row + r), v_loadu(w.lse2 + i0 + r))));
                 }
@@ -246,6 +268,22 @@ void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h,
             /* dS^T = P^T o (V dO^T - D) */
             atb_tile(ATB_DS, nk, nbp, Dv, v + j0 * d->v_sr, d->v_sr, w.dot + i0 * Dv, w.dd + i0,
                      w.pt, w.dst, ldt);
+            /* d rel_h[i][a] += dS[i][j] for key j on grid row a, d rel_w by
+             * column; keys ascending, so the sums have a fixed order. A
+             * scalar scatter: O(Bc Br) adds next to the five O(Bc Br d)
+             * products. */
+            if (drh || drw)
+                for (int64_t j = 0; j < nk; j++) {
+                    const float *row = w.dst + j * ldt;
+                    if (drh) {
+                        float *hc = drh + i0 * rg->drh_sr + (j0 + j) / d->kw;
+                        for (int64_t r = 0; r < nb; r++) hc[r * rg->drh_sr] += row[r];
+                    }
+                    if (drw) {
+                        float *wc = drw + i0 * rg->drw_sr + (j0 + j) % d->kw;
+                        for (int64_t r = 0; r < nb; r++) wc[r * rg->drw_sr] += row[r];
+                    }
+                }
             if (do_kv) {
                 atb_mm(nk, Dvp, nb, w.pt, ldt, 1, w.dor + i0 * Dvp, Dvp, w.dv, Dvp); /* dV += P^T dO */
                 atb_mm(nk, Dp, nb, w.dst, ldt, 1, w.qr + i0 * Dp, Dp, w.dk, Dp);    /* dK += dS^T Q */

@@ -82,6 +82,7 @@ enum { VITC_ATTN_BWD_DKV = 1, VITC_ATTN_BWD_DQ = 2 };
  * and, inside, query blocks of Br (dQ accumulates over key blocks). */
 typedef struct vitc__attn_bwd_plan {
     const vitc__sdpa_bwd_desc *d;
+    const vitc__sdpa_rel_grad *rg; /* NULL: no relative-position gradients */
     int64_t Bc;       /* keys per block: a multiple of every path's S-microkernel rows */
     int64_t Br;       /* query rows per block: a multiple of 32 (two AVX-512 vectors) */
     int64_t ldt;      /* row stride of the [Bc, Br] tiles: Br + 16, so the dQ product's

@@ -184,6 +184,39 @@ static float att_mask_max(float *s, /* [>= roundup(n, VW)] */
     return v_hmax(mx);
 }
 
+/* Adds row l's decomposed relative-position bias (times log2 e) to the
+ * scores of keys [j0, j0+n) in place: key j is at grid row j / kw and
+ * column j % kw, so the block is cut into runs of one grid row, each
+ * adding the constant rh[row] plus a slice of rw. */
+static void att_rel_add(float *s, /* [>= roundup(n, VW)] */
+                        const float *rh, /* [kh] */ const float *rw, /* [kw] */
+                        int64_t kw, int64_t j0, int64_t n) {
+    const VT l2e = v_set1(att_log2e);
+    for (int64_t j = 0; j < n;) {
+        const int64_t a = (j0 + j) / kw, c = (j0 + j) % kw;
+        const int64_t len = kw - c < n - j ? kw - c : n - j;
+        const VT hv = v_set1(rh[a]);
+        int64_t t = 0;
+        for (; t + VW <= len; t += VW)
+            v_storeu(s + j + t, v_fma(v_add(hv, v_loadu(rw + c + t)), l2e, v_loadu(s + j + t)));
+        if (t < len)
+            v_storeu_n(s + j + t,
+                       v_fma(v_add(hv, v_loadu_n(rw + c + t, len - t)), l2e,
+                             v_loadu_n(s + j + t, len - t)),
+                       len - t);
+        j += len;
+    }
+}
+
+/* The max of s[0:n] (a row whose scores were changed after the S kernel). */
+static float att_row_max(const float *s, /* [>= roundup(n, VW)] */ int64_t n) {
+    VT mx = v_set1(-INFINITY);
+    int64_t j = 0;
+    for (; j + VW <= n; j += VW) mx = v_max(mx, v_load(s + j));
+    if (j < n) mx = v_max(mx, v_tail(v_load(s + j), n - j, -INFINITY));
+    return v_hmax(mx);
+}
+
 /* s[j] = 2^(s[j] - m) for j < n; returns their sum. With store == 0 only the
  * sum is wanted (first pass of the probs path). */
 static float att_exp_sum(float *s, int64_t n, float m, int store) {
@@ -491,6 +524,9 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
     const int64_t D = d->D, Dv = d->Dv, S = d->S, Bc = pl->Bc, Bcp = pl->Bcp, Dvp = pl->Dvp;
     const int64_t nr = l1 - l0;
     const float *mbase = d->mask ? d->mask + b * d->m_sb + h * d->m_sh + l0 * d->m_sr : NULL;
+    /* [nr, kh] and [nr, kw], or NULL */
+    const float *rhbase = d->rel_h ? d->rel_h + b * d->rh_sb + h * d->rh_sh + l0 * d->rh_sr : NULL;
+    const float *rwbase = d->rel_h ? d->rel_w + b * d->rw_sb + h * d->rw_sh + l0 * d->rw_sr : NULL;
     if (b + 1 < d->B && l0 == 0 &&
         d->H * (d->L * D + S * (D + Dv)) <= ATT_PREFETCH_MAX_FLOATS) {
         /* (b + 1, h)'s q, k, v rows: see att_prefetch_rows */
@@ -499,7 +535,7 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
         att_prefetch_rows(d->v + (b + 1) * d->v_sb + h * d->v_sh, d->v_sr, S, Dv);
     }
 #if ATT_SMALL_DV > 0
-    if (Dv <= ATT_SMALL_DV && !d->mask && !d->probs) {
+    if (Dv <= ATT_SMALL_DV && !d->mask && !d->rel_h && !d->probs) {
         att_small_rows(pl, ws, b, h, l0, l1);
         return;
     }
@@ -587,10 +623,16 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
                  * wait on no reduction, so consecutive rows overlap. With
                  * a mask it is added first, in a pass of its own. */
                 VT rmax[ATT_RG];
-                att_scores(ws->qp + g0 * D, D, ng, kt, nkv, st, Bcp, mbase ? NULL : rmax);
-                if (mbase) {
-                    for (int64_t i = 0; i < ng; i++)
-                        alpha[g0 + i] = att_mask_max(st + i * Bcp, mbase + (g0 + i) * d->m_sr + j0, nkv);
+                att_scores(ws->qp + g0 * D, D, ng, kt, nkv, st, Bcp, mbase || rhbase ? NULL : rmax);
+                if (mbase || rhbase) {
+                    for (int64_t i = 0; i < ng; i++) {
+                        float *srow = st + i * Bcp;
+                        if (rhbase)
+                            att_rel_add(srow, rhbase + (g0 + i) * d->rh_sr,
+                                        rwbase + (g0 + i) * d->rw_sr, d->kw, j0, nkv);
+                        alpha[g0 + i] = mbase ? att_mask_max(srow, mbase + (g0 + i) * d->m_sr + j0, nkv)
+                                              : att_row_max(srow, nkv);
+                    }
                 } else {
                     for (int64_t i = 0; i < ng; i++) alpha[g0 + i] = v_hmax(rmax[i]);
                 }

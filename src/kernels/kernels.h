@@ -306,6 +306,15 @@ typedef struct vitc__sdpa_desc {
     /* 1: q k^T and P v on bfloat16 operands with fp32 sums, the softmax in
      * fp32 (attention_bf16.c; inference: ignored when lse is asked for). */
     int bf16;
+    /* Decomposed relative positions (SAM's ViT-det attention), may be NULL
+     * (then rel_w is ignored): the keys are a kh x kw grid in row-major
+     * order (S == kh * kw), and the score of row l, key j gets
+     * rel_h[l][j / kw] + rel_w[l][j % kw] added after the scale, before
+     * the mask. Added tile by tile inside the kernel: no L x S buffer. The
+     * bf16 path does not take it (the fp32 kernel runs instead). */
+    const float *rel_h; int64_t rh_sb, rh_sh, rh_sr; /* [B,H,L,kh] */
+    const float *rel_w; int64_t rw_sb, rw_sh, rw_sr; /* [B,H,L,kw] */
+    int64_t kh, kw;
 } vitc__sdpa_desc;
 
 /* Dispatching entry point: threads over B x H x query blocks. */
@@ -329,12 +338,25 @@ typedef struct vitc__sdpa_bwd_desc {
     float *dv; int64_t dv_sb, dv_sh, dv_sr;    /* [B,H,S,Dv] */
 } vitc__sdpa_bwd_desc;
 
+/* The gradients of the forward's rel_h and rel_w (vitc__sdpa_desc),
+ * overwritten; each may be NULL (not wanted). drel_h[l][a] sums dS[l][j]
+ * over the keys j of grid row a (dS = dL/d score), drel_w over those of
+ * column a. Apart from vitc__sdpa_bwd_desc so its users' initialisers stay
+ * as they are. */
+typedef struct vitc__sdpa_rel_grad {
+    float *drel_h; int64_t drh_sb, drh_sh, drh_sr; /* [B,H,L,kh] */
+    float *drel_w; int64_t drw_sb, drw_sh, drw_sr; /* [B,H,L,kw] */
+} vitc__sdpa_rel_grad;
+
 /* Dispatching entry point: threads over heads (or, for fewer than 8 heads,
  * over key blocks and then query blocks); bitwise the same result for any
  * thread count. */
 vitc_status vitc__sdpa_backward(const vitc__sdpa_bwd_desc *d);
+/* The same with the relative-position gradients (rg may be NULL). */
+vitc_status vitc__sdpa_backward_rel(const vitc__sdpa_bwd_desc *d, const vitc__sdpa_rel_grad *rg);
 /* Reference: every head, plain loops in float, no scratch. */
 void vitc__sdpa_backward_ref(const vitc__sdpa_bwd_desc *d);
+void vitc__sdpa_backward_ref_rel(const vitc__sdpa_bwd_desc *d, const vitc__sdpa_rel_grad *rg);
 
 /* ---- elementwise and norms (ops.c) ------------------------------- */
 
