@@ -1007,6 +1007,83 @@ VITC_API vitc_status vitc_zero_shot_probs(const float *images, int64_t B, const 
                                           int64_t K, int64_t D, float scale, float bias,
                                           int sigmoid, float *probs);
 
+/* ------------------------------------------------------------------ */
+/* Segment Anything (src/models/sam*.c, docs/segment.md)               */
+/* ------------------------------------------------------------------ */
+
+/* A loaded SAM: image encoder, prompt encoder and mask decoder, from a
+ * transformers SamModel directory (config.json + model.safetensors) or a
+ * .safetensors converted from the original sam_vit_*.pth. Read-only after
+ * loading: threads may share one (each call has its own scratch). */
+typedef struct vitc_sam vitc_sam;
+/* One image's embedding (the encoder's output, [256, 64, 64] for the
+ * released models) and its sizes: computed once, reused for any number of
+ * prompts (segment-anything's predictor.set_image). */
+typedef struct vitc_sam_image vitc_sam_image;
+
+VITC_API vitc_status vitc_sam_load(const char *path, vitc_sam **out);
+VITC_API void vitc_sam_free(vitc_sam *m);
+/* The encoder's input side (1024) and the embedding's shape [C, h, w]. */
+VITC_API int vitc_sam_input_size(const vitc_sam *m);
+VITC_API void vitc_sam_embedding_shape(const vitc_sam *m, int64_t shape[3]);
+/* Preprocess an RGB image as SamProcessor does (longest side resized to the
+ * input size, rescale, normalize, zero padding right and bottom) and encode
+ * it. */
+VITC_API vitc_status vitc_sam_set_image(const vitc_sam *m, const vitc_image *img,
+                                        vitc_sam_image **out);
+/* The same from an already preprocessed tensor [3, S, S] (S the input
+ * size) of an image of orig_w x orig_h pixels. */
+VITC_API vitc_status vitc_sam_set_image_tensor(const vitc_sam *m, const float *pixels, int orig_w,
+                                               int orig_h, vitc_sam_image **out);
+VITC_API void vitc_sam_image_free(vitc_sam_image *e);
+/* The embedding [C, h, w] (channels first, as SamModel.get_image_embeddings). */
+VITC_API const float *vitc_sam_image_embedding(const vitc_sam_image *e);
+
+/* One prompt, coordinates in the original image's pixels (x right, y down). */
+typedef struct vitc_sam_prompt {
+    int n_points;
+    const float *points; /* [n_points, 2] x, y */
+    const int *labels;   /* [n_points] 1 foreground, 0 background */
+    const float *box;    /* [4] x0, y0, x1, y1, or NULL */
+    const float *mask;   /* [256, 256] low-resolution logits (a previous
+                          * result's low_res), or NULL */
+    int multimask;       /* 1: the three multimask outputs; 0: the single mask */
+} vitc_sam_prompt;
+
+typedef struct vitc_sam_result {
+    int n_masks;       /* 3 (multimask) or 1 */
+    int height, width; /* the original image's */
+    float *masks;      /* [n_masks, height, width] logits (> 0: in the mask) */
+    float *low_res;    /* [n_masks, 256, 256] logits, reusable as a mask prompt */
+    float iou[4];      /* predicted IoU of each mask */
+} vitc_sam_result;
+VITC_API vitc_status vitc_sam_predict(const vitc_sam *m, const vitc_sam_image *e,
+                                      const vitc_sam_prompt *p, vitc_sam_result *out);
+VITC_API void vitc_sam_result_free(vitc_sam_result *r);
+
+/* ------------------------------------------------------------------ */
+/* Depth Anything (src/models/depth.c, docs/depth.md)                 */
+/* ------------------------------------------------------------------ */
+
+/* A loaded DepthAnythingForDepthEstimation (V1 or V2) directory: the
+ * DINOv2 backbone read at four layers, the DPT neck and head. Read-only
+ * after loading, shareable by threads. */
+typedef struct vitc_depth vitc_depth;
+VITC_API vitc_status vitc_depth_load(const char *path, vitc_depth **out);
+VITC_API void vitc_depth_free(vitc_depth *m);
+/* The preprocessed size [H, W] for a width x height image (the processor's
+ * resize: aspect kept, each side at least the configured size, multiples
+ * of 14). */
+VITC_API vitc_status vitc_depth_input_size(const vitc_depth *m, int width, int height, int *H,
+                                           int *W);
+/* predicted_depth [B, H, W] of preprocessed pixels [B, 3, H, W]. */
+VITC_API vitc_status vitc_depth_forward(const vitc_depth *m, const float *pixels, int B, int H,
+                                        int W, float *depth);
+/* An RGB image end to end: preprocess, forward, resized back to the
+ * image's height x width as the depth-estimation pipeline does. out:
+ * [height, width], malloc'd (free with free()). */
+VITC_API vitc_status vitc_depth_predict(const vitc_depth *m, const vitc_image *img, float **out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,83 @@
+/*
+ * dense.h — the image-shaped layers of the dense heads (SAM's neck, prompt
+ * encoder and mask decoder, the DPT neck and head of Depth Anything):
+ * 2-D convolution, transposed convolution, bilinear resampling and
+ * LayerNorm2d, each with its backward (dense.c).
+ *
+ * Maps are channels-last, x [B, H, W, C]: the layout of the encoders'
+ * tokens, so a 1x1 convolution is one GEMM, LayerNorm2d is the row
+ * LayerNorm (vitc__layernorm over B*H*W rows), and a k x k convolution is
+ * an im2col into rows [B*oh*ow, kh*kw*C] and one GEMM. torch's NCHW
+ * tensors are permuted at the edges (loading weights, returning results).
+ *
+ * Every fast path has a reference (plain loops, the definition) that
+ * tests compare against; VITC_DENSE=ref forces the references.
+ */
+#ifndef VITC_NN_DENSE_H
+#define VITC_NN_DENSE_H
+
+#include "../internal.h"
+#include "../kernels/kernels.h"
+
+/* Output length of a convolution over n: (n + 2p - k) / s + 1. */
+static inline int64_t vitc__nn_conv_out(int64_t n, int64_t k, int64_t s, int64_t p) {
+    return (n + 2 * p - k) / s + 1;
+}
+
+/* nn.Conv2d(C, O, (kh, kw), stride (sh, sw), padding (ph, pw)), no groups
+ * or dilation. */
+typedef struct vitc__nn_conv {
+    const float *w; /* [O, kh, kw, C] (vitc__nn_conv_pack from torch's [O, C, kh, kw]) */
+    const float *b; /* [O] or NULL */
+    int64_t C, O, kh, kw, sh, sw, ph, pw;
+} vitc__nn_conv;
+/* torch's Conv2d weight [O, C, kh, kw] -> [O, kh, kw, C] (and back: _unpack). */
+void vitc__nn_conv_pack(float *dst, const float *src, int64_t O, int64_t C, int64_t kh, int64_t kw);
+void vitc__nn_conv_unpack(float *dst, const float *src, int64_t O, int64_t C, int64_t kh,
+                          int64_t kw);
+/* Scratch floats conv_forward / conv_backward need for B images of H x W
+ * (0 for a 1x1 convolution of stride 1 without padding). */
+int64_t vitc__nn_conv_scratch(const vitc__nn_conv *p, int64_t B, int64_t H, int64_t W);
+/* y [B, oh, ow, O] = conv(x [B, H, W, C]). Errors: sizes that give no
+ * output, a scratch too small. */
+vitc_status vitc__nn_conv_forward(const vitc__nn_conv *p, float *y, const float *x, int64_t B,
+                                  int64_t H, int64_t W, float *scratch, int64_t scratch_len);
+/* dx [B, H, W, C] (overwritten; NULL: not wanted) from dy [B, oh, ow, O];
+ * dw [O, kh, kw, C] and db [O] accumulated (+=) when not NULL. */
+vitc_status vitc__nn_conv_backward(const vitc__nn_conv *p, float *dx, float *dw, float *db,
+                                   const float *dy, const float *x, int64_t B, int64_t H,
+                                   int64_t W, float *scratch, int64_t scratch_len);
+
+/* nn.ConvTranspose2d(C, O, (kh, kw), stride (sh, sw), padding (ph, pw)):
+ * oh = (H - 1) sh - 2 ph + kh. The fast path is kh == sh, kw == sw,
+ * padding 0 (SAM's 2x2 / 2, the DPT reassemble's 4x4 / 4 and 2x2 / 2): one
+ * GEMM and a scatter with no overlap. */
+typedef struct vitc__nn_convt {
+    const float *w; /* [kh, kw, O, C] (vitc__nn_convt_pack from torch's [C, O, kh, kw]) */
+    const float *b; /* [O] or NULL */
+    int64_t C, O, kh, kw, sh, sw, ph, pw;
+} vitc__nn_convt;
+void vitc__nn_convt_pack(float *dst, const float *src, int64_t C, int64_t O, int64_t kh,
+                         int64_t kw);
+int64_t vitc__nn_convt_scratch(const vitc__nn_convt *p, int64_t B, int64_t H, int64_t W);
+/* y [B, oh, ow, O] from x [B, H, W, C]. */
+vitc_status vitc__nn_convt_forward(const vitc__nn_convt *p, float *y, const float *x, int64_t B,
+                                   int64_t H, int64_t W, float *scratch, int64_t scratch_len);
+vitc_status vitc__nn_convt_backward(const vitc__nn_convt *p, float *dx, float *dw, float *db,
+                                    const float *dy, const float *x, int64_t B, int64_t H,
+                                    int64_t W, float *scratch, int64_t scratch_len);
+
+/* F.interpolate(mode="bilinear", align_corners=ac, antialias=False) of x
+ * [B, ih, iw, C] to y [B, oh, ow, C] (C = 1: a stack of single-channel
+ * maps, which is also NCHW's layout). */
+vitc_status vitc__nn_bilinear(float *y, const float *x, int64_t B, int64_t C, int64_t ih,
+                              int64_t iw, int64_t oh, int64_t ow, int ac);
+/* Its adjoint: dx [B, ih, iw, C] += R^T dy. */
+vitc_status vitc__nn_bilinear_backward(float *dx, const float *dy, int64_t B, int64_t C,
+                                       int64_t ih, int64_t iw, int64_t oh, int64_t ow, int ac);
+
+/* LayerNorm2d (SAM's, normalising each pixel's C channels): on
+ * channels-last maps it is vitc__layernorm over B*H*W rows of C, and its
+ * backward vitc__layernorm_backward; no function of its own. */
+
+#endif
