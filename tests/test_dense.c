@@ -315,7 +315,8 @@ static void test_bilinear_fast_bitwise(void **state) {
  * --env-child) sees it ------------------------------------------------- */
 
 static int env_child(void) {
-    int ok = strcmp(vitc__nn_dense_path(), "ref") == 0;
+    int ok = strcmp(vitc__nn_dense_path(), "ref") == 0 &&
+             strstr(vitc_get_precision_paths(), "dense layers: reference (VITC_DENSE=ref)");
     unsetenv("VITC_DENSE"); /* read once: unsetting it later changes nothing */
     ok = ok && strcmp(vitc__nn_dense_path(), "ref") == 0;
     ok = ok && vitc__nn_dense_force("fast") == VITC_OK &&
@@ -338,6 +339,7 @@ static void test_env(void **state) {
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
+    assert_null(strstr(vitc_get_precision_paths(), "VITC_DENSE"));
     assert_int_equal(vitc__nn_dense_force("bogus"), VITC_ERR_INVALID_ARG);
     tu_assert_message_has("bogus");
 }
