@@ -397,16 +397,22 @@ static void im2col_rows(void *vc, int64_t t0, int64_t t1, int tid) {
     for (int64_t t = t0; t < t1; t++) {
         int64_t r = k->r0 + t, b = r / (k->oh * k->ow), oy = r / k->ow % k->oh, ox = r % k->ow;
         float *row = k->cols + t * K; /* [kh, kw, C] */
+        /* a kernel row's taps are consecutive pixels of x: one copy of
+         * the span inside the map, zeros either side */
+        const int64_t ix0 = ox * p->sw - p->pw, jlo = ix0 < 0 ? -ix0 : 0,
+                      jhi = k->W - ix0 < p->kw ? k->W - ix0 : p->kw;
         for (int64_t i = 0; i < p->kh; i++) {
             int64_t iy = oy * p->sh - p->ph + i;
-            for (int64_t j = 0; j < p->kw; j++) {
-                int64_t ix = ox * p->sw - p->pw + j;
-                float *d = row + (i * p->kw + j) * C; /* [C] */
-                if (iy < 0 || iy >= k->H || ix < 0 || ix >= k->W)
-                    memset(d, 0, (size_t)C * sizeof(float));
-                else
-                    memcpy(d, k->x + ((b * k->H + iy) * k->W + ix) * C, (size_t)C * sizeof(float));
+            float *d = row + i * p->kw * C; /* [kw, C] */
+            if (iy < 0 || iy >= k->H || jhi <= jlo) {
+                memset(d, 0, (size_t)(p->kw * C) * sizeof(float));
+                continue;
             }
+            if (jlo > 0) memset(d, 0, (size_t)(jlo * C) * sizeof(float));
+            memcpy(d + jlo * C, k->x + ((b * k->H + iy) * k->W + ix0 + jlo) * C,
+                   (size_t)((jhi - jlo) * C) * sizeof(float));
+            if (jhi < p->kw)
+                memset(d + jhi * C, 0, (size_t)((p->kw - jhi) * C) * sizeof(float));
         }
     }
 }
