@@ -568,7 +568,7 @@ static inline void v4_store(float *p, dense_v4 v) { memcpy(p, &v, sizeof v); }
 typedef struct bil_ctx {
     float *y;        /* forward: y; backward: dx */
     const float *x;  /* forward: x; backward: dy */
-    int64_t B, C, ih, iw, oh, ow, nch;
+    int64_t B, C, ih, iw, oh, ow;
     const bil_ix *th, *tw;
 } bil_ctx;
 
@@ -597,27 +597,70 @@ static void bil_fwd_row(void *vc, int64_t t, int tid) {
     }
 }
 
-static void bil_bwd_chunk(void *vc, int64_t t, int tid) {
-    const bil_ctx *k = vc;
-    const int64_t C = k->C, b = t / k->nch, c0 = t % k->nch * DENSE_CCHUNK,
-                  c1 = c0 + DENSE_CCHUNK < C ? c0 + DENSE_CCHUNK : C;
-    (void)tid;
-    for (int64_t oy = 0; oy < k->oh; oy++) {
-        const bil_ix *h = k->th + oy;
-        float *r0 = k->y + (b * k->ih + h->i0) * k->iw * C; /* [iw, C] */
-        float *r1 = r0 + h->d * k->iw * C;                   /* [iw, C] */
-        for (int64_t ox = 0; ox < k->ow; ox++) {
-            const bil_ix *w = k->tw + ox;
-            const float *g = k->x + ((b * k->oh + oy) * k->ow + ox) * C; /* [C] */
-            const int64_t a = w->i0 * C, e = (w->i0 + w->d) * C;
-            const float w00 = h->l0 * w->l0, w01 = h->l0 * w->l1, w10 = h->l1 * w->l0,
-                        w11 = h->l1 * w->l1;
-            for (int64_t c = c0; c < c1; c++) {
-                r0[a + c] += w00 * g[c];
-                r0[e + c] += w01 * g[c];
-                r1[a + c] += w10 * g[c];
-                r1[e + c] += w11 * g[c];
+/* dx row r += weight * (the adjoint of the width pass of dy row g) for
+ * every output column, in the reference's order. */
+static inline void bil_bwd_row(float *r, const float *g, const bil_ix *tw, int64_t ow, int64_t C,
+                               float hl) {
+    for (int64_t ox = 0; ox < ow; ox++, g += C) {
+        const bil_ix *w = tw + ox;
+        float *ra = r + w->i0 * C, *re = r + (w->i0 + w->d) * C; /* [C], [C] */
+        const float w0 = hl * w->l0, w1 = hl * w->l1;
+        int64_t c = 0;
+        if (C >= 4) {
+            const dense_v4 v0 = {w0, w0, w0, w0}, v1 = {w1, w1, w1, w1};
+            for (; c + 4 <= C; c += 4) {
+                v4_store(ra + c, v4_load(ra + c) + v0 * v4_load(g + c));
+                v4_store(re + c, v4_load(re + c) + v1 * v4_load(g + c));
             }
+        }
+        for (; c < C; c++) {
+            ra[c] += w0 * g[c];
+            re[c] += w1 * g[c];
+        }
+    }
+}
+
+/* The backward splits by input row: the output rows that read input row
+ * g first (i0 == g) are a contiguous run [first[g], first[g + 1]), and
+ * each writes rows g and g + d. Phase 0 adds every run's share into its
+ * lower row g + 1, phase 1 into its own row g: distinct rows within a
+ * phase, and each element still gets its terms in ascending output order,
+ * so the result is the reference's bits. */
+typedef struct bil_bwd_ctx {
+    float *dx;       /* [B, ih, iw, C] */
+    const float *dy; /* [B, oh, ow, C] */
+    int64_t C, ih, iw, oh, ow;
+    const bil_ix *th, *tw;
+    const int64_t *first; /* [ih + 1] */
+    int phase;
+} bil_bwd_ctx;
+
+static void bil_bwd_run(void *vc, int64_t t, int tid) {
+    const bil_bwd_ctx *k = vc;
+    const int64_t C = k->C, b = t / k->ih, g = t % k->ih, rowlen = k->iw * C;
+    (void)tid;
+    float *r0 = k->dx + (b * k->ih + g) * rowlen; /* [iw, C] */
+    for (int64_t oy = k->first[g]; oy < k->first[g + 1]; oy++) {
+        const bil_ix *h = k->th + oy;
+        const float *gy = k->dy + (b * k->oh + oy) * k->ow * C; /* [ow, C] */
+        if (h->d == 0) { /* both weights on row g: the reference's order, in phase 1 */
+            if (k->phase == 1) {
+                for (int64_t ox = 0; ox < k->ow; ox++) {
+                    const bil_ix *w = k->tw + ox;
+                    const float *gg = gy + ox * C;
+                    float *ra = r0 + w->i0 * C, *re = r0 + (w->i0 + w->d) * C;
+                    for (int64_t c = 0; c < C; c++) {
+                        ra[c] += h->l0 * w->l0 * gg[c];
+                        re[c] += h->l0 * w->l1 * gg[c];
+                        ra[c] += h->l1 * w->l0 * gg[c];
+                        re[c] += h->l1 * w->l1 * gg[c];
+                    }
+                }
+            }
+        } else if (k->phase == 0) {
+            bil_bwd_row(r0 + rowlen, gy, k->tw, k->ow, C, h->l1);
+        } else {
+            bil_bwd_row(r0, gy, k->tw, k->ow, C, h->l0);
         }
     }
 }
@@ -727,7 +770,7 @@ vitc_status vitc__nn_bilinear(float *y, const float *x, int64_t B, int64_t C, in
     if (dense_ref()) {
         bil_fwd_ref(y, x, B, C, ih, iw, oh, ow, th, tw);
     } else {
-        bil_ctx k = {y, x, B, C, ih, iw, oh, ow, 0, th, tw};
+        bil_ctx k = {y, x, B, C, ih, iw, oh, ow, th, tw};
         vitc__parallel_for(B * oh, bil_fwd_row, &k);
     }
     free(th);
@@ -743,8 +786,21 @@ vitc_status vitc__nn_bilinear_backward(float *dx, const float *dy, int64_t B, in
     if (dense_ref()) {
         bil_bwd_ref(dx, dy, B, C, ih, iw, oh, ow, th, tw);
     } else {
-        bil_ctx k = {dx, dy, B, C, ih, iw, oh, ow, (C + DENSE_CCHUNK - 1) / DENSE_CCHUNK, th, tw};
-        vitc__parallel_for(B * k.nch, bil_bwd_chunk, &k);
+        int64_t *first = malloc((size_t)(ih + 1) * sizeof(int64_t));
+        if (!first) {
+            free(th);
+            return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for %lld row starts", who,
+                             (long long)ih + 1);
+        }
+        for (int64_t g = 0, oy = 0; g <= ih; g++) {
+            while (oy < oh && th[oy].i0 < g) oy++;
+            first[g] = oy;
+        }
+        bil_bwd_ctx k = {dx, dy, C, ih, iw, oh, ow, th, tw, first, 0};
+        vitc__parallel_for(B * ih, bil_bwd_run, &k);
+        k.phase = 1;
+        vitc__parallel_for(B * ih, bil_bwd_run, &k);
+        free(first);
     }
     free(th);
     return VITC_OK;
