@@ -3,7 +3,8 @@
  * and bilinear resampling, forward and backward, against PyTorch's float64
  * autograd (tests/reference/gen_dense.py writes tests/reference/dense/),
  * on the reference path and on the fast path; the fast path against the
- * reference on larger random shapes; VITC_DENSE=ref; the errors.
+ * reference on larger random shapes; LayerNorm2d as the row LayerNorm;
+ * VITC_DENSE=ref; the errors.
  * Tolerance: max|got - want| <= 2e-5 * max(1, max|want|).
  */
 #include <math.h>
@@ -34,7 +35,7 @@
 
 #define TOL 2e-5
 
-static vitc_safetensors *st_conv, *st_convt, *st_bil;
+static vitc_safetensors *st_conv, *st_convt, *st_bil, *st_ln;
 
 static int load_one(const char *name, vitc_safetensors **st) {
     char path[256];
@@ -47,7 +48,8 @@ static int load_one(const char *name, vitc_safetensors **st) {
 static int setup(void **state) {
     (void)state;
     vitc_set_num_threads(2);
-    if (load_one("conv", &st_conv) || load_one("convt", &st_convt) || load_one("bilinear", &st_bil))
+    if (load_one("conv", &st_conv) || load_one("convt", &st_convt) ||
+        load_one("bilinear", &st_bil) || load_one("layernorm2d", &st_ln))
         return -1;
     return 0;
 }
@@ -57,6 +59,7 @@ static int teardown(void **state) {
     vitc_safetensors_free(st_conv);
     vitc_safetensors_free(st_convt);
     vitc_safetensors_free(st_bil);
+    vitc_safetensors_free(st_ln);
     return 0;
 }
 
@@ -198,6 +201,34 @@ static void test_torch_fast(void **state) {
     assert_string_equal(vitc__nn_dense_path(), "fast");
     torch_all();
     assert_int_equal(vitc__nn_dense_force("auto"), VITC_OK);
+}
+
+/* ---- LayerNorm2d: the row LayerNorm over B*H*W pixels -------------- */
+
+static void test_layernorm2d(void **state) {
+    (void)state;
+    const char *const cases[] = {"sam_neck", "odd"};
+    for (size_t i = 0; i < NCASES(cases); i++) {
+        const char *c = cases[i];
+        const float *cfg = get(st_ln, c, "cfg", 4);
+        const int64_t B = (int64_t)cfg[0], C = (int64_t)cfg[1],
+                      M = B * (int64_t)cfg[2] * (int64_t)cfg[3];
+        const size_t n = (size_t)(M * C);
+        const float *x = get(st_ln, c, "x", n), *w = get(st_ln, c, "w", (size_t)C),
+                    *b = get(st_ln, c, "b", (size_t)C);
+        float *y = tu_falloc(n), *dx = tu_falloc(n), *dw = tu_falloc((size_t)C),
+              *db = tu_falloc((size_t)C), *stats = tu_falloc((size_t)(2 * M));
+        vitc__layernorm(y, x, w, b, M, C, 1e-6f);
+        close_to(y, get(st_ln, c, "y", n), n, TOL, c, "layernorm2d y");
+        memset(dx, 0, n * sizeof(float));
+        memset(dw, 0, (size_t)C * sizeof(float));
+        memset(db, 0, (size_t)C * sizeof(float));
+        vitc__layernorm_backward(dx, dw, db, get(st_ln, c, "dy", n), x, w, M, C, 1e-6f, stats);
+        close_to(dx, get(st_ln, c, "dx", n), n, TOL, c, "layernorm2d dx");
+        close_to(dw, get(st_ln, c, "dw", (size_t)C), (size_t)C, TOL, c, "layernorm2d dw");
+        close_to(db, get(st_ln, c, "db", (size_t)C), (size_t)C, TOL, c, "layernorm2d db");
+        free(y), free(dx), free(dw), free(db), free(stats);
+    }
 }
 
 /* ---- the fast path against the reference on shapes of several row
@@ -404,6 +435,7 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_torch_ref),
         cmocka_unit_test(test_torch_fast),
+        cmocka_unit_test(test_layernorm2d),
         cmocka_unit_test(test_fast_vs_ref),
         cmocka_unit_test(test_bilinear_fast_bitwise),
         cmocka_unit_test(test_env),

@@ -196,7 +196,8 @@ static void conv_bwd_ref(const vitc__nn_conv *p, float *dx, float *dw, float *db
                         for (int64_t j = 0; j < p->kw; j++) {
                             int64_t ix = ox * p->sw - p->pw + j;
                             if (ix < 0 || ix >= W) continue;
-                            int64_t xo = ((b * H + iy) * W + ix) * C, wo = ((o * p->kh + i) * p->kw + j) * C;
+                            int64_t xo = ((b * H + iy) * W + ix) * C,
+                                    wo = ((o * p->kh + i) * p->kw + j) * C;
                             if (dx)
                                 for (int64_t c = 0; c < C; c++) dx[xo + c] += g[o] * p->w[wo + c];
                             if (dw)
@@ -227,8 +228,8 @@ static void convt_fwd_ref(const vitc__nn_convt *p, float *y, const float *x, int
                             if (u < 0 || u % p->sw) continue;
                             int64_t ix = u / p->sw;
                             if (ix >= W) continue;
-                            const float *xi = x + ((b * H + iy) * W + ix) * C;            /* [C] */
-                            const float *wi = p->w + ((i * p->kw + j) * O + o) * C;         /* [C] */
+                            const float *xi = x + ((b * H + iy) * W + ix) * C;      /* [C] */
+                            const float *wi = p->w + ((i * p->kw + j) * O + o) * C; /* [C] */
                             for (int64_t c = 0; c < C; c++) s += (double)wi[c] * xi[c];
                         }
                     }
@@ -361,9 +362,9 @@ static void bil_bwd_ref(float *dx, const float *dy, int64_t B, int64_t C, int64_
  * block of ~900 rows of a 3x3x256 kernel is GEMM-shaped enough to run at
  * the GEMM's speed. */
 #define DENSE_BLOCK_FLOATS ((int64_t)1 << 21)
-/* Channels a task of the channel-split passes takes (col2im, bilinear
- * backward): those passes add into overlapping pixels, so threads split
- * the channels, never the pixels. */
+/* Channels a task of the col2im passes takes (the convolution's backward,
+ * the overlapping transposed convolution): their taps add into shared
+ * pixels, so threads split the channels, never the pixels. */
 #define DENSE_CCHUNK 32
 
 /* Rows per block for rows of k floats, out of R rows. */
@@ -640,11 +641,10 @@ static void convt_bwd_general(const vitc__nn_convt *p, float *dx, float *dw, flo
     }
 }
 
-/* Bilinear, threaded over output rows (forward) or channel chunks
- * (backward: output pixels add into shared input pixels), the channel
- * loop in 4-wide vectors (the baseline SIMD width of
- * every target; the pass is bound by memory, not arithmetic); the same operations in the same order as the
- * reference, so the same numbers. */
+/* Bilinear, threaded over output rows (forward) or input rows (backward,
+ * below), the channel loop in 4-wide vectors (the baseline SIMD width of
+ * every target; the pass is bound by memory, not arithmetic): the
+ * reference's operations in its order, so the same numbers. */
 typedef float dense_v4 __attribute__((vector_size(16)));
 
 static inline dense_v4 v4_load(const float *p) {
