@@ -71,8 +71,11 @@ int main(int argc, char **argv) {
         return CLI_OK;
     }
     if (!strcmp(argv[1], "--version")) {
+        char cpu[1024];
         printf("vitc %s (kernels: %s, gemm: %s; %s)\n", vitc_version(), vitc_get_arch(),
                vitc_get_gemm_backend(), vitc_get_precision_paths());
+        vitc_cpu_info(cpu, sizeof cpu, VITC_CPU_INFO_TEXT);
+        fputs(cpu, stdout);
         return CLI_OK;
     }
     for (size_t i = 0; i < CLI_NCMDS; i++)
