@@ -204,6 +204,7 @@ static vitc_status vitc__reblock_locked(void) {
         __atomic_store_n(&vitc__tables[a].gemm, &vitc__gemm_blocked[gen][a], __ATOMIC_RELEASE);
         vitc__tables[a].lp_mc = b[a].lp_mc;
         vitc__tables[a].lp_nb = b[a].lp_nb;
+        vitc__tables[a].cpu = cpu;
     }
     return VITC_OK;
 }

@@ -159,6 +159,9 @@ typedef struct vitc__kernels {
     /* The bf16 / int8 GEMM's blocks (gemm_lp.c), from the same rules: rows
      * of A per block, bytes of weight strips per block. */
     int64_t lp_mc, lp_nb;
+    /* The CPU the blocks were derived from (cpu.h: caches, model,
+     * datapath), read once. */
+    const struct vitc__cpu *cpu;
 } vitc__kernels;
 
 /* The table of the arch in use; never NULL. */
