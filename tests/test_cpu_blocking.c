@@ -153,7 +153,8 @@ static void test_rules(void **state) {
 static void test_force_parse(void **state) {
     (void)state;
     const vitc__gemm_kernel *before = vitc__kern()->gemm;
-    const char *bad[] = {"kc=abc", "1,2,3,4,5,6", "foo=1", "kc=12Q", "kc=", ",", "kc=1=2"};
+    const char *bad[] = {"kc=abc", "1,2,3,4,5,6", "foo=1", "kc=12Q", "kc=", ",", "kc=1=2",
+                         "kc=99999999999G"};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         assert_int_equal(vitc__blocking_force(bad[i]), VITC_ERR_INVALID_ARG);
         assert_true(strlen(vitc_last_error()) > 10);

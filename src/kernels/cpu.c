@@ -275,10 +275,9 @@ static int vitc__parse_size(const char *s, size_t n, int64_t *out) {
     if (i == 0) return 0;
     if (i < n) {
         char u = (char)toupper((unsigned char)s[i++]);
-        if (u == 'K') v <<= 10;
-        else if (u == 'M') v <<= 20;
-        else if (u == 'G') v <<= 30;
-        else return 0;
+        int shift = u == 'K' ? 10 : u == 'M' ? 20 : u == 'G' ? 30 : -1;
+        if (shift < 0 || v > ((int64_t)1 << 40) >> shift) return 0; /* no overflow */
+        v <<= shift;
         if (i < n && toupper((unsigned char)s[i]) == 'B') i++; /* "KB" */
         if (i < n && toupper((unsigned char)s[i]) == 'I') i++; /* "KiB" */
         if (i < n && toupper((unsigned char)s[i]) == 'B') i++;
