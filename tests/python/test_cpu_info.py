@@ -73,6 +73,33 @@ class TestCpuInfo(unittest.TestCase):
         c = child_info(VITC_BLOCKING="kc=lots")
         self.assertIn("ignored", c["blocking_from"])
 
+    @unittest.skipUnless(os.path.exists(os.path.join(ROOT, "build", "vitc")), "needs build/vitc")
+    def test_bench_names_the_cpu_as_vitc(self):
+        """bench.py's per-CPU file is named from `vitc --version`, as the
+        library names the CPU; the index lists each file's CPU and date."""
+        import tempfile
+        sys.path.insert(0, os.path.join(ROOT, "bench"))
+        try:
+            import bench
+        finally:
+            sys.path.pop(0)
+        ver = subprocess.run([os.path.join(ROOT, "build", "vitc"), "--version"],
+                             capture_output=True, text=True, check=True).stdout
+        info = bench.parse_version(ver)
+        self.assertEqual(info["cpu_id"], vitc.cpu_info()["id"])
+        self.assertTrue(info["vitc"].startswith("vitc "))
+        self.assertIn("blocking", info["caches_line"])
+        with tempfile.TemporaryDirectory() as d:
+            with open(os.path.join(d, "x-f1m2.md"), "w") as f:
+                f.write("# x\n\n- date: 2026-01-02 03:04 UTC (run took 5 s)\n"
+                        "- CPU (as vitc reads it): Some CPU [x-f1m2]\n"
+                        "- measured FMA peak (avx512, fp32): 1.0 GFLOP/s on 1 core "
+                        "(`vitc bench --peak-only`, ...)\n")
+            bench.cpu_results_index(d)
+            index = open(os.path.join(d, "README.md")).read()
+        self.assertIn("| [x-f1m2](x-f1m2.md) | Some CPU [x-f1m2] | 2026-01-02 03:04 UTC | "
+                      "1.0 GFLOP/s on 1 core |", index)
+
 
 if __name__ == "__main__":
     unittest.main()
