@@ -35,7 +35,9 @@ static void cli_help(FILE *f) {
     for (size_t i = 0; i < CLI_NCMDS; i++)
         fprintf(f, "  %-15s %s\n", cli_cmds[i].name, cli_cmds[i].help);
     fprintf(f, "\n'vitc help COMMAND' (or 'vitc COMMAND --help') describes a command.\n"
-               "'vitc --version' prints the version and the kernels this CPU runs.\n\n"
+               "'vitc --version' prints the version, the kernels this CPU runs, the CPU and\n"
+               "caches as read, and the GEMM blocking chosen from them (VITC_CACHE,\n"
+               "VITC_BLOCKING force them: docs/kernels-gemm.md).\n\n"
                "Platforms: x86-64 Linux; the AVX-512, AVX2 or portable C kernels are\n"
                "chosen at run time (VITC_ARCH forces one). Other architectures do not build\n"
                "yet; other systems are untested.\n");
