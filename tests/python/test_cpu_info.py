@@ -11,14 +11,19 @@ import vitc
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def read(path):
+    with open(path) as f:
+        return f.read().strip()
+
+
 def sysfs_cache(level):
     base = "/sys/devices/system/cpu/cpu0/cache"
     for i in range(8):
         d = os.path.join(base, "index%d" % i)
         try:
-            lv = int(open(os.path.join(d, "level")).read())
-            kind = open(os.path.join(d, "type")).read().strip()
-            size = open(os.path.join(d, "size")).read().strip()
+            lv = int(read(os.path.join(d, "level")))
+            kind = read(os.path.join(d, "type"))
+            size = read(os.path.join(d, "size"))
         except OSError:
             return None
         if lv == level and kind != "Instruction":
@@ -96,7 +101,7 @@ class TestCpuInfo(unittest.TestCase):
                         "- measured FMA peak (avx512, fp32): 1.0 GFLOP/s on 1 core "
                         "(`vitc bench --peak-only`, ...)\n")
             bench.cpu_results_index(d)
-            index = open(os.path.join(d, "README.md")).read()
+            index = read(os.path.join(d, "README.md"))
         self.assertIn("| [x-f1m2](x-f1m2.md) | Some CPU [x-f1m2] | 2026-01-02 03:04 UTC | "
                       "1.0 GFLOP/s on 1 core |", index)
 
