@@ -405,8 +405,11 @@ vitc_status vitc__cache_force(const char *spec) {
         return vitc__err(VITC_ERR_INVALID_ARG,
                          "cache sizes \"%s\": %s (expected e.g. l1d=48K,l2=2M,l3=105M,line=64)",
                          spec, err);
+    vitc__cpu old = vitc__cpu_cur;
     vitc__cache_set(spec && *spec ? v : NULL, "forced");
-    return vitc__tables_reblock();
+    vitc_status st = vitc__tables_reblock();
+    if (st != VITC_OK) vitc__cpu_cur = old; /* the tables kept the old blocks */
+    return st;
 }
 
 vitc_status vitc__blocking_force(const char *spec) {
@@ -417,8 +420,17 @@ vitc_status vitc__blocking_force(const char *spec) {
         return vitc__err(VITC_ERR_INVALID_ARG,
                          "blocking \"%s\": %s (expected kc,mc,nc or kc=256,mc=96,nc=2048,"
                          "lp_mc=144,lp_nb=384K)", spec, err);
+    int64_t old[VITC__NBLK];
+    char old_from[sizeof vitc__blk_from];
+    memcpy(old, vitc__blk_forced, sizeof old);
+    memcpy(old_from, vitc__blk_from, sizeof old_from);
     vitc__blk_set(spec && *spec ? v : NULL, spec ? spec : "", "forced ");
-    return vitc__tables_reblock();
+    vitc_status st = vitc__tables_reblock();
+    if (st != VITC_OK) { /* the tables kept the old blocks */
+        memcpy(vitc__blk_forced, old, sizeof old);
+        memcpy(vitc__blk_from, old_from, sizeof old_from);
+    }
+    return st;
 }
 
 /* ---- the rules -------------------------------------------------------- */
