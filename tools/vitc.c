@@ -35,7 +35,9 @@ static void cli_help(FILE *f) {
     for (size_t i = 0; i < CLI_NCMDS; i++)
         fprintf(f, "  %-15s %s\n", cli_cmds[i].name, cli_cmds[i].help);
     fprintf(f, "\n'vitc help COMMAND' (or 'vitc COMMAND --help') describes a command.\n"
-               "'vitc --version' prints the version and the kernels this CPU runs.\n\n"
+               "'vitc --version' prints the version, the kernels this CPU runs, the CPU and\n"
+               "caches as read, and the GEMM blocking chosen from them (VITC_CACHE,\n"
+               "VITC_BLOCKING force them: docs/kernels-gemm.md).\n\n"
                "Platforms: x86-64 Linux; the AVX-512, AVX2 or portable C kernels are\n"
                "chosen at run time (VITC_ARCH forces one). Other architectures do not build\n"
                "yet; other systems are untested.\n");
@@ -71,8 +73,11 @@ int main(int argc, char **argv) {
         return CLI_OK;
     }
     if (!strcmp(argv[1], "--version")) {
+        char cpu[1024];
         printf("vitc %s (kernels: %s, gemm: %s; %s)\n", vitc_version(), vitc_get_arch(),
                vitc_get_gemm_backend(), vitc_get_precision_paths());
+        vitc_cpu_info(cpu, sizeof cpu, VITC_CPU_INFO_TEXT);
+        fputs(cpu, stdout);
         return CLI_OK;
     }
     for (size_t i = 0; i < CLI_NCMDS; i++)

@@ -501,3 +501,12 @@ def _zero_shot_signatures():
 
 
 _zero_shot_signatures()
+
+
+# ---- CPU (src/kernels/cpu.c)
+def _cpu_signatures():
+    fn = lib.vitc_cpu_info
+    fn.restype, fn.argtypes = ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
+
+
+_cpu_signatures()
