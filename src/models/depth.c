@@ -51,7 +51,7 @@ typedef struct depth_level {
     vitc__nn_convt up;
     vitc__nn_conv down;
     vitc__nn_conv conv; /* the neck's 3x3 to F, no bias */
-    /* fusion layer (fusion_stage.layers[i], applied in reverse order) */
+    /* fusion_stage.layers[i]: layer 0 takes the deepest feature */
     vitc__nn_conv fproj;
     depth_rcu res1, res2;
 } depth_level;
@@ -608,11 +608,11 @@ static vitc_status run_level(depth_run *r, int i, const float *tokens, int64_t g
     return s;
 }
 
-/* fusion_stage.layers[i] on prev (NULL for the deepest) and feature f,
- * to size (oh, ow). */
-static vitc_status run_fusion(depth_run *r, int i, const depth_map *prev, const depth_map *f,
+/* fusion_stage.layers[k] on prev (NULL for the first) and feature f, to
+ * size (oh, ow). */
+static vitc_status run_fusion(depth_run *r, int k, const depth_map *prev, const depth_map *f,
                               int64_t oh, int64_t ow, depth_map *out) {
-    const depth_level *l = &r->d->lv[i];
+    const depth_level *l = &r->d->lv[k];
     depth_map h = {0}, u = {0}, rs = {0}, v = {0};
     vitc_status s = VITC_OK;
     if (prev) {
@@ -625,7 +625,7 @@ static vitc_status run_fusion(depth_run *r, int i, const depth_map *prev, const 
             s = run_rcu(r, &l->res1, res, &u);
         if (s == VITC_OK) {
             size_t n = map_len(r, &u);
-            for (size_t k = 0; k < n; k++) u.p[k] += prev->p[k];
+            for (size_t j = 0; j < n; j++) u.p[j] += prev->p[j];
             s = run_rcu(r, &l->res2, &u, &h);
         }
     } else {
@@ -665,7 +665,8 @@ static vitc_status depth_neck_head(const vitc_depth *d, const float *hid, int64_
     for (int k = 0; s == VITC_OK && k < n; k++) {
         int i = n - 1 - k;
         int64_t oh = i ? feat[i - 1].h : 2 * feat[i].h, ow = i ? feat[i - 1].w : 2 * feat[i].w;
-        s = run_fusion(&r, i, k ? &fused[k - 1] : NULL, &feat[i], oh, ow, &fused[k]);
+        /* fusion_stage.layers[k] takes the features deepest first */
+        s = run_fusion(&r, k, k ? &fused[k - 1] : NULL, &feat[i], oh, ow, &fused[k]);
     }
     int64_t H = gh * d->patch, W = gw * d->patch;
     if (s == VITC_OK)
