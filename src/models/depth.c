@@ -743,6 +743,12 @@ vitc_status vitc_depth_input_size(const vitc_depth *d, int width, int height, in
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_depth_input_size: NULL argument");
     if (width < 1 || height < 1)
         return vitc__err(VITC_ERR_SHAPE, "image %dx%d is empty", width, height);
+    /* Upscaled to 518, a few pixels would give a map of nothing but the
+     * resampling kernel: less than one patch of detail is refused. */
+    if (width < d->patch || height < d->patch)
+        return vitc__err(VITC_ERR_SHAPE, "image %dx%d is smaller than one %dx%d patch (Depth "
+                         "Anything needs at least %dx%d pixels)", width, height, d->patch,
+                         d->patch, d->patch, d->patch);
     double oh = height, ow = width;
     if (d->do_resize) {
         double sh = (double)d->size_h / height, sw = (double)d->size_w / width;
