@@ -188,11 +188,135 @@ static void test_torch_fast(void **state) {
     assert_int_equal(vitc__nn_dense_force("auto"), VITC_OK);
 }
 
+/* ---- the fast path against the reference on shapes of several row
+ * blocks (dense.c's 8 MiB blocks), the gradients accumulated twice ------ */
+
+typedef struct cshape {
+    int64_t B, H, W, C, O, kh, kw, sh, sw, ph, pw;
+    int transposed, bias;
+} cshape;
+
+/* Forward y and gradients dx, dw (+= twice from 0.5), db on path `path`. */
+static void conv_run(const cshape *c, const char *path, const float *x, const float *w,
+                     const float *b, const float *dy, float *y, float *dx, float *dw, float *db,
+                     int want_dx) {
+    assert_int_equal(vitc__nn_dense_force(path), VITC_OK);
+    const int64_t nw = c->O * c->C * c->kh * c->kw;
+    for (int64_t i = 0; i < nw; i++) dw[i] = 0.5f;
+    for (int64_t i = 0; i < c->O; i++) db[i] = 0.5f;
+    for (int rep = 0; rep < 2; rep++) {
+        if (c->transposed) {
+            vitc__nn_convt p = {w, b, c->C, c->O, c->kh, c->kw, c->sh, c->sw, c->ph, c->pw};
+            int64_t ns = vitc__nn_convt_scratch(&p, c->B, c->H, c->W);
+            float *s = scratch_of(ns);
+            assert_int_equal(vitc__nn_convt_forward(&p, y, x, c->B, c->H, c->W, s, ns), VITC_OK);
+            assert_int_equal(vitc__nn_convt_backward(&p, want_dx ? dx : NULL, dw, b ? db : NULL,
+                                                     dy, x, c->B, c->H, c->W, s, ns),
+                             VITC_OK);
+            free(s);
+        } else {
+            vitc__nn_conv p = {w, b, c->C, c->O, c->kh, c->kw, c->sh, c->sw, c->ph, c->pw};
+            int64_t ns = vitc__nn_conv_scratch(&p, c->B, c->H, c->W);
+            float *s = scratch_of(ns);
+            assert_int_equal(vitc__nn_conv_forward(&p, y, x, c->B, c->H, c->W, s, ns), VITC_OK);
+            assert_int_equal(vitc__nn_conv_backward(&p, want_dx ? dx : NULL, dw, b ? db : NULL,
+                                                    dy, x, c->B, c->H, c->W, s, ns),
+                             VITC_OK);
+            free(s);
+        }
+    }
+    assert_int_equal(vitc__nn_dense_force("auto"), VITC_OK);
+}
+
+static void fast_vs_ref(const cshape *c, int want_dx) {
+    uint64_t rs = 0x9e3779b97f4a7c15ull ^ (uint64_t)(c->C * 131 + c->O);
+    const int64_t oh = c->transposed ? (c->H - 1) * c->sh - 2 * c->ph + c->kh
+                                     : vitc__nn_conv_out(c->H, c->kh, c->sh, c->ph);
+    const int64_t ow = c->transposed ? (c->W - 1) * c->sw - 2 * c->pw + c->kw
+                                     : vitc__nn_conv_out(c->W, c->kw, c->sw, c->pw);
+    const size_t nx = (size_t)(c->B * c->H * c->W * c->C), ny = (size_t)(c->B * oh * ow * c->O),
+                 nw = (size_t)(c->O * c->C * c->kh * c->kw), no = (size_t)c->O;
+    float *x = tu_falloc(nx), *w = tu_falloc(nw), *b = tu_falloc(no), *dy = tu_falloc(ny);
+    tu_fill(&rs, x, nx, 1.0f);
+    tu_fill(&rs, w, nw, 0.1f);
+    tu_fill(&rs, b, no, 1.0f);
+    tu_fill(&rs, dy, ny, 1.0f);
+    float *y[2], *dx[2], *dw[2], *db[2];
+    for (int k = 0; k < 2; k++) {
+        y[k] = tu_falloc(ny), dx[k] = tu_falloc(nx), dw[k] = tu_falloc(nw), db[k] = tu_falloc(no);
+        conv_run(c, k ? "fast" : "ref", x, w, c->bias ? b : NULL, dy, y[k], dx[k], dw[k], db[k],
+                 want_dx);
+    }
+    const char *what = c->transposed ? "convt" : "conv";
+    close_to(y[1], y[0], ny, 1e-5, what, "fast y");
+    if (want_dx) close_to(dx[1], dx[0], nx, 1e-5, what, "fast dx");
+    close_to(dw[1], dw[0], nw, 1e-5, what, "fast dw");
+    if (c->bias) close_to(db[1], db[0], no, 1e-5, what, "fast db");
+    for (int k = 0; k < 2; k++) free(y[k]), free(dx[k]), free(dw[k]), free(db[k]);
+    free(x), free(w), free(b), free(dy);
+}
+
+static void test_fast_vs_ref(void **state) {
+    (void)state;
+    const cshape cases[] = {
+        /* 3x3 / 1 / 1 at K = 2304: 1024 rows, two blocks */
+        {1, 32, 32, 256, 8, 3, 3, 1, 1, 1, 1, 0, 1},
+        /* 3x3 / 2 / 1, odd map, two images, no bias */
+        {2, 23, 21, 64, 12, 3, 3, 2, 2, 1, 1, 0, 0},
+        /* 1x1: one GEMM */
+        {2, 17, 19, 40, 24, 1, 1, 1, 1, 0, 0, 0, 1},
+        /* tiling 2x2 / 2 at N = 1024: 2304 rows, two blocks */
+        {1, 48, 48, 8, 256, 2, 2, 2, 2, 0, 0, 1, 1},
+        /* tiling 4x4 / 4 */
+        {2, 7, 9, 24, 16, 4, 4, 4, 4, 0, 0, 1, 1},
+        /* general transposed: the reference on both paths */
+        {1, 6, 5, 8, 6, 3, 3, 2, 2, 1, 1, 1, 1},
+    };
+    for (size_t i = 0; i < NCASES(cases); i++) {
+        fast_vs_ref(&cases[i], 1);
+        fast_vs_ref(&cases[i], 0);
+    }
+}
+
+/* The fast bilinear is the reference's operations in the same order: the
+ * same bits, on more channels than one task's chunk. */
+static void test_bilinear_fast_bitwise(void **state) {
+    (void)state;
+    const int64_t shapes[][6] = {{2, 40, 9, 11, 31, 17}, {3, 1, 16, 16, 64, 64},
+                                 {1, 67, 20, 13, 7, 6}};
+    uint64_t rs = 77;
+    for (size_t s = 0; s < NCASES(shapes); s++)
+        for (int ac = 0; ac < 2; ac++) {
+            const int64_t *d = shapes[s];
+            const size_t nx = (size_t)(d[0] * d[1] * d[2] * d[3]),
+                         ny = (size_t)(d[0] * d[1] * d[4] * d[5]);
+            float *x = tu_falloc(nx), *dy = tu_falloc(ny), *y[2], *dx[2];
+            tu_fill(&rs, x, nx, 1.0f);
+            tu_fill(&rs, dy, ny, 1.0f);
+            for (int k = 0; k < 2; k++) {
+                assert_int_equal(vitc__nn_dense_force(k ? "fast" : "ref"), VITC_OK);
+                y[k] = tu_falloc(ny), dx[k] = tu_falloc(nx);
+                memset(dx[k], 0, nx * sizeof(float));
+                assert_int_equal(vitc__nn_bilinear(y[k], x, d[0], d[1], d[2], d[3], d[4], d[5], ac),
+                                 VITC_OK);
+                assert_int_equal(vitc__nn_bilinear_backward(dx[k], dy, d[0], d[1], d[2], d[3], d[4],
+                                                             d[5], ac),
+                                 VITC_OK);
+            }
+            assert_int_equal(vitc__nn_dense_force("auto"), VITC_OK);
+            assert_memory_equal(y[0], y[1], ny * sizeof(float));
+            assert_memory_equal(dx[0], dx[1], nx * sizeof(float));
+            for (int k = 0; k < 2; k++) free(y[k]), free(dx[k]);
+            free(x), free(dy);
+        }
+}
+
 /* ---- VITC_DENSE=ref, read once: a fresh process (this binary, run with
  * --env-child) sees it ------------------------------------------------- */
 
 static int env_child(void) {
-    int ok = strcmp(vitc__nn_dense_path(), "ref") == 0;
+    int ok = strcmp(vitc__nn_dense_path(), "ref") == 0 &&
+             strstr(vitc_get_precision_paths(), "dense layers: reference (VITC_DENSE=ref)");
     unsetenv("VITC_DENSE"); /* read once: unsetting it later changes nothing */
     ok = ok && strcmp(vitc__nn_dense_path(), "ref") == 0;
     ok = ok && vitc__nn_dense_force("fast") == VITC_OK &&
@@ -215,6 +339,7 @@ static void test_env(void **state) {
     assert_int_equal(waitpid(pid, &status, 0), pid);
     assert_true(WIFEXITED(status));
     assert_int_equal(WEXITSTATUS(status), 0);
+    assert_null(strstr(vitc_get_precision_paths(), "VITC_DENSE"));
     assert_int_equal(vitc__nn_dense_force("bogus"), VITC_ERR_INVALID_ARG);
     tu_assert_message_has("bogus");
 }
@@ -257,6 +382,8 @@ int main(int argc, char **argv) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_torch_ref),
         cmocka_unit_test(test_torch_fast),
+        cmocka_unit_test(test_fast_vs_ref),
+        cmocka_unit_test(test_bilinear_fast_bitwise),
         cmocka_unit_test(test_env),
         cmocka_unit_test(test_errors),
     };
