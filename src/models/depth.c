@@ -37,6 +37,9 @@
  * input resolution (their im2col is 9 * channels floats per pixel), so
  * this bounds a forward's memory near 2 GiB for the large model. */
 #define DEPTH_MAX_INPUT_PIXELS (2048 * 2048)
+/* A forward's maps (the batch's head at full resolution, the backbone's
+ * taps): 4 GiB. */
+#define DEPTH_MAX_FORWARD_BYTES (4LL << 30)
 /* The largest depth map predict returns (float32, the image's size). */
 #define DEPTH_MAX_OUTPUT_PIXELS (100LL * 1000 * 1000)
 
@@ -716,6 +719,13 @@ vitc_status vitc_depth_forward(const vitc_depth *d, const float *pixels, int B, 
     size_t n;
     if (!vitc__mul_size((size_t)(d->n * B), (size_t)(N * C), &n))
         return vitc__err(VITC_ERR_NOMEM, "vitc_depth_forward: batch %d overflows", B);
+    /* The peak is the head at full resolution: conv1's output resized
+     * (F/2 channels), conv2's (head_hidden) and the depth, per pixel. */
+    double peak = 4.0 * B * (double)H * W * (d->fusion / 2 + d->head_hidden + 1) + 4.0 * (double)n;
+    if (peak > DEPTH_MAX_FORWARD_BYTES)
+        return vitc__err(VITC_ERR_NOMEM, "vitc_depth_forward: batch %d of %dx%d needs about %.0f "
+                         "MiB, over the %lld MiB limit of a forward (docs/limits.md); use smaller "
+                         "batches", B, W, H, peak / 1048576.0, DEPTH_MAX_FORWARD_BYTES >> 20);
     float *hid = vitc__alloc(n * sizeof(float)); /* [n, B, N, C] */
     vitc_session *s = NULL;
     vitc_status st = hid ? vitc_session_create(d->vit, &s)
