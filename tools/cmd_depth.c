@@ -134,7 +134,8 @@ static int render(const float *d, int w, int h, float lo, float hi, int metric_l
             float t = (v - lo) / span; /* 1 at the largest value */
             colormap(metric_like ? 1.0f - t : t, cv->rgb + ((size_t)y * (size_t)cw + x) * 3);
         }
-    int y0 = 2 * s + 2 * (CANVAS_FONT_H * s + 2 * s), y1 = ph - 2 * s - 2 * (CANVAS_FONT_H * s + 2 * s);
+    int lh = CANVAS_FONT_H * s + 2 * s; /* a label's line */
+    int y0 = 2 * s + 2 * lh, y1 = ph - 2 * s - 2 * lh; /* two lines above the bar, two below */
     if (y1 <= y0)
         y1 = y0 + 1;
     for (int y = y0; y < y1; y++) {
@@ -146,7 +147,6 @@ static int render(const float *d, int w, int h, float lo, float hi, int metric_l
     canvas_rect(cv, bar_x - 1, y1, bar_w + 2, 1, black);
     canvas_rect(cv, bar_x - 1, y0 - 1, 1, y1 - y0 + 2, black);
     canvas_rect(cv, bar_x + bar_w, y0 - 1, 1, y1 - y0 + 2, black);
-    int lh = CANVAS_FONT_H * s + 2 * s; /* a label's line */
     canvas_text(cv, bar_x, 2 * s, "near", s, black);
     canvas_text(cv, bar_x, 2 * s + lh, near_v, s, black);
     canvas_text(cv, bar_x, y1 + 2 * s + 2, "far", s, black);
@@ -173,7 +173,8 @@ int cmd_depth(int argc, char **argv) {
         rc = cli_error("%s", vitc_last_error());
         goto done;
     }
-    if (vitc_image_load(o.image, 0, &img) != VITC_OK || vitc_depth_predict(m, &img, &d) != VITC_OK) {
+    if (vitc_image_load(o.image, 0, &img) != VITC_OK ||
+        vitc_depth_predict(m, &img, &d) != VITC_OK) {
         rc = cli_error("%s", vitc_last_error());
         goto done;
     }
@@ -215,9 +216,9 @@ int cmd_depth(int argc, char **argv) {
         for (size_t i = 0; i < n; i++)
             g16[i] = (uint16_t)lrint(((double)d[i] - lo) / span * 65535.0);
     }
+    const int64_t shape[2] = {img.height, img.width};
     if (o.raw && (o.raw_png ? vitc_image_save_png16(o.raw, g16, img.width, img.height)
-                            : vitc_save_npy(o.raw, d, 2,
-                                            (const int64_t[2]){img.height, img.width})) != VITC_OK) {
+                            : vitc_save_npy(o.raw, d, 2, shape)) != VITC_OK) {
         rc = cli_error("%s", vitc_last_error());
         goto done;
     }

@@ -21,7 +21,8 @@ __version__ = _lib.lib.vitc_version().decode()
 
 # help(vitc) and `from vitc import *` list what each module exports, not
 # only this file's own functions
-__all__ = (["Status", "VitcError", "lr", "DepthAnything", "set_num_threads", "get_num_threads", "get_arch"]
+__all__ = (["Status", "VitcError", "lr", "DepthAnything", "set_num_threads", "get_num_threads",
+            "get_arch"]
            + _layers.__all__ + _grad.__all__ + _io.__all__ + _vit.__all__ + _image.__all__
            + _train.__all__ + _text.__all__)
 
