@@ -520,3 +520,7 @@ def _depth_signatures():
 
 
 _depth_signatures()
+
+# vitc_depth_predict's map is malloc'd by the library: libc's free gives it back.
+libc_free = ctypes.CDLL(None).free
+libc_free.restype, libc_free.argtypes = None, [ctypes.c_void_p]

@@ -3,13 +3,9 @@ import ctypes
 
 import numpy as np
 
-from ._lib import check, fptr, int_arg, lib, path_arg
+from ._lib import check, fptr, int_arg, lib, libc_free, path_arg
 
 __all__ = ["DepthAnything"]
-
-# vitc_depth_predict's map is malloc'd by the library: libc's free gives it back.
-_libc = ctypes.CDLL(None)
-_libc.free.restype, _libc.free.argtypes = None, [ctypes.c_void_p]
 
 
 class DepthAnything:
@@ -60,6 +56,6 @@ class DepthAnything:
         try:
             out = np.ctypeslib.as_array(p, shape=(img.height, img.width)).copy()
         finally:
-            _libc.free(p)
+            libc_free(p)
         del keep
         return out
