@@ -22,6 +22,7 @@
  * taps.
  */
 #include <math.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,8 +60,36 @@ typedef struct depth_level {
     depth_rcu res1, res2;
 } depth_level;
 
+/* What a forward writes: the encoder's session and taps, the maps' slots,
+ * the convolutions' im2col; grown for the largest shape, then reused. */
+#define DEPTH_SLOTS 48
+typedef struct depth_ws {
+    vitc_session *sess;
+    vitc__buf hid;     /* [n, B, N, C] the encoder's taps */
+    vitc__buf scratch; /* the convolutions' im2col blocks */
+    vitc__buf slot[DEPTH_SLOTS];
+    unsigned char used[DEPTH_SLOTS];
+} depth_ws;
+
+static void depth_ws_free(depth_ws *ws) {
+    vitc_session_free(ws->sess);
+    ws->sess = NULL;
+    vitc__buf_free(&ws->hid);
+    vitc__buf_free(&ws->scratch);
+    for (int i = 0; i < DEPTH_SLOTS; i++) vitc__buf_free(&ws->slot[i]);
+}
+
+/* The model's own workspace, taken by one call at a time (a call that
+ * finds it taken works in one of its own): a model stays shareable by
+ * threads while a single caller allocates nothing after its first call. */
+typedef struct depth_cache {
+    pthread_mutex_t lock;
+    depth_ws ws;
+} depth_cache;
+
 struct vitc_depth {
     vitc_vit *vit;
+    depth_cache *cache;
     int n;                      /* levels: len(neck_hidden_sizes) = len(out_indices) */
     int stages[DEPTH_MAX_LEVELS];
     int norm;                   /* apply_layernorm */
@@ -393,6 +422,11 @@ static vitc_status depth_processor(vitc_depth *d, const char *dir) {
 void vitc_depth_free(vitc_depth *d) {
     if (!d)
         return;
+    if (d->cache) { /* its session before the model it reads */
+        depth_ws_free(&d->cache->ws);
+        pthread_mutex_destroy(&d->cache->lock);
+        free(d->cache);
+    }
     vitc_vit_free(d->vit);
     for (int i = 0; i < d->n_bufs; i++) vitc__free(d->bufs[i]);
     free(d->bufs);
@@ -489,8 +523,13 @@ vitc_status vitc_depth_load(const char *path, vitc_depth **out) {
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_depth_load: NULL argument");
     *out = NULL;
     vitc_depth *d = calloc(1, sizeof *d);
-    if (!d)
+    depth_cache *c = calloc(1, sizeof *c);
+    if (!d || !c || pthread_mutex_init(&c->lock, NULL) != 0) {
+        free(d);
+        free(c);
         return vitc__err(VITC_ERR_NOMEM, "cannot allocate a Depth Anything model");
+    }
+    d->cache = c;
     vitc_status s = depth_load(path, d);
     if (s != VITC_OK) {
         vitc_depth_free(d);
@@ -506,30 +545,49 @@ vitc_status vitc_depth_load(const char *path, vitc_depth **out) {
 /* Forward: the neck and the head on channels-last maps               */
 /* ------------------------------------------------------------------ */
 
-/* A map [B, h, w, c] in a buffer of its own. */
+/* A map [B, h, w, C] in one of the workspace's slots (owner: its in-use
+ * flag; NULL for a view of another buffer). */
 typedef struct depth_map {
     float *p;
     int64_t h, w, c;
+    unsigned char *owner;
 } depth_map;
 
 typedef struct depth_run {
     const vitc_depth *d;
     int64_t B;
-    vitc__buf scratch; /* the convolutions' im2col */
+    depth_ws *ws;
 } depth_run;
 
 static void map_free(depth_map *m) {
-    vitc__free(m->p);
+    if (m->owner)
+        *m->owner = 0;
     m->p = NULL;
+    m->owner = NULL;
 }
 
+/* A slot for the map: the first free one large enough, else the first
+ * free one, grown. The forward asks for the same sizes in the same order
+ * every time, so after the first call of a shape nothing is allocated (a
+ * fresh allocation costs the kernel's zeroing of every page). */
 static vitc_status map_new(depth_run *r, depth_map *m, int64_t h, int64_t w, int64_t c) {
+    depth_ws *ws = r->ws;
     size_t n;
-    if (!vitc__mul_size((size_t)(r->B * h), (size_t)(w * c), &n) ||
-        !(m->p = vitc__alloc(n * sizeof(float) + 64)))
-        return vitc__err(VITC_ERR_NOMEM, "Depth Anything: out of memory for a [%lld, %lld, %lld, "
-                         "%lld] map", (long long)r->B, (long long)h, (long long)w, (long long)c);
+    int k = -1;
+    if (!vitc__mul_size((size_t)(r->B * h), (size_t)(w * c), &n))
+        return vitc__err(VITC_ERR_NOMEM, "Depth Anything: a [%lld, %lld, %lld, %lld] map "
+                         "overflows", (long long)r->B, (long long)h, (long long)w, (long long)c);
+    for (int i = 0; i < DEPTH_SLOTS; i++)
+        if (!ws->used[i] && (k < 0 || (ws->slot[i].cap >= n && ws->slot[k].cap < n)))
+            k = i;
+    if (k < 0)
+        return vitc__err(VITC_ERR_NOMEM, "Depth Anything: more than %d maps at once",
+                         DEPTH_SLOTS);
+    VITC_TRY(vitc__buf_reserve(&ws->slot[k], n));
+    ws->used[k] = 1;
+    m->p = ws->slot[k].p;
     m->h = h, m->w = w, m->c = c;
+    m->owner = &ws->used[k];
     return VITC_OK;
 }
 
@@ -540,8 +598,8 @@ static vitc_status run_conv(depth_run *r, const vitc__nn_conv *c, const depth_ma
     int64_t sc = vitc__nn_conv_scratch(c, r->B, x->h, x->w);
     VITC_TRY(map_new(r, y, oh, ow, c->O));
     if (sc > 0)
-        VITC_TRY(vitc__buf_reserve(&r->scratch, (size_t)sc));
-    return vitc__nn_conv_forward(c, y->p, x->p, r->B, x->h, x->w, r->scratch.p, sc);
+        VITC_TRY(vitc__buf_reserve(&r->ws->scratch, (size_t)sc));
+    return vitc__nn_conv_forward(c, y->p, x->p, r->B, x->h, x->w, r->ws->scratch.p, sc);
 }
 
 static vitc_status run_convt(depth_run *r, const vitc__nn_convt *c, const depth_map *x,
@@ -551,8 +609,8 @@ static vitc_status run_convt(depth_run *r, const vitc__nn_convt *c, const depth_
     int64_t sc = vitc__nn_convt_scratch(c, r->B, x->h, x->w);
     VITC_TRY(map_new(r, y, oh, ow, c->O));
     if (sc > 0)
-        VITC_TRY(vitc__buf_reserve(&r->scratch, (size_t)sc));
-    return vitc__nn_convt_forward(c, y->p, x->p, r->B, x->h, x->w, r->scratch.p, sc);
+        VITC_TRY(vitc__buf_reserve(&r->ws->scratch, (size_t)sc));
+    return vitc__nn_convt_forward(c, y->p, x->p, r->B, x->h, x->w, r->ws->scratch.p, sc);
 }
 
 static vitc_status run_bilinear(depth_run *r, const depth_map *x, int64_t oh, int64_t ow, int ac,
@@ -585,8 +643,8 @@ static vitc_status run_rcu(depth_run *r, const depth_rcu *u, const depth_map *x,
     if (s == VITC_OK) {
         size_t n = map_len(r, &a);
         for (size_t i = 0; i < n; i++) a.p[i] += x->p[i];
-        *y = a;
-        a.p = NULL;
+        *y = a; /* the result's slot moves to y */
+        a.owner = NULL;
     }
     map_free(&a);
     map_free(&b);
@@ -646,9 +704,9 @@ static vitc_status run_fusion(depth_run *r, int k, const depth_map *prev, const 
 }
 
 /* predicted_depth [B, gh*p, gw*p] from the backbone's taps hid [n, B, N, C]. */
-static vitc_status depth_neck_head(const vitc_depth *d, const float *hid, int64_t B, int64_t gh,
-                                   int64_t gw, float *depth) {
-    depth_run r = {.d = d, .B = B};
+static vitc_status depth_neck_head(const vitc_depth *d, depth_ws *ws, const float *hid, int64_t B,
+                                   int64_t gh, int64_t gw, float *depth) {
+    depth_run r = {.d = d, .B = B, .ws = ws};
     int n = d->n;
     int64_t C = d->vit->cfg.hidden_dim, N = gh * gw + d->vit->n_prefix;
     int64_t np = d->vit->n_prefix;
@@ -700,7 +758,6 @@ static vitc_status depth_neck_head(const vitc_depth *d, const float *hid, int64_
     map_free(&a);
     map_free(&b);
     map_free(&c);
-    vitc__buf_free(&r.scratch);
     return s;
 }
 
@@ -726,17 +783,24 @@ vitc_status vitc_depth_forward(const vitc_depth *d, const float *pixels, int B, 
         return vitc__err(VITC_ERR_NOMEM, "vitc_depth_forward: batch %d of %dx%d needs about %.0f "
                          "MiB, over the %lld MiB limit of a forward (docs/limits.md); use smaller "
                          "batches", B, W, H, peak / 1048576.0, DEPTH_MAX_FORWARD_BYTES >> 20);
-    float *hid = vitc__alloc(n * sizeof(float)); /* [n, B, N, C] */
-    vitc_session *s = NULL;
-    vitc_status st = hid ? vitc_session_create(d->vit, &s)
-                         : vitc__err(VITC_ERR_NOMEM, "vitc_depth_forward: out of memory for the "
-                                     "backbone's %d hidden states of batch %d", d->n, B);
+    /* The model's workspace when no other thread holds it, else one for
+     * this call alone. */
+    depth_ws own = {0}, *ws = &own;
+    int locked = pthread_mutex_trylock(&d->cache->lock) == 0;
+    if (locked)
+        ws = &d->cache->ws;
+    vitc_status st = vitc__buf_reserve(&ws->hid, n); /* [n, B, N, C] */
+    if (st == VITC_OK && !ws->sess)
+        st = vitc_session_create(d->vit, &ws->sess);
     if (st == VITC_OK)
-        st = vitc__vit_forward_layers(d->vit, s, pixels, B, H, W, d->stages, d->n, d->norm, hid);
-    vitc_session_free(s);
+        st = vitc__vit_forward_layers(d->vit, ws->sess, pixels, B, H, W, d->stages, d->n, d->norm,
+                                      ws->hid.p);
     if (st == VITC_OK)
-        st = depth_neck_head(d, hid, B, gh, gw, depth);
-    vitc__free(hid);
+        st = depth_neck_head(d, ws, ws->hid.p, B, gh, gw, depth);
+    if (locked)
+        pthread_mutex_unlock(&d->cache->lock);
+    else
+        depth_ws_free(&own);
     return st;
 }
 

@@ -124,6 +124,27 @@ class TestDepthAnything(TmpDirCase):
                        image_size=518, mlp_ratio=4)
         self.check_forward(path, m, [(518, 518)], batch=1)
 
+    def test_threads_share_a_model(self):
+        """Concurrent forwards on one model (one takes the model's workspace,
+        the others their own) give the numbers of one alone."""
+        import threading
+        d = vitc.DepthAnything(self.v2)
+        gen = torch.Generator().manual_seed(11)
+        xs = [torch.randn(1, 3, 42, 56, generator=gen).numpy() for _ in range(4)]
+        want = [d.forward(x) for x in xs]
+        got = [None] * len(xs)
+
+        def work(i):
+            for _ in range(3):
+                got[i] = d.forward(xs[i])
+        ts = [threading.Thread(target=work, args=(i,)) for i in range(len(xs))]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        for g, w in zip(got, want):
+            np.testing.assert_array_equal(g, w)
+
     def reference_pipeline(self, path, model, photo):
         proc = DPTImageProcessorPil.from_pretrained(path)
         img = Image.open(photo).convert("RGB")
