@@ -211,15 +211,17 @@ static vitc_status depth_stages(vitc_depth *d, json_t *bb, int depth) {
     for (int i = 0; i < n; i++) {
         json_t *v = list ? json_array_get(list, (size_t)i) : NULL;
         long long st = depth;
-        if (list == oi && json_is_integer(v))
-            st = json_integer_value(v);
-        else if (list == of && json_is_string(v) && !strncmp(json_string_value(v), "stage", 5))
-            st = strtoll(json_string_value(v) + 5, NULL, 10);
-        else if (list)
-            st = -1;
-        if (st < 0) /* Python's negative index into the depth + 1 stages */
-            st += depth + 1;
-        if (st < 0 || st > depth)
+        int ok = !list;
+        char *end = NULL;
+        if (list == oi && json_is_integer(v)) {
+            st = json_integer_value(v), ok = 1;
+            if (st < 0) /* Python's negative index into the depth + 1 stages */
+                st += depth + 1;
+        } else if (list == of && json_is_string(v) && !strncmp(json_string_value(v), "stage", 5)) {
+            st = strtoll(json_string_value(v) + 5, &end, 10);
+            ok = end && end != json_string_value(v) + 5 && !*end;
+        }
+        if (!ok || st < 0 || st > depth)
             return vitc__err(VITC_ERR_FORMAT, "config.json: backbone_config out_indices[%d] is "
                              "not a stage of a %d-layer backbone", i, depth);
         d->stages[i] = (int)st;
