@@ -625,9 +625,31 @@ static size_t map_len(const depth_run *r, const depth_map *m) {
     return (size_t)(r->B * m->h * m->w * m->c);
 }
 
-static void relu_into(float *y, const float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+/* y = relu(x) (b NULL) or y = x + b over n floats, in chunks across the
+ * threads: the maps reach millions of floats. */
+typedef struct map_op {
+    float *y;
+    const float *x, *b;
+    size_t n;
+} map_op;
+#define MAP_CHUNK ((size_t)1 << 16)
+
+static void map_op_task(void *ctx, int64_t t, int tid) {
+    const map_op *o = ctx;
+    size_t i0 = (size_t)t * MAP_CHUNK, i1 = i0 + MAP_CHUNK < o->n ? i0 + MAP_CHUNK : o->n;
+    (void)tid;
+    if (o->b)
+        for (size_t i = i0; i < i1; i++) o->y[i] = o->x[i] + o->b[i];
+    else
+        for (size_t i = i0; i < i1; i++) o->y[i] = o->x[i] > 0.0f ? o->x[i] : 0.0f;
 }
+
+static void map_apply(float *y, const float *x, const float *b, size_t n) {
+    map_op o = {y, x, b, n};
+    vitc__parallel_for((int64_t)((n + MAP_CHUNK - 1) / MAP_CHUNK), map_op_task, &o);
+}
+
+static void relu_into(float *y, const float *x, size_t n) { map_apply(y, x, NULL, n); }
 
 /* x + conv2(relu(conv1(relu(x)))) into y (a new map). */
 static vitc_status run_rcu(depth_run *r, const depth_rcu *u, const depth_map *x, depth_map *y) {
@@ -644,7 +666,7 @@ static vitc_status run_rcu(depth_run *r, const depth_rcu *u, const depth_map *x,
     }
     if (s == VITC_OK) {
         size_t n = map_len(r, &a);
-        for (size_t i = 0; i < n; i++) a.p[i] += x->p[i];
+        map_apply(a.p, a.p, x->p, n);
         *y = a; /* the result's slot moves to y */
         a.owner = NULL;
     }
@@ -688,7 +710,7 @@ static vitc_status run_fusion(depth_run *r, int k, const depth_map *prev, const 
             s = run_rcu(r, &l->res1, res, &u);
         if (s == VITC_OK) {
             size_t n = map_len(r, &u);
-            for (size_t j = 0; j < n; j++) u.p[j] += prev->p[j];
+            map_apply(u.p, u.p, prev->p, n);
             s = run_rcu(r, &l->res2, &u, &h);
         }
     } else {
