@@ -18,6 +18,7 @@ static const struct {
     {"serve", cmd_serve, "serve a model over HTTP: embeddings, classification (docs/serve.md)"},
     {"tokenize", cmd_tokenize, "the token ids a CLIP or SigLIP model sees for a text"},
     {"attention-map", cmd_attention_map, "write an attention heat map over an image (PNG)"},
+    {"depth", cmd_depth, "a depth map of an image with Depth Anything (PNG, .npy)"},
     {"inspect", cmd_inspect, "list a safetensors file's tensors, metadata and architecture"},
     {"train", cmd_train, "train a Vision Transformer on Fashion-MNIST, MNIST or an ImageFolder"},
     {"eval", cmd_eval, "accuracy, per-class accuracy and confusion matrix on a test set"},
