@@ -333,11 +333,11 @@ static int embed_index_shard(const embed_opts *o, vitc_pool pool, int rank, int 
         goto done;
     }
     *rows = done;
-    if (!o->quiet) {
-        fputs("vitc: wrote ", stderr);
-        cli_put_escaped(stderr, path, SIZE_MAX);
-        fprintf(stderr, " (%d embedding%s of %lld floats)\n", done, done == 1 ? "" : "s",
-                (long long)per);
+    if (!o->quiet) { /* one write: K ranks share a terminal */
+        char e[4400];
+        cli_escape(e, sizeof e, path);
+        fprintf(stderr, "vitc: wrote %s (%d embedding%s of %lld floats)\n", e, done,
+                done == 1 ? "" : "s", (long long)per);
     }
 done:
     free(emb);
@@ -366,9 +366,10 @@ static int embed_index(const embed_opts *o, vitc_pool pool, int rank, int size) 
     snprintf(path, sizeof path, "%s/%s", o->out, name);
     if (state == INDEX_SHARD_DONE) {
         if (!o->quiet) {
-            fputs("vitc: ", stderr);
-            cli_put_escaped(stderr, path, SIZE_MAX);
-            fprintf(stderr, " is complete (%lld embeddings); skipped\n", (long long)rows);
+            char e[4400];
+            cli_escape(e, sizeof e, path);
+            fprintf(stderr, "vitc: %s is complete (%lld embeddings); skipped\n", e,
+                    (long long)rows);
         }
     } else {
         rc = embed_index_shard(o, pool, rank, size, m, &in, per, list, n, key, &rows, &failed);
@@ -401,10 +402,10 @@ static int embed_index(const embed_opts *o, vitc_pool pool, int rank, int size) 
         else if (ok && !o->quiet) {
             long long total = 0;
             for (int r = 0; r < size; r++) total += r_rows[r];
-            fputs("vitc: wrote ", stderr);
-            cli_put_escaped(stderr, o->out, SIZE_MAX);
-            fprintf(stderr, "/%s (%d shard%s, %lld embeddings of %d images)\n", INDEX_MANIFEST,
-                    size, size == 1 ? "" : "s", total, n);
+            char e[4400];
+            cli_escape(e, sizeof e, o->out);
+            fprintf(stderr, "vitc: wrote %s/%s (%d shard%s, %lld embeddings of %d images)\n", e,
+                    INDEX_MANIFEST, size, size == 1 ? "" : "s", total, n);
         }
         free(r_rows);
     }
