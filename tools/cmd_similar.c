@@ -21,6 +21,10 @@
  * The cache is written only into a directory of this user that no one else
  * can write, through a temporary file renamed over the cache's name: a link
  * planted under that name is replaced, never followed.
+ *
+ * An index directory (index.h: the shards of `vitc embed --files-from`) is
+ * read as it is, never cached or rebuilt: it names its model, and a query
+ * by another model is refused.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -59,10 +63,14 @@ static const char similar_usage[] =
     "the images by the cosine of their embeddings with the text's (text search;\n"
     "the same cached index).\n"
     "\n"
+    "DIR may instead be an index directory that vitc embed --files-from LIST\n"
+    "--out DIR wrote (it holds index.json): its shards are read as one index,\n"
+    "and the query is embedded with the index's precision, pooling and crop.\n"
+    "\n"
     "options:\n"
     "  --model M      checkpoint file or Hugging Face Hub directory\n"
     "  --arch NAME    architecture of a file without vitc.config metadata\n"
-    "  --index DIR    the folder of images\n"
+    "  --index DIR    the folder of images, or an index directory\n"
     "  --text T       search by the text T instead of a query image\n"
     "  --topk K       results, 1.. (default 5)\n"
     "  --batch B      images per forward pass, 1..4096 (default 8)\n"
