@@ -404,15 +404,18 @@ static int embed_index(const embed_opts *o, vitc_pool pool, int rank, int size) 
             for (int r = 0; r < size; r++) total += r_rows[r];
             char e[4400];
             cli_escape(e, sizeof e, o->out);
-            fprintf(stderr, "vitc: wrote %s/%s (%d shard%s, %lld embeddings of %d images)\n", e,
-                    INDEX_MANIFEST, size, size == 1 ? "" : "s", total, n);
+            fprintf(stderr, "vitc: wrote %s/%s (%d shard%s, %lld embedding%s of %d images)\n",
+                    e, INDEX_MANIFEST, size, size == 1 ? "" : "s", total, total == 1 ? "" : "s",
+                    n);
         }
         free(r_rows);
     }
     if (rc == CLI_OK && failed) {
+        int first, count;
+        index_share(n, rank, size, &first, &count);
         if (!o->quiet)
-            fprintf(stderr, "vitc: %d of %d images of shard %d could not be embedded\n", failed,
-                    n, rank);
+            fprintf(stderr, "vitc: %d of the %d images of %s could not be embedded\n", failed,
+                    count, name);
         rc = CLI_FAIL;
     }
 done:

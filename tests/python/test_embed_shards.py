@@ -234,6 +234,27 @@ class TestEmbedShards(TmpDirCase):
         rc, _, err = self.embed(self.path("tok"), "--pool", "tokens")
         self.assertEqual(rc, 2)
         self.assertIn("one embedding per image", err)
+        # another model's shard under this run's name, its manifest gone
+        d = self.path("foreign_shard")
+        rc, _, err = self.embed(d, model=self.models[1])
+        self.assertEqual(rc, 0, err)
+        os.remove(os.path.join(d, "index.json"))
+        rc, _, err = self.embed(d)
+        self.assertEqual(rc, 1)
+        self.assertIn("shard-00000-of-00001.safetensors: a shard of another model", err)
+
+    def test_unreadable_image_is_left_out(self):
+        d, lst = self.path("unreadable"), self.path("bad.txt")
+        with open(lst, "w") as f:
+            f.write("%s\n%s\r\n\n%s\n" % (self.files[0], self.path("nope.png"), self.files[1]))
+        p = subprocess.run([VITC, "embed", "--model", self.models[0], "--threads", "1",
+                            "--files-from", lst, "--out", d], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)
+        self.assertEqual(p.returncode, 1)
+        self.assertIn("nope.png", p.stderr.decode())
+        emb, paths, man = read_index(d)
+        self.assertEqual((paths, man["entries"], man["rows"]), (self.files[:2], 3, 2))
+        np.testing.assert_allclose(emb, np.load(self.ref)[:2], rtol=0, atol=1e-6)
 
 
 @unittest.skipIf(torch is None or SKIMAGE is None or not os.path.exists(VITC) or
@@ -253,7 +274,7 @@ class TestEmbedShardsMPI(TestEmbedShards):
     test_one_process_index_equals_embed = test_resume_skips_a_finished_shard = None
     test_torn_shard_and_stale_temp_are_redone = test_failed_write_leaves_no_shard = None
     test_killed_run_leaves_no_partial_shard = test_index_ranks_as_the_folder = None
-    test_refusals = None
+    test_refusals = test_unreadable_image_is_left_out = None
 
     def test_two_ranks_equal_one_process(self):
         emb, paths, man = read_index(self.two)
