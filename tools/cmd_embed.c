@@ -184,7 +184,7 @@ static int mpi_all_ok(int ok) {
 #endif
 }
 
-/* Gathers v[3] of every rank into all[size * 3] on rank 0. */
+/* Gathers v[3] of every rank into all[size * 3] on rank 0 (NULL elsewhere). */
 static void mpi_gather3(const long long v[3], long long *all, int size) {
 #ifdef VITC_MPI
     (void)size;
@@ -354,8 +354,11 @@ static int embed_index(const embed_opts *o, vitc_pool pool, int rank, int size) 
     char **list = NULL, *key = NULL, name[64], path[4200];
     int n = 0, state = INDEX_SHARD_ABSENT, failed = 0;
     long long *all = NULL;
-    int rc = embed_index_prepare(o, pool, rank, size, &m, &in, &per, &list, &n, &key, &state,
-                                 &rows);
+    /* rank 0 gathers every rank's [written, rows, bytes] */
+    int rc = rank == 0 && !(all = malloc((size_t)size * 3 * sizeof *all))
+                 ? cli_error("out of memory")
+                 : embed_index_prepare(o, pool, rank, size, &m, &in, &per, &list, &n, &key,
+                                       &state, &rows);
     /* one rank's refusal (a foreign shard, another run's manifest) stops all
      * before any work */
     if (!mpi_all_ok(rc == CLI_OK)) {
@@ -375,17 +378,12 @@ static int embed_index(const embed_opts *o, vitc_pool pool, int rank, int size) 
         rc = embed_index_shard(o, pool, rank, size, m, &in, per, list, n, key, &rows, &failed);
     }
     struct stat sb;
-    long long mine[3] = {rc == CLI_OK && stat(path, &sb) == 0, rows,
-                         rc == CLI_OK && stat(path, &sb) == 0 ? (long long)sb.st_size : 0};
-    if (rank == 0 && !(all = malloc((size_t)size * 3 * sizeof *all))) {
-        rc = cli_error("out of memory");
-        mine[0] = 0; /* gathered all the same: the other ranks wait on it */
-    }
-    long long dummy[3];
-    mpi_gather3(mine, all ? all : dummy, all ? size : 1);
+    int written = rc == CLI_OK && stat(path, &sb) == 0;
+    long long mine[3] = {written, rows, written ? (long long)sb.st_size : 0};
+    mpi_gather3(mine, all, size);
     /* the manifest last, once every shard is on disk: a reader that finds it
      * finds them all */
-    if (rank == 0 && all) {
+    if (rank == 0) {
         long long *r_rows = malloc((size_t)size * 2 * sizeof *r_rows);
         int ok = r_rows != NULL;
         for (int r = 0; r_rows && r < size; r++) {
