@@ -109,7 +109,7 @@ json_t *index_model_id(const char *model) {
     return sig;
 }
 
-static uint64_t data_hash(const float *emb, int64_t rows, int64_t dim) {
+static uint64_t data_hash(const float *emb /* [rows, dim] */, int64_t rows, int64_t dim) {
     return cache_fnv1a(CACHE_FNV_BASIS, emb, (size_t)(rows * dim) * sizeof(float));
 }
 
@@ -189,7 +189,7 @@ int index_shard_state(const char *path, const char *key, const char *place, int6
 }
 
 const char *index_save_shard(const char *path, const char *key, const char *place,
-                             const float *emb, int64_t rows, int64_t dim,
+                             const float *emb /* [rows, dim] */, int64_t rows, int64_t dim,
                              const char *const *paths, int failed) {
     json_t *arr = json_array();
     for (int64_t r = 0; arr && r < rows; r++)
