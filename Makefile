@@ -229,8 +229,11 @@ $(BUILD)/libvitc.so: $(SOFILE)
 	ln -sf libvitc.so.$(VERSION) $(BUILD)/$(SONAME)
 	ln -sf $(SONAME) $@
 
-$(BUILD)/vitc: $(TOOL_OBJ) $(BUILD)/libvitc.a
-	$(TOOL_CC) -o $@ $(TOOL_OBJ) $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS) $(SERVE_LIBS)
+# TOOL_LIB: the library the tool links (mpi-tool reuses the default build's:
+# the library never needs MPI).
+TOOL_LIB ?= $(BUILD)/libvitc.a
+$(BUILD)/vitc: $(TOOL_OBJ) $(TOOL_LIB)
+	$(TOOL_CC) -o $@ $(TOOL_OBJ) $(TOOL_LIB) $(LDFLAGS) $(LDLIBS) $(SERVE_LIBS)
 
 # C tests: cmocka, one binary per file, linked statically against the library.
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libvitc.a $(HDRS)
@@ -256,7 +259,8 @@ HAVE_MPICC := $(shell command -v mpicc >/dev/null 2>&1 && echo 1)
 .PHONY: mpi-tool
 mpi-tool:
 ifeq ($(HAVE_MPICC),1)
-	@$(MAKE) --no-print-directory MPI=1 BUILD=build-mpi tools
+	@$(MAKE) --no-print-directory lib
+	@$(MAKE) --no-print-directory MPI=1 BUILD=build-mpi TOOL_LIB=$(BUILD)/libvitc.a build-mpi/vitc
 else
 	@echo "mpicc not found: no build-mpi/vitc, the MPI tests skip (Debian: openmpi-bin libopenmpi-dev)"
 endif
