@@ -16,6 +16,7 @@
 #include "gemm_lp.h"
 #include "gemm_ukernels.h"
 #include "ops_simd.h"
+#include "../nn/dense.h"
 
 /* -1 until decided; then the arch in use. Read and written atomically:
  * kernels ask from any thread, and the first ones may race to decide (they
@@ -389,7 +390,10 @@ const char *vitc_get_precision_paths(void) {
     }
     if (n > 0 && (size_t)n < sizeof buf && vitc__kern()->lp_family == VITC__LP_FAMILY_AVX512 &&
         !vitc__amx_usable(&why))
-        snprintf(buf + n, sizeof buf - (size_t)n, "; AMX: not used (%s)", why);
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "; AMX: not used (%s)", why);
+    /* the dense layers' (src/nn/dense.c) only choice: said when forced */
+    if (n > 0 && (size_t)n < sizeof buf && !strcmp(vitc__nn_dense_path(), "ref"))
+        snprintf(buf + n, sizeof buf - (size_t)n, "; dense layers: reference (VITC_DENSE=ref)");
     return buf;
 }
 
