@@ -7,7 +7,9 @@ blocks, no qkv bias, no relative or absolute positions, window_size 0,
 another activation. The position tables are drawn non-zero (both libraries
 initialise them to zeros, which would hide a wrong index). One ViT-B run
 at 1024 x 1024 on a real photo checks tools/convert_sam.py, the released
-config and SamProcessor's preprocessing together.
+config and SamProcessor's preprocessing together. The predictor's
+predict (the binding over vitc_sam_predict) is checked end to end against
+SamProcessor + SamModel + post_process_masks.
 """
 import json
 import os
@@ -27,7 +29,7 @@ try:
     import torch
     from PIL import Image
     from safetensors.torch import load_file, save_file
-    from transformers import SamConfig, SamModel
+    from transformers import SamConfig, SamModel, SamProcessor
     from transformers.models.sam.image_processing_pil_sam import SamImageProcessorPil
     import skimage
     PHOTOS = os.path.join(os.path.dirname(skimage.__file__), "data")
@@ -220,6 +222,101 @@ class TestSamEncoder(unittest.TestCase):
             p.set_image(np.full((1, 1, 3), 200, np.uint8))  # 1 x 1: upscaled, allowed
             self.assertEqual(p.embedding.shape, (32, 6, 6))
             self.assertTrue(np.isfinite(p.embedding).all())
+
+
+@unittest.skipIf(torch is None, "needs torch, transformers, PIL, safetensors and scikit-image")
+@unittest.skipIf(NO_DECODER, "SAM's mask decoder is not in this build: vitc_sam_load refuses")
+class TestSamPredictor(unittest.TestCase):
+    """vitc.SamPredictor.predict (the binding over vitc_sam_predict) against
+    SamProcessor + SamModel + post_process_masks on a photo: every weight
+    drawn (the default init zeroes biases and keeps LayerNorms at identity)."""
+
+    S = 160
+
+    @classmethod
+    def setUpClass(cls):
+        S = cls.S
+        cfg = SamConfig(
+            vision_config=dict(SMALL["padded_windows"], output_channels=32, num_pos_feats=16),
+            prompt_encoder_config=dict(hidden_size=32, image_size=S, patch_size=16,
+                                       mask_input_channels=8),
+            mask_decoder_config=dict(hidden_size=32, mlp_dim=64, num_attention_heads=2,
+                                     iou_head_hidden_dim=24))
+        torch.manual_seed(0)
+        cls.model = SamModel(cfg).eval()
+        g = torch.Generator().manual_seed(3)
+        with torch.no_grad():
+            for n, p in cls.model.named_parameters():
+                r = torch.randn(p.shape, generator=g)
+                if "layer_norm" in n and n.endswith("weight"):
+                    p.copy_(1.0 + 0.2 * r)
+                elif "rel_pos" in n or "pos_embed" in n or "positional" in n:
+                    p.copy_(0.5 * r)
+                elif p.dim() == 1:
+                    p.copy_(0.2 * r)
+                else:
+                    p.copy_(r / np.sqrt(p[0].numel()))
+        cls.dir = tempfile.TemporaryDirectory()
+        cls.model.save_pretrained(cls.dir.name)
+        cls.proc = SamProcessor(image_processor=SamImageProcessorPil(
+            size={"longest_edge": S}, pad_size={"height": S, "width": S}))
+        cls.path = os.path.join(PHOTOS, "coffee.png")
+        cls.img = Image.open(cls.path).convert("RGB")
+        cls.pred = vitc.SamPredictor(vitc.Sam(cls.dir.name))
+        cls.pred.set_image(cls.path)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.dir.cleanup()
+
+    def reference(self, multimask, points=None, labels=None, box=None, mask=None):
+        kw = {}
+        if points is not None:
+            kw.update(input_points=[[points]], input_labels=[[labels]])
+        if box is not None:
+            kw.update(input_boxes=[[box]])
+        inp = self.proc(images=self.img, return_tensors="pt", **kw)
+        if mask is not None:
+            inp["input_masks"] = torch.from_numpy(mask)[None, None]
+        with torch.no_grad():
+            out = self.model(**inp, multimask_output=multimask)
+        masks = self.proc.image_processor.post_process_masks(
+            out.pred_masks, inp["original_sizes"], inp["reshaped_input_sizes"], binarize=False)
+        return masks[0][0].numpy(), out.iou_scores[0, 0].numpy(), out.pred_masks[0, 0].numpy()
+
+    def check(self, got, ref):
+        masks, iou, low = got
+        rmasks, riou, rlow = ref
+        self.assertEqual(masks.shape, rmasks.shape)
+        self.assertEqual(masks.shape[1:], (self.img.height, self.img.width))
+        self.assertLess(rel_err(masks, rmasks), 1e-4)
+        self.assertLess(rel_err(low, rlow), 1e-4)
+        np.testing.assert_allclose(iou, riou, rtol=1e-4, atol=1e-5)
+
+    def test_points_and_box_multimask(self):
+        pts, labs, box = [[300.0, 200.0], [100.0, 350.0]], [1, 0], [50.0, 60.0, 500.0, 380.0]
+        got = self.pred.predict(points=pts, labels=labs, box=box, return_logits=True)
+        self.assertEqual(got[0].shape[0], 3)
+        self.check(got, self.reference(True, pts, labs, box))
+
+    def test_mask_prompt_single_mask_and_threshold(self):
+        _, _, low = self.pred.predict(points=[[300.0, 200.0]], labels=[1])
+        got = self.pred.predict(points=[[420.0, 120.0]], labels=[1], mask_input=low[0],
+                                multimask_output=False, return_logits=True)
+        ref = self.reference(False, [[420.0, 120.0]], [1], mask=low[0])
+        self.check(got, ref)
+        binary, _, _ = self.pred.predict(points=[[420.0, 120.0]], labels=[1], mask_input=low[0],
+                                         multimask_output=False)
+        self.assertEqual(binary.dtype, np.bool_)
+        np.testing.assert_array_equal(binary, got[0] > 0)
+
+    def test_bad_prompts(self):
+        with self.assertRaises(ValueError):
+            self.pred.predict(points=[[1.0, 2.0]], labels=[1, 1])
+        with self.assertRaises(ValueError):
+            self.pred.predict(box=[1.0, 2.0, 3.0])
+        with self.assertRaises(ValueError):
+            self.pred.predict(points=[[1.0, 2.0]], labels=[1], mask_input=np.zeros((8, 8)))
 
 
 @unittest.skipIf(torch is None or sam_model_registry is None,
