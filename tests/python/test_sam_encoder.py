@@ -56,12 +56,12 @@ def perturb_positions(model, std=0.5):
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 
 
-def make_sam(d, vision, seed=0):
+def make_sam(d, vision, seed=0, **save):
     """A random-weight SamModel of this vision config saved into d."""
     torch.manual_seed(seed)
     m = SamModel(SamConfig(vision_config=vision)).eval()
     perturb_positions(m)
-    m.save_pretrained(d)
+    m.save_pretrained(d, **save)
     return m
 
 
@@ -130,6 +130,23 @@ class TestSamEncoder(unittest.TestCase):
                 got = p.embedding
                 self.assertEqual(got.shape, ref.shape)
                 self.assertLess(rel_err(got, ref), TOL, name)
+
+    def test_sharded_directory(self):
+        """A shard index (model.safetensors.index.json) read as one file; the
+        path may also name the directory's config.json or the index."""
+        vision = SMALL["all_global"]
+        with tempfile.TemporaryDirectory() as d:
+            m = make_sam(d, vision, max_shard_size="300KB")
+            self.assertFalse(os.path.exists(os.path.join(d, "model.safetensors")))
+            index = os.path.join(d, "model.safetensors.index.json")
+            self.assertTrue(os.path.exists(index))
+            px = torch.randn(1, 3, 96, 96, generator=torch.Generator().manual_seed(4))
+            with torch.no_grad():
+                ref = m.get_image_embeddings(px)[0].numpy()
+            for path in (d, os.path.join(d, "config.json"), index):
+                p = vitc.SamPredictor(vitc.Sam(path))
+                p.set_image_tensor(px[0].numpy(), (96, 96))
+                self.assertLess(rel_err(p.embedding, ref), TOL, path)
 
     def test_photo_preprocessing_matches_sam_processor(self):
         """set_image on a photo: SamProcessor's resize (PIL bilinear), rescale,
