@@ -56,9 +56,9 @@ def perturb_positions(model, std=0.5):
                 p.copy_(torch.randn(p.shape, generator=g) * std)
 
 
-def make_sam(d, vision, seed=0, **save):
+def make_sam(d, vision, init=0, **save):
     """A random-weight SamModel of this vision config saved into d."""
-    torch.manual_seed(seed)
+    torch.manual_seed(init)
     m = SamModel(SamConfig(vision_config=vision)).eval()
     perturb_positions(m)
     m.save_pretrained(d, **save)
