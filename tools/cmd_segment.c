@@ -507,7 +507,8 @@ static int everything(const seg_opts *o, const vitc_sam *m, const vitc_sam_image
         fputs("]}\n", stdout);
     }
     if (rc == CLI_OK && !o->quiet)
-        fprintf(stderr, "vitc: %d masks of %d candidates from %d points\n", n_keep, n_cand,
+        fprintf(stderr, "vitc: %d mask%s of %d candidates from %d points\n", n_keep,
+                n_keep == 1 ? "" : "s", n_cand,
                 n_pts);
     free(cand);
     return rc;
