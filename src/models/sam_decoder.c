@@ -513,12 +513,12 @@ static vitc_status conv2(const sam_wb *l, float *y, const float *x, int64_t H, i
 }
 
 /* A 2x2 / 2 transposed convolution of x [H, W, Cin] into y [2H, 2W, O]
- * (l->w in the dense layers' [2, 2, O, Cin]); z scratch of H W 4 O. */
+ * (l->w in the dense layers' [2, 2, O, Cin]); z scratch of zn floats. */
 static vitc_status convt2(const sam_wb *l, float *y, const float *x, int64_t H, int64_t W,
-                          int64_t Cin, int64_t O, float *z) {
+                          int64_t Cin, int64_t O, float *z, int64_t zn) {
     const vitc__nn_convt c = {.w = l->w, .b = l->b, .C = Cin, .O = O, .kh = 2, .kw = 2,
                               .sh = 2, .sw = 2};
-    return vitc__nn_convt_forward(&c, y, x, 1, H, W, z, H * W * 4 * O);
+    return vitc__nn_convt_forward(&c, y, x, 1, H, W, z, zn);
 }
 
 /* SamMaskEmbedding of the mask prompt m [4g, 4g] into dense [g*g, C];
@@ -699,13 +699,22 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     const int64_t n_masks = multi ? d->T - 1 : 1, first = multi ? 1 : 0;
     const int64_t ow = e->orig_w, oh = e->orig_h;
 
-    int64_t Imax = C, hidn = d->mlp > d->iou_hidden ? d->mlp : d->iou_hidden;
+    int64_t hidn = d->mlp > d->iou_hidden ? d->mlp : d->iou_hidden;
     if (hidn < 2 * C)
         hidn = 2 * C;
-    const int64_t rows = Nt > HW ? Nt : HW;
+    /* Each attention buffer holds the larger of the token side (self
+     * attention at width C) and the image side (width C / downsample). */
+    const int64_t abuf = Nt * C > HW * (C / d->ds) ? Nt * C : HW * (C / d->ds);
     const int64_t mask_scratch = p->mask ? 2 * HW * d->mc : 0;
-    const int64_t up_scratch = 5 * HW * C;
-    int64_t big = 4 * rows * Imax;
+    /* The upscaling: u2 [4G, 4G, C/8] then the transposed convolutions'
+     * scratch (u1 goes where kk was). */
+    const vitc__nn_convt ct1 = {.C = C, .O = C / 4, .kh = 2, .kw = 2, .sh = 2, .sw = 2},
+                         ct2 = {.C = C / 4, .O = C / 8, .kh = 2, .kw = 2, .sh = 2, .sw = 2};
+    int64_t zs = vitc__nn_convt_scratch(&ct1, 1, G, G);
+    if (zs < vitc__nn_convt_scratch(&ct2, 1, 2 * G, 2 * G))
+        zs = vitc__nn_convt_scratch(&ct2, 1, 2 * G, 2 * G);
+    const int64_t up_scratch = 2 * HW * C + zs;
+    int64_t big = 4 * abuf;
     if (big < up_scratch)
         big = up_scratch;
     if (big < mask_scratch)
@@ -732,10 +741,10 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     r.K2 = f, f += HW * C;
     r.kk = f, f += HW * C;
     float *scr = f;
-    r.aq = f, f += rows * Imax;
-    r.ak = f, f += rows * Imax;
-    r.av = f, f += rows * Imax;
-    r.ao = f, f += rows * Imax;
+    r.aq = f, f += abuf;
+    r.ak = f, f += abuf;
+    r.av = f, f += abuf;
+    r.ao = f, f += abuf;
     f = scr + big;
     r.hid = f;
 
@@ -784,12 +793,12 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     {
         const int64_t C4 = C / 4, C8 = C / 8;
         /* u1 [2G, 2G, C/4], u2 [4G, 4G, C/8], z the GEMM's [.., 4 O] */
-        float *u1 = scr, *u2 = scr + HW * C, *z = scr + 3 * HW * C;
-        if ((s = convt2(&d->up1, u1, r.K, G, G, C, C4, z)) != VITC_OK)
+        float *u1 = r.kk, *u2 = scr, *z = scr + 2 * HW * C;
+        if ((s = convt2(&d->up1, u1, r.K, G, G, C, C4, z, zs)) != VITC_OK)
             goto done;
         vitc__layernorm(u1, u1, d->up_ln.w, d->up_ln.b, 4 * HW, C4, 1e-6f);
         vitc__gelu(u1, 4 * HW * C4);
-        if ((s = convt2(&d->up2, u2, u1, 2 * G, 2 * G, C4, C8, z)) != VITC_OK)
+        if ((s = convt2(&d->up2, u2, u1, 2 * G, 2 * G, C4, C8, z, zs)) != VITC_OK)
             goto done;
         vitc__gelu(u2, 16 * HW * C8);
         /* The hypernetwork rows of the masks asked for, then masks [n, P]
