@@ -508,8 +508,7 @@ static int everything(const seg_opts *o, const vitc_sam *m, const vitc_sam_image
     }
     if (rc == CLI_OK && !o->quiet)
         fprintf(stderr, "vitc: %d mask%s of %d candidates from %d points\n", n_keep,
-                n_keep == 1 ? "" : "s", n_cand,
-                n_pts);
+                n_keep == 1 ? "" : "s", n_cand, n_pts);
     free(cand);
     return rc;
 }
@@ -618,7 +617,8 @@ int cmd_segment(int argc, char **argv) {
                 rc = cli_error("%s", vitc_last_error());
                 goto done;
             }
-            memcpy(all + (size_t)n_total * plane, r.masks, (size_t)r.n_masks * plane * sizeof(float));
+            memcpy(all + (size_t)n_total * plane, r.masks,
+                   (size_t)r.n_masks * plane * sizeof(float));
             for (int k = 0; k < r.n_masks; k++) ious[n_total + k] = r.iou[k];
             n_total += r.n_masks;
             vitc_sam_result_free(&r);

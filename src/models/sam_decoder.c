@@ -118,7 +118,10 @@ static vitc_status take(vitc__sam_dec *d, const vitc__shards *sh, float **dst, c
     return vitc__hub_take(sh, name, want, nd, 0, p);
 }
 
-#define SHAPE(...) ((const int64_t[]){__VA_ARGS__}), (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
+/* A shape as take's (want, nd) pair. */
+#define SHAPE(...)                                                                                 \
+    ((const int64_t[]){__VA_ARGS__}),                                                              \
+        (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
 
 static vitc_status take_linear(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t out,
                                int64_t in, const char *module) {
