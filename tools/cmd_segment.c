@@ -517,6 +517,34 @@ static int everything(const seg_opts *o, const vitc_sam *m, const vitc_sam_image
 /* The command                                                        */
 /* ------------------------------------------------------------------ */
 
+/* An output path the writer will refuse (a directory, FIFO or device
+ * there, no such directory) is reported before any work, so that one
+ * output is never written while the other cannot be. *existed: a regular
+ * file is there now. */
+static int check_target(const char *opt, const char *path, int *existed) {
+    struct stat sb;
+    *existed = 0;
+    if (lstat(path, &sb) == 0) {
+        if (!S_ISREG(sb.st_mode))
+            return cli_error("%s %s: a folder, FIFO or device is there; name a file", opt,
+                             path);
+        *existed = 1;
+        return CLI_OK;
+    }
+    char dir[4096];
+    const char *slash = strrchr(path, '/');
+    size_t n = slash ? (size_t)(slash - path) : 0;
+    if (n >= sizeof dir)
+        return cli_error("%s %s: path too long", opt, path);
+    memcpy(dir, path, n);
+    strcpy(dir + n, n ? "" : ".");
+    if (slash && n == 0)
+        strcpy(dir, "/");
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return cli_error("%s %s: the folder %s does not exist", opt, path, dir);
+    return CLI_OK;
+}
+
 int cmd_segment(int argc, char **argv) {
     seg_opts o;
     memset(&o, 0, sizeof o);
@@ -534,6 +562,10 @@ int cmd_segment(int argc, char **argv) {
     }
     if (o.threads > 0)
         vitc_set_num_threads(o.threads);
+    int out_existed, raw_existed = 1;
+    if ((rc = check_target("--out", o.out, &out_existed)) != CLI_OK ||
+        (o.raw && (rc = check_target("--raw", o.raw, &raw_existed)) != CLI_OK))
+        goto done;
     if (vitc_image_load(o.image, SEG_MAX_PIXELS, &img) != VITC_OK) {
         rc = cli_error("%s", vitc_last_error());
         goto done;
@@ -640,8 +672,8 @@ int cmd_segment(int argc, char **argv) {
     }
     if (vitc_image_save_png(o.out, pic, W, H) != VITC_OK) {
         rc = cli_error("%s", vitc_last_error());
-        if (o.raw)
-            remove(o.raw); /* nothing written on an error */
+        if (o.raw && !raw_existed)
+            remove(o.raw); /* nothing new left behind on an error */
         goto done;
     }
     if (o.json && !o.everything) {
