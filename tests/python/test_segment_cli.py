@@ -239,6 +239,12 @@ class TestSegmentCLI(TmpDirCase):
         Image.new("RGB", (1, 1), (10, 20, 30)).save(tiny)
         self.refused(["--point", "0,0"], "1x1", image=tiny, code=1)
         self.refused([], "no prompt", code=2)
+        # an --out the writer refuses: found before --raw is written
+        rc, _, se = run("segment", "--model", self.dir, "--out", self.tmp, "--raw",
+                        self.path("bad.npy"), "--point", "1,1", self.coffee)
+        self.assertEqual(rc, 1)
+        self.assertEqual(len(error_lines(se)), 1, se)
+        self.assertFalse(os.path.exists(self.path("bad.npy")))
         self.refused(["--everything", "--point", "1,1"], "--everything", code=2)
 
 
