@@ -91,8 +91,11 @@ class SamPredictor:
         (masks [n, H, W] bool (logits with return_logits), iou [n],
         low_res [n, 256, 256] logits). points [[x, y], ...] in the image's
         pixels with labels (1 foreground, 0 background); box [x0, y0, x1, y1];
-        mask_input: a previous low_res mask [256, 256] (or [1, 256, 256])."""
+        mask_input: a previous low_res mask [256, 256] (or [1, 256, 256]).
+        low_res is 4x the embedding's grid a side (256 for the released
+        models)."""
         self._need()
+        lo = 4 * self.model.embedding_shape[1]
         pr = SamPrompt()
         keep = []
         if points is not None:
@@ -114,10 +117,10 @@ class SamPredictor:
             pr.box = fptr(b)
         if mask_input is not None:
             m = as_f32(mask_input)
-            if m.size != 256 * 256:
-                raise ValueError("mask_input must be [256, 256] low-resolution logits, got "
-                                 "shape %s" % (m.shape,))
-            m = m.reshape(256, 256)
+            if m.size != lo * lo:
+                raise ValueError("mask_input must be [%d, %d] low-resolution logits, got "
+                                 "shape %s" % (lo, lo, m.shape))
+            m = m.reshape(lo, lo)
             keep.append(m)
             pr.mask = fptr(m)
         pr.multimask = 1 if multimask_output else 0
@@ -126,11 +129,11 @@ class SamPredictor:
         try:
             n, H, W = r.n_masks, r.height, r.width
             masks = np.ctypeslib.as_array(r.masks, shape=(n * H * W,)).copy().reshape(n, H, W)
-            low = np.ctypeslib.as_array(r.low_res, shape=(n * 256 * 256,)).copy()
+            low = np.ctypeslib.as_array(r.low_res, shape=(n * lo * lo,)).copy()
             iou = np.array(list(r.iou)[:n], dtype=np.float32)
         finally:
             lib.vitc_sam_result_free(ctypes.byref(r))
-        return (masks if return_logits else masks > 0.0), iou, low.reshape(n, 256, 256)
+        return (masks if return_logits else masks > 0.0), iou, low.reshape(n, lo, lo)
 
     def reset_image(self):
         if self._e:
