@@ -27,7 +27,7 @@
 
 #include "cli.h"
 
-/* A prompt's at most (the library's limit, docs/segment-prompts.md). */
+/* A prompt's at most (the library's limit, docs/segment.md). */
 #define SEG_MAX_POINTS 1000
 #define SEG_MAX_BOXES 256
 /* Masks are float logits at the image's size, three per prompt: the
@@ -46,7 +46,7 @@ static const char segment_usage[] =
     "green foreground and red background, boxes as rectangles). Coordinates are\n"
     "the image's pixels, x right and y down. The image is encoded once; each\n"
     "--box is its own prediction (with all the points), one --box or none is\n"
-    "one prediction. See docs/segment-prompts.md.\n"
+    "one prediction. See docs/segment.md.\n"
     "\n"
     "options:\n"
     "  --model DIR        a transformers SamModel directory (config.json and\n"
