@@ -17,6 +17,7 @@ static const struct {
     {"zero-shot", cmd_zero_shot, "label images with words of your choice (CLIP, SigLIP)"},
     {"serve", cmd_serve, "serve a model over HTTP: embeddings, classification (docs/serve.md)"},
     {"tokenize", cmd_tokenize, "the token ids a CLIP or SigLIP model sees for a text"},
+    {"segment", cmd_segment, "masks of what points and boxes select (Segment Anything)"},
     {"attention-map", cmd_attention_map, "write an attention heat map over an image (PNG)"},
     {"depth", cmd_depth, "a depth map of an image with Depth Anything (PNG, .npy)"},
     {"inspect", cmd_inspect, "list a safetensors file's tensors, metadata and architecture"},
