@@ -406,6 +406,11 @@ VITC_API vitc_status vitc_image_load_memory_flags(const void *bytes, size_t len,
 VITC_API void vitc_image_free(vitc_image *img);
 VITC_API vitc_status vitc_image_save_png(const char *path, const uint8_t *rgb, int width,
                                          int height);
+/* A 16-bit grayscale PNG of gray [height, width] (host-order values; depth
+ * maps, `vitc depth --raw FILE.png`). Written through a temporary file and
+ * renamed, as every writer of the library. */
+VITC_API vitc_status vitc_image_save_png16(const char *path, const uint16_t *gray, int width,
+                                           int height);
 /* torchvision preprocessing: resize the shorter side to `resize` with
  * antialiased bilinear (0 = no resize), center crop crop x crop, /255,
  * normalize. out: [3, crop, crop]. Memory: only the crop's window of the

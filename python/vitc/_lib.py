@@ -539,4 +539,26 @@ def _sam_signatures():
         fn.restype, fn.argtypes = res, args
 
 
+# ---- Depth Anything (src/models/depth.c)
+def _depth_signatures():
+    P, vp, i, f, cp = (ctypes.POINTER, ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
+                       ctypes.c_char_p)
+    sigs = {
+        "vitc_depth_load": (i, [cp, P(vp)]),
+        "vitc_depth_free": (None, [vp]),
+        "vitc_depth_input_size": (i, [vp, i, i, P(i), P(i)]),
+        "vitc_depth_forward": (i, [vp, P(f), i, i, i, P(f)]),
+        "vitc_depth_predict": (i, [vp, P(Image), P(P(f))]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+
+
 _sam_signatures()
+
+_depth_signatures()
+
+# vitc_depth_predict's map is malloc'd by the library: libc's free gives it back.
+libc_free = ctypes.CDLL(None).free
+libc_free.restype, libc_free.argtypes = None, [ctypes.c_void_p]

@@ -10,9 +10,9 @@
  * the upscaling and the hypernetwork products. Only the masks asked for
  * are formed (multimask: tokens 1..3; single: token 0).
  *
- * Maps are channels-last ([h, w, C], the encoder's layout): a 2x2 / 2
- * convolution or transposed convolution has no overlap, so each is one
- * GEMM and a gather or scatter.
+ * Maps are channels-last ([h, w, C], the encoder's layout), as the dense
+ * layers (src/nn/dense.h) take them; the convolutions' weights are put in
+ * their layout once, at load.
  */
 #include <math.h>
 #include <stdarg.h>
@@ -23,6 +23,7 @@
 #include <jansson.h>
 
 #include "../kernels/kernels.h"
+#include "../nn/dense.h"
 #include "sam.h"
 
 /* More points than this in one prompt are refused: the released models
@@ -65,14 +66,14 @@ struct vitc__sam_dec {
     float *pe;             /* [2, C/2] random Fourier features */
     float *point_embed[4]; /* [C] each: background, foreground, box corner 1, corner 2 */
     float *not_a_point, *no_mask; /* [C] */
-    sam_wb mconv1, mln1, mconv2, mln2, mconv3; /* conv weights as GEMM rows (see load) */
+    sam_wb mconv1, mln1, mconv2, mln2, mconv3; /* convolutions: dense.h layouts */
     /* mask decoder */
     float *iou_token;   /* [C] */
     float *mask_tokens; /* [T, C] */
     sam_layer *layers;  /* [n_layers] */
     sam_attn final;
     sam_wb ln_final;
-    sam_wb up1, up_ln, up2; /* up1 [4*C/4, C], up2 [4*C/8, C/4] as GEMM rows */
+    sam_wb up1, up_ln, up2; /* up1 [2, 2, C/4, C], up2 [2, 2, C/8, C/4] */
     sam_ffn hyper[4], iou;
     float *pe_img; /* [grid*grid, C] the dense positional embedding */
     void **bufs;
@@ -117,7 +118,10 @@ static vitc_status take(vitc__sam_dec *d, const vitc__shards *sh, float **dst, c
     return vitc__hub_take(sh, name, want, nd, 0, p);
 }
 
-#define SHAPE(...) ((const int64_t[]){__VA_ARGS__}), (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
+/* A shape as take's (want, nd) pair. */
+#define SHAPE(...)                                                                                 \
+    ((const int64_t[]){__VA_ARGS__}),                                                              \
+        (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
 
 static vitc_status take_linear(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t out,
                                int64_t in, const char *module) {
@@ -163,32 +167,26 @@ static vitc_status take_ffn(vitc__sam_dec *d, const vitc__shards *sh, sam_ffn *f
     return take_linear(d, sh, &f->out, out, hidden, n);
 }
 
-/* torch's Conv2d weight [O, Cin, 2, 2] -> GEMM rows [O, (a*2+b)*Cin + c]
- * over patches gathered (a, b, c). */
+/* torch's Conv2d weight [O, Cin, 2, 2] in the dense layers' [O, 2, 2, Cin]. */
 static vitc_status take_conv2(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t O,
                               int64_t Cin, const char *module) {
     float *t;
     VITC_TRY(take(d, sh, &t, SHAPE(O, Cin, 2, 2), "%s.weight", module));
     if (!(l->w = dec_alloc(d, O * Cin * 4)))
         return vitc__err(VITC_ERR_NOMEM, "out of memory for %s", module);
-    for (int64_t o = 0; o < O; o++)
-        for (int64_t c = 0; c < Cin; c++)
-            for (int64_t ab = 0; ab < 4; ab++) l->w[o * 4 * Cin + ab * Cin + c] = t[(o * Cin + c) * 4 + ab];
+    vitc__nn_conv_pack(l->w, t, O, Cin, 2, 2);
     return take(d, sh, &l->b, SHAPE(O), "%s.bias", module);
 }
 
-/* torch's ConvTranspose2d weight [Cin, O, 2, 2] -> GEMM rows
- * [(a*2+b)*O + o, Cin]: one product gives the four output pixels of each
- * input pixel. */
+/* torch's ConvTranspose2d weight [Cin, O, 2, 2] in the dense layers'
+ * [2, 2, O, Cin]. */
 static vitc_status take_convt2(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t Cin,
                                int64_t O, const char *module) {
     float *t;
     VITC_TRY(take(d, sh, &t, SHAPE(Cin, O, 2, 2), "%s.weight", module));
     if (!(l->w = dec_alloc(d, O * Cin * 4)))
         return vitc__err(VITC_ERR_NOMEM, "out of memory for %s", module);
-    for (int64_t c = 0; c < Cin; c++)
-        for (int64_t o = 0; o < O; o++)
-            for (int64_t ab = 0; ab < 4; ab++) l->w[(ab * O + o) * Cin + c] = t[(c * O + o) * 4 + ab];
+    vitc__nn_convt_pack(l->w, t, Cin, O, 2, 2);
     return take(d, sh, &l->b, SHAPE(O), "%s.bias", module);
 }
 
@@ -502,50 +500,43 @@ static void ffn(const sam_ffn *f, float *y, const float *x, int64_t in, float *t
                  f->hidden);
 }
 
-/* A 2x2 / 2 convolution of x [H, W, Cin] into y [H/2, W/2, O]; patches
- * [H/2 * W/2, 4 Cin] scratch. */
-static void conv2(const sam_wb *l, float *y, const float *x, int64_t H, int64_t W, int64_t Cin,
-                  int64_t O, float *patches) {
-    const int64_t oh = H / 2, ow = W / 2;
-    for (int64_t i = 0; i < oh; i++)
-        for (int64_t j = 0; j < ow; j++) {
-            float *p = patches + (i * ow + j) * 4 * Cin;
-            for (int64_t a = 0; a < 2; a++)
-                for (int64_t b = 0; b < 2; b++)
-                    memcpy(p + (a * 2 + b) * Cin, x + ((2 * i + a) * W + 2 * j + b) * Cin,
-                           (size_t)Cin * sizeof(float));
-        }
-    vitc__linear(y, O, patches, 4 * Cin, l->w, l->b, NULL, 0, oh * ow, O, 4 * Cin);
+/* A 2x2 / 2 convolution of x [H, W, Cin] into y [H/2, W/2, O], through
+ * the dense layers (l->w already in their [O, 2, 2, Cin] layout). */
+static vitc_status conv2(const sam_wb *l, float *y, const float *x, int64_t H, int64_t W,
+                         int64_t Cin, int64_t O) {
+    const vitc__nn_conv c = {.w = l->w, .b = l->b, .C = Cin, .O = O, .kh = 2, .kw = 2, .sh = 2,
+                             .sw = 2};
+    const int64_t n = vitc__nn_conv_scratch(&c, 1, H, W);
+    float *scr = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (!scr)
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's mask prompt convolution");
+    vitc_status s = vitc__nn_conv_forward(&c, y, x, 1, H, W, scr, n);
+    free(scr);
+    return s;
 }
 
-/* A 2x2 / 2 transposed convolution of x [H, W, Cin] into y [2H, 2W, O];
- * z [H * W, 4 O] scratch. */
-static void convt2(const sam_wb *l, float *y, const float *x, int64_t H, int64_t W, int64_t Cin,
-                   int64_t O, float *z) {
-    vitc__linear(z, 4 * O, x, Cin, l->w, NULL, NULL, 0, H * W, 4 * O, Cin);
-    for (int64_t i = 0; i < H; i++)
-        for (int64_t j = 0; j < W; j++)
-            for (int64_t a = 0; a < 2; a++)
-                for (int64_t b = 0; b < 2; b++) {
-                    const float *zs = z + (i * W + j) * 4 * O + (a * 2 + b) * O;
-                    float *yd = y + ((2 * i + a) * 2 * W + 2 * j + b) * O;
-                    for (int64_t o = 0; o < O; o++) yd[o] = zs[o] + l->b[o];
-                }
+/* A 2x2 / 2 transposed convolution of x [H, W, Cin] into y [2H, 2W, O]
+ * (l->w in the dense layers' [2, 2, O, Cin]); z scratch of zn floats. */
+static vitc_status convt2(const sam_wb *l, float *y, const float *x, int64_t H, int64_t W,
+                          int64_t Cin, int64_t O, float *z, int64_t zn) {
+    const vitc__nn_convt c = {.w = l->w, .b = l->b, .C = Cin, .O = O, .kh = 2, .kw = 2,
+                              .sh = 2, .sw = 2};
+    return vitc__nn_convt_forward(&c, y, x, 1, H, W, z, zn);
 }
 
 /* SamMaskEmbedding of the mask prompt m [4g, 4g] into dense [g*g, C];
- * scratch s of g^2 (2 mc + max(mc, 16)) floats. */
-static void mask_embed(const vitc__sam_dec *d, float *dense, const float *m, float *s) {
+ * scratch s of 2 g^2 mc floats. */
+static vitc_status mask_embed(const vitc__sam_dec *d, float *dense, const float *m, float *s) {
     const int64_t g = d->grid, mc = d->mc, mc4 = mc / 4;
-    /* a [2g, 2g, mc4]; p patches [4 g^2, 4] then [g^2, 4 mc4]; b [g, g, mc] */
-    float *a = s, *p = s + g * g * mc, *b = p + (mc > 16 ? mc : 16) * g * g;
-    conv2(&d->mconv1, a, m, 4 * g, 4 * g, 1, mc4, p);
+    float *a = s, *b = s + g * g * mc; /* a [2g, 2g, mc4], b [g, g, mc] */
+    VITC_TRY(conv2(&d->mconv1, a, m, 4 * g, 4 * g, 1, mc4));
     vitc__layernorm(a, a, d->mln1.w, d->mln1.b, 4 * g * g, mc4, d->eps_prompt);
     act(a, 4 * g * g * mc4, d->act_prompt);
-    conv2(&d->mconv2, b, a, 2 * g, 2 * g, mc4, mc, p);
+    VITC_TRY(conv2(&d->mconv2, b, a, 2 * g, 2 * g, mc4, mc));
     vitc__layernorm(b, b, d->mln2.w, d->mln2.b, g * g, mc, d->eps_prompt);
     act(b, g * g * mc, d->act_prompt);
     vitc__linear(dense, d->C, b, mc, d->mconv3.w, d->mconv3.b, NULL, 0, g * g, d->C, mc);
+    return VITC_OK;
 }
 
 /* ------------------------------------------------------------------ */
@@ -711,13 +702,22 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     const int64_t n_masks = multi ? d->T - 1 : 1, first = multi ? 1 : 0;
     const int64_t ow = e->orig_w, oh = e->orig_h;
 
-    int64_t Imax = C, hidn = d->mlp > d->iou_hidden ? d->mlp : d->iou_hidden;
+    int64_t hidn = d->mlp > d->iou_hidden ? d->mlp : d->iou_hidden;
     if (hidn < 2 * C)
         hidn = 2 * C;
-    const int64_t rows = Nt > HW ? Nt : HW;
-    const int64_t mask_scratch = p->mask ? HW * (2 * d->mc + (d->mc > 16 ? d->mc : 16)) : 0;
-    const int64_t up_scratch = 5 * HW * C;
-    int64_t big = 4 * rows * Imax;
+    /* Each attention buffer holds the larger of the token side (self
+     * attention at width C) and the image side (width C / downsample). */
+    const int64_t abuf = Nt * C > HW * (C / d->ds) ? Nt * C : HW * (C / d->ds);
+    const int64_t mask_scratch = p->mask ? 2 * HW * d->mc : 0;
+    /* The upscaling: u2 [4G, 4G, C/8] then the transposed convolutions'
+     * scratch (u1 goes where kk was). */
+    const vitc__nn_convt ct1 = {.C = C, .O = C / 4, .kh = 2, .kw = 2, .sh = 2, .sw = 2},
+                         ct2 = {.C = C / 4, .O = C / 8, .kh = 2, .kw = 2, .sh = 2, .sw = 2};
+    int64_t zs = vitc__nn_convt_scratch(&ct1, 1, G, G);
+    if (zs < vitc__nn_convt_scratch(&ct2, 1, 2 * G, 2 * G))
+        zs = vitc__nn_convt_scratch(&ct2, 1, 2 * G, 2 * G);
+    const int64_t up_scratch = 2 * HW * C + zs;
+    int64_t big = 4 * abuf;
     if (big < up_scratch)
         big = up_scratch;
     if (big < mask_scratch)
@@ -744,10 +744,10 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     r.K2 = f, f += HW * C;
     r.kk = f, f += HW * C;
     float *scr = f;
-    r.aq = f, f += rows * Imax;
-    r.ak = f, f += rows * Imax;
-    r.av = f, f += rows * Imax;
-    r.ao = f, f += rows * Imax;
+    r.aq = f, f += abuf;
+    r.ak = f, f += abuf;
+    r.av = f, f += abuf;
+    r.ao = f, f += abuf;
     f = scr + big;
     r.hid = f;
 
@@ -780,26 +780,29 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     memcpy(r.Q, r.tok_pe, (size_t)(Nt * C) * sizeof(float));
 
     /* Keys: the embedding plus the dense prompt. */
+    vitc_status s = VITC_OK;
     if (p->mask) {
-        mask_embed(d, r.K2, p->mask, scr);
+        if ((s = mask_embed(d, r.K2, p->mask, scr)) != VITC_OK)
+            goto done;
         add_rows(r.K, e->emb_cl, r.K2, HW * C);
     } else {
         for (int64_t i = 0; i < HW; i++)
             add_rows(r.K + i * C, e->emb_cl + i * C, d->no_mask, C);
     }
-    vitc_status s = two_way(d, &r);
-    if (s != VITC_OK)
+    if ((s = two_way(d, &r)) != VITC_OK)
         goto done;
 
     /* Upscaling: [G, G, C] -> [2G, 2G, C/4] -> LN, GELU -> [4G, 4G, C/8], GELU. */
     {
         const int64_t C4 = C / 4, C8 = C / 8;
         /* u1 [2G, 2G, C/4], u2 [4G, 4G, C/8], z the GEMM's [.., 4 O] */
-        float *u1 = scr, *u2 = scr + HW * C, *z = scr + 3 * HW * C;
-        convt2(&d->up1, u1, r.K, G, G, C, C4, z);
+        float *u1 = r.kk, *u2 = scr, *z = scr + 2 * HW * C;
+        if ((s = convt2(&d->up1, u1, r.K, G, G, C, C4, z, zs)) != VITC_OK)
+            goto done;
         vitc__layernorm(u1, u1, d->up_ln.w, d->up_ln.b, 4 * HW, C4, 1e-6f);
         vitc__gelu(u1, 4 * HW * C4);
-        convt2(&d->up2, u2, u1, 2 * G, 2 * G, C4, C8, z);
+        if ((s = convt2(&d->up2, u2, u1, 2 * G, 2 * G, C4, C8, z, zs)) != VITC_OK)
+            goto done;
         vitc__gelu(u2, 16 * HW * C8);
         /* The hypernetwork rows of the masks asked for, then masks [n, P]
          * = hyper [n, C/8] u2^T. */

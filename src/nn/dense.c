@@ -196,7 +196,8 @@ static void conv_bwd_ref(const vitc__nn_conv *p, float *dx, float *dw, float *db
                         for (int64_t j = 0; j < p->kw; j++) {
                             int64_t ix = ox * p->sw - p->pw + j;
                             if (ix < 0 || ix >= W) continue;
-                            int64_t xo = ((b * H + iy) * W + ix) * C, wo = ((o * p->kh + i) * p->kw + j) * C;
+                            int64_t xo = ((b * H + iy) * W + ix) * C,
+                                    wo = ((o * p->kh + i) * p->kw + j) * C;
                             if (dx)
                                 for (int64_t c = 0; c < C; c++) dx[xo + c] += g[o] * p->w[wo + c];
                             if (dw)
@@ -227,8 +228,8 @@ static void convt_fwd_ref(const vitc__nn_convt *p, float *y, const float *x, int
                             if (u < 0 || u % p->sw) continue;
                             int64_t ix = u / p->sw;
                             if (ix >= W) continue;
-                            const float *xi = x + ((b * H + iy) * W + ix) * C;            /* [C] */
-                            const float *wi = p->w + ((i * p->kw + j) * O + o) * C;         /* [C] */
+                            const float *xi = x + ((b * H + iy) * W + ix) * C;      /* [C] */
+                            const float *wi = p->w + ((i * p->kw + j) * O + o) * C; /* [C] */
                             for (int64_t c = 0; c < C; c++) s += (double)wi[c] * xi[c];
                         }
                     }
@@ -361,9 +362,9 @@ static void bil_bwd_ref(float *dx, const float *dy, int64_t B, int64_t C, int64_
  * block of ~900 rows of a 3x3x256 kernel is GEMM-shaped enough to run at
  * the GEMM's speed. */
 #define DENSE_BLOCK_FLOATS ((int64_t)1 << 21)
-/* Channels a task of the channel-split passes takes (col2im, bilinear
- * backward): those passes add into overlapping pixels, so threads split
- * the channels, never the pixels. */
+/* Channels a task of the col2im passes takes (the convolution's backward,
+ * the overlapping transposed convolution): their taps add into shared
+ * pixels, so threads split the channels, never the pixels. */
 #define DENSE_CCHUNK 32
 
 /* Rows per block for rows of k floats, out of R rows. */
@@ -551,11 +552,99 @@ static void convt_bwd_fast(const vitc__nn_convt *p, float *dx, float *dw, float 
     }
 }
 
-/* Bilinear, threaded over output rows (forward) or channel chunks
- * (backward: output pixels add into shared input pixels), the channel
- * loop in 4-wide vectors (the baseline SIMD width of
- * every target; the pass is bound by memory, not arithmetic); the same operations in the same order as the
- * reference, so the same numbers. */
+/* Any other transposed convolution: the same GEMM, then a col2im that
+ * adds each row's kh x kw taps into y (tiles overlap when k > s: threads
+ * split the channels); the backward gathers dy's taps into z's layout
+ * (zeros outside the map: what padding removed) for the Linear backward. */
+typedef struct tgen_ctx {
+    const vitc__nn_convt *p;
+    float *z;        /* [n, kh*kw*O] */
+    float *y;        /* [B, oh, ow, O]: forward's y, or the backward's dy */
+    int64_t H, W, oh, ow, r0, n;
+} tgen_ctx;
+
+static void tgen_scatter(void *vc, int64_t t0, int64_t t1, int tid) {
+    const tgen_ctx *k = vc;
+    const vitc__nn_convt *p = k->p;
+    const int64_t O = p->O, N = p->kh * p->kw * O;
+    const int64_t c0 = t0 * DENSE_CCHUNK, c1 = t1 * DENSE_CCHUNK < O ? t1 * DENSE_CCHUNK : O;
+    (void)tid;
+    for (int64_t t = 0; t < k->n; t++) {
+        int64_t r = k->r0 + t, b = r / (k->H * k->W), iy = r / k->W % k->H, ix = r % k->W;
+        const float *zr = k->z + t * N; /* [kh, kw, O] */
+        for (int64_t i = 0; i < p->kh; i++) {
+            int64_t oy = iy * p->sh - p->ph + i;
+            if (oy < 0 || oy >= k->oh) continue;
+            for (int64_t j = 0; j < p->kw; j++) {
+                int64_t ox = ix * p->sw - p->pw + j;
+                if (ox < 0 || ox >= k->ow) continue;
+                const float *zs = zr + (i * p->kw + j) * O;              /* [O] */
+                float *d = k->y + ((b * k->oh + oy) * k->ow + ox) * O; /* [O] */
+                for (int64_t c = c0; c < c1; c++) d[c] += zs[c];
+            }
+        }
+    }
+}
+
+static void tgen_gather(void *vc, int64_t t0, int64_t t1, int tid) {
+    const tgen_ctx *k = vc;
+    const vitc__nn_convt *p = k->p;
+    const int64_t O = p->O, N = p->kh * p->kw * O;
+    (void)tid;
+    for (int64_t t = t0; t < t1; t++) {
+        int64_t r = k->r0 + t, b = r / (k->H * k->W), iy = r / k->W % k->H, ix = r % k->W;
+        float *zr = k->z + t * N; /* [kh, kw, O] */
+        for (int64_t i = 0; i < p->kh; i++) {
+            int64_t oy = iy * p->sh - p->ph + i;
+            for (int64_t j = 0; j < p->kw; j++) {
+                int64_t ox = ix * p->sw - p->pw + j;
+                float *d = zr + (i * p->kw + j) * O; /* [O] */
+                if (oy < 0 || oy >= k->oh || ox < 0 || ox >= k->ow)
+                    memset(d, 0, (size_t)O * sizeof(float));
+                else
+                    memcpy(d, k->y + ((b * k->oh + oy) * k->ow + ox) * O,
+                           (size_t)O * sizeof(float));
+            }
+        }
+    }
+}
+
+static void convt_fwd_general(const vitc__nn_convt *p, float *y, const float *x, int64_t B,
+                              int64_t H, int64_t W, int64_t oh, int64_t ow, float *scratch) {
+    const int64_t O = p->O, N = p->kh * p->kw * O, R = B * H * W, rb = dense_block_rows(N, R);
+    for (int64_t r = 0; r < B * oh * ow; r++) {
+        if (p->b)
+            memcpy(y + r * O, p->b, (size_t)O * sizeof(float));
+        else
+            memset(y + r * O, 0, (size_t)O * sizeof(float));
+    }
+    for (int64_t r0 = 0; r0 < R; r0 += rb) {
+        int64_t n = R - r0 < rb ? R - r0 : rb;
+        vitc__linear(scratch, N, x + r0 * p->C, p->C, p->w, NULL, NULL, 0, n, N, p->C);
+        tgen_ctx k = {p, scratch, y, H, W, oh, ow, r0, n};
+        vitc__parallel_range((O + DENSE_CCHUNK - 1) / DENSE_CCHUNK, tgen_scatter, &k);
+    }
+}
+
+static void convt_bwd_general(const vitc__nn_convt *p, float *dx, float *dw, float *db,
+                              const float *dy, const float *x, int64_t B, int64_t H, int64_t W,
+                              int64_t oh, int64_t ow, float *scratch) {
+    const int64_t C = p->C, O = p->O, N = p->kh * p->kw * O, R = B * H * W,
+                  rb = dense_block_rows(N, R);
+    if (db) vitc__colsum(db, dy, O, B * oh * ow, O);
+    for (int64_t r0 = 0; r0 < R; r0 += rb) {
+        int64_t n = R - r0 < rb ? R - r0 : rb;
+        tgen_ctx k = {p, scratch, (float *)(uintptr_t)dy, H, W, oh, ow, r0, n};
+        vitc__parallel_range(n, tgen_gather, &k);
+        vitc__linear_backward(dx ? dx + r0 * C : NULL, C, 0.0f, dw, NULL, scratch, N,
+                              x ? x + r0 * C : NULL, C, p->w, n, N, C);
+    }
+}
+
+/* Bilinear, threaded over output rows (forward) or input rows (backward,
+ * below), the channel loop in 4-wide vectors (the baseline SIMD width of
+ * every target; the pass is bound by memory, not arithmetic): the
+ * reference's operations in its order, so the same numbers. */
 typedef float dense_v4 __attribute__((vector_size(16)));
 
 static inline dense_v4 v4_load(const float *p) {
@@ -710,8 +799,7 @@ vitc_status vitc__nn_conv_backward(const vitc__nn_conv *p, float *dx, float *dw,
 }
 
 int64_t vitc__nn_convt_scratch(const vitc__nn_convt *p, int64_t B, int64_t H, int64_t W) {
-    if (!p || !convt_is_tiling(p) || B <= 0 || H <= 0 || W <= 0 || p->O <= 0 || p->kh <= 0 ||
-        p->kw <= 0)
+    if (!p || B <= 0 || H <= 0 || W <= 0 || p->O <= 0 || p->kh <= 0 || p->kw <= 0)
         return 0;
     const int64_t N = p->kh * p->kw * p->O;
     return dense_block_rows(N, B * H * W) * N;
@@ -725,10 +813,12 @@ vitc_status vitc__nn_convt_forward(const vitc__nn_convt *p, float *y, const floa
     VITC_TRY(scratch_check(who, vitc__nn_convt_scratch(p, B, H, W), scratch, scratch_len));
     if (B > 0 && (!x || !y)) return vitc__err(VITC_ERR_INVALID_ARG, "%s: NULL x or y", who);
     if (B == 0) return VITC_OK;
-    if (dense_ref() || !convt_is_tiling(p))
+    if (dense_ref())
         convt_fwd_ref(p, y, x, B, H, W, oh, ow);
-    else
+    else if (convt_is_tiling(p))
         convt_fwd_fast(p, y, x, B, H, W, scratch);
+    else
+        convt_fwd_general(p, y, x, B, H, W, oh, ow, scratch);
     return VITC_OK;
 }
 
@@ -742,10 +832,12 @@ vitc_status vitc__nn_convt_backward(const vitc__nn_convt *p, float *dx, float *d
     if (B > 0 && (!dy || (dw && !x)))
         return vitc__err(VITC_ERR_INVALID_ARG, "%s: NULL dy, or NULL x with dw wanted", who);
     if (B == 0) return VITC_OK;
-    if (dense_ref() || !convt_is_tiling(p))
+    if (dense_ref())
         convt_bwd_ref(p, dx, dw, db, dy, x, B, H, W, oh, ow);
-    else
+    else if (convt_is_tiling(p))
         convt_bwd_fast(p, dx, dw, db, dy, x, B, H, W, scratch);
+    else
+        convt_bwd_general(p, dx, dw, db, dy, x, B, H, W, oh, ow, scratch);
     return VITC_OK;
 }
 

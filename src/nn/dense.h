@@ -51,7 +51,8 @@ vitc_status vitc__nn_conv_backward(const vitc__nn_conv *p, float *dx, float *dw,
 /* nn.ConvTranspose2d(C, O, (kh, kw), stride (sh, sw), padding (ph, pw)):
  * oh = (H - 1) sh - 2 ph + kh. The fast path is kh == sh, kw == sw,
  * padding 0 (SAM's 2x2 / 2, the DPT reassemble's 4x4 / 4 and 2x2 / 2): one
- * GEMM and a scatter with no overlap. */
+ * GEMM and a scatter with no overlap; any other is the same GEMM and a
+ * col2im that adds the overlapping taps. */
 typedef struct vitc__nn_convt {
     const float *w; /* [kh, kw, O, C] (vitc__nn_convt_pack from torch's [C, O, kh, kw]) */
     const float *b; /* [O] or NULL */

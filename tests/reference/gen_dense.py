@@ -6,6 +6,7 @@ One file per op, several cases each, tensors named "<case>.<name>":
   conv.safetensors      nn.functional.conv2d
   convt.safetensors     nn.functional.conv_transpose2d
   bilinear.safetensors  nn.functional.interpolate(mode="bilinear", size=...)
+  layernorm2d.safetensors  transformers' SamLayerNorm(data_format="channels_first")
 Maps are stored channels-last ([B, H, W, C], vitc's layout); weights in
 torch's own layout ([O, C, kh, kw] and [C, O, kh, kw]), so the test goes
 through the packing functions too. "cfg" holds the case's integers as
@@ -70,6 +71,21 @@ def bilinear_case(gen, B, C, ih, iw, oh, ow, ac):
             "x": nhwc(torch.from_numpy(x)), "y": nhwc(y), "dy": nhwc(dy), "dx": nhwc(dx)}
 
 
+def layernorm2d_case(gen, B, C, H, W):
+    from transformers.models.sam.modeling_sam import SamLayerNorm
+    ln = SamLayerNorm(C, eps=1e-6, data_format="channels_first")
+    with torch.no_grad():
+        ln.weight.normal_(1.0, 0.5, generator=gen)
+        ln.bias.normal_(0.0, 0.5, generator=gen)
+    x = (torch.randn(B, C, H, W, generator=gen) * 3.0 + 1.0).numpy()
+    w, b = ln.weight.detach().numpy().copy(), ln.bias.detach().numpy().copy()
+    ln64 = ln.double()
+    y, dy, dx, _ = run(lambda x_: ln64(x_), x, [], gen)
+    return {"cfg": np.array([B, C, H, W], np.float32), "x": nhwc(torch.from_numpy(x)), "w": w,
+            "b": b, "y": nhwc(y), "dy": nhwc(dy), "dx": nhwc(dx),
+            "dw": f32(ln64.weight.grad), "db": f32(ln64.bias.grad)}
+
+
 # (B, H, W, C, O, kh, kw, sh, sw, ph, pw, bias)
 CONV = {
     "k3p1": (2, 7, 5, 5, 6, 3, 3, 1, 1, 1, 1, 1),
@@ -103,6 +119,11 @@ BILINEAR = {
     "from1_ac": (1, 2, 1, 2, 3, 1, 1),
     "to1_ac": (1, 2, 4, 5, 1, 1, 1),
 }
+# (B, C, H, W)
+LAYERNORM2D = {
+    "sam_neck": (2, 32, 5, 6),
+    "odd": (1, 7, 3, 5),
+}
 
 
 if __name__ == "__main__":
@@ -111,7 +132,8 @@ if __name__ == "__main__":
     for fname, cases, make in (
             ("conv", CONV, lambda a: conv_case(gen, *a, transposed=False)),
             ("convt", CONVT, lambda a: conv_case(gen, *a, transposed=True)),
-            ("bilinear", BILINEAR, lambda a: bilinear_case(gen, *a))):
+            ("bilinear", BILINEAR, lambda a: bilinear_case(gen, *a)),
+            ("layernorm2d", LAYERNORM2D, lambda a: layernorm2d_case(gen, *a))):
         t = {}
         for name, args in cases.items():
             for k, v in make(args).items():
