@@ -118,6 +118,21 @@ def _photo(name):
     return np.ascontiguousarray(getattr(data, name)()[..., :3])
 
 
+def _counted(model, call):
+    """GFLOP of one call by torch's FLOP counter, on a copy in eager
+    attention: the counter sees no FLOPs in a CPU scaled_dot_product_attention,
+    explicit matmuls it counts."""
+    import copy
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    m = copy.deepcopy(model)
+    m.set_attn_implementation("eager")
+    with torch.inference_mode(), FlopCounterMode(display=False) as fc:
+        call(m)
+    del m
+    return fc.get_total_flops() / 1e9
+
+
 def prepare_child(d, quick, threads, with_ov=True):
     """Build both models (random weights), their processors, the inputs, the
     OpenVINO IRs, and count the FLOPs of one forward with torch's counter."""
@@ -127,7 +142,6 @@ def prepare_child(d, quick, threads, with_ov=True):
     from transformers import (DepthAnythingConfig, DepthAnythingForDepthEstimation, Dinov2Config,
                               DPTImageProcessorPil, SamConfig, SamImageProcessorPil, SamModel,
                               SamProcessor)
-    from torch.utils.flop_counter import FlopCounterMode
     torch.set_num_threads(threads)
     info = {"notes": []}
     sv = SAM_TINY if quick else SAM_VIT_B
@@ -163,9 +177,7 @@ def prepare_child(d, quick, threads, with_ov=True):
         px = proc(images=Image.fromarray(img), return_tensors="pt")["pixel_values"]
         np.save(os.path.join(d, "sam_px_%s.npy" % name), px.numpy())
     px = torch.from_numpy(np.load(os.path.join(d, "sam_px_coffee.npy")))
-    with torch.inference_mode(), FlopCounterMode(display=False) as fc:
-        sam.get_image_embeddings(px)
-    info["sam_encoder_gflop_counted"] = fc.get_total_flops() / 1e9
+    info["sam_encoder_gflop_counted"] = _counted(sam, lambda m: m.get_image_embeddings(px))
     info["sam_encoder_gflop"] = sam_encoder_flops(sv) / 1e9
 
     dc = DEPTH_TINY if quick else DEPTH_SMALL
@@ -186,9 +198,7 @@ def prepare_child(d, quick, threads, with_ov=True):
         / np.float32([0.229, 0.224, 0.225])
     dpx = np.ascontiguousarray(x.transpose(2, 0, 1)[None], dtype=np.float32)
     np.save(os.path.join(d, "depth_px.npy"), dpx)
-    with torch.inference_mode(), FlopCounterMode(display=False) as fc:
-        depth(torch.from_numpy(dpx))
-    info["depth_gflop_counted"] = fc.get_total_flops() / 1e9
+    info["depth_gflop_counted"] = _counted(depth, lambda m: m(torch.from_numpy(dpx)))
     info["sam_side"], info["depth_side"] = S, side
 
     # OpenVINO: the torch modules converted with an example input, saved as
@@ -377,8 +387,8 @@ def versions():
 
 def sam_encoder_flops(v):
     """Multiply-adds x 2 of SAM's image encoder: patch embedding, each
-    block's qkv / proj / MLP GEMMs over its tokens (a windowed block's grid
-    padded to whole windows), attention (QK^T and PV) and the decomposed
+    block's qkv and proj GEMMs over its tokens (a windowed block's grid
+    padded to whole windows), the MLP over the grid's tokens, attention (QK^T and PV) and the decomposed
     relative-position terms (each query against a row and a column table),
     the neck's 1x1 and 3x3 convolutions."""
     g = v["image_size"] // v["patch_size"]
@@ -391,7 +401,7 @@ def sam_encoder_flops(v):
         else:
             n, nw, side = g * g, 1, g
         N = n * nw
-        f += 2 * N * D * 3 * D + 2 * N * D * D + 4 * N * D * M
+        f += 2 * N * D * 3 * D + 2 * N * D * D + 4 * g * g * D * M
         f += nw * (4 * n * n * D + 2 * n * 2 * side * D)
     C = v["output_channels"]
     return f + 2 * g * g * D * C + 2 * g * g * C * C * 9
