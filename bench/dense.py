@@ -706,15 +706,15 @@ def render(r):
         L += ["## " + titles[w], ""]
         gf = r["gflop"].get(w)
         hdr = "| engine | ms | %speak MB | fwd MB | agreement vs torch | vitc speed-up |" % (
-            "% of fp32 peak " if gf else "")
+            "% of fp32 peak | " if gf else "")
         L += [hdr, "|---|---:|%s---:|---:|---|---:|" % ("---:|" if gf else "")]
         ag = r["agreement"].get(w, {})
         vt = s[w].get("vitc", {})
         for e in ENGINES[w]:
             x = s[w].get(e)
             if e == "ov" and r["ov"].get(w) != "ok":
-                L.append("| %s | %s |%s | | | | |" % (names[e], r["ov"].get(w, "not run"),
-                                                     " |" if gf else ""))
+                why = r["ov"].get(w, "not run").replace("|", "/").replace("\n", " ")
+                L.append("| %s | %s |%s | | | | |" % (names[e], why, " |" if gf else ""))
                 continue
             if not x or x["status"] != "ok":
                 L.append("| %s | failed: %s |%s | | | | |" % (
