@@ -211,15 +211,17 @@ static vitc_status depth_stages(vitc_depth *d, json_t *bb, int depth) {
     for (int i = 0; i < n; i++) {
         json_t *v = list ? json_array_get(list, (size_t)i) : NULL;
         long long st = depth;
-        if (list == oi && json_is_integer(v))
-            st = json_integer_value(v);
-        else if (list == of && json_is_string(v) && !strncmp(json_string_value(v), "stage", 5))
-            st = strtoll(json_string_value(v) + 5, NULL, 10);
-        else if (list)
-            st = -1;
-        if (st < 0) /* Python's negative index into the depth + 1 stages */
-            st += depth + 1;
-        if (st < 0 || st > depth)
+        int ok = !list;
+        char *end = NULL;
+        if (list == oi && json_is_integer(v)) {
+            st = json_integer_value(v), ok = 1;
+            if (st < 0) /* Python's negative index into the depth + 1 stages */
+                st += depth + 1;
+        } else if (list == of && json_is_string(v) && !strncmp(json_string_value(v), "stage", 5)) {
+            st = strtoll(json_string_value(v) + 5, &end, 10);
+            ok = end && end != json_string_value(v) + 5 && !*end;
+        }
+        if (!ok || st < 0 || st > depth)
             return vitc__err(VITC_ERR_FORMAT, "config.json: backbone_config out_indices[%d] is "
                              "not a stage of a %d-layer backbone", i, depth);
         d->stages[i] = (int)st;
@@ -623,9 +625,31 @@ static size_t map_len(const depth_run *r, const depth_map *m) {
     return (size_t)(r->B * m->h * m->w * m->c);
 }
 
-static void relu_into(float *y, const float *x, size_t n) {
-    for (size_t i = 0; i < n; i++) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+/* y = relu(x) (b NULL) or y = x + b over n floats, in chunks across the
+ * threads: the maps reach millions of floats. */
+typedef struct map_op {
+    float *y;
+    const float *x, *b;
+    size_t n;
+} map_op;
+#define MAP_CHUNK ((size_t)1 << 16)
+
+static void map_op_task(void *ctx, int64_t t, int tid) {
+    const map_op *o = ctx;
+    size_t i0 = (size_t)t * MAP_CHUNK, i1 = i0 + MAP_CHUNK < o->n ? i0 + MAP_CHUNK : o->n;
+    (void)tid;
+    if (o->b)
+        for (size_t i = i0; i < i1; i++) o->y[i] = o->x[i] + o->b[i];
+    else
+        for (size_t i = i0; i < i1; i++) o->y[i] = o->x[i] > 0.0f ? o->x[i] : 0.0f;
 }
+
+static void map_apply(float *y, const float *x, const float *b, size_t n) {
+    map_op o = {y, x, b, n};
+    vitc__parallel_for((int64_t)((n + MAP_CHUNK - 1) / MAP_CHUNK), map_op_task, &o);
+}
+
+static void relu_into(float *y, const float *x, size_t n) { map_apply(y, x, NULL, n); }
 
 /* x + conv2(relu(conv1(relu(x)))) into y (a new map). */
 static vitc_status run_rcu(depth_run *r, const depth_rcu *u, const depth_map *x, depth_map *y) {
@@ -642,7 +666,7 @@ static vitc_status run_rcu(depth_run *r, const depth_rcu *u, const depth_map *x,
     }
     if (s == VITC_OK) {
         size_t n = map_len(r, &a);
-        for (size_t i = 0; i < n; i++) a.p[i] += x->p[i];
+        map_apply(a.p, a.p, x->p, n);
         *y = a; /* the result's slot moves to y */
         a.owner = NULL;
     }
@@ -686,7 +710,7 @@ static vitc_status run_fusion(depth_run *r, int k, const depth_map *prev, const 
             s = run_rcu(r, &l->res1, res, &u);
         if (s == VITC_OK) {
             size_t n = map_len(r, &u);
-            for (size_t j = 0; j < n; j++) u.p[j] += prev->p[j];
+            map_apply(u.p, u.p, prev->p, n);
             s = run_rcu(r, &l->res2, &u, &h);
         }
     } else {
