@@ -186,6 +186,19 @@ def prepare_child(d, quick, threads, with_ov=True):
                                                        if k not in ("backbone", "side")})
     torch.manual_seed(1)
     depth = DepthAnythingForDepthEstimation(dcfg).eval()
+    # The default init leaves the neck's and head's biases at zero and their
+    # ReLUs near half dead: drawn at fan-in scale, so that the depth map has
+    # structure for the agreement to compare.
+    with torch.no_grad():
+        for n, p in depth.named_parameters():
+            if n.startswith("backbone"):
+                continue
+            if p.ndim >= 2:  # ConvTranspose2d's fan-in is its first dim
+                fan = p.shape[0] if "resize" in n and p.shape[-1] != 3 else p[0].numel()
+                p.normal_(0, fan ** -0.5)
+            else:
+                p.normal_(0, 0.1)
+        depth.head.conv3.bias.fill_(1.0)
     ddir = os.path.join(d, "depth")
     depth.save_pretrained(ddir)
     side = dc["side"]
@@ -550,6 +563,8 @@ def measure(a, tmp, env, ov_ok, log):
             if w == "sam_prompt":
                 agree[e + "_mask_iou"] = min(mask_iou(Y[i], R[i]) for i in range(len(R))) \
                     if Y.shape == R.shape else None
+                # an empty mask would agree trivially: its share of the photo
+                agree["torch_mask_fraction"] = [float((R[i] > 0).mean()) for i in range(len(R))]
         res["agreement"][w] = agree
     return res
 
@@ -783,7 +798,11 @@ def render(r):
                   "SamModel(image_embeddings=..., input_points, input_labels, "
                   "multimask_output=True) + SamProcessor.post_process_masks (binarized), the "
                   "point's coordinates normalised once beforehand. Agreement: the three masks' "
-                  "logits at the photo's size, max|d| / max|ref|, and the lowest mask IoU.", ""]
+                  "logits at the photo's size, max|d| / max|ref|, and the lowest mask IoU "
+                  "(torch's masks cover %s of the photo)." % (
+                      ", ".join("%.0f%%" % (100 * f) for f in
+                                r["agreement"]["sam_prompt"].get("torch_mask_fraction", []))
+                      or "?"), ""]
         else:
             L += ["%% of peak: %.3g GFLOP, torch's FLOP counter over one forward (GEMMs and "
                   "convolutions). Agreement: predicted_depth, max|d| / max|ref|. OpenVINO: the "

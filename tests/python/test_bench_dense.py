@@ -138,6 +138,11 @@ class TestDenseQuick(TmpDirCase):
             cell = rows["vitc"][head.index("agreement vs torch")]
             self.assertTrue(cell.startswith("%.1e" % e), (cell, e))
         self.assertGreater(ag["sam_prompt"]["vitc_mask_iou"], 0.99)
+        # masks neither empty nor the whole photo: the IoU is not trivially 1
+        frac = ag["sam_prompt"]["torch_mask_fraction"]
+        self.assertEqual(len(frac), 3)
+        self.assertTrue(any(0.001 < f < 0.999 for f in frac), frac)
+        self.assertIn("torch's masks cover", self.text)
         self.assertRegex(self.text, r"\(mask IoU [01]\.\d{4}\)")
 
     def test_flops(self):
