@@ -284,9 +284,7 @@ def _build(engine, work, d, threads):
         return (lambda: pred.predict(points=pt, labels=[1], multimask_output=True)), \
             (lambda: pred.predict(points=pt, labels=[1], multimask_output=True,
                                   return_logits=True)[0])
-    import torch
-    torch.set_num_threads(threads)
-    if engine == "ov":
+    if engine == "ov":  # no torch in this process: its memory is not OpenVINO's
         import openvino as ov
         core = ov.Core()
         cm = core.compile_model(core.read_model(os.path.join(d, "%s_ov.xml" % work)), "CPU", {
