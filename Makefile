@@ -9,6 +9,7 @@
 #   make bench-train  Fashion-MNIST training end to end vs PyTorch + DataLoader
 #   make bench-finetune  fine-tuning from random init learns: bench/results-finetune.md
 #   make bench-text  text tower, tokenizer, zero-shot cache vs the peers: bench/results-text.md
+#   make bench-dense  SAM and Depth Anything vs torch and OpenVINO: bench/results-dense.md
 #   make check-optout  build with each of NO_BLAS/NO_PNG/NO_JPEG/NO_ZLIB and all four + NO_TEXT,
 #                   -Werror, and run the C tests of each
 #   make check-generic  the build of a target without SIMD kernels (KERNEL_ARCH=generic:
@@ -174,7 +175,8 @@ SONAME   := libvitc.so.$(SOVERSION)
 SOFILE   := $(BUILD)/libvitc.so.$(VERSION)
 
 .PHONY: all lib tools tests test test-c test-python demo bench bench-ort bench-train bench-finetune asan valgrind install deps deps-system \
-        clean check-deps fuzz fuzz-build fuzz-bins check-optout check-generic tsan bench-text
+        clean check-deps fuzz fuzz-build fuzz-bins check-optout check-generic tsan bench-text \
+        bench-dense
 all: lib tools
 
 lib: $(BUILD)/libvitc.a $(BUILD)/libvitc.so
@@ -287,12 +289,19 @@ bench: deps
 	@$(MAKE) --no-print-directory all
 	PYTHONPATH=python $(PYTHON) bench/bench.py --out $(BENCH_OUT) $(if $(BENCH_ONLY),--only $(BENCH_ONLY))
 	$(if $(BENCH_ONLY),,PYTHONPATH=python $(PYTHON) bench/text.py --out bench/results-text.md)
+	$(if $(BENCH_ONLY),,PYTHONPATH=python $(PYTHON) bench/dense.py --out bench/results-dense.md)
 
 # The text side alone: CLIP's text tower against torch and ONNX Runtime,
 # the tokenizer against the Rust one, zero-shot's cache (bench/text.py).
 bench-text: deps
 	@$(MAKE) --no-print-directory all
 	PYTHONPATH=python $(PYTHON) bench/text.py --out bench/results-text.md
+
+# The dense side alone: SAM's image encoder and one prompt, Depth Anything
+# small, against torch eager and OpenVINO fp32 (bench/dense.py).
+bench-dense: deps
+	@$(MAKE) --no-print-directory all
+	PYTHONPATH=python $(PYTHON) bench/dense.py --out bench/results-dense.md
 
 asan:
 	@$(MAKE) --no-print-directory BUILD=build-asan OPT="-O1" \
