@@ -9,7 +9,6 @@ import json
 import os
 import re
 import signal
-import socket
 import struct
 import subprocess
 import threading
