@@ -1,5 +1,6 @@
 /* serve.h — `vitc serve`'s queue, batcher, endpoints and metrics
- * (serve_core.c), apart from the HTTP library (cmd_serve.c). */
+ * (serve_core.c) and request parsing (serve_parse.c), apart from the HTTP
+ * library (cmd_serve.c). */
 #ifndef VITC_SERVE_H
 #define VITC_SERVE_H
 

@@ -1,12 +1,11 @@
 /*
- * serve_core.c — `vitc serve` apart from HTTP: request parsing (jansson,
- * base64, the image decoder with its bounds), the bounded queue, the
- * dynamic batcher on one session, the replies and the metrics. The HTTP
- * side (cmd_serve.c) hands a body in and gets a status and JSON back, so
- * a fuzz target can drive this file without a socket.
+ * serve_core.c — `vitc serve` apart from HTTP: the bounded queue, the
+ * dynamic batcher on one session, the replies and the metrics; requests
+ * are parsed by serve_parse.c. The HTTP side (cmd_serve.c) hands a body in
+ * and gets a status and JSON back, so a test (tests/test_serve_core.c)
+ * drives this file without a socket.
  */
 #include <errno.h>
-#include <jansson.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
