@@ -5,7 +5,8 @@
  * each connection's thread reads and checks its request, decodes and
  * preprocesses its images (so decoding runs in parallel and a bad image
  * never reaches the model), queues one item per image and sleeps until the
- * batcher has filled its results. One batcher thread takes the queue's head
+ * batcher has filled its results, looking at its socket meanwhile: a
+ * client gone away takes its images out of the queue. One batcher thread takes the queue's head
  * items in dynamic batches (up to --max-batch, waiting at most
  * --max-wait-ms after the first for more) and runs them on one session of
  * the model. The queue is bounded (--max-queue images): a request that does
