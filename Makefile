@@ -15,7 +15,8 @@
 #   make check-generic  the build of a target without SIMD kernels (KERNEL_ARCH=generic:
 #                   no src/kernels/x86/ file), -Werror, and its C tests
 #   make asan       the C tests under AddressSanitizer + UBSan
-#   make tsan       tests/test_session.c (threads sharing one model) under ThreadSanitizer
+#   make tsan       tests/test_session.c (threads sharing one model) and
+#                   tests/test_serve_core.c (serve's batcher) under ThreadSanitizer
 #   make valgrind   the C tests under valgrind memcheck
 #   make fuzz       every libFuzzer target FUZZ_SECONDS (60) seconds (clang)
 #   make fuzz-build build them only, in build-fuzz/
@@ -243,6 +244,14 @@ $(BUILD)/tests/%: tests/%.c $(BUILD)/libvitc.a $(HDRS)
 	@echo "  CC  $@"
 	$(Q)$(CC) $(BASE) $(CFLAGS) -Wno-unused-parameter $< -o $@ $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS) -lcmocka
 
+# serve's queue and batcher live in the tool (tools/serve_core.c): this
+# test links the tool's objects too.
+$(BUILD)/tests/test_serve_core: tests/test_serve_core.c $(BUILD)/libvitc-cli.a $(BUILD)/libvitc.a $(HDRS)
+	@mkdir -p $(dir $@)
+	@echo "  CC  $@"
+	$(Q)$(CC) $(BASE) $(CFLAGS) $(SERVE_CFLAGS) -Itools -Wno-unused-parameter $< -o $@ \
+	  $(BUILD)/libvitc-cli.a $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS) $(SERVE_LIBS) -lcmocka
+
 tests: $(TEST_BIN)
 
 deps:
@@ -309,13 +318,15 @@ asan:
 	  LDFLAGS="-fsanitize=address,undefined" tests
 	@ASAN_OPTIONS=detect_leaks=1 sh scripts/run-tests.sh build-asan/tests
 
-# Sessions of one model in several threads under ThreadSanitizer. Built
-# without OpenBLAS, whose uninstrumented threads TSan cannot follow.
+# Sessions of one model in several threads, and serve's batcher with its
+# clients, under ThreadSanitizer. Built without OpenBLAS, whose
+# uninstrumented threads TSan cannot follow.
 tsan:
 	@$(MAKE) --no-print-directory BUILD=build-tsan NO_BLAS=1 OPT="-O1" \
 	  CFLAGS="-O1 -g -fsanitize=thread -fno-omit-frame-pointer" \
-	  LDFLAGS="-fsanitize=thread" build-tsan/tests/test_session
+	  LDFLAGS="-fsanitize=thread" build-tsan/tests/test_session build-tsan/tests/test_serve_core
 	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/test_session
+	@TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" build-tsan/tests/test_serve_core
 
 # The documented builds without the optional libraries, each in its own
 # build-optout/ folder: every one must build under -Werror, since the code

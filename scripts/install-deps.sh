@@ -46,6 +46,9 @@ if [ "$what" != --python ]; then
     apt_install build-essential pkg-config libjansson-dev libcmocka-dev libopenblas-dev \
         libpng-dev libturbojpeg0-dev zlib1g-dev libutf8proc-dev clang libclang-rt-14-dev \
         dataset-fashion-mnist libopenmpi-dev openmpi-bin libmicrohttpd-dev
+    # wrk: bench/serve_load.py's load generator, for that benchmark only:
+    # without it everything else still installs.
+    (apt_install wrk) || echo "install-deps: wrk not installed (bench/serve_load.py needs it)" >&2
 fi
 [ "$what" = --system ] && exit 0
 

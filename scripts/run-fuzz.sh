@@ -15,7 +15,8 @@ mkdir -p "$findings" "$build/fuzz-logs"
 # Per target: the largest input worth trying (bigger only slows the search).
 max_len() {
     case $1 in
-        image) echo 65536 ;; labels) echo 65536 ;; cli_args) echo 1024 ;; *) echo 8192 ;;
+        image) echo 65536 ;; labels) echo 65536 ;; fuzz_serve) echo 65536 ;;
+        cli_args) echo 1024 ;; *) echo 8192 ;;
     esac
 }
 # ASan's quarantine would count against the RSS limit without being a leak.

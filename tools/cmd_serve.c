@@ -5,7 +5,8 @@
  * each connection's thread reads and checks its request, decodes and
  * preprocesses its images (so decoding runs in parallel and a bad image
  * never reaches the model), queues one item per image and sleeps until the
- * batcher has filled its results. One batcher thread takes the queue's head
+ * batcher has filled its results, looking at its socket meanwhile: a
+ * client gone away takes its images out of the queue. One batcher thread takes the queue's head
  * items in dynamic batches (up to --max-batch, waiting at most
  * --max-wait-ms after the first for more) and runs them on one session of
  * the model. The queue is bounded (--max-queue images): a request that does
@@ -45,8 +46,12 @@ static const char serve_usage[] =
     "                     a request that does not fit gets 429\n"
     "  --max-body-mb S    request body limit in MiB, 1..1024 (default 16): 413\n"
     "  --max-connections N  connections at once, 1..10000 (default 256)\n"
+    "  --max-connections-per-ip N  connections at once from one address,\n"
+    "                     0..10000 (default 0: no limit but the total)\n"
     "  --timeout-s S      idle seconds before a connection is closed, 1..3600\n"
     "                     (default 30)\n"
+    "  --body-timeout-s S the most seconds a request body may take to arrive,\n"
+    "                     1..3600 (default 60): a client trickling it is cut off\n"
     "  --threads N        threads of the forward, 1..256 (default: all CPUs)\n"
     CLI_PRECISION_HELP
     "  --api-key-file F   require 'Authorization: Bearer KEY' (KEY: F's first\n"
@@ -58,6 +63,7 @@ static const char serve_usage[] =
 typedef struct serve_opts {
     const char *model, *arch, *host, *precision, *attn_precision, *api_key_file;
     int port, max_batch, max_wait_ms, max_queue, max_body_mb, max_conn, timeout_s, threads;
+    int max_conn_ip, body_timeout_s;
 } serve_opts;
 
 static int serve_parse(int argc, char **argv, serve_opts *o) {
@@ -71,7 +77,9 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
         {"--max-queue", NULL, CLI_INT, &o->max_queue, 1, 1000000, NULL},
         {"--max-body-mb", NULL, CLI_INT, &o->max_body_mb, 1, 1024, NULL},
         {"--max-connections", NULL, CLI_INT, &o->max_conn, 1, 10000, NULL},
+        {"--max-connections-per-ip", NULL, CLI_INT, &o->max_conn_ip, 0, 10000, NULL},
         {"--timeout-s", NULL, CLI_INT, &o->timeout_s, 1, 3600, NULL},
+        {"--body-timeout-s", NULL, CLI_INT, &o->body_timeout_s, 1, 3600, NULL},
         {"--threads", NULL, CLI_INT, &o->threads, 1, CLI_MAX_THREADS, NULL},
         {"--precision", NULL, CLI_STRING, &o->precision, 0, 0, NULL},
         {"--attention-precision", NULL, CLI_STRING, &o->attn_precision, 0, 0, NULL},
@@ -86,6 +94,7 @@ static int serve_parse(int argc, char **argv, serve_opts *o) {
     o->max_body_mb = 16;
     o->max_conn = 256;
     o->timeout_s = 30;
+    o->body_timeout_s = 60;
     int n_pos = 0;
     char *pos[1];
     int rc = cli_parse_command("serve", &spec, argc, argv, pos, &n_pos);
@@ -117,6 +126,8 @@ int cmd_serve(int argc, char **argv) {
 #include <arpa/inet.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 
 #include "serve.h"
 
@@ -126,6 +137,7 @@ int cmd_serve(int argc, char **argv) {
 
 static serve_state S;
 static int sig_pipe[2] = {-1, -1};
+static double body_timeout_s;
 
 static void on_signal(int sig) {
     int saved = errno;
@@ -154,6 +166,7 @@ typedef struct conn_ctx {
     const char *msg; /* its message */
     char *body;
     size_t len, cap;
+    double t_start; /* the headers were read (cli_now) */
 } conn_ctx;
 
 static enum MHD_Result send_text(struct MHD_Connection *c, int status, const char *type,
@@ -243,6 +256,25 @@ static int authorized(struct MHD_Connection *c) {
     return key_equal(k, strlen(k), S.api_key, strlen(S.api_key));
 }
 
+/* Whether the client closed its connection (or reset it) while its
+ * request waits for the model; libmicrohttpd does not watch the socket of
+ * a connection whose thread is in the handler. Data sent ahead (a
+ * pipelined request) is not a close. */
+static int client_gone(void *arg) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(arg, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (!ci)
+        return 0;
+    struct pollfd p = {ci->connect_fd, POLLIN | POLLRDHUP, 0};
+    if (poll(&p, 1, 0) <= 0)
+        return 0;
+    if (p.revents & (POLLHUP | POLLERR | POLLRDHUP | POLLNVAL))
+        return 1;
+    char b;
+    ssize_t n = recv(ci->connect_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+    return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url,
                                   const char *method, const char *version,
                                   const char *upload_data, size_t *upload_size, void **con_cls) {
@@ -255,6 +287,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!(x = calloc(1, sizeof *x)))
             return MHD_NO;
         *con_cls = x;
+        x->t_start = cli_now();
         serve_http_active(&S, 1);
         int method_ok;
         x->endpoint = endpoint_of(method, url, &method_ok);
@@ -291,6 +324,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (*upload_size) {
         /* A chunked body has no Content-Length: the limit is kept here. */
         if (!x->status) {
+            /* The idle timeout resets at every byte: a body trickled a
+             * byte at a time would hold its thread forever without this. */
+            if (cli_now() - x->t_start > body_timeout_s) {
+                serve_metrics_request(&S, x->endpoint, 408);
+                return MHD_NO;
+            }
             if (x->len + *upload_size > S.max_body) {
                 /* A chunked body has no length up front. MHD (0.9.75)
                  * queues no response in the middle of a body, and reading
@@ -349,7 +388,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     };
     int is_raw = ct && !strncasecmp(ct, "image/", 6);
     serve_reply rep;
-    serve_handle(&S, x->endpoint, x->body ? x->body : "", x->len, is_raw ? &raw : NULL, &rep);
+    serve_handle_conn(&S, x->endpoint, x->body ? x->body : "", x->len, is_raw ? &raw : NULL,
+                      client_gone, c, &rep);
     if (rep.status != 200) {
         enum MHD_Result ret = send_error(c, rep.status, rep.msg, x->endpoint);
         free(rep.body);
@@ -415,6 +455,7 @@ int cmd_serve(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN);
     if (o.threads > 0)
         vitc_set_num_threads(o.threads);
+    body_timeout_s = o.body_timeout_s;
     if (serve_state_init(&S, o.max_batch, o.max_wait_ms, o.max_queue,
                          (size_t)o.max_body_mb << 20) != 0)
         return cli_error("out of memory");
@@ -430,6 +471,7 @@ int cmd_serve(int argc, char **argv) {
         MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
         MHD_OPTION_NOTIFY_COMPLETED, on_completed, NULL, MHD_OPTION_CONNECTION_TIMEOUT,
         (unsigned)o.timeout_s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)o.max_conn,
+        MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)o.max_conn_ip,
         MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)64 * 1024, MHD_OPTION_END);
     if (!d) {
         rc = cli_error("cannot listen on %s:%d (in use, or not allowed)", o.host, o.port);

@@ -1,9 +1,12 @@
 /* serve.h — `vitc serve`'s queue, batcher, endpoints and metrics
- * (serve_core.c), apart from the HTTP library (cmd_serve.c). */
+ * (serve_core.c) and request parsing (serve_parse.c), apart from the HTTP
+ * library (cmd_serve.c). */
 #ifndef VITC_SERVE_H
 #define VITC_SERVE_H
 
+#include <jansson.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -65,6 +68,8 @@ typedef struct serve_state {
     int req_status[SERVE_N_EP][SERVE_N_STATUS];
     serve_hist batch_hist, queue_hist, infer_hist;
     uint64_t images_total;
+    uint64_t dropped_items;    /* queued images of clients that went away, never run */
+    uint64_t dropped_requests; /* requests whose client went away before the reply */
 } serve_state;
 
 typedef struct serve_reply {
@@ -99,9 +104,52 @@ void serve_handle(serve_state *s, int endpoint, const char *body, size_t len,
 void serve_metrics_request(serve_state *s, int endpoint, int status);
 /* Prometheus' text format, malloc'd. 0 or -1 (out of memory). */
 int serve_metrics_text(serve_state *s, char **out, size_t *len);
+/* As serve_handle, with gone(arg) polled while the request waits for the
+ * model: once it says the client went away (non-zero), the request's
+ * images still queued are taken out and never run, and the reply is 499
+ * (nobody reads it). gone NULL: never. */
+void serve_handle_conn(serve_state *s, int endpoint, const char *body, size_t len,
+                       const serve_raw *raw, int (*gone)(void *), void *gone_arg,
+                       serve_reply *r);
+
+/* Request parsing (serve_parse.c): what it needs of the loaded model, so
+ * that it runs without one (tests/fuzz/fuzz_serve.c). */
+typedef struct serve_parse_cfg {
+    cli_input in;
+    const float *mean, *std; /* torchvision's Normalize, when in.proc is NULL */
+    int num_classes;         /* 0: no head */
+    int has_text;            /* bare strings are texts */
+    int max_queue;           /* inputs in one request at most */
+    int64_t max_pixels;      /* the decoder's bound (0: its default) */
+} serve_parse_cfg;
+
+/* A parsed request: one of pixels[i] ([C, H, W], malloc'd) or texts[i]
+ * (inside root) per input. */
+typedef struct serve_parsed {
+    int n, base64, top_k;
+    float **pixels;
+    const char **texts;
+    json_t *root;
+} serve_parsed;
+
+/* body (JSON, or the image's bytes when raw is not NULL) into p: 0, or -1
+ * with r's status (400 naming the problem, 500 out of memory) and p
+ * empty. serve_parsed_free(p) after a 0. */
+int serve_parse_request(const serve_parse_cfg *c, int endpoint, const char *body, size_t len,
+                        const serve_raw *raw, serve_parsed *p, serve_reply *r);
+void serve_parsed_free(serve_parsed *p);
+/* One input (a data: URL or bare base64 of a PNG/JPEG), or an encoded
+ * image's bytes, into a new *pixels [C, H, W]: 0, or -1 naming the
+ * problem in err. */
+int serve_decode_input(const serve_parse_cfg *c, const char *str, size_t len, float **pixels,
+                       char *err, size_t err_len);
+int serve_decode_image(const serve_parse_cfg *c, const void *bytes, size_t n, float **pixels,
+                       char *err, size_t err_len);
 /* base64 (standard or URL alphabet, padding optional, whitespace skipped)
  * into a new *out of *n bytes: 0, or -1 naming the problem in err. */
 int serve_base64_decode(const char *s, size_t len, unsigned char **out, size_t *n, char *err,
                         size_t err_len);
+/* r's status and message (msgbuf) from a printf format. */
+void serve_vfail(serve_reply *r, int status, const char *fmt, va_list ap);
 
 #endif

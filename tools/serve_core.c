@@ -1,12 +1,11 @@
 /*
- * serve_core.c — `vitc serve` apart from HTTP: request parsing (jansson,
- * base64, the image decoder with its bounds), the bounded queue, the
- * dynamic batcher on one session, the replies and the metrics. The HTTP
- * side (cmd_serve.c) hands a body in and gets a status and JSON back, so
- * a fuzz target can drive this file without a socket.
+ * serve_core.c — `vitc serve` apart from HTTP: the bounded queue, the
+ * dynamic batcher on one session, the replies and the metrics; requests
+ * are parsed by serve_parse.c. The HTTP side (cmd_serve.c) hands a body in
+ * and gets a status and JSON back, so a test (tests/test_serve_core.c)
+ * drives this file without a socket.
  */
 #include <errno.h>
-#include <jansson.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -137,6 +136,8 @@ void serve_batcher_run(serve_state *s) {
             struct timespec ts = deadline_ts(deadline);
             pthread_cond_timedwait(&s->cv_work, &s->mu, &ts);
         }
+        if (s->q_len == 0)
+            continue; /* its client went away while the batch filled */
         int kind = s->queue[s->q_head].kind, nb = 0;
         while (nb < s->max_batch && s->q_len > 0 && s->queue[s->q_head].kind == kind) {
             items[nb++] = s->queue[s->q_head];
@@ -217,156 +218,6 @@ void serve_http_active(serve_state *s, int delta) {
 }
 
 /* ------------------------------------------------------------------ */
-/* Inputs                                                              */
-/* ------------------------------------------------------------------ */
-
-int serve_base64_decode(const char *s, size_t len, unsigned char **out, size_t *n, char *err,
-                        size_t err_len) {
-    unsigned char *o = malloc(len / 4 * 3 + 3);
-    if (!o) {
-        snprintf(err, err_len, "out of memory");
-        return -1;
-    }
-    uint32_t acc = 0;
-    int bits = 0, pad = 0;
-    size_t k = 0;
-    for (size_t i = 0; i < len; i++) {
-        unsigned char c = (unsigned char)s[i];
-        int v;
-        if (c >= 'A' && c <= 'Z')
-            v = c - 'A';
-        else if (c >= 'a' && c <= 'z')
-            v = c - 'a' + 26;
-        else if (c >= '0' && c <= '9')
-            v = c - '0' + 52;
-        else if (c == '+' || c == '-')
-            v = 62;
-        else if (c == '/' || c == '_')
-            v = 63;
-        else if (c == '=') {
-            pad++;
-            continue;
-        } else if (c == ' ' || c == '\n' || c == '\r' || c == '\t')
-            continue;
-        else {
-            snprintf(err, err_len, "bad base64: character 0x%02x at offset %zu", c, i);
-            free(o);
-            return -1;
-        }
-        if (pad) {
-            snprintf(err, err_len, "bad base64: data after '=' padding at offset %zu", i);
-            free(o);
-            return -1;
-        }
-        acc = (acc << 6) | (uint32_t)v;
-        bits += 6;
-        if (bits >= 8) {
-            bits -= 8;
-            o[k++] = (unsigned char)(acc >> bits);
-        }
-    }
-    /* 6 leftover bits (a length of 4k+1 symbols) cannot be a byte */
-    if (bits >= 6 || pad > 2) {
-        snprintf(err, err_len, "bad base64: truncated (the length is not a whole number of "
-                               "bytes)");
-        free(o);
-        return -1;
-    }
-    *out = o;
-    *n = k;
-    return 0;
-}
-
-static int decode_image(serve_state *s, const void *bytes, size_t n, float **pixels, char *err,
-                        size_t err_len);
-
-/* One input (a data: URL or bare base64 of a PNG/JPEG) into pixels [C, H,
- * W]. 0, or -1 with err. */
-static int decode_input(serve_state *s, const char *str, size_t len, float **pixels, char *err,
-                        size_t err_len) {
-    const char *b64 = str;
-    size_t b64len = len;
-    if (len >= 5 && !strncmp(str, "data:", 5)) {
-        const char *comma = memchr(str, ',', len);
-        if (!comma) {
-            snprintf(err, err_len, "a data: URL without ',' before its data");
-            return -1;
-        }
-        size_t hl = (size_t)(comma - str);
-        if (hl < 7 || strncmp(comma - 7, ";base64", 7) != 0) {
-            snprintf(err, err_len, "a data: URL must be base64 (data:image/png;base64,...)");
-            return -1;
-        }
-        b64 = comma + 1;
-        b64len = len - hl - 1;
-    }
-    unsigned char *bytes;
-    size_t n;
-    if (serve_base64_decode(b64, b64len, &bytes, &n, err, err_len) != 0)
-        return -1;
-    int rc = decode_image(s, bytes, n, pixels, err, err_len);
-    free(bytes);
-    return rc;
-}
-
-/* An encoded image's bytes into pixels [C, H, W], as `vitc embed` and
- * `vitc classify` preprocess a file. 0, or -1 with err. */
-static int decode_image(serve_state *s, const void *bytes, size_t n, float **pixels, char *err,
-                        size_t err_len) {
-    if (n == 0) {
-        snprintf(err, err_len, "an empty image");
-        return -1;
-    }
-    const cli_input *in = &s->in;
-    vitc_image img;
-    vitc_status st = vitc_image_load_memory_flags(
-        bytes, n, 0, in->proc ? vitc_vit_image_flags(in->proc) : 0, &img);
-    if (st != VITC_OK) {
-        snprintf(err, err_len, "cannot decode the image: %s", vitc_last_error());
-        return -1;
-    }
-    float *px = malloc(in->per_image * sizeof *px); /* [C, H, W] */
-    if (!px) {
-        vitc_image_free(&img);
-        snprintf(err, err_len, "out of memory");
-        return -1;
-    }
-    if (in->proc) {
-        int h, w;
-        st = vitc_vit_preprocess_size(in->proc, img.width, img.height, &h, &w);
-        if (st == VITC_OK && in->channels == 1) {
-            /* as cli_load_input: PIL's convert("L") in every plane, the
-             * first plane kept */
-            size_t np = (size_t)img.width * (size_t)img.height;
-            float *rgb = malloc((size_t)3 * (size_t)h * (size_t)w * sizeof *rgb);
-            for (size_t i = 0; rgb && i < np; i++) {
-                uint8_t *p = img.rgb + 3 * i;
-                uint32_t l = (p[0] * 19595u + p[1] * 38470u + p[2] * 7471u + 0x8000u) >> 16;
-                p[0] = p[1] = p[2] = (uint8_t)l;
-            }
-            st = rgb ? vitc_vit_preprocess(in->proc, &img, rgb) : VITC_ERR_NOMEM;
-            if (st == VITC_OK)
-                memcpy(px, rgb, (size_t)h * (size_t)w * sizeof *rgb);
-            free(rgb);
-        } else if (st == VITC_OK) {
-            st = vitc_vit_preprocess(in->proc, &img, px);
-        }
-    } else {
-        const vitc_vit_config *cfg = vitc_vit_get_config(s->model);
-        st = vitc_image_preprocess_channels(&img, in->resize, in->crop, in->channels, cfg->mean,
-                                            cfg->std, px);
-    }
-    vitc_image_free(&img);
-    if (st != VITC_OK) {
-        free(px);
-        snprintf(err, err_len, "cannot preprocess the image: %s", vitc_last_error());
-        return -1;
-    }
-    *pixels = px;
-    return 0;
-}
-
-/* ------------------------------------------------------------------ */
 /* Endpoints                                                           */
 /* ------------------------------------------------------------------ */
 
@@ -375,10 +226,8 @@ static void fail(serve_reply *r, int status, const char *fmt, ...)
 static void fail(serve_reply *r, int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(r->msgbuf, sizeof r->msgbuf, fmt, ap);
+    serve_vfail(r, status, fmt, ap);
     va_end(ap);
-    r->status = status;
-    r->msg = r->msgbuf;
 }
 
 static const char b64chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
@@ -437,147 +286,56 @@ static void write_classify(serve_state *s, FILE *f, const float *logits, int k) 
     free(rank);
 }
 
+/* What parsing needs of the loaded model. */
+static serve_parse_cfg parse_cfg(const serve_state *s) {
+    const vitc_vit_config *cfg = s->model ? vitc_vit_get_config(s->model) : NULL;
+    serve_parse_cfg c = {s->in, cfg ? cfg->mean : NULL, cfg ? cfg->std : NULL,
+                         s->num_classes, s->has_text, s->max_queue, 0};
+    return c;
+}
+
+/* The client went away: its items still in the queue leave it (the
+ * batcher never sees them); those already in a running batch finish.
+ * Called with s->mu held. */
+static void drop_queued(serve_state *s, serve_request *req) {
+    int kept = 0, dropped = 0;
+    for (int i = 0; i < s->q_len; i++) {
+        serve_item *it = &s->queue[(s->q_head + i) % s->max_queue];
+        if (it->req == req) {
+            free(it->pixels);
+            dropped++;
+        } else {
+            s->queue[(s->q_head + kept) % s->max_queue] = *it;
+            kept++;
+        }
+    }
+    s->q_len = kept;
+    req->done += dropped;
+    pthread_mutex_lock(&s->mmu);
+    s->dropped_items += (uint64_t)dropped;
+    s->dropped_requests++;
+    pthread_mutex_unlock(&s->mmu);
+}
+
 void serve_handle(serve_state *s, int endpoint, const char *body, size_t len,
                   const serve_raw *raw, serve_reply *r) {
+    serve_handle_conn(s, endpoint, body, len, raw, NULL, NULL, r);
+}
+
+void serve_handle_conn(serve_state *s, int endpoint, const char *body, size_t len,
+                       const serve_raw *raw, int (*gone)(void *), void *gone_arg,
+                       serve_reply *r) {
     memset(r, 0, sizeof *r);
     r->status = 200;
-    json_error_t je;
-    json_t *root;
-    if (raw) {
-        /* a raw image body: its options from the query string, as the
-         * JSON body would give them */
-        root = json_object();
-        if (root && raw->top_k) {
-            long v;
-            if (cli_parse_long(raw->top_k, 1, 1000000000, &v) != 0) {
-                json_decref(root);
-                fail(r, 400, "top_k must be an integer >= 1");
-                return;
-            }
-            json_object_set_new(root, "top_k", json_integer(v));
-        }
-        if (root && raw->encoding_format)
-            json_object_set_new(root, "encoding_format", json_string(raw->encoding_format));
-        if (root)
-            json_object_set_new(root, "input", json_string(""));
-        if (!root) {
-            fail(r, 500, "out of memory");
-            return;
-        }
-    } else {
-        root = json_loadb(body, len, 0, &je);
-    }
-    float **pixels = NULL;
-    const char **texts = NULL;
     serve_request req;
     memset(&req, 0, sizeof req);
-    int n = 0, base64 = 0, k = 5;
-    if (!root) {
-        fail(r, 400, "malformed JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+    serve_parse_cfg pc = parse_cfg(s);
+    serve_parsed pr;
+    if (serve_parse_request(&pc, endpoint, body, len, raw, &pr, r) != 0)
         return;
-    }
-    if (!json_is_object(root)) {
-        fail(r, 400, "the body must be a JSON object with \"input\"");
-        goto out;
-    }
-    json_t *input = json_object_get(root, "input");
-    if (!input || !(json_is_string(input) || json_is_array(input))) {
-        fail(r, 400, "\"input\" is required: a string or an array of strings (base64 images "
-                     "or data: URLs)");
-        goto out;
-    }
-    n = json_is_array(input) ? (int)json_array_size(input) : 1;
-    if (n == 0) {
-        fail(r, 400, "\"input\" is empty");
-        goto out;
-    }
-    if (n > s->max_queue) {
-        fail(r, 400, "%d inputs in one request; the server queues at most %d (--max-queue)", n,
-             s->max_queue);
-        goto out;
-    }
-    if (endpoint == SERVE_EP_EMBEDDINGS) {
-        json_t *ef = json_object_get(root, "encoding_format");
-        if (ef && !json_is_null(ef)) {
-            const char *v = json_is_string(ef) ? json_string_value(ef) : "";
-            if (!strcmp(v, "base64"))
-                base64 = 1;
-            else if (strcmp(v, "float") != 0) {
-                fail(r, 400, "\"encoding_format\" must be \"float\" or \"base64\"");
-                goto out;
-            }
-        }
-    } else {
-        if (s->num_classes <= 0) {
-            fail(r, 400, "the model has no classification head (a backbone): use "
-                         "/v1/embeddings");
-            goto out;
-        }
-        json_t *tk = json_object_get(root, "top_k");
-        if (tk && !json_is_null(tk)) {
-            if (!json_is_integer(tk) || json_integer_value(tk) < 1) {
-                fail(r, 400, "\"top_k\" must be an integer >= 1");
-                goto out;
-            }
-            json_int_t v = json_integer_value(tk);
-            k = v > s->num_classes ? s->num_classes : (int)v;
-        }
-        if (k > s->num_classes)
-            k = s->num_classes;
-    }
-    if (!(pixels = calloc((size_t)n, sizeof *pixels))) {
-        fail(r, 500, "out of memory");
-        goto out;
-    }
-    texts = calloc((size_t)n, sizeof *texts);
-    if (!texts) {
-        fail(r, 500, "out of memory");
-        goto out;
-    }
-    for (int i = 0; i < n; i++) {
-        json_t *e = json_is_array(input) ? json_array_get(input, (size_t)i) : input;
-        /* {"image": B64} and {"text": T} say what they are; a bare string
-         * is a text for a model with a text tower (as in OpenAI's API),
-         * unless it is a data: URL, and a base64 image otherwise */
-        int is_text = 0;
-        if (json_is_object(e)) {
-            json_t *t = json_object_get(e, "text");
-            is_text = t != NULL;
-            e = t ? t : json_object_get(e, "image");
-        } else if (json_is_string(e)) {
-            is_text = !raw && s->has_text && strncmp(json_string_value(e), "data:", 5) != 0;
-        }
-        if (!e || !json_is_string(e)) {
-            fail(r, 400, "input[%d]: not a string (a base64 image, a data: URL%s)", i,
-                 s->has_text ? " or a text" : "");
-            goto out;
-        }
-        if (is_text) {
-            size_t tl = json_string_length(e);
-            if (endpoint != SERVE_EP_EMBEDDINGS || !s->has_text) {
-                fail(r, 400, "input[%d]: a text, but %s", i,
-                     endpoint != SERVE_EP_EMBEDDINGS
-                         ? "/v1/classify takes images"
-                         : "the model has no text tower with a tokenizer (CLIP and SigLIP "
-                           "Hub directories with their tokenizer files have one)");
-                goto out;
-            }
-            if (tl == 0 || tl > CLI_TEXT_MAX_BYTES || memchr(json_string_value(e), 0, tl)) {
-                fail(r, 400, "input[%d]: a text must be 1 to %d bytes, without NUL", i,
-                     (int)CLI_TEXT_MAX_BYTES);
-                goto out;
-            }
-            texts[i] = json_string_value(e);
-            continue;
-        }
-        char err[400];
-        if (raw ? decode_image(s, body, len, &pixels[i], err, sizeof err)
-                : decode_input(s, json_string_value(e), json_string_length(e), &pixels[i], err,
-                               sizeof err)) {
-            fail(r, 400, "input[%d]: %s", i, err);
-            goto out;
-        }
-    }
+    int n = pr.n, base64 = pr.base64, k = pr.top_k;
+    float **pixels = pr.pixels;
+    const char **texts = pr.texts;
     req.n = n;
     req.per = endpoint == SERVE_EP_EMBEDDINGS ? (size_t)s->embed_dim : (size_t)s->num_classes;
     if (!(req.out = malloc((size_t)n * req.per * sizeof *req.out))) {
@@ -610,10 +368,37 @@ void serve_handle(serve_state *s, int endpoint, const char *body, size_t len,
     }
     s->active++;
     pthread_cond_signal(&s->cv_work);
-    while (req.done < n) pthread_cond_wait(&s->cv_done, &s->mu);
+    int left = 0;
+    double next_look = t + 0.02;
+    while (req.done < n) {
+        if (!gone || left) {
+            /* left: only its items in a running batch remain */
+            pthread_cond_wait(&s->cv_done, &s->mu);
+            continue;
+        }
+        /* The connection's thread waits here, so no one else watches its
+         * socket: look every 20 ms (a poll that does not block), on a
+         * clock of its own since other requests' batches wake it too. */
+        struct timespec ts = deadline_ts(next_look);
+        pthread_cond_timedwait(&s->cv_done, &s->mu, &ts);
+        double now = cli_now();
+        if (req.done >= n || now < next_look)
+            continue;
+        next_look = now + 0.02;
+        pthread_mutex_unlock(&s->mu);
+        left = gone(gone_arg);
+        pthread_mutex_lock(&s->mu);
+        if (left)
+            drop_queued(s, &req);
+    }
     s->active--;
     pthread_cond_broadcast(&s->cv_done);
     pthread_mutex_unlock(&s->mu);
+    if (left) {
+        /* nginx's code for it: logged and counted, sent to no one */
+        fail(r, 499, "the client closed the connection before its reply");
+        goto out;
+    }
     if (req.failed) {
         fail(r, 500, "%s", req.err);
         goto out;
@@ -659,12 +444,8 @@ void serve_handle(serve_state *s, int endpoint, const char *body, size_t len,
         fail(r, 500, "out of memory");
     }
 out:
-    if (pixels)
-        for (int i = 0; i < n; i++) free(pixels[i]);
-    free(pixels);
-    free(texts);
+    serve_parsed_free(&pr);
     free(req.out);
-    json_decref(root);
 }
 
 /* ------------------------------------------------------------------ */
@@ -718,6 +499,12 @@ int serve_metrics_text(serve_state *s, char **out, size_t *len) {
     fprintf(f, "# HELP vitc_images_total Images run through the model.\n"
                "# TYPE vitc_images_total counter\nvitc_images_total %llu\n",
             (unsigned long long)s->images_total);
+    fprintf(f, "# HELP vitc_dropped_images_total Queued images whose client went away: "
+               "never run.\n# TYPE vitc_dropped_images_total counter\n"
+               "vitc_dropped_images_total %llu\n", (unsigned long long)s->dropped_items);
+    fprintf(f, "# HELP vitc_dropped_requests_total Requests whose client went away before "
+               "the reply.\n# TYPE vitc_dropped_requests_total counter\n"
+               "vitc_dropped_requests_total %llu\n", (unsigned long long)s->dropped_requests);
     fprintf(f, "# HELP vitc_ready 1 when the model is loaded and requests are taken.\n"
                "# TYPE vitc_ready gauge\nvitc_ready %d\n", atomic_load(&s->ready) == 1);
     put_hist(f, "vitc_batch_size", "Images per forward.", &s->batch_hist);

@@ -13,6 +13,7 @@ import os
 import shutil
 import struct
 import sys
+import zlib
 
 import numpy as np
 from PIL import Image
@@ -162,6 +163,49 @@ def idx_seeds():
                                        labels([0])))
 
 
+def serve_seeds():
+    """fuzz_serve: a mode byte (fuzz_serve.c says what its bits pick), then a
+    request body; raw bodies are TOP_K NUL FORMAT NUL IMAGE."""
+    import base64
+    rng = np.random.default_rng(3)
+
+    def enc(fmt, w, h, mode="RGB"):
+        b = io.BytesIO()
+        Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8)).convert(mode).save(
+            b, fmt)
+        return b.getvalue()
+    png, jpg, gray = enc("PNG", 8, 6), enc("JPEG", 12, 10), enc("PNG", 5, 7, "L")
+    b64 = lambda b: base64.b64encode(b).decode()
+    url = lambda mime, b: "data:%s;base64,%s" % (mime, b64(b))
+    body = lambda mode, obj: bytes([mode]) + (obj if isinstance(obj, bytes)
+                                               else json.dumps(obj).encode())
+    put("fuzz_serve", "embed_png", body(0x10, {"input": [url("image/png", png)]}))
+    put("fuzz_serve", "embed_b64", body(0x20, {"input": b64(jpg), "encoding_format": "base64"}))
+    put("fuzz_serve", "classify_topk", body(0x12, {"input": [{"image": b64(jpg)}, url(
+        "image/png", gray)], "top_k": 3}))
+    put("fuzz_serve", "texts", body(0x14, {"input": ["a cat", {"text": "two dogs"},
+                                                      url("image/jpeg", jpg)]}))
+    put("fuzz_serve", "gray_model", body(0x38, {"input": [b64(png)], "model": "m"}))
+    put("fuzz_serve", "url_safe", body(0x10, {"input": b64(png).replace("+", "-").replace(
+        "/", "_").rstrip("=")}))
+    put("fuzz_serve", "raw_png", body(0x13, b"3\0\0" + png))
+    put("fuzz_serve", "raw_jpeg", body(0x11, b"\0base64\0" + jpg))
+    # near misses: each refusal's branch
+    put("fuzz_serve", "malformed", body(0x10, b'{"input": ['))
+    put("fuzz_serve", "bad_b64", body(0x10, {"input": ["ab!c"]}))
+    put("fuzz_serve", "pad_then_data", body(0x10, {"input": ["QQ==QQ"]}))
+    put("fuzz_serve", "url_not_b64", body(0x10, {"input": ["data:image/png,abc"]}))
+    put("fuzz_serve", "not_image", body(0x10, {"input": [b64(b"hello, not an image")]}))
+    ihdr = struct.pack(">IIBBBBB", 200000, 200000, 8, 2, 0, 0, 0)
+    chunk = lambda t, d: (struct.pack(">I", len(d)) + t + d
+                          + struct.pack(">I", zlib.crc32(t + d)))
+    huge = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IEND", b"")
+    put("fuzz_serve", "huge_png", body(0x10, {"input": [b64(huge)]}))
+    put("fuzz_serve", "too_many", body(0x10, {"input": [b64(png)] * 9}))
+    put("fuzz_serve", "bad_topk", body(0x12, {"input": [b64(png)], "top_k": 0}))
+    put("fuzz_serve", "raw_bad_topk", body(0x13, b"x\0\0" + png))
+
+
 if __name__ == "__main__":
     shutil.rmtree(OUT, ignore_errors=True)
     os.makedirs(os.path.join(OUT, "image"))
@@ -171,3 +215,4 @@ if __name__ == "__main__":
     labels_seeds()
     cli_args_seeds()
     idx_seeds()
+    serve_seeds()
