@@ -228,8 +228,32 @@ $(BUILD)/libvitc.so: $(SOFILE)
 	ln -sf libvitc.so.$(VERSION) $(BUILD)/$(SONAME)
 	ln -sf $(SONAME) $@
 
-$(BUILD)/vitc: $(TOOL_OBJ) $(BUILD)/libvitc.a
-	$(TOOL_CC) -o $@ $(TOOL_OBJ) $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS) $(SERVE_LIBS)
+# `vitc serve`'s web page (web/): its files become a C array in the vitc
+# binary, so that an installed vitc serves the page with no files beside
+# it. The generator is a small C program (web/embed.c) built with the host
+# compiler: no xxd, no Python, and unlike `ld -r -b binary` or .incbin it
+# works with every compiler and linker the tree builds with.
+HOSTCC    ?= cc
+WEB_FILES := $(sort $(wildcard web/*.html web/*.js web/*.css))
+WEB_OBJ   := $(BUILD)/obj/gen/serve_assets.o
+
+$(BUILD)/embed: web/embed.c
+	@mkdir -p $(dir $@)
+	@echo "  CC  $@"
+	$(Q)$(HOSTCC) -O1 -o $@ $<
+
+$(BUILD)/gen/serve_assets.c: $(BUILD)/embed $(WEB_FILES)
+	@mkdir -p $(dir $@)
+	@echo "  GEN $@"
+	$(Q)$(BUILD)/embed $@ $(WEB_FILES)
+
+$(WEB_OBJ): $(BUILD)/gen/serve_assets.c tools/serve_assets.h
+	@mkdir -p $(dir $@)
+	@echo "  CC  $@"
+	$(Q)$(CC) $(BASE) -Itools $(CFLAGS) -c $< -o $@
+
+$(BUILD)/vitc: $(TOOL_OBJ) $(WEB_OBJ) $(BUILD)/libvitc.a
+	$(TOOL_CC) -o $@ $(TOOL_OBJ) $(WEB_OBJ) $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS) $(SERVE_LIBS)
 
 # C tests: cmocka, one binary per file, linked statically against the library.
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libvitc.a $(HDRS)
@@ -337,7 +361,7 @@ fuzz: fuzz-build
 
 fuzz-bins: $(FUZZ_BIN)
 
-$(BUILD)/libvitc-cli.a: $(FUZZ_CLI_OBJ)
+$(BUILD)/libvitc-cli.a: $(FUZZ_CLI_OBJ) $(WEB_OBJ)
 	@rm -f $@
 	$(Q)ar rcs $@ $^
 
