@@ -234,7 +234,7 @@ $(BUILD)/libvitc.so: $(SOFILE)
 # compiler: no xxd, no Python, and unlike `ld -r -b binary` or .incbin it
 # works with every compiler and linker the tree builds with.
 HOSTCC    ?= cc
-WEB_FILES := $(sort $(wildcard web/*.html web/*.js web/*.css))
+WEB_FILES := $(sort $(wildcard web/*.html web/*.js web/*.css web/*.svg))
 WEB_OBJ   := $(BUILD)/obj/gen/serve_assets.o
 
 $(BUILD)/embed: web/embed.c
@@ -242,7 +242,12 @@ $(BUILD)/embed: web/embed.c
 	@echo "  CC  $@"
 	$(Q)$(HOSTCC) -O1 -o $@ $<
 
-$(BUILD)/gen/serve_assets.c: $(BUILD)/embed $(WEB_FILES)
+# the list itself, so that a file added to or removed from web/ regenerates
+$(BUILD)/web-files: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(WEB_FILES)' | cmp -s - $@ || echo '$(WEB_FILES)' > $@
+
+$(BUILD)/gen/serve_assets.c: $(BUILD)/embed $(WEB_FILES) $(BUILD)/web-files
 	@mkdir -p $(dir $@)
 	@echo "  GEN $@"
 	$(Q)$(BUILD)/embed $@ $(WEB_FILES)
