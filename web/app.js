@@ -30,7 +30,9 @@ async function api(method, path, body) {
   if (r.status === 401) $("key-panel").hidden = false;
   if (!r.ok) {
     const msg = data && data.error ? data.error.message : r.status + " " + r.statusText;
-    throw new Error(path + ": " + msg);
+    const err = new Error(path + ": " + msg);
+    err.status = r.status;
+    throw err;
   }
   return data;
 }
@@ -41,6 +43,12 @@ async function loadInfo() {
   try {
     info = await api("GET", "/v1/info");
   } catch (e) {
+    // 503: the model is still loading; ask again shortly
+    if (e.status === 503) {
+      $("model-line").textContent = "the model is loading…";
+      setTimeout(loadInfo, 1000);
+      return;
+    }
     $("model-line").textContent = e.message;
     $("model-line").classList.add("error");
     return;
@@ -238,7 +246,12 @@ function pick(file) {
     return;
   }
   const rd = new FileReader();
-  rd.onload = () => { image = rd.result; run(); };
+  rd.onload = () => {
+    image = rd.result;
+    $("preview").src = image;
+    $("preview").hidden = false;
+    run();
+  };
   rd.onerror = () => status("cannot read the file", true);
   status("reading " + file.name + "…");
   rd.readAsDataURL(file);
@@ -267,5 +280,5 @@ document.addEventListener("DOMContentLoaded", () => {
     $("key-panel").hidden = true;
     loadInfo().then(run);
   });
-  loadInfo();
+  loadInfo().then(run);
 });

@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 import subprocess
-import time
+import threading
 import unittest
 
 import numpy as np
@@ -278,6 +278,60 @@ class TestServeWeb(TmpDirCase):
         self.srv_vit.request("GET", "/v1/info")
         _, _, text = self.srv_vit.request("GET", "/metrics")
         self.assertIn('vitc_requests_total{endpoint="/v1/info",status="200"}', text.decode())
+
+    def test_concurrent_with_the_batcher(self):
+        """The second session's forwards beside the batcher's: each answer
+        equals the one it gets alone."""
+        url = data_url(self.photo)
+        alone = {
+            "/v1/attention": self.srv_vit.post("/v1/attention", {"input": url})[2],
+            "/v1/classify": self.srv_vit.post("/v1/classify", {"input": url})[2],
+            "/v1/embeddings": self.srv_vit.post("/v1/embeddings", {"input": url})[2],
+        }
+        got, errors = [], []
+
+        def one(path):
+            try:
+                for _ in range(3):
+                    status, _, r = self.srv_vit.post(path, {"input": url})
+                    got.append((path, status, r))
+            except Exception as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+
+        threads = [threading.Thread(target=one, args=(p,)) for p in list(alone) * 2]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        self.assertEqual(errors, [])
+        self.assertEqual(len(got), 18)
+        for path, status, r in got:
+            self.assertEqual(status, 200, r)
+            ref = alone[path]["data"][0]
+            if path == "/v1/attention":
+                self.assertLess(rel(r["data"][0]["map"], ref["map"]), 1e-5)
+            elif path == "/v1/classify":
+                self.assertLess(rel([t["prob"] for t in r["data"][0]["topk"]],
+                                    [t["prob"] for t in ref["topk"]]), 1e-5)
+            else:
+                self.assertLess(rel(r["data"][0]["embedding"], ref["embedding"]), 1e-5)
+
+    def test_api_key(self):
+        key = os.path.join(self.tmp, "key")
+        with open(key, "w") as f:
+            f.write("s3cret\n")
+        srv = Server(self.vit, "--threads", 1, "--api-key-file", key)
+        try:
+            # the page's files are public (no data in them); the API is not
+            self.assertEqual(srv.request("GET", "/")[0], 200)
+            self.assertEqual(srv.request("GET", "/app.js")[0], 200)
+            self.assertEqual(srv.request("GET", "/v1/info")[0], 401)
+            self.assertEqual(srv.post("/v1/attention", {"input": "x"})[0], 401)
+            status, _, _ = srv.request("GET", "/v1/info",
+                                       headers={"Authorization": "Bearer s3cret"})
+            self.assertEqual(status, 200)
+        finally:
+            self.assertEqual(srv.stop(), 0)
 
     # ---- the page in headless Chromium ----------------------------------
 
