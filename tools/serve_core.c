@@ -712,8 +712,8 @@ static void put_hist(FILE *f, const char *name, const char *help, const serve_hi
 
 int serve_metrics_text(serve_state *s, char **out, size_t *len) {
     static const char *const ep_names[SERVE_N_EP] = {
-        "/health",  "/metrics", "/v1/embeddings", "/v1/classify", "other",     "page",
-        "/v1/info", "/v1/zero-shot", "/v1/attention", "/v1/segment", "/v1/depth"};
+        "/health",  "/metrics",      "/v1/embeddings", "/v1/classify", "other",    "page",
+        "/v1/info", "/v1/zero-shot", "/v1/attention",  "/v1/segment",  "/v1/depth"};
     FILE *f = open_memstream(out, len);
     if (!f)
         return -1;

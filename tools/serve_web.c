@@ -206,7 +206,8 @@ static void info(serve_state *s, serve_reply *r) {
             ", \"limits\": {\"max_body_bytes\": %zu, \"max_batch\": %d, \"max_queue\": %d, "
             "\"max_images\": %d, \"max_labels\": %d, \"max_label_bytes\": %d, "
             "\"max_prompts\": %d}}\n",
-            s->max_body, s->max_batch, s->max_queue, WEB_MAX_IMAGES, CLI_TEXT_MAX_COUNT,
+            s->max_body, s->max_batch, s->max_queue, WEB_MAX_IMAGES,
+            CLI_TEXT_MAX_COUNT < ZS_MAX_PROMPTS ? CLI_TEXT_MAX_COUNT : ZS_MAX_PROMPTS,
             CLI_TEXT_MAX_BYTES, ZS_MAX_PROMPTS);
     if (fclose(f) != 0) {
         free(r->body);
@@ -437,8 +438,9 @@ static void zs_cache_put(const char *key, int64_t K, int64_t D, const float *cla
 
 static void zero_shot(serve_state *s, json_t *root, const char *body, size_t len,
                       const serve_raw *raw, serve_reply *r) {
-    const char **labels = NULL, **tmpls = NULL;
-    const char *one[1] = {ZS_DEFAULT_TEMPLATE};
+    const char **labels = NULL, **own = NULL; /* own: the request's templates */
+    static const char *const one[1] = {ZS_DEFAULT_TEMPLATE};
+    const char *const *tmpls = one;
     float **px = NULL, *classes = NULL, *emb = NULL, *probs = NULL;
     cli_ranked *rank = NULL;
     char *key = NULL;
@@ -466,7 +468,7 @@ static void zero_shot(serve_state *s, json_t *root, const char *body, size_t len
     K = (int)json_array_size(jl);
     json_t *jt = json_object_get(root, "templates");
     if (jt && json_is_string(jt)) {
-        if (!(tmpls = (const char **)vitc_zero_shot_templates(json_string_value(jt), &T))) {
+        if (!(tmpls = vitc_zero_shot_templates(json_string_value(jt), &T))) {
             fail(r, 400, "\"templates\" must be \"imagenet80\", \"simple\" or an array of "
                          "strings with {} where the label goes");
             return;
@@ -498,7 +500,7 @@ static void zero_shot(serve_state *s, json_t *root, const char *body, size_t len
     if (k > K)
         k = K;
     if (!(labels = malloc((size_t)K * sizeof *labels)) ||
-        (jt && json_is_array(jt) && !(tmpls = malloc((size_t)T * sizeof *tmpls)))) {
+        (jt && json_is_array(jt) && !(own = malloc((size_t)T * sizeof *own)))) {
         fail(r, 500, "out of memory");
         goto out;
     }
@@ -521,10 +523,9 @@ static void zero_shot(serve_state *s, json_t *root, const char *body, size_t len
                 fail(r, 400, "templates[%d]: %s", t, why);
                 goto out;
             }
-            tmpls[t] = json_string_value(e);
+            own[t] = json_string_value(e);
         }
-    } else if (!jt || json_is_null(jt)) {
-        tmpls = one;
+        tmpls = own;
     }
     if (read_images(s, root, body, len, raw, &px, &n, r) != 0)
         goto out;
@@ -603,8 +604,7 @@ static void zero_shot(serve_state *s, json_t *root, const char *body, size_t len
 out:
     free(key);
     free(labels);
-    if (tmpls != one && !(jt && json_is_string(jt)))
-        free(tmpls);
+    free(own);
     free_images(px, n);
     free(classes);
     free(emb);
