@@ -19,7 +19,8 @@
 #   make fuzz       every libFuzzer target FUZZ_SECONDS (60) seconds (clang)
 #   make fuzz-build build them only, in build-fuzz/
 #   make install PREFIX=/usr/local DESTDIR=
-#   make MPI=1      build/vitc with data-parallel `vitc train` (OpenMPI, mpicc)
+#   make MPI=1      build/vitc with data-parallel `vitc train` and sharded `vitc embed`
+#                   (OpenMPI, mpicc); make test builds that one as build-mpi/vitc
 #
 # Optional libraries are found with pkg-config and used when present:
 # OpenBLAS (GEMM backend), libpng and libturbojpeg (images), zlib (gzip IDX
@@ -257,8 +258,11 @@ $(WEB_OBJ): $(BUILD)/gen/serve_assets.c tools/serve_assets.h
 	@echo "  CC  $@"
 	$(Q)$(CC) $(BASE) -Itools $(CFLAGS) -c $< -o $@
 
-$(BUILD)/vitc: $(TOOL_OBJ) $(WEB_OBJ) $(BUILD)/libvitc.a
-	$(TOOL_CC) -o $@ $(TOOL_OBJ) $(WEB_OBJ) $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS) $(SERVE_LIBS)
+# TOOL_LIB: the library the tool links (mpi-tool reuses the default build's:
+# the library never needs MPI).
+TOOL_LIB ?= $(BUILD)/libvitc.a
+$(BUILD)/vitc: $(TOOL_OBJ) $(WEB_OBJ) $(TOOL_LIB)
+	$(TOOL_CC) -o $@ $(TOOL_OBJ) $(WEB_OBJ) $(TOOL_LIB) $(LDFLAGS) $(LDLIBS) $(SERVE_LIBS)
 
 # C tests: cmocka, one binary per file, linked statically against the library.
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libvitc.a $(HDRS)
@@ -274,8 +278,21 @@ deps-system:
 	@sh scripts/install-deps.sh --system
 
 test: deps
-	@$(MAKE) --no-print-directory all tests
+	@$(MAKE) --no-print-directory all tests mpi-tool
 	@$(MAKE) --no-print-directory test-c test-python
+
+# The MPI tests (tests/python/test_embed_shards.py, test_train.py's TestMPI)
+# run build-mpi/vitc: the tool built with MPI=1 beside the default build,
+# wherever mpicc is installed. Without it they skip and say why.
+HAVE_MPICC := $(shell command -v mpicc >/dev/null 2>&1 && echo 1)
+.PHONY: mpi-tool
+mpi-tool:
+ifeq ($(HAVE_MPICC),1)
+	@$(MAKE) --no-print-directory lib
+	@$(MAKE) --no-print-directory MPI=1 BUILD=build-mpi TOOL_LIB=$(BUILD)/libvitc.a build-mpi/vitc
+else
+	@echo "mpicc not found: no build-mpi/vitc, the MPI tests skip (Debian: openmpi-bin libopenmpi-dev)"
+endif
 
 test-c: tests
 	@sh scripts/run-tests.sh $(BUILD)/tests
@@ -389,7 +406,7 @@ install: all
 
 # build-pip/: `pip install .`'s build (setup.py); egg-info from older setuptools.
 clean:
-	rm -rf build build-asan build-fuzz build-pip build-optout python/*.egg-info *.egg-info
+	rm -rf build build-asan build-fuzz build-pip build-optout build-mpi python/*.egg-info *.egg-info
 
 # Attention kernel speed on the standard shapes, 1 and 2 threads
 # (tests/bench_attention.c; a driver, not a test).

@@ -38,6 +38,7 @@ import json
 import math
 import os
 import platform
+import re
 import shlex
 import subprocess
 import sys
@@ -701,9 +702,77 @@ def machine_info(vitc, env):
         pass
     ver = subprocess.run([vitc, "--version"], capture_output=True, text=True, env=env).stdout
     flags = peers.cpu_flags()
-    return {"cpu": cpu, "cpu_model": peers.cpu_model(), "cores": len(os.sched_getaffinity(0)),
-            "vitc": ver.strip(), "kernel": platform.release(), "flags": sorted(flags),
+    info = {"cpu": cpu, "cpu_model": peers.cpu_model(), "cores": len(os.sched_getaffinity(0)),
+            "vitc": "", "kernel": platform.release(), "flags": sorted(flags),
             "isa": peers.isa_line(flags)}
+    info.update(parse_version(ver))
+    return info
+
+
+def parse_version(text):
+    """`vitc --version`'s lines: the version line, "cpu: ... [id]" and
+    "caches: ..." (src/kernels/cpu.c). cpu_id names this CPU's file in
+    bench/results/ (vendor-uarch-brand-f<family>m<model>)."""
+    out = {"vitc": "", "cpu_line": "", "caches_line": "", "cpu_id": ""}
+    for line in text.strip().splitlines():
+        if line.startswith("cpu: "):
+            out["cpu_line"] = line[5:].strip()
+            m = re.search(r"\[([a-z0-9.-]+)\]$", line)
+            out["cpu_id"] = m.group(1) if m else ""
+        elif line.startswith("caches: "):
+            out["caches_line"] = line[8:].strip()
+        elif not out["vitc"]:
+            out["vitc"] = line.strip()
+    return out
+
+
+CPU_RESULTS = os.path.join(HERE, "results")
+
+
+def cpu_results_write(text, info, started):
+    """The run kept per CPU: bench/results/<cpu_id>.md (the newest run on
+    that microarchitecture replaces the older one), then the index."""
+    if not info.get("cpu_id"):
+        print("bench.py: no CPU id in `vitc --version`: bench/results/ left as it is",
+              file=sys.stderr)
+        return None
+    os.makedirs(CPU_RESULTS, exist_ok=True)
+    path = os.path.join(CPU_RESULTS, info["cpu_id"] + ".md")
+    head = "# %s\n\nThe newest full `make bench` run on this CPU (%s).\n\n" % (
+        info["cpu_id"], started)
+    with open(path, "w") as f:
+        f.write(head + text.split("\n", 1)[1].lstrip("\n"))
+    cpu_results_index()
+    return path
+
+
+def cpu_results_index(folder=CPU_RESULTS):
+    """bench/results/README.md: one row per CPU file, from its own lines."""
+    rows = []
+    for name in sorted(os.listdir(folder)):
+        if not name.endswith(".md") or name == "README.md":
+            continue
+        got = {}
+        with open(os.path.join(folder, name)) as f:
+            for line in f:
+                for key in ("date", "CPU (as vitc reads it)", "machine",
+                            "measured FMA peak (avx512, fp32)", "measured FMA peak"):
+                    if line.startswith("- %s: " % key) and key not in got:
+                        got[key] = line[len(key) + 4:].strip()
+        peak = got.get("measured FMA peak (avx512, fp32)") or got.get("measured FMA peak", "?")
+        peak = peak.split(" (`vitc bench")[0]
+        rows.append("| [%s](%s) | %s | %s | %s |" % (
+            name[:-3], name, got.get("CPU (as vitc reads it)", got.get("machine", "?")),
+            got.get("date", "?").split(" (")[0], peak))
+    L = ["# Benchmark results per CPU", "",
+         "One file per microarchitecture measured, named as `vitc --version` names the CPU "
+         "(vendor-uarch-brand-f<family>m<model>, the `[...]` of its `cpu:` line): the newest "
+         "full `make bench` run on it, with its date, machine, measured peaks and the engines' "
+         "versions. `make bench` writes the file of the CPU it runs on and this index; "
+         "bench/results.md is always the newest run, whichever CPU it was on.", "",
+         "| file | CPU | date | measured fp32 FMA peak |", "|---|---|---|---|"] + rows
+    with open(os.path.join(folder, "README.md"), "w") as f:
+        f.write("\n".join(L) + "\n")
 
 
 def loadavg():
@@ -760,6 +829,11 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
         info.get("cpu_model", info["cpu"]), info["cores"], info["kernel"]))
     L.append("- ISA: %s" % info.get("isa", "?"))
     L.append("- vitc: %s" % info["vitc"])
+    if info.get("cpu_line"):
+        L.append("- CPU (as vitc reads it): %s" % info["cpu_line"])
+        L.append("- caches and GEMM blocking: %s" % info["caches_line"])
+        if not args.only:
+            L.append("- kept per CPU in: bench/results/%s.md" % info["cpu_id"])
     L.append("- PyTorch: torch %s, torchvision %s, Python %s" % (
         info.get("torch", "?"), info.get("torchvision", "?"), platform.python_version()))
     v = info.get("versions", {})
@@ -1254,6 +1328,10 @@ def main():
             json.dump({"info": info, "peak": peak, "summary": summary, "raw": raw,
                        "agreement": agree}, f, indent=1)
         log("wrote " + args.out)
+        if not args.only:  # a full run: also kept per CPU
+            path = cpu_results_write(text, info, started)
+            if path:
+                log("wrote " + os.path.relpath(path, ROOT))
 
 
 if __name__ == "__main__":

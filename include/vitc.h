@@ -97,6 +97,20 @@ VITC_API vitc_status vitc_set_arch(const char *name);
  * or vitc_set_gemm_backend() (NULL/"auto" = the default) force one. */
 VITC_API const char *vitc_get_gemm_backend(void);
 VITC_API vitc_status vitc_set_gemm_backend(const char *name);
+/* This CPU as vitc read it at run time (brand, vendor, family / model,
+ * microarchitecture, AVX-512 datapath, AMX, cache sizes) and the GEMM cache
+ * blocking chosen from it for the kernel path in use. VITC_CACHE=l1d=48K,
+ * l2=2M pretends other caches; VITC_BLOCKING=kc,mc,nc (or kc=..,mc=..,
+ * nc=..,lp_mc=..,lp_nb=..) forces the blocks (docs/kernels.md).
+ * form VITC_CPU_INFO_TEXT: two lines for people ("cpu: ...", "caches:
+ * ..."); VITC_CPU_INFO_KEYS: "key=value" lines (id, vendor, brand, family,
+ * model, stepping, uarch, avx512, datapath, amx, l1d, l2, l3, line,
+ * cache_from, arch, kc, mc, nc, lp_mc, lp_nb, blocking_from). Writes at
+ * most len bytes, NUL-terminated (buf may be NULL with len 0); returns the
+ * length of the whole text, as snprintf does. */
+#define VITC_CPU_INFO_TEXT 0
+#define VITC_CPU_INFO_KEYS 1
+VITC_API size_t vitc_cpu_info(char *buf, size_t len, int form);
 
 /* ------------------------------------------------------------------ */
 /* Safetensors                                                        */
@@ -406,6 +420,11 @@ VITC_API vitc_status vitc_image_load_memory_flags(const void *bytes, size_t len,
 VITC_API void vitc_image_free(vitc_image *img);
 VITC_API vitc_status vitc_image_save_png(const char *path, const uint8_t *rgb, int width,
                                          int height);
+/* A 16-bit grayscale PNG of gray [height, width] (host-order values; depth
+ * maps, `vitc depth --raw FILE.png`). Written through a temporary file and
+ * renamed, as every writer of the library. */
+VITC_API vitc_status vitc_image_save_png16(const char *path, const uint16_t *gray, int width,
+                                           int height);
 /* torchvision preprocessing: resize the shorter side to `resize` with
  * antialiased bilinear (0 = no resize), center crop crop x crop, /255,
  * normalize. out: [3, crop, crop]. Memory: only the crop's window of the

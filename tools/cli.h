@@ -214,5 +214,7 @@ int cmd_similar(int argc, char **argv);
 int cmd_zero_shot(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_depth(int argc, char **argv);
+int cmd_segment(int argc, char **argv);
 
 #endif

@@ -808,8 +808,11 @@ int cmd_bench(int argc, char **argv) {
         }
         printf("%s]}\n", first ? "" : "\n ");
     } else {
+        char cpu[1024];
         printf("vitc %s: kernels %s, gemm %s, %d thread%s\n", vitc_version(), vitc_get_arch(),
                vitc_get_gemm_backend(), threads, threads == 1 ? "" : "s");
+        vitc_cpu_info(cpu, sizeof cpu, VITC_CPU_INFO_TEXT);
+        fputs(cpu, stdout);
         if (peak1 > 0)
             printf("FMA peak (%s, measured): %.1f GFLOP/s on 1 core", isa, peak1);
         if (peak1 > 0 && threads > 1)

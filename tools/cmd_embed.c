@@ -13,9 +13,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/types.h>
 
 #include "cli.h"
 #include "cli_text.h"
+#include "index.h"
+
+#ifdef VITC_MPI
+#include <mpi.h>
+#endif
 
 #define EMBED_DEFAULT_BATCH 8
 #define EMBED_MAX_BATCH 4096
@@ -28,6 +35,7 @@ static const char *const embed_out_exts[] = {".npy", ".jsonl", ".json"};
 static const char embed_usage[] =
     "usage: vitc embed --model M [options] IMAGE...\n"
     "       vitc embed --model M (--text T | --text-file F) [options]\n"
+    "       [mpirun -np K] vitc embed --model M --files-from LIST --out DIR [options]\n"
     "\n"
     "One embedding per PNG or JPEG image. M is a safetensors checkpoint or a\n"
     "Hugging Face Hub model directory (config.json + model.safetensors).\n"
@@ -48,6 +56,17 @@ static const char embed_usage[] =
     "  --out FILE       FILE.npy: [images, C] (tokens: [images, N, C]) float32;\n"
     "                   FILE.jsonl: --json's lines; FILE.json: a JSON array of\n"
     "                   those objects (a name without extension gets .npy bytes)\n"
+    "  --files-from LIST  the images: LIST's lines, one path each; --out DIR is\n"
+    "                   then an index directory for vitc similar --index DIR:\n"
+    "                   DIR/shard-RRRRR-of-KKKKK.safetensors per rank and\n"
+    "                   DIR/index.json. A rerun skips the shards that are done\n"
+#ifdef VITC_MPI
+    "                   (under mpirun -np K, rank r embeds the r-th of K\n"
+    "                   contiguous parts of LIST; this vitc was built with MPI=1)\n"
+#else
+    "                   (this vitc has no MPI: build it with make MPI=1 to\n"
+    "                   split LIST over mpirun's ranks)\n"
+#endif
     "  --json           one JSON object per image and line on stdout:\n"
     "                   {\"image\": PATH, \"embedding\": [...]} (the default\n"
     "                   without --out)\n"
@@ -69,6 +88,7 @@ static const char embed_usage[] =
 
 typedef struct embed_opts {
     const char *model, *arch, *pool, *out, *precision, *attn_precision, *text, *text_file;
+    const char *files_from;
     int normalize, json, crop, resize, batch, threads, quiet;
     int crop_set, resize_set;
     int out_format; /* an EMBED_OUT_* */
@@ -93,6 +113,7 @@ static int embed_parse(int argc, char **argv, embed_opts *o, vitc_pool *pool) {
         {"--quiet", "-q", CLI_FLAG, &o->quiet, 0, 0, NULL},
         {"--text", NULL, CLI_STRING, &o->text, 0, 0, NULL},
         {"--text-file", NULL, CLI_STRING, &o->text_file, 0, 0, NULL},
+        {"--files-from", NULL, CLI_STRING, &o->files_from, 0, 0, NULL},
     };
     const cli_spec spec = {opts, (int)(sizeof opts / sizeof opts[0]), -1, "image"};
     o->batch = EMBED_DEFAULT_BATCH;
@@ -113,7 +134,16 @@ static int embed_parse(int argc, char **argv, embed_opts *o, vitc_pool *pool) {
     if ((o->text || o->text_file) && o->n_images)
         return cli_usage_error("embed", "embed either text (--text, --text-file) or images, "
                                         "not both");
-    if (!o->text && !o->text_file && o->n_images == 0)
+    if (o->files_from && (o->text || o->text_file || o->n_images))
+        return cli_usage_error("embed", "--files-from gives the images: no image arguments, "
+                                        "--text or --text-file with it");
+    if (o->files_from && (!o->out || o->json))
+        return cli_usage_error("embed", "--files-from writes an index directory: give it as "
+                                        "--out DIR (and no --json)");
+    if (o->files_from && o->pool && !strcmp(o->pool, "tokens"))
+        return cli_usage_error("embed", "an index holds one embedding per image: --pool "
+                                        "default, cls or mean with --files-from");
+    if (!o->text && !o->text_file && !o->files_from && o->n_images == 0)
         return cli_usage_error("embed", "no images given");
     if ((o->text || o->text_file) && o->pool && strcmp(o->pool, "default"))
         return cli_usage_error("embed", "--pool applies to images; text has one embedding");
@@ -128,13 +158,295 @@ static int embed_parse(int argc, char **argv, embed_opts *o, vitc_pool *pool) {
             return cli_usage_error("embed", "--pool must be default, cls, mean or tokens");
         *pool = (vitc_pool)k;
     }
-    if (o->out && (o->out_format = cli_out_format("embed", "--out", o->out,
+    if (o->out && !o->files_from && (o->out_format = cli_out_format("embed", "--out", o->out,
                                                    "a float32 .npy array or JSON",
                                                    embed_out_exts, 3)) < 0)
         return CLI_USAGE;
     if (!o->out)
         o->json = 1;
     return 0;
+}
+
+/* ---- --files-from LIST --out DIR: one shard per rank ---------------------
+ * Each rank embeds a contiguous part of LIST (not every K-th path): the
+ * shards read in rank order are then LIST in order, the same rows as one
+ * process's single shard, and a rank reads neighbouring files, often of one
+ * folder. Every rank passes through the same collectives whatever fails
+ * (a rank that returned early would leave the others waiting). */
+
+static int mpi_all_ok(int ok) {
+#ifdef VITC_MPI
+    int all = ok;
+    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD);
+    return all;
+#else
+    return ok;
+#endif
+}
+
+/* Gathers v[3] of every rank into all[size * 3] on rank 0 (NULL elsewhere). */
+static void mpi_gather3(const long long v[3], long long *all, int size) {
+#ifdef VITC_MPI
+    (void)size;
+    MPI_Gather(v, 3, MPI_LONG_LONG, all, 3, MPI_LONG_LONG, 0, MPI_COMM_WORLD);
+#else
+    for (int i = 0; i < 3 * size; i++) all[i] = v[i % 3];
+#endif
+}
+
+static int mkdir_p(const char *dir) {
+    char buf[4096];
+    size_t len = strlen(dir);
+    if (len == 0 || len >= sizeof buf)
+        return -1;
+    memcpy(buf, dir, len + 1);
+    for (char *p = buf + 1; *p; p++)
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST)
+                return -1;
+            *p = '/';
+        }
+    struct stat sb;
+    return (mkdir(buf, 0777) == 0 || errno == EEXIST) && stat(buf, &sb) == 0 &&
+                   S_ISDIR(sb.st_mode)
+               ? 0
+               : -1;
+}
+
+/* The index's key: what makes two shards' embeddings comparable. */
+static char *embed_index_key(const embed_opts *o, const vitc_vit *m, int64_t per, int n,
+                             char *const *list, int size) {
+    char hash[17];
+    index_list_hash(list, n, hash);
+    json_t *k = json_pack("{s i s o s s s s s s s b s i s i s I s {s i s s} s i}", "format",
+                          INDEX_VERSION, "model", index_model_id(o->model), "precision",
+                          vitc_precision_name(vitc_vit_get_precision(m)), "attention_precision",
+                          vitc_precision_name(vitc_vit_get_attention_precision(m)), "pool",
+                          o->pool ? o->pool : "default", "normalize", o->normalize, "crop",
+                          o->crop_set ? o->crop : -1, "resize", o->resize_set ? o->resize : -1,
+                          "dim", (json_int_t)per, "list", "entries", n, "fnv1a64", hash,
+                          "shards", size);
+    char *s = k ? json_dumps(k, JSON_COMPACT | JSON_SORT_KEYS) : NULL;
+    json_decref(k);
+    return s;
+}
+
+/* Before any work: the model, the list, the key, this rank's shard state
+ * and (rank 0) what DIR holds already. CLI_OK, or a reported error. */
+static int embed_index_prepare(const embed_opts *o, vitc_pool pool, int rank, int size,
+                               vitc_vit **m, cli_input *in, int64_t *per, char ***list, int *n,
+                               char **key, int *state, int64_t *rows) {
+    int rc;
+    char why[4400], name[64], path[4200];
+    const cli_model_opts mo = {o->model, o->arch, o->precision, o->attn_precision, o->crop,
+                               o->crop_set, o->resize, o->resize_set, 1};
+    if ((rc = cli_open_model("embed", &mo, m, in)) != CLI_OK ||
+        (rc = index_read_list(o->files_from, list, n)) != CLI_OK)
+        return rc;
+    if (vitc_vit_embed_size(*m, pool, in->height, in->width, per) != VITC_OK)
+        return cli_error("%s", vitc_last_error());
+    if (!(*key = embed_index_key(o, *m, *per, *n, *list, size)))
+        return cli_error("out of memory");
+    if (mkdir_p(o->out) != 0)
+        return cli_error("--out %s: cannot make the index directory: %s", o->out,
+                         strerror(errno ? errno : ENOTDIR));
+    if (rank == 0 && index_is_dir(o->out)) {
+        char *old = index_manifest_key(o->out, why, sizeof why);
+        if (!old)
+            return cli_error("--out %s: %s; remove it or choose another --out", o->out, why);
+        int same = !strcmp(old, *key);
+        free(old);
+        if (!same)
+            return cli_error("--out %s holds the index of another model, list, options or "
+                             "number of ranks (%s/%s); remove it or choose another --out",
+                             o->out, o->out, INDEX_MANIFEST);
+    }
+    if (rank == 0 && index_other_shards(o->out, size, name, sizeof name))
+        return cli_error("--out %s holds %s, a shard of a run with another number of ranks "
+                         "than %d; rerun with that many, or remove it", o->out, name, size);
+    int first, count;
+    index_share(*n, rank, size, &first, &count);
+    index_shard_name(name, sizeof name, rank, size);
+    snprintf(path, sizeof path, "%s/%s", o->out, name);
+    char place[128];
+    snprintf(place, sizeof place, "{\"entries\":%d,\"first\":%d,\"rank\":%d}", count, first,
+             rank);
+    *state = index_shard_state(path, *key, place, *per, rows, why, sizeof why);
+    if (*state == INDEX_SHARD_FOREIGN)
+        return cli_error("%s: %s; remove it or choose another --out", path, why);
+    if (*state == INDEX_SHARD_DAMAGED)
+        cli_warning("%s is damaged (%s); embedding its images again", path, why);
+    return CLI_OK;
+}
+
+/* This rank's share of the list into its shard. *rows, *failed: what it holds. */
+static int embed_index_shard(const embed_opts *o, vitc_pool pool, int rank, int size,
+                             vitc_vit *m, const cli_input *in, int64_t per, char **list, int n,
+                             const char *key, int64_t *rows, int *failed) {
+    int first, count, rc = CLI_OK;
+    char name[64], path[4200], place[128], label[64];
+    index_share(n, rank, size, &first, &count);
+    index_shard_name(name, sizeof name, rank, size);
+    snprintf(path, sizeof path, "%s/%s", o->out, name);
+    snprintf(place, sizeof place, "{\"entries\":%d,\"first\":%d,\"rank\":%d}", count, first,
+             rank);
+    index_sweep_temps(o->out, name);
+    const vitc_vit_config *cfg = vitc_vit_get_config(m);
+    int batch_n = o->batch < count ? o->batch : count > 0 ? count : 1;
+    size_t C = (size_t)cfg->hidden_dim, eb, bb;
+    float *emb = NULL /* [count, per] */, *batch = NULL /* [batch_n, per_image] */;
+    const char **paths = NULL, **row_paths = NULL;
+    if (__builtin_mul_overflow((size_t)(count ? count : 1), (size_t)per * sizeof(float), &eb) ||
+        __builtin_mul_overflow((size_t)batch_n, in->per_image * sizeof(float), &bb) ||
+        !(emb = malloc(eb)) || !(batch = malloc(bb)) ||
+        !(paths = malloc(sizeof *paths * (size_t)batch_n)) ||
+        !(row_paths = malloc(sizeof *row_paths * (size_t)(count ? count : 1)))) {
+        rc = cli_error("out of memory for %d embeddings of %lld floats", count, (long long)per);
+        goto done;
+    }
+    cli_progress pr;
+    snprintf(label, sizeof label, size > 1 ? "embed: rank %d of %d" : "embed", rank, size);
+    cli_progress_start(&pr, label, count, o->quiet);
+    int done = 0;
+    for (int next = 0; next < count;) {
+        int nb = cli_fill_batch(list + first, count, &next, cfg, in, batch_n, batch, paths,
+                                pr.shown, failed);
+        if (nb == 0)
+            continue;
+        float *dst = emb + (size_t)done * (size_t)per;
+        if (vitc_vit_embed(m, batch, nb, in->height, in->width, pool, dst) != VITC_OK) {
+            cli_progress_clear(&pr);
+            rc = cli_error("forward pass: %s", vitc_last_error());
+            goto done;
+        }
+        if (o->normalize)
+            cli_l2_normalize(dst, (size_t)nb * (size_t)per / C, C);
+        memcpy(row_paths + done, paths, sizeof *paths * (size_t)nb);
+        done += nb;
+        cli_progress_update(&pr, done + *failed);
+    }
+    cli_progress_clear(&pr);
+    const char *why = index_save_shard(path, key, place, emb, done, per, row_paths, *failed);
+    if (why) {
+        rc = cli_error("%s: %s", path, why);
+        goto done;
+    }
+    *rows = done;
+    if (!o->quiet) { /* one write: K ranks share a terminal */
+        char e[4400];
+        cli_escape(e, sizeof e, path);
+        fprintf(stderr, "vitc: wrote %s (%d embedding%s of %lld floats)\n", e, done,
+                done == 1 ? "" : "s", (long long)per);
+    }
+done:
+    free(emb);
+    free(batch);
+    free(paths);
+    free(row_paths);
+    return rc;
+}
+
+static int embed_index(const embed_opts *o, vitc_pool pool, int rank, int size) {
+    vitc_vit *m = NULL;
+    cli_input in;
+    int64_t per = 0, rows = 0;
+    char **list = NULL, *key = NULL, name[64], path[4200];
+    int n = 0, state = INDEX_SHARD_ABSENT, failed = 0;
+    long long *all = NULL;
+    /* rank 0 gathers every rank's [written, rows, bytes] */
+    int rc = rank == 0 && !(all = malloc((size_t)size * 3 * sizeof *all))
+                 ? cli_error("out of memory")
+                 : embed_index_prepare(o, pool, rank, size, &m, &in, &per, &list, &n, &key,
+                                       &state, &rows);
+    /* one rank's refusal (a foreign shard, another run's manifest) stops all
+     * before any work */
+    if (!mpi_all_ok(rc == CLI_OK)) {
+        rc = rc != CLI_OK ? rc : CLI_FAIL;
+        goto done;
+    }
+    index_shard_name(name, sizeof name, rank, size);
+    snprintf(path, sizeof path, "%s/%s", o->out, name);
+    if (state == INDEX_SHARD_DONE) {
+        if (!o->quiet) {
+            char e[4400];
+            cli_escape(e, sizeof e, path);
+            fprintf(stderr, "vitc: %s is complete (%lld embeddings); skipped\n", e,
+                    (long long)rows);
+        }
+    } else {
+        rc = embed_index_shard(o, pool, rank, size, m, &in, per, list, n, key, &rows, &failed);
+    }
+    struct stat sb;
+    int written = rc == CLI_OK && stat(path, &sb) == 0;
+    long long mine[3] = {written, rows, written ? (long long)sb.st_size : 0};
+    mpi_gather3(mine, all, size);
+    /* the manifest last, once every shard is on disk: a reader that finds it
+     * finds them all */
+    if (rank == 0) {
+        long long *r_rows = malloc((size_t)size * 2 * sizeof *r_rows);
+        int ok = r_rows != NULL;
+        for (int r = 0; r_rows && r < size; r++) {
+            ok &= all[3 * r] != 0;
+            r_rows[r] = all[3 * r + 1];
+            r_rows[size + r] = all[3 * r + 2];
+        }
+        if (!ok && rc == CLI_OK)
+            rc = cli_error("--out %s: %s; rerun the same command to finish it (done shards are "
+                           "kept)", o->out, r_rows ? "a rank failed, no index.json was written"
+                                                   : "out of memory");
+        else if (ok && index_save_manifest(o->out, key, size, n, r_rows, r_rows + size) != CLI_OK)
+            rc = CLI_FAIL;
+        else if (ok && !o->quiet) {
+            long long total = 0;
+            for (int r = 0; r < size; r++) total += r_rows[r];
+            char e[4400];
+            cli_escape(e, sizeof e, o->out);
+            fprintf(stderr, "vitc: wrote %s/%s (%d shard%s, %lld embedding%s of %d images)\n",
+                    e, INDEX_MANIFEST, size, size == 1 ? "" : "s", total, total == 1 ? "" : "s",
+                    n);
+        }
+        free(r_rows);
+    }
+    if (rc == CLI_OK && failed) {
+        int first, count;
+        index_share(n, rank, size, &first, &count);
+        if (!o->quiet)
+            fprintf(stderr, "vitc: %d of the %d images of %s could not be embedded\n", failed,
+                    count, name);
+        rc = CLI_FAIL;
+    }
+done:
+    free(all);
+    free(key);
+    index_free_paths(list, n);
+    vitc_vit_free(m);
+    return rc;
+}
+
+/* --files-from: under mpirun (MPI=1 builds) each rank its shard. */
+static int embed_files_from(embed_opts *o, vitc_pool pool, int argc, char **argv) {
+#ifdef VITC_MPI
+    int rank = 0, size = 1;
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    int rc = size > INDEX_MAX_SHARDS
+                 ? cli_error("%d ranks: an index has at most %d shards", size, INDEX_MAX_SHARDS)
+                 : embed_index(o, pool, rank, size);
+    MPI_Finalize();
+    return rc;
+#else
+    (void)argc, (void)argv;
+    /* K copies of this vitc would each embed the whole list into one shard */
+    const char *ws = getenv("OMPI_COMM_WORLD_SIZE");
+    if (!ws)
+        ws = getenv("PMI_SIZE");
+    if (ws && atoi(ws) > 1)
+        return cli_error("this vitc was built without MPI, so under mpirun each of the %d "
+                         "ranks would embed the whole list: build it with make MPI=1", atoi(ws));
+    return embed_index(o, pool, 0, 1);
+#endif
 }
 
 /* what: "image" or "text", the key that names the row. */
@@ -260,8 +572,8 @@ int cmd_embed(int argc, char **argv) {
     }
     if (o.threads > 0)
         vitc_set_num_threads(o.threads);
-    if (o.text || o.text_file) {
-        rc = embed_text(&o);
+    if (o.text || o.text_file || o.files_from) {
+        rc = o.files_from ? embed_files_from(&o, pool, argc, argv) : embed_text(&o);
         free(o.images);
         return rc;
     }

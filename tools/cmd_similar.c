@@ -21,6 +21,10 @@
  * The cache is written only into a directory of this user that no one else
  * can write, through a temporary file renamed over the cache's name: a link
  * planted under that name is replaced, never followed.
+ *
+ * An index directory (index.h: the shards of `vitc embed --files-from`) is
+ * read as it is, never cached or rebuilt: it names its model, and a query
+ * by another model is refused.
  */
 #include <dirent.h>
 #include <errno.h>
@@ -41,6 +45,7 @@
 #include "cache.h"
 #include "cli.h"
 #include "cli_text.h"
+#include "index.h"
 
 #define SIMILAR_MAX_FILES 1000000
 
@@ -58,10 +63,14 @@ static const char similar_usage[] =
     "the images by the cosine of their embeddings with the text's (text search;\n"
     "the same cached index).\n"
     "\n"
+    "DIR may instead be an index directory that vitc embed --files-from LIST\n"
+    "--out DIR wrote (it holds index.json): its shards are read as one index,\n"
+    "and the query is embedded with the index's precision, pooling and crop.\n"
+    "\n"
     "options:\n"
     "  --model M      checkpoint file or Hugging Face Hub directory\n"
     "  --arch NAME    architecture of a file without vitc.config metadata\n"
-    "  --index DIR    the folder of images\n"
+    "  --index DIR    the folder of images, or an index directory\n"
     "  --text T       search by the text T instead of a query image\n"
     "  --topk K       results, 1.. (default 5)\n"
     "  --batch B      images per forward pass, 1..4096 (default 8)\n"
@@ -203,6 +212,153 @@ static float *load_cache(const char *path, const char *key, int64_t dim, int64_t
     return out;
 }
 
+/* A row's image: dir/name for a folder's, the path as listed (dir NULL)
+ * for an index directory's. */
+static void similar_row_path(char *buf, size_t cap, const char *dir, const char *name) {
+    if (dir)
+        snprintf(buf, cap, "%s/%s", dir, name);
+    else
+        snprintf(buf, cap, "%s", name);
+}
+
+/* The query (image or text) against emb [rows, dim], L2-normalised: the
+ * topk rows printed, the query itself left out. CLI_OK or reported. */
+static int similar_rank(const similar_opts *o, vitc_vit *m, const vitc_vit_config *cfg,
+                        const cli_input *in, vitc_pool pool, const float *emb, int64_t rows,
+                        int64_t dim, char *const *row_names, const char *dir) {
+    int rc;
+    float *q = NULL; /* [per_image + dim]: the query's pixels, then its embedding */
+    cli_ranked *rank = NULL;
+    /* The query. */
+    if (!(q = malloc(in->per_image * sizeof(float) + (size_t)dim * sizeof(float)))) {
+        rc = cli_error("out of memory");
+        goto done;
+    }
+    float *qe = q + in->per_image;
+    if (o->text ? vitc_vit_text_dim(m) != dim ||
+                     vitc_vit_encode_text(m, (const char *const *)&o->text, 1, qe) != VITC_OK
+               : cli_load_input(o->query, cfg, in, q) != VITC_OK ||
+                     vitc_vit_embed(m, q, 1, in->height, in->width, pool, qe) !=
+                         VITC_OK) {
+        rc = o->text && vitc_vit_text_dim(m) != dim
+                 ? cli_error("%s: the text embedding has %d floats, the image embedding %lld",
+                             o->model, vitc_vit_text_dim(m), (long long)dim)
+                 : cli_error("%s", vitc_last_error());
+        goto done;
+    }
+    cli_l2_normalize(qe, 1, (size_t)dim);
+    if (!(rank = malloc((size_t)(rows ? rows : 1) * sizeof *rank))) {
+        rc = cli_error("out of memory");
+        goto done;
+    }
+    /* The query, when it is one of the folder's files (by device and inode,
+     * whatever path names it), would always rank itself first. */
+    struct stat qsb;
+    int have_q = o->query && stat(o->query, &qsb) == 0;
+    int64_t kept = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        if (have_q) {
+            char path[4096];
+            struct stat sb;
+            similar_row_path(path, sizeof path, dir, row_names[r]);
+            if (stat(path, &sb) == 0 && sb.st_dev == qsb.st_dev && sb.st_ino == qsb.st_ino)
+                continue;
+        }
+        double s = 0.0;
+        for (int64_t i = 0; i < dim; i++) s += (double)qe[i] * emb[r * dim + i];
+        rank[kept].score = (float)s;
+        rank[kept++].index = (int)r;
+    }
+    qsort(rank, (size_t)kept, sizeof *rank, cli_ranked_cmp);
+    for (int64_t r = 0; r < kept && r < o->topk; r++) {
+        char path[4096];
+        similar_row_path(path, sizeof path, dir, row_names[rank[r].index]);
+        if (o->json) {
+            /* a non-finite score is null, as classify prints it */
+            fputs("{\"image\": ", stdout);
+            cli_json_string(stdout, path);
+            fputs(", \"score\": ", stdout);
+            cli_json_number(stdout, (double)rank[r].score);
+            fputs("}\n", stdout);
+        } else {
+            printf("%.6f  ", (double)rank[r].score);
+            cli_put_escaped(stdout, path, SIZE_MAX);
+            putchar('\n');
+        }
+    }
+    rc = fflush(stdout) != 0 ? cli_error("cannot write the output") : CLI_OK;
+done:
+    free(q);
+    free(rank);
+    return rc;
+}
+
+/* --index DIR made by `vitc embed --files-from LIST --out DIR`: its shards
+ * as one index, the query embedded as they were (the index's precisions,
+ * pooling and preprocessing) by the model that made them. */
+static int similar_index(const similar_opts *o) {
+    index_data d;
+    vitc_vit *m = NULL;
+    cli_input in;
+    json_t *id = NULL;
+    int rc = index_load(o->index, &d);
+    if (rc != CLI_OK)
+        return rc;
+    const char *prec = json_string_value(json_object_get(d.key, "precision"));
+    const char *attn = json_string_value(json_object_get(d.key, "attention_precision"));
+    const char *pool_name = json_string_value(json_object_get(d.key, "pool"));
+    int crop = (int)json_integer_value(json_object_get(d.key, "crop"));
+    int resize = (int)json_integer_value(json_object_get(d.key, "resize"));
+    static const char *const pools[] = {"default", "cls", "mean"};
+    int pool = -1;
+    for (int i = 0; pool_name && i < 3; i++)
+        if (!strcmp(pool_name, pools[i]))
+            pool = i;
+    if (!prec || !attn || pool < 0 || crop < -1 || crop > 16384 || resize < -1 ||
+        resize > 16384) {
+        rc = cli_error("--index %s: %s/%s is damaged (its precision, pooling or crop)", o->index,
+                       o->index, INDEX_MANIFEST);
+        goto done;
+    }
+    /* a query at another precision would rank against embeddings it is not
+     * comparable with bit for bit: the index's settings, or a refusal */
+    if ((o->precision && strcmp(o->precision, prec)) ||
+        (o->attn_precision && strcmp(o->attn_precision, attn))) {
+        rc = cli_error("--index %s was embedded at --precision %s --attention-precision %s; "
+                       "drop the option or rebuild the index", o->index, prec, attn);
+        goto done;
+    }
+    const cli_model_opts mo = {o->model, o->arch, prec, attn, crop, crop >= 0,
+                               resize, resize >= 0, 1};
+    if ((rc = cli_open_model("similar", &mo, &m, &in)) != CLI_OK ||
+        (o->text && (rc = cli_text_model(o->model, m)) != CLI_OK))
+        goto done;
+    if (!(id = index_model_id(o->model)) || !json_equal(id, json_object_get(d.key, "model"))) {
+        rc = cli_error("--index %s was made by another model than %s (%s/%s names the model "
+                       "by its files' sizes and contents); give that model", o->index, o->model,
+                       o->index, INDEX_MANIFEST);
+        goto done;
+    }
+    int64_t dim;
+    if (vitc_vit_embed_size(m, (vitc_pool)pool, in.height, in.width, &dim) != VITC_OK) {
+        rc = cli_error("%s", vitc_last_error());
+        goto done;
+    }
+    if (dim != d.dim) {
+        rc = cli_error("--index %s holds embeddings of %lld floats, %s gives %lld", o->index,
+                       (long long)d.dim, o->model, (long long)dim);
+        goto done;
+    }
+    cli_l2_normalize(d.emb, (size_t)d.rows, (size_t)d.dim);
+    rc = similar_rank(o, m, vitc_vit_get_config(m), &in, (vitc_pool)pool, d.emb, d.rows, d.dim,
+                      d.paths, NULL);
+done:
+    json_decref(id);
+    index_data_free(&d);
+    vitc_vit_free(m);
+    return rc;
+}
+
 int cmd_similar(int argc, char **argv) {
     similar_opts o = {0};
     o.topk = 5;
@@ -243,14 +399,15 @@ int cmd_similar(int argc, char **argv) {
     o.query = o.text ? NULL : pos[0];
     if (o.threads > 0)
         vitc_set_num_threads(o.threads);
+    if (index_is_dir(o.index))
+        return similar_index(&o);
 
     vitc_vit *m = NULL;
     char **names = NULL, **row_names = NULL, cache[4096] = "", dir[4000] = "", *key = NULL;
     char *names_text = NULL;
     int n = 0, failed = 0;
     int64_t dim = 0, rows = 0, n_row_names = 0;
-    float *emb = NULL, *batch = NULL, *q = NULL;
-    cli_ranked *rank = NULL;
+    float *emb = NULL, *batch = NULL;
     json_t *sig = json_array();
     cli_input in;
     int use_cache = !o.no_cache;
@@ -356,64 +513,9 @@ int cmd_similar(int argc, char **argv) {
             cli_warning("the index cache could not be written: %s", why);
         }
     }
-    /* The query. */
-    if (!(q = malloc(in.per_image * sizeof(float) + (size_t)dim * sizeof(float)))) {
-        rc = cli_error("out of memory");
-        goto out;
-    }
-    float *qe = q + in.per_image;
-    if (o.text ? vitc_vit_text_dim(m) != dim ||
-                     vitc_vit_encode_text(m, (const char *const *)&o.text, 1, qe) != VITC_OK
-               : cli_load_input(o.query, cfg, &in, q) != VITC_OK ||
-                     vitc_vit_embed(m, q, 1, in.height, in.width, VITC_POOL_DEFAULT, qe) !=
-                         VITC_OK) {
-        rc = o.text && vitc_vit_text_dim(m) != dim
-                 ? cli_error("%s: the text embedding has %d floats, the image embedding %lld",
-                             o.model, vitc_vit_text_dim(m), (long long)dim)
-                 : cli_error("%s", vitc_last_error());
-        goto out;
-    }
-    cli_l2_normalize(qe, 1, (size_t)dim);
-    if (!(rank = malloc((size_t)(rows ? rows : 1) * sizeof *rank))) {
-        rc = cli_error("out of memory");
-        goto out;
-    }
-    /* The query, when it is one of the folder's files (by device and inode,
-     * whatever path names it), would always rank itself first. */
-    struct stat qsb;
-    int have_q = o.query && stat(o.query, &qsb) == 0;
-    int64_t kept = 0;
-    for (int64_t r = 0; r < rows; r++) {
-        if (have_q) {
-            char path[4096];
-            struct stat sb;
-            snprintf(path, sizeof path, "%s/%s", o.index, row_names[r]);
-            if (stat(path, &sb) == 0 && sb.st_dev == qsb.st_dev && sb.st_ino == qsb.st_ino)
-                continue;
-        }
-        double s = 0.0;
-        for (int64_t i = 0; i < dim; i++) s += (double)qe[i] * emb[r * dim + i];
-        rank[kept].score = (float)s;
-        rank[kept++].index = (int)r;
-    }
-    qsort(rank, (size_t)kept, sizeof *rank, cli_ranked_cmp);
-    for (int64_t r = 0; r < kept && r < o.topk; r++) {
-        char path[4096];
-        snprintf(path, sizeof path, "%s/%s", o.index, row_names[rank[r].index]);
-        if (o.json) {
-            /* a non-finite score is null, as classify prints it */
-            fputs("{\"image\": ", stdout);
-            cli_json_string(stdout, path);
-            fputs(", \"score\": ", stdout);
-            cli_json_number(stdout, (double)rank[r].score);
-            fputs("}\n", stdout);
-        } else {
-            printf("%.6f  ", (double)rank[r].score);
-            cli_put_escaped(stdout, path, SIZE_MAX);
-            putchar('\n');
-        }
-    }
-    rc = fflush(stdout) != 0 ? cli_error("cannot write the output") : failed ? CLI_FAIL : CLI_OK;
+    rc = similar_rank(&o, m, cfg, &in, VITC_POOL_DEFAULT, emb, rows, dim, row_names, o.index);
+    if (rc == CLI_OK && failed)
+        rc = CLI_FAIL;
 out:
     for (int i = 0; i < n; i++) free(names[i]);
     free(names);
@@ -422,8 +524,6 @@ out:
     free(names_text);
     free(emb);
     free(batch);
-    free(q);
-    free(rank);
     json_decref(sig);
     vitc_vit_free(m);
     return rc;

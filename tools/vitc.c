@@ -17,7 +17,9 @@ static const struct {
     {"zero-shot", cmd_zero_shot, "label images with words of your choice (CLIP, SigLIP)"},
     {"serve", cmd_serve, "serve a model over HTTP: embeddings, classification (docs/serve.md)"},
     {"tokenize", cmd_tokenize, "the token ids a CLIP or SigLIP model sees for a text"},
+    {"segment", cmd_segment, "masks of what points and boxes select (Segment Anything)"},
     {"attention-map", cmd_attention_map, "write an attention heat map over an image (PNG)"},
+    {"depth", cmd_depth, "a depth map of an image with Depth Anything (PNG, .npy)"},
     {"inspect", cmd_inspect, "list a safetensors file's tensors, metadata and architecture"},
     {"train", cmd_train, "train a Vision Transformer on Fashion-MNIST, MNIST or an ImageFolder"},
     {"eval", cmd_eval, "accuracy, per-class accuracy and confusion matrix on a test set"},
@@ -35,7 +37,9 @@ static void cli_help(FILE *f) {
     for (size_t i = 0; i < CLI_NCMDS; i++)
         fprintf(f, "  %-15s %s\n", cli_cmds[i].name, cli_cmds[i].help);
     fprintf(f, "\n'vitc help COMMAND' (or 'vitc COMMAND --help') describes a command.\n"
-               "'vitc --version' prints the version and the kernels this CPU runs.\n\n"
+               "'vitc --version' prints the version, the kernels this CPU runs, the CPU and\n"
+               "caches as read, and the GEMM blocking chosen from them (VITC_CACHE,\n"
+               "VITC_BLOCKING force them: docs/kernels-gemm.md).\n\n"
                "Platforms: x86-64 Linux; the AVX-512, AVX2 or portable C kernels are\n"
                "chosen at run time (VITC_ARCH forces one). Other architectures do not build\n"
                "yet; other systems are untested.\n");
@@ -71,8 +75,11 @@ int main(int argc, char **argv) {
         return CLI_OK;
     }
     if (!strcmp(argv[1], "--version")) {
+        char cpu[1024];
         printf("vitc %s (kernels: %s, gemm: %s; %s)\n", vitc_version(), vitc_get_arch(),
                vitc_get_gemm_backend(), vitc_get_precision_paths());
+        vitc_cpu_info(cpu, sizeof cpu, VITC_CPU_INFO_TEXT);
+        fputs(cpu, stdout);
         return CLI_OK;
     }
     for (size_t i = 0; i < CLI_NCMDS; i++)

@@ -11,7 +11,10 @@ from .vit import *  # noqa: F401,F403  (VisionTransformer)
 from .image import *  # noqa: F401,F403  (load_image, preprocess_image, save_png)
 from .train import *  # noqa: F401,F403  (cross_entropy, AdamW, SGD, clip_grad_norm_)
 from .text import *  # noqa: F401,F403  (Tokenizer)
+from .sam import Sam, SamPredictor  # noqa: F401  (Segment Anything)
 from . import lr  # noqa: F401  (vitc.lr.OneCycleLR, vitc.lr.WarmupCosine)
+from .cpu import cpu_info  # noqa: F401
+from .depth import DepthAnything  # noqa: F401  (Depth Anything V1 / V2)
 
 from . import layers as _layers, grad as _grad, io as _io, vit as _vit, image as _image, \
     train as _train, text as _text
@@ -20,7 +23,8 @@ __version__ = _lib.lib.vitc_version().decode()
 
 # help(vitc) and `from vitc import *` list what each module exports, not
 # only this file's own functions
-__all__ = (["Status", "VitcError", "lr", "set_num_threads", "get_num_threads", "get_arch"]
+__all__ = (["Status", "VitcError", "lr", "DepthAnything", "Sam", "SamPredictor",
+            "set_num_threads", "get_num_threads", "get_arch", "cpu_info"]
            + _layers.__all__ + _grad.__all__ + _io.__all__ + _vit.__all__ + _image.__all__
            + _train.__all__ + _text.__all__)
 

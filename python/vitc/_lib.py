@@ -501,3 +501,74 @@ def _zero_shot_signatures():
 
 
 _zero_shot_signatures()
+
+
+# ---- CPU (src/kernels/cpu.c)
+def _cpu_signatures():
+    fn = lib.vitc_cpu_info
+    fn.restype, fn.argtypes = ctypes.c_size_t, [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_int]
+
+
+_cpu_signatures()
+
+
+# ---- Depth Anything (src/models/depth.c)
+def _depth_signatures():
+    P, vp, i, f, cp = (ctypes.POINTER, ctypes.c_void_p, ctypes.c_int, ctypes.c_float,
+                       ctypes.c_char_p)
+    sigs = {
+        "vitc_depth_load": (i, [cp, P(vp)]),
+        "vitc_depth_free": (None, [vp]),
+        "vitc_depth_input_size": (i, [vp, i, i, P(i), P(i)]),
+        "vitc_depth_forward": (i, [vp, P(f), i, i, i, P(f)]),
+        "vitc_depth_predict": (i, [vp, P(Image), P(P(f))]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+
+
+_depth_signatures()
+
+# vitc_depth_predict's map is malloc'd by the library: libc's free gives it back.
+libc_free = ctypes.CDLL(None).free
+libc_free.restype, libc_free.argtypes = None, [ctypes.c_void_p]
+
+
+# ---- SAM (src/models/sam.c; Segment Anything)
+class SamPrompt(ctypes.Structure):
+    """vitc_sam_prompt."""
+    _fields_ = [("n_points", ctypes.c_int), ("points", c_float_p),
+                ("labels", ctypes.POINTER(ctypes.c_int)), ("box", c_float_p),
+                ("mask", c_float_p), ("multimask", ctypes.c_int)]
+
+
+class SamResult(ctypes.Structure):
+    """vitc_sam_result."""
+    _fields_ = [("n_masks", ctypes.c_int), ("height", ctypes.c_int), ("width", ctypes.c_int),
+                ("masks", c_float_p), ("low_res", c_float_p), ("iou", ctypes.c_float * 4)]
+
+
+STRUCTS.update({"vitc_sam_prompt": SamPrompt, "vitc_sam_result": SamResult})
+
+
+def _sam_signatures():
+    P, i, i64, vp, cp = ctypes.POINTER, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_char_p
+    sigs = {
+        "vitc_sam_load": (i, [cp, P(vp)]),
+        "vitc_sam_free": (None, [vp]),
+        "vitc_sam_input_size": (i, [vp]),
+        "vitc_sam_embedding_shape": (None, [vp, P(i64)]),
+        "vitc_sam_set_image": (i, [vp, P(Image), P(vp)]),
+        "vitc_sam_set_image_tensor": (i, [vp, c_float_p, i, i, P(vp)]),
+        "vitc_sam_image_free": (None, [vp]),
+        "vitc_sam_image_embedding": (c_float_p, [vp]),
+        "vitc_sam_predict": (i, [vp, vp, P(SamPrompt), P(SamResult)]),
+        "vitc_sam_result_free": (None, [P(SamResult)]),
+    }
+    for name, (res, args) in sigs.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, args
+
+
+_sam_signatures()

@@ -400,6 +400,8 @@ typedef struct png_wctx {
     const uint8_t *rgb;
     int width, height;
     char msg[200];
+    const uint16_t *gray16; /* [height, width] instead of rgb: a 16-bit gray PNG */
+    uint8_t *row;           /* [width * 2] one gray16 row, big-endian as PNG stores it */
 } png_wctx;
 
 static void png_werr_fn(png_structp png, png_const_charp msg) {
@@ -422,12 +424,22 @@ static vitc_status png_write_to(FILE *f, void *p) {
         st = vitc__err(VITC_ERR_IO, "%s: writing PNG failed: %s", c->path, c->msg);
     } else {
         png_init_io(png, f);
-        png_set_IHDR(png, info, (png_uint_32)c->width, (png_uint_32)c->height, 8,
-                     PNG_COLOR_TYPE_RGB, PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT,
-                     PNG_FILTER_TYPE_DEFAULT);
+        png_set_IHDR(png, info, (png_uint_32)c->width, (png_uint_32)c->height,
+                     c->gray16 ? 16 : 8, c->gray16 ? PNG_COLOR_TYPE_GRAY : PNG_COLOR_TYPE_RGB,
+                     PNG_INTERLACE_NONE, PNG_COMPRESSION_TYPE_DEFAULT, PNG_FILTER_TYPE_DEFAULT);
         png_write_info(png, info);
-        for (int y = 0; y < c->height; y++)
-            png_write_row(png, (png_const_bytep)(c->rgb + (size_t)y * c->width * 3));
+        for (int y = 0; y < c->height; y++) {
+            if (!c->gray16) {
+                png_write_row(png, (png_const_bytep)(c->rgb + (size_t)y * c->width * 3));
+                continue;
+            }
+            const uint16_t *g = c->gray16 + (size_t)y * (size_t)c->width;
+            for (int x = 0; x < c->width; x++) {
+                c->row[2 * x] = (uint8_t)(g[x] >> 8);
+                c->row[2 * x + 1] = (uint8_t)(g[x] & 0xff);
+            }
+            png_write_row(png, (png_const_bytep)c->row);
+        }
         png_write_end(png, info);
     }
     png_destroy_write_struct(&png, &info);
@@ -442,8 +454,26 @@ vitc_status vitc_image_save_png(const char *path, const uint8_t *rgb, int width,
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_save_png: invalid size %dx%d",
                          width, height);
 #ifdef VITC_HAVE_PNG
-    png_wctx ctx = {path, rgb, width, height, {0}};
+    png_wctx ctx = {path, rgb, width, height, {0}, NULL, NULL};
     return vitc__write_file(path, png_write_to, &ctx);
+#else
+    return vitc__err(VITC_ERR_UNSUPPORTED, "%s: PNG support was not built in (libpng)", path);
+#endif
+}
+
+vitc_status vitc_image_save_png16(const char *path, const uint16_t *gray, int width, int height) {
+    if (!path || !gray)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_save_png16: NULL argument");
+    if (width <= 0 || height <= 0 || width > 0x7fffffff / 2)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_image_save_png16: invalid size %dx%d",
+                         width, height);
+#ifdef VITC_HAVE_PNG
+    png_wctx ctx = {path, NULL, width, height, {0}, gray, malloc((size_t)width * 2)};
+    if (!ctx.row)
+        return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for a %d-pixel row", path, width);
+    vitc_status s = vitc__write_file(path, png_write_to, &ctx);
+    free(ctx.row);
+    return s;
 #else
     return vitc__err(VITC_ERR_UNSUPPORTED, "%s: PNG support was not built in (libpng)", path);
 #endif

@@ -13,9 +13,11 @@
 #endif
 
 #include "attention_impl.h"
+#include "cpu.h"
 #include "gemm_lp.h"
 #include "gemm_ukernels.h"
 #include "ops_simd.h"
+#include "../nn/dense.h"
 
 /* -1 until decided; then the arch in use. Read and written atomically:
  * kernels ask from any thread, and the first ones may race to decide (they
@@ -156,6 +158,58 @@ void vitc__kernels_init_ref(vitc__kernels *t) {
 static vitc__kernels vitc__tables[VITC_ARCH_COUNT];
 static pthread_once_t vitc__tables_once = PTHREAD_ONCE_INIT;
 
+/* Each path's GEMM kernel as its setup gave it (its measured blocks), and
+ * copies of it with the blocking of this CPU: one generation per distinct
+ * blocking. A new blocking (vitc__cache_force, vitc__blocking_force) takes
+ * fresh copies rather than rewrite the old ones, which fp32 weights packed
+ * before (vitc__pweight's kern) still describe. */
+#define VITC__BLOCK_GENS 64
+static const vitc__gemm_kernel *vitc__gemm_base[VITC_ARCH_COUNT];
+static vitc__gemm_kernel vitc__gemm_blocked[VITC__BLOCK_GENS][VITC_ARCH_COUNT];
+static int vitc__block_gen = -1;
+static pthread_mutex_t vitc__block_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static vitc_status vitc__reblock_locked(void) {
+    const vitc__cpu *cpu = vitc__cpu_get();
+    vitc__blocking b[VITC_ARCH_COUNT];
+    for (int a = 0; a < VITC_ARCH_COUNT; a++) {
+        const vitc__gemm_kernel *k = vitc__gemm_base[a];
+        vitc__blocking_rule(&b[a], cpu, k->mr, k->nr, k->kc, k->mc, k->nc);
+        vitc__blocking_apply_forced(&b[a], k->mr, k->nr);
+    }
+    /* A generation with these blocks already (a blocking forced back, as
+     * tests do) is taken again: the slots bound the distinct blockings. */
+    int gen = -1;
+    for (int g = 0; g <= vitc__block_gen && gen < 0; g++) {
+        int same = 1;
+        for (int a = 0; a < VITC_ARCH_COUNT; a++) {
+            const vitc__gemm_kernel *c = &vitc__gemm_blocked[g][a];
+            same &= c->kc == b[a].kc && c->mc == b[a].mc && c->nc == b[a].nc;
+        }
+        if (same) gen = g;
+    }
+    if (gen < 0) {
+        if (vitc__block_gen + 1 >= VITC__BLOCK_GENS)
+            return vitc__err(VITC_ERR_UNSUPPORTED,
+                             "%d different blockings were used in this process, the most it "
+                             "keeps; start a new process to try more",
+                             VITC__BLOCK_GENS);
+        gen = ++vitc__block_gen;
+        for (int a = 0; a < VITC_ARCH_COUNT; a++) {
+            vitc__gemm_kernel *c = &vitc__gemm_blocked[gen][a];
+            *c = *vitc__gemm_base[a];
+            c->kc = b[a].kc, c->mc = b[a].mc, c->nc = b[a].nc;
+        }
+    }
+    for (int a = 0; a < VITC_ARCH_COUNT; a++) {
+        __atomic_store_n(&vitc__tables[a].gemm, &vitc__gemm_blocked[gen][a], __ATOMIC_RELEASE);
+        vitc__tables[a].lp_mc = b[a].lp_mc;
+        vitc__tables[a].lp_nb = b[a].lp_nb;
+        vitc__tables[a].cpu = cpu;
+    }
+    return VITC_OK;
+}
+
 static void vitc__tables_init(void) {
     for (int a = 0; a < VITC_ARCH_COUNT; a++) {
         vitc__kernels_init_ref(&vitc__tables[a]);
@@ -166,6 +220,18 @@ static void vitc__tables_init(void) {
     vitc__kernels_setup_avx2(&vitc__tables[VITC_ARCH_AVX2]);
     vitc__kernels_setup_avx512(&vitc__tables[VITC_ARCH_AVX512]);
 #endif
+    for (int a = 0; a < VITC_ARCH_COUNT; a++) vitc__gemm_base[a] = vitc__tables[a].gemm;
+    pthread_mutex_lock(&vitc__block_mu);
+    vitc__reblock_locked(); /* the first generation: cannot fail */
+    pthread_mutex_unlock(&vitc__block_mu);
+}
+
+vitc_status vitc__tables_reblock(void) {
+    pthread_once(&vitc__tables_once, vitc__tables_init);
+    pthread_mutex_lock(&vitc__block_mu);
+    vitc_status st = vitc__reblock_locked();
+    pthread_mutex_unlock(&vitc__block_mu);
+    return st;
 }
 
 const vitc__kernels *vitc__kern(void) {
@@ -389,7 +455,10 @@ const char *vitc_get_precision_paths(void) {
     }
     if (n > 0 && (size_t)n < sizeof buf && vitc__kern()->lp_family == VITC__LP_FAMILY_AVX512 &&
         !vitc__amx_usable(&why))
-        snprintf(buf + n, sizeof buf - (size_t)n, "; AMX: not used (%s)", why);
+        n += snprintf(buf + n, sizeof buf - (size_t)n, "; AMX: not used (%s)", why);
+    /* the dense layers' (src/nn/dense.c) only choice: said when forced */
+    if (n > 0 && (size_t)n < sizeof buf && !strcmp(vitc__nn_dense_path(), "ref"))
+        snprintf(buf + n, sizeof buf - (size_t)n, "; dense layers: reference (VITC_DENSE=ref)");
     return buf;
 }
 

@@ -280,6 +280,9 @@ static void vitc__ukr_generic(int64_t kc, const float *pa, const float *pb, floa
 }
 #endif
 
+/* The blocks as measured on a 1 MB L2: dispatch.c's tables hold a copy
+ * with the blocks the CPU's caches give (cpu.c's rules), which the driver
+ * reads through vitc__kern()->gemm. */
 const vitc__gemm_kernel vitc__gemm_kernel_generic = {
     VITC_G_MR, VITC_G_NR, 512, 96, 1024, vitc__ukr_generic, NULL, NULL, NULL, 0, NULL,
 };

@@ -300,7 +300,8 @@ typedef struct vitc__lp_job {
     void (*gelu)(float *x, int64_t n); /* after each tile, unless fused */
     int fused_gelu;                    /* the microkernel applies GELU itself */
     int by_cols, nparts;
-    int64_t mcs;        /* A strips per cache block (VITC_LP_MC rows) */
+    int64_t mcs;        /* A strips per cache block (the table's lp_mc rows) */
+    int64_t nb;         /* B strips per L2 block (vitc__lp_nb) */
     vitc__coop *coop;   /* non-NULL: A converted inside the GEMM's region */
     _Atomic int64_t *next_chunk; /* non-NULL: column chunks claimed as threads come free */
     int64_t chunk, nchunks;      /* column strips per chunk, chunks */
@@ -345,16 +346,14 @@ static void vitc__lp_pack_task(void *ctx, int64_t t, int tid) {
     vitc__lp_pack_strip(ctx, t);
 }
 
-/* Cache blocking: a block of B strips (at most VITC_LP_NB bytes) stays in
- * L2 while every A block (144 rows) of the thread passes over it, and each
- * A block stays there while the block's B strips pass. Without the B
- * blocking a 3072-wide weight (2.4 MB in int8) streamed from L3 once per A
- * block: batch 8 ran at 40% of batch 1's speed. */
-#define VITC_LP_MC 144
-#define VITC_LP_NB (384 * 1024)
-
-static int64_t vitc__lp_nb(int64_t kg) { /* B strips per L2 block */
-    int64_t nb = VITC_LP_NB / (kg * NR * 4);
+/* Cache blocking: a block of B strips (at most the table's lp_nb bytes,
+ * 384 KB on a 1 MB L2) stays in L2 while every A block (lp_mc rows, 144 on
+ * a 1 MB L2) of the thread passes over it, and each A block stays there
+ * while the block's B strips pass. Without the B blocking a 3072-wide
+ * weight (2.4 MB in int8) streamed from L3 once per A block: batch 8 ran
+ * at 40% of batch 1's speed. Both come from the CPU's caches (cpu.c). */
+static int64_t vitc__lp_nb(int64_t lp_nb, int64_t kg) { /* B strips per L2 block */
+    int64_t nb = lp_nb / (kg * NR * 4);
     return nb < 1 ? 1 : nb;
 }
 
@@ -365,7 +364,7 @@ static void vitc__lp_block(const vitc__lp_job *g, int64_t c0, int64_t c1, int64_
     const vitc__pweight *pw = g->pw;
     const int64_t N = pw->N, kg = pw->kg, smr = g->smr, mc = g->mcs;
     const uint32_t *pb0 = pw->data;
-    const int64_t nb = vitc__lp_nb(kg);
+    const int64_t nb = g->nb;
     for (int64_t jb = c0; jb < c1; jb += nb) {
     int64_t je = jb + nb < c1 ? jb + nb : c1;
     for (int64_t ib = r0; ib < r1; ib += mc) {
@@ -467,7 +466,9 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
     vitc__lp_job g = {.kn = kn, .pw = pw, .x = x, .ldx = ldx, .y = y, .ldy = ldy, .bias = bias,
                       .res = residual, .ldr = ldr, .ln = ln, .M = M, .smr = smr, .sa = smr * lda,
                       .pa = pa, .gelu = gelu ? vitc__kern()->gelu : NULL, .nparts = 1};
-    g.mcs = VITC_LP_MC / smr > 0 ? VITC_LP_MC / smr : 1;
+    const vitc__kernels *kt = vitc__kern(); /* one blocking for the call */
+    g.mcs = kt->lp_mc / smr > 0 ? kt->lp_mc / smr : 1;
+    g.nb = vitc__lp_nb(kt->lp_nb, kg);
     /* the SIMD kernels' in-register GELU is bitwise the path's gelu only
      * where the table says so (avx512: the same vitc__v_gelu) */
     g.fused_gelu = gelu && kn->fused_gelu && vitc__kern()->lp_fused_gelu;
@@ -507,7 +508,7 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
         g.chunk = (cs + per_thread * g.nparts - 1) / (per_thread * g.nparts);
         /* whole L2 blocks of B strips: a chunk of 9 with blocks of 7 (bf16,
          * K = 768) would pass over A twice for its last 2 strips */
-        int64_t nb = vitc__lp_nb(kg);
+        int64_t nb = g.nb;
         if (g.chunk > nb) g.chunk = g.chunk / nb * nb;
         g.nchunks = (cs + g.chunk - 1) / g.chunk;
         atomic_init(&next_chunk, 0);

@@ -152,8 +152,16 @@ typedef struct vitc__kernels {
                                     int64_t j1);
     void (*adamw)(float *p, float *m, float *v, float *vmax, const float *g, size_t n,
                   const vitc__adamw_coef *c);
-    /* The built-in GEMM's microkernel and blocking (gemm_ukernels.h). */
+    /* The built-in GEMM's microkernel and blocking (gemm_ukernels.h): the
+     * path's kernel with its kc, mc, nc derived from this CPU's caches
+     * (cpu.c), or forced (VITC_BLOCKING, VITC_CACHE). */
     const struct vitc__gemm_kernel *gemm;
+    /* The bf16 / int8 GEMM's blocks (gemm_lp.c), from the same rules: rows
+     * of A per block, bytes of weight strips per block. */
+    int64_t lp_mc, lp_nb;
+    /* The CPU the blocks were derived from (cpu.h: caches, model,
+     * datapath), read once. */
+    const struct vitc__cpu *cpu;
 } vitc__kernels;
 
 /* The table of the arch in use; never NULL. */

@@ -182,6 +182,11 @@ static vitc_status src_open_hub(vitc__src *src, const char *weights, char **wpat
 
 /* The error when no family claims src. */
 static vitc_status vit_no_family(const vitc__src *src) {
+    const char *type = src->config && !src->timm_hub ? vitc__hub_model_type(src) : NULL;
+    if (type && !strcmp(type, "sam")) /* not a classifier: its own loader */
+        return vitc__err(VITC_ERR_UNSUPPORTED, "%s is a Segment Anything model: load it with "
+                         "vitc_sam_load (Python vitc.Sam, CLI vitc segment)",
+                         src->dir ? src->dir : "config.json");
     if (src->config && !src->timm_hub)
         return vitc__hub_unknown(src);
     return vitc__err(VITC_ERR_KEY, "not a Vision Transformer checkpoint: no class_token or "

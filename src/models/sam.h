@@ -39,4 +39,55 @@ void vitc__sam_dec_free(vitc__sam_dec *d);
 vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_image *e,
                                   int input_size, const vitc_sam_prompt *p, vitc_sam_result *out);
 
+/* ---- the model (sam.c) and its image encoder (sam_encoder.c) ------- */
+
+/* One encoder block's weights (row-major, torch's layouts). */
+typedef struct vitc__sam_layer {
+    float *ln1_w, *ln1_b;   /* [C] */
+    float *qkv_w, *qkv_b;   /* [3C, C], [3C] (NULL: qkv_bias false) */
+    float *proj_w, *proj_b; /* [C, C], [C] */
+    float *rel_h, *rel_w;   /* [2g-1, C/H] (g: the window, or the grid), NULL without */
+    float *ln2_w, *ln2_b;   /* [C] */
+    float *fc1_w, *fc1_b;   /* [M, C], [M] */
+    float *fc2_w, *fc2_b;   /* [C, M], [C] */
+} vitc__sam_layer;
+
+/* Packed weights of a block, and of the patch and neck convolutions. */
+enum { VITC__SAM_PW_QKV, VITC__SAM_PW_PROJ, VITC__SAM_PW_FC1, VITC__SAM_PW_FC2,
+       VITC__SAM_PW_LAYER };
+
+/* transformers' SamVisionEncoder. */
+typedef struct vitc__sam_enc {
+    int C, depth, H, M, patch, img, grid, ws, O; /* width, blocks, heads, MLP, patch, input
+                                                  * side, grid = img / patch, window, neck */
+    int use_rel, use_abs, qkv_bias, act;         /* act: VITC__NN_* */
+    float eps;
+    unsigned char *global;   /* [depth] 1: the block attends over the whole grid */
+    float *patch_w, *patch_b; /* [C, 3 p p], [C] */
+    float *pos;              /* [grid, grid, C] or NULL */
+    vitc__sam_layer *layers; /* [depth] */
+    float *neck1_w;          /* [O, C] (conv 1x1, no bias) */
+    float *nln1_w, *nln1_b;  /* [O] */
+    float *neck2_w;          /* [O, O, 3, 3] (conv 3x3 pad 1, no bias) */
+    float *nln2_w, *nln2_b;  /* [O] */
+    /* [depth * VITC__SAM_PW_LAYER + 3]: the blocks', then patch, neck1,
+     * neck2; NULL without a packing kernel (row-major GEMMs then) */
+    vitc__pweight *pw;
+} vitc__sam_enc;
+
+struct vitc_sam {
+    vitc__sam_enc enc;
+    vitc__sam_dec *dec;
+};
+
+/* The encoder's tensors (vision_encoder.*) from sh, every shape checked
+ * against e's config before anything is allocated; packed for the GEMM. */
+vitc_status vitc__sam_enc_load(vitc__sam_enc *e, const vitc__shards *sh);
+void vitc__sam_enc_free(vitc__sam_enc *e);
+/* pixels [3, img, img] (preprocessed) -> emb [O, grid, grid] and emb_cl
+ * [grid, grid, O]. Scratch is the call's own (bounded: a few grids of
+ * activations, nothing of N x N). */
+vitc_status vitc__sam_enc_forward(const vitc__sam_enc *e, const float *pixels, float *emb,
+                                  float *emb_cl);
+
 #endif

@@ -1,19 +1,836 @@
 /*
- * sam_decoder.c — SAM's prompt encoder, mask decoder and post-processing.
- * (Being written: until it lands, loading a SAM model fails here with a
- * clear message rather than at link time.)
+ * sam_decoder.c — SAM's prompt encoder, mask decoder and post-processing,
+ * as transformers' SamModel computes them with image_embeddings given and
+ * SamProcessor maps prompts in and masks out.
+ *
+ * One prompt is one decoder run (a point batch of 1): its sparse tokens
+ * (points, the padding point when there is no box, box corners) after the
+ * IoU and mask tokens, the dense prompt (the mask prompt downscaled, or
+ * no_mask_embed) added to the image's embedding, the two-way transformer,
+ * the upscaling and the hypernetwork products. Only the masks asked for
+ * are formed (multimask: tokens 1..3; single: token 0).
+ *
+ * Maps are channels-last ([h, w, C], the encoder's layout), as the dense
+ * layers (src/nn/dense.h) take them; the convolutions' weights are put in
+ * their layout once, at load.
  */
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "../kernels/kernels.h"
+#include "../nn/dense.h"
 #include "sam.h"
+
+/* More points than this in one prompt are refused: the released models
+ * were trained with at most a few dozen, and the token count bounds the
+ * attention's scratch. */
+#define SAM_MAX_POINTS 1000
+/* Depth bound of the hypernetwork and IoU head MLPs (3 in every release). */
+#define SAM_MAX_FFN 8
+
+enum { SAM_ACT_GELU, SAM_ACT_RELU };
+
+typedef struct sam_wb {
+    float *w, *b;
+} sam_wb;
+
+/* SamAttention: q/k/v projections to I = C / downsample, heads over I. */
+typedef struct sam_attn {
+    sam_wb q, k, v, o; /* q, k, v: [I, C]; o: [C, I] */
+    int64_t I;
+} sam_attn;
+
+typedef struct sam_layer {
+    sam_attn self, t2i, i2t;
+    sam_wb ln1, ln2, ln3, ln4;
+    sam_wb lin1, lin2; /* [mlp, C], [C, mlp] */
+} sam_layer;
+
+/* SamFeedForward: proj_in, ReLU, (layers, ReLU)..., proj_out. */
+typedef struct sam_ffn {
+    sam_wb in, mid[SAM_MAX_FFN], out;
+    int n_mid;
+    int64_t hidden, out_dim;
+} sam_ffn;
+
+struct vitc__sam_dec {
+    int64_t C, heads, mlp, n_layers, ds, T, iou_hidden, iou_depth, mc, grid, image_size;
+    int act_prompt, act_mlp;
+    float eps_prompt, eps_dec;
+    /* prompt encoder */
+    float *pe;             /* [2, C/2] random Fourier features */
+    float *point_embed[4]; /* [C] each: background, foreground, box corner 1, corner 2 */
+    float *not_a_point, *no_mask; /* [C] */
+    sam_wb mconv1, mln1, mconv2, mln2, mconv3; /* convolutions: dense.h layouts */
+    /* mask decoder */
+    float *iou_token;   /* [C] */
+    float *mask_tokens; /* [T, C] */
+    sam_layer *layers;  /* [n_layers] */
+    sam_attn final;
+    sam_wb ln_final;
+    sam_wb up1, up_ln, up2; /* up1 [2, 2, C/4, C], up2 [2, 2, C/8, C/4] */
+    sam_ffn hyper[4], iou;
+    float *pe_img; /* [grid*grid, C] the dense positional embedding */
+    void **bufs;
+    int n_bufs, cap_bufs;
+};
+
+/* ------------------------------------------------------------------ */
+/* Loading                                                            */
+/* ------------------------------------------------------------------ */
+
+static float *dec_alloc(vitc__sam_dec *d, int64_t n) {
+    if (d->n_bufs == d->cap_bufs) {
+        int cap = d->cap_bufs ? 2 * d->cap_bufs : 64;
+        void *a = realloc(d->bufs, (size_t)cap * sizeof *d->bufs);
+        if (!a)
+            return NULL;
+        d->bufs = a;
+        d->cap_bufs = cap;
+    }
+    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (p)
+        d->bufs[d->n_bufs++] = p;
+    return p;
+}
+
+/* The tensor name (printf-style) of shape want[nd] into a new buffer. */
+static vitc_status take(vitc__sam_dec *d, const vitc__shards *sh, float **dst, const int64_t *want,
+                        int nd, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static vitc_status take(vitc__sam_dec *d, const vitc__shards *sh, float **dst, const int64_t *want,
+                        int nd, const char *fmt, ...) {
+    char name[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    int64_t n = 1;
+    for (int i = 0; i < nd; i++) n *= want[i];
+    float *p = dec_alloc(d, n);
+    if (!p)
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM tensor %s", name);
+    *dst = p;
+    return vitc__hub_take(sh, name, want, nd, 0, p);
+}
+
+/* A shape as take's (want, nd) pair. */
+#define SHAPE(...)                                                                                 \
+    ((const int64_t[]){__VA_ARGS__}),                                                              \
+        (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
+
+static vitc_status take_linear(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t out,
+                               int64_t in, const char *module) {
+    VITC_TRY(take(d, sh, &l->w, SHAPE(out, in), "%s.weight", module));
+    return take(d, sh, &l->b, SHAPE(out), "%s.bias", module);
+}
+
+static vitc_status take_ln(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t C,
+                           const char *module) {
+    VITC_TRY(take(d, sh, &l->w, SHAPE(C), "%s.weight", module));
+    return take(d, sh, &l->b, SHAPE(C), "%s.bias", module);
+}
+
+static vitc_status take_attn(vitc__sam_dec *d, const vitc__shards *sh, sam_attn *a, int64_t ds,
+                             const char *module) {
+    char n[160];
+    a->I = d->C / ds;
+    if (a->I * ds != d->C || a->I % d->heads)
+        return vitc__err(VITC_ERR_FORMAT,
+                         "config.json: mask_decoder_config's hidden_size %lld / downsample %lld "
+                         "is not divisible by num_attention_heads %lld",
+                         (long long)d->C, (long long)ds, (long long)d->heads);
+    static const char *const proj[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
+    sam_wb *wb[4] = {&a->q, &a->k, &a->v, &a->o};
+    for (int i = 0; i < 4; i++) {
+        snprintf(n, sizeof n, "%s.%s", module, proj[i]);
+        VITC_TRY(take_linear(d, sh, wb[i], i < 3 ? a->I : d->C, i < 3 ? d->C : a->I, n));
+    }
+    return VITC_OK;
+}
+
+static vitc_status take_ffn(vitc__sam_dec *d, const vitc__shards *sh, sam_ffn *f, int64_t in,
+                            int64_t hidden, int64_t out, int depth, const char *module) {
+    char n[160];
+    f->hidden = hidden, f->out_dim = out, f->n_mid = depth - 2;
+    snprintf(n, sizeof n, "%s.proj_in", module);
+    VITC_TRY(take_linear(d, sh, &f->in, hidden, in, n));
+    for (int i = 0; i < f->n_mid; i++) {
+        snprintf(n, sizeof n, "%s.layers.%d", module, i);
+        VITC_TRY(take_linear(d, sh, &f->mid[i], hidden, hidden, n));
+    }
+    snprintf(n, sizeof n, "%s.proj_out", module);
+    return take_linear(d, sh, &f->out, out, hidden, n);
+}
+
+/* torch's Conv2d weight [O, Cin, 2, 2] in the dense layers' [O, 2, 2, Cin]. */
+static vitc_status take_conv2(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t O,
+                              int64_t Cin, const char *module) {
+    float *t;
+    VITC_TRY(take(d, sh, &t, SHAPE(O, Cin, 2, 2), "%s.weight", module));
+    if (!(l->w = dec_alloc(d, O * Cin * 4)))
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for %s", module);
+    vitc__nn_conv_pack(l->w, t, O, Cin, 2, 2);
+    return take(d, sh, &l->b, SHAPE(O), "%s.bias", module);
+}
+
+/* torch's ConvTranspose2d weight [Cin, O, 2, 2] in the dense layers'
+ * [2, 2, O, Cin]. */
+static vitc_status take_convt2(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t Cin,
+                               int64_t O, const char *module) {
+    float *t;
+    VITC_TRY(take(d, sh, &t, SHAPE(Cin, O, 2, 2), "%s.weight", module));
+    if (!(l->w = dec_alloc(d, O * Cin * 4)))
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for %s", module);
+    vitc__nn_convt_pack(l->w, t, Cin, O, 2, 2);
+    return take(d, sh, &l->b, SHAPE(O), "%s.bias", module);
+}
+
+/* An integer of a config section in [lo, hi], def when absent. */
+static vitc_status cfg_int(const json_t *sec, const char *sname, const char *key, int64_t def,
+                           int64_t lo, int64_t hi, int64_t *out) {
+    json_t *v = sec ? json_object_get(sec, key) : NULL;
+    *out = def;
+    if (!v || json_is_null(v))
+        return VITC_OK;
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return vitc__err(VITC_ERR_FORMAT, "config.json: %s.%s must be an integer in [%lld, %lld]",
+                         sname, key, (long long)lo, (long long)hi);
+    *out = json_integer_value(v);
+    return VITC_OK;
+}
+
+static vitc_status cfg_eps(const json_t *sec, const char *sname, const char *key, double def,
+                           float *out) {
+    json_t *v = sec ? json_object_get(sec, key) : NULL;
+    *out = (float)def;
+    if (!v || json_is_null(v))
+        return VITC_OK;
+    if (!json_is_number(v) || !(json_number_value(v) > 0) || json_number_value(v) > 1)
+        return vitc__err(VITC_ERR_FORMAT, "config.json: %s.%s must be a number in (0, 1]", sname,
+                         key);
+    *out = (float)json_number_value(v);
+    return VITC_OK;
+}
+
+static vitc_status cfg_act(const json_t *sec, const char *sname, const char *def, int *out) {
+    json_t *v = sec ? json_object_get(sec, "hidden_act") : NULL;
+    const char *s = v && json_is_string(v) ? json_string_value(v) : def;
+    if (v && !json_is_null(v) && !json_is_string(v))
+        return vitc__err(VITC_ERR_FORMAT, "config.json: %s.hidden_act must be a string", sname);
+    if (!strcmp(s, "gelu"))
+        *out = SAM_ACT_GELU;
+    else if (!strcmp(s, "relu"))
+        *out = SAM_ACT_RELU;
+    else
+        return vitc__err(VITC_ERR_UNSUPPORTED,
+                         "config.json: %s.hidden_act \"%.40s\" is not supported (gelu or relu)",
+                         sname, s);
+    return VITC_OK;
+}
+
+/* The positional encoding of one point normalised to [0, 1]^2 after the
+ * 2c - 1 map (u, v), as SamPositionalEmbedding: [sin(2 pi f), cos(2 pi
+ * f)], f = (u, v) @ pe. The product in double then rounded: what a GEMM
+ * with K = 2 and a fused multiply-add gives. */
+static void pos_encode(const vitc__sam_dec *d, float u, float v, float *out) {
+    const int64_t F = d->C / 2;
+    for (int64_t j = 0; j < F; j++) {
+        float f = (float)((double)u * d->pe[j] + (double)v * d->pe[F + j]);
+        float t = f * (float)(2.0 * 3.14159265358979323846);
+        out[j] = sinf(t);
+        out[F + j] = cosf(t);
+    }
+}
 
 vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
                                const struct json_t *config) {
-    (void)sh, (void)config;
+    if (!out || !sh)
+        return vitc__err(VITC_ERR_INVALID_ARG, "SAM decoder load: NULL argument");
     *out = NULL;
-    return vitc__err(VITC_ERR_UNSUPPORTED, "SAM's mask decoder is not built in this version");
+    vitc__sam_dec *d = calloc(1, sizeof *d);
+    if (!d)
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's decoder");
+    const json_t *pc = config ? json_object_get(config, "prompt_encoder_config") : NULL;
+    const json_t *mc = config ? json_object_get(config, "mask_decoder_config") : NULL;
+    const char *P = "prompt_encoder_config", *M = "mask_decoder_config";
+    vitc_status s = VITC_OK;
+    int64_t pC, patch, npe;
+#define TRY(e)                                                                                     \
+    do {                                                                                           \
+        if ((s = (e)) != VITC_OK)                                                                  \
+            goto fail;                                                                             \
+    } while (0)
+    TRY(cfg_int(pc, P, "hidden_size", 256, 2, 1 << 16, &pC));
+    TRY(cfg_int(pc, P, "image_size", 1024, 1, 1 << 16, &d->image_size));
+    TRY(cfg_int(pc, P, "patch_size", 16, 1, 1 << 16, &patch));
+    TRY(cfg_int(pc, P, "mask_input_channels", 16, 4, 1 << 16, &d->mc));
+    TRY(cfg_int(pc, P, "num_point_embeddings", 4, 4, 64, &npe));
+    TRY(cfg_act(pc, P, "gelu", &d->act_prompt));
+    TRY(cfg_eps(pc, P, "layer_norm_eps", 1e-6, &d->eps_prompt));
+    TRY(cfg_int(mc, M, "hidden_size", 256, 2, 1 << 16, &d->C));
+    TRY(cfg_act(mc, M, "relu", &d->act_mlp));
+    TRY(cfg_int(mc, M, "mlp_dim", 2048, 1, 1 << 20, &d->mlp));
+    TRY(cfg_int(mc, M, "num_hidden_layers", 2, 1, 64, &d->n_layers));
+    TRY(cfg_int(mc, M, "num_attention_heads", 8, 1, 1 << 10, &d->heads));
+    TRY(cfg_int(mc, M, "attention_downsample_rate", 2, 1, 1 << 10, &d->ds));
+    TRY(cfg_int(mc, M, "num_multimask_outputs", 3, 1, 3, &d->T));
+    TRY(cfg_int(mc, M, "iou_head_depth", 3, 2, SAM_MAX_FFN + 2, &d->iou_depth));
+    TRY(cfg_int(mc, M, "iou_head_hidden_dim", 256, 1, 1 << 16, &d->iou_hidden));
+    TRY(cfg_eps(mc, M, "layer_norm_eps", 1e-6, &d->eps_dec));
+    d->T += 1; /* the single-mask token first */
+    d->grid = d->image_size / patch;
+    if (pC != d->C || d->C % 8 || d->mc % 4 || d->grid < 1) {
+        s = vitc__err(VITC_ERR_FORMAT,
+                      "config.json: SAM's prompt encoder hidden_size %lld and mask decoder's %lld "
+                      "must be equal and divisible by 8, mask_input_channels %lld by 4, and "
+                      "image_size %lld at least patch_size %lld",
+                      (long long)pC, (long long)d->C, (long long)d->mc,
+                      (long long)d->image_size, (long long)patch);
+        goto fail;
+    }
+    const int64_t C = d->C, C4 = C / 4, C8 = C / 8, mc4 = d->mc / 4;
+    char n[160];
+    /* Tied to prompt_encoder.shared_embedding.positional_embedding, which
+     * save_pretrained leaves out. */
+    const float *pd;
+    const int64_t *ps;
+    int pn;
+    if (vitc__shards_find(sh, "shared_image_embedding.positional_embedding", &pd, &pn, &ps) ||
+        !vitc__shards_find(sh, "prompt_encoder.shared_embedding.positional_embedding", &pd, &pn,
+                           &ps))
+        TRY(take(d, sh, &d->pe, SHAPE(2, C / 2), "shared_image_embedding.positional_embedding"));
+    else
+        TRY(take(d, sh, &d->pe, SHAPE(2, C / 2),
+                 "prompt_encoder.shared_embedding.positional_embedding"));
+    for (int i = 0; i < 4; i++)
+        TRY(take(d, sh, &d->point_embed[i], SHAPE(1, C), "prompt_encoder.point_embed.%d.weight",
+                 i));
+    TRY(take(d, sh, &d->not_a_point, SHAPE(1, C), "prompt_encoder.not_a_point_embed.weight"));
+    TRY(take(d, sh, &d->no_mask, SHAPE(1, C), "prompt_encoder.no_mask_embed.weight"));
+    TRY(take_conv2(d, sh, &d->mconv1, mc4, 1, "prompt_encoder.mask_embed.conv1"));
+    TRY(take_ln(d, sh, &d->mln1, mc4, "prompt_encoder.mask_embed.layer_norm1"));
+    TRY(take_conv2(d, sh, &d->mconv2, d->mc, mc4, "prompt_encoder.mask_embed.conv2"));
+    TRY(take_ln(d, sh, &d->mln2, d->mc, "prompt_encoder.mask_embed.layer_norm2"));
+    TRY(take(d, sh, &d->mconv3.w, SHAPE(C, d->mc, 1, 1), "prompt_encoder.mask_embed.conv3.weight"));
+    TRY(take(d, sh, &d->mconv3.b, SHAPE(C), "prompt_encoder.mask_embed.conv3.bias"));
+
+    TRY(take(d, sh, &d->iou_token, SHAPE(1, C), "mask_decoder.iou_token.weight"));
+    TRY(take(d, sh, &d->mask_tokens, SHAPE(d->T, C), "mask_decoder.mask_tokens.weight"));
+    if (!(d->layers = calloc((size_t)d->n_layers, sizeof *d->layers))) {
+        s = vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's decoder layers");
+        goto fail;
+    }
+    for (int64_t i = 0; i < d->n_layers; i++) {
+        sam_layer *L = &d->layers[i];
+        const char *pre = "mask_decoder.transformer.layers";
+#define LN(f, name)                                                                                \
+    snprintf(n, sizeof n, "%s.%lld." name, pre, (long long)i);                                     \
+    TRY(take_ln(d, sh, &L->f, C, n))
+        snprintf(n, sizeof n, "%s.%lld.self_attn", pre, (long long)i);
+        TRY(take_attn(d, sh, &L->self, 1, n));
+        snprintf(n, sizeof n, "%s.%lld.cross_attn_token_to_image", pre, (long long)i);
+        TRY(take_attn(d, sh, &L->t2i, d->ds, n));
+        snprintf(n, sizeof n, "%s.%lld.cross_attn_image_to_token", pre, (long long)i);
+        TRY(take_attn(d, sh, &L->i2t, d->ds, n));
+        LN(ln1, "layer_norm1");
+        LN(ln2, "layer_norm2");
+        LN(ln3, "layer_norm3");
+        LN(ln4, "layer_norm4");
+#undef LN
+        snprintf(n, sizeof n, "%s.%lld.mlp.lin1", pre, (long long)i);
+        TRY(take_linear(d, sh, &L->lin1, d->mlp, C, n));
+        snprintf(n, sizeof n, "%s.%lld.mlp.lin2", pre, (long long)i);
+        TRY(take_linear(d, sh, &L->lin2, C, d->mlp, n));
+    }
+    TRY(take_attn(d, sh, &d->final, d->ds, "mask_decoder.transformer.final_attn_token_to_image"));
+    TRY(take_ln(d, sh, &d->ln_final, C, "mask_decoder.transformer.layer_norm_final_attn"));
+    TRY(take_convt2(d, sh, &d->up1, C, C4, "mask_decoder.upscale_conv1"));
+    TRY(take_ln(d, sh, &d->up_ln, C4, "mask_decoder.upscale_layer_norm"));
+    TRY(take_convt2(d, sh, &d->up2, C4, C8, "mask_decoder.upscale_conv2"));
+    for (int64_t t = 0; t < d->T; t++) {
+        snprintf(n, sizeof n, "mask_decoder.output_hypernetworks_mlps.%lld", (long long)t);
+        TRY(take_ffn(d, sh, &d->hyper[t], C, C, C8, 3, n));
+    }
+    TRY(take_ffn(d, sh, &d->iou, C, d->iou_hidden, d->T, (int)d->iou_depth,
+                 "mask_decoder.iou_prediction_head"));
+#undef TRY
+
+    /* get_image_wide_positional_embeddings: pixel centres of the grid, in
+     * float as the cumsum computes them. */
+    const int64_t G = d->grid;
+    if (!(d->pe_img = dec_alloc(d, G * G * C))) {
+        s = vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's positional embedding");
+        goto fail;
+    }
+    for (int64_t y = 0; y < G; y++)
+        for (int64_t x = 0; x < G; x++) {
+            float fx = ((float)(x + 1) - 0.5f) / (float)G, fy = ((float)(y + 1) - 0.5f) / (float)G;
+            pos_encode(d, 2.0f * fx - 1.0f, 2.0f * fy - 1.0f, d->pe_img + (y * G + x) * C);
+        }
+    *out = d;
+    return VITC_OK;
+fail:
+    vitc__sam_dec_free(d);
+    return s;
 }
-void vitc__sam_dec_free(vitc__sam_dec *d) { (void)d; }
+
+void vitc__sam_dec_free(vitc__sam_dec *d) {
+    if (!d)
+        return;
+    for (int i = 0; i < d->n_bufs; i++) free(d->bufs[i]);
+    free(d->bufs);
+    free(d->layers);
+    free(d);
+}
+
+/* ------------------------------------------------------------------ */
+/* Forward                                                            */
+/* ------------------------------------------------------------------ */
+
+static void act(float *x, int64_t n, int kind) {
+    if (kind == SAM_ACT_GELU) {
+        vitc__gelu(x, n);
+        return;
+    }
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0.0f ? x[i] : 0.0f;
+}
+
+static void add_rows(float *y, const float *a, const float *b, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+}
+
+/* Scratch of one decoder run. */
+typedef struct sam_run {
+    int64_t Nt, HW;
+    float *tok_pe;    /* [Nt, C] the tokens as they entered (query_point_embedding) */
+    float *Q, *Q2;    /* [Nt, C] ping-pong */
+    float *qq;        /* [Nt, C] queries + their embedding */
+    float *K, *K2;    /* [HW, C] ping-pong */
+    float *kk;        /* [HW, C] keys + the image's positional embedding */
+    float *aq, *ak, *av, *ao; /* [max(Nt, HW), I] projections, attention output */
+    float *hid;       /* [Nt, max(mlp, C, iou_hidden)] MLP hidden */
+} sam_run;
+
+/* y [Lq, C] = out_proj(attention(q_proj(xq), k_proj(xk), v_proj(xv))) + res
+ * (res may be NULL; it may not be y). */
+static vitc_status attend(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                          const float *res, const float *xq, int64_t Lq, const float *xk,
+                          const float *xv, int64_t Lk) {
+    const int64_t C = d->C, I = a->I, dh = I / d->heads;
+    vitc__linear(r->aq, I, xq, C, a->q.w, a->q.b, NULL, 0, Lq, I, C);
+    vitc__linear(r->ak, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
+    vitc__linear(r->av, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
+    vitc__sdpa_desc s;
+    memset(&s, 0, sizeof s);
+    s.B = 1, s.H = d->heads, s.L = Lq, s.S = Lk, s.D = dh, s.Dv = dh;
+    s.q = r->aq, s.q_sh = dh, s.q_sr = I;
+    s.k = r->ak, s.k_sh = dh, s.k_sr = I;
+    s.v = r->av, s.v_sh = dh, s.v_sr = I;
+    s.o = r->ao, s.o_sh = dh, s.o_sr = I;
+    s.scale = (float)(1.0 / sqrt((double)dh));
+    VITC_TRY(vitc__sdpa(&s));
+    vitc__linear(y, C, r->ao, I, a->o.w, a->o.b, res, C, Lq, C, I);
+    return VITC_OK;
+}
+
+static void swap(float **a, float **b) {
+    float *t = *a;
+    *a = *b;
+    *b = t;
+}
+
+/* SamTwoWayTransformer: Q [Nt, C] tokens, K [HW, C] image; results in
+ * r->Q, r->K. */
+static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
+    const int64_t C = d->C, Nt = r->Nt, HW = r->HW;
+    for (int64_t i = 0; i < d->n_layers; i++) {
+        const sam_layer *L = &d->layers[i];
+        if (i == 0) { /* skip_first_layer_pe: no embedding, no residual */
+            VITC_TRY(attend(d, &L->self, r, r->Q2, NULL, r->Q, Nt, r->Q, r->Q, Nt));
+        } else {
+            add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
+            VITC_TRY(attend(d, &L->self, r, r->Q2, r->Q, r->qq, Nt, r->qq, r->Q, Nt));
+        }
+        swap(&r->Q, &r->Q2);
+        vitc__layernorm(r->Q, r->Q, L->ln1.w, L->ln1.b, Nt, C, d->eps_dec);
+
+        add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
+        add_rows(r->kk, r->K, d->pe_img, HW * C);
+        VITC_TRY(attend(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW));
+        swap(&r->Q, &r->Q2);
+        vitc__layernorm(r->Q, r->Q, L->ln2.w, L->ln2.b, Nt, C, d->eps_dec);
+
+        vitc__linear(r->hid, d->mlp, r->Q, C, L->lin1.w, L->lin1.b, NULL, 0, Nt, d->mlp, C);
+        act(r->hid, Nt * d->mlp, d->act_mlp);
+        vitc__linear(r->Q2, C, r->hid, d->mlp, L->lin2.w, L->lin2.b, r->Q, C, Nt, C, d->mlp);
+        swap(&r->Q, &r->Q2);
+        vitc__layernorm(r->Q, r->Q, L->ln3.w, L->ln3.b, Nt, C, d->eps_dec);
+
+        add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
+        VITC_TRY(attend(d, &L->i2t, r, r->K2, r->K, r->kk, HW, r->qq, r->Q, Nt));
+        swap(&r->K, &r->K2);
+        vitc__layernorm(r->K, r->K, L->ln4.w, L->ln4.b, HW, C, d->eps_dec);
+    }
+    add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
+    add_rows(r->kk, r->K, d->pe_img, HW * C);
+    VITC_TRY(attend(d, &d->final, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW));
+    swap(&r->Q, &r->Q2);
+    /* layer_norm_final_attn is nn.LayerNorm(hidden_size): torch's 1e-5. */
+    vitc__layernorm(r->Q, r->Q, d->ln_final.w, d->ln_final.b, Nt, C, 1e-5f);
+    return VITC_OK;
+}
+
+/* SamFeedForward on one row x [in] into y [out_dim]; tmp [2 * hidden]. */
+static void ffn(const sam_ffn *f, float *y, const float *x, int64_t in, float *tmp) {
+    float *a = tmp, *b = tmp + f->hidden;
+    vitc__linear(a, f->hidden, x, in, f->in.w, f->in.b, NULL, 0, 1, f->hidden, in);
+    act(a, f->hidden, SAM_ACT_RELU);
+    for (int i = 0; i < f->n_mid; i++) {
+        vitc__linear(b, f->hidden, a, f->hidden, f->mid[i].w, f->mid[i].b, NULL, 0, 1, f->hidden,
+                     f->hidden);
+        act(b, f->hidden, SAM_ACT_RELU);
+        swap(&a, &b);
+    }
+    vitc__linear(y, f->out_dim, a, f->hidden, f->out.w, f->out.b, NULL, 0, 1, f->out_dim,
+                 f->hidden);
+}
+
+/* A 2x2 / 2 convolution of x [H, W, Cin] into y [H/2, W/2, O], through
+ * the dense layers (l->w already in their [O, 2, 2, Cin] layout). */
+static vitc_status conv2(const sam_wb *l, float *y, const float *x, int64_t H, int64_t W,
+                         int64_t Cin, int64_t O) {
+    const vitc__nn_conv c = {.w = l->w, .b = l->b, .C = Cin, .O = O, .kh = 2, .kw = 2, .sh = 2,
+                             .sw = 2};
+    const int64_t n = vitc__nn_conv_scratch(&c, 1, H, W);
+    float *scr = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
+    if (!scr)
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's mask prompt convolution");
+    vitc_status s = vitc__nn_conv_forward(&c, y, x, 1, H, W, scr, n);
+    free(scr);
+    return s;
+}
+
+/* A 2x2 / 2 transposed convolution of x [H, W, Cin] into y [2H, 2W, O]
+ * (l->w in the dense layers' [2, 2, O, Cin]); z scratch of zn floats. */
+static vitc_status convt2(const sam_wb *l, float *y, const float *x, int64_t H, int64_t W,
+                          int64_t Cin, int64_t O, float *z, int64_t zn) {
+    const vitc__nn_convt c = {.w = l->w, .b = l->b, .C = Cin, .O = O, .kh = 2, .kw = 2,
+                              .sh = 2, .sw = 2};
+    return vitc__nn_convt_forward(&c, y, x, 1, H, W, z, zn);
+}
+
+/* SamMaskEmbedding of the mask prompt m [4g, 4g] into dense [g*g, C];
+ * scratch s of 2 g^2 mc floats. */
+static vitc_status mask_embed(const vitc__sam_dec *d, float *dense, const float *m, float *s) {
+    const int64_t g = d->grid, mc = d->mc, mc4 = mc / 4;
+    float *a = s, *b = s + g * g * mc; /* a [2g, 2g, mc4], b [g, g, mc] */
+    VITC_TRY(conv2(&d->mconv1, a, m, 4 * g, 4 * g, 1, mc4));
+    vitc__layernorm(a, a, d->mln1.w, d->mln1.b, 4 * g * g, mc4, d->eps_prompt);
+    act(a, 4 * g * g * mc4, d->act_prompt);
+    VITC_TRY(conv2(&d->mconv2, b, a, 2 * g, 2 * g, mc4, mc));
+    vitc__layernorm(b, b, d->mln2.w, d->mln2.b, g * g, mc, d->eps_prompt);
+    act(b, g * g * mc, d->act_prompt);
+    vitc__linear(dense, d->C, b, mc, d->mconv3.w, d->mconv3.b, NULL, 0, g * g, d->C, mc);
+    return VITC_OK;
+}
+
+/* ------------------------------------------------------------------ */
+/* Post-processing                                                    */
+/* ------------------------------------------------------------------ */
+
+/* F.interpolate(bilinear, align_corners=False) taps of output index i:
+ * rows idx[0], idx[1] of the input with weights w[0], w[1]. */
+static void bil_taps(int64_t in, int64_t outn, int64_t i, int64_t idx[2], float w[2]) {
+    const float scale = (float)in / (float)outn;
+    float src = scale * ((float)i + 0.5f) - 0.5f;
+    if (src < 0.0f)
+        src = 0.0f;
+    int64_t i0 = (int64_t)src;
+    if (i0 > in - 1)
+        i0 = in - 1;
+    float l1 = src - (float)i0;
+    if (l1 > 1.0f)
+        l1 = 1.0f;
+    idx[0] = i0, idx[1] = i0 + (i0 < in - 1 ? 1 : 0);
+    w[0] = 1.0f - l1, w[1] = l1;
+}
+
+/* post_process_masks along one axis: low-res n -> input side S, the first
+ * R kept, -> out. Output index i reads low-res rows idx[4i..4i+3] with
+ * weights w[4i..]: the two resamplings composed, so the S-sized map is
+ * never formed. */
+static void axis_taps(int64_t n, int64_t S, int64_t R, int64_t out, int64_t *idx, float *w) {
+    for (int64_t i = 0; i < out; i++) {
+        int64_t r[2], q[2];
+        float a[2], b[2];
+        bil_taps(R, out, i, r, a);
+        for (int k = 0; k < 2; k++) {
+            bil_taps(n, S, r[k], q, b);
+            for (int j = 0; j < 2; j++) {
+                idx[4 * i + 2 * k + j] = q[j];
+                w[4 * i + 2 * k + j] = a[k] * b[j];
+            }
+        }
+    }
+}
+
+typedef struct post_ctx {
+    const float *low; /* [n, lh, lw] */
+    float *tmp;       /* [n, lh, ow] rows resampled along x */
+    float *out;       /* [n, oh, ow] */
+    int64_t lh, lw, oh, ow;
+    const int64_t *xi, *yi;
+    const float *xw, *yw;
+} post_ctx;
+
+static void post_rows_x(void *vc, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const post_ctx *c = vc;
+    for (int64_t r = b; r < e; r++) {
+        const float *src = c->low + r * c->lw;
+        float *dst = c->tmp + r * c->ow;
+        for (int64_t x = 0; x < c->ow; x++) {
+            const int64_t *ix = c->xi + 4 * x;
+            const float *wx = c->xw + 4 * x;
+            dst[x] = wx[0] * src[ix[0]] + wx[1] * src[ix[1]] + wx[2] * src[ix[2]] +
+                     wx[3] * src[ix[3]];
+        }
+    }
+}
+
+static void post_rows_y(void *vc, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const post_ctx *c = vc;
+    for (int64_t r = b; r < e; r++) {
+        int64_t m = r / c->oh, y = r % c->oh;
+        const float *t = c->tmp + m * c->lh * c->ow;
+        const int64_t *iy = c->yi + 4 * y;
+        const float *wy = c->yw + 4 * y;
+        const float *t0 = t + iy[0] * c->ow, *t1 = t + iy[1] * c->ow, *t2 = t + iy[2] * c->ow,
+                    *t3 = t + iy[3] * c->ow;
+        float *dst = c->out + r * c->ow;
+        for (int64_t x = 0; x < c->ow; x++)
+            dst[x] = wy[0] * t0[x] + wy[1] * t1[x] + wy[2] * t2[x] + wy[3] * t3[x];
+    }
+}
+
+/* ------------------------------------------------------------------ */
+/* Predict                                                            */
+/* ------------------------------------------------------------------ */
+
+static int finite2(const float *p) { return isfinite(p[0]) && isfinite(p[1]); }
+
+static vitc_status check_prompt(const vitc__sam_dec *d, const struct vitc_sam_image *e,
+                                int input_size, const vitc_sam_prompt *p) {
+    if (!d || !e || !p)
+        return vitc__err(VITC_ERR_INVALID_ARG, "SAM predict: NULL model, image or prompt");
+    if (!e->emb_cl || e->C != d->C || e->h != d->grid || e->w != d->grid)
+        return vitc__err(VITC_ERR_SHAPE,
+                         "SAM predict: the image embedding is [%lld, %lld, %lld], the decoder "
+                         "expects [%lld, %lld, %lld]; set the image with the same model",
+                         (long long)e->C, (long long)e->h, (long long)e->w, (long long)d->C,
+                         (long long)d->grid, (long long)d->grid);
+    if (input_size < 1 || e->orig_w < 1 || e->orig_h < 1 || e->resized_w < 1 ||
+        e->resized_h < 1 || e->resized_w > input_size || e->resized_h > input_size)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "SAM predict: image sizes %dx%d (resized %dx%d) do not fit the input "
+                         "side %d",
+                         e->orig_w, e->orig_h, e->resized_w, e->resized_h, input_size);
+    if (p->n_points < 0 || p->n_points > SAM_MAX_POINTS)
+        return vitc__err(VITC_ERR_INVALID_ARG,
+                         "SAM prompt: %d points; give 0 to %d points per prompt", p->n_points,
+                         SAM_MAX_POINTS);
+    if (p->n_points > 0 && !p->points)
+        return vitc__err(VITC_ERR_INVALID_ARG, "SAM prompt: n_points %d but points is NULL",
+                         p->n_points);
+    for (int i = 0; i < p->n_points; i++) {
+        const float *q = p->points + 2 * i;
+        if (!finite2(q) || q[0] < 0 || q[1] < 0 || q[0] > e->orig_w || q[1] > e->orig_h)
+            return vitc__err(VITC_ERR_INVALID_ARG,
+                             "SAM prompt: point %d (%g, %g) is outside the %dx%d image; give "
+                             "x in [0, %d], y in [0, %d]",
+                             i, (double)q[0], (double)q[1], e->orig_w, e->orig_h, e->orig_w,
+                             e->orig_h);
+        if (p->labels && p->labels[i] != 0 && p->labels[i] != 1)
+            return vitc__err(VITC_ERR_INVALID_ARG,
+                             "SAM prompt: point %d has label %d; use 1 (foreground) or 0 "
+                             "(background)",
+                             i, p->labels[i]);
+    }
+    if (p->box) {
+        const float *b = p->box;
+        if (!finite2(b) || !finite2(b + 2) || b[0] < 0 || b[1] < 0 || b[2] > e->orig_w ||
+            b[3] > e->orig_h)
+            return vitc__err(VITC_ERR_INVALID_ARG,
+                             "SAM prompt: box (%g, %g, %g, %g) is outside the %dx%d image",
+                             (double)b[0], (double)b[1], (double)b[2], (double)b[3], e->orig_w,
+                             e->orig_h);
+        if (!(b[2] > b[0]) || !(b[3] > b[1]))
+            return vitc__err(VITC_ERR_INVALID_ARG,
+                             "SAM prompt: box (%g, %g, %g, %g) has no area; give x0 < x1 and "
+                             "y0 < y1",
+                             (double)b[0], (double)b[1], (double)b[2], (double)b[3]);
+    }
+    if (p->mask) {
+        const int64_t n = 16 * d->grid * d->grid;
+        for (int64_t i = 0; i < n; i++)
+            if (!isfinite(p->mask[i]))
+                return vitc__err(VITC_ERR_INVALID_ARG,
+                                 "SAM prompt: the mask prompt has a NaN or infinite value at "
+                                 "%lld",
+                                 (long long)i);
+    }
+    return VITC_OK;
+}
+
 vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_image *e,
                                   int input_size, const vitc_sam_prompt *p, vitc_sam_result *out) {
-    (void)d, (void)e, (void)input_size, (void)p, (void)out;
-    return vitc__err(VITC_ERR_UNSUPPORTED, "SAM's mask decoder is not built in this version");
+    if (!out)
+        return vitc__err(VITC_ERR_INVALID_ARG, "SAM predict: NULL result");
+    memset(out, 0, sizeof *out);
+    VITC_TRY(check_prompt(d, e, input_size, p));
+    const int64_t C = d->C, G = d->grid, HW = G * G, lo = 4 * G;
+    const int has_box = p->box != NULL, np = p->n_points;
+    const int64_t n_sparse = np + (np > 0 && !has_box) + 2 * has_box;
+    const int64_t Nt = 1 + d->T + n_sparse;
+    const int multi = p->multimask != 0;
+    const int64_t n_masks = multi ? d->T - 1 : 1, first = multi ? 1 : 0;
+    const int64_t ow = e->orig_w, oh = e->orig_h;
+
+    int64_t hidn = d->mlp > d->iou_hidden ? d->mlp : d->iou_hidden;
+    if (hidn < 2 * C)
+        hidn = 2 * C;
+    /* Each attention buffer holds the larger of the token side (self
+     * attention at width C) and the image side (width C / downsample). */
+    const int64_t abuf = Nt * C > HW * (C / d->ds) ? Nt * C : HW * (C / d->ds);
+    const int64_t mask_scratch = p->mask ? 2 * HW * d->mc : 0;
+    /* The upscaling: u2 [4G, 4G, C/8] then the transposed convolutions'
+     * scratch (u1 goes where kk was). */
+    const vitc__nn_convt ct1 = {.C = C, .O = C / 4, .kh = 2, .kw = 2, .sh = 2, .sw = 2},
+                         ct2 = {.C = C / 4, .O = C / 8, .kh = 2, .kw = 2, .sh = 2, .sw = 2};
+    int64_t zs = vitc__nn_convt_scratch(&ct1, 1, G, G);
+    if (zs < vitc__nn_convt_scratch(&ct2, 1, 2 * G, 2 * G))
+        zs = vitc__nn_convt_scratch(&ct2, 1, 2 * G, 2 * G);
+    const int64_t up_scratch = 2 * HW * C + zs;
+    int64_t big = 4 * abuf;
+    if (big < up_scratch)
+        big = up_scratch;
+    if (big < mask_scratch)
+        big = mask_scratch;
+    const int64_t n_float = 4 * Nt * C + 3 * HW * C + big + Nt * hidn;
+    float *buf = malloc((size_t)n_float * sizeof(float));
+    float *low = malloc((size_t)(n_masks * lo * lo) * sizeof(float));
+    float *masks = malloc((size_t)(n_masks * oh * ow) * sizeof(float));
+    int64_t *xi = malloc((size_t)(4 * (ow + oh)) * sizeof(int64_t));
+    float *xw = malloc((size_t)(4 * (ow + oh) + n_masks * lo * ow) * sizeof(float));
+    if (!buf || !low || !masks || !xi || !xw) {
+        free(buf), free(low), free(masks), free(xi), free(xw);
+        return vitc__err(VITC_ERR_NOMEM,
+                         "out of memory for SAM's decoder (%lld tokens, %lldx%lld masks)",
+                         (long long)Nt, (long long)ow, (long long)oh);
+    }
+    sam_run r = {.Nt = Nt, .HW = HW};
+    float *f = buf;
+    r.tok_pe = f, f += Nt * C;
+    r.Q = f, f += Nt * C;
+    r.Q2 = f, f += Nt * C;
+    r.qq = f, f += Nt * C;
+    r.K = f, f += HW * C;
+    r.K2 = f, f += HW * C;
+    r.kk = f, f += HW * C;
+    float *scr = f;
+    r.aq = f, f += abuf;
+    r.ak = f, f += abuf;
+    r.av = f, f += abuf;
+    r.ao = f, f += abuf;
+    f = scr + big;
+    r.hid = f;
+
+    /* Tokens: IoU, mask tokens, then the sparse prompt. Coordinates as
+     * SamProcessor maps them (resized / original per axis) and the prompt
+     * encoder shifts them (+0.5) and normalises them (input side), in
+     * double as those float64 arrays are, then rounded. */
+    float *t = r.tok_pe;
+    memcpy(t, d->iou_token, (size_t)C * sizeof(float));
+    memcpy(t + C, d->mask_tokens, (size_t)(d->T * C) * sizeof(float));
+    t += (1 + d->T) * C;
+    const double sx = (double)e->resized_w / e->orig_w, sy = (double)e->resized_h / e->orig_h;
+    const double isz = (double)d->image_size;
+#define NORM(v, s) ((float)(2.0 * (((double)(v) * (s) + 0.5) / isz) - 1.0))
+    for (int i = 0; i < np; i++, t += C) {
+        pos_encode(d, NORM(p->points[2 * i], sx), NORM(p->points[2 * i + 1], sy), t);
+        const float *pe = d->point_embed[p->labels ? p->labels[i] : 1];
+        for (int64_t c = 0; c < C; c++) t[c] += pe[c];
+    }
+    if (np > 0 && !has_box) { /* the padding point (label -1) */
+        memcpy(t, d->not_a_point, (size_t)C * sizeof(float));
+        t += C;
+    }
+    if (has_box)
+        for (int k = 0; k < 2; k++, t += C) {
+            pos_encode(d, NORM(p->box[2 * k], sx), NORM(p->box[2 * k + 1], sy), t);
+            for (int64_t c = 0; c < C; c++) t[c] += d->point_embed[2 + k][c];
+        }
+#undef NORM
+    memcpy(r.Q, r.tok_pe, (size_t)(Nt * C) * sizeof(float));
+
+    /* Keys: the embedding plus the dense prompt. */
+    vitc_status s = VITC_OK;
+    if (p->mask) {
+        if ((s = mask_embed(d, r.K2, p->mask, scr)) != VITC_OK)
+            goto done;
+        add_rows(r.K, e->emb_cl, r.K2, HW * C);
+    } else {
+        for (int64_t i = 0; i < HW; i++)
+            add_rows(r.K + i * C, e->emb_cl + i * C, d->no_mask, C);
+    }
+    if ((s = two_way(d, &r)) != VITC_OK)
+        goto done;
+
+    /* Upscaling: [G, G, C] -> [2G, 2G, C/4] -> LN, GELU -> [4G, 4G, C/8], GELU. */
+    {
+        const int64_t C4 = C / 4, C8 = C / 8;
+        /* u1 [2G, 2G, C/4], u2 [4G, 4G, C/8], z the GEMM's [.., 4 O] */
+        float *u1 = r.kk, *u2 = scr, *z = scr + 2 * HW * C;
+        if ((s = convt2(&d->up1, u1, r.K, G, G, C, C4, z, zs)) != VITC_OK)
+            goto done;
+        vitc__layernorm(u1, u1, d->up_ln.w, d->up_ln.b, 4 * HW, C4, 1e-6f);
+        vitc__gelu(u1, 4 * HW * C4);
+        if ((s = convt2(&d->up2, u2, u1, 2 * G, 2 * G, C4, C8, z, zs)) != VITC_OK)
+            goto done;
+        vitc__gelu(u2, 16 * HW * C8);
+        /* The hypernetwork rows of the masks asked for, then masks [n, P]
+         * = hyper [n, C/8] u2^T. */
+        float *hyper = r.hid, *tmp = r.hid + n_masks * C8;
+        for (int64_t m = 0; m < n_masks; m++)
+            ffn(&d->hyper[first + m], hyper + m * C8, r.Q + (1 + first + m) * C, C, tmp);
+        vitc__gemm(0, 1, n_masks, 16 * HW, C8, 1.0f, hyper, C8, u2, C8, 0.0f, low, 16 * HW);
+        float iou[4];
+        ffn(&d->iou, iou, r.Q, C, tmp);
+        for (int64_t m = 0; m < n_masks; m++) out->iou[m] = iou[first + m];
+    }
+
+    /* post_process_masks(binarize=False). */
+    {
+        int64_t *yi = xi + 4 * ow;
+        float *yw = xw + 4 * ow, *tmp = yw + 4 * oh;
+        axis_taps(lo, input_size, e->resized_w, ow, xi, xw);
+        axis_taps(lo, input_size, e->resized_h, oh, yi, yw);
+        post_ctx c = {.low = low, .tmp = tmp, .out = masks, .lh = lo, .lw = lo, .oh = oh,
+                      .ow = ow, .xi = xi, .yi = yi, .xw = xw, .yw = yw};
+        vitc__parallel_range(n_masks * lo, post_rows_x, &c);
+        vitc__parallel_range(n_masks * oh, post_rows_y, &c);
+    }
+    out->n_masks = (int)n_masks;
+    out->height = (int)oh, out->width = (int)ow;
+    out->masks = masks, out->low_res = low;
+    masks = low = NULL;
+done:
+    free(buf), free(low), free(masks), free(xi), free(xw);
+    return s;
 }

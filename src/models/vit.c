@@ -358,6 +358,22 @@ static vitc_status vit_linear_head(const vitc_vit *m, vitc__session *s, const fl
     return VITC_OK;
 }
 
+/* The hidden state after `stage` blocks (0: the embeddings), y [B, N, C],
+ * into every tap that asks for it: the inference activations are reused
+ * block to block, so the rows are copied out as each block ends. */
+static void vit_taps(const vitc_vit *m, const vitc__session *s, const float *y, int stage) {
+    int64_t rows = s->a.B * s->a.N, C = m->cfg.hidden_dim;
+    for (int i = 0; i < s->n_taps; i++) {
+        if (s->taps[i] != stage)
+            continue;
+        float *o = s->tap_out + (size_t)i * (size_t)(rows * C); /* [B, N, C] */
+        if (s->tap_norm)
+            vitc__layernorm(o, y, m->w.ln_w, m->w.ln_b, rows, C, m->cfg.norm_eps);
+        else
+            memcpy(o, y, (size_t)(rows * C) * sizeof(float));
+    }
+}
+
 static vitc_status vit_run(const vitc_vit *m, vitc__session *s, const float *images, int B_, int H_,
                            int W_, float *logits, float *attn, float *rollout, float *features,
                            int cls) {
@@ -458,6 +474,8 @@ static vitc_status vit_run(const vitc_vit *m, vitc__session *s, const float *ima
      * the last block; the maps need every row. So does a training forward
      * whose last block is regularised (masks over every row); else backward
      * reads the class rows alone too (vit_backward.c). */
+    if (s->n_taps) /* stage 0: the embeddings */
+        vit_taps(m, s, vitc__va(a, 0, VA_X), 0);
     const float *y = NULL; /* the last block's output: [B, C] cls_only, else [B, N, C] */
     int compact = ((logits && m->head == VIT_HEAD_CLS) || cls) && !features && !attn &&
                   !rollout && m->n_cls &&
@@ -471,6 +489,8 @@ static vitc_status vit_run(const vitc_vit *m, vitc__session *s, const float *ima
         else if (rollout)
             probs = s->probs_buf.p;
         VITC_TRY(vit_block(m, s, l, cls_only, probs, &y));
+        if (s->n_taps)
+            vit_taps(m, s, y, l + 1);
         if (rollout)
             vit_rollout_step(m, s, probs, B, N, l == 0);
     }
@@ -503,6 +523,24 @@ static vitc_status vit_run(const vitc_vit *m, vitc__session *s, const float *ima
         s->rec_gw = (int)gw;
     }
     return VITC_OK;
+}
+
+vitc_status vitc__vit_forward_layers(const vitc_vit *m, vitc__session *s, const float *images,
+                                     int B, int H, int W, const int *stages, int n, int norm,
+                                     float *outs) {
+    if (!m || !s || !images || !stages || !outs || n < 1)
+        return vitc__err(VITC_ERR_INVALID_ARG, "ViT hidden states: NULL argument or no stage");
+    if (m->t2t)
+        return vitc__err(VITC_ERR_UNSUPPORTED, "ViT hidden states: not available for T2T-ViT "
+                         "(its token module has no per-block taps)");
+    for (int i = 0; i < n; i++)
+        if (stages[i] < 0 || stages[i] > m->cfg.depth)
+            return vitc__err(VITC_ERR_INVALID_ARG, "ViT hidden states: stage %d is outside "
+                             "0..%d (the embeddings, then each block)", stages[i], m->cfg.depth);
+    s->taps = stages, s->n_taps = n, s->tap_out = outs, s->tap_norm = norm;
+    vitc_status st = vit_run(m, s, images, B, H, W, NULL, NULL, NULL, NULL, 0);
+    s->taps = NULL, s->n_taps = 0, s->tap_out = NULL;
+    return st;
 }
 
 /* ------------------------------------------------------------------ */

@@ -286,6 +286,11 @@ struct vitc_session {
     vitc__buf clf_buf;   /* VIT_HEAD_LINEAR: the embedding [B, E] its classifier read, then
                           * the backward's d embedding [B, E] */
     vitc__buf text_buf;  /* the text tower's activations (text.c) */
+    /* vitc__vit_forward_layers' taps: the hidden states after stages
+     * taps[i] copied (final-normed when tap_norm) to tap_out [n_taps, B, N, C]. */
+    const int *taps;
+    int n_taps, tap_norm;
+    float *tap_out;
 };
 typedef struct vitc_session vitc__session;
 /* The head that makes the model's embedding: VIT_HEAD_LINEAR classifies the
@@ -406,6 +411,14 @@ void vitc__vit_cls_mean(float *in, const float *h, int64_t B, int64_t N, int64_t
  * checkpoint's g x g grid to gh x gw: dsrc [g*g, C] += R^T ddst [gh*gw, C]. */
 vitc_status vitc__vit_pos_backward(const vitc_vit *m, float *dsrc, const float *ddst, int64_t gh,
                                    int64_t gw);
+
+/* The hidden states after the given stages (0: the embeddings, l: block
+ * l's output, as transformers' hidden_states[l]) of one inference forward,
+ * each through the final LayerNorm when norm (Dinov2Backbone's
+ * apply_layernorm): outs [n, B, N, C], every token, prefix rows first. */
+vitc_status vitc__vit_forward_layers(const vitc_vit *m, vitc__session *s, const float *images,
+                                     int B, int H, int W, const int *stages, int n, int norm,
+                                     float *outs);
 
 /* Gradient array and structs on first use (vit_train.c). */
 vitc_status vitc__vit_grad_alloc(vitc_vit *m);

@@ -51,7 +51,8 @@ vitc_status vitc__nn_conv_backward(const vitc__nn_conv *p, float *dx, float *dw,
 /* nn.ConvTranspose2d(C, O, (kh, kw), stride (sh, sw), padding (ph, pw)):
  * oh = (H - 1) sh - 2 ph + kh. The fast path is kh == sh, kw == sw,
  * padding 0 (SAM's 2x2 / 2, the DPT reassemble's 4x4 / 4 and 2x2 / 2): one
- * GEMM and a scatter with no overlap. */
+ * GEMM and a scatter with no overlap; any other is the same GEMM and a
+ * col2im that adds the overlapping taps. */
 typedef struct vitc__nn_convt {
     const float *w; /* [kh, kw, O, C] (vitc__nn_convt_pack from torch's [C, O, kh, kw]) */
     const float *b; /* [O] or NULL */
@@ -59,6 +60,9 @@ typedef struct vitc__nn_convt {
 } vitc__nn_convt;
 void vitc__nn_convt_pack(float *dst, const float *src, int64_t C, int64_t O, int64_t kh,
                          int64_t kw);
+/* [kh, kw, O, C] -> torch's [C, O, kh, kw] (a gradient handed back). */
+void vitc__nn_convt_unpack(float *dst, const float *src, int64_t C, int64_t O, int64_t kh,
+                           int64_t kw);
 int64_t vitc__nn_convt_scratch(const vitc__nn_convt *p, int64_t B, int64_t H, int64_t W);
 /* y [B, oh, ow, O] from x [B, H, W, C]. */
 vitc_status vitc__nn_convt_forward(const vitc__nn_convt *p, float *y, const float *x, int64_t B,
@@ -75,6 +79,13 @@ vitc_status vitc__nn_bilinear(float *y, const float *x, int64_t B, int64_t C, in
 /* Its adjoint: dx [B, ih, iw, C] += R^T dy. */
 vitc_status vitc__nn_bilinear_backward(float *dx, const float *dy, int64_t B, int64_t C,
                                        int64_t ih, int64_t iw, int64_t oh, int64_t ow, int ac);
+
+/* Which path the dense layers take: "fast", or "ref" when VITC_DENSE=ref
+ * (read once) or vitc__nn_dense_force("ref") forces the references. */
+const char *vitc__nn_dense_path(void);
+/* "ref", "fast" or NULL / "auto" (the environment's choice, else fast);
+ * an unknown name is VITC_ERR_INVALID_ARG. For tests and benchmarks. */
+vitc_status vitc__nn_dense_force(const char *name);
 
 /* LayerNorm2d (SAM's, normalising each pixel's C channels): on
  * channels-last maps it is vitc__layernorm over B*H*W rows of C, and its
