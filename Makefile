@@ -232,11 +232,40 @@ $(BUILD)/libvitc.so: $(SOFILE)
 	ln -sf libvitc.so.$(VERSION) $(BUILD)/$(SONAME)
 	ln -sf $(SONAME) $@
 
+# `vitc serve`'s web page (web/): its files become a C array in the vitc
+# binary, so that an installed vitc serves the page with no files beside
+# it. The generator is a small C program (web/embed.c) built with the host
+# compiler: no xxd, no Python, and unlike `ld -r -b binary` or .incbin it
+# works with every compiler and linker the tree builds with.
+HOSTCC    ?= cc
+WEB_FILES := $(sort $(wildcard web/*.html web/*.js web/*.css web/*.svg))
+WEB_OBJ   := $(BUILD)/obj/gen/serve_assets.o
+
+$(BUILD)/embed: web/embed.c
+	@mkdir -p $(dir $@)
+	@echo "  CC  $@"
+	$(Q)$(HOSTCC) -O1 -o $@ $<
+
+# the list itself, so that a file added to or removed from web/ regenerates
+$(BUILD)/web-files: FORCE
+	@mkdir -p $(BUILD)
+	@echo '$(WEB_FILES)' | cmp -s - $@ || echo '$(WEB_FILES)' > $@
+
+$(BUILD)/gen/serve_assets.c: $(BUILD)/embed $(WEB_FILES) $(BUILD)/web-files
+	@mkdir -p $(dir $@)
+	@echo "  GEN $@"
+	$(Q)$(BUILD)/embed $@ $(WEB_FILES)
+
+$(WEB_OBJ): $(BUILD)/gen/serve_assets.c tools/serve_assets.h
+	@mkdir -p $(dir $@)
+	@echo "  CC  $@"
+	$(Q)$(CC) $(BASE) -Itools $(CFLAGS) -c $< -o $@
+
 # TOOL_LIB: the library the tool links (mpi-tool reuses the default build's:
 # the library never needs MPI).
 TOOL_LIB ?= $(BUILD)/libvitc.a
-$(BUILD)/vitc: $(TOOL_OBJ) $(TOOL_LIB)
-	$(TOOL_CC) -o $@ $(TOOL_OBJ) $(TOOL_LIB) $(LDFLAGS) $(LDLIBS) $(SERVE_LIBS)
+$(BUILD)/vitc: $(TOOL_OBJ) $(WEB_OBJ) $(TOOL_LIB)
+	$(TOOL_CC) -o $@ $(TOOL_OBJ) $(WEB_OBJ) $(TOOL_LIB) $(LDFLAGS) $(LDLIBS) $(SERVE_LIBS)
 
 # C tests: cmocka, one binary per file, linked statically against the library.
 $(BUILD)/tests/%: tests/%.c $(BUILD)/libvitc.a $(HDRS)
@@ -374,7 +403,7 @@ fuzz: fuzz-build
 
 fuzz-bins: $(FUZZ_BIN)
 
-$(BUILD)/libvitc-cli.a: $(FUZZ_CLI_OBJ)
+$(BUILD)/libvitc-cli.a: $(FUZZ_CLI_OBJ) $(WEB_OBJ)
 	@rm -f $@
 	$(Q)ar rcs $@ $^
 

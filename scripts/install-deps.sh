@@ -43,9 +43,10 @@ apt_install() {  # packages to install if missing
 
 if [ "$what" != --python ]; then
     # clang and its runtime: libFuzzer and the sanitizers for `make fuzz` (CI).
+    # chromium and its driver: `vitc serve`'s page tested in a headless browser.
     apt_install build-essential pkg-config libjansson-dev libcmocka-dev libopenblas-dev \
         libpng-dev libturbojpeg0-dev zlib1g-dev libutf8proc-dev clang libclang-rt-14-dev \
-        dataset-fashion-mnist libopenmpi-dev openmpi-bin libmicrohttpd-dev
+        dataset-fashion-mnist libopenmpi-dev openmpi-bin libmicrohttpd-dev chromium chromium-driver
     # wrk: bench/serve_load.py's load generator, for that benchmark only:
     # without it everything else still installs.
     (apt_install wrk) || echo "install-deps: wrk not installed (bench/serve_load.py needs it)" >&2

@@ -32,7 +32,9 @@ static const char serve_usage[] =
     "\n"
     "Serve one model over HTTP (docs/serve.md): GET /health, GET /metrics,\n"
     "POST /v1/embeddings (OpenAI's request and response shape), POST\n"
-    "/v1/classify (top-k). Images come as base64 or data: URLs in JSON.\n"
+    "/v1/classify (top-k), POST /v1/zero-shot, POST /v1/attention, GET\n"
+    "/v1/info, and a web page at GET /. Images come as base64 or data: URLs\n"
+    "in JSON.\n"
     "\n"
     "options:\n"
     "  --model M          checkpoint file or Hub directory\n"
@@ -229,6 +231,9 @@ static int endpoint_of(const char *method, const char *url, int *method_ok) {
         {"/v1/embeddings", "POST", SERVE_EP_EMBEDDINGS},
         {"/v1/classify", "POST", SERVE_EP_CLASSIFY},
     };
+    int ep = serve_web_route(method, url, method_ok);
+    if (ep >= 0)
+        return ep;
     for (size_t i = 0; i < sizeof routes / sizeof routes[0]; i++)
         if (!strcmp(url, routes[i].url)) {
             *method_ok = !strcmp(method, routes[i].method) ||
@@ -293,13 +298,14 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         x->endpoint = endpoint_of(method, url, &method_ok);
         if (x->endpoint == SERVE_EP_OTHER) {
             x->status = 404;
-            x->msg = "no such endpoint: the API has GET /health, GET /metrics, "
-                     "POST /v1/embeddings and POST /v1/classify";
+            x->msg = "no such endpoint: the API has GET /health, GET /metrics, GET /v1/info, "
+                     "POST /v1/embeddings, /v1/classify, /v1/zero-shot and /v1/attention, "
+                     "and the web page at GET /";
         } else if (!method_ok) {
             x->status = 405;
             x->msg = "method not allowed on this endpoint (docs/serve.md)";
         } else if (x->endpoint != SERVE_EP_HEALTH && x->endpoint != SERVE_EP_METRICS &&
-                   !authorized(c)) {
+                   x->endpoint != SERVE_EP_PAGE && !authorized(c)) {
             x->status = 401;
             x->msg = "missing or wrong API key: send 'Authorization: Bearer KEY'";
         } else {
@@ -364,6 +370,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             return send_error(c, 500, "out of memory", x->endpoint);
         return send_text(c, 200, "text/plain; version=0.0.4", buf, len, 0, x->endpoint);
     }
+    if (x->endpoint == SERVE_EP_PAGE)
+        return (enum MHD_Result)serve_web_send_asset(&S, c, url);
     int ready = atomic_load(&S.ready);
     if (x->endpoint == SERVE_EP_HEALTH) {
         const char *body = ready == 1 ? "{\"status\": \"ok\"}\n"

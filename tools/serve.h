@@ -14,7 +14,10 @@
 #include "cli.h"
 
 enum { SERVE_EP_HEALTH, SERVE_EP_METRICS, SERVE_EP_EMBEDDINGS, SERVE_EP_CLASSIFY, SERVE_EP_OTHER,
-       SERVE_N_EP };
+       /* serve_web.c's: the page's files, /v1/info, zero-shot, attention
+        * maps, and the dense endpoints that answer what the model lacks */
+       SERVE_EP_PAGE, SERVE_EP_INFO, SERVE_EP_ZERO_SHOT, SERVE_EP_ATTENTION, SERVE_EP_SEGMENT,
+       SERVE_EP_DEPTH, SERVE_N_EP };
 enum { SERVE_ITEM_EMBED, SERVE_ITEM_CLASSIFY, SERVE_ITEM_TEXT };
 
 #define SERVE_N_STATUS 16 /* distinct status codes counted per endpoint */
@@ -151,5 +154,31 @@ int serve_base64_decode(const char *s, size_t len, unsigned char **out, size_t *
                         size_t err_len);
 /* r's status and message (msgbuf) from a printf format. */
 void serve_vfail(serve_reply *r, int status, const char *fmt, va_list ap);
+
+/* serve_web.c: the web page, GET /v1/info, POST /v1/zero-shot, POST
+ * /v1/attention (/v1/segment, /v1/depth: the error saying the model has
+ * no mask decoder / depth head). Their forwards run on a second session of
+ * the model, one request at a time, beside the batcher's. */
+/* SERVE_EP_PAGE for a GET of one of the page's files ("/" is index.html),
+ * a SERVE_EP_* of serve_web.c's API, or -1: not serve_web.c's URL. */
+int serve_web_route(const char *method, const char *url, int *method_ok);
+/* Queues a page file's response on c (the asset for url, with its
+ * Content-Type, ETag, cache and Content-Security-Policy headers; 304 when
+ * If-None-Match matches): MHD_YES or MHD_NO as the access handler returns. */
+struct MHD_Connection;
+int serve_web_send_asset(serve_state *s, struct MHD_Connection *c, const char *url);
+/* serve_handle's part for serve_web.c's endpoints. */
+void serve_web_handle(serve_state *s, int endpoint, const char *body, size_t len,
+                      const serve_raw *raw, serve_reply *r);
+/* Frees the second session and the class embedding cache (before the
+ * model is freed). */
+void serve_web_free(serve_state *s);
+/* serve_core.c's image decoding, for serve_web.c: a base64 image or data:
+ * URL, or an encoded image's bytes, into pixels [C, H, W] as the batcher's
+ * inputs. 0, or -1 naming the problem in err. */
+int serve_decode_input(serve_state *s, const char *str, size_t len, float **pixels, char *err,
+                       size_t err_len);
+int serve_decode_image(serve_state *s, const void *bytes, size_t n, float **pixels, char *err,
+                       size_t err_len);
 
 #endif

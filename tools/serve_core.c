@@ -65,6 +65,7 @@ int serve_state_init(serve_state *s, int max_batch, int max_wait_ms, int max_que
 }
 
 void serve_state_free(serve_state *s) {
+    serve_web_free(s);
     vitc_session_free(s->session);
     vitc_vit_free(s->model);
     free(s->queue);
@@ -325,6 +326,10 @@ void serve_handle(serve_state *s, int endpoint, const char *body, size_t len,
 void serve_handle_conn(serve_state *s, int endpoint, const char *body, size_t len,
                        const serve_raw *raw, int (*gone)(void *), void *gone_arg,
                        serve_reply *r) {
+    if (endpoint > SERVE_EP_OTHER) {
+        serve_web_handle(s, endpoint, body, len, raw, r);
+        return;
+    }
     memset(r, 0, sizeof *r);
     r->status = 200;
     serve_request req;
@@ -448,6 +453,16 @@ out:
     free(req.out);
 }
 
+int serve_decode_input(serve_state *s, const char *str, size_t len, float **pixels, char *err,
+                       size_t err_len) {
+    return decode_input(s, str, len, pixels, err, err_len);
+}
+
+int serve_decode_image(serve_state *s, const void *bytes, size_t n, float **pixels, char *err,
+                       size_t err_len) {
+    return decode_image(s, bytes, n, pixels, err, err_len);
+}
+
 /* ------------------------------------------------------------------ */
 /* Metrics                                                             */
 /* ------------------------------------------------------------------ */
@@ -477,8 +492,9 @@ static void put_hist(FILE *f, const char *name, const char *help, const serve_hi
 }
 
 int serve_metrics_text(serve_state *s, char **out, size_t *len) {
-    static const char *const ep_names[SERVE_N_EP] = {"/health", "/metrics", "/v1/embeddings",
-                                                     "/v1/classify", "other"};
+    static const char *const ep_names[SERVE_N_EP] = {
+        "/health",  "/metrics",      "/v1/embeddings", "/v1/classify", "other",    "page",
+        "/v1/info", "/v1/zero-shot", "/v1/attention",  "/v1/segment",  "/v1/depth"};
     FILE *f = open_memstream(out, len);
     if (!f)
         return -1;
