@@ -173,12 +173,7 @@ void serve_web_handle(serve_state *s, int endpoint, const char *body, size_t len
 /* Frees the second session and the class embedding cache (before the
  * model is freed). */
 void serve_web_free(serve_state *s);
-/* serve_core.c's image decoding, for serve_web.c: a base64 image or data:
- * URL, or an encoded image's bytes, into pixels [C, H, W] as the batcher's
- * inputs. 0, or -1 naming the problem in err. */
-int serve_decode_input(serve_state *s, const char *str, size_t len, float **pixels, char *err,
-                       size_t err_len);
-int serve_decode_image(serve_state *s, const void *bytes, size_t n, float **pixels, char *err,
-                       size_t err_len);
+/* What the request parsing (serve_parse.c) needs of s's loaded model. */
+serve_parse_cfg serve_state_parse_cfg(const serve_state *s);
 
 #endif

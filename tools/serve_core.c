@@ -288,7 +288,7 @@ static void write_classify(serve_state *s, FILE *f, const float *logits, int k) 
 }
 
 /* What parsing needs of the loaded model. */
-static serve_parse_cfg parse_cfg(const serve_state *s) {
+serve_parse_cfg serve_state_parse_cfg(const serve_state *s) {
     const vitc_vit_config *cfg = s->model ? vitc_vit_get_config(s->model) : NULL;
     serve_parse_cfg c = {s->in, cfg ? cfg->mean : NULL, cfg ? cfg->std : NULL,
                          s->num_classes, s->has_text, s->max_queue, 0};
@@ -334,7 +334,7 @@ void serve_handle_conn(serve_state *s, int endpoint, const char *body, size_t le
     r->status = 200;
     serve_request req;
     memset(&req, 0, sizeof req);
-    serve_parse_cfg pc = parse_cfg(s);
+    serve_parse_cfg pc = serve_state_parse_cfg(s);
     serve_parsed pr;
     if (serve_parse_request(&pc, endpoint, body, len, raw, &pr, r) != 0)
         return;
@@ -451,16 +451,6 @@ void serve_handle_conn(serve_state *s, int endpoint, const char *body, size_t le
 out:
     serve_parsed_free(&pr);
     free(req.out);
-}
-
-int serve_decode_input(serve_state *s, const char *str, size_t len, float **pixels, char *err,
-                       size_t err_len) {
-    return decode_input(s, str, len, pixels, err, err_len);
-}
-
-int serve_decode_image(serve_state *s, const void *bytes, size_t n, float **pixels, char *err,
-                       size_t err_len) {
-    return decode_image(s, bytes, n, pixels, err, err_len);
 }
 
 /* ------------------------------------------------------------------ */

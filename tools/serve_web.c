@@ -225,6 +225,7 @@ static void info(serve_state *s, serve_reply *r) {
  * set (pixels freed). */
 static int read_images(serve_state *s, json_t *root, const char *body, size_t len,
                        const serve_raw *raw, float ***pixels, int *n, serve_reply *r) {
+    serve_parse_cfg pc = serve_state_parse_cfg(s);
     json_t *input = json_object_get(root, "input");
     if (!raw && (!input || !(json_is_string(input) || json_is_array(input)))) {
         fail(r, 400, "\"input\" is required: a base64 image or data: URL, or an array of them");
@@ -249,7 +250,7 @@ static int read_images(serve_state *s, json_t *root, const char *body, size_t le
         char err[400];
         int rc;
         if (raw) {
-            rc = serve_decode_image(s, body, len, &px[i], err, sizeof err);
+            rc = serve_decode_image(&pc, body, len, &px[i], err, sizeof err);
         } else {
             json_t *e = json_is_array(input) ? json_array_get(input, (size_t)i) : input;
             if (json_is_object(e))
@@ -258,7 +259,7 @@ static int read_images(serve_state *s, json_t *root, const char *body, size_t le
                 fail(r, 400, "input[%d]: not a string (a base64 image or a data: URL)", i);
                 rc = -2;
             } else {
-                rc = serve_decode_input(s, json_string_value(e), json_string_length(e), &px[i],
+                rc = serve_decode_input(&pc, json_string_value(e), json_string_length(e), &px[i],
                                         err, sizeof err);
             }
         }
