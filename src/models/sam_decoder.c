@@ -438,6 +438,89 @@ static vitc_status attend(const vitc__sam_dec *d, const sam_attn *a, sam_run *r,
     return VITC_OK;
 }
 
+/* Whether the attention with Lq queries over Lk keys (one side the few
+ * tokens, the other the image) is cheaper folded: the literal form
+ * projects the image rows to I (2 HW C I multiply-adds), the folded one
+ * multiplies them by one C-wide vector per (head, token) (2 H T HW C), so
+ * it pays while H T <= I (16 tokens for SAM's 8 heads and I = 128). This
+ * also bounds the folded scores [HW, H T] by the literal projections'
+ * [HW, I] scratch. VITC_DENSE=ref keeps the literal form, which the tests
+ * compare with. */
+static int fold_pays(const vitc__sam_dec *d, const sam_attn *a, int64_t T) {
+    return d->heads * T <= a->I && strcmp(vitc__nn_dense_path(), "ref") != 0;
+}
+
+/* Token -> image attention with the image never projected. Per head h,
+ * the scores q_h (W_k,h x + b_k,h)^T = (W_k,h^T q_h) . x^T + q_h . b_k,h:
+ * the last term is constant along a softmax row and drops out, so the
+ * query is folded into a C-wide vector and scores the raw rows xk. The
+ * values: P (x W_v,h^T + b_v,h) = (P x) W_v,h^T + b_v,h since P's rows sum
+ * to 1, so the softmax averages the raw rows xv first and the projection
+ * runs on T rows. y [Lq, C] = out_proj(...) + res. */
+static void attend_t2i_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                              const float *res, const float *xq, int64_t Lq, const float *xk,
+                              const float *xv, int64_t Lk) {
+    const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H;
+    const float scale = (float)(1.0 / sqrt((double)dh));
+    float *q = r->aq;            /* [Lq, I] */
+    float *qk = r->aq + Lq * I;  /* [H, Lq, C] the folded queries */
+    float *S = r->ak;            /* [H, Lq, Lk] */
+    float *px = r->av;           /* [H, Lq, C] P x per head */
+    vitc__linear(q, I, xq, C, a->q.w, a->q.b, NULL, 0, Lq, I, C);
+    for (int64_t h = 0; h < H; h++)
+        vitc__gemm(0, 0, Lq, C, dh, scale, q + h * dh, I, a->k.w + h * dh * C, C, 0.0f,
+                   qk + h * Lq * C, C);
+    vitc__gemm(0, 1, H * Lq, Lk, C, 1.0f, qk, C, xk, C, 0.0f, S, Lk);
+    vitc__softmax_rows(S, H * Lq, Lk, 1.0f);
+    vitc__gemm(0, 0, H * Lq, C, Lk, 1.0f, S, Lk, xv, C, 0.0f, px, C);
+    for (int64_t h = 0; h < H; h++) {
+        vitc__gemm(0, 1, Lq, dh, C, 1.0f, px + h * Lq * C, C, a->v.w + h * dh * C, C, 0.0f,
+                   r->ao + h * dh, I);
+        for (int64_t t = 0; t < Lq; t++)
+            for (int64_t j = 0; j < dh; j++) r->ao[t * I + h * dh + j] += a->v.b[h * dh + j];
+    }
+    vitc__linear(y, C, r->ao, I, a->o.w, a->o.b, res, C, Lq, C, I);
+}
+
+/* Image -> token attention with the image side never projected: the
+ * query projection is folded into the keys (scores x . (W_q,h^T k_h)^T +
+ * b_q,h . k_h, a [C] vector and a bias per (head, token)), the output
+ * projection into the values (v_h W_o,h^T: [T, C] per head), so the HW
+ * image rows meet only xq [HW, C] @ [C, H T] and P [HW, H T] @ [H T, C].
+ * y [Lq, C] = out_proj(...) + res. */
+static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                              const float *res, const float *xq, int64_t Lq, const float *xk,
+                              const float *xv, int64_t Lk) {
+    const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
+    const float scale = (float)(1.0 / sqrt((double)dh));
+    float *k = r->aq, *v = r->aq + Lk * I; /* [Lk, I] each */
+    float *kq = r->av;                     /* [H, Lk, C] the folded keys */
+    float *vo = r->av + HT * C;            /* [H, Lk, C] the values through out_proj */
+    float *kb = r->ao;                     /* [H, Lk] the scores' bias */
+    float *S = r->ak;                      /* [Lq, H, Lk] */
+    vitc__linear(k, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
+    vitc__linear(v, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
+    for (int64_t h = 0; h < H; h++) {
+        vitc__gemm(0, 0, Lk, C, dh, scale, k + h * dh, I, a->q.w + h * dh * C, C, 0.0f,
+                   kq + h * Lk * C, C);
+        vitc__gemm(0, 1, Lk, C, dh, 1.0f, v + h * dh, I, a->o.w + h * dh, I, 0.0f,
+                   vo + h * Lk * C, C);
+        for (int64_t t = 0; t < Lk; t++) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < dh; j++) acc += a->q.b[h * dh + j] * k[t * I + h * dh + j];
+            kb[h * Lk + t] = scale * acc;
+        }
+    }
+    vitc__gemm(0, 1, Lq, HT, C, 1.0f, xq, C, kq, C, 0.0f, S, HT);
+    for (int64_t i = 0; i < Lq; i++)
+        for (int64_t j = 0; j < HT; j++) S[i * HT + j] += kb[j];
+    /* rows of Lk: one softmax per (image row, head) */
+    vitc__softmax_rows(S, Lq * H, Lk, 1.0f);
+    for (int64_t i = 0; i < Lq; i++)
+        for (int64_t c = 0; c < C; c++) y[i * C + c] = (res ? res[i * C + c] : 0.0f) + a->o.b[c];
+    vitc__gemm(0, 0, Lq, C, HT, 1.0f, S, HT, vo, C, 1.0f, y, C);
+}
+
 static void swap(float **a, float **b) {
     float *t = *a;
     *a = *b;
@@ -461,7 +544,10 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
 
         add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
         add_rows(r->kk, r->K, d->pe_img, HW * C);
-        VITC_TRY(attend(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW));
+        if (fold_pays(d, &L->t2i, Nt))
+            attend_t2i_folded(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW);
+        else
+            VITC_TRY(attend(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW));
         swap(&r->Q, &r->Q2);
         vitc__layernorm(r->Q, r->Q, L->ln2.w, L->ln2.b, Nt, C, d->eps_dec);
 
@@ -472,13 +558,19 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         vitc__layernorm(r->Q, r->Q, L->ln3.w, L->ln3.b, Nt, C, d->eps_dec);
 
         add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
-        VITC_TRY(attend(d, &L->i2t, r, r->K2, r->K, r->kk, HW, r->qq, r->Q, Nt));
+        if (fold_pays(d, &L->i2t, Nt))
+            attend_i2t_folded(d, &L->i2t, r, r->K2, r->K, r->kk, HW, r->qq, r->Q, Nt);
+        else
+            VITC_TRY(attend(d, &L->i2t, r, r->K2, r->K, r->kk, HW, r->qq, r->Q, Nt));
         swap(&r->K, &r->K2);
         vitc__layernorm(r->K, r->K, L->ln4.w, L->ln4.b, HW, C, d->eps_dec);
     }
     add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
     add_rows(r->kk, r->K, d->pe_img, HW * C);
-    VITC_TRY(attend(d, &d->final, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW));
+    if (fold_pays(d, &d->final, Nt))
+        attend_t2i_folded(d, &d->final, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW);
+    else
+        VITC_TRY(attend(d, &d->final, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW));
     swap(&r->Q, &r->Q2);
     /* layer_norm_final_attn is nn.LayerNorm(hidden_size): torch's 1e-5. */
     vitc__layernorm(r->Q, r->Q, d->ln_final.w, d->ln_final.b, Nt, C, 1e-5f);
@@ -707,7 +799,9 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
         hidn = 2 * C;
     /* Each attention buffer holds the larger of the token side (self
      * attention at width C) and the image side (width C / downsample). */
-    const int64_t abuf = Nt * C > HW * (C / d->ds) ? Nt * C : HW * (C / d->ds);
+    int64_t abuf = Nt * C > HW * (C / d->ds) ? Nt * C : HW * (C / d->ds);
+    if (abuf < 2 * Nt * C + 2 * C * C) /* the folded attentions' token-side products */
+        abuf = 2 * Nt * C + 2 * C * C;
     const int64_t mask_scratch = p->mask ? 2 * HW * d->mc : 0;
     /* The upscaling: u2 [4G, 4G, C/8] then the transposed convolutions'
      * scratch (u1 goes where kk was). */
