@@ -20,6 +20,7 @@
 #include <jansson.h>
 
 #include "models/sam.h"
+#include "nn/dense.h"
 
 #include "testutil.h"
 
@@ -280,11 +281,57 @@ static void test_bad_models(void **state) {
     tu_assert_message_has("expected [");
 }
 
+/* The folded token <-> image attention (the default while the prompt has
+ * few tokens) against the literal one (VITC_DENSE=ref: every projection
+ * as SamAttention computes it), within 1e-5 of max|literal|, for prompts
+ * of each kind; a prompt with more tokens than the fold pays for runs the
+ * literal form both ways. */
+static void test_folded_equals_literal(void **state) {
+    const fixture *f = *state;
+    struct vitc_sam_image e = image_of(f, 150, 220, 174, 256);
+    static const float pts[6] = {40, 30, 200, 100, 120, 140};
+    static const int labs[3] = {1, 0, 1};
+    static const float box[4] = {20, 10, 180, 130};
+    float *mask = malloc(64 * 64 * sizeof(float));
+    assert_non_null(mask);
+    for (int i = 0; i < 64 * 64; i++) mask[i] = (float)sin(0.37 * i) * 3.0f;
+    for (int k = 0; k < 4; k++) {
+        vitc_sam_prompt p;
+        memset(&p, 0, sizeof p);
+        p.points = pts, p.labels = labs, p.n_points = k == 1 ? 3 : 1;
+        p.box = k >= 2 ? box : NULL;
+        p.mask = k == 3 ? mask : NULL;
+        p.multimask = k != 2;
+        vitc_sam_result a, b;
+        assert_int_equal(vitc__nn_dense_force("ref"), VITC_OK);
+        vitc_status s = vitc__sam_dec_predict(f->dec, &e, 256, &p, &a);
+        assert_int_equal(vitc__nn_dense_force("auto"), VITC_OK);
+        assert_int_equal(s, VITC_OK);
+        assert_int_equal(vitc__sam_dec_predict(f->dec, &e, 256, &p, &b), VITC_OK);
+        assert_int_equal(a.n_masks, b.n_masks);
+        double dmax = 0.0, rmax = 0.0;
+        for (int64_t i = 0; i < (int64_t)a.n_masks * 64 * 64; i++) {
+            double d = fabs((double)a.low_res[i] - b.low_res[i]);
+            if (!(d <= dmax))
+                dmax = d;
+            if (fabs(a.low_res[i]) > rmax)
+                rmax = fabs(a.low_res[i]);
+        }
+        if (!(dmax <= 1e-5 * rmax))
+            fail_msg("prompt %d low_res: max|d| %g, max|literal| %g", k, dmax, rmax);
+        for (int m = 0; m < a.n_masks; m++)
+            if (!(fabs(a.iou[m] - b.iou[m]) <= 1e-5 * (fabs(a.iou[m]) + 1e-3)))
+                fail_msg("prompt %d iou %d: %g vs %g", k, m, a.iou[m], b.iou[m]);
+        free(a.masks), free(a.low_res), free(b.masks), free(b.low_res);
+    }
+    free(mask);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_points),      cmocka_unit_test(test_boxes),
         cmocka_unit_test(test_mask_prompt), cmocka_unit_test(test_bad_prompts),
-        cmocka_unit_test(test_bad_models),
+        cmocka_unit_test(test_bad_models),  cmocka_unit_test(test_folded_equals_literal),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
