@@ -438,6 +438,31 @@ static vitc_status attend(const vitc__sam_dec *d, const sam_attn *a, sam_run *r,
     return VITC_OK;
 }
 
+/* y [M, N] = alpha a [M, K] (row stride lda) @ op(b) where b is [K, N]
+ * (ldb, bt 0) or [N, K] (bt 1): the token-side products of the folded
+ * attentions (M a few tokens, K a head's width), too small to be worth a
+ * dispatch to the thread pool and the GEMM's packing. */
+static void small_mm(float *y, int64_t ldy, const float *a, int64_t lda, const float *b,
+                     int64_t ldb, int bt, int64_t M, int64_t N, int64_t K, float alpha) {
+    for (int64_t i = 0; i < M; i++) {
+        float *yi = y + i * ldy;
+        if (bt) {
+            for (int64_t j = 0; j < N; j++) {
+                float acc = 0.0f;
+                for (int64_t k = 0; k < K; k++) acc += a[i * lda + k] * b[j * ldb + k];
+                yi[j] = alpha * acc;
+            }
+        } else {
+            for (int64_t j = 0; j < N; j++) yi[j] = 0.0f;
+            for (int64_t k = 0; k < K; k++) {
+                const float aik = alpha * a[i * lda + k];
+                const float *bk = b + k * ldb;
+                for (int64_t j = 0; j < N; j++) yi[j] += aik * bk[j];
+            }
+        }
+    }
+}
+
 /* Whether the attention with Lq queries over Lk keys (one side the few
  * tokens, the other the image) is cheaper folded: the literal form
  * projects the image rows to I (2 HW C I multiply-adds), the folded one
@@ -468,14 +493,13 @@ static void attend_t2i_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
     float *px = r->av;           /* [H, Lq, C] P x per head */
     vitc__linear(q, I, xq, C, a->q.w, a->q.b, NULL, 0, Lq, I, C);
     for (int64_t h = 0; h < H; h++)
-        vitc__gemm(0, 0, Lq, C, dh, scale, q + h * dh, I, a->k.w + h * dh * C, C, 0.0f,
-                   qk + h * Lq * C, C);
+        small_mm(qk + h * Lq * C, C, q + h * dh, I, a->k.w + h * dh * C, C, 0, Lq, C, dh, scale);
     vitc__gemm(0, 1, H * Lq, Lk, C, 1.0f, qk, C, xk, C, 0.0f, S, Lk);
     vitc__softmax_rows(S, H * Lq, Lk, 1.0f);
     vitc__gemm(0, 0, H * Lq, C, Lk, 1.0f, S, Lk, xv, C, 0.0f, px, C);
     for (int64_t h = 0; h < H; h++) {
-        vitc__gemm(0, 1, Lq, dh, C, 1.0f, px + h * Lq * C, C, a->v.w + h * dh * C, C, 0.0f,
-                   r->ao + h * dh, I);
+        small_mm(r->ao + h * dh, I, px + h * Lq * C, C, a->v.w + h * dh * C, C, 1, Lq, dh, C,
+                 1.0f);
         for (int64_t t = 0; t < Lq; t++)
             for (int64_t j = 0; j < dh; j++) r->ao[t * I + h * dh + j] += a->v.b[h * dh + j];
     }
@@ -501,10 +525,8 @@ static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
     vitc__linear(k, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
     vitc__linear(v, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
     for (int64_t h = 0; h < H; h++) {
-        vitc__gemm(0, 0, Lk, C, dh, scale, k + h * dh, I, a->q.w + h * dh * C, C, 0.0f,
-                   kq + h * Lk * C, C);
-        vitc__gemm(0, 1, Lk, C, dh, 1.0f, v + h * dh, I, a->o.w + h * dh, I, 0.0f,
-                   vo + h * Lk * C, C);
+        small_mm(kq + h * Lk * C, C, k + h * dh, I, a->q.w + h * dh * C, C, 0, Lk, C, dh, scale);
+        small_mm(vo + h * Lk * C, C, v + h * dh, I, a->o.w + h * dh, I, 1, Lk, C, dh, 1.0f);
         for (int64_t t = 0; t < Lk; t++) {
             float acc = 0.0f;
             for (int64_t j = 0; j < dh; j++) acc += a->q.b[h * dh + j] * k[t * I + h * dh + j];
