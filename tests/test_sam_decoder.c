@@ -160,6 +160,7 @@ static void run_case(const fixture *f, const char *name) {
     }
     free(r.masks);
     free(r.low_res);
+    vitc__sam_dec_cache_free(e.dec_cache);
     vitc_safetensors_free(st);
 }
 
@@ -250,6 +251,7 @@ static void test_bad_prompts(void **state) {
     for (int64_t i = 0; i < 3 * 150 * 220; i++) assert_true(isfinite(r.masks[i]));
     free(r.masks);
     free(r.low_res);
+    vitc__sam_dec_cache_free(e.dec_cache);
 }
 
 /* The config's sizes must match the tensors; unknown activations refused. */
@@ -282,7 +284,8 @@ static void test_bad_models(void **state) {
 }
 
 /* The folded token <-> image attention (the default while the prompt has
- * few tokens) against the literal one (VITC_DENSE=ref: every projection
+ * few tokens) and the image's cached first-layer keys and values against
+ * the literal one (VITC_DENSE=ref: every projection
  * as SamAttention computes it), within 1e-5 of max|literal|, for prompts
  * of each kind; a prompt with more tokens than the fold pays for runs the
  * literal form both ways. */
@@ -324,6 +327,9 @@ static void test_folded_equals_literal(void **state) {
                 fail_msg("prompt %d iou %d: %g vs %g", k, m, a.iou[m], b.iou[m]);
         free(a.masks), free(a.low_res), free(b.masks), free(b.low_res);
     }
+    /* the first prompt without a mask made the image's cache: used since */
+    assert_non_null(e.dec_cache);
+    vitc__sam_dec_cache_free(e.dec_cache);
     free(mask);
 }
 

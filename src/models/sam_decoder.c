@@ -16,6 +16,7 @@
  */
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -414,23 +415,89 @@ typedef struct sam_run {
     float *kk;        /* [HW, C] keys + the image's positional embedding */
     float *aq, *ak, *av, *ao; /* [max(Nt, HW), I] projections, attention output */
     float *hid;       /* [Nt, max(mlp, C, iou_hidden)] MLP hidden */
+    const struct vitc__sam_dec_cache *c0; /* the first layer's image side, or NULL */
 } sam_run;
+
+/* What every prompt without a mask computes alike on one image: the first
+ * token -> image attention's keys and values, projected from the
+ * embedding plus no_mask_embed (plus the positional embedding for the
+ * keys). With them that attention costs 2 T HW I multiply-adds instead of
+ * the fold's 2 H T HW C. Made by the first such prompt and published with
+ * a compare-and-swap, so an image is read-only to its users and several
+ * threads may predict on it at once (a thread that loses the race frees
+ * its copy). */
+struct vitc__sam_dec_cache {
+    const vitc__sam_dec *d; /* the decoder it was made by (used by no other) */
+    float *k, *v;           /* [HW, I] */
+};
+
+void vitc__sam_dec_cache_free(struct vitc__sam_dec_cache *c) {
+    if (!c)
+        return;
+    free(c->k), free(c->v), free(c);
+}
+
+/* e's cache for d, made from K0 [HW, C] (embedding + no_mask) with kk
+ * [HW, C] as scratch; NULL when out of memory or made by another decoder
+ * (the prompt then runs without it). */
+static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
+                                                     const struct vitc_sam_image *e,
+                                                     const float *K0, float *kk) {
+    struct vitc__sam_dec_cache **slot = &((struct vitc_sam_image *)(uintptr_t)e)->dec_cache;
+    struct vitc__sam_dec_cache *c = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (!c) {
+        const sam_attn *a = &d->layers[0].t2i;
+        const int64_t HW = e->h * e->w, C = d->C, I = a->I;
+        c = calloc(1, sizeof *c);
+        if (c) {
+            c->k = malloc((size_t)(HW * I) * sizeof(float));
+            c->v = malloc((size_t)(HW * I) * sizeof(float));
+        }
+        if (!c || !c->k || !c->v) {
+            vitc__sam_dec_cache_free(c);
+            return NULL;
+        }
+        c->d = d;
+        add_rows(kk, K0, d->pe_img, HW * C);
+        vitc__linear(c->k, I, kk, C, a->k.w, a->k.b, NULL, 0, HW, I, C);
+        vitc__linear(c->v, I, K0, C, a->v.w, a->v.b, NULL, 0, HW, I, C);
+        struct vitc__sam_dec_cache *expected = NULL;
+        if (!__atomic_compare_exchange_n(slot, &expected, c, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE)) {
+            vitc__sam_dec_cache_free(c);
+            c = expected;
+        }
+    }
+    return c->d == d ? c : NULL;
+}
 
 /* y [Lq, C] = out_proj(attention(q_proj(xq), k_proj(xk), v_proj(xv))) + res
  * (res may be NULL; it may not be y). */
+static vitc_status attend_kv(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                             const float *res, const float *xq, int64_t Lq, const float *k,
+                             const float *v, int64_t Lk);
+
 static vitc_status attend(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
                           const float *res, const float *xq, int64_t Lq, const float *xk,
                           const float *xv, int64_t Lk) {
-    const int64_t C = d->C, I = a->I, dh = I / d->heads;
-    vitc__linear(r->aq, I, xq, C, a->q.w, a->q.b, NULL, 0, Lq, I, C);
+    const int64_t C = d->C, I = a->I;
     vitc__linear(r->ak, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
     vitc__linear(r->av, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
+    return attend_kv(d, a, r, y, res, xq, Lq, r->ak, r->av, Lk);
+}
+
+/* attend with the keys and values already projected: k, v [Lk, I]. */
+static vitc_status attend_kv(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                             const float *res, const float *xq, int64_t Lq, const float *k,
+                             const float *v, int64_t Lk) {
+    const int64_t C = d->C, I = a->I, dh = I / d->heads;
+    vitc__linear(r->aq, I, xq, C, a->q.w, a->q.b, NULL, 0, Lq, I, C);
     vitc__sdpa_desc s;
     memset(&s, 0, sizeof s);
     s.B = 1, s.H = d->heads, s.L = Lq, s.S = Lk, s.D = dh, s.Dv = dh;
     s.q = r->aq, s.q_sh = dh, s.q_sr = I;
-    s.k = r->ak, s.k_sh = dh, s.k_sr = I;
-    s.v = r->av, s.v_sh = dh, s.v_sr = I;
+    s.k = k, s.k_sh = dh, s.k_sr = I;
+    s.v = v, s.v_sh = dh, s.v_sr = I;
     s.o = r->ao, s.o_sh = dh, s.o_sr = I;
     s.scale = (float)(1.0 / sqrt((double)dh));
     VITC_TRY(vitc__sdpa(&s));
@@ -566,7 +633,9 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
 
         add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
         add_rows(r->kk, r->K, d->pe_img, HW * C);
-        if (fold_pays(d, &L->t2i, Nt))
+        if (i == 0 && r->c0)
+            VITC_TRY(attend_kv(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->c0->k, r->c0->v, HW));
+        else if (fold_pays(d, &L->t2i, Nt))
             attend_t2i_folded(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW);
         else
             VITC_TRY(attend(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW));
@@ -904,6 +973,8 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     } else {
         for (int64_t i = 0; i < HW; i++)
             add_rows(r.K + i * C, e->emb_cl + i * C, d->no_mask, C);
+        if (strcmp(vitc__nn_dense_path(), "ref") != 0)
+            r.c0 = image_cache(d, e, r.K, r.kk);
     }
     if ((s = two_way(d, &r)) != VITC_OK)
         goto done;
