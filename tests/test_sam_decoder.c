@@ -8,6 +8,7 @@
  * size within 1e-4 of max|ref|; then prompts and models it must refuse.
  */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -333,11 +334,56 @@ static void test_folded_equals_literal(void **state) {
     free(mask);
 }
 
+/* Two threads predicting on one fresh image race to make its cache: one
+ * copy wins, the other is freed (`make asan` or valgrind would see a leak
+ * or a double free), and both get the masks a lone prompt gets. */
+typedef struct race_arg {
+    const fixture *f;
+    struct vitc_sam_image *e;
+    vitc_sam_result r;
+    vitc_status s;
+} race_arg;
+
+static void *race_one(void *v) {
+    race_arg *a = v;
+    static const float pt[2] = {60, 40};
+    static const int lab[1] = {1};
+    vitc_sam_prompt p;
+    memset(&p, 0, sizeof p);
+    p.points = pt, p.labels = lab, p.n_points = 1, p.multimask = 1;
+    a->s = vitc__sam_dec_predict(a->f->dec, a->e, 256, &p, &a->r);
+    return NULL;
+}
+
+static void test_cache_race(void **state) {
+    const fixture *f = *state;
+    struct vitc_sam_image e = image_of(f, 150, 220, 174, 256);
+    race_arg a[3] = {{f, &e, {0}, VITC_OK}, {f, &e, {0}, VITC_OK}, {f, &e, {0}, VITC_OK}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, race_one, &a[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    assert_non_null(e.dec_cache);
+    vitc__sam_dec_cache_free(e.dec_cache);
+    e.dec_cache = NULL;
+    race_one(&a[2]); /* alone, its own cache */
+    for (int i = 0; i < 3; i++) assert_int_equal(a[i].s, VITC_OK);
+    for (int i = 0; i < 2; i++) {
+        for (int64_t j = 0; j < 3 * 64 * 64; j++)
+            if (!(fabs(a[i].r.low_res[j] - a[2].r.low_res[j]) <=
+                  1e-5 * (fabs(a[2].r.low_res[j]) + 1.0)))
+                fail_msg("thread %d low_res[%lld]: %g vs %g", i, (long long)j,
+                         a[i].r.low_res[j], a[2].r.low_res[j]);
+    }
+    for (int i = 0; i < 3; i++) free(a[i].r.masks), free(a[i].r.low_res);
+    vitc__sam_dec_cache_free(e.dec_cache);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_points),      cmocka_unit_test(test_boxes),
         cmocka_unit_test(test_mask_prompt), cmocka_unit_test(test_bad_prompts),
         cmocka_unit_test(test_bad_models),  cmocka_unit_test(test_folded_equals_literal),
+        cmocka_unit_test(test_cache_race),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }
