@@ -586,28 +586,26 @@ static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
     const float scale = (float)(1.0 / sqrt((double)dh));
     float *k = r->aq, *v = r->aq + Lk * I; /* [Lk, I] each */
     float *kq = r->av;                     /* [H, Lk, C] the folded keys */
-    float *vo = r->av + HT * C;            /* [H, Lk, C] the values through out_proj */
+    float *vo = r->av + HT * C;            /* [C, H, Lk] the values through out_proj */
     float *kb = r->ao;                     /* [H, Lk] the scores' bias */
     float *S = r->ak;                      /* [Lq, H, Lk] */
     vitc__linear(k, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
     vitc__linear(v, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
     for (int64_t h = 0; h < H; h++) {
         small_mm(kq + h * Lk * C, C, k + h * dh, I, a->q.w + h * dh * C, C, 0, Lk, C, dh, scale);
-        small_mm(vo + h * Lk * C, C, v + h * dh, I, a->o.w + h * dh, I, 1, Lk, C, dh, 1.0f);
+        small_mm(vo + h * Lk, HT, a->o.w + h * dh, I, v + h * dh, I, 1, C, Lk, dh, 1.0f);
         for (int64_t t = 0; t < Lk; t++) {
             float acc = 0.0f;
             for (int64_t j = 0; j < dh; j++) acc += a->q.b[h * dh + j] * k[t * I + h * dh + j];
             kb[h * Lk + t] = scale * acc;
         }
     }
-    vitc__gemm(0, 1, Lq, HT, C, 1.0f, xq, C, kq, C, 0.0f, S, HT);
-    for (int64_t i = 0; i < Lq; i++)
-        for (int64_t j = 0; j < HT; j++) S[i * HT + j] += kb[j];
+    /* kq and vo are in nn.Linear's [out, in] layout: the bias and the
+     * residual ride in the GEMMs' epilogue */
+    vitc__linear(S, HT, xq, C, kq, kb, NULL, 0, Lq, HT, C);
     /* rows of Lk: one softmax per (image row, head) */
     vitc__softmax_rows(S, Lq * H, Lk, 1.0f);
-    for (int64_t i = 0; i < Lq; i++)
-        for (int64_t c = 0; c < C; c++) y[i * C + c] = (res ? res[i * C + c] : 0.0f) + a->o.b[c];
-    vitc__gemm(0, 0, Lq, C, HT, 1.0f, S, HT, vo, C, 1.0f, y, C);
+    vitc__linear(y, C, S, HT, vo, a->o.b, res, C, Lq, C, HT);
 }
 
 static void swap(float **a, float **b) {
