@@ -418,31 +418,30 @@ typedef struct sam_run {
     const struct vitc__sam_dec_cache *c0; /* the first layer's image side, or NULL */
 } sam_run;
 
-/* What every prompt without a mask computes alike on one image: the first
- * token -> image attention's keys and values, projected from the
- * embedding plus no_mask_embed (plus the positional embedding for the
- * keys). With them that attention costs 2 T HW I multiply-adds instead of
- * the fold's 2 H T HW C. Made by the first such prompt and published with
+/* What every prompt without a mask computes alike on one image: the
+ * first layer's image side (the embedding plus no_mask_embed, and plus the
+ * positional embedding) and its token -> image attention's keys and
+ * values projected from them. With them that attention costs 2 T HW I
+ * multiply-adds instead of the fold's 2 H T HW C. Made by the first such prompt and published with
  * a compare-and-swap, so an image is read-only to its users and several
  * threads may predict on it at once (a thread that loses the race frees
  * its copy). */
 struct vitc__sam_dec_cache {
     const vitc__sam_dec *d; /* the decoder it was made by (used by no other) */
+    float *K0, *kk0;        /* [HW, C] embedding + no_mask; the same + the positional embedding */
     float *k, *v;           /* [HW, I] */
 };
 
 void vitc__sam_dec_cache_free(struct vitc__sam_dec_cache *c) {
     if (!c)
         return;
-    free(c->k), free(c->v), free(c);
+    free(c->K0), free(c->kk0), free(c->k), free(c->v), free(c);
 }
 
-/* e's cache for d, made from K0 [HW, C] (embedding + no_mask) with kk
- * [HW, C] as scratch; NULL when out of memory or made by another decoder
+/* e's cache for d; NULL when out of memory or made by another decoder
  * (the prompt then runs without it). */
 static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
-                                                     const struct vitc_sam_image *e,
-                                                     const float *K0, float *kk) {
+                                                     const struct vitc_sam_image *e) {
     struct vitc__sam_dec_cache **slot = &((struct vitc_sam_image *)(uintptr_t)e)->dec_cache;
     struct vitc__sam_dec_cache *c = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
     if (!c) {
@@ -450,17 +449,21 @@ static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
         const int64_t HW = e->h * e->w, C = d->C, I = a->I;
         c = calloc(1, sizeof *c);
         if (c) {
+            c->K0 = malloc((size_t)(HW * C) * sizeof(float));
+            c->kk0 = malloc((size_t)(HW * C) * sizeof(float));
             c->k = malloc((size_t)(HW * I) * sizeof(float));
             c->v = malloc((size_t)(HW * I) * sizeof(float));
         }
-        if (!c || !c->k || !c->v) {
+        if (!c || !c->K0 || !c->kk0 || !c->k || !c->v) {
             vitc__sam_dec_cache_free(c);
             return NULL;
         }
         c->d = d;
-        add_rows(kk, K0, d->pe_img, HW * C);
-        vitc__linear(c->k, I, kk, C, a->k.w, a->k.b, NULL, 0, HW, I, C);
-        vitc__linear(c->v, I, K0, C, a->v.w, a->v.b, NULL, 0, HW, I, C);
+        for (int64_t i = 0; i < HW; i++)
+            add_rows(c->K0 + i * C, e->emb_cl + i * C, d->no_mask, C);
+        add_rows(c->kk0, c->K0, d->pe_img, HW * C);
+        vitc__linear(c->k, I, c->kk0, C, a->k.w, a->k.b, NULL, 0, HW, I, C);
+        vitc__linear(c->v, I, c->K0, C, a->v.w, a->v.b, NULL, 0, HW, I, C);
         struct vitc__sam_dec_cache *expected = NULL;
         if (!__atomic_compare_exchange_n(slot, &expected, c, 0, __ATOMIC_ACQ_REL,
                                          __ATOMIC_ACQUIRE)) {
@@ -630,7 +633,12 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         vitc__layernorm(r->Q, r->Q, L->ln1.w, L->ln1.b, Nt, C, d->eps_dec);
 
         add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
-        add_rows(r->kk, r->K, d->pe_img, HW * C);
+        /* the image side read by this layer: [HW, C] each */
+        const float *K = r->K, *kk = r->kk;
+        if (i == 0 && r->c0)
+            K = r->c0->K0, kk = r->c0->kk0;
+        else
+            add_rows(r->kk, r->K, d->pe_img, HW * C);
         if (i == 0 && r->c0)
             VITC_TRY(attend_kv(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->c0->k, r->c0->v, HW));
         else if (fold_pays(d, &L->t2i, Nt))
@@ -648,9 +656,9 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
 
         add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
         if (fold_pays(d, &L->i2t, Nt))
-            attend_i2t_folded(d, &L->i2t, r, r->K2, r->K, r->kk, HW, r->qq, r->Q, Nt);
+            attend_i2t_folded(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt);
         else
-            VITC_TRY(attend(d, &L->i2t, r, r->K2, r->K, r->kk, HW, r->qq, r->Q, Nt));
+            VITC_TRY(attend(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt));
         swap(&r->K, &r->K2);
         vitc__layernorm(r->K, r->K, L->ln4.w, L->ln4.b, HW, C, d->eps_dec);
     }
@@ -969,10 +977,11 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
             goto done;
         add_rows(r.K, e->emb_cl, r.K2, HW * C);
     } else {
-        for (int64_t i = 0; i < HW; i++)
-            add_rows(r.K + i * C, e->emb_cl + i * C, d->no_mask, C);
         if (strcmp(vitc__nn_dense_path(), "ref") != 0)
-            r.c0 = image_cache(d, e, r.K, r.kk);
+            r.c0 = image_cache(d, e);
+        if (!r.c0) /* else the first layer reads the cache's */
+            for (int64_t i = 0; i < HW; i++)
+                add_rows(r.K + i * C, e->emb_cl + i * C, d->no_mask, C);
     }
     if ((s = two_way(d, &r)) != VITC_OK)
         goto done;
