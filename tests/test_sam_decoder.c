@@ -8,6 +8,7 @@
  * size within 1e-4 of max|ref|; then prompts and models it must refuse.
  */
 #include <math.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -20,6 +21,7 @@
 #include <jansson.h>
 
 #include "models/sam.h"
+#include "nn/dense.h"
 
 #include "testutil.h"
 
@@ -159,6 +161,7 @@ static void run_case(const fixture *f, const char *name) {
     }
     free(r.masks);
     free(r.low_res);
+    vitc__sam_dec_cache_free(e.dec_cache);
     vitc_safetensors_free(st);
 }
 
@@ -249,6 +252,7 @@ static void test_bad_prompts(void **state) {
     for (int64_t i = 0; i < 3 * 150 * 220; i++) assert_true(isfinite(r.masks[i]));
     free(r.masks);
     free(r.low_res);
+    vitc__sam_dec_cache_free(e.dec_cache);
 }
 
 /* The config's sizes must match the tensors; unknown activations refused. */
@@ -280,11 +284,106 @@ static void test_bad_models(void **state) {
     tu_assert_message_has("expected [");
 }
 
+/* The folded token <-> image attention (the default while the prompt has
+ * few tokens) and the image's cached first-layer keys and values against
+ * the literal one (VITC_DENSE=ref: every projection
+ * as SamAttention computes it), within 1e-5 of max|literal|, for prompts
+ * of each kind; a prompt with more tokens than the fold pays for runs the
+ * literal form both ways. */
+static void test_folded_equals_literal(void **state) {
+    const fixture *f = *state;
+    struct vitc_sam_image e = image_of(f, 150, 220, 174, 256);
+    static const float pts[6] = {40, 30, 200, 100, 120, 140};
+    static const int labs[3] = {1, 0, 1};
+    static const float box[4] = {20, 10, 180, 130};
+    float *mask = malloc(64 * 64 * sizeof(float));
+    assert_non_null(mask);
+    for (int i = 0; i < 64 * 64; i++) mask[i] = (float)sin(0.37 * i) * 3.0f;
+    for (int k = 0; k < 4; k++) {
+        vitc_sam_prompt p;
+        memset(&p, 0, sizeof p);
+        p.points = pts, p.labels = labs, p.n_points = k == 1 ? 3 : 1;
+        p.box = k >= 2 ? box : NULL;
+        p.mask = k == 3 ? mask : NULL;
+        p.multimask = k != 2;
+        vitc_sam_result a, b;
+        assert_int_equal(vitc__nn_dense_force("ref"), VITC_OK);
+        vitc_status s = vitc__sam_dec_predict(f->dec, &e, 256, &p, &a);
+        assert_int_equal(vitc__nn_dense_force("auto"), VITC_OK);
+        assert_int_equal(s, VITC_OK);
+        assert_int_equal(vitc__sam_dec_predict(f->dec, &e, 256, &p, &b), VITC_OK);
+        assert_int_equal(a.n_masks, b.n_masks);
+        double dmax = 0.0, rmax = 0.0;
+        for (int64_t i = 0; i < (int64_t)a.n_masks * 64 * 64; i++) {
+            double d = fabs((double)a.low_res[i] - b.low_res[i]);
+            if (!(d <= dmax))
+                dmax = d;
+            if (fabs(a.low_res[i]) > rmax)
+                rmax = fabs(a.low_res[i]);
+        }
+        if (!(dmax <= 1e-5 * rmax))
+            fail_msg("prompt %d low_res: max|d| %g, max|literal| %g", k, dmax, rmax);
+        for (int m = 0; m < a.n_masks; m++)
+            if (!(fabs(a.iou[m] - b.iou[m]) <= 1e-5 * (fabs(a.iou[m]) + 1e-3)))
+                fail_msg("prompt %d iou %d: %g vs %g", k, m, a.iou[m], b.iou[m]);
+        free(a.masks), free(a.low_res), free(b.masks), free(b.low_res);
+    }
+    /* the first prompt without a mask made the image's cache: used since */
+    assert_non_null(e.dec_cache);
+    vitc__sam_dec_cache_free(e.dec_cache);
+    free(mask);
+}
+
+/* Two threads predicting on one fresh image race to make its cache: one
+ * copy wins, the other is freed (`make asan` or valgrind would see a leak
+ * or a double free), and both get the masks a lone prompt gets. */
+typedef struct race_arg {
+    const fixture *f;
+    struct vitc_sam_image *e;
+    vitc_sam_result r;
+    vitc_status s;
+} race_arg;
+
+static void *race_one(void *v) {
+    race_arg *a = v;
+    static const float pt[2] = {60, 40};
+    static const int lab[1] = {1};
+    vitc_sam_prompt p;
+    memset(&p, 0, sizeof p);
+    p.points = pt, p.labels = lab, p.n_points = 1, p.multimask = 1;
+    a->s = vitc__sam_dec_predict(a->f->dec, a->e, 256, &p, &a->r);
+    return NULL;
+}
+
+static void test_cache_race(void **state) {
+    const fixture *f = *state;
+    struct vitc_sam_image e = image_of(f, 150, 220, 174, 256);
+    race_arg a[3] = {{f, &e, {0}, VITC_OK}, {f, &e, {0}, VITC_OK}, {f, &e, {0}, VITC_OK}};
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) assert_int_equal(pthread_create(&th[i], NULL, race_one, &a[i]), 0);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    assert_non_null(e.dec_cache);
+    vitc__sam_dec_cache_free(e.dec_cache);
+    e.dec_cache = NULL;
+    race_one(&a[2]); /* alone, its own cache */
+    for (int i = 0; i < 3; i++) assert_int_equal(a[i].s, VITC_OK);
+    for (int i = 0; i < 2; i++) {
+        for (int64_t j = 0; j < 3 * 64 * 64; j++)
+            if (!(fabs(a[i].r.low_res[j] - a[2].r.low_res[j]) <=
+                  1e-5 * (fabs(a[2].r.low_res[j]) + 1.0)))
+                fail_msg("thread %d low_res[%lld]: %g vs %g", i, (long long)j,
+                         a[i].r.low_res[j], a[2].r.low_res[j]);
+    }
+    for (int i = 0; i < 3; i++) free(a[i].r.masks), free(a[i].r.low_res);
+    vitc__sam_dec_cache_free(e.dec_cache);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_points),      cmocka_unit_test(test_boxes),
         cmocka_unit_test(test_mask_prompt), cmocka_unit_test(test_bad_prompts),
-        cmocka_unit_test(test_bad_models),
+        cmocka_unit_test(test_bad_models),  cmocka_unit_test(test_folded_equals_literal),
+        cmocka_unit_test(test_cache_race),
     };
     return cmocka_run_group_tests(tests, setup, teardown);
 }

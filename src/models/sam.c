@@ -373,6 +373,7 @@ void vitc_sam_image_free(vitc_sam_image *e) {
         return;
     free(e->emb);
     free(e->emb_cl);
+    vitc__sam_dec_cache_free(e->dec_cache);
     free(e);
 }
 

@@ -20,6 +20,10 @@ struct vitc_sam_image {
     int64_t C, h, w;
     int orig_w, orig_h;          /* the image's size */
     int resized_w, resized_h;    /* its size inside the input square (before padding) */
+    /* The decoder's prompt-independent products on this image (sam_decoder.c
+     * makes them on first use and publishes them atomically; NULL until
+     * then; vitc__sam_dec_cache_free) */
+    struct vitc__sam_dec_cache *dec_cache;
 };
 
 /* The prompt encoder, mask decoder and shared positional embedding. */
@@ -31,6 +35,7 @@ typedef struct vitc__sam_dec vitc__sam_dec;
 vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
                                const struct json_t *config);
 void vitc__sam_dec_free(vitc__sam_dec *d);
+void vitc__sam_dec_cache_free(struct vitc__sam_dec_cache *c);
 /* Masks for one prompt on e: points and boxes mapped from the original
  * image's pixels into the input square of side input_size (as SamProcessor
  * does), the decoder run, the masks upscaled to input_size, cropped to the

@@ -16,6 +16,7 @@
  */
 #include <math.h>
 #include <stdarg.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -414,28 +415,200 @@ typedef struct sam_run {
     float *kk;        /* [HW, C] keys + the image's positional embedding */
     float *aq, *ak, *av, *ao; /* [max(Nt, HW), I] projections, attention output */
     float *hid;       /* [Nt, max(mlp, C, iou_hidden)] MLP hidden */
+    const struct vitc__sam_dec_cache *c0; /* the first layer's image side, or NULL */
 } sam_run;
+
+/* What every prompt without a mask computes alike on one image: the
+ * first layer's image side (the embedding plus no_mask_embed, and plus the
+ * positional embedding) and its token -> image attention's keys and
+ * values projected from them. With them that attention costs 2 T HW I
+ * multiply-adds instead of the fold's 2 H T HW C. Made by the first such prompt and published with
+ * a compare-and-swap, so an image is read-only to its users and several
+ * threads may predict on it at once (a thread that loses the race frees
+ * its copy). */
+struct vitc__sam_dec_cache {
+    const vitc__sam_dec *d; /* the decoder it was made by (used by no other) */
+    float *K0, *kk0;        /* [HW, C] embedding + no_mask; the same + the positional embedding */
+    float *k, *v;           /* [HW, I] */
+};
+
+void vitc__sam_dec_cache_free(struct vitc__sam_dec_cache *c) {
+    if (!c)
+        return;
+    free(c->K0), free(c->kk0), free(c->k), free(c->v), free(c);
+}
+
+/* e's cache for d; NULL when out of memory or made by another decoder
+ * (the prompt then runs without it). */
+static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
+                                                     const struct vitc_sam_image *e) {
+    struct vitc__sam_dec_cache **slot = &((struct vitc_sam_image *)(uintptr_t)e)->dec_cache;
+    struct vitc__sam_dec_cache *c = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
+    if (!c) {
+        const sam_attn *a = &d->layers[0].t2i;
+        const int64_t HW = e->h * e->w, C = d->C, I = a->I;
+        c = calloc(1, sizeof *c);
+        if (c) {
+            c->K0 = malloc((size_t)(HW * C) * sizeof(float));
+            c->kk0 = malloc((size_t)(HW * C) * sizeof(float));
+            c->k = malloc((size_t)(HW * I) * sizeof(float));
+            c->v = malloc((size_t)(HW * I) * sizeof(float));
+        }
+        if (!c || !c->K0 || !c->kk0 || !c->k || !c->v) {
+            vitc__sam_dec_cache_free(c);
+            return NULL;
+        }
+        c->d = d;
+        for (int64_t i = 0; i < HW; i++)
+            add_rows(c->K0 + i * C, e->emb_cl + i * C, d->no_mask, C);
+        add_rows(c->kk0, c->K0, d->pe_img, HW * C);
+        vitc__linear(c->k, I, c->kk0, C, a->k.w, a->k.b, NULL, 0, HW, I, C);
+        vitc__linear(c->v, I, c->K0, C, a->v.w, a->v.b, NULL, 0, HW, I, C);
+        struct vitc__sam_dec_cache *expected = NULL;
+        if (!__atomic_compare_exchange_n(slot, &expected, c, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_ACQUIRE)) {
+            vitc__sam_dec_cache_free(c);
+            c = expected;
+        }
+    }
+    return c->d == d ? c : NULL;
+}
 
 /* y [Lq, C] = out_proj(attention(q_proj(xq), k_proj(xk), v_proj(xv))) + res
  * (res may be NULL; it may not be y). */
+static vitc_status attend_kv(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                             const float *res, const float *xq, int64_t Lq, const float *k,
+                             const float *v, int64_t Lk);
+
 static vitc_status attend(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
                           const float *res, const float *xq, int64_t Lq, const float *xk,
                           const float *xv, int64_t Lk) {
-    const int64_t C = d->C, I = a->I, dh = I / d->heads;
-    vitc__linear(r->aq, I, xq, C, a->q.w, a->q.b, NULL, 0, Lq, I, C);
+    const int64_t C = d->C, I = a->I;
     vitc__linear(r->ak, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
     vitc__linear(r->av, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
+    return attend_kv(d, a, r, y, res, xq, Lq, r->ak, r->av, Lk);
+}
+
+/* attend with the keys and values already projected: k, v [Lk, I]. */
+static vitc_status attend_kv(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                             const float *res, const float *xq, int64_t Lq, const float *k,
+                             const float *v, int64_t Lk) {
+    const int64_t C = d->C, I = a->I, dh = I / d->heads;
+    vitc__linear(r->aq, I, xq, C, a->q.w, a->q.b, NULL, 0, Lq, I, C);
     vitc__sdpa_desc s;
     memset(&s, 0, sizeof s);
     s.B = 1, s.H = d->heads, s.L = Lq, s.S = Lk, s.D = dh, s.Dv = dh;
     s.q = r->aq, s.q_sh = dh, s.q_sr = I;
-    s.k = r->ak, s.k_sh = dh, s.k_sr = I;
-    s.v = r->av, s.v_sh = dh, s.v_sr = I;
+    s.k = k, s.k_sh = dh, s.k_sr = I;
+    s.v = v, s.v_sh = dh, s.v_sr = I;
     s.o = r->ao, s.o_sh = dh, s.o_sr = I;
     s.scale = (float)(1.0 / sqrt((double)dh));
     VITC_TRY(vitc__sdpa(&s));
     vitc__linear(y, C, r->ao, I, a->o.w, a->o.b, res, C, Lq, C, I);
     return VITC_OK;
+}
+
+/* y [M, N] = alpha a [M, K] (row stride lda) @ op(b) where b is [K, N]
+ * (ldb, bt 0) or [N, K] (bt 1): the token-side products of the folded
+ * attentions (M a few tokens, K a head's width), too small to be worth a
+ * dispatch to the thread pool and the GEMM's packing. */
+static void small_mm(float *y, int64_t ldy, const float *a, int64_t lda, const float *b,
+                     int64_t ldb, int bt, int64_t M, int64_t N, int64_t K, float alpha) {
+    for (int64_t i = 0; i < M; i++) {
+        float *yi = y + i * ldy;
+        if (bt) {
+            for (int64_t j = 0; j < N; j++) {
+                float acc = 0.0f;
+                for (int64_t k = 0; k < K; k++) acc += a[i * lda + k] * b[j * ldb + k];
+                yi[j] = alpha * acc;
+            }
+        } else {
+            for (int64_t j = 0; j < N; j++) yi[j] = 0.0f;
+            for (int64_t k = 0; k < K; k++) {
+                const float aik = alpha * a[i * lda + k];
+                const float *bk = b + k * ldb;
+                for (int64_t j = 0; j < N; j++) yi[j] += aik * bk[j];
+            }
+        }
+    }
+}
+
+/* Whether the attention with Lq queries over Lk keys (one side the few
+ * tokens, the other the image) is cheaper folded: the literal form
+ * projects the image rows to I (2 HW C I multiply-adds), the folded one
+ * multiplies them by one C-wide vector per (head, token) (2 H T HW C), so
+ * it pays while H T <= I (16 tokens for SAM's 8 heads and I = 128). This
+ * also bounds the folded scores [HW, H T] by the literal projections'
+ * [HW, I] scratch. VITC_DENSE=ref keeps the literal form, which the tests
+ * compare with. */
+static int fold_pays(const vitc__sam_dec *d, const sam_attn *a, int64_t T) {
+    return d->heads * T <= a->I && strcmp(vitc__nn_dense_path(), "ref") != 0;
+}
+
+/* Token -> image attention with the image never projected. Per head h,
+ * the scores q_h (W_k,h x + b_k,h)^T = (W_k,h^T q_h) . x^T + q_h . b_k,h:
+ * the last term is constant along a softmax row and drops out, so the
+ * query is folded into a C-wide vector and scores the raw rows xk. The
+ * values: P (x W_v,h^T + b_v,h) = (P x) W_v,h^T + b_v,h since P's rows sum
+ * to 1, so the softmax averages the raw rows xv first and the projection
+ * runs on T rows. y [Lq, C] = out_proj(...) + res. */
+static void attend_t2i_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                              const float *res, const float *xq, int64_t Lq, const float *xk,
+                              const float *xv, int64_t Lk) {
+    const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H;
+    const float scale = (float)(1.0 / sqrt((double)dh));
+    float *q = r->aq;            /* [Lq, I] */
+    float *qk = r->aq + Lq * I;  /* [H, Lq, C] the folded queries */
+    float *S = r->ak;            /* [H, Lq, Lk] */
+    float *px = r->av;           /* [H, Lq, C] P x per head */
+    vitc__linear(q, I, xq, C, a->q.w, a->q.b, NULL, 0, Lq, I, C);
+    for (int64_t h = 0; h < H; h++)
+        small_mm(qk + h * Lq * C, C, q + h * dh, I, a->k.w + h * dh * C, C, 0, Lq, C, dh, scale);
+    vitc__gemm(0, 1, H * Lq, Lk, C, 1.0f, qk, C, xk, C, 0.0f, S, Lk);
+    vitc__softmax_rows(S, H * Lq, Lk, 1.0f);
+    vitc__gemm(0, 0, H * Lq, C, Lk, 1.0f, S, Lk, xv, C, 0.0f, px, C);
+    for (int64_t h = 0; h < H; h++) {
+        small_mm(r->ao + h * dh, I, px + h * Lq * C, C, a->v.w + h * dh * C, C, 1, Lq, dh, C,
+                 1.0f);
+        for (int64_t t = 0; t < Lq; t++)
+            for (int64_t j = 0; j < dh; j++) r->ao[t * I + h * dh + j] += a->v.b[h * dh + j];
+    }
+    vitc__linear(y, C, r->ao, I, a->o.w, a->o.b, res, C, Lq, C, I);
+}
+
+/* Image -> token attention with the image side never projected: the
+ * query projection is folded into the keys (scores x . (W_q,h^T k_h)^T +
+ * b_q,h . k_h, a [C] vector and a bias per (head, token)), the output
+ * projection into the values (v_h W_o,h^T: [T, C] per head), so the HW
+ * image rows meet only xq [HW, C] @ [C, H T] and P [HW, H T] @ [H T, C].
+ * y [Lq, C] = out_proj(...) + res. */
+static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                              const float *res, const float *xq, int64_t Lq, const float *xk,
+                              const float *xv, int64_t Lk) {
+    const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
+    const float scale = (float)(1.0 / sqrt((double)dh));
+    float *k = r->aq, *v = r->aq + Lk * I; /* [Lk, I] each */
+    float *kq = r->av;                     /* [H, Lk, C] the folded keys */
+    float *vo = r->av + HT * C;            /* [C, H, Lk] the values through out_proj */
+    float *kb = r->ao;                     /* [H, Lk] the scores' bias */
+    float *S = r->ak;                      /* [Lq, H, Lk] */
+    vitc__linear(k, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
+    vitc__linear(v, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
+    for (int64_t h = 0; h < H; h++) {
+        small_mm(kq + h * Lk * C, C, k + h * dh, I, a->q.w + h * dh * C, C, 0, Lk, C, dh, scale);
+        small_mm(vo + h * Lk, HT, a->o.w + h * dh, I, v + h * dh, I, 1, C, Lk, dh, 1.0f);
+        for (int64_t t = 0; t < Lk; t++) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < dh; j++) acc += a->q.b[h * dh + j] * k[t * I + h * dh + j];
+            kb[h * Lk + t] = scale * acc;
+        }
+    }
+    /* kq and vo are in nn.Linear's [out, in] layout: the bias and the
+     * residual ride in the GEMMs' epilogue */
+    vitc__linear(S, HT, xq, C, kq, kb, NULL, 0, Lq, HT, C);
+    /* rows of Lk: one softmax per (image row, head) */
+    vitc__softmax_rows(S, Lq * H, Lk, 1.0f);
+    vitc__linear(y, C, S, HT, vo, a->o.b, res, C, Lq, C, HT);
 }
 
 static void swap(float **a, float **b) {
@@ -460,8 +633,18 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         vitc__layernorm(r->Q, r->Q, L->ln1.w, L->ln1.b, Nt, C, d->eps_dec);
 
         add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
-        add_rows(r->kk, r->K, d->pe_img, HW * C);
-        VITC_TRY(attend(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW));
+        /* the image side read by this layer: [HW, C] each */
+        const float *K = r->K, *kk = r->kk;
+        if (i == 0 && r->c0)
+            K = r->c0->K0, kk = r->c0->kk0;
+        else
+            add_rows(r->kk, r->K, d->pe_img, HW * C);
+        if (i == 0 && r->c0)
+            VITC_TRY(attend_kv(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->c0->k, r->c0->v, HW));
+        else if (fold_pays(d, &L->t2i, Nt))
+            attend_t2i_folded(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW);
+        else
+            VITC_TRY(attend(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW));
         swap(&r->Q, &r->Q2);
         vitc__layernorm(r->Q, r->Q, L->ln2.w, L->ln2.b, Nt, C, d->eps_dec);
 
@@ -472,13 +655,19 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         vitc__layernorm(r->Q, r->Q, L->ln3.w, L->ln3.b, Nt, C, d->eps_dec);
 
         add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
-        VITC_TRY(attend(d, &L->i2t, r, r->K2, r->K, r->kk, HW, r->qq, r->Q, Nt));
+        if (fold_pays(d, &L->i2t, Nt))
+            attend_i2t_folded(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt);
+        else
+            VITC_TRY(attend(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt));
         swap(&r->K, &r->K2);
         vitc__layernorm(r->K, r->K, L->ln4.w, L->ln4.b, HW, C, d->eps_dec);
     }
     add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
     add_rows(r->kk, r->K, d->pe_img, HW * C);
-    VITC_TRY(attend(d, &d->final, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW));
+    if (fold_pays(d, &d->final, Nt))
+        attend_t2i_folded(d, &d->final, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW);
+    else
+        VITC_TRY(attend(d, &d->final, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW));
     swap(&r->Q, &r->Q2);
     /* layer_norm_final_attn is nn.LayerNorm(hidden_size): torch's 1e-5. */
     vitc__layernorm(r->Q, r->Q, d->ln_final.w, d->ln_final.b, Nt, C, 1e-5f);
@@ -707,7 +896,9 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
         hidn = 2 * C;
     /* Each attention buffer holds the larger of the token side (self
      * attention at width C) and the image side (width C / downsample). */
-    const int64_t abuf = Nt * C > HW * (C / d->ds) ? Nt * C : HW * (C / d->ds);
+    int64_t abuf = Nt * C > HW * (C / d->ds) ? Nt * C : HW * (C / d->ds);
+    if (abuf < 2 * Nt * C + 2 * C * C) /* the folded attentions' token-side products */
+        abuf = 2 * Nt * C + 2 * C * C;
     const int64_t mask_scratch = p->mask ? 2 * HW * d->mc : 0;
     /* The upscaling: u2 [4G, 4G, C/8] then the transposed convolutions'
      * scratch (u1 goes where kk was). */
@@ -786,8 +977,11 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
             goto done;
         add_rows(r.K, e->emb_cl, r.K2, HW * C);
     } else {
-        for (int64_t i = 0; i < HW; i++)
-            add_rows(r.K + i * C, e->emb_cl + i * C, d->no_mask, C);
+        if (strcmp(vitc__nn_dense_path(), "ref") != 0)
+            r.c0 = image_cache(d, e);
+        if (!r.c0) /* else the first layer reads the cache's */
+            for (int64_t i = 0; i < HW; i++)
+                add_rows(r.K + i * C, e->emb_cl + i * C, d->no_mask, C);
     }
     if ((s = two_way(d, &r)) != VITC_OK)
         goto done;
