@@ -84,9 +84,10 @@ struct vitc_sam {
 };
 
 /* The encoder's tensors (vision_encoder.*) from sh, every shape checked
- * against e's config before anything is allocated; packed for the GEMM in
- * prec (the patch embedding in fp32), each row-major copy given back once
- * packed: afterwards only the packs hold those weights. */
+ * against e's config before anything is allocated; each matrix packed for
+ * the GEMM in prec (the patch embedding in fp32) as soon as it is read and
+ * its row-major copy given back: afterwards only the packs hold those
+ * weights. */
 vitc_status vitc__sam_enc_load(vitc__sam_enc *e, const vitc__shards *sh, vitc_precision prec);
 void vitc__sam_enc_free(vitc__sam_enc *e);
 /* pixels [3, img, img] (preprocessed) -> emb [O, grid, grid] and emb_cl

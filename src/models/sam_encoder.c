@@ -39,7 +39,16 @@ typedef struct sam_take {
     const vitc__shards *sh;
     float *arena; /* NULL: only check and count */
     size_t used;  /* floats */
+    vitc__sam_enc *pack; /* non-NULL: matrices packed as soon as read */
 } sam_take;
+
+static vitc_status sam_pack_one(vitc__sam_enc *e, int i);
+
+/* Packs matrices [i, i + n) once they are read (sam_take.pack). */
+static vitc_status sam_packed(const sam_take *t, int i, int n) {
+    for (int k = i; t->arena && t->pack && k < i + n; k++) VITC_TRY(sam_pack_one(t->pack, k));
+    return VITC_OK;
+}
 
 static vitc_status sam_take_one(sam_take *t, float **dst, const char *name, int nd, int64_t d0,
                                 int64_t d1, int64_t d2, int64_t d3) {
@@ -62,6 +71,7 @@ static vitc_status sam_tensors(vitc__sam_enc *e, sam_take *t) {
 #define SAM_NAME(...) (snprintf(nm, sizeof nm, "vision_encoder." __VA_ARGS__), nm)
     VITC_TRY(sam_take_one(t, &e->patch_w, SAM_NAME("patch_embed.projection.weight"), 4, C, 3, P, P));
     VITC_TRY(sam_take_one(t, &e->patch_b, SAM_NAME("patch_embed.projection.bias"), 1, C, 0, 0, 0));
+    VITC_TRY(sam_packed(t, e->depth * VITC__SAM_PW_LAYER, 1));
     if (e->use_abs)
         VITC_TRY(sam_take_one(t, &e->pos, SAM_NAME("pos_embed"), 4, 1, g, g, C));
     for (int i = 0; i < e->depth; i++) {
@@ -87,6 +97,7 @@ static vitc_status sam_tensors(vitc__sam_enc *e, sam_take *t) {
         SAM_L(fc2_w, "mlp.lin2.weight", 2, C, M);
         SAM_L(fc2_b, "mlp.lin2.bias", 1, C, 0);
 #undef SAM_L
+        VITC_TRY(sam_packed(t, i * VITC__SAM_PW_LAYER, VITC__SAM_PW_LAYER));
     }
     VITC_TRY(sam_take_one(t, &e->neck1_w, SAM_NAME("neck.conv1.weight"), 4, O, C, 1, 1));
     VITC_TRY(sam_take_one(t, &e->nln1_w, SAM_NAME("neck.layer_norm1.weight"), 1, O, 0, 0, 0));
@@ -94,6 +105,7 @@ static vitc_status sam_tensors(vitc__sam_enc *e, sam_take *t) {
     VITC_TRY(sam_take_one(t, &e->neck2_w, SAM_NAME("neck.conv2.weight"), 4, O, O, 3, 3));
     VITC_TRY(sam_take_one(t, &e->nln2_w, SAM_NAME("neck.layer_norm2.weight"), 1, O, 0, 0, 0));
     VITC_TRY(sam_take_one(t, &e->nln2_b, SAM_NAME("neck.layer_norm2.bias"), 1, O, 0, 0, 0));
+    VITC_TRY(sam_packed(t, e->depth * VITC__SAM_PW_LAYER + 1, 2));
 #undef SAM_NAME
     return VITC_OK;
 }
@@ -142,32 +154,33 @@ static vitc_status sam_int8_finite(const vitc__sam_enc *e, int i, const float *W
                      "load SAM in another precision", name, isnan(W[j]) ? "NaN" : "an infinity", j);
 }
 
-/* Packs every matrix, giving back each row-major copy's pages as soon as
- * it is packed (vit_precision.c's rule), so the encoder holds each weight
- * once and the peak holds the fp32 weights plus one matrix's pack. The
- * blocks' Linears and the neck's convolutions take prec; the patch
- * embedding stays fp32 (one GEMM of K = 768 on the image, as the ViTs').
- * fp32 without a packing kernel (OpenBLAS) keeps the row-major weights,
- * which are then what its GEMM reads. */
-static vitc_status sam_pack(vitc__sam_enc *e, vitc_precision prec) {
-    const struct vitc__gemm_kernel *kern = vitc__gemm_pack_kernel();
-    const int n = e->depth * VITC__SAM_PW_LAYER + 3, patch = e->depth * VITC__SAM_PW_LAYER;
+/* Every matrix is packed as soon as its tensors are read and its
+ * row-major copy given back at once (vit_precision.c's rule), so the
+ * encoder holds each weight once and the load's peak is the packs plus
+ * one block's fp32 weights, not the fp32 model. The blocks' Linears and
+ * the neck's convolutions take e->prec; the patch embedding stays fp32
+ * (one GEMM of K = 768 on the image, as the ViTs'). fp32 without a packing
+ * kernel (OpenBLAS) keeps the row-major weights, which its GEMM reads:
+ * sam_pack_begin leaves e->pw NULL then. */
+static vitc_status sam_pack_begin(vitc__sam_enc *e, vitc_precision prec) {
     e->prec = prec;
-    if (!kern && prec == VITC_PRECISION_FP32)
+    if (!vitc__gemm_pack_kernel() && prec == VITC_PRECISION_FP32)
         return VITC_OK;
-    if (!(e->pw = calloc((size_t)n, sizeof *e->pw)))
+    if (!(e->pw = calloc((size_t)e->depth * VITC__SAM_PW_LAYER + 3, sizeof *e->pw)))
         return vitc__err(VITC_ERR_NOMEM, "SAM encoder: out of memory for the packed weights");
-    for (int i = 0; i < n; i++) {
-        const vitc_precision p = i == patch ? VITC_PRECISION_FP32 : prec;
-        int64_t N, K;
-        float *W = sam_home(e, i, &N, &K);
-        if (p == VITC_PRECISION_FP32 && !kern)
-            continue; /* the patch embedding under OpenBLAS: row-major */
-        if (p == VITC_PRECISION_INT8)
-            VITC_TRY(sam_int8_finite(e, i, W, (size_t)N * (size_t)K));
-        VITC_TRY(vitc__pweight_pack(&e->pw[i], W, N, K, p));
-        vitc__vit_release(W, (size_t)N * (size_t)K);
-    }
+    return VITC_OK;
+}
+
+static vitc_status sam_pack_one(vitc__sam_enc *e, int i) {
+    const vitc_precision p = i == e->depth * VITC__SAM_PW_LAYER ? VITC_PRECISION_FP32 : e->prec;
+    int64_t N, K;
+    float *W = sam_home(e, i, &N, &K);
+    if (p == VITC_PRECISION_FP32 && !vitc__gemm_pack_kernel())
+        return VITC_OK; /* the patch embedding under OpenBLAS: row-major */
+    if (p == VITC_PRECISION_INT8)
+        VITC_TRY(sam_int8_finite(e, i, W, (size_t)N * (size_t)K));
+    VITC_TRY(vitc__pweight_pack(&e->pw[i], W, N, K, p));
+    vitc__vit_release(W, (size_t)N * (size_t)K);
     return VITC_OK;
 }
 
@@ -182,13 +195,16 @@ vitc_status vitc__sam_enc_load(vitc__sam_enc *e, const vitc__shards *sh,
     if (!vitc__mul_size(t.used, sizeof(float), &bytes) || !(t.arena = malloc(bytes)))
         return vitc__err(VITC_ERR_NOMEM, "SAM encoder: out of memory for %zu weights", t.used);
     t.used = 0;
-    vitc_status s = sam_tensors(e, &t);
+    vitc_status s = sam_pack_begin(e, prec);
+    t.pack = e->pw ? e : NULL;
+    if (s == VITC_OK)
+        s = sam_tensors(e, &t);
     if (s != VITC_OK) {
         if (sam_arena(e) != t.arena) /* not one slot assigned: free it here */
             free(t.arena);
         return s;
     }
-    return sam_pack(e, prec);
+    return VITC_OK;
 }
 
 void vitc__sam_enc_free(vitc__sam_enc *e) {
