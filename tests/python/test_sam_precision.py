@@ -22,6 +22,10 @@ ROOT = os.path.join(HERE, "..", "..")
 sys.path.insert(0, os.path.join(ROOT, "python"))
 import vitc  # noqa: E402
 from vitc import _lib  # noqa: E402
+try:
+    from .util import VITC, run_vitc
+except ImportError:
+    from util import VITC, run_vitc
 
 try:
     import torch
@@ -162,6 +166,29 @@ class TestSamPrecision(unittest.TestCase):
             self.assertGreater(emb_err[prec], 0.0)  # really another precision
             self.assertLess(emb_err[prec], EMB_BOUND[prec])
             self.assertGreater(lo, IOU_BOUND[prec])
+
+    @unittest.skipIf(not os.path.exists(VITC), "needs build/vitc")
+    def test_cli_precision(self):
+        """vitc segment --precision int8 --raw: the binding's int8 logits;
+        a precision it does not know is a usage error, nothing written."""
+        path = os.path.join(PHOTOS, "coffee.png")
+        with tempfile.TemporaryDirectory() as d:
+            out, raw = os.path.join(d, "m.png"), os.path.join(d, "m.npy")
+            rc, _, err = run_vitc("segment", "--model", self.dir.name, "--precision", "int8",
+                                  "--point", "300,200", "--quiet", "--out", out, "--raw", raw,
+                                  path)
+            self.assertEqual(rc, 0, err)
+            pred = vitc.SamPredictor(self.sams["int8"])
+            pred.set_image(path)
+            ref, _, _ = pred.predict(points=[[300.0, 200.0]], labels=[1],
+                                     multimask_output=False, return_logits=True)
+            np.testing.assert_array_equal(np.load(raw), ref)
+            bad = os.path.join(d, "bad.png")
+            rc, _, err = run_vitc("segment", "--model", self.dir.name, "--precision", "fp16",
+                                  "--point", "300,200", "--out", bad, path)
+            self.assertEqual(rc, 2)
+            self.assertIn("--precision must be fp32, bf16 or int8", err)
+            self.assertFalse(os.path.exists(bad))
 
     def test_bad_precision_and_int8_nan_are_one_line_errors(self):
         with self.assertRaises(vitc.VitcError) as cm:
