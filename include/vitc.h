@@ -1041,6 +1041,18 @@ typedef struct vitc_sam vitc_sam;
 typedef struct vitc_sam_image vitc_sam_image;
 
 VITC_API vitc_status vitc_sam_load(const char *path, vitc_sam **out);
+/* vitc_sam_load with the image encoder's weight GEMMs (the blocks' qkv,
+ * proj, lin1, lin2 and the neck's two convolutions) in precision "fp32",
+ * "bf16" or "int8" (NULL: fp32), as vitc_vit_set_precision describes them;
+ * the patch embedding, LayerNorms, attention with its relative positions
+ * and the prompt encoder / mask decoder stay fp32. Each weight is held
+ * once, packed (bf16 half the bytes of fp32, int8 a quarter). An unknown
+ * precision: VITC_ERR_INVALID_ARG; an int8 weight holding NaN or an
+ * infinity: VITC_ERR_INVALID_ARG, named. A CPU without the bf16 / int8
+ * instructions loads as well (the portable reference path, slower).
+ * docs/segment.md, "Precision". */
+VITC_API vitc_status vitc_sam_load_precision(const char *path, const char *precision,
+                                             vitc_sam **out);
 VITC_API void vitc_sam_free(vitc_sam *m);
 /* The encoder's input side (1024) and the embedding's shape [C, h, w]. */
 VITC_API int vitc_sam_input_size(const vitc_sam *m);

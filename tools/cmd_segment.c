@@ -74,6 +74,8 @@ static const char segment_usage[] =
     "                     --everything {\"image\": PATH, \"masks\": [{\"bbox\": [x, y,\n"
     "                     w, h], \"area\": A, \"predicted_iou\": P, \"stability_score\":\n"
     "                     S, \"point_coords\": [x, y]}, ...]}\n"
+    "  --precision P      the image encoder's weight GEMMs: fp32 (default), bf16 or\n"
+    "                     int8 (docs/segment.md, \"Precision\")\n"
     "  --alpha A          mask opacity, 0..1 (default 0.5)\n"
     "  --threads N        threads, 1..256 (default: all CPUs available)\n"
     "  --quiet            no line on stderr naming what was written\n"
@@ -83,7 +85,7 @@ static const char segment_usage[] =
     "used, 2 for a usage error. Nothing is written on an error.\n";
 
 typedef struct seg_opts {
-    const char *model, *out, *raw, *mask_input, *image;
+    const char *model, *out, *raw, *mask_input, *image, *precision;
     int multimask, everything, json, quiet, threads, pps;
     float alpha;
     double iou_thr, stab_thr, nms_thr;
@@ -197,6 +199,7 @@ static int seg_parse(int argc, char **argv, seg_opts *o) {
         {"--stability-thresh", NULL, CLI_DOUBLE, &o->stab_thr, 0, 1, NULL},
         {"--nms-thresh", NULL, CLI_DOUBLE, &o->nms_thr, 0, 1, NULL},
         {"--json", NULL, CLI_FLAG, &o->json, 0, 0, NULL},
+        {"--precision", NULL, CLI_STRING, &o->precision, 0, 0, NULL},
         {"--alpha", NULL, CLI_FLOAT, &o->alpha, 0, 1, NULL},
         {"--threads", NULL, CLI_INT, &o->threads, 1, CLI_MAX_THREADS, NULL},
         {"--quiet", "-q", CLI_FLAG, &o->quiet, 0, 0, NULL},
@@ -228,6 +231,9 @@ static int seg_parse(int argc, char **argv, seg_opts *o) {
     else if (!o->everything && !o->n_points && !o->n_boxes && !o->mask_input)
         rc = cli_usage_error("segment", "no prompt: give --point X,Y, --box X0,Y0,X1,Y1 or "
                                         "--everything");
+    else if (o->precision && vitc_precision_parse(o->precision) < 0)
+        rc = cli_usage_error("segment", "--precision must be fp32, bf16 or int8, not \"%s\"",
+                             o->precision);
 done:
     free(rest);
     free(pos);
@@ -600,7 +606,7 @@ int cmd_segment(int argc, char **argv) {
             goto done;
         }
     }
-    if (vitc_sam_load(o.model, &m) != VITC_OK) {
+    if (vitc_sam_load_precision(o.model, o.precision, &m) != VITC_OK) {
         rc = cli_error("%s", vitc_last_error());
         goto done;
     }

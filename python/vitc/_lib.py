@@ -556,6 +556,7 @@ def _sam_signatures():
     P, i, i64, vp, cp = ctypes.POINTER, ctypes.c_int, ctypes.c_int64, ctypes.c_void_p, ctypes.c_char_p
     sigs = {
         "vitc_sam_load": (i, [cp, P(vp)]),
+        "vitc_sam_load_precision": (i, [cp, cp, P(vp)]),
         "vitc_sam_free": (None, [vp]),
         "vitc_sam_input_size": (i, [vp]),
         "vitc_sam_embedding_shape": (None, [vp, P(i64)]),

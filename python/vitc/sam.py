@@ -12,11 +12,17 @@ __all__ = ["Sam", "SamPredictor"]
 
 class Sam:
     """A loaded SAM (transformers' SamModel directory: config.json and
-    model.safetensors; tools/convert_sam.py makes one from sam_vit_*.pth)."""
+    model.safetensors; tools/convert_sam.py makes one from sam_vit_*.pth).
+    precision: "fp32" (default), "bf16" or "int8" for the image encoder's
+    weight GEMMs (vitc_sam_load_precision; docs/segment.md, "Precision")."""
 
-    def __init__(self, path):
+    def __init__(self, path, precision="fp32"):
         self._h = ctypes.c_void_p()
-        check(lib.vitc_sam_load(path_arg(path), ctypes.byref(self._h)))
+        if not isinstance(precision, str):
+            raise TypeError("precision must be \"fp32\", \"bf16\" or \"int8\", got %r"
+                            % (precision,))
+        check(lib.vitc_sam_load_precision(path_arg(path), precision.encode(),
+                                          ctypes.byref(self._h)))
 
     @property
     def input_size(self):

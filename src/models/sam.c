@@ -199,7 +199,7 @@ static vitc_status sam_paths(const char *path, char **dir, char **weights) {
     return VITC_OK;
 }
 
-vitc_status vitc_sam_load(const char *path, vitc_sam **out) {
+static vitc_status sam_load(const char *path, vitc_precision prec, vitc_sam **out) {
     if (!out)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_sam_load: NULL output");
     *out = NULL;
@@ -235,7 +235,7 @@ vitc_status vitc_sam_load(const char *path, vitc_sam **out) {
     if (s == VITC_OK)
         s = vitc__shards_open(&sh, dir, weights);
     if (s == VITC_OK)
-        s = vitc__sam_enc_load(&m->enc, &sh);
+        s = vitc__sam_enc_load(&m->enc, &sh, prec);
     if (s == VITC_OK)
         s = vitc__sam_dec_load(&m->dec, &sh, root);
     vitc__shards_free(&sh);
@@ -249,6 +249,20 @@ vitc_status vitc_sam_load(const char *path, vitc_sam **out) {
     }
     *out = m;
     return VITC_OK;
+}
+
+vitc_status vitc_sam_load(const char *path, vitc_sam **out) {
+    return sam_load(path, VITC_PRECISION_FP32, out);
+}
+
+vitc_status vitc_sam_load_precision(const char *path, const char *precision, vitc_sam **out) {
+    if (out)
+        *out = NULL;
+    int p = precision ? vitc_precision_parse(precision) : VITC_PRECISION_FP32;
+    if (p < 0)
+        return vitc__err(VITC_ERR_INVALID_ARG, "vitc_sam_load_precision: unknown precision "
+                         "\"%s\" (expected fp32, bf16 or int8)", precision);
+    return sam_load(path, (vitc_precision)p, out);
 }
 
 void vitc_sam_free(vitc_sam *m) {

@@ -76,8 +76,11 @@ typedef struct vitc__sam_enc {
     float *neck2_w;          /* [O, O, 3, 3] (conv 3x3 pad 1, no bias) */
     float *nln2_w, *nln2_b;  /* [O] */
     /* [depth * VITC__SAM_PW_LAYER + 3]: the blocks', then patch, neck1,
-     * neck2; NULL without a packing kernel (row-major GEMMs then) */
+     * neck2; NULL in fp32 without a packing kernel (OpenBLAS: row-major
+     * GEMMs then). A packed matrix's row-major copy above is gone (its
+     * pages given back): read the pack, never the copy. */
     vitc__pweight *pw;
+    vitc_precision prec; /* the blocks' and the neck's packs (vitc_sam_load_precision) */
 } vitc__sam_enc;
 
 struct vitc_sam {
@@ -86,8 +89,11 @@ struct vitc_sam {
 };
 
 /* The encoder's tensors (vision_encoder.*) from sh, every shape checked
- * against e's config before anything is allocated; packed for the GEMM. */
-vitc_status vitc__sam_enc_load(vitc__sam_enc *e, const vitc__shards *sh);
+ * against e's config before anything is allocated; each matrix packed for
+ * the GEMM in prec (the patch embedding in fp32) as soon as it is read and
+ * its row-major copy given back: afterwards only the packs hold those
+ * weights. */
+vitc_status vitc__sam_enc_load(vitc__sam_enc *e, const vitc__shards *sh, vitc_precision prec);
 void vitc__sam_enc_free(vitc__sam_enc *e);
 /* pixels [3, img, img] (preprocessed) -> emb [O, grid, grid] and emb_cl
  * [grid, grid, O]. Scratch is the call's own (bounded: a few grids of

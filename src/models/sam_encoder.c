@@ -39,7 +39,16 @@ typedef struct sam_take {
     const vitc__shards *sh;
     float *arena; /* NULL: only check and count */
     size_t used;  /* floats */
+    vitc__sam_enc *pack; /* non-NULL: matrices packed as soon as read */
 } sam_take;
+
+static vitc_status sam_pack_one(vitc__sam_enc *e, int i);
+
+/* Packs matrices [i, i + n) once they are read (sam_take.pack). */
+static vitc_status sam_packed(const sam_take *t, int i, int n) {
+    for (int k = i; t->arena && t->pack && k < i + n; k++) VITC_TRY(sam_pack_one(t->pack, k));
+    return VITC_OK;
+}
 
 static vitc_status sam_take_one(sam_take *t, float **dst, const char *name, int nd, int64_t d0,
                                 int64_t d1, int64_t d2, int64_t d3) {
@@ -62,6 +71,7 @@ static vitc_status sam_tensors(vitc__sam_enc *e, sam_take *t) {
 #define SAM_NAME(...) (snprintf(nm, sizeof nm, "vision_encoder." __VA_ARGS__), nm)
     VITC_TRY(sam_take_one(t, &e->patch_w, SAM_NAME("patch_embed.projection.weight"), 4, C, 3, P, P));
     VITC_TRY(sam_take_one(t, &e->patch_b, SAM_NAME("patch_embed.projection.bias"), 1, C, 0, 0, 0));
+    VITC_TRY(sam_packed(t, e->depth * VITC__SAM_PW_LAYER, 1));
     if (e->use_abs)
         VITC_TRY(sam_take_one(t, &e->pos, SAM_NAME("pos_embed"), 4, 1, g, g, C));
     for (int i = 0; i < e->depth; i++) {
@@ -87,6 +97,7 @@ static vitc_status sam_tensors(vitc__sam_enc *e, sam_take *t) {
         SAM_L(fc2_w, "mlp.lin2.weight", 2, C, M);
         SAM_L(fc2_b, "mlp.lin2.bias", 1, C, 0);
 #undef SAM_L
+        VITC_TRY(sam_packed(t, i * VITC__SAM_PW_LAYER, VITC__SAM_PW_LAYER));
     }
     VITC_TRY(sam_take_one(t, &e->neck1_w, SAM_NAME("neck.conv1.weight"), 4, O, C, 1, 1));
     VITC_TRY(sam_take_one(t, &e->nln1_w, SAM_NAME("neck.layer_norm1.weight"), 1, O, 0, 0, 0));
@@ -94,6 +105,7 @@ static vitc_status sam_tensors(vitc__sam_enc *e, sam_take *t) {
     VITC_TRY(sam_take_one(t, &e->neck2_w, SAM_NAME("neck.conv2.weight"), 4, O, O, 3, 3));
     VITC_TRY(sam_take_one(t, &e->nln2_w, SAM_NAME("neck.layer_norm2.weight"), 1, O, 0, 0, 0));
     VITC_TRY(sam_take_one(t, &e->nln2_b, SAM_NAME("neck.layer_norm2.bias"), 1, O, 0, 0, 0));
+    VITC_TRY(sam_packed(t, e->depth * VITC__SAM_PW_LAYER + 1, 2));
 #undef SAM_NAME
     return VITC_OK;
 }
@@ -101,7 +113,79 @@ static vitc_status sam_tensors(vitc__sam_enc *e, sam_take *t) {
 /* The arena: the first tensor's slot (sam_tensors reads in order). */
 static float *sam_arena(const vitc__sam_enc *e) { return e->patch_w; }
 
-vitc_status vitc__sam_enc_load(vitc__sam_enc *e, const vitc__shards *sh) {
+/* Row-major home of packed matrix i ([depth * VITC__SAM_PW_LAYER + 3]
+ * order) and its shape [N, K]. */
+static float *sam_home(const vitc__sam_enc *e, int i, int64_t *N, int64_t *K) {
+    const int64_t C = e->C, M = e->M, O = e->O;
+    if (i >= e->depth * VITC__SAM_PW_LAYER) {
+        switch (i - e->depth * VITC__SAM_PW_LAYER) {
+        case 0: *N = C, *K = 3 * (int64_t)e->patch * e->patch; return e->patch_w;
+        case 1: *N = O, *K = C; return e->neck1_w;
+        default: *N = O, *K = 9 * O; return e->neck2_w;
+        }
+    }
+    const vitc__sam_layer *l = &e->layers[i / VITC__SAM_PW_LAYER];
+    switch (i % VITC__SAM_PW_LAYER) {
+    case VITC__SAM_PW_QKV: *N = 3 * C, *K = C; return l->qkv_w;
+    case VITC__SAM_PW_PROJ: *N = C, *K = C; return l->proj_w;
+    case VITC__SAM_PW_FC1: *N = M, *K = C; return l->fc1_w;
+    default: *N = C, *K = M; return l->fc2_w;
+    }
+}
+
+/* int8 keeps one scale per output channel (its largest |w| / 127): a NaN
+ * or an infinity would turn into plausible numbers where fp32 and bf16
+ * carry it to the embedding, so such a weight is refused, named. */
+static vitc_status sam_int8_finite(const vitc__sam_enc *e, int i, const float *W, size_t n) {
+    size_t j = 0;
+    while (j < n && isfinite(W[j])) j++;
+    if (j == n)
+        return VITC_OK;
+    static const char *const what[VITC__SAM_PW_LAYER] = {"attn.qkv", "attn.proj", "mlp.lin1",
+                                                         "mlp.lin2"};
+    char name[80];
+    if (i >= e->depth * VITC__SAM_PW_LAYER)
+        snprintf(name, sizeof name, "neck.conv%d", i - e->depth * VITC__SAM_PW_LAYER);
+    else
+        snprintf(name, sizeof name, "layers.%d.%s", i / VITC__SAM_PW_LAYER,
+                 what[i % VITC__SAM_PW_LAYER]);
+    return vitc__err(VITC_ERR_INVALID_ARG, "int8: weight vision_encoder.%s.weight holds %s at "
+                     "element %zu; int8 cannot carry it (fp32 and bf16 do): fix the weights or "
+                     "load SAM in another precision", name, isnan(W[j]) ? "NaN" : "an infinity", j);
+}
+
+/* Every matrix is packed as soon as its tensors are read and its
+ * row-major copy given back at once (vit_precision.c's rule), so the
+ * encoder holds each weight once and the load's peak is the packs plus
+ * one block's fp32 weights, not the fp32 model. The blocks' Linears and
+ * the neck's convolutions take e->prec; the patch embedding stays fp32
+ * (one GEMM of K = 768 on the image, as the ViTs'). fp32 without a packing
+ * kernel (OpenBLAS) keeps the row-major weights, which its GEMM reads:
+ * sam_pack_begin leaves e->pw NULL then. */
+static vitc_status sam_pack_begin(vitc__sam_enc *e, vitc_precision prec) {
+    e->prec = prec;
+    if (!vitc__gemm_pack_kernel() && prec == VITC_PRECISION_FP32)
+        return VITC_OK;
+    if (!(e->pw = calloc((size_t)e->depth * VITC__SAM_PW_LAYER + 3, sizeof *e->pw)))
+        return vitc__err(VITC_ERR_NOMEM, "SAM encoder: out of memory for the packed weights");
+    return VITC_OK;
+}
+
+static vitc_status sam_pack_one(vitc__sam_enc *e, int i) {
+    const vitc_precision p = i == e->depth * VITC__SAM_PW_LAYER ? VITC_PRECISION_FP32 : e->prec;
+    int64_t N, K;
+    float *W = sam_home(e, i, &N, &K);
+    if (p == VITC_PRECISION_FP32 && !vitc__gemm_pack_kernel())
+        return VITC_OK; /* the patch embedding under OpenBLAS: row-major */
+    if (p == VITC_PRECISION_INT8)
+        VITC_TRY(sam_int8_finite(e, i, W, (size_t)N * (size_t)K));
+    VITC_TRY(vitc__pweight_pack(&e->pw[i], W, N, K, p));
+    vitc__vit_release(W, (size_t)N * (size_t)K);
+    return VITC_OK;
+}
+
+vitc_status vitc__sam_enc_load(vitc__sam_enc *e, const vitc__shards *sh,
+                               vitc_precision prec) {
     e->layers = calloc((size_t)e->depth, sizeof *e->layers);
     if (!e->layers)
         return vitc__err(VITC_ERR_NOMEM, "SAM encoder: out of memory");
@@ -111,30 +195,15 @@ vitc_status vitc__sam_enc_load(vitc__sam_enc *e, const vitc__shards *sh) {
     if (!vitc__mul_size(t.used, sizeof(float), &bytes) || !(t.arena = malloc(bytes)))
         return vitc__err(VITC_ERR_NOMEM, "SAM encoder: out of memory for %zu weights", t.used);
     t.used = 0;
-    vitc_status s = sam_tensors(e, &t);
+    vitc_status s = sam_pack_begin(e, prec);
+    t.pack = e->pw ? e : NULL;
+    if (s == VITC_OK)
+        s = sam_tensors(e, &t);
     if (s != VITC_OK) {
         if (sam_arena(e) != t.arena) /* not one slot assigned: free it here */
             free(t.arena);
         return s;
     }
-    if (!vitc__gemm_pack_kernel())
-        return VITC_OK; /* OpenBLAS: row-major weights, packs would go unused */
-    const int n = e->depth * VITC__SAM_PW_LAYER + 3;
-    if (!(e->pw = calloc((size_t)n, sizeof *e->pw)))
-        return vitc__err(VITC_ERR_NOMEM, "SAM encoder: out of memory");
-    const int64_t C = e->C, M = e->M, O = e->O, K = 3 * (int64_t)e->patch * e->patch;
-    for (int i = 0; i < e->depth; i++) {
-        const vitc__sam_layer *l = &e->layers[i];
-        vitc__pweight *p = e->pw + i * VITC__SAM_PW_LAYER;
-        VITC_TRY(vitc__pweight_pack(&p[VITC__SAM_PW_QKV], l->qkv_w, 3 * C, C, VITC_PRECISION_FP32));
-        VITC_TRY(vitc__pweight_pack(&p[VITC__SAM_PW_PROJ], l->proj_w, C, C, VITC_PRECISION_FP32));
-        VITC_TRY(vitc__pweight_pack(&p[VITC__SAM_PW_FC1], l->fc1_w, M, C, VITC_PRECISION_FP32));
-        VITC_TRY(vitc__pweight_pack(&p[VITC__SAM_PW_FC2], l->fc2_w, C, M, VITC_PRECISION_FP32));
-    }
-    vitc__pweight *p = e->pw + e->depth * VITC__SAM_PW_LAYER;
-    VITC_TRY(vitc__pweight_pack(&p[0], e->patch_w, C, K, VITC_PRECISION_FP32));
-    VITC_TRY(vitc__pweight_pack(&p[1], e->neck1_w, O, C, VITC_PRECISION_FP32));
-    VITC_TRY(vitc__pweight_pack(&p[2], e->neck2_w, O, 9 * O, VITC_PRECISION_FP32));
     return VITC_OK;
 }
 
@@ -152,9 +221,35 @@ void vitc__sam_enc_free(vitc__sam_enc *e) {
 /* Forward                                                            */
 /* ------------------------------------------------------------------ */
 
-/* Packed weight k of block i (or of the tail: i = depth), or NULL. */
-static const vitc__pweight *sam_pw(const vitc__sam_enc *e, int i, int k) {
-    return e->pw ? &e->pw[i * VITC__SAM_PW_LAYER + k] : NULL;
+/* The weights one linear layer of the forward reads. */
+typedef struct sam_wt {
+    const vitc__pweight *pw;
+    const float *W; /* [N, K] row-major, or NULL with a bf16 / int8 pack */
+} sam_wt;
+
+/* An fp32 pack made for another kernel than the one running now
+ * (VITC_ARCH / VITC_GEMM changed after loading): its row-major copy is
+ * gone, and the model is read-only, so it is unpacked per call. */
+static int sam_stale(const vitc__pweight *p) {
+    return p->data && p->prec == VITC_PRECISION_FP32 && p->kern != vitc__gemm_pack_kernel();
+}
+
+/* Matrix i's weights for this call (tmp: sam_stale's scratch). */
+static sam_wt sam_weight(const vitc__sam_enc *e, int i, float *tmp) {
+    int64_t N, K;
+    sam_wt r = {NULL, sam_home(e, i, &N, &K)};
+    const vitc__pweight *p = e->pw ? &e->pw[i] : NULL;
+    if (!p || !p->data)
+        return r; /* never packed: the row-major copy is resident */
+    if (sam_stale(p)) {
+        vitc__pweight_unpack(p, tmp); /* exact in fp32 */
+        r.W = tmp;
+        return r;
+    }
+    r.pw = p;
+    if (p->prec != VITC_PRECISION_FP32)
+        r.W = NULL;
+    return r;
 }
 
 /* The windowed blocks' geometry: nw x nw windows of ws x ws tokens over
@@ -242,6 +337,7 @@ typedef struct sam_bufs {
     float *qkvw, *attw;  /* [nW*ws*ws, 3C], [nW*ws*ws, C] (windowed blocks) */
     float *rh, *rw;      /* [B, H, L, s] relative terms */
     float *T;            /* [2, B*L, 2s-1] */
+    float *wtmp;         /* [largest N*K] a stale fp32 pack unpacked, or NULL */
 } sam_bufs;
 
 /* o [B, L, C] = attention of the B grids of s x s tokens whose qkv rows
@@ -278,17 +374,21 @@ static vitc_status sam_forward(const vitc__sam_enc *e, const float *pixels, floa
                                float *emb_cl, const sam_bufs *b) {
     const int64_t g = e->grid, N = g * g, C = e->C, M = e->M, O = e->O, P = e->patch;
     const int64_t K = 3 * P * P, ws = e->ws, nw = ws > 0 ? (g + ws - 1) / ws : 0;
-    const int tail = e->depth;
+    const int tail = e->depth * VITC__SAM_PW_LAYER;
+    sam_wt w;
     float *x = b->x, *mid = b->mid, *ln = b->ln, *big = b->big; /* [N, .] rows */
     /* patches: a GEMM on the unfolded image, the position table in its epilogue */
     vitc__nn_unfold(big, pixels, 0, 1, 3, e->img, e->img, P, P, 0);
-    VITC_TRY(vitc__linear_pw(x, C, big, K, sam_pw(e, tail, 0), e->patch_w, e->patch_b, e->pos, C,
-                             N, C, K, VITC__ACT_NONE));
+    w = sam_weight(e, tail, b->wtmp);
+    VITC_TRY(vitc__linear_pw(x, C, big, K, w.pw, w.W, e->patch_b, e->pos, C, N, C, K,
+                             VITC__ACT_NONE));
     for (int i = 0; i < e->depth; i++) {
         const vitc__sam_layer *l = &e->layers[i];
         vitc__ln_pre n1 = {ln, x, l->ln1_w, l->ln1_b, e->eps};
-        VITC_TRY(vitc__linear_pw_ln(big, 3 * C, &n1, sam_pw(e, i, VITC__SAM_PW_QKV), l->qkv_w,
-                                    l->qkv_b, N, 3 * C, C, VITC__ACT_NONE));
+        const int pi = i * VITC__SAM_PW_LAYER;
+        w = sam_weight(e, pi + VITC__SAM_PW_QKV, b->wtmp);
+        VITC_TRY(vitc__linear_pw_ln(big, 3 * C, &n1, w.pw, w.W, l->qkv_b, N, 3 * C, C,
+                                    VITC__ACT_NONE));
         if (e->global[i]) {
             VITC_TRY(sam_attention(e, l, big, 1, g, ln, b)); /* ln is free: att [N, C] */
         } else { /* padding after LN1: a padded token's qkv is the bias */
@@ -298,21 +398,25 @@ static vitc_status sam_forward(const vitc__sam_enc *e, const float *pixels, floa
             sam_win uw = {b->attw, ln, NULL, g, ws, nw, C};
             vitc__parallel_for(nw * nw, sam_unpartition_one, &uw);
         }
-        VITC_TRY(vitc__linear_pw(mid, C, ln, C, sam_pw(e, i, VITC__SAM_PW_PROJ), l->proj_w,
-                                 l->proj_b, x, C, N, C, C, VITC__ACT_NONE));
+        w = sam_weight(e, pi + VITC__SAM_PW_PROJ, b->wtmp);
+        VITC_TRY(vitc__linear_pw(mid, C, ln, C, w.pw, w.W, l->proj_b, x, C, N, C, C,
+                                 VITC__ACT_NONE));
         vitc__ln_pre n2 = {ln, mid, l->ln2_w, l->ln2_b, e->eps};
-        VITC_TRY(vitc__linear_pw_ln(big, M, &n2, sam_pw(e, i, VITC__SAM_PW_FC1), l->fc1_w,
-                                    l->fc1_b, N, M, C, vitc__nn_act_kernel(e->act)));
-        VITC_TRY(vitc__linear_pw(x, C, big, M, sam_pw(e, i, VITC__SAM_PW_FC2), l->fc2_w, l->fc2_b,
-                                 mid, C, N, C, M, VITC__ACT_NONE));
+        w = sam_weight(e, pi + VITC__SAM_PW_FC1, b->wtmp);
+        VITC_TRY(vitc__linear_pw_ln(big, M, &n2, w.pw, w.W, l->fc1_b, N, M, C,
+                                    vitc__nn_act_kernel(e->act)));
+        w = sam_weight(e, pi + VITC__SAM_PW_FC2, b->wtmp);
+        VITC_TRY(vitc__linear_pw(x, C, big, M, w.pw, w.W, l->fc2_b, mid, C, N, C, M,
+                                 VITC__ACT_NONE));
     }
     /* neck, channels-last: LayerNorm2d is the row LayerNorm */
-    VITC_TRY(vitc__linear_pw(mid, O, x, C, sam_pw(e, tail, 1), e->neck1_w, NULL, NULL, 0, N, O, C,
-                             VITC__ACT_NONE));
+    w = sam_weight(e, tail + 1, b->wtmp);
+    VITC_TRY(vitc__linear_pw(mid, O, x, C, w.pw, w.W, NULL, NULL, 0, N, O, C, VITC__ACT_NONE));
     vitc__layernorm(ln, mid, e->nln1_w, e->nln1_b, N, O, SAM_NECK_EPS);
     vitc__nn_unfold(big, ln, 1, 1, O, g, g, 3, 1, 1); /* [N, O*9] in conv2's (c, ky, kx) order */
-    VITC_TRY(vitc__linear_pw(mid, O, big, 9 * O, sam_pw(e, tail, 2), e->neck2_w, NULL, NULL, 0, N,
-                             O, 9 * O, VITC__ACT_NONE));
+    w = sam_weight(e, tail + 2, b->wtmp);
+    VITC_TRY(vitc__linear_pw(mid, O, big, 9 * O, w.pw, w.W, NULL, NULL, 0, N, O, 9 * O,
+                             VITC__ACT_NONE));
     vitc__layernorm(emb_cl, mid, e->nln2_w, e->nln2_b, N, O, SAM_NECK_EPS);
     for (int64_t n = 0; n < N; n++) /* emb [O, N] = emb_cl^T */
         for (int64_t c = 0; c < O; c++) emb[c * N + n] = emb_cl[n * O + c];
@@ -343,7 +447,15 @@ vitc_status vitc__sam_enc_forward(const vitc__sam_enc *e, const float *pixels, f
     const int64_t wide = sam_max(C, O);
     const int64_t nbig = N * sam_max(sam_max(3 * C, e->M), sam_max(3 * P * P, 9 * O));
     const int64_t sizes[8] = {N * wide, N * wide, N * wide, nbig, Np * 3 * C, Np * C, nrel, nrel};
-    int64_t total = nT;
+    /* stale fp32 packs (sam_stale): room for the largest matrix */
+    int64_t nw_tmp = 0;
+    for (int i = 0; e->pw && i < e->depth * VITC__SAM_PW_LAYER + 3; i++) {
+        int64_t Nw, Kw;
+        (void)sam_home(e, i, &Nw, &Kw);
+        if (sam_stale(&e->pw[i]))
+            nw_tmp = sam_max(nw_tmp, Nw * Kw);
+    }
+    int64_t total = nT + nw_tmp;
     for (int k = 0; k < 8; k++) total += sizes[k];
     size_t bytes;
     float *arena = NULL;
@@ -354,7 +466,8 @@ vitc_status vitc__sam_enc_forward(const vitc__sam_enc *e, const float *pixels, f
                          "activations", (double)total * 4.0 / 1048576.0);
     float *ptr[8], *q = arena;
     for (int k = 0; k < 8; k++) ptr[k] = q, q += sizes[k];
-    sam_bufs b = {ptr[0], ptr[1], ptr[2], ptr[3], ptr[4], ptr[5], ptr[6], ptr[7], q};
+    sam_bufs b = {ptr[0], ptr[1], ptr[2], ptr[3], ptr[4], ptr[5], ptr[6], ptr[7], q,
+                  nw_tmp ? q + nT : NULL};
     vitc_status s = sam_forward(e, pixels, emb, emb_cl, &b);
     free(arena);
     return s;
