@@ -491,11 +491,16 @@ int cmd_serve(int argc, char **argv) {
     fflush(stderr);
 
     const cli_model_opts mo = {o.model, o.arch, o.precision, o.attn_precision, 0, 0, 0, 0, 1};
-    if ((rc = cli_open_model("serve", &mo, &S.model, &S.in)) != CLI_OK ||
-        (rc = serve_model_ready(&S, o.model)) != CLI_OK) {
+    int dense = 0;
+    if ((rc = serve_dense_open(&S, o.model, &dense)) != CLI_OK ||
+        (!dense && ((rc = cli_open_model("serve", &mo, &S.model, &S.in)) != CLI_OK ||
+                    (rc = serve_model_ready(&S, o.model)) != CLI_OK))) {
         MHD_stop_daemon(d);
         goto out;
     }
+    /* A SAM or Depth Anything model answers without the batcher (its
+     * requests run one at a time): the thread still runs, idle, so that
+     * the shutdown below stays one path. */
     pthread_t batcher;
     if (pthread_create(&batcher, NULL, batcher_main, NULL) != 0) {
         rc = cli_error("cannot start the batcher thread");
