@@ -232,6 +232,7 @@ function drawSegment() {
     ctx.strokeStyle = "#fff";
     ctx.stroke();
   });
+  cv.dataset.points = JSON.stringify(seg.points);
   cv.dataset.drawn = String(Number(cv.dataset.drawn || 0) + 1);
 }
 

@@ -9,6 +9,7 @@ import base64
 import io
 import json
 import os
+import shutil
 import subprocess
 import unittest
 
@@ -35,7 +36,26 @@ try:
 except ImportError:  # pragma: no cover
     HAVE_PEERS = False
 
+try:
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+except ImportError:  # pragma: no cover
+    webdriver = None
+
 TOL = 1e-5
+INFERNO = np.array([[0x00, 0x00, 0x04], [0x1b, 0x0c, 0x42], [0x4b, 0x0c, 0x6b],
+                    [0x78, 0x1c, 0x6d], [0xa5, 0x2c, 0x60], [0xcf, 0x44, 0x46],
+                    [0xed, 0x69, 0x25], [0xfb, 0x9a, 0x06], [0xfc, 0xff, 0xa4]], np.float64)
+
+
+def inferno(t):
+    """cmd_depth.c's colour map in float64, [..., 3]."""
+    x = np.clip(t, 0, 1) * 8
+    i = np.minimum(7, np.floor(x)).astype(int)
+    f = (x - i)[..., None]
+    return (1 - f) * INFERNO[i] + f * INFERNO[i + 1]
 
 
 def b64(path):
@@ -189,6 +209,94 @@ class TestServeDense(TmpDirCase):
             self.assertIn("answers only", j["error"]["message"])
         st, _, _ = self.sam_server.request("GET", "/health")
         self.assertEqual(st, 200)
+
+    def browser(self):
+        if webdriver is None:
+            self.skipTest("selenium is not installed (requirements-dev.txt)")
+        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+        driver = shutil.which("chromedriver")
+        if not chromium or not driver:
+            self.skipTest("Debian's chromium and chromium-driver are not installed")
+        opts = webdriver.ChromeOptions()
+        opts.binary_location = chromium
+        for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                  "--window-size=1100,900", "--force-device-scale-factor=1"):
+            opts.add_argument(a)
+        try:
+            return webdriver.Chrome(service=Service(driver), options=opts)
+        except Exception as e:  # noqa: BLE001 (any failure to start the browser)
+            self.skipTest("headless chromium cannot run here: %s" % str(e).splitlines()[0])
+
+    def pixels(self, drv, cid):
+        data = drv.execute_script("""
+            const c = document.getElementById(arguments[0]);
+            const d = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+            return [c.width, c.height, Array.from(d)];""", cid)
+        return np.array(data[2], np.float64).reshape(data[1], data[0], 4)[..., :3]
+
+    def wait_state(self, drv, panel, timeout=20):
+        WebDriverWait(drv, timeout).until(
+            lambda d: d.find_element(By.ID, panel).get_attribute("data-state") in ("done",
+                                                                                   "error"))
+        self.assertEqual(drv.find_element(By.ID, panel).get_attribute("data-state"), "done",
+                         drv.find_element(By.ID, "status").text)
+
+    def test_page_in_chromium(self):
+        drv = self.browser()
+        try:
+            # SAM: a click asks for the mask at that point; the best of the
+            # three is drawn over the image
+            drv.get("http://127.0.0.1:%d/" % self.sam_server.port)
+            WebDriverWait(drv, 10).until(lambda d: d.find_element(By.TAG_NAME, "body")
+                                         .get_attribute("data-ready") == "1")
+            self.assertTrue(drv.find_element(By.ID, "segment-panel").is_displayed())
+            self.assertFalse(drv.find_element(By.ID, "depth-panel").is_displayed())
+            self.assertFalse(drv.find_element(By.ID, "classes-panel").is_displayed())
+            drv.find_element(By.ID, "file").send_keys(self.photo)
+            WebDriverWait(drv, 10).until(lambda d: d.find_element(By.ID, "seg-canvas")
+                                         .get_attribute("data-drawn") not in (None, "", "0"))
+            orig = np.asarray(Image.open(self.photo), np.float64)
+            np.testing.assert_array_equal(self.pixels(drv, "seg-canvas"), orig)
+            drv.execute_script("""
+                const c = document.getElementById('seg-canvas'), b = c.getBoundingClientRect();
+                c.dispatchEvent(new MouseEvent('click', {bubbles: true, clientX: b.left + 0.5 * b.width,
+                                                         clientY: b.top + 0.5 * b.height}));""")
+            self.wait_state(drv, "segment-panel")
+            pts = json.loads(drv.find_element(By.ID, "seg-canvas").get_attribute("data-points"))
+            self.assertEqual(len(pts), 1)
+            self.assertLess(abs(pts[0][0] - 60) + abs(pts[0][1] - 40), 1, pts)
+            _, _, ref = self.sam_server.post("/v1/segment", {
+                "input": b64(self.photo), "points": pts, "labels": [1],
+                "multimask": True, "format": "logits"})
+            logits = np.frombuffer(base64.b64decode(ref["logits"]), "<f4").reshape(ref["shape"])
+            best = int(np.argmax(ref["iou"]))
+            iou = float(drv.find_element(By.ID, "seg-iou").get_attribute("data-iou"))
+            self.assertAlmostEqual(iou, ref["iou"][best], places=3)
+            got = self.pixels(drv, "seg-canvas")
+            changed = np.abs(got - orig).max(-1) > 3
+            mask = logits[best] > 0
+            self.assertGreater(mask.sum(), 0)
+            # all but the point's dot and pixels right at the edge agree
+            self.assertGreater((changed == mask).mean(), 0.98)
+            drv.find_element(By.ID, "seg-clear").click()
+            np.testing.assert_array_equal(self.pixels(drv, "seg-canvas"), orig)
+
+            # Depth Anything: the float32 map in cmd_depth.c's inferno
+            drv.get("http://127.0.0.1:%d/" % self.depth_server.port)
+            WebDriverWait(drv, 10).until(lambda d: d.find_element(By.TAG_NAME, "body")
+                                         .get_attribute("data-ready") == "1")
+            self.assertFalse(drv.find_element(By.ID, "segment-panel").is_displayed())
+            drv.find_element(By.ID, "file").send_keys(self.photo)
+            self.wait_state(drv, "depth-panel")
+            _, _, ref = self.depth_server.post("/v1/depth", {"input": b64(self.photo),
+                                                             "format": "float32"})
+            d = np.frombuffer(base64.b64decode(ref["depth"]), "<f4").reshape(80, 120)
+            want = inferno((d - ref["min"]) / (ref["max"] - ref["min"]))
+            self.assertLessEqual(np.abs(self.pixels(drv, "depth-canvas") - want).max(), 1.01)
+            logs = [e for e in drv.get_log("browser") if e["level"] == "SEVERE"]
+            self.assertEqual(logs, [], "the page's console errors (CSP, script)")
+        finally:
+            drv.quit()
 
 
 if __name__ == "__main__":
