@@ -194,6 +194,12 @@ class TestServeDense(TmpDirCase):
         ref16 = np.asarray(Image.open(png))
         self.assertEqual(got16.shape, (80, 120))
         self.assertLessEqual(np.abs(got16.astype(np.int64) - ref16.astype(np.int64)).max(), 1)
+        # a raw image body: the defaults (png16)
+        with open(self.photo, "rb") as f:
+            st, _, data = self.depth_server.request("POST", "/v1/depth", f.read(),
+                                                    headers={"Content-Type": "image/png"})
+        self.assertEqual(st, 200, data)
+        self.assertEqual(json.loads(data)["depth"], j["depth"])
         st, _, j = self.depth_server.post("/v1/depth", {"input": b64(self.photo),
                                                         "format": "npy"})
         self.assertEqual(st, 400)
