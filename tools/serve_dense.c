@@ -353,6 +353,11 @@ static void segment(serve_state *s, json_t *root, const char *body, size_t len,
         fail(r, 400, "\"box\" must be [x0, y0, x1, y1], four numbers in the image's pixels");
         goto out;
     }
+    if (!n_points && !bx) {
+        /* as `vitc segment`: without a prompt the decoder's mask means nothing */
+        fail(r, 400, "no prompt: give \"points\" (with \"labels\") or a \"box\"");
+        goto out;
+    }
 
     pthread_mutex_lock(&D.mu);
     uint64_t key = 0;

@@ -160,6 +160,8 @@ class TestServeDense(TmpDirCase):
                  ({"points": [[1]], "labels": [1]}, "points"),
                  ({"points": [[1, 2]], "labels": [2]}, "labels"),
                  ({"box": [1, 2, 3]}, "box"),
+                 ({}, "no prompt"),
+                 ({"points": [], "labels": []}, "no prompt"),
                  ({"points": [[1, 2]], "labels": [1], "format": "jpeg"}, "format"),
                  ({"points": [[1, 2]], "labels": [1], "multimask": 1}, "multimask")]
         for extra, word in cases:
