@@ -30,7 +30,11 @@
 typedef struct dense_entry {
     uint64_t key; /* FNV-1a of the image's encoded bytes */
     vitc_sam_image *emb;
-    size_t bytes;
+    /* the encoded bytes themselves: a hit compares them, so that images
+     * made to collide on the hash never get each other's masks */
+    unsigned char *src;
+    size_t src_len;
+    size_t bytes; /* the embedding's and src's */
     uint64_t used;
 } dense_entry;
 
@@ -85,7 +89,10 @@ int serve_dense_open(serve_state *s, const char *path, int *dense) {
 
 void serve_dense_free(serve_state *s) {
     pthread_mutex_lock(&D.mu);
-    for (int i = 0; i < DENSE_CACHE_ENTRIES; i++) vitc_sam_image_free(D.cache[i].emb);
+    for (int i = 0; i < DENSE_CACHE_ENTRIES; i++) {
+        vitc_sam_image_free(D.cache[i].emb);
+        free(D.cache[i].src);
+    }
     memset(D.cache, 0, sizeof D.cache);
     pthread_mutex_unlock(&D.mu);
     vitc_sam_free(s->sam);
@@ -241,17 +248,27 @@ static int decode_image(const unsigned char *bytes, size_t n, vitc_image *img, s
     return 0;
 }
 
-/* The cached embedding of key, or NULL; marks it used. */
-static vitc_sam_image *cache_get(uint64_t key) {
+/* The cached embedding of key (and of the image src when not NULL), or
+ * NULL; marks it used. */
+static vitc_sam_image *cache_get(uint64_t key, const unsigned char *src, size_t n) {
     for (int i = 0; i < DENSE_CACHE_ENTRIES; i++)
-        if (D.cache[i].emb && D.cache[i].key == key) {
+        if (D.cache[i].emb && D.cache[i].key == key &&
+            (!src || (D.cache[i].src_len == n && !memcmp(D.cache[i].src, src, n)))) {
             D.cache[i].used = ++D.clock;
             return D.cache[i].emb;
         }
     return NULL;
 }
 
-static void cache_put(uint64_t key, vitc_sam_image *emb, size_t bytes) {
+/* Keeps emb (0), or -1: out of memory for src's copy, emb still the
+ * caller's. */
+static int cache_put(uint64_t key, vitc_sam_image *emb, size_t bytes, const unsigned char *src,
+                     size_t n) {
+    unsigned char *copy = malloc(n ? n : 1);
+    if (!copy)
+        return -1;
+    memcpy(copy, src, n);
+    bytes += n;
     size_t total = bytes;
     for (int i = 0; i < DENSE_CACHE_ENTRIES; i++) total += D.cache[i].emb ? D.cache[i].bytes : 0;
     for (;;) {
@@ -266,11 +283,12 @@ static void cache_put(uint64_t key, vitc_sam_image *emb, size_t bytes) {
                 lru = i;
         }
         if (empty >= 0 && (total <= DENSE_CACHE_MAX_BYTES || count == 0)) {
-            D.cache[empty] = (dense_entry){key, emb, bytes, ++D.clock};
-            return;
+            D.cache[empty] = (dense_entry){key, emb, copy, n, bytes, ++D.clock};
+            return 0;
         }
         total -= D.cache[lru].bytes;
         vitc_sam_image_free(D.cache[lru].emb);
+        free(D.cache[lru].src);
         memset(&D.cache[lru], 0, sizeof D.cache[lru]);
     }
 }
@@ -361,13 +379,13 @@ static void segment(serve_state *s, json_t *root, const char *body, size_t len,
 
     pthread_mutex_lock(&D.mu);
     uint64_t key = 0;
-    vitc_sam_image *emb = NULL;
+    vitc_sam_image *emb = NULL, *own = NULL;
     int W = 0, H = 0;
     if (!raw && iid && !json_object_get(root, "input")) {
         const char *idv = json_is_string(iid) ? json_string_value(iid) : "";
         char *end = NULL;
         key = strtoull(idv, &end, 16);
-        if (strlen(idv) != 16 || *end || !(emb = cache_get(key))) {
+        if (strlen(idv) != 16 || *end || !(emb = cache_get(key, NULL, 0))) {
             pthread_mutex_unlock(&D.mu);
             fail(r, 400, "\"image_id\" names no cached image (the cache keeps %d): send the "
                          "image as \"input\" again",
@@ -382,7 +400,7 @@ static void segment(serve_state *s, json_t *root, const char *body, size_t len,
             goto out;
         }
         key = fnv1a(bytes, n);
-        if ((emb = cache_get(key))) {
+        if ((emb = cache_get(key, bytes, n))) {
             cached = 1;
         } else {
             if (decode_image(bytes, n, &img, r) != 0) {
@@ -396,7 +414,8 @@ static void segment(serve_state *s, json_t *root, const char *body, size_t len,
             }
             int64_t es[3];
             vitc_sam_embedding_shape(s->sam, es);
-            cache_put(key, emb, (size_t)(es[0] * es[1] * es[2]) * sizeof(float));
+            if (cache_put(key, emb, (size_t)(es[0] * es[1] * es[2]) * sizeof(float), bytes, n))
+                own = emb; /* not kept: freed after this prompt */
         }
     }
     vitc_sam_prompt p = {.n_points = n_points,
@@ -408,6 +427,7 @@ static void segment(serve_state *s, json_t *root, const char *body, size_t len,
     /* emb stays cached while D.mu is held: the decoder runs under it */
     vitc_status st = vitc_sam_predict(s->sam, emb, &p, &res);
     pthread_mutex_unlock(&D.mu);
+    vitc_sam_image_free(own);
     if (st != VITC_OK) {
         fail(r, 400, "%s", vitc_last_error());
         goto out;
