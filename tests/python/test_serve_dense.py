@@ -217,6 +217,10 @@ class TestServeDense(TmpDirCase):
             self.assertIn("answers only", j["error"]["message"])
         st, _, _ = self.sam_server.request("GET", "/health")
         self.assertEqual(st, 200)
+        st, _, data = self.depth_server.request("GET", "/metrics")
+        self.assertEqual(st, 200)
+        self.assertRegex(data.decode(),
+                         r'vitc_requests_total\{endpoint="/v1/segment",status="400"\} [1-9]')
 
     def browser(self):
         if webdriver is None:
