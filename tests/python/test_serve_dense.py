@@ -207,6 +207,20 @@ class TestServeDense(TmpDirCase):
         self.assertEqual(st, 400)
         self.assertIn("format", j["error"]["message"])
 
+    def test_api_key_and_drain(self):
+        key = os.path.join(self.tmp, "key")
+        with open(key, "w") as f:
+            f.write("s3cret\n")
+        srv = Server(self.depth, "--api-key-file", key)
+        self.servers.append(srv)
+        st, _, _ = srv.post("/v1/depth", {"input": b64(self.photo2)})
+        self.assertEqual(st, 401)
+        st, _, j = srv.post("/v1/depth", {"input": b64(self.photo2)},
+                            headers={"Authorization": "Bearer s3cret"})
+        self.assertEqual(st, 200, j)
+        self.assertEqual((j["width"], j["height"]), (64, 72))
+        self.assertEqual(srv.stop(), 0)
+
     def test_wrong_endpoint(self):
         img = b64(self.photo2)
         for srv, path in ((self.sam_server, "/v1/depth"), (self.sam_server, "/v1/embeddings"),
