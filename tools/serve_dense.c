@@ -308,11 +308,11 @@ static int numbers(json_t *a, float *v, int max) {
 
 static void segment(serve_state *s, json_t *root, const char *body, size_t len,
                     const serve_raw *raw, serve_reply *r) {
-    float *points = NULL;
-    int *labels = NULL;
+    float *points = NULL; /* [n_points, 2] x, y */
+    int *labels = NULL;   /* [n_points] */
     unsigned char *bytes = NULL, *png = NULL;
     int owned = 0, n_points = 0, cached = 0, logits = 0, multimask = 0;
-    float box[4];
+    float box[4];         /* x0, y0, x1, y1 */
     vitc_sam_result res;
     memset(&res, 0, sizeof res);
     vitc_image img = {0};
@@ -454,7 +454,7 @@ static void segment(serve_state *s, json_t *root, const char *body, size_t len,
         fputs("\"}\n", f);
     } else {
 #ifdef VITC_HAVE_PNG
-        unsigned char *m8 = malloc(plane ? plane : 1);
+        unsigned char *m8 = malloc(plane ? plane : 1); /* [H, W] 0 or 255 */
         fputs(", \"format\": \"png\", \"masks\": [", f);
         for (int k = 0; m8 && k < res.n_masks; k++) {
             for (size_t i = 0; i < plane; i++) m8[i] = res.masks[k * plane + i] > 0.0f ? 255 : 0;
@@ -501,8 +501,8 @@ out:
 static void depth(serve_state *s, json_t *root, const char *body, size_t len,
                   const serve_raw *raw, serve_reply *r) {
     unsigned char *bytes = NULL, *png = NULL;
-    uint16_t *g16 = NULL;
-    float *d = NULL;
+    uint16_t *g16 = NULL; /* [H, W] min..max as 0..65535 */
+    float *d = NULL;      /* [H, W] */
     int owned = 0, as_png = 1;
     vitc_image img = {0};
     json_t *fmt = json_object_get(root, "format");
