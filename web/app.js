@@ -264,7 +264,7 @@ async function segmentAt(ev) {
       r = await api("POST", "/v1/segment", body);
     } catch (e) {
       // the server's cache may have dropped the image: send it again
-      if (!seg.imageId || e.status !== 400) throw e;
+      if (!seg.imageId || e.status !== 400 || !e.message.includes("image_id")) throw e;
       delete body.image_id;
       body.input = image;
       r = await api("POST", "/v1/segment", body);
