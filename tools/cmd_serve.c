@@ -34,10 +34,12 @@ static const char serve_usage[] =
     "POST /v1/embeddings (OpenAI's request and response shape), POST\n"
     "/v1/classify (top-k), POST /v1/zero-shot, POST /v1/attention, GET\n"
     "/v1/info, and a web page at GET /. Images come as base64 or data: URLs\n"
-    "in JSON.\n"
+    "in JSON. A SAM or Depth Anything directory is served with POST\n"
+    "/v1/segment or POST /v1/depth instead.\n"
     "\n"
     "options:\n"
-    "  --model M          checkpoint file or Hub directory\n"
+    "  --model M          checkpoint file or Hub directory (a ViT, CLIP, SigLIP,\n"
+    "                     SAM or Depth Anything one)\n"
     "  --arch NAME        architecture of a file without vitc.config metadata\n"
     "  --host H           address to bind (default 127.0.0.1; 0.0.0.0 for all)\n"
     "  --port P           TCP port, 0..65535 (default 8080; 0: any free port,\n"
@@ -299,8 +301,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (x->endpoint == SERVE_EP_OTHER) {
             x->status = 404;
             x->msg = "no such endpoint: the API has GET /health, GET /metrics, GET /v1/info, "
-                     "POST /v1/embeddings, /v1/classify, /v1/zero-shot and /v1/attention, "
-                     "and the web page at GET /";
+                     "POST /v1/embeddings, /v1/classify, /v1/zero-shot, /v1/attention, "
+                     "/v1/segment and /v1/depth, and the web page at GET /";
         } else if (!method_ok) {
             x->status = 405;
             x->msg = "method not allowed on this endpoint (docs/serve.md)";
@@ -491,11 +493,16 @@ int cmd_serve(int argc, char **argv) {
     fflush(stderr);
 
     const cli_model_opts mo = {o.model, o.arch, o.precision, o.attn_precision, 0, 0, 0, 0, 1};
-    if ((rc = cli_open_model("serve", &mo, &S.model, &S.in)) != CLI_OK ||
-        (rc = serve_model_ready(&S, o.model)) != CLI_OK) {
+    int dense = 0;
+    if ((rc = serve_dense_open(&S, o.model, &dense)) != CLI_OK ||
+        (!dense && ((rc = cli_open_model("serve", &mo, &S.model, &S.in)) != CLI_OK ||
+                    (rc = serve_model_ready(&S, o.model)) != CLI_OK))) {
         MHD_stop_daemon(d);
         goto out;
     }
+    /* A SAM or Depth Anything model answers without the batcher (its
+     * requests run one at a time): the thread still runs, idle, so that
+     * the shutdown below stays one path. */
     pthread_t batcher;
     if (pthread_create(&batcher, NULL, batcher_main, NULL) != 0) {
         rc = cli_error("cannot start the batcher thread");

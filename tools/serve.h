@@ -47,6 +47,10 @@ typedef struct serve_hist {
 typedef struct serve_state {
     vitc_vit *model;
     vitc_session *session;
+    /* serve_dense.c's: a SAM or Depth Anything model instead of model */
+    vitc_sam *sam;
+    vitc_depth *depth;
+    int depth_metric; /* config.json's depth_estimation_type "metric" */
     cli_input in;
     char *model_name; /* "model" in the responses: --model's base name */
     int64_t embed_dim;
@@ -173,6 +177,15 @@ void serve_web_handle(serve_state *s, int endpoint, const char *body, size_t len
 /* Frees the second session and the class embedding cache (before the
  * model is freed). */
 void serve_web_free(serve_state *s);
+/* serve_dense.c: a SAM or Depth Anything model (config.json's model_type
+ * "sam" / "depth_anything") loaded into s->sam / s->depth (*dense 1), or
+ * nothing (*dense 0: another kind of model). CLI_OK or reported. */
+int serve_dense_open(serve_state *s, const char *path, int *dense);
+/* serve_handle's part when such a model is loaded: every POST endpoint and
+ * /v1/info; one request at a time. */
+void serve_dense_handle(serve_state *s, int endpoint, const char *body, size_t len,
+                        const serve_raw *raw, serve_reply *r);
+void serve_dense_free(serve_state *s);
 /* What the request parsing (serve_parse.c) needs of s's loaded model. */
 serve_parse_cfg serve_state_parse_cfg(const serve_state *s);
 

@@ -66,6 +66,7 @@ int serve_state_init(serve_state *s, int max_batch, int max_wait_ms, int max_que
 
 void serve_state_free(serve_state *s) {
     serve_web_free(s);
+    serve_dense_free(s);
     vitc_session_free(s->session);
     vitc_vit_free(s->model);
     free(s->queue);
@@ -326,6 +327,10 @@ void serve_handle(serve_state *s, int endpoint, const char *body, size_t len,
 void serve_handle_conn(serve_state *s, int endpoint, const char *body, size_t len,
                        const serve_raw *raw, int (*gone)(void *), void *gone_arg,
                        serve_reply *r) {
+    if (s->sam || s->depth) {
+        serve_dense_handle(s, endpoint, body, len, raw, r);
+        return;
+    }
     if (endpoint > SERVE_EP_OTHER) {
         serve_web_handle(s, endpoint, body, len, raw, r);
         return;

@@ -54,9 +54,13 @@ async function loadInfo() {
     return;
   }
   const c = info.capabilities;
-  $("model-line").textContent = info.model + " · " + info.family + " · " + info.image_size[1] + "×" +
-    info.image_size[0] + " px, patch " + info.patch_size + " · embedding " + info.embedding_dim +
-    (c.classify ? " · " + info.num_classes + " classes" : "") + (c.zero_shot ? " · text tower" : "");
+  if (c.segment || c.depth)
+    $("model-line").textContent = info.model + " · " + (c.segment ? "Segment Anything" : "Depth Anything" +
+      (info.metric ? " (metric)" : ""));
+  else
+    $("model-line").textContent = info.model + " · " + info.family + " · " + info.image_size[1] + "×" +
+      info.image_size[0] + " px, patch " + info.patch_size + " · embedding " + info.embedding_dim +
+      (c.classify ? " · " + info.num_classes + " classes" : "") + (c.zero_shot ? " · text tower" : "");
   $("classes-panel").hidden = !c.classify;
   $("attention-panel").hidden = !c.attention;
   $("zeroshot-panel").hidden = !c.zero_shot;
@@ -178,50 +182,145 @@ async function attend() {
 }
 
 // Segment Anything and Depth Anything: shown only when /v1/info says the
-// model has a mask decoder or a depth head.
-function drawPicked(cv) {
-  const img = new Image();
-  img.onload = () => {
-    cv.width = img.naturalWidth;
-    cv.height = img.naturalHeight;
-    cv.getContext("2d").drawImage(img, 0, 0);
-  };
-  img.src = image;
+// model has a mask decoder or a depth head (a SAM or Depth Anything model
+// is then the one loaded).
+
+// inferno at 9 stops, as `vitc depth` draws it
+const INFERNO = [[0x00, 0x00, 0x04], [0x1b, 0x0c, 0x42], [0x4b, 0x0c, 0x6b], [0x78, 0x1c, 0x6d],
+  [0xa5, 0x2c, 0x60], [0xcf, 0x44, 0x46], [0xed, 0x69, 0x25], [0xfb, 0x9a, 0x06],
+  [0xfc, 0xff, 0xa4]];
+
+function inferno(t) {
+  t = Math.max(0, Math.min(1, t || 0));
+  const x = t * 8, i = Math.min(7, Math.floor(x)), f = x - i;
+  return [0, 1, 2].map((c) => Math.round((1 - f) * INFERNO[i][c] + f * INFERNO[i + 1][c]));
 }
 
-function drawMask(cv, m, color) {
+// base64 of little-endian float32s
+function floats(b64) {
+  const bytes = Uint8Array.from(atob(b64), (ch) => ch.charCodeAt(0));
+  const dv = new DataView(bytes.buffer), out = new Float32Array(bytes.length / 4);
+  for (let i = 0; i < out.length; i++) out[i] = dv.getFloat32(4 * i, true);
+  return out;
+}
+
+let picked = null;  // the picked image, decoded, drawn under the mask
+let seg = { points: [], labels: [], imageId: null, mask: null, width: 0, height: 0 };
+
+function drawSegment() {
+  const cv = $("seg-canvas");
+  if (!picked) return;
+  cv.width = picked.naturalWidth;
+  cv.height = picked.naturalHeight;
   const ctx = cv.getContext("2d");
-  const bytes = Uint8Array.from(atob(m.data), (ch) => ch.charCodeAt(0));
-  const lay = ctx.getImageData(0, 0, cv.width, cv.height);
-  for (let y = 0; y < cv.height; y++)
-    for (let x = 0; x < cv.width; x++) {
-      const v = bytes[Math.floor(y * m.height / cv.height) * m.width + Math.floor(x * m.width / cv.width)];
-      const o = (y * cv.width + x) * 4;
-      const col = color ? (v ? color : null) : viridis(v / 255);
-      if (!col) continue;
-      for (let c = 0; c < 3; c++) lay.data[o + c] = color ? 0.5 * lay.data[o + c] + 0.5 * col[c] : col[c];
+  ctx.drawImage(picked, 0, 0);
+  if (seg.mask && seg.width === cv.width && seg.height === cv.height) {
+    const lay = ctx.getImageData(0, 0, cv.width, cv.height), col = [30, 144, 255];
+    for (let i = 0; i < seg.mask.length; i++) {
+      if (!(seg.mask[i] > 0)) continue;
+      for (let c = 0; c < 3; c++) lay.data[4 * i + c] = 0.45 * lay.data[4 * i + c] + 0.55 * col[c];
     }
-  ctx.putImageData(lay, 0, 0);
+    ctx.putImageData(lay, 0, 0);
+  }
+  const r = Math.max(3, Math.round(Math.max(cv.width, cv.height) / 120));
+  seg.points.forEach(([x, y], i) => {
+    ctx.beginPath();
+    ctx.arc(x, y, r, 0, 2 * Math.PI);
+    ctx.fillStyle = seg.labels[i] ? "#2fbf4a" : "#e5383b";
+    ctx.fill();
+    ctx.lineWidth = 1;
+    ctx.strokeStyle = "#fff";
+    ctx.stroke();
+  });
+  cv.dataset.points = JSON.stringify(seg.points);
+  cv.dataset.drawn = String(Number(cv.dataset.drawn || 0) + 1);
+}
+
+function clearSegment() {
+  seg.points = [];
+  seg.labels = [];
+  seg.mask = null;
+  $("seg-iou").textContent = "";
+  drawSegment();
 }
 
 async function segmentAt(ev) {
+  ev.preventDefault();
+  if (!image || !picked) return;
   const cv = $("seg-canvas"), box = cv.getBoundingClientRect();
   const x = (ev.clientX - box.left) * cv.width / box.width, y = (ev.clientY - box.top) * cv.height / box.height;
+  // shift-click or right-click: a background point
+  seg.points.push([x, y]);
+  seg.labels.push(ev.shiftKey || ev.button === 2 ? 0 : 1);
+  drawSegment();
+  const body = { points: seg.points, labels: seg.labels, format: "logits",
+    multimask: seg.points.length === 1 };  // one point is ambiguous: keep the best of three
+  if (seg.imageId) body.image_id = seg.imageId;
+  else body.input = image;
+  setPanel("segment-panel", "busy");
   try {
-    const r = await api("POST", "/v1/segment", { input: image, points: [[x, y]], labels: [1] });
-    drawPicked(cv);
-    setTimeout(() => drawMask(cv, r.data[0].mask, [255, 80, 60]), 50);
+    let r;
+    try {
+      r = await api("POST", "/v1/segment", body);
+    } catch (e) {
+      // the server's cache may have dropped the image: send it again
+      if (!seg.imageId || e.status !== 400 || !e.message.includes("image_id")) throw e;
+      delete body.image_id;
+      body.input = image;
+      r = await api("POST", "/v1/segment", body);
+    }
+    seg.imageId = r.image_id;
+    const all = floats(r.logits), [n, h, w] = r.shape;
+    let best = 0;
+    for (let k = 1; k < n; k++) if (r.iou[k] > r.iou[best]) best = k;
+    seg.mask = all.subarray(best * h * w, (best + 1) * h * w);
+    seg.width = w;
+    seg.height = h;
+    $("seg-iou").textContent = "predicted IoU " + r.iou[best].toFixed(3) +
+      (r.cached ? " (embedding cached)" : "");
+    $("seg-iou").dataset.iou = String(r.iou[best]);
+    drawSegment();
+    setPanel("segment-panel", "done");
   } catch (e) {
+    setPanel("segment-panel", "error");
     status(e.message, true);
   }
 }
 
 async function depth() {
-  const r = await api("POST", "/v1/depth", { input: image });
-  const cv = $("depth-canvas");
-  cv.width = r.data[0].depth.width;
-  cv.height = r.data[0].depth.height;
-  drawMask(cv, r.data[0].depth, null);
+  setPanel("depth-panel", "busy");
+  try {
+    const r = await api("POST", "/v1/depth", { input: image, format: "float32" });
+    const d = floats(r.depth), cv = $("depth-canvas");
+    cv.width = r.width;
+    cv.height = r.height;
+    const ctx = cv.getContext("2d"), out = ctx.createImageData(r.width, r.height);
+    const span = r.max > r.min ? r.max - r.min : 1;
+    for (let i = 0; i < d.length; i++) {
+      const t = (d[i] - r.min) / span;
+      // metric depth: near is small, drawn bright as relative (inverse) depth is
+      const col = inferno(r.metric ? 1 - t : t);
+      for (let c = 0; c < 3; c++) out.data[4 * i + c] = col[c];
+      out.data[4 * i + 3] = 255;
+    }
+    ctx.putImageData(out, 0, 0);
+    $("depth-range").textContent = (r.metric ? "metres " : "relative depth ") +
+      r.min.toPrecision(4) + " … " + r.max.toPrecision(4);
+    cv.dataset.drawn = String(Number(cv.dataset.drawn || 0) + 1);
+    setPanel("depth-panel", "done");
+  } catch (e) {
+    setPanel("depth-panel", "error");
+    throw e;
+  }
+}
+
+function loadPicked() {
+  return new Promise((resolve) => {
+    const img = new Image();
+    img.onload = () => { picked = img; resolve(); };
+    img.onerror = () => resolve();
+    img.src = image;
+  });
 }
 
 async function run() {
@@ -231,7 +330,12 @@ async function run() {
   if (c.classify) jobs.push(classify());
   if (c.attention) jobs.push(attend());
   if (c.zero_shot) jobs.push(zeroShot());
-  if (c.segment) drawPicked($("seg-canvas"));
+  if (c.segment) {
+    seg = { points: [], labels: [], imageId: null, mask: null, width: 0, height: 0 };
+    $("seg-iou").textContent = "";
+    await loadPicked();
+    drawSegment();
+  }
   if (c.depth) jobs.push(depth());
   const res = await Promise.allSettled(jobs);
   const bad = res.filter((r) => r.status === "rejected");
@@ -274,6 +378,8 @@ document.addEventListener("DOMContentLoaded", () => {
     zeroShot().then(() => status("done"), (err) => status(err.message, true));
   });
   $("seg-canvas").addEventListener("click", segmentAt);
+  $("seg-canvas").addEventListener("contextmenu", segmentAt);
+  $("seg-clear").addEventListener("click", clearSegment);
   $("key-save").addEventListener("click", () => {
     apiKey = $("api-key").value.trim();
     sessionStorage.setItem("vitc-api-key", apiKey);
