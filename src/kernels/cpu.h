@@ -32,7 +32,7 @@ typedef struct vitc__cpu {
     const char *cache_from; /* "cpuid", "sysfs", "defaults", "VITC_CACHE" */
     /* vendor-uarch-brand-f<family>m<model>, e.g. "amd-zen4-epyc-f25m17":
      * the name of this CPU's file in bench/results/ */
-    char id[64];
+    char id[128];
 } vitc__cpu;
 
 /* The CPU as detected, with VITC_CACHE applied (or vitc__cache_force's
