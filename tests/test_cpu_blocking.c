@@ -80,7 +80,7 @@ static void test_detect(void **state) {
     char keys[2048], small[16];
     size_t n = vitc_cpu_info(keys, sizeof keys, VITC_CPU_INFO_KEYS);
     assert_int_equal(n, strlen(keys));
-    char want[96];
+    char want[160];
     snprintf(want, sizeof want, "id=%s\n", c->id);
     assert_non_null(strstr(keys, want));
     snprintf(want, sizeof want, "\nkc=%lld\n", (long long)vitc__kern()->gemm->kc);
