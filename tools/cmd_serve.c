@@ -516,7 +516,7 @@ int cmd_serve(int argc, char **argv) {
 
     const cli_model_opts mo = {o.model, o.arch, o.precision, o.attn_precision, 0, 0, 0, 0, 1};
     int dense = 0;
-    if ((rc = serve_dense_open(&S, o.model, &dense)) != CLI_OK ||
+    if ((rc = serve_dense_open(&S, o.model, o.precision, &dense)) != CLI_OK ||
         (!dense && ((rc = cli_open_model("serve", &mo, &S.model, &S.in)) != CLI_OK ||
                     (rc = serve_model_ready(&S, o.model)) != CLI_OK))) {
         MHD_stop_daemon(d);

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "cli.h"
 
@@ -158,6 +159,8 @@ int serve_base64_decode(const char *s, size_t len, unsigned char **out, size_t *
                         size_t err_len);
 /* r's status and message (msgbuf) from a printf format. */
 void serve_vfail(serve_reply *r, int status, const char *fmt, va_list ap);
+void serve_fail(serve_reply *r, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 /* serve_web.c: the web page, GET /v1/info, POST /v1/zero-shot, POST
  * /v1/attention (/v1/segment, /v1/depth: the error saying the model has
@@ -179,8 +182,10 @@ void serve_web_handle(serve_state *s, int endpoint, const char *body, size_t len
 void serve_web_free(serve_state *s);
 /* serve_dense.c: a SAM or Depth Anything model (config.json's model_type
  * "sam" / "depth_anything") loaded into s->sam / s->depth (*dense 1), or
- * nothing (*dense 0: another kind of model). CLI_OK or reported. */
-int serve_dense_open(serve_state *s, const char *path, int *dense);
+ * nothing (*dense 0: another kind of model). precision (--precision, NULL:
+ * fp32): SAM's image encoder's, as vitc_sam_load_precision; a Depth
+ * Anything model takes fp32 only. CLI_OK or reported. */
+int serve_dense_open(serve_state *s, const char *path, const char *precision, int *dense);
 /* serve_handle's part when such a model is loaded: every POST endpoint and
  * /v1/info; one request at a time. */
 void serve_dense_handle(serve_state *s, int endpoint, const char *body, size_t len,
@@ -188,5 +193,10 @@ void serve_dense_handle(serve_state *s, int endpoint, const char *body, size_t l
 void serve_dense_free(serve_state *s);
 /* What the request parsing (serve_parse.c) needs of s's loaded model. */
 serve_parse_cfg serve_state_parse_cfg(const serve_state *s);
+/* Replies' base64 (serve_core.c), standard alphabet with padding, no
+ * quotes: len bytes, or n floats as float32 little-endian whatever the
+ * host's order. */
+void serve_put_base64(FILE *f, const void *bytes, size_t len);
+void serve_put_base64_floats(FILE *f, const float *v, size_t n);
 
 #endif

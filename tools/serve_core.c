@@ -223,35 +223,40 @@ void serve_http_active(serve_state *s, int delta) {
 /* Endpoints                                                           */
 /* ------------------------------------------------------------------ */
 
-static void fail(serve_reply *r, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void fail(serve_reply *r, int status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    serve_vfail(r, status, fmt, ap);
-    va_end(ap);
-}
-
 static const char b64chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 
-/* OpenAI's encoding_format "base64": the float32 values' little-endian
- * bytes, base64-encoded (numpy.frombuffer(..., "<f4") reads them). */
-static void put_base64_floats(FILE *f, const float *v, size_t n) {
-    const unsigned char *b = (const unsigned char *)v; /* x86/arm64: little-endian */
-    size_t len = n * sizeof *v;
-    fputc('"', f);
+void serve_put_base64(FILE *f, const void *bytes, size_t len) {
+    const unsigned char *p = bytes;
     for (size_t i = 0; i < len; i += 3) {
-        uint32_t x = (uint32_t)b[i] << 16;
+        uint32_t x = (uint32_t)p[i] << 16;
         if (i + 1 < len)
-            x |= (uint32_t)b[i + 1] << 8;
+            x |= (uint32_t)p[i + 1] << 8;
         if (i + 2 < len)
-            x |= b[i + 2];
+            x |= p[i + 2];
         fputc(b64chars[(x >> 18) & 63], f);
         fputc(b64chars[(x >> 12) & 63], f);
         fputc(i + 1 < len ? b64chars[(x >> 6) & 63] : '=', f);
         fputc(i + 2 < len ? b64chars[x & 63] : '=', f);
     }
-    fputc('"', f);
+}
+
+/* The bytes go through a buffer a multiple of 3 long, so that the chunks'
+ * base64 joins into the whole's (no padding inside). */
+void serve_put_base64_floats(FILE *f, const float *v, size_t n) {
+    unsigned char buf[3 * 256];
+    size_t k = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &v[i], 4);
+        for (int b = 0; b < 4; b++) {
+            buf[k++] = (unsigned char)(u >> (8 * b));
+            if (k == sizeof buf) {
+                serve_put_base64(f, buf, k);
+                k = 0;
+            }
+        }
+    }
+    serve_put_base64(f, buf, k);
 }
 
 static void write_classify(serve_state *s, FILE *f, const float *logits, int k) {
@@ -349,20 +354,20 @@ void serve_handle_conn(serve_state *s, int endpoint, const char *body, size_t le
     req.n = n;
     req.per = endpoint == SERVE_EP_EMBEDDINGS ? (size_t)s->embed_dim : (size_t)s->num_classes;
     if (!(req.out = malloc((size_t)n * req.per * sizeof *req.out))) {
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
         goto out;
     }
     pthread_mutex_lock(&s->mu);
     if (s->stop) {
         /* the batcher leaves once the queue is empty: nothing may join it */
         pthread_mutex_unlock(&s->mu);
-        fail(r, 503, "the server is shutting down");
+        serve_fail(r, 503, "the server is shutting down");
         goto out;
     }
     if (s->q_len + n > s->max_queue) {
         pthread_mutex_unlock(&s->mu);
-        fail(r, 429, "the queue is full (%d images waiting, --max-queue %d): retry later",
-             s->q_len, s->max_queue);
+        serve_fail(r, 429, "the queue is full (%d images waiting, --max-queue %d): retry later",
+                   s->q_len, s->max_queue);
         goto out;
     }
     double t = cli_now();
@@ -406,17 +411,17 @@ void serve_handle_conn(serve_state *s, int endpoint, const char *body, size_t le
     pthread_mutex_unlock(&s->mu);
     if (left) {
         /* nginx's code for it: logged and counted, sent to no one */
-        fail(r, 499, "the client closed the connection before its reply");
+        serve_fail(r, 499, "the client closed the connection before its reply");
         goto out;
     }
     if (req.failed) {
-        fail(r, 500, "%s", req.err);
+        serve_fail(r, 500, "%s", req.err);
         goto out;
     }
 
     FILE *f = open_memstream(&r->body, &r->len);
     if (!f) {
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
         goto out;
     }
     fputs("{\"object\": \"list\", \"data\": [", f);
@@ -425,9 +430,13 @@ void serve_handle_conn(serve_state *s, int endpoint, const char *body, size_t le
         if (endpoint == SERVE_EP_EMBEDDINGS) {
             fprintf(f, "%s{\"object\": \"embedding\", \"index\": %d, \"embedding\": ",
                     i ? ", " : "", i);
-            if (base64)
-                put_base64_floats(f, v, req.per);
-            else {
+            if (base64) {
+                /* OpenAI's encoding_format "base64": numpy.frombuffer(...,
+                 * "<f4") reads it */
+                fputc('"', f);
+                serve_put_base64_floats(f, v, req.per);
+                fputc('"', f);
+            } else {
                 fputc('[', f);
                 for (size_t j = 0; j < req.per; j++) {
                     if (j)
@@ -451,7 +460,7 @@ void serve_handle_conn(serve_state *s, int endpoint, const char *body, size_t le
     if (fclose(f) != 0) {
         free(r->body);
         r->body = NULL;
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
     }
 out:
     serve_parsed_free(&pr);

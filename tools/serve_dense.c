@@ -44,18 +44,9 @@ static struct {
     uint64_t clock;
 } D = {PTHREAD_MUTEX_INITIALIZER, {{0}}, 0};
 
-static void fail(serve_reply *r, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void fail(serve_reply *r, int status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    serve_vfail(r, status, fmt, ap);
-    va_end(ap);
-}
-
 /* config.json's "model_type": "sam" or "depth_anything" names a dense
  * model; anything else (or no config.json) is left to cli_open_model. */
-int serve_dense_open(serve_state *s, const char *path, int *dense) {
+int serve_dense_open(serve_state *s, const char *path, const char *precision, int *dense) {
     *dense = 0;
     size_t len = strlen(path) + sizeof "/config.json";
     char *cp = malloc(len);
@@ -73,7 +64,18 @@ int serve_dense_open(serve_state *s, const char *path, int *dense) {
     if (!sam && !depth)
         return CLI_OK;
     *dense = 1;
-    if (sam ? vitc_sam_load(path, &s->sam) != VITC_OK : vitc_depth_load(path, &s->depth) != VITC_OK)
+    int prec, rc = cli_parse_precision("serve", precision, &prec);
+    if (rc != CLI_OK)
+        return rc;
+    /* src/models/depth.c loads fp32 weights only: a lower precision
+     * accepted here would be a claim the server does not keep */
+    if (depth && prec > VITC_PRECISION_FP32)
+        return cli_usage_error("serve",
+                               "--precision %s: a Depth Anything model runs in fp32 only (the "
+                               "library has no lower-precision load for it): leave it out",
+                               precision);
+    if (sam ? vitc_sam_load_precision(path, precision, &s->sam) != VITC_OK
+            : vitc_depth_load(path, &s->depth) != VITC_OK)
         return cli_error("%s", vitc_last_error());
     /* the name the responses carry: the path's last component */
     const char *base = path, *p;
@@ -104,40 +106,6 @@ void serve_dense_free(serve_state *s) {
 /* ------------------------------------------------------------------ */
 /* Encoding                                                            */
 /* ------------------------------------------------------------------ */
-
-static const char b64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-static void put_base64(FILE *f, const unsigned char *p, size_t len) {
-    for (size_t i = 0; i < len; i += 3) {
-        uint32_t x = (uint32_t)p[i] << 16;
-        if (i + 1 < len)
-            x |= (uint32_t)p[i + 1] << 8;
-        if (i + 2 < len)
-            x |= p[i + 2];
-        fputc(b64[(x >> 18) & 63], f);
-        fputc(b64[(x >> 12) & 63], f);
-        fputc(i + 1 < len ? b64[(x >> 6) & 63] : '=', f);
-        fputc(i + 2 < len ? b64[x & 63] : '=', f);
-    }
-}
-
-/* float32 little-endian whatever the host's order. */
-static void put_floats_base64(FILE *f, const float *v, size_t n) {
-    unsigned char buf[3 * 256];
-    size_t k = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &v[i], 4);
-        for (int b = 0; b < 4; b++) {
-            buf[k++] = (unsigned char)(u >> (8 * b));
-            if (k == sizeof buf) {
-                put_base64(f, buf, k);
-                k = 0;
-            }
-        }
-    }
-    put_base64(f, buf, k);
-}
 
 #ifdef VITC_HAVE_PNG
 static void png_to_file(png_structp png, png_bytep data, png_size_t len) {
@@ -217,7 +185,7 @@ static int input_bytes(json_t *root, const char *body, size_t len, const serve_r
     }
     json_t *in = json_object_get(root, "input");
     if (!json_is_string(in)) {
-        fail(r, 400, "\"input\" must be one image: a data: URL or base64 of a PNG or JPEG");
+        serve_fail(r, 400, "\"input\" must be one image: a data: URL or base64 of a PNG or JPEG");
         return -1;
     }
     const char *str = json_string_value(in);
@@ -225,7 +193,7 @@ static int input_bytes(json_t *root, const char *body, size_t len, const serve_r
     if (sl > 5 && !strncmp(str, "data:", 5)) {
         const char *comma = memchr(str, ',', sl);
         if (!comma || comma - str < 12 || strncmp(comma - 7, ";base64", 7) != 0) {
-            fail(r, 400, "\"input\": a data: URL must be base64 (data:image/png;base64,...)");
+            serve_fail(r, 400, "\"input\": a data: URL must be base64 (data:image/png;base64,...)");
             return -1;
         }
         sl -= (size_t)(comma + 1 - str);
@@ -233,7 +201,7 @@ static int input_bytes(json_t *root, const char *body, size_t len, const serve_r
     }
     char err[256];
     if (serve_base64_decode(str, sl, bytes, n, err, sizeof err) != 0) {
-        fail(r, 400, "\"input\": %s", err);
+        serve_fail(r, 400, "\"input\": %s", err);
         return -1;
     }
     *owned = 1;
@@ -242,7 +210,7 @@ static int input_bytes(json_t *root, const char *body, size_t len, const serve_r
 
 static int decode_image(const unsigned char *bytes, size_t n, vitc_image *img, serve_reply *r) {
     if (vitc_image_load_memory(bytes, n, DENSE_MAX_PIXELS, img) != VITC_OK) {
-        fail(r, 400, "\"input\": %s", vitc_last_error());
+        serve_fail(r, 400, "\"input\": %s", vitc_last_error());
         return -1;
     }
     return 0;
@@ -322,58 +290,59 @@ static void segment(serve_state *s, json_t *root, const char *body, size_t len,
     json_t *fmt = json_object_get(root, "format"), *iid = json_object_get(root, "image_id");
     if (fmt && !(json_is_string(fmt) && (!strcmp(json_string_value(fmt), "png") ||
                                          !strcmp(json_string_value(fmt), "logits")))) {
-        fail(r, 400, "\"format\" must be \"png\" (masks as 0/255 PNGs) or \"logits\" (float32)");
+        serve_fail(r, 400,
+                   "\"format\" must be \"png\" (masks as 0/255 PNGs) or \"logits\" (float32)");
         return;
     }
     logits = fmt && !strcmp(json_string_value(fmt), "logits");
     if (mm && !json_is_boolean(mm)) {
-        fail(r, 400, "\"multimask\" must be true or false");
+        serve_fail(r, 400, "\"multimask\" must be true or false");
         return;
     }
     multimask = json_is_true(mm);
     if (pts) {
         if (!json_is_array(pts) || json_array_size(pts) > DENSE_MAX_POINTS) {
-            fail(r, 400, "\"points\" must be an array of at most %d [x, y] pairs",
-                 DENSE_MAX_POINTS);
+            serve_fail(r, 400, "\"points\" must be an array of at most %d [x, y] pairs",
+                       DENSE_MAX_POINTS);
             return;
         }
         n_points = (int)json_array_size(pts);
         if (!json_is_array(lab) || (int)json_array_size(lab) != n_points) {
-            fail(r, 400, "\"labels\" must be an array with one label (1 foreground, 0 "
-                         "background) per point: %d points",
-                 n_points);
+            serve_fail(r, 400, "\"labels\" must be an array with one label (1 foreground, 0 "
+                               "background) per point: %d points",
+                       n_points);
             return;
         }
         points = malloc(2 * (size_t)(n_points ? n_points : 1) * sizeof *points);
         labels = malloc((size_t)(n_points ? n_points : 1) * sizeof *labels);
         if (!points || !labels) {
-            fail(r, 500, "out of memory");
+            serve_fail(r, 500, "out of memory");
             goto out;
         }
         for (int i = 0; i < n_points; i++) {
             json_t *l = json_array_get(lab, (size_t)i);
             if (numbers(json_array_get(pts, (size_t)i), points + 2 * i, 2) != 2) {
-                fail(r, 400, "\"points\"[%d] must be [x, y], two numbers in the image's pixels",
-                     i);
+                serve_fail(r, 400,
+                           "\"points\"[%d] must be [x, y], two numbers in the image's pixels", i);
                 goto out;
             }
             if (!json_is_integer(l) || (json_integer_value(l) != 0 && json_integer_value(l) != 1)) {
-                fail(r, 400, "\"labels\"[%d] must be 1 (foreground) or 0 (background)", i);
+                serve_fail(r, 400, "\"labels\"[%d] must be 1 (foreground) or 0 (background)", i);
                 goto out;
             }
             labels[i] = (int)json_integer_value(l);
         }
     } else if (lab) {
-        fail(r, 400, "\"labels\" without \"points\": give one label per point");
+        serve_fail(r, 400, "\"labels\" without \"points\": give one label per point");
         return;
     }
     if (bx && numbers(bx, box, 4) != 4) {
-        fail(r, 400, "\"box\" must be [x0, y0, x1, y1], four numbers in the image's pixels");
+        serve_fail(r, 400, "\"box\" must be [x0, y0, x1, y1], four numbers in the image's pixels");
         goto out;
     }
     if (!n_points && !bx) {
         /* as `vitc segment`: without a prompt the decoder's mask means nothing */
-        fail(r, 400, "no prompt: give \"points\" (with \"labels\") or a \"box\"");
+        serve_fail(r, 400, "no prompt: give \"points\" (with \"labels\") or a \"box\"");
         goto out;
     }
 
@@ -387,9 +356,9 @@ static void segment(serve_state *s, json_t *root, const char *body, size_t len,
         key = strtoull(idv, &end, 16);
         if (strlen(idv) != 16 || *end || !(emb = cache_get(key, NULL, 0))) {
             pthread_mutex_unlock(&D.mu);
-            fail(r, 400, "\"image_id\" names no cached image (the cache keeps %d): send the "
-                         "image as \"input\" again",
-                 DENSE_CACHE_ENTRIES);
+            serve_fail(r, 400, "\"image_id\" names no cached image (the cache keeps %d): send the "
+                               "image as \"input\" again",
+                       DENSE_CACHE_ENTRIES);
             goto out;
         }
         cached = 1;
@@ -409,7 +378,7 @@ static void segment(serve_state *s, json_t *root, const char *body, size_t len,
             }
             if (vitc_sam_set_image(s->sam, &img, &emb) != VITC_OK) {
                 pthread_mutex_unlock(&D.mu);
-                fail(r, 400, "%s", vitc_last_error());
+                serve_fail(r, 400, "%s", vitc_last_error());
                 goto out;
             }
             int64_t es[3];
@@ -429,7 +398,7 @@ static void segment(serve_state *s, json_t *root, const char *body, size_t len,
     pthread_mutex_unlock(&D.mu);
     vitc_sam_image_free(own);
     if (st != VITC_OK) {
-        fail(r, 400, "%s", vitc_last_error());
+        serve_fail(r, 400, "%s", vitc_last_error());
         goto out;
     }
     W = res.width;
@@ -437,7 +406,7 @@ static void segment(serve_state *s, json_t *root, const char *body, size_t len,
     const size_t plane = (size_t)W * H;
     FILE *f = open_memstream(&r->body, &r->len);
     if (!f) {
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
         goto out;
     }
     fprintf(f, "{\"object\": \"segmentation\", \"model\": ");
@@ -450,7 +419,7 @@ static void segment(serve_state *s, json_t *root, const char *body, size_t len,
         for (int k = 0; k < res.n_masks; k++)
             fprintf(f, "%s%.9g", k ? ", " : "", (double)res.iou[k]);
         fputs("], \"logits\": \"", f);
-        put_floats_base64(f, res.masks, (size_t)res.n_masks * plane);
+        serve_put_base64_floats(f, res.masks, (size_t)res.n_masks * plane);
         fputs("\"}\n", f);
     } else {
 #ifdef VITC_HAVE_PNG
@@ -462,7 +431,7 @@ static void segment(serve_state *s, json_t *root, const char *body, size_t len,
             if (png_memory(m8, W, H, 8, &png, &pl) != 0)
                 break;
             fprintf(f, "%s{\"iou\": %.9g, \"png\": \"", k ? ", " : "", (double)res.iou[k]);
-            put_base64(f, png, pl);
+            serve_put_base64(f, png, pl);
             fputs("\"}", f);
             free(png);
             png = NULL;
@@ -471,18 +440,18 @@ static void segment(serve_state *s, json_t *root, const char *body, size_t len,
         if (!m8 || png) {
             fclose(f);
             free(m8);
-            fail(r, 500, "out of memory");
+            serve_fail(r, 500, "out of memory");
             goto out;
         }
         free(m8);
 #else
         fclose(f);
-        fail(r, 400, "this build has no PNG support: ask for \"format\": \"logits\"");
+        serve_fail(r, 400, "this build has no PNG support: ask for \"format\": \"logits\"");
         goto out;
 #endif
     }
     if (fclose(f) != 0)
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
 out:
     if (r->status != 200) {
         free(r->body);
@@ -509,15 +478,16 @@ static void depth(serve_state *s, json_t *root, const char *body, size_t len,
     if (fmt) {
         if (!json_is_string(fmt) || (strcmp(json_string_value(fmt), "png16") != 0 &&
                                      strcmp(json_string_value(fmt), "float32") != 0)) {
-            fail(r, 400, "\"format\" must be \"png16\" (a 16-bit PNG, min..max as 0..65535) or "
-                         "\"float32\" ([height, width] little-endian)");
+            serve_fail(r, 400,
+                       "\"format\" must be \"png16\" (a 16-bit PNG, min..max as 0..65535) or "
+                       "\"float32\" ([height, width] little-endian)");
             return;
         }
         as_png = !strcmp(json_string_value(fmt), "png16");
     }
 #ifndef VITC_HAVE_PNG
     if (as_png) {
-        fail(r, 400, "this build has no PNG support: ask for \"format\": \"float32\"");
+        serve_fail(r, 400, "this build has no PNG support: ask for \"format\": \"float32\"");
         return;
     }
 #endif
@@ -529,7 +499,7 @@ static void depth(serve_state *s, json_t *root, const char *body, size_t len,
     vitc_status st = vitc_depth_predict(s->depth, &img, &d);
     pthread_mutex_unlock(&D.mu);
     if (st != VITC_OK) {
-        fail(r, 400, "%s", vitc_last_error());
+        serve_fail(r, 400, "%s", vitc_last_error());
         goto out;
     }
     const size_t np = (size_t)img.width * img.height;
@@ -543,21 +513,21 @@ static void depth(serve_state *s, json_t *root, const char *body, size_t len,
     if (as_png) {
         /* as cmd_depth.c's --raw FILE.png */
         if (!(g16 = malloc(np * sizeof *g16))) {
-            fail(r, 500, "out of memory");
+            serve_fail(r, 500, "out of memory");
             goto out;
         }
         double span = hi > lo ? (double)hi - lo : 1.0;
         for (size_t i = 0; i < np; i++)
             g16[i] = (uint16_t)lrint(((double)d[i] - lo) / span * 65535.0);
         if (png_memory(g16, img.width, img.height, 16, &png, &pl) != 0) {
-            fail(r, 500, "out of memory");
+            serve_fail(r, 500, "out of memory");
             goto out;
         }
     }
 #endif
     FILE *f = open_memstream(&r->body, &r->len);
     if (!f) {
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
         goto out;
     }
     fputs("{\"object\": \"depth\", \"model\": ", f);
@@ -568,14 +538,14 @@ static void depth(serve_state *s, json_t *root, const char *body, size_t len,
             img.width, img.height, (double)lo, (double)hi, s->depth_metric ? "true" : "false",
             as_png ? "png16" : "float32");
     if (as_png)
-        put_base64(f, png, pl);
+        serve_put_base64(f, png, pl);
     else
-        put_floats_base64(f, d, np);
+        serve_put_base64_floats(f, d, np);
     fputs("\"}\n", f);
     if (fclose(f) != 0) {
         free(r->body);
         r->body = NULL;
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
     }
 out:
     vitc_image_free(&img);
@@ -589,7 +559,7 @@ out:
 static void info(serve_state *s, serve_reply *r) {
     FILE *f = open_memstream(&r->body, &r->len);
     if (!f) {
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
         return;
     }
     fputs("{\"object\": \"model\", \"model\": ", f);
@@ -618,7 +588,7 @@ static void info(serve_state *s, serve_reply *r) {
     if (fclose(f) != 0) {
         free(r->body);
         r->body = NULL;
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
     }
 }
 
@@ -632,9 +602,9 @@ void serve_dense_handle(serve_state *s, int endpoint, const char *body, size_t l
     }
     int want = s->sam ? SERVE_EP_SEGMENT : SERVE_EP_DEPTH;
     if (endpoint != want) {
-        fail(r, 400, "the loaded model is a %s: it answers only %s (and GET /v1/info)",
-             s->sam ? "Segment Anything model" : "Depth Anything model",
-             s->sam ? "POST /v1/segment" : "POST /v1/depth");
+        serve_fail(r, 400, "the loaded model is a %s: it answers only %s (and GET /v1/info)",
+                   s->sam ? "Segment Anything model" : "Depth Anything model",
+                   s->sam ? "POST /v1/segment" : "POST /v1/depth");
         return;
     }
     json_t *root;
@@ -645,13 +615,14 @@ void serve_dense_handle(serve_state *s, int endpoint, const char *body, size_t l
         root = json_loadb(body, len, 0, &je);
     if (!root) {
         if (raw)
-            fail(r, 500, "out of memory");
+            serve_fail(r, 500, "out of memory");
         else
-            fail(r, 400, "malformed JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+            serve_fail(r, 400, "malformed JSON: %s (line %d, column %d)", je.text, je.line,
+                       je.column);
         return;
     }
     if (!json_is_object(root))
-        fail(r, 400, "the body must be a JSON object with \"input\"");
+        serve_fail(r, 400, "the body must be a JSON object with \"input\"");
     else if (s->sam)
         segment(s, root, body, len, raw, r);
     else

@@ -21,9 +21,7 @@ void serve_vfail(serve_reply *r, int status, const char *fmt, va_list ap) {
     r->msg = r->msgbuf;
 }
 
-static void fail(serve_reply *r, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void fail(serve_reply *r, int status, const char *fmt, ...) {
+void serve_fail(serve_reply *r, int status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     serve_vfail(r, status, fmt, ap);
@@ -191,7 +189,7 @@ int serve_parse_request(const serve_parse_cfg *c, int endpoint, const char *body
             long v;
             if (cli_parse_long(raw->top_k, 1, 1000000000, &v) != 0) {
                 json_decref(root);
-                fail(r, 400, "top_k must be an integer >= 1");
+                serve_fail(r, 400, "top_k must be an integer >= 1");
                 return -1;
             }
             json_object_set_new(root, "top_k", json_integer(v));
@@ -201,36 +199,36 @@ int serve_parse_request(const serve_parse_cfg *c, int endpoint, const char *body
         if (root)
             json_object_set_new(root, "input", json_string(""));
         if (!root) {
-            fail(r, 500, "out of memory");
+            serve_fail(r, 500, "out of memory");
             return -1;
         }
     } else {
         root = json_loadb(body, len, 0, &je);
         if (!root) {
-            fail(r, 400, "malformed JSON: %s (line %d, column %d)", je.text, je.line,
-                 je.column);
+            serve_fail(r, 400, "malformed JSON: %s (line %d, column %d)", je.text, je.line,
+                       je.column);
             return -1;
         }
     }
     p->root = root;
     if (!json_is_object(root)) {
-        fail(r, 400, "the body must be a JSON object with \"input\"");
+        serve_fail(r, 400, "the body must be a JSON object with \"input\"");
         goto bad;
     }
     json_t *input = json_object_get(root, "input");
     if (!input || !(json_is_string(input) || json_is_array(input))) {
-        fail(r, 400, "\"input\" is required: a string or an array of strings (base64 images "
-                     "or data: URLs)");
+        serve_fail(r, 400, "\"input\" is required: a string or an array of strings (base64 images "
+                           "or data: URLs)");
         goto bad;
     }
     size_t n = json_is_array(input) ? json_array_size(input) : 1;
     if (n == 0) {
-        fail(r, 400, "\"input\" is empty");
+        serve_fail(r, 400, "\"input\" is empty");
         goto bad;
     }
     if (n > (size_t)c->max_queue) {
-        fail(r, 400, "%zu inputs in one request; the server queues at most %d (--max-queue)",
-             n, c->max_queue);
+        serve_fail(r, 400, "%zu inputs in one request; the server queues at most %d (--max-queue)",
+                   n, c->max_queue);
         goto bad;
     }
     if (endpoint == SERVE_EP_EMBEDDINGS) {
@@ -240,20 +238,20 @@ int serve_parse_request(const serve_parse_cfg *c, int endpoint, const char *body
             if (!strcmp(v, "base64"))
                 p->base64 = 1;
             else if (strcmp(v, "float") != 0) {
-                fail(r, 400, "\"encoding_format\" must be \"float\" or \"base64\"");
+                serve_fail(r, 400, "\"encoding_format\" must be \"float\" or \"base64\"");
                 goto bad;
             }
         }
     } else {
         if (c->num_classes <= 0) {
-            fail(r, 400, "the model has no classification head (a backbone): use "
-                         "/v1/embeddings");
+            serve_fail(r, 400, "the model has no classification head (a backbone): use "
+                               "/v1/embeddings");
             goto bad;
         }
         json_t *tk = json_object_get(root, "top_k");
         if (tk && !json_is_null(tk)) {
             if (!json_is_integer(tk) || json_integer_value(tk) < 1) {
-                fail(r, 400, "\"top_k\" must be an integer >= 1");
+                serve_fail(r, 400, "\"top_k\" must be an integer >= 1");
                 goto bad;
             }
             json_int_t v = json_integer_value(tk);
@@ -266,7 +264,7 @@ int serve_parse_request(const serve_parse_cfg *c, int endpoint, const char *body
     p->pixels = calloc(n, sizeof *p->pixels);
     p->texts = calloc(n, sizeof *p->texts);
     if (!p->pixels || !p->texts) {
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
         goto bad;
     }
     for (int i = 0; i < p->n; i++) {
@@ -283,23 +281,23 @@ int serve_parse_request(const serve_parse_cfg *c, int endpoint, const char *body
             is_text = !raw && c->has_text && strncmp(json_string_value(e), "data:", 5) != 0;
         }
         if (!e || !json_is_string(e)) {
-            fail(r, 400, "input[%d]: not a string (a base64 image, a data: URL%s)", i,
-                 c->has_text ? " or a text" : "");
+            serve_fail(r, 400, "input[%d]: not a string (a base64 image, a data: URL%s)", i,
+                       c->has_text ? " or a text" : "");
             goto bad;
         }
         if (is_text) {
             size_t tl = json_string_length(e);
             if (endpoint != SERVE_EP_EMBEDDINGS || !c->has_text) {
-                fail(r, 400, "input[%d]: a text, but %s", i,
-                     endpoint != SERVE_EP_EMBEDDINGS
-                         ? "/v1/classify takes images"
-                         : "the model has no text tower with a tokenizer (CLIP and SigLIP "
-                           "Hub directories with their tokenizer files have one)");
+                serve_fail(r, 400, "input[%d]: a text, but %s", i,
+                           endpoint != SERVE_EP_EMBEDDINGS
+                               ? "/v1/classify takes images"
+                               : "the model has no text tower with a tokenizer (CLIP and SigLIP "
+                                 "Hub directories with their tokenizer files have one)");
                 goto bad;
             }
             if (tl == 0 || tl > CLI_TEXT_MAX_BYTES || memchr(json_string_value(e), 0, tl)) {
-                fail(r, 400, "input[%d]: a text must be 1 to %d bytes, without NUL", i,
-                     (int)CLI_TEXT_MAX_BYTES);
+                serve_fail(r, 400, "input[%d]: a text must be 1 to %d bytes, without NUL", i,
+                           (int)CLI_TEXT_MAX_BYTES);
                 goto bad;
             }
             p->texts[i] = json_string_value(e);
@@ -309,7 +307,7 @@ int serve_parse_request(const serve_parse_cfg *c, int endpoint, const char *body
         if (raw ? serve_decode_image(c, body, len, &p->pixels[i], err, sizeof err)
                 : serve_decode_input(c, json_string_value(e), json_string_length(e),
                                      &p->pixels[i], err, sizeof err)) {
-            fail(r, 400, "input[%d]: %s", i, err);
+            serve_fail(r, 400, "input[%d]: %s", i, err);
             goto bad;
         }
     }

@@ -61,17 +61,6 @@ static struct {
     uint64_t clock;
 } W = {PTHREAD_MUTEX_INITIALIZER, NULL, PTHREAD_MUTEX_INITIALIZER, {{0}}, 0, 0};
 
-static void fail(serve_reply *r, int status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static void fail(serve_reply *r, int status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(r->msgbuf, sizeof r->msgbuf, fmt, ap);
-    va_end(ap);
-    r->status = status;
-    r->msg = r->msgbuf;
-}
-
 void serve_web_free(serve_state *s) {
     (void)s;
     pthread_mutex_lock(&W.mu);
@@ -93,7 +82,7 @@ static int session_lock(serve_state *s, serve_reply *r) {
     pthread_mutex_lock(&W.mu);
     if (!W.session && vitc_session_create(s->model, &W.session) != VITC_OK) {
         pthread_mutex_unlock(&W.mu);
-        fail(r, 500, "cannot make a session of the model: %s", vitc_last_error());
+        serve_fail(r, 500, "cannot make a session of the model: %s", vitc_last_error());
         return -1;
     }
     return 0;
@@ -177,7 +166,7 @@ static void info(serve_state *s, serve_reply *r) {
     const char *family = vitc_vit_family(s->model), *arch = vitc_vit_arch_name(s->model);
     FILE *f = open_memstream(&r->body, &r->len);
     if (!f) {
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
         return;
     }
     fputs("{\"object\": \"model\", \"model\": ", f);
@@ -212,7 +201,7 @@ static void info(serve_state *s, serve_reply *r) {
     if (fclose(f) != 0) {
         free(r->body);
         r->body = NULL;
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
     }
 }
 
@@ -228,22 +217,23 @@ static int read_images(serve_state *s, json_t *root, const char *body, size_t le
     serve_parse_cfg pc = serve_state_parse_cfg(s);
     json_t *input = json_object_get(root, "input");
     if (!raw && (!input || !(json_is_string(input) || json_is_array(input)))) {
-        fail(r, 400, "\"input\" is required: a base64 image or data: URL, or an array of them");
+        serve_fail(r, 400,
+                   "\"input\" is required: a base64 image or data: URL, or an array of them");
         return -1;
     }
     int k = raw || json_is_string(input) ? 1 : (int)json_array_size(input);
     if (k == 0) {
-        fail(r, 400, "\"input\" is empty");
+        serve_fail(r, 400, "\"input\" is empty");
         return -1;
     }
     if (k > WEB_MAX_IMAGES) {
-        fail(r, 400, "%d images in one request; this endpoint takes at most %d", k,
-             WEB_MAX_IMAGES);
+        serve_fail(r, 400, "%d images in one request; this endpoint takes at most %d", k,
+                   WEB_MAX_IMAGES);
         return -1;
     }
     float **px = calloc((size_t)k, sizeof *px);
     if (!px) {
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
         return -1;
     }
     for (int i = 0; i < k; i++) {
@@ -256,7 +246,7 @@ static int read_images(serve_state *s, json_t *root, const char *body, size_t le
             if (json_is_object(e))
                 e = json_object_get(e, "image");
             if (!e || !json_is_string(e)) {
-                fail(r, 400, "input[%d]: not a string (a base64 image or a data: URL)", i);
+                serve_fail(r, 400, "input[%d]: not a string (a base64 image or a data: URL)", i);
                 rc = -2;
             } else {
                 rc = serve_decode_input(&pc, json_string_value(e), json_string_length(e), &px[i],
@@ -265,7 +255,7 @@ static int read_images(serve_state *s, json_t *root, const char *body, size_t le
         }
         if (rc != 0) {
             if (rc == -1)
-                fail(r, 400, "input[%d]: %s", i, err);
+                serve_fail(r, 400, "input[%d]: %s", i, err);
             for (int j = 0; j < k; j++) free(px[j]);
             free(px);
             return -1;
@@ -290,7 +280,7 @@ static int end_reply(serve_state *s, FILE *f, serve_reply *r, int n, const char 
     if (fclose(f) != 0) {
         free(r->body);
         r->body = NULL;
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
         return -1;
     }
     return 0;
@@ -352,7 +342,7 @@ static int zs_classes(serve_state *s, const char *const *labels, int K,
     int32_t *ids = malloc(rows * (size_t)ctx * sizeof *ids); /* [chunk * T, ctx] */
     int rc = 0;
     if (!text || !ids) {
-        fail(r, 500, "out of memory for %zu prompts", rows);
+        serve_fail(r, 500, "out of memory for %zu prompts", rows);
         rc = -1;
     }
     for (int k0 = 0; rc == 0 && k0 < K; k0 += chunk) {
@@ -362,11 +352,11 @@ static int zs_classes(serve_state *s, const char *const *labels, int K,
                 char *p = zs_prompt(tmpls[t], labels[k0 + k]);
                 size_t row = (size_t)k * T + (size_t)t;
                 if (!p) {
-                    fail(r, 500, "out of memory");
+                    serve_fail(r, 500, "out of memory");
                     rc = -1;
                 } else if (vitc_tokenizer_encode(tok, p, -1, ids + row * (size_t)ctx, ctx, NULL) !=
                            VITC_OK) {
-                    fail(r, 400, "labels[%d]: %s", k0 + k, vitc_last_error());
+                    serve_fail(r, 400, "labels[%d]: %s", k0 + k, vitc_last_error());
                     rc = -1;
                 }
                 free(p);
@@ -375,7 +365,7 @@ static int zs_classes(serve_state *s, const char *const *labels, int K,
             (vitc_session_encode_text_ids(W.session, ids, nk * T, ctx, text) != VITC_OK ||
              vitc_zero_shot_classes(text, nk, T, D, classes + (size_t)k0 * (size_t)D) !=
                  VITC_OK)) {
-            fail(r, 500, "text tower: %s", vitc_last_error());
+            serve_fail(r, 500, "text tower: %s", vitc_last_error());
             rc = -1;
         }
     }
@@ -448,52 +438,53 @@ static void zero_shot(serve_state *s, json_t *root, const char *body, size_t len
     int n = 0, K, T = 1, k = 5;
     int64_t D = s->embed_dim;
     if (!s->has_text) {
-        fail(r, 400, "the loaded model has no text tower with a tokenizer: zero-shot needs a "
-                     "CLIP or SigLIP Hub directory with its tokenizer files");
+        serve_fail(r, 400, "the loaded model has no text tower with a tokenizer: zero-shot needs a "
+                           "CLIP or SigLIP Hub directory with its tokenizer files");
         return;
     }
     if (raw) {
-        fail(r, 400, "/v1/zero-shot takes a JSON body (\"input\" and \"labels\"), not a raw "
-                     "image");
+        serve_fail(r, 400, "/v1/zero-shot takes a JSON body (\"input\" and \"labels\"), not a raw "
+                           "image");
         return;
     }
     json_t *jl = json_object_get(root, "labels");
     if (!jl || !json_is_array(jl) || json_array_size(jl) == 0) {
-        fail(r, 400, "\"labels\" is required: a non-empty array of strings");
+        serve_fail(r, 400, "\"labels\" is required: a non-empty array of strings");
         return;
     }
     if (json_array_size(jl) > CLI_TEXT_MAX_COUNT) {
-        fail(r, 400, "%zu labels; the limit is %d", json_array_size(jl), CLI_TEXT_MAX_COUNT);
+        serve_fail(r, 400, "%zu labels; the limit is %d", json_array_size(jl), CLI_TEXT_MAX_COUNT);
         return;
     }
     K = (int)json_array_size(jl);
     json_t *jt = json_object_get(root, "templates");
     if (jt && json_is_string(jt)) {
         if (!(tmpls = vitc_zero_shot_templates(json_string_value(jt), &T))) {
-            fail(r, 400, "\"templates\" must be \"imagenet80\", \"simple\" or an array of "
-                         "strings with {} where the label goes");
+            serve_fail(r, 400, "\"templates\" must be \"imagenet80\", \"simple\" or an array of "
+                               "strings with {} where the label goes");
             return;
         }
     } else if (jt && json_is_array(jt)) {
         T = (int)json_array_size(jt);
         if (T == 0 || T > 1000) {
-            fail(r, 400, "\"templates\": 1 to 1000 strings, not %d", T);
+            serve_fail(r, 400, "\"templates\": 1 to 1000 strings, not %d", T);
             return;
         }
     } else if (jt && !json_is_null(jt)) {
-        fail(r, 400, "\"templates\" must be \"imagenet80\", \"simple\" or an array of strings");
+        serve_fail(r, 400,
+                   "\"templates\" must be \"imagenet80\", \"simple\" or an array of strings");
         return;
     }
     if ((int64_t)K * T > ZS_MAX_PROMPTS) {
-        fail(r, 400, "%d labels x %d templates is %lld prompts; one request takes at most %d "
-                     "(use fewer templates or labels)",
-             K, T, (long long)K * T, ZS_MAX_PROMPTS);
+        serve_fail(r, 400, "%d labels x %d templates is %lld prompts; one request takes at most %d "
+                           "(use fewer templates or labels)",
+                   K, T, (long long)K * T, ZS_MAX_PROMPTS);
         return;
     }
     json_t *tk = json_object_get(root, "top_k");
     if (tk && !json_is_null(tk)) {
         if (!json_is_integer(tk) || json_integer_value(tk) < 1) {
-            fail(r, 400, "\"top_k\" must be an integer >= 1");
+            serve_fail(r, 400, "\"top_k\" must be an integer >= 1");
             return;
         }
         k = json_integer_value(tk) > K ? K : (int)json_integer_value(tk);
@@ -502,14 +493,14 @@ static void zero_shot(serve_state *s, json_t *root, const char *body, size_t len
         k = K;
     if (!(labels = malloc((size_t)K * sizeof *labels)) ||
         (jt && json_is_array(jt) && !(own = malloc((size_t)T * sizeof *own)))) {
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
         goto out;
     }
     for (int i = 0; i < K; i++) {
         json_t *e = json_array_get(jl, (size_t)i);
         const char *why = text_problem(e);
         if (why) {
-            fail(r, 400, "labels[%d]: %s", i, why);
+            serve_fail(r, 400, "labels[%d]: %s", i, why);
             goto out;
         }
         labels[i] = json_string_value(e);
@@ -521,7 +512,7 @@ static void zero_shot(serve_state *s, json_t *root, const char *body, size_t len
             if (!why && !strstr(json_string_value(e), "{}"))
                 why = "has no {} where the label goes (e.g. \"a photo of a {}.\")";
             if (why) {
-                fail(r, 400, "templates[%d]: %s", t, why);
+                serve_fail(r, 400, "templates[%d]: %s", t, why);
                 goto out;
             }
             own[t] = json_string_value(e);
@@ -533,14 +524,14 @@ static void zero_shot(serve_state *s, json_t *root, const char *body, size_t len
     float scale, bias;
     int has_bias;
     if (vitc_vit_logit_params(s->model, &scale, &bias, &has_bias) != VITC_OK) {
-        fail(r, 500, "%s", vitc_last_error());
+        serve_fail(r, 500, "%s", vitc_last_error());
         goto out;
     }
     if (!(classes = malloc((size_t)K * (size_t)D * sizeof *classes)) ||
         !(emb = malloc((size_t)n * (size_t)D * sizeof *emb)) ||
         !(probs = malloc((size_t)n * (size_t)K * sizeof *probs)) ||
         !(rank = malloc((size_t)K * sizeof *rank))) {
-        fail(r, 500, "out of memory for %d labels", K);
+        serve_fail(r, 500, "out of memory for %d labels", K);
         goto out;
     }
     /* the key: the templates and labels themselves (one model per server) */
@@ -549,7 +540,7 @@ static void zero_shot(serve_state *s, json_t *root, const char *body, size_t len
     key = kj ? json_dumps(kj, JSON_COMPACT) : NULL;
     json_decref(kj);
     if (!key) {
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
         goto out;
     }
     int cached = zs_cache_get(key, K, D, classes);
@@ -563,19 +554,19 @@ static void zero_shot(serve_state *s, json_t *root, const char *body, size_t len
         if (vitc_session_embed(W.session, px[i], 1, s->in.height, s->in.width,
                                VITC_POOL_DEFAULT, emb + (size_t)i * (size_t)D) != VITC_OK) {
             pthread_mutex_unlock(&W.mu);
-            fail(r, 500, "the forward failed: %s", vitc_last_error());
+            serve_fail(r, 500, "the forward failed: %s", vitc_last_error());
             goto out;
         }
     pthread_mutex_unlock(&W.mu);
     if (!cached)
         zs_cache_put(key, K, D, classes);
     if (vitc_zero_shot_probs(emb, n, classes, K, D, scale, bias, has_bias, probs) != VITC_OK) {
-        fail(r, 500, "%s", vitc_last_error());
+        serve_fail(r, 500, "%s", vitc_last_error());
         goto out;
     }
     FILE *f = open_memstream(&r->body, &r->len);
     if (!f) {
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
         goto out;
     }
     fputs("{\"object\": \"list\", \"data\": [", f);
@@ -617,24 +608,6 @@ out:
 /* POST /v1/attention                                                  */
 /* ------------------------------------------------------------------ */
 
-static const char b64chars[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-static void put_base64(FILE *f, const unsigned char *b, size_t len) {
-    fputc('"', f);
-    for (size_t i = 0; i < len; i += 3) {
-        uint32_t x = (uint32_t)b[i] << 16;
-        if (i + 1 < len)
-            x |= (uint32_t)b[i + 1] << 8;
-        if (i + 2 < len)
-            x |= b[i + 2];
-        fputc(b64chars[(x >> 18) & 63], f);
-        fputc(b64chars[(x >> 12) & 63], f);
-        fputc(i + 1 < len ? b64chars[(x >> 6) & 63] : '=', f);
-        fputc(i + 2 < len ? b64chars[x & 63] : '=', f);
-    }
-    fputc('"', f);
-}
-
 /* The class token's row over the patches, map [gh * gw], as `vitc
  * attention-map` takes it (W.mu held): 0, or -1 with r set. */
 static int attention_map(serve_state *s, const float *x, int rollout, int N, float *map,
@@ -644,17 +617,17 @@ static int attention_map(serve_state *s, const float *x, int rollout, int N, flo
     size_t nn = (size_t)N * N, count = nn;
     if (!rollout &&
         __builtin_mul_overflow((size_t)cfg->depth * (size_t)cfg->num_heads, nn, &count)) {
-        fail(r, 500, "the attention of %d layers over %d tokens is too large", cfg->depth, N);
+        serve_fail(r, 500, "the attention of %d layers over %d tokens is too large", cfg->depth, N);
         return -1;
     }
     float *buf = malloc(count * sizeof *buf); /* [N, N] or [depth, 1, heads, N, N] */
     if (!buf) {
-        fail(r, 500, "out of memory for the attention of %d tokens", N);
+        serve_fail(r, 500, "out of memory for the attention of %d tokens", N);
         return -1;
     }
     if (vitc_session_attention_maps(W.session, x, 1, s->in.height, s->in.width,
                                     rollout ? NULL : buf, rollout ? buf : NULL) != VITC_OK) {
-        fail(r, 500, "attention maps: %s", vitc_last_error());
+        serve_fail(r, 500, "attention maps: %s", vitc_last_error());
         free(buf);
         return -1;
     }
@@ -680,9 +653,9 @@ static void attention(serve_state *s, json_t *root, const char *body, size_t len
     unsigned char *seen = NULL;     /* [H, W, 3] */
     int n = 0, rollout = 1;
     if (!can_attend(s)) {
-        fail(r, 400, "the loaded model has no class token to map attention from (%s pools "
-                     "without one)",
-             vitc_vit_family(s->model) ? vitc_vit_family(s->model) : "it");
+        serve_fail(r, 400, "the loaded model has no class token to map attention from (%s pools "
+                           "without one)",
+                   vitc_vit_family(s->model) ? vitc_vit_family(s->model) : "it");
         return;
     }
     json_t *jm = json_object_get(root, "method");
@@ -691,8 +664,8 @@ static void attention(serve_state *s, json_t *root, const char *body, size_t len
         if (!strcmp(v, "cls"))
             rollout = 0;
         else if (strcmp(v, "rollout") != 0) {
-            fail(r, 400, "\"method\" must be \"rollout\" (all layers) or \"cls\" (the last "
-                         "layer's class token, mean of heads)");
+            serve_fail(r, 400, "\"method\" must be \"rollout\" (all layers) or \"cls\" (the last "
+                               "layer's class token, mean of heads)");
             return;
         }
     }
@@ -702,12 +675,12 @@ static void attention(serve_state *s, json_t *root, const char *body, size_t len
     if (read_images(s, root, body, len, raw, &px, &n, r) != 0)
         return;
     if (!(map = malloc((size_t)gh * (size_t)gw * sizeof *map)) || !(seen = malloc(3 * plane))) {
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
         goto out;
     }
     FILE *f = open_memstream(&r->body, &r->len);
     if (!f) {
-        fail(r, 500, "out of memory");
+        serve_fail(r, 500, "out of memory");
         goto out;
     }
     fputs("{\"object\": \"list\", \"data\": [", f);
@@ -741,7 +714,9 @@ static void attention(serve_state *s, json_t *root, const char *body, size_t len
                 seen[p * 3 + c] = (unsigned char)(v < 0 ? 0 : v > 255 ? 255 : lrintf(v));
             }
         fprintf(f, "], \"image\": {\"width\": %d, \"height\": %d, \"rgb\": ", Wd, H);
-        put_base64(f, seen, 3 * plane);
+        fputc('"', f);
+        serve_put_base64(f, seen, 3 * plane);
+        fputc('"', f);
         fputs("}}", f);
     }
     if (r->status != 200) {
@@ -770,10 +745,12 @@ void serve_web_handle(serve_state *s, int endpoint, const char *body, size_t len
         return;
     }
     if (endpoint == SERVE_EP_SEGMENT || endpoint == SERVE_EP_DEPTH) {
-        fail(r, 400, "the loaded model has no %s: `vitc serve` runs ViT, DeiT, CLIP and SigLIP "
-                     "models here",
-             endpoint == SERVE_EP_SEGMENT ? "mask decoder (a SAM checkpoint has one)"
-                                          : "depth head (a Depth Anything checkpoint has one)");
+        serve_fail(r, 400,
+                   "the loaded model has no %s: `vitc serve` runs ViT, DeiT, CLIP and SigLIP "
+                   "models here",
+                   endpoint == SERVE_EP_SEGMENT
+                       ? "mask decoder (a SAM checkpoint has one)"
+                       : "depth head (a Depth Anything checkpoint has one)");
         return;
     }
     json_t *root;
@@ -781,15 +758,15 @@ void serve_web_handle(serve_state *s, int endpoint, const char *body, size_t len
     if (raw) {
         root = json_object();
         if (!root) {
-            fail(r, 500, "out of memory");
+            serve_fail(r, 500, "out of memory");
             return;
         }
     } else if (!(root = json_loadb(body, len, 0, &je))) {
-        fail(r, 400, "malformed JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+        serve_fail(r, 400, "malformed JSON: %s (line %d, column %d)", je.text, je.line, je.column);
         return;
     }
     if (!json_is_object(root))
-        fail(r, 400, "the body must be a JSON object with \"input\"");
+        serve_fail(r, 400, "the body must be a JSON object with \"input\"");
     else if (endpoint == SERVE_EP_ZERO_SHOT)
         zero_shot(s, root, body, len, raw, r);
     else
