@@ -4,17 +4,11 @@ endpoint's numbers equal the CLI's on the same image (`vitc embed`,
 The limits and faults (statuses, slow and vanishing clients, SIGTERM) are
 tests/python/test_serve_faults.py's."""
 import base64
-import http.client
 import json
 import os
-import re
-import signal
-import struct
 import subprocess
 import threading
-import time
 import unittest
-import zlib
 
 try:
     import numpy as np
@@ -23,117 +17,23 @@ except ImportError:  # pragma: no cover
     torch = None
 
 try:
-    from .util import DATA, VITC, TmpDirCase, assert_close, export_cmd
-    from .test_cli import tiny_vit
+    from .util import DATA, VITC, TmpDirCase, assert_close
+    from .serve_util import ServeCase, Server, data_url, have_serve, tiny_clip_dir, \
+        tiny_vit_safetensors, write_key
 except ImportError:  # run as a script
-    from util import DATA, VITC, TmpDirCase, assert_close, export_cmd
-    from test_cli import tiny_vit
-
-
-def have_serve():
-    if not os.path.exists(VITC):
-        return False
-    p = subprocess.run([VITC, "serve", "--model", "/nonexistent"], stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE)
-    return b"built without libmicrohttpd" not in p.stderr
-
-
-def data_url(name, mime):
-    with open(os.path.join(DATA, name), "rb") as f:
-        return "data:%s;base64,%s" % (mime, base64.b64encode(f.read()).decode())
-
-
-def huge_png(w, h):
-    """A valid PNG header claiming w x h pixels with almost no data: the
-    decoder's pixel bound must refuse it before allocating."""
-    def chunk(t, d):
-        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
-    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0"))
-            + chunk(b"IEND", b""))
-
-
-class Server:
-    """build/vitc serve on a free loopback port (--port 0; the port is read
-    from its 'listening on' line), stopped with SIGTERM."""
-
-    def __init__(self, model, *args):
-        self.p = subprocess.Popen([VITC, "serve", "--model", model, "--port", "0"]
-                                  + [str(a) for a in args],
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        self.lines = []
-        self.port = None
-        deadline = time.time() + 20
-        while time.time() < deadline:
-            line = self.p.stderr.readline().decode()
-            if not line:
-                break
-            self.lines.append(line)
-            m = re.search(r"listening on http://127\.0\.0\.1:(\d+)", line)
-            if m:
-                self.port = int(m.group(1))
-            if "serve: ready" in line:
-                break
-        if self.port is None or "serve: ready" not in "".join(self.lines):
-            self.p.kill()
-            raise RuntimeError("vitc serve did not start: " + "".join(self.lines))
-        # the rest of stderr is drained so the server never blocks on it
-        self.rest = []
-        self.reader = threading.Thread(target=lambda: self.rest.extend(
-            l.decode() for l in self.p.stderr), daemon=True)
-        self.reader.start()
-
-    def request(self, method, path, body=None, headers=None, timeout=30):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        if isinstance(body, (dict, list)):
-            body = json.dumps(body)
-        c.request(method, path, body=body, headers=headers or {})
-        r = c.getresponse()
-        data = r.read()
-        c.close()
-        return r.status, dict(r.getheaders()), data
-
-    def post(self, path, obj, **kw):
-        status, headers, data = self.request("POST", path, obj, **kw)
-        return status, headers, json.loads(data) if data else None
-
-    def metric(self, name):
-        _, _, data = self.request("GET", "/metrics")
-        m = re.search(r"^%s (\S+)$" % re.escape(name), data.decode(), re.M)
-        return float(m.group(1)) if m else None
-
-    def stop(self):
-        if self.p.poll() is None:
-            self.p.send_signal(signal.SIGTERM)
-            try:
-                self.p.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait()
-        self.reader.join(5)
-        self.p.stderr.close()
-        return self.p.returncode
+    from util import DATA, VITC, TmpDirCase, assert_close
+    from serve_util import ServeCase, Server, data_url, have_serve, tiny_clip_dir, \
+        tiny_vit_safetensors, write_key
 
 
 @unittest.skipIf(torch is None or not have_serve(), "needs torch and build/vitc with serve")
-class TestServe(TmpDirCase):
+class TestServe(ServeCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        pth = os.path.join(cls.tmp, "m.pth")
-        torch.save(tiny_vit(0).state_dict(), pth)
-        cls.model = os.path.join(cls.tmp, "m.safetensors")
-        subprocess.run(export_cmd(pth, cls.model), check=True, stdout=subprocess.DEVNULL)
-        cls.key = os.path.join(cls.tmp, "key")
-        with open(cls.key, "w") as f:
-            f.write("s3cret-key\n")
-        cls.srv = Server(cls.model, "--max-body-mb", 1, "--max-batch", 4, "--threads", 1)
-
-    @classmethod
-    def tearDownClass(cls):
-        rc = cls.srv.stop()
-        super().tearDownClass()
-        assert rc == 0, "vitc serve exited %s" % rc
+        cls.model = tiny_vit_safetensors(cls.tmp)
+        cls.key = write_key(os.path.join(cls.tmp, "key"), "s3cret-key")
+        cls.srv = cls.serve(cls.model, "--max-body-mb", 1, "--max-batch", 4, "--threads", 1)
 
     def cli_json(self, cmd, *args):
         p = subprocess.run([VITC, cmd, "--model", self.model, "--json", "--threads", "1"]
@@ -233,11 +133,11 @@ class TestServe(TmpDirCase):
 
 
 try:
-    from transformers import CLIPConfig, CLIPModel
+    from transformers import CLIPModel
     try:
-        from .test_zero_shot import VISION, clip_tokenizer_files, processor
+        from .test_zero_shot import VISION
     except ImportError:  # run as a script
-        from test_zero_shot import VISION, clip_tokenizer_files, processor
+        from test_zero_shot import VISION
 except (ImportError, OSError):  # pragma: no cover (OSError: no libvitc.so built)
     CLIPModel = None
 
@@ -252,14 +152,7 @@ class TestServeText(TmpDirCase):
     def setUpClass(cls):
         super().setUpClass()
         torch.manual_seed(0)
-        cls.dir = os.path.join(cls.tmp, "clip")
-        tc = dict(vocab_size=49408, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                  num_attention_heads=2, max_position_embeddings=77)
-        CLIPModel(CLIPConfig(text_config=tc, vision_config=VISION,
-                             projection_dim=24)).eval().save_pretrained(cls.dir)
-        clip_tokenizer_files(cls.dir)
-        with open(os.path.join(cls.dir, "preprocessor_config.json"), "w") as f:
-            json.dump(processor("clip"), f)
+        cls.dir = tiny_clip_dir(os.path.join(cls.tmp, "clip"), VISION)
 
     def test_texts_and_images(self):
         texts = ["a photo of a cat", "two dogs on a beach"]

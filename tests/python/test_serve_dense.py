@@ -9,18 +9,17 @@ import base64
 import io
 import json
 import os
-import shutil
 import subprocess
 import unittest
 
 import numpy as np
 
 try:
-    from .util import VITC, TmpDirCase
-    from .test_serve import Server, have_serve
+    from .util import VITC
+    from .serve_util import ServeCase, b64, browser, have_serve, wait_state, write_key
 except ImportError:  # run as a script
-    from util import VITC, TmpDirCase
-    from test_serve import Server, have_serve
+    from util import VITC
+    from serve_util import ServeCase, b64, browser, have_serve, wait_state, write_key
 
 try:
     import torch
@@ -37,12 +36,10 @@ except ImportError:  # pragma: no cover
     HAVE_PEERS = False
 
 try:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
-except ImportError:  # pragma: no cover
-    webdriver = None
+except ImportError:  # pragma: no cover (browser() skips the tests that need them)
+    pass
 
 TOL = 1e-5
 INFERNO = np.array([[0x00, 0x00, 0x04], [0x1b, 0x0c, 0x42], [0x4b, 0x0c, 0x6b],
@@ -58,20 +55,14 @@ def inferno(t):
     return (1 - f) * INFERNO[i] + f * INFERNO[i + 1]
 
 
-def b64(path):
-    with open(path, "rb") as f:
-        return base64.b64encode(f.read()).decode()
-
-
 @unittest.skipUnless(HAVE_PEERS and os.path.exists(VITC) and have_serve(),
                      "needs torch, transformers, skimage and build/vitc with serve")
-class TestServeDense(TmpDirCase):
+class TestServeDense(ServeCase):
     TMP_PREFIX = "vitc_dense_"
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.servers = []
         # small photos keep the CLI and server runs short
         coffee = Image.fromarray(skimage.data.coffee()).convert("RGB")
         cls.photo = os.path.join(cls.tmp, "coffee.png")
@@ -83,21 +74,11 @@ class TestServeDense(TmpDirCase):
         small_sam().save_pretrained(cls.sam)
         cls.depth = os.path.join(cls.tmp, "depth")
         make_model(cls.depth, 0, [1, 2, 3, 4], [8, 16, 32, 32], [4, 2, 1, 0.5])
-        cls.sam_server = Server(cls.sam)
-        cls.servers.append(cls.sam_server)
-        cls.depth_server = Server(cls.depth)
-        cls.servers.append(cls.depth_server)
-
-    @classmethod
-    def tearDownClass(cls):
-        for s in cls.servers:
-            s.stop()
-        super().tearDownClass()
+        cls.sam_server = cls.serve(cls.sam)
+        cls.depth_server = cls.serve(cls.depth)
 
     def cli(self, *args):
-        p = subprocess.run([VITC] + [str(a) for a in args], stdout=subprocess.PIPE,
-                           stderr=subprocess.PIPE)
-        self.assertEqual(p.returncode, 0, p.stderr.decode())
+        self.run_cli(*args)
 
     def test_info_capabilities(self):
         for srv, seg, dep in ((self.sam_server, True, False), (self.depth_server, False, True)):
@@ -136,6 +117,40 @@ class TestServeDense(TmpDirCase):
                 self.assertEqual(im.mode, "L")
                 self.assertTrue(np.array_equal(np.asarray(im) == 255, got[k] > 0))
                 self.assertAlmostEqual(m["iou"], j["iou"][k], places=5)
+
+    def test_segment_precision(self):
+        # --precision reaches SAM's load: bf16's logits are not fp32's (a
+        # flag dropped on the way would serve fp32), its masks agree with
+        # fp32's on nearly every pixel, and they are `vitc segment
+        # --precision bf16`'s
+        raw = os.path.join(self.tmp, "seg-bf16.npy")
+        self.cli("segment", "--model", self.sam, "--precision", "bf16", "--point", "60,40,1",
+                 "--box", "20,10,100,70", "--out", os.path.join(self.tmp, "o16.png"),
+                 "--raw", raw, "--quiet", self.photo)
+        ref = read_npy(raw)
+        req = {"input": b64(self.photo), "points": [[60, 40]], "labels": [1],
+               "box": [20, 10, 100, 70], "format": "logits"}
+        got = {}
+        for prec, srv in (("fp32", self.sam_server),
+                          ("bf16", self.serve(self.sam, "--precision", "bf16"))):
+            st, _, j = srv.post("/v1/segment", req)
+            self.assertEqual(st, 200, j)
+            got[prec] = np.frombuffer(base64.b64decode(j["logits"]), "<f4").reshape(j["shape"])
+        np.testing.assert_allclose(got["bf16"], ref, atol=TOL, rtol=TOL)
+        self.assertFalse(np.array_equal(got["bf16"], got["fp32"]))
+        self.assertGreaterEqual(((got["bf16"] > 0) == (got["fp32"] > 0)).mean(), 0.95)
+
+    def test_precision_refused(self):
+        # Depth Anything has no lower-precision load: refused, saying why,
+        # instead of serving fp32 under a bf16 flag; an unknown name for SAM
+        for model, prec, words in ((self.depth, "bf16", ("Depth Anything", "fp32")),
+                                   (self.sam, "fp16", ("--precision must be",))):
+            p = subprocess.run([VITC, "serve", "--model", model, "--port", "0", "--precision",
+                                prec], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               timeout=60)
+            self.assertNotEqual(p.returncode, 0, prec)
+            for w in words:
+                self.assertIn(w, p.stderr.decode(), prec)
 
     def test_cache_and_image_id(self):
         req = {"input": b64(self.photo2), "points": [[30, 30]], "labels": [1]}
@@ -208,11 +223,8 @@ class TestServeDense(TmpDirCase):
         self.assertIn("format", j["error"]["message"])
 
     def test_api_key_and_drain(self):
-        key = os.path.join(self.tmp, "key")
-        with open(key, "w") as f:
-            f.write("s3cret\n")
-        srv = Server(self.depth, "--api-key-file", key)
-        self.servers.append(srv)
+        key = write_key(os.path.join(self.tmp, "key"), "s3cret")
+        srv = self.serve(self.depth, "--api-key-file", key)
         st, _, _ = srv.post("/v1/depth", {"input": b64(self.photo2)})
         self.assertEqual(st, 401)
         st, _, j = srv.post("/v1/depth", {"input": b64(self.photo2)},
@@ -236,23 +248,6 @@ class TestServeDense(TmpDirCase):
         self.assertRegex(data.decode(),
                          r'vitc_requests_total\{endpoint="/v1/segment",status="400"\} [1-9]')
 
-    def browser(self):
-        if webdriver is None:
-            self.skipTest("selenium is not installed (requirements-dev.txt)")
-        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-        driver = shutil.which("chromedriver")
-        if not chromium or not driver:
-            self.skipTest("Debian's chromium and chromium-driver are not installed")
-        opts = webdriver.ChromeOptions()
-        opts.binary_location = chromium
-        for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                  "--window-size=1100,900", "--force-device-scale-factor=1"):
-            opts.add_argument(a)
-        try:
-            return webdriver.Chrome(service=Service(driver), options=opts)
-        except Exception as e:  # noqa: BLE001 (any failure to start the browser)
-            self.skipTest("headless chromium cannot run here: %s" % str(e).splitlines()[0])
-
     def pixels(self, drv, cid):
         data = drv.execute_script("""
             const c = document.getElementById(arguments[0]);
@@ -260,15 +255,8 @@ class TestServeDense(TmpDirCase):
             return [c.width, c.height, Array.from(d)];""", cid)
         return np.array(data[2], np.float64).reshape(data[1], data[0], 4)[..., :3]
 
-    def wait_state(self, drv, panel, timeout=20):
-        WebDriverWait(drv, timeout).until(
-            lambda d: d.find_element(By.ID, panel).get_attribute("data-state") in ("done",
-                                                                                   "error"))
-        self.assertEqual(drv.find_element(By.ID, panel).get_attribute("data-state"), "done",
-                         drv.find_element(By.ID, "status").text)
-
     def test_page_in_chromium(self):
-        drv = self.browser()
+        drv = browser(self)
         try:
             # SAM: a click asks for the mask at that point; the best of the
             # three is drawn over the image
@@ -287,7 +275,7 @@ class TestServeDense(TmpDirCase):
                 const c = document.getElementById('seg-canvas'), b = c.getBoundingClientRect();
                 c.dispatchEvent(new MouseEvent('click', {bubbles: true, clientX: b.left + 0.5 * b.width,
                                                          clientY: b.top + 0.5 * b.height}));""")
-            self.wait_state(drv, "segment-panel")
+            wait_state(self, drv, "segment-panel")
             pts = json.loads(drv.find_element(By.ID, "seg-canvas").get_attribute("data-points"))
             self.assertEqual(len(pts), 1)
             self.assertLess(abs(pts[0][0] - 60) + abs(pts[0][1] - 40), 1, pts)
@@ -313,7 +301,7 @@ class TestServeDense(TmpDirCase):
                                          .get_attribute("data-ready") == "1")
             self.assertFalse(drv.find_element(By.ID, "segment-panel").is_displayed())
             drv.find_element(By.ID, "file").send_keys(self.photo)
-            self.wait_state(drv, "depth-panel")
+            wait_state(self, drv, "depth-panel")
             _, _, ref = self.depth_server.post("/v1/depth", {"input": b64(self.photo),
                                                              "format": "float32"})
             d = np.frombuffer(base64.b64decode(ref["depth"]), "<f4").reshape(80, 120)

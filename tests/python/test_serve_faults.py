@@ -10,10 +10,11 @@ import base64
 import os
 import signal
 import socket
-import subprocess
+import struct
 import threading
 import time
 import unittest
+import zlib
 
 try:
     import torch
@@ -21,13 +22,21 @@ except ImportError:  # pragma: no cover
     torch = None
 
 try:
-    from .util import DATA, TmpDirCase, export_cmd
-    from .test_cli import tiny_vit
-    from .test_serve import Server, data_url, have_serve, huge_png
+    from .serve_util import ServeCase, Server, data_url, have_serve, tiny_vit_safetensors, \
+        write_key
 except ImportError:  # run as a script
-    from util import DATA, TmpDirCase, export_cmd
-    from test_cli import tiny_vit
-    from test_serve import Server, data_url, have_serve, huge_png
+    from serve_util import ServeCase, Server, data_url, have_serve, tiny_vit_safetensors, \
+        write_key
+
+
+def huge_png(w, h):
+    """A valid PNG header claiming w x h pixels with almost no data: the
+    decoder's pixel bound must refuse it before allocating."""
+    def chunk(t, d):
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"\0"))
+            + chunk(b"IEND", b""))
 
 
 def closed_soon(s, within):
@@ -52,24 +61,13 @@ def raw_post(port, path, body, timeout=10):
 
 
 @unittest.skipIf(torch is None or not have_serve(), "needs torch and build/vitc with serve")
-class TestServeFaults(TmpDirCase):
+class TestServeFaults(ServeCase):
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        pth = os.path.join(cls.tmp, "m.pth")
-        torch.save(tiny_vit(0).state_dict(), pth)
-        cls.model = os.path.join(cls.tmp, "m.safetensors")
-        subprocess.run(export_cmd(pth, cls.model), check=True, stdout=subprocess.DEVNULL)
-        cls.key = os.path.join(cls.tmp, "key")
-        with open(cls.key, "w") as f:
-            f.write("s3cret-key\n")
-        cls.srv = Server(cls.model, "--max-body-mb", 1, "--max-batch", 4, "--threads", 1)
-
-    @classmethod
-    def tearDownClass(cls):
-        rc = cls.srv.stop()
-        super().tearDownClass()
-        assert rc == 0, "vitc serve exited %s" % rc
+        cls.model = tiny_vit_safetensors(cls.tmp)
+        cls.key = write_key(os.path.join(cls.tmp, "key"), "s3cret-key")
+        cls.srv = cls.serve(cls.model, "--max-body-mb", 1, "--max-batch", 4, "--threads", 1)
 
     def test_bad_inputs_400(self):
         cases = [

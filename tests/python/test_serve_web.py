@@ -17,7 +17,6 @@ it goes to the scratch directory, so a test run leaves the tree clean).
 import base64
 import json
 import os
-import shutil
 import subprocess
 import threading
 import unittest
@@ -25,42 +24,33 @@ import unittest
 import numpy as np
 
 try:
-    from .util import VITC, TmpDirCase, export_cmd
-    from .test_serve import Server, have_serve
+    from .util import VITC, export_cmd
+    from .serve_util import ServeCase, Server, browser, data_url, have_serve, tiny_clip_dir, \
+        wait_state, write_key
 except ImportError:  # run as a script
-    from util import VITC, TmpDirCase, export_cmd
-    from test_serve import Server, have_serve
+    from util import VITC, export_cmd
+    from serve_util import ServeCase, Server, browser, data_url, have_serve, tiny_clip_dir, \
+        wait_state, write_key
 
 try:
     import torch
     import skimage.data
     from PIL import Image
     from torchvision.models import VisionTransformer
-    from transformers import CLIPConfig, CLIPModel
-    try:
-        from .test_zero_shot import clip_tokenizer_files, processor
-    except ImportError:
-        from test_zero_shot import clip_tokenizer_files, processor
+    from transformers import CLIPModel  # noqa: F401 (tiny_clip_dir's, checked here)
     HAVE_PEERS = True
 except ImportError:  # pragma: no cover
     HAVE_PEERS = False
 
 try:
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
-except ImportError:  # pragma: no cover
-    webdriver = None
+except ImportError:  # pragma: no cover (browser() skips the tests that need them)
+    pass
 
 CLASSES = ["astronaut", "coffee mug", "tabby cat", "rocket", "golden retriever", "teapot",
            "space shuttle", "espresso"]
 ZS_LABELS = ["an astronaut", "a cup of coffee", "a cat", "a rocket"]
-
-
-def data_url(path):
-    with open(path, "rb") as f:
-        return "data:image/png;base64," + base64.b64encode(f.read()).decode()
 
 
 def rel(got, ref):
@@ -70,13 +60,12 @@ def rel(got, ref):
 
 @unittest.skipUnless(HAVE_PEERS and os.path.exists(VITC) and have_serve(),
                      "needs torch, transformers, open_clip, skimage and build/vitc with serve")
-class TestServeWeb(TmpDirCase):
+class TestServeWeb(ServeCase):
     TMP_PREFIX = "vitc_web_"
 
     @classmethod
     def setUpClass(cls):
         super().setUpClass()
-        cls.servers = []
         torch.manual_seed(0)
         cls.photo = os.path.join(cls.tmp, "astronaut.png")
         Image.fromarray(skimage.data.astronaut()).convert("RGB").save(cls.photo)
@@ -96,37 +85,16 @@ class TestServeWeb(TmpDirCase):
         subprocess.run(export_cmd(pth, cls.vit, "--labels", labels), check=True,
                        stdout=subprocess.DEVNULL)
         # CLIP with its tokenizer: 64 px, patch 16 (a 4x4 grid)
-        cls.clip = os.path.join(cls.tmp, "clip")
-        tc = dict(vocab_size=49408, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                  num_attention_heads=2, max_position_embeddings=77)
         vc = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                   num_attention_heads=2, image_size=64, patch_size=16)
-        m = CLIPModel(CLIPConfig(text_config=tc, vision_config=vc, projection_dim=24)).eval()
-        with torch.no_grad():
-            m.logit_scale.fill_(float(np.log(100.0)))
-        m.save_pretrained(cls.clip)
-        clip_tokenizer_files(cls.clip)
-        pc = processor("clip")
-        pc["size"] = {"shortest_edge": 64}
-        pc["crop_size"] = {"height": 64, "width": 64}
-        with open(os.path.join(cls.clip, "preprocessor_config.json"), "w") as f:
-            json.dump(pc, f)
-        cls.srv_vit = Server(cls.vit, "--threads", 1)
-        cls.servers.append(cls.srv_vit)
-        cls.srv_clip = Server(cls.clip, "--threads", 1)
-        cls.servers.append(cls.srv_clip)
-
-    @classmethod
-    def tearDownClass(cls):
-        rcs = [s.stop() for s in cls.servers]
-        super().tearDownClass()
-        assert rcs == [0] * len(rcs), "vitc serve exited %s" % rcs
+        cls.clip = tiny_clip_dir(os.path.join(cls.tmp, "clip"), vc, logit_scale=100.0,
+                                 preprocessor={"size": {"shortest_edge": 64},
+                                               "crop_size": {"height": 64, "width": 64}})
+        cls.srv_vit = cls.serve(cls.vit, "--threads", 1)
+        cls.srv_clip = cls.serve(cls.clip, "--threads", 1)
 
     def cli(self, *args):
-        p = subprocess.run([VITC] + [str(a) for a in args] + ["--threads", "1"],
-                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        self.assertEqual(p.returncode, 0, p.stderr.decode())
-        return p.stdout.decode()
+        return self.run_cli(*args, "--threads", 1)
 
     # ---- endpoints ------------------------------------------------------
 
@@ -317,9 +285,7 @@ class TestServeWeb(TmpDirCase):
                 self.assertLess(rel(r["data"][0]["embedding"], ref["embedding"]), 1e-5)
 
     def test_api_key(self):
-        key = os.path.join(self.tmp, "key")
-        with open(key, "w") as f:
-            f.write("s3cret\n")
+        key = write_key(os.path.join(self.tmp, "key"), "s3cret")
         srv = Server(self.vit, "--threads", 1, "--api-key-file", key)
         try:
             # the page's files are public (no data in them); the API is not
@@ -335,31 +301,6 @@ class TestServeWeb(TmpDirCase):
 
     # ---- the page in headless Chromium ----------------------------------
 
-    def browser(self):
-        if webdriver is None:
-            self.skipTest("selenium is not installed (requirements-dev.txt)")
-        chromium = shutil.which("chromium") or shutil.which("chromium-browser")
-        driver = shutil.which("chromedriver")
-        if not chromium or not driver:
-            self.skipTest("Debian's chromium and chromium-driver are not installed "
-                          "(scripts/install-deps.sh installs them)")
-        opts = webdriver.ChromeOptions()
-        opts.binary_location = chromium
-        for a in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-                  "--window-size=1100,900", "--force-device-scale-factor=1"):
-            opts.add_argument(a)
-        try:
-            return webdriver.Chrome(service=Service(driver), options=opts)
-        except Exception as e:  # noqa: BLE001 (any failure to start the browser)
-            self.skipTest("headless chromium cannot run here: %s" % str(e).splitlines()[0])
-
-    def wait_state(self, drv, panel, timeout=20):
-        WebDriverWait(drv, timeout).until(
-            lambda d: d.find_element(By.ID, panel).get_attribute("data-state") in ("done",
-                                                                                   "error"))
-        self.assertEqual(drv.find_element(By.ID, panel).get_attribute("data-state"), "done",
-                         drv.find_element(By.ID, "status").text)
-
     def shown(self, drv, list_id):
         return [(li.get_attribute("data-label"), float(li.get_attribute("data-prob")),
                  li.find_element(By.CLASS_NAME, "pct").text)
@@ -374,7 +315,7 @@ class TestServeWeb(TmpDirCase):
             return [c.width, c.height, mn, mx, c.dataset.drawn || '0'];""", cid)
 
     def test_page_in_chromium(self):
-        drv = self.browser()
+        drv = browser(self)
         try:
             # the ViT: classes and attention; no zero-shot panel
             drv.get("http://127.0.0.1:%d/" % self.srv_vit.port)
@@ -384,8 +325,8 @@ class TestServeWeb(TmpDirCase):
             self.assertFalse(drv.find_element(By.ID, "segment-panel").is_displayed())
             self.assertIn("vit.safetensors", drv.find_element(By.ID, "model-line").text)
             drv.find_element(By.ID, "file").send_keys(self.photo)
-            self.wait_state(drv, "classes-panel")
-            self.wait_state(drv, "attention-panel")
+            wait_state(self, drv, "classes-panel")
+            wait_state(self, drv, "attention-panel")
             _, _, ref = self.srv_vit.post("/v1/classify", {"input": data_url(self.photo),
                                                            "top_k": 5})
             shown = self.shown(drv, "classes")
@@ -404,8 +345,8 @@ class TestServeWeb(TmpDirCase):
                                          .get_attribute("data-ready") == "1")
             self.assertFalse(drv.find_element(By.ID, "classes-panel").is_displayed())
             drv.find_element(By.ID, "file").send_keys(self.photo)
-            self.wait_state(drv, "zeroshot-panel")
-            self.wait_state(drv, "attention-panel")
+            wait_state(self, drv, "zeroshot-panel")
+            wait_state(self, drv, "attention-panel")
             labels = ["an astronaut in a spacesuit", "a cup of coffee", "a ginger cat",
                       "a rocket on the launch pad", "a flower"]
             box = drv.find_element(By.ID, "zs-labels")
@@ -413,7 +354,7 @@ class TestServeWeb(TmpDirCase):
             box.send_keys(", ".join(labels))
             drv.execute_script("document.getElementById('zeroshot-panel').dataset.state = ''")
             drv.find_element(By.ID, "zs-run").click()
-            self.wait_state(drv, "zeroshot-panel")
+            wait_state(self, drv, "zeroshot-panel")
             _, _, ref = self.srv_clip.post("/v1/zero-shot", {"input": data_url(self.photo),
                                                              "labels": labels, "top_k": 5})
             shown = self.shown(drv, "zs-results")
