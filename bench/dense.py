@@ -49,6 +49,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 import peers  # noqa: E402  (cpu_model, cpu_flags; only the standard library at import)
+# memory measured as bench.py measures it (only the standard library at import)
+from bench import _reset_hwm, _status_kb  # noqa: E402
 
 WORKLOADS = ("sam_encoder", "sam_prompt", "depth")
 ENGINES = {"sam_encoder": ("vitc", "torch", "ov"), "sam_prompt": ("vitc", "torch"),
@@ -91,26 +93,6 @@ DEPTH_TINY = dict(
 # --------------------------------------------------------------------------
 # Children (fresh processes)
 # --------------------------------------------------------------------------
-
-def _status_kb(field):
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        pass
-    return -1
-
-
-def _reset_hwm():
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
 
 def _photo(name):
     from skimage import data
