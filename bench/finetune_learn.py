@@ -261,7 +261,10 @@ def main():
         log("%s: %s (%.1f s)" % (label, r["last_line"] or "exit %d" % r["rc"], r["wall_s"]))
         runs.append(r)
 
-    ver = subprocess.run([args.vitc, "--version"], capture_output=True, text=True).stdout.strip()
+    # the first line (version and kernels): the others (CPU, caches) would
+    # break the markdown bullet, and "cpu" says the machine already
+    out = subprocess.run([args.vitc, "--version"], capture_output=True, text=True).stdout
+    ver = (out.strip().splitlines() or [""])[0]
     n = args.train_per_class * len(PHOTOS), args.val_per_class * len(PHOTOS)
     cmd = "make bench-finetune" if os.environ.get("MAKELEVEL") else " ".join(
         ["bench/finetune_learn.py"] + [shlex.quote(a) for a in sys.argv[1:]])

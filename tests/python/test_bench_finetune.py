@@ -130,6 +130,8 @@ class TestFinetuneLearn(TmpDirCase):
             self.assertIn(sec, md)
         for k in ("- cpu: ", "- threads: ", "- chance: 25.0%", "- command: "):
             self.assertIn(k, md)
+        # one line of `vitc --version` (its first), not all of it in the bullet
+        self.assertIn("\n- vitc: %s\n- data: " % run_vitc("--version")[1].splitlines()[0], md)
         # the exact command of each run, and every epoch with a loss and accuracies
         self.assertEqual(md.count("train --init "), 3)
         for sec, epochs in (("DINOv2-S/14, full fine-tuning", 2),
