@@ -376,6 +376,10 @@ void vitc__layernorm(float *y, const float *x, const float *w, const float *b, i
 /* GroupNorm(G, C) of [B, C, HW]; w, b [C]. */
 void vitc__groupnorm(float *y, const float *x, const float *w, const float *b, int64_t B,
                      int64_t C, int64_t HW, int64_t G, float eps);
+/* The same, written as tokens y [B, HW, C] (the attention layers' input
+ * layout) in one pass. 0: not done (no memory for the statistics). */
+int vitc__groupnorm_tokens(float *y, const float *x, const float *w, const float *b, int64_t B,
+                           int64_t C, int64_t HW, int64_t G, float eps);
 /* Exact-erf GELU, in place. */
 void vitc__gelu(float *x, int64_t n);
 /* quick-GELU x * sigmoid(1.702 x) (OpenAI CLIP), in place, threaded. */

@@ -307,9 +307,37 @@ static void vitc__gn_apply(void *c, int64_t r0, int64_t r1, int tid) {
     }
 }
 
-void vitc__groupnorm(float *y, const float *x, const float *w, const float *b, int64_t B,
-                     int64_t C, int64_t HW, int64_t G, float eps) {
-    if (B <= 0 || C <= 0 || HW <= 0 || G <= 0 || C % G != 0) return;
+/* Tokens [B, HW, C] of the normalised image: 16 tokens x 16 channels per
+ * block through L1 (as vitc__channels_to_tokens), the affine applied on the
+ * way, so the normalised [B, C, HW] image is never written. */
+static void vitc__gn_apply_tokens(void *c, int64_t r0, int64_t r1, int tid) {
+    const vitc__gn_ctx *k = c;
+    const int64_t C = k->C, HW = k->HW, ct = (HW + 15) / 16;
+    float blk[16][16]; // [token, channel]
+    (void)tid;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t bi = r / ct, i0 = (r % ct) * 16, ii = HW - i0 < 16 ? HW - i0 : 16;
+        for (int64_t c0 = 0; c0 < C; c0 += 16) {
+            int64_t cc = C - c0 < 16 ? C - c0 : 16;
+            for (int64_t j = 0; j < cc; j++) {
+                int64_t row = bi * C + c0 + j, grp = row / k->cg;
+                float mean = k->stat[2 * grp], sc = k->stat[2 * grp + 1] * k->w[c0 + j];
+                float sh = k->b[c0 + j];
+                const float *xr = k->x + row * HW + i0;
+                for (int64_t i = 0; i < ii; i++) blk[i][j] = (xr[i] - mean) * sc + sh;
+            }
+            for (int64_t i = 0; i < ii; i++) {
+                float *restrict yr = k->y + (bi * HW + i0 + i) * C + c0;
+                for (int64_t j = 0; j < cc; j++) yr[j] = blk[i][j];
+            }
+        }
+    }
+}
+
+static int vitc__groupnorm_run(float *y, const float *x, const float *w, const float *b,
+                               int64_t B, int64_t C, int64_t HW, int64_t G, float eps,
+                               int tokens) {
+    if (B <= 0 || C <= 0 || HW <= 0 || G <= 0 || C % G != 0) return 1;
     int64_t cg = C / G, rows = B * C, groups = B * G;
     double sq[2 * VITC_GN_BATCH];
     vitc__gn_ctx k = {y, x, w, b, C, HW, cg, 0, sq, NULL, vitc__kern()};
@@ -321,8 +349,9 @@ void vitc__groupnorm(float *y, const float *x, const float *w, const float *b, i
     if (groups <= 64)
         stat = stat_small;
     else if (!(stat = malloc((size_t)groups * 2 * sizeof(float)))) {
+        if (tokens) return 0; /* the caller takes the two-pass way */
         vitc__groupnorm_ref(y, x, w, b, B, C, HW, G, eps); /* no memory: the slow path */
-        return;
+        return 1;
     }
     double gs = 0.0, gq = 0.0;
     for (int64_t r0 = 0; r0 < rows; r0 += VITC_GN_BATCH) {
@@ -346,9 +375,26 @@ void vitc__groupnorm(float *y, const float *x, const float *w, const float *b, i
         }
     }
     k.stat = stat;
-    if (par && rows > 1)
+    if (tokens) {
+        int64_t tiles = B * ((HW + 15) / 16);
+        if (par && tiles > 1)
+            vitc__parallel_range(tiles, vitc__gn_apply_tokens, &k);
+        else
+            vitc__gn_apply_tokens(&k, 0, tiles, 0);
+    } else if (par && rows > 1)
         vitc__parallel_range(rows, vitc__gn_apply, &k);
     else
         vitc__gn_apply(&k, 0, rows, 0);
     if (stat != stat_small) free(stat);
+    return 1;
+}
+
+void vitc__groupnorm(float *y, const float *x, const float *w, const float *b, int64_t B,
+                     int64_t C, int64_t HW, int64_t G, float eps) {
+    (void)vitc__groupnorm_run(y, x, w, b, B, C, HW, G, eps, 0);
+}
+
+int vitc__groupnorm_tokens(float *y, const float *x, const float *w, const float *b, int64_t B,
+                           int64_t C, int64_t HW, int64_t G, float eps) {
+    return vitc__groupnorm_run(y, x, w, b, B, C, HW, G, eps, 1);
 }

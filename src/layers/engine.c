@@ -297,8 +297,15 @@ vitc_status vitc__engine_forward(vitc_layer *l, const float *x, int ndim, const 
     /* 1. Tokens [B, N, cin]. */
     const float *tok = x; // [B, N, cin]
     const float *img = x; // [B, C, HW] after the norm
+    int tokens_done = 0;
     if (p->norm == VITC__NORM_GROUP) {
-        vitc__groupnorm(s + o_norm, x, l->w.norm_w, l->w.norm_b, B, C, HW, 1, l->cfg.eps);
+        /* Inference straight to tokens; training keeps the normalised image,
+         * which the norm's backward reads. */
+        if (!l->training && p->in == VITC__IN_IMAGE)
+            tokens_done = vitc__groupnorm_tokens(s + o_tok, x, l->w.norm_w, l->w.norm_b, B, C,
+                                                 HW, 1, l->cfg.eps);
+        if (!tokens_done)
+            vitc__groupnorm(s + o_norm, x, l->w.norm_w, l->w.norm_b, B, C, HW, 1, l->cfg.eps);
         img = s + o_norm;
     } else if (p->norm == VITC__NORM_BATCH) {
         float *mean = s + o_stat, *var = mean + C; // [C], [C]
@@ -314,7 +321,7 @@ vitc_status vitc__engine_forward(vitc_layer *l, const float *x, int ndim, const 
         img = s + o_norm;
     }
     if (p->in == VITC__IN_IMAGE) {
-        vitc__channels_to_tokens(s + o_tok, img, B, C, HW);
+        if (!tokens_done) vitc__channels_to_tokens(s + o_tok, img, B, C, HW);
         tok = s + o_tok;
     } else if (p->in == VITC__IN_PATCHES) {
         int64_t k = l->cfg.patch_size, K = C * k * k;
