@@ -505,10 +505,10 @@ def measure(a, tmp, env, ov_ok, log):
     res = {"runs": {}, "agreement": {}}
     quick = a.quick
     budget = 5.0 if quick else 120.0
-    for w in WORKLOADS:
+    for w in a.only:
         res["runs"][w] = {e: [] for e in ENGINES[w]}
     for rnd in range(a.rounds):
-        for w in WORKLOADS:
+        for w in a.only:
             engines = [e for e in ENGINES[w] if e in a.engines]
             k = rnd % len(engines)
             for e in engines[k:] + engines[:k]:
@@ -527,7 +527,7 @@ def measure(a, tmp, env, ov_ok, log):
                 log("round %d %s %s (%.1f s): %s" % (
                     rnd + 1, w, e, r["wall_s"], "median %.2f ms" % median(r["times_ms"]) if ok
                     else r.get("error", "?")[-300:]))
-    for w in WORKLOADS:
+    for w in a.only:
         ref = os.path.join(tmp, "out_%s_torch.npy" % w)
         agree = {}
         for e in ENGINES[w]:
@@ -576,6 +576,8 @@ def verdicts(s):
     out = []
     peer_name = {"torch": "torch eager", "ov": "OpenVINO fp32"}
     for w, peer, want in TARGETS:
+        if w not in s:  # not in this run's --only
+            continue
         v, p = s.get(w, {}).get("vitc", {}), s.get(w, {}).get(peer, {})
         if v.get("status") == "ok" and p.get("status") == "ok":
             x = p["median_ms"] / v["median_ms"]
@@ -592,9 +594,11 @@ def verdicts(s):
                     "got": "%.0f MB vs %.0f MB" % (v["peak_mb"], p["peak_mb"]),
                     "met": v["peak_mb"] < p["peak_mb"]})
     v = s.get("sam_prompt", {}).get("vitc", {})
-    out.append({"what": "sam_prompt: vitc <= %.0f ms per prompt" % PROMPT_MS,
-                "got": "%.2f ms" % v["median_ms"] if v.get("status") == "ok" else "not measured",
-                "met": v["median_ms"] <= PROMPT_MS if v.get("status") == "ok" else None})
+    if "sam_prompt" in s:
+        out.append({"what": "sam_prompt: vitc <= %.0f ms per prompt" % PROMPT_MS,
+                    "got": "%.2f ms" % v["median_ms"] if v.get("status") == "ok" else
+                    "not measured",
+                    "met": v["median_ms"] <= PROMPT_MS if v.get("status") == "ok" else None})
     return out
 
 
@@ -609,6 +613,8 @@ def main():
                     help="comma-separated subset of vitc,torch,ov (torch: the reference)")
     ap.add_argument("--quick", action="store_true",
                     help="tiny configs, 1 round, a few calls: a smoke run in seconds")
+    ap.add_argument("--only", default=",".join(WORKLOADS),
+                    help="comma-separated subset of %s (default: all)" % ",".join(WORKLOADS))
     ap.add_argument("--vitc", default=os.path.join(ROOT, "build", "vitc"))
     ap.add_argument("--out", default=os.path.join(HERE, "results-dense.md"))
     ap.add_argument("--child", help=argparse.SUPPRESS)
@@ -619,6 +625,7 @@ def main():
     ap.add_argument("--child-out", help=argparse.SUPPRESS)
     ap.add_argument("--no-ov", action="store_true", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    a.only_arg = a.only
     if a.child == "prepare":
         print(json.dumps(prepare_child(a.child_dir, a.quick, a.threads, not a.no_ov)))
         return
@@ -631,6 +638,10 @@ def main():
     if set(a.engines) - {"vitc", "torch", "ov"} or "vitc" not in a.engines:
         raise SystemExit("bench/dense.py: --engines takes vitc (always) and any of torch, ov; "
                          "got %s" % ",".join(a.engines))
+    a.only = [w for w in WORKLOADS if w in a.only.split(",")]
+    if not a.only or set(a.only) != set(x for x in a.only_arg.split(",") if x):
+        raise SystemExit("bench/dense.py: --only takes a comma-separated subset of %s; got %s"
+                         % (",".join(WORKLOADS), a.only_arg))
     if a.quick:
         a.rounds, a.repeat, a.prompt_repeat = 1, 2, 3
     started = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -664,7 +675,10 @@ def main():
         res["gflop"] = {"sam_encoder": prep["sam_encoder_gflop"],
                         "depth": prep["depth_gflop_counted"]}
         res.update(measure(a, tmp, env, res["ov"], log))
-        res["precisions"], _ = run_child(me + ["--child", "iou", "--child-dir", tmp], env, 600)
+        # the encoder's other precisions go with the encoder's row
+        res["precisions"] = run_child(me + ["--child", "iou", "--child-dir", tmp], env, 600)[0] \
+            if "sam_encoder" in a.only else {}
+        res["only"] = a.only
         res["peak_after"] = peak(a.vitc, a.threads, env)
         res["elapsed_s"] = time.perf_counter() - t_start
     finally:
@@ -679,6 +693,9 @@ def main():
             t["met"] = None
     res["command"] = "make bench-dense" if not a.quick else \
         "PYTHONPATH=python .venv/bin/python bench/dense.py --quick"
+    if a.only != list(WORKLOADS):
+        res["command"] = "PYTHONPATH=python .venv/bin/python bench/dense.py --only %s%s" % (
+            ",".join(a.only), " --quick" if a.quick else "")
     text = render(res)
     with open(os.path.splitext(a.out)[0] + ".json", "w") as f:
         json.dump({k: v for k, v in res.items() if k != "runs"} | {"runs": {
@@ -726,7 +743,7 @@ def render(r):
                       "decoder and post-processing to the photo's size (600x400)",
         "depth": "Depth Anything small, %dx%d, batch 1" % (r["prepare"]["depth_side"],
                                                            r["prepare"]["depth_side"])}
-    for w in WORKLOADS:
+    for w in r.get("only", WORKLOADS):
         L += ["## " + titles[w], ""]
         gf = r["gflop"].get(w)
         hdr = "| engine | ms | %speak MB | fwd MB | agreement vs torch | vitc speed-up |" % (

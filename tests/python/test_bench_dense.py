@@ -51,6 +51,15 @@ class TestDenseArgs(unittest.TestCase):
             self.assertIn("--engines takes vitc", err)
             self.assertEqual(err.count("\n"), 1, err)
 
+    def test_only_refused(self):
+        """--only with an unknown workload: refused in one line, nothing built."""
+        for bad in ("sam_prompt,segment", ","):
+            rc, out, err = run_py(DENSE, "--quick", "--only", bad, "--out", os.devnull,
+                                  timeout=60)
+            self.assertNotEqual(rc, 0)
+            self.assertIn("--only takes a comma-separated subset", err)
+            self.assertEqual(err.count("\n"), 1, err)
+
 
 @unittest.skipUnless(HAVE_API, "the build has no Segment Anything / Depth Anything API")
 @unittest.skipIf(torch is None or not os.path.exists(VITC),
