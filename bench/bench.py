@@ -914,6 +914,7 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
     threads = sorted({int(c.split("-")[1]) for s_ in summary.values() for c in s_}) or \
         sorted(int(t) for t in args.threads.split(","))
     vmain, vone = "vitc-%d" % threads[-1], "vitc-%d" % threads[0]
+    i_sum = len(L)  # where the timing tables start (see the end)
     L.append("## Summary\n")
     L.append("vitc at %d thread(s) against PyTorch at its best of %s thread(s). "
              "Median ms; speedup = PyTorch ms / vitc ms; %% peak = GFLOP/s over "
@@ -953,6 +954,7 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
             fmt(t.get("peak_frac") and 100 * t["peak_frac"], ".0f") + "%",
             mem(v), mem(t), fmt(sc, ".2f") + ("×" if sc else "")))
     L.append("")
+    i_eng = len(L)
     if engines:
         for kind, m in peers.MODELS.items():
             if any(n in summary for n in m["rows"]):
@@ -960,6 +962,7 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
                                       (preps or {}).get(kind, {}), args, fmt, cell))
     if fmnist:
         L.extend(peers.fmnist_render(fmnist, fmt, cell))
+    i_cfg = len(L)
     L.append("## Every configuration\n")
     L.append("| workload | side | threads | median ms | min ms | samples | GFLOP/s | % peak "
              "| peak MB | fwd MB | process MB |")
@@ -993,9 +996,12 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
     for name in summary:
         L.append("- %s — %s on %s: %s" % (name, WORKLOADS[name][0], WORKLOADS[name][1],
                                            WORKLOADS[name][2]))
+    i_notes = len(L)
     if notes:
         L.append("\nNotes:\n")
         L.extend("- " + n for n in notes)
+    if not summary:  # --only engines-fmnist: no timed row, so no timing tables
+        L = L[:i_sum] + L[i_eng:i_cfg] + L[i_notes:]
     return "\n".join(L) + "\n"
 
 

@@ -844,10 +844,11 @@ def fmnist_render(fm, fmt, cell):
             "reference" if e not in FM_FP32 else (fmt(100 * a, ".2f") + "%" if a is not None
                                                   else "–")))
     L.append("")
-    L.append("- ONNX Runtime int8: quantize_dynamic (QInt8 weights per channel); OpenVINO int8: "
-             "NNCF quantize (model_type TRANSFORMER) calibrated on %s Fashion-MNIST training "
-             "images drawn at random; OpenVINO bf16: INFERENCE_PRECISION_HINT bf16"
-             % prep.get("calibration", "?"))
+    if any(e.startswith(("ort", "ov")) for e in res):
+        L.append("- ONNX Runtime int8: quantize_dynamic (QInt8 weights per channel); OpenVINO "
+                 "int8: NNCF quantize (model_type TRANSFORMER) calibrated on %s Fashion-MNIST "
+                 "training images drawn at random; OpenVINO bf16: INFERENCE_PRECISION_HINT bf16"
+                 % prep.get("calibration", "?"))
     for n in fm.get("notes", []):
         L.append("- " + n)
     L.append("")

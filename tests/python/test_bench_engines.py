@@ -131,6 +131,7 @@ class TestRender(unittest.TestCase):
         self.assertIn("| ONNX Runtime | fp32 | | failed: onnx_export failed | |", text)
         self.assertIn("all 10,000 images", text)
         self.assertIn("- OpenVINO bf16 not run: no bf16", text)
+        self.assertIn("calibrated on 300 Fashion-MNIST training images", text)
 
     def test_embedder_table(self):
         ok = {"status": "ok", "median_ms": 10.0, "peak_mb": 300.0}
