@@ -22,10 +22,12 @@ not the interpreter, libtorch or libvitc themselves. "fwd MB" is the peak
 during the forwards (warm-up and timed) minus the resident set once weights
 and inputs were built: what running forwards adds, kept workspaces included.
 
-The ViT-B/16 rows also time the other engines (bench/peers.py): vitc in
-bf16 and int8, PyTorch eager in bf16 autocast, torch.compile, ONNX Runtime
-fp32 and int8, OpenVINO fp32, bf16 and int8, each in its own fresh child,
-their output checked against PyTorch eager fp32 on real photos. The
+The ViT-B/16, DINOv2-B/14 and CLIP ViT-B/16 rows also time the other
+engines (bench/peers.py): vitc in bf16 and int8, PyTorch eager in bf16
+autocast, torch.compile, ONNX Runtime fp32 and int8, OpenVINO fp32, bf16
+and int8, each in its own fresh child, their output checked against
+PyTorch eager fp32 on real photos; and the shipped Fashion-MNIST model's
+accuracy is measured on each engine and precision (no timings). The
 DINOv2 and CLIP rows run transformers' own classes on PyTorch's side,
 loaded with from_pretrained from the Hub directory vitc loads.
 
@@ -880,7 +882,8 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
            agree=None, preps=None, fmnist=None):
     L = []
     L.append("# vitc benchmark results\n")
-    L.append("vitc against PyTorch (and, on ViT-B/16, the other engines) on the standard "
+    L.append("vitc against PyTorch (and, on ViT-B/16, DINOv2-B/14 and CLIP ViT-B/16, the other "
+             "engines) on the standard "
              "workloads, side by side in one run "
              "(interleaved, each measurement a fresh process). See docs/bench.md for the method.\n")
     L.append("- date: %s (run took %.0f s)" % (started, elapsed))
@@ -1069,7 +1072,8 @@ def main():
     ap.add_argument("--embed-images", type=int, default=EMBED_IMAGES,
                     help="photos for embed_1000 (default 1000; fewer only to test the driver)")
     ap.add_argument("--engines", default="all",
-                    help="engines beside vitc and PyTorch fp32 on the ViT-B/16 rows: 'all' (those "
+                    help="engines beside vitc and PyTorch fp32 on the ViT-B/16, DINOv2 and CLIP "
+                    "rows and in the Fashion-MNIST table: 'all' (those "
                     "this CPU runs; the bf16 ones need avx512_bf16 or AMX), 'none', or a "
                     "comma-separated list of " + ", ".join(peers.PEERS))
     ap.add_argument("--engine-rounds", type=int, default=2,
