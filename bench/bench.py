@@ -22,10 +22,12 @@ not the interpreter, libtorch or libvitc themselves. "fwd MB" is the peak
 during the forwards (warm-up and timed) minus the resident set once weights
 and inputs were built: what running forwards adds, kept workspaces included.
 
-The ViT-B/16 rows also time the other engines (bench/peers.py): vitc in
-bf16 and int8, PyTorch eager in bf16 autocast, torch.compile, ONNX Runtime
-fp32 and int8, OpenVINO fp32, bf16 and int8, each in its own fresh child,
-their output checked against PyTorch eager fp32 on real photos. The
+The ViT-B/16, DINOv2-B/14 and CLIP ViT-B/16 rows also time the other
+engines (bench/peers.py): vitc in bf16 and int8, PyTorch eager in bf16
+autocast, torch.compile, ONNX Runtime fp32 and int8, OpenVINO fp32, bf16
+and int8, each in its own fresh child, their output checked against
+PyTorch eager fp32 on real photos; and the shipped Fashion-MNIST model's
+accuracy is measured on each engine and precision (no timings). The
 DINOv2 and CLIP rows run transformers' own classes on PyTorch's side,
 loaded with from_pretrained from the Hub directory vitc loads.
 
@@ -116,6 +118,8 @@ WORKLOADS = {
                    "1000 × the dinov2 per-image count", 1),
 }
 VIT = ("vit_b16_b1", "vit_b16_b8")
+# The rows the other engines (bench/peers.py) run on: ViT-B/16, DINOv2, CLIP.
+ENGINE_ROWS = tuple(n for m in peers.MODELS.values() for n in m["rows"])
 HUB = ("dinov2_b14_b1", "dinov2_b14_b8", "clip_b16_b1", "clip_b16_b8")
 EMBED_IMAGES = 1000  # --embed-images changes it (a test of the driver)
 FINETUNE = ("finetune_dinov2_s14_b8", "finetune_clip_b16_b8")
@@ -123,6 +127,10 @@ TRAIN = ("train_fmnist", "train_vit_b16_b8", "sdpa_bwd") + FINETUNE
 # --only accepts these group names too (make bench BENCH_ONLY=train).
 GROUPS = {"train": TRAIN, "inference": tuple(n for n in WORKLOADS if n not in TRAIN),
           "hub": HUB + ("embed_1000",), "engines": VIT,
+          "engines-dinov2": peers.MODELS["dinov2"]["rows"],
+          "engines-clip": peers.MODELS["clip"]["rows"],
+          # no row of the summary: the Fashion-MNIST accuracy table alone
+          "engines-fmnist": (),
           # not "finetune": make bench BENCH_ONLY=finetune would write over
           # bench/results-finetune.md, finetune_learn.py's
           "finetune-step": FINETUNE}
@@ -587,6 +595,55 @@ def export_vit(path, pth=None):
 
 
 
+def run_fmnist(args, threads, flags, log):
+    """The Fashion-MNIST table (--only engines-fmnist): the shipped model on
+    every engine and precision, each a fresh child over the test set; the
+    ONNX / OpenVINO / NNCF files written first into a temporary folder."""
+    fm = {"model": os.path.relpath(peers.FASHION_MODEL, ROOT), "limit": args.fmnist_limit,
+          "results": {}, "notes": []}
+    if not os.path.exists(peers.FASHION_MODEL):
+        fm["notes"].append("not run: %s is absent" % fm["model"])
+        return fm
+    if not peers.fashion_available():
+        fm["notes"].append("not run: Fashion-MNIST is not in %s (apt install "
+                           "dataset-fashion-mnist)" % peers.FASHION_DIR)
+        return fm
+    want = [e for e in peers.FM_ENGINES if e in peers.VITC or e == "torch"
+            or args.engines == "all" or e in args.engines.split(",")]
+    if "ov_bf16" in want and not peers.has_bf16(flags):
+        # OpenVINO would quietly run f32 and agree with itself
+        want.remove("ov_bf16")
+        fm["notes"].append("OpenVINO bf16 not run: the CPU has neither avx512_bf16 nor AMX-BF16")
+    env = child_env(threads, args.openblas_coretype)
+    with tempfile.TemporaryDirectory(prefix="vitc-bench-fmnist-") as d:
+        prep = {"seconds": {}}
+        if any(peers.needs(e) for e in want):
+            log("Fashion-MNIST: writing the ONNX, ONNX Runtime int8, OpenVINO and NNCF int8 "
+                "models (NNCF calibrates on %d training images)" % args.calib)
+            prep, _ = run_child([sys.executable, __file__, "--fmnist-prepare", d, "--child-st",
+                                 peers.FASHION_MODEL, "--calib", str(args.calib),
+                                 "--child-threads", str(threads)], env, 3600)
+            for step_, err in prep.get("errors", {}).items():
+                fm["notes"].append("%s failed: %s" % (step_, err))
+            if prep.get("status") == "failed":
+                fm["notes"].append("preparing the models failed: " + prep["error"][-300:])
+        fm["prepare"] = prep
+        for e in want:
+            if peers.needs(e) and peers.needs(e) not in prep.get("seconds", {}):
+                fm["results"][e] = {"status": "failed", "error": "%s failed" % peers.needs(e)}
+                continue
+            t0 = time.time()
+            argv = [sys.executable, __file__, "--fmnist-child", e, "--child-model", d,
+                    "--child-st", peers.FASHION_MODEL, "--child-threads", str(threads),
+                    "--fmnist-limit", str(args.fmnist_limit)]
+            r, _ = run_child(argv, env, 1200)
+            fm["results"][e] = r
+            log("Fashion-MNIST %-10s %s (%.1f s)" % (
+                e, "accuracy %.2f%%" % (100 * r["acc"]) if r.get("status") == "ok" and "acc" in r
+                else r.get("status", "?") + " " + (r.get("error") or "")[-200:], time.time() - t0))
+    return fm
+
+
 def run_child(argv, env, timeout=None):
     """Run one child; return (parsed JSON, max RSS of the process in KiB).
     os.wait4 gives this child's own rusage (RUSAGE_CHILDREN would sum)."""
@@ -628,10 +685,11 @@ def run_child(argv, env, timeout=None):
 
 
 def engine_argv(engine, name, threads, repeat, peerdir, pth, model, check):
-    """A bench/peers.py child: `engine` on the ViT-B/16 workload `name`."""
+    """A bench/peers.py child: `engine` on the workload `name` (one of
+    ENGINE_ROWS; pth the PyTorch side's weights, model vitc's)."""
     argv = [sys.executable, __file__, "--engine-child", engine, "--child-batch",
-            "8" if name == "vit_b16_b8" else "1", "--child-threads", str(threads),
-            "--child-repeat", str(repeat)]
+            "8" if name.endswith("_b8") else "1", "--child-threads", str(threads),
+            "--child-repeat", str(repeat), "--child-kind", peers.kind_of(name)]
     for flag, val in (("--child-model", peerdir), ("--child-weights", pth), ("--child-st", model)):
         if val:
             argv += [flag, val]
@@ -639,7 +697,7 @@ def engine_argv(engine, name, threads, repeat, peerdir, pth, model, check):
 
 
 def run_checks(name, engines, peerdir, pth, model, threads, coretype, base_env, log):
-    """The logits on the fixed photos of PyTorch eager fp32 (the reference)
+    """The output (logits or embeddings) on the fixed photos of PyTorch eager fp32 (the reference)
     and of vitc in each precision (its bench children print timings only),
     through the Python packages: one untimed child each."""
     out = {}
@@ -653,9 +711,11 @@ def run_checks(name, engines, peerdir, pth, model, threads, coretype, base_env, 
     return out
 
 
-def agreement(runs, checks):
-    """engine -> (max relative error, top-1 agreement) against PyTorch
-    eager fp32 on the fixed photos, or a string saying why there is none."""
+def agreement(runs, checks, name="vit_b16_b1"):
+    """engine -> (max relative error, top-1 agreement; for an embedder the
+    nearest-neighbour agreement) against PyTorch eager fp32 on the fixed
+    photos, or a string saying why there is none."""
+    embedder = peers.MODELS[peers.kind_of(name)]["embedder"]
     ref = checks.get("torch")
     res = {}
     outs = dict(checks)
@@ -671,6 +731,8 @@ def agreement(runs, checks):
             res[e] = "no reference (%s)" % ref
         elif not isinstance(y, list):
             res[e] = y or "no output"
+        elif embedder:
+            res[e] = (peers.rel_err(y, ref), peers.nn_agree(y, ref, peers.photo_count()))
         else:
             res[e] = (peers.rel_err(y, ref), peers.top1_agree(y, ref))
     return res
@@ -817,10 +879,11 @@ def summarize(name, runs, flops, peak1):
 
 
 def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, engines=(),
-           agree=None, prep=None):
+           agree=None, preps=None, fmnist=None):
     L = []
     L.append("# vitc benchmark results\n")
-    L.append("vitc against PyTorch (and, on ViT-B/16, the other engines) on the standard "
+    L.append("vitc against PyTorch (and, on ViT-B/16, DINOv2-B/14 and CLIP ViT-B/16, the other "
+             "engines) on the standard "
              "workloads, side by side in one run "
              "(interleaved, each measurement a fresh process). See docs/bench.md for the method.\n")
     L.append("- date: %s (run took %.0f s)" % (started, elapsed))
@@ -851,8 +914,10 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
         args.rounds, ", ".join("%s %d" % (n, WORKLOADS[n][3] * args.repeat_scale)
                                for n in summary)))
     L.append("")
-    threads = sorted({int(c.split("-")[1]) for s_ in summary.values() for c in s_})
+    threads = sorted({int(c.split("-")[1]) for s_ in summary.values() for c in s_}) or \
+        sorted(int(t) for t in args.threads.split(","))
     vmain, vone = "vitc-%d" % threads[-1], "vitc-%d" % threads[0]
+    i_sum = len(L)  # where the timing tables start (see the end)
     L.append("## Summary\n")
     L.append("vitc at %d thread(s) against PyTorch at its best of %s thread(s). "
              "Median ms; speedup = PyTorch ms / vitc ms; %% peak = GFLOP/s over "
@@ -892,8 +957,15 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
             fmt(t.get("peak_frac") and 100 * t["peak_frac"], ".0f") + "%",
             mem(v), mem(t), fmt(sc, ".2f") + ("×" if sc else "")))
     L.append("")
+    i_eng = len(L)
     if engines:
-        L.extend(peers.render(summary, VIT, engines, agree or {}, prep or {}, args, fmt, cell))
+        for kind, m in peers.MODELS.items():
+            if any(n in summary for n in m["rows"]):
+                L.extend(peers.render(summary, kind, engines, agree or {},
+                                      (preps or {}).get(kind, {}), args, fmt, cell))
+    if fmnist:
+        L.extend(peers.fmnist_render(fmnist, fmt, cell))
+    i_cfg = len(L)
     L.append("## Every configuration\n")
     L.append("| workload | side | threads | median ms | min ms | samples | GFLOP/s | % peak "
              "| peak MB | fwd MB | process MB |")
@@ -927,9 +999,12 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
     for name in summary:
         L.append("- %s — %s on %s: %s" % (name, WORKLOADS[name][0], WORKLOADS[name][1],
                                            WORKLOADS[name][2]))
+    i_notes = len(L)
     if notes:
         L.append("\nNotes:\n")
         L.extend("- " + n for n in notes)
+    if not summary:  # --only engines-fmnist: no timed row, so no timing tables
+        L = L[:i_sum] + L[i_eng:i_cfg] + L[i_notes:]
     return "\n".join(L) + "\n"
 
 
@@ -980,7 +1055,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", help="write the markdown table here (and the raw data to .json)")
     ap.add_argument("--only", help="comma-separated workloads or groups (train, inference, hub, "
-                    "engines, finetune-step; default: all): " + ", ".join(WORKLOADS))
+                    "engines, engines-dinov2, engines-clip, engines-fmnist, finetune-step; "
+                    "default: all): " + ", ".join(WORKLOADS))
     ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     ap.add_argument("--repeat-scale", type=int, default=1,
                     help="multiply every workload's timed forwards per child")
@@ -996,7 +1072,8 @@ def main():
     ap.add_argument("--embed-images", type=int, default=EMBED_IMAGES,
                     help="photos for embed_1000 (default 1000; fewer only to test the driver)")
     ap.add_argument("--engines", default="all",
-                    help="engines beside vitc and PyTorch fp32 on the ViT-B/16 rows: 'all' (those "
+                    help="engines beside vitc and PyTorch fp32 on the ViT-B/16, DINOv2 and CLIP "
+                    "rows and in the Fashion-MNIST table: 'all' (those "
                     "this CPU runs; the bf16 ones need avx512_bf16 or AMX), 'none', or a "
                     "comma-separated list of " + ", ".join(peers.PEERS))
     ap.add_argument("--engine-rounds", type=int, default=2,
@@ -1021,6 +1098,13 @@ def main():
     ap.add_argument("--export-vit", metavar="PATH", help=argparse.SUPPRESS)
     ap.add_argument("--export-vit-pth", metavar="PATH", help=argparse.SUPPRESS)
     ap.add_argument("--child-weights", metavar="PATH", help=argparse.SUPPRESS)
+    ap.add_argument("--child-kind", default="vit", choices=tuple(peers.MODELS),
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--fmnist-prepare", metavar="DIR", help=argparse.SUPPRESS)
+    ap.add_argument("--fmnist-child", metavar="ENGINE", help=argparse.SUPPRESS)
+    ap.add_argument("--fmnist-limit", type=int, default=0,
+                    help="the Fashion-MNIST table on the first N test images only (a test of "
+                    "the driver; default: all 10,000)")
     args = ap.parse_args()
     QUICK = args.quick
     EMBED_IMAGES = args.embed_images
@@ -1039,10 +1123,17 @@ def main():
     if args.engine_child:
         return peers.engine_child(args.engine_child, args.child_model, args.child_weights,
                                   args.child_st, args.child_batch, args.child_threads,
-                                  args.child_repeat, args.child_check, CHILD_BUDGET)
+                                  args.child_repeat, args.child_check, CHILD_BUDGET,
+                                  args.child_kind)
     if args.prepare_peers:
         return peers.prepare(args.prepare_peers, args.child_weights, args.calib,
-                             args.child_threads)
+                             args.child_threads, args.child_kind)
+    if args.fmnist_prepare:
+        return peers.fmnist_prepare(args.fmnist_prepare, args.child_st, args.calib,
+                                    args.child_threads)
+    if args.fmnist_child:
+        return peers.fmnist_child(args.fmnist_child, args.child_model, args.child_st,
+                                  args.child_threads, args.fmnist_limit)
     if args.versions:
         return peers.versions()
     if args.export_vit_pth:
@@ -1109,7 +1200,7 @@ def main():
         notes.append("PyTorch could not be started: " + info["torch"])
 
     engines = []
-    if any(n in VIT for n in names) and args.engines != "none":
+    if any(n in ENGINE_ROWS for n in names) and args.engines != "none":
         want = peers.PEERS if args.engines == "all" else args.engines.split(",")
         for e in want:
             if e not in peers.PEERS:
@@ -1156,27 +1247,6 @@ def main():
     elif model and engines:
         notes.append("--model %s: vitc timed that file, the other engines the random-init "
                      "checkpoint; the agreement column compares different weights" % model)
-    peerdir, prep = None, {}
-    if any(e in peers.PEERS for e in engines) and pth:
-        peerdir = os.path.join(tmpdir.name, "peers")
-        os.makedirs(peerdir, exist_ok=True)
-        log("writing the ONNX, ONNX Runtime int8, OpenVINO and NNCF int8 models to %s (NNCF "
-            "calibrates on %d samples)" % (peerdir, args.calib))
-        t0 = time.time()
-        prep, _ = run_child([sys.executable, __file__, "--prepare-peers", peerdir,
-                             "--child-weights", pth, "--calib", str(args.calib),
-                             "--child-threads", str(max(threads))], base_env, 3600)
-        prep["wall_s"] = time.time() - t0
-        if prep.get("status") == "failed":
-            notes.append("Preparing the other engines' models failed: " + prep["error"][-300:])
-        for step_, err in prep.get("errors", {}).items():
-            notes.append("%s failed: %s" % (step_, err))
-        log("prepared in %.0f s: %s" % (prep["wall_s"], json.dumps(prep.get("seconds", {}))))
-    info["prepare"] = prep
-    # torch.compile's children share one inductor cache, this run's own:
-    # the first compiles from scratch, the later ones reuse its kernels.
-    if "compile" in engines and tmpdir:
-        base_env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmpdir.name, "inductor")
 
     hubdir = photos = None
     if any(n in HUB or n == "embed_1000" for n in names):
@@ -1211,17 +1281,52 @@ def main():
         d = "clip-vit-base-patch16" if name.startswith("clip") else "dinov2-base"
         return os.path.join(hubdir, d) if hubdir else None
 
+    # The other engines' files, per model kind of the rows selected: its
+    # weights are the .pth (ViT) or the Hub directory (DINOv2, CLIP).
+    peerdirs, preps = {}, {}
+    for kind in [k for k, m in peers.MODELS.items() if any(n in names for n in m["rows"])]:
+        weights = pth if kind == "vit" else hub_model(peers.MODELS[kind]["rows"][0])
+        if not any(e in peers.PEERS for e in engines) or not weights:
+            continue
+        peerdirs[kind] = os.path.join(tmpdir.name, "peers", kind)
+        os.makedirs(peerdirs[kind], exist_ok=True)
+        log("writing the %s ONNX, ONNX Runtime int8, OpenVINO and NNCF int8 models to %s (NNCF "
+            "calibrates on %d samples)" % (peers.MODELS[kind]["title"], peerdirs[kind], args.calib))
+        t0 = time.time()
+        prep, _ = run_child([sys.executable, __file__, "--prepare-peers", peerdirs[kind],
+                             "--child-weights", weights, "--calib", str(args.calib),
+                             "--child-threads", str(max(threads)), "--child-kind", kind],
+                            base_env, 3600)
+        prep["wall_s"] = time.time() - t0
+        if prep.get("status") == "failed":
+            notes.append("Preparing the other engines' %s models failed: %s"
+                         % (peers.MODELS[kind]["title"], prep["error"][-300:]))
+        for step_, err in prep.get("errors", {}).items():
+            notes.append("%s: %s failed: %s" % (peers.MODELS[kind]["title"], step_, err))
+        log("prepared in %.0f s: %s" % (prep["wall_s"], json.dumps(prep.get("seconds", {}))))
+        preps[kind] = prep
+    info["prepare"] = preps
+    # torch.compile's children share one inductor cache, this run's own:
+    # the first compiles from scratch, the later ones reuse its kernels.
+    if "compile" in engines and tmpdir:
+        base_env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmpdir.name, "inductor")
+
     configs = ["vitc-%d" % t for t in sorted(threads, reverse=True)] + \
               ["torch-%d" % t for t in sorted(threads)]
     raw, checks = {}, {}
     flops = {n: flops_of(n) for n in names}
     for name in names:
         reps = WORKLOADS[name][3] * args.repeat_scale
+        kind = peers.kind_of(name) if name in ENGINE_ROWS else None
+        peerdir, prep = peerdirs.get(kind), preps.get(kind, {})
         cfgs = configs + (["%s-%d" % (e, t) for e in engines for t in sorted(threads)]
-                          if name in VIT else [])
+                          if kind else [])
         runs = {c: [] for c in cfgs}
-        if name in VIT and engines:
-            checks[name] = run_checks(name, engines, peerdir, pth, model, max(threads),
+        # the ViT's engines load the .pth and vitc its safetensors; DINOv2's
+        # and CLIP's all load the Hub directory
+        eweights, est = (pth, model) if kind == "vit" else (hub_model(name), hub_model(name))
+        if kind and engines:
+            checks[name] = run_checks(name, engines, peerdir, eweights, est, max(threads),
                                       args.openblas_coretype, base_env, log)
         for rnd in range(args.rounds):
             order = cfgs[rnd % len(cfgs):] + cfgs[:rnd % len(cfgs)]
@@ -1271,7 +1376,7 @@ def main():
                         runs[cfg].append({"status": "failed", "error": "%s failed (see the "
                                           "notes)" % peers.needs(side), "_maxrss_kb": 0})
                         continue
-                    argv = engine_argv(side, name, th, reps, peerdir, pth, model, rnd == 0)
+                    argv = engine_argv(side, name, th, reps, peerdir, eweights, est, rnd == 0)
                     # the first torch.compile child compiles from scratch
                     timeout = 1200 if side == "compile" else None
                 t0 = time.time()
@@ -1308,25 +1413,33 @@ def main():
         raw[name] = runs
         # Between workloads: another chance to catch the machine quiet.
         measure_peak()
+    fmnist = None
+    if not args.only or "engines-fmnist" in args.only.split(","):
+        fmnist = run_fmnist(args, max(threads), info["flags"], log)
     if tmpdir:
         tmpdir.cleanup()
     info["load_end"] = loadavg()
     summary = {name: summarize(name, raw[name], flops.get(name), peak["p1"]) for name in names}
-    agree = {name: agreement(raw[name], checks.get(name, {})) for name in names if name in VIT}
+    agree = {name: agreement(raw[name], checks.get(name, {}), name) for name in names
+             if name in ENGINE_ROWS}
     for name in raw:  # the logits went into `agree`; the .json keeps the numbers
         for rs in raw[name].values():
             for r in rs:
                 r.pop("out", None)
 
     text = render(info, args, peak, summary, flops, notes, cmdline, started, time.time() - t_start,
-                  engines, agree, prep)
+                  engines, agree, preps, fmnist)
     print(text)
     if args.out:
         with open(args.out, "w") as f:
             f.write(text)
         with open(os.path.splitext(args.out)[0] + ".json", "w") as f:
             json.dump({"info": info, "peak": peak, "summary": summary, "raw": raw,
-                       "agreement": agree}, f, indent=1)
+                       "agreement": agree,
+                       "fmnist": fmnist and dict(fmnist, results={
+                           e: {k: v for k, v in r.items() if k != "pred"}
+                           for e, r in fmnist["results"].items()},
+                           agreement=peers.fmnist_agree(fmnist["results"]))}, f, indent=1)
         log("wrote " + args.out)
         if not args.only:  # a full run: also kept per CPU
             path = cpu_results_write(text, info, started)
