@@ -163,7 +163,8 @@ static vitc_status depth_conv(vitc_depth *d, const vitc__shards *h, const char *
         VITC_TRY(depth_take(d, h, nm, bs, 1, &b));
         c->b = b;
     }
-    return VITC_OK;
+    /* the weights stay as loaded: their row-wise GEMM panels, once */
+    return vitc__nn_conv_prepare(c);
 }
 
 /* nn.ConvTranspose2d(C, O, k, stride k), weight [C, O, k, k]. */
@@ -424,6 +425,15 @@ static vitc_status depth_processor(vitc_depth *d, const char *dir) {
 void vitc_depth_free(vitc_depth *d) {
     if (!d)
         return;
+    for (int i = 0; i < DEPTH_MAX_LEVELS; i++) {
+        depth_level *l = &d->lv[i];
+        vitc__nn_conv *c[8] = {&l->proj, &l->down, &l->conv, &l->fproj,
+                               &l->res1.c1, &l->res1.c2, &l->res2.c1, &l->res2.c2};
+        for (int j = 0; j < 8; j++) vitc__nn_conv_unprepare(c[j]);
+    }
+    vitc__nn_conv_unprepare(&d->h1);
+    vitc__nn_conv_unprepare(&d->h2);
+    vitc__nn_conv_unprepare(&d->h3);
     if (d->cache) { /* its session before the model it reads */
         depth_ws_free(&d->cache->ws);
         pthread_mutex_destroy(&d->cache->lock);
@@ -561,6 +571,30 @@ typedef struct depth_run {
     depth_ws *ws;
 } depth_run;
 
+#ifdef VITC_DEPTH_TIMING
+#include <time.h>
+static double dt_acc[32];
+static const char *dt_name[32];
+static double dt_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+#define DT_START double dt_t0 = dt_now()
+#define DT_MARK(i, nm) (dt_acc[i] += dt_now() - dt_t0, dt_name[i] = nm, dt_t0 = dt_now())
+static void dt_dump(void) {
+    fprintf(stderr, "DT");
+    for (int i = 0; i < 32; i++)
+        if (dt_name[i]) fprintf(stderr, " %s=%.2f", dt_name[i], dt_acc[i]);
+    fprintf(stderr, "\n");
+    memset(dt_acc, 0, sizeof dt_acc);
+}
+#else
+#define DT_START (void)0
+#define DT_MARK(i, nm) (void)0
+static void dt_dump(void) {}
+#endif
+
 static void map_free(depth_map *m) {
     if (m->owner)
         *m->owner = 0;
@@ -593,15 +627,22 @@ static vitc_status map_new(depth_run *r, depth_map *m, int64_t h, int64_t w, int
     return VITC_OK;
 }
 
-static vitc_status run_conv(depth_run *r, const vitc__nn_conv *c, const depth_map *x,
-                            depth_map *y) {
+/* y = conv(relu_in ? relu(x) : x) + res (res NULL or a map of y's shape). */
+static vitc_status run_conv_ex(depth_run *r, const vitc__nn_conv *c, const depth_map *x,
+                               int relu_in, const depth_map *res, depth_map *y) {
     int64_t oh = vitc__nn_conv_out(x->h, c->kh, c->sh, c->ph);
     int64_t ow = vitc__nn_conv_out(x->w, c->kw, c->sw, c->pw);
     int64_t sc = vitc__nn_conv_scratch(c, r->B, x->h, x->w);
     VITC_TRY(map_new(r, y, oh, ow, c->O));
     if (sc > 0)
         VITC_TRY(vitc__buf_reserve(&r->ws->scratch, (size_t)sc));
-    return vitc__nn_conv_forward(c, y->p, x->p, r->B, x->h, x->w, r->ws->scratch.p, sc);
+    return vitc__nn_conv_forward_ex(c, y->p, x->p, r->B, x->h, x->w, relu_in,
+                                    res ? res->p : NULL, r->ws->scratch.p, sc);
+}
+
+static vitc_status run_conv(depth_run *r, const vitc__nn_conv *c, const depth_map *x,
+                            depth_map *y) {
+    return run_conv_ex(r, c, x, 0, NULL, y);
 }
 
 static vitc_status run_convt(depth_run *r, const vitc__nn_convt *c, const depth_map *x,
@@ -651,26 +692,55 @@ static void map_apply(float *y, const float *x, const float *b, size_t n) {
 
 static void relu_into(float *y, const float *x, size_t n) { map_apply(y, x, NULL, n); }
 
-/* x + conv2(relu(conv1(relu(x)))) into y (a new map). */
+/* predicted_depth from conv3's output z [n] (a NULL) or, a given, conv3
+ * itself on relu(a) [n, C] (a GEMM of one column runs at a fraction of
+ * the GEMM's speed, and the ReLU would be a pass): relative depth
+ * relu(z) * max_depth, metric sigmoid(z) * max_depth; pixels [i0, i1). */
+static void depth_out(const vitc_depth *d, float *depth, const float *z, const float *a,
+                      size_t i0, size_t i1) {
+    const int64_t C = d->h3.C;
+    const float md = d->max_depth, *w = d->h3.w, b = d->h3.b ? d->h3.b[0] : 0.0f;
+    for (size_t k = i0; k < i1; k++) {
+        float v;
+        if (a) {
+            const float *ak = a + k * (size_t)C; /* [C] */
+            float t = b;
+            for (int64_t c = 0; c < C; c++) t += w[c] * (ak[c] > 0.0f ? ak[c] : 0.0f);
+            v = t;
+        } else {
+            v = z[k];
+        }
+        depth[k] = d->metric ? md / (1.0f + expf(-v)) : (v > 0.0f ? v : 0.0f) * md;
+    }
+}
+
+typedef struct head_ctx {
+    const vitc_depth *d;
+    float *depth;
+    const float *a;
+    size_t n;
+} head_ctx;
+#define HEAD_CHUNK ((size_t)1 << 12)
+
+static void head_task(void *ctx, int64_t t, int tid) {
+    const head_ctx *h = ctx;
+    size_t i0 = (size_t)t * HEAD_CHUNK, i1 = i0 + HEAD_CHUNK < h->n ? i0 + HEAD_CHUNK : h->n;
+    (void)tid;
+    depth_out(h->d, h->depth, NULL, h->a, i0, i1);
+}
+
+static void head_out(const vitc_depth *d, float *depth, const float *a, size_t n) {
+    head_ctx h = {d, depth, a, n};
+    vitc__parallel_for((int64_t)((n + HEAD_CHUNK - 1) / HEAD_CHUNK), head_task, &h);
+}
+
+/* x + conv2(relu(conv1(relu(x)))) into y (a new map): the ReLUs and the
+ * sum inside the convolutions. */
 static vitc_status run_rcu(depth_run *r, const depth_rcu *u, const depth_map *x, depth_map *y) {
-    depth_map a = {0}, b = {0};
-    vitc_status s = map_new(r, &a, x->h, x->w, x->c);
-    if (s == VITC_OK) {
-        relu_into(a.p, x->p, map_len(r, x));
-        s = run_conv(r, &u->c1, &a, &b);
-    }
-    if (s == VITC_OK) {
-        relu_into(b.p, b.p, map_len(r, &b));
-        map_free(&a);
-        s = run_conv(r, &u->c2, &b, &a);
-    }
-    if (s == VITC_OK) {
-        size_t n = map_len(r, &a);
-        map_apply(a.p, a.p, x->p, n);
-        *y = a; /* the result's slot moves to y */
-        a.owner = NULL;
-    }
-    map_free(&a);
+    depth_map b = {0};
+    vitc_status s = run_conv_ex(r, &u->c1, x, 1, NULL, &b);
+    if (s == VITC_OK)
+        s = run_conv_ex(r, &u->c2, &b, 1, x, y);
     map_free(&b);
     return s;
 }
@@ -736,6 +806,7 @@ static vitc_status depth_neck_head(const vitc_depth *d, depth_ws *ws, const floa
     int64_t np = d->vit->n_prefix;
     depth_map feat[DEPTH_MAX_LEVELS] = {{0}}, fused[DEPTH_MAX_LEVELS] = {{0}};
     depth_map tok = {0}, a = {0}, b = {0}, c = {0};
+    DT_START;
     vitc_status s = map_new(&r, &tok, gh, gw, C);
     for (int i = 0; s == VITC_OK && i < n; i++) {
         /* the patch rows of tap i: the class token dropped */
@@ -744,6 +815,7 @@ static vitc_status depth_neck_head(const vitc_depth *d, depth_ws *ws, const floa
             memcpy(tok.p + bb * gh * gw * C, src + (bb * N + np) * C,
                    (size_t)(gh * gw * C) * sizeof(float));
         s = run_level(&r, i, tok.p, gh, gw, &feat[i]);
+        DT_MARK(1 + i, i == 0 ? "reasm0" : i == 1 ? "reasm1" : i == 2 ? "reasm2" : "reasm3");
     }
     map_free(&tok);
     /* deepest first; each output sized as the next feature (x2 for the last) */
@@ -752,29 +824,31 @@ static vitc_status depth_neck_head(const vitc_depth *d, depth_ws *ws, const floa
         int64_t oh = i ? feat[i - 1].h : 2 * feat[i].h, ow = i ? feat[i - 1].w : 2 * feat[i].w;
         /* fusion_stage.layers[k] takes the features deepest first */
         s = run_fusion(&r, k, k ? &fused[k - 1] : NULL, &feat[i], oh, ow, &fused[k]);
+        DT_MARK(5 + k, k == 0 ? "fus0" : k == 1 ? "fus1" : k == 2 ? "fus2" : "fus3");
     }
     int64_t H = gh * d->patch, W = gw * d->patch;
     if (s == VITC_OK)
         s = run_conv(&r, &d->h1, &fused[d->head_in], &a);
+    DT_MARK(10, "head1");
     if (s == VITC_OK)
         s = run_bilinear(&r, &a, H, W, 1, &b);
+    DT_MARK(11, "headup");
     if (s == VITC_OK) {
         map_free(&a);
         s = run_conv(&r, &d->h2, &b, &a);
     }
-    if (s == VITC_OK) {
+    DT_MARK(12, "head2");
+    if (s == VITC_OK && !strcmp(vitc__nn_dense_path(), "ref")) {
         relu_into(a.p, a.p, map_len(&r, &a));
         map_free(&b);
         s = run_conv(&r, &d->h3, &a, &c);
+        if (s == VITC_OK)
+            depth_out(d, depth, c.p, NULL, 0, (size_t)(B * H * W));
+    } else if (s == VITC_OK) {
+        map_free(&b);
+        head_out(d, depth, a.p, (size_t)(B * H * W));
     }
-    if (s == VITC_OK) {
-        size_t len = (size_t)(B * H * W);
-        float md = d->max_depth;
-        if (d->metric)
-            for (size_t k = 0; k < len; k++) depth[k] = md / (1.0f + expf(-c.p[k]));
-        else
-            for (size_t k = 0; k < len; k++) depth[k] = (c.p[k] > 0.0f ? c.p[k] : 0.0f) * md;
-    }
+    DT_MARK(13, "head3");
     for (int i = 0; i < n; i++) {
         map_free(&feat[i]);
         map_free(&fused[i]);
@@ -801,8 +875,10 @@ vitc_status vitc_depth_forward(const vitc_depth *d, const float *pixels, int B, 
     if (!vitc__mul_size((size_t)(d->n * B), (size_t)(N * C), &n))
         return vitc__err(VITC_ERR_NOMEM, "vitc_depth_forward: batch %d overflows", B);
     /* The peak is the head at full resolution: conv1's output resized
-     * (F/2 channels), conv2's (head_hidden) and the depth, per pixel. */
-    double peak = 4.0 * B * (double)H * W * (d->fusion / 2 + d->head_hidden + 1) + 4.0 * (double)n;
+     * (F/2 channels), conv2's padded copy of it (F/2), conv2's output
+     * (head_hidden) and the depth, per pixel. */
+    double peak = 4.0 * B * (double)H * W * (2 * (d->fusion / 2) + d->head_hidden + 1) +
+                  4.0 * (double)n;
     if (peak > DEPTH_MAX_FORWARD_BYTES)
         return vitc__err(VITC_ERR_NOMEM, "vitc_depth_forward: batch %d of %dx%d needs about %.0f "
                          "MiB, over the %lld MiB limit of a forward (docs/limits.md); use smaller "
@@ -816,11 +892,14 @@ vitc_status vitc_depth_forward(const vitc_depth *d, const float *pixels, int B, 
     vitc_status st = vitc__buf_reserve(&ws->hid, n); /* [n, B, N, C] */
     if (st == VITC_OK && !ws->sess)
         st = vitc_session_create(d->vit, &ws->sess);
+    DT_START;
     if (st == VITC_OK)
         st = vitc__vit_forward_layers(d->vit, ws->sess, pixels, B, H, W, d->stages, d->n, d->norm,
                                       ws->hid.p);
+    DT_MARK(0, "backbone");
     if (st == VITC_OK)
         st = depth_neck_head(d, ws, ws->hid.p, B, gh, gw, depth);
+    dt_dump();
     if (locked)
         pthread_mutex_unlock(&d->cache->lock);
     else
