@@ -335,11 +335,23 @@ static void test_fast_vs_ref(void **state) {
     }
 }
 
+/* forward_rows' fn: copies each row where it belongs in a second map. */
+typedef struct row_copy {
+    float *out; /* [B, oh, ow, O] */
+    int64_t oh, n;
+} row_copy;
+
+static void copy_row(void *ctx, int64_t b, int64_t oy, const float *row) {
+    const row_copy *k = ctx;
+    memcpy(k->out + (b * k->oh + oy) * k->n, row, (size_t)k->n * sizeof(float));
+}
+
 /* vitc__nn_conv_forward_ex (the ReLU'd input, the residual, the residual
  * being y itself), prepared (row-wise) and not (im2col), on the fast path
  * against the reference: shapes of the DPT head's, strided, a kernel row
  * deeper than the in-place GEMM reads (3 x 128 = 384 floats), a kernel of
- * one row whose padding rows leave some outputs nothing but the bias. */
+ * one row whose padding rows leave some outputs nothing but the bias;
+ * vitc__nn_conv_forward_rows' rows. */
 static void test_conv_ex(void **state) {
     (void)state;
     const cshape cases[] = {
@@ -383,6 +395,25 @@ static void test_conv_ex(void **state) {
             }
             vitc__nn_conv_unprepare(&p);
         }
+        /* forward_rows: fn sees every row, as final as y's (NaN elsewhere) */
+        vitc__nn_conv p = {w, c->bias ? b : NULL, c->C, c->O, c->kh, c->kw,
+                           c->sh, c->sw, c->ph, c->pw, NULL};
+        float *rows = tu_falloc(ny);
+        row_copy rc = {rows, oh, ow * c->O};
+        for (int prep = 0; prep < 3; prep++) {
+            if (prep == 2) assert_int_equal(vitc__nn_conv_prepare(&p), VITC_OK);
+            assert_int_equal(vitc__nn_dense_force(prep ? "fast" : "ref"), VITC_OK);
+            int64_t ns = vitc__nn_conv_scratch(&p, c->B, c->H, c->W);
+            float *s = scratch_of(ns);
+            for (size_t k = 0; k < ny; k++) rows[k] = NAN;
+            assert_int_equal(vitc__nn_conv_forward_rows(&p, got, x, c->B, c->H, c->W, 1,
+                                                        copy_row, &rc, s, ns),
+                             VITC_OK);
+            assert_memory_equal(rows, got, ny * sizeof(float));
+            free(s);
+        }
+        vitc__nn_conv_unprepare(&p);
+        free(rows);
         assert_int_equal(vitc__nn_dense_force("auto"), VITC_OK);
         free(x), free(w), free(b), free(r), free(want), free(got);
     }

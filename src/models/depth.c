@@ -640,6 +640,21 @@ static vitc_status run_conv_ex(depth_run *r, const vitc__nn_conv *c, const depth
                                     res ? res->p : NULL, r->ws->scratch.p, sc);
 }
 
+/* y = conv(x), then fn on each of y's rows (dense.h's vitc__nn_conv_forward_rows). */
+static vitc_status run_conv_rows(depth_run *r, const vitc__nn_conv *c, const depth_map *x,
+                                 vitc__nn_row_fn fn, void *ctx, depth_map *y) {
+    if (!fn)
+        return run_conv_ex(r, c, x, 0, NULL, y);
+    int64_t oh = vitc__nn_conv_out(x->h, c->kh, c->sh, c->ph);
+    int64_t ow = vitc__nn_conv_out(x->w, c->kw, c->sw, c->pw);
+    int64_t sc = vitc__nn_conv_scratch(c, r->B, x->h, x->w);
+    VITC_TRY(map_new(r, y, oh, ow, c->O));
+    if (sc > 0)
+        VITC_TRY(vitc__buf_reserve(&r->ws->scratch, (size_t)sc));
+    return vitc__nn_conv_forward_rows(c, y->p, x->p, r->B, x->h, x->w, 0, fn, ctx,
+                                      r->ws->scratch.p, sc);
+}
+
 static vitc_status run_conv(depth_run *r, const vitc__nn_conv *c, const depth_map *x,
                             depth_map *y) {
     return run_conv_ex(r, c, x, 0, NULL, y);
@@ -695,17 +710,29 @@ static void relu_into(float *y, const float *x, size_t n) { map_apply(y, x, NULL
 /* predicted_depth from conv3's output z [n] (a NULL) or, a given, conv3
  * itself on relu(a) [n, C] (a GEMM of one column runs at a fraction of
  * the GEMM's speed, and the ReLU would be a pass): relative depth
- * relu(z) * max_depth, metric sigmoid(z) * max_depth; pixels [i0, i1). */
+ * relu(z) * max_depth, metric sigmoid(z) * max_depth. */
+typedef float depth_v4 __attribute__((vector_size(16)));
+typedef int depth_v4i __attribute__((vector_size(16)));
+
 static void depth_out(const vitc_depth *d, float *depth, const float *z, const float *a,
-                      size_t i0, size_t i1) {
-    const int64_t C = d->h3.C;
+                      size_t n) {
+    const int64_t C = d->h3.C, C4 = C / 4 * 4;
     const float md = d->max_depth, *w = d->h3.w, b = d->h3.b ? d->h3.b[0] : 0.0f;
-    for (size_t k = i0; k < i1; k++) {
+    const depth_v4 zero = {0, 0, 0, 0};
+    for (size_t k = 0; k < n; k++) {
         float v;
         if (a) {
             const float *ak = a + k * (size_t)C; /* [C] */
-            float t = b;
-            for (int64_t c = 0; c < C; c++) t += w[c] * (ak[c] > 0.0f ? ak[c] : 0.0f);
+            depth_v4 acc = zero;
+            for (int64_t c = 0; c < C4; c += 4) { /* four partial sums: no chain of C adds */
+                depth_v4 x, wv;
+                memcpy(&x, ak + c, sizeof x);
+                memcpy(&wv, w + c, sizeof wv);
+                x = (depth_v4)((depth_v4i)x & (x > zero));
+                acc += wv * x;
+            }
+            float t = b + ((acc[0] + acc[1]) + (acc[2] + acc[3]));
+            for (int64_t c = C4; c < C; c++) t += w[c] * (ak[c] > 0.0f ? ak[c] : 0.0f);
             v = t;
         } else {
             v = z[k];
@@ -714,24 +741,16 @@ static void depth_out(const vitc_depth *d, float *depth, const float *z, const f
     }
 }
 
+/* conv2's output row (b, oy) [W, C] -> predicted_depth's row. */
 typedef struct head_ctx {
     const vitc_depth *d;
-    float *depth;
-    const float *a;
-    size_t n;
+    float *depth; /* [B, H, W] */
+    int64_t H, W;
 } head_ctx;
-#define HEAD_CHUNK ((size_t)1 << 12)
 
-static void head_task(void *ctx, int64_t t, int tid) {
+static void head_row(void *ctx, int64_t b, int64_t oy, const float *row) {
     const head_ctx *h = ctx;
-    size_t i0 = (size_t)t * HEAD_CHUNK, i1 = i0 + HEAD_CHUNK < h->n ? i0 + HEAD_CHUNK : h->n;
-    (void)tid;
-    depth_out(h->d, h->depth, NULL, h->a, i0, i1);
-}
-
-static void head_out(const vitc_depth *d, float *depth, const float *a, size_t n) {
-    head_ctx h = {d, depth, a, n};
-    vitc__parallel_for((int64_t)((n + HEAD_CHUNK - 1) / HEAD_CHUNK), head_task, &h);
+    depth_out(h->d, h->depth + (b * h->H + oy) * h->W, NULL, row, (size_t)h->W);
 }
 
 /* x + conv2(relu(conv1(relu(x)))) into y (a new map): the ReLUs and the
@@ -770,26 +789,41 @@ static vitc_status run_fusion(depth_run *r, int k, const depth_map *prev, const 
     const depth_level *l = &r->d->lv[k];
     depth_map h = {0}, u = {0}, rs = {0}, v = {0};
     vitc_status s = VITC_OK;
+    DT_START;
     if (prev) {
         const depth_map *res = f;
         if (f->h != prev->h || f->w != prev->w) { /* transformers resizes the residual */
             s = run_bilinear(r, f, prev->h, prev->w, 0, &rs);
             res = &rs;
         }
+        DT_MARK(20, "f_rs");
         if (s == VITC_OK)
             s = run_rcu(r, &l->res1, res, &u);
+        DT_MARK(21, "f_rcu1");
         if (s == VITC_OK) {
             size_t n = map_len(r, &u);
             map_apply(u.p, u.p, prev->p, n);
+        DT_MARK(22, "f_add");
             s = run_rcu(r, &l->res2, &u, &h);
         }
+        DT_MARK(23, "f_rcu2");
     } else {
         s = run_rcu(r, &l->res2, f, &h);
     }
-    if (s == VITC_OK)
+    /* The 1x1 projection and the bilinear resize commute (both linear per
+     * pixel, the resize's weights summing to 1 carry the bias through):
+     * projecting first costs a quarter of the FLOPs at the x2 resizes. */
+    if (s == VITC_OK && oh * ow >= h.h * h.w) {
+        s = run_conv(r, &l->fproj, &h, &v);
+        DT_MARK(25, "f_proj");
+        if (s == VITC_OK)
+            s = run_bilinear(r, &v, oh, ow, 1, out);
+        DT_MARK(24, "f_up");
+    } else if (s == VITC_OK) {
         s = run_bilinear(r, &h, oh, ow, 1, &v);
-    if (s == VITC_OK)
-        s = run_conv(r, &l->fproj, &v, out);
+        if (s == VITC_OK)
+            s = run_conv(r, &l->fproj, &v, out);
+    }
     map_free(&h);
     map_free(&u);
     map_free(&rs);
@@ -833,20 +867,21 @@ static vitc_status depth_neck_head(const vitc_depth *d, depth_ws *ws, const floa
     if (s == VITC_OK)
         s = run_bilinear(&r, &a, H, W, 1, &b);
     DT_MARK(11, "headup");
+    /* conv3 (1x1 to one channel) and the output on each row of conv2's
+     * output while it is in cache; VITC_DENSE=ref: transformers' order */
+    int ref = !strcmp(vitc__nn_dense_path(), "ref");
+    head_ctx hc = {d, depth, H, W};
     if (s == VITC_OK) {
         map_free(&a);
-        s = run_conv(&r, &d->h2, &b, &a);
+        s = run_conv_rows(&r, &d->h2, &b, ref ? NULL : head_row, &hc, &a);
     }
     DT_MARK(12, "head2");
-    if (s == VITC_OK && !strcmp(vitc__nn_dense_path(), "ref")) {
+    if (s == VITC_OK && ref) {
         relu_into(a.p, a.p, map_len(&r, &a));
         map_free(&b);
         s = run_conv(&r, &d->h3, &a, &c);
         if (s == VITC_OK)
-            depth_out(d, depth, c.p, NULL, 0, (size_t)(B * H * W));
-    } else if (s == VITC_OK) {
-        map_free(&b);
-        head_out(d, depth, a.p, (size_t)(B * H * W));
+            depth_out(d, depth, c.p, NULL, (size_t)(B * H * W));
     }
     DT_MARK(13, "head3");
     for (int i = 0; i < n; i++) {

@@ -582,6 +582,8 @@ typedef struct rows_ctx {
     const float *xp;   /* [B, H, W + 2 pw, C] */
     const float *res;  /* [B, oh, ow, O] or NULL */
     int64_t H, W, oh, ow;
+    vitc__nn_row_fn fn; /* or NULL */
+    void *fn_ctx;
 } rows_ctx;
 
 static void conv_row(void *vc, int64_t t, int tid) {
@@ -607,26 +609,44 @@ static void conv_row(void *vc, int64_t t, int tid) {
         for (int64_t j = 0; j < k->ow; j++)
             for (int64_t o = 0; o < O; o++)
                 yr[j * O + o] = (p->b ? p->b[o] : 0.0f) + (rr ? rr[j * O + o] : 0.0f);
+    if (k->fn) k->fn(k->fn_ctx, b, oy, yr);
 }
 
 static void conv_fwd_rows(const vitc__nn_conv *p, float *y, const float *x, int64_t B, int64_t H,
                           int64_t W, int64_t oh, int64_t ow, int relu_in, const float *res,
-                          float *scratch) {
+                          vitc__nn_row_fn fn, void *fn_ctx, float *scratch) {
     pad_ctx pk = {scratch, x, W, p->C, p->pw, relu_in};
     vitc__parallel_range(B * H, pad_rows, &pk);
-    rows_ctx k = {p, y, scratch, res, H, W, oh, ow};
+    rows_ctx k = {p, y, scratch, res, H, W, oh, ow, fn, fn_ctx};
     /* rows claimed as threads come free: a row is a few GEMM tiles wide,
      * and a shared machine slows one thread now and then */
     vitc__parallel_for_dynamic(B * oh, 1, conv_row, &k);
 }
 
-static void conv_fwd_fast(const vitc__nn_conv *p, float *y, const float *x, int64_t B, int64_t H,
-                          int64_t W, int64_t oh, int64_t ow, int relu_in, const float *res,
-                          float *scratch) {
-    if (!conv_is_1x1(p) && conv_rowwise(p))
-        conv_fwd_rows(p, y, x, B, H, W, oh, ow, relu_in, res, scratch);
-    else
-        conv_fwd_im2col(p, y, x, B, H, W, oh, ow, relu_in, res, scratch);
+/* The rows' fn after a forward that had none. */
+typedef struct rowfn_ctx {
+    const float *y; /* [B, oh, ow, O] */
+    int64_t oh, ow, O;
+    vitc__nn_row_fn fn;
+    void *fn_ctx;
+} rowfn_ctx;
+
+static void rowfn_task(void *vc, int64_t t, int tid) {
+    const rowfn_ctx *k = vc;
+    (void)tid;
+    k->fn(k->fn_ctx, t / k->oh, t % k->oh, k->y + t * k->ow * k->O);
+}
+
+/* Whether the row-wise forward takes fn itself (1), else the caller runs it. */
+static int conv_fwd_fast(const vitc__nn_conv *p, float *y, const float *x, int64_t B, int64_t H,
+                         int64_t W, int64_t oh, int64_t ow, int relu_in, const float *res,
+                         vitc__nn_row_fn fn, void *fn_ctx, float *scratch) {
+    if (!conv_is_1x1(p) && conv_rowwise(p)) {
+        conv_fwd_rows(p, y, x, B, H, W, oh, ow, relu_in, res, fn, fn_ctx, scratch);
+        return 1;
+    }
+    conv_fwd_im2col(p, y, x, B, H, W, oh, ow, relu_in, res, scratch);
+    return 0;
 }
 
 static void conv_bwd_fast(const vitc__nn_conv *p, float *dx, float *dw, float *db, const float *dy,
@@ -932,9 +952,10 @@ int64_t vitc__nn_conv_scratch(const vitc__nn_conv *p, int64_t B, int64_t H, int6
     return p->rows && pad > n ? pad : n;
 }
 
-vitc_status vitc__nn_conv_forward_ex(const vitc__nn_conv *p, float *y, const float *x, int64_t B,
-                                     int64_t H, int64_t W, int relu_in, const float *res,
-                                     float *scratch, int64_t scratch_len) {
+static vitc_status conv_forward_any(const vitc__nn_conv *p, float *y, const float *x,
+                                    int64_t B, int64_t H, int64_t W, int relu_in,
+                                    const float *res, vitc__nn_row_fn fn, void *fn_ctx,
+                                    float *scratch, int64_t scratch_len) {
     static const char who[] = "conv2d forward";
     int64_t oh, ow;
     VITC_TRY(conv_check_full(p, who, B, H, W, &oh, &ow));
@@ -944,11 +965,29 @@ vitc_status vitc__nn_conv_forward_ex(const vitc__nn_conv *p, float *y, const flo
         return vitc__err(VITC_ERR_INVALID_ARG, "%s: a ReLU'd input needs a kernel larger than "
                          "1x1 (apply the ReLU to x first)", who);
     if (B == 0) return VITC_OK;
+    int done = 0;
     if (dense_ref())
         conv_fwd_ref(p, y, x, B, H, W, oh, ow, relu_in, res);
     else
-        conv_fwd_fast(p, y, x, B, H, W, oh, ow, relu_in, res, scratch);
+        done = conv_fwd_fast(p, y, x, B, H, W, oh, ow, relu_in, res, fn, fn_ctx, scratch);
+    if (fn && !done) {
+        rowfn_ctx k = {y, oh, ow, p->O, fn, fn_ctx};
+        vitc__parallel_for(B * oh, rowfn_task, &k);
+    }
     return VITC_OK;
+}
+
+vitc_status vitc__nn_conv_forward_ex(const vitc__nn_conv *p, float *y, const float *x, int64_t B,
+                                     int64_t H, int64_t W, int relu_in, const float *res,
+                                     float *scratch, int64_t scratch_len) {
+    return conv_forward_any(p, y, x, B, H, W, relu_in, res, NULL, NULL, scratch, scratch_len);
+}
+
+vitc_status vitc__nn_conv_forward_rows(const vitc__nn_conv *p, float *y, const float *x,
+                                       int64_t B, int64_t H, int64_t W, int relu_in,
+                                       vitc__nn_row_fn fn, void *ctx, float *scratch,
+                                       int64_t scratch_len) {
+    return conv_forward_any(p, y, x, B, H, W, relu_in, NULL, fn, ctx, scratch, scratch_len);
 }
 
 vitc_status vitc__nn_conv_forward(const vitc__nn_conv *p, float *y, const float *x, int64_t B,

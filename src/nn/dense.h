@@ -52,6 +52,16 @@ vitc_status vitc__nn_conv_forward(const vitc__nn_conv *p, float *y, const float 
 vitc_status vitc__nn_conv_forward_ex(const vitc__nn_conv *p, float *y, const float *x, int64_t B,
                                      int64_t H, int64_t W, int relu_in, const float *res,
                                      float *scratch, int64_t scratch_len);
+/* vitc__nn_conv_forward_ex, then fn(ctx, b, oy, row [ow, O]) on each
+ * output row of y as soon as it is final (the row-wise forward: while it
+ * is in cache, on the thread that computed it; else after the whole
+ * forward), from several threads at once: a following per-pixel layer
+ * without another pass over y from memory. */
+typedef void (*vitc__nn_row_fn)(void *ctx, int64_t b, int64_t oy, const float *row);
+vitc_status vitc__nn_conv_forward_rows(const vitc__nn_conv *p, float *y, const float *x,
+                                       int64_t B, int64_t H, int64_t W, int relu_in,
+                                       vitc__nn_row_fn fn, void *ctx, float *scratch,
+                                       int64_t scratch_len);
 /* Inference's forward for a fixed weight: w (and kh, kw, C, O) must not
  * change until vitc__nn_conv_unprepare. A k x k convolution then runs
  * without im2col: each output row is kh products of ow rows with kernel
