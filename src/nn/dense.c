@@ -557,6 +557,23 @@ typedef struct pad_ctx {
     int relu;
 } pad_ctx;
 
+/* d[i] = max(s[i], 0), four at a time (-O2 leaves the scalar loop as it
+ * is: it was 2.5% of a Depth Anything forward). */
+typedef float conv_v4 __attribute__((vector_size(16)));
+typedef int conv_v4i __attribute__((vector_size(16)));
+
+static void relu_copy(float *d, const float *s, int64_t n) {
+    const conv_v4 zero = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        conv_v4 v;
+        memcpy(&v, s + i, sizeof v);
+        v = (conv_v4)((conv_v4i)v & (v > zero));
+        memcpy(d + i, &v, sizeof v);
+    }
+    for (; i < n; i++) d[i] = s[i] > 0.0f ? s[i] : 0.0f;
+}
+
 static void pad_rows(void *vc, int64_t t0, int64_t t1, int tid) {
     const pad_ctx *k = vc;
     const int64_t C = k->C, Wp = k->W + 2 * k->pw;
@@ -566,7 +583,7 @@ static void pad_rows(void *vc, int64_t t0, int64_t t1, int tid) {
         const float *s = k->x + t * k->W * C; /* [W, C] */
         memset(d, 0, (size_t)(k->pw * C) * sizeof(float));
         if (k->relu)
-            for (int64_t i = 0; i < k->W * C; i++) d[k->pw * C + i] = s[i] > 0.0f ? s[i] : 0.0f;
+            relu_copy(d + k->pw * C, s, k->W * C);
         else
             memcpy(d + k->pw * C, s, (size_t)(k->W * C) * sizeof(float));
         memset(d + (k->pw + k->W) * C, 0, (size_t)(k->pw * C) * sizeof(float));
