@@ -351,7 +351,7 @@ static void copy_row(void *ctx, int64_t b, int64_t oy, const float *row) {
  * against the reference: shapes of the DPT head's, strided, a kernel row
  * deeper than the in-place GEMM reads (3 x 128 = 384 floats), a kernel of
  * one row whose padding rows leave some outputs nothing but the bias;
- * vitc__nn_conv_forward_rows' rows. */
+ * vitc__nn_conv_forward_rows' rows, with y and without. */
 static void test_conv_ex(void **state) {
     (void)state;
     const cshape cases[] = {
@@ -407,6 +407,12 @@ static void test_conv_ex(void **state) {
             float *s = scratch_of(ns);
             for (size_t k = 0; k < ny; k++) rows[k] = NAN;
             assert_int_equal(vitc__nn_conv_forward_rows(&p, got, x, c->B, c->H, c->W, 1,
+                                                        copy_row, &rc, s, ns),
+                             VITC_OK);
+            assert_memory_equal(rows, got, ny * sizeof(float));
+            /* without y: the rows only fn's, the same numbers */
+            for (size_t k = 0; k < ny; k++) rows[k] = NAN;
+            assert_int_equal(vitc__nn_conv_forward_rows(&p, NULL, x, c->B, c->H, c->W, 1,
                                                         copy_row, &rc, s, ns),
                              VITC_OK);
             assert_memory_equal(rows, got, ny * sizeof(float));

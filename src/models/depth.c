@@ -577,7 +577,7 @@ static double dt_acc[32];
 static const char *dt_name[32];
 static double dt_now(void) {
     struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
 }
 #define DT_START double dt_t0 = dt_now()
@@ -640,18 +640,14 @@ static vitc_status run_conv_ex(depth_run *r, const vitc__nn_conv *c, const depth
                                     res ? res->p : NULL, r->ws->scratch.p, sc);
 }
 
-/* y = conv(x), then fn on each of y's rows (dense.h's vitc__nn_conv_forward_rows). */
+/* fn on each row of conv(x), the rows never a map (dense.h's
+ * vitc__nn_conv_forward_rows without y). */
 static vitc_status run_conv_rows(depth_run *r, const vitc__nn_conv *c, const depth_map *x,
-                                 vitc__nn_row_fn fn, void *ctx, depth_map *y) {
-    if (!fn)
-        return run_conv_ex(r, c, x, 0, NULL, y);
-    int64_t oh = vitc__nn_conv_out(x->h, c->kh, c->sh, c->ph);
-    int64_t ow = vitc__nn_conv_out(x->w, c->kw, c->sw, c->pw);
+                                 vitc__nn_row_fn fn, void *ctx) {
     int64_t sc = vitc__nn_conv_scratch(c, r->B, x->h, x->w);
-    VITC_TRY(map_new(r, y, oh, ow, c->O));
     if (sc > 0)
         VITC_TRY(vitc__buf_reserve(&r->ws->scratch, (size_t)sc));
-    return vitc__nn_conv_forward_rows(c, y->p, x->p, r->B, x->h, x->w, 0, fn, ctx,
+    return vitc__nn_conv_forward_rows(c, NULL, x->p, r->B, x->h, x->w, 0, fn, ctx,
                                       r->ws->scratch.p, sc);
 }
 
@@ -873,7 +869,7 @@ static vitc_status depth_neck_head(const vitc_depth *d, depth_ws *ws, const floa
     head_ctx hc = {d, depth, H, W};
     if (s == VITC_OK) {
         map_free(&a);
-        s = run_conv_rows(&r, &d->h2, &b, ref ? NULL : head_row, &hc, &a);
+        s = ref ? run_conv(&r, &d->h2, &b, &a) : run_conv_rows(&r, &d->h2, &b, head_row, &hc);
     }
     DT_MARK(12, "head2");
     if (s == VITC_OK && ref) {
@@ -911,7 +907,8 @@ vitc_status vitc_depth_forward(const vitc_depth *d, const float *pixels, int B, 
         return vitc__err(VITC_ERR_NOMEM, "vitc_depth_forward: batch %d overflows", B);
     /* The peak is the head at full resolution: conv1's output resized
      * (F/2 channels), conv2's padded copy of it (F/2), conv2's output
-     * (head_hidden) and the depth, per pixel. */
+     * (head_hidden: a whole map only on VITC_DENSE=ref's path) and the
+     * depth, per pixel. */
     double peak = 4.0 * B * (double)H * W * (2 * (d->fusion / 2) + d->head_hidden + 1) +
                   4.0 * (double)n;
     if (peak > DEPTH_MAX_FORWARD_BYTES)

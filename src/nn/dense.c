@@ -595,7 +595,8 @@ static void pad_rows(void *vc, int64_t t0, int64_t t1, int tid) {
  * residual (y itself after the first), the bias and res with the first. */
 typedef struct rows_ctx {
     const vitc__nn_conv *p;
-    float *y;          /* [B, oh, ow, O] */
+    float *y;          /* [B, oh, ow, O], or NULL: rows in rowbuf */
+    float *rowbuf;     /* [threads, ow, O]: each thread's row when y is NULL */
     const float *xp;   /* [B, H, W + 2 pw, C] */
     const float *res;  /* [B, oh, ow, O] or NULL */
     int64_t H, W, oh, ow;
@@ -608,10 +609,9 @@ static void conv_row(void *vc, int64_t t, int tid) {
     const vitc__nn_conv *p = k->p;
     const int64_t O = p->O, C = p->C, Kr = p->kw * C, Wp = k->W + 2 * p->pw;
     const int64_t b = t / k->oh, oy = t % k->oh;
-    float *yr = k->y + t * k->ow * O;                           /* [ow, O] */
+    float *yr = k->y ? k->y + t * k->ow * O : k->rowbuf + tid * k->ow * O; /* [ow, O] */
     const float *rr = k->res ? k->res + t * k->ow * O : NULL; /* [ow, O] */
     int first = 1;
-    (void)tid;
     for (int64_t i = 0; i < p->kh; i++) {
         int64_t iy = oy * p->sh - p->ph + i;
         if (iy < 0 || iy >= k->H) continue;
@@ -634,7 +634,8 @@ static void conv_fwd_rows(const vitc__nn_conv *p, float *y, const float *x, int6
                           vitc__nn_row_fn fn, void *fn_ctx, float *scratch) {
     pad_ctx pk = {scratch, x, W, p->C, p->pw, relu_in};
     vitc__parallel_range(B * H, pad_rows, &pk);
-    rows_ctx k = {p, y, scratch, res, H, W, oh, ow, fn, fn_ctx};
+    rows_ctx k = {p, y, scratch + conv_pad_len(p, B, H, W), scratch, res, H, W, oh, ow, fn,
+                  fn_ctx};
     /* rows claimed as threads come free: a row is a few GEMM tiles wide,
      * and a shared machine slows one thread now and then */
     vitc__parallel_for_dynamic(B * oh, 1, conv_row, &k);
@@ -964,9 +965,11 @@ int64_t vitc__nn_conv_scratch(const vitc__nn_conv *p, int64_t B, int64_t H, int6
                   ow = vitc__nn_conv_out(W, p->kw, p->sw, p->pw), K = p->kh * p->kw * p->C;
     if (oh <= 0 || ow <= 0 || K <= 0) return 0;
     /* the backward's im2col block and its gradient; the im2col forward
-     * uses the first, the row-wise one a padded copy of x */
-    int64_t n = 2 * dense_block_rows(K, B * oh * ow) * K, pad = conv_pad_len(p, B, H, W);
-    return p->rows && pad > n ? pad : n;
+     * uses the first, the row-wise one a padded copy of x and a row per
+     * thread (forward_rows without y) */
+    int64_t n = 2 * dense_block_rows(K, B * oh * ow) * K,
+            fwd = conv_pad_len(p, B, H, W) + (int64_t)vitc__num_threads() * ow * p->O;
+    return p->rows && fwd > n ? fwd : n;
 }
 
 static vitc_status conv_forward_any(const vitc__nn_conv *p, float *y, const float *x,
@@ -977,11 +980,22 @@ static vitc_status conv_forward_any(const vitc__nn_conv *p, float *y, const floa
     int64_t oh, ow;
     VITC_TRY(conv_check_full(p, who, B, H, W, &oh, &ow));
     VITC_TRY(scratch_check(who, vitc__nn_conv_scratch(p, B, H, W), scratch, scratch_len));
-    if (B > 0 && (!x || !y)) return vitc__err(VITC_ERR_INVALID_ARG, "%s: NULL x or y", who);
+    if (B > 0 && (!x || (!y && !fn)))
+        return vitc__err(VITC_ERR_INVALID_ARG, "%s: NULL x or y", who);
     if (relu_in && conv_is_1x1(p))
         return vitc__err(VITC_ERR_INVALID_ARG, "%s: a ReLU'd input needs a kernel larger than "
                          "1x1 (apply the ReLU to x first)", who);
     if (B == 0) return VITC_OK;
+    int rowwise = !dense_ref() && !conv_is_1x1(p) && conv_rowwise(p);
+    float *tmp = NULL; /* [B, oh, ow, O]: y for fn on a path that needs the whole map */
+    if (!y && !rowwise) {
+        size_t n;
+        if (!vitc__mul_size((size_t)(B * oh), (size_t)(ow * p->O), &n) ||
+            !vitc__mul_size(n, sizeof(float), &n) || !(tmp = vitc__alloc(n)))
+            return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for a %lld x %lld x %lld map",
+                             who, (long long)(B * oh), (long long)ow, (long long)p->O);
+        y = tmp;
+    }
     int done = 0;
     if (dense_ref())
         conv_fwd_ref(p, y, x, B, H, W, oh, ow, relu_in, res);
@@ -991,6 +1005,7 @@ static vitc_status conv_forward_any(const vitc__nn_conv *p, float *y, const floa
         rowfn_ctx k = {y, oh, ow, p->O, fn, fn_ctx};
         vitc__parallel_for(B * oh, rowfn_task, &k);
     }
+    vitc__free(tmp);
     return VITC_OK;
 }
 

@@ -56,7 +56,9 @@ vitc_status vitc__nn_conv_forward_ex(const vitc__nn_conv *p, float *y, const flo
  * output row of y as soon as it is final (the row-wise forward: while it
  * is in cache, on the thread that computed it; else after the whole
  * forward), from several threads at once: a following per-pixel layer
- * without another pass over y from memory. */
+ * without another pass over y from memory. y may be NULL: the rows are
+ * then only fn's to read (the row-wise forward keeps one per thread in
+ * the scratch; the others allocate the map for the call). */
 typedef void (*vitc__nn_row_fn)(void *ctx, int64_t b, int64_t oy, const float *row);
 vitc_status vitc__nn_conv_forward_rows(const vitc__nn_conv *p, float *y, const float *x,
                                        int64_t B, int64_t H, int64_t W, int relu_in,
