@@ -571,28 +571,37 @@ typedef struct depth_run {
     depth_ws *ws;
 } depth_run;
 
+/* Built with -DVITC_DEPTH_TIMING: each forward prints its stages' process
+ * CPU time (ms) on stderr, the breakdown docs/depth.md quotes (CPU time:
+ * wall time on a shared machine measures the other processes too). */
 #ifdef VITC_DEPTH_TIMING
 #include <time.h>
-static double dt_acc[32];
-static const char *dt_name[32];
+/* stage k: 0 the backbone, 1 + i level i's reassemble, 1 + MAX + j fusion
+ * layer j, 1 + 2 MAX + h the head's steps (one forward at a time) */
+#define DT_N (1 + 2 * DEPTH_MAX_LEVELS + 4)
+static double dt_acc[DT_N];
 static double dt_now(void) {
     struct timespec t;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
     return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
 }
 #define DT_START double dt_t0 = dt_now()
-#define DT_MARK(i, nm) (dt_acc[i] += dt_now() - dt_t0, dt_name[i] = nm, dt_t0 = dt_now())
-static void dt_dump(void) {
-    fprintf(stderr, "DT");
-    for (int i = 0; i < 32; i++)
-        if (dt_name[i]) fprintf(stderr, " %s=%.2f", dt_name[i], dt_acc[i]);
+#define DT_MARK(k) (dt_acc[k] += dt_now() - dt_t0, dt_t0 = dt_now())
+static void dt_dump(int n) {
+    static const char *const head[4] = {"conv1", "resize", "conv2", "conv3"};
+    fprintf(stderr, "depth stages (CPU ms): backbone=%.2f", dt_acc[0]);
+    for (int i = 0; i < n; i++) fprintf(stderr, " reassemble%d=%.2f", i, dt_acc[1 + i]);
+    for (int j = 0; j < n; j++)
+        fprintf(stderr, " fusion%d=%.2f", j, dt_acc[1 + DEPTH_MAX_LEVELS + j]);
+    for (int h = 0; h < 4; h++)
+        fprintf(stderr, " head_%s=%.2f", head[h], dt_acc[1 + 2 * DEPTH_MAX_LEVELS + h]);
     fprintf(stderr, "\n");
     memset(dt_acc, 0, sizeof dt_acc);
 }
 #else
 #define DT_START (void)0
-#define DT_MARK(i, nm) (void)0
-static void dt_dump(void) {}
+#define DT_MARK(k) (void)0
+static void dt_dump(int n) { (void)n; }
 #endif
 
 static void map_free(depth_map *m) {
@@ -785,24 +794,19 @@ static vitc_status run_fusion(depth_run *r, int k, const depth_map *prev, const 
     const depth_level *l = &r->d->lv[k];
     depth_map h = {0}, u = {0}, rs = {0}, v = {0};
     vitc_status s = VITC_OK;
-    DT_START;
     if (prev) {
         const depth_map *res = f;
         if (f->h != prev->h || f->w != prev->w) { /* transformers resizes the residual */
             s = run_bilinear(r, f, prev->h, prev->w, 0, &rs);
             res = &rs;
         }
-        DT_MARK(20, "f_rs");
         if (s == VITC_OK)
             s = run_rcu(r, &l->res1, res, &u);
-        DT_MARK(21, "f_rcu1");
         if (s == VITC_OK) {
             size_t n = map_len(r, &u);
             map_apply(u.p, u.p, prev->p, n);
-        DT_MARK(22, "f_add");
             s = run_rcu(r, &l->res2, &u, &h);
         }
-        DT_MARK(23, "f_rcu2");
     } else {
         s = run_rcu(r, &l->res2, f, &h);
     }
@@ -811,10 +815,8 @@ static vitc_status run_fusion(depth_run *r, int k, const depth_map *prev, const 
      * projecting first costs a quarter of the FLOPs at the x2 resizes. */
     if (s == VITC_OK && oh * ow >= h.h * h.w) {
         s = run_conv(r, &l->fproj, &h, &v);
-        DT_MARK(25, "f_proj");
         if (s == VITC_OK)
             s = run_bilinear(r, &v, oh, ow, 1, out);
-        DT_MARK(24, "f_up");
     } else if (s == VITC_OK) {
         s = run_bilinear(r, &h, oh, ow, 1, &v);
         if (s == VITC_OK)
@@ -845,7 +847,7 @@ static vitc_status depth_neck_head(const vitc_depth *d, depth_ws *ws, const floa
             memcpy(tok.p + bb * gh * gw * C, src + (bb * N + np) * C,
                    (size_t)(gh * gw * C) * sizeof(float));
         s = run_level(&r, i, tok.p, gh, gw, &feat[i]);
-        DT_MARK(1 + i, i == 0 ? "reasm0" : i == 1 ? "reasm1" : i == 2 ? "reasm2" : "reasm3");
+        DT_MARK(1 + i);
     }
     map_free(&tok);
     /* deepest first; each output sized as the next feature (x2 for the last) */
@@ -854,15 +856,15 @@ static vitc_status depth_neck_head(const vitc_depth *d, depth_ws *ws, const floa
         int64_t oh = i ? feat[i - 1].h : 2 * feat[i].h, ow = i ? feat[i - 1].w : 2 * feat[i].w;
         /* fusion_stage.layers[k] takes the features deepest first */
         s = run_fusion(&r, k, k ? &fused[k - 1] : NULL, &feat[i], oh, ow, &fused[k]);
-        DT_MARK(5 + k, k == 0 ? "fus0" : k == 1 ? "fus1" : k == 2 ? "fus2" : "fus3");
+        DT_MARK(1 + DEPTH_MAX_LEVELS + k);
     }
     int64_t H = gh * d->patch, W = gw * d->patch;
     if (s == VITC_OK)
         s = run_conv(&r, &d->h1, &fused[d->head_in], &a);
-    DT_MARK(10, "head1");
+    DT_MARK(1 + 2 * DEPTH_MAX_LEVELS);
     if (s == VITC_OK)
         s = run_bilinear(&r, &a, H, W, 1, &b);
-    DT_MARK(11, "headup");
+    DT_MARK(2 + 2 * DEPTH_MAX_LEVELS);
     /* conv3 (1x1 to one channel) and the output on each row of conv2's
      * output while it is in cache; VITC_DENSE=ref: transformers' order */
     int ref = !strcmp(vitc__nn_dense_path(), "ref");
@@ -871,7 +873,7 @@ static vitc_status depth_neck_head(const vitc_depth *d, depth_ws *ws, const floa
         map_free(&a);
         s = ref ? run_conv(&r, &d->h2, &b, &a) : run_conv_rows(&r, &d->h2, &b, head_row, &hc);
     }
-    DT_MARK(12, "head2");
+    DT_MARK(3 + 2 * DEPTH_MAX_LEVELS);
     if (s == VITC_OK && ref) {
         relu_into(a.p, a.p, map_len(&r, &a));
         map_free(&b);
@@ -879,7 +881,7 @@ static vitc_status depth_neck_head(const vitc_depth *d, depth_ws *ws, const floa
         if (s == VITC_OK)
             depth_out(d, depth, c.p, NULL, (size_t)(B * H * W));
     }
-    DT_MARK(13, "head3");
+    DT_MARK(4 + 2 * DEPTH_MAX_LEVELS);
     for (int i = 0; i < n; i++) {
         map_free(&feat[i]);
         map_free(&fused[i]);
@@ -928,10 +930,10 @@ vitc_status vitc_depth_forward(const vitc_depth *d, const float *pixels, int B, 
     if (st == VITC_OK)
         st = vitc__vit_forward_layers(d->vit, ws->sess, pixels, B, H, W, d->stages, d->n, d->norm,
                                       ws->hid.p);
-    DT_MARK(0, "backbone");
+    DT_MARK(0);
     if (st == VITC_OK)
         st = depth_neck_head(d, ws, ws->hid.p, B, gh, gw, depth);
-    dt_dump();
+    dt_dump(d->n);
     if (locked)
         pthread_mutex_unlock(&d->cache->lock);
     else
