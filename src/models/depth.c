@@ -839,14 +839,15 @@ static vitc_status depth_neck_head(const vitc_depth *d, depth_ws *ws, const floa
     depth_map feat[DEPTH_MAX_LEVELS] = {{0}}, fused[DEPTH_MAX_LEVELS] = {{0}};
     depth_map tok = {0}, a = {0}, b = {0}, c = {0};
     DT_START;
-    vitc_status s = map_new(&r, &tok, gh, gw, C);
+    /* one image's patch rows are already a map: copied only for a batch */
+    vitc_status s = B > 1 ? map_new(&r, &tok, gh, gw, C) : VITC_OK;
     for (int i = 0; s == VITC_OK && i < n; i++) {
         /* the patch rows of tap i: the class token dropped */
         const float *src = hid + (size_t)i * (size_t)(B * N * C); /* [B, N, C] */
-        for (int64_t bb = 0; bb < B; bb++)
+        for (int64_t bb = 0; B > 1 && bb < B; bb++)
             memcpy(tok.p + bb * gh * gw * C, src + (bb * N + np) * C,
                    (size_t)(gh * gw * C) * sizeof(float));
-        s = run_level(&r, i, tok.p, gh, gw, &feat[i]);
+        s = run_level(&r, i, B > 1 ? tok.p : src + np * C, gh, gw, &feat[i]);
         DT_MARK(1 + i);
     }
     map_free(&tok);
