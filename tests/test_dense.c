@@ -144,7 +144,7 @@ static void run_conv_case(const char *c, int transposed) {
         vitc__nn_convt_unpack(dwt, dw, C, O, kh, kw);
     } else {
         vitc__nn_conv_pack(w, wt, O, C, kh, kw);
-        vitc__nn_conv p = {w, b, C, O, kh, kw, sh, sw, ph, pw};
+        vitc__nn_conv p = {w, b, C, O, kh, kw, sh, sw, ph, pw, NULL};
         ns = vitc__nn_conv_scratch(&p, B, H, W);
         s = scratch_of(ns);
         assert_int_equal(vitc__nn_conv_forward(&p, y, x, B, H, W, s, ns), VITC_OK);
@@ -153,6 +153,16 @@ static void run_conv_case(const char *c, int transposed) {
                                                 x, B, H, W, s, ns),
                          VITC_OK);
         vitc__nn_conv_unpack(dwt, dw, O, C, kh, kw);
+        /* the row-wise forward of a prepared weight */
+        assert_int_equal(vitc__nn_conv_prepare(&p), VITC_OK);
+        int64_t np = vitc__nn_conv_scratch(&p, B, H, W);
+        float *sp = scratch_of(np);
+        memset(y, 0, ny * sizeof(float));
+        assert_int_equal(vitc__nn_conv_forward(&p, y, x, B, H, W, sp, np), VITC_OK);
+        close_to(y, get(st, c, "y", ny), ny, TOL, c, "prepared y");
+        vitc__nn_conv_unprepare(&p);
+        assert_null(p.rows);
+        free(sp);
     }
     close_to(dx, get(st, c, "dx", nx), nx, TOL, c, "dx");
     close_to(dwt, get(st, c, "dw", nw), nw, TOL, c, "dw");
@@ -258,7 +268,7 @@ static void conv_run(const cshape *c, const char *path, const float *x, const fl
                              VITC_OK);
             free(s);
         } else {
-            vitc__nn_conv p = {w, b, c->C, c->O, c->kh, c->kw, c->sh, c->sw, c->ph, c->pw};
+            vitc__nn_conv p = {w, b, c->C, c->O, c->kh, c->kw, c->sh, c->sw, c->ph, c->pw, NULL};
             int64_t ns = vitc__nn_conv_scratch(&p, c->B, c->H, c->W);
             float *s = scratch_of(ns);
             assert_int_equal(vitc__nn_conv_forward(&p, y, x, c->B, c->H, c->W, s, ns), VITC_OK);
@@ -323,6 +333,102 @@ static void test_fast_vs_ref(void **state) {
         fast_vs_ref(&cases[i], 1);
         fast_vs_ref(&cases[i], 0);
     }
+}
+
+/* forward_rows' fn: copies each row where it belongs in a second map. */
+typedef struct row_copy {
+    float *out; /* [B, oh, ow, O] */
+    int64_t oh, n;
+} row_copy;
+
+static void copy_row(void *ctx, int64_t b, int64_t oy, const float *row) {
+    const row_copy *k = ctx;
+    memcpy(k->out + (b * k->oh + oy) * k->n, row, (size_t)k->n * sizeof(float));
+}
+
+/* vitc__nn_conv_forward_ex (the ReLU'd input, the residual, the residual
+ * being y itself), prepared (row-wise) and not (im2col), on the fast path
+ * against the reference: shapes of the DPT head's, strided, a kernel row
+ * deeper than the in-place GEMM reads (3 x 128 = 384 floats), a kernel of
+ * one row whose padding rows leave some outputs nothing but the bias;
+ * vitc__nn_conv_forward_rows' rows, with y and without. */
+static void test_conv_ex(void **state) {
+    (void)state;
+    const cshape cases[] = {
+        {2, 13, 17, 64, 64, 3, 3, 1, 1, 1, 1, 0, 1},
+        {1, 15, 12, 32, 32, 3, 3, 2, 2, 1, 1, 0, 1},
+        {1, 9, 10, 128, 20, 3, 3, 1, 1, 1, 1, 0, 0},
+        {2, 3, 5, 8, 40, 1, 3, 1, 1, 1, 1, 0, 1},
+        {1, 7, 6, 12, 5, 2, 4, 3, 1, 2, 0, 0, 1},
+    };
+    for (size_t i = 0; i < NCASES(cases); i++) {
+        const cshape *c = &cases[i];
+        uint64_t rs = 0x2545f4914f6cdd1dull + i;
+        const int64_t oh = vitc__nn_conv_out(c->H, c->kh, c->sh, c->ph),
+                      ow = vitc__nn_conv_out(c->W, c->kw, c->sw, c->pw);
+        const size_t nx = (size_t)(c->B * c->H * c->W * c->C), ny = (size_t)(c->B * oh * ow * c->O),
+                     nw = (size_t)(c->O * c->C * c->kh * c->kw);
+        float *x = tu_falloc(nx), *w = tu_falloc(nw), *b = tu_falloc((size_t)c->O),
+              *r = tu_falloc(ny), *want = tu_falloc(ny), *got = tu_falloc(ny);
+        tu_fill(&rs, x, nx, 1.0f);
+        tu_fill(&rs, w, nw, 0.1f);
+        tu_fill(&rs, b, (size_t)c->O, 1.0f);
+        tu_fill(&rs, r, ny, 1.0f);
+        for (int mode = 0; mode < 4; mode++) { /* relu_in, res: none, res, res = y */
+            int relu = mode & 1, res = mode >> 1;
+            vitc__nn_conv p = {w, c->bias ? b : NULL, c->C, c->O, c->kh, c->kw,
+                               c->sh, c->sw, c->ph, c->pw, NULL};
+            for (int prep = 0; prep < 3; prep++) { /* ref, im2col, prepared */
+                if (prep == 2) assert_int_equal(vitc__nn_conv_prepare(&p), VITC_OK);
+                assert_int_equal(vitc__nn_dense_force(prep ? "fast" : "ref"), VITC_OK);
+                int64_t ns = vitc__nn_conv_scratch(&p, c->B, c->H, c->W);
+                float *s = scratch_of(ns), *out = prep ? got : want;
+                /* mode 3: the residual is y's old contents */
+                if (res) memcpy(out, r, ny * sizeof(float));
+                const float *rr = !res ? NULL : mode == 3 ? out : r;
+                assert_int_equal(vitc__nn_conv_forward_ex(&p, out, x, c->B, c->H, c->W, relu, rr,
+                                                          s, ns),
+                                 VITC_OK);
+                if (prep) close_to(got, want, ny, 1e-5, prep == 2 ? "prepared" : "im2col",
+                                   relu ? (res ? "relu res" : "relu") : (res ? "res" : "plain"));
+                free(s);
+            }
+            vitc__nn_conv_unprepare(&p);
+        }
+        /* forward_rows: fn sees every row, as final as y's (NaN elsewhere) */
+        vitc__nn_conv p = {w, c->bias ? b : NULL, c->C, c->O, c->kh, c->kw,
+                           c->sh, c->sw, c->ph, c->pw, NULL};
+        float *rows = tu_falloc(ny);
+        row_copy rc = {rows, oh, ow * c->O};
+        for (int prep = 0; prep < 3; prep++) {
+            if (prep == 2) assert_int_equal(vitc__nn_conv_prepare(&p), VITC_OK);
+            assert_int_equal(vitc__nn_dense_force(prep ? "fast" : "ref"), VITC_OK);
+            int64_t ns = vitc__nn_conv_scratch(&p, c->B, c->H, c->W);
+            float *s = scratch_of(ns);
+            for (size_t k = 0; k < ny; k++) rows[k] = NAN;
+            assert_int_equal(vitc__nn_conv_forward_rows(&p, got, x, c->B, c->H, c->W, 1,
+                                                        copy_row, &rc, s, ns),
+                             VITC_OK);
+            assert_memory_equal(rows, got, ny * sizeof(float));
+            /* without y: the rows only fn's, the same numbers */
+            for (size_t k = 0; k < ny; k++) rows[k] = NAN;
+            assert_int_equal(vitc__nn_conv_forward_rows(&p, NULL, x, c->B, c->H, c->W, 1,
+                                                        copy_row, &rc, s, ns),
+                             VITC_OK);
+            assert_memory_equal(rows, got, ny * sizeof(float));
+            free(s);
+        }
+        vitc__nn_conv_unprepare(&p);
+        free(rows);
+        assert_int_equal(vitc__nn_dense_force("auto"), VITC_OK);
+        free(x), free(w), free(b), free(r), free(want), free(got);
+    }
+    /* a 1x1 convolution has no copy of x to ReLU */
+    float w1[2] = {1, 1}, x1[2] = {1, 1}, y1[1];
+    vitc__nn_conv p1 = {w1, NULL, 2, 1, 1, 1, 1, 1, 0, 0, NULL};
+    assert_int_equal(vitc__nn_conv_forward_ex(&p1, y1, x1, 1, 1, 1, 1, NULL, NULL, 0),
+                     VITC_ERR_INVALID_ARG);
+    tu_assert_message_has("1x1");
 }
 
 /* The fast bilinear is the reference's operations in the same order: the
@@ -400,7 +506,7 @@ static void test_env(void **state) {
 static void test_errors(void **state) {
     (void)state;
     float w[4 * 3 * 3 * 2] = {0}, x[2 * 2 * 2] = {0}, y[64] = {0};
-    vitc__nn_conv p = {w, NULL, 2, 4, 3, 3, 1, 1, 0, 0};
+    vitc__nn_conv p = {w, NULL, 2, 4, 3, 3, 1, 1, 0, 0, NULL};
     /* a 2 x 2 map is smaller than the 3 x 3 kernel without padding */
     assert_int_equal(vitc__nn_conv_forward(&p, y, x, 1, 2, 2, NULL, 0), VITC_ERR_SHAPE);
     tu_assert_message_has("smaller than");
@@ -437,6 +543,7 @@ int main(int argc, char **argv) {
         cmocka_unit_test(test_torch_fast),
         cmocka_unit_test(test_layernorm2d),
         cmocka_unit_test(test_fast_vs_ref),
+        cmocka_unit_test(test_conv_ex),
         cmocka_unit_test(test_bilinear_fast_bitwise),
         cmocka_unit_test(test_env),
         cmocka_unit_test(test_errors),

@@ -163,7 +163,8 @@ static vitc_status depth_conv(vitc_depth *d, const vitc__shards *h, const char *
         VITC_TRY(depth_take(d, h, nm, bs, 1, &b));
         c->b = b;
     }
-    return VITC_OK;
+    /* the weights stay as loaded: their row-wise GEMM panels, once */
+    return vitc__nn_conv_prepare(c);
 }
 
 /* nn.ConvTranspose2d(C, O, k, stride k), weight [C, O, k, k]. */
@@ -424,6 +425,15 @@ static vitc_status depth_processor(vitc_depth *d, const char *dir) {
 void vitc_depth_free(vitc_depth *d) {
     if (!d)
         return;
+    for (int i = 0; i < DEPTH_MAX_LEVELS; i++) {
+        depth_level *l = &d->lv[i];
+        vitc__nn_conv *c[8] = {&l->proj, &l->down, &l->conv, &l->fproj,
+                               &l->res1.c1, &l->res1.c2, &l->res2.c1, &l->res2.c2};
+        for (int j = 0; j < 8; j++) vitc__nn_conv_unprepare(c[j]);
+    }
+    vitc__nn_conv_unprepare(&d->h1);
+    vitc__nn_conv_unprepare(&d->h2);
+    vitc__nn_conv_unprepare(&d->h3);
     if (d->cache) { /* its session before the model it reads */
         depth_ws_free(&d->cache->ws);
         pthread_mutex_destroy(&d->cache->lock);
@@ -561,6 +571,39 @@ typedef struct depth_run {
     depth_ws *ws;
 } depth_run;
 
+/* Built with -DVITC_DEPTH_TIMING: each forward prints its stages' process
+ * CPU time (ms) on stderr, the breakdown docs/depth.md quotes (CPU time:
+ * wall time on a shared machine measures the other processes too). */
+#ifdef VITC_DEPTH_TIMING
+#include <time.h>
+/* stage k: 0 the backbone, 1 + i level i's reassemble, 1 + MAX + j fusion
+ * layer j, 1 + 2 MAX + h the head's steps (one forward at a time) */
+#define DT_N (1 + 2 * DEPTH_MAX_LEVELS + 4)
+static double dt_acc[DT_N];
+static double dt_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+    return t.tv_sec * 1e3 + t.tv_nsec * 1e-6;
+}
+#define DT_START double dt_t0 = dt_now()
+#define DT_MARK(k) (dt_acc[k] += dt_now() - dt_t0, dt_t0 = dt_now())
+static void dt_dump(int n) {
+    static const char *const head[4] = {"conv1", "resize", "conv2", "conv3"};
+    fprintf(stderr, "depth stages (CPU ms): backbone=%.2f", dt_acc[0]);
+    for (int i = 0; i < n; i++) fprintf(stderr, " reassemble%d=%.2f", i, dt_acc[1 + i]);
+    for (int j = 0; j < n; j++)
+        fprintf(stderr, " fusion%d=%.2f", j, dt_acc[1 + DEPTH_MAX_LEVELS + j]);
+    for (int h = 0; h < 4; h++)
+        fprintf(stderr, " head_%s=%.2f", head[h], dt_acc[1 + 2 * DEPTH_MAX_LEVELS + h]);
+    fprintf(stderr, "\n");
+    memset(dt_acc, 0, sizeof dt_acc);
+}
+#else
+#define DT_START (void)0
+#define DT_MARK(k) (void)0
+static void dt_dump(int n) { (void)n; }
+#endif
+
 static void map_free(depth_map *m) {
     if (m->owner)
         *m->owner = 0;
@@ -593,15 +636,33 @@ static vitc_status map_new(depth_run *r, depth_map *m, int64_t h, int64_t w, int
     return VITC_OK;
 }
 
-static vitc_status run_conv(depth_run *r, const vitc__nn_conv *c, const depth_map *x,
-                            depth_map *y) {
+/* y = conv(relu_in ? relu(x) : x) + res (res NULL or a map of y's shape). */
+static vitc_status run_conv_ex(depth_run *r, const vitc__nn_conv *c, const depth_map *x,
+                               int relu_in, const depth_map *res, depth_map *y) {
     int64_t oh = vitc__nn_conv_out(x->h, c->kh, c->sh, c->ph);
     int64_t ow = vitc__nn_conv_out(x->w, c->kw, c->sw, c->pw);
     int64_t sc = vitc__nn_conv_scratch(c, r->B, x->h, x->w);
     VITC_TRY(map_new(r, y, oh, ow, c->O));
     if (sc > 0)
         VITC_TRY(vitc__buf_reserve(&r->ws->scratch, (size_t)sc));
-    return vitc__nn_conv_forward(c, y->p, x->p, r->B, x->h, x->w, r->ws->scratch.p, sc);
+    return vitc__nn_conv_forward_ex(c, y->p, x->p, r->B, x->h, x->w, relu_in,
+                                    res ? res->p : NULL, r->ws->scratch.p, sc);
+}
+
+/* fn on each row of conv(x), the rows never a map (dense.h's
+ * vitc__nn_conv_forward_rows without y). */
+static vitc_status run_conv_rows(depth_run *r, const vitc__nn_conv *c, const depth_map *x,
+                                 vitc__nn_row_fn fn, void *ctx) {
+    int64_t sc = vitc__nn_conv_scratch(c, r->B, x->h, x->w);
+    if (sc > 0)
+        VITC_TRY(vitc__buf_reserve(&r->ws->scratch, (size_t)sc));
+    return vitc__nn_conv_forward_rows(c, NULL, x->p, r->B, x->h, x->w, 0, fn, ctx,
+                                      r->ws->scratch.p, sc);
+}
+
+static vitc_status run_conv(depth_run *r, const vitc__nn_conv *c, const depth_map *x,
+                            depth_map *y) {
+    return run_conv_ex(r, c, x, 0, NULL, y);
 }
 
 static vitc_status run_convt(depth_run *r, const vitc__nn_convt *c, const depth_map *x,
@@ -651,26 +712,59 @@ static void map_apply(float *y, const float *x, const float *b, size_t n) {
 
 static void relu_into(float *y, const float *x, size_t n) { map_apply(y, x, NULL, n); }
 
-/* x + conv2(relu(conv1(relu(x)))) into y (a new map). */
+/* predicted_depth from conv3's output z [n] (a NULL) or, a given, conv3
+ * itself on relu(a) [n, C] (a GEMM of one column runs at a fraction of
+ * the GEMM's speed, and the ReLU would be a pass): relative depth
+ * relu(z) * max_depth, metric sigmoid(z) * max_depth. */
+typedef float depth_v4 __attribute__((vector_size(16)));
+typedef int depth_v4i __attribute__((vector_size(16)));
+
+static void depth_out(const vitc_depth *d, float *depth, const float *z, const float *a,
+                      size_t n) {
+    const int64_t C = d->h3.C, C4 = C / 4 * 4;
+    const float md = d->max_depth, *w = d->h3.w, b = d->h3.b ? d->h3.b[0] : 0.0f;
+    const depth_v4 zero = {0, 0, 0, 0};
+    for (size_t k = 0; k < n; k++) {
+        float v;
+        if (a) {
+            const float *ak = a + k * (size_t)C; /* [C] */
+            depth_v4 acc = zero;
+            for (int64_t c = 0; c < C4; c += 4) { /* four partial sums: no chain of C adds */
+                depth_v4 x, wv;
+                memcpy(&x, ak + c, sizeof x);
+                memcpy(&wv, w + c, sizeof wv);
+                x = (depth_v4)((depth_v4i)x & (x > zero));
+                acc += wv * x;
+            }
+            float t = b + ((acc[0] + acc[1]) + (acc[2] + acc[3]));
+            for (int64_t c = C4; c < C; c++) t += w[c] * (ak[c] > 0.0f ? ak[c] : 0.0f);
+            v = t;
+        } else {
+            v = z[k];
+        }
+        depth[k] = d->metric ? md / (1.0f + expf(-v)) : (v > 0.0f ? v : 0.0f) * md;
+    }
+}
+
+/* conv2's output row (b, oy) [W, C] -> predicted_depth's row. */
+typedef struct head_ctx {
+    const vitc_depth *d;
+    float *depth; /* [B, H, W] */
+    int64_t H, W;
+} head_ctx;
+
+static void head_row(void *ctx, int64_t b, int64_t oy, const float *row) {
+    const head_ctx *h = ctx;
+    depth_out(h->d, h->depth + (b * h->H + oy) * h->W, NULL, row, (size_t)h->W);
+}
+
+/* x + conv2(relu(conv1(relu(x)))) into y (a new map): the ReLUs and the
+ * sum inside the convolutions. */
 static vitc_status run_rcu(depth_run *r, const depth_rcu *u, const depth_map *x, depth_map *y) {
-    depth_map a = {0}, b = {0};
-    vitc_status s = map_new(r, &a, x->h, x->w, x->c);
-    if (s == VITC_OK) {
-        relu_into(a.p, x->p, map_len(r, x));
-        s = run_conv(r, &u->c1, &a, &b);
-    }
-    if (s == VITC_OK) {
-        relu_into(b.p, b.p, map_len(r, &b));
-        map_free(&a);
-        s = run_conv(r, &u->c2, &b, &a);
-    }
-    if (s == VITC_OK) {
-        size_t n = map_len(r, &a);
-        map_apply(a.p, a.p, x->p, n);
-        *y = a; /* the result's slot moves to y */
-        a.owner = NULL;
-    }
-    map_free(&a);
+    depth_map b = {0};
+    vitc_status s = run_conv_ex(r, &u->c1, x, 1, NULL, &b);
+    if (s == VITC_OK)
+        s = run_conv_ex(r, &u->c2, &b, 1, x, y);
     map_free(&b);
     return s;
 }
@@ -716,10 +810,18 @@ static vitc_status run_fusion(depth_run *r, int k, const depth_map *prev, const 
     } else {
         s = run_rcu(r, &l->res2, f, &h);
     }
-    if (s == VITC_OK)
+    /* The 1x1 projection and the bilinear resize commute (both linear per
+     * pixel, the resize's weights summing to 1 carry the bias through):
+     * projecting first costs a quarter of the FLOPs at the x2 resizes. */
+    if (s == VITC_OK && oh * ow >= h.h * h.w) {
+        s = run_conv(r, &l->fproj, &h, &v);
+        if (s == VITC_OK)
+            s = run_bilinear(r, &v, oh, ow, 1, out);
+    } else if (s == VITC_OK) {
         s = run_bilinear(r, &h, oh, ow, 1, &v);
-    if (s == VITC_OK)
-        s = run_conv(r, &l->fproj, &v, out);
+        if (s == VITC_OK)
+            s = run_conv(r, &l->fproj, &v, out);
+    }
     map_free(&h);
     map_free(&u);
     map_free(&rs);
@@ -736,14 +838,17 @@ static vitc_status depth_neck_head(const vitc_depth *d, depth_ws *ws, const floa
     int64_t np = d->vit->n_prefix;
     depth_map feat[DEPTH_MAX_LEVELS] = {{0}}, fused[DEPTH_MAX_LEVELS] = {{0}};
     depth_map tok = {0}, a = {0}, b = {0}, c = {0};
-    vitc_status s = map_new(&r, &tok, gh, gw, C);
+    DT_START;
+    /* one image's patch rows are already a map: copied only for a batch */
+    vitc_status s = B > 1 ? map_new(&r, &tok, gh, gw, C) : VITC_OK;
     for (int i = 0; s == VITC_OK && i < n; i++) {
         /* the patch rows of tap i: the class token dropped */
         const float *src = hid + (size_t)i * (size_t)(B * N * C); /* [B, N, C] */
-        for (int64_t bb = 0; bb < B; bb++)
+        for (int64_t bb = 0; B > 1 && bb < B; bb++)
             memcpy(tok.p + bb * gh * gw * C, src + (bb * N + np) * C,
                    (size_t)(gh * gw * C) * sizeof(float));
-        s = run_level(&r, i, tok.p, gh, gw, &feat[i]);
+        s = run_level(&r, i, B > 1 ? tok.p : src + np * C, gh, gw, &feat[i]);
+        DT_MARK(1 + i);
     }
     map_free(&tok);
     /* deepest first; each output sized as the next feature (x2 for the last) */
@@ -752,29 +857,32 @@ static vitc_status depth_neck_head(const vitc_depth *d, depth_ws *ws, const floa
         int64_t oh = i ? feat[i - 1].h : 2 * feat[i].h, ow = i ? feat[i - 1].w : 2 * feat[i].w;
         /* fusion_stage.layers[k] takes the features deepest first */
         s = run_fusion(&r, k, k ? &fused[k - 1] : NULL, &feat[i], oh, ow, &fused[k]);
+        DT_MARK(1 + DEPTH_MAX_LEVELS + k);
     }
     int64_t H = gh * d->patch, W = gw * d->patch;
     if (s == VITC_OK)
         s = run_conv(&r, &d->h1, &fused[d->head_in], &a);
+    DT_MARK(1 + 2 * DEPTH_MAX_LEVELS);
     if (s == VITC_OK)
         s = run_bilinear(&r, &a, H, W, 1, &b);
+    DT_MARK(2 + 2 * DEPTH_MAX_LEVELS);
+    /* conv3 (1x1 to one channel) and the output on each row of conv2's
+     * output while it is in cache; VITC_DENSE=ref: transformers' order */
+    int ref = !strcmp(vitc__nn_dense_path(), "ref");
+    head_ctx hc = {d, depth, H, W};
     if (s == VITC_OK) {
         map_free(&a);
-        s = run_conv(&r, &d->h2, &b, &a);
+        s = ref ? run_conv(&r, &d->h2, &b, &a) : run_conv_rows(&r, &d->h2, &b, head_row, &hc);
     }
-    if (s == VITC_OK) {
+    DT_MARK(3 + 2 * DEPTH_MAX_LEVELS);
+    if (s == VITC_OK && ref) {
         relu_into(a.p, a.p, map_len(&r, &a));
         map_free(&b);
         s = run_conv(&r, &d->h3, &a, &c);
+        if (s == VITC_OK)
+            depth_out(d, depth, c.p, NULL, (size_t)(B * H * W));
     }
-    if (s == VITC_OK) {
-        size_t len = (size_t)(B * H * W);
-        float md = d->max_depth;
-        if (d->metric)
-            for (size_t k = 0; k < len; k++) depth[k] = md / (1.0f + expf(-c.p[k]));
-        else
-            for (size_t k = 0; k < len; k++) depth[k] = (c.p[k] > 0.0f ? c.p[k] : 0.0f) * md;
-    }
+    DT_MARK(4 + 2 * DEPTH_MAX_LEVELS);
     for (int i = 0; i < n; i++) {
         map_free(&feat[i]);
         map_free(&fused[i]);
@@ -801,8 +909,11 @@ vitc_status vitc_depth_forward(const vitc_depth *d, const float *pixels, int B, 
     if (!vitc__mul_size((size_t)(d->n * B), (size_t)(N * C), &n))
         return vitc__err(VITC_ERR_NOMEM, "vitc_depth_forward: batch %d overflows", B);
     /* The peak is the head at full resolution: conv1's output resized
-     * (F/2 channels), conv2's (head_hidden) and the depth, per pixel. */
-    double peak = 4.0 * B * (double)H * W * (d->fusion / 2 + d->head_hidden + 1) + 4.0 * (double)n;
+     * (F/2 channels), conv2's padded copy of it (F/2), conv2's output
+     * (head_hidden: a whole map only on VITC_DENSE=ref's path) and the
+     * depth, per pixel. */
+    double peak = 4.0 * B * (double)H * W * (2 * (d->fusion / 2) + d->head_hidden + 1) +
+                  4.0 * (double)n;
     if (peak > DEPTH_MAX_FORWARD_BYTES)
         return vitc__err(VITC_ERR_NOMEM, "vitc_depth_forward: batch %d of %dx%d needs about %.0f "
                          "MiB, over the %lld MiB limit of a forward (docs/limits.md); use smaller "
@@ -816,11 +927,14 @@ vitc_status vitc_depth_forward(const vitc_depth *d, const float *pixels, int B, 
     vitc_status st = vitc__buf_reserve(&ws->hid, n); /* [n, B, N, C] */
     if (st == VITC_OK && !ws->sess)
         st = vitc_session_create(d->vit, &ws->sess);
+    DT_START;
     if (st == VITC_OK)
         st = vitc__vit_forward_layers(d->vit, ws->sess, pixels, B, H, W, d->stages, d->n, d->norm,
                                       ws->hid.p);
+    DT_MARK(0);
     if (st == VITC_OK)
         st = depth_neck_head(d, ws, ws->hid.p, B, gh, gw, depth);
+    dt_dump(d->n);
     if (locked)
         pthread_mutex_unlock(&d->cache->lock);
     else

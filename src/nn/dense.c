@@ -155,7 +155,7 @@ static vitc_status scratch_check(const char *who, int64_t need, const float *scr
 /* ---- references: the definitions as loops ------------------------- */
 
 static void conv_fwd_ref(const vitc__nn_conv *p, float *y, const float *x, int64_t B, int64_t H,
-                         int64_t W, int64_t oh, int64_t ow) {
+                         int64_t W, int64_t oh, int64_t ow, int relu_in, const float *res) {
     const int64_t C = p->C, O = p->O;
     for (int64_t b = 0; b < B; b++)
         for (int64_t oy = 0; oy < oh; oy++)
@@ -171,10 +171,12 @@ static void conv_fwd_ref(const vitc__nn_conv *p, float *y, const float *x, int64
                             if (ix < 0 || ix >= W) continue;
                             const float *xi = x + ((b * H + iy) * W + ix) * C;        /* [C] */
                             const float *wi = p->w + ((o * p->kh + i) * p->kw + j) * C; /* [C] */
-                            for (int64_t c = 0; c < C; c++) s += (double)wi[c] * xi[c];
+                            for (int64_t c = 0; c < C; c++)
+                                s += (double)wi[c] * (relu_in && xi[c] < 0.0f ? 0.0f : xi[c]);
                         }
                     }
-                    yo[o] = (float)s;
+                    /* res may be y: element o is read before it is written */
+                    yo[o] = (float)(res ? s + res[yo - y + o] : s);
                 }
             }
 }
@@ -449,11 +451,26 @@ static void col2im_chunks(void *vc, int64_t t0, int64_t t1, int tid) {
     }
 }
 
-static void conv_fwd_fast(const vitc__nn_conv *p, float *y, const float *x, int64_t B, int64_t H,
-                          int64_t W, int64_t oh, int64_t ow, float *scratch) {
+/* In place over n floats, in chunks across the threads. */
+typedef struct relu_ctx {
+    float *x;
+    int64_t n;
+} relu_ctx;
+#define DENSE_RELU_CHUNK ((int64_t)1 << 16)
+
+static void relu_chunk(void *vc, int64_t t, int tid) {
+    const relu_ctx *k = vc;
+    int64_t i0 = t * DENSE_RELU_CHUNK, i1 = i0 + DENSE_RELU_CHUNK < k->n ? i0 + DENSE_RELU_CHUNK : k->n;
+    (void)tid;
+    for (int64_t i = i0; i < i1; i++) k->x[i] = k->x[i] > 0.0f ? k->x[i] : 0.0f;
+}
+
+static void conv_fwd_im2col(const vitc__nn_conv *p, float *y, const float *x, int64_t B,
+                            int64_t H, int64_t W, int64_t oh, int64_t ow, int relu_in,
+                            const float *res, float *scratch) {
     const int64_t O = p->O, K = p->kh * p->kw * p->C, R = B * oh * ow;
     if (conv_is_1x1(p)) {
-        vitc__linear(y, O, x, p->C, p->w, p->b, NULL, 0, R, O, p->C);
+        vitc__linear(y, O, x, p->C, p->w, p->b, res, O, R, O, p->C);
         return;
     }
     const int64_t rb = dense_block_rows(K, R);
@@ -461,8 +478,193 @@ static void conv_fwd_fast(const vitc__nn_conv *p, float *y, const float *x, int6
         int64_t n = R - r0 < rb ? R - r0 : rb;
         im2col_ctx k = {p, scratch, x, H, W, oh, ow, r0};
         vitc__parallel_range(n, im2col_rows, &k);
-        vitc__linear(y + r0 * O, O, scratch, K, p->w, p->b, NULL, 0, n, O, K);
+        if (relu_in) { /* the padding's zeros are their own ReLU */
+            relu_ctx rc = {scratch, n * K};
+            vitc__parallel_for((n * K + DENSE_RELU_CHUNK - 1) / DENSE_RELU_CHUNK, relu_chunk, &rc);
+        }
+        vitc__linear(y + r0 * O, O, scratch, K, p->w, p->b, res ? res + r0 * O : NULL, O, n, O,
+                     K);
     }
+}
+
+/* ---- the row-wise forward (vitc__nn_conv_prepare) ------------------ */
+
+struct vitc__nn_conv_rows {
+    float *w;            /* [kh, O, kw*C]: kernel row i's weight, row-major */
+    vitc__pweight *pw;   /* [kh]: the same, in the GEMM's panels */
+    int64_t kh;
+};
+
+void vitc__nn_conv_unprepare(vitc__nn_conv *p) {
+    if (!p || !p->rows) return;
+    for (int64_t i = 0; i < p->rows->kh; i++) vitc__pweight_free(&p->rows->pw[i]);
+    vitc__free(p->rows->w);
+    free(p->rows->pw);
+    free(p->rows);
+    p->rows = NULL;
+}
+
+vitc_status vitc__nn_conv_prepare(vitc__nn_conv *p) {
+    if (!p || !p->w || p->C <= 0 || p->O <= 0 || p->kh <= 0 || p->kw <= 0)
+        return vitc__err(VITC_ERR_INVALID_ARG, "conv2d prepare: NULL or empty convolution");
+    vitc__nn_conv_unprepare(p);
+    if (conv_is_1x1(p)) return VITC_OK; /* one GEMM already, of x as it is */
+    const int64_t O = p->O, kh = p->kh, Kr = p->kw * p->C;
+    vitc__nn_conv_rows *r = calloc(1, sizeof *r);
+    if (r) r->pw = calloc((size_t)kh, sizeof *r->pw);
+    if (r && r->pw) r->w = vitc__alloc((size_t)(kh * O * Kr) * sizeof(float));
+    if (!r || !r->pw || !r->w) {
+        if (r) free(r->pw);
+        free(r);
+        return vitc__err(VITC_ERR_NOMEM, "conv2d prepare: out of memory for a %lld x %lld x %lld "
+                         "x %lld weight", (long long)O, (long long)kh, (long long)p->kw,
+                         (long long)p->C);
+    }
+    r->kh = kh;
+    p->rows = r;
+    for (int64_t i = 0; i < kh; i++) {
+        float *wi = r->w + i * O * Kr; /* [O, kw*C] */
+        for (int64_t o = 0; o < O; o++)
+            memcpy(wi + o * Kr, p->w + (o * kh + i) * Kr, (size_t)Kr * sizeof(float));
+        vitc_status s = vitc__pweight_pack(&r->pw[i], wi, O, Kr, VITC_PRECISION_FP32);
+        if (s != VITC_OK) {
+            vitc__nn_conv_unprepare(p);
+            return s;
+        }
+    }
+    return VITC_OK;
+}
+
+/* Whether the row-wise forward runs: prepared, and the built-in GEMM (its
+ * kernel the one the panels are for) reads A in place from rows that
+ * overlap; OpenBLAS's sgemm wants lda >= K. */
+static int conv_rowwise(const vitc__nn_conv *p) {
+    const struct vitc__gemm_kernel *kn = vitc__gemm_pack_kernel();
+    return p->rows && kn && p->rows->pw[0].kern == kn;
+}
+
+/* Floats of the row-wise forward's padded copy of x. */
+static int64_t conv_pad_len(const vitc__nn_conv *p, int64_t B, int64_t H, int64_t W) {
+    return B * H * (W + 2 * p->pw) * p->C;
+}
+
+/* xp [B*H, W + 2 pw, C] = x with pw zero pixels either side of each row,
+ * ReLU'd when asked; tasks over rows. */
+typedef struct pad_ctx {
+    float *xp;
+    const float *x;
+    int64_t W, C, pw;
+    int relu;
+} pad_ctx;
+
+/* d[i] = max(s[i], 0), four at a time (-O2 leaves the scalar loop as it
+ * is: it was 2.5% of a Depth Anything forward). */
+typedef float conv_v4 __attribute__((vector_size(16)));
+typedef int conv_v4i __attribute__((vector_size(16)));
+
+static void relu_copy(float *d, const float *s, int64_t n) {
+    const conv_v4 zero = {0, 0, 0, 0};
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        conv_v4 v;
+        memcpy(&v, s + i, sizeof v);
+        v = (conv_v4)((conv_v4i)v & (v > zero));
+        memcpy(d + i, &v, sizeof v);
+    }
+    for (; i < n; i++) d[i] = s[i] > 0.0f ? s[i] : 0.0f;
+}
+
+static void pad_rows(void *vc, int64_t t0, int64_t t1, int tid) {
+    const pad_ctx *k = vc;
+    const int64_t C = k->C, Wp = k->W + 2 * k->pw;
+    (void)tid;
+    for (int64_t t = t0; t < t1; t++) {
+        float *d = k->xp + t * Wp * C;         /* [Wp, C] */
+        const float *s = k->x + t * k->W * C; /* [W, C] */
+        memset(d, 0, (size_t)(k->pw * C) * sizeof(float));
+        if (k->relu)
+            relu_copy(d + k->pw * C, s, k->W * C);
+        else
+            memcpy(d + k->pw * C, s, (size_t)(k->W * C) * sizeof(float));
+        memset(d + (k->pw + k->W) * C, 0, (size_t)(k->pw * C) * sizeof(float));
+    }
+}
+
+/* Output row (b, oy): the product of each kernel row i that lands inside
+ * the map (the padding rows add nothing), accumulated through the GEMM's
+ * residual (y itself after the first), the bias and res with the first. */
+typedef struct rows_ctx {
+    const vitc__nn_conv *p;
+    float *y;          /* [B, oh, ow, O], or NULL: rows in rowbuf */
+    float *rowbuf;     /* [threads, ow, O]: each thread's row when y is NULL */
+    const float *xp;   /* [B, H, W + 2 pw, C] */
+    const float *res;  /* [B, oh, ow, O] or NULL */
+    int64_t H, W, oh, ow;
+    vitc__nn_row_fn fn; /* or NULL */
+    void *fn_ctx;
+} rows_ctx;
+
+static void conv_row(void *vc, int64_t t, int tid) {
+    const rows_ctx *k = vc;
+    const vitc__nn_conv *p = k->p;
+    const int64_t O = p->O, C = p->C, Kr = p->kw * C, Wp = k->W + 2 * p->pw;
+    const int64_t b = t / k->oh, oy = t % k->oh;
+    float *yr = k->y ? k->y + t * k->ow * O : k->rowbuf + tid * k->ow * O; /* [ow, O] */
+    const float *rr = k->res ? k->res + t * k->ow * O : NULL; /* [ow, O] */
+    int first = 1;
+    for (int64_t i = 0; i < p->kh; i++) {
+        int64_t iy = oy * p->sh - p->ph + i;
+        if (iy < 0 || iy >= k->H) continue;
+        const float *a = k->xp + (b * k->H + iy) * Wp * C; /* [ow, kw*C], rows sw*C apart */
+        /* cannot fail: the weight is prepacked for these sizes, W given */
+        (void)vitc__linear_pw(yr, O, a, p->sw * C, &p->rows->pw[i], p->rows->w + i * O * Kr,
+                              first ? p->b : NULL, first ? rr : yr, O, k->ow, O, Kr,
+                              VITC__ACT_NONE);
+        first = 0;
+    }
+    if (first) /* every kernel row in the padding */
+        for (int64_t j = 0; j < k->ow; j++)
+            for (int64_t o = 0; o < O; o++)
+                yr[j * O + o] = (p->b ? p->b[o] : 0.0f) + (rr ? rr[j * O + o] : 0.0f);
+    if (k->fn) k->fn(k->fn_ctx, b, oy, yr);
+}
+
+static void conv_fwd_rows(const vitc__nn_conv *p, float *y, const float *x, int64_t B, int64_t H,
+                          int64_t W, int64_t oh, int64_t ow, int relu_in, const float *res,
+                          vitc__nn_row_fn fn, void *fn_ctx, float *scratch) {
+    pad_ctx pk = {scratch, x, W, p->C, p->pw, relu_in};
+    vitc__parallel_range(B * H, pad_rows, &pk);
+    rows_ctx k = {p, y, scratch + conv_pad_len(p, B, H, W), scratch, res, H, W, oh, ow, fn,
+                  fn_ctx};
+    /* rows claimed as threads come free: a row is a few GEMM tiles wide,
+     * and a shared machine slows one thread now and then */
+    vitc__parallel_for_dynamic(B * oh, 1, conv_row, &k);
+}
+
+/* The rows' fn after a forward that had none. */
+typedef struct rowfn_ctx {
+    const float *y; /* [B, oh, ow, O] */
+    int64_t oh, ow, O;
+    vitc__nn_row_fn fn;
+    void *fn_ctx;
+} rowfn_ctx;
+
+static void rowfn_task(void *vc, int64_t t, int tid) {
+    const rowfn_ctx *k = vc;
+    (void)tid;
+    k->fn(k->fn_ctx, t / k->oh, t % k->oh, k->y + t * k->ow * k->O);
+}
+
+/* Whether the row-wise forward takes fn itself (1), else the caller runs it. */
+static int conv_fwd_fast(const vitc__nn_conv *p, float *y, const float *x, int64_t B, int64_t H,
+                         int64_t W, int64_t oh, int64_t ow, int relu_in, const float *res,
+                         vitc__nn_row_fn fn, void *fn_ctx, float *scratch) {
+    if (!conv_is_1x1(p) && conv_rowwise(p)) {
+        conv_fwd_rows(p, y, x, B, H, W, oh, ow, relu_in, res, fn, fn_ctx, scratch);
+        return 1;
+    }
+    conv_fwd_im2col(p, y, x, B, H, W, oh, ow, relu_in, res, scratch);
+    return 0;
 }
 
 static void conv_bwd_fast(const vitc__nn_conv *p, float *dx, float *dw, float *db, const float *dy,
@@ -762,23 +964,67 @@ int64_t vitc__nn_conv_scratch(const vitc__nn_conv *p, int64_t B, int64_t H, int6
     const int64_t oh = vitc__nn_conv_out(H, p->kh, p->sh, p->ph),
                   ow = vitc__nn_conv_out(W, p->kw, p->sw, p->pw), K = p->kh * p->kw * p->C;
     if (oh <= 0 || ow <= 0 || K <= 0) return 0;
-    /* the backward's im2col block and its gradient; the forward uses the first */
-    return 2 * dense_block_rows(K, B * oh * ow) * K;
+    /* the backward's im2col block and its gradient; the im2col forward
+     * uses the first, the row-wise one a padded copy of x and a row per
+     * thread (forward_rows without y) */
+    int64_t n = 2 * dense_block_rows(K, B * oh * ow) * K,
+            fwd = conv_pad_len(p, B, H, W) + (int64_t)vitc__num_threads() * ow * p->O;
+    return p->rows && fwd > n ? fwd : n;
 }
 
-vitc_status vitc__nn_conv_forward(const vitc__nn_conv *p, float *y, const float *x, int64_t B,
-                                  int64_t H, int64_t W, float *scratch, int64_t scratch_len) {
+static vitc_status conv_forward_any(const vitc__nn_conv *p, float *y, const float *x,
+                                    int64_t B, int64_t H, int64_t W, int relu_in,
+                                    const float *res, vitc__nn_row_fn fn, void *fn_ctx,
+                                    float *scratch, int64_t scratch_len) {
     static const char who[] = "conv2d forward";
     int64_t oh, ow;
     VITC_TRY(conv_check_full(p, who, B, H, W, &oh, &ow));
     VITC_TRY(scratch_check(who, vitc__nn_conv_scratch(p, B, H, W), scratch, scratch_len));
-    if (B > 0 && (!x || !y)) return vitc__err(VITC_ERR_INVALID_ARG, "%s: NULL x or y", who);
+    if (B > 0 && (!x || (!y && !fn)))
+        return vitc__err(VITC_ERR_INVALID_ARG, "%s: NULL x or y", who);
+    if (relu_in && conv_is_1x1(p))
+        return vitc__err(VITC_ERR_INVALID_ARG, "%s: a ReLU'd input needs a kernel larger than "
+                         "1x1 (apply the ReLU to x first)", who);
     if (B == 0) return VITC_OK;
+    int rowwise = !dense_ref() && !conv_is_1x1(p) && conv_rowwise(p);
+    float *tmp = NULL; /* [B, oh, ow, O]: y for fn on a path that needs the whole map */
+    if (!y && !rowwise) {
+        size_t n;
+        if (!vitc__mul_size((size_t)(B * oh), (size_t)(ow * p->O), &n) ||
+            !vitc__mul_size(n, sizeof(float), &n) || !(tmp = vitc__alloc(n)))
+            return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for a %lld x %lld x %lld map",
+                             who, (long long)(B * oh), (long long)ow, (long long)p->O);
+        y = tmp;
+    }
+    int done = 0;
     if (dense_ref())
-        conv_fwd_ref(p, y, x, B, H, W, oh, ow);
+        conv_fwd_ref(p, y, x, B, H, W, oh, ow, relu_in, res);
     else
-        conv_fwd_fast(p, y, x, B, H, W, oh, ow, scratch);
+        done = conv_fwd_fast(p, y, x, B, H, W, oh, ow, relu_in, res, fn, fn_ctx, scratch);
+    if (fn && !done) {
+        rowfn_ctx k = {y, oh, ow, p->O, fn, fn_ctx};
+        vitc__parallel_for(B * oh, rowfn_task, &k);
+    }
+    vitc__free(tmp);
     return VITC_OK;
+}
+
+vitc_status vitc__nn_conv_forward_ex(const vitc__nn_conv *p, float *y, const float *x, int64_t B,
+                                     int64_t H, int64_t W, int relu_in, const float *res,
+                                     float *scratch, int64_t scratch_len) {
+    return conv_forward_any(p, y, x, B, H, W, relu_in, res, NULL, NULL, scratch, scratch_len);
+}
+
+vitc_status vitc__nn_conv_forward_rows(const vitc__nn_conv *p, float *y, const float *x,
+                                       int64_t B, int64_t H, int64_t W, int relu_in,
+                                       vitc__nn_row_fn fn, void *ctx, float *scratch,
+                                       int64_t scratch_len) {
+    return conv_forward_any(p, y, x, B, H, W, relu_in, NULL, fn, ctx, scratch, scratch_len);
+}
+
+vitc_status vitc__nn_conv_forward(const vitc__nn_conv *p, float *y, const float *x, int64_t B,
+                                  int64_t H, int64_t W, float *scratch, int64_t scratch_len) {
+    return vitc__nn_conv_forward_ex(p, y, x, B, H, W, 0, NULL, scratch, scratch_len);
 }
 
 vitc_status vitc__nn_conv_backward(const vitc__nn_conv *p, float *dx, float *dw, float *db,

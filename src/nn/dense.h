@@ -26,10 +26,13 @@ static inline int64_t vitc__nn_conv_out(int64_t n, int64_t k, int64_t s, int64_t
 
 /* nn.Conv2d(C, O, (kh, kw), stride (sh, sw), padding (ph, pw)), no groups
  * or dilation. */
+typedef struct vitc__nn_conv_rows vitc__nn_conv_rows;
 typedef struct vitc__nn_conv {
     const float *w; /* [O, kh, kw, C] (vitc__nn_conv_pack from torch's [O, C, kh, kw]) */
     const float *b; /* [O] or NULL */
     int64_t C, O, kh, kw, sh, sw, ph, pw;
+    /* NULL, or vitc__nn_conv_prepare's copy of w for the row-wise forward */
+    vitc__nn_conv_rows *rows;
 } vitc__nn_conv;
 /* torch's Conv2d weight [O, C, kh, kw] -> [O, kh, kw, C] (and back: _unpack). */
 void vitc__nn_conv_pack(float *dst, const float *src, int64_t O, int64_t C, int64_t kh, int64_t kw);
@@ -42,6 +45,36 @@ int64_t vitc__nn_conv_scratch(const vitc__nn_conv *p, int64_t B, int64_t H, int6
  * output, a scratch too small. */
 vitc_status vitc__nn_conv_forward(const vitc__nn_conv *p, float *y, const float *x, int64_t B,
                                   int64_t H, int64_t W, float *scratch, int64_t scratch_len);
+/* y = conv(relu_in ? relu(x) : x) + res (res [B, oh, ow, O] or NULL; it may
+ * be y itself): a pre-activation residual unit's ReLU and sum without
+ * passes of their own. relu_in needs a kernel larger than 1x1 (the ReLU is
+ * applied while x is copied into the scratch). */
+vitc_status vitc__nn_conv_forward_ex(const vitc__nn_conv *p, float *y, const float *x, int64_t B,
+                                     int64_t H, int64_t W, int relu_in, const float *res,
+                                     float *scratch, int64_t scratch_len);
+/* vitc__nn_conv_forward_ex, then fn(ctx, b, oy, row [ow, O]) on each
+ * output row of y as soon as it is final (the row-wise forward: while it
+ * is in cache, on the thread that computed it; else after the whole
+ * forward), from several threads at once: a following per-pixel layer
+ * without another pass over y from memory. y may be NULL: the rows are
+ * then only fn's to read (the row-wise forward keeps one per thread in
+ * the scratch; the others allocate the map for the call). */
+typedef void (*vitc__nn_row_fn)(void *ctx, int64_t b, int64_t oy, const float *row);
+vitc_status vitc__nn_conv_forward_rows(const vitc__nn_conv *p, float *y, const float *x,
+                                       int64_t B, int64_t H, int64_t W, int relu_in,
+                                       vitc__nn_row_fn fn, void *ctx, float *scratch,
+                                       int64_t scratch_len);
+/* Inference's forward for a fixed weight: w (and kh, kw, C, O) must not
+ * change until vitc__nn_conv_unprepare. A k x k convolution then runs
+ * without im2col: each output row is kh products of ow rows with kernel
+ * row i's weight [O, kw*C] (packed once, here, in the GEMM's panels),
+ * whose operand rows are read in place from a copy of x padded left and
+ * right (stride sw*C apart: consecutive taps of a kernel row are
+ * consecutive pixels of channels-last x). Without it, or on a GEMM that
+ * cannot read its operand in place (OpenBLAS), the im2col forward runs. A
+ * 1x1 convolution needs nothing (it is one GEMM). Errors: out of memory. */
+vitc_status vitc__nn_conv_prepare(vitc__nn_conv *p);
+void vitc__nn_conv_unprepare(vitc__nn_conv *p);
 /* dx [B, H, W, C] (overwritten; NULL: not wanted) from dy [B, oh, ow, O];
  * dw [O, kh, kw, C] and db [O] accumulated (+=) when not NULL. */
 vitc_status vitc__nn_conv_backward(const vitc__nn_conv *p, float *dx, float *dw, float *db,

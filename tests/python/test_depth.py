@@ -124,6 +124,40 @@ class TestDepthAnything(TmpDirCase):
                        image_size=518, mlp_ratio=4)
         self.check_forward(path, m, [(518, 518)], batch=1)
 
+    def test_other_paths(self):
+        """The convolutions' other paths on the V2-like and metric models:
+        VITC_DENSE=ref (the definitions as loops, conv3 as a layer of its
+        own after a ReLU pass), OpenBLAS's GEMM and the AVX2 kernels (no
+        row-wise forward: im2col), each in a process of its own (the
+        environment is read once), against transformers and against the
+        default path within the same 1e-4."""
+        import sys
+        gen = torch.Generator().manual_seed(5)
+        x = torch.randn(2, 3, 42, 56, generator=gen)
+        xp = os.path.join(self.tmp, "paths_x.npy")
+        np.save(xp, x.numpy())
+        code = ("import sys, numpy as np, vitc\n"
+                "x = np.load(sys.argv[1])\n"
+                "for i, m in enumerate(sys.argv[2:]):\n"
+                "    np.save(sys.argv[1] + '.%d.npy' % i, vitc.DepthAnything(m).forward(x))\n")
+        models = ((self.v2, self.m_v2), (self.metric, self.m_metric))
+        refs = []
+        for path, model in models:
+            with torch.no_grad():
+                refs.append(model(pixel_values=x).predicted_depth.numpy().astype(np.float64))
+        fast = [vitc.DepthAnything(path).forward(x.numpy()) for path, _ in models]
+        # (a build without OpenBLAS takes VITC_GEMM=openblas as the default)
+        for extra in ({"VITC_DENSE": "ref"}, {"VITC_ARCH": "avx2"}, {"VITC_GEMM": "openblas"}):
+            env = dict(os.environ, **extra)
+            env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+            subprocess.run([sys.executable, "-c", code, xp] + [m for m, _ in models], env=env,
+                           check=True)
+            for i in range(len(models)):
+                got = np.load(xp + ".%d.npy" % i)
+                self.assertLess(rel_err(got, refs[i]), 1e-4, "%s, %s" % (extra, models[i][0]))
+                self.assertLess(rel_err(got, fast[i].astype(np.float64)), 1e-4,
+                                "%s against the default path, %s" % (extra, models[i][0]))
+
     def test_threads_share_a_model(self):
         """Concurrent forwards on one model (one takes the model's workspace,
         the others their own) give the numbers of one alone."""
