@@ -414,10 +414,10 @@ COMPILE_S = {}  # the compiling step's seconds, for torch_child's JSON
 
 def _compile_step(step, opt, backend):
     """With torch.compile: the first step compiles forward and backward and
-    is timed apart (compile seconds), inside the build so that "fwd MB"
-    stays the steps' own as for the engines' compile rows; the optimizer's
-    state it made is dropped so that the timed steps make it again, as the
-    eager side's first steps do."""
+    is timed apart (compile seconds), inside the build as the engines'
+    compile rows compile (peak MB counts it); the optimizer's state it made
+    is dropped so that the timed steps make it again, as the eager side's
+    first steps do."""
     if not backend:
         return step
     t0 = time.perf_counter()
@@ -959,7 +959,8 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
                  "each child a fresh process with this run's own inductor cache; its first "
                  "step compiles forward and backward and is not timed (compile seconds per "
                  "child in the ms column, the first from an empty cache); its peak MB "
-                 "includes compiling, its fwd MB is the timed steps' own. It ran in the first "
+                 "includes compiling (compare peak MB: its fwd MB is only what the timed steps "
+                 "add to the memory the compiling step already touched). It ran in the first "
                  "%d of the %d rounds, as the engines do.\n" % (
                      ", ".join(compiled), args.compile_backend,
                      min(args.engine_rounds, args.rounds), args.rounds))
