@@ -81,7 +81,7 @@ class TestPeakOnly(unittest.TestCase):
         for prec, unit in (("bf16", "GFLOP/s"), ("int8", "GOP/s")):
             line = re.search(r"^%s peak.*$" % prec, out, re.M)
             self.assertIsNotNone(line, out)
-            self.assertRegex(line.group(0), r"^%s peak (\([a-z0-9_]+, measured\): [0-9.]+ %s "
+            self.assertRegex(line.group(0), r"^%s peak( \([a-z0-9_]+, measured\): [0-9.]+ %s "
                                             r"on 1 core|: none \(.+\))" % (prec, unit))
 
     def test_run_measures_its_precision_only(self):
