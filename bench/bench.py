@@ -1400,8 +1400,10 @@ def main():
                     name, rnd + 1, cfg, "%.3f ms" % med if med else r.get("status", "?") + " "
                     + (r.get("error") or r.get("note") or "")[-200:], time.time() - t0))
         raw[name] = runs
-        # Between workloads: another chance to catch the machine quiet.
-        measure_peak()
+        # Between workloads: another chance to catch the machine quiet (a
+        # --quick run, a test of the driver, keeps its first measurement).
+        if not QUICK:
+            measure_peak()
     if tmpdir:
         tmpdir.cleanup()
     info["load_end"] = loadavg()
