@@ -980,7 +980,7 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
                      min(args.engine_rounds, args.rounds), args.rounds))
     if engines:
         L.extend(peers.render(summary, VIT, engines, agree or {}, prep or {}, args, fmt, cell))
-    L.extend(targets.own_peak_table(summary, TRAIN, fmt, label))
+    L.extend(targets.own_peak_table(summary, TRAIN, fmt))
     L.extend(targets.targets_section(summary, flops, peak, vmain, VIT, QUICK, best_torch,
                                      {n: vitc_work(n) for n in summary}))
     L.append("## Every configuration\n")

@@ -65,7 +65,7 @@ def peaks_line(peak, cores):
     return "%s on %d threads at once" % (" / ".join(out), cores)
 
 
-def own_peak_table(summary, train, fmt, label):
+def own_peak_table(summary, train, fmt):
     """The engines' forwards (every row with configurations beside vitc and
     PyTorch fp32, training rows aside) as GFLOP/s and % of the peak of the
     precision each computes in, at its better thread count."""
@@ -91,8 +91,8 @@ def own_peak_table(summary, train, fmt, label):
             r = min(ok, key=lambda r: r["median_ms"]) if ok else None
             cells.append("%s (%s%%)" % (fmt(r["gflops"], ".1f"), fmt(
                 r["peak_frac"] and 100 * r["peak_frac"], ".0f")) if r else "–")
-        L.append("| %s | %s | %s |" % (label(e).rsplit(" ", 1)[0] if e not in ("vitc", "torch")
-                                       else label(e), precision_of(e + "-1"), " | ".join(cells)))
+        L.append("| %s | %s | %s |" % (peers.ENGINES.get(e, (e,))[0], precision_of(e + "-1"),
+                                       " | ".join(cells)))
     return L + [""]
 
 

@@ -149,11 +149,12 @@ class TestOwnPeak(unittest.TestCase):
             self.assertAlmostEqual(r["peak_frac"], gf / (own[prec] * 2), places=9)
         # vitc bf16: 351 GFLOP/s, 75% of the bf16 peak (150% of fp32's)
         self.assertAlmostEqual(s["vitc_bf16-2"]["peak_frac"], 0.750, delta=0.002)
-        table = "\n".join(targets.own_peak_table({"vit_b16_b8": s}, bench.TRAIN, bench.fmt,
-                                                 bench.label))
+        table = "\n".join(targets.own_peak_table({"vit_b16_b8": s}, bench.TRAIN, bench.fmt))
         self.assertIn("| vitc | bf16 | 351.3 (75%) |", table)
         self.assertIn("| ONNX Runtime | int8 | 312.2 (33%) |", table)
         self.assertIn("| torch.compile (inductor) | fp32 | 165.3 (71%) |", table)
+        self.assertIn("| PyTorch eager | fp32 | 147.9 (63%) |", table)
+        self.assertIn("| PyTorch eager | bf16 | 187.3 (40%) |", table)
 
 
 class TestTargets(unittest.TestCase):
