@@ -1187,7 +1187,7 @@ def main():
                           "--threads", str(info["cores"])], base_env)
         targets.merge_peaks(peak, r)
 
-    log("measuring the FMA peak")
+    log("measuring the fp32, bf16 and int8 peaks")
     measure_peak()
 
     r, _ = run_child([sys.executable, __file__, "--versions"], base_env)
