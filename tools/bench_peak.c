@@ -47,8 +47,8 @@ typedef double (*bench_peak_fn)(long iters); /* returns the operations done */
  * FMA latency (4-5 cycles) times two FMA pipes. */
 #ifdef BENCH_X86
 __attribute__((target("avx512f,fma"))) static double bench_fma_avx512(long iters) {
-    volatile float seed = 1.0f;
-    __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f), e = _mm512_set1_ps(seed);
+    volatile float init = 1.0f;
+    __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f), e = _mm512_set1_ps(init);
     __m512 s = _mm512_setzero_ps();
 #define D(j) __m512 a##j = _mm512_mul_ps(e, _mm512_set1_ps((float)(j + 1)));
     BENCH_REP16(D)
@@ -68,8 +68,8 @@ __attribute__((target("avx512f,fma"))) static double bench_fma_avx512(long iters
 
 /* 12 chains: AVX2 has 16 ymm registers, and the loop needs two more. */
 __attribute__((target("avx2,fma"))) static double bench_fma_avx2(long iters) {
-    volatile float seed = 1.0f;
-    __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f), e = _mm256_set1_ps(seed);
+    volatile float init = 1.0f;
+    __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f), e = _mm256_set1_ps(init);
     __m256 s = _mm256_setzero_ps();
 #define D(j) __m256 a##j = _mm256_mul_ps(e, _mm256_set1_ps((float)(j + 1)));
     BENCH_REP12(D)
@@ -93,10 +93,10 @@ __attribute__((target("avx2,fma"))) static double bench_fma_avx2(long iters) {
 /* Without SIMD the compiler may still vectorise this; it is a floor, and
  * only used where neither x86 path exists. */
 static double bench_fma_scalar(long iters) {
-    volatile float seed = 1.0f;
+    volatile float init = 1.0f;
     float a[16];
     for (int j = 0; j < 16; j++)
-        a[j] = seed + (float)j;
+        a[j] = init + (float)j;
     for (long i = 0; i < iters; i++)
         for (int j = 0; j < 16; j++)
             a[j] = fmaf(a[j], 0.999999f, 1e-6f);
@@ -111,8 +111,8 @@ static double bench_fma_scalar(long iters) {
 /* a += x.x with x = 2^-10: each step adds 2^-19, so over any run's length
  * the chains stay far inside fp32's normal range. */
 __attribute__((target("avx512f,avx512bf16"))) static double bench_bf16_avx512(long iters) {
-    volatile float seed = 0x1p-10f;
-    __m512 e = _mm512_set1_ps(seed), s = _mm512_setzero_ps();
+    volatile float init = 0x1p-10f;
+    __m512 e = _mm512_set1_ps(init), s = _mm512_setzero_ps();
     __m512bh x = _mm512_cvtne2ps_pbh(e, e);
 #define D(j) __m512 a##j = _mm512_mul_ps(e, _mm512_set1_ps((float)(j + 1)));
     BENCH_REP16(D)
@@ -132,9 +132,9 @@ __attribute__((target("avx512f,avx512bf16"))) static double bench_bf16_avx512(lo
 
 /* int32 accumulators wrap harmlessly (vpdpbusd does not saturate). */
 __attribute__((target("avx512f,avx512vnni"))) static double bench_int8_avx512(long iters) {
-    volatile int seed = 1;
-    __m512i x = _mm512_set1_epi8((char)seed), s = _mm512_setzero_si512();
-#define D(j) __m512i a##j = _mm512_set1_epi32(seed + j);
+    volatile int init = 1;
+    __m512i x = _mm512_set1_epi8((char)init), s = _mm512_setzero_si512();
+#define D(j) __m512i a##j = _mm512_set1_epi32(init + j);
     BENCH_REP16(D)
 #undef D
     for (long i = 0; i < iters; i++) {
@@ -152,9 +152,9 @@ __attribute__((target("avx512f,avx512vnni"))) static double bench_int8_avx512(lo
 
 /* AVX-VNNI (VEX-encoded, ymm0-15 only): 12 chains as the AVX2 fp32 loop. */
 __attribute__((target("avx2,avxvnni"))) static double bench_int8_avxvnni(long iters) {
-    volatile int seed = 1;
-    __m256i x = _mm256_set1_epi8((char)seed), s = _mm256_setzero_si256();
-#define D(j) __m256i a##j = _mm256_set1_epi32(seed + j);
+    volatile int init = 1;
+    __m256i x = _mm256_set1_epi8((char)init), s = _mm256_setzero_si256();
+#define D(j) __m256i a##j = _mm256_set1_epi32(init + j);
     BENCH_REP12(D)
 #undef D
     for (long i = 0; i < iters; i++) {
