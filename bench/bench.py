@@ -51,6 +51,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import peers  # noqa: E402  (bench/peers.py, beside this file)
+import targets  # noqa: E402  (bench/targets.py: peaks per precision, issue 26's targets)
 
 _HUB_FLOPS = ("B·(2·P·D·3·p² + 12·(2·N·D·3D + 4·N²·D + 2·N·D² + 4·N·D·M) + 2·D·E), "
               "P = %s patches, N = %s tokens, D = 768, M = 3072, projection E = %s")
@@ -124,6 +125,9 @@ HUB = ("dinov2_b14_b1", "dinov2_b14_b8", "clip_b16_b1", "clip_b16_b8")
 EMBED_IMAGES = 1000  # --embed-images changes it (a test of the driver)
 FINETUNE = ("finetune_dinov2_s14_b8", "finetune_clip_b16_b8")
 TRAIN = ("train_fmnist", "train_vit_b16_b8", "sdpa_bwd") + FINETUNE
+# The training rows torch.compile also times (the model compiled, as torch
+# users do; the attention backward alone has no model to compile).
+TRAIN_COMPILE = ("train_fmnist", "train_vit_b16_b8") + FINETUNE
 # --only accepts these group names too (make bench BENCH_ONLY=train).
 GROUPS = {"train": TRAIN, "inference": tuple(n for n in WORKLOADS if n not in TRAIN),
           "hub": HUB + ("embed_1000",), "engines": VIT,
@@ -209,6 +213,20 @@ def flops_of(name):
     return vit_flops(B, 224, 16, 3, 768, 12, 3072, 1000)
 
 
+def vitc_work(name):
+    """vitc's own FLOP count of a row where it does less than flops_of
+    counts: the training rows' last block on the class rows alone."""
+    if name == "train_fmnist":
+        f = QUICK_SIZES["fmnist"] if QUICK else FMNIST
+        return flops_of(name) - targets.cls_only_saving(
+            f["batch"], f["image_size"], f["patch_size"], f["hidden_dim"], f["mlp_dim"])
+    if name == "train_vit_b16_b8":
+        q = QUICK_SIZES["vit_b16"]
+        B, H = (q["batch"], q["image_size"]) if QUICK else (8, 224)
+        return flops_of(name) - targets.cls_only_saving(B, H, 16, 768, 3072)
+    return flops_of(name)
+
+
 def ft_model(name):
     """(transformers config kwargs, batch, image size) of a fine-tuning row."""
     if QUICK:
@@ -284,7 +302,7 @@ def _torch_modules():
             gen_layers.SeedSelfAttentionMultiHead)
 
 
-def _torch_workload(name, weights=None):
+def _torch_workload(name, weights=None, compile_backend=None):
     """Forward callable for one workload, weights random (the ViT's loaded
     from `weights`, a .pth state_dict, when given: the way a checkpoint is
     loaded in PyTorch, so its peak memory counts loading as vitc's does)."""
@@ -316,7 +334,7 @@ def _torch_workload(name, weights=None):
         x = torch.randn(1, 512, 64, 64)
         return lambda: m(x)
     if name in TRAIN:
-        return _torch_train_workload(name, weights)
+        return _torch_train_workload(name, weights, compile_backend)
     if name in HUB:
         # transformers' own classes, loaded from the directory vitc loads
         # (so peak memory counts reading it, as on vitc's side)
@@ -351,9 +369,12 @@ def _torch_workload(name, weights=None):
     raise SystemExit("unknown workload " + name)
 
 
-def _torch_train_workload(name, weights=None):
+def _torch_train_workload(name, weights=None, compile_backend=None):
     """One training step as PyTorch users write it (model.train(), dropout 0
-    as torchvision's default, AdamW over model.parameters())."""
+    as torchvision's default, AdamW over model.parameters()); with
+    compile_backend, the model wrapped in torch.compile (default mode) as
+    torch users compile it, loss, backward and optimizer step left as they
+    are."""
     import torch
     import torch.nn.functional as F
     if name == "sdpa_bwd":
@@ -368,7 +389,7 @@ def _torch_train_workload(name, weights=None):
             out.backward(dout, retain_graph=True)  # the forward's graph, kept
         return bwd
     if name in FINETUNE:
-        return _torch_finetune_workload(name, weights)
+        return _torch_finetune_workload(name, weights, compile_backend)
     import torchvision
     from torchvision.models.vision_transformer import VisionTransformer
     if name == "train_fmnist":
@@ -391,16 +412,45 @@ def _torch_train_workload(name, weights=None):
     opt = torch.optim.AdamW(m.parameters(), lr=1e-3, weight_decay=0.05)
     x = torch.randn(B, C, H, H)
     y = torch.randint(0, m.heads.head.out_features, (B,))
+    fwd = _compiled(m, compile_backend)
 
     def step():
         opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(m(x), y)
+        loss = F.cross_entropy(fwd(x), y)
         loss.backward()
         opt.step()
+    return _compile_step(step, opt, compile_backend)
+
+
+def _compiled(m, backend):
+    """m, or torch.compile(m) (default mode; backend "inductor" unless a
+    test asks for a cheaper one)."""
+    if not backend:
+        return m
+    import torch
+    return torch.compile(m, backend=backend)
+
+
+COMPILE_S = {}  # the compiling step's seconds, for torch_child's JSON
+
+
+def _compile_step(step, opt, backend):
+    """With torch.compile: the first step compiles forward and backward and
+    is timed apart (compile seconds), inside the build as the engines'
+    compile rows compile (peak MB counts it); the optimizer's state it made
+    is dropped so that the timed steps make it again, as the eager side's
+    first steps do."""
+    if not backend:
+        return step
+    t0 = time.perf_counter()
+    step()
+    COMPILE_S["s"] = time.perf_counter() - t0
+    opt.zero_grad(set_to_none=True)
+    opt.state.clear()
     return step
 
 
-def _torch_finetune_workload(name, weights):
+def _torch_finetune_workload(name, weights, compile_backend=None):
     """A fine-tuning step as transformers users write it: the backbone
     from_pretrained from the Hub directory vitc loads, a new 10-class head
     (Dinov2ForImageClassification's own, or nn.Linear on CLIP's
@@ -418,18 +468,20 @@ def _torch_finetune_workload(name, weights):
             attn_implementation="sdpa", output_loading_info=True)
         missing = [k for k in info.get("missing_keys", ()) if not k.startswith("classifier.")]
         params = list(m.parameters())
+        cm = _compiled(m, compile_backend)
 
         def fwd(x):
-            return m(pixel_values=x).logits
+            return cm(pixel_values=x).logits
     else:
         m, info = transformers.CLIPVisionModelWithProjection.from_pretrained(
             weights, attn_implementation="sdpa", output_loading_info=True)
         missing = list(info.get("missing_keys", ()))
         head = torch.nn.Linear(m.config.projection_dim, FT_CLASSES)
         params = list(m.parameters()) + list(head.parameters())
+        cm = _compiled(m, compile_backend)
 
         def fwd(x):
-            return head(m(pixel_values=x).image_embeds)
+            return head(cm(pixel_values=x).image_embeds)
     if missing:
         raise SystemExit("%s: weights missing from %s: %s" % (
             name, weights, ", ".join(sorted(missing))[:300]))
@@ -443,11 +495,12 @@ def _torch_finetune_workload(name, weights):
         loss = F.cross_entropy(fwd(x), y)
         loss.backward()
         opt.step()
-    return step
+    return _compile_step(step, opt, compile_backend)
 
 
-def torch_child(name, threads, repeat, weights=None):
-    """Runs in a fresh process: time one workload, print one JSON line."""
+def torch_child(name, threads, repeat, weights=None, compile_backend=None):
+    """Runs in a fresh process: time one workload, print one JSON line.
+    compile_backend: a training workload under torch.compile."""
     import torch
     torch.set_num_threads(threads)
     if name in VIT or name in TRAIN:
@@ -461,7 +514,7 @@ def torch_child(name, threads, repeat, weights=None):
     base = _status_kb("VmRSS")
     import contextlib
     with (contextlib.nullcontext() if name in TRAIN else torch.inference_mode()):
-        f = _torch_workload(name, weights)
+        f = _torch_workload(name, weights, compile_backend)
         built_hwm, built = _status_kb("VmHWM"), _status_kb("VmRSS")
         if hwm_reset:
             _reset_hwm()
@@ -482,9 +535,12 @@ def torch_child(name, threads, repeat, weights=None):
             if warm + 1e-3 * sum(times) > CHILD_BUDGET:
                 break
         run_hwm = _status_kb("VmHWM")
-    print(json.dumps({"name": name, "status": "ok", "threads": torch.get_num_threads(),
-                      "times_ms": times, "base_rss_kb": base, "built_hwm_kb": built_hwm,
-                      "built_rss_kb": built, "run_hwm_kb": run_hwm, "hwm_reset": hwm_reset}))
+    res = {"name": name, "status": "ok", "threads": torch.get_num_threads(),
+           "times_ms": times, "base_rss_kb": base, "built_hwm_kb": built_hwm,
+           "built_rss_kb": built, "run_hwm_kb": run_hwm, "hwm_reset": hwm_reset}
+    if "s" in COMPILE_S:
+        res.update(compile_s=COMPILE_S["s"], compile_backend=compile_backend)
+    print(json.dumps(res))
 
 
 def hub_config(name):
@@ -849,8 +905,9 @@ def fmt(x, spec):
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
-def summarize(name, runs, flops, peak1):
-    """runs: config -> list of child results. Pooled median and memory."""
+def summarize(name, runs, flops, peaks):
+    """runs: config -> list of child results. Pooled median and memory;
+    % peak over the configuration's own precision's peak."""
     out = {}
     for cfg, rs in runs.items():
         ok = [r for r in rs if r.get("status") == "ok"]
@@ -865,11 +922,14 @@ def summarize(name, runs, flops, peak1):
         times = [t for r in ok for t in r["times_ms"]]
         med = _median(times)
         threads = int(cfg.split("-")[1])
+        prec = targets.precision_of(cfg)
+        peak1 = targets.peak_of(peaks, prec)
         gf = flops / (med * 1e-3) * 1e-9 if flops else None
         peak = [max(r["built_hwm_kb"], r["run_hwm_kb"]) - r["base_rss_kb"] for r in ok]
         fwd = [r["run_hwm_kb"] - r["built_rss_kb"] for r in ok]
         out[cfg] = {"status": "ok", "median_ms": med, "min_ms": min(times), "samples": len(times),
-                    "gflops": gf, "peak_frac": gf / (peak1 * threads) if gf and peak1 else None,
+                    "gflops": gf, "precision": prec,
+                    "peak_frac": gf / (peak1 * threads) if gf and peak1 else None,
                     "peak_mb": max(peak) / 1024.0, "fwd_mb": max(fwd) / 1024.0,
                     "proc_mb": max(r["_maxrss_kb"] for r in ok) / 1024.0,
                     "hwm_reset": all(r.get("hwm_reset") for r in ok)}
@@ -907,9 +967,11 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
     L.append("- load average (1 min) at start and end: %s and %s (above 0 means other processes "
              "shared the cores)" % (info.get("load_start", "?"), info.get("load_end", "?")))
     L.append("- measured FMA peak (%s, fp32): %.1f GFLOP/s on 1 core, %.1f on %d threads at once "
-             "(`vitc bench --peak-only`, best of the measurements between workloads; it measures "
-             "the fp32 FMA peak only, no bf16 or int8 peak)" % (
+             "(`vitc bench --peak-only`, best of the measurements between workloads)" % (
                  peak["isa"], peak["p1"], peak["pn"], info["cores"]))
+    L.append("- measured peaks: %s (vdpbf16ps: 4 flops per fp32 lane; vpdpbusd: 8 ops per "
+             "int32 lane; AMX tiles where present; each precision's %% peak below is over its "
+             "own)" % targets.peaks_line(peak, info["cores"]))
     L.append("- rounds: %d; timed forwards per child: %s" % (
         args.rounds, ", ".join("%s %d" % (n, WORKLOADS[n][3] * args.repeat_scale)
                                for n in summary)))
@@ -921,7 +983,8 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
     L.append("## Summary\n")
     L.append("vitc at %d thread(s) against PyTorch at its best of %s thread(s). "
              "Median ms; speedup = PyTorch ms / vitc ms; %% peak = GFLOP/s over "
-             "(measured 1-core FMA peak × threads); memory = peak MB (fwd MB): the workload's "
+             "(measured 1-core peak of the row's precision × threads); memory = peak MB "
+             "(fwd MB): the workload's "
              "peak resident memory above the process's resident set before it was built "
              "(weights and loading included), and in parentheses what the forwards add once "
              "it is built. Last column: vitc's %d-thread time over its %d-thread time.\n"
@@ -935,14 +998,26 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
         return "%s (%s)" % (fmt(r.get("peak_mb"), ".0f"), fmt(r.get("fwd_mb"), ".0f")) \
             if r.get("status") == "ok" else "–"
 
-    for name, s_ in summary.items():
+    compiled = []
+    # A training row with torch.compile children gets a second row: vitc
+    # against torch.compile, in PyTorch's columns.
+    rows = [(n, side) for n in summary for side in ("torch", "compile")
+            if side == "torch" or (n in TRAIN and any(c.startswith("compile-") for c in summary[n]))]
+    for name, vs in rows:
+        s_ = summary[name]
         v, v1 = s_.get(vmain, {}), s_.get(vone, {})
-        tb = best_torch(s_)
+        tb = best_torch(s_, vs)
         t = s_.get(tb, {}) if tb else {}
         torch_ms = fmt(t.get("median_ms"), ".2f") + (" (%s thr)" % tb.split("-")[1] if tb else "")
+        if vs == "compile":
+            compiled.append(name)
+            cs = ["%.0f" % x for c in sorted(s_) if c.startswith("compile-")
+                  for x in s_[c].get("compile_s", [])]
+            torch_ms += " (compile %s s)" % "/".join(cs) if cs else ""
+        label_ = name + (" vs torch.compile" if vs == "compile" else "")
         if v.get("status") != "ok":
             L.append("| %s | %s | %s | %s | %s | | | | %s | %s | | %s | |" % (
-                name, WORKLOADS[name][1], fmt(flops[name] * 1e-9, ".2f"),
+                label_, WORKLOADS[name][1], fmt(flops[name] * 1e-9, ".2f"),
                 cell(v.get("status", "not run") + (": " + v["error"] if v.get("error") else "")),
                 torch_ms, fmt(t.get("gflops"), ".1f"),
                 fmt(t.get("peak_frac") and 100 * t["peak_frac"], ".0f") + "%", mem(t)))
@@ -950,13 +1025,24 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
         sp = t["median_ms"] / v["median_ms"] if t.get("status") == "ok" else None
         sc = v1["median_ms"] / v["median_ms"] if v1.get("status") == "ok" and v1 is not v else None
         L.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
-            name, WORKLOADS[name][1], fmt(flops[name] * 1e-9, ".2f"), fmt(v["median_ms"], ".2f"),
+            label_, WORKLOADS[name][1], fmt(flops[name] * 1e-9, ".2f"), fmt(v["median_ms"], ".2f"),
             torch_ms, fmt(sp, ".2f") + ("×" if sp else ""), fmt(v["gflops"], ".1f"),
             fmt(v["peak_frac"] and 100 * v["peak_frac"], ".0f") + "%",
             fmt(t.get("gflops"), ".1f"),
             fmt(t.get("peak_frac") and 100 * t["peak_frac"], ".0f") + "%",
             mem(v), mem(t), fmt(sc, ".2f") + ("×" if sc else "")))
     L.append("")
+    if compiled:
+        L.append("\"vs torch.compile\" rows (%s): PyTorch's columns are the same training step "
+                 "with the model wrapped in torch.compile(model) (default mode, backend %s), "
+                 "each child a fresh process with this run's own inductor cache; its first "
+                 "step compiles forward and backward and is not timed (compile seconds per "
+                 "child in the ms column, the first from an empty cache); its peak MB "
+                 "includes compiling (compare peak MB: its fwd MB is only what the timed steps "
+                 "add to the memory the compiling step already touched). It ran in the first "
+                 "%d of the %d rounds, as the engines do.\n" % (
+                     ", ".join(compiled), args.compile_backend,
+                     min(args.engine_rounds, args.rounds), args.rounds))
     i_eng = len(L)
     if engines:
         for kind, m in peers.MODELS.items():
@@ -965,6 +1051,9 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
                                       (preps or {}).get(kind, {}), args, fmt, cell))
     if fmnist:
         L.extend(peers.fmnist_render(fmnist, fmt, cell))
+    L.extend(targets.own_peak_table(summary, TRAIN, fmt))
+    L.extend(targets.targets_section(summary, flops, peak, vmain, ENGINE_ROWS, QUICK, best_torch,
+                                     {n: vitc_work(n) for n in summary}))
     i_cfg = len(L)
     L.append("## Every configuration\n")
     L.append("| workload | side | threads | median ms | min ms | samples | GFLOP/s | % peak "
@@ -1045,8 +1134,8 @@ def cell(text):
     return text[-160:].replace("\n", " ").replace("|", "/")
 
 
-def best_torch(s):
-    ok = [c for c in ("torch-1", "torch-2") if s.get(c, {}).get("status") == "ok"]
+def best_torch(s, side="torch"):
+    ok = [c for c in s if c.split("-")[0] == side and s[c].get("status") == "ok"]
     return min(ok, key=lambda c: s[c]["median_ms"]) if ok else None
 
 
@@ -1075,7 +1164,8 @@ def main():
                     help="engines beside vitc and PyTorch fp32 on the ViT-B/16, DINOv2 and CLIP "
                     "rows and in the Fashion-MNIST table: 'all' (those "
                     "this CPU runs; the bf16 ones need avx512_bf16 or AMX), 'none', or a "
-                    "comma-separated list of " + ", ".join(peers.PEERS))
+                    "comma-separated list of " + ", ".join(peers.PEERS) + "; 'compile' (in 'all' "
+                    "or named) also times the training rows under torch.compile")
     ap.add_argument("--engine-rounds", type=int, default=2,
                     help="rounds the other engines run in (default 2; vitc's and PyTorch fp32's "
                     "rows run every round)")
@@ -1105,6 +1195,10 @@ def main():
     ap.add_argument("--fmnist-limit", type=int, default=0,
                     help="the Fashion-MNIST table on the first N test images only (a test of "
                     "the driver; default: all 10,000)")
+    ap.add_argument("--child-compile", metavar="BACKEND", help=argparse.SUPPRESS)
+    # the training rows' torch.compile backend: inductor; the driver's test
+    # asks for aot_eager (the same child, without minutes of C++ codegen)
+    ap.add_argument("--compile-backend", default="inductor", help=argparse.SUPPRESS)
     args = ap.parse_args()
     QUICK = args.quick
     EMBED_IMAGES = args.embed_images
@@ -1119,7 +1213,7 @@ def main():
 
     if args.torch_child:
         return torch_child(args.torch_child, args.child_threads, args.child_repeat,
-                           args.child_weights)
+                           args.child_weights, args.child_compile)
     if args.engine_child:
         return peers.engine_child(args.engine_child, args.child_model, args.child_weights,
                                   args.child_st, args.child_batch, args.child_threads,
@@ -1175,19 +1269,16 @@ def main():
     def log(msg):
         print("bench: " + msg, file=sys.stderr, flush=True)
 
-    # FMA peak: best of a few measurements (anything lower was disturbed).
-    peak = {"isa": "?", "p1": 0.0, "pn": 0.0}
+    # Peaks: best of a few measurements (anything lower was disturbed).
+    # p1, pn: fp32's (the keys older results have); "prec": every precision's.
+    peak = {"isa": "?", "p1": 0.0, "pn": 0.0, "prec": {}}
 
     def measure_peak():
         r, _ = run_child([args.vitc, "bench", "--peak-only", "--json", "--quiet",
                           "--threads", str(info["cores"])], base_env)
-        if "fma_peak" in r:
-            p = r["fma_peak"]
-            peak["isa"] = p["isa"]
-            peak["p1"] = max(peak["p1"], p["gflops_1_thread"])
-            peak["pn"] = max(peak["pn"], p["gflops_all_threads"])
+        targets.merge_peaks(peak, r)
 
-    log("measuring the FMA peak")
+    log("measuring the fp32, bf16 and int8 peaks")
     measure_peak()
 
     r, _ = run_child([sys.executable, __file__, "--versions"], base_env)
@@ -1247,6 +1338,15 @@ def main():
     elif model and engines:
         notes.append("--model %s: vitc timed that file, the other engines the random-init "
                      "checkpoint; the agreement column compares different weights" % model)
+
+    # torch.compile on the training rows: with the engines' compile (its
+    # children the same kind: fresh process, first step compiles, untimed).
+    train_compile = [n for n in names if n in TRAIN_COMPILE] if (
+        args.engines == "all" or "compile" in args.engines.split(",")) else []
+    if train_compile:
+        if tmpdir is None:
+            tmpdir = tempfile.TemporaryDirectory(prefix="vitc-bench-")
+        base_env["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tmpdir.name, "inductor")
 
     hubdir = photos = None
     if any(n in HUB or n == "embed_1000" for n in names):
@@ -1321,6 +1421,8 @@ def main():
         peerdir, prep = peerdirs.get(kind), preps.get(kind, {})
         cfgs = configs + (["%s-%d" % (e, t) for e in engines for t in sorted(threads)]
                           if kind else [])
+        if name in train_compile:
+            cfgs = cfgs + ["compile-%d" % t for t in sorted(threads)]
         runs = {c: [] for c in cfgs}
         # the ViT's engines load the .pth and vitc its safetensors; DINOv2's
         # and CLIP's all load the Hub directory
@@ -1371,6 +1473,13 @@ def main():
                         argv += ["--child-weights", hub_model(name)]
                     if name in FINETUNE and ftdir:
                         argv += ["--child-weights", os.path.join(ftdir, name)]
+                elif side == "compile" and name in TRAIN:
+                    argv = [sys.executable, __file__, "--torch-child", name, "--child-threads", th,
+                            "--child-repeat", str(reps), "--child-compile", args.compile_backend] + \
+                        (["--quick"] if QUICK else [])
+                    if name in FINETUNE and ftdir:
+                        argv += ["--child-weights", os.path.join(ftdir, name)]
+                    timeout = 1200  # the first compiles from scratch
                 else:
                     if peers.needs(side) and peers.needs(side) not in prep.get("seconds", {}):
                         runs[cfg].append({"status": "failed", "error": "%s failed (see the "
@@ -1411,15 +1520,17 @@ def main():
                     name, rnd + 1, cfg, "%.3f ms" % med if med else r.get("status", "?") + " "
                     + (r.get("error") or r.get("note") or "")[-200:], time.time() - t0))
         raw[name] = runs
-        # Between workloads: another chance to catch the machine quiet.
-        measure_peak()
+        # Between workloads: another chance to catch the machine quiet (a
+        # --quick run, a test of the driver, keeps its first measurement).
+        if not QUICK:
+            measure_peak()
     fmnist = None
     if not args.only or "engines-fmnist" in args.only.split(","):
         fmnist = run_fmnist(args, max(threads), info["flags"], log)
     if tmpdir:
         tmpdir.cleanup()
     info["load_end"] = loadavg()
-    summary = {name: summarize(name, raw[name], flops.get(name), peak["p1"]) for name in names}
+    summary = {name: summarize(name, raw[name], flops.get(name), peak) for name in names}
     agree = {name: agreement(raw[name], checks.get(name, {}), name) for name in names
              if name in ENGINE_ROWS}
     for name in raw:  # the logits went into `agree`; the .json keeps the numbers

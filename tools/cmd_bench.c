@@ -1,9 +1,9 @@
 /*
  * cmd_bench.c — `vitc bench`: time the standard workloads
  * section 6 through the public API only, and put the numbers next to the
- * machine's own FMA peak, measured here rather than taken from a data sheet
- * (clocks under AVX-512 differ from the nominal ones, and in a VM the host
- * decides).
+ * machine's own peak in the workload's precision (fp32 FMA, bf16 or int8
+ * dot products), measured here rather than taken from a data sheet
+ * (bench_peak.c).
  *
  * Per workload: deterministic random weights and inputs, warm-up, then R
  * timed forwards (CLOCK_MONOTONIC); the median is reported. FLOPs count the
@@ -18,7 +18,6 @@
  * may be reused by the next, so `make bench` runs each in a fresh process.
  */
 #include <math.h>
-#include <pthread.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -27,11 +26,7 @@
 #include <sys/resource.h>
 #include <time.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define BENCH_X86 1
-#endif
-
+#include "bench_peak.h"
 #include "bench_train.h"
 #include "cli.h"
 #include "rng.h"
@@ -81,171 +76,6 @@ static int bench_reset_hwm(void) {
         return -1;
     ok = fputs("5", f) >= 0;
     return (fclose(f) == 0 && ok) ? 0 : -1;
-}
-
-/* ------------------------------------------------------------------ */
-/* FMA peak                                                            */
-/* ------------------------------------------------------------------ */
-
-/* 16 independent accumulator chains: enough to cover FMA latency (4-5
- * cycles) times two FMA pipes on current x86 cores. a = a*m + c converges
- * to 1 and never leaves the normal range. Returns flops done. */
-#ifdef BENCH_X86
-__attribute__((target("avx512f,fma"))) static double bench_fma_avx512(long iters) {
-    /* Distinct starting values read through a volatile: equal chains would
-     * be merged into one by the compiler. */
-    volatile float seed = 1.0f;
-    __m512 m = _mm512_set1_ps(0.999999f), c = _mm512_set1_ps(1e-6f), e = _mm512_set1_ps(seed);
-    __m512 a0 = e, a1 = _mm512_add_ps(a0, e), a2 = _mm512_add_ps(a1, e), a3 = _mm512_add_ps(a2, e),
-           a4 = _mm512_add_ps(a3, e), a5 = _mm512_add_ps(a4, e), a6 = _mm512_add_ps(a5, e),
-           a7 = _mm512_add_ps(a6, e), a8 = _mm512_add_ps(a7, e), a9 = _mm512_add_ps(a8, e),
-           a10 = _mm512_add_ps(a9, e), a11 = _mm512_add_ps(a10, e), a12 = _mm512_add_ps(a11, e),
-           a13 = _mm512_add_ps(a12, e), a14 = _mm512_add_ps(a13, e), a15 = _mm512_add_ps(a14, e);
-    for (long i = 0; i < iters; i++) {
-        a0 = _mm512_fmadd_ps(a0, m, c), a1 = _mm512_fmadd_ps(a1, m, c);
-        a2 = _mm512_fmadd_ps(a2, m, c), a3 = _mm512_fmadd_ps(a3, m, c);
-        a4 = _mm512_fmadd_ps(a4, m, c), a5 = _mm512_fmadd_ps(a5, m, c);
-        a6 = _mm512_fmadd_ps(a6, m, c), a7 = _mm512_fmadd_ps(a7, m, c);
-        a8 = _mm512_fmadd_ps(a8, m, c), a9 = _mm512_fmadd_ps(a9, m, c);
-        a10 = _mm512_fmadd_ps(a10, m, c), a11 = _mm512_fmadd_ps(a11, m, c);
-        a12 = _mm512_fmadd_ps(a12, m, c), a13 = _mm512_fmadd_ps(a13, m, c);
-        a14 = _mm512_fmadd_ps(a14, m, c), a15 = _mm512_fmadd_ps(a15, m, c);
-    }
-    /* Sum the chains and keep the result so none of them is dead code. */
-    __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)),
-                             _mm512_add_ps(_mm512_add_ps(a4, a5), _mm512_add_ps(a6, a7)));
-    s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a8, a9), _mm512_add_ps(a10, a11)),
-                                       _mm512_add_ps(_mm512_add_ps(a12, a13), _mm512_add_ps(a14, a15))));
-    volatile float sink = _mm512_reduce_add_ps(s);
-    (void)sink;
-    return (double)iters * 16 * 16 * 2;
-}
-
-__attribute__((target("avx2,fma"))) static double bench_fma_avx2(long iters) {
-    volatile float seed = 1.0f;
-    __m256 m = _mm256_set1_ps(0.999999f), c = _mm256_set1_ps(1e-6f), e = _mm256_set1_ps(seed);
-    __m256 a0 = e, a1 = _mm256_add_ps(a0, e), a2 = _mm256_add_ps(a1, e), a3 = _mm256_add_ps(a2, e),
-           a4 = _mm256_add_ps(a3, e), a5 = _mm256_add_ps(a4, e), a6 = _mm256_add_ps(a5, e),
-           a7 = _mm256_add_ps(a6, e), a8 = _mm256_add_ps(a7, e), a9 = _mm256_add_ps(a8, e),
-           a10 = _mm256_add_ps(a9, e), a11 = _mm256_add_ps(a10, e);
-    for (long i = 0; i < iters; i++) {
-        a0 = _mm256_fmadd_ps(a0, m, c), a1 = _mm256_fmadd_ps(a1, m, c);
-        a2 = _mm256_fmadd_ps(a2, m, c), a3 = _mm256_fmadd_ps(a3, m, c);
-        a4 = _mm256_fmadd_ps(a4, m, c), a5 = _mm256_fmadd_ps(a5, m, c);
-        a6 = _mm256_fmadd_ps(a6, m, c), a7 = _mm256_fmadd_ps(a7, m, c);
-        a8 = _mm256_fmadd_ps(a8, m, c), a9 = _mm256_fmadd_ps(a9, m, c);
-        a10 = _mm256_fmadd_ps(a10, m, c), a11 = _mm256_fmadd_ps(a11, m, c);
-    }
-    __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)),
-                             _mm256_add_ps(_mm256_add_ps(a4, a5), _mm256_add_ps(a6, a7)));
-    s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(a8, a9), _mm256_add_ps(a10, a11)));
-    float lanes[8];
-    _mm256_storeu_ps(lanes, s);
-    volatile float sink = lanes[0] + lanes[7];
-    (void)sink;
-    return (double)iters * 12 * 8 * 2;
-}
-#endif
-
-/* Without SIMD the compiler may still vectorise this; it is a floor, and
- * only used where neither x86 path exists. */
-static double bench_fma_scalar(long iters) {
-    volatile float seed = 1.0f;
-    float a[16];
-    for (int j = 0; j < 16; j++)
-        a[j] = seed + (float)j;
-    for (long i = 0; i < iters; i++)
-        for (int j = 0; j < 16; j++)
-            a[j] = fmaf(a[j], 0.999999f, 1e-6f);
-    volatile float sink = a[0] + a[15];
-    (void)sink;
-    return (double)iters * 16 * 2;
-}
-
-typedef double (*bench_fma_fn)(long iters);
-
-static bench_fma_fn bench_fma_pick(const char **isa) {
-#ifdef BENCH_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f")) {
-        *isa = "avx512";
-        return bench_fma_avx512;
-    }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) {
-        *isa = "avx2";
-        return bench_fma_avx2;
-    }
-#endif
-    *isa = "scalar";
-    return bench_fma_scalar;
-}
-
-typedef struct bench_peak_arg {
-    bench_fma_fn fn;
-    long iters;
-    pthread_barrier_t *start;
-    double flops, seconds;
-} bench_peak_arg;
-
-static void *bench_peak_thread(void *p) {
-    bench_peak_arg *a = p;
-    double t0;
-    a->fn(a->iters / 20); /* wakes the core up to its vector clock */
-    pthread_barrier_wait(a->start);
-    t0 = cli_now();
-    a->flops = a->fn(a->iters);
-    a->seconds = cli_now() - t0;
-    return NULL;
-}
-
-/* Total GFLOP/s of nt threads running the FMA loop at once, best of 5
- * (the best is the peak; the others were disturbed). */
-static double bench_peak(bench_fma_fn fn, int nt) {
-    enum { MAXT = 64 };
-    pthread_t th[MAXT];
-    bench_peak_arg arg[MAXT];
-    pthread_barrier_t start;
-    double best = 0;
-    long iters = 1 << 16;
-    if (nt > MAXT)
-        nt = MAXT;
-    /* Size the loop to ~0.1 s on one core. */
-    for (;;) {
-        double t0 = cli_now();
-        fn(iters);
-        if (cli_now() - t0 > 0.02 || iters > (1L << 40))
-            break;
-        iters *= 2;
-    }
-    iters *= 5;
-    for (int rep = 0; rep < 5; rep++) {
-        double flops = 0, secs = 0;
-        int started = 0;
-        if (pthread_barrier_init(&start, NULL, (unsigned)nt))
-            return 0;
-        for (int t = 0; t < nt; t++) {
-            arg[t] = (bench_peak_arg){fn, iters, &start, 0, 0};
-            if (t > 0 && pthread_create(&th[t], NULL, bench_peak_thread, &arg[t]))
-                break;
-            started = t + 1;
-        }
-        if (started < nt) { /* could not start them all: give up cleanly */
-            pthread_barrier_destroy(&start);
-            return 0;
-        }
-        bench_peak_thread(&arg[0]);
-        for (int t = 1; t < nt; t++)
-            pthread_join(th[t], NULL);
-        pthread_barrier_destroy(&start);
-        for (int t = 0; t < nt; t++) {
-            flops += arg[t].flops;
-            if (arg[t].seconds > secs)
-                secs = arg[t].seconds;
-        }
-        if (secs > 0 && flops / secs * 1e-9 > best)
-            best = flops / secs * 1e-9;
-    }
-    return best;
 }
 
 /* ------------------------------------------------------------------ */
@@ -644,7 +474,8 @@ static void bench_help(FILE *f) {
             "                  [--peak-only] [--quiet] [--quick]\n\n"
             "Time the standard workloads (docs/bench.md) with random weights:\n"
             "warm-up, then the median of R forwards; GFLOP/s and the fraction of the\n"
-            "FMA peak measured here (per core, times the threads in use); peak memory.\n\n"
+            "peak measured here in the row's precision (fp32 FMA; bf16 or int8 dot\n"
+            "products for --precision; per core, times the threads in use); peak memory.\n\n"
             "  --threads N   threads of the library, 1..256 (default: the CPUs this process may use)\n"
             "  --repeat R    timed forwards per workload, 1..100000 (default: 10, fewer past 5 s, >= 3)\n"
             "  --only LIST   comma-separated workload names (default: all)\n"
@@ -655,8 +486,9 @@ static void bench_help(FILE *f) {
             "  --attention-precision A\n"
             "                fp32 or bf16 q k^T and P v in the vit_* workloads (default fp32)\n"
             "  --json        one JSON object on stdout instead of the table\n"
-            "  --no-peak     do not measure the FMA peak (fractions are then absent)\n"
-            "  --peak-only   measure the FMA peak and run no workload\n"
+            "  --no-peak     do not measure the peaks (fractions are then absent)\n"
+            "  --peak-only   measure the fp32, bf16 and int8 peaks (those this CPU has; AMX\n"
+            "                tiles where present) and run no workload\n"
             "  --quiet       no progress lines on stderr\n"
             "  --quick       the training workloads at tiny sizes, the finetune_* rows at\n"
             "                batch 2 and two patches a side (tests the driver only)\n"
@@ -683,11 +515,61 @@ static int bench_selected(const char *only, const char *name) {
     return 0;
 }
 
+/* The precision a row's "% of peak" is over: --precision for the rows that
+ * take it (the vit_*, dinov2_* and clip_* forwards), fp32 for the others. */
+static bench_peak_prec bench_row_prec(const bench_workload *w) {
+    if (w->setup != bench_setup_vit)
+        return BENCH_PEAK_FP32;
+    return bench_precision == VITC_PRECISION_BF16   ? BENCH_PEAK_BF16
+           : bench_precision == VITC_PRECISION_INT8 ? BENCH_PEAK_INT8
+                                                    : BENCH_PEAK_FP32;
+}
+
+static int bench_peak_quiet;
+static void bench_peak_progress(const char *what) {
+    if (!bench_peak_quiet)
+        bench_progress("measuring %s ...", what);
+}
+
+static void bench_peak_json(const bench_peak *pk, bench_peak_prec p, int threads) {
+    printf("\"%s\": {\"isa\": ", bench_peak_name(p));
+    if (pk->isa)
+        printf("\"%s\", \"unit\": \"%s\", \"one_thread\": %.2f, \"all_threads\": %.2f, "
+               "\"threads\": %d",
+               pk->isa, bench_peak_unit(p), pk->one, pk->all, threads);
+    else
+        printf("null");
+    if (pk->vec_isa)
+        printf(", \"vector\": {\"isa\": \"%s\", \"one_thread\": %.2f, \"all_threads\": %.2f}",
+               pk->vec_isa, pk->vec_one, pk->vec_all);
+    if (pk->why) {
+        printf(", \"why\": ");
+        cli_json_string(stdout, pk->why);
+    }
+    printf("}");
+}
+
+static void bench_peak_text(const bench_peak *pk, bench_peak_prec p, int threads) {
+    if (p == BENCH_PEAK_FP32) /* the line's wording predates the others: scripts read it */
+        printf("FMA peak (%s, measured): %.1f GFLOP/s on 1 core", pk->isa, pk->one);
+    else
+        printf("%s peak (%s, measured): %.1f %s on 1 core", bench_peak_name(p), pk->isa, pk->one,
+               bench_peak_unit(p));
+    if (threads > 1)
+        printf(", %.1f on %d threads at once", pk->all, threads);
+    if (pk->vec_isa) {
+        printf(" (%s: %.1f on 1 core", pk->vec_isa, pk->vec_one);
+        if (threads > 1)
+            printf(", %.1f on %d threads", pk->vec_all, threads);
+        putchar(')');
+    }
+    putchar('\n');
+}
+
 int cmd_bench(int argc, char **argv) {
     int threads = 0, repeat = 0, json = 0, no_peak = 0, peak_only = 0, quiet = 0;
-    const char *only = NULL, *model = NULL, *isa = "none", *precision = NULL,
-               *attn_precision = NULL;
-    double peak1 = 0, peakn = 0;
+    const char *only = NULL, *model = NULL, *precision = NULL, *attn_precision = NULL;
+    bench_peak peaks[BENCH_PEAK_N];
     bench_result res[BENCH_NW];
     int ran = 0, rc = CLI_OK;
 
@@ -748,12 +630,16 @@ int cmd_bench(int argc, char **argv) {
         vitc_set_num_threads(threads);
     threads = vitc_get_num_threads();
 
-    if (!no_peak || peak_only) {
-        bench_fma_fn fn = bench_fma_pick(&isa);
-        if (!quiet)
-            bench_progress("measuring the FMA peak (%s) ...", isa);
-        peak1 = bench_peak(fn, 1);
-        peakn = threads > 1 ? bench_peak(fn, threads) : peak1;
+    /* --peak-only: every precision's; a run: fp32's and --precision's. */
+    memset(peaks, 0, sizeof peaks);
+    bench_peak_quiet = quiet;
+    for (int p = 0; p < BENCH_PEAK_N && (!no_peak || peak_only); p++) {
+        int want = peak_only || p == BENCH_PEAK_FP32;
+        for (int i = 0; i < BENCH_NW && !want; i++)
+            want = bench_selected(only, bench_workloads[i].name) &&
+                   bench_row_prec(&bench_workloads[i]) == (bench_peak_prec)p;
+        if (want)
+            bench_peak_measure((bench_peak_prec)p, threads, bench_peak_progress, &peaks[p]);
     }
 
     for (int i = 0; i < BENCH_NW; i++) {
@@ -773,8 +659,16 @@ int cmd_bench(int argc, char **argv) {
         printf("{\"vitc_version\": \"%s\", \"arch\": \"%s\", \"gemm\": \"%s\", \"threads\": %d,\n",
                vitc_version(), vitc_get_arch(), vitc_get_gemm_backend(), threads);
         printf(" \"fma_peak\": {\"isa\": \"%s\", \"gflops_1_thread\": %.2f, "
-               "\"gflops_all_threads\": %.2f},\n \"workloads\": [",
-               isa, peak1, peakn);
+               "\"gflops_all_threads\": %.2f},\n \"peaks\": {",
+               peaks[0].isa ? peaks[0].isa : "none", peaks[0].one, peaks[0].all);
+        for (int p = 0, first = 1; p < BENCH_PEAK_N; p++) {
+            if (!peaks[p].isa && !peaks[p].why)
+                continue; /* not measured in this run */
+            printf("%s", first ? "" : ", ");
+            bench_peak_json(&peaks[p], (bench_peak_prec)p, threads);
+            first = 0;
+        }
+        printf("},\n \"workloads\": [");
         int first = 1;
         for (int i = 0; i < BENCH_NW; i++) {
             const bench_workload *w = &bench_workloads[i];
@@ -791,8 +685,10 @@ int cmd_bench(int argc, char **argv) {
                 printf(", \"flops\": %.0f, \"repeats\": %d, \"median_ms\": %.4f, \"min_ms\": %.4f,"
                        " \"gflops\": %.3f",
                        r->flops, r->reps, r->median_ms, r->min_ms, gf);
-                if (peak1 > 0)
-                    printf(", \"peak_fraction\": %.4f", gf / (peak1 * threads));
+                const bench_peak *pk = &peaks[bench_row_prec(w)];
+                printf(", \"peak_precision\": \"%s\"", bench_peak_name(bench_row_prec(w)));
+                if (pk->one > 0)
+                    printf(", \"peak_fraction\": %.4f", gf / (pk->one * threads));
                 printf(", \"times_ms\": [");
                 for (int j = 0; j < r->reps; j++)
                     printf("%s%.4f", j ? ", " : "", r->ms[j]);
@@ -813,12 +709,12 @@ int cmd_bench(int argc, char **argv) {
                vitc_get_gemm_backend(), threads, threads == 1 ? "" : "s");
         vitc_cpu_info(cpu, sizeof cpu, VITC_CPU_INFO_TEXT);
         fputs(cpu, stdout);
-        if (peak1 > 0)
-            printf("FMA peak (%s, measured): %.1f GFLOP/s on 1 core", isa, peak1);
-        if (peak1 > 0 && threads > 1)
-            printf(", %.1f on %d threads at once", peakn, threads);
-        if (peak1 > 0)
-            putchar('\n');
+        for (int p = 0; p < BENCH_PEAK_N; p++) {
+            if (peaks[p].isa)
+                bench_peak_text(&peaks[p], (bench_peak_prec)p, threads);
+            else if (peaks[p].why)
+                printf("%s peak: none (%s)\n", bench_peak_name((bench_peak_prec)p), peaks[p].why);
+        }
         if (ran) {
             printf("\n%-13s %-20s %9s %10s %9s %7s %9s\n", "workload", "shape", "GFLOP",
                    "median ms", "GFLOP/s", "%peak", "peak MB");
@@ -834,17 +730,19 @@ int cmd_bench(int argc, char **argv) {
                 }
                 double gf = r->flops / (r->median_ms * 1e-3) * 1e-9;
                 char pk[16] = "-";
-                if (peak1 > 0)
-                    snprintf(pk, sizeof pk, "%.0f%%", 100 * gf / (peak1 * threads));
+                double p1 = peaks[bench_row_prec(w)].one;
+                if (p1 > 0)
+                    snprintf(pk, sizeof pk, "%.0f%%", 100 * gf / (p1 * threads));
                 printf("%-13s %-20s %9.3f %10.3f %9.1f %7s %9.1f\n", w->name, w->shape,
                        r->flops * 1e-9, r->median_ms, gf, pk,
                        (double)(bench_max(r->built_hwm_kb, r->run_hwm_kb) - r->base_rss_kb) /
                            1024.0);
             }
             printf("\nGFLOP counts GEMM and attention multiply-adds (x2); %%peak = GFLOP/s over\n"
-                   "(1-core FMA peak x %d threads); peak MB = peak RSS while the workload was\n"
-                   "built and run minus RSS before it was built.\n",
-                   threads);
+                   "(1-core peak x %d threads), the peak of the row's precision (%s for the\n"
+                   "ViT, DINOv2 and CLIP rows, fp32 for the others); peak MB = peak RSS while\n"
+                   "the workload was built and run minus RSS before it was built.\n",
+                   threads, vitc_precision_name(bench_precision));
         }
     }
     for (int i = 0; i < BENCH_NW; i++)
