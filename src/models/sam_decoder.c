@@ -430,12 +430,15 @@ struct vitc__sam_dec_cache {
     const vitc__sam_dec *d; /* the decoder it was made by (used by no other) */
     float *K0, *kk0;        /* [HW, C] embedding + no_mask; the same + the positional embedding */
     float *k, *v;           /* [HW, I] */
+    /* [HW, I'] the first layer's image -> token queries (q_proj of kk0),
+     * or NULL when that attention is not folded */
+    float *q;
 };
 
 void vitc__sam_dec_cache_free(struct vitc__sam_dec_cache *c) {
     if (!c)
         return;
-    free(c->K0), free(c->kk0), free(c->k), free(c->v), free(c);
+    free(c->K0), free(c->kk0), free(c->k), free(c->v), free(c->q), free(c);
 }
 
 /* e's cache for d; NULL when out of memory or made by another decoder
@@ -445,7 +448,7 @@ static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
     struct vitc__sam_dec_cache **slot = &((struct vitc_sam_image *)(uintptr_t)e)->dec_cache;
     struct vitc__sam_dec_cache *c = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
     if (!c) {
-        const sam_attn *a = &d->layers[0].t2i;
+        const sam_attn *a = &d->layers[0].t2i, *b = &d->layers[0].i2t;
         const int64_t HW = e->h * e->w, C = d->C, I = a->I;
         c = calloc(1, sizeof *c);
         if (c) {
@@ -453,8 +456,9 @@ static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
             c->kk0 = malloc((size_t)(HW * C) * sizeof(float));
             c->k = malloc((size_t)(HW * I) * sizeof(float));
             c->v = malloc((size_t)(HW * I) * sizeof(float));
+            c->q = malloc((size_t)(HW * b->I) * sizeof(float));
         }
-        if (!c || !c->K0 || !c->kk0 || !c->k || !c->v) {
+        if (!c || !c->K0 || !c->kk0 || !c->k || !c->v || !c->q) {
             vitc__sam_dec_cache_free(c);
             return NULL;
         }
@@ -464,6 +468,7 @@ static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
         add_rows(c->kk0, c->K0, d->pe_img, HW * C);
         vitc__linear(c->k, I, c->kk0, C, a->k.w, a->k.b, NULL, 0, HW, I, C);
         vitc__linear(c->v, I, c->K0, C, a->v.w, a->v.b, NULL, 0, HW, I, C);
+        vitc__linear(c->q, b->I, c->kk0, C, b->q.w, b->q.b, NULL, 0, HW, b->I, C);
         struct vitc__sam_dec_cache *expected = NULL;
         if (!__atomic_compare_exchange_n(slot, &expected, c, 0, __ATOMIC_ACQ_REL,
                                          __ATOMIC_ACQUIRE)) {
@@ -611,6 +616,29 @@ static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
     vitc__linear(y, C, S, HT, vo, a->o.b, res, C, Lq, C, HT);
 }
 
+/* attend_i2t_folded for the first layer on an image's cache: its queries
+ * q_proj(kk0) are prompt-independent and cached (q [Lq, I]), so the
+ * scores are the literal per-head products q_h k_h^T (2 H T Lq dh
+ * multiply-adds, a C / dh-th of the folded keys' Lq C H T) and only the
+ * output projection stays folded into the values. */
+static void attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                              const float *res, const float *q, int64_t Lq, const float *xk,
+                              const float *xv, int64_t Lk) {
+    const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
+    const float scale = (float)(1.0 / sqrt((double)dh));
+    float *k = r->aq, *v = r->aq + Lk * I; /* [Lk, I] each */
+    float *vo = r->av;                     /* [C, H, Lk] the values through out_proj */
+    float *S = r->ak;                      /* [Lq, H, Lk] */
+    vitc__linear(k, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
+    vitc__linear(v, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
+    for (int64_t h = 0; h < H; h++) {
+        small_mm(vo + h * Lk, HT, a->o.w + h * dh, I, v + h * dh, I, 1, C, Lk, dh, 1.0f);
+        vitc__gemm(0, 1, Lq, Lk, dh, scale, q + h * dh, I, k + h * dh, I, 0.0f, S + h * Lk, HT);
+    }
+    vitc__softmax_rows(S, Lq * H, Lk, 1.0f);
+    vitc__linear(y, C, S, HT, vo, a->o.b, res, C, Lq, C, HT);
+}
+
 static void swap(float **a, float **b) {
     float *t = *a;
     *a = *b;
@@ -655,7 +683,9 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         vitc__layernorm(r->Q, r->Q, L->ln3.w, L->ln3.b, Nt, C, d->eps_dec);
 
         add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
-        if (fold_pays(d, &L->i2t, Nt))
+        if (i == 0 && r->c0 && fold_pays(d, &L->i2t, Nt))
+            attend_i2t_cached(d, &L->i2t, r, r->K2, K, r->c0->q, HW, r->qq, r->Q, Nt);
+        else if (fold_pays(d, &L->i2t, Nt))
             attend_i2t_folded(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt);
         else
             VITC_TRY(attend(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt));
