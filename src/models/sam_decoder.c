@@ -75,6 +75,11 @@ struct vitc__sam_dec {
     sam_attn final;
     sam_wb ln_final;
     sam_wb up1, up_ln, up2; /* up1 [2, 2, C/4, C], up2 [2, 2, C/8, C/4] */
+    /* The upscaling's transposed convolutions as linear layers over one
+     * input pixel (rows (i, j, o) of the weights above): packed once for
+     * the GEMM, their biases repeated per tap ([4 C/4], [4 C/8]). */
+    vitc__pweight up1_pw, up2_pw;
+    float *up1_b4, *up2_b4;
     sam_ffn hyper[4], iou;
     float *pe_img; /* [grid*grid, C] the dense positional embedding */
     void **bufs;
@@ -353,6 +358,14 @@ vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
     TRY(take_convt2(d, sh, &d->up1, C, C4, "mask_decoder.upscale_conv1"));
     TRY(take_ln(d, sh, &d->up_ln, C4, "mask_decoder.upscale_layer_norm"));
     TRY(take_convt2(d, sh, &d->up2, C4, C8, "mask_decoder.upscale_conv2"));
+    if (!(d->up1_b4 = dec_alloc(d, 4 * C4)) || !(d->up2_b4 = dec_alloc(d, 4 * C8))) {
+        s = vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's upscaling biases");
+        goto fail;
+    }
+    for (int64_t k = 0; k < 4 * C4; k++) d->up1_b4[k] = d->up1.b[k % C4];
+    for (int64_t k = 0; k < 4 * C8; k++) d->up2_b4[k] = d->up2.b[k % C8];
+    TRY(vitc__pweight_pack(&d->up1_pw, d->up1.w, 4 * C4, C, VITC_PRECISION_FP32));
+    TRY(vitc__pweight_pack(&d->up2_pw, d->up2.w, 4 * C8, C4, VITC_PRECISION_FP32));
     for (int64_t t = 0; t < d->T; t++) {
         snprintf(n, sizeof n, "mask_decoder.output_hypernetworks_mlps.%lld", (long long)t);
         TRY(take_ffn(d, sh, &d->hyper[t], C, C, C8, 3, n));
@@ -383,6 +396,8 @@ fail:
 void vitc__sam_dec_free(vitc__sam_dec *d) {
     if (!d)
         return;
+    vitc__pweight_free(&d->up1_pw);
+    vitc__pweight_free(&d->up2_pw);
     for (int i = 0; i < d->n_bufs; i++) free(d->bufs[i]);
     free(d->bufs);
     free(d->layers);
@@ -743,6 +758,74 @@ static vitc_status convt2(const sam_wb *l, float *y, const float *x, int64_t H, 
     return vitc__nn_convt_forward(&c, y, x, 1, H, W, z, zn);
 }
 
+/* The upscaling and the hypernetwork product fused: each input pixel of
+ * the [G, G, C] map alone makes its 4 x 4 block of the low-resolution
+ * masks (the transposed convolutions tile without overlap, LayerNorm2d
+ * and GELU are per pixel), so a task takes one grid row through both
+ * GEMMs (packed weights), the LayerNorm, the GELUs and the dot products
+ * with the hypernetwork rows while it is in cache: the [2G, 2G, C/4] and
+ * [4G, 4G, C/8] maps are never formed, and no weight is packed per call. */
+typedef struct up_ctx {
+    const vitc__sam_dec *d;
+    const float *x;     /* [G, G, C] */
+    const float *hyper; /* [n, C/8] */
+    float *low;         /* [n, 4G, 4G] */
+    float *scr;         /* per thread: z1 [4G, C/4], z2 [16G, C/8] */
+    int64_t n, G, per;
+    _Atomic int failed;
+} up_ctx;
+
+static void up_row(void *vc, int64_t iy, int tid) {
+    up_ctx *c = vc;
+    const vitc__sam_dec *d = c->d;
+    const int64_t G = c->G, C = d->C, C4 = C / 4, C8 = C / 8, lo = 4 * G;
+    float *z1 = c->scr + tid * c->per; /* [G, 2, 2, C/4]: (pixel, tap) rows */
+    float *z2 = z1 + 4 * G * C4;       /* [G, 2, 2, 2, 2, C/8] */
+    if (vitc__linear_pw(z1, 4 * C4, c->x + iy * G * C, C, &d->up1_pw, d->up1.w, d->up1_b4, NULL,
+                        0, G, 4 * C4, C, VITC__ACT_NONE) != VITC_OK) {
+        c->failed = 1;
+        return;
+    }
+    vitc__layernorm(z1, z1, d->up_ln.w, d->up_ln.b, 4 * G, C4, 1e-6f);
+    vitc__gelu(z1, 4 * G * C4);
+    if (vitc__linear_pw(z2, 4 * C8, z1, C4, &d->up2_pw, d->up2.w, d->up2_b4, NULL, 0, 4 * G,
+                        4 * C8, C4, VITC__ACT_GELU) != VITC_OK) {
+        c->failed = 1;
+        return;
+    }
+    for (int64_t r = 0; r < 4 * G; r++) { /* z1's row: pixel ix, tap (i1, j1) */
+        const int64_t ix = r / 4, i1 = r / 2 % 2, j1 = r % 2;
+        for (int64_t q = 0; q < 4; q++) { /* z2's tap (i2, j2) */
+            const int64_t Y = 4 * iy + 2 * i1 + q / 2, X = 4 * ix + 2 * j1 + q % 2;
+            const float *zr = z2 + (4 * r + q) * C8; /* [C/8] */
+            for (int64_t m = 0; m < c->n; m++) {
+                const float *hm = c->hyper + m * C8;
+                float acc = 0.0f;
+                for (int64_t k = 0; k < C8; k++) acc += hm[k] * zr[k];
+                c->low[(m * lo + Y) * lo + X] = acc;
+            }
+        }
+    }
+}
+
+/* low [n, 4G, 4G] = hyper [n, C/8] . upscale(x [G, G, C]) per pixel. */
+static vitc_status upscale_fused(const vitc__sam_dec *d, const float *x, const float *hyper,
+                                 int64_t n, float *low) {
+    const int64_t G = d->grid, C = d->C, per = 4 * G * (C / 4) + 16 * G * (C / 8);
+    const int nt = vitc__num_threads();
+    up_ctx c = {.d = d, .x = x, .hyper = hyper, .low = low, .n = n, .G = G, .per = per};
+    c.scr = malloc((size_t)(nt * per) * sizeof(float));
+    if (!c.scr)
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's upscaling (%d threads)", nt);
+    /* rows claimed as threads come free: a core taken by another process
+     * leaves its rows to the other threads */
+    vitc__parallel_for_dynamic(G, 1, up_row, &c);
+    free(c.scr);
+    if (c.failed)
+        return vitc__err(VITC_ERR_INVALID_ARG, "SAM upscaling: a GEMM refused its arguments");
+    return VITC_OK;
+}
+
 /* SamMaskEmbedding of the mask prompt m [4g, 4g] into dense [g*g, C];
  * scratch s of 2 g^2 mc floats. */
 static vitc_status mask_embed(const vitc__sam_dec *d, float *dense, const float *m, float *s) {
@@ -1019,21 +1102,26 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     /* Upscaling: [G, G, C] -> [2G, 2G, C/4] -> LN, GELU -> [4G, 4G, C/8], GELU. */
     {
         const int64_t C4 = C / 4, C8 = C / 8;
-        /* u1 [2G, 2G, C/4], u2 [4G, 4G, C/8], z the GEMM's [.., 4 O] */
-        float *u1 = r.kk, *u2 = scr, *z = scr + 2 * HW * C;
-        if ((s = convt2(&d->up1, u1, r.K, G, G, C, C4, z, zs)) != VITC_OK)
-            goto done;
-        vitc__layernorm(u1, u1, d->up_ln.w, d->up_ln.b, 4 * HW, C4, 1e-6f);
-        vitc__gelu(u1, 4 * HW * C4);
-        if ((s = convt2(&d->up2, u2, u1, 2 * G, 2 * G, C4, C8, z, zs)) != VITC_OK)
-            goto done;
-        vitc__gelu(u2, 16 * HW * C8);
         /* The hypernetwork rows of the masks asked for, then masks [n, P]
          * = hyper [n, C/8] u2^T. */
         float *hyper = r.hid, *tmp = r.hid + n_masks * C8;
         for (int64_t m = 0; m < n_masks; m++)
             ffn(&d->hyper[first + m], hyper + m * C8, r.Q + (1 + first + m) * C, C, tmp);
-        vitc__gemm(0, 1, n_masks, 16 * HW, C8, 1.0f, hyper, C8, u2, C8, 0.0f, low, 16 * HW);
+        if (strcmp(vitc__nn_dense_path(), "ref") != 0) {
+            if ((s = upscale_fused(d, r.K, hyper, n_masks, low)) != VITC_OK)
+                goto done;
+        } else {
+            /* u1 [2G, 2G, C/4], u2 [4G, 4G, C/8], z the GEMM's [.., 4 O] */
+            float *u1 = r.kk, *u2 = scr, *z = scr + 2 * HW * C;
+            if ((s = convt2(&d->up1, u1, r.K, G, G, C, C4, z, zs)) != VITC_OK)
+                goto done;
+            vitc__layernorm(u1, u1, d->up_ln.w, d->up_ln.b, 4 * HW, C4, 1e-6f);
+            vitc__gelu(u1, 4 * HW * C4);
+            if ((s = convt2(&d->up2, u2, u1, 2 * G, 2 * G, C4, C8, z, zs)) != VITC_OK)
+                goto done;
+            vitc__gelu(u2, 16 * HW * C8);
+            vitc__gemm(0, 1, n_masks, 16 * HW, C8, 1.0f, hyper, C8, u2, C8, 0.0f, low, 16 * HW);
+        }
         float iou[4];
         ffn(&d->iou, iou, r.Q, C, tmp);
         for (int64_t m = 0; m < n_masks; m++) out->iou[m] = iou[first + m];
