@@ -420,6 +420,26 @@ static void add_rows(float *y, const float *a, const float *b, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
 
+typedef struct add_ctx {
+    float *y;
+    const float *a, *b;
+    int64_t n;
+} add_ctx;
+
+static void add_part(void *vc, int64_t b, int64_t e, int tid) {
+    const add_ctx *c = vc;
+    (void)tid;
+    const int64_t i0 = b * 4096, i1 = e * 4096 < c->n ? e * 4096 : c->n;
+    add_rows(c->y + i0, c->a + i0, c->b + i0, i1 - i0);
+}
+
+/* add_rows over the threads: the image-sized sums (a few MB) are memory
+ * bound, and one core alone does not reach the bandwidth. */
+static void add_rows_par(float *y, const float *a, const float *b, int64_t n) {
+    add_ctx c = {y, a, b, n};
+    vitc__parallel_range((n + 4095) / 4096, add_part, &c);
+}
+
 /* Scratch of one decoder run. */
 typedef struct sam_run {
     int64_t Nt, HW;
@@ -681,7 +701,7 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         if (i == 0 && r->c0)
             K = r->c0->K0, kk = r->c0->kk0;
         else
-            add_rows(r->kk, r->K, d->pe_img, HW * C);
+            add_rows_par(r->kk, r->K, d->pe_img, HW * C);
         if (i == 0 && r->c0)
             VITC_TRY(attend_kv(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->c0->k, r->c0->v, HW));
         else if (fold_pays(d, &L->t2i, Nt))
@@ -708,7 +728,7 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         vitc__layernorm(r->K, r->K, L->ln4.w, L->ln4.b, HW, C, d->eps_dec);
     }
     add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
-    add_rows(r->kk, r->K, d->pe_img, HW * C);
+    add_rows_par(r->kk, r->K, d->pe_img, HW * C);
     if (fold_pays(d, &d->final, Nt))
         attend_t2i_folded(d, &d->final, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW);
     else
@@ -770,7 +790,7 @@ typedef struct up_ctx {
     const float *x;     /* [G, G, C] */
     const float *hyper; /* [n, C/8] */
     float *low;         /* [n, 4G, 4G] */
-    float *scr;         /* per thread: z1 [4G, C/4], z2 [16G, C/8] */
+    float *scr;         /* per thread: z1 [4G, C/4], z2 [16G, C/8], [16G, n] */
     int64_t n, G, per;
     _Atomic int failed;
 } up_ctx;
@@ -781,6 +801,7 @@ static void up_row(void *vc, int64_t iy, int tid) {
     const int64_t G = c->G, C = d->C, C4 = C / 4, C8 = C / 8, lo = 4 * G;
     float *z1 = c->scr + tid * c->per; /* [G, 2, 2, C/4]: (pixel, tap) rows */
     float *z2 = z1 + 4 * G * C4;       /* [G, 2, 2, 2, 2, C/8] */
+    float *mk = z2 + 16 * G * C8;      /* [G, 2, 2, 2, 2, n] */
     if (vitc__linear_pw(z1, 4 * C4, c->x + iy * G * C, C, &d->up1_pw, d->up1.w, d->up1_b4, NULL,
                         0, G, 4 * C4, C, VITC__ACT_NONE) != VITC_OK) {
         c->failed = 1;
@@ -793,17 +814,13 @@ static void up_row(void *vc, int64_t iy, int tid) {
         c->failed = 1;
         return;
     }
+    vitc__gemm(0, 1, 16 * G, c->n, C8, 1.0f, z2, C8, c->hyper, C8, 0.0f, mk, c->n);
     for (int64_t r = 0; r < 4 * G; r++) { /* z1's row: pixel ix, tap (i1, j1) */
         const int64_t ix = r / 4, i1 = r / 2 % 2, j1 = r % 2;
         for (int64_t q = 0; q < 4; q++) { /* z2's tap (i2, j2) */
             const int64_t Y = 4 * iy + 2 * i1 + q / 2, X = 4 * ix + 2 * j1 + q % 2;
-            const float *zr = z2 + (4 * r + q) * C8; /* [C/8] */
-            for (int64_t m = 0; m < c->n; m++) {
-                const float *hm = c->hyper + m * C8;
-                float acc = 0.0f;
-                for (int64_t k = 0; k < C8; k++) acc += hm[k] * zr[k];
-                c->low[(m * lo + Y) * lo + X] = acc;
-            }
+            for (int64_t m = 0; m < c->n; m++)
+                c->low[(m * lo + Y) * lo + X] = mk[(4 * r + q) * c->n + m];
         }
     }
 }
@@ -811,7 +828,7 @@ static void up_row(void *vc, int64_t iy, int tid) {
 /* low [n, 4G, 4G] = hyper [n, C/8] . upscale(x [G, G, C]) per pixel. */
 static vitc_status upscale_fused(const vitc__sam_dec *d, const float *x, const float *hyper,
                                  int64_t n, float *low) {
-    const int64_t G = d->grid, C = d->C, per = 4 * G * (C / 4) + 16 * G * (C / 8);
+    const int64_t G = d->grid, C = d->C, per = 4 * G * (C / 4) + 16 * G * (C / 8 + n);
     const int nt = vitc__num_threads();
     up_ctx c = {.d = d, .x = x, .hyper = hyper, .low = low, .n = n, .G = G, .per = per};
     c.scr = malloc((size_t)(nt * per) * sizeof(float));
