@@ -451,6 +451,11 @@ typedef struct sam_run {
     float *aq, *ak, *av, *ao; /* [max(Nt, HW), I] projections, attention output */
     float *hid;       /* [Nt, max(mlp, C, iou_hidden)] MLP hidden */
     const struct vitc__sam_dec_cache *c0; /* the first layer's image side, or NULL */
+    /* The tokens read after the transformer (the IoU token, the mask
+     * tokens asked for), ascending: the final attention runs on them only */
+    int64_t keep[4];
+    int n_keep;
+    float *ksel; /* [n_keep, C] their final attention */
 } sam_run;
 
 /* What every prompt without a mask computes alike on one image: the
@@ -729,6 +734,24 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
     }
     add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
     add_rows_par(r->kk, r->K, d->pe_img, HW * C);
+    if (r->n_keep > 0 && fold_pays(d, &d->final, r->n_keep)) {
+        /* A query row's attention reads no other query row: the rows
+         * nothing reads afterwards (the prompt's own tokens, the mask
+         * tokens not asked for) are left out; those of Q keep their
+         * values from before. qq and Q2 hold the kept rows compacted
+         * (keep ascending: a row never moves down onto one still to be
+         * read). */
+        const int64_t n = r->n_keep;
+        for (int64_t j = 0; j < n; j++) {
+            memmove(r->qq + j * C, r->qq + r->keep[j] * C, (size_t)C * sizeof(float));
+            memcpy(r->Q2 + j * C, r->Q + r->keep[j] * C, (size_t)C * sizeof(float));
+        }
+        attend_t2i_folded(d, &d->final, r, r->ksel, r->Q2, r->qq, n, r->kk, r->K, HW);
+        vitc__layernorm(r->ksel, r->ksel, d->ln_final.w, d->ln_final.b, n, C, 1e-5f);
+        for (int64_t j = 0; j < n; j++)
+            memcpy(r->Q + r->keep[j] * C, r->ksel + j * C, (size_t)C * sizeof(float));
+        return VITC_OK;
+    }
     if (fold_pays(d, &d->final, Nt))
         attend_t2i_folded(d, &d->final, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW);
     else
@@ -1043,7 +1066,7 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
         big = up_scratch;
     if (big < mask_scratch)
         big = mask_scratch;
-    const int64_t n_float = 4 * Nt * C + 3 * HW * C + big + Nt * hidn;
+    const int64_t n_float = 5 * Nt * C + 3 * HW * C + big + Nt * hidn;
     float *buf = malloc((size_t)n_float * sizeof(float));
     float *low = malloc((size_t)(n_masks * lo * lo) * sizeof(float));
     float *masks = malloc((size_t)(n_masks * oh * ow) * sizeof(float));
@@ -1058,6 +1081,9 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     sam_run r = {.Nt = Nt, .HW = HW};
     float *f = buf;
     r.tok_pe = f, f += Nt * C;
+    r.ksel = f, f += Nt * C;
+    r.keep[r.n_keep++] = 0;
+    for (int64_t m = 0; m < n_masks; m++) r.keep[r.n_keep++] = 1 + first + m;
     r.Q = f, f += Nt * C;
     r.Q2 = f, f += Nt * C;
     r.qq = f, f += Nt * C;
