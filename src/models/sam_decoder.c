@@ -926,6 +926,7 @@ typedef struct post_ctx {
     float *tmp;       /* [n, lh, ow] rows resampled along x */
     float *out;       /* [n, oh, ow] */
     int64_t lh, lw, oh, ow;
+    int64_t y0, ny; /* the low-res rows the y taps read: [y0, y0 + ny) */
     const int64_t *xi, *yi;
     const float *xw, *yw;
 } post_ctx;
@@ -933,7 +934,8 @@ typedef struct post_ctx {
 static void post_rows_x(void *vc, int64_t b, int64_t e, int tid) {
     (void)tid;
     const post_ctx *c = vc;
-    for (int64_t r = b; r < e; r++) {
+    for (int64_t t = b; t < e; t++) {
+        const int64_t r = t / c->ny * c->lh + c->y0 + t % c->ny; /* mask t / ny's row */
         const float *src = c->low + r * c->lw;
         float *dst = c->tmp + r * c->ow;
         for (int64_t x = 0; x < c->ow; x++) {
@@ -1178,7 +1180,16 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
         axis_taps(lo, input_size, e->resized_h, oh, yi, yw);
         post_ctx c = {.low = low, .tmp = tmp, .out = masks, .lh = lo, .lw = lo, .oh = oh,
                       .ow = ow, .xi = xi, .yi = yi, .xw = xw, .yw = yw};
-        vitc__parallel_range(n_masks * lo, post_rows_x, &c);
+        /* the crop to the resized image leaves the low-res rows below it
+         * unread (a third of them for a 3:2 photo): not resampled */
+        int64_t y1 = 0;
+        c.y0 = lo;
+        for (int64_t k = 0; k < 4 * oh; k++) {
+            c.y0 = yi[k] < c.y0 ? yi[k] : c.y0;
+            y1 = yi[k] > y1 ? yi[k] : y1;
+        }
+        c.ny = y1 - c.y0 + 1;
+        vitc__parallel_range(n_masks * c.ny, post_rows_x, &c);
         vitc__parallel_range(n_masks * oh, post_rows_y, &c);
     }
     out->n_masks = (int)n_masks;
