@@ -433,6 +433,32 @@ static void add_part(void *vc, int64_t b, int64_t e, int tid) {
     add_rows(c->y + i0, c->a + i0, c->b + i0, i1 - i0);
 }
 
+/* y = LayerNorm(y) and z = y + pe over rows of C, a block of rows at a
+ * time: the sum reads the rows while the LayerNorm has them in cache
+ * instead of another pass over the image-sized map. */
+typedef struct lnadd_ctx {
+    float *y, *z;
+    const float *w, *b, *pe;
+    int64_t C;
+    float eps;
+} lnadd_ctx;
+
+static void lnadd_part(void *vc, int64_t b, int64_t e, int tid) {
+    const lnadd_ctx *c = vc;
+    (void)tid;
+    for (int64_t r0 = b; r0 < e; r0 += 32) {
+        const int64_t n = e - r0 < 32 ? e - r0 : 32, o = r0 * c->C;
+        vitc__layernorm(c->y + o, c->y + o, c->w, c->b, n, c->C, c->eps);
+        add_rows(c->z + o, c->y + o, c->pe + o, n * c->C);
+    }
+}
+
+static void layernorm_add(float *y, float *z, const float *w, const float *b, const float *pe,
+                          int64_t M, int64_t C, float eps) {
+    lnadd_ctx c = {y, z, w, b, pe, C, eps};
+    vitc__parallel_range(M, lnadd_part, &c);
+}
+
 /* add_rows over the threads: the image-sized sums (a few MB) are memory
  * bound, and one core alone does not reach the bandwidth. */
 static void add_rows_par(float *y, const float *a, const float *b, int64_t n) {
@@ -705,7 +731,7 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         const float *K = r->K, *kk = r->kk;
         if (i == 0 && r->c0)
             K = r->c0->K0, kk = r->c0->kk0;
-        else
+        else if (i == 0) /* later layers': with the LayerNorm before */
             add_rows_par(r->kk, r->K, d->pe_img, HW * C);
         if (i == 0 && r->c0)
             VITC_TRY(attend_kv(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->c0->k, r->c0->v, HW));
@@ -730,10 +756,10 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         else
             VITC_TRY(attend(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt));
         swap(&r->K, &r->K2);
-        vitc__layernorm(r->K, r->K, L->ln4.w, L->ln4.b, HW, C, d->eps_dec);
+        /* and kk = K + the positional embedding, the next layer's keys */
+        layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, d->pe_img, HW, C, d->eps_dec);
     }
     add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
-    add_rows_par(r->kk, r->K, d->pe_img, HW * C);
     if (r->n_keep > 0 && fold_pays(d, &d->final, r->n_keep)) {
         /* A query row's attention reads no other query row: the rows
          * nothing reads afterwards (the prompt's own tokens, the mask
