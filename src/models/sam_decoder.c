@@ -827,13 +827,18 @@ static vitc_status convt2(const sam_wb *l, float *y, const float *x, int64_t H, 
     return vitc__nn_convt_forward(&c, y, x, 1, H, W, z, zn);
 }
 
+/* Input pixels per task: its z1 and z2 (3 C floats a pixel, 384 KiB at
+ * C = 256) stay in a core's L2. */
+#define UP_PIX 128
+
 /* The upscaling and the hypernetwork product fused: each input pixel of
  * the [G, G, C] map alone makes its 4 x 4 block of the low-resolution
  * masks (the transposed convolutions tile without overlap, LayerNorm2d
- * and GELU are per pixel), so a task takes one grid row through both
+ * and GELU are per pixel), so a task takes a block of pixels through both
  * GEMMs (packed weights), the LayerNorm, the GELUs and the dot products
  * with the hypernetwork rows while it is in cache: the [2G, 2G, C/4] and
  * [4G, 4G, C/8] maps are never formed, and no weight is packed per call. */
+
 typedef struct up_ctx {
     const vitc__sam_dec *d;
     const float *x;     /* [G, G, C] */
@@ -844,28 +849,29 @@ typedef struct up_ctx {
     _Atomic int failed;
 } up_ctx;
 
-static void up_row(void *vc, int64_t iy, int tid) {
+static void up_row(void *vc, int64_t blk, int tid) {
     up_ctx *c = vc;
     const vitc__sam_dec *d = c->d;
     const int64_t G = c->G, C = d->C, C4 = C / 4, C8 = C / 8, lo = 4 * G;
-    float *z1 = c->scr + tid * c->per; /* [G, 2, 2, C/4]: (pixel, tap) rows */
-    float *z2 = z1 + 4 * G * C4;       /* [G, 2, 2, 2, 2, C/8] */
-    float *mk = z2 + 16 * G * C8;      /* [G, 2, 2, 2, 2, n] */
-    if (vitc__linear_pw(z1, 4 * C4, c->x + iy * G * C, C, &d->up1_pw, d->up1.w, d->up1_b4, NULL,
-                        0, G, 4 * C4, C, VITC__ACT_NONE) != VITC_OK) {
+    const int64_t p0 = blk * UP_PIX, P = G * G - p0 < UP_PIX ? G * G - p0 : UP_PIX;
+    float *z1 = c->scr + tid * c->per; /* [P, 2, 2, C/4]: (pixel, tap) rows */
+    float *z2 = z1 + 4 * P * C4;       /* [P, 2, 2, 2, 2, C/8] */
+    float *mk = z2 + 16 * P * C8;      /* [P, 2, 2, 2, 2, n] */
+    if (vitc__linear_pw(z1, 4 * C4, c->x + p0 * C, C, &d->up1_pw, d->up1.w, d->up1_b4, NULL, 0,
+                        P, 4 * C4, C, VITC__ACT_NONE) != VITC_OK) {
         c->failed = 1;
         return;
     }
-    vitc__layernorm(z1, z1, d->up_ln.w, d->up_ln.b, 4 * G, C4, 1e-6f);
-    vitc__gelu(z1, 4 * G * C4);
-    if (vitc__linear_pw(z2, 4 * C8, z1, C4, &d->up2_pw, d->up2.w, d->up2_b4, NULL, 0, 4 * G,
+    vitc__layernorm(z1, z1, d->up_ln.w, d->up_ln.b, 4 * P, C4, 1e-6f);
+    vitc__gelu(z1, 4 * P * C4);
+    if (vitc__linear_pw(z2, 4 * C8, z1, C4, &d->up2_pw, d->up2.w, d->up2_b4, NULL, 0, 4 * P,
                         4 * C8, C4, VITC__ACT_GELU) != VITC_OK) {
         c->failed = 1;
         return;
     }
-    vitc__gemm(0, 1, 16 * G, c->n, C8, 1.0f, z2, C8, c->hyper, C8, 0.0f, mk, c->n);
-    for (int64_t r = 0; r < 4 * G; r++) { /* z1's row: pixel ix, tap (i1, j1) */
-        const int64_t ix = r / 4, i1 = r / 2 % 2, j1 = r % 2;
+    vitc__gemm(0, 1, 16 * P, c->n, C8, 1.0f, z2, C8, c->hyper, C8, 0.0f, mk, c->n);
+    for (int64_t r = 0; r < 4 * P; r++) { /* z1's row: pixel (iy, ix), tap (i1, j1) */
+        const int64_t iy = (p0 + r / 4) / G, ix = (p0 + r / 4) % G, i1 = r / 2 % 2, j1 = r % 2;
         for (int64_t q = 0; q < 4; q++) { /* z2's tap (i2, j2) */
             const int64_t Y = 4 * iy + 2 * i1 + q / 2, X = 4 * ix + 2 * j1 + q % 2;
             for (int64_t m = 0; m < c->n; m++)
@@ -877,7 +883,7 @@ static void up_row(void *vc, int64_t iy, int tid) {
 /* low [n, 4G, 4G] = hyper [n, C/8] . upscale(x [G, G, C]) per pixel. */
 static vitc_status upscale_fused(const vitc__sam_dec *d, const float *x, const float *hyper,
                                  int64_t n, float *low) {
-    const int64_t G = d->grid, C = d->C, per = 4 * G * (C / 4) + 16 * G * (C / 8 + n);
+    const int64_t G = d->grid, C = d->C, per = UP_PIX * (4 * (C / 4) + 16 * (C / 8 + n));
     const int nt = vitc__num_threads();
     up_ctx c = {.d = d, .x = x, .hyper = hyper, .low = low, .n = n, .G = G, .per = per};
     c.scr = malloc((size_t)(nt * per) * sizeof(float));
@@ -885,7 +891,7 @@ static vitc_status upscale_fused(const vitc__sam_dec *d, const float *x, const f
         return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's upscaling (%d threads)", nt);
     /* rows claimed as threads come free: a core taken by another process
      * leaves its rows to the other threads */
-    vitc__parallel_for_dynamic(G, 1, up_row, &c);
+    vitc__parallel_for_dynamic((G * G + UP_PIX - 1) / UP_PIX, 1, up_row, &c);
     free(c.scr);
     if (c.failed)
         return vitc__err(VITC_ERR_INVALID_ARG, "SAM upscaling: a GEMM refused its arguments");
