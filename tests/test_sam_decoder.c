@@ -285,11 +285,14 @@ static void test_bad_models(void **state) {
 }
 
 /* The folded token <-> image attention (the default while the prompt has
- * few tokens) and the image's cached first-layer keys and values against
- * the literal one (VITC_DENSE=ref: every projection
- * as SamAttention computes it), within 1e-5 of max|literal|, for prompts
- * of each kind; a prompt with more tokens than the fold pays for runs the
- * literal form both ways. */
+ * few tokens), the image's cached first-layer keys, values and queries,
+ * the final attention on the rows read afterwards only, and the fused
+ * upscaling (one grid row through both transposed convolutions and the
+ * hypernetwork product) against the literal forms (VITC_DENSE=ref: every
+ * projection as SamAttention computes it, each layer whole), within 1e-5
+ * of max|literal|, for prompts of each kind, the masks at the original
+ * size included; a prompt with more tokens than the fold pays for runs
+ * the literal form both ways except in the final attention (4 rows). */
 static void test_folded_equals_literal(void **state) {
     const fixture *f = *state;
     struct vitc_sam_image e = image_of(f, 150, 220, 174, 256);
@@ -323,6 +326,16 @@ static void test_folded_equals_literal(void **state) {
         }
         if (!(dmax <= 1e-5 * rmax))
             fail_msg("prompt %d low_res: max|d| %g, max|literal| %g", k, dmax, rmax);
+        dmax = 0.0, rmax = 0.0;
+        for (int64_t i = 0; i < (int64_t)a.n_masks * a.height * a.width; i++) {
+            double d = fabs((double)a.masks[i] - b.masks[i]);
+            if (!(d <= dmax))
+                dmax = d;
+            if (fabs(a.masks[i]) > rmax)
+                rmax = fabs(a.masks[i]);
+        }
+        if (!(dmax <= 1e-5 * rmax) || a.height != 150 || b.width != 220)
+            fail_msg("prompt %d masks: max|d| %g, max|literal| %g", k, dmax, rmax);
         for (int m = 0; m < a.n_masks; m++)
             if (!(fabs(a.iou[m] - b.iou[m]) <= 1e-5 * (fabs(a.iou[m]) + 1e-3)))
                 fail_msg("prompt %d iou %d: %g vs %g", k, m, a.iou[m], b.iou[m]);

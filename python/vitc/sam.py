@@ -134,12 +134,15 @@ class SamPredictor:
         check(lib.vitc_sam_predict(self.model._h, self._e, ctypes.byref(pr), ctypes.byref(r)))
         try:
             n, H, W = r.n_masks, r.height, r.width
-            masks = np.ctypeslib.as_array(r.masks, shape=(n * H * W,)).copy().reshape(n, H, W)
-            low = np.ctypeslib.as_array(r.low_res, shape=(n * lo * lo,)).copy()
-            iou = np.array(list(r.iou)[:n], dtype=np.float32)
+            # views of the C arrays: the boolean masks are thresholded
+            # straight from them (no float copy of the n H W logits first)
+            view = np.ctypeslib.as_array(r.masks, shape=(n, H, W))
+            masks = view.copy() if return_logits else np.greater(view, 0.0)
+            low = np.ctypeslib.as_array(r.low_res, shape=(n, lo, lo)).copy()
+            iou = np.array(r.iou[:n], dtype=np.float32)
         finally:
             lib.vitc_sam_result_free(ctypes.byref(r))
-        return (masks if return_logits else masks > 0.0), iou, low.reshape(n, lo, lo)
+        return masks, iou, low
 
     def reset_image(self):
         if self._e:

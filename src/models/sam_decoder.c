@@ -75,6 +75,11 @@ struct vitc__sam_dec {
     sam_attn final;
     sam_wb ln_final;
     sam_wb up1, up_ln, up2; /* up1 [2, 2, C/4, C], up2 [2, 2, C/8, C/4] */
+    /* The upscaling's transposed convolutions as linear layers over one
+     * input pixel (rows (i, j, o) of the weights above): packed once for
+     * the GEMM, their biases repeated per tap ([4 C/4], [4 C/8]). */
+    vitc__pweight up1_pw, up2_pw;
+    float *up1_b4, *up2_b4;
     sam_ffn hyper[4], iou;
     float *pe_img; /* [grid*grid, C] the dense positional embedding */
     void **bufs;
@@ -353,6 +358,14 @@ vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
     TRY(take_convt2(d, sh, &d->up1, C, C4, "mask_decoder.upscale_conv1"));
     TRY(take_ln(d, sh, &d->up_ln, C4, "mask_decoder.upscale_layer_norm"));
     TRY(take_convt2(d, sh, &d->up2, C4, C8, "mask_decoder.upscale_conv2"));
+    if (!(d->up1_b4 = dec_alloc(d, 4 * C4)) || !(d->up2_b4 = dec_alloc(d, 4 * C8))) {
+        s = vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's upscaling biases");
+        goto fail;
+    }
+    for (int64_t k = 0; k < 4 * C4; k++) d->up1_b4[k] = d->up1.b[k % C4];
+    for (int64_t k = 0; k < 4 * C8; k++) d->up2_b4[k] = d->up2.b[k % C8];
+    TRY(vitc__pweight_pack(&d->up1_pw, d->up1.w, 4 * C4, C, VITC_PRECISION_FP32));
+    TRY(vitc__pweight_pack(&d->up2_pw, d->up2.w, 4 * C8, C4, VITC_PRECISION_FP32));
     for (int64_t t = 0; t < d->T; t++) {
         snprintf(n, sizeof n, "mask_decoder.output_hypernetworks_mlps.%lld", (long long)t);
         TRY(take_ffn(d, sh, &d->hyper[t], C, C, C8, 3, n));
@@ -383,6 +396,8 @@ fail:
 void vitc__sam_dec_free(vitc__sam_dec *d) {
     if (!d)
         return;
+    vitc__pweight_free(&d->up1_pw);
+    vitc__pweight_free(&d->up2_pw);
     for (int i = 0; i < d->n_bufs; i++) free(d->bufs[i]);
     free(d->bufs);
     free(d->layers);
@@ -405,6 +420,52 @@ static void add_rows(float *y, const float *a, const float *b, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
 }
 
+typedef struct add_ctx {
+    float *y;
+    const float *a, *b;
+    int64_t n;
+} add_ctx;
+
+static void add_part(void *vc, int64_t b, int64_t e, int tid) {
+    const add_ctx *c = vc;
+    (void)tid;
+    const int64_t i0 = b * 4096, i1 = e * 4096 < c->n ? e * 4096 : c->n;
+    add_rows(c->y + i0, c->a + i0, c->b + i0, i1 - i0);
+}
+
+/* y = LayerNorm(y) and z = y + pe over rows of C, a block of rows at a
+ * time: the sum reads the rows while the LayerNorm has them in cache
+ * instead of another pass over the image-sized map. */
+typedef struct lnadd_ctx {
+    float *y, *z;
+    const float *w, *b, *pe;
+    int64_t C;
+    float eps;
+} lnadd_ctx;
+
+static void lnadd_part(void *vc, int64_t b, int64_t e, int tid) {
+    const lnadd_ctx *c = vc;
+    (void)tid;
+    for (int64_t r0 = b; r0 < e; r0 += 32) {
+        const int64_t n = e - r0 < 32 ? e - r0 : 32, o = r0 * c->C;
+        vitc__layernorm(c->y + o, c->y + o, c->w, c->b, n, c->C, c->eps);
+        add_rows(c->z + o, c->y + o, c->pe + o, n * c->C);
+    }
+}
+
+static void layernorm_add(float *y, float *z, const float *w, const float *b, const float *pe,
+                          int64_t M, int64_t C, float eps) {
+    lnadd_ctx c = {y, z, w, b, pe, C, eps};
+    vitc__parallel_range(M, lnadd_part, &c);
+}
+
+/* add_rows over the threads: the image-sized sums (a few MB) are memory
+ * bound, and one core alone does not reach the bandwidth. */
+static void add_rows_par(float *y, const float *a, const float *b, int64_t n) {
+    add_ctx c = {y, a, b, n};
+    vitc__parallel_range((n + 4095) / 4096, add_part, &c);
+}
+
 /* Scratch of one decoder run. */
 typedef struct sam_run {
     int64_t Nt, HW;
@@ -416,6 +477,11 @@ typedef struct sam_run {
     float *aq, *ak, *av, *ao; /* [max(Nt, HW), I] projections, attention output */
     float *hid;       /* [Nt, max(mlp, C, iou_hidden)] MLP hidden */
     const struct vitc__sam_dec_cache *c0; /* the first layer's image side, or NULL */
+    /* The tokens read after the transformer (the IoU token, the mask
+     * tokens asked for), ascending: the final attention runs on them only */
+    int64_t keep[4];
+    int n_keep;
+    float *ksel; /* [n_keep, C] their final attention */
 } sam_run;
 
 /* What every prompt without a mask computes alike on one image: the
@@ -430,12 +496,15 @@ struct vitc__sam_dec_cache {
     const vitc__sam_dec *d; /* the decoder it was made by (used by no other) */
     float *K0, *kk0;        /* [HW, C] embedding + no_mask; the same + the positional embedding */
     float *k, *v;           /* [HW, I] */
+    /* [HW, I'] the first layer's image -> token queries (q_proj of kk0),
+     * or NULL when that attention is not folded */
+    float *q;
 };
 
 void vitc__sam_dec_cache_free(struct vitc__sam_dec_cache *c) {
     if (!c)
         return;
-    free(c->K0), free(c->kk0), free(c->k), free(c->v), free(c);
+    free(c->K0), free(c->kk0), free(c->k), free(c->v), free(c->q), free(c);
 }
 
 /* e's cache for d; NULL when out of memory or made by another decoder
@@ -445,7 +514,7 @@ static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
     struct vitc__sam_dec_cache **slot = &((struct vitc_sam_image *)(uintptr_t)e)->dec_cache;
     struct vitc__sam_dec_cache *c = __atomic_load_n(slot, __ATOMIC_ACQUIRE);
     if (!c) {
-        const sam_attn *a = &d->layers[0].t2i;
+        const sam_attn *a = &d->layers[0].t2i, *b = &d->layers[0].i2t;
         const int64_t HW = e->h * e->w, C = d->C, I = a->I;
         c = calloc(1, sizeof *c);
         if (c) {
@@ -453,8 +522,9 @@ static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
             c->kk0 = malloc((size_t)(HW * C) * sizeof(float));
             c->k = malloc((size_t)(HW * I) * sizeof(float));
             c->v = malloc((size_t)(HW * I) * sizeof(float));
+            c->q = malloc((size_t)(HW * b->I) * sizeof(float));
         }
-        if (!c || !c->K0 || !c->kk0 || !c->k || !c->v) {
+        if (!c || !c->K0 || !c->kk0 || !c->k || !c->v || !c->q) {
             vitc__sam_dec_cache_free(c);
             return NULL;
         }
@@ -464,6 +534,7 @@ static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
         add_rows(c->kk0, c->K0, d->pe_img, HW * C);
         vitc__linear(c->k, I, c->kk0, C, a->k.w, a->k.b, NULL, 0, HW, I, C);
         vitc__linear(c->v, I, c->K0, C, a->v.w, a->v.b, NULL, 0, HW, I, C);
+        vitc__linear(c->q, b->I, c->kk0, C, b->q.w, b->q.b, NULL, 0, HW, b->I, C);
         struct vitc__sam_dec_cache *expected = NULL;
         if (!__atomic_compare_exchange_n(slot, &expected, c, 0, __ATOMIC_ACQ_REL,
                                          __ATOMIC_ACQUIRE)) {
@@ -611,6 +682,29 @@ static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
     vitc__linear(y, C, S, HT, vo, a->o.b, res, C, Lq, C, HT);
 }
 
+/* attend_i2t_folded for the first layer on an image's cache: its queries
+ * q_proj(kk0) are prompt-independent and cached (q [Lq, I]), so the
+ * scores are the literal per-head products q_h k_h^T (2 H T Lq dh
+ * multiply-adds, a C / dh-th of the folded keys' Lq C H T) and only the
+ * output projection stays folded into the values. */
+static void attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                              const float *res, const float *q, int64_t Lq, const float *xk,
+                              const float *xv, int64_t Lk) {
+    const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
+    const float scale = (float)(1.0 / sqrt((double)dh));
+    float *k = r->aq, *v = r->aq + Lk * I; /* [Lk, I] each */
+    float *vo = r->av;                     /* [C, H, Lk] the values through out_proj */
+    float *S = r->ak;                      /* [Lq, H, Lk] */
+    vitc__linear(k, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
+    vitc__linear(v, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
+    for (int64_t h = 0; h < H; h++) {
+        small_mm(vo + h * Lk, HT, a->o.w + h * dh, I, v + h * dh, I, 1, C, Lk, dh, 1.0f);
+        vitc__gemm(0, 1, Lq, Lk, dh, scale, q + h * dh, I, k + h * dh, I, 0.0f, S + h * Lk, HT);
+    }
+    vitc__softmax_rows(S, Lq * H, Lk, 1.0f);
+    vitc__linear(y, C, S, HT, vo, a->o.b, res, C, Lq, C, HT);
+}
+
 static void swap(float **a, float **b) {
     float *t = *a;
     *a = *b;
@@ -637,8 +731,8 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         const float *K = r->K, *kk = r->kk;
         if (i == 0 && r->c0)
             K = r->c0->K0, kk = r->c0->kk0;
-        else
-            add_rows(r->kk, r->K, d->pe_img, HW * C);
+        else if (i == 0) /* later layers': with the LayerNorm before */
+            add_rows_par(r->kk, r->K, d->pe_img, HW * C);
         if (i == 0 && r->c0)
             VITC_TRY(attend_kv(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->c0->k, r->c0->v, HW));
         else if (fold_pays(d, &L->t2i, Nt))
@@ -655,15 +749,35 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         vitc__layernorm(r->Q, r->Q, L->ln3.w, L->ln3.b, Nt, C, d->eps_dec);
 
         add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
-        if (fold_pays(d, &L->i2t, Nt))
+        if (i == 0 && r->c0 && fold_pays(d, &L->i2t, Nt))
+            attend_i2t_cached(d, &L->i2t, r, r->K2, K, r->c0->q, HW, r->qq, r->Q, Nt);
+        else if (fold_pays(d, &L->i2t, Nt))
             attend_i2t_folded(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt);
         else
             VITC_TRY(attend(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt));
         swap(&r->K, &r->K2);
-        vitc__layernorm(r->K, r->K, L->ln4.w, L->ln4.b, HW, C, d->eps_dec);
+        /* and kk = K + the positional embedding, the next layer's keys */
+        layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, d->pe_img, HW, C, d->eps_dec);
     }
     add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
-    add_rows(r->kk, r->K, d->pe_img, HW * C);
+    if (r->n_keep > 0 && fold_pays(d, &d->final, r->n_keep)) {
+        /* A query row's attention reads no other query row: the rows
+         * nothing reads afterwards (the prompt's own tokens, the mask
+         * tokens not asked for) are left out; those of Q keep their
+         * values from before. qq and Q2 hold the kept rows compacted
+         * (keep ascending: a row never moves down onto one still to be
+         * read). */
+        const int64_t n = r->n_keep;
+        for (int64_t j = 0; j < n; j++) {
+            memmove(r->qq + j * C, r->qq + r->keep[j] * C, (size_t)C * sizeof(float));
+            memcpy(r->Q2 + j * C, r->Q + r->keep[j] * C, (size_t)C * sizeof(float));
+        }
+        attend_t2i_folded(d, &d->final, r, r->ksel, r->Q2, r->qq, n, r->kk, r->K, HW);
+        vitc__layernorm(r->ksel, r->ksel, d->ln_final.w, d->ln_final.b, n, C, 1e-5f);
+        for (int64_t j = 0; j < n; j++)
+            memcpy(r->Q + r->keep[j] * C, r->ksel + j * C, (size_t)C * sizeof(float));
+        return VITC_OK;
+    }
     if (fold_pays(d, &d->final, Nt))
         attend_t2i_folded(d, &d->final, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW);
     else
@@ -711,6 +825,77 @@ static vitc_status convt2(const sam_wb *l, float *y, const float *x, int64_t H, 
     const vitc__nn_convt c = {.w = l->w, .b = l->b, .C = Cin, .O = O, .kh = 2, .kw = 2,
                               .sh = 2, .sw = 2};
     return vitc__nn_convt_forward(&c, y, x, 1, H, W, z, zn);
+}
+
+/* Input pixels per task: its z1 and z2 (3 C floats a pixel, 384 KiB at
+ * C = 256) stay in a core's L2. */
+#define UP_PIX 128
+
+/* The upscaling and the hypernetwork product fused: each input pixel of
+ * the [G, G, C] map alone makes its 4 x 4 block of the low-resolution
+ * masks (the transposed convolutions tile without overlap, LayerNorm2d
+ * and GELU are per pixel), so a task takes a block of pixels through both
+ * GEMMs (packed weights), the LayerNorm, the GELUs and the dot products
+ * with the hypernetwork rows while it is in cache: the [2G, 2G, C/4] and
+ * [4G, 4G, C/8] maps are never formed, and no weight is packed per call. */
+
+typedef struct up_ctx {
+    const vitc__sam_dec *d;
+    const float *x;     /* [G, G, C] */
+    const float *hyper; /* [n, C/8] */
+    float *low;         /* [n, 4G, 4G] */
+    float *scr;         /* per thread: z1 [4G, C/4], z2 [16G, C/8], [16G, n] */
+    int64_t n, G, per;
+    _Atomic int failed;
+} up_ctx;
+
+static void up_row(void *vc, int64_t blk, int tid) {
+    up_ctx *c = vc;
+    const vitc__sam_dec *d = c->d;
+    const int64_t G = c->G, C = d->C, C4 = C / 4, C8 = C / 8, lo = 4 * G;
+    const int64_t p0 = blk * UP_PIX, P = G * G - p0 < UP_PIX ? G * G - p0 : UP_PIX;
+    float *z1 = c->scr + tid * c->per; /* [P, 2, 2, C/4]: (pixel, tap) rows */
+    float *z2 = z1 + 4 * P * C4;       /* [P, 2, 2, 2, 2, C/8] */
+    float *mk = z2 + 16 * P * C8;      /* [P, 2, 2, 2, 2, n] */
+    if (vitc__linear_pw(z1, 4 * C4, c->x + p0 * C, C, &d->up1_pw, d->up1.w, d->up1_b4, NULL, 0,
+                        P, 4 * C4, C, VITC__ACT_NONE) != VITC_OK) {
+        c->failed = 1;
+        return;
+    }
+    vitc__layernorm(z1, z1, d->up_ln.w, d->up_ln.b, 4 * P, C4, 1e-6f);
+    vitc__gelu(z1, 4 * P * C4);
+    if (vitc__linear_pw(z2, 4 * C8, z1, C4, &d->up2_pw, d->up2.w, d->up2_b4, NULL, 0, 4 * P,
+                        4 * C8, C4, VITC__ACT_GELU) != VITC_OK) {
+        c->failed = 1;
+        return;
+    }
+    vitc__gemm(0, 1, 16 * P, c->n, C8, 1.0f, z2, C8, c->hyper, C8, 0.0f, mk, c->n);
+    for (int64_t r = 0; r < 4 * P; r++) { /* z1's row: pixel (iy, ix), tap (i1, j1) */
+        const int64_t iy = (p0 + r / 4) / G, ix = (p0 + r / 4) % G, i1 = r / 2 % 2, j1 = r % 2;
+        for (int64_t q = 0; q < 4; q++) { /* z2's tap (i2, j2) */
+            const int64_t Y = 4 * iy + 2 * i1 + q / 2, X = 4 * ix + 2 * j1 + q % 2;
+            for (int64_t m = 0; m < c->n; m++)
+                c->low[(m * lo + Y) * lo + X] = mk[(4 * r + q) * c->n + m];
+        }
+    }
+}
+
+/* low [n, 4G, 4G] = hyper [n, C/8] . upscale(x [G, G, C]) per pixel. */
+static vitc_status upscale_fused(const vitc__sam_dec *d, const float *x, const float *hyper,
+                                 int64_t n, float *low) {
+    const int64_t G = d->grid, C = d->C, per = UP_PIX * (4 * (C / 4) + 16 * (C / 8 + n));
+    const int nt = vitc__num_threads();
+    up_ctx c = {.d = d, .x = x, .hyper = hyper, .low = low, .n = n, .G = G, .per = per};
+    c.scr = malloc((size_t)(nt * per) * sizeof(float));
+    if (!c.scr)
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's upscaling (%d threads)", nt);
+    /* rows claimed as threads come free: a core taken by another process
+     * leaves its rows to the other threads */
+    vitc__parallel_for_dynamic((G * G + UP_PIX - 1) / UP_PIX, 1, up_row, &c);
+    free(c.scr);
+    if (c.failed)
+        return vitc__err(VITC_ERR_INVALID_ARG, "SAM upscaling: a GEMM refused its arguments");
+    return VITC_OK;
 }
 
 /* SamMaskEmbedding of the mask prompt m [4g, 4g] into dense [g*g, C];
@@ -773,6 +958,7 @@ typedef struct post_ctx {
     float *tmp;       /* [n, lh, ow] rows resampled along x */
     float *out;       /* [n, oh, ow] */
     int64_t lh, lw, oh, ow;
+    int64_t y0, ny; /* the low-res rows the y taps read: [y0, y0 + ny) */
     const int64_t *xi, *yi;
     const float *xw, *yw;
 } post_ctx;
@@ -780,7 +966,8 @@ typedef struct post_ctx {
 static void post_rows_x(void *vc, int64_t b, int64_t e, int tid) {
     (void)tid;
     const post_ctx *c = vc;
-    for (int64_t r = b; r < e; r++) {
+    for (int64_t t = b; t < e; t++) {
+        const int64_t r = t / c->ny * c->lh + c->y0 + t % c->ny; /* mask t / ny's row */
         const float *src = c->low + r * c->lw;
         float *dst = c->tmp + r * c->ow;
         for (int64_t x = 0; x < c->ow; x++) {
@@ -913,7 +1100,7 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
         big = up_scratch;
     if (big < mask_scratch)
         big = mask_scratch;
-    const int64_t n_float = 4 * Nt * C + 3 * HW * C + big + Nt * hidn;
+    const int64_t n_float = 5 * Nt * C + 3 * HW * C + big + Nt * hidn;
     float *buf = malloc((size_t)n_float * sizeof(float));
     float *low = malloc((size_t)(n_masks * lo * lo) * sizeof(float));
     float *masks = malloc((size_t)(n_masks * oh * ow) * sizeof(float));
@@ -928,6 +1115,9 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     sam_run r = {.Nt = Nt, .HW = HW};
     float *f = buf;
     r.tok_pe = f, f += Nt * C;
+    r.ksel = f, f += Nt * C;
+    r.keep[r.n_keep++] = 0;
+    for (int64_t m = 0; m < n_masks; m++) r.keep[r.n_keep++] = 1 + first + m;
     r.Q = f, f += Nt * C;
     r.Q2 = f, f += Nt * C;
     r.qq = f, f += Nt * C;
@@ -989,21 +1179,26 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     /* Upscaling: [G, G, C] -> [2G, 2G, C/4] -> LN, GELU -> [4G, 4G, C/8], GELU. */
     {
         const int64_t C4 = C / 4, C8 = C / 8;
-        /* u1 [2G, 2G, C/4], u2 [4G, 4G, C/8], z the GEMM's [.., 4 O] */
-        float *u1 = r.kk, *u2 = scr, *z = scr + 2 * HW * C;
-        if ((s = convt2(&d->up1, u1, r.K, G, G, C, C4, z, zs)) != VITC_OK)
-            goto done;
-        vitc__layernorm(u1, u1, d->up_ln.w, d->up_ln.b, 4 * HW, C4, 1e-6f);
-        vitc__gelu(u1, 4 * HW * C4);
-        if ((s = convt2(&d->up2, u2, u1, 2 * G, 2 * G, C4, C8, z, zs)) != VITC_OK)
-            goto done;
-        vitc__gelu(u2, 16 * HW * C8);
         /* The hypernetwork rows of the masks asked for, then masks [n, P]
          * = hyper [n, C/8] u2^T. */
         float *hyper = r.hid, *tmp = r.hid + n_masks * C8;
         for (int64_t m = 0; m < n_masks; m++)
             ffn(&d->hyper[first + m], hyper + m * C8, r.Q + (1 + first + m) * C, C, tmp);
-        vitc__gemm(0, 1, n_masks, 16 * HW, C8, 1.0f, hyper, C8, u2, C8, 0.0f, low, 16 * HW);
+        if (strcmp(vitc__nn_dense_path(), "ref") != 0) {
+            if ((s = upscale_fused(d, r.K, hyper, n_masks, low)) != VITC_OK)
+                goto done;
+        } else {
+            /* u1 [2G, 2G, C/4], u2 [4G, 4G, C/8], z the GEMM's [.., 4 O] */
+            float *u1 = r.kk, *u2 = scr, *z = scr + 2 * HW * C;
+            if ((s = convt2(&d->up1, u1, r.K, G, G, C, C4, z, zs)) != VITC_OK)
+                goto done;
+            vitc__layernorm(u1, u1, d->up_ln.w, d->up_ln.b, 4 * HW, C4, 1e-6f);
+            vitc__gelu(u1, 4 * HW * C4);
+            if ((s = convt2(&d->up2, u2, u1, 2 * G, 2 * G, C4, C8, z, zs)) != VITC_OK)
+                goto done;
+            vitc__gelu(u2, 16 * HW * C8);
+            vitc__gemm(0, 1, n_masks, 16 * HW, C8, 1.0f, hyper, C8, u2, C8, 0.0f, low, 16 * HW);
+        }
         float iou[4];
         ffn(&d->iou, iou, r.Q, C, tmp);
         for (int64_t m = 0; m < n_masks; m++) out->iou[m] = iou[first + m];
@@ -1017,7 +1212,16 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
         axis_taps(lo, input_size, e->resized_h, oh, yi, yw);
         post_ctx c = {.low = low, .tmp = tmp, .out = masks, .lh = lo, .lw = lo, .oh = oh,
                       .ow = ow, .xi = xi, .yi = yi, .xw = xw, .yw = yw};
-        vitc__parallel_range(n_masks * lo, post_rows_x, &c);
+        /* the crop to the resized image leaves the low-res rows below it
+         * unread (a third of them for a 3:2 photo): not resampled */
+        int64_t y1 = 0;
+        c.y0 = lo;
+        for (int64_t k = 0; k < 4 * oh; k++) {
+            c.y0 = yi[k] < c.y0 ? yi[k] : c.y0;
+            y1 = yi[k] > y1 ? yi[k] : y1;
+        }
+        c.ny = y1 - c.y0 + 1;
+        vitc__parallel_range(n_masks * c.ny, post_rows_x, &c);
         vitc__parallel_range(n_masks * oh, post_rows_y, &c);
     }
     out->n_masks = (int)n_masks;
