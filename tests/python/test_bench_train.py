@@ -212,6 +212,12 @@ class TestTargets(unittest.TestCase):
                       "(433.7 GFLOP/s of 468.0) | yes |", md)
         self.assertNotIn("int8", md)
         self.assertNotIn("| vit_b16_b8 ", md)
+        # against the fastest other engine in the precision: fp32 PyTorch 200 ms; bf16 had
+        # no other engine, so no row
+        self.assertIn("| vit_b16_b1 fp32: vitc ≥ 1.1× the fastest other engine in fp32 | 1.25× "
+                      "(vitc 160.0 ms at 2 thr; fastest: PyTorch eager 200.0 ms at 2 thr) | yes |",
+                      md)
+        self.assertNotIn("bf16: vitc ≥", md)
 
     def test_impossible(self):
         # torch eager at 4,800 ms: 1.5× needs 3,200 ms, 245.2 GFLOP/s of vitc's own work
