@@ -467,8 +467,18 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
                       .res = residual, .ldr = ldr, .ln = ln, .M = M, .smr = smr, .sa = smr * lda,
                       .pa = pa, .gelu = gelu ? vitc__kern()->gelu : NULL, .nparts = 1};
     const vitc__kernels *kt = vitc__kern(); /* one blocking for the call */
-    g.mcs = kt->lp_mc / smr > 0 ? kt->lp_mc / smr : 1;
-    g.nb = vitc__lp_nb(kt->lp_nb, kg);
+    /* lp_mc rows are sized for rows of 768 bf16 (1.5 KB). Longer rows (fc2's
+     * K = 3072) keep the A block's bytes rather than its rows, and the
+     * weight strips get the L2 that frees: 144 rows of 6 KB beside one
+     * 192 KB strip re-read the whole of A from L3 once per strip at batch 8
+     * (bf16 fc2 85% of peak; 36 rows and four strips: 89%, int8 +2%). */
+    int64_t mc_rows = kt->lp_mc, nb_bytes = kt->lp_nb, a_budget = kt->lp_mc * 1536;
+    if (mc_rows * lda * 4 > a_budget) {
+        mc_rows = a_budget / (lda * 4);
+        nb_bytes = 2 * kt->lp_nb;
+    }
+    g.mcs = mc_rows / smr > 0 ? mc_rows / smr : 1;
+    g.nb = vitc__lp_nb(nb_bytes, kg);
     /* the SIMD kernels' in-register GELU is bitwise the path's gelu only
      * where the table says so (avx512: the same vitc__v_gelu) */
     g.fused_gelu = gelu && kn->fused_gelu && vitc__kern()->lp_fused_gelu;
