@@ -12,10 +12,11 @@
  * M = 197 is ViT-B/16 at batch 1, 1576 batch 8. Times are the minimum and
  * the median over reps (on a machine shared with other jobs the minimum is
  * the one to read); with one thread the process's CPU time, which other
- * jobs on the machine do not lengthen (VITC_BENCH_CLOCK=wall|cpu overrides). Fractions are of the peak of the precision's
- * instruction measured here on as many threads at once (vfmadd231ps,
- * vdpbf16ps, vpdpbusd on zmm, 24 independent sums; AVX-512 CPUs only,
- * else no fractions). VITC_BENCH_WARM=n runs n untimed calls of each
+ * jobs on the machine do not lengthen (VITC_BENCH_CLOCK=wall|cpu
+ * overrides). Fractions are of the peak of the precision's instruction
+ * measured here on as many threads at once (vfmadd231ps, vdpbf16ps,
+ * vpdpbusd on zmm, 24 independent sums, per CPU second of each thread;
+ * AVX-512 CPUs only, else no fractions). VITC_BENCH_WARM=n runs n untimed calls of each
  * product first (default 3), and the first product warms up for 0.3 s
  * besides: a pool that has just started its threads ran its first tens of
  * milliseconds at one thread's speed. Run it with OPENBLAS_NUM_THREADS=1
@@ -492,7 +493,8 @@ static int bound(int reps, int nt, int B, vitc_precision pr, vitc_precision ap) 
     for (int s = 0; s < 5; s++) prod_free(&pc[s]);
     /* FLOP as bench/bench.py and vitc bench count them */
     double P = 196.0, Nd = 197.0, D = 768.0, Mm = 3072.0;
-    double flop = B * (2 * P * D * 3 * 256 + 12 * (2 * Nd * D * 3 * D + 4 * Nd * Nd * D + 2 * Nd * D * D + 4 * Nd * D * Mm) + 2 * D * 1000) * 1e-9;
+    double per_block = 2 * Nd * D * 3 * D + 4 * Nd * Nd * D + 2 * Nd * D * D + 4 * Nd * D * Mm;
+    double flop = B * (2 * P * D * 3 * 256 + 12 * per_block + 2 * D * 1000) * 1e-9;
     double gflop = B * 12 * 2 * Nd * D * (3 * D + D + 2 * Mm) * 1e-9;
     double fwd = mn[0], at = 12.0 * mn[6], pe = mn[5], gemm = 0.0;
     printf("  forward: %.1f ms, %.0f GFLOP/s", fwd, flop / fwd * 1e3);
@@ -516,7 +518,8 @@ static int bound(int reps, int nt, int B, vitc_precision pr, vitc_precision ap) 
     double ln = 24.0 * time_op(0, M, C, pr, warm, reps), ge = 12.0 * time_op(1, M, 4 * C, pr, warm, reps);
     double ra = 24.0 * time_op(2, M, C, pr, warm, reps);
     double cv = pr == VITC_PRECISION_FP32 ? 0.0
-                                          : 12.0 * (3.0 * time_op(3, M, C, pr, warm, reps) + time_op(3, M, 4 * C, pr, warm, reps));
+                                          : 12.0 * (3.0 * time_op(3, M, C, pr, warm, reps) +
+                                                    time_op(3, M, 4 * C, pr, warm, reps));
     printf("  inside the products, each timed alone (unfused) for scale: LayerNorm %.1f ms, conversion to %s %.1f ms, "
            "GELU %.1f ms, residual adds %.1f ms\n",
            ln, pr == VITC_PRECISION_INT8 ? "uint8" : pr == VITC_PRECISION_BF16 ? "bf16" : "-", cv, ge, ra);
