@@ -473,3 +473,13 @@ bench-gemm: $(BUILD)/bench_gemm
 # A ViT-B block's four products in one precision (tests/bench_gemm_lp.c).
 $(BUILD)/bench_gemm_lp: tests/bench_gemm_lp.c $(BUILD)/libvitc.a $(HDRS)
 	$(CC) $(BASE) $(CFLAGS) $< -o $@ $(BUILD)/libvitc.a $(LDFLAGS) $(LDLIBS)
+# The bf16 / int8 ViT-B/16 forward's per-stage profile and its bound on the
+# fraction of peak (docs/precision.md), batch 1 and 8, 1 thread (CPU time)
+# and 2 (wall time: meaningful on a quiet machine only).
+.PHONY: bench-gemm-lp bench-lowp
+bench-gemm-lp: $(BUILD)/bench_gemm_lp
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_gemm_lp 9 2 1576 bf16
+	OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_gemm_lp 9 2 1576 int8
+bench-lowp: $(BUILD)/bench_gemm_lp
+	for t in 1 2; do for p in bf16 int8; do for b in 1 8; do \
+	  OPENBLAS_NUM_THREADS=1 $(BUILD)/bench_gemm_lp --bound 7 $$t $$b $$p fp32 || exit 1; done; done; done

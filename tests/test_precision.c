@@ -36,6 +36,7 @@ static const shape shapes[] = {
     {1, 1, 1}, {13, 50, 37}, {12, 32, 64}, {25, 70, 1100}, {197, 96, 768}, {3, 200, 130},
     {30, 420, 1100}, /* several B blocks of the bf16 / int8 driver */
     {197, 300, 200}, {300, 330, 100}, /* columns split: A converted in the region, 2 / 3 blocks */
+    {150, 100, 1700}, /* rows longer than 768 bf16 (both precisions): several A blocks of fewer rows */
 
 };
 

@@ -131,9 +131,9 @@ static void vitc__pairs_bf16_ref(uint32_t *dst, const float *x0, const float *x1
 
 const vitc__lp_kernel vitc__lp_bf16_ref = {"reference", vitc__ukr_bf16_ref, vitc__row_bf16_ref,
                                            NULL, vitc__ukr_bf16_rm_ref, vitc__pairs_bf16_ref, 0,
-                                           MR, 0, NULL, NULL};
+                                           MR, 0, NULL, NULL, 0};
 const vitc__lp_kernel vitc__lp_int8_ref = {"reference", vitc__ukr_int8_ref, vitc__row_int8_ref, NULL,
-                                           NULL, NULL, 0, MR, 0, NULL, NULL};
+                                           NULL, NULL, 0, MR, 0, NULL, NULL, 0};
 
 void vitc__lp_strip(const vitc__lp_kernel *kn, vitc_precision p, uint32_t *dst, int64_t ldd,
                     int w, const float *x, int64_t ldx, int64_t rows, int64_t K, float *scale,
@@ -383,9 +383,9 @@ static void vitc__lp_block(const vitc__lp_job *g, int64_t c0, int64_t c1, int64_
             const int64_t lines = kg * NR * 4 / 64, share = (lines + (ie - ib) - 1) / (ie - ib);
             for (int64_t is = ib; is < ie; is++) {
                 int64_t i = is * smr, mr = g->M - i < smr ? g->M - i : smr;
-                if (next)
-                    for (int64_t l = (is - ib) * share; l < (is - ib + 1) * share && l < lines; l++)
-                        __builtin_prefetch(next + l * 64, 0, 2);
+                int64_t l0 = (is - ib) * share, l1 = l0 + share < lines ? l0 + share : lines;
+                if (next && !g->kn->takes_pf)
+                    for (int64_t l = l0; l < l1; l++) __builtin_prefetch(next + l * 64, 0, 2);
                 vitc__lp_epi ep = {
                     .bias = g->bias ? g->bias + j : NULL,
                     .res = g->res ? g->res + i * g->ldr + j : NULL, .ldr = g->ldr,
@@ -393,6 +393,8 @@ static void vitc__lp_block(const vitc__lp_job *g, int64_t c0, int64_t c1, int64_
                     .wscale = pw->wscale ? pw->wscale + j : NULL,
                     .wsum = pw->wsum ? pw->wsum + j : NULL,
                     .gelu = g->fused_gelu,
+                    .pf = next && g->kn->takes_pf && l1 > l0 ? next + l0 * 64 : NULL,
+                    .pf_lines = next && g->kn->takes_pf && l1 > l0 ? l1 - l0 : 0,
                 };
                 float *C = g->y + i * g->ldy + j;
                 g->kn->ukr(kg, g->pa + is * g->sa, pb0 + js * kg * NR, C, g->ldy, mr, nr, &ep);
@@ -467,8 +469,18 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
                       .res = residual, .ldr = ldr, .ln = ln, .M = M, .smr = smr, .sa = smr * lda,
                       .pa = pa, .gelu = gelu ? vitc__kern()->gelu : NULL, .nparts = 1};
     const vitc__kernels *kt = vitc__kern(); /* one blocking for the call */
-    g.mcs = kt->lp_mc / smr > 0 ? kt->lp_mc / smr : 1;
-    g.nb = vitc__lp_nb(kt->lp_nb, kg);
+    /* lp_mc rows are sized for rows of 768 bf16 (1.5 KB). Longer rows (fc2's
+     * K = 3072) keep the A block's bytes rather than its rows, and the
+     * weight strips get the L2 that frees: 144 rows of 6 KB beside one
+     * 192 KB strip re-read the whole of A from L3 once per strip at batch 8
+     * (bf16 fc2 85% of peak; 36 rows and four strips: 89%, int8 +2%). */
+    int64_t mc_rows = kt->lp_mc, nb_bytes = kt->lp_nb, a_budget = kt->lp_mc * 1536;
+    if (mc_rows * lda * 4 > a_budget) {
+        mc_rows = a_budget / (lda * 4);
+        nb_bytes = 2 * kt->lp_nb;
+    }
+    g.mcs = mc_rows / smr > 0 ? mc_rows / smr : 1;
+    g.nb = vitc__lp_nb(nb_bytes, kg);
     /* the SIMD kernels' in-register GELU is bitwise the path's gelu only
      * where the table says so (avx512: the same vitc__v_gelu) */
     g.fused_gelu = gelu && kn->fused_gelu && vitc__kern()->lp_fused_gelu;

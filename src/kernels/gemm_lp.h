@@ -42,6 +42,11 @@ typedef struct vitc__lp_epi {
     const float *wscale;   /* int8: [nr] per output channel */
     const int32_t *wsum;   /* int8: [nr] column sums of the int8 weights */
     int gelu;
+    /* Kernels with takes_pf: pf_lines 64-byte lines from pf (the next
+     * weight strip) asked into L2, one per step of the loop's middle, not
+     * all before the tile (the driver's prefetches otherwise). */
+    const char *pf;
+    int64_t pf_lines;
 } vitc__lp_epi;
 
 /* C[mr, nr] (row stride ldc) from pa [kg][MR] and pb [kg][NR] words. */
@@ -94,6 +99,9 @@ typedef struct vitc__lp_kernel {
      * (AMX: load the tile config, release it); NULL for none. */
     void (*begin)(void);
     void (*end)(void);
+    /* 1: ukr asks for epi.pf itself (AVX-512 kernels); else the driver does,
+     * before each tile */
+    int takes_pf;
 } vitc__lp_kernel;
 
 /* Row stride (words) of a row-major A strip: kg rounded up to whole tile
