@@ -303,7 +303,11 @@ def prepare(d, pth, calib, threads, kind="vit"):
     def export_onnx():
         import warnings
         m = _torch_model(kind, pth)
-        with warnings.catch_warnings(), torch.no_grad():
+        # torchvision's ViT with grad enabled: under no_grad its
+        # nn.MultiheadAttention takes a fused path the exporter refuses
+        import contextlib
+        with warnings.catch_warnings(), \
+                (contextlib.nullcontext() if kind == "vit" else torch.no_grad()):
             warnings.simplefilter("ignore")
             torch.onnx.export(m, (torch.randn(1, 3, 224, 224),), onnx_path, input_names=["x"],
                               output_names=["y"], dynamic_axes={"x": {0: "b"}, "y": {0: "b"}},
