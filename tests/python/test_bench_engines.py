@@ -150,5 +150,40 @@ class TestRender(unittest.TestCase):
         self.assertIn("5.0e-01 (25%) **disagrees**", text)
 
 
+@unittest.skipIf(torch is None, "needs torch, torchvision, onnx, onnxruntime, openvino, nncf")
+class TestPrepareViT(unittest.TestCase):
+    """The ViT-B/16's engine files: the ONNX export (torchvision's
+    MultiheadAttention under no_grad takes a fused path the exporter
+    refuses), ONNX Runtime's int8, OpenVINO's IR and NNCF int8 on two
+    calibration samples, each step without an error."""
+
+    def test_prepare(self):
+        import tempfile
+
+        import torchvision
+        for mod in ("onnx", "onnxruntime", "openvino", "nncf"):
+            try:
+                __import__(mod)
+            except ImportError:
+                self.skipTest("no " + mod)
+        with tempfile.TemporaryDirectory() as d:
+            pth = os.path.join(d, "vit_b_16.pth")
+            torch.manual_seed(0)
+            torch.save(torchvision.models.vit_b_16().state_dict(), pth)
+            out = os.path.join(d, "peers")
+            os.makedirs(out)
+            env = dict(os.environ, PYTHONPATH=os.path.join(ROOT, "python"))
+            p = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "bench.py"),
+                                "--prepare-peers", out, "--child-weights", pth, "--calib", "2",
+                                "--child-threads", "2", "--child-kind", "vit"],
+                               capture_output=True, text=True, env=env, timeout=600)
+            self.assertEqual(p.returncode, 0, p.stderr[-2000:])
+            r = json.loads(p.stdout.strip().splitlines()[-1])
+            self.assertEqual(r.get("errors"), {}, r)
+            self.assertEqual(set(r["seconds"]), {"onnx_export", "ort_quantize_dynamic",
+                                                 "openvino_ir", "nncf_quantize"}, r)
+            self.assertTrue(os.path.getsize(os.path.join(out, "vit_b_16.onnx")) > 300e6)
+
+
 if __name__ == "__main__":
     unittest.main()
