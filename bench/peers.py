@@ -279,6 +279,18 @@ def _torch_model(kind, weights, attn="sdpa"):
     return Embed(m).eval()
 
 
+def _step(res, name, f):
+    """One preparation step f of a prepare child: its seconds into
+    res["seconds"], or why it failed into res["errors"] (the engines that
+    need it are then reported as failed, the others still run)."""
+    t0 = time.perf_counter()
+    try:
+        f()
+        res["seconds"][name] = time.perf_counter() - t0
+    except Exception as e:  # noqa: BLE001  (reported; the other engines still run)
+        res["errors"][name] = "%s: %s" % (type(e).__name__, str(e)[-300:])
+
+
 def prepare(d, pth, calib, threads, kind="vit"):
     """Child: every file the peers load, under d (pth: the kind's weights,
     a .pth for the ViT, the Hub directory for the others); one JSON line
@@ -290,12 +302,7 @@ def prepare(d, pth, calib, threads, kind="vit"):
     res = {"status": "ok", "seconds": {}, "errors": {}}
 
     def step(name, f):
-        t0 = time.perf_counter()
-        try:
-            f()
-            res["seconds"][name] = time.perf_counter() - t0
-        except Exception as e:  # noqa: BLE001  (reported; the other engines still run)
-            res["errors"][name] = "%s: %s" % (type(e).__name__, str(e)[-300:])
+        _step(res, name, f)
 
     stem = os.path.join(d, MODELS[kind]["stem"])
     onnx_path = stem + ".onnx"
@@ -699,12 +706,7 @@ def fmnist_prepare(d, st, calib, threads):
     c = _fm_config(st)
 
     def step(name, f):
-        t0 = time.perf_counter()
-        try:
-            f()
-            res["seconds"][name] = time.perf_counter() - t0
-        except Exception as e:  # noqa: BLE001  (reported; the other engines still run)
-            res["errors"][name] = "%s: %s" % (type(e).__name__, str(e)[-300:])
+        _step(res, name, f)
 
     def export_onnx():
         m = _fm_torch(st)
