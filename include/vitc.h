@@ -852,12 +852,16 @@ VITC_API vitc_status vitc_vit_preprocess(const vitc_vit *m, const vitc_image *im
 VITC_API vitc_status vitc_vit_set_precision(vitc_vit *m, vitc_precision p);
 VITC_API vitc_precision vitc_vit_get_precision(const vitc_vit *m);
 /* The arithmetic of the attention's two products, q k^T and P v, in an
- * inference forward, set apart from the weight GEMMs' precision: FP32
- * (default) or BF16 (q, k, P and v rounded to bfloat16, nearest even, with
- * fp32 sums: vdpbf16ps, or the portable reference giving the same
- * numbers); the mask and the softmax stay fp32. INT8 is refused
- * (VITC_ERR_INVALID_ARG). Training forwards always run fp32 attention. */
+ * inference forward: FP32 or BF16 (q, k, P and v rounded to bfloat16,
+ * nearest even, with fp32 sums: vdpbf16ps, or the portable reference giving
+ * the same numbers); the mask and the softmax stay fp32. INT8 is refused
+ * (VITC_ERR_INVALID_ARG). Until set, it follows the weights' precision
+ * (the default): FP32 with FP32 weights, BF16 with BF16 or INT8 weights,
+ * as torch.autocast runs attention in bf16; _auto returns to that default.
+ * The getter says which one a forward runs now. Training forwards always
+ * run fp32 attention. */
 VITC_API vitc_status vitc_vit_set_attention_precision(vitc_vit *m, vitc_precision p);
+VITC_API vitc_status vitc_vit_set_attention_precision_auto(vitc_vit *m);
 VITC_API vitc_precision vitc_vit_get_attention_precision(const vitc_vit *m);
 /* "fp32", "bf16", "int8" (NULL for other values) and back (-1 if unknown). */
 VITC_API const char *vitc_precision_name(vitc_precision p);

@@ -266,6 +266,7 @@ void cli_progress_clear(cli_progress *p) {
 }
 
 int cli_attention_precision(const char *name) {
+    if (name && !strcmp(name, "auto")) return CLI_ATTN_AUTO;
     int p = vitc_precision_parse(name);
     return p == VITC_PRECISION_FP32 || p == VITC_PRECISION_BF16 ? p : -1;
 }
@@ -274,9 +275,10 @@ int cli_set_precision(const char *cmd, vitc_vit *m, const char *name, const char
     if (attn) {
         int a = cli_attention_precision(attn);
         if (a < 0)
-            return cli_usage_error(cmd, "--attention-precision must be fp32 or bf16, not \"%s\"",
+            return cli_usage_error(cmd, "--attention-precision must be auto, fp32 or bf16, not \"%s\"",
                                    attn);
-        if (vitc_vit_set_attention_precision(m, (vitc_precision)a) != VITC_OK)
+        if ((a == CLI_ATTN_AUTO ? vitc_vit_set_attention_precision_auto(m)
+                                : vitc_vit_set_attention_precision(m, (vitc_precision)a)) != VITC_OK)
             return cli_lib_error("--attention-precision");
     }
     int p, rc = cli_parse_precision(cmd, name, &p);

@@ -57,7 +57,8 @@ void cli_progress_start(cli_progress *p, const char *what, int64_t total, int qu
 void cli_progress_update(cli_progress *p, int64_t done);
 /* Clear the terminal's progress line, before other output and at the end. */
 void cli_progress_clear(cli_progress *p);
-/* --precision NAME and --attention-precision ATTN (NULL: leave fp32) on m:
+/* --precision NAME and --attention-precision ATTN (NULL: leave it to follow
+ * the weights' precision) on m:
  * CLI_USAGE for an unknown name (cmd names the command), CLI_FAIL when
  * packing fails. */
 int cli_set_precision(const char *cmd, vitc_vit *m, const char *name, const char *attn);
@@ -67,14 +68,17 @@ int cli_parse_precision(const char *cmd, const char *name, int *p);
 /* vitc_vit_load, or vitc_vit_load_precision when precision >= 0 (the
  * weights packed while read: the load's peak is the converted model's). */
 vitc_status cli_load_vit(const char *path, const char *arch, int precision, vitc_vit **m);
-/* The attention's precision by name: VITC_PRECISION_FP32 / _BF16, or -1. */
+/* The attention's precision by name: VITC_PRECISION_FP32 / _BF16,
+ * CLI_ATTN_AUTO for "auto" (the weights' precision decides), or -1. */
+#define CLI_ATTN_AUTO 100
 int cli_attention_precision(const char *name);
 #define CLI_PRECISION_HELP \
     "  --precision P    fp32, bf16 or int8 arithmetic of the weight GEMMs\n" \
     "                   (default fp32; vitc --version says which kernels run)\n" \
     "  --attention-precision A\n" \
-    "                   fp32 or bf16 operands of the attention's q k^T and P v\n" \
-    "                   (default fp32; the softmax stays fp32)\n"
+    "                   auto, fp32 or bf16 operands of the attention's q k^T and\n" \
+    "                   P v (default auto: bf16 under --precision bf16 or int8,\n" \
+    "                   else fp32; the softmax stays fp32)\n"
 
 
 /* Untrusted text (labels, metadata, tensor names, paths) shown on a

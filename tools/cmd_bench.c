@@ -239,8 +239,8 @@ static vitc_status bench_run_sdpa(bench_ctx *c) {
 
 /* --precision of the vit_* workloads. */
 static vitc_precision bench_precision = VITC_PRECISION_FP32;
-/* --attention-precision of the vit_* workloads. */
-static vitc_precision bench_attn_precision = VITC_PRECISION_FP32;
+/* --attention-precision of the vit_* workloads (CLI_ATTN_AUTO: the weights'). */
+static int bench_attn_precision = CLI_ATTN_AUTO;
 
 /* Returns -1 (skip, note set) when no checkpoint was given. The vit_*
  * workloads run the classifier at the model's image size; the Hub rows
@@ -270,12 +270,14 @@ static int bench_setup_vit(const bench_workload *w, bench_ctx *c, const char *mo
             return -1;
         }
     }
-    if (vitc_vit_set_attention_precision(c->vit, bench_attn_precision) != VITC_OK)
+    if (bench_attn_precision != CLI_ATTN_AUTO &&
+        vitc_vit_set_attention_precision(c->vit, (vitc_precision)bench_attn_precision) != VITC_OK)
         return cli_lib_error("--attention-precision");
     g = vitc_vit_get_config(c->vit);
     snprintf(note, note_cap, "%s, %d px, %s%s", vitc_vit_arch_name(c->vit), g->image_size,
              vitc_precision_name(bench_precision),
-             bench_attn_precision == VITC_PRECISION_BF16 ? ", bf16 attention" : "");
+             vitc_vit_get_attention_precision(c->vit) == VITC_PRECISION_BF16 ? ", bf16 attention"
+                                                                             : "");
     c->vit_batch = w->vit_batch;
     c->vit_size = hub ? 224 : g->image_size;
     c->vit_embed = hub;
@@ -484,7 +486,8 @@ static void bench_help(FILE *f) {
             "                (skipped without)\n"
             "  --precision P fp32, bf16 or int8 weight GEMMs in the vit_* workloads (default fp32)\n"
             "  --attention-precision A\n"
-            "                fp32 or bf16 q k^T and P v in the vit_* workloads (default fp32)\n"
+            "                auto, fp32 or bf16 q k^T and P v in the vit_* workloads (default\n"
+            "                auto: bf16 under --precision bf16 or int8, else fp32)\n"
             "  --json        one JSON object on stdout instead of the table\n"
             "  --no-peak     do not measure the peaks (fractions are then absent)\n"
             "  --peak-only   measure the fp32, bf16 and int8 peaks (those this CPU has; AMX\n"
@@ -605,9 +608,9 @@ int cmd_bench(int argc, char **argv) {
     if (attn_precision) {
         int pr = cli_attention_precision(attn_precision);
         if (pr < 0)
-            return cli_usage_error("bench", "--attention-precision must be fp32 or bf16, not \"%s\"",
+            return cli_usage_error("bench", "--attention-precision must be auto, fp32 or bf16, not \"%s\"",
                                    attn_precision);
-        bench_attn_precision = (vitc_precision)pr;
+        bench_attn_precision = pr;
     }
     if (only) { /* every name must be known: a typo silently benchmarking nothing helps nobody */
         const char *p = only;

@@ -205,6 +205,7 @@ _SIGNATURES = {
     "vitc_vit_set_precision": (_st, [_vp, _int]),
     "vitc_vit_get_precision": (_int, [_vp]),
     "vitc_vit_set_attention_precision": (_st, [_vp, _int]),
+    "vitc_vit_set_attention_precision_auto": (_st, [_vp]),
     "vitc_vit_get_attention_precision": (_int, [_vp]),
     "vitc_precision_parse": (_int, [_cs]),
     "vitc_get_precision_paths": (_cs, []),

@@ -125,12 +125,13 @@ class VisionTransformer:
         self._labels = names
 
     @classmethod
-    def from_safetensors(cls, path, arch=None, precision="fp32", attention_precision="fp32"):
+    def from_safetensors(cls, path, arch=None, precision="fp32", attention_precision="auto"):
         """Load a checkpoint; the architecture comes from its vitc.config
         metadata, else `arch` ("vit_b_16", "vit_base_patch16_224", ...),
         else the tensors' names and shapes. precision: "fp32", "bf16" or
         "int8" arithmetic of the weight GEMMs (see `precision`);
-        attention_precision: "fp32" or "bf16" (see `attention_precision`)."""
+        attention_precision: "auto", "fp32" or "bf16" (see
+        `attention_precision`)."""
         m = cls(_handle=_load(path, arch, precision))
         m.attention_precision = attention_precision
         return m
@@ -156,17 +157,24 @@ class VisionTransformer:
     @property
     def attention_precision(self):
         """"fp32" or "bf16": the operands of the attention's q k^T and P v in
-        eval mode (bf16: rounded to nearest even, fp32 sums, the softmax in
-        fp32), set apart from `precision`. Training forwards run fp32."""
+        eval mode now (bf16: rounded to nearest even, fp32 sums, the softmax
+        in fp32). Set it to "fp32" or "bf16" to fix it apart from
+        `precision`, or to "auto" (the default) to let it follow `precision`:
+        bf16 under bf16 or int8 weights, as torch.autocast runs attention,
+        else fp32. Training forwards run fp32."""
         return self._PRECISIONS[lib.vitc_vit_get_attention_precision(self._h)]
 
     @attention_precision.setter
     def attention_precision(self, name):
-        p = lib.vitc_precision_parse(str_arg(name, "attention_precision"))
-        if p not in (0, 1):
-            raise ValueError("attention_precision must be 'fp32' or 'bf16', got %r" % (name,))
+        arg = str_arg(name, "attention_precision")
+        auto = arg == b"auto"
+        p = -1 if auto else lib.vitc_precision_parse(arg)
+        if p not in (0, 1) and not auto:
+            raise ValueError("attention_precision must be 'auto', 'fp32' or 'bf16', got %r"
+                             % (name,))
         with self._lock:
-            check(lib.vitc_vit_set_attention_precision(self._h, p))
+            check(lib.vitc_vit_set_attention_precision_auto(self._h) if p < 0
+                  else lib.vitc_vit_set_attention_precision(self._h, p))
 
     @staticmethod
     def precision_paths():
@@ -726,7 +734,7 @@ class Model(VisionTransformer):
         return out
 
 
-def load_model(path, arch=None, precision="fp32", attention_precision="fp32"):
+def load_model(path, arch=None, precision="fp32", attention_precision="auto"):
     """A model from a safetensors file (torchvision/timm names) or a Hugging
     Face Hub directory (config.json + model.safetensors or a sharded index),
     or a Hub .safetensors with config.json beside it. precision and

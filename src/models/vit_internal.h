@@ -232,7 +232,10 @@ struct vitc_vit {
      * step); a session only reads them. Training forwards use the row-major
      * parameters. */
     vitc_precision precision;
-    vitc_precision attn_precision; /* FP32 or BF16: the attention's q k^T and P v */
+    /* FP32 or BF16: the attention's q k^T and P v, when attn_precision_set;
+     * else vitc_vit_get_attention_precision's default (the weights'). */
+    vitc_precision attn_precision;
+    int attn_precision_set;
     vitc__pweight *pw;          /* [depth * VIT_PW_COUNT] or NULL */
     vitc__pweight pconv, phead; /* patch embedding and head: fp32 panels always */
     uint64_t wversion, pversion;

@@ -275,10 +275,24 @@ class TestPrecision(TmpDirCase):
         m.attention_precision = "fp32"
         np.testing.assert_array_equal(m(self.photos), self.ref["photos"])
         both = vitc.load_model(self.st, precision="int8", attention_precision="bf16")
-        int8 = vitc.VisionTransformer.from_safetensors(self.st, precision="int8")
+        int8 = vitc.VisionTransformer.from_safetensors(self.st, precision="int8",
+                                                       attention_precision="fp32")
         a, b = both(self.photos), int8(self.photos)
         self.assertGreater(np.abs(a - b).max(), 0.0)
         self.assertLess(stats(a, self.ref["photos"])[0], TOL["int8"][0])
+        # "auto" (the default) follows the weights: bf16 under bf16 / int8,
+        # fp32 under fp32; a value set stays through precision changes.
+        auto = vitc.VisionTransformer.from_safetensors(self.st, precision="int8")
+        self.assertEqual(auto.attention_precision, "bf16")
+        np.testing.assert_array_equal(auto(self.photos), a)
+        auto.precision = "fp32"  # (the weights stay int8's values)
+        self.assertEqual(auto.attention_precision, "fp32")
+        auto.precision = "bf16"
+        self.assertEqual(auto.attention_precision, "bf16")
+        int8.precision = "bf16"
+        self.assertEqual(int8.attention_precision, "fp32")
+        int8.attention_precision = "auto"
+        self.assertEqual(int8.attention_precision, "bf16")
         for bad in ("int8", "fp16"):
             with self.assertRaises(ValueError):
                 m.attention_precision = bad
@@ -298,7 +312,16 @@ class TestPrecision(TmpDirCase):
                                 "--attention-precision", "int8", photo],
                                capture_output=True, text=True)
             self.assertEqual(p.returncode, 2)
-            self.assertIn("--attention-precision must be fp32 or bf16", p.stderr)
+            self.assertIn("--attention-precision must be auto, fp32 or bf16", p.stderr)
+            p = subprocess.run([vitc_bin, "classify", "--model", self.st, "--topk", "1",
+                                "--precision", "bf16", "--json", "--quiet", photo],
+                               capture_output=True, text=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            bf16_auto = json.loads(p.stdout)["topk"][0]["logit"]
+            p = subprocess.run([vitc_bin, "classify", "--model", self.st, "--topk", "1",
+                                "--precision", "bf16", "--attention-precision", "bf16", "--json",
+                                "--quiet", photo], capture_output=True, text=True)
+            self.assertEqual(bf16_auto, json.loads(p.stdout)["topk"][0]["logit"])
 
     def test_bad_precision(self):
         m = vitc.VisionTransformer.from_safetensors(self.st)
