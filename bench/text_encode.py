@@ -15,10 +15,12 @@ JSON on stdout and a markdown row (appended to --out when given). The
 features of the three engines are compared too (max|d| / max|ref|).
 """
 import argparse
+import atexit
 import gzip
 import json
 import os
 import platform
+import shutil
 import statistics
 import sys
 import tempfile
@@ -104,6 +106,7 @@ def main():
     vitc.set_num_threads(a.threads)
     torch.manual_seed(0)
     tmp = tempfile.mkdtemp(prefix="vitc_text_bench_")
+    atexit.register(shutil.rmtree, tmp, True)  # the checkpoint and ONNX file: ~0.5 GB a run
     tok = clip_tokenizer()
     texts = prompts(a.prompts)
     # Each batch padded to its longest prompt (padding=True), as a

@@ -80,6 +80,16 @@ if [ ! -x "$VENV/bin/python" ]; then
         "$PY" -m venv "$VENV" || die "could not make a virtual environment in $VENV with $PY"
     fi
 fi
+# About 6.5 GB once installed (torch's CUDA build pulls ~3 GB of nvidia
+# libraries): a full disk would stop pip half-way with "No space left".
+need_kb=$((8 * 1024 * 1024))
+free_kb=$(df -Pk "$VENV" 2>/dev/null | awk 'NR == 2 { print $4 }')
+if [ -n "$free_kb" ] && [ "$free_kb" -lt "$need_kb" ]; then
+    die "the Python environment needs about 8 GB free on the disk of $VENV, which has" \
+        "$((free_kb / 1024)) MB: free some space (old build or temporary folders) or set" \
+        "VITC_VENV to a folder on another disk, then rerun make deps. The C tests need none" \
+        "of it: make test-c."
+fi
 echo "install-deps: installing requirements-dev.txt into $VENV (torch, transformers, timm," \
      "open_clip, ONNX Runtime, OpenVINO; several GB, a few minutes)" >&2
 # torch 2.14.1 + torchvision 0.29.1 come from this machine's disk (pip's
@@ -87,7 +97,7 @@ echo "install-deps: installing requirements-dev.txt into $VENV (torch, transform
 t0=$(date +%s)
 # pip's log is kept in the venv and shown on failure, less the local
 # mirror's "Location ... is ignored" lines, one per package.
-if ! "$VENV/bin/pip" install --disable-pip-version-check -q -r "$REQ" > "$VENV/.pip.log" 2>&1; then
+if ! "$VENV/bin/pip" install --disable-pip-version-check --no-cache-dir -q -r "$REQ" > "$VENV/.pip.log" 2>&1; then
     grep -v "is ignored: it is neither a file nor a directory" "$VENV/.pip.log" >&2 || true
     die "pip could not install every package of requirements-dev.txt (its message is above: a" \
         "package or version missing from the index, or no network). The C tests need none of" \

@@ -63,7 +63,9 @@ def compare(got, ref):
     return {"rel": rel, "top1": top1, "top5": top5}
 
 
-ATTENTION = "fp32"  # --attention-precision: the bf16 / int8 models' attention (fp32 stays fp32)
+# --attention-precision: the bf16 / int8 models' attention; "auto", the
+# library's default, is bf16 there (the fp32 model keeps fp32 always)
+ATTENTION = "auto"
 
 
 def logits_by_precision(path, x, batch, precisions=PRECISIONS):
@@ -200,8 +202,9 @@ def main():
     ap.add_argument("--workdir", default=os.path.join(ROOT, "build", "precision-accuracy"),
                     help="where the ViT-B/16 file is kept")
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--attention-precision", default="fp32", choices=("fp32", "bf16"),
-                    help="the attention of the bf16 and int8 models (the fp32 one keeps fp32)")
+    ap.add_argument("--attention-precision", default="auto", choices=("auto", "fp32", "bf16"),
+                    help="the attention of the bf16 and int8 models (the fp32 one keeps fp32; "
+                         "default auto: the library's, bf16 there)")
     a = ap.parse_args()
     global ATTENTION
     ATTENTION = a.attention_precision
