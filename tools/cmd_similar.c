@@ -323,7 +323,8 @@ static int similar_index(const similar_opts *o) {
     /* a query at another precision would rank against embeddings it is not
      * comparable with bit for bit: the index's settings, or a refusal */
     if ((o->precision && strcmp(o->precision, prec)) ||
-        (o->attn_precision && strcmp(o->attn_precision, attn))) {
+        (o->attn_precision && strcmp(o->attn_precision, "auto") &&
+         strcmp(o->attn_precision, attn))) { /* auto: the index's, as without the option */
         rc = cli_error("--index %s was embedded at --precision %s --attention-precision %s; "
                        "drop the option or rebuild the index", o->index, prec, attn);
         goto done;
