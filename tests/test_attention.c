@@ -290,6 +290,10 @@ static void test_cross_and_dv(void **state) {
         {1, 3, 257, 31, 40, 80, SEPARATE, 1, NO_MASK, 0},
         {3, 1, 33, 1023, 80, 40, SEPARATE, 1, NO_MASK, 0},
         {1, 1, 300, 300, 512, 512, SEPARATE, 1, NO_MASK, 0}, /* SD VAE: d = 512 */
+        /* Dv >= 256 packs V in column panels: a last row group under 12
+         * rows, a part key block, Dv != D, an odd panel count */
+        {1, 1, 301, 529, 256, 256, SEPARATE, 1, NO_MASK, 0},
+        {2, 2, 37, 300, 64, 288, SEPARATE, 1, NO_MASK, 0},
         {2, 2, 5, 7, 1, 3, SEPARATE, 1, NO_MASK, 0},
         {1, 1, 9, 300, 24, 8, SEPARATE, 1, NO_MASK, 0},
     };
@@ -304,6 +308,7 @@ static void test_fused_qkv(void **state) {
         {3, 12, 17, 17, 40, 40, FUSED_QKV, 1, NO_MASK, 0},
         {3, 1, 257, 257, 80, 80, FUSED_QKV, 1, NO_MASK, 0},
         {1, 4, 513, 513, 8, 8, FUSED_QKV, 1, NO_MASK, 0},
+        {1, 1, 290, 290, 256, 256, FUSED_QKV, 1, NO_MASK, 0}, /* V panels from qkv rows */
     };
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) run_case(&cs[i], TOL);
     print_worst("fused qkv layout");
@@ -319,6 +324,7 @@ static void test_masks(void **state) {
         {1, 2, 40, 700, 16, 24, SEPARATE, 1, MASK_INF, 0},    /* -inf across key blocks */
         {2, 3, 50, 257, 64, 64, SEPARATE, 1, MASK_UNDERFLOW, 0},
         {1, 1, 197, 197, 8, 8, SEPARATE, 1, MASK_UNDERFLOW, 0},
+        {1, 2, 40, 700, 32, 256, SEPARATE, 1, MASK_INF, 0},   /* V panels, -inf rows */
     };
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) run_case(&cs[i], TOL);
     print_worst("masks");
@@ -332,6 +338,7 @@ static void test_probs(void **state) {
         {3, 12, 33, 33, 64, 64, SEPARATE, 1, MASK_INF, 1},
         {1, 2, 40, 700, 16, 24, SEPARATE, 1, MASK_INF, 1},
         {2, 1, 100, 600, 8, 8, SEPARATE, 100, NO_MASK, 1},
+        {1, 1, 61, 300, 256, 256, SEPARATE, 1, MASK_KEYPAD, 1}, /* V panels */
     };
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) run_case(&cs[i], TOL);
     print_worst("probs output");

@@ -46,7 +46,8 @@ typedef struct vitc__attn_ws {
     float *arow; /* [Br] per-block rescale factor */
     float *orow; /* [Br] the output's 1/l (NaN for a row without a finite score) */
     float *kt;   /* [kv_cols / NR][D][NR] K transposed in NR-column panels */
-    float *vp;   /* [kv_cols, Dvp] V rows, zero padded */
+    float *vp;   /* [kv_cols, Dvp] V rows, zero padded; with Dv >= 256 on a whole-head
+                    plan [Dv / panel][kv_cols][panel] column panels (attention_tmpl.h) */
     /* Which head's K/V kt/vp hold (whole_head plans): gen 0 = nothing. */
     uint64_t kv_gen;
     int64_t kv_b, kv_h, kv_done; /* kv_done: key blocks packed so far */

@@ -499,6 +499,104 @@ static void att_scores(const float *qp, int64_t D, int64_t nr, const float *kt, 
     }
 }
 
+/* Large Dv: V packed once per head into column panels of ATT_PW,
+ * [Dv / ATT_PW][kv_cols][ATT_PW], the layout of K^T's panels, and P V run
+ * by the S microkernel's MR_S x 2-vector tile. The 6 x 4-vector tile
+ * streams twice the V bytes per FMA out of L2 (a 256-key block of 512
+ * channels is 512 KB), and the V rows' chunks lie a row stride apart,
+ * which the L1 sets and prefetcher take badly. */
+#define ATT_VPAN(pl)                                                                  \
+    (VW >= 8 && (pl)->whole_head && (pl)->d->Dv >= 256 && (pl)->d->Dv % ATT_PW == 0 && \
+     (pl)->d->Dv == (pl)->Dvp)
+
+/* Keys [j0, j0+n) of head (b, h)'s V into the panels at vp (already offset
+ * to key j0; panel stride ldp keys). */
+static void att_pack_vpan(const vitc__sdpa_desc *d, int64_t b, int64_t h, int64_t j0, int64_t n,
+                          float *vp, int64_t ldp) {
+    const float *v = d->v + b * d->v_sb + h * d->v_sh + j0 * d->v_sr; /* [n, Dv] */
+    for (int64_t j = 0; j < n; j++)
+        for (int64_t c = 0; c < d->Dv; c += ATT_PW) {
+            float *dst = vp + (c / ATT_PW) * ldp * ATT_PW + j * ATT_PW; /* [ATT_PW] */
+            v_store(dst, v_loadu(v + j * d->v_sr + c));
+            v_store(dst + VW, v_loadu(v + j * d->v_sr + c + VW));
+        }
+}
+
+/* o[r][0:2VW] = (init ? 0 : o[r] alpha[r]) + sum_j p[r][j] vt[j][0:2VW],
+ * r < mr <= MR_S, from one V panel; with fo, times osc[r] to fo instead
+ * (as att_pv_kernel). */
+static inline __attribute__((always_inline)) void att_pvp_kernel(int mr, int init, int64_t nkv,
+                                                                 const float *p, /* [mr, ldp] */
+                                                                 int64_t ldp,
+                                                                 const float *vt, /* [nkv, ATT_PW] */
+                                                                 float *o, /* [mr, ldo] */
+                                                                 int64_t ldo, const float *alpha,
+                                                                 float *fo, /* [mr, ldfo] or NULL */
+                                                                 int64_t ldfo, const float *osc) {
+    VT a0[MR_S], a1[MR_S];
+    ATT_UNROLL
+    for (int r = 0; r < MR_S; r++)
+        if (r < mr) {
+            VT a = v_set1(init ? 0.0f : alpha[r]);
+            a0[r] = init ? v_zero() : v_mul(v_load(o + r * ldo), a);
+            a1[r] = init ? v_zero() : v_mul(v_load(o + r * ldo + VW), a);
+        }
+    for (int64_t j = 0; j < nkv; j++) {
+        VT b0 = v_load(vt + j * ATT_PW), b1 = v_load(vt + j * ATT_PW + VW);
+        ATT_UNROLL
+        for (int r = 0; r < MR_S; r++)
+            if (r < mr) {
+                VT x = v_set1(p[r * ldp + j]);
+                a0[r] = v_fma(x, b0, a0[r]);
+                a1[r] = v_fma(x, b1, a1[r]);
+            }
+    }
+    ATT_UNROLL
+    for (int r = 0; r < MR_S; r++)
+        if (r < mr) {
+            if (fo) {
+                VT sc = v_set1(osc[r]);
+                v_storeu(fo + r * ldfo, v_mul(a0[r], sc));
+                v_storeu(fo + r * ldfo + VW, v_mul(a1[r], sc));
+            } else {
+                v_store(o + r * ldo, a0[r]);
+                v_store(o + r * ldo + VW, a1[r]);
+            }
+        }
+}
+
+static void att_pvp_rows(int mr, int init, int64_t nkv, const float *p, int64_t ldp,
+                         const float *vt, float *o, int64_t ldo, const float *alpha, float *fo,
+                         int64_t ldfo, const float *osc) {
+    switch (mr) {
+#define ATT_PVP_CASE(n)                                                                       \
+    case n:                                                                                   \
+        if (init) att_pvp_kernel(n, 1, nkv, p, ldp, vt, o, ldo, alpha, fo, ldfo, osc);        \
+        else att_pvp_kernel(n, 0, nkv, p, ldp, vt, o, ldo, alpha, fo, ldfo, osc);             \
+        break;
+        ATT_MRS_CASES(ATT_PVP_CASE)
+#undef ATT_PVP_CASE
+    default: break;
+    }
+}
+
+/* att_pv on V panels (ATT_VPAN): vp at the key block's first key, panel
+ * stride ldk keys. */
+static void att_pv_pan(int64_t nr, int64_t nkv, const float *p, /* [nr, Bcp] */
+                       const float *vp, int64_t ldk, int64_t Dv, int64_t Bcp,
+                       float *ot, /* [nr, Dvp] */
+                       int64_t Dvp, int init, const float *alpha, /* [nr] */
+                       float *fo, int64_t ldfo, const float *osc /* [nr] */) {
+    for (int64_t c0 = 0; c0 < Dv; c0 += ATT_PW) {
+        const float *vt = vp + c0 * ldk; /* [nkv, ATT_PW] */
+        for (int64_t r = 0; r < nr; r += MR_S) {
+            int mr = nr - r < MR_S ? (int)(nr - r) : MR_S;
+            att_pvp_rows(mr, init, nkv, p + r * Bcp, Bcp, vt, ot + r * Dvp + c0, Dvp, alpha + r,
+                         fo ? fo + r * ldfo + c0 : NULL, ldfo, osc + r);
+        }
+    }
+}
+
 /* O[:, 0:ncols] (+)= P V; ncols is a multiple of VW: Dv when V is read in
  * place, else the padded Dvp. fo: the final block's output rows (see
  * att_pv_kernel), ncols == Dv. */
@@ -561,6 +659,7 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
 #else
     const int small = 0;
 #endif
+    const int vpan = ATT_VPAN(pl) && !small;
     float *obase = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr; /* [nr, Dv] */
     /* Whole vectors of output: the last key block's P V writes it (att_pv_kernel). */
     const int fuse_out = v_inplace && !small;
@@ -581,8 +680,10 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
                 kt = ws->kt + j0 * D;
                 vp = v_inplace ? NULL : ws->vp + j0 * Dvp;
                 if (small) vp = ws->vp + j0;
+                if (vpan) vp = ws->vp + j0 * ATT_PW;
                 if (kb >= ws->kv_done) { /* this and the head's later query rows come next */
-                    att_pack_kv(d, Dvp, b, h, j0, nkv, kt, small ? NULL : vp, l0, d->L);
+                    att_pack_kv(d, Dvp, b, h, j0, nkv, kt, small || vpan ? NULL : vp, l0, d->L);
+                    if (vpan) att_pack_vpan(d, b, h, j0, nkv, vp, pl->kv_cols);
 #if ATT_SMALL_DV > 0
                     if (small) att_pack_vt(d, b, h, j0, nkv, vp, pl->kv_cols);
 #endif
@@ -677,7 +778,11 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
                     if (fuse_out && last)
                         ws->orow[r] = m[r] == -INFINITY ? (d->probs ? NAN : 0.0f) : d->probs ? 1.0f : 1.0f / l[r];
                 }
-                if (pass == 1 && !small)
+                if (pass == 1 && vpan)
+                    att_pv_pan(ng, nkv, st, vp, pl->kv_cols, Dv, Bcp, ws->ot + g0 * Dvp, Dvp, kb == 0,
+                               alpha + g0, fuse_out && last ? obase + g0 * d->o_sr : NULL, d->o_sr,
+                               ws->orow + g0);
+                else if (pass == 1 && !small)
                     att_pv(ng, nkv, st, vsrc, ldv, v_inplace ? Dv : Dvp, Bcp, ws->ot + g0 * Dvp, Dvp,
                            kb == 0, alpha + g0, fuse_out && last ? obase + g0 * d->o_sr : NULL,
                            d->o_sr, ws->orow + g0);
@@ -704,3 +809,4 @@ void ATT_FN(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t b, int64_t h, 
 
 #undef NR
 #undef ATT_RG
+#undef ATT_VPAN

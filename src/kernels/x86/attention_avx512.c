@@ -1,6 +1,7 @@
 /* attention_avx512.c — the tiled attention kernels on AVX-512 (16 lanes):
  * S microkernel 12 rows x 32 keys (24 zmm accumulators), P V microkernel
- * 6 rows x 64 channels (24 accumulators). Compiled with -mavx512f etc.;
+ * 6 rows x 64 channels (24 accumulators), or 12 rows x 32 on V packed in
+ * panels when Dv >= 256. Compiled with -mavx512f etc.;
  * only called after cpuid said yes. The caller has set FTZ/DAZ, which the
  * exponential relies on to return exactly 0 below 2^-126. */
 #include "../attention_impl.h"
