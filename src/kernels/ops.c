@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "ops_layers.h"
 #include "ops_simd.h"
 
 void vitc__softmax_rows_ref(float *x, int64_t rows, int64_t n, float inv_temperature) {
@@ -307,33 +308,6 @@ static void vitc__gn_apply(void *c, int64_t r0, int64_t r1, int tid) {
     }
 }
 
-/* Tokens [B, HW, C] of the normalised image: 16 tokens x 16 channels per
- * block through L1 (as vitc__channels_to_tokens), the affine applied on the
- * way, so the normalised [B, C, HW] image is never written. */
-static void vitc__gn_apply_tokens(void *c, int64_t r0, int64_t r1, int tid) {
-    const vitc__gn_ctx *k = c;
-    const int64_t C = k->C, HW = k->HW, ct = (HW + 15) / 16;
-    float blk[16][16]; // [token, channel]
-    (void)tid;
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t bi = r / ct, i0 = (r % ct) * 16, ii = HW - i0 < 16 ? HW - i0 : 16;
-        for (int64_t c0 = 0; c0 < C; c0 += 16) {
-            int64_t cc = C - c0 < 16 ? C - c0 : 16;
-            for (int64_t j = 0; j < cc; j++) {
-                int64_t row = bi * C + c0 + j, grp = row / k->cg;
-                float mean = k->stat[2 * grp], sc = k->stat[2 * grp + 1] * k->w[c0 + j];
-                float sh = k->b[c0 + j];
-                const float *xr = k->x + row * HW + i0;
-                for (int64_t i = 0; i < ii; i++) blk[i][j] = (xr[i] - mean) * sc + sh;
-            }
-            for (int64_t i = 0; i < ii; i++) {
-                float *restrict yr = k->y + (bi * HW + i0 + i) * C + c0;
-                for (int64_t j = 0; j < cc; j++) yr[j] = blk[i][j];
-            }
-        }
-    }
-}
-
 static int vitc__groupnorm_run(float *y, const float *x, const float *w, const float *b,
                                int64_t B, int64_t C, int64_t HW, int64_t G, float eps,
                                int tokens) {
@@ -375,12 +349,9 @@ static int vitc__groupnorm_run(float *y, const float *x, const float *w, const f
         }
     }
     k.stat = stat;
-    if (tokens) {
-        int64_t tiles = B * ((HW + 15) / 16);
-        if (par && tiles > 1)
-            vitc__parallel_range(tiles, vitc__gn_apply_tokens, &k);
-        else
-            vitc__gn_apply_tokens(&k, 0, tiles, 0);
+    if (tokens) { /* the normalised [B, C, HW] image is never written */
+        const vitc__c2t_norm gn = {stat, w, b, cg};
+        vitc__channels_to_tokens_norm(y, x, B, C, HW, &gn, par);
     } else if (par && rows > 1)
         vitc__parallel_range(rows, vitc__gn_apply, &k);
     else

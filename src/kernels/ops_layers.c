@@ -166,6 +166,7 @@ typedef struct c2t_ctx {
     float *y;
     const float *x;
     int64_t C, HW, ct; /* ct: token tiles per image */
+    const vitc__c2t_norm *gn;
 } c2t_ctx;
 
 /* 16 tokens x 16 channels per block through L1, as the epilogue above. */
@@ -182,7 +183,15 @@ static void c2t_tiles(void *ctx, int64_t r0, int64_t r1, int tid) {
             int64_t cc = C - c0 < 16 ? C - c0 : 16;
             for (int64_t j = 0; j < cc; j++) {
                 const float *xr = x + (b * C + c0 + j) * HW + i0;
-                for (int64_t i = 0; i < ii; i++) blk[i][j] = xr[i];
+                const vitc__c2t_norm *gn = t->gn;
+                if (!gn) {
+                    for (int64_t i = 0; i < ii; i++) blk[i][j] = xr[i];
+                    continue;
+                }
+                int64_t grp = (b * C + c0 + j) / gn->cg;
+                float mean = gn->stat[2 * grp], sc = gn->stat[2 * grp + 1] * gn->w[c0 + j];
+                float sh = gn->b[c0 + j];
+                for (int64_t i = 0; i < ii; i++) blk[i][j] = (xr[i] - mean) * sc + sh;
             }
             for (int64_t i = 0; i < ii; i++) {
                 float *restrict yr = y + (b * HW + i0 + i) * C + c0;
@@ -192,7 +201,15 @@ static void c2t_tiles(void *ctx, int64_t r0, int64_t r1, int tid) {
     }
 }
 
+void vitc__channels_to_tokens_norm(float *y, const float *x, int64_t B, int64_t C, int64_t HW,
+                                   const vitc__c2t_norm *gn, int par) {
+    c2t_ctx t = {y, x, C, HW, (HW + 15) / 16, gn};
+    if (par && B * t.ct > 1)
+        vitc__parallel_range(B * t.ct, c2t_tiles, &t);
+    else
+        c2t_tiles(&t, 0, B * t.ct, 0);
+}
+
 void vitc__channels_to_tokens(float *y, const float *x, int64_t B, int64_t C, int64_t HW) {
-    c2t_ctx t = {y, x, C, HW, (HW + 15) / 16};
-    vitc__parallel_range(B * t.ct, c2t_tiles, &t);
+    vitc__channels_to_tokens_norm(y, x, B, C, HW, NULL, 1);
 }
