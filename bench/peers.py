@@ -291,6 +291,42 @@ def _step(res, name, f):
         res["errors"][name] = "%s: %s" % (type(e).__name__, str(e)[-300:])
 
 
+def _prepare_steps(res, stem, export_onnx, calibration):
+    """A prepare child's steps, each by _step and after the one it reads:
+    export_onnx() writes stem.onnx; then ONNX Runtime's dynamic int8
+    (stem_int8.onnx), the OpenVINO IR (stem_ov.xml) and its NNCF int8
+    (stem_ov_int8.xml) calibrated on calibration(), a list of inputs."""
+    import logging
+    onnx_path = stem + ".onnx"
+
+    def ort_int8():
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+        logging.getLogger().setLevel(logging.ERROR)  # its "run pre-processing" advice
+        quantize_dynamic(onnx_path, stem + "_int8.onnx",
+                         weight_type=QuantType.QInt8, per_channel=True)
+
+    def ov_ir():
+        import openvino as ov
+        ov.save_model(ov.Core().read_model(onnx_path), stem + "_ov.xml", compress_to_fp16=False)
+
+    def ov_int8():
+        import nncf
+        import openvino as ov
+        nncf.set_log_level(logging.ERROR)
+        m = ov.Core().read_model(stem + "_ov.xml")
+        data = calibration()
+        q = nncf.quantize(m, nncf.Dataset(data), model_type=nncf.ModelType.TRANSFORMER,
+                          subset_size=len(data))
+        ov.save_model(q, stem + "_ov_int8.xml", compress_to_fp16=False)
+
+    _step(res, "onnx_export", export_onnx)
+    if "onnx_export" in res["seconds"]:
+        _step(res, "ort_quantize_dynamic", ort_int8)
+        _step(res, "openvino_ir", ov_ir)
+        if "openvino_ir" in res["seconds"]:
+            _step(res, "nncf_quantize", ov_int8)
+
+
 def prepare(d, pth, calib, threads, kind="vit"):
     """Child: every file the peers load, under d (pth: the kind's weights,
     a .pth for the ViT, the Hub directory for the others); one JSON line
@@ -300,9 +336,6 @@ def prepare(d, pth, calib, threads, kind="vit"):
     import torch
     torch.set_num_threads(threads)
     res = {"status": "ok", "seconds": {}, "errors": {}}
-
-    def step(name, f):
-        _step(res, name, f)
 
     stem = os.path.join(d, MODELS[kind]["stem"])
     onnx_path = stem + ".onnx"
@@ -320,36 +353,7 @@ def prepare(d, pth, calib, threads, kind="vit"):
                               output_names=["y"], dynamic_axes={"x": {0: "b"}, "y": {0: "b"}},
                               opset_version=17, dynamo=False)
 
-    def ort_int8():
-        import logging
-
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-        logging.getLogger().setLevel(logging.ERROR)  # its "run pre-processing" advice
-        quantize_dynamic(onnx_path, stem + "_int8.onnx",
-                         weight_type=QuantType.QInt8, per_channel=True)
-
-    def ov_ir():
-        import openvino as ov
-        ov.save_model(ov.Core().read_model(onnx_path), stem + "_ov.xml", compress_to_fp16=False)
-
-    def ov_int8():
-        import logging
-
-        import nncf
-        import openvino as ov
-        nncf.set_log_level(logging.ERROR)
-        m = ov.Core().read_model(stem + "_ov.xml")
-        data = calibration_inputs(calib, kind=kind)
-        q = nncf.quantize(m, nncf.Dataset(data), model_type=nncf.ModelType.TRANSFORMER,
-                          subset_size=len(data))
-        ov.save_model(q, stem + "_ov_int8.xml", compress_to_fp16=False)
-
-    step("onnx_export", export_onnx)
-    if "onnx_export" in res["seconds"]:
-        step("ort_quantize_dynamic", ort_int8)
-        step("openvino_ir", ov_ir)
-        if "openvino_ir" in res["seconds"]:
-            step("nncf_quantize", ov_int8)
+    _prepare_steps(res, stem, export_onnx, lambda: calibration_inputs(calib, kind=kind))
     res["calibration"] = calib
     res["photos"] = photo_count()
     print(json.dumps(res))
@@ -695,18 +699,15 @@ def fmnist_prepare(d, st, calib, threads):
     """Child: the Fashion-MNIST model's ONNX graph, its ORT dynamic int8,
     its OpenVINO IR and the NNCF int8 IR calibrated on `calib` training
     images (drawn at random, seed 0); prepare()'s JSON line."""
-    import logging
     import warnings
 
     import numpy as np
     import torch
     torch.set_num_threads(threads)
     res = {"status": "ok", "seconds": {}, "errors": {}, "calibration": calib}
-    onnx_path = os.path.join(d, "fmnist.onnx")
+    stem = os.path.join(d, "fmnist")
+    onnx_path = stem + ".onnx"
     c = _fm_config(st)
-
-    def step(name, f):
-        _step(res, name, f)
 
     def export_onnx():
         m = _fm_torch(st)
@@ -719,35 +720,12 @@ def fmnist_prepare(d, st, calib, threads):
                               dynamic_axes={"x": {0: "b"}, "y": {0: "b"}}, opset_version=17,
                               dynamo=False)
 
-    def ort_int8():
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-        logging.getLogger().setLevel(logging.ERROR)
-        quantize_dynamic(onnx_path, os.path.join(d, "fmnist_int8.onnx"),
-                         weight_type=QuantType.QInt8, per_channel=True)
-
-    def ov_ir():
-        import openvino as ov
-        ov.save_model(ov.Core().read_model(onnx_path), os.path.join(d, "fmnist_ov.xml"),
-                      compress_to_fp16=False)
-
-    def ov_int8():
-        import nncf
-        import openvino as ov
-        nncf.set_log_level(logging.ERROR)
+    def calibration():
         x, _ = fashion_images(st, "train")
         pick = np.random.default_rng(0).choice(len(x), size=min(calib, len(x)), replace=False)
-        data = [x[i:i + 1] for i in sorted(pick)]
-        m = ov.Core().read_model(os.path.join(d, "fmnist_ov.xml"))
-        q = nncf.quantize(m, nncf.Dataset(data), model_type=nncf.ModelType.TRANSFORMER,
-                          subset_size=len(data))
-        ov.save_model(q, os.path.join(d, "fmnist_ov_int8.xml"), compress_to_fp16=False)
+        return [x[i:i + 1] for i in sorted(pick)]
 
-    step("onnx_export", export_onnx)
-    if "onnx_export" in res["seconds"]:
-        step("ort_quantize_dynamic", ort_int8)
-        step("openvino_ir", ov_ir)
-        if "openvino_ir" in res["seconds"]:
-            step("nncf_quantize", ov_int8)
+    _prepare_steps(res, stem, export_onnx, calibration)
     print(json.dumps(res))
 
 
