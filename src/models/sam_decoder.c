@@ -647,6 +647,19 @@ static void attend_t2i_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
     vitc__linear(y, C, r->ao, I, a->o.w, a->o.b, res, C, Lq, C, I);
 }
 
+/* The token side of attend_i2t_*: k and v [Lk, I] projected into r->aq,
+ * and each head's values through out_proj, vo [C, H, Lk] (nn.Linear's
+ * [out, in] layout, for the last GEMM). */
+static void i2t_token_side(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *vo,
+                           const float *xk, const float *xv, int64_t Lk) {
+    const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
+    float *k = r->aq, *v = r->aq + Lk * I;
+    vitc__linear(k, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
+    vitc__linear(v, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
+    for (int64_t h = 0; h < H; h++)
+        small_mm(vo + h * Lk, HT, a->o.w + h * dh, I, v + h * dh, I, 1, C, Lk, dh, 1.0f);
+}
+
 /* Image -> token attention with the image side never projected: the
  * query projection is folded into the keys (scores x . (W_q,h^T k_h)^T +
  * b_q,h . k_h, a [C] vector and a bias per (head, token)), the output
@@ -658,16 +671,14 @@ static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
                               const float *xv, int64_t Lk) {
     const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
     const float scale = (float)(1.0 / sqrt((double)dh));
-    float *k = r->aq, *v = r->aq + Lk * I; /* [Lk, I] each */
-    float *kq = r->av;                     /* [H, Lk, C] the folded keys */
-    float *vo = r->av + HT * C;            /* [C, H, Lk] the values through out_proj */
-    float *kb = r->ao;                     /* [H, Lk] the scores' bias */
-    float *S = r->ak;                      /* [Lq, H, Lk] */
-    vitc__linear(k, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
-    vitc__linear(v, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
+    const float *k = r->aq;     /* [Lk, I] */
+    float *kq = r->av;          /* [H, Lk, C] the folded keys */
+    float *vo = r->av + HT * C; /* [C, H, Lk] the values through out_proj */
+    float *kb = r->ao;          /* [H, Lk] the scores' bias */
+    float *S = r->ak;           /* [Lq, H, Lk] */
+    i2t_token_side(d, a, r, vo, xk, xv, Lk);
     for (int64_t h = 0; h < H; h++) {
         small_mm(kq + h * Lk * C, C, k + h * dh, I, a->q.w + h * dh * C, C, 0, Lk, C, dh, scale);
-        small_mm(vo + h * Lk, HT, a->o.w + h * dh, I, v + h * dh, I, 1, C, Lk, dh, 1.0f);
         for (int64_t t = 0; t < Lk; t++) {
             float acc = 0.0f;
             for (int64_t j = 0; j < dh; j++) acc += a->q.b[h * dh + j] * k[t * I + h * dh + j];
@@ -692,15 +703,12 @@ static void attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run
                               const float *xv, int64_t Lk) {
     const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
     const float scale = (float)(1.0 / sqrt((double)dh));
-    float *k = r->aq, *v = r->aq + Lk * I; /* [Lk, I] each */
-    float *vo = r->av;                     /* [C, H, Lk] the values through out_proj */
-    float *S = r->ak;                      /* [Lq, H, Lk] */
-    vitc__linear(k, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
-    vitc__linear(v, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
-    for (int64_t h = 0; h < H; h++) {
-        small_mm(vo + h * Lk, HT, a->o.w + h * dh, I, v + h * dh, I, 1, C, Lk, dh, 1.0f);
+    const float *k = r->aq; /* [Lk, I] */
+    float *vo = r->av;      /* [C, H, Lk] the values through out_proj */
+    float *S = r->ak;       /* [Lq, H, Lk] */
+    i2t_token_side(d, a, r, vo, xk, xv, Lk);
+    for (int64_t h = 0; h < H; h++)
         vitc__gemm(0, 1, Lq, Lk, dh, scale, q + h * dh, I, k + h * dh, I, 0.0f, S + h * Lk, HT);
-    }
     vitc__softmax_rows(S, Lq * H, Lk, 1.0f);
     vitc__linear(y, C, S, HT, vo, a->o.b, res, C, Lq, C, HT);
 }
