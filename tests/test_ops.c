@@ -263,6 +263,60 @@ static void test_softmax(void **state) {
     vitc_set_num_threads(0);
 }
 
+/* The bf16 attention's unnormalised softmax (softmax_rows_exp2) on every
+ * path: 2^(x s - max) times the returned 1 / sum against float64's
+ * 2^(x s - max) / sum, the scale s as the attention passes it (a
+ * temperature times log2 e); a row with every key masked gives NaN. */
+static void test_softmax_exp2(void **state) {
+    (void)state;
+    const int64_t ns[] = {1, 5, 16, 17, 197, 257, 1370};
+    const float temps[] = {0.125f, 1.0f, 0.04419417f};
+    for (int a = 0; a < TU_NARCH; a++) {
+        if (vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
+        void (*f)(float *, int64_t, int64_t, float, float *) = vitc__kern()->softmax_rows_exp2;
+        for (size_t in = 0; in < sizeof ns / sizeof *ns; in++)
+            for (size_t it = 0; it < 3; it++) {
+                const int64_t n = ns[in], rows = 12;
+                const float s = temps[it] * 1.44269504088896341f;
+                float *x = malloc((size_t)(rows * n) * sizeof(float));
+                float *y = malloc((size_t)(rows * n) * sizeof(float));
+                float inv[12];
+                for (int64_t i = 0; i < rows * n; i++) x[i] = (float)(nrand() * (i % 3 ? 8.0 : 80.0));
+                x[3 * n + n / 2] = -INFINITY; /* a masked key */
+                memcpy(y, x, (size_t)(rows * n) * sizeof(float));
+                f(y, rows, n, s, inv);
+                for (int64_t r = 0; r < rows; r++) {
+                    const float *xr = x + r * n;
+                    float mx = -INFINITY;
+                    for (int64_t j = 0; j < n; j++)
+                        if (xr[j] * s > mx) mx = xr[j] * s;
+                    double sum = 0.0;
+                    for (int64_t j = 0; j < n; j++) sum += exp2((double)xr[j] * s - mx);
+                    for (int64_t j = 0; j < n; j++) {
+                        double want = exp2((double)xr[j] * s - mx) / sum;
+                        double got = (double)y[r * n + j] * inv[r];
+                        if (n == 1 && r == 3) { /* its only key masked */
+                            assert_true(isnan(got));
+                            continue;
+                        }
+                        if (!(fabs(got - want) <= 2e-6 * want + 1e-6 / (double)n + 1e-38)) {
+                            fprintf(stderr, "%s n=%lld row %lld [%lld] = %.9g want %.9g\n",
+                                    tu_arch(a), (long long)n, (long long)r, (long long)j, got,
+                                    want);
+                            fail();
+                        }
+                    }
+                }
+                free(x), free(y);
+            }
+        float allm[19], one = 0.0f;
+        for (int j = 0; j < 19; j++) allm[j] = -INFINITY;
+        f(allm, 1, 19, 1.0f, &one);
+        assert_true(isnan(one) || isnan(allm[0]));
+    }
+    vitc_set_arch(NULL);
+}
+
 /* Mean and 1/sqrt(biased variance + eps) of x[0..n), in float64: the
  * normalisation LayerNorm and GroupNorm apply. */
 static void moments64(const float *x, int64_t n, double eps, double *mean, double *rstd) {
@@ -371,6 +425,7 @@ int main(void) {
         cmocka_unit_test(test_tanh_gelu),
         cmocka_unit_test(test_scale_add),
         cmocka_unit_test(test_softmax),
+        cmocka_unit_test(test_softmax_exp2),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_groupnorm),
     };

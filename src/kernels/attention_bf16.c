@@ -3,8 +3,8 @@
  * bfloat16 operands (issue 11): S = scale bf16(q) bf16(k)^T and O =
  * bf16(P) bf16(v), each through the bf16 GEMM microkernel of gemm_lp.h
  * (vdpbf16ps with fp32 sums, or its portable reference: the same bits);
- * the mask, the softmax (max, exp, sum, normalisation) in fp32 between
- * them, by the arch's softmax_rows. Chosen by vitc__sdpa_desc.bf16, in
+ * the mask, the softmax (max, exp, sum) in fp32 between them, by the
+ * arch's softmax_rows_exp2, its normalisation fused into P's rounding. Chosen by vitc__sdpa_desc.bf16, in
  * inference only (no log-sum-exp for a backward).
  *
  * Unlike the fp32 kernel (attention_tmpl.h, online softmax over key
@@ -40,7 +40,7 @@ typedef struct vitc__attn_bf16_job {
     vitc__lp_row_fn row;
     vitc__lp_ukr_rm_fn ukr;
     vitc__lp_pairs_fn pairs;
-    void (*softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperature);
+    void (*softmax_rows_exp2)(float *x, int64_t rows, int64_t n, float s, float *inv);
     int64_t nqb, br;                /* query blocks per head, of br rows */
     int64_t kgD, kgS, Sp, Dvp;      /* Sp, Dvp: S, Dv rounded up to NR (B strips) */
     size_t need;                    /* scratch bytes per task */
@@ -112,7 +112,7 @@ static void bf16_rows(const vitc__attn_bf16_job *g, uint32_t *buf, int64_t b, in
         for (int64_t j = 0; j < S; j += NR)
             g->ukr(kgD, qa, kgD, kb + (j / NR) * kgD * NR, st + j, S, mr, S - j < NR ? S - j : NR);
         /* the scale multiplies the fp32 scores (q is converted as it is, with
-         * no copy): softmax_rows does it first when there is no mask */
+         * no copy): softmax_rows_exp2 does it first when there is no mask */
         float temp = d->scale;
         uint32_t dead = 0; /* bit r: row r has no allowed key */
         if (d->mask) {
@@ -128,16 +128,21 @@ static void bf16_rows(const vitc__attn_bf16_job *g, uint32_t *buf, int64_t b, in
             }
             temp = 1.0f;
         }
-        g->softmax_rows(st, mr, S, temp);
+        float inv[MR]; /* 1 / each row's sum: P = st inv, applied as P is rounded */
+        g->softmax_rows_exp2(st, mr, S, temp * 1.44269504088896341f, inv);
         for (int64_t r = 0; r < mr; r++) {
             float *prow = st + r * S;
             /* torch 2.x: a row with no allowed key gives 0, unless its
              * weights are returned (then NaN, as softmax gives them) */
-            if ((dead >> r & 1) && !d->probs) memset(prow, 0, (size_t)S * sizeof(float));
-            if (d->probs)
-                memcpy(d->probs + b * d->p_sb + h * d->p_sh + (i + r) * d->p_sr, prow,
-                       (size_t)S * sizeof(float));
-            g->row(pa + r * kgS, 1, prow, S, NULL, NULL);
+            if ((dead >> r & 1) && !d->probs) {
+                memset(pa + r * kgS, 0, (size_t)kgS * sizeof *pa);
+                continue;
+            }
+            if (d->probs) {
+                float *pr = d->probs + b * d->p_sb + h * d->p_sh + (i + r) * d->p_sr; /* [S] */
+                for (int64_t j = 0; j < S; j++) pr[j] = prow[j] * inv[r];
+            }
+            g->row(pa + r * kgS, 1, prow, S, &inv[r], NULL);
         }
         for (int64_t c = 0; c < Dv; c += NR)
             g->ukr(kgS, pa, kgS, vb + (c / NR) * kgS * NR, o + i * d->o_sr + c, d->o_sr, mr,
@@ -166,7 +171,7 @@ vitc_status vitc__sdpa_bf16(const vitc__sdpa_desc *d, const struct vitc__lp_kern
     g.row = g.kn->row ? g.kn->row : vitc__lp_bf16_ref.row;
     g.ukr = g.kn->ukr_rm ? g.kn->ukr_rm : vitc__lp_bf16_ref.ukr_rm;
     g.pairs = g.kn->pairs ? g.kn->pairs : vitc__lp_bf16_ref.pairs;
-    g.softmax_rows = vitc__kern()->softmax_rows;
+    g.softmax_rows_exp2 = vitc__kern()->softmax_rows_exp2;
     g.br = d->B * d->H >= vitc__num_threads() ? bf16_round(d->L, MR) : VITC_ATTN_BF16_BR;
     g.nqb = (d->L + g.br - 1) / g.br;
     g.kgD = (d->D + 1) / 2;

@@ -84,10 +84,11 @@ static void vitc__ukr_bf16_rm_ref(int64_t kg, const uint32_t *a, int64_t lda, co
 
 static void vitc__row_bf16_ref(uint32_t *dst, int64_t stride, const float *x, int64_t K,
                                float *scale, int32_t *zp) {
-    (void)scale, (void)zp;
+    (void)zp;
+    const float s = scale ? *scale : 1.0f; /* x * 1 is x, bit for bit */
     for (int64_t p = 0; 2 * p < K; p++) {
-        uint32_t lo = vitc__bf16_rne(x[2 * p]);
-        uint32_t hi = 2 * p + 1 < K ? vitc__bf16_rne(x[2 * p + 1]) : 0;
+        uint32_t lo = vitc__bf16_rne(x[2 * p] * s);
+        uint32_t hi = 2 * p + 1 < K ? vitc__bf16_rne(x[2 * p + 1] * s) : 0;
         dst[p * stride] = lo | hi << 16;
     }
 }

@@ -53,7 +53,10 @@ typedef struct vitc__lp_epi {
 typedef void (*vitc__lp_ukr_fn)(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
                                 int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e);
 /* One row x [K] of A into words dst[p * stride], p < kg (k past K is 0).
- * int8 also returns the row's scale and zero point (quantized per row). */
+ * int8 also returns the row's scale and zero point (quantized per row).
+ * bf16 reads *scale when it is not NULL and converts x[k] * *scale (float
+ * product, then rounding): the bf16 attention normalises its probabilities
+ * there (vitc__kernels.softmax_rows_exp2), not in a pass of its own. */
 typedef void (*vitc__lp_row_fn)(uint32_t *dst, int64_t stride, const float *x, int64_t K,
                                 float *scale, int32_t *zp);
 

@@ -114,6 +114,9 @@ typedef struct vitc__kernels {
     int lp_fused_gelu;
     int lp_family; /* VITC__LP_FAMILY_* */
     void (*softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperature);
+    /* The bf16 attention's softmax, unnormalised: x = 2^(x s - max_j x_j s),
+     * inv[r] = 1 / the row's sum (s carries log2 e); see ops_tmpl.h. */
+    void (*softmax_rows_exp2)(float *x, int64_t rows, int64_t n, float s, float *inv);
     void (*layernorm)(float *y, const float *x, const float *w, const float *b, int64_t M,
                       int64_t C, float eps);
     void (*softmax_rows_backward)(float *dx, const float *y, const float *dy, int64_t rows,
@@ -413,6 +416,7 @@ void vitc__softmax_rows_backward_ref(float *dx, const float *y, const float *dy,
 /* The plain reference versions of the three above (the fast ones dispatch
  * by arch and thread over rows; these stay for tests). */
 void vitc__softmax_rows_ref(float *x, int64_t rows, int64_t n, float inv_temperature);
+void vitc__softmax_rows_exp2_ref(float *x, int64_t rows, int64_t n, float s, float *inv);
 void vitc__layernorm_ref(float *y, const float *x, const float *w, const float *b, int64_t M,
                          int64_t C, float eps);
 void vitc__gelu_ref(float *x, int64_t n);

@@ -30,6 +30,21 @@ void vitc__softmax_rows_ref(float *x, int64_t rows, int64_t n, float inv_tempera
     }
 }
 
+void vitc__softmax_rows_exp2_ref(float *x, int64_t rows, int64_t n, float s, float *inv) {
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = x + r * n;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j < n; j++)
+            if (row[j] * s > mx) mx = row[j] * s;
+        float sum = 0.0f;
+        for (int64_t j = 0; j < n; j++) {
+            row[j] = exp2f(fmaf(row[j], s, -mx));
+            sum += row[j];
+        }
+        inv[r] = 1.0f / sum;
+    }
+}
+
 /* The dot product in double: it is the one reduction, and torch's float
  * result is within an ulp of it. */
 void vitc__softmax_rows_backward_ref(float *dx, const float *y, const float *dy, int64_t rows,

@@ -124,6 +124,56 @@ void ISA_FN(softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperatu
     }
 }
 
+/* The bf16 attention's softmax (attention_bf16.c), without its last pass:
+ * x = 2^(x s - m), m = max_j x_j s, and inv[r] = 1 / sum_j x_j. The caller
+ * scales by inv[r] as it rounds P to bf16, which saves the normalising pass
+ * over the row and its store. s carries log2 e (the scale times log2 e), so
+ * the exponential is v_exp2, three operations fewer than v_exp; P's bf16
+ * rounding (2^-9 relative) is far coarser than either. A row whose every
+ * x s is -inf gives NaN, as softmax_rows. */
+void ISA_FN(softmax_rows_exp2)(float *x, int64_t rows, int64_t n, float s, float *inv) {
+    const VT vs = v_set1(s);
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = x + r * n;
+        VT mx = v_set1(-INFINITY);
+        int64_t j = 0;
+        for (; j + VW <= n; j += VW) mx = v_max(v_mul(v_loadu(row + j), vs), mx);
+#if V_MASKED_TAIL
+        if (j < n) mx = v_max(v_tail(v_mul(v_loadu_n(row + j, (int)(n - j)), vs), (int)(n - j), -INFINITY), mx);
+        float mxs = v_hmax(mx);
+#else
+        float ml[VW];
+        v_storeu(ml, mx);
+        float mxs = -INFINITY;
+        for (int k = 0; k < VW; k++)
+            if (ml[k] > mxs) mxs = ml[k];
+        for (; j < n; j++)
+            if (row[j] * s > mxs) mxs = row[j] * s;
+#endif
+        const VT nm = v_set1(-mxs);
+        VT sum = v_zero();
+        for (j = 0; j + VW <= n; j += VW) {
+            VT e = v_exp2(v_fma(v_loadu(row + j), vs, nm));
+            v_storeu(row + j, e);
+            sum = v_add(sum, e);
+        }
+        float tail = 0.0f;
+        if (j < n) {
+            int t = (int)(n - j);
+            VT e = v_exp2(v_fma(v_loadu_n(row + j, t), vs, nm));
+            v_storeu_n(row + j, e, t);
+#if V_MASKED_TAIL
+            sum = v_add(sum, v_tail(e, t, 0.0f));
+#else
+            float el[VW];
+            v_storeu(el, e);
+            for (int k = 0; k < t; k++) tail += el[k];
+#endif
+        }
+        inv[r] = 1.0f / (v_hsum(sum) + tail);
+    }
+}
+
 /* GroupNorm's (and LayerNorm's) statistics: the sums of x - shift and of
  * its square, in double. */
 void ISA_FN(row_stats)(const float *x, int64_t n, double shift, double *o) {

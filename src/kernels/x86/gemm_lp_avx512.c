@@ -239,22 +239,26 @@ void vitc__lp_epi_avx512(vitc_precision p, const void *acc, int64_t lda, float *
     }
 }
 
-/* The same sums from row-major A: each row's word p broadcast from a_i[p]. */
+/* The same sums from row-major A: each row's word p broadcast from a_i[p].
+ * R rows (6 or 12) by W vectors (1 or 2: 16 or 32 columns) of C: the
+ * attention's edges (ViT's 197 keys are 6 strips and 5 columns, its 197
+ * queries 16 tiles and 5 rows) run the narrower bodies instead of a
+ * whole 12 x 32 tile of zeros. */
 #define BF_ROW_RM(i)                                                                \
-    do {                                                                            \
+    if (i < R) {                                                                    \
         __m512i a = _mm512_set1_epi32((int)a##i[p]);                                \
         c##i##0 = _mm512_dpbf16_ps(c##i##0, (__m512bh)a, (__m512bh)b0);             \
-        c##i##1 = _mm512_dpbf16_ps(c##i##1, (__m512bh)a, (__m512bh)b1);             \
-    } while (0)
+        if (W == 2) c##i##1 = _mm512_dpbf16_ps(c##i##1, (__m512bh)a, (__m512bh)b1); \
+    }
 #define BF_OUT_RM(i)                                                                \
-    if (i < mr) {                                                                   \
+    if (i < R && i < mr) {                                                          \
         _mm512_mask_storeu_ps(C + (i) * ldc, m0, c##i##0);                          \
-        _mm512_mask_storeu_ps(C + (i) * ldc + 16, m1, c##i##1);                     \
+        if (W == 2) _mm512_mask_storeu_ps(C + (i) * ldc + 16, m1, c##i##1);         \
     }
 
-void vitc__ukr_bf16_rm_avx512(int64_t kg, const uint32_t *a, int64_t lda,
-                                     const uint32_t *pb, float *C, int64_t ldc, int64_t mr,
-                                     int64_t nr) {
+__attribute__((always_inline)) static inline void
+vitc__ukr_bf16_rm_t(const int R, const int W, int64_t kg, const uint32_t *a, int64_t lda,
+                    const uint32_t *pb, float *C, int64_t ldc, int64_t mr, int64_t nr) {
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     __m512 c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00;
@@ -264,7 +268,8 @@ void vitc__ukr_bf16_rm_avx512(int64_t kg, const uint32_t *a, int64_t lda,
     const uint32_t *a8 = a + 8 * lda, *a9 = a + 9 * lda, *a10 = a + 10 * lda, *a11 = a + 11 * lda;
 #pragma GCC unroll 4
     for (int64_t p = 0; p < kg; p++) {
-        __m512i b0 = _mm512_load_si512((const void *)pb), b1 = _mm512_load_si512((const void *)(pb + 16));
+        __m512i b0 = _mm512_load_si512((const void *)pb), b1 = b0;
+        if (W == 2) b1 = _mm512_load_si512((const void *)(pb + 16));
         BF_ROW_RM(0); BF_ROW_RM(1); BF_ROW_RM(2); BF_ROW_RM(3); BF_ROW_RM(4); BF_ROW_RM(5);
         BF_ROW_RM(6); BF_ROW_RM(7); BF_ROW_RM(8); BF_ROW_RM(9); BF_ROW_RM(10); BF_ROW_RM(11);
         pb += NR;
@@ -274,6 +279,26 @@ void vitc__ukr_bf16_rm_avx512(int64_t kg, const uint32_t *a, int64_t lda,
     BF_OUT_RM(6); BF_OUT_RM(7); BF_OUT_RM(8); BF_OUT_RM(9); BF_OUT_RM(10); BF_OUT_RM(11);
 }
 
+#define BF_RM_BODY(R, W)                                                                      \
+    __attribute__((noinline)) static void vitc__ukr_bf16_rm_##R##x##W(                        \
+        int64_t kg, const uint32_t *a, int64_t lda, const uint32_t *pb, float *C, int64_t ldc, \
+        int64_t mr, int64_t nr) {                                                            \
+        vitc__ukr_bf16_rm_t(R, W, kg, a, lda, pb, C, ldc, mr, nr);                            \
+    }
+BF_RM_BODY(12, 2)
+BF_RM_BODY(12, 1)
+BF_RM_BODY(6, 2)
+BF_RM_BODY(6, 1)
+
+void vitc__ukr_bf16_rm_avx512(int64_t kg, const uint32_t *a, int64_t lda,
+                                     const uint32_t *pb, float *C, int64_t ldc, int64_t mr,
+                                     int64_t nr) {
+    if (mr <= 6)
+        (nr <= 16 ? vitc__ukr_bf16_rm_6x1 : vitc__ukr_bf16_rm_6x2)(kg, a, lda, pb, C, ldc, mr, nr);
+    else
+        (nr <= 16 ? vitc__ukr_bf16_rm_12x1 : vitc__ukr_bf16_rm_12x2)(kg, a, lda, pb, C, ldc, mr, nr);
+}
+
 /* ---- activation converters ---------------------------------------------- */
 
 /* 32 floats (x[0..left), zeros past it) as 16 words of bf16 pairs. */
@@ -281,6 +306,13 @@ static inline __m512i vitc__bf16x32(const float *x, int64_t left) {
     __m512 x0 = _mm512_maskz_loadu_ps(vitc__m16(left), x);
     __m512 x1 = _mm512_maskz_loadu_ps(vitc__m16(left - 16), x + 16);
     return (__m512i)_mm512_cvtne2ps_pbh(x1, x0); /* low half from x0 */
+}
+
+/* The same of x[k] * s (the product rounded to float first, as the reference). */
+static inline __m512i vitc__bf16x32_mul(const float *x, int64_t left, __m512 s) {
+    __m512 x0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(vitc__m16(left), x), s);
+    __m512 x1 = _mm512_mul_ps(_mm512_maskz_loadu_ps(vitc__m16(left - 16), x + 16), s);
+    return (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
 }
 
 /* 16 floats to 16 bytes: the reference's vitc__q8, lane by lane. */
@@ -338,12 +370,13 @@ static void vitc__q8_row(const float *x, int64_t K, float *scale, float *inv, in
  * is 1, else scattered down the strip (the attention's K and V panels). */
 void vitc__row_bf16_avx512(uint32_t *dst, int64_t stride, const float *x, int64_t K,
                                   float *scale, int32_t *zp) {
-    (void)scale, (void)zp;
+    (void)zp;
     const __m512i idx = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
         _mm512_set1_epi32((int)stride));
+    const __m512 s = _mm512_set1_ps(scale ? *scale : 1.0f);
     for (int64_t k = 0; k < K; k += 32) {
-        __m512i w = vitc__bf16x32(x + k, K - k);
+        __m512i w = scale ? vitc__bf16x32_mul(x + k, K - k, s) : vitc__bf16x32(x + k, K - k);
         if (stride == 1)
             _mm512_mask_storeu_epi32(dst + k / 2, vitc__m16((K - k + 1) / 2), w);
         else
