@@ -24,7 +24,7 @@
  *
  * --bound: the forward (vitc_vit_forward, random-init ViT-B/16 at 224 px)
  * and each stage alone at the forward's shapes, in turns, in the block's
- * order and data flow: the patch embedding's fp32 product, the four
+ * order and data flow: the patch embedding's product, the four
  * products as the block calls them, the attention (vitc__sdpa); then, for
  * scale, the work the products fuse timed unfused (LayerNorm, the
  * activations' conversion to bf16 / uint8, GELU, a residual add). "The
@@ -449,11 +449,11 @@ static int bound(int reps, int nt, int B, vitc_precision pr, vitc_precision ap) 
     if (!f.img || !f.out) return fprintf(stderr, "out of memory\n"), 1;
     uint32_t seed = 5;
     for (int64_t i = 0; i < (int64_t)B * 3 * 224 * 224; i++) f.img[i] = 2.0f * frand(&seed) - 1.0f;
-    /* the products as the block calls them; the patch embedding's product (fp32) */
+    /* the products as the block calls them; the patch embedding's (the same precision) */
     prod_ctx pc[5];
     for (int s = 0; s < 4; s++)
         if (!prod_init(&pc[s], M, shapes[s][0], shapes[s][1], (int)shapes[s][2], pr)) return 1;
-    if (!prod_init(&pc[4], (int64_t)B * 196, C, C, 0, VITC_PRECISION_FP32)) return 1;
+    if (!prod_init(&pc[4], (int64_t)B * 196, C, C, 0, pr)) return 1;
     /* The block's data flow, so that each stage finds its input where the
      * forward leaves it (in cache or not): qkv writes the attention's q, k, v
      * (block.c's layout), the attention out_proj's input, out_proj fc1's
@@ -509,7 +509,7 @@ static int bound(int reps, int nt, int B, vitc_precision pr, vitc_precision ap) 
         printf("\n");
     }
     printf("    %-13s %7.1f ms %5.1f%%\n", "attention", at, 100.0 * at / fwd);
-    printf("    %-13s %7.1f ms %5.1f%%  (fp32 product)\n", "patch embed", pe, 100.0 * pe / fwd);
+    printf("    %-13s %7.1f ms %5.1f%%\n", "patch embed", pe, 100.0 * pe / fwd);
     double rest = fwd - gemm - at - pe;
     printf("    %-13s %7.1f ms %5.1f%%  (head, final LayerNorm, between calls; < 0: the stages alone were slower)\n",
            "the rest", rest, 100.0 * rest / fwd);

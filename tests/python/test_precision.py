@@ -188,16 +188,25 @@ class TestPrecision(TmpDirCase):
         self.assertIn("bf16: amx-emulated", run("amx-emulated", "--version"))
         self.assertIn("VITC_LP_KERNEL=bogus unknown: ignored", run("bogus", "--version"))
         photo = os.path.join(DATA, "photo.png")
-        for prec in ("int8", "bf16"):
+        fp32 = None
+        for prec in ("fp32", "int8", "bf16"):
             got = {}
             for kernel in (None, "amx-emulated"):
                 out = run(kernel, "classify", "--model", self.st, "--precision", prec, "--topk",
                           "5", "--json", "--quiet", photo)
                 got[kernel] = [t["logit"] for t in json.loads(out)["topk"]]
-            if prec == "int8":
+            if prec == "fp32":
+                fp32 = got[None]
+            elif prec == "int8":
                 self.assertEqual(got[None], got["amx-emulated"])
             else:
-                np.testing.assert_allclose(got["amx-emulated"], got[None], rtol=1e-3, atol=1e-3)
+                # Another order of the fp32 sums flips a few bf16 roundings
+                # of activations (the patch embedding's among them), so the
+                # two bf16 paths differ by about what each differs from fp32
+                # (~7e-3 of 2.1 here), and each stays that close to fp32.
+                np.testing.assert_allclose(got["amx-emulated"], got[None], rtol=5e-3, atol=1e-3)
+                for k in (None, "amx-emulated"):
+                    np.testing.assert_allclose(got[k], fp32, rtol=1e-2, atol=1e-3)
 
     @unittest.skipUnless(os.path.exists(os.path.join(ROOT, "build", "vitc")), "needs build/vitc")
     def test_cli_eval_embed_similar(self):
