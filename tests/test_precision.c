@@ -231,8 +231,8 @@ static void lp_case(vitc_precision p) {
                     fail_msg("%s on %s (%s) %lldx%lldx%lld differs from the reference",
                              vitc_precision_name(p), tu_arch_best(a), vitc_get_precision_paths(),
                              (long long)M, (long long)N, (long long)K);
-                /* fused GELU == GELU after; so do quick- and tanh-GELU (a pass
-                 * after the bf16 / int8 GEMM) */
+                /* fused GELU == GELU after; so do quick-GELU (in registers
+                 * too) and tanh-GELU (on each finished tile) */
                 for (int act = gelu; act && act < 4; act++) {
                     assert_int_equal(vitc__linear_pw(y1, N, x, K, &pw, NULL, b, NULL, 0, M, N, K,
                                                      act),

@@ -973,7 +973,7 @@ vitc_status vitc__pweight_pack(vitc__pweight *pw, const float *W, int64_t N, int
 }
 
 /* act's in-place row function in table kt (vitc__linear_pw's epilogue). */
-static void (*vitc__act_fn(const vitc__kernels *kt, int act))(float *x, int64_t n) {
+void (*vitc__act_fn(const vitc__kernels *kt, int act))(float *x, int64_t n) {
     switch (act) {
     case VITC__ACT_GELU: return kt->gelu;
     case VITC__ACT_QUICK_GELU: return kt->quick_gelu;
@@ -1006,14 +1006,14 @@ static vitc_status vitc__linear_any(float *y, int64_t ldy, const float *x, int64
         if (pw->N != N || pw->K != K)
             return vitc__err(VITC_ERR_SHAPE, "packed weight [%lld, %lld] used as [%lld, %lld]",
                              (long long)pw->N, (long long)pw->K, (long long)N, (long long)K);
-        /* The lp epilogue has neither a scale nor an activation but erf GELU:
-         * passes after. */
+        /* The lp epilogue has no scale: with one, the scale and the
+         * activation are passes after. */
         VITC_TRY(vitc__linear_lp(y, ldy, x, ldx, pw, bias, scale ? NULL : residual, ldr, M,
-                                 act == VITC__ACT_GELU && !scale, ln));
-        if (scale)
+                                 scale ? VITC__ACT_NONE : act, ln));
+        if (scale) {
             vitc__scale_add(y, ldy, scale, residual, ldr, M, N);
-        if (act != VITC__ACT_GELU || scale)
             vitc__act_pass(act, y, ldy, M, N);
+        }
         return VITC_OK;
     }
     if (!W) return vitc__err(VITC_ERR_INVALID_ARG, "linear: no weights");

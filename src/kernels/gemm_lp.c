@@ -298,8 +298,8 @@ typedef struct vitc__lp_job {
     uint32_t *pa;  /* [ceil(M/smr)][kg][smr] or [ceil(M/smr)][smr][lda] converted A */
     float *ascale; /* [M] int8 */
     int32_t *azp;  /* [M] int8 */
-    void (*gelu)(float *x, int64_t n); /* after each tile, unless fused */
-    int fused_gelu;                    /* the microkernel applies GELU itself */
+    void (*gelu)(float *x, int64_t n); /* the activation after each tile, unless fused */
+    int fused_gelu;                    /* VITC__ACT_*: the microkernel applies it itself */
     int by_cols, nparts;
     int64_t mcs;        /* A strips per cache block (the table's lp_mc rows) */
     int64_t nb;         /* B strips per L2 block (vitc__lp_nb) */
@@ -446,7 +446,7 @@ static void vitc__lp_task(void *ctx, int64_t t, int tid) {
 
 vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const vitc__pweight *pw, const float *bias, const float *residual,
-                            int64_t ldr, int64_t M, int gelu, const vitc__ln_pre *ln) {
+                            int64_t ldr, int64_t M, int act, const vitc__ln_pre *ln) {
     if (!y || !x || !pw || !pw->data)
         return vitc__err(VITC_ERR_INVALID_ARG, "linear (%s): NULL argument",
                          pw ? vitc_precision_name(pw->prec) : "?");
@@ -471,7 +471,7 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
                          vitc_precision_name(pw->prec), (long long)M);
     vitc__lp_job g = {.kn = kn, .pw = pw, .x = x, .ldx = ldx, .y = y, .ldy = ldy, .bias = bias,
                       .res = residual, .ldr = ldr, .ln = ln, .M = M, .smr = smr, .sa = smr * lda,
-                      .pa = pa, .gelu = gelu ? vitc__kern()->gelu : NULL, .nparts = 1};
+                      .pa = pa, .gelu = vitc__act_fn(vitc__kern(), act), .nparts = 1};
     const vitc__kernels *kt = vitc__kern(); /* one blocking for the call */
     /* lp_mc rows are sized for rows of 768 bf16 (1.5 KB). Longer rows (fc2's
      * K = 3072) keep the A block's bytes rather than its rows, and the
@@ -485,9 +485,13 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
     }
     g.mcs = mc_rows / smr > 0 ? mc_rows / smr : 1;
     g.nb = vitc__lp_nb(nb_bytes, kg);
-    /* the SIMD kernels' in-register GELU is bitwise the path's gelu only
-     * where the table says so (avx512: the same vitc__v_gelu) */
-    g.fused_gelu = gelu && kn->fused_gelu && vitc__kern()->lp_fused_gelu;
+    /* the SIMD kernels' in-register GELU and quick-GELU are bitwise the
+     * path's row functions only where the table says so (avx512: the same
+     * vitc__v_gelu / vitc__v_quick_gelu); tanh-GELU runs on each tile */
+    g.fused_gelu = (act == VITC__ACT_GELU || act == VITC__ACT_QUICK_GELU) && kn->fused_gelu &&
+                           vitc__kern()->lp_fused_gelu
+                       ? act
+                       : 0;
     if (pw->prec == VITC_PRECISION_INT8) {
         g.ascale = (float *)(pa + words);
         g.azp = (int32_t *)(g.ascale + M);

@@ -41,7 +41,7 @@ typedef struct vitc__lp_epi {
     const int32_t *azp;    /* int8: [mr] row zero points of A */
     const float *wscale;   /* int8: [nr] per output channel */
     const int32_t *wsum;   /* int8: [nr] column sums of the int8 weights */
-    int gelu;
+    int gelu; /* VITC__ACT_GELU / VITC__ACT_QUICK_GELU in registers (fused_gelu), 0 none */
     /* Kernels with takes_pf: pf_lines 64-byte lines from pf (the next
      * weight strip) asked into L2, one per step of the loop's middle, not
      * all before the tile (the driver's prefetches otherwise). */

@@ -109,8 +109,9 @@ typedef struct vitc__kernels {
      * build, the default GEMM backend is the built-in one where this is 1
      * (it measured faster there), OpenBLAS elsewhere. */
     int gemm_builtin_default;
-    /* 1: this path's gelu is the arithmetic of the low-precision
-     * microkernels' in-register GELU, so they may fuse it bitwise. */
+    /* 1: this path's gelu and quick_gelu are the arithmetic of the
+     * low-precision microkernels' in-register ones, so they may fuse them
+     * bitwise. */
     int lp_fused_gelu;
     int lp_family; /* VITC__LP_FAMILY_* */
     void (*softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperature);
@@ -246,6 +247,9 @@ const struct vitc__gemm_kernel *vitc__gemm_pack_kernel(void);
 
 /* The activation vitc__linear_pw applies after the bias and residual. */
 enum { VITC__ACT_NONE = 0, VITC__ACT_GELU = 1, VITC__ACT_QUICK_GELU = 2, VITC__ACT_TANH_GELU = 3 };
+struct vitc__kernels;
+/* The path's in-place row function of a VITC__ACT_* (NULL for none). */
+void (*vitc__act_fn(const struct vitc__kernels *kt, int act))(float *x, int64_t n);
 
 /* y[M,N] = x[M,K] W^T + bias + residual, then the activation act
  * (VITC__ACT_*: erf GELU, quick-GELU, tanh-GELU) in place, fused into the
@@ -280,12 +284,13 @@ vitc_status vitc__linear_pw_scaled(float *y, int64_t ldy, const float *x, int64_
                                    const vitc__pweight *pw, const float *W, const float *bias,
                                    const float *scale, const float *residual, int64_t ldr,
                                    int64_t M, int64_t N, int64_t K);
-/* The BF16 / INT8 GEMM (gemm_lp.c), the same contract. ln non-NULL: x is
- * ln->y (ldx K), LayerNorm(ln->x) computed by the threads converting A,
- * strip by strip (ln->y written too). */
+/* The BF16 / INT8 GEMM (gemm_lp.c), the same contract; act a VITC__ACT_*
+ * applied to each finished tile. ln non-NULL: x is ln->y (ldx K),
+ * LayerNorm(ln->x) computed by the threads converting A, strip by strip
+ * (ln->y written too). */
 vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
                             const vitc__pweight *pw, const float *bias, const float *residual,
-                            int64_t ldr, int64_t M, int gelu, const vitc__ln_pre *ln);
+                            int64_t ldr, int64_t M, int act, const vitc__ln_pre *ln);
 void vitc__pweight_unpack_lp(const vitc__pweight *pw, float *W);
 /* Packs a BF16 / INT8 weight (gemm_lp.c). */
 vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, int64_t K,

@@ -126,7 +126,7 @@ static inline __mmask16 vitc__m16(int64_t n) {
     __m512 gt[2 * MR];                                                              \
     LP_STORE(0); LP_STORE(1); LP_STORE(2); LP_STORE(3); LP_STORE(4); LP_STORE(5);   \
     LP_STORE(6); LP_STORE(7); LP_STORE(8); LP_STORE(9); LP_STORE(10); LP_STORE(11); \
-    if (e->gelu) vitc__v_gelu_tile(C, ldc, gt, mr < R ? mr : R, m0, m1)
+    if (e->gelu) vitc__v_act_tile(C, ldc, gt, mr < R ? mr : R, m0, m1, e->gelu)
 
 /* bf16: the sums are the values. */
 #define BF_DP(c, a, b) _mm512_dpbf16_ps(c, (__m512bh)(a), (__m512bh)(b))

@@ -166,4 +166,26 @@ __attribute__((noinline, unused)) static void vitc__v_gelu_tile(float *C, int64_
     }
 }
 
+/* OpenAI CLIP's quick-GELU, x / (1 + e^(-1.702 x)): ops_tmpl.h's
+ * quick_gelu, operation for operation, so the fused one has its bits. */
+static inline __m512 vitc__v_quick_gelu(__m512 x) {
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f),
+                                          vitc__v_exp(_mm512_mul_ps(x, _mm512_set1_ps(-1.702f)))));
+}
+
+/* The tile's activation, kind 2 quick-GELU (VITC__ACT_QUICK_GELU), else
+ * GELU (vitc__v_gelu_tile). */
+__attribute__((noinline, unused)) static void vitc__v_act_tile(float *C, int64_t ldc,
+                                                               const __m512 *v, int64_t rows,
+                                                               __mmask16 m0, __mmask16 m1, int kind) {
+    if (kind != 2) {
+        vitc__v_gelu_tile(C, ldc, v, rows, m0, m1);
+        return;
+    }
+    for (int64_t i = 0; i < rows; i++) {
+        _mm512_mask_storeu_ps(C + i * ldc, m0, vitc__v_quick_gelu(v[2 * i]));
+        _mm512_mask_storeu_ps(C + i * ldc + 16, m1, vitc__v_quick_gelu(v[2 * i + 1]));
+    }
+}
+
 #endif
