@@ -29,6 +29,40 @@
         }                                                                                        \
     } while (0)
 
+/* row[j] = EXPR (v the input vector) over the n floats of row, and sum =
+ * their sum: the masked tail inside the vector sum (AVX-512), or summed
+ * after it in scalar (each path's order since the first softmax). */
+#if V_MASKED_TAIL
+#define OPS_TAIL_SUM(acc, tail, e, t) ((void)(tail), (acc) = v_add((acc), v_tail((e), (t), 0.0f)))
+#else
+#define OPS_TAIL_SUM(acc, tail, e, t)                                                            \
+    do {                                                                                         \
+        float el_[VW];                                                                           \
+        v_storeu(el_, (e));                                                                      \
+        for (int k_ = 0; k_ < (t); k_++) (tail) += el_[k_];                                      \
+    } while (0)
+#endif
+#define OPS_EXP_SUM(row, n, v, EXPR, sum)                                                        \
+    do {                                                                                         \
+        VT acc_ = v_zero();                                                                      \
+        float tail_ = 0.0f;                                                                      \
+        int64_t j_ = 0;                                                                          \
+        for (; j_ + VW <= (n); j_ += VW) {                                                       \
+            VT v = v_loadu((row) + j_);                                                          \
+            VT e_ = EXPR;                                                                        \
+            v_storeu((row) + j_, e_);                                                            \
+            acc_ = v_add(acc_, e_);                                                              \
+        }                                                                                        \
+        if (j_ < (n)) {                                                                          \
+            int t_ = (int)((n) - j_);                                                            \
+            VT v = v_loadu_n((row) + j_, t_);                                                    \
+            VT e_ = EXPR;                                                                        \
+            v_storeu_n((row) + j_, e_, t_);                                                      \
+            OPS_TAIL_SUM(acc_, tail_, e_, t_);                                                   \
+        }                                                                                        \
+        (sum) = V_MASKED_TAIL ? v_hsum(acc_) : v_hsum(acc_) + tail_;                             \
+    } while (0)
+
 /* x Phi(x), Phi from v_phi's table of polynomials: on AVX-512 the sequence
  * of vitc__v_gelu, so the GEMM epilogues' fused GELU gives the same bits. */
 void ISA_FN(gelu_to)(float *y, const float *x, int64_t n) {
@@ -99,26 +133,10 @@ void ISA_FN(softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperatu
             if (row[j] > mxs) mxs = row[j];
         }
 #endif
-        VT vm = v_set1(mxs), sum = v_zero();
-        for (j = 0; j + VW <= n; j += VW) {
-            VT e = v_exp(v_sub(v_loadu(row + j), vm));
-            v_storeu(row + j, e);
-            sum = v_add(sum, e);
-        }
-        float tail = 0.0f;
-        if (j < n) {
-            int t = (int)(n - j);
-            VT e = v_exp(v_sub(v_loadu_n(row + j, t), vm));
-            v_storeu_n(row + j, e, t);
-#if V_MASKED_TAIL
-            sum = v_add(sum, v_tail(e, t, 0.0f));
-#else
-            float el[VW];
-            v_storeu(el, e);
-            for (int k = 0; k < t; k++) tail += el[k];
-#endif
-        }
-        const VT inv = v_set1(1.0f / (V_MASKED_TAIL ? v_hsum(sum) : v_hsum(sum) + tail));
+        const VT vm = v_set1(mxs);
+        float sum;
+        OPS_EXP_SUM(row, n, v, v_exp(v_sub(v, vm)), sum);
+        const VT inv = v_set1(1.0f / sum);
         for (j = 0; j + VW <= n; j += VW) v_storeu(row + j, v_mul(v_loadu(row + j), inv));
         if (j < n) v_storeu_n(row + j, v_mul(v_loadu_n(row + j, (int)(n - j)), inv), (int)(n - j));
     }
@@ -151,26 +169,9 @@ void ISA_FN(softmax_rows_exp2)(float *x, int64_t rows, int64_t n, float s, float
             if (row[j] * s > mxs) mxs = row[j] * s;
 #endif
         const VT nm = v_set1(-mxs);
-        VT sum = v_zero();
-        for (j = 0; j + VW <= n; j += VW) {
-            VT e = v_exp2(v_fma(v_loadu(row + j), vs, nm));
-            v_storeu(row + j, e);
-            sum = v_add(sum, e);
-        }
-        float tail = 0.0f;
-        if (j < n) {
-            int t = (int)(n - j);
-            VT e = v_exp2(v_fma(v_loadu_n(row + j, t), vs, nm));
-            v_storeu_n(row + j, e, t);
-#if V_MASKED_TAIL
-            sum = v_add(sum, v_tail(e, t, 0.0f));
-#else
-            float el[VW];
-            v_storeu(el, e);
-            for (int k = 0; k < t; k++) tail += el[k];
-#endif
-        }
-        inv[r] = 1.0f / (v_hsum(sum) + tail);
+        float sum;
+        OPS_EXP_SUM(row, n, v, v_exp2(v_fma(v, vs, nm)), sum);
+        inv[r] = 1.0f / sum;
     }
 }
 
