@@ -671,9 +671,11 @@ typedef struct vitc_vit vitc_vit;
  * tensors' names and shapes. */
 VITC_API vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out);
 
-/* The arithmetic of the forward's weight GEMMs (qkv, out_proj, fc1, fc2).
- * LayerNorm, softmax, attention, GELU, residuals, the patch embedding and
- * the head stay fp32 in every precision.
+/* The arithmetic of the forward's weight GEMMs (qkv, out_proj, fc1, fc2;
+ * in BF16 the patch embedding's too). LayerNorm, softmax, GELU, residuals
+ * and the head stay fp32 in every precision; attention's two products
+ * follow vitc_vit_set_attention_precision (by default bf16 under BF16 and
+ * INT8 weights).
  *   FP32: weights packed once into the GEMM microkernel's panels.
  *   BF16: weights rounded once to bfloat16 (nearest even), activations per
  *         call; products summed in fp32 (vdpbf16ps, or a portable reference
