@@ -886,7 +886,8 @@ def cpu_results_index(folder=CPU_RESULTS):
          "One file per microarchitecture measured, named as `vitc --version` names the CPU "
          "(vendor-uarch-brand-f<family>m<model>, the `[...]` of its `cpu:` line): the newest "
          "full `make bench` run on it, with its date, machine, measured peaks and the engines' "
-         "versions. `make bench` writes the file of the CPU it runs on and this index; "
+         "versions (a file that says so at its top holds what could be measured without one, "
+         "vitc alone). `make bench` writes the file of the CPU it runs on and this index; "
          "bench/results.md is always the newest run, whichever CPU it was on.", "",
          "| file | CPU | date | measured fp32 FMA peak |", "|---|---|---|---|"] + rows
     with open(os.path.join(folder, "README.md"), "w") as f:

@@ -859,7 +859,9 @@ VITC_API vitc_precision vitc_vit_get_precision(const vitc_vit *m);
  * the same numbers); the mask and the softmax stay fp32. INT8 is refused
  * (VITC_ERR_INVALID_ARG). Until set, it follows the weights' precision
  * (the default): FP32 with FP32 weights, BF16 with BF16 or INT8 weights,
- * as torch.autocast runs attention in bf16; _auto returns to that default.
+ * as torch.autocast runs attention in bf16, on CPUs where that is faster
+ * (AMD's; Intel's cores run the vector bf16 dot at half their fp32 rate:
+ * FP32 there); _auto returns to that default.
  * The getter says which one a forward runs now. Training forwards always
  * run fp32 attention. */
 VITC_API vitc_status vitc_vit_set_attention_precision(vitc_vit *m, vitc_precision p);

@@ -374,9 +374,10 @@ static double time_op(int what, int64_t M, int64_t K, vitc_precision pr, int war
     return mn * 1e3;
 }
 
-/* The microkernel alone: one converted 12-row A strip times one 32-column
- * weight strip of K = 768, on every thread at once, its own buffers; the
- * fraction of peak it reaches. */
+/* The microkernel alone: one converted A strip (12 rows; AMX: 32, row-major
+ * with its padded stride, its tiles configured around the calls as the
+ * driver does) times one 32-column weight strip of K = 768, on every
+ * thread at once, its own buffers; the fraction of peak it reaches. */
 typedef struct ukr_ctx {
     vitc_precision p;
     int64_t kg, iters;
@@ -391,26 +392,30 @@ static void ukr_task(void *ctx, int64_t t, int tid) {
     const vitc__lp_kernel *kn = vitc__lp_kernel_for(c->p);
     vitc__lp_epi e;
     memset(&e, 0, sizeof e);
-    static const float zf[VITC_LP_NR] = {0};
-    static const int32_t zi[VITC_LP_NR] = {0};
+    static const float zf[32] = {0}; /* [max(mr, NR)] */
+    static const int32_t zi[32] = {0};
     if (c->p == VITC_PRECISION_INT8) e.ascale = zf, e.azp = zi, e.wscale = zf, e.wsum = zi;
+    if (kn->begin) kn->begin();
     double t0 = cpu_s();
     for (int64_t i = 0; i < c->iters; i++)
-        kn->ukr(c->kg, c->pa[t], c->pb[t], c->C[t], VITC_LP_NR, VITC_LP_MR, VITC_LP_NR, &e);
+        kn->ukr(c->kg, c->pa[t], c->pb[t], c->C[t], VITC_LP_NR, kn->mr, VITC_LP_NR, &e);
     c->t[t] = cpu_s() - t0;
+    if (kn->end) kn->end();
 }
 
 /* The microkernel alone, its fraction of peak per CPU second (as the peak). */
 static double ukr_efficiency(vitc_precision p, int nt, double peak) {
     ukr_ctx c = {.p = p, .kg = p == VITC_PRECISION_INT8 ? 192 : 384, .iters = 300};
-    int ok = nt <= 64;
+    const vitc__lp_kernel *kn = vitc__lp_kernel_for(p);
+    const int64_t mr = kn->mr, lda = kn->a_kpad ? vitc__lp_a_ld(kn->a_kpad, c.kg) : c.kg;
+    int ok = nt <= 64 && mr <= 32;
     for (int t = 0; ok && t < nt; t++) {
-        c.pa[t] = vitc__alloc((size_t)(c.kg * VITC_LP_MR) * 4);
+        c.pa[t] = vitc__alloc((size_t)(lda * mr) * 4);
         c.pb[t] = vitc__alloc((size_t)(c.kg * VITC_LP_NR) * 4);
-        c.C[t] = vitc__alloc(VITC_LP_MR * VITC_LP_NR * 4);
+        c.C[t] = vitc__alloc((size_t)(mr * VITC_LP_NR) * 4);
         ok = c.pa[t] && c.pb[t] && c.C[t];
         /* bf16 pairs of 1.0 and 2^-7, bytes 1..4: no subnormals, no overflow */
-        for (int64_t i = 0; ok && i < c.kg * VITC_LP_MR; i++)
+        for (int64_t i = 0; ok && i < lda * mr; i++)
             c.pa[t][i] = p == VITC_PRECISION_INT8 ? 0x04030201u : 0x3F803F80u;
         for (int64_t i = 0; ok && i < c.kg * VITC_LP_NR; i++)
             c.pb[t][i] = p == VITC_PRECISION_INT8 ? 0x01020304u : 0x3C003C00u;
@@ -422,7 +427,7 @@ static double ukr_efficiency(vitc_precision p, int nt, double peak) {
     }
     for (int t = 0; t < nt && t < 64; t++) vitc__free(c.pa[t]), vitc__free(c.pb[t]), vitc__free(c.C[t]);
     if (!ok || peak <= 0.0) return 0.0;
-    double ops = 2.0 * VITC_LP_MR * VITC_LP_NR * (double)c.kg * (p == VITC_PRECISION_INT8 ? 4 : 2) * (double)c.iters;
+    double ops = 2.0 * (double)mr * VITC_LP_NR * (double)c.kg * (p == VITC_PRECISION_INT8 ? 4 : 2) * (double)c.iters;
     return ops / best * 1e-9 * nt / peak;
 }
 

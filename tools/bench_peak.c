@@ -184,29 +184,26 @@ static int bench_has_avxvnni(void) {
 /* ---- AMX tiles ------------------------------------------------------ */
 
 #ifdef BENCH_AMX
-/* ldtilecfg's 64-byte layout, palette 1. */
-typedef struct bench_tilecfg {
-    uint8_t palette, start_row, reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} bench_tilecfg;
+/* ldtilecfg's 64 bytes, palette 1: byte 0 palette, 16.. colsb of tiles
+ * 0-15 (u16), 48.. rows (u8); tiles 0-7 16 x 64 bytes. A constant, as the
+ * library's kernels keep theirs: GCC 12's _tile_loadconfig does not tell
+ * the compiler that it reads its operand, so the stores that filled a
+ * config on the stack were deleted as dead and ldtilecfg read garbage
+ * (an illegal instruction at the first tile operation on real AMX, seen on
+ * an Emerald Rapids; the emulation never runs this). */
+static const _Alignas(64) uint8_t bench_amx_cfg[64] = {
+    1, 0, [16] = 64, 0, 64, 0, 64, 0, 64, 0, 64, 0, 64, 0, 64, 0, 64, 0,
+    [48] = 16, 16, 16, 16, 16, 16, 16, 16};
 
 /* Eight 16 x 64-byte tiles: four accumulators (tmm0-3: tdp* latency is
  * ~16 cycles at one per 16 cycles, so four keep the unit busy, as Intel's
  * own kernels do) from two A tiles (tmm4-5) and two B tiles (tmm6-7). Each
  * thread configures and releases its own tiles. */
 __attribute__((target("amx-tile"))) static void bench_amx_begin(uint16_t word) {
-    bench_tilecfg cfg;
     _Alignas(64) uint16_t src[16 * 32];
-    memset(&cfg, 0, sizeof cfg);
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
     for (int i = 0; i < 16 * 32; i++)
         src[i] = word;
-    _tile_loadconfig(&cfg);
+    _tile_loadconfig(bench_amx_cfg);
     _tile_zero(0);
     _tile_zero(1);
     _tile_zero(2);

@@ -77,8 +77,9 @@ int cli_attention_precision(const char *name);
     "                   (default fp32; vitc --version says which kernels run)\n" \
     "  --attention-precision A\n" \
     "                   auto, fp32 or bf16 operands of the attention's q k^T and\n" \
-    "                   P v (default auto: bf16 under --precision bf16 or int8,\n" \
-    "                   else fp32; the softmax stays fp32)\n"
+    "                   P v (default auto: bf16 under --precision bf16 or int8\n" \
+    "                   where the CPU runs it faster, else fp32; the softmax\n" \
+    "                   stays fp32)\n"
 
 
 /* Untrusted text (labels, metadata, tensor names, paths) shown on a

@@ -487,7 +487,7 @@ static void bench_help(FILE *f) {
             "  --precision P fp32, bf16 or int8 weight GEMMs in the vit_* workloads (default fp32)\n"
             "  --attention-precision A\n"
             "                auto, fp32 or bf16 q k^T and P v in the vit_* workloads (default\n"
-            "                auto: bf16 under --precision bf16 or int8, else fp32)\n"
+            "                auto: bf16 under --precision bf16 or int8 where faster, else fp32)\n"
             "  --json        one JSON object on stdout instead of the table\n"
             "  --no-peak     do not measure the peaks (fractions are then absent)\n"
             "  --peak-only   measure the fp32, bf16 and int8 peaks (those this CPU has; AMX\n"

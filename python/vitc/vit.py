@@ -161,7 +161,8 @@ class VisionTransformer:
         in fp32). Set it to "fp32" or "bf16" to fix it apart from
         `precision`, or to "auto" (the default) to let it follow `precision`:
         bf16 under bf16 or int8 weights, as torch.autocast runs attention,
-        else fp32. Training forwards run fp32."""
+        on CPUs where it is the faster (AMD's; fp32 on Intel's), else fp32.
+        Training forwards run fp32."""
         return self._PRECISIONS[lib.vitc_vit_get_attention_precision(self._h)]
 
     @attention_precision.setter

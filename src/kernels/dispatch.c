@@ -417,6 +417,18 @@ const vitc__lp_kernel *vitc__lp_kernel_for(vitc_precision p) {
     return fast ? VITC__X86_LP(vitc__lp_int8_avx512) : &vitc__lp_int8_ref;
 }
 
+/* Whether bf16 attention (attention_bf16.c, whose microkernel is the
+ * vector vdpbf16ps whichever kernel runs the GEMMs) beats fp32's here: the
+ * default of bf16 and int8 models. AMD's Zen 4 runs vdpbf16ps at twice its
+ * fp32 FMA rate; Intel's cores at half of it (an Emerald Rapids, 2
+ * threads: 119 against 265 GFLOP/s), where ViT-B/16's attention at batch 8
+ * took 140 ms in bf16 and 84-91 ms in fp32 (an AMX attention would be the
+ * way there). Without AVX512-BF16 it would be the scalar reference. */
+int vitc__bf16_attention_pays(void) {
+    return vitc__cpu_has_lp(VITC_PRECISION_BF16) &&
+           strcmp(vitc__cpu_get()->vendor, "GenuineIntel") != 0;
+}
+
 static const char *vitc__lp_desc(const vitc__lp_kernel *k, int forced) {
     if (k == VITC__X86_LP(vitc__lp_bf16_avx512)) return "avx512-bf16 (vdpbf16ps)";
     if (k == VITC__X86_LP(vitc__lp_int8_avx512)) return "avx512-vnni (vpdpbusd)";

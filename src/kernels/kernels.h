@@ -284,6 +284,9 @@ vitc_status vitc__linear_pw_scaled(float *y, int64_t ldy, const float *x, int64_
                                    const vitc__pweight *pw, const float *W, const float *bias,
                                    const float *scale, const float *residual, int64_t ldr,
                                    int64_t M, int64_t N, int64_t K);
+/* 1 where bf16 attention is faster than fp32's on this CPU (dispatch.c):
+ * the attention precision of bf16 / int8 models unless one is set. */
+int vitc__bf16_attention_pays(void);
 /* The BF16 / INT8 GEMM (gemm_lp.c), the same contract; act a VITC__ACT_*
  * applied to each finished tile. ln non-NULL: x is ln->y (ldx K),
  * LayerNorm(ln->x) computed by the threads converting A, strip by strip

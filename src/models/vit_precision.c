@@ -300,12 +300,16 @@ vitc_status vitc_vit_set_attention_precision_auto(vitc_vit *m) {
 }
 
 /* Unless set: bf16 under bf16 or int8 weights, as torch.autocast runs
- * scaled_dot_product_attention in bf16. The attention is 4-10% of a
- * ViT-B's products; left in fp32 at half the bf16 rate it held batch 8 at
- * 85% of the bf16 peak (90% with it), and its rounding is the weights'
- * (top-1 and nearest neighbours unchanged on the benchmark's photos). */
+ * scaled_dot_product_attention in bf16, where the CPU runs it faster than
+ * fp32 (vitc__bf16_attention_pays: AMD's AVX-512 cores, not Intel's). The
+ * attention is 4-10% of a ViT-B's products; left in fp32 at half the bf16
+ * rate it held batch 8 at 85% of the bf16 peak (90% with it) on a Zen 4,
+ * and its rounding is the weights' (top-1 and nearest neighbours unchanged
+ * on the benchmark's photos). */
 vitc_precision vitc_vit_get_attention_precision(const vitc_vit *m) {
     if (!m) return VITC_PRECISION_FP32;
     if (m->attn_precision_set) return m->attn_precision;
-    return m->precision == VITC_PRECISION_FP32 ? VITC_PRECISION_FP32 : VITC_PRECISION_BF16;
+    return m->precision == VITC_PRECISION_FP32 || !vitc__bf16_attention_pays()
+               ? VITC_PRECISION_FP32
+               : VITC_PRECISION_BF16;
 }
