@@ -660,71 +660,22 @@ static void i2t_token_side(const vitc__sam_dec *d, const sam_attn *a, sam_run *r
         small_mm(vo + h * Lk, HT, a->o.w + h * dh, I, v + h * dh, I, 1, C, Lk, dh, 1.0f);
 }
 
-/* Image rows per task of the fused image -> token pass: its scores [R,
- * H T] and output rows [R, C] stay in L1 / L2 from the scores' GEMM to
- * the LayerNorm. */
-#define I2T_ROWS 64
-
-/* The image -> token attention's pass over the image rows, fused with the
- * LayerNorm after it (layer_norm4) and the next keys' positional sum: per
- * block of rows the scores S = xq W^T + wb [R, H T], one softmax per
- * (row, head) over the T tokens, y = S vo^T + ob + res, y = LN(y) and kk
- * = y + pe, while the block is in cache (one pass over the image instead
- * of three, no image-sized scores). kk may be xq: a block reads its own
- * rows of xq before it writes them. */
-typedef struct i2t_ctx {
-    const float *xq;          /* [HW, Kq] (row stride Kq) */
-    const float *W, *wb;      /* [HT, Kq], [HT] or NULL */
-    const float *vo, *ob;     /* [C, HT], [C] */
-    const float *res;         /* [HW, C] */
-    float *y, *kk;            /* [HW, C] */
-    const float *lnw, *lnb;   /* [C] */
-    const float *pe;          /* [HW, C] */
-    float *scr;               /* per thread [I2T_ROWS, HT] */
-    int64_t HW, C, Kq, Lk, HT;
-    float eps;
-} i2t_ctx;
-
-static void i2t_rows(void *vc, int64_t blk, int tid) {
-    const i2t_ctx *c = vc;
-    const int64_t r0 = blk * I2T_ROWS, R = c->HW - r0 < I2T_ROWS ? c->HW - r0 : I2T_ROWS;
-    const int64_t C = c->C, o = r0 * C;
-    float *S = c->scr + (int64_t)tid * I2T_ROWS * c->HT; /* [R, H, Lk] */
-    vitc__linear(S, c->HT, c->xq + r0 * c->Kq, c->Kq, c->W, c->wb, NULL, 0, R, c->HT, c->Kq);
-    vitc__softmax_rows(S, R * (c->HT / c->Lk), c->Lk, 1.0f);
-    vitc__linear(c->y + o, C, S, c->HT, c->vo, c->ob, c->res + o, C, R, C, c->HT);
-    vitc__layernorm(c->y + o, c->y + o, c->lnw, c->lnb, R, C, c->eps);
-    add_rows(c->kk + o, c->y + o, c->pe + o, R * C);
-}
-
-static vitc_status i2t_pass(i2t_ctx *c) {
-    const int nt = vitc__num_threads();
-    c->scr = malloc((size_t)nt * I2T_ROWS * (size_t)c->HT * sizeof(float));
-    if (!c->scr)
-        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's image -> token attention "
-                         "(%d threads)", nt);
-    vitc__parallel_for_dynamic((c->HW + I2T_ROWS - 1) / I2T_ROWS, 1, i2t_rows, c);
-    free(c->scr);
-    return VITC_OK;
-}
-
 /* Image -> token attention with the image side never projected: the
  * query projection is folded into the keys (scores x . (W_q,h^T k_h)^T +
  * b_q,h . k_h, a [C] vector and a bias per (head, token)), the output
  * projection into the values (v_h W_o,h^T: [T, C] per head), so the HW
  * image rows meet only xq [HW, C] @ [C, H T] and P [HW, H T] @ [H T, C].
- * y [Lq, C] = LN(out_proj(...) + res) (ln) and kk = y + the positional
- * embedding; kk may be xq. */
-static vitc_status attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, const sam_wb *ln,
-                                     sam_run *r, float *y, float *kk, const float *res,
-                                     const float *xq, int64_t Lq, const float *xk,
-                                     const float *xv, int64_t Lk) {
+ * y [Lq, C] = out_proj(...) + res. */
+static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                              const float *res, const float *xq, int64_t Lq, const float *xk,
+                              const float *xv, int64_t Lk) {
     const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
     const float scale = (float)(1.0 / sqrt((double)dh));
     const float *k = r->aq;     /* [Lk, I] */
     float *kq = r->av;          /* [H, Lk, C] the folded keys */
     float *vo = r->av + HT * C; /* [C, H, Lk] the values through out_proj */
     float *kb = r->ao;          /* [H, Lk] the scores' bias */
+    float *S = r->ak;           /* [Lq, H, Lk] */
     i2t_token_side(d, a, r, vo, xk, xv, Lk);
     for (int64_t h = 0; h < H; h++) {
         small_mm(kq + h * Lk * C, C, k + h * dh, I, a->q.w + h * dh * C, C, 0, Lk, C, dh, scale);
@@ -736,38 +687,30 @@ static vitc_status attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, 
     }
     /* kq and vo are in nn.Linear's [out, in] layout: the bias and the
      * residual ride in the GEMMs' epilogue */
-    i2t_ctx c = {.xq = xq, .W = kq, .wb = kb, .vo = vo, .ob = a->o.b, .res = res, .y = y,
-                 .kk = kk, .lnw = ln->w, .lnb = ln->b, .pe = d->pe_img, .HW = Lq, .C = C,
-                 .Kq = C, .Lk = Lk, .HT = HT, .eps = d->eps_dec};
-    return i2t_pass(&c);
+    vitc__linear(S, HT, xq, C, kq, kb, NULL, 0, Lq, HT, C);
+    /* rows of Lk: one softmax per (image row, head) */
+    vitc__softmax_rows(S, Lq * H, Lk, 1.0f);
+    vitc__linear(y, C, S, HT, vo, a->o.b, res, C, Lq, C, HT);
 }
 
 /* attend_i2t_folded for the first layer on an image's cache: its queries
  * q_proj(kk0) are prompt-independent and cached (q [Lq, I]), so the
  * scores are the literal per-head products q_h k_h^T (2 H T Lq dh
- * multiply-adds, a C / dh-th of the folded keys' Lq C H T), one GEMM
- * against the keys laid block-diagonally ([H T, I], zero off each head's
- * columns, exact), and only the output projection stays folded into the
- * values. */
-static vitc_status attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a,
-                                     const sam_wb *ln, sam_run *r, float *y, float *kk,
-                                     const float *res, const float *q, int64_t Lq,
-                                     const float *xk, const float *xv, int64_t Lk) {
+ * multiply-adds, a C / dh-th of the folded keys' Lq C H T) and only the
+ * output projection stays folded into the values. */
+static void attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                              const float *res, const float *q, int64_t Lq, const float *xk,
+                              const float *xv, int64_t Lk) {
     const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
     const float scale = (float)(1.0 / sqrt((double)dh));
-    const float *k = r->aq;      /* [Lk, I] */
-    float *vo = r->av;           /* [C, H, Lk] the values through out_proj */
-    float *kbd = r->av + C * HT; /* [H, Lk, I] the keys, block-diagonal, scaled */
+    const float *k = r->aq; /* [Lk, I] */
+    float *vo = r->av;      /* [C, H, Lk] the values through out_proj */
+    float *S = r->ak;       /* [Lq, H, Lk] */
     i2t_token_side(d, a, r, vo, xk, xv, Lk);
-    memset(kbd, 0, (size_t)(HT * I) * sizeof(float));
     for (int64_t h = 0; h < H; h++)
-        for (int64_t t = 0; t < Lk; t++)
-            for (int64_t j = 0; j < dh; j++)
-                kbd[(h * Lk + t) * I + h * dh + j] = scale * k[t * I + h * dh + j];
-    i2t_ctx c = {.xq = q, .W = kbd, .wb = NULL, .vo = vo, .ob = a->o.b, .res = res, .y = y,
-                 .kk = kk, .lnw = ln->w, .lnb = ln->b, .pe = d->pe_img, .HW = Lq, .C = C,
-                 .Kq = I, .Lk = Lk, .HT = HT, .eps = d->eps_dec};
-    return i2t_pass(&c);
+        vitc__gemm(0, 1, Lq, Lk, dh, scale, q + h * dh, I, k + h * dh, I, 0.0f, S + h * Lk, HT);
+    vitc__softmax_rows(S, Lq * H, Lk, 1.0f);
+    vitc__linear(y, C, S, HT, vo, a->o.b, res, C, Lq, C, HT);
 }
 
 static void swap(float **a, float **b) {
@@ -814,19 +757,15 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         vitc__layernorm(r->Q, r->Q, L->ln3.w, L->ln3.b, Nt, C, d->eps_dec);
 
         add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
-        /* K2 = LN(attention + K) and kk = K2 + the positional embedding,
-         * the next layer's keys */
-        if (i == 0 && r->c0 && fold_pays(d, &L->i2t, Nt)) {
-            VITC_TRY(attend_i2t_cached(d, &L->i2t, &L->ln4, r, r->K2, r->kk, K, r->c0->q, HW,
-                                       r->qq, r->Q, Nt));
-        } else if (fold_pays(d, &L->i2t, Nt)) {
-            VITC_TRY(attend_i2t_folded(d, &L->i2t, &L->ln4, r, r->K2, r->kk, K, kk, HW, r->qq,
-                                       r->Q, Nt));
-        } else {
+        if (i == 0 && r->c0 && fold_pays(d, &L->i2t, Nt))
+            attend_i2t_cached(d, &L->i2t, r, r->K2, K, r->c0->q, HW, r->qq, r->Q, Nt);
+        else if (fold_pays(d, &L->i2t, Nt))
+            attend_i2t_folded(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt);
+        else
             VITC_TRY(attend(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt));
-            layernorm_add(r->K2, r->kk, L->ln4.w, L->ln4.b, d->pe_img, HW, C, d->eps_dec);
-        }
         swap(&r->K, &r->K2);
+        /* and kk = K + the positional embedding, the next layer's keys */
+        layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, d->pe_img, HW, C, d->eps_dec);
     }
     add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
     if (r->n_keep > 0 && fold_pays(d, &d->final, r->n_keep)) {
