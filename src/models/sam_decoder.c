@@ -433,12 +433,13 @@ static void add_part(void *vc, int64_t b, int64_t e, int tid) {
     add_rows(c->y + i0, c->a + i0, c->b + i0, i1 - i0);
 }
 
-/* y = LayerNorm(y) and z = y + pe over rows of C, a block of rows at a
- * time: the sum reads the rows while the LayerNorm has them in cache
- * instead of another pass over the image-sized map. */
+/* y = LayerNorm(y + bias) and z = y + pe over rows of C (bias [C] may be
+ * NULL), a block of rows at a time: the bias and the sum read the rows
+ * while the LayerNorm has them in cache instead of more passes over the
+ * image-sized map. */
 typedef struct lnadd_ctx {
     float *y, *z;
-    const float *w, *b, *pe;
+    const float *w, *b, *pe, *bias;
     int64_t C;
     float eps;
 } lnadd_ctx;
@@ -448,15 +449,37 @@ static void lnadd_part(void *vc, int64_t b, int64_t e, int tid) {
     (void)tid;
     for (int64_t r0 = b; r0 < e; r0 += 32) {
         const int64_t n = e - r0 < 32 ? e - r0 : 32, o = r0 * c->C;
+        if (c->bias)
+            for (int64_t i = 0; i < n; i++)
+                add_rows(c->y + o + i * c->C, c->y + o + i * c->C, c->bias, c->C);
         vitc__layernorm(c->y + o, c->y + o, c->w, c->b, n, c->C, c->eps);
         add_rows(c->z + o, c->y + o, c->pe + o, n * c->C);
     }
 }
 
-static void layernorm_add(float *y, float *z, const float *w, const float *b, const float *pe,
-                          int64_t M, int64_t C, float eps) {
-    lnadd_ctx c = {y, z, w, b, pe, C, eps};
+static void layernorm_add(float *y, float *z, const float *w, const float *b, const float *bias,
+                          const float *pe, int64_t M, int64_t C, float eps) {
+    lnadd_ctx c = {y, z, w, b, pe, bias, C, eps};
     vitc__parallel_range(M, lnadd_part, &c);
+}
+
+typedef struct copy_ctx {
+    float *y;
+    const float *x;
+    int64_t n;
+} copy_ctx;
+
+static void copy_part(void *vc, int64_t b, int64_t e, int tid) {
+    const copy_ctx *c = vc;
+    (void)tid;
+    const int64_t i0 = b * 4096, i1 = e * 4096 < c->n ? e * 4096 : c->n;
+    memcpy(c->y + i0, c->x + i0, (size_t)(i1 - i0) * sizeof(float));
+}
+
+/* memcpy over the threads (an image-sized map). */
+static void copy_par(float *y, const float *x, int64_t n) {
+    copy_ctx c = {y, x, n};
+    vitc__parallel_range((n + 4095) / 4096, copy_part, &c);
 }
 
 /* add_rows over the threads: the image-sized sums (a few MB) are memory
@@ -648,16 +671,24 @@ static void attend_t2i_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
 }
 
 /* The token side of attend_i2t_*: k and v [Lk, I] projected into r->aq,
- * and each head's values through out_proj, vo [C, H, Lk] (nn.Linear's
- * [out, in] layout, for the last GEMM). */
+ * and each head's values through out_proj, vo [H, Lk, C] (the last
+ * GEMM's B, not transposed). */
 static void i2t_token_side(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *vo,
                            const float *xk, const float *xv, int64_t Lk) {
-    const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
+    const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H;
     float *k = r->aq, *v = r->aq + Lk * I;
     vitc__linear(k, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
     vitc__linear(v, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
     for (int64_t h = 0; h < H; h++)
-        small_mm(vo + h * Lk, HT, a->o.w + h * dh, I, v + h * dh, I, 1, C, Lk, dh, 1.0f);
+        small_mm(vo + h * Lk * C, C, v + h * dh, I, a->o.w + h * dh, I, 1, Lk, C, dh, 1.0f);
+}
+
+/* y [Lq, C] += S [Lq, H T] vo [H T, C]: the residual already in y (a GEMM
+ * accumulating into it reads it once; the epilogue's residual read cost
+ * more), out_proj's bias left to the LayerNorm pass after. */
+static void i2t_out(float *y, const float *S, const float *vo, int64_t Lq, int64_t C,
+                    int64_t HT) {
+    vitc__gemm(0, 0, Lq, C, HT, 1.0f, S, HT, vo, C, 1.0f, y, C);
 }
 
 /* Image -> token attention with the image side never projected: the
@@ -665,15 +696,15 @@ static void i2t_token_side(const vitc__sam_dec *d, const sam_attn *a, sam_run *r
  * b_q,h . k_h, a [C] vector and a bias per (head, token)), the output
  * projection into the values (v_h W_o,h^T: [T, C] per head), so the HW
  * image rows meet only xq [HW, C] @ [C, H T] and P [HW, H T] @ [H T, C].
- * y [Lq, C] = out_proj(...) + res. */
+ * y [Lq, C] += out_proj(...) without out_proj's bias (i2t_out). */
 static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
-                              const float *res, const float *xq, int64_t Lq, const float *xk,
-                              const float *xv, int64_t Lk) {
+                              const float *xq, int64_t Lq, const float *xk, const float *xv,
+                              int64_t Lk) {
     const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
     const float scale = (float)(1.0 / sqrt((double)dh));
     const float *k = r->aq;     /* [Lk, I] */
     float *kq = r->av;          /* [H, Lk, C] the folded keys */
-    float *vo = r->av + HT * C; /* [C, H, Lk] the values through out_proj */
+    float *vo = r->av + HT * C; /* [H, Lk, C] the values through out_proj */
     float *kb = r->ao;          /* [H, Lk] the scores' bias */
     float *S = r->ak;           /* [Lq, H, Lk] */
     i2t_token_side(d, a, r, vo, xk, xv, Lk);
@@ -685,32 +716,32 @@ static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
             kb[h * Lk + t] = scale * acc;
         }
     }
-    /* kq and vo are in nn.Linear's [out, in] layout: the bias and the
-     * residual ride in the GEMMs' epilogue */
+    /* kq is in nn.Linear's [out, in] layout: the bias rides in the GEMM's
+     * epilogue */
     vitc__linear(S, HT, xq, C, kq, kb, NULL, 0, Lq, HT, C);
     /* rows of Lk: one softmax per (image row, head) */
     vitc__softmax_rows(S, Lq * H, Lk, 1.0f);
-    vitc__linear(y, C, S, HT, vo, a->o.b, res, C, Lq, C, HT);
+    i2t_out(y, S, vo, Lq, C, HT);
 }
 
 /* attend_i2t_folded for the first layer on an image's cache: its queries
  * q_proj(kk0) are prompt-independent and cached (q [Lq, I]), so the
  * scores are the literal per-head products q_h k_h^T (2 H T Lq dh
  * multiply-adds, a C / dh-th of the folded keys' Lq C H T) and only the
- * output projection stays folded into the values. */
+ * output projection stays folded into the values. y as attend_i2t_folded. */
 static void attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
-                              const float *res, const float *q, int64_t Lq, const float *xk,
-                              const float *xv, int64_t Lk) {
+                              const float *q, int64_t Lq, const float *xk, const float *xv,
+                              int64_t Lk) {
     const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
     const float scale = (float)(1.0 / sqrt((double)dh));
     const float *k = r->aq; /* [Lk, I] */
-    float *vo = r->av;      /* [C, H, Lk] the values through out_proj */
+    float *vo = r->av;      /* [H, Lk, C] the values through out_proj */
     float *S = r->ak;       /* [Lq, H, Lk] */
     i2t_token_side(d, a, r, vo, xk, xv, Lk);
     for (int64_t h = 0; h < H; h++)
         vitc__gemm(0, 1, Lq, Lk, dh, scale, q + h * dh, I, k + h * dh, I, 0.0f, S + h * Lk, HT);
     vitc__softmax_rows(S, Lq * H, Lk, 1.0f);
-    vitc__linear(y, C, S, HT, vo, a->o.b, res, C, Lq, C, HT);
+    i2t_out(y, S, vo, Lq, C, HT);
 }
 
 static void swap(float **a, float **b) {
@@ -757,15 +788,24 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         vitc__layernorm(r->Q, r->Q, L->ln3.w, L->ln3.b, Nt, C, d->eps_dec);
 
         add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
-        if (i == 0 && r->c0 && fold_pays(d, &L->i2t, Nt))
-            attend_i2t_cached(d, &L->i2t, r, r->K2, K, r->c0->q, HW, r->qq, r->Q, Nt);
-        else if (fold_pays(d, &L->i2t, Nt))
-            attend_i2t_folded(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt);
-        else
+        /* K = LN(K + attention), and kk = K + the positional embedding,
+         * the next layer's keys */
+        if (fold_pays(d, &L->i2t, Nt)) {
+            /* the folded forms add into K (the residual; the cache's copied
+             * in first) and leave out_proj's bias to the LayerNorm's pass */
+            if (K != r->K)
+                copy_par(r->K, K, HW * C);
+            if (i == 0 && r->c0)
+                attend_i2t_cached(d, &L->i2t, r, r->K, r->c0->q, HW, r->qq, r->Q, Nt);
+            else
+                attend_i2t_folded(d, &L->i2t, r, r->K, kk, HW, r->qq, r->Q, Nt);
+            layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, L->i2t.o.b, d->pe_img, HW, C,
+                          d->eps_dec);
+        } else {
             VITC_TRY(attend(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt));
-        swap(&r->K, &r->K2);
-        /* and kk = K + the positional embedding, the next layer's keys */
-        layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, d->pe_img, HW, C, d->eps_dec);
+            swap(&r->K, &r->K2);
+            layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, NULL, d->pe_img, HW, C, d->eps_dec);
+        }
     }
     add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
     if (r->n_keep > 0 && fold_pays(d, &d->final, r->n_keep)) {
