@@ -522,12 +522,52 @@ struct vitc__sam_dec_cache {
     /* [HW, I'] the first layer's image -> token queries (q_proj of kk0),
      * or NULL when that attention is not folded */
     float *q;
+    /* [H] each head's keys k_h [HW, dh] and values v_h^T [dh, HW] packed
+     * for the GEMM (the token -> image attention as two GEMMs per head,
+     * nothing of the image packed per prompt), or NULL (no packing
+     * kernel, out of memory): attend_kv then */
+    vitc__pweight *kh, *vh;
+    int64_t H;
 };
+
+static void free_packs(vitc__pweight *p, int64_t n) {
+    for (int64_t i = 0; p && i < n; i++) vitc__pweight_free(&p[i]);
+    free(p);
+}
 
 void vitc__sam_dec_cache_free(struct vitc__sam_dec_cache *c) {
     if (!c)
         return;
+    free_packs(c->kh, c->H);
+    free_packs(c->vh, c->H);
     free(c->K0), free(c->kk0), free(c->k), free(c->v), free(c->q), free(c);
+}
+
+/* c's per-head packs of its keys and values (left NULL when they cannot
+ * be made: the prompt falls back to attend_kv). */
+static void pack_heads(struct vitc__sam_dec_cache *c, int64_t HW, int64_t I, int64_t H) {
+    const int64_t dh = I / H;
+    if (!vitc__gemm_pack_kernel())
+        return;
+    float *t = malloc((size_t)(HW * dh) * sizeof(float)); /* [HW, dh] or [dh, HW] */
+    c->kh = calloc((size_t)H, sizeof *c->kh);
+    c->vh = calloc((size_t)H, sizeof *c->vh);
+    c->H = H;
+    int ok = t && c->kh && c->vh;
+    for (int64_t h = 0; ok && h < H; h++) {
+        for (int64_t i = 0; i < HW; i++)
+            memcpy(t + i * dh, c->k + i * I + h * dh, (size_t)dh * sizeof(float));
+        ok = vitc__pweight_pack(&c->kh[h], t, HW, dh, VITC_PRECISION_FP32) == VITC_OK;
+        for (int64_t i = 0; i < HW; i++)
+            for (int64_t j = 0; j < dh; j++) t[j * HW + i] = c->v[i * I + h * dh + j];
+        ok = ok && vitc__pweight_pack(&c->vh[h], t, dh, HW, VITC_PRECISION_FP32) == VITC_OK;
+    }
+    free(t);
+    if (!ok) {
+        free_packs(c->kh, H);
+        free_packs(c->vh, H);
+        c->kh = c->vh = NULL;
+    }
 }
 
 /* e's cache for d; NULL when out of memory or made by another decoder
@@ -558,6 +598,7 @@ static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
         vitc__linear(c->k, I, c->kk0, C, a->k.w, a->k.b, NULL, 0, HW, I, C);
         vitc__linear(c->v, I, c->K0, C, a->v.w, a->v.b, NULL, 0, HW, I, C);
         vitc__linear(c->q, b->I, c->kk0, C, b->q.w, b->q.b, NULL, 0, HW, b->I, C);
+        pack_heads(c, HW, I, d->heads);
         struct vitc__sam_dec_cache *expected = NULL;
         if (!__atomic_compare_exchange_n(slot, &expected, c, 0, __ATOMIC_ACQ_REL,
                                          __ATOMIC_ACQUIRE)) {
@@ -598,6 +639,62 @@ static vitc_status attend_kv(const vitc__sam_dec *d, const sam_attn *a, sam_run 
     s.o = r->ao, s.o_sh = dh, s.o_sr = I;
     s.scale = (float)(1.0 / sqrt((double)dh));
     VITC_TRY(vitc__sdpa(&s));
+    vitc__linear(y, C, r->ao, I, a->o.w, a->o.b, res, C, Lq, C, I);
+    return VITC_OK;
+}
+
+/* The first layer's token -> image attention on an image's cache, per
+ * head S_h = q_h k_h^T [Lq, HW], softmax, o_h = P_h v_h: two GEMMs a head
+ * against the cache's packs (sdpa's kernel does a few query rows poorly,
+ * and packs the keys and values per call). */
+typedef struct t2i0_ctx {
+    const struct vitc__sam_dec_cache *c;
+    const float *q; /* [Lq, I] */
+    float *S;       /* [H, Lq, HW] */
+    float *o;       /* [Lq, I] */
+    int64_t Lq, HW, I, dh;
+    float scale;
+    _Atomic int failed;
+} t2i0_ctx;
+
+static void t2i0_head(void *vc, int64_t h, int tid) {
+    t2i0_ctx *c = vc;
+    (void)tid;
+    float *S = c->S + h * c->Lq * c->HW;
+    /* W: never read, the packs being the current kernel's (t2i0_packed) */
+    const vitc__pweight *kp = &c->c->kh[h], *vp = &c->c->vh[h];
+    if (vitc__linear_pw(S, c->HW, c->q + h * c->dh, c->I, kp, kp->data, NULL, NULL, 0, c->Lq,
+                        c->HW, c->dh, VITC__ACT_NONE) != VITC_OK) {
+        c->failed = 1;
+        return;
+    }
+    vitc__softmax_rows(S, c->Lq, c->HW, c->scale);
+    if (vitc__linear_pw(c->o + h * c->dh, c->I, S, c->HW, vp, vp->data, NULL, NULL, 0, c->Lq,
+                        c->dh, c->HW, VITC__ACT_NONE) != VITC_OK)
+        c->failed = 1;
+}
+
+/* Whether t2i0_packed can run: the cache has its packs, made for the
+ * kernel in use, and r->ak holds the H scores [Lq, HW]. */
+static int t2i0_packs_usable(const vitc__sam_dec *d, const sam_attn *a, const sam_run *r,
+                             int64_t Lq) {
+    const struct vitc__sam_dec_cache *c = r->c0;
+    return c && c->kh && c->H == d->heads && c->kh[0].kern &&
+           c->kh[0].kern == vitc__gemm_pack_kernel() && d->heads * Lq <= a->I &&
+           strcmp(vitc__nn_dense_path(), "ref") != 0;
+}
+
+/* y [Lq, C] = out_proj(attention(q_proj(xq), cached k, v)) + res. */
+static vitc_status t2i0_packed(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                               const float *res, const float *xq, int64_t Lq) {
+    const int64_t C = d->C, I = a->I, dh = I / d->heads;
+    vitc__linear(r->aq, I, xq, C, a->q.w, a->q.b, NULL, 0, Lq, I, C);
+    t2i0_ctx c = {.c = r->c0, .q = r->aq, .S = r->ak, .o = r->ao, .Lq = Lq, .HW = r->HW,
+                  .I = I, .dh = dh, .scale = (float)(1.0 / sqrt((double)dh))};
+    vitc__parallel_for(d->heads, t2i0_head, &c);
+    if (c.failed)
+        return vitc__err(VITC_ERR_INVALID_ARG, "SAM token -> image attention: a GEMM refused "
+                         "its arguments");
     vitc__linear(y, C, r->ao, I, a->o.w, a->o.b, res, C, Lq, C, I);
     return VITC_OK;
 }
@@ -772,7 +869,9 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
             K = r->c0->K0, kk = r->c0->kk0;
         else if (i == 0) /* later layers': with the LayerNorm before */
             add_rows_par(r->kk, r->K, d->pe_img, HW * C);
-        if (i == 0 && r->c0)
+        if (i == 0 && t2i0_packs_usable(d, &L->t2i, r, Nt))
+            VITC_TRY(t2i0_packed(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt));
+        else if (i == 0 && r->c0)
             VITC_TRY(attend_kv(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->c0->k, r->c0->v, HW));
         else if (fold_pays(d, &L->t2i, Nt))
             attend_t2i_folded(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW);
