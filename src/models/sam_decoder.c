@@ -1126,6 +1126,18 @@ static void post_rows_x(void *vc, int64_t b, int64_t e, int tid) {
     }
 }
 
+/* dst = w0 t0 + w1 t1 + w2 t2 + w3 t3 over n floats: blocks of a fixed 8
+ * (and no aliasing) so that the compiler vectorises it at -O2. */
+static void mix4(float *restrict dst, const float *restrict t0, const float *restrict t1,
+                 const float *restrict t2, const float *restrict t3, const float *w, int64_t n) {
+    const float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+    int64_t x = 0;
+    for (; x + 8 <= n; x += 8)
+        for (int k = 0; k < 8; k++)
+            dst[x + k] = w0 * t0[x + k] + w1 * t1[x + k] + w2 * t2[x + k] + w3 * t3[x + k];
+    for (; x < n; x++) dst[x] = w0 * t0[x] + w1 * t1[x] + w2 * t2[x] + w3 * t3[x];
+}
+
 static void post_rows_y(void *vc, int64_t b, int64_t e, int tid) {
     (void)tid;
     const post_ctx *c = vc;
@@ -1133,12 +1145,8 @@ static void post_rows_y(void *vc, int64_t b, int64_t e, int tid) {
         int64_t m = r / c->oh, y = r % c->oh;
         const float *t = c->tmp + m * c->lh * c->ow;
         const int64_t *iy = c->yi + 4 * y;
-        const float *wy = c->yw + 4 * y;
-        const float *t0 = t + iy[0] * c->ow, *t1 = t + iy[1] * c->ow, *t2 = t + iy[2] * c->ow,
-                    *t3 = t + iy[3] * c->ow;
-        float *dst = c->out + r * c->ow;
-        for (int64_t x = 0; x < c->ow; x++)
-            dst[x] = wy[0] * t0[x] + wy[1] * t1[x] + wy[2] * t2[x] + wy[3] * t3[x];
+        mix4(c->out + r * c->ow, t + iy[0] * c->ow, t + iy[1] * c->ow, t + iy[2] * c->ow,
+             t + iy[3] * c->ow, c->yw + 4 * y, c->ow);
     }
 }
 
