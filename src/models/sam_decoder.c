@@ -38,6 +38,10 @@ enum { SAM_ACT_GELU, SAM_ACT_RELU };
 
 typedef struct sam_wb {
     float *w, *b;
+    /* a linear layer's w packed for the GEMM once (the prompt's GEMMs have
+     * a few rows: packing w per call cost as much as the product); empty
+     * without a packing kernel (vitc__linear_pw reads w then) */
+    vitc__pweight pw;
 } sam_wb;
 
 /* SamAttention: q/k/v projections to I = C / downsample, heads over I. */
@@ -84,6 +88,8 @@ struct vitc__sam_dec {
     float *pe_img; /* [grid*grid, C] the dense positional embedding */
     void **bufs;
     int n_bufs, cap_bufs;
+    sam_wb **packed; /* the layers whose pw is made, to free */
+    int n_packed, cap_packed;
 };
 
 /* ------------------------------------------------------------------ */
@@ -132,7 +138,20 @@ static vitc_status take(vitc__sam_dec *d, const vitc__shards *sh, float **dst, c
 static vitc_status take_linear(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t out,
                                int64_t in, const char *module) {
     VITC_TRY(take(d, sh, &l->w, SHAPE(out, in), "%s.weight", module));
-    return take(d, sh, &l->b, SHAPE(out), "%s.bias", module);
+    VITC_TRY(take(d, sh, &l->b, SHAPE(out), "%s.bias", module));
+    if (!vitc__gemm_pack_kernel())
+        return VITC_OK;
+    if (d->n_packed == d->cap_packed) {
+        int cap = d->cap_packed ? 2 * d->cap_packed : 64;
+        void *a = realloc(d->packed, (size_t)cap * sizeof *d->packed);
+        if (!a)
+            return vitc__err(VITC_ERR_NOMEM, "out of memory packing %s", module);
+        d->packed = a;
+        d->cap_packed = cap;
+    }
+    VITC_TRY(vitc__pweight_pack(&l->pw, l->w, out, in, VITC_PRECISION_FP32));
+    d->packed[d->n_packed++] = l;
+    return VITC_OK;
 }
 
 static vitc_status take_ln(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t C,
@@ -398,6 +417,8 @@ void vitc__sam_dec_free(vitc__sam_dec *d) {
         return;
     vitc__pweight_free(&d->up1_pw);
     vitc__pweight_free(&d->up2_pw);
+    for (int i = 0; i < d->n_packed; i++) vitc__pweight_free(&d->packed[i]->pw);
+    free(d->packed);
     for (int i = 0; i < d->n_bufs; i++) free(d->bufs[i]);
     free(d->bufs);
     free(d->layers);
@@ -407,6 +428,15 @@ void vitc__sam_dec_free(vitc__sam_dec *d) {
 /* ------------------------------------------------------------------ */
 /* Forward                                                            */
 /* ------------------------------------------------------------------ */
+
+/* y [M, N] = x [M, K] l->w^T + l->b (+ res), through l's pack. The pack
+ * being made by this build's packers for the kernel in use, or empty,
+ * the call cannot refuse its arguments. */
+static void lin(float *y, int64_t ldy, const float *x, int64_t ldx, const sam_wb *l,
+                const float *res, int64_t ldr, int64_t M, int64_t N, int64_t K) {
+    (void)vitc__linear_pw(y, ldy, x, ldx, &l->pw, l->w, l->b, res, ldr, M, N, K,
+                          VITC__ACT_NONE);
+}
 
 static void act(float *x, int64_t n, int kind) {
     if (kind == SAM_ACT_GELU) {
@@ -595,9 +625,9 @@ static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
         for (int64_t i = 0; i < HW; i++)
             add_rows(c->K0 + i * C, e->emb_cl + i * C, d->no_mask, C);
         add_rows(c->kk0, c->K0, d->pe_img, HW * C);
-        vitc__linear(c->k, I, c->kk0, C, a->k.w, a->k.b, NULL, 0, HW, I, C);
-        vitc__linear(c->v, I, c->K0, C, a->v.w, a->v.b, NULL, 0, HW, I, C);
-        vitc__linear(c->q, b->I, c->kk0, C, b->q.w, b->q.b, NULL, 0, HW, b->I, C);
+        lin(c->k, I, c->kk0, C, &a->k, NULL, 0, HW, I, C);
+        lin(c->v, I, c->K0, C, &a->v, NULL, 0, HW, I, C);
+        lin(c->q, b->I, c->kk0, C, &b->q, NULL, 0, HW, b->I, C);
         pack_heads(c, HW, I, d->heads);
         struct vitc__sam_dec_cache *expected = NULL;
         if (!__atomic_compare_exchange_n(slot, &expected, c, 0, __ATOMIC_ACQ_REL,
@@ -619,8 +649,8 @@ static vitc_status attend(const vitc__sam_dec *d, const sam_attn *a, sam_run *r,
                           const float *res, const float *xq, int64_t Lq, const float *xk,
                           const float *xv, int64_t Lk) {
     const int64_t C = d->C, I = a->I;
-    vitc__linear(r->ak, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
-    vitc__linear(r->av, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
+    lin(r->ak, I, xk, C, &a->k, NULL, 0, Lk, I, C);
+    lin(r->av, I, xv, C, &a->v, NULL, 0, Lk, I, C);
     return attend_kv(d, a, r, y, res, xq, Lq, r->ak, r->av, Lk);
 }
 
@@ -629,7 +659,7 @@ static vitc_status attend_kv(const vitc__sam_dec *d, const sam_attn *a, sam_run 
                              const float *res, const float *xq, int64_t Lq, const float *k,
                              const float *v, int64_t Lk) {
     const int64_t C = d->C, I = a->I, dh = I / d->heads;
-    vitc__linear(r->aq, I, xq, C, a->q.w, a->q.b, NULL, 0, Lq, I, C);
+    lin(r->aq, I, xq, C, &a->q, NULL, 0, Lq, I, C);
     vitc__sdpa_desc s;
     memset(&s, 0, sizeof s);
     s.B = 1, s.H = d->heads, s.L = Lq, s.S = Lk, s.D = dh, s.Dv = dh;
@@ -639,7 +669,7 @@ static vitc_status attend_kv(const vitc__sam_dec *d, const sam_attn *a, sam_run 
     s.o = r->ao, s.o_sh = dh, s.o_sr = I;
     s.scale = (float)(1.0 / sqrt((double)dh));
     VITC_TRY(vitc__sdpa(&s));
-    vitc__linear(y, C, r->ao, I, a->o.w, a->o.b, res, C, Lq, C, I);
+    lin(y, C, r->ao, I, &a->o, res, C, Lq, C, I);
     return VITC_OK;
 }
 
@@ -688,14 +718,14 @@ static int t2i0_packs_usable(const vitc__sam_dec *d, const sam_attn *a, const sa
 static vitc_status t2i0_packed(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
                                const float *res, const float *xq, int64_t Lq) {
     const int64_t C = d->C, I = a->I, dh = I / d->heads;
-    vitc__linear(r->aq, I, xq, C, a->q.w, a->q.b, NULL, 0, Lq, I, C);
+    lin(r->aq, I, xq, C, &a->q, NULL, 0, Lq, I, C);
     t2i0_ctx c = {.c = r->c0, .q = r->aq, .S = r->ak, .o = r->ao, .Lq = Lq, .HW = r->HW,
                   .I = I, .dh = dh, .scale = (float)(1.0 / sqrt((double)dh))};
     vitc__parallel_for(d->heads, t2i0_head, &c);
     if (c.failed)
         return vitc__err(VITC_ERR_INVALID_ARG, "SAM token -> image attention: a GEMM refused "
                          "its arguments");
-    vitc__linear(y, C, r->ao, I, a->o.w, a->o.b, res, C, Lq, C, I);
+    lin(y, C, r->ao, I, &a->o, res, C, Lq, C, I);
     return VITC_OK;
 }
 
@@ -752,7 +782,7 @@ static void attend_t2i_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
     float *qk = r->aq + Lq * I;  /* [H, Lq, C] the folded queries */
     float *S = r->ak;            /* [H, Lq, Lk] */
     float *px = r->av;           /* [H, Lq, C] P x per head */
-    vitc__linear(q, I, xq, C, a->q.w, a->q.b, NULL, 0, Lq, I, C);
+    lin(q, I, xq, C, &a->q, NULL, 0, Lq, I, C);
     for (int64_t h = 0; h < H; h++)
         small_mm(qk + h * Lq * C, C, q + h * dh, I, a->k.w + h * dh * C, C, 0, Lq, C, dh, scale);
     vitc__gemm(0, 1, H * Lq, Lk, C, 1.0f, qk, C, xk, C, 0.0f, S, Lk);
@@ -764,7 +794,7 @@ static void attend_t2i_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
         for (int64_t t = 0; t < Lq; t++)
             for (int64_t j = 0; j < dh; j++) r->ao[t * I + h * dh + j] += a->v.b[h * dh + j];
     }
-    vitc__linear(y, C, r->ao, I, a->o.w, a->o.b, res, C, Lq, C, I);
+    lin(y, C, r->ao, I, &a->o, res, C, Lq, C, I);
 }
 
 /* The token side of attend_i2t_*: k and v [Lk, I] projected into r->aq,
@@ -774,8 +804,8 @@ static void i2t_token_side(const vitc__sam_dec *d, const sam_attn *a, sam_run *r
                            const float *xk, const float *xv, int64_t Lk) {
     const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H;
     float *k = r->aq, *v = r->aq + Lk * I;
-    vitc__linear(k, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
-    vitc__linear(v, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
+    lin(k, I, xk, C, &a->k, NULL, 0, Lk, I, C);
+    lin(v, I, xv, C, &a->v, NULL, 0, Lk, I, C);
     for (int64_t h = 0; h < H; h++)
         small_mm(vo + h * Lk * C, C, v + h * dh, I, a->o.w + h * dh, I, 1, Lk, C, dh, 1.0f);
 }
@@ -880,9 +910,9 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         swap(&r->Q, &r->Q2);
         vitc__layernorm(r->Q, r->Q, L->ln2.w, L->ln2.b, Nt, C, d->eps_dec);
 
-        vitc__linear(r->hid, d->mlp, r->Q, C, L->lin1.w, L->lin1.b, NULL, 0, Nt, d->mlp, C);
+        lin(r->hid, d->mlp, r->Q, C, &L->lin1, NULL, 0, Nt, d->mlp, C);
         act(r->hid, Nt * d->mlp, d->act_mlp);
-        vitc__linear(r->Q2, C, r->hid, d->mlp, L->lin2.w, L->lin2.b, r->Q, C, Nt, C, d->mlp);
+        lin(r->Q2, C, r->hid, d->mlp, &L->lin2, r->Q, C, Nt, C, d->mlp);
         swap(&r->Q, &r->Q2);
         vitc__layernorm(r->Q, r->Q, L->ln3.w, L->ln3.b, Nt, C, d->eps_dec);
 
@@ -938,16 +968,14 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
 /* SamFeedForward on one row x [in] into y [out_dim]; tmp [2 * hidden]. */
 static void ffn(const sam_ffn *f, float *y, const float *x, int64_t in, float *tmp) {
     float *a = tmp, *b = tmp + f->hidden;
-    vitc__linear(a, f->hidden, x, in, f->in.w, f->in.b, NULL, 0, 1, f->hidden, in);
+    lin(a, f->hidden, x, in, &f->in, NULL, 0, 1, f->hidden, in);
     act(a, f->hidden, SAM_ACT_RELU);
     for (int i = 0; i < f->n_mid; i++) {
-        vitc__linear(b, f->hidden, a, f->hidden, f->mid[i].w, f->mid[i].b, NULL, 0, 1, f->hidden,
-                     f->hidden);
+        lin(b, f->hidden, a, f->hidden, &f->mid[i], NULL, 0, 1, f->hidden, f->hidden);
         act(b, f->hidden, SAM_ACT_RELU);
         swap(&a, &b);
     }
-    vitc__linear(y, f->out_dim, a, f->hidden, f->out.w, f->out.b, NULL, 0, 1, f->out_dim,
-                 f->hidden);
+    lin(y, f->out_dim, a, f->hidden, &f->out, NULL, 0, 1, f->out_dim, f->hidden);
 }
 
 /* A 2x2 / 2 convolution of x [H, W, Cin] into y [H/2, W/2, O], through
