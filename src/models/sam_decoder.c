@@ -1098,12 +1098,24 @@ static vitc_status convt2(const sam_wb *l, float *y, const float *x, int64_t H, 
  * with the hypernetwork rows while it is in cache: the [2G, 2G, C/4] and
  * [4G, 4G, C/8] maps are never formed, and no weight is packed per call. */
 
+/* a . b over n floats: 8 partial sums in loops of a fixed 8 (which the
+ * compiler vectorises at -O2), added pairwise at the end. */
+static float dot8(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int k = 0; k < 8; k++) acc[k] += a[c + k] * b[c + k];
+    float v = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; c < n; c++) v += a[c] * b[c];
+    return v;
+}
+
 typedef struct up_ctx {
     const vitc__sam_dec *d;
     const float *x;     /* [G, G, C] */
     const float *hyper; /* [n, C/8] */
     float *low;         /* [n, 4G, 4G] */
-    float *scr;         /* per thread: z1 [4G, C/4], z2 [16G, C/8], [16G, n] */
+    float *scr;         /* per thread: z1 [4 UP_PIX, C/4], z2 [16 UP_PIX, C/8] */
     int64_t n, G, per;
     _Atomic int failed;
 } up_ctx;
@@ -1115,7 +1127,6 @@ static void up_row(void *vc, int64_t blk, int tid) {
     const int64_t p0 = blk * UP_PIX, P = G * G - p0 < UP_PIX ? G * G - p0 : UP_PIX;
     float *z1 = c->scr + tid * c->per; /* [P, 2, 2, C/4]: (pixel, tap) rows */
     float *z2 = z1 + 4 * P * C4;       /* [P, 2, 2, 2, 2, C/8] */
-    float *mk = z2 + 16 * P * C8;      /* [P, 2, 2, 2, 2, n] */
     if (vitc__linear_pw(z1, 4 * C4, c->x + p0 * C, C, &d->up1_pw, d->up1.w, d->up1_b4, NULL, 0,
                         P, 4 * C4, C, VITC__ACT_NONE) != VITC_OK) {
         c->failed = 1;
@@ -1128,13 +1139,15 @@ static void up_row(void *vc, int64_t blk, int tid) {
         c->failed = 1;
         return;
     }
-    vitc__gemm(0, 1, 16 * P, c->n, C8, 1.0f, z2, C8, c->hyper, C8, 0.0f, mk, c->n);
+    /* The masks' dot products (n of C/8 per z2 row) straight into their
+     * pixels: a GEMM of N = n here cost more in packing z2 than in
+     * products. */
     for (int64_t r = 0; r < 4 * P; r++) { /* z1's row: pixel (iy, ix), tap (i1, j1) */
         const int64_t iy = (p0 + r / 4) / G, ix = (p0 + r / 4) % G, i1 = r / 2 % 2, j1 = r % 2;
         for (int64_t q = 0; q < 4; q++) { /* z2's tap (i2, j2) */
             const int64_t Y = 4 * iy + 2 * i1 + q / 2, X = 4 * ix + 2 * j1 + q % 2;
             for (int64_t m = 0; m < c->n; m++)
-                c->low[(m * lo + Y) * lo + X] = mk[(4 * r + q) * c->n + m];
+                c->low[(m * lo + Y) * lo + X] = dot8(z2 + (4 * r + q) * C8, c->hyper + m * C8, C8);
         }
     }
 }
@@ -1142,7 +1155,7 @@ static void up_row(void *vc, int64_t blk, int tid) {
 /* low [n, 4G, 4G] = hyper [n, C/8] . upscale(x [G, G, C]) per pixel. */
 static vitc_status upscale_fused(const vitc__sam_dec *d, const float *x, const float *hyper,
                                  int64_t n, float *low) {
-    const int64_t G = d->grid, C = d->C, per = UP_PIX * (4 * (C / 4) + 16 * (C / 8 + n));
+    const int64_t G = d->grid, C = d->C, per = UP_PIX * (4 * (C / 4) + 16 * (C / 8));
     const int nt = vitc__num_threads();
     up_ctx c = {.d = d, .x = x, .hyper = hyper, .low = low, .n = n, .G = G, .per = per};
     c.scr = malloc((size_t)(nt * per) * sizeof(float));
