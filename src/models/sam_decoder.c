@@ -557,6 +557,9 @@ struct vitc__sam_dec_cache {
      * nothing of the image packed per prompt), or NULL (no packing
      * kernel, out of memory): attend_kv then */
     vitc__pweight *kh, *vh;
+    /* [H] each head's image -> token queries q_h [HW, dh'] packed, or NULL
+     * (attend_i2t_cached's per-head GEMMs then) */
+    vitc__pweight *qh;
     int64_t H;
 };
 
@@ -570,20 +573,24 @@ void vitc__sam_dec_cache_free(struct vitc__sam_dec_cache *c) {
         return;
     free_packs(c->kh, c->H);
     free_packs(c->vh, c->H);
+    free_packs(c->qh, c->H);
     free(c->K0), free(c->kk0), free(c->k), free(c->v), free(c->q), free(c);
 }
 
 /* c's per-head packs of its keys and values (left NULL when they cannot
  * be made: the prompt falls back to attend_kv). */
-static void pack_heads(struct vitc__sam_dec_cache *c, int64_t HW, int64_t I, int64_t H) {
-    const int64_t dh = I / H;
+static void pack_heads(struct vitc__sam_dec_cache *c, int64_t HW, int64_t I, int64_t I2,
+                       int64_t H) {
+    const int64_t dh = I / H, dh2 = I2 / H;
     if (!vitc__gemm_pack_kernel())
         return;
-    float *t = malloc((size_t)(HW * dh) * sizeof(float)); /* [HW, dh] or [dh, HW] */
+    /* [HW, dh] or [dh, HW] or [HW, dh2] */
+    float *t = malloc((size_t)(HW * (dh > dh2 ? dh : dh2)) * sizeof(float));
     c->kh = calloc((size_t)H, sizeof *c->kh);
     c->vh = calloc((size_t)H, sizeof *c->vh);
+    c->qh = calloc((size_t)H, sizeof *c->qh);
     c->H = H;
-    int ok = t && c->kh && c->vh;
+    int ok = t && c->kh && c->vh && c->qh;
     for (int64_t h = 0; ok && h < H; h++) {
         for (int64_t i = 0; i < HW; i++)
             memcpy(t + i * dh, c->k + i * I + h * dh, (size_t)dh * sizeof(float));
@@ -591,12 +598,16 @@ static void pack_heads(struct vitc__sam_dec_cache *c, int64_t HW, int64_t I, int
         for (int64_t i = 0; i < HW; i++)
             for (int64_t j = 0; j < dh; j++) t[j * HW + i] = c->v[i * I + h * dh + j];
         ok = ok && vitc__pweight_pack(&c->vh[h], t, dh, HW, VITC_PRECISION_FP32) == VITC_OK;
+        for (int64_t i = 0; i < HW; i++)
+            memcpy(t + i * dh2, c->q + i * I2 + h * dh2, (size_t)dh2 * sizeof(float));
+        ok = ok && vitc__pweight_pack(&c->qh[h], t, HW, dh2, VITC_PRECISION_FP32) == VITC_OK;
     }
     free(t);
     if (!ok) {
         free_packs(c->kh, H);
         free_packs(c->vh, H);
-        c->kh = c->vh = NULL;
+        free_packs(c->qh, H);
+        c->kh = c->vh = c->qh = NULL;
     }
 }
 
@@ -628,7 +639,7 @@ static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
         lin(c->k, I, c->kk0, C, &a->k, NULL, 0, HW, I, C);
         lin(c->v, I, c->K0, C, &a->v, NULL, 0, HW, I, C);
         lin(c->q, b->I, c->kk0, C, &b->q, NULL, 0, HW, b->I, C);
-        pack_heads(c, HW, I, d->heads);
+        pack_heads(c, HW, I, b->I, d->heads);
         struct vitc__sam_dec_cache *expected = NULL;
         if (!__atomic_compare_exchange_n(slot, &expected, c, 0, __ATOMIC_ACQ_REL,
                                          __ATOMIC_ACQUIRE)) {
@@ -773,11 +784,28 @@ typedef struct soft_ctx {
     int64_t rows, n;
 } soft_ctx;
 
+/* softmax(scale x) down each lane of buf [n][SOFT_ROWS] (scale > 0) */
+static void soft_lanes(float (*buf)[SOFT_ROWS], int64_t n, float scale) {
+    float mx[SOFT_ROWS], sum[SOFT_ROWS];
+    for (int i = 0; i < SOFT_ROWS; i++) mx[i] = buf[0][i];
+    for (int64_t t = 1; t < n; t++)
+        for (int i = 0; i < SOFT_ROWS; i++) mx[i] = buf[t][i] > mx[i] ? buf[t][i] : mx[i];
+    for (int i = 0; i < SOFT_ROWS; i++) sum[i] = 0.0f;
+    for (int64_t t = 0; t < n; t++) {
+        for (int i = 0; i < SOFT_ROWS; i++) buf[t][i] = (buf[t][i] - mx[i]) * scale;
+        exp_lanes(buf[t]);
+        for (int i = 0; i < SOFT_ROWS; i++) sum[i] += buf[t][i];
+    }
+    for (int i = 0; i < SOFT_ROWS; i++) sum[i] = 1.0f / sum[i];
+    for (int64_t t = 0; t < n; t++)
+        for (int i = 0; i < SOFT_ROWS; i++) buf[t][i] *= sum[i];
+}
+
 /* blocks [b, e) of SOFT_ROWS rows */
 static void soft_part(void *vc, int64_t b, int64_t e, int tid) {
     const soft_ctx *c = vc;
     const int64_t n = c->n;
-    float buf[SOFT_MAX_T][SOFT_ROWS], mx[SOFT_ROWS], sum[SOFT_ROWS];
+    float buf[SOFT_MAX_T][SOFT_ROWS];
     (void)tid;
     int64_t r = b * SOFT_ROWS;
     e = e * SOFT_ROWS < c->rows ? e * SOFT_ROWS : c->rows;
@@ -785,21 +813,35 @@ static void soft_part(void *vc, int64_t b, int64_t e, int tid) {
         float *x = c->x + r * n; /* [SOFT_ROWS, n] */
         for (int64_t t = 0; t < n; t++)
             for (int i = 0; i < SOFT_ROWS; i++) buf[t][i] = x[i * n + t];
-        for (int i = 0; i < SOFT_ROWS; i++) mx[i] = buf[0][i];
-        for (int64_t t = 1; t < n; t++)
-            for (int i = 0; i < SOFT_ROWS; i++) mx[i] = buf[t][i] > mx[i] ? buf[t][i] : mx[i];
-        for (int i = 0; i < SOFT_ROWS; i++) sum[i] = 0.0f;
-        for (int64_t t = 0; t < n; t++) {
-            for (int i = 0; i < SOFT_ROWS; i++) buf[t][i] -= mx[i];
-            exp_lanes(buf[t]);
-            for (int i = 0; i < SOFT_ROWS; i++) sum[i] += buf[t][i];
-        }
-        for (int i = 0; i < SOFT_ROWS; i++) sum[i] = 1.0f / sum[i];
+        soft_lanes(buf, n, 1.0f);
         for (int64_t t = 0; t < n; t++)
-            for (int i = 0; i < SOFT_ROWS; i++) x[i * n + t] = buf[t][i] * sum[i];
+            for (int i = 0; i < SOFT_ROWS; i++) x[i * n + t] = buf[t][i];
     }
     if (r < e) /* the last few rows */
         vitc__softmax_rows(c->x + r * n, e - r, n, 1.0f);
+}
+
+/* softmax(scale x) down each column of x [n, L] (n <= SOFT_MAX_T): the
+ * lanes are L's contiguous floats, no transposition. */
+static void softmax_cols(float *x, int64_t n, int64_t L, float scale) {
+    float buf[SOFT_MAX_T][SOFT_ROWS];
+    int64_t i0 = 0;
+    for (; i0 + SOFT_ROWS <= L; i0 += SOFT_ROWS) {
+        for (int64_t t = 0; t < n; t++)
+            memcpy(buf[t], x + t * L + i0, sizeof buf[t]);
+        soft_lanes(buf, n, scale);
+        for (int64_t t = 0; t < n; t++)
+            memcpy(x + t * L + i0, buf[t], sizeof buf[t]);
+    }
+    for (; i0 < L; i0++) { /* the last few columns */
+        float mx = x[i0], sum = 0.0f;
+        for (int64_t t = 1; t < n; t++) mx = x[t * L + i0] > mx ? x[t * L + i0] : mx;
+        for (int64_t t = 0; t < n; t++) {
+            x[t * L + i0] = expf((x[t * L + i0] - mx) * scale);
+            sum += x[t * L + i0];
+        }
+        for (int64_t t = 0; t < n; t++) x[t * L + i0] /= sum;
+    }
 }
 
 /* In-place softmax over rows of n (vitc__softmax_rows' result within a few
@@ -935,6 +977,29 @@ static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
     i2t_out(y, S, vo, Lq, C, HT);
 }
 
+typedef struct i2tc_ctx {
+    const struct vitc__sam_dec_cache *c;
+    const float *k; /* [Lk, I] */
+    float *S;       /* [H, Lk, Lq] */
+    int64_t Lq, Lk, I, dh;
+    float scale;
+    _Atomic int failed;
+} i2tc_ctx;
+
+static void i2tc_head(void *vc, int64_t h, int tid) {
+    i2tc_ctx *t = vc;
+    float *S = t->S + h * t->Lk * t->Lq;
+    const vitc__pweight *qp = &t->c->qh[h];
+    (void)tid;
+    /* W: never read, the pack being the current kernel's */
+    if (vitc__linear_pw(S, t->Lq, t->k + h * t->dh, t->I, qp, qp->data, NULL, NULL, 0, t->Lk,
+                        t->Lq, t->dh, VITC__ACT_NONE) != VITC_OK) {
+        t->failed = 1;
+        return;
+    }
+    softmax_cols(S, t->Lk, t->Lq, t->scale);
+}
+
 /* attend_i2t_folded for the first layer on an image's cache: its queries
  * q_proj(kk0) are prompt-independent and cached (q [Lq, I]), so the
  * scores are the literal per-head products q_h k_h^T (2 H T Lq dh
@@ -949,6 +1014,20 @@ static void attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run
     float *vo = r->av;      /* [H, Lk, C] the values through out_proj */
     float *S = r->ak;       /* [Lq, H, Lk] */
     i2t_token_side(d, a, r, vo, xk, xv, Lk);
+    const struct vitc__sam_dec_cache *c = r->c0;
+    if (c && c->qh && c->H == H && c->qh[0].kern == vitc__gemm_pack_kernel() &&
+        Lk <= SOFT_MAX_T) {
+        /* the scores transposed, S^T [H, Lk, Lq] = k_h q_h^T against the
+         * cache's packs (nothing of the image packed), each head's
+         * softmax down its columns while they are in cache */
+        i2tc_ctx t = {.c = c, .k = k, .S = S, .Lq = Lq, .Lk = Lk, .I = I, .dh = dh,
+                      .scale = scale};
+        vitc__parallel_for(H, i2tc_head, &t);
+        if (!t.failed) {
+            vitc__gemm(1, 0, Lq, C, HT, 1.0f, S, Lq, vo, C, 1.0f, y, C);
+            return;
+        }
+    }
     for (int64_t h = 0; h < H; h++)
         vitc__gemm(0, 1, Lq, Lk, dh, scale, q + h * dh, I, k + h * dh, I, 0.0f, S + h * Lk, HT);
     softmax_short(S, Lq * H, Lk);
