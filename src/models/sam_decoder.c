@@ -463,13 +463,13 @@ static void add_part(void *vc, int64_t b, int64_t e, int tid) {
     add_rows(c->y + i0, c->a + i0, c->b + i0, i1 - i0);
 }
 
-/* y = LayerNorm(y + bias) and z = y + pe over rows of C (bias [C] may be
- * NULL), a block of rows at a time: the bias and the sum read the rows
- * while the LayerNorm has them in cache instead of more passes over the
- * image-sized map. */
+/* y = LayerNorm(y + res + bias) and z = y + pe over rows of C (res [M, C]
+ * and bias [C] may be NULL), a block of rows at a time: the sums read the
+ * rows while the LayerNorm has them in cache instead of more passes over
+ * the image-sized map. */
 typedef struct lnadd_ctx {
     float *y, *z;
-    const float *w, *b, *pe, *bias;
+    const float *w, *b, *pe, *res, *bias;
     int64_t C;
     float eps;
 } lnadd_ctx;
@@ -479,6 +479,8 @@ static void lnadd_part(void *vc, int64_t b, int64_t e, int tid) {
     (void)tid;
     for (int64_t r0 = b; r0 < e; r0 += 32) {
         const int64_t n = e - r0 < 32 ? e - r0 : 32, o = r0 * c->C;
+        if (c->res)
+            add_rows(c->y + o, c->y + o, c->res + o, n * c->C);
         if (c->bias)
             for (int64_t i = 0; i < n; i++)
                 add_rows(c->y + o + i * c->C, c->y + o + i * c->C, c->bias, c->C);
@@ -487,29 +489,10 @@ static void lnadd_part(void *vc, int64_t b, int64_t e, int tid) {
     }
 }
 
-static void layernorm_add(float *y, float *z, const float *w, const float *b, const float *bias,
-                          const float *pe, int64_t M, int64_t C, float eps) {
-    lnadd_ctx c = {y, z, w, b, pe, bias, C, eps};
+static void layernorm_add(float *y, float *z, const float *w, const float *b, const float *res,
+                          const float *bias, const float *pe, int64_t M, int64_t C, float eps) {
+    lnadd_ctx c = {y, z, w, b, pe, res, bias, C, eps};
     vitc__parallel_range(M, lnadd_part, &c);
-}
-
-typedef struct copy_ctx {
-    float *y;
-    const float *x;
-    int64_t n;
-} copy_ctx;
-
-static void copy_part(void *vc, int64_t b, int64_t e, int tid) {
-    const copy_ctx *c = vc;
-    (void)tid;
-    const int64_t i0 = b * 4096, i1 = e * 4096 < c->n ? e * 4096 : c->n;
-    memcpy(c->y + i0, c->x + i0, (size_t)(i1 - i0) * sizeof(float));
-}
-
-/* memcpy over the threads (an image-sized map). */
-static void copy_par(float *y, const float *x, int64_t n) {
-    copy_ctx c = {y, x, n};
-    vitc__parallel_range((n + 4095) / 4096, copy_part, &c);
 }
 
 /* add_rows over the threads: the image-sized sums (a few MB) are memory
@@ -936,12 +919,13 @@ static void i2t_token_side(const vitc__sam_dec *d, const sam_attn *a, sam_run *r
         small_mm(vo + h * Lk * C, C, v + h * dh, I, a->o.w + h * dh, I, 1, Lk, C, dh, 1.0f);
 }
 
-/* y [Lq, C] += S [Lq, H T] vo [H T, C]: the residual already in y (a GEMM
- * accumulating into it reads it once; the epilogue's residual read cost
- * more), out_proj's bias left to the LayerNorm pass after. */
+/* y [Lq, C] = S [Lq, H T] vo [H T, C] + beta y: beta 1 adds into the
+ * residual already in y (a GEMM accumulating reads it once; the
+ * epilogue's residual read cost more), beta 0 leaves the residual to the
+ * LayerNorm's pass after, as out_proj's bias always is. */
 static void i2t_out(float *y, const float *S, const float *vo, int64_t Lq, int64_t C,
-                    int64_t HT) {
-    vitc__gemm(0, 0, Lq, C, HT, 1.0f, S, HT, vo, C, 1.0f, y, C);
+                    int64_t HT, float beta) {
+    vitc__gemm(0, 0, Lq, C, HT, 1.0f, S, HT, vo, C, beta, y, C);
 }
 
 /* Image -> token attention with the image side never projected: the
@@ -949,10 +933,10 @@ static void i2t_out(float *y, const float *S, const float *vo, int64_t Lq, int64
  * b_q,h . k_h, a [C] vector and a bias per (head, token)), the output
  * projection into the values (v_h W_o,h^T: [T, C] per head), so the HW
  * image rows meet only xq [HW, C] @ [C, H T] and P [HW, H T] @ [H T, C].
- * y [Lq, C] += out_proj(...) without out_proj's bias (i2t_out). */
+ * y [Lq, C] = out_proj(...) + beta y without out_proj's bias (i2t_out). */
 static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
-                              const float *xq, int64_t Lq, const float *xk, const float *xv,
-                              int64_t Lk) {
+                              float beta, const float *xq, int64_t Lq, const float *xk,
+                              const float *xv, int64_t Lk) {
     const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
     const float scale = (float)(1.0 / sqrt((double)dh));
     const float *k = r->aq;     /* [Lk, I] */
@@ -974,7 +958,7 @@ static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
     vitc__linear(S, HT, xq, C, kq, kb, NULL, 0, Lq, HT, C);
     /* rows of Lk: one softmax per (image row, head) */
     softmax_short(S, Lq * H, Lk);
-    i2t_out(y, S, vo, Lq, C, HT);
+    i2t_out(y, S, vo, Lq, C, HT, beta);
 }
 
 typedef struct i2tc_ctx {
@@ -1006,8 +990,8 @@ static void i2tc_head(void *vc, int64_t h, int tid) {
  * multiply-adds, a C / dh-th of the folded keys' Lq C H T) and only the
  * output projection stays folded into the values. y as attend_i2t_folded. */
 static void attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
-                              const float *q, int64_t Lq, const float *xk, const float *xv,
-                              int64_t Lk) {
+                              float beta, const float *q, int64_t Lq, const float *xk,
+                              const float *xv, int64_t Lk) {
     const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
     const float scale = (float)(1.0 / sqrt((double)dh));
     const float *k = r->aq; /* [Lk, I] */
@@ -1024,14 +1008,14 @@ static void attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run
                       .scale = scale};
         vitc__parallel_for(H, i2tc_head, &t);
         if (!t.failed) {
-            vitc__gemm(1, 0, Lq, C, HT, 1.0f, S, Lq, vo, C, 1.0f, y, C);
+            vitc__gemm(1, 0, Lq, C, HT, 1.0f, S, Lq, vo, C, beta, y, C);
             return;
         }
     }
     for (int64_t h = 0; h < H; h++)
         vitc__gemm(0, 1, Lq, Lk, dh, scale, q + h * dh, I, k + h * dh, I, 0.0f, S + h * Lk, HT);
     softmax_short(S, Lq * H, Lk);
-    i2t_out(y, S, vo, Lq, C, HT);
+    i2t_out(y, S, vo, Lq, C, HT, beta);
 }
 
 static void swap(float **a, float **b) {
@@ -1083,20 +1067,21 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         /* K = LN(K + attention), and kk = K + the positional embedding,
          * the next layer's keys */
         if (fold_pays(d, &L->i2t, Nt)) {
-            /* the folded forms add into K (the residual; the cache's copied
-             * in first) and leave out_proj's bias to the LayerNorm's pass */
-            if (K != r->K)
-                copy_par(r->K, K, HW * C);
+            /* the folded forms add into K, the residual, or with the
+             * cache's (read-only) write K and leave the residual to the
+             * LayerNorm's pass, as out_proj's bias */
+            const float beta = K == r->K ? 1.0f : 0.0f;
             if (i == 0 && r->c0)
-                attend_i2t_cached(d, &L->i2t, r, r->K, r->c0->q, HW, r->qq, r->Q, Nt);
+                attend_i2t_cached(d, &L->i2t, r, r->K, beta, r->c0->q, HW, r->qq, r->Q, Nt);
             else
-                attend_i2t_folded(d, &L->i2t, r, r->K, kk, HW, r->qq, r->Q, Nt);
-            layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, L->i2t.o.b, d->pe_img, HW, C,
-                          d->eps_dec);
+                attend_i2t_folded(d, &L->i2t, r, r->K, beta, kk, HW, r->qq, r->Q, Nt);
+            layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, K == r->K ? NULL : K, L->i2t.o.b,
+                          d->pe_img, HW, C, d->eps_dec);
         } else {
             VITC_TRY(attend(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt));
             swap(&r->K, &r->K2);
-            layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, NULL, d->pe_img, HW, C, d->eps_dec);
+            layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, NULL, NULL, d->pe_img, HW, C,
+                          d->eps_dec);
         }
     }
     add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
