@@ -737,10 +737,17 @@ static vitc_status t2i0_packed(const vitc__sam_dec *d, const sam_attn *a, sam_ru
 /* x = exp(x) in place, SOFT_ROWS lanes */
 static void exp_lanes(float *x) {
     for (int i = 0; i < SOFT_ROWS; i++) {
+        /* below -87 the scale 2^n leaves the normal range: clamped, by a
+         * select on the bits (branch-free, and -inf gives exp(-87), not
+         * NaN) */
+        const float lo = -87.0f;
         float v = x[i];
-        /* below -87 the scale 2^n leaves the normal range: clamped (the
-         * comparison as a number keeps the loop branch-free) */
-        v -= (float)(v < -87.0f) * (v + 87.0f);
+        int32_t vb, lb;
+        const int32_t m = -(int32_t)(v < lo);
+        memcpy(&vb, &v, sizeof vb);
+        memcpy(&lb, &lo, sizeof lb);
+        vb = (vb & ~m) | (lb & m);
+        memcpy(&v, &vb, sizeof v);
         const float t = v * 1.44269504088896341f + 12582912.0f; /* 1.5 2^23 + round(v / ln 2) */
         const float n = t - 12582912.0f;
         int32_t ni;
