@@ -1,10 +1,11 @@
 /*
  * sam.h — Segment Anything inside the library: the model (sam.c: loading,
  * the image encoder, the public vitc_sam_* calls) and its prompt side
- * (sam_decoder.c: the prompt encoder, the two-way-transformer mask decoder
- * and the post-processing).
+ * (sam_decoder.c: the prompt encoder and the two-way-transformer mask
+ * decoder; sam_post.c: the masks' post-processing).
  *
- * Calls go one way: sam.c -> sam_decoder.c -> src/nn/ -> src/kernels/.
+ * Calls go one way: sam.c -> sam_decoder.c -> sam_post.c, src/nn/ ->
+ * src/kernels/.
  */
 #ifndef VITC_MODELS_SAM_H
 #define VITC_MODELS_SAM_H
@@ -43,6 +44,13 @@ void vitc__sam_dec_cache_free(struct vitc__sam_dec_cache *c);
  * without the threshold). out's arrays malloc'd (vitc_sam_result_free). */
 vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_image *e,
                                   int input_size, const vitc_sam_prompt *p, vitc_sam_result *out);
+
+/* post_process_masks(binarize=False) (sam_post.c): low [n, lo, lo] logits
+ * upscaled to input_size, cropped to resized_w x resized_h and resized to
+ * masks [n, oh, ow]. */
+vitc_status vitc__sam_post_masks(float *masks, const float *low, int64_t n, int64_t lo,
+                                 int input_size, int resized_w, int resized_h, int64_t ow,
+                                 int64_t oh);
 
 /* ---- the model (sam.c) and its image encoder (sam_encoder.c) ------- */
 

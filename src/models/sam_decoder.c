@@ -1,7 +1,7 @@
 /*
- * sam_decoder.c — SAM's prompt encoder, mask decoder and post-processing,
- * as transformers' SamModel computes them with image_embeddings given and
- * SamProcessor maps prompts in and masks out.
+ * sam_decoder.c — SAM's prompt encoder and mask decoder, as transformers'
+ * SamModel computes them with image_embeddings given and SamProcessor maps
+ * prompts in (the masks out: sam_post.c).
  *
  * One prompt is one decoder run (a point batch of 1): its sparse tokens
  * (points, the padding point when there is no box, box corners) after the
@@ -38,6 +38,10 @@ enum { SAM_ACT_GELU, SAM_ACT_RELU };
 
 typedef struct sam_wb {
     float *w, *b;
+    /* a linear layer's w packed for the GEMM once (the prompt's GEMMs have
+     * a few rows: packing w per call cost as much as the product); empty
+     * without a packing kernel (vitc__linear_pw reads w then) */
+    vitc__pweight pw;
 } sam_wb;
 
 /* SamAttention: q/k/v projections to I = C / downsample, heads over I. */
@@ -84,6 +88,8 @@ struct vitc__sam_dec {
     float *pe_img; /* [grid*grid, C] the dense positional embedding */
     void **bufs;
     int n_bufs, cap_bufs;
+    sam_wb **packed; /* the layers whose pw is made, to free */
+    int n_packed, cap_packed;
 };
 
 /* ------------------------------------------------------------------ */
@@ -132,7 +138,20 @@ static vitc_status take(vitc__sam_dec *d, const vitc__shards *sh, float **dst, c
 static vitc_status take_linear(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t out,
                                int64_t in, const char *module) {
     VITC_TRY(take(d, sh, &l->w, SHAPE(out, in), "%s.weight", module));
-    return take(d, sh, &l->b, SHAPE(out), "%s.bias", module);
+    VITC_TRY(take(d, sh, &l->b, SHAPE(out), "%s.bias", module));
+    if (!vitc__gemm_pack_kernel())
+        return VITC_OK;
+    if (d->n_packed == d->cap_packed) {
+        int cap = d->cap_packed ? 2 * d->cap_packed : 64;
+        void *a = realloc(d->packed, (size_t)cap * sizeof *d->packed);
+        if (!a)
+            return vitc__err(VITC_ERR_NOMEM, "out of memory packing %s", module);
+        d->packed = a;
+        d->cap_packed = cap;
+    }
+    VITC_TRY(vitc__pweight_pack(&l->pw, l->w, out, in, VITC_PRECISION_FP32));
+    d->packed[d->n_packed++] = l;
+    return VITC_OK;
 }
 
 static vitc_status take_ln(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t C,
@@ -398,6 +417,8 @@ void vitc__sam_dec_free(vitc__sam_dec *d) {
         return;
     vitc__pweight_free(&d->up1_pw);
     vitc__pweight_free(&d->up2_pw);
+    for (int i = 0; i < d->n_packed; i++) vitc__pweight_free(&d->packed[i]->pw);
+    free(d->packed);
     for (int i = 0; i < d->n_bufs; i++) free(d->bufs[i]);
     free(d->bufs);
     free(d->layers);
@@ -407,6 +428,15 @@ void vitc__sam_dec_free(vitc__sam_dec *d) {
 /* ------------------------------------------------------------------ */
 /* Forward                                                            */
 /* ------------------------------------------------------------------ */
+
+/* y [M, N] = x [M, K] l->w^T + l->b (+ res), through l's pack. The pack
+ * being made by this build's packers for the kernel in use, or empty,
+ * the call cannot refuse its arguments. */
+static void lin(float *y, int64_t ldy, const float *x, int64_t ldx, const sam_wb *l,
+                const float *res, int64_t ldr, int64_t M, int64_t N, int64_t K) {
+    (void)vitc__linear_pw(y, ldy, x, ldx, &l->pw, l->w, l->b, res, ldr, M, N, K,
+                          VITC__ACT_NONE);
+}
 
 static void act(float *x, int64_t n, int kind) {
     if (kind == SAM_ACT_GELU) {
@@ -433,12 +463,13 @@ static void add_part(void *vc, int64_t b, int64_t e, int tid) {
     add_rows(c->y + i0, c->a + i0, c->b + i0, i1 - i0);
 }
 
-/* y = LayerNorm(y) and z = y + pe over rows of C, a block of rows at a
- * time: the sum reads the rows while the LayerNorm has them in cache
- * instead of another pass over the image-sized map. */
+/* y = LayerNorm(y + res + bias) and z = y + pe over rows of C (res [M, C]
+ * and bias [C] may be NULL), a block of rows at a time: the sums read the
+ * rows while the LayerNorm has them in cache instead of more passes over
+ * the image-sized map. */
 typedef struct lnadd_ctx {
     float *y, *z;
-    const float *w, *b, *pe;
+    const float *w, *b, *pe, *res, *bias;
     int64_t C;
     float eps;
 } lnadd_ctx;
@@ -448,14 +479,19 @@ static void lnadd_part(void *vc, int64_t b, int64_t e, int tid) {
     (void)tid;
     for (int64_t r0 = b; r0 < e; r0 += 32) {
         const int64_t n = e - r0 < 32 ? e - r0 : 32, o = r0 * c->C;
+        if (c->res)
+            add_rows(c->y + o, c->y + o, c->res + o, n * c->C);
+        if (c->bias)
+            for (int64_t i = 0; i < n; i++)
+                add_rows(c->y + o + i * c->C, c->y + o + i * c->C, c->bias, c->C);
         vitc__layernorm(c->y + o, c->y + o, c->w, c->b, n, c->C, c->eps);
         add_rows(c->z + o, c->y + o, c->pe + o, n * c->C);
     }
 }
 
-static void layernorm_add(float *y, float *z, const float *w, const float *b, const float *pe,
-                          int64_t M, int64_t C, float eps) {
-    lnadd_ctx c = {y, z, w, b, pe, C, eps};
+static void layernorm_add(float *y, float *z, const float *w, const float *b, const float *res,
+                          const float *bias, const float *pe, int64_t M, int64_t C, float eps) {
+    lnadd_ctx c = {y, z, w, b, pe, res, bias, C, eps};
     vitc__parallel_range(M, lnadd_part, &c);
 }
 
@@ -499,12 +535,63 @@ struct vitc__sam_dec_cache {
     /* [HW, I'] the first layer's image -> token queries (q_proj of kk0),
      * or NULL when that attention is not folded */
     float *q;
+    /* [H] each head's keys k_h [HW, dh] and values v_h^T [dh, HW] packed
+     * for the GEMM (the token -> image attention as two GEMMs per head,
+     * nothing of the image packed per prompt), or NULL (no packing
+     * kernel, out of memory): attend_kv then */
+    vitc__pweight *kh, *vh;
+    /* [H] each head's image -> token queries q_h [HW, dh'] packed, or NULL
+     * (attend_i2t_cached's per-head GEMMs then) */
+    vitc__pweight *qh;
+    int64_t H;
 };
+
+static void free_packs(vitc__pweight *p, int64_t n) {
+    for (int64_t i = 0; p && i < n; i++) vitc__pweight_free(&p[i]);
+    free(p);
+}
 
 void vitc__sam_dec_cache_free(struct vitc__sam_dec_cache *c) {
     if (!c)
         return;
+    free_packs(c->kh, c->H);
+    free_packs(c->vh, c->H);
+    free_packs(c->qh, c->H);
     free(c->K0), free(c->kk0), free(c->k), free(c->v), free(c->q), free(c);
+}
+
+/* c's per-head packs of its keys and values (left NULL when they cannot
+ * be made: the prompt falls back to attend_kv). */
+static void pack_heads(struct vitc__sam_dec_cache *c, int64_t HW, int64_t I, int64_t I2,
+                       int64_t H) {
+    const int64_t dh = I / H, dh2 = I2 / H;
+    if (!vitc__gemm_pack_kernel())
+        return;
+    /* [HW, dh] or [dh, HW] or [HW, dh2] */
+    float *t = malloc((size_t)(HW * (dh > dh2 ? dh : dh2)) * sizeof(float));
+    c->kh = calloc((size_t)H, sizeof *c->kh);
+    c->vh = calloc((size_t)H, sizeof *c->vh);
+    c->qh = calloc((size_t)H, sizeof *c->qh);
+    c->H = H;
+    int ok = t && c->kh && c->vh && c->qh;
+    for (int64_t h = 0; ok && h < H; h++) {
+        for (int64_t i = 0; i < HW; i++)
+            memcpy(t + i * dh, c->k + i * I + h * dh, (size_t)dh * sizeof(float));
+        ok = vitc__pweight_pack(&c->kh[h], t, HW, dh, VITC_PRECISION_FP32) == VITC_OK;
+        for (int64_t i = 0; i < HW; i++)
+            for (int64_t j = 0; j < dh; j++) t[j * HW + i] = c->v[i * I + h * dh + j];
+        ok = ok && vitc__pweight_pack(&c->vh[h], t, dh, HW, VITC_PRECISION_FP32) == VITC_OK;
+        for (int64_t i = 0; i < HW; i++)
+            memcpy(t + i * dh2, c->q + i * I2 + h * dh2, (size_t)dh2 * sizeof(float));
+        ok = ok && vitc__pweight_pack(&c->qh[h], t, HW, dh2, VITC_PRECISION_FP32) == VITC_OK;
+    }
+    free(t);
+    if (!ok) {
+        free_packs(c->kh, H);
+        free_packs(c->vh, H);
+        free_packs(c->qh, H);
+        c->kh = c->vh = c->qh = NULL;
+    }
 }
 
 /* e's cache for d; NULL when out of memory or made by another decoder
@@ -532,9 +619,10 @@ static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
         for (int64_t i = 0; i < HW; i++)
             add_rows(c->K0 + i * C, e->emb_cl + i * C, d->no_mask, C);
         add_rows(c->kk0, c->K0, d->pe_img, HW * C);
-        vitc__linear(c->k, I, c->kk0, C, a->k.w, a->k.b, NULL, 0, HW, I, C);
-        vitc__linear(c->v, I, c->K0, C, a->v.w, a->v.b, NULL, 0, HW, I, C);
-        vitc__linear(c->q, b->I, c->kk0, C, b->q.w, b->q.b, NULL, 0, HW, b->I, C);
+        lin(c->k, I, c->kk0, C, &a->k, NULL, 0, HW, I, C);
+        lin(c->v, I, c->K0, C, &a->v, NULL, 0, HW, I, C);
+        lin(c->q, b->I, c->kk0, C, &b->q, NULL, 0, HW, b->I, C);
+        pack_heads(c, HW, I, b->I, d->heads);
         struct vitc__sam_dec_cache *expected = NULL;
         if (!__atomic_compare_exchange_n(slot, &expected, c, 0, __ATOMIC_ACQ_REL,
                                          __ATOMIC_ACQUIRE)) {
@@ -555,8 +643,8 @@ static vitc_status attend(const vitc__sam_dec *d, const sam_attn *a, sam_run *r,
                           const float *res, const float *xq, int64_t Lq, const float *xk,
                           const float *xv, int64_t Lk) {
     const int64_t C = d->C, I = a->I;
-    vitc__linear(r->ak, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
-    vitc__linear(r->av, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
+    lin(r->ak, I, xk, C, &a->k, NULL, 0, Lk, I, C);
+    lin(r->av, I, xv, C, &a->v, NULL, 0, Lk, I, C);
     return attend_kv(d, a, r, y, res, xq, Lq, r->ak, r->av, Lk);
 }
 
@@ -565,7 +653,7 @@ static vitc_status attend_kv(const vitc__sam_dec *d, const sam_attn *a, sam_run 
                              const float *res, const float *xq, int64_t Lq, const float *k,
                              const float *v, int64_t Lk) {
     const int64_t C = d->C, I = a->I, dh = I / d->heads;
-    vitc__linear(r->aq, I, xq, C, a->q.w, a->q.b, NULL, 0, Lq, I, C);
+    lin(r->aq, I, xq, C, &a->q, NULL, 0, Lq, I, C);
     vitc__sdpa_desc s;
     memset(&s, 0, sizeof s);
     s.B = 1, s.H = d->heads, s.L = Lq, s.S = Lk, s.D = dh, s.Dv = dh;
@@ -575,8 +663,186 @@ static vitc_status attend_kv(const vitc__sam_dec *d, const sam_attn *a, sam_run 
     s.o = r->ao, s.o_sh = dh, s.o_sr = I;
     s.scale = (float)(1.0 / sqrt((double)dh));
     VITC_TRY(vitc__sdpa(&s));
-    vitc__linear(y, C, r->ao, I, a->o.w, a->o.b, res, C, Lq, C, I);
+    lin(y, C, r->ao, I, &a->o, res, C, Lq, C, I);
     return VITC_OK;
+}
+
+/* The first layer's token -> image attention on an image's cache, per
+ * head S_h = q_h k_h^T [Lq, HW], softmax, o_h = P_h v_h: two GEMMs a head
+ * against the cache's packs (sdpa's kernel does a few query rows poorly,
+ * and packs the keys and values per call). */
+typedef struct t2i0_ctx {
+    const struct vitc__sam_dec_cache *c;
+    const float *q; /* [Lq, I] */
+    float *S;       /* [H, Lq, HW] */
+    float *o;       /* [Lq, I] */
+    int64_t Lq, HW, I, dh;
+    float scale;
+    _Atomic int failed;
+} t2i0_ctx;
+
+static void t2i0_head(void *vc, int64_t h, int tid) {
+    t2i0_ctx *c = vc;
+    (void)tid;
+    float *S = c->S + h * c->Lq * c->HW;
+    /* W: never read, the packs being the current kernel's (t2i0_packed) */
+    const vitc__pweight *kp = &c->c->kh[h], *vp = &c->c->vh[h];
+    if (vitc__linear_pw(S, c->HW, c->q + h * c->dh, c->I, kp, kp->data, NULL, NULL, 0, c->Lq,
+                        c->HW, c->dh, VITC__ACT_NONE) != VITC_OK) {
+        c->failed = 1;
+        return;
+    }
+    vitc__softmax_rows(S, c->Lq, c->HW, c->scale);
+    if (vitc__linear_pw(c->o + h * c->dh, c->I, S, c->HW, vp, vp->data, NULL, NULL, 0, c->Lq,
+                        c->dh, c->HW, VITC__ACT_NONE) != VITC_OK)
+        c->failed = 1;
+}
+
+/* Whether t2i0_packed can run: the cache has its packs, made for the
+ * kernel in use, and r->ak holds the H scores [Lq, HW]. */
+static int t2i0_packs_usable(const vitc__sam_dec *d, const sam_attn *a, const sam_run *r,
+                             int64_t Lq) {
+    const struct vitc__sam_dec_cache *c = r->c0;
+    return c && c->kh && c->H == d->heads && c->kh[0].kern &&
+           c->kh[0].kern == vitc__gemm_pack_kernel() && d->heads * Lq <= a->I &&
+           strcmp(vitc__nn_dense_path(), "ref") != 0;
+}
+
+/* y [Lq, C] = out_proj(attention(q_proj(xq), cached k, v)) + res. */
+static vitc_status t2i0_packed(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                               const float *res, const float *xq, int64_t Lq) {
+    const int64_t C = d->C, I = a->I, dh = I / d->heads;
+    lin(r->aq, I, xq, C, &a->q, NULL, 0, Lq, I, C);
+    t2i0_ctx c = {.c = r->c0, .q = r->aq, .S = r->ak, .o = r->ao, .Lq = Lq, .HW = r->HW,
+                  .I = I, .dh = dh, .scale = (float)(1.0 / sqrt((double)dh))};
+    vitc__parallel_for(d->heads, t2i0_head, &c);
+    if (c.failed)
+        return vitc__err(VITC_ERR_INVALID_ARG, "SAM token -> image attention: a GEMM refused "
+                         "its arguments");
+    lin(y, C, r->ao, I, &a->o, res, C, Lq, C, I);
+    return VITC_OK;
+}
+
+/* Softmax over rows of a few tokens (the image -> token attentions' HW H
+ * rows of T): the kernels' softmax spends ~45 ns a row on such rows (two
+ * horizontal reductions and masked loads behind masked stores), so blocks
+ * of SOFT_ROWS rows run side by side instead, one row a lane: loops of a
+ * fixed count over a lane each, which the compiler vectorises at -O2, and
+ * an exp of its own (Cephes' expf: range reduction by ln 2 in two parts,
+ * a degree-6 polynomial, 2^n put in the exponent bits; within 2 ulp for
+ * the arguments here, x <= 0). */
+#define SOFT_ROWS 16
+#define SOFT_MAX_T 16 /* longer rows: the kernels' softmax */
+
+/* x = exp(x) in place, SOFT_ROWS lanes */
+static void exp_lanes(float *x) {
+    for (int i = 0; i < SOFT_ROWS; i++) {
+        /* below -87 the scale 2^n leaves the normal range: clamped, by a
+         * select on the bits (branch-free, and -inf gives exp(-87), not
+         * NaN) */
+        const float lo = -87.0f;
+        float v = x[i];
+        int32_t vb, lb;
+        const int32_t m = -(int32_t)(v < lo);
+        memcpy(&vb, &v, sizeof vb);
+        memcpy(&lb, &lo, sizeof lb);
+        vb = (vb & ~m) | (lb & m);
+        memcpy(&v, &vb, sizeof v);
+        const float t = v * 1.44269504088896341f + 12582912.0f; /* 1.5 2^23 + round(v / ln 2) */
+        const float n = t - 12582912.0f;
+        int32_t ni;
+        memcpy(&ni, &t, sizeof ni);
+        ni -= 0x4B400000; /* round(v / ln 2) from the low bits */
+        float r = v - n * 0.693359375f;
+        r = r - n * -2.12194440e-4f;
+        float q = 1.9875691500e-4f;
+        q = q * r + 1.3981999507e-3f;
+        q = q * r + 8.3334519073e-3f;
+        q = q * r + 4.1665795894e-2f;
+        q = q * r + 1.6666665459e-1f;
+        q = q * r + 5.0000001201e-1f;
+        q = q * r * r + r + 1.0f;
+        const int32_t bits = (ni + 127) * (1 << 23);
+        float sc;
+        memcpy(&sc, &bits, sizeof sc);
+        x[i] = q * sc;
+    }
+}
+
+typedef struct soft_ctx {
+    float *x; /* [rows, n] */
+    int64_t rows, n;
+} soft_ctx;
+
+/* softmax(scale x) down each lane of buf [n][SOFT_ROWS] (scale > 0) */
+static void soft_lanes(float (*buf)[SOFT_ROWS], int64_t n, float scale) {
+    float mx[SOFT_ROWS], sum[SOFT_ROWS];
+    for (int i = 0; i < SOFT_ROWS; i++) mx[i] = buf[0][i];
+    for (int64_t t = 1; t < n; t++)
+        for (int i = 0; i < SOFT_ROWS; i++) mx[i] = buf[t][i] > mx[i] ? buf[t][i] : mx[i];
+    for (int i = 0; i < SOFT_ROWS; i++) sum[i] = 0.0f;
+    for (int64_t t = 0; t < n; t++) {
+        for (int i = 0; i < SOFT_ROWS; i++) buf[t][i] = (buf[t][i] - mx[i]) * scale;
+        exp_lanes(buf[t]);
+        for (int i = 0; i < SOFT_ROWS; i++) sum[i] += buf[t][i];
+    }
+    for (int i = 0; i < SOFT_ROWS; i++) sum[i] = 1.0f / sum[i];
+    for (int64_t t = 0; t < n; t++)
+        for (int i = 0; i < SOFT_ROWS; i++) buf[t][i] *= sum[i];
+}
+
+/* blocks [b, e) of SOFT_ROWS rows */
+static void soft_part(void *vc, int64_t b, int64_t e, int tid) {
+    const soft_ctx *c = vc;
+    const int64_t n = c->n;
+    float buf[SOFT_MAX_T][SOFT_ROWS];
+    (void)tid;
+    int64_t r = b * SOFT_ROWS;
+    e = e * SOFT_ROWS < c->rows ? e * SOFT_ROWS : c->rows;
+    for (; r + SOFT_ROWS <= e; r += SOFT_ROWS) {
+        float *x = c->x + r * n; /* [SOFT_ROWS, n] */
+        for (int64_t t = 0; t < n; t++)
+            for (int i = 0; i < SOFT_ROWS; i++) buf[t][i] = x[i * n + t];
+        soft_lanes(buf, n, 1.0f);
+        for (int64_t t = 0; t < n; t++)
+            for (int i = 0; i < SOFT_ROWS; i++) x[i * n + t] = buf[t][i];
+    }
+    if (r < e) /* the last few rows */
+        vitc__softmax_rows(c->x + r * n, e - r, n, 1.0f);
+}
+
+/* softmax(scale x) down each column of x [n, L] (n <= SOFT_MAX_T): the
+ * lanes are L's contiguous floats, no transposition. */
+static void softmax_cols(float *x, int64_t n, int64_t L, float scale) {
+    float buf[SOFT_MAX_T][SOFT_ROWS];
+    int64_t i0 = 0;
+    for (; i0 + SOFT_ROWS <= L; i0 += SOFT_ROWS) {
+        for (int64_t t = 0; t < n; t++)
+            memcpy(buf[t], x + t * L + i0, sizeof buf[t]);
+        soft_lanes(buf, n, scale);
+        for (int64_t t = 0; t < n; t++)
+            memcpy(x + t * L + i0, buf[t], sizeof buf[t]);
+    }
+    for (; i0 < L; i0++) { /* the last few columns */
+        float mx = x[i0], sum = 0.0f;
+        for (int64_t t = 1; t < n; t++) mx = x[t * L + i0] > mx ? x[t * L + i0] : mx;
+        for (int64_t t = 0; t < n; t++) {
+            x[t * L + i0] = expf((x[t * L + i0] - mx) * scale);
+            sum += x[t * L + i0];
+        }
+        for (int64_t t = 0; t < n; t++) x[t * L + i0] /= sum;
+    }
+}
+
+/* In-place softmax over rows of n (vitc__softmax_rows' result within a few
+ * ulp), over the threads in whole blocks. */
+static void softmax_short(float *x, int64_t rows, int64_t n) {
+    if (n > SOFT_MAX_T || n < 1) {
+        vitc__softmax_rows(x, rows, n, 1.0f);
+        return;
+    }
+    soft_ctx c = {x, rows, n};
+    vitc__parallel_range((rows + SOFT_ROWS - 1) / SOFT_ROWS, soft_part, &c);
 }
 
 /* y [M, N] = alpha a [M, K] (row stride lda) @ op(b) where b is [K, N]
@@ -632,7 +898,7 @@ static void attend_t2i_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
     float *qk = r->aq + Lq * I;  /* [H, Lq, C] the folded queries */
     float *S = r->ak;            /* [H, Lq, Lk] */
     float *px = r->av;           /* [H, Lq, C] P x per head */
-    vitc__linear(q, I, xq, C, a->q.w, a->q.b, NULL, 0, Lq, I, C);
+    lin(q, I, xq, C, &a->q, NULL, 0, Lq, I, C);
     for (int64_t h = 0; h < H; h++)
         small_mm(qk + h * Lq * C, C, q + h * dh, I, a->k.w + h * dh * C, C, 0, Lq, C, dh, scale);
     vitc__gemm(0, 1, H * Lq, Lk, C, 1.0f, qk, C, xk, C, 0.0f, S, Lk);
@@ -644,20 +910,29 @@ static void attend_t2i_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
         for (int64_t t = 0; t < Lq; t++)
             for (int64_t j = 0; j < dh; j++) r->ao[t * I + h * dh + j] += a->v.b[h * dh + j];
     }
-    vitc__linear(y, C, r->ao, I, a->o.w, a->o.b, res, C, Lq, C, I);
+    lin(y, C, r->ao, I, &a->o, res, C, Lq, C, I);
 }
 
 /* The token side of attend_i2t_*: k and v [Lk, I] projected into r->aq,
- * and each head's values through out_proj, vo [C, H, Lk] (nn.Linear's
- * [out, in] layout, for the last GEMM). */
+ * and each head's values through out_proj, vo [H, Lk, C] (the last
+ * GEMM's B, not transposed). */
 static void i2t_token_side(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *vo,
                            const float *xk, const float *xv, int64_t Lk) {
-    const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
+    const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H;
     float *k = r->aq, *v = r->aq + Lk * I;
-    vitc__linear(k, I, xk, C, a->k.w, a->k.b, NULL, 0, Lk, I, C);
-    vitc__linear(v, I, xv, C, a->v.w, a->v.b, NULL, 0, Lk, I, C);
+    lin(k, I, xk, C, &a->k, NULL, 0, Lk, I, C);
+    lin(v, I, xv, C, &a->v, NULL, 0, Lk, I, C);
     for (int64_t h = 0; h < H; h++)
-        small_mm(vo + h * Lk, HT, a->o.w + h * dh, I, v + h * dh, I, 1, C, Lk, dh, 1.0f);
+        small_mm(vo + h * Lk * C, C, v + h * dh, I, a->o.w + h * dh, I, 1, Lk, C, dh, 1.0f);
+}
+
+/* y [Lq, C] = S [Lq, H T] vo [H T, C] + beta y: beta 1 adds into the
+ * residual already in y (a GEMM accumulating reads it once; the
+ * epilogue's residual read cost more), beta 0 leaves the residual to the
+ * LayerNorm's pass after, as out_proj's bias always is. */
+static void i2t_out(float *y, const float *S, const float *vo, int64_t Lq, int64_t C,
+                    int64_t HT, float beta) {
+    vitc__gemm(0, 0, Lq, C, HT, 1.0f, S, HT, vo, C, beta, y, C);
 }
 
 /* Image -> token attention with the image side never projected: the
@@ -665,15 +940,15 @@ static void i2t_token_side(const vitc__sam_dec *d, const sam_attn *a, sam_run *r
  * b_q,h . k_h, a [C] vector and a bias per (head, token)), the output
  * projection into the values (v_h W_o,h^T: [T, C] per head), so the HW
  * image rows meet only xq [HW, C] @ [C, H T] and P [HW, H T] @ [H T, C].
- * y [Lq, C] = out_proj(...) + res. */
+ * y [Lq, C] = out_proj(...) + beta y without out_proj's bias (i2t_out). */
 static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
-                              const float *res, const float *xq, int64_t Lq, const float *xk,
+                              float beta, const float *xq, int64_t Lq, const float *xk,
                               const float *xv, int64_t Lk) {
     const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
     const float scale = (float)(1.0 / sqrt((double)dh));
     const float *k = r->aq;     /* [Lk, I] */
     float *kq = r->av;          /* [H, Lk, C] the folded keys */
-    float *vo = r->av + HT * C; /* [C, H, Lk] the values through out_proj */
+    float *vo = r->av + HT * C; /* [H, Lk, C] the values through out_proj */
     float *kb = r->ao;          /* [H, Lk] the scores' bias */
     float *S = r->ak;           /* [Lq, H, Lk] */
     i2t_token_side(d, a, r, vo, xk, xv, Lk);
@@ -685,32 +960,69 @@ static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
             kb[h * Lk + t] = scale * acc;
         }
     }
-    /* kq and vo are in nn.Linear's [out, in] layout: the bias and the
-     * residual ride in the GEMMs' epilogue */
+    /* kq is in nn.Linear's [out, in] layout: the bias rides in the GEMM's
+     * epilogue */
     vitc__linear(S, HT, xq, C, kq, kb, NULL, 0, Lq, HT, C);
     /* rows of Lk: one softmax per (image row, head) */
-    vitc__softmax_rows(S, Lq * H, Lk, 1.0f);
-    vitc__linear(y, C, S, HT, vo, a->o.b, res, C, Lq, C, HT);
+    softmax_short(S, Lq * H, Lk);
+    i2t_out(y, S, vo, Lq, C, HT, beta);
+}
+
+typedef struct i2tc_ctx {
+    const struct vitc__sam_dec_cache *c;
+    const float *k; /* [Lk, I] */
+    float *S;       /* [H, Lk, Lq] */
+    int64_t Lq, Lk, I, dh;
+    float scale;
+    _Atomic int failed;
+} i2tc_ctx;
+
+static void i2tc_head(void *vc, int64_t h, int tid) {
+    i2tc_ctx *t = vc;
+    float *S = t->S + h * t->Lk * t->Lq;
+    const vitc__pweight *qp = &t->c->qh[h];
+    (void)tid;
+    /* W: never read, the pack being the current kernel's */
+    if (vitc__linear_pw(S, t->Lq, t->k + h * t->dh, t->I, qp, qp->data, NULL, NULL, 0, t->Lk,
+                        t->Lq, t->dh, VITC__ACT_NONE) != VITC_OK) {
+        t->failed = 1;
+        return;
+    }
+    softmax_cols(S, t->Lk, t->Lq, t->scale);
 }
 
 /* attend_i2t_folded for the first layer on an image's cache: its queries
  * q_proj(kk0) are prompt-independent and cached (q [Lq, I]), so the
  * scores are the literal per-head products q_h k_h^T (2 H T Lq dh
  * multiply-adds, a C / dh-th of the folded keys' Lq C H T) and only the
- * output projection stays folded into the values. */
+ * output projection stays folded into the values. y as attend_i2t_folded. */
 static void attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
-                              const float *res, const float *q, int64_t Lq, const float *xk,
+                              float beta, const float *q, int64_t Lq, const float *xk,
                               const float *xv, int64_t Lk) {
     const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
     const float scale = (float)(1.0 / sqrt((double)dh));
     const float *k = r->aq; /* [Lk, I] */
-    float *vo = r->av;      /* [C, H, Lk] the values through out_proj */
+    float *vo = r->av;      /* [H, Lk, C] the values through out_proj */
     float *S = r->ak;       /* [Lq, H, Lk] */
     i2t_token_side(d, a, r, vo, xk, xv, Lk);
+    const struct vitc__sam_dec_cache *c = r->c0;
+    if (c && c->qh && c->H == H && c->qh[0].kern == vitc__gemm_pack_kernel() &&
+        Lk <= SOFT_MAX_T) {
+        /* the scores transposed, S^T [H, Lk, Lq] = k_h q_h^T against the
+         * cache's packs (nothing of the image packed), each head's
+         * softmax down its columns while they are in cache */
+        i2tc_ctx t = {.c = c, .k = k, .S = S, .Lq = Lq, .Lk = Lk, .I = I, .dh = dh,
+                      .scale = scale};
+        vitc__parallel_for(H, i2tc_head, &t);
+        if (!t.failed) {
+            vitc__gemm(1, 0, Lq, C, HT, 1.0f, S, Lq, vo, C, beta, y, C);
+            return;
+        }
+    }
     for (int64_t h = 0; h < H; h++)
         vitc__gemm(0, 1, Lq, Lk, dh, scale, q + h * dh, I, k + h * dh, I, 0.0f, S + h * Lk, HT);
-    vitc__softmax_rows(S, Lq * H, Lk, 1.0f);
-    vitc__linear(y, C, S, HT, vo, a->o.b, res, C, Lq, C, HT);
+    softmax_short(S, Lq * H, Lk);
+    i2t_out(y, S, vo, Lq, C, HT, beta);
 }
 
 static void swap(float **a, float **b) {
@@ -741,7 +1053,9 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
             K = r->c0->K0, kk = r->c0->kk0;
         else if (i == 0) /* later layers': with the LayerNorm before */
             add_rows_par(r->kk, r->K, d->pe_img, HW * C);
-        if (i == 0 && r->c0)
+        if (i == 0 && t2i0_packs_usable(d, &L->t2i, r, Nt))
+            VITC_TRY(t2i0_packed(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt));
+        else if (i == 0 && r->c0)
             VITC_TRY(attend_kv(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->c0->k, r->c0->v, HW));
         else if (fold_pays(d, &L->t2i, Nt))
             attend_t2i_folded(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW);
@@ -750,22 +1064,32 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
         swap(&r->Q, &r->Q2);
         vitc__layernorm(r->Q, r->Q, L->ln2.w, L->ln2.b, Nt, C, d->eps_dec);
 
-        vitc__linear(r->hid, d->mlp, r->Q, C, L->lin1.w, L->lin1.b, NULL, 0, Nt, d->mlp, C);
+        lin(r->hid, d->mlp, r->Q, C, &L->lin1, NULL, 0, Nt, d->mlp, C);
         act(r->hid, Nt * d->mlp, d->act_mlp);
-        vitc__linear(r->Q2, C, r->hid, d->mlp, L->lin2.w, L->lin2.b, r->Q, C, Nt, C, d->mlp);
+        lin(r->Q2, C, r->hid, d->mlp, &L->lin2, r->Q, C, Nt, C, d->mlp);
         swap(&r->Q, &r->Q2);
         vitc__layernorm(r->Q, r->Q, L->ln3.w, L->ln3.b, Nt, C, d->eps_dec);
 
         add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
-        if (i == 0 && r->c0 && fold_pays(d, &L->i2t, Nt))
-            attend_i2t_cached(d, &L->i2t, r, r->K2, K, r->c0->q, HW, r->qq, r->Q, Nt);
-        else if (fold_pays(d, &L->i2t, Nt))
-            attend_i2t_folded(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt);
-        else
+        /* K = LN(K + attention), and kk = K + the positional embedding,
+         * the next layer's keys */
+        if (fold_pays(d, &L->i2t, Nt)) {
+            /* the folded forms add into K, the residual, or with the
+             * cache's (read-only) write K and leave the residual to the
+             * LayerNorm's pass, as out_proj's bias */
+            const float beta = K == r->K ? 1.0f : 0.0f;
+            if (i == 0 && r->c0)
+                attend_i2t_cached(d, &L->i2t, r, r->K, beta, r->c0->q, HW, r->qq, r->Q, Nt);
+            else
+                attend_i2t_folded(d, &L->i2t, r, r->K, beta, kk, HW, r->qq, r->Q, Nt);
+            layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, K == r->K ? NULL : K, L->i2t.o.b,
+                          d->pe_img, HW, C, d->eps_dec);
+        } else {
             VITC_TRY(attend(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt));
-        swap(&r->K, &r->K2);
-        /* and kk = K + the positional embedding, the next layer's keys */
-        layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, d->pe_img, HW, C, d->eps_dec);
+            swap(&r->K, &r->K2);
+            layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, NULL, NULL, d->pe_img, HW, C,
+                          d->eps_dec);
+        }
     }
     add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
     if (r->n_keep > 0 && fold_pays(d, &d->final, r->n_keep)) {
@@ -799,16 +1123,14 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
 /* SamFeedForward on one row x [in] into y [out_dim]; tmp [2 * hidden]. */
 static void ffn(const sam_ffn *f, float *y, const float *x, int64_t in, float *tmp) {
     float *a = tmp, *b = tmp + f->hidden;
-    vitc__linear(a, f->hidden, x, in, f->in.w, f->in.b, NULL, 0, 1, f->hidden, in);
+    lin(a, f->hidden, x, in, &f->in, NULL, 0, 1, f->hidden, in);
     act(a, f->hidden, SAM_ACT_RELU);
     for (int i = 0; i < f->n_mid; i++) {
-        vitc__linear(b, f->hidden, a, f->hidden, f->mid[i].w, f->mid[i].b, NULL, 0, 1, f->hidden,
-                     f->hidden);
+        lin(b, f->hidden, a, f->hidden, &f->mid[i], NULL, 0, 1, f->hidden, f->hidden);
         act(b, f->hidden, SAM_ACT_RELU);
         swap(&a, &b);
     }
-    vitc__linear(y, f->out_dim, a, f->hidden, f->out.w, f->out.b, NULL, 0, 1, f->out_dim,
-                 f->hidden);
+    lin(y, f->out_dim, a, f->hidden, &f->out, NULL, 0, 1, f->out_dim, f->hidden);
 }
 
 /* A 2x2 / 2 convolution of x [H, W, Cin] into y [H/2, W/2, O], through
@@ -847,12 +1169,24 @@ static vitc_status convt2(const sam_wb *l, float *y, const float *x, int64_t H, 
  * with the hypernetwork rows while it is in cache: the [2G, 2G, C/4] and
  * [4G, 4G, C/8] maps are never formed, and no weight is packed per call. */
 
+/* a . b over n floats: 8 partial sums in loops of a fixed 8 (which the
+ * compiler vectorises at -O2), added pairwise at the end. */
+static float dot8(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int k = 0; k < 8; k++) acc[k] += a[c + k] * b[c + k];
+    float v = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; c < n; c++) v += a[c] * b[c];
+    return v;
+}
+
 typedef struct up_ctx {
     const vitc__sam_dec *d;
     const float *x;     /* [G, G, C] */
     const float *hyper; /* [n, C/8] */
     float *low;         /* [n, 4G, 4G] */
-    float *scr;         /* per thread: z1 [4G, C/4], z2 [16G, C/8], [16G, n] */
+    float *scr;         /* per thread: z1 [4 UP_PIX, C/4], z2 [16 UP_PIX, C/8] */
     int64_t n, G, per;
     _Atomic int failed;
 } up_ctx;
@@ -864,7 +1198,6 @@ static void up_row(void *vc, int64_t blk, int tid) {
     const int64_t p0 = blk * UP_PIX, P = G * G - p0 < UP_PIX ? G * G - p0 : UP_PIX;
     float *z1 = c->scr + tid * c->per; /* [P, 2, 2, C/4]: (pixel, tap) rows */
     float *z2 = z1 + 4 * P * C4;       /* [P, 2, 2, 2, 2, C/8] */
-    float *mk = z2 + 16 * P * C8;      /* [P, 2, 2, 2, 2, n] */
     if (vitc__linear_pw(z1, 4 * C4, c->x + p0 * C, C, &d->up1_pw, d->up1.w, d->up1_b4, NULL, 0,
                         P, 4 * C4, C, VITC__ACT_NONE) != VITC_OK) {
         c->failed = 1;
@@ -877,13 +1210,15 @@ static void up_row(void *vc, int64_t blk, int tid) {
         c->failed = 1;
         return;
     }
-    vitc__gemm(0, 1, 16 * P, c->n, C8, 1.0f, z2, C8, c->hyper, C8, 0.0f, mk, c->n);
+    /* The masks' dot products (n of C/8 per z2 row) straight into their
+     * pixels: a GEMM of N = n here cost more in packing z2 than in
+     * products. */
     for (int64_t r = 0; r < 4 * P; r++) { /* z1's row: pixel (iy, ix), tap (i1, j1) */
         const int64_t iy = (p0 + r / 4) / G, ix = (p0 + r / 4) % G, i1 = r / 2 % 2, j1 = r % 2;
         for (int64_t q = 0; q < 4; q++) { /* z2's tap (i2, j2) */
             const int64_t Y = 4 * iy + 2 * i1 + q / 2, X = 4 * ix + 2 * j1 + q % 2;
             for (int64_t m = 0; m < c->n; m++)
-                c->low[(m * lo + Y) * lo + X] = mk[(4 * r + q) * c->n + m];
+                c->low[(m * lo + Y) * lo + X] = dot8(z2 + (4 * r + q) * C8, c->hyper + m * C8, C8);
         }
     }
 }
@@ -891,7 +1226,7 @@ static void up_row(void *vc, int64_t blk, int tid) {
 /* low [n, 4G, 4G] = hyper [n, C/8] . upscale(x [G, G, C]) per pixel. */
 static vitc_status upscale_fused(const vitc__sam_dec *d, const float *x, const float *hyper,
                                  int64_t n, float *low) {
-    const int64_t G = d->grid, C = d->C, per = UP_PIX * (4 * (C / 4) + 16 * (C / 8 + n));
+    const int64_t G = d->grid, C = d->C, per = UP_PIX * (4 * (C / 4) + 16 * (C / 8));
     const int nt = vitc__num_threads();
     up_ctx c = {.d = d, .x = x, .hyper = hyper, .low = low, .n = n, .G = G, .per = per};
     c.scr = malloc((size_t)(nt * per) * sizeof(float));
@@ -919,88 +1254,6 @@ static vitc_status mask_embed(const vitc__sam_dec *d, float *dense, const float 
     act(b, g * g * mc, d->act_prompt);
     vitc__linear(dense, d->C, b, mc, d->mconv3.w, d->mconv3.b, NULL, 0, g * g, d->C, mc);
     return VITC_OK;
-}
-
-/* ------------------------------------------------------------------ */
-/* Post-processing                                                    */
-/* ------------------------------------------------------------------ */
-
-/* F.interpolate(bilinear, align_corners=False) taps of output index i:
- * rows idx[0], idx[1] of the input with weights w[0], w[1]. */
-static void bil_taps(int64_t in, int64_t outn, int64_t i, int64_t idx[2], float w[2]) {
-    const float scale = (float)in / (float)outn;
-    float src = scale * ((float)i + 0.5f) - 0.5f;
-    if (src < 0.0f)
-        src = 0.0f;
-    int64_t i0 = (int64_t)src;
-    if (i0 > in - 1)
-        i0 = in - 1;
-    float l1 = src - (float)i0;
-    if (l1 > 1.0f)
-        l1 = 1.0f;
-    idx[0] = i0, idx[1] = i0 + (i0 < in - 1 ? 1 : 0);
-    w[0] = 1.0f - l1, w[1] = l1;
-}
-
-/* post_process_masks along one axis: low-res n -> input side S, the first
- * R kept, -> out. Output index i reads low-res rows idx[4i..4i+3] with
- * weights w[4i..]: the two resamplings composed, so the S-sized map is
- * never formed. */
-static void axis_taps(int64_t n, int64_t S, int64_t R, int64_t out, int64_t *idx, float *w) {
-    for (int64_t i = 0; i < out; i++) {
-        int64_t r[2], q[2];
-        float a[2], b[2];
-        bil_taps(R, out, i, r, a);
-        for (int k = 0; k < 2; k++) {
-            bil_taps(n, S, r[k], q, b);
-            for (int j = 0; j < 2; j++) {
-                idx[4 * i + 2 * k + j] = q[j];
-                w[4 * i + 2 * k + j] = a[k] * b[j];
-            }
-        }
-    }
-}
-
-typedef struct post_ctx {
-    const float *low; /* [n, lh, lw] */
-    float *tmp;       /* [n, lh, ow] rows resampled along x */
-    float *out;       /* [n, oh, ow] */
-    int64_t lh, lw, oh, ow;
-    int64_t y0, ny; /* the low-res rows the y taps read: [y0, y0 + ny) */
-    const int64_t *xi, *yi;
-    const float *xw, *yw;
-} post_ctx;
-
-static void post_rows_x(void *vc, int64_t b, int64_t e, int tid) {
-    (void)tid;
-    const post_ctx *c = vc;
-    for (int64_t t = b; t < e; t++) {
-        const int64_t r = t / c->ny * c->lh + c->y0 + t % c->ny; /* mask t / ny's row */
-        const float *src = c->low + r * c->lw;
-        float *dst = c->tmp + r * c->ow;
-        for (int64_t x = 0; x < c->ow; x++) {
-            const int64_t *ix = c->xi + 4 * x;
-            const float *wx = c->xw + 4 * x;
-            dst[x] = wx[0] * src[ix[0]] + wx[1] * src[ix[1]] + wx[2] * src[ix[2]] +
-                     wx[3] * src[ix[3]];
-        }
-    }
-}
-
-static void post_rows_y(void *vc, int64_t b, int64_t e, int tid) {
-    (void)tid;
-    const post_ctx *c = vc;
-    for (int64_t r = b; r < e; r++) {
-        int64_t m = r / c->oh, y = r % c->oh;
-        const float *t = c->tmp + m * c->lh * c->ow;
-        const int64_t *iy = c->yi + 4 * y;
-        const float *wy = c->yw + 4 * y;
-        const float *t0 = t + iy[0] * c->ow, *t1 = t + iy[1] * c->ow, *t2 = t + iy[2] * c->ow,
-                    *t3 = t + iy[3] * c->ow;
-        float *dst = c->out + r * c->ow;
-        for (int64_t x = 0; x < c->ow; x++)
-            dst[x] = wy[0] * t0[x] + wy[1] * t1[x] + wy[2] * t2[x] + wy[3] * t3[x];
-    }
 }
 
 /* ------------------------------------------------------------------ */
@@ -1112,10 +1365,8 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     float *buf = malloc((size_t)n_float * sizeof(float));
     float *low = malloc((size_t)(n_masks * lo * lo) * sizeof(float));
     float *masks = malloc((size_t)(n_masks * oh * ow) * sizeof(float));
-    int64_t *xi = malloc((size_t)(4 * (ow + oh)) * sizeof(int64_t));
-    float *xw = malloc((size_t)(4 * (ow + oh) + n_masks * lo * ow) * sizeof(float));
-    if (!buf || !low || !masks || !xi || !xw) {
-        free(buf), free(low), free(masks), free(xi), free(xw);
+    if (!buf || !low || !masks) {
+        free(buf), free(low), free(masks);
         return vitc__err(VITC_ERR_NOMEM,
                          "out of memory for SAM's decoder (%lld tokens, %lldx%lld masks)",
                          (long long)Nt, (long long)ow, (long long)oh);
@@ -1212,31 +1463,15 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
         for (int64_t m = 0; m < n_masks; m++) out->iou[m] = iou[first + m];
     }
 
-    /* post_process_masks(binarize=False). */
-    {
-        int64_t *yi = xi + 4 * ow;
-        float *yw = xw + 4 * ow, *tmp = yw + 4 * oh;
-        axis_taps(lo, input_size, e->resized_w, ow, xi, xw);
-        axis_taps(lo, input_size, e->resized_h, oh, yi, yw);
-        post_ctx c = {.low = low, .tmp = tmp, .out = masks, .lh = lo, .lw = lo, .oh = oh,
-                      .ow = ow, .xi = xi, .yi = yi, .xw = xw, .yw = yw};
-        /* the crop to the resized image leaves the low-res rows below it
-         * unread (a third of them for a 3:2 photo): not resampled */
-        int64_t y1 = 0;
-        c.y0 = lo;
-        for (int64_t k = 0; k < 4 * oh; k++) {
-            c.y0 = yi[k] < c.y0 ? yi[k] : c.y0;
-            y1 = yi[k] > y1 ? yi[k] : y1;
-        }
-        c.ny = y1 - c.y0 + 1;
-        vitc__parallel_range(n_masks * c.ny, post_rows_x, &c);
-        vitc__parallel_range(n_masks * oh, post_rows_y, &c);
-    }
+    /* post_process_masks(binarize=False) */
+    if ((s = vitc__sam_post_masks(masks, low, n_masks, lo, input_size, e->resized_w,
+                                  e->resized_h, ow, oh)) != VITC_OK)
+        goto done;
     out->n_masks = (int)n_masks;
     out->height = (int)oh, out->width = (int)ow;
     out->masks = masks, out->low_res = low;
     masks = low = NULL;
 done:
-    free(buf), free(low), free(masks), free(xi), free(xw);
+    free(buf), free(low), free(masks);
     return s;
 }

@@ -1,0 +1,129 @@
+/*
+ * sam_post.c — SAM's masks from the decoder's low-resolution logits to the
+ * original image's size, as SamProcessor.post_process_masks computes them
+ * (binarize=False): bilinear to the input side, cropped to the resized
+ * image, bilinear to the original size. The two resamplings are composed
+ * per axis, so the input-sized map is never formed.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "../kernels/kernels.h"
+#include "sam.h"
+
+/* F.interpolate(bilinear, align_corners=False) taps of output index i:
+ * rows idx[0], idx[1] of the input with weights w[0], w[1]. */
+static void bil_taps(int64_t in, int64_t outn, int64_t i, int64_t idx[2], float w[2]) {
+    const float scale = (float)in / (float)outn;
+    float src = scale * ((float)i + 0.5f) - 0.5f;
+    if (src < 0.0f)
+        src = 0.0f;
+    int64_t i0 = (int64_t)src;
+    if (i0 > in - 1)
+        i0 = in - 1;
+    float l1 = src - (float)i0;
+    if (l1 > 1.0f)
+        l1 = 1.0f;
+    idx[0] = i0, idx[1] = i0 + (i0 < in - 1 ? 1 : 0);
+    w[0] = 1.0f - l1, w[1] = l1;
+}
+
+/* post_process_masks along one axis: low-res n -> input side S, the first
+ * R kept, -> out. Output index i reads low-res rows idx[4i..4i+3] with
+ * weights w[4i..]: the two resamplings composed, so the S-sized map is
+ * never formed. */
+static void axis_taps(int64_t n, int64_t S, int64_t R, int64_t out, int64_t *idx, float *w) {
+    for (int64_t i = 0; i < out; i++) {
+        int64_t r[2], q[2];
+        float a[2], b[2];
+        bil_taps(R, out, i, r, a);
+        for (int k = 0; k < 2; k++) {
+            bil_taps(n, S, r[k], q, b);
+            for (int j = 0; j < 2; j++) {
+                idx[4 * i + 2 * k + j] = q[j];
+                w[4 * i + 2 * k + j] = a[k] * b[j];
+            }
+        }
+    }
+}
+
+typedef struct post_ctx {
+    const float *low; /* [n, lh, lw] */
+    float *tmp;       /* [n, lh, ow] rows resampled along x */
+    float *out;       /* [n, oh, ow] */
+    int64_t lh, lw, oh, ow;
+    int64_t y0, ny; /* the low-res rows the y taps read: [y0, y0 + ny) */
+    const int64_t *xi, *yi;
+    const float *xw, *yw;
+} post_ctx;
+
+static void post_rows_x(void *vc, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const post_ctx *c = vc;
+    for (int64_t t = b; t < e; t++) {
+        const int64_t r = t / c->ny * c->lh + c->y0 + t % c->ny; /* mask t / ny's row */
+        const float *src = c->low + r * c->lw;
+        float *dst = c->tmp + r * c->ow;
+        for (int64_t x = 0; x < c->ow; x++) {
+            const int64_t *ix = c->xi + 4 * x;
+            const float *wx = c->xw + 4 * x;
+            dst[x] = wx[0] * src[ix[0]] + wx[1] * src[ix[1]] + wx[2] * src[ix[2]] +
+                     wx[3] * src[ix[3]];
+        }
+    }
+}
+
+/* dst = w0 t0 + w1 t1 + w2 t2 + w3 t3 over n floats: blocks of a fixed 8
+ * (and no aliasing) so that the compiler vectorises it at -O2. */
+static void mix4(float *restrict dst, const float *restrict t0, const float *restrict t1,
+                 const float *restrict t2, const float *restrict t3, const float *w, int64_t n) {
+    const float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+    int64_t x = 0;
+    for (; x + 8 <= n; x += 8)
+        for (int k = 0; k < 8; k++)
+            dst[x + k] = w0 * t0[x + k] + w1 * t1[x + k] + w2 * t2[x + k] + w3 * t3[x + k];
+    for (; x < n; x++) dst[x] = w0 * t0[x] + w1 * t1[x] + w2 * t2[x] + w3 * t3[x];
+}
+
+static void post_rows_y(void *vc, int64_t b, int64_t e, int tid) {
+    (void)tid;
+    const post_ctx *c = vc;
+    for (int64_t r = b; r < e; r++) {
+        int64_t m = r / c->oh, y = r % c->oh;
+        const float *t = c->tmp + m * c->lh * c->ow;
+        const int64_t *iy = c->yi + 4 * y;
+        mix4(c->out + r * c->ow, t + iy[0] * c->ow, t + iy[1] * c->ow, t + iy[2] * c->ow,
+             t + iy[3] * c->ow, c->yw + 4 * y, c->ow);
+    }
+}
+
+vitc_status vitc__sam_post_masks(float *masks, const float *low, int64_t n, int64_t lo,
+                                 int input_size, int resized_w, int resized_h, int64_t ow,
+                                 int64_t oh) {
+    int64_t *xi = malloc((size_t)(4 * (ow + oh)) * sizeof(int64_t));
+    float *xw = malloc((size_t)(4 * (ow + oh) + n * lo * ow) * sizeof(float));
+    if (!xi || !xw) {
+        free(xi), free(xw);
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's %lldx%lld masks",
+                         (long long)ow, (long long)oh);
+    }
+    int64_t *yi = xi + 4 * ow;
+    float *yw = xw + 4 * ow, *tmp = yw + 4 * oh;
+    axis_taps(lo, input_size, resized_w, ow, xi, xw);
+    axis_taps(lo, input_size, resized_h, oh, yi, yw);
+    post_ctx c = {.low = low, .tmp = tmp, .out = masks, .lh = lo, .lw = lo, .oh = oh, .ow = ow,
+                  .xi = xi, .yi = yi, .xw = xw, .yw = yw};
+    /* the crop to the resized image leaves the low-res rows below it
+     * unread (a third of them for a 3:2 photo): not resampled */
+    int64_t y1 = 0;
+    c.y0 = lo;
+    for (int64_t k = 0; k < 4 * oh; k++) {
+        c.y0 = yi[k] < c.y0 ? yi[k] : c.y0;
+        y1 = yi[k] > y1 ? yi[k] : y1;
+    }
+    c.ny = y1 - c.y0 + 1;
+    vitc__parallel_range(n * c.ny, post_rows_x, &c);
+    vitc__parallel_range(n * oh, post_rows_y, &c);
+    free(xi), free(xw);
+    return VITC_OK;
+}
