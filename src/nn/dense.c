@@ -493,11 +493,71 @@ struct vitc__nn_conv_rows {
     float *w;            /* [kh, O, kw*C]: kernel row i's weight, row-major */
     vitc__pweight *pw;   /* [kh]: the same, in the GEMM's panels */
     int64_t kh;
+    /* a 3x3 of stride 1, padding 1 (wg_fits): the Winograd F(2x2, 3x3)
+     * weight G g G^T, one [O, C] matrix per point of the 4x4 tile */
+    float *wgw;          /* [16, O, C] or NULL */
+    vitc__pweight *wg;   /* [16]: the same, in the GEMM's panels */
 };
+
+/* Whether a convolution takes the Winograd forward: a 3x3 of stride 1
+ * and padding 1 (every 3x3 of the DPT neck and head but the reassemble's
+ * stride-2 one), channels in fours (the transforms' vectors). F(2x2, 3x3)
+ * does 16 products per 2x2 outputs where the direct form does 36: 2.25x
+ * fewer FLOPs, its transforms' sums and differences adding a rounding
+ * error a few times float's epsilon (its larger tiles, F(4x4, 3x3), have
+ * 2.25x more points in the transforms and errors near 1e-4 relative). */
+static int wg_fits(const vitc__nn_conv *p) {
+    return p->kh == 3 && p->kw == 3 && p->sh == 1 && p->sw == 1 && p->ph == 1 && p->pw == 1 &&
+           p->C % 4 == 0 && p->O % 4 == 0;
+}
+
+/* rows->wgw [16, O, C] = G g G^T for each (o, c), g the 3x3 kernel, G =
+ * [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1] (in double), packed. */
+static vitc_status wg_prepare(vitc__nn_conv *p) {
+    static const double G[4][3] = {{1, 0, 0}, {.5, .5, .5}, {.5, -.5, .5}, {0, 0, 1}};
+    vitc__nn_conv_rows *r = p->rows;
+    const int64_t O = p->O, C = p->C;
+    r->wg = calloc(16, sizeof *r->wg);
+    r->wgw = r->wg ? vitc__alloc((size_t)(16 * O * C) * sizeof(float)) : NULL;
+    if (!r->wg || !r->wgw) {
+        vitc__nn_conv_unprepare(p);
+        return vitc__err(VITC_ERR_NOMEM, "conv2d prepare: out of memory for a %lld x %lld "
+                         "Winograd weight", (long long)O, (long long)C);
+    }
+    for (int64_t o = 0; o < O; o++)
+        for (int64_t c = 0; c < C; c++) {
+            double t[4][3]; /* G g */
+            for (int a = 0; a < 4; a++)
+                for (int j = 0; j < 3; j++) {
+                    double v = 0;
+                    for (int i = 0; i < 3; i++) v += G[a][i] * p->w[((o * 3 + i) * 3 + j) * C + c];
+                    t[a][j] = v;
+                }
+            for (int a = 0; a < 4; a++)
+                for (int e = 0; e < 4; e++) {
+                    double v = 0;
+                    for (int j = 0; j < 3; j++) v += t[a][j] * G[e][j];
+                    r->wgw[((a * 4 + e) * O + o) * C + c] = (float)v;
+                }
+        }
+    for (int k = 0; k < 16; k++) {
+        vitc_status s = vitc__pweight_pack(&r->wg[k], r->wgw + k * O * C, O, C,
+                                           VITC_PRECISION_FP32);
+        if (s != VITC_OK) {
+            vitc__nn_conv_unprepare(p);
+            return s;
+        }
+    }
+    return VITC_OK;
+}
 
 void vitc__nn_conv_unprepare(vitc__nn_conv *p) {
     if (!p || !p->rows) return;
     for (int64_t i = 0; i < p->rows->kh; i++) vitc__pweight_free(&p->rows->pw[i]);
+    if (p->rows->wg)
+        for (int k = 0; k < 16; k++) vitc__pweight_free(&p->rows->wg[k]);
+    free(p->rows->wg);
+    vitc__free(p->rows->wgw);
     vitc__free(p->rows->w);
     free(p->rows->pw);
     free(p->rows);
@@ -532,7 +592,7 @@ vitc_status vitc__nn_conv_prepare(vitc__nn_conv *p) {
             return s;
         }
     }
-    return VITC_OK;
+    return wg_fits(p) ? wg_prepare(p) : VITC_OK;
 }
 
 /* Whether the row-wise forward runs: prepared, and the built-in GEMM (its
@@ -641,6 +701,192 @@ static void conv_fwd_rows(const vitc__nn_conv *p, float *y, const float *x, int6
     vitc__parallel_for_dynamic(B * oh, 1, conv_row, &k);
 }
 
+/* ---- the Winograd forward (wg_fits, prepared) ----------------------- */
+
+/* Tiles per GEMM call: a thread's transformed input and products, 16 x
+ * nt x (C + O) floats, stay near half of a 1 MiB L2. */
+#define WG_TILE_FLOATS ((int64_t)1 << 17)
+/* The 16 matrices of a chunk lie nt x C + WG_SKEW floats apart: at a
+ * power-of-two distance the transforms' 16 streams of loads or stores
+ * share one set of the 8-way L1 and evict each other. */
+#define WG_SKEW 16
+
+static int64_t wg_chunk(const vitc__nn_conv *p, int64_t ow) {
+    int64_t nt = WG_TILE_FLOATS / (16 * (p->C + p->O)), ntx = (ow + 1) / 2;
+    if (nt < 8) nt = 8;
+    return nt < ntx ? nt : ntx;
+}
+
+/* Floats of each thread's part of the scratch: the chunk's transformed
+ * input [16, nt, C] and products [16, nt, O], two output rows [2, ow, O]. */
+static int64_t wg_thread_len(const vitc__nn_conv *p, int64_t ow) {
+    return 16 * (wg_chunk(p, ow) * (p->C + p->O) + 2 * WG_SKEW) + 2 * ow * p->O;
+}
+
+static int conv_wg(const vitc__nn_conv *p) {
+    return conv_rowwise(p) && p->rows->wg && p->rows->wg[0].kern == p->rows->pw[0].kern;
+}
+
+/* Output rows 2 ty and 2 ty + 1 of image b: each 4x4 input tile d to
+ * V = B^T d B (B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1]), 16 GEMMs
+ * M_k [nt, O] = V_k [nt, C] U_k^T, then Y = A^T M A (A^T = [1 1 1 0;
+ * 0 1 -1 -1]) plus the bias and the residual. */
+typedef struct wg_ctx {
+    const vitc__nn_conv *p;
+    float *y;          /* [B, oh, ow, O], or NULL: rows in the thread's part */
+    float *tbuf;       /* [threads, wg_thread_len] */
+    const float *xp;   /* [B, H, W + 2, C], ReLU'd when asked */
+    const float *zrow; /* [W + 2, C] zeros: the padding rows */
+    const float *res;  /* [B, oh, ow, O] or NULL */
+    int64_t H, W, oh, ow, nty;
+    vitc__nn_row_fn fn; /* or NULL */
+    void *fn_ctx;
+} wg_ctx;
+
+/* The transforms of n tiles, one vector of channels at a time: in, V
+ * [16, lv] from input rows rp (their first tile's first column at px0);
+ * out, rows yr (NULL: past the map) = A^T M A + bias + rr (NULL: none)
+ * from M [16, lm], ox0 the first tile's output column. Made for vectors
+ * of 4 (SSE), 8 (AVX2) and 16 (AVX-512) floats: at 4 the transforms took
+ * as long as the GEMMs. */
+#define WG_TRANSFORMS(SUF, VL, ATTR)                                                              \
+    typedef float wg_v##SUF __attribute__((vector_size(4 * VL)));                                \
+    ATTR static void wg_in_##SUF(float *V, int64_t lv, const float *const *rp, int64_t px0,       \
+                                 int64_t n, int64_t C) {                                          \
+        for (int64_t i = 0; i < n; i++) {                                                         \
+            const int64_t px = px0 + 2 * i * C;                                                   \
+            for (int64_t c = 0; c < C; c += VL) {                                                 \
+                wg_v##SUF d[4][4], u[4][4];                                                       \
+                for (int r = 0; r < 4; r++)                                                       \
+                    for (int e = 0; e < 4; e++)                                                   \
+                        memcpy(&d[r][e], rp[r] + px + e * C + c, sizeof d[r][e]);                 \
+                for (int e = 0; e < 4; e++) {                                                     \
+                    u[0][e] = d[0][e] - d[2][e];                                                  \
+                    u[1][e] = d[1][e] + d[2][e];                                                  \
+                    u[2][e] = d[2][e] - d[1][e];                                                  \
+                    u[3][e] = d[1][e] - d[3][e];                                                  \
+                }                                                                                 \
+                float *v = V + i * C + c;                                                         \
+                for (int r = 0; r < 4; r++) {                                                     \
+                    wg_v##SUF w0 = u[r][0] - u[r][2], w1 = u[r][1] + u[r][2],                     \
+                              w2 = u[r][2] - u[r][1], w3 = u[r][1] - u[r][3];                     \
+                    memcpy(v + (4 * r + 0) * lv, &w0, sizeof w0);                                 \
+                    memcpy(v + (4 * r + 1) * lv, &w1, sizeof w1);                                 \
+                    memcpy(v + (4 * r + 2) * lv, &w2, sizeof w2);                                 \
+                    memcpy(v + (4 * r + 3) * lv, &w3, sizeof w3);                                 \
+                }                                                                                 \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+    ATTR static void wg_out_##SUF(float *const *yr, const float *const *rr, const float *bias,    \
+                                  const float *M, int64_t lm, int64_t ox0, int64_t n, int64_t O,  \
+                                  int64_t ow) {                                                   \
+        for (int64_t i = 0; i < n; i++) {                                                         \
+            const int64_t ox = ox0 + 2 * i;                                                       \
+            const int two = ox + 1 < ow; /* the second column inside the map */                  \
+            for (int64_t o = 0; o < O; o += VL) {                                                 \
+                wg_v##SUF m[4][4], s[2][4], bv = {0};                                             \
+                const float *mp = M + i * O + o;                                                  \
+                for (int r = 0; r < 4; r++)                                                       \
+                    for (int e = 0; e < 4; e++)                                                   \
+                        memcpy(&m[r][e], mp + (4 * r + e) * lm, sizeof m[r][e]);                  \
+                for (int e = 0; e < 4; e++) {                                                     \
+                    s[0][e] = m[0][e] + m[1][e] + m[2][e];                                        \
+                    s[1][e] = m[1][e] - m[2][e] - m[3][e];                                        \
+                }                                                                                 \
+                if (bias) memcpy(&bv, bias + o, sizeof bv);                                       \
+                for (int a = 0; a < 2; a++) {                                                     \
+                    if (!yr[a]) continue;                                                         \
+                    wg_v##SUF y0 = s[a][0] + s[a][1] + s[a][2] + bv,                              \
+                              y1 = s[a][1] - s[a][2] - s[a][3] + bv, r0, r1;                      \
+                    float *yp = yr[a] + ox * O + o;                                               \
+                    if (rr[a]) {                                                                  \
+                        memcpy(&r0, rr[a] + ox * O + o, sizeof r0);                               \
+                        y0 += r0;                                                                 \
+                        if (two) {                                                                \
+                            memcpy(&r1, rr[a] + (ox + 1) * O + o, sizeof r1);                     \
+                            y1 += r1;                                                             \
+                        }                                                                         \
+                    }                                                                             \
+                    memcpy(yp, &y0, sizeof y0);                                                   \
+                    if (two) memcpy(yp + O, &y1, sizeof y1);                                      \
+                }                                                                                 \
+            }                                                                                     \
+        }                                                                                         \
+    }
+
+WG_TRANSFORMS(4, 4, )
+#if defined(__x86_64__) && defined(__GNUC__)
+WG_TRANSFORMS(8, 8, __attribute__((target("avx2"))))
+WG_TRANSFORMS(16, 16, __attribute__((target("avx512f"))))
+/* The widest vector the CPU has that divides the channels. */
+static int wg_width(int64_t c) {
+    static int w = 0;
+    if (!w) w = __builtin_cpu_supports("avx512f") ? 16 : __builtin_cpu_supports("avx2") ? 8 : 4;
+    return c % 16 == 0 && w >= 16 ? 16 : c % 8 == 0 && w >= 8 ? 8 : 4;
+}
+#else
+static int wg_width(int64_t c) { (void)c; return 4; }
+#endif
+
+static void wg_rows(void *vc, int64_t t, int tid) {
+    const wg_ctx *k = vc;
+    const vitc__nn_conv *p = k->p;
+    const int64_t C = p->C, O = p->O, Wp = k->W + 2, ow = k->ow, ntx = (ow + 1) / 2;
+    const int64_t nt = wg_chunk(p, ow), b = t / k->nty, ty = t % k->nty;
+    const int64_t lv = nt * C + WG_SKEW, lm = nt * O + WG_SKEW;
+    float *V = k->tbuf + tid * wg_thread_len(p, ow); /* [16, lv]: [nt, C] each */
+    float *M = V + 16 * lv;                           /* [16, lm]: [nt, O] each */
+    float *rb = M + 16 * lm;                          /* [2, ow, O] */
+    const float *rp[4]; /* input rows 2 ty - 1 .. 2 ty + 2, [W + 2, C] */
+    for (int i = 0; i < 4; i++) {
+        int64_t iy = 2 * ty - 1 + i;
+        rp[i] = iy >= 0 && iy < k->H ? k->xp + (b * k->H + iy) * Wp * C : k->zrow;
+    }
+    float *yr[2]; /* [ow, O], NULL past the last row */
+    const float *rr[2];
+    for (int a = 0; a < 2; a++) {
+        int64_t oy = 2 * ty + a;
+        yr[a] = oy >= k->oh ? NULL : k->y ? k->y + (b * k->oh + oy) * ow * O : rb + a * ow * O;
+        rr[a] = oy < k->oh && k->res ? k->res + (b * k->oh + oy) * ow * O : NULL;
+    }
+    const int wi = wg_width(C), wo = wg_width(O);
+    for (int64_t tx0 = 0; tx0 < ntx; tx0 += nt) {
+        const int64_t n = ntx - tx0 < nt ? ntx - tx0 : nt;
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (wi == 16) wg_in_16(V, lv, rp, 2 * tx0 * C, n, C);
+        else if (wi == 8) wg_in_8(V, lv, rp, 2 * tx0 * C, n, C);
+        else
+#endif
+            wg_in_4(V, lv, rp, 2 * tx0 * C, n, C);
+        for (int q = 0; q < 16; q++) /* cannot fail: the weight is prepacked for these sizes */
+            (void)vitc__linear_pw(M + q * lm, O, V + q * lv, C, &p->rows->wg[q],
+                                  p->rows->wgw + q * O * C, NULL, NULL, O, n, O, C,
+                                  VITC__ACT_NONE);
+#if defined(__x86_64__) && defined(__GNUC__)
+        if (wo == 16) wg_out_16(yr, rr, p->b, M, lm, 2 * tx0, n, O, ow);
+        else if (wo == 8) wg_out_8(yr, rr, p->b, M, lm, 2 * tx0, n, O, ow);
+        else
+#endif
+            wg_out_4(yr, rr, p->b, M, lm, 2 * tx0, n, O, ow);
+    }
+    if (k->fn)
+        for (int a = 0; a < 2; a++)
+            if (yr[a]) k->fn(k->fn_ctx, b, 2 * ty + a, yr[a]);
+}
+
+static void conv_fwd_wg(const vitc__nn_conv *p, float *y, const float *x, int64_t B, int64_t H,
+                        int64_t W, int64_t oh, int64_t ow, int relu_in, const float *res,
+                        vitc__nn_row_fn fn, void *fn_ctx, float *scratch) {
+    pad_ctx pk = {scratch, x, W, p->C, 1, relu_in};
+    vitc__parallel_range(B * H, pad_rows, &pk);
+    float *zrow = scratch + conv_pad_len(p, B, H, W); /* [W + 2, C] */
+    memset(zrow, 0, (size_t)((W + 2) * p->C) * sizeof(float));
+    const int64_t nty = (oh + 1) / 2;
+    wg_ctx k = {p, y, zrow + (W + 2) * p->C, scratch, zrow, res, H, W, oh, ow, nty, fn, fn_ctx};
+    vitc__parallel_for_dynamic(B * nty, 1, wg_rows, &k);
+}
+
 /* The rows' fn after a forward that had none. */
 typedef struct rowfn_ctx {
     const float *y; /* [B, oh, ow, O] */
@@ -659,6 +905,10 @@ static void rowfn_task(void *vc, int64_t t, int tid) {
 static int conv_fwd_fast(const vitc__nn_conv *p, float *y, const float *x, int64_t B, int64_t H,
                          int64_t W, int64_t oh, int64_t ow, int relu_in, const float *res,
                          vitc__nn_row_fn fn, void *fn_ctx, float *scratch) {
+    if (!conv_is_1x1(p) && conv_wg(p)) {
+        conv_fwd_wg(p, y, x, B, H, W, oh, ow, relu_in, res, fn, fn_ctx, scratch);
+        return 1;
+    }
     if (!conv_is_1x1(p) && conv_rowwise(p)) {
         conv_fwd_rows(p, y, x, B, H, W, oh, ow, relu_in, res, fn, fn_ctx, scratch);
         return 1;
@@ -969,6 +1219,9 @@ int64_t vitc__nn_conv_scratch(const vitc__nn_conv *p, int64_t B, int64_t H, int6
      * thread (forward_rows without y) */
     int64_t n = 2 * dense_block_rows(K, B * oh * ow) * K,
             fwd = conv_pad_len(p, B, H, W) + (int64_t)vitc__num_threads() * ow * p->O;
+    if (p->rows && p->rows->wg) /* the Winograd forward: a zero row, each thread's tiles */
+        fwd = conv_pad_len(p, B, H, W) + (W + 2) * p->C +
+              (int64_t)vitc__num_threads() * wg_thread_len(p, ow);
     return p->rows && fwd > n ? fwd : n;
 }
 
