@@ -508,8 +508,8 @@ struct vitc__nn_conv_rows {
  * stride-2 one), channels in fours (the transforms' vectors). F(4x4,
  * 3x3) does 36 products per 16 outputs where the direct form does 144: 4x
  * fewer FLOPs in the GEMMs, for transforms whose sums carry a rounding
- * error near 1e-6 relative (F(2x2, 3x3): 2.25x, 1e-7; F(6x6, 3x3)'s
- * points make it 1e-4). */
+ * error near 1e-6 relative (F(2x2, 3x3): 2.25x fewer, near 1e-7; larger
+ * tiles' points, +-1/2 and +-3, grow it by orders of magnitude). */
 static int wg_fits(const vitc__nn_conv *p) {
     return p->kh == 3 && p->kw == 3 && p->sh == 1 && p->sw == 1 && p->ph == 1 && p->pw == 1 &&
            p->C % 4 == 0 && p->O % 4 == 0;
