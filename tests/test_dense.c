@@ -366,6 +366,11 @@ static void test_conv_ex(void **state) {
         {1, 8, 6, 8, 24, 3, 3, 1, 1, 1, 1, 0, 1},
         {1, 3, 151, 64, 64, 3, 3, 1, 1, 1, 1, 0, 0},
         {2, 5, 7, 6, 10, 3, 3, 1, 1, 1, 1, 0, 1},
+        /* the DPT reassemble's deepest 3x3: 384 channels, more than the
+         * Winograd forward takes (its error would be 1.1e-5 of the
+         * largest output); and 128, the most it takes */
+        {1, 19, 19, 128, 64, 3, 3, 1, 1, 1, 1, 0, 1},
+        {1, 19, 19, 384, 64, 3, 3, 1, 1, 1, 1, 0, 0},
     };
     for (size_t i = 0; i < NCASES(cases); i++) {
         const cshape *c = &cases[i];

@@ -505,14 +505,19 @@ struct vitc__nn_conv_rows {
 
 /* Whether a convolution takes the Winograd forward: a 3x3 of stride 1
  * and padding 1 (every 3x3 of the DPT neck and head but the reassemble's
- * stride-2 one), channels in fours (the transforms' vectors). F(4x4,
- * 3x3) does 36 products per 16 outputs where the direct form does 144: 4x
- * fewer FLOPs in the GEMMs, for transforms whose sums carry a rounding
- * error near 1e-6 relative (F(2x2, 3x3): 2.25x fewer, near 1e-7; larger
- * tiles' points, +-1/2 and +-3, grow it by orders of magnitude). */
+ * stride-2 one), channels in fours (the transforms' vectors), at most
+ * WG_MAX_C input channels. F(4x4, 3x3) does 36 products per 16 outputs
+ * where the direct form does 144: 4x fewer FLOPs in the GEMMs, for
+ * transforms whose sums carry a rounding error that grows with the
+ * channels summed: against float64 on random maps, at most 7e-6 of the
+ * largest output up to C = 128 (2e-6 in the l2 norm), 1.1e-5 at 256 and
+ * 2.2e-5 at 1024, where the direct sum stays near 1e-7. Wider inputs (the
+ * DPT reassemble's 192 and 384, at 37x37 and 19x19) keep the row-wise
+ * forward and the 1e-5 the dense layers are held to. */
+#define WG_MAX_C 128
 static int wg_fits(const vitc__nn_conv *p) {
     return p->kh == 3 && p->kw == 3 && p->sh == 1 && p->sw == 1 && p->ph == 1 && p->pw == 1 &&
-           p->C % 4 == 0 && p->O % 4 == 0;
+           p->C % 4 == 0 && p->O % 4 == 0 && p->C <= WG_MAX_C;
 }
 
 /* rows->wgw [36, O, C] = G g G^T for each (o, c), g the 3x3 kernel and G
