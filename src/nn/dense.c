@@ -726,10 +726,17 @@ static void conv_fwd_rows(const vitc__nn_conv *p, float *y, const float *x, int6
  * one set of the 8-way L1 and evict each other. */
 #define WG_SKEW 16
 
+/* The GEMM's row tile (12 on AVX-512; AVX2's 6 divides it): a chunk of
+ * tiles that is not a multiple of it pays for the rest of its last one. */
+#define WG_MR 12
+
 static int64_t wg_chunk(const vitc__nn_conv *p, int64_t ow) {
     int64_t nt = WG_TILE_FLOATS / (WG_P * (p->C + p->O)), ntx = (ow + 3) / 4;
-    if (nt < 8) nt = 8;
-    return nt < ntx ? nt : ntx;
+    if (nt < WG_MR) nt = WG_MR;
+    if (nt >= ntx) return ntx;
+    /* the row's tiles in equal chunks of whole row tiles */
+    int64_t nch = (ntx + nt - 1) / nt, per = (ntx + nch - 1) / nch;
+    return (per + WG_MR - 1) / WG_MR * WG_MR;
 }
 
 /* Floats of each thread's part of the scratch: the chunk's transformed
