@@ -364,6 +364,7 @@ static void test_conv_ex(void **state) {
          * sizes; a row of several chunks of tiles (odd width); channels
          * not in fours (the row-wise forward instead) */
         {1, 8, 6, 8, 24, 3, 3, 1, 1, 1, 1, 0, 1},
+        {1, 6, 9, 20, 12, 3, 3, 1, 1, 1, 1, 0, 1}, /* vectors of 4 in and out */
         {1, 3, 151, 64, 64, 3, 3, 1, 1, 1, 1, 0, 0},
         {2, 5, 7, 6, 10, 3, 3, 1, 1, 1, 1, 0, 1},
         /* the DPT reassemble's deepest 3x3: 384 channels, more than the

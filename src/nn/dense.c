@@ -859,10 +859,11 @@ WG_TRANSFORMS(4, 4, )
 #if defined(__x86_64__) && defined(__GNUC__)
 WG_TRANSFORMS(8, 8, __attribute__((target("avx2"))))
 WG_TRANSFORMS(16, 16, __attribute__((target("avx512f"))))
-/* The widest vector the CPU has that divides the channels. */
+/* The widest vector of the library's CPU path (VITC_ARCH, vitc_set_arch)
+ * that divides the channels. */
 static int wg_width(int64_t c) {
-    static int w = 0;
-    if (!w) w = __builtin_cpu_supports("avx512f") ? 16 : __builtin_cpu_supports("avx2") ? 8 : 4;
+    const vitc__arch a = vitc__get_arch();
+    const int w = a == VITC_ARCH_AVX512 ? 16 : a == VITC_ARCH_AVX2 ? 8 : 4;
     return c % 16 == 0 && w >= 16 ? 16 : c % 8 == 0 && w >= 8 ? 8 : 4;
 }
 #define WG_CALL(w, fn, ...)                                                                       \
