@@ -360,6 +360,18 @@ static void test_conv_ex(void **state) {
         {1, 9, 10, 128, 20, 3, 3, 1, 1, 1, 1, 0, 0},
         {2, 3, 5, 8, 40, 1, 3, 1, 1, 1, 1, 0, 1},
         {1, 7, 6, 12, 5, 2, 4, 3, 1, 2, 0, 0, 1},
+        /* Winograd F(2x2, 3x3) forwards: vectors of 8 in and out, even
+         * sizes; a row of several chunks of tiles (odd width); channels
+         * not in fours (the row-wise forward instead) */
+        {1, 8, 6, 8, 24, 3, 3, 1, 1, 1, 1, 0, 1},
+        {1, 6, 9, 20, 12, 3, 3, 1, 1, 1, 1, 0, 1}, /* vectors of 4 in and out */
+        {1, 3, 151, 64, 64, 3, 3, 1, 1, 1, 1, 0, 0},
+        {2, 5, 7, 6, 10, 3, 3, 1, 1, 1, 1, 0, 1},
+        /* the DPT reassemble's deepest 3x3: 384 channels, more than the
+         * Winograd forward takes (its error would be 1.1e-5 of the
+         * largest output); and 128, the most it takes */
+        {1, 19, 19, 128, 64, 3, 3, 1, 1, 1, 1, 0, 1},
+        {1, 19, 19, 384, 64, 3, 3, 1, 1, 1, 1, 0, 0},
     };
     for (size_t i = 0; i < NCASES(cases); i++) {
         const cshape *c = &cases[i];

@@ -909,7 +909,8 @@ vitc_status vitc_depth_forward(const vitc_depth *d, const float *pixels, int B, 
     if (!vitc__mul_size((size_t)(d->n * B), (size_t)(N * C), &n))
         return vitc__err(VITC_ERR_NOMEM, "vitc_depth_forward: batch %d overflows", B);
     /* The peak is the head at full resolution: conv1's output resized
-     * (F/2 channels), conv2's padded copy of it (F/2), conv2's output
+     * (F/2 channels), conv2's padded copy of it (F/2: the row-wise
+     * forward's; the Winograd one reads it in place), conv2's output
      * (head_hidden: a whole map only on VITC_DENSE=ref's path) and the
      * depth, per pixel. */
     double peak = 4.0 * B * (double)H * W * (2 * (d->fusion / 2) + d->head_hidden + 1) +

@@ -489,15 +489,90 @@ static void conv_fwd_im2col(const vitc__nn_conv *p, float *y, const float *x, in
 
 /* ---- the row-wise forward (vitc__nn_conv_prepare) ------------------ */
 
+/* The Winograd forward's tile: 6x6 inputs, 4x4 outputs, 36 products. */
+#define WG_T 6
+#define WG_P 36
+
 struct vitc__nn_conv_rows {
     float *w;            /* [kh, O, kw*C]: kernel row i's weight, row-major */
     vitc__pweight *pw;   /* [kh]: the same, in the GEMM's panels */
     int64_t kh;
+    /* a 3x3 of stride 1, padding 1 (wg_fits): the Winograd F(4x4, 3x3)
+     * weight G g G^T, one [O, C] matrix per point of the 6x6 tile */
+    float *wgw;          /* [WG_P, O, C] or NULL */
+    vitc__pweight *wg;   /* [WG_P]: the same, in the GEMM's panels */
 };
+
+/* Whether a convolution takes the Winograd forward: a 3x3 of stride 1
+ * and padding 1 (every 3x3 of the DPT neck and head but the reassemble's
+ * stride-2 one), channels in fours (the transforms' vectors), at most
+ * WG_MAX_C input channels. F(4x4, 3x3) does 36 products per 16 outputs
+ * where the direct form does 144: 4x fewer FLOPs in the GEMMs, for
+ * transforms whose sums carry a rounding error that grows with the
+ * channels summed: against float64 on random maps, at most 7e-6 of the
+ * largest output up to C = 128 (2e-6 in the l2 norm), 1.1e-5 at 256 and
+ * 2.2e-5 at 1024, where the direct sum stays near 1e-7. Wider inputs (the
+ * DPT reassemble's 192 and 384, at 37x37 and 19x19) keep the row-wise
+ * forward and the 1e-5 the dense layers are held to. */
+#define WG_MAX_C 128
+static int wg_fits(const vitc__nn_conv *p) {
+    return p->kh == 3 && p->kw == 3 && p->sh == 1 && p->sw == 1 && p->ph == 1 && p->pw == 1 &&
+           p->C % 4 == 0 && p->O % 4 == 0 && p->C <= WG_MAX_C;
+}
+
+/* rows->wgw [36, O, C] = G g G^T for each (o, c), g the 3x3 kernel and G
+ * F(4x4, 3x3)'s [6, 3] (Lavin and Gray's, points 0, +-1, +-2), in double,
+ * packed. */
+static vitc_status wg_prepare(vitc__nn_conv *p) {
+    static const double G[6][3] = {{1.0 / 4, 0, 0},
+                                   {-1.0 / 6, -1.0 / 6, -1.0 / 6},
+                                   {-1.0 / 6, 1.0 / 6, -1.0 / 6},
+                                   {1.0 / 24, 1.0 / 12, 1.0 / 6},
+                                   {1.0 / 24, -1.0 / 12, 1.0 / 6},
+                                   {0, 0, 1}};
+    vitc__nn_conv_rows *r = p->rows;
+    const int64_t O = p->O, C = p->C;
+    r->wg = calloc(WG_P, sizeof *r->wg);
+    r->wgw = r->wg ? vitc__alloc((size_t)(WG_P * O * C) * sizeof(float)) : NULL;
+    if (!r->wg || !r->wgw) {
+        vitc__nn_conv_unprepare(p);
+        return vitc__err(VITC_ERR_NOMEM, "conv2d prepare: out of memory for a %lld x %lld "
+                         "Winograd weight", (long long)O, (long long)C);
+    }
+    for (int64_t o = 0; o < O; o++)
+        for (int64_t c = 0; c < C; c++) {
+            double t[6][3]; /* G g */
+            for (int a = 0; a < 6; a++)
+                for (int j = 0; j < 3; j++) {
+                    double v = 0;
+                    for (int i = 0; i < 3; i++) v += G[a][i] * p->w[((o * 3 + i) * 3 + j) * C + c];
+                    t[a][j] = v;
+                }
+            for (int a = 0; a < 6; a++)
+                for (int e = 0; e < 6; e++) {
+                    double v = 0;
+                    for (int j = 0; j < 3; j++) v += t[a][j] * G[e][j];
+                    r->wgw[((a * 6 + e) * O + o) * C + c] = (float)v;
+                }
+        }
+    for (int k = 0; k < WG_P; k++) {
+        vitc_status s = vitc__pweight_pack(&r->wg[k], r->wgw + k * O * C, O, C,
+                                           VITC_PRECISION_FP32);
+        if (s != VITC_OK) {
+            vitc__nn_conv_unprepare(p);
+            return s;
+        }
+    }
+    return VITC_OK;
+}
 
 void vitc__nn_conv_unprepare(vitc__nn_conv *p) {
     if (!p || !p->rows) return;
     for (int64_t i = 0; i < p->rows->kh; i++) vitc__pweight_free(&p->rows->pw[i]);
+    if (p->rows->wg)
+        for (int k = 0; k < WG_P; k++) vitc__pweight_free(&p->rows->wg[k]);
+    free(p->rows->wg);
+    vitc__free(p->rows->wgw);
     vitc__free(p->rows->w);
     free(p->rows->pw);
     free(p->rows);
@@ -532,7 +607,7 @@ vitc_status vitc__nn_conv_prepare(vitc__nn_conv *p) {
             return s;
         }
     }
-    return VITC_OK;
+    return wg_fits(p) ? wg_prepare(p) : VITC_OK;
 }
 
 /* Whether the row-wise forward runs: prepared, and the built-in GEMM (its
@@ -641,6 +716,236 @@ static void conv_fwd_rows(const vitc__nn_conv *p, float *y, const float *x, int6
     vitc__parallel_for_dynamic(B * oh, 1, conv_row, &k);
 }
 
+/* ---- the Winograd forward (wg_fits, prepared) ----------------------- */
+
+/* Tiles per GEMM call: a thread's transformed input and products, 36 x
+ * nt x (C + O) floats, stay near half of a 1 MiB L2. */
+#define WG_TILE_FLOATS ((int64_t)1 << 17)
+/* The 36 matrices of a chunk lie nt x C + WG_SKEW floats apart: at a
+ * power-of-two distance the transforms' streams of loads or stores share
+ * one set of the 8-way L1 and evict each other. */
+#define WG_SKEW 16
+
+/* The GEMM's row tile (12 on AVX-512; AVX2's 6 divides it): a chunk of
+ * tiles that is not a multiple of it pays for the rest of its last one. */
+#define WG_MR 12
+
+static int64_t wg_chunk(const vitc__nn_conv *p, int64_t ow) {
+    int64_t nt = WG_TILE_FLOATS / (WG_P * (p->C + p->O)), ntx = (ow + 3) / 4;
+    if (nt < WG_MR) nt = WG_MR;
+    if (nt >= ntx) return ntx;
+    /* the row's tiles in equal chunks of whole row tiles */
+    int64_t nch = (ntx + nt - 1) / nt, per = (ntx + nch - 1) / nch;
+    return (per + WG_MR - 1) / WG_MR * WG_MR;
+}
+
+/* Floats of each thread's part of the scratch: the chunk's transformed
+ * input [36, nt, C] and products [36, nt, O], four output rows [4, ow, O],
+ * an edge tile's inputs [6, 6, C]. */
+static int64_t wg_thread_len(const vitc__nn_conv *p, int64_t ow) {
+    return WG_P * (wg_chunk(p, ow) * (p->C + p->O) + 2 * WG_SKEW) + 4 * ow * p->O +
+           WG_P * p->C;
+}
+
+static int conv_wg(const vitc__nn_conv *p) {
+    return conv_rowwise(p) && p->rows->wg && p->rows->wg[0].kern == p->rows->pw[0].kern;
+}
+
+/* Output rows 4 ty .. 4 ty + 3 of image b: each 6x6 input tile d to V =
+ * B^T d B, 36 GEMMs M_k [nt, O] = V_k [nt, C] U_k^T, then Y = A^T M A
+ * plus the bias and the residual (Lavin and Gray's F(4x4, 3x3)):
+ *   B^T = [4 0 -5 0 1 0; 0 -4 -4 1 1 0; 0 4 -4 -1 1 0;
+ *          0 -2 -1 2 1 0; 0 2 -1 -2 1 0; 0 4 0 -5 0 1]
+ *   A^T = [1 1 1 1 1 0; 0 1 -1 2 -2 0; 0 1 1 4 4 0; 0 1 -1 8 -8 1] */
+typedef struct wg_ctx {
+    const vitc__nn_conv *p;
+    float *y;          /* [B, oh, ow, O], or NULL: rows in the thread's part */
+    float *tbuf;       /* [threads, wg_thread_len] */
+    const float *x;    /* [B, H, W, C] */
+    const float *zrow; /* [W, C] zeros: the padding rows */
+    const float *res;  /* [B, oh, ow, O] or NULL */
+    int64_t H, W, oh, ow, nty;
+    int relu;
+    vitc__nn_row_fn fn; /* or NULL */
+    void *fn_ctx;
+} wg_ctx;
+
+/* The transforms of n tiles, one vector of channels at a time: in, V
+ * [36, lv] from the six input rows rp, a tile's first column at px0 + 4 i
+ * C (relu: max(x, 0) as it is read); out, rows yr (NULL: past the map) =
+ * A^T M A + bias + rr (NULL: none) from M [36, lm], ox0 the first tile's
+ * output column. Made for vectors of 4 (SSE), 8 (AVX2) and 16 (AVX-512)
+ * floats: at 4 the transforms took as long as the GEMMs. */
+#define WG_TRANSFORMS(SUF, VL, ATTR)                                                              \
+    typedef float wg_v##SUF __attribute__((vector_size(4 * VL)));                                \
+    typedef int wg_i##SUF __attribute__((vector_size(4 * VL)));                                  \
+    ATTR static void wg_in_##SUF(float *V, int64_t lv, const float *const *rp, int64_t px0,       \
+                                 int64_t n, int64_t C, int relu) {                               \
+        const wg_v##SUF z = {0};                                                                  \
+        for (int64_t i = 0; i < n; i++) {                                                         \
+            const int64_t px = px0 + 4 * i * C;                                                   \
+            for (int64_t c = 0; c < C; c += VL) {                                                 \
+                wg_v##SUF t[6][6]; /* d B, row by row */                                          \
+                for (int r = 0; r < 6; r++) {                                                     \
+                    wg_v##SUF d[6];                                                               \
+                    for (int e = 0; e < 6; e++) {                                                 \
+                        memcpy(&d[e], rp[r] + px + e * C + c, sizeof d[e]);                       \
+                        if (relu) d[e] = (wg_v##SUF)((wg_i##SUF)d[e] & (d[e] > z));               \
+                    }                                                                             \
+                    t[r][0] = 4 * d[0] - 5 * d[2] + d[4];                                         \
+                    t[r][1] = d[3] + d[4] - 4 * (d[1] + d[2]);                                    \
+                    t[r][2] = d[4] - d[3] + 4 * (d[1] - d[2]);                                    \
+                    t[r][3] = d[4] - d[2] + 2 * (d[3] - d[1]);                                    \
+                    t[r][4] = d[4] - d[2] - 2 * (d[3] - d[1]);                                    \
+                    t[r][5] = 4 * d[1] - 5 * d[3] + d[5];                                         \
+                }                                                                                 \
+                float *v = V + i * C + c;                                                         \
+                for (int e = 0; e < 6; e++) {                                                     \
+                    wg_v##SUF w[6];                                                               \
+                    w[0] = 4 * t[0][e] - 5 * t[2][e] + t[4][e];                                   \
+                    w[1] = t[3][e] + t[4][e] - 4 * (t[1][e] + t[2][e]);                           \
+                    w[2] = t[4][e] - t[3][e] + 4 * (t[1][e] - t[2][e]);                           \
+                    w[3] = t[4][e] - t[2][e] + 2 * (t[3][e] - t[1][e]);                           \
+                    w[4] = t[4][e] - t[2][e] - 2 * (t[3][e] - t[1][e]);                           \
+                    w[5] = 4 * t[1][e] - 5 * t[3][e] + t[5][e];                                   \
+                    for (int r = 0; r < 6; r++) memcpy(v + (6 * r + e) * lv, &w[r], sizeof w[r]);  \
+                }                                                                                 \
+            }                                                                                     \
+        }                                                                                         \
+    }                                                                                             \
+    ATTR static void wg_out_##SUF(float *const *yr, const float *const *rr, const float *bias,    \
+                                  const float *M, int64_t lm, int64_t ox0, int64_t n, int64_t O,  \
+                                  int64_t ow) {                                                   \
+        for (int64_t i = 0; i < n; i++) {                                                         \
+            const int64_t ox = ox0 + 4 * i;                                                       \
+            const int64_t nc = ow - ox < 4 ? ow - ox : 4; /* columns inside the map */          \
+            for (int64_t o = 0; o < O; o += VL) {                                                 \
+                wg_v##SUF s[4][6], bv = {0};                                                      \
+                const float *mp = M + i * O + o;                                                  \
+                for (int e = 0; e < 6; e++) { /* A^T M, column by column */                       \
+                    wg_v##SUF m[6];                                                               \
+                    for (int r = 0; r < 6; r++) memcpy(&m[r], mp + (6 * r + e) * lm, sizeof m[r]); \
+                    wg_v##SUF a1 = m[1] + m[2], a2 = m[1] - m[2], a3 = m[3] + m[4],               \
+                              a4 = m[3] - m[4];                                                   \
+                    s[0][e] = m[0] + a1 + a3;                                                     \
+                    s[1][e] = a2 + 2 * a4;                                                        \
+                    s[2][e] = a1 + 4 * a3;                                                        \
+                    s[3][e] = a2 + 8 * a4 + m[5];                                                 \
+                }                                                                                 \
+                if (bias) memcpy(&bv, bias + o, sizeof bv);                                       \
+                for (int a = 0; a < 4; a++) {                                                     \
+                    if (!yr[a]) continue;                                                         \
+                    const wg_v##SUF *q = s[a];                                                    \
+                    wg_v##SUF a1 = q[1] + q[2], a2 = q[1] - q[2], a3 = q[3] + q[4],               \
+                              a4 = q[3] - q[4], yv[4];                                            \
+                    yv[0] = q[0] + a1 + a3 + bv;                                                  \
+                    yv[1] = a2 + 2 * a4 + bv;                                                     \
+                    yv[2] = a1 + 4 * a3 + bv;                                                     \
+                    yv[3] = a2 + 8 * a4 + q[5] + bv;                                              \
+                    for (int64_t e = 0; e < nc; e++) {                                            \
+                        if (rr[a]) {                                                              \
+                            wg_v##SUF r0;                                                         \
+                            memcpy(&r0, rr[a] + (ox + e) * O + o, sizeof r0);                     \
+                            yv[e] += r0;                                                          \
+                        }                                                                         \
+                        memcpy(yr[a] + (ox + e) * O + o, &yv[e], sizeof yv[e]);                   \
+                    }                                                                             \
+                }                                                                                 \
+            }                                                                                     \
+        }                                                                                         \
+    }
+
+WG_TRANSFORMS(4, 4, )
+#if defined(__x86_64__) && defined(__GNUC__)
+WG_TRANSFORMS(8, 8, __attribute__((target("avx2"))))
+WG_TRANSFORMS(16, 16, __attribute__((target("avx512f"))))
+/* The widest vector of the library's CPU path (VITC_ARCH, vitc_set_arch)
+ * that divides the channels. */
+static int wg_width(int64_t c) {
+    const vitc__arch a = vitc__get_arch();
+    const int w = a == VITC_ARCH_AVX512 ? 16 : a == VITC_ARCH_AVX2 ? 8 : 4;
+    return c % 16 == 0 && w >= 16 ? 16 : c % 8 == 0 && w >= 8 ? 8 : 4;
+}
+#define WG_CALL(w, fn, ...)                                                                       \
+    ((w) == 16 ? fn##_16(__VA_ARGS__) : (w) == 8 ? fn##_8(__VA_ARGS__) : fn##_4(__VA_ARGS__))
+#else
+static int wg_width(int64_t c) { (void)c; return 4; }
+#define WG_CALL(w, fn, ...) fn##_4(__VA_ARGS__)
+#endif
+
+static void wg_rows(void *vc, int64_t t, int tid) {
+    const wg_ctx *k = vc;
+    const vitc__nn_conv *p = k->p;
+    const int64_t C = p->C, O = p->O, W = k->W, ow = k->ow, ntx = (ow + 3) / 4;
+    const int64_t nt = wg_chunk(p, ow), b = t / k->nty, ty = t % k->nty;
+    const int64_t lv = nt * C + WG_SKEW, lm = nt * O + WG_SKEW;
+    float *V = k->tbuf + tid * wg_thread_len(p, ow); /* [36, lv]: [nt, C] each */
+    float *M = V + WG_P * lv;                         /* [36, lm]: [nt, O] each */
+    float *rb = M + WG_P * lm;                        /* [4, ow, O] */
+    float *et = rb + 4 * ow * O;                      /* [6, 6, C] an edge tile */
+    const float *rp[WG_T]; /* input rows 4 ty - 1 .. 4 ty + 4, [W, C] */
+    for (int i = 0; i < WG_T; i++) {
+        int64_t iy = 4 * ty - 1 + i;
+        rp[i] = iy >= 0 && iy < k->H ? k->x + (b * k->H + iy) * W * C : k->zrow;
+    }
+    float *yr[4]; /* [ow, O], NULL past the last row */
+    const float *rr[4];
+    for (int a = 0; a < 4; a++) {
+        int64_t oy = 4 * ty + a;
+        yr[a] = oy >= k->oh ? NULL : k->y ? k->y + (b * k->oh + oy) * ow * O : rb + a * ow * O;
+        rr[a] = oy < k->oh && k->res ? k->res + (b * k->oh + oy) * ow * O : NULL;
+    }
+    const int wi = wg_width(C), wo = wg_width(O);
+    /* tiles whose six columns 4 tx - 1 .. 4 tx + 4 lie inside the map */
+    const int64_t in0 = 1, in1 = (W - 5) / 4 + 1 > in0 ? (W - 5) / 4 + 1 : in0;
+    for (int64_t tx0 = 0; tx0 < ntx; tx0 += nt) {
+        const int64_t n = ntx - tx0 < nt ? ntx - tx0 : nt;
+        int64_t i = 0;
+        while (i < n) {
+            const int64_t tx = tx0 + i;
+            if (tx >= in0 && tx < in1) { /* a run of inner tiles, read in place */
+                int64_t m = (in1 < tx0 + n ? in1 : tx0 + n) - tx;
+                WG_CALL(wi, wg_in, V + i * C, lv, rp, (4 * tx - 1) * C, m, C, k->relu);
+                i += m;
+                continue;
+            }
+            /* an edge tile: its columns copied, zeros outside the map */
+            const float *ep[WG_T];
+            for (int r = 0; r < WG_T; r++) {
+                float *d = et + r * WG_T * C;
+                for (int e = 0; e < WG_T; e++) {
+                    int64_t ix = 4 * tx - 1 + e;
+                    if (ix >= 0 && ix < W)
+                        memcpy(d + e * C, rp[r] + ix * C, (size_t)C * sizeof(float));
+                    else
+                        memset(d + e * C, 0, (size_t)C * sizeof(float));
+                }
+                ep[r] = d;
+            }
+            WG_CALL(wi, wg_in, V + i * C, lv, ep, 0, 1, C, k->relu);
+            i++;
+        }
+        for (int q = 0; q < WG_P; q++) /* cannot fail: the weight is prepacked for these sizes */
+            (void)vitc__linear_pw(M + q * lm, O, V + q * lv, C, &p->rows->wg[q],
+                                  p->rows->wgw + q * O * C, NULL, NULL, O, n, O, C,
+                                  VITC__ACT_NONE);
+        WG_CALL(wo, wg_out, yr, rr, p->b, M, lm, 4 * tx0, n, O, ow);
+    }
+    if (k->fn)
+        for (int a = 0; a < 4; a++)
+            if (yr[a]) k->fn(k->fn_ctx, b, 4 * ty + a, yr[a]);
+}
+
+static void conv_fwd_wg(const vitc__nn_conv *p, float *y, const float *x, int64_t B, int64_t H,
+                        int64_t W, int64_t oh, int64_t ow, int relu_in, const float *res,
+                        vitc__nn_row_fn fn, void *fn_ctx, float *scratch) {
+    float *zrow = scratch; /* [W, C] */
+    memset(zrow, 0, (size_t)(W * p->C) * sizeof(float));
+    const int64_t nty = (oh + 3) / 4;
+    wg_ctx k = {p, y, zrow + W * p->C, x, zrow, res, H, W, oh, ow, nty, relu_in, fn, fn_ctx};
+    vitc__parallel_for_dynamic(B * nty, 1, wg_rows, &k);
+}
+
 /* The rows' fn after a forward that had none. */
 typedef struct rowfn_ctx {
     const float *y; /* [B, oh, ow, O] */
@@ -659,6 +964,10 @@ static void rowfn_task(void *vc, int64_t t, int tid) {
 static int conv_fwd_fast(const vitc__nn_conv *p, float *y, const float *x, int64_t B, int64_t H,
                          int64_t W, int64_t oh, int64_t ow, int relu_in, const float *res,
                          vitc__nn_row_fn fn, void *fn_ctx, float *scratch) {
+    if (!conv_is_1x1(p) && conv_wg(p)) {
+        conv_fwd_wg(p, y, x, B, H, W, oh, ow, relu_in, res, fn, fn_ctx, scratch);
+        return 1;
+    }
     if (!conv_is_1x1(p) && conv_rowwise(p)) {
         conv_fwd_rows(p, y, x, B, H, W, oh, ow, relu_in, res, fn, fn_ctx, scratch);
         return 1;
@@ -969,6 +1278,10 @@ int64_t vitc__nn_conv_scratch(const vitc__nn_conv *p, int64_t B, int64_t H, int6
      * thread (forward_rows without y) */
     int64_t n = 2 * dense_block_rows(K, B * oh * ow) * K,
             fwd = conv_pad_len(p, B, H, W) + (int64_t)vitc__num_threads() * ow * p->O;
+    if (p->rows && p->rows->wg) { /* the Winograd forward: a zero row, each thread's tiles */
+        int64_t wg = W * p->C + (int64_t)vitc__num_threads() * wg_thread_len(p, ow);
+        fwd = wg > fwd ? wg : fwd;
+    }
     return p->rows && fwd > n ? fwd : n;
 }
 
