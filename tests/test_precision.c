@@ -629,7 +629,9 @@ static void test_amx_kernels(void **state) {
  * tiles) with VITC_LP_KERNEL=amx-emulated against the default path: int8
  * logits bit for bit (exact sums, the same epilogue and GELU bits), bf16
  * close (another order of the fp32 sums, then bf16 roundings of the next
- * layer's activations). */
+ * layer's activations, the patch embedding's included since it runs in
+ * bf16: a quarter of bf16's own error against fp32 at most; 0.14 of it
+ * seen against the reference kernel, 2e-5 against AVX-512's). */
 static vitc_vit *small_vit(void);
 static void logits(vitc_vit *m, const float *x, float *out, int training);
 static void test_amx_vit(void **state) {
@@ -656,7 +658,7 @@ static void test_amx_vit(void **state) {
                "(against fp32: %.3g)\n", vitc_precision_name((vitc_precision)p),
                vitc__lp_kernel_for((vitc_precision)p)->name, sqrt(d2 / den), sqrt(e2 / den));
         if (p == VITC_PRECISION_INT8) assert_memory_equal(a, b, sizeof a);
-        else assert_true(sqrt(d2 / den) < 0.1 * sqrt(e2 / den));
+        else assert_true(sqrt(d2 / den) < 0.25 * sqrt(e2 / den));
         vitc_vit_free(m);
     }
     free(x);
