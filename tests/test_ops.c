@@ -317,6 +317,70 @@ static void test_softmax_exp2(void **state) {
     vitc_set_arch(NULL);
 }
 
+/* softmax(scale x) down columns (each path's kernel on widths around its
+ * vector, a row stride wider than the columns) and the short-row softmax
+ * built on it (block edges, the thread pool), against float64. */
+static void check_cols64(const float *x0, const float *y, int64_t n, int64_t L, int64_t ld,
+                         double scale, const char *what) {
+    for (int64_t j = 0; j < L; j++) {
+        double mx = -INFINITY, sum = 0.0;
+        for (int64_t i = 0; i < n; i++)
+            if ((double)x0[i * ld + j] * scale > mx) mx = (double)x0[i * ld + j] * scale;
+        for (int64_t i = 0; i < n; i++) sum += exp((double)x0[i * ld + j] * scale - mx);
+        for (int64_t i = 0; i < n; i++) {
+            const double want = exp((double)x0[i * ld + j] * scale - mx) / sum;
+            const double got = y[i * ld + j];
+            if (!(fabs(got - want) <= 2e-6 * want + 1e-7)) {
+                fprintf(stderr, "%s n=%lld L=%lld [%lld, %lld] = %.9g want %.9g\n", what,
+                        (long long)n, (long long)L, (long long)i, (long long)j, got, want);
+                fail();
+            }
+        }
+    }
+}
+
+static void test_softmax_cols(void **state) {
+    (void)state;
+    const int64_t ns[] = {1, 2, 7, 16}, Ls[] = {1, 7, 8, 15, 16, 17, 33, 200};
+    for (int a = 0; a < TU_NARCH; a++) {
+        if (vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
+        for (size_t in = 0; in < sizeof ns / sizeof *ns; in++)
+            for (size_t il = 0; il < sizeof Ls / sizeof *Ls; il++) {
+                const int64_t n = ns[in], L = Ls[il], ld = L + 3;
+                float *x = malloc((size_t)(n * ld) * sizeof(float));
+                float *y = malloc((size_t)(n * ld) * sizeof(float));
+                for (int64_t i = 0; i < n * ld; i++) x[i] = (float)(nrand() * (i % 3 ? 4.0 : 40.0));
+                memcpy(y, x, (size_t)(n * ld) * sizeof(float));
+                vitc__kern()->softmax_cols(y, n, L, ld, 0.25f);
+                check_cols64(x, y, n, L, ld, 0.25, tu_arch(a));
+                for (int64_t i = 0; i < n; i++) /* the stride's gap untouched */
+                    for (int64_t j = L; j < ld; j++) assert_true(y[i * ld + j] == x[i * ld + j]);
+                free(x), free(y);
+            }
+        /* rows of n: 16-row blocks, a partial last one, and enough rows
+         * for the pool; n past the short limit goes to softmax_rows */
+        const int64_t rn[] = {1, 7, 16, 17}, rr[] = {1, 5, 16, 37, 6000};
+        for (size_t in = 0; in < sizeof rn / sizeof *rn; in++)
+            for (size_t ir = 0; ir < sizeof rr / sizeof *rr; ir++) {
+                const int64_t n = rn[in], rows = rr[ir];
+                float *x = malloc((size_t)(rows * n) * sizeof(float));
+                float *y = malloc((size_t)(rows * n) * sizeof(float));
+                for (int64_t i = 0; i < rows * n; i++) x[i] = (float)(nrand() * 6.0);
+                memcpy(y, x, (size_t)(rows * n) * sizeof(float));
+                vitc__softmax_rows_short(y, rows, n);
+                for (int64_t r = 0; r < rows; r++)
+                    check_cols64(x + r * n, y + r * n, n, 1, 1, 1.0, "rows_short");
+                free(x), free(y);
+            }
+        /* a column of -inf but one, and one all -inf (NaN, as softmax_rows) */
+        float c[3 * 2] = {-INFINITY, -INFINITY, 1.0f, -INFINITY, -INFINITY, -INFINITY};
+        vitc__kern()->softmax_cols(c, 3, 2, 2, 1.0f); /* [3, 2]: column 0 is -inf, 1, -inf */
+        assert_true(c[2] == 1.0f && c[0] == 0.0f && c[4] == 0.0f);
+        assert_true(isnan(c[1]));
+    }
+    vitc_set_arch(NULL);
+}
+
 /* Mean and 1/sqrt(biased variance + eps) of x[0..n), in float64: the
  * normalisation LayerNorm and GroupNorm apply. */
 static void moments64(const float *x, int64_t n, double eps, double *mean, double *rstd) {
@@ -426,6 +490,7 @@ int main(void) {
         cmocka_unit_test(test_scale_add),
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_softmax_exp2),
+        cmocka_unit_test(test_softmax_cols),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_groupnorm),
     };

@@ -138,7 +138,8 @@ void vitc__kernels_init_ref(vitc__kernels *t) {
     *t = (vitc__kernels){
         .arch = VITC_ARCH_GENERIC, .name = "generic",
         .softmax_rows = vitc__softmax_rows_ref,
-        .softmax_rows_exp2 = vitc__softmax_rows_exp2_ref, .softmax_rows_backward = vitc__softmax_rows_backward_ref,
+        .softmax_rows_exp2 = vitc__softmax_rows_exp2_ref,
+        .softmax_cols = vitc__softmax_cols_ref, .softmax_rows_backward = vitc__softmax_rows_backward_ref,
         .layernorm = vitc__layernorm_ref,
         .gelu = vitc__gelu_ref, .gelu_to = vitc__gelu_to_ref, .quick_gelu = vitc__quick_gelu_ref,
         .tanh_gelu = vitc__tanh_gelu_ref, .scale_add = vitc__scale_add_ref,

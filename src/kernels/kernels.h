@@ -118,6 +118,9 @@ typedef struct vitc__kernels {
     /* The bf16 attention's softmax, unnormalised: x = 2^(x s - max_j x_j s),
      * inv[r] = 1 / the row's sum (s carries log2 e); see ops_tmpl.h. */
     void (*softmax_rows_exp2)(float *x, int64_t rows, int64_t n, float s, float *inv);
+    /* softmax(scale x) down each of the L columns of x [n, ld], a lane a
+     * column: many short softmaxes side by side (vitc__softmax_cols). */
+    void (*softmax_cols)(float *x, int64_t n, int64_t L, int64_t ld, float scale);
     void (*layernorm)(float *y, const float *x, const float *w, const float *b, int64_t M,
                       int64_t C, float eps);
     void (*softmax_rows_backward)(float *dx, const float *y, const float *dy, int64_t rows,
@@ -381,6 +384,18 @@ void vitc__sdpa_backward_ref_rel(const vitc__sdpa_bwd_desc *d, const vitc__sdpa_
 
 /* In-place numerically stable softmax over rows of n: x /= temperature first. */
 void vitc__softmax_rows(float *x, int64_t rows, int64_t n, float inv_temperature);
+/* In-place softmax(scale x) down each column of x [n, L] (row stride ld),
+ * the columns in vectors side by side: for many softmaxes over a few
+ * values each (the kernel's row softmax spends two horizontal reductions
+ * and masked tails on every row). Over the pool unless small or inside a
+ * pool task. */
+void vitc__softmax_cols(float *x, int64_t n, int64_t L, int64_t ld, float scale);
+/* vitc__softmax_rows(x, rows, n, 1) for short rows: rows of n up to
+ * VITC_SOFTMAX_SHORT run as columns of transposed blocks
+ * (vitc__softmax_cols' kernel), longer ones as rows. Within a few ulp of
+ * softmax_rows. */
+#define VITC_SOFTMAX_SHORT 16
+void vitc__softmax_rows_short(float *x, int64_t rows, int64_t n);
 /* LayerNorm over the last dim C of [M, C]. */
 void vitc__layernorm(float *y, const float *x, const float *w, const float *b, int64_t M,
                      int64_t C, float eps);
@@ -425,6 +440,7 @@ void vitc__softmax_rows_backward_ref(float *dx, const float *y, const float *dy,
  * by arch and thread over rows; these stay for tests). */
 void vitc__softmax_rows_ref(float *x, int64_t rows, int64_t n, float inv_temperature);
 void vitc__softmax_rows_exp2_ref(float *x, int64_t rows, int64_t n, float s, float *inv);
+void vitc__softmax_cols_ref(float *x, int64_t n, int64_t L, int64_t ld, float scale);
 void vitc__layernorm_ref(float *y, const float *x, const float *w, const float *b, int64_t M,
                          int64_t C, float eps);
 void vitc__gelu_ref(float *x, int64_t n);

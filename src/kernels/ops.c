@@ -45,6 +45,24 @@ void vitc__softmax_rows_exp2_ref(float *x, int64_t rows, int64_t n, float s, flo
     }
 }
 
+void vitc__softmax_cols_ref(float *x, int64_t n, int64_t L, int64_t ld, float scale) {
+    for (int64_t j = 0; j < L; j++) {
+        float *c = x + j;
+        float mx = -INFINITY;
+        for (int64_t i = 0; i < n; i++) {
+            c[i * ld] *= scale;
+            if (c[i * ld] > mx) mx = c[i * ld];
+        }
+        float sum = 0.0f;
+        for (int64_t i = 0; i < n; i++) {
+            c[i * ld] = expf(c[i * ld] - mx);
+            sum += c[i * ld];
+        }
+        float inv = 1.0f / sum;
+        for (int64_t i = 0; i < n; i++) c[i * ld] *= inv;
+    }
+}
+
 /* The dot product in double: it is the one reduction, and torch's float
  * result is within an ulp of it. */
 void vitc__softmax_rows_backward_ref(float *dx, const float *y, const float *dy, int64_t rows,
@@ -175,6 +193,74 @@ void vitc__softmax_rows(float *x, int64_t rows, int64_t n, float inv_temperature
         vitc__parallel_range(rows, vitc__softmax_part, &k);
     else
         vitc__softmax_part(&k, 0, rows, 0);
+}
+
+/* Columns per task of vitc__softmax_cols: 64-byte lines whole. */
+#define VITC_COLS_BLOCK 64
+
+typedef struct {
+    float *x;
+    int64_t n, L, ld;
+    float scale;
+    const vitc__kernels *kt;
+} vitc__cols_ctx;
+
+static void vitc__cols_part(void *c, int64_t b, int64_t e, int tid) {
+    const vitc__cols_ctx *k = c;
+    const int64_t j0 = b * VITC_COLS_BLOCK, j1 = e * VITC_COLS_BLOCK < k->L ? e * VITC_COLS_BLOCK : k->L;
+    (void)tid;
+    k->kt->softmax_cols(k->x + j0, k->n, j1 - j0, k->ld, k->scale);
+}
+
+void vitc__softmax_cols(float *x, int64_t n, int64_t L, int64_t ld, float scale) {
+    vitc__cols_ctx k = {x, n, L, ld, scale, vitc__kern()};
+    if (n <= 0 || L <= 0) return;
+    const int64_t blocks = (L + VITC_COLS_BLOCK - 1) / VITC_COLS_BLOCK;
+    if (blocks > 1 && n * L >= VITC_OPS_PAR_ELEMS)
+        vitc__parallel_range(blocks, vitc__cols_part, &k);
+    else
+        vitc__cols_part(&k, 0, blocks, 0);
+}
+
+/* Rows per block of vitc__softmax_rows_short: a block's transpose is
+ * [n][16], at most 1 KB on the stack. */
+#define VITC_SHORT_BLOCK 16
+
+typedef struct {
+    float *x;
+    int64_t rows, n;
+    const vitc__kernels *kt;
+} vitc__short_ctx;
+
+static void vitc__short_part(void *c, int64_t b, int64_t e, int tid) {
+    const vitc__short_ctx *k = c;
+    const int64_t n = k->n;
+    float buf[VITC_SOFTMAX_SHORT * VITC_SHORT_BLOCK]; /* [n][VITC_SHORT_BLOCK] */
+    (void)tid;
+    for (int64_t blk = b; blk < e; blk++) {
+        const int64_t r0 = blk * VITC_SHORT_BLOCK;
+        const int64_t m = k->rows - r0 < VITC_SHORT_BLOCK ? k->rows - r0 : VITC_SHORT_BLOCK;
+        float *x = k->x + r0 * n; /* [m, n] */
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t i = 0; i < m; i++) buf[t * VITC_SHORT_BLOCK + i] = x[i * n + t];
+        k->kt->softmax_cols(buf, n, m, VITC_SHORT_BLOCK, 1.0f);
+        for (int64_t t = 0; t < n; t++)
+            for (int64_t i = 0; i < m; i++) x[i * n + t] = buf[t * VITC_SHORT_BLOCK + i];
+    }
+}
+
+void vitc__softmax_rows_short(float *x, int64_t rows, int64_t n) {
+    if (n > VITC_SOFTMAX_SHORT) {
+        vitc__softmax_rows(x, rows, n, 1.0f);
+        return;
+    }
+    vitc__short_ctx k = {x, rows, n, vitc__kern()};
+    if (rows <= 0 || n <= 0) return;
+    const int64_t blocks = (rows + VITC_SHORT_BLOCK - 1) / VITC_SHORT_BLOCK;
+    if (blocks > 1 && rows * n >= VITC_OPS_PAR_ELEMS)
+        vitc__parallel_range(blocks, vitc__short_part, &k);
+    else
+        vitc__short_part(&k, 0, blocks, 0);
 }
 
 typedef struct {

@@ -20,6 +20,7 @@ void vitc__gelu_to_avx512(float *y, const float *x, int64_t n);
 void vitc__gelu_to_avx2(float *y, const float *x, int64_t n);
 void vitc__softmax_rows_avx512(float *x, int64_t rows, int64_t n, float inv_temperature);
 void vitc__softmax_rows_exp2_avx512(float *x, int64_t rows, int64_t n, float s, float *inv);
+void vitc__softmax_cols_avx512(float *x, int64_t n, int64_t L, int64_t ld, float scale);
 void vitc__layernorm_avx512(float *y, const float *x, const float *w, const float *b, int64_t M,
                             int64_t C, float eps);
 
@@ -38,6 +39,7 @@ void vitc__softmax_rows_backward_avx2(float *dx, const float *y, const float *dy
 void vitc__gelu_avx2(float *x, int64_t n);
 void vitc__softmax_rows_avx2(float *x, int64_t rows, int64_t n, float inv_temperature);
 void vitc__softmax_rows_exp2_avx2(float *x, int64_t rows, int64_t n, float s, float *inv);
+void vitc__softmax_cols_avx2(float *x, int64_t n, int64_t L, int64_t ld, float scale);
 void vitc__layernorm_avx2(float *y, const float *x, const float *w, const float *b, int64_t M,
                           int64_t C, float eps);
 

@@ -175,6 +175,35 @@ void ISA_FN(softmax_rows_exp2)(float *x, int64_t rows, int64_t n, float s, float
     }
 }
 
+/* softmax(scale x) down the columns of x [n, ld], VW columns a vector
+ * (the last ones masked): each column's scale, max, exp(x - max), sum and
+ * 1 / sum in the order of softmax_rows' scalar reference. */
+void ISA_FN(softmax_cols)(float *x, int64_t n, int64_t L, int64_t ld, float scale) {
+    const VT vs = v_set1(scale);
+    for (int64_t j = 0; j < L; j += VW) {
+        const int t = L - j < VW ? (int)(L - j) : VW;
+        float *c = x + j;
+#define OPS_LD(p) (t == VW ? v_loadu(p) : v_loadu_n((p), t))
+#define OPS_ST(p, v) (t == VW ? v_storeu((p), (v)) : v_storeu_n((p), (v), t))
+        VT mx = v_set1(-INFINITY);
+        for (int64_t i = 0; i < n; i++) {
+            VT v = v_mul(OPS_LD(c + i * ld), vs);
+            OPS_ST(c + i * ld, v);
+            mx = v_max(v, mx); /* NaN loses here; its exp makes the column NaN */
+        }
+        VT sum = v_zero();
+        for (int64_t i = 0; i < n; i++) {
+            VT e = v_exp(v_sub(OPS_LD(c + i * ld), mx));
+            OPS_ST(c + i * ld, e);
+            sum = v_add(sum, e);
+        }
+        const VT inv = v_div(v_set1(1.0f), sum);
+        for (int64_t i = 0; i < n; i++) OPS_ST(c + i * ld, v_mul(OPS_LD(c + i * ld), inv));
+#undef OPS_LD
+#undef OPS_ST
+    }
+}
+
 /* GroupNorm's (and LayerNorm's) statistics: the sums of x - shift and of
  * its square, in double. */
 void ISA_FN(row_stats)(const float *x, int64_t n, double shift, double *o) {

@@ -723,128 +723,6 @@ static vitc_status t2i0_packed(const vitc__sam_dec *d, const sam_attn *a, sam_ru
     return VITC_OK;
 }
 
-/* Softmax over rows of a few tokens (the image -> token attentions' HW H
- * rows of T): the kernels' softmax spends ~45 ns a row on such rows (two
- * horizontal reductions and masked loads behind masked stores), so blocks
- * of SOFT_ROWS rows run side by side instead, one row a lane: loops of a
- * fixed count over a lane each, which the compiler vectorises at -O2, and
- * an exp of its own (Cephes' expf: range reduction by ln 2 in two parts,
- * a degree-6 polynomial, 2^n put in the exponent bits; within 2 ulp for
- * the arguments here, x <= 0). */
-#define SOFT_ROWS 16
-#define SOFT_MAX_T 16 /* longer rows: the kernels' softmax */
-
-/* x = exp(x) in place, SOFT_ROWS lanes */
-static void exp_lanes(float *x) {
-    for (int i = 0; i < SOFT_ROWS; i++) {
-        /* below -87 the scale 2^n leaves the normal range: clamped, by a
-         * select on the bits (branch-free, and -inf gives exp(-87), not
-         * NaN) */
-        const float lo = -87.0f;
-        float v = x[i];
-        int32_t vb, lb;
-        const int32_t m = -(int32_t)(v < lo);
-        memcpy(&vb, &v, sizeof vb);
-        memcpy(&lb, &lo, sizeof lb);
-        vb = (vb & ~m) | (lb & m);
-        memcpy(&v, &vb, sizeof v);
-        const float t = v * 1.44269504088896341f + 12582912.0f; /* 1.5 2^23 + round(v / ln 2) */
-        const float n = t - 12582912.0f;
-        int32_t ni;
-        memcpy(&ni, &t, sizeof ni);
-        ni -= 0x4B400000; /* round(v / ln 2) from the low bits */
-        float r = v - n * 0.693359375f;
-        r = r - n * -2.12194440e-4f;
-        float q = 1.9875691500e-4f;
-        q = q * r + 1.3981999507e-3f;
-        q = q * r + 8.3334519073e-3f;
-        q = q * r + 4.1665795894e-2f;
-        q = q * r + 1.6666665459e-1f;
-        q = q * r + 5.0000001201e-1f;
-        q = q * r * r + r + 1.0f;
-        const int32_t bits = (ni + 127) * (1 << 23);
-        float sc;
-        memcpy(&sc, &bits, sizeof sc);
-        x[i] = q * sc;
-    }
-}
-
-typedef struct soft_ctx {
-    float *x; /* [rows, n] */
-    int64_t rows, n;
-} soft_ctx;
-
-/* softmax(scale x) down each lane of buf [n][SOFT_ROWS] (scale > 0) */
-static void soft_lanes(float (*buf)[SOFT_ROWS], int64_t n, float scale) {
-    float mx[SOFT_ROWS], sum[SOFT_ROWS];
-    for (int i = 0; i < SOFT_ROWS; i++) mx[i] = buf[0][i];
-    for (int64_t t = 1; t < n; t++)
-        for (int i = 0; i < SOFT_ROWS; i++) mx[i] = buf[t][i] > mx[i] ? buf[t][i] : mx[i];
-    for (int i = 0; i < SOFT_ROWS; i++) sum[i] = 0.0f;
-    for (int64_t t = 0; t < n; t++) {
-        for (int i = 0; i < SOFT_ROWS; i++) buf[t][i] = (buf[t][i] - mx[i]) * scale;
-        exp_lanes(buf[t]);
-        for (int i = 0; i < SOFT_ROWS; i++) sum[i] += buf[t][i];
-    }
-    for (int i = 0; i < SOFT_ROWS; i++) sum[i] = 1.0f / sum[i];
-    for (int64_t t = 0; t < n; t++)
-        for (int i = 0; i < SOFT_ROWS; i++) buf[t][i] *= sum[i];
-}
-
-/* blocks [b, e) of SOFT_ROWS rows */
-static void soft_part(void *vc, int64_t b, int64_t e, int tid) {
-    const soft_ctx *c = vc;
-    const int64_t n = c->n;
-    float buf[SOFT_MAX_T][SOFT_ROWS];
-    (void)tid;
-    int64_t r = b * SOFT_ROWS;
-    e = e * SOFT_ROWS < c->rows ? e * SOFT_ROWS : c->rows;
-    for (; r + SOFT_ROWS <= e; r += SOFT_ROWS) {
-        float *x = c->x + r * n; /* [SOFT_ROWS, n] */
-        for (int64_t t = 0; t < n; t++)
-            for (int i = 0; i < SOFT_ROWS; i++) buf[t][i] = x[i * n + t];
-        soft_lanes(buf, n, 1.0f);
-        for (int64_t t = 0; t < n; t++)
-            for (int i = 0; i < SOFT_ROWS; i++) x[i * n + t] = buf[t][i];
-    }
-    if (r < e) /* the last few rows */
-        vitc__softmax_rows(c->x + r * n, e - r, n, 1.0f);
-}
-
-/* softmax(scale x) down each column of x [n, L] (n <= SOFT_MAX_T): the
- * lanes are L's contiguous floats, no transposition. */
-static void softmax_cols(float *x, int64_t n, int64_t L, float scale) {
-    float buf[SOFT_MAX_T][SOFT_ROWS];
-    int64_t i0 = 0;
-    for (; i0 + SOFT_ROWS <= L; i0 += SOFT_ROWS) {
-        for (int64_t t = 0; t < n; t++)
-            memcpy(buf[t], x + t * L + i0, sizeof buf[t]);
-        soft_lanes(buf, n, scale);
-        for (int64_t t = 0; t < n; t++)
-            memcpy(x + t * L + i0, buf[t], sizeof buf[t]);
-    }
-    for (; i0 < L; i0++) { /* the last few columns */
-        float mx = x[i0], sum = 0.0f;
-        for (int64_t t = 1; t < n; t++) mx = x[t * L + i0] > mx ? x[t * L + i0] : mx;
-        for (int64_t t = 0; t < n; t++) {
-            x[t * L + i0] = expf((x[t * L + i0] - mx) * scale);
-            sum += x[t * L + i0];
-        }
-        for (int64_t t = 0; t < n; t++) x[t * L + i0] /= sum;
-    }
-}
-
-/* In-place softmax over rows of n (vitc__softmax_rows' result within a few
- * ulp), over the threads in whole blocks. */
-static void softmax_short(float *x, int64_t rows, int64_t n) {
-    if (n > SOFT_MAX_T || n < 1) {
-        vitc__softmax_rows(x, rows, n, 1.0f);
-        return;
-    }
-    soft_ctx c = {x, rows, n};
-    vitc__parallel_range((rows + SOFT_ROWS - 1) / SOFT_ROWS, soft_part, &c);
-}
-
 /* y [M, N] = alpha a [M, K] (row stride lda) @ op(b) where b is [K, N]
  * (ldb, bt 0) or [N, K] (bt 1): the token-side products of the folded
  * attentions (M a few tokens, K a head's width), too small to be worth a
@@ -964,7 +842,7 @@ static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
      * epilogue */
     vitc__linear(S, HT, xq, C, kq, kb, NULL, 0, Lq, HT, C);
     /* rows of Lk: one softmax per (image row, head) */
-    softmax_short(S, Lq * H, Lk);
+    vitc__softmax_rows_short(S, Lq * H, Lk);
     i2t_out(y, S, vo, Lq, C, HT, beta);
 }
 
@@ -988,7 +866,7 @@ static void i2tc_head(void *vc, int64_t h, int tid) {
         t->failed = 1;
         return;
     }
-    softmax_cols(S, t->Lk, t->Lq, t->scale);
+    vitc__softmax_cols(S, t->Lk, t->Lq, t->Lq, t->scale);
 }
 
 /* attend_i2t_folded for the first layer on an image's cache: its queries
@@ -1007,7 +885,7 @@ static void attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run
     i2t_token_side(d, a, r, vo, xk, xv, Lk);
     const struct vitc__sam_dec_cache *c = r->c0;
     if (c && c->qh && c->H == H && c->qh[0].kern == vitc__gemm_pack_kernel() &&
-        Lk <= SOFT_MAX_T) {
+        Lk <= VITC_SOFTMAX_SHORT) {
         /* the scores transposed, S^T [H, Lk, Lq] = k_h q_h^T against the
          * cache's packs (nothing of the image packed), each head's
          * softmax down its columns while they are in cache */
@@ -1021,7 +899,7 @@ static void attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run
     }
     for (int64_t h = 0; h < H; h++)
         vitc__gemm(0, 1, Lq, Lk, dh, scale, q + h * dh, I, k + h * dh, I, 0.0f, S + h * Lk, HT);
-    softmax_short(S, Lq * H, Lk);
+    vitc__softmax_rows_short(S, Lq * H, Lk);
     i2t_out(y, S, vo, Lq, C, HT, beta);
 }
 

@@ -10,6 +10,7 @@
 void vitc__kernels_setup_avx2(vitc__kernels *t) {
     t->softmax_rows = vitc__softmax_rows_avx2;
     t->softmax_rows_exp2 = vitc__softmax_rows_exp2_avx2;
+    t->softmax_cols = vitc__softmax_cols_avx2;
     t->softmax_rows_backward = vitc__softmax_rows_backward_avx2;
     t->layernorm = vitc__layernorm_avx2;
     t->gelu = vitc__gelu_avx2;
@@ -33,6 +34,7 @@ void vitc__kernels_setup_avx2(vitc__kernels *t) {
 void vitc__kernels_setup_avx512(vitc__kernels *t) {
     t->softmax_rows = vitc__softmax_rows_avx512;
     t->softmax_rows_exp2 = vitc__softmax_rows_exp2_avx512;
+    t->softmax_cols = vitc__softmax_cols_avx512;
     t->softmax_rows_backward = vitc__softmax_rows_backward_avx512;
     t->layernorm = vitc__layernorm_avx512;
     t->gelu = vitc__gelu_avx512;
