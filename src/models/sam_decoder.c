@@ -446,9 +446,45 @@ static void act(float *x, int64_t n, int kind) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
-static void add_rows(float *y, const float *a, const float *b, int64_t n) {
-    for (int64_t i = 0; i < n; i++) y[i] = a[i] + b[i];
+/* y = a + b and y += b, y never overlapping a or b. -O2 vectorises only
+ * loops it needs neither overlap checks nor a remainder for: restrict, and
+ * inner loops of a fixed 8 (the image-sized sums had run a float at a
+ * time). */
+static void add_rows(float *restrict y, const float *restrict a, const float *restrict b,
+                     int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) y[i + k] = a[i + k] + b[i + k];
+    for (; i < n; i++) y[i] = a[i] + b[i];
 }
+
+static void acc_rows(float *restrict y, const float *restrict b, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) y[i + k] += b[i + k];
+    for (; i < n; i++) y[i] += b[i];
+}
+
+/* y += a x over n floats, the same way */
+static void axpy_row(float *restrict y, float a, const float *restrict x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) y[i + k] += a * x[i + k];
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* a . b over n floats: 8 partial sums in loops of a fixed 8 (which the
+ * compiler vectorises at -O2), added pairwise at the end. */
+static float dot8(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int k = 0; k < 8; k++) acc[k] += a[c + k] * b[c + k];
+    float v = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; c < n; c++) v += a[c] * b[c];
+    return v;
+}
+
 
 typedef struct add_ctx {
     float *y;
@@ -480,10 +516,9 @@ static void lnadd_part(void *vc, int64_t b, int64_t e, int tid) {
     for (int64_t r0 = b; r0 < e; r0 += 32) {
         const int64_t n = e - r0 < 32 ? e - r0 : 32, o = r0 * c->C;
         if (c->res)
-            add_rows(c->y + o, c->y + o, c->res + o, n * c->C);
+            acc_rows(c->y + o, c->res + o, n * c->C);
         if (c->bias)
-            for (int64_t i = 0; i < n; i++)
-                add_rows(c->y + o + i * c->C, c->y + o + i * c->C, c->bias, c->C);
+            for (int64_t i = 0; i < n; i++) acc_rows(c->y + o + i * c->C, c->bias, c->C);
         vitc__layernorm(c->y + o, c->y + o, c->w, c->b, n, c->C, c->eps);
         add_rows(c->z + o, c->y + o, c->pe + o, n * c->C);
     }
@@ -732,18 +767,10 @@ static void small_mm(float *y, int64_t ldy, const float *a, int64_t lda, const f
     for (int64_t i = 0; i < M; i++) {
         float *yi = y + i * ldy;
         if (bt) {
-            for (int64_t j = 0; j < N; j++) {
-                float acc = 0.0f;
-                for (int64_t k = 0; k < K; k++) acc += a[i * lda + k] * b[j * ldb + k];
-                yi[j] = alpha * acc;
-            }
+            for (int64_t j = 0; j < N; j++) yi[j] = alpha * dot8(a + i * lda, b + j * ldb, K);
         } else {
             for (int64_t j = 0; j < N; j++) yi[j] = 0.0f;
-            for (int64_t k = 0; k < K; k++) {
-                const float aik = alpha * a[i * lda + k];
-                const float *bk = b + k * ldb;
-                for (int64_t j = 0; j < N; j++) yi[j] += aik * bk[j];
-            }
+            for (int64_t k = 0; k < K; k++) axpy_row(yi, alpha * a[i * lda + k], b + k * ldb, N);
         }
     }
 }
@@ -1046,18 +1073,6 @@ static vitc_status convt2(const sam_wb *l, float *y, const float *x, int64_t H, 
  * GEMMs (packed weights), the LayerNorm, the GELUs and the dot products
  * with the hypernetwork rows while it is in cache: the [2G, 2G, C/4] and
  * [4G, 4G, C/8] maps are never formed, and no weight is packed per call. */
-
-/* a . b over n floats: 8 partial sums in loops of a fixed 8 (which the
- * compiler vectorises at -O2), added pairwise at the end. */
-static float dot8(const float *a, const float *b, int64_t n) {
-    float acc[8] = {0};
-    int64_t c = 0;
-    for (; c + 8 <= n; c += 8)
-        for (int k = 0; k < 8; k++) acc[k] += a[c + k] * b[c + k];
-    float v = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; c < n; c++) v += a[c] * b[c];
-    return v;
-}
 
 typedef struct up_ctx {
     const vitc__sam_dec *d;
