@@ -5,6 +5,7 @@
 # limit. Exit non-zero if any target finds anything; its input is kept in
 # BUILD/fuzz-findings/.
 #   scripts/run-fuzz.sh BUILD SECONDS [TARGET...]
+# FUZZ_JOBS=N runs N targets at a time (default: the CPUs).
 set -u
 build=$1 secs=$2
 shift 2
@@ -22,10 +23,14 @@ max_len() {
 # ASan's quarantine would count against the RSS limit without being a leak.
 export ASAN_OPTIONS="quarantine_size_mb=16:malloc_context_size=10:${ASAN_OPTIONS:-}"
 export UBSAN_OPTIONS="print_stacktrace=1:${UBSAN_OPTIONS:-}"
-fail=""
-for t in $targets; do
+# One target: its verdict line in $build/fuzz-logs/$t.status, 0 or 1 on
+# the first line (the targets run side by side, each in a subshell).
+run_one() {
+    t=$1
     bin="$build/fuzz/$t"
-    [ -x "$bin" ] || { echo "run-fuzz: $bin is not built" >&2; exit 2; }
+    st="$build/fuzz-logs/$t.status"
+    rm -f "$st"
+    [ -x "$bin" ] || { printf '1\nrun-fuzz: %s is not built\n' "$bin" >"$st"; return; }
     corpus=$(mktemp -d)
     cp "$root/tests/fuzz/corpus/$t"/* "$corpus"/ 2>/dev/null
     # Inputs that once found something are replayed first, every run.
@@ -42,10 +47,32 @@ for t in $targets; do
     runs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log" | tail -1)
     rm -rf "$corpus"
     if [ $rc -eq 0 ]; then
-        echo "fuzz $t: ${secs}s, ${runs:-?} runs, no finding"
+        printf '0\nfuzz %s: %ss, %s runs, no finding\n' "$t" "$secs" "${runs:-?}" >"$st"
     else
-        echo "fuzz $t: FINDING (exit $rc), see $log and $findings/" >&2
-        grep -m3 -E "ERROR|SUMMARY|Test unit written" "$log" >&2
+        { printf '1\nfuzz %s: FINDING (exit %s), see %s and %s/\n' "$t" "$rc" "$log" "$findings"
+          grep -m3 -E "ERROR|SUMMARY|Test unit written" "$log"; } >"$st"
+    fi
+}
+# FUZZ_JOBS targets at a time (default: the CPUs; each target is one
+# process on one core), so that CI's 20 seconds a target take half the
+# wall time on two cores.
+jobs=${FUZZ_JOBS:-$(getconf _NPROCESSORS_ONLN 2>/dev/null || echo 1)}
+case $jobs in ''|*[!0-9]*|0) jobs=1 ;; esac
+n=0
+for t in $targets; do
+    run_one "$t" &
+    n=$((n + 1))
+    [ "$n" -lt "$jobs" ] || { wait; n=0; }
+done
+wait
+fail=""
+for t in $targets; do
+    st="$build/fuzz-logs/$t.status"
+    if [ -f "$st" ] && [ "$(head -n 1 "$st")" = 0 ]; then
+        tail -n +2 "$st"
+    else
+        [ -f "$st" ] && tail -n +2 "$st" >&2
+        [ -f "$st" ] || echo "fuzz $t: no verdict" >&2
         fail="$fail $t"
     fi
 done
