@@ -171,6 +171,17 @@ void vitc__row_norm_ref(float *y, const float *x, int64_t n, float mean, float s
 /* Below this many elements a parallel region costs more than it saves. */
 #define VITC_OPS_PAR_ELEMS 32768
 
+/* fn over units [0, units): over the pool when there are several units
+ * and at least min_elems elements of work (below, a region costs more
+ * than it saves), else on this thread. */
+static void vitc__ops_split(int64_t units, int64_t elems, int64_t min_elems, vitc__range_fn fn,
+                            void *ctx) {
+    if (units > 1 && elems >= min_elems)
+        vitc__parallel_range(units, fn, ctx);
+    else
+        fn(ctx, 0, units, 0);
+}
+
 typedef struct {
     float *y;
     const float *x, *w, *b;
@@ -189,10 +200,7 @@ static void vitc__softmax_part(void *c, int64_t r0, int64_t r1, int tid) {
 void vitc__softmax_rows(float *x, int64_t rows, int64_t n, float inv_temperature) {
     vitc__rows_ctx k = {x, NULL, NULL, NULL, n, inv_temperature, vitc__kern()};
     if (rows <= 0 || n <= 0) return;
-    if (rows > 1 && rows * n >= VITC_OPS_PAR_ELEMS)
-        vitc__parallel_range(rows, vitc__softmax_part, &k);
-    else
-        vitc__softmax_part(&k, 0, rows, 0);
+    vitc__ops_split(rows, rows * n, VITC_OPS_PAR_ELEMS, vitc__softmax_part, &k);
 }
 
 /* Columns per task of vitc__softmax_cols: 64-byte lines whole. */
@@ -207,7 +215,8 @@ typedef struct {
 
 static void vitc__cols_part(void *c, int64_t b, int64_t e, int tid) {
     const vitc__cols_ctx *k = c;
-    const int64_t j0 = b * VITC_COLS_BLOCK, j1 = e * VITC_COLS_BLOCK < k->L ? e * VITC_COLS_BLOCK : k->L;
+    const int64_t j0 = b * VITC_COLS_BLOCK;
+    const int64_t j1 = e * VITC_COLS_BLOCK < k->L ? e * VITC_COLS_BLOCK : k->L;
     (void)tid;
     k->kt->softmax_cols(k->x + j0, k->n, j1 - j0, k->ld, k->scale);
 }
@@ -216,10 +225,7 @@ void vitc__softmax_cols(float *x, int64_t n, int64_t L, int64_t ld, float scale)
     vitc__cols_ctx k = {x, n, L, ld, scale, vitc__kern()};
     if (n <= 0 || L <= 0) return;
     const int64_t blocks = (L + VITC_COLS_BLOCK - 1) / VITC_COLS_BLOCK;
-    if (blocks > 1 && n * L >= VITC_OPS_PAR_ELEMS)
-        vitc__parallel_range(blocks, vitc__cols_part, &k);
-    else
-        vitc__cols_part(&k, 0, blocks, 0);
+    vitc__ops_split(blocks, n * L, VITC_OPS_PAR_ELEMS, vitc__cols_part, &k);
 }
 
 /* Rows per block of vitc__softmax_rows_short: a block's transpose is
@@ -257,10 +263,7 @@ void vitc__softmax_rows_short(float *x, int64_t rows, int64_t n) {
     vitc__short_ctx k = {x, rows, n, vitc__kern()};
     if (rows <= 0 || n <= 0) return;
     const int64_t blocks = (rows + VITC_SHORT_BLOCK - 1) / VITC_SHORT_BLOCK;
-    if (blocks > 1 && rows * n >= VITC_OPS_PAR_ELEMS)
-        vitc__parallel_range(blocks, vitc__short_part, &k);
-    else
-        vitc__short_part(&k, 0, blocks, 0);
+    vitc__ops_split(blocks, rows * n, VITC_OPS_PAR_ELEMS, vitc__short_part, &k);
 }
 
 typedef struct {
@@ -282,10 +285,7 @@ void vitc__softmax_rows_backward(float *dx, const float *y, const float *dy, int
                                  int64_t n, float inv_temperature) {
     vitc__softmax_bwd_ctx k = {dx, y, dy, n, inv_temperature, vitc__kern()};
     if (rows <= 0 || n <= 0) return;
-    if (rows > 1 && rows * n >= VITC_OPS_PAR_ELEMS)
-        vitc__parallel_range(rows, vitc__softmax_bwd_part, &k);
-    else
-        vitc__softmax_bwd_part(&k, 0, rows, 0);
+    vitc__ops_split(rows, rows * n, VITC_OPS_PAR_ELEMS, vitc__softmax_bwd_part, &k);
 }
 
 static void vitc__layernorm_part(void *c, int64_t r0, int64_t r1, int tid) {
@@ -302,10 +302,7 @@ void vitc__layernorm(float *y, const float *x, const float *w, const float *b, i
     if (M <= 0 || C <= 0) return;
     /* A row costs ~0.1 us here (768 floats): a region pays only on large
      * inputs (measured: 197 x 768 is faster on one thread). */
-    if (M > 1 && M * C >= 8 * VITC_OPS_PAR_ELEMS)
-        vitc__parallel_range(M, vitc__layernorm_part, &k);
-    else
-        vitc__layernorm_part(&k, 0, M, 0);
+    vitc__ops_split(M, M * C, 8 * VITC_OPS_PAR_ELEMS, vitc__layernorm_part, &k);
 }
 
 /* GELU is elementwise: chunks of 4096, so that the cut between threads
@@ -331,10 +328,7 @@ static void vitc__elementwise(float *x, int64_t n, void (*f)(float *x, int64_t n
     vitc__elementwise_ctx k = {x, n, f};
     if (n <= 0) return;
     int64_t chunks = (n + VITC_GELU_CHUNK - 1) / VITC_GELU_CHUNK;
-    if (n >= VITC_OPS_PAR_ELEMS)
-        vitc__parallel_range(chunks, vitc__elementwise_part, &k);
-    else
-        vitc__elementwise_part(&k, 0, chunks, 0);
+    vitc__ops_split(chunks, n, VITC_OPS_PAR_ELEMS, vitc__elementwise_part, &k);
 }
 
 void vitc__gelu(float *x, int64_t n) { vitc__elementwise(x, n, vitc__kern()->gelu); }
@@ -361,10 +355,7 @@ void vitc__scale_add(float *y, int64_t ldy, const float *g, const float *r, int6
                      int64_t N) {
     vitc__scale_add_ctx k = {y, g, r, ldy, ldr, N, vitc__kern()->scale_add};
     if (M <= 0 || N <= 0) return;
-    if (M * N >= VITC_OPS_PAR_ELEMS)
-        vitc__parallel_range(M, vitc__scale_add_part, &k);
-    else
-        vitc__scale_add_part(&k, 0, M, 0);
+    vitc__ops_split(M, M * N, VITC_OPS_PAR_ELEMS, vitc__scale_add_part, &k);
 }
 
 /* ---- GroupNorm: per-channel partial sums, then one affine pass ------- */
