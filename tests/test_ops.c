@@ -407,15 +407,27 @@ static void test_layernorm(void **state) {
                 float *y1 = malloc((size_t)(M * C) * sizeof(float)), *y2 = malloc((size_t)(M * C) * sizeof(float));
                 for (int64_t i = 0; i < M * C; i++) x[i] = (float)(means[im] + nrand() * (1 + i % 3));
                 for (int64_t c = 0; c < C; c++) w[c] = (float)(1.0 + 0.5 * nrand()), b[c] = (float)nrand();
+                float *st = malloc((size_t)(2 * M) * sizeof(float));
                 for (int t = 1; t <= 2; t++) {
                     vitc_set_num_threads(t);
                     vitc__layernorm(t == 1 ? y1 : y2, x, w, b, M, C, 1e-6f);
                 }
                 assert_memory_equal(y1, y2, (size_t)(M * C) * sizeof(float));
+                /* with its statistics: the same numbers, and the mean and
+                 * 1 / std it normalised by */
+                vitc__layernorm_stats(y2, x, w, b, M, C, 1e-6f, st);
+                assert_memory_equal(y1, y2, (size_t)(M * C) * sizeof(float));
                 for (int64_t i = 0; i < M; i++) {
                     const float *xr = x + i * C;
                     double mean, rstd;
                     moments64(xr, C, 1e-6, &mean, &rstd);
+                    if (!(fabs(st[2 * i] - mean) <= 1e-6 * (1.0 + fabs(mean)) + 1e-6 / rstd &&
+                          fabs(st[2 * i + 1] - rstd) <= 2e-6 * rstd)) {
+                        fprintf(stderr, "%s C=%lld row %lld: stats %.9g %.9g want %.9g %.9g\n",
+                                tu_arch(a), (long long)C, (long long)i, st[2 * i], st[2 * i + 1],
+                                mean, rstd);
+                        fail();
+                    }
                     for (int64_t c = 0; c < C; c++) {
                         double want = (xr[c] - mean) * rstd * w[c] + b[c];
                         /* float x near a large mean carries |mean| * 2^-24 of
@@ -428,7 +440,7 @@ static void test_layernorm(void **state) {
                         }
                     }
                 }
-                free(x), free(w), free(b), free(y1), free(y2);
+                free(x), free(w), free(b), free(y1), free(y2), free(st);
             }
     }
     vitc_set_arch(NULL);

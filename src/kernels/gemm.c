@@ -422,7 +422,7 @@ static int64_t vitc__pa_strip(void *ctx, int64_t s) {
     int64_t kc = g->K - pc < g->kc ? g->K - pc : g->kc, mr = g->M - i < kn->mr ? g->M - i : kn->mr;
     float *dst = (float *)g->paw + pc * g->mpad + i * kc; /* strip i / MR of its block */
     const vitc__ln_pre *ln = g->ln; /* only with one K block: kb is 0 */
-    if (ln) vitc__kern()->layernorm(ln->y + i * g->K, ln->x + i * g->K, ln->w, ln->b, mr, g->K, ln->eps);
+    if (ln) vitc__kern()->layernorm(ln->y + i * g->K, ln->x + i * g->K, ln->w, ln->b, mr, g->K, ln->eps, NULL);
     if (kn->packa)
         kn->packa(dst, g->A, g->lda, g->ta, i, mr, pc, kc, NULL);
     else

@@ -320,7 +320,7 @@ static int64_t vitc__lp_pack_strip(void *ctx, int64_t t) {
     const vitc__ln_pre *ln = g->ln; /* the rows' LayerNorm, while they are in L1 */
     if (ln)
         vitc__kern()->layernorm(ln->y + i0 * g->pw->K, ln->x + i0 * g->pw->K, ln->w, ln->b, mr,
-                                g->pw->K, ln->eps);
+                                g->pw->K, ln->eps, NULL);
     if (!g->kn->a_kpad) {
         vitc__lp_strip(g->kn, g->pw->prec, dst, smr, (int)smr, g->x + i0 * g->ldx, g->ldx, mr,
                        g->pw->K, sc, zp);

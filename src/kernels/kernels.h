@@ -121,8 +121,9 @@ typedef struct vitc__kernels {
     /* softmax(scale x) down each of the L columns of x [n, ld], a lane a
      * column: many short softmaxes side by side (vitc__softmax_cols). */
     void (*softmax_cols)(float *x, int64_t n, int64_t L, int64_t ld, float scale);
+    /* stats: NULL or [M, 2], each row's mean and 1 / sqrt(var + eps) */
     void (*layernorm)(float *y, const float *x, const float *w, const float *b, int64_t M,
-                      int64_t C, float eps);
+                      int64_t C, float eps, float *stats);
     void (*softmax_rows_backward)(float *dx, const float *y, const float *dy, int64_t rows,
                                   int64_t n, float inv_temperature);
     void (*gelu)(float *x, int64_t n);
@@ -399,6 +400,11 @@ void vitc__softmax_rows_short(float *x, int64_t rows, int64_t n);
 /* LayerNorm over the last dim C of [M, C]. */
 void vitc__layernorm(float *y, const float *x, const float *w, const float *b, int64_t M,
                      int64_t C, float eps);
+/* The same, and stats [M, 2]: each row's mean and 1 / sqrt(var + eps), as
+ * it normalised by them (for an algebra that goes on through the
+ * LayerNorm: SAM's folded upscaling). */
+void vitc__layernorm_stats(float *y, const float *x, const float *w, const float *b, int64_t M,
+                           int64_t C, float eps, float *stats);
 /* GroupNorm(G, C) of [B, C, HW]; w, b [C]. */
 void vitc__groupnorm(float *y, const float *x, const float *w, const float *b, int64_t B,
                      int64_t C, int64_t HW, int64_t G, float eps);
@@ -442,7 +448,7 @@ void vitc__softmax_rows_ref(float *x, int64_t rows, int64_t n, float inv_tempera
 void vitc__softmax_rows_exp2_ref(float *x, int64_t rows, int64_t n, float s, float *inv);
 void vitc__softmax_cols_ref(float *x, int64_t n, int64_t L, int64_t ld, float scale);
 void vitc__layernorm_ref(float *y, const float *x, const float *w, const float *b, int64_t M,
-                         int64_t C, float eps);
+                         int64_t C, float eps, float *stats);
 void vitc__gelu_ref(float *x, int64_t n);
 void vitc__groupnorm_ref(float *y, const float *x, const float *w, const float *b, int64_t B,
                          int64_t C, int64_t HW, int64_t G, float eps);

@@ -79,7 +79,7 @@ void vitc__softmax_rows_backward_ref(float *dx, const float *y, const float *dy,
 
 /* Mean and variance in double: a float running sum drifts on 4096-long rows. */
 void vitc__layernorm_ref(float *y, const float *x, const float *w, const float *b, int64_t M,
-                         int64_t C, float eps) {
+                         int64_t C, float eps, float *stats) {
     for (int64_t i = 0; i < M; i++) {
         const float *xr = x + i * C;
         float *yr = y + i * C;
@@ -93,6 +93,8 @@ void vitc__layernorm_ref(float *y, const float *x, const float *w, const float *
         var /= (double)C;
         float rstd = (float)(1.0 / sqrt(var + eps));
         float m = (float)mean;
+        if (stats)
+            stats[2 * i] = m, stats[2 * i + 1] = rstd;
         for (int64_t c = 0; c < C; c++) yr[c] = (xr[c] - m) * rstd * w[c] + b[c];
     }
 }
@@ -188,6 +190,7 @@ typedef struct {
     int64_t n; /* row length */
     float f;   /* eps or inv_temperature */
     const vitc__kernels *kt;
+    float *stats; /* layernorm: [rows, 2] or NULL */
 } vitc__rows_ctx;
 
 static void vitc__softmax_part(void *c, int64_t r0, int64_t r1, int tid) {
@@ -198,7 +201,7 @@ static void vitc__softmax_part(void *c, int64_t r0, int64_t r1, int tid) {
 }
 
 void vitc__softmax_rows(float *x, int64_t rows, int64_t n, float inv_temperature) {
-    vitc__rows_ctx k = {x, NULL, NULL, NULL, n, inv_temperature, vitc__kern()};
+    vitc__rows_ctx k = {x, NULL, NULL, NULL, n, inv_temperature, vitc__kern(), NULL};
     if (rows <= 0 || n <= 0) return;
     vitc__ops_split(rows, rows * n, VITC_OPS_PAR_ELEMS, vitc__softmax_part, &k);
 }
@@ -293,12 +296,17 @@ static void vitc__layernorm_part(void *c, int64_t r0, int64_t r1, int tid) {
     float *y = k->y + r0 * k->n;
     const float *x = k->x + r0 * k->n;
     (void)tid;
-    k->kt->layernorm(y, x, k->w, k->b, r1 - r0, k->n, k->f);
+    k->kt->layernorm(y, x, k->w, k->b, r1 - r0, k->n, k->f, k->stats ? k->stats + 2 * r0 : NULL);
 }
 
 void vitc__layernorm(float *y, const float *x, const float *w, const float *b, int64_t M,
                      int64_t C, float eps) {
-    vitc__rows_ctx k = {y, x, w, b, C, eps, vitc__kern()};
+    vitc__layernorm_stats(y, x, w, b, M, C, eps, NULL);
+}
+
+void vitc__layernorm_stats(float *y, const float *x, const float *w, const float *b, int64_t M,
+                           int64_t C, float eps, float *stats) {
+    vitc__rows_ctx k = {y, x, w, b, C, eps, vitc__kern(), stats};
     if (M <= 0 || C <= 0) return;
     /* A row costs ~0.1 us here (768 floats): a region pays only on large
      * inputs (measured: 197 x 768 is faster on one thread). */

@@ -22,7 +22,7 @@ void vitc__softmax_rows_avx512(float *x, int64_t rows, int64_t n, float inv_temp
 void vitc__softmax_rows_exp2_avx512(float *x, int64_t rows, int64_t n, float s, float *inv);
 void vitc__softmax_cols_avx512(float *x, int64_t n, int64_t L, int64_t ld, float scale);
 void vitc__layernorm_avx512(float *y, const float *x, const float *w, const float *b, int64_t M,
-                            int64_t C, float eps);
+                            int64_t C, float eps, float *stats);
 
 /* GroupNorm helpers: o[0], o[1] = sum of (x - shift) and of its square,
  * in double; y = (x - mean) * sc + sh. */
@@ -41,7 +41,7 @@ void vitc__softmax_rows_avx2(float *x, int64_t rows, int64_t n, float inv_temper
 void vitc__softmax_rows_exp2_avx2(float *x, int64_t rows, int64_t n, float s, float *inv);
 void vitc__softmax_cols_avx2(float *x, int64_t n, int64_t L, int64_t ld, float scale);
 void vitc__layernorm_avx2(float *y, const float *x, const float *w, const float *b, int64_t M,
-                          int64_t C, float eps);
+                          int64_t C, float eps, float *stats);
 
 /* Backward row ops (ops_bwd_tmpl.h; the _ref ones in ops_backward.c). */
 void vitc__layernorm_backward_row_ref(float *dx, const float *dy, const float *x, const float *w,

@@ -231,7 +231,7 @@ void ISA_FN(row_stats)(const float *x, int64_t n, double shift, double *o) {
 /* Stats in one pass, in double, shifted by the row's first element so that
  * E[d^2] - E[d]^2 does not cancel when the mean is large against the spread. */
 void ISA_FN(layernorm)(float *y, const float *x, const float *w, const float *b, int64_t M,
-                       int64_t C, float eps) {
+                       int64_t C, float eps, float *stats) {
     for (int64_t i = 0; i < M; i++) {
         const float *xr = x + i * C;
         float *yr = y + i * C;
@@ -242,6 +242,8 @@ void ISA_FN(layernorm)(float *y, const float *x, const float *w, const float *b,
         double var = q / (double)C - md * md;
         if (var < 0.0) var = 0.0;
         float rstd = (float)(1.0 / sqrt(var + (double)eps));
+        if (stats)
+            stats[2 * i] = (float)(x0 + md), stats[2 * i + 1] = rstd;
         /* x - mean as (x - x0) - md: the first difference is exact for data
          * near x0, so a large mean loses no more than the spread's bits. */
         const VT v0 = v_set1(xr[0]), vm = v_set1((float)md), vr = v_set1(rstd);

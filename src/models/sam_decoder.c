@@ -84,6 +84,16 @@ struct vitc__sam_dec {
      * the GEMM, their biases repeated per tap ([4 C/4], [4 C/8]). */
     vitc__pweight up1_pw, up2_pw;
     float *up1_b4, *up2_b4;
+    /* up1 read through the transformer's LayerNorms (upf_*, NULL when
+     * out of memory: the upscaling then reads the image side as it is).
+     * upf_w [L, 4 C/4, C]: layer i's up1 weight with column c scaled by
+     * prod_{j >= i} w_j[c] (w_j layer j's layer_norm4 weight); upf_u
+     * [L + 1, 4 C/4]: u_0 = g_0, u_k = g_k + e_{k-1}, u_L = e_{L-1} + up1's
+     * bias (g_i = beta_i M_i, e_i = b_i M_{i+1}, M_i = upf_w[i]^T, beta_i
+     * out_proj's bias of layer i's image -> token attention, b_i its
+     * layer_norm4 bias); upf_h [L, 4 C/4]: w_i M_{i+1}, upf_w[i]'s row sums. */
+    float *upf_w, *upf_u, *upf_h;
+    float *upf_wo; /* [L, I, C] (upf_w[i] @ layer i's i2t out_proj weight [C, I])^T */
     sam_ffn hyper[4], iou;
     float *pe_img; /* [grid*grid, C] the dense positional embedding */
     void **bufs;
@@ -272,6 +282,45 @@ static void pos_encode(const vitc__sam_dec *d, float u, float v, float *out) {
     }
 }
 
+/* The decoder's folded up1 (the upf_* fields; left NULL when out of
+ * memory). Sums in double: they are made once. */
+static void upf_make(vitc__sam_dec *d) {
+    const int64_t L = d->n_layers, C = d->C, N = C; /* up1: [4 C/4 = C, C] */
+    float *w = dec_alloc(d, L * N * C), *u = dec_alloc(d, (L + 1) * N),
+          *h = dec_alloc(d, L * N);
+    if (!w || !u || !h)
+        return;
+    memset(u, 0, (size_t)((L + 1) * N) * sizeof(float));
+    for (int64_t i = L - 1; i >= 0; i--) {
+        const float *next = i + 1 < L ? w + (i + 1) * N * C : d->up1.w;
+        const sam_layer *Li = &d->layers[i];
+        for (int64_t o = 0; o < N; o++) {
+            double g = 0, e = 0, hs = 0;
+            for (int64_t c = 0; c < C; c++) {
+                const float v = next[o * C + c] * Li->ln4.w[c];
+                w[(i * N + o) * C + c] = v;
+                g += (double)Li->i2t.o.b[c] * v;
+                e += (double)Li->ln4.b[c] * next[o * C + c];
+                hs += v;
+            }
+            /* u_i gets g_i now and e_{i-1} from the next row up; u_{i+1}
+             * gets e_i (u_L: plus the bias) */
+            u[i * N + o] = (float)g;
+            u[(i + 1) * N + o] += (float)e + (i + 1 == L ? d->up1_b4[o] : 0.0f);
+            h[i * N + o] = (float)hs;
+        }
+    }
+    float *wo = dec_alloc(d, L * N * d->layers[0].i2t.I);
+    if (!wo)
+        return;
+    for (int64_t i = 0; i < L; i++) {
+        const int64_t I = d->layers[i].i2t.I;
+        vitc__gemm(1, 1, I, N, C, 1.0f, d->layers[i].i2t.o.w, I, w + i * N * C, C, 0.0f,
+                   wo + i * N * I, N);
+    }
+    d->upf_w = w, d->upf_u = u, d->upf_h = h, d->upf_wo = wo;
+}
+
 vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
                                const struct json_t *config) {
     if (!out || !sh)
@@ -385,6 +434,7 @@ vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
     for (int64_t k = 0; k < 4 * C8; k++) d->up2_b4[k] = d->up2.b[k % C8];
     TRY(vitc__pweight_pack(&d->up1_pw, d->up1.w, 4 * C4, C, VITC_PRECISION_FP32));
     TRY(vitc__pweight_pack(&d->up2_pw, d->up2.w, 4 * C8, C4, VITC_PRECISION_FP32));
+    upf_make(d);
     for (int64_t t = 0; t < d->T; t++) {
         snprintf(n, sizeof n, "mask_decoder.output_hypernetworks_mlps.%lld", (long long)t);
         TRY(take_ffn(d, sh, &d->hyper[t], C, C, C8, 3, n));
@@ -506,6 +556,7 @@ static void add_part(void *vc, int64_t b, int64_t e, int tid) {
 typedef struct lnadd_ctx {
     float *y, *z;
     const float *w, *b, *pe, *res, *bias;
+    float *stats; /* [M, 2] or NULL: each row's mean and 1 / sqrt(var + eps) */
     int64_t C;
     float eps;
 } lnadd_ctx;
@@ -519,14 +570,16 @@ static void lnadd_part(void *vc, int64_t b, int64_t e, int tid) {
             acc_rows(c->y + o, c->res + o, n * c->C);
         if (c->bias)
             for (int64_t i = 0; i < n; i++) acc_rows(c->y + o + i * c->C, c->bias, c->C);
-        vitc__layernorm(c->y + o, c->y + o, c->w, c->b, n, c->C, c->eps);
+        vitc__layernorm_stats(c->y + o, c->y + o, c->w, c->b, n, c->C, c->eps,
+                              c->stats ? c->stats + 2 * r0 : NULL);
         add_rows(c->z + o, c->y + o, c->pe + o, n * c->C);
     }
 }
 
 static void layernorm_add(float *y, float *z, const float *w, const float *b, const float *res,
-                          const float *bias, const float *pe, int64_t M, int64_t C, float eps) {
-    lnadd_ctx c = {y, z, w, b, pe, res, bias, C, eps};
+                          const float *bias, const float *pe, int64_t M, int64_t C, float eps,
+                          float *stats) {
+    lnadd_ctx c = {y, z, w, b, pe, res, bias, stats, C, eps};
     vitc__parallel_range(M, lnadd_part, &c);
 }
 
@@ -553,6 +606,18 @@ typedef struct sam_run {
     int64_t keep[4];
     int n_keep;
     float *ksel; /* [n_keep, C] their final attention */
+    const float *tv; /* [T, I] the last image -> token attention's token values */
+    /* The upscaling's first product read through the image side's
+     * LayerNorms (on: see upf_* and upscale_fused): what each layer's
+     * image -> token attention and layer_norm4 leave for it. */
+    struct {
+        int on;
+        int64_t HT, Kf;   /* H T; Kf = L HT + 2 L, the columns of the product */
+        float *S;         /* [L, HW H T] the attentions' probabilities */
+        uint64_t St;      /* bit i: layer i's S stored transposed, [H T, HW] */
+        float *st;        /* [L, HW, 2] layer_norm4's mean and 1 / std per row */
+        float *Bt;        /* [C, Kf] the product's weight: A_i^T (A_i = vo_i M_i), u_k, -h_i */
+    } f;
 } sam_run;
 
 /* What every prompt without a mask computes alike on one image: the
@@ -578,6 +643,9 @@ struct vitc__sam_dec_cache {
     /* [H] each head's image -> token queries q_h [HW, dh'] packed, or NULL
      * (attend_i2t_cached's per-head GEMMs then) */
     vitc__pweight *qh;
+    /* [HW, C] K0 through the folded up1 of the first layer (d->upf_w), or
+     * NULL: the upscaling's prompt-independent part */
+    float *P0;
     int64_t H;
 };
 
@@ -592,7 +660,7 @@ void vitc__sam_dec_cache_free(struct vitc__sam_dec_cache *c) {
     free_packs(c->kh, c->H);
     free_packs(c->vh, c->H);
     free_packs(c->qh, c->H);
-    free(c->K0), free(c->kk0), free(c->k), free(c->v), free(c->q), free(c);
+    free(c->K0), free(c->kk0), free(c->k), free(c->v), free(c->q), free(c->P0), free(c);
 }
 
 /* c's per-head packs of its keys and values (left NULL when they cannot
@@ -658,6 +726,8 @@ static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
         lin(c->v, I, c->K0, C, &a->v, NULL, 0, HW, I, C);
         lin(c->q, b->I, c->kk0, C, &b->q, NULL, 0, HW, b->I, C);
         pack_heads(c, HW, I, b->I, d->heads);
+        if (d->upf_w && (c->P0 = malloc((size_t)(HW * C) * sizeof(float))))
+            vitc__linear(c->P0, C, c->K0, C, d->upf_w, NULL, NULL, 0, HW, C, C);
         struct vitc__sam_dec_cache *expected = NULL;
         if (!__atomic_compare_exchange_n(slot, &expected, c, 0, __ATOMIC_ACQ_REL,
                                          __ATOMIC_ACQUIRE)) {
@@ -825,6 +895,7 @@ static void i2t_token_side(const vitc__sam_dec *d, const sam_attn *a, sam_run *r
                            const float *xk, const float *xv, int64_t Lk) {
     const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H;
     float *k = r->aq, *v = r->aq + Lk * I;
+    r->tv = v;
     lin(k, I, xk, C, &a->k, NULL, 0, Lk, I, C);
     lin(v, I, xv, C, &a->v, NULL, 0, Lk, I, C);
     for (int64_t h = 0; h < H; h++)
@@ -848,14 +919,14 @@ static void i2t_out(float *y, const float *S, const float *vo, int64_t Lq, int64
  * y [Lq, C] = out_proj(...) + beta y without out_proj's bias (i2t_out). */
 static void attend_i2t_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
                               float beta, const float *xq, int64_t Lq, const float *xk,
-                              const float *xv, int64_t Lk) {
+                              const float *xv, int64_t Lk, float *S) {
     const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
     const float scale = (float)(1.0 / sqrt((double)dh));
     const float *k = r->aq;     /* [Lk, I] */
     float *kq = r->av;          /* [H, Lk, C] the folded keys */
     float *vo = r->av + HT * C; /* [H, Lk, C] the values through out_proj */
     float *kb = r->ao;          /* [H, Lk] the scores' bias */
-    float *S = r->ak;           /* [Lq, H, Lk] */
+    /* S [Lq, H, Lk] */
     i2t_token_side(d, a, r, vo, xk, xv, Lk);
     for (int64_t h = 0; h < H; h++) {
         small_mm(kq + h * Lk * C, C, k + h * dh, I, a->q.w + h * dh * C, C, 0, Lk, C, dh, scale);
@@ -901,14 +972,14 @@ static void i2tc_head(void *vc, int64_t h, int tid) {
  * scores are the literal per-head products q_h k_h^T (2 H T Lq dh
  * multiply-adds, a C / dh-th of the folded keys' Lq C H T) and only the
  * output projection stays folded into the values. y as attend_i2t_folded. */
-static void attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
-                              float beta, const float *q, int64_t Lq, const float *xk,
-                              const float *xv, int64_t Lk) {
+static int attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                             float beta, const float *q, int64_t Lq, const float *xk,
+                             const float *xv, int64_t Lk, float *S) {
     const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * Lk;
     const float scale = (float)(1.0 / sqrt((double)dh));
     const float *k = r->aq; /* [Lk, I] */
     float *vo = r->av;      /* [H, Lk, C] the values through out_proj */
-    float *S = r->ak;       /* [Lq, H, Lk] */
+    /* S [Lq, H, Lk], or transposed (returns 1) */
     i2t_token_side(d, a, r, vo, xk, xv, Lk);
     const struct vitc__sam_dec_cache *c = r->c0;
     if (c && c->qh && c->H == H && c->qh[0].kern == vitc__gemm_pack_kernel() &&
@@ -921,13 +992,14 @@ static void attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run
         vitc__parallel_for(H, i2tc_head, &t);
         if (!t.failed) {
             vitc__gemm(1, 0, Lq, C, HT, 1.0f, S, Lq, vo, C, beta, y, C);
-            return;
+            return 1;
         }
     }
     for (int64_t h = 0; h < H; h++)
         vitc__gemm(0, 1, Lq, Lk, dh, scale, q + h * dh, I, k + h * dh, I, 0.0f, S + h * Lk, HT);
     vitc__softmax_rows_short(S, Lq * H, Lk);
     i2t_out(y, S, vo, Lq, C, HT, beta);
+    return 0;
 }
 
 static void swap(float **a, float **b) {
@@ -983,17 +1055,34 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
              * cache's (read-only) write K and leave the residual to the
              * LayerNorm's pass, as out_proj's bias */
             const float beta = K == r->K ? 1.0f : 0.0f;
+            /* the probabilities kept for the upscaling when it folds */
+            float *S = r->f.on ? r->f.S + i * HW * r->f.HT : r->ak;
+            int St = 0;
             if (i == 0 && r->c0)
-                attend_i2t_cached(d, &L->i2t, r, r->K, beta, r->c0->q, HW, r->qq, r->Q, Nt);
+                St = attend_i2t_cached(d, &L->i2t, r, r->K, beta, r->c0->q, HW, r->qq, r->Q, Nt,
+                                       S);
             else
-                attend_i2t_folded(d, &L->i2t, r, r->K, beta, kk, HW, r->qq, r->Q, Nt);
+                attend_i2t_folded(d, &L->i2t, r, r->K, beta, kk, HW, r->qq, r->Q, Nt, S);
+            if (r->f.on) {
+                /* A_i^T = M_i^T vo_i^T into the product's weight, per head
+                 * (upf_wo: out_proj folded into M_i) from the token values */
+                const int64_t I = L->i2t.I, dh = I / d->heads;
+                r->f.St |= (uint64_t)St << i;
+                float *A = r->ao; /* [H, T, C] */
+                for (int64_t h = 0; h < d->heads; h++)
+                    small_mm(A + h * Nt * C, C, r->tv + h * dh, I, d->upf_wo + (i * I + h * dh) * C,
+                             C, 0, Nt, C, dh, 1.0f);
+                for (int64_t o = 0; o < C; o++)
+                    for (int64_t j = 0; j < r->f.HT; j++)
+                        r->f.Bt[o * r->f.Kf + i * r->f.HT + j] = A[j * C + o];
+            }
             layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, K == r->K ? NULL : K, L->i2t.o.b,
-                          d->pe_img, HW, C, d->eps_dec);
+                          d->pe_img, HW, C, d->eps_dec, r->f.on ? r->f.st + 2 * i * HW : NULL);
         } else {
             VITC_TRY(attend(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt));
             swap(&r->K, &r->K2);
             layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, NULL, NULL, d->pe_img, HW, C,
-                          d->eps_dec);
+                          d->eps_dec, NULL);
         }
     }
     add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
@@ -1079,10 +1168,53 @@ typedef struct up_ctx {
     const float *x;     /* [G, G, C] */
     const float *hyper; /* [n, C/8] */
     float *low;         /* [n, 4G, 4G] */
-    float *scr;         /* per thread: z1 [4 UP_PIX, C/4], z2 [16 UP_PIX, C/8] */
+    /* per thread: z1 [4 UP_PIX, C/4], z2 [16 UP_PIX, C/8], and folded
+     * X [UP_PIX, Kf], rho [L + 1, UP_PIX] */
+    float *scr;
     int64_t n, G, per;
+    const sam_run *r;      /* r->f.on: up1 folded */
+    const float *P0;       /* [G G, C] */
+    const vitc__pweight *bw; /* r->f.Bt packed */
     _Atomic int failed;
 } up_ctx;
+
+/* The folded up1 of pixels p0.. p0 + P into z1 [P, C]: with L layers'
+ * image -> token probabilities S_i, layer_norm4 means mu_i and scales r_i
+ * and rho_i = prod_{j >= i} r_j per pixel, the transformer's image output
+ * through up1 is, LayerNorm by LayerNorm unrolled,
+ *   rho_0 P0 + sum_i (rho_i S_i) A_i + sum_k rho_k u_k - sum_i rho_i mu_i h_i + u_L
+ * (P0, u, h: the image cache's and the decoder's upf_*; A_i = vo_i M_i):
+ * one product over L H T + 2 L columns instead of C, the image-sized part
+ * of up1 (K0 M_0) made once per image. */
+static vitc_status up1_folded(const up_ctx *c, float *z1, float *X, float *rho, int64_t p0,
+                              int64_t P) {
+    const vitc__sam_dec *d = c->d;
+    const sam_run *r = c->r;
+    const int64_t L = d->n_layers, C = d->C, HW = r->HW, HT = r->f.HT, Kf = r->f.Kf;
+    for (int64_t p = 0; p < P; p++) rho[L * UP_PIX + p] = 1.0f;
+    for (int64_t i = L - 1; i >= 0; i--)
+        for (int64_t p = 0; p < P; p++)
+            rho[i * UP_PIX + p] = rho[(i + 1) * UP_PIX + p] * r->f.st[2 * (i * HW + p0 + p) + 1];
+    for (int64_t i = 0; i < L; i++) {
+        const float *S = r->f.S + i * HW * HT, *ri = rho + i * UP_PIX;
+        if (r->f.St >> i & 1) { /* [HT, HW] */
+            for (int64_t j = 0; j < HT; j++)
+                for (int64_t p = 0; p < P; p++) X[p * Kf + i * HT + j] = ri[p] * S[j * HW + p0 + p];
+        } else {
+            for (int64_t p = 0; p < P; p++)
+                for (int64_t j = 0; j < HT; j++)
+                    X[p * Kf + i * HT + j] = ri[p] * S[(p0 + p) * HT + j];
+        }
+        for (int64_t p = 0; p < P; p++) {
+            X[p * Kf + L * HT + i] = ri[p];
+            X[p * Kf + L * HT + L + i] = ri[p] * r->f.st[2 * (i * HW + p0 + p)];
+        }
+    }
+    VITC_TRY(vitc__linear_pw(z1, C, X, Kf, c->bw, r->f.Bt, d->upf_u + L * C, NULL, 0, P, C, Kf,
+                             VITC__ACT_NONE));
+    for (int64_t p = 0; p < P; p++) axpy_row(z1 + p * C, rho[p], c->P0 + (p0 + p) * C, C);
+    return VITC_OK;
+}
 
 static void up_row(void *vc, int64_t blk, int tid) {
     up_ctx *c = vc;
@@ -1090,9 +1222,12 @@ static void up_row(void *vc, int64_t blk, int tid) {
     const int64_t G = c->G, C = d->C, C4 = C / 4, C8 = C / 8, lo = 4 * G;
     const int64_t p0 = blk * UP_PIX, P = G * G - p0 < UP_PIX ? G * G - p0 : UP_PIX;
     float *z1 = c->scr + tid * c->per; /* [P, 2, 2, C/4]: (pixel, tap) rows */
-    float *z2 = z1 + 4 * P * C4;       /* [P, 2, 2, 2, 2, C/8] */
-    if (vitc__linear_pw(z1, 4 * C4, c->x + p0 * C, C, &d->up1_pw, d->up1.w, d->up1_b4, NULL, 0,
-                        P, 4 * C4, C, VITC__ACT_NONE) != VITC_OK) {
+    float *z2 = z1 + 4 * UP_PIX * C4;  /* [P, 2, 2, 2, 2, C/8] */
+    float *X = z2 + 16 * UP_PIX * C8;  /* folded: [P, Kf] */
+    if (c->r->f.on
+            ? up1_folded(c, z1, X, X + UP_PIX * c->r->f.Kf, p0, P) != VITC_OK
+            : vitc__linear_pw(z1, 4 * C4, c->x + p0 * C, C, &d->up1_pw, d->up1.w, d->up1_b4,
+                              NULL, 0, P, 4 * C4, C, VITC__ACT_NONE) != VITC_OK) {
         c->failed = 1;
         return;
     }
@@ -1117,18 +1252,29 @@ static void up_row(void *vc, int64_t blk, int tid) {
 }
 
 /* low [n, 4G, 4G] = hyper [n, C/8] . upscale(x [G, G, C]) per pixel. */
-static vitc_status upscale_fused(const vitc__sam_dec *d, const float *x, const float *hyper,
-                                 int64_t n, float *low) {
-    const int64_t G = d->grid, C = d->C, per = UP_PIX * (4 * (C / 4) + 16 * (C / 8));
+static vitc_status upscale_fused(const vitc__sam_dec *d, const sam_run *r, const float *x,
+                                 const float *hyper, int64_t n, float *low) {
+    const int64_t G = d->grid, C = d->C;
+    const int64_t per = UP_PIX * (4 * (C / 4) + 16 * (C / 8) +
+                                  (r->f.on ? r->f.Kf + d->n_layers + 1 : 0));
     const int nt = vitc__num_threads();
-    up_ctx c = {.d = d, .x = x, .hyper = hyper, .low = low, .n = n, .G = G, .per = per};
+    up_ctx c = {.d = d, .x = x, .hyper = hyper, .low = low, .n = n, .G = G, .per = per,
+                .r = r, .P0 = r->c0 ? r->c0->P0 : NULL};
+    vitc__pweight bw = {0};
+    if (r->f.on) {
+        VITC_TRY(vitc__pweight_pack(&bw, r->f.Bt, C, r->f.Kf, VITC_PRECISION_FP32));
+        c.bw = &bw;
+    }
     c.scr = malloc((size_t)(nt * per) * sizeof(float));
-    if (!c.scr)
+    if (!c.scr) {
+        vitc__pweight_free(&bw);
         return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's upscaling (%d threads)", nt);
+    }
     /* rows claimed as threads come free: a core taken by another process
      * leaves its rows to the other threads */
     vitc__parallel_for_dynamic((G * G + UP_PIX - 1) / UP_PIX, 1, up_row, &c);
     free(c.scr);
+    vitc__pweight_free(&bw);
     if (c.failed)
         return vitc__err(VITC_ERR_INVALID_ARG, "SAM upscaling: a GEMM refused its arguments");
     return VITC_OK;
@@ -1265,6 +1411,7 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
                          (long long)Nt, (long long)ow, (long long)oh);
     }
     sam_run r = {.Nt = Nt, .HW = HW};
+    float *fold = NULL; /* r.f's buffers */
     float *f = buf;
     r.tok_pe = f, f += Nt * C;
     r.ksel = f, f += Nt * C;
@@ -1325,6 +1472,24 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
             for (int64_t i = 0; i < HW; i++)
                 add_rows(r.K + i * C, e->emb_cl + i * C, d->no_mask, C);
     }
+    if (r.c0 && r.c0->P0 && d->upf_w) {
+        /* the upscaling folds when every layer's image -> token attention
+         * folds and the fold's product is the narrower */
+        int on = 1;
+        for (int64_t i = 0; i < d->n_layers; i++) on &= fold_pays(d, &d->layers[i].i2t, Nt);
+        const int64_t L = d->n_layers, HT = d->heads * Nt, Kf = L * HT + 2 * L;
+        if (on && Kf < C && (fold = malloc((size_t)(L * HW * HT + 2 * L * HW + C * Kf) *
+                                           sizeof(float)))) {
+            r.f.on = 1, r.f.HT = HT, r.f.Kf = Kf;
+            r.f.S = fold, r.f.st = fold + L * HW * HT, r.f.Bt = r.f.st + 2 * L * HW;
+            /* its constant columns: u_k, -h_i */
+            for (int64_t o = 0; o < C; o++)
+                for (int64_t i = 0; i < L; i++) {
+                    r.f.Bt[o * Kf + L * HT + i] = d->upf_u[i * C + o];
+                    r.f.Bt[o * Kf + L * HT + L + i] = -d->upf_h[i * C + o];
+                }
+        }
+    }
     if ((s = two_way(d, &r)) != VITC_OK)
         goto done;
 
@@ -1337,7 +1502,7 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
         for (int64_t m = 0; m < n_masks; m++)
             ffn(&d->hyper[first + m], hyper + m * C8, r.Q + (1 + first + m) * C, C, tmp);
         if (strcmp(vitc__nn_dense_path(), "ref") != 0) {
-            if ((s = upscale_fused(d, r.K, hyper, n_masks, low)) != VITC_OK)
+            if ((s = upscale_fused(d, &r, r.K, hyper, n_masks, low)) != VITC_OK)
                 goto done;
         } else {
             /* u1 [2G, 2G, C/4], u2 [4G, 4G, C/8], z the GEMM's [.., 4 O] */
@@ -1365,6 +1530,6 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     out->masks = masks, out->low_res = low;
     masks = low = NULL;
 done:
-    free(buf), free(low), free(masks);
+    free(buf), free(low), free(masks), free(fold);
     return s;
 }

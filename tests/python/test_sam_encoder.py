@@ -249,15 +249,16 @@ class TestSamPredictor(unittest.TestCase):
     drawn (the default init zeroes biases and keeps LayerNorms at identity)."""
 
     S = 160
+    C = 32  # the decoder's width
 
     @classmethod
     def setUpClass(cls):
-        S = cls.S
+        S, C = cls.S, cls.C
         cfg = SamConfig(
-            vision_config=dict(SMALL["padded_windows"], output_channels=32, num_pos_feats=16),
-            prompt_encoder_config=dict(hidden_size=32, image_size=S, patch_size=16,
+            vision_config=dict(SMALL["padded_windows"], output_channels=C, num_pos_feats=C // 2),
+            prompt_encoder_config=dict(hidden_size=C, image_size=S, patch_size=16,
                                        mask_input_channels=8),
-            mask_decoder_config=dict(hidden_size=32, mlp_dim=64, num_attention_heads=2,
+            mask_decoder_config=dict(hidden_size=C, mlp_dim=64, num_attention_heads=2,
                                      iou_head_hidden_dim=24))
         torch.manual_seed(0)
         cls.model = SamModel(cfg).eval()
@@ -316,6 +317,13 @@ class TestSamPredictor(unittest.TestCase):
         self.assertEqual(got[0].shape[0], 3)
         self.check(got, self.reference(True, pts, labs, box))
 
+    def test_one_point_multimask_and_single(self):
+        for multimask in (True, False):
+            with self.subTest(multimask=multimask):
+                got = self.pred.predict(points=[[410.0, 260.0]], labels=[1],
+                                        multimask_output=multimask, return_logits=True)
+                self.check(got, self.reference(multimask, [[410.0, 260.0]], [1]))
+
     def test_mask_prompt_single_mask_and_threshold(self):
         _, _, low = self.pred.predict(points=[[300.0, 200.0]], labels=[1])
         got = self.pred.predict(points=[[420.0, 120.0]], labels=[1], mask_input=low[0],
@@ -334,6 +342,13 @@ class TestSamPredictor(unittest.TestCase):
             self.pred.predict(box=[1.0, 2.0, 3.0])
         with self.assertRaises(ValueError):
             self.pred.predict(points=[[1.0, 2.0]], labels=[1], mask_input=np.zeros((8, 8)))
+
+
+class TestSamPredictorWide(TestSamPredictor):
+    """The same at a decoder width of 64, where a few tokens' prompt takes
+    the upscaling's folded first product (its columns L H T + 2 L, fewer
+    than the width: 32 for one point, 40 for two points and a box)."""
+    C = 64
 
 
 @unittest.skipIf(torch is None or sam_model_registry is None,
