@@ -26,87 +26,13 @@
 #include "../kernels/kernels.h"
 #include "../nn/dense.h"
 #include "sam.h"
-
-/* More points than this in one prompt are refused: the released models
- * were trained with at most a few dozen, and the token count bounds the
- * attention's scratch. */
-#define SAM_MAX_POINTS 1000
-/* Depth bound of the hypernetwork and IoU head MLPs (3 in every release). */
-#define SAM_MAX_FFN 8
-
-enum { SAM_ACT_GELU, SAM_ACT_RELU };
-
-typedef struct sam_wb {
-    float *w, *b;
-    /* a linear layer's w packed for the GEMM once (the prompt's GEMMs have
-     * a few rows: packing w per call cost as much as the product); empty
-     * without a packing kernel (vitc__linear_pw reads w then) */
-    vitc__pweight pw;
-} sam_wb;
-
-/* SamAttention: q/k/v projections to I = C / downsample, heads over I. */
-typedef struct sam_attn {
-    sam_wb q, k, v, o; /* q, k, v: [I, C]; o: [C, I] */
-    int64_t I;
-} sam_attn;
-
-typedef struct sam_layer {
-    sam_attn self, t2i, i2t;
-    sam_wb ln1, ln2, ln3, ln4;
-    sam_wb lin1, lin2; /* [mlp, C], [C, mlp] */
-} sam_layer;
-
-/* SamFeedForward: proj_in, ReLU, (layers, ReLU)..., proj_out. */
-typedef struct sam_ffn {
-    sam_wb in, mid[SAM_MAX_FFN], out;
-    int n_mid;
-    int64_t hidden, out_dim;
-} sam_ffn;
-
-struct vitc__sam_dec {
-    int64_t C, heads, mlp, n_layers, ds, T, iou_hidden, iou_depth, mc, grid, image_size;
-    int act_prompt, act_mlp;
-    float eps_prompt, eps_dec;
-    /* prompt encoder */
-    float *pe;             /* [2, C/2] random Fourier features */
-    float *point_embed[4]; /* [C] each: background, foreground, box corner 1, corner 2 */
-    float *not_a_point, *no_mask; /* [C] */
-    sam_wb mconv1, mln1, mconv2, mln2, mconv3; /* convolutions: dense.h layouts */
-    /* mask decoder */
-    float *iou_token;   /* [C] */
-    float *mask_tokens; /* [T, C] */
-    sam_layer *layers;  /* [n_layers] */
-    sam_attn final;
-    sam_wb ln_final;
-    sam_wb up1, up_ln, up2; /* up1 [2, 2, C/4, C], up2 [2, 2, C/8, C/4] */
-    /* The upscaling's transposed convolutions as linear layers over one
-     * input pixel (rows (i, j, o) of the weights above): packed once for
-     * the GEMM, their biases repeated per tap ([4 C/4], [4 C/8]). */
-    vitc__pweight up1_pw, up2_pw;
-    float *up1_b4, *up2_b4;
-    /* up1 read through the transformer's LayerNorms (upf_*, NULL when
-     * out of memory: the upscaling then reads the image side as it is).
-     * upf_w [L, 4 C/4, C]: layer i's up1 weight with column c scaled by
-     * prod_{j >= i} w_j[c] (w_j layer j's layer_norm4 weight); upf_u
-     * [L + 1, 4 C/4]: u_0 = g_0, u_k = g_k + e_{k-1}, u_L = e_{L-1} + up1's
-     * bias (g_i = beta_i M_i, e_i = b_i M_{i+1}, M_i = upf_w[i]^T, beta_i
-     * out_proj's bias of layer i's image -> token attention, b_i its
-     * layer_norm4 bias); upf_h [L, 4 C/4]: w_i M_{i+1}, upf_w[i]'s row sums. */
-    float *upf_w, *upf_u, *upf_h;
-    float *upf_wo; /* [L, I, C] (upf_w[i] @ layer i's i2t out_proj weight [C, I])^T */
-    sam_ffn hyper[4], iou;
-    float *pe_img; /* [grid*grid, C] the dense positional embedding */
-    void **bufs;
-    int n_bufs, cap_bufs;
-    sam_wb **packed; /* the layers whose pw is made, to free */
-    int n_packed, cap_packed;
-};
+#include "sam_decoder_impl.h"
 
 /* ------------------------------------------------------------------ */
 /* Loading                                                            */
 /* ------------------------------------------------------------------ */
 
-static float *dec_alloc(vitc__sam_dec *d, int64_t n) {
+float *vitc__sam_dec_alloc(vitc__sam_dec *d, int64_t n) {
     if (d->n_bufs == d->cap_bufs) {
         int cap = d->cap_bufs ? 2 * d->cap_bufs : 64;
         void *a = realloc(d->bufs, (size_t)cap * sizeof *d->bufs);
@@ -133,7 +59,7 @@ static vitc_status take(vitc__sam_dec *d, const vitc__shards *sh, float **dst, c
     va_end(ap);
     int64_t n = 1;
     for (int i = 0; i < nd; i++) n *= want[i];
-    float *p = dec_alloc(d, n);
+    float *p = vitc__sam_dec_alloc(d, n);
     if (!p)
         return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM tensor %s", name);
     *dst = p;
@@ -207,7 +133,7 @@ static vitc_status take_conv2(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *
                               int64_t Cin, const char *module) {
     float *t;
     VITC_TRY(take(d, sh, &t, SHAPE(O, Cin, 2, 2), "%s.weight", module));
-    if (!(l->w = dec_alloc(d, O * Cin * 4)))
+    if (!(l->w = vitc__sam_dec_alloc(d, O * Cin * 4)))
         return vitc__err(VITC_ERR_NOMEM, "out of memory for %s", module);
     vitc__nn_conv_pack(l->w, t, O, Cin, 2, 2);
     return take(d, sh, &l->b, SHAPE(O), "%s.bias", module);
@@ -219,7 +145,7 @@ static vitc_status take_convt2(vitc__sam_dec *d, const vitc__shards *sh, sam_wb 
                                int64_t O, const char *module) {
     float *t;
     VITC_TRY(take(d, sh, &t, SHAPE(Cin, O, 2, 2), "%s.weight", module));
-    if (!(l->w = dec_alloc(d, O * Cin * 4)))
+    if (!(l->w = vitc__sam_dec_alloc(d, O * Cin * 4)))
         return vitc__err(VITC_ERR_NOMEM, "out of memory for %s", module);
     vitc__nn_convt_pack(l->w, t, Cin, O, 2, 2);
     return take(d, sh, &l->b, SHAPE(O), "%s.bias", module);
@@ -280,45 +206,6 @@ static void pos_encode(const vitc__sam_dec *d, float u, float v, float *out) {
         out[j] = sinf(t);
         out[F + j] = cosf(t);
     }
-}
-
-/* The decoder's folded up1 (the upf_* fields; left NULL when out of
- * memory). Sums in double: they are made once. */
-static void upf_make(vitc__sam_dec *d) {
-    const int64_t L = d->n_layers, C = d->C, N = C; /* up1: [4 C/4 = C, C] */
-    float *w = dec_alloc(d, L * N * C), *u = dec_alloc(d, (L + 1) * N),
-          *h = dec_alloc(d, L * N);
-    if (!w || !u || !h)
-        return;
-    memset(u, 0, (size_t)((L + 1) * N) * sizeof(float));
-    for (int64_t i = L - 1; i >= 0; i--) {
-        const float *next = i + 1 < L ? w + (i + 1) * N * C : d->up1.w;
-        const sam_layer *Li = &d->layers[i];
-        for (int64_t o = 0; o < N; o++) {
-            double g = 0, e = 0, hs = 0;
-            for (int64_t c = 0; c < C; c++) {
-                const float v = next[o * C + c] * Li->ln4.w[c];
-                w[(i * N + o) * C + c] = v;
-                g += (double)Li->i2t.o.b[c] * v;
-                e += (double)Li->ln4.b[c] * next[o * C + c];
-                hs += v;
-            }
-            /* u_i gets g_i now and e_{i-1} from the next row up; u_{i+1}
-             * gets e_i (u_L: plus the bias) */
-            u[i * N + o] = (float)g;
-            u[(i + 1) * N + o] += (float)e + (i + 1 == L ? d->up1_b4[o] : 0.0f);
-            h[i * N + o] = (float)hs;
-        }
-    }
-    float *wo = dec_alloc(d, L * N * d->layers[0].i2t.I);
-    if (!wo)
-        return;
-    for (int64_t i = 0; i < L; i++) {
-        const int64_t I = d->layers[i].i2t.I;
-        vitc__gemm(1, 1, I, N, C, 1.0f, d->layers[i].i2t.o.w, I, w + i * N * C, C, 0.0f,
-                   wo + i * N * I, N);
-    }
-    d->upf_w = w, d->upf_u = u, d->upf_h = h, d->upf_wo = wo;
 }
 
 vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
@@ -426,7 +313,7 @@ vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
     TRY(take_convt2(d, sh, &d->up1, C, C4, "mask_decoder.upscale_conv1"));
     TRY(take_ln(d, sh, &d->up_ln, C4, "mask_decoder.upscale_layer_norm"));
     TRY(take_convt2(d, sh, &d->up2, C4, C8, "mask_decoder.upscale_conv2"));
-    if (!(d->up1_b4 = dec_alloc(d, 4 * C4)) || !(d->up2_b4 = dec_alloc(d, 4 * C8))) {
+    if (!(d->up1_b4 = vitc__sam_dec_alloc(d, 4 * C4)) || !(d->up2_b4 = vitc__sam_dec_alloc(d, 4 * C8))) {
         s = vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's upscaling biases");
         goto fail;
     }
@@ -434,7 +321,7 @@ vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
     for (int64_t k = 0; k < 4 * C8; k++) d->up2_b4[k] = d->up2.b[k % C8];
     TRY(vitc__pweight_pack(&d->up1_pw, d->up1.w, 4 * C4, C, VITC_PRECISION_FP32));
     TRY(vitc__pweight_pack(&d->up2_pw, d->up2.w, 4 * C8, C4, VITC_PRECISION_FP32));
-    upf_make(d);
+    vitc__sam_upf_make(d);
     for (int64_t t = 0; t < d->T; t++) {
         snprintf(n, sizeof n, "mask_decoder.output_hypernetworks_mlps.%lld", (long long)t);
         TRY(take_ffn(d, sh, &d->hyper[t], C, C, C8, 3, n));
@@ -446,7 +333,7 @@ vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
     /* get_image_wide_positional_embeddings: pixel centres of the grid, in
      * float as the cumsum computes them. */
     const int64_t G = d->grid;
-    if (!(d->pe_img = dec_alloc(d, G * G * C))) {
+    if (!(d->pe_img = vitc__sam_dec_alloc(d, G * G * C))) {
         s = vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's positional embedding");
         goto fail;
     }
@@ -515,27 +402,6 @@ static void acc_rows(float *restrict y, const float *restrict b, int64_t n) {
     for (; i < n; i++) y[i] += b[i];
 }
 
-/* y += a x over n floats, the same way */
-static void axpy_row(float *restrict y, float a, const float *restrict x, int64_t n) {
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++) y[i + k] += a * x[i + k];
-    for (; i < n; i++) y[i] += a * x[i];
-}
-
-/* a . b over n floats: 8 partial sums in loops of a fixed 8 (which the
- * compiler vectorises at -O2), added pairwise at the end. */
-static float dot8(const float *a, const float *b, int64_t n) {
-    float acc[8] = {0};
-    int64_t c = 0;
-    for (; c + 8 <= n; c += 8)
-        for (int k = 0; k < 8; k++) acc[k] += a[c + k] * b[c + k];
-    float v = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-    for (; c < n; c++) v += a[c] * b[c];
-    return v;
-}
-
-
 typedef struct add_ctx {
     float *y;
     const float *a, *b;
@@ -589,65 +455,6 @@ static void add_rows_par(float *y, const float *a, const float *b, int64_t n) {
     add_ctx c = {y, a, b, n};
     vitc__parallel_range((n + 4095) / 4096, add_part, &c);
 }
-
-/* Scratch of one decoder run. */
-typedef struct sam_run {
-    int64_t Nt, HW;
-    float *tok_pe;    /* [Nt, C] the tokens as they entered (query_point_embedding) */
-    float *Q, *Q2;    /* [Nt, C] ping-pong */
-    float *qq;        /* [Nt, C] queries + their embedding */
-    float *K, *K2;    /* [HW, C] ping-pong */
-    float *kk;        /* [HW, C] keys + the image's positional embedding */
-    float *aq, *ak, *av, *ao; /* [max(Nt, HW), I] projections, attention output */
-    float *hid;       /* [Nt, max(mlp, C, iou_hidden)] MLP hidden */
-    const struct vitc__sam_dec_cache *c0; /* the first layer's image side, or NULL */
-    /* The tokens read after the transformer (the IoU token, the mask
-     * tokens asked for), ascending: the final attention runs on them only */
-    int64_t keep[4];
-    int n_keep;
-    float *ksel; /* [n_keep, C] their final attention */
-    const float *tv; /* [T, I] the last image -> token attention's token values */
-    /* The upscaling's first product read through the image side's
-     * LayerNorms (on: see upf_* and upscale_fused): what each layer's
-     * image -> token attention and layer_norm4 leave for it. */
-    struct {
-        int on;
-        int64_t HT, Kf;   /* H T; Kf = L HT + 2 L, the columns of the product */
-        float *S;         /* [L, HW H T] the attentions' probabilities */
-        uint64_t St;      /* bit i: layer i's S stored transposed, [H T, HW] */
-        float *st;        /* [L, HW, 2] layer_norm4's mean and 1 / std per row */
-        float *Bt;        /* [C, Kf] the product's weight: A_i^T (A_i = vo_i M_i), u_k, -h_i */
-    } f;
-} sam_run;
-
-/* What every prompt without a mask computes alike on one image: the
- * first layer's image side (the embedding plus no_mask_embed, and plus the
- * positional embedding) and its token -> image attention's keys and
- * values projected from them. With them that attention costs 2 T HW I
- * multiply-adds instead of the fold's 2 H T HW C. Made by the first such prompt and published with
- * a compare-and-swap, so an image is read-only to its users and several
- * threads may predict on it at once (a thread that loses the race frees
- * its copy). */
-struct vitc__sam_dec_cache {
-    const vitc__sam_dec *d; /* the decoder it was made by (used by no other) */
-    float *K0, *kk0;        /* [HW, C] embedding + no_mask; the same + the positional embedding */
-    float *k, *v;           /* [HW, I] */
-    /* [HW, I'] the first layer's image -> token queries (q_proj of kk0),
-     * or NULL when that attention is not folded */
-    float *q;
-    /* [H] each head's keys k_h [HW, dh] and values v_h^T [dh, HW] packed
-     * for the GEMM (the token -> image attention as two GEMMs per head,
-     * nothing of the image packed per prompt), or NULL (no packing
-     * kernel, out of memory): attend_kv then */
-    vitc__pweight *kh, *vh;
-    /* [H] each head's image -> token queries q_h [HW, dh'] packed, or NULL
-     * (attend_i2t_cached's per-head GEMMs then) */
-    vitc__pweight *qh;
-    /* [HW, C] K0 through the folded up1 of the first layer (d->upf_w), or
-     * NULL: the upscaling's prompt-independent part */
-    float *P0;
-    int64_t H;
-};
 
 static void free_packs(vitc__pweight *p, int64_t n) {
     for (int64_t i = 0; p && i < n; i++) vitc__pweight_free(&p[i]);
@@ -1151,135 +958,6 @@ static vitc_status convt2(const sam_wb *l, float *y, const float *x, int64_t H, 
     return vitc__nn_convt_forward(&c, y, x, 1, H, W, z, zn);
 }
 
-/* Input pixels per task: its z1 and z2 (3 C floats a pixel, 384 KiB at
- * C = 256) stay in a core's L2. */
-#define UP_PIX 128
-
-/* The upscaling and the hypernetwork product fused: each input pixel of
- * the [G, G, C] map alone makes its 4 x 4 block of the low-resolution
- * masks (the transposed convolutions tile without overlap, LayerNorm2d
- * and GELU are per pixel), so a task takes a block of pixels through both
- * GEMMs (packed weights), the LayerNorm, the GELUs and the dot products
- * with the hypernetwork rows while it is in cache: the [2G, 2G, C/4] and
- * [4G, 4G, C/8] maps are never formed, and no weight is packed per call. */
-
-typedef struct up_ctx {
-    const vitc__sam_dec *d;
-    const float *x;     /* [G, G, C] */
-    const float *hyper; /* [n, C/8] */
-    float *low;         /* [n, 4G, 4G] */
-    /* per thread: z1 [4 UP_PIX, C/4], z2 [16 UP_PIX, C/8], and folded
-     * X [UP_PIX, Kf], rho [L + 1, UP_PIX] */
-    float *scr;
-    int64_t n, G, per;
-    const sam_run *r;      /* r->f.on: up1 folded */
-    const float *P0;       /* [G G, C] */
-    const vitc__pweight *bw; /* r->f.Bt packed */
-    _Atomic int failed;
-} up_ctx;
-
-/* The folded up1 of pixels p0.. p0 + P into z1 [P, C]: with L layers'
- * image -> token probabilities S_i, layer_norm4 means mu_i and scales r_i
- * and rho_i = prod_{j >= i} r_j per pixel, the transformer's image output
- * through up1 is, LayerNorm by LayerNorm unrolled,
- *   rho_0 P0 + sum_i (rho_i S_i) A_i + sum_k rho_k u_k - sum_i rho_i mu_i h_i + u_L
- * (P0, u, h: the image cache's and the decoder's upf_*; A_i = vo_i M_i):
- * one product over L H T + 2 L columns instead of C, the image-sized part
- * of up1 (K0 M_0) made once per image. */
-static vitc_status up1_folded(const up_ctx *c, float *z1, float *X, float *rho, int64_t p0,
-                              int64_t P) {
-    const vitc__sam_dec *d = c->d;
-    const sam_run *r = c->r;
-    const int64_t L = d->n_layers, C = d->C, HW = r->HW, HT = r->f.HT, Kf = r->f.Kf;
-    for (int64_t p = 0; p < P; p++) rho[L * UP_PIX + p] = 1.0f;
-    for (int64_t i = L - 1; i >= 0; i--)
-        for (int64_t p = 0; p < P; p++)
-            rho[i * UP_PIX + p] = rho[(i + 1) * UP_PIX + p] * r->f.st[2 * (i * HW + p0 + p) + 1];
-    for (int64_t i = 0; i < L; i++) {
-        const float *S = r->f.S + i * HW * HT, *ri = rho + i * UP_PIX;
-        if (r->f.St >> i & 1) { /* [HT, HW] */
-            for (int64_t j = 0; j < HT; j++)
-                for (int64_t p = 0; p < P; p++) X[p * Kf + i * HT + j] = ri[p] * S[j * HW + p0 + p];
-        } else {
-            for (int64_t p = 0; p < P; p++)
-                for (int64_t j = 0; j < HT; j++)
-                    X[p * Kf + i * HT + j] = ri[p] * S[(p0 + p) * HT + j];
-        }
-        for (int64_t p = 0; p < P; p++) {
-            X[p * Kf + L * HT + i] = ri[p];
-            X[p * Kf + L * HT + L + i] = ri[p] * r->f.st[2 * (i * HW + p0 + p)];
-        }
-    }
-    VITC_TRY(vitc__linear_pw(z1, C, X, Kf, c->bw, r->f.Bt, d->upf_u + L * C, NULL, 0, P, C, Kf,
-                             VITC__ACT_NONE));
-    for (int64_t p = 0; p < P; p++) axpy_row(z1 + p * C, rho[p], c->P0 + (p0 + p) * C, C);
-    return VITC_OK;
-}
-
-static void up_row(void *vc, int64_t blk, int tid) {
-    up_ctx *c = vc;
-    const vitc__sam_dec *d = c->d;
-    const int64_t G = c->G, C = d->C, C4 = C / 4, C8 = C / 8, lo = 4 * G;
-    const int64_t p0 = blk * UP_PIX, P = G * G - p0 < UP_PIX ? G * G - p0 : UP_PIX;
-    float *z1 = c->scr + tid * c->per; /* [P, 2, 2, C/4]: (pixel, tap) rows */
-    float *z2 = z1 + 4 * UP_PIX * C4;  /* [P, 2, 2, 2, 2, C/8] */
-    float *X = z2 + 16 * UP_PIX * C8;  /* folded: [P, Kf] */
-    if (c->r->f.on
-            ? up1_folded(c, z1, X, X + UP_PIX * c->r->f.Kf, p0, P) != VITC_OK
-            : vitc__linear_pw(z1, 4 * C4, c->x + p0 * C, C, &d->up1_pw, d->up1.w, d->up1_b4,
-                              NULL, 0, P, 4 * C4, C, VITC__ACT_NONE) != VITC_OK) {
-        c->failed = 1;
-        return;
-    }
-    vitc__layernorm(z1, z1, d->up_ln.w, d->up_ln.b, 4 * P, C4, 1e-6f);
-    vitc__gelu(z1, 4 * P * C4);
-    if (vitc__linear_pw(z2, 4 * C8, z1, C4, &d->up2_pw, d->up2.w, d->up2_b4, NULL, 0, 4 * P,
-                        4 * C8, C4, VITC__ACT_GELU) != VITC_OK) {
-        c->failed = 1;
-        return;
-    }
-    /* The masks' dot products (n of C/8 per z2 row) straight into their
-     * pixels: a GEMM of N = n here cost more in packing z2 than in
-     * products. */
-    for (int64_t r = 0; r < 4 * P; r++) { /* z1's row: pixel (iy, ix), tap (i1, j1) */
-        const int64_t iy = (p0 + r / 4) / G, ix = (p0 + r / 4) % G, i1 = r / 2 % 2, j1 = r % 2;
-        for (int64_t q = 0; q < 4; q++) { /* z2's tap (i2, j2) */
-            const int64_t Y = 4 * iy + 2 * i1 + q / 2, X = 4 * ix + 2 * j1 + q % 2;
-            for (int64_t m = 0; m < c->n; m++)
-                c->low[(m * lo + Y) * lo + X] = dot8(z2 + (4 * r + q) * C8, c->hyper + m * C8, C8);
-        }
-    }
-}
-
-/* low [n, 4G, 4G] = hyper [n, C/8] . upscale(x [G, G, C]) per pixel. */
-static vitc_status upscale_fused(const vitc__sam_dec *d, const sam_run *r, const float *x,
-                                 const float *hyper, int64_t n, float *low) {
-    const int64_t G = d->grid, C = d->C;
-    const int64_t per = UP_PIX * (4 * (C / 4) + 16 * (C / 8) +
-                                  (r->f.on ? r->f.Kf + d->n_layers + 1 : 0));
-    const int nt = vitc__num_threads();
-    up_ctx c = {.d = d, .x = x, .hyper = hyper, .low = low, .n = n, .G = G, .per = per,
-                .r = r, .P0 = r->c0 ? r->c0->P0 : NULL};
-    vitc__pweight bw = {0};
-    if (r->f.on) {
-        VITC_TRY(vitc__pweight_pack(&bw, r->f.Bt, C, r->f.Kf, VITC_PRECISION_FP32));
-        c.bw = &bw;
-    }
-    c.scr = malloc((size_t)(nt * per) * sizeof(float));
-    if (!c.scr) {
-        vitc__pweight_free(&bw);
-        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's upscaling (%d threads)", nt);
-    }
-    /* rows claimed as threads come free: a core taken by another process
-     * leaves its rows to the other threads */
-    vitc__parallel_for_dynamic((G * G + UP_PIX - 1) / UP_PIX, 1, up_row, &c);
-    free(c.scr);
-    vitc__pweight_free(&bw);
-    if (c.failed)
-        return vitc__err(VITC_ERR_INVALID_ARG, "SAM upscaling: a GEMM refused its arguments");
-    return VITC_OK;
-}
-
 /* SamMaskEmbedding of the mask prompt m [4g, 4g] into dense [g*g, C];
  * scratch s of 2 g^2 mc floats. */
 static vitc_status mask_embed(const vitc__sam_dec *d, float *dense, const float *m, float *s) {
@@ -1502,7 +1180,7 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
         for (int64_t m = 0; m < n_masks; m++)
             ffn(&d->hyper[first + m], hyper + m * C8, r.Q + (1 + first + m) * C, C, tmp);
         if (strcmp(vitc__nn_dense_path(), "ref") != 0) {
-            if ((s = upscale_fused(d, &r, r.K, hyper, n_masks, low)) != VITC_OK)
+            if ((s = vitc__sam_upscale(d, &r, r.K, hyper, n_masks, low)) != VITC_OK)
                 goto done;
         } else {
             /* u1 [2G, 2G, C/4], u2 [4G, 4G, C/8], z the GEMM's [.., 4 O] */

@@ -1,0 +1,180 @@
+/*
+ * sam_decoder_impl.h — what sam_decoder.c (the prompt encoder, the
+ * two-way transformer) and sam_upscale.c (the upscaling and the
+ * hypernetwork products) share: the decoder's weights, one run's scratch,
+ * the per-image cache, and the vectorised row helpers.
+ */
+#ifndef VITC_SAM_DECODER_IMPL_H
+#define VITC_SAM_DECODER_IMPL_H
+
+#include <stdint.h>
+
+#include "../kernels/kernels.h"
+#include "sam.h"
+
+/* More points than this in one prompt are refused: the released models
+ * were trained with at most a few dozen, and the token count bounds the
+ * attention's scratch. */
+#define SAM_MAX_POINTS 1000
+/* Depth bound of the hypernetwork and IoU head MLPs (3 in every release). */
+#define SAM_MAX_FFN 8
+
+enum { SAM_ACT_GELU, SAM_ACT_RELU };
+
+typedef struct sam_wb {
+    float *w, *b;
+    /* a linear layer's w packed for the GEMM once (the prompt's GEMMs have
+     * a few rows: packing w per call cost as much as the product); empty
+     * without a packing kernel (vitc__linear_pw reads w then) */
+    vitc__pweight pw;
+} sam_wb;
+
+/* SamAttention: q/k/v projections to I = C / downsample, heads over I. */
+typedef struct sam_attn {
+    sam_wb q, k, v, o; /* q, k, v: [I, C]; o: [C, I] */
+    int64_t I;
+} sam_attn;
+
+typedef struct sam_layer {
+    sam_attn self, t2i, i2t;
+    sam_wb ln1, ln2, ln3, ln4;
+    sam_wb lin1, lin2; /* [mlp, C], [C, mlp] */
+} sam_layer;
+
+/* SamFeedForward: proj_in, ReLU, (layers, ReLU)..., proj_out. */
+typedef struct sam_ffn {
+    sam_wb in, mid[SAM_MAX_FFN], out;
+    int n_mid;
+    int64_t hidden, out_dim;
+} sam_ffn;
+
+struct vitc__sam_dec {
+    int64_t C, heads, mlp, n_layers, ds, T, iou_hidden, iou_depth, mc, grid, image_size;
+    int act_prompt, act_mlp;
+    float eps_prompt, eps_dec;
+    /* prompt encoder */
+    float *pe;             /* [2, C/2] random Fourier features */
+    float *point_embed[4]; /* [C] each: background, foreground, box corner 1, corner 2 */
+    float *not_a_point, *no_mask; /* [C] */
+    sam_wb mconv1, mln1, mconv2, mln2, mconv3; /* convolutions: dense.h layouts */
+    /* mask decoder */
+    float *iou_token;   /* [C] */
+    float *mask_tokens; /* [T, C] */
+    sam_layer *layers;  /* [n_layers] */
+    sam_attn final;
+    sam_wb ln_final;
+    sam_wb up1, up_ln, up2; /* up1 [2, 2, C/4, C], up2 [2, 2, C/8, C/4] */
+    /* The upscaling's transposed convolutions as linear layers over one
+     * input pixel (rows (i, j, o) of the weights above): packed once for
+     * the GEMM, their biases repeated per tap ([4 C/4], [4 C/8]). */
+    vitc__pweight up1_pw, up2_pw;
+    float *up1_b4, *up2_b4;
+    /* up1 read through the transformer's LayerNorms (upf_*, NULL when
+     * out of memory: the upscaling then reads the image side as it is).
+     * upf_w [L, 4 C/4, C]: layer i's up1 weight with column c scaled by
+     * prod_{j >= i} w_j[c] (w_j layer j's layer_norm4 weight); upf_u
+     * [L + 1, 4 C/4]: u_0 = g_0, u_k = g_k + e_{k-1}, u_L = e_{L-1} + up1's
+     * bias (g_i = beta_i M_i, e_i = b_i M_{i+1}, M_i = upf_w[i]^T, beta_i
+     * out_proj's bias of layer i's image -> token attention, b_i its
+     * layer_norm4 bias); upf_h [L, 4 C/4]: w_i M_{i+1}, upf_w[i]'s row sums. */
+    float *upf_w, *upf_u, *upf_h;
+    float *upf_wo; /* [L, I, C] (upf_w[i] @ layer i's i2t out_proj weight [C, I])^T */
+    sam_ffn hyper[4], iou;
+    float *pe_img; /* [grid*grid, C] the dense positional embedding */
+    void **bufs;
+    int n_bufs, cap_bufs;
+    sam_wb **packed; /* the layers whose pw is made, to free */
+    int n_packed, cap_packed;
+};
+
+/* Scratch of one decoder run. */
+typedef struct sam_run {
+    int64_t Nt, HW;
+    float *tok_pe;    /* [Nt, C] the tokens as they entered (query_point_embedding) */
+    float *Q, *Q2;    /* [Nt, C] ping-pong */
+    float *qq;        /* [Nt, C] queries + their embedding */
+    float *K, *K2;    /* [HW, C] ping-pong */
+    float *kk;        /* [HW, C] keys + the image's positional embedding */
+    float *aq, *ak, *av, *ao; /* [max(Nt, HW), I] projections, attention output */
+    float *hid;       /* [Nt, max(mlp, C, iou_hidden)] MLP hidden */
+    const struct vitc__sam_dec_cache *c0; /* the first layer's image side, or NULL */
+    /* The tokens read after the transformer (the IoU token, the mask
+     * tokens asked for), ascending: the final attention runs on them only */
+    int64_t keep[4];
+    int n_keep;
+    float *ksel; /* [n_keep, C] their final attention */
+    const float *tv; /* [T, I] the last image -> token attention's token values */
+    /* The upscaling's first product read through the image side's
+     * LayerNorms (on: see upf_* and upscale_fused): what each layer's
+     * image -> token attention and layer_norm4 leave for it. */
+    struct {
+        int on;
+        int64_t HT, Kf;   /* H T; Kf = L HT + 2 L, the columns of the product */
+        float *S;         /* [L, HW H T] the attentions' probabilities */
+        uint64_t St;      /* bit i: layer i's S stored transposed, [H T, HW] */
+        float *st;        /* [L, HW, 2] layer_norm4's mean and 1 / std per row */
+        float *Bt;        /* [C, Kf] the product's weight: A_i^T (A_i = vo_i M_i), u_k, -h_i */
+    } f;
+} sam_run;
+
+/* What every prompt without a mask computes alike on one image: the
+ * first layer's image side (the embedding plus no_mask_embed, and plus the
+ * positional embedding) and its token -> image attention's keys and
+ * values projected from them. With them that attention costs 2 T HW I
+ * multiply-adds instead of the fold's 2 H T HW C. Made by the first such prompt and published with
+ * a compare-and-swap, so an image is read-only to its users and several
+ * threads may predict on it at once (a thread that loses the race frees
+ * its copy). */
+struct vitc__sam_dec_cache {
+    const vitc__sam_dec *d; /* the decoder it was made by (used by no other) */
+    float *K0, *kk0;        /* [HW, C] embedding + no_mask; the same + the positional embedding */
+    float *k, *v;           /* [HW, I] */
+    /* [HW, I'] the first layer's image -> token queries (q_proj of kk0),
+     * or NULL when that attention is not folded */
+    float *q;
+    /* [H] each head's keys k_h [HW, dh] and values v_h^T [dh, HW] packed
+     * for the GEMM (the token -> image attention as two GEMMs per head,
+     * nothing of the image packed per prompt), or NULL (no packing
+     * kernel, out of memory): attend_kv then */
+    vitc__pweight *kh, *vh;
+    /* [H] each head's image -> token queries q_h [HW, dh'] packed, or NULL
+     * (attend_i2t_cached's per-head GEMMs then) */
+    vitc__pweight *qh;
+    /* [HW, C] K0 through the folded up1 of the first layer (d->upf_w), or
+     * NULL: the upscaling's prompt-independent part */
+    float *P0;
+    int64_t H;
+};
+
+/* y += a x over n floats: restrict and inner loops of a fixed 8, which
+ * -O2 vectorises (it leaves loops needing overlap checks or a remainder
+ * scalar) */
+static inline void axpy_row(float *restrict y, float a, const float *restrict x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) y[i + k] += a * x[i + k];
+    for (; i < n; i++) y[i] += a * x[i];
+}
+
+/* a . b over n floats: 8 partial sums in loops of a fixed 8 (which the
+ * compiler vectorises at -O2), added pairwise at the end. */
+static inline float dot8(const float *a, const float *b, int64_t n) {
+    float acc[8] = {0};
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        for (int k = 0; k < 8; k++) acc[k] += a[c + k] * b[c + k];
+    float v = ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for (; c < n; c++) v += a[c] * b[c];
+    return v;
+}
+
+/* n floats owned by d (freed with it), or NULL */
+float *vitc__sam_dec_alloc(vitc__sam_dec *d, int64_t n);
+/* d's upf_* (left NULL when out of memory: the upscaling is not folded) */
+void vitc__sam_upf_make(vitc__sam_dec *d);
+/* low [n, 4G, 4G] = hyper [n, C/8] . upscale(x [G, G, C]) per pixel (r->f.on:
+ * up1 folded through the transformer's LayerNorms). */
+vitc_status vitc__sam_upscale(const vitc__sam_dec *d, const sam_run *r, const float *x,
+                              const float *hyper, int64_t n, float *low);
+
+#endif
