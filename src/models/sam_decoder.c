@@ -208,6 +208,32 @@ static void pos_encode(const vitc__sam_dec *d, float u, float v, float *out) {
     }
 }
 
+/* The decoder's t1_* (left NULL when out of memory or with one layer). */
+static void t1_make(vitc__sam_dec *d) {
+    if (d->n_layers < 2)
+        return;
+    const sam_layer *L0 = &d->layers[0];
+    const sam_attn *a = &d->layers[1].t2i;
+    const int64_t C = d->C, I = a->I;
+    float *wk = vitc__sam_dec_alloc(d, I * C), *wv = vitc__sam_dec_alloc(d, I * C),
+          *cst = vitc__sam_dec_alloc(d, 5 * I);
+    if (!wk || !wv || !cst)
+        return;
+    for (int64_t o = 0; o < I; o++) {
+        double gk = 0, hk = 0, gv = 0, hv = 0, bv = a->v.b[o];
+        for (int64_t c = 0; c < C; c++) {
+            wk[o * C + c] = a->k.w[o * C + c] * L0->ln4.w[c];
+            wv[o * C + c] = a->v.w[o * C + c] * L0->ln4.w[c];
+            gk += (double)wk[o * C + c] * L0->i2t.o.b[c], hk += wk[o * C + c];
+            gv += (double)wv[o * C + c] * L0->i2t.o.b[c], hv += wv[o * C + c];
+            bv += (double)a->v.w[o * C + c] * L0->ln4.b[c];
+        }
+        cst[o] = (float)gk, cst[I + o] = (float)hk, cst[2 * I + o] = (float)gv;
+        cst[3 * I + o] = (float)hv, cst[4 * I + o] = (float)bv;
+    }
+    d->t1_wk = wk, d->t1_wv = wv, d->t1_c = cst;
+}
+
 vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
                                const struct json_t *config) {
     if (!out || !sh)
@@ -322,6 +348,7 @@ vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
     TRY(vitc__pweight_pack(&d->up1_pw, d->up1.w, 4 * C4, C, VITC_PRECISION_FP32));
     TRY(vitc__pweight_pack(&d->up2_pw, d->up2.w, 4 * C8, C4, VITC_PRECISION_FP32));
     vitc__sam_upf_make(d);
+    t1_make(d);
     for (int64_t t = 0; t < d->T; t++) {
         snprintf(n, sizeof n, "mask_decoder.output_hypernetworks_mlps.%lld", (long long)t);
         TRY(take_ffn(d, sh, &d->hyper[t], C, C, C8, 3, n));
@@ -467,7 +494,28 @@ void vitc__sam_dec_cache_free(struct vitc__sam_dec_cache *c) {
     free_packs(c->kh, c->H);
     free_packs(c->vh, c->H);
     free_packs(c->qh, c->H);
+    for (int k = 0; k < 3; k++) free_packs(c->t1[k], c->H);
     free(c->K0), free(c->kk0), free(c->k), free(c->v), free(c->q), free(c->P0), free(c);
+}
+
+/* x [HW, I]'s heads packed for the GEMM, p [H]: each x_h [HW, dh] (tr 0)
+ * or x_h^T [dh, HW] (tr 1) as a weight; t: [HW dh] scratch. 0 when out of
+ * memory (the packs made are freed by the caller). */
+static int pack_head_slices(vitc__pweight *p, const float *x, int64_t HW, int64_t I, int64_t H,
+                            int tr, float *t) {
+    const int64_t dh = I / H;
+    for (int64_t h = 0; h < H; h++) {
+        if (tr)
+            for (int64_t i = 0; i < HW; i++)
+                for (int64_t j = 0; j < dh; j++) t[j * HW + i] = x[i * I + h * dh + j];
+        else
+            for (int64_t i = 0; i < HW; i++)
+                memcpy(t + i * dh, x + i * I + h * dh, (size_t)dh * sizeof(float));
+        if (vitc__pweight_pack(&p[h], t, tr ? dh : HW, tr ? HW : dh, VITC_PRECISION_FP32) !=
+            VITC_OK)
+            return 0;
+    }
+    return 1;
 }
 
 /* c's per-head packs of its keys and values (left NULL when they cannot
@@ -483,18 +531,9 @@ static void pack_heads(struct vitc__sam_dec_cache *c, int64_t HW, int64_t I, int
     c->vh = calloc((size_t)H, sizeof *c->vh);
     c->qh = calloc((size_t)H, sizeof *c->qh);
     c->H = H;
-    int ok = t && c->kh && c->vh && c->qh;
-    for (int64_t h = 0; ok && h < H; h++) {
-        for (int64_t i = 0; i < HW; i++)
-            memcpy(t + i * dh, c->k + i * I + h * dh, (size_t)dh * sizeof(float));
-        ok = vitc__pweight_pack(&c->kh[h], t, HW, dh, VITC_PRECISION_FP32) == VITC_OK;
-        for (int64_t i = 0; i < HW; i++)
-            for (int64_t j = 0; j < dh; j++) t[j * HW + i] = c->v[i * I + h * dh + j];
-        ok = ok && vitc__pweight_pack(&c->vh[h], t, dh, HW, VITC_PRECISION_FP32) == VITC_OK;
-        for (int64_t i = 0; i < HW; i++)
-            memcpy(t + i * dh2, c->q + i * I2 + h * dh2, (size_t)dh2 * sizeof(float));
-        ok = ok && vitc__pweight_pack(&c->qh[h], t, HW, dh2, VITC_PRECISION_FP32) == VITC_OK;
-    }
+    int ok = t && c->kh && c->vh && c->qh && pack_head_slices(c->kh, c->k, HW, I, H, 0, t) &&
+             pack_head_slices(c->vh, c->v, HW, I, H, 1, t) &&
+             pack_head_slices(c->qh, c->q, HW, I2, H, 0, t);
     free(t);
     if (!ok) {
         free_packs(c->kh, H);
@@ -502,6 +541,32 @@ static void pack_heads(struct vitc__sam_dec_cache *c, int64_t HW, int64_t I, int
         free_packs(c->qh, H);
         c->kh = c->vh = c->qh = NULL;
     }
+}
+
+/* The second layer's token -> image attention's image side, per head
+ * packed (c->t1[0..2]: CK_h, PK_h [HW, dh], CV_h^T [dh, HW]; see t1_make):
+ * left NULL when it cannot be made (the folded form runs then). */
+static void pack_t1(struct vitc__sam_dec_cache *c, const vitc__sam_dec *d, int64_t HW) {
+    const sam_attn *a = &d->layers[1].t2i;
+    const int64_t C = d->C, I = a->I, H = d->heads;
+    float *x = malloc((size_t)(HW * I) * sizeof(float));
+    float *pb = malloc((size_t)(HW * C) * sizeof(float)); /* pe + b0 */
+    float *t = malloc((size_t)(HW * (I / H)) * sizeof(float));
+    int ok = x && pb && t;
+    for (int k = 0; ok && k < 3; k++) ok = (c->t1[k] = calloc((size_t)H, sizeof **c->t1)) != NULL;
+    if (ok) {
+        for (int64_t i = 0; i < HW; i++)
+            add_rows(pb + i * C, d->pe_img + i * C, d->layers[0].ln4.b, C);
+        vitc__linear(x, I, c->K0, C, d->t1_wk, NULL, NULL, 0, HW, I, C);
+        ok = pack_head_slices(c->t1[0], x, HW, I, H, 0, t);
+        vitc__linear(x, I, pb, C, a->k.w, NULL, NULL, 0, HW, I, C);
+        ok = ok && pack_head_slices(c->t1[1], x, HW, I, H, 0, t);
+        vitc__linear(x, I, c->K0, C, d->t1_wv, NULL, NULL, 0, HW, I, C);
+        ok = ok && pack_head_slices(c->t1[2], x, HW, I, H, 1, t);
+    }
+    free(x), free(pb), free(t);
+    if (!ok)
+        for (int k = 0; k < 3; k++) free_packs(c->t1[k], H), c->t1[k] = NULL;
 }
 
 /* e's cache for d; NULL when out of memory or made by another decoder
@@ -535,6 +600,8 @@ static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
         pack_heads(c, HW, I, b->I, d->heads);
         if (d->upf_w && (c->P0 = malloc((size_t)(HW * C) * sizeof(float))))
             vitc__linear(c->P0, C, c->K0, C, d->upf_w, NULL, NULL, 0, HW, C, C);
+        if (c->P0 && c->kh && d->t1_wk)
+            pack_t1(c, d, HW);
         struct vitc__sam_dec_cache *expected = NULL;
         if (!__atomic_compare_exchange_n(slot, &expected, c, 0, __ATOMIC_ACQ_REL,
                                          __ATOMIC_ACQUIRE)) {
@@ -695,6 +762,145 @@ static void attend_t2i_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
     lin(y, C, r->ao, I, &a->o, res, C, Lq, C, I);
 }
 
+/* s = rho (s + ss + c1 - mu c2) + sp over n floats (the second layer's
+ * scores from their parts), fixed-8 loops as add_rows. */
+static void t1_scores(float *restrict s, const float *restrict ss, const float *restrict sp,
+                      const float *restrict rho, const float *restrict mu, float c1, float c2,
+                      int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            s[i + k] = rho[i + k] * (s[i + k] + ss[i + k] + c1 - mu[i + k] * c2) + sp[i + k];
+    for (; i < n; i++) s[i] = rho[i] * (s[i] + ss[i] + c1 - mu[i] * c2) + sp[i];
+}
+
+/* p *= rho over n floats; returns sum(p rho) and, in *pm, sum(p rho mu). */
+static float t1_weigh(float *restrict p, const float *restrict rho, const float *restrict mu,
+                      int64_t n, float *pm) {
+    float a[8] = {0}, b[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++) {
+            p[i + k] *= rho[i + k];
+            a[k] += p[i + k], b[k] += p[i + k] * mu[i + k];
+        }
+    float sa = 0, sb = 0;
+    for (int k = 0; k < 8; k++) sa += a[k], sb += b[k];
+    for (; i < n; i++) p[i] *= rho[i], sa += p[i], sb += p[i] * mu[i];
+    *pm = sb;
+    return sa;
+}
+
+typedef struct t1_ctx {
+    const vitc__sam_dec *d;
+    const sam_run *r;
+    const float *q;  /* [T, I] */
+    const float *ss; /* [H T, HW] the first layer's probabilities' part of the scores */
+    float *S, *sp;   /* [H T, HW] scores (then P rho), the positions' part */
+    float *o;        /* [T, I] */
+    float *sums;     /* [H T, 2] sum(P rho), sum(P rho mu) */
+    int64_t T, HW, I, dh;
+    float scale;
+    _Atomic int failed;
+} t1_ctx;
+
+static void t1_head(void *vc, int64_t h, int tid) {
+    t1_ctx *c = vc;
+    const vitc__sam_dec *d = c->d;
+    const struct vitc__sam_dec_cache *k = c->r->c0;
+    const int64_t T = c->T, HW = c->HW, dh = c->dh, I = c->I;
+    float *S = c->S + h * T * HW, *sp = c->sp + h * T * HW;
+    (void)tid;
+    /* W: never read, the packs being the current kernel's */
+    if (vitc__linear_pw(S, HW, c->q + h * dh, I, &k->t1[0][h], k->t1[0][h].data, NULL, NULL, 0, T,
+                        HW, dh, VITC__ACT_NONE) != VITC_OK ||
+        vitc__linear_pw(sp, HW, c->q + h * dh, I, &k->t1[1][h], k->t1[1][h].data, NULL, NULL, 0,
+                        T, HW, dh, VITC__ACT_NONE) != VITC_OK) {
+        c->failed = 1;
+        return;
+    }
+    for (int64_t t = 0; t < T; t++) {
+        const float *qt = c->q + t * I + h * dh;
+        float c1 = 0, c2 = 0;
+        for (int64_t j = 0; j < dh; j++)
+            c1 += qt[j] * d->t1_c[h * dh + j], c2 += qt[j] * d->t1_c[I + h * dh + j];
+        t1_scores(S + t * HW, c->ss + (h * T + t) * HW, sp + t * HW, c->r->f.rho0, c->r->f.mu0,
+                  c1, c2, HW);
+    }
+    vitc__softmax_rows(S, T, HW, c->scale);
+    for (int64_t t = 0; t < T; t++) {
+        float *sm = c->sums + 2 * (h * T + t);
+        sm[0] = t1_weigh(S + t * HW, c->r->f.rho0, c->r->f.mu0, HW, &sm[1]);
+    }
+    if (vitc__linear_pw(c->o + h * dh, I, S, HW, &k->t1[2][h], k->t1[2][h].data, NULL, NULL, 0,
+                        T, dh, HW, VITC__ACT_NONE) != VITC_OK)
+        c->failed = 1;
+}
+
+/* Whether attend_t2i_layer1 can run on r: the fold's record of the first
+ * layer, the image cache's t1 packs for the kernel in use, room in aq. */
+static int t1_usable(const vitc__sam_dec *d, const sam_attn *a, const sam_run *r, int64_t T) {
+    const int64_t I = a->I, HT = d->heads * T;
+    const struct vitc__sam_dec_cache *c = r->c0;
+    return r->f.on && c && c->t1[0] && c->H == d->heads &&
+           c->t1[0][0].kern == vitc__gemm_pack_kernel() && d->t1_wk &&
+           2 * T * I + 2 * HT * I + 2 * HT * HT + 2 * HT <= r->abuf;
+}
+
+/* The second layer's token -> image attention with its image side K_1 =
+ * LN_0(K_0 + S_0 vo_0 + beta_0) never projected: per row p, with rho, mu
+ * that LayerNorm's 1 / std and mean,
+ *   W_k (K_1 + pe)_p = rho_p (CK_p + S_0,p AK + g_k - mu_p h_k) + PK_p
+ *   W_v K_1,p + b_v = rho_p (CV_p + S_0,p AV + g_v - mu_p h_v) + bv'
+ * (CK, PK, CV per image in the cache; AK = vo_0 t1_wk^T and AV = vo_0
+ * t1_wv^T [H T, I] per prompt; g, h, bv' the decoder's t1_c). So the image
+ * side costs a head's CK_h, PK_h and CV_h products (2 HW dh T each) and
+ * two products with S_0 [HW, H T] over all heads, instead of the fold's
+ * two over K_1 [HW, C]. y [T, C] = out_proj(...) + res. */
+static vitc_status attend_t2i_layer1(const vitc__sam_dec *d, const sam_attn *a, sam_run *r,
+                                     float *y, const float *res, const float *xq, int64_t T) {
+    const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * T, HW = r->HW;
+    const int st = (int)(r->f.St & 1); /* S_0 stored [H T, HW] */
+    const float *S0 = r->f.S;
+    float *q = r->aq;           /* [T, I] */
+    float *AK = q + T * I;      /* [H T, I] */
+    float *AV = AK + HT * I;    /* [H T, I] */
+    float *ZQ = AV + HT * I;    /* [H T (h, t), H T]: q_h,t . AK_j,h */
+    float *PS = ZQ + HT * HT;   /* [H T, H T]: (P rho) S_0 */
+    float *o = PS + HT * HT;    /* [T, I] */
+    float *sums = o + T * I;    /* [H T, 2] */
+    lin(q, I, xq, C, &a->q, NULL, 0, T, I, C);
+    vitc__linear(AK, I, r->f.V0, C, d->t1_wk, NULL, NULL, 0, HT, I, C);
+    vitc__linear(AV, I, r->f.V0, C, d->t1_wv, NULL, NULL, 0, HT, I, C);
+    for (int64_t h = 0; h < H; h++)
+        small_mm(ZQ + h * T * HT, HT, q + h * dh, I, AK + h * dh, I, 1, T, HT, dh, 1.0f);
+    /* ss [H T, HW] = ZQ S_0^T */
+    vitc__gemm(0, !st, HT, HW, HT, 1.0f, ZQ, HT, S0, st ? HW : HT, 0.0f, r->av, HW);
+    t1_ctx c = {.d = d, .r = r, .q = q, .ss = r->av, .S = r->ak, .sp = r->ao, .o = o,
+                .sums = sums, .T = T, .HW = HW, .I = I, .dh = dh,
+                .scale = (float)(1.0 / sqrt((double)dh))};
+    vitc__parallel_for(H, t1_head, &c);
+    if (c.failed)
+        return vitc__err(VITC_ERR_INVALID_ARG, "SAM token -> image attention: a GEMM refused "
+                         "its arguments");
+    /* PS = (P rho) S_0 */
+    vitc__gemm(0, st, HT, HT, HW, 1.0f, r->ak, HW, S0, st ? HW : HT, 0.0f, PS, HT);
+    float *tmp = r->av; /* [T, dh] */
+    for (int64_t h = 0; h < H; h++) {
+        small_mm(tmp, dh, PS + h * T * HT, HT, AV + h * dh, I, 0, T, dh, HT, 1.0f);
+        for (int64_t t = 0; t < T; t++) {
+            const float *sm = sums + 2 * (h * T + t), *cs = d->t1_c;
+            for (int64_t j = 0; j < dh; j++) {
+                const int64_t m = h * dh + j;
+                o[t * I + m] += tmp[t * dh + j] + sm[0] * cs[2 * I + m] - sm[1] * cs[3 * I + m] +
+                                cs[4 * I + m];
+            }
+        }
+    }
+    lin(y, C, o, I, &a->o, res, C, T, C, I);
+    return VITC_OK;
+}
+
 /* The token side of attend_i2t_*: k and v [Lk, I] projected into r->aq,
  * and each head's values through out_proj, vo [H, Lk, C] (the last
  * GEMM's B, not transposed). */
@@ -702,7 +908,7 @@ static void i2t_token_side(const vitc__sam_dec *d, const sam_attn *a, sam_run *r
                            const float *xk, const float *xv, int64_t Lk) {
     const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H;
     float *k = r->aq, *v = r->aq + Lk * I;
-    r->tv = v;
+    r->tv = v, r->vo = vo;
     lin(k, I, xk, C, &a->k, NULL, 0, Lk, I, C);
     lin(v, I, xv, C, &a->v, NULL, 0, Lk, I, C);
     for (int64_t h = 0; h < H; h++)
@@ -841,6 +1047,8 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
             VITC_TRY(t2i0_packed(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt));
         else if (i == 0 && r->c0)
             VITC_TRY(attend_kv(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->c0->k, r->c0->v, HW));
+        else if (i == 1 && t1_usable(d, &L->t2i, r, Nt))
+            VITC_TRY(attend_t2i_layer1(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt));
         else if (fold_pays(d, &L->t2i, Nt))
             attend_t2i_folded(d, &L->t2i, r, r->Q2, r->Q, r->qq, Nt, r->kk, r->K, HW);
         else
@@ -885,6 +1093,11 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
             }
             layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, K == r->K ? NULL : K, L->i2t.o.b,
                           d->pe_img, HW, C, d->eps_dec, r->f.on ? r->f.st + 2 * i * HW : NULL);
+            if (r->f.on && i == 0) { /* for attend_t2i_layer1 */
+                memcpy(r->f.V0, r->vo, (size_t)(r->f.HT * C) * sizeof(float));
+                for (int64_t p = 0; p < HW; p++)
+                    r->f.mu0[p] = r->f.st[2 * p], r->f.rho0[p] = r->f.st[2 * p + 1];
+            }
         } else {
             VITC_TRY(attend(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt));
             swap(&r->K, &r->K2);
@@ -1088,7 +1301,7 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
                          "out of memory for SAM's decoder (%lld tokens, %lldx%lld masks)",
                          (long long)Nt, (long long)ow, (long long)oh);
     }
-    sam_run r = {.Nt = Nt, .HW = HW};
+    sam_run r = {.Nt = Nt, .HW = HW, .abuf = abuf};
     float *fold = NULL; /* r.f's buffers */
     float *f = buf;
     r.tok_pe = f, f += Nt * C;
@@ -1156,10 +1369,12 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
         int on = 1;
         for (int64_t i = 0; i < d->n_layers; i++) on &= fold_pays(d, &d->layers[i].i2t, Nt);
         const int64_t L = d->n_layers, HT = d->heads * Nt, Kf = L * HT + 2 * L;
-        if (on && Kf < C && (fold = malloc((size_t)(L * HW * HT + 2 * L * HW + C * Kf) *
-                                           sizeof(float)))) {
+        if (on && Kf < C &&
+            (fold = malloc((size_t)(L * HW * HT + 2 * L * HW + C * Kf + HT * C + 2 * HW) *
+                           sizeof(float)))) {
             r.f.on = 1, r.f.HT = HT, r.f.Kf = Kf;
             r.f.S = fold, r.f.st = fold + L * HW * HT, r.f.Bt = r.f.st + 2 * L * HW;
+            r.f.V0 = r.f.Bt + C * Kf, r.f.rho0 = r.f.V0 + HT * C, r.f.mu0 = r.f.rho0 + HW;
             /* its constant columns: u_k, -h_i */
             for (int64_t o = 0; o < C; o++)
                 for (int64_t i = 0; i < L; i++) {

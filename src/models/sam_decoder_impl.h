@@ -79,6 +79,13 @@ struct vitc__sam_dec {
      * layer_norm4 bias); upf_h [L, 4 C/4]: w_i M_{i+1}, upf_w[i]'s row sums. */
     float *upf_w, *upf_u, *upf_h;
     float *upf_wo; /* [L, I, C] (upf_w[i] @ layer i's i2t out_proj weight [C, I])^T */
+    /* The second layer's token -> image attention read through the first
+     * layer's layer_norm4 (NULL: not made). t1_wk, t1_wv [I, C]: its k and
+     * v weights with column c scaled by that LayerNorm's w[c]; t1_c [5, I]:
+     * t1_wk beta_0, t1_wk's row sums, t1_wv beta_0, t1_wv's row sums,
+     * W_v b_0 + b_v (beta_0 the first layer's i2t out_proj bias, b_0 the
+     * LayerNorm's bias). */
+    float *t1_wk, *t1_wv, *t1_c;
     sam_ffn hyper[4], iou;
     float *pe_img; /* [grid*grid, C] the dense positional embedding */
     void **bufs;
@@ -104,6 +111,8 @@ typedef struct sam_run {
     int n_keep;
     float *ksel; /* [n_keep, C] their final attention */
     const float *tv; /* [T, I] the last image -> token attention's token values */
+    const float *vo; /* [H T, C] its values through out_proj */
+    int64_t abuf;    /* floats in each of aq, ak, av, ao */
     /* The upscaling's first product read through the image side's
      * LayerNorms (on: see upf_* and upscale_fused): what each layer's
      * image -> token attention and layer_norm4 leave for it. */
@@ -114,6 +123,8 @@ typedef struct sam_run {
         uint64_t St;      /* bit i: layer i's S stored transposed, [H T, HW] */
         float *st;        /* [L, HW, 2] layer_norm4's mean and 1 / std per row */
         float *Bt;        /* [C, Kf] the product's weight: A_i^T (A_i = vo_i M_i), u_k, -h_i */
+        float *V0;        /* [H T, C] the first layer's vo (attend_t2i_layer1) */
+        float *rho0, *mu0; /* [HW] the first layer's layer_norm4 1 / std and mean */
     } f;
 } sam_run;
 
@@ -143,6 +154,11 @@ struct vitc__sam_dec_cache {
     /* [HW, C] K0 through the folded up1 of the first layer (d->upf_w), or
      * NULL: the upscaling's prompt-independent part */
     float *P0;
+    /* [3][H] or NULL: the second layer's token -> image keys from K0
+     * (K0 t1_wk^T) and from the positions ((pe + b0) W_k^T), each head's
+     * [HW, dh] packed, and its values from K0 (K0 t1_wv^T), each head's
+     * [dh, HW] packed (attend_t2i_layer1) */
+    vitc__pweight *t1[3];
     int64_t H;
 };
 
