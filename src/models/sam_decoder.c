@@ -215,9 +215,10 @@ static void t1_make(vitc__sam_dec *d) {
     const sam_layer *L0 = &d->layers[0];
     const sam_attn *a = &d->layers[1].t2i;
     const int64_t C = d->C, I = a->I;
+    const sam_attn *b = &d->layers[1].i2t;
     float *wk = vitc__sam_dec_alloc(d, I * C), *wv = vitc__sam_dec_alloc(d, I * C),
-          *cst = vitc__sam_dec_alloc(d, 5 * I);
-    if (!wk || !wv || !cst)
+          *wq = vitc__sam_dec_alloc(d, I * C), *cst = vitc__sam_dec_alloc(d, 7 * I);
+    if (!wk || !wv || !wq || !cst || b->I != I)
         return;
     for (int64_t o = 0; o < I; o++) {
         double gk = 0, hk = 0, gv = 0, hv = 0, bv = a->v.b[o];
@@ -230,8 +231,14 @@ static void t1_make(vitc__sam_dec *d) {
         }
         cst[o] = (float)gk, cst[I + o] = (float)hk, cst[2 * I + o] = (float)gv;
         cst[3 * I + o] = (float)hv, cst[4 * I + o] = (float)bv;
+        double gq = 0, hq = 0;
+        for (int64_t c = 0; c < C; c++) {
+            wq[o * C + c] = b->q.w[o * C + c] * L0->ln4.w[c];
+            gq += (double)wq[o * C + c] * L0->i2t.o.b[c], hq += wq[o * C + c];
+        }
+        cst[5 * I + o] = (float)gq, cst[6 * I + o] = (float)hq;
     }
-    d->t1_wk = wk, d->t1_wv = wv, d->t1_c = cst;
+    d->t1_wk = wk, d->t1_wv = wv, d->t1_wq = wq, d->t1_c = cst;
 }
 
 vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
@@ -442,7 +449,7 @@ static void add_part(void *vc, int64_t b, int64_t e, int tid) {
     add_rows(c->y + i0, c->a + i0, c->b + i0, i1 - i0);
 }
 
-/* y = LayerNorm(y + res + bias) and z = y + pe over rows of C (res [M, C]
+/* y = LayerNorm(y + res + bias) and z = y + pe (z may be NULL) over rows of C (res [M, C]
  * and bias [C] may be NULL), a block of rows at a time: the sums read the
  * rows while the LayerNorm has them in cache instead of more passes over
  * the image-sized map. */
@@ -465,7 +472,8 @@ static void lnadd_part(void *vc, int64_t b, int64_t e, int tid) {
             for (int64_t i = 0; i < n; i++) acc_rows(c->y + o + i * c->C, c->bias, c->C);
         vitc__layernorm_stats(c->y + o, c->y + o, c->w, c->b, n, c->C, c->eps,
                               c->stats ? c->stats + 2 * r0 : NULL);
-        add_rows(c->z + o, c->y + o, c->pe + o, n * c->C);
+        if (c->z)
+            add_rows(c->z + o, c->y + o, c->pe + o, n * c->C);
     }
 }
 
@@ -494,7 +502,7 @@ void vitc__sam_dec_cache_free(struct vitc__sam_dec_cache *c) {
     free_packs(c->kh, c->H);
     free_packs(c->vh, c->H);
     free_packs(c->qh, c->H);
-    for (int k = 0; k < 3; k++) free_packs(c->t1[k], c->H);
+    for (int k = 0; k < 5; k++) free_packs(c->t1[k], c->H);
     free(c->K0), free(c->kk0), free(c->k), free(c->v), free(c->q), free(c->P0), free(c);
 }
 
@@ -544,7 +552,8 @@ static void pack_heads(struct vitc__sam_dec_cache *c, int64_t HW, int64_t I, int
 }
 
 /* The second layer's token -> image attention's image side, per head
- * packed (c->t1[0..2]: CK_h, PK_h [HW, dh], CV_h^T [dh, HW]; see t1_make):
+ * packed (c->t1[0..2]: CK_h, PK_h [HW, dh], CV_h^T [dh, HW]; see t1_make),
+ * and its image -> token queries' (c->t1[3..4]: CQ_h, PQ_h [HW, dh]):
  * left NULL when it cannot be made (the folded form runs then). */
 static void pack_t1(struct vitc__sam_dec_cache *c, const vitc__sam_dec *d, int64_t HW) {
     const sam_attn *a = &d->layers[1].t2i;
@@ -553,7 +562,7 @@ static void pack_t1(struct vitc__sam_dec_cache *c, const vitc__sam_dec *d, int64
     float *pb = malloc((size_t)(HW * C) * sizeof(float)); /* pe + b0 */
     float *t = malloc((size_t)(HW * (I / H)) * sizeof(float));
     int ok = x && pb && t;
-    for (int k = 0; ok && k < 3; k++) ok = (c->t1[k] = calloc((size_t)H, sizeof **c->t1)) != NULL;
+    for (int k = 0; ok && k < 5; k++) ok = (c->t1[k] = calloc((size_t)H, sizeof **c->t1)) != NULL;
     if (ok) {
         for (int64_t i = 0; i < HW; i++)
             add_rows(pb + i * C, d->pe_img + i * C, d->layers[0].ln4.b, C);
@@ -563,10 +572,15 @@ static void pack_t1(struct vitc__sam_dec_cache *c, const vitc__sam_dec *d, int64
         ok = ok && pack_head_slices(c->t1[1], x, HW, I, H, 0, t);
         vitc__linear(x, I, c->K0, C, d->t1_wv, NULL, NULL, 0, HW, I, C);
         ok = ok && pack_head_slices(c->t1[2], x, HW, I, H, 1, t);
+        /* the image -> token queries (that attention's I equals this one's) */
+        vitc__linear(x, I, c->K0, C, d->t1_wq, NULL, NULL, 0, HW, I, C);
+        ok = ok && pack_head_slices(c->t1[3], x, HW, I, H, 0, t);
+        vitc__linear(x, I, pb, C, d->layers[1].i2t.q.w, NULL, NULL, 0, HW, I, C);
+        ok = ok && pack_head_slices(c->t1[4], x, HW, I, H, 0, t);
     }
     free(x), free(pb), free(t);
     if (!ok)
-        for (int k = 0; k < 3; k++) free_packs(c->t1[k], H), c->t1[k] = NULL;
+        for (int k = 0; k < 5; k++) free_packs(c->t1[k], H), c->t1[k] = NULL;
 }
 
 /* e's cache for d; NULL when out of memory or made by another decoder
@@ -1015,6 +1029,88 @@ static int attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run 
     return 0;
 }
 
+typedef struct t1q_ctx {
+    const vitc__sam_dec *d;
+    const sam_run *r;
+    const float *k;  /* [T, I] the token keys */
+    const float *ss; /* [H T, HW] the first layer's probabilities' part */
+    float *S, *sp;   /* [H T, HW] the scores transposed, the positions' part */
+    int64_t T, HW, I, dh;
+    float scale;
+    const float *bq; /* [I] q_proj's bias */
+    _Atomic int failed;
+} t1q_ctx;
+
+static void t1q_head(void *vc, int64_t h, int tid) {
+    t1q_ctx *c = vc;
+    const vitc__sam_dec *d = c->d;
+    const struct vitc__sam_dec_cache *k = c->r->c0;
+    const int64_t T = c->T, HW = c->HW, dh = c->dh, I = c->I;
+    float *S = c->S + h * T * HW, *sp = c->sp + h * T * HW;
+    (void)tid;
+    if (vitc__linear_pw(S, HW, c->k + h * dh, I, &k->t1[3][h], k->t1[3][h].data, NULL, NULL, 0, T,
+                        HW, dh, VITC__ACT_NONE) != VITC_OK ||
+        vitc__linear_pw(sp, HW, c->k + h * dh, I, &k->t1[4][h], k->t1[4][h].data, NULL, NULL, 0,
+                        T, HW, dh, VITC__ACT_NONE) != VITC_OK) {
+        c->failed = 1;
+        return;
+    }
+    for (int64_t t = 0; t < T; t++) {
+        const float *kt = c->k + t * I + h * dh;
+        float c1 = 0, c2 = 0, c3 = 0;
+        for (int64_t j = 0; j < dh; j++) {
+            c1 += kt[j] * d->t1_c[5 * I + h * dh + j], c2 += kt[j] * d->t1_c[6 * I + h * dh + j];
+            c3 += kt[j] * c->bq[h * dh + j];
+        }
+        /* q_proj's bias meets each token's key: not constant along the
+         * softmax, which runs over the tokens */
+        t1_scores(S + t * HW, c->ss + (h * T + t) * HW, sp + t * HW, c->r->f.rho0, c->r->f.mu0,
+                  c1, c2, HW);
+        for (int64_t p = 0; p < HW; p++) S[t * HW + p] += c3;
+    }
+    vitc__softmax_cols(S, T, HW, HW, c->scale);
+}
+
+/* Whether attend_i2t_layer1 can run on r (as t1_usable). */
+static int t1q_usable(const vitc__sam_dec *d, const sam_attn *a, const sam_run *r, int64_t T) {
+    const int64_t I = a->I, HT = d->heads * T;
+    const struct vitc__sam_dec_cache *c = r->c0;
+    return r->f.on && c && c->t1[3] && c->H == d->heads &&
+           c->t1[3][0].kern == vitc__gemm_pack_kernel() && d->t1_wq && T <= VITC_SOFTMAX_SHORT &&
+           2 * T * I + HT * I + HT * HT <= r->abuf;
+}
+
+/* The second layer's image -> token attention with its queries read
+ * through the first layer's LayerNorm, as attend_t2i_layer1 its keys:
+ *   W_q (K_1 + pe)_p + b_q = rho_p (CQ_p + S_0,p AQ + g_q - mu_p h_q) + PQ_p + b_q
+ * so a head's scores S_h^T [T, HW] are k_h's products with its CQ_h and
+ * PQ_h packs and the S_0 part one product for all heads; each head's
+ * softmax runs down its columns (over the tokens). The output stays
+ * S vo, added into y (beta) as attend_i2t_folded's. S [H T, HW]: the
+ * probabilities, transposed (returns 1, as attend_i2t_cached). */
+static int attend_i2t_layer1(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
+                             float beta, const float *xk, const float *xv, int64_t T, float *S) {
+    const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * T, HW = r->HW;
+    const int st = (int)(r->f.St & 1);
+    float *vo = r->av;                 /* [H, T, C] */
+    i2t_token_side(d, a, r, vo, xk, xv, T);
+    const float *k = r->aq;            /* [T, I] */
+    float *AQ = r->aq + 2 * T * I;     /* [H T, I] */
+    float *ZK = AQ + HT * I;           /* [H T (j), H T (h, t)]: AQ_j,h . k_h,t */
+    vitc__linear(AQ, I, r->f.V0, C, d->t1_wq, NULL, NULL, 0, HT, I, C);
+    for (int64_t h = 0; h < H; h++)
+        small_mm(ZK + h * T, HT, AQ + h * dh, I, k + h * dh, I, 1, HT, T, dh, 1.0f);
+    /* ss [H T, HW] = ZK^T S_0^T */
+    vitc__gemm(1, !st, HT, HW, HT, 1.0f, ZK, HT, r->f.S, st ? HW : HT, 0.0f, r->ak, HW);
+    t1q_ctx c = {.d = d, .r = r, .k = k, .ss = r->ak, .S = S, .sp = r->ao, .T = T, .HW = HW,
+                 .I = I, .dh = dh, .scale = (float)(1.0 / sqrt((double)dh)), .bq = a->q.b};
+    vitc__parallel_for(H, t1q_head, &c);
+    if (c.failed)
+        return -1;
+    vitc__gemm(1, 0, HW, C, HT, 1.0f, S, HW, vo, C, beta, y, C);
+    return 1;
+}
+
 static void swap(float **a, float **b) {
     float *t = *a;
     *a = *b;
@@ -1076,8 +1172,17 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
             if (i == 0 && r->c0)
                 St = attend_i2t_cached(d, &L->i2t, r, r->K, beta, r->c0->q, HW, r->qq, r->Q, Nt,
                                        S);
-            else
-                attend_i2t_folded(d, &L->i2t, r, r->K, beta, kk, HW, r->qq, r->Q, Nt, S);
+            else {
+                St = i == 1 && t1q_usable(d, &L->i2t, r, Nt)
+                         ? attend_i2t_layer1(d, &L->i2t, r, r->K, beta, r->qq, r->Q, Nt, S)
+                         : -1;
+                if (St < 0) {
+                    St = 0;
+                    if (i == 1) /* the first layer may have left kk out */
+                        add_rows_par(r->kk, r->K, d->pe_img, HW * C);
+                    attend_i2t_folded(d, &L->i2t, r, r->K, beta, kk, HW, r->qq, r->Q, Nt, S);
+                }
+            }
             if (r->f.on) {
                 /* A_i^T = M_i^T vo_i^T into the product's weight, per head
                  * (upf_wo: out_proj folded into M_i) from the token values */
@@ -1091,8 +1196,14 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
                     for (int64_t j = 0; j < r->f.HT; j++)
                         r->f.Bt[o * r->f.Kf + i * r->f.HT + j] = A[j * C + o];
             }
-            layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, K == r->K ? NULL : K, L->i2t.o.b,
-                          d->pe_img, HW, C, d->eps_dec, r->f.on ? r->f.st + 2 * i * HW : NULL);
+            /* K + pe, the next layer's keys and queries, unless that layer
+             * reads K through this LayerNorm for both */
+            const int no_kk = i == 0 && d->n_layers > 1 &&
+                              t1_usable(d, &d->layers[1].t2i, r, Nt) &&
+                              t1q_usable(d, &d->layers[1].i2t, r, Nt);
+            layernorm_add(r->K, no_kk ? NULL : r->kk, L->ln4.w, L->ln4.b, K == r->K ? NULL : K,
+                          L->i2t.o.b, d->pe_img, HW, C, d->eps_dec,
+                          r->f.on ? r->f.st + 2 * i * HW : NULL);
             if (r->f.on && i == 0) { /* for attend_t2i_layer1 */
                 memcpy(r->f.V0, r->vo, (size_t)(r->f.HT * C) * sizeof(float));
                 for (int64_t p = 0; p < HW; p++)

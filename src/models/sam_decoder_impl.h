@@ -84,8 +84,9 @@ struct vitc__sam_dec {
      * v weights with column c scaled by that LayerNorm's w[c]; t1_c [5, I]:
      * t1_wk beta_0, t1_wk's row sums, t1_wv beta_0, t1_wv's row sums,
      * W_v b_0 + b_v (beta_0 the first layer's i2t out_proj bias, b_0 the
-     * LayerNorm's bias). */
-    float *t1_wk, *t1_wv, *t1_c;
+     * LayerNorm's bias), and for its image -> token attention t1_wq (its q
+ * weight scaled alike), t1_wq beta_0, t1_wq's row sums (rows 5, 6). */
+    float *t1_wk, *t1_wv, *t1_wq, *t1_c;
     sam_ffn hyper[4], iou;
     float *pe_img; /* [grid*grid, C] the dense positional embedding */
     void **bufs;
@@ -158,7 +159,7 @@ struct vitc__sam_dec_cache {
      * (K0 t1_wk^T) and from the positions ((pe + b0) W_k^T), each head's
      * [HW, dh] packed, and its values from K0 (K0 t1_wv^T), each head's
      * [dh, HW] packed (attend_t2i_layer1) */
-    vitc__pweight *t1[3];
+    vitc__pweight *t1[5];
     int64_t H;
 };
 
