@@ -29,374 +29,6 @@
 #include "sam_decoder_impl.h"
 
 /* ------------------------------------------------------------------ */
-/* Loading                                                            */
-/* ------------------------------------------------------------------ */
-
-float *vitc__sam_dec_alloc(vitc__sam_dec *d, int64_t n) {
-    if (d->n_bufs == d->cap_bufs) {
-        int cap = d->cap_bufs ? 2 * d->cap_bufs : 64;
-        void *a = realloc(d->bufs, (size_t)cap * sizeof *d->bufs);
-        if (!a)
-            return NULL;
-        d->bufs = a;
-        d->cap_bufs = cap;
-    }
-    float *p = malloc((size_t)(n > 0 ? n : 1) * sizeof(float));
-    if (p)
-        d->bufs[d->n_bufs++] = p;
-    return p;
-}
-
-/* The tensor name (printf-style) of shape want[nd] into a new buffer. */
-static vitc_status take(vitc__sam_dec *d, const vitc__shards *sh, float **dst, const int64_t *want,
-                        int nd, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-static vitc_status take(vitc__sam_dec *d, const vitc__shards *sh, float **dst, const int64_t *want,
-                        int nd, const char *fmt, ...) {
-    char name[160];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    int64_t n = 1;
-    for (int i = 0; i < nd; i++) n *= want[i];
-    float *p = vitc__sam_dec_alloc(d, n);
-    if (!p)
-        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM tensor %s", name);
-    *dst = p;
-    return vitc__hub_take(sh, name, want, nd, 0, p);
-}
-
-/* A shape as take's (want, nd) pair. */
-#define SHAPE(...)                                                                                 \
-    ((const int64_t[]){__VA_ARGS__}),                                                              \
-        (int)(sizeof((const int64_t[]){__VA_ARGS__}) / sizeof(int64_t))
-
-static vitc_status take_linear(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t out,
-                               int64_t in, const char *module) {
-    VITC_TRY(take(d, sh, &l->w, SHAPE(out, in), "%s.weight", module));
-    VITC_TRY(take(d, sh, &l->b, SHAPE(out), "%s.bias", module));
-    if (!vitc__gemm_pack_kernel())
-        return VITC_OK;
-    if (d->n_packed == d->cap_packed) {
-        int cap = d->cap_packed ? 2 * d->cap_packed : 64;
-        void *a = realloc(d->packed, (size_t)cap * sizeof *d->packed);
-        if (!a)
-            return vitc__err(VITC_ERR_NOMEM, "out of memory packing %s", module);
-        d->packed = a;
-        d->cap_packed = cap;
-    }
-    VITC_TRY(vitc__pweight_pack(&l->pw, l->w, out, in, VITC_PRECISION_FP32));
-    d->packed[d->n_packed++] = l;
-    return VITC_OK;
-}
-
-static vitc_status take_ln(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t C,
-                           const char *module) {
-    VITC_TRY(take(d, sh, &l->w, SHAPE(C), "%s.weight", module));
-    return take(d, sh, &l->b, SHAPE(C), "%s.bias", module);
-}
-
-static vitc_status take_attn(vitc__sam_dec *d, const vitc__shards *sh, sam_attn *a, int64_t ds,
-                             const char *module) {
-    char n[160];
-    a->I = d->C / ds;
-    if (a->I * ds != d->C || a->I % d->heads)
-        return vitc__err(VITC_ERR_FORMAT,
-                         "config.json: mask_decoder_config's hidden_size %lld / downsample %lld "
-                         "is not divisible by num_attention_heads %lld",
-                         (long long)d->C, (long long)ds, (long long)d->heads);
-    static const char *const proj[4] = {"q_proj", "k_proj", "v_proj", "out_proj"};
-    sam_wb *wb[4] = {&a->q, &a->k, &a->v, &a->o};
-    for (int i = 0; i < 4; i++) {
-        snprintf(n, sizeof n, "%s.%s", module, proj[i]);
-        VITC_TRY(take_linear(d, sh, wb[i], i < 3 ? a->I : d->C, i < 3 ? d->C : a->I, n));
-    }
-    return VITC_OK;
-}
-
-static vitc_status take_ffn(vitc__sam_dec *d, const vitc__shards *sh, sam_ffn *f, int64_t in,
-                            int64_t hidden, int64_t out, int depth, const char *module) {
-    char n[160];
-    f->hidden = hidden, f->out_dim = out, f->n_mid = depth - 2;
-    snprintf(n, sizeof n, "%s.proj_in", module);
-    VITC_TRY(take_linear(d, sh, &f->in, hidden, in, n));
-    for (int i = 0; i < f->n_mid; i++) {
-        snprintf(n, sizeof n, "%s.layers.%d", module, i);
-        VITC_TRY(take_linear(d, sh, &f->mid[i], hidden, hidden, n));
-    }
-    snprintf(n, sizeof n, "%s.proj_out", module);
-    return take_linear(d, sh, &f->out, out, hidden, n);
-}
-
-/* torch's Conv2d weight [O, Cin, 2, 2] in the dense layers' [O, 2, 2, Cin]. */
-static vitc_status take_conv2(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t O,
-                              int64_t Cin, const char *module) {
-    float *t;
-    VITC_TRY(take(d, sh, &t, SHAPE(O, Cin, 2, 2), "%s.weight", module));
-    if (!(l->w = vitc__sam_dec_alloc(d, O * Cin * 4)))
-        return vitc__err(VITC_ERR_NOMEM, "out of memory for %s", module);
-    vitc__nn_conv_pack(l->w, t, O, Cin, 2, 2);
-    return take(d, sh, &l->b, SHAPE(O), "%s.bias", module);
-}
-
-/* torch's ConvTranspose2d weight [Cin, O, 2, 2] in the dense layers'
- * [2, 2, O, Cin]. */
-static vitc_status take_convt2(vitc__sam_dec *d, const vitc__shards *sh, sam_wb *l, int64_t Cin,
-                               int64_t O, const char *module) {
-    float *t;
-    VITC_TRY(take(d, sh, &t, SHAPE(Cin, O, 2, 2), "%s.weight", module));
-    if (!(l->w = vitc__sam_dec_alloc(d, O * Cin * 4)))
-        return vitc__err(VITC_ERR_NOMEM, "out of memory for %s", module);
-    vitc__nn_convt_pack(l->w, t, Cin, O, 2, 2);
-    return take(d, sh, &l->b, SHAPE(O), "%s.bias", module);
-}
-
-/* An integer of a config section in [lo, hi], def when absent. */
-static vitc_status cfg_int(const json_t *sec, const char *sname, const char *key, int64_t def,
-                           int64_t lo, int64_t hi, int64_t *out) {
-    json_t *v = sec ? json_object_get(sec, key) : NULL;
-    *out = def;
-    if (!v || json_is_null(v))
-        return VITC_OK;
-    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
-        return vitc__err(VITC_ERR_FORMAT, "config.json: %s.%s must be an integer in [%lld, %lld]",
-                         sname, key, (long long)lo, (long long)hi);
-    *out = json_integer_value(v);
-    return VITC_OK;
-}
-
-static vitc_status cfg_eps(const json_t *sec, const char *sname, const char *key, double def,
-                           float *out) {
-    json_t *v = sec ? json_object_get(sec, key) : NULL;
-    *out = (float)def;
-    if (!v || json_is_null(v))
-        return VITC_OK;
-    if (!json_is_number(v) || !(json_number_value(v) > 0) || json_number_value(v) > 1)
-        return vitc__err(VITC_ERR_FORMAT, "config.json: %s.%s must be a number in (0, 1]", sname,
-                         key);
-    *out = (float)json_number_value(v);
-    return VITC_OK;
-}
-
-static vitc_status cfg_act(const json_t *sec, const char *sname, const char *def, int *out) {
-    json_t *v = sec ? json_object_get(sec, "hidden_act") : NULL;
-    const char *s = v && json_is_string(v) ? json_string_value(v) : def;
-    if (v && !json_is_null(v) && !json_is_string(v))
-        return vitc__err(VITC_ERR_FORMAT, "config.json: %s.hidden_act must be a string", sname);
-    if (!strcmp(s, "gelu"))
-        *out = SAM_ACT_GELU;
-    else if (!strcmp(s, "relu"))
-        *out = SAM_ACT_RELU;
-    else
-        return vitc__err(VITC_ERR_UNSUPPORTED,
-                         "config.json: %s.hidden_act \"%.40s\" is not supported (gelu or relu)",
-                         sname, s);
-    return VITC_OK;
-}
-
-/* The positional encoding of one point normalised to [0, 1]^2 after the
- * 2c - 1 map (u, v), as SamPositionalEmbedding: [sin(2 pi f), cos(2 pi
- * f)], f = (u, v) @ pe. The product in double then rounded: what a GEMM
- * with K = 2 and a fused multiply-add gives. */
-static void pos_encode(const vitc__sam_dec *d, float u, float v, float *out) {
-    const int64_t F = d->C / 2;
-    for (int64_t j = 0; j < F; j++) {
-        float f = (float)((double)u * d->pe[j] + (double)v * d->pe[F + j]);
-        float t = f * (float)(2.0 * 3.14159265358979323846);
-        out[j] = sinf(t);
-        out[F + j] = cosf(t);
-    }
-}
-
-/* The decoder's t1_* (left NULL when out of memory or with one layer). */
-static void t1_make(vitc__sam_dec *d) {
-    if (d->n_layers < 2)
-        return;
-    const sam_layer *L0 = &d->layers[0];
-    const sam_attn *a = &d->layers[1].t2i;
-    const int64_t C = d->C, I = a->I;
-    const sam_attn *b = &d->layers[1].i2t;
-    float *wk = vitc__sam_dec_alloc(d, I * C), *wv = vitc__sam_dec_alloc(d, I * C),
-          *wq = vitc__sam_dec_alloc(d, I * C), *cst = vitc__sam_dec_alloc(d, 7 * I);
-    if (!wk || !wv || !wq || !cst || b->I != I)
-        return;
-    for (int64_t o = 0; o < I; o++) {
-        double gk = 0, hk = 0, gv = 0, hv = 0, bv = a->v.b[o];
-        for (int64_t c = 0; c < C; c++) {
-            wk[o * C + c] = a->k.w[o * C + c] * L0->ln4.w[c];
-            wv[o * C + c] = a->v.w[o * C + c] * L0->ln4.w[c];
-            gk += (double)wk[o * C + c] * L0->i2t.o.b[c], hk += wk[o * C + c];
-            gv += (double)wv[o * C + c] * L0->i2t.o.b[c], hv += wv[o * C + c];
-            bv += (double)a->v.w[o * C + c] * L0->ln4.b[c];
-        }
-        cst[o] = (float)gk, cst[I + o] = (float)hk, cst[2 * I + o] = (float)gv;
-        cst[3 * I + o] = (float)hv, cst[4 * I + o] = (float)bv;
-        double gq = 0, hq = 0;
-        for (int64_t c = 0; c < C; c++) {
-            wq[o * C + c] = b->q.w[o * C + c] * L0->ln4.w[c];
-            gq += (double)wq[o * C + c] * L0->i2t.o.b[c], hq += wq[o * C + c];
-        }
-        cst[5 * I + o] = (float)gq, cst[6 * I + o] = (float)hq;
-    }
-    d->t1_wk = wk, d->t1_wv = wv, d->t1_wq = wq, d->t1_c = cst;
-}
-
-vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
-                               const struct json_t *config) {
-    if (!out || !sh)
-        return vitc__err(VITC_ERR_INVALID_ARG, "SAM decoder load: NULL argument");
-    *out = NULL;
-    vitc__sam_dec *d = calloc(1, sizeof *d);
-    if (!d)
-        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's decoder");
-    const json_t *pc = config ? json_object_get(config, "prompt_encoder_config") : NULL;
-    const json_t *mc = config ? json_object_get(config, "mask_decoder_config") : NULL;
-    const char *P = "prompt_encoder_config", *M = "mask_decoder_config";
-    vitc_status s = VITC_OK;
-    int64_t pC, patch, npe;
-#define TRY(e)                                                                                     \
-    do {                                                                                           \
-        if ((s = (e)) != VITC_OK)                                                                  \
-            goto fail;                                                                             \
-    } while (0)
-    TRY(cfg_int(pc, P, "hidden_size", 256, 2, 1 << 16, &pC));
-    TRY(cfg_int(pc, P, "image_size", 1024, 1, 1 << 16, &d->image_size));
-    TRY(cfg_int(pc, P, "patch_size", 16, 1, 1 << 16, &patch));
-    TRY(cfg_int(pc, P, "mask_input_channels", 16, 4, 1 << 16, &d->mc));
-    TRY(cfg_int(pc, P, "num_point_embeddings", 4, 4, 64, &npe));
-    TRY(cfg_act(pc, P, "gelu", &d->act_prompt));
-    TRY(cfg_eps(pc, P, "layer_norm_eps", 1e-6, &d->eps_prompt));
-    TRY(cfg_int(mc, M, "hidden_size", 256, 2, 1 << 16, &d->C));
-    TRY(cfg_act(mc, M, "relu", &d->act_mlp));
-    TRY(cfg_int(mc, M, "mlp_dim", 2048, 1, 1 << 20, &d->mlp));
-    TRY(cfg_int(mc, M, "num_hidden_layers", 2, 1, 64, &d->n_layers));
-    TRY(cfg_int(mc, M, "num_attention_heads", 8, 1, 1 << 10, &d->heads));
-    TRY(cfg_int(mc, M, "attention_downsample_rate", 2, 1, 1 << 10, &d->ds));
-    TRY(cfg_int(mc, M, "num_multimask_outputs", 3, 1, 3, &d->T));
-    TRY(cfg_int(mc, M, "iou_head_depth", 3, 2, SAM_MAX_FFN + 2, &d->iou_depth));
-    TRY(cfg_int(mc, M, "iou_head_hidden_dim", 256, 1, 1 << 16, &d->iou_hidden));
-    TRY(cfg_eps(mc, M, "layer_norm_eps", 1e-6, &d->eps_dec));
-    d->T += 1; /* the single-mask token first */
-    d->grid = d->image_size / patch;
-    if (pC != d->C || d->C % 8 || d->mc % 4 || d->grid < 1) {
-        s = vitc__err(VITC_ERR_FORMAT,
-                      "config.json: SAM's prompt encoder hidden_size %lld and mask decoder's %lld "
-                      "must be equal and divisible by 8, mask_input_channels %lld by 4, and "
-                      "image_size %lld at least patch_size %lld",
-                      (long long)pC, (long long)d->C, (long long)d->mc,
-                      (long long)d->image_size, (long long)patch);
-        goto fail;
-    }
-    const int64_t C = d->C, C4 = C / 4, C8 = C / 8, mc4 = d->mc / 4;
-    char n[160];
-    /* Tied to prompt_encoder.shared_embedding.positional_embedding, which
-     * save_pretrained leaves out. */
-    const float *pd;
-    const int64_t *ps;
-    int pn;
-    if (vitc__shards_find(sh, "shared_image_embedding.positional_embedding", &pd, &pn, &ps) ||
-        !vitc__shards_find(sh, "prompt_encoder.shared_embedding.positional_embedding", &pd, &pn,
-                           &ps))
-        TRY(take(d, sh, &d->pe, SHAPE(2, C / 2), "shared_image_embedding.positional_embedding"));
-    else
-        TRY(take(d, sh, &d->pe, SHAPE(2, C / 2),
-                 "prompt_encoder.shared_embedding.positional_embedding"));
-    for (int i = 0; i < 4; i++)
-        TRY(take(d, sh, &d->point_embed[i], SHAPE(1, C), "prompt_encoder.point_embed.%d.weight",
-                 i));
-    TRY(take(d, sh, &d->not_a_point, SHAPE(1, C), "prompt_encoder.not_a_point_embed.weight"));
-    TRY(take(d, sh, &d->no_mask, SHAPE(1, C), "prompt_encoder.no_mask_embed.weight"));
-    TRY(take_conv2(d, sh, &d->mconv1, mc4, 1, "prompt_encoder.mask_embed.conv1"));
-    TRY(take_ln(d, sh, &d->mln1, mc4, "prompt_encoder.mask_embed.layer_norm1"));
-    TRY(take_conv2(d, sh, &d->mconv2, d->mc, mc4, "prompt_encoder.mask_embed.conv2"));
-    TRY(take_ln(d, sh, &d->mln2, d->mc, "prompt_encoder.mask_embed.layer_norm2"));
-    TRY(take(d, sh, &d->mconv3.w, SHAPE(C, d->mc, 1, 1), "prompt_encoder.mask_embed.conv3.weight"));
-    TRY(take(d, sh, &d->mconv3.b, SHAPE(C), "prompt_encoder.mask_embed.conv3.bias"));
-
-    TRY(take(d, sh, &d->iou_token, SHAPE(1, C), "mask_decoder.iou_token.weight"));
-    TRY(take(d, sh, &d->mask_tokens, SHAPE(d->T, C), "mask_decoder.mask_tokens.weight"));
-    if (!(d->layers = calloc((size_t)d->n_layers, sizeof *d->layers))) {
-        s = vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's decoder layers");
-        goto fail;
-    }
-    for (int64_t i = 0; i < d->n_layers; i++) {
-        sam_layer *L = &d->layers[i];
-        const char *pre = "mask_decoder.transformer.layers";
-#define LN(f, name)                                                                                \
-    snprintf(n, sizeof n, "%s.%lld." name, pre, (long long)i);                                     \
-    TRY(take_ln(d, sh, &L->f, C, n))
-        snprintf(n, sizeof n, "%s.%lld.self_attn", pre, (long long)i);
-        TRY(take_attn(d, sh, &L->self, 1, n));
-        snprintf(n, sizeof n, "%s.%lld.cross_attn_token_to_image", pre, (long long)i);
-        TRY(take_attn(d, sh, &L->t2i, d->ds, n));
-        snprintf(n, sizeof n, "%s.%lld.cross_attn_image_to_token", pre, (long long)i);
-        TRY(take_attn(d, sh, &L->i2t, d->ds, n));
-        LN(ln1, "layer_norm1");
-        LN(ln2, "layer_norm2");
-        LN(ln3, "layer_norm3");
-        LN(ln4, "layer_norm4");
-#undef LN
-        snprintf(n, sizeof n, "%s.%lld.mlp.lin1", pre, (long long)i);
-        TRY(take_linear(d, sh, &L->lin1, d->mlp, C, n));
-        snprintf(n, sizeof n, "%s.%lld.mlp.lin2", pre, (long long)i);
-        TRY(take_linear(d, sh, &L->lin2, C, d->mlp, n));
-    }
-    TRY(take_attn(d, sh, &d->final, d->ds, "mask_decoder.transformer.final_attn_token_to_image"));
-    TRY(take_ln(d, sh, &d->ln_final, C, "mask_decoder.transformer.layer_norm_final_attn"));
-    TRY(take_convt2(d, sh, &d->up1, C, C4, "mask_decoder.upscale_conv1"));
-    TRY(take_ln(d, sh, &d->up_ln, C4, "mask_decoder.upscale_layer_norm"));
-    TRY(take_convt2(d, sh, &d->up2, C4, C8, "mask_decoder.upscale_conv2"));
-    if (!(d->up1_b4 = vitc__sam_dec_alloc(d, 4 * C4)) || !(d->up2_b4 = vitc__sam_dec_alloc(d, 4 * C8))) {
-        s = vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's upscaling biases");
-        goto fail;
-    }
-    for (int64_t k = 0; k < 4 * C4; k++) d->up1_b4[k] = d->up1.b[k % C4];
-    for (int64_t k = 0; k < 4 * C8; k++) d->up2_b4[k] = d->up2.b[k % C8];
-    TRY(vitc__pweight_pack(&d->up1_pw, d->up1.w, 4 * C4, C, VITC_PRECISION_FP32));
-    TRY(vitc__pweight_pack(&d->up2_pw, d->up2.w, 4 * C8, C4, VITC_PRECISION_FP32));
-    vitc__sam_upf_make(d);
-    t1_make(d);
-    for (int64_t t = 0; t < d->T; t++) {
-        snprintf(n, sizeof n, "mask_decoder.output_hypernetworks_mlps.%lld", (long long)t);
-        TRY(take_ffn(d, sh, &d->hyper[t], C, C, C8, 3, n));
-    }
-    TRY(take_ffn(d, sh, &d->iou, C, d->iou_hidden, d->T, (int)d->iou_depth,
-                 "mask_decoder.iou_prediction_head"));
-#undef TRY
-
-    /* get_image_wide_positional_embeddings: pixel centres of the grid, in
-     * float as the cumsum computes them. */
-    const int64_t G = d->grid;
-    if (!(d->pe_img = vitc__sam_dec_alloc(d, G * G * C))) {
-        s = vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's positional embedding");
-        goto fail;
-    }
-    for (int64_t y = 0; y < G; y++)
-        for (int64_t x = 0; x < G; x++) {
-            float fx = ((float)(x + 1) - 0.5f) / (float)G, fy = ((float)(y + 1) - 0.5f) / (float)G;
-            pos_encode(d, 2.0f * fx - 1.0f, 2.0f * fy - 1.0f, d->pe_img + (y * G + x) * C);
-        }
-    *out = d;
-    return VITC_OK;
-fail:
-    vitc__sam_dec_free(d);
-    return s;
-}
-
-void vitc__sam_dec_free(vitc__sam_dec *d) {
-    if (!d)
-        return;
-    vitc__pweight_free(&d->up1_pw);
-    vitc__pweight_free(&d->up2_pw);
-    for (int i = 0; i < d->n_packed; i++) vitc__pweight_free(&d->packed[i]->pw);
-    free(d->packed);
-    for (int i = 0; i < d->n_bufs; i++) free(d->bufs[i]);
-    free(d->bufs);
-    free(d->layers);
-    free(d);
-}
-
-/* ------------------------------------------------------------------ */
 /* Forward                                                            */
 /* ------------------------------------------------------------------ */
 
@@ -776,16 +408,16 @@ static void attend_t2i_folded(const vitc__sam_dec *d, const sam_attn *a, sam_run
     lin(y, C, r->ao, I, &a->o, res, C, Lq, C, I);
 }
 
-/* s = rho (s + ss + c1 - mu c2) + sp over n floats (the second layer's
- * scores from their parts), fixed-8 loops as add_rows. */
+/* s = rho (s + ss + c1 - mu c2) + sp + c3 over n floats (the second
+ * layer's scores from their parts), fixed-8 loops as add_rows. */
 static void t1_scores(float *restrict s, const float *restrict ss, const float *restrict sp,
                       const float *restrict rho, const float *restrict mu, float c1, float c2,
-                      int64_t n) {
+                      float c3, int64_t n) {
     int64_t i = 0;
     for (; i + 8 <= n; i += 8)
         for (int k = 0; k < 8; k++)
-            s[i + k] = rho[i + k] * (s[i + k] + ss[i + k] + c1 - mu[i + k] * c2) + sp[i + k];
-    for (; i < n; i++) s[i] = rho[i] * (s[i] + ss[i] + c1 - mu[i] * c2) + sp[i];
+            s[i + k] = rho[i + k] * (s[i + k] + ss[i + k] + c1 - mu[i + k] * c2) + sp[i + k] + c3;
+    for (; i < n; i++) s[i] = rho[i] * (s[i] + ss[i] + c1 - mu[i] * c2) + sp[i] + c3;
 }
 
 /* p *= rho over n floats; returns sum(p rho) and, in *pm, sum(p rho mu). */
@@ -805,41 +437,60 @@ static float t1_weigh(float *restrict p, const float *restrict rho, const float 
     return sa;
 }
 
+/* The second layer's scores through the first layer's LayerNorm, one
+ * head: S_h [T, HW] = rho (x_h CA_h^T + ss + x_h . g_h - mu x_h . h_h) +
+ * x_h PA_h^T (+ x_h . bias_h), CA_h and PA_h the image cache's t1[pk],
+ * t1[pk + 1] packs; x the token side (the queries for the token -> image
+ * attention, the keys for the image -> token one). */
 typedef struct t1_ctx {
-    const vitc__sam_dec *d;
     const sam_run *r;
-    const float *q;  /* [T, I] */
-    const float *ss; /* [H T, HW] the first layer's probabilities' part of the scores */
-    float *S, *sp;   /* [H T, HW] scores (then P rho), the positions' part */
-    float *o;        /* [T, I] */
-    float *sums;     /* [H T, 2] sum(P rho), sum(P rho mu) */
+    const float *x;         /* [T, I] */
+    const float *ss;        /* [H T, HW] the first layer's probabilities' part */
+    float *S, *sp;          /* [H T, HW] the scores, the positions' part */
+    const float *g, *hs;    /* [I] each: x . g and x . hs per row, see above */
+    const float *bias;      /* [I] or NULL */
+    int pk;                 /* the packs: c0->t1[pk], t1[pk + 1] */
+    float *o;               /* token -> image: [T, I] the output */
+    float *sums;            /* token -> image: [H T, 2] sum(P rho), sum(P rho mu) */
     int64_t T, HW, I, dh;
     float scale;
     _Atomic int failed;
 } t1_ctx;
 
-static void t1_head(void *vc, int64_t h, int tid) {
-    t1_ctx *c = vc;
-    const vitc__sam_dec *d = c->d;
+static int t1_head_scores(t1_ctx *c, int64_t h) {
     const struct vitc__sam_dec_cache *k = c->r->c0;
+    const vitc__pweight *ca = &k->t1[c->pk][h], *pa = &k->t1[c->pk + 1][h];
     const int64_t T = c->T, HW = c->HW, dh = c->dh, I = c->I;
     float *S = c->S + h * T * HW, *sp = c->sp + h * T * HW;
-    (void)tid;
     /* W: never read, the packs being the current kernel's */
-    if (vitc__linear_pw(S, HW, c->q + h * dh, I, &k->t1[0][h], k->t1[0][h].data, NULL, NULL, 0, T,
-                        HW, dh, VITC__ACT_NONE) != VITC_OK ||
-        vitc__linear_pw(sp, HW, c->q + h * dh, I, &k->t1[1][h], k->t1[1][h].data, NULL, NULL, 0,
-                        T, HW, dh, VITC__ACT_NONE) != VITC_OK) {
+    if (vitc__linear_pw(S, HW, c->x + h * dh, I, ca, ca->data, NULL, NULL, 0, T, HW, dh,
+                        VITC__ACT_NONE) != VITC_OK ||
+        vitc__linear_pw(sp, HW, c->x + h * dh, I, pa, pa->data, NULL, NULL, 0, T, HW, dh,
+                        VITC__ACT_NONE) != VITC_OK)
+        return 0;
+    for (int64_t t = 0; t < T; t++) {
+        const float *xt = c->x + t * I + h * dh;
+        float c1 = 0, c2 = 0, c3 = 0;
+        for (int64_t j = 0; j < dh; j++) {
+            c1 += xt[j] * c->g[h * dh + j], c2 += xt[j] * c->hs[h * dh + j];
+            c3 += c->bias ? xt[j] * c->bias[h * dh + j] : 0.0f;
+        }
+        t1_scores(S + t * HW, c->ss + (h * T + t) * HW, sp + t * HW, c->r->f.rho0, c->r->f.mu0,
+                  c1, c2, c3, HW);
+    }
+    return 1;
+}
+
+/* token -> image: the scores, their softmax, P rho and the CV product */
+static void t1_head(void *vc, int64_t h, int tid) {
+    t1_ctx *c = vc;
+    const struct vitc__sam_dec_cache *k = c->r->c0;
+    const int64_t T = c->T, HW = c->HW, dh = c->dh, I = c->I;
+    float *S = c->S + h * T * HW;
+    (void)tid;
+    if (!t1_head_scores(c, h)) {
         c->failed = 1;
         return;
-    }
-    for (int64_t t = 0; t < T; t++) {
-        const float *qt = c->q + t * I + h * dh;
-        float c1 = 0, c2 = 0;
-        for (int64_t j = 0; j < dh; j++)
-            c1 += qt[j] * d->t1_c[h * dh + j], c2 += qt[j] * d->t1_c[I + h * dh + j];
-        t1_scores(S + t * HW, c->ss + (h * T + t) * HW, sp + t * HW, c->r->f.rho0, c->r->f.mu0,
-                  c1, c2, HW);
     }
     vitc__softmax_rows(S, T, HW, c->scale);
     for (int64_t t = 0; t < T; t++) {
@@ -890,9 +541,9 @@ static vitc_status attend_t2i_layer1(const vitc__sam_dec *d, const sam_attn *a, 
         small_mm(ZQ + h * T * HT, HT, q + h * dh, I, AK + h * dh, I, 1, T, HT, dh, 1.0f);
     /* ss [H T, HW] = ZQ S_0^T */
     vitc__gemm(0, !st, HT, HW, HT, 1.0f, ZQ, HT, S0, st ? HW : HT, 0.0f, r->av, HW);
-    t1_ctx c = {.d = d, .r = r, .q = q, .ss = r->av, .S = r->ak, .sp = r->ao, .o = o,
-                .sums = sums, .T = T, .HW = HW, .I = I, .dh = dh,
-                .scale = (float)(1.0 / sqrt((double)dh))};
+    t1_ctx c = {.r = r, .x = q, .ss = r->av, .S = r->ak, .sp = r->ao, .g = d->t1_c,
+                .hs = d->t1_c + I, .pk = 0, .o = o, .sums = sums, .T = T, .HW = HW, .I = I,
+                .dh = dh, .scale = (float)(1.0 / sqrt((double)dh))};
     vitc__parallel_for(H, t1_head, &c);
     if (c.failed)
         return vitc__err(VITC_ERR_INVALID_ARG, "SAM token -> image attention: a GEMM refused "
@@ -1029,46 +680,15 @@ static int attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run 
     return 0;
 }
 
-typedef struct t1q_ctx {
-    const vitc__sam_dec *d;
-    const sam_run *r;
-    const float *k;  /* [T, I] the token keys */
-    const float *ss; /* [H T, HW] the first layer's probabilities' part */
-    float *S, *sp;   /* [H T, HW] the scores transposed, the positions' part */
-    int64_t T, HW, I, dh;
-    float scale;
-    const float *bq; /* [I] q_proj's bias */
-    _Atomic int failed;
-} t1q_ctx;
-
+/* image -> token: the scores, each head's softmax down its columns */
 static void t1q_head(void *vc, int64_t h, int tid) {
-    t1q_ctx *c = vc;
-    const vitc__sam_dec *d = c->d;
-    const struct vitc__sam_dec_cache *k = c->r->c0;
-    const int64_t T = c->T, HW = c->HW, dh = c->dh, I = c->I;
-    float *S = c->S + h * T * HW, *sp = c->sp + h * T * HW;
+    t1_ctx *c = vc;
     (void)tid;
-    if (vitc__linear_pw(S, HW, c->k + h * dh, I, &k->t1[3][h], k->t1[3][h].data, NULL, NULL, 0, T,
-                        HW, dh, VITC__ACT_NONE) != VITC_OK ||
-        vitc__linear_pw(sp, HW, c->k + h * dh, I, &k->t1[4][h], k->t1[4][h].data, NULL, NULL, 0,
-                        T, HW, dh, VITC__ACT_NONE) != VITC_OK) {
+    if (!t1_head_scores(c, h)) {
         c->failed = 1;
         return;
     }
-    for (int64_t t = 0; t < T; t++) {
-        const float *kt = c->k + t * I + h * dh;
-        float c1 = 0, c2 = 0, c3 = 0;
-        for (int64_t j = 0; j < dh; j++) {
-            c1 += kt[j] * d->t1_c[5 * I + h * dh + j], c2 += kt[j] * d->t1_c[6 * I + h * dh + j];
-            c3 += kt[j] * c->bq[h * dh + j];
-        }
-        /* q_proj's bias meets each token's key: not constant along the
-         * softmax, which runs over the tokens */
-        t1_scores(S + t * HW, c->ss + (h * T + t) * HW, sp + t * HW, c->r->f.rho0, c->r->f.mu0,
-                  c1, c2, HW);
-        for (int64_t p = 0; p < HW; p++) S[t * HW + p] += c3;
-    }
-    vitc__softmax_cols(S, T, HW, HW, c->scale);
+    vitc__softmax_cols(c->S + h * c->T * c->HW, c->T, c->HW, c->HW, c->scale);
 }
 
 /* Whether attend_i2t_layer1 can run on r (as t1_usable). */
@@ -1102,8 +722,11 @@ static int attend_i2t_layer1(const vitc__sam_dec *d, const sam_attn *a, sam_run 
         small_mm(ZK + h * T, HT, AQ + h * dh, I, k + h * dh, I, 1, HT, T, dh, 1.0f);
     /* ss [H T, HW] = ZK^T S_0^T */
     vitc__gemm(1, !st, HT, HW, HT, 1.0f, ZK, HT, r->f.S, st ? HW : HT, 0.0f, r->ak, HW);
-    t1q_ctx c = {.d = d, .r = r, .k = k, .ss = r->ak, .S = S, .sp = r->ao, .T = T, .HW = HW,
-                 .I = I, .dh = dh, .scale = (float)(1.0 / sqrt((double)dh)), .bq = a->q.b};
+    /* q_proj's bias meets each token's key: not constant along the
+     * softmax, which runs over the tokens */
+    t1_ctx c = {.r = r, .x = k, .ss = r->ak, .S = S, .sp = r->ao, .g = d->t1_c + 5 * I,
+                .hs = d->t1_c + 6 * I, .bias = a->q.b, .pk = 3, .T = T, .HW = HW, .I = I,
+                .dh = dh, .scale = (float)(1.0 / sqrt((double)dh))};
     vitc__parallel_for(H, t1q_head, &c);
     if (c.failed)
         return -1;
@@ -1445,7 +1068,7 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     const double isz = (double)d->image_size;
 #define NORM(v, s) ((float)(2.0 * (((double)(v) * (s) + 0.5) / isz) - 1.0))
     for (int i = 0; i < np; i++, t += C) {
-        pos_encode(d, NORM(p->points[2 * i], sx), NORM(p->points[2 * i + 1], sy), t);
+        vitc__sam_pos_encode(d, NORM(p->points[2 * i], sx), NORM(p->points[2 * i + 1], sy), t);
         const float *pe = d->point_embed[p->labels ? p->labels[i] : 1];
         for (int64_t c = 0; c < C; c++) t[c] += pe[c];
     }
@@ -1455,7 +1078,7 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     }
     if (has_box)
         for (int k = 0; k < 2; k++, t += C) {
-            pos_encode(d, NORM(p->box[2 * k], sx), NORM(p->box[2 * k + 1], sy), t);
+            vitc__sam_pos_encode(d, NORM(p->box[2 * k], sx), NORM(p->box[2 * k + 1], sy), t);
             for (int64_t c = 0; c < C; c++) t[c] += d->point_embed[2 + k][c];
         }
 #undef NORM

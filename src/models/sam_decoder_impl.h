@@ -185,6 +185,9 @@ static inline float dot8(const float *a, const float *b, int64_t n) {
     return v;
 }
 
+/* The random-Fourier positional encoding of the point (u, v) in [-1, 1]
+ * into out [C] (the prompt encoder's shared embedding). */
+void vitc__sam_pos_encode(const vitc__sam_dec *d, float u, float v, float *out);
 /* n floats owned by d (freed with it), or NULL */
 float *vitc__sam_dec_alloc(vitc__sam_dec *d, int64_t n);
 /* d's upf_* (left NULL when out of memory: the upscaling is not folded) */
