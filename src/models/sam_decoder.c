@@ -41,6 +41,13 @@ static void lin(float *y, int64_t ldy, const float *x, int64_t ldx, const sam_wb
                           VITC__ACT_NONE);
 }
 
+/* y [M, I] = x [M, C] W^T through pw, one of the decoder's fold_pw (made
+ * by this build's packers, or empty: the call cannot refuse). */
+static void fold_lin(float *y, const float *x, int64_t M, const float *W, const vitc__pweight *pw,
+                     int64_t I, int64_t C) {
+    (void)vitc__linear_pw(y, I, x, C, pw, W, NULL, NULL, 0, M, I, C, VITC__ACT_NONE);
+}
+
 static void act(float *x, int64_t n, int kind) {
     if (kind == SAM_ACT_GELU) {
         vitc__gelu(x, n);
@@ -135,6 +142,7 @@ void vitc__sam_dec_cache_free(struct vitc__sam_dec_cache *c) {
     free_packs(c->vh, c->H);
     free_packs(c->qh, c->H);
     for (int k = 0; k < 5; k++) free_packs(c->t1[k], c->H);
+    for (int k = 0; k < 3; k++) free_packs(c->fin[k], c->H);
     free(c->K0), free(c->kk0), free(c->k), free(c->v), free(c->q), free(c->P0), free(c);
 }
 
@@ -215,6 +223,28 @@ static void pack_t1(struct vitc__sam_dec_cache *c, const vitc__sam_dec *d, int64
         for (int k = 0; k < 5; k++) free_packs(c->t1[k], H), c->t1[k] = NULL;
 }
 
+/* The final attention's image side, per head packed (c->fin; see
+ * fin_make): left NULL when it cannot be made. */
+static void pack_fin(struct vitc__sam_dec_cache *c, const vitc__sam_dec *d, int64_t HW) {
+    const sam_attn *a = &d->final;
+    const int64_t C = d->C, I = a->I, H = d->heads;
+    float *x = malloc((size_t)(HW * I) * sizeof(float));
+    float *t = malloc((size_t)(HW * (I / H)) * sizeof(float));
+    int ok = x && t;
+    for (int k = 0; ok && k < 3; k++) ok = (c->fin[k] = calloc((size_t)H, sizeof **c->fin)) != NULL;
+    if (ok) {
+        vitc__linear(x, I, c->K0, C, d->fin_w[0], NULL, NULL, 0, HW, I, C);
+        ok = pack_head_slices(c->fin[0], x, HW, I, H, 0, t);
+        vitc__linear(x, I, d->pe_img, C, a->k.w, NULL, NULL, 0, HW, I, C);
+        ok = ok && pack_head_slices(c->fin[1], x, HW, I, H, 0, t);
+        vitc__linear(x, I, c->K0, C, d->fin_w[2], NULL, NULL, 0, HW, I, C);
+        ok = ok && pack_head_slices(c->fin[2], x, HW, I, H, 1, t);
+    }
+    free(x), free(t);
+    if (!ok)
+        for (int k = 0; k < 3; k++) free_packs(c->fin[k], H), c->fin[k] = NULL;
+}
+
 /* e's cache for d; NULL when out of memory or made by another decoder
  * (the prompt then runs without it). */
 static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
@@ -248,6 +278,8 @@ static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
             vitc__linear(c->P0, C, c->K0, C, d->upf_w, NULL, NULL, 0, HW, C, C);
         if (c->P0 && c->kh && d->t1_wk)
             pack_t1(c, d, HW);
+        if (c->t1[0] && d->fin_c)
+            pack_fin(c, d, HW);
         struct vitc__sam_dec_cache *expected = NULL;
         if (!__atomic_compare_exchange_n(slot, &expected, c, 0, __ATOMIC_ACQ_REL,
                                          __ATOMIC_ACQUIRE)) {
@@ -451,7 +483,12 @@ typedef struct t1_ctx {
     const float *bias;      /* [I] or NULL */
     int pk;                 /* the packs: c0->t1[pk], t1[pk + 1] */
     float *o;               /* token -> image: [T, I] the output */
-    float *sums;            /* token -> image: [H T, 2] sum(P rho), sum(P rho mu) */
+    /* token -> image: [H T, 2] sum(P rho), sum(P rho mu); final: [H T, 4]
+     * sum(P alpha), sum(P alpha mu0), sum(P rho1), sum(P rho1 mu1) */
+    float *sums;
+    const float *ss1;       /* final: [H T, HW] the second layer's part */
+    float *pg;              /* final: [H T, HW] P rho1 */
+    const float *cst;       /* final: the decoder's fin_c */
     int64_t T, HW, I, dh;
     float scale;
     _Atomic int failed;
@@ -535,8 +572,8 @@ static vitc_status attend_t2i_layer1(const vitc__sam_dec *d, const sam_attn *a, 
     float *o = PS + HT * HT;    /* [T, I] */
     float *sums = o + T * I;    /* [H T, 2] */
     lin(q, I, xq, C, &a->q, NULL, 0, T, I, C);
-    vitc__linear(AK, I, r->f.V0, C, d->t1_wk, NULL, NULL, 0, HT, I, C);
-    vitc__linear(AV, I, r->f.V0, C, d->t1_wv, NULL, NULL, 0, HT, I, C);
+    fold_lin(AK, r->f.V0, HT, d->t1_wk, &d->fold_pw[0], I, C);
+    fold_lin(AV, r->f.V0, HT, d->t1_wv, &d->fold_pw[1], I, C);
     for (int64_t h = 0; h < H; h++)
         small_mm(ZQ + h * T * HT, HT, q + h * dh, I, AK + h * dh, I, 1, T, HT, dh, 1.0f);
     /* ss [H T, HW] = ZQ S_0^T */
@@ -717,7 +754,7 @@ static int attend_i2t_layer1(const vitc__sam_dec *d, const sam_attn *a, sam_run 
     const float *k = r->aq;            /* [T, I] */
     float *AQ = r->aq + 2 * T * I;     /* [H T, I] */
     float *ZK = AQ + HT * I;           /* [H T (j), H T (h, t)]: AQ_j,h . k_h,t */
-    vitc__linear(AQ, I, r->f.V0, C, d->t1_wq, NULL, NULL, 0, HT, I, C);
+    fold_lin(AQ, r->f.V0, HT, d->t1_wq, &d->fold_pw[2], I, C);
     for (int64_t h = 0; h < H; h++)
         small_mm(ZK + h * T, HT, AQ + h * dh, I, k + h * dh, I, 1, HT, T, dh, 1.0f);
     /* ss [H T, HW] = ZK^T S_0^T */
@@ -732,6 +769,144 @@ static int attend_i2t_layer1(const vitc__sam_dec *d, const sam_attn *a, sam_run 
         return -1;
     vitc__gemm(1, 0, HW, C, HT, 1.0f, S, HW, vo, C, beta, y, C);
     return 1;
+}
+
+/* s = alpha (s + ss0 + c1 - mu0 c2) + rho1 (ss1 + c3 - mu1 c4) + sp over
+ * n floats (the final attention's scores from their parts). */
+static void fin_scores(float *restrict s, const float *restrict ss0, const float *restrict ss1,
+                       const float *restrict sp, const float *restrict alpha,
+                       const float *restrict rho1, const float *restrict mu0,
+                       const float *restrict mu1, const float c[4], int64_t n) {
+    const float c1 = c[0], c2 = c[1], c3 = c[2], c4 = c[3];
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int k = 0; k < 8; k++)
+            s[i + k] = alpha[i + k] * (s[i + k] + ss0[i + k] + c1 - mu0[i + k] * c2) +
+                       rho1[i + k] * (ss1[i + k] + c3 - mu1[i + k] * c4) + sp[i + k];
+    for (; i < n; i++)
+        s[i] = alpha[i] * (s[i] + ss0[i] + c1 - mu0[i] * c2) +
+               rho1[i] * (ss1[i] + c3 - mu1[i] * c4) + sp[i];
+}
+
+/* final: the scores, their softmax, P alpha and P rho1, the CV product */
+static void fin_head(void *vc, int64_t h, int tid) {
+    t1_ctx *c = vc;
+    const sam_run *r = c->r;
+    const struct vitc__sam_dec_cache *k = r->c0;
+    const vitc__pweight *ck = &k->fin[0][h], *pk = &k->fin[1][h], *cv = &k->fin[2][h];
+    const int64_t T = c->T, HW = c->HW, dh = c->dh, I = c->I;
+    float *S = c->S + h * T * HW, *sp = c->sp + h * T * HW, *pg = c->pg + h * T * HW;
+    (void)tid;
+    if (vitc__linear_pw(S, HW, c->x + h * dh, I, ck, ck->data, NULL, NULL, 0, T, HW, dh,
+                        VITC__ACT_NONE) != VITC_OK ||
+        vitc__linear_pw(sp, HW, c->x + h * dh, I, pk, pk->data, NULL, NULL, 0, T, HW, dh,
+                        VITC__ACT_NONE) != VITC_OK) {
+        c->failed = 1;
+        return;
+    }
+    for (int64_t t = 0; t < T; t++) {
+        const float *qt = c->x + t * I + h * dh;
+        float cc[4] = {0};
+        for (int m = 0; m < 4; m++)
+            for (int64_t j = 0; j < dh; j++) cc[m] += qt[j] * c->cst[m * I + h * dh + j];
+        fin_scores(S + t * HW, c->ss + (h * T + t) * HW, c->ss1 + (h * T + t) * HW, sp + t * HW,
+                   r->f.alpha, r->f.rho1, r->f.mu0, r->f.mu1, cc, HW);
+    }
+    vitc__softmax_rows(S, T, HW, c->scale);
+    for (int64_t t = 0; t < T; t++) {
+        float *sm = c->sums + 4 * (h * T + t);
+        memcpy(pg + t * HW, S + t * HW, (size_t)HW * sizeof(float));
+        sm[2] = t1_weigh(pg + t * HW, r->f.rho1, r->f.mu1, HW, &sm[3]);
+        sm[0] = t1_weigh(S + t * HW, r->f.alpha, r->f.mu0, HW, &sm[1]);
+    }
+    if (vitc__linear_pw(c->o + h * dh, I, S, HW, cv, cv->data, NULL, NULL, 0, T, dh, HW,
+                        VITC__ACT_NONE) != VITC_OK)
+        c->failed = 1;
+}
+
+/* Whether attend_final can run on r for T query rows. */
+static int fin_usable(const vitc__sam_dec *d, const sam_run *r, int64_t T) {
+    const int64_t I = d->final.I, HT = d->heads * r->Nt, HTf = d->heads * T;
+    const struct vitc__sam_dec_cache *c = r->c0;
+    return r->f.on && c && c->fin[0] && c->H == d->heads &&
+           c->fin[0][0].kern == vitc__gemm_pack_kernel() && d->fin_c && HTf * 2 <= I &&
+           2 * T * I + 4 * HT * I + 4 * HTf * HT + 4 * HTf <= r->abuf;
+}
+
+/* Whether the final attention takes attend_final: on the kept rows, as
+ * two_way runs it (then the last layer writes no K + pe). */
+static int fin_pays(const vitc__sam_dec *d, const sam_run *r) {
+    return d->n_layers == 2 && r->n_keep > 0 && fold_pays(d, &d->final, r->n_keep) &&
+           fin_usable(d, r, r->n_keep);
+}
+
+/* The final token -> image attention with its image side K_2 = LN_1(K_1 +
+ * S_1 vo_1 + beta_1), K_1 = LN_0(K_0 + S_0 vo_0 + beta_0) never read: per
+ * row p, with rho_i, mu_i those LayerNorms' 1 / std and mean and alpha =
+ * rho_0 rho_1,
+ *   W K_2,p = alpha (K_0 M_0 + S_0 vo_0 M_0 + g_0 - mu_0 h_0)_p
+ *             + rho_1 (S_1 vo_1 M_1 + e - mu_1 h_1)_p + W b_1
+ * (M_0 = (W D_1 D_0)^T, M_1 = (W D_1)^T: fin_w; the vectors fin_c), for W
+ * its k and v weights, K_0's products and the positions' kept per image.
+ * A head's scores are two products with its packs plus the S_0 and S_1
+ * parts (one product each for all heads), its values (P alpha) CV_h plus
+ * ((P alpha) S_0) AV_0,h + ((P rho_1) S_1) AV_1,h. The second layer then
+ * writes no K_2 + pe, and the upscaling reads K_2 through the same
+ * LayerNorms, so K_2 itself is read by nothing. y [T, C] = out_proj(...)
+ * + res. */
+static vitc_status attend_final(const vitc__sam_dec *d, sam_run *r, float *y, const float *res,
+                                const float *xq, int64_t T) {
+    const sam_attn *a = &d->final;
+    const int64_t C = d->C, I = a->I, H = d->heads, dh = I / H, HT = H * r->Nt, HTf = H * T;
+    const int64_t HW = r->HW;
+    const int st0 = (int)(r->f.St & 1), st1 = (int)(r->f.St >> 1 & 1);
+    const float *S0 = r->f.S, *S1 = r->f.S + HW * HT;
+    float *q = r->aq;             /* [T, I] */
+    float *A = q + T * I;         /* [4][H T, I]: AK0, AK1, AV0, AV1 */
+    float *Z = A + 4 * HT * I;    /* [4][H T_f, H T]: ZQ0, ZQ1, PS0, PS1 */
+    float *o = Z + 4 * HTf * HT;  /* [T, I] */
+    float *sums = o + T * I;      /* [H T_f, 4] */
+    lin(q, I, xq, C, &a->q, NULL, 0, T, I, C);
+    for (int m = 0; m < 4; m++) /* vo_0 or vo_1 through fin_w[m] */
+        fold_lin(A + m * HT * I, m % 2 ? r->f.V1 : r->f.V0, HT, d->fin_w[m], &d->fold_pw[3 + m],
+                 I, C);
+    for (int m = 0; m < 2; m++)
+        for (int64_t h = 0; h < H; h++)
+            small_mm(Z + m * HTf * HT + h * T * HT, HT, q + h * dh, I, A + m * HT * I + h * dh, I,
+                     1, T, HT, dh, 1.0f);
+    /* ss_i [H T_f, HW] = ZQ_i S_i^T */
+    float *ss0 = r->av, *ss1 = r->av + HTf * HW, *sp = r->ao, *pg = r->ao + HTf * HW;
+    vitc__gemm(0, !st0, HTf, HW, HT, 1.0f, Z, HT, S0, st0 ? HW : HT, 0.0f, ss0, HW);
+    vitc__gemm(0, !st1, HTf, HW, HT, 1.0f, Z + HTf * HT, HT, S1, st1 ? HW : HT, 0.0f, ss1, HW);
+    t1_ctx c = {.r = r, .x = q, .ss = ss0, .ss1 = ss1, .S = r->ak, .sp = sp, .pg = pg,
+                .cst = d->fin_c, .o = o, .sums = sums, .T = T, .HW = HW, .I = I, .dh = dh,
+                .scale = (float)(1.0 / sqrt((double)dh))};
+    vitc__parallel_for(H, fin_head, &c);
+    if (c.failed)
+        return vitc__err(VITC_ERR_INVALID_ARG, "SAM final attention: a GEMM refused its "
+                         "arguments");
+    /* PS_0 = (P alpha) S_0, PS_1 = (P rho_1) S_1 */
+    float *PS0 = Z + 2 * HTf * HT, *PS1 = Z + 3 * HTf * HT;
+    vitc__gemm(0, st0, HTf, HT, HW, 1.0f, r->ak, HW, S0, st0 ? HW : HT, 0.0f, PS0, HT);
+    vitc__gemm(0, st1, HTf, HT, HW, 1.0f, pg, HW, S1, st1 ? HW : HT, 0.0f, PS1, HT);
+    float *tmp = r->av; /* [T, dh] twice */
+    const float *cs = d->fin_c + 4 * I;
+    for (int64_t h = 0; h < H; h++) {
+        small_mm(tmp, dh, PS0 + h * T * HT, HT, A + 2 * HT * I + h * dh, I, 0, T, dh, HT, 1.0f);
+        small_mm(tmp + T * dh, dh, PS1 + h * T * HT, HT, A + 3 * HT * I + h * dh, I, 0, T, dh, HT,
+                 1.0f);
+        for (int64_t t = 0; t < T; t++) {
+            const float *sm = sums + 4 * (h * T + t);
+            for (int64_t j = 0; j < dh; j++) {
+                const int64_t m = h * dh + j;
+                o[t * I + m] += tmp[t * dh + j] + tmp[(T + t) * dh + j] + sm[0] * cs[m] -
+                                sm[1] * cs[I + m] + sm[2] * cs[2 * I + m] - sm[3] * cs[3 * I + m] +
+                                cs[4 * I + m];
+            }
+        }
+    }
+    lin(y, C, o, I, &a->o, res, C, T, C, I);
+    return VITC_OK;
 }
 
 static void swap(float **a, float **b) {
@@ -821,9 +996,10 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
             }
             /* K + pe, the next layer's keys and queries, unless that layer
              * reads K through this LayerNorm for both */
-            const int no_kk = i == 0 && d->n_layers > 1 &&
-                              t1_usable(d, &d->layers[1].t2i, r, Nt) &&
-                              t1q_usable(d, &d->layers[1].i2t, r, Nt);
+            const int no_kk = (i == 0 && d->n_layers > 1 &&
+                               t1_usable(d, &d->layers[1].t2i, r, Nt) &&
+                               t1q_usable(d, &d->layers[1].i2t, r, Nt)) ||
+                              (i == d->n_layers - 1 && fin_pays(d, r));
             layernorm_add(r->K, no_kk ? NULL : r->kk, L->ln4.w, L->ln4.b, K == r->K ? NULL : K,
                           L->i2t.o.b, d->pe_img, HW, C, d->eps_dec,
                           r->f.on ? r->f.st + 2 * i * HW : NULL);
@@ -831,6 +1007,14 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
                 memcpy(r->f.V0, r->vo, (size_t)(r->f.HT * C) * sizeof(float));
                 for (int64_t p = 0; p < HW; p++)
                     r->f.mu0[p] = r->f.st[2 * p], r->f.rho0[p] = r->f.st[2 * p + 1];
+            }
+            if (r->f.on && i == 1) { /* for attend_final */
+                const float *st = r->f.st + 2 * HW;
+                memcpy(r->f.V1, r->vo, (size_t)(r->f.HT * C) * sizeof(float));
+                for (int64_t p = 0; p < HW; p++) {
+                    r->f.mu1[p] = st[2 * p], r->f.rho1[p] = st[2 * p + 1];
+                    r->f.alpha[p] = r->f.rho0[p] * r->f.rho1[p];
+                }
             }
         } else {
             VITC_TRY(attend(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt));
@@ -852,7 +1036,10 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
             memmove(r->qq + j * C, r->qq + r->keep[j] * C, (size_t)C * sizeof(float));
             memcpy(r->Q2 + j * C, r->Q + r->keep[j] * C, (size_t)C * sizeof(float));
         }
-        attend_t2i_folded(d, &d->final, r, r->ksel, r->Q2, r->qq, n, r->kk, r->K, HW);
+        if (fin_pays(d, r))
+            VITC_TRY(attend_final(d, r, r->ksel, r->Q2, r->qq, n));
+        else
+            attend_t2i_folded(d, &d->final, r, r->ksel, r->Q2, r->qq, n, r->kk, r->K, HW);
         vitc__layernorm(r->ksel, r->ksel, d->ln_final.w, d->ln_final.b, n, C, 1e-5f);
         for (int64_t j = 0; j < n; j++)
             memcpy(r->Q + r->keep[j] * C, r->ksel + j * C, (size_t)C * sizeof(float));
@@ -1104,11 +1291,13 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
         for (int64_t i = 0; i < d->n_layers; i++) on &= fold_pays(d, &d->layers[i].i2t, Nt);
         const int64_t L = d->n_layers, HT = d->heads * Nt, Kf = L * HT + 2 * L;
         if (on && Kf < C &&
-            (fold = malloc((size_t)(L * HW * HT + 2 * L * HW + C * Kf + HT * C + 2 * HW) *
+            (fold = malloc((size_t)(L * HW * HT + 2 * L * HW + C * Kf + 2 * HT * C + 5 * HW) *
                            sizeof(float)))) {
             r.f.on = 1, r.f.HT = HT, r.f.Kf = Kf;
             r.f.S = fold, r.f.st = fold + L * HW * HT, r.f.Bt = r.f.st + 2 * L * HW;
             r.f.V0 = r.f.Bt + C * Kf, r.f.rho0 = r.f.V0 + HT * C, r.f.mu0 = r.f.rho0 + HW;
+            r.f.V1 = r.f.mu0 + HW, r.f.rho1 = r.f.V1 + HT * C, r.f.mu1 = r.f.rho1 + HW;
+            r.f.alpha = r.f.mu1 + HW;
             /* its constant columns: u_k, -h_i */
             for (int64_t o = 0; o < C; o++)
                 for (int64_t i = 0; i < L; i++) {

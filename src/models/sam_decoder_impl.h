@@ -87,6 +87,17 @@ struct vitc__sam_dec {
      * LayerNorm's bias), and for its image -> token attention t1_wq (its q
  * weight scaled alike), t1_wq beta_0, t1_wq's row sums (rows 5, 6). */
     float *t1_wk, *t1_wv, *t1_wq, *t1_c;
+    /* The final attention read through both layers' layer_norm4 (two
+     * layers only; NULL: not made). fin_w [4][I, C]: its k weight with
+     * column c scaled by w1[c] w0[c], and by w1[c]; the same of its v
+     * weight. fin_c [9, I]: for k then v, fin_w[0] beta_0, fin_w[0]'s row
+     * sums, fin_w[1] (b_0 + beta_1), fin_w[1]'s row sums; then W_v b_1 +
+     * b_v (w_i, b_i layer i's layer_norm4, beta_i its i2t out_proj bias). */
+    float *fin_w[4], *fin_c;
+    /* t1_wk, t1_wv, t1_wq, fin_w[0..3] packed for the GEMM (their products
+     * with a prompt's few rows; empty when not made: the row-major copy
+     * is read then) */
+    vitc__pweight fold_pw[7];
     sam_ffn hyper[4], iou;
     float *pe_img; /* [grid*grid, C] the dense positional embedding */
     void **bufs;
@@ -126,6 +137,8 @@ typedef struct sam_run {
         float *Bt;        /* [C, Kf] the product's weight: A_i^T (A_i = vo_i M_i), u_k, -h_i */
         float *V0;        /* [H T, C] the first layer's vo (attend_t2i_layer1) */
         float *rho0, *mu0; /* [HW] the first layer's layer_norm4 1 / std and mean */
+        float *V1;        /* [H T, C] the second layer's vo (attend_final) */
+        float *rho1, *mu1, *alpha; /* [HW] the second layer's 1 / std, mean; rho0 rho1 */
     } f;
 } sam_run;
 
@@ -160,6 +173,10 @@ struct vitc__sam_dec_cache {
      * [HW, dh] packed, and its values from K0 (K0 t1_wv^T), each head's
      * [dh, HW] packed (attend_t2i_layer1) */
     vitc__pweight *t1[5];
+    /* [3][H] or NULL: the final attention's keys from K0 (K0 fin_w[0]^T)
+     * and from the positions (pe W_k^T), each head's [HW, dh] packed, its
+     * values from K0 (K0 fin_w[2]^T) each head's [dh, HW] (attend_final) */
+    vitc__pweight *fin[3];
     int64_t H;
 };
 

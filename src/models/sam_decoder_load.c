@@ -223,6 +223,49 @@ static void t1_make(vitc__sam_dec *d) {
         cst[5 * I + o] = (float)gq, cst[6 * I + o] = (float)hq;
     }
     d->t1_wk = wk, d->t1_wv = wv, d->t1_wq = wq, d->t1_c = cst;
+    const float *ws[3] = {wk, wv, wq};
+    for (int k = 0; k < 3; k++)
+        if (vitc__pweight_pack(&d->fold_pw[k], ws[k], I, C, VITC_PRECISION_FP32) != VITC_OK)
+            memset(&d->fold_pw[k], 0, sizeof d->fold_pw[k]);
+}
+
+/* The decoder's fin_* (left NULL when out of memory or without exactly
+ * two layers). */
+static void fin_make(vitc__sam_dec *d) {
+    if (d->n_layers != 2)
+        return;
+    const sam_layer *L0 = &d->layers[0], *L1 = &d->layers[1];
+    const sam_attn *a = &d->final;
+    const int64_t C = d->C, I = a->I;
+    float *w[4], *cst = vitc__sam_dec_alloc(d, 9 * I);
+    for (int k = 0; k < 4; k++) w[k] = vitc__sam_dec_alloc(d, I * C);
+    if (!w[0] || !w[1] || !w[2] || !w[3] || !cst)
+        return;
+    for (int kv = 0; kv < 2; kv++) { /* keys, values */
+        const float *W = kv ? a->v.w : a->k.w;
+        float *w0 = w[2 * kv], *w1 = w[2 * kv + 1], *cs = cst + 4 * kv * I;
+        for (int64_t o = 0; o < I; o++) {
+            double g0 = 0, h0 = 0, e = 0, h1 = 0, bv = kv ? a->v.b[o] : 0.0;
+            for (int64_t c = 0; c < C; c++) {
+                w1[o * C + c] = W[o * C + c] * L1->ln4.w[c];
+                w0[o * C + c] = w1[o * C + c] * L0->ln4.w[c];
+                g0 += (double)w0[o * C + c] * L0->i2t.o.b[c], h0 += w0[o * C + c];
+                e += (double)w1[o * C + c] * ((double)L0->ln4.b[c] + L1->i2t.o.b[c]);
+                h1 += w1[o * C + c];
+                bv += (double)W[o * C + c] * L1->ln4.b[c];
+            }
+            cs[o] = (float)g0, cs[I + o] = (float)h0, cs[2 * I + o] = (float)e;
+            cs[3 * I + o] = (float)h1;
+            if (kv)
+                cst[8 * I + o] = (float)bv;
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        d->fin_w[k] = w[k];
+        if (vitc__pweight_pack(&d->fold_pw[3 + k], w[k], I, C, VITC_PRECISION_FP32) != VITC_OK)
+            memset(&d->fold_pw[3 + k], 0, sizeof d->fold_pw[3 + k]);
+    }
+    d->fin_c = cst;
 }
 
 vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
@@ -341,6 +384,7 @@ vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
     TRY(vitc__pweight_pack(&d->up2_pw, d->up2.w, 4 * C8, C4, VITC_PRECISION_FP32));
     vitc__sam_upf_make(d);
     t1_make(d);
+    fin_make(d);
     for (int64_t t = 0; t < d->T; t++) {
         snprintf(n, sizeof n, "mask_decoder.output_hypernetworks_mlps.%lld", (long long)t);
         TRY(take_ffn(d, sh, &d->hyper[t], C, C, C8, 3, n));
@@ -374,6 +418,7 @@ void vitc__sam_dec_free(vitc__sam_dec *d) {
         return;
     vitc__pweight_free(&d->up1_pw);
     vitc__pweight_free(&d->up2_pw);
+    for (int k = 0; k < 7; k++) vitc__pweight_free(&d->fold_pw[k]);
     for (int i = 0; i < d->n_packed; i++) vitc__pweight_free(&d->packed[i]->pw);
     free(d->packed);
     for (int i = 0; i < d->n_bufs; i++) free(d->bufs[i]);
