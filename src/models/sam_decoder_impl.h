@@ -207,8 +207,6 @@ static inline float dot8(const float *a, const float *b, int64_t n) {
 void vitc__sam_pos_encode(const vitc__sam_dec *d, float u, float v, float *out);
 /* n floats owned by d (freed with it), or NULL */
 float *vitc__sam_dec_alloc(vitc__sam_dec *d, int64_t n);
-/* d's upf_* (left NULL when out of memory: the upscaling is not folded) */
-void vitc__sam_upf_make(vitc__sam_dec *d);
 /* low [n, 4G, 4G] = hyper [n, C/8] . upscale(x [G, G, C]) per pixel (r->f.on:
  * up1 folded through the transformer's LayerNorms). */
 vitc_status vitc__sam_upscale(const vitc__sam_dec *d, const sam_run *r, const float *x,

@@ -192,49 +192,92 @@ void vitc__sam_pos_encode(const vitc__sam_dec *d, float u, float v, float *out) 
     }
 }
 
-/* The decoder's t1_* (left NULL when out of memory or with one layer). */
-static void t1_make(vitc__sam_dec *d) {
+/* One layer's layer_norm4 folded into a weight W [N, C] that reads its
+ * output: wout [N, C] = W with column c scaled by w[c]; per row, in
+ * double, g = wout . beta (the layer's i2t out_proj bias), h = wout's row
+ * sum and e = W . b (w, b the LayerNorm's); any of g, h, e may be NULL. */
+static void ln4_fold(float *wout, double *g, double *h, double *e, const float *W, int64_t N,
+                     int64_t C, const sam_layer *L) {
+    for (int64_t o = 0; o < N; o++) {
+        double sg = 0, sh = 0, se = 0;
+        for (int64_t c = 0; c < C; c++) {
+            const float v = W[o * C + c] * L->ln4.w[c];
+            wout[o * C + c] = v;
+            sg += (double)L->i2t.o.b[c] * v, sh += v, se += (double)L->ln4.b[c] * W[o * C + c];
+        }
+        if (g)
+            g[o] = sg;
+        if (h)
+            h[o] = sh;
+        if (e)
+            e[o] = se;
+    }
+}
+
+/* The decoder's folded up1 (the upf_* fields; left NULL when out of
+ * memory). */
+static void upf_make(vitc__sam_dec *d, double *g, double *h, double *e) {
+    const int64_t L = d->n_layers, C = d->C, N = C; /* up1: [4 C/4 = C, C] */
+    float *w = vitc__sam_dec_alloc(d, L * N * C), *u = vitc__sam_dec_alloc(d, (L + 1) * N),
+          *hs = vitc__sam_dec_alloc(d, L * N);
+    if (!w || !u || !hs)
+        return;
+    for (int64_t o = 0; o < N; o++) u[L * N + o] = d->up1_b4[o];
+    for (int64_t i = L - 1; i >= 0; i--) {
+        ln4_fold(w + i * N * C, g, h, e, i + 1 < L ? w + (i + 1) * N * C : d->up1.w, N, C,
+                 &d->layers[i]);
+        /* u_i = g_i (+ e_{i-1}, added by the next step), u_{i+1} += e_i */
+        for (int64_t o = 0; o < N; o++) {
+            u[i * N + o] = (float)g[o];
+            u[(i + 1) * N + o] += (float)e[o];
+            hs[i * N + o] = (float)h[o];
+        }
+    }
+    float *wo = vitc__sam_dec_alloc(d, L * N * d->layers[0].i2t.I);
+    if (!wo)
+        return;
+    for (int64_t i = 0; i < L; i++) {
+        const int64_t I = d->layers[i].i2t.I;
+        vitc__gemm(1, 1, I, N, C, 1.0f, d->layers[i].i2t.o.w, I, w + i * N * C, C, 0.0f,
+                   wo + i * N * I, N);
+    }
+    d->upf_w = w, d->upf_u = u, d->upf_h = hs, d->upf_wo = wo;
+}
+
+/* The decoder's t1_* (left NULL when out of memory or with one layer);
+ * g, h, e: [C] scratch. */
+static void t1_make(vitc__sam_dec *d, double *g, double *h, double *e) {
     if (d->n_layers < 2)
         return;
     const sam_layer *L0 = &d->layers[0];
-    const sam_attn *a = &d->layers[1].t2i;
+    const sam_attn *a = &d->layers[1].t2i, *b = &d->layers[1].i2t;
     const int64_t C = d->C, I = a->I;
-    const sam_attn *b = &d->layers[1].i2t;
-    float *wk = vitc__sam_dec_alloc(d, I * C), *wv = vitc__sam_dec_alloc(d, I * C),
-          *wq = vitc__sam_dec_alloc(d, I * C), *cst = vitc__sam_dec_alloc(d, 7 * I);
-    if (!wk || !wv || !wq || !cst || b->I != I)
+    float *w[3], *cst = vitc__sam_dec_alloc(d, 7 * I);
+    for (int k = 0; k < 3; k++) w[k] = vitc__sam_dec_alloc(d, I * C);
+    if (!w[0] || !w[1] || !w[2] || !cst || b->I != I)
         return;
-    for (int64_t o = 0; o < I; o++) {
-        double gk = 0, hk = 0, gv = 0, hv = 0, bv = a->v.b[o];
-        for (int64_t c = 0; c < C; c++) {
-            wk[o * C + c] = a->k.w[o * C + c] * L0->ln4.w[c];
-            wv[o * C + c] = a->v.w[o * C + c] * L0->ln4.w[c];
-            gk += (double)wk[o * C + c] * L0->i2t.o.b[c], hk += wk[o * C + c];
-            gv += (double)wv[o * C + c] * L0->i2t.o.b[c], hv += wv[o * C + c];
-            bv += (double)a->v.w[o * C + c] * L0->ln4.b[c];
+    /* rows of cst: g, h of the keys; g, h of the values, W_v b_0 + b_v;
+     * g, h of the image -> token queries */
+    const float *W[3] = {a->k.w, a->v.w, b->q.w};
+    const int row[3] = {0, 2, 5};
+    for (int k = 0; k < 3; k++) {
+        ln4_fold(w[k], g, h, e, W[k], I, C, L0);
+        for (int64_t o = 0; o < I; o++) {
+            cst[row[k] * I + o] = (float)g[o], cst[(row[k] + 1) * I + o] = (float)h[o];
+            if (k == 1)
+                cst[4 * I + o] = (float)(a->v.b[o] + e[o]);
         }
-        cst[o] = (float)gk, cst[I + o] = (float)hk, cst[2 * I + o] = (float)gv;
-        cst[3 * I + o] = (float)hv, cst[4 * I + o] = (float)bv;
-        double gq = 0, hq = 0;
-        for (int64_t c = 0; c < C; c++) {
-            wq[o * C + c] = b->q.w[o * C + c] * L0->ln4.w[c];
-            gq += (double)wq[o * C + c] * L0->i2t.o.b[c], hq += wq[o * C + c];
-        }
-        cst[5 * I + o] = (float)gq, cst[6 * I + o] = (float)hq;
-    }
-    d->t1_wk = wk, d->t1_wv = wv, d->t1_wq = wq, d->t1_c = cst;
-    const float *ws[3] = {wk, wv, wq};
-    for (int k = 0; k < 3; k++)
-        if (vitc__pweight_pack(&d->fold_pw[k], ws[k], I, C, VITC_PRECISION_FP32) != VITC_OK)
+        if (vitc__pweight_pack(&d->fold_pw[k], w[k], I, C, VITC_PRECISION_FP32) != VITC_OK)
             memset(&d->fold_pw[k], 0, sizeof d->fold_pw[k]);
+    }
+    d->t1_wk = w[0], d->t1_wv = w[1], d->t1_wq = w[2], d->t1_c = cst;
 }
 
 /* The decoder's fin_* (left NULL when out of memory or without exactly
- * two layers). */
-static void fin_make(vitc__sam_dec *d) {
+ * two layers); g, h, e: [2, C] scratch. */
+static void fin_make(vitc__sam_dec *d, double *g, double *h, double *e) {
     if (d->n_layers != 2)
         return;
-    const sam_layer *L0 = &d->layers[0], *L1 = &d->layers[1];
     const sam_attn *a = &d->final;
     const int64_t C = d->C, I = a->I;
     float *w[4], *cst = vitc__sam_dec_alloc(d, 9 * I);
@@ -242,22 +285,15 @@ static void fin_make(vitc__sam_dec *d) {
     if (!w[0] || !w[1] || !w[2] || !w[3] || !cst)
         return;
     for (int kv = 0; kv < 2; kv++) { /* keys, values */
-        const float *W = kv ? a->v.w : a->k.w;
         float *w0 = w[2 * kv], *w1 = w[2 * kv + 1], *cs = cst + 4 * kv * I;
+        /* w1 = W D_1 (e: W b_1), then w0 = w1 D_0 (e: w1 b_0) */
+        ln4_fold(w1, g + C, h + C, e + C, kv ? a->v.w : a->k.w, I, C, &d->layers[1]);
+        ln4_fold(w0, g, h, e, w1, I, C, &d->layers[0]);
         for (int64_t o = 0; o < I; o++) {
-            double g0 = 0, h0 = 0, e = 0, h1 = 0, bv = kv ? a->v.b[o] : 0.0;
-            for (int64_t c = 0; c < C; c++) {
-                w1[o * C + c] = W[o * C + c] * L1->ln4.w[c];
-                w0[o * C + c] = w1[o * C + c] * L0->ln4.w[c];
-                g0 += (double)w0[o * C + c] * L0->i2t.o.b[c], h0 += w0[o * C + c];
-                e += (double)w1[o * C + c] * ((double)L0->ln4.b[c] + L1->i2t.o.b[c]);
-                h1 += w1[o * C + c];
-                bv += (double)W[o * C + c] * L1->ln4.b[c];
-            }
-            cs[o] = (float)g0, cs[I + o] = (float)h0, cs[2 * I + o] = (float)e;
-            cs[3 * I + o] = (float)h1;
+            cs[o] = (float)g[o], cs[I + o] = (float)h[o];
+            cs[2 * I + o] = (float)(e[o] + g[C + o]), cs[3 * I + o] = (float)h[C + o];
             if (kv)
-                cst[8 * I + o] = (float)bv;
+                cst[8 * I + o] = (float)(a->v.b[o] + e[C + o]);
         }
     }
     for (int k = 0; k < 4; k++) {
@@ -382,9 +418,15 @@ vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
     for (int64_t k = 0; k < 4 * C8; k++) d->up2_b4[k] = d->up2.b[k % C8];
     TRY(vitc__pweight_pack(&d->up1_pw, d->up1.w, 4 * C4, C, VITC_PRECISION_FP32));
     TRY(vitc__pweight_pack(&d->up2_pw, d->up2.w, 4 * C8, C4, VITC_PRECISION_FP32));
-    vitc__sam_upf_make(d);
-    t1_make(d);
-    fin_make(d);
+    /* the folded forms' constants; without memory for their scratch the
+     * forms are not made (the prompt runs without them) */
+    double *fs = malloc((size_t)(6 * C) * sizeof(double));
+    if (fs) {
+        upf_make(d, fs, fs + 2 * C, fs + 4 * C);
+        t1_make(d, fs, fs + 2 * C, fs + 4 * C);
+        fin_make(d, fs, fs + 2 * C, fs + 4 * C);
+        free(fs);
+    }
     for (int64_t t = 0; t < d->T; t++) {
         snprintf(n, sizeof n, "mask_decoder.output_hypernetworks_mlps.%lld", (long long)t);
         TRY(take_ffn(d, sh, &d->hyper[t], C, C, C8, 3, n));

@@ -12,45 +12,6 @@
 #include "../kernels/kernels.h"
 #include "sam_decoder_impl.h"
 
-/* The decoder's folded up1 (the upf_* fields; left NULL when out of
- * memory). Sums in double: they are made once. */
-void vitc__sam_upf_make(vitc__sam_dec *d) {
-    const int64_t L = d->n_layers, C = d->C, N = C; /* up1: [4 C/4 = C, C] */
-    float *w = vitc__sam_dec_alloc(d, L * N * C), *u = vitc__sam_dec_alloc(d, (L + 1) * N),
-          *h = vitc__sam_dec_alloc(d, L * N);
-    if (!w || !u || !h)
-        return;
-    memset(u, 0, (size_t)((L + 1) * N) * sizeof(float));
-    for (int64_t i = L - 1; i >= 0; i--) {
-        const float *next = i + 1 < L ? w + (i + 1) * N * C : d->up1.w;
-        const sam_layer *Li = &d->layers[i];
-        for (int64_t o = 0; o < N; o++) {
-            double g = 0, e = 0, hs = 0;
-            for (int64_t c = 0; c < C; c++) {
-                const float v = next[o * C + c] * Li->ln4.w[c];
-                w[(i * N + o) * C + c] = v;
-                g += (double)Li->i2t.o.b[c] * v;
-                e += (double)Li->ln4.b[c] * next[o * C + c];
-                hs += v;
-            }
-            /* u_i gets g_i now and e_{i-1} from the next row up; u_{i+1}
-             * gets e_i (u_L: plus the bias) */
-            u[i * N + o] = (float)g;
-            u[(i + 1) * N + o] += (float)e + (i + 1 == L ? d->up1_b4[o] : 0.0f);
-            h[i * N + o] = (float)hs;
-        }
-    }
-    float *wo = vitc__sam_dec_alloc(d, L * N * d->layers[0].i2t.I);
-    if (!wo)
-        return;
-    for (int64_t i = 0; i < L; i++) {
-        const int64_t I = d->layers[i].i2t.I;
-        vitc__gemm(1, 1, I, N, C, 1.0f, d->layers[i].i2t.o.w, I, w + i * N * C, C, 0.0f,
-                   wo + i * N * I, N);
-    }
-    d->upf_w = w, d->upf_u = u, d->upf_h = h, d->upf_wo = wo;
-}
-
 /* Input pixels per task: its z1 and z2 (3 C floats a pixel, 384 KiB at
  * C = 256) stay in a core's L2. */
 #define UP_PIX 128
