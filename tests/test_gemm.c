@@ -250,13 +250,14 @@ static void test_builtin_thread_invariant(void **state) {
 
 /* A shallow untransposed A read in place instead of packed (gemm.c's
  * direct path): the same FMAs in the same order, so bitwise the packed
- * result, with edges (rows not a multiple of 12 or of MC, columns not of
- * 32, padded lda and ldb) and the Linear epilogue; transposed A (weight
+ * result, with edges (rows not a multiple of 12 or of MC, the short tiles
+ * of 4, 6 and 8 rows, columns not of 32, padded lda and ldb) and the Linear epilogue; transposed A (weight
  * gradients, K past one KC block) must not change with the switch. */
 static void test_direct_equals_packed(void **state) {
     int64_t shapes[][4] = {{157, 97, 96, 0}, {6400 / 50, 288, 96, 0}, {77, 33, 300, 0},
                            {13, 5, 7, 0},    {288, 96, 1500, 1},      {100, 70, 2100, 1},
-                           {7, 33, 40, 1}};
+                           {7, 33, 40, 1},   {7, 70, 16, 0},          {4, 40, 33, 0},
+                           {18, 33, 20, 0}};
     assert_int_equal(vitc_set_gemm_backend("builtin"), VITC_OK);
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];

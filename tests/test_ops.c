@@ -393,6 +393,48 @@ static void moments64(const float *x, int64_t n, double eps, double *mean, doubl
     *rstd = 1.0 / sqrt(var + eps);
 }
 
+/* Many short dot products side by side, every path against float64: row
+ * counts around the vector widths (the transposed sums and the row tail),
+ * K under, at and over them (the masked K tail), a padded ldx and ldy.
+ * Bound: K float roundings of the products' absolute sum. */
+static void test_dot_rows(void **state) {
+    (void)state;
+    const int64_t rows_[] = {1, 7, 8, 16, 17, 35, 512};
+    const int64_t Ks[] = {1, 5, 8, 16, 32, 33, 70};
+    for (int a = 0; a < TU_NARCH; a++) {
+        if (vitc_set_arch(tu_arch(a)) != VITC_OK) continue;
+        for (size_t ir = 0; ir < sizeof rows_ / sizeof *rows_; ir++)
+            for (size_t ik = 0; ik < sizeof Ks / sizeof *Ks; ik++) {
+                const int64_t rows = rows_[ir], K = Ks[ik], n = 3, ldx = K + 3, ldy = rows + 5;
+                float *x = malloc((size_t)(rows * ldx) * sizeof(float));
+                float *w = malloc((size_t)(n * K) * sizeof(float));
+                float *y = malloc((size_t)(n * ldy) * sizeof(float));
+                for (int64_t i = 0; i < rows * ldx; i++) x[i] = (float)nrand();
+                for (int64_t i = 0; i < n * K; i++) w[i] = (float)nrand();
+                for (int64_t i = 0; i < n * ldy; i++) y[i] = 12345.0f;
+                vitc__dot_rows(y, ldy, x, ldx, w, n, K, rows);
+                for (int64_t m = 0; m < n; m++) {
+                    for (int64_t r = 0; r < rows; r++) {
+                        double want = 0.0, mag = 0.0;
+                        for (int64_t k = 0; k < K; k++) {
+                            want += (double)x[r * ldx + k] * w[m * K + k];
+                            mag += fabs((double)x[r * ldx + k] * w[m * K + k]);
+                        }
+                        if (!(fabs(y[m * ldy + r] - want) <= (double)K * 6e-8 * mag + 1e-30)) {
+                            fprintf(stderr, "%s rows=%lld K=%lld y[%lld][%lld] = %.9g want %.9g\n",
+                                    tu_arch(a), (long long)rows, (long long)K, (long long)m,
+                                    (long long)r, y[m * ldy + r], want);
+                            fail();
+                        }
+                    }
+                    for (int64_t r = rows; r < ldy; r++) assert_true(y[m * ldy + r] == 12345.0f);
+                }
+                free(x), free(w), free(y);
+            }
+    }
+    vitc_set_arch(NULL);
+}
+
 static void test_layernorm(void **state) {
     int64_t Cs[] = {1, 3, 16, 17, 64, 768, 1000};
     double means[] = {0.0, 3.0, 1000.0};
@@ -503,6 +545,7 @@ int main(void) {
         cmocka_unit_test(test_softmax),
         cmocka_unit_test(test_softmax_exp2),
         cmocka_unit_test(test_softmax_cols),
+        cmocka_unit_test(test_dot_rows),
         cmocka_unit_test(test_layernorm),
         cmocka_unit_test(test_groupnorm),
     };

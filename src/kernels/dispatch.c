@@ -144,6 +144,7 @@ void vitc__kernels_init_ref(vitc__kernels *t) {
         .gelu = vitc__gelu_ref, .gelu_to = vitc__gelu_to_ref, .quick_gelu = vitc__quick_gelu_ref,
         .tanh_gelu = vitc__tanh_gelu_ref, .scale_add = vitc__scale_add_ref,
         .row_stats = vitc__row_stats_ref, .row_norm = vitc__row_norm_ref,
+        .dot_rows = vitc__dot_rows_ref,
         .gelu_backward = vitc__gelu_backward_ref,
         .layernorm_backward_row = vitc__layernorm_backward_row_ref,
         .colsum = vitc__colsum_ref, .layernorm_backward_cols = vitc__layernorm_backward_cols_ref,

@@ -138,6 +138,10 @@ typedef struct vitc__kernels {
     /* GroupNorm helpers: o[0], o[1] = sum of (x - shift) and of its square,
      * in double; y = (x - mean) * sc + sh. */
     void (*row_stats)(const float *x, int64_t n, double shift, double *o);
+    /* y[m ldy + r] = x_r . w_m (x [rows, ldx], w [n, K]): many short dot
+     * products, rows side by side (vitc__dot_rows). */
+    void (*dot_rows)(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                     int64_t n, int64_t K, int64_t rows);
     void (*row_norm)(float *y, const float *x, int64_t n, float mean, float sc, float sh);
     /* Attention forward rows [l0, l1) of head (b, h) (attention_impl.h). */
     void (*attn_rows)(const struct vitc__attn_plan *p, struct vitc__attn_ws *ws, int64_t b,
@@ -397,6 +401,13 @@ void vitc__softmax_cols(float *x, int64_t n, int64_t L, int64_t ld, float scale)
  * softmax_rows. */
 #define VITC_SOFTMAX_SHORT 16
 void vitc__softmax_rows_short(float *x, int64_t rows, int64_t n);
+/* y[m * ldy + r] = dot(x[r * ldx ..], w[m * K ..]) over K, for rows r and
+ * n vectors w: short dot products (a few dozen long) by the thousand, which
+ * one at a time spend more on their horizontal sums than on the products.
+ * Runs on the calling thread (a task's own rows). Each path sums in its own
+ * order: within a few ulp of float64 per product. */
+void vitc__dot_rows(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n,
+                    int64_t K, int64_t rows);
 /* LayerNorm over the last dim C of [M, C]. */
 void vitc__layernorm(float *y, const float *x, const float *w, const float *b, int64_t M,
                      int64_t C, float eps);

@@ -154,6 +154,21 @@ void vitc__scale_add_ref(float *y, const float *g, const float *r, int64_t n) {
     }
 }
 
+void vitc__dot_rows_ref(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                        int64_t n, int64_t K, int64_t rows) {
+    for (int64_t m = 0; m < n; m++)
+        for (int64_t r = 0; r < rows; r++) {
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; k++) acc += x[r * ldx + k] * w[m * K + k];
+            y[m * ldy + r] = acc;
+        }
+}
+
+void vitc__dot_rows(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w, int64_t n,
+                    int64_t K, int64_t rows) {
+    if (n > 0 && rows > 0) vitc__kern()->dot_rows(y, ldy, x, ldx, w, n, K, rows);
+}
+
 void vitc__row_stats_ref(const float *x, int64_t n, double shift, double *o) {
     double s = 0.0, q = 0.0;
     for (int64_t i = 0; i < n; i++) {

@@ -12,6 +12,12 @@
 /* The generic GroupNorm helpers (the scalar loops; ops.c). */
 void vitc__row_stats_ref(const float *x, int64_t n, double shift, double *o);
 void vitc__row_norm_ref(float *y, const float *x, int64_t n, float mean, float sc, float sh);
+void vitc__dot_rows_ref(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                        int64_t n, int64_t K, int64_t rows);
+void vitc__dot_rows_avx512(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                           int64_t n, int64_t K, int64_t rows);
+void vitc__dot_rows_avx2(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                         int64_t n, int64_t K, int64_t rows);
 
 void vitc__gelu_avx512(float *x, int64_t n);
 /* y = GELU(x) out of place (y may be x); the _ref one is in ops.c. */

@@ -204,6 +204,44 @@ void ISA_FN(softmax_cols)(float *x, int64_t n, int64_t L, int64_t ld, float scal
     }
 }
 
+/* vitc__dot_rows: VW rows at a time, each row's products with w_m in a
+ * vector of its own, the VW vectors' sums transposed into one vector
+ * (v_hsum_lanes) and stored as VW consecutive results; rows past the last
+ * whole VW one at a time. */
+void ISA_FN(dot_rows)(float *y, int64_t ldy, const float *x, int64_t ldx, const float *w,
+                      int64_t n, int64_t K, int64_t rows) {
+    const int64_t Kv = K / VW * VW;
+    const int kt = (int)(K - Kv);
+    int64_t r0 = 0;
+    for (; r0 + VW <= rows; r0 += VW)
+        for (int64_t m = 0; m < n; m++) {
+            const float *wm = w + m * K, *xr = x + r0 * ldx;
+            VT acc[VW];
+#pragma GCC unroll 16
+            for (int i = 0; i < VW; i++) acc[i] = v_zero();
+            for (int64_t k = 0; k < Kv; k += VW) {
+                const VT wv = v_loadu(wm + k);
+#pragma GCC unroll 16
+                for (int i = 0; i < VW; i++) acc[i] = v_fma(v_loadu(xr + i * ldx + k), wv, acc[i]);
+            }
+            if (kt) {
+                const VT wv = v_loadu_n(wm + Kv, kt);
+#pragma GCC unroll 16
+                for (int i = 0; i < VW; i++)
+                    acc[i] = v_fma(v_loadu_n(xr + i * ldx + Kv, kt), wv, acc[i]);
+            }
+            v_storeu(y + m * ldy + r0, v_hsum_lanes(acc));
+        }
+    for (; r0 < rows; r0++)
+        for (int64_t m = 0; m < n; m++) {
+            const float *wm = w + m * K, *xr = x + r0 * ldx;
+            VT acc = v_zero();
+            for (int64_t k = 0; k < Kv; k += VW) acc = v_fma(v_loadu(xr + k), v_loadu(wm + k), acc);
+            if (kt) acc = v_fma(v_loadu_n(xr + Kv, kt), v_loadu_n(wm + Kv, kt), acc);
+            y[m * ldy + r0] = v_hsum(acc);
+        }
+}
+
 /* GroupNorm's (and LayerNorm's) statistics: the sums of x - shift and of
  * its square, in double. */
 void ISA_FN(row_stats)(const float *x, int64_t n, double shift, double *o) {

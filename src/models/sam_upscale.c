@@ -29,8 +29,8 @@ typedef struct up_ctx {
     const float *x;     /* [G, G, C] */
     const float *hyper; /* [n, C/8] */
     float *low;         /* [n, 4G, 4G] */
-    /* per thread: z1 [4 UP_PIX, C/4], z2 [16 UP_PIX, C/8], and folded
-     * X [UP_PIX, Kf], rho [L + 1, UP_PIX] */
+    /* per thread: z1 [4 UP_PIX, C/4], z2 [16 UP_PIX, C/8], folded X
+     * [UP_PIX, Kf] and rho [L + 1, UP_PIX], the dots [n, 16 UP_PIX] */
     float *scr;
     int64_t n, G, per;
     const sam_run *r;      /* r->f.on: up1 folded */
@@ -99,15 +99,20 @@ static void up_row(void *vc, int64_t blk, int tid) {
         c->failed = 1;
         return;
     }
-    /* The masks' dot products (n of C/8 per z2 row) straight into their
-     * pixels: a GEMM of N = n here cost more in packing z2 than in
-     * products. */
-    for (int64_t r = 0; r < 4 * P; r++) { /* z1's row: pixel (iy, ix), tap (i1, j1) */
-        const int64_t iy = (p0 + r / 4) / G, ix = (p0 + r / 4) % G, i1 = r / 2 % 2, j1 = r % 2;
-        for (int64_t q = 0; q < 4; q++) { /* z2's tap (i2, j2) */
-            const int64_t Y = 4 * iy + 2 * i1 + q / 2, X = 4 * ix + 2 * j1 + q % 2;
-            for (int64_t m = 0; m < c->n; m++)
-                c->low[(m * lo + Y) * lo + X] = dot8(z2 + (4 * r + q) * C8, c->hyper + m * C8, C8);
+    /* The masks' dot products (n of C/8 per z2 row), rows side by side
+     * (a GEMM of N = n here cost more in packing z2 than in products),
+     * then into their pixels. */
+    float *dots = X + UP_PIX * (c->r->f.on ? c->r->f.Kf + d->n_layers + 1 : 0); /* [n, 16 P] */
+    vitc__dot_rows(dots, 16 * P, z2, C8, c->hyper, c->n, C8, 16 * P);
+    /* A pixel's 16 z2 rows are (tap i1 j1, tap i2 j2): its 4 x 4 block's
+     * (Y, X) = (2 i1 + i2, 2 j1 + j2) is row 4 (2 i1 + j1) + 2 i2 + j2. */
+    static const int8_t at[16] = {0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15};
+    for (int64_t p = 0; p < P; p++) {
+        const int64_t iy = (p0 + p) / G, ix = (p0 + p) % G;
+        for (int64_t m = 0; m < c->n; m++) {
+            float *o = c->low + (m * lo + 4 * iy) * lo + 4 * ix;
+            const float *v = dots + m * 16 * P + 16 * p;
+            for (int k = 0; k < 16; k++) o[k / 4 * lo + k % 4] = v[at[k]];
         }
     }
 }
@@ -116,7 +121,7 @@ static void up_row(void *vc, int64_t blk, int tid) {
 vitc_status vitc__sam_upscale(const vitc__sam_dec *d, const sam_run *r, const float *x,
                                  const float *hyper, int64_t n, float *low) {
     const int64_t G = d->grid, C = d->C;
-    const int64_t per = UP_PIX * (4 * (C / 4) + 16 * (C / 8) +
+    const int64_t per = UP_PIX * (4 * (C / 4) + 16 * (C / 8) + 16 * n +
                                   (r->f.on ? r->f.Kf + d->n_layers + 1 : 0));
     const int nt = vitc__num_threads();
     up_ctx c = {.d = d, .x = x, .hyper = hyper, .low = low, .n = n, .G = G, .per = per,

@@ -187,9 +187,59 @@ static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float
         c##i##1 = _mm512_fmadd_ps(a, b1, c##i##1);                           \
     } while (0)
 
+/* ukr_st's short tile, as ukr_short for the packed one: R rows of
+ * accumulators for mr <= R (a 7-token or 4-row product against an image's
+ * 4096 keys computed 12 rows for its 4 to 7), the same FMAs in the same
+ * order, so bitwise the full kernel's rows. */
+static inline __attribute__((always_inline)) void
+vitc__ukr_st_short(const int R, int64_t kc, const float *A, int64_t a_ks, int64_t a_rs,
+                   const float *B, int64_t b_ks, float *C, int64_t ldc, int64_t mr, int64_t nr,
+                   const vitc__gemm_epi *e) {
+    __m512 c[8][2];
+    const float *r[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) {
+        c[i][0] = c[i][1] = _mm512_setzero_ps();
+        r[i] = A + (i < mr ? i : 0) * a_rs;
+    }
+    __mmask16 m0 = vitc__mask16(nr), m1 = vitc__mask16(nr - 16);
+    vitc__prefetch_tile(C, ldc, mr, nr, e->res, e->ldr);
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < kc; k++) {
+        __m512 b0 = _mm512_maskz_loadu_ps(m0, B), b1 = _mm512_maskz_loadu_ps(m1, B + 16);
+#pragma GCC unroll 8
+        for (int i = 0; i < R; i++) {
+            __m512 a = _mm512_set1_ps(r[i][0]);
+            c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
+            c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
+            r[i] += a_ks;
+        }
+        B += b_ks;
+    }
+    __m512 gt[2 * 8];
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+        if (i < mr)
+            vitc__row_out(C + i * ldc, c[i][0], c[i][1], m0, m1, e,
+                          e->res ? e->res + i * e->ldr : NULL, gt + 2 * i);
+    if (e->gelu) vitc__v_gelu_tile(C, ldc, gt, mr, m0, m1);
+}
+
 static void vitc__ukr_st_avx512(int64_t kc, const float *A, int64_t a_ks, int64_t a_rs,
                                 const float *B, int64_t b_ks, float *C, int64_t ldc, int64_t mr,
                                 int64_t nr, const vitc__gemm_epi *e) {
+    if (mr <= 4) {
+        vitc__ukr_st_short(4, kc, A, a_ks, a_rs, B, b_ks, C, ldc, mr, nr, e);
+        return;
+    }
+    if (mr <= 6) {
+        vitc__ukr_st_short(6, kc, A, a_ks, a_rs, B, b_ks, C, ldc, mr, nr, e);
+        return;
+    }
+    if (mr <= 8) {
+        vitc__ukr_st_short(8, kc, A, a_ks, a_rs, B, b_ks, C, ldc, mr, nr, e);
+        return;
+    }
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
     __m512 c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;
     __m512 c60 = c00, c61 = c00, c70 = c00, c71 = c00, c80 = c00, c81 = c00;

@@ -19,6 +19,7 @@ void vitc__kernels_setup_avx2(vitc__kernels *t) {
     t->tanh_gelu = vitc__tanh_gelu_avx2;
     t->scale_add = vitc__scale_add_avx2;
     t->row_stats = vitc__row_stats_avx2;
+    t->dot_rows = vitc__dot_rows_avx2;
     t->row_norm = vitc__row_norm_avx2;
     t->gelu_backward = vitc__gelu_backward_avx2;
     t->layernorm_backward_row = vitc__layernorm_backward_row_avx2;
@@ -43,6 +44,7 @@ void vitc__kernels_setup_avx512(vitc__kernels *t) {
     t->tanh_gelu = vitc__tanh_gelu_avx512;
     t->scale_add = vitc__scale_add_avx512;
     t->row_stats = vitc__row_stats_avx512;
+    t->dot_rows = vitc__dot_rows_avx512;
     t->row_norm = vitc__row_norm_avx512;
     t->gelu_backward = vitc__gelu_backward_avx512;
     t->layernorm_backward_row = vitc__layernorm_backward_row_avx512;

@@ -38,6 +38,7 @@ static const int32_t vitc__v_lane_tbl[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 
 #define v_tail(x, n, f) _mm256_blendv_ps(_mm256_set1_ps(f), x, _mm256_castsi256_ps(v_lanes(n)))
 #define v_hmax(x) vitc__v_hmax(x)
 #define v_hsum(x) vitc__v_hsum(x)
+#define v_hsum_lanes(v) vitc__v_hsum8(v)
 #define v_exp(x) vitc__v_exp(x)
 #define v_exp2(x) vitc__v_exp2(x)
 #define v_phi(x) vitc__v_phi(x)
@@ -60,6 +61,22 @@ static inline float vitc__v_hmax(__m256 x) {
     a = _mm_max_ps(a, _mm_movehl_ps(a, a));
     a = _mm_max_ss(a, _mm_movehdup_ps(a));
     return _mm_cvtss_f32(a);
+}
+
+/* Lane i = the sum of v[i]'s lanes: a transposing tree of adds (pairs
+ * within 128-bit lanes, then across them) instead of 8 horizontal sums. */
+static inline __attribute__((always_inline)) __m256 vitc__v_hsum8(const __m256 v[8]) {
+    __m256 a[4], b[2];
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++)
+        a[j] = _mm256_add_ps(_mm256_unpacklo_ps(v[2 * j], v[2 * j + 1]),
+                             _mm256_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+#pragma GCC unroll 2
+    for (int j = 0; j < 2; j++) /* a 128-bit lane: v[4j..4j+3]'s partial sums */
+        b[j] = _mm256_add_ps(_mm256_shuffle_ps(a[2 * j], a[2 * j + 1], 0x44),
+                             _mm256_shuffle_ps(a[2 * j], a[2 * j + 1], 0xEE));
+    return _mm256_add_ps(_mm256_permute2f128_ps(b[0], b[1], 0x20),
+                         _mm256_permute2f128_ps(b[0], b[1], 0x31));
 }
 
 static inline float vitc__v_hsum(__m256 x) {

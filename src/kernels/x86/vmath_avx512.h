@@ -13,6 +13,7 @@
  *   v_loadu_n(p, n) v_storeu_n(p, x, n)   first n < VW lanes, others 0 / untouched
  *   v_tail(x, n, f)        lanes >= n replaced by f
  *   v_hmax(x) v_hsum(x)    horizontal max / sum to a float
+ *   v_hsum_lanes(v)        v an array of VW vectors: lane i = v_hsum(v[i])
  *   v_exp(x)               e^x, Taylor degree 7 after a two-part ln 2 reduction
  *   v_exp2(x)              2^x, exactly 0 for x <= -127 under FTZ, NaN in -> NaN out
  *   v_phi(x)               the standard normal CDF, 0.5 erfc(-x / sqrt 2) (GELU's),
@@ -60,6 +61,7 @@ _Static_assert(VITC_PHI_DEG == 5, "vitc__v_phi evaluates degree 5: regenerate or
 #define v_tail(x, n, f) _mm512_mask_blend_ps(v_lanes(n), _mm512_set1_ps(f), x)
 #define v_hmax(x) _mm512_reduce_max_ps(x)
 #define v_hsum(x) _mm512_reduce_add_ps(x)
+#define v_hsum_lanes(v) vitc__v_hsum16(v)
 #define v_exp(x) vitc__v_exp(x)
 #define v_exp2(x) vitc__v_exp2(x)
 #define v_phi(x) vitc__v_phi(x)
@@ -186,6 +188,26 @@ __attribute__((noinline, unused)) static void vitc__v_act_tile(float *C, int64_t
         _mm512_mask_storeu_ps(C + i * ldc, m0, vitc__v_quick_gelu(v[2 * i]));
         _mm512_mask_storeu_ps(C + i * ldc + 16, m1, vitc__v_quick_gelu(v[2 * i + 1]));
     }
+}
+
+/* Lane i = the sum of v[i]'s lanes: a transposing tree of adds (pairs
+ * within 128-bit lanes, then across the four lanes) instead of 16
+ * horizontal sums. */
+static inline __attribute__((always_inline)) __m512 vitc__v_hsum16(const __m512 v[16]) {
+    __m512 a[8], b[4];
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; j++)
+        a[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]),
+                             _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+#pragma GCC unroll 4
+    for (int j = 0; j < 4; j++) /* each 128-bit lane: v[4j..4j+3]'s partial sums */
+        b[j] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * j], a[2 * j + 1], 0x44),
+                             _mm512_shuffle_ps(a[2 * j], a[2 * j + 1], 0xEE));
+    const __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88),
+                                    _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+    const __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88),
+                                    _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
 }
 
 #endif
