@@ -459,6 +459,11 @@ static void test_layernorm(void **state) {
                  * 1 / std it normalised by */
                 vitc__layernorm_stats(y2, x, w, b, M, C, 1e-6f, st);
                 assert_memory_equal(y1, y2, (size_t)(M * C) * sizeof(float));
+                /* the stats alone (y NULL): the same stats */
+                float *st2 = malloc((size_t)(2 * M) * sizeof(float));
+                vitc__layernorm_stats(NULL, x, w, b, M, C, 1e-6f, st2);
+                assert_memory_equal(st, st2, (size_t)(2 * M) * sizeof(float));
+                free(st2);
                 for (int64_t i = 0; i < M; i++) {
                     const float *xr = x + i * C;
                     double mean, rstd;

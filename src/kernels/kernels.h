@@ -121,7 +121,8 @@ typedef struct vitc__kernels {
     /* softmax(scale x) down each of the L columns of x [n, ld], a lane a
      * column: many short softmaxes side by side (vitc__softmax_cols). */
     void (*softmax_cols)(float *x, int64_t n, int64_t L, int64_t ld, float scale);
-    /* stats: NULL or [M, 2], each row's mean and 1 / sqrt(var + eps) */
+    /* stats: NULL or [M, 2], each row's mean and 1 / sqrt(var + eps); y
+     * NULL (with stats): the stats alone */
     void (*layernorm)(float *y, const float *x, const float *w, const float *b, int64_t M,
                       int64_t C, float eps, float *stats);
     void (*softmax_rows_backward)(float *dx, const float *y, const float *dy, int64_t rows,
@@ -413,7 +414,7 @@ void vitc__layernorm(float *y, const float *x, const float *w, const float *b, i
                      int64_t C, float eps);
 /* The same, and stats [M, 2]: each row's mean and 1 / sqrt(var + eps), as
  * it normalised by them (for an algebra that goes on through the
- * LayerNorm: SAM's folded upscaling). */
+ * LayerNorm: SAM's folded upscaling). y NULL: the stats alone. */
 void vitc__layernorm_stats(float *y, const float *x, const float *w, const float *b, int64_t M,
                            int64_t C, float eps, float *stats);
 /* GroupNorm(G, C) of [B, C, HW]; w, b [C]. */

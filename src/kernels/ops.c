@@ -82,7 +82,7 @@ void vitc__layernorm_ref(float *y, const float *x, const float *w, const float *
                          int64_t C, float eps, float *stats) {
     for (int64_t i = 0; i < M; i++) {
         const float *xr = x + i * C;
-        float *yr = y + i * C;
+        float *yr = y ? y + i * C : NULL;
         double mean = 0.0, var = 0.0;
         for (int64_t c = 0; c < C; c++) mean += xr[c];
         mean /= (double)C;
@@ -95,7 +95,8 @@ void vitc__layernorm_ref(float *y, const float *x, const float *w, const float *
         float m = (float)mean;
         if (stats)
             stats[2 * i] = m, stats[2 * i + 1] = rstd;
-        for (int64_t c = 0; c < C; c++) yr[c] = (xr[c] - m) * rstd * w[c] + b[c];
+        if (y)
+            for (int64_t c = 0; c < C; c++) yr[c] = (xr[c] - m) * rstd * w[c] + b[c];
     }
 }
 
@@ -308,7 +309,7 @@ void vitc__softmax_rows_backward(float *dx, const float *y, const float *dy, int
 
 static void vitc__layernorm_part(void *c, int64_t r0, int64_t r1, int tid) {
     const vitc__rows_ctx *k = c;
-    float *y = k->y + r0 * k->n;
+    float *y = k->y ? k->y + r0 * k->n : NULL;
     const float *x = k->x + r0 * k->n;
     (void)tid;
     k->kt->layernorm(y, x, k->w, k->b, r1 - r0, k->n, k->f, k->stats ? k->stats + 2 * r0 : NULL);

@@ -272,7 +272,7 @@ void ISA_FN(layernorm)(float *y, const float *x, const float *w, const float *b,
                        int64_t C, float eps, float *stats) {
     for (int64_t i = 0; i < M; i++) {
         const float *xr = x + i * C;
-        float *yr = y + i * C;
+        float *yr = y ? y + i * C : NULL;
         double x0 = xr[0], st[2];
         ISA_FN(row_stats)(xr, C, x0, st);
         double s = st[0], q = st[1];
@@ -282,6 +282,8 @@ void ISA_FN(layernorm)(float *y, const float *x, const float *w, const float *b,
         float rstd = (float)(1.0 / sqrt(var + (double)eps));
         if (stats)
             stats[2 * i] = (float)(x0 + md), stats[2 * i + 1] = rstd;
+        if (!yr)
+            continue;
         /* x - mean as (x - x0) - md: the first difference is exact for data
          * near x0, so a large mean loses no more than the spread's bits. */
         const VT v0 = v_set1(xr[0]), vm = v_set1((float)md), vr = v_set1(rstd);

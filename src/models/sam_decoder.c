@@ -96,6 +96,7 @@ typedef struct lnadd_ctx {
     float *y, *z;
     const float *w, *b, *pe, *res, *bias;
     float *stats; /* [M, 2] or NULL: each row's mean and 1 / sqrt(var + eps) */
+    int stats_only; /* y left un-normalised (its stats are all that is read) */
     int64_t C;
     float eps;
 } lnadd_ctx;
@@ -109,8 +110,8 @@ static void lnadd_part(void *vc, int64_t b, int64_t e, int tid) {
             acc_rows(c->y + o, c->res + o, n * c->C);
         if (c->bias)
             for (int64_t i = 0; i < n; i++) acc_rows(c->y + o + i * c->C, c->bias, c->C);
-        vitc__layernorm_stats(c->y + o, c->y + o, c->w, c->b, n, c->C, c->eps,
-                              c->stats ? c->stats + 2 * r0 : NULL);
+        vitc__layernorm_stats(c->stats_only ? NULL : c->y + o, c->y + o, c->w, c->b, n, c->C,
+                              c->eps, c->stats ? c->stats + 2 * r0 : NULL);
         if (c->z)
             add_rows(c->z + o, c->y + o, c->pe + o, n * c->C);
     }
@@ -118,8 +119,8 @@ static void lnadd_part(void *vc, int64_t b, int64_t e, int tid) {
 
 static void layernorm_add(float *y, float *z, const float *w, const float *b, const float *res,
                           const float *bias, const float *pe, int64_t M, int64_t C, float eps,
-                          float *stats) {
-    lnadd_ctx c = {y, z, w, b, pe, res, bias, stats, C, eps};
+                          float *stats, int stats_only) {
+    lnadd_ctx c = {y, z, w, b, pe, res, bias, stats, stats_only && stats && !z, C, eps};
     vitc__parallel_range(M, lnadd_part, &c);
 }
 
@@ -1000,9 +1001,12 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
                                t1_usable(d, &d->layers[1].t2i, r, Nt) &&
                                t1q_usable(d, &d->layers[1].i2t, r, Nt)) ||
                               (i == d->n_layers - 1 && fin_pays(d, r));
+            /* The last layer's K is read only through its LayerNorm's stats
+             * when the final attention and the upscaling both fold. */
             layernorm_add(r->K, no_kk ? NULL : r->kk, L->ln4.w, L->ln4.b, K == r->K ? NULL : K,
                           L->i2t.o.b, d->pe_img, HW, C, d->eps_dec,
-                          r->f.on ? r->f.st + 2 * i * HW : NULL);
+                          r->f.on ? r->f.st + 2 * i * HW : NULL,
+                          r->f.on && i == d->n_layers - 1 && fin_pays(d, r));
             if (r->f.on && i == 0) { /* for attend_t2i_layer1 */
                 memcpy(r->f.V0, r->vo, (size_t)(r->f.HT * C) * sizeof(float));
                 for (int64_t p = 0; p < HW; p++)
@@ -1020,7 +1024,7 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
             VITC_TRY(attend(d, &L->i2t, r, r->K2, K, kk, HW, r->qq, r->Q, Nt));
             swap(&r->K, &r->K2);
             layernorm_add(r->K, r->kk, L->ln4.w, L->ln4.b, NULL, NULL, d->pe_img, HW, C,
-                          d->eps_dec, NULL);
+                          d->eps_dec, NULL, 0);
         }
     }
     add_rows(r->qq, r->Q, r->tok_pe, Nt * C);
