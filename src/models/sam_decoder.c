@@ -131,7 +131,7 @@ static void add_rows_par(float *y, const float *a, const float *b, int64_t n) {
     vitc__parallel_range((n + 4095) / 4096, add_part, &c);
 }
 
-static void free_packs(vitc__pweight *p, int64_t n) {
+void vitc__sam_free_packs(vitc__pweight *p, int64_t n) {
     for (int64_t i = 0; p && i < n; i++) vitc__pweight_free(&p[i]);
     free(p);
 }
@@ -139,19 +139,18 @@ static void free_packs(vitc__pweight *p, int64_t n) {
 void vitc__sam_dec_cache_free(struct vitc__sam_dec_cache *c) {
     if (!c)
         return;
-    free_packs(c->kh, c->H);
-    free_packs(c->vh, c->H);
-    free_packs(c->qh, c->H);
-    for (int k = 0; k < 5; k++) free_packs(c->t1[k], c->H);
-    for (int k = 0; k < 3; k++) free_packs(c->fin[k], c->H);
+    vitc__sam_free_packs(c->kh, c->H);
+    vitc__sam_free_packs(c->vh, c->H);
+    vitc__sam_free_packs(c->qh, c->H);
+    for (int k = 0; k < 5; k++) vitc__sam_free_packs(c->t1[k], c->H);
+    for (int k = 0; k < 3; k++) vitc__sam_free_packs(c->fin[k], c->H);
+    for (int k = 0; k < 3; k++) vitc__sam_free_packs(c->sf[k], c->H);
+    free(c->sfc);
     free(c->K0), free(c->kk0), free(c->k), free(c->v), free(c->q), free(c->P0), free(c);
 }
 
-/* x [HW, I]'s heads packed for the GEMM, p [H]: each x_h [HW, dh] (tr 0)
- * or x_h^T [dh, HW] (tr 1) as a weight; t: [HW dh] scratch. 0 when out of
- * memory (the packs made are freed by the caller). */
-static int pack_head_slices(vitc__pweight *p, const float *x, int64_t HW, int64_t I, int64_t H,
-                            int tr, float *t) {
+int vitc__sam_pack_slices(vitc__pweight *p, const float *x, int64_t HW, int64_t I, int64_t H,
+                          int tr, float *t) {
     const int64_t dh = I / H;
     for (int64_t h = 0; h < H; h++) {
         if (tr)
@@ -180,14 +179,14 @@ static void pack_heads(struct vitc__sam_dec_cache *c, int64_t HW, int64_t I, int
     c->vh = calloc((size_t)H, sizeof *c->vh);
     c->qh = calloc((size_t)H, sizeof *c->qh);
     c->H = H;
-    int ok = t && c->kh && c->vh && c->qh && pack_head_slices(c->kh, c->k, HW, I, H, 0, t) &&
-             pack_head_slices(c->vh, c->v, HW, I, H, 1, t) &&
-             pack_head_slices(c->qh, c->q, HW, I2, H, 0, t);
+    int ok = t && c->kh && c->vh && c->qh && vitc__sam_pack_slices(c->kh, c->k, HW, I, H, 0, t) &&
+             vitc__sam_pack_slices(c->vh, c->v, HW, I, H, 1, t) &&
+             vitc__sam_pack_slices(c->qh, c->q, HW, I2, H, 0, t);
     free(t);
     if (!ok) {
-        free_packs(c->kh, H);
-        free_packs(c->vh, H);
-        free_packs(c->qh, H);
+        vitc__sam_free_packs(c->kh, H);
+        vitc__sam_free_packs(c->vh, H);
+        vitc__sam_free_packs(c->qh, H);
         c->kh = c->vh = c->qh = NULL;
     }
 }
@@ -208,20 +207,20 @@ static void pack_t1(struct vitc__sam_dec_cache *c, const vitc__sam_dec *d, int64
         for (int64_t i = 0; i < HW; i++)
             add_rows(pb + i * C, d->pe_img + i * C, d->layers[0].ln4.b, C);
         vitc__linear(x, I, c->K0, C, d->t1_wk, NULL, NULL, 0, HW, I, C);
-        ok = pack_head_slices(c->t1[0], x, HW, I, H, 0, t);
+        ok = vitc__sam_pack_slices(c->t1[0], x, HW, I, H, 0, t);
         vitc__linear(x, I, pb, C, a->k.w, NULL, NULL, 0, HW, I, C);
-        ok = ok && pack_head_slices(c->t1[1], x, HW, I, H, 0, t);
+        ok = ok && vitc__sam_pack_slices(c->t1[1], x, HW, I, H, 0, t);
         vitc__linear(x, I, c->K0, C, d->t1_wv, NULL, NULL, 0, HW, I, C);
-        ok = ok && pack_head_slices(c->t1[2], x, HW, I, H, 1, t);
+        ok = ok && vitc__sam_pack_slices(c->t1[2], x, HW, I, H, 1, t);
         /* the image -> token queries (that attention's I equals this one's) */
         vitc__linear(x, I, c->K0, C, d->t1_wq, NULL, NULL, 0, HW, I, C);
-        ok = ok && pack_head_slices(c->t1[3], x, HW, I, H, 0, t);
+        ok = ok && vitc__sam_pack_slices(c->t1[3], x, HW, I, H, 0, t);
         vitc__linear(x, I, pb, C, d->layers[1].i2t.q.w, NULL, NULL, 0, HW, I, C);
-        ok = ok && pack_head_slices(c->t1[4], x, HW, I, H, 0, t);
+        ok = ok && vitc__sam_pack_slices(c->t1[4], x, HW, I, H, 0, t);
     }
     free(x), free(pb), free(t);
     if (!ok)
-        for (int k = 0; k < 5; k++) free_packs(c->t1[k], H), c->t1[k] = NULL;
+        for (int k = 0; k < 5; k++) vitc__sam_free_packs(c->t1[k], H), c->t1[k] = NULL;
 }
 
 /* The final attention's image side, per head packed (c->fin; see
@@ -235,15 +234,15 @@ static void pack_fin(struct vitc__sam_dec_cache *c, const vitc__sam_dec *d, int6
     for (int k = 0; ok && k < 3; k++) ok = (c->fin[k] = calloc((size_t)H, sizeof **c->fin)) != NULL;
     if (ok) {
         vitc__linear(x, I, c->K0, C, d->fin_w[0], NULL, NULL, 0, HW, I, C);
-        ok = pack_head_slices(c->fin[0], x, HW, I, H, 0, t);
+        ok = vitc__sam_pack_slices(c->fin[0], x, HW, I, H, 0, t);
         vitc__linear(x, I, d->pe_img, C, a->k.w, NULL, NULL, 0, HW, I, C);
-        ok = ok && pack_head_slices(c->fin[1], x, HW, I, H, 0, t);
+        ok = ok && vitc__sam_pack_slices(c->fin[1], x, HW, I, H, 0, t);
         vitc__linear(x, I, c->K0, C, d->fin_w[2], NULL, NULL, 0, HW, I, C);
-        ok = ok && pack_head_slices(c->fin[2], x, HW, I, H, 1, t);
+        ok = ok && vitc__sam_pack_slices(c->fin[2], x, HW, I, H, 1, t);
     }
     free(x), free(t);
     if (!ok)
-        for (int k = 0; k < 3; k++) free_packs(c->fin[k], H), c->fin[k] = NULL;
+        for (int k = 0; k < 3; k++) vitc__sam_free_packs(c->fin[k], H), c->fin[k] = NULL;
 }
 
 /* e's cache for d; NULL when out of memory or made by another decoder
@@ -281,6 +280,8 @@ static const struct vitc__sam_dec_cache *image_cache(const vitc__sam_dec *d,
             pack_t1(c, d, HW);
         if (c->t1[0] && d->fin_c)
             pack_fin(c, d, HW);
+        if (c->fin[0] && d->n_layers == 2)
+            vitc__sam_sf_cache(c, d, HW);
         struct vitc__sam_dec_cache *expected = NULL;
         if (!__atomic_compare_exchange_n(slot, &expected, c, 0, __ATOMIC_ACQ_REL,
                                          __ATOMIC_ACQUIRE)) {
@@ -730,7 +731,8 @@ static int attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run 
                       .scale = scale};
         vitc__parallel_for(H, i2tc_head, &t);
         if (!t.failed) {
-            vitc__gemm(1, 0, Lq, C, HT, 1.0f, S, Lq, vo, C, beta, y, C);
+            if (y) /* else the statistics alone are read (sam_stats.c) */
+                vitc__gemm(1, 0, Lq, C, HT, 1.0f, S, Lq, vo, C, beta, y, C);
             return 1;
         }
     }
@@ -791,7 +793,8 @@ static int attend_i2t_layer1(const vitc__sam_dec *d, const sam_attn *a, sam_run 
     vitc__parallel_for(H, t1q_head, &c);
     if (c.failed)
         return -1;
-    vitc__gemm(1, 0, HW, C, HT, 1.0f, S, HW, vo, C, beta, y, C);
+    if (y) /* else the statistics alone are read (sam_stats.c) */
+        vitc__gemm(1, 0, HW, C, HT, 1.0f, S, HW, vo, C, beta, y, C);
     return 1;
 }
 
@@ -993,13 +996,18 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
             /* the probabilities kept for the upscaling when it folds */
             float *S = r->f.on ? r->f.S + i * HW * r->f.HT : r->ak;
             int St = 0;
+            /* with r->sf.on the outputs are not formed: their statistics
+             * are computed below */
+            float *yK = r->sf.on ? NULL : r->K;
             if (i == 0 && r->c0)
-                St = attend_i2t_cached(d, &L->i2t, r, r->K, beta, r->c0->q, HW, r->qq, r->Q, Nt,
-                                       S);
+                St = attend_i2t_cached(d, &L->i2t, r, yK, beta, r->c0->q, HW, r->qq, r->Q, Nt, S);
             else {
                 St = i == 1 && t1q_usable(d, &L->i2t, r, Nt)
-                         ? attend_i2t_layer1(d, &L->i2t, r, r->K, beta, r->qq, r->Q, Nt, S)
+                         ? attend_i2t_layer1(d, &L->i2t, r, yK, beta, r->qq, r->Q, Nt, S)
                          : -1;
+                if (St < 0 && r->sf.on)
+                    return vitc__err(VITC_ERR_INVALID_ARG, "SAM image -> token attention: a "
+                                     "GEMM refused its arguments");
                 if (St < 0) {
                     St = 0;
                     if (i == 1) /* the first layer may have left kk out */
@@ -1026,12 +1034,19 @@ static vitc_status two_way(const vitc__sam_dec *d, sam_run *r) {
                                t1_usable(d, &d->layers[1].t2i, r, Nt) &&
                                t1q_usable(d, &d->layers[1].i2t, r, Nt)) ||
                               (i == d->n_layers - 1 && fin_pays(d, r));
-            /* The last layer's K is read only through its LayerNorm's stats
-             * when the final attention and the upscaling both fold. */
-            layernorm_add(r->K, no_kk ? NULL : r->kk, L->ln4.w, L->ln4.b, K == r->K ? NULL : K,
-                          L->i2t.o.b, d->pe_img, HW, C, d->eps_dec,
-                          r->f.on ? r->f.st + 2 * i * HW : NULL,
-                          r->f.on && i == d->n_layers - 1 && fin_pays(d, r));
+            /* The statistics alone (r->sf.on), or the LayerNorm; the last
+             * layer's K is read only through its stats when the final
+             * attention and the upscaling both fold. */
+            if (r->sf.on && St == 1)
+                VITC_TRY(i == 0 ? vitc__sam_sf_layer0(d, r) : vitc__sam_sf_layer1(d, r));
+            else if (r->sf.on)
+                return vitc__err(VITC_ERR_INVALID_ARG, "SAM: the image -> token attention "
+                                 "left its probabilities in an unexpected layout");
+            else
+                layernorm_add(r->K, no_kk ? NULL : r->kk, L->ln4.w, L->ln4.b,
+                              K == r->K ? NULL : K, L->i2t.o.b, d->pe_img, HW, C, d->eps_dec,
+                              r->f.on ? r->f.st + 2 * i * HW : NULL,
+                              r->f.on && i == d->n_layers - 1 && fin_pays(d, r));
             if (r->f.on && i == 0) { /* for attend_t2i_layer1 */
                 memcpy(r->f.V0, r->vo, (size_t)(r->f.HT * C) * sizeof(float));
                 for (int64_t p = 0; p < HW; p++)
@@ -1252,7 +1267,7 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
                          (long long)Nt, (long long)ow, (long long)oh);
     }
     sam_run r = {.Nt = Nt, .HW = HW, .abuf = abuf};
-    float *fold = NULL; /* r.f's buffers */
+    float *fold = NULL, *sfbuf = NULL; /* r.f's, r.sf's buffers */
     float *f = buf;
     r.tok_pe = f, f += Nt * C;
     r.ksel = f, f += Nt * C;
@@ -1335,6 +1350,19 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
                 }
         }
     }
+    if (r.f.on && d->n_layers == 2 && r.c0->sf[0] && r.c0->qh && r.c0->H == d->heads &&
+        r.c0->qh[0].kern == vitc__gemm_pack_kernel() && Nt <= VITC_SOFTMAX_SHORT &&
+        t1_usable(d, &d->layers[1].t2i, &r, Nt) && t1q_usable(d, &d->layers[1].i2t, &r, Nt) &&
+        fin_pays(d, &r)) {
+        /* every reader of K_1 and K_2 reads them through their LayerNorms:
+         * their statistics alone (sam_stats.c) */
+        const int64_t HT = r.f.HT;
+        if ((sfbuf = malloc((size_t)(4 * HT * HW) * sizeof(float) +
+                            (size_t)(2 * HW) * sizeof(double)))) {
+            r.sf.on = 1, r.sf.buf = sfbuf;
+            r.sf.z = (double *)(void *)(sfbuf + 4 * HT * HW);
+        }
+    }
     if ((s = two_way(d, &r)) != VITC_OK)
         goto done;
 
@@ -1375,6 +1403,6 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     out->masks = masks, out->low_res = low;
     masks = low = NULL;
 done:
-    free(buf), free(low), free(masks), free(fold);
+    free(buf), free(low), free(masks), free(fold), free(sfbuf);
     return s;
 }

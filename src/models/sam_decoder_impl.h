@@ -140,6 +140,13 @@ typedef struct sam_run {
         float *V1;        /* [H T, C] the second layer's vo (attend_final) */
         float *rho1, *mu1, *alpha; /* [HW] the second layer's 1 / std, mean; rho0 rho1 */
     } f;
+    /* The image side's LayerNorm statistics computed without forming it
+     * (sam_stats.c; on: nothing reads K_1 or K_2 themselves). */
+    struct {
+        int on;
+        float *buf; /* [4 H T, HW] */
+        double *z;  /* [HW, 2] sum and sum of squares of K_1 + beta_1 */
+    } sf;
 } sam_run;
 
 /* What every prompt without a mask computes alike on one image: the
@@ -177,6 +184,12 @@ struct vitc__sam_dec_cache {
      * and from the positions (pe W_k^T), each head's [HW, dh] packed, its
      * values from K0 (K0 fin_w[2]^T) each head's [dh, HW] (attend_final) */
     vitc__pweight *fin[3];
+    /* [3][H] or NULL: Q0 = a W_o0, Q0' = (a gamma^2) W_o0, Q1 = (a gamma)
+     * W_o1 (a = K0 + the first i2t out_proj's bias, gamma the first
+     * layer_norm4's weight, W_oi layer i's i2t out_proj weight), each
+     * head's [HW, dh] packed; sfc [HW, 6] a's row sums (sam_stats.c) */
+    vitc__pweight *sf[3];
+    double *sfc;
     int64_t H;
 };
 
@@ -202,6 +215,19 @@ static inline float dot8(const float *a, const float *b, int64_t n) {
     return v;
 }
 
+/* x [HW, I]'s heads packed for the GEMM, p [H]: each x_h [HW, dh] (tr 0)
+ * or x_h^T [dh, HW] (tr 1) as a weight; t: [HW dh] scratch. 0 when out of
+ * memory (the packs made are freed by the caller). */
+int vitc__sam_pack_slices(vitc__pweight *p, const float *x, int64_t HW, int64_t I, int64_t H,
+                          int tr, float *t);
+void vitc__sam_free_packs(vitc__pweight *p, int64_t n);
+/* c->sf and c->sfc for d's two layers (left NULL when out of memory). */
+void vitc__sam_sf_cache(struct vitc__sam_dec_cache *c, const vitc__sam_dec *d, int64_t HW);
+/* r->f.st's rows of layer 0 (and r->sf.z), then of layer 1, from its
+ * S_i, vo and token values (r->vo, r->tv) as that layer's image -> token
+ * attention leaves them (sam_stats.c). */
+vitc_status vitc__sam_sf_layer0(const vitc__sam_dec *d, sam_run *r);
+vitc_status vitc__sam_sf_layer1(const vitc__sam_dec *d, sam_run *r);
 /* The random-Fourier positional encoding of the point (u, v) in [-1, 1]
  * into out [C] (the prompt encoder's shared embedding). */
 void vitc__sam_pos_encode(const vitc__sam_dec *d, float u, float v, float *out);

@@ -1,0 +1,292 @@
+/*
+ * sam_stats.c — the image side's LayerNorm statistics of SAM's two-layer
+ * transformer without forming the image side. Once the final attention,
+ * the upscaling and the second layer's attentions read K_1 and K_2 through
+ * their LayerNorms (sam_decoder.c, sam_upscale.c), what is left of
+ *   Y_0 = K_0 + S_0 V_0 + beta_0,  K_1 = LN_0(Y_0),  Y_1 = K_1 + S_1 V_1 + beta_1
+ * is each row's mean and 1 / std of Y_0 and Y_1. Their sums and sums of
+ * squares split into a part of the image alone (kept in the image's
+ * cache), products of the token values with per-image packs, and
+ * quadratic forms S_p G S_p^T with [H T, H T] matrices G of the prompt:
+ * 62 M multiply-adds for one point instead of the two [HW, H T] x [H T, C]
+ * products (117 M) and the passes over the [HW, C] maps they fed.
+ *
+ * Row p, a = K_0 + beta_0 (per image), gamma, b the first layer_norm4's
+ * weight and bias, e = b + beta_1, V_i = vo_i [H T, C] (the values through
+ * out_proj), S_i [H T, HW] (stored transposed, columns p):
+ *   sum Y_0   = sum a + S_0 (V_0 1)
+ *   sum Y_0^2 = |a|^2 + 2 S_0 . U + S_0 (V_0 V_0^T) S_0^T,  U = V_0 a_p: per
+ *               head v_h Q0_h^T, Q0 = a W_o0 [HW, I] packed per image
+ *   Z = K_1 + beta_1 = rho_0 (Y_0 - mu_0) gamma + e
+ *   sum Z, |Z|^2 from the gamma- and gamma^2-weighted sums of Y_0 the same
+ *               way (Q0' = (a gamma^2) W_o0; V_0 diag(gamma^2) V_0^T)
+ *   sum Y_1   = sum Z + S_1 (V_1 1)
+ *   sum Y_1^2 = |Z|^2 + 2 S_1 . (V_1 Z_p) + S_1 (V_1 V_1^T) S_1^T, with
+ *               V_1 Z_p = rho_0 (v1_h Q1_h^T + (V_1 diag(gamma) V_0^T) S_0
+ *               - mu_0 V_1 gamma) + V_1 e, Q1 = (a gamma) W_o1
+ * The row sums are combined in double; the variance is E[y^2] - mean^2,
+ * which the LayerNorms' outputs (mean near their bias's, spread near their
+ * weight's) keep well away from cancellation.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/kernels.h"
+#include "sam_decoder_impl.h"
+
+/* Per-row constants of the image in c->sfc: */
+enum { SF_A, SF_A2, SF_GA, SF_G2A, SF_G2A2, SF_GEA, SF_N };
+
+void vitc__sam_sf_cache(struct vitc__sam_dec_cache *c, const vitc__sam_dec *d, int64_t HW) {
+    const sam_layer *L0 = &d->layers[0], *L1 = &d->layers[1];
+    const int64_t C = d->C, H = d->heads, I0 = L0->i2t.I, I1 = L1->i2t.I;
+    const int64_t Im = I0 > I1 ? I0 : I1;
+    const float *g = L0->ln4.w, *b = L0->ln4.b, *beta0 = L0->i2t.o.b, *beta1 = L1->i2t.o.b;
+    float *a = calloc((size_t)(HW * C), sizeof(float)); /* calloc: -Wmaybe-uninitialized */
+    float *as = malloc((size_t)(HW * C) * sizeof(float));
+    float *x = malloc((size_t)(HW * Im) * sizeof(float));
+    float *t = malloc((size_t)(HW * (Im / H)) * sizeof(float));
+    c->sfc = malloc((size_t)(SF_N * HW) * sizeof(double));
+    int ok = a && as && x && t && c->sfc;
+    for (int k = 0; ok && k < 3; k++) ok = (c->sf[k] = calloc((size_t)H, sizeof **c->sf)) != NULL;
+    if (ok) {
+        for (int64_t p = 0; p < HW; p++) {
+            const float *k0 = c->K0 + p * C;
+            float *ap = a + p * C;
+            double s[SF_N] = {0};
+            for (int64_t j = 0; j < C; j++) {
+                ap[j] = k0[j] + beta0[j];
+                const double v = ap[j], gj = g[j];
+                s[SF_A] += v, s[SF_A2] += v * v, s[SF_GA] += gj * v, s[SF_G2A] += gj * gj * v;
+                s[SF_G2A2] += gj * gj * v * v, s[SF_GEA] += gj * ((double)b[j] + beta1[j]) * v;
+            }
+            memcpy(c->sfc + SF_N * p, s, sizeof s);
+        }
+        /* Q0 = a W_o0 (out_proj's weight [C, I]), Q0' = (a gamma^2) W_o0,
+         * Q1 = (a gamma) W_o1 */
+        vitc__gemm(0, 0, HW, I0, C, 1.0f, a, C, L0->i2t.o.w, I0, 0.0f, x, I0);
+        ok = vitc__sam_pack_slices(c->sf[0], x, HW, I0, H, 0, t);
+        for (int64_t p = 0; p < HW; p++)
+            for (int64_t j = 0; j < C; j++) as[p * C + j] = a[p * C + j] * g[j] * g[j];
+        vitc__gemm(0, 0, HW, I0, C, 1.0f, as, C, L0->i2t.o.w, I0, 0.0f, x, I0);
+        ok = ok && vitc__sam_pack_slices(c->sf[1], x, HW, I0, H, 0, t);
+        for (int64_t p = 0; p < HW; p++)
+            for (int64_t j = 0; j < C; j++) as[p * C + j] = a[p * C + j] * g[j];
+        vitc__gemm(0, 0, HW, I1, C, 1.0f, as, C, L1->i2t.o.w, I1, 0.0f, x, I1);
+        ok = ok && vitc__sam_pack_slices(c->sf[2], x, HW, I1, H, 0, t);
+    }
+    free(a), free(as), free(x), free(t);
+    if (!ok) {
+        for (int k = 0; k < 3; k++) vitc__sam_free_packs(c->sf[k], H), c->sf[k] = NULL;
+        free(c->sfc);
+        c->sfc = NULL;
+    }
+}
+
+/* One head's token values through a cached pack: U [T, HW] rows (h, t). */
+typedef struct sf_heads_ctx {
+    const vitc__pweight *pk[2]; /* [H] each, or pk[1] NULL */
+    const float *v;             /* [T, I] */
+    float *U[2];                /* [H T, HW] each */
+    int64_t T, HW, I, dh, H;
+    _Atomic int failed;
+} sf_heads_ctx;
+
+static void sf_head(void *vc, int64_t i, int tid) {
+    sf_heads_ctx *c = vc;
+    const int64_t k = i / c->H, h = i % c->H;
+    const vitc__pweight *p = &c->pk[k][h];
+    (void)tid;
+    if (vitc__linear_pw(c->U[k] + h * c->T * c->HW, c->HW, c->v + h * c->dh, c->I, p, p->data,
+                        NULL, NULL, 0, c->T, c->HW, c->dh, VITC__ACT_NONE) != VITC_OK)
+        c->failed = 1;
+}
+
+static vitc_status sf_heads(const vitc__pweight *p0, const vitc__pweight *p1, const float *v,
+                            float *U0, float *U1, int64_t T, int64_t HW, int64_t I, int64_t H) {
+    sf_heads_ctx c = {.pk = {p0, p1}, .v = v, .U = {U0, U1}, .T = T, .HW = HW, .I = I,
+                      .dh = I / H, .H = H};
+    vitc__parallel_for((p1 ? 2 : 1) * H, sf_head, &c);
+    return c.failed ? vitc__err(VITC_ERR_INVALID_ARG, "SAM statistics: a GEMM refused its "
+                                "arguments")
+                    : VITC_OK;
+}
+
+/* o1, o2 [p1 - p0] = sum over j of S [n, HW]'s row j times X1's, X2's row
+ * j ([n, HW] each), over columns [p0, p1): a pass over S's rows with the
+ * sums in L1; inner loops of a fixed 8 (which -O2 vectorises). */
+#define SF_COLS 256
+static void sf_colsum2(float *restrict o1, float *restrict o2, const float *restrict S,
+                       const float *restrict X1, const float *restrict X2, int64_t n, int64_t HW,
+                       int64_t p0, int64_t p1) {
+    const int64_t m = p1 - p0, m8 = m / 8 * 8;
+    for (int64_t q = 0; q < m; q++) o1[q] = o2[q] = 0.0f;
+    for (int64_t j = 0; j < n; j++) {
+        const float *restrict s = S + j * HW + p0;
+        const float *restrict x1 = X1 + j * HW + p0, *restrict x2 = X2 + j * HW + p0;
+        for (int64_t q = 0; q < m8; q += 8)
+            for (int k = 0; k < 8; k++) {
+                o1[q + k] += s[q + k] * x1[q + k];
+                o2[q + k] += s[q + k] * x2[q + k];
+            }
+        for (int64_t q = m8; q < m; q++) o1[q] += s[q] * x1[q], o2[q] += s[q] * x2[q];
+    }
+}
+
+typedef struct sf_ctx {
+    const vitc__sam_dec *d;
+    sam_run *r;
+    const double *sfc;         /* the cache's [HW, SF_N] */
+    const float *S, *X1, *X2;  /* [H T, HW] each */
+    /* layer 0: [4, HW] S_0 times V_0 1, V_0 gamma, V_0 gamma^2, V_0 (gamma e);
+     * layer 1: [3, HW] S_1 times V_1 1, V_1 gamma, V_1 e */
+    const float *R;
+    double sg, sg2, sge, se, se2; /* sum gamma, gamma^2, gamma e, e, e^2 */
+    int64_t HT, HW, C;
+} sf_ctx;
+
+static float rstd(double s1, double s2, int64_t C, float eps, float *mu) {
+    const double m = s1 / (double)C;
+    double var = s2 / (double)C - m * m;
+    if (var < 0.0)
+        var = 0.0;
+    *mu = (float)m;
+    return (float)(1.0 / sqrt(var + (double)eps));
+}
+
+/* Layer 0's mean and 1 / std for a block of rows, and what layer 1 keeps
+ * of them (sum Z, |Z|^2 in r->sf.z). X1 = 2 U + G_0 S_0, X2 = 2 U' +
+ * G_0' S_0. */
+static void sf0_part(void *vc, int64_t b, int64_t e, int tid) {
+    const sf_ctx *k = vc;
+    const int64_t HW = k->HW;
+    (void)tid;
+    float o1[SF_COLS], o2[SF_COLS];
+    for (int64_t blk = b; blk < e; blk++) {
+        const int64_t p0 = blk * SF_COLS, p1 = p0 + SF_COLS < HW ? p0 + SF_COLS : HW;
+        sf_colsum2(o1, o2, k->S, k->X1, k->X2, k->HT, HW, p0, p1);
+        for (int64_t p = p0; p < p1; p++) {
+            const int64_t q = p - p0;
+            const double *a = k->sfc + SF_N * p;
+            const float *R = k->R + p;
+            float muf;
+            const float rhof = rstd(a[SF_A] + R[0], a[SF_A2] + o1[q], k->C, k->d->eps_dec, &muf);
+            k->r->f.st[2 * p] = muf, k->r->f.st[2 * p + 1] = rhof;
+            const double m0 = muf, r0 = rhof;
+            const double gy = a[SF_GA] + R[HW], g2y = a[SF_G2A] + R[2 * HW];
+            const double g2y2 = a[SF_G2A2] + o2[q], gey = a[SF_GEA] + R[3 * HW];
+            /* sum gamma^2 (Y_0 - mu_0)^2 */
+            const double c2 = g2y2 - 2.0 * m0 * g2y + m0 * m0 * k->sg2;
+            k->r->sf.z[2 * p] = r0 * (gy - m0 * k->sg) + k->se;
+            k->r->sf.z[2 * p + 1] = r0 * r0 * c2 + 2.0 * r0 * (gey - m0 * k->sge) + k->se2;
+        }
+    }
+}
+
+/* Layer 1's mean and 1 / std for a block of rows. X1 = W + M S_0 (the
+ * part of V_1 Z_p that rho_0 scales), X2 = G_1 S_1. */
+static void sf1_part(void *vc, int64_t b, int64_t e, int tid) {
+    const sf_ctx *k = vc;
+    const int64_t HW = k->HW;
+    float *st1 = k->r->f.st + 2 * HW;
+    (void)tid;
+    float o1[SF_COLS], o2[SF_COLS];
+    for (int64_t blk = b; blk < e; blk++) {
+        const int64_t p0 = blk * SF_COLS, p1 = p0 + SF_COLS < HW ? p0 + SF_COLS : HW;
+        sf_colsum2(o1, o2, k->S, k->X1, k->X2, k->HT, HW, p0, p1);
+        for (int64_t p = p0; p < p1; p++) {
+            const int64_t q = p - p0;
+            const double m0 = k->r->f.st[2 * p], r0 = k->r->f.st[2 * p + 1];
+            const float *R = k->R + p;
+            /* S_1 . (V_1 Z_p) */
+            const double sw = r0 * (o1[q] - m0 * R[HW]) + R[2 * HW];
+            const double *z = k->r->sf.z + 2 * p;
+            st1[2 * p + 1] = rstd(z[0] + R[0], z[1] + 2.0 * sw + o2[q], k->C, k->d->eps_dec,
+                                  &st1[2 * p]);
+        }
+    }
+}
+
+static void sf_init(sf_ctx *k, const vitc__sam_dec *d, sam_run *r) {
+    const sam_layer *L0 = &d->layers[0], *L1 = &d->layers[1];
+    *k = (sf_ctx){.d = d, .r = r, .sfc = r->c0->sfc, .HT = r->f.HT, .HW = r->HW, .C = d->C};
+    for (int64_t j = 0; j < d->C; j++) {
+        const double g = L0->ln4.w[j], ee = (double)L0->ln4.b[j] + L1->i2t.o.b[j];
+        k->sg += g, k->sg2 += g * g, k->sge += g * ee, k->se += ee, k->se2 += ee * ee;
+    }
+}
+
+/* w [n, HT] rows: V [HT, C] times x_i [C] (x_i NULL: ones), in double,
+ * rounded. */
+static void tok_vecs(float *w, const float *V, const float *const *x, int n, int64_t HT,
+                     int64_t C) {
+    for (int i = 0; i < n; i++)
+        for (int64_t t = 0; t < HT; t++) {
+            double s = 0.0;
+            for (int64_t j = 0; j < C; j++) s += (double)V[t * C + j] * (x[i] ? x[i][j] : 1.0f);
+            w[i * HT + t] = (float)s;
+        }
+}
+
+vitc_status vitc__sam_sf_layer0(const vitc__sam_dec *d, sam_run *r) {
+    const int64_t HT = r->f.HT, HW = r->HW, C = d->C, H = d->heads, T = HT / H;
+    const sam_layer *L0 = &d->layers[0], *L1 = &d->layers[1];
+    const float *V0 = r->vo, *g = L0->ln4.w, *S0 = r->f.S;
+    float *ge = malloc((size_t)(2 * C + HT * C + 2 * HT * HT + 4 * HT) * sizeof(float));
+    if (!ge)
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's statistics");
+    float *g2 = ge + C, *V0g2 = g2 + C, *G = V0g2 + HT * C, *w = G + 2 * HT * HT;
+    for (int64_t j = 0; j < C; j++)
+        ge[j] = g[j] * (L0->ln4.b[j] + L1->i2t.o.b[j]), g2[j] = g[j] * g[j];
+    tok_vecs(w, V0, (const float *const[]){NULL, g, g2, ge}, 4, HT, C);
+    for (int64_t i = 0; i < HT; i++)
+        for (int64_t j = 0; j < C; j++) V0g2[i * C + j] = V0[i * C + j] * g2[j];
+    /* G_0 = V0 V0^T, G_0' = V0 diag(gamma^2) V0^T */
+    vitc__gemm(0, 1, HT, HT, C, 1.0f, V0, C, V0, C, 0.0f, G, HT);
+    vitc__gemm(0, 1, HT, HT, C, 1.0f, V0g2, C, V0, C, 0.0f, G + HT * HT, HT);
+    float *X1 = r->sf.buf, *X2 = X1 + HT * HW, *R = X2 + HT * HW; /* R [4, HW] */
+    vitc_status s = sf_heads(r->c0->sf[0], r->c0->sf[1], r->tv, X1, X2, T, HW, L0->i2t.I, H);
+    if (s == VITC_OK) {
+        vitc__gemm(0, 0, HT, HW, HT, 1.0f, G, HT, S0, HW, 2.0f, X1, HW);
+        vitc__gemm(0, 0, HT, HW, HT, 1.0f, G + HT * HT, HT, S0, HW, 2.0f, X2, HW);
+        vitc__gemm(0, 0, 4, HW, HT, 1.0f, w, HT, S0, HW, 0.0f, R, HW);
+        sf_ctx k;
+        sf_init(&k, d, r);
+        k.S = S0, k.X1 = X1, k.X2 = X2, k.R = R;
+        vitc__parallel_range((HW + SF_COLS - 1) / SF_COLS, sf0_part, &k);
+    }
+    free(ge);
+    return s;
+}
+
+vitc_status vitc__sam_sf_layer1(const vitc__sam_dec *d, sam_run *r) {
+    const int64_t HT = r->f.HT, HW = r->HW, C = d->C, H = d->heads, T = HT / H;
+    const sam_layer *L0 = &d->layers[0], *L1 = &d->layers[1];
+    const float *V1 = r->vo, *V0 = r->f.V0, *g = L0->ln4.w, *S1 = r->f.S + HW * HT;
+    float *e = malloc((size_t)(C + HT * C + 2 * HT * HT + 3 * HT) * sizeof(float));
+    if (!e)
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's statistics");
+    float *V1g = e + C, *M = V1g + HT * C, *G1 = M + HT * HT, *w = G1 + HT * HT;
+    for (int64_t j = 0; j < C; j++) e[j] = L0->ln4.b[j] + L1->i2t.o.b[j];
+    tok_vecs(w, V1, (const float *const[]){NULL, g, e}, 3, HT, C);
+    for (int64_t i = 0; i < HT; i++)
+        for (int64_t j = 0; j < C; j++) V1g[i * C + j] = V1[i * C + j] * g[j];
+    /* M = V1 diag(gamma) V0^T, G_1 = V1 V1^T */
+    vitc__gemm(0, 1, HT, HT, C, 1.0f, V1g, C, V0, C, 0.0f, M, HT);
+    vitc__gemm(0, 1, HT, HT, C, 1.0f, V1, C, V1, C, 0.0f, G1, HT);
+    float *X1 = r->sf.buf, *X2 = X1 + HT * HW, *R = X2 + HT * HW; /* R [3, HW] */
+    vitc_status s = sf_heads(r->c0->sf[2], NULL, r->tv, X1, NULL, T, HW, L1->i2t.I, H);
+    if (s == VITC_OK) {
+        vitc__gemm(0, 0, HT, HW, HT, 1.0f, M, HT, r->f.S, HW, 1.0f, X1, HW);
+        vitc__gemm(0, 0, HT, HW, HT, 1.0f, G1, HT, S1, HW, 0.0f, X2, HW);
+        vitc__gemm(0, 0, 3, HW, HT, 1.0f, w, HT, S1, HW, 0.0f, R, HW);
+        sf_ctx k;
+        sf_init(&k, d, r);
+        k.S = S1, k.X1 = X1, k.X2 = X2, k.R = R;
+        vitc__parallel_range((HW + SF_COLS - 1) / SF_COLS, sf1_part, &k);
+    }
+    free(e);
+    return s;
+}
