@@ -558,20 +558,40 @@ static void t1_head(void *vc, int64_t h, int tid) {
 /* Two independent products side by side, one a thread: a few dozen rows
  * and columns over K = HW leave the GEMM few tiles to share, and split
  * over two threads one such product ran slower than on one (measured:
- * [32, 4096] x [4096, 56] 353 us on two threads, 269 us on one). Each
- * product's bits are the GEMM's at any thread count. */
+ * [32, 4096] x [4096, 56] 353 us on two threads, 269 us on one). With B
+ * stored [N, K] (tb) each runs transposed, C^T = B A^T into a buffer then
+ * copied over: A's rows are then the columns, and 32 of them make one
+ * whole strip of the microkernel and its fast packer (167 us against 254
+ * for [32, 4096] x [4096, 56] on one thread). */
 typedef struct gemm2_ctx {
     int tb[2];
     int64_t M[2], N, K, lda, ldb[2], ldc;
     const float *A[2], *B[2];
     float *C[2];
+    float *t[2]; /* [N, M[i]] each, for tb */
 } gemm2_ctx;
 
 static void gemm2_one(void *vc, int64_t i, int tid) {
     const gemm2_ctx *c = vc;
     (void)tid;
-    vitc__gemm(0, c->tb[i], c->M[i], c->N, c->K, 1.0f, c->A[i], c->lda, c->B[i], c->ldb[i],
-               0.0f, c->C[i], c->ldc);
+    if (!c->tb[i] || !c->t[i]) {
+        vitc__gemm(0, c->tb[i], c->M[i], c->N, c->K, 1.0f, c->A[i], c->lda, c->B[i], c->ldb[i],
+                   0.0f, c->C[i], c->ldc);
+        return;
+    }
+    const int64_t M = c->M[i], N = c->N;
+    vitc__gemm(0, 1, N, M, c->K, 1.0f, c->B[i], c->ldb[i], c->A[i], c->lda, 0.0f, c->t[i], M);
+    for (int64_t r = 0; r < M; r++)
+        for (int64_t j = 0; j < N; j++) c->C[i][r * c->ldc + j] = c->t[i][j * M + r];
+}
+
+/* gemm2_one on both, their buffers from the heap (without them: the
+ * products untransposed). */
+static void gemm2(gemm2_ctx *g) {
+    float *t = malloc((size_t)(g->N * (g->M[0] + g->M[1])) * sizeof(float));
+    g->t[0] = t, g->t[1] = t ? t + g->N * g->M[0] : NULL;
+    vitc__parallel_for(2, gemm2_one, g);
+    free(t);
 }
 
 /* Whether attend_t2i_layer1 can run on r: the fold's record of the first
@@ -621,11 +641,11 @@ static vitc_status attend_t2i_layer1(const vitc__sam_dec *d, const sam_attn *a, 
         return vitc__err(VITC_ERR_INVALID_ARG, "SAM token -> image attention: a GEMM refused "
                          "its arguments");
     /* PS = (P rho) S_0, its rows in two halves side by side (gemm2_one) */
-    const int64_t M0 = HT / 2;
+    const int64_t M0 = HT > 32 ? 32 : HT / 2; /* a whole strip transposed (gemm2) */
     gemm2_ctx g2 = {.tb = {st, st}, .M = {M0, HT - M0}, .N = HT, .K = HW, .lda = HW,
                     .ldb = {st ? HW : HT, st ? HW : HT}, .ldc = HT, .A = {r->ak, r->ak + M0 * HW},
                     .B = {S0, S0}, .C = {PS, PS + M0 * HT}};
-    vitc__parallel_for(2, gemm2_one, &g2);
+    gemm2(&g2);
     float *tmp = r->av; /* [T, dh] */
     for (int64_t h = 0; h < H; h++) {
         small_mm(tmp, dh, PS + h * T * HT, HT, AV + h * dh, I, 0, T, dh, HT, 1.0f);
@@ -931,7 +951,7 @@ static vitc_status attend_final(const vitc__sam_dec *d, sam_run *r, float *y, co
     gemm2_ctx g2 = {.tb = {st0, st1}, .M = {HTf, HTf}, .N = HT, .K = HW, .lda = HW,
                     .ldb = {st0 ? HW : HT, st1 ? HW : HT}, .ldc = HT, .A = {r->ak, pg},
                     .B = {S0, S1}, .C = {PS0, PS1}};
-    vitc__parallel_for(2, gemm2_one, &g2);
+    gemm2(&g2);
     float *tmp = r->av; /* [T, dh] twice */
     const float *cs = d->fin_c + 4 * I;
     for (int64_t h = 0; h < H; h++) {
