@@ -230,63 +230,87 @@ static void tok_vecs(float *w, const float *V, const float *const *x, int n, int
         }
 }
 
-vitc_status vitc__sam_sf_layer0(const vitc__sam_dec *d, sam_run *r) {
+/* One layer's statistics: its token vectors w (V times each of vec[]),
+ * a copy of V with its columns scaled by sc, the two [H T, H T] products
+ * Ga = Va Vb_a^T and Gb, the heads' products with the packs into X1 (and
+ * X2), then X1 = Ga Sa + beta_a X1, X2 = Gb Sb + beta_b X2, R = w S and
+ * the rows' pass. */
+typedef struct sf_spec {
+    const float *V, *sc;        /* [H T, C], [C] */
+    const float *vec[4];        /* [C] each, NULL: ones */
+    int n_vec;
+    /* Ga = (scaled ? V sc : V) Va^T, Gb likewise */
+    int ga_scaled, gb_scaled;
+    const float *ga_b, *gb_b;   /* [H T, C] */
+    const float *Sa, *Sb, *S;   /* [H T, HW] */
+    float beta_a, beta_b;
+    const vitc__pweight *pk[2]; /* pk[1] NULL: X2 from Gb alone */
+    int64_t I;
+    vitc__range_fn part;
+} sf_spec;
+
+static vitc_status sf_layer(const vitc__sam_dec *d, sam_run *r, const sf_spec *sp) {
     const int64_t HT = r->f.HT, HW = r->HW, C = d->C, H = d->heads, T = HT / H;
-    const sam_layer *L0 = &d->layers[0], *L1 = &d->layers[1];
-    const float *V0 = r->vo, *g = L0->ln4.w, *S0 = r->f.S;
-    float *ge = malloc((size_t)(2 * C + HT * C + 2 * HT * HT + 4 * HT) * sizeof(float));
-    if (!ge)
+    float *Vs = malloc((size_t)(HT * C + 2 * HT * HT + 4 * HT) * sizeof(float));
+    if (!Vs)
         return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's statistics");
-    float *g2 = ge + C, *V0g2 = g2 + C, *G = V0g2 + HT * C, *w = G + 2 * HT * HT;
-    for (int64_t j = 0; j < C; j++)
-        ge[j] = g[j] * (L0->ln4.b[j] + L1->i2t.o.b[j]), g2[j] = g[j] * g[j];
-    tok_vecs(w, V0, (const float *const[]){NULL, g, g2, ge}, 4, HT, C);
+    float *Ga = Vs + HT * C, *Gb = Ga + HT * HT, *w = Gb + HT * HT;
+    tok_vecs(w, sp->V, sp->vec, sp->n_vec, HT, C);
     for (int64_t i = 0; i < HT; i++)
-        for (int64_t j = 0; j < C; j++) V0g2[i * C + j] = V0[i * C + j] * g2[j];
-    /* G_0 = V0 V0^T, G_0' = V0 diag(gamma^2) V0^T */
-    vitc__gemm(0, 1, HT, HT, C, 1.0f, V0, C, V0, C, 0.0f, G, HT);
-    vitc__gemm(0, 1, HT, HT, C, 1.0f, V0g2, C, V0, C, 0.0f, G + HT * HT, HT);
-    float *X1 = r->sf.buf, *X2 = X1 + HT * HW, *R = X2 + HT * HW; /* R [4, HW] */
-    vitc_status s = sf_heads(r->c0->sf[0], r->c0->sf[1], r->tv, X1, X2, T, HW, L0->i2t.I, H);
+        for (int64_t j = 0; j < C; j++) Vs[i * C + j] = sp->V[i * C + j] * sp->sc[j];
+    vitc__gemm(0, 1, HT, HT, C, 1.0f, sp->ga_scaled ? Vs : sp->V, C, sp->ga_b, C, 0.0f, Ga, HT);
+    vitc__gemm(0, 1, HT, HT, C, 1.0f, sp->gb_scaled ? Vs : sp->V, C, sp->gb_b, C, 0.0f, Gb, HT);
+    float *X1 = r->sf.buf, *X2 = X1 + HT * HW, *R = X2 + HT * HW; /* R [n_vec, HW] */
+    vitc_status s = sf_heads(sp->pk[0], sp->pk[1], r->tv, X1, X2, T, HW, sp->I, H);
     if (s == VITC_OK) {
-        vitc__gemm(0, 0, HT, HW, HT, 1.0f, G, HT, S0, HW, 2.0f, X1, HW);
-        vitc__gemm(0, 0, HT, HW, HT, 1.0f, G + HT * HT, HT, S0, HW, 2.0f, X2, HW);
-        vitc__gemm(0, 0, 4, HW, HT, 1.0f, w, HT, S0, HW, 0.0f, R, HW);
+        vitc__gemm(0, 0, HT, HW, HT, 1.0f, Ga, HT, sp->Sa, HW, sp->beta_a, X1, HW);
+        vitc__gemm(0, 0, HT, HW, HT, 1.0f, Gb, HT, sp->Sb, HW, sp->beta_b, X2, HW);
+        vitc__gemm(0, 0, sp->n_vec, HW, HT, 1.0f, w, HT, sp->S, HW, 0.0f, R, HW);
         sf_ctx k;
         sf_init(&k, d, r);
-        k.S = S0, k.X1 = X1, k.X2 = X2, k.R = R;
-        vitc__parallel_range((HW + SF_COLS - 1) / SF_COLS, sf0_part, &k);
+        k.S = sp->S, k.X1 = X1, k.X2 = X2, k.R = R;
+        vitc__parallel_range((HW + SF_COLS - 1) / SF_COLS, sp->part, &k);
     }
+    free(Vs);
+    return s;
+}
+
+/* Layer 0: vectors 1, gamma, gamma^2, gamma e; X1 = 2 U + V0 V0^T S0, X2
+ * = 2 U' + V0 diag(gamma^2) V0^T S0. */
+vitc_status vitc__sam_sf_layer0(const vitc__sam_dec *d, sam_run *r) {
+    const sam_layer *L0 = &d->layers[0], *L1 = &d->layers[1];
+    const int64_t C = d->C;
+    const float *g = L0->ln4.w;
+    float *ge = malloc((size_t)(2 * C) * sizeof(float));
+    if (!ge)
+        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's statistics");
+    float *g2 = ge + C;
+    for (int64_t j = 0; j < C; j++)
+        ge[j] = g[j] * (L0->ln4.b[j] + L1->i2t.o.b[j]), g2[j] = g[j] * g[j];
+    const sf_spec sp = {.V = r->vo, .sc = g2, .vec = {NULL, g, g2, ge}, .n_vec = 4,
+                        .ga_scaled = 0, .gb_scaled = 1, .ga_b = r->vo, .gb_b = r->vo,
+                        .Sa = r->f.S, .Sb = r->f.S, .S = r->f.S, .beta_a = 2.0f, .beta_b = 2.0f,
+                        .pk = {r->c0->sf[0], r->c0->sf[1]}, .I = L0->i2t.I, .part = sf0_part};
+    vitc_status s = sf_layer(d, r, &sp);
     free(ge);
     return s;
 }
 
+/* Layer 1: vectors 1, gamma, e; X1 = W + V1 diag(gamma) V0^T S0, X2 =
+ * V1 V1^T S1. */
 vitc_status vitc__sam_sf_layer1(const vitc__sam_dec *d, sam_run *r) {
-    const int64_t HT = r->f.HT, HW = r->HW, C = d->C, H = d->heads, T = HT / H;
     const sam_layer *L0 = &d->layers[0], *L1 = &d->layers[1];
-    const float *V1 = r->vo, *V0 = r->f.V0, *g = L0->ln4.w, *S1 = r->f.S + HW * HT;
-    float *e = malloc((size_t)(C + HT * C + 2 * HT * HT + 3 * HT) * sizeof(float));
+    const int64_t C = d->C, HW = r->HW;
+    float *e = malloc((size_t)C * sizeof(float));
     if (!e)
         return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's statistics");
-    float *V1g = e + C, *M = V1g + HT * C, *G1 = M + HT * HT, *w = G1 + HT * HT;
     for (int64_t j = 0; j < C; j++) e[j] = L0->ln4.b[j] + L1->i2t.o.b[j];
-    tok_vecs(w, V1, (const float *const[]){NULL, g, e}, 3, HT, C);
-    for (int64_t i = 0; i < HT; i++)
-        for (int64_t j = 0; j < C; j++) V1g[i * C + j] = V1[i * C + j] * g[j];
-    /* M = V1 diag(gamma) V0^T, G_1 = V1 V1^T */
-    vitc__gemm(0, 1, HT, HT, C, 1.0f, V1g, C, V0, C, 0.0f, M, HT);
-    vitc__gemm(0, 1, HT, HT, C, 1.0f, V1, C, V1, C, 0.0f, G1, HT);
-    float *X1 = r->sf.buf, *X2 = X1 + HT * HW, *R = X2 + HT * HW; /* R [3, HW] */
-    vitc_status s = sf_heads(r->c0->sf[2], NULL, r->tv, X1, NULL, T, HW, L1->i2t.I, H);
-    if (s == VITC_OK) {
-        vitc__gemm(0, 0, HT, HW, HT, 1.0f, M, HT, r->f.S, HW, 1.0f, X1, HW);
-        vitc__gemm(0, 0, HT, HW, HT, 1.0f, G1, HT, S1, HW, 0.0f, X2, HW);
-        vitc__gemm(0, 0, 3, HW, HT, 1.0f, w, HT, S1, HW, 0.0f, R, HW);
-        sf_ctx k;
-        sf_init(&k, d, r);
-        k.S = S1, k.X1 = X1, k.X2 = X2, k.R = R;
-        vitc__parallel_range((HW + SF_COLS - 1) / SF_COLS, sf1_part, &k);
-    }
+    const float *S1 = r->f.S + HW * r->f.HT;
+    const sf_spec sp = {.V = r->vo, .sc = L0->ln4.w, .vec = {NULL, L0->ln4.w, e}, .n_vec = 3,
+                        .ga_scaled = 1, .gb_scaled = 0, .ga_b = r->f.V0, .gb_b = r->vo,
+                        .Sa = r->f.S, .Sb = S1, .S = S1, .beta_a = 1.0f, .beta_b = 0.0f,
+                        .pk = {r->c0->sf[2], NULL}, .I = L1->i2t.I, .part = sf1_part};
+    vitc_status s = sf_layer(d, r, &sp);
     free(e);
     return s;
 }

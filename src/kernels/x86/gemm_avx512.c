@@ -82,32 +82,42 @@ static inline void vitc__prefetch_tile(const float *C, int64_t ldc, int64_t mr, 
                   e->res ? e->res + (i) * e->ldr : NULL, gt + 2 * (i))
 
 /* A short tile (mr <= R < MR: a 197- or 257-row product's last 5 rows, a
- * class-token row) with R rows of accumulators instead of 12: the same
- * FMAs in the same order for the rows it has, so bitwise the full kernel's
- * result, at R/12 of its cost. pa still holds strips of MR. */
+ * class-token row, a 7-token product against an image's 4096 keys) with R
+ * rows of accumulators instead of 12: the same FMAs in the same order for
+ * the rows it has, so bitwise the full kernel's result, at R/12 of its
+ * cost. st 0: from packed strips (pa strips of MR, pb of NR, b_ks NR); st
+ * 1: A and B read in place as ukr_st reads them (rows past mr re-read row
+ * 0, B's columns past nr masked). */
 static inline __attribute__((always_inline)) void
-vitc__ukr_short(const int R, int64_t kc, const float *pa, const float *pb, float *C, int64_t ldc,
-                int64_t mr, int64_t nr, const vitc__gemm_epi *e) {
+vitc__ukr_short(const int R, const int st, int64_t kc, const float *A, int64_t a_ks, int64_t a_rs,
+                const float *B, int64_t b_ks, float *C, int64_t ldc, int64_t mr, int64_t nr,
+                const vitc__gemm_epi *e) {
     __m512 c[8][2];
+    const float *r[8];
 #pragma GCC unroll 8
-    for (int i = 0; i < R; i++) c[i][0] = c[i][1] = _mm512_setzero_ps();
+    for (int i = 0; i < R; i++) {
+        c[i][0] = c[i][1] = _mm512_setzero_ps();
+        r[i] = A + (i < mr ? i : 0) * a_rs;
+    }
+    __mmask16 m0 = vitc__mask16(nr), m1 = vitc__mask16(nr - 16);
     vitc__prefetch_tile(C, ldc, mr, nr, e->res, e->ldr);
     const char *pf = e->pf;
     int64_t pfn = e->pf_lines;
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
-        __m512 b0 = _mm512_load_ps(pb), b1 = _mm512_load_ps(pb + 16);
-        if (pfn > 0) _mm_prefetch(pf, _MM_HINT_T1), pf += 64, pfn--;
+        __m512 b0 = st ? _mm512_maskz_loadu_ps(m0, B) : _mm512_load_ps(B);
+        __m512 b1 = st ? _mm512_maskz_loadu_ps(m1, B + 16) : _mm512_load_ps(B + 16);
+        if (!st && pfn > 0) _mm_prefetch(pf, _MM_HINT_T1), pf += 64, pfn--;
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
-            __m512 a = _mm512_set1_ps(pa[i]);
+            __m512 a = _mm512_set1_ps(st ? r[i][0] : A[i]);
             c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
             c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
+            if (st) r[i] += a_ks;
         }
-        pa += MR;
-        pb += NR;
+        if (!st) A += a_ks;
+        B += b_ks;
     }
-    __mmask16 m0 = vitc__mask16(nr), m1 = vitc__mask16(nr - 16);
     __m512 gt[2 * 8];
 #pragma GCC unroll 8
     for (int i = 0; i < R; i++)
@@ -120,15 +130,15 @@ vitc__ukr_short(const int R, int64_t kc, const float *pa, const float *pb, float
 static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float *C, int64_t ldc,
                              int64_t mr, int64_t nr, const vitc__gemm_epi *e) {
     if (mr <= 4) {
-        vitc__ukr_short(4, kc, pa, pb, C, ldc, mr, nr, e);
+        vitc__ukr_short(4, 0, kc, pa, MR, 1, pb, NR, C, ldc, mr, nr, e);
         return;
     }
     if (mr <= 6) { /* 12 chains still cover the FMA latency */
-        vitc__ukr_short(6, kc, pa, pb, C, ldc, mr, nr, e);
+        vitc__ukr_short(6, 0, kc, pa, MR, 1, pb, NR, C, ldc, mr, nr, e);
         return;
     }
     if (mr <= 8) {
-        vitc__ukr_short(8, kc, pa, pb, C, ldc, mr, nr, e);
+        vitc__ukr_short(8, 0, kc, pa, MR, 1, pb, NR, C, ldc, mr, nr, e);
         return;
     }
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
@@ -187,57 +197,19 @@ static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float
         c##i##1 = _mm512_fmadd_ps(a, b1, c##i##1);                           \
     } while (0)
 
-/* ukr_st's short tile, as ukr_short for the packed one: R rows of
- * accumulators for mr <= R (a 7-token or 4-row product against an image's
- * 4096 keys computed 12 rows for its 4 to 7), the same FMAs in the same
- * order, so bitwise the full kernel's rows. */
-static inline __attribute__((always_inline)) void
-vitc__ukr_st_short(const int R, int64_t kc, const float *A, int64_t a_ks, int64_t a_rs,
-                   const float *B, int64_t b_ks, float *C, int64_t ldc, int64_t mr, int64_t nr,
-                   const vitc__gemm_epi *e) {
-    __m512 c[8][2];
-    const float *r[8];
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++) {
-        c[i][0] = c[i][1] = _mm512_setzero_ps();
-        r[i] = A + (i < mr ? i : 0) * a_rs;
-    }
-    __mmask16 m0 = vitc__mask16(nr), m1 = vitc__mask16(nr - 16);
-    vitc__prefetch_tile(C, ldc, mr, nr, e->res, e->ldr);
-#pragma GCC unroll 4
-    for (int64_t k = 0; k < kc; k++) {
-        __m512 b0 = _mm512_maskz_loadu_ps(m0, B), b1 = _mm512_maskz_loadu_ps(m1, B + 16);
-#pragma GCC unroll 8
-        for (int i = 0; i < R; i++) {
-            __m512 a = _mm512_set1_ps(r[i][0]);
-            c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
-            c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
-            r[i] += a_ks;
-        }
-        B += b_ks;
-    }
-    __m512 gt[2 * 8];
-#pragma GCC unroll 8
-    for (int i = 0; i < R; i++)
-        if (i < mr)
-            vitc__row_out(C + i * ldc, c[i][0], c[i][1], m0, m1, e,
-                          e->res ? e->res + i * e->ldr : NULL, gt + 2 * i);
-    if (e->gelu) vitc__v_gelu_tile(C, ldc, gt, mr, m0, m1);
-}
-
 static void vitc__ukr_st_avx512(int64_t kc, const float *A, int64_t a_ks, int64_t a_rs,
                                 const float *B, int64_t b_ks, float *C, int64_t ldc, int64_t mr,
                                 int64_t nr, const vitc__gemm_epi *e) {
     if (mr <= 4) {
-        vitc__ukr_st_short(4, kc, A, a_ks, a_rs, B, b_ks, C, ldc, mr, nr, e);
+        vitc__ukr_short(4, 1, kc, A, a_ks, a_rs, B, b_ks, C, ldc, mr, nr, e);
         return;
     }
     if (mr <= 6) {
-        vitc__ukr_st_short(6, kc, A, a_ks, a_rs, B, b_ks, C, ldc, mr, nr, e);
+        vitc__ukr_short(6, 1, kc, A, a_ks, a_rs, B, b_ks, C, ldc, mr, nr, e);
         return;
     }
     if (mr <= 8) {
-        vitc__ukr_st_short(8, kc, A, a_ks, a_rs, B, b_ks, C, ldc, mr, nr, e);
+        vitc__ukr_short(8, 1, kc, A, a_ks, a_rs, B, b_ks, C, ldc, mr, nr, e);
         return;
     }
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
