@@ -218,16 +218,14 @@ static void sf_init(sf_ctx *k, const vitc__sam_dec *d, sam_run *r) {
     }
 }
 
-/* w [n, HT] rows: V [HT, C] times x_i [C] (x_i NULL: ones), in double,
- * rounded. */
-static void tok_vecs(float *w, const float *V, const float *const *x, int n, int64_t HT,
-                     int64_t C) {
+/* w [n, HT] = x [n, C] V^T (x_i NULL: ones), xs [n, C] scratch: one
+ * product (as n x H T dot products in double they ran a tenth of a
+ * millisecond on one thread while the other waited). */
+static void tok_vecs(float *w, float *xs, const float *V, const float *const *x, int n,
+                     int64_t HT, int64_t C) {
     for (int i = 0; i < n; i++)
-        for (int64_t t = 0; t < HT; t++) {
-            double s = 0.0;
-            for (int64_t j = 0; j < C; j++) s += (double)V[t * C + j] * (x[i] ? x[i][j] : 1.0f);
-            w[i * HT + t] = (float)s;
-        }
+        for (int64_t j = 0; j < C; j++) xs[i * C + j] = x[i] ? x[i][j] : 1.0f;
+    vitc__gemm(0, 1, n, HT, C, 1.0f, xs, C, V, C, 0.0f, w, HT);
 }
 
 /* One layer's statistics: its token vectors w (V times each of vec[]),
@@ -251,11 +249,11 @@ typedef struct sf_spec {
 
 static vitc_status sf_layer(const vitc__sam_dec *d, sam_run *r, const sf_spec *sp) {
     const int64_t HT = r->f.HT, HW = r->HW, C = d->C, H = d->heads, T = HT / H;
-    float *Vs = malloc((size_t)(HT * C + 2 * HT * HT + 4 * HT) * sizeof(float));
+    float *Vs = malloc((size_t)(HT * C + 2 * HT * HT + 4 * HT + 4 * C) * sizeof(float));
     if (!Vs)
         return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's statistics");
-    float *Ga = Vs + HT * C, *Gb = Ga + HT * HT, *w = Gb + HT * HT;
-    tok_vecs(w, sp->V, sp->vec, sp->n_vec, HT, C);
+    float *Ga = Vs + HT * C, *Gb = Ga + HT * HT, *w = Gb + HT * HT, *xs = w + 4 * HT;
+    tok_vecs(w, xs, sp->V, sp->vec, sp->n_vec, HT, C);
     for (int64_t i = 0; i < HT; i++)
         for (int64_t j = 0; j < C; j++) Vs[i * C + j] = sp->V[i * C + j] * sp->sc[j];
     vitc__gemm(0, 1, HT, HT, C, 1.0f, sp->ga_scaled ? Vs : sp->V, C, sp->ga_b, C, 0.0f, Ga, HT);
