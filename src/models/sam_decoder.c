@@ -1146,6 +1146,28 @@ static void ffn(const sam_ffn *f, float *y, const float *x, int64_t in, float *t
     lin(y, f->out_dim, a, f->hidden, &f->out, NULL, 0, 1, f->out_dim, f->hidden);
 }
 
+/* The masks' hypernetwork MLPs and the IoU head side by side, one a task:
+ * each is three products of one row (a region of its own each, a dozen
+ * per prompt, had cost more in waking the pool than in products). */
+typedef struct mlps_ctx {
+    const vitc__sam_dec *d;
+    const float *Q;    /* [Nt, C] the tokens */
+    float *hyper, *iou; /* [n, C/8], [T] */
+    float *tmp;        /* [n + 1, tn] */
+    int64_t n, first, tn;
+} mlps_ctx;
+
+static void mlps_one(void *vc, int64_t i, int tid) {
+    const mlps_ctx *c = vc;
+    const int64_t C = c->d->C;
+    (void)tid;
+    if (i < c->n)
+        ffn(&c->d->hyper[c->first + i], c->hyper + i * (C / 8), c->Q + (1 + c->first + i) * C, C,
+            c->tmp + i * c->tn);
+    else
+        ffn(&c->d->iou, c->iou, c->Q, C, c->tmp + i * c->tn);
+}
+
 /* A 2x2 / 2 convolution of x [H, W, Cin] into y [H/2, W/2, O], through
  * the dense layers (l->w already in their [O, 2, 2, Cin] layout). */
 static vitc_status conv2(const sam_wb *l, float *y, const float *x, int64_t H, int64_t W,
@@ -1405,9 +1427,19 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
         const int64_t C4 = C / 4, C8 = C / 8;
         /* The hypernetwork rows of the masks asked for, then masks [n, P]
          * = hyper [n, C/8] u2^T. */
-        float *hyper = r.hid, *tmp = r.hid + n_masks * C8;
+        float *hyper = r.hid, iou[4];
+        int64_t tn = 2 * d->iou.hidden;
         for (int64_t m = 0; m < n_masks; m++)
-            ffn(&d->hyper[first + m], hyper + m * C8, r.Q + (1 + first + m) * C, C, tmp);
+            tn = tn > 2 * d->hyper[first + m].hidden ? tn : 2 * d->hyper[first + m].hidden;
+        mlps_ctx mc = {.d = d, .Q = r.Q, .hyper = hyper, .iou = iou, .n = n_masks,
+                       .first = first, .tn = tn,
+                       .tmp = malloc((size_t)((n_masks + 1) * tn) * sizeof(float))};
+        if (!mc.tmp) {
+            s = vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's mask heads");
+            goto done;
+        }
+        vitc__parallel_for(n_masks + 1, mlps_one, &mc);
+        free(mc.tmp);
         if (strcmp(vitc__nn_dense_path(), "ref") != 0) {
             if ((s = vitc__sam_upscale(d, &r, r.K, hyper, n_masks, low)) != VITC_OK)
                 goto done;
@@ -1423,8 +1455,6 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
             vitc__gelu(u2, 16 * HW * C8);
             vitc__gemm(0, 1, n_masks, 16 * HW, C8, 1.0f, hyper, C8, u2, C8, 0.0f, low, 16 * HW);
         }
-        float iou[4];
-        ffn(&d->iou, iou, r.Q, C, tmp);
         for (int64_t m = 0; m < n_masks; m++) out->iou[m] = iou[first + m];
     }
 
