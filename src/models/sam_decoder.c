@@ -374,7 +374,7 @@ static vitc_status t2i0_packed(const vitc__sam_dec *d, const sam_attn *a, sam_ru
     lin(r->aq, I, xq, C, &a->q, NULL, 0, Lq, I, C);
     t2i0_ctx c = {.c = r->c0, .q = r->aq, .S = r->ak, .o = r->ao, .Lq = Lq, .HW = r->HW,
                   .I = I, .dh = dh, .scale = (float)(1.0 / sqrt((double)dh))};
-    vitc__parallel_for(d->heads, t2i0_head, &c);
+    sam_tasks(d->heads, t2i0_head, &c);
     if (c.failed)
         return vitc__err(VITC_ERR_INVALID_ARG, "SAM token -> image attention: a GEMM refused "
                          "its arguments");
@@ -590,7 +590,7 @@ static void gemm2_one(void *vc, int64_t i, int tid) {
 static void gemm2(gemm2_ctx *g) {
     float *t = malloc((size_t)(g->N * (g->M[0] + g->M[1])) * sizeof(float));
     g->t[0] = t, g->t[1] = t ? t + g->N * g->M[0] : NULL;
-    vitc__parallel_for(2, gemm2_one, g);
+    sam_tasks(2, gemm2_one, g);
     free(t);
 }
 
@@ -636,7 +636,7 @@ static vitc_status attend_t2i_layer1(const vitc__sam_dec *d, const sam_attn *a, 
     t1_ctx c = {.r = r, .x = q, .ss = r->av, .S = r->ak, .sp = r->ao, .g = d->t1_c,
                 .hs = d->t1_c + I, .pk = 0, .o = o, .sums = sums, .T = T, .HW = HW, .I = I,
                 .dh = dh, .scale = (float)(1.0 / sqrt((double)dh))};
-    vitc__parallel_for(H, t1_head, &c);
+    sam_tasks(H, t1_head, &c);
     if (c.failed)
         return vitc__err(VITC_ERR_INVALID_ARG, "SAM token -> image attention: a GEMM refused "
                          "its arguments");
@@ -763,7 +763,7 @@ static int attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run 
          * softmax down its columns while they are in cache */
         i2tc_ctx t = {.c = c, .k = k, .S = S, .Lq = Lq, .Lk = Lk, .I = I, .dh = dh,
                       .scale = scale};
-        vitc__parallel_for(H, i2tc_head, &t);
+        sam_tasks(H, i2tc_head, &t);
         if (!t.failed) {
             if (y) /* else the statistics alone are read (sam_stats.c) */
                 vitc__gemm(1, 0, Lq, C, HT, 1.0f, S, Lq, vo, C, beta, y, C);
@@ -824,7 +824,7 @@ static int attend_i2t_layer1(const vitc__sam_dec *d, const sam_attn *a, sam_run 
     t1_ctx c = {.r = r, .x = k, .ss = r->ak, .S = S, .sp = r->ao, .g = d->t1_c + 5 * I,
                 .hs = d->t1_c + 6 * I, .bias = a->q.b, .pk = 3, .T = T, .HW = HW, .I = I,
                 .dh = dh, .scale = (float)(1.0 / sqrt((double)dh))};
-    vitc__parallel_for(H, t1q_head, &c);
+    sam_tasks(H, t1q_head, &c);
     if (c.failed)
         return -1;
     if (y) /* else the statistics alone are read (sam_stats.c) */
@@ -942,7 +942,7 @@ static vitc_status attend_final(const vitc__sam_dec *d, sam_run *r, float *y, co
     t1_ctx c = {.r = r, .x = q, .ss = ss0, .ss1 = ss1, .S = r->ak, .sp = sp, .pg = pg,
                 .cst = d->fin_c, .o = o, .sums = sums, .T = T, .HW = HW, .I = I, .dh = dh,
                 .scale = (float)(1.0 / sqrt((double)dh))};
-    vitc__parallel_for(H, fin_head, &c);
+    sam_tasks(H, fin_head, &c);
     if (c.failed)
         return vitc__err(VITC_ERR_INVALID_ARG, "SAM final attention: a GEMM refused its "
                          "arguments");
@@ -1438,7 +1438,7 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
             s = vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's mask heads");
             goto done;
         }
-        vitc__parallel_for(n_masks + 1, mlps_one, &mc);
+        sam_tasks(n_masks + 1, mlps_one, &mc);
         free(mc.tmp);
         if (strcmp(vitc__nn_dense_path(), "ref") != 0) {
             if ((s = vitc__sam_upscale(d, &r, r.K, hyper, n_masks, low)) != VITC_OK)

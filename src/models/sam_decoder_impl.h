@@ -193,6 +193,14 @@ struct vitc__sam_dec_cache {
     int64_t H;
 };
 
+/* The decoder's per-head (and per-mask) tasks, claimed as threads come
+ * free: each is a tenth of a millisecond or so, and with a fixed split a
+ * thread held up by another process left the other waiting for its share
+ * at every region's end. */
+static inline void sam_tasks(int64_t n, vitc__task_fn fn, void *ctx) {
+    vitc__parallel_for_dynamic(n, 1, fn, ctx);
+}
+
 /* y += a x over n floats: restrict and inner loops of a fixed 8, which
  * -O2 vectorises (it leaves loops needing overlap checks or a remainder
  * scalar) */

@@ -108,7 +108,7 @@ static vitc_status sf_heads(const vitc__pweight *p0, const vitc__pweight *p1, co
                             float *U0, float *U1, int64_t T, int64_t HW, int64_t I, int64_t H) {
     sf_heads_ctx c = {.pk = {p0, p1}, .v = v, .U = {U0, U1}, .T = T, .HW = HW, .I = I,
                       .dh = I / H, .H = H};
-    vitc__parallel_for((p1 ? 2 : 1) * H, sf_head, &c);
+    sam_tasks((p1 ? 2 : 1) * H, sf_head, &c);
     return c.failed ? vitc__err(VITC_ERR_INVALID_ARG, "SAM statistics: a GEMM refused its "
                                 "arguments")
                     : VITC_OK;
