@@ -55,6 +55,8 @@ typedef struct post_ctx {
     int64_t y0, ny; /* the low-res rows the y taps read: [y0, y0 + ny) */
     const int64_t *xi, *yi;
     const float *xw, *yw;
+    int64_t rows; /* of the pass running */
+    void (*fn)(void *c, int64_t b, int64_t e, int tid);
 } post_ctx;
 
 static void post_rows_x(void *vc, int64_t b, int64_t e, int tid) {
@@ -97,6 +99,11 @@ static void post_rows_y(void *vc, int64_t b, int64_t e, int tid) {
     }
 }
 
+static void post_block(void *vc, int64_t i, int tid) {
+    const post_ctx *c = vc;
+    c->fn(vc, 16 * i, 16 * i + 16 < c->rows ? 16 * i + 16 : c->rows, tid);
+}
+
 vitc_status vitc__sam_post_masks(float *masks, const float *low, int64_t n, int64_t lo,
                                  int input_size, int resized_w, int resized_h, int64_t ow,
                                  int64_t oh) {
@@ -122,8 +129,12 @@ vitc_status vitc__sam_post_masks(float *masks, const float *low, int64_t n, int6
         y1 = yi[k] > y1 ? yi[k] : y1;
     }
     c.ny = y1 - c.y0 + 1;
-    vitc__parallel_range(n * c.ny, post_rows_x, &c);
-    vitc__parallel_range(n * oh, post_rows_y, &c);
+    /* blocks of 16 rows claimed as threads come free (a thread held up by
+     * another process leaves its rows to the other) */
+    c.rows = n * c.ny, c.fn = post_rows_x;
+    vitc__parallel_for_dynamic((c.rows + 15) / 16, 1, post_block, &c);
+    c.rows = n * oh, c.fn = post_rows_y;
+    vitc__parallel_for_dynamic((c.rows + 15) / 16, 1, post_block, &c);
     free(xi), free(xw);
     return VITC_OK;
 }

@@ -145,7 +145,13 @@ typedef struct sf_ctx {
     const float *R;
     double sg, sg2, sge, se, se2; /* sum gamma, gamma^2, gamma e, e, e^2 */
     int64_t HT, HW, C;
+    vitc__range_fn part; /* sf0_part or sf1_part, on blocks [b, e) */
 } sf_ctx;
+
+static void sf_block(void *vc, int64_t i, int tid) {
+    const sf_ctx *k = vc;
+    k->part(vc, i, i + 1, tid);
+}
 
 static float rstd(double s1, double s2, int64_t C, float eps, float *mu) {
     const double m = s1 / (double)C;
@@ -266,8 +272,8 @@ static vitc_status sf_layer(const vitc__sam_dec *d, sam_run *r, const sf_spec *s
         vitc__gemm(0, 0, sp->n_vec, HW, HT, 1.0f, w, HT, sp->S, HW, 0.0f, R, HW);
         sf_ctx k;
         sf_init(&k, d, r);
-        k.S = sp->S, k.X1 = X1, k.X2 = X2, k.R = R;
-        vitc__parallel_range((HW + SF_COLS - 1) / SF_COLS, sp->part, &k);
+        k.S = sp->S, k.X1 = X1, k.X2 = X2, k.R = R, k.part = sp->part;
+        sam_tasks((HW + SF_COLS - 1) / SF_COLS, sf_block, &k);
     }
     free(Vs);
     return s;
