@@ -135,7 +135,11 @@ static void sf_colsum2(float *restrict o1, float *restrict o2, const float *rest
     }
 }
 
-typedef struct sf_ctx {
+typedef struct sf_ctx sf_ctx;
+/* A layer's rows [p0, p1) from their two column sums o1, o2 (sf_block). */
+typedef void (*sf_rows_fn)(const sf_ctx *k, int64_t p0, int64_t p1, const float *o1,
+                           const float *o2);
+struct sf_ctx {
     const vitc__sam_dec *d;
     sam_run *r;
     const double *sfc;         /* the cache's [HW, SF_N] */
@@ -145,12 +149,17 @@ typedef struct sf_ctx {
     const float *R;
     double sg, sg2, sge, se, se2; /* sum gamma, gamma^2, gamma e, e, e^2 */
     int64_t HT, HW, C;
-    vitc__range_fn part; /* sf0_part or sf1_part, on blocks [b, e) */
-} sf_ctx;
+    sf_rows_fn rows; /* sf0_rows or sf1_rows */
+};
 
+/* Block i of SF_COLS rows: the column sums, then the layer's rows. */
 static void sf_block(void *vc, int64_t i, int tid) {
     const sf_ctx *k = vc;
-    k->part(vc, i, i + 1, tid);
+    const int64_t p0 = i * SF_COLS, p1 = p0 + SF_COLS < k->HW ? p0 + SF_COLS : k->HW;
+    float o1[SF_COLS], o2[SF_COLS];
+    (void)tid;
+    sf_colsum2(o1, o2, k->S, k->X1, k->X2, k->HT, k->HW, p0, p1);
+    k->rows(k, p0, p1, o1, o2);
 }
 
 static float rstd(double s1, double s2, int64_t C, float eps, float *mu) {
@@ -162,56 +171,45 @@ static float rstd(double s1, double s2, int64_t C, float eps, float *mu) {
     return (float)(1.0 / sqrt(var + (double)eps));
 }
 
-/* Layer 0's mean and 1 / std for a block of rows, and what layer 1 keeps
- * of them (sum Z, |Z|^2 in r->sf.z). X1 = 2 U + G_0 S_0, X2 = 2 U' +
- * G_0' S_0. */
-static void sf0_part(void *vc, int64_t b, int64_t e, int tid) {
-    const sf_ctx *k = vc;
+/* Layer 0's mean and 1 / std for rows [p0, p1), and what layer 1 keeps
+ * of them (sum Z, |Z|^2 in r->sf.z). o1, o2: S_0's column sums against
+ * X1 = 2 U + G_0 S_0 and X2 = 2 U' + G_0' S_0. */
+static void sf0_rows(const sf_ctx *k, int64_t p0, int64_t p1, const float *o1,
+                     const float *o2) {
     const int64_t HW = k->HW;
-    (void)tid;
-    float o1[SF_COLS], o2[SF_COLS];
-    for (int64_t blk = b; blk < e; blk++) {
-        const int64_t p0 = blk * SF_COLS, p1 = p0 + SF_COLS < HW ? p0 + SF_COLS : HW;
-        sf_colsum2(o1, o2, k->S, k->X1, k->X2, k->HT, HW, p0, p1);
-        for (int64_t p = p0; p < p1; p++) {
-            const int64_t q = p - p0;
-            const double *a = k->sfc + SF_N * p;
-            const float *R = k->R + p;
-            float muf;
-            const float rhof = rstd(a[SF_A] + R[0], a[SF_A2] + o1[q], k->C, k->d->eps_dec, &muf);
-            k->r->f.st[2 * p] = muf, k->r->f.st[2 * p + 1] = rhof;
-            const double m0 = muf, r0 = rhof;
-            const double gy = a[SF_GA] + R[HW], g2y = a[SF_G2A] + R[2 * HW];
-            const double g2y2 = a[SF_G2A2] + o2[q], gey = a[SF_GEA] + R[3 * HW];
-            /* sum gamma^2 (Y_0 - mu_0)^2 */
-            const double c2 = g2y2 - 2.0 * m0 * g2y + m0 * m0 * k->sg2;
-            k->r->sf.z[2 * p] = r0 * (gy - m0 * k->sg) + k->se;
-            k->r->sf.z[2 * p + 1] = r0 * r0 * c2 + 2.0 * r0 * (gey - m0 * k->sge) + k->se2;
-        }
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t q = p - p0;
+        const double *a = k->sfc + SF_N * p;
+        const float *R = k->R + p;
+        float muf;
+        const float rhof = rstd(a[SF_A] + R[0], a[SF_A2] + o1[q], k->C, k->d->eps_dec, &muf);
+        k->r->f.st[2 * p] = muf, k->r->f.st[2 * p + 1] = rhof;
+        const double m0 = muf, r0 = rhof;
+        const double gy = a[SF_GA] + R[HW], g2y = a[SF_G2A] + R[2 * HW];
+        const double g2y2 = a[SF_G2A2] + o2[q], gey = a[SF_GEA] + R[3 * HW];
+        /* sum gamma^2 (Y_0 - mu_0)^2 */
+        const double c2 = g2y2 - 2.0 * m0 * g2y + m0 * m0 * k->sg2;
+        k->r->sf.z[2 * p] = r0 * (gy - m0 * k->sg) + k->se;
+        k->r->sf.z[2 * p + 1] = r0 * r0 * c2 + 2.0 * r0 * (gey - m0 * k->sge) + k->se2;
     }
 }
 
-/* Layer 1's mean and 1 / std for a block of rows. X1 = W + M S_0 (the
- * part of V_1 Z_p that rho_0 scales), X2 = G_1 S_1. */
-static void sf1_part(void *vc, int64_t b, int64_t e, int tid) {
-    const sf_ctx *k = vc;
+/* Layer 1's mean and 1 / std for rows [p0, p1). o1, o2: S_1's column sums
+ * against X1 = W + M S_0 (the part of V_1 Z_p that rho_0 scales) and X2 =
+ * G_1 S_1. */
+static void sf1_rows(const sf_ctx *k, int64_t p0, int64_t p1, const float *o1,
+                     const float *o2) {
     const int64_t HW = k->HW;
     float *st1 = k->r->f.st + 2 * HW;
-    (void)tid;
-    float o1[SF_COLS], o2[SF_COLS];
-    for (int64_t blk = b; blk < e; blk++) {
-        const int64_t p0 = blk * SF_COLS, p1 = p0 + SF_COLS < HW ? p0 + SF_COLS : HW;
-        sf_colsum2(o1, o2, k->S, k->X1, k->X2, k->HT, HW, p0, p1);
-        for (int64_t p = p0; p < p1; p++) {
-            const int64_t q = p - p0;
-            const double m0 = k->r->f.st[2 * p], r0 = k->r->f.st[2 * p + 1];
-            const float *R = k->R + p;
-            /* S_1 . (V_1 Z_p) */
-            const double sw = r0 * (o1[q] - m0 * R[HW]) + R[2 * HW];
-            const double *z = k->r->sf.z + 2 * p;
-            st1[2 * p + 1] = rstd(z[0] + R[0], z[1] + 2.0 * sw + o2[q], k->C, k->d->eps_dec,
-                                  &st1[2 * p]);
-        }
+    for (int64_t p = p0; p < p1; p++) {
+        const int64_t q = p - p0;
+        const double m0 = k->r->f.st[2 * p], r0 = k->r->f.st[2 * p + 1];
+        const float *R = k->R + p;
+        /* S_1 . (V_1 Z_p) */
+        const double sw = r0 * (o1[q] - m0 * R[HW]) + R[2 * HW];
+        const double *z = k->r->sf.z + 2 * p;
+        st1[2 * p + 1] = rstd(z[0] + R[0], z[1] + 2.0 * sw + o2[q], k->C, k->d->eps_dec,
+                              &st1[2 * p]);
     }
 }
 
@@ -250,7 +248,7 @@ typedef struct sf_spec {
     float beta_a, beta_b;
     const vitc__pweight *pk[2]; /* pk[1] NULL: X2 from Gb alone */
     int64_t I;
-    vitc__range_fn part;
+    sf_rows_fn rows;
 } sf_spec;
 
 static vitc_status sf_layer(const vitc__sam_dec *d, sam_run *r, const sf_spec *sp) {
@@ -272,7 +270,7 @@ static vitc_status sf_layer(const vitc__sam_dec *d, sam_run *r, const sf_spec *s
         vitc__gemm(0, 0, sp->n_vec, HW, HT, 1.0f, w, HT, sp->S, HW, 0.0f, R, HW);
         sf_ctx k;
         sf_init(&k, d, r);
-        k.S = sp->S, k.X1 = X1, k.X2 = X2, k.R = R, k.part = sp->part;
+        k.S = sp->S, k.X1 = X1, k.X2 = X2, k.R = R, k.rows = sp->rows;
         sam_tasks((HW + SF_COLS - 1) / SF_COLS, sf_block, &k);
     }
     free(Vs);
@@ -294,7 +292,7 @@ vitc_status vitc__sam_sf_layer0(const vitc__sam_dec *d, sam_run *r) {
     const sf_spec sp = {.V = r->vo, .sc = g2, .vec = {NULL, g, g2, ge}, .n_vec = 4,
                         .ga_scaled = 0, .gb_scaled = 1, .ga_b = r->vo, .gb_b = r->vo,
                         .Sa = r->f.S, .Sb = r->f.S, .S = r->f.S, .beta_a = 2.0f, .beta_b = 2.0f,
-                        .pk = {r->c0->sf[0], r->c0->sf[1]}, .I = L0->i2t.I, .part = sf0_part};
+                        .pk = {r->c0->sf[0], r->c0->sf[1]}, .I = L0->i2t.I, .rows = sf0_rows};
     vitc_status s = sf_layer(d, r, &sp);
     free(ge);
     return s;
@@ -313,7 +311,7 @@ vitc_status vitc__sam_sf_layer1(const vitc__sam_dec *d, sam_run *r) {
     const sf_spec sp = {.V = r->vo, .sc = L0->ln4.w, .vec = {NULL, L0->ln4.w, e}, .n_vec = 3,
                         .ga_scaled = 1, .gb_scaled = 0, .ga_b = r->f.V0, .gb_b = r->vo,
                         .Sa = r->f.S, .Sb = S1, .S = S1, .beta_a = 1.0f, .beta_b = 0.0f,
-                        .pk = {r->c0->sf[2], NULL}, .I = L1->i2t.I, .part = sf1_part};
+                        .pk = {r->c0->sf[2], NULL}, .I = L1->i2t.I, .rows = sf1_rows};
     vitc_status s = sf_layer(d, r, &sp);
     free(e);
     return s;
