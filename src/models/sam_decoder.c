@@ -640,7 +640,7 @@ static vitc_status attend_t2i_layer1(const vitc__sam_dec *d, const sam_attn *a, 
     if (c.failed)
         return vitc__err(VITC_ERR_INVALID_ARG, "SAM token -> image attention: a GEMM refused "
                          "its arguments");
-    /* PS = (P rho) S_0, its rows in two halves side by side (gemm2_one) */
+    /* PS = (P rho) S_0, its first 32 rows and the rest side by side (gemm2) */
     const int64_t M0 = HT > 32 ? 32 : HT / 2; /* a whole strip transposed (gemm2) */
     gemm2_ctx g2 = {.tb = {st, st}, .M = {M0, HT - M0}, .N = HT, .K = HW, .lda = HW,
                     .ldb = {st ? HW : HT, st ? HW : HT}, .ldc = HT, .A = {r->ak, r->ak + M0 * HW},

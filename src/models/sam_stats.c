@@ -8,7 +8,7 @@
  * squares split into a part of the image alone (kept in the image's
  * cache), products of the token values with per-image packs, and
  * quadratic forms S_p G S_p^T with [H T, H T] matrices G of the prompt:
- * 62 M multiply-adds for one point instead of the two [HW, H T] x [H T, C]
+ * 67 M multiply-adds for one point instead of the two [HW, H T] x [H T, C]
  * products (117 M) and the passes over the [HW, C] maps they fed.
  *
  * Row p, a = K_0 + beta_0 (per image), gamma, b the first layer_norm4's
