@@ -1087,14 +1087,19 @@ typedef struct vitc_sam_prompt {
     const float *mask;   /* [256, 256] low-resolution logits (a previous
                           * result's low_res), or NULL */
     int multimask;       /* 1: the three multimask outputs; 0: the single mask */
+    int binary;          /* 1: the result's masks as bytes (binary), not logits:
+                          * a quarter of the memory written and read */
 } vitc_sam_prompt;
 
 typedef struct vitc_sam_result {
     int n_masks;       /* 3 (multimask) or 1 */
     int height, width; /* the original image's */
-    float *masks;      /* [n_masks, height, width] logits (> 0: in the mask) */
+    float *masks;      /* [n_masks, height, width] logits (> 0: in the mask);
+                        * NULL when the prompt asked for binary */
     float *low_res;    /* [n_masks, 256, 256] logits, reusable as a mask prompt */
     float iou[4];      /* predicted IoU of each mask */
+    unsigned char *binary; /* prompt->binary: [n_masks, height, width] 1 where
+                            * the logit is > 0, else 0; otherwise NULL */
 } vitc_sam_result;
 VITC_API vitc_status vitc_sam_predict(const vitc_sam *m, const vitc_sam_image *e,
                                       const vitc_sam_prompt *p, vitc_sam_result *out);

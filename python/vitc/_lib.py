@@ -15,6 +15,7 @@ import enum
 import math
 import operator
 import os
+import weakref
 
 import numpy as np
 
@@ -350,6 +351,21 @@ def fptr(a):
     return a.ctypes.data_as(c_float_p)
 
 
+def owned_array(ptr, shape, ctype, dtype):
+    """A numpy array over a buffer the library malloc'd and hands over (not
+    copied): libc's free runs once neither the array nor a view of it is
+    left. The caller must not free ptr itself."""
+    addr = ctypes.cast(ptr, ctypes.c_void_p).value
+    n = 1
+    for d in shape:
+        n *= int(d)
+    if not addr or n <= 0:
+        raise ValueError("owned_array: no buffer (%s, %s elements)" % (addr, n))
+    buf = (ctype * n).from_address(addr)
+    weakref.finalize(buf, libc_free, addr)
+    return np.frombuffer(buf, dtype=dtype).reshape(shape)
+
+
 def shape_arr(shape):
     return (ctypes.c_int64 * max(1, len(shape)))(*[int(s) for s in shape])
 
@@ -541,13 +557,14 @@ class SamPrompt(ctypes.Structure):
     """vitc_sam_prompt."""
     _fields_ = [("n_points", ctypes.c_int), ("points", c_float_p),
                 ("labels", ctypes.POINTER(ctypes.c_int)), ("box", c_float_p),
-                ("mask", c_float_p), ("multimask", ctypes.c_int)]
+                ("mask", c_float_p), ("multimask", ctypes.c_int), ("binary", ctypes.c_int)]
 
 
 class SamResult(ctypes.Structure):
     """vitc_sam_result."""
     _fields_ = [("n_masks", ctypes.c_int), ("height", ctypes.c_int), ("width", ctypes.c_int),
-                ("masks", c_float_p), ("low_res", c_float_p), ("iou", ctypes.c_float * 4)]
+                ("masks", c_float_p), ("low_res", c_float_p), ("iou", ctypes.c_float * 4),
+                ("binary", ctypes.POINTER(ctypes.c_ubyte))]
 
 
 STRUCTS.update({"vitc_sam_prompt": SamPrompt, "vitc_sam_result": SamResult})

@@ -4,7 +4,7 @@ import ctypes
 
 import numpy as np
 
-from ._lib import SamPrompt, SamResult, as_f32, check, fptr, int_arg, lib, path_arg
+from ._lib import SamPrompt, SamResult, as_f32, check, fptr, int_arg, lib, owned_array, path_arg
 from .image import _as_image
 
 __all__ = ["Sam", "SamPredictor"]
@@ -130,15 +130,22 @@ class SamPredictor:
             keep.append(m)
             pr.mask = fptr(m)
         pr.multimask = 1 if multimask_output else 0
+        # the boolean masks thresholded in C while the logits are in cache
+        pr.binary = 0 if return_logits else 1
         r = SamResult()
         check(lib.vitc_sam_predict(self.model._h, self._e, ctypes.byref(pr), ctypes.byref(r)))
+        # the arrays are the C buffers themselves (freed with the arrays):
+        # no copies of the masks' megabytes
         try:
             n, H, W = r.n_masks, r.height, r.width
-            # views of the C arrays: the boolean masks are thresholded
-            # straight from them (no float copy of the n H W logits first)
-            view = np.ctypeslib.as_array(r.masks, shape=(n, H, W))
-            masks = view.copy() if return_logits else np.greater(view, 0.0)
-            low = np.ctypeslib.as_array(r.low_res, shape=(n, lo, lo)).copy()
+            low = owned_array(r.low_res, (n, lo, lo), ctypes.c_float, np.float32)
+            r.low_res = None
+            if return_logits:
+                masks = owned_array(r.masks, (n, H, W), ctypes.c_float, np.float32)
+                r.masks = None
+            else:
+                masks = owned_array(r.binary, (n, H, W), ctypes.c_ubyte, np.bool_)
+                r.binary = None
             iou = np.array(r.iou[:n], dtype=np.float32)
         finally:
             lib.vitc_sam_result_free(ctypes.byref(r))

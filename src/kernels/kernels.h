@@ -20,6 +20,11 @@
  * serially on the calling thread, so kernels may nest freely. */
 typedef void (*vitc__task_fn)(void *ctx, int64_t i, int tid);
 void vitc__parallel_for(int64_t n, vitc__task_fn fn, void *ctx);
+/* Wakes the pool's sleeping workers ahead of a region: a caller about to
+ * run regions after a serial stretch longer than the workers' spin (a
+ * prompt after Python's part) lets their wake-up (~0.1 ms on a VM) overlap
+ * its serial work. Returns at once; nothing if none sleeps. */
+void vitc__pool_prewake(void);
 int vitc__num_threads(void);
 int vitc__in_parallel(void); /* 1 inside a pool task */
 /* Same partition, one call per thread: fn(ctx, begin, end, tid) gets thread

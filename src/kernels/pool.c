@@ -54,6 +54,7 @@ typedef struct vitc__pool {
     _Atomic int remaining;       /* workers of this region not yet done */
     _Atomic int caller_sleeping;
     int sleepers;                /* workers blocked on wake (under lock) */
+    uint64_t pokes;              /* vitc__pool_prewake's (under lock) */
     int stop;
     /* The region being run. Atomic (relaxed) because a worker that takes no
      * part in one region may read them while the next one is written; the
@@ -260,12 +261,14 @@ static void *vitc__worker(void *arg) {
         if (g == seen) {
             pthread_mutex_lock(&P->lock);
             P->sleepers++;
-            while ((g = atomic_load(&P->gen)) == seen && !P->stop)
+            const uint64_t pk = P->pokes;
+            while ((g = atomic_load(&P->gen)) == seen && !P->stop && P->pokes == pk)
                 pthread_cond_wait(&P->wake, &P->lock);
             P->sleepers--;
             int stop = P->stop;
             pthread_mutex_unlock(&P->lock);
             if (stop) return NULL;
+            if (g == seen) continue; /* poked: spin for the region on its way */
         }
         if (g & 1) { /* being written: read it again when published */
             vitc__cpu_relax();
@@ -422,6 +425,17 @@ void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx) {
                                             : (const void *)fn,
                         n, nt, st0, st1, vitc__now_ns(), sc0, sc1);
     pthread_mutex_unlock(&P->region_lock);
+}
+
+void vitc__pool_prewake(void) {
+    vitc__pool *P = &vitc__P;
+    if (vitc__inside || vitc__num_threads() < 2) return;
+    pthread_mutex_lock(&P->lock);
+    if (P->sleepers) {
+        P->pokes++;
+        pthread_cond_broadcast(&P->wake);
+    }
+    pthread_mutex_unlock(&P->lock);
 }
 
 void vitc__parallel_for(int64_t n, vitc__task_fn fn, void *ctx) {

@@ -416,5 +416,7 @@ void vitc_sam_result_free(vitc_sam_result *r) {
         return;
     free(r->masks);
     free(r->low_res);
+    free(r->binary);
     r->masks = r->low_res = NULL;
+    r->binary = NULL;
 }

@@ -47,10 +47,11 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
 
 /* post_process_masks(binarize=False) (sam_post.c): low [n, lo, lo] logits
  * upscaled to input_size, cropped to resized_w x resized_h and resized to
- * masks [n, oh, ow]. */
-vitc_status vitc__sam_post_masks(float *masks, const float *low, int64_t n, int64_t lo,
-                                 int input_size, int resized_w, int resized_h, int64_t ow,
-                                 int64_t oh);
+ * masks [n, oh, ow]; with masks NULL, bin [n, oh, ow] gets 1 where that
+ * logit is > 0, else 0. */
+vitc_status vitc__sam_post_masks(float *masks, unsigned char *bin, const float *low, int64_t n,
+                                 int64_t lo, int input_size, int resized_w, int resized_h,
+                                 int64_t ow, int64_t oh);
 
 /* ---- the model (sam.c) and its image encoder (sam_encoder.c) ------- */
 

@@ -1282,6 +1282,7 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
         return vitc__err(VITC_ERR_INVALID_ARG, "SAM predict: NULL result");
     memset(out, 0, sizeof *out);
     VITC_TRY(check_prompt(d, e, input_size, p));
+    vitc__pool_prewake(); /* the prompt's setup below overlaps their wake-up */
     const int64_t C = d->C, G = d->grid, HW = G * G, lo = 4 * G;
     const int has_box = p->box != NULL, np = p->n_points;
     const int64_t n_sparse = np + (np > 0 && !has_box) + 2 * has_box;
@@ -1315,7 +1316,8 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     const int64_t n_float = 5 * Nt * C + 3 * HW * C + big + Nt * hidn;
     float *buf = malloc((size_t)n_float * sizeof(float));
     float *low = malloc((size_t)(n_masks * lo * lo) * sizeof(float));
-    float *masks = malloc((size_t)(n_masks * oh * ow) * sizeof(float));
+    /* the masks' logits, or (p->binary) their bytes */
+    void *masks = malloc((size_t)(n_masks * oh * ow) * (p->binary ? 1 : sizeof(float)));
     if (!buf || !low || !masks) {
         free(buf), free(low), free(masks);
         return vitc__err(VITC_ERR_NOMEM,
@@ -1459,12 +1461,17 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
     }
 
     /* post_process_masks(binarize=False) */
-    if ((s = vitc__sam_post_masks(masks, low, n_masks, lo, input_size, e->resized_w,
-                                  e->resized_h, ow, oh)) != VITC_OK)
+    if ((s = vitc__sam_post_masks(p->binary ? NULL : masks, p->binary ? masks : NULL, low,
+                                  n_masks, lo, input_size, e->resized_w, e->resized_h, ow,
+                                  oh)) != VITC_OK)
         goto done;
     out->n_masks = (int)n_masks;
     out->height = (int)oh, out->width = (int)ow;
-    out->masks = masks, out->low_res = low;
+    if (p->binary)
+        out->binary = masks;
+    else
+        out->masks = masks;
+    out->low_res = low;
     masks = low = NULL;
 done:
     free(buf), free(low), free(masks), free(fold), free(sfbuf);

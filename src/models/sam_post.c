@@ -3,7 +3,9 @@
  * original image's size, as SamProcessor.post_process_masks computes them
  * (binarize=False): bilinear to the input side, cropped to the resized
  * image, bilinear to the original size. The two resamplings are composed
- * per axis, so the input-sized map is never formed.
+ * per axis, so the input-sized map is never formed. Binarized (logit > 0,
+ * as SamPredictor's masks) row by row when asked: a byte a pixel is
+ * written instead of the float.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -50,7 +52,8 @@ static void axis_taps(int64_t n, int64_t S, int64_t R, int64_t out, int64_t *idx
 typedef struct post_ctx {
     const float *low; /* [n, lh, lw] */
     float *tmp;       /* [n, lh, ow] rows resampled along x */
-    float *out;       /* [n, oh, ow] */
+    float *out;       /* [n, oh, ow], or NULL: */
+    unsigned char *bin; /* [n, oh, ow] out > 0 instead */
     int64_t lh, lw, oh, ow;
     int64_t y0, ny; /* the low-res rows the y taps read: [y0, y0 + ny) */
     const int64_t *xi, *yi;
@@ -87,6 +90,19 @@ static void mix4(float *restrict dst, const float *restrict t0, const float *res
     for (; x < n; x++) dst[x] = w0 * t0[x] + w1 * t1[x] + w2 * t2[x] + w3 * t3[x];
 }
 
+/* mix4 thresholded: dst[x] = 1 where the mixed value is > 0 (NaN: 0),
+ * else 0, in fixed blocks as mix4's. */
+static void mix4_bin(unsigned char *restrict dst, const float *restrict t0,
+                     const float *restrict t1, const float *restrict t2,
+                     const float *restrict t3, const float *w, int64_t n) {
+    const float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+    int64_t x = 0;
+    for (; x + 16 <= n; x += 16)
+        for (int k = 0; k < 16; k++)
+            dst[x + k] = w0 * t0[x + k] + w1 * t1[x + k] + w2 * t2[x + k] + w3 * t3[x + k] > 0.0f;
+    for (; x < n; x++) dst[x] = w0 * t0[x] + w1 * t1[x] + w2 * t2[x] + w3 * t3[x] > 0.0f;
+}
+
 static void post_rows_y(void *vc, int64_t b, int64_t e, int tid) {
     (void)tid;
     const post_ctx *c = vc;
@@ -94,8 +110,12 @@ static void post_rows_y(void *vc, int64_t b, int64_t e, int tid) {
         int64_t m = r / c->oh, y = r % c->oh;
         const float *t = c->tmp + m * c->lh * c->ow;
         const int64_t *iy = c->yi + 4 * y;
-        mix4(c->out + r * c->ow, t + iy[0] * c->ow, t + iy[1] * c->ow, t + iy[2] * c->ow,
-             t + iy[3] * c->ow, c->yw + 4 * y, c->ow);
+        const float *t0 = t + iy[0] * c->ow, *t1 = t + iy[1] * c->ow, *t2 = t + iy[2] * c->ow,
+                    *t3 = t + iy[3] * c->ow;
+        if (c->out)
+            mix4(c->out + r * c->ow, t0, t1, t2, t3, c->yw + 4 * y, c->ow);
+        else
+            mix4_bin(c->bin + r * c->ow, t0, t1, t2, t3, c->yw + 4 * y, c->ow);
     }
 }
 
@@ -104,9 +124,9 @@ static void post_block(void *vc, int64_t i, int tid) {
     c->fn(vc, 16 * i, 16 * i + 16 < c->rows ? 16 * i + 16 : c->rows, tid);
 }
 
-vitc_status vitc__sam_post_masks(float *masks, const float *low, int64_t n, int64_t lo,
-                                 int input_size, int resized_w, int resized_h, int64_t ow,
-                                 int64_t oh) {
+vitc_status vitc__sam_post_masks(float *masks, unsigned char *bin, const float *low, int64_t n,
+                                 int64_t lo, int input_size, int resized_w, int resized_h,
+                                 int64_t ow, int64_t oh) {
     int64_t *xi = malloc((size_t)(4 * (ow + oh)) * sizeof(int64_t));
     float *xw = malloc((size_t)(4 * (ow + oh) + n * lo * ow) * sizeof(float));
     if (!xi || !xw) {
@@ -118,7 +138,7 @@ vitc_status vitc__sam_post_masks(float *masks, const float *low, int64_t n, int6
     float *yw = xw + 4 * ow, *tmp = yw + 4 * oh;
     axis_taps(lo, input_size, resized_w, ow, xi, xw);
     axis_taps(lo, input_size, resized_h, oh, yi, yw);
-    post_ctx c = {.low = low, .tmp = tmp, .out = masks, .lh = lo, .lw = lo, .oh = oh, .ow = ow,
+    post_ctx c = {.low = low, .tmp = tmp, .out = masks, .bin = bin, .lh = lo, .lw = lo, .oh = oh, .ow = ow,
                   .xi = xi, .yi = yi, .xw = xw, .yw = yw};
     /* the crop to the resized image leaves the low-res rows below it
      * unread (a third of them for a 3:2 photo): not resampled */

@@ -316,6 +316,16 @@ class TestSamPredictor(unittest.TestCase):
         got = self.pred.predict(points=pts, labels=labs, box=box, return_logits=True)
         self.assertEqual(got[0].shape[0], 3)
         self.check(got, self.reference(True, pts, labs, box))
+        # the masks thresholded in C (vitc_sam_prompt.binary): the logits'
+        # signs, every pixel of the three masks; the arrays own C's buffers
+        binary, iou, low = self.pred.predict(points=pts, labels=labs, box=box)
+        self.assertEqual(binary.dtype, np.bool_)
+        np.testing.assert_array_equal(binary, got[0] > 0)
+        np.testing.assert_array_equal(low, got[2])
+        np.testing.assert_array_equal(iou, got[1])
+        view = binary[1:, ::2]
+        del binary
+        self.assertEqual(int(view.sum()), int((got[0][1:, ::2] > 0).sum()))
 
     def test_one_point_multimask_and_single(self):
         for multimask in (True, False):
