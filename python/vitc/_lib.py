@@ -351,11 +351,10 @@ def fptr(a):
     return a.ctypes.data_as(c_float_p)
 
 
-def owned_array(ptr, shape, ctype, dtype):
+def owned_array(addr, shape, ctype, dtype):
     """A numpy array over a buffer the library malloc'd and hands over (not
-    copied): libc's free runs once neither the array nor a view of it is
-    left. The caller must not free ptr itself."""
-    addr = ctypes.cast(ptr, ctypes.c_void_p).value
+    copied), at address addr (an int): libc's free runs once neither the
+    array nor a view of it is left. The caller must not free it itself."""
     n = 1
     for d in shape:
         n *= int(d)
@@ -563,8 +562,8 @@ class SamPrompt(ctypes.Structure):
 class SamResult(ctypes.Structure):
     """vitc_sam_result."""
     _fields_ = [("n_masks", ctypes.c_int), ("height", ctypes.c_int), ("width", ctypes.c_int),
-                ("masks", c_float_p), ("low_res", c_float_p), ("iou", ctypes.c_float * 4),
-                ("binary", ctypes.POINTER(ctypes.c_ubyte))]
+                ("masks", ctypes.c_void_p), ("low_res", ctypes.c_void_p),
+                ("iou", ctypes.c_float * 4), ("binary", ctypes.c_void_p)]
 
 
 STRUCTS.update({"vitc_sam_prompt": SamPrompt, "vitc_sam_result": SamResult})

@@ -25,6 +25,15 @@ class Sam:
                                           ctypes.byref(self._h)))
 
     @property
+    def low_res_size(self):
+        """The side of the masks' low-resolution logits: 4x the embedding's
+        grid (256 for the released models)."""
+        lo = getattr(self, "_lo", None)
+        if lo is None:
+            lo = self._lo = 4 * self.embedding_shape[1]
+        return lo
+
+    @property
     def input_size(self):
         """The encoder's input side (1024 for the released models)."""
         return lib.vitc_sam_input_size(self._h)
@@ -101,7 +110,7 @@ class SamPredictor:
         low_res is 4x the embedding's grid a side (256 for the released
         models)."""
         self._need()
-        lo = 4 * self.model.embedding_shape[1]
+        lo = self.model.low_res_size
         pr = SamPrompt()
         keep = []
         if points is not None:

@@ -498,15 +498,32 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                 vitc__gemm_packb_generic(pb, NR, g->B, g->ldb, g->tb, pc, kc, jc, nc);
             if (da) {
                 /* As below, the MC-row block of A (now in place) is reused
-                 * across the B micro-panels, one at a time in L1. */
+                 * across the B micro-panels, one at a time in L1. Prepacked
+                 * weights stream from memory under few rows (7 tokens
+                 * against an image's 4096 keys, a batch-1 token product):
+                 * the first block's strips ask for the micro-panel d ahead
+                 * into L2, a share each, d panels making 8 KB or more (a
+                 * K of 16 is 2 KB a panel: the tile's FMAs then take less
+                 * time than a miss to memory). */
+                const int64_t pf_all = pbw ? kc * NR * (int64_t)sizeof(float) / 64 : 0;
+                const int64_t pf_d = pf_all ? (128 + pf_all - 1) / pf_all : 0;
                 for (int64_t ic = i0; ic < i1; ic += MC) {
                     int64_t mc = i1 - ic < MC ? i1 - ic : MC;
-                    for (int64_t jr = 0; jr < nc; jr += NR)
-                        for (int64_t ir = 0; ir < mc; ir += MR)
+                    int64_t ns = (mc + MR - 1) / MR, share = (pf_all + ns - 1) / ns;
+                    for (int64_t jr = 0; jr < nc; jr += NR) {
+                        const float *next = ic == i0 && pf_all && jr + pf_d * NR < nc
+                                                ? pb + (jr + pf_d * NR) * kc
+                                                : NULL;
+                        for (int64_t ir = 0, s = 0; ir < mc; ir += MR, s++) {
+                            int64_t off = s * share;
+                            int64_t pfn = pf_all - off < share ? pf_all - off : share;
                             vitc__tile(g, 1, kc, g->A + (ic + ir) * g->lda + pc, 1, g->lda,
                                        pb + jr * kc, NR, pc, ic + ir, jc + jr,
                                        mc - ir < MR ? mc - ir : MR, nc - jr < NR ? nc - jr : NR,
-                                       NULL, 0);
+                                       next && pfn > 0 ? next + off * 16 : NULL,
+                                       next && pfn > 0 ? pfn : 0);
+                        }
+                    }
                     if (((g->gelu && !g->gelu_ukr) || g->scale) && pc + kc >= g->K)
                         vitc__gelu_block(g, ic, mc, jc, nc);
                 }

@@ -27,9 +27,9 @@ typedef struct vitc__gemm_epi {
     const float *res;  /* [mr, ldr] or NULL */
     int64_t ldr;
     int gelu;
-    /* pf_lines 64-byte lines from pf to ask into L2 during the k loop, one
-     * a step (NULL, 0: none): the next weight micro-panel, in shares over
-     * the strips that use the current one (gemm.c). */
+    /* pf_lines 64-byte lines from pf to ask into L2 during the k loop,
+     * spread over its steps (NULL, 0: none): a weight micro-panel read
+     * soon, in shares over the strips that use the current one (gemm.c). */
     const char *pf;
     int64_t pf_lines;
 } vitc__gemm_epi;

@@ -245,7 +245,7 @@ typedef struct sf_spec {
     int ga_scaled, gb_scaled;
     const float *ga_b, *gb_b;   /* [H T, C] */
     const float *Sa, *Sb, *S;   /* [H T, HW] */
-    float beta_a, beta_b;
+    float beta_a, beta_b;       /* 0, 1 or 2 */
     const vitc__pweight *pk[2]; /* pk[1] NULL: X2 from Gb alone */
     int64_t I;
     sf_rows_fn rows;
@@ -263,11 +263,32 @@ static vitc_status sf_layer(const vitc__sam_dec *d, sam_run *r, const sf_spec *s
     vitc__gemm(0, 1, HT, HT, C, 1.0f, sp->ga_scaled ? Vs : sp->V, C, sp->ga_b, C, 0.0f, Ga, HT);
     vitc__gemm(0, 1, HT, HT, C, 1.0f, sp->gb_scaled ? Vs : sp->V, C, sp->gb_b, C, 0.0f, Gb, HT);
     float *X1 = r->sf.buf, *X2 = X1 + HT * HW, *R = X2 + HT * HW; /* R [n_vec, HW] */
-    vitc_status s = sf_heads(sp->pk[0], sp->pk[1], r->tv, X1, X2, T, HW, sp->I, H);
-    if (s == VITC_OK) {
+    /* beta 2 on both: the values doubled (exactly) make 2 U, and the three
+     * products, one right operand, run as one (Ga, Gb and w are one
+     * [2 H T + n_vec, H T] matrix, X1, X2 and R one output): S packed once,
+     * bitwise the three */
+    const int one = sp->Sa == sp->S && sp->Sb == sp->S && sp->beta_a == sp->beta_b &&
+                    sp->pk[1] && sp->beta_a == 2.0f;
+    const float *v = r->tv;
+    if (one) {
+        for (int64_t t = 0; t < T; t++)
+            for (int64_t j = 0; j < sp->I; j++) Vs[t * sp->I + j] = 2.0f * r->tv[t * sp->I + j];
+        v = Vs; /* Vs is free again: Ga and Gb are made */
+    }
+    vitc_status s = sf_heads(sp->pk[0], sp->pk[1], v, X1, X2, T, HW, sp->I, H);
+    if (s == VITC_OK && one) {
+        memset(R, 0, (size_t)(sp->n_vec * HW) * sizeof(float));
+        vitc__gemm(0, 0, 2 * HT + sp->n_vec, HW, HT, 1.0f, Ga, HT, sp->S, HW, 1.0f, X1, HW);
+    } else if (s == VITC_OK) {
         vitc__gemm(0, 0, HT, HW, HT, 1.0f, Ga, HT, sp->Sa, HW, sp->beta_a, X1, HW);
-        vitc__gemm(0, 0, HT, HW, HT, 1.0f, Gb, HT, sp->Sb, HW, sp->beta_b, X2, HW);
-        vitc__gemm(0, 0, sp->n_vec, HW, HT, 1.0f, w, HT, sp->S, HW, 0.0f, R, HW);
+        if (sp->Sb == sp->S && sp->beta_b == 0.0f) /* X2 and R: one product */
+            vitc__gemm(0, 0, HT + sp->n_vec, HW, HT, 1.0f, Gb, HT, sp->S, HW, 0.0f, X2, HW);
+        else {
+            vitc__gemm(0, 0, HT, HW, HT, 1.0f, Gb, HT, sp->Sb, HW, sp->beta_b, X2, HW);
+            vitc__gemm(0, 0, sp->n_vec, HW, HT, 1.0f, w, HT, sp->S, HW, 0.0f, R, HW);
+        }
+    }
+    if (s == VITC_OK) {
         sf_ctx k;
         sf_init(&k, d, r);
         k.S = sp->S, k.X1 = X1, k.X2 = X2, k.R = R, k.rows = sp->rows;

@@ -17,6 +17,10 @@
 #define MR 12
 #define NR 32
 
+/* Lines of e->pf to ask for each k step: all pfn over the kc steps (a
+ * single strip's share is the whole next micro-panel, 2 kc lines). */
+#define VITC_PF_STEP(pfn, kc) ((kc) > 0 ? ((pfn) + (kc) - 1) / (kc) : 0)
+
 static inline __mmask16 vitc__mask16(int64_t n) {
     return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
 }
@@ -103,11 +107,12 @@ vitc__ukr_short(const int R, const int st, int64_t kc, const float *A, int64_t a
     vitc__prefetch_tile(C, ldc, mr, nr, e->res, e->ldr);
     const char *pf = e->pf;
     int64_t pfn = e->pf_lines;
+    const int64_t pfs = VITC_PF_STEP(pfn, kc);
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
         __m512 b0 = st ? _mm512_maskz_loadu_ps(m0, B) : _mm512_load_ps(B);
         __m512 b1 = st ? _mm512_maskz_loadu_ps(m1, B + 16) : _mm512_load_ps(B + 16);
-        if (!st && pfn > 0) _mm_prefetch(pf, _MM_HINT_T1), pf += 64, pfn--;
+        for (int64_t l = 0; l < pfs && pfn > 0; l++) _mm_prefetch(pf, _MM_HINT_T1), pf += 64, pfn--;
 #pragma GCC unroll 8
         for (int i = 0; i < R; i++) {
             __m512 a = _mm512_set1_ps(st ? r[i][0] : A[i]);
@@ -152,12 +157,14 @@ static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float
     vitc__prefetch_tile(C, ldc, mr, nr, NULL, 0);
     const char *pf = e->pf;
     int64_t pfn = e->pf_lines;
+    const int64_t pfs = VITC_PF_STEP(pfn, kc);
     const float *res = e->first ? e->res : NULL;
     int64_t k1 = mr < kc ? mr : kc, tail = kc - k1 < 2 * mr ? kc - k1 : 2 * mr;
 #define VITC_STEP                                                                 \
     {                                                                             \
         __m512 b0 = _mm512_load_ps(pb), b1 = _mm512_load_ps(pb + 16);             \
-        if (pfn > 0) _mm_prefetch(pf, _MM_HINT_T1), pf += 64, pfn--;              \
+        for (int64_t l = 0; l < pfs && pfn > 0; l++)                              \
+            _mm_prefetch(pf, _MM_HINT_T1), pf += 64, pfn--;                       \
         VITC_ROW(0); VITC_ROW(1); VITC_ROW(2); VITC_ROW(3); VITC_ROW(4); VITC_ROW(5); \
         VITC_ROW(6); VITC_ROW(7); VITC_ROW(8); VITC_ROW(9); VITC_ROW(10); VITC_ROW(11); \
         pa += MR;                                                                 \
@@ -222,9 +229,13 @@ static void vitc__ukr_st_avx512(int64_t kc, const float *A, int64_t a_ks, int64_
 #undef VITC_RP
     __mmask16 m0 = vitc__mask16(nr), m1 = vitc__mask16(nr - 16);
     vitc__prefetch_tile(C, ldc, mr, nr, e->res, e->ldr);
+    const char *pf = e->pf;
+    int64_t pfn = e->pf_lines;
+    const int64_t pfs = VITC_PF_STEP(pfn, kc);
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
         __m512 b0 = _mm512_maskz_loadu_ps(m0, B), b1 = _mm512_maskz_loadu_ps(m1, B + 16);
+        for (int64_t l = 0; l < pfs && pfn > 0; l++) _mm_prefetch(pf, _MM_HINT_T1), pf += 64, pfn--;
         VITC_ROW_ST(0); VITC_ROW_ST(1); VITC_ROW_ST(2); VITC_ROW_ST(3); VITC_ROW_ST(4);
         VITC_ROW_ST(5); VITC_ROW_ST(6); VITC_ROW_ST(7); VITC_ROW_ST(8); VITC_ROW_ST(9);
         VITC_ROW_ST(10); VITC_ROW_ST(11);
