@@ -138,7 +138,8 @@ vitc_status vitc__sam_post_masks(float *masks, unsigned char *bin, const float *
     float *yw = xw + 4 * ow, *tmp = yw + 4 * oh;
     axis_taps(lo, input_size, resized_w, ow, xi, xw);
     axis_taps(lo, input_size, resized_h, oh, yi, yw);
-    post_ctx c = {.low = low, .tmp = tmp, .out = masks, .bin = bin, .lh = lo, .lw = lo, .oh = oh, .ow = ow,
+    post_ctx c = {.low = low, .tmp = tmp, .out = masks, .bin = bin, .lh = lo, .lw = lo,
+                  .oh = oh, .ow = ow,
                   .xi = xi, .yi = yi, .xw = xw, .yw = yw};
     /* the crop to the resized image leaves the low-res rows below it
      * unread (a third of them for a 3:2 photo): not resampled */

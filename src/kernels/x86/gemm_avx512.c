@@ -86,19 +86,20 @@ static inline void vitc__prefetch_tile(const float *C, int64_t ldc, int64_t mr, 
                   e->res ? e->res + (i) * e->ldr : NULL, gt + 2 * (i))
 
 /* A short tile (mr <= R < MR: a 197- or 257-row product's last 5 rows, a
- * class-token row, a 7-token product against an image's 4096 keys) with R
- * rows of accumulators instead of 12: the same FMAs in the same order for
- * the rows it has, so bitwise the full kernel's result, at R/12 of its
- * cost. st 0: from packed strips (pa strips of MR, pb of NR, b_ks NR); st
- * 1: A and B read in place as ukr_st reads them (rows past mr re-read row
- * 0, B's columns past nr masked). */
+ * class-token row, a 7-token product against an image's 4096 keys; or R =
+ * MR with W = 1, below) with R rows of W accumulators instead of 12 x 2:
+ * the same FMAs in the same order for the rows it has, so bitwise the full
+ * kernel's result, at R/12 (W/2) of its cost. st 0: from packed strips
+ * (pa strips of MR, pb of NR, b_ks NR); st 1: A and B read in place as
+ * ukr_st reads them (rows past mr re-read row 0, B's columns past nr
+ * masked). */
 static inline __attribute__((always_inline)) void
-vitc__ukr_short(const int R, const int st, int64_t kc, const float *A, int64_t a_ks, int64_t a_rs,
-                const float *B, int64_t b_ks, float *C, int64_t ldc, int64_t mr, int64_t nr,
-                const vitc__gemm_epi *e) {
-    __m512 c[8][2];
-    const float *r[8];
-#pragma GCC unroll 8
+vitc__ukr_short_w(const int R, const int st, const int W, int64_t kc, const float *A,
+                  int64_t a_ks, int64_t a_rs, const float *B, int64_t b_ks, float *C,
+                  int64_t ldc, int64_t mr, int64_t nr, const vitc__gemm_epi *e) {
+    __m512 c[MR][2];
+    const float *r[MR];
+#pragma GCC unroll 12
     for (int i = 0; i < R; i++) {
         c[i][0] = c[i][1] = _mm512_setzero_ps();
         r[i] = A + (i < mr ? i : 0) * a_rs;
@@ -111,25 +112,39 @@ vitc__ukr_short(const int R, const int st, int64_t kc, const float *A, int64_t a
 #pragma GCC unroll 4
     for (int64_t k = 0; k < kc; k++) {
         __m512 b0 = st ? _mm512_maskz_loadu_ps(m0, B) : _mm512_load_ps(B);
-        __m512 b1 = st ? _mm512_maskz_loadu_ps(m1, B + 16) : _mm512_load_ps(B + 16);
+        __m512 b1 = W == 1 ? b0 : st ? _mm512_maskz_loadu_ps(m1, B + 16) : _mm512_load_ps(B + 16);
         for (int64_t l = 0; l < pfs && pfn > 0; l++) _mm_prefetch(pf, _MM_HINT_T1), pf += 64, pfn--;
-#pragma GCC unroll 8
+#pragma GCC unroll 12
         for (int i = 0; i < R; i++) {
             __m512 a = _mm512_set1_ps(st ? r[i][0] : A[i]);
             c[i][0] = _mm512_fmadd_ps(a, b0, c[i][0]);
-            c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
+            if (W == 2) c[i][1] = _mm512_fmadd_ps(a, b1, c[i][1]);
             if (st) r[i] += a_ks;
         }
         if (!st) A += a_ks;
         B += b_ks;
     }
-    __m512 gt[2 * 8];
-#pragma GCC unroll 8
+    __m512 gt[2 * MR];
+#pragma GCC unroll 12
     for (int i = 0; i < R; i++)
         if (i < mr)
             vitc__row_out(C + i * ldc, c[i][0], c[i][1], m0, m1, e,
                           e->res ? e->res + i * e->ldr : NULL, gt + 2 * i);
     if (e->gelu) vitc__v_gelu_tile(C, ldc, gt, mr, m0, m1);
+}
+
+/* W = 1 when the tile has 16 columns or fewer (a head's 16 values against
+ * an image's keys, [T, 4096] x [4096, 16]): the second vector's FMAs, all
+ * on zero columns, are left out. Its columns' FMAs are the same, in the
+ * same order: the same bits. */
+static inline __attribute__((always_inline)) void
+vitc__ukr_short(const int R, const int st, int64_t kc, const float *A, int64_t a_ks, int64_t a_rs,
+                const float *B, int64_t b_ks, float *C, int64_t ldc, int64_t mr, int64_t nr,
+                const vitc__gemm_epi *e) {
+    if (nr <= 16)
+        vitc__ukr_short_w(R, st, 1, kc, A, a_ks, a_rs, B, b_ks, C, ldc, mr, nr, e);
+    else
+        vitc__ukr_short_w(R, st, 2, kc, A, a_ks, a_rs, B, b_ks, C, ldc, mr, nr, e);
 }
 
 static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float *C, int64_t ldc,
@@ -144,6 +159,10 @@ static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float
     }
     if (mr <= 8) {
         vitc__ukr_short(8, 0, kc, pa, MR, 1, pb, NR, C, ldc, mr, nr, e);
+        return;
+    }
+    if (nr <= 16) { /* 12 rows of one vector: 12 chains */
+        vitc__ukr_short_w(12, 0, 1, kc, pa, MR, 1, pb, NR, C, ldc, mr, nr, e);
         return;
     }
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
@@ -217,6 +236,10 @@ static void vitc__ukr_st_avx512(int64_t kc, const float *A, int64_t a_ks, int64_
     }
     if (mr <= 8) {
         vitc__ukr_short(8, 1, kc, A, a_ks, a_rs, B, b_ks, C, ldc, mr, nr, e);
+        return;
+    }
+    if (nr <= 16) {
+        vitc__ukr_short_w(12, 1, 1, kc, A, a_ks, a_rs, B, b_ks, C, ldc, mr, nr, e);
         return;
     }
     __m512 c00 = _mm512_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00, c21 = c00;
