@@ -257,7 +257,8 @@ static void test_direct_equals_packed(void **state) {
     int64_t shapes[][4] = {{157, 97, 96, 0}, {6400 / 50, 288, 96, 0}, {77, 33, 300, 0},
                            {13, 5, 7, 0},    {288, 96, 1500, 1},      {100, 70, 2100, 1},
                            {7, 33, 40, 1},   {7, 70, 16, 0},          {4, 40, 33, 0},
-                           {18, 33, 20, 0}};
+                           {18, 33, 20, 0},  {12, 16, 40, 0},         {7, 16, 300, 0},
+                           {11, 9, 20, 0}};
     assert_int_equal(vitc_set_gemm_backend("builtin"), VITC_OK);
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++) {
         int64_t M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
