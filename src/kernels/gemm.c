@@ -989,6 +989,18 @@ vitc_status vitc__pweight_pack(vitc__pweight *pw, const float *W, int64_t N, int
     return VITC_OK;
 }
 
+int vitc__pweight_cols(vitc__pweight *v, const vitc__pweight *pw, int64_t j0, int64_t n) {
+    const vitc__gemm_kernel *kn = pw ? pw->kern : NULL;
+    if (!pw || !pw->data || pw->prec != VITC_PRECISION_FP32 || !kn || pw->K > kn->kc ||
+        j0 < 0 || n < 1 || j0 % kn->nr != 0 || j0 > pw->N - n)
+        return 0;
+    *v = *pw;
+    v->N = n;
+    v->npad = (n + kn->nr - 1) / kn->nr * kn->nr;
+    v->data = (float *)pw->data + j0 * pw->K; /* strip j0 / NR of the one K block */
+    return 1;
+}
+
 /* act's in-place row function in table kt (vitc__linear_pw's epilogue). */
 void (*vitc__act_fn(const vitc__kernels *kt, int act))(float *x, int64_t n) {
     switch (act) {

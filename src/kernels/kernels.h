@@ -251,6 +251,11 @@ typedef struct vitc__pweight {
 vitc_status vitc__pweight_pack(vitc__pweight *pw, const float *W, int64_t N, int64_t K,
                                vitc_precision p);
 void vitc__pweight_free(vitc__pweight *pw);
+/* v: a view of columns [j0, j0 + n) of FP32 pack pw (output columns, rows
+ * of W), sharing its memory (never freed): 1, or 0 when pw cannot be cut
+ * so (not FP32, K over its kernel's KC block, j0 not a multiple of its
+ * NR). */
+int vitc__pweight_cols(vitc__pweight *v, const vitc__pweight *pw, int64_t j0, int64_t n);
 /* W [N, K] row-major back from the packed copy: exact for FP32, the
  * converted values (bf16, or int8 times its scale) otherwise. */
 void vitc__pweight_unpack(const vitc__pweight *pw, float *W);

@@ -1325,7 +1325,8 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
                          (long long)Nt, (long long)ow, (long long)oh);
     }
     sam_run r = {.Nt = Nt, .HW = HW, .abuf = abuf};
-    float *fold = NULL, *sfbuf = NULL; /* r.f's, r.sf's buffers */
+    float *fold = NULL; /* r.f's buffer */
+    double *sfbuf = NULL; /* r.sf's */
     float *f = buf;
     r.tok_pe = f, f += Nt * C;
     r.ksel = f, f += Nt * C;
@@ -1414,11 +1415,9 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
         fin_pays(d, &r)) {
         /* every reader of K_1 and K_2 reads them through their LayerNorms:
          * their statistics alone (sam_stats.c) */
-        const int64_t HT = r.f.HT;
-        if ((sfbuf = malloc((size_t)(4 * HT * HW) * sizeof(float) +
-                            (size_t)(2 * HW) * sizeof(double)))) {
-            r.sf.on = 1, r.sf.buf = sfbuf;
-            r.sf.z = (double *)(void *)(sfbuf + 4 * HT * HW);
+        if ((sfbuf = malloc((size_t)(2 * HW) * sizeof(double)))) {
+            r.sf.on = 1;
+            r.sf.z = sfbuf;
         }
     }
     if ((s = two_way(d, &r)) != VITC_OK)

@@ -144,7 +144,6 @@ typedef struct sam_run {
      * (sam_stats.c; on: nothing reads K_1 or K_2 themselves). */
     struct {
         int on;
-        float *buf; /* [4 H T, HW] */
         double *z;  /* [HW, 2] sum and sum of squares of K_1 + beta_1 */
     } sf;
 } sam_run;

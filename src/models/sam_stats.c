@@ -9,7 +9,9 @@
  * cache), products of the token values with per-image packs, and
  * quadratic forms S_p G S_p^T with [H T, H T] matrices G of the prompt:
  * 67 M multiply-adds for one point instead of the two [HW, H T] x [H T, C]
- * products (117 M) and the passes over the [HW, C] maps they fed.
+ * products (117 M) and the passes over the [HW, C] maps they fed. A block
+ * of rows at a time goes through all of it in one thread's L2: the
+ * [H T, HW] products are never formed whole.
  *
  * Row p, a = K_0 + beta_0 (per image), gamma, b the first layer_norm4's
  * weight and bias, e = b + beta_1, V_i = vo_i [H T, C] (the values through
@@ -85,47 +87,18 @@ void vitc__sam_sf_cache(struct vitc__sam_dec_cache *c, const vitc__sam_dec *d, i
     }
 }
 
-/* One head's token values through a cached pack: U [T, HW] rows (h, t). */
-typedef struct sf_heads_ctx {
-    const vitc__pweight *pk[2]; /* [H] each, or pk[1] NULL */
-    const float *v;             /* [T, I] */
-    float *U[2];                /* [H T, HW] each */
-    int64_t T, HW, I, dh, H;
-    _Atomic int failed;
-} sf_heads_ctx;
-
-static void sf_head(void *vc, int64_t i, int tid) {
-    sf_heads_ctx *c = vc;
-    const int64_t k = i / c->H, h = i % c->H;
-    const vitc__pweight *p = &c->pk[k][h];
-    (void)tid;
-    if (vitc__linear_pw(c->U[k] + h * c->T * c->HW, c->HW, c->v + h * c->dh, c->I, p, p->data,
-                        NULL, NULL, 0, c->T, c->HW, c->dh, VITC__ACT_NONE) != VITC_OK)
-        c->failed = 1;
-}
-
-static vitc_status sf_heads(const vitc__pweight *p0, const vitc__pweight *p1, const float *v,
-                            float *U0, float *U1, int64_t T, int64_t HW, int64_t I, int64_t H) {
-    sf_heads_ctx c = {.pk = {p0, p1}, .v = v, .U = {U0, U1}, .T = T, .HW = HW, .I = I,
-                      .dh = I / H, .H = H};
-    sam_tasks((p1 ? 2 : 1) * H, sf_head, &c);
-    return c.failed ? vitc__err(VITC_ERR_INVALID_ARG, "SAM statistics: a GEMM refused its "
-                                "arguments")
-                    : VITC_OK;
-}
-
-/* o1, o2 [p1 - p0] = sum over j of S [n, HW]'s row j times X1's, X2's row
- * j ([n, HW] each), over columns [p0, p1): a pass over S's rows with the
- * sums in L1; inner loops of a fixed 8 (which -O2 vectorises). */
-#define SF_COLS 256
+/* o1, o2 [m] = sum over j of S's row j times X1's, X2's row j (S [n, lds],
+ * X1, X2 [n, ldx]), over m columns: a pass over S's rows with the sums in
+ * L1; inner loops of a fixed 8 (which -O2 vectorises). */
+#define SF_COLS 512
 static void sf_colsum2(float *restrict o1, float *restrict o2, const float *restrict S,
-                       const float *restrict X1, const float *restrict X2, int64_t n, int64_t HW,
-                       int64_t p0, int64_t p1) {
-    const int64_t m = p1 - p0, m8 = m / 8 * 8;
+                       int64_t lds, const float *restrict X1, const float *restrict X2,
+                       int64_t ldx, int64_t n, int64_t m) {
+    const int64_t m8 = m / 8 * 8;
     for (int64_t q = 0; q < m; q++) o1[q] = o2[q] = 0.0f;
     for (int64_t j = 0; j < n; j++) {
-        const float *restrict s = S + j * HW + p0;
-        const float *restrict x1 = X1 + j * HW + p0, *restrict x2 = X2 + j * HW + p0;
+        const float *restrict s = S + j * lds;
+        const float *restrict x1 = X1 + j * ldx, *restrict x2 = X2 + j * ldx;
         for (int64_t q = 0; q < m8; q += 8)
             for (int k = 0; k < 8; k++) {
                 o1[q + k] += s[q + k] * x1[q + k];
@@ -136,30 +109,78 @@ static void sf_colsum2(float *restrict o1, float *restrict o2, const float *rest
 }
 
 typedef struct sf_ctx sf_ctx;
-/* A layer's rows [p0, p1) from their two column sums o1, o2 (sf_block). */
+typedef struct sf_spec sf_spec;
+/* A layer's rows [p0, p1) from their two column sums o1, o2 and R's
+ * columns (R [n_vec, SF_COLS], column 0 row p0). */
 typedef void (*sf_rows_fn)(const sf_ctx *k, int64_t p0, int64_t p1, const float *o1,
-                           const float *o2);
+                           const float *o2, const float *R);
 struct sf_ctx {
     const vitc__sam_dec *d;
     sam_run *r;
+    const sf_spec *sp;
     const double *sfc;         /* the cache's [HW, SF_N] */
-    const float *S, *X1, *X2;  /* [H T, HW] each */
-    /* layer 0: [4, HW] S_0 times V_0 1, V_0 gamma, V_0 gamma^2, V_0 (gamma e);
-     * layer 1: [3, HW] S_1 times V_1 1, V_1 gamma, V_1 e */
-    const float *R;
+    const float *Ga, *Gb, *w;  /* [H T, H T] twice, [n_vec, H T]: one [2 H T + n_vec, H T] */
+    const float *v;            /* [T, I] the token values (doubled when beta_a is 2) */
+    float *scr;                /* per thread: X1, X2 [H T, SF_COLS], R [4, SF_COLS] */
     double sg, sg2, sge, se, se2; /* sum gamma, gamma^2, gamma e, e, e^2 */
-    int64_t HT, HW, C;
-    sf_rows_fn rows; /* sf0_rows or sf1_rows */
+    int64_t HT, HW, C, T, H, per;
+    int one;                   /* the three products one (see sf_layer) */
+    _Atomic int failed;
 };
 
-/* Block i of SF_COLS rows: the column sums, then the layer's rows. */
+/* One layer's statistics (sf_layer): its token vectors w (V times each of
+ * vec[]), a copy of V with its columns scaled by sc, the two [H T, H T]
+ * products Ga = Va Vb_a^T and Gb; per block of SF_COLS rows, the heads'
+ * products with the packs into X1 (and X2), then X1 = Ga Sa + beta_a X1,
+ * X2 = Gb Sb + beta_b X2, R = w S, the column sums and the rows. */
+struct sf_spec {
+    const float *V, *sc;        /* [H T, C], [C] */
+    const float *vec[4];        /* [C] each, NULL: ones */
+    int n_vec;
+    /* Ga = (scaled ? V sc : V) Va^T, Gb likewise */
+    int ga_scaled, gb_scaled;
+    const float *ga_b, *gb_b;   /* [H T, C] */
+    const float *Sa, *Sb, *S;   /* [H T, HW] */
+    float beta_a, beta_b;       /* 0, 1 or 2 */
+    const vitc__pweight *pk[2]; /* pk[1] NULL: X2 from Gb alone */
+    int64_t I;
+    sf_rows_fn rows;
+};
+
+/* Block i of SF_COLS rows, all in one thread's L2: the token values
+ * through the packs' columns, the [H T, H T] products, the column sums,
+ * then the layer's rows. The [H T, HW] products are never formed whole. */
 static void sf_block(void *vc, int64_t i, int tid) {
-    const sf_ctx *k = vc;
-    const int64_t p0 = i * SF_COLS, p1 = p0 + SF_COLS < k->HW ? p0 + SF_COLS : k->HW;
+    sf_ctx *k = vc;
+    const sf_spec *sp = k->sp;
+    const int64_t HT = k->HT, HW = k->HW, T = k->T, dh = sp->I / k->H, B = SF_COLS;
+    const int64_t p0 = i * B, p1 = p0 + B < HW ? p0 + B : HW, m = p1 - p0;
+    float *X1 = k->scr + tid * k->per, *X2 = X1 + HT * B, *R = X2 + HT * B;
     float o1[SF_COLS], o2[SF_COLS];
-    (void)tid;
-    sf_colsum2(o1, o2, k->S, k->X1, k->X2, k->HT, k->HW, p0, p1);
-    k->rows(k, p0, p1, o1, o2);
+    for (int j = 0; j < 2 && sp->pk[j]; j++)
+        for (int64_t h = 0; h < k->H; h++) {
+            vitc__pweight cols;
+            if (!vitc__pweight_cols(&cols, &sp->pk[j][h], p0, m) ||
+                vitc__linear_pw((j ? X2 : X1) + h * T * B, B, k->v + h * dh, sp->I, &cols,
+                                cols.data, NULL, NULL, 0, T, m, dh, VITC__ACT_NONE) != VITC_OK) {
+                k->failed = 1;
+                return;
+            }
+        }
+    if (k->one) {
+        for (int64_t j = 0; j < sp->n_vec; j++) memset(R + j * B, 0, (size_t)m * sizeof(float));
+        vitc__gemm(0, 0, 2 * HT + sp->n_vec, m, HT, 1.0f, k->Ga, HT, sp->S + p0, HW, 1.0f, X1, B);
+    } else {
+        vitc__gemm(0, 0, HT, m, HT, 1.0f, k->Ga, HT, sp->Sa + p0, HW, sp->beta_a, X1, B);
+        if (sp->Sb == sp->S && sp->beta_b == 0.0f) /* X2 and R: one product */
+            vitc__gemm(0, 0, HT + sp->n_vec, m, HT, 1.0f, k->Gb, HT, sp->S + p0, HW, 0.0f, X2, B);
+        else {
+            vitc__gemm(0, 0, HT, m, HT, 1.0f, k->Gb, HT, sp->Sb + p0, HW, sp->beta_b, X2, B);
+            vitc__gemm(0, 0, sp->n_vec, m, HT, 1.0f, k->w, HT, sp->S + p0, HW, 0.0f, R, B);
+        }
+    }
+    sf_colsum2(o1, o2, sp->S + p0, HW, X1, X2, B, HT, m);
+    sp->rows(k, p0, p1, o1, o2, R);
 }
 
 static float rstd(double s1, double s2, int64_t C, float eps, float *mu) {
@@ -175,12 +196,12 @@ static float rstd(double s1, double s2, int64_t C, float eps, float *mu) {
  * of them (sum Z, |Z|^2 in r->sf.z). o1, o2: S_0's column sums against
  * X1 = 2 U + G_0 S_0 and X2 = 2 U' + G_0' S_0. */
 static void sf0_rows(const sf_ctx *k, int64_t p0, int64_t p1, const float *o1,
-                     const float *o2) {
-    const int64_t HW = k->HW;
+                     const float *o2, const float *Rb) {
+    const int64_t HW = SF_COLS; /* R's row stride */
     for (int64_t p = p0; p < p1; p++) {
         const int64_t q = p - p0;
         const double *a = k->sfc + SF_N * p;
-        const float *R = k->R + p;
+        const float *R = Rb + q;
         float muf;
         const float rhof = rstd(a[SF_A] + R[0], a[SF_A2] + o1[q], k->C, k->d->eps_dec, &muf);
         k->r->f.st[2 * p] = muf, k->r->f.st[2 * p + 1] = rhof;
@@ -198,13 +219,13 @@ static void sf0_rows(const sf_ctx *k, int64_t p0, int64_t p1, const float *o1,
  * against X1 = W + M S_0 (the part of V_1 Z_p that rho_0 scales) and X2 =
  * G_1 S_1. */
 static void sf1_rows(const sf_ctx *k, int64_t p0, int64_t p1, const float *o1,
-                     const float *o2) {
-    const int64_t HW = k->HW;
-    float *st1 = k->r->f.st + 2 * HW;
+                     const float *o2, const float *Rb) {
+    const int64_t HW = SF_COLS; /* R's row stride */
+    float *st1 = k->r->f.st + 2 * k->HW;
     for (int64_t p = p0; p < p1; p++) {
         const int64_t q = p - p0;
         const double m0 = k->r->f.st[2 * p], r0 = k->r->f.st[2 * p + 1];
-        const float *R = k->R + p;
+        const float *R = Rb + q;
         /* S_1 . (V_1 Z_p) */
         const double sw = r0 * (o1[q] - m0 * R[HW]) + R[2 * HW];
         const double *z = k->r->sf.z + 2 * p;
@@ -232,28 +253,12 @@ static void tok_vecs(float *w, float *xs, const float *V, const float *const *x,
     vitc__gemm(0, 1, n, HT, C, 1.0f, xs, C, V, C, 0.0f, w, HT);
 }
 
-/* One layer's statistics: its token vectors w (V times each of vec[]),
- * a copy of V with its columns scaled by sc, the two [H T, H T] products
- * Ga = Va Vb_a^T and Gb, the heads' products with the packs into X1 (and
- * X2), then X1 = Ga Sa + beta_a X1, X2 = Gb Sb + beta_b X2, R = w S and
- * the rows' pass. */
-typedef struct sf_spec {
-    const float *V, *sc;        /* [H T, C], [C] */
-    const float *vec[4];        /* [C] each, NULL: ones */
-    int n_vec;
-    /* Ga = (scaled ? V sc : V) Va^T, Gb likewise */
-    int ga_scaled, gb_scaled;
-    const float *ga_b, *gb_b;   /* [H T, C] */
-    const float *Sa, *Sb, *S;   /* [H T, HW] */
-    float beta_a, beta_b;       /* 0, 1 or 2 */
-    const vitc__pweight *pk[2]; /* pk[1] NULL: X2 from Gb alone */
-    int64_t I;
-    sf_rows_fn rows;
-} sf_spec;
-
 static vitc_status sf_layer(const vitc__sam_dec *d, sam_run *r, const sf_spec *sp) {
     const int64_t HT = r->f.HT, HW = r->HW, C = d->C, H = d->heads, T = HT / H;
-    float *Vs = malloc((size_t)(HT * C + 2 * HT * HT + 4 * HT + 4 * C) * sizeof(float));
+    const int nt = vitc__num_threads();
+    const int64_t per = (2 * HT + 4) * SF_COLS;
+    float *Vs = malloc((size_t)(HT * C + 2 * HT * HT + 4 * HT + 4 * C + nt * per) *
+                       sizeof(float));
     if (!Vs)
         return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's statistics");
     float *Ga = Vs + HT * C, *Gb = Ga + HT * HT, *w = Gb + HT * HT, *xs = w + 4 * HT;
@@ -262,40 +267,27 @@ static vitc_status sf_layer(const vitc__sam_dec *d, sam_run *r, const sf_spec *s
         for (int64_t j = 0; j < C; j++) Vs[i * C + j] = sp->V[i * C + j] * sp->sc[j];
     vitc__gemm(0, 1, HT, HT, C, 1.0f, sp->ga_scaled ? Vs : sp->V, C, sp->ga_b, C, 0.0f, Ga, HT);
     vitc__gemm(0, 1, HT, HT, C, 1.0f, sp->gb_scaled ? Vs : sp->V, C, sp->gb_b, C, 0.0f, Gb, HT);
-    float *X1 = r->sf.buf, *X2 = X1 + HT * HW, *R = X2 + HT * HW; /* R [n_vec, HW] */
+    sf_ctx k;
+    sf_init(&k, d, r);
     /* beta 2 on both: the values doubled (exactly) make 2 U, and the three
      * products, one right operand, run as one (Ga, Gb and w are one
-     * [2 H T + n_vec, H T] matrix, X1, X2 and R one output): S packed once,
-     * bitwise the three */
-    const int one = sp->Sa == sp->S && sp->Sb == sp->S && sp->beta_a == sp->beta_b &&
-                    sp->pk[1] && sp->beta_a == 2.0f;
-    const float *v = r->tv;
-    if (one) {
+     * [2 H T + n_vec, H T] matrix, X1, X2 and R one output): bitwise the
+     * three */
+    k.one = sp->Sa == sp->S && sp->Sb == sp->S && sp->pk[1] && sp->beta_a == 2.0f &&
+            sp->beta_b == 2.0f;
+    k.v = r->tv;
+    if (k.one) {
         for (int64_t t = 0; t < T; t++)
             for (int64_t j = 0; j < sp->I; j++) Vs[t * sp->I + j] = 2.0f * r->tv[t * sp->I + j];
-        v = Vs; /* Vs is free again: Ga and Gb are made */
+        k.v = Vs; /* Vs is free again: Ga and Gb are made */
     }
-    vitc_status s = sf_heads(sp->pk[0], sp->pk[1], v, X1, X2, T, HW, sp->I, H);
-    if (s == VITC_OK && one) {
-        memset(R, 0, (size_t)(sp->n_vec * HW) * sizeof(float));
-        vitc__gemm(0, 0, 2 * HT + sp->n_vec, HW, HT, 1.0f, Ga, HT, sp->S, HW, 1.0f, X1, HW);
-    } else if (s == VITC_OK) {
-        vitc__gemm(0, 0, HT, HW, HT, 1.0f, Ga, HT, sp->Sa, HW, sp->beta_a, X1, HW);
-        if (sp->Sb == sp->S && sp->beta_b == 0.0f) /* X2 and R: one product */
-            vitc__gemm(0, 0, HT + sp->n_vec, HW, HT, 1.0f, Gb, HT, sp->S, HW, 0.0f, X2, HW);
-        else {
-            vitc__gemm(0, 0, HT, HW, HT, 1.0f, Gb, HT, sp->Sb, HW, sp->beta_b, X2, HW);
-            vitc__gemm(0, 0, sp->n_vec, HW, HT, 1.0f, w, HT, sp->S, HW, 0.0f, R, HW);
-        }
-    }
-    if (s == VITC_OK) {
-        sf_ctx k;
-        sf_init(&k, d, r);
-        k.S = sp->S, k.X1 = X1, k.X2 = X2, k.R = R, k.rows = sp->rows;
-        sam_tasks((HW + SF_COLS - 1) / SF_COLS, sf_block, &k);
-    }
+    k.sp = sp, k.Ga = Ga, k.Gb = Gb, k.w = w, k.T = T, k.H = H, k.per = per;
+    k.scr = xs + 4 * C;
+    sam_tasks((HW + SF_COLS - 1) / SF_COLS, sf_block, &k);
     free(Vs);
-    return s;
+    return k.failed ? vitc__err(VITC_ERR_INVALID_ARG, "SAM statistics: a GEMM refused its "
+                                "arguments")
+                    : VITC_OK;
 }
 
 /* Layer 0: vectors 1, gamma, gamma^2, gamma e; X1 = 2 U + V0 V0^T S0, X2
