@@ -746,6 +746,16 @@ static void i2tc_head(void *vc, int64_t h, int tid) {
  * scores are the literal per-head products q_h k_h^T (2 H T Lq dh
  * multiply-adds, a C / dh-th of the folded keys' Lq C H T) and only the
  * output projection stays folded into the values. y as attend_i2t_folded. */
+/* Whether attend_i2t_cached's scores run transposed against the cache's
+ * per-head query packs (made for the kernel in use), each head's softmax
+ * down its columns: then it returns 1. The statistics (sam_stats.c) need
+ * that layout, so vitc__sam_dec_predict asks this before turning them on. */
+static int i2tc_usable(const vitc__sam_dec *d, const sam_run *r, int64_t Lk) {
+    const struct vitc__sam_dec_cache *c = r->c0;
+    return c && c->qh && c->H == d->heads && c->qh[0].kern == vitc__gemm_pack_kernel() &&
+           Lk <= VITC_SOFTMAX_SHORT;
+}
+
 static int attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
                              float beta, const float *q, int64_t Lq, const float *xk,
                              const float *xv, int64_t Lk, float *S) {
@@ -756,8 +766,7 @@ static int attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run 
     /* S [Lq, H, Lk], or transposed (returns 1) */
     i2t_token_side(d, a, r, vo, xk, xv, Lk);
     const struct vitc__sam_dec_cache *c = r->c0;
-    if (c && c->qh && c->H == H && c->qh[0].kern == vitc__gemm_pack_kernel() &&
-        Lk <= VITC_SOFTMAX_SHORT) {
+    if (i2tc_usable(d, r, Lk)) {
         /* the scores transposed, S^T [H, Lk, Lq] = k_h q_h^T against the
          * cache's packs (nothing of the image packed), each head's
          * softmax down its columns while they are in cache */
@@ -1409,8 +1418,7 @@ vitc_status vitc__sam_dec_predict(const vitc__sam_dec *d, const struct vitc_sam_
                 }
         }
     }
-    if (r.f.on && d->n_layers == 2 && r.c0->sf[0] && r.c0->qh && r.c0->H == d->heads &&
-        r.c0->qh[0].kern == vitc__gemm_pack_kernel() && Nt <= VITC_SOFTMAX_SHORT &&
+    if (r.f.on && d->n_layers == 2 && r.c0->sf[0] && d->sf_v && i2tc_usable(d, &r, Nt) &&
         t1_usable(d, &d->layers[1].t2i, &r, Nt) && t1q_usable(d, &d->layers[1].i2t, &r, Nt) &&
         fin_pays(d, &r)) {
         /* every reader of K_1 and K_2 reads them through their LayerNorms:

@@ -94,6 +94,12 @@ struct vitc__sam_dec {
      * sums, fin_w[1] (b_0 + beta_1), fin_w[1]'s row sums; then W_v b_1 +
      * b_v (w_i, b_i layer i's layer_norm4, beta_i its i2t out_proj bias). */
     float *fin_w[4], *fin_c;
+    /* sam_stats.c's constants (two layers; NULL: not made): [3, C] gamma^2,
+     * gamma e, e (gamma, b the first layer_norm4's weight and bias, e = b
+     * + the second layer's i2t out_proj bias); sums over C of gamma,
+     * gamma^2, gamma e, e, e^2 in double */
+    float *sf_v;
+    double sf_s[5];
     /* t1_wk, t1_wv, t1_wq, fin_w[0..3] packed for the GEMM (their products
      * with a prompt's few rows; empty when not made: the row-major copy
      * is read then) */

@@ -304,6 +304,29 @@ static void fin_make(vitc__sam_dec *d, double *g, double *h, double *e) {
     d->fin_c = cst;
 }
 
+/* The statistics' constants (sam_stats.c; two layers only, else or out of
+ * memory sf_v stays NULL and the statistics are not computed that way):
+ * sf_v [3, C] gamma^2, gamma e, e and sf_s the sums over C of gamma,
+ * gamma^2, gamma e, e, e^2, gamma the first layer_norm4's weight, e its
+ * bias plus the second layer's i2t out_proj bias. */
+static void sf_make(vitc__sam_dec *d) {
+    if (d->n_layers != 2)
+        return;
+    const int64_t C = d->C;
+    const float *g = d->layers[0].ln4.w, *b = d->layers[0].ln4.b, *b1 = d->layers[1].i2t.o.b;
+    float *v = vitc__sam_dec_alloc(d, 3 * C);
+    if (!v)
+        return;
+    double *sm = d->sf_s;
+    for (int64_t j = 0; j < C; j++) {
+        const float e = b[j] + b1[j];
+        v[j] = g[j] * g[j], v[C + j] = g[j] * e, v[2 * C + j] = e;
+        const double gd = g[j], ed = (double)b[j] + b1[j];
+        sm[0] += gd, sm[1] += gd * gd, sm[2] += gd * ed, sm[3] += ed, sm[4] += ed * ed;
+    }
+    d->sf_v = v;
+}
+
 vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
                                const struct json_t *config) {
     if (!out || !sh)
@@ -427,6 +450,7 @@ vitc_status vitc__sam_dec_load(vitc__sam_dec **out, const vitc__shards *sh,
         fin_make(d, fs, fs + 2 * C, fs + 4 * C);
         free(fs);
     }
+    sf_make(d);
     for (int64_t t = 0; t < d->T; t++) {
         snprintf(n, sizeof n, "mask_decoder.output_hypernetworks_mlps.%lld", (long long)t);
         TRY(take_ffn(d, sh, &d->hyper[t], C, C, C8, 3, n));

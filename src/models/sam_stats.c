@@ -235,12 +235,9 @@ static void sf1_rows(const sf_ctx *k, int64_t p0, int64_t p1, const float *o1,
 }
 
 static void sf_init(sf_ctx *k, const vitc__sam_dec *d, sam_run *r) {
-    const sam_layer *L0 = &d->layers[0], *L1 = &d->layers[1];
-    *k = (sf_ctx){.d = d, .r = r, .sfc = r->c0->sfc, .HT = r->f.HT, .HW = r->HW, .C = d->C};
-    for (int64_t j = 0; j < d->C; j++) {
-        const double g = L0->ln4.w[j], ee = (double)L0->ln4.b[j] + L1->i2t.o.b[j];
-        k->sg += g, k->sg2 += g * g, k->sge += g * ee, k->se += ee, k->se2 += ee * ee;
-    }
+    const double *sm = d->sf_s;
+    *k = (sf_ctx){.d = d, .r = r, .sfc = r->c0->sfc, .HT = r->f.HT, .HW = r->HW, .C = d->C,
+                  .sg = sm[0], .sg2 = sm[1], .sge = sm[2], .se = sm[3], .se2 = sm[4]};
 }
 
 /* w [n, HT] = x [n, C] V^T (x_i NULL: ones), xs [n, C] scratch: one
@@ -293,22 +290,14 @@ static vitc_status sf_layer(const vitc__sam_dec *d, sam_run *r, const sf_spec *s
 /* Layer 0: vectors 1, gamma, gamma^2, gamma e; X1 = 2 U + V0 V0^T S0, X2
  * = 2 U' + V0 diag(gamma^2) V0^T S0. */
 vitc_status vitc__sam_sf_layer0(const vitc__sam_dec *d, sam_run *r) {
-    const sam_layer *L0 = &d->layers[0], *L1 = &d->layers[1];
+    const sam_layer *L0 = &d->layers[0];
     const int64_t C = d->C;
-    const float *g = L0->ln4.w;
-    float *ge = malloc((size_t)(2 * C) * sizeof(float));
-    if (!ge)
-        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's statistics");
-    float *g2 = ge + C;
-    for (int64_t j = 0; j < C; j++)
-        ge[j] = g[j] * (L0->ln4.b[j] + L1->i2t.o.b[j]), g2[j] = g[j] * g[j];
+    const float *g = L0->ln4.w, *g2 = d->sf_v, *ge = d->sf_v + C;
     const sf_spec sp = {.V = r->vo, .sc = g2, .vec = {NULL, g, g2, ge}, .n_vec = 4,
                         .ga_scaled = 0, .gb_scaled = 1, .ga_b = r->vo, .gb_b = r->vo,
                         .Sa = r->f.S, .Sb = r->f.S, .S = r->f.S, .beta_a = 2.0f, .beta_b = 2.0f,
                         .pk = {r->c0->sf[0], r->c0->sf[1]}, .I = L0->i2t.I, .rows = sf0_rows};
-    vitc_status s = sf_layer(d, r, &sp);
-    free(ge);
-    return s;
+    return sf_layer(d, r, &sp);
 }
 
 /* Layer 1: vectors 1, gamma, e; X1 = W + V1 diag(gamma) V0^T S0, X2 =
@@ -316,16 +305,10 @@ vitc_status vitc__sam_sf_layer0(const vitc__sam_dec *d, sam_run *r) {
 vitc_status vitc__sam_sf_layer1(const vitc__sam_dec *d, sam_run *r) {
     const sam_layer *L0 = &d->layers[0], *L1 = &d->layers[1];
     const int64_t C = d->C, HW = r->HW;
-    float *e = malloc((size_t)C * sizeof(float));
-    if (!e)
-        return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's statistics");
-    for (int64_t j = 0; j < C; j++) e[j] = L0->ln4.b[j] + L1->i2t.o.b[j];
-    const float *S1 = r->f.S + HW * r->f.HT;
+    const float *S1 = r->f.S + HW * r->f.HT, *e = d->sf_v + 2 * C;
     const sf_spec sp = {.V = r->vo, .sc = L0->ln4.w, .vec = {NULL, L0->ln4.w, e}, .n_vec = 3,
                         .ga_scaled = 1, .gb_scaled = 0, .ga_b = r->f.V0, .gb_b = r->vo,
                         .Sa = r->f.S, .Sb = S1, .S = S1, .beta_a = 1.0f, .beta_b = 0.0f,
                         .pk = {r->c0->sf[2], NULL}, .I = L1->i2t.I, .rows = sf1_rows};
-    vitc_status s = sf_layer(d, r, &sp);
-    free(e);
-    return s;
+    return sf_layer(d, r, &sp);
 }
