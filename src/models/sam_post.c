@@ -31,21 +31,30 @@ static void bil_taps(int64_t in, int64_t outn, int64_t i, int64_t idx[2], float 
 }
 
 /* post_process_masks along one axis: low-res n -> input side S, the first
- * R kept, -> out. Output index i reads low-res rows idx[4i..4i+3] with
- * weights w[4i..]: the two resamplings composed, so the S-sized map is
- * never formed. */
-static void axis_taps(int64_t n, int64_t S, int64_t R, int64_t out, int64_t *idx, float *w) {
+ * R kept, -> out. The two resamplings composed: output index i reads
+ * low-res rows base[i], base[i] + 1, base[i] + 2 with weights w[3i..3i+2].
+ * (Its two input-side rows are adjacent, each two low-res taps a quarter
+ * apart at S = 4n: three rows at most, two when both fall in one interval,
+ * against four taps uncomposed; each row's weights summed in double.) */
+static void axis_taps(int64_t n, int64_t S, int64_t R, int64_t out, int64_t *base, float *w) {
     for (int64_t i = 0; i < out; i++) {
-        int64_t r[2], q[2];
+        int64_t r[2], q[4];
         float a[2], b[2];
+        double wq[4];
         bil_taps(R, out, i, r, a);
         for (int k = 0; k < 2; k++) {
-            bil_taps(n, S, r[k], q, b);
-            for (int j = 0; j < 2; j++) {
-                idx[4 * i + 2 * k + j] = q[j];
-                w[4 * i + 2 * k + j] = a[k] * b[j];
-            }
+            int64_t qq[2];
+            bil_taps(n, S, r[k], qq, b);
+            for (int j = 0; j < 2; j++) q[2 * k + j] = qq[j], wq[2 * k + j] = (double)a[k] * b[j];
         }
+        int64_t lo = q[0];
+        for (int j = 1; j < 4; j++) lo = q[j] < lo ? q[j] : lo;
+        if (lo > n - 3) /* near the end: the three rows end at n - 1 */
+            lo = n - 3 > 0 ? n - 3 : 0;
+        double t[3] = {0, 0, 0};
+        for (int j = 0; j < 4; j++) t[q[j] - lo] += wq[j];
+        base[i] = lo;
+        for (int j = 0; j < 3; j++) w[3 * i + j] = (float)t[j];
     }
 }
 
@@ -70,37 +79,42 @@ static void post_rows_x(void *vc, int64_t b, int64_t e, int tid) {
         const float *src = c->low + r * c->lw;
         float *dst = c->tmp + r * c->ow;
         for (int64_t x = 0; x < c->ow; x++) {
-            const int64_t *ix = c->xi + 4 * x;
-            const float *wx = c->xw + 4 * x;
-            dst[x] = wx[0] * src[ix[0]] + wx[1] * src[ix[1]] + wx[2] * src[ix[2]] +
-                     wx[3] * src[ix[3]];
+            const float *s = src + c->xi[x], *wx = c->xw + 3 * x;
+            dst[x] = wx[0] * s[0] + wx[1] * s[1] + wx[2] * s[2];
         }
     }
 }
 
-/* dst = w0 t0 + w1 t1 + w2 t2 + w3 t3 over n floats: blocks of a fixed 8
- * (and no aliasing) so that the compiler vectorises it at -O2. */
-static void mix4(float *restrict dst, const float *restrict t0, const float *restrict t1,
-                 const float *restrict t2, const float *restrict t3, const float *w, int64_t n) {
-    const float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
+/* dst = w0 t0 + w1 t1 (+ w2 t2 when w2 is not 0) over n floats, thresholded
+ * into bytes (dst > 0: 1, NaN 0) when bin: blocks of a fixed 16 (and no
+ * aliasing) so that the compiler vectorises them at -O2. */
+static void mix3(float *restrict dst, unsigned char *restrict bin, const float *restrict t0,
+                 const float *restrict t1, const float *restrict t2, const float *w,
+                 int64_t n) {
+    const float w0 = w[0], w1 = w[1], w2 = w[2];
     int64_t x = 0;
-    for (; x + 8 <= n; x += 8)
-        for (int k = 0; k < 8; k++)
-            dst[x + k] = w0 * t0[x + k] + w1 * t1[x + k] + w2 * t2[x + k] + w3 * t3[x + k];
-    for (; x < n; x++) dst[x] = w0 * t0[x] + w1 * t1[x] + w2 * t2[x] + w3 * t3[x];
-}
-
-/* mix4 thresholded: dst[x] = 1 where the mixed value is > 0 (NaN: 0),
- * else 0, in fixed blocks as mix4's. */
-static void mix4_bin(unsigned char *restrict dst, const float *restrict t0,
-                     const float *restrict t1, const float *restrict t2,
-                     const float *restrict t3, const float *w, int64_t n) {
-    const float w0 = w[0], w1 = w[1], w2 = w[2], w3 = w[3];
-    int64_t x = 0;
-    for (; x + 16 <= n; x += 16)
-        for (int k = 0; k < 16; k++)
-            dst[x + k] = w0 * t0[x + k] + w1 * t1[x + k] + w2 * t2[x + k] + w3 * t3[x + k] > 0.0f;
-    for (; x < n; x++) dst[x] = w0 * t0[x] + w1 * t1[x] + w2 * t2[x] + w3 * t3[x] > 0.0f;
+#define MIX(v) (w2 != 0.0f ? w0 * t0[v] + w1 * t1[v] + w2 * t2[v] : w0 * t0[v] + w1 * t1[v])
+    if (w2 != 0.0f && dst)
+        for (; x + 16 <= n; x += 16)
+            for (int k = 0; k < 16; k++)
+                dst[x + k] = w0 * t0[x + k] + w1 * t1[x + k] + w2 * t2[x + k];
+    else if (dst)
+        for (; x + 16 <= n; x += 16)
+            for (int k = 0; k < 16; k++) dst[x + k] = w0 * t0[x + k] + w1 * t1[x + k];
+    else if (w2 != 0.0f)
+        for (; x + 16 <= n; x += 16)
+            for (int k = 0; k < 16; k++)
+                bin[x + k] = w0 * t0[x + k] + w1 * t1[x + k] + w2 * t2[x + k] > 0.0f;
+    else
+        for (; x + 16 <= n; x += 16)
+            for (int k = 0; k < 16; k++) bin[x + k] = w0 * t0[x + k] + w1 * t1[x + k] > 0.0f;
+    for (; x < n; x++) {
+        if (dst)
+            dst[x] = MIX(x);
+        else
+            bin[x] = MIX(x) > 0.0f;
+    }
+#undef MIX
 }
 
 static void post_rows_y(void *vc, int64_t b, int64_t e, int tid) {
@@ -108,14 +122,9 @@ static void post_rows_y(void *vc, int64_t b, int64_t e, int tid) {
     const post_ctx *c = vc;
     for (int64_t r = b; r < e; r++) {
         int64_t m = r / c->oh, y = r % c->oh;
-        const float *t = c->tmp + m * c->lh * c->ow;
-        const int64_t *iy = c->yi + 4 * y;
-        const float *t0 = t + iy[0] * c->ow, *t1 = t + iy[1] * c->ow, *t2 = t + iy[2] * c->ow,
-                    *t3 = t + iy[3] * c->ow;
-        if (c->out)
-            mix4(c->out + r * c->ow, t0, t1, t2, t3, c->yw + 4 * y, c->ow);
-        else
-            mix4_bin(c->bin + r * c->ow, t0, t1, t2, t3, c->yw + 4 * y, c->ow);
+        const float *t = c->tmp + (m * c->lh + c->yi[y]) * c->ow;
+        mix3(c->out ? c->out + r * c->ow : NULL, c->out ? NULL : c->bin + r * c->ow, t,
+             t + c->ow, t + 2 * c->ow, c->yw + 3 * y, c->ow);
     }
 }
 
@@ -127,28 +136,30 @@ static void post_block(void *vc, int64_t i, int tid) {
 vitc_status vitc__sam_post_masks(float *masks, unsigned char *bin, const float *low, int64_t n,
                                  int64_t lo, int input_size, int resized_w, int resized_h,
                                  int64_t ow, int64_t oh) {
-    int64_t *xi = malloc((size_t)(4 * (ow + oh)) * sizeof(int64_t));
-    float *xw = malloc((size_t)(4 * (ow + oh) + n * lo * ow) * sizeof(float));
+    int64_t *xi = malloc((size_t)(ow + oh) * sizeof(int64_t));
+    float *xw = malloc((size_t)(3 * (ow + oh) + n * lo * ow) * sizeof(float));
     if (!xi || !xw) {
         free(xi), free(xw);
         return vitc__err(VITC_ERR_NOMEM, "out of memory for SAM's %lldx%lld masks",
                          (long long)ow, (long long)oh);
     }
-    int64_t *yi = xi + 4 * ow;
-    float *yw = xw + 4 * ow, *tmp = yw + 4 * oh;
+    int64_t *yi = xi + ow;
+    float *yw = xw + 3 * ow, *tmp = yw + 3 * oh;
     axis_taps(lo, input_size, resized_w, ow, xi, xw);
     axis_taps(lo, input_size, resized_h, oh, yi, yw);
     post_ctx c = {.low = low, .tmp = tmp, .out = masks, .bin = bin, .lh = lo, .lw = lo,
-                  .oh = oh, .ow = ow,
-                  .xi = xi, .yi = yi, .xw = xw, .yw = yw};
+                  .oh = oh, .ow = ow, .xi = xi, .yi = yi, .xw = xw, .yw = yw};
     /* the crop to the resized image leaves the low-res rows below it
-     * unread (a third of them for a 3:2 photo): not resampled */
+     * unread (a third of them for a 3:2 photo): not resampled. Each output
+     * row reads three (a zero weight times a row still reads it). */
     int64_t y1 = 0;
     c.y0 = lo;
-    for (int64_t k = 0; k < 4 * oh; k++) {
+    for (int64_t k = 0; k < oh; k++) {
         c.y0 = yi[k] < c.y0 ? yi[k] : c.y0;
-        y1 = yi[k] > y1 ? yi[k] : y1;
+        y1 = yi[k] + 2 > y1 ? yi[k] + 2 : y1;
     }
+    if (y1 > lo - 1)
+        y1 = lo - 1;
     c.ny = y1 - c.y0 + 1;
     /* blocks of 16 rows claimed as threads come free (a thread held up by
      * another process leaves its rows to the other) */
