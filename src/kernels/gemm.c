@@ -989,6 +989,10 @@ vitc_status vitc__pweight_pack(vitc__pweight *pw, const float *W, int64_t N, int
     return VITC_OK;
 }
 
+int64_t vitc__pweight_col_step(const vitc__pweight *pw) {
+    return pw && pw->prec == VITC_PRECISION_FP32 && pw->kern ? pw->kern->nr : 0;
+}
+
 int vitc__pweight_cols(vitc__pweight *v, const vitc__pweight *pw, int64_t j0, int64_t n) {
     const vitc__gemm_kernel *kn = pw ? pw->kern : NULL;
     if (!pw || !pw->data || pw->prec != VITC_PRECISION_FP32 || !kn || pw->K > kn->kc ||

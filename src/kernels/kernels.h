@@ -256,6 +256,9 @@ void vitc__pweight_free(vitc__pweight *pw);
  * so (not FP32, K over its kernel's KC block, j0 not a multiple of its
  * NR). */
 int vitc__pweight_cols(vitc__pweight *v, const vitc__pweight *pw, int64_t j0, int64_t n);
+/* The multiple of which j0 must be (its kernel's strip width), 0 when pw
+ * is not an FP32 pack. */
+int64_t vitc__pweight_col_step(const vitc__pweight *pw);
 /* W [N, K] row-major back from the packed copy: exact for FP32, the
  * converted values (bf16, or int8 times its scale) otherwise. */
 void vitc__pweight_unpack(const vitc__pweight *pw, float *W);

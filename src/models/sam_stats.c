@@ -124,6 +124,7 @@ struct sf_ctx {
     float *scr;                /* per thread: X1, X2 [H T, SF_COLS], R [4, SF_COLS] */
     double sg, sg2, sge, se, se2; /* sum gamma, gamma^2, gamma e, e, e^2 */
     int64_t HT, HW, C, T, H, per;
+    int64_t blk;               /* rows a block: SF_COLS cut to whole strips of the packs */
     int one;                   /* the three products one (see sf_layer) */
     _Atomic int failed;
 };
@@ -154,7 +155,7 @@ static void sf_block(void *vc, int64_t i, int tid) {
     sf_ctx *k = vc;
     const sf_spec *sp = k->sp;
     const int64_t HT = k->HT, HW = k->HW, T = k->T, dh = sp->I / k->H, B = SF_COLS;
-    const int64_t p0 = i * B, p1 = p0 + B < HW ? p0 + B : HW, m = p1 - p0;
+    const int64_t p0 = i * k->blk, p1 = p0 + k->blk < HW ? p0 + k->blk : HW, m = p1 - p0;
     float *X1 = k->scr + tid * k->per, *X2 = X1 + HT * B, *R = X2 + HT * B;
     float o1[SF_COLS], o2[SF_COLS];
     for (int j = 0; j < 2 && sp->pk[j]; j++)
@@ -280,7 +281,15 @@ static vitc_status sf_layer(const vitc__sam_dec *d, sam_run *r, const sf_spec *s
     }
     k.sp = sp, k.Ga = Ga, k.Gb = Gb, k.w = w, k.T = T, k.H = H, k.per = per;
     k.scr = xs + 4 * C;
-    sam_tasks((HW + SF_COLS - 1) / SF_COLS, sf_block, &k);
+    /* a block starts on a strip of the packs (vitc__pweight_cols) */
+    const int64_t nr = vitc__pweight_col_step(&sp->pk[0][0]);
+    k.blk = nr > 0 ? SF_COLS / nr * nr : 0;
+    if (k.blk < 1) {
+        free(Vs);
+        return vitc__err(VITC_ERR_INVALID_ARG, "SAM statistics: the packs' strips are wider "
+                         "than a block");
+    }
+    sam_tasks((HW + k.blk - 1) / k.blk, sf_block, &k);
     free(Vs);
     return k.failed ? vitc__err(VITC_ERR_INVALID_ARG, "SAM statistics: a GEMM refused its "
                                 "arguments")
