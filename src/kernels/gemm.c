@@ -438,6 +438,15 @@ static void vitc__pa_need(const vitc__gemm_job *g, int64_t pc, int64_t ic) {
     vitc__coop_need(g->coop, pc / g->kc * (g->mpad / kn->mc) + ic / kn->mc, strips);
 }
 
+/* Strip s's share of the pf_all lines of the micro-panel read next, split
+ * over the block's strips that use the current one (mc rows of MR): lines
+ * [*off, *off + returned) from its start (0: none left for this strip). */
+static inline int64_t vitc__pf_share(int64_t pf_all, int64_t mc, int MR, int64_t s, int64_t *off) {
+    const int64_t ns = (mc + MR - 1) / MR, share = (pf_all + ns - 1) / ns;
+    *off = s * share;
+    return pf_all - *off < share ? pf_all - *off : share;
+}
+
 #define VITC_ONE_BLOCK_MAX 4
 /* jnext: where this thread's next chunk of columns starts (-1: none or
  * unknown), for the prefetch of prepacked weights past j1. */
@@ -509,14 +518,12 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                 const int64_t pf_d = pf_all ? (128 + pf_all - 1) / pf_all : 0;
                 for (int64_t ic = i0; ic < i1; ic += MC) {
                     int64_t mc = i1 - ic < MC ? i1 - ic : MC;
-                    int64_t ns = (mc + MR - 1) / MR, share = (pf_all + ns - 1) / ns;
                     for (int64_t jr = 0; jr < nc; jr += NR) {
                         const float *next = ic == i0 && pf_all && jr + pf_d * NR < nc
                                                 ? pb + (jr + pf_d * NR) * kc
                                                 : NULL;
                         for (int64_t ir = 0, s = 0; ir < mc; ir += MR, s++) {
-                            int64_t off = s * share;
-                            int64_t pfn = pf_all - off < share ? pf_all - off : share;
+                            int64_t off, pfn = vitc__pf_share(pf_all, mc, MR, s, &off);
                             vitc__tile(g, 1, kc, g->A + (ic + ir) * g->lda + pc, 1, g->lda,
                                        pb + jr * kc, NR, pc, ic + ir, jc + jr,
                                        mc - ir < MR ? mc - ir : MR, nc - jr < NR ? nc - jr : NR,
@@ -548,7 +555,6 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                  * L2 meanwhile, a share each, rather than the first strip
                  * of jr + 1 stalling on it. */
                 int64_t pf_all = pbw ? kc * NR * (int64_t)sizeof(float) / 64 : 0;
-                int64_t pf_share = (pf_all + (mc + MR - 1) / MR - 1) / ((mc + MR - 1) / MR);
                 for (int64_t jr = 0; jr < nc; jr += NR) {
                     int64_t nr = nc - jr < NR ? nc - jr : NR;
                     /* The micro-panel read next (pf_all: prepacked, one
@@ -566,8 +572,7 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                         next = pbw + jnext * kc_max;
                     for (int64_t ir = 0, s = 0; ir < mc; ir += MR, s++) {
                         int64_t mr = mc - ir < MR ? mc - ir : MR;
-                        int64_t off = s * pf_share; /* this strip's share: lines [off, off + pfn) */
-                        int64_t pfn = pf_all - off < pf_share ? pf_all - off : pf_share;
+                        int64_t off, pfn = vitc__pf_share(pf_all, mc, MR, s, &off);
                         vitc__tile(g, 0, kc, pa + ir * kc, 0, 0, pb + jr * kc, 0, pc, ic + ir,
                                    jc + jr, mr, nr, next && pfn > 0 ? next + off * 16 : NULL,
                                    next && pfn > 0 ? pfn : 0);

@@ -741,11 +741,6 @@ static void i2tc_head(void *vc, int64_t h, int tid) {
     vitc__softmax_cols(S, t->Lk, t->Lq, t->Lq, t->scale);
 }
 
-/* attend_i2t_folded for the first layer on an image's cache: its queries
- * q_proj(kk0) are prompt-independent and cached (q [Lq, I]), so the
- * scores are the literal per-head products q_h k_h^T (2 H T Lq dh
- * multiply-adds, a C / dh-th of the folded keys' Lq C H T) and only the
- * output projection stays folded into the values. y as attend_i2t_folded. */
 /* Whether attend_i2t_cached's scores run transposed against the cache's
  * per-head query packs (made for the kernel in use), each head's softmax
  * down its columns: then it returns 1. The statistics (sam_stats.c) need
@@ -756,6 +751,11 @@ static int i2tc_usable(const vitc__sam_dec *d, const sam_run *r, int64_t Lk) {
            Lk <= VITC_SOFTMAX_SHORT;
 }
 
+/* attend_i2t_folded for the first layer on an image's cache: its queries
+ * q_proj(kk0) are prompt-independent and cached (q [Lq, I]), so the
+ * scores are the literal per-head products q_h k_h^T (2 H T Lq dh
+ * multiply-adds, a C / dh-th of the folded keys' Lq C H T) and only the
+ * output projection stays folded into the values. y as attend_i2t_folded. */
 static int attend_i2t_cached(const vitc__sam_dec *d, const sam_attn *a, sam_run *r, float *y,
                              float beta, const float *q, int64_t Lq, const float *xk,
                              const float *xv, int64_t Lk, float *S) {
