@@ -854,14 +854,15 @@ VITC_API vitc_status vitc_vit_preprocess(const vitc_vit *m, const vitc_image *im
 VITC_API vitc_status vitc_vit_set_precision(vitc_vit *m, vitc_precision p);
 VITC_API vitc_precision vitc_vit_get_precision(const vitc_vit *m);
 /* The arithmetic of the attention's two products, q k^T and P v, in an
- * inference forward: FP32 or BF16 (q, k, P and v rounded to bfloat16,
+ * inference forward: FP32; BF16 (q, k, P and v rounded to bfloat16,
  * nearest even, with fp32 sums: vdpbf16ps, or the portable reference giving
- * the same numbers); the mask and the softmax stay fp32. INT8 is refused
- * (VITC_ERR_INVALID_ARG). Until set, it follows the weights' precision
- * (the default): FP32 with FP32 weights, BF16 with BF16 or INT8 weights,
- * as torch.autocast runs attention in bf16, on CPUs where that is faster
- * (AMD's; Intel's cores run the vector bf16 dot at half their fp32 rate:
- * FP32 there); _auto returns to that default.
+ * the same numbers); or INT8 (q and P quantized per row to u8, as the int8
+ * GEMM's activations; k per key and v per channel to s8, symmetric; int32
+ * sums: vpdpbusd, or the reference); the mask and the softmax stay fp32.
+ * Until set, it follows the weights' precision (the default): FP32 with
+ * FP32 weights, BF16 with BF16 weights, INT8 with INT8 weights, on CPUs
+ * where that is faster (AMD's AVX-512 cores; Intel's run the vector bf16
+ * dot at half their fp32 rate: FP32 there); _auto returns to that default.
  * The getter says which one a forward runs now. Training forwards always
  * run fp32 attention. */
 VITC_API vitc_status vitc_vit_set_attention_precision(vitc_vit *m, vitc_precision p);

@@ -5,10 +5,10 @@
  *
  *   make bench-attention   (or: make build/bench_attention && build/bench_attention ...)
  *   build/bench_attention && build/bench_attention [-t THREADS] [-r REPS]
- *        [-a ARCH] [-b] [--bf16] [B,H,N,D[,Dv] ...]
+ *        [-a ARCH] [-b] [--bf16|--int8] [B,H,N,D[,Dv] ...]
  *
- * --bf16 times the forward with q k^T and P v on bf16 operands
- * (vitc__sdpa_desc.bf16; the same FLOP count).
+ * --bf16 / --int8 time the forward with q k^T and P v on bf16 / int8
+ * operands (vitc__sdpa_desc.prec; the same FLOP count).
  *
  * The backward's GFLOP/s counts its five products, 2*B*H*L*S*(3D+2Dv)
  * (S, dP, dV, dK, dQ; the split plan for fewer than 8 heads recomputes S
@@ -94,7 +94,7 @@ typedef struct shape {
 } shape;
 
 static int g_backward; /* -b: time vitc__sdpa_backward instead */
-static int g_bf16;     /* --bf16: the forward with bf16 q k^T and P v (attention_bf16.c) */
+static vitc_precision g_prec; /* --bf16, --int8: q k^T and P v in it (attention_lp.c) */
 
 static vitc_status run_once(vitc__sdpa_bwd_desc *bd) {
     return g_backward ? vitc__sdpa_backward(bd) : vitc__sdpa(&bd->f);
@@ -130,7 +130,7 @@ static double run_shape(const shape *s, int reps, double peak, int threads) {
     dp->v = v, dp->v_sb = H * N * Dv, dp->v_sh = N * Dv, dp->v_sr = Dv;
     dp->o = o, dp->o_sb = H * N * Dv, dp->o_sh = N * Dv, dp->o_sr = Dv;
     dp->scale = 1.0f / sqrtf((float)D);
-    dp->bf16 = g_bf16;
+    dp->prec = g_prec;
     if (g_backward) {
         dp->lse = lse, dp->lse_sb = H * N, dp->lse_sh = N;
         if (vitc__sdpa(dp) != VITC_OK) { /* the training forward: o and lse */
@@ -194,7 +194,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-a") && i + 1 < argc) arch = argv[++i];
         else if (!strcmp(argv[i], "-b")) g_backward = 1;
-        else if (!strcmp(argv[i], "--bf16")) g_bf16 = 1;
+        else if (!strcmp(argv[i], "--bf16")) g_prec = VITC_PRECISION_BF16;
+        else if (!strcmp(argv[i], "--int8")) g_prec = VITC_PRECISION_INT8;
         else if (ns < 32) {
             long long b, h, n, dd, dv = -1;
             int got = sscanf(argv[i], "%lld,%lld,%lld,%lld,%lld", &b, &h, &n, &dd, &dv);

@@ -6,7 +6,7 @@
  * bound it puts on the forward's fraction of peak (not a test).
  *
  *   make build/bench_gemm_lp && build/bench_gemm_lp [reps] [threads] [M] [fp32|bf16|int8]
- *   build/bench_gemm_lp --bound [reps] [threads] [batch] [bf16|int8|fp32] [fp32|bf16 attention]
+ *   build/bench_gemm_lp --bound [reps] [threads] [batch] [bf16|int8|fp32] [fp32|bf16|int8 attention]
  *   make bench-lowp        (--bound: bf16 and int8, batch 1 and 8, 1 and 2 threads)
  *
  * M = 197 is ViT-B/16 at batch 1, 1576 batch 8. Times are the minimum and
@@ -477,7 +477,7 @@ static int bound(int reps, int nt, int B, vitc_precision pr, vitc_precision ap) 
         .k = qkv + C, .k_sb = N * 3 * C, .k_sh = C / H, .k_sr = 3 * C,
         .v = qkv + 2 * C, .v_sb = N * 3 * C, .v_sh = C / H, .v_sr = 3 * C,
         .o = o, .o_sb = N * C, .o_sh = C / H, .o_sr = C,
-        .scale = 0.125f, .bf16 = ap == VITC_PRECISION_BF16,
+        .scale = 0.125f, .prec = ap,
     };
     /* 0 forward, 1..4 products, 5 patch embedding, 6 attention; run in the
      * forward's order: forward, patch embedding, qkv, attention, out_proj,
@@ -552,7 +552,7 @@ int main(int argc, char **argv) {
     int warm = wv ? atoi(wv) : 3;
     if (reps < 1 || reps > 1000 || nt < 1 || M < 1 || warm < 0 || (bnd && M > 64)) {
         fprintf(stderr, "usage: bench_gemm_lp [reps 1..1000] [threads] [M] [fp32|bf16|int8]\n"
-                        "       bench_gemm_lp --bound [reps] [threads] [batch 1..64] [bf16|int8|fp32] [fp32|bf16]\n");
+                        "       bench_gemm_lp --bound [reps] [threads] [batch 1..64] [bf16|int8|fp32] [fp32|bf16|int8]\n");
         return 2;
     }
     vitc_precision pr = strcmp(pn, "int8") == 0   ? VITC_PRECISION_INT8
@@ -563,7 +563,10 @@ int main(int argc, char **argv) {
     use_cpu = ck ? strcmp(ck, "cpu") == 0 : nt == 1;
     warm_pool();
     if (bnd)
-        return bound(reps, nt, (int)M, pr, strcmp(an, "bf16") == 0 ? VITC_PRECISION_BF16 : VITC_PRECISION_FP32);
+        return bound(reps, nt, (int)M, pr,
+                     strcmp(an, "bf16") == 0   ? VITC_PRECISION_BF16
+                     : strcmp(an, "int8") == 0 ? VITC_PRECISION_INT8
+                                               : VITC_PRECISION_FP32);
     double peak = measure_peak(pr, nt), ms[4];
     printf("%s, %d thread(s), M = %lld, %d reps, %s time (load %s)", vitc_precision_name(pr), nt, (long long)M,
            reps, use_cpu ? "CPU" : "wall", load_avg());

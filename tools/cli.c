@@ -268,14 +268,14 @@ void cli_progress_clear(cli_progress *p) {
 int cli_attention_precision(const char *name) {
     if (name && !strcmp(name, "auto")) return CLI_ATTN_AUTO;
     int p = vitc_precision_parse(name);
-    return p == VITC_PRECISION_FP32 || p == VITC_PRECISION_BF16 ? p : -1;
+    return p;
 }
 
 int cli_set_precision(const char *cmd, vitc_vit *m, const char *name, const char *attn) {
     if (attn) {
         int a = cli_attention_precision(attn);
         if (a < 0)
-            return cli_usage_error(cmd, "--attention-precision must be auto, fp32 or bf16, not \"%s\"",
+            return cli_usage_error(cmd, "--attention-precision must be auto, fp32, bf16 or int8, not \"%s\"",
                                    attn);
         if ((a == CLI_ATTN_AUTO ? vitc_vit_set_attention_precision_auto(m)
                                 : vitc_vit_set_attention_precision(m, (vitc_precision)a)) != VITC_OK)

@@ -76,8 +76,8 @@ int cli_attention_precision(const char *name);
     "  --precision P    fp32, bf16 or int8 arithmetic of the weight GEMMs\n" \
     "                   (default fp32; vitc --version says which kernels run)\n" \
     "  --attention-precision A\n" \
-    "                   auto, fp32 or bf16 operands of the attention's q k^T and\n" \
-    "                   P v (default auto: bf16 under --precision bf16 or int8\n" \
+    "                   auto, fp32, bf16 or int8 operands of the attention's q k^T\n" \
+    "                   and P v (default auto: the --precision's, bf16 or int8,\n" \
     "                   where the CPU runs it faster, else fp32; the softmax\n" \
     "                   stays fp32)\n"
 

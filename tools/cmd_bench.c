@@ -486,8 +486,9 @@ static void bench_help(FILE *f) {
             "                (skipped without)\n"
             "  --precision P fp32, bf16 or int8 weight GEMMs in the vit_* workloads (default fp32)\n"
             "  --attention-precision A\n"
-            "                auto, fp32 or bf16 q k^T and P v in the vit_* workloads (default\n"
-            "                auto: bf16 under --precision bf16 or int8 where faster, else fp32)\n"
+            "                auto, fp32, bf16 or int8 q k^T and P v in the vit_* workloads\n"
+            "                (default auto: the --precision's, bf16 or int8, where faster,\n"
+            "                else fp32)\n"
             "  --json        one JSON object on stdout instead of the table\n"
             "  --no-peak     do not measure the peaks (fractions are then absent)\n"
             "  --peak-only   measure the fp32, bf16 and int8 peaks (those this CPU has; AMX\n"
@@ -608,7 +609,7 @@ int cmd_bench(int argc, char **argv) {
     if (attn_precision) {
         int pr = cli_attention_precision(attn_precision);
         if (pr < 0)
-            return cli_usage_error("bench", "--attention-precision must be auto, fp32 or bf16, not \"%s\"",
+            return cli_usage_error("bench", "--attention-precision must be auto, fp32, bf16 or int8, not \"%s\"",
                                    attn_precision);
         bench_attn_precision = pr;
     }

@@ -78,7 +78,7 @@ static const char similar_usage[] =
     "  --precision P  fp32, bf16 or int8 arithmetic of the weight GEMMs (default\n"
     "                 fp32; a change rebuilds the cache)\n"
     "  --attention-precision A\n"
-    "                 fp32 or bf16 operands of the attention's q k^T and P v\n"
+    "                 fp32, bf16 or int8 operands of the attention's q k^T and P v\n"
     "                 (default fp32; a change rebuilds the cache)\n"
     "  --cache DIR    keep the index cache in DIR (created if missing)\n"
     "  --no-cache     embed the folder every time; write no cache\n"

@@ -202,7 +202,7 @@ def main():
     ap.add_argument("--workdir", default=os.path.join(ROOT, "build", "precision-accuracy"),
                     help="where the ViT-B/16 file is kept")
     ap.add_argument("--threads", type=int, default=0)
-    ap.add_argument("--attention-precision", default="auto", choices=("auto", "fp32", "bf16"),
+    ap.add_argument("--attention-precision", default="auto", choices=("auto", "fp32", "bf16", "int8"),
                     help="the attention of the bf16 and int8 models (the fp32 one keeps fp32; "
                          "default auto: the library's, bf16 there)")
     a = ap.parse_args()

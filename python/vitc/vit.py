@@ -130,7 +130,7 @@ class VisionTransformer:
         metadata, else `arch` ("vit_b_16", "vit_base_patch16_224", ...),
         else the tensors' names and shapes. precision: "fp32", "bf16" or
         "int8" arithmetic of the weight GEMMs (see `precision`);
-        attention_precision: "auto", "fp32" or "bf16" (see
+        attention_precision: "auto", "fp32", "bf16" or "int8" (see
         `attention_precision`)."""
         m = cls(_handle=_load(path, arch, precision))
         m.attention_precision = attention_precision
@@ -156,12 +156,14 @@ class VisionTransformer:
 
     @property
     def attention_precision(self):
-        """"fp32" or "bf16": the operands of the attention's q k^T and P v in
-        eval mode now (bf16: rounded to nearest even, fp32 sums, the softmax
-        in fp32). Set it to "fp32" or "bf16" to fix it apart from
-        `precision`, or to "auto" (the default) to let it follow `precision`:
-        bf16 under bf16 or int8 weights, as torch.autocast runs attention,
-        on CPUs where it is the faster (AMD's; fp32 on Intel's), else fp32.
+        """"fp32", "bf16" or "int8": the operands of the attention's q k^T
+        and P v in eval mode now (bf16: rounded to nearest even, fp32 sums;
+        int8: q and P per row as u8, k per key and v per channel as s8,
+        int32 sums; the softmax in fp32 either way). Set it to "fp32",
+        "bf16" or "int8" to fix it apart from `precision`, or to "auto" (the
+        default) to let it follow `precision`: bf16 under bf16 weights (as
+        torch.autocast runs attention) and int8 under int8 weights, on CPUs
+        where it is the faster (AMD's; fp32 on Intel's), else fp32.
         Training forwards run fp32."""
         return self._PRECISIONS[lib.vitc_vit_get_attention_precision(self._h)]
 
@@ -170,9 +172,9 @@ class VisionTransformer:
         arg = str_arg(name, "attention_precision")
         auto = arg == b"auto"
         p = -1 if auto else lib.vitc_precision_parse(arg)
-        if p not in (0, 1) and not auto:
-            raise ValueError("attention_precision must be 'auto', 'fp32' or 'bf16', got %r"
-                             % (name,))
+        if p not in (0, 1, 2) and not auto:
+            raise ValueError("attention_precision must be 'auto', 'fp32', 'bf16' or 'int8', "
+                             "got %r" % (name,))
         with self._lock:
             check(lib.vitc_vit_set_attention_precision_auto(self._h) if p < 0
                   else lib.vitc_vit_set_attention_precision(self._h, p))

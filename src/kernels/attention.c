@@ -334,7 +334,7 @@ vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
         return VITC_OK;
     }
 
-    if (d->bf16 && !d->lse && !d->rel_h) return vitc__sdpa_bf16(d, NULL);
+    if (d->prec != VITC_PRECISION_FP32 && !d->lse && !d->rel_h) return vitc__sdpa_lp(d, NULL);
     vitc__attn_plan plan;
     vitc__attn_plan_make(&plan, d);
     vitc__attn_run rc = {&plan, vitc__kern()->attn_rows, vitc__attn_need(&plan), 0, 0, 0, 0};

@@ -68,11 +68,12 @@ void vitc__attn_rows_avx2(const vitc__attn_plan *p, vitc__attn_ws *ws, int64_t b
 void vitc__attn_rows_avx512(const vitc__attn_plan *p, vitc__attn_ws *ws, int64_t b, int64_t h,
                             int64_t l0, int64_t l1);
 
-/* The vitc__sdpa_desc.bf16 path (attention_bf16.c) with the bf16 GEMM
- * kernel kn (NULL: the one this CPU runs; tests pass the reference to
- * compare bit for bit). S > 0 and the sizes already checked. */
+/* The vitc__sdpa_desc.prec BF16 and INT8 paths (attention_lp.c) with the
+ * GEMM kernel kn of that precision (NULL: the one this CPU runs; tests
+ * pass the reference to compare bit for bit). S > 0 and the sizes already
+ * checked. */
 struct vitc__lp_kernel;
-vitc_status vitc__sdpa_bf16(const vitc__sdpa_desc *d, const struct vitc__lp_kernel *kn);
+vitc_status vitc__sdpa_lp(const vitc__sdpa_desc *d, const struct vitc__lp_kernel *kn);
 
 /* ---- backward --------------------------------------------------------- */
 

@@ -419,16 +419,27 @@ const vitc__lp_kernel *vitc__lp_kernel_for(vitc_precision p) {
     return fast ? VITC__X86_LP(vitc__lp_int8_avx512) : &vitc__lp_int8_ref;
 }
 
-/* Whether bf16 attention (attention_bf16.c, whose microkernel is the
- * vector vdpbf16ps whichever kernel runs the GEMMs) beats fp32's here: the
- * default of bf16 and int8 models. AMD's Zen 4 runs vdpbf16ps at twice its
- * fp32 FMA rate; Intel's cores at half of it (an Emerald Rapids, 2
- * threads: 119 against 265 GFLOP/s), where ViT-B/16's attention at batch 8
- * took 140 ms in bf16 and 84-91 ms in fp32 (an AMX attention would be the
- * way there). Without AVX512-BF16 it would be the scalar reference. */
-int vitc__bf16_attention_pays(void) {
-    return vitc__cpu_has_lp(VITC_PRECISION_BF16) &&
+/* Whether the attention in precision p (attention_lp.c, whose microkernels
+ * are the vector vdpbf16ps / vpdpbusd whichever kernel runs the GEMMs)
+ * beats fp32's here: the default of bf16 and int8 models. AMD's Zen 4 runs
+ * vdpbf16ps at twice its fp32 FMA rate; Intel's cores at half of it (an
+ * Emerald Rapids, 2 threads: 119 against 265 GFLOP/s), where ViT-B/16's
+ * attention at batch 8 took 140 ms in bf16 and 84-91 ms in fp32 (an AMX
+ * attention would be the way there). int8 is kept to the same CPUs: it
+ * has not been timed on an Intel core. Without AVX512-BF16 / VNNI it would
+ * be the scalar reference. */
+int vitc__attention_pays(vitc_precision p) {
+    return (p == VITC_PRECISION_BF16 || p == VITC_PRECISION_INT8) && vitc__cpu_has_lp(p) &&
            strcmp(vitc__cpu_get()->vendor, "GenuineIntel") != 0;
+}
+
+const vitc__lp_kernel *vitc__lp_attention_kernel(vitc_precision p) {
+    const vitc__lp_kernel *k = vitc__lp_kernel_for(p);
+    if (p == VITC_PRECISION_INT8 && (k->mr != VITC_LP_MR || k->a_kpad)) {
+        const vitc__lp_kernel *v = VITC__X86_LP(vitc__lp_int8_avx512);
+        return v ? v : &vitc__lp_int8_ref;
+    }
+    return k;
 }
 
 static const char *vitc__lp_desc(const vitc__lp_kernel *k, int forced) {

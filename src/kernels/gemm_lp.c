@@ -130,11 +130,77 @@ static void vitc__pairs_bf16_ref(uint32_t *dst, const float *x0, const float *x1
         dst[c] = vitc__bf16_rne(x0[c]) | (x1 ? (uint32_t)vitc__bf16_rne(x1[c]) << 16 : 0u);
 }
 
+static void vitc__s8_rows_ref(uint32_t *dst, int64_t ldd, const float *x, int64_t ldx,
+                              int64_t rows, int64_t K, float *scale, int32_t *sum) {
+    for (int64_t i = 0; i < 16; i++) {
+        if (i >= rows) {
+            for (int64_t p = 0; 4 * p < K; p++) dst[p * ldd + i] = 0;
+            continue;
+        }
+        const float *xi = x + i * ldx; /* [K] */
+        float amax = 0.0f, inv;
+        for (int64_t k = 0; k < K; k++) amax = fabsf(xi[k]) > amax ? fabsf(xi[k]) : amax;
+        vitc__s8_params(amax, &scale[i], &inv);
+        int32_t t = 0;
+        for (int64_t p = 0; 4 * p < K; p++) {
+            uint32_t w = 0;
+            for (int q = 0; q < 4 && 4 * p + q < K; q++) {
+                int32_t v = vitc__s8(xi[4 * p + q], inv);
+                t += v;
+                w |= (uint32_t)(uint8_t)(int8_t)v << (8 * q);
+            }
+            dst[p * ldd + i] = w;
+        }
+        sum[i] = t;
+    }
+}
+
+static void vitc__s8_quads_ref(uint32_t *dst, const float *x, int64_t ldx, int64_t S, int64_t n,
+                               float *scale, int32_t *sum) {
+    for (int64_t c = 0; c < NR; c++) {
+        if (c >= n) {
+            for (int64_t p = 0; 4 * p < S; p++) dst[p * NR + c] = 0;
+            continue;
+        }
+        float amax = 0.0f, inv;
+        for (int64_t j = 0; j < S; j++) {
+            float a = fabsf(x[j * ldx + c]);
+            amax = a > amax ? a : amax;
+        }
+        vitc__s8_params(amax, &scale[c], &inv);
+        int32_t t = 0;
+        for (int64_t p = 0; 4 * p < S; p++) {
+            uint32_t w = 0;
+            for (int q = 0; q < 4 && 4 * p + q < S; q++) {
+                int32_t v = vitc__s8(x[(4 * p + q) * ldx + c], inv);
+                t += v;
+                w |= (uint32_t)(uint8_t)(int8_t)v << (8 * q);
+            }
+            dst[p * NR + c] = w;
+        }
+        sum[c] = t;
+    }
+}
+
+static void vitc__strip_unit_ref(uint32_t *dst, int64_t ldd, int w, const float *x, int64_t ldx,
+                                 int64_t rows, int64_t K, float *scale, int32_t *zp) {
+    (void)scale, (void)zp;
+    for (int64_t i = 0; i < w; i++)
+        for (int64_t p = 0; 4 * p < K; p++) {
+            uint32_t word = 0;
+            for (int q = 0; i < rows && q < 4 && 4 * p + q < K; q++)
+                word |= (uint32_t)vitc__q8(x[i * ldx + 4 * p + q], 255.0f, 0) << (8 * q);
+            dst[p * ldd + i] = word;
+        }
+}
+
 const vitc__lp_kernel vitc__lp_bf16_ref = {"reference", vitc__ukr_bf16_ref, vitc__row_bf16_ref,
                                            NULL, vitc__ukr_bf16_rm_ref, vitc__pairs_bf16_ref, 0,
-                                           MR, 0, NULL, NULL, 0};
+                                           MR, 0, NULL, NULL, 0, NULL, NULL, NULL};
 const vitc__lp_kernel vitc__lp_int8_ref = {"reference", vitc__ukr_int8_ref, vitc__row_int8_ref, NULL,
-                                           NULL, NULL, 0, MR, 0, NULL, NULL, 0};
+                                           NULL, NULL, 0, MR, 0, NULL, NULL, 0,
+                                           vitc__s8_rows_ref, vitc__s8_quads_ref,
+                                           vitc__strip_unit_ref};
 
 void vitc__lp_strip(const vitc__lp_kernel *kn, vitc_precision p, uint32_t *dst, int64_t ldd,
                     int w, const float *x, int64_t ldx, int64_t rows, int64_t K, float *scale,

@@ -81,6 +81,21 @@ typedef void (*vitc__lp_ukr_rm_fn)(int64_t kg, const uint32_t *a, int64_t lda,
                                    const uint32_t *pb, float *C, int64_t ldc, int64_t mr,
                                    int64_t nr);
 
+/* The int8 attention's B panels (attention_lp.c), s8, symmetric, each
+ * row (s8_rows) or column (s8_quads) on its own scale: scale = max|x| /
+ * 127 (vitc__s8_params), q = vitc__s8(x, 1 / scale), sum = the sum of its q
+ * (the epilogue's wsum).
+ * s8_rows: rows x[i * ldx], i < rows <= 16, into words dst[p * ldd + i]
+ *   (k = 4p + byte), i < 16 (rows past `rows` zero), p < ceil(K / 4):
+ *   K's panels, a half strip of keys at a time.
+ * s8_quads: columns c < n <= NR of the S rows x[j * ldx] into words
+ *   dst[p * NR + c] (row 4p + byte), c < NR (columns past n zero),
+ *   p < ceil(S / 4): V's panels, four keys a word. scale[c], sum[c], c < n. */
+typedef void (*vitc__lp_s8_rows_fn)(uint32_t *dst, int64_t ldd, const float *x, int64_t ldx,
+                                    int64_t rows, int64_t K, float *scale, int32_t *sum);
+typedef void (*vitc__lp_s8_quads_fn)(uint32_t *dst, const float *x, int64_t ldx, int64_t S,
+                                     int64_t n, float *scale, int32_t *sum);
+
 typedef struct vitc__lp_kernel {
     const char *name; /* "avx512-bf16", "reference", ... (vitc --version) */
     vitc__lp_ukr_fn ukr;
@@ -105,6 +120,14 @@ typedef struct vitc__lp_kernel {
     /* 1: ukr asks for epi.pf itself (AVX-512 kernels); else the driver does,
      * before each tile */
     int takes_pf;
+    /* int8 kernels with a [kg][MR] A strip (mr == MR, a_kpad 0): the int8
+     * attention's panels; NULL: the reference's. */
+    vitc__lp_s8_rows_fn s8_rows;
+    vitc__lp_s8_quads_fn s8_quads;
+    /* strip() of rows whose values lie in [0, 1] (the int8 attention's P,
+     * each row's largest 1): the fixed scale 1/255 and zero point 0,
+     * q = vitc__q8(x, 255, 0), with no min / max pass; scale, zp unused. */
+    vitc__lp_strip_fn strip_unit;
 } vitc__lp_kernel;
 
 /* Row stride (words) of a row-major A strip: kg rounded up to whole tile
@@ -247,5 +270,27 @@ static inline uint8_t vitc__q8(float x, float inv, int32_t zp) {
     q += zp;
     return (uint8_t)(q < 0 ? 0 : q > 255 ? 255 : q);
 }
+
+/* The int8 attention's symmetric quantization (s8_rows, s8_quads):
+ * scale = amax / 127 (1 for a zero or non-finite range), its inverse, and
+ * q = clamp(round(x * inv), -127, 127), nearest even, an unrepresentable
+ * or NaN product giving -127 (cvtps2dq's "integer indefinite", clamped). */
+static inline void vitc__s8_params(float amax, float *scale, float *inv) {
+    float s = amax / 127.0f;
+    if (!(s > 0.0f) || !isfinite(s)) s = 1.0f;
+    *scale = s;
+    *inv = 1.0f / s;
+}
+
+static inline int32_t vitc__s8(float x, float inv) {
+    float t = nearbyintf(x * inv);
+    int32_t q = (t >= -2147483648.0f && t < 2147483648.0f) ? (int32_t)t : INT32_MIN;
+    return q < -127 ? -127 : q > 127 ? 127 : q;
+}
+
+/* The vector kernel of precision p the attention runs (attention_lp.c):
+ * vitc__lp_kernel_for's, but for a kernel whose A layout is not the
+ * [kg][MR] strip (AMX): AVX-512's, which every AMX CPU has. dispatch.c. */
+const vitc__lp_kernel *vitc__lp_attention_kernel(vitc_precision p);
 
 #endif

@@ -306,9 +306,10 @@ vitc_status vitc__linear_pw_scaled(float *y, int64_t ldy, const float *x, int64_
                                    const vitc__pweight *pw, const float *W, const float *bias,
                                    const float *scale, const float *residual, int64_t ldr,
                                    int64_t M, int64_t N, int64_t K);
-/* 1 where bf16 attention is faster than fp32's on this CPU (dispatch.c):
- * the attention precision of bf16 / int8 models unless one is set. */
-int vitc__bf16_attention_pays(void);
+/* 1 where attention in precision p (BF16, INT8) is faster than fp32's on
+ * this CPU (dispatch.c): the attention precision of bf16 / int8 models
+ * unless one is set. */
+int vitc__attention_pays(vitc_precision p);
 /* The BF16 / INT8 GEMM (gemm_lp.c), the same contract; act a VITC__ACT_*
  * applied to each finished tile. ln non-NULL: x is ln->y (ldx K),
  * LayerNorm(ln->x) computed by the threads converting A, strip by strip
@@ -344,9 +345,11 @@ typedef struct vitc__sdpa_desc {
      * -inf for a fully masked row. Row l of head (b, h) at
      * lse[b*lse_sb + h*lse_sh + l]. */
     float *lse; int64_t lse_sb, lse_sh;
-    /* 1: q k^T and P v on bfloat16 operands with fp32 sums, the softmax in
-     * fp32 (attention_bf16.c; inference: ignored when lse is asked for). */
-    int bf16;
+    /* The operands of q k^T and P v (attention_lp.c; inference: ignored,
+     * fp32 run, when lse is asked for): FP32; BF16, with fp32 sums; INT8,
+     * q and P per row as u8 (the GEMM's activations), k per key and v per
+     * channel as s8 (symmetric), int32 sums. The softmax stays fp32. */
+    vitc_precision prec;
     /* Decomposed relative positions (SAM's ViT-det attention), may be NULL
      * (then rel_w is ignored): the keys are a kh x kw grid in row-major
      * order (S == kh * kw), and the score of row l, key j gets

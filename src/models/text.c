@@ -668,7 +668,7 @@ static vitc_status text_forward(const vitc_vit *m, vitc__session *s, const int32
         vitc__nn_block blk = {
             .w = &t->blocks[l], .pw = packed && t->pw ? &t->pw[l * VITC__NN_PW_COUNT] : NULL,
             .B = B, .N = N, .C = C, .H = t->heads, .M = M, .eps = t->eps, .act = t->act,
-            .attn_bf16 = vitc_vit_get_attention_precision(m) == VITC_PRECISION_BF16,
+            .attn_prec = vitc_vit_get_attention_precision(m),
             .mask = {.kind = t->causal && !tail ? VITC__NN_MASK_CAUSAL : VITC__NN_MASK_NONE,
                      .fill = t->causal && tail ? text_tail_fill : NULL, .ctx = &tail_ctx,
                      .per_image = 1},

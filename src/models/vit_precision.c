@@ -283,10 +283,9 @@ vitc_precision vitc_vit_get_precision(const vitc_vit *m) {
 vitc_status vitc_vit_set_attention_precision(vitc_vit *m, vitc_precision p) {
     if (!m)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_set_attention_precision: NULL model");
-    if (p != VITC_PRECISION_FP32 && p != VITC_PRECISION_BF16)
+    if (p != VITC_PRECISION_FP32 && p != VITC_PRECISION_BF16 && p != VITC_PRECISION_INT8)
         return vitc__err(VITC_ERR_INVALID_ARG,
-                         "attention precision %d: expected fp32 or bf16 (int8 attention is "
-                         "not implemented)", (int)p);
+                         "attention precision %d: expected fp32, bf16 or int8", (int)p);
     m->attn_precision = p;
     m->attn_precision_set = 1;
     return VITC_OK;
@@ -309,7 +308,9 @@ vitc_status vitc_vit_set_attention_precision_auto(vitc_vit *m) {
 vitc_precision vitc_vit_get_attention_precision(const vitc_vit *m) {
     if (!m) return VITC_PRECISION_FP32;
     if (m->attn_precision_set) return m->attn_precision;
-    return m->precision == VITC_PRECISION_FP32 || !vitc__bf16_attention_pays()
+    if (m->precision == VITC_PRECISION_INT8 && vitc__attention_pays(VITC_PRECISION_INT8))
+        return VITC_PRECISION_INT8;
+    return m->precision == VITC_PRECISION_FP32 || !vitc__attention_pays(VITC_PRECISION_BF16)
                ? VITC_PRECISION_FP32
                : VITC_PRECISION_BF16;
 }

@@ -91,7 +91,7 @@ vitc_status vitc__nn_block_forward(const vitc__nn_block *b, int cls_only) {
     }
     vitc__sdpa_desc sd = vitc__nn_block_attention(b, cls_only ? 1 : N);
     sd.probs = b->probs;
-    sd.bf16 = b->attn_bf16;
+    sd.prec = b->attn_prec;
     VITC_TRY(vitc__nn_mask_apply(&b->mask, b->mask_buf, &sd));
     if (k->probs) /* attention_dropout: the probabilities kept, o from the dropped ones */
         sd.probs = b->pkeep;

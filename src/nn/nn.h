@@ -231,7 +231,8 @@ typedef struct vitc__nn_block {
     const vitc__pweight *pw; /* [VITC__NN_PW_COUNT] packed weights, or NULL (row-major) */
     int64_t B, N, C, H, M;   /* images, tokens, width, heads, fc1's width */
     float eps, attn_scale;   /* attn_scale 0: head_dim^-0.5 */
-    int act, swiglu, attn_bf16;
+    int act, swiglu;
+    vitc_precision attn_prec; /* the attention's products: vitc__sdpa_desc.prec */
     vitc__nn_mask mask;
     float dropout, attention_dropout, drop_path; /* drop_path: this block's rate */
     vitc__rng *rng;          /* draws the masks (forward) */

@@ -286,29 +286,35 @@ class TestPrecision(TmpDirCase):
         both = vitc.load_model(self.st, precision="int8", attention_precision="bf16")
         int8 = vitc.VisionTransformer.from_safetensors(self.st, precision="int8",
                                                        attention_precision="fp32")
-        a, b = both(self.photos), int8(self.photos)
+        all8 = vitc.load_model(self.st, precision="int8", attention_precision="int8")
+        a, b, c = both(self.photos), int8(self.photos), all8(self.photos)
         self.assertGreater(np.abs(a - b).max(), 0.0)
+        self.assertGreater(np.abs(c - a).max(), 0.0)
         self.assertLess(stats(a, self.ref["photos"])[0], TOL["int8"][0])
-        # "auto" (the default) follows the weights: under bf16 / int8 bf16
-        # where the CPU runs it faster (AMD's AVX512-BF16; Intel's cores run
-        # vdpbf16ps at half their fp32 rate: fp32), fp32 under fp32; a
-        # value set stays through precision changes.
+        self.assertLess(stats(c, self.ref["photos"])[0], TOL["int8"][0])
+        # "auto" (the default) follows the weights: under bf16 bf16 where
+        # the CPU runs it faster (AMD's AVX512-BF16; Intel's cores run
+        # vdpbf16ps at half their fp32 rate: fp32), under int8 int8 there
+        # (AVX512-VNNI), fp32 under fp32; a value set stays through
+        # precision changes.
         info = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-        lp = "bf16" if "AuthenticAMD" in info and "avx512_bf16" in info else \
-            "fp32" if "GenuineIntel" in info else None
+        amd = "AuthenticAMD" in info and "avx512_bf16" in info and "avx512_vnni" in info
+        lp = "bf16" if amd else "fp32" if "GenuineIntel" in info else None
+        lp8 = "int8" if amd else "fp32" if "GenuineIntel" in info else None
         auto = vitc.VisionTransformer.from_safetensors(self.st, precision="int8")
-        lp = lp or auto.attention_precision
-        self.assertEqual(auto.attention_precision, lp)
-        np.testing.assert_array_equal(auto(self.photos), a if lp == "bf16" else b)
+        lp8 = lp8 or auto.attention_precision
+        self.assertEqual(auto.attention_precision, lp8)
+        np.testing.assert_array_equal(auto(self.photos), {"int8": c, "bf16": a}.get(lp8, b))
         auto.precision = "fp32"  # (the weights stay int8's values)
         self.assertEqual(auto.attention_precision, "fp32")
         auto.precision = "bf16"
+        lp = lp or auto.attention_precision
         self.assertEqual(auto.attention_precision, lp)
         int8.precision = "bf16"
         self.assertEqual(int8.attention_precision, "fp32")
         int8.attention_precision = "auto"
         self.assertEqual(int8.attention_precision, lp)
-        for bad in ("int8", "fp16"):
+        for bad in ("int4", "fp16"):
             with self.assertRaises(ValueError):
                 m.attention_precision = bad
         if os.path.exists(os.path.join(ROOT, "build", "vitc")):
@@ -324,10 +330,10 @@ class TestPrecision(TmpDirCase):
             self.assertNotEqual(outs["fp32"], outs["bf16"])
             self.assertLess(abs(outs["fp32"] - outs["bf16"]), 0.02 * abs(outs["fp32"]) + 0.02)
             p = subprocess.run([vitc_bin, "classify", "--model", self.st,
-                                "--attention-precision", "int8", photo],
+                                "--attention-precision", "int4", photo],
                                capture_output=True, text=True)
             self.assertEqual(p.returncode, 2)
-            self.assertIn("--attention-precision must be auto, fp32 or bf16", p.stderr)
+            self.assertIn("--attention-precision must be auto, fp32, bf16 or int8", p.stderr)
             p = subprocess.run([vitc_bin, "classify", "--model", self.st, "--topk", "1",
                                 "--precision", "bf16", "--json", "--quiet", photo],
                                capture_output=True, text=True)

@@ -488,7 +488,14 @@ vitc__strip_int8_w(uint32_t *dst, int64_t ldd, const int W, const float *x, int6
                    int64_t rows, int64_t K, float *scale, int32_t *zp) {
     const int64_t kg = (K + 3) / 4;
     float inv[16];
-    for (int64_t i = 0; i < rows; i++) vitc__q8_row(x + i * ldx, K, &scale[i], &inv[i], &zp[i]);
+    int32_t unit_zp[16];
+    if (!scale) zp = unit_zp; /* strip_unit: values in [0, 1], scale 1/255 */
+    for (int64_t i = 0; i < rows; i++) {
+        if (scale)
+            vitc__q8_row(x + i * ldx, K, &scale[i], &inv[i], &zp[i]);
+        else
+            inv[i] = 255.0f, zp[i] = 0;
+    }
     for (int64_t k = 0; k < K; k += 64) {
         __m512i r[16];
 #pragma GCC unroll 16
@@ -511,6 +518,88 @@ void vitc__strip_int8_avx512(uint32_t *dst, int64_t ldd, int w, const float *x,
         vitc__strip_int8_w(dst, ldd, 16, x, ldx, rows, K, scale, zp);
 }
 
+/* 16 floats to s8 in int32 lanes: the reference's vitc__s8, lane by lane. */
+static inline __m512i vitc__s8x16(__m512 x, __m512 inv) {
+    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(x, inv)); /* MXCSR: nearest even */
+    return _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-127)), _mm512_set1_epi32(127));
+}
+
+/* vitc__s8_params lane by lane (the same division and checks). */
+static inline __m512 vitc__s8_inv(__m512 amax, __m512 *scale) {
+    __m512 s = _mm512_div_ps(amax, _mm512_set1_ps(127.0f));
+    __mmask16 ok = _mm512_cmp_ps_mask(s, _mm512_setzero_ps(), _CMP_GT_OQ) &
+                   _mm512_cmp_ps_mask(s, _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+    s = _mm512_mask_blend_ps(ok, _mm512_set1_ps(1.0f), s);
+    *scale = s;
+    return _mm512_div_ps(_mm512_set1_ps(1.0f), s);
+}
+
+/* max(|x|, m): a NaN x leaves m, as the reference's comparison does. */
+static inline __m512 vitc__amax16(__m512 x, __m512 m) { return _mm512_max_ps(_mm512_abs_ps(x), m); }
+
+static void vitc__s8_rows_avx512(uint32_t *dst, int64_t ldd, const float *x, int64_t ldx,
+                          int64_t rows, int64_t K, float *scale, int32_t *sum) {
+    const int64_t kg = (K + 3) / 4;
+    float inv[16];
+    for (int64_t i = 0; i < rows; i++) {
+        const float *xi = x + i * ldx; /* [K] */
+        __m512 m = _mm512_setzero_ps();
+        for (int64_t k = 0; k < K; k += 16) m = vitc__amax16(_mm512_maskz_loadu_ps(vitc__m16(K - k), xi + k), m);
+        vitc__s8_params(_mm512_reduce_max_ps(m), &scale[i], &inv[i]);
+        sum[i] = 0;
+    }
+    for (int64_t k = 0; k < K; k += 64) {
+        __m512i r[16];
+#pragma GCC unroll 16
+        for (int i = 0; i < 16; i++) {
+            r[i] = _mm512_setzero_si512();
+            if (i < rows) {
+                const float *xi = x + i * ldx + k;
+                const __m512 vi = _mm512_set1_ps(inv[i]);
+                __m512i q0 = vitc__s8x16(_mm512_maskz_loadu_ps(vitc__m16(K - k), xi), vi);
+                __m512i q1 = vitc__s8x16(_mm512_maskz_loadu_ps(vitc__m16(K - k - 16), xi + 16), vi);
+                __m512i q2 = vitc__s8x16(_mm512_maskz_loadu_ps(vitc__m16(K - k - 32), xi + 32), vi);
+                __m512i q3 = vitc__s8x16(_mm512_maskz_loadu_ps(vitc__m16(K - k - 48), xi + 48), vi);
+                sum[i] += _mm512_reduce_add_epi32(
+                    _mm512_add_epi32(_mm512_add_epi32(q0, q1), _mm512_add_epi32(q2, q3)));
+                __m512i w = _mm512_castsi128_si512(_mm512_cvtepi32_epi8(q0));
+                w = _mm512_inserti32x4(w, _mm512_cvtepi32_epi8(q1), 1);
+                w = _mm512_inserti32x4(w, _mm512_cvtepi32_epi8(q2), 2);
+                r[i] = _mm512_inserti32x4(w, _mm512_cvtepi32_epi8(q3), 3);
+            }
+        }
+        vitc__strip_store(dst + (k / 4) * ldd, ldd, 16, r, kg - k / 4 < 16 ? kg - k / 4 : 16);
+    }
+}
+
+static void vitc__s8_quads_avx512(uint32_t *dst, const float *x, int64_t ldx, int64_t S, int64_t n,
+                           float *scale, int32_t *sum) {
+    const __mmask16 m0 = vitc__m16(n), m1 = vitc__m16(n - 16);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, s0, s1;
+    for (int64_t j = 0; j < S; j++) {
+        a0 = vitc__amax16(_mm512_maskz_loadu_ps(m0, x + j * ldx), a0);
+        a1 = vitc__amax16(_mm512_maskz_loadu_ps(m1, x + j * ldx + 16), a1);
+    }
+    const __m512 i0 = vitc__s8_inv(a0, &s0), i1 = vitc__s8_inv(a1, &s1);
+    const __m512i low = _mm512_set1_epi32(0xFF);
+    __m512i t0 = _mm512_setzero_si512(), t1 = t0;
+    for (int64_t p = 0; 4 * p < S; p++) {
+        __m512i w0 = _mm512_setzero_si512(), w1 = w0;
+        for (int q = 0; q < 4 && 4 * p + q < S; q++) {
+            const float *xj = x + (4 * p + q) * ldx;
+            __m512i q0 = vitc__s8x16(_mm512_maskz_loadu_ps(m0, xj), i0);
+            __m512i q1 = vitc__s8x16(_mm512_maskz_loadu_ps(m1, xj + 16), i1);
+            t0 = _mm512_add_epi32(t0, q0), t1 = _mm512_add_epi32(t1, q1);
+            w0 = _mm512_or_si512(w0, _mm512_slli_epi32(_mm512_and_si512(q0, low), 8 * q));
+            w1 = _mm512_or_si512(w1, _mm512_slli_epi32(_mm512_and_si512(q1, low), 8 * q));
+        }
+        _mm512_storeu_si512((void *)(dst + p * NR), w0);
+        _mm512_storeu_si512((void *)(dst + p * NR + 16), w1);
+    }
+    _mm512_mask_storeu_ps(scale, m0, s0), _mm512_mask_storeu_ps(scale + 16, m1, s1);
+    _mm512_mask_storeu_epi32(sum, m0, t0), _mm512_mask_storeu_epi32(sum + 16, m1, t1);
+}
+
 /* dst[c] = bf16(x0[c]) | bf16(x1[c]) << 16 (x1 NULL: 0), c < n. */
 void vitc__pairs_bf16_avx512(uint32_t *dst, const float *x0, const float *x1, int64_t n) {
     for (int64_t c = 0; c < n; c += 16) {
@@ -523,10 +612,22 @@ void vitc__pairs_bf16_avx512(uint32_t *dst, const float *x0, const float *x1, in
     }
 }
 
+static void vitc__strip_unit_avx512(uint32_t *dst, int64_t ldd, int w, const float *x,
+                                    int64_t ldx, int64_t rows, int64_t K, float *scale,
+                                    int32_t *zp) {
+    (void)scale, (void)zp;
+    if (w == MR)
+        vitc__strip_int8_w(dst, ldd, MR, x, ldx, rows, K, NULL, NULL);
+    else
+        vitc__strip_int8_w(dst, ldd, 16, x, ldx, rows, K, NULL, NULL);
+}
+
 const vitc__lp_kernel vitc__lp_bf16_avx512 = {"avx512-bf16", vitc__ukr_bf16_avx512,
                                               vitc__row_bf16_avx512, vitc__strip_bf16_avx512,
                                               vitc__ukr_bf16_rm_avx512, vitc__pairs_bf16_avx512, 1,
-                                              MR, 0, NULL, NULL, 1};
+                                              MR, 0, NULL, NULL, 1, NULL, NULL, NULL};
 const vitc__lp_kernel vitc__lp_int8_avx512 = {"avx512-vnni", vitc__ukr_int8_avx512,
                                               vitc__row_int8_avx512, vitc__strip_int8_avx512,
-                                              NULL, NULL, 1, MR, 0, NULL, NULL, 1};
+                                              NULL, NULL, 1, MR, 0, NULL, NULL, 1,
+                                              vitc__s8_rows_avx512, vitc__s8_quads_avx512,
+                                              vitc__strip_unit_avx512};

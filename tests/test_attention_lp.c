@@ -1,9 +1,9 @@
 /*
- * test_attention_bf16.c — the bf16 attention (vitc__sdpa_desc.bf16,
- * attention_bf16.c): on every path this CPU has, the kernel it runs against
- * the same attention with the portable reference microkernel (the same
+ * test_attention_lp.c — the bf16 and int8 attention (vitc__sdpa_desc.prec,
+ * attention_lp.c): on every path this CPU has, the kernel it runs against
+ * the same attention with the portable reference microkernels (the same
  * bits, probabilities included); against a float64 softmax(q k^T s + m) v
- * within the bound bf16 operands allow; and in a ViT through
+ * within the bound the rounded operands allow; and in a ViT through
  * vitc_vit_set_attention_precision.
  */
 #include <setjmp.h>
@@ -76,7 +76,7 @@ static void make(const acase *c, adata *a) {
         .scale = 1.0f / sqrtf((float)c->D),
         .mask = a->mask, .m_sb = c->H * c->L * c->S, .m_sh = c->L * c->S, .m_sr = c->S,
         .probs = a->probs, .p_sb = c->H * c->L * c->S, .p_sh = c->L * c->S, .p_sr = c->S,
-        .bf16 = 1,
+        .prec = VITC_PRECISION_BF16,
     };
 }
 
@@ -85,26 +85,31 @@ static void drop(adata *a) {
 }
 
 /* The kernel this CPU runs (through vitc__sdpa) and the reference
- * microkernel give the same bits, on every path. */
+ * microkernels give the same bits, on every path, in both precisions. */
 static void test_same_bits_as_reference(void **state) {
     (void)state;
-    for (int p = 0; p < TU_NARCH; p++) {
-        if (vitc_set_arch(tu_arch_best(p)) != VITC_OK) continue;
+    for (int p = 0; p < 2 * TU_NARCH; p++) {
+        if (vitc_set_arch(tu_arch_best(p / 2)) != VITC_OK) continue;
+        const int i8 = p & 1;
         for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
             const acase *c = &cases[ci];
             adata a;
             make(c, &a);
+            if (i8) a.d.prec = VITC_PRECISION_INT8;
             size_t no = (size_t)(c->B * c->H * c->L * c->Dv), np = (size_t)(c->B * c->H * c->L * c->S);
             assert_int_equal(vitc__sdpa(&a.d), VITC_OK);
             float *o1 = malloc(no * 4), *p1 = malloc(np * 4);
             memcpy(o1, a.o, no * 4);
             if (a.probs) memcpy(p1, a.probs, np * 4);
             memset(a.o, 0, no * 4);
-            assert_int_equal(vitc__sdpa_bf16(&a.d, &vitc__lp_bf16_ref), VITC_OK);
+            assert_int_equal(vitc__sdpa_lp(&a.d, i8 ? &vitc__lp_int8_ref : &vitc__lp_bf16_ref),
+                             VITC_OK);
             if (memcmp(o1, a.o, no * 4))
-                fail_msg("%s case %zu: bf16 attention differs from the reference", tu_arch_best(p), ci);
+                fail_msg("%s case %zu: %s attention differs from the reference",
+                         tu_arch_best(p / 2), ci, i8 ? "int8" : "bf16");
             if (a.probs && memcmp(p1, a.probs, np * 4))
-                fail_msg("%s case %zu: probabilities differ from the reference", tu_arch_best(p), ci);
+                fail_msg("%s case %zu: %s probabilities differ from the reference",
+                         tu_arch_best(p / 2), ci, i8 ? "int8" : "bf16");
             free(o1), free(p1);
             drop(&a);
         }
@@ -112,25 +117,43 @@ static void test_same_bits_as_reference(void **state) {
     vitc_set_arch(NULL);
 }
 
-/* Against float64 on the unrounded inputs: per row, the scores' error is at
- * most delta = scale * 2^-8 * max_j sum_c |q_c k_jc| (q and k each rounded
- * by 2^-9; fp32 sums far below), which moves each probability by a factor
- * within e^(+-2 delta); P and v rounded add 2^-8 relative. So
- * |o - o64| <= (2 (e^(2 delta) - 1) + 2^-7) sum_j p_j |v_j| (margins of 2),
- * and P within 2 (e^(2 delta) - 1) p + 2^-20. It must also differ from
- * fp32: it ran on bf16 operands. A fully masked row is 0 (NaN when the
+/* The largest |x_i| (amax) and the range with 0 (lo, hi) of n floats. */
+static void span(const float *x, int64_t n, double *amax, double *lo, double *hi) {
+    *amax = *lo = *hi = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        *amax = fmax(*amax, fabs(x[i]));
+        *lo = fmin(*lo, x[i]), *hi = fmax(*hi, x[i]);
+    }
+}
+
+/* Against float64 on the unrounded inputs, per row, with the scores'
+ * error at most delta, which moves each probability by a factor within
+ * e^(+-2 delta) (g = 2 (e^(2 delta) - 1) with a margin of 2):
+ * bf16: delta = scale 2^-8 max_j sum_c |q_c k_jc| (q and k each rounded by
+ *   2^-9; fp32 sums far below); P and v rounded add 2^-8 relative:
+ *   |o - o64| <= (g + 2^-7) sum_j p_j |v_j|.
+ * int8: q's row on steps of sq = its range / 255, key j's on sk_j =
+ *   max|k_j| / 127, each value within half a step: delta = scale max_j
+ *   sum_c (|q_c| sk_j + |k_jc| sq + sq sk_j / 2) / 2; P on steps of 1/255
+ *   of its largest (1) before the division by the sum (>= sum64 e^-2delta),
+ *   v's channel c on sv_c = max|v_c| / 127:
+ *   |o - o64| <= 2 (g sum_j p_j |v_j| + S e max|v_c| + (1 + g + S e) sv_c / 2),
+ *   e = 1 / (510 sum64 e^-2delta).
+ * Probabilities returned within g p + 2^-20 (they are not quantized). It
+ * must also differ from fp32. A fully masked row is 0 (NaN when the
  * weights are returned), as in fp32. */
-static void test_vs_f64(void **state) {
-    (void)state;
+static void vs_f64(vitc_precision pr) {
+    const int i8 = pr == VITC_PRECISION_INT8;
     double worst = 0.0;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const acase *c = &cases[ci];
         adata a;
         make(c, &a);
+        a.d.prec = pr;
         assert_int_equal(vitc__sdpa(&a.d), VITC_OK);
         vitc__sdpa_desc f = a.d;
         float *o32 = calloc((size_t)(c->B * c->H * c->L * c->Dv), sizeof(float));
-        f.o = o32, f.probs = NULL, f.bf16 = 0;
+        f.o = o32, f.probs = NULL, f.prec = VITC_PRECISION_FP32;
         assert_int_equal(vitc__sdpa(&f), VITC_OK);
         int differs = 0;
         double *s = malloc((size_t)c->S * sizeof *s), *pr = malloc((size_t)c->S * sizeof *pr);
@@ -139,16 +162,22 @@ static void test_vs_f64(void **state) {
                 for (int64_t l = 0; l < c->L; l++) {
                     const float *q = a.q + b * a.d.q_sb + h * a.d.q_sh + l * c->D;
                     const float *m = a.mask ? a.mask + b * a.d.m_sb + h * a.d.m_sh + l * c->S : NULL;
-                    double mx = -INFINITY, delta = 0.0, sum = 0.0;
+                    double mx = -INFINITY, delta = 0.0, sum = 0.0, qa, qlo, qhi;
+                    span(q, c->D, &qa, &qlo, &qhi);
+                    const double sq = (qhi - qlo) / 255.0;
                     for (int64_t j = 0; j < c->S; j++) {
                         const float *k = a.k + b * a.d.k_sb + h * a.d.k_sh + j * c->D;
-                        double acc = 0.0, mag = 0.0;
+                        double acc = 0.0, mag = 0.0, ka, klo, khi, e8 = 0.0;
+                        span(k, c->D, &ka, &klo, &khi);
                         for (int64_t x = 0; x < c->D; x++) {
                             acc += (double)q[x] * k[x];
                             mag += fabs((double)q[x] * k[x]);
+                            e8 += fabs((double)q[x]) * ka / 127.0 + fabs((double)k[x]) * sq +
+                                  sq * ka / 254.0;
                         }
                         s[j] = acc * a.d.scale + (m ? m[j] : 0.0);
-                        delta = fmax(delta, mag * a.d.scale / 256.0);
+                        delta = fmax(delta, i8 ? (e8 / 2.0 + 1e-6 * mag) * a.d.scale
+                                               : mag * a.d.scale / 256.0);
                         mx = fmax(mx, s[j]);
                     }
                     const float *o = a.o + b * a.d.o_sb + h * a.d.o_sh + l * c->Dv;
@@ -159,17 +188,24 @@ static void test_vs_f64(void **state) {
                     }
                     for (int64_t j = 0; j < c->S; j++) sum += pr[j] = exp(s[j] - mx);
                     double g = 2.0 * expm1(2.0 * delta);
+                    double e = 1.0 / (510.0 * sum * exp(-2.0 * delta));
                     for (int64_t x = 0; x < c->Dv; x++) {
-                        double ref = 0.0, mag = 0.0;
+                        double ref = 0.0, mag = 0.0, vmax = 0.0;
                         for (int64_t j = 0; j < c->S; j++) {
                             double v = a.v[b * a.d.v_sb + h * a.d.v_sh + j * c->Dv + x];
                             ref += pr[j] / sum * v;
                             mag += pr[j] / sum * fabs(v);
+                            vmax = fmax(vmax, fabs(v));
                         }
-                        double err = fabs(o[x] - ref), tol = (g + 1.0 / 128) * mag + 1e-6;
+                        double se = (double)c->S * e;
+                        double err = fabs(o[x] - ref),
+                               tol = i8 ? 2.0 * (g * mag + se * vmax +
+                                                 (1.0 + g + se) * vmax / 254.0) + 1e-6
+                                        : (g + 1.0 / 128) * mag + 1e-6;
                         worst = fmax(worst, err / tol);
                         if (!(err <= tol))
-                            fail_msg("case %zu (b %lld h %lld l %lld c %lld): %g vs %g, bound %g", ci,
+                            fail_msg("%s case %zu (b %lld h %lld l %lld c %lld): %g vs %g, bound %g",
+                                     i8 ? "int8" : "bf16", ci,
                                      (long long)b, (long long)h, (long long)l, (long long)x,
                                      (double)o[x], ref, tol);
                         differs |= o[x] != o32[b * a.d.o_sb + h * a.d.o_sh + l * c->Dv + x];
@@ -186,10 +222,20 @@ static void test_vs_f64(void **state) {
         free(s), free(pr), free(o32);
         drop(&a);
     }
-    printf("# bf16 attention: worst error %.3f of the bound\n", worst);
+    printf("# %s attention: worst error %.3f of the bound\n", i8 ? "int8" : "bf16", worst);
 }
 
-/* A ViT's bf16 attention: the option is separate from the weights'
+static void test_vs_f64_bf16(void **state) {
+    (void)state;
+    vs_f64(VITC_PRECISION_BF16);
+}
+
+static void test_vs_f64_int8(void **state) {
+    (void)state;
+    vs_f64(VITC_PRECISION_INT8);
+}
+
+/* A ViT's bf16 / int8 attention: the option is separate from the weights'
  * precision, changes the logits a little, and training forwards ignore it. */
 static void test_vit_attention_precision(void **state) {
     (void)state;
@@ -205,7 +251,7 @@ static void test_vit_attention_precision(void **state) {
     float *x = rnd(2 * 3 * 32 * 32, 1.0f), f[80], g[80], t[80];
     assert_int_equal(vitc_vit_get_attention_precision(m), VITC_PRECISION_FP32);
     assert_int_equal(vitc_vit_forward(m, x, 2, 32, 32, f), VITC_OK);
-    assert_int_equal(vitc_vit_set_attention_precision(m, VITC_PRECISION_INT8), VITC_ERR_INVALID_ARG);
+    assert_int_equal(vitc_vit_set_attention_precision(m, (vitc_precision)3), VITC_ERR_INVALID_ARG);
     assert_int_equal(vitc_vit_set_attention_precision(NULL, VITC_PRECISION_BF16),
                      VITC_ERR_INVALID_ARG);
     assert_int_equal(vitc_vit_set_attention_precision(m, VITC_PRECISION_BF16), VITC_OK);
@@ -216,21 +262,34 @@ static void test_vit_attention_precision(void **state) {
     for (int k = 0; k < 80; k++) num += (g[k] - f[k]) * (double)(g[k] - f[k]), den += f[k] * (double)f[k];
     printf("# ViT with bf16 attention: relative logits error %.4g\n", sqrt(num / den));
     assert_true(num > 0 && sqrt(num / den) < 0.01);
+    assert_int_equal(vitc_vit_set_attention_precision(m, VITC_PRECISION_INT8), VITC_OK);
+    assert_int_equal(vitc_vit_get_attention_precision(m), VITC_PRECISION_INT8);
+    assert_int_equal(vitc_vit_forward(m, x, 2, 32, 32, g), VITC_OK);
+    num = den = 0;
+    for (int k = 0; k < 80; k++) num += (g[k] - f[k]) * (double)(g[k] - f[k]), den += f[k] * (double)f[k];
+    printf("# ViT with int8 attention: relative logits error %.4g\n", sqrt(num / den));
+    assert_true(num > 0 && sqrt(num / den) < 0.03);
     vitc_vit_set_training(m, 1); /* dropout is 0: the training forward is the fp32 one */
     assert_int_equal(vitc_vit_forward(m, x, 2, 32, 32, t), VITC_OK);
     vitc_vit_set_training(m, 0);
     for (int k = 0; k < 80; k++) assert_true(fabsf(t[k] - f[k]) <= 1e-5f * (1 + fabsf(f[k])));
     /* Unset, it follows the weights: under bf16 weights bf16 where this CPU
-     * runs it faster (AMD: bf16; Intel: fp32), the same logits as set
-     * explicitly; fp32 under fp32; a value set stays. */
+     * runs it faster (AMD: bf16; Intel: fp32), under int8 weights int8
+     * there (else as bf16's), the same logits as set explicitly; fp32 under
+     * fp32; a value set stays. */
     float h[80];
     const vitc_precision lp_attn =
-        vitc__bf16_attention_pays() ? VITC_PRECISION_BF16 : VITC_PRECISION_FP32;
-    if (!strcmp(vitc__cpu_get()->vendor, "GenuineIntel"))
+        vitc__attention_pays(VITC_PRECISION_BF16) ? VITC_PRECISION_BF16 : VITC_PRECISION_FP32;
+    const vitc_precision i8_attn =
+        vitc__attention_pays(VITC_PRECISION_INT8) ? VITC_PRECISION_INT8 : lp_attn;
+    if (!strcmp(vitc__cpu_get()->vendor, "GenuineIntel")) {
         assert_int_equal(lp_attn, VITC_PRECISION_FP32);
-    else if (!strcmp(vitc__cpu_get()->vendor, "AuthenticAMD") &&
-             strstr(vitc_get_precision_paths(), "bf16: avx512-bf16"))
+        assert_int_equal(i8_attn, VITC_PRECISION_FP32);
+    } else if (!strcmp(vitc__cpu_get()->vendor, "AuthenticAMD") &&
+               strstr(vitc_get_precision_paths(), "bf16: avx512-bf16")) {
         assert_int_equal(lp_attn, VITC_PRECISION_BF16);
+        assert_int_equal(i8_attn, VITC_PRECISION_INT8);
+    }
     assert_int_equal(vitc_vit_set_attention_precision_auto(NULL), VITC_ERR_INVALID_ARG);
     assert_int_equal(vitc_vit_set_attention_precision_auto(m), VITC_OK);
     assert_int_equal(vitc_vit_get_attention_precision(m), VITC_PRECISION_FP32);
@@ -238,6 +297,13 @@ static void test_vit_attention_precision(void **state) {
     assert_int_equal(vitc_vit_get_attention_precision(m), lp_attn);
     assert_int_equal(vitc_vit_forward(m, x, 2, 32, 32, t), VITC_OK);
     assert_int_equal(vitc_vit_set_attention_precision(m, lp_attn), VITC_OK);
+    assert_int_equal(vitc_vit_forward(m, x, 2, 32, 32, h), VITC_OK);
+    assert_memory_equal(t, h, sizeof h);
+    assert_int_equal(vitc_vit_set_attention_precision_auto(m), VITC_OK);
+    assert_int_equal(vitc_vit_set_precision(m, VITC_PRECISION_INT8), VITC_OK);
+    assert_int_equal(vitc_vit_get_attention_precision(m), i8_attn);
+    assert_int_equal(vitc_vit_forward(m, x, 2, 32, 32, t), VITC_OK);
+    assert_int_equal(vitc_vit_set_attention_precision(m, i8_attn), VITC_OK);
     assert_int_equal(vitc_vit_forward(m, x, 2, 32, 32, h), VITC_OK);
     assert_memory_equal(t, h, sizeof h);
     assert_int_equal(vitc_vit_set_attention_precision(m, VITC_PRECISION_FP32), VITC_OK);
@@ -251,7 +317,8 @@ int main(void) {
     printf("# %s\n", vitc_get_precision_paths());
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_same_bits_as_reference),
-        cmocka_unit_test(test_vs_f64),
+        cmocka_unit_test(test_vs_f64_bf16),
+        cmocka_unit_test(test_vs_f64_int8),
         cmocka_unit_test(test_vit_attention_precision),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
