@@ -335,7 +335,7 @@ static void test_row_converters(void **state) {
                 }
             }
         }
-        /* bf16 only: 16-row halves of a 32-wide panel (attention_bf16.c's
+        /* bf16 only: 16-row halves of a 32-wide panel (attention_lp.c's
          * K), and the pairs converter (its V), on the same values */
         if (c == 0 && fast[c]->strip) {
             static float xs[16 * 77];

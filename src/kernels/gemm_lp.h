@@ -62,20 +62,20 @@ typedef void (*vitc__lp_row_fn)(uint32_t *dst, int64_t stride, const float *x, i
 
 /* Rows x[i * ldx], i < rows, converted: word p of row i to dst[p * ldd + i]
  * for i < w (rows <= w <= 16; rows past `rows` written as 0), p < kg. The
- * GEMM's A strips (w = ldd = MR) and attention_bf16.c's K panels (w = 16,
+ * GEMM's A strips (w = ldd = MR) and attention_lp.c's K panels (w = 16,
  * ldd = NR, each half of a strip). int8 also writes scale[i], zp[i],
  * i < rows. The same words as row() with stride ldd, row by row. */
 typedef void (*vitc__lp_strip_fn)(uint32_t *dst, int64_t ldd, int w, const float *x,
                                   int64_t ldx, int64_t rows, int64_t K, float *scale,
                                   int32_t *zp);
 /* bf16: dst[c] = bf16(x0[c]) | bf16(x1[c]) << 16 (x1 NULL: high half 0),
- * c < n: two rows' values in one word each, the layout of attention_bf16.c's
+ * c < n: two rows' values in one word each, the layout of attention_lp.c's
  * V panels (two consecutive keys per word), with no transpose. */
 typedef void (*vitc__lp_pairs_fn)(uint32_t *dst, const float *x0, const float *x1, int64_t n);
 
 /* bf16: C[mr, nr] = A B, no epilogue, from A row-major (word p of row i at
  * a[i * lda + p]; all MR rows are read, those past mr unused) and pb
- * [kg][NR]. The attention's operands (attention_bf16.c): its rows are
+ * [kg][NR]. The attention's operands (attention_lp.c): its rows are
  * converted in place (row with stride 1), with no transpose. */
 typedef void (*vitc__lp_ukr_rm_fn)(int64_t kg, const uint32_t *a, int64_t lda,
                                    const uint32_t *pb, float *C, int64_t ldc, int64_t mr,
@@ -214,7 +214,7 @@ void vitc__lp_strip(const vitc__lp_kernel *kn, vitc_precision p, uint32_t *dst, 
 
 /* This thread's grow-only scratch of at least bytes (64-byte aligned;
  * NULL when out of memory): vitc__linear_lp's converted activations, and
- * attention_bf16.c's per-task buffers. Valid until the thread's next call. */
+ * attention_lp.c's per-task buffers. Valid until the thread's next call. */
 void *vitc__lp_get(size_t bytes);
 
 /* The kernel of precision p that this CPU and the forced arch can run

@@ -142,7 +142,7 @@ void ISA_FN(softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperatu
     }
 }
 
-/* The bf16 attention's softmax (attention_bf16.c), without its last pass:
+/* The bf16 attention's softmax (attention_lp.c), without its last pass:
  * x = 2^(x s - m), m = max_j x_j s, and inv[r] = 1 / sum_j x_j. The caller
  * scales by inv[r] as it rounds P to bf16, which saves the normalising pass
  * over the row and its store. s carries log2 e (the scale times log2 e), so

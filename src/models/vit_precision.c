@@ -279,7 +279,7 @@ vitc_precision vitc_vit_get_precision(const vitc_vit *m) {
     return m ? m->precision : VITC_PRECISION_FP32;
 }
 
-/* Nothing to pack: q, k and v are converted per call (attention_bf16.c). */
+/* Nothing to pack: q, k and v are converted per call (attention_lp.c). */
 vitc_status vitc_vit_set_attention_precision(vitc_vit *m, vitc_precision p) {
     if (!m)
         return vitc__err(VITC_ERR_INVALID_ARG, "vitc_vit_set_attention_precision: NULL model");
@@ -298,13 +298,15 @@ vitc_status vitc_vit_set_attention_precision_auto(vitc_vit *m) {
     return VITC_OK;
 }
 
-/* Unless set: bf16 under bf16 or int8 weights, as torch.autocast runs
- * scaled_dot_product_attention in bf16, where the CPU runs it faster than
- * fp32 (vitc__bf16_attention_pays: AMD's AVX-512 cores, not Intel's). The
- * attention is 4-10% of a ViT-B's products; left in fp32 at half the bf16
- * rate it held batch 8 at 85% of the bf16 peak (90% with it) on a Zen 4,
- * and its rounding is the weights' (top-1 and nearest neighbours unchanged
- * on the benchmark's photos). */
+/* Unless set: bf16 under bf16 weights, as torch.autocast runs
+ * scaled_dot_product_attention in bf16, and int8 under int8 weights (as
+ * NNCF quantizes the attention's MatMuls), where the CPU runs it faster
+ * than fp32 (vitc__attention_pays: AMD's AVX-512 cores, not Intel's), else
+ * bf16 under int8 where that pays. The attention is 4-10% of a ViT-B's
+ * products; left at half the weights' rate it held batch 8 at 85% of the
+ * bf16 peak (90% with bf16 attention) and below 80% of the int8 peak on a
+ * Zen 4, and its rounding is the weights' (top-1 and nearest neighbours
+ * kept on the benchmark's photos and Fashion-MNIST: docs/precision.md). */
 vitc_precision vitc_vit_get_attention_precision(const vitc_vit *m) {
     if (!m) return VITC_PRECISION_FP32;
     if (m->attn_precision_set) return m->attn_precision;
