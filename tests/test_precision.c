@@ -559,17 +559,17 @@ static void test_amx_epilogue(void **state) {
     }
     static const int64_t mrs[] = {1, 5, 12, 13, 17, 32}, nrs[] = {1, 16, 17, 32};
     alignas(64) uint32_t acc[32 * 32];
-    float bias[32], res[32 * 40], ascale[32], wscale[32], y0[32 * 40], y1[32 * 40];
+    float bias[32], ls[32], res[32 * 40], ascale[32], wscale[32], y0[32 * 40], y1[32 * 40];
     int32_t azp[32], wsum[32];
     for (int i = 0; i < 32; i++) {
-        bias[i] = frand(), ascale[i] = 0.01f * (1.5f + frand()), wscale[i] = 0.02f * (1.5f + frand());
+        bias[i] = frand(), ls[i] = 0.5f * frand(), ascale[i] = 0.01f * (1.5f + frand()), wscale[i] = 0.02f * (1.5f + frand());
         azp[i] = (int32_t)(128 + 100 * frand()), wsum[i] = (int32_t)(3000 * frand());
     }
     for (int i = 0; i < 32 * 40; i++) res[i] = frand();
     for (int p = 1; p <= 2; p++)
         for (int im = 0; im < 6; im++)
             for (int in = 0; in < 4; in++)
-                for (int epi = 0; epi < 4; epi++) {
+                for (int epi = 0; epi < 8; epi++) {
                     int64_t mr = mrs[im], nr = nrs[in];
                     for (int i = 0; i < 32 * 32; i++) {
                         float v = 3.0f * frand();
@@ -577,6 +577,7 @@ static void test_amx_epilogue(void **state) {
                         else acc[i] = (uint32_t)(int32_t)(40000.0f * frand());
                     }
                     vitc__lp_epi e = {.bias = epi & 1 ? bias : NULL, .res = epi & 2 ? res : NULL,
+                                      .ls = epi & 4 ? ls : NULL,
                                       .ldr = 40, .ascale = ascale, .azp = azp, .wscale = wscale,
                                       .wsum = wsum};
                     for (int gelu = 0; gelu < 2; gelu++) {

@@ -1044,15 +1044,10 @@ static vitc_status vitc__linear_any(float *y, int64_t ldy, const float *x, int64
         if (pw->N != N || pw->K != K)
             return vitc__err(VITC_ERR_SHAPE, "packed weight [%lld, %lld] used as [%lld, %lld]",
                              (long long)pw->N, (long long)pw->K, (long long)N, (long long)K);
-        /* The lp epilogue has no scale: with one, the scale and the
-         * activation are passes after. */
-        VITC_TRY(vitc__linear_lp(y, ldy, x, ldx, pw, bias, scale ? NULL : residual, ldr, M,
-                                 scale ? VITC__ACT_NONE : act, ln));
-        if (scale) {
-            vitc__scale_add(y, ldy, scale, residual, ldr, M, N);
-            vitc__act_pass(act, y, ldy, M, N);
-        }
-        return VITC_OK;
+        /* the layer scale in the tiles' epilogue (gemm_lp.h), as the
+         * pass after had it: DINOv2's at batch 8 had been two passes over
+         * [2056, 768] a block */
+        return vitc__linear_lp(y, ldy, x, ldx, pw, bias, scale, residual, ldr, M, act, ln);
     }
     if (!W) return vitc__err(VITC_ERR_INVALID_ARG, "linear: no weights");
     vitc__gemm_job g = {.ta = 0, .tb = 1, .M = M, .N = N, .K = K, .alpha = 1.0f, .A = x,

@@ -30,6 +30,7 @@ static inline float vitc__bf16_daz(uint16_t h) {
 static void vitc__lp_store(float *C, int64_t ldc, int64_t i, int64_t j, float v,
                            const vitc__lp_epi *e) {
     if (e->bias) v = v + e->bias[j];
+    if (e->ls) v = e->ls[j] * v;
     if (e->res) v = v + e->res[i * e->ldr + j];
     C[i * ldc + j] = v;
 }
@@ -357,6 +358,7 @@ typedef struct vitc__lp_job {
     const float *x; int64_t ldx; /* [M, K] */
     float *y; int64_t ldy;       /* [M, N] */
     const float *bias;           /* [N] or NULL */
+    const float *ls;             /* [N] or NULL: layer scale, before the residual */
     const float *res; int64_t ldr;
     const vitc__ln_pre *ln;      /* x = LayerNorm(ln->x), computed strip by strip, or NULL */
     int64_t M;
@@ -457,7 +459,7 @@ static void vitc__lp_block(const vitc__lp_job *g, int64_t c0, int64_t c1, int64_
                 if (next && !g->kn->takes_pf)
                     for (int64_t l = l0; l < l1; l++) __builtin_prefetch(next + l * 64, 0, 2);
                 vitc__lp_epi ep = {
-                    .bias = g->bias ? g->bias + j : NULL,
+                    .bias = g->bias ? g->bias + j : NULL, .ls = g->ls ? g->ls + j : NULL,
                     .res = g->res ? g->res + i * g->ldr + j : NULL, .ldr = g->ldr,
                     .ascale = g->ascale ? g->ascale + i : NULL, .azp = g->azp ? g->azp + i : NULL,
                     .wscale = pw->wscale ? pw->wscale + j : NULL,
@@ -511,8 +513,9 @@ static void vitc__lp_task(void *ctx, int64_t t, int tid) {
 #define VITC_LP_CHUNKS_MANY 4
 
 vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
-                            const vitc__pweight *pw, const float *bias, const float *residual,
-                            int64_t ldr, int64_t M, int act, const vitc__ln_pre *ln) {
+                            const vitc__pweight *pw, const float *bias, const float *ls,
+                            const float *residual, int64_t ldr, int64_t M, int act,
+                            const vitc__ln_pre *ln) {
     if (!y || !x || !pw || !pw->data)
         return vitc__err(VITC_ERR_INVALID_ARG, "linear (%s): NULL argument",
                          pw ? vitc_precision_name(pw->prec) : "?");
@@ -536,7 +539,7 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
         return vitc__err(VITC_ERR_NOMEM, "linear (%s) of %lld rows: out of memory",
                          vitc_precision_name(pw->prec), (long long)M);
     vitc__lp_job g = {.kn = kn, .pw = pw, .x = x, .ldx = ldx, .y = y, .ldy = ldy, .bias = bias,
-                      .res = residual, .ldr = ldr, .ln = ln, .M = M, .smr = smr, .sa = smr * lda,
+                      .ls = ls, .res = residual, .ldr = ldr, .ln = ln, .M = M, .smr = smr, .sa = smr * lda,
                       .pa = pa, .gelu = vitc__act_fn(vitc__kern(), act), .nparts = 1};
     const vitc__kernels *kt = vitc__kern(); /* one blocking for the call */
     /* lp_mc rows are sized for rows of 768 bf16 (1.5 KB). Longer rows (fc2's

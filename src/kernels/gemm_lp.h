@@ -28,13 +28,16 @@
 /* The epilogue of one tile (row i, column j of the tile):
  *   bf16: v = acc
  *   int8: v = (float)(acc - azp[i] * wsum[j]) * (ascale[i] * wscale[j])
- *   then v = v + bias[j], v = v + res[i * ldr + j], in this order, each
- *   rounded to float: the reference and the SIMD kernels give the same bits.
+ *   then v = v + bias[j], v = ls[j] * v, v = v + res[i * ldr + j], in this
+ *   order, each rounded to float: the reference and the SIMD kernels give
+ *   the same bits (and ls as vitc__scale_add's pass after would: DINOv2's
+ *   layer scale, fused).
  *   With gelu (kernels with fused_gelu only), then GELU on the tile before
  *   the store: the operations of the path's vitc__gelu_avx512, so the same
  *   bits as GELU applied to the stored tile. */
 typedef struct vitc__lp_epi {
     const float *bias;     /* [nr] or NULL */
+    const float *ls;       /* [nr] or NULL: a layer scale */
     const float *res;      /* [mr, ldr] or NULL */
     int64_t ldr;
     const float *ascale;   /* int8: [mr] row scales of A */

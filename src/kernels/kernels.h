@@ -310,13 +310,15 @@ vitc_status vitc__linear_pw_scaled(float *y, int64_t ldy, const float *x, int64_
  * this CPU (dispatch.c): the attention precision of bf16 / int8 models
  * unless one is set. */
 int vitc__attention_pays(vitc_precision p);
-/* The BF16 / INT8 GEMM (gemm_lp.c), the same contract; act a VITC__ACT_*
+/* The BF16 / INT8 GEMM (gemm_lp.c), the same contract; ls [N] or NULL: a
+ * layer scale, y = residual + ls * (x W^T + bias); act a VITC__ACT_*
  * applied to each finished tile. ln non-NULL: x is ln->y (ldx K),
  * LayerNorm(ln->x) computed by the threads converting A, strip by strip
  * (ln->y written too). */
 vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
-                            const vitc__pweight *pw, const float *bias, const float *residual,
-                            int64_t ldr, int64_t M, int act, const vitc__ln_pre *ln);
+                            const vitc__pweight *pw, const float *bias, const float *ls,
+                            const float *residual, int64_t ldr, int64_t M, int act,
+                            const vitc__ln_pre *ln);
 void vitc__pweight_unpack_lp(const vitc__pweight *pw, float *W);
 /* Packs a BF16 / INT8 weight (gemm_lp.c). */
 vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, int64_t K,

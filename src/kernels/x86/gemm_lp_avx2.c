@@ -33,6 +33,7 @@ static void vitc__row_out8(float *c, const __m256i acc[4], int64_t i, int64_t nr
         __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[q], _mm256_mullo_epi32(z, ws)));
         v = _mm256_mul_ps(v, _mm256_mul_ps(s, sc));
         if (e->bias) v = _mm256_add_ps(v, _mm256_maskload_ps(e->bias + 8 * q, m));
+        if (e->ls) v = _mm256_mul_ps(_mm256_maskload_ps(e->ls + 8 * q, m), v);
         if (e->res) v = _mm256_add_ps(v, _mm256_maskload_ps(e->res + i * e->ldr + 8 * q, m));
         _mm256_maskstore_ps(c + 8 * q, m, v);
     }

@@ -103,6 +103,7 @@ static inline __mmask16 vitc__m16(int64_t n) {
     __m512 v##i##0 = DQ(c##i##0, i, sc0, ws0), v##i##1 = DQ(c##i##1, i, sc1, ws1);  \
     if (i < R && i < mr) {                                                          \
         if (e->bias) v##i##0 = _mm512_add_ps(v##i##0, bi0), v##i##1 = _mm512_add_ps(v##i##1, bi1); \
+        if (e->ls) v##i##0 = _mm512_mul_ps(ls0, v##i##0), v##i##1 = _mm512_mul_ps(ls1, v##i##1); \
         if (e->res) {                                                               \
             v##i##0 = _mm512_add_ps(v##i##0, _mm512_maskz_loadu_ps(m0, e->res + (i) * e->ldr));      \
             v##i##1 = _mm512_add_ps(v##i##1, _mm512_maskz_loadu_ps(m1, e->res + (i) * e->ldr + 16)); \
@@ -121,6 +122,8 @@ static inline __mmask16 vitc__m16(int64_t n) {
     __mmask16 m0 = vitc__m16(nr), m1 = vitc__m16(nr - 16);                          \
     __m512 bi0 = _mm512_setzero_ps(), bi1 = bi0;                                    \
     if (e->bias) bi0 = _mm512_maskz_loadu_ps(m0, e->bias), bi1 = _mm512_maskz_loadu_ps(m1, e->bias + 16); \
+    __m512 ls0 = _mm512_setzero_ps(), ls1 = ls0;                                    \
+    if (e->ls) ls0 = _mm512_maskz_loadu_ps(m0, e->ls), ls1 = _mm512_maskz_loadu_ps(m1, e->ls + 16); \
     LP_FIN(DQ, 0) LP_FIN(DQ, 1) LP_FIN(DQ, 2) LP_FIN(DQ, 3) LP_FIN(DQ, 4) LP_FIN(DQ, 5) \
     LP_FIN(DQ, 6) LP_FIN(DQ, 7) LP_FIN(DQ, 8) LP_FIN(DQ, 9) LP_FIN(DQ, 10) LP_FIN(DQ, 11) \
     __m512 gt[2 * MR];                                                              \
