@@ -235,6 +235,19 @@ static void test_vs_f64_int8(void **state) {
     vs_f64(VITC_PRECISION_INT8);
 }
 
+/* Under weights of precision w, the default attention is `want`, with the
+ * same logits as `want` set explicitly. */
+static void auto_is_explicit(vitc_vit *m, const float *x, vitc_precision w, vitc_precision want) {
+    float t[80], h[80];
+    assert_int_equal(vitc_vit_set_attention_precision_auto(m), VITC_OK);
+    assert_int_equal(vitc_vit_set_precision(m, w), VITC_OK);
+    assert_int_equal(vitc_vit_get_attention_precision(m), want);
+    assert_int_equal(vitc_vit_forward(m, x, 2, 32, 32, t), VITC_OK);
+    assert_int_equal(vitc_vit_set_attention_precision(m, want), VITC_OK);
+    assert_int_equal(vitc_vit_forward(m, x, 2, 32, 32, h), VITC_OK);
+    assert_memory_equal(t, h, sizeof h);
+}
+
 /* A ViT's bf16 / int8 attention: the option is separate from the weights'
  * precision, changes the logits a little, and training forwards ignore it. */
 static void test_vit_attention_precision(void **state) {
@@ -277,7 +290,6 @@ static void test_vit_attention_precision(void **state) {
      * runs it faster (AMD: bf16; Intel: fp32), under int8 weights int8
      * there (else as bf16's), the same logits as set explicitly; fp32 under
      * fp32; a value set stays. */
-    float h[80];
     const vitc_precision lp_attn =
         vitc__attention_pays(VITC_PRECISION_BF16) ? VITC_PRECISION_BF16 : VITC_PRECISION_FP32;
     const vitc_precision i8_attn =
@@ -293,19 +305,8 @@ static void test_vit_attention_precision(void **state) {
     assert_int_equal(vitc_vit_set_attention_precision_auto(NULL), VITC_ERR_INVALID_ARG);
     assert_int_equal(vitc_vit_set_attention_precision_auto(m), VITC_OK);
     assert_int_equal(vitc_vit_get_attention_precision(m), VITC_PRECISION_FP32);
-    assert_int_equal(vitc_vit_set_precision(m, VITC_PRECISION_BF16), VITC_OK);
-    assert_int_equal(vitc_vit_get_attention_precision(m), lp_attn);
-    assert_int_equal(vitc_vit_forward(m, x, 2, 32, 32, t), VITC_OK);
-    assert_int_equal(vitc_vit_set_attention_precision(m, lp_attn), VITC_OK);
-    assert_int_equal(vitc_vit_forward(m, x, 2, 32, 32, h), VITC_OK);
-    assert_memory_equal(t, h, sizeof h);
-    assert_int_equal(vitc_vit_set_attention_precision_auto(m), VITC_OK);
-    assert_int_equal(vitc_vit_set_precision(m, VITC_PRECISION_INT8), VITC_OK);
-    assert_int_equal(vitc_vit_get_attention_precision(m), i8_attn);
-    assert_int_equal(vitc_vit_forward(m, x, 2, 32, 32, t), VITC_OK);
-    assert_int_equal(vitc_vit_set_attention_precision(m, i8_attn), VITC_OK);
-    assert_int_equal(vitc_vit_forward(m, x, 2, 32, 32, h), VITC_OK);
-    assert_memory_equal(t, h, sizeof h);
+    auto_is_explicit(m, x, VITC_PRECISION_BF16, lp_attn);
+    auto_is_explicit(m, x, VITC_PRECISION_INT8, i8_attn);
     assert_int_equal(vitc_vit_set_attention_precision(m, VITC_PRECISION_FP32), VITC_OK);
     assert_int_equal(vitc_vit_set_precision(m, VITC_PRECISION_INT8), VITC_OK);
     assert_int_equal(vitc_vit_get_attention_precision(m), VITC_PRECISION_FP32);
