@@ -562,7 +562,8 @@ static void test_amx_epilogue(void **state) {
     float bias[32], ls[32], res[32 * 40], ascale[32], wscale[32], y0[32 * 40], y1[32 * 40];
     int32_t azp[32], wsum[32];
     for (int i = 0; i < 32; i++) {
-        bias[i] = frand(), ls[i] = 0.5f * frand(), ascale[i] = 0.01f * (1.5f + frand()), wscale[i] = 0.02f * (1.5f + frand());
+        bias[i] = frand(), ls[i] = 0.5f * frand();
+        ascale[i] = 0.01f * (1.5f + frand()), wscale[i] = 0.02f * (1.5f + frand());
         azp[i] = (int32_t)(128 + 100 * frand()), wsum[i] = (int32_t)(3000 * frand());
     }
     for (int i = 0; i < 32 * 40; i++) res[i] = frand();

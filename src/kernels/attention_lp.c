@@ -188,7 +188,8 @@ static void bf16_tile(const vitc__attn_lp_job *g, const lp_bufs *u, int64_t b, i
         memset(u->qa + mr * kgD, 0, (size_t)((MR - mr) * kgD) * sizeof *u->qa);
         memset(u->pa + mr * kgS, 0, (size_t)((MR - mr) * kgS) * sizeof *u->pa);
     }
-    for (int64_t r = 0; r < mr; r++) g->row(u->qa + r * kgD, 1, q + (i + r) * d->q_sr, D, NULL, NULL);
+    for (int64_t r = 0; r < mr; r++)
+        g->row(u->qa + r * kgD, 1, q + (i + r) * d->q_sr, D, NULL, NULL);
     for (int64_t j = 0; j < S; j += NR)
         g->ukr_rm(kgD, u->qa, kgD, u->kb + (j / NR) * kgD * NR, u->st + j, S, mr,
                   S - j < NR ? S - j : NR);
@@ -289,7 +290,8 @@ vitc_status vitc__sdpa_lp(const vitc__sdpa_desc *d, const struct vitc__lp_kernel
     g.Sp = lp_round(d->S, NR);
     g.Dvp = lp_round(d->Dv, NR);
     const char *who = g.int8 ? "sdpa (int8)" : "sdpa (bf16)";
-    if (!(g.need = lp_need(&g))) return vitc__err(VITC_ERR_NOMEM, "%s: scratch size overflows", who);
+    if (!(g.need = lp_need(&g)))
+        return vitc__err(VITC_ERR_NOMEM, "%s: scratch size overflows", who);
     vitc__parallel_for(d->B * d->H * g.nqb, lp_task, &g);
     if (g.failed)
         return vitc__err(VITC_ERR_NOMEM, "%s: out of memory for %zu bytes of scratch", who, g.need);

@@ -539,7 +539,8 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
         return vitc__err(VITC_ERR_NOMEM, "linear (%s) of %lld rows: out of memory",
                          vitc_precision_name(pw->prec), (long long)M);
     vitc__lp_job g = {.kn = kn, .pw = pw, .x = x, .ldx = ldx, .y = y, .ldy = ldy, .bias = bias,
-                      .ls = ls, .res = residual, .ldr = ldr, .ln = ln, .M = M, .smr = smr, .sa = smr * lda,
+                      .ls = ls, .res = residual, .ldr = ldr, .ln = ln, .M = M, .smr = smr,
+                      .sa = smr * lda,
                       .pa = pa, .gelu = vitc__act_fn(vitc__kern(), act), .nparts = 1};
     const vitc__kernels *kt = vitc__kern(); /* one blocking for the call */
     /* lp_mc rows are sized for rows of 768 bf16 (1.5 KB). Longer rows (fc2's

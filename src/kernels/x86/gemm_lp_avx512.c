@@ -318,22 +318,27 @@ static inline __m512i vitc__bf16x32_mul(const float *x, int64_t left, __m512 s) 
     return (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
 }
 
-/* 16 floats to 16 bytes: the reference's vitc__q8, lane by lane. */
-static inline __m128i vitc__q8x16(__m512 x, __m512 inv, __m512i zp) {
-    __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(x, inv)); /* MXCSR: nearest even */
-    q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_set1_epi32(-256)), _mm512_set1_epi32(511));
-    q = _mm512_add_epi32(q, zp);
-    q = _mm512_min_epi32(_mm512_max_epi32(q, _mm512_setzero_si512()), _mm512_set1_epi32(255));
-    return _mm512_cvtepi32_epi8(q);
-}
-
-/* 64 floats (x[0..left)) as 16 words of four u8; bytes past left are 0, as
- * the reference packs k past K. */
-static inline __m512i vitc__q8x64(const float *x, int64_t left, __m512 inv, __m512i zp) {
-    __m512i w = _mm512_castsi128_si512(vitc__q8x16(_mm512_maskz_loadu_ps(vitc__m16(left), x), inv, zp));
-    w = _mm512_inserti32x4(w, vitc__q8x16(_mm512_maskz_loadu_ps(vitc__m16(left - 16), x + 16), inv, zp), 1);
-    w = _mm512_inserti32x4(w, vitc__q8x16(_mm512_maskz_loadu_ps(vitc__m16(left - 32), x + 32), inv, zp), 2);
-    w = _mm512_inserti32x4(w, vitc__q8x16(_mm512_maskz_loadu_ps(vitc__m16(left - 48), x + 48), inv, zp), 3);
+/* 64 floats (x[0..left)) as 16 words of four u8: the reference's vitc__q8,
+ * lane by lane; bytes past left are 0, as the reference packs k past K.
+ * zp16: the zero point in every 16-bit lane. The clamps are the packs'
+ * saturations: to int16, then (after the zero point, saturating) to
+ * [0, 255], which give the reference's bytes (its [-256, 511] clamp only
+ * keeps the add from wrapping) in a third of the operations. The packs
+ * interleave the four vectors by 128-bit lane (lane k: dwords 4k..4k+3 of
+ * q0, q1, q2, q3); a dword permute puts each vector's 16 bytes together. */
+static inline __m512i vitc__q8x64(const float *x, int64_t left, __m512 inv, __m512i zp16) {
+    __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(vitc__m16(left), x), inv));
+    __m512i q1 = _mm512_cvtps_epi32(
+        _mm512_mul_ps(_mm512_maskz_loadu_ps(vitc__m16(left - 16), x + 16), inv));
+    __m512i q2 = _mm512_cvtps_epi32(
+        _mm512_mul_ps(_mm512_maskz_loadu_ps(vitc__m16(left - 32), x + 32), inv));
+    __m512i q3 = _mm512_cvtps_epi32(
+        _mm512_mul_ps(_mm512_maskz_loadu_ps(vitc__m16(left - 48), x + 48), inv));
+    __m512i w01 = _mm512_adds_epi16(_mm512_packs_epi32(q0, q1), zp16);
+    __m512i w23 = _mm512_adds_epi16(_mm512_packs_epi32(q2, q3), zp16);
+    __m512i w = _mm512_permutexvar_epi32(
+        _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15),
+        _mm512_packus_epi16(w01, w23));
     __mmask64 bytes = left >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << left) - 1);
     return _mm512_maskz_mov_epi8(bytes, w);
 }
@@ -392,7 +397,7 @@ void vitc__row_int8_avx512(uint32_t *dst, int64_t stride, const float *x, int64_
     float inv;
     vitc__q8_row(x, K, scale, &inv, zp);
     const __m512 vinv = _mm512_set1_ps(inv);
-    const __m512i vz = _mm512_set1_epi32(*zp);
+    const __m512i vz = _mm512_set1_epi16((short)*zp);
     const __m512i idx = _mm512_mullo_epi32(
         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
         _mm512_set1_epi32((int)stride));
@@ -506,7 +511,7 @@ vitc__strip_int8_w(uint32_t *dst, int64_t ldd, const int W, const float *x, int6
             r[i] = _mm512_setzero_si512();
             if (i < W && i < rows)
                 r[i] = vitc__q8x64(x + i * ldx + k, K - k, _mm512_set1_ps(inv[i]),
-                                   _mm512_set1_epi32(zp[i]));
+                                   _mm512_set1_epi16((short)zp[i]));
         }
         vitc__strip_store(dst + (k / 4) * ldd, ldd, W, r, kg - k / 4 < 16 ? kg - k / 4 : 16);
     }
@@ -541,13 +546,14 @@ static inline __m512 vitc__s8_inv(__m512 amax, __m512 *scale) {
 static inline __m512 vitc__amax16(__m512 x, __m512 m) { return _mm512_max_ps(_mm512_abs_ps(x), m); }
 
 static void vitc__s8_rows_avx512(uint32_t *dst, int64_t ldd, const float *x, int64_t ldx,
-                          int64_t rows, int64_t K, float *scale, int32_t *sum) {
+                                 int64_t rows, int64_t K, float *scale, int32_t *sum) {
     const int64_t kg = (K + 3) / 4;
     float inv[16];
     for (int64_t i = 0; i < rows; i++) {
         const float *xi = x + i * ldx; /* [K] */
         __m512 m = _mm512_setzero_ps();
-        for (int64_t k = 0; k < K; k += 16) m = vitc__amax16(_mm512_maskz_loadu_ps(vitc__m16(K - k), xi + k), m);
+        for (int64_t k = 0; k < K; k += 16)
+            m = vitc__amax16(_mm512_maskz_loadu_ps(vitc__m16(K - k), xi + k), m);
         vitc__s8_params(_mm512_reduce_max_ps(m), &scale[i], &inv[i]);
         sum[i] = 0;
     }
@@ -575,8 +581,8 @@ static void vitc__s8_rows_avx512(uint32_t *dst, int64_t ldd, const float *x, int
     }
 }
 
-static void vitc__s8_quads_avx512(uint32_t *dst, const float *x, int64_t ldx, int64_t S, int64_t n,
-                           float *scale, int32_t *sum) {
+static void vitc__s8_quads_avx512(uint32_t *dst, const float *x, int64_t ldx, int64_t S,
+                                  int64_t n, float *scale, int32_t *sum) {
     const __mmask16 m0 = vitc__m16(n), m1 = vitc__m16(n - 16);
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, s0, s1;
     for (int64_t j = 0; j < S; j++) {
