@@ -675,7 +675,7 @@ VITC_API vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit 
  * in BF16 the patch embedding's too). LayerNorm, softmax, GELU, residuals
  * and the head stay fp32 in every precision; attention's two products
  * follow vitc_vit_set_attention_precision (by default bf16 under BF16 and
- * INT8 weights).
+ * int8 under INT8 weights, where the CPU runs them faster).
  *   FP32: weights packed once into the GEMM microkernel's panels.
  *   BF16: weights rounded once to bfloat16 (nearest even), activations per
  *         call; products summed in fp32 (vdpbf16ps, or a portable reference

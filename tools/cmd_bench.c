@@ -274,10 +274,11 @@ static int bench_setup_vit(const bench_workload *w, bench_ctx *c, const char *mo
         vitc_vit_set_attention_precision(c->vit, (vitc_precision)bench_attn_precision) != VITC_OK)
         return cli_lib_error("--attention-precision");
     g = vitc_vit_get_config(c->vit);
-    snprintf(note, note_cap, "%s, %d px, %s%s", vitc_vit_arch_name(c->vit), g->image_size,
-             vitc_precision_name(bench_precision),
-             vitc_vit_get_attention_precision(c->vit) == VITC_PRECISION_BF16 ? ", bf16 attention"
-                                                                             : "");
+    vitc_precision ap = vitc_vit_get_attention_precision(c->vit);
+    snprintf(note, note_cap, "%s, %d px, %s%s%s", vitc_vit_arch_name(c->vit), g->image_size,
+             vitc_precision_name(bench_precision), ap == VITC_PRECISION_FP32 ? "" : ", ",
+             ap == VITC_PRECISION_FP32 ? "" : ap == VITC_PRECISION_BF16 ? "bf16 attention"
+                                                                        : "int8 attention");
     c->vit_batch = w->vit_batch;
     c->vit_size = hub ? 224 : g->image_size;
     c->vit_embed = hub;
