@@ -70,7 +70,8 @@ void vitc__attn_rows_avx512(const vitc__attn_plan *p, vitc__attn_ws *ws, int64_t
 
 /* The vitc__sdpa_desc.prec BF16 and INT8 paths (attention_lp.c) with the
  * GEMM kernel kn of that precision (NULL: the one this CPU runs; tests
- * pass the reference to compare bit for bit). S > 0 and the sizes already
+ * pass the reference to compare bit for bit; an int8 kn takes [kg][MR] A
+ * strips, not AMX's). S > 0 and the sizes already
  * checked. */
 struct vitc__lp_kernel;
 vitc_status vitc__sdpa_lp(const vitc__sdpa_desc *d, const struct vitc__lp_kernel *kn);

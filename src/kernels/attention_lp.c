@@ -231,7 +231,7 @@ static void int8_tile(const vitc__attn_lp_job *g, const lp_bufs *u, int64_t b, i
     for (int64_t r = 0; r < mr; r++) {
         u->ps[r] = inv[r] * (1.0f / 255.0f), u->pz[r] = 0;
         if ((dead >> r & 1) && !d->probs) {
-            u->ps[r] = 0.0f, u->pz[r] = 0;
+            u->ps[r] = 0.0f;
             for (int64_t p = 0; p < kgS; p++) u->pa[p * MR + r] = 0;
         }
     }
@@ -270,10 +270,10 @@ vitc_status vitc__sdpa_lp(const vitc__sdpa_desc *d, const struct vitc__lp_kernel
     vitc_precision p = d->prec == VITC_PRECISION_INT8 && (d->D > 33000 || d->S > 33000)
                            ? VITC_PRECISION_BF16
                            : d->prec;
-    vitc__attn_lp_job g = {.d = d, .kn = kn ? kn : vitc__lp_attention_kernel(p),
+    /* a kernel given is of d->prec (and, for int8, takes [kg][MR] A
+     * strips, as vitc__lp_attention_kernel's do): not for the fallback */
+    vitc__attn_lp_job g = {.d = d, .kn = kn && p == d->prec ? kn : vitc__lp_attention_kernel(p),
                            .int8 = p == VITC_PRECISION_INT8};
-    if (g.int8 && (g.kn->mr != MR || g.kn->a_kpad)) /* a kernel without [kg][MR] A */
-        g.kn = &vitc__lp_int8_ref;
     const vitc__lp_kernel *ref = g.int8 ? &vitc__lp_int8_ref : &vitc__lp_bf16_ref;
     g.row = g.kn->row ? g.kn->row : ref->row;
     g.ukr_rm = g.kn->ukr_rm ? g.kn->ukr_rm : ref->ukr_rm;
