@@ -671,8 +671,8 @@ typedef struct vitc_vit vitc_vit;
  * tensors' names and shapes. */
 VITC_API vitc_status vitc_vit_load(const char *path, const char *arch, vitc_vit **out);
 
-/* The arithmetic of the forward's weight GEMMs (qkv, out_proj, fc1, fc2;
- * in BF16 the patch embedding's too). LayerNorm, softmax, GELU, residuals
+/* The arithmetic of the forward's weight GEMMs (qkv, out_proj, fc1, fc2
+ * and the patch embedding's). LayerNorm, softmax, GELU, residuals
  * and the head stay fp32 in every precision; attention's two products
  * follow vitc_vit_set_attention_precision (by default bf16 under BF16 and
  * int8 under INT8 weights, where the CPU runs them faster).

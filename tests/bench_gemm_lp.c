@@ -454,12 +454,11 @@ static int bound(int reps, int nt, int B, vitc_precision pr, vitc_precision ap) 
     if (!f.img || !f.out) return fprintf(stderr, "out of memory\n"), 1;
     uint32_t seed = 5;
     for (int64_t i = 0; i < (int64_t)B * 3 * 224 * 224; i++) f.img[i] = 2.0f * frand(&seed) - 1.0f;
-    /* the products as the block calls them; the patch embedding's (bf16 in bf16, else fp32) */
+    /* the products as the block calls them; the patch embedding's (the model's precision) */
     prod_ctx pc[5];
     for (int s = 0; s < 4; s++)
         if (!prod_init(&pc[s], M, shapes[s][0], shapes[s][1], (int)shapes[s][2], pr)) return 1;
-    if (!prod_init(&pc[4], (int64_t)B * 196, C, C, 0,
-                   pr == VITC_PRECISION_BF16 ? pr : VITC_PRECISION_FP32)) return 1;
+    if (!prod_init(&pc[4], (int64_t)B * 196, C, C, 0, pr)) return 1;
     /* The block's data flow, so that each stage finds its input where the
      * forward leaves it (in cache or not): qkv writes the attention's q, k, v
      * (block.c's layout), the attention out_proj's input, out_proj fc1's

@@ -237,7 +237,7 @@ struct vitc_vit {
     vitc_precision attn_precision;
     int attn_precision_set;
     vitc__pweight *pw;          /* [depth * VIT_PW_COUNT] or NULL */
-    vitc__pweight pconv, phead; /* patch embedding (bf16 in bf16, else fp32), head (fp32) */
+    vitc__pweight pconv, phead; /* patch embedding (the model's precision), head (fp32) */
     uint64_t wversion, pversion;
     int packed;                 /* pw, pconv, phead hold what was packed at pversion */
     vitc_precision packed_prec;

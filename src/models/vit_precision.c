@@ -13,6 +13,7 @@
  * quantization).
  */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #ifdef __linux__
@@ -128,34 +129,37 @@ static vitc_status vit_int8_finite(const vitc_vit *m, int i, const float *W, siz
         [VIT_PW_FC1] = "MLP's first Linear",
         [VIT_PW_FC2] = "MLP's second Linear",
     };
-    char name[200] = "";
+    int layer = i < 0 ? -1 : i / VIT_PW_COUNT, role = i < 0 ? VIT_P_CONV_W : roles[i % VIT_PW_COUNT];
+    char name[200] = "", where[80] = "the patch embedding";
     for (int e = 0; e < m->n_entries; e++)
-        if (m->table[e].layer == i / VIT_PW_COUNT && m->table[e].role == roles[i % VIT_PW_COUNT])
+        if (m->table[e].layer == layer && m->table[e].role == role)
             vitc__vit_entry_name(m, &m->table[e], name, sizeof name);
-    return vitc__err(VITC_ERR_INVALID_ARG, "int8: weight %s (block %d, the %s) holds %s at "
-                     "element %zu; int8 cannot carry it (fp32 and bf16 do): fix the weights or "
-                     "use another precision", *name ? name : "?", i / VIT_PW_COUNT,
-                     what[i % VIT_PW_COUNT], isnan(W[j]) ? "NaN" : "an infinity", j);
+    if (i >= 0)
+        snprintf(where, sizeof where, "block %d, the %s", layer, what[i % VIT_PW_COUNT]);
+    return vitc__err(VITC_ERR_INVALID_ARG, "int8: weight %s (%s) holds %s at element %zu; int8 "
+                     "cannot carry it (fp32 and bf16 do): fix the weights or use another "
+                     "precision", *name ? name : "?", where, isnan(W[j]) ? "NaN" : "an infinity",
+                     j);
 }
 
 /* Packs matrix i: a block weight (i >= 0, m->pw[i]) or the patch
- * embedding (i == -1). The patch embedding (3% of ViT-B's FLOPs) runs in
- * bf16 in a bf16 model, as torch's autocast runs that convolution (1% of
- * the bf16 forward at half of fp32's time), and in fp32 otherwise: in int8
- * its input, the pixels, quantized per patch cost top-1 agreement (ViT-B
- * on the photos of tools/precision_accuracy.py: 96.2% against 99.0%) for
- * 1% of the forward. The heads (several shapes across families, 0.2%)
- * stay row-major fp32. */
+ * embedding (i == -1), both in the model's precision. The patch embedding
+ * (3% of ViT-B's FLOPs) in fp32 had become 4-5% of the int8 forward; int8
+ * there, its input (the pixels) quantized per patch as any other
+ * activation, as ONNX Runtime's dynamic quantization (ConvInteger) and
+ * NNCF do, gives ViT-B/16's int8 forward 4-5% (docs/precision.md has the
+ * accuracy). The heads (several shapes across families, 0.2%) stay
+ * row-major fp32. */
 static vitc_status vit_pack_matrix(vitc_vit *m, int i, const struct vitc__gemm_kernel *kern) {
     const vitc_vit_config *c = &m->cfg;
     int64_t C = c->hidden_dim, M = c->mlp_dim;
     if (i < 0) {
         int64_t K = (int64_t)c->in_channels * c->patch_size * c->patch_size;
-        vitc_precision p = m->precision == VITC_PRECISION_BF16 ? VITC_PRECISION_BF16
-                                                               : VITC_PRECISION_FP32;
-        if (!m->w.conv_w || (!kern && p == VITC_PRECISION_FP32)) /* T2T-ViT: no patch conv */
-            return VITC_OK;
-        return vit_pack_one(m, &m->pconv, m->w.conv_w, C, K, p);
+        if (!m->w.conv_w || (!kern && m->precision == VITC_PRECISION_FP32))
+            return VITC_OK; /* T2T-ViT: no patch conv */
+        if (m->precision == VITC_PRECISION_INT8)
+            VITC_TRY(vit_int8_finite(m, i, m->w.conv_w, (size_t)C * (size_t)K));
+        return vit_pack_one(m, &m->pconv, m->w.conv_w, C, K, m->precision);
     }
     if (!m->pw)
         return VITC_OK;

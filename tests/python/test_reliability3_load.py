@@ -278,6 +278,15 @@ class TestHubLoading(TmpDirCase):
             with self.assertRaises(vitc.VitcError):
                 m.precision = "int8"
                 m(x)
+        # the patch embedding runs in int8 too: its weight is checked the same way
+        d, ref = self.hub_vit("nan_patch", head=True, num_labels=3)
+        with torch.no_grad():
+            ref.vit.embeddings.patch_embeddings.projection.weight[2, 1, 0, 3] = float("nan")
+        ref.save_pretrained(d)
+        with self.assertRaises(vitc.VitcError) as cm:
+            vitc.load_model(d, precision="int8")
+        self.assertIn("the patch embedding", str(cm.exception))
+        self.assertIn("NaN", str(cm.exception))
 
     # -- processor --------------------------------------------------------
     def test_one_value_mean_std_broadcast(self):
