@@ -129,7 +129,8 @@ static vitc_status vit_int8_finite(const vitc_vit *m, int i, const float *W, siz
         [VIT_PW_FC1] = "MLP's first Linear",
         [VIT_PW_FC2] = "MLP's second Linear",
     };
-    int layer = i < 0 ? -1 : i / VIT_PW_COUNT, role = i < 0 ? VIT_P_CONV_W : roles[i % VIT_PW_COUNT];
+    int layer = i < 0 ? -1 : i / VIT_PW_COUNT;
+    int role = i < 0 ? VIT_P_CONV_W : roles[i % VIT_PW_COUNT];
     char name[200] = "", where[80] = "the patch embedding";
     for (int e = 0; e < m->n_entries; e++)
         if (m->table[e].layer == layer && m->table[e].role == role)
