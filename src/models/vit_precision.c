@@ -154,23 +154,26 @@ static vitc_status vit_int8_finite(const vitc_vit *m, int i, const float *W, siz
 static vitc_status vit_pack_matrix(vitc_vit *m, int i, const struct vitc__gemm_kernel *kern) {
     const vitc_vit_config *c = &m->cfg;
     int64_t C = c->hidden_dim, M = c->mlp_dim;
+    float *W; /* [N, K] */
+    vitc__pweight *dst;
+    int64_t N, K;
     if (i < 0) {
-        int64_t K = (int64_t)c->in_channels * c->patch_size * c->patch_size;
         if (!m->w.conv_w || (!kern && m->precision == VITC_PRECISION_FP32))
             return VITC_OK; /* T2T-ViT: no patch conv */
-        if (m->precision == VITC_PRECISION_INT8)
-            VITC_TRY(vit_int8_finite(m, i, m->w.conv_w, (size_t)C * (size_t)K));
-        return vit_pack_one(m, &m->pconv, m->w.conv_w, C, K, m->precision);
+        W = m->w.conv_w, dst = &m->pconv;
+        N = C, K = (int64_t)c->in_channels * c->patch_size * c->patch_size;
+    } else {
+        if (!m->pw)
+            return VITC_OK;
+        static const int rows[VIT_PW_COUNT] = {3, 1, 0, 1}; /* N in units of C (FC1: M) */
+        int k = i % VIT_PW_COUNT;
+        W = vit_pw_home(m, i), dst = &m->pw[i];
+        N = k == VIT_PW_FC1 ? M : rows[k] * C;
+        K = k != VIT_PW_FC2 ? C : m->swiglu ? M / 2 : M;
     }
-    if (!m->pw)
-        return VITC_OK;
-    static const int rows[VIT_PW_COUNT] = {3, 1, 0, 1}; /* N in units of C (FC1: M) */
-    int k = i % VIT_PW_COUNT;
-    int64_t N = k == VIT_PW_FC1 ? M : rows[k] * C;
-    int64_t K = k != VIT_PW_FC2 ? C : m->swiglu ? M / 2 : M;
     if (m->precision == VITC_PRECISION_INT8)
-        VITC_TRY(vit_int8_finite(m, i, vit_pw_home(m, i), (size_t)N * (size_t)K));
-    return vit_pack_one(m, &m->pw[i], vit_pw_home(m, i), N, K, m->precision);
+        VITC_TRY(vit_int8_finite(m, i, W, (size_t)N * (size_t)K));
+    return vit_pack_one(m, dst, W, N, K, m->precision);
 }
 
 static void vit_pack_done(vitc_vit *m, const struct vitc__gemm_kernel *kern) {
