@@ -929,6 +929,10 @@ def summarize(name, runs, flops, peaks):
         peak = [max(r["built_hwm_kb"], r["run_hwm_kb"]) - r["base_rss_kb"] for r in ok]
         fwd = [r["run_hwm_kb"] - r["built_rss_kb"] for r in ok]
         out[cfg] = {"status": "ok", "median_ms": med, "min_ms": min(times), "samples": len(times),
+                    # per round (None: failed there), for comparisons within the
+                    # rounds both sides ran (targets.paired_ms)
+                    "round_times_ms": [r.get("times_ms") if r.get("status") == "ok" else None
+                                       for r in rs],
                     "gflops": gf, "precision": prec,
                     "peak_frac": gf / (peak1 * threads) if gf and peak1 else None,
                     "peak_mb": max(peak) / 1024.0, "fwd_mb": max(fwd) / 1024.0,
@@ -983,9 +987,10 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
     i_sum = len(L)  # where the timing tables start (see the end)
     L.append("## Summary\n")
     L.append("vitc at %d thread(s) against PyTorch at its best of %s thread(s). "
-             "Median ms; speedup = PyTorch ms / vitc ms; %% peak = GFLOP/s over "
-             "(measured 1-core peak of the row's precision × threads); memory = peak MB "
-             "(fwd MB): the workload's "
+             "Median ms; speedup = PyTorch ms / vitc ms (vitc's median over the rounds "
+             "PyTorch's side ran in: torch.compile's rows run in the first --engine-rounds "
+             "only); %% peak = GFLOP/s over (measured 1-core peak of the row's precision × "
+             "threads); memory = peak MB (fwd MB): the workload's "
              "peak resident memory above the process's resident set before it was built "
              "(weights and loading included), and in parentheses what the forwards add once "
              "it is built. Last column: vitc's %d-thread time over its %d-thread time.\n"
@@ -1023,7 +1028,7 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
                 torch_ms, fmt(t.get("gflops"), ".1f"),
                 fmt(t.get("peak_frac") and 100 * t["peak_frac"], ".0f") + "%", mem(t)))
             continue
-        sp = t["median_ms"] / v["median_ms"] if t.get("status") == "ok" else None
+        sp = t["median_ms"] / peers.paired_ms(v, t) if t.get("status") == "ok" else None
         sc = v1["median_ms"] / v["median_ms"] if v1.get("status") == "ok" and v1 is not v else None
         L.append("| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |" % (
             label_, WORKLOADS[name][1], fmt(flops[name] * 1e-9, ".2f"), fmt(v["median_ms"], ".2f"),

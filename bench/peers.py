@@ -28,6 +28,7 @@ else cannot win on speed.
 """
 import json
 import os
+import statistics
 import sys
 import time
 
@@ -488,6 +489,16 @@ def engine_child(engine, d, pth, st, batch, threads, repeat, check, budget, kind
     print(json.dumps(res))
 
 
+def paired_ms(v, other):
+    """v's median over the rounds `other` ran in: the engines other than vitc
+    and PyTorch fp32 run in the first --engine-rounds only, and a slow or
+    fast spell of the machine in those rounds must weigh on both sides of a
+    ratio (v's pooled median over every round otherwise)."""
+    n, vt = len(other.get("round_times_ms") or []), v.get("round_times_ms") or []
+    times = [t for r in vt[:n] if r for t in r]
+    return statistics.median(times) if times and n < len(vt) else v["median_ms"]
+
+
 def render(summary, kind, engines, agree, prep, args, fmt, cell):
     """The engines table of one model kind: every engine, batch 1 and 8."""
     M = MODELS[kind]
@@ -506,9 +517,9 @@ def render(summary, kind, engines, agree, prep, args, fmt, cell):
                      "photos whose top-1 class matches")
     L.append("%s on every engine (bench/peers.py), each "
              "measurement a fresh process, median ms. \"÷ vitc\": the engine's time at its better "
-             "thread count over vitc's at its better, in the same precision (above 1×: vitc is "
-             "faster). Memory: peak MB as in the "
-             "summary (loading the model included). %s; above 0.25 it is "
+             "thread count over vitc's at its better, in the same precision, vitc's median taken "
+             "over the rounds the engine ran in (above 1×: vitc is faster). Memory: peak MB as "
+             "in the summary (loading the model included). %s; above 0.25 it is "
              "marked as disagreeing (its speed then means nothing).\n"
              % (M["what"][0].upper() + M["what"][1:], agreement))
     cols = ["batch %d, %d thr ms" % (b, t) for b in (1, 8) for t in threads
@@ -539,7 +550,7 @@ def render(summary, kind, engines, agree, prep, args, fmt, cell):
         sp, mem, ag = [], [], []
         for n in rows:
             me, ref = best(n, e), best(n, ref_of[prec])
-            sp.append(fmt(me["median_ms"] / ref["median_ms"], ".2f") + "×"
+            sp.append(fmt(me["median_ms"] / paired_ms(ref, me), ".2f") + "×"
                       if me and ref and e != ref_of[prec] else "–")
             mem.append(fmt(me["peak_mb"], ".0f") if me else "–")
             a = agree.get(n, {}).get(e)

@@ -144,12 +144,13 @@ def targets_section(summary, flops, peak, vmain, vit, quick, best, work=None):
         if v.get("status") != "ok" or t.get("status") != "ok":
             continue
         who = "torch.compile" if vs == "compile" else "torch eager"
-        sp = t["median_ms"] / v["median_ms"]
+        vms = peers.paired_ms(v, t)
+        sp = t["median_ms"] / vms
         need_ms = t["median_ms"] / want
         need_gf = flops[name] / (need_ms * 1e-3) * 1e-9
         own = (work or {}).get(name, flops[name]) / (need_ms * 1e-3) * 1e-9
         got = "%.2f× (vitc %.1f ms, %s %.1f ms at %s thr; %.1f× needs %.1f ms = %.1f GFLOP/s" % (
-            sp, v["median_ms"], who, t["median_ms"], tb.split("-")[1], want, need_ms, need_gf)
+            sp, vms, who, t["median_ms"], tb.split("-")[1], want, need_ms, need_gf)
         if own < need_gf * 0.9999:
             got += ", %.1f of the work vitc does" % own
         if ceiling:
@@ -193,12 +194,14 @@ def targets_section(summary, flops, peak, vmain, vit, quick, best, work=None):
             if not v or not others:
                 continue
             f = min(others, key=lambda c: s_[c]["median_ms"])
-            sp = s_[f]["median_ms"] / s_[v]["median_ms"]
+            vms = peers.paired_ms(s_[v], s_[f])
+            sp = s_[f]["median_ms"] / vms
             side = f.split("-")[0]
             T.append(("%s %s: vitc ≥ %.1f× the fastest other engine in %s" % (
                 name, prec, PEER_FACTOR, prec),
-                "%.2f× (vitc %.1f ms at %s thr; fastest: %s %.1f ms at %s thr)" % (
-                    sp, s_[v]["median_ms"], v.split("-")[1],
+                "%.2f× (vitc %.1f ms at %s thr%s; fastest: %s %.1f ms at %s thr)" % (
+                    sp, vms, v.split("-")[1],
+                    " in the rounds it ran" if vms != s_[v]["median_ms"] else "",
                     peers.ENGINES[side][0] if side in peers.ENGINES else side,
                     s_[f]["median_ms"], f.split("-")[1]),
                 sp >= PEER_FACTOR, None))

@@ -149,6 +149,30 @@ class TestRender(unittest.TestCase):
         self.assertIn("| PyTorch eager | fp32 | 20.0 | 2.00× | 300 | reference |", text)
         self.assertIn("5.0e-01 (25%) **disagrees**", text)
 
+    def test_ratio_within_the_engines_rounds(self):
+        """An engine that ran in round 1 only is compared with vitc's round 1,
+        not with vitc's median over every round: a machine twice as fast in
+        round 2 must not make vitc look faster than the engine."""
+        runs = {"vitc_int8-2": [{"status": "ok", "times_ms": [30.0, 31.0, 32.0]},
+                                {"status": "ok", "times_ms": [15.0, 16.0, 17.0]},
+                                {"status": "ok", "times_ms": [15.0, 16.0, 17.0]}],
+                "ov_int8-2": [{"status": "ok", "times_ms": [33.0, 33.0, 33.0]}]}
+        for r in [r for rs in runs.values() for r in rs]:
+            r.update(base_rss_kb=0, built_hwm_kb=0, run_hwm_kb=0, built_rss_kb=0, _maxrss_kb=0)
+        s = bench.summarize("vit_b16_b1", runs, 35.13e9, {})
+        v, o = s["vitc_int8-2"], s["ov_int8-2"]
+        self.assertEqual(v["median_ms"], 17.0)  # pooled over the three rounds
+        self.assertEqual(peers.paired_ms(v, o), 31.0)  # round 1 alone
+        self.assertEqual(peers.paired_ms(v, v), 17.0)
+        summary = {"vit_b16_b1": s}
+
+        class Args:
+            engine_rounds, rounds = 1, 3
+        text = "\n".join(peers.render(summary, "vit", ["ov_int8"], {}, {}, Args,
+                                      bench.fmt, bench.cell))
+        self.assertIn("| OpenVINO | int8 | 33.0 | 1.06× |", text)  # 33 / 31, not 33 / 17
+        self.assertIn("over the rounds the engine ran in", text)
+
 
 @unittest.skipIf(torch is None, "needs torch, torchvision, onnx, onnxruntime, openvino, nncf")
 class TestPrepareViT(unittest.TestCase):
