@@ -930,7 +930,7 @@ def summarize(name, runs, flops, peaks):
         fwd = [r["run_hwm_kb"] - r["built_rss_kb"] for r in ok]
         out[cfg] = {"status": "ok", "median_ms": med, "min_ms": min(times), "samples": len(times),
                     # per round (None: failed there), for comparisons within the
-                    # rounds both sides ran (targets.paired_ms)
+                    # rounds both sides ran (peers.paired_ms)
                     "round_times_ms": [r.get("times_ms") if r.get("status") == "ok" else None
                                        for r in rs],
                     "gflops": gf, "precision": prec,
