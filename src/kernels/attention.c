@@ -232,22 +232,21 @@ typedef struct vitc__attn_run {
     int failed;
     /* Work units, claimed one at a time (vitc__attn_claim): units below
      * whole are a head each (its nqb tasks in a row, sharing the packed
-     * K/V); the rest are single tasks. */
+     * K/V); the rest are single tasks. The last head's rows from fine_from
+     * on come in tasks of fine_br rows (the run's tail, see vitc__sdpa). */
     int64_t units, whole, next;
+    int64_t fine_from, fine_br, coarse_units;
 } vitc__attn_run;
 
-static void vitc__attn_task(void *ctx, int64_t i, int tid) {
-    vitc__attn_run *rc = ctx;
+/* Rows [l0, l1) of head bh (b * H + h). */
+static void vitc__attn_task(vitc__attn_run *rc, int64_t bh, int64_t l0, int64_t l1) {
     const vitc__attn_plan *p = rc->plan;
-    (void)tid;
     if (__atomic_load_n(&rc->failed, __ATOMIC_RELAXED)) return;
     vitc__attn_ws *ws = vitc__attn_ws_get(p, rc->need);
     if (!ws) {
         __atomic_store_n(&rc->failed, 1, __ATOMIC_RELAXED);
         return;
     }
-    int64_t bh = i / p->nqb, qb = i % p->nqb;
-    int64_t l0 = qb * p->Br, l1 = l0 + p->Br < p->d->L ? l0 + p->Br : p->d->L;
 #ifdef VITC_ATTN_HAVE_MXCSR
     /* FTZ+DAZ: a denormal operand costs an FMA assist of ~100 cycles, and
      * the vector exp2 relies on FTZ to return exactly 0. MXCSR is per
@@ -266,12 +265,22 @@ static void vitc__attn_task(void *ctx, int64_t i, int tid) {
  * leaves more to the other. */
 static void vitc__attn_claim(void *ctx, int64_t begin, int64_t end, int tid) {
     vitc__attn_run *rc = ctx;
-    const int64_t nqb = rc->plan->nqb;
-    (void)begin, (void)end;
+    const vitc__attn_plan *p = rc->plan;
+    const int64_t nqb = p->nqb, Br = p->Br, L = p->d->L;
+    (void)begin, (void)end, (void)tid;
     for (int64_t u; (u = __atomic_fetch_add(&rc->next, 1, __ATOMIC_RELAXED)) < rc->units;) {
-        int64_t t0 = u < rc->whole ? u * nqb : rc->whole * nqb + (u - rc->whole);
-        int64_t t1 = u < rc->whole ? t0 + nqb : t0 + 1;
-        for (int64_t i = t0; i < t1; i++) vitc__attn_task(rc, i, tid);
+        if (u < rc->whole) {
+            for (int64_t l0 = 0; l0 < L; l0 += Br)
+                vitc__attn_task(rc, u, l0, l0 + Br < L ? l0 + Br : L);
+            continue;
+        }
+        int64_t i = rc->whole * nqb + (u - rc->whole), bh = i / nqb, l0 = (i % nqb) * Br, n = Br;
+        if (u >= rc->coarse_units) { /* the tail */
+            bh = p->d->B * p->d->H - 1;
+            l0 = rc->fine_from + (u - rc->coarse_units) * rc->fine_br;
+            n = rc->fine_br;
+        }
+        vitc__attn_task(rc, bh, l0, l0 + n < L ? l0 + n : L);
     }
 }
 
@@ -337,7 +346,8 @@ vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
     if (d->prec != VITC_PRECISION_FP32 && !d->lse && !d->rel_h) return vitc__sdpa_lp(d, NULL);
     vitc__attn_plan plan;
     vitc__attn_plan_make(&plan, d);
-    vitc__attn_run rc = {&plan, vitc__kern()->attn_rows, vitc__attn_need(&plan), 0, 0, 0, 0};
+    vitc__attn_run rc = {
+        .plan = &plan, .fn = vitc__kern()->attn_rows, .need = vitc__attn_need(&plan)};
     if (rc.need == 0) return vitc__err(VITC_ERR_NOMEM, "sdpa: scratch size overflows");
     /* Claimed as threads come free, a head (its query blocks, sharing its
      * packed K/V) at a time when there are heads enough, but the last nt
@@ -350,6 +360,18 @@ vitc_status vitc__sdpa(const vitc__sdpa_desc *d) {
     const int64_t heads = d->B * d->H, nt = vitc__num_threads();
     rc.whole = heads >= 4 * nt ? heads - nt : 0;
     rc.units = rc.whole + (heads - rc.whole) * plan.nqb;
+    /* The tail: the last head's last nt query blocks (whole blocks from the
+     * head's end) in quarter blocks, so that the threads finish at most a
+     * quarter block apart. With [1,1,4096,512] on 2 threads the 22 blocks
+     * of 192 rows had split 2112 : 1984 rows, 3 % of the call idle. */
+    rc.coarse_units = rc.units;
+    rc.fine_br = vitc__attn_round(plan.Br / 4, 12);
+    if (nt > 1 && plan.nqb > nt && plan.Br >= 2 * rc.fine_br) {
+        int64_t keep = plan.nqb - nt; /* coarse blocks kept in the last head */
+        rc.fine_from = keep * plan.Br;
+        rc.coarse_units = rc.units - plan.nqb + keep;
+        rc.units = rc.coarse_units + (d->L - rc.fine_from + rc.fine_br - 1) / rc.fine_br;
+    }
     vitc__parallel_range(nt < rc.units ? nt : rc.units, vitc__attn_claim, &rc);
     if (rc.failed)
         return vitc__err(VITC_ERR_NOMEM, "sdpa: out of memory for %zu bytes of per-thread scratch",
