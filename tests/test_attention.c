@@ -428,7 +428,7 @@ static void test_threads_bitwise(void **state) {
         {1, 1, 1100, 300, 8, 64, SEPARATE, 1, NO_MASK, 0},
         /* one head of long rows: its last query blocks split finer at 2
          * threads (the run's tail), V in column panels (Dv >= 256) */
-        {1, 1, 1500, 600, 256, 256, SEPARATE, 1, NO_MASK, 0},
+        {1, 1, 1100, 300, 256, 256, SEPARATE, 1, NO_MASK, 0},
     };
     int saved = vitc_get_num_threads();
     for (size_t i = 0; i < sizeof cs / sizeof *cs; i++) {
