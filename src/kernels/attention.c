@@ -238,9 +238,10 @@ typedef struct vitc__attn_run {
     int64_t fine_from, fine_br, coarse_units;
 } vitc__attn_run;
 
-/* Rows [l0, l1) of head bh (b * H + h). */
-static void vitc__attn_task(vitc__attn_run *rc, int64_t bh, int64_t l0, int64_t l1) {
+/* Rows [l0, l0 + n) of head bh (b * H + h), cut at the head's last row. */
+static void vitc__attn_task(vitc__attn_run *rc, int64_t bh, int64_t l0, int64_t n) {
     const vitc__attn_plan *p = rc->plan;
+    const int64_t l1 = l0 + n < p->d->L ? l0 + n : p->d->L;
     if (__atomic_load_n(&rc->failed, __ATOMIC_RELAXED)) return;
     vitc__attn_ws *ws = vitc__attn_ws_get(p, rc->need);
     if (!ws) {
@@ -271,7 +272,7 @@ static void vitc__attn_claim(void *ctx, int64_t begin, int64_t end, int tid) {
     for (int64_t u; (u = __atomic_fetch_add(&rc->next, 1, __ATOMIC_RELAXED)) < rc->units;) {
         if (u < rc->whole) {
             for (int64_t l0 = 0; l0 < L; l0 += Br)
-                vitc__attn_task(rc, u, l0, l0 + Br < L ? l0 + Br : L);
+                vitc__attn_task(rc, u, l0, Br);
             continue;
         }
         int64_t i = rc->whole * nqb + (u - rc->whole), bh = i / nqb, l0 = (i % nqb) * Br, n = Br;
@@ -280,7 +281,7 @@ static void vitc__attn_claim(void *ctx, int64_t begin, int64_t end, int tid) {
             l0 = rc->fine_from + (u - rc->coarse_units) * rc->fine_br;
             n = rc->fine_br;
         }
-        vitc__attn_task(rc, bh, l0, l0 + n < L ? l0 + n : L);
+        vitc__attn_task(rc, bh, l0, n);
     }
 }
 
