@@ -461,6 +461,11 @@ bench-finetune: deps
 	@$(MAKE) --no-print-directory all
 	PYTHONPATH=python $(PYTHON) bench/finetune_learn.py --out bench/results-finetune.md
 
+# The round trip of a cache line between CPUs 0 and 1 (tests/bench_pingpong.c):
+# where a VM's two vCPUs sit right now.
+$(BUILD)/bench_pingpong: tests/bench_pingpong.c
+	$(Q)$(CC) $(BASE) $(CFLAGS) $< -o $@ -pthread
+
 bench-attention: $(BUILD)/bench_attention
 	$(BUILD)/bench_attention -t 1 && $(BUILD)/bench_attention -t 2
 
