@@ -4,10 +4,10 @@
  *
  * A driver, not a test. It tells where a VM's two vCPUs sit on the host
  * right now: on the 2-vCPU Zen 4 VM the benchmarks run on, the round trip
- * is 50-105 ns most of the time and 330-400 ns in stretches (the vCPUs on
- * different core complexes), and every 2-thread forward is then slower by
- * the data its threads hand each other (docs/bench.md, "Reading the
- * numbers"). The FMA peak does not move, so only this shows it.
+ * is 50-105 ns most of the time and 330-400 ns in stretches. In those
+ * stretches memory-bound work is slower on either vCPU, and 2-thread work
+ * whose threads read each other's data more so (docs/bench.md, "Reading
+ * the numbers"). The FMA peak does not move, so it cannot show this.
  *
  *   build/bench_pingpong [-n ITERS] [-r SECONDS] [CPU_A CPU_B]
  */
