@@ -24,6 +24,9 @@
 #include <unistd.h>
 
 static _Alignas(128) _Atomic long pp_flag;
+/* Apart from pp_flag: a failure written there could be overwritten by the
+ * caller's first store and never seen. */
+static _Alignas(128) _Atomic int pp_failed;
 static long pp_iters = 100000;
 
 static int pp_pin(int cpu) {
@@ -43,7 +46,7 @@ static double pp_now(void) {
 static void *pp_echo(void *arg) {
     int cpu = *(const int *)arg;
     if (pp_pin(cpu) != 0) {
-        atomic_store(&pp_flag, -1); /* tells the caller, which waits on the flag */
+        atomic_store(&pp_failed, 1);
         return NULL;
     }
     for (long i = 0; i < pp_iters; i++) {
@@ -59,14 +62,14 @@ static void *pp_echo(void *arg) {
 static double pp_once(int a, int b) {
     pthread_t th;
     atomic_store(&pp_flag, 0);
+    atomic_store(&pp_failed, 0);
     if (pp_pin(a) != 0) return -1;
     if (pthread_create(&th, NULL, pp_echo, &b) != 0) return -1;
     double t0 = pp_now();
     for (long i = 0; i < pp_iters; i++) {
         atomic_store_explicit(&pp_flag, 2 * i + 1, memory_order_release);
-        long v;
-        while ((v = atomic_load_explicit(&pp_flag, memory_order_acquire)) != 2 * i + 2) {
-            if (v == -1) { /* the other side could not be pinned */
+        while (atomic_load_explicit(&pp_flag, memory_order_acquire) != 2 * i + 2) {
+            if (atomic_load_explicit(&pp_failed, memory_order_relaxed)) { /* not pinned */
                 pthread_join(th, NULL);
                 return -1;
             }
