@@ -142,36 +142,85 @@ void ISA_FN(softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperatu
     }
 }
 
-/* The bf16 attention's softmax (attention_lp.c), without its last pass:
- * x = 2^(x s - m), m = max_j x_j s, and inv[r] = 1 / sum_j x_j. The caller
- * scales by inv[r] as it rounds P to bf16, which saves the normalising pass
- * over the row and its store. s carries log2 e (the scale times log2 e), so
- * the exponential is v_exp2, three operations fewer than v_exp; P's bf16
- * rounding (2^-9 relative) is far coarser than either. A row whose every
- * x s is -inf gives NaN, as softmax_rows. */
+/* max_j x_j s over the row's tail from j (vector part mx): each path's
+ * order, as in softmax_rows. */
+static inline float ISA_FN(sm_tail_max)(VT mx, const float *row, int64_t j, int64_t n, float s) {
+#if V_MASKED_TAIL
+    if (j < n) mx = v_max(v_tail(v_mul(v_loadu_n(row + j, (int)(n - j)), v_set1(s)), (int)(n - j), -INFINITY), mx);
+    return v_hmax(mx);
+#else
+    float ml[VW];
+    v_storeu(ml, mx);
+    float mxs = -INFINITY;
+    for (int k = 0; k < VW; k++)
+        if (ml[k] > mxs) mxs = ml[k];
+    for (; j < n; j++)
+        if (row[j] * s > mxs) mxs = row[j] * s;
+    return mxs;
+#endif
+}
+
+/* The row's tail from j of the exponential pass (acc its vector sum), and
+ * the row's sum: OPS_EXP_SUM's last steps. */
+static inline float ISA_FN(sm_tail_sum)(VT acc, float *row, int64_t j, int64_t n, VT vs, VT nm) {
+    float tail = 0.0f;
+    if (j < n) {
+        int t = (int)(n - j);
+        VT e = v_exp2_lp(v_fma(v_loadu_n(row + j, t), vs, nm));
+        v_storeu_n(row + j, e, t);
+        OPS_TAIL_SUM(acc, tail, e, t);
+    }
+    return V_MASKED_TAIL ? v_hsum(acc) : v_hsum(acc) + tail;
+}
+
+/* The low-precision attentions' softmax (attention_lp.c), without its last
+ * pass: x = 2^(x s - m), m = max_j x_j s, and inv[r] = 1 / sum_j x_j. The
+ * caller scales by inv[r] as it rounds P (to bf16, or to steps of 1/255),
+ * which saves the normalising pass over the row and its store. s carries
+ * log2 e (the scale times log2 e), so the exponential is v_exp2_lp, to
+ * 3e-6: P's rounding is far coarser. A row whose every x s is -inf gives
+ * NaN, as softmax_rows. Rows go in pairs: one row's max and sum chains,
+ * over ViT's 197 keys, waited on their own latency (the pair: the int8
+ * attention 3% faster); each row's operations and their order are the
+ * single row's, so its bits do not depend on the pairing. */
 void ISA_FN(softmax_rows_exp2)(float *x, int64_t rows, int64_t n, float s, float *inv) {
     const VT vs = v_set1(s);
-    for (int64_t r = 0; r < rows; r++) {
-        float *row = x + r * n;
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        float *a = x + r * n, *b = a + n; /* [n] each */
+        VT ma = v_set1(-INFINITY), mb = ma;
+        int64_t j = 0;
+        for (; j + VW <= n; j += VW) {
+            ma = v_max(v_mul(v_loadu(a + j), vs), ma);
+            mb = v_max(v_mul(v_loadu(b + j), vs), mb);
+        }
+        const VT na = v_set1(-ISA_FN(sm_tail_max)(ma, a, j, n, s));
+        const VT nb = v_set1(-ISA_FN(sm_tail_max)(mb, b, j, n, s));
+        VT sa = v_zero(), sb = v_zero();
+        for (j = 0; j + VW <= n; j += VW) {
+            VT ea = v_exp2_lp(v_fma(v_loadu(a + j), vs, na));
+            VT eb = v_exp2_lp(v_fma(v_loadu(b + j), vs, nb));
+            v_storeu(a + j, ea);
+            v_storeu(b + j, eb);
+            sa = v_add(sa, ea);
+            sb = v_add(sb, eb);
+        }
+        inv[r] = 1.0f / ISA_FN(sm_tail_sum)(sa, a, j, n, vs, na);
+        inv[r + 1] = 1.0f / ISA_FN(sm_tail_sum)(sb, b, j, n, vs, nb);
+    }
+    for (; r < rows; r++) {
+        float *row = x + r * n; /* [n] */
         VT mx = v_set1(-INFINITY);
         int64_t j = 0;
         for (; j + VW <= n; j += VW) mx = v_max(v_mul(v_loadu(row + j), vs), mx);
-#if V_MASKED_TAIL
-        if (j < n) mx = v_max(v_tail(v_mul(v_loadu_n(row + j, (int)(n - j)), vs), (int)(n - j), -INFINITY), mx);
-        float mxs = v_hmax(mx);
-#else
-        float ml[VW];
-        v_storeu(ml, mx);
-        float mxs = -INFINITY;
-        for (int k = 0; k < VW; k++)
-            if (ml[k] > mxs) mxs = ml[k];
-        for (; j < n; j++)
-            if (row[j] * s > mxs) mxs = row[j] * s;
-#endif
-        const VT nm = v_set1(-mxs);
-        float sum;
-        OPS_EXP_SUM(row, n, v, v_exp2(v_fma(v, vs, nm)), sum);
-        inv[r] = 1.0f / sum;
+        const VT nm = v_set1(-ISA_FN(sm_tail_max)(mx, row, j, n, s));
+        VT acc = v_zero();
+        for (j = 0; j + VW <= n; j += VW) {
+            VT e = v_exp2_lp(v_fma(v_loadu(row + j), vs, nm));
+            v_storeu(row + j, e);
+            acc = v_add(acc, e);
+        }
+        inv[r] = 1.0f / ISA_FN(sm_tail_sum)(acc, row, j, n, vs, nm);
     }
 }
 

@@ -31,6 +31,7 @@
 #define v_hsum(x) (x)
 #define v_exp(x) expf(x)
 #define v_exp2(x) exp2f(x)
+#define v_exp2_lp(x) exp2f(x)
 #define s_exp2(x) exp2f(x)
 #define v_div(a, b) ((a) / (b))
 #define v_zero_gt(x, z, f) ((z) > (f) ? 0.0f : (x))

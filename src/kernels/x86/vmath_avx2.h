@@ -41,6 +41,7 @@ static const int32_t vitc__v_lane_tbl[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 
 #define v_hsum_lanes(v) vitc__v_hsum8(v)
 #define v_exp(x) vitc__v_exp(x)
 #define v_exp2(x) vitc__v_exp2(x)
+#define v_exp2_lp(x) vitc__v_exp2_lp(x)
 #define v_phi(x) vitc__v_phi(x)
 #define s_exp2(x) exp2f(x)
 #define v_div(a, b) _mm256_div_ps(a, b)
@@ -123,6 +124,21 @@ static inline __m256 vitc__v_exp2(__m256 x) {
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+
+/* vmath_avx512.h's v_exp2_lp (degree 4, 3e-6 relative), 2^n built as in
+ * v_exp2. */
+static inline __m256 vitc__v_exp2_lp(__m256 x) {
+    x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
+    __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(x, n);
+    __m256 p = _mm256_set1_ps(9.582852945e-03f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.590642616e-02f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402409911e-01f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931241751e-01f));
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));

@@ -64,6 +64,7 @@ _Static_assert(VITC_PHI_DEG == 5, "vitc__v_phi evaluates degree 5: regenerate or
 #define v_hsum_lanes(v) vitc__v_hsum16(v)
 #define v_exp(x) vitc__v_exp(x)
 #define v_exp2(x) vitc__v_exp2(x)
+#define v_exp2_lp(x) vitc__v_exp2_lp(x)
 #define v_phi(x) vitc__v_phi(x)
 #define s_exp2(x) exp2f(x)
 #define v_div(a, b) _mm512_div_ps(a, b)
@@ -114,6 +115,23 @@ static inline __m512 vitc__v_exp2(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* 2^x to 3e-6 relative (a degree-4 fit of 2^f on [-1/2, 1/2]; v_exp2's
+ * degree 6 is fp32's last bit): the low-precision attentions' softmax,
+ * whose probabilities are then rounded to bf16 (2^-9) or to steps of 1/255.
+ * Two FMAs fewer on the softmax's critical pipe; the clamp and NaN as
+ * v_exp2. */
+static inline __m512 vitc__v_exp2_lp(__m512 x) {
+    x = _mm512_max_ps(_mm512_set1_ps(-127.0f), x);
+    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(x, n);
+    __m512 p = _mm512_set1_ps(9.582852945e-03f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.590642616e-02f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402409911e-01f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931241751e-01f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
 }
