@@ -343,8 +343,8 @@ static inline __m512i vitc__q8x64(const float *x, int64_t left, __m512 inv, __m5
     return _mm512_maskz_mov_epi8(bytes, w);
 }
 
-/* The row's quantization parameters (vitc__q8_params of its min and max). */
-static void vitc__q8_row(const float *x, int64_t K, float *scale, float *inv, int32_t *zp) {
+/* The row's min and max, lane by lane (mn, mx: 16 partial results). */
+static inline void vitc__q8_minmax(const float *x, int64_t K, __m512 *mn, __m512 *mx) {
     __m512 vmn = _mm512_set1_ps(x[0]), vmx = vmn;
     int64_t k = 0;
     if (K >= 64) { /* four chains each: one min and one max chain ran at 1 vector / 2 cycles */
@@ -371,7 +371,48 @@ static void vitc__q8_row(const float *x, int64_t K, float *scale, float *inv, in
         vmn = _mm512_mask_min_ps(vmn, m, vmn, v);
         vmx = _mm512_mask_max_ps(vmx, m, vmx, v);
     }
+    *mn = vmn, *mx = vmx;
+}
+
+/* The row's quantization parameters (vitc__q8_params of its min and max). */
+static void vitc__q8_row(const float *x, int64_t K, float *scale, float *inv, int32_t *zp) {
+    __m512 vmn, vmx;
+    vitc__q8_minmax(x, K, &vmn, &vmx);
     vitc__q8_params(_mm512_reduce_min_ps(vmn), _mm512_reduce_max_ps(vmx), scale, inv, zp);
+}
+
+/* The same for rows x[i * ldx], i < rows <= 16, at once: their min and max
+ * reduced across lanes together (vitc__v_red16), then vitc__q8_params lane
+ * by lane (the same operations: the same scale, inverse and zero point).
+ * The attention's rows of q (64 values) had spent more in two horizontal
+ * reductions and the scalar parameters each than in their loads. */
+static void vitc__q8_rows(const float *x, int64_t ldx, int64_t rows, int64_t K, float *scale,
+                          float *inv, int32_t *zp) {
+    __m512 mn[16], mx[16];
+    for (int64_t i = 0; i < 16; i++) {
+        if (i < rows)
+            vitc__q8_minmax(x + i * ldx, K, &mn[i], &mx[i]);
+        else
+            mn[i] = mx[i] = _mm512_setzero_ps();
+    }
+    const __m512 zero = _mm512_setzero_ps();
+    /* if (mn > 0) mn = 0, if (mx < 0) mx = 0: vminps returns its second
+     * operand for NaN and for equal zeros, as the comparisons keep mn */
+    __m512 vmn = _mm512_min_ps(zero, vitc__v_red16(mn, VITC_RED_MIN));
+    __m512 vmx = _mm512_max_ps(zero, vitc__v_red16(mx, VITC_RED_MAX));
+    __m512 s = _mm512_div_ps(_mm512_sub_ps(vmx, vmn), _mm512_set1_ps(255.0f));
+    __mmask16 ok = _mm512_cmp_ps_mask(s, zero, _CMP_GT_OQ) &
+                   _mm512_cmp_ps_mask(s, _mm512_set1_ps(INFINITY), _CMP_LT_OQ);
+    s = _mm512_mask_blend_ps(ok, _mm512_set1_ps(1.0f), s);
+    __m512 iv = _mm512_div_ps(_mm512_set1_ps(1.0f), s);
+    __m512 z = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_xor_ps(vmn, _mm512_set1_ps(-0.0f)), iv),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512i q = _mm512_cvtps_epi32(_mm512_min_ps(z, _mm512_set1_ps(255.0f)));
+    q = _mm512_maskz_mov_epi32(_mm512_cmp_ps_mask(z, zero, _CMP_GT_OQ), q); /* NaN, <= 0: 0 */
+    const __mmask16 m = vitc__m16(rows);
+    _mm512_mask_storeu_ps(scale, m, s);
+    _mm512_mask_storeu_ps(inv, m, iv);
+    _mm512_mask_storeu_epi32(zp, m, q);
 }
 
 /* Word p of the row to dst[p * stride]: stored as they are when the stride
@@ -498,12 +539,10 @@ vitc__strip_int8_w(uint32_t *dst, int64_t ldd, const int W, const float *x, int6
     float inv[16];
     int32_t unit_zp[16];
     if (!scale) zp = unit_zp; /* strip_unit: values in [0, 1], scale 1/255 */
-    for (int64_t i = 0; i < rows; i++) {
-        if (scale)
-            vitc__q8_row(x + i * ldx, K, &scale[i], &inv[i], &zp[i]);
-        else
-            inv[i] = 255.0f, zp[i] = 0;
-    }
+    if (scale)
+        vitc__q8_rows(x, ldx, rows, K, scale, inv, zp);
+    else
+        for (int64_t i = 0; i < rows; i++) inv[i] = 255.0f, zp[i] = 0;
     for (int64_t k = 0; k < K; k += 64) {
         __m512i r[16];
 #pragma GCC unroll 16

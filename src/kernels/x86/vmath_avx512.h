@@ -208,24 +208,43 @@ __attribute__((noinline, unused)) static void vitc__v_act_tile(float *C, int64_t
     }
 }
 
-/* Lane i = the sum of v[i]'s lanes: a transposing tree of adds (pairs
- * within 128-bit lanes, then across the four lanes) instead of 16
- * horizontal sums. */
-static inline __attribute__((always_inline)) __m512 vitc__v_hsum16(const __m512 v[16]) {
+/* The operation of a lane reduction (vitc__v_red16): float sum, min,
+ * max, or int32 sum (the vectors' bits read as epi32). */
+enum { VITC_RED_ADD, VITC_RED_MIN, VITC_RED_MAX, VITC_RED_IADD };
+
+static inline __attribute__((always_inline)) __m512 vitc__v_red_op(__m512 a, __m512 b, int op) {
+    return op == VITC_RED_ADD   ? _mm512_add_ps(a, b)
+           : op == VITC_RED_MIN ? _mm512_min_ps(a, b)
+           : op == VITC_RED_MAX ? _mm512_max_ps(a, b)
+                                : _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a),
+                                                                       _mm512_castps_si512(b)));
+}
+
+/* Lane i = v[i]'s lanes reduced by op (a constant where inlined): a
+ * transposing tree (pairs within 128-bit lanes, then across the four
+ * lanes) instead of 16 horizontal reductions. Min and max are exact, so
+ * any order gives a row's own result (NaN aside). */
+static inline __attribute__((always_inline)) __m512 vitc__v_red16(const __m512 v[16], int op) {
     __m512 a[8], b[4];
 #pragma GCC unroll 8
     for (int j = 0; j < 8; j++)
-        a[j] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]),
-                             _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]));
+        a[j] = vitc__v_red_op(_mm512_unpacklo_ps(v[2 * j], v[2 * j + 1]),
+                              _mm512_unpackhi_ps(v[2 * j], v[2 * j + 1]), op);
 #pragma GCC unroll 4
-    for (int j = 0; j < 4; j++) /* each 128-bit lane: v[4j..4j+3]'s partial sums */
-        b[j] = _mm512_add_ps(_mm512_shuffle_ps(a[2 * j], a[2 * j + 1], 0x44),
-                             _mm512_shuffle_ps(a[2 * j], a[2 * j + 1], 0xEE));
-    const __m512 d0 = _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88),
-                                    _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
-    const __m512 d1 = _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88),
-                                    _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
-    return _mm512_add_ps(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD));
+    for (int j = 0; j < 4; j++) /* each 128-bit lane: v[4j..4j+3]'s partial results */
+        b[j] = vitc__v_red_op(_mm512_shuffle_ps(a[2 * j], a[2 * j + 1], 0x44),
+                              _mm512_shuffle_ps(a[2 * j], a[2 * j + 1], 0xEE), op);
+    const __m512 d0 = vitc__v_red_op(_mm512_shuffle_f32x4(b[0], b[1], 0x88),
+                                     _mm512_shuffle_f32x4(b[0], b[1], 0xDD), op);
+    const __m512 d1 = vitc__v_red_op(_mm512_shuffle_f32x4(b[2], b[3], 0x88),
+                                     _mm512_shuffle_f32x4(b[2], b[3], 0xDD), op);
+    return vitc__v_red_op(_mm512_shuffle_f32x4(d0, d1, 0x88), _mm512_shuffle_f32x4(d0, d1, 0xDD),
+                          op);
+}
+
+/* Lane i = the sum of v[i]'s lanes. */
+static inline __attribute__((always_inline)) __m512 vitc__v_hsum16(const __m512 v[16]) {
+    return vitc__v_red16(v, VITC_RED_ADD);
 }
 
 #endif
