@@ -473,6 +473,42 @@ static void test_gemm_in_pool_task(void **state) {
     free(A), free(B), free(C);
 }
 
+/* The GEMMs' chunk table (vitc__chunks_init): the chunks cover [0, total)
+ * in order, none larger than chunk, each a multiple of unit but the last;
+ * guided, they shrink at the end to a share of what is left (the last
+ * 2 nparts at most a unit more than what is left / (2 nparts)); past the
+ * table's size, whole chunks. */
+static void test_chunks(void **state) {
+    (void)state;
+    static const int64_t cases[][4] = {
+        /* total, chunk, unit, nparts */
+        {72, 3, 1, 2}, {2304, 96, 32, 2}, {24, 1, 1, 2}, {1, 5, 1, 2},   {96, 4, 1, 3},
+        {1000, 7, 1, 16}, {5, 64, 32, 2}, {100000, 10, 1, 64}, {0, 4, 1, 2},
+    };
+    vitc__chunks c;
+    for (size_t k = 0; k < sizeof cases / sizeof *cases; k++) {
+        const int64_t total = cases[k][0], chunk = cases[k][1], unit = cases[k][2];
+        const int nparts = (int)cases[k][3];
+        vitc__chunks_init(&c, total, chunk, unit, nparts);
+        assert_int_equal(vitc__chunk_at(&c, 0), 0);
+        assert_int_equal(vitc__chunk_at(&c, c.n), total);
+        for (int64_t i = 0; i < c.n; i++) {
+            int64_t b = vitc__chunk_at(&c, i), e = vitc__chunk_at(&c, i + 1);
+            assert_true(b < e && e - b <= chunk);
+            if (e < total) assert_int_equal((e - b) % unit, 0);
+            if (c.guided) /* at most the share of what is left, a unit up */
+                assert_true(e - b <= ((total - b + 2 * nparts - 1) / (2 * nparts) + unit - 1) /
+                                         unit * unit);
+        }
+        /* small products are guided: the last chunk is one unit at most */
+        if (total > 0 && total <= 2304) {
+            assert_true(c.guided);
+            assert_true(vitc__chunk_at(&c, c.n) - vitc__chunk_at(&c, c.n - 1) <= unit);
+        }
+        if (total == 100000) assert_false(c.guided); /* 10000 chunks: whole ones */
+    }
+}
+
 int main(void) {
 #ifndef VITC_HAVE_OPENBLAS
     printf("test_gemm: built without OpenBLAS (NO_BLAS=1 or not found): its backend checked to "
@@ -492,6 +528,7 @@ int main(void) {
         cmocka_unit_test(test_linear_epilogue),
         cmocka_unit_test(test_linear_ln),
         cmocka_unit_test(test_gemm_in_pool_task),
+        cmocka_unit_test(test_chunks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -345,7 +345,7 @@ typedef struct vitc__gemm_job {
      * counter, nchunks in all, instead of one fixed panel each
      * (vitc__gemm_task). */
     _Atomic int64_t *next_chunk;
-    int64_t chunk, nchunks;
+    vitc__chunks chunks; /* of columns or rows */
 } vitc__gemm_job;
 
 /* C (and the epilogue) when K == 0 or alpha == 0: no product to add. */
@@ -644,13 +644,13 @@ static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
          * thread that computes it, so the bits do not either. */
         /* The next chunk is claimed before this one runs, so that the
          * weights' prefetch can run ahead into it. */
-        int64_t total = g->by_cols ? g->N : g->M;
+        const vitc__chunks *ch = &g->chunks;
         int64_t c = atomic_fetch_add_explicit(g->next_chunk, 1, memory_order_relaxed);
-        while (c < g->nchunks) {
+        while (c < ch->n) {
             int64_t n = atomic_fetch_add_explicit(g->next_chunk, 1, memory_order_relaxed);
-            int64_t b0 = c * g->chunk, b1 = total - b0 < g->chunk ? total : b0 + g->chunk;
+            int64_t b0 = vitc__chunk_at(ch, c), b1 = vitc__chunk_at(ch, c + 1);
             if (g->by_cols)
-                vitc__builtin_block(g, 0, g->M, b0, b1, n < g->nchunks ? n * g->chunk : -1);
+                vitc__builtin_block(g, 0, g->M, b0, b1, n < ch->n ? vitc__chunk_at(ch, n) : -1);
             else
                 vitc__builtin_block(g, b0, b1, 0, g->N, -1);
             c = n;
@@ -852,8 +852,7 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
         int64_t cp = (g->paw ? VITC_CHUNKS_SHARED : VITC_CHUNKS_PER) * g->nparts;
         int64_t per = (units + cp - 1) / cp;
         if (per * g->unit > g->kern->nc) per = g->kern->nc / g->unit;
-        g->chunk = (per < 1 ? 1 : per) * g->unit;
-        g->nchunks = (g->N + g->chunk - 1) / g->chunk;
+        vitc__chunks_init(&g->chunks, g->N, (per < 1 ? 1 : per) * g->unit, g->unit, g->nparts);
         atomic_init(&next_chunk, 0);
         g->next_chunk = &next_chunk;
     } else if (g->kern && !g->by_cols && g->pbw && g->K > 0 && g->alpha != 0.0f && !g->asum &&
@@ -862,8 +861,7 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
          * chunk: no row is packed twice): a batch-8 out_proj or fc2, whose
          * fixed halves left one thread waiting whenever the other was
          * slowed. */
-        g->chunk = g->kern->mc;
-        g->nchunks = (g->M + g->chunk - 1) / g->chunk;
+        vitc__chunks_init(&g->chunks, g->M, g->kern->mc, g->kern->mc, g->nparts); /* whole */
         atomic_init(&next_chunk, 0);
         g->next_chunk = &next_chunk;
     }

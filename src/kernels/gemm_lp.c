@@ -373,7 +373,7 @@ typedef struct vitc__lp_job {
     int64_t nb;         /* B strips per L2 block (vitc__lp_nb) */
     vitc__coop *coop;   /* non-NULL: A converted inside the GEMM's region */
     _Atomic int64_t *next_chunk; /* non-NULL: column chunks claimed as threads come free */
-    int64_t chunk, nchunks;      /* column strips per chunk, chunks */
+    vitc__chunks chunks;         /* of column strips */
 } vitc__lp_job;
 
 /* Strip t of A: its rows (normalised first, with ln) converted, rows past M
@@ -489,11 +489,11 @@ static void vitc__lp_task(void *ctx, int64_t t, int tid) {
          * other instead of making it wait at the end. A tile's sums do not
          * depend on the chunk or thread that computes it. */
         int64_t c = atomic_fetch_add_explicit(g->next_chunk, 1, memory_order_relaxed);
-        while (c < g->nchunks) { /* the next claimed ahead, for the prefetch */
+        const vitc__chunks *ch = &g->chunks;
+        while (c < ch->n) { /* the next claimed ahead, for the prefetch */
             int64_t n = atomic_fetch_add_explicit(g->next_chunk, 1, memory_order_relaxed);
-            int64_t b = c * g->chunk;
-            vitc__lp_block(g, b, b + g->chunk < cs ? b + g->chunk : cs, 0, rs,
-                           n < g->nchunks ? n * g->chunk : -1);
+            vitc__lp_block(g, vitc__chunk_at(ch, c), vitc__chunk_at(ch, c + 1), 0, rs,
+                           n < ch->n ? vitc__chunk_at(ch, n) : -1);
             c = n;
         }
     } else {
@@ -595,15 +595,15 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
     }
     if (g.by_cols) {
         int64_t per_thread = mblocks <= 2 ? VITC_LP_CHUNKS_FEW : VITC_LP_CHUNKS_MANY;
-        g.chunk = (cs + per_thread * g.nparts - 1) / (per_thread * g.nparts);
+        int64_t chunk = (cs + per_thread * g.nparts - 1) / (per_thread * g.nparts);
         /* Whole L2 blocks of B strips per chunk where the chunks still
          * share evenly among the threads. Else the chunk stays (vitc__lp_block
          * cuts it into equal blocks): bf16 qkv at batch 8 (72 strips, blocks
          * of 8) made 9 chunks of 8, and one thread idled through the ninth
          * (84% of peak against fc1's 91%). */
-        int64_t nb = g.nb, whole = g.chunk / nb * nb;
-        if (g.chunk > nb && ((cs + whole - 1) / whole) % g.nparts == 0) g.chunk = whole;
-        g.nchunks = (cs + g.chunk - 1) / g.chunk;
+        int64_t nb = g.nb, whole = chunk / nb * nb;
+        if (chunk > nb && ((cs + whole - 1) / whole) % g.nparts == 0) chunk = whole;
+        vitc__chunks_init(&g.chunks, cs, chunk, 1, g.nparts); /* guided at the end */
         atomic_init(&next_chunk, 0);
         g.next_chunk = &next_chunk;
     }

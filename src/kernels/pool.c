@@ -452,6 +452,22 @@ void vitc__parallel_for_dynamic(int64_t n, int64_t grain, vitc__task_fn fn, void
     vitc__parallel_range((n + grain - 1) / grain, vitc__claim, &cc);
 }
 
+void vitc__chunks_init(vitc__chunks *c, int64_t total, int64_t chunk, int64_t unit, int nparts) {
+    int64_t i = 0, b = 0, two = 2 * (int64_t)(nparts > 0 ? nparts : 1);
+    if (unit < 1) unit = 1;
+    if (chunk < unit) chunk = unit;
+    for (; b < total && i < VITC_CHUNKS_MAX; i++) {
+        int64_t share = ((total - b + two - 1) / two + unit - 1) / unit * unit;
+        c->bound[i] = b;
+        b += share < chunk ? share : chunk;
+    }
+    c->bound[i] = total;
+    c->total = total;
+    c->chunk = chunk;
+    c->guided = b >= total;
+    c->n = c->guided ? i : (total + chunk - 1) / chunk;
+}
+
 void vitc__coop_init(vitc__coop *co, int64_t total, int64_t nblocks,
                      int64_t (*pack)(void *ctx, int64_t s), void *ctx) {
     atomic_init(&co->next, 0);
