@@ -102,6 +102,18 @@ void ISA_FN(scale_add)(float *y, const float *g, const float *r, int64_t n) {
     }
 }
 
+#if !V_MASKED_TAIL
+/* mx's largest lane, NaN lanes passed over (the scalar loops' order). */
+static inline float ISA_FN(lane_max)(VT mx) {
+    float ml[VW];
+    v_storeu(ml, mx);
+    float m = -INFINITY;
+    for (int k = 0; k < VW; k++)
+        if (ml[k] > m) m = ml[k];
+    return m;
+}
+#endif
+
 void ISA_FN(softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperature) {
     const VT it = v_set1(inv_temperature);
     for (int64_t r = 0; r < rows; r++) {
@@ -123,11 +135,7 @@ void ISA_FN(softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperatu
         }
         float mxs = v_hmax(mx);
 #else
-        float ml[VW];
-        v_storeu(ml, mx);
-        float mxs = -INFINITY;
-        for (int k = 0; k < VW; k++)
-            if (ml[k] > mxs) mxs = ml[k];
+        float mxs = ISA_FN(lane_max)(mx);
         for (; j < n; j++) {
             row[j] *= inv_temperature;
             if (row[j] > mxs) mxs = row[j];
@@ -149,11 +157,7 @@ static inline float ISA_FN(sm_tail_max)(VT mx, const float *row, int64_t j, int6
     if (j < n) mx = v_max(v_tail(v_mul(v_loadu_n(row + j, (int)(n - j)), v_set1(s)), (int)(n - j), -INFINITY), mx);
     return v_hmax(mx);
 #else
-    float ml[VW];
-    v_storeu(ml, mx);
-    float mxs = -INFINITY;
-    for (int k = 0; k < VW; k++)
-        if (ml[k] > mxs) mxs = ml[k];
+    float mxs = ISA_FN(lane_max)(mx);
     for (; j < n; j++)
         if (row[j] * s > mxs) mxs = row[j] * s;
     return mxs;

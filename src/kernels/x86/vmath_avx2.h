@@ -114,35 +114,31 @@ static inline __m256 vitc__v_exp(__m256 x) {
     return _mm256_andnot_ps(under, y);
 }
 
-static inline __m256 vitc__v_exp2(__m256 x) {
+/* vmath_avx512.h's v_exp2 (lp 0) and v_exp2_lp (lp 1), 2^n built in the
+ * exponent field. */
+static inline __attribute__((always_inline)) __m256 vitc__v_exp2_deg(__m256 x, const int lp) {
     x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
     __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_sub_ps(x, n);
-    __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
+    __m256 f = _mm256_sub_ps(x, n), p;
+    if (lp) {
+        p = _mm256_set1_ps(9.582852945e-03f);
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.590642616e-02f));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402409911e-01f));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931241751e-01f));
+    } else {
+        p = _mm256_set1_ps(1.535336188319500e-4f);
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
+        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
+    }
     p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
     __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
     return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
-
-/* vmath_avx512.h's v_exp2_lp (degree 4, 3e-6 relative), 2^n built as in
- * v_exp2. */
-static inline __m256 vitc__v_exp2_lp(__m256 x) {
-    x = _mm256_max_ps(_mm256_set1_ps(-127.0f), x);
-    __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 f = _mm256_sub_ps(x, n);
-    __m256 p = _mm256_set1_ps(9.582852945e-03f);
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.590642616e-02f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402409911e-01f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931241751e-01f));
-    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+static inline __m256 vitc__v_exp2(__m256 x) { return vitc__v_exp2_deg(x, 0); }
+static inline __m256 vitc__v_exp2_lp(__m256 x) { return vitc__v_exp2_deg(x, 1); }
 
 /* Phi(x), the standard normal CDF, as vmath_avx512.h's vitc__v_phi but with
  * vpermps's 8 rows (vmath_phi_tab.h): 7 degree-8 polynomials of Phi(-a)

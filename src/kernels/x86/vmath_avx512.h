@@ -101,40 +101,36 @@ static inline __m512 vitc__v_exp(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
-/* 2^x = 2^n * 2^f, n = round(x), f in [-1/2, 1/2], 2^f by Cephes' exp2f
- * polynomial (about 2 ulp). The clamp at -127 makes vscalefps produce a
- * denormal that FTZ flushes to 0, so masked keys weigh exactly 0; max(lo, x)
- * returns x when x is NaN, so NaN still propagates. */
-static inline __m512 vitc__v_exp2(__m512 x) {
+/* 2^x = 2^n * 2^f, n = round(x), f in [-1/2, 1/2], 2^f by a polynomial:
+ * lp 0, Cephes' exp2f (degree 6, about 2 ulp: v_exp2); lp 1, a degree-4
+ * fit to 3e-6 relative (v_exp2_lp: the low-precision attentions' softmax,
+ * whose probabilities are then rounded to bf16, 2^-9, or to steps of
+ * 1/255; two FMAs fewer on its critical pipe). The clamp at -127 makes
+ * vscalefps produce a denormal that FTZ flushes to 0, so masked keys weigh
+ * exactly 0; max(lo, x) returns x when x is NaN, so NaN still propagates.
+ * lp is a constant where inlined. */
+static inline __attribute__((always_inline)) __m512 vitc__v_exp2_deg(__m512 x, const int lp) {
     x = _mm512_max_ps(_mm512_set1_ps(-127.0f), x);
     __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+    __m512 f = _mm512_sub_ps(x, n), p;
+    if (lp) {
+        p = _mm512_set1_ps(9.582852945e-03f);
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.590642616e-02f));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402409911e-01f));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931241751e-01f));
+    } else {
+        p = _mm512_set1_ps(1.535336188319500e-4f);
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+        p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+    }
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
 }
-
-/* 2^x to 3e-6 relative (a degree-4 fit of 2^f on [-1/2, 1/2]; v_exp2's
- * degree 6 is fp32's last bit): the low-precision attentions' softmax,
- * whose probabilities are then rounded to bf16 (2^-9) or to steps of 1/255.
- * Two FMAs fewer on the softmax's critical pipe; the clamp and NaN as
- * v_exp2. */
-static inline __m512 vitc__v_exp2_lp(__m512 x) {
-    x = _mm512_max_ps(_mm512_set1_ps(-127.0f), x);
-    __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 f = _mm512_sub_ps(x, n);
-    __m512 p = _mm512_set1_ps(9.582852945e-03f);
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.590642616e-02f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402409911e-01f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931241751e-01f));
-    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
-}
+static inline __m512 vitc__v_exp2(__m512 x) { return vitc__v_exp2_deg(x, 0); }
+static inline __m512 vitc__v_exp2_lp(__m512 x) { return vitc__v_exp2_deg(x, 1); }
 
 /* Phi(x): p = Phi(-|x|) from a table of 31 degree-5 polynomials, one per
  * quarter of a = |x| in [0, 7.625) (vmath_phi_tab.h; row 31, a beyond, is
