@@ -154,7 +154,10 @@ void ISA_FN(softmax_rows)(float *x, int64_t rows, int64_t n, float inv_temperatu
  * order, as in softmax_rows. */
 static inline float ISA_FN(sm_tail_max)(VT mx, const float *row, int64_t j, int64_t n, float s) {
 #if V_MASKED_TAIL
-    if (j < n) mx = v_max(v_tail(v_mul(v_loadu_n(row + j, (int)(n - j)), v_set1(s)), (int)(n - j), -INFINITY), mx);
+    if (j < n) {
+        const int t = (int)(n - j);
+        mx = v_max(v_tail(v_mul(v_loadu_n(row + j, t), v_set1(s)), t, -INFINITY), mx);
+    }
     return v_hmax(mx);
 #else
     float mxs = ISA_FN(lane_max)(mx);
