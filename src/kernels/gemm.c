@@ -284,7 +284,7 @@ static void vitc__ukr_generic(int64_t kc, const float *pa, const float *pb, floa
  * with the blocks the CPU's caches give (cpu.c's rules), which the driver
  * reads through vitc__kern()->gemm. */
 const vitc__gemm_kernel vitc__gemm_kernel_generic = {
-    VITC_G_MR, VITC_G_NR, 512, 96, 1024, vitc__ukr_generic, NULL, NULL, NULL, 0, NULL,
+    VITC_G_MR, VITC_G_NR, 512, 96, 1024, vitc__ukr_generic, NULL, NULL, NULL, 0, NULL, 0,
 };
 
 static const vitc__gemm_kernel *vitc__pick_kernel(void) { return vitc__kern()->gemm; }
@@ -325,6 +325,7 @@ typedef struct vitc__gemm_job {
     void (*gelu)(float *x, int64_t n); /* the activation (elementwise, in place: erf, quick or
                                         * tanh GELU) on C after the last K block, or NULL */
     int gelu_ukr; /* gelu is kern->gelu and runs in the microkernel's epilogue */
+    int ls_ukr;   /* the layer scale runs in the microkernel's epilogue (kern->ls) */
     /* Layer scale (NULL: none): after the last K block, before gelu,
      * C = sres + scale * C per row by scale_add (scale [N], sres [M, ldsr]
      * or NULL); res is then NULL, the residual being added here. */
@@ -382,7 +383,12 @@ static inline void vitc__tile(const vitc__gemm_job *g, int st, int64_t kc, const
     const vitc__gemm_kernel *kn = g->kern;
     vitc__gemm_epi e = {g->alpha, g->beta, pc == 0, g->bias ? g->bias + j : NULL,
                         g->res ? g->res + i * g->ldr + j : NULL, g->ldr,
-                        g->gelu_ukr && pc + kc >= g->K, (const char *)pf, pf_lines};
+                        g->gelu_ukr && pc + kc >= g->K, (const char *)pf, pf_lines,
+                        NULL, NULL, g->ldsr};
+    if (g->ls_ukr && pc + kc >= g->K) {
+        e.ls = g->scale + j;
+        e.lres = g->sres ? g->sres + i * g->ldsr + j : NULL;
+    }
     float *C = g->C + i * g->ldc + j;
     if (st)
         kn->ukr_st(kc, a, a_ks, a_rs, b, b_ks, C, g->ldc, mr, nr, &e);
@@ -396,10 +402,10 @@ static inline void vitc__tile(const vitc__gemm_job *g, int st, int64_t kc, const
  * than per tile: the vector GELU's setup cost as much as 32 columns of it.
  * Elementwise, so the same numbers as passes after the GEMM. */
 static void vitc__gelu_block(const vitc__gemm_job *g, int64_t i, int64_t mc, int64_t j,
-                             int64_t nc) {
+                             int64_t nc, int scale) {
     for (int64_t r = i; r < i + mc; r++) {
         float *c = g->C + r * g->ldc + j;
-        if (g->scale)
+        if (g->scale && scale)
             g->scale_add(c, g->scale + j, g->sres ? g->sres + r * g->ldsr + j : NULL, nc);
         if (g->act)
             g->gelu_to(g->act + r * g->ld_act + j, c, nc);
@@ -531,8 +537,9 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                                        next && pfn > 0 ? pfn : 0);
                         }
                     }
-                    if (((g->gelu && !g->gelu_ukr) || g->scale) && pc + kc >= g->K)
-                        vitc__gelu_block(g, ic, mc, jc, nc);
+                    if (((g->gelu && !g->gelu_ukr) || (g->scale && !g->ls_ukr)) &&
+                        pc + kc >= g->K)
+                        vitc__gelu_block(g, ic, mc, jc, nc, !g->ls_ukr);
                 }
                 continue;
             }
@@ -578,8 +585,9 @@ static void vitc__builtin_block(const vitc__gemm_job *g, int64_t i0, int64_t i1,
                                    next && pfn > 0 ? pfn : 0);
                     }
                 }
-                if (((g->gelu && !g->gelu_ukr) || g->scale) && pc + kc >= g->K)
-                    vitc__gelu_block(g, ic, mc, jc, nc);
+                if (((g->gelu && !g->gelu_ukr) || (g->scale && !g->ls_ukr)) &&
+                    pc + kc >= g->K)
+                    vitc__gelu_block(g, ic, mc, jc, nc, !g->ls_ukr);
             }
         }
     }
@@ -662,7 +670,7 @@ static void vitc__gemm_task(void *ctx, int64_t t, int tid) {
     if (i0 >= i1 || j0 >= j1) return;
     if (g->K <= 0 || g->alpha == 0.0f) {
         vitc__scale_only(g, i0, i1, j0, j1);
-        if (g->gelu || g->scale) vitc__gelu_block(g, i0, i1 - i0, j0, j1 - j0);
+        if (g->gelu || g->scale) vitc__gelu_block(g, i0, i1 - i0, j0, j1 - j0, 1);
         return;
     }
 #ifdef VITC_HAVE_OPENBLAS
@@ -764,6 +772,10 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
         /* The activation in registers when the kernel reproduces it (the
          * layer scale, and training's act = GELU(C), need C first). */
         g->gelu_ukr = g->gelu && g->gelu == g->kern->gelu && !g->scale && !g->act;
+        /* the layer scale too where the kernel has it and nothing follows
+         * it: DINOv2's proj and fc2 outputs had been a pass over each block
+         * (1% of the batch-1 forward) */
+        g->ls_ukr = g->scale && g->kern->ls && !g->gelu && !g->act;
         /* A small weight gradient (A transposed, K the batch rows, deep,
          * C at most a few blocks): smaller K blocks keep its B micro-panel
          * in L1 (C is tiny and re-read once per block): 4-5% faster at the

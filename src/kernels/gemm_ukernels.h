@@ -32,6 +32,12 @@ typedef struct vitc__gemm_epi {
      * soon, in shares over the strips that use the current one (gemm.c). */
     const char *pf;
     int64_t pf_lines;
+    /* ls (only for a kernel with ls set, and only on the last K block):
+     * then C = lres[i, j] + ls[j] * C, the product rounded first (no FMA),
+     * bitwise vitc__scale_add on the stored tile. ls [nr], lres [mr, ldlr]
+     * or NULL. A layer scale (DINOv2's) then costs no pass of its own. */
+    const float *ls, *lres;
+    int64_t ldlr;
 } vitc__gemm_epi;
 
 /* C[mr, nr] (row stride ldc) from packed pa [kc][MR] and pb [kc][NR]. */
@@ -75,6 +81,7 @@ typedef struct vitc__gemm_kernel {
      * ukr and ukr_st reproduce in registers when epi.gelu is set: fc1's
      * activation then costs no pass over the stored output. */
     void (*gelu)(float *x, int64_t n);
+    int ls; /* ukr and ukr_st apply epi.ls */
 } vitc__gemm_kernel;
 
 extern const vitc__gemm_kernel vitc__gemm_kernel_avx512;

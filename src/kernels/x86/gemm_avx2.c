@@ -68,5 +68,5 @@ static void vitc__ukr_avx2(int64_t kc, const float *pa, const float *pb, float *
 
 /* Blocks as for AVX-512 (see gemm_avx512.c): a deep KC measured best. */
 const vitc__gemm_kernel vitc__gemm_kernel_avx2 = {
-    MR, NR, 1024, 72, 2048, vitc__ukr_avx2, NULL, NULL, NULL, 0, NULL,
+    MR, NR, 1024, 72, 2048, vitc__ukr_avx2, NULL, NULL, NULL, 0, NULL, 0,
 };

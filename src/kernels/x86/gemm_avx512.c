@@ -29,7 +29,8 @@ static inline __mmask16 vitc__mask16(int64_t n) {
  * With e->gelu the finished values go to gt[0], gt[1] instead, for
  * vitc__v_gelu_tile to store once the tile is done. */
 static inline void vitc__row_out(float *c, __m512 a0, __m512 a1, __mmask16 m0, __mmask16 m1,
-                                 const vitc__gemm_epi *e, const float *res, __m512 *gt) {
+                                 const vitc__gemm_epi *e, const float *res, const float *lres,
+                                 __m512 *gt) {
     __m512 al = _mm512_set1_ps(e->alpha), v0, v1;
     if (!e->first) {
         v0 = _mm512_fmadd_ps(al, a0, _mm512_maskz_loadu_ps(m0, c));
@@ -48,6 +49,14 @@ static inline void vitc__row_out(float *c, __m512 a0, __m512 a1, __mmask16 m0, _
         if (res) {
             v0 = _mm512_add_ps(v0, _mm512_maskz_loadu_ps(m0, res));
             v1 = _mm512_add_ps(v1, _mm512_maskz_loadu_ps(m1, res + 16));
+        }
+    }
+    if (e->ls) { /* scale_add's operations: r + (ls * C) */
+        v0 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m0, e->ls), v0);
+        v1 = _mm512_mul_ps(_mm512_maskz_loadu_ps(m1, e->ls + 16), v1);
+        if (lres) {
+            v0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, lres), v0);
+            v1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, lres + 16), v1);
         }
     }
     if (e->gelu) {
@@ -83,7 +92,8 @@ static inline void vitc__prefetch_tile(const float *C, int64_t ldc, int64_t mr, 
 #define VITC_OUT(i)                                                                          \
     if (i < mr)                                                                              \
     vitc__row_out(C + (i) * ldc, c##i##0, c##i##1, m0, m1, e,                                \
-                  e->res ? e->res + (i) * e->ldr : NULL, gt + 2 * (i))
+                  e->res ? e->res + (i) * e->ldr : NULL,                                     \
+                  e->lres ? e->lres + (i) * e->ldlr : NULL, gt + 2 * (i))
 
 /* A short tile (mr <= R < MR: a 197- or 257-row product's last 5 rows, a
  * class-token row, a 7-token product against an image's 4096 keys; or R =
@@ -105,7 +115,7 @@ vitc__ukr_short_w(const int R, const int st, const int W, int64_t kc, const floa
         r[i] = A + (i < mr ? i : 0) * a_rs;
     }
     __mmask16 m0 = vitc__mask16(nr), m1 = vitc__mask16(nr - 16);
-    vitc__prefetch_tile(C, ldc, mr, nr, e->res, e->ldr);
+    vitc__prefetch_tile(C, ldc, mr, nr, e->res ? e->res : e->lres, e->res ? e->ldr : e->ldlr);
     const char *pf = e->pf;
     int64_t pfn = e->pf_lines;
     const int64_t pfs = VITC_PF_STEP(pfn, kc);
@@ -129,7 +139,8 @@ vitc__ukr_short_w(const int R, const int st, const int W, int64_t kc, const floa
     for (int i = 0; i < R; i++)
         if (i < mr)
             vitc__row_out(C + i * ldc, c[i][0], c[i][1], m0, m1, e,
-                          e->res ? e->res + i * e->ldr : NULL, gt + 2 * i);
+                          e->res ? e->res + i * e->ldr : NULL,
+                          e->lres ? e->lres + i * e->ldlr : NULL, gt + 2 * i);
     if (e->gelu) vitc__v_gelu_tile(C, ldc, gt, mr, m0, m1);
 }
 
@@ -177,7 +188,10 @@ static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float
     const char *pf = e->pf;
     int64_t pfn = e->pf_lines;
     const int64_t pfs = VITC_PF_STEP(pfn, kc);
-    const float *res = e->first ? e->res : NULL;
+    /* the residual added in this K block: the first's, or the layer
+     * scale's on the last */
+    const float *res = e->first && e->res ? e->res : e->ls ? e->lres : NULL;
+    const int64_t ldr = e->first && e->res ? e->ldr : e->ldlr;
     int64_t k1 = mr < kc ? mr : kc, tail = kc - k1 < 2 * mr ? kc - k1 : 2 * mr;
 #define VITC_STEP                                                                 \
     {                                                                             \
@@ -191,8 +205,8 @@ static void vitc__ukr_avx512(int64_t kc, const float *pa, const float *pb, float
     }
     for (int64_t k = 0; k < k1; k++) {
         if (res) {
-            _mm_prefetch((const char *)(res + k * e->ldr), _MM_HINT_T0);
-            _mm_prefetch((const char *)(res + k * e->ldr + 16), _MM_HINT_T0);
+            _mm_prefetch((const char *)(res + k * ldr), _MM_HINT_T0);
+            _mm_prefetch((const char *)(res + k * ldr + 16), _MM_HINT_T0);
         }
         VITC_STEP
     }
@@ -251,7 +265,7 @@ static void vitc__ukr_st_avx512(int64_t kc, const float *A, int64_t a_ks, int64_
     VITC_RP(6); VITC_RP(7); VITC_RP(8); VITC_RP(9); VITC_RP(10); VITC_RP(11);
 #undef VITC_RP
     __mmask16 m0 = vitc__mask16(nr), m1 = vitc__mask16(nr - 16);
-    vitc__prefetch_tile(C, ldc, mr, nr, e->res, e->ldr);
+    vitc__prefetch_tile(C, ldc, mr, nr, e->res ? e->res : e->lres, e->res ? e->ldr : e->ldlr);
     const char *pf = e->pf;
     int64_t pfn = e->pf_lines;
     const int64_t pfs = VITC_PF_STEP(pfn, kc);
@@ -419,5 +433,5 @@ static void vitc__packa_avx512(float *pa, const float *A, int64_t lda, int trans
 #define VITC_DIRECT_KC 320
 const vitc__gemm_kernel vitc__gemm_kernel_avx512 = {
     MR, NR, 1024, 72, 1024, vitc__ukr_avx512, vitc__packb_avx512, vitc__packa_avx512,
-    vitc__ukr_st_avx512, VITC_DIRECT_KC, vitc__gelu_avx512,
+    vitc__ukr_st_avx512, VITC_DIRECT_KC, vitc__gelu_avx512, 1,
 };
