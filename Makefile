@@ -324,7 +324,7 @@ demo: deps-system
 comma := ,
 BENCH_OUT = bench/results$(if $(BENCH_ONLY),-$(subst $(comma),-,$(BENCH_ONLY))).md
 bench: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory all $(BUILD)/bench_pingpong
 	PYTHONPATH=python $(PYTHON) bench/bench.py --out $(BENCH_OUT) $(if $(BENCH_ONLY),--only $(BENCH_ONLY))
 	$(if $(BENCH_ONLY),,PYTHONPATH=python $(PYTHON) bench/text.py --out bench/results-text.md)
 	$(if $(BENCH_ONLY),,PYTHONPATH=python $(PYTHON) bench/dense.py --out bench/results-dense.md)

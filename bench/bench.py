@@ -894,6 +894,60 @@ def cpu_results_index(folder=CPU_RESULTS):
         f.write("\n".join(L) + "\n")
 
 
+def pingpong(vitc):
+    """A cache line's round trip between CPUs 0 and 1 in ns (build/bench_pingpong
+    beside vitc; about 6 ms), or None: where the VM's two vCPUs sit right now
+    (docs/bench.md, "Reading the numbers")."""
+    exe = os.path.join(os.path.dirname(os.path.abspath(vitc)), "bench_pingpong")
+    if not os.access(exe, os.X_OK) or (os.cpu_count() or 1) < 2:
+        return None
+    try:
+        out = subprocess.run([exe, "-n", "20000"], capture_output=True, text=True,
+                             timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    m = re.search(r"round trip ([0-9.]+) ns", out)
+    return float(m.group(1)) if m else None
+
+
+PROBE_CLOSE_NS = 150  # at or below: the vCPUs close (50-105 ns typical)
+
+
+def probe_section(raw):
+    """vitc's children with the probe read just before and after each: which
+    rounds ran with the vCPUs far apart. The medians and targets above pool
+    every child; this says how many were slowed and by how much."""
+    L = []
+    for name, runs in raw.items():
+        for cfg, rs in runs.items():
+            side = cfg.split("-")[0]
+            if side not in peers.VITC or int(cfg.split("-")[1]) < 2:
+                continue
+            got = [(_median(r["times_ms"]), r["_probe_ns"]) for r in rs
+                   if r.get("status") == "ok" and r.get("times_ms") and
+                   r.get("_probe_ns") and None not in r["_probe_ns"]]
+            if not got:
+                continue
+            close = [ms for ms, p in got if max(p) <= PROBE_CLOSE_NS]
+            far = [ms for ms, p in got if min(p) > PROBE_CLOSE_NS]
+            L.append("| %s | %s | %s | %s | %s | %s |" % (
+                name, label(side), " · ".join("%.1f (%.0f/%.0f)" % (ms, p[0], p[1])
+                                              for ms, p in got),
+                fmt(_median([ms for ms, _ in got]), ".1f"),
+                fmt(_median(close) if close else None, ".1f") + " (%d)" % len(close),
+                fmt(_median(far) if far else None, ".1f") + " (%d)" % len(far)))
+    if not L:
+        return []
+    return ["## Where the vCPUs sat\n",
+            "Each vitc child (2 threads) between two readings of `build/bench_pingpong` (a cache "
+            "line's round trip between CPUs 0 and 1, ns, before/after): at or below %d ns the "
+            "vCPUs sat close, above it far apart, where memory-bound work runs slower "
+            "(docs/bench.md, \"Reading the numbers\"). The tables above pool every child; "
+            "this shows how many ran in a far stretch and what it cost.\n" % PROBE_CLOSE_NS,
+            "| workload | side | each child: median ms (probe ns) | all | close (n) | far (n) |",
+            "|---|---|---|---:|---:|---:|"] + L + [""]
+
+
 def loadavg():
     try:
         with open("/proc/loadavg") as f:
@@ -944,7 +998,7 @@ def summarize(name, runs, flops, peaks):
 
 
 def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, engines=(),
-           agree=None, preps=None, fmnist=None):
+           agree=None, preps=None, fmnist=None, probes=()):
     L = []
     L.append("# vitc benchmark results\n")
     L.append("vitc against PyTorch (and, on ViT-B/16, DINOv2-B/14 and CLIP ViT-B/16, the other "
@@ -1060,6 +1114,7 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
     L.extend(targets.own_peak_table(summary, TRAIN, fmt))
     L.extend(targets.targets_section(summary, flops, peak, vmain, ENGINE_ROWS, QUICK, best_torch,
                                      {n: vitc_work(n) for n in summary}))
+    L.extend(probes)
     i_cfg = len(L)
     L.append("## Every configuration\n")
     L.append("| workload | side | threads | median ms | min ms | samples | GFLOP/s | % peak "
@@ -1495,8 +1550,10 @@ def main():
                     # the first torch.compile child compiles from scratch
                     timeout = 1200 if side == "compile" else None
                 t0 = time.time()
+                probe0 = pingpong(args.vitc) if side in peers.VITC else None
                 # embed_1000 runs minutes: 1,000 forwards plus the decoding
                 r, maxrss = run_child(argv, env, 1200 if name == "embed_1000" else timeout)
+                probe1 = pingpong(args.vitc) if probe0 is not None else None
                 if side in peers.VITC and "workloads" in r:
                     r = r["workloads"][0]
                     if r.get("flops") and abs(r["flops"] - flops[name]) > 1e-6 * flops[name]:
@@ -1508,6 +1565,8 @@ def main():
                     r = {"status": "failed", "error": "no JSON from vitc bench: "
                          + r.get("stdout", "")[-200:]}
                 r["_maxrss_kb"] = maxrss
+                if probe0 is not None:
+                    r["_probe_ns"] = [probe0, probe1]
                 if name == "embed_1000" and r.get("status") == "ok":
                     r["_maxrss_kb"] = r["run_hwm_kb"]
                     wall = r["times_ms"][0]
@@ -1539,13 +1598,14 @@ def main():
     summary = {name: summarize(name, raw[name], flops.get(name), peak) for name in names}
     agree = {name: agreement(raw[name], checks.get(name, {}), name) for name in names
              if name in ENGINE_ROWS}
+    probes = probe_section(raw)
     for name in raw:  # the logits went into `agree`; the .json keeps the numbers
         for rs in raw[name].values():
             for r in rs:
                 r.pop("out", None)
 
     text = render(info, args, peak, summary, flops, notes, cmdline, started, time.time() - t_start,
-                  engines, agree, preps, fmnist)
+                  engines, agree, preps, fmnist, probes)
     print(text)
     if args.out:
         with open(args.out, "w") as f:

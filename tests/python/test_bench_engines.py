@@ -173,6 +173,27 @@ class TestRender(unittest.TestCase):
         self.assertIn("| OpenVINO | int8 | 33.0 | 1.06× |", text)  # 33 / 31, not 33 / 17
         self.assertIn("over the rounds the engine ran in", text)
 
+    def test_probe_section(self):
+        """vitc's children sorted by the probe read around each: a child
+        with both readings at or below the cut is close, both above far, one
+        on each side neither; 1-thread children and the other engines are
+        left out."""
+        runs = {"vitc_int8-2": [{"status": "ok", "times_ms": [44.0, 45.0, 46.0],
+                                 "_probe_ns": [62.0, 70.0]},
+                                {"status": "ok", "times_ms": [54.0, 55.0, 56.0],
+                                 "_probe_ns": [340.0, 351.0]},
+                                {"status": "ok", "times_ms": [50.0], "_probe_ns": [90.0, 300.0]},
+                                {"status": "failed", "_probe_ns": [60.0, 60.0]}],
+                "vitc_int8-1": [{"status": "ok", "times_ms": [80.0], "_probe_ns": [60.0, 60.0]}],
+                "ov_int8-2": [{"status": "ok", "times_ms": [70.0]}]}
+        text = "\n".join(bench.probe_section({"vit_b16_b1": runs}))
+        self.assertIn("| vit_b16_b1 | vitc int8 | 45.0 (62/70) · 55.0 (340/351) · 50.0 (90/300) "
+                      "| 50.0 | 45.0 (1) | 55.0 (1) |", text)
+        self.assertNotIn("80.0", text)
+        self.assertNotIn("70.0 (", text)
+        self.assertEqual(bench.probe_section({"vit_b16_b1": {"ov_int8-2": runs["ov_int8-2"]}}),
+                         [])
+
 
 @unittest.skipIf(torch is None, "needs torch, torchvision, onnx, onnxruntime, openvino, nncf")
 class TestPrepareViT(unittest.TestCase):
