@@ -229,7 +229,7 @@ typedef struct prod_ctx {
 static vitc_status prod_run(void *ctx) {
     prod_ctx *c = ctx;
     if (c->kind >= 2) {
-        vitc__ln_pre ln = {c->xn, c->x, c->lw, c->lb, 1e-6f};
+        vitc__ln_pre ln = {c->xn, c->x, c->lw, c->lb, 1e-6f, 1};
         return vitc__linear_pw_ln(c->y, c->N, &ln, &c->pw, c->W, c->b, c->M, c->N, c->K,
                                   c->kind == 2 ? VITC__ACT_GELU : VITC__ACT_NONE);
     }

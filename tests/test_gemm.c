@@ -381,10 +381,17 @@ static void test_linear_ln(void **state) {
                 assert_int_equal(vitc__linear_pw(y2, N, ln2, K, packed ? &pw : NULL, W, b, NULL, 0,
                                                  M, N, K, act), VITC_OK);
                 for (int64_t i = 0; i < M * K; i++) ln[i] = NAN;
-                vitc__ln_pre pre = {ln, x, lw, lb, 1e-6f};
+                vitc__ln_pre pre = {ln, x, lw, lb, 1e-6f, 0};
                 assert_int_equal(vitc__linear_pw_ln(y, N, &pre, packed ? &pw : NULL, W, b, M, N, K,
                                                     act), VITC_OK);
                 assert_memory_equal(ln, ln2, (size_t)(M * K) * sizeof(float));
+                assert_memory_equal(y, y2, (size_t)(M * N) * sizeof(float));
+                /* y_unused: the rows may go to the packers' scratch instead
+                 * of ln; the output keeps its bits */
+                for (int64_t i = 0; i < M * N; i++) y[i] = NAN;
+                pre.y_unused = 1;
+                assert_int_equal(vitc__linear_pw_ln(y, N, &pre, packed ? &pw : NULL, W, b, M, N, K,
+                                                    act), VITC_OK);
                 assert_memory_equal(y, y2, (size_t)(M * N) * sizeof(float));
             }
             vitc__pweight_free(&pw);

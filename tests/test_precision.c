@@ -191,12 +191,24 @@ static void check_ln_threads(const char *arch, const float *x, const vitc__pweig
     for (int nt = 1; nt <= 3; nt++) {
         vitc_set_num_threads(nt);
         memset(h1, 0, (size_t)(M * K) * 4), memset(y1, 0, (size_t)(M * N) * 4);
-        vitc__ln_pre ln = {h1, x, lw, lb, 1e-6f};
+        vitc__ln_pre ln = {h1, x, lw, lb, 1e-6f, 0};
         assert_int_equal(vitc__linear_pw_ln(y1, N, &ln, pw, NULL, b, M, N, K, VITC__ACT_GELU),
                          VITC_OK);
         if (memcmp(h0, h1, (size_t)(M * K) * 4) || memcmp(y0, y1, (size_t)(M * N) * 4))
             fail_msg("%s on %s: LayerNorm + GEMM %lldx%lldx%lld on %d threads differs",
                      vitc_precision_name(pw->prec), arch, (long long)M, (long long)N, (long long)K, nt);
+        /* y_unused: the same output, and strips of rows that fit the stack
+         * scratch (12 x 1,024) never written to ln->y */
+        memset(h1, 0, (size_t)(M * K) * 4), memset(y1, 0, (size_t)(M * N) * 4);
+        ln.y_unused = 1;
+        assert_int_equal(vitc__linear_pw_ln(y1, N, &ln, pw, NULL, b, M, N, K, VITC__ACT_GELU),
+                         VITC_OK);
+        int written = 0;
+        for (int64_t i = 0; i < M * K; i++) written |= h1[i] != 0.0f;
+        if (memcmp(y0, y1, (size_t)(M * N) * 4) || (K <= 1024 && written))
+            fail_msg("%s on %s: LayerNorm + GEMM %lldx%lldx%lld on %d threads, y unused: %s",
+                     vitc_precision_name(pw->prec), arch, (long long)M, (long long)N, (long long)K,
+                     nt, written ? "ln->y written" : "the output differs");
     }
     vitc_set_num_threads(0);
     free(lw), free(lb), free(h0), free(h1), free(y0), free(y1);

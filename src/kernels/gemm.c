@@ -428,11 +428,17 @@ static int64_t vitc__pa_strip(void *ctx, int64_t s) {
     int64_t kc = g->K - pc < g->kc ? g->K - pc : g->kc, mr = g->M - i < kn->mr ? g->M - i : kn->mr;
     float *dst = (float *)g->paw + pc * g->mpad + i * kc; /* strip i / MR of its block */
     const vitc__ln_pre *ln = g->ln; /* only with one K block: kb is 0 */
-    if (ln) vitc__kern()->layernorm(ln->y + i * g->K, ln->x + i * g->K, ln->w, ln->b, mr, g->K, ln->eps, NULL);
+    const float *A = g->A; /* op(A)'s rows from i: A's row i0 */
+    int64_t lda = g->lda, i0 = i;
+    _Alignas(64) float tmp[VITC_LN_STRIP]; /* whole lines: the vector loads split none */
+    if (ln) {
+        A = vitc__ln_strip(ln, i, mr, g->K, tmp);
+        lda = g->K, i0 = 0;
+    }
     if (kn->packa)
-        kn->packa(dst, g->A, g->lda, g->ta, i, mr, pc, kc, NULL);
+        kn->packa(dst, A, lda, g->ta, i0, mr, pc, kc, NULL);
     else
-        vitc__gemm_packa_generic(dst, kn->mr, g->A, g->lda, g->ta, i, mr, pc, kc, NULL);
+        vitc__gemm_packa_generic(dst, kn->mr, A, lda, g->ta, i0, mr, pc, kc, NULL);
     return kb * nic + i / kn->mc;
 }
 

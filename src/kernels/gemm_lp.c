@@ -386,12 +386,15 @@ static int64_t vitc__lp_pack_strip(void *ctx, int64_t t) {
     int32_t *zp = g->azp ? g->azp + i0 : NULL;
     uint32_t *dst = g->pa + t * g->sa;
     const vitc__ln_pre *ln = g->ln; /* the rows' LayerNorm, while they are in L1 */
-    if (ln)
-        vitc__kern()->layernorm(ln->y + i0 * g->pw->K, ln->x + i0 * g->pw->K, ln->w, ln->b, mr,
-                                g->pw->K, ln->eps, NULL);
+    const float *x = g->x + i0 * g->ldx; /* [mr, K], row stride ldx */
+    int64_t ldx = g->ldx;
+    _Alignas(64) float tmp[VITC_LN_STRIP]; /* whole lines: the vector loads split none */
+    if (ln) {
+        x = vitc__ln_strip(ln, i0, mr, g->pw->K, tmp);
+        ldx = g->pw->K;
+    }
     if (!g->kn->a_kpad) {
-        vitc__lp_strip(g->kn, g->pw->prec, dst, smr, (int)smr, g->x + i0 * g->ldx, g->ldx, mr,
-                       g->pw->K, sc, zp);
+        vitc__lp_strip(g->kn, g->pw->prec, dst, smr, (int)smr, x, ldx, mr, g->pw->K, sc, zp);
         return t / g->mcs;
     }
     /* row-major (AMX): row i at dst[i * lda], zeros past kg and past mr */
@@ -402,7 +405,7 @@ static int64_t vitc__lp_pack_strip(void *ctx, int64_t t) {
         uint32_t *d = dst + i * lda; /* [lda] */
         int64_t from = 0;
         if (i < mr) {
-            row(d, 1, g->x + (i0 + i) * g->ldx, g->pw->K, sc ? sc + i : NULL, zp ? zp + i : NULL);
+            row(d, 1, x + i * ldx, g->pw->K, sc ? sc + i : NULL, zp ? zp + i : NULL);
             from = kg;
         }
         memset(d + from, 0, (size_t)(lda - from) * sizeof *d);

@@ -309,7 +309,20 @@ typedef struct vitc__ln_pre {
     float *y;
     const float *x, *w, *b;
     float eps;
+    /* 1: nothing reads y after the layer (inference): a GEMM normalising
+     * strips as it converts them may keep them in a scratch of its own
+     * and leave y unwritten (vitc__ln_strip) */
+    int y_unused;
 } vitc__ln_pre;
+/* Floats of the stack scratch a strip's LayerNorm goes to when ln->y is
+ * unused: a strip of 12 rows of 1,024 (ViT-L) fits, 48 KB. Writing the
+ * rows to y instead cost a read for ownership and a write-back of every
+ * line from memory at batch 8 (y a layer's [1576, 768] rows, 4.8 MB). */
+#define VITC_LN_STRIP 12288
+/* LayerNorm of rows [i, i + mr) of ln->x (rows of K): into tmp (rows of K)
+ * and returned, when ln->y is unused and they fit in VITC_LN_STRIP floats;
+ * else into ln->y, and ln->y's rows returned. */
+float *vitc__ln_strip(const vitc__ln_pre *ln, int64_t i, int64_t mr, int64_t K, float *tmp);
 /* vitc__linear_pw(out, ldo, ln->y, K, ..., NULL, 0, M, N, K, act) after
  * vitc__layernorm(ln->y, ln->x, ...): the same numbers (ln->y written too).
  * Threads splitting the built-in fp32 GEMM's columns normalise rows as they

@@ -320,6 +320,12 @@ void vitc__layernorm(float *y, const float *x, const float *w, const float *b, i
     vitc__layernorm_stats(y, x, w, b, M, C, eps, NULL);
 }
 
+float *vitc__ln_strip(const vitc__ln_pre *ln, int64_t i, int64_t mr, int64_t K, float *tmp) {
+    float *y = ln->y_unused && mr * K <= VITC_LN_STRIP ? tmp : ln->y + i * K; /* [mr, K] */
+    vitc__kern()->layernorm(y, ln->x + i * K, ln->w, ln->b, mr, K, ln->eps, NULL);
+    return y;
+}
+
 void vitc__layernorm_stats(float *y, const float *x, const float *w, const float *b, int64_t M,
                            int64_t C, float eps, float *stats) {
     vitc__rows_ctx k = {y, x, w, b, C, eps, vitc__kern(), stats};

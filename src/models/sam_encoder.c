@@ -384,7 +384,9 @@ static vitc_status sam_forward(const vitc__sam_enc *e, const float *pixels, floa
                              VITC__ACT_NONE));
     for (int i = 0; i < e->depth; i++) {
         const vitc__sam_layer *l = &e->layers[i];
-        vitc__ln_pre n1 = {ln, x, l->ln1_w, l->ln1_b, e->eps};
+        /* ln's rows are read only by the linear layers they feed (then ln
+         * is scratch): the packers may leave them unwritten (y_unused) */
+        vitc__ln_pre n1 = {ln, x, l->ln1_w, l->ln1_b, e->eps, 1};
         const int pi = i * VITC__SAM_PW_LAYER;
         w = sam_weight(e, pi + VITC__SAM_PW_QKV, b->wtmp);
         VITC_TRY(vitc__linear_pw_ln(big, 3 * C, &n1, w.pw, w.W, l->qkv_b, N, 3 * C, C,
@@ -401,7 +403,7 @@ static vitc_status sam_forward(const vitc__sam_enc *e, const float *pixels, floa
         w = sam_weight(e, pi + VITC__SAM_PW_PROJ, b->wtmp);
         VITC_TRY(vitc__linear_pw(mid, C, ln, C, w.pw, w.W, l->proj_b, x, C, N, C, C,
                                  VITC__ACT_NONE));
-        vitc__ln_pre n2 = {ln, mid, l->ln2_w, l->ln2_b, e->eps};
+        vitc__ln_pre n2 = {ln, mid, l->ln2_w, l->ln2_b, e->eps, 1};
         w = sam_weight(e, pi + VITC__SAM_PW_FC1, b->wtmp);
         VITC_TRY(vitc__linear_pw_ln(big, M, &n2, w.pw, w.W, l->fc1_b, N, M, C,
                                     vitc__nn_act_kernel(e->act)));

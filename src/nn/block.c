@@ -76,8 +76,12 @@ vitc_status vitc__nn_block_forward(const vitc__nn_block *b, int cls_only) {
     int64_t B = b->B, N = b->N, C = b->C, M = b->M, BN = B * N;
     float *x = b->x, *ln1 = b->ln1, *qkv = b->qkv, *att = b->att, *mid = b->mid, *ln2 = b->ln2;
     float *hpre = b->hpre, *hact = b->hact, *y = b->y;
+    /* Inference: nothing reads ln1 and ln2 after the linear layers they feed
+     * (training's backward does), so the GEMMs that normalise rows as they
+     * convert them may leave them unwritten (vitc__ln_pre.y_unused). */
+    int infer = hact == hpre;
     /* ln1 = LayerNorm(x), by the qkv GEMM's packers where it can (vitc__linear_pw_ln). */
-    vitc__ln_pre n1 = {ln1, x, w->ln1_w, w->ln1_b, b->eps};
+    vitc__ln_pre n1 = {ln1, x, w->ln1_w, w->ln1_b, b->eps, infer};
     /* R rows go on past the attention, rs apart in the [B, N, .] buffers. */
     int64_t R = cls_only ? B : BN, rs = cls_only ? N : 1;
     if (cls_only && !b->pw) { /* k, v of every row (weight rows C..3C), q of the class rows */
@@ -109,7 +113,7 @@ vitc_status vitc__nn_block_forward(const vitc__nn_block *b, int cls_only) {
         VITC_TRY(vitc__linear_pw(mid, C, att, rs * C, nn_pw(b, VITC__NN_PW_PROJ), w->proj_w,
                                  w->proj_b, x, rs * C, R, C, C, 0));
     }
-    vitc__ln_pre n2 = {ln2, mid, w->ln2_w, w->ln2_b, b->eps}; /* ln2 = LayerNorm(mid) */
+    vitc__ln_pre n2 = {ln2, mid, w->ln2_w, w->ln2_b, b->eps, infer}; /* ln2 = LayerNorm(mid) */
     /* Inference: the activation in fc1's epilogue. Training keeps its input for backward. */
     int fused = hact == hpre && !b->swiglu;
     /* Training (row-major weights): hpre and GELU(hpre) from one epilogue. */
