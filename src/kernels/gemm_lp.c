@@ -512,6 +512,8 @@ static void vitc__lp_task(void *ctx, int64_t t, int tid) {
 
 /* Column chunks per thread: finer balances better; coarser re-reads A less
  * when it spans several cache blocks (batch 8: A is 1.2 MB in int8). */
+/* A-strips per thread from which threads split rows rather than columns */
+#define VITC_LP_ROW_STRIPS 12
 #define VITC_LP_CHUNKS_FEW 12
 #define VITC_LP_CHUNKS_MANY 4
 
@@ -573,9 +575,17 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
     double flops = 2.0 * (double)M * (double)pw->N * (double)pw->K;
     if (flops < 400000.0) nt = 1;
     /* Split the weight's column strips when each thread gets two or more
-     * (each then streams only its share of the weights), else the rows. */
+     * (each then streams only its share of the weights), else the rows.
+     * But rows when each thread gets VITC_LP_ROW_STRIPS strips or more: a
+     * thread then converts, multiplies and writes its own rows (those of
+     * the products before and after it too), where with columns each
+     * thread reads every strip the others converted and rows they wrote.
+     * ViT-B/16 int8 and bf16 at batch 8 ran as fast split either way where
+     * the VM's two vCPUs sat close, and 5-12% faster by rows where they sat
+     * far apart (docs/bench.md, "Reading the numbers"); batch 1 (17 strips)
+     * keeps the columns, 5% faster there. */
     int64_t cs = (pw->N + NR - 1) / NR, mblocks = (rs + g.mcs - 1) / g.mcs;
-    g.by_cols = cs >= 2 * (int64_t)nt || cs >= rs;
+    g.by_cols = (cs >= 2 * (int64_t)nt || cs >= rs) && rs < VITC_LP_ROW_STRIPS * (int64_t)nt;
     int64_t units = g.by_cols ? cs : rs;
     g.nparts = nt > units ? (int)units : nt;
     if (g.nparts <= 1) {
