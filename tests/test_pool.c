@@ -69,6 +69,15 @@ static void check_dynamic(int64_t n, int64_t grain, int nt) {
     vitc__parallel_for_dynamic(n, grain, cover_task, &cc);
     for (int64_t i = 0; i < n; i++) assert_int_equal(cc.hits[i], 1);
     assert_int_equal(cc.bad_tid, 0);
+    /* grain 1: the last thread took a suffix (from the back), the others
+     * never an index after one of its own */
+    int used = (int)(n < nt ? n : nt);
+    if (grain == 1 && used > 1)
+        for (int64_t i = 1; i < n; i++)
+            if (cc.owner[i - 1] == used && cc.owner[i] != used)
+                fail_msg("dynamic n=%lld on %d threads: index %lld (thread %d) after the back "
+                         "thread's %lld", (long long)n, nt, (long long)i, cc.owner[i] - 1,
+                         (long long)(i - 1));
     free((void *)cc.hits);
     free((void *)cc.owner);
 }

@@ -353,15 +353,29 @@ typedef struct {
     vitc__task_fn fn;
     void *ctx;
     int64_t n, grain;
-    _Atomic int64_t next; /* the next unclaimed index */
+    _Atomic int64_t next;  /* indices claimed so far */
+    _Atomic int64_t front; /* grain 1: the next index from the front */
 } vitc__claim_ctx;
 
-/* Once per thread (its range unused): grains of indices until none is left. */
+/* Once per thread: grains of indices until none is left. With grain 1 the
+ * last thread (its range ends the region's; not the only one) takes
+ * indices from the back, the others from the front: as balanced, but with
+ * two threads each runs the indices nearest its own static share, those
+ * whose rows it wrote and reads next (a batch's images, split by rows
+ * around the attention: gemm_lp.c). Each claim that finds next < n takes
+ * one index, so the front's and the back's never meet. */
 static void vitc__claim(void *c, int64_t b, int64_t e, int tid) {
     vitc__claim_ctx *cc = c;
-    (void)b, (void)e;
-    for (int64_t i; (i = atomic_fetch_add_explicit(&cc->next, cc->grain, memory_order_relaxed)) < cc->n;)
+    if (cc->grain == 1 && b > 0 && e == cc->n) {
+        for (int64_t k = 0; atomic_fetch_add_explicit(&cc->next, 1, memory_order_relaxed) < cc->n;
+             k++)
+            cc->fn(cc->ctx, cc->n - 1 - k, tid);
+        return;
+    }
+    for (int64_t i; (i = atomic_fetch_add_explicit(&cc->next, cc->grain, memory_order_relaxed)) < cc->n;) {
+        if (cc->grain == 1) i = atomic_fetch_add_explicit(&cc->front, 1, memory_order_relaxed);
         for (int64_t j = i; j < i + cc->grain && j < cc->n; j++) cc->fn(cc->ctx, j, tid);
+    }
 }
 
 void vitc__parallel_range(int64_t n, vitc__range_fn fn, void *ctx) {
@@ -446,7 +460,7 @@ void vitc__parallel_for(int64_t n, vitc__task_fn fn, void *ctx) {
 void vitc__parallel_for_dynamic(int64_t n, int64_t grain, vitc__task_fn fn, void *ctx) {
     if (n <= 0) return;
     if (grain < 1) grain = 1;
-    vitc__claim_ctx cc = {fn, ctx, n, grain, 0};
+    vitc__claim_ctx cc = {fn, ctx, n, grain, 0, 0};
     /* One range per thread, as many threads as grains at most: each calls
      * vitc__claim once (nested or on one thread: one call claims all). */
     vitc__parallel_range((n + grain - 1) / grain, vitc__claim, &cc);
