@@ -325,7 +325,8 @@ static void op_conv_task(void *ctx, int64_t t, int tid) {
     op_ctx *c = ctx;
     (void)tid;
     const vitc__lp_kernel *kn = vitc__lp_kernel_for(c->pr);
-    int64_t kg = c->pr == VITC_PRECISION_INT8 ? (c->K + 3) / 4 : (c->K + 1) / 2, i0 = t * VITC_LP_MR;
+    const int kw = vitc__lp_kw(kn, c->pr);
+    int64_t kg = (c->K + kw - 1) / kw, i0 = t * VITC_LP_MR;
     int64_t rows = c->M - i0 < VITC_LP_MR ? c->M - i0 : VITC_LP_MR;
     vitc__lp_strip(kn, c->pr, c->dst + t * kg * VITC_LP_MR, VITC_LP_MR, VITC_LP_MR, c->x + i0 * c->K, c->K,
                    rows, c->K, c->scale + i0, c->zp + i0);
@@ -405,8 +406,9 @@ static void ukr_task(void *ctx, int64_t t, int tid) {
 
 /* The microkernel alone, its fraction of peak per CPU second (as the peak). */
 static double ukr_efficiency(vitc_precision p, int nt, double peak) {
-    ukr_ctx c = {.p = p, .kg = p == VITC_PRECISION_INT8 ? 192 : 384, .iters = 300};
     const vitc__lp_kernel *kn = vitc__lp_kernel_for(p);
+    const int kw = vitc__lp_kw(kn, p); /* K = 768 */
+    ukr_ctx c = {.p = p, .kg = 768 / kw, .iters = 300};
     const int64_t mr = kn->mr, lda = kn->a_kpad ? vitc__lp_a_ld(kn->a_kpad, c.kg) : c.kg;
     int ok = nt <= 64 && mr <= 32;
     for (int t = 0; ok && t < nt; t++) {
@@ -416,9 +418,9 @@ static double ukr_efficiency(vitc_precision p, int nt, double peak) {
         ok = c.pa[t] && c.pb[t] && c.C[t];
         /* bf16 pairs of 1.0 and 2^-7, bytes 1..4: no subnormals, no overflow */
         for (int64_t i = 0; ok && i < lda * mr; i++)
-            c.pa[t][i] = p == VITC_PRECISION_INT8 ? 0x04030201u : 0x3F803F80u;
+            c.pa[t][i] = p == VITC_PRECISION_BF16 ? 0x3F803F80u : kn->i16 ? 0x00020001u : 0x04030201u;
         for (int64_t i = 0; ok && i < c.kg * VITC_LP_NR; i++)
-            c.pb[t][i] = p == VITC_PRECISION_INT8 ? 0x01020304u : 0x3C003C00u;
+            c.pb[t][i] = p == VITC_PRECISION_BF16 ? 0x3C003C00u : kn->i16 ? 0x00030004u : 0x01020304u;
     }
     double best = 1e30;
     for (int r = 0; ok && r < 15; r++) {
@@ -427,7 +429,7 @@ static double ukr_efficiency(vitc_precision p, int nt, double peak) {
     }
     for (int t = 0; t < nt && t < 64; t++) vitc__free(c.pa[t]), vitc__free(c.pb[t]), vitc__free(c.C[t]);
     if (!ok || peak <= 0.0) return 0.0;
-    double ops = 2.0 * (double)mr * VITC_LP_NR * (double)c.kg * (p == VITC_PRECISION_INT8 ? 4 : 2) * (double)c.iters;
+    double ops = 2.0 * (double)mr * VITC_LP_NR * (double)c.kg * kw * (double)c.iters;
     return ops / best * 1e-9 * nt / peak;
 }
 

@@ -510,7 +510,7 @@ static void amx_kernel_case(const char *kname) {
     static const int64_t Ms[] = {1, 5, 16, 17, 33, 197}, Ns[] = {1, 33, 70, 96},
                          Ks[] = {1, 3, 37, 64, 130, 771, 1024}; /* 1024: A rows padded (4 KB) */
     int64_t nb = 0, ndiff = 0;
-    for (int p = 1; p <= 2; p++)
+    for (int p = strcmp(kname, "avx2") ? 1 : 2; p <= 2; p++) /* avx2: int8 only */
         for (int im = 0; im < 6; im++)
             for (int ik = 0; ik < 7; ik++) {
                 int64_t M = Ms[im], K = Ks[ik], N = Ns[(im + ik + p) % 4];
@@ -519,13 +519,17 @@ static void amx_kernel_case(const char *kname) {
                 float *x = rnd((size_t)(M * K), 2.0f), *W = rnd((size_t)(N * K), 0.1f);
                 float *b = rnd((size_t)N, 0.5f), *r = rnd((size_t)(M * N), 1.0f);
                 float *y0 = calloc((size_t)(M * N), 4), *y1 = calloc((size_t)(M * N), 4);
-                vitc__pweight pw;
+                /* each packed for its kernel: avx2's int8 words are int16 */
+                vitc__pweight pw, pr0;
+                assert_int_equal(vitc__lp_force("reference"), VITC_OK);
+                assert_int_equal(vitc__pweight_pack(&pr0, W, N, K, pr), VITC_OK);
+                assert_int_equal(vitc__lp_force(kname), VITC_OK);
                 assert_int_equal(vitc__pweight_pack(&pw, W, N, K, pr), VITC_OK);
                 for (int epi = 0; epi < 3; epi++) {
                     const float *bias = epi < 2 ? b : NULL, *res = epi == 0 ? r : NULL;
                     int gelu = epi == 1;
                     assert_int_equal(vitc__lp_force("reference"), VITC_OK);
-                    assert_int_equal(vitc__linear_pw(y0, N, x, K, &pw, NULL, bias, res, N, M, N, K, gelu),
+                    assert_int_equal(vitc__linear_pw(y0, N, x, K, &pr0, NULL, bias, res, N, M, N, K, gelu),
                                      VITC_OK);
                     assert_int_equal(vitc__lp_force(kname), VITC_OK);
                     assert_string_equal(vitc__lp_kernel_for(pr)->name,
@@ -543,6 +547,7 @@ static void amx_kernel_case(const char *kname) {
                     }
                 }
                 vitc__pweight_free(&pw);
+                vitc__pweight_free(&pr0);
                 free(x), free(W), free(b), free(r), free(y0), free(y1);
             }
     assert_int_equal(vitc__lp_force(NULL), VITC_OK);
@@ -637,6 +642,40 @@ static void test_amx_kernels(void **state) {
     if (vitc__amx_usable(&why)) amx_kernel_case("amx");
     else printf("# AMX kernels not run on the instructions: %s\n", why);
     assert_int_equal(vitc__lp_force("no-such-kernel"), VITC_ERR_INVALID_ARG);
+}
+
+/* AVX2's int8 kernel (int16 words, vpmaddwd; chosen where there is no
+ * VNNI): its row converter gives the int16 reference's words (stride 1 and
+ * a strip's stride, K with tails, zeros, huge values, NaN and infinities),
+ * and through the driver the quad reference's outputs bit for bit, the
+ * weights of each packed in its own layout. */
+static void test_int8_avx2(void **state) {
+    (void)state;
+    if (vitc__lp_force("avx2") != VITC_OK || strcmp(vitc__lp_kernel_for(VITC_PRECISION_INT8)->name,
+                                                    "avx2")) {
+        assert_int_equal(vitc__lp_force(NULL), VITC_OK);
+        printf("# avx2 int8 kernel not run: no AVX2 here\n");
+        return;
+    }
+    const vitc__lp_kernel *k = vitc__lp_kernel_for(VITC_PRECISION_INT8);
+    assert_int_equal(k->i16, 1);
+    for (int K = 1; K <= 77; K += (K < 20 ? 1 : 19)) {
+        float x[77];
+        for (int i = 0; i < K; i++) x[i] = 3.0f * frand();
+        if (K > 9) x[3] = 1e30f, x[4] = -0.0f, x[7] = NAN, x[9] = INFINITY;
+        uint32_t w0[39 * 12], w1[39 * 12];
+        for (int stride = 1; stride <= 12; stride += 11) {
+            memset(w0, 0xAB, sizeof w0), memset(w1, 0xAB, sizeof w1);
+            float s0, s1;
+            int32_t z0, z1;
+            vitc__lp_int8p_ref.row(w0, stride, x, K, &s0, &z0);
+            k->row(w1, stride, x, K, &s1, &z1);
+            if (memcmp(w0, w1, sizeof w0) || memcmp(&s0, &s1, 4) || z0 != z1)
+                fail_msg("avx2 int8 row converter differs from the reference at K = %d, stride %d",
+                         K, stride);
+        }
+    }
+    amx_kernel_case("avx2");
 }
 
 /* A small random ViT (2 threads: the pool's threads each configure their
@@ -929,6 +968,7 @@ int main(void) {
         cmocka_unit_test(test_amx_instructions),
         cmocka_unit_test(test_amx_epilogue),
         cmocka_unit_test(test_amx_kernels),
+        cmocka_unit_test(test_int8_avx2),
         cmocka_unit_test(test_amx_vit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

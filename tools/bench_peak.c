@@ -3,9 +3,10 @@
  * fp32 FMA peak, the bf16 dot-product peak (vdpbf16ps: each fp32 lane adds
  * two bf16 products, 4 flops; AMX tdpbf16ps where the CPU and the OS allow
  * tiles) and the int8 one (vpdpbusd: four u8 x s8 products per int32 lane,
- * 8 ops; AVX-VNNI's ymm form; AMX tdpbusd). Counted as the workloads are,
- * 2 per multiply-add, so a forward's "% of peak" in bf16 or int8 is over
- * its own precision's ceiling, not over fp32's.
+ * 8 ops; AVX-VNNI's ymm form; AMX tdpbusd; without VNNI, AVX2's vpmaddwd
+ * and vpaddd). Counted as the workloads are, 2 per multiply-add, so a
+ * forward's "% of peak" in bf16 or int8 is over its own precision's
+ * ceiling, not over fp32's.
  *
  * Each loop runs independent accumulator chains, enough to cover the
  * instruction's latency times the vector pipes on current x86 cores, from
@@ -36,7 +37,8 @@
 #endif
 #endif
 
-#define BENCH_REP12(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9) X(10) X(11)
+#define BENCH_REP10(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7) X(8) X(9)
+#define BENCH_REP12(X) BENCH_REP10(X) X(10) X(11)
 #define BENCH_REP16(X) BENCH_REP12(X) X(12) X(13) X(14) X(15)
 
 typedef double (*bench_peak_fn)(long iters); /* returns the operations done */
@@ -170,6 +172,34 @@ __attribute__((target("avx2,avxvnni"))) static double bench_int8_avxvnni(long it
     volatile int sink = lanes[0] + lanes[7];
     (void)sink;
     return (double)iters * 12 * 8 * 4 * 2;
+}
+
+/* Without VNNI: vpmaddwd on int16 (16 multiply-adds, two products summed
+ * per int32 lane) and the vpaddd that accumulates it, the pair the int8
+ * kernel of such CPUs runs (gemm_lp_madd_avx2.c): its ceiling is this
+ * pair's rate, not vpmaddwd's alone. Each chain feeds its sum back as the
+ * multiplicand, so nothing is loop-invariant; the sums wrap harmlessly.
+ * 10 chains: each needs a temporary, and 12 made GCC 12 spill (80 GOP/s a
+ * core on a Zen 3, against 126-145 with 8 or 10). */
+__attribute__((target("avx2"))) static double bench_int8_avx2(long iters) {
+    volatile int init = 1;
+    __m256i y = _mm256_set1_epi16((short)init), s = _mm256_setzero_si256();
+#define D(j) __m256i a##j = _mm256_set1_epi32(init + j);
+    BENCH_REP10(D)
+#undef D
+    for (long i = 0; i < iters; i++) {
+#define S(j) a##j = _mm256_add_epi32(a##j, _mm256_madd_epi16(a##j, y));
+        BENCH_REP10(S)
+#undef S
+    }
+#define A(j) s = _mm256_add_epi32(s, a##j);
+    BENCH_REP10(A)
+#undef A
+    int lanes[8];
+    _mm256_storeu_si256((__m256i *)lanes, s);
+    volatile int sink = lanes[0] + lanes[7];
+    (void)sink;
+    return (double)iters * 10 * 16 * 2;
 }
 
 /* AVX-VNNI: cpuid leaf 7, subleaf 1, EAX bit 4 (GCC 12's
@@ -367,8 +397,12 @@ static bench_peak_fn bench_peak_vector(bench_peak_prec p, const char **isa, cons
         *isa = "avx_vnni";
         return bench_int8_avxvnni;
     }
+    if (p == BENCH_PEAK_INT8 && __builtin_cpu_supports("avx2")) {
+        *isa = "avx2_vpmaddwd";
+        return bench_int8_avx2;
+    }
     *why = p == BENCH_PEAK_BF16 ? "no AVX512-BF16 (vdpbf16ps) on this CPU"
-                                : "no AVX512-VNNI or AVX-VNNI (vpdpbusd) on this CPU";
+                                : "no AVX512-VNNI, AVX-VNNI (vpdpbusd) or AVX2 on this CPU";
 #else
     *why = "no bf16 / int8 dot-product loop in this build (x86-64 with GCC 11 or clang 12 "
            "and later)";

@@ -126,6 +126,37 @@ static void vitc__row_int8_ref(uint32_t *dst, int64_t stride, const float *x, in
     }
 }
 
+/* The same sums from int16 words (i16): two u8 times two s8 a word. */
+static void vitc__ukr_int8p_ref(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                                int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nr; j++) {
+            int32_t acc = 0;
+            for (int64_t p = 0; p < kg; p++) {
+                uint32_t a = pa[p * MR + i], b = pb[p * NR + j];
+                acc += (int32_t)(int16_t)(uint16_t)a * (int32_t)(int16_t)(uint16_t)b +
+                       (int32_t)(int16_t)(uint16_t)(a >> 16) * (int32_t)(int16_t)(uint16_t)(b >> 16);
+            }
+            vitc__lp_store(C, ldc, i, j, vitc__lp_dq(acc, i, j, e), e);
+        }
+}
+
+/* vitc__row_int8_ref's values, two a word as int16. */
+static void vitc__row_int8p_ref(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                                float *scale, int32_t *zp) {
+    float mn = x[0], mx = x[0], inv;
+    for (int64_t k = 1; k < K; k++) {
+        mn = x[k] < mn ? x[k] : mn;
+        mx = x[k] > mx ? x[k] : mx;
+    }
+    vitc__q8_params(mn, mx, scale, &inv, zp);
+    for (int64_t p = 0; 2 * p < K; p++) {
+        uint32_t lo = vitc__q8(x[2 * p], inv, *zp);
+        uint32_t hi = 2 * p + 1 < K ? vitc__q8(x[2 * p + 1], inv, *zp) : 0;
+        dst[p * stride] = lo | hi << 16;
+    }
+}
+
 static void vitc__pairs_bf16_ref(uint32_t *dst, const float *x0, const float *x1, int64_t n) {
     for (int64_t c = 0; c < n; c++)
         dst[c] = vitc__bf16_rne(x0[c]) | (x1 ? (uint32_t)vitc__bf16_rne(x1[c]) << 16 : 0u);
@@ -197,11 +228,15 @@ static void vitc__strip_unit_ref(uint32_t *dst, int64_t ldd, int w, const float 
 
 const vitc__lp_kernel vitc__lp_bf16_ref = {"reference", vitc__ukr_bf16_ref, vitc__row_bf16_ref,
                                            NULL, vitc__ukr_bf16_rm_ref, vitc__pairs_bf16_ref, 0,
-                                           MR, 0, NULL, NULL, 0, NULL, NULL, NULL};
+                                           MR, 0, NULL, NULL, 0, NULL, NULL, NULL, 0};
 const vitc__lp_kernel vitc__lp_int8_ref = {"reference", vitc__ukr_int8_ref, vitc__row_int8_ref, NULL,
                                            NULL, NULL, 0, MR, 0, NULL, NULL, 0,
                                            vitc__s8_rows_ref, vitc__s8_quads_ref,
-                                           vitc__strip_unit_ref};
+                                           vitc__strip_unit_ref, 0};
+/* i16: not for the attention (its panels are vpdpbusd's words) */
+const vitc__lp_kernel vitc__lp_int8p_ref = {"reference", vitc__ukr_int8p_ref, vitc__row_int8p_ref,
+                                            NULL, NULL, NULL, 0, MR, 0, NULL, NULL, 0,
+                                            NULL, NULL, NULL, 1};
 
 void vitc__lp_strip(const vitc__lp_kernel *kn, vitc_precision p, uint32_t *dst, int64_t ldd,
                     int w, const float *x, int64_t ldx, int64_t rows, int64_t K, float *scale,
@@ -210,9 +245,12 @@ void vitc__lp_strip(const vitc__lp_kernel *kn, vitc_precision p, uint32_t *dst, 
         kn->strip(dst, ldd, w, x, ldx, rows, K, scale, zp);
         return;
     }
-    vitc__lp_row_fn row = kn->row ? kn->row
-                                  : (p == VITC_PRECISION_BF16 ? vitc__row_bf16_ref : vitc__row_int8_ref);
-    int64_t kg = (K + (p == VITC_PRECISION_BF16 ? 1 : 3)) / (p == VITC_PRECISION_BF16 ? 2 : 4);
+    vitc__lp_row_fn row = kn->row                  ? kn->row
+                          : p == VITC_PRECISION_BF16 ? vitc__row_bf16_ref
+                          : kn->i16                  ? vitc__row_int8p_ref
+                                                     : vitc__row_int8_ref;
+    const int kw = vitc__lp_kw(kn, p);
+    int64_t kg = (K + kw - 1) / kw;
     for (int64_t i = 0; i < w; i++) {
         if (i < rows)
             row(dst + i, ldd, x + i * ldx, K, scale ? scale + i : NULL, zp ? zp + i : NULL);
@@ -227,7 +265,9 @@ vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, 
                                   vitc_precision p) {
     if (p != VITC_PRECISION_BF16 && p != VITC_PRECISION_INT8)
         return vitc__err(VITC_ERR_INVALID_ARG, "unknown precision %d", (int)p);
-    int g = p == VITC_PRECISION_BF16 ? 2 : 4;
+    /* the layout of the kernel that will run it (int8: int16 words or not) */
+    const vitc__lp_kernel *kn = vitc__lp_kernel_for(p);
+    const int g = vitc__lp_kw(kn, p), i16 = p == VITC_PRECISION_INT8 && kn->i16;
     /* |sum| and |zp * wsum| are each at most K * 255 * 127; their
      * difference (the epilogue) must fit int32: K <= 33000. */
     if (p == VITC_PRECISION_INT8 && K > 33000)
@@ -258,7 +298,6 @@ vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, 
      * strip) at a time: the reference's words, without its scalar rounding
      * (it had been a tenth of a bf16 model's load) */
     if (p == VITC_PRECISION_BF16) {
-        const vitc__lp_kernel *kn = vitc__lp_kernel_for(VITC_PRECISION_BF16);
         for (int64_t j = 0; j < N; j += 16)
             vitc__lp_strip(kn, p, d + (j / NR) * kg * NR + j % NR, NR, 16, W + j * K, K,
                            N - j < 16 ? N - j : 16, K, NULL, NULL);
@@ -278,11 +317,12 @@ vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, 
         int32_t sum = 0;
         for (int64_t pp = 0; pp < kg; pp++) {
             uint32_t word = 0;
-            for (int q = 0; q < 4 && 4 * pp + q < K; q++) {
-                float t = nearbyintf(w[4 * pp + q] / s);
+            for (int q = 0; q < g && g * pp + q < K; q++) {
+                float t = nearbyintf(w[g * pp + q] / s);
                 int32_t v = t > 127.0f ? 127 : t < -127.0f ? -127 : t == t ? (int32_t)t : 0;
                 sum += v;
-                word |= (uint32_t)(uint8_t)(int8_t)v << (8 * q);
+                word |= i16 ? (uint32_t)(uint16_t)(int16_t)v << (16 * q)
+                            : (uint32_t)(uint8_t)(int8_t)v << (8 * q);
             }
             col[pp * NR] = word;
         }
@@ -290,7 +330,7 @@ vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, 
         wsum[j] = sum;
     }
     *pw = (vitc__pweight){.prec = p, .N = N, .K = K, .npad = (int64_t)npad, .kg = kg, .data = d,
-                          .wscale = ws, .wsum = wsum};
+                          .wscale = ws, .wsum = wsum, .i16 = i16};
     return VITC_OK;
 }
 
@@ -305,6 +345,9 @@ void vitc__pweight_unpack_lp(const vitc__pweight *pw, float *W) {
             if (pw->prec == VITC_PRECISION_BF16) {
                 w[2 * p] = vitc__bf16_to_f((uint16_t)word);
                 if (2 * p + 1 < K) w[2 * p + 1] = vitc__bf16_to_f((uint16_t)(word >> 16));
+            } else if (pw->i16) {
+                for (int q = 0; q < 2 && 2 * p + q < K; q++)
+                    w[2 * p + q] = (float)(int16_t)(uint16_t)(word >> (16 * q)) * pw->wscale[j];
             } else {
                 for (int q = 0; q < 4 && 4 * p + q < K; q++)
                     w[4 * p + q] = (float)(int8_t)(uint8_t)(word >> (8 * q)) * pw->wscale[j];
@@ -529,6 +572,10 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
         return vitc__err(VITC_ERR_INVALID_ARG, "linear (%s): LayerNorm input with row stride %lld, not K = %lld",
                          vitc_precision_name(pw->prec), (long long)ldx, (long long)pw->K);
     const vitc__lp_kernel *kn = vitc__lp_kernel_for(pw->prec);
+    /* int8 weights packed for the other word layout (the kernel forced or
+     * the arch changed since): that layout's reference, the same numbers */
+    if (pw->prec == VITC_PRECISION_INT8 && !kn->i16 != !pw->i16)
+        kn = pw->i16 ? &vitc__lp_int8p_ref : &vitc__lp_int8_ref;
     const int64_t smr = kn->mr, kg = pw->kg, rs = (M + smr - 1) / smr;
     const int64_t lda = kn->a_kpad ? vitc__lp_a_ld(kn->a_kpad, kg) : kg; /* words a row */
     size_t words, bytes, extra = 0;

@@ -12,7 +12,8 @@
  *   A (activations, converted per call): strips of MR rows, [kg][MR] words
  *   B (weights, converted once):         strips of NR columns, [kg][NR] words
  *
- * kg = ceil(K / 2) (bf16) or ceil(K / 4) (int8); k past K is packed as 0.
+ * kg = ceil(K / 2) (bf16, and int8 in int16 words: vitc__lp_kernel.i16) or
+ * ceil(K / 4) (int8); k past K is packed as 0.
  */
 #ifndef VITC_GEMM_LP_H
 #define VITC_GEMM_LP_H
@@ -131,7 +132,19 @@ typedef struct vitc__lp_kernel {
      * each row's largest 1): the fixed scale 1/255 and zero point 0,
      * q = vitc__q8(x, 255, 0), with no min / max pass; scale, zp unused. */
     vitc__lp_strip_fn strip_unit;
+    /* int8 only. 1: words of two k (k = 2p + half), each an int16: the u8
+     * activations zero-extended, the s8 weights sign-extended; kg =
+     * ceil(K / 2). For vpmaddwd, the exact product of CPUs without VNNI
+     * (widening in the loop instead ran below fp32's FMA rate on a Zen 3).
+     * Weights packed so (vitc__pweight.i16) twice int8's memory, bf16's.
+     * 0: four u8 / s8 k a word (vpdpbusd's). The same sums either way. */
+    int i16;
 } vitc__lp_kernel;
+
+/* Words of precision p's kernel kn: k per word (2 or 4), and their count. */
+static inline int vitc__lp_kw(const vitc__lp_kernel *kn, vitc_precision p) {
+    return p == VITC_PRECISION_BF16 || kn->i16 ? 2 : 4;
+}
 
 /* Row stride (words) of a row-major A strip: kg rounded up to whole tile
  * rows of kpad words, plus one tile row when that stride would be a
@@ -145,6 +158,9 @@ static inline int64_t vitc__lp_a_ld(int kpad, int64_t kg) {
 extern const vitc__lp_kernel vitc__lp_bf16_ref, vitc__lp_int8_ref;
 extern const vitc__lp_kernel vitc__lp_bf16_avx512, vitc__lp_int8_avx512;
 extern const vitc__lp_kernel vitc__lp_int8_avxvnni; /* row: NULL, the reference's */
+/* int8 in int16 words (i16): the reference, and AVX2's vpmaddwd kernel
+ * (x86/gemm_lp_madd_avx2.c) for CPUs with AVX2 and no VNNI */
+extern const vitc__lp_kernel vitc__lp_int8p_ref, vitc__lp_int8_avx2;
 /* AMX (x86/gemm_lp_amx.c): tdpbf16ps / tdpbusd on 32 x 32 blocks; only on CPUs
  * where vitc__amx_usable() (dispatch.c). The same kernel source on a C
  * emulation of the tile instructions (gemm_lp_amx_emul.c): runs anywhere,
@@ -182,7 +198,7 @@ void vitc__pairs_bf16_avx512(uint32_t *dst, const float *x0, const float *x1, in
 int vitc__amx_usable(const char **why);
 
 /* Force the low-precision kernel by name: "reference", "avx512",
- * "avx-vnni", "amx", "amx-emulated"; NULL or "auto": cpuid's choice. The
+ * "avx-vnni", "avx2" (int8), "amx", "amx-emulated"; NULL or "auto": cpuid's choice. The
  * environment's VITC_LP_KERNEL is read at the first kernel choice (an
  * unknown name or one this CPU cannot run: ignored, and
  * vitc_get_precision_paths says so). For tests. */
@@ -293,7 +309,8 @@ static inline int32_t vitc__s8(float x, float inv) {
 
 /* The vector kernel of precision p the attention runs (attention_lp.c):
  * vitc__lp_kernel_for's, but for a kernel whose A layout is not the
- * [kg][MR] strip (AMX): AVX-512's, which every AMX CPU has. dispatch.c. */
+ * [kg][MR] strip of four-byte words (AMX; AVX2's int16 words): AVX-512's,
+ * which every AMX CPU has, else the reference. dispatch.c. */
 const vitc__lp_kernel *vitc__lp_attention_kernel(vitc_precision p);
 
 #endif

@@ -264,6 +264,7 @@ typedef struct vitc__pweight {
     void *data;
     float *wscale; /* INT8: [npad] per output channel */
     int32_t *wsum; /* INT8: [npad] sums of each channel's int8 weights */
+    int i16;       /* INT8: words of two int16 k (gemm_lp.h), packed for such a kernel */
 } vitc__pweight;
 
 /* Packs W [N, K] for precision p (FP32: for the current arch's kernel).

@@ -1,0 +1,164 @@
+/*
+ * gemm_lp_madd_avx2.c — the int8 kernel for CPUs with AVX2 and no VNNI
+ * (AMD Zen 2 and 3, Intel before Ice Lake): vpmaddwd on int16 words
+ * (gemm_lp.h, i16), the exact products, so the same numbers as the
+ * reference and as vpdpbusd.
+ *
+ * Why int16 words and not vpdpbusd's four bytes: vpmaddubsw (u8 x s8) can
+ * saturate its int16 pair sums (255 * 127 * 2 > 32767), and widening the
+ * bytes inside the loop cost more than it saved: on a Zen 3, a 6 x 16
+ * tile ran at 80-87 GOP/s widening both operands in the loop and 134-150
+ * with both widened when packed, against 83-98 GFLOP/s of fp32 FMA on the
+ * same core. Two vpmaddwd issue per cycle there, each 16 multiply-adds,
+ * and each needs a vpaddd: the four vector pipes, full.
+ *
+ * The tile: the driver's 12 x 32 as four 6 x 16 passes (12 ymm
+ * accumulators, two of B, one broadcast of A); a 16-column half of a B
+ * strip (64 bytes a word row) is 24 KB at K = 768, which L1 keeps for the
+ * second pass.
+ */
+#include <immintrin.h>
+
+#include "../gemm_lp.h"
+
+#define MR VITC_LP_MR
+#define NR VITC_LP_NR
+
+static inline __m256i vitc__m8(int64_t n) { /* lanes < n all ones */
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 0 ? 0 : n > 8 ? 8 : n)), idx);
+}
+
+/* gemm_lp.h's int8 epilogue on 8 columns of row i (masked to n), the
+ * reference's operations in its order. */
+static inline void vitc__out8(float *c, __m256i acc, int64_t i, int64_t j, int64_t n,
+                              const vitc__lp_epi *e) {
+    __m256i m = vitc__m8(n);
+    __m256i ws = _mm256_maskload_epi32(e->wsum + j, m);
+    __m256 sc = _mm256_maskload_ps(e->wscale + j, m);
+    __m256 v = _mm256_cvtepi32_ps(
+        _mm256_sub_epi32(acc, _mm256_mullo_epi32(_mm256_set1_epi32(e->azp[i]), ws)));
+    v = _mm256_mul_ps(v, _mm256_mul_ps(_mm256_set1_ps(e->ascale[i]), sc));
+    if (e->bias) v = _mm256_add_ps(v, _mm256_maskload_ps(e->bias + j, m));
+    if (e->ls) v = _mm256_mul_ps(_mm256_maskload_ps(e->ls + j, m), v);
+    if (e->res) v = _mm256_add_ps(v, _mm256_maskload_ps(e->res + i * e->ldr + j, m));
+    if (n >= 8)
+        _mm256_storeu_ps(c, v);
+    else
+        _mm256_maskstore_ps(c, m, v);
+}
+
+#define VITC_DECL(i) __m256i c##i##0 = _mm256_setzero_si256(), c##i##1 = c##i##0;
+#define VITC_ROW(i)                                                                        \
+    do {                                                                                   \
+        __m256i a = _mm256_set1_epi32((int)a0[i]);                                         \
+        c##i##0 = _mm256_add_epi32(c##i##0, _mm256_madd_epi16(a, b0));                     \
+        c##i##1 = _mm256_add_epi32(c##i##1, _mm256_madd_epi16(a, b1));                     \
+    } while (0)
+#define VITC_OUT(i)                                                                        \
+    if (r0 + i < mr) {                                                                     \
+        vitc__out8(C + (r0 + i) * ldc + j0, c##i##0, r0 + i, j0, nr - j0, e);             \
+        if (nr - j0 > 8) vitc__out8(C + (r0 + i) * ldc + j0 + 8, c##i##1, r0 + i, j0 + 8, \
+                                    nr - j0 - 8, e);                                       \
+    }
+
+/* Rows r0..r0+5 x columns j0..j0+15 of the tile: pa [kg][MR], pb [kg][NR]
+ * words (the strip's rows past M are zero words, so all six are read). */
+static inline void vitc__pass(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                              int64_t ldc, int64_t r0, int64_t j0, int64_t mr, int64_t nr,
+                              const vitc__lp_epi *e) {
+    VITC_DECL(0) VITC_DECL(1) VITC_DECL(2) VITC_DECL(3) VITC_DECL(4) VITC_DECL(5)
+    const uint32_t *a0 = pa + r0, *b = pb + j0;
+    for (int64_t p = 0; p < kg; p++) {
+        __m256i b0 = _mm256_load_si256((const __m256i *)b);
+        __m256i b1 = _mm256_load_si256((const __m256i *)(b + 8));
+        VITC_ROW(0); VITC_ROW(1); VITC_ROW(2); VITC_ROW(3); VITC_ROW(4); VITC_ROW(5);
+        a0 += MR;
+        b += NR;
+    }
+    VITC_OUT(0) VITC_OUT(1) VITC_OUT(2) VITC_OUT(3) VITC_OUT(4) VITC_OUT(5)
+}
+
+static void vitc__ukr_int8_madd(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                                int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    for (int64_t j0 = 0; j0 < nr; j0 += 16)
+        for (int64_t r0 = 0; r0 < mr; r0 += 6) vitc__pass(kg, pa, pb, C, ldc, r0, j0, mr, nr, e);
+}
+
+/* The row's min and max, the reference's: vminps(v, m) returns m when v
+ * is NaN, so a NaN is skipped unless it is x[0] (then it stays, as the
+ * reference's comparisons keep it). Four chains. */
+static void vitc__minmax(const float *x, int64_t K, float *mn, float *mx) {
+    __m256 n0 = _mm256_set1_ps(x[0]), x0 = n0;
+    int64_t k = 0;
+    if (K >= 32) {
+        __m256 n1 = n0, n2 = n0, n3 = n0, x1 = n0, x2 = n0, x3 = n0;
+        for (; k + 32 <= K; k += 32) {
+            __m256 v0 = _mm256_loadu_ps(x + k), v1 = _mm256_loadu_ps(x + k + 8);
+            __m256 v2 = _mm256_loadu_ps(x + k + 16), v3 = _mm256_loadu_ps(x + k + 24);
+            n0 = _mm256_min_ps(v0, n0), x0 = _mm256_max_ps(v0, x0);
+            n1 = _mm256_min_ps(v1, n1), x1 = _mm256_max_ps(v1, x1);
+            n2 = _mm256_min_ps(v2, n2), x2 = _mm256_max_ps(v2, x2);
+            n3 = _mm256_min_ps(v3, n3), x3 = _mm256_max_ps(v3, x3);
+        }
+        n0 = _mm256_min_ps(_mm256_min_ps(n0, n1), _mm256_min_ps(n2, n3));
+        x0 = _mm256_max_ps(_mm256_max_ps(x0, x1), _mm256_max_ps(x2, x3));
+    }
+    for (; k + 8 <= K; k += 8) {
+        __m256 v = _mm256_loadu_ps(x + k);
+        n0 = _mm256_min_ps(v, n0), x0 = _mm256_max_ps(v, x0);
+    }
+    _Alignas(32) float ln[8], lx[8];
+    _mm256_store_ps(ln, n0), _mm256_store_ps(lx, x0);
+    float a = ln[0], b = lx[0];
+    for (int l = 1; l < 8; l++) a = ln[l] < a ? ln[l] : a, b = lx[l] > b ? lx[l] : b;
+    for (; k < K; k++) a = x[k] < a ? x[k] : a, b = x[k] > b ? x[k] : b;
+    *mn = a, *mx = b;
+}
+
+/* One row to int16 words (the reference's vitc__q8 values, two a word) at
+ * dst[p * stride]. The clamps are saturations, as in the AVX-512
+ * converter: cvtps2dq, packs to int16, the zero point added saturating,
+ * then [0, 255]. */
+static void vitc__row_int8_madd(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                                float *scale, int32_t *zp) {
+    float mn, mx, inv;
+    vitc__minmax(x, K, &mn, &mx);
+    vitc__q8_params(mn, mx, scale, &inv, zp);
+    const __m256 vinv = _mm256_set1_ps(inv);
+    const __m256i vz = _mm256_set1_epi16((short)*zp), lo = _mm256_setzero_si256(),
+                  hi = _mm256_set1_epi16(255);
+    _Alignas(32) uint32_t w8[8];
+    for (int64_t k = 0; k < K; k += 16) {
+        int64_t left = K - k;
+        __m256 v0, v1;
+        if (left >= 16) {
+            v0 = _mm256_loadu_ps(x + k), v1 = _mm256_loadu_ps(x + k + 8);
+        } else {
+            v0 = _mm256_maskload_ps(x + k, vitc__m8(left));
+            v1 = _mm256_maskload_ps(x + k + 8, vitc__m8(left - 8));
+        }
+        __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vinv));
+        __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vinv));
+        /* packs interleaves by 128-bit lane; the permute restores k order */
+        __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xD8);
+        w = _mm256_min_epi16(_mm256_max_epi16(_mm256_adds_epi16(w, vz), lo), hi);
+        int64_t words = left >= 16 ? 8 : (left + 1) / 2;
+        if (left < 16) { /* k past K is packed as 0 */
+            const __m256i kidx = _mm256_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
+                                                   14, 15);
+            w = _mm256_and_si256(w, _mm256_cmpgt_epi16(_mm256_set1_epi16((short)left), kidx));
+        }
+        if (stride == 1 && words == 8) {
+            _mm256_storeu_si256((__m256i *)(dst + k / 2), w);
+            continue;
+        }
+        _mm256_store_si256((__m256i *)w8, w);
+        for (int64_t q = 0; q < words; q++) dst[(k / 2 + q) * stride] = w8[q];
+    }
+}
+
+/* Not for the attention (s8_rows NULL): its panels are vpdpbusd's words. */
+const vitc__lp_kernel vitc__lp_int8_avx2 = {"avx2", vitc__ukr_int8_madd, vitc__row_int8_madd,
+                                            NULL, NULL, NULL, 0, MR, 0, NULL, NULL, 0,
+                                            NULL, NULL, NULL, 1};
