@@ -29,19 +29,24 @@ static inline __m256i vitc__m8(int64_t n) { /* lanes < n all ones */
     return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 0 ? 0 : n > 8 ? 8 : n)), idx);
 }
 
+/* 8 floats at p, lanes < n (>= 8: a plain load; maskload otherwise) */
+static inline __m256 vitc__ld8(const float *p, int64_t n, __m256i m) {
+    return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, m);
+}
+
 /* gemm_lp.h's int8 epilogue on 8 columns of row i (masked to n), the
  * reference's operations in its order. */
 static inline void vitc__out8(float *c, __m256i acc, int64_t i, int64_t j, int64_t n,
                               const vitc__lp_epi *e) {
     __m256i m = vitc__m8(n);
-    __m256i ws = _mm256_maskload_epi32(e->wsum + j, m);
-    __m256 sc = _mm256_maskload_ps(e->wscale + j, m);
+    __m256i ws = n >= 8 ? _mm256_loadu_si256((const __m256i *)(e->wsum + j))
+                        : _mm256_maskload_epi32(e->wsum + j, m);
     __m256 v = _mm256_cvtepi32_ps(
         _mm256_sub_epi32(acc, _mm256_mullo_epi32(_mm256_set1_epi32(e->azp[i]), ws)));
-    v = _mm256_mul_ps(v, _mm256_mul_ps(_mm256_set1_ps(e->ascale[i]), sc));
-    if (e->bias) v = _mm256_add_ps(v, _mm256_maskload_ps(e->bias + j, m));
-    if (e->ls) v = _mm256_mul_ps(_mm256_maskload_ps(e->ls + j, m), v);
-    if (e->res) v = _mm256_add_ps(v, _mm256_maskload_ps(e->res + i * e->ldr + j, m));
+    v = _mm256_mul_ps(v, _mm256_mul_ps(_mm256_set1_ps(e->ascale[i]), vitc__ld8(e->wscale + j, n, m)));
+    if (e->bias) v = _mm256_add_ps(v, vitc__ld8(e->bias + j, n, m));
+    if (e->ls) v = _mm256_mul_ps(vitc__ld8(e->ls + j, n, m), v);
+    if (e->res) v = _mm256_add_ps(v, vitc__ld8(e->res + i * e->ldr + j, n, m));
     if (n >= 8)
         _mm256_storeu_ps(c, v);
     else
@@ -55,18 +60,18 @@ static inline void vitc__out8(float *c, __m256i acc, int64_t i, int64_t j, int64
         c##i##0 = _mm256_add_epi32(c##i##0, _mm256_madd_epi16(a, b0));                     \
         c##i##1 = _mm256_add_epi32(c##i##1, _mm256_madd_epi16(a, b1));                     \
     } while (0)
-#define VITC_OUT(i)                                                                        \
-    if (r0 + i < mr) {                                                                     \
-        vitc__out8(C + (r0 + i) * ldc + j0, c##i##0, r0 + i, j0, nr - j0, e);             \
-        if (nr - j0 > 8) vitc__out8(C + (r0 + i) * ldc + j0 + 8, c##i##1, r0 + i, j0 + 8, \
-                                    nr - j0 - 8, e);                                       \
-    }
+#define VITC_PUT(i)                                                                        \
+    _mm256_store_si256((__m256i *)(acc + (r0 + i) * NR + j0), c##i##0);                   \
+    _mm256_store_si256((__m256i *)(acc + (r0 + i) * NR + j0 + 8), c##i##1);
 
-/* Rows r0..r0+5 x columns j0..j0+15 of the tile: pa [kg][MR], pb [kg][NR]
- * words (the strip's rows past M are zero words, so all six are read). */
-static inline void vitc__pass(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
-                              int64_t ldc, int64_t r0, int64_t j0, int64_t mr, int64_t nr,
-                              const vitc__lp_epi *e) {
+/* The sums of rows r0..r0+5 x columns j0..j0+15 into acc [MR][NR]: pa
+ * [kg][MR], pb [kg][NR] words (the strip's rows past M are zero words, so
+ * all six are read). A function of its own, the epilogue apart: inlined
+ * beside it, GCC 12 kept one accumulator on the stack, a store and a load
+ * on every step's critical path (the whole forward ran at 1.1x fp32). */
+__attribute__((noinline)) static void vitc__pass(int64_t kg, const uint32_t *pa,
+                                                 const uint32_t *pb, int32_t *acc, int64_t r0,
+                                                 int64_t j0) {
     VITC_DECL(0) VITC_DECL(1) VITC_DECL(2) VITC_DECL(3) VITC_DECL(4) VITC_DECL(5)
     const uint32_t *a0 = pa + r0, *b = pb + j0;
     for (int64_t p = 0; p < kg; p++) {
@@ -76,13 +81,25 @@ static inline void vitc__pass(int64_t kg, const uint32_t *pa, const uint32_t *pb
         a0 += MR;
         b += NR;
     }
-    VITC_OUT(0) VITC_OUT(1) VITC_OUT(2) VITC_OUT(3) VITC_OUT(4) VITC_OUT(5)
+    VITC_PUT(0) VITC_PUT(1) VITC_PUT(2) VITC_PUT(3) VITC_PUT(4) VITC_PUT(5)
 }
 
 static void vitc__ukr_int8_madd(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
                                 int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    _Alignas(32) int32_t acc[MR * NR]; /* [MR][NR] */
+    /* the residual's rows (the model's stream: past L2 at batch 8) asked
+     * for now, not met cold in the epilogue, where they had stalled it
+     * (half its time on the residual's loads) */
+    for (int64_t i = 0; e->res && i < mr; i++) {
+        __builtin_prefetch(e->res + i * e->ldr, 0, 3);
+        if (nr > 16) __builtin_prefetch(e->res + i * e->ldr + 16, 0, 3);
+    }
     for (int64_t j0 = 0; j0 < nr; j0 += 16)
-        for (int64_t r0 = 0; r0 < mr; r0 += 6) vitc__pass(kg, pa, pb, C, ldc, r0, j0, mr, nr, e);
+        for (int64_t r0 = 0; r0 < mr; r0 += 6) vitc__pass(kg, pa, pb, acc, r0, j0);
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nr; j += 8)
+            vitc__out8(C + i * ldc + j, _mm256_load_si256((const __m256i *)(acc + i * NR + j)), i,
+                       j, nr - j, e);
 }
 
 /* The row's min and max, the reference's: vminps(v, m) returns m when v
