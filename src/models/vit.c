@@ -477,8 +477,12 @@ static vitc_status vit_run(const vitc_vit *m, vitc__session *s, const float *ima
     if (s->n_taps) /* stage 0: the embeddings */
         vit_taps(m, s, vitc__va(a, 0, VA_X), 0);
     const float *y = NULL; /* the last block's output: [B, C] cls_only, else [B, N, C] */
+    /* ... with the built-in GEMM only, whose rows do not depend on the
+     * others: OpenBLAS picks its kernels by shape, and on a Zen 3 the class
+     * rows computed alone differed in their last bits from the same rows
+     * in the whole batch (embed and features then disagreed). */
     int compact = ((logits && m->head == VIT_HEAD_CLS) || cls) && !features && !attn &&
-                  !rollout && m->n_cls &&
+                  !rollout && m->n_cls && !strcmp(vitc_get_gemm_backend(), "builtin") &&
                   (!record || (m->dropout == 0.0f && m->drop_path == 0.0f &&
                                m->attention_dropout == 0.0f));
     for (int l = 0; l < c->depth; l++) {

@@ -29,6 +29,9 @@ void vitc__kernels_setup_avx2(vitc__kernels *t) {
     t->attn_rows = vitc__attn_rows_avx2;
     t->attn_bwd = vitc__attn_bwd_avx2;
     t->gemm = &vitc__gemm_kernel_avx2;
+    /* the built-in GEMM here too: on a Zen 3 (AVX2, no AVX-512) ViT-B/16
+     * fp32 ran 1.3x (batch 1) and 1.2x (batch 8) faster than on OpenBLAS */
+    t->gemm_builtin_default = 1;
     t->lp_family = VITC__LP_FAMILY_AVXVNNI;
 }
 
