@@ -510,7 +510,7 @@ static void amx_kernel_case(const char *kname) {
     static const int64_t Ms[] = {1, 5, 16, 17, 33, 197}, Ns[] = {1, 33, 70, 96},
                          Ks[] = {1, 3, 37, 64, 130, 771, 1024}; /* 1024: A rows padded (4 KB) */
     int64_t nb = 0, ndiff = 0;
-    for (int p = strcmp(kname, "avx2") ? 1 : 2; p <= 2; p++) /* avx2: int8 only */
+    for (int p = 1; p <= 2; p++)
         for (int im = 0; im < 6; im++)
             for (int ik = 0; ik < 7; ik++) {
                 int64_t M = Ms[im], K = Ks[ik], N = Ns[(im + ik + p) % 4];
@@ -537,10 +537,11 @@ static void amx_kernel_case(const char *kname) {
                     memset(y1, 0xFF, (size_t)(M * N) * 4);
                     assert_int_equal(vitc__linear_pw(y1, N, x, K, &pw, NULL, bias, res, N, M, N, K, gelu),
                                      VITC_OK);
-                    if (pr == VITC_PRECISION_INT8) {
+                    /* avx2's bf16 FMA adds in the reference's order: exact too */
+                    if (pr == VITC_PRECISION_INT8 || !strcmp(kname, "avx2")) {
                         if (memcmp(y0, y1, (size_t)(M * N) * 4))
-                            fail_msg("%s int8 %lldx%lldx%lld epilogue %d differs from the reference",
-                                     kname, (long long)M, (long long)N, (long long)K, epi);
+                            fail_msg("%s %s %lldx%lldx%lld epilogue %d differs from the reference",
+                                     kname, vitc_precision_name(pr), (long long)M, (long long)N, (long long)K, epi);
                     } else {
                         ndiff += check_bf16_close(kname, x, W, y0, y1, M, N, K, gelu);
                         nb += M * N;
@@ -551,9 +552,12 @@ static void amx_kernel_case(const char *kname) {
                 free(x), free(W), free(b), free(r), free(y0), free(y1);
             }
     assert_int_equal(vitc__lp_force(NULL), VITC_OK);
-    printf("# %s: int8 = reference bit for bit; bf16 within the bound, %lld of %lld outputs "
-           "differ in their last bits (the order of the sums)\n", kname, (long long)ndiff,
-           (long long)nb);
+    if (!strcmp(kname, "avx2"))
+        printf("# avx2: int8 and bf16 = reference bit for bit\n");
+    else
+        printf("# %s: int8 = reference bit for bit; bf16 within the bound, %lld of %lld outputs "
+               "differ in their last bits (the order of the sums)\n", kname, (long long)ndiff,
+               (long long)nb);
 }
 
 /* The AMX kernels' epilogue on the instructions is the AVX-512 kernels'
@@ -644,21 +648,24 @@ static void test_amx_kernels(void **state) {
     assert_int_equal(vitc__lp_force("no-such-kernel"), VITC_ERR_INVALID_ARG);
 }
 
-/* AVX2's int8 kernel (int16 words, vpmaddwd; chosen where there is no
- * VNNI): its row converter gives the int16 reference's words (stride 1 and
- * a strip's stride, K with tails, zeros, huge values, NaN and infinities),
- * and through the driver the quad reference's outputs bit for bit, the
- * weights of each packed in its own layout. */
-static void test_int8_avx2(void **state) {
+/* AVX2's kernels for CPUs without AVX512-BF16 / VNNI (int8: int16 words
+ * and vpmaddwd; bf16: widened for FMA): their row converters give the
+ * references' words (stride 1 and a strip's stride, K with tails, zeros,
+ * huge values, NaN, infinities, denormals, rounding ties; bf16 with and
+ * without a scale), and through the driver the references' outputs bit
+ * for bit, the int8 weights of each packed in its own layout. */
+static void test_lp_avx2(void **state) {
     (void)state;
     if (vitc__lp_force("avx2") != VITC_OK || strcmp(vitc__lp_kernel_for(VITC_PRECISION_INT8)->name,
                                                     "avx2")) {
         assert_int_equal(vitc__lp_force(NULL), VITC_OK);
-        printf("# avx2 int8 kernel not run: no AVX2 here\n");
+        printf("# avx2 bf16 / int8 kernels not run: no AVX2 here\n");
         return;
     }
     const vitc__lp_kernel *k = vitc__lp_kernel_for(VITC_PRECISION_INT8);
+    const vitc__lp_kernel *kb = vitc__lp_kernel_for(VITC_PRECISION_BF16);
     assert_int_equal(k->i16, 1);
+    assert_string_equal(kb->name, "avx2");
     for (int K = 1; K <= 77; K += (K < 20 ? 1 : 19)) {
         float x[77];
         for (int i = 0; i < K; i++) x[i] = 3.0f * frand();
@@ -673,6 +680,17 @@ static void test_int8_avx2(void **state) {
             if (memcmp(w0, w1, sizeof w0) || memcmp(&s0, &s1, 4) || z0 != z1)
                 fail_msg("avx2 int8 row converter differs from the reference at K = %d, stride %d",
                          K, stride);
+            uint32_t tie = 0x3F808000u, sub = 0x00012345u;
+            if (K > 12) memcpy(&x[11], &tie, 4), memcpy(&x[12], &sub, 4);
+            for (int sc = 0; sc < 2; sc++) {
+                float f0 = 0.37f, f1 = 0.37f;
+                memset(w0, 0xAB, sizeof w0), memset(w1, 0xAB, sizeof w1);
+                vitc__lp_bf16_ref.row(w0, stride, x, K, sc ? &f0 : NULL, NULL);
+                kb->row(w1, stride, x, K, sc ? &f1 : NULL, NULL);
+                if (memcmp(w0, w1, sizeof w0))
+                    fail_msg("avx2 bf16 row converter differs from the reference at K = %d, "
+                             "stride %d, scale %d", K, stride, sc);
+            }
         }
     }
     amx_kernel_case("avx2");
@@ -968,7 +986,7 @@ int main(void) {
         cmocka_unit_test(test_amx_instructions),
         cmocka_unit_test(test_amx_epilogue),
         cmocka_unit_test(test_amx_kernels),
-        cmocka_unit_test(test_int8_avx2),
+        cmocka_unit_test(test_lp_avx2),
         cmocka_unit_test(test_amx_vit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -392,15 +392,19 @@ static const vitc__lp_kernel *vitc__lp_forced_kernel(vitc_precision p, int i) {
                                             : VITC__X86_LP(vitc__lp_int8_amx))
                                       : NULL;
     case 5: return bf ? &vitc__lp_bf16_amx_emul : &vitc__lp_int8_amx_emul;
-    case 6: return !bf && vitc__cpu_has(VITC_ARCH_AVX2) ? VITC__X86_LP(vitc__lp_int8_avx2) : NULL;
+    case 6:
+        return vitc__cpu_has(VITC_ARCH_AVX2) ? (bf ? VITC__X86_LP(vitc__lp_bf16_avx2)
+                                                   : VITC__X86_LP(vitc__lp_int8_avx2))
+                                             : NULL;
     }
     return NULL;
 }
 
 /* A forced kernel when this CPU can run it; else a path of the AVX-512
  * family (its table's lp_family) takes AMX where usable, then AVX512-BF16 /
- * AVX512-VNNI, one of the AVX-VNNI family AVX-VNNI (int8) or else AVX2's
- * vpmaddwd (int8), and otherwise the reference. The AVX-512 and AMX kernels only on the avx512 path and
+ * AVX512-VNNI, one of the AVX-VNNI family (the avx2 path) AVX-VNNI (int8)
+ * or else AVX2's vpmaddwd (int8) and FMA on widened bf16 (bf16), and
+ * otherwise the reference. The AVX-512 and AMX kernels only on the avx512 path and
  * AVX-VNNI's on the avx2 path, so VITC_ARCH=avx2|generic
  * (and vitc_set_arch) select the others: the tests run every one this CPU
  * has, and the reference. */
@@ -414,7 +418,9 @@ const vitc__lp_kernel *vitc__lp_kernel_for(vitc_precision p) {
         return p == VITC_PRECISION_BF16 ? VITC__X86_LP(vitc__lp_bf16_amx)
                                         : VITC__X86_LP(vitc__lp_int8_amx);
     if (p == VITC_PRECISION_BF16)
-        return fast ? VITC__X86_LP(vitc__lp_bf16_avx512) : &vitc__lp_bf16_ref;
+        return fast                            ? VITC__X86_LP(vitc__lp_bf16_avx512)
+               : fam == VITC__LP_FAMILY_AVXVNNI ? VITC__X86_LP(vitc__lp_bf16_avx2)
+                                               : &vitc__lp_bf16_ref;
     if (!fast && fam == VITC__LP_FAMILY_AVXVNNI)
         return vitc__cpu_has_avxvnni() ? VITC__X86_LP(vitc__lp_int8_avxvnni)
                                        : VITC__X86_LP(vitc__lp_int8_avx2);
@@ -451,6 +457,8 @@ static const char *vitc__lp_desc(const vitc__lp_kernel *k, int forced) {
     if (k == VITC__X86_LP(vitc__lp_int8_avx512)) return "avx512-vnni (vpdpbusd)";
     if (k == VITC__X86_LP(vitc__lp_int8_avxvnni)) return "avx-vnni (vpdpbusd ymm)";
     if (k == VITC__X86_LP(vitc__lp_int8_avx2)) return "avx2 (vpmaddwd on int16 words, no VNNI)";
+    if (k == VITC__X86_LP(vitc__lp_bf16_avx2))
+        return "avx2 (bf16 widened for vfmadd231ps, no AVX512-BF16)";
     if (k == VITC__X86_LP(vitc__lp_bf16_amx)) return "amx-bf16 (tdpbf16ps)";
     if (k == VITC__X86_LP(vitc__lp_int8_amx)) return "amx-int8 (tdpbusd)";
     if (k == &vitc__lp_bf16_amx_emul || k == &vitc__lp_int8_amx_emul)

@@ -161,6 +161,9 @@ extern const vitc__lp_kernel vitc__lp_int8_avxvnni; /* row: NULL, the reference'
 /* int8 in int16 words (i16): the reference, and AVX2's vpmaddwd kernel
  * (x86/gemm_lp_madd_avx2.c) for CPUs with AVX2 and no VNNI */
 extern const vitc__lp_kernel vitc__lp_int8p_ref, vitc__lp_int8_avx2;
+/* bf16 on AVX2 + FMA without AVX512-BF16: widened to fp32, the reference's
+ * numbers (x86/gemm_lp_bf16_avx2.c) */
+extern const vitc__lp_kernel vitc__lp_bf16_avx2;
 /* AMX (x86/gemm_lp_amx.c): tdpbf16ps / tdpbusd on 32 x 32 blocks; only on CPUs
  * where vitc__amx_usable() (dispatch.c). The same kernel source on a C
  * emulation of the tile instructions (gemm_lp_amx_emul.c): runs anywhere,
@@ -198,7 +201,7 @@ void vitc__pairs_bf16_avx512(uint32_t *dst, const float *x0, const float *x1, in
 int vitc__amx_usable(const char **why);
 
 /* Force the low-precision kernel by name: "reference", "avx512",
- * "avx-vnni", "avx2" (int8), "amx", "amx-emulated"; NULL or "auto": cpuid's choice. The
+ * "avx-vnni", "avx2", "amx", "amx-emulated"; NULL or "auto": cpuid's choice. The
  * environment's VITC_LP_KERNEL is read at the first kernel choice (an
  * unknown name or one this CPU cannot run: ignored, and
  * vitc_get_precision_paths says so). For tests. */
