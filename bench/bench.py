@@ -873,11 +873,14 @@ def cpu_results_index(folder=CPU_RESULTS):
         got = {}
         with open(os.path.join(folder, name)) as f:
             for line in f:
-                for key in ("date", "CPU (as vitc reads it)", "machine",
-                            "measured FMA peak (avx512, fp32)", "measured FMA peak"):
+                for key in ("date", "CPU (as vitc reads it)", "machine", "measured FMA peak"):
                     if line.startswith("- %s: " % key) and key not in got:
                         got[key] = line[len(key) + 4:].strip()
-        peak = got.get("measured FMA peak (avx512, fp32)") or got.get("measured FMA peak", "?")
+                # "measured FMA peak (avx512, fp32): ..." (or avx2), newer runs
+                m = re.match(r"- measured FMA peak \((\w+), fp32\): (.*)", line)
+                if m and "fma" not in got:
+                    got["fma"] = m.group(2).strip()
+        peak = got.get("fma") or got.get("measured FMA peak", "?")
         peak = peak.split(" (`vitc bench")[0]
         rows.append("| [%s](%s) | %s | %s | %s |" % (
             name[:-3], name, got.get("CPU (as vitc reads it)", got.get("machine", "?")),
