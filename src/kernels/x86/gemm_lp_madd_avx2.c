@@ -34,23 +34,30 @@ static inline __m256 vitc__ld8(const float *p, int64_t n, __m256i m) {
     return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, m);
 }
 
-/* gemm_lp.h's int8 epilogue on 8 columns of row i (masked to n), the
- * reference's operations in its order. */
-static inline void vitc__out8(float *c, __m256i acc, int64_t i, int64_t j, int64_t n,
-                              const vitc__lp_epi *e) {
-    __m256i m = vitc__m8(n);
-    __m256i ws = n >= 8 ? _mm256_loadu_si256((const __m256i *)(e->wsum + j))
-                        : _mm256_maskload_epi32(e->wsum + j, m);
-    __m256 v = _mm256_cvtepi32_ps(
-        _mm256_sub_epi32(acc, _mm256_mullo_epi32(_mm256_set1_epi32(e->azp[i]), ws)));
-    v = _mm256_mul_ps(v, _mm256_mul_ps(_mm256_set1_ps(e->ascale[i]), vitc__ld8(e->wscale + j, n, m)));
-    if (e->bias) v = _mm256_add_ps(v, vitc__ld8(e->bias + j, n, m));
-    if (e->ls) v = _mm256_mul_ps(vitc__ld8(e->ls + j, n, m), v);
-    if (e->res) v = _mm256_add_ps(v, vitc__ld8(e->res + i * e->ldr + j, n, m));
-    if (n >= 8)
-        _mm256_storeu_ps(c, v);
-    else
-        _mm256_maskstore_ps(c, m, v);
+/* gemm_lp.h's int8 epilogue on columns j..j+7 of the tile's rows (masked
+ * to n), the reference's operations in its order; the columns' operands
+ * loaded once for every row. */
+static inline void vitc__out8(float *C, int64_t ldc, const int32_t *acc, int64_t mr, int64_t j,
+                              int64_t n, const vitc__lp_epi *e) {
+    const __m256i m = vitc__m8(n);
+    const __m256i ws = n >= 8 ? _mm256_loadu_si256((const __m256i *)(e->wsum + j))
+                              : _mm256_maskload_epi32(e->wsum + j, m);
+    const __m256 sc = vitc__ld8(e->wscale + j, n, m);
+    const __m256 bias = e->bias ? vitc__ld8(e->bias + j, n, m) : _mm256_setzero_ps();
+    const __m256 ls = e->ls ? vitc__ld8(e->ls + j, n, m) : _mm256_setzero_ps();
+    for (int64_t i = 0; i < mr; i++) {
+        __m256i a = _mm256_load_si256((const __m256i *)(acc + i * NR + j));
+        __m256 v = _mm256_cvtepi32_ps(
+            _mm256_sub_epi32(a, _mm256_mullo_epi32(_mm256_set1_epi32(e->azp[i]), ws)));
+        v = _mm256_mul_ps(v, _mm256_mul_ps(_mm256_set1_ps(e->ascale[i]), sc));
+        if (e->bias) v = _mm256_add_ps(v, bias);
+        if (e->ls) v = _mm256_mul_ps(ls, v);
+        if (e->res) v = _mm256_add_ps(v, vitc__ld8(e->res + i * e->ldr + j, n, m));
+        if (n >= 8)
+            _mm256_storeu_ps(C + i * ldc + j, v);
+        else
+            _mm256_maskstore_ps(C + i * ldc + j, m, v);
+    }
 }
 
 #define VITC_DECL(i) __m256i c##i##0 = _mm256_setzero_si256(), c##i##1 = c##i##0;
@@ -87,19 +94,21 @@ __attribute__((noinline)) static void vitc__pass(int64_t kg, const uint32_t *pa,
 static void vitc__ukr_int8_madd(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
                                 int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
     _Alignas(32) int32_t acc[MR * NR]; /* [MR][NR] */
-    /* the residual's rows (the model's stream: past L2 at batch 8) asked
-     * for now, not met cold in the epilogue, where they had stalled it
-     * (half its time on the residual's loads) */
-    for (int64_t i = 0; e->res && i < mr; i++) {
-        __builtin_prefetch(e->res + i * e->ldr, 0, 3);
-        if (nr > 16) __builtin_prefetch(e->res + i * e->ldr + 16, 0, 3);
+    /* the residual's rows and C's (the model's stream: past L2 at batch
+     * 8) asked for into L2 now, not met cold in the epilogue, where they
+     * had stalled it (half its time); into L1 they were evicted again by
+     * the passes' strips */
+    for (int64_t i = 0; i < mr; i++) {
+        if (e->res) {
+            __builtin_prefetch(e->res + i * e->ldr, 0, 2);
+            if (nr > 16) __builtin_prefetch(e->res + i * e->ldr + 16, 0, 2);
+        }
+        __builtin_prefetch(C + i * ldc, 1, 2);
+        if (nr > 16) __builtin_prefetch(C + i * ldc + 16, 1, 2);
     }
     for (int64_t j0 = 0; j0 < nr; j0 += 16)
         for (int64_t r0 = 0; r0 < mr; r0 += 6) vitc__pass(kg, pa, pb, acc, r0, j0);
-    for (int64_t i = 0; i < mr; i++)
-        for (int64_t j = 0; j < nr; j += 8)
-            vitc__out8(C + i * ldc + j, _mm256_load_si256((const __m256i *)(acc + i * NR + j)), i,
-                       j, nr - j, e);
+    for (int64_t j = 0; j < nr; j += 8) vitc__out8(C, ldc, acc, mr, j, nr - j, e);
 }
 
 /* The row's min and max, the reference's: vminps(v, m) returns m when v
