@@ -11,15 +11,11 @@
 #include <immintrin.h>
 
 #include "../gemm_lp.h"
+#include "vmath_avx2.h"
 
 #define MR VITC_LP_MR
 #define NR VITC_LP_NR
 #define RB 3 /* rows per pass */
-
-static inline __m256i vitc__m8(int64_t n) { /* lanes < n all ones */
-    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 0 ? 0 : n > 8 ? 8 : n)), idx);
-}
 
 /* One row of the epilogue: 4 x 8 columns, masked to nr. */
 static void vitc__row_out8(float *c, const __m256i acc[4], int64_t i, int64_t nr,
@@ -27,7 +23,7 @@ static void vitc__row_out8(float *c, const __m256i acc[4], int64_t i, int64_t nr
     __m256i z = _mm256_set1_epi32(e->azp[i]);
     __m256 s = _mm256_set1_ps(e->ascale[i]);
     for (int q = 0; q < 4; q++) {
-        __m256i m = vitc__m8(nr - 8 * q);
+        __m256i m = v_lanes_any(nr - 8 * q);
         __m256i ws = _mm256_maskload_epi32(e->wsum + 8 * q, m);
         __m256 sc = _mm256_maskload_ps(e->wscale + 8 * q, m);
         __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(acc[q], _mm256_mullo_epi32(z, ws)));

@@ -16,6 +16,7 @@
 #include <immintrin.h>
 
 #include "../gemm_lp.h"
+#include "vmath_avx2.h"
 
 #define MR VITC_LP_MR
 #define NR VITC_LP_NR
@@ -54,11 +55,6 @@ __attribute__((noinline)) static void vitc__pass_bf16(int64_t kg, const uint32_t
     VITC_PUT(0) VITC_PUT(1) VITC_PUT(2) VITC_PUT(3)
 }
 
-static inline __m256i vitc__m8(int64_t n) { /* lanes < n all ones */
-    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 0 ? 0 : n > 8 ? 8 : n)), idx);
-}
-
 static inline __m256 vitc__ld8(const float *p, int64_t n, __m256i m) {
     return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, m);
 }
@@ -82,7 +78,7 @@ static void vitc__ukr_bf16_fma(int64_t kg, const uint32_t *pa, const uint32_t *p
     for (int64_t i = 0; i < mr; i++)
         for (int64_t j = 0; j < nr; j += 8) {
             int64_t n = nr - j;
-            __m256i m = vitc__m8(n);
+            __m256i m = v_lanes_any(n);
             __m256 v = _mm256_load_ps(acc + i * NR + j);
             if (e->bias) v = _mm256_add_ps(v, vitc__ld8(e->bias + j, n, m));
             if (e->ls) v = _mm256_mul_ps(vitc__ld8(e->ls + j, n, m), v);
@@ -124,11 +120,11 @@ static void vitc__row_bf16_fma(uint32_t *dst, int64_t stride, const float *x, in
     _Alignas(32) uint32_t w8[8];
     for (int64_t k = 0; k < K; k += 8) {
         int64_t left = K - k;
-        __m256 v = left >= 8 ? _mm256_loadu_ps(x + k) : _mm256_maskload_ps(x + k, vitc__m8(left));
+        __m256 v = left >= 8 ? _mm256_loadu_ps(x + k) : _mm256_maskload_ps(x + k, v_lanes_any(left));
         if (scale) v = _mm256_mul_ps(v, s); /* x * 1 would be x: skipped */
         __m256i h = vitc__bf16x8(v); /* lanes: bf16 of x[k + l] */
         /* lane 2p | lane 2p + 1 << 16: the pairs' words (k past K: 0) */
-        h = _mm256_and_si256(h, vitc__m8(left));
+        h = _mm256_and_si256(h, v_lanes_any(left));
         __m256i w = _mm256_or_si256(h, _mm256_srli_epi64(h, 16));
         w = _mm256_permutevar8x32_epi32(w, odd); /* words in lanes 0..3 */
         int64_t words = left >= 8 ? 4 : (left + 1) / 2;

@@ -20,14 +20,10 @@
 #include <immintrin.h>
 
 #include "../gemm_lp.h"
+#include "vmath_avx2.h"
 
 #define MR VITC_LP_MR
 #define NR VITC_LP_NR
-
-static inline __m256i vitc__m8(int64_t n) { /* lanes < n all ones */
-    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 0 ? 0 : n > 8 ? 8 : n)), idx);
-}
 
 /* 8 floats at p, lanes < n (>= 8: a plain load; maskload otherwise) */
 static inline __m256 vitc__ld8(const float *p, int64_t n, __m256i m) {
@@ -39,7 +35,7 @@ static inline __m256 vitc__ld8(const float *p, int64_t n, __m256i m) {
  * loaded once for every row. */
 static inline void vitc__out8(float *C, int64_t ldc, const int32_t *acc, int64_t mr, int64_t j,
                               int64_t n, const vitc__lp_epi *e) {
-    const __m256i m = vitc__m8(n);
+    const __m256i m = v_lanes_any(n);
     const __m256i ws = n >= 8 ? _mm256_loadu_si256((const __m256i *)(e->wsum + j))
                               : _mm256_maskload_epi32(e->wsum + j, m);
     const __m256 sc = vitc__ld8(e->wscale + j, n, m);
@@ -161,8 +157,8 @@ static void vitc__row_int8_madd(uint32_t *dst, int64_t stride, const float *x, i
         if (left >= 16) {
             v0 = _mm256_loadu_ps(x + k), v1 = _mm256_loadu_ps(x + k + 8);
         } else {
-            v0 = _mm256_maskload_ps(x + k, vitc__m8(left));
-            v1 = _mm256_maskload_ps(x + k + 8, vitc__m8(left - 8));
+            v0 = _mm256_maskload_ps(x + k, v_lanes_any(left));
+            v1 = _mm256_maskload_ps(x + k + 8, v_lanes_any(left - 8));
         }
         __m256i q0 = _mm256_cvtps_epi32(_mm256_mul_ps(v0, vinv));
         __m256i q1 = _mm256_cvtps_epi32(_mm256_mul_ps(v1, vinv));

@@ -21,6 +21,8 @@ _Static_assert(VITC_PHI8_DEG == 8, "vitc__v_phi evaluates degree 8: regenerate o
 /* Lanes [0, n) of a ymm mask: a sliding window over this table. */
 static const int32_t vitc__v_lane_tbl[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 #define v_lanes(n) _mm256_loadu_si256((const __m256i *)(vitc__v_lane_tbl + 8 - (n)))
+/* v_lanes of any n (clamped to [0, 8]): the GEMM epilogues' column tails */
+#define v_lanes_any(n) v_lanes((n) < 0 ? 0 : (n) > 8 ? 8 : (n))
 
 #define v_zero() _mm256_setzero_ps()
 #define v_set1(x) _mm256_set1_ps(x)
