@@ -94,67 +94,66 @@ static void vitc__row_bf16_ref(uint32_t *dst, int64_t stride, const float *x, in
     }
 }
 
-/* vpdpbusd per lane: the four u8 x s8 products summed into int32 (exact:
- * K <= 33000 is checked at packing). */
-static void vitc__ukr_int8_ref(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
-                               int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+/* Value q of a word of kw k (kw 4: bytes, vpdpbusd's words; 2: int16, the
+ * i16 layout), as an unsigned (A) or signed (B) integer. */
+static inline int32_t vitc__lane(uint32_t w, int q, int kw, int is_signed) {
+    uint32_t v = w >> (32 / kw * q);
+    if (kw == 4) return is_signed ? (int32_t)(int8_t)(uint8_t)v : (int32_t)(uint8_t)v;
+    return (int32_t)(int16_t)(uint16_t)v; /* A's are 0..255: the same either way */
+}
+
+/* vpdpbusd per lane (or vpmaddwd for int16 words): the u8 x s8 products
+ * summed into int32 (exact: K <= 33000 is checked at packing). */
+static inline void vitc__ukr_int8_kw(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                                     int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e,
+                                     int kw) {
     for (int64_t i = 0; i < mr; i++)
         for (int64_t j = 0; j < nr; j++) {
             int32_t acc = 0;
             for (int64_t p = 0; p < kg; p++) {
                 uint32_t a = pa[p * MR + i], b = pb[p * NR + j];
-                for (int q = 0; q < 4; q++)
-                    acc += (int32_t)(uint8_t)(a >> (8 * q)) * (int32_t)(int8_t)(uint8_t)(b >> (8 * q));
+                for (int q = 0; q < kw; q++)
+                    acc += vitc__lane(a, q, kw, 0) * vitc__lane(b, q, kw, 1);
             }
             vitc__lp_store(C, ldc, i, j, vitc__lp_dq(acc, i, j, e), e);
         }
 }
 
-static void vitc__row_int8_ref(uint32_t *dst, int64_t stride, const float *x, int64_t K,
-                               float *scale, int32_t *zp) {
+static void vitc__ukr_int8_ref(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                               int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    vitc__ukr_int8_kw(kg, pa, pb, C, ldc, mr, nr, e, 4);
+}
+
+static void vitc__ukr_int8p_ref(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
+                                int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
+    vitc__ukr_int8_kw(kg, pa, pb, C, ldc, mr, nr, e, 2);
+}
+
+/* One row quantized (per row, gemm_lp.h) into words of kw values. */
+static inline void vitc__row_int8_kw(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                                     float *scale, int32_t *zp, int kw) {
     float mn = x[0], mx = x[0], inv;
     for (int64_t k = 1; k < K; k++) {
         mn = x[k] < mn ? x[k] : mn;
         mx = x[k] > mx ? x[k] : mx;
     }
     vitc__q8_params(mn, mx, scale, &inv, zp);
-    for (int64_t p = 0; 4 * p < K; p++) {
+    for (int64_t p = 0; kw * p < K; p++) {
         uint32_t w = 0;
-        for (int q = 0; q < 4 && 4 * p + q < K; q++)
-            w |= (uint32_t)vitc__q8(x[4 * p + q], inv, *zp) << (8 * q);
+        for (int q = 0; q < kw && kw * p + q < K; q++)
+            w |= (uint32_t)vitc__q8(x[kw * p + q], inv, *zp) << (32 / kw * q);
         dst[p * stride] = w;
     }
 }
 
-/* The same sums from int16 words (i16): two u8 times two s8 a word. */
-static void vitc__ukr_int8p_ref(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
-                                int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
-    for (int64_t i = 0; i < mr; i++)
-        for (int64_t j = 0; j < nr; j++) {
-            int32_t acc = 0;
-            for (int64_t p = 0; p < kg; p++) {
-                uint32_t a = pa[p * MR + i], b = pb[p * NR + j];
-                acc += (int32_t)(int16_t)(uint16_t)a * (int32_t)(int16_t)(uint16_t)b +
-                       (int32_t)(int16_t)(uint16_t)(a >> 16) * (int32_t)(int16_t)(uint16_t)(b >> 16);
-            }
-            vitc__lp_store(C, ldc, i, j, vitc__lp_dq(acc, i, j, e), e);
-        }
+static void vitc__row_int8_ref(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                               float *scale, int32_t *zp) {
+    vitc__row_int8_kw(dst, stride, x, K, scale, zp, 4);
 }
 
-/* vitc__row_int8_ref's values, two a word as int16. */
 static void vitc__row_int8p_ref(uint32_t *dst, int64_t stride, const float *x, int64_t K,
                                 float *scale, int32_t *zp) {
-    float mn = x[0], mx = x[0], inv;
-    for (int64_t k = 1; k < K; k++) {
-        mn = x[k] < mn ? x[k] : mn;
-        mx = x[k] > mx ? x[k] : mx;
-    }
-    vitc__q8_params(mn, mx, scale, &inv, zp);
-    for (int64_t p = 0; 2 * p < K; p++) {
-        uint32_t lo = vitc__q8(x[2 * p], inv, *zp);
-        uint32_t hi = 2 * p + 1 < K ? vitc__q8(x[2 * p + 1], inv, *zp) : 0;
-        dst[p * stride] = lo | hi << 16;
-    }
+    vitc__row_int8_kw(dst, stride, x, K, scale, zp, 2);
 }
 
 static void vitc__pairs_bf16_ref(uint32_t *dst, const float *x0, const float *x1, int64_t n) {
