@@ -430,9 +430,13 @@ static double ukr_efficiency(vitc_precision p, int nt, double peak) {
         ok = c.pa[t] && c.pb[t] && c.C[t];
         /* bf16 pairs of 1.0 and 2^-7, bytes 1..4: no subnormals, no overflow */
         for (int64_t i = 0; ok && i < lda * mr; i++)
-            c.pa[t][i] = p == VITC_PRECISION_BF16 ? 0x3F803F80u : kn->i16 ? 0x00020001u : 0x04030201u;
+            c.pa[t][i] = p == VITC_PRECISION_BF16 ? 0x3F803F80u
+                         : kn->i16                ? 0x00020001u
+                                                  : 0x04030201u;
         for (int64_t i = 0; ok && i < c.kg * VITC_LP_NR; i++)
-            c.pb[t][i] = p == VITC_PRECISION_BF16 ? 0x3C003C00u : kn->i16 ? 0x00030004u : 0x01020304u;
+            c.pb[t][i] = p == VITC_PRECISION_BF16 ? 0x3C003C00u
+                         : kn->i16                ? 0x00030004u
+                                                  : 0x01020304u;
     }
     double best = 1e30;
     for (int r = 0; ok && r < 15; r++) {

@@ -529,8 +529,9 @@ static void amx_kernel_case(const char *kname) {
                     const float *bias = epi < 2 ? b : NULL, *res = epi == 0 ? r : NULL;
                     int gelu = epi == 1;
                     assert_int_equal(vitc__lp_force("reference"), VITC_OK);
-                    assert_int_equal(vitc__linear_pw(y0, N, x, K, &pr0, NULL, bias, res, N, M, N, K, gelu),
-                                     VITC_OK);
+                    assert_int_equal(
+                        vitc__linear_pw(y0, N, x, K, &pr0, NULL, bias, res, N, M, N, K, gelu),
+                        VITC_OK);
                     assert_int_equal(vitc__lp_force(kname), VITC_OK);
                     assert_string_equal(vitc__lp_kernel_for(pr)->name,
                                         strcmp(kname, "amx") ? kname : p == 1 ? "amx-bf16" : "amx-int8");
@@ -541,7 +542,8 @@ static void amx_kernel_case(const char *kname) {
                     if (pr == VITC_PRECISION_INT8 || !strcmp(kname, "avx2")) {
                         if (memcmp(y0, y1, (size_t)(M * N) * 4))
                             fail_msg("%s %s %lldx%lldx%lld epilogue %d differs from the reference",
-                                     kname, vitc_precision_name(pr), (long long)M, (long long)N, (long long)K, epi);
+                                     kname, vitc_precision_name(pr), (long long)M, (long long)N,
+                                     (long long)K, epi);
                     } else {
                         ndiff += check_bf16_close(kname, x, W, y0, y1, M, N, K, gelu);
                         nb += M * N;

@@ -120,7 +120,8 @@ static void vitc__row_bf16_fma(uint32_t *dst, int64_t stride, const float *x, in
     _Alignas(32) uint32_t w8[8];
     for (int64_t k = 0; k < K; k += 8) {
         int64_t left = K - k;
-        __m256 v = left >= 8 ? _mm256_loadu_ps(x + k) : _mm256_maskload_ps(x + k, v_lanes_any(left));
+        __m256 v = left >= 8 ? _mm256_loadu_ps(x + k)
+                             : _mm256_maskload_ps(x + k, v_lanes_any(left));
         if (scale) v = _mm256_mul_ps(v, s); /* x * 1 would be x: skipped */
         __m256i h = vitc__bf16x8(v); /* lanes: bf16 of x[k + l] */
         /* lane 2p | lane 2p + 1 << 16: the pairs' words (k past K: 0) */
