@@ -55,10 +55,6 @@ __attribute__((noinline)) static void vitc__pass_bf16(int64_t kg, const uint32_t
     VITC_PUT(0) VITC_PUT(1) VITC_PUT(2) VITC_PUT(3)
 }
 
-static inline __m256 vitc__ld8(const float *p, int64_t n, __m256i m) {
-    return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, m);
-}
-
 static void vitc__ukr_bf16_fma(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
                                int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
     _Alignas(32) float acc[MR * NR]; /* [MR][NR] */
@@ -80,9 +76,9 @@ static void vitc__ukr_bf16_fma(int64_t kg, const uint32_t *pa, const uint32_t *p
             int64_t n = nr - j;
             __m256i m = v_lanes_any(n);
             __m256 v = _mm256_load_ps(acc + i * NR + j);
-            if (e->bias) v = _mm256_add_ps(v, vitc__ld8(e->bias + j, n, m));
-            if (e->ls) v = _mm256_mul_ps(vitc__ld8(e->ls + j, n, m), v);
-            if (e->res) v = _mm256_add_ps(v, vitc__ld8(e->res + i * e->ldr + j, n, m));
+            if (e->bias) v = _mm256_add_ps(v, vitc__v_ld8(e->bias + j, n, m));
+            if (e->ls) v = _mm256_mul_ps(vitc__v_ld8(e->ls + j, n, m), v);
+            if (e->res) v = _mm256_add_ps(v, vitc__v_ld8(e->res + i * e->ldr + j, n, m));
             if (n >= 8)
                 _mm256_storeu_ps(C + i * ldc + j, v);
             else

@@ -25,11 +25,6 @@
 #define MR VITC_LP_MR
 #define NR VITC_LP_NR
 
-/* 8 floats at p, lanes < n (>= 8: a plain load; maskload otherwise) */
-static inline __m256 vitc__ld8(const float *p, int64_t n, __m256i m) {
-    return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, m);
-}
-
 /* gemm_lp.h's int8 epilogue on columns j..j+7 of the tile's rows (masked
  * to n), the reference's operations in its order; the columns' operands
  * loaded once for every row. */
@@ -38,9 +33,9 @@ static inline void vitc__out8(float *C, int64_t ldc, const int32_t *acc, int64_t
     const __m256i m = v_lanes_any(n);
     const __m256i ws = n >= 8 ? _mm256_loadu_si256((const __m256i *)(e->wsum + j))
                               : _mm256_maskload_epi32(e->wsum + j, m);
-    const __m256 sc = vitc__ld8(e->wscale + j, n, m);
-    const __m256 bias = e->bias ? vitc__ld8(e->bias + j, n, m) : _mm256_setzero_ps();
-    const __m256 ls = e->ls ? vitc__ld8(e->ls + j, n, m) : _mm256_setzero_ps();
+    const __m256 sc = vitc__v_ld8(e->wscale + j, n, m);
+    const __m256 bias = e->bias ? vitc__v_ld8(e->bias + j, n, m) : _mm256_setzero_ps();
+    const __m256 ls = e->ls ? vitc__v_ld8(e->ls + j, n, m) : _mm256_setzero_ps();
     for (int64_t i = 0; i < mr; i++) {
         __m256i a = _mm256_load_si256((const __m256i *)(acc + i * NR + j));
         __m256 v = _mm256_cvtepi32_ps(
@@ -48,7 +43,7 @@ static inline void vitc__out8(float *C, int64_t ldc, const int32_t *acc, int64_t
         v = _mm256_mul_ps(v, _mm256_mul_ps(_mm256_set1_ps(e->ascale[i]), sc));
         if (e->bias) v = _mm256_add_ps(v, bias);
         if (e->ls) v = _mm256_mul_ps(ls, v);
-        if (e->res) v = _mm256_add_ps(v, vitc__ld8(e->res + i * e->ldr + j, n, m));
+        if (e->res) v = _mm256_add_ps(v, vitc__v_ld8(e->res + i * e->ldr + j, n, m));
         if (n >= 8)
             _mm256_storeu_ps(C + i * ldc + j, v);
         else

@@ -23,6 +23,10 @@ static const int32_t vitc__v_lane_tbl[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 
 #define v_lanes(n) _mm256_loadu_si256((const __m256i *)(vitc__v_lane_tbl + 8 - (n)))
 /* v_lanes of any n (clamped to [0, 8]): the GEMM epilogues' column tails */
 #define v_lanes_any(n) v_lanes((n) < 0 ? 0 : (n) > 8 ? 8 : (n))
+/* 8 floats at p, lanes of mask m (v_lanes_any(n)): a plain load when n >= 8 */
+static inline __m256 vitc__v_ld8(const float *p, int64_t n, __m256i m) {
+    return n >= 8 ? _mm256_loadu_ps(p) : _mm256_maskload_ps(p, m);
+}
 
 #define v_zero() _mm256_setzero_ps()
 #define v_set1(x) _mm256_set1_ps(x)
