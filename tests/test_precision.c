@@ -519,27 +519,50 @@ static void amx_kernel_case(const char *kname) {
                 float *x = rnd((size_t)(M * K), 2.0f), *W = rnd((size_t)(N * K), 0.1f);
                 float *b = rnd((size_t)N, 0.5f), *r = rnd((size_t)(M * N), 1.0f);
                 float *y0 = calloc((size_t)(M * N), 4), *y1 = calloc((size_t)(M * N), 4);
-                /* each packed for its kernel: avx2's int8 words are int16 */
-                vitc__pweight pw, pr0;
+                /* each packed for its kernel: avx2's int8 words are int16;
+                 * avx2-w7's weights lie in [-64, 64], which the reference
+                 * runs as well (pr0); pr1, packed in [-127, 127], avx2-w7
+                 * must hand to the reference */
+                vitc__pweight pw, pr0, pr1;
+                int w7 = !strcmp(kname, "avx2-w7");
                 assert_int_equal(vitc__lp_force("reference"), VITC_OK);
+                assert_int_equal(vitc__pweight_pack(&pr1, W, N, K, pr), VITC_OK);
+                assert_int_equal(vitc__lp_force(w7 ? kname : "reference"), VITC_OK);
                 assert_int_equal(vitc__pweight_pack(&pr0, W, N, K, pr), VITC_OK);
                 assert_int_equal(vitc__lp_force(kname), VITC_OK);
                 assert_int_equal(vitc__pweight_pack(&pw, W, N, K, pr), VITC_OK);
-                for (int epi = 0; epi < 3; epi++) {
-                    const float *bias = epi < 2 ? b : NULL, *res = epi == 0 ? r : NULL;
-                    int gelu = epi == 1;
+                /* epi 3: quick-GELU (CLIP's), int8 only (check_bf16_close's
+                 * bound is erf GELU's) */
+                for (int epi = 0; epi < 4; epi++) {
+                    if (epi == 3 && pr != VITC_PRECISION_INT8) continue;
+                    const float *bias = epi != 2 ? b : NULL, *res = epi == 0 ? r : NULL;
+                    int gelu = epi == 1 ? VITC__ACT_GELU : epi == 3 ? VITC__ACT_QUICK_GELU : 0;
                     assert_int_equal(vitc__lp_force("reference"), VITC_OK);
                     assert_int_equal(
                         vitc__linear_pw(y0, N, x, K, &pr0, NULL, bias, res, N, M, N, K, gelu),
                         VITC_OK);
                     assert_int_equal(vitc__lp_force(kname), VITC_OK);
                     assert_string_equal(vitc__lp_kernel_for(pr)->name,
-                                        strcmp(kname, "amx") ? kname : p == 1 ? "amx-bf16" : "amx-int8");
+                                        !strcmp(kname, "amx") ? (p == 1 ? "amx-bf16" : "amx-int8")
+                                        : w7 && p == 1        ? "avx2"
+                                                              : kname);
                     memset(y1, 0xFF, (size_t)(M * N) * 4);
                     assert_int_equal(vitc__linear_pw(y1, N, x, K, &pw, NULL, bias, res, N, M, N, K, gelu),
                                      VITC_OK);
+                    if (w7 && pr == VITC_PRECISION_INT8) {
+                        float *y2 = calloc((size_t)(M * N), 4), *y3 = calloc((size_t)(M * N), 4);
+                        assert_int_equal(vitc__linear_pw(y2, N, x, K, &pr1, NULL, bias, res, N,
+                                                         M, N, K, gelu), VITC_OK);
+                        assert_int_equal(vitc__lp_force("reference"), VITC_OK);
+                        assert_int_equal(vitc__linear_pw(y3, N, x, K, &pr1, NULL, bias, res, N,
+                                                         M, N, K, gelu), VITC_OK);
+                        assert_int_equal(vitc__lp_force(kname), VITC_OK);
+                        if (memcmp(y2, y3, (size_t)(M * N) * 4))
+                            fail_msg("avx2-w7 on weights in [-127, 127] differs from the reference");
+                        free(y2), free(y3);
+                    }
                     /* avx2's bf16 FMA adds in the reference's order: exact too */
-                    if (pr == VITC_PRECISION_INT8 || !strcmp(kname, "avx2")) {
+                    if (pr == VITC_PRECISION_INT8 || !strncmp(kname, "avx2", 4)) {
                         if (memcmp(y0, y1, (size_t)(M * N) * 4))
                             fail_msg("%s %s %lldx%lldx%lld epilogue %d differs from the reference",
                                      kname, vitc_precision_name(pr), (long long)M, (long long)N,
@@ -551,11 +574,12 @@ static void amx_kernel_case(const char *kname) {
                 }
                 vitc__pweight_free(&pw);
                 vitc__pweight_free(&pr0);
+                vitc__pweight_free(&pr1);
                 free(x), free(W), free(b), free(r), free(y0), free(y1);
             }
     assert_int_equal(vitc__lp_force(NULL), VITC_OK);
-    if (!strcmp(kname, "avx2"))
-        printf("# avx2: int8 and bf16 = reference bit for bit\n");
+    if (!strncmp(kname, "avx2", 4))
+        printf("# %s: int8 and bf16 = reference bit for bit\n", kname);
     else
         printf("# %s: int8 = reference bit for bit; bf16 within the bound, %lld of %lld outputs "
                "differ in their last bits (the order of the sums)\n", kname, (long long)ndiff,
@@ -696,6 +720,42 @@ static void test_lp_avx2(void **state) {
         }
     }
     amx_kernel_case("avx2");
+    /* avx2-w7: vpdpbusd's words (the reference's converter), its weights
+     * in [-64, 64] */
+    assert_int_equal(vitc__lp_force("avx2-w7"), VITC_OK);
+    const vitc__lp_kernel *k7 = vitc__lp_kernel_for(VITC_PRECISION_INT8);
+    assert_string_equal(k7->name, "avx2-w7");
+    assert_int_equal(k7->wmax, 64);
+    for (int K = 1; K <= 77; K += (K < 20 ? 1 : 19)) {
+        float x[77];
+        for (int i = 0; i < K; i++) x[i] = 3.0f * frand();
+        if (K > 9) x[3] = 1e30f, x[4] = -0.0f, x[7] = NAN, x[9] = INFINITY;
+        uint32_t w0[20 * 12], w1[20 * 12];
+        for (int stride = 1; stride <= 12; stride += 11) {
+            memset(w0, 0xAB, sizeof w0), memset(w1, 0xAB, sizeof w1);
+            float s0, s1;
+            int32_t z0, z1;
+            vitc__lp_int8_ref.row(w0, stride, x, K, &s0, &z0);
+            k7->row(w1, stride, x, K, &s1, &z1);
+            if (memcmp(w0, w1, sizeof w0) || memcmp(&s0, &s1, 4) || z0 != z1)
+                fail_msg("avx2-w7 row converter differs from the reference at K = %d, "
+                         "stride %d", K, stride);
+        }
+    }
+    float W[3 * 5] = {1.0f, -0.5f, 0.25f, 0.126f, -0.0f, 0, 0, 0, 0, 0, -3, 1, 2, 0.01f, 3};
+    vitc__pweight pw;
+    assert_int_equal(vitc__pweight_pack(&pw, W, 3, 5, VITC_PRECISION_INT8), VITC_OK);
+    assert_int_equal(pw.wmax, 64);
+    float back[3 * 5];
+    vitc__pweight_unpack(&pw, back);
+    for (int i = 0; i < 15; i++) {
+        float s = pw.wscale[i / 5], q = back[i] / s;
+        assert_true(fabsf(q) <= 64.0f && fabsf(q - nearbyintf(q)) < 1e-3f);
+        assert_true(fabsf(back[i] - W[i]) <= 0.5f * s * 1.0001f);
+    }
+    assert_float_equal(pw.wscale[0], 1.0f / 64, 1e-9);
+    vitc__pweight_free(&pw);
+    amx_kernel_case("avx2-w7");
 }
 
 /* A small random ViT (2 threads: the pool's threads each configure their
@@ -846,14 +906,36 @@ static void test_vit_lp(void **state) {
     float *x = rnd(NIMG * 3 * 32 * 32, 1.0f), f[NIMG * 40], a[NIMG * 40], b[NIMG * 40];
     assert_int_equal(vitc_vit_set_precision(NULL, VITC_PRECISION_BF16), VITC_ERR_INVALID_ARG);
     assert_int_equal(vitc_vit_set_precision(m, (vitc_precision)5), VITC_ERR_INVALID_ARG);
-    for (int p = 1; p <= 2; p++) {
+    /* A default int8 kernel with weights in [-64, 64] (avx2-w7) packs
+     * other values than the generic path's reference: the paths are
+     * compared with [-127, 127] on both (avx2), and p = 3 is int8 on the
+     * default kernel against fp32 alone. */
+    int narrow = vitc__lp_kernel_for(VITC_PRECISION_INT8)->wmax != 0;
+    for (int p = 1; p <= 3; p++) {
+        if (p == 3 && !narrow) break;
+        vitc_precision pr = p == 3 ? VITC_PRECISION_INT8 : (vitc_precision)p;
+        assert_int_equal(vitc__lp_force(p == 2 && narrow ? "avx2" : NULL), VITC_OK);
         vitc_vit *q = small_vit();
         logits(q, x, f, 0);
-        assert_int_equal(vitc_vit_set_precision(q, (vitc_precision)p), VITC_OK);
-        assert_int_equal(vitc_vit_get_precision(q), p);
+        assert_int_equal(vitc_vit_set_precision(q, pr), VITC_OK);
+        assert_int_equal(vitc_vit_get_precision(q), pr);
+        if (p == 3) {
+            logits(q, x, b, 0);
+            double e2 = 0, n2 = 0;
+            for (int k = 0; k < NIMG * 40; k++)
+                e2 += (b[k] - f[k]) * (double)(b[k] - f[k]), n2 += f[k] * (double)f[k];
+            printf("# small ViT int8 on %s: relative logits error %.4g\n",
+                   vitc__lp_kernel_for(pr)->name, sqrt(e2 / n2));
+            assert_true(sqrt(e2 / n2) > 0 && sqrt(e2 / n2) < 0.05);
+            vitc_vit_free(q);
+            break;
+        }
+        /* generic: the reference, repacked from those values */
+        assert_int_equal(vitc__lp_force(NULL), VITC_OK);
         assert_int_equal(vitc_set_arch("generic"), VITC_OK);
         logits(q, x, a, 0);
         vitc_set_arch(NULL);
+        assert_int_equal(vitc__lp_force(p == 2 && narrow ? "avx2" : NULL), VITC_OK);
         logits(q, x, b, 0);
         double num = 0, den = 0, d2 = 0;
         for (int k = 0; k < NIMG * 40; k++) {
@@ -867,6 +949,7 @@ static void test_vit_lp(void **state) {
         assert_true(rel > 0 && rel < (p == 1 ? 0.015 : 0.05));
         vitc_vit_free(q);
     }
+    assert_int_equal(vitc__lp_force(NULL), VITC_OK);
     free(x);
     vitc_vit_free(m);
 }

@@ -337,7 +337,7 @@ int vitc__amx_usable(const char **why) {
 /* A kernel forced by name (BLIS-style, for tests and comparisons): -1 until
  * VITC_LP_KERNEL is read, then an index of vitc__lp_names (0: none). */
 static const char *const vitc__lp_names[] = {"auto", "reference", "avx512", "avx-vnni", "amx",
-                                             "amx-emulated", "avx2"};
+                                             "amx-emulated", "avx2", "avx2-w7"};
 #define VITC__LP_NNAMES (int)(sizeof vitc__lp_names / sizeof vitc__lp_names[0])
 static int vitc__lp_forced = -1;
 static char vitc__lp_env_bad[32]; /* an unknown VITC_LP_KERNEL, for precision_paths */
@@ -371,7 +371,7 @@ vitc_status vitc__lp_force(const char *name) {
     if (i < 0)
         return vitc__err(VITC_ERR_INVALID_ARG,
                          "unknown low-precision kernel \"%s\" (expected reference, avx512, "
-                         "avx-vnni, avx2, amx, amx-emulated or auto)", name);
+                         "avx-vnni, avx2, avx2-w7, amx, amx-emulated or auto)", name);
     pthread_once(&vitc__lp_env_once, vitc__lp_env); /* so that a later first read cannot undo it */
     __atomic_store_n(&vitc__lp_forced, i, __ATOMIC_RELEASE);
     return VITC_OK;
@@ -393,9 +393,11 @@ static const vitc__lp_kernel *vitc__lp_forced_kernel(vitc_precision p, int i) {
                                       : NULL;
     case 5: return bf ? &vitc__lp_bf16_amx_emul : &vitc__lp_int8_amx_emul;
     case 6:
-        return vitc__cpu_has(VITC_ARCH_AVX2) ? (bf ? VITC__X86_LP(vitc__lp_bf16_avx2)
-                                                   : VITC__X86_LP(vitc__lp_int8_avx2))
-                                             : NULL;
+    case 7: /* avx2-w7: bf16's is avx2's */
+        return !vitc__cpu_has(VITC_ARCH_AVX2) ? NULL
+               : bf                           ? VITC__X86_LP(vitc__lp_bf16_avx2)
+               : i == 6                       ? VITC__X86_LP(vitc__lp_int8_avx2)
+                                              : VITC__X86_LP(vitc__lp_int8_avx2_w7);
     }
     return NULL;
 }
@@ -403,7 +405,7 @@ static const vitc__lp_kernel *vitc__lp_forced_kernel(vitc_precision p, int i) {
 /* A forced kernel when this CPU can run it; else a path of the AVX-512
  * family (its table's lp_family) takes AMX where usable, then AVX512-BF16 /
  * AVX512-VNNI, one of the AVX-VNNI family (the avx2 path) AVX-VNNI (int8)
- * or else AVX2's vpmaddwd (int8) and FMA on widened bf16 (bf16), and
+ * or else AVX2's vpmaddubsw (int8, avx2-w7) and FMA on widened bf16 (bf16), and
  * otherwise the reference. The AVX-512 and AMX kernels only on the avx512 path and
  * AVX-VNNI's on the avx2 path, so VITC_ARCH=avx2|generic
  * (and vitc_set_arch) select the others: the tests run every one this CPU
@@ -421,9 +423,13 @@ const vitc__lp_kernel *vitc__lp_kernel_for(vitc_precision p) {
         return fast                            ? VITC__X86_LP(vitc__lp_bf16_avx512)
                : fam == VITC__LP_FAMILY_AVXVNNI ? VITC__X86_LP(vitc__lp_bf16_avx2)
                                                : &vitc__lp_bf16_ref;
+    /* Without VNNI, vpmaddubsw on weights in [-64, 64] (avx2-w7): 1.2x
+     * vpmaddwd's exact 8-bit weights on a Zen 3, the logits' error 1.5x
+     * (docs/precision.md); ONNX Runtime advises the same range there
+     * (reduce_range). VITC_LP_KERNEL=avx2 keeps [-127, 127]. */
     if (!fast && fam == VITC__LP_FAMILY_AVXVNNI)
         return vitc__cpu_has_avxvnni() ? VITC__X86_LP(vitc__lp_int8_avxvnni)
-                                       : VITC__X86_LP(vitc__lp_int8_avx2);
+                                       : VITC__X86_LP(vitc__lp_int8_avx2_w7);
     return fast ? VITC__X86_LP(vitc__lp_int8_avx512) : &vitc__lp_int8_ref;
 }
 
@@ -443,7 +449,7 @@ int vitc__attention_pays(vitc_precision p) {
 
 const vitc__lp_kernel *vitc__lp_attention_kernel(vitc_precision p) {
     const vitc__lp_kernel *k = vitc__lp_kernel_for(p);
-    if (p == VITC_PRECISION_INT8 && (k->mr != VITC_LP_MR || k->a_kpad || k->i16)) {
+    if (p == VITC_PRECISION_INT8 && (k->mr != VITC_LP_MR || k->a_kpad || k->i16 || k->wmax)) {
         /* AMX's CPUs all have AVX512-VNNI; AVX2's int16 words (no VNNI) the
          * reference */
         const vitc__lp_kernel *v = VITC__X86_LP(vitc__lp_int8_avx512);
@@ -457,6 +463,8 @@ static const char *vitc__lp_desc(const vitc__lp_kernel *k, int forced) {
     if (k == VITC__X86_LP(vitc__lp_int8_avx512)) return "avx512-vnni (vpdpbusd)";
     if (k == VITC__X86_LP(vitc__lp_int8_avxvnni)) return "avx-vnni (vpdpbusd ymm)";
     if (k == VITC__X86_LP(vitc__lp_int8_avx2)) return "avx2 (vpmaddwd on int16 words, no VNNI)";
+    if (k == VITC__X86_LP(vitc__lp_int8_avx2_w7))
+        return "avx2-w7 (vpmaddubsw, weights in [-64, 64], no VNNI)";
     if (k == VITC__X86_LP(vitc__lp_bf16_avx2))
         return "avx2 (bf16 widened for vfmadd231ps, no AVX512-BF16)";
     if (k == VITC__X86_LP(vitc__lp_bf16_amx)) return "amx-bf16 (tdpbf16ps)";

@@ -227,15 +227,15 @@ static void vitc__strip_unit_ref(uint32_t *dst, int64_t ldd, int w, const float 
 
 const vitc__lp_kernel vitc__lp_bf16_ref = {"reference", vitc__ukr_bf16_ref, vitc__row_bf16_ref,
                                            NULL, vitc__ukr_bf16_rm_ref, vitc__pairs_bf16_ref, 0,
-                                           MR, 0, NULL, NULL, 0, NULL, NULL, NULL, 0};
+                                           MR, 0, NULL, NULL, 0, NULL, NULL, NULL, 0, 0};
 const vitc__lp_kernel vitc__lp_int8_ref = {"reference", vitc__ukr_int8_ref, vitc__row_int8_ref, NULL,
                                            NULL, NULL, 0, MR, 0, NULL, NULL, 0,
                                            vitc__s8_rows_ref, vitc__s8_quads_ref,
-                                           vitc__strip_unit_ref, 0};
+                                           vitc__strip_unit_ref, 0, 0};
 /* i16: not for the attention (its panels are vpdpbusd's words) */
 const vitc__lp_kernel vitc__lp_int8p_ref = {"reference", vitc__ukr_int8p_ref, vitc__row_int8p_ref,
                                             NULL, NULL, NULL, 0, MR, 0, NULL, NULL, 0,
-                                            NULL, NULL, NULL, 1};
+                                            NULL, NULL, NULL, 1, 0};
 
 void vitc__lp_strip(const vitc__lp_kernel *kn, vitc_precision p, uint32_t *dst, int64_t ldd,
                     int w, const float *x, int64_t ldx, int64_t rows, int64_t K, float *scale,
@@ -267,6 +267,8 @@ vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, 
     /* the layout of the kernel that will run it (int8: int16 words or not) */
     const vitc__lp_kernel *kn = vitc__lp_kernel_for(p);
     const int g = vitc__lp_kw(kn, p), i16 = p == VITC_PRECISION_INT8 && kn->i16;
+    const int wmax = kn->wmax ? kn->wmax : 127;
+    const float fmax = (float)wmax;
     /* |sum| and |zp * wsum| are each at most K * 255 * 127; their
      * difference (the epilogue) must fit int32: K <= 33000. */
     if (p == VITC_PRECISION_INT8 && K > 33000)
@@ -308,17 +310,18 @@ vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, 
             continue;
         }
         const float *w = W + j * K; /* [K] */
-        /* Symmetric per output channel: scale = max|w| / 127, q in [-127, 127]. */
+        /* Symmetric per output channel: scale = max|w| / wmax, q in
+         * [-wmax, wmax] (127, or the kernel's narrower range) */
         float amax = 0.0f;
         for (int64_t k = 0; k < K; k++) amax = fabsf(w[k]) > amax ? fabsf(w[k]) : amax;
-        float s = amax / 127.0f;
+        float s = amax / fmax;
         if (!(s > 0.0f) || !isfinite(s)) s = 1.0f;
         int32_t sum = 0;
         for (int64_t pp = 0; pp < kg; pp++) {
             uint32_t word = 0;
             for (int q = 0; q < g && g * pp + q < K; q++) {
                 float t = nearbyintf(w[g * pp + q] / s);
-                int32_t v = t > 127.0f ? 127 : t < -127.0f ? -127 : t == t ? (int32_t)t : 0;
+                int32_t v = t > fmax ? wmax : t < -fmax ? -wmax : t == t ? (int32_t)t : 0;
                 sum += v;
                 word |= i16 ? (uint32_t)(uint16_t)(int16_t)v << (16 * q)
                             : (uint32_t)(uint8_t)(int8_t)v << (8 * q);
@@ -329,7 +332,8 @@ vitc_status vitc__pweight_pack_lp(vitc__pweight *pw, const float *W, int64_t N, 
         wsum[j] = sum;
     }
     *pw = (vitc__pweight){.prec = p, .N = N, .K = K, .npad = (int64_t)npad, .kg = kg, .data = d,
-                          .wscale = ws, .wsum = wsum, .i16 = i16};
+                          .wscale = ws, .wsum = wsum, .i16 = i16,
+                          .wmax = p == VITC_PRECISION_INT8 ? wmax : 0};
     return VITC_OK;
 }
 
@@ -571,9 +575,11 @@ vitc_status vitc__linear_lp(float *y, int64_t ldy, const float *x, int64_t ldx,
         return vitc__err(VITC_ERR_INVALID_ARG, "linear (%s): LayerNorm input with row stride %lld, not K = %lld",
                          vitc_precision_name(pw->prec), (long long)ldx, (long long)pw->K);
     const vitc__lp_kernel *kn = vitc__lp_kernel_for(pw->prec);
-    /* int8 weights packed for the other word layout (the kernel forced or
-     * the arch changed since): that layout's reference, the same numbers */
-    if (pw->prec == VITC_PRECISION_INT8 && !kn->i16 != !pw->i16)
+    /* int8 weights packed for the other word layout, or over the range the
+     * kernel sums exactly (the kernel forced or the arch changed since):
+     * that layout's reference, the same numbers */
+    if (pw->prec == VITC_PRECISION_INT8 &&
+        (!kn->i16 != !pw->i16 || (kn->wmax && kn->wmax < pw->wmax)))
         kn = pw->i16 ? &vitc__lp_int8p_ref : &vitc__lp_int8_ref;
     const int64_t smr = kn->mr, kg = pw->kg, rs = (M + smr - 1) / smr;
     const int64_t lda = kn->a_kpad ? vitc__lp_a_ld(kn->a_kpad, kg) : kg; /* words a row */

@@ -139,6 +139,11 @@ typedef struct vitc__lp_kernel {
      * Weights packed so (vitc__pweight.i16) twice int8's memory, bf16's.
      * 0: four u8 / s8 k a word (vpdpbusd's). The same sums either way. */
     int i16;
+    /* int8 only: the weights' largest magnitude this kernel sums exactly,
+     * 0 for all of [-127, 127]. 64: vpmaddubsw's int16 pair sums hold
+     * 255 * 64 * 2 (avx2-w7); its weights are packed on scale max|w| / 64,
+     * so with half the steps (vitc__pweight.wmax). */
+    int wmax;
 } vitc__lp_kernel;
 
 /* Words of precision p's kernel kn: k per word (2 or 4), and their count. */
@@ -161,6 +166,9 @@ extern const vitc__lp_kernel vitc__lp_int8_avxvnni; /* row: NULL, the reference'
 /* int8 in int16 words (i16): the reference, and AVX2's vpmaddwd kernel
  * (x86/gemm_lp_madd_avx2.c) for CPUs with AVX2 and no VNNI */
 extern const vitc__lp_kernel vitc__lp_int8p_ref, vitc__lp_int8_avx2;
+/* int8 on AVX2 without VNNI with weights in [-64, 64] (wmax): vpmaddubsw,
+ * vpdpbusd's words (x86/gemm_lp_madd_avx2.c) */
+extern const vitc__lp_kernel vitc__lp_int8_avx2_w7;
 /* bf16 on AVX2 + FMA without AVX512-BF16: widened to fp32, the reference's
  * numbers (x86/gemm_lp_bf16_avx2.c) */
 extern const vitc__lp_kernel vitc__lp_bf16_avx2;

@@ -200,7 +200,7 @@ void vitc__amx_emu_dpbf16ps(int c, int a, int b) {
  * its epilogue, and GELU after the tile (fused_gelu 0). */
 const vitc__lp_kernel vitc__lp_bf16_amx_emul = {
     "amx-emulated", vitc__ukr_bf16_amx_emul, NULL, NULL, NULL, NULL, 0, AMX_MR, AMX_KW,
-    vitc__amx_begin_amx_emul, vitc__amx_end_amx_emul, 0, NULL, NULL, NULL, 0};
+    vitc__amx_begin_amx_emul, vitc__amx_end_amx_emul, 0, NULL, NULL, NULL, 0, 0};
 const vitc__lp_kernel vitc__lp_int8_amx_emul = {
     "amx-emulated", vitc__ukr_int8_amx_emul, NULL, NULL, NULL, NULL, 0, AMX_MR, AMX_KW,
-    vitc__amx_begin_amx_emul, vitc__amx_end_amx_emul, 0, NULL, NULL, NULL, 0};
+    vitc__amx_begin_amx_emul, vitc__amx_end_amx_emul, 0, NULL, NULL, NULL, 0, 0};

@@ -265,6 +265,7 @@ typedef struct vitc__pweight {
     float *wscale; /* INT8: [npad] per output channel */
     int32_t *wsum; /* INT8: [npad] sums of each channel's int8 weights */
     int i16;       /* INT8: words of two int16 k (gemm_lp.h), packed for such a kernel */
+    int wmax;      /* INT8: the weights' range [-wmax, wmax] (127, or 64: gemm_lp.h) */
 } vitc__pweight;
 
 /* Packs W [N, K] for precision p (FP32: for the current arch's kernel).

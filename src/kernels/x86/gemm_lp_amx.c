@@ -26,7 +26,7 @@
 const vitc__lp_kernel vitc__lp_bf16_amx = {
     "amx-bf16", vitc__ukr_bf16_amx, vitc__row_bf16_avx512, vitc__strip_bf16_avx512,
     vitc__ukr_bf16_rm_avx512, vitc__pairs_bf16_avx512, 1, AMX_MR, AMX_KW,
-    vitc__amx_begin_amx, vitc__amx_end_amx, 0, NULL, NULL, NULL, 0};
+    vitc__amx_begin_amx, vitc__amx_end_amx, 0, NULL, NULL, NULL, 0, 0};
 const vitc__lp_kernel vitc__lp_int8_amx = {
     "amx-int8", vitc__ukr_int8_amx, vitc__row_int8_avx512, vitc__strip_int8_avx512, NULL, NULL,
-    1, AMX_MR, AMX_KW, vitc__amx_begin_amx, vitc__amx_end_amx, 0, NULL, NULL, NULL, 0};
+    1, AMX_MR, AMX_KW, vitc__amx_begin_amx, vitc__amx_end_amx, 0, NULL, NULL, NULL, 0, 0};

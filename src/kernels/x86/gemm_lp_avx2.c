@@ -71,4 +71,4 @@ static void vitc__ukr_int8_avxvnni(int64_t kg, const uint32_t *pa, const uint32_
 
 /* The rows are converted by the reference (a few percent of the time). */
 const vitc__lp_kernel vitc__lp_int8_avxvnni = {"avx-vnni", vitc__ukr_int8_avxvnni, NULL, NULL, NULL, NULL, 0,
-                                               MR, 0, NULL, NULL, 0, NULL, NULL, NULL, 0};
+                                               MR, 0, NULL, NULL, 0, NULL, NULL, NULL, 0, 0};

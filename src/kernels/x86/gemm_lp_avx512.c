@@ -673,9 +673,9 @@ static void vitc__strip_unit_avx512(uint32_t *dst, int64_t ldd, int w, const flo
 const vitc__lp_kernel vitc__lp_bf16_avx512 = {"avx512-bf16", vitc__ukr_bf16_avx512,
                                               vitc__row_bf16_avx512, vitc__strip_bf16_avx512,
                                               vitc__ukr_bf16_rm_avx512, vitc__pairs_bf16_avx512, 1,
-                                              MR, 0, NULL, NULL, 1, NULL, NULL, NULL, 0};
+                                              MR, 0, NULL, NULL, 1, NULL, NULL, NULL, 0, 0};
 const vitc__lp_kernel vitc__lp_int8_avx512 = {"avx512-vnni", vitc__ukr_int8_avx512,
                                               vitc__row_int8_avx512, vitc__strip_int8_avx512,
                                               NULL, NULL, 1, MR, 0, NULL, NULL, 1,
                                               vitc__s8_rows_avx512, vitc__s8_quads_avx512,
-                                              vitc__strip_unit_avx512, 0};
+                                              vitc__strip_unit_avx512, 0, 0};

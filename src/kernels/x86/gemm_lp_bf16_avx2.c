@@ -133,4 +133,4 @@ static void vitc__row_bf16_fma(uint32_t *dst, int64_t stride, const float *x, in
 /* Not for the attention (ukr_rm, pairs NULL: the reference's there). */
 const vitc__lp_kernel vitc__lp_bf16_avx2 = {"avx2", vitc__ukr_bf16_fma, vitc__row_bf16_fma,
                                             NULL, NULL, NULL, 0, MR, 0, NULL, NULL, 0,
-                                            NULL, NULL, NULL, 0};
+                                            NULL, NULL, NULL, 0, 0};

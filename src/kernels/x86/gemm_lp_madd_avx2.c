@@ -26,8 +26,8 @@
 #define NR VITC_LP_NR
 
 /* gemm_lp.h's int8 epilogue on columns j..j+7 of the tile's rows (masked
- * to n), the reference's operations in its order; the columns' operands
- * loaded once for every row. */
+ * to n), the reference's operations in its order, GELU fused (fused_gelu);
+ * the columns' operands loaded once for every row. */
 static inline void vitc__out8(float *C, int64_t ldc, const int32_t *acc, int64_t mr, int64_t j,
                               int64_t n, const vitc__lp_epi *e) {
     const __m256i m = v_lanes_any(n);
@@ -44,6 +44,13 @@ static inline void vitc__out8(float *C, int64_t ldc, const int32_t *acc, int64_t
         if (e->bias) v = _mm256_add_ps(v, bias);
         if (e->ls) v = _mm256_mul_ps(ls, v);
         if (e->res) v = _mm256_add_ps(v, vitc__v_ld8(e->res + i * e->ldr + j, n, m));
+        /* the operations of ops_tmpl.h's gelu_to / quick_gelu on this path,
+         * lane by lane: the bits of the row pass they replace (fc1's GELU
+         * had been 3% of the int8 forward as a pass over each tile) */
+        if (e->gelu == VITC__ACT_GELU)
+            v = v_mul(v, v_phi(v));
+        else if (e->gelu == VITC__ACT_QUICK_GELU)
+            v = v_div(v, v_add(v_set1(1.0f), v_exp(v_mul(v, v_set1(-1.702f)))));
         if (n >= 8)
             _mm256_storeu_ps(C + i * ldc + j, v);
         else
@@ -102,6 +109,75 @@ static void vitc__ukr_int8_madd(int64_t kg, const uint32_t *pa, const uint32_t *
     for (int64_t j = 0; j < nr; j += 8) vitc__out8(C, ldc, acc, mr, j, nr - j, e);
 }
 
+/* ---- vpmaddubsw: bytes, weights in [-64, 64] -------------------------- */
+
+/* u8 x s8 pairs summed to int16 by vpmaddubsw, then pairs of those to
+ * int32 by vpmaddwd against ones: vpdpbusd's sum of a word, in three
+ * instructions. Exact when no pair sum saturates: |w| <= 64 makes each
+ * at most 255 * 64 * 2 = 32640 (gemm_lp.h, wmax). */
+#define VITC_ROWB(i)                                                                       \
+    do {                                                                                   \
+        __m256i a = _mm256_set1_epi32((int)a0[i]);                                         \
+        c##i##0 = _mm256_add_epi32(c##i##0,                                                \
+                                   _mm256_madd_epi16(_mm256_maddubs_epi16(a, b0), one));   \
+        c##i##1 = _mm256_add_epi32(c##i##1,                                                \
+                                   _mm256_madd_epi16(_mm256_maddubs_epi16(a, b1), one));   \
+    } while (0)
+
+/* Rows r0, r0+1 x the tile's 32 columns into acc [MR][NR] from words of
+ * four bytes: eight accumulators, the ones, four of B, the broadcast and
+ * the product in 15 ymm; two broadcasts for eight products. */
+#define VITC_ROWB2(i)                                                                      \
+    do {                                                                                   \
+        __m256i a = _mm256_set1_epi32((int)a0[i]);                                         \
+        c##i##0 = _mm256_add_epi32(c##i##0,                                                \
+                                   _mm256_madd_epi16(_mm256_maddubs_epi16(a, b0), one));   \
+        c##i##1 = _mm256_add_epi32(c##i##1,                                                \
+                                   _mm256_madd_epi16(_mm256_maddubs_epi16(a, b1), one));   \
+        c##i##2 = _mm256_add_epi32(c##i##2,                                                \
+                                   _mm256_madd_epi16(_mm256_maddubs_epi16(a, b2), one));   \
+        c##i##3 = _mm256_add_epi32(c##i##3,                                                \
+                                   _mm256_madd_epi16(_mm256_maddubs_epi16(a, b3), one));   \
+    } while (0)
+__attribute__((noinline)) static void vitc__pass_b(int64_t kg, const uint32_t *pa,
+                                                   const uint32_t *pb, int32_t *acc, int64_t r0) {
+    __m256i c00 = _mm256_setzero_si256(), c01 = c00, c02 = c00, c03 = c00;
+    __m256i c10 = c00, c11 = c00, c12 = c00, c13 = c00;
+    const __m256i one = _mm256_set1_epi16(1);
+    const uint32_t *a0 = pa + r0, *b = pb;
+    for (int64_t p = 0; p < kg; p++) {
+        __m256i b0 = _mm256_load_si256((const __m256i *)b);
+        __m256i b1 = _mm256_load_si256((const __m256i *)(b + 8));
+        __m256i b2 = _mm256_load_si256((const __m256i *)(b + 16));
+        __m256i b3 = _mm256_load_si256((const __m256i *)(b + 24));
+        VITC_ROWB2(0); VITC_ROWB2(1);
+        a0 += MR;
+        b += NR;
+    }
+    int32_t *o = acc + r0 * NR;
+    _mm256_store_si256((__m256i *)o, c00), _mm256_store_si256((__m256i *)(o + 8), c01);
+    _mm256_store_si256((__m256i *)(o + 16), c02), _mm256_store_si256((__m256i *)(o + 24), c03);
+    o += NR;
+    _mm256_store_si256((__m256i *)o, c10), _mm256_store_si256((__m256i *)(o + 8), c11);
+    _mm256_store_si256((__m256i *)(o + 16), c12), _mm256_store_si256((__m256i *)(o + 24), c13);
+}
+
+static void vitc__ukr_int8_maddubs(int64_t kg, const uint32_t *pa, const uint32_t *pb,
+                                   float *C, int64_t ldc, int64_t mr, int64_t nr,
+                                   const vitc__lp_epi *e) {
+    _Alignas(32) int32_t acc[MR * NR]; /* [MR][NR] */
+    for (int64_t i = 0; i < mr; i++) {
+        if (e->res) {
+            __builtin_prefetch(e->res + i * e->ldr, 0, 2);
+            if (nr > 16) __builtin_prefetch(e->res + i * e->ldr + 16, 0, 2);
+        }
+        __builtin_prefetch(C + i * ldc, 1, 2);
+        if (nr > 16) __builtin_prefetch(C + i * ldc + 16, 1, 2);
+    }
+    for (int64_t r0 = 0; r0 < mr; r0 += 2) vitc__pass_b(kg, pa, pb, acc, r0);
+    for (int64_t j = 0; j < nr; j += 8) vitc__out8(C, ldc, acc, mr, j, nr - j, e);
+}
+
 /* The row's min and max, the reference's: vminps(v, m) returns m when v
  * is NaN, so a NaN is skipped unless it is x[0] (then it stays, as the
  * reference's comparisons keep it). Four chains. */
@@ -133,18 +209,19 @@ static void vitc__minmax(const float *x, int64_t K, float *mn, float *mx) {
     *mn = a, *mx = b;
 }
 
-/* One row to int16 words (the reference's vitc__q8 values, two a word) at
- * dst[p * stride]. The clamps are saturations, as in the AVX-512
- * converter: cvtps2dq, packs to int16, the zero point added saturating,
- * then [0, 255]. */
-static void vitc__row_int8_madd(uint32_t *dst, int64_t stride, const float *x, int64_t K,
-                                float *scale, int32_t *zp) {
+/* One row to the reference's vitc__q8 values at dst[p * stride]: int16
+ * words (quads 0, two k a word) or vpdpbusd's bytes (quads 1, four). The
+ * clamps are saturations, as in the AVX-512 converter: cvtps2dq, packs to
+ * int16, the zero point added saturating, then [0, 255]. */
+static inline void vitc__row_q(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                               float *scale, int32_t *zp, int quads) {
     float mn, mx, inv;
     vitc__minmax(x, K, &mn, &mx);
     vitc__q8_params(mn, mx, scale, &inv, zp);
     const __m256 vinv = _mm256_set1_ps(inv);
     const __m256i vz = _mm256_set1_epi16((short)*zp), lo = _mm256_setzero_si256(),
                   hi = _mm256_set1_epi16(255);
+    const int kw = quads ? 4 : 2;
     _Alignas(32) uint32_t w8[8];
     for (int64_t k = 0; k < K; k += 16) {
         int64_t left = K - k;
@@ -160,22 +237,48 @@ static void vitc__row_int8_madd(uint32_t *dst, int64_t stride, const float *x, i
         /* packs interleaves by 128-bit lane; the permute restores k order */
         __m256i w = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xD8);
         w = _mm256_min_epi16(_mm256_max_epi16(_mm256_adds_epi16(w, vz), lo), hi);
-        int64_t words = left >= 16 ? 8 : (left + 1) / 2;
+        int64_t full = 16 / kw, words = left >= 16 ? full : (left + kw - 1) / kw;
         if (left < 16) { /* k past K is packed as 0 */
             const __m256i kidx = _mm256_setr_epi16(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13,
                                                    14, 15);
             w = _mm256_and_si256(w, _mm256_cmpgt_epi16(_mm256_set1_epi16((short)left), kidx));
         }
-        if (stride == 1 && words == 8) {
-            _mm256_storeu_si256((__m256i *)(dst + k / 2), w);
-            continue;
+        if (quads) {
+            __m128i b = _mm_packus_epi16(_mm256_castsi256_si128(w),
+                                         _mm256_extracti128_si256(w, 1));
+            if (stride == 1 && words == full) {
+                _mm_storeu_si128((__m128i *)(dst + k / 4), b);
+                continue;
+            }
+            _mm_store_si128((__m128i *)w8, b);
+        } else {
+            if (stride == 1 && words == full) {
+                _mm256_storeu_si256((__m256i *)(dst + k / 2), w);
+                continue;
+            }
+            _mm256_store_si256((__m256i *)w8, w);
         }
-        _mm256_store_si256((__m256i *)w8, w);
-        for (int64_t q = 0; q < words; q++) dst[(k / 2 + q) * stride] = w8[q];
+        for (int64_t q = 0; q < words; q++) dst[(k / kw + q) * stride] = w8[q];
     }
+}
+
+static void vitc__row_int8_madd(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                                float *scale, int32_t *zp) {
+    vitc__row_q(dst, stride, x, K, scale, zp, 0);
+}
+
+static void vitc__row_int8_quads(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                                 float *scale, int32_t *zp) {
+    vitc__row_q(dst, stride, x, K, scale, zp, 1);
 }
 
 /* Not for the attention (s8_rows NULL): its panels are vpdpbusd's words. */
 const vitc__lp_kernel vitc__lp_int8_avx2 = {"avx2", vitc__ukr_int8_madd, vitc__row_int8_madd,
-                                            NULL, NULL, NULL, 0, MR, 0, NULL, NULL, 0,
-                                            NULL, NULL, NULL, 1};
+                                            NULL, NULL, NULL, 1, MR, 0, NULL, NULL, 0,
+                                            NULL, NULL, NULL, 1, 0};
+
+/* Weights packed in [-64, 64] (wmax), vpdpbusd's words: any int8 kernel
+ * gives its sums exactly; this one only on such weights. */
+const vitc__lp_kernel vitc__lp_int8_avx2_w7 = {"avx2-w7", vitc__ukr_int8_maddubs,
+                                               vitc__row_int8_quads, NULL, NULL, NULL, 1, MR,
+                                               0, NULL, NULL, 0, NULL, NULL, NULL, 0, 64};

@@ -17,6 +17,8 @@ void vitc__kernels_setup_avx2(vitc__kernels *t) {
     t->gelu_to = vitc__gelu_to_avx2;
     t->quick_gelu = vitc__quick_gelu_avx2;
     t->tanh_gelu = vitc__tanh_gelu_avx2;
+    /* the AVX2 int8 kernels' epilogue GELU is gelu_to's and quick_gelu's */
+    t->lp_fused_gelu = 1;
     t->scale_add = vitc__scale_add_avx2;
     t->row_stats = vitc__row_stats_avx2;
     t->dot_rows = vitc__dot_rows_avx2;
