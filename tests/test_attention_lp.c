@@ -102,8 +102,12 @@ static void test_same_bits_as_reference(void **state) {
             memcpy(o1, a.o, no * 4);
             if (a.probs) memcpy(p1, a.probs, np * 4);
             memset(a.o, 0, no * 4);
-            assert_int_equal(vitc__sdpa_lp(&a.d, i8 ? &vitc__lp_int8_ref : &vitc__lp_bf16_ref),
-                             VITC_OK);
+            /* avx2-w7's panels lie in [-64, 64]: the reference on that range */
+            const vitc__lp_kernel *ref =
+                !i8 ? &vitc__lp_bf16_ref
+                : vitc__lp_attention_kernel(VITC_PRECISION_INT8)->wmax ? &vitc__lp_int8_ref7
+                                                                       : &vitc__lp_int8_ref;
+            assert_int_equal(vitc__sdpa_lp(&a.d, ref), VITC_OK);
             if (memcmp(o1, a.o, no * 4))
                 fail_msg("%s case %zu: %s attention differs from the reference",
                          tu_arch_best(p / 2), ci, i8 ? "int8" : "bf16");
@@ -133,10 +137,10 @@ static void span(const float *x, int64_t n, double *amax, double *lo, double *hi
  *   2^-9; fp32 sums far below); P and v rounded add 2^-8 relative:
  *   |o - o64| <= (g + 2^-7) sum_j p_j |v_j|.
  * int8: q's row on steps of sq = its range / 255, key j's on sk_j =
- *   max|k_j| / 127, each value within half a step: delta = scale max_j
+ *   max|k_j| / 127 (64 on avx2-w7), each value within half a step: delta = scale max_j
  *   sum_c (|q_c| sk_j + |k_jc| sq + sq sk_j / 2) / 2; P on steps of 1/255
  *   of its largest (1) before the division by the sum (>= sum64 e^-2delta),
- *   v's channel c on sv_c = max|v_c| / 127:
+ *   v's channel c on sv_c = max|v_c| / 127 (64):
  *   |o - o64| <= 2 (g sum_j p_j |v_j| + S e max|v_c| + (1 + g + S e) sv_c / 2),
  *   e = 1 / (510 sum64 e^-2delta).
  * Probabilities returned within g p + 2^-20 (they are not quantized). It
@@ -144,6 +148,9 @@ static void span(const float *x, int64_t n, double *amax, double *lo, double *hi
  * weights are returned), as in fp32. */
 static void vs_f64(vitc_precision pr) {
     const int i8 = pr == VITC_PRECISION_INT8;
+    /* 127, or 64 where the kernel's panels lie in [-64, 64] (avx2-w7) */
+    const int w = vitc__lp_attention_kernel(VITC_PRECISION_INT8)->wmax;
+    const double kq = w ? w : 127.0;
     double worst = 0.0;
     for (size_t ci = 0; ci < sizeof cases / sizeof cases[0]; ci++) {
         const acase *c = &cases[ci];
@@ -172,8 +179,8 @@ static void vs_f64(vitc_precision pr) {
                         for (int64_t x = 0; x < c->D; x++) {
                             acc += (double)q[x] * k[x];
                             mag += fabs((double)q[x] * k[x]);
-                            e8 += fabs((double)q[x]) * ka / 127.0 + fabs((double)k[x]) * sq +
-                                  sq * ka / 254.0;
+                            e8 += fabs((double)q[x]) * ka / kq + fabs((double)k[x]) * sq +
+                                  sq * ka / (2.0 * kq);
                         }
                         s[j] = acc * a.d.scale + (m ? m[j] : 0.0);
                         delta = fmax(delta, i8 ? (e8 / 2.0 + 1e-6 * mag) * a.d.scale
@@ -200,7 +207,7 @@ static void vs_f64(vitc_precision pr) {
                         double se = (double)c->S * e;
                         double err = fabs(o[x] - ref),
                                tol = i8 ? 2.0 * (g * mag + se * vmax +
-                                                 (1.0 + g + se) * vmax / 254.0) + 1e-6
+                                                 (1.0 + g + se) * vmax / (2.0 * kq)) + 1e-6
                                         : (g + 1.0 / 128) * mag + 1e-6;
                         worst = fmax(worst, err / tol);
                         if (!(err <= tol))

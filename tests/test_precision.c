@@ -742,6 +742,44 @@ static void test_lp_avx2(void **state) {
                          "stride %d", K, stride);
         }
     }
+    /* its attention panels: K's rows, V's column quads and P's rows, on
+     * [-64, 64] as the reference's (vitc__lp_int8_ref7) */
+    for (int64_t K = 1; K <= 70; K += 23) {
+        float *x = rnd((size_t)(16 * 72), 2.0f);
+        x[5] = NAN, x[72 + 3] = INFINITY, x[2 * 72] = -1e30f, x[3 * 72 + 1] = -0.0f;
+        for (int64_t rows = 1; rows <= 16; rows += 15) {
+            uint32_t d0[18 * 16], d1[18 * 16];
+            float s0[16], s1[16];
+            int32_t t0[16], t1[16];
+            memset(d0, 0xAB, sizeof d0), memset(d1, 0xAB, sizeof d1);
+            vitc__lp_int8_ref7.s8_rows(d0, 16, x, 72, rows, K, s0, t0);
+            k7->s8_rows(d1, 16, x, 72, rows, K, s1, t1);
+            if (memcmp(d0, d1, sizeof d0) || memcmp(s0, s1, (size_t)rows * 4) ||
+                memcmp(t0, t1, (size_t)rows * 4))
+                fail_msg("avx2-w7 s8_rows differs from the reference: K %lld, rows %lld",
+                         (long long)K, (long long)rows);
+            memset(d0, 0xAB, sizeof d0), memset(d1, 0xAB, sizeof d1);
+            vitc__lp_int8_ref7.strip_unit(d0, 12, 12, x, 72, rows < 12 ? rows : 12, K, NULL,
+                                          NULL);
+            k7->strip_unit(d1, 12, 12, x, 72, rows < 12 ? rows : 12, K, NULL, NULL);
+            if (memcmp(d0, d1, sizeof d0))
+                fail_msg("avx2-w7 strip_unit differs from the reference: K %lld", (long long)K);
+        }
+        for (int64_t n = 1; n <= 32; n += 13) { /* S = K rows of 72, n columns */
+            uint32_t d0[18 * 32], d1[18 * 32];
+            float s0[32], s1[32];
+            int32_t t0[32], t1[32];
+            int64_t S = K < 16 ? K : 16;
+            memset(d0, 0xAB, sizeof d0), memset(d1, 0xAB, sizeof d1);
+            vitc__lp_int8_ref7.s8_quads(d0, x, 72, S, n, s0, t0);
+            k7->s8_quads(d1, x, 72, S, n, s1, t1);
+            if (memcmp(d0, d1, (size_t)((S + 3) / 4 * 32 * 4)) || memcmp(s0, s1, (size_t)n * 4) ||
+                memcmp(t0, t1, (size_t)n * 4))
+                fail_msg("avx2-w7 s8_quads differs from the reference: S %lld, n %lld",
+                         (long long)S, (long long)n);
+        }
+        free(x);
+    }
     float W[3 * 5] = {1.0f, -0.5f, 0.25f, 0.126f, -0.0f, 0, 0, 0, 0, 0, -3, 1, 2, 0.01f, 3};
     vitc__pweight pw;
     assert_int_equal(vitc__pweight_pack(&pw, W, 3, 5, VITC_PRECISION_INT8), VITC_OK);
@@ -776,6 +814,9 @@ static void test_amx_vit(void **state) {
         vitc_vit *m = small_vit();
         logits(m, x, f, 0);
         assert_int_equal(vitc_vit_set_precision(m, (vitc_precision)p), VITC_OK);
+        /* the GEMMs compared: avx2-w7's int8 attention (panels in [-64,
+         * 64]) is not amx-emulated's (test_attention_lp has both) */
+        assert_int_equal(vitc_vit_set_attention_precision(m, VITC_PRECISION_FP32), VITC_OK);
         logits(m, x, a, 0);
         assert_int_equal(vitc__lp_force("amx-emulated"), VITC_OK);
         assert_non_null(strstr(vitc_get_precision_paths(), "amx-emulated"));

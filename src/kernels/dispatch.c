@@ -443,15 +443,19 @@ const vitc__lp_kernel *vitc__lp_kernel_for(vitc_precision p) {
  * has not been timed on an Intel core. Without AVX512-BF16 / VNNI it would
  * be the scalar reference. */
 int vitc__attention_pays(vitc_precision p) {
+    if (p == VITC_PRECISION_INT8 &&
+        vitc__lp_attention_kernel(p) == VITC__X86_LP(vitc__lp_int8_avx2_w7))
+        return 1;
     return (p == VITC_PRECISION_BF16 || p == VITC_PRECISION_INT8) && vitc__cpu_has_lp(p) &&
            strcmp(vitc__cpu_get()->vendor, "GenuineIntel") != 0;
 }
 
 const vitc__lp_kernel *vitc__lp_attention_kernel(vitc_precision p) {
     const vitc__lp_kernel *k = vitc__lp_kernel_for(p);
-    if (p == VITC_PRECISION_INT8 && (k->mr != VITC_LP_MR || k->a_kpad || k->i16 || k->wmax)) {
-        /* AMX's CPUs all have AVX512-VNNI; AVX2's int16 words (no VNNI) the
-         * reference */
+    /* AMX's CPUs all have AVX512-VNNI; AVX2's int16 words (no VNNI) the
+     * reference; avx2-w7 has panels of its own, on its weights' range */
+    if (p == VITC_PRECISION_INT8 &&
+        (k->mr != VITC_LP_MR || k->a_kpad || k->i16 || (k->wmax && !k->s8_rows))) {
         const vitc__lp_kernel *v = VITC__X86_LP(vitc__lp_int8_avx512);
         return v && vitc__cpu_has_lp(p) ? v : &vitc__lp_int8_ref;
     }

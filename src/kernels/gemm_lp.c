@@ -161,8 +161,8 @@ static void vitc__pairs_bf16_ref(uint32_t *dst, const float *x0, const float *x1
         dst[c] = vitc__bf16_rne(x0[c]) | (x1 ? (uint32_t)vitc__bf16_rne(x1[c]) << 16 : 0u);
 }
 
-static void vitc__s8_rows_ref(uint32_t *dst, int64_t ldd, const float *x, int64_t ldx,
-                              int64_t rows, int64_t K, float *scale, int32_t *sum) {
+void vitc__s8_rows_qref(uint32_t *dst, int64_t ldd, const float *x, int64_t ldx, int64_t rows,
+                        int64_t K, float *scale, int32_t *sum, int qmax) {
     for (int64_t i = 0; i < 16; i++) {
         if (i >= rows) {
             for (int64_t p = 0; 4 * p < K; p++) dst[p * ldd + i] = 0;
@@ -171,12 +171,12 @@ static void vitc__s8_rows_ref(uint32_t *dst, int64_t ldd, const float *x, int64_
         const float *xi = x + i * ldx; /* [K] */
         float amax = 0.0f, inv;
         for (int64_t k = 0; k < K; k++) amax = fabsf(xi[k]) > amax ? fabsf(xi[k]) : amax;
-        vitc__s8_params(amax, &scale[i], &inv);
+        vitc__s8_params_q(amax, qmax, &scale[i], &inv);
         int32_t t = 0;
         for (int64_t p = 0; 4 * p < K; p++) {
             uint32_t w = 0;
             for (int q = 0; q < 4 && 4 * p + q < K; q++) {
-                int32_t v = vitc__s8(xi[4 * p + q], inv);
+                int32_t v = vitc__s8_q(xi[4 * p + q], inv, qmax);
                 t += v;
                 w |= (uint32_t)(uint8_t)(int8_t)v << (8 * q);
             }
@@ -186,8 +186,8 @@ static void vitc__s8_rows_ref(uint32_t *dst, int64_t ldd, const float *x, int64_
     }
 }
 
-static void vitc__s8_quads_ref(uint32_t *dst, const float *x, int64_t ldx, int64_t S, int64_t n,
-                               float *scale, int32_t *sum) {
+void vitc__s8_quads_qref(uint32_t *dst, const float *x, int64_t ldx, int64_t S, int64_t n,
+                         float *scale, int32_t *sum, int qmax) {
     for (int64_t c = 0; c < NR; c++) {
         if (c >= n) {
             for (int64_t p = 0; 4 * p < S; p++) dst[p * NR + c] = 0;
@@ -198,12 +198,12 @@ static void vitc__s8_quads_ref(uint32_t *dst, const float *x, int64_t ldx, int64
             float a = fabsf(x[j * ldx + c]);
             amax = a > amax ? a : amax;
         }
-        vitc__s8_params(amax, &scale[c], &inv);
+        vitc__s8_params_q(amax, qmax, &scale[c], &inv);
         int32_t t = 0;
         for (int64_t p = 0; 4 * p < S; p++) {
             uint32_t w = 0;
             for (int q = 0; q < 4 && 4 * p + q < S; q++) {
-                int32_t v = vitc__s8(x[(4 * p + q) * ldx + c], inv);
+                int32_t v = vitc__s8_q(x[(4 * p + q) * ldx + c], inv, qmax);
                 t += v;
                 w |= (uint32_t)(uint8_t)(int8_t)v << (8 * q);
             }
@@ -211,6 +211,16 @@ static void vitc__s8_quads_ref(uint32_t *dst, const float *x, int64_t ldx, int64
         }
         sum[c] = t;
     }
+}
+
+static void vitc__s8_rows_ref(uint32_t *dst, int64_t ldd, const float *x, int64_t ldx,
+                              int64_t rows, int64_t K, float *scale, int32_t *sum) {
+    vitc__s8_rows_qref(dst, ldd, x, ldx, rows, K, scale, sum, 127);
+}
+
+static void vitc__s8_quads_ref(uint32_t *dst, const float *x, int64_t ldx, int64_t S, int64_t n,
+                               float *scale, int32_t *sum) {
+    vitc__s8_quads_qref(dst, x, ldx, S, n, scale, sum, 127);
 }
 
 static void vitc__strip_unit_ref(uint32_t *dst, int64_t ldd, int w, const float *x, int64_t ldx,
@@ -232,6 +242,22 @@ const vitc__lp_kernel vitc__lp_int8_ref = {"reference", vitc__ukr_int8_ref, vitc
                                            NULL, NULL, 0, MR, 0, NULL, NULL, 0,
                                            vitc__s8_rows_ref, vitc__s8_quads_ref,
                                            vitc__strip_unit_ref, 0, 0};
+static void vitc__s8_rows_ref7(uint32_t *dst, int64_t ldd, const float *x, int64_t ldx,
+                               int64_t rows, int64_t K, float *scale, int32_t *sum) {
+    vitc__s8_rows_qref(dst, ldd, x, ldx, rows, K, scale, sum, 64);
+}
+
+static void vitc__s8_quads_ref7(uint32_t *dst, const float *x, int64_t ldx, int64_t S, int64_t n,
+                                float *scale, int32_t *sum) {
+    vitc__s8_quads_qref(dst, x, ldx, S, n, scale, sum, 64);
+}
+
+/* avx2-w7's numbers, its weights and its attention panels in [-64, 64]:
+ * the reference it is checked against */
+const vitc__lp_kernel vitc__lp_int8_ref7 = {"reference", vitc__ukr_int8_ref, vitc__row_int8_ref,
+                                            NULL, NULL, NULL, 0, MR, 0, NULL, NULL, 0,
+                                            vitc__s8_rows_ref7, vitc__s8_quads_ref7,
+                                            vitc__strip_unit_ref, 0, 64};
 /* i16: not for the attention (its panels are vpdpbusd's words) */
 const vitc__lp_kernel vitc__lp_int8p_ref = {"reference", vitc__ukr_int8p_ref, vitc__row_int8p_ref,
                                             NULL, NULL, NULL, 0, MR, 0, NULL, NULL, 0,

@@ -169,6 +169,15 @@ extern const vitc__lp_kernel vitc__lp_int8p_ref, vitc__lp_int8_avx2;
 /* int8 on AVX2 without VNNI with weights in [-64, 64] (wmax): vpmaddubsw,
  * vpdpbusd's words (x86/gemm_lp_madd_avx2.c) */
 extern const vitc__lp_kernel vitc__lp_int8_avx2_w7;
+/* The reference on avx2-w7's ranges (wmax 64, its attention panels too):
+ * what avx2-w7 gives, bit for bit (tests) */
+extern const vitc__lp_kernel vitc__lp_int8_ref7;
+/* The reference's attention panels on [-qmax, qmax] (gemm_lp.c): what the
+ * SIMD ones must give, bit for bit (tests). */
+void vitc__s8_rows_qref(uint32_t *dst, int64_t ldd, const float *x, int64_t ldx, int64_t rows,
+                        int64_t K, float *scale, int32_t *sum, int qmax);
+void vitc__s8_quads_qref(uint32_t *dst, const float *x, int64_t ldx, int64_t S, int64_t n,
+                         float *scale, int32_t *sum, int qmax);
 /* bf16 on AVX2 + FMA without AVX512-BF16: widened to fp32, the reference's
  * numbers (x86/gemm_lp_bf16_avx2.c) */
 extern const vitc__lp_kernel vitc__lp_bf16_avx2;
@@ -305,18 +314,26 @@ static inline uint8_t vitc__q8(float x, float inv, int32_t zp) {
  * scale = amax / 127 (1 for a zero or non-finite range), its inverse, and
  * q = clamp(round(x * inv), -127, 127), nearest even, an unrepresentable
  * or NaN product giving -127 (cvtps2dq's "integer indefinite", clamped). */
-static inline void vitc__s8_params(float amax, float *scale, float *inv) {
-    float s = amax / 127.0f;
+/* On [-qmax, qmax]: 127, or 64 for a kernel with wmax 64 (avx2-w7's
+ * attention panels). */
+static inline void vitc__s8_params_q(float amax, int qmax, float *scale, float *inv) {
+    float s = amax / (float)qmax;
     if (!(s > 0.0f) || !isfinite(s)) s = 1.0f;
     *scale = s;
     *inv = 1.0f / s;
 }
 
-static inline int32_t vitc__s8(float x, float inv) {
+static inline int32_t vitc__s8_q(float x, float inv, int qmax) {
     float t = nearbyintf(x * inv);
     int32_t q = (t >= -2147483648.0f && t < 2147483648.0f) ? (int32_t)t : INT32_MIN;
-    return q < -127 ? -127 : q > 127 ? 127 : q;
+    return q < -qmax ? -qmax : q > qmax ? qmax : q;
 }
+
+static inline void vitc__s8_params(float amax, float *scale, float *inv) {
+    vitc__s8_params_q(amax, 127, scale, inv);
+}
+
+static inline int32_t vitc__s8(float x, float inv) { return vitc__s8_q(x, inv, 127); }
 
 /* The vector kernel of precision p the attention runs (attention_lp.c):
  * vitc__lp_kernel_for's, but for a kernel whose A layout is not the

@@ -213,13 +213,10 @@ static void vitc__minmax(const float *x, int64_t K, float *mn, float *mx) {
  * words (quads 0, two k a word) or vpdpbusd's bytes (quads 1, four). The
  * clamps are saturations, as in the AVX-512 converter: cvtps2dq, packs to
  * int16, the zero point added saturating, then [0, 255]. */
-static inline void vitc__row_q(uint32_t *dst, int64_t stride, const float *x, int64_t K,
-                               float *scale, int32_t *zp, int quads) {
-    float mn, mx, inv;
-    vitc__minmax(x, K, &mn, &mx);
-    vitc__q8_params(mn, mx, scale, &inv, zp);
+static inline void vitc__row_qv(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                                float inv, int32_t zp, int quads) {
     const __m256 vinv = _mm256_set1_ps(inv);
-    const __m256i vz = _mm256_set1_epi16((short)*zp), lo = _mm256_setzero_si256(),
+    const __m256i vz = _mm256_set1_epi16((short)zp), lo = _mm256_setzero_si256(),
                   hi = _mm256_set1_epi16(255);
     const int kw = quads ? 4 : 2;
     _Alignas(32) uint32_t w8[8];
@@ -262,6 +259,14 @@ static inline void vitc__row_q(uint32_t *dst, int64_t stride, const float *x, in
     }
 }
 
+static inline void vitc__row_q(uint32_t *dst, int64_t stride, const float *x, int64_t K,
+                               float *scale, int32_t *zp, int quads) {
+    float mn, mx, inv;
+    vitc__minmax(x, K, &mn, &mx);
+    vitc__q8_params(mn, mx, scale, &inv, zp);
+    vitc__row_qv(dst, stride, x, K, inv, *zp, quads);
+}
+
 static void vitc__row_int8_madd(uint32_t *dst, int64_t stride, const float *x, int64_t K,
                                 float *scale, int32_t *zp) {
     vitc__row_q(dst, stride, x, K, scale, zp, 0);
@@ -272,13 +277,125 @@ static void vitc__row_int8_quads(uint32_t *dst, int64_t stride, const float *x, 
     vitc__row_q(dst, stride, x, K, scale, zp, 1);
 }
 
+/* ---- the int8 attention's panels on [-64, 64] (gemm_lp.h) ------------- */
+
+/* P's rows (values in [0, 1]): the reference's vitc__q8(x, 255, 0). */
+static void vitc__strip_unit_w7(uint32_t *dst, int64_t ldd, int w, const float *x, int64_t ldx,
+                                int64_t rows, int64_t K, float *scale, int32_t *zp) {
+    (void)scale, (void)zp;
+    for (int64_t i = 0; i < w; i++) {
+        if (i < rows) {
+            vitc__row_qv(dst + i, ldd, x + i * ldx, K, 255.0f, 0, 1);
+            continue;
+        }
+        for (int64_t p = 0; 4 * p < K; p++) dst[p * ldd + i] = 0;
+    }
+}
+
+/* vitc__s8_q(x, inv, 64) on eight lanes: cvtps2dq rounds as nearbyintf
+ * does and gives INT_MIN where that returns it (NaN, out of range) */
+static inline __m256i vitc__s7(__m256 x, __m256 inv) {
+    __m256i q = _mm256_cvtps_epi32(_mm256_mul_ps(x, inv));
+    return _mm256_min_epi32(_mm256_max_epi32(q, _mm256_set1_epi32(-64)), _mm256_set1_epi32(64));
+}
+
+/* |x| lanes' max with m; a NaN lane keeps m (vmaxps returns its second
+ * operand), as the reference's comparison skips it */
+static inline __m256 vitc__absmax(__m256 x, __m256 m) {
+    return _mm256_max_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x), m);
+}
+
+static inline float vitc__hmax8(__m256 m) {
+    _Alignas(32) float l[8];
+    _mm256_store_ps(l, m);
+    float a = l[0];
+    for (int i = 1; i < 8; i++) a = l[i] > a ? l[i] : a;
+    return a;
+}
+
+/* vitc__s8_rows_qref(..., 64): K's panels */
+static void vitc__s8_rows_w7(uint32_t *dst, int64_t ldd, const float *x, int64_t ldx,
+                             int64_t rows, int64_t K, float *scale, int32_t *sum) {
+    _Alignas(16) uint32_t w4[4];
+    for (int64_t i = 0; i < 16; i++) {
+        if (i >= rows) {
+            for (int64_t p = 0; 4 * p < K; p++) dst[p * ldd + i] = 0;
+            continue;
+        }
+        const float *xi = x + i * ldx; /* [K] */
+        __m256 m = _mm256_setzero_ps();
+        for (int64_t k = 0; k < K; k += 8)
+            m = vitc__absmax(vitc__v_ld8(xi + k, K - k, v_lanes_any(K - k)), m);
+        float inv;
+        vitc__s8_params_q(vitc__hmax8(m), 64, &scale[i], &inv);
+        const __m256 vinv = _mm256_set1_ps(inv);
+        __m256i t = _mm256_setzero_si256();
+        for (int64_t k = 0; k < K; k += 16) {
+            int64_t left = K - k;
+            __m256i q0 = vitc__s7(vitc__v_ld8(xi + k, left, v_lanes_any(left)), vinv);
+            __m256i q1 = vitc__s7(vitc__v_ld8(xi + k + 8, left - 8, v_lanes_any(left - 8)),
+                                  vinv);
+            t = _mm256_add_epi32(t, _mm256_add_epi32(q0, q1));
+            /* int16 in k order (packs interleaves by 128-bit lane), then bytes */
+            __m256i h = _mm256_permute4x64_epi64(_mm256_packs_epi32(q0, q1), 0xD8);
+            _mm_store_si128((__m128i *)w4, _mm_packs_epi16(_mm256_castsi256_si128(h),
+                                                           _mm256_extracti128_si256(h, 1)));
+            for (int64_t q = 0; q < 4 && 4 * q < left; q++) dst[(k / 4 + q) * ldd + i] = w4[q];
+        }
+        _Alignas(32) int32_t l[8];
+        _mm256_store_si256((__m256i *)l, t);
+        sum[i] = l[0] + l[1] + l[2] + l[3] + l[4] + l[5] + l[6] + l[7];
+    }
+}
+
+/* vitc__s8_quads_qref(..., 64): V's panels, eight columns at a time; the
+ * four keys of a word are four rows, one byte each */
+static void vitc__s8_quads_w7(uint32_t *dst, const float *x, int64_t ldx, int64_t S, int64_t n,
+                              float *scale, int32_t *sum) {
+    for (int64_t c = 0; c < NR; c += 8) {
+        const __m256i mk = v_lanes_any(n - c);
+        if (c >= n) {
+            for (int64_t p = 0; 4 * p < S; p++)
+                _mm256_storeu_si256((__m256i *)(dst + p * NR + c), _mm256_setzero_si256());
+            continue;
+        }
+        __m256 m = _mm256_setzero_ps();
+        for (int64_t j = 0; j < S; j++) m = vitc__absmax(vitc__v_ld8(x + j * ldx + c, n - c, mk), m);
+        _Alignas(32) float am[8], iv[8];
+        _mm256_store_ps(am, m);
+        for (int l = 0; l < 8; l++) {
+            float sc;
+            vitc__s8_params_q(am[l], 64, &sc, &iv[l]);
+            if (c + l < n) scale[c + l] = sc;
+        }
+        const __m256 vinv = _mm256_load_ps(iv), z = _mm256_setzero_ps();
+        const __m256i byte = _mm256_set1_epi32(0xFF);
+        __m256i t = _mm256_setzero_si256();
+        for (int64_t p = 0; 4 * p < S; p++) {
+            __m256i w = _mm256_setzero_si256();
+            for (int r = 0; r < 4; r++) {
+                int64_t j = 4 * p + r;
+                __m256i q = vitc__s7(j < S ? vitc__v_ld8(x + j * ldx + c, n - c, mk) : z, vinv);
+                t = _mm256_add_epi32(t, q);
+                w = _mm256_or_si256(w, _mm256_slli_epi32(_mm256_and_si256(q, byte), 8 * r));
+            }
+            _mm256_storeu_si256((__m256i *)(dst + p * NR + c), w);
+        }
+        _Alignas(32) int32_t l[8];
+        _mm256_store_si256((__m256i *)l, t);
+        for (int k = 0; k < 8 && c + k < n; k++) sum[c + k] = l[k];
+    }
+}
+
 /* Not for the attention (s8_rows NULL): its panels are vpdpbusd's words. */
 const vitc__lp_kernel vitc__lp_int8_avx2 = {"avx2", vitc__ukr_int8_madd, vitc__row_int8_madd,
                                             NULL, NULL, NULL, 1, MR, 0, NULL, NULL, 0,
                                             NULL, NULL, NULL, 1, 0};
 
 /* Weights packed in [-64, 64] (wmax), vpdpbusd's words: any int8 kernel
- * gives its sums exactly; this one only on such weights. */
+ * gives its sums exactly; this one only on such weights. Its attention
+ * panels of K and V lie in [-64, 64] too. */
 const vitc__lp_kernel vitc__lp_int8_avx2_w7 = {"avx2-w7", vitc__ukr_int8_maddubs,
                                                vitc__row_int8_quads, NULL, NULL, NULL, 1, MR,
-                                               0, NULL, NULL, 0, NULL, NULL, NULL, 0, 64};
+                                               0, NULL, NULL, 0, vitc__s8_rows_w7,
+                                               vitc__s8_quads_w7, vitc__strip_unit_w7, 0, 64};
