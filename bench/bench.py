@@ -666,6 +666,8 @@ def run_fmnist(args, threads, flags, log):
         return fm
     want = [e for e in peers.FM_ENGINES if e in peers.VITC or e == "torch"
             or args.engines == "all" or e in args.engines.split(",")]
+    if "vitc_int8w7" in want and not peers.has_w7(flags):
+        want.remove("vitc_int8w7")
     if "ov_bf16" in want and not peers.has_bf16(flags):
         # OpenVINO would quietly run f32 and agree with itself
         want.remove("ov_bf16")
@@ -1032,7 +1034,8 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
              "(`vitc bench --peak-only`, best of the measurements between workloads)" % (
                  peak["isa"], peak["p1"], peak["pn"], info["cores"]))
     L.append("- measured peaks: %s (vdpbf16ps: 4 flops per fp32 lane; vpdpbusd: 8 ops per "
-             "int32 lane; without VNNI, vpmaddwd + vpaddd: 4; AMX tiles where present; each "
+             "int32 lane; without VNNI, vpmaddubsw + vpmaddwd + vpaddd: 8; AMX tiles where "
+             "present; each "
              "precision's %% peak below is over its own)" % targets.peaks_line(peak, info["cores"]))
     L.append("- rounds: %d; timed forwards per child: %s" % (
         args.rounds, ", ".join("%s %d" % (n, WORKLOADS[n][3] * args.repeat_scale)
@@ -1364,7 +1367,8 @@ def main():
                 notes.append("%s not run: the CPU has neither avx512_bf16 nor AMX-BF16" % e)
                 continue
             engines.append(e)
-        engines = ["vitc_bf16", "vitc_int8"] + engines
+        engines = ["vitc_bf16", "vitc_int8"] + (["vitc_int8w7"] if peers.has_w7(info["flags"])
+                                                else []) + engines
 
     tmpdir = None
     model = args.model
@@ -1521,6 +1525,7 @@ def main():
                             "--threads", th, "--repeat", str(reps)] + (["--quick"] if QUICK else [])
                     if side != "vitc":
                         argv += ["--precision", peers.ENGINES[side][1]]
+                    env.update(peers.vitc_env(side))
                     if name in VIT and model:
                         argv += ["--model", model]
                     if name in HUB and hubdir:

@@ -39,6 +39,10 @@ ENGINES = {
     "vitc": ("vitc", "fp32", "build/vitc bench --precision fp32"),
     "vitc_bf16": ("vitc", "bf16", "build/vitc bench --precision bf16"),
     "vitc_int8": ("vitc", "int8", "build/vitc bench --precision int8"),
+    "vitc_int8w7": ("vitc, 7-bit weights", "int8",
+                    "build/vitc bench --precision int8 under VITC_LP_KERNEL=avx2-w7 (weights on "
+                    "[-64, 64], as ONNX Runtime's reduce_range; run on CPUs with AVX2 and no "
+                    "VNNI, where it is vitc's faster int8)"),
     "torch": ("PyTorch eager", "fp32", "torch.inference_mode()"),
     "torch_bf16": ("PyTorch eager", "bf16", "torch.autocast('cpu', torch.bfloat16)"),
     "compile": ("torch.compile (inductor)", "fp32", "torch.compile(model), default mode"),
@@ -50,7 +54,22 @@ ENGINES = {
     "ov_bf16": ("OpenVINO", "bf16", "INFERENCE_PRECISION_HINT bf16"),
     "ov_int8": ("OpenVINO", "int8", "the NNCF-quantized IR, INFERENCE_PRECISION_HINT f32"),
 }
-VITC = ("vitc", "vitc_bf16", "vitc_int8")
+VITC = ("vitc", "vitc_bf16", "vitc_int8", "vitc_int8w7")
+
+
+def vitc_env(engine):
+    """The environment a vitc engine's child adds: avx2-w7's 7-bit weights."""
+    return {"VITC_LP_KERNEL": "avx2-w7"} if engine == "vitc_int8w7" else {}
+
+
+def vitc_prec(engine):
+    return ENGINES[engine][1]
+
+
+def has_w7(flags=None):
+    """vitc_int8w7 is run: AVX2 without VNNI, where it is faster int8."""
+    flags = cpu_flags() if flags is None else flags
+    return "avx2" in flags and "avx512_vnni" not in flags and "avx_vnni" not in flags
 BF16 = ("torch_bf16", "ov_bf16")
 # Engines bench.py times outside its own vitc and PyTorch fp32 children.
 PEERS = tuple(e for e in ENGINES if e not in ("vitc", "torch") and e not in VITC)
@@ -383,9 +402,10 @@ def _build(engine, d, pth, st, batch, threads, kind="vit"):
     import numpy as np
     stem = os.path.join(d or "", MODELS[kind]["stem"])
     if engine in VITC:
+        os.environ.update(vitc_env(engine))  # read by libvitc at its first use
         import vitc
         vitc.set_num_threads(threads)
-        prec = {"vitc": "fp32"}.get(engine, engine[5:])
+        prec = vitc_prec(engine)
         if kind == "vit":
             m = vitc.VisionTransformer.from_safetensors(st, precision=prec)
         else:  # the Hub directory; its primary output is the embedding
@@ -654,10 +674,11 @@ def nn_agree(y, ref, rows):
 
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"  # Debian's dataset-fashion-mnist
 FASHION_MODEL = os.path.join(os.path.dirname(HERE), "models", "fashion-vit.safetensors")
-FM_ENGINES = ("vitc", "vitc_bf16", "vitc_int8", "torch", "torch_bf16", "ort", "ort_int8", "ov",
-              "ov_bf16", "ov_int8")
+FM_ENGINES = ("vitc", "vitc_bf16", "vitc_int8", "vitc_int8w7", "torch", "torch_bf16", "ort",
+              "ort_int8", "ov", "ov_bf16", "ov_int8")
 # each engine's own fp32, which its top-1 agreement is measured against
-FM_FP32 = {"vitc_bf16": "vitc", "vitc_int8": "vitc", "torch_bf16": "torch", "ort_int8": "ort",
+FM_FP32 = {"vitc_bf16": "vitc", "vitc_int8": "vitc", "vitc_int8w7": "vitc", "torch_bf16": "torch",
+           "ort_int8": "ort",
            "ov_bf16": "ov", "ov_int8": "ov"}
 FM_BATCH = 500
 
@@ -754,10 +775,10 @@ def fmnist_child(engine, d, st, threads, limit=0):
     x, y = fashion_images(st, "t10k", limit)
     b = min(FM_BATCH, len(x))
     if engine in VITC:
+        os.environ.update(vitc_env(engine))
         import vitc
         vitc.set_num_threads(threads)
-        m = vitc.VisionTransformer.from_safetensors(
-            st, precision={"vitc": "fp32"}.get(engine, engine[5:]))
+        m = vitc.VisionTransformer.from_safetensors(st, precision=vitc_prec(engine))
         f = lambda v: np.asarray(m(v))  # noqa: E731
     elif engine in ("torch", "torch_bf16"):
         import contextlib

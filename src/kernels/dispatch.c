@@ -405,7 +405,7 @@ static const vitc__lp_kernel *vitc__lp_forced_kernel(vitc_precision p, int i) {
 /* A forced kernel when this CPU can run it; else a path of the AVX-512
  * family (its table's lp_family) takes AMX where usable, then AVX512-BF16 /
  * AVX512-VNNI, one of the AVX-VNNI family (the avx2 path) AVX-VNNI (int8)
- * or else AVX2's vpmaddubsw (int8, avx2-w7) and FMA on widened bf16 (bf16), and
+ * or else AVX2's vpmaddwd (int8) and FMA on widened bf16 (bf16), and
  * otherwise the reference. The AVX-512 and AMX kernels only on the avx512 path and
  * AVX-VNNI's on the avx2 path, so VITC_ARCH=avx2|generic
  * (and vitc_set_arch) select the others: the tests run every one this CPU
@@ -423,13 +423,13 @@ const vitc__lp_kernel *vitc__lp_kernel_for(vitc_precision p) {
         return fast                            ? VITC__X86_LP(vitc__lp_bf16_avx512)
                : fam == VITC__LP_FAMILY_AVXVNNI ? VITC__X86_LP(vitc__lp_bf16_avx2)
                                                : &vitc__lp_bf16_ref;
-    /* Without VNNI, vpmaddubsw on weights in [-64, 64] (avx2-w7): 1.2x
-     * vpmaddwd's exact 8-bit weights on a Zen 3, the logits' error 1.5x
-     * (docs/precision.md); ONNX Runtime advises the same range there
-     * (reduce_range). VITC_LP_KERNEL=avx2 keeps [-127, 127]. */
+    /* Without VNNI, vpmaddwd on 8-bit weights: int8's numbers on every CPU.
+     * VITC_LP_KERNEL=avx2-w7 trades a bit of weight for 1.2x there
+     * (ONNX Runtime's reduce_range; docs/precision.md): opted into, as its
+     * numbers are another quantization's (SAM's masks moved). */
     if (!fast && fam == VITC__LP_FAMILY_AVXVNNI)
         return vitc__cpu_has_avxvnni() ? VITC__X86_LP(vitc__lp_int8_avxvnni)
-                                       : VITC__X86_LP(vitc__lp_int8_avx2_w7);
+                                       : VITC__X86_LP(vitc__lp_int8_avx2);
     return fast ? VITC__X86_LP(vitc__lp_int8_avx512) : &vitc__lp_int8_ref;
 }
 

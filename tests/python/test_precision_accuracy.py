@@ -63,6 +63,27 @@ class TestPrecisionAccuracy(unittest.TestCase):
             self.assertEqual(got["images"], 10000)
             self.assertAlmostEqual(got["accuracy"], self.res[p]["acc"], places=9, msg=p)
 
+    @unittest.skipUnless(os.path.exists(VITC), "needs build/vitc")
+    def test_int8_7bit_weights(self):
+        """VITC_LP_KERNEL=avx2-w7 (weights on [-64, 64], any AVX2 CPU): int8's
+        accuracy target too, and other numbers than 8-bit weights'."""
+        import subprocess
+        env = dict(os.environ, VITC_LP_KERNEL="avx2-w7")
+        ver = subprocess.run([VITC, "--version"], capture_output=True, text=True, env=env)
+        if "int8: avx2-w7" not in ver.stdout:
+            self.skipTest("no AVX2 here: " + ver.stdout.splitlines()[0])
+        p = subprocess.run([VITC, "eval", "--model", MODEL, "--data", "fashion-mnist",
+                            "--precision", "int8", "--json", "--quiet"],
+                           capture_output=True, text=True, env=env)
+        self.assertEqual(p.returncode, 0, p.stderr)
+        got = json.loads(p.stdout)
+        self.assertEqual(got["images"], 10000)
+        acc0 = self.res["fp32"]["acc"]
+        print("\nint8 with 7-bit weights: accuracy %.2f%% (fp32 %.2f%%, 8-bit weights %.2f%%)"
+              % (100 * got["accuracy"], 100 * acc0, 100 * self.res["int8"]["acc"]),
+              file=sys.stderr)
+        self.assertLessEqual(abs(got["accuracy"] - acc0) * 100, TARGETS["int8"][1])
+
 
 if __name__ == "__main__":
     unittest.main()
