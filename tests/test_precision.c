@@ -558,7 +558,8 @@ static void amx_kernel_case(const char *kname) {
                                                          M, N, K, gelu), VITC_OK);
                         assert_int_equal(vitc__lp_force(kname), VITC_OK);
                         if (memcmp(y2, y3, (size_t)(M * N) * 4))
-                            fail_msg("avx2-w7 on weights in [-127, 127] differs from the reference");
+                            fail_msg("avx2-w7 on weights in [-127, 127] differs from the "
+                                     "reference");
                         free(y2), free(y3);
                     }
                     /* avx2's bf16 FMA adds in the reference's order: exact too */

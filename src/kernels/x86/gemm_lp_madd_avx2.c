@@ -1,21 +1,24 @@
 /*
- * gemm_lp_madd_avx2.c — the int8 kernel for CPUs with AVX2 and no VNNI
- * (AMD Zen 2 and 3, Intel before Ice Lake): vpmaddwd on int16 words
- * (gemm_lp.h, i16), the exact products, so the same numbers as the
- * reference and as vpdpbusd.
+ * gemm_lp_madd_avx2.c — the int8 kernels for CPUs with AVX2 and no VNNI
+ * (AMD Zen 2 and 3, Intel before Ice Lake).
  *
- * Why int16 words and not vpdpbusd's four bytes: vpmaddubsw (u8 x s8) can
+ * avx2, the default: vpmaddwd on int16 words (gemm_lp.h, i16), the exact
+ * products, so the same numbers as the reference and as vpdpbusd. Why
+ * int16 words and not vpdpbusd's four bytes: vpmaddubsw (u8 x s8) can
  * saturate its int16 pair sums (255 * 127 * 2 > 32767), and widening the
  * bytes inside the loop cost more than it saved: on a Zen 3, a 6 x 16
  * tile ran at 80-87 GOP/s widening both operands in the loop and 134-150
  * with both widened when packed, against 83-98 GFLOP/s of fp32 FMA on the
- * same core. Two vpmaddwd issue per cycle there, each 16 multiply-adds,
- * and each needs a vpaddd: the four vector pipes, full.
- *
- * The tile: the driver's 12 x 32 as four 6 x 16 passes (12 ymm
+ * same core. The tile: the driver's 12 x 32 as four 6 x 16 passes (12 ymm
  * accumulators, two of B, one broadcast of A); a 16-column half of a B
  * strip (64 bytes a word row) is 24 KB at K = 768, which L1 keeps for the
  * second pass.
+ *
+ * avx2-w7, opted into (VITC_LP_KERNEL): weights on [-64, 64] (wmax), where
+ * vpmaddubsw cannot saturate, on vpdpbusd's words: vpmaddubsw, vpmaddwd
+ * against ones, vpaddd. On the Zen 3 that triple runs 1.27x the pair's
+ * multiply-adds (197 against 155 GOP/s a core), and a weight is one byte.
+ * Its attention panels (K's rows, V's column quads, P's rows) are here too.
  */
 #include <immintrin.h>
 
@@ -360,7 +363,8 @@ static void vitc__s8_quads_w7(uint32_t *dst, const float *x, int64_t ldx, int64_
             continue;
         }
         __m256 m = _mm256_setzero_ps();
-        for (int64_t j = 0; j < S; j++) m = vitc__absmax(vitc__v_ld8(x + j * ldx + c, n - c, mk), m);
+        for (int64_t j = 0; j < S; j++)
+            m = vitc__absmax(vitc__v_ld8(x + j * ldx + c, n - c, mk), m);
         _Alignas(32) float am[8], iv[8];
         _mm256_store_ps(am, m);
         for (int l = 0; l < 8; l++) {
