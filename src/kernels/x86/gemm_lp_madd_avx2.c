@@ -61,6 +61,22 @@ static inline void vitc__out8(float *C, int64_t ldc, const int32_t *acc, int64_t
     }
 }
 
+/* The residual's rows and C's (the model's stream: past L2 at batch 8)
+ * asked for into L2 before the tile's passes, not met cold in the
+ * epilogue, where they had stalled it (half its time); into L1 they were
+ * evicted again by the passes' strips. */
+static inline void vitc__pf_tile(const float *C, int64_t ldc, int64_t mr, int64_t nr,
+                                 const vitc__lp_epi *e) {
+    for (int64_t i = 0; i < mr; i++) {
+        if (e->res) {
+            __builtin_prefetch(e->res + i * e->ldr, 0, 2);
+            if (nr > 16) __builtin_prefetch(e->res + i * e->ldr + 16, 0, 2);
+        }
+        __builtin_prefetch(C + i * ldc, 1, 2);
+        if (nr > 16) __builtin_prefetch(C + i * ldc + 16, 1, 2);
+    }
+}
+
 #define VITC_DECL(i) __m256i c##i##0 = _mm256_setzero_si256(), c##i##1 = c##i##0;
 #define VITC_ROW(i)                                                                        \
     do {                                                                                   \
@@ -95,18 +111,7 @@ __attribute__((noinline)) static void vitc__pass(int64_t kg, const uint32_t *pa,
 static void vitc__ukr_int8_madd(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
                                 int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
     _Alignas(32) int32_t acc[MR * NR]; /* [MR][NR] */
-    /* the residual's rows and C's (the model's stream: past L2 at batch
-     * 8) asked for into L2 now, not met cold in the epilogue, where they
-     * had stalled it (half its time); into L1 they were evicted again by
-     * the passes' strips */
-    for (int64_t i = 0; i < mr; i++) {
-        if (e->res) {
-            __builtin_prefetch(e->res + i * e->ldr, 0, 2);
-            if (nr > 16) __builtin_prefetch(e->res + i * e->ldr + 16, 0, 2);
-        }
-        __builtin_prefetch(C + i * ldc, 1, 2);
-        if (nr > 16) __builtin_prefetch(C + i * ldc + 16, 1, 2);
-    }
+    vitc__pf_tile(C, ldc, mr, nr, e);
     for (int64_t j0 = 0; j0 < nr; j0 += 16)
         for (int64_t r0 = 0; r0 < mr; r0 += 6) vitc__pass(kg, pa, pb, acc, r0, j0);
     for (int64_t j = 0; j < nr; j += 8) vitc__out8(C, ldc, acc, mr, j, nr - j, e);
@@ -114,18 +119,13 @@ static void vitc__ukr_int8_madd(int64_t kg, const uint32_t *pa, const uint32_t *
 
 /* ---- vpmaddubsw: bytes, weights in [-64, 64] -------------------------- */
 
-/* u8 x s8 pairs summed to int16 by vpmaddubsw, then pairs of those to
- * int32 by vpmaddwd against ones: vpdpbusd's sum of a word, in three
- * instructions. Exact when no pair sum saturates: |w| <= 64 makes each
- * at most 255 * 64 * 2 = 32640 (gemm_lp.h, wmax). */
-#define VITC_ROWB(i)                                                                       \
-    do {                                                                                   \
-        __m256i a = _mm256_set1_epi32((int)a0[i]);                                         \
-        c##i##0 = _mm256_add_epi32(c##i##0,                                                \
-                                   _mm256_madd_epi16(_mm256_maddubs_epi16(a, b0), one));   \
-        c##i##1 = _mm256_add_epi32(c##i##1,                                                \
-                                   _mm256_madd_epi16(_mm256_maddubs_epi16(a, b1), one));   \
-    } while (0)
+/* c += the word sums of a (u8) x b (s8): pairs summed to int16 by
+ * vpmaddubsw, then pairs of those to int32 by vpmaddwd against ones,
+ * vpdpbusd's sum of a word in three instructions. Exact when no pair sum
+ * saturates: |b| <= 64 makes each at most 255 * 64 * 2 = 32640
+ * (gemm_lp.h, wmax). */
+#define VITC_U8S8(c, a, b) \
+    c = _mm256_add_epi32(c, _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), one))
 
 /* Rows r0, r0+1 x the tile's 32 columns into acc [MR][NR] from words of
  * four bytes: eight accumulators, the ones, four of B, the broadcast and
@@ -133,14 +133,10 @@ static void vitc__ukr_int8_madd(int64_t kg, const uint32_t *pa, const uint32_t *
 #define VITC_ROWB2(i)                                                                      \
     do {                                                                                   \
         __m256i a = _mm256_set1_epi32((int)a0[i]);                                         \
-        c##i##0 = _mm256_add_epi32(c##i##0,                                                \
-                                   _mm256_madd_epi16(_mm256_maddubs_epi16(a, b0), one));   \
-        c##i##1 = _mm256_add_epi32(c##i##1,                                                \
-                                   _mm256_madd_epi16(_mm256_maddubs_epi16(a, b1), one));   \
-        c##i##2 = _mm256_add_epi32(c##i##2,                                                \
-                                   _mm256_madd_epi16(_mm256_maddubs_epi16(a, b2), one));   \
-        c##i##3 = _mm256_add_epi32(c##i##3,                                                \
-                                   _mm256_madd_epi16(_mm256_maddubs_epi16(a, b3), one));   \
+        VITC_U8S8(c##i##0, a, b0);                                                         \
+        VITC_U8S8(c##i##1, a, b1);                                                         \
+        VITC_U8S8(c##i##2, a, b2);                                                         \
+        VITC_U8S8(c##i##3, a, b3);                                                         \
     } while (0)
 __attribute__((noinline)) static void vitc__pass_b(int64_t kg, const uint32_t *pa,
                                                    const uint32_t *pb, int32_t *acc, int64_t r0) {
@@ -169,14 +165,7 @@ static void vitc__ukr_int8_maddubs(int64_t kg, const uint32_t *pa, const uint32_
                                    float *C, int64_t ldc, int64_t mr, int64_t nr,
                                    const vitc__lp_epi *e) {
     _Alignas(32) int32_t acc[MR * NR]; /* [MR][NR] */
-    for (int64_t i = 0; i < mr; i++) {
-        if (e->res) {
-            __builtin_prefetch(e->res + i * e->ldr, 0, 2);
-            if (nr > 16) __builtin_prefetch(e->res + i * e->ldr + 16, 0, 2);
-        }
-        __builtin_prefetch(C + i * ldc, 1, 2);
-        if (nr > 16) __builtin_prefetch(C + i * ldc + 16, 1, 2);
-    }
+    vitc__pf_tile(C, ldc, mr, nr, e);
     for (int64_t r0 = 0; r0 < mr; r0 += 2) vitc__pass_b(kg, pa, pb, acc, r0);
     for (int64_t j = 0; j < nr; j += 8) vitc__out8(C, ldc, acc, mr, j, nr - j, e);
 }
