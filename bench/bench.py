@@ -1035,8 +1035,8 @@ def render(info, args, peak, summary, flops, notes, cmdline, started, elapsed, e
                  peak["isa"], peak["p1"], peak["pn"], info["cores"]))
     L.append("- measured peaks: %s (vdpbf16ps: 4 flops per fp32 lane; vpdpbusd: 8 ops per "
              "int32 lane; without VNNI, vpmaddubsw + vpmaddwd + vpaddd: 8; AMX tiles where "
-             "present; each "
-             "precision's %% peak below is over its own)" % targets.peaks_line(peak, info["cores"]))
+             "present; each precision's %% peak below is over its own)"
+             % targets.peaks_line(peak, info["cores"]))
     L.append("- rounds: %d; timed forwards per child: %s" % (
         args.rounds, ", ".join("%s %d" % (n, WORKLOADS[n][3] * args.repeat_scale)
                                for n in summary)))

@@ -66,10 +66,15 @@ def vitc_prec(engine):
     return ENGINES[engine][1]
 
 
+def has_vnni(flags=None):
+    flags = cpu_flags() if flags is None else flags
+    return "avx512_vnni" in flags or "avx_vnni" in flags
+
+
 def has_w7(flags=None):
     """vitc_int8w7 is run: AVX2 without VNNI, where it is faster int8."""
     flags = cpu_flags() if flags is None else flags
-    return "avx2" in flags and "avx512_vnni" not in flags and "avx_vnni" not in flags
+    return "avx2" in flags and not has_vnni(flags)
 BF16 = ("torch_bf16", "ov_bf16")
 # Engines bench.py times outside its own vitc and PyTorch fp32 children.
 PEERS = tuple(e for e in ENGINES if e not in ("vitc", "torch") and e not in VITC)
@@ -327,10 +332,9 @@ def _prepare_steps(res, stem, export_onnx, calibration):
         # reduce_range: weights in [-64, 64]; ONNX Runtime advises it on
         # CPUs without VNNI, whose u8 x s8 vpmaddubsw saturates otherwise
         # (vitc's int8 does the same there: avx2-w7)
-        flags = cpu_flags()
         quantize_dynamic(onnx_path, stem + "_int8.onnx",
                          weight_type=QuantType.QInt8, per_channel=True,
-                         reduce_range="avx512_vnni" not in flags and "avx_vnni" not in flags)
+                         reduce_range=not has_vnni())
 
     def ov_ir():
         import openvino as ov
@@ -678,8 +682,7 @@ FM_ENGINES = ("vitc", "vitc_bf16", "vitc_int8", "vitc_int8w7", "torch", "torch_b
               "ort_int8", "ov", "ov_bf16", "ov_int8")
 # each engine's own fp32, which its top-1 agreement is measured against
 FM_FP32 = {"vitc_bf16": "vitc", "vitc_int8": "vitc", "vitc_int8w7": "vitc", "torch_bf16": "torch",
-           "ort_int8": "ort",
-           "ov_bf16": "ov", "ov_int8": "ov"}
+           "ort_int8": "ort", "ov_bf16": "ov", "ov_int8": "ov"}
 FM_BATCH = 500
 
 

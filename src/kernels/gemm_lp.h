@@ -53,6 +53,22 @@ typedef struct vitc__lp_epi {
     int64_t pf_lines;
 } vitc__lp_epi;
 
+/* The AVX2 kernels ask for the residual's rows and C's (the model's
+ * stream: past L2 at batch 8) into L2 before a tile's passes, not met cold
+ * in the epilogue, where they had stalled it (half its time); into L1
+ * they were evicted again by the passes' strips. */
+static inline void vitc__lp_pf_tile(const float *C, int64_t ldc, int64_t mr, int64_t nr,
+                                    const vitc__lp_epi *e) {
+    for (int64_t i = 0; i < mr; i++) {
+        if (e->res) {
+            __builtin_prefetch(e->res + i * e->ldr, 0, 2);
+            if (nr > 16) __builtin_prefetch(e->res + i * e->ldr + 16, 0, 2);
+        }
+        __builtin_prefetch(C + i * ldc, 1, 2);
+        if (nr > 16) __builtin_prefetch(C + i * ldc + 16, 1, 2);
+    }
+}
+
 /* C[mr, nr] (row stride ldc) from pa [kg][MR] and pb [kg][NR] words. */
 typedef void (*vitc__lp_ukr_fn)(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
                                 int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e);
@@ -311,11 +327,10 @@ static inline uint8_t vitc__q8(float x, float inv, int32_t zp) {
 }
 
 /* The int8 attention's symmetric quantization (s8_rows, s8_quads):
- * scale = amax / 127 (1 for a zero or non-finite range), its inverse, and
- * q = clamp(round(x * inv), -127, 127), nearest even, an unrepresentable
- * or NaN product giving -127 (cvtps2dq's "integer indefinite", clamped). */
-/* On [-qmax, qmax]: 127, or 64 for a kernel with wmax 64 (avx2-w7's
- * attention panels). */
+ * scale = amax / qmax (1 for a zero or non-finite range), its inverse, and
+ * q = clamp(round(x * inv), -qmax, qmax), nearest even, an unrepresentable
+ * or NaN product giving -qmax (cvtps2dq's "integer indefinite", clamped).
+ * qmax is 127, or 64 for a kernel with wmax 64 (avx2-w7's panels). */
 static inline void vitc__s8_params_q(float amax, int qmax, float *scale, float *inv) {
     float s = amax / (float)qmax;
     if (!(s > 0.0f) || !isfinite(s)) s = 1.0f;

@@ -58,14 +58,7 @@ __attribute__((noinline)) static void vitc__pass_bf16(int64_t kg, const uint32_t
 static void vitc__ukr_bf16_fma(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
                                int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
     _Alignas(32) float acc[MR * NR]; /* [MR][NR] */
-    for (int64_t i = 0; i < mr; i++) { /* into L2, as in the int8 kernel */
-        if (e->res) {
-            __builtin_prefetch(e->res + i * e->ldr, 0, 2);
-            if (nr > 16) __builtin_prefetch(e->res + i * e->ldr + 16, 0, 2);
-        }
-        __builtin_prefetch(C + i * ldc, 1, 2);
-        if (nr > 16) __builtin_prefetch(C + i * ldc + 16, 1, 2);
-    }
+    vitc__lp_pf_tile(C, ldc, mr, nr, e);
     const unsigned csr = _mm_getcsr();
     _mm_setcsr(csr | 0x8040u); /* FTZ, DAZ: vdpbf16ps's denormals */
     for (int64_t j0 = 0; j0 < nr; j0 += 16)

@@ -61,22 +61,6 @@ static inline void vitc__out8(float *C, int64_t ldc, const int32_t *acc, int64_t
     }
 }
 
-/* The residual's rows and C's (the model's stream: past L2 at batch 8)
- * asked for into L2 before the tile's passes, not met cold in the
- * epilogue, where they had stalled it (half its time); into L1 they were
- * evicted again by the passes' strips. */
-static inline void vitc__pf_tile(const float *C, int64_t ldc, int64_t mr, int64_t nr,
-                                 const vitc__lp_epi *e) {
-    for (int64_t i = 0; i < mr; i++) {
-        if (e->res) {
-            __builtin_prefetch(e->res + i * e->ldr, 0, 2);
-            if (nr > 16) __builtin_prefetch(e->res + i * e->ldr + 16, 0, 2);
-        }
-        __builtin_prefetch(C + i * ldc, 1, 2);
-        if (nr > 16) __builtin_prefetch(C + i * ldc + 16, 1, 2);
-    }
-}
-
 #define VITC_DECL(i) __m256i c##i##0 = _mm256_setzero_si256(), c##i##1 = c##i##0;
 #define VITC_ROW(i)                                                                        \
     do {                                                                                   \
@@ -111,7 +95,7 @@ __attribute__((noinline)) static void vitc__pass(int64_t kg, const uint32_t *pa,
 static void vitc__ukr_int8_madd(int64_t kg, const uint32_t *pa, const uint32_t *pb, float *C,
                                 int64_t ldc, int64_t mr, int64_t nr, const vitc__lp_epi *e) {
     _Alignas(32) int32_t acc[MR * NR]; /* [MR][NR] */
-    vitc__pf_tile(C, ldc, mr, nr, e);
+    vitc__lp_pf_tile(C, ldc, mr, nr, e);
     for (int64_t j0 = 0; j0 < nr; j0 += 16)
         for (int64_t r0 = 0; r0 < mr; r0 += 6) vitc__pass(kg, pa, pb, acc, r0, j0);
     for (int64_t j = 0; j < nr; j += 8) vitc__out8(C, ldc, acc, mr, j, nr - j, e);
@@ -165,7 +149,7 @@ static void vitc__ukr_int8_maddubs(int64_t kg, const uint32_t *pa, const uint32_
                                    float *C, int64_t ldc, int64_t mr, int64_t nr,
                                    const vitc__lp_epi *e) {
     _Alignas(32) int32_t acc[MR * NR]; /* [MR][NR] */
-    vitc__pf_tile(C, ldc, mr, nr, e);
+    vitc__lp_pf_tile(C, ldc, mr, nr, e);
     for (int64_t r0 = 0; r0 < mr; r0 += 2) vitc__pass_b(kg, pa, pb, acc, r0);
     for (int64_t j = 0; j < nr; j += 8) vitc__out8(C, ldc, acc, mr, j, nr - j, e);
 }
