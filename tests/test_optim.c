@@ -394,7 +394,7 @@ static void test_vit_front_end(void **st) {
     vitc_optimizer_free(o);
 }
 
-/* The kernel table's AdamW (SIMD on avx512) is bitwise vitc__adamw_ref,
+/* The kernel table's AdamW (SIMD on avx2 and avx512) is bitwise vitc__adamw_ref,
  * with and without amsgrad, over a length with a tail; with extreme and
  * special values (zeros, huge, tiny, a NaN gradient). */
 static void test_adamw_kernels_bitwise(void **state) {

@@ -27,6 +27,10 @@
 #include "attention_common_tmpl.h"
 
 #define BRG ATT_PW /* query rows per tile microkernel: two vectors */
+/* The rows of D and Dv values (Q, dO, K, dQ, dK, dV) padded to whole
+ * vectors of this path, not to the plan's 16 that sizes the scratch: a
+ * head of 24 (a small ViT's) then does 24 columns of work on AVX2, not 32. */
+#define ATB_VPAD(n) (((n) + VW - 1) / VW * VW)
 
 /* What the tile microkernel does with its dot products before storing. */
 enum { ATB_RAW = 0, ATB_P = 1, ATB_DS = 2 };
@@ -160,7 +164,8 @@ static void atb_pack_rows(const vitc__attn_bwd_plan *pl, vitc__attn_bwd_ws *w, i
                           int64_t h, int64_t l0, int64_t l1) {
     const vitc__sdpa_bwd_desc *bd = pl->d;
     const vitc__sdpa_desc *d = &bd->f;
-    const int64_t D = d->D, Dv = d->Dv, Dp = pl->Dp, Dvp = pl->Dvp, Lp = w->Lp, nr = l1 - l0;
+    const int64_t D = d->D, Dv = d->Dv, Dp = ATB_VPAD(D), Dvp = ATB_VPAD(Dv), Lp = w->Lp;
+    const int64_t nr = l1 - l0;
     const float *q = d->q + b * d->q_sb + h * d->q_sh + l0 * d->q_sr;          /* [nr, D] */
     const float *o = d->o + b * d->o_sb + h * d->o_sh + l0 * d->o_sr;          /* [nr, Dv] */
     const float *dO = bd->dout + b * bd->do_sb + h * bd->do_sh + l0 * bd->do_sr; /* [nr, Dv] */
@@ -192,7 +197,8 @@ void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h,
             int64_t l1, int64_t s0, int64_t s1, int what) {
     const vitc__sdpa_bwd_desc *bd = pl->d;
     const vitc__sdpa_desc *d = &bd->f;
-    const int64_t D = d->D, Dv = d->Dv, Dp = pl->Dp, Dvp = pl->Dvp, Bc = pl->Bc, Br = pl->Br;
+    const int64_t D = d->D, Dv = d->Dv, Dp = ATB_VPAD(D), Dvp = ATB_VPAD(Dv), Bc = pl->Bc;
+    const int64_t Br = pl->Br;
     const int64_t nr = l1 - l0, ldt = pl->ldt;
     vitc__attn_bwd_ws w;
     vitc__attn_bwd_carve(pl, nr, scratch, &w);
@@ -306,3 +312,4 @@ void ATB_FN(const vitc__attn_bwd_plan *pl, float *scratch, int64_t b, int64_t h,
 }
 
 #undef BRG
+#undef ATB_VPAD

@@ -90,7 +90,7 @@ typedef struct vitc__attn_bwd_plan {
     int64_t Br;       /* query rows per block: a multiple of 32 (two AVX-512 vectors) */
     int64_t ldt;      /* row stride of the [Bc, Br] tiles: Br + 16, so the dQ product's
                          column walk does not land its lines in a few L1 sets */
-    int64_t Dp, Dvp;  /* D, Dv rounded up to 16 */
+    int64_t Dp, Dvp;  /* D, Dv rounded up to 16: the scratch's sizes (a path pads to its vectors) */
     int64_t rows_max; /* most query rows one task packs */
     int split;        /* 0: a task is a whole head; 1: key chunks, then query chunks */
     int64_t kchunk, qchunk; /* split: keys / query rows per task */

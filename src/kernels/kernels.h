@@ -117,6 +117,8 @@ void vitc__adamw_ref(float *p, float *m, float *v, float *vmax, const float *g, 
                      const vitc__adamw_coef *c);
 void vitc__adamw_avx512(float *p, float *m, float *v, float *vmax, const float *g, size_t n,
                         const vitc__adamw_coef *c);
+void vitc__adamw_avx2(float *p, float *m, float *v, float *vmax, const float *g, size_t n,
+                      const vitc__adamw_coef *c);
 
 /* The kernels of one CPU path (BLIS's context, stb's setup_*): one table
  * per path in dispatch.c, chosen by vitc__kern() from the arch in use

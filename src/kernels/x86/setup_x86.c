@@ -27,7 +27,7 @@ void vitc__kernels_setup_avx2(vitc__kernels *t) {
     t->layernorm_backward_row = vitc__layernorm_backward_row_avx2;
     t->colsum = vitc__colsum_avx2;
     t->layernorm_backward_cols = vitc__layernorm_backward_cols_avx2;
-    /* adamw: the reference (memory-bound; no AVX2 version yet) */
+    t->adamw = vitc__adamw_avx2;
     t->attn_rows = vitc__attn_rows_avx2;
     t->attn_bwd = vitc__attn_bwd_avx2;
     t->gemm = &vitc__gemm_kernel_avx2;
