@@ -85,10 +85,10 @@ static void atb_t_rows(int mk, int epi, int64_t K, const float *a, int64_t lda, 
  * holds the rows' BRG-wide panels, [nrp / BRG][K][BRG]. */
 static void atb_tile(int epi, int64_t nk, int64_t nrp, int64_t K, const float *a, int64_t lda,
                      const float *bt, const float *rv, const float *pt, float *out, int64_t ld) {
-    for (int64_t j = 0; j < nk; j += MR_S) {
-        int mk = nk - j < MR_S ? (int)(nk - j) : MR_S;
+    for (int64_t j = 0, mk; j < nk; j += mk) {
+        mk = att_rows(nk - j, MR_S);
         for (int64_t g = 0; g < nrp; g += BRG)
-            atb_t_rows(mk, epi, K, a + j * lda, lda, bt + g * K, BRG, rv + g,
+            atb_t_rows((int)mk, epi, K, a + j * lda, lda, bt + g * K, BRG, rv + g,
                        pt ? pt + j * ld + g : NULL, out + j * ld + g, ld);
     }
 }
@@ -134,9 +134,9 @@ static void atb_mm(int64_t m, int64_t ncols, int64_t nk, const float *a, int64_t
     const int64_t chunk = (int64_t)NV_PV * VW;
     for (int64_t c0 = 0; c0 < ncols; c0 += chunk) {
         int nv = (int)((ncols - c0 < chunk ? ncols - c0 : chunk) / VW);
-        for (int64_t r = 0; r < m; r += MR_PV) {
-            int mr = m - r < MR_PV ? (int)(m - r) : MR_PV;
-            atb_mm_rows(mr, nv, nk, a + r * ars, ars, aks, bm + c0, ldb, c + r * ldc + c0, ldc);
+        for (int64_t r = 0, mr; r < m; r += mr) {
+            mr = att_rows(m - r, MR_PV);
+            atb_mm_rows((int)mr, nv, nk, a + r * ars, ars, aks, bm + c0, ldb, c + r * ldc + c0, ldc);
         }
     }
 }

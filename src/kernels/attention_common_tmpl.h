@@ -142,6 +142,15 @@ static inline __attribute__((always_inline)) void att_tile_rv(int mr, int nv, in
     }
 }
 
+/* The rows of the next microkernel call with left rows to go: mr, but the
+ * last two calls share fewer than 2 mr rows evenly (a 50-token head on 6
+ * rows: 6 x 7 + 4 + 4, not 6 x 8 + 2, whose 2-row call kept too few
+ * accumulators to hide the FMA latency). Each output's sum is the same
+ * however rows are grouped: the same bits. */
+static inline int64_t att_rows(int64_t left, int64_t mr) {
+    return left <= mr ? left : left < 2 * mr ? (left + 1) / 2 : mr;
+}
+
 /* ATT_MRS_CASES(C): C(1) ... C(MR_S), the cases of a switch that turns a
  * run-time row count of an MR_S-row microkernel into a compile-time one. */
 #if MR_S > 6

@@ -451,9 +451,9 @@ static void att_small_rows(const vitc__attn_plan *pl, vitc__attn_ws *ws, int64_t
             const int64_t j0 = kb * Bc;
             const int64_t nkv = S - j0 < Bc ? S - j0 : Bc;
             VT bmax[2] = {v_set1(-INFINITY), v_set1(-INFINITY)};
-            for (int64_t j = 0; j < nkv; j += MR_S) {
-                int mk = nkv - j < MR_S ? (int)(nkv - j) : MR_S;
-                att_st_rows(mk, D, k + (j0 + j) * d->k_sr, d->k_sr, qt + g, nrp, st + j * RG,
+            for (int64_t j = 0, mk; j < nkv; j += mk) {
+                mk = att_rows(nkv - j, MR_S);
+                att_st_rows((int)mk, D, k + (j0 + j) * d->k_sr, d->k_sr, qt + g, nrp, st + j * RG,
                             bmax);
             }
             for (int64_t x = 0; x < RG; x += VW) {
@@ -491,9 +491,9 @@ static void att_scores(const float *qp, int64_t D, int64_t nr, const float *kt, 
     for (int64_t p0 = 0; p0 < nkv; p0 += NR) {
         const float *panel = kt + (p0 / NR) * D * NR;
         int half = VW > 1 && nkv - p0 <= VW;
-        for (int64_t r = 0; r < nr; r += MR_S) {
-            int mr = nr - r < MR_S ? (int)(nr - r) : MR_S;
-            att_s_rows(mr, half, D, qp + r * D, panel, st + r * Bcp + p0, Bcp,
+        for (int64_t r = 0, mr; r < nr; r += mr) {
+            mr = att_rows(nr - r, MR_S);
+            att_s_rows((int)mr, half, D, qp + r * D, panel, st + r * Bcp + p0, Bcp,
                        rmax ? rmax + r : NULL, nkv - p0);
         }
     }
@@ -589,9 +589,9 @@ static void att_pv_pan(int64_t nr, int64_t nkv, const float *p, /* [nr, Bcp] */
                        float *fo, int64_t ldfo, const float *osc /* [nr] */) {
     for (int64_t c0 = 0; c0 < Dv; c0 += ATT_PW) {
         const float *vt = vp + c0 * ldk; /* [nkv, ATT_PW] */
-        for (int64_t r = 0; r < nr; r += MR_S) {
-            int mr = nr - r < MR_S ? (int)(nr - r) : MR_S;
-            att_pvp_rows(mr, init, nkv, p + r * Bcp, Bcp, vt, ot + r * Dvp + c0, Dvp, alpha + r,
+        for (int64_t r = 0, mr; r < nr; r += mr) {
+            mr = att_rows(nr - r, MR_S);
+            att_pvp_rows((int)mr, init, nkv, p + r * Bcp, Bcp, vt, ot + r * Dvp + c0, Dvp, alpha + r,
                          fo ? fo + r * ldfo + c0 : NULL, ldfo, osc + r);
         }
     }
@@ -608,9 +608,9 @@ static void att_pv(int64_t nr, int64_t nkv, const float *p, /* [nr, Bcp] */
     const int64_t chunk = (int64_t)NV_PV * VW;
     for (int64_t c0 = 0; c0 < ncols; c0 += chunk) {
         int nv = (int)((ncols - c0 < chunk ? ncols - c0 : chunk) / VW);
-        for (int64_t r = 0; r < nr; r += MR_PV) {
-            int mr = nr - r < MR_PV ? (int)(nr - r) : MR_PV;
-            att_pv_rows(mr, nv, init, nkv, p + r * Bcp, Bcp, vp + c0, ldv, ot + r * Dvp + c0, Dvp,
+        for (int64_t r = 0, mr; r < nr; r += mr) {
+            mr = att_rows(nr - r, MR_PV);
+            att_pv_rows((int)mr, nv, init, nkv, p + r * Bcp, Bcp, vp + c0, ldv, ot + r * Dvp + c0, Dvp,
                         alpha + r, fo ? fo + r * ldfo + c0 : NULL, ldfo, osc + r);
         }
     }
