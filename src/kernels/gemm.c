@@ -714,9 +714,11 @@ static void vitc__pb_task(void *ctx, int64_t t, int tid) {
         vitc__gemm_packb_generic(dst, kn->nr, g->B, g->ldb, g->tb, pc, kc, j, nc);
 }
 
-/* op(A) packed once for all threads splitting columns: task t packs rows
- * [t MC, t MC + MC) for every K block in order (so asum, if any, adds k
- * ascending), block pc at pa + pc * mpad. */
+/* op(A) packed once for all threads splitting columns: task t packs the
+ * MR-row strip from t MR for every K block in order (so asum, if any, adds
+ * k ascending), block pc at pa + pc * mpad. Strips, not MC blocks: a
+ * weight gradient of 96 rows is 3 blocks of 36 but 16 strips, which two
+ * threads share evenly. */
 typedef struct {
     const vitc__gemm_job *g;
     float *pa;
@@ -728,7 +730,7 @@ static void vitc__pa_task(void *ctx, int64_t t, int tid) {
     const vitc__gemm_job *g = p->g;
     const vitc__gemm_kernel *kn = g->kern;
     (void)tid;
-    int64_t ic = t * kn->mc, mc = g->M - ic < kn->mc ? g->M - ic : kn->mc;
+    int64_t ic = t * kn->mr, mc = g->M - ic < kn->mr ? g->M - ic : kn->mr;
     float *asum = g->asum ? g->asum + ic : NULL;
     for (int64_t pc = 0; pc < g->K; pc += g->kc) {
         int64_t kc = g->K - pc < g->kc ? g->K - pc : g->kc;
@@ -840,13 +842,17 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
         } else if (pa) {
             vitc__ln_pass(g);
             vitc__pa_job pj = {g, pa, mpad};
-            vitc__parallel_for((g->M + kn->mc - 1) / kn->mc, vitc__pa_task, &pj);
+            vitc__parallel_for((g->M + kn->mr - 1) / kn->mr, vitc__pa_task, &pj);
         }
         if (pa) {
             g->paw = pa;
             g->mpad = mpad;
         }
     }
+    /* Shared too when the rows are many (a small ViT's training products,
+     * 6400 x 288 x 96): only packed op(B) lets the rows go out in chunks
+     * below, and the fixed halves of those products had left one thread
+     * idle for 14 ms of a 160 ms Fashion-MNIST step (VITC_POOL_STATS). */
     if (g->kern && !g->by_cols && !g->pbw && g->K > 0 && g->alpha != 0.0f &&
         g->N * g->K >= VITC_SHARED_B_MIN) {
         int64_t npad = (g->N + nr - 1) / nr * nr;
