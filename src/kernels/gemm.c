@@ -849,10 +849,6 @@ static void vitc__gemm_run(vitc__gemm_job *g, int builtin) {
             g->mpad = mpad;
         }
     }
-    /* Shared too when the rows are many (a small ViT's training products,
-     * 6400 x 288 x 96): only packed op(B) lets the rows go out in chunks
-     * below, and the fixed halves of those products had left one thread
-     * idle for 14 ms of a 160 ms Fashion-MNIST step (VITC_POOL_STATS). */
     if (g->kern && !g->by_cols && !g->pbw && g->K > 0 && g->alpha != 0.0f &&
         g->N * g->K >= VITC_SHARED_B_MIN) {
         int64_t npad = (g->N + nr - 1) / nr * nr;
