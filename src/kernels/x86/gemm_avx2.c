@@ -33,6 +33,29 @@ static inline void vitc__row_out8(float *c, __m256 a, const vitc__gemm_epi *e, c
     _mm256_storeu_ps(c, v);
 }
 
+/* The finished tile: a full one through the epilogue in registers, an
+ * edge one spilled to a buffer for the portable epilogue. */
+static inline __attribute__((always_inline)) void vitc__tile_out(__m256 acc[MR][2], float *C,
+                                                                 int64_t ldc, int64_t mr,
+                                                                 int64_t nr,
+                                                                 const vitc__gemm_epi *e) {
+    if (mr == MR && nr == NR) {
+        for (int i = 0; i < MR; i++) {
+            const float *res = e->res ? e->res + i * e->ldr : NULL;
+            vitc__row_out8(C + i * ldc, acc[i][0], e, e->bias, res);
+            vitc__row_out8(C + i * ldc + 8, acc[i][1], e, e->bias ? e->bias + 8 : NULL,
+                           res ? res + 8 : NULL);
+        }
+        return;
+    }
+    _Alignas(32) float tile[MR * NR];
+    for (int i = 0; i < MR; i++) {
+        _mm256_store_ps(tile + i * NR, acc[i][0]);
+        _mm256_store_ps(tile + i * NR + 8, acc[i][1]);
+    }
+    vitc__gemm_epilogue_tile(C, ldc, tile, NR, mr, nr, e);
+}
+
 #define VITC_ROW(i)                                                          \
     do {                                                                     \
         __m256 a = _mm256_broadcast_ss(pa + (i));                            \
@@ -51,25 +74,8 @@ static void vitc__ukr_avx2(int64_t kc, const float *pa, const float *pb, float *
         pa += MR;
         pb += NR;
     }
-    if (mr == MR && nr == NR) {
-        __m256 acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21},
-                             {c30, c31}, {c40, c41}, {c50, c51}};
-        for (int i = 0; i < MR; i++) {
-            const float *res = e->res ? e->res + i * e->ldr : NULL;
-            vitc__row_out8(C + i * ldc, acc[i][0], e, e->bias, res);
-            vitc__row_out8(C + i * ldc + 8, acc[i][1], e, e->bias ? e->bias + 8 : NULL,
-                           res ? res + 8 : NULL);
-        }
-        return;
-    }
-    _Alignas(32) float tile[MR * NR];
-    _mm256_store_ps(tile + 0, c00), _mm256_store_ps(tile + 8, c01);
-    _mm256_store_ps(tile + 16, c10), _mm256_store_ps(tile + 24, c11);
-    _mm256_store_ps(tile + 32, c20), _mm256_store_ps(tile + 40, c21);
-    _mm256_store_ps(tile + 48, c30), _mm256_store_ps(tile + 56, c31);
-    _mm256_store_ps(tile + 64, c40), _mm256_store_ps(tile + 72, c41);
-    _mm256_store_ps(tile + 80, c50), _mm256_store_ps(tile + 88, c51);
-    vitc__gemm_epilogue_tile(C, ldc, tile, NR, mr, nr, e);
+    __m256 acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
+    vitc__tile_out(acc, C, ldc, mr, nr, e);
 }
 
 /* The packed kernel's tile with A and B read in place (gemm_ukernels.h):
@@ -108,21 +114,7 @@ vitc__ukr_st_t(const int full, int64_t kc, const float *A, int64_t a_ks, int64_t
     }
 #undef VITC_ROW_ST
     __m256 acc[MR][2] = {{c00, c01}, {c10, c11}, {c20, c21}, {c30, c31}, {c40, c41}, {c50, c51}};
-    if (mr == MR && nr == NR) {
-        for (int i = 0; i < MR; i++) {
-            const float *res = e->res ? e->res + i * e->ldr : NULL;
-            vitc__row_out8(C + i * ldc, acc[i][0], e, e->bias, res);
-            vitc__row_out8(C + i * ldc + 8, acc[i][1], e, e->bias ? e->bias + 8 : NULL,
-                           res ? res + 8 : NULL);
-        }
-        return;
-    }
-    _Alignas(32) float tile[MR * NR];
-    for (int i = 0; i < MR; i++) {
-        _mm256_store_ps(tile + i * NR, acc[i][0]);
-        _mm256_store_ps(tile + i * NR + 8, acc[i][1]);
-    }
-    vitc__gemm_epilogue_tile(C, ldc, tile, NR, mr, nr, e);
+    vitc__tile_out(acc, C, ldc, mr, nr, e);
 }
 
 static void vitc__ukr_st_avx2(int64_t kc, const float *A, int64_t a_ks, int64_t a_rs,
