@@ -136,7 +136,8 @@ static void atb_mm(int64_t m, int64_t ncols, int64_t nk, const float *a, int64_t
         int nv = (int)((ncols - c0 < chunk ? ncols - c0 : chunk) / VW);
         for (int64_t r = 0, mr; r < m; r += mr) {
             mr = att_rows(m - r, MR_PV);
-            atb_mm_rows((int)mr, nv, nk, a + r * ars, ars, aks, bm + c0, ldb, c + r * ldc + c0, ldc);
+            atb_mm_rows((int)mr, nv, nk, a + r * ars, ars, aks, bm + c0, ldb, c + r * ldc + c0,
+                        ldc);
         }
     }
 }

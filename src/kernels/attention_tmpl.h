@@ -591,8 +591,8 @@ static void att_pv_pan(int64_t nr, int64_t nkv, const float *p, /* [nr, Bcp] */
         const float *vt = vp + c0 * ldk; /* [nkv, ATT_PW] */
         for (int64_t r = 0, mr; r < nr; r += mr) {
             mr = att_rows(nr - r, MR_S);
-            att_pvp_rows((int)mr, init, nkv, p + r * Bcp, Bcp, vt, ot + r * Dvp + c0, Dvp, alpha + r,
-                         fo ? fo + r * ldfo + c0 : NULL, ldfo, osc + r);
+            att_pvp_rows((int)mr, init, nkv, p + r * Bcp, Bcp, vt, ot + r * Dvp + c0, Dvp,
+                         alpha + r, fo ? fo + r * ldfo + c0 : NULL, ldfo, osc + r);
         }
     }
 }
@@ -610,8 +610,8 @@ static void att_pv(int64_t nr, int64_t nkv, const float *p, /* [nr, Bcp] */
         int nv = (int)((ncols - c0 < chunk ? ncols - c0 : chunk) / VW);
         for (int64_t r = 0, mr; r < nr; r += mr) {
             mr = att_rows(nr - r, MR_PV);
-            att_pv_rows((int)mr, nv, init, nkv, p + r * Bcp, Bcp, vp + c0, ldv, ot + r * Dvp + c0, Dvp,
-                        alpha + r, fo ? fo + r * ldfo + c0 : NULL, ldfo, osc + r);
+            att_pv_rows((int)mr, nv, init, nkv, p + r * Bcp, Bcp, vp + c0, ldv, ot + r * Dvp + c0,
+                        Dvp, alpha + r, fo ? fo + r * ldfo + c0 : NULL, ldfo, osc + r);
         }
     }
 }
