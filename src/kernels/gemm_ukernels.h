@@ -40,6 +40,10 @@ typedef struct vitc__gemm_epi {
     int64_t ldlr;
 } vitc__gemm_epi;
 
+/* Lines of e->pf a kernel asks for each k step: all pfn over the kc steps
+ * (a single strip's share is the whole next micro-panel, 2 kc lines). */
+#define VITC_PF_STEP(pfn, kc) ((kc) > 0 ? ((pfn) + (kc) - 1) / (kc) : 0)
+
 /* C[mr, nr] (row stride ldc) from packed pa [kc][MR] and pb [kc][NR]. */
 typedef void (*vitc__gemm_ukr_fn)(int64_t kc, const float *pa, const float *pb, float *C,
                                   int64_t ldc, int64_t mr, int64_t nr, const vitc__gemm_epi *e);

@@ -95,7 +95,7 @@ vitc__ukr_st_t(const int full, int64_t kc, const float *A, int64_t a_ks, int64_t
     const __m256i m0 = v_lanes_any(nr), m1 = v_lanes_any(nr - 8);
     const char *pf = e->pf;
     int64_t pfn = e->pf_lines;
-    const int64_t pfs = kc > 0 ? (pfn + kc - 1) / kc : 0;
+    const int64_t pfs = VITC_PF_STEP(pfn, kc);
 #define VITC_ROW_ST(i)                                                       \
     do {                                                                     \
         __m256 a = _mm256_broadcast_ss(r##i);                                \

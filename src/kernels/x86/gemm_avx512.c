@@ -17,9 +17,6 @@
 #define MR 12
 #define NR 32
 
-/* Lines of e->pf to ask for each k step: all pfn over the kc steps (a
- * single strip's share is the whole next micro-panel, 2 kc lines). */
-#define VITC_PF_STEP(pfn, kc) ((kc) > 0 ? ((pfn) + (kc) - 1) / (kc) : 0)
 
 static inline __mmask16 vitc__mask16(int64_t n) {
     return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1);
